@@ -1,0 +1,92 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"time"
+	"unicode/utf8"
+)
+
+// Device is one connected thing of a tenant. Its token is never part of it:
+// it is shown once, when created or rotated, and stored hashed.
+type Device struct {
+	ID         string            `json:"id"`
+	Metadata   map[string]string `json:"metadata"`
+	Components map[string]string `json:"components"` // component name -> installed version
+	CreatedAt  time.Time         `json:"created_at"`
+	LastSeenAt *time.Time        `json:"last_seen_at"`
+}
+
+// DeviceToken is a device's id with its new token, as handed out once.
+type DeviceToken struct {
+	ID    string `json:"id"`
+	Token string `json:"token"`
+}
+
+// NewDevice is a device to provision; an empty ID asks the store for one.
+type NewDevice struct {
+	ID       string
+	Metadata map[string]string
+}
+
+// DeviceFilter selects devices. Search matches the id or any metadata value,
+// case-insensitively; Metadata requires each key to equal its value.
+type DeviceFilter struct {
+	Search   string
+	Metadata map[string]string
+	Page
+}
+
+// Limits on device ids and metadata (DESIGN §2, issue 2).
+const (
+	MaxDeviceIDLen    = 128
+	MaxMetadataKeys   = 64
+	MaxMetadataKeyLen = 64
+	MaxMetadataValLen = 1024
+	MaxBulkDevices    = 100_000
+	DeviceTokenPrefix = "fdt_"
+	APIKeyPrefix      = "fk_"
+)
+
+var deviceID = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+
+// ValidDeviceID reports whether s may name a device.
+func ValidDeviceID(s string) bool { return deviceID.MatchString(s) }
+
+// DeviceIDRule says what a device id may be, for error messages.
+const DeviceIDRule = "must be 1 to 128 characters from A-Z a-z 0-9 . _ : -"
+
+// ValidateMetadata returns the problem with metadata m, or "". Null values are
+// allowed only in patches, where they delete a key.
+func ValidateMetadata(m map[string]string) string {
+	if len(m) > MaxMetadataKeys {
+		return fmt.Sprintf("must have at most %d keys", MaxMetadataKeys)
+	}
+	for k, v := range m {
+		if k == "" || utf8.RuneCountInString(k) > MaxMetadataKeyLen {
+			return fmt.Sprintf("key %q must be 1 to %d characters", k, MaxMetadataKeyLen)
+		}
+		if utf8.RuneCountInString(v) > MaxMetadataValLen {
+			return fmt.Sprintf("value of %q must be at most %d characters", k, MaxMetadataValLen)
+		}
+	}
+	return ""
+}
+
+// DeviceService manages a tenant's device registry.
+type DeviceService interface {
+	// CreateDevices provisions devices atomically: all or none. Ids taken
+	// already, or twice in the list, are ECONFLICT naming them.
+	CreateDevices(ctx context.Context, tenant string, devs []NewDevice) ([]DeviceToken, error)
+	FindDevice(ctx context.Context, tenant, id string) (*Device, error)
+	FindDevices(ctx context.Context, tenant string, f DeviceFilter) ([]*Device, int, error)
+	// UpdateDeviceMetadata merges patch into the metadata; a nil value deletes
+	// its key.
+	UpdateDeviceMetadata(ctx context.Context, tenant, id string, patch map[string]*string) (*Device, error)
+	DeleteDevice(ctx context.Context, tenant, id string) error
+	RotateDeviceToken(ctx context.Context, tenant, id string) (string, error)
+	// AuthenticateDevice checks a device's token; any mismatch is
+	// EUNAUTHENTICATED.
+	AuthenticateDevice(ctx context.Context, tenant, id, token string) error
+}

@@ -1,0 +1,3 @@
+module github.com/fleetd/fleet
+
+go 1.26.8
