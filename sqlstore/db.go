@@ -1,0 +1,310 @@
+// Package sqlstore keeps fleetd's state in SQL: SQLite (modernc.org/sqlite,
+// WAL, synchronous=FULL) by default and PostgreSQL (pgx) when the database is
+// a postgres:// URL. One implementation serves both; the few places where the
+// dialects differ are methods of dialect.
+//
+// Every write goes through a group commit: concurrent writers queue their
+// work, one goroutine per writer connection runs a batch of it in a single
+// transaction (each piece inside its own savepoint, so one failure does not
+// spoil the others) and commits once. A caller returns only after the commit,
+// so a 2xx is on disk, and the fsync is shared by the whole batch.
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fleetd/fleet"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+	_ "modernc.org/sqlite"             // registers "sqlite"
+)
+
+// Options tune a DB; the zero value is the production default.
+type Options struct {
+	// Writers is the number of concurrent write transactions. SQLite has one
+	// writer whatever this says; PostgreSQL defaults to 4.
+	Writers int
+	// MaxBatch caps the writes that share one transaction.
+	MaxBatch int
+	// Logger receives slow or failed batches; nil discards.
+	Logger *slog.Logger
+	// Now is the clock, injectable for tests.
+	Now func() time.Time
+}
+
+// DB is fleetd's SQL store. It implements the services of package fleet.
+type DB struct {
+	dialect dialect
+	write   *sql.DB // SQLite: exactly one connection
+	read    *sql.DB // SQLite: a pool of query-only connections; PostgreSQL: = write
+	now     func() time.Time
+	log     *slog.Logger
+
+	jobs     chan *job
+	maxBatch int
+	stop     chan struct{}
+	wg       sync.WaitGroup
+
+	authCache authCache
+}
+
+// Open connects to the database named by dsn: a postgres:// (or
+// postgresql://) URL, or else a SQLite file path. It does not migrate.
+func Open(ctx context.Context, dsn string, opt Options) (*DB, error) {
+	db := &DB{now: opt.Now, log: opt.Logger, maxBatch: opt.MaxBatch, stop: make(chan struct{})}
+	if db.now == nil {
+		db.now = time.Now
+	}
+	if db.log == nil {
+		db.log = slog.New(slog.DiscardHandler)
+	}
+	if db.maxBatch <= 0 {
+		db.maxBatch = 512
+	}
+	writers := opt.Writers
+	var err error
+	if isPostgres(dsn) {
+		db.dialect = postgres
+		if writers <= 0 {
+			writers = 4
+		}
+		db.write, err = sql.Open("pgx", dsn)
+		if err != nil {
+			return nil, fmt.Errorf("open postgres: %w", err)
+		}
+		db.write.SetMaxOpenConns(writers + 16)
+		db.write.SetMaxIdleConns(writers + 16)
+		db.read = db.write
+	} else {
+		db.dialect = sqlite
+		writers = 1
+		if err := os.MkdirAll(filepath.Dir(dsn), 0o755); err != nil {
+			return nil, fmt.Errorf("create database directory: %w", err)
+		}
+		pragmas := "_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)&_pragma=foreign_keys(1)"
+		db.write, err = sql.Open("sqlite", "file:"+dsn+"?"+pragmas+"&_txlock=immediate")
+		if err != nil {
+			return nil, fmt.Errorf("open sqlite: %w", err)
+		}
+		db.write.SetMaxOpenConns(1)
+		db.write.SetMaxIdleConns(1)
+		db.write.SetConnMaxLifetime(0)
+		db.read, err = sql.Open("sqlite", "file:"+dsn+"?"+pragmas+"&_pragma=query_only(1)")
+		if err != nil {
+			db.write.Close()
+			return nil, fmt.Errorf("open sqlite: %w", err)
+		}
+		db.read.SetMaxOpenConns(4)
+		db.read.SetMaxIdleConns(4)
+	}
+	if err := db.write.PingContext(ctx); err != nil {
+		db.closeConns()
+		return nil, fmt.Errorf("connect to %s database: %w", db.dialect, err)
+	}
+	db.jobs = make(chan *job, 4*db.maxBatch)
+	for range writers {
+		db.wg.Add(1)
+		go db.commitLoop()
+	}
+	return db, nil
+}
+
+func isPostgres(dsn string) bool {
+	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
+}
+
+// Dialect names the database in use: "sqlite" or "postgres".
+func (db *DB) Dialect() string { return db.dialect.String() }
+
+// Close waits for queued writes to commit, then closes the connections.
+func (db *DB) Close() error {
+	close(db.stop)
+	db.wg.Wait()
+	return db.closeConns()
+}
+
+func (db *DB) closeConns() error {
+	err := db.write.Close()
+	if db.read != db.write {
+		err = errors.Join(err, db.read.Close())
+	}
+	return err
+}
+
+// Ping reports whether the database answers; readiness probes call it.
+func (db *DB) Ping(ctx context.Context) error {
+	if err := db.write.PingContext(ctx); err != nil {
+		return fleet.Errorf(fleet.EUNAVAILABLE, "database unreachable")
+	}
+	return nil
+}
+
+// Tx is a write transaction's view for one piece of work in a batch.
+type Tx struct {
+	tx  *sql.Tx
+	db  *DB
+	now time.Time // the batch's clock reading, shared by all its writes
+}
+
+func (tx *Tx) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return tx.tx.ExecContext(ctx, tx.db.dialect.rebind(query), args...)
+}
+
+func (tx *Tx) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	return tx.tx.QueryContext(ctx, tx.db.dialect.rebind(query), args...)
+}
+
+func (tx *Tx) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
+	return tx.tx.QueryRowContext(ctx, tx.db.dialect.rebind(query), args...)
+}
+
+func (db *DB) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	return db.read.QueryContext(ctx, db.dialect.rebind(query), args...)
+}
+
+func (db *DB) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
+	return db.read.QueryRowContext(ctx, db.dialect.rebind(query), args...)
+}
+
+// job is one caller's piece of a batch.
+type job struct {
+	ctx  context.Context
+	fn   func(ctx context.Context, tx *Tx) error
+	done chan error
+}
+
+// update runs fn inside a write transaction shared with other concurrent
+// writers and returns once the transaction committed (or fn failed, in which
+// case nothing fn did remains). fn may run more than once: if the batch's
+// commit fails, the batch is retried piece by piece.
+func (db *DB) update(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
+	j := &job{ctx: ctx, fn: fn, done: make(chan error, 1)}
+	select {
+	case db.jobs <- j:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-db.stop:
+		return fleet.Errorf(fleet.EUNAVAILABLE, "the server is shutting down")
+	}
+	// Once queued, the job runs to its end: a caller that went away must not
+	// leave half a decision behind, and the loop never blocks on done.
+	return <-j.done
+}
+
+func (db *DB) commitLoop() {
+	defer db.wg.Done()
+	batch := make([]*job, 0, db.maxBatch)
+	for {
+		var first *job
+		select {
+		case first = <-db.jobs:
+		case <-db.stop:
+			// Drain what was queued before the stop.
+			for {
+				select {
+				case first = <-db.jobs:
+					db.runBatch([]*job{first})
+				default:
+					return
+				}
+			}
+		}
+		batch = append(batch[:0], first)
+	fill:
+		for len(batch) < db.maxBatch {
+			select {
+			case j := <-db.jobs:
+				batch = append(batch, j)
+			default:
+				break fill
+			}
+		}
+		db.runBatch(batch)
+	}
+}
+
+func (db *DB) runBatch(batch []*job) {
+	errs, err := db.tryBatch(batch)
+	if err != nil && len(batch) > 1 {
+		// The commit failed as a whole; run each piece alone so one bad
+		// piece cannot fail its neighbours.
+		for _, j := range batch {
+			db.runBatch([]*job{j})
+		}
+		return
+	}
+	for i, j := range batch {
+		if err != nil {
+			j.done <- err
+		} else {
+			j.done <- errs[i]
+		}
+	}
+}
+
+// tryBatch runs the batch in one transaction. It returns each job's own error
+// and an error for the transaction as a whole.
+func (db *DB) tryBatch(batch []*job) ([]error, error) {
+	ctx := context.Background()
+	sqlTx, err := db.write.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	tx := &Tx{tx: sqlTx, db: db, now: db.now()}
+	errs := make([]error, len(batch))
+	single := len(batch) == 1
+	for i, j := range batch {
+		if err := j.ctx.Err(); err != nil {
+			errs[i] = err
+			continue
+		}
+		if single {
+			errs[i] = db.classify(j.fn(j.ctx, tx))
+			continue
+		}
+		if _, err := sqlTx.ExecContext(ctx, "SAVEPOINT job"); err != nil {
+			sqlTx.Rollback()
+			return nil, db.classify(err)
+		}
+		if errs[i] = db.classify(j.fn(j.ctx, tx)); errs[i] != nil {
+			if _, err := sqlTx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT job"); err != nil {
+				sqlTx.Rollback()
+				return nil, db.classify(err)
+			}
+		}
+		if _, err := sqlTx.ExecContext(ctx, "RELEASE SAVEPOINT job"); err != nil {
+			sqlTx.Rollback()
+			return nil, db.classify(err)
+		}
+	}
+	if single && errs[0] != nil {
+		sqlTx.Rollback()
+		return errs, nil
+	}
+	if err := sqlTx.Commit(); err != nil {
+		db.log.Error("commit failed", "jobs", len(batch), "err", err)
+		return nil, db.classify(err)
+	}
+	return errs, nil
+}
+
+// dsnForLog returns dsn without its password, for log lines.
+func dsnForLog(dsn string) string {
+	if !isPostgres(dsn) {
+		return dsn
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "postgres://…"
+	}
+	return u.Redacted()
+}

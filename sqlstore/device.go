@@ -1,0 +1,292 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/google/uuid"
+)
+
+var _ fleet.DeviceService = (*DB)(nil)
+
+// insertChunk is how many devices one INSERT statement carries: fewer
+// round trips, well under every bound-parameter limit.
+const insertChunk = 200
+
+// CreateDevices provisions devices in one transaction.
+func (db *DB) CreateDevices(ctx context.Context, tenant string, devs []fleet.NewDevice) ([]fleet.DeviceToken, error) {
+	tokens := make([]fleet.DeviceToken, len(devs))
+	hashes := make([]string, len(devs))
+	metadata := make([]string, len(devs))
+	seen := make(map[string]bool, len(devs))
+	var dups []string
+	for i, d := range devs {
+		id := d.ID
+		if id == "" {
+			id = uuid.NewString()
+		}
+		if seen[id] {
+			dups = append(dups, id)
+		}
+		seen[id] = true
+		tokens[i] = fleet.DeviceToken{ID: id, Token: fleet.NewSecret(fleet.DeviceTokenPrefix)}
+		hashes[i] = fleet.HashSecret(tokens[i].Token)
+		metadata[i] = encodeMetadata(d.Metadata)
+	}
+	if len(dups) > 0 {
+		return nil, fleet.Errorf(fleet.EINVALID, "device ids appear more than once: %s", listSome(dups))
+	}
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		created := millis(tx.now)
+		for start := 0; start < len(devs); start += insertChunk {
+			end := min(start+insertChunk, len(devs))
+			var q strings.Builder
+			q.WriteString("INSERT INTO devices (tenant, id, token_hash, metadata, components, created_at) VALUES ")
+			args := make([]any, 0, 6*(end-start))
+			for i := start; i < end; i++ {
+				if i > start {
+					q.WriteString(", ")
+				}
+				q.WriteString("(?, ?, ?, ?, '{}', ?)")
+				args = append(args, tenant, tokens[i].ID, hashes[i], metadata[i], created)
+			}
+			q.WriteString(" ON CONFLICT DO NOTHING")
+			res, err := tx.exec(ctx, q.String(), args...)
+			if err != nil {
+				return err
+			}
+			if n, err := res.RowsAffected(); err != nil {
+				return err
+			} else if int(n) < end-start {
+				return tx.conflictingDevices(ctx, tenant, tokens[start:end], hashes[start:end])
+			}
+		}
+		details := map[string]any{"count": len(devs)}
+		target := "devices"
+		if len(devs) == 1 {
+			target = "devices/" + tokens[0].ID
+			details = map[string]any{"metadata": devs[0].Metadata}
+		}
+		return tx.audit(ctx, tenant, "device.create", target, details)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return tokens, nil
+}
+
+// conflictingDevices names the devices of a chunk that existed before it:
+// those whose stored token is not the one just inserted.
+func (tx *Tx) conflictingDevices(ctx context.Context, tenant string, toks []fleet.DeviceToken, hashes []string) error {
+	ours := make(map[string]string, len(toks))
+	args := []any{tenant}
+	for i, t := range toks {
+		ours[t.ID] = hashes[i]
+		args = append(args, t.ID)
+	}
+	rows, err := tx.query(ctx, "SELECT id, token_hash FROM devices WHERE tenant = ? AND id IN (?"+strings.Repeat(", ?", len(toks)-1)+")", args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var taken []string
+	for rows.Next() {
+		var id, hash string
+		if err := rows.Scan(&id, &hash); err != nil {
+			return err
+		}
+		if hash != ours[id] {
+			taken = append(taken, id)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	sort.Strings(taken)
+	return fleet.Errorf(fleet.ECONFLICT, "devices exist already: %s", listSome(taken))
+}
+
+// listSome joins up to ten ids for a message, saying how many more there are.
+func listSome(ids []string) string {
+	if len(ids) <= 10 {
+		return strings.Join(ids, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(ids[:10], ", "), len(ids)-10)
+}
+
+func encodeMetadata(m map[string]string) string {
+	if len(m) == 0 {
+		return "{}"
+	}
+	b, _ := json.Marshal(m) // a map of strings always encodes
+	return string(b)
+}
+
+const deviceColumns = "id, metadata, components, created_at, last_seen_at"
+
+func scanDevice(s interface{ Scan(...any) error }) (*fleet.Device, error) {
+	var d fleet.Device
+	var meta, comps string
+	var created int64
+	var seen sql.NullInt64
+	if err := s.Scan(&d.ID, &meta, &comps, &created, &seen); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal([]byte(meta), &d.Metadata); err != nil {
+		return nil, fmt.Errorf("device %s metadata: %w", d.ID, err)
+	}
+	if err := json.Unmarshal([]byte(comps), &d.Components); err != nil {
+		return nil, fmt.Errorf("device %s components: %w", d.ID, err)
+	}
+	d.CreatedAt = fromMillis(created)
+	if seen.Valid {
+		t := fromMillis(seen.Int64)
+		d.LastSeenAt = &t
+	}
+	return &d, nil
+}
+
+// FindDevice returns one device of the tenant.
+func (db *DB) FindDevice(ctx context.Context, tenant, id string) (*fleet.Device, error) {
+	d, err := scanDevice(db.queryRow(ctx, "SELECT "+deviceColumns+" FROM devices WHERE tenant = ? AND id = ?", tenant, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "device %q not found", id)
+	}
+	return d, db.classify(err)
+}
+
+// FindDevices lists devices by id.
+func (db *DB) FindDevices(ctx context.Context, tenant string, f fleet.DeviceFilter) ([]*fleet.Device, int, error) {
+	cond, args := db.deviceFilter(tenant, f.Search, f.Metadata)
+	var count int
+	if err := db.queryRow(ctx, "SELECT count(*) FROM devices WHERE "+cond, args...).Scan(&count); err != nil {
+		return nil, 0, db.classify(err)
+	}
+	rows, err := db.query(ctx, "SELECT "+deviceColumns+" FROM devices WHERE "+cond+" ORDER BY id LIMIT ? OFFSET ?",
+		append(args, f.Limit, f.Offset())...)
+	if err != nil {
+		return nil, 0, db.classify(err)
+	}
+	defer rows.Close()
+	devs := []*fleet.Device{}
+	for rows.Next() {
+		d, err := scanDevice(rows)
+		if err != nil {
+			return nil, 0, err
+		}
+		devs = append(devs, d)
+	}
+	return devs, count, rows.Err()
+}
+
+// deviceFilter is the WHERE clause, over the devices table, for a search
+// term and metadata equalities.
+func (db *DB) deviceFilter(tenant, search string, meta map[string]string) (string, []any) {
+	where := []string{"tenant = ?"}
+	args := []any{tenant}
+	if search != "" {
+		where = append(where, "("+db.dialect.containsFold("id")+" OR "+db.dialect.jsonValueContainsFold("metadata")+")")
+		args = append(args, search, search)
+	}
+	for _, k := range slices.Sorted(maps.Keys(meta)) {
+		where = append(where, db.dialect.jsonKeyEquals("metadata"))
+		args = append(args, k, meta[k])
+	}
+	return strings.Join(where, " AND "), args
+}
+
+// UpdateDeviceMetadata merges patch into a device's metadata.
+func (db *DB) UpdateDeviceMetadata(ctx context.Context, tenant, id string, patch map[string]*string) (*fleet.Device, error) {
+	var dev *fleet.Device
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		d, err := scanDevice(tx.queryRow(ctx, "SELECT "+deviceColumns+" FROM devices WHERE tenant = ? AND id = ?", tenant, id))
+		if errors.Is(err, sql.ErrNoRows) {
+			return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", id)
+		} else if err != nil {
+			return err
+		}
+		if d.Metadata == nil {
+			d.Metadata = map[string]string{}
+		}
+		for k, v := range patch {
+			if v == nil {
+				delete(d.Metadata, k)
+			} else {
+				d.Metadata[k] = *v
+			}
+		}
+		if problem := fleet.ValidateMetadata(d.Metadata); problem != "" {
+			return fleet.FieldErrors(map[string]string{"metadata": "after the merge, " + problem})
+		}
+		if _, err := tx.exec(ctx, "UPDATE devices SET metadata = ? WHERE tenant = ? AND id = ?", encodeMetadata(d.Metadata), tenant, id); err != nil {
+			return err
+		}
+		dev = d
+		return tx.audit(ctx, tenant, "device.update", "devices/"+id, map[string]any{"metadata": patch})
+	})
+	return dev, err
+}
+
+// DeleteDevice removes a device and everything recorded about it.
+func (db *DB) DeleteDevice(ctx context.Context, tenant, id string) error {
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		res, err := tx.exec(ctx, "DELETE FROM devices WHERE tenant = ? AND id = ?", tenant, id)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", id)
+		}
+		return tx.audit(ctx, tenant, "device.delete", "devices/"+id, nil)
+	})
+}
+
+// RotateDeviceToken gives a device a new token; the old one stops working.
+func (db *DB) RotateDeviceToken(ctx context.Context, tenant, id string) (string, error) {
+	token := fleet.NewSecret(fleet.DeviceTokenPrefix)
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		res, err := tx.exec(ctx, "UPDATE devices SET token_hash = ? WHERE tenant = ? AND id = ?", fleet.HashSecret(token), tenant, id)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", id)
+		}
+		return tx.audit(ctx, tenant, "device.rotate_token", "devices/"+id, nil)
+	})
+	if err != nil {
+		return "", err
+	}
+	return token, nil
+}
+
+// AuthenticateDevice checks a device's token.
+func (db *DB) AuthenticateDevice(ctx context.Context, tenant, id, token string) error {
+	var hash string
+	err := db.queryRow(ctx, "SELECT token_hash FROM devices WHERE tenant = ? AND id = ?", tenant, id).Scan(&hash)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && !fleet.SecretMatches(token, hash)) {
+		return fleet.Errorf(fleet.EUNAUTHENTICATED, "unknown device or wrong token")
+	}
+	return db.classify(err)
+}
+
+// TouchDevice records that a device was seen at t.
+func (db *DB) TouchDevice(ctx context.Context, tenant, id string, t time.Time) error {
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		_, err := tx.exec(ctx, "UPDATE devices SET last_seen_at = ? WHERE tenant = ? AND id = ?", millis(t), tenant, id)
+		return err
+	})
+}

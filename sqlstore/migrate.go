@@ -1,0 +1,118 @@
+package sqlstore
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// migration is one numbered schema change, "0001_foundation.sql".
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+func loadMigrations() ([]migration, error) {
+	names, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var ms []migration
+	for _, path := range names {
+		name := strings.TrimPrefix(path, "migrations/")
+		num, _, ok := strings.Cut(name, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("migration %s: name must start with a number and _", name)
+		}
+		b, err := migrations.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, migration{version: v, name: name, sql: string(b)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].version < ms[j].version })
+	for i := 1; i < len(ms); i++ {
+		if ms[i].version == ms[i-1].version {
+			return nil, fmt.Errorf("migrations %s and %s share a number", ms[i-1].name, ms[i].name)
+		}
+	}
+	return ms, nil
+}
+
+// Migrate applies the migrations the database has not seen, each in its own
+// transaction, and returns the names it applied. Replicas starting together
+// on PostgreSQL serialise on an advisory lock, so each migration runs once.
+func (db *DB) Migrate(ctx context.Context) ([]string, error) {
+	ms, err := loadMigrations()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := db.write.Conn(ctx)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	defer conn.Close()
+	if db.dialect == postgres {
+		// 0x666c656574 is "fleet": one lock id for every fleetd.
+		if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock(439788553588)"); err != nil {
+			return nil, fmt.Errorf("lock for migrations: %w", err)
+		}
+		defer conn.ExecContext(context.Background(), "SELECT pg_advisory_unlock(439788553588)")
+	}
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version INTEGER PRIMARY KEY,
+		name TEXT NOT NULL,
+		applied_at BIGINT NOT NULL)`); err != nil {
+		return nil, fmt.Errorf("create schema_migrations: %w", err)
+	}
+	applied := map[int]bool{}
+	rows, err := conn.QueryContext(ctx, "SELECT version FROM schema_migrations")
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		applied[v] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var done []string
+	for _, m := range ms {
+		if applied[m.version] {
+			continue
+		}
+		tx, err := conn.BeginTx(ctx, nil)
+		if err != nil {
+			return done, err
+		}
+		if _, err := tx.ExecContext(ctx, db.dialect.ddl(m.sql)); err != nil {
+			tx.Rollback()
+			return done, fmt.Errorf("migration %s: %w", m.name, err)
+		}
+		if _, err := tx.ExecContext(ctx, db.dialect.rebind("INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)"),
+			m.version, m.name, millis(db.now())); err != nil {
+			tx.Rollback()
+			return done, fmt.Errorf("migration %s: %w", m.name, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return done, fmt.Errorf("migration %s: %w", m.name, err)
+		}
+		done = append(done, m.name)
+	}
+	return done, nil
+}

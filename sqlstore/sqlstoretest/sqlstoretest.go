@@ -1,0 +1,105 @@
+// Package sqlstoretest gives tests a fresh, isolated database of each kind
+// fleetd supports: a SQLite file always, and a PostgreSQL schema of its own
+// when FLEETD_TEST_POSTGRES names a database (CI sets it).
+package sqlstoretest
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"net/url"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet/sqlstore"
+)
+
+// Backend is one kind of database a test runs against.
+type Backend struct {
+	Name string // "sqlite" or "postgres", for subtest names
+	// DSN returns the connection string of a new, empty database that is
+	// removed when the test ends.
+	DSN func(t testing.TB) string
+}
+
+// Backends lists SQLite and, when configured, PostgreSQL.
+func Backends() []Backend {
+	bs := []Backend{{Name: "sqlite", DSN: sqliteDSN}}
+	if os.Getenv("FLEETD_TEST_POSTGRES") != "" {
+		bs = append(bs, Backend{Name: "postgres", DSN: postgresDSN})
+	}
+	return bs
+}
+
+// Run runs f as a subtest for each backend.
+func Run(t *testing.T, f func(t *testing.T, b Backend)) {
+	t.Helper()
+	for _, b := range Backends() {
+		t.Run(b.Name, func(t *testing.T) { f(t, b) })
+	}
+}
+
+func sqliteDSN(t testing.TB) string {
+	return filepath.Join(t.TempDir(), "fleetd.db")
+}
+
+// postgresDSN makes a schema of the test's own and points search_path at it.
+func postgresDSN(t testing.TB) string {
+	t.Helper()
+	base := os.Getenv("FLEETD_TEST_POSTGRES")
+	b := make([]byte, 6)
+	rand.Read(b)
+	schema := "test_" + hex.EncodeToString(b)
+	admin, err := sql.Open("pgx", base)
+	if err != nil {
+		t.Fatalf("open FLEETD_TEST_POSTGRES: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
+		admin.Close()
+		t.Fatalf("create schema in FLEETD_TEST_POSTGRES (%s): %v", base, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := admin.ExecContext(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Logf("drop schema %s: %v", schema, err)
+		}
+		admin.Close()
+	})
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatalf("FLEETD_TEST_POSTGRES is not a URL: %v", err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// Options lets a test adjust how MustOpen opens the store.
+type Options = sqlstore.Options
+
+// MustOpen opens and migrates a fresh store of backend b, closed when the
+// test ends.
+func MustOpen(t testing.TB, b Backend, opt Options) *sqlstore.DB {
+	t.Helper()
+	ctx := context.Background()
+	db, err := sqlstore.Open(ctx, b.DSN(t), opt)
+	if err != nil {
+		t.Fatalf("open %s: %v", b.Name, err)
+	}
+	t.Cleanup(func() {
+		if err := db.Close(); err != nil {
+			t.Errorf("close %s: %v", b.Name, err)
+		}
+	})
+	if _, err := db.Migrate(ctx); err != nil {
+		t.Fatalf("migrate %s: %v", b.Name, err)
+	}
+	return db
+}
