@@ -1,0 +1,153 @@
+// Package codec reads and writes fleetd's four body encodings: JSON, Transit
+// (JSON and MessagePack) and EDN (DESIGN §2).
+//
+// Every request body becomes one canonical value (nil, bool, int64, float64,
+// string, []any, map[string]any) so that validation has one path whatever
+// the client spoke. Transit and EDN are first read in full fidelity
+// (ReadTransitJSON, ReadTransitMsgpack, ReadEDN return keywords, sets,
+// instants and so on) and then narrowed by Canonical. Responses go the other
+// way: Encode writes handler values in any of the four, with keyword keys,
+// instants and UUIDs where the format has them.
+package codec
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/fleetd/fleet"
+)
+
+// Format is one of the four body encodings.
+type Format int
+
+// The four encodings, JSON first: it is the default everywhere.
+const (
+	JSON Format = iota
+	TransitJSON
+	TransitMsgpack
+	EDN
+)
+
+// Formats lists every format in order of preference, for error messages
+// and tests that cover them all.
+var Formats = []Format{JSON, TransitJSON, TransitMsgpack, EDN}
+
+// ContentType returns the media type of f.
+func (f Format) ContentType() string {
+	switch f {
+	case TransitJSON:
+		return "application/transit+json"
+	case TransitMsgpack:
+		return "application/transit+msgpack"
+	case EDN:
+		return "application/edn"
+	}
+	return "application/json"
+}
+
+// String returns a short name of f, such as "transit+json".
+func (f Format) String() string {
+	switch f {
+	case JSON:
+		return "json"
+	case TransitJSON:
+		return "transit+json"
+	case TransitMsgpack:
+		return "transit+msgpack"
+	case EDN:
+		return "edn"
+	}
+	return fmt.Sprintf("Format(%d)", int(f))
+}
+
+// FormatOf maps a Content-Type header value to a format. Parameters
+// (charset=…) are ignored and matching is case-insensitive; ok is false for
+// anything else, including an empty value.
+func FormatOf(contentType string) (f Format, ok bool) {
+	mt, _, _ := strings.Cut(contentType, ";")
+	mt = strings.TrimSpace(mt)
+	for _, f := range Formats {
+		if strings.EqualFold(mt, f.ContentType()) {
+			return f, true
+		}
+	}
+	return JSON, false
+}
+
+// MaxDepth is the deepest nesting of arrays and maps a body may have.
+const MaxDepth = 64
+
+// Decode reads exactly one value from a whole request body in format f and
+// returns its canonical form: nil, bool, int64, float64, string, []any or
+// map[string]any, nested. Any problem is an EINVALID *fleet.Error whose
+// message says what is wrong and where.
+func Decode(f Format, body []byte) (any, error) {
+	switch f {
+	case JSON:
+		return decodeJSON(body)
+	case TransitJSON:
+		v, err := ReadTransitJSON(body)
+		if err != nil {
+			return nil, err
+		}
+		return Canonical(v)
+	case TransitMsgpack:
+		v, err := ReadTransitMsgpack(body)
+		if err != nil {
+			return nil, err
+		}
+		return Canonical(v)
+	case EDN:
+		v, err := ReadEDN(body)
+		if err != nil {
+			return nil, err
+		}
+		return Canonical(v)
+	}
+	return nil, fleet.Errorf(fleet.EUNSUPPORTED, "unsupported body format %v", f)
+}
+
+// Marshal returns v encoded in format f; see Encode.
+func Marshal(f Format, v any) ([]byte, error) {
+	var buf bytes.Buffer
+	if err := encodeTo(&buf, f, v); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// Encode writes v in format f. v is what a handler builds: structs (with
+// their json tags), maps with string keys, slices, scalars, time.Time,
+// uuid.UUID, json.RawMessage, canonical values and the full-fidelity types
+// of this package. Nothing is written when v cannot be encoded.
+func Encode(w io.Writer, f Format, v any) error {
+	buf := bufferPool.Get().(*bytes.Buffer)
+	defer func() {
+		buf.Reset()
+		bufferPool.Put(buf)
+	}()
+	if err := encodeTo(buf, f, v); err != nil {
+		return err
+	}
+	_, err := w.Write(buf.Bytes())
+	return err
+}
+
+// invalidf returns the EINVALID error of a malformed body.
+func invalidf(format string, args ...any) error {
+	return fleet.Errorf(fleet.EINVALID, format, args...)
+}
+
+// textPosition turns a byte offset into the 1-based line and column (in
+// characters) that a person sees in an editor.
+func textPosition(b []byte, off int) (line, col int) {
+	if off > len(b) {
+		off = len(b)
+	}
+	line = 1 + bytes.Count(b[:off], []byte{'\n'})
+	start := bytes.LastIndexByte(b[:off], '\n') + 1
+	col = 1 + len([]rune(string(b[start:off])))
+	return line, col
+}
