@@ -13,12 +13,6 @@ func pendingError() error {
 	return fleet.Errorf(fleet.EUNSUPPORTED, "this body encoding is not supported yet")
 }
 
-// ReadTransitJSON reads a transit+json body in full fidelity.
-func ReadTransitJSON(b []byte) (any, error) { return nil, pendingError() }
-
-// ReadTransitMsgpack reads a transit+msgpack body in full fidelity.
-func ReadTransitMsgpack(b []byte) (any, error) { return nil, pendingError() }
-
 // ReadEDN reads an EDN body in full fidelity.
 func ReadEDN(b []byte) (any, error) { return nil, pendingError() }
 
