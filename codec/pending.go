@@ -13,9 +13,6 @@ func pendingError() error {
 	return fleet.Errorf(fleet.EUNSUPPORTED, "this body encoding is not supported yet")
 }
 
-// ReadEDN reads an EDN body in full fidelity.
-func ReadEDN(b []byte) (any, error) { return nil, pendingError() }
-
 type pendingEmitter struct{ jsonEmitter }
 
 func (e *pendingEmitter) finish() error { return pendingError() }
