@@ -73,7 +73,7 @@ func encodeTo(buf *bytes.Buffer, f Format, v any) error {
 	case TransitMsgpack:
 		e = newMsgpackEmitter(buf)
 	case EDN:
-		e = &ednEmitter{jsonEmitter{buf: buf}}
+		e = &ednEmitter{buf: buf}
 	default:
 		return fmt.Errorf("codec: unknown format %d", int(f))
 	}
