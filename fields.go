@@ -1,15 +1,15 @@
-package codec
+package fleet
 
 import (
 	"fmt"
 	"math"
 	"sort"
 	"strings"
-
-	"github.com/fleetd/fleet"
 )
 
-// Fields is the typed decode of a canonical object: each getter reads one
+// Fields is the typed decode of a canonical value (what package codec makes
+// of any request body or device message: nil, bool, int64, float64, string,
+// []any and map[string]any) into a domain type. Each getter reads one
 // field and checks its rules, collecting problems under the field's path, and
 // Err reports them all at once together with any field nobody asked for.
 //
@@ -301,7 +301,7 @@ func (f *Fields) Err() error {
 	if len(f.errs) == 0 {
 		return nil
 	}
-	e := fleet.FieldErrors(f.errs)
+	e := FieldErrors(f.errs)
 	if _, ok := f.errs["body"]; ok && len(f.errs) == 1 {
 		e.Message = "the request body " + f.errs["body"]
 	} else if unknown := f.unknownNames(); len(unknown) > 0 && len(unknown) == len(f.errs) {
