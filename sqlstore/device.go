@@ -74,7 +74,7 @@ func (db *DB) CreateDevices(ctx context.Context, tenant string, devs []fleet.New
 		target := "devices"
 		if len(devs) == 1 {
 			target = "devices/" + tokens[0].ID
-			details = map[string]any{"metadata": devs[0].Metadata}
+			details = map[string]any{"metadata": metadataOrEmpty(devs[0].Metadata)}
 		}
 		return tx.audit(ctx, tenant, "device.create", target, details)
 	})
@@ -121,6 +121,13 @@ func listSome(ids []string) string {
 		return strings.Join(ids, ", ")
 	}
 	return fmt.Sprintf("%s and %d more", strings.Join(ids[:10], ", "), len(ids)-10)
+}
+
+func metadataOrEmpty(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
 }
 
 func encodeMetadata(m map[string]string) string {

@@ -72,7 +72,11 @@ func (db *DB) CreateAPIKey(ctx context.Context, tenant string, k *fleet.APIKey) 
 		if err := tx.createAPIKey(ctx, tenant, k); err != nil {
 			return err
 		}
-		return tx.audit(ctx, tenant, "apikey.create", "apikeys/"+k.Name, map[string]any{"role": k.Role, "user_email": k.UserEmail})
+		details := map[string]any{"role": k.Role}
+		if k.UserEmail != "" {
+			details["user_email"] = k.UserEmail
+		}
+		return tx.audit(ctx, tenant, "apikey.create", "apikeys/"+k.Name, details)
 	})
 }
 

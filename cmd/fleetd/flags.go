@@ -1,0 +1,85 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+)
+
+// flagSet is a subcommand's flags, each with a FLEETD_* environment
+// equivalent.
+type flagSet struct {
+	*flag.FlagSet
+	cmd, args, about string
+	positional       []string // the arguments that are not flags, in order
+}
+
+func newFlagSet(cmd, args, about string, stderr io.Writer) *flagSet {
+	fs := &flagSet{FlagSet: flag.NewFlagSet(cmd, flag.ContinueOnError), cmd: cmd, args: args, about: about}
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fs.usage(stderr) }
+	return fs
+}
+
+// envName is the environment variable of a flag: --http-addr is
+// FLEETD_HTTP_ADDR.
+func envName(flagName string) string {
+	return "FLEETD_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parse reads the command line, flags and arguments in any order
+// ("tenant create acme --database x.db"), then the environment for every
+// flag the command line left alone.
+func (fs *flagSet) parse(args []string, getenv func(string) string) error {
+	for {
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		fs.positional = append(fs.positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] || err != nil {
+			return
+		}
+		if v := getenv(envName(f.Name)); v != "" {
+			if e := fs.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("%s=%q: %v", envName(f.Name), v, e)
+			}
+		}
+	})
+	return err
+}
+
+func (fs *flagSet) usage(w io.Writer) {
+	fmt.Fprintf(w, "Usage: fleetd %s [flags] %s\n\n%s\n", fs.cmd, fs.args, fs.about)
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	if n == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nFlags (each also read from the environment variable shown):")
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	fs.VisitAll(func(f *flag.Flag) {
+		name, _ := flag.UnquoteUsage(f)
+		arg := "--" + f.Name
+		if name != "" {
+			arg += " " + name
+		}
+		def := ""
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
+			def = " (default " + f.DefValue + ")"
+		}
+		_, usage := flag.UnquoteUsage(f)
+		fmt.Fprintf(tw, "  %s\t%s\t%s%s\n", arg, envName(f.Name), usage, def)
+	})
+	tw.Flush()
+}

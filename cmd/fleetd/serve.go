@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/fleetd/fleet"
+	fleethttp "github.com/fleetd/fleet/http"
+	"github.com/fleetd/fleet/sqlstore"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+const serveAbout = `Runs fleetd: the HTTP API, the MQTT broker devices connect to, and the
+background work (action timeouts, alert timers, notification delivery).
+On an empty database it creates tenant "default" and prints its admin API
+key once. SIGINT or SIGTERM stops it gracefully: requests in flight finish,
+queued writes commit.`
+
+func runServe(ctx context.Context, args []string, e env) error {
+	var c config
+	fs := newFlagSet("serve", "", serveAbout, e.stderr)
+	c.serveFlags(fs)
+	if err := fs.parse(args, e.getenv); err != nil {
+		return err
+	}
+	if len(fs.positional) > 0 {
+		return fmt.Errorf("serve takes no arguments, got %q", fs.positional)
+	}
+	log, err := c.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	db, err := c.openDB(ctx, log)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if err := bootstrap(ctx, db, e); err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	api := &fleethttp.Server{
+		Addr:     c.httpAddr,
+		Logger:   log,
+		Registry: reg,
+		Limits:   fleethttp.Limits{Body: c.maxBody, Bulk: c.maxBulk, Upload: c.maxUpload},
+		Tenants:  db,
+		Devices:  db,
+		Audit:    db,
+		Ready:    []fleethttp.Pinger{db},
+	}
+	if err := api.Open(); err != nil {
+		return err
+	}
+	log.Info("fleetd started", "http", api.ListenAddr().String(), "database", db.Dialect())
+	fmt.Fprintf(e.stdout, "fleetd: listening http=%s\n", api.ListenAddr())
+
+	<-ctx.Done()
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := api.Shutdown(sctx); err != nil {
+		log.Warn("HTTP shutdown", "err", err)
+	}
+	return nil
+}
+
+// bootstrap gives a new installation a tenant and an admin key, printed
+// once, so the first request can be authenticated at once.
+func bootstrap(ctx context.Context, db *sqlstore.DB, e env) error {
+	ts, err := db.FindTenants(ctx)
+	if err != nil || len(ts) > 0 {
+		return err
+	}
+	_, key, err := db.CreateTenant(ctx, "default")
+	if fleet.ErrorCode(err) == fleet.ECONFLICT {
+		return nil // another replica was first
+	} else if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "fleetd: created tenant \"default\" with an admin API key; it is shown only this once:\n%s\n", key)
+	return nil
+}

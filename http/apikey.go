@@ -1,0 +1,88 @@
+package fleethttp
+
+import (
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+
+	"github.com/fleetd/fleet"
+)
+
+type apiKeyCreate struct {
+	Name      string     `json:"name" openapi:"required" doc:"1-64 characters from A-Z a-z 0-9 . _ -, unique in the tenant"`
+	Role      fleet.Role `json:"role" openapi:"required"`
+	UserEmail string     `json:"user_email,omitempty" doc:"who holds the key; shown as user_email on what it does"`
+}
+
+type apiKeyList struct {
+	APIKeys []*fleet.APIKey `json:"apikeys"`
+	Count   int             `json:"count"`
+}
+
+var keyName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+const keyNameRule = "must be 1 to 64 characters from A-Z a-z 0-9 . _ -"
+
+func (s *Server) handleCreateAPIKey(w http.ResponseWriter, r *http.Request) error {
+	if err := newQuery(r).Err(); err != nil {
+		return err
+	}
+	body, err := s.decode(w, r, s.Limits.Body)
+	if err != nil {
+		return err
+	}
+	f := fleet.NewFields(body)
+	k := &fleet.APIKey{
+		Name:      f.String("name", true),
+		Role:      fleet.Role(f.String("role", true)),
+		UserEmail: f.String("user_email", false),
+	}
+	if f.Has("name") && !keyName.MatchString(k.Name) {
+		f.Fail("name", keyNameRule)
+	}
+	if f.Has("role") && !k.Role.Valid() {
+		f.Fail("role", "must be one of viewer, device, operator, admin")
+	}
+	if f.Has("user_email") && (len(k.UserEmail) > 254 || !strings.Contains(k.UserEmail, "@")) {
+		f.Fail("user_email", "must be an email address of at most 254 characters")
+	}
+	if err := f.Err(); err != nil {
+		return err
+	}
+	if err := s.Tenants.CreateAPIKey(r.Context(), tenantOf(r), k); err != nil {
+		return err
+	}
+	location(w, r, "/api/v1/apikeys/", url.PathEscape(k.Name))
+	s.respond(w, r, http.StatusCreated, k)
+	return nil
+}
+
+func (s *Server) handleListAPIKeys(w http.ResponseWriter, r *http.Request) error {
+	q := newQuery(r)
+	page := q.Page()
+	if err := q.Err(); err != nil {
+		return err
+	}
+	keys, n, err := s.Tenants.FindAPIKeys(r.Context(), tenantOf(r), page)
+	if err != nil {
+		return err
+	}
+	s.respond(w, r, http.StatusOK, apiKeyList{APIKeys: keys, Count: n})
+	return nil
+}
+
+func (s *Server) handleDeleteAPIKey(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	if !keyName.MatchString(name) {
+		return &fleet.Error{Code: fleet.EINVALID, Message: "invalid API key name in the path", Fields: map[string]string{"name": keyNameRule}}
+	}
+	if err := newQuery(r).Err(); err != nil {
+		return err
+	}
+	if err := s.Tenants.DeleteAPIKey(r.Context(), tenantOf(r), name); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}

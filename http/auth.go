@@ -1,0 +1,37 @@
+package fleethttp
+
+import (
+	"net/http"
+
+	"github.com/fleetd/fleet"
+)
+
+// public marks routes that need no credentials.
+const public fleet.Permission = -1
+
+var permissionNames = map[fleet.Permission]string{
+	fleet.PermRead:       "read fleet data",
+	fleet.PermDeviceData: "report device data",
+	fleet.PermOperate:    "change devices, actions, firmware or alert rules",
+	fleet.PermAdmin:      "administer the tenant",
+}
+
+// authenticate returns the actor of r if it may use a route that needs
+// perm. A missing header, an unknown tenant and a wrong key are one 401; a
+// role without the right is 403.
+func (s *Server) authenticate(r *http.Request, perm fleet.Permission) (*fleet.Actor, error) {
+	tenant := r.Header.Get("X-Service-Tenant")
+	a, err := s.Tenants.AuthenticateAPIKey(r.Context(), tenant, r.Header.Get("X-Service-Api-Key"))
+	if err != nil {
+		return nil, err
+	}
+	if !a.Role.Can(perm) {
+		return nil, fleet.Errorf(fleet.EFORBIDDEN, "the %s role may not %s", a.Role, permissionNames[perm])
+	}
+	return a, nil
+}
+
+// tenantOf returns the tenant of an authenticated request.
+func tenantOf(r *http.Request) string {
+	return fleet.ActorFromContext(r.Context()).Tenant
+}

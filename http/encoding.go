@@ -1,0 +1,123 @@
+package fleethttp
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/codec"
+)
+
+// decode reads the request body, at most limit bytes, in the encoding its
+// Content-Type names, and returns its canonical value.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, limit int64) (any, error) {
+	ct := r.Header.Get("Content-Type")
+	f, ok := codec.FormatOf(ct)
+	if !ok {
+		if ct == "" {
+			return nil, fleet.Errorf(fleet.EUNSUPPORTED, "a body needs a Content-Type: one of %s", supportedTypes())
+		}
+		return nil, fleet.Errorf(fleet.EUNSUPPORTED, "Content-Type %q is not supported: use one of %s", ct, supportedTypes())
+	}
+	body, err := readBody(w, r, limit)
+	if err != nil {
+		return nil, err
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, fleet.Errorf(fleet.EINVALID, "the request body is empty; send a %s value", f)
+	}
+	return codec.Decode(f, body)
+}
+
+// readBody reads at most limit bytes of body; more is ETOOLARGE.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.ContentLength > limit {
+		return nil, tooLarge(limit)
+	}
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return nil, tooLarge(limit)
+	} else if err != nil {
+		return nil, fleet.Errorf(fleet.EINVALID, "reading the request body failed: %v", err)
+	}
+	return b, nil
+}
+
+func tooLarge(limit int64) error {
+	return fleet.Errorf(fleet.ETOOLARGE, "the request body is larger than %s", byteSize(limit))
+}
+
+func byteSize(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return strconv.FormatInt(n>>30, 10) + " GiB"
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return strconv.FormatInt(n>>20, 10) + " MiB"
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return strconv.FormatInt(n>>10, 10) + " KiB"
+	}
+	return strconv.FormatInt(n, 10) + " bytes"
+}
+
+func supportedTypes() string {
+	var names []string
+	for _, f := range codec.Formats {
+		names = append(names, f.ContentType())
+	}
+	return strings.Join(names, ", ")
+}
+
+// respond writes v with status in the encoding the client's Accept prefers.
+func (s *Server) respond(w http.ResponseWriter, r *http.Request, status int, v any) {
+	f := codec.Negotiate(r.Header.Get("Accept"))
+	b, err := codec.Marshal(f, v)
+	if err != nil {
+		s.logger(r).Error("encode response", "err", err)
+		f, status = codec.JSON, http.StatusInternalServerError
+		b = []byte(`{"error":"internal","message":"internal error"}`)
+	}
+	w.Header().Set("Content-Type", f.ContentType())
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.Header().Add("Vary", "Accept")
+	w.WriteHeader(status)
+	if r.Method != http.MethodHead {
+		w.Write(b)
+	}
+}
+
+// wantsRepresentation reports whether the client sent
+// "Prefer: return=representation" (RFC 7240).
+func wantsRepresentation(r *http.Request) bool {
+	for _, h := range r.Header.Values("Prefer") {
+		for _, p := range strings.Split(h, ",") {
+			if k, v, _ := strings.Cut(strings.TrimSpace(p), "="); strings.EqualFold(k, "return") && strings.EqualFold(strings.Trim(v, `"`), "representation") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// quiet answers an endpoint of the seed interface that has no body: status
+// with an empty body, or v when the client asked for the representation.
+func (s *Server) quiet(w http.ResponseWriter, r *http.Request, status int, v func() (any, error)) error {
+	if !wantsRepresentation(r) {
+		w.WriteHeader(status)
+		return nil
+	}
+	body, err := v()
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Preference-Applied", "return=representation")
+	if status == http.StatusNoContent {
+		status = http.StatusOK
+	}
+	s.respond(w, r, status, body)
+	return nil
+}

@@ -1,0 +1,59 @@
+package fleethttp
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/fleetd/fleet"
+)
+
+// statuses maps each fleet error code to its HTTP status: the one place
+// where the two meet.
+var statuses = map[string]int{
+	fleet.EINVALID:          http.StatusBadRequest,
+	fleet.EUNAUTHENTICATED:  http.StatusUnauthorized,
+	fleet.EFORBIDDEN:        http.StatusForbidden,
+	fleet.ENOTFOUND:         http.StatusNotFound,
+	fleet.EMETHODNOTALLOWED: http.StatusMethodNotAllowed,
+	fleet.ECONFLICT:         http.StatusConflict,
+	fleet.ETOOLARGE:         http.StatusRequestEntityTooLarge,
+	fleet.EUNSUPPORTED:      http.StatusUnsupportedMediaType,
+	fleet.ERATELIMITED:      http.StatusTooManyRequests,
+	fleet.EINTERNAL:         http.StatusInternalServerError,
+	fleet.EUNAVAILABLE:      http.StatusServiceUnavailable,
+}
+
+// errorBody is every error response (DESIGN §2).
+type errorBody struct {
+	Error   string            `json:"error"`
+	Message string            `json:"message"`
+	Fields  map[string]string `json:"fields,omitempty"`
+}
+
+// Error writes err as the response: fleet errors with their code and
+// message, anything else logged with the request id and shown as "internal
+// error".
+func (s *Server) Error(w http.ResponseWriter, r *http.Request, err error) {
+	code := fleet.ErrorCode(err)
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		// The client went away or the server is stopping: nothing to fix.
+		code = fleet.EUNAVAILABLE
+		err = fleet.Errorf(fleet.EUNAVAILABLE, "the request was cancelled")
+	}
+	status, ok := statuses[code]
+	if !ok {
+		status = http.StatusInternalServerError
+	}
+	body := errorBody{Error: code, Message: fleet.ErrorMessage(err)}
+	var fe *fleet.Error
+	if errors.As(err, &fe) {
+		body.Fields = fe.Fields
+	}
+	if code == fleet.EINTERNAL {
+		s.logger(r).Error("internal error", slog.String("err", err.Error()))
+		body.Message = "internal error"
+	}
+	s.respond(w, r, status, body)
+}

@@ -1,0 +1,39 @@
+package fleethttp
+
+import (
+	"net/http"
+
+	"github.com/fleetd/fleet"
+)
+
+// statusBody is the answer of the health probes.
+type statusBody struct {
+	Status string `json:"status"`
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) error {
+	if err := newQuery(r).Err(); err != nil {
+		return err
+	}
+	s.respond(w, r, http.StatusOK, statusBody{Status: "ok"})
+	return nil
+}
+
+func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) error {
+	if err := newQuery(r).Err(); err != nil {
+		return err
+	}
+	for _, p := range s.Ready {
+		if err := p.Ping(r.Context()); err != nil {
+			s.logger(r).Warn("not ready", "err", err)
+			return fleet.Errorf(fleet.EUNAVAILABLE, "not ready: %s", fleet.ErrorMessage(err))
+		}
+	}
+	s.respond(w, r, http.StatusOK, statusBody{Status: "ready"})
+	return nil
+}
+
+func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) error {
+	s.metrics.handler.ServeHTTP(w, r)
+	return nil
+}

@@ -1,0 +1,304 @@
+package fleethttp
+
+import (
+	"encoding/json"
+	"net/http"
+	"reflect"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/codec"
+	"github.com/google/uuid"
+)
+
+// op describes an endpoint for the OpenAPI document.
+type op struct {
+	Tag, Summary string
+	Query        []param // query parameters, and path parameters that are not strings
+	Body         any     // a value of the request body's type; nil for none
+	Upload       bool    // the body may also be a raw or multipart file
+	OK           int     // the success status; 200 when zero
+	Resp         any     // a value of the success body's type; nil for none
+	Raw          string  // the success body is this media type, not an encoded value
+}
+
+// param is a query or path parameter.
+type param struct {
+	Name, Type, Format, Desc string
+	In                       string // "query" (default) or "path"
+	Enum                     []string
+}
+
+// enums lists the values of string types that have a fixed set.
+var enums = map[reflect.Type][]string{
+	reflect.TypeFor[fleet.Role](): {"viewer", "device", "operator", "admin"},
+}
+
+var pathParam = regexp.MustCompile(`\{([^}]+)\}`)
+
+// openAPI builds the document from the route table.
+func (s *Server) openAPI() map[string]any {
+	g := &schemaGen{components: map[string]any{}}
+	paths := map[string]any{}
+	for _, rt := range s.routes {
+		method, path, _ := strings.Cut(rt.pattern, " ")
+		item, _ := paths[path].(map[string]any)
+		if item == nil {
+			item = map[string]any{}
+			paths[path] = item
+		}
+		item[strings.ToLower(method)] = g.operation(rt, path)
+	}
+	g.components["Error"] = g.schema(reflect.TypeFor[errorBody](), false)
+	return map[string]any{
+		"openapi": "3.0.3",
+		"info": map[string]any{
+			"title":   "fleetd",
+			"version": "v1",
+			"description": "Device fleet management: dispatch actions and follow each device's progress, " +
+				"store and serve firmware bundles, watch device data for alert conditions. " +
+				"Request bodies may be JSON, Transit (JSON or MessagePack) or EDN; responses follow Accept. " +
+				"Every error has the body described by the Error schema.",
+		},
+		"paths": paths,
+		"components": map[string]any{
+			"schemas": g.components,
+			"securitySchemes": map[string]any{
+				"apiKey": map[string]any{"type": "apiKey", "in": "header", "name": "x-service-api-key"},
+				"tenant": map[string]any{"type": "apiKey", "in": "header", "name": "x-service-tenant"},
+			},
+			"responses": map[string]any{
+				"Error": map[string]any{
+					"description": "An error: invalid (400), unauthenticated (401), forbidden (403), not_found (404), method_not_allowed (405), conflict (409), too_large (413), unsupported_media_type (415), rate_limited (429), internal (500), unavailable (503).",
+					"content":     g.content(map[string]any{"$ref": "#/components/schemas/Error"}),
+				},
+			},
+		},
+	}
+}
+
+func (g *schemaGen) operation(rt route, path string) map[string]any {
+	o := map[string]any{
+		"summary":     rt.op.Summary,
+		"tags":        []string{rt.op.Tag},
+		"operationId": operationID(rt.pattern),
+	}
+	var params []any
+	declared := map[string]param{}
+	for _, p := range rt.op.Query {
+		declared[p.Name] = p
+	}
+	for _, m := range pathParam.FindAllStringSubmatch(path, -1) {
+		p, ok := declared[m[1]]
+		if !ok {
+			p = param{Name: m[1]}
+		}
+		params = append(params, paramDoc(p, "path"))
+	}
+	for _, p := range rt.op.Query {
+		if p.In != "path" {
+			params = append(params, paramDoc(p, "query"))
+		}
+	}
+	if len(params) > 0 {
+		o["parameters"] = params
+	}
+	if rt.perm != public {
+		o["security"] = []any{map[string]any{"apiKey": []string{}, "tenant": []string{}}}
+	}
+	if rt.op.Body != nil {
+		content := g.content(g.ref(reflect.TypeOf(rt.op.Body), true))
+		if rt.op.Upload {
+			content["multipart/form-data"] = map[string]any{"schema": map[string]any{
+				"type": "object", "properties": map[string]any{"file": map[string]any{"type": "string", "format": "binary"}},
+			}}
+		}
+		o["requestBody"] = map[string]any{"required": true, "content": content}
+	}
+	status := rt.op.OK
+	if status == 0 {
+		status = http.StatusOK
+	}
+	ok := map[string]any{"description": http.StatusText(status)}
+	switch {
+	case rt.op.Raw != "":
+		ok["content"] = map[string]any{rt.op.Raw: map[string]any{"schema": map[string]any{}}}
+	case rt.op.Resp != nil && status != http.StatusNoContent:
+		ok["content"] = g.content(g.ref(reflect.TypeOf(rt.op.Resp), false))
+	}
+	responses := map[string]any{strconv.Itoa(status): ok, "default": map[string]any{"$ref": "#/components/responses/Error"}}
+	if status == http.StatusNoContent && rt.op.Resp != nil {
+		// With "Prefer: return=representation" the resource comes back.
+		responses["200"] = map[string]any{
+			"description": "The resource, when the request carried Prefer: return=representation",
+			"content":     g.content(g.ref(reflect.TypeOf(rt.op.Resp), false)),
+		}
+	}
+	o["responses"] = responses
+	return o
+}
+
+func paramDoc(p param, in string) map[string]any {
+	typ := p.Type
+	if typ == "" {
+		typ = "string"
+	}
+	schema := map[string]any{"type": typ}
+	if p.Format != "" {
+		schema["format"] = p.Format
+	}
+	if len(p.Enum) > 0 {
+		schema["enum"] = p.Enum
+	}
+	d := map[string]any{"name": p.Name, "in": in, "schema": schema}
+	if in == "path" {
+		d["required"] = true
+	}
+	if p.Desc != "" {
+		d["description"] = p.Desc
+	}
+	return d
+}
+
+// operationID turns "GET /api/v1/devices/{id}" into "get_devices_id".
+func operationID(pattern string) string {
+	method, path, _ := strings.Cut(pattern, " ")
+	path = strings.TrimPrefix(path, "/api/v1")
+	path = strings.NewReplacer("{", "", "}", "", "-", "_", ".", "_").Replace(path)
+	parts := []string{strings.ToLower(method)}
+	for _, p := range strings.Split(path, "/") {
+		if p != "" {
+			parts = append(parts, p)
+		}
+	}
+	return strings.Join(parts, "_")
+}
+
+// content offers schema under each of the four media types.
+func (g *schemaGen) content(schema map[string]any) map[string]any {
+	c := map[string]any{}
+	for _, f := range codec.Formats {
+		c[f.ContentType()] = map[string]any{"schema": schema}
+	}
+	return c
+}
+
+// schemaGen turns Go types into JSON schemas, named types into components.
+type schemaGen struct {
+	components map[string]any
+}
+
+var (
+	timeType = reflect.TypeFor[time.Time]()
+	uuidType = reflect.TypeFor[uuid.UUID]()
+	rawType  = reflect.TypeFor[json.RawMessage]()
+)
+
+// ref returns a reference to t's component, made on first use. Request
+// types list required fields by their `openapi:"required"` tag; response
+// types require every field without omitempty.
+func (g *schemaGen) ref(t reflect.Type, request bool) map[string]any {
+	if t.Kind() != reflect.Struct || t == timeType {
+		return g.schema(t, request)
+	}
+	name := componentName(t)
+	if _, ok := g.components[name]; !ok {
+		g.components[name] = map[string]any{} // placeholder for recursion
+		g.components[name] = g.schema(t, request)
+	}
+	return map[string]any{"$ref": "#/components/schemas/" + name}
+}
+
+func componentName(t reflect.Type) string {
+	name := t.Name()
+	if name == "" {
+		return "Anonymous"
+	}
+	return strings.ToUpper(name[:1]) + name[1:]
+}
+
+func (g *schemaGen) schema(t reflect.Type, request bool) map[string]any {
+	switch t {
+	case timeType:
+		return map[string]any{"type": "string", "format": "date-time"}
+	case uuidType:
+		return map[string]any{"type": "string", "format": "uuid"}
+	case rawType:
+		return map[string]any{"nullable": true}
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		s := g.ref(t.Elem(), request)
+		if _, isRef := s["$ref"]; isRef {
+			return map[string]any{"allOf": []any{s}, "nullable": true}
+		}
+		s["nullable"] = true
+		return s
+	case reflect.Bool:
+		return map[string]any{"type": "boolean"}
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return map[string]any{"type": "integer"}
+	case reflect.Float32, reflect.Float64:
+		return map[string]any{"type": "number"}
+	case reflect.String:
+		s := map[string]any{"type": "string"}
+		if e, ok := enums[t]; ok {
+			s["enum"] = e
+		}
+		return s
+	case reflect.Slice, reflect.Array:
+		return map[string]any{"type": "array", "items": g.ref(t.Elem(), request)}
+	case reflect.Map:
+		return map[string]any{"type": "object", "additionalProperties": g.ref(t.Elem(), request)}
+	case reflect.Interface:
+		return map[string]any{"nullable": true}
+	case reflect.Struct:
+		props := map[string]any{}
+		var required []string
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if !f.IsExported() {
+				continue
+			}
+			name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "-" {
+				continue
+			}
+			if name == "" {
+				name = f.Name
+			}
+			p := g.ref(f.Type, request)
+			if d := f.Tag.Get("doc"); d != "" {
+				if _, isRef := p["$ref"]; isRef {
+					p = map[string]any{"allOf": []any{p}}
+				}
+				p["description"] = d
+			}
+			props[name] = p
+			if request && f.Tag.Get("openapi") == "required" || !request && !strings.Contains(opts, "omitempty") {
+				required = append(required, name)
+			}
+		}
+		s := map[string]any{"type": "object", "properties": props, "additionalProperties": false}
+		if len(required) > 0 {
+			sort.Strings(required)
+			s["required"] = required
+		}
+		return s
+	}
+	return map[string]any{}
+}
+
+func (s *Server) handleOpenAPI(w http.ResponseWriter, r *http.Request) error {
+	if err := newQuery(r).Err(); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(s.openAPIDoc)
+	return nil
+}

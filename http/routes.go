@@ -1,0 +1,54 @@
+package fleethttp
+
+import (
+	"net/http"
+
+	"github.com/fleetd/fleet"
+)
+
+// route is one endpoint: its pattern, the permission it needs, its handler
+// and what the OpenAPI document says of it.
+type route struct {
+	pattern string
+	perm    fleet.Permission
+	handler handlerFunc
+	op      op
+}
+
+// addRoutes lists the whole API. The OpenAPI document is generated from
+// this table, so an endpoint cannot exist without being described.
+func (s *Server) addRoutes() []route {
+	return []route{
+		{"GET /healthz", public, s.handleHealth, op{Tag: "operations", Summary: "Liveness: the process answers", Resp: statusBody{}}},
+		{"GET /readyz", public, s.handleReady, op{Tag: "operations", Summary: "Readiness: the database (and broker) answer", Resp: statusBody{}}},
+		{"GET /metrics", public, s.handleMetrics, op{Tag: "operations", Summary: "Prometheus metrics", Raw: "text/plain"}},
+		{"GET /api/v1/openapi.json", public, s.handleOpenAPI, op{Tag: "operations", Summary: "This document", Raw: "application/json"}},
+
+		{"POST /api/v1/devices", fleet.PermOperate, s.handleCreateDevice, op{Tag: "devices", Summary: "Provision a device", Body: deviceCreate{}, OK: http.StatusCreated, Resp: createdDevice{}}},
+		{"POST /api/v1/devices/bulk", fleet.PermOperate, s.handleCreateDevices, op{Tag: "devices", Summary: "Provision up to 100,000 devices in one transaction", Body: bulkCreate{}, OK: http.StatusCreated, Resp: bulkCreated{}}},
+		{"GET /api/v1/devices", fleet.PermRead, s.handleListDevices, op{Tag: "devices", Summary: "List devices", Query: append([]param{
+			{Name: "search", Desc: "case-insensitive substring of the id or of any metadata value"},
+			{Name: "metadata.{key}", Desc: "metadata value under key must equal this; repeatable with other keys"},
+		}, pageParams...), Resp: deviceList{}}},
+		{"GET /api/v1/devices/{id}", fleet.PermRead, s.handleGetDevice, op{Tag: "devices", Summary: "Read a device", Resp: fleet.Device{}}},
+		{"PATCH /api/v1/devices/{id}", fleet.PermOperate, s.handlePatchDevice, op{Tag: "devices", Summary: "Merge into a device's metadata (null deletes a key)", Body: devicePatch{}, OK: http.StatusNoContent, Resp: fleet.Device{}}},
+		{"DELETE /api/v1/devices/{id}", fleet.PermOperate, s.handleDeleteDevice, op{Tag: "devices", Summary: "Delete a device and its records", OK: http.StatusNoContent}},
+		{"POST /api/v1/devices/{id}/token", fleet.PermOperate, s.handleRotateToken, op{Tag: "devices", Summary: "Give a device a new token; the old one stops working", OK: http.StatusCreated, Resp: tokenBody{}}},
+
+		{"POST /api/v1/apikeys", fleet.PermAdmin, s.handleCreateAPIKey, op{Tag: "apikeys", Summary: "Create an API key; its secret is shown once", Body: apiKeyCreate{}, OK: http.StatusCreated, Resp: fleet.APIKey{}}},
+		{"GET /api/v1/apikeys", fleet.PermAdmin, s.handleListAPIKeys, op{Tag: "apikeys", Summary: "List API keys, without their secrets", Query: pageParams, Resp: apiKeyList{}}},
+		{"DELETE /api/v1/apikeys/{name}", fleet.PermAdmin, s.handleDeleteAPIKey, op{Tag: "apikeys", Summary: "Delete an API key; it is refused from then on", OK: http.StatusNoContent}},
+
+		{"GET /api/v1/audit-logs", fleet.PermAdmin, s.handleListAuditLogs, op{Tag: "audit", Summary: "Every change made through the API, newest first", Query: append([]param{
+			{Name: "actor", Desc: "only changes by this actor (API key name or user name)"},
+			{Name: "since", Desc: "only changes at or after this RFC 3339 time", Format: "date-time"},
+			{Name: "until", Desc: "only changes before this RFC 3339 time", Format: "date-time"},
+		}, pageParams...), Resp: auditLogList{}}},
+	}
+}
+
+// pageParams are the paging parameters of every list.
+var pageParams = []param{
+	{Name: "page", Type: "integer", Desc: "page number, from 1 (default 1)"},
+	{Name: "limit", Type: "integer", Desc: "items per page, 1 to 1000 (default 50)"},
+}

@@ -1,0 +1,266 @@
+// Package fleethttp is fleetd's HTTP API: the route table, authentication,
+// body decoding in four encodings, the one error writer, metrics and the
+// OpenAPI document that describes it all. Import it as fleethttp.
+package fleethttp
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Limits bound request bodies (DESIGN §2).
+type Limits struct {
+	Body   int64 // any JSON-like body; 1 MiB
+	Bulk   int64 // bulk provisioning; 64 MiB
+	Upload int64 // firmware archives; 2 GiB
+}
+
+// DefaultLimits are the documented defaults.
+var DefaultLimits = Limits{Body: 1 << 20, Bulk: 64 << 20, Upload: 2 << 30}
+
+// Pinger reports whether a dependency is ready to serve.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// Server is fleetd's HTTP API. Fill in the services, then Open.
+type Server struct {
+	Addr     string
+	Logger   *slog.Logger
+	Now      func() time.Time
+	Limits   Limits
+	Registry *prometheus.Registry // metrics are registered here; nil keeps them private
+
+	Tenants fleet.TenantService
+	Devices fleet.DeviceService
+	Audit   fleet.AuditService
+	Ready   []Pinger // all must answer for /readyz
+
+	ln         net.Listener
+	srv        *http.Server
+	mux        *http.ServeMux
+	routes     []route
+	metrics    *metrics
+	openAPIDoc []byte
+}
+
+// Open builds the routes and starts serving on Addr. A port in use is an
+// error that names the flag to change.
+func (s *Server) Open() error {
+	if s.Logger == nil {
+		s.Logger = slog.New(slog.DiscardHandler)
+	}
+	if s.Now == nil {
+		s.Now = time.Now
+	}
+	if s.Limits == (Limits{}) {
+		s.Limits = DefaultLimits
+	}
+	s.build()
+	ln, err := net.Listen("tcp", s.Addr)
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("listen on %s: address already in use; choose another with --http-addr", s.Addr)
+		}
+		return fmt.Errorf("listen on %s: %w (see --http-addr)", s.Addr, err)
+	}
+	s.ln = ln
+	s.srv = &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.Logger.Handler(), slog.LevelWarn),
+	}
+	go s.srv.Serve(ln)
+	return nil
+}
+
+// build makes the mux and metrics; tests of the handler alone call it
+// through Handler.
+func (s *Server) build() {
+	if s.mux != nil {
+		return
+	}
+	s.metrics = newMetrics(s.Registry)
+	s.mux = http.NewServeMux()
+	s.routes = s.addRoutes()
+	for _, rt := range s.routes {
+		s.mux.Handle(rt.pattern, s.wrap(rt))
+	}
+	s.openAPIDoc, _ = json.MarshalIndent(s.openAPI(), "", "  ") // plain maps always encode
+}
+
+// Addr returns the address the server listens on, once open.
+func (s *Server) ListenAddr() net.Addr { return s.ln.Addr() }
+
+// Shutdown stops accepting requests and waits for those in flight.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if s.srv == nil {
+		return nil
+	}
+	return s.srv.Shutdown(ctx)
+}
+
+// ServeHTTP gives every request an id, recovers panics and turns the mux's
+// own 404 and 405 answers into fleetd's error body.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id := r.Header.Get("X-Request-Id")
+	if !validRequestID(id) {
+		b := make([]byte, 8)
+		rand.Read(b)
+		id = hex.EncodeToString(b)
+	}
+	w.Header().Set("X-Request-Id", id)
+	ctx := fleet.NewContextWithRequestID(r.Context(), id)
+	ctx = context.WithValue(ctx, logKey{}, s.Logger.With(slog.String("request_id", id)))
+	r = r.WithContext(ctx)
+
+	h, pattern := s.mux.Handler(r)
+	if pattern != "" {
+		s.mux.ServeHTTP(w, r) // only ServeHTTP fills in the path values
+		return
+	}
+	// No route matched: learn from the mux whether the path exists with
+	// another method (405, with its Allow header) or not at all.
+	probe := &statusProbe{header: http.Header{}}
+	h.ServeHTTP(probe, r)
+	if probe.status == http.StatusMethodNotAllowed {
+		w.Header().Set("Allow", probe.header.Get("Allow"))
+		s.Error(w, r, fleet.Errorf(fleet.EMETHODNOTALLOWED, "%s is not allowed on %s; allowed: %s", r.Method, r.URL.Path, probe.header.Get("Allow")))
+		return
+	}
+	s.Error(w, r, fleet.Errorf(fleet.ENOTFOUND, "no such endpoint: %s %s", r.Method, r.URL.Path))
+}
+
+// statusProbe records what the mux would answer, without writing it.
+type statusProbe struct {
+	header http.Header
+	status int
+}
+
+func (p *statusProbe) Header() http.Header         { return p.header }
+func (p *statusProbe) Write(b []byte) (int, error) { return len(b), nil }
+func (p *statusProbe) WriteHeader(code int)        { p.status = code }
+
+func validRequestID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+type logKey struct{}
+
+// logger returns the request's logger, which carries its id.
+func (s *Server) logger(r *http.Request) *slog.Logger {
+	if l, ok := r.Context().Value(logKey{}).(*slog.Logger); ok {
+		return l
+	}
+	return s.Logger
+}
+
+// handlerFunc is a handler that returns its error for the one error writer.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// wrap runs a route: metrics, the access log, panic recovery,
+// authentication and the role check, then the handler.
+func (s *Server) wrap(rt route) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &recorder{ResponseWriter: w, status: http.StatusOK}
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					panic(p)
+				}
+				s.logger(r).Error("panic", slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
+				if !rec.wrote {
+					s.Error(rec, r, errors.New("panic"))
+				}
+			}
+			elapsed := time.Since(start)
+			s.metrics.observe(rt.pattern, rec.status, elapsed)
+			attrs := []any{
+				slog.String("method", r.Method), slog.String("route", rt.pattern), slog.String("path", r.URL.Path),
+				slog.Int("status", rec.status), slog.Duration("duration", elapsed),
+			}
+			if a := fleet.ActorFromContext(r.Context()); a != nil {
+				attrs = append(attrs, slog.String("tenant", a.Tenant), slog.String("actor", a.UserName))
+			}
+			level := slog.LevelInfo
+			if rec.status >= 500 {
+				level = slog.LevelError
+			}
+			s.logger(r).Log(r.Context(), level, "request", attrs...)
+		}()
+		if rt.perm != public {
+			a, err := s.authenticate(r, rt.perm)
+			if err != nil {
+				s.Error(rec, r, err)
+				return
+			}
+			// The deferred log line sees this r too: closures share it.
+			r = r.WithContext(fleet.NewContextWithActor(r.Context(), a))
+		}
+		if err := rt.handler(rec, r); err != nil {
+			s.Error(rec, r, err)
+		}
+	})
+}
+
+// recorder remembers the status for logs and metrics.
+type recorder struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if !r.wrote {
+		r.status = code
+		r.wrote = true
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	r.wrote = true
+	return r.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection (flushes,
+// deadlines for large downloads).
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// baseURL is the scheme and host a client used, for Location headers.
+func baseURL(r *http.Request) string {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	return scheme + "://" + r.Host
+}
+
+// location sets the Location header of a created resource.
+func location(w http.ResponseWriter, r *http.Request, path ...string) {
+	w.Header().Set("Location", baseURL(r)+strings.Join(path, ""))
+}
