@@ -72,15 +72,16 @@ func (e *jsonEmitter) float(f float64, bits int) {
 	e.buf.Write(appendJSONFloat(e.buf.AvailableBuffer(), f, bits))
 }
 
-// appendJSONFloat formats f as encoding/json does, but also uses an
-// exponent for integral values beyond int64, which strict decoding would
-// otherwise read back as an integer out of range.
+// appendJSONFloat formats f as encoding/json does, except that from 2^53
+// on it uses an exponent: written in full, such a float reads back as an
+// integer, out of range or not the float's exact value (3.551759552515556e17
+// would become 355175955251555600, not …584).
 func appendJSONFloat(b []byte, f float64, bits int) []byte {
 	abs := math.Abs(f)
 	format := byte('f')
 	if abs != 0 {
-		if bits == 64 && (abs < 1e-6 || abs >= 1e21 || abs >= 1<<63) ||
-			bits == 32 && (float32(abs) < 1e-6 || float32(abs) >= 1e21 || abs >= 1<<63) {
+		if bits == 64 && (abs < 1e-6 || abs >= 1<<53) ||
+			bits == 32 && (float32(abs) < 1e-6 || abs >= 1<<53) {
 			format = 'e'
 		}
 	}
