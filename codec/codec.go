@@ -135,9 +135,17 @@ func Encode(w io.Writer, f Format, v any) error {
 	return err
 }
 
+// maxMessage bounds an error message: it may quote a key, a number or a
+// token from the body, and a body may hold a megabyte of one.
+const maxMessage = 300
+
 // invalidf returns the EINVALID error of a malformed body.
 func invalidf(format string, args ...any) error {
-	return fleet.Errorf(fleet.EINVALID, format, args...)
+	msg := fmt.Sprintf(format, args...)
+	if r := []rune(msg); len(r) > maxMessage {
+		msg = string(r[:maxMessage]) + "…"
+	}
+	return &fleet.Error{Code: fleet.EINVALID, Message: msg}
 }
 
 // textPosition turns a byte offset into the 1-based line and column (in

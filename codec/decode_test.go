@@ -324,3 +324,24 @@ func TestDecodeEDNPosition(t *testing.T) {
 		t.Errorf("message %q does not give line 3, column 2", msg)
 	}
 }
+
+// TestDecodeErrorMessagesAreShort checks that a huge token in a body does
+// not make a huge message.
+func TestDecodeErrorMessagesAreShort(t *testing.T) {
+	long := strings.Repeat("9", 100000)
+	for _, c := range []struct {
+		f    codec.Format
+		body string
+	}{
+		{codec.JSON, long},
+		{codec.JSON, `{"` + long + `":1,"` + long + `":2}`},
+		{codec.TransitJSON, `["~u` + long + `"]`},
+		{codec.EDN, `#inst "` + long + `"`},
+		{codec.EDN, `{:` + long + ` 1 :` + long + ` 2}`},
+	} {
+		_, err := codec.Decode(c.f, []byte(c.body))
+		if n := len(fleet.ErrorMessage(err)); err == nil || n > 1000 {
+			t.Errorf("Decode(%v, %.20q…): message of %d bytes (%v)", c.f, c.body, n, err == nil)
+		}
+	}
+}
