@@ -1,0 +1,224 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+func TestOperations(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		t.Run("Health", func(t *testing.T) {
+			s.do(t, creds{}, "GET", "/healthz", nil).want(t, 200)
+			var body struct{ Status string }
+			s.do(t, creds{}, "GET", "/readyz", nil).want(t, 200).decode(t, &body)
+			if body.Status != "ready" {
+				t.Fatalf("readyz = %+v", body)
+			}
+		})
+		t.Run("Metrics", func(t *testing.T) {
+			s.do(t, s.admin(), "GET", "/api/v1/devices", nil).want(t, 200)
+			r := s.do(t, creds{}, "GET", "/metrics", nil).want(t, 200)
+			for _, want := range []string{
+				`fleetd_http_requests_total{code="200",route="GET /api/v1/devices"}`,
+				`fleetd_http_request_duration_seconds_bucket{route="GET /api/v1/devices"`,
+				"go_goroutines", "process_resident_memory_bytes",
+			} {
+				if !bytes.Contains(r.Body, []byte(want)) {
+					t.Errorf("metrics lack %s", want)
+				}
+			}
+		})
+		t.Run("OpenAPIDescribesEveryRoute", func(t *testing.T) {
+			var doc struct {
+				OpenAPI string                                `json:"openapi"`
+				Paths   map[string]map[string]json.RawMessage `json:"paths"`
+			}
+			s.do(t, creds{}, "GET", "/api/v1/openapi.json", nil).want(t, 200).decode(t, &doc)
+			for _, want := range []string{"GET /api/v1/devices", "POST /api/v1/devices/bulk", "DELETE /api/v1/apikeys/{name}", "GET /api/v1/audit-logs", "GET /metrics"} {
+				method, path, _ := strings.Cut(want, " ")
+				if _, ok := doc.Paths[path][strings.ToLower(method)]; !ok {
+					t.Errorf("the document lacks %s", want)
+				}
+			}
+		})
+		t.Run("RequestID", func(t *testing.T) {
+			r := s.send(t, req{method: "GET", path: "/healthz", header: http.Header{"X-Request-Id": {"trace-42"}}}).want(t, 200)
+			if got := r.Header.Get("X-Request-Id"); got != "trace-42" {
+				t.Fatalf("X-Request-Id = %q, want the client's", got)
+			}
+			r = s.send(t, req{method: "GET", path: "/healthz", header: http.Header{"X-Request-Id": {"bad id with spaces"}}}).want(t, 200)
+			if got := r.Header.Get("X-Request-Id"); got == "" || strings.Contains(got, " ") {
+				t.Fatalf("X-Request-Id = %q, want a fresh one", got)
+			}
+		})
+		t.Run("ErrorsFollowAccept", func(t *testing.T) {
+			r := s.send(t, req{method: "GET", path: "/api/v1/devices/nope", creds: s.admin(), header: http.Header{"Accept": {"application/edn"}}}).want(t, 404)
+			if ct := r.Header.Get("Content-Type"); ct != "application/edn" || !bytes.Contains(r.Body, []byte(":error")) {
+				t.Fatalf("EDN error: %s %s", ct, r.Body)
+			}
+		})
+	})
+}
+
+// TestGracefulShutdown: requests in flight when the server is told to stop
+// still get their answer, and run returns nil.
+func TestGracefulShutdown(t *testing.T) {
+	b := sqlstoretest.Backends()[0]
+	s := startServer(t, b)
+	// A slow client: send the headers of a device creation, then the body
+	// after the stop signal.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"id":"late-1"}`
+	io.WriteString(conn, "POST /api/v1/devices HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
+		"x-service-tenant: default\r\nx-service-api-key: "+s.Key+"\r\nContent-Length: "+itoa(len(body))+"\r\n\r\n")
+	time.Sleep(100 * time.Millisecond) // let the server read the headers
+	stopped := make(chan struct{})
+	go func() { s.stop(t); close(stopped) }()
+	time.Sleep(100 * time.Millisecond)
+	io.WriteString(conn, body)
+	resp, err := http.ReadResponse(bufioReader(conn), nil)
+	if err != nil {
+		t.Fatalf("in-flight request lost: %v", err)
+	}
+	if resp.StatusCode != 201 {
+		t.Fatalf("in-flight request: %d", resp.StatusCode)
+	}
+	select {
+	case <-stopped:
+	case <-time.After(30 * time.Second):
+		t.Fatal("server did not stop")
+	}
+	// The write was committed: a restarted server has the device.
+	s.start(t)
+	defer s.stop(t)
+	s.do(t, s.admin(), "GET", "/api/v1/devices/late-1", nil).want(t, 200)
+}
+
+func TestCommandLine(t *testing.T) {
+	runCmd := func(env map[string]string, args ...string) (string, string, error) {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), args, func(k string) string { return env[k] }, strings.NewReader(""), &out, &errOut)
+		return out.String(), errOut.String(), err
+	}
+	db := t.TempDir() + "/cli.db"
+
+	t.Run("HelpNamesEveryCommand", func(t *testing.T) {
+		_, help, err := runCmd(nil, "--help")
+		if !errors.Is(err, flag.ErrHelp) {
+			t.Fatalf("err = %v", err)
+		}
+		for _, c := range commands() {
+			if !strings.Contains(help, c.name) {
+				t.Errorf("help lacks %q", c.name)
+			}
+		}
+	})
+	t.Run("CommandHelpShowsEnv", func(t *testing.T) {
+		_, help, err := runCmd(nil, "serve", "--help")
+		if !errors.Is(err, flag.ErrHelp) {
+			t.Fatalf("err = %v", err)
+		}
+		for _, want := range []string{"--http-addr", "FLEETD_HTTP_ADDR", "--database", "FLEETD_DATABASE", ":8080"} {
+			if !strings.Contains(help, want) {
+				t.Errorf("serve --help lacks %q:\n%s", want, help)
+			}
+		}
+	})
+	t.Run("UnknownCommand", func(t *testing.T) {
+		if _, _, err := runCmd(nil, "frobnicate"); !errors.Is(err, errUsage) {
+			t.Fatalf("err = %v", err)
+		}
+	})
+	t.Run("TenantCreatePrintsKeyLast", func(t *testing.T) {
+		out, _, err := runCmd(nil, "tenant", "create", "acme", "--database", db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if !strings.HasPrefix(lines[len(lines)-1], "fk_") || strings.Contains(lines[len(lines)-1], " ") {
+			t.Fatalf("last line %q is not the key alone", lines[len(lines)-1])
+		}
+		if _, _, err := runCmd(nil, "tenant", "create", "acme", "--database", db); err == nil || !strings.Contains(err.Error(), "exists") {
+			t.Fatalf("second create: %v", err)
+		}
+	})
+	t.Run("EnvironmentSetsFlags", func(t *testing.T) {
+		out, _, err := runCmd(map[string]string{"FLEETD_DATABASE": db}, "tenant", "list")
+		if err != nil || !strings.Contains(out, "acme") {
+			t.Fatalf("tenant list with FLEETD_DATABASE: %q, %v", out, err)
+		}
+		// A flag wins over the environment.
+		other := t.TempDir() + "/other.db"
+		out, _, err = runCmd(map[string]string{"FLEETD_DATABASE": db}, "tenant", "list", "--database", other)
+		if err != nil || strings.Contains(out, "acme") {
+			t.Fatalf("--database did not win: %q, %v", out, err)
+		}
+	})
+	t.Run("APIKeyCreate", func(t *testing.T) {
+		out, _, err := runCmd(nil, "apikey", "create", "--tenant", "acme", "--name", "ci", "--role", "operator", "--email", "ci@example.com", "--database", db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if !strings.HasPrefix(lines[len(lines)-1], "fk_") {
+			t.Fatalf("last line %q", lines[len(lines)-1])
+		}
+		if _, _, err := runCmd(nil, "apikey", "create", "--tenant", "acme", "--name", "x", "--role", "root", "--database", db); err == nil {
+			t.Fatal("role root accepted")
+		}
+		if _, _, err := runCmd(nil, "apikey", "create", "--tenant", "nobody", "--name", "x", "--role", "viewer", "--database", db); err == nil || !strings.Contains(err.Error(), "nobody") {
+			t.Fatalf("unknown tenant: %v", err)
+		}
+	})
+	t.Run("Migrate", func(t *testing.T) {
+		out, _, err := runCmd(nil, "migrate", "--database", t.TempDir()+"/m.db")
+		if err != nil || !strings.Contains(out, "up to date") {
+			t.Fatalf("migrate: %q, %v", out, err)
+		}
+	})
+	t.Run("Version", func(t *testing.T) {
+		out, _, err := runCmd(nil, "version")
+		if err != nil || !strings.HasPrefix(out, "fleetd ") {
+			t.Fatalf("version: %q, %v", out, err)
+		}
+	})
+	t.Run("PortInUseNamesTheFlag", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		_, _, err = runCmd(nil, "serve", "--database", t.TempDir()+"/p.db", "--http-addr", ln.Addr().String(), "--mqtt-addr", "127.0.0.1:0")
+		if err == nil || !strings.Contains(err.Error(), "--http-addr") {
+			t.Fatalf("err = %v, want one naming --http-addr", err)
+		}
+	})
+	t.Run("BadLogLevel", func(t *testing.T) {
+		_, _, err := runCmd(nil, "tenant", "list", "--database", db, "--log-level", "loud")
+		if err == nil || !strings.Contains(err.Error(), "--log-level") {
+			t.Fatalf("err = %v", err)
+		}
+	})
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+func bufioReader(r io.Reader) *bufio.Reader { return bufio.NewReader(r) }
