@@ -1,0 +1,130 @@
+package mqtt
+
+import (
+	"regexp"
+	"strings"
+
+	"github.com/fleetd/fleet"
+)
+
+// The device topics of DESIGN §8. The leading slash is part of each name,
+// exactly as the uplink agent builds them from its defaults.
+const (
+	topicPrefix     = "/tenants/"
+	topicDevices    = "/devices/"
+	topicActions    = "actions"
+	topicStatus     = "action/status"
+	topicEvents     = "events/"
+	topicJSONArray  = "/jsonarray"
+	usernameDivider = "/"
+)
+
+// TopicKind says which of the device topics a topic name is.
+type TopicKind int
+
+// The three kinds of device topic. Devices subscribe to TopicActions only and
+// publish to the other two only.
+const (
+	TopicInvalid      TopicKind = iota
+	TopicActions                // /tenants/{t}/devices/{d}/actions
+	TopicActionStatus           // /tenants/{t}/devices/{d}/action/status
+	TopicStream                 // /tenants/{t}/devices/{d}/events/{stream}/jsonarray
+)
+
+// Topic is a parsed device topic.
+type Topic struct {
+	Kind   TopicKind
+	Tenant string
+	Device string
+	Stream string // for TopicStream only
+}
+
+// ActionsTopic returns the topic on which fleetd sends a device its actions.
+func ActionsTopic(tenant, device string) string {
+	return topicPrefix + tenant + topicDevices + device + "/" + topicActions
+}
+
+// ActionStatusTopic returns the topic on which a device reports the progress
+// of its actions.
+func ActionStatusTopic(tenant, device string) string {
+	return topicPrefix + tenant + topicDevices + device + "/" + topicStatus
+}
+
+// StreamTopic returns the topic on which a device publishes data points of a
+// stream.
+func StreamTopic(tenant, device, stream string) string {
+	return topicPrefix + tenant + topicDevices + device + "/" + topicEvents + stream + topicJSONArray
+}
+
+var streamName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+
+// ValidStreamName reports whether s may name a data stream: 1 to 128
+// characters from A-Z a-z 0-9 . _ -. The rule keeps a stream name one topic
+// level without wildcards.
+func ValidStreamName(s string) bool { return streamName.MatchString(s) }
+
+// ParseTopic parses a topic name into a device topic. It reports false for
+// anything else, wildcards and $SYS included, since no tenant or device name
+// may contain '+', '#' or '/'.
+func ParseTopic(name string) (Topic, bool) {
+	rest, ok := strings.CutPrefix(name, topicPrefix)
+	if !ok {
+		return Topic{}, false
+	}
+	tenant, rest, ok := strings.Cut(rest, "/")
+	if !ok || !fleet.ValidTenantName(tenant) {
+		return Topic{}, false
+	}
+	rest, ok = strings.CutPrefix(rest, topicDevices[1:])
+	if !ok {
+		return Topic{}, false
+	}
+	device, rest, ok := strings.Cut(rest, "/")
+	if !ok || !fleet.ValidDeviceID(device) {
+		return Topic{}, false
+	}
+	t := Topic{Tenant: tenant, Device: device}
+	switch rest {
+	case topicActions:
+		t.Kind = TopicActions
+	case topicStatus:
+		t.Kind = TopicActionStatus
+	default:
+		rest, ok = strings.CutPrefix(rest, topicEvents)
+		if !ok {
+			return Topic{}, false
+		}
+		t.Stream, ok = strings.CutSuffix(rest, topicJSONArray)
+		if !ok || !ValidStreamName(t.Stream) {
+			return Topic{}, false
+		}
+		t.Kind = TopicStream
+	}
+	return t, true
+}
+
+// ParseUsername splits a device's MQTT username, "{tenant}/{device_id}", into
+// its valid parts, and reports false for anything else.
+func ParseUsername(username string) (tenant, device string, ok bool) {
+	tenant, device, ok = strings.Cut(username, usernameDivider)
+	if !ok || !fleet.ValidTenantName(tenant) || !fleet.ValidDeviceID(device) {
+		return "", "", false
+	}
+	return tenant, device, true
+}
+
+// mayPublish reports whether the device may publish on topic: its own status
+// and stream topics, nothing else.
+func mayPublish(tenant, device, topic string) (Topic, bool) {
+	t, ok := ParseTopic(topic)
+	if !ok || t.Tenant != tenant || t.Device != device || t.Kind == TopicActions {
+		return Topic{}, false
+	}
+	return t, true
+}
+
+// maySubscribe reports whether the device may subscribe to filter: its own
+// actions topic, spelled out, nothing else.
+func maySubscribe(tenant, device, filter string) bool {
+	return filter == ActionsTopic(tenant, device)
+}
