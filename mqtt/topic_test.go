@@ -37,8 +37,8 @@ func TestParseTopic(t *testing.T) {
 		{"", mqtt.Topic{}, false},
 		{"#", mqtt.Topic{}, false},
 		{"$SYS/broker/uptime", mqtt.Topic{}, false},
-		{"tenants/acme/devices/dev-1/actions", mqtt.Topic{}, false},        // no leading slash
-		{"/tenants/acme/devices/dev-1/actions/", mqtt.Topic{}, false},      // trailing slash
+		{"tenants/acme/devices/dev-1/actions", mqtt.Topic{}, false},          // no leading slash
+		{"/tenants/acme/devices/dev-1/actions/", mqtt.Topic{}, false},        // trailing slash
 		{"/tenants/acme/devices/dev-1/action/status/x", mqtt.Topic{}, false}, // extra level
 		{"/tenants/acme/devices/dev-1", mqtt.Topic{}, false},
 		{"/tenants/acme/devices/dev-1/", mqtt.Topic{}, false},

@@ -1,0 +1,340 @@
+package mqtt_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+	pahov3 "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/mqtt"
+)
+
+// wait bounds every wait in these tests; nothing here takes a tenth of it.
+const wait = 10 * time.Second
+
+// call is one call to the fake handler.
+type call struct {
+	Tenant, Device, Stream, ActionID string
+	Payload                          []byte
+}
+
+// fakeHandler is a Handler that records its calls on channels. Set its fields
+// before the server opens.
+type fakeHandler struct {
+	tokens  map[string]string // "tenant/device" -> token
+	authErr error             // when set, AuthenticateDevice returns it
+	pubErr  error             // when set, HandleStatus and HandleStream return it
+	gate    chan struct{}     // when set, HandleStatus and HandleStream wait for it to close
+
+	authCalls  atomic.Int64
+	connected  chan call
+	subscribed chan call
+	statuses   chan call
+	streams    chan call
+	delivered  chan call
+}
+
+func newFakeHandler() *fakeHandler {
+	return &fakeHandler{
+		tokens: map[string]string{
+			"acme/dev-1":  "tok-1",
+			"acme/dev-2":  "tok-2",
+			"other/dev-1": "tok-3",
+		},
+		connected:  make(chan call, 100),
+		subscribed: make(chan call, 100),
+		statuses:   make(chan call, 100),
+		streams:    make(chan call, 100),
+		delivered:  make(chan call, 100),
+	}
+}
+
+func (h *fakeHandler) AuthenticateDevice(ctx context.Context, tenant, device, token string) error {
+	h.authCalls.Add(1)
+	if h.authErr != nil {
+		return h.authErr
+	}
+	if want, ok := h.tokens[tenant+"/"+device]; !ok || want != token {
+		return fleet.Errorf(fleet.EUNAUTHENTICATED, "bad device token")
+	}
+	return nil
+}
+
+func (h *fakeHandler) DeviceConnected(tenant, device string) {
+	h.connected <- call{Tenant: tenant, Device: device}
+}
+
+func (h *fakeHandler) DeviceSubscribed(tenant, device string) {
+	h.subscribed <- call{Tenant: tenant, Device: device}
+}
+
+func (h *fakeHandler) HandleStatus(ctx context.Context, tenant, device string, payload []byte) error {
+	h.statuses <- call{Tenant: tenant, Device: device, Payload: payload}
+	return h.publish(ctx)
+}
+
+func (h *fakeHandler) HandleStream(ctx context.Context, tenant, device, stream string, payload []byte) error {
+	h.streams <- call{Tenant: tenant, Device: device, Stream: stream, Payload: payload}
+	return h.publish(ctx)
+}
+
+func (h *fakeHandler) publish(ctx context.Context) error {
+	if h.gate != nil {
+		select {
+		case <-h.gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return h.pubErr
+}
+
+func (h *fakeHandler) ActionDelivered(tenant, device, actionID string) {
+	h.delivered <- call{Tenant: tenant, Device: device, ActionID: actionID}
+}
+
+// MustOpenServer opens a server on a free loopback port and closes it when
+// the test ends.
+func MustOpenServer(t *testing.T, h mqtt.Handler, configure ...func(*mqtt.Config)) *mqtt.Server {
+	t.Helper()
+	cfg := mqtt.Config{
+		Addr:   "127.0.0.1:0",
+		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	s := mqtt.NewServer(cfg, h)
+	if err := s.Open(); err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return s
+}
+
+// receive returns the next value from ch, failing the test if none comes.
+func receive[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(wait):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+	panic("unreachable")
+}
+
+// quiet asserts that nothing arrives on ch for a moment: the absence of an
+// event cannot be awaited, only given time to show.
+func quiet[T any](t *testing.T, ch <-chan T, what string) {
+	t.Helper()
+	select {
+	case v := <-ch:
+		t.Fatalf("got %s too early: %+v", what, v)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// waitFor polls cond until it holds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// client5 is a device speaking MQTT 5 through paho.golang.
+type client5 struct {
+	*paho.Client
+	received     chan *paho.Publish
+	disconnected chan *paho.Disconnect // DISCONNECT from the server
+}
+
+var clientIDs atomic.Int64
+
+// connect5 connects an MQTT 5 device; with manualAck the test sends the
+// PUBACKs of actions itself, with Ack.
+func connect5(t *testing.T, s *mqtt.Server, username, password string, manualAck bool) (*client5, *paho.Connack, error) {
+	t.Helper()
+	conn, err := net.Dial("tcp", s.Addr().String())
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	c := &client5{
+		received:     make(chan *paho.Publish, 100),
+		disconnected: make(chan *paho.Disconnect, 1),
+	}
+	c.Client = paho.NewClient(paho.ClientConfig{
+		Conn: conn,
+		OnPublishReceived: []func(paho.PublishReceived) (bool, error){
+			func(pr paho.PublishReceived) (bool, error) {
+				c.received <- pr.Packet
+				return true, nil
+			},
+		},
+		OnServerDisconnect:         func(d *paho.Disconnect) { c.disconnected <- d },
+		EnableManualAcknowledgment: manualAck,
+	})
+	cp := &paho.Connect{
+		KeepAlive:  30,
+		ClientID:   fmt.Sprintf("test-%d", clientIDs.Add(1)),
+		CleanStart: true,
+	}
+	if username != "" {
+		cp.Username, cp.UsernameFlag = username, true
+	}
+	if password != "" {
+		cp.Password, cp.PasswordFlag = []byte(password), true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	ca, err := c.Connect(ctx, cp)
+	if err != nil {
+		conn.Close()
+		return nil, ca, err
+	}
+	t.Cleanup(func() {
+		_ = c.Disconnect(&paho.Disconnect{ReasonCode: 0})
+		<-c.Done()
+	})
+	return c, ca, nil
+}
+
+// mustConnect5 connects an MQTT 5 device that must be accepted.
+func mustConnect5(t *testing.T, s *mqtt.Server, username, password string, manualAck bool) *client5 {
+	t.Helper()
+	c, ca, err := connect5(t, s, username, password, manualAck)
+	if err != nil {
+		t.Fatalf("connect %s: %v (connack %+v)", username, err, ca)
+	}
+	return c
+}
+
+func (c *client5) subscribe(t *testing.T, topic string, qos byte) *paho.Suback {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	sa, err := c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: topic, QoS: qos}}})
+	if err != nil {
+		t.Fatalf("subscribe %s: %v", topic, err)
+	}
+	return sa
+}
+
+// publish publishes at QoS 1 and returns when the PUBACK arrived, or the
+// error.
+func (c *client5) publish(topic string, payload []byte) error {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	// paho keeps an unacknowledged message for a next connection; here the
+	// test wants to know that this one got no PUBACK.
+	go func() {
+		select {
+		case <-c.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	pr, err := c.Publish(ctx, &paho.Publish{Topic: topic, QoS: 1, Payload: payload})
+	if err != nil {
+		return err
+	}
+	if pr.ReasonCode >= 0x80 {
+		return fmt.Errorf("puback reason code %#x", pr.ReasonCode)
+	}
+	return nil
+}
+
+// awaitServerDisconnect waits until the server closed the connection with
+// the reason code want.
+func (c *client5) awaitServerDisconnect(t *testing.T, want byte) {
+	t.Helper()
+	d := receive(t, c.disconnected, "DISCONNECT from the server")
+	if d.ReasonCode != want {
+		t.Errorf("DISCONNECT reason code: got %#x, want %#x", d.ReasonCode, want)
+	}
+	receive(t, c.Done(), "connection closed")
+}
+
+// client3 is a device speaking MQTT 3.1.1 through paho.mqtt.golang.
+type client3 struct {
+	pahov3.Client
+	received chan pahov3.Message
+	lost     chan error
+}
+
+func connect3(t *testing.T, s *mqtt.Server, username, password string, configure ...func(*pahov3.ClientOptions)) (*client3, error) {
+	t.Helper()
+	c := &client3{received: make(chan pahov3.Message, 100), lost: make(chan error, 1)}
+	opts := pahov3.NewClientOptions().
+		AddBroker("tcp://" + s.Addr().String()).
+		SetClientID(fmt.Sprintf("test-%d", clientIDs.Add(1))).
+		SetUsername(username).
+		SetPassword(password).
+		SetProtocolVersion(4).
+		SetCleanSession(true).
+		SetAutoReconnect(false).
+		SetConnectRetry(false).
+		SetConnectTimeout(wait).
+		SetConnectionLostHandler(func(_ pahov3.Client, err error) { c.lost <- err }).
+		SetDefaultPublishHandler(func(_ pahov3.Client, m pahov3.Message) { c.received <- m })
+	for _, f := range configure {
+		f(opts)
+	}
+	c.Client = pahov3.NewClient(opts)
+	tok := c.Connect()
+	if !tok.WaitTimeout(wait) {
+		t.Fatalf("connect %s: timed out", username)
+	}
+	if err := tok.Error(); err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { c.Disconnect(100) })
+	return c, nil
+}
+
+func mustConnect3(t *testing.T, s *mqtt.Server, username, password string) *client3 {
+	t.Helper()
+	c, err := connect3(t, s, username, password)
+	if err != nil {
+		t.Fatalf("connect %s: %v", username, err)
+	}
+	return c
+}
+
+func (c *client3) subscribe(t *testing.T, topic string, qos byte) {
+	t.Helper()
+	tok := c.Subscribe(topic, qos, nil)
+	if !tok.WaitTimeout(wait) {
+		t.Fatalf("subscribe %s: timed out", topic)
+	}
+	if err := tok.Error(); err != nil {
+		t.Fatalf("subscribe %s: %v", topic, err)
+	}
+}
+
+func (c *client3) publish(t *testing.T, topic string, payload []byte) {
+	t.Helper()
+	tok := c.Publish(topic, 1, false, payload)
+	if !tok.WaitTimeout(wait) {
+		t.Fatalf("publish %s: timed out", topic)
+	}
+	if err := tok.Error(); err != nil {
+		t.Fatalf("publish %s: %v", topic, err)
+	}
+}

@@ -1,0 +1,145 @@
+// Package mqtt is fleetd's device channel: the MQTT topics of DESIGN §8 and an
+// MQTT broker embedded in fleetd that serves them. Devices connect with
+// username "{tenant}/{device_id}" and their token, receive actions on their
+// actions topic and publish status reports and stream data on theirs; a
+// Handler decides what fleetd does with each.
+//
+// The broker is github.com/mochi-mqtt/server/v2, kept behind Server and
+// Handler so that no other package depends on it and an external-broker client
+// can serve the same Handler later.
+package mqtt
+
+import (
+	"context"
+	"crypto/tls"
+	"log/slog"
+	"time"
+)
+
+// Handler is what fleetd does with the device channel; cmd/fleetd implements
+// it over the stores. Its methods are called concurrently for different
+// devices; calls for one device's publishes come one at a time, in order.
+type Handler interface {
+	// AuthenticateDevice checks a device's token at CONNECT. An error refuses
+	// the connection: with "bad username or password" (MQTT 3.1.1: return
+	// code 5, not authorized), or with "server unavailable" when the error's
+	// code is fleet.EUNAVAILABLE, so the device retries instead of giving up
+	// on its credentials.
+	AuthenticateDevice(ctx context.Context, tenant, device, token string) error
+
+	// DeviceConnected is called after a device connected, before it can
+	// publish or subscribe (to record last_seen_at).
+	DeviceConnected(tenant, device string)
+
+	// DeviceSubscribed is called when a device subscribed to its own actions
+	// topic, after the broker acknowledged the subscription, on a goroutine of
+	// its own: actions queued while the device was offline are sent now, with
+	// SendAction. A device subscribes again after every reconnection, so this
+	// can be called many times.
+	DeviceSubscribed(tenant, device string)
+
+	// HandleStatus receives a payload published on the device's action/status
+	// topic. It is called before the broker acknowledges a QoS 1 publish, so a
+	// PUBACK means the report is committed; it may block (group commit). An
+	// error other than fleet.EUNAVAILABLE is logged and the publish still
+	// acknowledged, since a malformed report would otherwise be redelivered
+	// forever; with fleet.EUNAVAILABLE the device is disconnected without an
+	// acknowledgement, so it publishes again after reconnecting.
+	HandleStatus(ctx context.Context, tenant, device string, payload []byte) error
+
+	// HandleStream receives a payload published on
+	// events/{stream}/jsonarray; the same acknowledgement rules apply.
+	HandleStream(ctx context.Context, tenant, device, stream string, payload []byte) error
+
+	// ActionDelivered is called when the device acknowledged an action
+	// message fleetd sent (PUBACK; for a device that subscribed at QoS 0, when
+	// the message was written to its connection). actionID is the "id" member
+	// of the payload. It runs on the device's connection and should not block
+	// for long.
+	ActionDelivered(tenant, device, actionID string)
+}
+
+// Config configures a Server. Zero values mean the defaults.
+type Config struct {
+	// Addr is the TCP address to listen on; default ":1883". Use
+	// "127.0.0.1:0" in tests and read Server.Addr.
+	Addr string
+
+	// TLS, when set, makes the listener accept TLS connections only.
+	TLS *tls.Config
+
+	// MaxPacketSize is the largest MQTT packet a device may send, in bytes;
+	// default 1 MiB. A device that sends a larger one is disconnected.
+	MaxPacketSize int
+
+	// MaxInflight is how many action messages may await a device's PUBACK at
+	// once; default 256. SendAction reports false beyond it.
+	MaxInflight int
+
+	// HandlerTimeout bounds each Handler call; default 30s. A publish whose
+	// handler timed out is treated like fleet.EUNAVAILABLE.
+	HandlerTimeout time.Duration
+
+	// ConnectTimeout is how long a new connection may take to send CONNECT;
+	// default 10s.
+	ConnectTimeout time.Duration
+
+	// ShutdownTimeout is how long Close lets Handler calls in progress finish
+	// before cancelling their contexts; default 10s.
+	ShutdownTimeout time.Duration
+
+	// Logger receives the broker's log; default none.
+	Logger *slog.Logger
+}
+
+// Defaults of Config.
+const (
+	DefaultAddr            = ":1883"
+	DefaultMaxPacketSize   = 1 << 20
+	DefaultMaxInflight     = 256
+	DefaultHandlerTimeout  = 30 * time.Second
+	DefaultConnectTimeout  = 10 * time.Second
+	DefaultShutdownTimeout = 10 * time.Second
+)
+
+func (c Config) withDefaults() Config {
+	if c.Addr == "" {
+		c.Addr = DefaultAddr
+	}
+	if c.MaxPacketSize <= 0 {
+		c.MaxPacketSize = DefaultMaxPacketSize
+	}
+	if c.MaxInflight <= 0 {
+		c.MaxInflight = DefaultMaxInflight
+	}
+	c.MaxInflight = min(c.MaxInflight, 65535) // packet ids are 16 bits
+	if c.HandlerTimeout <= 0 {
+		c.HandlerTimeout = DefaultHandlerTimeout
+	}
+	if c.ConnectTimeout <= 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Stats are the device channel's counters since Open, for the HTTP layer to
+// publish. Connections is a gauge; the rest only grow.
+type Stats struct {
+	Connections      int    // devices connected now
+	Connects         uint64 // connections accepted after authentication
+	AuthFailures     uint64 // connections refused at CONNECT
+	Disconnects      uint64 // connections of authenticated devices that ended
+	ACLViolations    uint64 // devices disconnected for touching a topic not theirs
+	OversizedPackets uint64 // devices disconnected for a packet over MaxPacketSize
+	MessagesIn       uint64 // publishes from devices handed to the Handler
+	MessagesOut      uint64 // action messages handed to the broker for delivery
+	ActionsDelivered uint64 // action messages the device acknowledged
+	HandlerErrors    uint64 // publishes the Handler rejected, acknowledged anyway
+	Unacknowledged   uint64 // publishes left unacknowledged: Handler unavailable
+}

@@ -1,0 +1,632 @@
+package mqtt_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+	pahov3 "github.com/eclipse/paho.mqtt.golang"
+	pahov3packets "github.com/eclipse/paho.mqtt.golang/packets"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/mqtt"
+)
+
+var (
+	action   = []byte(`{"id": "42", "name": "reboot", "payload": "{\"delay\": 5}"}`)
+	status   = []byte(`[{"id": "42", "state": "Completed", "progress": 100, "errors": [], "timestamp": 1700000000000, "sequence": 3}]`)
+	points   = []byte(`[{"sequence": 1, "timestamp": 1700000000000, "lat": 12.9, "lon": 77.6}]`)
+	statusT  = mqtt.ActionStatusTopic("acme", "dev-1")
+	actionsT = mqtt.ActionsTopic("acme", "dev-1")
+	gpsT     = mqtt.StreamTopic("acme", "dev-1", "gps")
+)
+
+func TestMQTT5HappyPath(t *testing.T) {
+	h := newFakeHandler()
+	s := MustOpenServer(t, h)
+	c := mustConnect5(t, s, "acme/dev-1", "tok-1", true)
+
+	if got := receive(t, h.connected, "DeviceConnected"); got.Tenant != "acme" || got.Device != "dev-1" {
+		t.Errorf("DeviceConnected(%q, %q), want acme, dev-1", got.Tenant, got.Device)
+	}
+	if !s.Online("acme", "dev-1") || s.Connections() != 1 {
+		t.Errorf("Online = %v, Connections = %d; want true, 1", s.Online("acme", "dev-1"), s.Connections())
+	}
+
+	t.Run("ActionBeforeSubscribe", func(t *testing.T) {
+		if s.SendAction("acme", "dev-1", action) {
+			t.Error("SendAction to a device not subscribed yet = true, want false")
+		}
+	})
+
+	sa := c.subscribe(t, actionsT, 1)
+	if len(sa.Reasons) != 1 || sa.Reasons[0] != 1 {
+		t.Errorf("SUBACK reasons %v, want [1]", sa.Reasons)
+	}
+	if got := receive(t, h.subscribed, "DeviceSubscribed"); got.Tenant != "acme" || got.Device != "dev-1" {
+		t.Errorf("DeviceSubscribed(%q, %q), want acme, dev-1", got.Tenant, got.Device)
+	}
+
+	t.Run("SendAction", func(t *testing.T) {
+		if !s.SendAction("acme", "dev-1", action) {
+			t.Fatal("SendAction = false, want true")
+		}
+		pb := receive(t, c.received, "action message")
+		if pb.Topic != actionsT || pb.QoS != 1 || !bytes.Equal(pb.Payload, action) {
+			t.Errorf("got %q at QoS %d: %s; want %q at QoS 1: %s", pb.Topic, pb.QoS, pb.Payload, actionsT, action)
+		}
+		quiet(t, h.delivered, "ActionDelivered before the device's PUBACK")
+		if err := c.Ack(pb); err != nil {
+			t.Fatalf("ack: %v", err)
+		}
+		got := receive(t, h.delivered, "ActionDelivered")
+		if got.Tenant != "acme" || got.Device != "dev-1" || got.ActionID != "42" {
+			t.Errorf("ActionDelivered(%q, %q, %q), want acme, dev-1, 42", got.Tenant, got.Device, got.ActionID)
+		}
+	})
+
+	t.Run("Status", func(t *testing.T) {
+		if err := c.publish(statusT, status); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+		got := receive(t, h.statuses, "HandleStatus")
+		if got.Tenant != "acme" || got.Device != "dev-1" || !bytes.Equal(got.Payload, status) {
+			t.Errorf("HandleStatus(%q, %q, %s), want acme, dev-1, %s", got.Tenant, got.Device, got.Payload, status)
+		}
+	})
+
+	t.Run("Stream", func(t *testing.T) {
+		if err := c.publish(gpsT, points); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+		got := receive(t, h.streams, "HandleStream")
+		if got.Tenant != "acme" || got.Device != "dev-1" || got.Stream != "gps" || !bytes.Equal(got.Payload, points) {
+			t.Errorf("HandleStream(%q, %q, %q, %s), want acme, dev-1, gps, %s", got.Tenant, got.Device, got.Stream, got.Payload, points)
+		}
+	})
+
+	st := s.Stats()
+	if st.Connections != 1 || st.Connects != 1 || st.MessagesIn != 2 || st.MessagesOut != 1 || st.ActionsDelivered != 1 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestMQTT311HappyPath(t *testing.T) {
+	h := newFakeHandler()
+	s := MustOpenServer(t, h)
+	c := mustConnect3(t, s, "acme/dev-1", "tok-1")
+	receive(t, h.connected, "DeviceConnected")
+
+	c.subscribe(t, actionsT, 1)
+	receive(t, h.subscribed, "DeviceSubscribed")
+	if !s.SendAction("acme", "dev-1", action) {
+		t.Fatal("SendAction = false, want true")
+	}
+	m := receive(t, c.received, "action message")
+	if m.Topic() != actionsT || m.Qos() != 1 || !bytes.Equal(m.Payload(), action) {
+		t.Errorf("got %q at QoS %d: %s; want %q at QoS 1: %s", m.Topic(), m.Qos(), m.Payload(), actionsT, action)
+	}
+	if got := receive(t, h.delivered, "ActionDelivered"); got.ActionID != "42" {
+		t.Errorf("ActionDelivered action id %q, want 42", got.ActionID)
+	}
+
+	c.publish(t, statusT, status)
+	if got := receive(t, h.statuses, "HandleStatus"); got.Device != "dev-1" || !bytes.Equal(got.Payload, status) {
+		t.Errorf("HandleStatus(%q, %s)", got.Device, got.Payload)
+	}
+	c.publish(t, gpsT, points)
+	if got := receive(t, h.streams, "HandleStream"); got.Stream != "gps" || !bytes.Equal(got.Payload, points) {
+		t.Errorf("HandleStream(%q, %s)", got.Stream, got.Payload)
+	}
+}
+
+func TestAuthentication(t *testing.T) {
+	for _, tt := range []struct {
+		name, username, password string
+		authErr                  error
+		v5                       byte  // CONNACK reason code
+		v3                       error // paho.mqtt.golang's error for the return code
+		checked                  bool  // the Handler was asked
+	}{
+		{"WrongToken", "acme/dev-1", "tok-2", nil, 0x86, pahov3packets.ErrorRefusedNotAuthorised, true},
+		{"UnknownDevice", "acme/dev-9", "tok-1", nil, 0x86, pahov3packets.ErrorRefusedNotAuthorised, true},
+		{"OtherTenantsToken", "other/dev-1", "tok-1", nil, 0x86, pahov3packets.ErrorRefusedNotAuthorised, true},
+		{"NoUsername", "", "tok-1", nil, 0x86, pahov3packets.ErrorRefusedNotAuthorised, false},
+		{"NoPassword", "acme/dev-1", "", nil, 0x86, pahov3packets.ErrorRefusedNotAuthorised, false},
+		{"NoSlash", "acme", "tok-1", nil, 0x86, pahov3packets.ErrorRefusedNotAuthorised, false},
+		{"TwoSlashes", "acme/dev-1/x", "tok-1", nil, 0x86, pahov3packets.ErrorRefusedNotAuthorised, false},
+		{"BadTenantName", "Acme/dev-1", "tok-1", nil, 0x86, pahov3packets.ErrorRefusedNotAuthorised, false},
+		{"Unavailable", "acme/dev-1", "tok-1", fleet.Errorf(fleet.EUNAVAILABLE, "database down"), 0x88, pahov3packets.ErrorRefusedServerUnavailable, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Run("MQTT5", func(t *testing.T) {
+				h := newFakeHandler()
+				h.authErr = tt.authErr
+				s := MustOpenServer(t, h)
+				_, ca, err := connect5(t, s, tt.username, tt.password, false)
+				if err == nil || ca == nil || ca.ReasonCode != tt.v5 {
+					t.Fatalf("connect: got %v (connack %+v), want refusal %#x", err, ca, tt.v5)
+				}
+				if got := h.authCalls.Load() > 0; got != tt.checked {
+					t.Errorf("handler asked: %v, want %v", got, tt.checked)
+				}
+				if s.Connections() != 0 {
+					t.Errorf("Connections = %d, want 0", s.Connections())
+				}
+			})
+			t.Run("MQTT311", func(t *testing.T) {
+				h := newFakeHandler()
+				h.authErr = tt.authErr
+				s := MustOpenServer(t, h)
+				_, err := connect3(t, s, tt.username, tt.password)
+				if !errors.Is(err, tt.v3) {
+					t.Fatalf("connect: got %v, want %v", err, tt.v3)
+				}
+			})
+		})
+	}
+
+	t.Run("Counted", func(t *testing.T) {
+		h := newFakeHandler()
+		s := MustOpenServer(t, h)
+		connect5(t, s, "acme/dev-1", "nope", false)
+		connect5(t, s, "acme", "nope", false)
+		if got := s.Stats().AuthFailures; got != 2 {
+			t.Errorf("AuthFailures = %d, want 2", got)
+		}
+	})
+}
+
+// TestTopicViolations checks that a device touching any topic but its own is
+// disconnected, and that nothing of it reaches the Handler.
+func TestTopicViolations(t *testing.T) {
+	subscriptions := []string{
+		mqtt.ActionsTopic("acme", "dev-2"),
+		mqtt.ActionsTopic("other", "dev-1"),
+		"#",
+		"$SYS/#",
+		"/tenants/acme/devices/+/actions",
+		"/tenants/acme/#",
+		statusT, // its own, but devices publish there, never read
+		"$share/g/" + actionsT[1:],
+	}
+	publications := []string{
+		mqtt.ActionStatusTopic("acme", "dev-2"),
+		mqtt.ActionStatusTopic("other", "dev-1"),
+		mqtt.StreamTopic("other", "dev-1", "gps"),
+		actionsT, // its own, but only fleetd sends actions
+		"$SYS/broker/uptime",
+		"/tenants/acme/devices/dev-1/uplink_disk_stats/jsonarray",
+		"hello",
+	}
+
+	t.Run("MQTT311", func(t *testing.T) {
+		for _, topic := range subscriptions {
+			t.Run("Subscribe "+topic, func(t *testing.T) {
+				h := newFakeHandler()
+				s := MustOpenServer(t, h)
+				c := mustConnect3(t, s, "acme/dev-1", "tok-1")
+				c.Subscribe(topic, 1, nil)
+				receive(t, c.lost, "disconnection")
+				waitFor(t, "violation counted", func() bool { return s.Stats().ACLViolations == 1 })
+				waitFor(t, "device offline", func() bool { return !s.Online("acme", "dev-1") })
+				if len(h.subscribed) != 0 {
+					t.Error("DeviceSubscribed called")
+				}
+			})
+		}
+		for _, topic := range publications {
+			t.Run("Publish "+topic, func(t *testing.T) {
+				h := newFakeHandler()
+				s := MustOpenServer(t, h)
+				c := mustConnect3(t, s, "acme/dev-1", "tok-1")
+				c.Publish(topic, 1, false, status)
+				receive(t, c.lost, "disconnection")
+				waitFor(t, "violation counted", func() bool { return s.Stats().ACLViolations == 1 })
+				if len(h.statuses)+len(h.streams) != 0 {
+					t.Error("Handler called")
+				}
+			})
+		}
+	})
+
+	t.Run("MQTT5", func(t *testing.T) {
+		// paho.golang itself refuses wildcards and $share: the CONNACK says
+		// this broker has neither.
+		for _, topic := range []string{mqtt.ActionsTopic("acme", "dev-2"), mqtt.ActionsTopic("other", "dev-1"), "$SYS/broker/uptime", statusT} {
+			t.Run("Subscribe "+topic, func(t *testing.T) {
+				h := newFakeHandler()
+				s := MustOpenServer(t, h)
+				c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+				go func() {
+					ctx, cancel := context.WithTimeout(context.Background(), wait)
+					defer cancel()
+					c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: topic, QoS: 1}}})
+				}()
+				c.awaitServerDisconnect(t, 0x87)
+				waitFor(t, "violation counted", func() bool { return s.Stats().ACLViolations == 1 })
+			})
+		}
+		for _, topic := range publications {
+			t.Run("Publish "+topic, func(t *testing.T) {
+				h := newFakeHandler()
+				s := MustOpenServer(t, h)
+				c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+				go c.publish(topic, status)
+				c.awaitServerDisconnect(t, 0x87)
+				waitFor(t, "violation counted", func() bool { return s.Stats().ACLViolations == 1 })
+				if len(h.statuses)+len(h.streams) != 0 {
+					t.Error("Handler called")
+				}
+			})
+		}
+	})
+
+	t.Run("OthersUnaffected", func(t *testing.T) {
+		h := newFakeHandler()
+		s := MustOpenServer(t, h)
+		good := mustConnect5(t, s, "acme/dev-2", "tok-2", false)
+		bad := mustConnect3(t, s, "acme/dev-1", "tok-1")
+		bad.Subscribe(mqtt.ActionsTopic("acme", "dev-2"), 1, nil)
+		receive(t, bad.lost, "disconnection")
+		if err := good.publish(mqtt.ActionStatusTopic("acme", "dev-2"), status); err != nil {
+			t.Fatalf("publish of a device in good standing: %v", err)
+		}
+		receive(t, h.statuses, "HandleStatus")
+	})
+}
+
+func TestWillOnForeignTopicRefused(t *testing.T) {
+	h := newFakeHandler()
+	s := MustOpenServer(t, h)
+	_, err := connect3(t, s, "acme/dev-1", "tok-1", func(o *pahov3.ClientOptions) {
+		o.SetWill(mqtt.ActionsTopic("acme", "dev-2"), `{"id": "1", "name": "reboot", "payload": "{}"}`, 1, false)
+	})
+	if !errors.Is(err, pahov3packets.ErrorRefusedNotAuthorised) {
+		t.Fatalf("connect with a will on another device's actions: got %v, want refusal", err)
+	}
+
+	// A will on its own status topic is accepted, and never published.
+	c, err := connect3(t, s, "acme/dev-1", "tok-1", func(o *pahov3.ClientOptions) {
+		o.SetWill(statusT, "gone", 1, false)
+	})
+	if err != nil {
+		t.Fatalf("connect with a will on its own status topic: %v", err)
+	}
+	c.Disconnect(0)
+}
+
+func TestSendActionOffline(t *testing.T) {
+	h := newFakeHandler()
+	s := MustOpenServer(t, h)
+	if s.SendAction("acme", "dev-1", action) {
+		t.Error("SendAction to a device never connected = true, want false")
+	}
+	if s.Online("acme", "dev-1") {
+		t.Error("Online before connecting = true")
+	}
+
+	c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+	c.subscribe(t, actionsT, 1)
+	receive(t, h.subscribed, "DeviceSubscribed")
+	if s.SendAction("acme", "dev-2", action) || s.SendAction("other", "dev-1", action) {
+		t.Error("SendAction to another, offline device = true, want false")
+	}
+
+	if err := c.Disconnect(&paho.Disconnect{ReasonCode: 0}); err != nil {
+		t.Fatalf("disconnect: %v", err)
+	}
+	waitFor(t, "device offline", func() bool { return !s.Online("acme", "dev-1") && s.Connections() == 0 })
+	if s.SendAction("acme", "dev-1", action) {
+		t.Error("SendAction after the device disconnected = true, want false")
+	}
+}
+
+func TestSendActionQoS0Subscription(t *testing.T) {
+	h := newFakeHandler()
+	s := MustOpenServer(t, h)
+	c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+	c.subscribe(t, actionsT, 0)
+	receive(t, h.subscribed, "DeviceSubscribed")
+	if !s.SendAction("acme", "dev-1", []byte(`{"id": 7, "name": "x", "payload": "{}"}`)) {
+		t.Fatal("SendAction = false, want true")
+	}
+	if pb := receive(t, c.received, "action message"); pb.QoS != 0 {
+		t.Errorf("QoS %d, want 0 as subscribed", pb.QoS)
+	}
+	if got := receive(t, h.delivered, "ActionDelivered"); got.ActionID != "7" {
+		t.Errorf("ActionDelivered action id %q, want 7", got.ActionID)
+	}
+}
+
+func TestSendActionInflightLimit(t *testing.T) {
+	h := newFakeHandler()
+	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.MaxInflight = 2 })
+	c := mustConnect5(t, s, "acme/dev-1", "tok-1", true)
+	c.subscribe(t, actionsT, 1)
+	receive(t, h.subscribed, "DeviceSubscribed")
+	for i := range 2 {
+		if !s.SendAction("acme", "dev-1", fmt.Appendf(nil, `{"id": "%d"}`, i)) {
+			t.Fatalf("SendAction %d = false, want true", i)
+		}
+	}
+	if s.SendAction("acme", "dev-1", []byte(`{"id": "2"}`)) {
+		t.Error("SendAction beyond MaxInflight = true, want false")
+	}
+	c.Ack(receive(t, c.received, "first action"))
+	receive(t, h.delivered, "ActionDelivered")
+	waitFor(t, "room for one more action", func() bool { return s.SendAction("acme", "dev-1", []byte(`{"id": "2"}`)) })
+}
+
+// TestPubackAfterHandler checks that a publish is acknowledged only once the
+// Handler returned: a PUBACK means committed.
+func TestPubackAfterHandler(t *testing.T) {
+	t.Run("MQTT5", func(t *testing.T) {
+		h := newFakeHandler()
+		h.gate = make(chan struct{})
+		s := MustOpenServer(t, h)
+		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+		done := make(chan error, 1)
+		go func() { done <- c.publish(statusT, status) }()
+		receive(t, h.statuses, "HandleStatus")
+		quiet(t, done, "PUBACK while the handler is committing")
+		close(h.gate)
+		if err := receive(t, done, "PUBACK"); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+	})
+	t.Run("MQTT311", func(t *testing.T) {
+		h := newFakeHandler()
+		h.gate = make(chan struct{})
+		s := MustOpenServer(t, h)
+		c := mustConnect3(t, s, "acme/dev-1", "tok-1")
+		tok := c.Publish(gpsT, 1, false, points)
+		receive(t, h.streams, "HandleStream")
+		quiet(t, tok.Done(), "PUBACK while the handler is committing")
+		close(h.gate)
+		receive(t, tok.Done(), "PUBACK")
+		if err := tok.Error(); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+	})
+}
+
+func TestHandlerErrors(t *testing.T) {
+	t.Run("InvalidIsAcknowledged", func(t *testing.T) {
+		h := newFakeHandler()
+		h.pubErr = fleet.Errorf(fleet.EINVALID, "progress must be between 0 and 100")
+		s := MustOpenServer(t, h)
+		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+		if err := c.publish(statusT, []byte(`{"progress": 101}`)); err != nil {
+			t.Fatalf("publish of an invalid report: %v; want it acknowledged", err)
+		}
+		receive(t, h.statuses, "HandleStatus")
+		if st := s.Stats(); st.HandlerErrors != 1 || !s.Online("acme", "dev-1") {
+			t.Errorf("HandlerErrors = %d, online = %v; want 1, true", st.HandlerErrors, s.Online("acme", "dev-1"))
+		}
+	})
+
+	t.Run("UnavailableIsNotAcknowledged", func(t *testing.T) {
+		h := newFakeHandler()
+		h.pubErr = fleet.Errorf(fleet.EUNAVAILABLE, "database down")
+		s := MustOpenServer(t, h)
+		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+		done := make(chan error, 1)
+		go func() { done <- c.publish(statusT, status) }()
+		c.awaitServerDisconnect(t, 0x89) // server busy
+		if err := receive(t, done, "publish to fail"); err == nil {
+			t.Fatal("publish acknowledged, want no PUBACK")
+		}
+		if got := s.Stats().Unacknowledged; got != 1 {
+			t.Errorf("Unacknowledged = %d, want 1", got)
+		}
+
+		t.Run("MQTT311", func(t *testing.T) {
+			c := mustConnect3(t, s, "acme/dev-1", "tok-1")
+			tok := c.Publish(statusT, 1, false, status)
+			receive(t, c.lost, "disconnection")
+			if tok.WaitTimeout(wait); tok.Error() == nil {
+				t.Fatal("publish acknowledged, want no PUBACK")
+			}
+		})
+	})
+
+	t.Run("TimeoutIsNotAcknowledged", func(t *testing.T) {
+		h := newFakeHandler()
+		h.gate = make(chan struct{}) // never opens
+		s := MustOpenServer(t, h, func(c *mqtt.Config) { c.HandlerTimeout = 50 * time.Millisecond })
+		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+		go c.publish(statusT, status)
+		c.awaitServerDisconnect(t, 0x89)
+	})
+}
+
+func TestSessionTakeover(t *testing.T) {
+	h := newFakeHandler()
+	s := MustOpenServer(t, h)
+	first := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+	first.subscribe(t, actionsT, 1)
+	receive(t, h.subscribed, "DeviceSubscribed")
+
+	// Another client id, same device: the session is the device's.
+	second := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+	first.awaitServerDisconnect(t, 0x8E) // session taken over
+	receive(t, h.connected, "DeviceConnected of the first connection")
+	receive(t, h.connected, "DeviceConnected of the second connection")
+	if !s.Online("acme", "dev-1") || s.Connections() != 1 {
+		t.Fatalf("Online = %v, Connections = %d; want true, 1", s.Online("acme", "dev-1"), s.Connections())
+	}
+	// Sessions end with their connection: the new one must subscribe itself.
+	if s.SendAction("acme", "dev-1", action) {
+		t.Error("SendAction before the new connection subscribed = true, want false")
+	}
+	second.subscribe(t, actionsT, 1)
+	receive(t, h.subscribed, "DeviceSubscribed")
+	if !s.SendAction("acme", "dev-1", action) {
+		t.Fatal("SendAction = false, want true")
+	}
+	receive(t, second.received, "action message")
+}
+
+func TestOversizedPacket(t *testing.T) {
+	h := newFakeHandler()
+	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.MaxPacketSize = 1024 })
+	c := mustConnect3(t, s, "acme/dev-1", "tok-1")
+	c.Publish(statusT, 1, false, bytes.Repeat([]byte("x"), 2000))
+	receive(t, c.lost, "disconnection")
+	waitFor(t, "oversized packet counted", func() bool { return s.Stats().OversizedPackets == 1 })
+	if len(h.statuses) != 0 {
+		t.Error("Handler called")
+	}
+
+	// Just under the limit is fine.
+	c = mustConnect3(t, s, "acme/dev-1", "tok-1")
+	c.publish(t, statusT, bytes.Repeat([]byte("x"), 1024-2-len(statusT)-2-1))
+	receive(t, h.statuses, "HandleStatus")
+}
+
+func TestOpenPortTaken(t *testing.T) {
+	first := MustOpenServer(t, newFakeHandler())
+	addr := first.Addr().String()
+	err := mqtt.NewServer(mqtt.Config{Addr: addr}, newFakeHandler()).Open()
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("open on a taken port: got %v, want EADDRINUSE", err)
+	}
+	// The message is the product here: it tells a newcomer what to change.
+	want := fmt.Sprintf("listen on %s: address already in use; choose another port with --mqtt-addr", addr)
+	if err.Error() != want {
+		t.Errorf("got %q, want %q", err, want)
+	}
+}
+
+func TestClose(t *testing.T) {
+	t.Run("Graceful", func(t *testing.T) {
+		h := newFakeHandler()
+		h.gate = make(chan struct{})
+		s := MustOpenServer(t, h)
+		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+		c3 := mustConnect3(t, s, "acme/dev-2", "tok-2")
+		done := make(chan error, 1)
+		go func() { done <- c.publish(statusT, status) }()
+		receive(t, h.statuses, "HandleStatus")
+
+		closed := make(chan error, 1)
+		go func() { closed <- s.Close() }()
+		quiet(t, closed, "Close while a report is being committed")
+		close(h.gate)
+		if err := receive(t, done, "PUBACK of the report in progress"); err != nil {
+			t.Fatalf("publish in progress at Close: %v; want it acknowledged", err)
+		}
+		if err := receive(t, closed, "Close"); err != nil {
+			t.Fatalf("close: %v", err)
+		}
+		c.awaitServerDisconnect(t, 0x8B) // server shutting down
+		receive(t, c3.lost, "MQTT 3.1.1 disconnection")
+		if s.Connections() != 0 || s.Online("acme", "dev-1") || s.SendAction("acme", "dev-1", action) {
+			t.Error("devices still reachable after Close")
+		}
+		if _, err := net.Dial("tcp", s.Addr().String()); err == nil {
+			t.Error("still accepting connections after Close")
+		}
+		if err := s.Close(); err != nil {
+			t.Errorf("second close: %v", err)
+		}
+	})
+
+	t.Run("CancelsStuckHandlers", func(t *testing.T) {
+		h := newFakeHandler()
+		h.gate = make(chan struct{}) // never opens
+		s := MustOpenServer(t, h, func(c *mqtt.Config) { c.ShutdownTimeout = 50 * time.Millisecond })
+		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+		done := make(chan error, 1)
+		go func() { done <- c.publish(statusT, status) }()
+		receive(t, h.statuses, "HandleStatus")
+		if err := s.Close(); err != nil {
+			t.Fatalf("close: %v", err)
+		}
+		if err := receive(t, done, "publish to fail"); err == nil {
+			t.Error("publish acknowledged although its handler was cancelled")
+		}
+	})
+
+	t.Run("SilentConnection", func(t *testing.T) {
+		s := MustOpenServer(t, newFakeHandler())
+		conn, err := net.Dial("tcp", s.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if err := s.Close(); err != nil {
+			t.Fatalf("close: %v", err)
+		}
+	})
+
+	t.Run("NeverOpened", func(t *testing.T) {
+		if err := mqtt.NewServer(mqtt.Config{}, newFakeHandler()).Close(); err != nil {
+			t.Fatalf("close: %v", err)
+		}
+	})
+}
+
+// TestManyDevices sends actions to many devices at once, from many
+// goroutines, while they report back: the race detector's test.
+func TestManyDevices(t *testing.T) {
+	const devices, actions = 20, 10
+	h := newFakeHandler()
+	for i := range devices {
+		h.tokens[fmt.Sprintf("acme/d%d", i)] = "tok"
+	}
+	s := MustOpenServer(t, h)
+	clients := make([]*client5, devices)
+	for i := range devices {
+		clients[i] = mustConnect5(t, s, fmt.Sprintf("acme/d%d", i), "tok", false)
+		clients[i].subscribe(t, mqtt.ActionsTopic("acme", fmt.Sprintf("d%d", i)), 1)
+	}
+	for range devices {
+		receive(t, h.subscribed, "DeviceSubscribed")
+	}
+
+	sent := make(chan bool, devices*actions)
+	for i := range devices {
+		go func() {
+			for j := range actions {
+				sent <- s.SendAction("acme", fmt.Sprintf("d%d", i), fmt.Appendf(nil, `{"id": "%d"}`, j))
+			}
+		}()
+	}
+	reported := make(chan error, devices*actions)
+	for i, c := range clients {
+		go func() {
+			for range actions {
+				select {
+				case <-c.received:
+				case <-c.Done():
+					reported <- fmt.Errorf("device %d disconnected", i)
+					return
+				}
+				reported <- c.publish(mqtt.ActionStatusTopic("acme", fmt.Sprintf("d%d", i)), status)
+			}
+		}()
+	}
+	for range devices * actions {
+		if !receive(t, sent, "SendAction") {
+			t.Fatal("SendAction = false, want true")
+		}
+	}
+	for range devices * actions {
+		if err := receive(t, reported, "status report"); err != nil {
+			t.Fatal(err)
+		}
+		receive(t, h.statuses, "HandleStatus")
+		receive(t, h.delivered, "ActionDelivered")
+	}
+	if st := s.Stats(); st.MessagesOut != devices*actions || st.MessagesIn != devices*actions {
+		t.Errorf("stats %+v", st)
+	}
+}
