@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"math/big"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -507,7 +509,13 @@ func (e *transitEmitter) rich(enc *encoder, v any) {
 	case List:
 		e.taggedSeq("list", v, enc)
 	case Tagged:
-		if s, ok := v.Value.(string); ok && len(v.Tag) == 1 {
+		if transitTags[v.Tag] || v.Tag == "" {
+			// Only EDN makes these (#b "…"); in Transit the tag would
+			// change the value's meaning.
+			e.fail(fmt.Errorf("codec: tag %q has a meaning of its own in Transit", v.Tag))
+			return
+		}
+		if s, ok := v.Value.(string); ok && len(v.Tag) == 1 && !strings.Contains("~^`#", v.Tag) {
 			asKey, q := e.scalar()
 			e.emitString("~"+v.Tag+s, asKey)
 			e.unquote(q)
@@ -538,6 +546,14 @@ func (e *transitEmitter) rich(enc *encoder, v any) {
 		}
 		e.endMap()
 	}
+}
+
+// transitTags are the tags a Transit reader decodes rather than keeps.
+var transitTags = map[string]bool{
+	"_": true, "s": true, "?": true, "i": true, "d": true, "b": true, ":": true, "$": true,
+	"f": true, "n": true, "m": true, "t": true, "u": true, "r": true, "c": true, "z": true,
+	"'": true, "set": true, "list": true, "cmap": true, "ints": true, "longs": true,
+	"floats": true, "doubles": true, "bools": true, "shorts": true, "chars": true,
 }
 
 func (e *transitEmitter) taggedSeq(tag string, a []any, enc *encoder) {
