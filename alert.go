@@ -1,0 +1,361 @@
+package fleet
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// AlertRule watches one stream of every device of a tenant (or those whose
+// metadata matches MetadataFilters) for a condition (DESIGN §6).
+type AlertRule struct {
+	ID     string `json:"id"`
+	Name   string `json:"name"`
+	Stream string `json:"stream"`
+	Group  string `json:"group"`
+	// Condition is the condition as the client sent it; Compiled is what
+	// evaluation runs.
+	Condition any `json:"condition"`
+	// MetadataFilters is as the client sent it: each key maps to a string
+	// or an array of strings. Filters is its compiled form.
+	MetadataFilters              map[string]any `json:"metadata_filters"`
+	ActivationThresholdSeconds   float64        `json:"activation_threshold_seconds"`
+	DeactivationThresholdSeconds float64        `json:"deactivation_threshold_seconds"`
+	CreatedAt                    time.Time      `json:"created_at"`
+
+	Compiled *Condition          `json:"-"`
+	Filters  map[string][]string `json:"-"`
+}
+
+// ActivationThreshold is how long the condition must hold before an alert
+// opens.
+func (r *AlertRule) ActivationThreshold() time.Duration {
+	return secondsDuration(r.ActivationThresholdSeconds)
+}
+
+// DeactivationThreshold is how long the condition must be false before an
+// open alert closes.
+func (r *AlertRule) DeactivationThreshold() time.Duration {
+	return secondsDuration(r.DeactivationThresholdSeconds)
+}
+
+func secondsDuration(s float64) time.Duration {
+	return time.Duration(s * float64(time.Second)).Round(time.Millisecond)
+}
+
+// MatchesMetadata reports whether a device's metadata passes the rule's
+// filters: every key present with one of its values.
+func (r *AlertRule) MatchesMetadata(meta map[string]string) bool {
+	for k, vs := range r.Filters {
+		v, ok := meta[k]
+		if !ok {
+			return false
+		}
+		found := false
+		for _, want := range vs {
+			if v == want {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// MaxThresholdSeconds bounds thresholds, no_data_seconds and intervals: a
+// year.
+const MaxThresholdSeconds = 31_536_000
+
+// CondKind is the kind of a condition node.
+type CondKind int
+
+// The condition kinds of DESIGN §6.
+const (
+	CondCompare CondKind = iota // {"field", "operator", "value"}
+	CondAll                     // {"all": [...]}
+	CondAny                     // {"any": [...]}
+	CondNot                     // {"not": {...}}
+	CondNoData                  // {"no_data_seconds": N}
+)
+
+// Operator is a comparison of a field with a value.
+type Operator int
+
+// The six operators. Numbers compare numerically; strings, booleans and null
+// only with == and !=. A missing field or a value of another type makes every
+// comparison false, != included.
+const (
+	OpGT Operator = iota
+	OpGE
+	OpLT
+	OpLE
+	OpEQ
+	OpNE
+)
+
+// Operators maps each operator's spelling to it.
+var Operators = map[string]Operator{">": OpGT, ">=": OpGE, "<": OpLT, "<=": OpLE, "==": OpEQ, "!=": OpNE}
+
+// ValueKind is the type of the value a comparison compares with.
+type ValueKind int
+
+// Kinds of comparison values.
+const (
+	ValueNumber ValueKind = iota
+	ValueString
+	ValueBool
+	ValueNull
+)
+
+// Condition is a compiled alert condition, checked once when the rule is
+// saved or loaded and then evaluated for every data point.
+type Condition struct {
+	Kind CondKind
+
+	// CondCompare: the field (Path is Field split on ".", for nested
+	// objects when the point has no field named Field itself), the operator
+	// and the value.
+	Field string
+	Path  []string
+	Op    Operator
+	Value ValueKind
+	Num   float64
+	Int   int64 // Num as an integer when IsInt, compared exactly with integers
+	IsInt bool
+	Str   string
+	Bool  bool
+
+	Children []*Condition // CondAll, CondAny: any number; CondNot: one
+
+	NoData time.Duration // CondNoData
+}
+
+// NoDataDurations lists every no_data_seconds of the condition.
+func (c *Condition) NoDataDurations() []time.Duration {
+	var ds []time.Duration
+	var walk func(*Condition)
+	walk = func(c *Condition) {
+		if c.Kind == CondNoData {
+			ds = append(ds, c.NoData)
+		}
+		for _, ch := range c.Children {
+			walk(ch)
+		}
+	}
+	walk(c)
+	return ds
+}
+
+// Alert is one alert session: a rule's condition held for a device from
+// StartedAt until EndedAt (nil while it is active).
+type Alert struct {
+	ID        string     `json:"id"`
+	RuleID    string     `json:"rule_id"`
+	RuleName  string     `json:"rule_name"`
+	DeviceID  string     `json:"device_id"`
+	Stream    string     `json:"stream"`
+	State     string     `json:"state"` // AlertActive or AlertEnded
+	StartedAt time.Time  `json:"started_at"`
+	EndedAt   *time.Time `json:"ended_at"`
+	// Value is the data point that opened the alert: for a no_data alert,
+	// the last point before the silence, or nil when none is known.
+	Value *DataPoint `json:"value"`
+}
+
+// Alert states.
+const (
+	AlertActive = "active"
+	AlertEnded  = "ended"
+)
+
+// AlertFilter selects alerts; empty fields select all.
+type AlertFilter struct {
+	State    string
+	RuleID   string
+	DeviceID string
+	Page
+}
+
+// Channel types of notification rules.
+const (
+	ChannelWebhook = "webhook"
+	ChannelSlack   = "slack"
+	ChannelEmail   = "email"
+)
+
+// ChannelParameters says where a notification goes. Secret is never shown:
+// responses carry HasSecret instead.
+type ChannelParameters struct {
+	Type      string            `json:"type"`
+	URL       string            `json:"url,omitempty"`
+	Headers   map[string]string `json:"headers,omitempty"`
+	Secret    string            `json:"-"`
+	HasSecret bool              `json:"has_secret,omitempty"`
+	To        []string          `json:"to,omitempty"`
+}
+
+// Redacted returns the parameters as they may be shown: no secret, header
+// values that look like credentials replaced by "***", and no credentials in
+// the URL (a Slack webhook URL is itself a credential: only its host shows).
+func (c ChannelParameters) Redacted() ChannelParameters {
+	r := c
+	r.HasSecret = c.Secret != ""
+	r.Secret = ""
+	if c.Headers != nil {
+		r.Headers = make(map[string]string, len(c.Headers))
+		for k, v := range c.Headers {
+			if SensitiveHeader(k) {
+				v = Masked
+			}
+			r.Headers[k] = v
+		}
+	}
+	r.URL = RedactURL(c.URL, c.Type == ChannelSlack)
+	return r
+}
+
+// Masked stands for a value that is not shown.
+const Masked = "***"
+
+// SensitiveHeader reports whether a header's value is likely a credential.
+func SensitiveHeader(name string) bool {
+	n := strings.ToLower(name)
+	for _, s := range []string{"authorization", "token", "key", "secret", "password", "cookie", "signature", "credential", "auth"} {
+		if strings.Contains(n, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// RedactURL hides a URL's password and query values, and with pathToo its
+// path as well.
+func RedactURL(s string, pathToo bool) string {
+	u, err := url.Parse(s)
+	if err != nil || s == "" {
+		return s
+	}
+	if u.User != nil {
+		u.User = url.User(u.User.Username())
+	}
+	if u.RawQuery != "" {
+		q := u.Query()
+		for k := range q {
+			q[k] = []string{Masked}
+		}
+		u.RawQuery = q.Encode()
+	}
+	if pathToo && u.Path != "" && u.Path != "/" {
+		u.Path, u.RawPath = "/"+Masked, ""
+	}
+	return strings.Replace(u.String(), "%2A%2A%2A", Masked, -1)
+}
+
+// NotificationTemplate is the text of a notification: Go text/template over
+// NotificationData.
+type NotificationTemplate struct {
+	Subject string `json:"subject"`
+	Body    string `json:"body"`
+}
+
+// NotificationRule sends a rule's alert openings and closings (and, with
+// IntervalSeconds, reminders while open) to one channel.
+type NotificationRule struct {
+	ID                   string               `json:"id"`
+	AlertRuleID          string               `json:"alert_rule_id"`
+	ChannelParameters    ChannelParameters    `json:"channel_parameters"`
+	IntervalSeconds      int64                `json:"interval_seconds"`
+	NotificationTemplate NotificationTemplate `json:"notification_template"`
+	Timezone             string               `json:"timezone"`
+	CreatedAt            time.Time            `json:"created_at"`
+	UpdatedAt            time.Time            `json:"updated_at"`
+}
+
+// Redacted returns the rule as it may be shown.
+func (n *NotificationRule) Redacted() *NotificationRule {
+	r := *n
+	r.ChannelParameters = n.ChannelParameters.Redacted()
+	return &r
+}
+
+// NotificationRuleUpdate is a partial update (S4): nil fields stay.
+type NotificationRuleUpdate struct {
+	ChannelParameters    *ChannelParameters
+	IntervalSeconds      *int64
+	NotificationTemplate *NotificationTemplate
+	Timezone             *string
+}
+
+// Notification events: what happened to the alert.
+const (
+	EventOpened = "opened"
+	EventClosed = "closed"
+	EventRepeat = "repeat"
+)
+
+// Delivery statuses.
+const (
+	DeliveryPending   = "pending"
+	DeliveryDelivered = "delivered"
+	DeliveryDead      = "dead"      // gave up after the last attempt
+	DeliveryCancelled = "cancelled" // a reminder for an alert that closed
+)
+
+// Delivery is one notification in the outbox: an event of an alert for one
+// notification rule, with every attempt to deliver it.
+type Delivery struct {
+	ID                 int64             `json:"id"`
+	AlertID            string            `json:"alert_id"`
+	NotificationRuleID string            `json:"notification_rule_id"`
+	Event              string            `json:"event"`
+	Status             string            `json:"status"`
+	DueAt              time.Time         `json:"due_at"`
+	CreatedAt          time.Time         `json:"created_at"`
+	DeliveredAt        *time.Time        `json:"delivered_at"`
+	Attempts           []DeliveryAttempt `json:"attempts"`
+
+	// Filled in for the worker that delivers it.
+	Tenant       string            `json:"-"`
+	AttemptCount int               `json:"-"`
+	Alert        *Alert            `json:"-"`
+	Rule         *AlertRule        `json:"-"`
+	Notification *NotificationRule `json:"-"`
+}
+
+// DeliveryAttempt is one try to deliver a notification.
+type DeliveryAttempt struct {
+	At         time.Time `json:"at"`
+	StatusCode int       `json:"status_code,omitempty"` // HTTP channels
+	Error      string    `json:"error,omitempty"`
+	DurationMS int64     `json:"duration_ms"`
+}
+
+// AlertService manages alert rules, their notification rules, and reads the
+// alerts they raise.
+type AlertService interface {
+	// CreateAlertRule stores a compiled rule and starts evaluating it. A
+	// name taken in the tenant is ECONFLICT.
+	CreateAlertRule(ctx context.Context, tenant string, r *AlertRule) error
+	FindAlertRule(ctx context.Context, tenant, id string) (*AlertRule, error)
+	FindAlertRules(ctx context.Context, tenant string, p Page) ([]*AlertRule, int, error)
+	// DeleteAlertRule removes a rule with its notification rules, alerts
+	// and pending notifications.
+	DeleteAlertRule(ctx context.Context, tenant, id string) error
+
+	CreateNotificationRule(ctx context.Context, tenant string, n *NotificationRule) error
+	// UpdateNotificationRule applies u to the notification rule id of alert
+	// rule ruleID; a pair that does not match is ENOTFOUND.
+	UpdateNotificationRule(ctx context.Context, tenant, ruleID, id string, u NotificationRuleUpdate) (*NotificationRule, error)
+	FindNotificationRules(ctx context.Context, tenant, ruleID string, p Page) ([]*NotificationRule, int, error)
+	DeleteNotificationRule(ctx context.Context, tenant, ruleID, id string) error
+
+	FindAlerts(ctx context.Context, tenant string, f AlertFilter) ([]*Alert, int, error)
+	FindAlert(ctx context.Context, tenant, id string) (*Alert, error)
+	// FindDeliveries lists the notifications of an alert with their
+	// attempts, oldest first.
+	FindDeliveries(ctx context.Context, tenant, alertID string, p Page) ([]*Delivery, int, error)
+}
