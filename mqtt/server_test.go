@@ -630,3 +630,20 @@ func TestManyDevices(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 }
+
+// TestQoS2 checks that a QoS 2 publish is committed before its PUBREC and
+// completes.
+func TestQoS2(t *testing.T) {
+	h := newFakeHandler()
+	h.gate = make(chan struct{})
+	s := MustOpenServer(t, h)
+	c := mustConnect3(t, s, "acme/dev-1", "tok-1")
+	tok := c.Publish(statusT, 2, false, status)
+	receive(t, h.statuses, "HandleStatus")
+	quiet(t, tok.Done(), "PUBREC while the handler is committing")
+	close(h.gate)
+	receive(t, tok.Done(), "QoS 2 flow to complete")
+	if err := tok.Error(); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+}
