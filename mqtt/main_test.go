@@ -123,6 +123,10 @@ func MustOpenServer(t *testing.T, h mqtt.Handler, configure ...func(*mqtt.Config
 	return s
 }
 
+func contextWithWait() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), wait)
+}
+
 // receive returns the next value from ch, failing the test if none comes.
 func receive[T any](t *testing.T, ch <-chan T, what string) T {
 	t.Helper()
@@ -169,7 +173,7 @@ var clientIDs atomic.Int64
 
 // connect5 connects an MQTT 5 device; with manualAck the test sends the
 // PUBACKs of actions itself, with Ack.
-func connect5(t *testing.T, s *mqtt.Server, username, password string, manualAck bool) (*client5, *paho.Connack, error) {
+func connect5(t *testing.T, s *mqtt.Server, username, password string, manualAck bool, configure ...func(*paho.Connect)) (*client5, *paho.Connack, error) {
 	t.Helper()
 	conn, err := net.Dial("tcp", s.Addr().String())
 	if err != nil {
@@ -200,6 +204,9 @@ func connect5(t *testing.T, s *mqtt.Server, username, password string, manualAck
 	}
 	if password != "" {
 		cp.Password, cp.PasswordFlag = []byte(password), true
+	}
+	for _, f := range configure {
+		f(cp)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()

@@ -233,8 +233,16 @@ func (s *Server) SendAction(tenant, device string, payload []byte) bool {
 			"tenant", tenant, "device", device, "inflight", n)
 		return false
 	}
+	topic := ActionsTopic(tenant, device)
+	// mochi would drop a packet over the device's limit while writing it,
+	// after SendAction returned, and the action would never be delivered.
+	if limit := d.cl.Properties.Props.MaximumPacketSize; limit > 0 && publishSize(topic, payload) > int(limit) {
+		s.log.Error("mqtt: action larger than the device accepts; not sent",
+			"tenant", tenant, "device", device, "bytes", len(payload), "device_maximum_packet_size", limit)
+		return false
+	}
 	d.dropped.Store(false)
-	if err := s.broker.Publish(ActionsTopic(tenant, device), payload, false, 1); err != nil {
+	if err := s.broker.Publish(topic, payload, false, 1); err != nil {
 		s.log.Error("mqtt: publish action", "tenant", tenant, "device", device, "error", err)
 		return false
 	}
@@ -245,6 +253,12 @@ func (s *Server) SendAction(tenant, device string, payload []byte) bool {
 	}
 	s.stats.messagesOut.Add(1)
 	return true
+}
+
+// publishSize bounds the size of a QoS 1 PUBLISH packet from above: fixed
+// header, topic, packet id, properties (MQTT 5) and payload.
+func publishSize(topic string, payload []byte) int {
+	return 5 + 2 + len(topic) + 2 + 8 + len(payload)
 }
 
 // Online reports whether the device is connected now.

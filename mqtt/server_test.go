@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -645,5 +646,29 @@ func TestQoS2(t *testing.T) {
 	receive(t, tok.Done(), "QoS 2 flow to complete")
 	if err := tok.Error(); err != nil {
 		t.Fatalf("publish: %v", err)
+	}
+}
+
+func TestSendActionOverDeviceMaximumPacketSize(t *testing.T) {
+	h := newFakeHandler()
+	s := MustOpenServer(t, h)
+	limit := uint32(200)
+	c, _, err := connect5(t, s, "acme/dev-1", "tok-1", false, func(cp *paho.Connect) {
+		cp.Properties = &paho.ConnectProperties{MaximumPacketSize: &limit}
+	})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	c.subscribe(t, actionsT, 1)
+	receive(t, h.subscribed, "DeviceSubscribed")
+	big := fmt.Appendf(nil, `{"id": "1", "name": "x", "payload": %q}`, strings.Repeat("p", 200))
+	if s.SendAction("acme", "dev-1", big) {
+		t.Error("SendAction of an action over the device's maximum packet size = true, want false")
+	}
+	if !s.SendAction("acme", "dev-1", action) {
+		t.Fatal("SendAction = false, want true")
+	}
+	if pb := receive(t, c.received, "action message"); !bytes.Equal(pb.Payload, action) {
+		t.Errorf("got %s, want %s", pb.Payload, action)
 	}
 }
