@@ -10,6 +10,7 @@ import (
 // AlertRule watches one stream of every device of a tenant (or those whose
 // metadata matches MetadataFilters) for a condition (DESIGN §6).
 type AlertRule struct {
+	Tenant string `json:"-"`
 	ID     string `json:"id"`
 	Name   string `json:"name"`
 	Stream string `json:"stream"`
@@ -172,6 +173,48 @@ const (
 	AlertEnded  = "ended"
 )
 
+// Phases of a rule's evaluation for one device (DESIGN §6): PhaseNormal has
+// no alert and the condition false; PhaseActivating has the condition true
+// but not yet for the activation threshold; PhaseActive has an open alert;
+// PhaseDeactivating has an open alert whose condition has been false, but
+// not yet for the deactivation threshold.
+const (
+	PhaseNormal       = ""
+	PhaseActivating   = "activating"
+	PhaseActive       = "active"
+	PhaseDeactivating = "deactivating"
+)
+
+// AlertState is the evaluation state of one rule for one device, as kept
+// across restarts. SinceData and SinceClock are when the phase began, by the
+// data's timestamps and by the server's clock; SinceData is zero when the
+// clock alone began it.
+type AlertState struct {
+	Tenant     string
+	RuleID     string
+	DeviceID   string
+	Phase      string
+	SinceData  time.Time
+	SinceClock time.Time
+	AlertID    string // of the open alert: PhaseActive and PhaseDeactivating
+}
+
+// AlertChange is one transition the evaluation commits: the new state, and
+// the alert it opens or closes. The store writes all of a batch's changes,
+// their notifications and the stream's latest point in one transaction.
+type AlertChange struct {
+	Stream string
+	State  AlertState
+	Open   *Alert      // insert this alert; notify "opened"
+	Close  *AlertClose // end this alert; notify "closed"
+}
+
+// AlertClose ends an alert.
+type AlertClose struct {
+	ID      string
+	EndedAt time.Time
+}
+
 // AlertFilter selects alerts; empty fields select all.
 type AlertFilter struct {
 	State    string
@@ -283,11 +326,44 @@ func (n *NotificationRule) Redacted() *NotificationRule {
 }
 
 // NotificationRuleUpdate is a partial update (S4): nil fields stay.
+// SecretGiven says whether ChannelParameters named a secret at all: one left
+// out keeps the stored secret when the channel type stays the same.
 type NotificationRuleUpdate struct {
 	ChannelParameters    *ChannelParameters
+	SecretGiven          bool
 	IntervalSeconds      *int64
 	NotificationTemplate *NotificationTemplate
 	Timezone             *string
+}
+
+// Apply merges u into n. A header sent back as "***" (as responses show
+// credentials) keeps its stored value.
+func (n *NotificationRule) Apply(u NotificationRuleUpdate) {
+	if c := u.ChannelParameters; c != nil {
+		next := *c
+		old := n.ChannelParameters
+		if !u.SecretGiven && next.Type == old.Type {
+			next.Secret = old.Secret
+		}
+		for k, v := range next.Headers {
+			if v == Masked {
+				if ov, ok := old.Headers[k]; ok {
+					next.Headers[k] = ov
+				}
+			}
+		}
+		next.HasSecret = next.Secret != ""
+		n.ChannelParameters = next
+	}
+	if u.IntervalSeconds != nil {
+		n.IntervalSeconds = *u.IntervalSeconds
+	}
+	if u.NotificationTemplate != nil {
+		n.NotificationTemplate = *u.NotificationTemplate
+	}
+	if u.Timezone != nil {
+		n.Timezone = *u.Timezone
+	}
 }
 
 // Notification events: what happened to the alert.

@@ -1,0 +1,686 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/google/uuid"
+)
+
+// CreateAlertRule stores a rule; r.ID and r.CreatedAt are filled in. The
+// caller has compiled it.
+func (db *DB) CreateAlertRule(ctx context.Context, tenant string, r *fleet.AlertRule) error {
+	cond, err := json.Marshal(r.Condition)
+	if err != nil {
+		return fleet.Errorf(fleet.EINVALID, "the condition cannot be stored: %v", err)
+	}
+	filters := r.MetadataFilters
+	if filters == nil {
+		filters = map[string]any{}
+	}
+	mf, err := json.Marshal(filters)
+	if err != nil {
+		return fleet.Errorf(fleet.EINVALID, "the metadata filters cannot be stored: %v", err)
+	}
+	id := uuid.NewString()
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		created := tx.now.Truncate(time.Millisecond)
+		_, err := tx.exec(ctx, `INSERT INTO alert_rules (id, tenant, name, stream, rule_group, condition, metadata_filters,
+			activation_ms, deactivation_ms, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			id, tenant, r.Name, r.Stream, r.Group, string(cond), string(mf),
+			r.ActivationThreshold().Milliseconds(), r.DeactivationThreshold().Milliseconds(), millis(created))
+		if isUniqueViolation(err) {
+			return fleet.Errorf(fleet.ECONFLICT, "an alert rule named %q exists already", r.Name)
+		} else if isForeignKeyViolation(err) {
+			return fleet.Errorf(fleet.ENOTFOUND, "tenant %q does not exist", tenant)
+		} else if err != nil {
+			return err
+		}
+		r.Tenant, r.ID, r.CreatedAt, r.MetadataFilters = tenant, id, created, filters
+		return tx.audit(ctx, tenant, "alert_rule.create", "alert-rules/"+id, map[string]any{
+			"name": r.Name, "stream": r.Stream, "group": r.Group, "condition": r.Condition, "metadata_filters": filters,
+			"activation_threshold_seconds": r.ActivationThresholdSeconds, "deactivation_threshold_seconds": r.DeactivationThresholdSeconds,
+		})
+	})
+}
+
+const ruleColumns = "r.tenant, r.id, r.name, r.stream, r.rule_group, r.condition, r.metadata_filters, r.activation_ms, r.deactivation_ms, r.created_at"
+
+func scanRule(s interface{ Scan(...any) error }) (*fleet.AlertRule, error) {
+	var r fleet.AlertRule
+	var cond, mf string
+	var act, deact, created int64
+	if err := s.Scan(&r.Tenant, &r.ID, &r.Name, &r.Stream, &r.Group, &cond, &mf, &act, &deact, &created); err != nil {
+		return nil, err
+	}
+	var err error
+	if r.Condition, err = decodeCanonical(cond); err != nil {
+		return nil, fmt.Errorf("alert rule %s condition: %w", r.ID, err)
+	}
+	filters, err := decodeCanonical(mf)
+	if err != nil {
+		return nil, fmt.Errorf("alert rule %s metadata filters: %w", r.ID, err)
+	}
+	r.MetadataFilters, _ = filters.(map[string]any)
+	r.ActivationThresholdSeconds = float64(act) / 1000
+	r.DeactivationThresholdSeconds = float64(deact) / 1000
+	r.CreatedAt = fromMillis(created)
+	return &r, nil
+}
+
+// FindAlertRule returns one rule of the tenant, not compiled.
+func (db *DB) FindAlertRule(ctx context.Context, tenant, id string) (*fleet.AlertRule, error) {
+	r, err := scanRule(db.queryRow(ctx, "SELECT "+ruleColumns+" FROM alert_rules r WHERE r.tenant = ? AND r.id = ?", tenant, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "alert rule %s not found", id)
+	}
+	return r, db.classify(err)
+}
+
+// FindAlertRules lists a tenant's rules, oldest first.
+func (db *DB) FindAlertRules(ctx context.Context, tenant string, p fleet.Page) ([]*fleet.AlertRule, int, error) {
+	var count int
+	if err := db.queryRow(ctx, "SELECT count(*) FROM alert_rules WHERE tenant = ?", tenant).Scan(&count); err != nil {
+		return nil, 0, db.classify(err)
+	}
+	rules, err := db.findRules(ctx, "SELECT "+ruleColumns+" FROM alert_rules r WHERE r.tenant = ? ORDER BY r.created_at, r.id LIMIT ? OFFSET ?",
+		tenant, p.Limit, p.Offset())
+	return rules, count, err
+}
+
+// FindAllAlertRules returns every rule of every tenant, for the evaluation
+// engine to compile and index.
+func (db *DB) FindAllAlertRules(ctx context.Context) ([]*fleet.AlertRule, error) {
+	return db.findRules(ctx, "SELECT "+ruleColumns+" FROM alert_rules r ORDER BY r.tenant, r.created_at, r.id")
+}
+
+func (db *DB) findRules(ctx context.Context, q string, args ...any) ([]*fleet.AlertRule, error) {
+	rows, err := db.query(ctx, q, args...)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	defer rows.Close()
+	rules := []*fleet.AlertRule{}
+	for rows.Next() {
+		r, err := scanRule(rows)
+		if err != nil {
+			return nil, err
+		}
+		rules = append(rules, r)
+	}
+	return rules, rows.Err()
+}
+
+// DeleteAlertRule removes a rule; its notification rules, alerts, states and
+// outbox go with it.
+func (db *DB) DeleteAlertRule(ctx context.Context, tenant, id string) error {
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		res, err := tx.exec(ctx, "DELETE FROM alert_rules WHERE tenant = ? AND id = ?", tenant, id)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return fleet.Errorf(fleet.ENOTFOUND, "alert rule %s not found", id)
+		}
+		return tx.audit(ctx, tenant, "alert_rule.delete", "alert-rules/"+id, nil)
+	})
+}
+
+// storedChannel is how channel parameters are kept: the secret included.
+type storedChannel struct {
+	Type    string            `json:"type"`
+	URL     string            `json:"url,omitempty"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Secret  string            `json:"secret,omitempty"`
+	To      []string          `json:"to,omitempty"`
+}
+
+func encodeChannel(c fleet.ChannelParameters) string {
+	b, _ := json.Marshal(storedChannel{c.Type, c.URL, c.Headers, c.Secret, c.To}) // strings only: always encodes
+	return string(b)
+}
+
+func decodeChannel(s string) (fleet.ChannelParameters, error) {
+	var sc storedChannel
+	if err := json.Unmarshal([]byte(s), &sc); err != nil {
+		return fleet.ChannelParameters{}, err
+	}
+	return fleet.ChannelParameters{Type: sc.Type, URL: sc.URL, Headers: sc.Headers, Secret: sc.Secret, HasSecret: sc.Secret != "", To: sc.To}, nil
+}
+
+// notificationAudit is what the audit log says of a notification rule:
+// never the secret, header values or a URL's credentials.
+func notificationAudit(n *fleet.NotificationRule) map[string]any {
+	red := n.ChannelParameters.Redacted()
+	ch := map[string]any{"type": red.Type, "has_secret": red.HasSecret}
+	if red.URL != "" {
+		ch["url"] = red.URL
+	}
+	if len(red.Headers) > 0 {
+		names := make([]string, 0, len(red.Headers))
+		for k := range red.Headers {
+			names = append(names, k)
+		}
+		ch["headers"] = names
+	}
+	if len(red.To) > 0 {
+		ch["to"] = red.To
+	}
+	return map[string]any{"alert_rule_id": n.AlertRuleID, "channel_parameters": ch, "interval_seconds": n.IntervalSeconds,
+		"notification_template": n.NotificationTemplate, "timezone": n.Timezone}
+}
+
+// CreateNotificationRule stores a notification rule of an alert rule of the
+// tenant; n.ID and the times are filled in. Alerts of the rule open now get
+// their reminders when IntervalSeconds is set.
+func (db *DB) CreateNotificationRule(ctx context.Context, tenant string, n *fleet.NotificationRule) error {
+	id := uuid.NewString()
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		if err := tx.alertRuleExists(ctx, tenant, n.AlertRuleID); err != nil {
+			return err
+		}
+		now := tx.now.Truncate(time.Millisecond)
+		_, err := tx.exec(ctx, `INSERT INTO notification_rules (id, tenant, alert_rule_id, channel, interval_seconds, subject, body, timezone, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			id, tenant, n.AlertRuleID, encodeChannel(n.ChannelParameters), n.IntervalSeconds,
+			n.NotificationTemplate.Subject, n.NotificationTemplate.Body, n.Timezone, millis(now), millis(now))
+		if err != nil {
+			return err
+		}
+		n.ID, n.CreatedAt, n.UpdatedAt = id, now, now
+		n.ChannelParameters.HasSecret = n.ChannelParameters.Secret != ""
+		if n.IntervalSeconds > 0 {
+			if err := tx.startReminders(ctx, tenant, id, n.AlertRuleID, n.IntervalSeconds); err != nil {
+				return err
+			}
+		}
+		return tx.audit(ctx, tenant, "notification_rule.create", "alert-rules/"+n.AlertRuleID+"/alert-notification-rules/"+id, notificationAudit(n))
+	})
+}
+
+func (tx *Tx) alertRuleExists(ctx context.Context, tenant, id string) error {
+	var one int
+	err := tx.queryRow(ctx, "SELECT 1 FROM alert_rules WHERE tenant = ? AND id = ?", tenant, id).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fleet.Errorf(fleet.ENOTFOUND, "alert rule %s not found", id)
+	}
+	return err
+}
+
+// startReminders schedules the first reminder of every open alert of rule
+// for notification rule nid.
+func (tx *Tx) startReminders(ctx context.Context, tenant, nid, ruleID string, interval int64) error {
+	now := millis(tx.now)
+	_, err := tx.exec(ctx, `INSERT INTO alert_outbox (tenant, alert_id, notification_rule_id, event, status, due_at, attempts, lease_owner, lease_until, created_at)
+		SELECT ?, a.id, ?, ?, ?, ?, 0, '', 0, ? FROM alerts a WHERE a.rule_id = ? AND a.tenant = ? AND a.ended_at IS NULL`,
+		tenant, nid, fleet.EventRepeat, fleet.DeliveryPending, now+interval*1000, now, ruleID, tenant)
+	return err
+}
+
+const notificationColumns = "n.id, n.alert_rule_id, n.channel, n.interval_seconds, n.subject, n.body, n.timezone, n.created_at, n.updated_at"
+
+func scanNotification(s interface{ Scan(...any) error }) (*fleet.NotificationRule, error) {
+	var n fleet.NotificationRule
+	var ch string
+	var created, updated int64
+	if err := s.Scan(&n.ID, &n.AlertRuleID, &ch, &n.IntervalSeconds, &n.NotificationTemplate.Subject, &n.NotificationTemplate.Body,
+		&n.Timezone, &created, &updated); err != nil {
+		return nil, err
+	}
+	var err error
+	if n.ChannelParameters, err = decodeChannel(ch); err != nil {
+		return nil, fmt.Errorf("notification rule %s channel: %w", n.ID, err)
+	}
+	n.CreatedAt, n.UpdatedAt = fromMillis(created), fromMillis(updated)
+	return &n, nil
+}
+
+// UpdateNotificationRule applies a partial update to notification rule id of
+// alert rule ruleID. A reminder interval that appears starts reminders for
+// open alerts; one that goes to 0 cancels those pending.
+func (db *DB) UpdateNotificationRule(ctx context.Context, tenant, ruleID, id string, u fleet.NotificationRuleUpdate) (*fleet.NotificationRule, error) {
+	var out *fleet.NotificationRule
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		n, err := scanNotification(tx.queryRow(ctx, "SELECT "+notificationColumns+" FROM notification_rules n WHERE n.tenant = ? AND n.alert_rule_id = ? AND n.id = ?",
+			tenant, ruleID, id))
+		if errors.Is(err, sql.ErrNoRows) {
+			return fleet.Errorf(fleet.ENOTFOUND, "alert rule %s has no notification rule %s", ruleID, id)
+		} else if err != nil {
+			return err
+		}
+		before := n.IntervalSeconds
+		n.Apply(u)
+		n.UpdatedAt = tx.now.Truncate(time.Millisecond)
+		if _, err := tx.exec(ctx, `UPDATE notification_rules SET channel = ?, interval_seconds = ?, subject = ?, body = ?, timezone = ?, updated_at = ?
+			WHERE tenant = ? AND id = ?`, encodeChannel(n.ChannelParameters), n.IntervalSeconds, n.NotificationTemplate.Subject,
+			n.NotificationTemplate.Body, n.Timezone, millis(n.UpdatedAt), tenant, id); err != nil {
+			return err
+		}
+		switch {
+		case before == 0 && n.IntervalSeconds > 0:
+			if err := tx.startReminders(ctx, tenant, id, ruleID, n.IntervalSeconds); err != nil {
+				return err
+			}
+		case before > 0 && n.IntervalSeconds == 0:
+			if _, err := tx.exec(ctx, "UPDATE alert_outbox SET status = ? WHERE notification_rule_id = ? AND event = ? AND status = ? AND lease_until < ?",
+				fleet.DeliveryCancelled, id, fleet.EventRepeat, fleet.DeliveryPending, millis(tx.now)); err != nil {
+				return err
+			}
+		}
+		details := notificationAudit(n)
+		details["fields"] = updatedFields(u)
+		out = n
+		return tx.audit(ctx, tenant, "notification_rule.update", "alert-rules/"+ruleID+"/alert-notification-rules/"+id, details)
+	})
+	return out, err
+}
+
+func updatedFields(u fleet.NotificationRuleUpdate) []string {
+	var f []string
+	if u.ChannelParameters != nil {
+		f = append(f, "channel_parameters")
+	}
+	if u.IntervalSeconds != nil {
+		f = append(f, "interval_seconds")
+	}
+	if u.NotificationTemplate != nil {
+		f = append(f, "notification_template")
+	}
+	if u.Timezone != nil {
+		f = append(f, "timezone")
+	}
+	return f
+}
+
+// FindNotificationRules lists the notification rules of an alert rule,
+// oldest first, secrets included: callers redact.
+func (db *DB) FindNotificationRules(ctx context.Context, tenant, ruleID string, p fleet.Page) ([]*fleet.NotificationRule, int, error) {
+	if _, err := db.FindAlertRule(ctx, tenant, ruleID); err != nil {
+		return nil, 0, err
+	}
+	var count int
+	if err := db.queryRow(ctx, "SELECT count(*) FROM notification_rules WHERE tenant = ? AND alert_rule_id = ?", tenant, ruleID).Scan(&count); err != nil {
+		return nil, 0, db.classify(err)
+	}
+	rows, err := db.query(ctx, "SELECT "+notificationColumns+" FROM notification_rules n WHERE n.tenant = ? AND n.alert_rule_id = ? ORDER BY n.created_at, n.id LIMIT ? OFFSET ?",
+		tenant, ruleID, p.Limit, p.Offset())
+	if err != nil {
+		return nil, 0, db.classify(err)
+	}
+	defer rows.Close()
+	ns := []*fleet.NotificationRule{}
+	for rows.Next() {
+		n, err := scanNotification(rows)
+		if err != nil {
+			return nil, 0, err
+		}
+		ns = append(ns, n)
+	}
+	return ns, count, rows.Err()
+}
+
+// DeleteNotificationRule removes a notification rule and its pending
+// notifications.
+func (db *DB) DeleteNotificationRule(ctx context.Context, tenant, ruleID, id string) error {
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		res, err := tx.exec(ctx, "DELETE FROM notification_rules WHERE tenant = ? AND alert_rule_id = ? AND id = ?", tenant, ruleID, id)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return fleet.Errorf(fleet.ENOTFOUND, "alert rule %s has no notification rule %s", ruleID, id)
+		}
+		return tx.audit(ctx, tenant, "notification_rule.delete", "alert-rules/"+ruleID+"/alert-notification-rules/"+id, nil)
+	})
+}
+
+const alertColumns = "a.id, a.rule_id, r.name, a.device_id, a.stream, a.started_at, a.ended_at, a.value"
+
+func scanAlert(s interface{ Scan(...any) error }) (*fleet.Alert, error) {
+	var a fleet.Alert
+	var started int64
+	var ended sql.NullInt64
+	var value sql.NullString
+	if err := s.Scan(&a.ID, &a.RuleID, &a.RuleName, &a.DeviceID, &a.Stream, &started, &ended, &value); err != nil {
+		return nil, err
+	}
+	a.StartedAt = fromMillis(started)
+	a.State = fleet.AlertActive
+	if ended.Valid {
+		t := fromMillis(ended.Int64)
+		a.EndedAt, a.State = &t, fleet.AlertEnded
+	}
+	var err error
+	if a.Value, err = decodePoint(value); err != nil {
+		return nil, fmt.Errorf("alert %s value: %w", a.ID, err)
+	}
+	return &a, nil
+}
+
+// FindAlerts lists a tenant's alerts, newest first.
+func (db *DB) FindAlerts(ctx context.Context, tenant string, f fleet.AlertFilter) ([]*fleet.Alert, int, error) {
+	where := []string{"a.tenant = ?"}
+	args := []any{tenant}
+	switch f.State {
+	case fleet.AlertActive:
+		where = append(where, "a.ended_at IS NULL")
+	case fleet.AlertEnded:
+		where = append(where, "a.ended_at IS NOT NULL")
+	}
+	if f.RuleID != "" {
+		where = append(where, "a.rule_id = ?")
+		args = append(args, f.RuleID)
+	}
+	if f.DeviceID != "" {
+		where = append(where, "a.device_id = ?")
+		args = append(args, f.DeviceID)
+	}
+	cond := strings.Join(where, " AND ")
+	var count int
+	if err := db.queryRow(ctx, "SELECT count(*) FROM alerts a WHERE "+cond, args...).Scan(&count); err != nil {
+		return nil, 0, db.classify(err)
+	}
+	rows, err := db.query(ctx, "SELECT "+alertColumns+" FROM alerts a JOIN alert_rules r ON r.id = a.rule_id WHERE "+cond+
+		" ORDER BY a.started_at DESC, a.id DESC LIMIT ? OFFSET ?", append(args, f.Limit, f.Offset())...)
+	if err != nil {
+		return nil, 0, db.classify(err)
+	}
+	defer rows.Close()
+	alerts := []*fleet.Alert{}
+	for rows.Next() {
+		a, err := scanAlert(rows)
+		if err != nil {
+			return nil, 0, err
+		}
+		alerts = append(alerts, a)
+	}
+	return alerts, count, rows.Err()
+}
+
+// FindAlert returns one alert of the tenant.
+func (db *DB) FindAlert(ctx context.Context, tenant, id string) (*fleet.Alert, error) {
+	a, err := scanAlert(db.queryRow(ctx, "SELECT "+alertColumns+" FROM alerts a JOIN alert_rules r ON r.id = a.rule_id WHERE a.tenant = ? AND a.id = ?", tenant, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "alert %s not found", id)
+	}
+	return a, db.classify(err)
+}
+
+// FindAlertStates returns every persisted evaluation state, of every
+// tenant, for the engine to resume after a restart.
+func (db *DB) FindAlertStates(ctx context.Context) ([]*fleet.AlertState, error) {
+	rows, err := db.query(ctx, "SELECT tenant, rule_id, device_id, phase, since_data, since_clock, alert_id FROM alert_states ORDER BY tenant, rule_id, device_id")
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	defer rows.Close()
+	var states []*fleet.AlertState
+	for rows.Next() {
+		var s fleet.AlertState
+		var sinceData, sinceClock int64
+		if err := rows.Scan(&s.Tenant, &s.RuleID, &s.DeviceID, &s.Phase, &sinceData, &sinceClock, &s.AlertID); err != nil {
+			return nil, err
+		}
+		if sinceData >= 0 {
+			s.SinceData = fromMillis(sinceData)
+		}
+		s.SinceClock = fromMillis(sinceClock)
+		states = append(states, &s)
+	}
+	return states, rows.Err()
+}
+
+// enqueueOpened writes the notifications of an alert that opened: one per
+// notification rule, and the first reminder of those with an interval.
+func (tx *Tx) enqueueOpened(ctx context.Context, tenant, alertID, ruleID string) error {
+	now := millis(tx.now)
+	if _, err := tx.exec(ctx, `INSERT INTO alert_outbox (tenant, alert_id, notification_rule_id, event, status, due_at, attempts, lease_owner, lease_until, created_at)
+		SELECT ?, ?, n.id, ?, ?, ?, 0, '', 0, ? FROM notification_rules n WHERE n.alert_rule_id = ?`,
+		tenant, alertID, fleet.EventOpened, fleet.DeliveryPending, now, now, ruleID); err != nil {
+		return err
+	}
+	_, err := tx.exec(ctx, `INSERT INTO alert_outbox (tenant, alert_id, notification_rule_id, event, status, due_at, attempts, lease_owner, lease_until, created_at)
+		SELECT ?, ?, n.id, ?, ?, ? + n.interval_seconds * 1000, 0, '', 0, ? FROM notification_rules n WHERE n.alert_rule_id = ? AND n.interval_seconds > 0`,
+		tenant, alertID, fleet.EventRepeat, fleet.DeliveryPending, now, now, ruleID)
+	return err
+}
+
+// enqueueClosed writes the notifications of an alert that closed and
+// cancels its pending reminders.
+func (tx *Tx) enqueueClosed(ctx context.Context, tenant, alertID, ruleID string) error {
+	now := millis(tx.now)
+	if _, err := tx.exec(ctx, "UPDATE alert_outbox SET status = ? WHERE alert_id = ? AND event = ? AND status = ?",
+		fleet.DeliveryCancelled, alertID, fleet.EventRepeat, fleet.DeliveryPending); err != nil {
+		return err
+	}
+	_, err := tx.exec(ctx, `INSERT INTO alert_outbox (tenant, alert_id, notification_rule_id, event, status, due_at, attempts, lease_owner, lease_until, created_at)
+		SELECT ?, ?, n.id, ?, ?, ?, 0, '', 0, ? FROM notification_rules n WHERE n.alert_rule_id = ?`,
+		tenant, alertID, fleet.EventClosed, fleet.DeliveryPending, now, now, ruleID)
+	return err
+}
+
+// ClaimDeliveries leases up to limit notifications that are due to owner
+// for lease, and returns them with their alert, rule and notification rule.
+// Another replica's lease is respected until it runs out, so a replica that
+// dies mid-delivery leaves its work to the others. Claiming a reminder
+// schedules the next one.
+func (db *DB) ClaimDeliveries(ctx context.Context, owner string, lease time.Duration, limit int) ([]*fleet.Delivery, error) {
+	var out []*fleet.Delivery
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		out = out[:0]
+		now := millis(tx.now)
+		rows, err := tx.query(ctx, `SELECT id FROM alert_outbox WHERE status = ? AND due_at <= ? AND lease_until < ?
+			ORDER BY due_at, id LIMIT ?`+claimLock(db.dialect), fleet.DeliveryPending, now, now, limit)
+		if err != nil {
+			return err
+		}
+		var ids []int64
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return err
+			}
+			ids = append(ids, id)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, id := range ids {
+			d, err := tx.loadDelivery(ctx, id)
+			if err != nil {
+				return err
+			}
+			if d.Event == fleet.EventRepeat {
+				if d.Alert.EndedAt != nil || d.Notification.IntervalSeconds <= 0 {
+					if _, err := tx.exec(ctx, "UPDATE alert_outbox SET status = ? WHERE id = ?", fleet.DeliveryCancelled, id); err != nil {
+						return err
+					}
+					continue
+				}
+				step := d.Notification.IntervalSeconds * 1000
+				next := millis(d.DueAt) + step
+				if next <= now {
+					next = now + step
+				}
+				if _, err := tx.exec(ctx, `INSERT INTO alert_outbox (tenant, alert_id, notification_rule_id, event, status, due_at, attempts, lease_owner, lease_until, created_at)
+					VALUES (?, ?, ?, ?, ?, ?, 0, '', 0, ?)`, d.Tenant, d.AlertID, d.NotificationRuleID, fleet.EventRepeat, fleet.DeliveryPending, next, now); err != nil {
+					return err
+				}
+			}
+			if _, err := tx.exec(ctx, "UPDATE alert_outbox SET lease_owner = ?, lease_until = ? WHERE id = ?", owner, now+lease.Milliseconds(), id); err != nil {
+				return err
+			}
+			out = append(out, d)
+		}
+		return nil
+	})
+	return out, err
+}
+
+func (tx *Tx) loadDelivery(ctx context.Context, id int64) (*fleet.Delivery, error) {
+	d := &fleet.Delivery{ID: id}
+	var due, created int64
+	var ended sql.NullInt64
+	var value sql.NullString
+	var started int64
+	var ch string
+	var cond, mf string
+	var act, deact, ruleCreated, nCreated, nUpdated int64
+	a := &fleet.Alert{}
+	r := &fleet.AlertRule{}
+	n := &fleet.NotificationRule{}
+	err := tx.queryRow(ctx, `SELECT o.tenant, o.alert_id, o.notification_rule_id, o.event, o.status, o.due_at, o.attempts, o.created_at,
+			a.rule_id, a.device_id, a.stream, a.started_at, a.ended_at, a.value,
+			r.name, r.stream, r.rule_group, r.condition, r.metadata_filters, r.activation_ms, r.deactivation_ms, r.created_at,
+			n.channel, n.interval_seconds, n.subject, n.body, n.timezone, n.created_at, n.updated_at
+		FROM alert_outbox o JOIN alerts a ON a.id = o.alert_id JOIN alert_rules r ON r.id = a.rule_id
+			JOIN notification_rules n ON n.id = o.notification_rule_id
+		WHERE o.id = ?`, id).Scan(
+		&d.Tenant, &d.AlertID, &d.NotificationRuleID, &d.Event, &d.Status, &due, &d.AttemptCount, &created,
+		&a.RuleID, &a.DeviceID, &a.Stream, &started, &ended, &value,
+		&r.Name, &r.Stream, &r.Group, &cond, &mf, &act, &deact, &ruleCreated,
+		&ch, &n.IntervalSeconds, &n.NotificationTemplate.Subject, &n.NotificationTemplate.Body, &n.Timezone, &nCreated, &nUpdated)
+	if err != nil {
+		return nil, err
+	}
+	d.DueAt, d.CreatedAt = fromMillis(due), fromMillis(created)
+	a.ID, a.RuleName, a.StartedAt, a.State = d.AlertID, r.Name, fromMillis(started), fleet.AlertActive
+	if ended.Valid {
+		t := fromMillis(ended.Int64)
+		a.EndedAt, a.State = &t, fleet.AlertEnded
+	}
+	if a.Value, err = decodePoint(value); err != nil {
+		return nil, err
+	}
+	r.Tenant, r.ID = d.Tenant, a.RuleID
+	if r.Condition, err = decodeCanonical(cond); err != nil {
+		return nil, err
+	}
+	filters, err := decodeCanonical(mf)
+	if err != nil {
+		return nil, err
+	}
+	r.MetadataFilters, _ = filters.(map[string]any)
+	r.ActivationThresholdSeconds, r.DeactivationThresholdSeconds = float64(act)/1000, float64(deact)/1000
+	r.CreatedAt = fromMillis(ruleCreated)
+	n.ID, n.AlertRuleID = d.NotificationRuleID, a.RuleID
+	if n.ChannelParameters, err = decodeChannel(ch); err != nil {
+		return nil, err
+	}
+	n.CreatedAt, n.UpdatedAt = fromMillis(nCreated), fromMillis(nUpdated)
+	d.Alert, d.Rule, d.Notification = a, r, n
+	return d, nil
+}
+
+// CompleteDelivery records an attempt at a claimed notification and what
+// follows it: status delivered or dead, or pending again at next. An owner
+// whose lease another replica has taken over records the attempt only.
+func (db *DB) CompleteDelivery(ctx context.Context, id int64, owner string, at fleet.DeliveryAttempt, status string, next time.Time) error {
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		if _, err := tx.exec(ctx, "INSERT INTO alert_delivery_attempts (outbox_id, attempted_at, status_code, error, duration_ms) VALUES (?, ?, ?, ?, ?)",
+			id, millis(at.At), at.StatusCode, at.Error, at.DurationMS); err != nil {
+			if isForeignKeyViolation(err) {
+				return nil // deleted with its rule meanwhile
+			}
+			return err
+		}
+		var delivered any
+		if status == fleet.DeliveryDelivered {
+			delivered = millis(at.At)
+		}
+		_, err := tx.exec(ctx, `UPDATE alert_outbox SET status = ?, due_at = ?, attempts = attempts + 1, lease_owner = '', lease_until = 0, delivered_at = ?
+			WHERE id = ? AND lease_owner = ? AND status = ?`, status, millis(next), delivered, id, owner, fleet.DeliveryPending)
+		return err
+	})
+}
+
+// NextDeliveryDue returns when the earliest pending notification is due, or
+// false when none is pending: the worker sleeps until then.
+func (db *DB) NextDeliveryDue(ctx context.Context) (time.Time, bool, error) {
+	var due sql.NullInt64
+	if err := db.queryRow(ctx, "SELECT min(due_at) FROM alert_outbox WHERE status = ?", fleet.DeliveryPending).Scan(&due); err != nil {
+		return time.Time{}, false, db.classify(err)
+	}
+	return fromMillis(due.Int64), due.Valid, nil
+}
+
+// FindDeliveries lists an alert's notifications with their attempts.
+func (db *DB) FindDeliveries(ctx context.Context, tenant, alertID string, p fleet.Page) ([]*fleet.Delivery, int, error) {
+	if _, err := db.FindAlert(ctx, tenant, alertID); err != nil {
+		return nil, 0, err
+	}
+	var count int
+	if err := db.queryRow(ctx, "SELECT count(*) FROM alert_outbox WHERE tenant = ? AND alert_id = ?", tenant, alertID).Scan(&count); err != nil {
+		return nil, 0, db.classify(err)
+	}
+	rows, err := db.query(ctx, `SELECT id, notification_rule_id, event, status, due_at, created_at, delivered_at FROM alert_outbox
+		WHERE tenant = ? AND alert_id = ? ORDER BY id LIMIT ? OFFSET ?`, tenant, alertID, p.Limit, p.Offset())
+	if err != nil {
+		return nil, 0, db.classify(err)
+	}
+	ds := []*fleet.Delivery{}
+	byID := map[int64]*fleet.Delivery{}
+	for rows.Next() {
+		d := &fleet.Delivery{AlertID: alertID, Attempts: []fleet.DeliveryAttempt{}}
+		var due, created int64
+		var delivered sql.NullInt64
+		if err := rows.Scan(&d.ID, &d.NotificationRuleID, &d.Event, &d.Status, &due, &created, &delivered); err != nil {
+			rows.Close()
+			return nil, 0, err
+		}
+		d.DueAt, d.CreatedAt = fromMillis(due), fromMillis(created)
+		if delivered.Valid {
+			t := fromMillis(delivered.Int64)
+			d.DeliveredAt = &t
+		}
+		ds = append(ds, d)
+		byID[d.ID] = d
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, 0, err
+	}
+	if len(ds) == 0 {
+		return ds, count, nil
+	}
+	rows, err = db.query(ctx, `SELECT t.outbox_id, t.attempted_at, t.status_code, t.error, t.duration_ms FROM alert_delivery_attempts t
+		JOIN alert_outbox o ON o.id = t.outbox_id WHERE o.tenant = ? AND o.alert_id = ? ORDER BY t.id`, tenant, alertID)
+	if err != nil {
+		return nil, 0, db.classify(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var oid, at int64
+		var a fleet.DeliveryAttempt
+		if err := rows.Scan(&oid, &at, &a.StatusCode, &a.Error, &a.DurationMS); err != nil {
+			return nil, 0, err
+		}
+		a.At = fromMillis(at)
+		if d, ok := byID[oid]; ok {
+			d.Attempts = append(d.Attempts, a)
+		}
+	}
+	return ds, count, rows.Err()
+}
+
+// claimLock ends the SELECT that claims outbox rows: on PostgreSQL rows
+// another replica is claiming are skipped rather than waited for; SQLite's
+// single writer makes the claim safe as it is.
+func claimLock(d dialect) string {
+	if d == postgres {
+		return " FOR UPDATE SKIP LOCKED"
+	}
+	return ""
+}
