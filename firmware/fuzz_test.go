@@ -1,0 +1,40 @@
+package firmware_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"testing"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/firmware"
+)
+
+// FuzzParseBundle feeds arbitrary archives to the parser: it must never
+// panic, must refuse with EINVALID only, and what it accepts must be
+// measured right.
+func FuzzParseBundle(f *testing.F) {
+	f.Add(archive(f, false, file{Name: "app.bin", Body: "app"}, file{Name: "manifest.json", Body: `{"version": "1.0.0", "components": [{"component_name": "app", "version_number": "1.0.0", "file_name": "app.bin"}]}`}))
+	f.Add(archive(f, true, file{Name: "./boot.bin", Body: "boot"}, file{Name: "app.bin.gz", Body: gzipped("app")}, file{Name: "manifest.json", Body: goodManifestFlat}))
+	f.Add(archive(f, false, file{Name: "d/", Type: tar.TypeDir}, file{Name: "l", Type: tar.TypeSymlink, Link: "../x"}))
+	f.Add([]byte{0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		bf, err := firmware.Parse(bytes.NewReader(data), firmware.ParseOptions{MaxInflated: 64 << 20})
+		if err != nil {
+			if fleet.ErrorCode(err) != fleet.EINVALID {
+				t.Fatalf("error %v is not %s", err, fleet.EINVALID)
+			}
+			return
+		}
+		if bf.ContentLength != int64(len(data)) || bf.Checksum != sha(data) {
+			t.Fatalf("accepted archive measured as %d bytes, %s; it has %d, %s", bf.ContentLength, bf.Checksum, len(data), sha(data))
+		}
+		if len(bf.Manifest.Components) == 0 || !fleet.ValidVersion(bf.Manifest.Version) {
+			t.Fatalf("accepted manifest %+v", bf.Manifest)
+		}
+	})
+}
+
+const goodManifestFlat = `{"version": "2.3.0", "components": [
+	{"component_name": "bootloader", "version_number": "1.2.0", "file_name": "boot.bin"},
+	{"component_name": "app", "version_number": "2.3.0", "file_name": "app.bin.gz",
+	 "dependencies": [{"component_name": "bootloader", "min_version": "1.1.0"}]}]}`

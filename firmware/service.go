@@ -1,0 +1,284 @@
+package firmware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"path"
+	"sync"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/blob"
+	"github.com/google/uuid"
+)
+
+// Service implements fleet.FirmwareService over a store and a blob store.
+// Fill in the fields, then use it; it holds no goroutines.
+type Service struct {
+	Store  fleet.FirmwareStore
+	Blobs  blob.Store
+	Logger *slog.Logger
+	Now    func() time.Time
+	Parse  ParseOptions
+	// PublicURL is the scheme and host devices reach the API at, for
+	// signed download URLs; empty uses the dispatching request's.
+	PublicURL string
+
+	mu     sync.Mutex
+	secret []byte // the URL signing key, once loaded
+}
+
+var _ fleet.FirmwareService = (*Service)(nil)
+
+func (s *Service) now() time.Time {
+	if s.Now == nil {
+		return time.Now()
+	}
+	return s.Now()
+}
+
+func (s *Service) log() *slog.Logger {
+	if s.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Logger
+}
+
+// parseFailure carries Parse's verdict through the pipe to the blob
+// store's Put, so that Put's error says who stopped the upload.
+type parseFailure struct{ err error }
+
+func (p parseFailure) Error() string { return p.err.Error() }
+
+type parsed struct {
+	file *fleet.BundleFile
+	err  error
+}
+
+// ingest streams an archive into a new, uncommitted blob while Parse reads
+// the same bytes, and returns what Parse found with the blob to commit.
+// Nothing is buffered beyond the pipe's single write: memory stays flat
+// whatever the size. On any error the blob is gone.
+func (s *Service) ingest(ctx context.Context, tenant string, id uuid.UUID, archive io.Reader) (*fleet.BundleFile, blob.Pending, error) {
+	// Each upload gets a key of its own: two uploads racing for one
+	// record never touch each other's file.
+	key := path.Join("bundles", tenant, id.String(), uuid.NewString())
+	pr, pw := io.Pipe()
+	done := make(chan parsed, 1)
+	go func() {
+		f, err := Parse(pr, s.Parse)
+		if err != nil {
+			pr.CloseWithError(parseFailure{err})
+		}
+		done <- parsed{f, err}
+	}()
+	pending, err := s.Blobs.Put(ctx, key, io.TeeReader(archive, pw))
+	pw.CloseWithError(err) // nil: the parser sees the end of the archive
+	res := <-done
+	if err != nil {
+		var pf parseFailure
+		var fe *fleet.Error
+		switch {
+		case errors.As(err, &pf):
+			return nil, nil, pf.err
+		case errors.As(err, &fe) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+			return nil, nil, err // the upload itself: cut, too large, cancelled
+		}
+		return nil, nil, fmt.Errorf("store archive: %w", err)
+	}
+	if res.err != nil {
+		s.abort(ctx, pending)
+		return nil, nil, res.err
+	}
+	res.file.BlobKey = key
+	return res.file, pending, nil
+}
+
+func (s *Service) abort(ctx context.Context, p blob.Pending) {
+	if err := p.Abort(context.WithoutCancel(ctx)); err != nil {
+		s.log().Error("abort firmware upload", "err", err)
+	}
+}
+
+// deleteBlob removes an archive no record references; a failure leaves an
+// orphan file, which is logged.
+func (s *Service) deleteBlob(ctx context.Context, key string) {
+	if key == "" {
+		return
+	}
+	if err := s.Blobs.Delete(context.WithoutCancel(ctx), key); err != nil && !errors.Is(err, blob.ErrNotFound) {
+		s.log().Error("delete firmware archive", "key", key, "err", err)
+	}
+}
+
+// defaultFileName names an archive uploaded without a file name.
+func defaultFileName(f *fleet.BundleFile) string {
+	if f.Gzipped {
+		return "bundle-" + f.Manifest.Version + ".tar.gz"
+	}
+	return "bundle-" + f.Manifest.Version + ".tar"
+}
+
+// UploadBundle stores, parses and records an archive in one go.
+func (s *Service) UploadBundle(ctx context.Context, tenant, fileName string, archive io.Reader) (*fleet.Bundle, error) {
+	id := uuid.New()
+	f, pending, err := s.ingest(ctx, tenant, id, archive)
+	if err != nil {
+		return nil, err
+	}
+	if !fleet.ValidFileName(fileName) {
+		fileName = defaultFileName(f)
+	}
+	// The file is committed before the record that points to it: a crash
+	// in between leaves an unreferenced file, never a record without one.
+	if err := pending.Commit(ctx); err != nil {
+		s.abort(ctx, pending)
+		return nil, fmt.Errorf("commit archive: %w", err)
+	}
+	b := &fleet.Bundle{ID: id, Version: f.Manifest.Version, FileName: fileName}
+	if err := s.Store.CreateBundle(ctx, tenant, b, f); err != nil {
+		s.deleteBlob(ctx, f.BlobKey)
+		return nil, err
+	}
+	return b, nil
+}
+
+// CreatePendingBundle makes a record for an archive to come.
+func (s *Service) CreatePendingBundle(ctx context.Context, tenant, version, fileName string) (*fleet.Bundle, error) {
+	b := &fleet.Bundle{ID: uuid.New(), Version: version, FileName: fileName}
+	if err := s.Store.CreatePendingBundle(ctx, tenant, b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// UploadBundleFile stores the archive of a pending record.
+func (s *Service) UploadBundleFile(ctx context.Context, tenant string, id uuid.UUID, archive io.Reader) (*fleet.Bundle, error) {
+	b, err := s.Store.FindBundle(ctx, tenant, id)
+	if err != nil {
+		return nil, err
+	}
+	// Refuse before reading a possibly large body; the store checks
+	// again, atomically, once it is in.
+	if err := b.AwaitsArchive(); err != nil {
+		return nil, err
+	}
+	f, pending, err := s.ingest(ctx, tenant, id, archive)
+	if err != nil {
+		return nil, err
+	}
+	if f.Manifest.Version != b.Version {
+		s.abort(ctx, pending)
+		return nil, &fleet.Error{Code: fleet.EINVALID,
+			Message: fmt.Sprintf("%s says version %s, but this record is for version %s", ManifestName, f.Manifest.Version, b.Version),
+			Fields:  map[string]string{"manifest.version": "must be " + b.Version}}
+	}
+	if err := pending.Commit(ctx); err != nil {
+		s.abort(ctx, pending)
+		return nil, fmt.Errorf("commit archive: %w", err)
+	}
+	nb, err := s.Store.AttachBundleFile(ctx, tenant, id, f)
+	if err != nil {
+		s.deleteBlob(ctx, f.BlobKey)
+		return nil, err
+	}
+	if nb.UploadStatus == fleet.UploadFailed {
+		s.deleteBlob(ctx, nb.BlobKey)
+		nb.BlobKey = ""
+		return nb, verificationFailed(nb)
+	}
+	return nb, nil
+}
+
+// verificationFailed is the ECONFLICT of a bundle that just failed.
+func verificationFailed(b *fleet.Bundle) error {
+	e := &fleet.Error{Code: fleet.ECONFLICT, Message: b.UploadError}
+	if b.Declared != nil && b.Checksum != nil {
+		if m := b.Declared.Mismatch(*b.ContentLength, *b.UncompressedSize, *b.Checksum); len(m) > 0 {
+			e.Fields = m
+		}
+	}
+	return e
+}
+
+// DeclareBundle is S5: it records the declaration and verifies the
+// archive against it when both are in.
+func (s *Service) DeclareBundle(ctx context.Context, tenant string, id uuid.UUID, d fleet.Declaration) (*fleet.Bundle, error) {
+	if !fleet.ValidChecksum(d.Checksum) {
+		return nil, fleet.FieldErrors(map[string]string{"checksum": fleet.ChecksumRule})
+	}
+	b, err := s.Store.DeclareBundle(ctx, tenant, id, d)
+	if err != nil {
+		return nil, err
+	}
+	switch b.UploadStatus {
+	case fleet.UploadFailed:
+		if b.BlobKey != "" { // failed just now
+			s.deleteBlob(ctx, b.BlobKey)
+			b.BlobKey = ""
+			return b, verificationFailed(b)
+		}
+		return b, fleet.Errorf(fleet.ECONFLICT, "firmware bundle %s failed earlier (%s); create a new record to upload again", b.ID, b.UploadError)
+	case fleet.UploadCompleted:
+		// A completed bundle is what it is; a declaration may confirm it
+		// but not change it.
+		if m := d.Mismatch(*b.ContentLength, *b.UncompressedSize, *b.Checksum); len(m) > 0 {
+			return b, &fleet.Error{Code: fleet.ECONFLICT, Message: fleet.MismatchMessage(m), Fields: m}
+		}
+	}
+	return b, nil
+}
+
+// DeleteBundle removes a bundle and its archive.
+func (s *Service) DeleteBundle(ctx context.Context, tenant string, id uuid.UUID) error {
+	b, err := s.Store.DeleteBundle(ctx, tenant, id)
+	if err != nil {
+		return err
+	}
+	s.deleteBlob(ctx, b.BlobKey)
+	return nil
+}
+
+// FindBundle returns a bundle.
+func (s *Service) FindBundle(ctx context.Context, tenant string, id uuid.UUID) (*fleet.Bundle, error) {
+	return s.Store.FindBundle(ctx, tenant, id)
+}
+
+// FindBundleByVersion returns the bundle of a version (S6).
+func (s *Service) FindBundleByVersion(ctx context.Context, tenant, version string) (*fleet.Bundle, error) {
+	return s.Store.FindBundleByVersion(ctx, tenant, version)
+}
+
+// FindBundles lists bundles.
+func (s *Service) FindBundles(ctx context.Context, tenant string, f fleet.BundleFilter) ([]*fleet.Bundle, int, error) {
+	return s.Store.FindBundles(ctx, tenant, f)
+}
+
+// FindFirmwares lists a component's versions.
+func (s *Service) FindFirmwares(ctx context.Context, tenant, component string, p fleet.Page) ([]*fleet.Firmware, int, error) {
+	return s.Store.FindFirmwares(ctx, tenant, component, p)
+}
+
+// UpdateFirmware is S8.
+func (s *Service) UpdateFirmware(ctx context.Context, tenant, component, version string, u fleet.FirmwareUpdate) (*fleet.Firmware, error) {
+	return s.Store.UpdateFirmware(ctx, tenant, component, version, u)
+}
+
+// OpenArtifact opens the archive of a completed bundle.
+func (s *Service) OpenArtifact(ctx context.Context, tenant string, id uuid.UUID) (*fleet.Bundle, fleet.Artifact, error) {
+	b, err := s.Store.FindBundle(ctx, tenant, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if b.UploadStatus != fleet.UploadCompleted {
+		return nil, nil, fleet.Errorf(fleet.ECONFLICT, "firmware bundle %s is %s; only a completed bundle can be downloaded", id, b.UploadStatus)
+	}
+	obj, err := s.Blobs.Open(ctx, b.BlobKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open archive of bundle %s (%s): %w", id, b.BlobKey, err)
+	}
+	return b, obj, nil
+}
