@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/url"
 	"strings"
+	"text/template"
 	"time"
 )
 
@@ -434,4 +435,105 @@ type AlertService interface {
 	// FindDeliveries lists the notifications of an alert with their
 	// attempts, oldest first.
 	FindDeliveries(ctx context.Context, tenant, alertID string, p Page) ([]*Delivery, int, error)
+}
+
+// NotificationData is what a notification template sees: {{.Event}},
+// {{.Rule.Name}}, {{.Alert.DeviceID}}, {{.Alert.StartedAt}}, {{.Value.temp}}…
+// Times are in the notification rule's timezone.
+type NotificationData struct {
+	Event    string         // opened, closed or repeat
+	Alert    Alert          // Alert.EndedAt is nil while it is active
+	Rule     AlertRule      // ID, Name, Group, Stream, thresholds
+	Value    map[string]any // the data of the point that opened the alert; empty for none
+	Timezone string
+	Now      time.Time
+}
+
+// DefaultNotificationTemplate is used for a notification rule without one,
+// and for a subject or body left empty.
+var DefaultNotificationTemplate = NotificationTemplate{
+	Subject: `[fleetd] {{.Rule.Name}} {{.Event}} on {{.Alert.DeviceID}}`,
+	Body: `Alert "{{.Rule.Name}}" {{.Event}} for device {{.Alert.DeviceID}} on stream {{.Alert.Stream}}.
+Started: {{.Alert.StartedAt.Format "2006-01-02 15:04:05 MST"}}{{with .Alert.EndedAt}}
+Ended: {{.Format "2006-01-02 15:04:05 MST"}}{{end}}{{if .Value}}
+Value: {{range $k, $v := .Value}}{{$k}}={{$v}} {{end}}{{end}}`,
+}
+
+// MaxTemplateLen bounds a subject or body template.
+const MaxTemplateLen = 16 << 10
+
+// NewNotificationData builds the template data of an event, with every time
+// in the location loc.
+func NewNotificationData(event string, a *Alert, r *AlertRule, loc *time.Location, now time.Time) NotificationData {
+	d := NotificationData{Event: event, Alert: *a, Rule: *r, Value: map[string]any{}, Timezone: loc.String(), Now: now.In(loc)}
+	d.Alert.StartedAt = a.StartedAt.In(loc)
+	if a.EndedAt != nil {
+		t := a.EndedAt.In(loc)
+		d.Alert.EndedAt = &t
+	}
+	if a.Value != nil {
+		v := *a.Value
+		v.Timestamp, v.ReceivedAt = v.Timestamp.In(loc), v.ReceivedAt.In(loc)
+		d.Alert.Value = &v
+		if v.Data != nil {
+			d.Value = v.Data
+		}
+	}
+	return d
+}
+
+// RenderNotification renders a notification's subject and body.
+func RenderNotification(t NotificationTemplate, d NotificationData) (subject, body string, err error) {
+	if t.Subject == "" {
+		t.Subject = DefaultNotificationTemplate.Subject
+	}
+	if t.Body == "" {
+		t.Body = DefaultNotificationTemplate.Body
+	}
+	if subject, err = render("subject", t.Subject, d); err != nil {
+		return "", "", err
+	}
+	if body, err = render("body", t.Body, d); err != nil {
+		return "", "", err
+	}
+	return subject, body, nil
+}
+
+func render(name, text string, d NotificationData) (string, error) {
+	tmpl, err := template.New(name).Parse(text)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	if err := tmpl.Execute(&b, d); err != nil {
+		return "", err
+	}
+	return b.String(), nil
+}
+
+// CheckNotificationTemplate parses a template and renders it for a sample
+// alert, so that a rule with a template that cannot work is refused when it
+// is saved. Problems are keyed "notification_template.subject" and
+// "notification_template.body".
+func CheckNotificationTemplate(t NotificationTemplate) map[string]string {
+	errs := map[string]string{}
+	end := time.Date(2026, 1, 2, 3, 5, 0, 0, time.UTC)
+	a := &Alert{ID: "00000000-0000-0000-0000-000000000000", RuleID: "00000000-0000-0000-0000-000000000000", RuleName: "sample",
+		DeviceID: "device-1", Stream: "telemetry", State: AlertEnded, StartedAt: end.Add(-time.Minute), EndedAt: &end,
+		Value: &DataPoint{DeviceID: "device-1", Stream: "telemetry", Timestamp: end, Data: map[string]any{"temperature": int64(81)}}}
+	r := &AlertRule{ID: a.RuleID, Name: "sample", Stream: "telemetry"}
+	d := NewNotificationData(EventOpened, a, r, time.UTC, end)
+	for name, text := range map[string]string{"subject": t.Subject, "body": t.Body} {
+		if len(text) > MaxTemplateLen {
+			errs["notification_template."+name] = "must be at most 16 KiB"
+			continue
+		}
+		if text == "" {
+			continue
+		}
+		if _, err := render(name, text, d); err != nil {
+			errs["notification_template."+name] = "is not a usable Go text/template: " + err.Error()
+		}
+	}
+	return errs
 }

@@ -1,0 +1,413 @@
+// Package notify delivers alert notifications from the durable outbox: a
+// worker claims due notifications under a lease, sends each to its channel
+// (webhook, Slack incoming webhook, email over SMTP), records every attempt,
+// and retries failures with exponential backoff until delivered or dead.
+// Several replicas may run workers on one database: leases keep them apart,
+// and one that dies leaves its claims to the others when its lease runs out.
+package notify
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net"
+	"net/http"
+	"net/smtp"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fleetd/fleet"
+)
+
+// Store is the outbox as the worker sees it; sqlstore.DB implements it.
+type Store interface {
+	ClaimDeliveries(ctx context.Context, owner string, lease time.Duration, limit int) ([]*fleet.Delivery, error)
+	CompleteDelivery(ctx context.Context, id int64, owner string, at fleet.DeliveryAttempt, status string, next time.Time) error
+	NextDeliveryDue(ctx context.Context) (time.Time, bool, error)
+}
+
+// SMTP is how email notifications leave: the server's flags.
+type SMTP struct {
+	Addr     string // host:port; empty disables email
+	From     string
+	Username string // with Password: PLAIN authentication, over TLS only
+	Password string
+	// TLS is "starttls" (required), "tls" (implicit, as on port 465),
+	// "none" (plain text; for a relay on localhost), or "auto" (STARTTLS when
+	// the server offers it): the default.
+	TLS string
+	// TLSConfig overrides the TLS settings (tests trust their own CA).
+	TLSConfig *tls.Config
+}
+
+// SMTP TLS modes.
+var SMTPTLSModes = []string{"auto", "starttls", "tls", "none"}
+
+// Worker delivers notifications. Set the fields, then Run.
+type Worker struct {
+	Store  Store
+	Logger *slog.Logger
+	Now    func() time.Time
+	HTTP   *http.Client // default: 10s timeout
+	SMTP   SMTP
+
+	Owner       string        // lease owner; default a random id
+	Lease       time.Duration // how long a claim lasts; default 2m
+	MaxAttempts int           // then the notification is dead; default 10
+	Backoff     time.Duration // after the first failure; doubles each time; default 5s
+	MaxBackoff  time.Duration // default 1h
+	Concurrency int           // deliveries at once; default 8
+	Poll        time.Duration // longest sleep between looks at the outbox; default 1s
+
+	once sync.Once
+	wake chan struct{}
+}
+
+func (w *Worker) init() {
+	w.once.Do(func() {
+		if w.Logger == nil {
+			w.Logger = slog.New(slog.DiscardHandler)
+		}
+		if w.Now == nil {
+			w.Now = time.Now
+		}
+		if w.HTTP == nil {
+			w.HTTP = &http.Client{Timeout: 10 * time.Second}
+		}
+		if w.Owner == "" {
+			b := make([]byte, 8)
+			rand.Read(b)
+			w.Owner = hex.EncodeToString(b)
+		}
+		if w.Lease <= 0 {
+			w.Lease = 2 * time.Minute
+		}
+		if w.MaxAttempts <= 0 {
+			w.MaxAttempts = 10
+		}
+		if w.Backoff <= 0 {
+			w.Backoff = 5 * time.Second
+		}
+		if w.MaxBackoff <= 0 {
+			w.MaxBackoff = time.Hour
+		}
+		if w.Concurrency <= 0 {
+			w.Concurrency = 8
+		}
+		if w.Poll <= 0 {
+			w.Poll = time.Second
+		}
+		w.wake = make(chan struct{}, 1)
+	})
+}
+
+// Wake makes Run look at the outbox now: alerts just opened or closed.
+func (w *Worker) Wake() {
+	w.init()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run delivers until ctx ends, sleeping until the next notification is due
+// (at most Poll, so other replicas' work is seen) or Wake is called.
+func (w *Worker) Run(ctx context.Context) {
+	w.init()
+	for ctx.Err() == nil {
+		n, err := w.RunOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			w.Logger.Warn("notifications: claim failed", "err", err)
+		}
+		if n > 0 {
+			continue // more may be due
+		}
+		wait := w.Poll
+		if due, ok, err := w.Store.NextDeliveryDue(ctx); err == nil && ok {
+			wait = min(wait, max(due.Sub(w.Now()), 0))
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+		case <-w.wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// RunOnce claims the notifications due now and delivers them, returning how
+// many it handled.
+func (w *Worker) RunOnce(ctx context.Context) (int, error) {
+	w.init()
+	ds, err := w.Store.ClaimDeliveries(ctx, w.Owner, w.Lease, 4*w.Concurrency)
+	if err != nil || len(ds) == 0 {
+		return 0, err
+	}
+	sem := make(chan struct{}, w.Concurrency)
+	var wg sync.WaitGroup
+	for _, d := range ds {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(d *fleet.Delivery) {
+			defer func() { <-sem; wg.Done() }()
+			w.handle(ctx, d)
+		}(d)
+	}
+	wg.Wait()
+	return len(ds), nil
+}
+
+func (w *Worker) handle(ctx context.Context, d *fleet.Delivery) {
+	start := w.Now()
+	status, err := w.Deliver(ctx, d)
+	at := fleet.DeliveryAttempt{At: start, StatusCode: status, DurationMS: w.Now().Sub(start).Milliseconds()}
+	outcome, next := fleet.DeliveryDelivered, w.Now()
+	log := w.Logger.With("tenant", d.Tenant, "alert", d.AlertID, "notification_rule", d.NotificationRuleID, "event", d.Event, "delivery", d.ID)
+	if err != nil {
+		at.Error = truncate(err.Error(), 500)
+		attempts := d.AttemptCount + 1
+		if attempts >= w.MaxAttempts {
+			outcome = fleet.DeliveryDead
+			log.Warn("notification dead: giving up", "attempts", attempts, "err", err)
+		} else {
+			outcome, next = fleet.DeliveryPending, w.Now().Add(w.backoff(attempts))
+			log.Info("notification failed; will retry", "attempts", attempts, "retry_at", next, "err", err)
+		}
+	}
+	// The outcome must be recorded even when ctx ends mid-delivery.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := w.Store.CompleteDelivery(cctx, d.ID, w.Owner, at, outcome, next); err != nil {
+		log.Error("notification outcome not recorded; it will be retried when the lease ends", "err", err)
+	}
+}
+
+// backoff is the wait after the n-th failed attempt.
+func (w *Worker) backoff(n int) time.Duration {
+	d := w.Backoff
+	for i := 1; i < n && d < w.MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, w.MaxBackoff)
+}
+
+// Deliver sends one notification to its channel. It returns the HTTP status
+// of an HTTP channel (0 otherwise) and an error unless delivered.
+func (w *Worker) Deliver(ctx context.Context, d *fleet.Delivery) (int, error) {
+	w.init()
+	n := d.Notification
+	loc, err := time.LoadLocation(n.Timezone)
+	if err != nil {
+		loc = time.UTC
+	}
+	data := fleet.NewNotificationData(d.Event, d.Alert, d.Rule, loc, w.Now())
+	subject, body, err := fleet.RenderNotification(n.NotificationTemplate, data)
+	if err != nil {
+		return 0, fmt.Errorf("render template: %w", err)
+	}
+	switch n.ChannelParameters.Type {
+	case fleet.ChannelWebhook:
+		payload, err := json.Marshal(WebhookPayload{
+			Event: d.Event, DeliveryID: d.ID, Alert: d.Alert,
+			Rule:         WebhookRule{ID: d.Rule.ID, Name: d.Rule.Name, Group: d.Rule.Group, Stream: d.Rule.Stream},
+			Notification: fleet.NotificationTemplate{Subject: subject, Body: body},
+		})
+		if err != nil {
+			return 0, err
+		}
+		h := http.Header{}
+		for k, v := range n.ChannelParameters.Headers {
+			h.Set(k, v)
+		}
+		h.Set("X-Fleet-Event", d.Event)
+		h.Set("X-Fleet-Delivery", fmt.Sprint(d.ID))
+		if s := n.ChannelParameters.Secret; s != "" {
+			h.Set("X-Fleet-Signature", Sign(s, payload))
+		}
+		return w.post(ctx, n.ChannelParameters.URL, h, payload)
+	case fleet.ChannelSlack:
+		payload, _ := json.Marshal(map[string]string{"text": "*" + subject + "*\n" + body}) // strings always encode
+		return w.post(ctx, n.ChannelParameters.URL, http.Header{}, payload)
+	case fleet.ChannelEmail:
+		return 0, w.mail(n.ChannelParameters.To, subject, body)
+	}
+	return 0, fmt.Errorf("unknown channel type %q", n.ChannelParameters.Type)
+}
+
+// WebhookPayload is the body of a webhook notification.
+type WebhookPayload struct {
+	Event        string                     `json:"event"`
+	DeliveryID   int64                      `json:"delivery_id"`
+	Alert        *fleet.Alert               `json:"alert"`
+	Rule         WebhookRule                `json:"rule"`
+	Notification fleet.NotificationTemplate `json:"notification"` // rendered
+}
+
+// WebhookRule is the alert rule as a webhook shows it.
+type WebhookRule struct {
+	ID     string `json:"id"`
+	Name   string `json:"name"`
+	Group  string `json:"group"`
+	Stream string `json:"stream"`
+}
+
+// Sign returns the X-Fleet-Signature of a webhook body:
+// "sha256=" and the hex HMAC-SHA256 of the body keyed with the secret.
+func Sign(secret string, body []byte) string {
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write(body)
+	return "sha256=" + hex.EncodeToString(m.Sum(nil))
+}
+
+func (w *Worker) post(ctx context.Context, url string, h http.Header, payload []byte) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
+	if err != nil {
+		return 0, err
+	}
+	req.Header = h
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "fleetd-notifications")
+	resp, err := w.HTTP.Do(req)
+	if err != nil {
+		return 0, redactURLError(err)
+	}
+	defer resp.Body.Close()
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20)) // let the connection be reused
+	if resp.StatusCode/100 != 2 {
+		msg := resp.Status
+		if s := strings.TrimSpace(string(snippet)); s != "" {
+			msg += ": " + s
+		}
+		return resp.StatusCode, errors.New(msg)
+	}
+	return resp.StatusCode, nil
+}
+
+// redactURLError drops the URL from a client error, which may hold a
+// credential (a Slack webhook's path), before it is stored as the attempt's
+// error.
+func redactURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return fmt.Errorf("%s: %w", strings.ToLower(ue.Op), ue.Err)
+	}
+	return err
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// mail sends one message to every recipient over SMTP.
+func (w *Worker) mail(to []string, subject, body string) error {
+	c := w.SMTP
+	if c.Addr == "" {
+		return errors.New("email is not configured on this server (--smtp-addr)")
+	}
+	host, _, err := net.SplitHostPort(c.Addr)
+	if err != nil {
+		return fmt.Errorf("--smtp-addr %q: %w", c.Addr, err)
+	}
+	tlsConf := c.TLSConfig
+	if tlsConf == nil {
+		tlsConf = &tls.Config{ServerName: host}
+	}
+	dialer := &net.Dialer{Timeout: 10 * time.Second}
+	var conn net.Conn
+	if c.TLS == "tls" {
+		conn, err = tls.DialWithDialer(dialer, "tcp", c.Addr, tlsConf)
+	} else {
+		conn, err = dialer.Dial("tcp", c.Addr)
+	}
+	if err != nil {
+		return err
+	}
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	cl, err := smtp.NewClient(conn, host)
+	if err != nil {
+		conn.Close()
+		return err
+	}
+	defer cl.Close()
+	if err := cl.Hello("fleetd"); err != nil {
+		return err
+	}
+	switch c.TLS {
+	case "starttls":
+		if ok, _ := cl.Extension("STARTTLS"); !ok {
+			return errors.New("the SMTP server does not offer STARTTLS, which --smtp-tls=starttls requires")
+		}
+		if err := cl.StartTLS(tlsConf); err != nil {
+			return err
+		}
+	case "", "auto":
+		if ok, _ := cl.Extension("STARTTLS"); ok {
+			if err := cl.StartTLS(tlsConf); err != nil {
+				return err
+			}
+		}
+	}
+	if c.Username != "" {
+		if err := cl.Auth(smtp.PlainAuth("", c.Username, c.Password, host)); err != nil {
+			return err
+		}
+	}
+	if err := cl.Mail(c.From); err != nil {
+		return err
+	}
+	for _, rcpt := range to {
+		if err := cl.Rcpt(rcpt); err != nil {
+			return err
+		}
+	}
+	wc, err := cl.Data()
+	if err != nil {
+		return err
+	}
+	if _, err := wc.Write(message(c.From, to, subject, body, w.Now())); err != nil {
+		return err
+	}
+	if err := wc.Close(); err != nil {
+		return err
+	}
+	return cl.Quit()
+}
+
+// message is an RFC 5322 message in UTF-8 plain text.
+func message(from string, to []string, subject, body string, now time.Time) []byte {
+	var b bytes.Buffer
+	id := make([]byte, 12)
+	rand.Read(id)
+	fmt.Fprintf(&b, "From: %s\r\n", from)
+	fmt.Fprintf(&b, "To: %s\r\n", strings.Join(to, ", "))
+	fmt.Fprintf(&b, "Subject: %s\r\n", mime.QEncoding.Encode("utf-8", oneLine(subject)))
+	fmt.Fprintf(&b, "Date: %s\r\n", now.Format(time.RFC1123Z))
+	fmt.Fprintf(&b, "Message-ID: <%s@fleetd>\r\n", hex.EncodeToString(id))
+	b.WriteString("MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: 8bit\r\n\r\n")
+	for _, line := range strings.Split(strings.ReplaceAll(body, "\r\n", "\n"), "\n") {
+		b.WriteString(line + "\r\n")
+	}
+	return b.Bytes()
+}
+
+// oneLine keeps a header value on one line: a template may render newlines.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}

@@ -1,0 +1,262 @@
+package notify_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/notify"
+	"github.com/fleetd/fleet/notify/notifytest"
+)
+
+var t0 = time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// outbox is an in-memory notify.Store.
+type outbox struct {
+	mu       sync.Mutex
+	clock    *clock
+	items    []*item
+	attempts map[int64][]fleet.DeliveryAttempt
+}
+
+type item struct {
+	d      fleet.Delivery
+	status string
+	due    time.Time
+	lease  time.Time
+}
+
+func (o *outbox) add(d fleet.Delivery) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	d.ID = int64(len(o.items) + 1)
+	o.items = append(o.items, &item{d: d, status: fleet.DeliveryPending, due: o.clock.Now()})
+}
+
+func (o *outbox) ClaimDeliveries(ctx context.Context, owner string, lease time.Duration, limit int) ([]*fleet.Delivery, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := o.clock.Now()
+	var out []*fleet.Delivery
+	for _, it := range o.items {
+		if it.status == fleet.DeliveryPending && !it.due.After(now) && it.lease.Before(now) && len(out) < limit {
+			it.lease = now.Add(lease)
+			d := it.d
+			d.AttemptCount = len(o.attempts[d.ID])
+			out = append(out, &d)
+		}
+	}
+	return out, nil
+}
+
+func (o *outbox) CompleteDelivery(ctx context.Context, id int64, owner string, at fleet.DeliveryAttempt, status string, next time.Time) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.attempts == nil {
+		o.attempts = map[int64][]fleet.DeliveryAttempt{}
+	}
+	o.attempts[id] = append(o.attempts[id], at)
+	it := o.items[id-1]
+	it.status, it.due, it.lease = status, next, time.Time{}
+	return nil
+}
+
+func (o *outbox) NextDeliveryDue(ctx context.Context) (time.Time, bool, error) {
+	return time.Time{}, false, nil
+}
+
+func (o *outbox) state(id int64) (string, []fleet.DeliveryAttempt) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.items[id-1].status, o.attempts[id]
+}
+
+func delivery(event string, ch fleet.ChannelParameters, tmpl fleet.NotificationTemplate, tz string) fleet.Delivery {
+	end := t0.Add(time.Hour)
+	a := &fleet.Alert{ID: "a1", RuleID: "r1", RuleName: "hot", DeviceID: "d1", Stream: "env", State: fleet.AlertActive, StartedAt: t0,
+		Value: &fleet.DataPoint{DeviceID: "d1", Stream: "env", Timestamp: t0, Data: map[string]any{"temp": int64(81)}}}
+	if event == fleet.EventClosed {
+		a.State, a.EndedAt = fleet.AlertEnded, &end
+	}
+	return fleet.Delivery{Tenant: "acme", AlertID: "a1", NotificationRuleID: "n1", Event: event, Alert: a,
+		Rule: &fleet.AlertRule{ID: "r1", Name: "hot", Group: "plant", Stream: "env"},
+		Notification: &fleet.NotificationRule{ID: "n1", AlertRuleID: "r1", ChannelParameters: ch, NotificationTemplate: tmpl, Timezone: tz}}
+}
+
+func newWorker(o *outbox) *notify.Worker {
+	return &notify.Worker{Store: o, Now: o.clock.Now, Backoff: time.Second, MaxBackoff: 4 * time.Second, MaxAttempts: 5}
+}
+
+func TestWebhookRetriesThenDelivers(t *testing.T) {
+	var mu sync.Mutex
+	var bodies [][]byte
+	var headers []http.Header
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		bodies = append(bodies, b)
+		headers = append(headers, r.Header.Clone())
+		if len(bodies) <= 2 {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	o := &outbox{clock: &clock{t: t0}}
+	o.add(delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "webhook", URL: srv.URL, Secret: "s3cret", Headers: map[string]string{"X-Env": "prod"}},
+		fleet.NotificationTemplate{Subject: "{{.Rule.Name}} on {{.Alert.DeviceID}}", Body: "since {{.Alert.StartedAt.Format \"15:04 MST\"}} temp={{.Value.temp}}"}, "Europe/Berlin"))
+	w := newWorker(o)
+	ctx := context.Background()
+	run := func() {
+		t.Helper()
+		if _, err := w.RunOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run() // 503
+	if n, _ := w.RunOnce(ctx); n != 0 {
+		t.Fatal("retried before the backoff ended")
+	}
+	o.clock.Add(time.Second)
+	run() // 503
+	o.clock.Add(time.Second)
+	if n, _ := w.RunOnce(ctx); n != 0 {
+		t.Fatal("the second backoff did not double")
+	}
+	o.clock.Add(time.Second)
+	run() // 204
+	status, attempts := o.state(1)
+	if status != fleet.DeliveryDelivered || len(attempts) != 3 || attempts[0].StatusCode != 503 || !strings.Contains(attempts[0].Error, "busy") || attempts[2].StatusCode != 204 || attempts[2].Error != "" {
+		t.Fatalf("status %s, attempts %+v", status, attempts)
+	}
+	last, h := bodies[2], headers[2]
+	if got, want := h.Get("X-Fleet-Signature"), notify.Sign("s3cret", last); got != want || !strings.HasPrefix(got, "sha256=") {
+		t.Fatalf("signature %q, want %q", got, want)
+	}
+	if h.Get("X-Env") != "prod" || h.Get("X-Fleet-Event") != "opened" || h.Get("Content-Type") != "application/json" {
+		t.Fatalf("headers %v", h)
+	}
+	var p struct {
+		Event        string
+		Alert        fleet.Alert
+		Rule         struct{ Name, Group string }
+		Notification struct{ Subject, Body string }
+	}
+	if err := json.Unmarshal(last, &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.Event != "opened" || p.Alert.DeviceID != "d1" || p.Rule.Name != "hot" || p.Notification.Subject != "hot on d1" ||
+		p.Notification.Body != "since 11:00 CET temp=81" {
+		t.Fatalf("payload %s", last)
+	}
+}
+
+func TestGivesUpAfterMaxAttempts(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "no", http.StatusInternalServerError)
+	}))
+	defer srv.Close()
+	o := &outbox{clock: &clock{t: t0}}
+	o.add(delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "slack", URL: srv.URL}, fleet.NotificationTemplate{}, "UTC"))
+	w := newWorker(o)
+	var waits []time.Duration
+	for range 10 {
+		w.RunOnce(context.Background())
+		if s, _ := o.state(1); s != fleet.DeliveryPending {
+			break
+		}
+		o.mu.Lock()
+		waits = append(waits, o.items[0].due.Sub(o.clock.t))
+		o.clock.t = o.items[0].due
+		o.mu.Unlock()
+	}
+	status, attempts := o.state(1)
+	if status != fleet.DeliveryDead || len(attempts) != 5 {
+		t.Fatalf("status %s after %d attempts, want dead after 5", status, len(attempts))
+	}
+	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 4 * time.Second}
+	if len(waits) != len(want) {
+		t.Fatalf("waits %v, want %v", waits, want)
+	}
+	for i := range want {
+		if waits[i] != want[i] {
+			t.Fatalf("waits %v, want %v (doubling, capped)", waits, want)
+		}
+	}
+}
+
+func TestSlack(t *testing.T) {
+	got := make(chan map[string]string, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var m map[string]string
+		json.NewDecoder(r.Body).Decode(&m)
+		got <- m
+	}))
+	defer srv.Close()
+	o := &outbox{clock: &clock{t: t0}}
+	o.add(delivery(fleet.EventClosed, fleet.ChannelParameters{Type: "slack", URL: srv.URL}, fleet.NotificationTemplate{}, "UTC"))
+	newWorker(o).RunOnce(context.Background())
+	m := <-got
+	if !strings.Contains(m["text"], "*[fleetd] hot closed on d1*") || !strings.Contains(m["text"], "Ended: 2026-11-21 11:00:00 UTC") {
+		t.Fatalf("slack text %q", m["text"])
+	}
+	if s, _ := o.state(1); s != fleet.DeliveryDelivered {
+		t.Fatalf("status %s", s)
+	}
+}
+
+func TestEmail(t *testing.T) {
+	smtpd := notifytest.NewSMTPServer(t)
+	o := &outbox{clock: &clock{t: t0}}
+	o.add(delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "email", To: []string{"ops@example.com", "oncall@example.com"}},
+		fleet.NotificationTemplate{Subject: "Température {{.Rule.Name}}\nsecond line", Body: "device {{.Alert.DeviceID}}\nat {{.Alert.StartedAt.Format \"15:04 MST\"}}"}, "America/New_York"))
+	w := newWorker(o)
+	w.SMTP = notify.SMTP{Addr: smtpd.Addr, From: "fleetd@example.com", TLS: "none"}
+	w.RunOnce(context.Background())
+	if s, at := o.state(1); s != fleet.DeliveryDelivered {
+		t.Fatalf("status %s: %+v", s, at)
+	}
+	m := <-smtpd.Mail
+	if m.From != "fleetd@example.com" || len(m.To) != 2 || m.To[1] != "oncall@example.com" {
+		t.Fatalf("envelope %+v", m)
+	}
+	for _, want := range []string{"Subject: =?utf-8?q?Temp=C3=A9rature_hot_second_line?=", "device d1\r\nat 05:00 EST\r\n", "To: ops@example.com, oncall@example.com"} {
+		if !strings.Contains(m.Data, want) {
+			t.Fatalf("message lacks %q:\n%s", want, m.Data)
+		}
+	}
+	t.Run("NotConfigured", func(t *testing.T) {
+		o := &outbox{clock: &clock{t: t0}}
+		o.add(delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "email", To: []string{"a@example.com"}}, fleet.NotificationTemplate{}, "UTC"))
+		newWorker(o).RunOnce(context.Background())
+		if _, at := o.state(1); len(at) != 1 || !strings.Contains(at[0].Error, "--smtp-addr") {
+			t.Fatalf("attempts %+v", at)
+		}
+	})
+}
