@@ -132,8 +132,8 @@ func (h *hook) OnConnectAuthenticate(cl *mochi.Client, pk packets.Packet) bool {
 	}
 	// The session belongs to the device, not to the client id it chose: a
 	// device cannot take over another's session, and its own second
-	// connection replaces the first.
-	cl.ID = sessionID(tenant, device)
+	// connection replaces the first (in OnSessionEstablished).
+	cl.ID = clientID(tenant, device, s.connSeq.Add(1))
 	cl.Properties.Will = mochi.Will{}
 	return true
 }
@@ -146,20 +146,28 @@ func (s *Server) refuseUnavailable(cl *mochi.Client) {
 	cl.Stop(packets.ErrServerUnavailable)
 }
 
-// OnSessionEstablished registers the device after its CONNACK went out.
+// OnSessionEstablished registers the device after its CONNACK went out, and
+// disconnects the connection it replaces.
 func (h *hook) OnSessionEstablished(cl *mochi.Client, pk packets.Packet) {
 	s := h.s
-	tenant, id := splitSessionID(cl.ID)
+	tenant, id := splitClientID(cl.ID)
 	d := &device{tenant: tenant, id: id, cl: cl, pending: make(map[uint16]string)}
+	sid := sessionID(tenant, id)
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
 		s.disconnect(cl, packets.ErrServerShuttingDown)
 		return
 	}
-	s.devices[cl.ID] = d // a connection it took over is leaving
+	old := s.devices[sid]
+	s.devices[sid] = d
 	s.byClient[cl] = d
 	s.mu.Unlock()
+	if old != nil {
+		s.log.Debug("mqtt: device connected again; closing its previous connection",
+			"tenant", tenant, "device", id, "previous_remote", old.cl.Net.Remote)
+		s.disconnect(old.cl, packets.ErrSessionTakenOver)
+	}
 	s.stats.connects.Add(1)
 	s.log.Debug("mqtt: device connected", "tenant", tenant, "device", id,
 		"remote", cl.Net.Remote, "protocol", cl.Properties.ProtocolVersion)
@@ -172,8 +180,8 @@ func (h *hook) OnDisconnect(cl *mochi.Client, err error, expire bool) {
 	s.mu.Lock()
 	d := s.byClient[cl]
 	delete(s.byClient, cl)
-	if d != nil && s.devices[cl.ID] == d {
-		delete(s.devices, cl.ID)
+	if d != nil && s.devices[sessionID(d.tenant, d.id)] == d {
+		delete(s.devices, sessionID(d.tenant, d.id))
 	}
 	s.mu.Unlock()
 	if d == nil {
@@ -204,12 +212,15 @@ func (s *Server) violation(d *device, op, topic string) {
 // OnACLCheck answers mochi's own checks with the same rules OnPacketRead
 // enforces; it is also asked before each action is delivered.
 func (h *hook) OnACLCheck(cl *mochi.Client, topic string, write bool) bool {
-	tenant, device := splitSessionID(cl.ID)
+	d := h.s.deviceOf(cl)
+	if d == nil {
+		return false
+	}
 	if write {
-		_, ok := mayPublish(tenant, device, topic)
+		_, ok := mayPublish(d.tenant, d.id, topic)
 		return ok
 	}
-	return maySubscribe(tenant, device, topic)
+	return maySubscribe(d.tenant, d.id, topic)
 }
 
 // OnSubscribed notes a subscription to the device's actions topic; the

@@ -54,7 +54,8 @@ func TestMosquittoClients(t *testing.T) {
 				}
 				receive(t, h.subscribed, "DeviceSubscribed")
 				if !s.SendAction("acme", "dev-1", action) {
-					t.Fatal("SendAction = false, want true")
+					err := cmd.Wait()
+					t.Fatalf("SendAction = false, want true (mosquitto_sub: %v: %s%s)", err, out.Bytes(), errOut.Bytes())
 				}
 				if err := cmd.Wait(); err != nil {
 					t.Fatalf("mosquitto_sub: %v: %s", err, errOut.Bytes())

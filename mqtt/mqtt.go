@@ -34,8 +34,10 @@ type Handler interface {
 	// DeviceSubscribed is called when a device subscribed to its own actions
 	// topic, after the broker acknowledged the subscription, on a goroutine of
 	// its own: actions queued while the device was offline are sent now, with
-	// SendAction. A device subscribes again after every reconnection, so this
-	// can be called many times.
+	// SendAction, and so are actions sent before whose delivery ActionDelivered
+	// never reported (the broker keeps nothing across connections). A device
+	// subscribes again after every reconnection, so this can be called many
+	// times.
 	DeviceSubscribed(tenant, device string)
 
 	// HandleStatus receives a payload published on the device's action/status

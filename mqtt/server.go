@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,9 +35,10 @@ type Server struct {
 	opened   bool
 	closing  bool
 	devices  map[string]*device        // connected devices by session id, "{tenant}/{device}"
-	byClient map[*mochi.Client]*device // the same, by the broker's client
+	byClient map[*mochi.Client]*device // every connection, by the broker's client
 	busy     sync.WaitGroup            // publishes with the Handler
 	tasks    sync.WaitGroup            // DeviceSubscribed calls
+	connSeq  atomic.Uint64             // numbers connections, for clientID
 
 	stats struct {
 		connects, authFailures, disconnects, aclViolations, oversized,
@@ -44,8 +46,9 @@ type Server struct {
 	}
 }
 
-// device is the state of one connected device. A device has at most one
-// session: its session id is its username, whatever client id it sent.
+// device is the state of one connected device. A device has one session at
+// most, keyed by its username whatever client id it sent: a new connection
+// replaces the old.
 type device struct {
 	tenant, id string
 	cl         *mochi.Client
@@ -216,8 +219,12 @@ func (s *Server) Close() error {
 // returns true if the device is connected and subscribed and the message was
 // handed to the broker for delivery; false if the device is offline (or too
 // far behind: MaxInflight messages unacknowledged), in which case fleetd keeps
-// the action queued and sends it when the device next subscribes. True is not
-// delivery: ActionDelivered reports that.
+// the action queued and sends it when the device next subscribes.
+//
+// True is not delivery: ActionDelivered reports that, possibly before
+// SendAction returns. Sessions end with their connection, so an action handed
+// over but not acknowledged when the device disconnects is lost in the broker:
+// fleetd must send it again on the next DeviceSubscribed.
 func (s *Server) SendAction(tenant, device string, payload []byte) bool {
 	d := s.device(sessionID(tenant, device))
 	if d == nil || !d.subscribed.Load() {
@@ -246,9 +253,11 @@ func (s *Server) SendAction(tenant, device string, payload []byte) bool {
 		s.log.Error("mqtt: publish action", "tenant", tenant, "device", device, "error", err)
 		return false
 	}
-	// A device that went away meanwhile may or may not have got it; false
-	// makes fleetd send it again, and devices deduplicate by action id.
-	if d.dropped.Load() || d.cl.Closed() {
+	// A device that leaves now may not get it, yet true is right: the
+	// message was handed over, and ActionDelivered will not follow.
+	// (Checking for that here would report false for a device that took the
+	// action, acknowledged it and left at once.)
+	if d.dropped.Load() {
 		return false
 	}
 	s.stats.messagesOut.Add(1)
@@ -319,12 +328,24 @@ func (s *Server) disconnect(cl *mochi.Client, code packets.Code) {
 	cl.Stop(code)
 }
 
-// sessionID is the broker's client id for a device: its username. Neither
-// part may contain '/', so ids of different devices never collide, nor with
-// mochi's inline client.
+// sessionID keys a device's session: its username.
 func sessionID(tenant, device string) string { return tenant + usernameDivider + device }
 
-func splitSessionID(id string) (tenant, device string) {
+// clientID is the broker's id for one connection of a device: its username
+// and a number unique to the connection. Tenant names and device ids contain
+// neither '/' nor '#', so it collides with no other connection, nor with
+// mochi's inline client.
+//
+// mochi's own takeover of a client id races: the old connection's cleanup
+// can remove the new one from the broker's client list or the topic index,
+// after which its actions vanish. With one id per connection mochi never
+// takes over; the Server replaces a device's connection itself.
+func clientID(tenant, device string, n uint64) string {
+	return sessionID(tenant, device) + "#" + strconv.FormatUint(n, 10)
+}
+
+func splitClientID(id string) (tenant, device string) {
+	id, _, _ = strings.Cut(id, "#")
 	tenant, device, _ = strings.Cut(id, usernameDivider)
 	return tenant, device
 }

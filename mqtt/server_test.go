@@ -672,3 +672,29 @@ func TestSendActionOverDeviceMaximumPacketSize(t *testing.T) {
 		t.Errorf("got %s, want %s", pb.Payload, action)
 	}
 }
+
+// TestReconnectStorm reconnects one device over and over without closing its
+// previous connections, as a device on a flaky network does: each newest
+// connection must get its actions.
+func TestReconnectStorm(t *testing.T) {
+	h := newFakeHandler()
+	s := MustOpenServer(t, h)
+	var prev *client5
+	for i := range 20 {
+		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+		c.subscribe(t, actionsT, 1)
+		receive(t, h.subscribed, "DeviceSubscribed")
+		if prev != nil {
+			prev.awaitServerDisconnect(t, 0x8E)
+		}
+		payload := fmt.Appendf(nil, `{"id": "%d"}`, i)
+		if !s.SendAction("acme", "dev-1", payload) {
+			t.Fatalf("connection %d: SendAction = false, want true", i)
+		}
+		if pb := receive(t, c.received, "action message"); !bytes.Equal(pb.Payload, payload) {
+			t.Fatalf("connection %d: got %s, want %s", i, pb.Payload, payload)
+		}
+		prev = c
+	}
+	waitFor(t, "one connection left", func() bool { return s.Connections() == 1 })
+}
