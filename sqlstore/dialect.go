@@ -111,6 +111,42 @@ func (d dialect) jsonKeyContainsFold(col string) string {
 	return "EXISTS (SELECT 1 FROM json_each(" + col + ") e WHERE e.key = ? AND instr(lower(e.value), lower(?)) > 0)"
 }
 
+// forUpdate ends a SELECT whose rows the transaction will update: on
+// PostgreSQL concurrent writers then take turns on each row; SQLite has a
+// single writer already.
+func (d dialect) forUpdate() string {
+	if d == postgres {
+		return " FOR UPDATE"
+	}
+	return ""
+}
+
+// skipLocked ends a SELECT that claims rows for background work: rows
+// another replica is working on are left to it.
+func (d dialect) skipLocked() string {
+	if d == postgres {
+		return " FOR UPDATE SKIP LOCKED"
+	}
+	return ""
+}
+
+// jsonType is the column type that {{json}} becomes, for casts.
+func (d dialect) jsonType() string {
+	if d == postgres {
+		return "JSONB"
+	}
+	return "TEXT"
+}
+
+// jsonSetList is SQL for the JSON object in col with key (a constant of
+// letters) set to a one-element array holding the parameter, a string.
+func (d dialect) jsonSetList(col, key string) string {
+	if d == postgres {
+		return "jsonb_set(" + col + ", '{" + key + "}', jsonb_build_array(CAST(? AS TEXT)))"
+	}
+	return "json_set(" + col + ", '$." + key + "', json_array(?))"
+}
+
 // isUniqueViolation reports whether err is a unique or primary-key
 // constraint failure, by the driver's error code.
 func isUniqueViolation(err error) bool {

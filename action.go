@@ -1,0 +1,537 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+// ActionStatus is where a device action is in its lifecycle (DESIGN §4):
+// Queued → Initiated → Progress → Completed, Failed or Cancelled.
+type ActionStatus string
+
+// The six action statuses.
+const (
+	StatusQueued    ActionStatus = "Queued"    // stored, not yet handed to the device
+	StatusInitiated ActionStatus = "Initiated" // the device acknowledged the message, or reported first
+	StatusProgress  ActionStatus = "Progress"  // the device reported a state that is not final
+	StatusCompleted ActionStatus = "Completed"
+	StatusFailed    ActionStatus = "Failed"
+	StatusCancelled ActionStatus = "Cancelled"
+)
+
+// ActionStatuses lists every status in lifecycle order.
+var ActionStatuses = []ActionStatus{StatusQueued, StatusInitiated, StatusProgress, StatusCompleted, StatusFailed, StatusCancelled}
+
+// Final reports whether s never changes again.
+func (s ActionStatus) Final() bool {
+	return s == StatusCompleted || s == StatusFailed || s == StatusCancelled
+}
+
+// Valid reports whether s is one of the six statuses.
+func (s ActionStatus) Valid() bool {
+	for _, v := range ActionStatuses {
+		if s == v {
+			return true
+		}
+	}
+	return false
+}
+
+// The search types of a dispatch: how it chooses its devices.
+const (
+	SearchDefault  = "default"  // exactly device_ids
+	SearchAll      = "all"      // every device of the tenant
+	SearchMetadata = "metadata" // metadata[search_key] == search_query
+	SearchSearch   = "search"   // id or metadata value contains search_query, ignoring case
+)
+
+// Special actions (DESIGN §4): the server does more than deliver them.
+const (
+	ActionUpdateFirmware = "update_firmware"
+	ActionCancel         = "cancel_action"
+)
+
+// StateTimedOut is the status word of a device action that the timeout
+// failed; StateCancelled that of one cancelled by an operator.
+const (
+	StateTimedOut  = "TimedOut"
+	StateCancelled = "Cancelled"
+)
+
+// Limits of actions and status reports.
+const (
+	MaxActionTimeout     = 31_536_000 // seconds: a year
+	DefaultActionTimeout = 86_400     // seconds, when a dispatch names none
+	MaxActionNameLen     = 128
+	MaxStateLen          = 64
+	MaxReportErrors      = 100
+	MaxReportErrorLen    = 4096
+)
+
+// Action is one dispatch: what was asked of which devices, by whom, and
+// how the devices are doing (Statuses counts device actions per status).
+type Action struct {
+	ID          int64           `json:"id"`
+	Action      string          `json:"action"`
+	Params      json.RawMessage `json:"params"`
+	SearchType  string          `json:"search_type"`
+	SearchKey   string          `json:"search_key"`
+	SearchQuery string          `json:"search_query"`
+	Metadata    json.RawMessage `json:"metadata"`
+	Timeout     int64           `json:"timeout"`
+	UserEmail   string          `json:"user_email"`
+	UserName    string          `json:"user_name"`
+	CreatedAt   time.Time       `json:"created_at"`
+	Targeted    int             `json:"targeted"`
+	Statuses    map[string]int  `json:"statuses"`
+
+	// DeviceParams is what devices receive as the payload, when a special
+	// action's preparer replaced Params; nil otherwise.
+	DeviceParams json.RawMessage `json:"-"`
+}
+
+// SentParams is the params text devices receive.
+func (a *Action) SentParams() string {
+	if a.DeviceParams != nil {
+		return string(a.DeviceParams)
+	}
+	return string(a.Params)
+}
+
+// DeviceAction is one device's record of an action: S7's item, field for
+// field.
+type DeviceAction struct {
+	ActionID     int64               `json:"action_id"`
+	DeviceID     string              `json:"device_id"`
+	Type         string              `json:"type"`
+	Status       string              `json:"status"`
+	ActionStatus ActionStatus        `json:"action_status"`
+	Phase        int                 `json:"phase"`
+	Progress     int                 `json:"progress"`
+	Params       string              `json:"params"`
+	Errors       map[string][]string `json:"errors"`
+	UserEmail    string              `json:"user_email"`
+	UserName     string              `json:"user_name"`
+	// SerialMetadata is the device's metadata at dispatch time.
+	SerialMetadata map[string]string `json:"-serial_metadata"`
+	CreatedAt      time.Time         `json:"created_at"`
+	UpdatedAt      time.Time         `json:"updated_at"`
+}
+
+// Dispatch is a validated request to dispatch an action.
+type Dispatch struct {
+	Action      string
+	Params      json.RawMessage // a JSON object
+	SearchType  string
+	DeviceIDs   []string // SearchDefault only; distinct
+	SearchKey   string
+	SearchQuery string
+	Metadata    json.RawMessage // a JSON object, or nil
+	Timeout     int64           // seconds
+	UserEmail   string
+	UserName    string
+
+	// What the preparer of a special action (ActionPreparer) may set.
+
+	// DeviceParams replaces Params in what devices receive.
+	DeviceParams json.RawMessage
+	// CheckDevice, when set, is asked about each targeted device that has
+	// recorded component versions (component name → version). A non-empty
+	// answer is the reason the device cannot take the action: its record is
+	// Failed with that error at once, and nothing is sent to it.
+	CheckDevice func(components map[string]string) (reason string)
+	// CancelActionID, for cancel_action, is the action cancelled on the
+	// targeted devices.
+	CancelActionID int64
+}
+
+// ActionPreparer prepares the dispatch of one special action, such as
+// update_firmware: it checks what only it knows (an EINVALID error rejects
+// the dispatch), and may set d.DeviceParams and d.CheckDevice. The action
+// service looks preparers up by action name.
+type ActionPreparer interface {
+	PrepareDispatch(ctx context.Context, tenant string, d *Dispatch) error
+}
+
+// ActionPreparerFunc adapts a function to ActionPreparer.
+type ActionPreparerFunc func(ctx context.Context, tenant string, d *Dispatch) error
+
+// PrepareDispatch calls f.
+func (f ActionPreparerFunc) PrepareDispatch(ctx context.Context, tenant string, d *Dispatch) error {
+	return f(ctx, tenant, d)
+}
+
+// ReadDispatch is the typed decode of a dispatch body (S1 and the modern
+// endpoint): exactly the fields of DESIGN §4.
+func ReadDispatch(f *Fields) Dispatch {
+	d := Dispatch{
+		Action:      f.NonEmptyString("action", true, MaxActionNameLen),
+		SearchType:  f.String("search_type", true),
+		SearchKey:   f.String("search_key", false),
+		SearchQuery: f.String("search_query", false),
+		Timeout:     DefaultActionTimeout,
+	}
+	if params := f.Object("params", true); params != nil {
+		d.Params = mustJSON(params)
+	}
+	if m := f.Object("metadata", false); m != nil {
+		d.Metadata = mustJSON(m)
+	}
+	if f.Has("timeout") {
+		d.Timeout = f.Int("timeout", false, 1, MaxActionTimeout)
+	}
+	ids := f.Strings("device_ids", false)
+	switch d.SearchType {
+	case SearchDefault:
+		if !f.Has("device_ids") {
+			f.Fail("device_ids", "is required when search_type is default")
+		} else if len(ids) == 0 {
+			f.Fail("device_ids", "must list at least one device")
+		}
+		seen := make(map[string]bool, len(ids))
+		for i, id := range ids {
+			if !ValidDeviceID(id) {
+				f.Fail(fmt.Sprintf("device_ids[%d]", i), DeviceIDRule)
+				continue
+			}
+			if !seen[id] {
+				seen[id] = true
+				d.DeviceIDs = append(d.DeviceIDs, id)
+			}
+		}
+	case SearchAll:
+	case SearchMetadata:
+		if !f.Has("search_key") {
+			f.Fail("search_key", "is required when search_type is metadata")
+		} else if d.SearchKey == "" {
+			f.Fail("search_key", "must not be empty")
+		}
+		if !f.Has("search_query") {
+			f.Fail("search_query", "is required when search_type is metadata")
+		}
+	case SearchSearch:
+		if !f.Has("search_query") {
+			f.Fail("search_query", "is required when search_type is search")
+		} else if d.SearchQuery == "" {
+			f.Fail("search_query", "must not be empty")
+		}
+	case "":
+		// String has recorded the problem, or it is an empty string.
+		if f.Has("search_type") {
+			f.Fail("search_type", "must be one of default, all, metadata, search")
+		}
+	default:
+		f.Fail("search_type", "must be one of default, all, metadata, search")
+	}
+	return d
+}
+
+// mustJSON encodes a canonical value, which always encodes.
+func mustJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("fleet: canonical value does not encode: %v", err))
+	}
+	return b
+}
+
+// StatusReport is one device's report on one action (S10 and MQTT).
+type StatusReport struct {
+	DeviceID  string
+	ActionID  int64
+	State     string
+	Progress  *int
+	Errors    []string
+	Timestamp *int64 // epoch milliseconds
+	Sequence  *int64
+}
+
+// ReadStatusReport is the typed decode of a status report. HTTP reports
+// name their device (needDevice); over MQTT the topic does.
+func ReadStatusReport(f *Fields, needDevice bool) StatusReport {
+	var r StatusReport
+	if needDevice {
+		r.DeviceID = f.String("device_id", true)
+		if f.Has("device_id") && !ValidDeviceID(r.DeviceID) {
+			f.Fail("device_id", DeviceIDRule)
+		}
+	}
+	id, hasID := readActionID(f, "id")
+	aid, hasAID := readActionID(f, "action_id")
+	switch {
+	case hasID && hasAID && id != aid:
+		f.Fail("id", "differs from action_id; send one of them")
+	case hasAID:
+		r.ActionID = aid
+	case hasID:
+		r.ActionID = id
+	case !f.Has("id") && !f.Has("action_id"):
+		f.Fail("action_id", "is required (or id)")
+	}
+	r.State = f.NonEmptyString("state", true, MaxStateLen)
+	if v, ok := f.Value("progress", false); ok {
+		n, ok := AsInt(v)
+		if s, isString := v.(string); isString {
+			n, ok = digits(s)
+		}
+		if !ok || n < 0 || n > 100 {
+			f.Fail("progress", "must be an integer between 0 and 100")
+		} else {
+			p := int(n)
+			r.Progress = &p
+		}
+	}
+	r.Errors = f.Strings("errors", false)
+	if len(r.Errors) > MaxReportErrors {
+		f.Fail("errors", fmt.Sprintf("must list at most %d errors", MaxReportErrors))
+	}
+	for i, e := range r.Errors {
+		if utf8.RuneCountInString(e) > MaxReportErrorLen {
+			f.Fail(fmt.Sprintf("errors[%d]", i), fmt.Sprintf("must be at most %d characters", MaxReportErrorLen))
+		}
+	}
+	if f.Has("timestamp") {
+		ts := f.Int("timestamp", false, 0, 1<<62)
+		r.Timestamp = &ts
+	}
+	if f.Has("sequence") {
+		seq := f.Int("sequence", false, 0, 1<<62)
+		r.Sequence = &seq
+	}
+	return r
+}
+
+// ActionIDRule says what an action id may be, for error messages.
+const ActionIDRule = "must be an action id: a positive integer, or a string of its digits"
+
+// readActionID reads an action id given as an integer or a string of digits.
+func readActionID(f *Fields, field string) (int64, bool) {
+	v, ok := f.Value(field, false)
+	if !ok {
+		return 0, false
+	}
+	n, ok := AsInt(v)
+	if s, isString := v.(string); isString {
+		n, ok = digits(s)
+	}
+	if !ok || n < 1 {
+		f.Fail(field, ActionIDRule)
+		return 0, false
+	}
+	return n, true
+}
+
+// ParseActionID parses an action id from a path or a device message.
+func ParseActionID(s string) (int64, bool) {
+	n, ok := digits(s)
+	return n, ok && n >= 1
+}
+
+// digits parses a non-empty string of ASCII digits that fits an int64.
+func digits(s string) (int64, bool) {
+	if s == "" || len(s) > 19 {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil
+}
+
+// ReportKey orders the reports of one device action: by timestamp, then
+// sequence.
+type ReportKey struct {
+	Timestamp int64
+	Sequence  int64
+}
+
+// After reports whether k comes strictly after o.
+func (k ReportKey) After(o ReportKey) bool {
+	return k.Timestamp > o.Timestamp || k.Timestamp == o.Timestamp && k.Sequence > o.Sequence
+}
+
+// Key places r in its device action's history, after last (nil before any
+// report). A report without a timestamp is stamped with now, never earlier
+// than the last one applied; one without a sequence has sequence 0, or, when
+// it has no timestamp either, the next sequence after the last applied at
+// the same instant. So reports that carry neither are applied in the order
+// they arrive, and a report that repeats the key of the last one applied is
+// a duplicate.
+func (r StatusReport) Key(now time.Time, last *ReportKey) ReportKey {
+	var k ReportKey
+	if r.Timestamp != nil {
+		k.Timestamp = *r.Timestamp
+	} else {
+		k.Timestamp = now.UnixMilli()
+		if last != nil && last.Timestamp > k.Timestamp {
+			k.Timestamp = last.Timestamp
+		}
+	}
+	switch {
+	case r.Sequence != nil:
+		k.Sequence = *r.Sequence
+	case r.Timestamp == nil && last != nil && last.Timestamp == k.Timestamp:
+		k.Sequence = last.Sequence + 1
+	}
+	return k
+}
+
+// ReportState is the part of a device action that status reports change.
+type ReportState struct {
+	ActionStatus ActionStatus
+	Status       string
+	Progress     int
+	Errors       map[string][]string
+	Last         *ReportKey // of the last report applied; nil before any
+}
+
+// ApplyReport returns the state after report r, and whether r changed
+// anything. Reports after a final state, older than the last one applied,
+// or repeating it, change nothing (they are acknowledged all the same).
+func ApplyReport(cur ReportState, r StatusReport, now time.Time) (ReportState, bool) {
+	if cur.ActionStatus.Final() {
+		return cur, false
+	}
+	key := r.Key(now, cur.Last)
+	if cur.Last != nil && !key.After(*cur.Last) {
+		return cur, false
+	}
+	next := cur
+	next.Last = &key
+	next.Status = r.State
+	switch r.State {
+	case string(StatusCompleted):
+		next.ActionStatus = StatusCompleted
+	case string(StatusFailed):
+		next.ActionStatus = StatusFailed
+	default:
+		next.ActionStatus = StatusProgress
+	}
+	if r.Progress != nil {
+		next.Progress = *r.Progress
+	} else if next.ActionStatus == StatusCompleted {
+		next.Progress = 100
+	}
+	if len(r.Errors) > 0 {
+		errs := make(map[string][]string, len(cur.Errors)+1)
+		for k, v := range cur.Errors {
+			errs[k] = v
+		}
+		errs[r.State] = r.Errors
+		next.Errors = errs
+	}
+	return next, true
+}
+
+// ErrorCount is the number of error messages in errs; S7 sorts by it.
+func ErrorCount(errs map[string][]string) int {
+	n := 0
+	for _, e := range errs {
+		n += len(e)
+	}
+	return n
+}
+
+// CompletedComponents returns the component versions a device runs once it
+// completed an action with these params: for update_firmware, each of
+// params.components[] as component_name → version_number; nil for every
+// other action.
+func CompletedComponents(action string, params []byte) map[string]string {
+	if action != ActionUpdateFirmware {
+		return nil
+	}
+	var p struct {
+		Components []struct {
+			Name    string `json:"component_name"`
+			Version string `json:"version_number"`
+		} `json:"components"`
+	}
+	if json.Unmarshal(params, &p) != nil || len(p.Components) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(p.Components))
+	for _, c := range p.Components {
+		if c.Name != "" && c.Version != "" {
+			out[c.Name] = c.Version
+		}
+	}
+	return out
+}
+
+// ActionFilter selects actions: by name when Action is set.
+type ActionFilter struct {
+	Action string
+	Page
+}
+
+// DeviceActionSorts are the fields S7 sorts by; the first is the default.
+var DeviceActionSorts = []string{"action_id", "type", "status", "user_email", "user_name", "updated_at", "errors"}
+
+// DeviceActionFilter selects device actions: those of one device (S7) or
+// of one action, optionally with one status and of one type. S7 sorts by
+// SortBy (one of DeviceActionSorts; "errors" counts the messages), ties
+// broken by action id; an action's device actions are in device id order.
+type DeviceActionFilter struct {
+	DeviceID     string
+	ActionID     int64
+	ActionStatus ActionStatus
+	Type         string
+	SortBy       string
+	Ascending    bool
+	Page
+}
+
+// ActionService dispatches actions and follows the devices' progress.
+type ActionService interface {
+	// DispatchAction stores the action and a device action for each device
+	// it targets, atomically, and sends it to those that are connected.
+	DispatchAction(ctx context.Context, tenant string, d *Dispatch) (*Action, error)
+	FindActions(ctx context.Context, tenant string, f ActionFilter) ([]*Action, int, error)
+	FindAction(ctx context.Context, tenant string, id int64) (*Action, error)
+	// FindDeviceActions is ENOTFOUND for an unknown device or action.
+	FindDeviceActions(ctx context.Context, tenant string, f DeviceActionFilter) ([]*DeviceAction, int, error)
+	FindDeviceAction(ctx context.Context, tenant string, actionID int64, deviceID string) (*DeviceAction, error)
+	// CancelAction cancels every device action of the action that is not
+	// final; devices that have the action are told. An action with nothing
+	// left to cancel is not an error.
+	CancelAction(ctx context.Context, tenant string, id int64) error
+	// ReportStatus applies reports in one transaction and returns once it
+	// committed. Each report's own problem (ENOTFOUND: unknown device, or
+	// an action not sent to it) is in its slot of the first result; reports
+	// that change nothing (old, duplicate, after a final state) are not
+	// problems.
+	ReportStatus(ctx context.Context, tenant string, reports []StatusReport) ([]error, error)
+}
+
+// ActionDelivery is what the device channel tells the action service.
+type ActionDelivery interface {
+	// DeviceSubscribed is called when a device subscribed to its actions:
+	// what is queued for it is sent now. It may take a while.
+	DeviceSubscribed(tenant, device string)
+	// ActionDelivered is called when a device acknowledged an action
+	// message; it must not block for long.
+	ActionDelivered(tenant, device string, actionID int64)
+}
+
+// ActionReceipt is a device's acknowledgement of an action message.
+type ActionReceipt struct {
+	Tenant   string
+	DeviceID string
+	ActionID int64
+}
+
+// PendingAction is a message a device has yet to acknowledge: an action
+// still Queued for it, or the cancellation of one it has (Cancel).
+type PendingAction struct {
+	ActionID int64
+	Name     string
+	Params   string
+	Cancel   bool
+}

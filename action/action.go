@@ -1,0 +1,422 @@
+// Package action is the action service: dispatch with the preparers of
+// special actions, delivery of actions to connected devices, redelivery when
+// a device subscribes again, cancellation, and the sweeper that fails device
+// actions whose timeout elapsed. What a single store call can do, the store
+// does; this package decides what is sent to whom and when.
+//
+// Delivery is at least once. An action is handed to every targeted device
+// that is connected as soon as the dispatch commits; a device that was
+// offline gets it when it next subscribes to its actions topic. A device
+// action stays Queued until the device acknowledges the message (PUBACK),
+// so a message lost with a connection is sent again, and a device may see
+// an action twice: devices tell actions apart by id.
+package action
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/fleetd/fleet"
+)
+
+// Sender is the device channel as the action service sees it; *mqtt.Server
+// is one.
+type Sender interface {
+	// SendAction hands payload to a connected, subscribed device, or
+	// reports false.
+	SendAction(tenant, device string, payload []byte) bool
+	// Online reports whether the device is connected.
+	Online(tenant, device string) bool
+}
+
+// Store is what the service needs of the database; *sqlstore.DB is one.
+type Store interface {
+	DispatchAction(ctx context.Context, tenant string, d *fleet.Dispatch) (*fleet.Action, error)
+	FindActions(ctx context.Context, tenant string, f fleet.ActionFilter) ([]*fleet.Action, int, error)
+	FindAction(ctx context.Context, tenant string, id int64) (*fleet.Action, error)
+	FindDeviceActions(ctx context.Context, tenant string, f fleet.DeviceActionFilter) ([]*fleet.DeviceAction, int, error)
+	FindDeviceAction(ctx context.Context, tenant string, actionID int64, deviceID string) (*fleet.DeviceAction, error)
+	// CancelAction returns the action's name and how many device actions
+	// it cancelled.
+	CancelAction(ctx context.Context, tenant string, id int64) (string, int, error)
+	ReportStatus(ctx context.Context, tenant string, reports []fleet.StatusReport) ([]error, error)
+	// PendingDevices returns the devices, among candidates (all when nil),
+	// with a message of the action to acknowledge.
+	PendingDevices(ctx context.Context, tenant string, actionID int64, candidates []string) ([]string, error)
+	PendingActions(ctx context.Context, tenant, device string) ([]fleet.PendingAction, error)
+	MarkDelivered(ctx context.Context, receipts []fleet.ActionReceipt) error
+	TimeOutDeviceActions(ctx context.Context, now time.Time, limit int) (int, error)
+}
+
+// Message is an action as a device receives it, in the shape of the uplink
+// agent's Action: id as a string, the params as a JSON text. Kind is what
+// uplink releases before 2.0 require; later ones ignore it.
+type Message struct {
+	ID      string `json:"id"`
+	Kind    string `json:"kind"`
+	Name    string `json:"name"`
+	Payload string `json:"payload"`
+}
+
+// NewMessage returns the encoded message of action id.
+func NewMessage(id int64, name, params string) []byte {
+	b, _ := json.Marshal(Message{ID: strconv.FormatInt(id, 10), Kind: "process", Name: name, Payload: params})
+	return b // a struct of strings always encodes
+}
+
+// NewCancelMessage returns the message that tells a device to stop action
+// id. It carries the cancelled action's id, so the device's acknowledgement
+// of it is recognised.
+func NewCancelMessage(id int64, name string) []byte {
+	p, _ := json.Marshal(map[string]string{"action_id": strconv.FormatInt(id, 10), "name": name})
+	return NewMessage(id, fleet.ActionCancel, string(p))
+}
+
+// Service implements fleet.ActionService and fleet.ActionDelivery. Set
+// the fields, then Open; Close before closing the store.
+type Service struct {
+	Store  Store
+	Sender Sender // nil: nothing is sent, actions wait in the database
+	Logger *slog.Logger
+	// Preparers of special actions by name; cancel_action's is built in.
+	Preparers map[string]fleet.ActionPreparer
+	// SendWorkers is how many goroutines hand one dispatch to devices;
+	// default 4.
+	SendWorkers int
+
+	online   onlineSet
+	receipts chan fleet.ActionReceipt
+	ctx      context.Context // ends with Close
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	mu       sync.RWMutex
+	closed   bool
+}
+
+var (
+	_ fleet.ActionService  = (*Service)(nil)
+	_ fleet.ActionDelivery = (*Service)(nil)
+)
+
+// maxReceiptBatch bounds the acknowledgements recorded in one transaction.
+const maxReceiptBatch = 1024
+
+// Open starts the service's background work.
+func (s *Service) Open() {
+	if s.Logger == nil {
+		s.Logger = slog.New(slog.DiscardHandler)
+	}
+	if s.SendWorkers <= 0 {
+		s.SendWorkers = 4
+	}
+	if s.Preparers == nil {
+		s.Preparers = map[string]fleet.ActionPreparer{}
+	}
+	if _, ok := s.Preparers[fleet.ActionCancel]; !ok {
+		s.Preparers[fleet.ActionCancel] = fleet.ActionPreparerFunc(prepareCancel)
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.receipts = make(chan fleet.ActionReceipt, 64*maxReceiptBatch)
+	s.wg.Add(1)
+	go s.recordReceipts()
+}
+
+// Close stops sending, records the acknowledgements received so far and
+// waits for the service's goroutines.
+func (s *Service) Close() error {
+	s.mu.Lock()
+	if s.closed || s.cancel == nil {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+	return nil
+}
+
+// goTracked runs f on a goroutine Close waits for, unless closed.
+func (s *Service) goTracked(f func()) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return false
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		f()
+	}()
+	return true
+}
+
+// prepareCancel reads the action cancel_action cancels.
+func prepareCancel(_ context.Context, _ string, d *fleet.Dispatch) error {
+	var p map[string]any
+	_ = json.Unmarshal(d.Params, &p) // an object: ReadDispatch made it
+	var id int64
+	var ok bool
+	switch v := p["action_id"].(type) {
+	case string:
+		id, ok = fleet.ParseActionID(v)
+	case float64:
+		id, ok = int64(v), v == float64(int64(v)) && v >= 1
+	default:
+		ok = false
+	}
+	if !ok {
+		return fleet.FieldErrors(map[string]string{"params.action_id": fleet.ActionIDRule})
+	}
+	d.CancelActionID = id
+	return nil
+}
+
+// DispatchAction prepares a special action, stores the dispatch and hands
+// the action to the targeted devices that are connected, in the
+// background: the caller has its answer as soon as the dispatch commits.
+func (s *Service) DispatchAction(ctx context.Context, tenant string, d *fleet.Dispatch) (*fleet.Action, error) {
+	if a := fleet.ActorFromContext(ctx); a != nil {
+		d.UserEmail, d.UserName = a.UserEmail, a.UserName
+	}
+	if p, ok := s.Preparers[d.Action]; ok {
+		if err := p.PrepareDispatch(ctx, tenant, d); err != nil {
+			return nil, err
+		}
+	}
+	a, err := s.Store.DispatchAction(ctx, tenant, d)
+	if err != nil {
+		return nil, err
+	}
+	payload := NewMessage(a.ID, a.Action, a.SentParams())
+	s.goTracked(func() { s.deliver(tenant, a.ID, a.Targeted, payload) })
+	return a, nil
+}
+
+// CancelAction cancels what is not final and tells the connected devices
+// that have the action; the others are told when they next subscribe.
+func (s *Service) CancelAction(ctx context.Context, tenant string, id int64) error {
+	name, n, err := s.Store.CancelAction(ctx, tenant, id)
+	if err != nil || n == 0 {
+		return err
+	}
+	payload := NewCancelMessage(id, name)
+	s.goTracked(func() { s.deliver(tenant, id, n, payload) })
+	return nil
+}
+
+// deliver sends payload to the connected devices that have a message of
+// action id to acknowledge. It asks the broker who is connected rather
+// than reading every target: a million targets with ten thousand online
+// cost ten thousand lookups.
+func (s *Service) deliver(tenant string, id int64, targeted int, payload []byte) {
+	if s.Sender == nil {
+		return
+	}
+	online := s.online.list(tenant, s.Sender)
+	if len(online) == 0 {
+		return
+	}
+	var candidates []string
+	if len(online) < targeted {
+		candidates = online
+	}
+	devices, err := s.Store.PendingDevices(s.ctx, tenant, id, candidates)
+	if err != nil {
+		if s.ctx.Err() == nil {
+			s.Logger.Error("action delivery: find the devices to send to; they get the action when they next subscribe",
+				"tenant", tenant, "action_id", id, "err", err)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	work := make(chan string)
+	for range min(s.SendWorkers, len(devices)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for dev := range work {
+				s.Sender.SendAction(tenant, dev, payload) // false: it stays pending
+			}
+		}()
+	}
+	for _, dev := range devices {
+		if s.ctx.Err() != nil {
+			break
+		}
+		work <- dev
+	}
+	close(work)
+	wg.Wait()
+}
+
+// DeviceSubscribed sends a device what it has yet to acknowledge, oldest
+// first. A device far behind (the broker's in-flight window is full) is
+// waited for, briefly; what is left is sent when it subscribes again.
+func (s *Service) DeviceSubscribed(tenant, device string) {
+	s.online.add(tenant, device)
+	if s.Sender == nil || s.ctx.Err() != nil {
+		return
+	}
+	pending, err := s.Store.PendingActions(s.ctx, tenant, device)
+	if err != nil {
+		if s.ctx.Err() == nil {
+			s.Logger.Error("action redelivery: find the device's pending actions", "tenant", tenant, "device", device, "err", err)
+		}
+		return
+	}
+	for _, p := range pending {
+		payload := NewMessage(p.ActionID, p.Name, p.Params)
+		if p.Cancel {
+			payload = NewCancelMessage(p.ActionID, p.Name)
+		}
+		if !s.sendPatiently(tenant, device, payload) {
+			return
+		}
+	}
+}
+
+// sendPatiently sends to a connected device, waiting up to about ten
+// seconds for room in its in-flight window. It reports false when the
+// device went away or the wait was too long.
+func (s *Service) sendPatiently(tenant, device string, payload []byte) bool {
+	wait := 10 * time.Millisecond
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if s.Sender.SendAction(tenant, device, payload) {
+			return true
+		}
+		if !s.Sender.Online(tenant, device) || time.Now().After(deadline) {
+			return false
+		}
+		select {
+		case <-time.After(wait):
+		case <-s.ctx.Done():
+			return false
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// ActionDelivered queues a device's acknowledgement; a goroutine records
+// them in batches, so the device's connection never waits for a commit.
+func (s *Service) ActionDelivered(tenant, device string, actionID int64) {
+	r := fleet.ActionReceipt{Tenant: tenant, DeviceID: device, ActionID: actionID}
+	select {
+	case s.receipts <- r:
+	case <-s.ctx.Done():
+		// Not recorded: the device action stays pending and is sent again
+		// when the device next subscribes, or the device's first report
+		// initiates it.
+	}
+}
+
+// recordReceipts writes acknowledgements until Close, then what is left.
+func (s *Service) recordReceipts() {
+	defer s.wg.Done()
+	batch := make([]fleet.ActionReceipt, 0, maxReceiptBatch)
+	flush := func() {
+		if len(batch) == 0 {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := s.Store.MarkDelivered(ctx, batch); err != nil {
+			s.Logger.Error("record action deliveries; those device actions stay Queued and are sent again",
+				"count", len(batch), "err", err)
+		}
+		batch = batch[:0]
+	}
+	for {
+		select {
+		case r := <-s.receipts:
+			batch = append(batch, r)
+		case <-s.ctx.Done():
+			for {
+				select {
+				case r := <-s.receipts:
+					batch = append(batch, r)
+					if len(batch) == maxReceiptBatch {
+						flush()
+					}
+				default:
+					flush()
+					return
+				}
+			}
+		}
+	fill:
+		for len(batch) < maxReceiptBatch {
+			select {
+			case r := <-s.receipts:
+				batch = append(batch, r)
+			default:
+				break fill
+			}
+		}
+		flush()
+	}
+}
+
+// FindActions lists actions; see fleet.ActionService.
+func (s *Service) FindActions(ctx context.Context, tenant string, f fleet.ActionFilter) ([]*fleet.Action, int, error) {
+	return s.Store.FindActions(ctx, tenant, f)
+}
+
+// FindAction reads an action.
+func (s *Service) FindAction(ctx context.Context, tenant string, id int64) (*fleet.Action, error) {
+	return s.Store.FindAction(ctx, tenant, id)
+}
+
+// FindDeviceActions lists device actions.
+func (s *Service) FindDeviceActions(ctx context.Context, tenant string, f fleet.DeviceActionFilter) ([]*fleet.DeviceAction, int, error) {
+	return s.Store.FindDeviceActions(ctx, tenant, f)
+}
+
+// FindDeviceAction reads one device action.
+func (s *Service) FindDeviceAction(ctx context.Context, tenant string, actionID int64, deviceID string) (*fleet.DeviceAction, error) {
+	return s.Store.FindDeviceAction(ctx, tenant, actionID, deviceID)
+}
+
+// ReportStatus applies status reports.
+func (s *Service) ReportStatus(ctx context.Context, tenant string, reports []fleet.StatusReport) ([]error, error) {
+	return s.Store.ReportStatus(ctx, tenant, reports)
+}
+
+// onlineSet remembers the devices that subscribed to their actions, per
+// tenant, so a dispatch asks the broker about those rather than reading
+// every target. Entries of devices that left are dropped when listed.
+type onlineSet struct {
+	mu sync.Mutex
+	m  map[string]map[string]struct{}
+}
+
+func (o *onlineSet) add(tenant, device string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.m == nil {
+		o.m = map[string]map[string]struct{}{}
+	}
+	if o.m[tenant] == nil {
+		o.m[tenant] = map[string]struct{}{}
+	}
+	o.m[tenant][device] = struct{}{}
+}
+
+// list returns the tenant's devices that are online now.
+func (o *onlineSet) list(tenant string, s Sender) []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []string
+	for dev := range o.m[tenant] {
+		if s.Online(tenant, dev) {
+			out = append(out, dev)
+		} else {
+			delete(o.m[tenant], dev)
+		}
+	}
+	return out
+}

@@ -1,0 +1,799 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fleetd/fleet"
+)
+
+// idChunk is how many ids one IN list carries.
+const idChunk = 500
+
+// DispatchAction stores an action and one device action per targeted
+// device in one transaction. The targets are chosen and inserted inside the
+// database (INSERT … SELECT FROM devices), so a dispatch to a million
+// devices is a handful of statements.
+func (db *DB) DispatchAction(ctx context.Context, tenant string, d *fleet.Dispatch) (*fleet.Action, error) {
+	a := &fleet.Action{
+		Action:       d.Action,
+		Params:       d.Params,
+		SearchType:   d.SearchType,
+		SearchKey:    d.SearchKey,
+		SearchQuery:  d.SearchQuery,
+		Metadata:     d.Metadata,
+		Timeout:      d.Timeout,
+		UserEmail:    d.UserEmail,
+		UserName:     d.UserName,
+		DeviceParams: d.DeviceParams,
+	}
+	if a.Metadata == nil {
+		a.Metadata = json.RawMessage("{}")
+	}
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		a.CreatedAt = tx.now.Truncate(time.Millisecond)
+		now := millis(a.CreatedAt)
+		var cancelled string // the name of the action cancel_action cancels
+		if d.CancelActionID != 0 {
+			err := tx.queryRow(ctx, "SELECT action FROM actions WHERE tenant = ? AND id = ?", tenant, d.CancelActionID).Scan(&cancelled)
+			if errors.Is(err, sql.ErrNoRows) {
+				return fleet.FieldErrors(map[string]string{"params.action_id": fmt.Sprintf("there is no action %d to cancel", d.CancelActionID)})
+			} else if err != nil {
+				return err
+			}
+			a.DeviceParams, _ = json.Marshal(map[string]string{"action_id": strconv.FormatInt(d.CancelActionID, 10), "name": cancelled})
+		}
+		if err := tx.queryRow(ctx, `INSERT INTO action_counters (tenant, last_id) VALUES (?, 1)
+			ON CONFLICT (tenant) DO UPDATE SET last_id = action_counters.last_id + 1 RETURNING last_id`, tenant).Scan(&a.ID); err != nil {
+			return err
+		}
+		n, err := tx.insertTargets(ctx, tenant, a, d, now)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return fleet.Errorf(fleet.EINVALID, "no device matches the selection; nothing was dispatched")
+		}
+		a.Targeted = n
+		// The counts are known without counting.
+		a.Statuses = map[string]int{string(fleet.StatusQueued): n}
+		if d.CheckDevice != nil {
+			failed, err := tx.checkDevices(ctx, tenant, a.ID, d.CheckDevice, now)
+			if err != nil {
+				return err
+			}
+			a.Statuses[string(fleet.StatusFailed)] = failed
+		}
+		if d.CancelActionID != 0 {
+			done, err := tx.cancelOnTargets(ctx, tenant, a.ID, d.CancelActionID, now)
+			if err != nil {
+				return err
+			}
+			a.Statuses[string(fleet.StatusCompleted)] = done
+		}
+		for _, s := range []fleet.ActionStatus{fleet.StatusFailed, fleet.StatusCompleted} {
+			a.Statuses[string(fleet.StatusQueued)] -= a.Statuses[string(s)]
+		}
+		for k, v := range a.Statuses {
+			if v == 0 {
+				delete(a.Statuses, k)
+			}
+		}
+		var deviceParams *string
+		if a.DeviceParams != nil {
+			s := string(a.DeviceParams)
+			deviceParams = &s
+		}
+		if _, err := tx.exec(ctx, `INSERT INTO actions (tenant, id, action, params, device_params, search_type, search_key, search_query,
+			metadata, timeout, user_email, user_name, created_at, targeted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			tenant, a.ID, a.Action, string(a.Params), deviceParams, a.SearchType, a.SearchKey, a.SearchQuery,
+			string(a.Metadata), a.Timeout, a.UserEmail, a.UserName, now, a.Targeted); err != nil {
+			return err
+		}
+		details := map[string]any{"action": a.Action, "search_type": a.SearchType, "targeted": a.Targeted}
+		if d.CancelActionID != 0 {
+			details["cancels"] = d.CancelActionID
+		}
+		return tx.audit(ctx, tenant, "action.dispatch", "actions/"+strconv.FormatInt(a.ID, 10), details)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// insertTargets inserts a Queued device action for every device the
+// dispatch selects and returns how many. For search_type default every id
+// must exist: otherwise the error lists the unknown ones, and the caller's
+// transaction is rolled back.
+func (tx *Tx) insertTargets(ctx context.Context, tenant string, a *fleet.Action, d *fleet.Dispatch, now int64) (int, error) {
+	d8 := tx.db.dialect
+	// Constants are cast so that PostgreSQL knows their types in a SELECT.
+	insert := `INSERT INTO device_actions (tenant, action_id, device_id, type, status, action_status, progress, errors, error_count,
+		user_email, user_name, serial_metadata, created_at, updated_at)
+		SELECT tenant, CAST(? AS BIGINT), id, CAST(? AS TEXT), 'Queued', 'Queued', 0, CAST('{}' AS ` + d8.jsonType() + `), 0,
+		CAST(? AS TEXT), CAST(? AS TEXT), metadata, CAST(? AS BIGINT), CAST(? AS BIGINT) FROM devices WHERE tenant = ?`
+	args := []any{a.ID, a.Action, a.UserEmail, a.UserName, now, now, tenant}
+	var total int64
+	switch d.SearchType {
+	case fleet.SearchDefault:
+		short := false
+		for start := 0; start < len(d.DeviceIDs); start += idChunk {
+			chunk := d.DeviceIDs[start:min(start+idChunk, len(d.DeviceIDs))]
+			n, err := tx.execCount(ctx, insert+" AND id IN ("+placeholders(len(chunk))+")", append(slices.Clip(args), anys(chunk)...)...)
+			if err != nil {
+				return 0, err
+			}
+			short = short || int(n) < len(chunk)
+			total += n
+		}
+		if short {
+			return 0, tx.unknownTargets(ctx, tenant, a.ID, d.DeviceIDs)
+		}
+	case fleet.SearchAll:
+		n, err := tx.execCount(ctx, insert, args...)
+		if err != nil {
+			return 0, err
+		}
+		total = n
+	case fleet.SearchMetadata:
+		n, err := tx.execCount(ctx, insert+" AND "+d8.jsonKeyEquals("metadata"), append(args, d.SearchKey, d.SearchQuery)...)
+		if err != nil {
+			return 0, err
+		}
+		total = n
+	case fleet.SearchSearch:
+		cond := d8.jsonValueContainsFold("metadata")
+		more := []any{d.SearchQuery, d.SearchQuery}
+		if d.SearchKey != "" {
+			cond = d8.jsonKeyContainsFold("metadata")
+			more = []any{d.SearchQuery, d.SearchKey, d.SearchQuery}
+		}
+		n, err := tx.execCount(ctx, insert+" AND ("+d8.containsFold("id")+" OR "+cond+")", append(args, more...)...)
+		if err != nil {
+			return 0, err
+		}
+		total = n
+	default:
+		return 0, fleet.FieldErrors(map[string]string{"search_type": "must be one of default, all, metadata, search"})
+	}
+	return int(total), nil
+}
+
+// unknownTargets is the error of a default dispatch that named devices the
+// tenant does not have: those are the ones the insert left out.
+func (tx *Tx) unknownTargets(ctx context.Context, tenant string, actionID int64, ids []string) error {
+	found := make(map[string]bool, len(ids))
+	rows, err := tx.query(ctx, "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ?", tenant, actionID)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		found[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	var unknown []string
+	for _, id := range ids {
+		if !found[id] {
+			unknown = append(unknown, id)
+		}
+	}
+	return &fleet.Error{
+		Code:    fleet.EINVALID,
+		Message: fmt.Sprintf("%d unknown devices: %s; nothing was dispatched", len(unknown), listSome(unknown)),
+		Fields:  map[string]string{"device_ids": "unknown devices: " + listSome(unknown)},
+	}
+}
+
+// checkDevices asks check about every targeted device with recorded
+// component versions and fails the device actions of those it rejects.
+func (tx *Tx) checkDevices(ctx context.Context, tenant string, actionID int64, check func(map[string]string) string, now int64) (int, error) {
+	rows, err := tx.query(ctx, `SELECT d.id, d.components FROM device_actions da
+		JOIN devices d ON d.tenant = da.tenant AND d.id = da.device_id
+		WHERE da.tenant = ? AND da.action_id = ? AND d.components <> '{}'`, tenant, actionID)
+	if err != nil {
+		return 0, err
+	}
+	type rejection struct{ id, reason string }
+	var rejected []rejection
+	for rows.Next() {
+		var id, comps string
+		if err := rows.Scan(&id, &comps); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		var c map[string]string
+		if err := json.Unmarshal([]byte(comps), &c); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("device %s components: %w", id, err)
+		}
+		if len(c) == 0 {
+			continue // nothing recorded, nothing to check
+		}
+		if reason := check(c); reason != "" {
+			rejected = append(rejected, rejection{id, reason})
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	for _, r := range rejected {
+		errs, _ := json.Marshal(map[string][]string{string(fleet.StatusFailed): {r.reason}})
+		if _, err := tx.exec(ctx, `UPDATE device_actions SET action_status = 'Failed', status = 'Failed', errors = ?, error_count = 1, updated_at = ?
+			WHERE tenant = ? AND action_id = ? AND device_id = ?`, string(errs), now, tenant, actionID, r.id); err != nil {
+			return 0, err
+		}
+	}
+	return len(rejected), nil
+}
+
+// cancelOnTargets does what a cancel_action dispatch means: the cancelled
+// action's records on the targeted devices become Cancelled, and the
+// cancel_action's own record is Completed at once wherever the device never
+// had the action, so only devices that have it are sent the cancellation.
+func (tx *Tx) cancelOnTargets(ctx context.Context, tenant string, actionID, cancelled int64, now int64) (int, error) {
+	done, err := tx.execCount(ctx, `UPDATE device_actions SET action_status = 'Completed', status = 'Completed', progress = 100, updated_at = ?
+		WHERE tenant = ? AND action_id = ? AND NOT EXISTS (SELECT 1 FROM device_actions t
+			WHERE t.tenant = device_actions.tenant AND t.action_id = ? AND t.device_id = device_actions.device_id
+			AND t.action_status IN ('Initiated', 'Progress'))`, now, tenant, actionID, cancelled)
+	if err != nil {
+		return 0, err
+	}
+	_, err = tx.exec(ctx, `UPDATE device_actions SET action_status = 'Cancelled', status = 'Cancelled', deadline = NULL, updated_at = ?
+		WHERE tenant = ? AND action_id = ? AND action_status IN ('Queued', 'Initiated', 'Progress')
+		AND device_id IN (SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ?)`,
+		now, tenant, cancelled, tenant, actionID)
+	return int(done), err
+}
+
+func (tx *Tx) execCount(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := tx.exec(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func placeholders(n int) string {
+	return "?" + strings.Repeat(", ?", n-1)
+}
+
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+// CancelAction cancels every device action of an action that is not final.
+// Those whose device has the action (Initiated or Progress) are marked
+// cancel_pending until the device acknowledges the cancellation. It returns
+// the action's name and how many it cancelled.
+func (db *DB) CancelAction(ctx context.Context, tenant string, id int64) (string, int, error) {
+	var n int64
+	var name string
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		err := tx.queryRow(ctx, "SELECT action FROM actions WHERE tenant = ? AND id = ?", tenant, id).Scan(&name)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fleet.Errorf(fleet.ENOTFOUND, "action %d not found", id)
+		} else if err != nil {
+			return err
+		}
+		n, err = tx.execCount(ctx, `UPDATE device_actions SET
+			cancel_pending = CASE WHEN action_status IN ('Initiated', 'Progress') THEN 1 ELSE 0 END,
+			action_status = 'Cancelled', status = 'Cancelled', deadline = NULL, updated_at = ?
+			WHERE tenant = ? AND action_id = ? AND action_status IN ('Queued', 'Initiated', 'Progress')`,
+			millis(tx.now), tenant, id)
+		if err != nil || n == 0 {
+			return err // nothing left to cancel is not worth an audit row
+		}
+		return tx.audit(ctx, tenant, "action.cancel", "actions/"+strconv.FormatInt(id, 10), map[string]any{"cancelled": n})
+	})
+	return name, int(n), err
+}
+
+// PendingDevices returns the devices, among candidates (all when nil),
+// that have a message of the action to acknowledge: the action itself
+// (Queued) or its cancellation (cancel_pending).
+func (db *DB) PendingDevices(ctx context.Context, tenant string, actionID int64, candidates []string) ([]string, error) {
+	const q = "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND (action_status = 'Queued' OR cancel_pending = 1)"
+	if candidates == nil {
+		return db.strings(ctx, q, tenant, actionID)
+	}
+	var out []string
+	for start := 0; start < len(candidates); start += idChunk {
+		chunk := candidates[start:min(start+idChunk, len(candidates))]
+		ids, err := db.strings(ctx, q+" AND device_id IN ("+placeholders(len(chunk))+")", append([]any{tenant, actionID}, anys(chunk)...)...)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ids...)
+	}
+	return out, nil
+}
+
+func (db *DB) strings(ctx context.Context, query string, args ...any) ([]string, error) {
+	rows, err := db.query(ctx, query, args...)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+// PendingActions returns what a device has yet to acknowledge, in action
+// order: actions Queued for it and cancellations of actions it has.
+func (db *DB) PendingActions(ctx context.Context, tenant, device string) ([]fleet.PendingAction, error) {
+	rows, err := db.query(ctx, `SELECT da.action_id, da.type, da.cancel_pending, COALESCE(a.device_params, a.params)
+		FROM device_actions da JOIN actions a ON a.tenant = da.tenant AND a.id = da.action_id
+		WHERE da.tenant = ? AND da.device_id = ? AND (da.action_status = 'Queued' OR da.cancel_pending = 1)
+		ORDER BY da.action_id`, tenant, device)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	defer rows.Close()
+	var out []fleet.PendingAction
+	for rows.Next() {
+		var p fleet.PendingAction
+		var cancel int
+		if err := rows.Scan(&p.ActionID, &p.Name, &cancel, &p.Params); err != nil {
+			return nil, err
+		}
+		p.Cancel = cancel == 1
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// MarkDelivered records devices' acknowledgements of action messages: a
+// Queued device action becomes Initiated and its timeout starts; an
+// acknowledged cancellation is no longer pending. Acknowledgements of
+// anything else change nothing.
+func (db *DB) MarkDelivered(ctx context.Context, receipts []fleet.ActionReceipt) error {
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		now := millis(tx.now)
+		for _, r := range receipts {
+			// Every right-hand side sees the row as it was.
+			if _, err := tx.exec(ctx, `UPDATE device_actions SET
+				status = CASE WHEN action_status = 'Queued' THEN 'Initiated' ELSE status END,
+				initiated_at = CASE WHEN action_status = 'Queued' THEN ? ELSE initiated_at END,
+				deadline = CASE WHEN action_status = 'Queued'
+					THEN ? + 1000 * (SELECT timeout FROM actions a WHERE a.tenant = device_actions.tenant AND a.id = device_actions.action_id)
+					ELSE deadline END,
+				updated_at = CASE WHEN action_status = 'Queued' THEN ? ELSE updated_at END,
+				cancel_pending = 0,
+				action_status = CASE WHEN action_status = 'Queued' THEN 'Initiated' ELSE action_status END
+				WHERE tenant = ? AND action_id = ? AND device_id = ? AND (action_status = 'Queued' OR cancel_pending = 1)`,
+				now, now, now, r.Tenant, r.ActionID, r.DeviceID); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// TimeOutDeviceActions fails up to limit device actions whose deadline is
+// at or before now, with status TimedOut, and returns how many. Any number
+// of replicas may call it at once: each claims different rows, and a row
+// that another replica finished no longer matches.
+func (db *DB) TimeOutDeviceActions(ctx context.Context, now time.Time, limit int) (int, error) {
+	var n int64
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		at := millis(now)
+		var err error
+		n, err = tx.execCount(ctx, `UPDATE device_actions SET action_status = 'Failed', status = 'TimedOut',
+			errors = `+db.dialect.jsonSetList("errors", fleet.StateTimedOut)+`, error_count = error_count + 1,
+			deadline = NULL, updated_at = ?
+			WHERE deadline IS NOT NULL AND deadline <= ? AND (tenant, action_id, device_id) IN (
+				SELECT tenant, action_id, device_id FROM device_actions
+				WHERE deadline IS NOT NULL AND deadline <= ? ORDER BY deadline LIMIT ?`+db.dialect.skipLocked()+`)`,
+			"the action's timeout elapsed before the device reported Completed or Failed", at, at, at, limit)
+		return err
+	})
+	return int(n), err
+}
+
+// ReportStatus applies status reports in one transaction; see
+// fleet.ActionService.
+func (db *DB) ReportStatus(ctx context.Context, tenant string, reports []fleet.StatusReport) ([]error, error) {
+	errs := make([]error, len(reports))
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		seen := map[string]bool{}
+		for i, r := range reports {
+			found, err := tx.applyReport(ctx, tenant, r)
+			if err != nil {
+				return err
+			}
+			errs[i] = nil
+			if !found {
+				errs[i] = tx.reportNotFound(ctx, tenant, r)
+				continue
+			}
+			if !seen[r.DeviceID] {
+				seen[r.DeviceID] = true
+				// At most one write a second per device: last_seen_at is
+				// coarse, and reports are the hottest path.
+				now := millis(tx.now)
+				if _, err := tx.exec(ctx, "UPDATE devices SET last_seen_at = ? WHERE tenant = ? AND id = ? AND (last_seen_at IS NULL OR last_seen_at < ?)",
+					now, tenant, r.DeviceID, now-1000); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return errs, nil
+}
+
+// applyReport applies one report: one SELECT and at most one UPDATE by
+// primary key. It reports false when the device has no such action.
+func (tx *Tx) applyReport(ctx context.Context, tenant string, r fleet.StatusReport) (bool, error) {
+	var (
+		typ, errsText        string
+		cur                  fleet.ReportState
+		lastTS, lastSeq, ini sql.NullInt64
+		timeout              int64
+	)
+	err := tx.queryRow(ctx, `SELECT type, status, action_status, progress, errors, last_ts, last_seq, initiated_at,
+		(SELECT timeout FROM actions a WHERE a.tenant = da.tenant AND a.id = da.action_id)
+		FROM device_actions da WHERE tenant = ? AND action_id = ? AND device_id = ?`+tx.db.dialect.forUpdate(),
+		tenant, r.ActionID, r.DeviceID).Scan(&typ, &cur.Status, &cur.ActionStatus, &cur.Progress, &errsText, &lastTS, &lastSeq, &ini, &timeout)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	if cur.ActionStatus.Final() {
+		return true, nil
+	}
+	if lastTS.Valid {
+		cur.Last = &fleet.ReportKey{Timestamp: lastTS.Int64, Sequence: lastSeq.Int64}
+	}
+	if err := json.Unmarshal([]byte(errsText), &cur.Errors); err != nil {
+		return false, fmt.Errorf("device action %d/%s errors: %w", r.ActionID, r.DeviceID, err)
+	}
+	next, changed := fleet.ApplyReport(cur, r, tx.now)
+	if !changed {
+		return true, nil
+	}
+	now := millis(tx.now)
+	initiated := ini
+	if !initiated.Valid {
+		initiated = sql.NullInt64{Int64: now, Valid: true}
+	}
+	var deadline sql.NullInt64
+	if !next.ActionStatus.Final() {
+		deadline = sql.NullInt64{Int64: initiated.Int64 + 1000*timeout, Valid: true}
+	}
+	errsJSON := errsText
+	if len(r.Errors) > 0 {
+		b, _ := json.Marshal(next.Errors)
+		errsJSON = string(b)
+	}
+	if _, err := tx.exec(ctx, `UPDATE device_actions SET status = ?, action_status = ?, progress = ?, errors = ?, error_count = ?,
+		last_ts = ?, last_seq = ?, initiated_at = ?, deadline = ?, updated_at = ?
+		WHERE tenant = ? AND action_id = ? AND device_id = ?`,
+		next.Status, string(next.ActionStatus), next.Progress, errsJSON, fleet.ErrorCount(next.Errors),
+		next.Last.Timestamp, next.Last.Sequence, initiated, deadline, now,
+		tenant, r.ActionID, r.DeviceID); err != nil {
+		return false, err
+	}
+	if next.ActionStatus == fleet.StatusCompleted && typ == fleet.ActionUpdateFirmware {
+		if err := tx.recordComponents(ctx, tenant, r.DeviceID, r.ActionID, typ); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// recordComponents merges the component versions a completed action
+// installed into the device's record (DESIGN §5).
+func (tx *Tx) recordComponents(ctx context.Context, tenant, device string, actionID int64, typ string) error {
+	var params string
+	if err := tx.queryRow(ctx, "SELECT COALESCE(device_params, params) FROM actions WHERE tenant = ? AND id = ?", tenant, actionID).Scan(&params); err != nil {
+		return err
+	}
+	installed := fleet.CompletedComponents(typ, []byte(params))
+	if len(installed) == 0 {
+		return nil
+	}
+	var text string
+	if err := tx.queryRow(ctx, "SELECT components FROM devices WHERE tenant = ? AND id = ?"+tx.db.dialect.forUpdate(), tenant, device).Scan(&text); err != nil {
+		return err
+	}
+	comps := map[string]string{}
+	if err := json.Unmarshal([]byte(text), &comps); err != nil {
+		return fmt.Errorf("device %s components: %w", device, err)
+	}
+	maps.Copy(comps, installed)
+	_, err := tx.exec(ctx, "UPDATE devices SET components = ? WHERE tenant = ? AND id = ?", encodeMetadata(comps), tenant, device)
+	return err
+}
+
+// reportNotFound says why a report found no device action.
+func (tx *Tx) reportNotFound(ctx context.Context, tenant string, r fleet.StatusReport) error {
+	var one int
+	err := tx.queryRow(ctx, "SELECT 1 FROM devices WHERE tenant = ? AND id = ?", tenant, r.DeviceID).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", r.DeviceID)
+	} else if err != nil {
+		return err
+	}
+	return fleet.Errorf(fleet.ENOTFOUND, "action %d was not sent to device %q", r.ActionID, r.DeviceID)
+}
+
+const actionColumns = `id, action, params, device_params, search_type, search_key, search_query, metadata, timeout,
+	user_email, user_name, created_at, targeted`
+
+func scanAction(s interface{ Scan(...any) error }) (*fleet.Action, error) {
+	var a fleet.Action
+	var params, meta string
+	var deviceParams sql.NullString
+	var created int64
+	if err := s.Scan(&a.ID, &a.Action, &params, &deviceParams, &a.SearchType, &a.SearchKey, &a.SearchQuery, &meta, &a.Timeout,
+		&a.UserEmail, &a.UserName, &created, &a.Targeted); err != nil {
+		return nil, err
+	}
+	a.Params, a.Metadata = json.RawMessage(params), json.RawMessage(meta)
+	if deviceParams.Valid {
+		a.DeviceParams = json.RawMessage(deviceParams.String)
+	}
+	a.CreatedAt = fromMillis(created)
+	return &a, nil
+}
+
+// FindAction returns one action with its per-status counts.
+func (db *DB) FindAction(ctx context.Context, tenant string, id int64) (*fleet.Action, error) {
+	a, err := scanAction(db.queryRow(ctx, "SELECT "+actionColumns+" FROM actions WHERE tenant = ? AND id = ?", tenant, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "action %d not found", id)
+	} else if err != nil {
+		return nil, db.classify(err)
+	}
+	if a.Statuses, err = db.actionStatuses(ctx, tenant, id); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// FindActions lists actions, newest first, with their per-status counts.
+func (db *DB) FindActions(ctx context.Context, tenant string, f fleet.ActionFilter) ([]*fleet.Action, int, error) {
+	cond, args := "tenant = ?", []any{tenant}
+	if f.Action != "" {
+		cond += " AND action = ?"
+		args = append(args, f.Action)
+	}
+	var count int
+	if err := db.queryRow(ctx, "SELECT count(*) FROM actions WHERE "+cond, args...).Scan(&count); err != nil {
+		return nil, 0, db.classify(err)
+	}
+	rows, err := db.query(ctx, "SELECT "+actionColumns+" FROM actions WHERE "+cond+" ORDER BY id DESC LIMIT ? OFFSET ?",
+		append(args, f.Limit, f.Offset())...)
+	if err != nil {
+		return nil, 0, db.classify(err)
+	}
+	defer rows.Close()
+	acts := []*fleet.Action{}
+	byID := map[int64]*fleet.Action{}
+	for rows.Next() {
+		a, err := scanAction(rows)
+		if err != nil {
+			return nil, 0, err
+		}
+		a.Statuses = map[string]int{}
+		acts = append(acts, a)
+		byID[a.ID] = a
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, err
+	}
+	rows.Close()
+	if len(acts) == 0 {
+		return acts, count, nil
+	}
+	ids := make([]any, 0, len(acts)+1)
+	ids = append(ids, tenant)
+	for _, a := range acts {
+		ids = append(ids, a.ID)
+	}
+	srows, err := db.query(ctx, "SELECT action_id, action_status, count(*) FROM device_actions WHERE tenant = ? AND action_id IN ("+
+		placeholders(len(acts))+") GROUP BY action_id, action_status", ids...)
+	if err != nil {
+		return nil, 0, db.classify(err)
+	}
+	defer srows.Close()
+	for srows.Next() {
+		var id int64
+		var status string
+		var n int
+		if err := srows.Scan(&id, &status, &n); err != nil {
+			return nil, 0, err
+		}
+		byID[id].Statuses[status] = n
+	}
+	return acts, count, srows.Err()
+}
+
+// actionStatuses counts an action's device actions per status.
+func (db *DB) actionStatuses(ctx context.Context, tenant string, id int64) (map[string]int, error) {
+	rows, err := db.query(ctx, "SELECT action_status, count(*) FROM device_actions WHERE tenant = ? AND action_id = ? GROUP BY action_status", tenant, id)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var status string
+		var n int
+		if err := rows.Scan(&status, &n); err != nil {
+			return nil, err
+		}
+		out[status] = n
+	}
+	return out, rows.Err()
+}
+
+// deviceActionSorts maps S7's sort_by to columns.
+var deviceActionSorts = map[string]string{
+	"action_id":  "action_id",
+	"type":       "type",
+	"status":     "status",
+	"user_email": "user_email",
+	"user_name":  "user_name",
+	"updated_at": "updated_at",
+	"errors":     "error_count",
+}
+
+const deviceActionColumns = `action_id, device_id, type, status, action_status, progress, errors, user_email, user_name,
+	serial_metadata, created_at, updated_at`
+
+// FindDeviceActions lists the device actions of one device (S7) or of one
+// action; see fleet.DeviceActionFilter.
+func (db *DB) FindDeviceActions(ctx context.Context, tenant string, f fleet.DeviceActionFilter) ([]*fleet.DeviceAction, int, error) {
+	where := []string{"tenant = ?"}
+	args := []any{tenant}
+	var order string
+	dir := " DESC"
+	if f.Ascending {
+		dir = " ASC"
+	}
+	switch {
+	case f.DeviceID != "":
+		var one int
+		err := db.queryRow(ctx, "SELECT 1 FROM devices WHERE tenant = ? AND id = ?", tenant, f.DeviceID).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, 0, fleet.Errorf(fleet.ENOTFOUND, "device %q not found", f.DeviceID)
+		} else if err != nil {
+			return nil, 0, db.classify(err)
+		}
+		where = append(where, "device_id = ?")
+		args = append(args, f.DeviceID)
+		col, ok := deviceActionSorts[f.SortBy]
+		if !ok {
+			col = "action_id"
+		}
+		order = col + dir
+		if col != "action_id" {
+			order += ", action_id" + dir
+		}
+	case f.ActionID != 0:
+		var one int
+		err := db.queryRow(ctx, "SELECT 1 FROM actions WHERE tenant = ? AND id = ?", tenant, f.ActionID).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, 0, fleet.Errorf(fleet.ENOTFOUND, "action %d not found", f.ActionID)
+		} else if err != nil {
+			return nil, 0, db.classify(err)
+		}
+		where = append(where, "action_id = ?")
+		args = append(args, f.ActionID)
+		order = "device_id ASC"
+	default:
+		return nil, 0, fleet.Errorf(fleet.EINVALID, "name a device or an action")
+	}
+	if f.ActionStatus != "" {
+		where = append(where, "action_status = ?")
+		args = append(args, string(f.ActionStatus))
+	}
+	if f.Type != "" {
+		where = append(where, "type = ?")
+		args = append(args, f.Type)
+	}
+	cond := strings.Join(where, " AND ")
+	var count int
+	if err := db.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE "+cond, args...).Scan(&count); err != nil {
+		return nil, 0, db.classify(err)
+	}
+	// The page is chosen first and joined to its actions (for params)
+	// after, so sorting never touches the actions table.
+	rows, err := db.query(ctx, `WITH page AS (SELECT `+deviceActionColumns+`, tenant, error_count FROM device_actions WHERE `+cond+
+		` ORDER BY `+order+` LIMIT ? OFFSET ?)
+		SELECT `+prefixed("page.", deviceActionColumns)+`, COALESCE(a.device_params, a.params)
+		FROM page JOIN actions a ON a.tenant = page.tenant AND a.id = page.action_id ORDER BY `+prefixed("page.", order),
+		append(args, f.Limit, f.Offset())...)
+	if err != nil {
+		return nil, 0, db.classify(err)
+	}
+	defer rows.Close()
+	out := []*fleet.DeviceAction{}
+	for rows.Next() {
+		da, err := scanDeviceAction(rows)
+		if err != nil {
+			return nil, 0, err
+		}
+		out = append(out, da)
+	}
+	return out, count, rows.Err()
+}
+
+// prefixed qualifies each comma-separated column (with its ordering
+// words) by prefix.
+func prefixed(prefix, cols string) string {
+	parts := strings.Split(cols, ",")
+	for i, p := range parts {
+		parts[i] = prefix + strings.TrimSpace(p)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// FindDeviceAction returns one device's record of one action.
+func (db *DB) FindDeviceAction(ctx context.Context, tenant string, actionID int64, deviceID string) (*fleet.DeviceAction, error) {
+	da, err := scanDeviceAction(db.queryRow(ctx, `SELECT `+prefixed("da.", deviceActionColumns)+`, COALESCE(a.device_params, a.params)
+		FROM device_actions da JOIN actions a ON a.tenant = da.tenant AND a.id = da.action_id
+		WHERE da.tenant = ? AND da.action_id = ? AND da.device_id = ?`, tenant, actionID, deviceID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "device %q has no action %d", deviceID, actionID)
+	}
+	return da, db.classify(err)
+}
+
+func scanDeviceAction(s interface{ Scan(...any) error }) (*fleet.DeviceAction, error) {
+	var da fleet.DeviceAction
+	var errs, meta string
+	var created, updated int64
+	if err := s.Scan(&da.ActionID, &da.DeviceID, &da.Type, &da.Status, &da.ActionStatus, &da.Progress, &errs,
+		&da.UserEmail, &da.UserName, &meta, &created, &updated, &da.Params); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal([]byte(errs), &da.Errors); err != nil {
+		return nil, fmt.Errorf("device action %d/%s errors: %w", da.ActionID, da.DeviceID, err)
+	}
+	if err := json.Unmarshal([]byte(meta), &da.SerialMetadata); err != nil {
+		return nil, fmt.Errorf("device action %d/%s metadata: %w", da.ActionID, da.DeviceID, err)
+	}
+	if da.Errors == nil {
+		da.Errors = map[string][]string{}
+	}
+	if da.SerialMetadata == nil {
+		da.SerialMetadata = map[string]string{}
+	}
+	da.CreatedAt, da.UpdatedAt = fromMillis(created), fromMillis(updated)
+	return &da, nil
+}

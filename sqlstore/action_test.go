@@ -1,0 +1,810 @@
+package sqlstore_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/sqlstore"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// mustDevices provisions devices with metadata.
+func mustDevices(t testing.TB, db *sqlstore.DB, tenant string, devs map[string]map[string]string) {
+	t.Helper()
+	var nd []fleet.NewDevice
+	for _, id := range slices.Sorted(func(yield func(string) bool) {
+		for id := range devs {
+			if !yield(id) {
+				return
+			}
+		}
+	}) {
+		nd = append(nd, fleet.NewDevice{ID: id, Metadata: devs[id]})
+	}
+	if _, err := db.CreateDevices(context.Background(), tenant, nd); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// dispatch builds a dispatch of action to search type st.
+func dispatch(action, st string, ids ...string) *fleet.Dispatch {
+	return &fleet.Dispatch{
+		Action: action, Params: json.RawMessage(`{"delay":5}`), SearchType: st, DeviceIDs: ids,
+		Timeout: 60, UserEmail: "ops@example.com", UserName: "ops",
+	}
+}
+
+func mustDispatch(t testing.TB, db *sqlstore.DB, tenant string, d *fleet.Dispatch) *fleet.Action {
+	t.Helper()
+	a, err := db.DispatchAction(context.Background(), tenant, d)
+	if err != nil {
+		t.Fatalf("dispatch %s: %v", d.Action, err)
+	}
+	return a
+}
+
+// targets returns the device ids of an action, sorted.
+func targets(t *testing.T, db *sqlstore.DB, tenant string, id int64) []string {
+	t.Helper()
+	das, _, err := db.FindDeviceActions(context.Background(), tenant, fleet.DeviceActionFilter{ActionID: id, Page: fleet.Page{Page: 1, Limit: 1000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, da := range das {
+		ids = append(ids, da.DeviceID)
+	}
+	return ids
+}
+
+// counts returns how many actions and device actions the tenant has.
+func counts(t *testing.T, db *sqlstore.DB, tenant string) (int, int) {
+	t.Helper()
+	acts, n, err := db.FindActions(context.Background(), tenant, fleet.ActionFilter{Page: fleet.Page{Page: 1, Limit: 1000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	das := 0
+	for _, a := range acts {
+		for _, c := range a.Statuses {
+			das += c
+		}
+	}
+	return n, das
+}
+
+func TestDispatch(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, clk := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustTenant(t, db, "beta")
+		mustDevices(t, db, "acme", map[string]map[string]string{
+			"pump-1":  {"site": "Berlin", "model": "x1"},
+			"pump-2":  {"site": "Paris", "model": "x1"},
+			"valve-1": {"site": "berlin-south", "model": "v2"},
+			"gauge-9": nil,
+		})
+		mustDevices(t, db, "beta", map[string]map[string]string{"pump-1": {"site": "Berlin"}})
+
+		for _, tc := range []struct {
+			name string
+			d    *fleet.Dispatch
+			want []string
+		}{
+			{"Default", dispatch("reboot", "default", "pump-2", "gauge-9"), []string{"gauge-9", "pump-2"}},
+			{"All", dispatch("reboot", "all"), []string{"gauge-9", "pump-1", "pump-2", "valve-1"}},
+			{"Metadata", &fleet.Dispatch{Action: "x", Params: json.RawMessage(`{}`), SearchType: "metadata", SearchKey: "model", SearchQuery: "x1", Timeout: 1}, []string{"pump-1", "pump-2"}},
+			{"MetadataIsExact", &fleet.Dispatch{Action: "x", Params: json.RawMessage(`{}`), SearchType: "metadata", SearchKey: "site", SearchQuery: "Berlin", Timeout: 1}, []string{"pump-1"}},
+			{"SearchAnyValue", &fleet.Dispatch{Action: "x", Params: json.RawMessage(`{}`), SearchType: "search", SearchQuery: "BERLIN", Timeout: 1}, []string{"pump-1", "valve-1"}},
+			{"SearchID", &fleet.Dispatch{Action: "x", Params: json.RawMessage(`{}`), SearchType: "search", SearchQuery: "Gauge", Timeout: 1}, []string{"gauge-9"}},
+			{"SearchUnderKey", &fleet.Dispatch{Action: "x", Params: json.RawMessage(`{}`), SearchType: "search", SearchKey: "model", SearchQuery: "V", Timeout: 1}, []string{"valve-1"}},
+			{"SearchUnderKeyOrID", &fleet.Dispatch{Action: "x", Params: json.RawMessage(`{}`), SearchType: "search", SearchKey: "site", SearchQuery: "pump", Timeout: 1}, []string{"pump-1", "pump-2"}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				a := mustDispatch(t, db, "acme", tc.d)
+				if got := targets(t, db, "acme", a.ID); !slices.Equal(got, tc.want) {
+					t.Fatalf("targets = %v, want %v", got, tc.want)
+				}
+				if a.Targeted != len(tc.want) || a.Statuses["Queued"] != len(tc.want) || len(a.Statuses) != 1 {
+					t.Fatalf("targeted %d, statuses %v; want %d Queued", a.Targeted, a.Statuses, len(tc.want))
+				}
+			})
+		}
+
+		t.Run("Record", func(t *testing.T) {
+			clk.Add(time.Second)
+			d := dispatch("reboot", "default", "pump-1")
+			d.Metadata = json.RawMessage(`{"ticket":"T-1"}`)
+			a := mustDispatch(t, db, "acme", d)
+			got, err := db.FindAction(ctx, "acme", a.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Action != "reboot" || string(got.Params) != `{"delay":5}` || string(got.Metadata) != `{"ticket":"T-1"}` ||
+				got.Timeout != 60 || got.UserName != "ops" || got.UserEmail != "ops@example.com" || !got.CreatedAt.Equal(clk.Now()) ||
+				got.Targeted != 1 || got.Statuses["Queued"] != 1 || got.SearchType != "default" {
+				t.Fatalf("action = %+v", got)
+			}
+			da, err := db.FindDeviceAction(ctx, "acme", a.ID, "pump-1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := fleet.DeviceAction{ActionID: a.ID, DeviceID: "pump-1", Type: "reboot", Status: "Queued", ActionStatus: fleet.StatusQueued,
+				Params: `{"delay":5}`, UserEmail: "ops@example.com", UserName: "ops"}
+			if da.ActionID != want.ActionID || da.DeviceID != want.DeviceID || da.Type != want.Type || da.Status != want.Status ||
+				da.ActionStatus != want.ActionStatus || da.Params != want.Params || da.UserEmail != want.UserEmail || da.UserName != want.UserName ||
+				da.Progress != 0 || len(da.Errors) != 0 || da.Errors == nil || da.SerialMetadata["site"] != "Berlin" ||
+				!da.CreatedAt.Equal(clk.Now()) || !da.UpdatedAt.Equal(clk.Now()) {
+				t.Fatalf("device action = %+v", da)
+			}
+			// The snapshot of metadata does not follow later changes.
+			if _, err := db.UpdateDeviceMetadata(ctx, "acme", "pump-1", map[string]*string{"site": ptr("Rome")}); err != nil {
+				t.Fatal(err)
+			}
+			da, _ = db.FindDeviceAction(ctx, "acme", a.ID, "pump-1")
+			if da.SerialMetadata["site"] != "Berlin" {
+				t.Fatalf("-serial_metadata = %v, want the metadata at dispatch", da.SerialMetadata)
+			}
+			if _, err := db.UpdateDeviceMetadata(ctx, "acme", "pump-1", map[string]*string{"site": ptr("Berlin")}); err != nil {
+				t.Fatal(err)
+			}
+		})
+
+		t.Run("IDsPerTenant", func(t *testing.T) {
+			a1 := mustDispatch(t, db, "beta", dispatch("reboot", "all"))
+			a2 := mustDispatch(t, db, "beta", dispatch("reboot", "all"))
+			if a1.ID != 1 || a2.ID != 2 {
+				t.Fatalf("beta's ids = %d, %d; want 1, 2", a1.ID, a2.ID)
+			}
+		})
+
+		t.Run("RejectedWritesNothing", func(t *testing.T) {
+			acts, das := counts(t, db, "acme")
+			before, _, _ := db.FindAuditLogs(ctx, "acme", fleet.AuditFilter{Page: fleet.Page{Page: 1, Limit: 1}})
+			_, err := db.DispatchAction(ctx, "acme", dispatch("reboot", "default", "pump-1", "nope-1", "pump-2", "nope-2"))
+			wantCode(t, err, fleet.EINVALID)
+			fe := err.(*fleet.Error)
+			if !strings.Contains(fe.Fields["device_ids"], "nope-1, nope-2") || strings.Contains(fe.Message, "pump") {
+				t.Fatalf("error %v must list nope-1 and nope-2 alone", err)
+			}
+			_, err = db.DispatchAction(ctx, "acme", &fleet.Dispatch{Action: "x", Params: json.RawMessage(`{}`), SearchType: "metadata", SearchKey: "site", SearchQuery: "Atlantis", Timeout: 1})
+			wantCode(t, err, fleet.EINVALID)
+			// A device of another tenant is unknown here.
+			mustDevices(t, db, "beta", map[string]map[string]string{"beta-only": nil})
+			_, err = db.DispatchAction(ctx, "acme", dispatch("reboot", "default", "beta-only"))
+			wantCode(t, err, fleet.EINVALID)
+
+			if a, d := counts(t, db, "acme"); a != acts || d != das {
+				t.Fatalf("after rejected dispatches: %d actions, %d device actions; want %d, %d", a, d, acts, das)
+			}
+			after, _, _ := db.FindAuditLogs(ctx, "acme", fleet.AuditFilter{Page: fleet.Page{Page: 1, Limit: 1}})
+			if after[0].ID != before[0].ID {
+				t.Fatalf("a rejected dispatch wrote an audit log: %+v", after[0])
+			}
+			// Nor did it use up an id.
+			a := mustDispatch(t, db, "acme", dispatch("reboot", "default", "pump-1"))
+			if a.ID != int64(acts+1) {
+				t.Fatalf("next id = %d, want %d", a.ID, acts+1)
+			}
+		})
+
+		t.Run("Audit", func(t *testing.T) {
+			logs, _, _ := db.FindAuditLogs(ctx, "acme", fleet.AuditFilter{Page: fleet.Page{Page: 1, Limit: 1}})
+			if logs[0].Action != "action.dispatch" || !strings.HasPrefix(logs[0].Target, "actions/") || logs[0].Details["targeted"] != float64(1) {
+				t.Fatalf("audit log = %+v", logs[0])
+			}
+		})
+
+		t.Run("List", func(t *testing.T) {
+			acts, n, err := db.FindActions(ctx, "acme", fleet.ActionFilter{Page: fleet.Page{Page: 1, Limit: 2}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(acts) != 2 || n < 10 || acts[0].ID <= acts[1].ID || acts[0].Statuses["Queued"] != acts[0].Targeted {
+				t.Fatalf("page = %d items of %d, first %+v", len(acts), n, acts[0])
+			}
+			_, n2, _ := db.FindActions(ctx, "acme", fleet.ActionFilter{Action: "x", Page: fleet.Page{Page: 1, Limit: 50}})
+			if n2 != 6 {
+				t.Fatalf("actions named x = %d, want 6", n2)
+			}
+		})
+
+		t.Run("OtherTenant", func(t *testing.T) {
+			_, err := db.FindAction(ctx, "beta", 5)
+			wantCode(t, err, fleet.ENOTFOUND)
+			_, _, err = db.FindDeviceActions(ctx, "beta", fleet.DeviceActionFilter{ActionID: 5, Page: fleet.Page{Page: 1, Limit: 5}})
+			wantCode(t, err, fleet.ENOTFOUND)
+			_, _, err = db.FindDeviceActions(ctx, "beta", fleet.DeviceActionFilter{DeviceID: "valve-1", Page: fleet.Page{Page: 1, Limit: 5}})
+			wantCode(t, err, fleet.ENOTFOUND)
+			_, _, err = db.CancelAction(ctx, "beta", 5)
+			wantCode(t, err, fleet.ENOTFOUND)
+			errs, err := db.ReportStatus(ctx, "beta", []fleet.StatusReport{{DeviceID: "valve-1", ActionID: 2, State: "Running"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantCode(t, errs[0], fleet.ENOTFOUND)
+			// beta's pump-1 has beta's actions 1 and 2 only.
+			das, n, err := db.FindDeviceActions(ctx, "beta", fleet.DeviceActionFilter{DeviceID: "pump-1", Page: fleet.Page{Page: 1, Limit: 50}})
+			if err != nil || n != 2 || das[0].ActionID != 2 {
+				t.Fatalf("beta pump-1: %d, %v", n, err)
+			}
+		})
+	})
+}
+
+func TestDispatchCheckDevice(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, _ := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustDevices(t, db, "acme", map[string]map[string]string{"old": nil, "new": nil, "blank": nil})
+		// Record versions by completing an update_firmware on two devices.
+		fw := dispatch(fleet.ActionUpdateFirmware, "default", "old", "new")
+		fw.DeviceParams = json.RawMessage(`{"version":"1.0.0","components":[{"component_name":"app","version_number":"1.0.0"},{"component_name":"boot","version_number":"1.0.0"}]}`)
+		a := mustDispatch(t, db, "acme", fw)
+		for _, dev := range []string{"old", "new"} {
+			mustReport(t, db, "acme", fleet.StatusReport{DeviceID: dev, ActionID: a.ID, State: "Completed"})
+		}
+		fw2 := dispatch(fleet.ActionUpdateFirmware, "default", "new")
+		fw2.DeviceParams = json.RawMessage(`{"components":[{"component_name":"boot","version_number":"1.2.0"}]}`)
+		a2 := mustDispatch(t, db, "acme", fw2)
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "new", ActionID: a2.ID, State: "Completed"})
+		d, _ := db.FindDevice(ctx, "acme", "new")
+		if d.Components["app"] != "1.0.0" || d.Components["boot"] != "1.2.0" {
+			t.Fatalf("components after two updates = %v", d.Components)
+		}
+
+		var asked []string
+		check := dispatch(fleet.ActionUpdateFirmware, "all")
+		check.DeviceParams = json.RawMessage(`{"version":"2.0.0"}`)
+		check.CheckDevice = func(c map[string]string) string {
+			asked = append(asked, c["boot"])
+			if c["boot"] < "1.1.0" {
+				return "boot 1.1.0 or later is required; the device has " + c["boot"]
+			}
+			return ""
+		}
+		a3 := mustDispatch(t, db, "acme", check)
+		if a3.Statuses["Failed"] != 1 || a3.Statuses["Queued"] != 2 {
+			t.Fatalf("statuses of the dispatch = %v", a3.Statuses)
+		}
+		sort.Strings(asked)
+		if fmt.Sprint(asked) != "[1.0.0 1.2.0]" {
+			t.Fatalf("CheckDevice asked about %v; want the two devices with components", asked)
+		}
+		got, _ := db.FindDeviceAction(ctx, "acme", a3.ID, "old")
+		if got.ActionStatus != fleet.StatusFailed || got.Status != "Failed" || !strings.Contains(got.Errors["Failed"][0], "boot 1.1.0") || got.Params != `{"version":"2.0.0"}` {
+			t.Fatalf("rejected device action = %+v", got)
+		}
+		pending, err := db.PendingDevices(ctx, "acme", a3.ID, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sort.Strings(pending)
+		if fmt.Sprint(pending) != "[blank new]" {
+			t.Fatalf("pending = %v, want the devices not rejected", pending)
+		}
+		full, _ := db.FindAction(ctx, "acme", a3.ID)
+		if full.Statuses["Failed"] != 1 || full.Statuses["Queued"] != 2 || string(full.Params) != `{"delay":5}` {
+			t.Fatalf("action = %+v", full)
+		}
+	})
+}
+
+func mustReport(t testing.TB, db *sqlstore.DB, tenant string, rs ...fleet.StatusReport) {
+	t.Helper()
+	errs, err := db.ReportStatus(context.Background(), tenant, rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("report %d: %v", i, err)
+		}
+	}
+}
+
+func i64(n int64) *int64 { return &n }
+func intp(n int) *int    { return &n }
+
+func TestReportStatus(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, clk := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustDevices(t, db, "acme", map[string]map[string]string{"d1": nil, "d2": nil, "d3": nil})
+		a := mustDispatch(t, db, "acme", dispatch("reboot", "default", "d1", "d2"))
+		other := mustDispatch(t, db, "acme", dispatch("reboot", "default", "d3"))
+		get := func(dev string) *fleet.DeviceAction {
+			t.Helper()
+			da, err := db.FindDeviceAction(ctx, "acme", a.ID, dev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return da
+		}
+
+		t.Run("FirstReportInitiates", func(t *testing.T) {
+			clk.Add(time.Second)
+			mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "d1", ActionID: a.ID, State: "Received", Timestamp: i64(1000), Sequence: i64(1)})
+			da := get("d1")
+			if da.ActionStatus != fleet.StatusProgress || da.Status != "Received" || !da.UpdatedAt.Equal(clk.Now()) {
+				t.Fatalf("after Received: %+v", da)
+			}
+			d, _ := db.FindDevice(ctx, "acme", "d1")
+			if d.LastSeenAt == nil || !d.LastSeenAt.Equal(clk.Now()) {
+				t.Fatalf("last_seen_at = %v, want %v", d.LastSeenAt, clk.Now())
+			}
+			// Its timeout runs from now: 60 s later the sweeper fails it.
+			n, err := db.TimeOutDeviceActions(ctx, clk.Now().Add(59*time.Second), 100)
+			if err != nil || n != 0 {
+				t.Fatalf("swept %d (%v) before the timeout", n, err)
+			}
+		})
+
+		t.Run("Ordering", func(t *testing.T) {
+			for _, step := range []struct {
+				name       string
+				r          fleet.StatusReport
+				wantStatus string
+				wantAS     fleet.ActionStatus
+				wantProg   int
+			}{
+				{"Newer", fleet.StatusReport{State: "Downloading", Progress: intp(10), Timestamp: i64(2000), Sequence: i64(2)}, "Downloading", fleet.StatusProgress, 10},
+				{"Older", fleet.StatusReport{State: "Stale", Progress: intp(5), Timestamp: i64(1500), Sequence: i64(9)}, "Downloading", fleet.StatusProgress, 10},
+				{"Duplicate", fleet.StatusReport{State: "Dup", Progress: intp(99), Timestamp: i64(2000), Sequence: i64(2)}, "Downloading", fleet.StatusProgress, 10},
+				{"SameTimeNextSequence", fleet.StatusReport{State: "Downloading", Progress: intp(40), Timestamp: i64(2000), Sequence: i64(3)}, "Downloading", fleet.StatusProgress, 40},
+				{"SameTimeOlderSequence", fleet.StatusReport{State: "Downloading", Progress: intp(20), Timestamp: i64(2000), Sequence: i64(1)}, "Downloading", fleet.StatusProgress, 40},
+				{"NoProgressKeepsIt", fleet.StatusReport{State: "Installing", Timestamp: i64(3000)}, "Installing", fleet.StatusProgress, 40},
+				{"Failed", fleet.StatusReport{State: "Failed", Errors: []string{"disk full"}, Timestamp: i64(4000)}, "Failed", fleet.StatusFailed, 40},
+				{"AfterFinal", fleet.StatusReport{State: "Completed", Progress: intp(100), Timestamp: i64(5000)}, "Failed", fleet.StatusFailed, 40},
+			} {
+				t.Run(step.name, func(t *testing.T) {
+					step.r.DeviceID, step.r.ActionID = "d1", a.ID
+					mustReport(t, db, "acme", step.r)
+					da := get("d1")
+					if da.Status != step.wantStatus || da.ActionStatus != step.wantAS || da.Progress != step.wantProg {
+						t.Fatalf("status %q %s %d, want %q %s %d", da.Status, da.ActionStatus, da.Progress, step.wantStatus, step.wantAS, step.wantProg)
+					}
+				})
+			}
+			if da := get("d1"); fmt.Sprint(da.Errors) != "map[Failed:[disk full]]" {
+				t.Fatalf("errors = %v", da.Errors)
+			}
+			// The final state no longer times out.
+			n, err := db.TimeOutDeviceActions(ctx, clk.Now().Add(time.Hour), 100)
+			if err != nil || n != 0 {
+				t.Fatalf("swept %d (%v); a final device action must not time out", n, err)
+			}
+		})
+
+		t.Run("ErrorsPerState", func(t *testing.T) {
+			mustReport(t, db, "acme",
+				fleet.StatusReport{DeviceID: "d2", ActionID: a.ID, State: "Downloading", Errors: []string{"retrying", "slow link"}, Timestamp: i64(1)},
+				fleet.StatusReport{DeviceID: "d2", ActionID: a.ID, State: "Installing", Timestamp: i64(2)},
+				fleet.StatusReport{DeviceID: "d2", ActionID: a.ID, State: "Completed", Errors: []string{"warning: reboot pending"}, Timestamp: i64(3)},
+			)
+			da := get("d2")
+			if da.ActionStatus != fleet.StatusCompleted || da.Progress != 100 || len(da.Errors) != 2 ||
+				len(da.Errors["Downloading"]) != 2 || da.Errors["Completed"][0] != "warning: reboot pending" {
+				t.Fatalf("d2 = %+v", da)
+			}
+			full, _ := db.FindAction(ctx, "acme", a.ID)
+			if full.Statuses["Completed"] != 1 || full.Statuses["Failed"] != 1 {
+				t.Fatalf("statuses = %v", full.Statuses)
+			}
+		})
+
+		t.Run("WithoutTimestampsInArrivalOrder", func(t *testing.T) {
+			b := mustDispatch(t, db, "acme", dispatch("reboot", "default", "d3"))
+			for _, st := range []string{"One", "Two", "Three"} {
+				mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "d3", ActionID: b.ID, State: st})
+			}
+			da, _ := db.FindDeviceAction(ctx, "acme", b.ID, "d3")
+			if da.Status != "Three" {
+				t.Fatalf("status = %q, want the last report's", da.Status)
+			}
+		})
+
+		t.Run("NotFound", func(t *testing.T) {
+			errs, err := db.ReportStatus(ctx, "acme", []fleet.StatusReport{
+				{DeviceID: "ghost", ActionID: a.ID, State: "Running"},
+				{DeviceID: "d3", ActionID: a.ID, State: "Running"},
+				{DeviceID: "d1", ActionID: 999, State: "Running"},
+				{DeviceID: "d3", ActionID: other.ID, State: "Running", Timestamp: i64(1)},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 3; i++ {
+				wantCode(t, errs[i], fleet.ENOTFOUND)
+			}
+			if !strings.Contains(fleet.ErrorMessage(errs[0]), `device "ghost"`) || !strings.Contains(fleet.ErrorMessage(errs[1]), "was not sent") {
+				t.Fatalf("messages: %v; %v", errs[0], errs[1])
+			}
+			// The good report in the same batch was applied.
+			if errs[3] != nil {
+				t.Fatal(errs[3])
+			}
+			da, _ := db.FindDeviceAction(ctx, "acme", other.ID, "d3")
+			if da.Status != "Running" {
+				t.Fatalf("the valid report of a mixed batch was not applied: %+v", da)
+			}
+		})
+	})
+}
+
+func TestDeliveryAndTimeouts(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, clk := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustDevices(t, db, "acme", map[string]map[string]string{"d1": nil, "d2": nil, "d3": nil})
+		d := dispatch("reboot", "all")
+		d.Timeout = 10
+		a := mustDispatch(t, db, "acme", d)
+
+		pending, err := db.PendingActions(ctx, "acme", "d1")
+		if err != nil || len(pending) != 1 || pending[0].ActionID != a.ID || pending[0].Name != "reboot" || pending[0].Params != `{"delay":5}` || pending[0].Cancel {
+			t.Fatalf("pending = %+v, %v", pending, err)
+		}
+		start := clk.Now()
+		if err := db.MarkDelivered(ctx, []fleet.ActionReceipt{{Tenant: "acme", DeviceID: "d1", ActionID: a.ID}, {Tenant: "acme", DeviceID: "d2", ActionID: a.ID}}); err != nil {
+			t.Fatal(err)
+		}
+		da, _ := db.FindDeviceAction(ctx, "acme", a.ID, "d1")
+		if da.ActionStatus != fleet.StatusInitiated || da.Status != "Initiated" {
+			t.Fatalf("delivered = %+v", da)
+		}
+		if p, _ := db.PendingActions(ctx, "acme", "d1"); len(p) != 0 {
+			t.Fatalf("pending after delivery = %+v", p)
+		}
+		// A second acknowledgement (a redelivery) changes nothing.
+		clk.Add(5 * time.Second)
+		if err := db.MarkDelivered(ctx, []fleet.ActionReceipt{{Tenant: "acme", DeviceID: "d1", ActionID: a.ID}}); err != nil {
+			t.Fatal(err)
+		}
+		// d2 reports, which keeps it in flight but does not move its deadline.
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "d2", ActionID: a.ID, State: "Running", Timestamp: i64(1)})
+
+		if n, err := db.TimeOutDeviceActions(ctx, start.Add(9999*time.Millisecond), 100); err != nil || n != 0 {
+			t.Fatalf("before the deadline: swept %d, %v", n, err)
+		}
+		if n, err := db.TimeOutDeviceActions(ctx, start.Add(10*time.Second), 1); err != nil || n != 1 {
+			t.Fatalf("at the deadline, limit 1: swept %d, %v", n, err)
+		}
+		if n, err := db.TimeOutDeviceActions(ctx, start.Add(10*time.Second), 100); err != nil || n != 1 {
+			t.Fatalf("the rest: swept %d, %v", n, err)
+		}
+		if n, err := db.TimeOutDeviceActions(ctx, start.Add(time.Hour), 100); err != nil || n != 0 {
+			t.Fatalf("again: swept %d, %v; Queued d3 must never time out", n, err)
+		}
+		for _, dev := range []string{"d1", "d2"} {
+			da, _ := db.FindDeviceAction(ctx, "acme", a.ID, dev)
+			if da.ActionStatus != fleet.StatusFailed || da.Status != fleet.StateTimedOut || len(da.Errors[fleet.StateTimedOut]) != 1 {
+				t.Fatalf("%s after the timeout = %+v", dev, da)
+			}
+		}
+		// A report after the timeout is acknowledged and ignored.
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "d1", ActionID: a.ID, State: "Completed"})
+		if da, _ := db.FindDeviceAction(ctx, "acme", a.ID, "d1"); da.ActionStatus != fleet.StatusFailed {
+			t.Fatalf("a timed-out device action changed: %+v", da)
+		}
+		if da, _ := db.FindDeviceAction(ctx, "acme", a.ID, "d3"); da.ActionStatus != fleet.StatusQueued {
+			t.Fatalf("d3 = %+v", da)
+		}
+	})
+}
+
+func TestCancel(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, _ := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustDevices(t, db, "acme", map[string]map[string]string{"queued": nil, "sent": nil, "busy": nil, "done": nil})
+		a := mustDispatch(t, db, "acme", dispatch("reboot", "all"))
+		if err := db.MarkDelivered(ctx, []fleet.ActionReceipt{{Tenant: "acme", DeviceID: "sent", ActionID: a.ID}}); err != nil {
+			t.Fatal(err)
+		}
+		mustReport(t, db, "acme",
+			fleet.StatusReport{DeviceID: "busy", ActionID: a.ID, State: "Running"},
+			fleet.StatusReport{DeviceID: "done", ActionID: a.ID, State: "Completed"})
+
+		name, n, err := db.CancelAction(ctx, "acme", a.ID)
+		if err != nil || n != 3 || name != "reboot" {
+			t.Fatalf("cancelled %d, %v; want 3", n, err)
+		}
+		full, _ := db.FindAction(ctx, "acme", a.ID)
+		if full.Statuses["Cancelled"] != 3 || full.Statuses["Completed"] != 1 {
+			t.Fatalf("statuses = %v", full.Statuses)
+		}
+		notify, err := db.PendingDevices(ctx, "acme", a.ID, nil)
+		sort.Strings(notify)
+		if err != nil || fmt.Sprint(notify) != "[busy sent]" {
+			t.Fatalf("devices to tell = %v, %v", notify, err)
+		}
+		if got, _ := db.PendingDevices(ctx, "acme", a.ID, []string{"busy", "queued", "done"}); fmt.Sprint(got) != "[busy]" {
+			t.Fatalf("among candidates = %v", got)
+		}
+		p, _ := db.PendingActions(ctx, "acme", "busy")
+		if len(p) != 1 || !p[0].Cancel || p[0].Name != "reboot" {
+			t.Fatalf("busy's pending = %+v", p)
+		}
+		if err := db.MarkDelivered(ctx, []fleet.ActionReceipt{{Tenant: "acme", DeviceID: "busy", ActionID: a.ID}}); err != nil {
+			t.Fatal(err)
+		}
+		if p, _ := db.PendingActions(ctx, "acme", "busy"); len(p) != 0 {
+			t.Fatalf("pending after the cancellation was acknowledged = %+v", p)
+		}
+		if da, _ := db.FindDeviceAction(ctx, "acme", a.ID, "busy"); da.ActionStatus != fleet.StatusCancelled || da.Status != "Cancelled" {
+			t.Fatalf("busy = %+v", da)
+		}
+		// Reports after a cancel are ignored; cancelling again changes nothing.
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "busy", ActionID: a.ID, State: "Completed"})
+		if _, n, err := db.CancelAction(ctx, "acme", a.ID); err != nil || n != 0 {
+			t.Fatalf("second cancel: %d, %v", n, err)
+		}
+		if da, _ := db.FindDeviceAction(ctx, "acme", a.ID, "busy"); da.ActionStatus != fleet.StatusCancelled {
+			t.Fatalf("busy = %+v", da)
+		}
+		_, _, err = db.CancelAction(ctx, "acme", 99)
+		wantCode(t, err, fleet.ENOTFOUND)
+	})
+}
+
+func TestCancelActionDispatch(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, _ := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustDevices(t, db, "acme", map[string]map[string]string{"queued": nil, "busy": nil, "done": nil, "spare": nil, "untouched": nil})
+		a := mustDispatch(t, db, "acme", dispatch("reboot", "default", "queued", "busy", "done", "untouched"))
+		mustReport(t, db, "acme",
+			fleet.StatusReport{DeviceID: "busy", ActionID: a.ID, State: "Running"},
+			fleet.StatusReport{DeviceID: "done", ActionID: a.ID, State: "Completed"})
+
+		c := dispatch(fleet.ActionCancel, "default", "queued", "busy", "done", "spare")
+		c.CancelActionID = a.ID
+		ca := mustDispatch(t, db, "acme", c)
+		if ca.Statuses["Completed"] != 3 || ca.Statuses["Queued"] != 1 || len(ca.Statuses) != 2 {
+			t.Fatalf("statuses of the cancel_action = %v", ca.Statuses)
+		}
+		want := map[string][2]fleet.ActionStatus{ // device: the action's status, the cancel_action's
+			"queued":    {fleet.StatusCancelled, fleet.StatusCompleted},
+			"busy":      {fleet.StatusCancelled, fleet.StatusQueued},
+			"done":      {fleet.StatusCompleted, fleet.StatusCompleted},
+			"untouched": {fleet.StatusQueued, ""},
+			"spare":     {"", fleet.StatusCompleted},
+		}
+		for dev, w := range want {
+			for i, id := range []int64{a.ID, ca.ID} {
+				da, err := db.FindDeviceAction(ctx, "acme", id, dev)
+				var got fleet.ActionStatus
+				if err == nil {
+					got = da.ActionStatus
+				}
+				if got != w[i] {
+					t.Errorf("%s, action %d: %q, want %q", dev, id, got, w[i])
+				}
+			}
+		}
+		p, _ := db.PendingActions(ctx, "acme", "busy")
+		if len(p) != 1 || p[0].ActionID != ca.ID || p[0].Name != fleet.ActionCancel || p[0].Params != fmt.Sprintf(`{"action_id":"%d","name":"reboot"}`, a.ID) {
+			t.Fatalf("busy's pending = %+v", p)
+		}
+		bad := dispatch(fleet.ActionCancel, "all")
+		bad.CancelActionID = 99
+		_, err := db.DispatchAction(ctx, "acme", bad)
+		wantCode(t, err, fleet.EINVALID)
+	})
+}
+
+// TestDeviceActionSorts checks every S7 sort in both orders, with ties
+// broken by action id, filters and paging.
+func TestDeviceActionSorts(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, clk := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustDevices(t, db, "acme", map[string]map[string]string{"d1": nil, "lonely": nil})
+		types := []string{"reboot", "update", "reboot", "shell", "update", "reboot", "shell", "reboot"}
+		users := []string{"bob", "alice", "carol", "alice", "bob", "alice", "carol", "bob"}
+		states := []string{"", "Running", "Completed", "Failed", "", "Running", "Downloading", "Completed"}
+		nerrs := []int{0, 1, 0, 2, 0, 1, 3, 0}
+		for i := range types {
+			clk.Add(time.Second)
+			d := dispatch(types[i], "default", "d1")
+			d.UserName, d.UserEmail = users[i], users[i]+"@example.com"
+			mustDispatch(t, db, "acme", d)
+		}
+		// Reports in reverse, so that updated_at does not follow ids.
+		for i := len(types) - 1; i >= 0; i-- {
+			if states[i] != "" {
+				var errs []string
+				for j := range nerrs[i] {
+					errs = append(errs, fmt.Sprint("e", j))
+				}
+				clk.Add(time.Minute)
+				mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "d1", ActionID: int64(i + 1), State: states[i], Errors: errs})
+			}
+		}
+		all, n, err := db.FindDeviceActions(ctx, "acme", fleet.DeviceActionFilter{DeviceID: "d1", Page: fleet.Page{Page: 1, Limit: 100}})
+		if err != nil || n != len(types) {
+			t.Fatalf("all: %d, %v", n, err)
+		}
+		key := map[string]func(da *fleet.DeviceAction) string{
+			"action_id":  func(da *fleet.DeviceAction) string { return fmt.Sprintf("%09d", da.ActionID) },
+			"type":       func(da *fleet.DeviceAction) string { return da.Type },
+			"status":     func(da *fleet.DeviceAction) string { return da.Status },
+			"user_email": func(da *fleet.DeviceAction) string { return da.UserEmail },
+			"user_name":  func(da *fleet.DeviceAction) string { return da.UserName },
+			"updated_at": func(da *fleet.DeviceAction) string { return da.UpdatedAt.Format(time.RFC3339Nano) },
+			"errors":     func(da *fleet.DeviceAction) string { return fmt.Sprintf("%09d", fleet.ErrorCount(da.Errors)) },
+		}
+		for _, sortBy := range fleet.DeviceActionSorts {
+			for _, asc := range []bool{true, false} {
+				t.Run(fmt.Sprintf("%s/asc=%v", sortBy, asc), func(t *testing.T) {
+					want := slices.Clone(all)
+					sort.SliceStable(want, func(i, j int) bool {
+						ki, kj := key[sortBy](want[i]), key[sortBy](want[j])
+						if ki == kj {
+							ki, kj = key["action_id"](want[i]), key["action_id"](want[j])
+						}
+						if asc {
+							return ki < kj
+						}
+						return ki > kj
+					})
+					var got []int64
+					for page := 1; page <= 3; page++ {
+						das, n, err := db.FindDeviceActions(ctx, "acme", fleet.DeviceActionFilter{DeviceID: "d1", SortBy: sortBy, Ascending: asc, Page: fleet.Page{Page: page, Limit: 3}})
+						if err != nil || n != len(types) {
+							t.Fatalf("page %d: n %d, %v", page, n, err)
+						}
+						for _, da := range das {
+							got = append(got, da.ActionID)
+						}
+					}
+					var wantIDs []int64
+					for _, da := range want {
+						wantIDs = append(wantIDs, da.ActionID)
+					}
+					if !slices.Equal(got, wantIDs) {
+						t.Fatalf("order %v, want %v", got, wantIDs)
+					}
+				})
+			}
+		}
+		t.Run("Filters", func(t *testing.T) {
+			das, n, err := db.FindDeviceActions(ctx, "acme", fleet.DeviceActionFilter{DeviceID: "d1", Type: "reboot", ActionStatus: fleet.StatusCompleted, Page: fleet.Page{Page: 1, Limit: 50}})
+			if err != nil || n != 2 || len(das) != 2 || das[0].ActionID != 8 || das[1].ActionID != 3 {
+				t.Fatalf("reboot Completed: %d %v", n, err)
+			}
+			_, n, _ = db.FindDeviceActions(ctx, "acme", fleet.DeviceActionFilter{DeviceID: "d1", ActionStatus: fleet.StatusQueued, Page: fleet.Page{Page: 1, Limit: 50}})
+			if n != 2 {
+				t.Fatalf("Queued: %d, want 2", n)
+			}
+		})
+		t.Run("NoActions", func(t *testing.T) {
+			das, n, err := db.FindDeviceActions(ctx, "acme", fleet.DeviceActionFilter{DeviceID: "lonely", Page: fleet.Page{Page: 1, Limit: 50}})
+			if err != nil || n != 0 || das == nil || len(das) != 0 {
+				t.Fatalf("lonely: %v %d %v", das, n, err)
+			}
+		})
+		t.Run("UnknownDevice", func(t *testing.T) {
+			_, _, err := db.FindDeviceActions(ctx, "acme", fleet.DeviceActionFilter{DeviceID: "ghost", Page: fleet.Page{Page: 1, Limit: 50}})
+			wantCode(t, err, fleet.ENOTFOUND)
+		})
+		t.Run("DeletedDeviceTakesItsRecords", func(t *testing.T) {
+			if err := db.DeleteDevice(ctx, "acme", "d1"); err != nil {
+				t.Fatal(err)
+			}
+			a, err := db.FindAction(ctx, "acme", 1)
+			if err != nil || len(a.Statuses) != 0 {
+				t.Fatalf("action 1 after its device was deleted: %v %v", a.Statuses, err)
+			}
+		})
+	})
+}
+
+// benchDevices is how many devices BenchmarkDispatch targets;
+// FLEETD_BENCH_DEVICES=1000000 measures a million.
+func benchDevices() int {
+	if n, err := strconv.Atoi(os.Getenv("FLEETD_BENCH_DEVICES")); err == nil && n > 0 {
+		return n
+	}
+	return 100_000
+}
+
+// BenchmarkDispatch measures a dispatch to every device of a tenant
+// (100,000 by default). The target is under a second on SQLite, and under
+// ten seconds for 1,000,000.
+func BenchmarkDispatch(b *testing.B) {
+	for _, be := range sqlstoretest.Backends() {
+		b.Run(be.Name, func(b *testing.B) {
+			db := sqlstoretest.MustOpen(b, be, sqlstoretest.Options{})
+			ctx := context.Background()
+			if _, _, err := db.CreateTenant(ctx, "bench"); err != nil {
+				b.Fatal(err)
+			}
+			n := benchDevices()
+			devs := make([]fleet.NewDevice, 0, fleet.MaxBulkDevices)
+			for i := 0; i < n; i++ {
+				devs = append(devs, fleet.NewDevice{ID: fmt.Sprintf("dev-%07d", i), Metadata: map[string]string{"fleet": "bench", "n": strconv.Itoa(i % 100)}})
+				if len(devs) == fleet.MaxBulkDevices || i == n-1 {
+					if _, err := db.CreateDevices(ctx, "bench", devs); err != nil {
+						b.Fatal(err)
+					}
+					devs = devs[:0]
+				}
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				a, err := db.DispatchAction(ctx, "bench", dispatch("reboot", "all"))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if a.Targeted != n {
+					b.Fatalf("targeted %d, want %d", a.Targeted, n)
+				}
+			}
+			b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "devices/s")
+		})
+	}
+}
+
+// BenchmarkReportStatus measures status reports applied through the store
+// by many concurrent writers (as S10's handlers are), each report its own
+// transaction job so that group commit batches them.
+func BenchmarkReportStatus(b *testing.B) {
+	for _, be := range sqlstoretest.Backends() {
+		b.Run(be.Name, func(b *testing.B) {
+			db := sqlstoretest.MustOpen(b, be, sqlstoretest.Options{})
+			ctx := context.Background()
+			if _, _, err := db.CreateTenant(ctx, "bench"); err != nil {
+				b.Fatal(err)
+			}
+			const devices = 10_000
+			devs := make([]fleet.NewDevice, devices)
+			for i := range devs {
+				devs[i] = fleet.NewDevice{ID: fmt.Sprintf("dev-%05d", i)}
+			}
+			if _, err := db.CreateDevices(ctx, "bench", devs); err != nil {
+				b.Fatal(err)
+			}
+			a, err := db.DispatchAction(ctx, "bench", dispatch("reboot", "all"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			var seq atomic.Int64
+			b.SetParallelism(32) // 32 × GOMAXPROCS concurrent reporters
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					i := seq.Add(1)
+					r := fleet.StatusReport{DeviceID: fmt.Sprintf("dev-%05d", i%devices), ActionID: a.ID, State: "Downloading",
+						Progress: intp(int(i % 100)), Timestamp: i64(i), Sequence: i64(i)}
+					errs, err := db.ReportStatus(ctx, "bench", []fleet.StatusReport{r})
+					if err != nil || errs[0] != nil {
+						b.Fatal(err, errs)
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "reports/s")
+		})
+	}
+}
+
+var _ sync.Mutex
