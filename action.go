@@ -499,8 +499,9 @@ type ActionService interface {
 	FindDeviceActions(ctx context.Context, tenant string, f DeviceActionFilter) ([]*DeviceAction, int, error)
 	FindDeviceAction(ctx context.Context, tenant string, actionID int64, deviceID string) (*DeviceAction, error)
 	// CancelAction cancels every device action of the action that is not
-	// final; devices that have the action are told. An action with nothing
-	// left to cancel is not an error.
+	// final. Devices that have the action are told by a cancel_action
+	// dispatched to them. An action with nothing left to cancel is not an
+	// error.
 	CancelAction(ctx context.Context, tenant string, id int64) error
 	// ReportStatus applies reports in one transaction and returns once it
 	// committed. Each report's own problem (ENOTFOUND: unknown device, or
@@ -527,11 +528,10 @@ type ActionReceipt struct {
 	ActionID int64
 }
 
-// PendingAction is a message a device has yet to acknowledge: an action
-// still Queued for it, or the cancellation of one it has (Cancel).
+// PendingAction is an action still Queued for a device: it has yet to
+// acknowledge the message.
 type PendingAction struct {
 	ActionID int64
 	Name     string
-	Params   string
-	Cancel   bool
+	Params   string // as sent
 }

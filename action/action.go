@@ -40,12 +40,13 @@ type Store interface {
 	FindAction(ctx context.Context, tenant string, id int64) (*fleet.Action, error)
 	FindDeviceActions(ctx context.Context, tenant string, f fleet.DeviceActionFilter) ([]*fleet.DeviceAction, int, error)
 	FindDeviceAction(ctx context.Context, tenant string, actionID int64, deviceID string) (*fleet.DeviceAction, error)
-	// CancelAction returns the action's name and how many device actions
-	// it cancelled.
-	CancelAction(ctx context.Context, tenant string, id int64) (string, int, error)
+	// CancelAction returns the cancel_action it dispatched to the devices
+	// that have the action (nil if none) and how many device actions it
+	// cancelled.
+	CancelAction(ctx context.Context, tenant string, id int64) (*fleet.Action, int, error)
 	ReportStatus(ctx context.Context, tenant string, reports []fleet.StatusReport) ([]error, error)
 	// PendingDevices returns the devices, among candidates (all when nil),
-	// with a message of the action to acknowledge.
+	// for which the action is Queued.
 	PendingDevices(ctx context.Context, tenant string, actionID int64, candidates []string) ([]string, error)
 	PendingActions(ctx context.Context, tenant, device string) ([]fleet.PendingAction, error)
 	MarkDelivered(ctx context.Context, receipts []fleet.ActionReceipt) error
@@ -66,14 +67,6 @@ type Message struct {
 func NewMessage(id int64, name, params string) []byte {
 	b, _ := json.Marshal(Message{ID: strconv.FormatInt(id, 10), Kind: "process", Name: name, Payload: params})
 	return b // a struct of strings always encodes
-}
-
-// NewCancelMessage returns the message that tells a device to stop action
-// id. It carries the cancelled action's id, so the device's acknowledgement
-// of it is recognised.
-func NewCancelMessage(id int64, name string) []byte {
-	p, _ := json.Marshal(map[string]string{"action_id": strconv.FormatInt(id, 10), "name": name})
-	return NewMessage(id, fleet.ActionCancel, string(p))
 }
 
 // Service implements fleet.ActionService and fleet.ActionDelivery. Set
@@ -197,20 +190,21 @@ func (s *Service) DispatchAction(ctx context.Context, tenant string, d *fleet.Di
 	return a, nil
 }
 
-// CancelAction cancels what is not final and tells the connected devices
-// that have the action; the others are told when they next subscribe.
+// CancelAction cancels what is not final. The cancel_action the store
+// dispatched to the devices that have the action is sent like any action:
+// now to those connected, to the others when they next subscribe.
 func (s *Service) CancelAction(ctx context.Context, tenant string, id int64) error {
-	name, n, err := s.Store.CancelAction(ctx, tenant, id)
-	if err != nil || n == 0 {
+	sent, _, err := s.Store.CancelAction(ctx, tenant, id)
+	if err != nil || sent == nil {
 		return err
 	}
-	payload := NewCancelMessage(id, name)
-	s.goTracked(func() { s.deliver(tenant, id, n, payload) })
+	payload := NewMessage(sent.ID, sent.Action, sent.SentParams())
+	s.goTracked(func() { s.deliver(tenant, sent.ID, sent.Targeted, payload) })
 	return nil
 }
 
-// deliver sends payload to the connected devices that have a message of
-// action id to acknowledge. It asks the broker who is connected rather
+// deliver sends payload to the connected devices for which action id is
+// Queued. It asks the broker who is connected rather
 // than reading every target: a million targets with ten thousand online
 // cost ten thousand lookups.
 func (s *Service) deliver(tenant string, id int64, targeted int, payload []byte) {
@@ -254,7 +248,7 @@ func (s *Service) deliver(tenant string, id int64, targeted int, payload []byte)
 	wg.Wait()
 }
 
-// DeviceSubscribed sends a device what it has yet to acknowledge, oldest
+// DeviceSubscribed sends a device the actions Queued for it, oldest
 // first. A device far behind (the broker's in-flight window is full) is
 // waited for, briefly; what is left is sent when it subscribes again.
 func (s *Service) DeviceSubscribed(tenant, device string) {
@@ -270,11 +264,7 @@ func (s *Service) DeviceSubscribed(tenant, device string) {
 		return
 	}
 	for _, p := range pending {
-		payload := NewMessage(p.ActionID, p.Name, p.Params)
-		if p.Cancel {
-			payload = NewCancelMessage(p.ActionID, p.Name)
-		}
-		if !s.sendPatiently(tenant, device, payload) {
+		if !s.sendPatiently(tenant, device, NewMessage(p.ActionID, p.Name, p.Params)) {
 			return
 		}
 	}

@@ -306,32 +306,23 @@ func TestCancel(t *testing.T) {
 		s := f.next(t)
 		f.none(t)
 		wantPayload := fmt.Sprintf(`{"action_id":"%d","name":"reboot"}`, a.ID)
-		if s.Device != "busy" || s.Msg.Name != fleet.ActionCancel || s.Msg.ID != fmt.Sprint(a.ID) || s.Msg.Payload != wantPayload {
-			t.Fatalf("sent %+v, want cancel_action to busy", s)
+		if s.Device != "busy" || s.Msg.Name != fleet.ActionCancel || s.Msg.ID == fmt.Sprint(a.ID) || s.Msg.Payload != wantPayload {
+			t.Fatalf("sent %+v, want a cancel_action of its own id to busy", s)
 		}
+		cancelID, _ := fleet.ParseActionID(s.Msg.ID)
 		// away is told when it comes back, until it acknowledges.
 		f.setOnline("away", true)
 		svc.DeviceSubscribed("acme", "away")
-		if s := f.next(t); s.Device != "away" || s.Msg.Name != fleet.ActionCancel {
+		if s := f.next(t); s.Device != "away" || s.Msg.Name != fleet.ActionCancel || s.Msg.ID != fmt.Sprint(cancelID) {
 			t.Fatalf("sent %+v", s)
 		}
-		svc.ActionDelivered("acme", "away", a.ID)
-		deadline := time.Now().Add(wait)
-		for {
-			p, err := db.PendingActions(ctx, "acme", "away")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(p) == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("away still has %+v pending", p)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		svc.ActionDelivered("acme", "away", cancelID)
+		awaitStatus(t, db, cancelID, "away", fleet.StatusInitiated)
 		svc.DeviceSubscribed("acme", "away")
 		f.none(t)
+		// The device's reports on the cancellation are its own.
+		mustReport(fleet.StatusReport{DeviceID: "away", ActionID: cancelID, State: "Completed"})
+		awaitStatus(t, db, cancelID, "away", fleet.StatusCompleted)
 
 		// Cancelling a finished action is not an error and sends nothing.
 		if err := svc.CancelAction(ctx, "acme", a.ID); err != nil {
@@ -503,8 +494,5 @@ func TestSweeper(t *testing.T) {
 func TestMessages(t *testing.T) {
 	if got := string(action.NewMessage(42, "reboot", `{"a":1}`)); got != `{"id":"42","kind":"process","name":"reboot","payload":"{\"a\":1}"}` {
 		t.Errorf("NewMessage = %s", got)
-	}
-	if got := string(action.NewCancelMessage(42, "reboot")); got != `{"id":"42","kind":"process","name":"cancel_action","payload":"{\"action_id\":\"42\",\"name\":\"reboot\"}"}` {
-		t.Errorf("NewCancelMessage = %s", got)
 	}
 }

@@ -23,6 +23,26 @@ const idChunk = 500
 // database (INSERT … SELECT FROM devices), so a dispatch to a million
 // devices is a handful of statements.
 func (db *DB) DispatchAction(ctx context.Context, tenant string, d *fleet.Dispatch) (*fleet.Action, error) {
+	var a *fleet.Action
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		var err error
+		a, err = tx.dispatch(ctx, tenant, d, false)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// searchInFlight is the selection of a cancellation that CancelAction
+// sends: the devices that have the action it cancels (d.CancelActionID) in
+// flight. Clients cannot ask for it.
+const searchInFlight = "in-flight"
+
+// dispatch is DispatchAction inside a transaction. With allowEmpty, a
+// selection that matches no device dispatches nothing and returns nil.
+func (tx *Tx) dispatch(ctx context.Context, tenant string, d *fleet.Dispatch, allowEmpty bool) (*fleet.Action, error) {
 	a := &fleet.Action{
 		Action:       d.Action,
 		Params:       d.Params,
@@ -34,80 +54,79 @@ func (db *DB) DispatchAction(ctx context.Context, tenant string, d *fleet.Dispat
 		UserEmail:    d.UserEmail,
 		UserName:     d.UserName,
 		DeviceParams: d.DeviceParams,
+		CreatedAt:    tx.now.Truncate(time.Millisecond),
 	}
 	if a.Metadata == nil {
 		a.Metadata = json.RawMessage("{}")
 	}
-	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		a.CreatedAt = tx.now.Truncate(time.Millisecond)
-		now := millis(a.CreatedAt)
-		var cancelled string // the name of the action cancel_action cancels
-		if d.CancelActionID != 0 {
-			err := tx.queryRow(ctx, "SELECT action FROM actions WHERE tenant = ? AND id = ?", tenant, d.CancelActionID).Scan(&cancelled)
-			if errors.Is(err, sql.ErrNoRows) {
-				return fleet.FieldErrors(map[string]string{"params.action_id": fmt.Sprintf("there is no action %d to cancel", d.CancelActionID)})
-			} else if err != nil {
-				return err
-			}
-			a.DeviceParams, _ = json.Marshal(map[string]string{"action_id": strconv.FormatInt(d.CancelActionID, 10), "name": cancelled})
+	if a.SearchType == searchInFlight {
+		a.SearchType = fleet.SearchDefault
+	}
+	now := millis(a.CreatedAt)
+	if d.CancelActionID != 0 {
+		var cancelled string
+		err := tx.queryRow(ctx, "SELECT action FROM actions WHERE tenant = ? AND id = ?", tenant, d.CancelActionID).Scan(&cancelled)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, fleet.FieldErrors(map[string]string{"params.action_id": fmt.Sprintf("there is no action %d to cancel", d.CancelActionID)})
+		} else if err != nil {
+			return nil, err
 		}
-		if err := tx.queryRow(ctx, `INSERT INTO action_counters (tenant, last_id) VALUES (?, 1)
-			ON CONFLICT (tenant) DO UPDATE SET last_id = action_counters.last_id + 1 RETURNING last_id`, tenant).Scan(&a.ID); err != nil {
-			return err
-		}
-		n, err := tx.insertTargets(ctx, tenant, a, d, now)
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return fleet.Errorf(fleet.EINVALID, "no device matches the selection; nothing was dispatched")
-		}
-		a.Targeted = n
-		// The counts are known without counting.
-		a.Statuses = map[string]int{string(fleet.StatusQueued): n}
-		if d.CheckDevice != nil {
-			failed, err := tx.checkDevices(ctx, tenant, a.ID, d.CheckDevice, now)
-			if err != nil {
-				return err
-			}
-			a.Statuses[string(fleet.StatusFailed)] = failed
-		}
-		if d.CancelActionID != 0 {
-			done, err := tx.cancelOnTargets(ctx, tenant, a.ID, d.CancelActionID, now)
-			if err != nil {
-				return err
-			}
-			a.Statuses[string(fleet.StatusCompleted)] = done
-		}
-		for _, s := range []fleet.ActionStatus{fleet.StatusFailed, fleet.StatusCompleted} {
-			a.Statuses[string(fleet.StatusQueued)] -= a.Statuses[string(s)]
-		}
-		for k, v := range a.Statuses {
-			if v == 0 {
-				delete(a.Statuses, k)
-			}
-		}
-		var deviceParams *string
-		if a.DeviceParams != nil {
-			s := string(a.DeviceParams)
-			deviceParams = &s
-		}
-		if _, err := tx.exec(ctx, `INSERT INTO actions (tenant, id, action, params, device_params, search_type, search_key, search_query,
-			metadata, timeout, user_email, user_name, created_at, targeted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			tenant, a.ID, a.Action, string(a.Params), deviceParams, a.SearchType, a.SearchKey, a.SearchQuery,
-			string(a.Metadata), a.Timeout, a.UserEmail, a.UserName, now, a.Targeted); err != nil {
-			return err
-		}
-		details := map[string]any{"action": a.Action, "search_type": a.SearchType, "targeted": a.Targeted}
-		if d.CancelActionID != 0 {
-			details["cancels"] = d.CancelActionID
-		}
-		return tx.audit(ctx, tenant, "action.dispatch", "actions/"+strconv.FormatInt(a.ID, 10), details)
-	})
+		a.DeviceParams, _ = json.Marshal(map[string]string{"action_id": strconv.FormatInt(d.CancelActionID, 10), "name": cancelled})
+	}
+	if err := tx.queryRow(ctx, `INSERT INTO action_counters (tenant, last_id) VALUES (?, 1)
+		ON CONFLICT (tenant) DO UPDATE SET last_id = action_counters.last_id + 1 RETURNING last_id`, tenant).Scan(&a.ID); err != nil {
+		return nil, err
+	}
+	n, err := tx.insertTargets(ctx, tenant, a, d, now)
 	if err != nil {
 		return nil, err
 	}
-	return a, nil
+	if n == 0 && allowEmpty {
+		return nil, nil
+	} else if n == 0 {
+		return nil, fleet.Errorf(fleet.EINVALID, "no device matches the selection; nothing was dispatched")
+	}
+	a.Targeted = n
+	// The counts are known without counting.
+	a.Statuses = map[string]int{string(fleet.StatusQueued): n}
+	if d.CheckDevice != nil {
+		failed, err := tx.checkDevices(ctx, tenant, a.ID, d.CheckDevice, now)
+		if err != nil {
+			return nil, err
+		}
+		a.Statuses[string(fleet.StatusFailed)] = failed
+	}
+	if d.CancelActionID != 0 {
+		done, err := tx.cancelOnTargets(ctx, tenant, a.ID, d.CancelActionID, now)
+		if err != nil {
+			return nil, err
+		}
+		a.Statuses[string(fleet.StatusCompleted)] = done
+	}
+	for _, s := range []fleet.ActionStatus{fleet.StatusFailed, fleet.StatusCompleted} {
+		a.Statuses[string(fleet.StatusQueued)] -= a.Statuses[string(s)]
+	}
+	for k, v := range a.Statuses {
+		if v == 0 {
+			delete(a.Statuses, k)
+		}
+	}
+	var deviceParams *string
+	if a.DeviceParams != nil {
+		s := string(a.DeviceParams)
+		deviceParams = &s
+	}
+	if _, err := tx.exec(ctx, `INSERT INTO actions (tenant, id, action, params, device_params, search_type, search_key, search_query,
+		metadata, timeout, user_email, user_name, created_at, targeted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		tenant, a.ID, a.Action, string(a.Params), deviceParams, a.SearchType, a.SearchKey, a.SearchQuery,
+		string(a.Metadata), a.Timeout, a.UserEmail, a.UserName, now, a.Targeted); err != nil {
+		return nil, err
+	}
+	details := map[string]any{"action": a.Action, "search_type": a.SearchType, "targeted": a.Targeted}
+	if d.CancelActionID != 0 {
+		details["cancels"] = d.CancelActionID
+	}
+	return a, tx.audit(ctx, tenant, "action.dispatch", "actions/"+strconv.FormatInt(a.ID, 10), details)
 }
 
 // insertTargets inserts a Queued device action for every device the
@@ -158,6 +177,13 @@ func (tx *Tx) insertTargets(ctx context.Context, tenant string, a *fleet.Action,
 			more = []any{d.SearchQuery, d.SearchKey, d.SearchQuery}
 		}
 		n, err := tx.execCount(ctx, insert+" AND ("+d8.containsFold("id")+" OR "+cond+")", append(args, more...)...)
+		if err != nil {
+			return 0, err
+		}
+		total = n
+	case searchInFlight:
+		n, err := tx.execCount(ctx, insert+` AND id IN (SELECT device_id FROM device_actions
+			WHERE tenant = ? AND action_id = ? AND action_status IN ('Initiated', 'Progress'))`, append(args, tenant, d.CancelActionID)...)
 		if err != nil {
 			return 0, err
 		}
@@ -282,38 +308,73 @@ func anys(ss []string) []any {
 	return out
 }
 
-// CancelAction cancels every device action of an action that is not final.
-// Those whose device has the action (Initiated or Progress) are marked
-// cancel_pending until the device acknowledges the cancellation. It returns
-// the action's name and how many it cancelled.
-func (db *DB) CancelAction(ctx context.Context, tenant string, id int64) (string, int, error) {
+// CancelAction cancels every device action of an action that is not
+// final, and returns how many. Devices that have the action (Initiated or
+// Progress) must be told: for them it dispatches a cancel_action in the
+// same transaction and returns it (nil when there are none), to be sent
+// like any action.
+func (db *DB) CancelAction(ctx context.Context, tenant string, id int64) (*fleet.Action, int, error) {
 	var n int64
-	var name string
+	var sent *fleet.Action
 	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		err := tx.queryRow(ctx, "SELECT action FROM actions WHERE tenant = ? AND id = ?", tenant, id).Scan(&name)
+		sent, n = nil, 0
+		var name string
+		var timeout int64
+		err := tx.queryRow(ctx, "SELECT action, timeout FROM actions WHERE tenant = ? AND id = ?", tenant, id).Scan(&name, &timeout)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fleet.Errorf(fleet.ENOTFOUND, "action %d not found", id)
 		} else if err != nil {
 			return err
 		}
-		n, err = tx.execCount(ctx, `UPDATE device_actions SET
-			cancel_pending = CASE WHEN action_status IN ('Initiated', 'Progress') THEN 1 ELSE 0 END,
-			action_status = 'Cancelled', status = 'Cancelled', deadline = NULL, updated_at = ?
+		var inFlight int
+		if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status IN ('Initiated', 'Progress')",
+			tenant, id).Scan(&inFlight); err != nil {
+			return err
+		}
+		if inFlight > 0 {
+			d := &fleet.Dispatch{
+				Action:         fleet.ActionCancel,
+				Params:         json.RawMessage(`{"action_id":"` + strconv.FormatInt(id, 10) + `"}`),
+				SearchType:     searchInFlight,
+				Timeout:        timeout,
+				CancelActionID: id,
+			}
+			if a := fleet.ActorFromContext(ctx); a != nil {
+				d.UserEmail, d.UserName = a.UserEmail, a.UserName
+			}
+			// On PostgreSQL the devices may finish meanwhile: then none is
+			// left to tell.
+			if sent, err = tx.dispatch(ctx, tenant, d, true); err != nil {
+				return err
+			}
+		}
+		// What the cancellation did not reach was Queued: it needs no word.
+		queued, err := tx.execCount(ctx, `UPDATE device_actions SET action_status = 'Cancelled', status = 'Cancelled', deadline = NULL, updated_at = ?
 			WHERE tenant = ? AND action_id = ? AND action_status IN ('Queued', 'Initiated', 'Progress')`,
 			millis(tx.now), tenant, id)
-		if err != nil || n == 0 {
-			return err // nothing left to cancel is not worth an audit row
+		if err != nil {
+			return err
 		}
-		return tx.audit(ctx, tenant, "action.cancel", "actions/"+strconv.FormatInt(id, 10), map[string]any{"cancelled": n})
+		n = queued
+		if sent != nil {
+			n += int64(sent.Targeted)
+		}
+		if n == 0 {
+			return nil // nothing left to cancel is not worth an audit row
+		}
+		details := map[string]any{"cancelled": n}
+		if sent != nil {
+			details["cancel_action"] = sent.ID
+		}
+		return tx.audit(ctx, tenant, "action.cancel", "actions/"+strconv.FormatInt(id, 10), details)
 	})
-	return name, int(n), err
+	return sent, int(n), err
 }
 
 // PendingDevices returns the devices, among candidates (all when nil),
-// that have a message of the action to acknowledge: the action itself
-// (Queued) or its cancellation (cancel_pending).
+// whose device action is Queued: they have yet to acknowledge it.
 func (db *DB) PendingDevices(ctx context.Context, tenant string, actionID int64, candidates []string) ([]string, error) {
-	const q = "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND (action_status = 'Queued' OR cancel_pending = 1)"
+	const q = "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status = 'Queued'"
 	if candidates == nil {
 		return db.strings(ctx, q, tenant, actionID)
 	}
@@ -346,12 +407,11 @@ func (db *DB) strings(ctx context.Context, query string, args ...any) ([]string,
 	return out, rows.Err()
 }
 
-// PendingActions returns what a device has yet to acknowledge, in action
-// order: actions Queued for it and cancellations of actions it has.
+// PendingActions returns the actions Queued for a device, oldest first.
 func (db *DB) PendingActions(ctx context.Context, tenant, device string) ([]fleet.PendingAction, error) {
-	rows, err := db.query(ctx, `SELECT da.action_id, da.type, da.cancel_pending, COALESCE(a.device_params, a.params)
+	rows, err := db.query(ctx, `SELECT da.action_id, da.type, COALESCE(a.device_params, a.params)
 		FROM device_actions da JOIN actions a ON a.tenant = da.tenant AND a.id = da.action_id
-		WHERE da.tenant = ? AND da.device_id = ? AND (da.action_status = 'Queued' OR da.cancel_pending = 1)
+		WHERE da.tenant = ? AND da.device_id = ? AND da.action_status = 'Queued'
 		ORDER BY da.action_id`, tenant, device)
 	if err != nil {
 		return nil, db.classify(err)
@@ -360,35 +420,25 @@ func (db *DB) PendingActions(ctx context.Context, tenant, device string) ([]flee
 	var out []fleet.PendingAction
 	for rows.Next() {
 		var p fleet.PendingAction
-		var cancel int
-		if err := rows.Scan(&p.ActionID, &p.Name, &cancel, &p.Params); err != nil {
+		if err := rows.Scan(&p.ActionID, &p.Name, &p.Params); err != nil {
 			return nil, err
 		}
-		p.Cancel = cancel == 1
 		out = append(out, p)
 	}
 	return out, rows.Err()
 }
 
 // MarkDelivered records devices' acknowledgements of action messages: a
-// Queued device action becomes Initiated and its timeout starts; an
-// acknowledged cancellation is no longer pending. Acknowledgements of
-// anything else change nothing.
+// Queued device action becomes Initiated and its timeout starts.
+// Acknowledgements of anything else (a redelivery) change nothing.
 func (db *DB) MarkDelivered(ctx context.Context, receipts []fleet.ActionReceipt) error {
 	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		now := millis(tx.now)
 		for _, r := range receipts {
-			// Every right-hand side sees the row as it was.
-			if _, err := tx.exec(ctx, `UPDATE device_actions SET
-				status = CASE WHEN action_status = 'Queued' THEN 'Initiated' ELSE status END,
-				initiated_at = CASE WHEN action_status = 'Queued' THEN ? ELSE initiated_at END,
-				deadline = CASE WHEN action_status = 'Queued'
-					THEN ? + 1000 * (SELECT timeout FROM actions a WHERE a.tenant = device_actions.tenant AND a.id = device_actions.action_id)
-					ELSE deadline END,
-				updated_at = CASE WHEN action_status = 'Queued' THEN ? ELSE updated_at END,
-				cancel_pending = 0,
-				action_status = CASE WHEN action_status = 'Queued' THEN 'Initiated' ELSE action_status END
-				WHERE tenant = ? AND action_id = ? AND device_id = ? AND (action_status = 'Queued' OR cancel_pending = 1)`,
+			if _, err := tx.exec(ctx, `UPDATE device_actions SET action_status = 'Initiated', status = 'Initiated',
+				initiated_at = ?, updated_at = ?,
+				deadline = ? + 1000 * (SELECT timeout FROM actions a WHERE a.tenant = device_actions.tenant AND a.id = device_actions.action_id)
+				WHERE tenant = ? AND action_id = ? AND device_id = ? AND action_status = 'Queued'`,
 				now, now, now, r.Tenant, r.ActionID, r.DeviceID); err != nil {
 				return err
 			}

@@ -457,7 +457,7 @@ func TestDeliveryAndTimeouts(t *testing.T) {
 		a := mustDispatch(t, db, "acme", d)
 
 		pending, err := db.PendingActions(ctx, "acme", "d1")
-		if err != nil || len(pending) != 1 || pending[0].ActionID != a.ID || pending[0].Name != "reboot" || pending[0].Params != `{"delay":5}` || pending[0].Cancel {
+		if err != nil || len(pending) != 1 || pending[0].ActionID != a.ID || pending[0].Name != "reboot" || pending[0].Params != `{"delay":5}` {
 			t.Fatalf("pending = %+v, %v", pending, err)
 		}
 		start := clk.Now()
@@ -511,7 +511,7 @@ func TestDeliveryAndTimeouts(t *testing.T) {
 func TestCancel(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		db, _ := mustOpen(t, b)
-		ctx := context.Background()
+		ctx := fleet.NewContextWithActor(context.Background(), &fleet.Actor{Tenant: "acme", Role: fleet.RoleOperator, UserName: "boss", UserEmail: "boss@example.com"})
 		mustTenant(t, db, "acme")
 		mustDevices(t, db, "acme", map[string]map[string]string{"queued": nil, "sent": nil, "busy": nil, "done": nil})
 		a := mustDispatch(t, db, "acme", dispatch("reboot", "all"))
@@ -522,45 +522,57 @@ func TestCancel(t *testing.T) {
 			fleet.StatusReport{DeviceID: "busy", ActionID: a.ID, State: "Running"},
 			fleet.StatusReport{DeviceID: "done", ActionID: a.ID, State: "Completed"})
 
-		name, n, err := db.CancelAction(ctx, "acme", a.ID)
-		if err != nil || n != 3 || name != "reboot" {
-			t.Fatalf("cancelled %d, %v; want 3", n, err)
+		ca, n, err := db.CancelAction(ctx, "acme", a.ID)
+		if err != nil || n != 3 || ca == nil {
+			t.Fatalf("cancelled %d, %v; want 3 and a cancel_action", n, err)
 		}
 		full, _ := db.FindAction(ctx, "acme", a.ID)
 		if full.Statuses["Cancelled"] != 3 || full.Statuses["Completed"] != 1 {
 			t.Fatalf("statuses = %v", full.Statuses)
 		}
-		notify, err := db.PendingDevices(ctx, "acme", a.ID, nil)
+		// The devices that have the action are sent a cancel_action.
+		sent, err := db.FindAction(ctx, "acme", ca.ID)
+		if err != nil || sent.Action != fleet.ActionCancel || sent.Targeted != 2 || sent.Statuses["Queued"] != 2 ||
+			string(sent.Params) != fmt.Sprintf(`{"action_id":"%d"}`, a.ID) || sent.UserName != "boss" || sent.Timeout != a.Timeout {
+			t.Fatalf("cancel_action = %+v, %v", sent, err)
+		}
+		notify, err := db.PendingDevices(ctx, "acme", ca.ID, nil)
 		sort.Strings(notify)
 		if err != nil || fmt.Sprint(notify) != "[busy sent]" {
 			t.Fatalf("devices to tell = %v, %v", notify, err)
 		}
-		if got, _ := db.PendingDevices(ctx, "acme", a.ID, []string{"busy", "queued", "done"}); fmt.Sprint(got) != "[busy]" {
+		if got, _ := db.PendingDevices(ctx, "acme", ca.ID, []string{"busy", "queued", "done"}); fmt.Sprint(got) != "[busy]" {
 			t.Fatalf("among candidates = %v", got)
 		}
 		p, _ := db.PendingActions(ctx, "acme", "busy")
-		if len(p) != 1 || !p[0].Cancel || p[0].Name != "reboot" {
+		if len(p) != 1 || p[0].ActionID != ca.ID || p[0].Name != fleet.ActionCancel || p[0].Params != fmt.Sprintf(`{"action_id":"%d","name":"reboot"}`, a.ID) {
 			t.Fatalf("busy's pending = %+v", p)
-		}
-		if err := db.MarkDelivered(ctx, []fleet.ActionReceipt{{Tenant: "acme", DeviceID: "busy", ActionID: a.ID}}); err != nil {
-			t.Fatal(err)
-		}
-		if p, _ := db.PendingActions(ctx, "acme", "busy"); len(p) != 0 {
-			t.Fatalf("pending after the cancellation was acknowledged = %+v", p)
 		}
 		if da, _ := db.FindDeviceAction(ctx, "acme", a.ID, "busy"); da.ActionStatus != fleet.StatusCancelled || da.Status != "Cancelled" {
 			t.Fatalf("busy = %+v", da)
 		}
 		// Reports after a cancel are ignored; cancelling again changes nothing.
 		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "busy", ActionID: a.ID, State: "Completed"})
-		if _, n, err := db.CancelAction(ctx, "acme", a.ID); err != nil || n != 0 {
-			t.Fatalf("second cancel: %d, %v", n, err)
+		if ca, n, err := db.CancelAction(ctx, "acme", a.ID); err != nil || n != 0 || ca != nil {
+			t.Fatalf("second cancel: %v, %d, %v", ca, n, err)
 		}
 		if da, _ := db.FindDeviceAction(ctx, "acme", a.ID, "busy"); da.ActionStatus != fleet.StatusCancelled {
 			t.Fatalf("busy = %+v", da)
 		}
+		// Queued only: nobody to tell, no cancel_action, no id used.
+		q := mustDispatch(t, db, "acme", dispatch("reboot", "default", "queued"))
+		if ca, n, err := db.CancelAction(ctx, "acme", q.ID); err != nil || n != 1 || ca != nil {
+			t.Fatalf("cancel of a queued action: %v, %d, %v", ca, n, err)
+		}
+		if next := mustDispatch(t, db, "acme", dispatch("reboot", "default", "queued")); next.ID != q.ID+1 {
+			t.Fatalf("next id %d, want %d", next.ID, q.ID+1)
+		}
 		_, _, err = db.CancelAction(ctx, "acme", 99)
 		wantCode(t, err, fleet.ENOTFOUND)
+		logs, _, _ := db.FindAuditLogs(ctx, "acme", fleet.AuditFilter{Actor: "boss", Page: fleet.Page{Page: 1, Limit: 10}})
+		if len(logs) != 3 || logs[0].Action != "action.cancel" || logs[1].Action != "action.cancel" || logs[2].Action != "action.dispatch" {
+			t.Fatalf("audit logs of the cancels: %d", len(logs))
+		}
 	})
 }
 

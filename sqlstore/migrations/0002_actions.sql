@@ -30,8 +30,7 @@ CREATE INDEX actions_by_name ON actions (tenant, action, id);
 -- action's so that S7 sorts without a join. deadline is initiated_at plus
 -- the timeout while the row is not final, NULL otherwise, so the sweeper's
 -- index holds only rows that can time out. last_ts and last_seq are the key
--- of the last status report applied. cancel_pending marks a cancelled row
--- whose device has the action and has not yet acknowledged the cancellation.
+-- of the last status report applied.
 CREATE TABLE device_actions (
     tenant          TEXT NOT NULL,
     action_id       BIGINT NOT NULL,
@@ -51,7 +50,6 @@ CREATE TABLE device_actions (
     deadline        BIGINT,
     last_ts         BIGINT,
     last_seq        BIGINT,
-    cancel_pending  SMALLINT NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant, action_id, device_id),
     FOREIGN KEY (tenant, device_id) REFERENCES devices (tenant, id) ON DELETE CASCADE
 );
