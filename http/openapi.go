@@ -24,6 +24,10 @@ type op struct {
 	OK           int     // the success status; 200 when zero
 	Resp         any     // a value of the success body's type; nil for none
 	Raw          string  // the success body is this media type, not an encoded value
+	// Quiet marks a seed endpoint whose success has an empty body unless the
+	// client sends Prefer: return=representation; Resp is that
+	// representation.
+	Quiet bool
 }
 
 // param is a query or path parameter.
@@ -127,6 +131,9 @@ func (g *schemaGen) operation(rt route, path string) map[string]any {
 	switch {
 	case rt.op.Raw != "":
 		ok["content"] = map[string]any{rt.op.Raw: map[string]any{"schema": map[string]any{}}}
+	case rt.op.Quiet:
+		ok["description"] = "Empty; with Prefer: return=representation, the resource (x-representation)"
+		ok["x-representation"] = g.ref(reflect.TypeOf(rt.op.Resp), false)
 	case rt.op.Resp != nil && status != http.StatusNoContent:
 		ok["content"] = g.content(g.ref(reflect.TypeOf(rt.op.Resp), false))
 	}

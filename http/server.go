@@ -50,6 +50,11 @@ type Server struct {
 	Audit   fleet.AuditService
 	Ready   []Pinger // all must answer for /readyz
 
+	// Alerts serves alert rules, notification rules and alerts; Streams
+	// takes device data in and serves each stream's latest point.
+	Alerts  fleet.AlertService
+	Streams fleet.StreamService
+
 	ln         net.Listener
 	srv        *http.Server
 	mux        *http.ServeMux

@@ -103,7 +103,7 @@ func delivery(event string, ch fleet.ChannelParameters, tmpl fleet.NotificationT
 		a.State, a.EndedAt = fleet.AlertEnded, &end
 	}
 	return fleet.Delivery{Tenant: "acme", AlertID: "a1", NotificationRuleID: "n1", Event: event, Alert: a,
-		Rule: &fleet.AlertRule{ID: "r1", Name: "hot", Group: "plant", Stream: "env"},
+		Rule:         &fleet.AlertRule{ID: "r1", Name: "hot", Group: "plant", Stream: "env"},
 		Notification: &fleet.NotificationRule{ID: "n1", AlertRuleID: "r1", ChannelParameters: ch, NotificationTemplate: tmpl, Timezone: tz}}
 }
 

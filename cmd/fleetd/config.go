@@ -6,7 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"time"
 
+	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/sqlstore"
 )
 
@@ -22,6 +24,13 @@ type config struct {
 	maxBody   int64
 	maxBulk   int64
 	maxUpload int64
+
+	// Alerts and their notifications.
+	smtp              notify.SMTP
+	notifyMaxAttempts int
+	notifyBackoff     time.Duration
+	notifyMaxBackoff  time.Duration
+	alertTick         time.Duration
 }
 
 func (c *config) databaseFlags(fs *flagSet) {
@@ -41,7 +50,39 @@ func (c *config) serveFlags(fs *flagSet) {
 	fs.Int64Var(&c.maxBody, "max-body-bytes", 1<<20, "largest request body in `BYTES`")
 	fs.Int64Var(&c.maxBulk, "max-bulk-bytes", 64<<20, "largest bulk provisioning body in `BYTES`")
 	fs.Int64Var(&c.maxUpload, "max-upload-bytes", 2<<30, "largest firmware upload in `BYTES`")
+	c.alertFlags(fs)
 	c.logFlags(fs)
+}
+
+func (c *config) alertFlags(fs *flagSet) {
+	fs.StringVar(&c.smtp.Addr, "smtp-addr", "", "`HOST:PORT` of the SMTP server email notifications go through; none disables email")
+	fs.StringVar(&c.smtp.From, "smtp-from", "", "`ADDRESS` email notifications come from")
+	fs.StringVar(&c.smtp.Username, "smtp-username", "", "`NAME` for SMTP authentication (PLAIN, over TLS only)")
+	fs.StringVar(&c.smtp.Password, "smtp-password", "", "`PASSWORD` for SMTP authentication")
+	fs.StringVar(&c.smtp.TLS, "smtp-tls", "auto", "`MODE` of SMTP TLS: auto (STARTTLS when offered), starttls, tls (implicit, port 465), none")
+	fs.IntVar(&c.notifyMaxAttempts, "notify-max-attempts", 10, "`N` attempts to deliver a notification before giving up")
+	fs.DurationVar(&c.notifyBackoff, "notify-backoff", 5*time.Second, "`DURATION` before the first retry of a notification; doubles with each retry")
+	fs.DurationVar(&c.notifyMaxBackoff, "notify-max-backoff", time.Hour, "longest `DURATION` between retries of a notification")
+	fs.DurationVar(&c.alertTick, "alert-timer-interval", time.Second, "`DURATION` between checks of alert thresholds and no_data_seconds by the clock")
+}
+
+// checkAlerts reports alert and notification settings that cannot work.
+func (c *config) checkAlerts() error {
+	valid := false
+	for _, m := range notify.SMTPTLSModes {
+		valid = valid || c.smtp.TLS == m
+	}
+	switch {
+	case !valid:
+		return fmt.Errorf("--smtp-tls %q: want auto, starttls, tls or none", c.smtp.TLS)
+	case c.smtp.Addr != "" && c.smtp.From == "":
+		return fmt.Errorf("--smtp-addr is set: --smtp-from must name the sender")
+	case c.notifyMaxAttempts < 1 || c.notifyBackoff <= 0 || c.notifyMaxBackoff < c.notifyBackoff:
+		return fmt.Errorf("--notify-max-attempts must be at least 1, --notify-backoff positive and at most --notify-max-backoff")
+	case c.alertTick <= 0:
+		return fmt.Errorf("--alert-timer-interval must be positive")
+	}
+	return nil
 }
 
 // logger builds the process logger on w.

@@ -3,10 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/alert"
 	fleethttp "github.com/fleetd/fleet/http"
+	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/sqlstore"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -41,6 +44,26 @@ func runServe(ctx context.Context, args []string, e env) error {
 		return err
 	}
 
+	// Alerts: the engine evaluates stream data and writes what changes, with
+	// its notifications, to the outbox, which the notifier delivers.
+	if err := c.checkAlerts(); err != nil {
+		return err
+	}
+	notifier := &notify.Worker{Store: db, Logger: log, SMTP: c.smtp,
+		MaxAttempts: c.notifyMaxAttempts, Backoff: c.notifyBackoff, MaxBackoff: c.notifyMaxBackoff}
+	engine := &alert.Engine{Store: db, Devices: db, Logger: log, Tick: c.alertTick, Changed: notifier.Wake}
+	if err := engine.Load(ctx); err != nil {
+		return fmt.Errorf("load alert rules: %w", err)
+	}
+	alerts := &alert.Service{ServiceStore: db, Engine: engine, EmailEnabled: c.smtp.Addr != ""}
+	loopCtx, stopLoops := context.WithCancel(ctx)
+	var loops sync.WaitGroup
+	defer loops.Wait()
+	defer stopLoops()
+	loops.Add(2)
+	go func() { defer loops.Done(); engine.Run(loopCtx) }()
+	go func() { defer loops.Done(); notifier.Run(loopCtx) }()
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	api := &fleethttp.Server{
@@ -49,7 +72,9 @@ func runServe(ctx context.Context, args []string, e env) error {
 		Registry: reg,
 		Limits:   fleethttp.Limits{Body: c.maxBody, Bulk: c.maxBulk, Upload: c.maxUpload},
 		Tenants:  db,
-		Devices:  db,
+		Devices:  &alert.Devices{DeviceService: db, Engine: engine},
+		Alerts:   alerts,
+		Streams:  alerts,
 		Audit:    db,
 		Ready:    []fleethttp.Pinger{db},
 	}

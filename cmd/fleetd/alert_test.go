@@ -1,0 +1,571 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet/notify"
+	"github.com/fleetd/fleet/notify/notifytest"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// alertFlags make notification retries quick, so tests wait for
+// milliseconds rather than the production backoff.
+var alertFlags = []string{"--notify-backoff", "20ms", "--notify-max-backoff", "100ms", "--alert-timer-interval", "50ms"}
+
+type alertRule struct {
+	ID                           string         `json:"id"`
+	Name                         string         `json:"name"`
+	Stream                       string         `json:"stream"`
+	Group                        string         `json:"group"`
+	Condition                    map[string]any `json:"condition"`
+	MetadataFilters              map[string]any `json:"metadata_filters"`
+	ActivationThresholdSeconds   float64        `json:"activation_threshold_seconds"`
+	DeactivationThresholdSeconds float64        `json:"deactivation_threshold_seconds"`
+}
+
+type alertSession struct {
+	ID        string  `json:"id"`
+	RuleID    string  `json:"rule_id"`
+	DeviceID  string  `json:"device_id"`
+	State     string  `json:"state"`
+	StartedAt string  `json:"started_at"`
+	EndedAt   *string `json:"ended_at"`
+	Value     *struct {
+		Timestamp string         `json:"timestamp"`
+		Data      map[string]any `json:"data"`
+	} `json:"value"`
+}
+
+// mustAlertRule creates a rule with Prefer: return=representation.
+func (s *testServer) mustAlertRule(t *testing.T, c creds, body map[string]any) alertRule {
+	t.Helper()
+	var r alertRule
+	s.send(t, req{method: "POST", path: "/api/v1/alert-rules", creds: c, body: body,
+		header: http.Header{"Prefer": {"return=representation"}}}).want(t, 201).decode(t, &r)
+	return r
+}
+
+// points is an ingest body of one point per temperature, a second apart.
+func points(start time.Time, temps ...float64) []map[string]any {
+	var out []map[string]any
+	for i, temp := range temps {
+		out = append(out, map[string]any{"timestamp": start.Add(time.Duration(i) * time.Second).UnixMilli(), "sequence": i, "temp": temp})
+	}
+	return out
+}
+
+// alerts lists alerts as c with a query.
+func (s *testServer) alerts(t *testing.T, c creds, query string) []alertSession {
+	t.Helper()
+	var out struct {
+		Alerts []alertSession
+		Count  int
+	}
+	s.do(t, c, "GET", "/api/v1/alerts"+query, nil).want(t, 200).decode(t, &out)
+	return out.Alerts
+}
+
+// await polls cond until it holds, for at most 15 seconds.
+func await(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// receiver is a webhook endpoint that fails its first `fail` requests.
+type receiver struct {
+	*httptest.Server
+	mu       sync.Mutex
+	fail     int
+	requests []received
+}
+
+type received struct {
+	header http.Header
+	body   []byte
+}
+
+func newReceiver(t *testing.T, fail int) *receiver {
+	r := &receiver{fail: fail}
+	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		b, _ := io.ReadAll(req.Body)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.requests = append(r.requests, received{req.Header.Clone(), b})
+		if len(r.requests) <= r.fail {
+			http.Error(w, "try later", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(r.Close)
+	return r
+}
+
+func (r *receiver) got() []received {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]received(nil), r.requests...)
+}
+
+func TestAlertRulesEndToEnd(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, alertFlags...)
+		admin := s.admin()
+		hot := map[string]any{"field": "temp", "operator": ">", "value": 80}
+
+		t.Run("CreateQuietly", func(t *testing.T) {
+			r := s.do(t, admin, "POST", "/api/v1/alert-rules", map[string]any{"name": "quiet", "stream": "env", "condition": hot}).want(t, 201)
+			if len(r.Body) != 0 || !strings.Contains(r.Header.Get("Location"), "/api/v1/alert-rules/") {
+				t.Fatalf("S2 answered %q with Location %q; want an empty body", r.Body, r.Header.Get("Location"))
+			}
+		})
+		rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "group": "plant", "condition": hot,
+			"metadata_filters": map[string]any{"site": []string{"berlin", "rome"}, "kind": "pump"}, "activation_threshold_seconds": 1.5})
+		if rule.Group != "plant" || rule.ActivationThresholdSeconds != 1.5 || rule.DeactivationThresholdSeconds != 0 || rule.MetadataFilters["kind"] != "pump" {
+			t.Fatalf("created %+v", rule)
+		}
+		t.Run("Read", func(t *testing.T) {
+			var got alertRule
+			s.do(t, admin, "GET", "/api/v1/alert-rules/"+rule.ID, nil).want(t, 200).decode(t, &got)
+			if got.Name != "hot" || got.Condition["operator"] != ">" {
+				t.Fatalf("read %+v", got)
+			}
+			var list struct {
+				AlertRules []alertRule `json:"alert_rules"`
+				Count      int
+			}
+			s.do(t, admin, "GET", "/api/v1/alert-rules?limit=1&page=2", nil).want(t, 200).decode(t, &list)
+			if list.Count != 2 || len(list.AlertRules) != 1 || list.AlertRules[0].Name != "hot" {
+				t.Fatalf("page 2 = %+v", list)
+			}
+		})
+		t.Run("NameTaken", func(t *testing.T) {
+			s.do(t, admin, "POST", "/api/v1/alert-rules", map[string]any{"name": "hot", "stream": "x", "condition": hot}).want(t, 409)
+		})
+		t.Run("Invalid", func(t *testing.T) {
+			for _, tc := range []struct {
+				body  map[string]any
+				field string
+			}{
+				{map[string]any{"stream": "env", "condition": hot}, "name"},
+				{map[string]any{"name": "x", "condition": hot}, "stream"},
+				{map[string]any{"name": "x", "stream": "a/b", "condition": hot}, "stream"},
+				{map[string]any{"name": "x", "stream": "env"}, "condition"},
+				{map[string]any{"name": "x", "stream": "env", "condition": map[string]any{"all": []any{hot, map[string]any{"field": "t", "operator": "=~", "value": 1}}}}, "condition.all[1].operator"},
+				{map[string]any{"name": "x", "stream": "env", "condition": hot, "activation_threshold_seconds": -1}, "activation_threshold_seconds"},
+				{map[string]any{"name": "x", "stream": "env", "condition": hot, "deactivation_threshold_seconds": "5"}, "deactivation_threshold_seconds"},
+				{map[string]any{"name": "x", "stream": "env", "condition": hot, "metadata_filters": map[string]any{"site": 3}}, "metadata_filters.site"},
+				{map[string]any{"name": "x", "stream": "env", "condition": hot, "severity": "high"}, "severity"},
+			} {
+				var e struct {
+					Error  string
+					Fields map[string]string
+				}
+				s.do(t, admin, "POST", "/api/v1/alert-rules", tc.body).want(t, 400).decode(t, &e)
+				if _, ok := e.Fields[tc.field]; !ok || e.Error != "invalid" {
+					t.Errorf("body %v: fields %v, want a problem with %s", tc.body, e.Fields, tc.field)
+				}
+			}
+		})
+		t.Run("BadAndUnknownIDs", func(t *testing.T) {
+			s.do(t, admin, "GET", "/api/v1/alert-rules/not-a-uuid", nil).want(t, 400)
+			s.do(t, admin, "GET", "/api/v1/alert-rules/00000000-0000-0000-0000-000000000001", nil).want(t, 404)
+			s.do(t, admin, "DELETE", "/api/v1/alert-rules/00000000-0000-0000-0000-000000000001", nil).want(t, 404)
+			s.do(t, admin, "GET", "/api/v1/alerts/nope", nil).want(t, 400)
+			s.do(t, admin, "GET", "/api/v1/alerts?state=open", nil).want(t, 400)
+			s.do(t, admin, "GET", "/api/v1/alerts?rule_id=x", nil).want(t, 400)
+			s.do(t, admin, "GET", "/api/v1/alerts?colour=red", nil).want(t, 400)
+		})
+		t.Run("NotificationRules", func(t *testing.T) {
+			base := "/api/v1/alert-rules/" + rule.ID + "/alert-notification-rules"
+			var n struct {
+				ID                string
+				AlertRuleID       string         `json:"alert_rule_id"`
+				ChannelParameters map[string]any `json:"channel_parameters"`
+				IntervalSeconds   int64          `json:"interval_seconds"`
+				Timezone          string
+			}
+			s.send(t, req{method: "POST", path: base, creds: admin, header: http.Header{"Prefer": {"return=representation"}}, body: map[string]any{
+				"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/x?token=abc", "secret": "s3cret",
+					"headers": map[string]string{"Authorization": "Bearer tok", "X-Team": "ops"}},
+				"timezone": "Europe/Berlin", "notification_template": map[string]any{"subject": "{{.Rule.Name}}", "body": "{{.Alert.DeviceID}}"},
+			}}).want(t, 201).decode(t, &n)
+			ch := n.ChannelParameters
+			if n.AlertRuleID != rule.ID || n.Timezone != "Europe/Berlin" || ch["has_secret"] != true || ch["secret"] != nil ||
+				ch["headers"].(map[string]any)["Authorization"] != "***" || ch["headers"].(map[string]any)["X-Team"] != "ops" || strings.Contains(ch["url"].(string), "abc") {
+				t.Fatalf("created %+v", n)
+			}
+			for _, tc := range []struct {
+				body  map[string]any
+				field string
+			}{
+				{map[string]any{"channel_parameters": map[string]any{"type": "fax"}}, "channel_parameters.type"},
+				{map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": "ftp://x"}}, "channel_parameters.url"},
+				{map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "/relative"}}, "channel_parameters.url"},
+				{map[string]any{"channel_parameters": map[string]any{"type": "email", "to": []string{"not an address"}}}, "channel_parameters.to[0]"},
+				{map[string]any{"channel_parameters": map[string]any{"type": "email", "to": []string{"ops@example.com"}}}, "channel_parameters.type"}, // no SMTP configured
+				{map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com", "secret": "s"}}, "channel_parameters.secret"},
+				{map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}, "timezone": "Mars/Olympus"}, "timezone"},
+				{map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}, "interval_seconds": -1}, "interval_seconds"},
+				{map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}, "notification_template": map[string]any{"body": "{{.Nope}}"}}, "notification_template.body"},
+				{map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}, "notification_template": map[string]any{"subject": "{{"}}, "notification_template.subject"},
+				{map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": "https://x.example.com", "headers": map[string]string{"X-Fleet-Signature": "x"}}}, "channel_parameters.headers.X-Fleet-Signature"},
+			} {
+				var e struct{ Fields map[string]string }
+				s.do(t, admin, "POST", base, tc.body).want(t, 400).decode(t, &e)
+				if _, ok := e.Fields[tc.field]; !ok {
+					t.Errorf("body %v: fields %v, want a problem with %s", tc.body, e.Fields, tc.field)
+				}
+			}
+			// S4: a partial update keeps the secret and masked headers.
+			s.do(t, admin, "PUT", base+"/"+n.ID, map[string]any{"interval_seconds": 60}).want(t, 204)
+			var updated map[string]any
+			s.send(t, req{method: "PUT", path: base + "/" + n.ID, creds: admin, header: http.Header{"Prefer": {"return=representation"}}, body: map[string]any{
+				"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/y", "headers": map[string]string{"Authorization": "***"}},
+			}}).want(t, 200).decode(t, &updated)
+			if updated["interval_seconds"] != 60.0 || updated["channel_parameters"].(map[string]any)["has_secret"] != true {
+				t.Fatalf("updated %v", updated)
+			}
+			s.do(t, admin, "PUT", base+"/"+n.ID, map[string]any{"timezone": "Nowhere/Land"}).want(t, 400)
+			other := s.mustAlertRule(t, admin, map[string]any{"name": "other", "stream": "env", "condition": hot})
+			s.do(t, admin, "PUT", "/api/v1/alert-rules/"+other.ID+"/alert-notification-rules/"+n.ID, map[string]any{"interval_seconds": 5}).want(t, 404)
+			s.do(t, admin, "POST", "/api/v1/alert-rules/00000000-0000-0000-0000-000000000001/alert-notification-rules",
+				map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}}).want(t, 404)
+			var list struct {
+				Rules []map[string]any `json:"alert_notification_rules"`
+				Count int
+			}
+			r := s.do(t, admin, "GET", base, nil).want(t, 200).decode(t, &list)
+			if list.Count != 1 || strings.Contains(string(r.Body), "s3cret") || strings.Contains(string(r.Body), "Bearer tok") {
+				t.Fatalf("list %s", r.Body)
+			}
+			var logs struct {
+				AuditLogs []map[string]any `json:"audit_logs"`
+			}
+			lr := s.do(t, admin, "GET", "/api/v1/audit-logs?limit=1000", nil).want(t, 200).decode(t, &logs)
+			if strings.Contains(string(lr.Body), "s3cret") || strings.Contains(string(lr.Body), "Bearer tok") || !strings.Contains(string(lr.Body), "notification_rule.update") {
+				t.Fatalf("audit logs show a secret or miss the update: %s", lr.Body)
+			}
+			s.do(t, admin, "DELETE", "/api/v1/alert-rules/"+other.ID, nil).want(t, 204)
+			s.do(t, admin, "DELETE", "/api/v1/alert-rules/"+other.ID, nil).want(t, 404)
+		})
+	})
+}
+
+func TestStreamIngestEndToEnd(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, alertFlags...)
+		admin := s.admin()
+		gw := s.newKey(t, admin, "gateway", "device")
+		s.mustDevice(t, admin, "pump-1", nil)
+		start := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
+		path := "/api/v1/devices/pump-1/streams/env"
+
+		t.Run("Batch", func(t *testing.T) {
+			var res struct{ Accepted, Rejected int }
+			s.do(t, gw, "POST", path, points(start, 20, 21, 22)).want(t, 200).decode(t, &res)
+			if res.Accepted != 3 || res.Rejected != 0 {
+				t.Fatalf("result %+v", res)
+			}
+			var p struct {
+				DeviceID  string `json:"device_id"`
+				Timestamp string
+				Sequence  int
+				Data      map[string]any
+			}
+			s.do(t, admin, "GET", path+"/latest", nil).want(t, 200).decode(t, &p)
+			if p.Data["temp"] != 22.0 || p.Sequence != 2 || p.Timestamp != "2026-11-21T10:00:02.000Z" || p.DeviceID != "pump-1" {
+				t.Fatalf("latest %+v", p)
+			}
+		})
+		t.Run("PartlyBadKeepsTheGood", func(t *testing.T) {
+			body := []any{
+				map[string]any{"timestamp": start.Add(time.Minute).UnixMilli(), "temp": 30},
+				"not an object",
+				map[string]any{"temp": 31},
+				map[string]any{"timestamp": "yesterday", "temp": 32},
+				map[string]any{"timestamp": start.Add(2 * time.Minute).UnixMilli(), "sequence": -1},
+			}
+			var res struct {
+				Accepted, Rejected int
+				Errors             map[string]string
+			}
+			s.do(t, gw, "POST", path, body).want(t, 200).decode(t, &res)
+			if res.Accepted != 1 || res.Rejected != 4 {
+				t.Fatalf("result %+v", res)
+			}
+			for _, k := range []string{"[1]", "[2].timestamp", "[3].timestamp", "[4].sequence"} {
+				if res.Errors[k] == "" {
+					t.Errorf("errors %v lack %s", res.Errors, k)
+				}
+			}
+		})
+		t.Run("AllBadIsRefused", func(t *testing.T) {
+			var e struct {
+				Error  string
+				Fields map[string]string
+			}
+			s.do(t, gw, "POST", path, []any{1, map[string]any{"t": 1}}).want(t, 400).decode(t, &e)
+			if e.Fields["[0]"] == "" || e.Fields["[1].timestamp"] == "" {
+				t.Fatalf("fields %v", e.Fields)
+			}
+			s.do(t, gw, "POST", path, "just a string").want(t, 400)
+			big := strings.Repeat("x", 70<<10)
+			s.do(t, gw, "POST", path, []any{map[string]any{"timestamp": start.UnixMilli(), "blob": big}}).want(t, 400)
+		})
+		t.Run("UnknownDeviceAndBadNames", func(t *testing.T) {
+			s.do(t, gw, "POST", "/api/v1/devices/ghost/streams/env", points(start, 1)).want(t, 404)
+			s.do(t, gw, "POST", "/api/v1/devices/pump-1/streams/a%20b", points(start, 1)).want(t, 400)
+			s.do(t, admin, "GET", "/api/v1/devices/pump-1/streams/nothing/latest", nil).want(t, 404)
+		})
+		t.Run("Roles", func(t *testing.T) {
+			viewer := s.newKey(t, admin, "viewer", "viewer")
+			operator := s.newKey(t, admin, "operator", "operator")
+			s.do(t, viewer, "POST", path, points(start, 1)).want(t, 403)
+			s.do(t, gw, "GET", path+"/latest", nil).want(t, 403)
+			s.do(t, gw, "GET", "/api/v1/alerts", nil).want(t, 403)
+			s.do(t, gw, "POST", "/api/v1/alert-rules", map[string]any{"name": "x", "stream": "env", "condition": map[string]any{"no_data_seconds": 5}}).want(t, 403)
+			s.do(t, viewer, "POST", "/api/v1/alert-rules", map[string]any{"name": "x", "stream": "env", "condition": map[string]any{"no_data_seconds": 5}}).want(t, 403)
+			s.do(t, viewer, "GET", path+"/latest", nil).want(t, 200)
+			s.do(t, viewer, "GET", "/api/v1/alert-rules", nil).want(t, 200)
+			s.do(t, viewer, "GET", "/api/v1/alerts", nil).want(t, 200)
+			s.do(t, operator, "POST", path, points(start.Add(time.Hour), 1)).want(t, 200)
+			r := s.mustAlertRule(t, operator, map[string]any{"name": "by-operator", "stream": "env", "condition": map[string]any{"no_data_seconds": 3600}})
+			s.do(t, viewer, "DELETE", "/api/v1/alert-rules/"+r.ID, nil).want(t, 403)
+			s.do(t, viewer, "POST", "/api/v1/alert-rules/"+r.ID+"/alert-notification-rules", map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}}).want(t, 403)
+			s.do(t, viewer, "GET", "/api/v1/alert-rules/"+r.ID+"/alert-notification-rules", nil).want(t, 200)
+			s.do(t, operator, "DELETE", "/api/v1/alert-rules/"+r.ID, nil).want(t, 204)
+			s.do(t, creds{"default", "fk_wrong"}, "GET", "/api/v1/alerts", nil).want(t, 401)
+		})
+	})
+}
+
+// TestAlertNotificationsEndToEnd publishes data over HTTP and receives the
+// notifications: a webhook that fails twice first, Slack and email, for the
+// opening and the closing of an alert.
+func TestAlertNotificationsEndToEnd(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		smtpd := notifytest.NewSMTPServer(t)
+		s := startServer(t, b, append(alertFlags, "--smtp-addr", smtpd.Addr, "--smtp-from", "fleetd@example.com", "--smtp-tls", "none")...)
+		admin := s.admin()
+		s.mustDevice(t, admin, "pump-1", map[string]string{"site": "berlin"})
+		s.mustDevice(t, admin, "pump-2", map[string]string{"site": "paris"})
+		rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
+			"condition":        map[string]any{"field": "temp", "operator": ">", "value": 80},
+			"metadata_filters": map[string]any{"site": "berlin"}})
+		hook := newReceiver(t, 2)
+		slack := newReceiver(t, 0)
+		base := "/api/v1/alert-rules/" + rule.ID + "/alert-notification-rules"
+		var webhookRule struct{ ID string }
+		s.send(t, req{method: "POST", path: base, creds: admin, header: http.Header{"Prefer": {"return=representation"}}, body: map[string]any{
+			"channel_parameters":    map[string]any{"type": "webhook", "url": hook.URL + "/alerts", "secret": "s3cret", "headers": map[string]string{"X-Team": "ops"}},
+			"notification_template": map[string]any{"subject": "{{.Rule.Name}} {{.Event}}", "body": "{{.Alert.DeviceID}} at {{.Alert.StartedAt.Format \"15:04:05 MST\"}} temp={{.Value.temp}}"},
+			"timezone":              "Asia/Tokyo",
+		}}).want(t, 201).decode(t, &webhookRule)
+		s.do(t, admin, "POST", base, map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": slack.URL}}).want(t, 201)
+		s.do(t, admin, "POST", base, map[string]any{"channel_parameters": map[string]any{"type": "email", "to": []string{"ops@example.com"}},
+			"notification_template": map[string]any{"subject": "[{{.Event}}] {{.Rule.Name}} on {{.Alert.DeviceID}}"}}).want(t, 201)
+
+		start := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
+		s.do(t, admin, "POST", "/api/v1/devices/pump-2/streams/env", points(start, 99)).want(t, 200) // paris: filtered out
+		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start, 70, 85, 90)).want(t, 200)
+
+		active := s.alerts(t, admin, "?state=active")
+		if len(active) != 1 || active[0].DeviceID != "pump-1" || active[0].RuleID != rule.ID || active[0].StartedAt != "2026-11-21T10:00:01.000Z" ||
+			active[0].Value == nil || active[0].Value.Data["temp"] != 85.0 {
+			t.Fatalf("active alerts %+v", active)
+		}
+		alertID := active[0].ID
+
+		await(t, "the webhook, after two 503s", func() bool { return len(hook.got()) >= 3 })
+		await(t, "slack", func() bool { return len(slack.got()) >= 1 })
+		var mail notifytest.Mail
+		select {
+		case mail = <-smtpd.Mail:
+		case <-time.After(15 * time.Second):
+			t.Fatal("no email")
+		}
+		if mail.To[0] != "ops@example.com" || !strings.Contains(mail.Data, "Subject: [opened] hot on pump-1") {
+			t.Fatalf("mail %+v", mail)
+		}
+		got := hook.got()[2]
+		if sig := got.header.Get("X-Fleet-Signature"); sig != notify.Sign("s3cret", got.body) {
+			t.Fatalf("signature %q does not verify", sig)
+		}
+		var payload struct {
+			Event        string
+			Alert        alertSession
+			Rule         struct{ ID, Name string }
+			Notification struct{ Subject, Body string }
+		}
+		if err := json.Unmarshal(got.body, &payload); err != nil {
+			t.Fatal(err)
+		}
+		if payload.Event != "opened" || payload.Alert.ID != alertID || payload.Rule.Name != "hot" || payload.Notification.Subject != "hot opened" ||
+			payload.Notification.Body != "pump-1 at 19:00:01 JST temp=85" || got.header.Get("X-Team") != "ops" {
+			t.Fatalf("webhook %s %v", got.body, got.header)
+		}
+		if !strings.Contains(string(slack.got()[0].body), "hot opened on pump-1") {
+			t.Fatalf("slack %s", slack.got()[0].body)
+		}
+
+		type delivery struct {
+			Event, Status      string
+			NotificationRuleID string `json:"notification_rule_id"`
+			Attempts           []struct {
+				StatusCode int `json:"status_code"`
+				Error      string
+			}
+		}
+		var ds struct {
+			Notifications []delivery
+			Count         int
+		}
+		await(t, "three delivered notifications", func() bool {
+			s.do(t, admin, "GET", "/api/v1/alerts/"+alertID+"/notifications", nil).want(t, 200).decode(t, &ds)
+			n := 0
+			for _, d := range ds.Notifications {
+				if d.Status == "delivered" {
+					n++
+				}
+			}
+			return n == 3
+		})
+		for _, d := range ds.Notifications {
+			if d.NotificationRuleID != webhookRule.ID {
+				continue
+			}
+			if a := d.Attempts; len(a) != 3 || a[0].StatusCode != 503 || a[1].StatusCode != 503 || a[2].StatusCode != 200 || a[0].Error == "" {
+				t.Fatalf("webhook attempts %+v", a)
+			}
+		}
+
+		// Cooling down closes the alert, and that is notified too.
+		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start.Add(time.Minute), 60)).want(t, 200)
+		ended := s.alerts(t, admin, "?state=ended&device_id=pump-1&rule_id="+rule.ID)
+		if len(ended) != 1 || ended[0].EndedAt == nil || *ended[0].EndedAt != "2026-11-21T10:01:00.000Z" {
+			t.Fatalf("ended alerts %+v", ended)
+		}
+		await(t, "the closing webhook", func() bool {
+			for _, r := range hook.got() {
+				if r.header.Get("X-Fleet-Event") == "closed" {
+					return true
+				}
+			}
+			return false
+		})
+		select {
+		case mail = <-smtpd.Mail:
+			if !strings.Contains(mail.Data, "Subject: [closed] hot on pump-1") {
+				t.Fatalf("closing mail %s", mail.Data)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("no closing email")
+		}
+		if n := len(s.alerts(t, admin, "")); n != 1 {
+			t.Fatalf("%d alerts, want 1", n)
+		}
+	})
+}
+
+// TestAlertTenantIsolation proves that another tenant sees none of these
+// endpoints' resources and that ingest into one tenant never evaluates
+// another's rules.
+func TestAlertTenantIsolation(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, alertFlags...)
+		a := s.admin()
+		other := s.newTenant(t, "beta")
+		hot := map[string]any{"field": "temp", "operator": ">", "value": 80}
+		ra := s.mustAlertRule(t, a, map[string]any{"name": "hot", "stream": "env", "condition": hot})
+		rb := s.mustAlertRule(t, other, map[string]any{"name": "hot", "stream": "env", "condition": hot})
+		s.mustDevice(t, a, "pump-1", nil)
+		s.mustDevice(t, other, "pump-1", nil)
+		na := struct{ ID string }{}
+		s.send(t, req{method: "POST", path: "/api/v1/alert-rules/" + ra.ID + "/alert-notification-rules", creds: a, header: http.Header{"Prefer": {"return=representation"}},
+			body: map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}}}).want(t, 201).decode(t, &na)
+
+		s.do(t, a, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 90)).want(t, 200)
+		if n := len(s.alerts(t, a, "")); n != 1 {
+			t.Fatalf("tenant default has %d alerts, want 1", n)
+		}
+		if n := len(s.alerts(t, other, "")); n != 0 {
+			t.Fatalf("beta has %d alerts after default's ingest, want 0", n)
+		}
+		alertID := s.alerts(t, a, "")[0].ID
+		for _, r := range []struct{ method, path string }{
+			{"GET", "/api/v1/alert-rules/" + ra.ID},
+			{"DELETE", "/api/v1/alert-rules/" + ra.ID},
+			{"GET", "/api/v1/alert-rules/" + ra.ID + "/alert-notification-rules"},
+			{"GET", "/api/v1/alerts/" + alertID},
+			{"GET", "/api/v1/alerts/" + alertID + "/notifications"},
+			{"DELETE", "/api/v1/alert-rules/" + ra.ID + "/alert-notification-rules/" + na.ID},
+			{"GET", "/api/v1/devices/pump-2/streams/env/latest"},
+		} {
+			s.do(t, other, r.method, r.path, nil).want(t, 404)
+		}
+		s.do(t, other, "POST", "/api/v1/alert-rules/"+ra.ID+"/alert-notification-rules",
+			map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}}).want(t, 404)
+		s.do(t, other, "PUT", "/api/v1/alert-rules/"+ra.ID+"/alert-notification-rules/"+na.ID, map[string]any{"interval_seconds": 5}).want(t, 404)
+		s.do(t, other, "PUT", "/api/v1/alert-rules/"+rb.ID+"/alert-notification-rules/"+na.ID, map[string]any{"interval_seconds": 5}).want(t, 404)
+		var list struct{ Count int }
+		s.do(t, other, "GET", "/api/v1/alert-rules", nil).want(t, 200).decode(t, &list)
+		if list.Count != 1 {
+			t.Fatalf("beta lists %d rules, want its own 1", list.Count)
+		}
+		if n := len(s.alerts(t, other, "?rule_id="+ra.ID)); n != 0 {
+			t.Fatalf("beta sees %d alerts of default's rule", n)
+		}
+		s.do(t, other, "GET", "/api/v1/devices/pump-1/streams/env/latest", nil).want(t, 404)
+	})
+}
+
+// TestAlertsSurviveRestart restarts the server with an alert open and one
+// pending: the open one is neither opened again nor forgotten, and the
+// pending one opens when its threshold elapses by the clock.
+func TestAlertsSurviveRestart(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, alertFlags...)
+		admin := s.admin()
+		s.mustDevice(t, admin, "pump-1", nil)
+		s.mustDevice(t, admin, "pump-2", nil)
+		hot := map[string]any{"field": "temp", "operator": ">", "value": 80}
+		s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "condition": hot})
+		slow := s.mustAlertRule(t, admin, map[string]any{"name": "slow", "stream": "slow", "condition": hot, "activation_threshold_seconds": 0.5})
+		start := time.Now().UTC()
+		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start, 90)).want(t, 200)
+		s.do(t, admin, "POST", "/api/v1/devices/pump-2/streams/slow", points(start, 90)).want(t, 200)
+		if n := len(s.alerts(t, admin, "")); n != 1 {
+			t.Fatalf("%d alerts before the restart, want 1", n)
+		}
+
+		s.restart(t, alertFlags...)
+		// The same point again, as a device whose acknowledgement was lost
+		// would send it, and another hot one: still one alert.
+		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start, 90, 95)).want(t, 200)
+		if active := s.alerts(t, admin, "?state=active&device_id=pump-1"); len(active) != 1 {
+			t.Fatalf("%d active alerts of pump-1 after the restart, want 1", len(active))
+		}
+		await(t, "the pending alert to open by the clock after the restart", func() bool {
+			return len(s.alerts(t, admin, "?state=active&rule_id="+slow.ID)) == 1
+		})
+		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start.Add(time.Minute), 20)).want(t, 200)
+		all := s.alerts(t, admin, "?device_id=pump-1")
+		if len(all) != 1 || all[0].State != "ended" {
+			t.Fatalf("pump-1 alerts after cooling %+v, want the one from before the restart, ended", all)
+		}
+	})
+}
