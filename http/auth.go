@@ -2,6 +2,7 @@ package fleethttp
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/fleetd/fleet"
 )
@@ -17,11 +18,19 @@ var permissionNames = map[fleet.Permission]string{
 }
 
 // authenticate returns the actor of r if it may use a route that needs
-// perm. A missing header, an unknown tenant and a wrong key are one 401; a
-// role without the right is 403.
+// perm: an API key, or an end user's bearer token when the tenant configured
+// S9. A missing header, an unknown tenant and a wrong key or token are one
+// 401; a role without the right is 403.
 func (s *Server) authenticate(r *http.Request, perm fleet.Permission) (*fleet.Actor, error) {
 	tenant := r.Header.Get("X-Service-Tenant")
-	a, err := s.Tenants.AuthenticateAPIKey(r.Context(), tenant, r.Header.Get("X-Service-Api-Key"))
+	key := r.Header.Get("X-Service-Api-Key")
+	var a *fleet.Actor
+	var err error
+	if token, ok := bearerToken(r); ok && key == "" && s.Tokens != nil {
+		a, err = s.Tokens.AuthenticateToken(r.Context(), tenant, token)
+	} else {
+		a, err = s.Tenants.AuthenticateAPIKey(r.Context(), tenant, key)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -34,4 +43,14 @@ func (s *Server) authenticate(r *http.Request, perm fleet.Permission) (*fleet.Ac
 // tenantOf returns the tenant of an authenticated request.
 func tenantOf(r *http.Request) string {
 	return fleet.ActorFromContext(r.Context()).Tenant
+}
+
+// bearerToken returns the token of an "Authorization: Bearer" header.
+func bearerToken(r *http.Request) (string, bool) {
+	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
 }

@@ -74,6 +74,9 @@ func (s *Server) addRoutes() []route {
 		{"GET /api/v1/apikeys", fleet.PermAdmin, s.handleListAPIKeys, op{Tag: "apikeys", Summary: "List API keys, without their secrets", Query: pageParams, Resp: apiKeyList{}}},
 		{"DELETE /api/v1/apikeys/{name}", fleet.PermAdmin, s.handleDeleteAPIKey, op{Tag: "apikeys", Summary: "Delete an API key; it is refused from then on", OK: http.StatusNoContent}},
 
+		{"PUT /api/v1/tenants/{tenant_id}/auth", fleet.PermAdmin, s.handleSetTenantAuth, op{Tag: "tenants", Summary: "S9: how the tenant's end users authenticate with bearer tokens", Body: tenantAuthBody{}, OK: http.StatusNoContent, Resp: fleet.TenantAuth{}}},
+		{"GET /api/v1/tenants/{tenant_id}/auth", fleet.PermAdmin, s.handleGetTenantAuth, op{Tag: "tenants", Summary: "The tenant's end-user authentication", Resp: fleet.TenantAuth{}}},
+
 		{"GET /api/v1/audit-logs", fleet.PermAdmin, s.handleListAuditLogs, op{Tag: "audit", Summary: "Every change made through the API, newest first", Query: append([]param{
 			{Name: "actor", Desc: "only changes by this actor (API key name or user name)"},
 			{Name: "since", Desc: "only changes at or after this RFC 3339 time", Format: "date-time"},

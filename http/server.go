@@ -45,10 +45,12 @@ type Server struct {
 	Limits   Limits
 	Registry *prometheus.Registry // metrics are registered here; nil keeps them private
 
-	Tenants fleet.TenantService
-	Devices fleet.DeviceService
-	Audit   fleet.AuditService
-	Ready   []Pinger // all must answer for /readyz
+	Tenants    fleet.TenantService
+	Devices    fleet.DeviceService
+	Audit      fleet.AuditService
+	TenantAuth fleet.TenantAuthService  // S9 configuration
+	Tokens     fleet.TokenAuthenticator // end users' bearer tokens; nil: API keys only
+	Ready      []Pinger                 // all must answer for /readyz
 
 	// Alerts serves alert rules, notification rules and alerts; Streams
 	// takes device data in and serves each stream's latest point.

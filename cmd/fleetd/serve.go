@@ -8,6 +8,7 @@ import (
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/alert"
+	"github.com/fleetd/fleet/enduser"
 	fleethttp "github.com/fleetd/fleet/http"
 	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/sqlstore"
@@ -64,6 +65,9 @@ func runServe(ctx context.Context, args []string, e env) error {
 	go func() { defer loops.Done(); engine.Run(loopCtx) }()
 	go func() { defer loops.Done(); notifier.Run(loopCtx) }()
 
+	// End users of tenants that configured S9 sign in with bearer tokens.
+	users := &enduser.Authenticator{Store: db, Logger: log}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	api := &fleethttp.Server{
@@ -75,8 +79,10 @@ func runServe(ctx context.Context, args []string, e env) error {
 		Devices:  &alert.Devices{DeviceService: db, Engine: engine},
 		Alerts:   alerts,
 		Streams:  alerts,
-		Audit:    db,
-		Ready:    []fleethttp.Pinger{db},
+		Audit:      db,
+		Ready:      []fleethttp.Pinger{db},
+		TenantAuth: users,
+		Tokens:     users,
 	}
 	if err := api.Open(); err != nil {
 		return err

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"crypto/rand"
+	"crypto/rsa"
+	"encoding/base64"
+	"encoding/json"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// identityProvider serves a JWKS with one RSA key and signs tokens with it.
+type identityProvider struct {
+	key *rsa.PrivateKey
+	srv *httptest.Server
+}
+
+func newIdentityProvider(t *testing.T) *identityProvider {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &identityProvider{key: key}
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		enc := base64.RawURLEncoding
+		json.NewEncoder(w).Encode(map[string]any{"keys": []any{map[string]string{
+			"kty": "RSA", "kid": "k1", "alg": "RS256",
+			"n": enc.EncodeToString(key.N.Bytes()), "e": enc.EncodeToString(big.NewInt(int64(key.E)).Bytes()),
+		}}})
+	}))
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+func (p *identityProvider) token(t *testing.T, claims jwt.MapClaims) string {
+	t.Helper()
+	c := jwt.MapClaims{"iss": "https://id.example.com", "aud": "fleetd", "exp": time.Now().Add(time.Hour).Unix(),
+		"name": "Ada Lovelace", "email": "ada@example.com"}
+	for k, v := range claims {
+		c[k] = v
+	}
+	tok := jwt.NewWithClaims(jwt.SigningMethodRS256, c)
+	tok.Header["kid"] = "k1"
+	s, err := tok.SignedString(p.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// bearer sends a request as an end user of tenant.
+func (s *testServer) bearer(t *testing.T, tenant, token, method, path string, body any) *response {
+	t.Helper()
+	return s.send(t, req{method: method, path: path, creds: creds{Tenant: tenant}, body: body,
+		header: http.Header{"Authorization": {"Bearer " + token}}})
+}
+
+func TestTenantAuthEndToEnd(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		beta := s.newTenant(t, "beta")
+		idp := newIdentityProvider(t)
+		jwks := map[string]any{"method": "jwks", "jwks_url": idp.srv.URL, "issuer": "https://id.example.com", "audience": "fleetd", "default_role": "viewer"}
+
+		t.Run("Validation", func(t *testing.T) {
+			s.do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).want(t, 404)
+			for _, tc := range []struct {
+				name  string
+				body  map[string]any
+				field string
+			}{
+				{"UnknownMethod", map[string]any{"method": "saml"}, "method"},
+				{"NoMethod", map[string]any{"webhook_url": "https://x.example.com"}, "method"},
+				{"RelativeURL", map[string]any{"method": "webhook", "webhook_url": "/check"}, "webhook_url"},
+				{"FTPURL", map[string]any{"method": "webhook", "webhook_url": "ftp://x.example.com/check"}, "webhook_url"},
+				{"JWKSWithoutIssuer", map[string]any{"method": "jwks", "jwks_url": "https://x.example.com/jwks", "audience": "a"}, "issuer"},
+				{"OtherMethodsField", map[string]any{"method": "webhook", "webhook_url": "https://x.example.com", "jwks_url": "https://x.example.com"}, "jwks_url"},
+				{"BadRole", map[string]any{"method": "webhook", "webhook_url": "https://x.example.com", "default_role": "root"}, "default_role"},
+			} {
+				t.Run(tc.name, func(t *testing.T) {
+					var e struct{ Fields map[string]string }
+					s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", tc.body).want(t, 400).decode(t, &e)
+					if e.Fields[tc.field] == "" {
+						t.Fatalf("fields = %v, want %s", e.Fields, tc.field)
+					}
+				})
+			}
+			// Another tenant's configuration does not exist for the caller.
+			s.do(t, admin, "PUT", "/api/v1/tenants/beta/auth", jwks).want(t, 404)
+			s.do(t, admin, "GET", "/api/v1/tenants/beta/auth", nil).want(t, 404)
+			s.do(t, s.newKey(t, admin, "ops", "operator"), "PUT", "/api/v1/tenants/default/auth", jwks).want(t, 403)
+		})
+
+		s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", jwks).want(t, 204)
+		var got map[string]any
+		s.do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).want(t, 200).decode(t, &got)
+		if got["method"] != "jwks" || got["jwks_url"] != idp.srv.URL || got["default_role"] != "viewer" {
+			t.Fatalf("configuration = %v", got)
+		}
+
+		t.Run("JWKSUsers", func(t *testing.T) {
+			viewer := idp.token(t, nil)
+			s.bearer(t, "default", viewer, "GET", "/api/v1/devices", nil).want(t, 200)
+			s.bearer(t, "default", viewer, "POST", "/api/v1/devices", map[string]any{"id": "by-viewer"}).want(t, 403)
+
+			operator := idp.token(t, jwt.MapClaims{"role": "operator"})
+			s.bearer(t, "default", operator, "POST", "/api/v1/devices", map[string]any{"id": "by-ada"}).want(t, 201)
+			var logs struct {
+				AuditLogs []struct {
+					Actor     string
+					UserEmail string `json:"user_email"`
+					Target    string
+				} `json:"audit_logs"`
+			}
+			s.do(t, admin, "GET", "/api/v1/audit-logs?actor=Ada%20Lovelace", nil).want(t, 200).decode(t, &logs)
+			if len(logs.AuditLogs) != 1 || logs.AuditLogs[0].UserEmail != "ada@example.com" || logs.AuditLogs[0].Target != "devices/by-ada" {
+				t.Fatalf("audit logs of Ada = %+v", logs.AuditLogs)
+			}
+			// An end user with the admin role may administer, like a key.
+			s.bearer(t, "default", idp.token(t, jwt.MapClaims{"role": "admin"}), "GET", "/api/v1/apikeys", nil).want(t, 200)
+
+			for name, tok := range map[string]string{
+				"Expired":       idp.token(t, jwt.MapClaims{"exp": time.Now().Add(-time.Hour).Unix()}),
+				"WrongAudience": idp.token(t, jwt.MapClaims{"aud": "someone-else"}),
+				"Garbage":       "not-a-token",
+			} {
+				r := s.bearer(t, "default", tok, "GET", "/api/v1/devices", nil).want(t, 401)
+				if r.errorCode(t) != "unauthenticated" {
+					t.Fatalf("%s: %s", name, r.Body)
+				}
+			}
+			// A token of default's users means nothing in beta.
+			s.bearer(t, "beta", viewer, "GET", "/api/v1/devices", nil).want(t, 401)
+			// An API key still wins when both are sent.
+			s.send(t, req{method: "GET", path: "/api/v1/apikeys", creds: admin, header: http.Header{"Authorization": {"Bearer " + viewer}}}).want(t, 200)
+		})
+
+		t.Run("WebhookUsers", func(t *testing.T) {
+			hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				var body struct{ Tenant, Token string }
+				json.NewDecoder(r.Body).Decode(&body)
+				if body.Tenant == "beta" && body.Token == "grace-token" {
+					json.NewEncoder(w).Encode(map[string]string{"user_name": "Grace", "user_email": "grace@example.com", "role": "operator"})
+					return
+				}
+				w.WriteHeader(http.StatusForbidden)
+			}))
+			defer hook.Close()
+			s.do(t, beta, "PUT", "/api/v1/tenants/beta/auth", map[string]any{"method": "webhook", "webhook_url": hook.URL}).want(t, 204)
+			s.bearer(t, "beta", "grace-token", "POST", "/api/v1/devices", map[string]any{"id": "by-grace"}).want(t, 201)
+			s.bearer(t, "beta", "mallory-token", "GET", "/api/v1/devices", nil).want(t, 401)
+			s.bearer(t, "default", "grace-token", "GET", "/api/v1/devices", nil).want(t, 401)
+			// An unreachable webhook is 503, never 500.
+			s.do(t, beta, "PUT", "/api/v1/tenants/beta/auth", map[string]any{"method": "webhook", "webhook_url": "http://127.0.0.1:1/check"}).want(t, 204)
+			r := s.bearer(t, "beta", "other-token", "GET", "/api/v1/devices", nil).want(t, 503)
+			if r.errorCode(t) != "unavailable" || strings.Contains(string(r.Body), "127.0.0.1") {
+				t.Fatalf("unreachable webhook: %s", r.Body)
+			}
+		})
+	})
+}

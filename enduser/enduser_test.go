@@ -1,0 +1,376 @@
+package enduser_test
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/enduser"
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// memStore is the configuration store, in memory: the store has its own
+// tests, and this isolates the verifier.
+type memStore struct {
+	mu sync.Mutex
+	m  map[string]*fleet.TenantAuth
+}
+
+func (s *memStore) SetTenantAuth(_ context.Context, tenant string, a *fleet.TenantAuth) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m[tenant] = a
+	return nil
+}
+
+func (s *memStore) FindTenantAuth(_ context.Context, tenant string) (*fleet.TenantAuth, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, ok := s.m[tenant]
+	if !ok {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "no auth")
+	}
+	return a, nil
+}
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// idp is an identity provider: signing keys and the JWKS that publishes them.
+type idp struct {
+	mu      sync.Mutex
+	keys    map[string]crypto.Signer // published keys by kid
+	fetches atomic.Int32
+	srv     *httptest.Server
+}
+
+func newIDP(t *testing.T) *idp {
+	p := &idp{keys: map[string]crypto.Signer{}}
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.fetches.Add(1)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		var keys []map[string]string
+		for kid, k := range p.keys {
+			keys = append(keys, jwkOf(kid, k.Public()))
+		}
+		json.NewEncoder(w).Encode(map[string]any{"keys": keys})
+	}))
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+func (p *idp) publish(kid string, k crypto.Signer) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.keys[kid] = k
+}
+
+func b64(b []byte) string { return base64.RawURLEncoding.EncodeToString(b) }
+
+func jwkOf(kid string, pub crypto.PublicKey) map[string]string {
+	switch k := pub.(type) {
+	case *rsa.PublicKey:
+		return map[string]string{"kty": "RSA", "kid": kid, "use": "sig", "n": b64(k.N.Bytes()), "e": b64(big.NewInt(int64(k.E)).Bytes())}
+	case *ecdsa.PublicKey:
+		return map[string]string{"kty": "EC", "kid": kid, "crv": "P-256", "x": b64(k.X.FillBytes(make([]byte, 32))), "y": b64(k.Y.FillBytes(make([]byte, 32)))}
+	case ed25519.PublicKey:
+		return map[string]string{"kty": "OKP", "kid": kid, "crv": "Ed25519", "x": b64(k)}
+	}
+	panic("unknown key")
+}
+
+var (
+	rsaKey, _   = rsa.GenerateKey(rand.Reader, 2048)
+	ecKey, _    = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	_, edKey, _ = ed25519.GenerateKey(rand.Reader)
+	now         = time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
+)
+
+func claims(over map[string]any) jwt.MapClaims {
+	c := jwt.MapClaims{
+		"iss": "https://id.example.com", "aud": "fleetd", "sub": "u-1",
+		"email": "ada@example.com", "name": "Ada", "exp": now.Add(time.Hour).Unix(), "iat": now.Unix(),
+	}
+	for k, v := range over {
+		if v == nil {
+			delete(c, k)
+		} else {
+			c[k] = v
+		}
+	}
+	return c
+}
+
+func sign(t *testing.T, method jwt.SigningMethod, kid string, key any, c jwt.MapClaims) string {
+	t.Helper()
+	tok := jwt.NewWithClaims(method, c)
+	if kid != "" {
+		tok.Header["kid"] = kid
+	}
+	s, err := tok.SignedString(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func setup(t *testing.T) (*enduser.Authenticator, *idp, *clock) {
+	p := newIDP(t)
+	p.publish("rsa-1", rsaKey)
+	p.publish("ec-1", ecKey)
+	p.publish("ed-1", edKey)
+	clk := &clock{t: now}
+	store := &memStore{m: map[string]*fleet.TenantAuth{}}
+	a := &enduser.Authenticator{Store: store, Now: clk.Now}
+	err := a.SetTenantAuth(context.Background(), "acme", &fleet.TenantAuth{
+		Method: fleet.AuthJWKS, JWKSURL: p.srv.URL, Issuer: "https://id.example.com", Audience: "fleetd", DefaultRole: fleet.RoleViewer,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, p, clk
+}
+
+func TestJWKS(t *testing.T) {
+	a, _, _ := setup(t)
+	ctx := context.Background()
+	valid := func(t *testing.T, token string) *fleet.Actor {
+		t.Helper()
+		act, err := a.AuthenticateToken(ctx, "acme", token)
+		if err != nil {
+			t.Fatalf("valid token refused: %v", err)
+		}
+		return act
+	}
+	refused := func(t *testing.T, token string) {
+		t.Helper()
+		_, err := a.AuthenticateToken(ctx, "acme", token)
+		if code := fleet.ErrorCode(err); code != fleet.EUNAUTHENTICATED {
+			t.Fatalf("error code = %q (%v), want unauthenticated", code, err)
+		}
+	}
+
+	t.Run("RS256", func(t *testing.T) {
+		act := valid(t, sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(nil)))
+		if act.Tenant != "acme" || act.UserName != "Ada" || act.UserEmail != "ada@example.com" || act.Role != fleet.RoleViewer || act.KeyName != "" {
+			t.Fatalf("actor = %+v", act)
+		}
+	})
+	t.Run("ES256", func(t *testing.T) { valid(t, sign(t, jwt.SigningMethodES256, "ec-1", ecKey, claims(nil))) })
+	t.Run("EdDSA", func(t *testing.T) { valid(t, sign(t, jwt.SigningMethodEdDSA, "ed-1", edKey, claims(nil))) })
+	t.Run("RoleClaim", func(t *testing.T) {
+		act := valid(t, sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(map[string]any{"role": "operator"})))
+		if act.Role != fleet.RoleOperator {
+			t.Fatalf("role = %s", act.Role)
+		}
+	})
+	t.Run("UnknownRoleClaim", func(t *testing.T) {
+		refused(t, sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(map[string]any{"role": "root"})))
+	})
+	t.Run("NameFallsBackToEmail", func(t *testing.T) {
+		act := valid(t, sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(map[string]any{"name": nil})))
+		if act.UserName != "ada@example.com" {
+			t.Fatalf("user name = %q", act.UserName)
+		}
+	})
+	t.Run("WithinLeeway", func(t *testing.T) {
+		valid(t, sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(map[string]any{"exp": now.Add(-10 * time.Second).Unix()})))
+	})
+	for _, tc := range []struct {
+		name  string
+		token func(t *testing.T) string
+	}{
+		{"Expired", func(t *testing.T) string {
+			return sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(map[string]any{"exp": now.Add(-time.Minute).Unix()}))
+		}},
+		{"NoExpiry", func(t *testing.T) string {
+			return sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(map[string]any{"exp": nil}))
+		}},
+		{"NotYetValid", func(t *testing.T) string {
+			return sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(map[string]any{"nbf": now.Add(time.Minute).Unix()}))
+		}},
+		{"WrongIssuer", func(t *testing.T) string {
+			return sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(map[string]any{"iss": "https://evil.example.com"}))
+		}},
+		{"WrongAudience", func(t *testing.T) string {
+			return sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(map[string]any{"aud": "other"}))
+		}},
+		{"AlgNone", func(t *testing.T) string {
+			return sign(t, jwt.SigningMethodNone, "rsa-1", jwt.UnsafeAllowNoneSignatureType, claims(nil))
+		}},
+		{"HS256WithPublicKey", func(t *testing.T) string {
+			der, _ := x509.MarshalPKIXPublicKey(&rsaKey.PublicKey)
+			return sign(t, jwt.SigningMethodHS256, "rsa-1", der, claims(nil))
+		}},
+		{"KeyTypeConfusion", func(t *testing.T) string {
+			// An ES256 token naming the RSA key's id.
+			return sign(t, jwt.SigningMethodES256, "rsa-1", ecKey, claims(nil))
+		}},
+		{"TamperedPayload", func(t *testing.T) string {
+			tok := sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(nil))
+			parts := strings.Split(tok, ".")
+			forged, _ := json.Marshal(claims(map[string]any{"role": "admin"}))
+			return parts[0] + "." + b64(forged) + "." + parts[2]
+		}},
+		{"SignedByAnotherKey", func(t *testing.T) string {
+			other, _ := rsa.GenerateKey(rand.Reader, 2048)
+			return sign(t, jwt.SigningMethodRS256, "rsa-1", other, claims(nil))
+		}},
+		{"Garbage", func(t *testing.T) string { return "not.a.jwt" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) { refused(t, tc.token(t)) })
+	}
+	t.Run("OtherTenant", func(t *testing.T) {
+		_, err := a.AuthenticateToken(ctx, "beta", sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(nil)))
+		if fleet.ErrorCode(err) != fleet.EUNAUTHENTICATED {
+			t.Fatalf("a tenant without S9 accepted a token: %v", err)
+		}
+	})
+}
+
+// TestJWKSRotation: a new key is picked up on its first unknown kid, but
+// unknown kids do not make fleetd fetch more often than RefreshInterval.
+func TestJWKSRotation(t *testing.T) {
+	a, p, clk := setup(t)
+	ctx := context.Background()
+	if _, err := a.AuthenticateToken(ctx, "acme", sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(nil))); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.fetches.Load(); n != 1 {
+		t.Fatalf("fetches = %d, want 1", n)
+	}
+	for range 50 {
+		a.AuthenticateToken(ctx, "acme", sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(nil)))
+	}
+	if n := p.fetches.Load(); n != 1 {
+		t.Fatalf("fetches = %d after 50 requests, want 1: keys are cached", n)
+	}
+
+	rotated, _ := rsa.GenerateKey(rand.Reader, 2048)
+	p.publish("rsa-2", rotated)
+	clk.Add(enduser.RefreshInterval)
+	if _, err := a.AuthenticateToken(ctx, "acme", sign(t, jwt.SigningMethodRS256, "rsa-2", rotated, claims(nil))); err != nil {
+		t.Fatalf("rotated key not picked up: %v", err)
+	}
+	if n := p.fetches.Load(); n != 2 {
+		t.Fatalf("fetches = %d, want 2", n)
+	}
+	// A flood of unknown kids fetches at most once per interval.
+	for i := range 20 {
+		a.AuthenticateToken(ctx, "acme", sign(t, jwt.SigningMethodRS256, "unknown-"+string(rune('a'+i)), rotated, claims(nil)))
+	}
+	if n := p.fetches.Load(); n != 2 {
+		t.Fatalf("fetches = %d after unknown kids within the interval, want 2", n)
+	}
+	clk.Add(enduser.RefreshInterval)
+	a.AuthenticateToken(ctx, "acme", sign(t, jwt.SigningMethodRS256, "unknown-z", rotated, claims(nil)))
+	if n := p.fetches.Load(); n != 3 {
+		t.Fatalf("fetches = %d, want 3", n)
+	}
+}
+
+func TestJWKSUnreachable(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	url := "http://" + ln.Addr().String() + "/jwks"
+	ln.Close()
+	store := &memStore{m: map[string]*fleet.TenantAuth{"acme": {Method: fleet.AuthJWKS, JWKSURL: url, Issuer: "i", Audience: "a", DefaultRole: fleet.RoleViewer}}}
+	a := &enduser.Authenticator{Store: store, Now: func() time.Time { return now }}
+	_, err := a.AuthenticateToken(context.Background(), "acme", sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(nil)))
+	if code := fleet.ErrorCode(err); code != fleet.EUNAVAILABLE {
+		t.Fatalf("error code = %q, want unavailable", code)
+	}
+}
+
+func TestWebhook(t *testing.T) {
+	var calls atomic.Int32
+	block := make(chan struct{})
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		var body struct{ Tenant, Token string }
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil || body.Tenant != "acme" {
+			w.WriteHeader(400)
+			return
+		}
+		switch body.Token {
+		case "good":
+			json.NewEncoder(w).Encode(map[string]string{"user_name": "Grace", "user_email": "grace@example.com", "role": "operator"})
+		case "no-role":
+			json.NewEncoder(w).Encode(map[string]string{"user_name": "Lin"})
+		case "bad-role":
+			json.NewEncoder(w).Encode(map[string]string{"user_name": "Lin", "role": "root"})
+		case "broken":
+			w.WriteHeader(500)
+		case "slow":
+			<-block
+		default:
+			w.WriteHeader(403)
+		}
+	}))
+	// Cleanups run last first: release the slow handler, then close.
+	t.Cleanup(hook.Close)
+	t.Cleanup(func() { close(block) })
+	clk := &clock{t: now}
+	store := &memStore{m: map[string]*fleet.TenantAuth{}}
+	a := &enduser.Authenticator{Store: store, Now: clk.Now, Timeout: 200 * time.Millisecond}
+	ctx := context.Background()
+	a.SetTenantAuth(ctx, "acme", &fleet.TenantAuth{Method: fleet.AuthWebhook, WebhookURL: hook.URL, DefaultRole: fleet.RoleViewer})
+
+	act, err := a.AuthenticateToken(ctx, "acme", "good")
+	if err != nil || act.UserName != "Grace" || act.UserEmail != "grace@example.com" || act.Role != fleet.RoleOperator {
+		t.Fatalf("good: %+v, %v", act, err)
+	}
+	a.AuthenticateToken(ctx, "acme", "good")
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("webhook called %d times, want 1: a yes is cached", n)
+	}
+	clk.Add(enduser.WebhookTTL + time.Second)
+	a.AuthenticateToken(ctx, "acme", "good")
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("webhook called %d times after the cache expired, want 2", n)
+	}
+	if act, err := a.AuthenticateToken(ctx, "acme", "no-role"); err != nil || act.Role != fleet.RoleViewer {
+		t.Fatalf("no-role: %+v, %v; want the default role", act, err)
+	}
+	for _, tok := range []string{"refused", "broken", "bad-role"} {
+		if _, err := a.AuthenticateToken(ctx, "acme", tok); fleet.ErrorCode(err) != fleet.EUNAUTHENTICATED {
+			t.Errorf("%s: %v, want unauthenticated", tok, err)
+		}
+	}
+	if _, err := a.AuthenticateToken(ctx, "acme", "slow"); fleet.ErrorCode(err) != fleet.EUNAVAILABLE {
+		t.Errorf("slow: %v, want unavailable", err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	down := "http://" + ln.Addr().String()
+	ln.Close()
+	a.SetTenantAuth(ctx, "acme", &fleet.TenantAuth{Method: fleet.AuthWebhook, WebhookURL: down, DefaultRole: fleet.RoleViewer})
+	if _, err := a.AuthenticateToken(ctx, "acme", "good"); fleet.ErrorCode(err) != fleet.EUNAVAILABLE {
+		t.Errorf("down: %v, want unavailable (and the cached yes forgotten with the old configuration)", err)
+	}
+}

@@ -1,0 +1,215 @@
+package enduser
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdh"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rsa"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// algorithms are the only ones accepted: asymmetric, so a public key can
+// never sign; "none" and the HMAC family are refused by omission.
+var algorithms = []string{"RS256", "ES256", "EdDSA"}
+
+// keySet is one JWKS URL's keys.
+type keySet struct {
+	url string
+
+	mu          sync.Mutex
+	keys        map[string]jwk // by kid
+	fetchedAt   time.Time      // last successful fetch
+	attemptedAt time.Time      // last fetch, successful or not
+}
+
+type jwk struct {
+	alg string // the key's own "alg", if it names one
+	key crypto.PublicKey
+}
+
+func (a *Authenticator) keySet(url string) *keySet {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.keySets == nil {
+		a.keySets = map[string]*keySet{}
+	}
+	ks, ok := a.keySets[url]
+	if !ok {
+		ks = &keySet{url: url}
+		a.keySets[url] = ks
+	}
+	return ks
+}
+
+func (a *Authenticator) verifyJWT(ctx context.Context, tenant string, cfg *fleet.TenantAuth, token string) (*fleet.Actor, error) {
+	ks := a.keySet(cfg.JWKSURL)
+	parser := jwt.NewParser(
+		jwt.WithValidMethods(algorithms),
+		jwt.WithLeeway(Leeway),
+		jwt.WithIssuer(cfg.Issuer),
+		jwt.WithAudience(cfg.Audience),
+		jwt.WithExpirationRequired(),
+		jwt.WithTimeFunc(a.now),
+	)
+	var unavailable error
+	claims := jwt.MapClaims{}
+	_, err := parser.ParseWithClaims(token, claims, func(t *jwt.Token) (any, error) {
+		kid, _ := t.Header["kid"].(string)
+		k, err := ks.find(ctx, a, kid)
+		if err != nil {
+			unavailable = err
+			return nil, err
+		}
+		if k.alg != "" && k.alg != t.Method.Alg() {
+			return nil, fmt.Errorf("key %q is for %s, the token says %s", kid, k.alg, t.Method.Alg())
+		}
+		// The library refuses a key of the wrong type for the algorithm
+		// (an RSA key for ES256, say), so key-type confusion fails here.
+		return k.key, nil
+	})
+	if unavailable != nil && fleet.ErrorCode(unavailable) == fleet.EUNAVAILABLE {
+		return nil, unavailable
+	}
+	if err != nil {
+		return nil, a.refused(tenant, err.Error())
+	}
+	str := func(name string) string { s, _ := claims[name].(string); return s }
+	act, ok := actor(tenant, cfg, str("name"), str("email"), str("sub"), str("role"))
+	if !ok {
+		return nil, a.refused(tenant, "the role claim is not a fleetd role")
+	}
+	return act, nil
+}
+
+// find returns the key with the id kid (or the only key, for tokens without
+// one), fetching the set when it is unknown, old, or the id is new and the
+// last fetch is at least RefreshInterval ago.
+func (ks *keySet) find(ctx context.Context, a *Authenticator, kid string) (jwk, error) {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	now := a.now()
+	stale := ks.keys == nil || now.Sub(ks.fetchedAt) > KeysTTL
+	k, ok := ks.lookup(kid)
+	if stale || (!ok && now.Sub(ks.attemptedAt) >= RefreshInterval) {
+		ks.attemptedAt = now
+		fctx, cancel := context.WithTimeout(ctx, a.timeout())
+		keys, err := fetchJWKS(fctx, a.client(), ks.url)
+		cancel()
+		if err != nil {
+			a.logger().Warn("fetch JWKS", "url", ks.url, "err", err)
+			if ks.keys == nil {
+				return jwk{}, fleet.Errorf(fleet.EUNAVAILABLE, "the tenant's JWKS cannot be fetched")
+			}
+		} else {
+			ks.keys, ks.fetchedAt = keys, now
+		}
+		k, ok = ks.lookup(kid)
+	}
+	if !ok {
+		return jwk{}, fmt.Errorf("no key %q in the JWKS", kid)
+	}
+	return k, nil
+}
+
+func (ks *keySet) lookup(kid string) (jwk, bool) {
+	if kid == "" && len(ks.keys) == 1 {
+		for _, k := range ks.keys {
+			return k, true
+		}
+	}
+	k, ok := ks.keys[kid]
+	return k, ok && kid != ""
+}
+
+// fetchJWKS reads a JWK Set (RFC 7517); keys of kinds fleetd does not use
+// are skipped.
+func fetchJWKS(ctx context.Context, client *http.Client, url string) (map[string]jwk, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	var set struct {
+		Keys []struct {
+			Kty, Kid, Alg, Use, Crv string
+			N, E, X, Y              string
+		} `json:"keys"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&set); err != nil {
+		return nil, fmt.Errorf("decode JWKS: %w", err)
+	}
+	keys := map[string]jwk{}
+	for _, k := range set.Keys {
+		if k.Use != "" && k.Use != "sig" {
+			continue
+		}
+		var pub crypto.PublicKey
+		switch k.Kty {
+		case "RSA":
+			n, e1 := b64int(k.N)
+			e, e2 := b64int(k.E)
+			if e1 != nil || e2 != nil || !e.IsInt64() || n.BitLen() < 2048 {
+				continue
+			}
+			pub = &rsa.PublicKey{N: n, E: int(e.Int64())}
+		case "EC":
+			if k.Crv != "P-256" {
+				continue
+			}
+			x, e1 := b64int(k.X)
+			y, e2 := b64int(k.Y)
+			if e1 != nil || e2 != nil || x.BitLen() > 256 || y.BitLen() > 256 {
+				continue
+			}
+			// crypto/ecdh refuses points that are not on the curve.
+			point := append([]byte{4}, append(x.FillBytes(make([]byte, 32)), y.FillBytes(make([]byte, 32))...)...)
+			if _, err := ecdh.P256().NewPublicKey(point); err != nil {
+				continue
+			}
+			pub = &ecdsa.PublicKey{Curve: elliptic.P256(), X: x, Y: y}
+		case "OKP":
+			x, err := base64.RawURLEncoding.DecodeString(k.X)
+			if k.Crv != "Ed25519" || err != nil || len(x) != ed25519.PublicKeySize {
+				continue
+			}
+			pub = ed25519.PublicKey(x)
+		default:
+			continue
+		}
+		keys[k.Kid] = jwk{alg: k.Alg, key: pub}
+	}
+	if len(keys) == 0 {
+		return nil, errors.New("the JWKS has no usable signing key")
+	}
+	return keys, nil
+}
+
+func b64int(s string) (*big.Int, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || len(b) == 0 {
+		return nil, errors.New("bad base64url integer")
+	}
+	return new(big.Int).SetBytes(b), nil
+}
