@@ -2,14 +2,8 @@ package alert
 
 import (
 	"context"
-	"log/slog"
-	"sort"
-	"strings"
-	"sync/atomic"
-	"time"
 
 	"github.com/fleetd/fleet"
-	"github.com/fleetd/fleet/codec"
 )
 
 // ServiceStore is the store behind Service; sqlstore.DB implements it.
@@ -109,81 +103,4 @@ func (d *Devices) DeleteDevice(ctx context.Context, tenant, id string) error {
 		d.Engine.ForgetDevice(tenant, id)
 	}
 	return err
-}
-
-// StreamHandler receives stream payloads from the device channel (MQTT
-// events/{stream}/jsonarray). Unlike HTTP, where the client learns of each
-// bad point, a device cannot be answered: bad points are counted and logged,
-// and the good ones of the batch are ingested.
-type StreamHandler struct {
-	Streams fleet.StreamService
-	Logger  *slog.Logger
-	Now     func() time.Time
-
-	Points    atomic.Uint64 // points ingested
-	BadPoints atomic.Uint64 // points refused
-}
-
-// HandleStream decodes a JSON array of points and ingests the usable ones.
-// An error is returned only when nothing could be stored for a reason the
-// device may retry (the store is unavailable); a payload that is not JSON
-// is logged and dropped, since sending it again would not help.
-func (h *StreamHandler) HandleStream(ctx context.Context, tenant, device, stream string, payload []byte) error {
-	log := h.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	if !fleet.ValidStreamName(stream) {
-		h.BadPoints.Add(1)
-		log.Warn("stream data refused: bad stream name", "tenant", tenant, "device", device, "stream", stream)
-		return nil
-	}
-	v, err := codec.Decode(codec.JSON, payload)
-	if err != nil {
-		h.BadPoints.Add(1)
-		log.Warn("stream data refused: not JSON", "tenant", tenant, "device", device, "stream", stream, "err", fleet.ErrorMessage(err))
-		return nil
-	}
-	now := time.Now
-	if h.Now != nil {
-		now = h.Now
-	}
-	pts, problems := fleet.ReadDataPoints(v, device, stream, now().UTC().Truncate(time.Millisecond))
-	if len(problems) > 0 {
-		h.BadPoints.Add(uint64(len(problems)))
-		log.Warn("stream data: bad points dropped", "tenant", tenant, "device", device, "stream", stream,
-			"bad", len(problems), "good", len(pts), "problems", describeProblems(problems))
-	}
-	if len(pts) == 0 {
-		return nil
-	}
-	if err := h.Streams.IngestPoints(ctx, tenant, device, stream, pts); err != nil {
-		if fleet.ErrorCode(err) == fleet.EUNAVAILABLE {
-			return err
-		}
-		log.Warn("stream data not ingested", "tenant", tenant, "device", device, "stream", stream, "err", err)
-		return err
-	}
-	h.Points.Add(uint64(len(pts)))
-	return nil
-}
-
-// describeProblems lists a few problems for a log line.
-func describeProblems(p map[string]string) string {
-	keys := make([]string, 0, len(p))
-	for k := range p {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	if len(keys) > 5 {
-		keys = keys[:5]
-	}
-	var b strings.Builder
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteString("; ")
-		}
-		b.WriteString(k + " " + p[k])
-	}
-	return b.String()
 }
