@@ -114,8 +114,14 @@ func (g *schemaGen) operation(rt route, path string) map[string]any {
 	if rt.perm != public {
 		o["security"] = []any{map[string]any{"apiKey": []string{}, "tenant": []string{}}}
 	}
-	if rt.op.Body != nil {
-		content := g.content(g.ref(reflect.TypeOf(rt.op.Body), true))
+	if rt.op.Body != nil || rt.op.Upload {
+		content := map[string]any{}
+		if rt.op.Body != nil {
+			content = g.content(g.ref(reflect.TypeOf(rt.op.Body), true))
+		} else {
+			// An upload without an encoded form also takes the raw file.
+			content["application/octet-stream"] = map[string]any{"schema": map[string]any{"type": "string", "format": "binary"}}
+		}
 		if rt.op.Upload {
 			content["multipart/form-data"] = map[string]any{"schema": map[string]any{
 				"type": "object", "properties": map[string]any{"file": map[string]any{"type": "string", "format": "binary"}},

@@ -70,6 +70,24 @@ func (s *Server) addRoutes() []route {
 		{"GET /api/v1/alerts/{id}/notifications", fleet.PermRead, s.handleListDeliveries, op{Tag: "alerts",
 			Summary: "An alert's notifications and each attempt to deliver them", Query: append(uuidPathParams("id"), pageParams...), Resp: deliveryList{}}},
 
+		{"POST /api/v1/firmware-bundles", fleet.PermOperate, s.handleCreateBundle, op{Tag: "firmware", Summary: "Upload a bundle archive (multipart/form-data, part file; streamed, parsed and completed at once) or make a pending record to upload to (a JSON-like body)", Body: bundleCreate{}, Upload: true, OK: http.StatusCreated, Resp: fleet.Bundle{}}},
+		{"GET /api/v1/firmware-bundles", fleet.PermRead, s.handleListBundles, op{Tag: "firmware", Summary: "List firmware bundles, newest first", Query: append([]param{
+			{Name: "upload_status", Desc: "only bundles in this upload state", Enum: []string{fleet.UploadPending, fleet.UploadCompleted, fleet.UploadFailed}},
+		}, pageParams...), Resp: bundleList{}}},
+		{"GET /api/v1/firmware-bundles/id/{id}", fleet.PermRead, s.handleGetBundle, op{Tag: "firmware", Summary: "Read a firmware bundle", Query: []param{{Name: "id", In: "path", Format: "uuid"}}, Resp: fleet.Bundle{}}},
+		{"PUT /api/v1/firmware-bundles/id/{id}", fleet.PermOperate, s.handleDeclareBundle, op{Tag: "firmware", Summary: "S5: declare the uploaded archive's sizes and checksum; the server compares them with the archive (a mismatch fails the bundle: 409)", Query: []param{{Name: "id", In: "path", Format: "uuid"}}, Body: declaration{}, OK: http.StatusNoContent, Resp: fleet.Bundle{}}},
+		{"DELETE /api/v1/firmware-bundles/id/{id}", fleet.PermOperate, s.handleDeleteBundle, op{Tag: "firmware", Summary: "Delete a firmware bundle and its archive; its component versions stay", Query: []param{{Name: "id", In: "path", Format: "uuid"}}, OK: http.StatusNoContent}},
+		{"PUT /api/v1/firmware-bundles/id/{id}/file", fleet.PermOperate, s.handleUploadBundleFile, op{Tag: "firmware", Summary: "Upload the archive of a pending bundle (application/octet-stream, or multipart part file); streamed and parsed", Query: []param{{Name: "id", In: "path", Format: "uuid"}}, Upload: true, Resp: fleet.Bundle{}}},
+		{"GET /api/v1/firmware-bundles/id/{id}/artifact", public, s.handleArtifact, op{Tag: "firmware", Summary: "Download a completed bundle's archive with an API key (viewer) or a signed URL (tenant, expires, signature); Range (206, 416), ETag and If-None-Match (304) supported", Query: []param{
+			{Name: "id", In: "path", Format: "uuid"},
+			{Name: "tenant", Desc: "signed URL: the bundle's tenant"},
+			{Name: "expires", Desc: "signed URL: expiry, Unix seconds"},
+			{Name: "signature", Desc: "signed URL: its HMAC-SHA256 signature"},
+		}, Raw: "application/octet-stream"}},
+		{"GET /api/v1/firmware-bundles/version/{version}", fleet.PermRead, s.handleGetBundleByVersion, op{Tag: "firmware", Summary: "S6: read the bundle of a version, with its firmwares", Resp: fleet.Bundle{}}},
+		{"PUT /api/v1/firmwares/component/{component_name}/{version_number}", fleet.PermOperate, s.handleUpdateFirmware, op{Tag: "firmware", Summary: "S8: activate or deactivate a component version; correct its uncompressed size or dependencies", Body: firmwareUpdate{}, OK: http.StatusNoContent, Resp: fleet.Firmware{}}},
+		{"GET /api/v1/firmwares/component/{component_name}", fleet.PermRead, s.handleListFirmwares, op{Tag: "firmware", Summary: "List a component's versions, newest version first", Query: pageParams, Resp: firmwareList{}}},
+
 		{"POST /api/v1/apikeys", fleet.PermAdmin, s.handleCreateAPIKey, op{Tag: "apikeys", Summary: "Create an API key; its secret is shown once", Body: apiKeyCreate{}, OK: http.StatusCreated, Resp: fleet.APIKey{}}},
 		{"GET /api/v1/apikeys", fleet.PermAdmin, s.handleListAPIKeys, op{Tag: "apikeys", Summary: "List API keys, without their secrets", Query: pageParams, Resp: apiKeyList{}}},
 		{"DELETE /api/v1/apikeys/{name}", fleet.PermAdmin, s.handleDeleteAPIKey, op{Tag: "apikeys", Summary: "Delete an API key; it is refused from then on", OK: http.StatusNoContent}},

@@ -52,6 +52,9 @@ type Server struct {
 	Tokens     fleet.TokenAuthenticator // end users' bearer tokens; nil: API keys only
 	Ready      []Pinger                 // all must answer for /readyz
 
+	// Firmware serves bundles, firmwares and artifact downloads.
+	Firmware fleet.FirmwareService
+
 	// Alerts serves alert rules, notification rules and alerts; Streams
 	// takes device data in and serves each stream's latest point.
 	Alerts  fleet.AlertService
@@ -134,6 +137,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Request-Id", id)
 	ctx := fleet.NewContextWithRequestID(r.Context(), id)
 	ctx = context.WithValue(ctx, logKey{}, s.Logger.With(slog.String("request_id", id)))
+	ctx = fleet.NewContextWithBaseURL(ctx, baseURL(r))
 	r = r.WithContext(ctx)
 
 	h, pattern := s.mux.Handler(r)

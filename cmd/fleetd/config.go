@@ -24,6 +24,7 @@ type config struct {
 	maxBody   int64
 	maxBulk   int64
 	maxUpload int64
+	publicURL string
 
 	// Alerts and their notifications.
 	smtp              notify.SMTP
@@ -50,6 +51,7 @@ func (c *config) serveFlags(fs *flagSet) {
 	fs.Int64Var(&c.maxBody, "max-body-bytes", 1<<20, "largest request body in `BYTES`")
 	fs.Int64Var(&c.maxBulk, "max-bulk-bytes", 64<<20, "largest bulk provisioning body in `BYTES`")
 	fs.Int64Var(&c.maxUpload, "max-upload-bytes", 2<<30, "largest firmware upload in `BYTES`")
+	fs.StringVar(&c.publicURL, "public-url", "", "`URL` (scheme and host) devices reach the API at, for signed firmware download URLs; default: the URL the dispatching request used")
 	c.alertFlags(fs)
 	c.logFlags(fs)
 }

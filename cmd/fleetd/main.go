@@ -58,6 +58,7 @@ func commands() []command {
 		{"tenant create", "create a tenant and print its admin API key", runTenantCreate},
 		{"tenant list", "list tenants", runTenantList},
 		{"apikey create", "create an API key in a tenant and print it", runAPIKeyCreate},
+		{"bundle create", "build a firmware bundle archive with its manifest", runBundleCreate},
 		{"version", "print the version", runVersion},
 	}
 }

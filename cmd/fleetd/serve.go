@@ -3,12 +3,15 @@ package main
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/alert"
+	"github.com/fleetd/fleet/blob"
 	"github.com/fleetd/fleet/enduser"
+	"github.com/fleetd/fleet/firmware"
 	fleethttp "github.com/fleetd/fleet/http"
 	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/sqlstore"
@@ -68,19 +71,26 @@ func runServe(ctx context.Context, args []string, e env) error {
 	// End users of tenants that configured S9 sign in with bearer tokens.
 	users := &enduser.Authenticator{Store: db, Logger: log}
 
+	blobs, err := blob.OpenDir(filepath.Join(c.dataDir, "blobs"))
+	if err != nil {
+		return err
+	}
+	fw := &firmware.Service{Store: db, Blobs: blobs, Logger: log, PublicURL: c.publicURL}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	api := &fleethttp.Server{
-		Addr:     c.httpAddr,
-		Logger:   log,
-		Registry: reg,
-		Limits:   fleethttp.Limits{Body: c.maxBody, Bulk: c.maxBulk, Upload: c.maxUpload},
-		Tenants:  db,
-		Devices:  &alert.Devices{DeviceService: db, Engine: engine},
-		Alerts:   alerts,
-		Streams:  alerts,
+		Addr:       c.httpAddr,
+		Logger:     log,
+		Registry:   reg,
+		Limits:     fleethttp.Limits{Body: c.maxBody, Bulk: c.maxBulk, Upload: c.maxUpload},
+		Tenants:    db,
+		Devices:    &alert.Devices{DeviceService: db, Engine: engine},
+		Alerts:     alerts,
+		Streams:    alerts,
 		Audit:      db,
 		Ready:      []fleethttp.Pinger{db},
+		Firmware:   fw,
 		TenantAuth: users,
 		Tokens:     users,
 	}

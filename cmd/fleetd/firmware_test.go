@@ -1,0 +1,1043 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"mime/multipart"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/firmware"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// bundle is a firmware bundle as the API shows it.
+type bundle struct {
+	ID               string `json:"id"`
+	Version          string `json:"version"`
+	FileName         string `json:"file_name"`
+	UploadStatus     string `json:"upload_status"`
+	UploadError      string `json:"upload_error"`
+	ContentLength    *int64 `json:"content_length"`
+	UncompressedSize *int64 `json:"uncompressed_size"`
+	Checksum         *string
+	Declared         *struct {
+		Checksum string
+	}
+	Firmwares []firmwareJSON
+}
+
+type firmwareJSON struct {
+	ID               string `json:"id"`
+	ComponentName    string `json:"component_name"`
+	VersionNumber    string `json:"version_number"`
+	FileName         string `json:"file_name"`
+	Checksum         string `json:"checksum"`
+	ContentLength    int64  `json:"content_length"`
+	UncompressedSize int64  `json:"uncompressed_size"`
+	IsDeactivated    bool   `json:"is_deactivated"`
+	Dependencies     []fleet.Dependency
+}
+
+// part is one component of a test bundle.
+type part struct {
+	name, version, body string
+	deps                []fleet.Dependency
+}
+
+// makeBundle builds a bundle archive (tar.gz) as `fleetd bundle create`
+// would.
+func makeBundle(t testing.TB, version string, parts ...part) []byte {
+	t.Helper()
+	var srcs []firmware.Source
+	for _, p := range parts {
+		srcs = append(srcs, firmware.Source{ComponentName: p.name, VersionNumber: p.version, FileName: p.name + ".bin",
+			Dependencies: p.deps, Size: int64(len(p.body)), Body: strings.NewReader(p.body)})
+	}
+	var buf bytes.Buffer
+	if err := firmware.Build(&buf, version, srcs, true); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func sha256Hex(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// multipartBody wraps an archive as the part "file" of a form.
+func multipartBody(t testing.TB, fileName string, data []byte) ([]byte, string) {
+	t.Helper()
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	w, err := mw.CreateFormFile("file", fileName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write(data)
+	mw.Close()
+	return buf.Bytes(), mw.FormDataContentType()
+}
+
+// upload sends an archive as a multipart upload.
+func (s *testServer) upload(t *testing.T, c creds, data []byte) *response {
+	t.Helper()
+	body, ct := multipartBody(t, "bundle.tar.gz", data)
+	return s.send(t, req{method: "POST", path: "/api/v1/firmware-bundles", creds: c, raw: body, contentType: ct})
+}
+
+// mustUpload uploads an archive and returns the completed bundle.
+func (s *testServer) mustUpload(t *testing.T, c creds, data []byte) bundle {
+	t.Helper()
+	var b bundle
+	s.upload(t, c, data).want(t, 201).decode(t, &b)
+	return b
+}
+
+// putFile sends the archive of a pending record.
+func (s *testServer) putFile(t *testing.T, c creds, id string, data []byte) *response {
+	t.Helper()
+	return s.send(t, req{method: "PUT", path: "/api/v1/firmware-bundles/id/" + id + "/file", creds: c, raw: data, contentType: "application/octet-stream"})
+}
+
+// get makes a raw request, not validated against the OpenAPI document:
+// for archives, ranges and conditional answers.
+func (s *testServer) get(t *testing.T, c creds, path string, header ...string) (*http.Response, []byte) {
+	t.Helper()
+	hr, err := http.NewRequest("GET", s.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Tenant != "" {
+		hr.Header.Set("x-service-tenant", c.Tenant)
+		hr.Header.Set("x-service-api-key", c.Key)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		hr.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, b
+}
+
+// dataFiles lists the regular files under the server's data directory.
+func (s *testServer) dataFiles(t *testing.T) []string {
+	t.Helper()
+	var files []string
+	filepath.WalkDir(s.DataDir, func(path string, e fs.DirEntry, err error) error {
+		if err == nil && !e.IsDir() {
+			files = append(files, strings.TrimPrefix(path, s.DataDir))
+		}
+		return nil
+	})
+	return files
+}
+
+// bundleCount is how many bundles the tenant has.
+func (s *testServer) bundleCount(t *testing.T, c creds) int {
+	t.Helper()
+	var list struct{ Count int }
+	s.do(t, c, "GET", "/api/v1/firmware-bundles", nil).want(t, 200).decode(t, &list)
+	return list.Count
+}
+
+func wantError(t *testing.T, r *response, status int, field string, words ...string) {
+	t.Helper()
+	r.want(t, status)
+	var e struct {
+		Message string
+		Fields  map[string]string
+	}
+	r.decode(t, &e)
+	if field != "" && e.Fields[field] == "" {
+		t.Errorf("%s: error %s does not name field %s", r.req, r.Body, field)
+	}
+	for _, w := range words {
+		if !strings.Contains(e.Message+fmt.Sprint(e.Fields), w) {
+			t.Errorf("%s: error %s does not mention %q", r.req, r.Body, w)
+		}
+	}
+}
+
+var (
+	bootloader = part{name: "bootloader", version: "1.2.0", body: "bootloader 1.2.0"}
+	app230     = part{name: "app", version: "2.3.0", body: strings.Repeat("app 2.3.0 ", 5000),
+		deps: []fleet.Dependency{{ComponentName: "bootloader", MinVersion: "1.1.0"}}}
+)
+
+func TestFirmwareUploads(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		data := makeBundle(t, "2.3.0", bootloader, app230)
+		var first bundle
+
+		t.Run("Multipart", func(t *testing.T) {
+			r := s.upload(t, admin, data).want(t, 201)
+			r.decode(t, &first)
+			if loc := r.Header.Get("Location"); !strings.HasSuffix(loc, "/api/v1/firmware-bundles/id/"+first.ID) {
+				t.Fatalf("Location = %q", loc)
+			}
+			if first.UploadStatus != "completed" || first.Version != "2.3.0" || first.FileName != "bundle.tar.gz" ||
+				*first.Checksum != sha256Hex(data) || *first.ContentLength != int64(len(data)) || *first.UncompressedSize <= int64(len(data)) {
+				t.Fatalf("bundle = %+v", first)
+			}
+			if len(first.Firmwares) != 2 || first.Firmwares[1].ComponentName != "app" || first.Firmwares[1].Checksum != sha256Hex([]byte(app230.body)) ||
+				first.Firmwares[1].ContentLength != int64(len(app230.body)) || first.Firmwares[1].Dependencies[0].MinVersion != "1.1.0" {
+				t.Fatalf("firmwares = %+v", first.Firmwares)
+			}
+		})
+		t.Run("ReadS6", func(t *testing.T) {
+			var byVersion, byID bundle
+			s.do(t, admin, "GET", "/api/v1/firmware-bundles/version/2.3.0", nil).want(t, 200).decode(t, &byVersion)
+			s.do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+first.ID, nil).want(t, 200).decode(t, &byID)
+			if byVersion.ID != first.ID || byID.ID != first.ID || len(byVersion.Firmwares) != 2 {
+				t.Fatalf("S6 = %+v, by id = %+v", byVersion, byID)
+			}
+			wantError(t, s.do(t, admin, "GET", "/api/v1/firmware-bundles/version/9.9.9", nil), 404, "")
+			wantError(t, s.do(t, admin, "GET", "/api/v1/firmware-bundles/version/latest", nil), 400, "version")
+			wantError(t, s.do(t, admin, "GET", "/api/v1/firmware-bundles/id/not-a-uuid", nil), 400, "id")
+		})
+		t.Run("TransitUUIDs", func(t *testing.T) {
+			r := s.send(t, req{method: "GET", path: "/api/v1/firmware-bundles/id/" + first.ID, creds: admin, header: http.Header{"Accept": {"application/transit+json"}}}).want(t, 200)
+			if !bytes.Contains(r.Body, []byte(`"~u`+first.ID+`"`)) {
+				t.Fatalf("the Transit answer does not carry the id as a UUID: %s", r.Body[:min(200, len(r.Body))])
+			}
+			r = s.send(t, req{method: "GET", path: "/api/v1/firmware-bundles/id/" + first.ID, creds: admin, header: http.Header{"Accept": {"application/edn"}}}).want(t, 200)
+			if !bytes.Contains(r.Body, []byte(`#uuid "`+first.ID+`"`)) {
+				t.Fatalf("the EDN answer does not carry the id as a UUID")
+			}
+		})
+		t.Run("VersionConflict", func(t *testing.T) {
+			wantError(t, s.upload(t, admin, makeBundle(t, "2.3.0", part{name: "other", version: "1.0.0", body: "x"})), 409, "", "2.3.0")
+			wantError(t, s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "2.3.0", "file_name": "x.tar.gz"}), 409, "", "2.3.0")
+		})
+		t.Run("ComponentConflict", func(t *testing.T) {
+			changed := app230
+			changed.body = "another app 2.3.0"
+			wantError(t, s.upload(t, admin, makeBundle(t, "2.3.1", bootloader, changed)), 409, "", "app", "2.3.0", "checksum")
+		})
+		t.Run("SharedFirmware", func(t *testing.T) {
+			b := s.mustUpload(t, admin, makeBundle(t, "2.4.0", bootloader, part{name: "app", version: "2.4.0", body: "app 2.4.0"}))
+			if b.Firmwares[0].ID != first.Firmwares[0].ID {
+				t.Fatalf("bootloader 1.2.0 is not shared: %s vs %s", b.Firmwares[0].ID, first.Firmwares[0].ID)
+			}
+		})
+		t.Run("Rejections", func(t *testing.T) {
+			before := s.dataFiles(t)
+			noManifest := makeTar(t, false, "app.bin", "x")
+			wantError(t, s.upload(t, admin, noManifest), 400, "", "manifest.json")
+			wantError(t, s.upload(t, admin, []byte("\x1f\x8b\x08\x00garbage")), 400, "", "gzip")
+			escape := makeTar(t, false, "../evil", "x", "manifest.json", `{}`)
+			wantError(t, s.upload(t, admin, escape), 400, "", "../evil")
+			contradiction := makeTar(t, true, "boot.bin", "b", "app.bin", "a", "manifest.json", `{"version": "5.0.0", "components": [
+				{"component_name": "bootloader", "version_number": "1.0.0", "file_name": "boot.bin"},
+				{"component_name": "app", "version_number": "5.0.0", "file_name": "app.bin", "dependencies": [{"component_name": "bootloader", "min_version": "1.1.0"}]}]}`)
+			wantError(t, s.upload(t, admin, contradiction), 400, "manifest.components", "bootloader >= 1.1.0")
+			missing := makeTar(t, false, "manifest.json", `{"version": "5.0.0", "components": [{"component_name": "app", "version_number": "5.0.0", "file_name": "app.bin"}]}`)
+			wantError(t, s.upload(t, admin, missing), 400, "manifest.components[0].file_name", "app.bin")
+			if after := s.dataFiles(t); len(after) != len(before) {
+				t.Fatalf("refused uploads left files: %v, before %v", after, before)
+			}
+		})
+		t.Run("BadRequests", func(t *testing.T) {
+			body, ct := multipartBody(t, "x", data)
+			wrongPart := bytes.Replace(body, []byte(`name="file"`), []byte(`name="archive"`), 1)
+			wantError(t, s.send(t, req{method: "POST", path: "/api/v1/firmware-bundles", creds: admin, raw: wrongPart, contentType: ct}), 400, "archive")
+			r := s.send(t, req{method: "POST", path: "/api/v1/firmware-bundles", creds: admin, raw: data, contentType: "application/zip"}).want(t, 415)
+			if !strings.Contains(string(r.Body), "multipart/form-data") {
+				t.Fatalf("415 does not say what to send: %s", r.Body)
+			}
+			wantError(t, s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "3.0.0"}), 400, "file_name")
+			wantError(t, s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "3.0", "file_name": "a/b"}), 400, "file_name")
+			wantError(t, s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": 3, "file_name": "x"}), 400, "version")
+			wantError(t, s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "3.0", "file_name": "x", "size": 1}), 400, "size")
+		})
+		t.Run("List", func(t *testing.T) {
+			var list struct {
+				FirmwareBundles []bundle `json:"firmware_bundles"`
+				Count           int
+			}
+			s.do(t, admin, "GET", "/api/v1/firmware-bundles?limit=1", nil).want(t, 200).decode(t, &list)
+			if list.Count != 2 || len(list.FirmwareBundles) != 1 || list.FirmwareBundles[0].Version != "2.4.0" {
+				t.Fatalf("list = %+v", list)
+			}
+			s.do(t, admin, "GET", "/api/v1/firmware-bundles?upload_status=pending", nil).want(t, 200).decode(t, &list)
+			if list.Count != 0 {
+				t.Fatalf("pending = %+v", list)
+			}
+			wantError(t, s.do(t, admin, "GET", "/api/v1/firmware-bundles?upload_status=done", nil), 400, "upload_status")
+		})
+	})
+}
+
+// makeTar builds an archive from name, body pairs, without the checks of
+// firmware.Build: for archives the server must refuse.
+func makeTar(t *testing.T, gz bool, pairs ...string) []byte {
+	t.Helper()
+	var files []tarFile
+	for i := 0; i+1 < len(pairs); i += 2 {
+		files = append(files, tarFile{pairs[i], pairs[i+1]})
+	}
+	return writeTar(t, gz, files)
+}
+
+func TestFirmwarePendingUploads(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		pending := func(version string) bundle {
+			t.Helper()
+			var p bundle
+			r := s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": version, "file_name": "fw-" + version + ".tar.gz"}).want(t, 201)
+			r.decode(t, &p)
+			if p.UploadStatus != "pending" || p.Checksum != nil || !strings.HasSuffix(r.Header.Get("Location"), "/id/"+p.ID) {
+				t.Fatalf("pending = %+v", p)
+			}
+			return p
+		}
+		declare := func(id string, data []byte) map[string]any {
+			zr := gunzipLen(t, data)
+			return map[string]any{"uncompressed_size": zr, "checksum": sha256Hex(data), "content_length": len(data)}
+		}
+		bundleOf := func(id string) bundle {
+			var got bundle
+			s.do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+id, nil).want(t, 200).decode(t, &got)
+			return got
+		}
+
+		t.Run("DeclareThenFile", func(t *testing.T) {
+			p := pending("1.0.0")
+			data := makeBundle(t, "1.0.0", part{name: "app", version: "1.0.0", body: "app 1.0.0"})
+			r := s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)).want(t, 204)
+			if len(r.Body) != 0 {
+				t.Fatalf("S5 answered a body: %s", r.Body)
+			}
+			if got := bundleOf(p.ID); got.UploadStatus != "pending" || got.Declared == nil {
+				t.Fatalf("after S5 alone: %+v", got)
+			}
+			var done bundle
+			s.putFile(t, admin, p.ID, data).want(t, 200).decode(t, &done)
+			if done.UploadStatus != "completed" || *done.Checksum != sha256Hex(data) || len(done.Firmwares) != 1 || done.FileName != "fw-1.0.0.tar.gz" {
+				t.Fatalf("after the file: %+v", done)
+			}
+		})
+		t.Run("FileThenDeclare", func(t *testing.T) {
+			p := pending("1.0.1")
+			data := makeBundle(t, "1.0.1", part{name: "app", version: "1.0.1", body: "app 1.0.1"})
+			var got bundle
+			s.putFile(t, admin, p.ID, data).want(t, 200).decode(t, &got)
+			if got.UploadStatus != "pending" || *got.Checksum != sha256Hex(data) {
+				t.Fatalf("after the file alone: %+v", got)
+			}
+			// In any of the four encodings; with Prefer, the bundle.
+			r := s.send(t, req{method: "PUT", path: "/api/v1/firmware-bundles/id/" + p.ID, creds: admin,
+				raw:         []byte(fmt.Sprintf(`{:checksum %q :content_length %d :uncompressed_size %d}`, sha256Hex(data), len(data), gunzipLen(t, data))),
+				contentType: "application/edn", header: http.Header{"Prefer": {"return=representation"}}}).want(t, 200)
+			r.decode(t, &got)
+			if got.UploadStatus != "completed" || len(got.Firmwares) != 1 {
+				t.Fatalf("after S5: %+v", got)
+			}
+			// Declaring the same again confirms; declaring otherwise is 409
+			// and changes nothing.
+			s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)).want(t, 204)
+			wrong := declare(p.ID, data)
+			wrong["content_length"] = len(data) + 1
+			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, wrong), 409, "content_length")
+			if got := bundleOf(p.ID); got.UploadStatus != "completed" {
+				t.Fatalf("a wrong declaration changed a completed bundle: %+v", got)
+			}
+		})
+		t.Run("MismatchAfterFile", func(t *testing.T) {
+			p := pending("1.0.2")
+			data := makeBundle(t, "1.0.2", part{name: "app", version: "1.0.2", body: "app 1.0.2"})
+			s.putFile(t, admin, p.ID, data).want(t, 200)
+			filesWithArchive := len(s.dataFiles(t))
+			wrong := declare(p.ID, data)
+			wrong["checksum"] = strings.Repeat("0", 64)
+			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, wrong), 409, "checksum", "checksum")
+			got := bundleOf(p.ID)
+			if got.UploadStatus != "failed" || !strings.Contains(got.UploadError, "checksum") || strings.Contains(got.UploadError, "content_length") {
+				t.Fatalf("after a wrong checksum: %+v", got)
+			}
+			var s6 bundle
+			s.do(t, admin, "GET", "/api/v1/firmware-bundles/version/1.0.2", nil).want(t, 200).decode(t, &s6)
+			if s6.UploadError == "" || s6.UploadStatus != "failed" {
+				t.Fatalf("S6 of a failed bundle = %+v", s6)
+			}
+			if n := len(s.dataFiles(t)); n != filesWithArchive-1 {
+				t.Fatalf("the failed bundle's archive was kept: %d files, had %d", n, filesWithArchive)
+			}
+			// Failed is final.
+			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)), 409, "", "failed")
+			wantError(t, s.putFile(t, admin, p.ID, data), 409, "", "failed")
+			resp, _ := s.get(t, admin, "/api/v1/firmware-bundles/id/"+p.ID+"/artifact")
+			if resp.StatusCode != 409 {
+				t.Fatalf("artifact of a failed bundle: %d", resp.StatusCode)
+			}
+			// The version is free again.
+			retry := pending("1.0.2")
+			s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+retry.ID, declare(retry.ID, data)).want(t, 204)
+			s.putFile(t, admin, retry.ID, data).want(t, 200)
+			s.do(t, admin, "GET", "/api/v1/firmware-bundles/version/1.0.2", nil).want(t, 200).decode(t, &s6)
+			if s6.ID != retry.ID || s6.UploadStatus != "completed" {
+				t.Fatalf("S6 after a retry = %+v", s6)
+			}
+		})
+		t.Run("MismatchAtFile", func(t *testing.T) {
+			p := pending("1.0.3")
+			data := makeBundle(t, "1.0.3", part{name: "app", version: "1.0.3", body: "app 1.0.3"})
+			wrong := declare(p.ID, data)
+			wrong["uncompressed_size"] = 1
+			s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, wrong).want(t, 204)
+			wantError(t, s.putFile(t, admin, p.ID, data), 409, "uncompressed_size", "uncompressed_size")
+			if got := bundleOf(p.ID); got.UploadStatus != "failed" || !strings.Contains(got.UploadError, "uncompressed_size") {
+				t.Fatalf("after the file: %+v", got)
+			}
+		})
+		t.Run("ReUploads", func(t *testing.T) {
+			p := pending("1.0.4")
+			data := makeBundle(t, "1.0.4", part{name: "app", version: "1.0.4", body: "app 1.0.4"})
+			s.putFile(t, admin, p.ID, data).want(t, 200)
+			wantError(t, s.putFile(t, admin, p.ID, data), 409, "", "already")
+			s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)).want(t, 204)
+			wantError(t, s.putFile(t, admin, p.ID, data), 409, "", "completed")
+		})
+		t.Run("ManifestVersionDiffers", func(t *testing.T) {
+			p := pending("1.0.5")
+			wantError(t, s.putFile(t, admin, p.ID, makeBundle(t, "1.0.6", part{name: "app", version: "1.0.6", body: "x"})), 400, "manifest.version", "1.0.5")
+			if got := bundleOf(p.ID); got.UploadStatus != "pending" || got.Checksum != nil {
+				t.Fatalf("a refused archive changed the record: %+v", got)
+			}
+		})
+		t.Run("MultipartFile", func(t *testing.T) {
+			p := pending("1.0.7")
+			data := makeBundle(t, "1.0.7", part{name: "app", version: "1.0.7", body: "x7"})
+			body, ct := multipartBody(t, "ignored.tar.gz", data)
+			s.send(t, req{method: "PUT", path: "/api/v1/firmware-bundles/id/" + p.ID + "/file", creds: admin, raw: body, contentType: ct}).want(t, 200)
+		})
+		t.Run("StrictS5", func(t *testing.T) {
+			p := pending("1.0.8")
+			good := map[string]any{"uncompressed_size": 10, "checksum": strings.Repeat("a", 64), "content_length": 5}
+			for field, bad := range map[string]any{"uncompressed_size": "10", "content_length": 5.5, "checksum": 12} {
+				body := map[string]any{}
+				for k, v := range good {
+					body[k] = v
+				}
+				body[field] = bad
+				wantError(t, s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, body), 400, field)
+			}
+			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, map[string]any{"checksum": "abc", "content_length": 1, "uncompressed_size": 1}), 400, "checksum")
+			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, map[string]any{"checksum": strings.Repeat("a", 64)}), 400, "content_length")
+			extra := map[string]any{"upload_status": "completed"}
+			for k, v := range good {
+				extra[k] = v
+			}
+			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, extra), 400, "upload_status")
+			// 30.0 is an integer.
+			s.send(t, req{method: "PUT", path: "/api/v1/firmware-bundles/id/" + p.ID, creds: admin,
+				raw: []byte(`{"uncompressed_size": 10.0, "checksum": "` + strings.Repeat("A", 64) + `", "content_length": 5}`), contentType: "application/json"}).want(t, 204)
+			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/00000000-0000-0000-0000-000000000000", good), 404, "")
+		})
+		t.Run("Delete", func(t *testing.T) {
+			p := pending("1.0.9")
+			data := makeBundle(t, "1.0.9", part{name: "app", version: "1.0.9", body: "x9"})
+			s.putFile(t, admin, p.ID, data).want(t, 200)
+			before := len(s.dataFiles(t))
+			s.do(t, admin, "DELETE", "/api/v1/firmware-bundles/id/"+p.ID, nil).want(t, 204)
+			wantError(t, s.do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+p.ID, nil), 404, "")
+			if n := len(s.dataFiles(t)); n != before-1 {
+				t.Fatalf("the deleted bundle's archive remains: %d files, had %d", n, before)
+			}
+		})
+	})
+}
+
+// gunzipLen is the inflated size of a gzip stream.
+func gunzipLen(t *testing.T, data []byte) int64 {
+	t.Helper()
+	n, err := io.Copy(io.Discard, mustGunzip(t, data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestFirmwareUploadFailuresLeaveNothing(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, "--max-upload-bytes", "65536")
+		admin := s.admin()
+		big := makeTar(t, false, "app.bin", strings.Repeat("x", 100_000), "manifest.json",
+			`{"version": "1.0.0", "components": [{"component_name": "app", "version_number": "1.0.0", "file_name": "app.bin"}]}`)
+
+		t.Run("TooLarge", func(t *testing.T) {
+			wantError(t, s.upload(t, admin, big), 413, "")
+			p := bundle{}
+			s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "1.0.0", "file_name": "a.tar"}).want(t, 201).decode(t, &p)
+			wantError(t, s.putFile(t, admin, p.ID, big), 413, "")
+			// Without a Content-Length the limit is found while streaming.
+			hr, _ := http.NewRequest("PUT", s.URL+"/api/v1/firmware-bundles/id/"+p.ID+"/file", io.MultiReader(bytes.NewReader(big)))
+			hr.Header.Set("Content-Type", "application/octet-stream")
+			hr.Header.Set("x-service-tenant", admin.Tenant)
+			hr.Header.Set("x-service-api-key", admin.Key)
+			resp, err := http.DefaultClient.Do(hr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 413 || hr.ContentLength > 0 {
+				t.Fatalf("chunked upload over the limit: %d", resp.StatusCode)
+			}
+			var got bundle
+			s.do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+p.ID, nil).want(t, 200).decode(t, &got)
+			if got.UploadStatus != "pending" || got.Checksum != nil {
+				t.Fatalf("after refused uploads: %+v", got)
+			}
+			s.do(t, admin, "DELETE", "/api/v1/firmware-bundles/id/"+p.ID, nil).want(t, 204)
+		})
+		t.Run("ClientCut", func(t *testing.T) {
+			body, ct := multipartBody(t, "b.tar", big[:60_000])
+			conn, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(conn, "POST /api/v1/firmware-bundles HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\nx-service-tenant: %s\r\nx-service-api-key: %s\r\n\r\n",
+				ct, len(body)+1000, admin.Tenant, admin.Key)
+			conn.Write(body[:len(body)-100])
+			// Once the server streams the upload to a temporary file, cut
+			// the connection; the server must remove the file.
+			waitFor(t, "a temporary file", func() bool { return len(s.dataFiles(t)) > 0 })
+			conn.Close()
+			waitFor(t, "no files", func() bool { return len(s.dataFiles(t)) == 0 })
+		})
+		t.Run("NothingRemains", func(t *testing.T) {
+			if files := s.dataFiles(t); len(files) != 0 {
+				t.Fatalf("failed uploads left files: %v", files)
+			}
+			if n := s.bundleCount(t, admin); n != 0 {
+				t.Fatalf("failed uploads left %d records", n)
+			}
+		})
+	})
+}
+
+// waitFor polls cond until it holds, for at most 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 10s for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+type tarFile struct{ name, body string }
+
+// writeTar writes files into a tar (gzipped when gz), in order.
+func writeTar(t *testing.T, gz bool, files []tarFile) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	var w io.Writer = &buf
+	var zw *gzip.Writer
+	if gz {
+		zw = gzip.NewWriter(&buf)
+		w = zw
+	}
+	tw := tar.NewWriter(w)
+	for _, f := range files {
+		if err := tw.WriteHeader(&tar.Header{Name: f.name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(f.body))}); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte(f.body))
+	}
+	tw.Close()
+	if zw != nil {
+		zw.Close()
+	}
+	return buf.Bytes()
+}
+
+func mustGunzip(t *testing.T, data []byte) io.Reader {
+	t.Helper()
+	zr, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return zr
+}
+
+func TestFirmwareArtifact(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		viewer := s.newKey(t, admin, "viewer", "viewer")
+		data := makeBundle(t, "2.3.0", bootloader, app230)
+		bd := s.mustUpload(t, admin, data)
+		path := "/api/v1/firmware-bundles/id/" + bd.ID + "/artifact"
+		etag := `"` + sha256Hex(data) + `"`
+
+		t.Run("Whole", func(t *testing.T) {
+			resp, body := s.get(t, viewer, path)
+			if resp.StatusCode != 200 || !bytes.Equal(body, data) {
+				t.Fatalf("status %d, %d bytes; want 200 and the archive (%d bytes)", resp.StatusCode, len(body), len(data))
+			}
+			h := resp.Header
+			if h.Get("ETag") != etag || h.Get("Accept-Ranges") != "bytes" || h.Get("Content-Length") != fmt.Sprint(len(data)) ||
+				h.Get("Content-Type") != "application/octet-stream" || !strings.Contains(h.Get("Content-Disposition"), "bundle.tar.gz") {
+				t.Fatalf("headers = %v", h)
+			}
+		})
+		t.Run("Head", func(t *testing.T) {
+			hr, _ := http.NewRequest("HEAD", s.URL+path, nil)
+			hr.Header.Set("x-service-tenant", viewer.Tenant)
+			hr.Header.Set("x-service-api-key", viewer.Key)
+			resp, err := http.DefaultClient.Do(hr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 || resp.ContentLength != int64(len(data)) {
+				t.Fatalf("HEAD: %d, length %d", resp.StatusCode, resp.ContentLength)
+			}
+		})
+		t.Run("Range", func(t *testing.T) {
+			resp, body := s.get(t, viewer, path, "Range", "bytes=10-19")
+			if resp.StatusCode != 206 || !bytes.Equal(body, data[10:20]) || resp.Header.Get("Content-Range") != fmt.Sprintf("bytes 10-19/%d", len(data)) {
+				t.Fatalf("single range: %d %q %q", resp.StatusCode, resp.Header.Get("Content-Range"), body)
+			}
+			resp, body = s.get(t, viewer, path, "Range", "bytes=-16")
+			if resp.StatusCode != 206 || !bytes.Equal(body, data[len(data)-16:]) {
+				t.Fatalf("suffix range: %d, %d bytes", resp.StatusCode, len(body))
+			}
+			resp, body = s.get(t, viewer, path, "Range", "bytes=0-3,20-23")
+			if resp.StatusCode != 206 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "multipart/byteranges") ||
+				!bytes.Contains(body, data[0:4]) || !bytes.Contains(body, data[20:24]) {
+				t.Fatalf("multiple ranges: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+			}
+			resp, _ = s.get(t, viewer, path, "Range", fmt.Sprintf("bytes=%d-", len(data)+10))
+			if resp.StatusCode != 416 || resp.Header.Get("Content-Range") != fmt.Sprintf("bytes */%d", len(data)) {
+				t.Fatalf("unsatisfiable range: %d %q", resp.StatusCode, resp.Header.Get("Content-Range"))
+			}
+		})
+		t.Run("Resume", func(t *testing.T) {
+			// A device reads part of the archive, loses the link, and
+			// asks for the rest if it is still the same archive.
+			cut := len(data) / 3
+			resp, rest := s.get(t, viewer, path, "Range", fmt.Sprintf("bytes=%d-", cut), "If-Range", etag)
+			if resp.StatusCode != 206 || !bytes.Equal(append(bytes.Clone(data[:cut]), rest...), data) {
+				t.Fatalf("resume: %d, %d bytes", resp.StatusCode, len(rest))
+			}
+			resp, whole := s.get(t, viewer, path, "Range", fmt.Sprintf("bytes=%d-", cut), "If-Range", `"another"`)
+			if resp.StatusCode != 200 || !bytes.Equal(whole, data) {
+				t.Fatalf("If-Range with another ETag: %d, want the whole archive", resp.StatusCode)
+			}
+		})
+		t.Run("Conditional", func(t *testing.T) {
+			resp, body := s.get(t, viewer, path, "If-None-Match", etag)
+			if resp.StatusCode != 304 || len(body) != 0 {
+				t.Fatalf("If-None-Match: %d, %d bytes", resp.StatusCode, len(body))
+			}
+			resp, _ = s.get(t, viewer, path, "If-None-Match", `"other"`)
+			if resp.StatusCode != 200 {
+				t.Fatalf("If-None-Match of another ETag: %d", resp.StatusCode)
+			}
+		})
+		t.Run("Refused", func(t *testing.T) {
+			for name, c := range map[string]creds{"NoKey": {}, "WrongKey": {admin.Tenant, "fk_wrong"}} {
+				if resp, _ := s.get(t, c, path); resp.StatusCode != 401 {
+					t.Errorf("%s: %d, want 401", name, resp.StatusCode)
+				}
+			}
+			device := s.newKey(t, admin, "gateway", "device")
+			if resp, _ := s.get(t, device, path); resp.StatusCode != 403 {
+				t.Errorf("device role: %d, want 403", resp.StatusCode)
+			}
+			other := s.newTenant(t, "other")
+			if resp, _ := s.get(t, other, path); resp.StatusCode != 404 {
+				t.Errorf("another tenant: %d, want 404", resp.StatusCode)
+			}
+			if resp, _ := s.get(t, viewer, path+"?download=1"); resp.StatusCode != 400 {
+				t.Errorf("unknown query parameter: %d, want 400", resp.StatusCode)
+			}
+			if resp, _ := s.get(t, viewer, path+"?tenant=default&expires=99999999999&signature=AAAA"); resp.StatusCode != 401 {
+				t.Errorf("forged signature: %d, want 401", resp.StatusCode)
+			}
+			var p bundle
+			s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "9.0.0", "file_name": "x.tar"}).want(t, 201).decode(t, &p)
+			if resp, _ := s.get(t, viewer, "/api/v1/firmware-bundles/id/"+p.ID+"/artifact"); resp.StatusCode != 409 {
+				t.Errorf("pending bundle: %d, want 409", resp.StatusCode)
+			}
+		})
+	})
+}
+
+func TestFirmwareComponents(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		for _, v := range []string{"1.9.9", "1.10.0", "1.2.0"} {
+			s.mustUpload(t, admin, makeBundle(t, v, part{name: "app", version: v, body: "app " + v}))
+		}
+		type list struct {
+			Firmwares []firmwareJSON
+			Count     int
+		}
+
+		t.Run("List", func(t *testing.T) {
+			var l list
+			s.do(t, admin, "GET", "/api/v1/firmwares/component/app?limit=2", nil).want(t, 200).decode(t, &l)
+			if l.Count != 3 || len(l.Firmwares) != 2 || l.Firmwares[0].VersionNumber != "1.10.0" || l.Firmwares[1].VersionNumber != "1.9.9" {
+				t.Fatalf("list = %+v; want 1.10.0, 1.9.9 of 3 (numeric order)", l)
+			}
+			wantError(t, s.do(t, admin, "GET", "/api/v1/firmwares/component/nothing", nil), 404, "")
+			wantError(t, s.do(t, admin, "GET", "/api/v1/firmwares/component/bad%20name", nil), 400, "component_name")
+		})
+		t.Run("S8", func(t *testing.T) {
+			path := "/api/v1/firmwares/component/app/1.9.9"
+			r := s.do(t, admin, "PUT", path, map[string]any{"is_deactivated": true}).want(t, 204)
+			if len(r.Body) != 0 {
+				t.Fatalf("S8 answered a body: %s", r.Body)
+			}
+			var fw firmwareJSON
+			s.send(t, req{method: "PUT", path: path, creds: admin, body: map[string]any{
+				"uncompressed_size": 4096, "dependencies": []any{map[string]any{"component_name": "bootloader", "min_version": "1.1.0"}},
+			}, header: http.Header{"Prefer": {"return=representation"}}}).want(t, 200).decode(t, &fw)
+			if !fw.IsDeactivated || fw.UncompressedSize != 4096 || len(fw.Dependencies) != 1 || fw.Dependencies[0].ComponentName != "bootloader" {
+				t.Fatalf("after S8: %+v", fw)
+			}
+			var bd bundle
+			s.do(t, admin, "GET", "/api/v1/firmware-bundles/version/1.9.9", nil).want(t, 200).decode(t, &bd)
+			if !bd.Firmwares[0].IsDeactivated {
+				t.Fatal("S6 does not show the deactivation")
+			}
+			s.do(t, admin, "PUT", path, map[string]any{"is_deactivated": false, "dependencies": []any{}}).want(t, 204)
+			s.do(t, admin, "GET", "/api/v1/firmware-bundles/version/1.9.9", nil).want(t, 200).decode(t, &bd)
+			if bd.Firmwares[0].IsDeactivated || len(bd.Firmwares[0].Dependencies) != 0 || bd.Firmwares[0].UncompressedSize != 4096 {
+				t.Fatalf("after reactivation: %+v", bd.Firmwares[0])
+			}
+		})
+		t.Run("S8Invalid", func(t *testing.T) {
+			path := "/api/v1/firmwares/component/app/1.9.9"
+			wantError(t, s.do(t, admin, "PUT", path, map[string]any{"is_deactivated": "true"}), 400, "is_deactivated")
+			wantError(t, s.do(t, admin, "PUT", path, map[string]any{"uncompressed_size": -1}), 400, "uncompressed_size")
+			wantError(t, s.do(t, admin, "PUT", path, map[string]any{"uncompressed_size": "12"}), 400, "uncompressed_size")
+			wantError(t, s.do(t, admin, "PUT", path, map[string]any{"dependencies": []any{map[string]any{"component_name": "app", "min_version": "1"}}}), 400, "dependencies[0].component_name")
+			wantError(t, s.do(t, admin, "PUT", path, map[string]any{"dependencies": []any{map[string]any{"component_name": "boot", "min_version": "x"}}}), 400, "dependencies[0].min_version")
+			wantError(t, s.do(t, admin, "PUT", path, map[string]any{"dependencies": []any{map[string]any{"component_name": "boot", "min_version": "1", "max_version": "2"}}}), 400, "dependencies[0].max_version")
+			wantError(t, s.do(t, admin, "PUT", path, map[string]any{"checksum": "x"}), 400, "checksum")
+			wantError(t, s.do(t, admin, "PUT", path, map[string]any{}), 400, "")
+			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmwares/component/app/7.7.7", map[string]any{"is_deactivated": true}), 404, "")
+			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmwares/component/app/v1", map[string]any{"is_deactivated": true}), 400, "version_number")
+		})
+	})
+}
+
+// TestFirmwareAccess is the role matrix and tenant isolation of every
+// firmware endpoint.
+func TestFirmwareAccess(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		bd := s.mustUpload(t, admin, makeBundle(t, "2.3.0", bootloader, app230))
+		var p bundle
+		s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "3.0.0", "file_name": "x.tar.gz"}).want(t, 201).decode(t, &p)
+		archive := makeBundle(t, "3.0.0", part{name: "app", version: "3.0.0", body: "x"})
+		decl := map[string]any{"uncompressed_size": gunzipLen(t, archive), "checksum": sha256Hex(archive), "content_length": len(archive)}
+		s8 := map[string]any{"is_deactivated": false}
+
+		type call struct {
+			name, method, path string
+			body               any
+			write              bool
+		}
+		calls := []call{
+			{"List", "GET", "/api/v1/firmware-bundles", nil, false},
+			{"ReadByID", "GET", "/api/v1/firmware-bundles/id/" + bd.ID, nil, false},
+			{"ReadByVersion", "GET", "/api/v1/firmware-bundles/version/2.3.0", nil, false},
+			{"ListComponent", "GET", "/api/v1/firmwares/component/app", nil, false},
+			{"Create", "POST", "/api/v1/firmware-bundles", map[string]any{"version": "4.0.0", "file_name": "x"}, true},
+			{"Declare", "PUT", "/api/v1/firmware-bundles/id/" + p.ID, decl, true},
+			{"File", "PUT", "/api/v1/firmware-bundles/id/" + p.ID + "/file", archive, true},
+			{"S8", "PUT", "/api/v1/firmwares/component/app/2.3.0", s8, true},
+			{"Delete", "DELETE", "/api/v1/firmware-bundles/id/" + p.ID, nil, true},
+		}
+		send := func(c creds, cl call) *response {
+			rq := req{method: cl.method, path: cl.path, creds: c, body: cl.body}
+			if raw, ok := cl.body.([]byte); ok {
+				rq.body, rq.raw, rq.contentType = nil, raw, "application/octet-stream"
+			}
+			return s.send(t, rq)
+		}
+		t.Run("Roles", func(t *testing.T) {
+			viewer := s.newKey(t, admin, "viewer", "viewer")
+			device := s.newKey(t, admin, "gateway", "device")
+			for _, cl := range calls {
+				if got := send(device, cl).Status; got != 403 {
+					t.Errorf("device %s: %d, want 403", cl.name, got)
+				}
+				if cl.write {
+					if got := send(viewer, cl).Status; got != 403 {
+						t.Errorf("viewer %s: %d, want 403", cl.name, got)
+					}
+				} else if got := send(viewer, cl).Status; got != 200 {
+					t.Errorf("viewer %s: %d, want 200", cl.name, got)
+				}
+				if got := send(creds{admin.Tenant, "fk_nope"}, cl).Status; got != 401 {
+					t.Errorf("wrong key %s: %d, want 401", cl.name, got)
+				}
+			}
+		})
+		t.Run("OtherTenant", func(t *testing.T) {
+			other := s.newTenant(t, "other")
+			for _, cl := range calls {
+				r := send(other, cl)
+				switch cl.name {
+				case "List":
+					var l struct{ Count int }
+					r.want(t, 200).decode(t, &l)
+					if l.Count != 0 {
+						t.Errorf("another tenant lists %d bundles", l.Count)
+					}
+				case "Create":
+					r.want(t, 201) // its own record, in its own tenant
+				default:
+					if r.Status != 404 {
+						t.Errorf("another tenant %s: %d, want 404; body %s", cl.name, r.Status, r.Body)
+					}
+				}
+			}
+			// Nothing the other tenant did touched ours.
+			var got bundle
+			s.do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+p.ID, nil).want(t, 200).decode(t, &got)
+			if got.UploadStatus != "pending" || got.Declared != nil || got.Checksum != nil {
+				t.Fatalf("our pending bundle changed: %+v", got)
+			}
+		})
+		t.Run("Operator", func(t *testing.T) {
+			op := s.newKey(t, admin, "op", "operator")
+			for _, cl := range calls {
+				if r := send(op, cl); r.Status >= 300 {
+					t.Errorf("operator %s: %d %s", cl.name, r.Status, r.Body)
+				}
+			}
+		})
+	})
+}
+
+// pattern is an endless stream of bytes, cheap to make: archives of any
+// size are generated on the fly, never stored.
+type pattern struct{ i byte }
+
+func (p *pattern) Read(b []byte) (int, error) {
+	for k := range b {
+		b[k] = p.i
+		p.i = p.i*31 + 7
+	}
+	return len(b), nil
+}
+
+// heapPeak samples the heap in use until stop is closed and returns the
+// largest reading.
+func heapPeak(stop <-chan struct{}) <-chan uint64 {
+	out := make(chan uint64, 1)
+	go func() {
+		var peak uint64
+		var ms runtime.MemStats
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			runtime.ReadMemStats(&ms)
+			peak = max(peak, ms.HeapInuse)
+			select {
+			case <-stop:
+				out <- peak
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return out
+}
+
+// TestFirmwareUploadFlatMemory uploads a 500 MB bundle generated while it
+// is sent, through the real server, and shows that the heap stays flat:
+// the archive is streamed to disk while hashed and parsed, never held.
+// Both the client and the server live in this process, so the sample
+// covers both. FLEETD_UPLOAD_MB changes the size.
+func TestFirmwareUploadFlatMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("uploads 500 MB")
+	}
+	size := int64(500)
+	if v := os.Getenv("FLEETD_UPLOAD_MB"); v != "" {
+		fmt.Sscan(v, &size)
+	}
+	size <<= 20
+	s := startServer(t, sqlstoretest.Backends()[0])
+	admin := s.admin()
+
+	pr, pw := io.Pipe()
+	mw := multipart.NewWriter(pw)
+	sum := sha256.New()
+	go func() {
+		fw, err := mw.CreateFormFile("file", "big.tar")
+		if err == nil {
+			src := []firmware.Source{{ComponentName: "rootfs", VersionNumber: "1.0.0", FileName: "rootfs.img", Size: size, Body: io.LimitReader(&pattern{}, size)}}
+			err = firmware.Build(io.MultiWriter(fw, sum), "1.0.0", src, false)
+		}
+		if err == nil {
+			err = mw.Close()
+		}
+		pw.CloseWithError(err)
+	}()
+	hr, _ := http.NewRequest("POST", s.URL+"/api/v1/firmware-bundles", pr)
+	hr.Header.Set("Content-Type", mw.FormDataContentType())
+	hr.Header.Set("x-service-tenant", admin.Tenant)
+	hr.Header.Set("x-service-api-key", admin.Key)
+
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	base := ms.HeapInuse
+	stop := make(chan struct{})
+	peak := heapPeak(stop)
+	start := time.Now()
+	resp, err := http.DefaultClient.Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	elapsed := time.Since(start)
+	close(stop)
+	top := <-peak
+	if resp.StatusCode != 201 {
+		t.Fatalf("upload: %d %s", resp.StatusCode, body)
+	}
+	var b bundle
+	if err := json.Unmarshal(body, &b); err != nil {
+		t.Fatal(err)
+	}
+	if *b.Checksum != hex.EncodeToString(sum.Sum(nil)) || *b.ContentLength <= size || b.Firmwares[0].ContentLength != size {
+		t.Fatalf("bundle = %+v", b)
+	}
+	growth := int64(top) - int64(base)
+	t.Logf("uploaded %d MB in %v (%.0f MB/s, client, server, disk and fsync in one process); heap in use %.1f MB before, peak %.1f MB (+%.1f MB)",
+		size>>20, elapsed.Round(time.Millisecond), float64(size)/(1<<20)/elapsed.Seconds(), float64(base)/(1<<20), float64(top)/(1<<20), float64(growth)/(1<<20))
+	if growth > 32<<20 {
+		t.Fatalf("the heap grew by %d MB while uploading %d MB: the archive is being buffered", growth>>20, size>>20)
+	}
+}
+
+// runCLI runs a fleetd command and returns its standard output.
+func runCLI(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err := run(t.Context(), args, noEnv, strings.NewReader(""), &out, &errOut)
+	return out.String(), err
+}
+
+func TestBundleCreate(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	boot := write("boot.bin", "bootloader 1.2.0")
+	app := write("app.bin.gz", gzipString(strings.Repeat("app ", 1000)))
+	out := filepath.Join(dir, "fw-2.3.0.tar.gz")
+
+	stdout, err := runCLI(t, "bundle", "create", "--version", "2.3.0", "--out", out,
+		"bootloader=1.2.0:"+boot, "app=2.3.0:"+app, "--depends", "app:bootloader>=1.1.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	var decl struct {
+		UncompressedSize int64  `json:"uncompressed_size"`
+		Checksum         string `json:"checksum"`
+		ContentLength    int64  `json:"content_length"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &decl); err != nil {
+		t.Fatalf("last line %q is not the declaration: %v", lines[len(lines)-1], err)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if decl.Checksum != sha256Hex(data) || decl.ContentLength != int64(len(data)) {
+		t.Fatalf("declaration %+v does not describe the archive", decl)
+	}
+
+	t.Run("TwoStepUpload", func(t *testing.T) {
+		s := startServer(t, sqlstoretest.Backends()[0])
+		admin := s.admin()
+		var p, got bundle
+		s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "2.3.0", "file_name": "fw-2.3.0.tar.gz"}).want(t, 201).decode(t, &p)
+		s.send(t, req{method: "PUT", path: "/api/v1/firmware-bundles/id/" + p.ID, creds: admin, raw: []byte(lines[len(lines)-1]), contentType: "application/json"}).want(t, 204)
+		s.putFile(t, admin, p.ID, data).want(t, 200).decode(t, &got)
+		if got.UploadStatus != "completed" || len(got.Firmwares) != 2 || got.Firmwares[1].UncompressedSize != 4000 ||
+			len(got.Firmwares[1].Dependencies) != 1 || got.Firmwares[1].Dependencies[0].MinVersion != "1.1.0" {
+			t.Fatalf("bundle = %+v", got)
+		}
+	})
+	t.Run("Refused", func(t *testing.T) {
+		for name, args := range map[string][]string{
+			"BadComponent":  {"--version", "1.0.0", "--out", filepath.Join(dir, "x.tar.gz"), "app:" + boot},
+			"BadDepends":    {"--version", "1.0.0", "--out", filepath.Join(dir, "x.tar.gz"), "app=1.0.0:" + boot, "--depends", "app>bootloader"},
+			"UnknownDepend": {"--version", "1.0.0", "--out", filepath.Join(dir, "x.tar.gz"), "app=1.0.0:" + boot, "--depends", "ui:app>=1"},
+			"BadVersion":    {"--version", "1.0-rc1", "--out", filepath.Join(dir, "x.tar.gz"), "app=1.0.0:" + boot},
+			"MissingFile":   {"--version", "1.0.0", "--out", filepath.Join(dir, "x.tar.gz"), "app=1.0.0:" + filepath.Join(dir, "nope")},
+			"Contradiction": {"--version", "1.0.0", "--out", filepath.Join(dir, "x.tar.gz"), "bootloader=1.0.0:" + boot, "app=1.0.0:" + app, "--depends", "app:bootloader>=1.1.0"},
+			"NoComponents":  {"--version", "1.0.0", "--out", filepath.Join(dir, "x.tar.gz")},
+		} {
+			if _, err := runCLI(t, append([]string{"bundle", "create"}, args...)...); err == nil {
+				t.Errorf("%s: no error", name)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(dir, "x.tar.gz")); err == nil {
+			t.Fatal("a refused build left an archive")
+		}
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), ".bundle-") {
+				t.Fatalf("a refused build left %s", e.Name())
+			}
+		}
+	})
+}
+
+func gzipString(s string) string {
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	zw.Write([]byte(s))
+	zw.Close()
+	return buf.String()
+}

@@ -1,0 +1,322 @@
+package firmware_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/url"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/blob"
+	"github.com/fleetd/fleet/firmware"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+	"github.com/google/uuid"
+)
+
+// clock is a settable clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// newService is a Service on a fresh SQLite store and blob directory, with
+// tenants acme and beta.
+func newService(t testing.TB) (*firmware.Service, string, *clock) {
+	t.Helper()
+	c := &clock{t: time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)}
+	db := sqlstoretest.MustOpen(t, sqlstoretest.Backends()[0], sqlstoretest.Options{Now: c.Now})
+	for _, name := range []string{"acme", "beta"} {
+		if _, _, err := db.CreateTenant(context.Background(), name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	blobs, err := blob.OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &firmware.Service{Store: db, Blobs: blobs, Now: c.Now, PublicURL: "https://fleet.example.com"}, dir, c
+}
+
+func files(t testing.TB, dir string) []string {
+	t.Helper()
+	var out []string
+	filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
+		if err == nil && !e.IsDir() {
+			out = append(out, path)
+		}
+		return nil
+	})
+	return out
+}
+
+func bundleArchive(t testing.TB, version string, body string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	err := firmware.Build(&buf, version, []firmware.Source{{ComponentName: "app", VersionNumber: version, FileName: "app.bin", Size: int64(len(body)), Body: strings.NewReader(body)}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestUploadLeavesNothingOnFailure(t *testing.T) {
+	svc, dir, _ := newService(t)
+	ctx := context.Background()
+	good := bundleArchive(t, "1.0.0", strings.Repeat("x", 100_000))
+	cut := fleet.Errorf(fleet.EINVALID, "the upload did not arrive whole")
+	for name, r := range map[string]io.Reader{
+		"BadArchive": bytes.NewReader([]byte("not an archive at all, but long enough to be written somewhere")),
+		"Cut":        io.MultiReader(bytes.NewReader(good[:len(good)/2]), errReader{cut}),
+		"Cancelled":  &cancelReader{r: bytes.NewReader(good)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := ctx
+			if cr, ok := r.(*cancelReader); ok {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithCancel(ctx)
+				cr.cancel = cancel
+			}
+			if _, err := svc.UploadBundle(ctx, "acme", "b.tar.gz", r); err == nil {
+				t.Fatal("the upload succeeded")
+			}
+			if fs := files(t, dir); len(fs) != 0 {
+				t.Fatalf("files left: %v", fs)
+			}
+		})
+	}
+	if _, n, _ := svc.FindBundles(ctx, "acme", fleet.BundleFilter{Page: fleet.Page{Page: 1, Limit: 10}}); n != 0 {
+		t.Fatalf("%d records left", n)
+	}
+	t.Run("RecordConflict", func(t *testing.T) {
+		if _, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(good)); err != nil {
+			t.Fatal(err)
+		}
+		before := files(t, dir)
+		_, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(good))
+		if fleet.ErrorCode(err) != fleet.ECONFLICT {
+			t.Fatalf("second upload: %v", err)
+		}
+		if after := files(t, dir); len(after) != len(before) {
+			t.Fatalf("the refused upload left its file: %v", after)
+		}
+	})
+}
+
+// cancelReader cancels its context halfway, as a client that goes away.
+type cancelReader struct {
+	r      io.Reader
+	n      int
+	cancel context.CancelFunc
+}
+
+func (c *cancelReader) Read(p []byte) (int, error) {
+	c.n++
+	if c.n == 2 {
+		c.cancel()
+	}
+	return c.r.Read(p[:min(len(p), 1000)])
+}
+
+func TestConcurrentFileUploads(t *testing.T) {
+	svc, dir, _ := newService(t)
+	ctx := context.Background()
+	p, err := svc.CreatePendingBundle(ctx, "acme", "1.0.0", "b.tar.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bundleArchive(t, "1.0.0", strings.Repeat("y", 50_000))
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Go(func() { _, errs[i] = svc.UploadBundleFile(ctx, "acme", p.ID, bytes.NewReader(data)) })
+	}
+	wg.Wait()
+	ok := 0
+	for _, err := range errs {
+		switch fleet.ErrorCode(err) {
+		case "":
+			ok++
+		case fleet.ECONFLICT:
+		default:
+			t.Fatalf("upload: %v", err)
+		}
+	}
+	if ok != 1 {
+		t.Fatalf("%d uploads won, want 1 (errors %v)", ok, errs)
+	}
+	if fs := files(t, dir); len(fs) != 1 {
+		t.Fatalf("files = %v, want the winner's only", fs)
+	}
+}
+
+func TestSignedURLs(t *testing.T) {
+	svc, _, clk := newService(t)
+	ctx := context.Background()
+	id := uuid.New()
+	raw, err := svc.SignArtifactURL(ctx, "acme", id, clk.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Scheme != "https" || u.Host != "fleet.example.com" || u.Path != firmware.ArtifactPath(id) {
+		t.Fatalf("URL = %s", raw)
+	}
+	q := u.Query()
+	verify := func(tenant string, id uuid.UUID, expires, sig string) error {
+		return svc.VerifyArtifactURL(ctx, tenant, id, expires, sig)
+	}
+	if err := verify("acme", id, q.Get("expires"), q.Get("signature")); err != nil {
+		t.Fatalf("a fresh URL: %v", err)
+	}
+	tampered := []byte(q.Get("signature"))
+	tampered[3] ^= 1
+	for name, err := range map[string]error{
+		"OtherTenant":     verify("beta", id, q.Get("expires"), q.Get("signature")),
+		"OtherBundle":     verify("acme", uuid.New(), q.Get("expires"), q.Get("signature")),
+		"LaterExpiry":     verify("acme", id, fmt.Sprint(clk.Now().Add(48*time.Hour).Unix()), q.Get("signature")),
+		"TamperedSig":     verify("acme", id, q.Get("expires"), string(tampered)),
+		"NotBase64":       verify("acme", id, q.Get("expires"), "***"),
+		"NoSignature":     verify("acme", id, q.Get("expires"), ""),
+		"ExpiresNotInt":   verify("acme", id, "soon", q.Get("signature")),
+		"ShortSignature":  verify("acme", id, q.Get("expires"), q.Get("signature")[:10]),
+		"SignatureSuffix": verify("acme", id, q.Get("expires"), q.Get("signature")+"AA"),
+	} {
+		if fleet.ErrorCode(err) != fleet.EUNAUTHENTICATED {
+			t.Errorf("%s: %v, want %s", name, err, fleet.EUNAUTHENTICATED)
+		}
+	}
+	clk.Add(time.Hour)
+	err = verify("acme", id, q.Get("expires"), q.Get("signature"))
+	if fleet.ErrorCode(err) != fleet.EUNAUTHENTICATED || !strings.Contains(fleet.ErrorMessage(err), "expired") {
+		t.Fatalf("an expired URL: %v", err)
+	}
+	t.Run("SharedByReplicas", func(t *testing.T) {
+		// Another Service on the same store (another replica) accepts it.
+		other := &firmware.Service{Store: svc.Store, Blobs: svc.Blobs, Now: func() time.Time { return clk.Now().Add(-time.Minute) }}
+		if err := other.VerifyArtifactURL(ctx, "acme", id, q.Get("expires"), q.Get("signature")); err != nil {
+			t.Fatalf("another replica: %v", err)
+		}
+	})
+	t.Run("BaseURLFromRequest", func(t *testing.T) {
+		plain := &firmware.Service{Store: svc.Store, Blobs: svc.Blobs}
+		raw, err := plain.SignArtifactURL(fleet.NewContextWithBaseURL(ctx, "http://10.0.0.5:8080"), "acme", id, clk.Now().Add(time.Hour))
+		if err != nil || !strings.HasPrefix(raw, "http://10.0.0.5:8080/api/v1/firmware-bundles/id/") {
+			t.Fatalf("URL = %s, %v", raw, err)
+		}
+	})
+}
+
+func TestOpenArtifact(t *testing.T) {
+	svc, dir, _ := newService(t)
+	ctx := context.Background()
+	data := bundleArchive(t, "1.0.0", "app")
+	b, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.FileName != "bundle-1.0.0.tar.gz" {
+		t.Fatalf("default file name = %q", b.FileName)
+	}
+	_, art, err := svc.OpenArtifact(ctx, "acme", b.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(art)
+	art.Close()
+	if !bytes.Equal(got, data) {
+		t.Fatal("the artifact is not the archive")
+	}
+	if _, _, err := svc.OpenArtifact(ctx, "beta", b.ID); fleet.ErrorCode(err) != fleet.ENOTFOUND {
+		t.Fatalf("another tenant: %v", err)
+	}
+	if err := svc.DeleteBundle(ctx, "acme", b.ID); err != nil {
+		t.Fatal(err)
+	}
+	if fs := files(t, dir); len(fs) != 0 {
+		t.Fatalf("files after delete: %v", fs)
+	}
+}
+
+func TestDeclareValidates(t *testing.T) {
+	svc, _, _ := newService(t)
+	_, err := svc.DeclareBundle(context.Background(), "acme", uuid.New(), fleet.Declaration{Checksum: "nope"})
+	if fleet.ErrorCode(err) != fleet.EINVALID {
+		t.Fatalf("bad checksum: %v", err)
+	}
+}
+
+// BenchmarkUpload streams 64 MiB archives through parsing, hashing, the
+// blob store (with fsync) and the database, and reports the peak heap.
+func BenchmarkUpload(b *testing.B) {
+	svc, _, _ := newService(b)
+	ctx := context.Background()
+	const size = 64 << 20
+	b.SetBytes(size)
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	base := ms.HeapInuse
+	var peak uint64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var ms runtime.MemStats
+		for {
+			runtime.ReadMemStats(&ms)
+			peak = max(peak, ms.HeapInuse)
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		pr, pw := io.Pipe()
+		version := fmt.Sprintf("1.0.%d", i)
+		go func() {
+			src := []firmware.Source{{ComponentName: "rootfs", VersionNumber: version, FileName: "rootfs.img", Size: size, Body: io.LimitReader(zeros{}, size)}}
+			pw.CloseWithError(firmware.Build(pw, version, src, false))
+		}()
+		if _, err := svc.UploadBundle(ctx, "acme", "", pr); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	close(stop)
+	<-done
+	b.ReportMetric(float64(peak-min(peak, base))/(1<<20), "peak-heap-MB")
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
