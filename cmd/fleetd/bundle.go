@@ -16,14 +16,15 @@ const bundleAbout = `Builds a firmware bundle archive, with its manifest.json, f
 files, so that no one writes a manifest by hand. Each argument is one
 component: NAME=VERSION:PATH (the file is stored in the archive under its
 base name). --depends says that a component needs another at a minimum
-version: --depends app:bootloader>=1.1.0 (repeat it for more).
+version: --depends 'app:bootloader>=1.1.0' (quoted: > is special to
+the shell; repeat the flag for more).
 
 The archive is gzipped unless --out ends in .tar. The same inputs always
 make the same archive. The last line printed is the S5 declaration of the
 archive, as JSON, for scripts that upload it in two steps:
   fleetd bundle create --version 2.3.0 --out fw-2.3.0.tar.gz \
     bootloader=1.2.0:build/boot.bin app=2.3.0:build/app.bin.gz \
-    --depends app:bootloader>=1.1.0`
+    --depends 'app:bootloader>=1.1.0'`
 
 // dependsFlag collects --depends COMPONENT:NEEDS>=VERSION.
 type dependsFlag map[string][]fleet.Dependency
