@@ -530,6 +530,9 @@ func TestAlertTenantIsolation(t *testing.T) {
 			t.Fatalf("beta sees %d alerts of default's rule", n)
 		}
 		s.do(t, other, "GET", "/api/v1/devices/pump-1/streams/env/latest", nil).want(t, 404)
+		s.mustDevice(t, a, "solo", nil)
+		s.do(t, other, "POST", "/api/v1/devices/solo/streams/env", points(time.Now(), 90)).want(t, 404)
+		s.do(t, other, "GET", "/api/v1/devices/solo/streams/env/latest", nil).want(t, 404)
 	})
 }
 
