@@ -345,6 +345,9 @@ func (e *Engine) RemoveRule(tenant, id string) {
 // Refresh reloads the rules from the store and applies the difference: how a
 // replica learns of rules made or deleted on another.
 func (e *Engine) Refresh(ctx context.Context) error {
+	// A rule saved here while the list is read is not in it: rules younger
+	// than a minute are left for the next refresh to judge.
+	young := e.Now().Add(-time.Minute)
 	rules, err := e.Store.FindAllAlertRules(ctx)
 	if err != nil {
 		return err
@@ -359,7 +362,7 @@ func (e *Engine) Refresh(ctx context.Context) error {
 		}
 	}
 	for id, r := range e.rules.Load().byID {
-		if !seen[id] {
+		if !seen[id] && r.CreatedAt.Before(young) {
 			e.RemoveRule(r.Tenant, id)
 		}
 	}

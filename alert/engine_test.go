@@ -493,7 +493,18 @@ func TestRuleChanges(t *testing.T) {
 	r.e.RemoveRule("acme", "r1")
 	r.data(1, 1, 70) // no rule: nothing changes
 	r.want(span{0, -1})
-	// Refresh learns of a rule made elsewhere.
+	// Refresh learns of a rule made elsewhere, and forgets one deleted
+	// elsewhere unless it is young: it may have been saved here while the
+	// list was read.
+	young := mustRule(t, "young", hot, 0, 0, nil)
+	young.CreatedAt = t0
+	old := mustRule(t, "old", hot, 0, 0, nil)
+	old.CreatedAt = t0.Add(-time.Hour)
+	for _, x := range []*fleet.AlertRule{young, old} {
+		if err := r.e.AddRule(ctx, x); err != nil {
+			t.Fatal(err)
+		}
+	}
 	r.store.rules = []*fleet.AlertRule{mustRule(t, "r2", hot, 0, 0, nil)}
 	if err := r.e.Refresh(ctx); err != nil {
 		t.Fatal(err)
@@ -501,7 +512,7 @@ func TestRuleChanges(t *testing.T) {
 	r.data(2, 2, 95)
 	spans := r.store.spans()
 	sort.Slice(spans, func(i, j int) bool { return spans[i].start < spans[j].start })
-	if len(spans) != 2 {
-		t.Fatalf("alerts %v, want the old one and one of r2", spans)
+	if len(spans) != 3 {
+		t.Fatalf("alerts %v, want r1's, and one each of r2 and young", spans)
 	}
 }
