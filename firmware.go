@@ -150,6 +150,9 @@ type FirmwareStore interface {
 	// first; ENOTFOUND when it has none.
 	FindFirmwares(ctx context.Context, tenant, component string, p Page) ([]*Firmware, int, error)
 	UpdateFirmware(ctx context.Context, tenant, component, version string, u FirmwareUpdate) (*Firmware, error)
+	// FindDependentFirmwares lists every component version of the tenant
+	// that has dependencies.
+	FindDependentFirmwares(ctx context.Context, tenant string) ([]*Firmware, error)
 
 	// ServerSecret returns the server-wide secret of that name, made on
 	// first use and shared by every replica.

@@ -111,11 +111,60 @@ func (s *Service) PrepareDispatch(ctx context.Context, tenant string, d *fleet.D
 		return err
 	}
 	d.DeviceParams = bytes.TrimSpace(buf.Bytes())
-	components := b.Firmwares
-	d.CheckDevice = func(installed map[string]string) string {
-		return fleet.BrokenDependency(installed, components)
+	dependents, err := s.Store.FindDependentFirmwares(ctx, tenant)
+	if err != nil {
+		return err
 	}
+	d.CheckDevice = deviceCheck(b.Firmwares, dependents)
 	return nil
+}
+
+// deviceCheck returns the check of one device's recorded versions against
+// an update to components, both ways: the bundle's dependencies must hold
+// with what the device keeps, and what the device keeps must still have
+// what it depends on once the bundle's versions replace the device's (a
+// downgrade must not pull a component from under another).
+func deviceCheck(components, dependents []*fleet.Firmware) func(map[string]string) string {
+	installs := make(map[string]string, len(components))
+	for _, c := range components {
+		installs[c.ComponentName] = c.VersionNumber
+	}
+	// needs[name][version] are the dependencies of that component version
+	// on what the bundle installs.
+	needs := map[string]map[string][]fleet.Dependency{}
+	for _, f := range dependents {
+		for _, dep := range f.Dependencies {
+			if _, ok := installs[dep.ComponentName]; !ok {
+				continue
+			}
+			if needs[f.ComponentName] == nil {
+				needs[f.ComponentName] = map[string][]fleet.Dependency{}
+			}
+			needs[f.ComponentName][f.VersionNumber] = append(needs[f.ComponentName][f.VersionNumber], dep)
+		}
+	}
+	return func(installed map[string]string) string {
+		if broken := fleet.BrokenDependency(installed, components); broken != "" {
+			return broken
+		}
+		names := make([]string, 0, len(installed))
+		for name := range installed {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			if _, replaced := installs[name]; replaced {
+				continue
+			}
+			for _, dep := range needs[name][installed[name]] {
+				if v := installs[dep.ComponentName]; fleet.CompareVersions(v, dep.MinVersion) < 0 {
+					return fmt.Sprintf("%s %s on the device requires %s >= %s, but the bundle installs %s %s",
+						name, installed[name], dep.ComponentName, dep.MinVersion, dep.ComponentName, v)
+				}
+			}
+		}
+		return ""
+	}
 }
 
 func refuse(format string, args ...any) error {

@@ -103,6 +103,26 @@ func TestPrepareUpdateFirmware(t *testing.T) {
 			}
 		}
 	})
+	t.Run("KeptComponentsStillHold", func(t *testing.T) {
+		// ui 1.0.0 needs app >= 2.4.0; a device that keeps ui 1.0.0 cannot
+		// go back to app 2.3.0.
+		deps := []fleet.Dependency{{ComponentName: "app", MinVersion: "2.4.0"}}
+		if _, err := svc.UpdateFirmware(ctx, "acme", "ui", "1.0.0", fleet.FirmwareUpdate{Dependencies: &deps}); err != nil {
+			t.Fatal(err)
+		}
+		defer svc.UpdateFirmware(ctx, "acme", "ui", "1.0.0", fleet.FirmwareUpdate{Dependencies: &[]fleet.Dependency{}})
+		d, err := dispatch(`{"version": "2.3.0"}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "ui 1.0.0 on the device requires app >= 2.4.0, but the bundle installs app 2.3.0"
+		if got := d.CheckDevice(map[string]string{"bootloader": "1.2.0", "ui": "1.0.0", "app": "2.4.0"}); got != want {
+			t.Fatalf("downgrade under ui: %q, want %q", got, want)
+		}
+		if got := d.CheckDevice(map[string]string{"bootloader": "1.2.0", "ui": "0.9.0"}); got != "" {
+			t.Fatalf("a ui version without that dependency: %q", got)
+		}
+	})
 	t.Run("Refused", func(t *testing.T) {
 		svc.CreatePendingBundle(ctx, "acme", "3.0.0", "x.tar")
 		for name, tc := range map[string]struct{ params, field, words string }{

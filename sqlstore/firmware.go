@@ -564,6 +564,27 @@ func (db *DB) FindFirmware(ctx context.Context, tenant, component, version strin
 	return f, db.classify(err)
 }
 
+// FindDependentFirmwares lists the tenant's component versions that have
+// dependencies.
+func (db *DB) FindDependentFirmwares(ctx context.Context, tenant string) ([]*fleet.Firmware, error) {
+	rows, err := db.query(ctx, "SELECT "+firmwareColumns+" FROM firmwares f WHERE f.tenant = ? AND f.dependencies <> '[]'", tenant)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	defer rows.Close()
+	var out []*fleet.Firmware
+	for rows.Next() {
+		f, err := scanFirmware(rows)
+		if err != nil {
+			return nil, err
+		}
+		if len(f.Dependencies) > 0 {
+			out = append(out, f)
+		}
+	}
+	return out, db.classify(rows.Err())
+}
+
 // UpdateFirmware changes one component version (S8).
 func (db *DB) UpdateFirmware(ctx context.Context, tenant, component, version string, u fleet.FirmwareUpdate) (*fleet.Firmware, error) {
 	var out *fleet.Firmware

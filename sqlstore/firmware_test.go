@@ -317,6 +317,15 @@ func TestFirmwares(t *testing.T) {
 			_, err = db.UpdateFirmware(ctx, "acme", "app", "7.7.7", fleet.FirmwareUpdate{IsDeactivated: new(false)})
 			wantCode(t, err, fleet.ENOTFOUND)
 		})
+		t.Run("Dependents", func(t *testing.T) {
+			fs, err := db.FindDependentFirmwares(ctx, "acme")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(fs) != 1 || fs[0].VersionNumber != "1.9.9" || fs[0].Dependencies[0].ComponentName != "bootloader" {
+				t.Fatalf("dependents = %+v", fs)
+			}
+		})
 		t.Run("UnknownComponent", func(t *testing.T) {
 			_, _, err := db.FindFirmwares(ctx, "acme", "nothing", fleet.Page{Page: 1, Limit: 3})
 			wantCode(t, err, fleet.ENOTFOUND)
