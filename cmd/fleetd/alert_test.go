@@ -331,6 +331,20 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 			s.do(t, gw, "POST", "/api/v1/devices/pump-1/streams/a%20b", points(start, 1)).want(t, 400)
 			s.do(t, admin, "GET", "/api/v1/devices/pump-1/streams/nothing/latest", nil).want(t, 404)
 		})
+		t.Run("MetadataFilterSeesPatch", func(t *testing.T) {
+			r := s.mustAlertRule(t, admin, map[string]any{"name": "berlin-hot", "stream": "env",
+				"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}, "metadata_filters": map[string]any{"site": "berlin"}})
+			s.do(t, gw, "POST", path, points(start.Add(10*time.Minute), 95)).want(t, 200)
+			if n := len(s.alerts(t, admin, "?rule_id="+r.ID)); n != 0 {
+				t.Fatalf("%d alerts for a device outside the filter", n)
+			}
+			s.do(t, admin, "PATCH", "/api/v1/devices/pump-1", map[string]any{"metadata": map[string]any{"site": "berlin"}}).want(t, 204)
+			s.do(t, gw, "POST", path, points(start.Add(11*time.Minute), 96)).want(t, 200)
+			if n := len(s.alerts(t, admin, "?state=active&rule_id="+r.ID)); n != 1 {
+				t.Fatalf("%d alerts once the device moved to berlin, want 1", n)
+			}
+			s.do(t, admin, "DELETE", "/api/v1/alert-rules/"+r.ID, nil).want(t, 204)
+		})
 		t.Run("Roles", func(t *testing.T) {
 			viewer := s.newKey(t, admin, "viewer", "viewer")
 			operator := s.newKey(t, admin, "operator", "operator")
