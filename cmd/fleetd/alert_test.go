@@ -586,3 +586,30 @@ func TestAlertsSurviveRestart(t *testing.T) {
 		}
 	})
 }
+
+// TestAlertReminders: a notification rule with interval_seconds reminds
+// while the alert is open.
+func TestAlertReminders(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, alertFlags...)
+		admin := s.admin()
+		s.mustDevice(t, admin, "pump-1", nil)
+		rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
+		hook := newReceiver(t, 0)
+		s.do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
+			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}, "interval_seconds": 1,
+			"notification_template": map[string]any{"subject": "{{.Event}}"}}).want(t, 201)
+		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 90)).want(t, 200)
+		events := func() []string {
+			var ev []string
+			for _, r := range hook.got() {
+				ev = append(ev, r.header.Get("X-Fleet-Event"))
+			}
+			return ev
+		}
+		await(t, "a reminder", func() bool {
+			ev := events()
+			return len(ev) >= 2 && ev[0] == "opened" && ev[len(ev)-1] == "repeat"
+		})
+	})
+}
