@@ -33,6 +33,13 @@ type Sender interface {
 	Online(tenant, device string) bool
 }
 
+// presenceUnknown is implemented by a Sender that cannot tell which devices
+// are connected, such as *mqtt.Client of an external broker: a dispatch is
+// then offered to every targeted device whose action is Queued (the broker
+// drops it for those not subscribed), rather than to the devices that
+// subscribed through this process, which on a replica are only some.
+type presenceUnknown interface{ PresenceUnknown() bool }
+
 // Store is what the service needs of the database; *sqlstore.DB is one.
 type Store interface {
 	DispatchAction(ctx context.Context, tenant string, d *fleet.Dispatch) (*fleet.Action, error)
@@ -211,13 +218,15 @@ func (s *Service) deliver(tenant string, id int64, targeted int, payload []byte)
 	if s.Sender == nil {
 		return
 	}
-	online := s.online.list(tenant, s.Sender)
-	if len(online) == 0 {
-		return
-	}
 	var candidates []string
-	if len(online) < targeted {
-		candidates = online
+	if !s.presenceUnknown() {
+		online := s.online.list(tenant, s.Sender)
+		if len(online) == 0 {
+			return
+		}
+		if len(online) < targeted {
+			candidates = online
+		}
 	}
 	devices, err := s.Store.PendingDevices(s.ctx, tenant, id, candidates)
 	if err != nil {
@@ -252,7 +261,9 @@ func (s *Service) deliver(tenant string, id int64, targeted int, payload []byte)
 // first. A device far behind (the broker's in-flight window is full) is
 // waited for, briefly; what is left is sent when it subscribes again.
 func (s *Service) DeviceSubscribed(tenant, device string) {
-	s.online.add(tenant, device)
+	if !s.presenceUnknown() {
+		s.online.add(tenant, device)
+	}
 	if s.Sender == nil || s.ctx.Err() != nil {
 		return
 	}
@@ -374,6 +385,11 @@ func (s *Service) FindDeviceAction(ctx context.Context, tenant string, actionID 
 // ReportStatus applies status reports.
 func (s *Service) ReportStatus(ctx context.Context, tenant string, reports []fleet.StatusReport) ([]error, error) {
 	return s.Store.ReportStatus(ctx, tenant, reports)
+}
+
+func (s *Service) presenceUnknown() bool {
+	p, ok := s.Sender.(presenceUnknown)
+	return ok && p.PresenceUnknown()
 }
 
 // onlineSet remembers the devices that subscribed to their actions, per

@@ -1,0 +1,16 @@
+package mqtt
+
+// Channel is the device channel as fleetd runs it: the embedded Server, or
+// a Client of an external broker. Both serve a Handler.
+type Channel interface {
+	Open() error
+	Close() error
+	// SendAction hands an action to a device; see Server.SendAction and
+	// Client.SendAction for what true means for each.
+	SendAction(tenant, device string, payload []byte) bool
+	// Online reports whether the device may be reached now.
+	Online(tenant, device string) bool
+	Stats() Stats
+}
+
+var _ Channel = (*Server)(nil)

@@ -1,0 +1,268 @@
+package mqtt_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/mosquittotest"
+)
+
+// mustOpenClient opens a Client of broker serving h and waits until it is
+// connected and subscribed. It is closed when the test ends.
+func mustOpenClient(t *testing.T, broker string, h mqtt.Handler, configure ...func(*mqtt.ClientConfig)) *mqtt.Client {
+	t.Helper()
+	cfg := mqtt.ClientConfig{
+		Broker:         broker,
+		Logger:         slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
+		SubscribeDelay: 50 * time.Millisecond,
+		ConnectDelay:   300 * time.Millisecond,
+		RedeliveryPoll: 50 * time.Millisecond,
+	}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	c, err := mqtt.NewClient(cfg, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Open(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	ctx, cancel := contextWithWait()
+	defer cancel()
+	if err := c.WaitConnected(ctx); err != nil {
+		t.Fatalf("client did not connect: %v", err)
+	}
+	return c
+}
+
+// dialDevice connects an MQTT 5 device to the broker at addr. The external
+// broker of these tests lets anyone in: the credentials are BrokerAuth's
+// business, tested on their own.
+func dialDevice(t *testing.T, addr, clientID string) *client5 {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	c := &client5{received: make(chan *paho.Publish, 100), disconnected: make(chan *paho.Disconnect, 1)}
+	c.Client = paho.NewClient(paho.ClientConfig{
+		Conn: conn,
+		OnPublishReceived: []func(paho.PublishReceived) (bool, error){
+			func(pr paho.PublishReceived) (bool, error) { c.received <- pr.Packet; return true, nil },
+		},
+	})
+	ctx, cancel := contextWithWait()
+	defer cancel()
+	if _, err := c.Connect(ctx, &paho.Connect{ClientID: clientID, CleanStart: true, KeepAlive: 30}); err != nil {
+		t.Fatalf("device connect: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = c.Disconnect(&paho.Disconnect{ReasonCode: 0})
+		<-c.Done()
+	})
+	return c
+}
+
+func TestClient(t *testing.T) {
+	broker := mosquittotest.Start(t)
+	h := newFakeHandler()
+	c := mustOpenClient(t, broker.URL, h)
+	dev := dialDevice(t, broker.Addr, "dev-1")
+
+	t.Run("Status", func(t *testing.T) {
+		if err := dev.publish(mqtt.ActionStatusTopic("acme", "dev-1"), []byte(`{"id":"1","state":"Running"}`)); err != nil {
+			t.Fatal(err)
+		}
+		got := receive(t, h.statuses, "HandleStatus")
+		if got.Tenant != "acme" || got.Device != "dev-1" || string(got.Payload) != `{"id":"1","state":"Running"}` {
+			t.Fatalf("HandleStatus got %+v", got)
+		}
+	})
+
+	t.Run("Stream", func(t *testing.T) {
+		if err := dev.publish(mqtt.StreamTopic("acme", "dev-1", "gps"), []byte(`[{"sequence":1,"timestamp":1}]`)); err != nil {
+			t.Fatal(err)
+		}
+		got := receive(t, h.streams, "HandleStream")
+		if got.Tenant != "acme" || got.Device != "dev-1" || got.Stream != "gps" {
+			t.Fatalf("HandleStream got %+v", got)
+		}
+	})
+
+	t.Run("SendAction", func(t *testing.T) {
+		// Not subscribed: the broker has no subscriber for the topic.
+		if c.SendAction("acme", "dev-1", []byte(`{"id":"7"}`)) {
+			t.Fatal("SendAction = true to a device that has not subscribed")
+		}
+		dev.subscribe(t, mqtt.ActionsTopic("acme", "dev-1"), 1)
+		if !c.SendAction("acme", "dev-1", []byte(`{"id":"7"}`)) {
+			t.Fatal("SendAction = false to a subscribed device")
+		}
+		p := receive(t, dev.received, "the action")
+		if p.Topic != mqtt.ActionsTopic("acme", "dev-1") || string(p.Payload) != `{"id":"7"}` || p.QoS != 1 {
+			t.Fatalf("device got %q %q at QoS %d", p.Topic, p.Payload, p.QoS)
+		}
+	})
+
+	t.Run("Arrival", func(t *testing.T) {
+		ctx, cancel := contextWithWait()
+		defer cancel()
+		// A subscription is served after SubscribeDelay; a CONNECT alone
+		// after ConnectDelay, and the later arrival of a device replaces
+		// its earlier: one call each.
+		if err := c.DeviceArriving(ctx, "acme", "dev-2", false); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.DeviceArriving(ctx, "acme", "dev-2", true); err != nil {
+			t.Fatal(err)
+		}
+		if got := receive(t, h.subscribed, "DeviceSubscribed"); got.Device != "dev-2" {
+			t.Fatalf("DeviceSubscribed(%+v)", got)
+		}
+		if err := c.DeviceArriving(ctx, "acme", "dev-3", false); err != nil {
+			t.Fatal(err)
+		}
+		if got := receive(t, h.subscribed, "DeviceSubscribed"); got.Device != "dev-3" {
+			t.Fatalf("DeviceSubscribed(%+v)", got)
+		}
+		quiet(t, h.subscribed, "another DeviceSubscribed")
+	})
+}
+
+// TestClientAcknowledgesAfterHandler checks that a publish the Handler
+// could not commit is not acknowledged: the Client reconnects and the
+// broker sends it again.
+func TestClientAcknowledgesAfterHandler(t *testing.T) {
+	broker := mosquittotest.Start(t)
+	h := &flakyHandler{fakeHandler: newFakeHandler(), failures: 2}
+	c := mustOpenClient(t, broker.URL, h)
+	dev := dialDevice(t, broker.Addr, "dev-1")
+	if err := dev.publish(mqtt.ActionStatusTopic("acme", "dev-1"), []byte(`{"id":"1","state":"Running"}`)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		got := receive(t, h.statuses, fmt.Sprintf("HandleStatus call %d", i+1))
+		if string(got.Payload) != `{"id":"1","state":"Running"}` {
+			t.Fatalf("call %d: %s", i+1, got.Payload)
+		}
+	}
+	quiet(t, h.statuses, "a fourth HandleStatus")
+	if s := c.Stats(); s.Unacknowledged != 2 || s.Connects < 3 {
+		t.Fatalf("stats %+v: want 2 unacknowledged, 3 connections", s)
+	}
+}
+
+// flakyHandler fails its first HandleStatus calls as unavailable.
+type flakyHandler struct {
+	*fakeHandler
+	mu       sync.Mutex
+	failures int
+}
+
+func (h *flakyHandler) HandleStatus(ctx context.Context, tenant, device string, payload []byte) error {
+	h.fakeHandler.HandleStatus(ctx, tenant, device, payload)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.failures > 0 {
+		h.failures--
+		return fleet.Errorf(fleet.EUNAVAILABLE, "database down")
+	}
+	return nil
+}
+
+// TestClientSharedSubscription checks that replicas split the devices'
+// publishes, each handled once, and that one that closes gracefully takes
+// its session with it: the broker then routes everything to the others.
+func TestClientSharedSubscription(t *testing.T) {
+	broker := mosquittotest.Start(t)
+	ha, hb := newFakeHandler(), newFakeHandler()
+	a := mustOpenClient(t, broker.URL, ha, func(c *mqtt.ClientConfig) { c.ClientID = "replica-a" })
+	mustOpenClient(t, broker.URL, hb, func(c *mqtt.ClientConfig) { c.ClientID = "replica-b" })
+	dev := dialDevice(t, broker.Addr, "dev-1")
+
+	const n = 20
+	for i := range n {
+		if err := dev.publish(mqtt.ActionStatusTopic("acme", "dev-1"), fmt.Appendf(nil, `{"id":"%d"}`, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[string]int{}
+	var fromA, fromB int
+	for range n {
+		select {
+		case got := <-ha.statuses:
+			seen[string(got.Payload)]++
+			fromA++
+		case got := <-hb.statuses:
+			seen[string(got.Payload)]++
+			fromB++
+		case <-time.After(wait):
+			t.Fatalf("timed out: %d from a, %d from b", fromA, fromB)
+		}
+	}
+	quiet(t, ha.statuses, "a duplicate on a")
+	quiet(t, hb.statuses, "a duplicate on b")
+	if len(seen) != n || fromA == 0 || fromB == 0 {
+		t.Fatalf("%d distinct of %d; a handled %d, b %d: want every message once, on both", len(seen), n, fromA, fromB)
+	}
+
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if err := dev.publish(mqtt.ActionStatusTopic("acme", "dev-1"), fmt.Appendf(nil, `{"id":"after-%d"}`, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n {
+		receive(t, hb.statuses, fmt.Sprintf("message %d after a left", i))
+	}
+}
+
+// TestClientBrokerRestart checks that the Client reconnects after the
+// broker restarted, resumes its session, and that what devices published
+// while it was away reaches the Handler.
+func TestClientBrokerRestart(t *testing.T) {
+	broker := mosquittotest.Start(t)
+	h := newFakeHandler()
+	c := mustOpenClient(t, broker.URL, h, func(c *mqtt.ClientConfig) { c.ClientID = "replica-a" })
+	broker.Restart(t)
+	waitFor(t, "the client to reconnect", func() bool { return c.Connected() && c.Stats().Connects >= 2 })
+	dev := dialDevice(t, broker.Addr, "dev-1")
+	if err := dev.publish(mqtt.ActionStatusTopic("acme", "dev-1"), []byte(`{"id":"1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	receive(t, h.statuses, "HandleStatus after the restart")
+}
+
+func TestClientConfig(t *testing.T) {
+	for _, bad := range []string{"", "tcp://x:1883", "mqtt://", "mqtt://u:p@host:1883", "mqtt://host:1883/path", "http://host"} {
+		if _, err := mqtt.NewClient(mqtt.ClientConfig{Broker: bad}, newFakeHandler()); err == nil {
+			t.Errorf("NewClient accepted broker %q", bad)
+		}
+	}
+	if _, err := mqtt.NewClient(mqtt.ClientConfig{Broker: "mqtt://h", ShareGroup: "a/b"}, newFakeHandler()); err == nil {
+		t.Error("NewClient accepted a share group with '/'")
+	}
+	if got, want := mqtt.StatusFilter("fleetd"), "$share/fleetd//tenants/+/devices/+/action/status"; got != want {
+		t.Errorf("StatusFilter = %q, want %q", got, want)
+	}
+	if got, want := mqtt.StreamFilter("fleetd"), "$share/fleetd//tenants/+/devices/+/events/+/jsonarray"; got != want {
+		t.Errorf("StreamFilter = %q, want %q", got, want)
+	}
+}
