@@ -28,15 +28,15 @@ var _ Store = (*Dir)(nil)
 // process sharing the directory is never this old.
 const staleTemp = 24 * time.Hour
 
-// OpenDir makes root if needed and removes temporary files that a crash
-// left behind.
+// OpenDir opens the store in root and removes temporary files that a
+// crash left behind. Directories are made on the first Put, so a server
+// that never stores a file makes none.
 func OpenDir(root string) (*Dir, error) {
 	d := &Dir{root: root, tmp: filepath.Join(root, ".tmp")}
-	if err := os.MkdirAll(d.tmp, 0o755); err != nil {
-		return nil, fmt.Errorf("blob: create %s: %w", d.tmp, err)
-	}
 	entries, err := os.ReadDir(d.tmp)
-	if err != nil {
+	if errors.Is(err, fs.ErrNotExist) {
+		return d, nil
+	} else if err != nil {
 		return nil, fmt.Errorf("blob: read %s: %w", d.tmp, err)
 	}
 	for _, e := range entries {
@@ -65,6 +65,9 @@ func (d *Dir) Put(ctx context.Context, key string, r io.Reader) (Pending, error)
 	final, err := d.path(key)
 	if err != nil {
 		return nil, err
+	}
+	if err := os.MkdirAll(d.tmp, 0o755); err != nil {
+		return nil, fmt.Errorf("blob: %w", err)
 	}
 	f, err := os.CreateTemp(d.tmp, "put-*")
 	if err != nil {

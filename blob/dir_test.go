@@ -108,11 +108,19 @@ func TestDir(t *testing.T) {
 	}
 }
 
-func TestDirRemovesStaleTemporaryFiles(t *testing.T) {
-	root := t.TempDir()
+func TestDirMakesNothingUntilUsed(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "data")
 	if _, err := blob.OpenDir(root); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := os.Stat(root); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("OpenDir made %s: %v", root, err)
+	}
+}
+
+func TestDirRemovesStaleTemporaryFiles(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, ".tmp"), 0o755)
 	stale := filepath.Join(root, ".tmp", "put-crashed")
 	os.WriteFile(stale, bytes.Repeat([]byte("x"), 10), 0o644)
 	old := filepath.Join(root, ".tmp")
