@@ -55,6 +55,9 @@ type Server struct {
 	// Firmware serves bundles, firmwares and artifact downloads.
 	Firmware fleet.FirmwareService
 
+	// Actions dispatches actions and follows the devices' progress.
+	Actions fleet.ActionService
+
 	// Alerts serves alert rules, notification rules and alerts; Streams
 	// takes device data in and serves each stream's latest point.
 	Alerts  fleet.AlertService

@@ -32,6 +32,8 @@ type config struct {
 	notifyBackoff     time.Duration
 	notifyMaxBackoff  time.Duration
 	alertTick         time.Duration
+
+	sweepInterval time.Duration // of the action timeout sweeper
 }
 
 func (c *config) databaseFlags(fs *flagSet) {
@@ -52,6 +54,7 @@ func (c *config) serveFlags(fs *flagSet) {
 	fs.Int64Var(&c.maxBulk, "max-bulk-bytes", 64<<20, "largest bulk provisioning body in `BYTES`")
 	fs.Int64Var(&c.maxUpload, "max-upload-bytes", 2<<30, "largest firmware upload in `BYTES`")
 	fs.StringVar(&c.publicURL, "public-url", "", "`URL` (scheme and host) devices reach the API at, for signed firmware download URLs; default: the URL the dispatching request used")
+	fs.DurationVar(&c.sweepInterval, "action-sweep-interval", time.Second, "`DURATION` between sweeps that fail device actions whose timeout elapsed")
 	c.alertFlags(fs)
 	c.logFlags(fs)
 }

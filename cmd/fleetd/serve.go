@@ -8,11 +8,13 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/action"
 	"github.com/fleetd/fleet/alert"
 	"github.com/fleetd/fleet/blob"
 	"github.com/fleetd/fleet/enduser"
 	"github.com/fleetd/fleet/firmware"
 	fleethttp "github.com/fleetd/fleet/http"
+	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/sqlstore"
 	"github.com/prometheus/client_golang/prometheus"
@@ -77,6 +79,23 @@ func runServe(ctx context.Context, args []string, e env) error {
 	}
 	fw := &firmware.Service{Store: db, Blobs: blobs, Logger: log, PublicURL: c.publicURL}
 
+	// Actions: the service sends through the broker, the broker hands the
+	// devices' messages to the service; the sweeper fails what times out.
+	actions := &action.Service{Store: db, Logger: log}
+	broker := mqtt.NewServer(mqtt.Config{Addr: c.mqttAddr, Logger: log}, &mqtt.Devices{
+		Registry: db, Actions: actions, Delivery: actions, Streams: alerts, LastSeen: db, Logger: log,
+	})
+	actions.Sender = broker
+	actions.Open()
+	defer actions.Close()
+	if err := broker.Open(); err != nil {
+		return err
+	}
+	defer broker.Close() // before actions.Close: no device may call in after it
+	sweeper := &action.Sweeper{Store: db, Interval: c.sweepInterval, Logger: log}
+	loops.Add(1)
+	go func() { defer loops.Done(); sweeper.Run(loopCtx) }()
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	api := &fleethttp.Server{
@@ -93,12 +112,13 @@ func runServe(ctx context.Context, args []string, e env) error {
 		Firmware:   fw,
 		TenantAuth: users,
 		Tokens:     users,
+		Actions:    actions,
 	}
 	if err := api.Open(); err != nil {
 		return err
 	}
-	log.Info("fleetd started", "http", api.ListenAddr().String(), "database", db.Dialect())
-	fmt.Fprintf(e.stdout, "fleetd: listening http=%s\n", api.ListenAddr())
+	log.Info("fleetd started", "http", api.ListenAddr().String(), "mqtt", broker.Addr().String(), "database", db.Dialect())
+	fmt.Fprintf(e.stdout, "fleetd: listening http=%s mqtt=%s\n", api.ListenAddr(), broker.Addr())
 
 	<-ctx.Done()
 	log.Info("shutting down")

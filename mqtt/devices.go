@@ -1,0 +1,178 @@
+package mqtt
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/codec"
+)
+
+// Devices is the Handler that connects the device channel to fleetd's
+// services: tokens are checked by the device registry, status reports go
+// to the action service, data points to the stream service. It knows
+// nothing of the broker, so an external-broker client can serve it too.
+type Devices struct {
+	Registry fleet.DeviceService
+	Actions  fleet.ActionService
+	Delivery fleet.ActionDelivery
+	// Streams takes data points in; while nil, they are acknowledged and
+	// dropped.
+	Streams fleet.StreamService
+	// LastSeen records each connection as the device's last_seen_at; nil
+	// records nothing.
+	LastSeen DeviceToucher
+	Logger   *slog.Logger
+	Now      func() time.Time
+}
+
+// DeviceToucher records when a device was last seen; *sqlstore.DB is one.
+type DeviceToucher interface {
+	TouchDevice(ctx context.Context, tenant, id string, t time.Time) error
+}
+
+var _ Handler = (*Devices)(nil)
+
+func (h *Devices) logger() *slog.Logger {
+	if h.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return h.Logger
+}
+
+func (h *Devices) now() time.Time {
+	if h.Now == nil {
+		return time.Now()
+	}
+	return h.Now()
+}
+
+// AuthenticateDevice checks the device's token.
+func (h *Devices) AuthenticateDevice(ctx context.Context, tenant, device, token string) error {
+	return h.Registry.AuthenticateDevice(ctx, tenant, device, token)
+}
+
+// DeviceConnected records the connection as the device's last sighting.
+func (h *Devices) DeviceConnected(tenant, device string) {
+	if h.LastSeen == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := h.LastSeen.TouchDevice(ctx, tenant, device, h.now()); err != nil {
+		h.logger().Warn("mqtt: record last_seen_at", "tenant", tenant, "device", device, "err", err)
+	}
+}
+
+// DeviceSubscribed sends the device what is queued for it.
+func (h *Devices) DeviceSubscribed(tenant, device string) {
+	h.Delivery.DeviceSubscribed(tenant, device)
+}
+
+// ActionDelivered passes on the device's acknowledgement of an action.
+func (h *Devices) ActionDelivered(tenant, device, actionID string) {
+	id, ok := fleet.ParseActionID(actionID)
+	if !ok {
+		h.logger().Debug("mqtt: acknowledgement of a message without an action id", "tenant", tenant, "device", device, "id", actionID)
+		return
+	}
+	h.Delivery.ActionDelivered(tenant, device, id)
+}
+
+// statusFields are the fields of a status report sent over MQTT. Others
+// are ignored rather than refused: a device's agent may add its own, and
+// refusing the report would not make it send another.
+var statusFields = map[string]bool{"action_id": true, "id": true, "state": true, "progress": true, "errors": true, "timestamp": true, "sequence": true}
+
+// HandleStatus applies a status payload, a JSON array of reports or one
+// report, in one transaction and returns once it committed. Invalid
+// reports, and reports on actions the device does not have, are skipped;
+// the error returned names them (for the log) after the others were
+// applied.
+func (h *Devices) HandleStatus(ctx context.Context, tenant, device string, payload []byte) error {
+	v, err := codec.Decode(codec.JSON, payload)
+	if err != nil {
+		return err
+	}
+	items, ok := v.([]any)
+	if !ok {
+		items = []any{v}
+	}
+	problems := map[string]string{}
+	reports := make([]fleet.StatusReport, 0, len(items))
+	index := make([]int, 0, len(items)) // of each report in items
+	for i, item := range items {
+		m, ok := item.(map[string]any)
+		if !ok {
+			problems[fmt.Sprintf("[%d]", i)] = "must be an object, not " + fleet.Describe(item)
+			continue
+		}
+		for k := range m {
+			if !statusFields[k] {
+				delete(m, k)
+			}
+		}
+		f := fleet.NewFields(m)
+		r := fleet.ReadStatusReport(f, false)
+		if err := f.Err(); err != nil {
+			problems[fmt.Sprintf("[%d]", i)] = fleet.ErrorMessage(err) + fieldDetails(err)
+			continue
+		}
+		r.DeviceID = device
+		reports = append(reports, r)
+		index = append(index, i)
+	}
+	if len(reports) > 0 {
+		errs, err := h.Actions.ReportStatus(ctx, tenant, reports)
+		if err != nil {
+			return err
+		}
+		for j, err := range errs {
+			if err != nil {
+				problems[fmt.Sprintf("[%d]", index[j])] = fleet.ErrorMessage(err)
+			}
+		}
+	}
+	if len(problems) > 0 {
+		e := fleet.FieldErrors(problems)
+		e.Message = fmt.Sprintf("%d of %d status reports skipped", len(problems), len(items))
+		return e
+	}
+	return nil
+}
+
+// fieldDetails lists an invalid report's problems for the log.
+func fieldDetails(err error) string {
+	fe, ok := err.(*fleet.Error)
+	if !ok || len(fe.Fields) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" %v", fe.Fields)
+}
+
+// HandleStream ingests a batch of data points. Unusable points are
+// skipped and named in the error; the others are kept.
+func (h *Devices) HandleStream(ctx context.Context, tenant, device, stream string, payload []byte) error {
+	if h.Streams == nil {
+		h.logger().Debug("mqtt: no stream service; data points dropped", "tenant", tenant, "device", device, "stream", stream)
+		return nil
+	}
+	v, err := codec.Decode(codec.JSON, payload)
+	if err != nil {
+		return err
+	}
+	pts, problems := fleet.ReadDataPoints(v, device, stream, h.now())
+	if len(pts) > 0 {
+		if err := h.Streams.IngestPoints(ctx, tenant, device, stream, pts); err != nil {
+			return err
+		}
+	}
+	if len(problems) > 0 {
+		e := fleet.FieldErrors(problems)
+		e.Message = fmt.Sprintf("%d data points skipped", len(problems))
+		return e
+	}
+	return nil
+}
