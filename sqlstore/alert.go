@@ -43,6 +43,9 @@ func (db *DB) CreateAlertRule(ctx context.Context, tenant string, r *fleet.Alert
 			return err
 		}
 		r.Tenant, r.ID, r.CreatedAt, r.MetadataFilters = tenant, id, created, filters
+		if err := tx.changed(ctx, fleet.Change{Kind: fleet.ChangeAlertRule, Tenant: tenant, Key: id}); err != nil {
+			return err
+		}
 		return tx.audit(ctx, tenant, "alert_rule.create", "alert-rules/"+id, map[string]any{
 			"name": r.Name, "stream": r.Stream, "group": r.Group, "condition": r.Condition, "metadata_filters": filters,
 			"activation_threshold_seconds": r.ActivationThresholdSeconds, "deactivation_threshold_seconds": r.DeactivationThresholdSeconds,
@@ -129,6 +132,9 @@ func (db *DB) DeleteAlertRule(ctx context.Context, tenant, id string) error {
 			return err
 		} else if n == 0 {
 			return fleet.Errorf(fleet.ENOTFOUND, "alert rule %s not found", id)
+		}
+		if err := tx.changed(ctx, fleet.Change{Kind: fleet.ChangeAlertRule, Tenant: tenant, Key: id}); err != nil {
+			return err
 		}
 		return tx.audit(ctx, tenant, "alert_rule.delete", "alert-rules/"+id, nil)
 	})

@@ -237,6 +237,9 @@ func (db *DB) UpdateDeviceMetadata(ctx context.Context, tenant, id string, patch
 		if _, err := tx.exec(ctx, "UPDATE devices SET metadata = ? WHERE tenant = ? AND id = ?", encodeMetadata(d.Metadata), tenant, id); err != nil {
 			return err
 		}
+		if err := tx.changed(ctx, fleet.Change{Kind: fleet.ChangeDevice, Tenant: tenant, Key: id}); err != nil {
+			return err
+		}
 		dev = d
 		return tx.audit(ctx, tenant, "device.update", "devices/"+id, map[string]any{"metadata": patch})
 	})
@@ -254,6 +257,9 @@ func (db *DB) DeleteDevice(ctx context.Context, tenant, id string) error {
 			return err
 		} else if n == 0 {
 			return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", id)
+		}
+		if err := tx.changed(ctx, fleet.Change{Kind: fleet.ChangeDeviceDelete, Tenant: tenant, Key: id}); err != nil {
+			return err
 		}
 		return tx.audit(ctx, tenant, "device.delete", "devices/"+id, nil)
 	})

@@ -150,6 +150,9 @@ func (db *DB) DeleteAPIKey(ctx context.Context, tenant, name string) error {
 		if _, err := tx.exec(ctx, "DELETE FROM api_keys WHERE tenant = ? AND name = ?", tenant, name); err != nil {
 			return err
 		}
+		if err := tx.changed(ctx, fleet.Change{Kind: fleet.ChangeAPIKey, Tenant: tenant, Key: hash}); err != nil {
+			return err
+		}
 		return tx.audit(ctx, tenant, "apikey.delete", "apikeys/"+name, nil)
 	})
 	if err == nil {
@@ -160,7 +163,8 @@ func (db *DB) DeleteAPIKey(ctx context.Context, tenant, name string) error {
 
 // AuthenticateAPIKey returns the actor a key stands for in tenant. Answers
 // are cached briefly, so the hot paths do not query per request; a deleted
-// key is forgotten at once on this replica and within authCacheTTL on others.
+// key is forgotten at once on this replica, on others when they hear of it
+// (Listen), and within authCacheTTL at worst.
 func (db *DB) AuthenticateAPIKey(ctx context.Context, tenant, key string) (*fleet.Actor, error) {
 	refused := fleet.Errorf(fleet.EUNAUTHENTICATED, "missing or invalid API key or tenant")
 	if key == "" || tenant == "" {

@@ -22,6 +22,9 @@ func (db *DB) SetTenantAuth(ctx context.Context, tenant string, a *fleet.TenantA
 			tenant, a.Method, a.JWKSURL, a.Issuer, a.Audience, a.WebhookURL, string(a.DefaultRole), millis(a.UpdatedAt)); err != nil {
 			return err
 		}
+		if err := tx.changed(ctx, fleet.Change{Kind: fleet.ChangeTenantAuth, Tenant: tenant}); err != nil {
+			return err
+		}
 		return tx.audit(ctx, tenant, "tenant.auth.update", "tenants/"+tenant+"/auth", map[string]any{
 			"method": a.Method, "jwks_url": a.JWKSURL, "issuer": a.Issuer, "audience": a.Audience,
 			"webhook_url": a.WebhookURL, "default_role": a.DefaultRole,

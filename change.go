@@ -1,0 +1,24 @@
+package fleet
+
+// Change says that something a replica may cache changed in the database,
+// so that every replica drops its copy at once rather than when a TTL runs
+// out (DESIGN §1, scaled). The store announces changes in the transaction
+// that makes them (PostgreSQL NOTIFY, delivered on commit); on SQLite there
+// is one process, which drops its own caches as it changes them.
+type Change struct {
+	Kind   string // one of the Change* kinds
+	Tenant string
+	Key    string // what changed within the tenant: an id, or a key's hash
+}
+
+// The kinds of Change.
+const (
+	ChangeAPIKey       = "apikey"        // Key: the SHA-256 hash of the deleted key
+	ChangeTenantAuth   = "tenant_auth"   // the tenant's S9 configuration
+	ChangeAlertRule    = "alert_rule"    // Key: the rule's id, created or deleted
+	ChangeDevice       = "device"        // Key: the device id; its metadata changed
+	ChangeDeviceDelete = "device_delete" // Key: the device id
+	// ChangeAll means changes may have been missed (the listening
+	// connection was lost): drop every cache.
+	ChangeAll = "all"
+)
