@@ -96,6 +96,11 @@ func runBundleCreate(ctx context.Context, args []string, e env) error {
 		tmp.Close()
 		return cliError(err)
 	}
+	// CreateTemp makes the file private; an archive is for sharing.
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return err
+	}
 	if err := tmp.Sync(); err != nil {
 		tmp.Close()
 		return err
