@@ -63,6 +63,11 @@ type Server struct {
 	Alerts  fleet.AlertService
 	Streams fleet.StreamService
 
+	// BrokerAuth, when set, answers an external MQTT broker's calls to
+	// authenticate and authorise devices, under /broker/ (mqtt.BrokerAuth).
+	// They are not part of the API nor of its document.
+	BrokerAuth http.Handler
+
 	ln         net.Listener
 	srv        *http.Server
 	mux        *http.ServeMux
@@ -113,6 +118,9 @@ func (s *Server) build() {
 	s.routes = s.addRoutes()
 	for _, rt := range s.routes {
 		s.mux.Handle(rt.pattern, s.wrap(rt))
+	}
+	if s.BrokerAuth != nil {
+		s.mux.Handle(brokerAuthPattern, s.internal(brokerAuthPattern, s.BrokerAuth))
 	}
 	s.openAPIDoc, _ = json.MarshalIndent(s.openAPI(), "", "  ") // plain maps always encode
 }

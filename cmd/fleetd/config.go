@@ -34,6 +34,9 @@ type config struct {
 	alertTick         time.Duration
 
 	sweepInterval time.Duration // of the action timeout sweeper
+
+	// An external broker and many replicas (broker.go).
+	scale scaleConfig
 }
 
 func (c *config) databaseFlags(fs *flagSet) {
@@ -56,6 +59,7 @@ func (c *config) serveFlags(fs *flagSet) {
 	fs.StringVar(&c.publicURL, "public-url", "", "`URL` (scheme and host) devices reach the API at, for signed firmware download URLs; default: the URL the dispatching request used")
 	fs.DurationVar(&c.sweepInterval, "action-sweep-interval", time.Second, "`DURATION` between sweeps that fail device actions whose timeout elapsed")
 	c.alertFlags(fs)
+	c.scale.flags(fs)
 	c.logFlags(fs)
 }
 
