@@ -13,6 +13,7 @@ import (
 	"mime/multipart"
 	"net"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/action"
 	"github.com/fleetd/fleet/firmware"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
@@ -1040,4 +1042,209 @@ func gzipString(s string) string {
 	zw.Write([]byte(s))
 	zw.Close()
 	return buf.String()
+}
+
+// installFirmware plays a device that takes an update_firmware: it reads
+// the payload, downloads the artifact from the signed URL with no other
+// credential, resuming once after a cut, checks the checksum and length,
+// reports progress and then Completed (or Failed naming the mismatch).
+func installFirmware(t *testing.T, d *mqttDevice, m action.Message) (params map[string]any) {
+	t.Helper()
+	if err := json.Unmarshal([]byte(m.Payload), &params); err != nil {
+		t.Fatalf("payload %s: %v", m.Payload, err)
+	}
+	url, _ := params["url"].(string)
+	half := func() []byte {
+		req, _ := http.NewRequest("GET", url, nil)
+		req.Header.Set("Range", "bytes=0-99")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 206 {
+			t.Fatalf("first part: %d %s", resp.StatusCode, b)
+		}
+		return b
+	}()
+	d.report(t, map[string]any{"id": m.ID, "state": "Downloading", "progress": 10, "sequence": 1})
+	req, _ := http.NewRequest("GET", url, nil)
+	req.Header.Set("Range", fmt.Sprintf("bytes=%d-", len(half)))
+	req.Header.Set("If-Range", fmt.Sprintf("%q", params["checksum"]))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 206 {
+		t.Fatalf("resume: %d %s", resp.StatusCode, rest)
+	}
+	d.report(t, map[string]any{"id": m.ID, "state": "Downloading", "progress": 90, "sequence": 2})
+	data := append(half, rest...)
+	switch {
+	case sha256Hex(data) != params["checksum"]:
+		d.report(t, map[string]any{"id": m.ID, "state": "Failed", "errors": []string{"checksum mismatch"}, "sequence": 3})
+	case float64(len(data)) != params["content-length"]:
+		d.report(t, map[string]any{"id": m.ID, "state": "Failed", "errors": []string{"content length mismatch"}, "sequence": 3})
+	default:
+		d.report(t, map[string]any{"id": m.ID, "state": "Completed", "progress": 100, "sequence": 3})
+	}
+	return params
+}
+
+func TestFirmwareUpdateEndToEnd(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, "--log-level", "info") // to see that no signature is logged
+		admin := s.admin()
+		boot100 := part{name: "bootloader", version: "1.0.0", body: "bootloader 1.0.0"}
+		old := s.mustUpload(t, admin, makeBundle(t, "1.0.0", boot100))
+		data := makeBundle(t, "2.3.0", bootloader, app230)
+		bd := s.mustUpload(t, admin, data)
+		tok := map[string]string{}
+		for _, id := range []string{"dev-new", "dev-old", "dev-off"} {
+			tok[id] = s.mustDevice(t, admin, id, nil).Token
+		}
+		devNew := s.connectDevice(t, "default", "dev-new", tok["dev-new"])
+		devOld := s.connectDevice(t, "default", "dev-old", tok["dev-old"])
+		update := func(version string, timeout int, devices ...string) *response {
+			return s.do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "update_firmware",
+				"params": map[string]any{"version": version}, "search_type": "default", "device_ids": devices, "timeout": timeout})
+		}
+		var actionID int64
+		var params map[string]any
+
+		t.Run("Install", func(t *testing.T) {
+			// dev-old first gets bootloader 1.0.0, which it then records.
+			r := update("1.0.0", 600, "dev-old").want(t, 201)
+			var a struct{ ID int64 }
+			r.decode(t, &a)
+			p := installFirmware(t, devOld, devOld.next(t))
+			if p["version"] != "1.0.0" || p["file_name"] != old.FileName {
+				t.Fatalf("params = %v", p)
+			}
+			s.awaitActionStatus(t, admin, "dev-old", a.ID, "Completed")
+			var dev device
+			s.do(t, admin, "GET", "/api/v1/devices/dev-old", nil).want(t, 200).decode(t, &dev)
+			if dev.Components["bootloader"] != "1.0.0" || len(dev.Components) != 1 {
+				t.Fatalf("dev-old's components = %v", dev.Components)
+			}
+		})
+		t.Run("DependencyFailsOneDevice", func(t *testing.T) {
+			// An app alone, which needs a bootloader the bundle does not
+			// bring: dev-old's recorded 1.0.0 is too old.
+			s.mustUpload(t, admin, makeBundle(t, "3.1.0", part{name: "app", version: "3.1.0", body: "app 3.1.0",
+				deps: []fleet.Dependency{{ComponentName: "bootloader", MinVersion: "1.1.0"}}}))
+			r := update("3.1.0", 600, "dev-old", "dev-off").want(t, 201)
+			var a struct{ ID int64 }
+			r.decode(t, &a)
+			da := s.deviceAction(t, admin, "dev-old", a.ID)
+			if da.ActionStatus != "Failed" || !strings.Contains(fmt.Sprint(da.Errors), "app 3.1.0 requires bootloader >= 1.1.0, but the device has bootloader 1.0.0") {
+				t.Fatalf("dev-old = %+v", da)
+			}
+			devOld.nothing(t)
+			// dev-off has no recorded versions: not checked, it waits.
+			if da := s.deviceAction(t, admin, "dev-off", a.ID); da.ActionStatus != "Queued" {
+				t.Fatalf("dev-off = %+v", da)
+			}
+		})
+		t.Run("DeviceDownloadsAndCompletes", func(t *testing.T) {
+			// A bundle that brings the bootloader too passes dev-old's
+			// check: its own versions replace the recorded ones.
+			r := update("2.3.0", 600, "dev-new", "dev-old").want(t, 201)
+			var a struct{ ID int64 }
+			r.decode(t, &a)
+			actionID = a.ID
+			if da := s.deviceAction(t, admin, "dev-old", actionID); da.ActionStatus == "Failed" {
+				t.Fatalf("dev-old = %+v", da)
+			}
+			m := devNew.next(t)
+			if m.Name != "update_firmware" || m.ID != fmt.Sprint(actionID) {
+				t.Fatalf("message = %+v", m)
+			}
+			params = installFirmware(t, devNew, m)
+			if params["version"] != "2.3.0" || params["checksum"] != sha256Hex(data) || params["content-length"] != float64(len(data)) ||
+				params["uncompressed-size"] != float64(*bd.UncompressedSize) || params["file_name"] != "bundle.tar.gz" || len(params["components"].([]any)) != 2 {
+				t.Fatalf("params = %v", params)
+			}
+			da := s.awaitActionStatus(t, admin, "dev-new", actionID, "Completed")
+			if da.Params != m.Payload {
+				t.Fatalf("S7 params %s differ from what was sent %s", da.Params, m.Payload)
+			}
+			var dev device
+			s.do(t, admin, "GET", "/api/v1/devices/dev-new", nil).want(t, 200).decode(t, &dev)
+			if dev.Components["bootloader"] != "1.2.0" || dev.Components["app"] != "2.3.0" {
+				t.Fatalf("dev-new's components = %v", dev.Components)
+			}
+		})
+		t.Run("SignedURL", func(t *testing.T) {
+			raw := params["url"].(string)
+			if !strings.HasPrefix(raw, s.URL+"/api/v1/firmware-bundles/id/"+bd.ID+"/artifact?") {
+				t.Fatalf("url = %s", raw)
+			}
+			u, _ := neturl.Parse(raw)
+			q := u.Query()
+			fetch := func(path string, c creds) int {
+				resp, _ := s.get(t, c, path)
+				return resp.StatusCode
+			}
+			if got := fetch(u.RequestURI(), creds{}); got != 200 {
+				t.Fatalf("the signed URL: %d", got)
+			}
+			tamper := func(key, value string) string {
+				q2 := neturl.Values{}
+				for k, v := range q {
+					q2[k] = v
+				}
+				q2.Set(key, value)
+				return u.Path + "?" + q2.Encode()
+			}
+			sig := []byte(q.Get("signature"))
+			sig[5] ^= 1
+			other := s.newTenant(t, "other")
+			theirs := s.mustUpload(t, other, makeBundle(t, "7.0.0", part{name: "x", version: "1", body: "x"}))
+			for name, path := range map[string]string{
+				"Signature":   tamper("signature", string(sig)),
+				"Expiry":      tamper("expires", fmt.Sprint(time.Now().Add(365*24*time.Hour).Unix())),
+				"Tenant":      tamper("tenant", "other"),
+				"Bundle":      strings.Replace(u.Path, bd.ID, theirs.ID, 1) + "?" + u.RawQuery,
+				"NoSignature": u.Path + "?tenant=default&expires=" + q.Get("expires"),
+				"Expired":     tamper("expires", "1000000000"),
+			} {
+				if got := fetch(path, creds{}); got != 401 {
+					t.Errorf("%s changed: %d, want 401", name, got)
+				}
+			}
+			// Another tenant's key adds nothing to a bad signature, and takes
+			// nothing from a good one.
+			if got := fetch(tamper("tenant", "other"), other); got != 401 {
+				t.Errorf("forged URL with another tenant's key: %d", got)
+			}
+			if got := fetch(u.RequestURI(), other); got != 200 {
+				t.Errorf("good URL with another tenant's key: %d", got)
+			}
+			if logs := s.output.String(); !strings.Contains(logs, "/artifact") || strings.Contains(logs, q.Get("signature")) {
+				t.Error("downloads are not logged, or the signature is")
+			}
+		})
+		t.Run("Refusals", func(t *testing.T) {
+			wantError(t, update("9.9.9", 60, "dev-new"), 400, "params.version", "9.9.9")
+			var p bundle
+			s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "3.0.0", "file_name": "x.tar"}).want(t, 201).decode(t, &p)
+			wantError(t, update("3.0.0", 60, "dev-new"), 400, "params.version", "pending")
+			wantError(t, s.do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "update_firmware",
+				"params": map[string]any{"version": "2.3.0", "force": true}, "search_type": "all"}), 400, "params.force")
+		})
+		t.Run("DeactivationBlocksDispatch", func(t *testing.T) {
+			// 2.4.0 shares bootloader 1.2.0 with 2.3.0.
+			s.mustUpload(t, admin, makeBundle(t, "2.4.0", bootloader, part{name: "app", version: "2.4.0", body: "app 2.4.0"}))
+			s.do(t, admin, "PUT", "/api/v1/firmwares/component/bootloader/1.2.0", map[string]any{"is_deactivated": true}).want(t, 204)
+			for _, v := range []string{"2.3.0", "2.4.0"} {
+				wantError(t, update(v, 60, "dev-new"), 400, "params.version", "bootloader 1.2.0")
+			}
+			s.do(t, admin, "PUT", "/api/v1/firmwares/component/bootloader/1.2.0", map[string]any{"is_deactivated": false}).want(t, 204)
+			update("2.4.0", 60, "dev-new").want(t, 201)
+		})
+	})
 }
