@@ -56,7 +56,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	notifier := &notify.Worker{Store: db, Logger: log, SMTP: c.smtp,
-		MaxAttempts: c.notifyMaxAttempts, Backoff: c.notifyBackoff, MaxBackoff: c.notifyMaxBackoff}
+		MaxAttempts: c.notifyMaxAttempts, Backoff: c.notifyBackoff, MaxBackoff: c.notifyMaxBackoff, Lease: c.scale.notifyLease}
 	engine := &alert.Engine{Store: db, Devices: db, Logger: log, Tick: c.alertTick, Changed: notifier.Wake}
 	if err := engine.Load(ctx); err != nil {
 		return fmt.Errorf("load alert rules: %w", err)
@@ -85,10 +85,18 @@ func runServe(ctx context.Context, args []string, e env) error {
 	// checked, devices get its signed URL, incompatible devices fail.
 	actions := &action.Service{Store: db, Logger: log,
 		Preparers: map[string]fleet.ActionPreparer{fleet.ActionUpdateFirmware: fw}}
-	broker := mqtt.NewServer(mqtt.Config{Addr: c.mqttAddr, Logger: log}, &mqtt.Devices{
+	// The device channel is the embedded broker, or a client of an external
+	// one whose broker-auth endpoints the API serves (broker.go).
+	broker, brokerAuth, err := c.scale.channel(c.mqttAddr, db, &mqtt.Devices{
 		Registry: db, Actions: actions, Delivery: actions, Streams: alerts, LastSeen: db, Logger: log,
-	})
+	}, log)
+	if err != nil {
+		return err
+	}
 	actions.Sender = broker
+	if c.scale.broker != "" {
+		actions.SendWorkers = 64 // each send waits for the external broker's PUBACK
+	}
 	actions.Open()
 	defer actions.Close()
 	if err := broker.Open(); err != nil {
@@ -116,12 +124,25 @@ func runServe(ctx context.Context, args []string, e env) error {
 		TenantAuth: users,
 		Tokens:     users,
 		Actions:    actions,
+		BrokerAuth: brokerAuth,
 	}
+
+	// What another replica changes drops what this one caches (PostgreSQL
+	// LISTEN/NOTIFY; nothing to hear on SQLite).
+	loops.Add(1)
+	go func() {
+		defer loops.Done()
+		db.Listen(loopCtx, func(ch fleet.Change) {
+			users.ApplyChange(ch)
+			engine.ApplyChange(loopCtx, ch)
+		})
+	}()
+
 	if err := api.Open(); err != nil {
 		return err
 	}
-	log.Info("fleetd started", "http", api.ListenAddr().String(), "mqtt", broker.Addr().String(), "database", db.Dialect())
-	fmt.Fprintf(e.stdout, "fleetd: listening http=%s mqtt=%s\n", api.ListenAddr(), broker.Addr())
+	log.Info("fleetd started", "http", api.ListenAddr().String(), "mqtt", channelAddr(broker), "database", db.Dialect())
+	fmt.Fprintf(e.stdout, "fleetd: listening http=%s mqtt=%s\n", api.ListenAddr(), channelAddr(broker))
 
 	<-ctx.Done()
 	log.Info("shutting down")
