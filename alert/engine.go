@@ -58,6 +58,7 @@ type Engine struct {
 	Changed func()
 
 	rules   atomic.Pointer[ruleIndex]
+	added   atomic.Uint64 // counts AddRule calls, so Refresh knows what it could not see
 	mu      sync.RWMutex
 	streams map[streamKey]*streamState
 	timers  timerHeap
@@ -81,6 +82,7 @@ type rule struct {
 	*fleet.AlertRule
 	act, deact int64
 	noData     []int64 // no_data_seconds of the condition in ms, ascending
+	added      uint64  // the engine's AddRule count when it was added
 }
 
 func (r *rule) matches(meta map[string]string) bool {
@@ -297,6 +299,7 @@ func (e *Engine) AddRule(ctx context.Context, r *fleet.AlertRule) error {
 		e.mu.Unlock()
 		return nil
 	}
+	cr.added = e.added.Add(1)
 	idx := old.clone()
 	idx.add(cr)
 	e.rules.Store(idx)
@@ -345,9 +348,9 @@ func (e *Engine) RemoveRule(tenant, id string) {
 // Refresh reloads the rules from the store and applies the difference: how a
 // replica learns of rules made or deleted on another.
 func (e *Engine) Refresh(ctx context.Context) error {
-	// A rule saved here while the list is read is not in it: rules younger
-	// than a minute are left for the next refresh to judge.
-	young := e.Now().Add(-time.Minute)
+	// A rule added while the list is read may be missing from it: it is
+	// left for the next refresh to judge.
+	before := e.added.Load()
 	rules, err := e.Store.FindAllAlertRules(ctx)
 	if err != nil {
 		return err
@@ -362,7 +365,7 @@ func (e *Engine) Refresh(ctx context.Context) error {
 		}
 	}
 	for id, r := range e.rules.Load().byID {
-		if !seen[id] && r.CreatedAt.Before(young) {
+		if !seen[id] && r.added <= before {
 			e.RemoveRule(r.Tenant, id)
 		}
 	}
