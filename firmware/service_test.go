@@ -320,3 +320,16 @@ func (zeros) Read(p []byte) (int, error) {
 	clear(p)
 	return len(p), nil
 }
+
+func TestCheckPublicURL(t *testing.T) {
+	for _, ok := range []string{"", "https://fleet.example.com", "http://10.0.0.5:8080", "https://example.com/fleet"} {
+		if err := firmware.CheckPublicURL(ok); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"fleet.example.com", "ftp://x", "https://", "https://x/?a=b", "https://u:p@x"} {
+		if err := firmware.CheckPublicURL(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

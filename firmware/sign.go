@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"fmt"
 	"net/url"
 	"strconv"
 	"strings"
@@ -93,6 +94,20 @@ func (s *Service) VerifyArtifactURL(ctx context.Context, tenant string, id uuid.
 	if s.now().Unix() >= exp {
 		return fleet.Errorf(fleet.EUNAUTHENTICATED, "the signed URL expired at %s; ask for a new one (dispatch the update again)",
 			time.Unix(exp, 0).UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// CheckPublicURL reports what is wrong with a --public-url: it must be an
+// http or https URL with a host and nothing after it but an optional path
+// prefix, since artifact paths are appended to it.
+func CheckPublicURL(s string) error {
+	if s == "" {
+		return nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return fmt.Errorf("--public-url %q: want the scheme and host devices reach the API at, such as https://fleet.example.com", s)
 	}
 	return nil
 }
