@@ -77,6 +77,9 @@ func runServe(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
+	if err := firmware.CheckPublicURL(c.publicURL); err != nil {
+		return err
+	}
 	fw := &firmware.Service{Store: db, Blobs: blobs, Logger: log, PublicURL: c.publicURL}
 
 	// Actions: the service sends through the broker, the broker hands the
