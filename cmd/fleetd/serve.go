@@ -56,7 +56,8 @@ func runServe(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	notifier := &notify.Worker{Store: db, Logger: log, SMTP: c.smtp,
-		MaxAttempts: c.notifyMaxAttempts, Backoff: c.notifyBackoff, MaxBackoff: c.notifyMaxBackoff, Lease: c.scale.notifyLease}
+		MaxAttempts: c.notifyMaxAttempts, Backoff: c.notifyBackoff, MaxBackoff: c.notifyMaxBackoff, Lease: c.scale.notifyLease,
+		Owner: replicaName()}
 	engine := &alert.Engine{Store: db, Devices: db, Logger: log, Tick: c.alertTick, Changed: notifier.Wake}
 	if err := engine.Load(ctx); err != nil {
 		return fmt.Errorf("load alert rules: %w", err)
@@ -112,6 +113,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerChannelMetrics(reg, broker)
 	api := &fleethttp.Server{
 		Addr:       c.httpAddr,
 		Logger:     log,

@@ -69,6 +69,11 @@ log_dest file %s
 log_type error
 log_type warning
 `, port, dir, b.log)
+	if os.Geteuid() == 0 {
+		// Started as root, mosquitto drops to its own user, which cannot
+		// reach the test's temporary directory.
+		conf += "user root\n"
+	}
 	if err := os.WriteFile(b.conf, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,403 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/mosquittotest"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// These tests run fleetd as production runs it scaled out (DESIGN §1): the
+// real binary, several processes on one PostgreSQL database and one
+// external broker. They need PostgreSQL (FLEETD_TEST_POSTGRES) and
+// Mosquitto, as CI has.
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// fleetdBinary builds fleetd once per test run.
+func fleetdBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "fleetd-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "fleetd")
+		goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+		if _, err := os.Stat(goBin); err != nil {
+			goBin = "go"
+		}
+		out, err := exec.Command(goBin, "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// postgresBackend is the PostgreSQL backend, or a skip.
+func postgresBackend(t *testing.T) sqlstoretest.Backend {
+	t.Helper()
+	for _, b := range sqlstoretest.Backends() {
+		if b.Name == "postgres" {
+			return b
+		}
+	}
+	t.Skip("replicas share a PostgreSQL database: set FLEETD_TEST_POSTGRES")
+	panic("unreachable")
+}
+
+// replica is one fleetd process.
+type replica struct {
+	*testServer
+	name   string
+	cmd    *exec.Cmd
+	stderr *lockedBuffer
+	exited chan struct{}
+}
+
+// cluster is replicas on one database and one broker.
+type cluster struct {
+	t      *testing.T
+	bin    string
+	dsn    string
+	broker *mosquittotest.Broker
+	flags  []string
+	key    string // the admin key of tenant "default"
+}
+
+func newCluster(t *testing.T, flags ...string) *cluster {
+	t.Helper()
+	b := postgresBackend(t)
+	return &cluster{t: t, bin: fleetdBinary(t), dsn: b.DSN(t), broker: mosquittotest.Start(t), flags: flags}
+}
+
+// start runs a replica named name (its MQTT client id) and waits until it
+// listens.
+func (c *cluster) start(name string) *replica {
+	t := c.t
+	t.Helper()
+	args := append([]string{"serve", "--database", c.dsn, "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0",
+		"--log-level", "info", "--mqtt-client-id", name}, externalBrokerFlags(c.broker, c.flags...)...)
+	cmd := exec.Command(c.bin, args...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &replica{name: name, cmd: cmd, stderr: &lockedBuffer{}, exited: make(chan struct{}), testServer: &testServer{DSN: c.dsn}}
+	cmd.Stderr = r.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { cmd.Wait(); close(r.exited) }()
+	t.Cleanup(func() { r.stop() })
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			line := sc.Text()
+			if strings.HasPrefix(line, "fk_") {
+				c.key = line
+			}
+			if v, ok := strings.CutPrefix(line, "fleetd: listening http="); ok {
+				r.URL = "http://" + strings.Fields(v)[0]
+				close(ready)
+			}
+		}
+		io.Copy(io.Discard, stdout)
+	}()
+	select {
+	case <-ready:
+	case <-r.exited:
+		t.Fatalf("replica %s exited:\n%s", name, r.stderr)
+	case <-time.After(60 * time.Second):
+		t.Fatalf("replica %s did not start:\n%s", name, r.stderr)
+	}
+	r.Key = c.key
+	// Connected to the broker and subscribed: its share of the devices'
+	// traffic comes to it, and its dispatches go out.
+	eventually(t, name+" to connect to the broker", func() bool {
+		resp, err := http.Get(r.URL + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.Contains(string(b), "\nfleetd_mqtt_broker_connected 1\n")
+	})
+	return r
+}
+
+// stop ends the replica gracefully, as SIGTERM does in production.
+func (r *replica) stop() {
+	select {
+	case <-r.exited:
+		return
+	default:
+	}
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-r.exited:
+	case <-time.After(30 * time.Second):
+		r.cmd.Process.Kill()
+		<-r.exited
+	}
+}
+
+// kill ends the replica at once, as a crash would.
+func (r *replica) kill() {
+	r.cmd.Process.Kill()
+	<-r.exited
+}
+
+// db opens the cluster's database for checks the API does not show.
+func (c *cluster) db() *sql.DB {
+	c.t.Helper()
+	db, err := sql.Open("pgx", c.dsn)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func count(t *testing.T, db *sql.DB, query string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(query, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
+var timedOutLine = regexp.MustCompile(`msg="device actions timed out" count=(\d+)`)
+
+// timedOut sums what the replicas logged of the timeout sweeps.
+func timedOut(rs ...*replica) int {
+	n := 0
+	for _, r := range rs {
+		for _, m := range timedOutLine.FindAllStringSubmatch(r.stderr.String(), -1) {
+			k, _ := strconv.Atoi(m[1])
+			n += k
+		}
+	}
+	return n
+}
+
+// TestReplicas runs two replicas: what one is asked is done once, and what
+// one records the other sees.
+func TestReplicas(t *testing.T) {
+	c := newCluster(t, append([]string{"--action-sweep-interval", "50ms"}, alertFlags...)...)
+	a := c.start("replica-a")
+	b := c.start("replica-b")
+	admin := a.admin()
+	db := c.db()
+	tok := map[string]string{}
+	for _, id := range []string{"pump-1", "pump-2", "pump-3"} {
+		tok[id] = a.mustDevice(t, admin, id, nil).Token
+	}
+
+	t.Run("ActionThroughAReachesTheDeviceOnce", func(t *testing.T) {
+		// The device arrives through B's broker-auth endpoints; once B has
+		// served its arrival (nothing was queued), A dispatches.
+		d := b.arriveExternal(t, c.broker.Addr, "default", "pump-1", tok["pump-1"])
+		eventually(t, "the arrival to be served", func() bool { return count(t, db, "SELECT count(*) FROM device_redeliveries") == 0 })
+		id := a.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"pump-1"}})
+		if m := d.next(t); m.ID != fmt.Sprint(id) {
+			t.Fatalf("pump-1 received %+v", m)
+		}
+		select {
+		case m := <-d.actions:
+			t.Fatalf("pump-1 received %+v a second time", m)
+		case <-time.After(time.Second):
+		}
+
+		t.Run("StatusThroughBVisibleFromA", func(t *testing.T) {
+			// Over MQTT, through whichever replica the broker picks...
+			d.publish(t, mqtt.ActionStatusTopic("default", "pump-1"), map[string]any{"id": fmt.Sprint(id), "state": "Rebooting", "progress": 50})
+			a.awaitActionStatus(t, admin, "pump-1", id, "Progress")
+			// ...and over HTTP through B: committed when B answers.
+			b.do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "pump-1", "action_id": id, "state": "Completed", "progress": 100}).want(t, 204)
+			if da := a.deviceAction(t, admin, "pump-1", id); da.ActionStatus != "Completed" {
+				t.Fatalf("A sees %+v", da)
+			}
+		})
+	})
+
+	t.Run("TimeoutOnce", func(t *testing.T) {
+		before := timedOut(a, b)
+		id := a.dispatch(t, admin, map[string]any{"action": "slow", "params": map[string]any{}, "search_type": "default",
+			"device_ids": []string{"pump-2", "pump-3"}, "timeout": 1})
+		for _, dev := range []string{"pump-2", "pump-3"} {
+			b.do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": dev, "action_id": id, "state": "Running"}).want(t, 204)
+		}
+		for _, dev := range []string{"pump-2", "pump-3"} {
+			da := a.awaitActionStatus(t, admin, dev, id, "Failed")
+			if da.Status != "TimedOut" || len(da.Errors["TimedOut"]) != 1 {
+				t.Fatalf("%s: %+v", dev, da)
+			}
+		}
+		// Both replicas sweep every 50ms; the two device actions were
+		// failed once in all.
+		time.Sleep(200 * time.Millisecond)
+		if n := timedOut(a, b) - before; n != 2 {
+			t.Fatalf("the replicas timed out %d device actions, want 2:\nA:\n%s\nB:\n%s", n, a.stderr, b.stderr)
+		}
+	})
+
+	t.Run("NotificationOnce", func(t *testing.T) {
+		hook := newReceiver(t, 0)
+		rule := a.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
+			"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
+		a.do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
+			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).want(t, 201)
+		// B learns of the rule A made from A's notification at once, not
+		// from its periodic refresh (10s): a hot reading through B opens
+		// the alert.
+		start := time.Now().Add(-time.Hour)
+		path := "/api/v1/devices/pump-2/streams/env"
+		i := 0
+		eventually(t, "B to open the alert", func() bool {
+			i++
+			b.do(t, admin, "POST", path, points(start.Add(time.Duration(i)*time.Second), 90)).want(t, 200)
+			return len(a.alerts(t, admin, "?rule_id="+rule.ID)) == 1
+		})
+		// A hot reading through A, which never saw the stream, finds the
+		// alert open: still one alert, one notification.
+		a.do(t, admin, "POST", path, points(start.Add(time.Minute), 95)).want(t, 200)
+		eventually(t, "the notification", func() bool { return len(hook.got()) >= 1 })
+		time.Sleep(500 * time.Millisecond)
+		if n := len(hook.got()); n != 1 {
+			t.Fatalf("%d notifications, want 1", n)
+		}
+		if n := len(a.alerts(t, admin, "?rule_id="+rule.ID)); n != 1 {
+			t.Fatalf("%d alerts, want 1", n)
+		}
+	})
+}
+
+// TestReplicaKilled kills one replica with SIGKILL under load: every write
+// a replica acknowledged is kept, and the notification the dead one had
+// claimed is delivered by the other once the lease ran out.
+func TestReplicaKilled(t *testing.T) {
+	c := newCluster(t, append([]string{"--notify-lease", "2s", "--mqtt-redelivery-lease", "2s"}, alertFlags...)...)
+	a := c.start("replica-a")
+	admin := a.admin()
+	db := c.db()
+
+	// A webhook that hangs on its first request: the replica delivering it
+	// holds its claim until it dies.
+	var hits atomic.Int32
+	release := make(chan struct{})
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits.Add(1) == 1 {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer hook.Close()
+	defer close(release)
+	a.mustDevice(t, admin, "pump-1", nil)
+	rule := a.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
+		"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
+	a.do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
+		"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).want(t, 201)
+	a.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 90)).want(t, 200)
+	eventually(t, "A to claim the notification", func() bool { return hits.Load() == 1 })
+	b := c.start("replica-b")
+
+	// Load: writers create devices through both replicas; a 201 is a
+	// promise.
+	var mu sync.Mutex
+	acked := map[string]bool{}
+	ctx, stopLoad := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var seq atomic.Int64
+	client := &http.Client{Timeout: 5 * time.Second}
+	for w := range 8 {
+		target := []*replica{a, b}[w%2]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				id := fmt.Sprintf("load-%d", seq.Add(1))
+				rq, _ := http.NewRequest("POST", target.URL+"/api/v1/devices", strings.NewReader(`{"id":"`+id+`"}`))
+				rq.Header.Set("Content-Type", "application/json")
+				rq.Header.Set("x-service-tenant", "default")
+				rq.Header.Set("x-service-api-key", c.key)
+				resp, err := client.Do(rq)
+				if err != nil {
+					if target == a {
+						target = b // A is gone: a client retries elsewhere
+					}
+					continue
+				}
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusCreated {
+					mu.Lock()
+					acked[id] = true
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	time.Sleep(time.Second)
+	a.kill()
+	time.Sleep(time.Second)
+	stopLoad()
+	wg.Wait()
+
+	mu.Lock()
+	n := len(acked)
+	missing := 0
+	for id := range acked {
+		if count(t, db, "SELECT count(*) FROM devices WHERE tenant = 'default' AND id = $1", id) != 1 {
+			missing++
+		}
+	}
+	mu.Unlock()
+	if n < 100 || missing > 0 {
+		t.Fatalf("%d writes acknowledged, %d of them lost", n, missing)
+	}
+	t.Logf("%d device creations acknowledged under load, none lost", n)
+
+	// B takes the dead replica's notification over after the lease.
+	eventually(t, "B to deliver the notification", func() bool {
+		return count(t, db, "SELECT count(*) FROM alert_outbox WHERE status = 'delivered'") == 1
+	})
+	if h := hits.Load(); h != 2 {
+		t.Fatalf("webhook hit %d times, want 2 (A's, cut by the crash, and B's)", h)
+	}
+	_ = b
+}
