@@ -269,7 +269,9 @@ func (db *DB) DeleteDevice(ctx context.Context, tenant, id string) error {
 func (db *DB) RotateDeviceToken(ctx context.Context, tenant, id string) (string, error) {
 	token := fleet.NewSecret(fleet.DeviceTokenPrefix)
 	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		res, err := tx.exec(ctx, "UPDATE devices SET token_hash = ? WHERE tenant = ? AND id = ?", fleet.HashSecret(token), tenant, id)
+		// A rotation is what an operator does when a device's credentials
+		// may have leaked, so its client certificate goes too.
+		res, err := tx.exec(ctx, "UPDATE devices SET token_hash = ?, cert_serial = '' WHERE tenant = ? AND id = ?", fleet.HashSecret(token), tenant, id)
 		if err != nil {
 			return err
 		}
