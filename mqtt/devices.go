@@ -16,6 +16,9 @@ import (
 // nothing of the broker, so an external-broker client can serve it too.
 type Devices struct {
 	Registry fleet.DeviceService
+	// Certificates admits devices by client certificate on the TLS
+	// listener; nil admits none that way.
+	Certificates fleet.DeviceCertificateService
 	Actions  fleet.ActionService
 	Delivery fleet.ActionDelivery
 	// Streams takes data points in; while nil, they are acknowledged and
@@ -33,7 +36,10 @@ type DeviceToucher interface {
 	TouchDevice(ctx context.Context, tenant, id string, t time.Time) error
 }
 
-var _ Handler = (*Devices)(nil)
+var (
+	_ Handler                  = (*Devices)(nil)
+	_ CertificateAuthenticator = (*Devices)(nil)
+)
 
 func (h *Devices) logger() *slog.Logger {
 	if h.Logger == nil {
@@ -52,6 +58,15 @@ func (h *Devices) now() time.Time {
 // AuthenticateDevice checks the device's token.
 func (h *Devices) AuthenticateDevice(ctx context.Context, tenant, device, token string) error {
 	return h.Registry.AuthenticateDevice(ctx, tenant, device, token)
+}
+
+// AuthenticateDeviceCertificate checks that serial is the device's
+// current certificate.
+func (h *Devices) AuthenticateDeviceCertificate(ctx context.Context, tenant, device, serial string) error {
+	if h.Certificates == nil {
+		return fleet.Errorf(fleet.EUNAUTHENTICATED, "devices cannot authenticate by certificate on this server")
+	}
+	return h.Certificates.AuthenticateDeviceCertificate(ctx, tenant, device, serial)
 }
 
 // DeviceConnected records the connection as the device's last sighting.

@@ -2,14 +2,17 @@ package mqtt
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"time"
 
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/pki"
 )
 
 // hook is where mochi calls into fleetd. What mochi does around each call,
@@ -63,6 +66,12 @@ func (h *hook) OnPacketRead(cl *mochi.Client, pk packets.Packet) (packets.Packet
 			h.s.violation(d, "publish", pk.TopicName)
 			return pk, packets.ErrRejectPacket
 		}
+		if cfg := h.s.cfg; cfg.PublishRate > 0 {
+			if ok, _ := d.publishes.Take(cfg.Now(), cfg.PublishRate, cfg.PublishBurst); !ok {
+				h.s.flood(d)
+				return pk, packets.ErrRejectPacket
+			}
+		}
 	case packets.Subscribe:
 		d := h.s.deviceOf(cl)
 		if d == nil {
@@ -78,13 +87,24 @@ func (h *hook) OnPacketRead(cl *mochi.Client, pk packets.Packet) (packets.Packet
 	return pk, nil
 }
 
-// OnConnect refuses a will on a topic the device may not publish on: mochi
-// would publish it to anyone, without an ACL check.
+// OnConnect enforces the longest keepalive, and refuses a will on a topic
+// the device may not publish on: mochi would publish it to anyone, without
+// an ACL check.
 func (h *hook) OnConnect(cl *mochi.Client, pk packets.Packet) error {
+	h.s.connectRead(cl)
+	if max := uint16(h.s.cfg.MaxKeepalive / time.Second); cl.State.Keepalive == 0 || cl.State.Keepalive > max {
+		// mochi sets the connection's deadline from this right after, and
+		// tells an MQTT 5 device in CONNACK (Server Keep Alive).
+		cl.State.Keepalive = max
+		cl.State.ServerKeepalive = true
+	}
 	if !pk.Connect.WillFlag {
 		return nil
 	}
 	tenant, device, ok := ParseUsername(string(pk.Connect.Username))
+	if id, hasCert := certIdentity(cl); hasCert {
+		tenant, device, ok = id.tenant, id.device, id.ok
+	}
 	if !ok {
 		return nil // authentication refuses it
 	}
@@ -102,13 +122,34 @@ func (h *hook) OnConnect(cl *mochi.Client, pk packets.Packet) error {
 	return code
 }
 
-// OnConnectAuthenticate checks the device's token and binds the session to
+// OnConnectAuthenticate checks the device's token, or the client
+// certificate it presented on the TLS listener, and binds the session to
 // the device.
 func (h *hook) OnConnectAuthenticate(cl *mochi.Client, pk packets.Packet) bool {
 	s := h.s
+	ip := remoteIPOf(cl)
+	if !s.authFailures.Available(ip) {
+		s.stats.limitRefusals.Add(1)
+		s.log.Debug("mqtt: connection refused: too many failed CONNECTs from this address lately", "remote", cl.Net.Remote)
+		s.refuse(cl, packets.ErrConnectionRateExceeded)
+		return false
+	}
 	tenant, device, ok := ParseUsername(string(pk.Connect.Username))
-	if !ok || !pk.Connect.PasswordFlag {
-		s.stats.authFailures.Add(1)
+	id, hasCert := certIdentity(cl)
+	switch {
+	case hasCert && !id.ok:
+		s.authFailed(ip)
+		s.log.Info("mqtt: connection refused: the client certificate names no fleetd device", "remote", cl.Net.Remote)
+		return false
+	case hasCert && len(pk.Connect.Username) > 0 && (!ok || tenant != id.tenant || device != id.device):
+		s.authFailed(ip)
+		s.log.Info("mqtt: connection refused: the username is not the device of the client certificate",
+			"username", truncate(string(pk.Connect.Username), 200), "tenant", id.tenant, "device", id.device, "remote", cl.Net.Remote)
+		return false
+	case hasCert:
+		tenant, device = id.tenant, id.device
+	case !ok || !pk.Connect.PasswordFlag:
+		s.authFailed(ip)
 		s.log.Info("mqtt: connection refused: username must be {tenant}/{device_id} and the password the device token",
 			"username", truncate(string(pk.Connect.Username), 200), "remote", cl.Net.Remote)
 		return false
@@ -119,15 +160,32 @@ func (h *hook) OnConnectAuthenticate(cl *mochi.Client, pk packets.Packet) bool {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandlerTimeout)
 	defer cancel()
-	if err := s.h.AuthenticateDevice(ctx, tenant, device, string(pk.Connect.Password)); err != nil {
+	var err error
+	if hasCert {
+		if ca, ok := s.h.(CertificateAuthenticator); ok {
+			err = ca.AuthenticateDeviceCertificate(ctx, tenant, device, id.serial)
+		} else {
+			err = fleet.Errorf(fleet.EUNAUTHENTICATED, "this server does not admit devices by certificate")
+		}
+	} else {
+		err = s.h.AuthenticateDevice(ctx, tenant, device, string(pk.Connect.Password))
+	}
+	if err != nil {
 		if unavailable(ctx, err) {
 			s.log.Warn("mqtt: cannot authenticate device now", "tenant", tenant, "device", device, "error", err)
 			s.refuseUnavailable(cl)
 			return false
 		}
-		s.stats.authFailures.Add(1)
+		s.authFailed(ip)
 		s.log.Info("mqtt: connection refused: bad credentials",
-			"tenant", tenant, "device", device, "remote", cl.Net.Remote, "reason", fleet.ErrorMessage(err))
+			"tenant", tenant, "device", device, "remote", cl.Net.Remote, "certificate", hasCert, "reason", fleet.ErrorMessage(err))
+		return false
+	}
+	if s.tenantFull(tenant, device) {
+		s.stats.limitRefusals.Add(1)
+		s.log.Warn("mqtt: connection refused: the tenant has its maximum of connected devices",
+			"tenant", tenant, "device", device, "max", s.cfg.MaxTenantConnections)
+		s.refuse(cl, packets.ErrQuotaExceeded)
 		return false
 	}
 	// The session belongs to the device, not to the client id it chose: a
@@ -136,6 +194,75 @@ func (h *hook) OnConnectAuthenticate(cl *mochi.Client, pk packets.Packet) bool {
 	cl.ID = clientID(tenant, device, s.connSeq.Add(1))
 	cl.Properties.Will = mochi.Will{}
 	return true
+}
+
+// authFailed counts a failed CONNECT against its source address.
+func (s *Server) authFailed(ip string) {
+	s.stats.authFailures.Add(1)
+	s.authFailures.Allow(ip)
+}
+
+// tenantFull reports whether the tenant has its maximum of connected
+// devices; a device that replaces its own connection does not count twice.
+// Connections that authenticate at once can overshoot by a few.
+func (s *Server) tenantFull(tenant, device string) bool {
+	if s.cfg.MaxTenantConnections <= 0 {
+		return false
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if _, again := s.devices[sessionID(tenant, device)]; again {
+		return false
+	}
+	return s.tenants[tenant] >= s.cfg.MaxTenantConnections
+}
+
+// refuse answers CONNECT with code, which MQTT 3.1.1 devices hear as
+// "server unavailable" (it has no code for limits), and closes the
+// connection.
+func (s *Server) refuse(cl *mochi.Client, code packets.Code) {
+	if cl.Properties.ProtocolVersion < 5 {
+		code = packets.ErrServerUnavailable
+	}
+	_ = s.broker.SendConnack(cl, code, false, nil)
+	cl.Stop(code)
+}
+
+// flood disconnects a device that publishes faster than PublishRate.
+func (s *Server) flood(d *device) {
+	s.stats.publishFloods.Add(1)
+	s.log.Warn("mqtt: device disconnected: it publishes faster than it may",
+		"tenant", d.tenant, "device", d.id, "rate", s.cfg.PublishRate, "burst", s.cfg.PublishBurst, "remote", d.cl.Net.Remote)
+	s.disconnect(d.cl, packets.ErrMessageRateTooHigh)
+}
+
+// tlsIdentity is the device a verified client certificate names.
+type tlsIdentity struct {
+	tenant, device, serial string
+	ok                     bool // the certificate names a device
+}
+
+// certIdentity returns the identity of the client certificate TLS
+// verified on cl's connection; hasCert is false for plain connections and
+// TLS ones without a client certificate.
+func certIdentity(cl *mochi.Client) (id tlsIdentity, hasCert bool) {
+	tc, ok := cl.Net.Conn.(*tls.Conn)
+	if !ok {
+		return id, false
+	}
+	chains := tc.ConnectionState().VerifiedChains
+	if len(chains) == 0 || len(chains[0]) == 0 {
+		return id, false
+	}
+	id.tenant, id.device, id.serial, id.ok = pki.DeviceIdentity(chains[0][0])
+	return id, true
+}
+
+func remoteIPOf(cl *mochi.Client) string {
+	if cl.Net.Conn == nil {
+		return cl.Net.Remote
+	}
+	return remoteIP(cl.Net.Conn)
 }
 
 // refuseUnavailable answers CONNECT with "server unavailable", which devices
@@ -162,6 +289,9 @@ func (h *hook) OnSessionEstablished(cl *mochi.Client, pk packets.Packet) {
 	old := s.devices[sid]
 	s.devices[sid] = d
 	s.byClient[cl] = d
+	if old == nil {
+		s.tenants[tenant]++
+	}
 	s.mu.Unlock()
 	if old != nil {
 		s.log.Debug("mqtt: device connected again; closing its previous connection",
@@ -182,6 +312,9 @@ func (h *hook) OnDisconnect(cl *mochi.Client, err error, expire bool) {
 	delete(s.byClient, cl)
 	if d != nil && s.devices[sessionID(d.tenant, d.id)] == d {
 		delete(s.devices, sessionID(d.tenant, d.id))
+		if s.tenants[d.tenant]--; s.tenants[d.tenant] <= 0 {
+			delete(s.tenants, d.tenant)
+		}
 	}
 	s.mu.Unlock()
 	if d == nil {

@@ -67,8 +67,16 @@ type Config struct {
 	// "127.0.0.1:0" in tests and read Server.Addr.
 	Addr string
 
-	// TLS, when set, makes the listener accept TLS connections only.
+	// TLS, when set, makes the listener accept TLS connections only; with
+	// TLSAddr, it is the second listener's.
 	TLS *tls.Config
+
+	// TLSAddr, when set (with TLS), is a second listener that speaks MQTT
+	// over TLS, beside the plain one on Addr; Addr "off" leaves TLS alone.
+	// A device that presents a client certificate there which TLS verified
+	// (TLS.ClientCAs) is the device its certificate names: see
+	// CertificateAuthenticator.
+	TLSAddr string
 
 	// MaxPacketSize is the largest MQTT packet a device may send, in bytes;
 	// default 1 MiB. A device that sends a larger one is disconnected.
@@ -92,6 +100,50 @@ type Config struct {
 
 	// Logger receives the broker's log; default none.
 	Logger *slog.Logger
+
+	// Limits that keep one device, tenant or source address from taking
+	// what belongs to the others.
+
+	// MaxConnections caps open connections, whether they have sent CONNECT
+	// or not; beyond it a new connection is closed at once. Default 100,000.
+	MaxConnections int
+	// MaxPendingPerIP caps one source address's connections that have not
+	// finished CONNECT yet; beyond it a new one is closed at once.
+	// Default 1,024.
+	MaxPendingPerIP int
+	// MaxTenantConnections caps one tenant's connected devices; beyond it
+	// CONNECT is refused ("quota exceeded"; MQTT 3.1.1: server
+	// unavailable). Zero: no cap.
+	MaxTenantConnections int
+	// MaxKeepalive is the longest keepalive a device may use; one that asks
+	// for none (0) or more gets this one (MQTT 5 devices are told so in
+	// CONNACK), so an idle connection cannot stay open forever. Default 5
+	// minutes.
+	MaxKeepalive time.Duration
+	// PublishRate is how many publishes per second a connection may make on
+	// average, with bursts of PublishBurst; a device that publishes faster
+	// is disconnected ("message rate too high"). Defaults 1,000 and 2,000;
+	// a negative rate lifts the limit.
+	PublishRate  float64
+	PublishBurst int
+	// AuthFailureRate and AuthFailureBurst throttle failed CONNECTs per
+	// source address: after a burst of failures, further CONNECTs from that
+	// address are refused without looking at their credentials ("connection
+	// rate exceeded"; MQTT 3.1.1: server unavailable) until the bucket
+	// refills. Defaults 1 per second and 20; a negative rate lifts it.
+	AuthFailureRate  float64
+	AuthFailureBurst int
+	// Now is the clock of the limits; default time.Now.
+	Now func() time.Time
+}
+
+// CertificateAuthenticator is implemented by a Handler that admits devices
+// by the client certificate they presented on the TLS listener. The
+// certificate has been verified against TLS.ClientCAs; the Handler says
+// whether it is still the device's (serial is its serial number in
+// lowercase hex). Errors are as for AuthenticateDevice.
+type CertificateAuthenticator interface {
+	AuthenticateDeviceCertificate(ctx context.Context, tenant, device, serial string) error
 }
 
 // Defaults of Config.
@@ -102,7 +154,18 @@ const (
 	DefaultHandlerTimeout  = 30 * time.Second
 	DefaultConnectTimeout  = 10 * time.Second
 	DefaultShutdownTimeout = 10 * time.Second
+
+	DefaultMaxConnections   = 100_000
+	DefaultMaxPendingPerIP  = 1024
+	DefaultMaxKeepalive     = 5 * time.Minute
+	DefaultPublishRate      = 1000
+	DefaultPublishBurst     = 2000
+	DefaultAuthFailureRate  = 1
+	DefaultAuthFailureBurst = 20
 )
+
+// AddrOff as Config.Addr leaves the plain listener off (TLSAddr only).
+const AddrOff = "off"
 
 func (c Config) withDefaults() Config {
 	if c.Addr == "" {
@@ -127,6 +190,31 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.MaxConnections <= 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.MaxPendingPerIP <= 0 {
+		c.MaxPendingPerIP = DefaultMaxPendingPerIP
+	}
+	if c.MaxKeepalive <= 0 {
+		c.MaxKeepalive = DefaultMaxKeepalive
+	}
+	c.MaxKeepalive = min(c.MaxKeepalive, 65535*time.Second)
+	if c.PublishRate == 0 {
+		c.PublishRate = DefaultPublishRate
+	}
+	if c.PublishBurst <= 0 {
+		c.PublishBurst = max(DefaultPublishBurst, int(c.PublishRate))
+	}
+	if c.AuthFailureRate == 0 {
+		c.AuthFailureRate = DefaultAuthFailureRate
+	}
+	if c.AuthFailureBurst <= 0 {
+		c.AuthFailureBurst = DefaultAuthFailureBurst
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	return c
 }
 
@@ -144,4 +232,9 @@ type Stats struct {
 	ActionsDelivered uint64 // action messages the device acknowledged
 	HandlerErrors    uint64 // publishes the Handler rejected, acknowledged anyway
 	Unacknowledged   uint64 // publishes left unacknowledged: Handler unavailable
+	// LimitRefusals counts connections closed or refused for a limit:
+	// MaxConnections, MaxPendingPerIP, MaxTenantConnections or the
+	// throttle of failed CONNECTs.
+	LimitRefusals uint64
+	PublishFloods uint64 // devices disconnected for publishing faster than PublishRate
 }

@@ -17,6 +17,8 @@ import (
 	mochi "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/fleetd/fleet/ratelimit"
 )
 
 // Server is the MQTT broker embedded in fleetd. Devices connect to it; fleetd
@@ -27,22 +29,27 @@ type Server struct {
 	log *slog.Logger
 
 	broker *mochi.Server
-	ln     *listener
+	lns    []*listener     // the plain listener, then the TLS one, as configured
+	gate   *gate           // caps connections across both
 	ctx    context.Context // of Handler calls; cancelled when Close gives up waiting
 	cancel context.CancelFunc
+
+	authFailures *ratelimit.Limiter // failed CONNECTs by source address
 
 	mu       sync.RWMutex
 	opened   bool
 	closing  bool
 	devices  map[string]*device        // connected devices by session id, "{tenant}/{device}"
 	byClient map[*mochi.Client]*device // every connection, by the broker's client
+	tenants  map[string]int            // connected devices by tenant
 	busy     sync.WaitGroup            // publishes with the Handler
 	tasks    sync.WaitGroup            // DeviceSubscribed calls
 	connSeq  atomic.Uint64             // numbers connections, for clientID
 
 	stats struct {
 		connects, authFailures, disconnects, aclViolations, oversized,
-		messagesIn, messagesOut, delivered, handlerErrors, unacked atomic.Uint64
+		messagesIn, messagesOut, delivered, handlerErrors, unacked,
+		limitRefusals, publishFloods atomic.Uint64
 	}
 }
 
@@ -61,19 +68,23 @@ type device struct {
 	pending map[uint16]string // packet id -> action id, awaiting PUBACK
 
 	// Touched only on the device's connection goroutine.
-	handling  bool // a publish is with the Handler, counted in Server.busy
-	announced bool // the SUBACK for its actions topic is going out now
+	handling  bool             // a publish is with the Handler, counted in Server.busy
+	announced bool             // the SUBACK for its actions topic is going out now
+	publishes ratelimit.Bucket // PublishRate
 }
 
 // NewServer returns a server for cfg and h; Open starts it.
 func NewServer(cfg Config, h Handler) *Server {
 	cfg = cfg.withDefaults()
 	return &Server{
-		cfg:      cfg,
-		h:        h,
-		log:      cfg.Logger,
-		devices:  make(map[string]*device),
-		byClient: make(map[*mochi.Client]*device),
+		cfg:          cfg,
+		h:            h,
+		log:          cfg.Logger,
+		devices:      make(map[string]*device),
+		byClient:     make(map[*mochi.Client]*device),
+		tenants:      make(map[string]int),
+		gate:         &gate{maxTotal: cfg.MaxConnections, maxPending: cfg.MaxPendingPerIP, pending: map[string]int{}},
+		authFailures: &ratelimit.Limiter{Rate: cfg.AuthFailureRate, Burst: cfg.AuthFailureBurst, Now: cfg.Now},
 	}
 }
 
@@ -85,27 +96,32 @@ func (s *Server) Open() error {
 		return errors.New("mqtt: server already opened")
 	}
 
-	nl, err := net.Listen("tcp", s.cfg.Addr)
-	if err != nil {
-		// The flag name is cmd/fleetd's, but only this message can tell a
-		// newcomer which knob to turn.
-		if errors.Is(err, syscall.EADDRINUSE) {
-			return fmt.Errorf("listen on %s: %w; choose another port with --mqtt-addr", s.cfg.Addr, syscall.EADDRINUSE)
+	type spec struct {
+		addr, id string
+		tls      *tls.Config
+	}
+	var specs []spec
+	switch {
+	case s.cfg.TLSAddr == "":
+		specs = append(specs, spec{s.cfg.Addr, listenerID, s.cfg.TLS})
+	case s.cfg.TLS == nil:
+		return errors.New("mqtt: a TLS listener needs Config.TLS")
+	default:
+		if s.cfg.Addr != AddrOff {
+			specs = append(specs, spec{s.cfg.Addr, listenerID, nil})
 		}
-		return fmt.Errorf("listen on %s: %w; check --mqtt-addr", s.cfg.Addr, err)
+		specs = append(specs, spec{s.cfg.TLSAddr, tlsListenerID, s.cfg.TLS})
 	}
-	protocol := "tcp"
-	if s.cfg.TLS != nil {
-		nl = tls.NewListener(nl, s.cfg.TLS)
-		protocol = "tls"
-	}
-	s.ln = &listener{
-		ln:             nl,
-		protocol:       protocol,
-		connectTimeout: s.cfg.ConnectTimeout,
-		log:            s.log,
-		done:           make(chan struct{}),
-		conns:          make(map[net.Conn]struct{}),
+	for _, sp := range specs {
+		ln, err := s.listen(sp.addr, sp.id, sp.tls)
+		if err != nil {
+			for _, l := range s.lns {
+				l.ln.Close()
+			}
+			s.lns = nil
+			return err
+		}
+		s.lns = append(s.lns, ln)
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
@@ -117,24 +133,62 @@ func (s *Server) Open() error {
 		InlineClient:           true, // SendAction publishes through it
 		SysTopicResendInterval: 60,   // nobody can read $SYS; keep its ticker quiet
 	})
-	if err := s.broker.AddHook(&hook{s: s}, nil); err != nil {
-		nl.Close()
+	fail := func(err error) error {
+		for _, l := range s.lns {
+			l.ln.Close()
+		}
 		s.cancel()
-		return fmt.Errorf("mqtt: add hook: %w", err)
+		return err
 	}
-	if err := s.broker.AddListener(s.ln); err != nil {
-		nl.Close()
-		s.cancel()
-		return fmt.Errorf("mqtt: add listener: %w", err)
+	if err := s.broker.AddHook(&hook{s: s}, nil); err != nil {
+		return fail(fmt.Errorf("mqtt: add hook: %w", err))
+	}
+	for _, l := range s.lns {
+		if err := s.broker.AddListener(l); err != nil {
+			return fail(fmt.Errorf("mqtt: add listener: %w", err))
+		}
 	}
 	if err := s.broker.Serve(); err != nil {
-		nl.Close()
-		s.cancel()
-		return fmt.Errorf("mqtt: serve: %w", err)
+		return fail(fmt.Errorf("mqtt: serve: %w", err))
 	}
 	s.opened = true
-	s.log.Info("mqtt broker listening", "addr", nl.Addr().String(), "protocol", protocol)
+	for _, l := range s.lns {
+		s.log.Info("mqtt broker listening", "addr", l.ln.Addr().String(), "protocol", l.protocol)
+	}
 	return nil
+}
+
+// listen makes one of the broker's listeners. The flag names are
+// cmd/fleetd's, but only this message can tell a newcomer which knob to
+// turn.
+func (s *Server) listen(addr, id string, tc *tls.Config) (*listener, error) {
+	flag := "--mqtt-addr"
+	if id == tlsListenerID {
+		flag = "--mqtts-addr"
+	}
+	nl, err := net.Listen("tcp", addr)
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("listen on %s: %w; choose another port with %s", addr, syscall.EADDRINUSE, flag)
+		}
+		return nil, fmt.Errorf("listen on %s: %w; check %s", addr, err, flag)
+	}
+	protocol := "tcp"
+	if tc != nil {
+		nl = tls.NewListener(nl, tc)
+		protocol = "tls"
+	}
+	return &listener{
+		id:             id,
+		ln:             nl,
+		protocol:       protocol,
+		connectTimeout: s.cfg.ConnectTimeout,
+		log:            s.log,
+		gate:           s.gate,
+		refused:        &s.stats.limitRefusals,
+		done:           make(chan struct{}),
+		conns:          make(map[net.Conn]*connState),
+	}, nil
 }
 
 // capabilities shapes the broker for devices: bounded per-device memory, no
@@ -160,14 +214,27 @@ func (s *Server) capabilities() *mochi.Capabilities {
 	return c
 }
 
-// Addr returns the address the server listens on, or nil before Open.
+// Addr returns the address the server listens on (the plain listener's,
+// or the TLS one's when the plain one is off), or nil before Open.
 func (s *Server) Addr() net.Addr {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if s.ln == nil {
+	if len(s.lns) == 0 {
 		return nil
 	}
-	return s.ln.ln.Addr()
+	return s.lns[0].ln.Addr()
+}
+
+// TLSAddr returns the address of the TLS listener, nil without one.
+func (s *Server) TLSAddr() net.Addr {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, l := range s.lns {
+		if l.protocol == "tls" {
+			return l.ln.Addr()
+		}
+	}
+	return nil
 }
 
 // Close stops the server gracefully: it stops accepting connections, lets
@@ -183,7 +250,9 @@ func (s *Server) Close() error {
 	s.closing = true
 	s.mu.Unlock()
 
-	s.ln.closeListener()
+	for _, l := range s.lns {
+		l.closeListener()
+	}
 
 	done := make(chan struct{})
 	go func() { s.busy.Wait(); close(done) }()
@@ -206,9 +275,13 @@ func (s *Server) Close() error {
 		_ = d.cl.Net.Conn.SetWriteDeadline(time.Now().Add(time.Second))
 		s.disconnect(d.cl, packets.ErrServerShuttingDown)
 	}
-	s.ln.closeConns() // connections that had not finished CONNECT
-	s.cancel()        // authentications in progress: refused as unavailable
-	s.ln.wait()
+	for _, l := range s.lns {
+		l.closeConns() // connections that had not finished CONNECT
+	}
+	s.cancel() // authentications in progress: refused as unavailable
+	for _, l := range s.lns {
+		l.wait()
+	}
 	s.tasks.Wait()
 
 	// Nothing is connected any more, so this only stops mochi's own loop.
@@ -297,6 +370,8 @@ func (s *Server) Stats() Stats {
 		ActionsDelivered: s.stats.delivered.Load(),
 		HandlerErrors:    s.stats.handlerErrors.Load(),
 		Unacknowledged:   s.stats.unacked.Load(),
+		LimitRefusals:    s.stats.limitRefusals.Load(),
+		PublishFloods:    s.stats.publishFloods.Load(),
 	}
 }
 
@@ -350,29 +425,42 @@ func splitClientID(id string) (tenant, device string) {
 	return tenant, device
 }
 
-// listener is the broker's network listener. It is ours rather than mochi's
-// so that Open reports a taken port at once, a silent connection cannot hold a
-// goroutine forever, and Close can wait for every connection it accepted.
+// listener is one of the broker's network listeners. It is ours rather than
+// mochi's so that Open reports a taken port at once, a silent connection
+// cannot hold a goroutine forever, connections are capped, and Close can
+// wait for every connection it accepted.
 type listener struct {
+	id             string
 	ln             net.Listener
 	protocol       string
 	connectTimeout time.Duration
 	log            *slog.Logger
+	gate           *gate
+	refused        *atomic.Uint64
 	done           chan struct{} // closed when Serve returns
 
 	mu     sync.Mutex
 	closed bool
-	conns  map[net.Conn]struct{}
+	conns  map[net.Conn]*connState
 	wg     sync.WaitGroup // one per connection, for the broker's whole handling of it
 }
 
-const listenerID = "devices"
+// connState is what the gate knows of a connection.
+type connState struct {
+	ip      string
+	pending bool // CONNECT not read yet
+}
+
+const (
+	listenerID    = "devices"
+	tlsListenerID = "devices-tls"
+)
 
 // Init implements listeners.Listener; Open has listened already.
 func (l *listener) Init(*slog.Logger) error { return nil }
 
 // ID implements listeners.Listener.
-func (l *listener) ID() string { return listenerID }
+func (l *listener) ID() string { return l.id }
 
 // Address implements listeners.Listener.
 func (l *listener) Address() string { return l.ln.Addr().String() }
@@ -402,30 +490,121 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 			continue
 		}
 		backoff = 0
-		// mochi sets the keepalive deadline only after CONNECT.
-		_ = conn.SetDeadline(time.Now().Add(l.connectTimeout))
-
-		l.mu.Lock()
-		if l.closed {
-			l.mu.Unlock()
+		ip := remoteIP(conn)
+		if why := l.gate.enter(ip); why != "" {
+			l.refused.Add(1)
+			l.log.Debug("mqtt: connection closed at once: "+why, "remote", conn.RemoteAddr().String())
 			conn.Close()
 			continue
 		}
-		l.conns[conn] = struct{}{}
+		// mochi sets the keepalive deadline only after CONNECT.
+		_ = conn.SetDeadline(time.Now().Add(l.connectTimeout))
+
+		st := &connState{ip: ip, pending: true}
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			l.gate.leave(ip, true)
+			conn.Close()
+			continue
+		}
+		l.conns[conn] = st
 		l.wg.Add(1)
 		l.mu.Unlock()
 
 		go func() {
 			defer l.wg.Done()
-			err := establish(listenerID, conn)
+			err := establish(l.id, conn)
 			l.mu.Lock()
 			delete(l.conns, conn)
+			pending := st.pending
+			st.pending = false
 			l.mu.Unlock()
+			l.gate.leave(ip, pending)
 			conn.Close()
 			if err != nil {
 				l.log.Debug("mqtt: connection ended", "remote", conn.RemoteAddr().String(), "error", err)
 			}
 		}()
+	}
+}
+
+// connectRead tells the gate that conn sent its CONNECT.
+func (l *listener) connectRead(conn net.Conn) {
+	l.mu.Lock()
+	st := l.conns[conn]
+	pending := st != nil && st.pending
+	if pending {
+		st.pending = false
+	}
+	l.mu.Unlock()
+	if pending {
+		l.gate.connected(st.ip)
+	}
+}
+
+func remoteIP(c net.Conn) string {
+	host, _, err := net.SplitHostPort(c.RemoteAddr().String())
+	if err != nil {
+		return c.RemoteAddr().String()
+	}
+	return host
+}
+
+// gate counts the broker's open connections, and per source address those
+// that have not sent CONNECT yet, against their caps.
+type gate struct {
+	maxTotal, maxPending int
+
+	mu      sync.Mutex
+	total   int
+	pending map[string]int
+}
+
+// enter admits a new connection from ip, or says why not.
+func (g *gate) enter(ip string) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.total >= g.maxTotal {
+		return "the broker has its maximum of connections"
+	}
+	if g.pending[ip] >= g.maxPending {
+		return "too many connections from this address have not sent CONNECT yet"
+	}
+	g.total++
+	g.pending[ip]++
+	return ""
+}
+
+// connected moves a connection of ip from pending to established.
+func (g *gate) connected(ip string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.dropPending(ip)
+}
+
+// leave forgets a connection of ip.
+func (g *gate) leave(ip string, pending bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.total--
+	if pending {
+		g.dropPending(ip)
+	}
+}
+
+func (g *gate) dropPending(ip string) {
+	if g.pending[ip]--; g.pending[ip] <= 0 {
+		delete(g.pending, ip)
+	}
+}
+
+// connectRead tells the gate that cl's connection sent its CONNECT.
+func (s *Server) connectRead(cl *mochi.Client) {
+	for _, l := range s.lns {
+		if l.id == cl.Net.Listener {
+			l.connectRead(cl.Net.Conn)
+		}
 	}
 }
 

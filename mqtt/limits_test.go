@@ -1,0 +1,238 @@
+package mqtt_test
+
+import (
+	"fmt"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+	pahov3 "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/fleetd/fleet/mqtt"
+)
+
+// connect5From connects an MQTT 5 device from a local address of its own
+// (any of 127.0.0.0/8 on Linux), so that limits per source address can be
+// told apart in one test.
+func connect5From(t *testing.T, s *mqtt.Server, local, username, password string) (*client5, *paho.Connack, error) {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+	conn, err := d.Dial("tcp", s.Addr().String())
+	if err != nil {
+		t.Fatalf("dial from %s: %v", local, err)
+	}
+	c := &client5{received: make(chan *paho.Publish, 100), disconnected: make(chan *paho.Disconnect, 1)}
+	c.Client = paho.NewClient(paho.ClientConfig{
+		Conn:               conn,
+		OnServerDisconnect: func(d *paho.Disconnect) { c.disconnected <- d },
+	})
+	cp := &paho.Connect{KeepAlive: 30, ClientID: fmt.Sprintf("test-%d", clientIDs.Add(1)), CleanStart: true,
+		Username: username, UsernameFlag: username != "", Password: []byte(password), PasswordFlag: password != ""}
+	ctx, cancel := contextWithWait()
+	defer cancel()
+	ca, err := c.Connect(ctx, cp)
+	if err != nil {
+		conn.Close()
+		return nil, ca, err
+	}
+	t.Cleanup(func() { c.Disconnect(&paho.Disconnect{}); <-c.Done() })
+	return c, ca, nil
+}
+
+// frozen is a clock that does not move unless told.
+type frozen struct{ ns atomic.Int64 }
+
+func newFrozen() *frozen {
+	f := &frozen{}
+	f.ns.Store(time.Unix(1_800_000_000, 0).UnixNano())
+	return f
+}
+
+func (f *frozen) now() time.Time      { return time.Unix(0, f.ns.Load()) }
+func (f *frozen) add(d time.Duration) { f.ns.Add(int64(d)) }
+
+func TestAuthFailureThrottle(t *testing.T) {
+	clock := newFrozen()
+	h := newFakeHandler()
+	s := MustOpenServer(t, h, func(c *mqtt.Config) {
+		c.AuthFailureRate, c.AuthFailureBurst, c.Now = 1, 3, clock.now
+	})
+	for i := range 3 {
+		if _, ca, err := connect5From(t, s, "127.0.0.1", "acme/dev-1", "guess"); err == nil || ca == nil || ca.ReasonCode != 0x86 {
+			t.Fatalf("guess %d: %v, connack %+v; want 0x86", i, err, ca)
+		}
+	}
+	calls := h.authCalls.Load()
+	// The address has used its failures: even the right token is not
+	// looked at now.
+	if _, ca, err := connect5From(t, s, "127.0.0.1", "acme/dev-1", "tok-1"); err == nil || ca == nil || ca.ReasonCode != 0x9F {
+		t.Fatalf("after the burst: %v, connack %+v; want 0x9F connection rate exceeded", err, ca)
+	}
+	if h.authCalls.Load() != calls {
+		t.Error("the Handler was asked while the address was throttled")
+	}
+	// Other addresses are not affected, devices behind them connect.
+	c, ca, err := connect5From(t, s, "127.0.0.2", "acme/dev-2", "tok-2")
+	if err != nil {
+		t.Fatalf("another address: %v (connack %+v)", err, ca)
+	}
+	if err := c.publish(mqtt.ActionStatusTopic("acme", "dev-2"), status); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	// The bucket refills: one failure's worth a second.
+	clock.add(time.Second)
+	if _, ca, err := connect5From(t, s, "127.0.0.1", "acme/dev-1", "tok-1"); err != nil {
+		t.Fatalf("after a second: %v (connack %+v)", err, ca)
+	}
+	if got := s.Stats().LimitRefusals; got != 1 {
+		t.Errorf("LimitRefusals = %d, want 1", got)
+	}
+}
+
+func TestPublishFlood(t *testing.T) {
+	clock := newFrozen()
+	h := newFakeHandler()
+	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.PublishRate, c.PublishBurst, c.Now = 1, 5, clock.now })
+	flooder := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+	calm := mustConnect5(t, s, "acme/dev-2", "tok-2", false)
+	for i := range 5 {
+		if err := flooder.publish(statusT, status); err != nil {
+			t.Fatalf("publish %d within the burst: %v", i, err)
+		}
+	}
+	if err := flooder.publish(statusT, status); err == nil {
+		t.Fatal("the publish beyond the burst was acknowledged")
+	}
+	flooder.awaitServerDisconnect(t, 0x96)
+	if got := s.Stats().PublishFloods; got != 1 {
+		t.Errorf("PublishFloods = %d, want 1", got)
+	}
+	// Each connection has its own bucket.
+	for i := range 5 {
+		if err := calm.publish(mqtt.ActionStatusTopic("acme", "dev-2"), status); err != nil {
+			t.Fatalf("the other device's publish %d: %v", i, err)
+		}
+	}
+}
+
+func TestTenantConnectionCap(t *testing.T) {
+	h := newFakeHandler()
+	h.tokens["acme/dev-3"] = "tok-3a"
+	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.MaxTenantConnections = 2 })
+	mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+	second := mustConnect5(t, s, "acme/dev-2", "tok-2", false)
+	if _, ca, err := connect5(t, s, "acme/dev-3", "tok-3a", false); err == nil || ca == nil || ca.ReasonCode != 0x97 {
+		t.Fatalf("third device of the tenant: %v, connack %+v; want 0x97 quota exceeded", err, ca)
+	}
+	if _, err := connect3(t, s, "acme/dev-3", "tok-3a"); err == nil {
+		t.Fatal("MQTT 3.1.1: third device of the tenant accepted")
+	}
+	// Another tenant is not affected; a device replacing its own
+	// connection is not a new one.
+	mustConnect5(t, s, "other/dev-1", "tok-3", false)
+	mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+	second.Disconnect(&paho.Disconnect{})
+	waitFor(t, "a free place", func() bool { return s.Connections() == 2 })
+	mustConnect5(t, s, "acme/dev-3", "tok-3a", false)
+}
+
+// idle opens a connection that never sends CONNECT.
+func idle(t *testing.T, addr, local string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// closedByServer waits until the server closed c.
+func closedByServer(t *testing.T, c net.Conn) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(wait))
+	if _, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+		t.Fatalf("connection not closed by the server: %v", err)
+	}
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
+
+func TestConnectionCaps(t *testing.T) {
+	t.Run("pending per address", func(t *testing.T) {
+		h := newFakeHandler()
+		s := MustOpenServer(t, h, func(c *mqtt.Config) { c.MaxPendingPerIP = 5 })
+		var held []net.Conn
+		for range 5 {
+			held = append(held, idle(t, s.Addr().String(), "127.0.0.1"))
+		}
+		closedByServer(t, idle(t, s.Addr().String(), "127.0.0.1"))
+		// Another address is not affected.
+		if _, ca, err := connect5From(t, s, "127.0.0.2", "acme/dev-2", "tok-2"); err != nil {
+			t.Fatalf("device from another address: %v (connack %+v)", err, ca)
+		}
+		for _, c := range held {
+			c.Close()
+		}
+		waitFor(t, "the address to have room", func() bool {
+			_, _, err := connect5From(t, s, "127.0.0.1", "acme/dev-1", "tok-1")
+			return err == nil
+		})
+	})
+	t.Run("total", func(t *testing.T) {
+		h := newFakeHandler()
+		s := MustOpenServer(t, h, func(c *mqtt.Config) { c.MaxConnections = 3 })
+		dev := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+		idle(t, s.Addr().String(), "127.0.0.2")
+		idle(t, s.Addr().String(), "127.0.0.3")
+		closedByServer(t, idle(t, s.Addr().String(), "127.0.0.4"))
+		if err := dev.publish(statusT, status); err != nil {
+			t.Fatalf("the connected device's publish: %v", err)
+		}
+		if got := s.Stats().LimitRefusals; got != 1 {
+			t.Errorf("LimitRefusals = %d, want 1", got)
+		}
+	})
+	t.Run("connect deadline", func(t *testing.T) {
+		h := newFakeHandler()
+		s := MustOpenServer(t, h, func(c *mqtt.Config) { c.ConnectTimeout = 200 * time.Millisecond })
+		var conns []net.Conn
+		for range 200 {
+			conns = append(conns, idle(t, s.Addr().String(), "127.0.0.1"))
+		}
+		dev := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+		for _, c := range conns {
+			closedByServer(t, c)
+		}
+		if err := dev.publish(statusT, status); err != nil {
+			t.Fatalf("the device's publish after the idle ones were cut: %v", err)
+		}
+	})
+}
+
+func TestKeepaliveEnforced(t *testing.T) {
+	h := newFakeHandler()
+	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.MaxKeepalive = time.Second })
+	t.Run("MQTT5 told", func(t *testing.T) {
+		_, ca, err := connect5(t, s, "acme/dev-1", "tok-1", false, func(c *paho.Connect) { c.KeepAlive = 0 })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ca.Properties == nil || ca.Properties.ServerKeepAlive == nil || *ca.Properties.ServerKeepAlive != 1 {
+			t.Fatalf("CONNACK properties %+v: want Server Keep Alive 1", ca.Properties)
+		}
+	})
+	t.Run("MQTT311 silent device cut", func(t *testing.T) {
+		c, err := connect3(t, s, "acme/dev-2", "tok-2", func(o *pahov3.ClientOptions) { o.SetKeepAlive(0) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		receive(t, c.lost, "the silent connection to be closed")
+	})
+}
