@@ -102,6 +102,7 @@ type streamState struct {
 	cachedFor       []*rule               // the rule list cached is for
 	cached          []*ruleState          // states in the order of cachedFor
 	removed         bool
+	version         int64 // of the stream in a VersionedStore (replicas.go)
 }
 
 // ruleState is the state machine of DESIGN §6 for one rule and device.
@@ -443,6 +444,9 @@ func (e *Engine) loadLatest(ctx context.Context, ss *streamState) error {
 	if ss.loaded {
 		return nil
 	}
+	if vs, ok := e.versioned(); ok {
+		return e.loadSnapshot(ctx, ss, vs)
+	}
 	p, err := e.Store.FindLatestPoint(ctx, ss.key.tenant, ss.key.device, ss.key.stream)
 	if fleet.ErrorCode(err) == fleet.ENOTFOUND {
 		ss.loaded = true
@@ -525,6 +529,21 @@ func (e *Engine) IngestPoints(ctx context.Context, tenant, device, stream string
 	if err := e.loadLatest(ctx, ss); err != nil {
 		return err
 	}
+	for attempt := 0; ; attempt++ {
+		err := e.evaluate(ctx, ss, rules, meta, pts, latest)
+		if !errors.Is(err, fleet.ErrStale) || attempt == maxStaleRetries {
+			return err
+		}
+		// Another replica committed this stream since this one read it.
+		if err := e.reloadStale(ctx, ss); err != nil {
+			return err
+		}
+	}
+}
+
+// evaluate runs pts through the stream's rules and commits the result;
+// on failure the stream's state is as before. ss.mu is held.
+func (e *Engine) evaluate(ctx context.Context, ss *streamState, rules []*rule, meta map[string]string, pts []fleet.DataPoint, latest *fleet.DataPoint) error {
 	states := ss.statesFor(rules)
 	saved := make([]ruleState, len(states))
 	for i, st := range states {
@@ -552,7 +571,7 @@ func (e *Engine) IngestPoints(ctx context.Context, tenant, device, stream string
 	}
 	ss.lastArrival = now
 	opened := openedIDs(changes)
-	if err := e.Store.CommitStream(ctx, tenant, device, stream, latest, changes); err != nil {
+	if err := e.commitStream(ctx, ss, latest, changes); err != nil {
 		for i, st := range states {
 			*st = saved[i]
 		}
@@ -913,9 +932,14 @@ func (e *Engine) fire(ctx context.Context, ss *streamState, ts []timer, now int6
 	}
 	opened := openedIDs(changes)
 	if len(changes) > 0 {
-		if err := e.Store.CommitStream(ctx, ss.key.tenant, ss.key.device, ss.key.stream, nil, changes); err != nil {
+		if err := e.commitStream(ctx, ss, nil, changes); err != nil {
 			for _, b := range before {
 				*b.st = b.saved
+			}
+			if errors.Is(err, fleet.ErrStale) {
+				// Another replica moved the stream on: its phases, read
+				// again, have timers of their own.
+				return e.reloadStale(ctx, ss)
 			}
 			for _, t := range ts {
 				e.timers.push(t)

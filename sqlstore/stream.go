@@ -33,27 +33,34 @@ func (db *DB) CommitStream(ctx context.Context, tenant, device, stream string, l
 		data = string(b)
 	}
 	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		if latest != nil {
-			_, err := tx.exec(ctx, `INSERT INTO stream_latest (tenant, device_id, stream, ts, seq, data, received_at)
-				VALUES (?, ?, ?, ?, ?, ?, ?)
-				ON CONFLICT (tenant, device_id, stream) DO UPDATE SET
-					ts = excluded.ts, seq = excluded.seq, data = excluded.data, received_at = excluded.received_at
-				WHERE excluded.ts > stream_latest.ts OR (excluded.ts = stream_latest.ts AND excluded.seq > stream_latest.seq)`,
-				tenant, device, stream, millis(latest.Timestamp), latest.Sequence, data, millis(latest.ReceivedAt))
-			if isForeignKeyViolation(err) {
-				return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", device)
-			} else if err != nil {
-				return err
-			}
-		}
-		adopted := map[string]string{} // our alert id -> the id of the alert open already
-		for _, c := range changes {
-			if err := tx.applyAlertChange(ctx, tenant, device, c, adopted); err != nil {
-				return err
-			}
-		}
-		return nil
+		return tx.commitStream(ctx, tenant, device, stream, latest, data, changes)
 	})
+}
+
+// commitStream is CommitStream's job; the stream's version advances with a
+// newer point (CommitStreamVersion advances it with every commit).
+func (tx *Tx) commitStream(ctx context.Context, tenant, device, stream string, latest *fleet.DataPoint, data string, changes []*fleet.AlertChange) error {
+	if latest != nil {
+		_, err := tx.exec(ctx, `INSERT INTO stream_latest (tenant, device_id, stream, ts, seq, data, received_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (tenant, device_id, stream) DO UPDATE SET
+				ts = excluded.ts, seq = excluded.seq, data = excluded.data, received_at = excluded.received_at,
+				version = stream_latest.version + 1
+			WHERE excluded.ts > stream_latest.ts OR (excluded.ts = stream_latest.ts AND excluded.seq > stream_latest.seq)`,
+			tenant, device, stream, millis(latest.Timestamp), latest.Sequence, data, millis(latest.ReceivedAt))
+		if isForeignKeyViolation(err) {
+			return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", device)
+		} else if err != nil {
+			return err
+		}
+	}
+	adopted := map[string]string{} // our alert id -> the id of the alert open already
+	for _, c := range changes {
+		if err := tx.applyAlertChange(ctx, tenant, device, c, adopted); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (tx *Tx) applyAlertChange(ctx context.Context, tenant, device string, c *fleet.AlertChange, adopted map[string]string) error {

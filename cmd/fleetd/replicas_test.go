@@ -303,6 +303,46 @@ func TestReplicas(t *testing.T) {
 	})
 }
 
+// TestReplicasEvaluateOneStream sends one device's readings alternately
+// through two replicas, as a shared subscription or a load balancer does:
+// the alert follows the data, whichever replica saw the previous reading.
+func TestReplicasEvaluateOneStream(t *testing.T) {
+	c := newCluster(t, alertFlags...)
+	a := c.start("replica-a")
+	admin := a.admin()
+	a.mustDevice(t, admin, "pump-1", nil)
+	rule := a.mustAlertRule(t, admin, map[string]any{"name": "warm", "stream": "env",
+		"condition": map[string]any{"field": "temp", "operator": ">", "value": 50}})
+	b := c.start("replica-b") // loads the rule at start
+	start := time.Now().Add(-time.Hour)
+	path := "/api/v1/devices/pump-1/streams/env"
+	state := func() []string {
+		var out []string
+		for _, al := range a.alerts(t, admin, "?rule_id="+rule.ID) {
+			out = append(out, al.State)
+		}
+		return out
+	}
+	for i, step := range []struct {
+		via  *replica
+		temp float64
+		want string
+	}{
+		{b, 90, "[active]"},
+		{a, 20, "[ended]"},
+		{a, 91, "[active ended]"},
+		{b, 21, "[ended ended]"},
+		{b, 92, "[active ended ended]"},
+		{a, 93, "[active ended ended]"},
+		{b, 22, "[ended ended ended]"},
+	} {
+		step.via.do(t, admin, "POST", path, points(start.Add(time.Duration(i)*time.Second), step.temp)).want(t, 200)
+		if got := fmt.Sprint(state()); got != step.want {
+			t.Fatalf("step %d (%v through %s): alerts %s, want %s", i, step.temp, step.via.name, got, step.want)
+		}
+	}
+}
+
 // TestReplicaKilled kills one replica with SIGKILL under load: every write
 // a replica acknowledged is kept, and the notification the dead one had
 // claimed is delivered by the other once the lease ran out.

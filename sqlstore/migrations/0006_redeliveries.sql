@@ -1,3 +1,6 @@
+-- Scale out (issue 8): what lets replicas share background work and take
+-- turns on a device's alert evaluation.
+
 -- Devices that arrived at an external MQTT broker and are owed the actions
 -- queued for them (DESIGN §1, §8). A broker-auth callback records the
 -- arrival, due a moment later so that the device's subscription is in
@@ -15,3 +18,10 @@ CREATE TABLE device_redeliveries (
     FOREIGN KEY (tenant, device_id) REFERENCES devices (tenant, id) ON DELETE CASCADE
 );
 CREATE INDEX device_redeliveries_due ON device_redeliveries (due_at);
+
+-- Every commit of a device stream (its latest point, its alert states)
+-- advances its version, so that a replica whose view of the stream is older
+-- than the database's learns so when it commits, reads the stream again and
+-- evaluates again: replicas take turns on a device's stream whichever of
+-- them receives its data.
+ALTER TABLE stream_latest ADD COLUMN version BIGINT NOT NULL DEFAULT 1;
