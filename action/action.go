@@ -58,6 +58,8 @@ type Store interface {
 	PendingActions(ctx context.Context, tenant, device string) ([]fleet.PendingAction, error)
 	MarkDelivered(ctx context.Context, receipts []fleet.ActionReceipt) error
 	TimeOutDeviceActions(ctx context.Context, now time.Time, limit int) (int, error)
+	// TouchDevices records that devices were seen at t.
+	TouchDevices(ctx context.Context, tenant string, ids []string, t time.Time) error
 }
 
 // Message is an action as a device receives it, in the shape of the uplink
@@ -87,14 +89,35 @@ type Service struct {
 	// SendWorkers is how many goroutines hand one dispatch to devices;
 	// default 4.
 	SendWorkers int
+	// ReportWorkers is how many store calls apply status reports at once;
+	// default 4. Concurrent reports (S10 requests, MQTT payloads) share a
+	// store call, so they cost one transaction job, not one each.
+	ReportWorkers int
+	// MaxReportBatch bounds the reports of one store call; default 512.
+	MaxReportBatch int
+	// Now is the clock of last_seen_at; default time.Now.
+	Now func() time.Time
 
 	online   onlineSet
 	receipts chan fleet.ActionReceipt
-	ctx      context.Context // ends with Close
+	reports  chan *reportCall // unbuffered: a sent call always has a worker
+	sightMu  sync.Mutex
+	sighted  map[string]map[string]struct{} // tenant -> devices that reported
+	ctx      context.Context                // ends with Close
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	mu       sync.RWMutex
 	closed   bool
+}
+
+// reportCall is one caller's reports, waiting for a worker.
+type reportCall struct {
+	ctx     context.Context
+	tenant  string
+	reports []fleet.StatusReport
+	errs    []error
+	err     error
+	done    chan struct{}
 }
 
 var (
@@ -113,6 +136,15 @@ func (s *Service) Open() {
 	if s.SendWorkers <= 0 {
 		s.SendWorkers = 4
 	}
+	if s.ReportWorkers <= 0 {
+		s.ReportWorkers = 4
+	}
+	if s.MaxReportBatch <= 0 {
+		s.MaxReportBatch = 512
+	}
+	if s.Now == nil {
+		s.Now = time.Now
+	}
 	if s.Preparers == nil {
 		s.Preparers = map[string]fleet.ActionPreparer{}
 	}
@@ -121,8 +153,14 @@ func (s *Service) Open() {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.receipts = make(chan fleet.ActionReceipt, 64*maxReceiptBatch)
-	s.wg.Add(1)
+	s.reports = make(chan *reportCall)
+	s.sighted = map[string]map[string]struct{}{}
+	s.wg.Add(2 + s.ReportWorkers)
 	go s.recordReceipts()
+	go s.recordSightings()
+	for range s.ReportWorkers {
+		go s.applyReports()
+	}
 }
 
 // Close stops sending, records the acknowledgements received so far and
@@ -382,9 +420,159 @@ func (s *Service) FindDeviceAction(ctx context.Context, tenant string, actionID 
 	return s.Store.FindDeviceAction(ctx, tenant, actionID, deviceID)
 }
 
-// ReportStatus applies status reports.
+// ReportStatus applies status reports and returns once they committed.
+// Reports of concurrent callers are applied by one store call, and the
+// reporting devices' last_seen_at is recorded within a second, in a batch.
 func (s *Service) ReportStatus(ctx context.Context, tenant string, reports []fleet.StatusReport) ([]error, error) {
-	return s.Store.ReportStatus(ctx, tenant, reports)
+	if len(reports) == 0 {
+		return nil, nil
+	}
+	c := &reportCall{ctx: ctx, tenant: tenant, reports: reports, done: make(chan struct{})}
+	select {
+	case s.reports <- c:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-s.ctx.Done():
+		return nil, fleet.Errorf(fleet.EUNAVAILABLE, "the server is shutting down")
+	}
+	<-c.done
+	return c.errs, c.err
+}
+
+// applyReports is a report worker: it takes a call and whatever others are
+// waiting, applies them, and answers each. At Close it finishes the calls
+// it has; later callers are told the server is shutting down.
+func (s *Service) applyReports() {
+	defer s.wg.Done()
+	for {
+		select {
+		case c := <-s.reports:
+			s.applyBatch(s.collectReports(c))
+		case <-s.ctx.Done():
+			return
+		}
+	}
+}
+
+// collectReports adds to first the calls already waiting, up to
+// MaxReportBatch reports.
+func (s *Service) collectReports(first *reportCall) []*reportCall {
+	batch := []*reportCall{first}
+	n := len(first.reports)
+	for n < s.MaxReportBatch {
+		select {
+		case c := <-s.reports:
+			batch = append(batch, c)
+			n += len(c.reports)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// applyBatch applies the calls' reports, one store call per tenant. If a
+// shared store call fails, each call is tried alone, so that one bad
+// report cannot fail its neighbours.
+func (s *Service) applyBatch(batch []*reportCall) {
+	byTenant := map[string][]*reportCall{}
+	var tenants []string
+	for _, c := range batch {
+		if err := c.ctx.Err(); err != nil {
+			c.err = err // the caller went away before its turn
+			close(c.done)
+			continue
+		}
+		if byTenant[c.tenant] == nil {
+			tenants = append(tenants, c.tenant)
+		}
+		byTenant[c.tenant] = append(byTenant[c.tenant], c)
+	}
+	for _, tenant := range tenants {
+		calls := byTenant[tenant]
+		if err := s.applyCalls(tenant, calls); err != nil && len(calls) > 1 {
+			for _, c := range calls {
+				s.applyCalls(tenant, []*reportCall{c})
+			}
+		}
+		for _, c := range calls {
+			close(c.done)
+		}
+	}
+}
+
+// applyCalls applies the calls' reports in one store call and sets each
+// call's answer.
+func (s *Service) applyCalls(tenant string, calls []*reportCall) error {
+	var reports []fleet.StatusReport
+	for _, c := range calls {
+		reports = append(reports, c.reports...)
+	}
+	// Once queued, a transaction job runs to its end whoever is waiting;
+	// no single caller's cancellation may fail the others.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	errs, err := s.Store.ReportStatus(ctx, tenant, reports)
+	for _, c := range calls {
+		c.errs, c.err = nil, err
+		if err == nil {
+			c.errs, errs = errs[:len(c.reports):len(c.reports)], errs[len(c.reports):]
+		}
+	}
+	if err != nil {
+		return err
+	}
+	s.sightMu.Lock()
+	defer s.sightMu.Unlock()
+	seen := s.sighted[tenant]
+	if seen == nil {
+		seen = map[string]struct{}{}
+		s.sighted[tenant] = seen
+	}
+	for _, c := range calls {
+		for i, r := range c.reports {
+			if c.errs[i] == nil {
+				seen[r.DeviceID] = struct{}{}
+			}
+		}
+	}
+	return nil
+}
+
+// recordSightings writes the reporting devices' last_seen_at every second,
+// one store call per tenant, and once more at Close.
+func (s *Service) recordSightings() {
+	defer s.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			s.flushSightings()
+		case <-s.ctx.Done():
+			s.flushSightings()
+			return
+		}
+	}
+}
+
+func (s *Service) flushSightings() {
+	s.sightMu.Lock()
+	sighted := s.sighted
+	s.sighted = map[string]map[string]struct{}{}
+	s.sightMu.Unlock()
+	now := s.Now()
+	for tenant, devs := range sighted {
+		ids := make([]string, 0, len(devs))
+		for id := range devs {
+			ids = append(ids, id)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := s.Store.TouchDevices(ctx, tenant, ids, now); err != nil {
+			s.Logger.Warn("record devices' last_seen_at", "tenant", tenant, "devices", len(ids), "err", err)
+		}
+		cancel()
+	}
 }
 
 func (s *Service) presenceUnknown() bool {

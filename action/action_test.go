@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -494,5 +495,137 @@ func TestSweeper(t *testing.T) {
 func TestMessages(t *testing.T) {
 	if got := string(action.NewMessage(42, "reboot", `{"a":1}`)); got != `{"id":"42","kind":"process","name":"reboot","payload":"{\"a\":1}"}` {
 		t.Errorf("NewMessage = %s", got)
+	}
+}
+
+// TestReportBatching checks that concurrent callers, whose reports share
+// store calls, each get their own answers, and that the devices that
+// reported are recorded as seen.
+func TestReportBatching(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		var devices []string
+		for i := range 50 {
+			devices = append(devices, fmt.Sprintf("d%02d", i))
+		}
+		svc, db := setup(t, b, newFakeSender(), devices...)
+		ctx := context.Background()
+		a, err := svc.DispatchAction(ctx, "acme", dispatch("reboot"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		const callers = 200
+		errs := make([][]error, callers)
+		fails := make([]error, callers)
+		var wg sync.WaitGroup
+		for i := range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				dev := devices[i%len(devices)]
+				if i%10 == 0 {
+					dev = "ghost"
+				}
+				errs[i], fails[i] = svc.ReportStatus(ctx, "acme", []fleet.StatusReport{
+					{DeviceID: dev, ActionID: a.ID, State: "Running", Timestamp: i64(int64(i)), Sequence: i64(1)},
+					{DeviceID: dev, ActionID: a.ID + 1, State: "Running"},
+				})
+			}()
+		}
+		wg.Wait()
+		for i := range callers {
+			if fails[i] != nil || len(errs[i]) != 2 {
+				t.Fatalf("caller %d: %v, %d answers", i, fails[i], len(errs[i]))
+			}
+			wantCode(t, errs[i][1], fleet.ENOTFOUND)
+			if i%10 == 0 {
+				wantCode(t, errs[i][0], fleet.ENOTFOUND)
+			} else if errs[i][0] != nil {
+				t.Fatalf("caller %d: %v", i, errs[i][0])
+			}
+		}
+		// d01's reports came from callers 1, 51, 101 and 151: the latest
+		// timestamp wins whatever the order they were applied in.
+		da, _ := db.FindDeviceAction(ctx, "acme", a.ID, "d01")
+		if da.ActionStatus != fleet.StatusProgress {
+			t.Fatalf("d01 = %+v", da)
+		}
+		deadline := time.Now().Add(wait)
+		for {
+			d, err := db.FindDevice(ctx, "acme", "d01")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.LastSeenAt != nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("last_seen_at was not recorded")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if d, _ := db.FindDevice(ctx, "acme", "d00"); d.LastSeenAt != nil {
+			t.Fatalf("d00 only ever sent reports for ghost's slot; last_seen_at = %v", d.LastSeenAt)
+		}
+
+		t.Run("CancelledCaller", func(t *testing.T) {
+			cctx, cancel := context.WithCancel(ctx)
+			cancel()
+			_, err := svc.ReportStatus(cctx, "acme", []fleet.StatusReport{{DeviceID: "d02", ActionID: a.ID, State: "x"}})
+			if err == nil {
+				t.Fatal("a cancelled caller got no error")
+			}
+		})
+		t.Run("AfterClose", func(t *testing.T) {
+			svc.Close()
+			_, err := svc.ReportStatus(ctx, "acme", []fleet.StatusReport{{DeviceID: "d02", ActionID: a.ID, State: "x"}})
+			wantCode(t, err, fleet.EUNAVAILABLE)
+		})
+	})
+}
+
+func i64(n int64) *int64 { return &n }
+
+// BenchmarkReportStatus measures status reports through the service, as
+// S10's handlers and the MQTT handler send them: 64 concurrent callers,
+// one report each, whose reports share store calls.
+func BenchmarkReportStatus(b *testing.B) {
+	for _, be := range sqlstoretest.Backends() {
+		b.Run(be.Name, func(b *testing.B) {
+			db := sqlstoretest.MustOpen(b, be, sqlstoretest.Options{})
+			ctx := context.Background()
+			if _, _, err := db.CreateTenant(ctx, "bench"); err != nil {
+				b.Fatal(err)
+			}
+			const devices = 10_000
+			devs := make([]fleet.NewDevice, devices)
+			for i := range devs {
+				devs[i] = fleet.NewDevice{ID: fmt.Sprintf("dev-%05d", i)}
+			}
+			if _, err := db.CreateDevices(ctx, "bench", devs); err != nil {
+				b.Fatal(err)
+			}
+			a, err := db.DispatchAction(ctx, "bench", &fleet.Dispatch{Action: "reboot", Params: json.RawMessage(`{}`), SearchType: fleet.SearchAll, Timeout: 3600})
+			if err != nil {
+				b.Fatal(err)
+			}
+			svc := &action.Service{Store: db}
+			svc.Open()
+			defer svc.Close()
+			var seq atomic.Int64
+			b.SetParallelism(32) // 64 callers on 2 cores
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					i := seq.Add(1)
+					p := int(i % 100)
+					errs, err := svc.ReportStatus(ctx, "bench", []fleet.StatusReport{{DeviceID: fmt.Sprintf("dev-%05d", i%devices), ActionID: a.ID,
+						State: "Downloading", Progress: &p, Timestamp: i64(i), Sequence: i64(i)}})
+					if err != nil || errs[0] != nil {
+						b.Fatal(err, errs)
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "reports/s")
+		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -32,8 +33,21 @@ func (db *DB) DispatchAction(ctx context.Context, tenant string, d *fleet.Dispat
 	if err != nil {
 		return nil, err
 	}
+	if db.dialect == postgres && a.Targeted >= analyzeAfter {
+		// Until autovacuum catches up (a minute or more), PostgreSQL plans
+		// the hottest queries, status reports, without knowing these rows
+		// and may scan a whole action per report. ANALYZE samples a bounded
+		// number of rows, so it costs the same for 10,000 as for 10,000,000.
+		if _, err := db.write.ExecContext(ctx, "ANALYZE device_actions"); err != nil {
+			db.log.Warn("analyze device_actions after a large dispatch", "targeted", a.Targeted, "err", err)
+		}
+	}
 	return a, nil
 }
+
+// analyzeAfter is the size of a dispatch after which PostgreSQL's
+// statistics of device_actions are refreshed at once.
+const analyzeAfter = 10_000
 
 // searchInFlight is the selection of a cancellation that CancelAction
 // sends: the devices that have the action it cancels (d.CancelActionID) in
@@ -469,30 +483,23 @@ func (db *DB) TimeOutDeviceActions(ctx context.Context, now time.Time, limit int
 }
 
 // ReportStatus applies status reports in one transaction; see
-// fleet.ActionService.
+// fleet.ActionService. However many reports there are, it reads their
+// device actions with one statement per action and writes the changed ones
+// with one statement: the action service hands it the reports of many
+// concurrent callers at once. It does not touch the devices' last_seen_at:
+// the action service records sightings in batches (TouchDevices), off the
+// hottest path.
 func (db *DB) ReportStatus(ctx context.Context, tenant string, reports []fleet.StatusReport) ([]error, error) {
 	errs := make([]error, len(reports))
 	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		seen := map[string]bool{}
+		found, err := tx.applyReports(ctx, tenant, reports)
+		if err != nil {
+			return err
+		}
 		for i, r := range reports {
-			found, err := tx.applyReport(ctx, tenant, r)
-			if err != nil {
-				return err
-			}
 			errs[i] = nil
-			if !found {
+			if !found[i] {
 				errs[i] = tx.reportNotFound(ctx, tenant, r)
-				continue
-			}
-			if !seen[r.DeviceID] {
-				seen[r.DeviceID] = true
-				// At most one write a second per device: last_seen_at is
-				// coarse, and reports are the hottest path.
-				now := millis(tx.now)
-				if _, err := tx.exec(ctx, "UPDATE devices SET last_seen_at = ? WHERE tenant = ? AND id = ? AND (last_seen_at IS NULL OR last_seen_at < ?)",
-					now, tenant, r.DeviceID, now-1000); err != nil {
-					return err
-				}
 			}
 		}
 		return nil
@@ -503,65 +510,190 @@ func (db *DB) ReportStatus(ctx context.Context, tenant string, reports []fleet.S
 	return errs, nil
 }
 
-// applyReport applies one report: one SELECT and at most one UPDATE by
-// primary key. It reports false when the device has no such action.
-func (tx *Tx) applyReport(ctx context.Context, tenant string, r fleet.StatusReport) (bool, error) {
-	var (
-		typ, errsText        string
-		cur                  fleet.ReportState
-		lastTS, lastSeq, ini sql.NullInt64
-		timeout              int64
-	)
-	err := tx.queryRow(ctx, `SELECT type, status, action_status, progress, errors, last_ts, last_seq, initiated_at,
-		(SELECT timeout FROM actions a WHERE a.tenant = da.tenant AND a.id = da.action_id)
-		FROM device_actions da WHERE tenant = ? AND action_id = ? AND device_id = ?`+tx.db.dialect.forUpdate(),
-		tenant, r.ActionID, r.DeviceID).Scan(&typ, &cur.Status, &cur.ActionStatus, &cur.Progress, &errsText, &lastTS, &lastSeq, &ini, &timeout)
-	if errors.Is(err, sql.ErrNoRows) {
-		return false, nil
-	} else if err != nil {
-		return false, err
+// TouchDevices records that devices were seen at t. A device seen later
+// already keeps its time.
+func (db *DB) TouchDevices(ctx context.Context, tenant string, ids []string, t time.Time) error {
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		for start := 0; start < len(ids); start += idChunk {
+			chunk := ids[start:min(start+idChunk, len(ids))]
+			if _, err := tx.exec(ctx, "UPDATE devices SET last_seen_at = ? WHERE tenant = ? AND (last_seen_at IS NULL OR last_seen_at < ?) AND id IN ("+
+				placeholders(len(chunk))+")", append([]any{millis(t), tenant, millis(t)}, anys(chunk)...)...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// reportKey names a device action.
+type reportKey struct {
+	actionID int64
+	deviceID string
+}
+
+// reportRow is a device action as status reports see it.
+type reportRow struct {
+	typ         string
+	state       fleet.ReportState
+	errsText    string // as stored
+	errsChanged bool
+	initiatedAt sql.NullInt64
+	timeout     int64 // seconds
+	dirty       bool
+}
+
+// reportChunk bounds the rows one statement reads or writes.
+const reportChunk = 100
+
+// applyReports applies reports in order and reports which found their
+// device action. Reports after a final state, older than the last one
+// applied or repeating it change nothing.
+func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.StatusReport) ([]bool, error) {
+	rows := map[reportKey]*reportRow{}
+	byAction := map[int64][]string{}
+	var actions []int64
+	seen := map[reportKey]bool{}
+	for _, r := range reports {
+		k := reportKey{r.ActionID, r.DeviceID}
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		if byAction[r.ActionID] == nil {
+			actions = append(actions, r.ActionID)
+		}
+		byAction[r.ActionID] = append(byAction[r.ActionID], r.DeviceID)
 	}
-	if cur.ActionStatus.Final() {
-		return true, nil
-	}
-	if lastTS.Valid {
-		cur.Last = &fleet.ReportKey{Timestamp: lastTS.Int64, Sequence: lastSeq.Int64}
-	}
-	if err := json.Unmarshal([]byte(errsText), &cur.Errors); err != nil {
-		return false, fmt.Errorf("device action %d/%s errors: %w", r.ActionID, r.DeviceID, err)
-	}
-	next, changed := fleet.ApplyReport(cur, r, tx.now)
-	if !changed {
-		return true, nil
-	}
-	now := millis(tx.now)
-	initiated := ini
-	if !initiated.Valid {
-		initiated = sql.NullInt64{Int64: now, Valid: true}
-	}
-	var deadline sql.NullInt64
-	if !next.ActionStatus.Final() {
-		deadline = sql.NullInt64{Int64: initiated.Int64 + 1000*timeout, Valid: true}
-	}
-	errsJSON := errsText
-	if len(r.Errors) > 0 {
-		b, _ := json.Marshal(next.Errors)
-		errsJSON = string(b)
-	}
-	if _, err := tx.exec(ctx, `UPDATE device_actions SET status = ?, action_status = ?, progress = ?, errors = ?, error_count = ?,
-		last_ts = ?, last_seq = ?, initiated_at = ?, deadline = ?, updated_at = ?
-		WHERE tenant = ? AND action_id = ? AND device_id = ?`,
-		next.Status, string(next.ActionStatus), next.Progress, errsJSON, fleet.ErrorCount(next.Errors),
-		next.Last.Timestamp, next.Last.Sequence, initiated, deadline, now,
-		tenant, r.ActionID, r.DeviceID); err != nil {
-		return false, err
-	}
-	if next.ActionStatus == fleet.StatusCompleted && typ == fleet.ActionUpdateFirmware {
-		if err := tx.recordComponents(ctx, tenant, r.DeviceID, r.ActionID, typ); err != nil {
-			return false, err
+	for _, a := range actions {
+		devs := byAction[a]
+		sort.Strings(devs) // writers lock rows in one order
+		for start := 0; start < len(devs); start += reportChunk {
+			if err := tx.loadReportRows(ctx, tenant, a, devs[start:min(start+reportChunk, len(devs))], rows); err != nil {
+				return nil, err
+			}
 		}
 	}
-	return true, nil
+
+	found := make([]bool, len(reports))
+	now := millis(tx.now)
+	var dirty, installed []reportKey
+	for i, r := range reports {
+		k := reportKey{r.ActionID, r.DeviceID}
+		row := rows[k]
+		if row == nil {
+			continue
+		}
+		found[i] = true
+		next, changed := fleet.ApplyReport(row.state, r, tx.now)
+		if !changed {
+			continue
+		}
+		row.state = next
+		row.errsChanged = row.errsChanged || len(r.Errors) > 0
+		if !row.initiatedAt.Valid {
+			row.initiatedAt = sql.NullInt64{Int64: now, Valid: true}
+		}
+		if !row.dirty {
+			row.dirty = true
+			dirty = append(dirty, k)
+		}
+		if next.ActionStatus == fleet.StatusCompleted && row.typ == fleet.ActionUpdateFirmware {
+			installed = append(installed, k)
+		}
+	}
+	for start := 0; start < len(dirty); start += reportChunk {
+		if err := tx.writeReportRows(ctx, tenant, dirty[start:min(start+reportChunk, len(dirty))], rows, now); err != nil {
+			return nil, err
+		}
+	}
+	for _, k := range installed {
+		if err := tx.recordComponents(ctx, tenant, k.deviceID, k.actionID, fleet.ActionUpdateFirmware); err != nil {
+			return nil, err
+		}
+	}
+	return found, nil
+}
+
+// loadReportRows reads (and on PostgreSQL locks) the device actions of one
+// action on devs into rows.
+func (tx *Tx) loadReportRows(ctx context.Context, tenant string, actionID int64, devs []string, rows map[reportKey]*reportRow) error {
+	q, err := tx.query(ctx, `SELECT device_id, type, status, action_status, progress, errors, last_ts, last_seq, initiated_at,
+		(SELECT timeout FROM actions a WHERE a.tenant = da.tenant AND a.id = da.action_id)
+		FROM device_actions da WHERE tenant = ? AND action_id = ? AND device_id IN (`+placeholders(len(devs))+`)
+		ORDER BY device_id`+tx.db.dialect.forUpdate(), append([]any{tenant, actionID}, anys(devs)...)...)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	for q.Next() {
+		var (
+			dev             string
+			row             reportRow
+			lastTS, lastSeq sql.NullInt64
+		)
+		if err := q.Scan(&dev, &row.typ, &row.state.Status, &row.state.ActionStatus, &row.state.Progress, &row.errsText,
+			&lastTS, &lastSeq, &row.initiatedAt, &row.timeout); err != nil {
+			return err
+		}
+		if lastTS.Valid {
+			row.state.Last = &fleet.ReportKey{Timestamp: lastTS.Int64, Sequence: lastSeq.Int64}
+		}
+		if err := json.Unmarshal([]byte(row.errsText), &row.state.Errors); err != nil {
+			return fmt.Errorf("device action %d/%s errors: %w", actionID, dev, err)
+		}
+		rows[reportKey{actionID, dev}] = &row
+	}
+	return q.Err()
+}
+
+// reportColumns are the columns writeReportRows sets, after the two of
+// the key, with their SQL types.
+var (
+	reportColumns = []string{"action_id", "device_id", "status", "action_status", "progress", "errors", "error_count",
+		"last_ts", "last_seq", "initiated_at", "deadline", "updated_at"}
+	reportTypes = []string{"BIGINT", "TEXT", "TEXT", "TEXT", "INTEGER", "", "INTEGER",
+		"BIGINT", "BIGINT", "BIGINT", "BIGINT", "BIGINT"}
+)
+
+// writeReportRows writes changed device actions with one statement.
+func (tx *Tx) writeReportRows(ctx context.Context, tenant string, keys []reportKey, rows map[reportKey]*reportRow, now int64) error {
+	types := slices.Clone(reportTypes)
+	types[5] = tx.db.dialect.jsonType()
+	args := make([]any, 0, len(keys)*len(reportColumns)+1)
+	var set []string
+	for _, c := range reportColumns[2:] {
+		set = append(set, c+" = ?")
+	}
+	for _, k := range keys {
+		row := rows[k]
+		st := row.state
+		errs := row.errsText
+		if row.errsChanged {
+			b, _ := json.Marshal(st.Errors) // a map of string lists always encodes
+			errs = string(b)
+		}
+		var deadline sql.NullInt64
+		if !st.ActionStatus.Final() {
+			deadline = sql.NullInt64{Int64: row.initiatedAt.Int64 + 1000*row.timeout, Valid: true}
+		}
+		args = append(args, k.actionID, k.deviceID, st.Status, string(st.ActionStatus), st.Progress, errs, fleet.ErrorCount(st.Errors),
+			st.Last.Timestamp, st.Last.Sequence, row.initiatedAt, deadline, now)
+	}
+	if len(keys) == 1 {
+		// One row, the usual case when reports are few: by primary key,
+		// without the derived table.
+		_, err := tx.exec(ctx, "UPDATE device_actions SET "+strings.Join(set, ", ")+
+			" WHERE action_id = ? AND device_id = ? AND tenant = ?", append(args[2:], args[0], args[1], tenant)...)
+		return err
+	}
+	args = append(args, tenant)
+	for i, c := range reportColumns[2:] {
+		set[i] = c + " = v." + c
+	}
+	_, err := tx.exec(ctx, "UPDATE device_actions SET "+strings.Join(set, ", ")+
+		" FROM "+tx.db.dialect.valuesTable("v", reportColumns, types, len(keys))+
+		" WHERE device_actions.action_id = v.action_id AND device_actions.device_id = v.device_id AND device_actions.tenant = ?", args...)
+	return err
 }
 
 // recordComponents merges the component versions a completed action

@@ -343,6 +343,13 @@ func TestReportStatus(t *testing.T) {
 			if da.ActionStatus != fleet.StatusProgress || da.Status != "Received" || !da.UpdatedAt.Equal(clk.Now()) {
 				t.Fatalf("after Received: %+v", da)
 			}
+			// Sightings are recorded in batches, never backwards.
+			if err := db.TouchDevices(ctx, "acme", []string{"d1", "d2", "ghost"}, clk.Now()); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.TouchDevices(ctx, "acme", []string{"d1"}, clk.Now().Add(-time.Minute)); err != nil {
+				t.Fatal(err)
+			}
 			d, _ := db.FindDevice(ctx, "acme", "d1")
 			if d.LastSeenAt == nil || !d.LastSeenAt.Equal(clk.Now()) {
 				t.Fatalf("last_seen_at = %v, want %v", d.LastSeenAt, clk.Now())
@@ -404,6 +411,46 @@ func TestReportStatus(t *testing.T) {
 			full, _ := db.FindAction(ctx, "acme", a.ID)
 			if full.Statuses["Completed"] != 1 || full.Statuses["Failed"] != 1 {
 				t.Fatalf("statuses = %v", full.Statuses)
+			}
+		})
+
+		t.Run("ManyRowsInOneCall", func(t *testing.T) {
+			m := mustDispatch(t, db, "acme", dispatch("multi", "all"))
+			m2 := mustDispatch(t, db, "acme", dispatch("multi2", "default", "d2"))
+			mustReport(t, db, "acme",
+				fleet.StatusReport{DeviceID: "d3", ActionID: m.ID, State: "Completed", Timestamp: i64(5)},
+				fleet.StatusReport{DeviceID: "d1", ActionID: m.ID, State: "Downloading", Progress: intp(30), Errors: []string{"slow"}, Timestamp: i64(5)},
+				fleet.StatusReport{DeviceID: "d2", ActionID: m2.ID, State: "Failed", Timestamp: i64(5)},
+				fleet.StatusReport{DeviceID: "d2", ActionID: m.ID, State: "Old", Timestamp: i64(5)},
+				fleet.StatusReport{DeviceID: "d1", ActionID: m.ID, State: "Installing", Progress: intp(60), Timestamp: i64(6)},
+				fleet.StatusReport{DeviceID: "d2", ActionID: m.ID, State: "Older", Timestamp: i64(4)},
+			)
+			for _, w := range []struct {
+				id       int64
+				dev, st  string
+				as       fleet.ActionStatus
+				progress int
+				errs     int
+			}{
+				{m.ID, "d1", "Installing", fleet.StatusProgress, 60, 1},
+				{m.ID, "d2", "Old", fleet.StatusProgress, 0, 0},
+				{m.ID, "d3", "Completed", fleet.StatusCompleted, 100, 0},
+				{m2.ID, "d2", "Failed", fleet.StatusFailed, 0, 0},
+			} {
+				da, err := db.FindDeviceAction(ctx, "acme", w.id, w.dev)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if da.Status != w.st || da.ActionStatus != w.as || da.Progress != w.progress || fleet.ErrorCount(da.Errors) != w.errs || !da.UpdatedAt.Equal(clk.Now()) {
+					t.Fatalf("%s/%d = %+v", w.dev, w.id, da)
+				}
+			}
+			// Deadlines were set from the first report: 60 s from now.
+			if n, _ := db.TimeOutDeviceActions(ctx, clk.Now().Add(59*time.Second), 100); n != 0 {
+				t.Fatalf("swept %d before the deadline", n)
+			}
+			if n, _ := db.TimeOutDeviceActions(ctx, clk.Now().Add(60*time.Second), 100); n != 2 {
+				t.Fatalf("swept %d at the deadline, want d1 and d2 of multi", n)
 			}
 		})
 

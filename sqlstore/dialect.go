@@ -147,6 +147,43 @@ func (d dialect) jsonSetList(col, key string) string {
 	return "json_set(" + col + ", '$." + key + "', json_array(?))"
 }
 
+// valuesTable is SQL for a derived table named alias of rows rows, with
+// the columns cols of the SQL types types, whose values are parameters in
+// row order: "FROM " + valuesTable(...) joins many rows' worth of
+// parameters in one statement.
+func (d dialect) valuesTable(alias string, cols, types []string, rows int) string {
+	var b strings.Builder
+	if d == postgres {
+		b.WriteString("(VALUES ")
+		for r := range rows {
+			if r > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString("(")
+			for i, t := range types {
+				if i > 0 {
+					b.WriteString(", ")
+				}
+				b.WriteString("CAST(? AS " + t + ")")
+			}
+			b.WriteString(")")
+		}
+		b.WriteString(") AS " + alias + " (" + strings.Join(cols, ", ") + ")")
+		return b.String()
+	}
+	// SQLite names the columns of VALUES column1, column2, …
+	b.WriteString("(SELECT ")
+	for i, c := range cols {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("column" + strconv.Itoa(i+1) + " AS " + c)
+	}
+	row := "(?" + strings.Repeat(", ?", len(cols)-1) + ")"
+	b.WriteString(" FROM (VALUES " + row + strings.Repeat(", "+row, rows-1) + ")) AS " + alias)
+	return b.String()
+}
+
 // isUniqueViolation reports whether err is a unique or primary-key
 // constraint failure, by the driver's error code.
 func isUniqueViolation(err error) bool {

@@ -1,0 +1,129 @@
+package fleethttp_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/action"
+	fleethttp "github.com/fleetd/fleet/http"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// benchConns is how many client connections the S10 benchmark keeps busy,
+// as in DESIGN §10.
+const benchConns = 64
+
+// BenchmarkActionStatusHTTP measures S10 end to end over HTTP: 64
+// connections, each posting one status report after another, every answer
+// a commit. The hello sub-benchmark is a hello-world Go handler driven by
+// the same load generator in the same run, the baseline DESIGN §10 compares
+// with. It reports reports/s and the p99 latency.
+func BenchmarkActionStatusHTTP(b *testing.B) {
+	b.Run("hello", func(b *testing.B) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			w.WriteHeader(http.StatusNoContent)
+		})}
+		go srv.Serve(ln)
+		defer srv.Close()
+		load(b, "http://"+ln.Addr().String()+"/", nil, func(int64) []byte { return []byte(`{}`) })
+	})
+	for _, be := range sqlstoretest.Backends() {
+		b.Run(be.Name, func(b *testing.B) {
+			db := sqlstoretest.MustOpen(b, be, sqlstoretest.Options{})
+			ctx := context.Background()
+			if _, _, err := db.CreateTenant(ctx, "bench"); err != nil {
+				b.Fatal(err)
+			}
+			key := &fleet.APIKey{Name: "gw", Role: fleet.RoleDevice}
+			if err := db.CreateAPIKey(ctx, "bench", key); err != nil {
+				b.Fatal(err)
+			}
+			const devices = 10_000
+			devs := make([]fleet.NewDevice, devices)
+			for i := range devs {
+				devs[i] = fleet.NewDevice{ID: fmt.Sprintf("dev-%05d", i)}
+			}
+			if _, err := db.CreateDevices(ctx, "bench", devs); err != nil {
+				b.Fatal(err)
+			}
+			a, err := db.DispatchAction(ctx, "bench", &fleet.Dispatch{Action: "reboot", Params: []byte(`{}`), SearchType: fleet.SearchAll, Timeout: 3600})
+			if err != nil {
+				b.Fatal(err)
+			}
+			svc := &action.Service{Store: db}
+			svc.Open()
+			defer svc.Close()
+			api := &fleethttp.Server{Addr: "127.0.0.1:0", Tenants: db, Devices: db, Audit: db, Actions: svc}
+			if err := api.Open(); err != nil {
+				b.Fatal(err)
+			}
+			defer api.Shutdown(ctx)
+			header := http.Header{"X-Service-Tenant": {"bench"}, "X-Service-Api-Key": {key.Key}, "Content-Type": {"application/json"}}
+			load(b, "http://"+api.ListenAddr().String()+"/api/v1/devices/action/status", header, func(i int64) []byte {
+				return fmt.Appendf(nil, `{"device_id":"dev-%05d","action_id":%d,"state":"Downloading","progress":%d,"timestamp":%d,"sequence":%d}`,
+					i%devices, a.ID, i%100, i, i)
+			})
+		})
+	}
+}
+
+// load posts b.N bodies to url over benchConns connections and reports
+// requests per second and the p99 latency.
+func load(b *testing.B, url string, header http.Header, body func(i int64) []byte) {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: benchConns, MaxConnsPerHost: benchConns}}
+	defer client.CloseIdleConnections()
+	var next atomic.Int64
+	lat := make([][]time.Duration, benchConns)
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	for c := range benchConns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(b.N) {
+					return
+				}
+				req, _ := http.NewRequest("POST", url, bytes.NewReader(body(i)))
+				req.Header = header.Clone()
+				start := time.Now()
+				resp, err := client.Do(req)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				lat[c] = append(lat[c], time.Since(start))
+				if resp.StatusCode != http.StatusNoContent {
+					b.Errorf("status %d", resp.StatusCode)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	if len(all) > 0 {
+		b.ReportMetric(float64(all[len(all)*99/100].Microseconds())/1000, "p99-ms")
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+}
