@@ -132,17 +132,17 @@ type deviceActionBody struct {
 }
 
 type actionBody struct {
-	ID          int64           `json:"id"`
-	Action      string          `json:"action"`
-	Params      json.RawMessage `json:"params"`
-	SearchType  string          `json:"search_type"`
-	Metadata    json.RawMessage `json:"metadata"`
-	Timeout     int64           `json:"timeout"`
-	UserEmail   string          `json:"user_email"`
-	UserName    string          `json:"user_name"`
-	CreatedAt   string          `json:"created_at"`
-	Targeted    int             `json:"targeted"`
-	Statuses    map[string]int  `json:"statuses"`
+	ID         int64           `json:"id"`
+	Action     string          `json:"action"`
+	Params     json.RawMessage `json:"params"`
+	SearchType string          `json:"search_type"`
+	Metadata   json.RawMessage `json:"metadata"`
+	Timeout    int64           `json:"timeout"`
+	UserEmail  string          `json:"user_email"`
+	UserName   string          `json:"user_name"`
+	CreatedAt  string          `json:"created_at"`
+	Targeted   int             `json:"targeted"`
+	Statuses   map[string]int  `json:"statuses"`
 }
 
 // dispatch posts to the modern endpoint and returns the new action's id.

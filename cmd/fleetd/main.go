@@ -59,6 +59,7 @@ func commands() []command {
 		{"tenant list", "list tenants", runTenantList},
 		{"apikey create", "create an API key in a tenant and print it", runAPIKeyCreate},
 		{"bundle create", "build a firmware bundle archive with its manifest", runBundleCreate},
+		{"sim", "simulate a fleet of devices over MQTT: execute actions, send telemetry", runSim},
 		{"version", "print the version", runVersion},
 	}
 }
