@@ -37,6 +37,8 @@ type config struct {
 
 	// An external broker and many replicas (broker.go).
 	scale scaleConfig
+
+	pprofAddr string // hidden: runtime profiles for cmd/fleetbench (pprof.go)
 }
 
 func (c *config) databaseFlags(fs *flagSet) {
@@ -61,6 +63,7 @@ func (c *config) serveFlags(fs *flagSet) {
 	c.alertFlags(fs)
 	c.scale.flags(fs)
 	c.logFlags(fs)
+	c.pprofFlags(fs)
 }
 
 func (c *config) alertFlags(fs *flagSet) {

@@ -13,7 +13,17 @@ import (
 type flagSet struct {
 	*flag.FlagSet
 	cmd, args, about string
-	positional       []string // the arguments that are not flags, in order
+	positional       []string        // the arguments that are not flags, in order
+	hidden           map[string]bool // flags left out of the usage
+}
+
+// hide leaves a flag out of the usage; it still works, and so does its
+// environment variable.
+func (fs *flagSet) hide(name string) {
+	if fs.hidden == nil {
+		fs.hidden = map[string]bool{}
+	}
+	fs.hidden[name] = true
 }
 
 func newFlagSet(cmd, args, about string, stderr io.Writer) *flagSet {
@@ -62,13 +72,20 @@ func (fs *flagSet) parse(args []string, getenv func(string) string) error {
 func (fs *flagSet) usage(w io.Writer) {
 	fmt.Fprintf(w, "Usage: fleetd %s [flags] %s\n\n%s\n", fs.cmd, fs.args, fs.about)
 	n := 0
-	fs.VisitAll(func(*flag.Flag) { n++ })
+	fs.VisitAll(func(f *flag.Flag) {
+		if !fs.hidden[f.Name] {
+			n++
+		}
+	})
 	if n == 0 {
 		return
 	}
 	fmt.Fprintln(w, "\nFlags (each also read from the environment variable shown):")
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
 	fs.VisitAll(func(f *flag.Flag) {
+		if fs.hidden[f.Name] {
+			return
+		}
 		name, _ := flag.UnquoteUsage(f)
 		arg := "--" + f.Name
 		if name != "" {

@@ -41,6 +41,11 @@ func runServe(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
+	stopPprof, err := servePprof(c.pprofAddr, log)
+	if err != nil {
+		return err
+	}
+	defer stopPprof()
 	db, err := c.openDB(ctx, log)
 	if err != nil {
 		return err

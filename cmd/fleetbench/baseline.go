@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	_ "modernc.org/sqlite" // registers "sqlite"
+)
+
+// baselineBatch is how many rows the update baseline commits at once: the
+// most status reports fleetd applies in one store call.
+const baselineBatch = 512
+
+// storage is the database the storage baselines run on: the same engine
+// and settings fleetd uses, in a scratch file or schema of their own.
+type storage struct {
+	dialect string
+	db      *sql.DB
+	writers int // concurrent committers, as fleetd's writer connections
+	cleanup func() error
+}
+
+// openStorage opens the baseline database: a SQLite file in dir, with
+// fleetd's pragmas (WAL, synchronous=FULL) and one connection, or a fresh
+// schema in the PostgreSQL database of pgBase with four.
+func openStorage(ctx context.Context, dialect, pgBase, dir string) (*storage, error) {
+	if dialect == "postgres" {
+		dsn, drop, err := freshSchema(ctx, pgBase, "fleetbench_base_")
+		if err != nil {
+			return nil, err
+		}
+		db, err := sql.Open("pgx", dsn)
+		if err != nil {
+			drop()
+			return nil, err
+		}
+		db.SetMaxOpenConns(8)
+		return &storage{dialect: dialect, db: db, writers: 4, cleanup: func() error { db.Close(); return drop() }}, nil
+	}
+	path := filepath.Join(dir, "baseline.db")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)&_txlock=immediate")
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(1)
+	return &storage{dialect: dialect, db: db, writers: 1, cleanup: db.Close}, nil
+}
+
+// updateRate measures single-row UPDATEs by primary key, committed in
+// batches of baselineBatch, for d: rows per second.
+func (s *storage) updateRate(ctx context.Context, d time.Duration) (float64, error) {
+	const rows = 16_384
+	for _, q := range []string{
+		"DROP TABLE IF EXISTS upd",
+		`CREATE TABLE upd (tenant TEXT NOT NULL, action_id BIGINT NOT NULL, device_id TEXT NOT NULL,
+			status TEXT NOT NULL, progress INTEGER NOT NULL, last_seq BIGINT, updated_at BIGINT NOT NULL,
+			PRIMARY KEY (tenant, action_id, device_id))`,
+		s.series("INSERT INTO upd SELECT 'b', 1, %s, 'Queued', 0, 0, 0 FROM %s", rows),
+	} {
+		if _, err := s.db.ExecContext(ctx, q); err != nil {
+			return 0, fmt.Errorf("update baseline: %w", err)
+		}
+	}
+	update := s.rebind("UPDATE upd SET status = ?, progress = ?, last_seq = ?, updated_at = ? WHERE tenant = ? AND action_id = ? AND device_id = ?")
+	var total atomic.Int64
+	end := time.Now().Add(d)
+	var wg sync.WaitGroup
+	errs := make(chan error, s.writers)
+	per := rows / s.writers
+	for w := range s.writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stmt, err := s.db.PrepareContext(ctx, update)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer stmt.Close()
+			seq := 0
+			for time.Now().Before(end) {
+				tx, err := s.db.BeginTx(ctx, nil)
+				if err != nil {
+					errs <- err
+					return
+				}
+				st := tx.StmtContext(ctx, stmt)
+				for range baselineBatch {
+					seq++
+					id := fmt.Sprintf("dev-%07d", w*per+seq%per)
+					if _, err := st.ExecContext(ctx, "Downloading", seq%100, seq, seq, "b", 1, id); err != nil {
+						tx.Rollback()
+						errs <- err
+						return
+					}
+				}
+				if err := tx.Commit(); err != nil {
+					errs <- err
+					return
+				}
+				total.Add(baselineBatch)
+			}
+		}()
+	}
+	start := time.Now()
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, fmt.Errorf("update baseline: %w", err)
+	}
+	return float64(total.Load()) / time.Since(start).Seconds(), nil
+}
+
+// insertTime measures one INSERT … SELECT of n rows shaped like
+// device_actions, from a table shaped like devices, into a table with the
+// primary key only, committed: what a dispatch to n devices costs the
+// database at the least.
+func (s *storage) insertTime(ctx context.Context, n int) (time.Duration, error) {
+	json := "TEXT"
+	if s.dialect == "postgres" {
+		json = "JSONB"
+	}
+	for _, q := range []string{
+		"DROP TABLE IF EXISTS ins_src",
+		"DROP TABLE IF EXISTS ins_dst",
+		"CREATE TABLE ins_src (tenant TEXT NOT NULL, id TEXT NOT NULL, metadata " + json + " NOT NULL, PRIMARY KEY (tenant, id))",
+		s.series("INSERT INTO ins_src SELECT 'b', %s, '{}' FROM %s", n),
+		`CREATE TABLE ins_dst (tenant TEXT NOT NULL, action_id BIGINT NOT NULL, device_id TEXT NOT NULL, type TEXT NOT NULL,
+			status TEXT NOT NULL, action_status TEXT NOT NULL, progress INTEGER NOT NULL, errors ` + json + ` NOT NULL,
+			error_count INTEGER NOT NULL, user_email TEXT NOT NULL, user_name TEXT NOT NULL, serial_metadata ` + json + ` NOT NULL,
+			created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, PRIMARY KEY (tenant, action_id, device_id))`,
+	} {
+		if _, err := s.db.ExecContext(ctx, q); err != nil {
+			return 0, fmt.Errorf("insert baseline: %w", err)
+		}
+	}
+	start := time.Now()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO ins_dst SELECT tenant, 1, id, 'reboot', 'Queued', 'Queued', 0, '{}', 0,
+		'', 'admin', metadata, 0, 0 FROM ins_src WHERE tenant = 'b'`); err != nil {
+		tx.Rollback()
+		return 0, fmt.Errorf("insert baseline: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("insert baseline: %w", err)
+	}
+	elapsed := time.Since(start)
+	_, err = s.db.ExecContext(ctx, "DROP TABLE ins_dst")
+	return elapsed, err
+}
+
+// series fills q's two %s with a device id expression and a row source of
+// n numbered rows, in the dialect's way.
+func (s *storage) series(q string, n int) string {
+	if s.dialect == "postgres" {
+		return fmt.Sprintf(q, "'dev-' || lpad(i::text, 7, '0')", fmt.Sprintf("generate_series(0, %d) AS g(i)", n-1))
+	}
+	return fmt.Sprintf("WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i + 1 < %d) "+q,
+		n, "printf('dev-%07d', i)", "c")
+}
+
+func (s *storage) rebind(q string) string {
+	if s.dialect != "postgres" {
+		return q
+	}
+	out := make([]byte, 0, len(q)+16)
+	n := 0
+	for i := 0; i < len(q); i++ {
+		if q[i] == '?' {
+			n++
+			out = fmt.Appendf(out, "$%d", n)
+			continue
+		}
+		out = append(out, q[i])
+	}
+	return string(out)
+}
+
+func (s *storage) close() error { return s.cleanup() }

@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"time"
+)
+
+// sizes are a run's scenario sizes.
+type sizes struct {
+	s10Devices     int   // device actions S10 reports on
+	mqttDevices    int   // devices publishing status reports
+	streamDevices  int   // devices publishing stream points
+	pointsPerBatch int   // points in one stream publish
+	dispatch       []int // dispatch sizes, the targets' 100,000 and 1,000,000
+	delivery       int   // connected devices that must receive an action
+	s7Actions      int   // actions on the S7 device
+	s7Requests     int   // measured S7 requests per sort field
+	memConns       int   // MQTT connections while memory is read
+	warmup         time.Duration
+}
+
+func sizesFor(quick bool) sizes {
+	if quick {
+		return sizes{s10Devices: 2_000, mqttDevices: 200, streamDevices: 50, pointsPerBatch: 100,
+			dispatch: []int{1_000, 10_000}, delivery: 1_000, s7Actions: 1_000, s7Requests: 100, memConns: 1_000,
+			warmup: 500 * time.Millisecond}
+	}
+	return sizes{s10Devices: 10_000, mqttDevices: 2_000, streamDevices: 200, pointsPerBatch: 100,
+		dispatch: []int{100_000, 1_000_000}, delivery: 10_000, s7Actions: 10_000, s7Requests: 400, memConns: 10_000,
+		warmup: 2 * time.Second}
+}
+
+// dispatchGoals are the seconds to the 201 of a dispatch to 100,000 and to
+// 1,000,000 devices (DESIGN §10).
+var dispatchGoals = []float64{1, 10}
+
+// runner runs the scenarios against one fleetd and keeps what they share.
+type runner struct {
+	o     *options
+	sz    sizes
+	t     *target
+	admin *api
+	dir   string
+	p     *progress
+	rep   *report
+	store *storage // nil: no storage baselines (--url without --database)
+	runID string
+
+	deviceKey  string     // a device-role key, for S10
+	connected  *fleetConn // subscribed devices kept for the memory scenario
+	dispatched []bool     // per dispatch size: done already
+}
+
+func bench(ctx context.Context, o *options, stdout, stderr io.Writer) error {
+	p := &progress{w: stderr, start: time.Now()}
+	sz := sizesFor(o.quick)
+	limit, err := raiseFileLimit(uint64(sz.memConns + 1024))
+	if err != nil {
+		return err
+	}
+	p.say("RLIMIT_NOFILE %d", limit)
+	dir, err := os.MkdirTemp("", "fleetbench-")
+	if err != nil {
+		return err
+	}
+	if o.keep {
+		p.say("keeping %s", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+
+	var t *target
+	if o.url != "" {
+		t = &target{url: o.url, mqttAddr: o.mqttAddr, tenant: o.tenant, adminKey: o.apiKey, pid: o.pid, dialect: "sqlite", dsn: o.database}
+		if isPostgres(o.database) {
+			t.dialect = "postgres"
+		}
+	} else {
+		t, err = startFleetd(ctx, o, dir, p)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			p.say("stopping fleetd")
+			if err := t.stop(); err != nil {
+				fmt.Fprintf(stderr, "fleetbench: cleaning up: %v\n", err)
+			}
+		}()
+		p.say("fleetd %s on %s (http %s, mqtt %s, pid %d)", dialectName(t.dialect), t.dsnForLog(), t.url, t.mqttAddr, t.pid)
+	}
+	r := &runner{o: o, sz: sz, t: t, dir: dir, p: p, admin: newAPI(t.url, t.tenant, t.adminKey),
+		rep:        &report{Quick: o.quick, Database: dialectName(t.dialect), Started: time.Now().UTC(), CPUs: runtime.NumCPU()},
+		runID:      fmt.Sprintf("%x", time.Now().UnixNano()&0xffffffff),
+		dispatched: make([]bool, len(sz.dispatch))}
+	if o.url != "" && o.database == "" {
+		r.rep.Database = "unknown (--url without --database)"
+	}
+	if t.managed || o.database != "" {
+		base := o.database
+		if r.store, err = openStorage(ctx, t.dialect, base, dir); err != nil {
+			return err
+		}
+		defer r.store.close()
+	}
+	if o.profile != "" {
+		if err := os.MkdirAll(o.profile, 0o755); err != nil {
+			return err
+		}
+	}
+
+	steps := map[string]func(context.Context) error{
+		"s10": r.s10, "mqtt-status": r.mqttStatus, "streams": r.streams, "dispatch": r.dispatch,
+		"delivery": r.delivery, "s7": r.s7, "memory": r.memory,
+	}
+	var failed error
+	for _, name := range allScenarios {
+		if !slices.Contains(o.scenarios, name) {
+			continue
+		}
+		p.say("scenario %s", name)
+		if err := steps[name](ctx); err != nil {
+			failed = fmt.Errorf("scenario %s: %w", name, err)
+			if t.logPath != "" {
+				failed = fmt.Errorf("%w\nfleetd's log ends:\n%s", failed, tail(t.logPath, 15))
+			}
+			break
+		}
+	}
+	if r.connected != nil {
+		r.connected.close()
+	}
+	r.rep.print(stdout)
+	if o.jsonOut != "" {
+		if err := r.rep.writeJSON(o.jsonOut); err != nil {
+			return err
+		}
+	}
+	return failed
+}
+
+func dialectName(d string) string {
+	if d == "postgres" {
+		return "PostgreSQL"
+	}
+	return "SQLite"
+}
+
+func (t *target) dsnForLog() string {
+	if t.dialect == "postgres" {
+		return redact(t.dsn)
+	}
+	return t.dsn
+}
+
+// profile fetches fleetd's CPU profile of the next d into the profile
+// directory, and its allocations before and after; the returned function
+// waits for it. Without --profile it does nothing.
+func (r *runner) profile(name string, d time.Duration) func() {
+	if r.o.profile == "" || r.t.pprof == "" {
+		return func() {}
+	}
+	fetch := func(path, file string) {
+		resp, err := http.Get(r.t.pprof + path)
+		if err != nil {
+			r.p.say("profile %s: %v", file, err)
+			return
+		}
+		defer resp.Body.Close()
+		f, err := os.Create(filepath.Join(r.o.profile, file))
+		if err != nil {
+			r.p.say("profile %s: %v", file, err)
+			return
+		}
+		defer f.Close()
+		io.Copy(f, resp.Body)
+	}
+	fetch("/debug/pprof/allocs", name+"-allocs-before.pprof")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		secs := max(1, int(d.Round(time.Second)/time.Second))
+		fetch(fmt.Sprintf("/debug/pprof/profile?seconds=%d", secs), name+"-cpu.pprof")
+	}()
+	return func() {
+		<-done
+		fetch("/debug/pprof/allocs", name+"-allocs.pprof")
+		r.p.say("profiles of %s in %s (allocations: go tool pprof -base %s-allocs-before.pprof %s-allocs.pprof)", name, r.o.profile, name, name)
+	}
+}

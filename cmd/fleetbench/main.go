@@ -1,0 +1,187 @@
+// Command fleetbench measures fleetd against the figures users will measure
+// (DESIGN §10) and prints them in one table, each beside a baseline taken in
+// the same run: a hello-world Go handler under the same HTTP load, and the
+// raw update and insert rates of the same database.
+//
+// By default it builds fleetd, runs it as a subprocess on the embedded
+// defaults (SQLite in a temporary directory, the embedded MQTT broker, free
+// ports), provisions what each scenario needs through the API and runs the
+// scenarios. --database postgres://… runs fleetd on PostgreSQL in a fresh
+// schema; --url with --api-key and --tenant measures a fleetd that is
+// already running.
+//
+// The load generators run in this process, so on a small machine they share
+// its cores with fleetd; so do the baselines, which is what makes the
+// ratios fair.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(2)
+		}
+		fmt.Fprintln(os.Stderr, "fleetbench:", err)
+		os.Exit(1)
+	}
+}
+
+const usageText = `Usage: fleetbench [flags]
+       fleetbench hello --addr ADDR
+
+Measures fleetd against DESIGN §10 and prints one table: each figure, its
+value, its target, the baseline it is compared with and the ratio to it,
+and whether the target is met.
+
+By default fleetbench builds fleetd (go build, once, into a temporary
+directory), runs it on SQLite with the embedded MQTT broker on free ports,
+provisions devices, keys, actions and alert rules through the API, runs
+every scenario, stops fleetd and removes what it made.
+
+Scenarios (--scenarios takes a comma-separated subset):
+  s10          S10 status reports over HTTP, 64 connections: throughput,
+               p50, p99, against a hello-world handler under the same load.
+               Every request is a report that is applied: each device action
+               belongs to one connection and its sequence rises. Each
+               connection is a gateway with a device key of its own (fleetd
+               limits one key's device data to 20,000 requests/s).
+  mqtt-status  status reports over MQTT: many devices publishing at QoS 1,
+               each waiting for its PUBACK (a PUBACK means committed).
+  streams      stream points over MQTT through alert evaluation (3 rules),
+               in batches of 100 points.
+  dispatch     dispatch to 100,000 and to 1,000,000 devices (search_type
+               all, a tenant each): time to the 201.
+  delivery     10,000 connected devices subscribed to their actions; one
+               dispatch to all of them: time from the 201 until the last
+               device received the action.
+  s7           S7 on a device with 10,000 actions: p99 for every sort_by
+               (limit=50, page 1, alternating desc and asc).
+  memory       fleetd's resident memory (VmRSS) with 10,000 MQTT connections
+               and 1,000,000 device actions stored.
+
+Baselines, measured in the same run:
+  hello        a hello-world Go handler, in a process of its own (this
+               command re-run as "fleetbench hello"), under the same load
+               generator and connections as S10.
+  update       single-row UPDATEs by primary key, committed in batches of
+               512, on the same database (SQLite: WAL, synchronous=FULL;
+               PostgreSQL: 4 connections, as fleetd's 4 writers).
+  insert       INSERT … SELECT of as many rows as a dispatch makes, into a
+               table shaped like device_actions with its primary key only.
+
+The fleetd fleetbench starts runs with --rate-limit -1: the setup makes
+thousands of API requests with a few keys. Device-data limits stay at their
+defaults. Against --url, lift the limits of the fleetd measured likewise.
+
+File descriptors: 10,000 MQTT connections need about 10,100 descriptors in
+this process and as many in fleetd. fleetbench raises its soft
+RLIMIT_NOFILE to the hard limit; fleetd inherits it. Connections come from
+several loopback source addresses (127.0.0.2-127.0.0.9) when fleetd is on
+loopback, so ephemeral ports never run out.
+
+--quick runs every scenario at a reduced size (10,000 devices instead of
+1,000,000; 1,000 connections instead of 10,000; seconds-long runs) and
+finishes in under two minutes; its met column is information only.
+
+Flags:
+`
+
+type options struct {
+	quick     bool
+	scenarios []string
+	database  string
+	url       string
+	mqttAddr  string
+	apiKey    string
+	tenant    string
+	pid       int
+	jsonOut   string
+	profile   string
+	fleetd    string
+	keep      bool
+	conns     int
+	duration  time.Duration
+}
+
+var allScenarios = []string{"s10", "mqtt-status", "streams", "dispatch", "delivery", "s7", "memory"}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "hello" {
+		return runHello(ctx, args[1:], stdout, stderr)
+	}
+	var o options
+	var scenarios string
+	fs := flag.NewFlagSet("fleetbench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usageText)
+		fs.PrintDefaults()
+	}
+	fs.BoolVar(&o.quick, "quick", false, "run every scenario at a reduced size; finishes in under two minutes")
+	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "comma-separated `LIST` of scenarios to run")
+	fs.StringVar(&o.database, "database", "", "`DSN` fleetd runs on: a postgres:// URL (fleetbench makes a fresh schema in it) or a SQLite path; default: SQLite in a temporary directory")
+	fs.StringVar(&o.url, "url", "", "`URL` of a running fleetd to measure instead of starting one (needs --api-key, --tenant, --mqtt-addr)")
+	fs.StringVar(&o.mqttAddr, "mqtt-addr", "", "`HOST:PORT` of the running fleetd's MQTT broker (with --url)")
+	fs.StringVar(&o.apiKey, "api-key", "", "admin API `KEY` of --tenant (with --url)")
+	fs.StringVar(&o.tenant, "tenant", "", "`TENANT` to provision into (with --url)")
+	fs.IntVar(&o.pid, "pid", 0, "`PID` of the running fleetd, to read its VmRSS (with --url; default: /metrics' process_resident_memory_bytes)")
+	fs.StringVar(&o.jsonOut, "json", "", "also write the figures as JSON to `FILE`")
+	fs.StringVar(&o.profile, "profile", "", "save fleetd's CPU and allocation profiles of each scenario under `DIR` (needs the fleetd fleetbench starts)")
+	fs.StringVar(&o.fleetd, "fleetd", "", "`PATH` of a fleetd binary to run instead of building one")
+	fs.BoolVar(&o.keep, "keep", false, "keep the temporary directory (database, fleetd's log) and the PostgreSQL schema")
+	fs.IntVar(&o.conns, "connections", 64, "`N` HTTP connections of the S10 load and its baseline")
+	fs.DurationVar(&o.duration, "duration", 0, "`DURATION` of each throughput measurement (default 10s, --quick 2s)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q; see --help", fs.Args())
+	}
+	for _, s := range strings.Split(scenarios, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		if !slices.Contains(allScenarios, s) {
+			return fmt.Errorf("--scenarios: unknown scenario %q; choose from %s", s, strings.Join(allScenarios, ", "))
+		}
+		o.scenarios = append(o.scenarios, s)
+	}
+	if o.url != "" && (o.apiKey == "" || o.tenant == "" || o.mqttAddr == "") {
+		return errors.New("--url needs --api-key (an admin key), --tenant and --mqtt-addr")
+	}
+	if o.url != "" && o.profile != "" {
+		return errors.New("--profile needs the fleetd that fleetbench starts (it runs it with --pprof-addr)")
+	}
+	if o.duration == 0 {
+		o.duration = 10 * time.Second
+		if o.quick {
+			o.duration = 2 * time.Second
+		}
+	}
+	if o.conns < 1 {
+		return errors.New("--connections must be at least 1")
+	}
+	return bench(ctx, &o, stdout, stderr)
+}
+
+func newHelloFlags(stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("fleetbench hello", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// unit says how a figure's value reads and which way is better.
+type unit string
+
+const (
+	perSecond unit = "/s"
+	millis    unit = "ms"
+	seconds   unit = "s"
+	megabytes unit = "MB"
+	percent   unit = "%"
+)
+
+// figure is one row of the table.
+type figure struct {
+	Scenario string  `json:"scenario"`
+	Name     string  `json:"name"`
+	Value    float64 `json:"value"`
+	Unit     unit    `json:"unit"`
+	// Target is the goal: at least (AtLeast) or at most Goal. Zero Goal:
+	// no target, the figure is information.
+	Goal    float64 `json:"goal,omitempty"`
+	AtLeast bool    `json:"at_least,omitempty"`
+	Met     *bool   `json:"met,omitempty"`
+	// Baseline names the baseline figure compared with; Ratio is
+	// Value / that baseline's value.
+	Baseline string  `json:"baseline,omitempty"`
+	Ratio    float64 `json:"ratio,omitempty"`
+	Note     string  `json:"note,omitempty"`
+	// Label is a baseline's short name, for the baseline column.
+	Label string `json:"label,omitempty"`
+}
+
+// report collects the figures of a run.
+type report struct {
+	Quick     bool      `json:"quick"`
+	Database  string    `json:"database"`
+	Started   time.Time `json:"started"`
+	CPUs      int       `json:"cpus"`
+	Figures   []*figure `json:"figures"`
+	baselines map[string]*figure
+}
+
+func (r *report) add(f *figure) *figure {
+	if f.Goal != 0 {
+		met := f.Value <= f.Goal
+		if f.AtLeast {
+			met = f.Value >= f.Goal
+		}
+		f.Met = &met
+	}
+	r.Figures = append(r.Figures, f)
+	return f
+}
+
+// addBaseline records a baseline figure under name; its label is what the
+// baseline column shows of it.
+func (r *report) addBaseline(name, label string, f *figure) {
+	f.Label = label
+	if r.baselines == nil {
+		r.baselines = map[string]*figure{}
+	}
+	f.Scenario = "baseline"
+	r.baselines[name] = f
+	r.add(f)
+}
+
+// compare sets f's ratio to the named baseline, if it was measured.
+func (r *report) compare(f *figure, name string) {
+	b, ok := r.baselines[name]
+	if !ok || b.Value == 0 {
+		return
+	}
+	f.Baseline = b.Label
+	f.Ratio = f.Value / b.Value
+}
+
+func (f *figure) value() string {
+	switch f.Unit {
+	case perSecond:
+		return thousands(f.Value) + "/s"
+	case millis:
+		return fmt.Sprintf("%.2f ms", f.Value)
+	case seconds:
+		return fmt.Sprintf("%.2f s", f.Value)
+	case megabytes:
+		return fmt.Sprintf("%.0f MB", f.Value)
+	case percent:
+		return fmt.Sprintf("%.0f%%", f.Value)
+	}
+	return fmt.Sprint(f.Value)
+}
+
+func (f *figure) target() string {
+	if f.Goal == 0 {
+		return ""
+	}
+	g := *f
+	g.Value = f.Goal
+	if f.AtLeast {
+		return "≥ " + g.value()
+	}
+	return "≤ " + g.value()
+}
+
+func (f *figure) met() string {
+	switch {
+	case f.Met == nil:
+		return ""
+	case *f.Met:
+		return "met"
+	}
+	return "NOT MET"
+}
+
+func (f *figure) ratio() string {
+	if f.Baseline == "" {
+		return ""
+	}
+	if f.Unit == perSecond && f.Ratio < 1 {
+		return fmt.Sprintf("%.0f%%", 100*f.Ratio)
+	}
+	return fmt.Sprintf("%.2f×", f.Ratio)
+}
+
+// print writes the table.
+func (r *report) print(w io.Writer) {
+	mode := "full"
+	if r.Quick {
+		mode = "quick: reduced sizes; targets are for the full run, met/not met is information only"
+	}
+	fmt.Fprintf(w, "\nfleetbench, %s, %d CPUs, %s (%s)\n\n", r.Database, r.CPUs, r.Started.Format("2006-01-02 15:04"), mode)
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "figure\tvalue\ttarget\tbaseline\tratio\t")
+	fmt.Fprintln(tw, "------\t-----\t------\t--------\t-----\t")
+	for _, f := range r.Figures {
+		name := f.Name
+		if f.Scenario == "baseline" {
+			name = "baseline " + f.Label + ": " + name
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", name, f.value(), f.target(), f.Baseline, f.ratio(), f.met())
+	}
+	tw.Flush()
+	var notes []string
+	for _, f := range r.Figures {
+		if f.Note != "" {
+			notes = append(notes, fmt.Sprintf("  %s: %s", f.Name, f.Note))
+		}
+	}
+	if len(notes) > 0 {
+		fmt.Fprintf(w, "\nNotes:\n%s\n", strings.Join(notes, "\n"))
+	}
+}
+
+func (r *report) writeJSON(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// thousands formats v rounded, with commas: 31245.6 -> "31,246".
+func thousands(v float64) string {
+	s := fmt.Sprintf("%d", int64(math.Round(v)))
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 && s[i-1] != '-' {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,0 +1,688 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fleetd/fleet/mqtt"
+)
+
+// deviceKeyOnce returns a device-role key (the role gateways use for S10),
+// made on first use.
+func (r *runner) deviceKeyOnce(ctx context.Context) (string, error) {
+	if r.deviceKey == "" {
+		k, err := r.admin.createKey(ctx, "fleetbench-device-"+r.runID, "device", "")
+		if err != nil {
+			return "", err
+		}
+		r.deviceKey = k
+	}
+	return r.deviceKey, nil
+}
+
+// longTimeout keeps benchmark actions from timing out midway.
+const longTimeout = 31_536_000
+
+// reportSeq hands out rising report sequences per device action. Each
+// device action belongs to one worker, which sends its reports one after
+// another, so every report is newer than the last one applied: none is
+// ignored as a duplicate.
+type reportSeq struct {
+	base int64   // epoch ms: timestamp = base + sequence
+	last []int64 // per device action, the last sequence sent
+}
+
+func newReportSeq(n int) *reportSeq {
+	return &reportSeq{base: time.Now().UnixMilli(), last: make([]int64, n)}
+}
+
+func (s *reportSeq) next(item int) int64 {
+	s.last[item]++
+	return s.last[item]
+}
+
+// state is the state word of report seq: it names the report, so that what
+// the store shows afterwards proves the last one was applied.
+func state(seq int64) string { return "Downloading-" + strconv.FormatInt(seq, 10) }
+
+// verifyLast reads every device action of an action and counts those whose
+// status is the state of the last report sent to them.
+func (r *runner) verifyLast(ctx context.Context, actionID int64, devIDs []string, seq *reportSeq) (ok, sent int, err error) {
+	want := map[string]string{}
+	for i, id := range devIDs {
+		if seq.last[i] > 0 {
+			want[id] = state(seq.last[i])
+		}
+	}
+	for page := 1; ; page++ {
+		var resp struct {
+			DeviceActions []struct {
+				DeviceID string `json:"device_id"`
+				Status   string `json:"status"`
+			} `json:"device_actions"`
+		}
+		if err := r.admin.call(ctx, "GET", fmt.Sprintf("/api/v1/actions/%d/devices?limit=1000&page=%d", actionID, page), nil, http.StatusOK, &resp); err != nil {
+			return 0, 0, err
+		}
+		for _, da := range resp.DeviceActions {
+			if w, found := want[da.DeviceID]; found && da.Status == w {
+				ok++
+			}
+		}
+		if len(resp.DeviceActions) < 1000 {
+			break
+		}
+	}
+	return ok, len(want), nil
+}
+
+func errorNote(res result) string {
+	if res.errors == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d failed requests; the first: %s", res.errors, res.firstErr)
+}
+
+func joinNotes(notes ...string) string {
+	var out []string
+	for _, n := range notes {
+		if n != "" {
+			out = append(out, n)
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
+// s10 measures S10 over HTTP and, in the same way, the hello-world handler.
+func (r *runner) s10(ctx context.Context) error {
+	n, conns := r.sz.s10Devices, r.o.conns
+	devIDs := ids("s10-"+r.runID, n)
+	if _, err := r.admin.provision(ctx, devIDs, nil, r.p, "s10: provisioned devices"); err != nil {
+		return err
+	}
+	// Each connection is a gateway with a device key of its own: fleetd
+	// limits each key's device data (20,000 requests/s by default).
+	headers := make([]http.Header, conns)
+	for w := range headers {
+		key, err := r.admin.createKey(ctx, fmt.Sprintf("fleetbench-gw%d-%s", w, r.runID), "device", "")
+		if err != nil {
+			return err
+		}
+		headers[w] = http.Header{"Content-Type": {"application/json"}, "X-Service-Tenant": {r.t.tenant}, "X-Service-Api-Key": {key}}
+	}
+	act, err := r.admin.dispatch(ctx, map[string]any{"action": "s10-bench", "params": map[string]any{}, "search_type": "default",
+		"device_ids": devIDs, "timeout": longTimeout})
+	if err != nil {
+		return err
+	}
+	// Worker w owns device actions w, w+conns, w+2·conns, …
+	owned := func(w int) int { return (n - w + conns - 1) / conns }
+	seq := newReportSeq(n)
+	body := func(seq *reportSeq) func(w, i int) []byte {
+		return func(w, i int) []byte {
+			item := w + (i%owned(w))*conns
+			s := seq.next(item)
+			return fmt.Appendf(nil, `{"device_id":%q,"action_id":%d,"state":%q,"progress":%d,"timestamp":%d,"sequence":%d}`,
+				devIDs[item], act.ID, state(s), s%101, seq.base+s, s)
+		}
+	}
+	if conns > n {
+		return fmt.Errorf("--connections %d is more than the %d device actions", conns, n)
+	}
+
+	h, err := startHello(ctx)
+	if err != nil {
+		return err
+	}
+	r.p.say("s10: hello-world baseline, %d connections, %s", conns, r.o.duration)
+	helloRes := (&httpLoad{url: h.url, headers: headers, conns: conns, want: http.StatusNoContent,
+		body: body(newReportSeq(n)), warmup: r.sz.warmup, duration: r.o.duration}).run(ctx)
+	h.stop()
+	if helloRes.errors > 0 {
+		return fmt.Errorf("hello-world baseline: %s", errorNote(helloRes))
+	}
+	r.rep.addBaseline("hello", "hello", &figure{Name: fmt.Sprintf("hello-world Go handler, %d connections", conns), Value: helloRes.rate, Unit: perSecond})
+	r.rep.addBaseline("hello-p50", "hello p50", &figure{Name: "its p50", Value: ms(helloRes.p50), Unit: millis})
+	r.rep.addBaseline("hello-p99", "hello p99", &figure{Name: "its p99", Value: ms(helloRes.p99), Unit: millis})
+	if err := r.updateBaseline(ctx); err != nil {
+		return err
+	}
+
+	r.p.say("s10: %d connections, %s, on %d device actions", conns, r.o.duration, n)
+	wait := r.profile("s10", r.sz.warmup+r.o.duration)
+	res := (&httpLoad{url: r.t.url + "/api/v1/devices/action/status", headers: headers, conns: conns, want: http.StatusNoContent,
+		body: body(seq), warmup: r.sz.warmup, duration: r.o.duration}).run(ctx)
+	wait()
+	ok, sent, err := r.verifyLast(ctx, act.ID, devIDs, seq)
+	if err != nil {
+		return err
+	}
+	applied := fmt.Sprintf("%d of %d device actions show the last report sent", ok, sent)
+	thr := r.rep.add(&figure{Scenario: "s10", Name: fmt.Sprintf("S10 over HTTP, %d connections", conns), Value: res.rate, Unit: perSecond,
+		Goal: 30_000, AtLeast: true, Note: joinNotes(applied, errorNote(res))})
+	r.rep.compare(thr, "hello")
+	r.rep.add(&figure{Scenario: "s10", Name: "S10 throughput ÷ hello-world", Value: 100 * res.rate / helloRes.rate, Unit: percent, Goal: 40, AtLeast: true})
+	r.rep.compare(r.rep.add(&figure{Scenario: "s10", Name: "S10 p50", Value: ms(res.p50), Unit: millis}), "hello-p50")
+	r.rep.compare(r.rep.add(&figure{Scenario: "s10", Name: "S10 p99", Value: ms(res.p99), Unit: millis, Goal: 20}), "hello-p99")
+	if res.errors > 0 || ok != sent {
+		return fmt.Errorf("S10: %s", joinNotes(applied, errorNote(res)))
+	}
+	return nil
+}
+
+// updateBaseline measures the raw update rate once.
+func (r *runner) updateBaseline(ctx context.Context) error {
+	if r.store == nil || r.rep.baselines["update"] != nil {
+		return nil
+	}
+	d := min(r.o.duration, 5*time.Second)
+	r.p.say("baseline: %s UPDATE by primary key, batches of %d, %s", dialectName(r.store.dialect), baselineBatch, d)
+	rate, err := r.store.updateRate(ctx, d)
+	if err != nil {
+		return err
+	}
+	r.rep.addBaseline("update", "UPDATE", &figure{Name: fmt.Sprintf("%s UPDATE by primary key, %d per commit, %d writer(s)", dialectName(r.store.dialect), baselineBatch, r.store.writers),
+		Value: rate, Unit: perSecond})
+	return nil
+}
+
+// publishLoad has every device publish, one message at a time, each
+// waiting for its PUBACK, until the window ends.
+func (r *runner) publishLoad(ctx context.Context, fc *fleetConn, topic func(d *simDevice) string, payload func(i int) []byte) result {
+	w := newWindow(r.sz.warmup, r.o.duration)
+	var wg sync.WaitGroup
+	for i, d := range fc.devices {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rec := w.recorder()
+			defer rec.flush()
+			t := topic(d)
+			for !w.over() && ctx.Err() == nil {
+				p := payload(i)
+				t0 := time.Now()
+				if err := d.publish(ctx, t, p); err != nil {
+					rec.fail(err)
+					return
+				}
+				rec.done(t0)
+			}
+		}()
+	}
+	wg.Wait()
+	return w.result()
+}
+
+// mqttStatus measures status reports over MQTT.
+func (r *runner) mqttStatus(ctx context.Context) error {
+	n := r.sz.mqttDevices
+	devIDs := ids("ms-"+r.runID, n)
+	toks, err := r.admin.provision(ctx, devIDs, nil, r.p, "mqtt-status: provisioned devices")
+	if err != nil {
+		return err
+	}
+	act, err := r.admin.dispatch(ctx, map[string]any{"action": "mqtt-bench", "params": map[string]any{}, "search_type": "default",
+		"device_ids": devIDs, "timeout": longTimeout})
+	if err != nil {
+		return err
+	}
+	fc, err := connectDevices(ctx, r.t.mqttAddr, r.t.tenant, toks, false, r.p, "mqtt-status: connected devices")
+	if err != nil {
+		return err
+	}
+	defer fc.close()
+	if err := r.updateBaseline(ctx); err != nil {
+		return err
+	}
+	seq := newReportSeq(n)
+	r.p.say("mqtt-status: %d devices publishing, %s", n, r.o.duration)
+	wait := r.profile("mqtt-status", r.sz.warmup+r.o.duration)
+	res := r.publishLoad(ctx, fc, func(d *simDevice) string { return mqtt.ActionStatusTopic(d.tenant, d.id) }, func(i int) []byte {
+		s := seq.next(i)
+		return fmt.Appendf(nil, `{"id":"%d","state":%q,"progress":%d,"timestamp":%d,"sequence":%d}`, act.ID, state(s), s%101, seq.base+s, s)
+	})
+	wait()
+	ok, sent, err := r.verifyLast(ctx, act.ID, devIDs, seq)
+	if err != nil {
+		return err
+	}
+	applied := fmt.Sprintf("%d of %d device actions show the last report sent", ok, sent)
+	f := r.rep.add(&figure{Scenario: "mqtt-status", Name: fmt.Sprintf("status reports over MQTT, %d devices, QoS 1, one per publish", n),
+		Value: res.rate, Unit: perSecond, Goal: 50_000, AtLeast: true,
+		Note: joinNotes(applied, fmt.Sprintf("PUBACK p50 %.2f ms, p99 %.2f ms", ms(res.p50), ms(res.p99)), errorNote(res))})
+	r.rep.compare(f, "update")
+	if res.errors > 0 || ok != sent {
+		return fmt.Errorf("MQTT status: %s", f.Note)
+	}
+	return nil
+}
+
+// streamRules are the alert rules the stream scenario evaluates: a
+// threshold, a compound condition with an activation threshold, and a
+// no-data watch.
+var streamRules = []map[string]any{
+	{"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}},
+	{"condition": map[string]any{"all": []any{
+		map[string]any{"field": "humidity", "operator": ">=", "value": 90},
+		map[string]any{"not": map[string]any{"field": "temp", "operator": "<", "value": 30}},
+	}}, "activation_threshold_seconds": 60, "deactivation_threshold_seconds": 30},
+	{"condition": map[string]any{"no_data_seconds": 300}},
+}
+
+// pointBatch is n points from the k-th on, as a device writes them; the
+// temperature crosses the threshold once in 500 points, so alerts open
+// and close now and then.
+func pointBatch(base int64, k, n int) []byte {
+	b := make([]byte, 0, n*90)
+	b = append(b, '[')
+	for i := k; i < k+n; i++ {
+		if i > k {
+			b = append(b, ',')
+		}
+		b = fmt.Appendf(b, `{"timestamp":%d,"sequence":%d,"temp":%d,"humidity":%d,"status":"ok"}`,
+			base+int64(i), i, 70+i%500/40, 85+i%1000/100)
+	}
+	return append(b, ']')
+}
+
+// streams measures stream points over MQTT through alert evaluation.
+func (r *runner) streams(ctx context.Context) error {
+	n, per := r.sz.streamDevices, r.sz.pointsPerBatch
+	devIDs := ids("st-"+r.runID, n)
+	toks, err := r.admin.provision(ctx, devIDs, nil, r.p, "streams: provisioned devices")
+	if err != nil {
+		return err
+	}
+	stream := "env" + r.runID
+	for i, rule := range streamRules {
+		body := map[string]any{"name": fmt.Sprintf("fleetbench-%s-%d", r.runID, i), "stream": stream}
+		for k, v := range rule {
+			body[k] = v
+		}
+		if err := r.admin.call(ctx, "POST", "/api/v1/alert-rules", body, http.StatusCreated, nil); err != nil {
+			return err
+		}
+	}
+	fc, err := connectDevices(ctx, r.t.mqttAddr, r.t.tenant, toks, false, r.p, "streams: connected devices")
+	if err != nil {
+		return err
+	}
+	defer fc.close()
+	base := time.Now().UnixMilli()
+	sent := make([]int, n) // batches each device published
+	r.p.say("streams: %d devices publishing batches of %d points, %d rules, %s", n, per, len(streamRules), r.o.duration)
+	wait := r.profile("streams", r.sz.warmup+r.o.duration)
+	res := r.publishLoad(ctx, fc, func(d *simDevice) string { return mqtt.StreamTopic(d.tenant, d.id, stream) }, func(i int) []byte {
+		sent[i]++
+		return pointBatch(base, (sent[i]-1)*per, per)
+	})
+	wait()
+	// The latest point of each device is its last batch's last point.
+	latest := 0
+	for i, id := range devIDs {
+		if i >= 20 {
+			break
+		}
+		var p struct {
+			Sequence int `json:"sequence"`
+		}
+		if err := r.admin.call(ctx, "GET", "/api/v1/devices/"+id+"/streams/"+stream+"/latest", nil, http.StatusOK, &p); err != nil {
+			return err
+		}
+		if p.Sequence == sent[i]*per-1 {
+			latest++
+		}
+	}
+	f := r.rep.add(&figure{Scenario: "streams", Name: fmt.Sprintf("MQTT stream points, %d alert rules, %d devices, %d per publish", len(streamRules), n, per),
+		Value: res.rate * float64(per), Unit: perSecond, Goal: 50_000, AtLeast: true,
+		Note: joinNotes(fmt.Sprintf("%s publishes/s, PUBACK p50 %.2f ms, p99 %.2f ms; %d of %d devices checked show their last point as latest",
+			thousands(res.rate), ms(res.p50), ms(res.p99), latest, min(n, 20)), errorNote(res))})
+	if res.errors > 0 || latest != min(n, 20) {
+		return fmt.Errorf("streams: %s", f.Note)
+	}
+	return nil
+}
+
+// dispatch measures dispatches to each size of fleet.
+func (r *runner) dispatch(ctx context.Context) error {
+	for i := range r.sz.dispatch {
+		if err := r.dispatchOne(ctx, i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dispatchOne provisions the i-th dispatch fleet and dispatches to all of
+// it. fleetbench's own fleetd has an empty tenant for each size, so the
+// dispatch is search_type all; a running fleetd's tenant has other devices,
+// so there the fleet is chosen by metadata, which reads every device of
+// the tenant and is slower.
+func (r *runner) dispatchOne(ctx context.Context, i int) error {
+	if r.dispatched[i] {
+		return nil
+	}
+	n := r.sz.dispatch[i]
+	a := r.admin
+	body := map[string]any{"action": "reboot", "params": map[string]any{"reason": "fleetbench"}, "search_type": "all"}
+	var meta map[string]string
+	if r.t.dispatchTenants != nil {
+		name := dispatchTenantNames[i]
+		a = newAPI(r.t.url, name, r.t.dispatchTenants[name])
+	} else {
+		group := fmt.Sprintf("%s-%d", r.runID, i)
+		meta = map[string]string{"fleetbench": group}
+		body["search_type"], body["search_key"], body["search_query"] = "metadata", "fleetbench", group
+	}
+	if _, err := a.provision(ctx, ids(fmt.Sprintf("dp%d-%s", i, r.runID), n), meta, r.p, fmt.Sprintf("dispatch: provisioned devices of the %s fleet", thousands(float64(n)))); err != nil {
+		return err
+	}
+	baseline := ""
+	if r.store != nil {
+		r.p.say("baseline: %s INSERT … SELECT of %s rows", dialectName(r.store.dialect), thousands(float64(n)))
+		d, err := r.store.insertTime(ctx, n)
+		if err != nil {
+			return err
+		}
+		baseline = fmt.Sprintf("insert-%d", n)
+		r.rep.addBaseline(baseline, "INSERT "+short(n), &figure{Name: fmt.Sprintf("%s INSERT … SELECT of %s rows, primary key only", dialectName(r.store.dialect), thousands(float64(n))),
+			Value: d.Seconds(), Unit: seconds})
+	}
+	r.p.say("dispatch: to %s devices", thousands(float64(n)))
+	wait := r.profile(fmt.Sprintf("dispatch-%d", n), time.Duration(2+dispatchGoals[i]*2)*time.Second)
+	t0 := time.Now()
+	d, err := a.dispatch(ctx, body)
+	elapsed := time.Since(t0)
+	wait()
+	if err != nil {
+		return err
+	}
+	if d.Targeted != n {
+		return fmt.Errorf("dispatch targeted %d devices, want %d", d.Targeted, n)
+	}
+	r.dispatched[i] = true
+	f := r.rep.add(&figure{Scenario: "dispatch", Name: fmt.Sprintf("dispatch to %s devices: time to 201", thousands(float64(n))),
+		Value: elapsed.Seconds(), Unit: seconds, Goal: dispatchGoals[i],
+		Note: fmt.Sprintf("%s device actions/s", thousands(float64(n)/elapsed.Seconds()))})
+	if baseline != "" {
+		r.rep.compare(f, baseline)
+	}
+	return nil
+}
+
+// delivery measures how long connected devices wait for an action after
+// its 201.
+func (r *runner) delivery(ctx context.Context) error {
+	n := r.sz.delivery
+	devIDs := ids("dl-"+r.runID, n)
+	toks, err := r.admin.provision(ctx, devIDs, nil, r.p, "delivery: provisioned devices")
+	if err != nil {
+		return err
+	}
+	fc, err := connectDevices(ctx, r.t.mqttAddr, r.t.tenant, toks, true, r.p, "delivery: connected and subscribed devices")
+	if err != nil {
+		return err
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			fc.close()
+		}
+	}()
+	// fleetd looks for queued actions of each device that subscribes; let
+	// that finish so the measurement is of the dispatch alone.
+	time.Sleep(2 * time.Second)
+	r.p.say("delivery: dispatch to %d connected devices", n)
+	wait := r.profile("delivery", 5*time.Second)
+	d, err := r.admin.dispatch(ctx, map[string]any{"action": "configure", "params": map[string]any{"interval": 60},
+		"search_type": "default", "device_ids": devIDs, "timeout": longTimeout})
+	t201 := time.Now()
+	if err != nil {
+		wait()
+		return err
+	}
+	deadline := t201.Add(60 * time.Second)
+	got := 0
+	for time.Now().Before(deadline) {
+		got = 0
+		for _, dev := range fc.devices {
+			if dev.actions.Load() > 0 {
+				got++
+			}
+		}
+		if got == n {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	wait()
+	var after []time.Duration
+	for _, dev := range fc.devices {
+		if at := dev.received.Load(); at != 0 {
+			after = append(after, max(0, time.Unix(0, at).Sub(t201)))
+		}
+	}
+	slices.Sort(after)
+	last := 60 * time.Second
+	if got == n {
+		last = after[len(after)-1]
+	}
+	r.rep.add(&figure{Scenario: "delivery", Name: fmt.Sprintf("delivery to %s connected devices, after the 201", thousands(float64(n))),
+		Value: last.Seconds(), Unit: seconds, Goal: 2,
+		Note: fmt.Sprintf("action %d; %d of %d received within 60 s; half had it %.0f ms after the 201", d.ID, got, n, ms(latencies(after).percentile(50)))})
+	if got != n {
+		return fmt.Errorf("delivery: only %d of %d devices received the action", got, n)
+	}
+	if slices.Contains(r.o.scenarios, "memory") && n == r.sz.memConns {
+		r.connected, keep = fc, true
+	}
+	return nil
+}
+
+// short writes 100000 as 100k and 1000000 as 1M.
+func short(n int) string {
+	switch {
+	case n >= 1_000_000 && n%1_000_000 == 0:
+		return fmt.Sprintf("%dM", n/1_000_000)
+	case n >= 1_000 && n%1_000 == 0:
+		return fmt.Sprintf("%dk", n/1_000)
+	}
+	return strconv.Itoa(n)
+}
+
+// s7Types are the action names of the S7 device's actions.
+var s7Types = []string{"reboot", "configure", "restart_app", "collect_logs", "set_time", "ping", "rotate_keys", "factory_reset"}
+
+// s7Sorts are S7's sort_by values (DESIGN §4).
+var s7Sorts = []string{"action_id", "type", "status", "user_email", "user_name", "updated_at", "errors"}
+
+// s7 measures S7 latency for every sort on a device with many actions of
+// varied types, dispatchers, states and errors.
+func (r *runner) s7(ctx context.Context) error {
+	n := r.sz.s7Actions
+	dev := "s7-" + r.runID
+	if _, err := r.admin.provision(ctx, []string{dev}, map[string]string{"site": "bench"}, r.p, "s7: provisioned the device"); err != nil {
+		return err
+	}
+	var ops []*api
+	for i := range 4 {
+		k, err := r.admin.createKey(ctx, fmt.Sprintf("fleetbench-op%d-%s", i, r.runID), "operator", fmt.Sprintf("operator%d@example.com", i))
+		if err != nil {
+			return err
+		}
+		ops = append(ops, r.admin.as(k))
+	}
+	devKey, err := r.deviceKeyOnce(ctx)
+	if err != nil {
+		return err
+	}
+	reporter := r.admin.as(devKey)
+	actionIDs := make([]int64, n)
+	var done atomic.Int64
+	err = parallel(ctx, n, 16, func(ctx context.Context, i int) error {
+		d, err := ops[i%len(ops)].dispatch(ctx, map[string]any{"action": s7Types[i%len(s7Types)], "params": map[string]any{"i": i},
+			"search_type": "default", "device_ids": []string{dev}, "timeout": longTimeout})
+		actionIDs[i] = d.ID
+		r.p.count("s7: dispatched actions to the device", int(done.Add(1)), n)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	done.Store(0)
+	err = parallel(ctx, n, 16, func(ctx context.Context, i int) error {
+		rep := map[string]any{"device_id": dev, "action_id": actionIDs[i]}
+		switch i % 5 {
+		case 0:
+			return nil // stays Queued
+		case 1:
+			rep["state"], rep["progress"] = "Downloading", i%100
+		case 2:
+			rep["state"] = "Completed"
+		case 3:
+			rep["state"], rep["errors"] = "Failed", []string{"checksum mismatch", "retry limit"}[:1+i%2]
+		case 4:
+			rep["state"], rep["errors"] = "Installing", []string{"low battery"}
+		}
+		r.p.count("s7: status reports", int(done.Add(1)), n)
+		return reporter.call(ctx, "POST", "/api/v1/devices/action/status", rep, http.StatusNoContent, nil)
+	})
+	if err != nil {
+		return err
+	}
+	client := newClient(1)
+	get := func(path string) error {
+		req, _ := http.NewRequestWithContext(ctx, "GET", r.t.url+path, nil)
+		req.Header.Set("X-Service-Tenant", r.t.tenant)
+		req.Header.Set("X-Service-Api-Key", r.t.adminKey)
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: status %d: %s", path, resp.StatusCode, b)
+		}
+		if !strings.Contains(string(b), `"count":`+strconv.Itoa(n)) {
+			return fmt.Errorf("GET %s: count is not %d", path, n)
+		}
+		return nil
+	}
+	wait := r.profile("s7", 5*time.Second)
+	defer wait()
+	for _, sort := range s7Sorts {
+		var lat latencies
+		for i := -20; i < r.sz.s7Requests; i++ { // 20 unmeasured first
+			order := "desc"
+			if i%2 != 0 {
+				order = "asc"
+			}
+			path := fmt.Sprintf("/api/v1/devices/%s/actions?sort_by=%s&sort_order=%s&limit=50", url.PathEscape(dev), sort, order)
+			t0 := time.Now()
+			if err := get(path); err != nil {
+				return err
+			}
+			if i >= 0 {
+				lat = append(lat, time.Since(t0))
+			}
+		}
+		slices.Sort(lat)
+		r.rep.add(&figure{Scenario: "s7", Name: fmt.Sprintf("S7 p99, %s actions, sort_by=%s", thousands(float64(n)), sort),
+			Value: ms(lat.percentile(99)), Unit: millis, Goal: 5,
+			Note: fmt.Sprintf("p50 %.2f ms over %d requests, desc and asc", ms(lat.percentile(50)), len(lat))})
+	}
+	return nil
+}
+
+// memory reads fleetd's resident memory with many MQTT connections open
+// and the large dispatch's device actions stored.
+func (r *runner) memory(ctx context.Context) error {
+	large := len(r.sz.dispatch) - 1
+	if err := r.dispatchOne(ctx, large); err != nil {
+		return err
+	}
+	fc := r.connected
+	if fc == nil {
+		n := r.sz.memConns
+		devIDs := ids("mem-"+r.runID, n)
+		toks, err := r.admin.provision(ctx, devIDs, nil, r.p, "memory: provisioned devices")
+		if err != nil {
+			return err
+		}
+		if fc, err = connectDevices(ctx, r.t.mqttAddr, r.t.tenant, toks, true, r.p, "memory: connected and subscribed devices"); err != nil {
+			return err
+		}
+		defer fc.close()
+	}
+	time.Sleep(3 * time.Second) // let the connections' first work settle
+	rss, peak, how, err := r.residentMemory(ctx)
+	if err != nil {
+		return err
+	}
+	note := how
+	if peak > 0 {
+		note += fmt.Sprintf("; peak (VmHWM) over the whole run %.0f MB", peak)
+	}
+	r.rep.add(&figure{Scenario: "memory", Name: fmt.Sprintf("fleetd VmRSS, %s MQTT connections, %s+ device actions",
+		thousands(float64(len(fc.devices))), thousands(float64(r.sz.dispatch[large]))),
+		Value: rss, Unit: megabytes, Goal: 300, Note: note})
+	return nil
+}
+
+// residentMemory returns fleetd's resident memory in MB: VmRSS (and VmHWM)
+// from /proc when its pid is known, else /metrics'
+// process_resident_memory_bytes.
+func (r *runner) residentMemory(ctx context.Context) (rss, peak float64, how string, err error) {
+	if r.t.pid != 0 {
+		f, err := os.Open(fmt.Sprintf("/proc/%d/status", r.t.pid))
+		if err != nil {
+			return 0, 0, "", err
+		}
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			name, v, ok := strings.Cut(sc.Text(), ":")
+			if !ok {
+				continue
+			}
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			switch name {
+			case "VmRSS":
+				rss = kb / 1024
+			case "VmHWM":
+				peak = kb / 1024
+			}
+		}
+		return rss, peak, fmt.Sprintf("VmRSS of pid %d", r.t.pid), sc.Err()
+	}
+	req, _ := http.NewRequestWithContext(ctx, "GET", r.t.url+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0, "", err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "process_resident_memory_bytes "); ok {
+			b, err := strconv.ParseFloat(v, 64)
+			return b / (1 << 20), 0, "process_resident_memory_bytes of /metrics", err
+		}
+	}
+	return 0, 0, "", errors.New("/metrics has no process_resident_memory_bytes; pass --pid")
+}
