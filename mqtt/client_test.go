@@ -53,7 +53,7 @@ func mustOpenClient(t *testing.T, broker string, h mqtt.Handler, configure ...fu
 // dialDevice connects an MQTT 5 device to the broker at addr. The external
 // broker of these tests lets anyone in: the credentials are BrokerAuth's
 // business, tested on their own.
-func dialDevice(t *testing.T, addr, clientID string) *client5 {
+func dialDevice(t testing.TB, addr, clientID string) *client5 {
 	t.Helper()
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {

@@ -95,7 +95,14 @@ func freePort(t testing.TB) int {
 func (b *Broker) start(t testing.TB, bin string) {
 	t.Helper()
 	cmd := exec.Command(bin, "-c", b.conf)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	// Its own warnings (such as running as root) go to its log, not the
+	// test's output.
+	out, err := os.OpenFile(b.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start mosquitto: %v", err)
 	}
