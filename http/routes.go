@@ -35,6 +35,13 @@ func (s *Server) addRoutes() []route {
 		{"DELETE /api/v1/devices/{id}", fleet.PermOperate, s.handleDeleteDevice, op{Tag: "devices", Summary: "Delete a device and its records", OK: http.StatusNoContent}},
 		{"POST /api/v1/devices/{id}/token", fleet.PermOperate, s.handleRotateToken, op{Tag: "devices", Summary: "Give a device a new token; the old one stops working", OK: http.StatusCreated, Resp: tokenBody{}}},
 
+		{"POST /api/v1/devices/{id}/certificate", fleet.PermOperate, s.handleIssueCertificate, op{Tag: "devices",
+			Summary: "Issue the device a client certificate for MQTT over TLS (mutual TLS, as the uplink agent connects: no username or password); its previous certificate stops working. The private key is shown this once",
+			OK:      http.StatusCreated, Resp: fleet.DeviceCredentials{}}},
+		{"POST /api/v1/devices/{id}/uplink-config", fleet.PermOperate, s.handleUplinkConfig, op{Tag: "devices",
+			Summary: "Issue the device a client certificate as above, inside a complete uplink agent device file (uplink -a): project_id (the tenant), device_id, broker, port, authentication",
+			OK:      http.StatusCreated, Resp: fleet.UplinkConfig{}}},
+
 		{"POST /mock/api/v1/actions", fleet.PermOperate, s.handleMockDispatch, op{Tag: "actions",
 			Summary: "S1: dispatch an action; the answer is empty, with the action's Location",
 			Body:    dispatchBody{}, OK: http.StatusCreated, Resp: fleet.Action{}, Quiet: true}},
@@ -59,6 +66,24 @@ func (s *Server) addRoutes() []route {
 		{"POST /api/v1/devices/action/status", fleet.PermDeviceData, s.handleActionStatus, op{Tag: "actions",
 			Summary: "S10: a device's status report on one action; answered once committed. Older, repeated and after-final reports are acknowledged and ignored",
 			Body:    statusReportBody{}, OK: http.StatusNoContent, Resp: fleet.DeviceAction{}}},
+
+		{"POST /api/v1/firmware-bundles", fleet.PermOperate, s.handleCreateBundle, op{Tag: "firmware", Summary: "Upload a bundle archive (multipart/form-data, part file; streamed, parsed and completed at once) or make a pending record to upload to (a JSON-like body)", Body: bundleCreate{}, Upload: true, OK: http.StatusCreated, Resp: fleet.Bundle{}}},
+		{"GET /api/v1/firmware-bundles", fleet.PermRead, s.handleListBundles, op{Tag: "firmware", Summary: "List firmware bundles, newest first", Query: append([]param{
+			{Name: "upload_status", Desc: "only bundles in this upload state", Enum: []string{fleet.UploadPending, fleet.UploadCompleted, fleet.UploadFailed}},
+		}, pageParams...), Resp: bundleList{}}},
+		{"GET /api/v1/firmware-bundles/id/{id}", fleet.PermRead, s.handleGetBundle, op{Tag: "firmware", Summary: "Read a firmware bundle", Query: []param{{Name: "id", In: "path", Format: "uuid"}}, Resp: fleet.Bundle{}}},
+		{"PUT /api/v1/firmware-bundles/id/{id}", fleet.PermOperate, s.handleDeclareBundle, op{Tag: "firmware", Summary: "S5: declare the uploaded archive's sizes and checksum; the server compares them with the archive (a mismatch fails the bundle: 409)", Query: []param{{Name: "id", In: "path", Format: "uuid"}}, Body: declaration{}, OK: http.StatusNoContent, Resp: fleet.Bundle{}}},
+		{"DELETE /api/v1/firmware-bundles/id/{id}", fleet.PermOperate, s.handleDeleteBundle, op{Tag: "firmware", Summary: "Delete a firmware bundle and its archive; its component versions stay", Query: []param{{Name: "id", In: "path", Format: "uuid"}}, OK: http.StatusNoContent}},
+		{"PUT /api/v1/firmware-bundles/id/{id}/file", fleet.PermOperate, s.handleUploadBundleFile, op{Tag: "firmware", Summary: "Upload the archive of a pending bundle (application/octet-stream, or multipart part file); streamed and parsed", Query: []param{{Name: "id", In: "path", Format: "uuid"}}, Upload: true, Resp: fleet.Bundle{}}},
+		{"GET /api/v1/firmware-bundles/id/{id}/artifact", public, s.handleArtifact, op{Tag: "firmware", Summary: "Download a completed bundle's archive with an API key (viewer) or a signed URL (tenant, expires, signature); Range (206, 416), ETag and If-None-Match (304) supported", Query: []param{
+			{Name: "id", In: "path", Format: "uuid"},
+			{Name: "tenant", Desc: "signed URL: the bundle's tenant"},
+			{Name: "expires", Desc: "signed URL: expiry, Unix seconds"},
+			{Name: "signature", Desc: "signed URL: its HMAC-SHA256 signature"},
+		}, Raw: "application/octet-stream"}},
+		{"GET /api/v1/firmware-bundles/version/{version}", fleet.PermRead, s.handleGetBundleByVersion, op{Tag: "firmware", Summary: "S6: read the bundle of a version, with its firmwares", Resp: fleet.Bundle{}}},
+		{"PUT /api/v1/firmwares/component/{component_name}/{version_number}", fleet.PermOperate, s.handleUpdateFirmware, op{Tag: "firmware", Summary: "S8: activate or deactivate a component version; correct its uncompressed size or dependencies", Body: firmwareUpdate{}, OK: http.StatusNoContent, Resp: fleet.Firmware{}}},
+		{"GET /api/v1/firmwares/component/{component_name}", fleet.PermRead, s.handleListFirmwares, op{Tag: "firmware", Summary: "List a component's versions, newest version first", Query: pageParams, Resp: firmwareList{}}},
 
 		{"POST /api/v1/devices/{id}/streams/{stream}", fleet.PermDeviceData, s.handleIngest, op{Tag: "streams",
 			Summary: "Ingest data points: an array of objects with timestamp (epoch ms), sequence and data fields. Usable points are kept when others are refused; all refused is 400",
@@ -94,24 +119,6 @@ func (s *Server) addRoutes() []route {
 			Query: uuidPathParams("id"), Resp: fleet.Alert{}}},
 		{"GET /api/v1/alerts/{id}/notifications", fleet.PermRead, s.handleListDeliveries, op{Tag: "alerts",
 			Summary: "An alert's notifications and each attempt to deliver them", Query: append(uuidPathParams("id"), pageParams...), Resp: deliveryList{}}},
-
-		{"POST /api/v1/firmware-bundles", fleet.PermOperate, s.handleCreateBundle, op{Tag: "firmware", Summary: "Upload a bundle archive (multipart/form-data, part file; streamed, parsed and completed at once) or make a pending record to upload to (a JSON-like body)", Body: bundleCreate{}, Upload: true, OK: http.StatusCreated, Resp: fleet.Bundle{}}},
-		{"GET /api/v1/firmware-bundles", fleet.PermRead, s.handleListBundles, op{Tag: "firmware", Summary: "List firmware bundles, newest first", Query: append([]param{
-			{Name: "upload_status", Desc: "only bundles in this upload state", Enum: []string{fleet.UploadPending, fleet.UploadCompleted, fleet.UploadFailed}},
-		}, pageParams...), Resp: bundleList{}}},
-		{"GET /api/v1/firmware-bundles/id/{id}", fleet.PermRead, s.handleGetBundle, op{Tag: "firmware", Summary: "Read a firmware bundle", Query: []param{{Name: "id", In: "path", Format: "uuid"}}, Resp: fleet.Bundle{}}},
-		{"PUT /api/v1/firmware-bundles/id/{id}", fleet.PermOperate, s.handleDeclareBundle, op{Tag: "firmware", Summary: "S5: declare the uploaded archive's sizes and checksum; the server compares them with the archive (a mismatch fails the bundle: 409)", Query: []param{{Name: "id", In: "path", Format: "uuid"}}, Body: declaration{}, OK: http.StatusNoContent, Resp: fleet.Bundle{}}},
-		{"DELETE /api/v1/firmware-bundles/id/{id}", fleet.PermOperate, s.handleDeleteBundle, op{Tag: "firmware", Summary: "Delete a firmware bundle and its archive; its component versions stay", Query: []param{{Name: "id", In: "path", Format: "uuid"}}, OK: http.StatusNoContent}},
-		{"PUT /api/v1/firmware-bundles/id/{id}/file", fleet.PermOperate, s.handleUploadBundleFile, op{Tag: "firmware", Summary: "Upload the archive of a pending bundle (application/octet-stream, or multipart part file); streamed and parsed", Query: []param{{Name: "id", In: "path", Format: "uuid"}}, Upload: true, Resp: fleet.Bundle{}}},
-		{"GET /api/v1/firmware-bundles/id/{id}/artifact", public, s.handleArtifact, op{Tag: "firmware", Summary: "Download a completed bundle's archive with an API key (viewer) or a signed URL (tenant, expires, signature); Range (206, 416), ETag and If-None-Match (304) supported", Query: []param{
-			{Name: "id", In: "path", Format: "uuid"},
-			{Name: "tenant", Desc: "signed URL: the bundle's tenant"},
-			{Name: "expires", Desc: "signed URL: expiry, Unix seconds"},
-			{Name: "signature", Desc: "signed URL: its HMAC-SHA256 signature"},
-		}, Raw: "application/octet-stream"}},
-		{"GET /api/v1/firmware-bundles/version/{version}", fleet.PermRead, s.handleGetBundleByVersion, op{Tag: "firmware", Summary: "S6: read the bundle of a version, with its firmwares", Resp: fleet.Bundle{}}},
-		{"PUT /api/v1/firmwares/component/{component_name}/{version_number}", fleet.PermOperate, s.handleUpdateFirmware, op{Tag: "firmware", Summary: "S8: activate or deactivate a component version; correct its uncompressed size or dependencies", Body: firmwareUpdate{}, OK: http.StatusNoContent, Resp: fleet.Firmware{}}},
-		{"GET /api/v1/firmwares/component/{component_name}", fleet.PermRead, s.handleListFirmwares, op{Tag: "firmware", Summary: "List a component's versions, newest version first", Query: pageParams, Resp: firmwareList{}}},
 
 		{"POST /api/v1/apikeys", fleet.PermAdmin, s.handleCreateAPIKey, op{Tag: "apikeys", Summary: "Create an API key; its secret is shown once", Body: apiKeyCreate{}, OK: http.StatusCreated, Resp: fleet.APIKey{}}},
 		{"GET /api/v1/apikeys", fleet.PermAdmin, s.handleListAPIKeys, op{Tag: "apikeys", Summary: "List API keys, without their secrets", Query: pageParams, Resp: apiKeyList{}}},

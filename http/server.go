@@ -52,16 +52,25 @@ type Server struct {
 	Tokens     fleet.TokenAuthenticator // end users' bearer tokens; nil: API keys only
 	Ready      []Pinger                 // all must answer for /readyz
 
+	// Alerts serves alert rules, notification rules and alerts; Streams
+	// takes device data in and serves each stream's latest point.
+	Alerts  fleet.AlertService
+	Streams fleet.StreamService
+
 	// Firmware serves bundles, firmwares and artifact downloads.
 	Firmware fleet.FirmwareService
 
 	// Actions dispatches actions and follows the devices' progress.
 	Actions fleet.ActionService
 
-	// Alerts serves alert rules, notification rules and alerts; Streams
-	// takes device data in and serves each stream's latest point.
-	Alerts  fleet.AlertService
-	Streams fleet.StreamService
+	// Security: TLS, timeouts against slow clients, rate limits
+	// (security.go).
+	Security Security
+	// DeviceCerts issues devices their client certificates for MQTT over
+	// TLS; nil while fleetd has no MQTT TLS listener. UplinkBroker is where
+	// devices reach that listener (devicecert.go).
+	DeviceCerts  fleet.DeviceCertificateService
+	UplinkBroker UplinkBroker
 
 	// BrokerAuth, when set, answers an external MQTT broker's calls to
 	// authenticate and authorise devices, under /broker/ (mqtt.BrokerAuth).
@@ -74,6 +83,7 @@ type Server struct {
 	routes     []route
 	metrics    *metrics
 	openAPIDoc []byte
+	limiters   limiters
 }
 
 // Open builds the routes and starts serving on Addr. A port in use is an
@@ -99,9 +109,15 @@ func (s *Server) Open() error {
 	s.ln = ln
 	s.srv = &http.Server{
 		Handler:           s,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: s.Security.ReadHeaderTimeout,
 		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    s.Security.MaxHeaderBytes,
+		TLSConfig:         s.Security.TLS,
 		ErrorLog:          slog.NewLogLogger(s.Logger.Handler(), slog.LevelWarn),
+	}
+	if s.Security.TLS != nil {
+		go s.srv.ServeTLS(ln, "", "") // the certificate comes from TLSConfig
+		return nil
 	}
 	go s.srv.Serve(ln)
 	return nil
@@ -113,6 +129,8 @@ func (s *Server) build() {
 	if s.mux != nil {
 		return
 	}
+	s.Security = s.Security.withDefaults()
+	s.limiters = newLimiters(s.Security, s.Now)
 	s.metrics = newMetrics(s.Registry)
 	s.mux = http.NewServeMux()
 	s.routes = s.addRoutes()
@@ -123,6 +141,22 @@ func (s *Server) build() {
 		s.mux.Handle(brokerAuthPattern, s.internal(brokerAuthPattern, s.BrokerAuth))
 	}
 	s.openAPIDoc, _ = json.MarshalIndent(s.openAPI(), "", "  ") // plain maps always encode
+}
+
+// Handler returns the API as an http.Handler without listening, for tests
+// and fuzzing that drive it in process.
+func (s *Server) Handler() http.Handler {
+	if s.Logger == nil {
+		s.Logger = slog.New(slog.DiscardHandler)
+	}
+	if s.Now == nil {
+		s.Now = time.Now
+	}
+	if s.Limits == (Limits{}) {
+		s.Limits = DefaultLimits
+	}
+	s.build()
+	return s
 }
 
 // Addr returns the address the server listens on, once open.
@@ -158,6 +192,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// No route matched: learn from the mux whether the path exists with
 	// another method (405, with its Allow header) or not at all.
+	w, r = s.deadlines(w, r, nil)
 	probe := &statusProbe{header: http.Header{}}
 	h.ServeHTTP(probe, r)
 	if probe.status == http.StatusMethodNotAllowed {
@@ -208,6 +243,7 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 func (s *Server) wrap(rt route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
+		w, r = s.deadlines(w, r, &rt)
 		rec := &recorder{ResponseWriter: w, status: http.StatusOK}
 		defer func() {
 			if p := recover(); p != nil {
@@ -242,6 +278,10 @@ func (s *Server) wrap(rt route) http.Handler {
 			}
 			// The deferred log line sees this r too: closures share it.
 			r = r.WithContext(fleet.NewContextWithActor(r.Context(), a))
+			if err := s.limit(rec, rt, a); err != nil {
+				s.Error(rec, r, err)
+				return
+			}
 		}
 		if err := rt.handler(rec, r); err != nil {
 			s.Error(rec, r, err)

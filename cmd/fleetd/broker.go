@@ -93,14 +93,15 @@ func (s *scaleConfig) tls() (*tls.Config, error) {
 }
 
 // channel opens nothing: it builds the device channel, the embedded broker
-// on mqttAddr or a client of the external one, and for the latter the
-// broker-auth endpoints the API serves (nil while no secret is set).
-func (s *scaleConfig) channel(mqttAddr string, db *sqlstore.DB, h mqtt.Handler, log *slog.Logger) (mqtt.Channel, http.Handler, error) {
+// of embedded (its address, TLS and limits) or a client of the external
+// one, and for the latter the broker-auth endpoints the API serves (nil
+// while no secret is set).
+func (s *scaleConfig) channel(embedded mqtt.Config, db *sqlstore.DB, h mqtt.Handler, log *slog.Logger) (mqtt.Channel, http.Handler, error) {
 	if err := s.check(); err != nil {
 		return nil, nil, err
 	}
 	if s.broker == "" {
-		return mqtt.NewServer(mqtt.Config{Addr: mqttAddr, Logger: log}, h), nil, nil
+		return mqtt.NewServer(embedded, h), nil, nil
 	}
 	tc, err := s.tls()
 	if err != nil {

@@ -24,7 +24,6 @@ type config struct {
 	maxBody   int64
 	maxBulk   int64
 	maxUpload int64
-	publicURL string
 
 	// Alerts and their notifications.
 	smtp              notify.SMTP
@@ -33,10 +32,15 @@ type config struct {
 	notifyMaxBackoff  time.Duration
 	alertTick         time.Duration
 
+	publicURL string
+
 	sweepInterval time.Duration // of the action timeout sweeper
 
 	// An external broker and many replicas (broker.go).
 	scale scaleConfig
+
+	// TLS, the device CA, timeouts and limits (security.go).
+	sec securityConfig
 
 	pprofAddr string // hidden: runtime profiles for cmd/fleetbench (pprof.go)
 }
@@ -62,6 +66,7 @@ func (c *config) serveFlags(fs *flagSet) {
 	fs.DurationVar(&c.sweepInterval, "action-sweep-interval", time.Second, "`DURATION` between sweeps that fail device actions whose timeout elapsed")
 	c.alertFlags(fs)
 	c.scale.flags(fs)
+	c.sec.flags(fs)
 	c.logFlags(fs)
 	c.pprofFlags(fs)
 }

@@ -55,6 +55,15 @@ func runServe(ctx context.Context, args []string, e env) error {
 		return err
 	}
 
+	blobs, err := blob.OpenDir(filepath.Join(c.dataDir, "blobs"))
+	if err != nil {
+		return err
+	}
+	if err := firmware.CheckPublicURL(c.publicURL); err != nil {
+		return err
+	}
+	fw := &firmware.Service{Store: db, Blobs: blobs, Logger: log, PublicURL: c.publicURL}
+
 	// Alerts: the engine evaluates stream data and writes what changes, with
 	// its notifications, to the outbox, which the notifier delivers.
 	if err := c.checkAlerts(); err != nil {
@@ -76,28 +85,22 @@ func runServe(ctx context.Context, args []string, e env) error {
 	go func() { defer loops.Done(); engine.Run(loopCtx) }()
 	go func() { defer loops.Done(); notifier.Run(loopCtx) }()
 
-	// End users of tenants that configured S9 sign in with bearer tokens.
-	users := &enduser.Authenticator{Store: db, Logger: log}
-
-	blobs, err := blob.OpenDir(filepath.Join(c.dataDir, "blobs"))
-	if err != nil {
-		return err
-	}
-	if err := firmware.CheckPublicURL(c.publicURL); err != nil {
-		return err
-	}
-	fw := &firmware.Service{Store: db, Blobs: blobs, Logger: log, PublicURL: c.publicURL}
-
 	// Actions: the service sends through the broker, the broker hands the
 	// devices' messages to the service; the sweeper fails what times out.
 	// update_firmware is prepared by the firmware service: the bundle is
 	// checked, devices get its signed URL, incompatible devices fail.
 	actions := &action.Service{Store: db, Logger: log,
 		Preparers: map[string]fleet.ActionPreparer{fleet.ActionUpdateFirmware: fw}}
+	// TLS, the device CA, timeouts and limits (security.go).
+	sec, err := c.sec.build(ctx, db, c.mqttAddr, c.scale.broker != "", log)
+	if err != nil {
+		return err
+	}
 	// The device channel is the embedded broker, or a client of an external
 	// one whose broker-auth endpoints the API serves (broker.go).
-	broker, brokerAuth, err := c.scale.channel(c.mqttAddr, db, &mqtt.Devices{
+	broker, brokerAuth, err := c.scale.channel(sec.mqttBase, db, &mqtt.Devices{
 		Registry: db, Actions: actions, Delivery: actions, Streams: alerts, LastSeen: db, Logger: log,
+		Certificates: sec.certs,
 	}, log)
 	if err != nil {
 		return err
@@ -116,6 +119,9 @@ func runServe(ctx context.Context, args []string, e env) error {
 	loops.Add(1)
 	go func() { defer loops.Done(); sweeper.Run(loopCtx) }()
 
+	// End users of tenants that configured S9 sign in with bearer tokens.
+	users := &enduser.Authenticator{Store: db, Logger: log}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerChannelMetrics(reg, broker)
@@ -130,11 +136,18 @@ func runServe(ctx context.Context, args []string, e env) error {
 		Streams:    alerts,
 		Audit:      db,
 		Ready:      []fleethttp.Pinger{db},
-		Firmware:   fw,
 		TenantAuth: users,
 		Tokens:     users,
+		Firmware:   fw,
 		Actions:    actions,
 		BrokerAuth: brokerAuth,
+		Security:   sec.http,
+	}
+	if ms, ok := broker.(*mqtt.Server); ok && sec.certs != nil {
+		api.DeviceCerts = sec.certs
+		if api.UplinkBroker, err = c.sec.uplinkBroker(c.publicURL, ms.TLSAddr()); err != nil {
+			return err
+		}
 	}
 
 	// What another replica changes drops what this one caches (PostgreSQL
@@ -152,7 +165,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	log.Info("fleetd started", "http", api.ListenAddr().String(), "mqtt", channelAddr(broker), "database", db.Dialect())
-	fmt.Fprintf(e.stdout, "fleetd: listening http=%s mqtt=%s\n", api.ListenAddr(), channelAddr(broker))
+	fmt.Fprintf(e.stdout, "fleetd: listening http=%s mqtt=%s%s\n", api.ListenAddr(), channelAddr(broker), tlsAddrs(broker))
 
 	<-ctx.Done()
 	log.Info("shutting down")
