@@ -37,6 +37,10 @@ type testServer struct {
 
 	mu     sync.Mutex
 	router routers.Router
+
+	// observe, when set, sees every answer send received (the secrets and
+	// isolation suites grep them all).
+	observe func(method, path string, r *response)
 }
 
 // lockedBuffer collects a command's output for failure messages.
@@ -275,6 +279,9 @@ func (s *testServer) send(t *testing.T, rq req) *response {
 	}
 	r := &response{Status: resp.StatusCode, Header: resp.Header, Body: b, req: rq.method + " " + rq.path}
 	s.validate(t, hr, r)
+	if s.observe != nil {
+		s.observe(rq.method, rq.path, r)
+	}
 	return r
 }
 
