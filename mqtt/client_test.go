@@ -2,6 +2,10 @@ package mqtt_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"log/slog"
 	"net"
@@ -264,5 +268,39 @@ func TestClientConfig(t *testing.T) {
 	}
 	if got, want := mqtt.StreamFilter("fleetd"), "$share/fleetd//tenants/+/devices/+/events/+/jsonarray"; got != want {
 		t.Errorf("StreamFilter = %q, want %q", got, want)
+	}
+}
+
+// TestClientTLS connects to the broker over mqtts://, trusting its CA.
+func TestClientTLS(t *testing.T) {
+	cert, pool := selfSigned(t)
+	key, err := x509.MarshalECPrivateKey(cert.PrivateKey.(*ecdsa.PrivateKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	broker := mosquittotest.Start(t, mosquittotest.WithTLS(
+		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: key})))
+	h := newFakeHandler()
+	mustOpenClient(t, broker.TLSURL, h, func(c *mqtt.ClientConfig) { c.TLS = &tls.Config{RootCAs: pool} })
+	dev := dialDevice(t, broker.Addr, "dev-1")
+	if err := dev.publish(mqtt.ActionStatusTopic("acme", "dev-1"), []byte(`{"id":"1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	receive(t, h.statuses, "HandleStatus over TLS")
+
+	// A broker whose certificate fleetd does not trust is refused.
+	c, err := mqtt.NewClient(mqtt.ClientConfig{Broker: broker.TLSURL}, newFakeHandler())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Open(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := c.WaitConnected(ctx); err == nil {
+		t.Fatal("connected to a broker with an untrusted certificate")
 	}
 }

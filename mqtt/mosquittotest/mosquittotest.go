@@ -21,6 +21,9 @@ import (
 type Broker struct {
 	Addr string // host:port
 	URL  string // mqtt://host:port
+	// TLSURL is mqtts://host:port of a TLS listener, when Start was given
+	// WithTLS.
+	TLSURL string
 
 	conf string
 	log  string
@@ -29,11 +32,24 @@ type Broker struct {
 	exit chan error
 }
 
+// Option adjusts the broker's configuration.
+type Option func(dir string) (conf string)
+
+// WithTLS adds a TLS listener with the PEM certificate and key given.
+func WithTLS(certPEM, keyPEM []byte) Option {
+	return func(dir string) string {
+		cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+		os.WriteFile(cert, certPEM, 0o644)
+		os.WriteFile(key, keyPEM, 0o600)
+		return "certfile " + cert + "\nkeyfile " + key + "\n"
+	}
+}
+
 // Start runs mosquitto with persistence in a temporary directory, so that a
 // Restart keeps sessions as a production broker would, and stops it when
 // the test ends. Without mosquitto installed the test is skipped, except
 // under CI (CI=true), where .ci/run installs it.
-func Start(t testing.TB) *Broker {
+func Start(t testing.TB, opts ...Option) *Broker {
 	t.Helper()
 	bin, err := exec.LookPath("mosquitto")
 	if err != nil {
@@ -69,6 +85,11 @@ log_dest file %s
 log_type error
 log_type warning
 `, port, dir, b.log)
+	for _, o := range opts {
+		tlsPort := freePort(t)
+		conf += fmt.Sprintf("listener %d 127.0.0.1\n", tlsPort) + o(dir)
+		b.TLSURL = fmt.Sprintf("mqtts://127.0.0.1:%d", tlsPort)
+	}
 	if os.Geteuid() == 0 {
 		// Started as root, mosquitto drops to its own user, which cannot
 		// reach the test's temporary directory.
