@@ -54,6 +54,11 @@ type DB struct {
 	stop     chan struct{}
 	wg       sync.WaitGroup
 
+	// SQLite only: statements kept prepared (stmtcache.go), and the
+	// connection that checkpoints the WAL off the writer's path.
+	writeStmts, readStmts *stmtCache
+	checkpoint            *sql.DB
+
 	authCache authCache
 }
 
@@ -91,7 +96,11 @@ func Open(ctx context.Context, dsn string, opt Options) (*DB, error) {
 			return nil, fmt.Errorf("create database directory: %w", err)
 		}
 		pragmas := "_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)&_pragma=foreign_keys(1)"
-		db.write, err = sql.Open("sqlite", "file:"+dsn+"?"+pragmas+"&_txlock=immediate")
+		// The writer does not checkpoint: a checkpoint in a commit holds
+		// up every writer of the batch behind it (a dispatch to a million
+		// devices leaves a WAL that takes seconds to copy back). The
+		// checkpoint loop does it on a connection of its own instead.
+		db.write, err = sql.Open("sqlite", "file:"+dsn+"?"+pragmas+"&_pragma=wal_autocheckpoint(0)&_txlock=immediate")
 		if err != nil {
 			return nil, fmt.Errorf("open sqlite: %w", err)
 		}
@@ -105,6 +114,14 @@ func Open(ctx context.Context, dsn string, opt Options) (*DB, error) {
 		}
 		db.read.SetMaxOpenConns(4)
 		db.read.SetMaxIdleConns(4)
+		db.checkpoint, err = sql.Open("sqlite", "file:"+dsn+"?"+pragmas)
+		if err != nil {
+			db.closeConns()
+			return nil, fmt.Errorf("open sqlite: %w", err)
+		}
+		db.checkpoint.SetMaxOpenConns(1)
+		db.writeStmts = newStmtCache(db.write, 256, true)
+		db.readStmts = newStmtCache(db.read, 256, false)
 	}
 	if err := db.write.PingContext(ctx); err != nil {
 		db.closeConns()
@@ -114,6 +131,10 @@ func Open(ctx context.Context, dsn string, opt Options) (*DB, error) {
 	for range writers {
 		db.wg.Add(1)
 		go db.commitLoop()
+	}
+	if db.checkpoint != nil {
+		db.wg.Add(1)
+		go db.checkpointLoop()
 	}
 	return db, nil
 }
@@ -129,15 +150,49 @@ func (db *DB) Dialect() string { return db.dialect.String() }
 func (db *DB) Close() error {
 	close(db.stop)
 	db.wg.Wait()
+	db.writeStmts.close()
+	db.readStmts.close()
 	return db.closeConns()
 }
 
 func (db *DB) closeConns() error {
 	err := db.write.Close()
-	if db.read != db.write {
+	if db.read != db.write && db.read != nil {
 		err = errors.Join(err, db.read.Close())
 	}
+	if db.checkpoint != nil {
+		err = errors.Join(err, db.checkpoint.Close())
+	}
 	return err
+}
+
+// checkpointInterval is how often the WAL is copied back into the SQLite
+// database file. Often enough that the WAL stays small (readers search
+// it), rarely enough that an idle server does nothing.
+const checkpointInterval = 200 * time.Millisecond
+
+// checkpointLoop checkpoints SQLite's WAL until Close, and once more at
+// the end. PASSIVE never waits for readers or the writer: it copies what
+// it can, and a WAL fully copied is reused from its start by the next
+// write.
+func (db *DB) checkpointLoop() {
+	defer db.wg.Done()
+	t := time.NewTicker(checkpointInterval)
+	defer t.Stop()
+	run := func() {
+		if _, err := db.checkpoint.Exec("PRAGMA wal_checkpoint(PASSIVE)"); err != nil {
+			db.log.Warn("checkpoint the SQLite WAL", "err", err)
+		}
+	}
+	for {
+		select {
+		case <-t.C:
+			run()
+		case <-db.stop:
+			run()
+			return
+		}
+	}
 }
 
 // Ping reports whether the database answers; readiness probes call it.
@@ -155,24 +210,60 @@ type Tx struct {
 	now time.Time // the batch's clock reading, shared by all its writes
 }
 
+// stmt returns query prepared for this transaction, or nil when it is not
+// kept prepared (PostgreSQL; or not yet). On SQLite it also drops the
+// context's cancellation: a job runs to its end once started (see update),
+// and the driver would watch a cancellable context with a goroutine per
+// statement.
+func (tx *Tx) stmt(ctx context.Context, query string) (context.Context, *sql.Stmt) {
+	if tx.db.writeStmts == nil {
+		return ctx, nil
+	}
+	ctx = context.WithoutCancel(ctx)
+	if st := tx.db.writeStmts.get(ctx, query); st != nil {
+		return ctx, tx.tx.StmtContext(ctx, st)
+	}
+	return ctx, nil
+}
+
 func (tx *Tx) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	return tx.tx.ExecContext(ctx, tx.db.dialect.rebind(query), args...)
+	query = tx.db.dialect.rebind(query)
+	if ctx, st := tx.stmt(ctx, query); st != nil {
+		return st.ExecContext(ctx, args...)
+	}
+	return tx.tx.ExecContext(ctx, query, args...)
 }
 
 func (tx *Tx) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	return tx.tx.QueryContext(ctx, tx.db.dialect.rebind(query), args...)
+	query = tx.db.dialect.rebind(query)
+	if ctx, st := tx.stmt(ctx, query); st != nil {
+		return st.QueryContext(ctx, args...)
+	}
+	return tx.tx.QueryContext(ctx, query, args...)
 }
 
 func (tx *Tx) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
-	return tx.tx.QueryRowContext(ctx, tx.db.dialect.rebind(query), args...)
+	query = tx.db.dialect.rebind(query)
+	if ctx, st := tx.stmt(ctx, query); st != nil {
+		return st.QueryRowContext(ctx, args...)
+	}
+	return tx.tx.QueryRowContext(ctx, query, args...)
 }
 
 func (db *DB) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	return db.read.QueryContext(ctx, db.dialect.rebind(query), args...)
+	query = db.dialect.rebind(query)
+	if st := db.readStmts.get(ctx, query); st != nil {
+		return st.QueryContext(ctx, args...)
+	}
+	return db.read.QueryContext(ctx, query, args...)
 }
 
 func (db *DB) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
-	return db.read.QueryRowContext(ctx, db.dialect.rebind(query), args...)
+	query = db.dialect.rebind(query)
+	if st := db.readStmts.get(ctx, query); st != nil {
+		return st.QueryRowContext(ctx, args...)
+	}
+	return db.read.QueryRowContext(ctx, query, args...)
 }
 
 // job is one caller's piece of a batch.
@@ -229,6 +320,9 @@ func (db *DB) commitLoop() {
 			}
 		}
 		db.runBatch(batch)
+		// Between transactions the writer connection is free to prepare
+		// what the batch ran unprepared.
+		db.writeStmts.prepareWanted(context.Background())
 	}
 }
 
@@ -271,17 +365,17 @@ func (db *DB) tryBatch(batch []*job) ([]error, error) {
 			errs[i] = db.classify(j.fn(j.ctx, tx))
 			continue
 		}
-		if _, err := sqlTx.ExecContext(ctx, "SAVEPOINT job"); err != nil {
+		if _, err := tx.exec(ctx, "SAVEPOINT job"); err != nil {
 			sqlTx.Rollback()
 			return nil, db.classify(err)
 		}
 		if errs[i] = db.classify(j.fn(j.ctx, tx)); errs[i] != nil {
-			if _, err := sqlTx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT job"); err != nil {
+			if _, err := tx.exec(ctx, "ROLLBACK TO SAVEPOINT job"); err != nil {
 				sqlTx.Rollback()
 				return nil, db.classify(err)
 			}
 		}
-		if _, err := sqlTx.ExecContext(ctx, "RELEASE SAVEPOINT job"); err != nil {
+		if _, err := tx.exec(ctx, "RELEASE SAVEPOINT job"); err != nil {
 			sqlTx.Rollback()
 			return nil, db.classify(err)
 		}
