@@ -224,6 +224,20 @@ func TestReplicas(t *testing.T) {
 		tok[id] = a.mustDevice(t, admin, id, nil).Token
 	}
 
+	t.Run("DeletedKeyRefusedByTheOtherReplica", func(t *testing.T) {
+		ops := a.newKey(t, admin, "ops", "operator")
+		b.do(t, ops, "GET", "/api/v1/devices", nil).want(t, 200) // cached on B now
+		a.do(t, admin, "DELETE", "/api/v1/apikeys/ops", nil).want(t, 204)
+		// B hears of it at once (NOTIFY), well within its 10s cache.
+		deadline := time.Now().Add(3 * time.Second)
+		for b.do(t, ops, "GET", "/api/v1/devices", nil).Status != http.StatusUnauthorized {
+			if time.Now().After(deadline) {
+				t.Fatal("B still accepts a key A deleted 3s ago")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+
 	t.Run("ActionThroughAReachesTheDeviceOnce", func(t *testing.T) {
 		// The device arrives through B's broker-auth endpoints; once B has
 		// served its arrival (nothing was queued), A dispatches.
