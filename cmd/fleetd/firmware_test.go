@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"mime/multipart"
 	"net"
 	"net/http"
@@ -1245,6 +1246,60 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 			}
 			s.do(t, admin, "PUT", "/api/v1/firmwares/component/bootloader/1.2.0", map[string]any{"is_deactivated": false}).want(t, 204)
 			update("2.4.0", 60, "dev-new").want(t, 201)
+		})
+	})
+}
+
+// TestFirmwareUpdateWithSimulator dispatches update_firmware to devices of
+// `fleetd sim`, which download the bundle from its signed URL, check it and
+// report; a corrupted archive is caught by the devices, not installed.
+func TestFirmwareUpdateWithSimulator(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		noise := make([]byte, 1<<20) // incompressible, so the download takes many reads
+		rand.NewChaCha8([32]byte{1}).Read(noise)
+		s.mustUpload(t, admin, makeBundle(t, "2.3.0", bootloader, part{name: "app", version: "2.3.0", body: string(noise)}))
+		tokens := filepath.Join(t.TempDir(), "tokens.csv")
+		sim := s.startSim(t, "--devices", "3", "--provision", "--url", s.URL, "--api-key", admin.Key,
+			"--tokens", tokens, "--prefix", "fw-", "--telemetry-interval", "0")
+		sim.connected(t, 3)
+
+		id := s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.3.0"},
+			"search_type": "search", "search_query": "fw-"})
+		eventually(t, "the simulated devices to install the bundle", func() bool {
+			return s.action(t, admin, id).Statuses["Completed"] == 3
+		})
+		var dev device
+		s.do(t, admin, "GET", "/api/v1/devices/fw-00002", nil).want(t, 200).decode(t, &dev)
+		if dev.Components["bootloader"] != "1.2.0" || dev.Components["app"] != "2.3.0" {
+			t.Fatalf("fw-00002's components = %v", dev.Components)
+		}
+
+		t.Run("CorruptArchive", func(t *testing.T) {
+			bd := s.mustUpload(t, admin, makeBundle(t, "2.4.0", bootloader, part{name: "app", version: "2.4.0", body: string(noise[:500_000])}))
+			// Damage the stored archive behind the server's back: same
+			// length, another checksum.
+			paths, _ := filepath.Glob(filepath.Join(s.DataDir, "blobs", "bundles", "default", bd.ID, "*"))
+			if len(paths) != 1 {
+				t.Fatalf("archive files of %s: %v", bd.ID, paths)
+			}
+			data, _ := os.ReadFile(paths[0])
+			data[len(data)/2] ^= 0xff
+			if err := os.WriteFile(paths[0], data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			id := s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.4.0"},
+				"search_type": "default", "device_ids": []string{"fw-00001"}})
+			da := s.awaitActionStatus(t, admin, "fw-00001", id, "Failed")
+			// It failed after downloading it all, reporting its progress.
+			if !strings.Contains(fmt.Sprint(da.Errors["Failed"]), "checksum mismatch") || da.Progress < 90 {
+				t.Fatalf("fw-00001's record = %+v", da)
+			}
+			s.do(t, admin, "GET", "/api/v1/devices/fw-00001", nil).want(t, 200).decode(t, &dev)
+			if dev.Components["app"] != "2.3.0" {
+				t.Fatalf("a failed update changed the components: %v", dev.Components)
+			}
 		})
 	})
 }

@@ -26,6 +26,9 @@ const simAbout = `Simulates a fleet: connects N devices to fleetd's MQTT broker,
 subscribed to its actions. A device executes what it receives by reporting
 Received, then Downloading with rising progress, then Completed (or Failed,
 as often as --fail-rate says), and publishes telemetry points on a stream.
+An update_firmware is real: the device downloads the bundle from the
+signed URL it is sent, checks its checksum and length, and reports
+Completed or Failed with the reason.
 A progress line is printed every --report-interval until interrupted.
 
 Devices come from --provision (created through the API with --url and
@@ -198,11 +201,14 @@ func readTokens(path string, n int) ([]fleet.DeviceToken, error) {
 }
 
 // simHandler executes one action on a simulated device; special actions
-// (cancel_action, and update_firmware later) have their own.
+// (cancel_action, update_firmware) have their own.
 type simHandler func(d *simDevice, ctx context.Context, m action.Message)
 
 func simHandlers() map[string]simHandler {
-	return map[string]simHandler{fleet.ActionCancel: (*simDevice).cancel}
+	return map[string]simHandler{
+		fleet.ActionCancel:         (*simDevice).cancel,
+		fleet.ActionUpdateFirmware: (*simDevice).updateFirmware, // sim_firmware.go
+	}
 }
 
 // sim is a running simulation.

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/fleetd/fleet/action"
+)
+
+// simFirmwareTimeout bounds one simulated firmware download.
+const simFirmwareTimeout = 10 * time.Minute
+
+// simDownloadAttempts is how often a simulated device tries a download
+// (resuming where it was cut) before it gives up.
+const simDownloadAttempts = 3
+
+// updateFirmware is what a simulated device does with update_firmware, as
+// the uplink agent would: it downloads the bundle from the signed URL in
+// the payload (resuming with Range after a cut), reports Downloading with
+// its progress, checks the checksum and length, and reports Completed, or
+// Failed with the reason (--fail-rate fails some after the download, as an
+// installation that goes wrong).
+func (d *simDevice) updateFirmware(ctx context.Context, m action.Message) {
+	var seq int64
+	report := func(state string, progress int, errs ...string) bool {
+		seq++
+		return d.report(m.ID, state, progress, seq, errs...)
+	}
+	lastReported := 0 // the progress last reported
+	fail := func(reason string) {
+		if report("Failed", lastReported, reason) {
+			d.sim.failed.Add(1)
+		}
+	}
+	var p struct {
+		URL           string `json:"url"`
+		Checksum      string `json:"checksum"`
+		ContentLength int64  `json:"content-length"`
+	}
+	if err := json.Unmarshal([]byte(m.Payload), &p); err != nil || p.URL == "" || p.ContentLength <= 0 {
+		fail("update_firmware payload without url and content-length")
+		return
+	}
+	if !report("Received", 0) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, simFirmwareTimeout)
+	defer cancel()
+	sum := sha256.New()
+	var got int64
+	progress := func(n int) {
+		got += int64(n)
+		// Every tenth, where uplink reports every percent: fewer messages.
+		if pct := int(got * 100 / p.ContentLength); pct/10 > lastReported/10 && pct < 100 {
+			lastReported = pct
+			report("Downloading", pct)
+		}
+	}
+	var err error
+	for attempt := 0; attempt < simDownloadAttempts; attempt++ {
+		if err = d.download(ctx, p.URL, p.Checksum, got, sum, progress); err == nil || ctx.Err() != nil || errors.Is(err, errNoRetry) {
+			break
+		}
+	}
+	switch {
+	case ctx.Err() != nil && errors.Is(context.Cause(ctx), context.Canceled):
+		return // cancelled: the cancel_action reports
+	case err != nil:
+		fail("download failed: " + err.Error())
+	case got != p.ContentLength:
+		fail(fmt.Sprintf("content length mismatch: downloaded %d bytes, expected %d", got, p.ContentLength))
+	case hex.EncodeToString(sum.Sum(nil)) != p.Checksum:
+		fail(fmt.Sprintf("checksum mismatch: downloaded %s, expected %s", hex.EncodeToString(sum.Sum(nil)), p.Checksum))
+	case rand.Float64() < d.sim.cfg.failRate:
+		fail("simulated installation failure")
+	default:
+		if report("Completed", 100) {
+			d.sim.completed.Add(1)
+		}
+	}
+}
+
+// errNoRetry marks a download answer that another attempt would not change.
+var errNoRetry = errors.New("not retried")
+
+// download fetches url from offset on, into sum, telling progress of each
+// chunk. From a non-zero offset it asks for the rest only if the archive is
+// still the one whose checksum it expects (If-Range).
+func (d *simDevice) download(ctx context.Context, url, checksum string, offset int64, sum io.Writer, progress func(int)) error {
+	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errNoRetry, err)
+	}
+	if offset > 0 {
+		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", offset))
+		req.Header.Set("If-Range", `"`+checksum+`"`)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	switch {
+	case offset > 0 && resp.StatusCode == http.StatusOK:
+		// The archive changed: what was read is of another file.
+		return fmt.Errorf("%w: the archive changed during the download", errNoRetry)
+	case resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent:
+		var e struct{ Message string }
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		json.Unmarshal(b, &e)
+		if e.Message == "" {
+			e.Message = strings.TrimSpace(string(b))
+		}
+		return fmt.Errorf("%w: %s: %s", errNoRetry, resp.Status, e.Message)
+	}
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			sum.Write(buf[:n])
+			progress(n)
+		}
+		if err == io.EOF {
+			return nil
+		} else if err != nil {
+			return err
+		}
+	}
+}
