@@ -19,8 +19,8 @@ type Devices struct {
 	// Certificates admits devices by client certificate on the TLS
 	// listener; nil admits none that way.
 	Certificates fleet.DeviceCertificateService
-	Actions  fleet.ActionService
-	Delivery fleet.ActionDelivery
+	Actions      fleet.ActionService
+	Delivery     fleet.ActionDelivery
 	// Streams takes data points in; while nil, they are acknowledged and
 	// dropped.
 	Streams fleet.StreamService
