@@ -346,12 +346,11 @@ func TestCrash(t *testing.T) {
 // plainDevice connects a device over MQTT 3.1.1 that only publishes.
 func plainDevice(t *testing.T, addr, tenant, id, token string) pahov3.Client {
 	t.Helper()
-	c := pahov3.NewClient(pahov3.NewClientOptions().AddBroker("tcp://"+addr).SetClientID(id).
-		SetUsername(tenant+"/"+id).SetPassword(token).SetProtocolVersion(4).SetCleanSession(true).
+	c := pahov3.NewClient(pahov3.NewClientOptions().AddBroker("tcp://" + addr).SetClientID(id).
+		SetUsername(tenant + "/" + id).SetPassword(token).SetProtocolVersion(4).SetCleanSession(true).
 		SetAutoReconnect(false).SetConnectTimeout(bound))
 	if tok := c.Connect(); !tok.WaitTimeout(bound) || tok.Error() != nil {
 		t.Fatalf("connect %s: %v", id, tok.Error())
 	}
 	return c
 }
-

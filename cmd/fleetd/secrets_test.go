@@ -399,4 +399,3 @@ func brokerModeLogs(t *testing.T, ss *secretSet) string {
 	s.stop(t)
 	return s.output.String()
 }
-
