@@ -34,6 +34,9 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) error {
+	if err := newQuery(r).Err(); err != nil {
+		return err
+	}
 	s.metrics.handler.ServeHTTP(w, r)
 	return nil
 }
