@@ -1,0 +1,339 @@
+package main
+
+import (
+	"bytes"
+	"compress/gzip"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/getkin/kin-openapi/openapi3"
+)
+
+// The isolation matrix and the bad-input corpus share this description of
+// every endpoint: what it needs (prepare makes fresh resources when a
+// request would consume them) and who may call it. Both suites read the
+// endpoint list from the served OpenAPI document and fail on an endpoint
+// missing here, so a new endpoint cannot go untested.
+
+// world is one tenant's seeded fleet: a resource of every kind, each
+// carrying the tenant's marker where a string may carry one, so that a
+// leak to another tenant shows in any answer.
+type world struct {
+	name   string // the tenant
+	admin  creds
+	mark   string // in metadata, names, params, data, file names: never in a path
+	device string // ids: may be echoed in another tenant's 404s for its own requests
+	stream string
+
+	action           int64
+	bundleID         string
+	bundleVersion    string
+	component        string
+	componentVersion string
+	ruleID           string
+	notificationID   string
+	alertID          string
+	s9               map[string]any // its end users' configuration
+}
+
+var uniq atomic.Int64
+
+// fresh returns a name not used before in this test process.
+func fresh(prefix string) string { return fmt.Sprintf("%s-%d", prefix, uniq.Add(1)) }
+
+// seed fills a tenant with one of everything.
+//
+// Action ids count per tenant, and bundle versions are per tenant too: a
+// tenant seeded with skip earlier actions and version major has ids the
+// other tenant's seed does not, so that a 404 is what isolation answers
+// rather than the other tenant's own resource of the same id.
+func seed(t *testing.T, s *testServer, admin creds, mark, hookURL string, idp *identityProvider, skip, major int) *world {
+	t.Helper()
+	w := &world{name: admin.Tenant, admin: admin, mark: mark, stream: "env"}
+	w.device = admin.Tenant + "-dev-1"
+	s.mustDevice(t, admin, w.device, map[string]string{"owner": mark})
+	s.mustDevice(t, admin, admin.Tenant+"-dev-2", map[string]string{"owner": mark})
+	for range skip {
+		s.dispatch(t, admin, map[string]any{"action": "skip", "params": map[string]any{}, "search_type": "default", "device_ids": []string{w.device}})
+	}
+	w.action = s.dispatch(t, admin, map[string]any{"action": "reboot-" + mark, "params": map[string]any{"note": mark},
+		"metadata": map[string]any{"why": mark}, "search_type": "default", "device_ids": []string{w.device}})
+	s.do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": w.device, "action_id": w.action,
+		"state": "Running", "progress": 5, "errors": []string{"err-" + mark}}).want(t, 204)
+
+	w.bundleVersion = fmt.Sprintf("%d.2.3", major)
+	w.component, w.componentVersion = "app-"+strings.ToLower(admin.Tenant), w.bundleVersion
+	b := s.mustUpload(t, admin, makeBundle(t, w.bundleVersion, part{name: w.component, version: w.componentVersion, body: "firmware of " + mark}))
+	w.bundleID = b.ID
+
+	rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot-" + mark, "group": mark, "stream": w.stream,
+		"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}, "metadata_filters": map[string]any{"owner": mark}})
+	w.ruleID = rule.ID
+	var nr struct{ ID string }
+	s.send(t, req{method: "POST", path: "/api/v1/alert-rules/" + rule.ID + "/alert-notification-rules", creds: admin,
+		header: http.Header{"Prefer": {"return=representation"}},
+		body: map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": hookURL + "/" + mark, "secret": "s-" + mark},
+			"notification_template": map[string]any{"subject": "subject " + mark}}}).want(t, 201).decode(t, &nr)
+	w.notificationID = nr.ID
+	s.do(t, admin, "POST", "/api/v1/devices/"+w.device+"/streams/"+w.stream,
+		[]map[string]any{{"timestamp": time.Now().UnixMilli(), "temp": 90, "label": mark}}).want(t, 200)
+	await(t, admin.Tenant+"'s alert", func() bool {
+		if as := s.alerts(t, admin, "?rule_id="+rule.ID); len(as) > 0 {
+			w.alertID = as[0].ID
+		}
+		return w.alertID != ""
+	})
+	s.do(t, admin, "POST", "/api/v1/apikeys", map[string]any{"name": "k-" + mark, "role": "viewer", "user_email": "ops@" + strings.ToLower(mark) + ".example.com"}).want(t, 201)
+	w.s9 = map[string]any{"method": "jwks", "jwks_url": idp.srv.URL, "issuer": "https://id.example.com", "audience": "fleetd", "default_role": "viewer"}
+	s.do(t, admin, "PUT", "/api/v1/tenants/"+admin.Tenant+"/auth", w.s9).want(t, 204)
+	return w
+}
+
+// endpoint is what the suites know of one operation.
+type endpoint struct {
+	// perm: public, read, device (device data), operate, admin, or
+	// artifact (public route, any reading key or a signed URL).
+	perm string
+	// prepare returns a request target of w (path and query) and a valid
+	// body, nil for none; it may make fresh resources with w.admin.
+	prepare func(t *testing.T, s *testServer, w *world) (target string, body any)
+	// other is the answer to another tenant's admin key: 0 means 404 (the
+	// target is w's resource); collections answer in the caller's tenant.
+	other int
+	// lenient names body fields that take more than one type (the corpus
+	// does not send them "the wrong type").
+	lenient []string
+	// rawBody marks endpoints whose body is a file, not an encoded value.
+	rawBody bool
+}
+
+func static(target string) func(*testing.T, *testServer, *world) (string, any) {
+	return func(*testing.T, *testServer, *world) (string, any) { return target, nil }
+}
+
+// endpoints, by "METHOD /pattern" as the OpenAPI document names them.
+var endpoints = map[string]endpoint{
+	"GET /healthz":             {perm: "public", prepare: static("/healthz")},
+	"GET /readyz":              {perm: "public", prepare: static("/readyz")},
+	"GET /metrics":             {perm: "public", prepare: static("/metrics")},
+	"GET /api/v1/openapi.json": {perm: "public", prepare: static("/api/v1/openapi.json")},
+	"GET /api/v1/devices":      {perm: "read", other: 200, prepare: static("/api/v1/devices?search=dev&limit=100")},
+	"GET /api/v1/devices/{id}": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) { return "/api/v1/devices/" + w.device, nil }},
+	"POST /api/v1/devices": {perm: "operate", other: 201, prepare: func(*testing.T, *testServer, *world) (string, any) {
+		return "/api/v1/devices", map[string]any{"id": fresh("d"), "metadata": map[string]any{"k": "v"}}
+	}},
+	"POST /api/v1/devices/bulk": {perm: "operate", other: 201, prepare: func(*testing.T, *testServer, *world) (string, any) {
+		return "/api/v1/devices/bulk", map[string]any{"devices": []any{map[string]any{"id": fresh("b")}}}
+	}},
+	"PATCH /api/v1/devices/{id}": {perm: "operate", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/devices/" + w.device, map[string]any{"metadata": map[string]any{"patched": "yes"}}
+	}},
+	"DELETE /api/v1/devices/{id}": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		id := fresh(w.name + "-gone")
+		s.mustDevice(t, w.admin, id, nil)
+		return "/api/v1/devices/" + id, nil
+	}},
+	"POST /api/v1/devices/{id}/token": {perm: "operate", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/devices/" + w.name + "-dev-2/token", nil
+	}},
+	"POST /api/v1/devices/{id}/certificate": {perm: "operate", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/devices/" + w.name + "-dev-2/certificate", nil
+	}},
+	"POST /api/v1/devices/{id}/uplink-config": {perm: "operate", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/devices/" + w.name + "-dev-2/uplink-config", nil
+	}},
+
+	"POST /mock/api/v1/actions": {perm: "operate", other: 400, prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/mock/api/v1/actions", map[string]any{"action": "ping", "params": map[string]any{"n": 1}, "search_type": "default", "device_ids": []string{w.device}, "search_key": "string", "search_query": "string"}
+	}},
+	"POST /api/v1/actions": {perm: "operate", other: 400, prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/actions", map[string]any{"action": "ping", "params": map[string]any{"n": 1}, "search_type": "default", "device_ids": []string{w.device}, "timeout": 60}
+	}},
+	"GET /api/v1/actions": {perm: "read", other: 200, prepare: static("/api/v1/actions?limit=100")},
+	"GET /api/v1/actions/{id}": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return fmt.Sprintf("/api/v1/actions/%d", w.action), nil
+	}},
+	"GET /api/v1/actions/{id}/devices": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return fmt.Sprintf("/api/v1/actions/%d/devices", w.action), nil
+	}},
+	"POST /api/v1/actions/{id}/cancel": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		return fmt.Sprintf("/api/v1/actions/%d/cancel", s.dispatch(t, w.admin, map[string]any{"action": "c", "params": map[string]any{}, "search_type": "default", "device_ids": []string{w.device}})), nil
+	}},
+	"GET /api/v1/devices/{device_id}/actions": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/devices/" + w.device + "/actions?sort_by=updated_at&sort_order=asc", nil
+	}},
+	"POST /api/v1/devices/action/status": {perm: "device", lenient: []string{"action_id", "id", "progress"}, prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/devices/action/status", map[string]any{"device_id": w.device, "action_id": w.action, "state": "Running", "progress": 50, "errors": []string{}, "timestamp": time.Now().UnixMilli(), "sequence": 1}
+	}},
+
+	"POST /api/v1/firmware-bundles": {perm: "operate", other: 201, prepare: func(*testing.T, *testServer, *world) (string, any) {
+		return "/api/v1/firmware-bundles", map[string]any{"version": fmt.Sprintf("7.0.%d", uniq.Add(1)), "file_name": "fw.tar.gz"}
+	}},
+	"GET /api/v1/firmware-bundles": {perm: "read", other: 200, prepare: static("/api/v1/firmware-bundles?upload_status=completed")},
+	"GET /api/v1/firmware-bundles/id/{id}": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/firmware-bundles/id/" + w.bundleID, nil
+	}},
+	"PUT /api/v1/firmware-bundles/id/{id}": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		id, archive := pendingBundle(t, s, w, true)
+		return "/api/v1/firmware-bundles/id/" + id, map[string]any{"checksum": sha256Hex(archive), "content_length": len(archive), "uncompressed_size": tarSize(t, archive)}
+	}},
+	"DELETE /api/v1/firmware-bundles/id/{id}": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		id, _ := pendingBundle(t, s, w, false)
+		return "/api/v1/firmware-bundles/id/" + id, nil
+	}},
+	"PUT /api/v1/firmware-bundles/id/{id}/file": {perm: "operate", rawBody: true, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		id, archive := pendingBundle(t, s, w, false)
+		return "/api/v1/firmware-bundles/id/" + id + "/file", archive
+	}},
+	"GET /api/v1/firmware-bundles/id/{id}/artifact": {perm: "artifact", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/firmware-bundles/id/" + w.bundleID + "/artifact", nil
+	}},
+	"GET /api/v1/firmware-bundles/version/{version}": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/firmware-bundles/version/" + w.bundleVersion, nil
+	}},
+	"PUT /api/v1/firmwares/component/{component_name}/{version_number}": {perm: "operate", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/firmwares/component/" + w.component + "/" + w.componentVersion, map[string]any{"is_deactivated": false}
+	}},
+	"GET /api/v1/firmwares/component/{component_name}": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/firmwares/component/" + w.component, nil
+	}},
+
+	"POST /api/v1/devices/{id}/streams/{stream}": {perm: "device", rawBody: false, prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/devices/" + w.device + "/streams/" + w.stream, []any{map[string]any{"timestamp": time.Now().UnixMilli(), "sequence": 0, "temp": 20}}
+	}},
+	"GET /api/v1/devices/{id}/streams/{stream}/latest": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/devices/" + w.device + "/streams/" + w.stream + "/latest", nil
+	}},
+
+	"POST /api/v1/alert-rules": {perm: "operate", other: 201, prepare: func(*testing.T, *testServer, *world) (string, any) {
+		return "/api/v1/alert-rules", map[string]any{"name": fresh("rule"), "stream": "env", "group": "g",
+			"condition": map[string]any{"field": "temp", "operator": ">", "value": 100}, "activation_threshold_seconds": 1, "deactivation_threshold_seconds": 1}
+	}},
+	"GET /api/v1/alert-rules": {perm: "read", other: 200, prepare: static("/api/v1/alert-rules")},
+	"GET /api/v1/alert-rules/{id}": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/alert-rules/" + w.ruleID, nil
+	}},
+	"DELETE /api/v1/alert-rules/{id}": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		r := s.mustAlertRule(t, w.admin, map[string]any{"name": fresh("doomed"), "stream": "x", "condition": map[string]any{"no_data_seconds": 60}})
+		return "/api/v1/alert-rules/" + r.ID, nil
+	}},
+	"POST /api/v1/alert-rules/{id}/alert-notification-rules": {perm: "operate", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/alert-rules/" + w.ruleID + "/alert-notification-rules", map[string]any{
+			"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/x"}, "interval_seconds": 0,
+			"notification_template": map[string]any{"subject": "s", "body": "b"}, "timezone": "Europe/Berlin"}
+	}},
+	"GET /api/v1/alert-rules/{id}/alert-notification-rules": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/alert-rules/" + w.ruleID + "/alert-notification-rules", nil
+	}},
+	"PUT /api/v1/alert-rules/{alert_id}/alert-notification-rules/{notification_id}": {perm: "operate", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/alert-rules/" + w.ruleID + "/alert-notification-rules/" + w.notificationID, map[string]any{"interval_seconds": 0, "timezone": "UTC"}
+	}},
+	"DELETE /api/v1/alert-rules/{alert_id}/alert-notification-rules/{notification_id}": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		var nr struct{ ID string }
+		s.send(t, req{method: "POST", path: "/api/v1/alert-rules/" + w.ruleID + "/alert-notification-rules", creds: w.admin,
+			header: http.Header{"Prefer": {"return=representation"}},
+			body:   map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/y"}}}).want(t, 201).decode(t, &nr)
+		return "/api/v1/alert-rules/" + w.ruleID + "/alert-notification-rules/" + nr.ID, nil
+	}},
+	"GET /api/v1/alerts":      {perm: "read", other: 200, prepare: static("/api/v1/alerts?state=active")},
+	"GET /api/v1/alerts/{id}": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) { return "/api/v1/alerts/" + w.alertID, nil }},
+	"GET /api/v1/alerts/{id}/notifications": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/alerts/" + w.alertID + "/notifications", nil
+	}},
+
+	"POST /api/v1/apikeys": {perm: "admin", other: 201, prepare: func(*testing.T, *testServer, *world) (string, any) {
+		return "/api/v1/apikeys", map[string]any{"name": fresh("key"), "role": "viewer", "user_email": "a@example.com"}
+	}},
+	"GET /api/v1/apikeys": {perm: "admin", other: 200, prepare: static("/api/v1/apikeys")},
+	"DELETE /api/v1/apikeys/{name}": {perm: "admin", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		name := fresh("gone-" + w.name)
+		s.do(t, w.admin, "POST", "/api/v1/apikeys", map[string]any{"name": name, "role": "viewer"}).want(t, 201)
+		return "/api/v1/apikeys/" + name, nil
+	}},
+	"PUT /api/v1/tenants/{tenant_id}/auth": {perm: "admin", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/tenants/" + w.name + "/auth", w.s9
+	}},
+	"GET /api/v1/tenants/{tenant_id}/auth": {perm: "admin", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/tenants/" + w.name + "/auth", nil
+	}},
+	"GET /api/v1/audit-logs": {perm: "admin", other: 200, prepare: static("/api/v1/audit-logs?limit=1000")},
+}
+
+// pendingBundle makes a pending bundle record of w, with its archive
+// uploaded when upload is set, and returns its id and archive.
+func pendingBundle(t *testing.T, s *testServer, w *world, upload bool) (string, []byte) {
+	t.Helper()
+	version := fmt.Sprintf("5.%d.0", uniq.Add(1))
+	archive := makeBundle(t, version, part{name: "p-" + w.name, version: version, body: "x"})
+	var b struct{ ID string }
+	s.do(t, w.admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": version, "file_name": "p.tar.gz"}).want(t, 201).decode(t, &b)
+	if upload {
+		s.putFile(t, w.admin, b.ID, archive).want(t, 200)
+	}
+	return b.ID, archive
+}
+
+// operations lists the served document's operations as "METHOD /path",
+// sorted, with each one's success status.
+func operations(t *testing.T, s *testServer) ([]string, map[string]int, *openapi3.T) {
+	t.Helper()
+	resp, err := http.Get(s.URL + "/api/v1/openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	doc, err := openapi3.NewLoader().LoadFromData(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ops []string
+	ok := map[string]int{}
+	for path, item := range doc.Paths.Map() {
+		for method, op := range item.Operations() {
+			key := method + " " + path
+			ops = append(ops, key)
+			for _, code := range []int{201, 204, 200} {
+				if op.Responses.Status(code) != nil {
+					ok[key] = code
+					break
+				}
+			}
+		}
+	}
+	sort.Strings(ops)
+	return ops, ok, doc
+}
+
+// covered fails the test for every operation the table lacks.
+func covered(t *testing.T, ops []string) {
+	t.Helper()
+	for _, op := range ops {
+		if _, ok := endpoints[op]; !ok {
+			t.Errorf("%s is in the OpenAPI document but not in endpoints_test.go: add it, so that the isolation matrix and the bad-input corpus cover it", op)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+}
+
+// tarSize is the uncompressed size of a gzipped archive.
+func tarSize(t *testing.T, gz []byte) int64 {
+	t.Helper()
+	r, err := gzip.NewReader(bytes.NewReader(gz))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

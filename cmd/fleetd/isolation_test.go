@@ -1,0 +1,171 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// caller is one column of the isolation matrix.
+type caller struct {
+	name   string
+	creds  creds
+	bearer string // an end user's token instead of a key
+	role   string // the role it acts with in tenant alpha, "" for none
+}
+
+// TestIsolationMatrix sends every endpoint of the served OpenAPI document,
+// aimed at tenant alpha's resources, as: no key, an unknown key, tenant
+// bravo's admin, each role of alpha and an end user of alpha (S9 with a
+// local JWKS). Each answer must be what DESIGN §2 says: 401, 403, 404 for
+// another tenant's resource, or the endpoint's success. Both tenants are
+// seeded with a resource of every kind carrying a marker, and no answer to
+// one tenant may hold the other's markers or ids (but an id the caller
+// itself sent).
+func TestIsolationMatrix(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		certFile, keyFile := writeServerCert(t, t.TempDir(), "fleetd test")
+		s := startServer(t, b, append([]string{"--rate-limit", "-1", "--device-data-rate-limit", "-1",
+			"--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0"}, alertFlags...)...)
+		ops, okCodes, _ := operations(t, s)
+		covered(t, ops)
+
+		idp := newIdentityProvider(t)
+		hook := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+		defer hook.Close()
+		alpha, bravo := s.newTenant(t, "alpha"), s.newTenant(t, "bravo")
+		wa := seed(t, s, alpha, "SECRETMARK-ALPHA-3c1", hook.URL, idp, 5, 1)
+		wb := seed(t, s, bravo, "SECRETMARK-BRAVO-9e4", hook.URL, idp, 0, 2)
+
+		callers := []caller{
+			{name: "no key", creds: creds{Tenant: "alpha"}},
+			{name: "unknown key", creds: creds{"alpha", "fk_" + strings.Repeat("x", 43)}},
+			{name: "bravo's admin", creds: bravo},
+			{name: "viewer", creds: s.newKey(t, alpha, "m-viewer", "viewer"), role: "viewer"},
+			{name: "device", creds: s.newKey(t, alpha, "m-device", "device"), role: "device"},
+			{name: "operator", creds: s.newKey(t, alpha, "m-operator", "operator"), role: "operator"},
+			{name: "admin", creds: alpha, role: "admin"},
+			{name: "end user (operator)", creds: creds{Tenant: "alpha"}, bearer: idp.token(t, jwt.MapClaims{"role": "operator"}), role: "operator"},
+		}
+
+		// What each tenant must never see of the other: its markers always,
+		// its ids unless the caller sent them.
+		secrets := map[string][]string{"alpha": {wb.mark}, "bravo": {wa.mark}}
+		ids := map[string][]string{
+			"alpha": {wb.device, "bravo-dev-2", wb.ruleID, wb.bundleID, wb.notificationID, wb.alertID, wb.component},
+			"bravo": {wa.device, "alpha-dev-2", wa.ruleID, wa.bundleID, wa.notificationID, wa.alertID, wa.component},
+		}
+		leaks := 0
+		check := func(tenant, sent string, r *response) {
+			t.Helper()
+			body := string(r.Body)
+			for _, m := range secrets[tenant] {
+				if strings.Contains(body, m) {
+					leaks++
+					t.Errorf("%s: %s saw the other tenant's marker %s: %s", r.req, tenant, m, body)
+				}
+			}
+			for _, id := range ids[tenant] {
+				if strings.Contains(body, id) && !strings.Contains(sent, id) {
+					leaks++
+					t.Errorf("%s: %s saw the other tenant's id %s: %s", r.req, tenant, id, body)
+				}
+			}
+		}
+
+		var table strings.Builder
+		fmt.Fprintf(&table, "%-84s", "endpoint")
+		for _, c := range callers {
+			fmt.Fprintf(&table, " %-8.8s", c.name)
+		}
+		table.WriteString("\n")
+		answers := 0
+		for _, op := range ops {
+			e := endpoints[op]
+			method, _, _ := strings.Cut(op, " ")
+			fmt.Fprintf(&table, "%-84s", op)
+			for _, c := range callers {
+				target, body := e.prepare(t, s, wa)
+				rq := req{method: method, path: target, creds: c.creds, body: body}
+				if raw, ok := body.([]byte); ok {
+					rq.body, rq.raw, rq.contentType = nil, raw, "application/octet-stream"
+				}
+				if c.bearer != "" {
+					rq.header = http.Header{"Authorization": {"Bearer " + c.bearer}}
+				}
+				r := s.send(t, rq)
+				answers++
+				want := expect(e, c, okCodes[op])
+				if r.Status != want {
+					t.Errorf("%s as %s: %d, want %d: %s", op, c.name, r.Status, want, r.Body)
+				}
+				if r.Status >= 400 && want >= 400 && len(r.Body) > 0 {
+					var eb struct{ Error, Message string }
+					if json.Unmarshal(r.Body, &eb) != nil || eb.Error == "" || eb.Message == "" {
+						t.Errorf("%s as %s: %d without the error body: %s", op, c.name, r.Status, r.Body)
+					}
+				}
+				sent, _ := json.Marshal(body)
+				tenant := "alpha"
+				if c.creds.Tenant == "bravo" {
+					tenant = "bravo"
+				}
+				check(tenant, target+string(sent), r)
+				fmt.Fprintf(&table, " %-8d", r.Status)
+			}
+			table.WriteString("\n")
+		}
+
+		// And the other way round: bravo's own reads of everything it has
+		// show nothing of alpha.
+		for _, op := range ops {
+			e := endpoints[op]
+			if method, _, _ := strings.Cut(op, " "); method != "GET" || e.perm == "public" {
+				continue
+			}
+			target, _ := e.prepare(t, s, wb)
+			check("bravo", target, s.send(t, req{method: "GET", path: target, creds: bravo}))
+			answers++
+		}
+		t.Logf("%d endpoints × %d callers, %d answers checked, %d leaks\n%s", len(ops), len(callers), answers, leaks, table.String())
+	})
+}
+
+// expect is the answer DESIGN §2 prescribes to caller c for endpoint e,
+// whose success is ok.
+func expect(e endpoint, c caller, ok int) int {
+	if e.perm == "public" {
+		return http.StatusOK
+	}
+	switch {
+	case c.creds.Key == "" && c.bearer == "":
+		return http.StatusUnauthorized
+	case c.role == "" && c.creds.Tenant == "alpha":
+		return http.StatusUnauthorized
+	case c.creds.Tenant == "bravo":
+		if e.other != 0 {
+			return e.other
+		}
+		return http.StatusNotFound
+	}
+	allowed := map[string][]string{
+		"read":     {"viewer", "operator", "admin"},
+		"artifact": {"viewer", "operator", "admin"},
+		"device":   {"device", "operator", "admin"},
+		"operate":  {"operator", "admin"},
+		"admin":    {"admin"},
+	}[e.perm]
+	for _, r := range allowed {
+		if r == c.role {
+			return ok
+		}
+	}
+	return http.StatusForbidden
+}
