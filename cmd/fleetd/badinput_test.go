@@ -584,4 +584,3 @@ func rowCounts(t *testing.T, db *sql.DB) map[string]int {
 	}
 	return counts
 }
-
