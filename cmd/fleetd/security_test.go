@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -16,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -152,6 +154,41 @@ func TestDeviceCertificatesEndToEnd(t *testing.T) {
 		}
 		dev.report(t, map[string]any{"id": fmt.Sprint(id), "state": "Completed", "progress": 100})
 		s.awaitActionStatus(t, admin, "pump-1", id, "Completed")
+
+		t.Run("mosquitto_pub with the certificate", func(t *testing.T) {
+			// Another TLS stack (OpenSSL), a client written in C: what the
+			// API hands out is ordinary PEM any client reads.
+			if _, err := os.Stat("/usr/bin/mosquitto_pub"); err != nil {
+				t.Skip("mosquitto_pub is not installed (Debian package mosquitto-clients; .ci/run installs it)")
+			}
+			dir := t.TempDir()
+			files := map[string]string{"ca.pem": c.CACertificate, "dev.pem": c.DeviceCertificate, "dev.key": c.DevicePrivateKey}
+			for name, content := range files {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			host, port, _ := net.SplitHostPort(mqtts)
+			id2 := s.dispatch(t, admin, map[string]any{"action": "ping", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"pump-1"}})
+			dev.next(t)
+			ctx, cancel := context.WithTimeout(context.Background(), bound)
+			defer cancel()
+			// Exits 0 once the report was acknowledged, that is committed.
+			out, err := exec.CommandContext(ctx, "/usr/bin/mosquitto_pub", "-h", host, "-p", port, "-V", "mqttv311", "-q", "1", "-i", "pump-1",
+				"--cafile", filepath.Join(dir, "ca.pem"), "--cert", filepath.Join(dir, "dev.pem"), "--key", filepath.Join(dir, "dev.key"),
+				"-t", mqtt.ActionStatusTopic("default", "pump-1"), "-m", fmt.Sprintf(`{"id": "%d", "state": "Completed", "progress": 100}`, id2)).CombinedOutput()
+			if err != nil {
+				t.Fatalf("mosquitto_pub over mutual TLS: %v\n%s", err, out)
+			}
+			s.awaitActionStatus(t, admin, "pump-1", id2, "Completed")
+			// Without the certificate it has neither a password nor an
+			// identity.
+			out, err = exec.CommandContext(ctx, "/usr/bin/mosquitto_pub", "-h", host, "-p", port, "-V", "mqttv311", "-q", "1", "-i", "pump-1",
+				"--cafile", filepath.Join(dir, "ca.pem"), "-t", mqtt.ActionStatusTopic("default", "pump-1"), "-m", "{}").CombinedOutput()
+			if err == nil {
+				t.Fatalf("mosquitto_pub without a certificate was accepted: %s", out)
+			}
+		})
 
 		t.Run("uplink-config", func(t *testing.T) {
 			var u struct {
