@@ -457,10 +457,13 @@ func (db *DB) MarkDelivered(ctx context.Context, receipts []fleet.ActionReceipt)
 			for _, r := range chunk {
 				args = append(args, r.Tenant, r.ActionID, r.DeviceID)
 			}
+			for range sizeClass(len(chunk)) - len(chunk) {
+				args = append(args, "", 0, "") // matches nothing
+			}
 			if _, err := tx.exec(ctx, `UPDATE device_actions SET action_status = 'Initiated', status = 'Initiated',
 				initiated_at = ?, updated_at = ?,
 				deadline = ? + 1000 * (SELECT timeout FROM actions a WHERE a.tenant = device_actions.tenant AND a.id = device_actions.action_id)
-				FROM `+tx.db.dialect.valuesTable("r", []string{"tenant", "action_id", "device_id"}, []string{"TEXT", "BIGINT", "TEXT"}, len(chunk))+`
+				FROM `+tx.db.dialect.valuesTable("r", []string{"tenant", "action_id", "device_id"}, []string{"TEXT", "BIGINT", "TEXT"}, sizeClass(len(chunk)))+`
 				WHERE device_actions.tenant = r.tenant AND device_actions.action_id = r.action_id AND device_actions.device_id = r.device_id
 				AND device_actions.action_status = 'Queued'`, args...); err != nil {
 				return err
@@ -554,6 +557,21 @@ type reportRow struct {
 // reportChunk bounds the rows one statement reads or writes.
 const reportChunk = 100
 
+// sizeClass rounds n (1 to reportChunk) up to one of a few sizes, so that
+// the batched statements have few distinct texts, which stay prepared
+// (SQLite's statement cache) instead of being parsed anew for every batch
+// size. The rows added to reach it match nothing.
+func sizeClass(n int) int {
+	c := 1
+	for c < n && c < 64 {
+		c *= 2
+	}
+	if n > c {
+		return reportChunk
+	}
+	return c
+}
+
 // applyReports applies reports in order and reports which found their
 // device action. Reports after a final state, older than the last one
 // applied or repeating it change nothing.
@@ -626,10 +644,14 @@ func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.S
 // loadReportRows reads (and on PostgreSQL locks) the device actions of one
 // action on devs into rows.
 func (tx *Tx) loadReportRows(ctx context.Context, tenant string, actionID int64, devs []string, rows map[reportKey]*reportRow) error {
+	args := append([]any{tenant, actionID}, anys(devs)...)
+	for n := sizeClass(len(devs)); len(args) < 2+n; {
+		args = append(args, devs[len(devs)-1]) // a repeat matches no more rows
+	}
 	q, err := tx.query(ctx, `SELECT device_id, type, status, action_status, progress, errors, last_ts, last_seq, initiated_at,
 		(SELECT timeout FROM actions a WHERE a.tenant = da.tenant AND a.id = da.action_id)
-		FROM device_actions da WHERE tenant = ? AND action_id = ? AND device_id IN (`+placeholders(len(devs))+`)
-		ORDER BY device_id`+tx.db.dialect.forUpdate(), append([]any{tenant, actionID}, anys(devs)...)...)
+		FROM device_actions da WHERE tenant = ? AND action_id = ? AND device_id IN (`+placeholders(len(args)-2)+`)
+		ORDER BY device_id`+tx.db.dialect.forUpdate(), args...)
 	if err != nil {
 		return err
 	}
@@ -695,12 +717,17 @@ func (tx *Tx) writeReportRows(ctx context.Context, tenant string, keys []reportK
 			" WHERE action_id = ? AND device_id = ? AND tenant = ?", append(args[2:], args[0], args[1], tenant)...)
 		return err
 	}
+	n := sizeClass(len(keys))
+	for range n - len(keys) {
+		// Action id 0 names no action.
+		args = append(args, 0, "", "", "", 0, "{}", 0, 0, 0, nil, nil, now)
+	}
 	args = append(args, tenant)
 	for i, c := range reportColumns[2:] {
 		set[i] = c + " = v." + c
 	}
 	_, err := tx.exec(ctx, "UPDATE device_actions SET "+strings.Join(set, ", ")+
-		" FROM "+tx.db.dialect.valuesTable("v", reportColumns, types, len(keys))+
+		" FROM "+tx.db.dialect.valuesTable("v", reportColumns, types, n)+
 		" WHERE device_actions.action_id = v.action_id AND device_actions.device_id = v.device_id AND device_actions.tenant = ?", args...)
 	return err
 }
@@ -869,12 +896,15 @@ const deviceActionColumns = `action_id, device_id, type, status, action_status, 
 // FindDeviceActions lists the device actions of one device (S7) or of one
 // action; see fleet.DeviceActionFilter.
 func (db *DB) FindDeviceActions(ctx context.Context, tenant string, f fleet.DeviceActionFilter) ([]*fleet.DeviceAction, int, error) {
-	where := []string{"tenant = ?"}
-	args := []any{tenant}
-	var order string
-	dir := " DESC"
-	if f.Ascending {
-		dir = " ASC"
+	var filters []string
+	var filterArgs []any
+	if f.ActionStatus != "" {
+		filters = append(filters, "action_status = ?")
+		filterArgs = append(filterArgs, string(f.ActionStatus))
+	}
+	if f.Type != "" {
+		filters = append(filters, "type = ?")
+		filterArgs = append(filterArgs, f.Type)
 	}
 	switch {
 	case f.DeviceID != "":
@@ -885,16 +915,7 @@ func (db *DB) FindDeviceActions(ctx context.Context, tenant string, f fleet.Devi
 		} else if err != nil {
 			return nil, 0, db.classify(err)
 		}
-		where = append(where, "device_id = ?")
-		args = append(args, f.DeviceID)
-		col, ok := deviceActionSorts[f.SortBy]
-		if !ok {
-			col = "action_id"
-		}
-		order = col + dir
-		if col != "action_id" {
-			order += ", action_id" + dir
-		}
+		return db.findDeviceActionsOfDevice(ctx, tenant, f, filters, filterArgs)
 	case f.ActionID != 0:
 		var one int
 		err := db.queryRow(ctx, "SELECT 1 FROM actions WHERE tenant = ? AND id = ?", tenant, f.ActionID).Scan(&one)
@@ -903,35 +924,84 @@ func (db *DB) FindDeviceActions(ctx context.Context, tenant string, f fleet.Devi
 		} else if err != nil {
 			return nil, 0, db.classify(err)
 		}
-		where = append(where, "action_id = ?")
-		args = append(args, f.ActionID)
-		order = "device_id ASC"
 	default:
 		return nil, 0, fleet.Errorf(fleet.EINVALID, "name a device or an action")
 	}
-	if f.ActionStatus != "" {
-		where = append(where, "action_status = ?")
-		args = append(args, string(f.ActionStatus))
-	}
-	if f.Type != "" {
-		where = append(where, "type = ?")
-		args = append(args, f.Type)
-	}
-	cond := strings.Join(where, " AND ")
+	cond := strings.Join(append([]string{"tenant = ?", "action_id = ?"}, filters...), " AND ")
+	args := append([]any{tenant, f.ActionID}, filterArgs...)
 	var count int
 	if err := db.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE "+cond, args...).Scan(&count); err != nil {
 		return nil, 0, db.classify(err)
 	}
 	// The page is chosen first and joined to its actions (for params)
 	// after, so sorting never touches the actions table.
-	rows, err := db.query(ctx, `WITH page AS (SELECT `+deviceActionColumns+`, tenant, error_count FROM device_actions WHERE `+cond+
-		` ORDER BY `+order+` LIMIT ? OFFSET ?)
+	rows, err := db.query(ctx, `WITH page AS (SELECT `+deviceActionColumns+`, tenant FROM device_actions WHERE `+cond+
+		` ORDER BY device_id LIMIT ? OFFSET ?)
 		SELECT `+prefixed("page.", deviceActionColumns)+`, COALESCE(a.device_params, a.params)
-		FROM page JOIN actions a ON a.tenant = page.tenant AND a.id = page.action_id ORDER BY `+prefixed("page.", order),
+		FROM page JOIN actions a ON a.tenant = page.tenant AND a.id = page.action_id ORDER BY page.device_id`,
 		append(args, f.Limit, f.Offset())...)
 	if err != nil {
 		return nil, 0, db.classify(err)
 	}
+	return scanDeviceActions(rows, count)
+}
+
+// finalStatuses and liveStatuses split a device's actions in two: the
+// sort indexes of migration 0009 hold the final ones, whose sort keys
+// never change; the others, usually few, are read through
+// device_actions_by_device and sorted. The texts must match the indexes'
+// predicates for the databases to use them.
+const (
+	finalStatuses = "action_status IN ('Completed', 'Failed', 'Cancelled')"
+	liveStatuses  = "action_status IN ('Queued', 'Initiated', 'Progress')"
+)
+
+// findDeviceActionsOfDevice is S7. The page's keys are the first
+// offset+limit of each half in the sort's order, merged; only then are the
+// page's rows read, with their actions' params.
+func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fleet.DeviceActionFilter, filters []string, filterArgs []any) ([]*fleet.DeviceAction, int, error) {
+	cond := strings.Join(append([]string{"tenant = ?", "device_id = ?"}, filters...), " AND ")
+	args := append([]any{tenant, f.DeviceID}, filterArgs...)
+	var count int
+	if err := db.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE "+cond, args...).Scan(&count); err != nil {
+		return nil, 0, db.classify(err)
+	}
+	col, ok := deviceActionSorts[f.SortBy]
+	if !ok {
+		col = "action_id"
+	}
+	dir := " DESC"
+	if f.Ascending {
+		dir = " ASC"
+	}
+	order := "k" + dir + ", action_id" + dir
+	finalOrder, liveKey := col+dir+", action_id"+dir, col
+	if col == "action_id" {
+		// The merge wants the live half in order too, and by action_id
+		// SQLite would walk the tenant's device_actions_by_status for it
+		// rather than the device's few live rows: an expression is not
+		// in any index's order.
+		finalOrder, liveKey = "action_id"+dir, "action_id + 0"
+	}
+	// The live half is not limited: it is small, and sorted by the merge.
+	top := f.Offset() + f.Limit
+	qargs := slices.Concat(args, []any{top}, args, []any{f.Limit, f.Offset(), tenant, f.DeviceID})
+	rows, err := db.query(ctx, `WITH page AS (
+		SELECT action_id, k FROM (SELECT action_id, `+col+` AS k FROM device_actions WHERE `+cond+` AND `+finalStatuses+`
+			ORDER BY `+finalOrder+` LIMIT ?) final
+		UNION ALL SELECT action_id, `+liveKey+` AS k FROM device_actions WHERE `+cond+` AND `+liveStatuses+`
+		ORDER BY `+order+` LIMIT ? OFFSET ?)
+		SELECT `+prefixed("da.", deviceActionColumns)+`, COALESCE(a.device_params, a.params)
+		FROM page JOIN device_actions da ON da.tenant = ? AND da.device_id = ? AND da.action_id = page.action_id
+		JOIN actions a ON a.tenant = da.tenant AND a.id = da.action_id
+		ORDER BY page.k`+dir+`, page.action_id`+dir, qargs...)
+	if err != nil {
+		return nil, 0, db.classify(err)
+	}
+	return scanDeviceActions(rows, count)
+}
+
+func scanDeviceActions(rows *sql.Rows, count int) ([]*fleet.DeviceAction, int, error) {
 	defer rows.Close()
 	out := []*fleet.DeviceAction{}
 	for rows.Next() {
