@@ -552,6 +552,16 @@ type reportRow struct {
 	initiatedAt sql.NullInt64
 	timeout     int64 // seconds
 	dirty       bool
+	// As loaded: what decides whether only the progress columns change.
+	loadedStatus    fleet.ActionStatus
+	loadedInitiated bool
+}
+
+// progressOnly reports whether the row's changes are to the columns every
+// report changes, and none of action_status, initiated_at, deadline or
+// errors: the usual report on an action in flight.
+func (r *reportRow) progressOnly() bool {
+	return r.state.ActionStatus == r.loadedStatus && r.loadedInitiated && !r.errsChanged
 }
 
 // reportChunk bounds the rows one statement reads or writes.
@@ -669,6 +679,7 @@ func (tx *Tx) loadReportRows(ctx context.Context, tenant string, actionID int64,
 		if lastTS.Valid {
 			row.state.Last = &fleet.ReportKey{Timestamp: lastTS.Int64, Sequence: lastSeq.Int64}
 		}
+		row.loadedStatus, row.loadedInitiated = row.state.ActionStatus, row.initiatedAt.Valid
 		if err := json.Unmarshal([]byte(row.errsText), &row.state.Errors); err != nil {
 			return fmt.Errorf("device action %d/%s errors: %w", actionID, dev, err)
 		}
@@ -678,56 +689,103 @@ func (tx *Tx) loadReportRows(ctx context.Context, tenant string, actionID int64,
 }
 
 // reportColumns are the columns writeReportRows sets, after the two of
-// the key, with their SQL types.
+// the key, with their SQL types ("" is the dialect's JSON type), and
+// progressColumns those it sets on rows whose only changes are progress
+// (reportRow.progressOnly). SQLite rewrites the entries of every index
+// that has a column an UPDATE sets, changed or not, and
+// device_actions_by_device, device_actions_by_status, the deadline index
+// and the final-only sort indexes all have action_status (in their key or
+// predicate): a report that sets it costs four index rewrites or more.
 var (
 	reportColumns = []string{"action_id", "device_id", "status", "action_status", "progress", "errors", "error_count",
 		"last_ts", "last_seq", "initiated_at", "deadline", "updated_at"}
 	reportTypes = []string{"BIGINT", "TEXT", "TEXT", "TEXT", "INTEGER", "", "INTEGER",
 		"BIGINT", "BIGINT", "BIGINT", "BIGINT", "BIGINT"}
+	progressColumns = []string{"action_id", "device_id", "status", "progress", "last_ts", "last_seq", "updated_at"}
+	progressTypes   = []string{"BIGINT", "TEXT", "TEXT", "INTEGER", "BIGINT", "BIGINT", "BIGINT"}
 )
 
-// writeReportRows writes changed device actions with one statement.
+// writeReportRows writes changed device actions: one statement for those
+// whose reports only moved them along, one for the others.
 func (tx *Tx) writeReportRows(ctx context.Context, tenant string, keys []reportKey, rows map[reportKey]*reportRow, now int64) error {
-	types := slices.Clone(reportTypes)
-	types[5] = tx.db.dialect.jsonType()
-	args := make([]any, 0, len(keys)*len(reportColumns)+1)
-	var set []string
-	for _, c := range reportColumns[2:] {
-		set = append(set, c+" = ?")
-	}
+	var progress, full []reportKey
 	for _, k := range keys {
-		row := rows[k]
-		st := row.state
-		errs := row.errsText
-		if row.errsChanged {
-			b, _ := json.Marshal(st.Errors) // a map of string lists always encodes
-			errs = string(b)
+		if rows[k].progressOnly() {
+			progress = append(progress, k)
+		} else {
+			full = append(full, k)
 		}
-		var deadline sql.NullInt64
-		if !st.ActionStatus.Final() {
-			deadline = sql.NullInt64{Int64: row.initiatedAt.Int64 + 1000*row.timeout, Valid: true}
-		}
-		args = append(args, k.actionID, k.deviceID, st.Status, string(st.ActionStatus), st.Progress, errs, fleet.ErrorCount(st.Errors),
-			st.Last.Timestamp, st.Last.Sequence, row.initiatedAt, deadline, now)
 	}
-	if len(keys) == 1 {
+	if len(progress) > 0 {
+		args := make([]any, 0, len(progress)*len(progressColumns))
+		for _, k := range progress {
+			st := rows[k].state
+			args = append(args, k.actionID, k.deviceID, st.Status, st.Progress, st.Last.Timestamp, st.Last.Sequence, now)
+		}
+		// Action id 0 names no action.
+		pad := []any{0, "", "", 0, 0, 0, now}
+		if err := tx.updateReportRows(ctx, tenant, progressColumns, progressTypes, args, pad); err != nil {
+			return err
+		}
+	}
+	if len(full) > 0 {
+		args := make([]any, 0, len(full)*len(reportColumns))
+		for _, k := range full {
+			row := rows[k]
+			st := row.state
+			errs := row.errsText
+			if row.errsChanged {
+				b, _ := json.Marshal(st.Errors) // a map of string lists always encodes
+				errs = string(b)
+			}
+			var deadline sql.NullInt64
+			if !st.ActionStatus.Final() {
+				deadline = sql.NullInt64{Int64: row.initiatedAt.Int64 + 1000*row.timeout, Valid: true}
+			}
+			args = append(args, k.actionID, k.deviceID, st.Status, string(st.ActionStatus), st.Progress, errs, fleet.ErrorCount(st.Errors),
+				st.Last.Timestamp, st.Last.Sequence, row.initiatedAt, deadline, now)
+		}
+		pad := []any{0, "", "", "", 0, "{}", 0, 0, 0, nil, nil, now}
+		if err := tx.updateReportRows(ctx, tenant, reportColumns, reportTypes, args, pad); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// updateReportRows sets cols (after the two of the key) of the device
+// actions whose values args holds, a row after another, with one
+// statement; pad is a row that matches nothing, to round the statement up
+// to its size class.
+func (tx *Tx) updateReportRows(ctx context.Context, tenant string, cols, types []string, args, pad []any) error {
+	rowCount := len(args) / len(cols)
+	set := make([]string, 0, len(cols)-2)
+	if rowCount == 1 {
 		// One row, the usual case when reports are few: by primary key,
 		// without the derived table.
+		for _, c := range cols[2:] {
+			set = append(set, c+" = ?")
+		}
 		_, err := tx.exec(ctx, "UPDATE device_actions SET "+strings.Join(set, ", ")+
 			" WHERE action_id = ? AND device_id = ? AND tenant = ?", append(args[2:], args[0], args[1], tenant)...)
 		return err
 	}
-	n := sizeClass(len(keys))
-	for range n - len(keys) {
-		// Action id 0 names no action.
-		args = append(args, 0, "", "", "", 0, "{}", 0, 0, 0, nil, nil, now)
+	n := sizeClass(rowCount)
+	for range n - rowCount {
+		args = append(args, pad...)
 	}
 	args = append(args, tenant)
-	for i, c := range reportColumns[2:] {
-		set[i] = c + " = v." + c
+	for _, c := range cols[2:] {
+		set = append(set, c+" = v."+c)
+	}
+	types = slices.Clone(types)
+	for i, t := range types {
+		if t == "" {
+			types[i] = tx.db.dialect.jsonType()
+		}
 	}
 	_, err := tx.exec(ctx, "UPDATE device_actions SET "+strings.Join(set, ", ")+
-		" FROM "+tx.db.dialect.valuesTable("v", reportColumns, types, n)+
+		" FROM "+tx.db.dialect.valuesTable("v", cols, types, n)+
 		" WHERE device_actions.action_id = v.action_id AND device_actions.device_id = v.device_id AND device_actions.tenant = ?", args...)
 	return err
 }
