@@ -1042,13 +1042,16 @@ func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fl
 		finalOrder, liveKey = "action_id"+dir, "action_id + 0"
 	}
 	// The live half is not limited: it is small, and sorted by the merge.
-	top := f.Offset() + f.Limit
-	qargs := slices.Concat(args, []any{top}, args, []any{f.Limit, f.Offset(), tenant, f.DeviceID})
+	// The limits are written into the query: SQLite plans with a bound
+	// LIMIT's value, so binding one re-prepares the statement every time.
+	top := strconv.Itoa(f.Offset() + f.Limit)
+	limit, offset := strconv.Itoa(f.Limit), strconv.Itoa(f.Offset())
+	qargs := slices.Concat(args, args, []any{tenant, f.DeviceID})
 	rows, err := db.query(ctx, `WITH page AS (
 		SELECT action_id, k FROM (SELECT action_id, `+col+` AS k FROM device_actions WHERE `+cond+` AND `+finalStatuses+`
-			ORDER BY `+finalOrder+` LIMIT ?) final
+			ORDER BY `+finalOrder+` LIMIT `+top+`) final
 		UNION ALL SELECT action_id, `+liveKey+` AS k FROM device_actions WHERE `+cond+` AND `+liveStatuses+`
-		ORDER BY `+order+` LIMIT ? OFFSET ?)
+		ORDER BY `+order+` LIMIT `+limit+` OFFSET `+offset+`)
 		SELECT `+prefixed("da.", deviceActionColumns)+`, COALESCE(a.device_params, a.params)
 		FROM page JOIN device_actions da ON da.tenant = ? AND da.device_id = ? AND da.action_id = page.action_id
 		JOIN actions a ON a.tenant = da.tenant AND a.id = da.action_id
