@@ -118,7 +118,8 @@ func (s *testServer) start(t *testing.T, extra ...string) {
 	select {
 	case err := <-ready:
 		if err != nil {
-			t.Fatalf("%v; output:\n%s", err, s.output)
+			// run has returned; its error says why.
+			t.Fatalf("%v: %v; output:\n%s", err, <-s.done, s.output)
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatalf("fleetd did not start in 60s; output:\n%s", s.output)
