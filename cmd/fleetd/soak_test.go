@@ -206,9 +206,10 @@ func soak(t *testing.T, b sqlstoretest.Backend, d time.Duration) {
 	wg.Wait()
 	take()
 
-	// The first minute warms caches and pools; the slope is fitted after.
+	// The first minute warms caches and pools; the slope is fitted after,
+	// and before the last sample, taken once the load stopped.
 	var xs, rss, heap, gs []float64
-	for _, sm := range samples {
+	for _, sm := range samples[:len(samples)-1] {
 		if sm.at >= time.Minute || d < 3*time.Minute {
 			xs = append(xs, sm.at.Minutes())
 			rss = append(rss, sm.rss)
