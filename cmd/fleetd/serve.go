@@ -91,6 +91,13 @@ func runServe(ctx context.Context, args []string, e env) error {
 	// checked, devices get its signed URL, incompatible devices fail.
 	actions := &action.Service{Store: db, Logger: log,
 		Preparers: map[string]fleet.ActionPreparer{fleet.ActionUpdateFirmware: fw}}
+	if db.Dialect() == "sqlite" {
+		// One writer: a single report worker gathers every report that
+		// arrives while the last batch commits, so batches are as large
+		// as they can be (fewer commits, no savepoints). PostgreSQL's
+		// writers commit side by side and keep the default.
+		actions.ReportWorkers = 1
+	}
 	// TLS, the device CA, timeouts and limits (security.go).
 	sec, err := c.sec.build(ctx, db, c.mqttAddr, c.scale.broker != "", log)
 	if err != nil {
