@@ -159,6 +159,32 @@ func (t *target) dsnForLog() string {
 	return t.dsn
 }
 
+// snapshot saves fleetd's heap and goroutine profiles under the profile
+// directory; without --profile it does nothing.
+func (r *runner) snapshot(name string) {
+	if r.o.profile == "" || r.t.pprof == "" {
+		return
+	}
+	for _, p := range []struct{ path, file string }{
+		{"/debug/pprof/heap", name + "-heap.pprof"},
+		{"/debug/pprof/goroutine", name + "-goroutine.pprof"},
+		{"/debug/pprof/heap?debug=1", name + "-heap.txt"}, // ends with the runtime's MemStats
+	} {
+		resp, err := http.Get(r.t.pprof + p.path)
+		if err != nil {
+			r.p.say("profile %s: %v", p.file, err)
+			continue
+		}
+		f, err := os.Create(filepath.Join(r.o.profile, p.file))
+		if err == nil {
+			io.Copy(f, resp.Body)
+			f.Close()
+		}
+		resp.Body.Close()
+	}
+	r.p.say("heap and goroutine profiles of %s in %s", name, r.o.profile)
+}
+
 // profile fetches fleetd's CPU profile of the next d into the profile
 // directory, and its allocations before and after; the returned function
 // waits for it. Without --profile it does nothing.

@@ -185,3 +185,75 @@ func thousands(v float64) string {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// cpuMeter measures, over a run, the CPU time fleetd and fleetbench used
+// and how busy the whole machine was: on a small machine the load
+// generator and anything else running take cores from fleetd.
+type cpuMeter struct {
+	pid          int
+	start        time.Time
+	fleetd, self float64 // CPU seconds at the start
+	busy, total  float64 // machine-wide jiffies at the start
+}
+
+func startCPU(pid int) *cpuMeter {
+	m := &cpuMeter{pid: pid, start: time.Now()}
+	m.fleetd, m.self = procCPU(pid), procCPU(os.Getpid())
+	m.busy, m.total = machineCPU()
+	return m
+}
+
+// String says how many cores each used since the start.
+func (m *cpuMeter) String() string {
+	el := time.Since(m.start).Seconds()
+	busy, total := machineCPU()
+	s := fmt.Sprintf("CPU: fleetbench %.2f cores", (procCPU(os.Getpid())-m.self)/el)
+	if m.pid != 0 {
+		s += fmt.Sprintf(", fleetd %.2f cores", (procCPU(m.pid)-m.fleetd)/el)
+	}
+	if total > m.total {
+		s += fmt.Sprintf(", machine %.0f%% busy", 100*(busy-m.busy)/(total-m.total))
+	}
+	return s
+}
+
+// procCPU returns a process's user and system CPU seconds, from
+// /proc/PID/stat (in clock ticks of 1/100 s); 0 if unknown.
+func procCPU(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name may hold spaces; the fields after it do not.
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 {
+		s = s[i+1:]
+	}
+	f := strings.Fields(s)
+	if len(f) < 13 {
+		return 0
+	}
+	var utime, stime float64
+	fmt.Sscan(f[11], &utime)
+	fmt.Sscan(f[12], &stime)
+	return (utime + stime) / 100
+}
+
+// machineCPU returns the machine's busy and total jiffies from /proc/stat.
+func machineCPU() (busy, total float64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	for i, v := range f[1:] {
+		var n float64
+		fmt.Sscan(v, &n)
+		total += n
+		if i != 3 && i != 4 { // idle, iowait
+			busy += n
+		}
+	}
+	return busy, total
+}

@@ -150,13 +150,15 @@ func (r *runner) s10(ctx context.Context) error {
 		return err
 	}
 	r.p.say("s10: hello-world baseline, %d connections, %s", conns, r.o.duration)
+	helloCPU := startCPU(h.pid)
 	helloRes := (&httpLoad{url: h.url, headers: headers, conns: conns, want: http.StatusNoContent,
 		body: body(newReportSeq(n)), warmup: r.sz.warmup, duration: r.o.duration}).run(ctx)
+	helloNote := strings.Replace(helloCPU.String(), "fleetd", "hello", 1)
 	h.stop()
 	if helloRes.errors > 0 {
 		return fmt.Errorf("hello-world baseline: %s", errorNote(helloRes))
 	}
-	r.rep.addBaseline("hello", "hello", &figure{Name: fmt.Sprintf("hello-world Go handler, %d connections", conns), Value: helloRes.rate, Unit: perSecond})
+	r.rep.addBaseline("hello", "hello", &figure{Name: fmt.Sprintf("hello-world Go handler, %d connections", conns), Value: helloRes.rate, Unit: perSecond, Note: helloNote})
 	r.rep.addBaseline("hello-p50", "hello p50", &figure{Name: "its p50", Value: ms(helloRes.p50), Unit: millis})
 	r.rep.addBaseline("hello-p99", "hello p99", &figure{Name: "its p99", Value: ms(helloRes.p99), Unit: millis})
 	if err := r.updateBaseline(ctx); err != nil {
@@ -165,6 +167,7 @@ func (r *runner) s10(ctx context.Context) error {
 
 	r.p.say("s10: %d connections, %s, on %d device actions", conns, r.o.duration, n)
 	wait := r.profile("s10", r.sz.warmup+r.o.duration)
+	cpu := startCPU(r.t.pid)
 	res := (&httpLoad{url: r.t.url + "/api/v1/devices/action/status", headers: headers, conns: conns, want: http.StatusNoContent,
 		body: body(seq), warmup: r.sz.warmup, duration: r.o.duration}).run(ctx)
 	wait()
@@ -174,7 +177,7 @@ func (r *runner) s10(ctx context.Context) error {
 	}
 	applied := fmt.Sprintf("%d of %d device actions show the last report sent", ok, sent)
 	thr := r.rep.add(&figure{Scenario: "s10", Name: fmt.Sprintf("S10 over HTTP, %d connections", conns), Value: res.rate, Unit: perSecond,
-		Goal: 30_000, AtLeast: true, Note: joinNotes(applied, errorNote(res))})
+		Goal: 30_000, AtLeast: true, Note: joinNotes(applied, cpu.String(), errorNote(res))})
 	r.rep.compare(thr, "hello")
 	r.rep.add(&figure{Scenario: "s10", Name: "S10 throughput ÷ hello-world", Value: 100 * res.rate / helloRes.rate, Unit: percent, Goal: 40, AtLeast: true})
 	r.rep.compare(r.rep.add(&figure{Scenario: "s10", Name: "S10 p50", Value: ms(res.p50), Unit: millis}), "hello-p50")
@@ -252,6 +255,7 @@ func (r *runner) mqttStatus(ctx context.Context) error {
 	seq := newReportSeq(n)
 	r.p.say("mqtt-status: %d devices publishing, %s", n, r.o.duration)
 	wait := r.profile("mqtt-status", r.sz.warmup+r.o.duration)
+	cpu := startCPU(r.t.pid)
 	res := r.publishLoad(ctx, fc, func(d *simDevice) string { return mqtt.ActionStatusTopic(d.tenant, d.id) }, func(i int) []byte {
 		s := seq.next(i)
 		return fmt.Appendf(nil, `{"id":"%d","state":"Downloading","progress":%d,"timestamp":%d,"sequence":%d}`, act.ID, progressOf(s), seq.base+s, s)
@@ -264,7 +268,7 @@ func (r *runner) mqttStatus(ctx context.Context) error {
 	applied := fmt.Sprintf("%d of %d device actions show the last report sent", ok, sent)
 	f := r.rep.add(&figure{Scenario: "mqtt-status", Name: fmt.Sprintf("status reports over MQTT, %d devices, QoS 1, one per publish", n),
 		Value: res.rate, Unit: perSecond, Goal: 50_000, AtLeast: true,
-		Note: joinNotes(applied, fmt.Sprintf("PUBACK p50 %.2f ms, p99 %.2f ms", ms(res.p50), ms(res.p99)), errorNote(res))})
+		Note: joinNotes(applied, fmt.Sprintf("PUBACK p50 %.2f ms, p99 %.2f ms", ms(res.p50), ms(res.p99)), cpu.String(), errorNote(res))})
 	r.rep.compare(f, "update")
 	if res.errors > 0 || ok != sent {
 		return fmt.Errorf("MQTT status: %s", f.Note)
@@ -327,6 +331,7 @@ func (r *runner) streams(ctx context.Context) error {
 	sent := make([]int, n) // batches each device published
 	r.p.say("streams: %d devices publishing batches of %d points, %d rules, %s", n, per, len(streamRules), r.o.duration)
 	wait := r.profile("streams", r.sz.warmup+r.o.duration)
+	cpu := startCPU(r.t.pid)
 	res := r.publishLoad(ctx, fc, func(d *simDevice) string { return mqtt.StreamTopic(d.tenant, d.id, stream) }, func(i int) []byte {
 		sent[i]++
 		return pointBatch(base, (sent[i]-1)*per, per)
@@ -351,7 +356,7 @@ func (r *runner) streams(ctx context.Context) error {
 	f := r.rep.add(&figure{Scenario: "streams", Name: fmt.Sprintf("MQTT stream points, %d alert rules, %d devices, %d per publish", len(streamRules), n, per),
 		Value: res.rate * float64(per), Unit: perSecond, Goal: 50_000, AtLeast: true,
 		Note: joinNotes(fmt.Sprintf("%s publishes/s, PUBACK p50 %.2f ms, p99 %.2f ms; %d of %d devices checked show their last point as latest",
-			thousands(res.rate), ms(res.p50), ms(res.p99), latest, min(n, 20)), errorNote(res))})
+			thousands(res.rate), ms(res.p50), ms(res.p99), latest, min(n, 20)), cpu.String(), errorNote(res))})
 	if res.errors > 0 || latest != min(n, 20) {
 		return fmt.Errorf("streams: %s", f.Note)
 	}
@@ -670,17 +675,42 @@ func (r *runner) memory(ctx context.Context) error {
 		defer fc.close()
 	}
 	time.Sleep(3 * time.Second) // let the connections' first work settle
+	conns, actions := thousands(float64(len(fc.devices))), thousands(float64(r.sz.dispatch[large]))
+	if err := r.readMemory(ctx, fmt.Sprintf("fleetd VmRSS, %s MQTT connections, %s+ device actions", conns, actions), "3 s after connecting"); err != nil {
+		return err
+	}
+	r.snapshot("memory")
+	if r.o.quick {
+		return nil
+	}
+	// Goroutine stacks shrink only at garbage collections, and an idle
+	// server collects when the runtime forces it, every two minutes: the
+	// steady state of idle connections comes after one.
+	const idle = 150 * time.Second
+	r.p.say("memory: %s idle, for the runtime's periodic collection", idle)
+	select {
+	case <-time.After(idle):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if err := r.readMemory(ctx, fmt.Sprintf("fleetd VmRSS, same, after %s idle", idle), "after the runtime's periodic garbage collection"); err != nil {
+		return err
+	}
+	r.snapshot("memory-idle")
+	return nil
+}
+
+// readMemory adds a figure of fleetd's resident memory now.
+func (r *runner) readMemory(ctx context.Context, name, when string) error {
 	rss, peak, how, err := r.residentMemory(ctx)
 	if err != nil {
 		return err
 	}
-	note := how
+	note := how + ", " + when
 	if peak > 0 {
 		note += fmt.Sprintf("; peak (VmHWM) over the whole run %.0f MB", peak)
 	}
-	r.rep.add(&figure{Scenario: "memory", Name: fmt.Sprintf("fleetd VmRSS, %s MQTT connections, %s+ device actions",
-		thousands(float64(len(fc.devices))), thousands(float64(r.sz.dispatch[large]))),
-		Value: rss, Unit: megabytes, Goal: 300, Note: note})
+	r.rep.add(&figure{Scenario: "memory", Name: name, Value: rss, Unit: megabytes, Goal: 300, Note: note})
 	return nil
 }
 

@@ -251,6 +251,7 @@ func tail(path string, n int) string {
 // hello", so the handler has a process of its own, as fleetd has.
 type hello struct {
 	url  string
+	pid  int
 	stop func()
 }
 
@@ -279,7 +280,7 @@ func startHello(ctx context.Context) (*hello, error) {
 	}
 	addr := strings.TrimPrefix(strings.TrimSpace(line), "listening ")
 	go io.Copy(io.Discard, out)
-	return &hello{url: "http://" + addr + "/", stop: stop}, nil
+	return &hello{url: "http://" + addr + "/", pid: cmd.Process.Pid, stop: stop}, nil
 }
 
 // runHello serves the hello-world handler: it reads the body and answers
