@@ -114,12 +114,38 @@ func ParseUsername(username string) (tenant, device string, ok bool) {
 }
 
 // mayPublish reports whether the device may publish on topic: its own status
-// and stream topics, nothing else.
+// and stream topics, nothing else. It is called twice for every publish, so
+// it matches the device's own topics spelled out rather than parse and
+// validate the names the session has already checked.
 func mayPublish(tenant, device, topic string) (Topic, bool) {
-	t, ok := ParseTopic(topic)
-	if !ok || t.Tenant != tenant || t.Device != device || t.Kind == TopicActions {
+	rest, ok := strings.CutPrefix(topic, topicPrefix)
+	if !ok {
 		return Topic{}, false
 	}
+	if rest, ok = strings.CutPrefix(rest, tenant); !ok {
+		return Topic{}, false
+	}
+	if rest, ok = strings.CutPrefix(rest, topicDevices); !ok {
+		return Topic{}, false
+	}
+	if rest, ok = strings.CutPrefix(rest, device); !ok {
+		return Topic{}, false
+	}
+	if rest, ok = strings.CutPrefix(rest, "/"); !ok {
+		return Topic{}, false
+	}
+	t := Topic{Tenant: tenant, Device: device}
+	if rest == topicStatus {
+		t.Kind = TopicActionStatus
+		return t, true
+	}
+	if rest, ok = strings.CutPrefix(rest, topicEvents); !ok {
+		return Topic{}, false
+	}
+	if t.Stream, ok = strings.CutSuffix(rest, topicJSONArray); !ok || !ValidStreamName(t.Stream) {
+		return Topic{}, false
+	}
+	t.Kind = TopicStream
 	return t, true
 }
 
