@@ -5,12 +5,11 @@ package fleethttp
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"runtime/debug"
@@ -175,13 +174,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get("X-Request-Id")
 	if !validRequestID(id) {
-		b := make([]byte, 8)
-		rand.Read(b)
-		id = hex.EncodeToString(b)
+		// Unique, not secret: a request id need not cost a system call
+		// for randomness on every request.
+		id = fmt.Sprintf("%016x", rand.Uint64())
 	}
 	w.Header().Set("X-Request-Id", id)
 	ctx := fleet.NewContextWithRequestID(r.Context(), id)
-	ctx = context.WithValue(ctx, logKey{}, s.Logger.With(slog.String("request_id", id)))
 	ctx = fleet.NewContextWithBaseURL(ctx, baseURL(r))
 	r = r.WithContext(ctx)
 
@@ -225,12 +223,12 @@ func validRequestID(id string) bool {
 	return true
 }
 
-type logKey struct{}
-
-// logger returns the request's logger, which carries its id.
+// logger returns the request's logger, which carries its id. It is made
+// when something is logged, not for every request: a logger with an
+// attribute costs an allocation and the attribute's formatting.
 func (s *Server) logger(r *http.Request) *slog.Logger {
-	if l, ok := r.Context().Value(logKey{}).(*slog.Logger); ok {
-		return l
+	if id := fleet.RequestIDFromContext(r.Context()); id != "" {
+		return s.Logger.With(slog.String("request_id", id))
 	}
 	return s.Logger
 }
@@ -257,18 +255,22 @@ func (s *Server) wrap(rt route) http.Handler {
 			}
 			elapsed := time.Since(start)
 			s.metrics.observe(rt.pattern, rec.status, elapsed)
+			level := slog.LevelInfo
+			if rec.status >= 500 {
+				level = slog.LevelError
+			}
+			if !s.Logger.Enabled(r.Context(), level) {
+				return
+			}
 			attrs := []any{
+				slog.String("request_id", fleet.RequestIDFromContext(r.Context())),
 				slog.String("method", r.Method), slog.String("route", rt.pattern), slog.String("path", r.URL.Path),
 				slog.Int("status", rec.status), slog.Duration("duration", elapsed),
 			}
 			if a := fleet.ActorFromContext(r.Context()); a != nil {
 				attrs = append(attrs, slog.String("tenant", a.Tenant), slog.String("actor", a.UserName))
 			}
-			level := slog.LevelInfo
-			if rec.status >= 500 {
-				level = slog.LevelError
-			}
-			s.logger(r).Log(r.Context(), level, "request", attrs...)
+			s.Logger.Log(r.Context(), level, "request", attrs...)
 		}()
 		if rt.perm != public {
 			a, err := s.authenticate(r, rt.perm)
