@@ -72,7 +72,9 @@ Scenarios (--scenarios takes a comma-separated subset):
   s7           S7 on a device with 10,000 actions: p99 for every sort_by
                (limit=50, page 1, alternating desc and asc).
   memory       fleetd's resident memory (VmRSS) with 10,000 MQTT connections
-               and 1,000,000 device actions stored.
+               and 1,000,000 device actions stored: 3 s after connecting
+               and, in a full run, again after 150 s idle (stacks of idle
+               connections shrink at the runtime's periodic collection).
 
 Baselines, measured in the same run:
   hello        a hello-world Go handler, in a process of its own (this
@@ -87,6 +89,13 @@ Baselines, measured in the same run:
 The fleetd fleetbench starts runs with --rate-limit -1: the setup makes
 thousands of API requests with a few keys. Device-data limits stay at their
 defaults. Against --url, lift the limits of the fleetd measured likewise.
+It also runs with --log-level warn: at info fleetd writes an access log
+line for every request. On PostgreSQL, S7 is measured after VACUUM
+(ANALYZE) of the tables the setup filled, as autovacuum would run.
+
+Each throughput figure notes the cores fleetd and fleetbench used and how
+busy the whole machine was; --profile DIR saves fleetd's CPU and allocation
+profiles of each scenario (and heap and goroutines of the memory one).
 
 File descriptors: 10,000 MQTT connections need about 10,100 descriptors in
 this process and as many in fleetd. fleetbench raises its soft
