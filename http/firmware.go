@@ -386,6 +386,9 @@ func (s *Server) handleArtifact(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return err
 		}
+		if err := s.limitActor(w, fleet.PermRead, a); err != nil {
+			return err
+		}
 		tenant = a.Tenant
 		r = r.WithContext(fleet.NewContextWithActor(r.Context(), a))
 	}

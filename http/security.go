@@ -98,8 +98,14 @@ func newLimiters(c Security, now func() time.Time) limiters {
 // limit spends one of the actor's tokens for the route, or answers
 // ERATELIMITED with the Retry-After header set.
 func (s *Server) limit(w http.ResponseWriter, rt route, a *fleet.Actor) error {
+	return s.limitActor(w, rt.perm, a)
+}
+
+// limitActor is limit for handlers of public routes that authenticate by
+// themselves (artifact downloads with an API key).
+func (s *Server) limitActor(w http.ResponseWriter, perm fleet.Permission, a *fleet.Actor) error {
 	l := s.limiters.api
-	if rt.perm == fleet.PermDeviceData {
+	if perm == fleet.PermDeviceData {
 		l = s.limiters.deviceData
 	}
 	if l == nil {

@@ -76,6 +76,15 @@ func TestRateLimits(t *testing.T) {
 	limited(s.do(t, admin, "GET", "/api/v1/devices", nil))
 	s.do(t, admin, "POST", "/api/v1/devices/action/status", report).want(t, 404) // admin's device-data bucket is full
 
+	// Downloads with a key count too (their route is public so that signed
+	// URLs work, and the handler checks the key itself).
+	hr, _ := http.NewRequest("GET", s.URL+"/api/v1/firmware-bundles/id/00000000-0000-0000-0000-000000000000/artifact", nil)
+	hr.Header.Set("X-Service-Tenant", "default")
+	hr.Header.Set("X-Service-Api-Key", viewer.Key)
+	if r := s.sendRaw(t, hr); r.Status != 429 || r.Header.Get("Retry-After") == "" {
+		t.Fatalf("a download by a key that used its bucket: %d %s", r.Status, r.Body)
+	}
+
 	// Unauthenticated requests are 401, not counted against anyone.
 	s.do(t, creds{"default", "fk_nope"}, "GET", "/api/v1/devices", nil).want(t, 401)
 	s.do(t, creds{}, "GET", "/healthz", nil).want(t, 200)
