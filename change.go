@@ -18,6 +18,10 @@ const (
 	ChangeAlertRule    = "alert_rule"    // Key: the rule's id, created or deleted
 	ChangeDevice       = "device"        // Key: the device id; its metadata changed
 	ChangeDeviceDelete = "device_delete" // Key: the device id
+	// ChangeDeviceCredentials: the device's token or certificate was
+	// replaced, so a connection made with the old one must end. Key: the
+	// device id.
+	ChangeDeviceCredentials = "device_credentials"
 	// ChangeAll means changes may have been missed (the listening
 	// connection was lost): drop every cache.
 	ChangeAll = "all"

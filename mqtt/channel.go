@@ -10,6 +10,9 @@ type Channel interface {
 	SendAction(tenant, device string, payload []byte) bool
 	// Online reports whether the device may be reached now.
 	Online(tenant, device string) bool
+	// Disconnect ends the device's connection, if this channel holds it:
+	// its credentials were revoked.
+	Disconnect(tenant, device string)
 	Stats() Stats
 }
 

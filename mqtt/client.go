@@ -685,6 +685,12 @@ func (c *Client) SendAction(tenant, device string, payload []byte) bool {
 // subscription the broker has not put in place yet.
 func (c *Client) Online(tenant, device string) bool { return c.connected.Load() }
 
+// Disconnect does nothing: devices are the external broker's connections,
+// not fleetd's. A device whose credentials were revoked is refused by the
+// broker-auth endpoints at its next connection; to end a session at once,
+// use the broker's own administration (EMQX: kick the client).
+func (c *Client) Disconnect(tenant, device string) {}
+
 // PresenceUnknown tells the action service that this channel cannot list
 // connected devices: a dispatch is offered to every targeted device.
 func (c *Client) PresenceUnknown() bool { return true }

@@ -349,6 +349,16 @@ func (s *Server) Online(tenant, device string) bool {
 	return d != nil && !d.cl.Closed()
 }
 
+// Disconnect ends the device's connection, if it has one here, with "not
+// authorized": its token or certificate was replaced, or it was deleted, and
+// a connection made with revoked credentials must not outlive them.
+func (s *Server) Disconnect(tenant, device string) {
+	if d := s.device(sessionID(tenant, device)); d != nil && !d.cl.Closed() {
+		s.log.Info("mqtt: disconnecting a device whose credentials were revoked", "tenant", tenant, "device", device)
+		s.disconnect(d.cl, packets.ErrNotAuthorized)
+	}
+}
+
 // Connections returns the number of devices connected now.
 func (s *Server) Connections() int {
 	s.mu.RLock()

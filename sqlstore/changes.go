@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fleetd/fleet"
@@ -18,9 +19,10 @@ import (
 
 // changed announces c to every replica when the transaction commits; a
 // job rolled back to its savepoint announces nothing. SQLite has no other
-// process to tell.
+// process to tell, but this process's listeners hear it all the same.
 func (tx *Tx) changed(ctx context.Context, c fleet.Change) error {
 	if tx.db.dialect != postgres {
+		tx.changes = append(tx.changes, c)
 		return nil
 	}
 	_, err := tx.exec(ctx, "SELECT pg_notify('fleetd_' || current_schema(), CAST(? AS TEXT))", c.Kind+"\t"+c.Tenant+"\t"+c.Key)
@@ -30,9 +32,10 @@ func (tx *Tx) changed(ctx context.Context, c fleet.Change) error {
 // Listen calls f with every change any replica commits until ctx ends, and
 // with fleet.ChangeAll whenever it (re)connects, since changes made while it
 // was not listening are lost. The store drops its own caches first. On
-// SQLite it returns at once: there is nothing to hear.
+// SQLite the only replica is this process, so f hears what it commits.
 func (db *DB) Listen(ctx context.Context, f func(fleet.Change)) {
 	if db.dialect != postgres {
+		db.local.listen(ctx, f)
 		return
 	}
 	var wait time.Duration
@@ -115,4 +118,71 @@ func (c *authCache) clear() {
 
 func quoteIdent(s string) string {
 	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
+}
+
+// localChanges hands the changes this process commits to its listeners,
+// on SQLite. The commit loop must never wait for a listener, so each has a
+// queue; one that falls far behind is told to drop everything instead.
+type localChanges struct {
+	mu   sync.Mutex
+	subs map[*changeQueue]bool
+}
+
+type changeQueue struct {
+	mu      sync.Mutex
+	pending []fleet.Change
+	ready   chan struct{} // signalled when pending grows
+}
+
+// maxPendingChanges bounds a slow listener's queue.
+const maxPendingChanges = 10_000
+
+func (l *localChanges) publish(cs []fleet.Change) {
+	if len(cs) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for q := range l.subs {
+		q.mu.Lock()
+		if len(q.pending)+len(cs) > maxPendingChanges {
+			q.pending = append(q.pending[:0], fleet.Change{Kind: fleet.ChangeAll})
+		} else {
+			q.pending = append(q.pending, cs...)
+		}
+		q.mu.Unlock()
+		select {
+		case q.ready <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (l *localChanges) listen(ctx context.Context, f func(fleet.Change)) {
+	q := &changeQueue{ready: make(chan struct{}, 1)}
+	l.mu.Lock()
+	if l.subs == nil {
+		l.subs = map[*changeQueue]bool{}
+	}
+	l.subs[q] = true
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		delete(l.subs, q)
+		l.mu.Unlock()
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-q.ready:
+		}
+		q.mu.Lock()
+		cs := q.pending
+		q.pending = nil
+		q.mu.Unlock()
+		for _, c := range cs {
+			f(c)
+		}
+	}
 }

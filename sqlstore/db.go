@@ -60,6 +60,7 @@ type DB struct {
 	checkpoint            *sql.DB
 
 	authCache authCache
+	local     localChanges // changes committed here, for Listen on SQLite
 }
 
 // Open connects to the database named by dsn: a postgres:// (or
@@ -205,9 +206,10 @@ func (db *DB) Ping(ctx context.Context) error {
 
 // Tx is a write transaction's view for one piece of work in a batch.
 type Tx struct {
-	tx  *sql.Tx
-	db  *DB
-	now time.Time // the batch's clock reading, shared by all its writes
+	tx      *sql.Tx
+	db      *DB
+	now     time.Time      // the batch's clock reading, shared by all its writes
+	changes []fleet.Change // announced in-process after the commit (SQLite)
 }
 
 // stmt returns query prepared for this transaction, or nil when it is not
@@ -369,7 +371,9 @@ func (db *DB) tryBatch(batch []*job) ([]error, error) {
 			sqlTx.Rollback()
 			return nil, db.classify(err)
 		}
+		mark := len(tx.changes)
 		if errs[i] = db.classify(j.fn(j.ctx, tx)); errs[i] != nil {
+			tx.changes = tx.changes[:mark] // what was rolled back did not change
 			if _, err := tx.exec(ctx, "ROLLBACK TO SAVEPOINT job"); err != nil {
 				sqlTx.Rollback()
 				return nil, db.classify(err)
@@ -388,6 +392,7 @@ func (db *DB) tryBatch(batch []*job) ([]error, error) {
 		db.log.Error("commit failed", "jobs", len(batch), "err", err)
 		return nil, db.classify(err)
 	}
+	db.local.publish(tx.changes)
 	return errs, nil
 }
 

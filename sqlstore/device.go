@@ -280,6 +280,9 @@ func (db *DB) RotateDeviceToken(ctx context.Context, tenant, id string) (string,
 		} else if n == 0 {
 			return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", id)
 		}
+		if err := tx.changed(ctx, fleet.Change{Kind: fleet.ChangeDeviceCredentials, Tenant: tenant, Key: id}); err != nil {
+			return err
+		}
 		return tx.audit(ctx, tenant, "device.rotate_token", "devices/"+id, nil)
 	})
 	if err != nil {

@@ -23,6 +23,9 @@ func (db *DB) SetDeviceCertificate(ctx context.Context, tenant, id string, c fle
 		} else if n == 0 {
 			return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", id)
 		}
+		if err := tx.changed(ctx, fleet.Change{Kind: fleet.ChangeDeviceCredentials, Tenant: tenant, Key: id}); err != nil {
+			return err
+		}
 		return tx.audit(ctx, tenant, "device.issue_certificate", "devices/"+id,
 			map[string]any{"serial": c.Serial, "not_after": c.NotAfter.UTC().Format("2006-01-02T15:04:05Z")})
 	})

@@ -165,6 +165,12 @@ func runServe(ctx context.Context, args []string, e env) error {
 		db.Listen(loopCtx, func(ch fleet.Change) {
 			users.ApplyChange(ch)
 			engine.ApplyChange(loopCtx, ch)
+			switch ch.Kind {
+			case fleet.ChangeDeviceCredentials, fleet.ChangeDeviceDelete:
+				// A connection made with revoked credentials ends now, on
+				// whichever replica holds it.
+				broker.Disconnect(ch.Tenant, ch.Key)
+			}
 		})
 	}()
 
