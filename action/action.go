@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fleetd/fleet"
@@ -108,6 +109,25 @@ type Service struct {
 	wg       sync.WaitGroup
 	mu       sync.RWMutex
 	closed   bool
+	stats    struct{ dispatches, targeted, reports, rejected atomic.Uint64 }
+}
+
+// Stats counts what the service did since it opened, for metrics.
+type Stats struct {
+	Dispatches uint64 // actions dispatched
+	Targeted   uint64 // device actions they made
+	Reports    uint64 // status reports received, over HTTP and MQTT
+	Rejected   uint64 // of those, refused (unknown action or device, invalid)
+}
+
+// Stats returns the service's counters.
+func (s *Service) Stats() Stats {
+	return Stats{
+		Dispatches: s.stats.dispatches.Load(),
+		Targeted:   s.stats.targeted.Load(),
+		Reports:    s.stats.reports.Load(),
+		Rejected:   s.stats.rejected.Load(),
+	}
 }
 
 // reportCall is one caller's reports, waiting for a worker.
@@ -230,6 +250,8 @@ func (s *Service) DispatchAction(ctx context.Context, tenant string, d *fleet.Di
 	if err != nil {
 		return nil, err
 	}
+	s.stats.dispatches.Add(1)
+	s.stats.targeted.Add(uint64(a.Targeted))
 	payload := NewMessage(a.ID, a.Action, a.SentParams())
 	s.goTracked(func() { s.deliver(tenant, a.ID, a.Targeted, payload) })
 	return a, nil
@@ -436,6 +458,12 @@ func (s *Service) ReportStatus(ctx context.Context, tenant string, reports []fle
 		return nil, fleet.Errorf(fleet.EUNAVAILABLE, "the server is shutting down")
 	}
 	<-c.done
+	s.stats.reports.Add(uint64(len(reports)))
+	for _, err := range c.errs {
+		if err != nil {
+			s.stats.rejected.Add(1)
+		}
+	}
 	return c.errs, c.err
 }
 

@@ -3,6 +3,7 @@ package action
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,7 +23,12 @@ type Sweeper struct {
 	Batch    int              // rows per transaction; default 1000
 	Now      func() time.Time // default time.Now
 	Logger   *slog.Logger
+
+	timedOut atomic.Uint64
 }
+
+// TimedOut counts the device actions this sweeper failed, for metrics.
+func (s *Sweeper) TimedOut() uint64 { return s.timedOut.Load() }
 
 func (s *Sweeper) defaults() {
 	if s.Interval <= 0 {
@@ -48,6 +54,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 	for {
 		n, err := s.Store.TimeOutDeviceActions(ctx, now, s.Batch)
 		total += n
+		s.timedOut.Add(uint64(n))
 		if err != nil || n < s.Batch {
 			return total, err
 		}

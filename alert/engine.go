@@ -64,6 +64,19 @@ type Engine struct {
 	timers  timerHeap
 	meta    metaCache
 	started int64
+	stats   struct{ points, opened, closed atomic.Uint64 }
+}
+
+// Stats counts what the engine did since it started, for metrics.
+type Stats struct {
+	Points uint64 // data points ingested
+	Opened uint64 // alerts opened
+	Closed uint64 // alerts closed
+}
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() Stats {
+	return Stats{Points: e.stats.points.Load(), Opened: e.stats.opened.Load(), Closed: e.stats.closed.Load()}
 }
 
 type streamKey struct{ tenant, device, stream string }
@@ -500,6 +513,7 @@ func (e *Engine) IngestPoints(ctx context.Context, tenant, device, stream string
 	if len(pts) == 0 {
 		return nil
 	}
+	e.stats.points.Add(uint64(len(pts)))
 	idx := e.rules.Load()
 	if idx == nil {
 		return errNotLoaded
@@ -611,6 +625,12 @@ func (e *Engine) committed(ss *streamState, changes []*fleet.AlertChange, change
 		st := changed[i]
 		if ch.Open != nil || ch.Close != nil {
 			notify = true
+		}
+		if ch.Open != nil {
+			e.stats.opened.Add(1)
+		}
+		if ch.Close != nil {
+			e.stats.closed.Add(1)
 		}
 		if ch.Open != nil && st.alertID == opened[ch.Open] {
 			st.alertID = ch.Open.ID

@@ -26,6 +26,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fleetd/fleet"
@@ -71,8 +72,21 @@ type Worker struct {
 	Concurrency int           // deliveries at once; default 8
 	Poll        time.Duration // longest sleep between looks at the outbox; default 1s
 
-	once sync.Once
-	wake chan struct{}
+	once  sync.Once
+	wake  chan struct{}
+	stats struct{ delivered, retried, dead atomic.Uint64 }
+}
+
+// Stats counts delivery outcomes since the worker started, for metrics.
+type Stats struct {
+	Delivered uint64 // notifications that arrived
+	Retried   uint64 // failed attempts that will be retried
+	Dead      uint64 // notifications given up on after MaxAttempts
+}
+
+// Stats returns the worker's counters.
+func (w *Worker) Stats() Stats {
+	return Stats{Delivered: w.stats.delivered.Load(), Retried: w.stats.retried.Load(), Dead: w.stats.dead.Load()}
 }
 
 func (w *Worker) init() {
@@ -192,6 +206,15 @@ func (w *Worker) handle(ctx context.Context, d *fleet.Delivery) {
 	defer cancel()
 	if err := w.Store.CompleteDelivery(cctx, d.ID, w.Owner, at, outcome, next); err != nil {
 		log.Error("notification outcome not recorded; it will be retried when the lease ends", "err", err)
+		return
+	}
+	switch outcome {
+	case fleet.DeliveryDelivered:
+		w.stats.delivered.Add(1)
+	case fleet.DeliveryDead:
+		w.stats.dead.Add(1)
+	default:
+		w.stats.retried.Add(1)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fleetd/fleet"
@@ -61,6 +62,7 @@ type DB struct {
 
 	authCache authCache
 	local     localChanges // changes committed here, for Listen on SQLite
+	stats     writeStats
 }
 
 // Open connects to the database named by dsn: a postgres:// (or
@@ -210,6 +212,7 @@ type Tx struct {
 	db      *DB
 	now     time.Time      // the batch's clock reading, shared by all its writes
 	changes []fleet.Change // announced in-process after the commit (SQLite)
+	start   time.Time      // when the transaction began, for WriteStats
 }
 
 // stmt returns query prepared for this transaction, or nil when it is not
@@ -355,7 +358,7 @@ func (db *DB) tryBatch(batch []*job) ([]error, error) {
 	if err != nil {
 		return nil, db.classify(err)
 	}
-	tx := &Tx{tx: sqlTx, db: db, now: db.now()}
+	tx := &Tx{tx: sqlTx, db: db, now: db.now(), start: time.Now()}
 	errs := make([]error, len(batch))
 	single := len(batch) == 1
 	for i, j := range batch {
@@ -389,9 +392,13 @@ func (db *DB) tryBatch(batch []*job) ([]error, error) {
 		return errs, nil
 	}
 	if err := sqlTx.Commit(); err != nil {
+		db.stats.failures.Add(1)
 		db.log.Error("commit failed", "jobs", len(batch), "err", err)
 		return nil, db.classify(err)
 	}
+	db.stats.commits.Add(1)
+	db.stats.jobs.Add(uint64(len(batch)))
+	db.stats.nanos.Add(uint64(time.Since(tx.start)))
 	db.local.publish(tx.changes)
 	return errs, nil
 }
@@ -406,4 +413,29 @@ func dsnForLog(dsn string) string {
 		return "postgres://…"
 	}
 	return u.Redacted()
+}
+
+// writeStats counts the group commits.
+type writeStats struct {
+	commits, jobs, failures, nanos atomic.Uint64
+}
+
+// WriteStats describes the write path since the store opened.
+type WriteStats struct {
+	Commits       uint64  // transactions committed
+	Jobs          uint64  // writes they carried: Jobs/Commits is the batching
+	Failures      uint64  // commits that failed
+	CommitSeconds float64 // time from BEGIN to the end of COMMIT, summed
+	Queued        int     // writes waiting for the commit loop now
+}
+
+// Stats returns the write path's counters, for metrics.
+func (db *DB) Stats() WriteStats {
+	return WriteStats{
+		Commits:       db.stats.commits.Load(),
+		Jobs:          db.stats.jobs.Load(),
+		Failures:      db.stats.failures.Load(),
+		CommitSeconds: float64(db.stats.nanos.Load()) / 1e9,
+		Queued:        len(db.jobs),
+	}
 }

@@ -31,11 +31,20 @@ func TestOperations(t *testing.T) {
 		})
 		t.Run("Metrics", func(t *testing.T) {
 			s.do(t, s.admin(), "GET", "/api/v1/devices", nil).want(t, 200)
+			s.mustDevice(t, s.admin(), "metered", nil)
+			s.do(t, s.admin(), "POST", "/api/v1/actions", map[string]any{"action": "ping", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"metered"}}).want(t, 201)
 			r := s.do(t, creds{}, "GET", "/metrics", nil).want(t, 200)
+			for _, want := range []string{"fleetd_actions_dispatched_total 1", "fleetd_device_actions_created_total 1"} {
+				if !bytes.Contains(r.Body, []byte(want+"\n")) {
+					t.Errorf("metrics lack %q after one dispatch to one device", want)
+				}
+			}
 			for _, want := range []string{
 				`fleetd_http_requests_total{code="200",route="GET /api/v1/devices"}`,
 				`fleetd_http_request_duration_seconds_bucket{route="GET /api/v1/devices"`,
 				"go_goroutines", "process_resident_memory_bytes",
+				"fleetd_db_commits_total", "fleetd_db_write_queue", "fleetd_status_reports_total", "fleetd_actions_dispatched_total",
+				"fleetd_stream_points_total", "fleetd_alerts_opened_total", "fleetd_notifications_delivered_total", "fleetd_mqtt_connections",
 			} {
 				if !bytes.Contains(r.Body, []byte(want)) {
 					t.Errorf("metrics lack %s", want)

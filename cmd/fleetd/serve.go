@@ -17,8 +17,6 @@ import (
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/sqlstore"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 const serveAbout = `Runs fleetd: the HTTP API, the MQTT broker devices connect to, and the
@@ -129,9 +127,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	// End users of tenants that configured S9 sign in with bearer tokens.
 	users := &enduser.Authenticator{Store: db, Logger: log}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	registerChannelMetrics(reg, broker)
+	reg := newRegistry(db, actions, sweeper, engine, notifier, broker)
 	api := &fleethttp.Server{
 		Addr:       c.httpAddr,
 		Logger:     log,

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"github.com/fleetd/fleet/action"
+	"github.com/fleetd/fleet/alert"
+	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/notify"
+	"github.com/fleetd/fleet/sqlstore"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Every Prometheus series fleetd publishes beyond the HTTP API's own
+// (fleethttp registers those) is registered here, read from the components'
+// Stats at scrape time, so no component depends on Prometheus.
+
+// newRegistry returns the registry /metrics serves, with the Go runtime,
+// the process, and each component's counters.
+func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweeper, engine *alert.Engine, notifier *notify.Worker, ch mqtt.Channel) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	counter := func(name, help string, f func() float64) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f))
+	}
+	gauge := func(name, help string, f func() float64) {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
+	}
+
+	counter("fleetd_db_commits_total", "write transactions committed; fleetd_db_write_jobs_total divided by this is the group-commit batch size",
+		func() float64 { return float64(db.Stats().Commits) })
+	counter("fleetd_db_write_jobs_total", "writes committed, each a request's or a device message's change",
+		func() float64 { return float64(db.Stats().Jobs) })
+	counter("fleetd_db_commit_failures_total", "write transactions whose commit failed",
+		func() float64 { return float64(db.Stats().Failures) })
+	counter("fleetd_db_commit_seconds_total", "time spent in write transactions, BEGIN to COMMIT",
+		func() float64 { return db.Stats().CommitSeconds })
+	gauge("fleetd_db_write_queue", "writes waiting for the commit loop",
+		func() float64 { return float64(db.Stats().Queued) })
+
+	counter("fleetd_actions_dispatched_total", "actions dispatched", func() float64 { return float64(actions.Stats().Dispatches) })
+	counter("fleetd_device_actions_created_total", "device actions the dispatches made", func() float64 { return float64(actions.Stats().Targeted) })
+	counter("fleetd_status_reports_total", "status reports received over HTTP and MQTT", func() float64 { return float64(actions.Stats().Reports) })
+	counter("fleetd_status_reports_rejected_total", "status reports refused: unknown action or device, or invalid",
+		func() float64 { return float64(actions.Stats().Rejected) })
+	counter("fleetd_device_actions_timed_out_total", "device actions this replica failed because their timeout elapsed",
+		func() float64 { return float64(sweeper.TimedOut()) })
+
+	counter("fleetd_stream_points_total", "data points ingested over HTTP and MQTT", func() float64 { return float64(engine.Stats().Points) })
+	counter("fleetd_alerts_opened_total", "alerts opened", func() float64 { return float64(engine.Stats().Opened) })
+	counter("fleetd_alerts_closed_total", "alerts closed", func() float64 { return float64(engine.Stats().Closed) })
+	gauge("fleetd_alert_timers", "threshold and no-data timers pending", func() float64 { return float64(engine.Pending()) })
+
+	counter("fleetd_notifications_delivered_total", "notifications that arrived", func() float64 { return float64(notifier.Stats().Delivered) })
+	counter("fleetd_notification_retries_total", "failed notification attempts that will be retried",
+		func() float64 { return float64(notifier.Stats().Retried) })
+	counter("fleetd_notifications_dead_total", "notifications given up on after the last attempt",
+		func() float64 { return float64(notifier.Stats().Dead) })
+
+	registerChannelMetrics(reg, ch)
+	return reg
+}
+
+// registerChannelMetrics publishes the device channel's counters, and for
+// an external broker whether fleetd is connected to it.
+func registerChannelMetrics(reg *prometheus.Registry, ch mqtt.Channel) {
+	gauge := func(name, help string, f func(mqtt.Stats) float64) {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(ch.Stats()) }))
+	}
+	counter := func(name, help string, f func(mqtt.Stats) uint64) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f(ch.Stats())) }))
+	}
+	if c, ok := ch.(*mqtt.Client); ok {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fleetd_mqtt_broker_connected",
+			Help: "1 while fleetd is connected and subscribed to the external MQTT broker"}, func() float64 {
+			if c.Connected() {
+				return 1
+			}
+			return 0
+		}))
+	} else {
+		gauge("fleetd_mqtt_connections", "devices connected to the embedded broker", func(s mqtt.Stats) float64 { return float64(s.Connections) })
+	}
+	counter("fleetd_mqtt_messages_in_total", "device publishes handed to fleetd", func(s mqtt.Stats) uint64 { return s.MessagesIn })
+	counter("fleetd_mqtt_messages_out_total", "action messages handed to the broker for a subscribed device", func(s mqtt.Stats) uint64 { return s.MessagesOut })
+	counter("fleetd_mqtt_handler_errors_total", "device publishes fleetd rejected and acknowledged", func(s mqtt.Stats) uint64 { return s.HandlerErrors })
+	counter("fleetd_mqtt_unacknowledged_total", "device publishes left unacknowledged because fleetd could not commit them", func(s mqtt.Stats) uint64 { return s.Unacknowledged })
+}
