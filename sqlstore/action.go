@@ -1007,16 +1007,21 @@ func (db *DB) FindDeviceActions(ctx context.Context, tenant string, f fleet.Devi
 // finalStatuses and liveStatuses split a device's actions in two: the
 // sort indexes of migration 0009 hold the final ones, whose sort keys
 // never change; the others, usually few, are read through
-// device_actions_by_device and sorted. The texts must match the indexes'
-// predicates for the databases to use them.
-const (
-	finalStatuses = "action_status IN ('Completed', 'Failed', 'Cancelled')"
-	liveStatuses  = "action_status IN ('Queued', 'Initiated', 'Progress')"
-)
+// device_actions_by_device, a range for each live status, and sorted. The
+// final predicate must match the indexes' for the databases to use them.
+const finalStatuses = "action_status IN ('Completed', 'Failed', 'Cancelled')"
 
-// findDeviceActionsOfDevice is S7. The page's keys are the first
-// offset+limit of each half in the sort's order, merged; only then are the
-// page's rows read, with their actions' params.
+var liveStatuses = []fleet.ActionStatus{fleet.StatusQueued, fleet.StatusInitiated, fleet.StatusProgress}
+
+// findDeviceActionsOfDevice is S7: the first offset+limit final rows in
+// the sort's order, from its index, merged with the device's live rows.
+//
+// Each part carries whole rows rather than keys to join back: a device
+// with 10,000 actions is far from the average in the planner's statistics,
+// and PostgreSQL would join the keys back by reading all of the device's
+// index entries. For the same reason each live status is a part of its
+// own: an IN list on the index's third column became a filter on every
+// row of the device.
 func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fleet.DeviceActionFilter, filters []string, filterArgs []any) ([]*fleet.DeviceAction, int, error) {
 	cond := strings.Join(append([]string{"tenant = ?", "device_id = ?"}, filters...), " AND ")
 	args := append([]any{tenant, f.DeviceID}, filterArgs...)
@@ -1032,30 +1037,34 @@ func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fl
 	if f.Ascending {
 		dir = " ASC"
 	}
-	order := "k" + dir + ", action_id" + dir
 	finalOrder, liveKey := col+dir+", action_id"+dir, col
 	if col == "action_id" {
-		// The merge wants the live half in order too, and by action_id
-		// SQLite would walk the tenant's device_actions_by_status for it
+		// The merge wants the live parts in order too, and by action_id
+		// SQLite would walk the tenant's device_actions_by_status for them
 		// rather than the device's few live rows: an expression is not
 		// in any index's order.
 		finalOrder, liveKey = "action_id"+dir, "action_id + 0"
 	}
-	// The live half is not limited: it is small, and sorted by the merge.
-	// The limits are written into the query: SQLite plans with a bound
-	// LIMIT's value, so binding one re-prepares the statement every time.
+	// The live parts are not limited: they are small, and sorted by the
+	// merge. The limits are written into the query: SQLite plans with a
+	// bound LIMIT's value, so binding one re-prepares the statement.
 	top := strconv.Itoa(f.Offset() + f.Limit)
 	limit, offset := strconv.Itoa(f.Limit), strconv.Itoa(f.Offset())
-	qargs := slices.Concat(args, args, []any{tenant, f.DeviceID})
-	rows, err := db.query(ctx, `WITH page AS (
-		SELECT action_id, k FROM (SELECT action_id, `+col+` AS k FROM device_actions WHERE `+cond+` AND `+finalStatuses+`
-			ORDER BY `+finalOrder+` LIMIT `+top+`) final
-		UNION ALL SELECT action_id, `+liveKey+` AS k FROM device_actions WHERE `+cond+` AND `+liveStatuses+`
-		ORDER BY `+order+` LIMIT `+limit+` OFFSET `+offset+`)
-		SELECT `+prefixed("da.", deviceActionColumns)+`, COALESCE(a.device_params, a.params)
-		FROM page JOIN device_actions da ON da.tenant = ? AND da.device_id = ? AND da.action_id = page.action_id
-		JOIN actions a ON a.tenant = da.tenant AND a.id = da.action_id
-		ORDER BY page.k`+dir+`, page.action_id`+dir, qargs...)
+	q := `WITH page AS (
+		SELECT * FROM (SELECT ` + deviceActionColumns + `, ` + col + ` AS k FROM device_actions WHERE ` + cond + ` AND ` + finalStatuses + `
+			ORDER BY ` + finalOrder + ` LIMIT ` + top + `) final`
+	qargs := slices.Clone(args)
+	for _, st := range liveStatuses {
+		q += `
+		UNION ALL SELECT ` + deviceActionColumns + `, ` + liveKey + ` AS k FROM device_actions WHERE ` + cond + ` AND action_status = '` + string(st) + `'`
+		qargs = append(qargs, args...)
+	}
+	q += `
+		ORDER BY k` + dir + `, action_id` + dir + ` LIMIT ` + limit + ` OFFSET ` + offset + `)
+		SELECT ` + prefixed("page.", deviceActionColumns) + `, COALESCE(a.device_params, a.params)
+		FROM page JOIN actions a ON a.tenant = ? AND a.id = page.action_id
+		ORDER BY page.k` + dir + `, page.action_id` + dir
+	rows, err := db.query(ctx, q, append(qargs, tenant)...)
 	if err != nil {
 		return nil, 0, db.classify(err)
 	}
