@@ -81,9 +81,6 @@ func pathActionID(r *http.Request) (int64, error) {
 // readDispatch decodes and validates a dispatch body. Its limit is the bulk
 // one: device_ids may list many thousands of devices.
 func (s *Server) readDispatch(w http.ResponseWriter, r *http.Request) (*fleet.Dispatch, error) {
-	if err := newQuery(r).Err(); err != nil {
-		return nil, err
-	}
 	body, err := s.decode(w, r, s.Limits.Bulk)
 	if err != nil {
 		return nil, err
@@ -143,9 +140,6 @@ func (s *Server) handleGetAction(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	a, err := s.Actions.FindAction(r.Context(), tenantOf(r), id)
 	if err != nil {
 		return err
@@ -180,9 +174,6 @@ func (s *Server) handleListActionDevices(w http.ResponseWriter, r *http.Request)
 func (s *Server) handleCancelAction(w http.ResponseWriter, r *http.Request) error {
 	id, err := pathActionID(r)
 	if err != nil {
-		return err
-	}
-	if err := newQuery(r).Err(); err != nil {
 		return err
 	}
 	if err := s.Actions.CancelAction(r.Context(), tenantOf(r), id); err != nil {
@@ -220,9 +211,6 @@ func (s *Server) handleDeviceActions(w http.ResponseWriter, r *http.Request) err
 // handleActionStatus is S10, the hottest path: decode, one store call that
 // returns once its (shared) transaction committed, 204.
 func (s *Server) handleActionStatus(w http.ResponseWriter, r *http.Request) error {
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	body, err := s.decode(w, r, s.Limits.Body)
 	if err != nil {
 		return err

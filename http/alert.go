@@ -88,9 +88,6 @@ func uuidPathParams(names ...string) []param {
 }
 
 func (s *Server) handleCreateAlertRule(w http.ResponseWriter, r *http.Request) error {
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	body, err := s.decode(w, r, s.Limits.Body)
 	if err != nil {
 		return err
@@ -149,9 +146,6 @@ func (s *Server) handleGetAlertRule(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	rule, err := s.Alerts.FindAlertRule(r.Context(), tenantOf(r), id)
 	if err != nil {
 		return err
@@ -163,9 +157,6 @@ func (s *Server) handleGetAlertRule(w http.ResponseWriter, r *http.Request) erro
 func (s *Server) handleDeleteAlertRule(w http.ResponseWriter, r *http.Request) error {
 	id, err := uuidParam(r, "id")
 	if err != nil {
-		return err
-	}
-	if err := newQuery(r).Err(); err != nil {
 		return err
 	}
 	if err := s.Alerts.DeleteAlertRule(r.Context(), tenantOf(r), id); err != nil {
@@ -283,9 +274,6 @@ func (s *Server) handleCreateNotificationRule(w http.ResponseWriter, r *http.Req
 	if err != nil {
 		return err
 	}
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	body, err := s.decode(w, r, s.Limits.Body)
 	if err != nil {
 		return err
@@ -319,9 +307,6 @@ func (s *Server) handleUpdateNotificationRule(w http.ResponseWriter, r *http.Req
 	}
 	id, err := uuidParam(r, "notification_id")
 	if err != nil {
-		return err
-	}
-	if err := newQuery(r).Err(); err != nil {
 		return err
 	}
 	body, err := s.decode(w, r, s.Limits.Body)
@@ -381,9 +366,6 @@ func (s *Server) handleDeleteNotificationRule(w http.ResponseWriter, r *http.Req
 	if err != nil {
 		return err
 	}
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	if err := s.Alerts.DeleteNotificationRule(r.Context(), tenantOf(r), ruleID, id); err != nil {
 		return err
 	}
@@ -418,9 +400,6 @@ func (s *Server) handleListAlerts(w http.ResponseWriter, r *http.Request) error 
 func (s *Server) handleGetAlert(w http.ResponseWriter, r *http.Request) error {
 	id, err := uuidParam(r, "id")
 	if err != nil {
-		return err
-	}
-	if err := newQuery(r).Err(); err != nil {
 		return err
 	}
 	a, err := s.Alerts.FindAlert(r.Context(), tenantOf(r), id)

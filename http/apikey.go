@@ -25,9 +25,6 @@ var keyName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 const keyNameRule = "must be 1 to 64 characters from A-Z a-z 0-9 . _ -"
 
 func (s *Server) handleCreateAPIKey(w http.ResponseWriter, r *http.Request) error {
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	body, err := s.decode(w, r, s.Limits.Body)
 	if err != nil {
 		return err
@@ -76,9 +73,6 @@ func (s *Server) handleDeleteAPIKey(w http.ResponseWriter, r *http.Request) erro
 	name := r.PathValue("name")
 	if !keyName.MatchString(name) {
 		return &fleet.Error{Code: fleet.EINVALID, Message: "invalid API key name in the path", Fields: map[string]string{"name": keyNameRule}}
-	}
-	if err := newQuery(r).Err(); err != nil {
-		return err
 	}
 	if err := s.Tenants.DeleteAPIKey(r.Context(), tenantOf(r), name); err != nil {
 		return err

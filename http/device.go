@@ -59,9 +59,6 @@ func readNewDevice(f *fleet.Fields) fleet.NewDevice {
 }
 
 func (s *Server) handleCreateDevice(w http.ResponseWriter, r *http.Request) error {
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	body, err := s.decode(w, r, s.Limits.Body)
 	if err != nil {
 		return err
@@ -85,9 +82,6 @@ func (s *Server) handleCreateDevice(w http.ResponseWriter, r *http.Request) erro
 }
 
 func (s *Server) handleCreateDevices(w http.ResponseWriter, r *http.Request) error {
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	body, err := s.decode(w, r, s.Limits.Bulk)
 	if err != nil {
 		return err
@@ -147,9 +141,6 @@ func (s *Server) handleGetDevice(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	d, err := s.Devices.FindDevice(r.Context(), tenantOf(r), id)
 	if err != nil {
 		return err
@@ -161,9 +152,6 @@ func (s *Server) handleGetDevice(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) handlePatchDevice(w http.ResponseWriter, r *http.Request) error {
 	id, err := deviceID(r)
 	if err != nil {
-		return err
-	}
-	if err := newQuery(r).Err(); err != nil {
 		return err
 	}
 	body, err := s.decode(w, r, s.Limits.Body)
@@ -197,9 +185,6 @@ func (s *Server) handleDeleteDevice(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	if err := s.Devices.DeleteDevice(r.Context(), tenantOf(r), id); err != nil {
 		return err
 	}
@@ -210,9 +195,6 @@ func (s *Server) handleDeleteDevice(w http.ResponseWriter, r *http.Request) erro
 func (s *Server) handleRotateToken(w http.ResponseWriter, r *http.Request) error {
 	id, err := deviceID(r)
 	if err != nil {
-		return err
-	}
-	if err := newQuery(r).Err(); err != nil {
 		return err
 	}
 	tok, err := s.Devices.RotateDeviceToken(r.Context(), tenantOf(r), id)

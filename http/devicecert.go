@@ -55,9 +55,6 @@ func (s *Server) issueCertificate(r *http.Request) (string, *fleet.DeviceCredent
 	if err != nil {
 		return "", nil, err
 	}
-	if err := newQuery(r).Err(); err != nil {
-		return "", nil, err
-	}
 	if s.DeviceCerts == nil {
 		return "", nil, fleet.Errorf(fleet.ECONFLICT, "this fleetd has no MQTT TLS listener to present a certificate to; start it with --mqtts-addr, --tls-cert and --tls-key")
 	}

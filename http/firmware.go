@@ -114,9 +114,6 @@ func (s *Server) uploadReader(w http.ResponseWriter, r *http.Request) (archive i
 // handleCreateBundle uploads an archive (multipart) or makes a pending
 // record (a JSON-like body).
 func (s *Server) handleCreateBundle(w http.ResponseWriter, r *http.Request) error {
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	ct := r.Header.Get("Content-Type")
 	if mt, _, _ := mime.ParseMediaType(ct); mt == "multipart/form-data" {
 		archive, fileName, err := s.uploadReader(w, r)
@@ -165,9 +162,6 @@ func (s *Server) handleUploadBundleFile(w http.ResponseWriter, r *http.Request) 
 	if err != nil {
 		return err
 	}
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	archive, _, err := s.uploadReader(w, r)
 	if err != nil {
 		return err
@@ -184,9 +178,6 @@ func (s *Server) handleUploadBundleFile(w http.ResponseWriter, r *http.Request) 
 func (s *Server) handleDeclareBundle(w http.ResponseWriter, r *http.Request) error {
 	id, err := bundleID(r)
 	if err != nil {
-		return err
-	}
-	if err := newQuery(r).Err(); err != nil {
 		return err
 	}
 	body, err := s.decode(w, r, s.Limits.Body)
@@ -218,9 +209,6 @@ func (s *Server) handleGetBundle(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	b, err := s.Firmware.FindBundle(r.Context(), tenantOf(r), id)
 	if err != nil {
 		return err
@@ -232,9 +220,6 @@ func (s *Server) handleGetBundle(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) handleDeleteBundle(w http.ResponseWriter, r *http.Request) error {
 	id, err := bundleID(r)
 	if err != nil {
-		return err
-	}
-	if err := newQuery(r).Err(); err != nil {
 		return err
 	}
 	if err := s.Firmware.DeleteBundle(r.Context(), tenantOf(r), id); err != nil {
@@ -249,9 +234,6 @@ func (s *Server) handleGetBundleByVersion(w http.ResponseWriter, r *http.Request
 	version := r.PathValue("version")
 	if !fleet.ValidVersion(version) {
 		return &fleet.Error{Code: fleet.EINVALID, Message: "invalid version in the path", Fields: map[string]string{"version": fleet.VersionRule}}
-	}
-	if err := newQuery(r).Err(); err != nil {
-		return err
 	}
 	b, err := s.Firmware.FindBundleByVersion(r.Context(), tenantOf(r), version)
 	if err != nil {
@@ -297,9 +279,6 @@ func (s *Server) handleUpdateFirmware(w http.ResponseWriter, r *http.Request) er
 	version := r.PathValue("version_number")
 	if !fleet.ValidVersion(version) {
 		return &fleet.Error{Code: fleet.EINVALID, Message: "invalid version number in the path", Fields: map[string]string{"version_number": fleet.VersionRule}}
-	}
-	if err := newQuery(r).Err(); err != nil {
-		return err
 	}
 	body, err := s.decode(w, r, s.Limits.Body)
 	if err != nil {

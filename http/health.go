@@ -12,17 +12,11 @@ type statusBody struct {
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) error {
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	s.respond(w, r, http.StatusOK, statusBody{Status: "ok"})
 	return nil
 }
 
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) error {
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	for _, p := range s.Ready {
 		if err := p.Ping(r.Context()); err != nil {
 			s.logger(r).Warn("not ready", "err", err)
@@ -34,9 +28,6 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) error {
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	s.metrics.handler.ServeHTTP(w, r)
 	return nil
 }

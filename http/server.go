@@ -285,6 +285,14 @@ func (s *Server) wrap(rt route) http.Handler {
 				return
 			}
 		}
+		if !rt.op.takesQuery() {
+			// Routes that read no query refuse any; the others check
+			// theirs as they read them (query.go).
+			if err := newQuery(r).Err(); err != nil {
+				s.Error(rec, r, err)
+				return
+			}
+		}
 		if err := rt.handler(rec, r); err != nil {
 			s.Error(rec, r, err)
 		}

@@ -38,9 +38,6 @@ func (s *Server) handleIngest(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	body, err := s.decode(w, r, s.Limits.Body)
 	if err != nil {
 		return err
@@ -71,9 +68,6 @@ func (s *Server) handleIngest(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) handleLatestPoint(w http.ResponseWriter, r *http.Request) error {
 	id, stream, err := streamPath(r)
 	if err != nil {
-		return err
-	}
-	if err := newQuery(r).Err(); err != nil {
 		return err
 	}
 	p, err := s.Streams.FindLatestPoint(r.Context(), tenantOf(r), id, stream)

@@ -31,9 +31,6 @@ func (s *Server) handleSetTenantAuth(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	if err := newQuery(r).Err(); err != nil {
-		return err
-	}
 	body, err := s.decode(w, r, s.Limits.Body)
 	if err != nil {
 		return err
@@ -52,9 +49,6 @@ func (s *Server) handleSetTenantAuth(w http.ResponseWriter, r *http.Request) err
 func (s *Server) handleGetTenantAuth(w http.ResponseWriter, r *http.Request) error {
 	tenant, err := pathTenant(r)
 	if err != nil {
-		return err
-	}
-	if err := newQuery(r).Err(); err != nil {
 		return err
 	}
 	a, err := s.TenantAuth.FindTenantAuth(r.Context(), tenant)

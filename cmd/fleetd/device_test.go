@@ -138,6 +138,7 @@ func TestDevicesEndToEnd(t *testing.T) {
 				{"CharsetIgnored", req{method: "POST", path: "/api/v1/devices", raw: []byte(`{"id":"cs-1"}`), contentType: "application/json; charset=utf-8"}, 201, ""},
 				{"TooLarge", req{method: "POST", path: "/api/v1/devices", raw: []byte(`{"id":"` + strings.Repeat("x", 1<<20) + `"}`), contentType: "application/json"}, 413, ""},
 				{"UnknownQuery", req{method: "GET", path: "/api/v1/devices?colour=red"}, 400, "colour"},
+				{"QueryWhereNoneIsRead", req{method: "POST", path: "/api/v1/devices?dry_run=1", body: map[string]any{"id": "dry"}}, 400, "dry_run"},
 				{"LimitTooLarge", req{method: "GET", path: "/api/v1/devices?limit=1001"}, 400, "limit"},
 				{"PageZero", req{method: "GET", path: "/api/v1/devices?page=0"}, 400, "page"},
 				{"PageRepeated", req{method: "GET", path: "/api/v1/devices?page=1&page=2"}, 400, "page"},
