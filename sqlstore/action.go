@@ -937,6 +937,17 @@ func (db *DB) actionStatuses(ctx context.Context, tenant string, id int64) (map[
 	return out, rows.Err()
 }
 
+// finalSortIndexes are the indexes of migration 0009 by sort column.
+var finalSortIndexes = map[string]string{
+	"action_id":   "device_actions_final_by_id",
+	"type":        "device_actions_final_by_type",
+	"status":      "device_actions_final_by_status",
+	"user_email":  "device_actions_final_by_user_email",
+	"user_name":   "device_actions_final_by_user_name",
+	"updated_at":  "device_actions_final_by_updated_at",
+	"error_count": "device_actions_final_by_errors",
+}
+
 // deviceActionSorts maps S7's sort_by to columns.
 var deviceActionSorts = map[string]string{
 	"action_id":  "action_id",
@@ -1008,8 +1019,11 @@ func (db *DB) FindDeviceActions(ctx context.Context, tenant string, f fleet.Devi
 // sort indexes of migration 0009 hold the final ones, whose sort keys
 // never change; the others, usually few, are read through
 // device_actions_by_device, a range for each live status, and sorted. The
-// final predicate must match the indexes' for the databases to use them.
-const finalStatuses = "action_status IN ('Completed', 'Failed', 'Cancelled')"
+// final predicate must be the indexes' for the databases to use them: the
+// final statuses are those that sort before Initiated (see 0009). As it is
+// also a range of device_actions_by_device, SQLite is told which index to
+// read.
+const finalStatuses = "action_status < 'Initiated'"
 
 var liveStatuses = []fleet.ActionStatus{fleet.StatusQueued, fleet.StatusInitiated, fleet.StatusProgress}
 
@@ -1051,7 +1065,8 @@ func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fl
 	top := strconv.Itoa(f.Offset() + f.Limit)
 	limit, offset := strconv.Itoa(f.Limit), strconv.Itoa(f.Offset())
 	q := `WITH page AS (
-		SELECT * FROM (SELECT ` + deviceActionColumns + `, ` + col + ` AS k FROM device_actions WHERE ` + cond + ` AND ` + finalStatuses + `
+		SELECT * FROM (SELECT ` + deviceActionColumns + `, ` + col + ` AS k FROM device_actions` + db.dialect.indexedBy(finalSortIndexes[col]) +
+		` WHERE ` + cond + ` AND ` + finalStatuses + `
 			ORDER BY ` + finalOrder + ` LIMIT ` + top + `) final`
 	qargs := slices.Clone(args)
 	for _, st := range liveStatuses {

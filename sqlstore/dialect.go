@@ -121,6 +121,16 @@ func (d dialect) forUpdate() string {
 	return ""
 }
 
+// indexedBy follows a table name in a query that must read that table
+// through index: SQLite's planner, without statistics, may choose another
+// and sort. PostgreSQL plans by its statistics and has no such hint.
+func (d dialect) indexedBy(index string) string {
+	if d == postgres {
+		return ""
+	}
+	return " INDEXED BY " + index
+}
+
 // skipLocked ends a SELECT that claims rows for background work: rows
 // another replica is working on are left to it.
 func (d dialect) skipLocked() string {
