@@ -977,13 +977,6 @@ func (db *DB) FindDeviceActions(ctx context.Context, tenant string, f fleet.Devi
 	}
 	switch {
 	case f.DeviceID != "":
-		var one int
-		err := db.queryRow(ctx, "SELECT 1 FROM devices WHERE tenant = ? AND id = ?", tenant, f.DeviceID).Scan(&one)
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, 0, fleet.Errorf(fleet.ENOTFOUND, "device %q not found", f.DeviceID)
-		} else if err != nil {
-			return nil, 0, db.classify(err)
-		}
 		return db.findDeviceActionsOfDevice(ctx, tenant, f, filters, filterArgs)
 	case f.ActionID != 0:
 		var one int
@@ -1039,9 +1032,16 @@ var liveStatuses = []fleet.ActionStatus{fleet.StatusQueued, fleet.StatusInitiate
 func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fleet.DeviceActionFilter, filters []string, filterArgs []any) ([]*fleet.DeviceAction, int, error) {
 	cond := strings.Join(append([]string{"tenant = ?", "device_id = ?"}, filters...), " AND ")
 	args := append([]any{tenant, f.DeviceID}, filterArgs...)
+	// Whether the device exists and how many actions match, in one round
+	// trip.
+	var exists sql.NullInt64
 	var count int
-	if err := db.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE "+cond, args...).Scan(&count); err != nil {
+	if err := db.queryRow(ctx, "SELECT (SELECT 1 FROM devices WHERE tenant = ? AND id = ?), (SELECT count(*) FROM device_actions WHERE "+cond+")",
+		append([]any{tenant, f.DeviceID}, args...)...).Scan(&exists, &count); err != nil {
 		return nil, 0, db.classify(err)
+	}
+	if !exists.Valid {
+		return nil, 0, fleet.Errorf(fleet.ENOTFOUND, "device %q not found", f.DeviceID)
 	}
 	col, ok := deviceActionSorts[f.SortBy]
 	if !ok {
