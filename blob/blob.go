@@ -28,6 +28,10 @@ type Store interface {
 	Open(ctx context.Context, key string) (Object, error)
 	// Delete removes a committed object; a missing one is ErrNotFound.
 	Delete(ctx context.Context, key string) error
+	// Walk calls fn with the key and modification time of each committed
+	// object whose key begins with the elements of prefix, until fn
+	// returns an error. A prefix with no objects is no error.
+	Walk(ctx context.Context, prefix string, fn func(key string, mod time.Time) error) error
 }
 
 // Pending is an object written but not yet visible.

@@ -189,3 +189,40 @@ func (d *Dir) Delete(ctx context.Context, key string) error {
 	}
 	return nil
 }
+
+// Walk visits the committed objects under prefix, in lexical order of their
+// keys; temporary files are not objects.
+func (d *Dir) Walk(ctx context.Context, prefix string, fn func(key string, mod time.Time) error) error {
+	start, err := d.path(prefix)
+	if err != nil {
+		return err
+	}
+	err = filepath.WalkDir(start, func(path string, e fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // not made yet, or deleted since its directory was read
+		} else if err != nil {
+			return err
+		}
+		if e.IsDir() || !e.Type().IsRegular() {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		info, err := e.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		} else if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(d.root, path)
+		if err != nil {
+			return err
+		}
+		return fn(filepath.ToSlash(rel), info.ModTime())
+	})
+	if err != nil {
+		return fmt.Errorf("blob: walk %s: %w", prefix, err)
+	}
+	return nil
+}

@@ -66,6 +66,49 @@ func testStore(t *testing.T, s blob.Store) {
 			t.Fatalf("Put = %v, want the reader's error", err)
 		}
 	})
+	t.Run("Walk", func(t *testing.T) {
+		for _, k := range []string{"a/b/c", "other/x"} {
+			p, err := s.Put(ctx, k, strings.NewReader(k))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer s.Delete(ctx, k)
+		}
+		pending, err := s.Put(ctx, "a/pending", strings.NewReader("not yet"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pending.Abort(ctx)
+		var keys []string
+		err = s.Walk(ctx, "a", func(key string, mod time.Time) error {
+			if time.Since(mod) > time.Hour || time.Until(mod) > time.Hour {
+				t.Errorf("%s: modification time %v", key, mod)
+			}
+			keys = append(keys, key)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Join(keys, " ") != "a/b/c a/one" {
+			t.Fatalf("Walk(a) = %q, want the committed objects under a/ only", keys)
+		}
+		if err := s.Walk(ctx, "nothing/here", func(string, time.Time) error { return errors.New("called") }); err != nil {
+			t.Fatalf("Walk of an empty prefix = %v", err)
+		}
+		stop := errors.New("stop")
+		n := 0
+		err = s.Walk(ctx, "a", func(string, time.Time) error { n++; return stop })
+		if !errors.Is(err, stop) || n != 1 {
+			t.Fatalf("Walk after fn's error = %v after %d calls, want fn's error after 1", err, n)
+		}
+		if err := s.Walk(ctx, "../x", func(string, time.Time) error { return nil }); err == nil {
+			t.Fatal("Walk(../x) succeeded")
+		}
+	})
 	t.Run("Delete", func(t *testing.T) {
 		if err := s.Delete(ctx, "a/one"); err != nil {
 			t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"path"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,7 +17,8 @@ import (
 )
 
 // Service implements fleet.FirmwareService over a store and a blob store.
-// Fill in the fields, then use it; it holds no goroutines.
+// Fill in the fields, then use it; it starts no goroutines (the caller runs
+// RunOrphanRemoval on one of its own).
 type Service struct {
 	Store  fleet.FirmwareStore
 	Blobs  blob.Store
@@ -111,6 +113,81 @@ func (s *Service) deleteBlob(ctx context.Context, key string) {
 	}
 	if err := s.Blobs.Delete(context.WithoutCancel(ctx), key); err != nil && !errors.Is(err, blob.ErrNotFound) {
 		s.log().Error("delete firmware archive", "key", key, "err", err)
+	}
+}
+
+// OrphanGrace is how old an archive no record references must be before
+// RemoveOrphans deletes it: an upload commits its archive a moment before
+// writing its record, perhaps on another replica, and must not lose it.
+const OrphanGrace = time.Hour
+
+// RemoveOrphans deletes the archives that no bundle record references and
+// that are older than grace, and returns how many. Only a crash between
+// committing an archive and writing its record, or a deletion that failed,
+// leaves one; both are rare, so a pass is a walk of the bundles' files and
+// a primary-key read for each. Files outside the layout of bundle archives
+// are not fleetd's to delete and are left alone.
+func (s *Service) RemoveOrphans(ctx context.Context, grace time.Duration) (int, error) {
+	var orphans []string
+	err := s.Blobs.Walk(ctx, "bundles", func(key string, mod time.Time) error {
+		if time.Since(mod) < grace { // files keep the machine's time, not s.Now's
+			return nil
+		}
+		used, err := s.referenced(ctx, key)
+		if err == nil && !used {
+			orphans = append(orphans, key)
+		}
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, key := range orphans {
+		if err := s.Blobs.Delete(ctx, key); err != nil && !errors.Is(err, blob.ErrNotFound) {
+			return n, err
+		}
+		n++
+		s.log().Info("removed a firmware archive no bundle references", "key", key)
+	}
+	return n, nil
+}
+
+// referenced reports whether a bundle record points to the archive key,
+// which ingest made as bundles/{tenant}/{bundle id}/{upload id}.
+func (s *Service) referenced(ctx context.Context, key string) (bool, error) {
+	parts := strings.Split(key, "/")
+	if len(parts) != 4 {
+		return true, nil
+	}
+	id, err := uuid.Parse(parts[2])
+	if err != nil {
+		return true, nil
+	}
+	b, err := s.Store.FindBundle(ctx, parts[1], id)
+	if fleet.ErrorCode(err) == fleet.ENOTFOUND {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	return b.BlobKey == key, nil
+}
+
+// RunOrphanRemoval runs RemoveOrphans at once and then every interval
+// until ctx ends. Replicas sharing the blob store may all run it: deleting
+// an orphan twice is harmless.
+func (s *Service) RunOrphanRemoval(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		if _, err := s.RemoveOrphans(ctx, OrphanGrace); err != nil && ctx.Err() == nil {
+			s.log().Error("remove orphaned firmware archives", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }
 

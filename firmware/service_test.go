@@ -3,10 +3,12 @@ package firmware_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"net/url"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -331,5 +333,107 @@ func TestCheckPublicURL(t *testing.T) {
 		if err := firmware.CheckPublicURL(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+func TestRemoveOrphans(t *testing.T) {
+	svc, dir, _ := newService(t)
+	ctx := context.Background()
+	kept, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(bundleArchive(t, "1.0.0", "one")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, _ = svc.FindBundle(ctx, "acme", kept.ID)
+	pending, err := svc.CreatePendingBundle(ctx, "acme", "2.0.0", "b.tar.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(key string, age time.Duration) string {
+		t.Helper()
+		p, err := svc.Blobs.Put(ctx, key, strings.NewReader(key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		when := time.Now().Add(-age)
+		if err := os.Chtimes(filepath.Join(dir, filepath.FromSlash(key)), when, when); err != nil {
+			t.Fatal(err)
+		}
+		return key
+	}
+	old := 2 * time.Hour
+	orphans := []string{
+		// a crash between committing the archive and writing its record
+		put("bundles/acme/"+uuid.NewString()+"/"+uuid.NewString(), old),
+		// between committing the archive of a pending record and attaching it
+		put("bundles/acme/"+pending.ID.String()+"/"+uuid.NewString(), old),
+		// a second archive of a bundle that has one
+		put("bundles/acme/"+kept.ID.String()+"/"+uuid.NewString(), old),
+		// another tenant's path with the bundle's id: not the bundle's
+		put("bundles/beta/"+kept.ID.String()+"/"+uuid.NewString(), old),
+	}
+	young := put("bundles/acme/"+uuid.NewString()+"/"+uuid.NewString(), time.Minute)
+	foreign := put("bundles/notes.txt", old)
+	if err := os.Chtimes(filepath.Join(dir, filepath.FromSlash(kept.BlobKey)), time.Now().Add(-old), time.Now().Add(-old)); err != nil {
+		t.Fatal(err)
+	}
+
+	n, err := svc.RemoveOrphans(ctx, firmware.OrphanGrace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != len(orphans) {
+		t.Errorf("removed %d archives, want %d", n, len(orphans))
+	}
+	for _, key := range orphans {
+		if _, err := svc.Blobs.Open(ctx, key); err != blob.ErrNotFound {
+			t.Errorf("orphan %s: Open = %v, want it gone", key, err)
+		}
+	}
+	for _, key := range []string{kept.BlobKey, young, foreign} {
+		o, err := svc.Blobs.Open(ctx, key)
+		if err != nil {
+			t.Errorf("%s was removed: %v", key, err)
+			continue
+		}
+		o.Close()
+	}
+	if n, err := svc.RemoveOrphans(ctx, firmware.OrphanGrace); err != nil || n != 0 {
+		t.Errorf("second pass removed %d (%v), want 0", n, err)
+	}
+}
+
+// failingDelete is a blob store whose deletions fail, as on a read-only
+// file system.
+type failingDelete struct{ blob.Store }
+
+func (failingDelete) Delete(context.Context, string) error {
+	return errors.New("read-only file system")
+}
+
+func TestRemoveOrphansReportsFailures(t *testing.T) {
+	svc, dir, _ := newService(t)
+	ctx := context.Background()
+	key := "bundles/acme/" + uuid.NewString() + "/" + uuid.NewString()
+	p, err := svc.Blobs.Put(ctx, key, strings.NewReader("orphan"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-2 * firmware.OrphanGrace)
+	os.Chtimes(filepath.Join(dir, filepath.FromSlash(key)), old, old)
+
+	svc.Blobs = failingDelete{svc.Blobs}
+	if n, err := svc.RemoveOrphans(ctx, firmware.OrphanGrace); err == nil || n != 0 {
+		t.Fatalf("RemoveOrphans = %d, %v; want the deletion's error", n, err)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := svc.RemoveOrphans(cancelled, firmware.OrphanGrace); !errors.Is(err, context.Canceled) {
+		t.Fatalf("RemoveOrphans with a cancelled context = %v", err)
 	}
 }

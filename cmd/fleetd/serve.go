@@ -79,9 +79,10 @@ func runServe(ctx context.Context, args []string, e env) error {
 	var loops sync.WaitGroup
 	defer loops.Wait()
 	defer stopLoops()
-	loops.Add(2)
+	loops.Add(3)
 	go func() { defer loops.Done(); engine.Run(loopCtx) }()
 	go func() { defer loops.Done(); notifier.Run(loopCtx) }()
+	go func() { defer loops.Done(); fw.RunOrphanRemoval(loopCtx, time.Hour) }()
 
 	// Actions: the service sends through the broker, the broker hands the
 	// devices' messages to the service; the sweeper fails what times out.
