@@ -18,6 +18,7 @@ const (
 	ECONFLICT         = "conflict"
 	ETOOLARGE         = "too_large"
 	EUNSUPPORTED      = "unsupported_media_type"
+	ERANGE            = "range_not_satisfiable"
 	ERATELIMITED      = "rate_limited"
 	EINTERNAL         = "internal"
 	EUNAVAILABLE      = "unavailable"

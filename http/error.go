@@ -20,6 +20,7 @@ var statuses = map[string]int{
 	fleet.ECONFLICT:         http.StatusConflict,
 	fleet.ETOOLARGE:         http.StatusRequestEntityTooLarge,
 	fleet.EUNSUPPORTED:      http.StatusUnsupportedMediaType,
+	fleet.ERANGE:            http.StatusRequestedRangeNotSatisfiable,
 	fleet.ERATELIMITED:      http.StatusTooManyRequests,
 	fleet.EINTERNAL:         http.StatusInternalServerError,
 	fleet.EUNAVAILABLE:      http.StatusServiceUnavailable,

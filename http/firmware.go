@@ -2,6 +2,7 @@ package fleethttp
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net/http"
@@ -51,8 +52,7 @@ const uploadTypes = "multipart/form-data (part \"file\") or application/octet-st
 func bundleID(r *http.Request) (uuid.UUID, error) {
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil || len(r.PathValue("id")) != 36 {
-		return uuid.Nil, &fleet.Error{Code: fleet.EINVALID, Message: "invalid firmware bundle id in the path",
-			Fields: map[string]string{"id": "must be a UUID such as 3f1c9a0e-8d2b-4c55-9e61-0a7d2b9c4e10"}}
+		return uuid.Nil, pathError("id", "firmware bundle id", "must be a UUID such as 3f1c9a0e-8d2b-4c55-9e61-0a7d2b9c4e10")
 	}
 	return id, nil
 }
@@ -231,9 +231,9 @@ func (s *Server) handleDeleteBundle(w http.ResponseWriter, r *http.Request) erro
 
 // handleGetBundleByVersion is S6.
 func (s *Server) handleGetBundleByVersion(w http.ResponseWriter, r *http.Request) error {
-	version := r.PathValue("version")
-	if !fleet.ValidVersion(version) {
-		return &fleet.Error{Code: fleet.EINVALID, Message: "invalid version in the path", Fields: map[string]string{"version": fleet.VersionRule}}
+	version, err := pathValue(r, "version", "version", fleet.ValidVersion, fleet.VersionRule)
+	if err != nil {
+		return err
 	}
 	b, err := s.Firmware.FindBundleByVersion(r.Context(), tenantOf(r), version)
 	if err != nil {
@@ -263,11 +263,7 @@ func (s *Server) handleListBundles(w http.ResponseWriter, r *http.Request) error
 // componentPath returns the component name of the path, which must be
 // valid.
 func componentPath(r *http.Request) (string, error) {
-	c := r.PathValue("component_name")
-	if !fleet.ValidComponentName(c) {
-		return "", &fleet.Error{Code: fleet.EINVALID, Message: "invalid component name in the path", Fields: map[string]string{"component_name": fleet.ComponentRule}}
-	}
-	return c, nil
+	return pathValue(r, "component_name", "component name", fleet.ValidComponentName, fleet.ComponentRule)
 }
 
 // handleUpdateFirmware is S8.
@@ -276,9 +272,9 @@ func (s *Server) handleUpdateFirmware(w http.ResponseWriter, r *http.Request) er
 	if err != nil {
 		return err
 	}
-	version := r.PathValue("version_number")
-	if !fleet.ValidVersion(version) {
-		return &fleet.Error{Code: fleet.EINVALID, Message: "invalid version number in the path", Fields: map[string]string{"version_number": fleet.VersionRule}}
+	version, err := pathValue(r, "version_number", "version number", fleet.ValidVersion, fleet.VersionRule)
+	if err != nil {
+		return err
 	}
 	body, err := s.decode(w, r, s.Limits.Body)
 	if err != nil {
@@ -383,6 +379,43 @@ func (s *Server) handleArtifact(w http.ResponseWriter, r *http.Request) error {
 	// Caches may keep it but must revalidate: the ETag never changes for a
 	// bundle, and a signed URL's query is part of the cache key anyway.
 	h.Set("Cache-Control", "private, no-cache")
-	http.ServeContent(w, r, "", time.Time{}, art)
+	http.ServeContent(&rangeErrorWriter{ResponseWriter: w, s: s, r: r, size: *b.ContentLength}, r, "", time.Time{}, art)
 	return nil
+}
+
+// rangeErrorWriter answers an unsatisfiable Range with fleetd's error body
+// where http.ServeContent would write a line of plain text; everything
+// else, Content-Range included, is ServeContent's.
+type rangeErrorWriter struct {
+	http.ResponseWriter
+	s         *Server
+	r         *http.Request
+	size      int64
+	swallowed bool // ServeContent's own body
+}
+
+func (w *rangeErrorWriter) WriteHeader(code int) {
+	if code != http.StatusRequestedRangeNotSatisfiable {
+		w.ResponseWriter.WriteHeader(code)
+		return
+	}
+	w.swallowed = true
+	h := w.Header()
+	h.Del("Content-Disposition")
+	h.Del("X-Content-Type-Options")
+	w.s.Error(w.ResponseWriter, w.r, &fleet.Error{Code: fleet.ERANGE,
+		Message: fmt.Sprintf("the Range header asks for no byte of the archive, which has %d bytes (the first is 0)", w.size)})
+}
+
+func (w *rangeErrorWriter) Write(b []byte) (int, error) {
+	if w.swallowed {
+		return len(b), nil
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// ReadFrom keeps the response writer's own, which sends files without
+// copying them through user space.
+func (w *rangeErrorWriter) ReadFrom(src io.Reader) (int64, error) {
+	return io.Copy(w.ResponseWriter, src)
 }

@@ -87,7 +87,7 @@ func (s *Server) openAPI() map[string]any {
 			},
 			"responses": map[string]any{
 				"Error": map[string]any{
-					"description": "An error: invalid (400), unauthenticated (401), forbidden (403), not_found (404), method_not_allowed (405), conflict (409), too_large (413), unsupported_media_type (415), rate_limited (429), internal (500), unavailable (503).",
+					"description": "An error: invalid (400), unauthenticated (401), forbidden (403), not_found (404), method_not_allowed (405), conflict (409), too_large (413), unsupported_media_type (415), range_not_satisfiable (416, artifact downloads), rate_limited (429), internal (500), unavailable (503).",
 					"content":     g.content(map[string]any{"$ref": "#/components/schemas/Error"}),
 				},
 			},

@@ -641,9 +641,16 @@ func TestFirmwareArtifact(t *testing.T) {
 				!bytes.Contains(body, data[0:4]) || !bytes.Contains(body, data[20:24]) {
 				t.Fatalf("multiple ranges: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
 			}
-			resp, _ = s.get(t, viewer, path, "Range", fmt.Sprintf("bytes=%d-", len(data)+10))
+			resp, body = s.get(t, viewer, path, "Range", fmt.Sprintf("bytes=%d-", len(data)+10))
 			if resp.StatusCode != 416 || resp.Header.Get("Content-Range") != fmt.Sprintf("bytes */%d", len(data)) {
 				t.Fatalf("unsatisfiable range: %d %q", resp.StatusCode, resp.Header.Get("Content-Range"))
+			}
+			// fleetd's error body, not ServeContent's line of text, and
+			// not an attachment.
+			var e struct{ Error, Message string }
+			if err := json.Unmarshal(body, &e); err != nil || e.Error != "range_not_satisfiable" || !strings.Contains(e.Message, fmt.Sprint(len(data))) ||
+				resp.Header.Get("Content-Type") != "application/json" || resp.Header.Get("Content-Disposition") != "" {
+				t.Fatalf("unsatisfiable range: %q %q %s", resp.Header.Get("Content-Type"), resp.Header.Get("Content-Disposition"), body)
 			}
 		})
 		t.Run("Resume", func(t *testing.T) {
