@@ -11,9 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -197,16 +195,12 @@ func count(t *testing.T, db *sql.DB, query string, args ...any) int {
 	return n
 }
 
-var timedOutLine = regexp.MustCompile(`msg="device actions timed out" count=(\d+)`)
-
-// timedOut sums what the replicas logged of the timeout sweeps.
-func timedOut(rs ...*replica) int {
+// timedOut sums the device actions the replicas say their sweepers failed.
+func timedOut(t *testing.T, rs ...*replica) int {
+	t.Helper()
 	n := 0
 	for _, r := range rs {
-		for _, m := range timedOutLine.FindAllStringSubmatch(r.stderr.String(), -1) {
-			k, _ := strconv.Atoi(m[1])
-			n += k
-		}
+		n += int(metric(t, r.URL, "fleetd_device_actions_timed_out_total"))
 	}
 	return n
 }
@@ -266,7 +260,7 @@ func TestReplicas(t *testing.T) {
 	})
 
 	t.Run("TimeoutOnce", func(t *testing.T) {
-		before := timedOut(a, b)
+		before := timedOut(t, a, b)
 		id := a.dispatch(t, admin, map[string]any{"action": "slow", "params": map[string]any{}, "search_type": "default",
 			"device_ids": []string{"pump-2", "pump-3"}, "timeout": 1})
 		for _, dev := range []string{"pump-2", "pump-3"} {
@@ -281,7 +275,7 @@ func TestReplicas(t *testing.T) {
 		// Both replicas sweep every 50ms; the two device actions were
 		// failed once in all.
 		time.Sleep(200 * time.Millisecond)
-		if n := timedOut(a, b) - before; n != 2 {
+		if n := timedOut(t, a, b) - before; n != 2 {
 			t.Fatalf("the replicas timed out %d device actions, want 2:\nA:\n%s\nB:\n%s", n, a.stderr, b.stderr)
 		}
 	})
