@@ -3,6 +3,7 @@ package fleet
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -17,13 +18,13 @@ import (
 type Fields struct {
 	path string            // prefix of this object's field names, "" at the top
 	m    map[string]any    // the object
-	seen map[string]bool   // fields read so far
+	seen []string          // fields read so far: a few, so a slice beats a map
 	errs map[string]string // shared by nested Fields
 }
 
 // NewFields starts the typed decode of v, which must be an object.
 func NewFields(v any) *Fields {
-	f := &Fields{errs: map[string]string{}, seen: map[string]bool{}}
+	f := &Fields{errs: map[string]string{}, seen: make([]string, 0, 8)}
 	m, ok := v.(map[string]any)
 	if !ok {
 		f.errs["body"] = "must be an object, not " + Describe(v)
@@ -71,7 +72,7 @@ func (f *Fields) Fail(field, problem string) {
 
 // Has reports whether field is present and not null, and marks it read.
 func (f *Fields) Has(field string) bool {
-	f.seen[field] = true
+	f.seen = append(f.seen, field)
 	v, ok := f.m[field]
 	return ok && v != nil
 }
@@ -79,7 +80,7 @@ func (f *Fields) Has(field string) bool {
 // Value returns a field's raw canonical value and whether it was present and
 // not null; a missing required field is recorded as a problem.
 func (f *Fields) Value(field string, required bool) (any, bool) {
-	f.seen[field] = true
+	f.seen = append(f.seen, field)
 	v, ok := f.m[field]
 	if !ok || v == nil {
 		if required {
@@ -270,7 +271,7 @@ func (f *Fields) nested(name string, m map[string]any) *Fields {
 	if m == nil {
 		return nil
 	}
-	n := &Fields{path: f.name(name), m: m, seen: map[string]bool{}, errs: f.errs}
+	n := &Fields{path: f.name(name), m: m, seen: make([]string, 0, 8), errs: f.errs}
 	return n
 }
 
@@ -282,7 +283,7 @@ func (f *Fields) Unknown() {
 	}
 	var unknown []string
 	for k := range f.m {
-		if !f.seen[k] {
+		if !slices.Contains(f.seen, k) {
 			unknown = append(unknown, k)
 		}
 	}

@@ -33,7 +33,7 @@ const (
 // Authenticator verifies end users' tokens. It also stands in front of the
 // store for S9, so that a change made on this replica applies at once.
 type Authenticator struct {
-	Store  fleet.TenantAuthService
+	Store   fleet.TenantAuthService
 	Client  *http.Client  // nil: http.DefaultClient's transport
 	Timeout time.Duration // for each JWKS or webhook request; 0: FetchTimeout
 	Now     func() time.Time
