@@ -73,7 +73,7 @@ var actionStatusQuery = append([]param{
 func pathActionID(r *http.Request) (int64, error) {
 	id, ok := fleet.ParseActionID(r.PathValue("id"))
 	if !ok {
-		return 0, &fleet.Error{Code: fleet.EINVALID, Message: "invalid action id in the path", Fields: map[string]string{"id": fleet.ActionIDRule}}
+		return 0, pathError("id", "action id", fleet.ActionIDRule)
 	}
 	return id, nil
 }
@@ -184,9 +184,9 @@ func (s *Server) handleCancelAction(w http.ResponseWriter, r *http.Request) erro
 
 // handleDeviceActions is S7.
 func (s *Server) handleDeviceActions(w http.ResponseWriter, r *http.Request) error {
-	device := r.PathValue("device_id")
-	if !fleet.ValidDeviceID(device) {
-		return &fleet.Error{Code: fleet.EINVALID, Message: "invalid device id in the path", Fields: map[string]string{"device_id": fleet.DeviceIDRule}}
+	device, err := pathValue(r, "device_id", "device id", fleet.ValidDeviceID, fleet.DeviceIDRule)
+	if err != nil {
+		return err
 	}
 	q := newQuery(r)
 	f := fleet.DeviceActionFilter{

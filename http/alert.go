@@ -74,7 +74,7 @@ type deliveryList struct {
 func uuidParam(r *http.Request, name string) (string, error) {
 	u, err := uuid.Parse(r.PathValue(name))
 	if err != nil {
-		return "", &fleet.Error{Code: fleet.EINVALID, Message: "invalid " + name + " in the path", Fields: map[string]string{name: "must be a UUID"}}
+		return "", pathError(name, name, "must be a UUID")
 	}
 	return u.String(), nil
 }

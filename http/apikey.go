@@ -70,9 +70,9 @@ func (s *Server) handleListAPIKeys(w http.ResponseWriter, r *http.Request) error
 }
 
 func (s *Server) handleDeleteAPIKey(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
-	if !keyName.MatchString(name) {
-		return &fleet.Error{Code: fleet.EINVALID, Message: "invalid API key name in the path", Fields: map[string]string{"name": keyNameRule}}
+	name, err := pathValue(r, "name", "API key name", keyName.MatchString, keyNameRule)
+	if err != nil {
+		return err
 	}
 	if err := s.Tenants.DeleteAPIKey(r.Context(), tenantOf(r), name); err != nil {
 		return err

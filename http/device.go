@@ -129,11 +129,7 @@ func (s *Server) handleListDevices(w http.ResponseWriter, r *http.Request) error
 
 // deviceID returns the {id} of the path, which must be a valid device id.
 func deviceID(r *http.Request) (string, error) {
-	id := r.PathValue("id")
-	if !fleet.ValidDeviceID(id) {
-		return "", &fleet.Error{Code: fleet.EINVALID, Message: "invalid device id in the path", Fields: map[string]string{"id": fleet.DeviceIDRule}}
-	}
-	return id, nil
+	return pathValue(r, "id", "device id", fleet.ValidDeviceID, fleet.DeviceIDRule)
 }
 
 func (s *Server) handleGetDevice(w http.ResponseWriter, r *http.Request) error {

@@ -12,6 +12,21 @@ import (
 	"github.com/fleetd/fleet"
 )
 
+// pathError is the answer to a path parameter that breaks its rule.
+func pathError(name, what, rule string) error {
+	return &fleet.Error{Code: fleet.EINVALID, Message: "invalid " + what + " in the path", Fields: map[string]string{name: rule}}
+}
+
+// pathValue returns the path parameter name, which valid must accept;
+// what names it in the error.
+func pathValue(r *http.Request, name, what string, valid func(string) bool, rule string) (string, error) {
+	v := r.PathValue(name)
+	if !valid(v) {
+		return "", pathError(name, what, rule)
+	}
+	return v, nil
+}
+
 // query is the typed decode of a request's query string. Like codec.Fields
 // it collects every problem, and a parameter nobody asked for is one.
 type query struct {

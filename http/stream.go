@@ -26,9 +26,9 @@ func streamPath(r *http.Request) (string, string, error) {
 	if err != nil {
 		return "", "", err
 	}
-	stream := r.PathValue("stream")
-	if !fleet.ValidStreamName(stream) {
-		return "", "", &fleet.Error{Code: fleet.EINVALID, Message: "invalid stream name in the path", Fields: map[string]string{"stream": fleet.StreamNameRule}}
+	stream, err := pathValue(r, "stream", "stream name", fleet.ValidStreamName, fleet.StreamNameRule)
+	if err != nil {
+		return "", "", err
 	}
 	return id, stream, nil
 }
