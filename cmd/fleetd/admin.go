@@ -7,21 +7,17 @@ import (
 	"text/tabwriter"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/sqlstore"
 )
 
 func runMigrate(ctx context.Context, args []string, e env) error {
 	var c config
 	fs := newFlagSet("migrate", "", "Applies the database migrations fleetd has and the database lacks, then exits.\nserve does this too; run it alone to upgrade before starting new replicas.", e.stderr)
-	c.databaseFlags(fs)
-	c.logFlags(fs)
+	c.adminFlags(fs)
 	if err := fs.parse(args, e.getenv); err != nil {
 		return err
 	}
-	log, err := c.logger(e.stderr)
-	if err != nil {
-		return err
-	}
-	db, err := c.openDB(ctx, log)
+	db, err := c.openAdminDB(ctx, e)
 	if err != nil {
 		return err
 	}
@@ -32,8 +28,7 @@ func runMigrate(ctx context.Context, args []string, e env) error {
 func runTenantCreate(ctx context.Context, args []string, e env) error {
 	var c config
 	fs := newFlagSet("tenant create", "NAME", "Creates a tenant with an admin API key named \"admin\" and prints the key alone\non the last line, so a script can capture it:\n  KEY=$(fleetd tenant create acme | tail -1)", e.stderr)
-	c.databaseFlags(fs)
-	c.logFlags(fs)
+	c.adminFlags(fs)
 	if err := fs.parse(args, e.getenv); err != nil {
 		return err
 	}
@@ -41,11 +36,7 @@ func runTenantCreate(ctx context.Context, args []string, e env) error {
 		fs.Usage()
 		return errUsage
 	}
-	log, err := c.logger(e.stderr)
-	if err != nil {
-		return err
-	}
-	db, err := c.openDB(ctx, log)
+	db, err := c.openAdminDB(ctx, e)
 	if err != nil {
 		return err
 	}
@@ -61,16 +52,11 @@ func runTenantCreate(ctx context.Context, args []string, e env) error {
 func runTenantList(ctx context.Context, args []string, e env) error {
 	var c config
 	fs := newFlagSet("tenant list", "", "Lists every tenant.", e.stderr)
-	c.databaseFlags(fs)
-	c.logFlags(fs)
+	c.adminFlags(fs)
 	if err := fs.parse(args, e.getenv); err != nil {
 		return err
 	}
-	log, err := c.logger(e.stderr)
-	if err != nil {
-		return err
-	}
-	db, err := c.openDB(ctx, log)
+	db, err := c.openAdminDB(ctx, e)
 	if err != nil {
 		return err
 	}
@@ -95,8 +81,7 @@ func runAPIKeyCreate(ctx context.Context, args []string, e env) error {
 	fs.StringVar(&name, "name", "", "`NAME` of the key, unique in the tenant (required)")
 	fs.StringVar(&role, "role", "", "`ROLE`: viewer, device, operator or admin (required)")
 	fs.StringVar(&email, "email", "", "`EMAIL` of whoever holds the key")
-	c.databaseFlags(fs)
-	c.logFlags(fs)
+	c.adminFlags(fs)
 	if err := fs.parse(args, e.getenv); err != nil {
 		return err
 	}
@@ -107,11 +92,7 @@ func runAPIKeyCreate(ctx context.Context, args []string, e env) error {
 	if !fleet.Role(role).Valid() {
 		return fmt.Errorf("--role %q: want viewer, device, operator or admin", role)
 	}
-	log, err := c.logger(e.stderr)
-	if err != nil {
-		return err
-	}
-	db, err := c.openDB(ctx, log)
+	db, err := c.openAdminDB(ctx, e)
 	if err != nil {
 		return err
 	}
@@ -122,6 +103,22 @@ func runAPIKeyCreate(ctx context.Context, args []string, e env) error {
 	}
 	fmt.Fprintf(e.stdout, "created %s API key %q in tenant %q (shown only this once):\n%s\n", k.Role, k.Name, tenant, k.Key)
 	return nil
+}
+
+// adminFlags are the flags of the commands that open the database and exit.
+func (c *config) adminFlags(fs *flagSet) {
+	c.databaseFlags(fs)
+	c.logFlags(fs)
+}
+
+// openAdminDB opens the database, migrated, for a command that logs to
+// standard error.
+func (c *config) openAdminDB(ctx context.Context, e env) (*sqlstore.DB, error) {
+	log, err := c.logger(e.stderr)
+	if err != nil {
+		return nil, err
+	}
+	return c.openDB(ctx, log)
 }
 
 // cliError shows a fleet error's message, as a person at a terminal needs.
