@@ -867,37 +867,17 @@ func (db *DB) FindActions(ctx context.Context, tenant string, f fleet.ActionFilt
 		cond += " AND action = ?"
 		args = append(args, f.Action)
 	}
-	var count int
-	if err := db.queryRow(ctx, "SELECT count(*) FROM actions WHERE "+cond, args...).Scan(&count); err != nil {
-		return nil, 0, db.classify(err)
+	acts, count, err := findPage(ctx, db, "SELECT count(*) FROM actions WHERE "+cond,
+		"SELECT "+actionColumns+" FROM actions WHERE "+cond+" ORDER BY id DESC", args, f.Page, scanAction)
+	if err != nil || len(acts) == 0 {
+		return acts, count, err
 	}
-	rows, err := db.query(ctx, "SELECT "+actionColumns+" FROM actions WHERE "+cond+" ORDER BY id DESC LIMIT ? OFFSET ?",
-		append(args, f.Limit, f.Offset())...)
-	if err != nil {
-		return nil, 0, db.classify(err)
-	}
-	defer rows.Close()
-	acts := []*fleet.Action{}
-	byID := map[int64]*fleet.Action{}
-	for rows.Next() {
-		a, err := scanAction(rows)
-		if err != nil {
-			return nil, 0, err
-		}
-		a.Statuses = map[string]int{}
-		acts = append(acts, a)
-		byID[a.ID] = a
-	}
-	if err := rows.Err(); err != nil {
-		return nil, 0, err
-	}
-	rows.Close()
-	if len(acts) == 0 {
-		return acts, count, nil
-	}
+	byID := make(map[int64]*fleet.Action, len(acts))
 	ids := make([]any, 0, len(acts)+1)
 	ids = append(ids, tenant)
 	for _, a := range acts {
+		a.Statuses = map[string]int{}
+		byID[a.ID] = a
 		ids = append(ids, a.ID)
 	}
 	srows, err := db.query(ctx, "SELECT action_id, action_status, count(*) FROM device_actions WHERE tenant = ? AND action_id IN ("+

@@ -88,13 +88,8 @@ func (db *DB) FindAlertRule(ctx context.Context, tenant, id string) (*fleet.Aler
 
 // FindAlertRules lists a tenant's rules, oldest first.
 func (db *DB) FindAlertRules(ctx context.Context, tenant string, p fleet.Page) ([]*fleet.AlertRule, int, error) {
-	var count int
-	if err := db.queryRow(ctx, "SELECT count(*) FROM alert_rules WHERE tenant = ?", tenant).Scan(&count); err != nil {
-		return nil, 0, db.classify(err)
-	}
-	rules, err := db.findRules(ctx, "SELECT "+ruleColumns+" FROM alert_rules r WHERE r.tenant = ? ORDER BY r.created_at, r.id LIMIT ? OFFSET ?",
-		tenant, p.Limit, p.Offset())
-	return rules, count, err
+	return findPage(ctx, db, "SELECT count(*) FROM alert_rules WHERE tenant = ?",
+		"SELECT "+ruleColumns+" FROM alert_rules r WHERE r.tenant = ? ORDER BY r.created_at, r.id", []any{tenant}, p, scanRule)
 }
 
 // FindAllAlertRules returns every rule of every tenant, for the evaluation
@@ -312,25 +307,9 @@ func (db *DB) FindNotificationRules(ctx context.Context, tenant, ruleID string, 
 	if _, err := db.FindAlertRule(ctx, tenant, ruleID); err != nil {
 		return nil, 0, err
 	}
-	var count int
-	if err := db.queryRow(ctx, "SELECT count(*) FROM notification_rules WHERE tenant = ? AND alert_rule_id = ?", tenant, ruleID).Scan(&count); err != nil {
-		return nil, 0, db.classify(err)
-	}
-	rows, err := db.query(ctx, "SELECT "+notificationColumns+" FROM notification_rules n WHERE n.tenant = ? AND n.alert_rule_id = ? ORDER BY n.created_at, n.id LIMIT ? OFFSET ?",
-		tenant, ruleID, p.Limit, p.Offset())
-	if err != nil {
-		return nil, 0, db.classify(err)
-	}
-	defer rows.Close()
-	ns := []*fleet.NotificationRule{}
-	for rows.Next() {
-		n, err := scanNotification(rows)
-		if err != nil {
-			return nil, 0, err
-		}
-		ns = append(ns, n)
-	}
-	return ns, count, rows.Err()
+	return findPage(ctx, db, "SELECT count(*) FROM notification_rules WHERE tenant = ? AND alert_rule_id = ?",
+		"SELECT "+notificationColumns+" FROM notification_rules n WHERE n.tenant = ? AND n.alert_rule_id = ? ORDER BY n.created_at, n.id",
+		[]any{tenant, ruleID}, p, scanNotification)
 }
 
 // DeleteNotificationRule removes a notification rule and its pending
@@ -392,25 +371,9 @@ func (db *DB) FindAlerts(ctx context.Context, tenant string, f fleet.AlertFilter
 		args = append(args, f.DeviceID)
 	}
 	cond := strings.Join(where, " AND ")
-	var count int
-	if err := db.queryRow(ctx, "SELECT count(*) FROM alerts a WHERE "+cond, args...).Scan(&count); err != nil {
-		return nil, 0, db.classify(err)
-	}
-	rows, err := db.query(ctx, "SELECT "+alertColumns+" FROM alerts a JOIN alert_rules r ON r.id = a.rule_id WHERE "+cond+
-		" ORDER BY a.started_at DESC, a.id DESC LIMIT ? OFFSET ?", append(args, f.Limit, f.Offset())...)
-	if err != nil {
-		return nil, 0, db.classify(err)
-	}
-	defer rows.Close()
-	alerts := []*fleet.Alert{}
-	for rows.Next() {
-		a, err := scanAlert(rows)
-		if err != nil {
-			return nil, 0, err
-		}
-		alerts = append(alerts, a)
-	}
-	return alerts, count, rows.Err()
+	return findPage(ctx, db, "SELECT count(*) FROM alerts a WHERE "+cond,
+		"SELECT "+alertColumns+" FROM alerts a JOIN alert_rules r ON r.id = a.rule_id WHERE "+cond+" ORDER BY a.started_at DESC, a.id DESC",
+		args, f.Page, scanAlert)
 }
 
 // FindAlert returns one alert of the tenant.
@@ -627,41 +590,31 @@ func (db *DB) FindDeliveries(ctx context.Context, tenant, alertID string, p flee
 	if _, err := db.FindAlert(ctx, tenant, alertID); err != nil {
 		return nil, 0, err
 	}
-	var count int
-	if err := db.queryRow(ctx, "SELECT count(*) FROM alert_outbox WHERE tenant = ? AND alert_id = ?", tenant, alertID).Scan(&count); err != nil {
-		return nil, 0, db.classify(err)
+	ds, count, err := findPage(ctx, db, "SELECT count(*) FROM alert_outbox WHERE tenant = ? AND alert_id = ?",
+		`SELECT id, notification_rule_id, event, status, due_at, created_at, delivered_at FROM alert_outbox
+		WHERE tenant = ? AND alert_id = ? ORDER BY id`, []any{tenant, alertID}, p,
+		func(s interface{ Scan(...any) error }) (*fleet.Delivery, error) {
+			d := &fleet.Delivery{AlertID: alertID, Attempts: []fleet.DeliveryAttempt{}}
+			var due, created int64
+			var delivered sql.NullInt64
+			if err := s.Scan(&d.ID, &d.NotificationRuleID, &d.Event, &d.Status, &due, &created, &delivered); err != nil {
+				return nil, err
+			}
+			d.DueAt, d.CreatedAt = fromMillis(due), fromMillis(created)
+			if delivered.Valid {
+				t := fromMillis(delivered.Int64)
+				d.DeliveredAt = &t
+			}
+			return d, nil
+		})
+	if err != nil || len(ds) == 0 {
+		return ds, count, err
 	}
-	rows, err := db.query(ctx, `SELECT id, notification_rule_id, event, status, due_at, created_at, delivered_at FROM alert_outbox
-		WHERE tenant = ? AND alert_id = ? ORDER BY id LIMIT ? OFFSET ?`, tenant, alertID, p.Limit, p.Offset())
-	if err != nil {
-		return nil, 0, db.classify(err)
-	}
-	ds := []*fleet.Delivery{}
-	byID := map[int64]*fleet.Delivery{}
-	for rows.Next() {
-		d := &fleet.Delivery{AlertID: alertID, Attempts: []fleet.DeliveryAttempt{}}
-		var due, created int64
-		var delivered sql.NullInt64
-		if err := rows.Scan(&d.ID, &d.NotificationRuleID, &d.Event, &d.Status, &due, &created, &delivered); err != nil {
-			rows.Close()
-			return nil, 0, err
-		}
-		d.DueAt, d.CreatedAt = fromMillis(due), fromMillis(created)
-		if delivered.Valid {
-			t := fromMillis(delivered.Int64)
-			d.DeliveredAt = &t
-		}
-		ds = append(ds, d)
+	byID := make(map[int64]*fleet.Delivery, len(ds))
+	for _, d := range ds {
 		byID[d.ID] = d
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, 0, err
-	}
-	if len(ds) == 0 {
-		return ds, count, nil
-	}
-	rows, err = db.query(ctx, `SELECT t.outbox_id, t.attempted_at, t.status_code, t.error, t.duration_ms FROM alert_delivery_attempts t
+	rows, err := db.query(ctx, `SELECT t.outbox_id, t.attempted_at, t.status_code, t.error, t.duration_ms FROM alert_delivery_attempts t
 		JOIN alert_outbox o ON o.id = t.outbox_id WHERE o.tenant = ? AND o.alert_id = ? ORDER BY t.id`, tenant, alertID)
 	if err != nil {
 		return nil, 0, db.classify(err)

@@ -48,30 +48,21 @@ func (db *DB) FindAuditLogs(ctx context.Context, tenant string, f fleet.AuditFil
 		args = append(args, millis(*f.Until))
 	}
 	cond := strings.Join(where, " AND ")
-	var count int
-	if err := db.queryRow(ctx, "SELECT count(*) FROM audit_logs WHERE "+cond, args...).Scan(&count); err != nil {
-		return nil, 0, db.classify(err)
+	return findPage(ctx, db, "SELECT count(*) FROM audit_logs WHERE "+cond,
+		`SELECT id, actor, role, user_email, action, target, details, request_id, created_at
+		FROM audit_logs WHERE `+cond+` ORDER BY created_at DESC, id DESC`, args, f.Page, scanAuditLog)
+}
+
+func scanAuditLog(s interface{ Scan(...any) error }) (*fleet.AuditLog, error) {
+	var l fleet.AuditLog
+	var details string
+	var created int64
+	if err := s.Scan(&l.ID, &l.Actor, &l.Role, &l.UserEmail, &l.Action, &l.Target, &details, &l.RequestID, &created); err != nil {
+		return nil, err
 	}
-	rows, err := db.query(ctx, `SELECT id, actor, role, user_email, action, target, details, request_id, created_at
-		FROM audit_logs WHERE `+cond+` ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?`,
-		append(args, f.Limit, f.Offset())...)
-	if err != nil {
-		return nil, 0, db.classify(err)
+	if err := json.Unmarshal([]byte(details), &l.Details); err != nil {
+		return nil, err
 	}
-	defer rows.Close()
-	logs := []*fleet.AuditLog{}
-	for rows.Next() {
-		var l fleet.AuditLog
-		var details string
-		var created int64
-		if err := rows.Scan(&l.ID, &l.Actor, &l.Role, &l.UserEmail, &l.Action, &l.Target, &details, &l.RequestID, &created); err != nil {
-			return nil, 0, err
-		}
-		if err := json.Unmarshal([]byte(details), &l.Details); err != nil {
-			return nil, 0, err
-		}
-		l.CreatedAt = fromMillis(created)
-		logs = append(logs, &l)
-	}
-	return logs, count, rows.Err()
+	l.CreatedAt = fromMillis(created)
+	return &l, nil
 }

@@ -271,6 +271,32 @@ func (db *DB) queryRow(ctx context.Context, query string, args ...any) *sql.Row 
 	return db.read.QueryRowContext(ctx, query, args...)
 }
 
+// findPage reads one page of a list and the number of all its items:
+// count is a query of count(*), list one of the items in their order, to
+// which findPage adds the page's LIMIT and OFFSET; both take args. An empty
+// page is an empty slice, never nil.
+func findPage[T any](ctx context.Context, db *DB, count, list string, args []any, p fleet.Page,
+	scan func(interface{ Scan(...any) error }) (T, error)) ([]T, int, error) {
+	var n int
+	if err := db.queryRow(ctx, count, args...).Scan(&n); err != nil {
+		return nil, 0, db.classify(err)
+	}
+	rows, err := db.query(ctx, list+" LIMIT ? OFFSET ?", append(args[:len(args):len(args)], p.Limit, p.Offset())...)
+	if err != nil {
+		return nil, 0, db.classify(err)
+	}
+	defer rows.Close()
+	items := []T{}
+	for rows.Next() {
+		it, err := scan(rows)
+		if err != nil {
+			return nil, 0, err
+		}
+		items = append(items, it)
+	}
+	return items, n, rows.Err()
+}
+
 // job is one caller's piece of a batch.
 type job struct {
 	ctx  context.Context

@@ -174,25 +174,8 @@ func (db *DB) FindDevice(ctx context.Context, tenant, id string) (*fleet.Device,
 // FindDevices lists devices by id.
 func (db *DB) FindDevices(ctx context.Context, tenant string, f fleet.DeviceFilter) ([]*fleet.Device, int, error) {
 	cond, args := db.deviceFilter(tenant, f.Search, f.Metadata)
-	var count int
-	if err := db.queryRow(ctx, "SELECT count(*) FROM devices WHERE "+cond, args...).Scan(&count); err != nil {
-		return nil, 0, db.classify(err)
-	}
-	rows, err := db.query(ctx, "SELECT "+deviceColumns+" FROM devices WHERE "+cond+" ORDER BY id LIMIT ? OFFSET ?",
-		append(args, f.Limit, f.Offset())...)
-	if err != nil {
-		return nil, 0, db.classify(err)
-	}
-	defer rows.Close()
-	devs := []*fleet.Device{}
-	for rows.Next() {
-		d, err := scanDevice(rows)
-		if err != nil {
-			return nil, 0, err
-		}
-		devs = append(devs, d)
-	}
-	return devs, count, rows.Err()
+	return findPage(ctx, db, "SELECT count(*) FROM devices WHERE "+cond,
+		"SELECT "+deviceColumns+" FROM devices WHERE "+cond+" ORDER BY id", args, f.Page, scanDevice)
 }
 
 // deviceFilter is the WHERE clause, over the devices table, for a search

@@ -411,29 +411,15 @@ func (db *DB) FindBundles(ctx context.Context, tenant string, f fleet.BundleFilt
 		cond += " AND upload_status = ?"
 		args = append(args, f.UploadStatus)
 	}
-	var count int
-	if err := db.queryRow(ctx, "SELECT count(*) FROM firmware_bundles WHERE "+cond, args...).Scan(&count); err != nil {
-		return nil, 0, db.classify(err)
-	}
-	rows, err := db.query(ctx, "SELECT "+bundleColumns+" FROM firmware_bundles WHERE "+cond+" ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?",
-		append(args, f.Limit, f.Offset())...)
+	rows, count, err := findPage(ctx, db, "SELECT count(*) FROM firmware_bundles WHERE "+cond,
+		"SELECT "+bundleColumns+" FROM firmware_bundles WHERE "+cond+" ORDER BY created_at DESC, id DESC", args, f.Page, scanBundle)
 	if err != nil {
-		return nil, 0, db.classify(err)
+		return nil, 0, err
 	}
-	bundles := []*fleet.Bundle{}
-	var ids []string
-	for rows.Next() {
-		row, err := scanBundle(rows)
-		if err != nil {
-			rows.Close()
-			return nil, 0, err
-		}
-		bundles = append(bundles, row.Bundle)
-		ids = append(ids, row.ID.String())
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, 0, db.classify(err)
+	bundles := make([]*fleet.Bundle, len(rows))
+	ids := make([]string, len(rows))
+	for i, row := range rows {
+		bundles[i], ids[i] = row.Bundle, row.ID.String()
 	}
 	m, err := db.firmwaresOf(ctx, tenant, ids)
 	if err != nil {

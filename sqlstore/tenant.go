@@ -104,27 +104,17 @@ func (tx *Tx) tenantExists(ctx context.Context, tenant string) error {
 
 // FindAPIKeys lists a tenant's keys by name, without their secrets.
 func (db *DB) FindAPIKeys(ctx context.Context, tenant string, p fleet.Page) ([]*fleet.APIKey, int, error) {
-	var count int
-	if err := db.queryRow(ctx, "SELECT count(*) FROM api_keys WHERE tenant = ?", tenant).Scan(&count); err != nil {
-		return nil, 0, db.classify(err)
-	}
-	rows, err := db.query(ctx, "SELECT name, role, user_email, created_at FROM api_keys WHERE tenant = ? ORDER BY name LIMIT ? OFFSET ?",
-		tenant, p.Limit, p.Offset())
-	if err != nil {
-		return nil, 0, db.classify(err)
-	}
-	defer rows.Close()
-	keys := []*fleet.APIKey{}
-	for rows.Next() {
-		var k fleet.APIKey
-		var created int64
-		if err := rows.Scan(&k.Name, &k.Role, &k.UserEmail, &created); err != nil {
-			return nil, 0, err
-		}
-		k.CreatedAt = fromMillis(created)
-		keys = append(keys, &k)
-	}
-	return keys, count, rows.Err()
+	return findPage(ctx, db, "SELECT count(*) FROM api_keys WHERE tenant = ?",
+		"SELECT name, role, user_email, created_at FROM api_keys WHERE tenant = ? ORDER BY name", []any{tenant}, p,
+		func(s interface{ Scan(...any) error }) (*fleet.APIKey, error) {
+			var k fleet.APIKey
+			var created int64
+			if err := s.Scan(&k.Name, &k.Role, &k.UserEmail, &created); err != nil {
+				return nil, err
+			}
+			k.CreatedAt = fromMillis(created)
+			return &k, nil
+		})
 }
 
 // DeleteAPIKey removes a key; its holder is refused from the next request.
