@@ -187,55 +187,39 @@ func (e *transitEmitter) putString(s string) {
 	e.buf.Write(append(b, s...))
 }
 
-func (e *transitEmitter) putArrayHead(n int) {
-	e.sep()
-	if e.mode != 'm' {
-		e.buf.WriteByte('[')
-		e.frames = append(e.frames, jsonFrame{})
-		return
-	}
-	b := e.buf.AvailableBuffer()
-	switch {
-	case n < 16:
-		b = append(b, 0x90|byte(n))
-	case n <= math.MaxUint16:
-		b = binary.BigEndian.AppendUint16(append(b, 0xdc), uint16(n))
-	default:
-		b = binary.BigEndian.AppendUint32(append(b, 0xdd), uint32(n))
-	}
-	e.buf.Write(b)
-}
-
-func (e *transitEmitter) putArrayEnd() {
-	if e.mode != 'm' {
-		e.buf.WriteByte(']')
-		e.frames = e.frames[:len(e.frames)-1]
-	}
-}
+func (e *transitEmitter) putArrayHead(n int) { e.putHead(n, '[', false, 0x90, 0xdc, 0xdd) }
+func (e *transitEmitter) putArrayEnd()       { e.putEnd(']') }
 
 // putMapHead starts a MessagePack map or a verbose JSON object.
-func (e *transitEmitter) putMapHead(n int) {
+func (e *transitEmitter) putMapHead(n int) { e.putHead(n, '{', true, 0x80, 0xde, 0xdf) }
+func (e *transitEmitter) putMapEnd()       { e.putEnd('}') }
+
+// putHead starts a container of n entries: in JSON with open, in
+// MessagePack with the head whose fix form is fix (up to 15 entries) and
+// whose longer forms are c16 and c32.
+func (e *transitEmitter) putHead(n int, open byte, object bool, fix, c16, c32 byte) {
 	e.sep()
 	if e.mode != 'm' {
-		e.buf.WriteByte('{')
-		e.frames = append(e.frames, jsonFrame{object: true})
+		e.buf.WriteByte(open)
+		e.frames = append(e.frames, jsonFrame{object: object})
 		return
 	}
 	b := e.buf.AvailableBuffer()
 	switch {
 	case n < 16:
-		b = append(b, 0x80|byte(n))
+		b = append(b, fix|byte(n))
 	case n <= math.MaxUint16:
-		b = binary.BigEndian.AppendUint16(append(b, 0xde), uint16(n))
+		b = binary.BigEndian.AppendUint16(append(b, c16), uint16(n))
 	default:
-		b = binary.BigEndian.AppendUint32(append(b, 0xdf), uint32(n))
+		b = binary.BigEndian.AppendUint32(append(b, c32), uint32(n))
 	}
 	e.buf.Write(b)
 }
 
-func (e *transitEmitter) putMapEnd() {
+// putEnd ends a JSON container; MessagePack's need no end.
+func (e *transitEmitter) putEnd(end byte) {
 	if e.mode != 'm' {
-		e.buf.WriteByte('}')
+		e.buf.WriteByte(end)
 		e.frames = e.frames[:len(e.frames)-1]
 	}
 }

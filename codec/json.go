@@ -324,92 +324,110 @@ func (s *jsonScanner) value() (any, error) {
 }
 
 func (s *jsonScanner) object() (any, error) {
-	if err := s.enter(); err != nil {
-		return nil, err
-	}
-	s.pos++
 	m := make(map[string]any)
-	s.skipSpace()
-	if s.pos < len(s.data) && s.data[s.pos] == '}' {
-		s.pos++
-		s.depth--
+	if empty, err := s.open('}'); err != nil {
+		return nil, err
+	} else if empty {
 		return m, nil
 	}
 	for {
-		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
-			return nil, s.unexpected("a string as object key")
-		}
-		keyPos := s.pos
-		k, err := s.str()
+		k, keyPos, err := s.key()
 		if err != nil {
 			return nil, err
 		}
 		if _, dup := m[k]; dup {
 			return nil, s.errorf(keyPos, "duplicate key %q", k)
 		}
-		s.skipSpace()
-		if s.pos >= len(s.data) || s.data[s.pos] != ':' {
-			return nil, s.unexpected("':' after an object key")
-		}
-		s.pos++
-		s.skipSpace()
 		v, err := s.value()
 		if err != nil {
 			return nil, err
 		}
 		m[k] = v
-		s.skipSpace()
-		if s.pos < len(s.data) {
-			switch s.data[s.pos] {
-			case ',':
-				s.pos++
-				s.skipSpace()
-				continue
-			case '}':
-				s.pos++
-				s.depth--
-				return m, nil
-			}
+		if more, err := s.next('}'); err != nil {
+			return nil, err
+		} else if !more {
+			return m, nil
 		}
-		return nil, s.unexpected("',' or '}'")
 	}
 }
 
 func (s *jsonScanner) array() (any, error) {
-	if err := s.enter(); err != nil {
+	if empty, err := s.open(']'); err != nil {
 		return nil, err
-	}
-	s.pos++
-	mark := len(s.stack)
-	s.skipSpace()
-	if s.pos < len(s.data) && s.data[s.pos] == ']' {
-		s.pos++
-		s.depth--
+	} else if empty {
 		return []any{}, nil
 	}
+	mark := len(s.stack)
 	for {
 		v, err := s.value()
 		if err != nil {
 			return nil, err
 		}
 		s.stack = append(s.stack, v)
-		s.skipSpace()
-		if s.pos < len(s.data) {
-			switch s.data[s.pos] {
-			case ',':
-				s.pos++
-				s.skipSpace()
-				continue
-			case ']':
-				s.pos++
-				s.depth--
-				a := make([]any, len(s.stack)-mark)
-				copy(a, s.stack[mark:])
-				clear(s.stack[mark:])
-				s.stack = s.stack[:mark]
-				return a, nil
-			}
+		more, err := s.next(']')
+		if err != nil {
+			return nil, err
 		}
-		return nil, s.unexpected("',' or ']'")
+		if !more {
+			a := make([]any, len(s.stack)-mark)
+			copy(a, s.stack[mark:])
+			clear(s.stack[mark:])
+			s.stack = s.stack[:mark]
+			return a, nil
+		}
 	}
+}
+
+// open consumes the '{' or '[' at pos, and its end when that follows at
+// once: empty says so.
+func (s *jsonScanner) open(end byte) (empty bool, err error) {
+	if err := s.enter(); err != nil {
+		return false, err
+	}
+	s.pos++
+	s.skipSpace()
+	if s.pos < len(s.data) && s.data[s.pos] == end {
+		s.pos++
+		s.depth--
+		return true, nil
+	}
+	return false, nil
+}
+
+// key reads an object's key and the ':' after it; off is where the key
+// began.
+func (s *jsonScanner) key() (k string, off int, err error) {
+	if s.pos >= len(s.data) || s.data[s.pos] != '"' {
+		return "", 0, s.unexpected("a string as object key")
+	}
+	off = s.pos
+	if k, err = s.str(); err != nil {
+		return "", 0, err
+	}
+	s.skipSpace()
+	if s.pos >= len(s.data) || s.data[s.pos] != ':' {
+		return "", 0, s.unexpected("':' after an object key")
+	}
+	s.pos++
+	s.skipSpace()
+	return k, off, nil
+}
+
+// next consumes what follows a member of an object or array: ',' when
+// more follow, or end.
+func (s *jsonScanner) next(end byte) (more bool, err error) {
+	s.skipSpace()
+	if s.pos < len(s.data) {
+		switch s.data[s.pos] {
+		case ',':
+			s.pos++
+			s.skipSpace()
+			return true, nil
+		case end:
+			s.pos++
+			s.depth--
+			return false, nil
+		}
+	}
+	return false, s.unexpected("',' or '" + string(end) + "'")
 }

@@ -196,6 +196,14 @@ func (r *msgpackReader) value(asKey bool) (any, error) {
 			return nil, r.errorf(off, "tag \"~#%s\" must start a two-element array or be the only key of a map", string(t))
 		}
 		return v, nil
+	}
+	return r.container(off, kind, n, v)
+}
+
+// container reads the elements of the array or map whose header, of kind
+// and n elements, was read at off; any other value is v, whole already.
+func (r *msgpackReader) container(off, kind, n int, v any) (any, error) {
+	switch kind {
 	case mpArray:
 		return r.array(off, n)
 	case mpMap:
@@ -258,18 +266,12 @@ func (r *msgpackReader) array(off, n int) (any, error) {
 			return v, r.at(repOff, err)
 		}
 		a = append(a, first)
-	case mpArray:
-		if v, err = r.array(firstOff, sn); err != nil {
-			return nil, err
-		}
-		a = append(a, v)
-	case mpMap:
-		if v, err = r.mapEntries(firstOff, sn); err != nil {
-			return nil, err
-		}
-		a = append(a, v)
 	default:
-		a = append(a, v)
+		first, err := r.container(firstOff, kind, sn, v)
+		if err != nil {
+			return nil, err
+		}
+		a = append(a, first)
 	}
 	for i := 1; i < n; i++ {
 		v, err := r.value(false)

@@ -409,14 +409,9 @@ func (r *transitJSONReader) value(asKey bool) (any, error) {
 // element tells apart.
 func (r *transitJSONReader) array() (any, error) {
 	s := &r.s
-	if err := s.enter(); err != nil {
+	if empty, err := s.open(']'); err != nil {
 		return nil, err
-	}
-	s.pos++
-	s.skipSpace()
-	if s.pos < len(s.data) && s.data[s.pos] == ']' {
-		s.pos++
-		s.depth--
+	} else if empty {
 		return []any{}, nil
 	}
 	var first any
@@ -456,14 +451,10 @@ func (r *transitJSONReader) array() (any, error) {
 	}
 	a := []any{first}
 	for {
-		s.skipSpace()
-		if s.pos < len(s.data) && s.data[s.pos] == ']' {
-			s.pos++
-			s.depth--
-			return a, nil
-		}
-		if err := r.comma(']'); err != nil {
+		if more, err := s.next(']'); err != nil {
 			return nil, err
+		} else if !more {
+			return a, nil
 		}
 		v, err := r.value(false)
 		if err != nil {
@@ -506,14 +497,10 @@ func (r *transitJSONReader) mapArray() (any, error) {
 	m := &Map{}
 	var seen distinct
 	for {
-		s.skipSpace()
-		if s.pos < len(s.data) && s.data[s.pos] == ']' {
-			s.pos++
-			s.depth--
-			return m, nil
-		}
-		if err := r.comma(']'); err != nil {
+		if more, err := s.next(']'); err != nil {
 			return nil, err
+		} else if !more {
+			return m, nil
 		}
 		off := s.pos
 		k, err := r.value(true)
@@ -537,24 +524,15 @@ func (r *transitJSONReader) mapArray() (any, error) {
 // object reads a JSON object: a verbose map, or {"~#tag": rep}.
 func (r *transitJSONReader) object() (any, error) {
 	s := &r.s
-	if err := s.enter(); err != nil {
-		return nil, err
-	}
-	s.pos++
 	m := &Map{}
 	var seen distinct
-	s.skipSpace()
-	if s.pos < len(s.data) && s.data[s.pos] == '}' {
-		s.pos++
-		s.depth--
+	if empty, err := s.open('}'); err != nil {
+		return nil, err
+	} else if empty {
 		return m, nil
 	}
 	for {
-		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
-			return nil, s.unexpected("a string as object key")
-		}
-		off := s.pos
-		str, err := s.str()
+		str, off, err := s.key()
 		if err != nil {
 			return nil, err
 		}
@@ -562,12 +540,6 @@ func (r *transitJSONReader) object() (any, error) {
 		if err != nil {
 			return nil, r.at(off, err)
 		}
-		s.skipSpace()
-		if s.pos >= len(s.data) || s.data[s.pos] != ':' {
-			return nil, s.unexpected("':' after an object key")
-		}
-		s.pos++
-		s.skipSpace()
 		if tag, ok := k.(transitTag); ok {
 			if len(m.Entries) > 0 {
 				return nil, s.errorf(off, "tag \"~#%s\" must be the only key of its map", string(tag))
@@ -591,19 +563,10 @@ func (r *transitJSONReader) object() (any, error) {
 			return nil, err
 		}
 		m.Entries = append(m.Entries, KV{k, v})
-		s.skipSpace()
-		if s.pos < len(s.data) {
-			switch s.data[s.pos] {
-			case ',':
-				s.pos++
-				s.skipSpace()
-				continue
-			case '}':
-				s.pos++
-				s.depth--
-				return m, nil
-			}
+		if more, err := s.next('}'); err != nil {
+			return nil, err
+		} else if !more {
+			return m, nil
 		}
-		return nil, s.unexpected("',' or '}'")
 	}
 }
