@@ -117,6 +117,8 @@ func TestDecodeTransitJSONErrors(t *testing.T) {
 		{"not json", `[1,]`, ""},
 		{"big integer", `["~n9223372036854775808"]`, ""},
 		{"big JSON integer", `[9223372036854775808]`, ""},
+		{"big integer with two signs", `["~n-+5"]`, "not an integer"},
+		{"big integer key with two signs", `["^ ","~n-+5",1,"~n+-5",2]`, "not an integer"},
 		{"duplicate key", `["^ ","a",1,"a",2]`, `"a"`},
 		{"duplicate keyword key", `["^ ","~:timeout",1,"~:timeout",2]`, "timeout"},
 		{"duplicate verbose key", `{"a":1,"a":2}`, `"a"`},

@@ -202,11 +202,10 @@ func decodeTransitScalar(tag byte, rep string) (any, error) {
 }
 
 func parseBigInt(s string) (any, error) {
-	t := strings.TrimPrefix(strings.TrimPrefix(s, "-"), "+")
-	if t == "" || strings.Trim(t, "0123456789") != "" {
+	b, ok := new(big.Int).SetString(s, 10)
+	if !ok {
 		return nil, transitErrorf("%q is not an integer", s)
 	}
-	b, _ := new(big.Int).SetString(s, 10)
 	return b, nil
 }
 
