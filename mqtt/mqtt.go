@@ -4,9 +4,10 @@
 // actions topic and publish status reports and stream data on theirs; a
 // Handler decides what fleetd does with each.
 //
-// The broker is github.com/mochi-mqtt/server/v2, kept behind Server and
-// Handler so that no other package depends on it and an external-broker client
-// can serve the same Handler later.
+// The broker is fleetd's own (server.go, conn.go, packet.go): it speaks
+// MQTT 3.1, 3.1.1 and 5.0 to devices and does only what devices need, which
+// keeps a connection in a few kilobytes. Client is the other side: fleetd as
+// one client of an external broker, serving the same Handler.
 package mqtt
 
 import (

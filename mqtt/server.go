@@ -7,28 +7,31 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
-	mochi "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/listeners"
-	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/fleetd/fleet/ratelimit"
 )
 
 // Server is the MQTT broker embedded in fleetd. Devices connect to it; fleetd
 // reaches them through SendAction and hears from them through its Handler.
+//
+// It is a broker for devices and nothing more: each device may subscribe to
+// its own actions topic and publish on its own status and stream topics, so
+// there is no topic tree, no retained message, no session that outlives its
+// connection and no fan-out. A connection is one goroutine that reads and
+// handles its packets in order; whoever writes to it (that goroutine's
+// acknowledgements, SendAction) writes directly under the connection's lock.
+// That keeps a connected device in a few kilobytes, where a general broker's
+// two goroutines and queues per connection cost tens of kilobytes.
 type Server struct {
 	cfg Config
 	h   Handler
 	log *slog.Logger
 
-	broker *mochi.Server
 	lns    []*listener     // the plain listener, then the TLS one, as configured
 	gate   *gate           // caps connections across both
 	ctx    context.Context // of Handler calls; cancelled when Close gives up waiting
@@ -36,41 +39,20 @@ type Server struct {
 
 	authFailures *ratelimit.Limiter // failed CONNECTs by source address
 
-	mu       sync.RWMutex
-	opened   bool
-	closing  bool
-	devices  map[string]*device        // connected devices by session id, "{tenant}/{device}"
-	byClient map[*mochi.Client]*device // every connection, by the broker's client
-	tenants  map[string]int            // connected devices by tenant
-	busy     sync.WaitGroup            // publishes with the Handler
-	tasks    sync.WaitGroup            // DeviceSubscribed calls
-	connSeq  atomic.Uint64             // numbers connections, for clientID
+	mu      sync.RWMutex
+	opened  bool
+	closing bool
+	devices map[string]*device // connected devices by session id, "{tenant}/{device}"
+	tenants map[string]int     // connected devices by tenant
+	busy    sync.WaitGroup     // publishes with the Handler
+	tasks   sync.WaitGroup     // DeviceSubscribed calls
+	connSeq atomic.Uint64      // numbers connections, for assigned client ids
 
 	stats struct {
 		connects, authFailures, disconnects, aclViolations, oversized,
 		messagesIn, messagesOut, delivered, handlerErrors, unacked,
 		limitRefusals, publishFloods atomic.Uint64
 	}
-}
-
-// device is the state of one connected device. A device has one session at
-// most, keyed by its username whatever client id it sent: a new connection
-// replaces the old.
-type device struct {
-	tenant, id string
-	cl         *mochi.Client
-
-	subscribed atomic.Bool // to its actions topic
-	dropped    atomic.Bool // the broker dropped a message for it during SendAction
-	sendMu     sync.Mutex  // one SendAction at a time, so the inflight check holds
-
-	mu      sync.Mutex
-	pending map[uint16]string // packet id -> action id, awaiting PUBACK
-
-	// Touched only on the device's connection goroutine.
-	handling  bool             // a publish is with the Handler, counted in Server.busy
-	announced bool             // the SUBACK for its actions topic is going out now
-	publishes ratelimit.Bucket // PublishRate
 }
 
 // NewServer returns a server for cfg and h; Open starts it.
@@ -81,7 +63,6 @@ func NewServer(cfg Config, h Handler) *Server {
 		h:            h,
 		log:          cfg.Logger,
 		devices:      make(map[string]*device),
-		byClient:     make(map[*mochi.Client]*device),
 		tenants:      make(map[string]int),
 		gate:         &gate{maxTotal: cfg.MaxConnections, maxPending: cfg.MaxPendingPerIP, pending: map[string]int{}},
 		authFailures: &ratelimit.Limiter{Rate: cfg.AuthFailureRate, Burst: cfg.AuthFailureBurst, Now: cfg.Now},
@@ -124,35 +105,9 @@ func (s *Server) Open() error {
 		s.lns = append(s.lns, ln)
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-
-	s.broker = mochi.New(&mochi.Options{
-		Capabilities: s.capabilities(),
-		// mochi logs every refused or failed client at Info and Warn; the
-		// hook logs what matters with tenant and device instead.
-		Logger:                 slog.New(levelFloor{s.log.Handler(), slog.LevelError}).With("component", "mochi"),
-		InlineClient:           true, // SendAction publishes through it
-		SysTopicResendInterval: 60,   // nobody can read $SYS; keep its ticker quiet
-	})
-	fail := func(err error) error {
-		for _, l := range s.lns {
-			l.ln.Close()
-		}
-		s.cancel()
-		return err
-	}
-	if err := s.broker.AddHook(&hook{s: s}, nil); err != nil {
-		return fail(fmt.Errorf("mqtt: add hook: %w", err))
-	}
-	for _, l := range s.lns {
-		if err := s.broker.AddListener(l); err != nil {
-			return fail(fmt.Errorf("mqtt: add listener: %w", err))
-		}
-	}
-	if err := s.broker.Serve(); err != nil {
-		return fail(fmt.Errorf("mqtt: serve: %w", err))
-	}
 	s.opened = true
 	for _, l := range s.lns {
+		go l.serve(s.serveConn)
 		s.log.Info("mqtt broker listening", "addr", l.ln.Addr().String(), "protocol", l.protocol)
 	}
 	return nil
@@ -189,29 +144,6 @@ func (s *Server) listen(addr, id string, tc *tls.Config) (*listener, error) {
 		done:           make(chan struct{}),
 		conns:          make(map[net.Conn]*connState),
 	}, nil
-}
-
-// capabilities shapes the broker for devices: bounded per-device memory, no
-// state that outlives a connection, nothing shared between devices.
-func (s *Server) capabilities() *mochi.Capabilities {
-	c := mochi.NewDefaultServerCapabilities()
-	c.MaximumPacketSize = uint32(s.cfg.MaxPacketSize)
-	c.MaximumInflight = uint16(s.cfg.MaxInflight)
-	c.ReceiveMaximum = uint16(s.cfg.MaxInflight)
-	// The outbound queue is allocated per client; at mochi's default of 8192
-	// it would cost 64 KiB per device.
-	c.MaximumClientWritesPending = int32(s.cfg.MaxInflight + 64)
-	// fleetd keeps undelivered actions in its database and resends them when
-	// a device subscribes, so broker sessions end with their connection.
-	c.MaximumSessionExpiryInterval = 0
-	c.TopicAliasMaximum = 0
-	c.RetainAvailable = 0
-	c.SharedSubAvailable = 0
-	c.WildcardSubAvailable = 0
-	// PUBACKs must not echo a publish's properties (mochi would then also
-	// write an invalid reason code).
-	c.Compatibilities.NoInheritedPropertiesOnAck = true
-	return c
 }
 
 // Addr returns the address the server listens on (the plain listener's,
@@ -271,9 +203,7 @@ func (s *Server) Close() error {
 	}
 	s.mu.RUnlock()
 	for _, d := range devices {
-		// A device that does not read must not hold up shutdown.
-		_ = d.cl.Net.Conn.SetWriteDeadline(time.Now().Add(time.Second))
-		s.disconnect(d.cl, packets.ErrServerShuttingDown)
+		d.close(codeServerShuttingDown, nil)
 	}
 	for _, l := range s.lns {
 		l.closeConns() // connections that had not finished CONNECT
@@ -283,79 +213,84 @@ func (s *Server) Close() error {
 		l.wait()
 	}
 	s.tasks.Wait()
-
-	// Nothing is connected any more, so this only stops mochi's own loop.
-	return s.broker.Close()
+	return nil
 }
 
-// SendAction publishes payload at QoS 1 on the device's actions topic. It
-// returns true if the device is connected and subscribed and the message was
-// handed to the broker for delivery; false if the device is offline (or too
-// far behind: MaxInflight messages unacknowledged), in which case fleetd keeps
-// the action queued and sends it when the device next subscribes.
+// SendAction publishes payload on the device's actions topic, at QoS 1 (or
+// 0 if the device subscribed so). It returns true if the device is
+// connected and subscribed and the message was written to its connection;
+// false if the device is offline, too far behind (MaxInflight messages
+// unacknowledged, or its connection does not take what is written), or
+// accepts no packet so large, in which case fleetd keeps the action queued
+// and sends it when the device next subscribes.
 //
 // True is not delivery: ActionDelivered reports that, possibly before
-// SendAction returns. Sessions end with their connection, so an action handed
-// over but not acknowledged when the device disconnects is lost in the broker:
-// fleetd must send it again on the next DeviceSubscribed.
+// SendAction returns. Sessions end with their connection, so an action
+// written but not acknowledged when the device disconnects is lost: fleetd
+// must send it again on the next DeviceSubscribed.
 func (s *Server) SendAction(tenant, device string, payload []byte) bool {
 	d := s.device(sessionID(tenant, device))
-	if d == nil || !d.subscribed.Load() {
-		return false
-	}
-	d.sendMu.Lock()
-	defer d.sendMu.Unlock()
-	if d.cl.Closed() || s.isClosing() {
-		return false
-	}
-	if n := d.cl.State.Inflight.Len(); n >= s.cfg.MaxInflight {
-		s.log.Warn("mqtt: device has too many unacknowledged actions; keeping the action queued",
-			"tenant", tenant, "device", device, "inflight", n)
+	if d == nil || !d.subscribed.Load() || s.isClosing() {
 		return false
 	}
 	topic := ActionsTopic(tenant, device)
-	// mochi would drop a packet over the device's limit while writing it,
-	// after SendAction returned, and the action would never be delivered.
-	if limit := d.cl.Properties.Props.MaximumPacketSize; limit > 0 && publishSize(topic, payload) > int(limit) {
+	size := publishSize(topic, payload)
+	if d.maxPacketSize > 0 && size > d.maxPacketSize {
 		s.log.Error("mqtt: action larger than the device accepts; not sent",
-			"tenant", tenant, "device", device, "bytes", len(payload), "device_maximum_packet_size", limit)
+			"tenant", tenant, "device", device, "bytes", len(payload), "device_maximum_packet_size", d.maxPacketSize)
 		return false
 	}
-	d.dropped.Store(false)
-	if err := s.broker.Publish(topic, payload, false, 1); err != nil {
-		s.log.Error("mqtt: publish action", "tenant", tenant, "device", device, "error", err)
+	qos := byte(d.qos.Load())
+	id := actionID(payload)
+	packet := make([]byte, 0, size)
+
+	d.wmu.Lock()
+	if d.closed {
+		d.wmu.Unlock()
 		return false
 	}
-	// A device that leaves now may not get it, yet true is right: the
-	// message was handed over, and ActionDelivered will not follow.
-	// (Checking for that here would report false for a device that took the
-	// action, acknowledged it and left at once.)
-	if d.dropped.Load() {
+	var pid uint16
+	if qos > 0 {
+		if n := len(d.pending); n >= d.inflightMax {
+			d.wmu.Unlock()
+			s.log.Warn("mqtt: device has too many unacknowledged actions; keeping the action queued",
+				"tenant", tenant, "device", device, "inflight", n)
+			return false
+		}
+		pid = d.packetID()
+		d.pending[pid] = id
+	}
+	err := d.writeLocked(appendPublish(packet, d.version, topic, qos, pid, payload))
+	if err != nil {
+		delete(d.pending, pid)
+	}
+	d.wmu.Unlock()
+	if err != nil {
 		return false
 	}
 	s.stats.messagesOut.Add(1)
+	if qos == 0 {
+		// A device that subscribed at QoS 0 acknowledges nothing: written
+		// is delivered.
+		s.stats.delivered.Add(1)
+		s.h.ActionDelivered(tenant, device, id)
+	}
 	return true
-}
-
-// publishSize bounds the size of a QoS 1 PUBLISH packet from above: fixed
-// header, topic, packet id, properties (MQTT 5) and payload.
-func publishSize(topic string, payload []byte) int {
-	return 5 + 2 + len(topic) + 2 + 8 + len(payload)
 }
 
 // Online reports whether the device is connected now.
 func (s *Server) Online(tenant, device string) bool {
 	d := s.device(sessionID(tenant, device))
-	return d != nil && !d.cl.Closed()
+	return d != nil && !d.isClosed()
 }
 
 // Disconnect ends the device's connection, if it has one here, with "not
 // authorized": its token or certificate was replaced, or it was deleted, and
 // a connection made with revoked credentials must not outlive them.
 func (s *Server) Disconnect(tenant, device string) {
-	if d := s.device(sessionID(tenant, device)); d != nil && !d.cl.Closed() {
+	if d := s.device(sessionID(tenant, device)); d != nil && !d.isClosed() {
 		s.log.Info("mqtt: disconnecting a device whose credentials were revoked", "tenant", tenant, "device", device)
-		s.disconnect(d.cl, packets.ErrNotAuthorized)
+		d.close(codeNotAuthorized, nil)
 	}
 }
 
@@ -391,54 +326,18 @@ func (s *Server) device(id string) *device {
 	return s.devices[id]
 }
 
-func (s *Server) deviceOf(cl *mochi.Client) *device {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.byClient[cl]
-}
-
 func (s *Server) isClosing() bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.closing
 }
 
-// disconnect ends a device's connection with a reason. MQTT 3.1.1 has no
-// DISCONNECT from the server, so there closing the connection is the signal.
-func (s *Server) disconnect(cl *mochi.Client, code packets.Code) {
-	if cl.Properties.ProtocolVersion >= 5 {
-		_ = s.broker.DisconnectClient(cl, code)
-		return
-	}
-	cl.Stop(code)
-}
-
 // sessionID keys a device's session: its username.
 func sessionID(tenant, device string) string { return tenant + usernameDivider + device }
 
-// clientID is the broker's id for one connection of a device: its username
-// and a number unique to the connection. Tenant names and device ids contain
-// neither '/' nor '#', so it collides with no other connection, nor with
-// mochi's inline client.
-//
-// mochi's own takeover of a client id races: the old connection's cleanup
-// can remove the new one from the broker's client list or the topic index,
-// after which its actions vanish. With one id per connection mochi never
-// takes over; the Server replaces a device's connection itself.
-func clientID(tenant, device string, n uint64) string {
-	return sessionID(tenant, device) + "#" + strconv.FormatUint(n, 10)
-}
-
-func splitClientID(id string) (tenant, device string) {
-	id, _, _ = strings.Cut(id, "#")
-	tenant, device, _ = strings.Cut(id, usernameDivider)
-	return tenant, device
-}
-
-// listener is one of the broker's network listeners. It is ours rather than
-// mochi's so that Open reports a taken port at once, a silent connection
-// cannot hold a goroutine forever, connections are capped, and Close can
-// wait for every connection it accepted.
+// listener is one of the broker's network listeners: it caps connections,
+// gives each a deadline for its CONNECT and lets Close wait for every
+// connection it accepted.
 type listener struct {
 	id             string
 	ln             net.Listener
@@ -447,12 +346,12 @@ type listener struct {
 	log            *slog.Logger
 	gate           *gate
 	refused        *atomic.Uint64
-	done           chan struct{} // closed when Serve returns
+	done           chan struct{} // closed when serve returns
 
 	mu     sync.Mutex
 	closed bool
 	conns  map[net.Conn]*connState
-	wg     sync.WaitGroup // one per connection, for the broker's whole handling of it
+	wg     sync.WaitGroup // one per connection, for its whole handling
 }
 
 // connState is what the gate knows of a connection.
@@ -466,25 +365,9 @@ const (
 	tlsListenerID = "devices-tls"
 )
 
-// Init implements listeners.Listener; Open has listened already.
-func (l *listener) Init(*slog.Logger) error { return nil }
-
-// ID implements listeners.Listener.
-func (l *listener) ID() string { return l.id }
-
-// Address implements listeners.Listener.
-func (l *listener) Address() string { return l.ln.Addr().String() }
-
-// Protocol implements listeners.Listener.
-func (l *listener) Protocol() string { return l.protocol }
-
-// Close implements listeners.Listener. Server.Close has closed everything by
-// the time mochi calls it.
-func (l *listener) Close(listeners.CloseFn) {}
-
-// Serve implements listeners.Listener: it accepts connections until the
-// listener is closed and hands each to the broker on a goroutine of its own.
-func (l *listener) Serve(establish listeners.EstablishFn) {
+// serve accepts connections until the listener is closed and hands each to
+// handle on a goroutine of its own.
+func (l *listener) serve(handle func(*listener, net.Conn, string) error) {
 	defer close(l.done)
 	var backoff time.Duration
 	for {
@@ -507,7 +390,6 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 			conn.Close()
 			continue
 		}
-		// mochi sets the keepalive deadline only after CONNECT.
 		_ = conn.SetDeadline(time.Now().Add(l.connectTimeout))
 
 		st := &connState{ip: ip, pending: true}
@@ -524,7 +406,7 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 
 		go func() {
 			defer l.wg.Done()
-			err := establish(l.id, conn)
+			err := handle(l, conn, ip)
 			l.mu.Lock()
 			delete(l.conns, conn)
 			pending := st.pending
@@ -609,15 +491,6 @@ func (g *gate) dropPending(ip string) {
 	}
 }
 
-// connectRead tells the gate that cl's connection sent its CONNECT.
-func (s *Server) connectRead(cl *mochi.Client) {
-	for _, l := range s.lns {
-		if l.id == cl.Net.Listener {
-			l.connectRead(cl.Net.Conn)
-		}
-	}
-}
-
 // closeListener stops accepting connections and waits for Serve to return.
 func (l *listener) closeListener() {
 	l.mu.Lock()
@@ -638,21 +511,3 @@ func (l *listener) closeConns() {
 
 // wait waits until the broker is done with every connection.
 func (l *listener) wait() { l.wg.Wait() }
-
-// levelFloor drops records below min, to quiet a library's logger.
-type levelFloor struct {
-	slog.Handler
-	min slog.Level
-}
-
-func (h levelFloor) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= h.min && h.Handler.Enabled(ctx, l)
-}
-
-func (h levelFloor) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return levelFloor{h.Handler.WithAttrs(attrs), h.min}
-}
-
-func (h levelFloor) WithGroup(name string) slog.Handler {
-	return levelFloor{h.Handler.WithGroup(name), h.min}
-}

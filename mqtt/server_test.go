@@ -486,9 +486,10 @@ func TestOversizedPacket(t *testing.T) {
 		t.Error("Handler called")
 	}
 
-	// Just under the limit is fine.
+	// Exactly the limit is fine. The maximum packet size is of the whole
+	// packet: first byte, two bytes of length, topic and packet id, payload.
 	c = mustConnect3(t, s, "acme/dev-1", "tok-1")
-	c.publish(t, statusT, bytes.Repeat([]byte("x"), 1024-2-len(statusT)-2-1))
+	c.publish(t, statusT, bytes.Repeat([]byte("x"), 1024-1-2-(2+len(statusT))-2))
 	receive(t, h.statuses, "HandleStatus")
 }
 

@@ -1,0 +1,635 @@
+package mqtt
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/pki"
+	"github.com/fleetd/fleet/ratelimit"
+)
+
+// readBufferSize is each connection's read buffer: a status report or a
+// batch of data points fits, so a publish is usually one read.
+const readBufferSize = 1024
+
+// writeTimeout bounds each write to a device. A device that has not read
+// what the socket buffers hold in that time is cut off; it gets its
+// actions again when it reconnects.
+const writeTimeout = 10 * time.Second
+
+// device is one connection of a device, from its CONNECT to its end. A
+// device has one connection at most, keyed by its username whatever client
+// id it sent: a new connection replaces the old.
+type device struct {
+	s          *Server
+	tenant, id string
+	nc         net.Conn
+	remote     string
+	version    byte
+	keepalive  time.Duration // 0: none (never: MaxKeepalive applies)
+
+	maxPacketSize int // the device's own limit on what it receives; 0: none
+	inflightMax   int // action messages that may await its PUBACK
+
+	subscribed atomic.Bool   // to its actions topic
+	qos        atomic.Uint32 // of that subscription
+
+	wmu     sync.Mutex // writes to nc, and the fields below
+	closed  bool
+	cause   error             // why the connection ended, as first said
+	pending map[uint16]string // packet id -> action id, awaiting PUBACK
+	lastID  uint16
+
+	publishes ratelimit.Bucket // PublishRate; only the connection's goroutine
+}
+
+// serveConn serves one connection from its first byte to its end.
+func (s *Server) serveConn(l *listener, nc net.Conn, ip string) error {
+	r := bufio.NewReaderSize(nc, readBufferSize)
+	header, body, err := readPacket(r, s.cfg.MaxPacketSize)
+	if err != nil {
+		return err
+	}
+	if header != typeConnect<<4 {
+		return errors.New("the first packet is not CONNECT")
+	}
+	l.connectRead(nc)
+	c, err := decodeConnect(body)
+	if err != nil {
+		return err
+	}
+	if c.unsupportedV {
+		_, _ = nc.Write(appendConnack(nil, version311, codeUnsupportedVersion, nil))
+		return errors.New("unsupported protocol level")
+	}
+	d := s.admit(nc, ip, c)
+	if d == nil {
+		return nil
+	}
+	if !s.register(d) {
+		return nil
+	}
+	defer s.unregister(d)
+	err = d.readLoop(r)
+	d.end(err)
+	return nil
+}
+
+// admit checks a CONNECT and answers it: with a refusal (and nil), or with
+// CONNACK and the device the connection now is.
+func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
+	remote := nc.RemoteAddr().String()
+	refuse := func(code reasonCode) *device {
+		_ = nc.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = nc.Write(appendConnack(nil, c.version, code, nil))
+		return nil
+	}
+	if c.props.authMethod != "" {
+		s.stats.authFailures.Add(1)
+		s.log.Info("mqtt: connection refused: enhanced authentication is not supported", "method", truncate(c.props.authMethod, 100), "remote", remote)
+		return refuse(codeBadAuthenticationMethod)
+	}
+	tenant, deviceID, ok := ParseUsername(c.username)
+	id, hasCert := certIdentity(nc)
+	if c.hasWill {
+		t, d, ok := tenant, deviceID, ok
+		if hasCert {
+			t, d, ok = id.tenant, id.device, id.ok
+		}
+		// Wills are never published here; one on a topic the device may not
+		// publish on is a sign of a device that means harm.
+		if _, may := mayPublish(t, d, c.willTopic); ok && !may {
+			s.stats.authFailures.Add(1)
+			s.log.Warn("mqtt: connection refused: will on a topic not the device's",
+				"tenant", t, "device", d, "topic", truncate(c.willTopic, 200), "remote", remote)
+			return refuse(codeNotAuthorized)
+		}
+	}
+	if !s.authFailures.Available(ip) {
+		s.stats.limitRefusals.Add(1)
+		s.log.Debug("mqtt: connection refused: too many failed CONNECTs from this address lately", "remote", remote)
+		return refuse(codeConnectionRateExceeded)
+	}
+	switch {
+	case hasCert && !id.ok:
+		s.authFailed(ip)
+		s.log.Info("mqtt: connection refused: the client certificate names no fleetd device", "remote", remote)
+		return refuse(codeBadUsernameOrPassword)
+	case hasCert && c.hasUsername && (!ok || tenant != id.tenant || deviceID != id.device):
+		s.authFailed(ip)
+		s.log.Info("mqtt: connection refused: the username is not the device of the client certificate",
+			"username", truncate(c.username, 200), "tenant", id.tenant, "device", id.device, "remote", remote)
+		return refuse(codeBadUsernameOrPassword)
+	case hasCert:
+		tenant, deviceID = id.tenant, id.device
+	case !ok || !c.hasPassword:
+		s.authFailed(ip)
+		s.log.Info("mqtt: connection refused: username must be {tenant}/{device_id} and the password the device token",
+			"username", truncate(c.username, 200), "remote", remote)
+		return refuse(codeBadUsernameOrPassword)
+	}
+	if s.isClosing() {
+		return refuse(codeServerUnavailable)
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandlerTimeout)
+	defer cancel()
+	var err error
+	offStack(func() {
+		if hasCert {
+			if ca, ok := s.h.(CertificateAuthenticator); ok {
+				err = ca.AuthenticateDeviceCertificate(ctx, tenant, deviceID, id.serial)
+			} else {
+				err = fleet.Errorf(fleet.EUNAUTHENTICATED, "this server does not admit devices by certificate")
+			}
+		} else {
+			err = s.h.AuthenticateDevice(ctx, tenant, deviceID, string(c.password))
+		}
+	})
+	if err != nil {
+		if unavailable(ctx, err) {
+			s.log.Warn("mqtt: cannot authenticate device now", "tenant", tenant, "device", deviceID, "error", err)
+			return refuse(codeServerUnavailable)
+		}
+		s.authFailed(ip)
+		s.log.Info("mqtt: connection refused: bad credentials",
+			"tenant", tenant, "device", deviceID, "remote", remote, "certificate", hasCert, "reason", fleet.ErrorMessage(err))
+		return refuse(codeBadUsernameOrPassword)
+	}
+	if s.tenantFull(tenant, deviceID) {
+		s.stats.limitRefusals.Add(1)
+		s.log.Warn("mqtt: connection refused: the tenant has its maximum of connected devices",
+			"tenant", tenant, "device", deviceID, "max", s.cfg.MaxTenantConnections)
+		return refuse(codeQuotaExceeded)
+	}
+
+	d := &device{
+		s: s, tenant: tenant, id: deviceID, nc: nc, remote: remote, version: c.version,
+		maxPacketSize: int(c.props.maxPacketSize),
+		inflightMax:   s.cfg.MaxInflight,
+		pending:       make(map[uint16]string),
+	}
+	if c.props.receiveMaximum > 0 {
+		d.inflightMax = min(d.inflightMax, int(c.props.receiveMaximum))
+	}
+	props := &connackProperties{
+		maxPacketSize:  uint32(s.cfg.MaxPacketSize),
+		receiveMaximum: uint16(s.cfg.MaxInflight),
+		sessionExpiry:  c.props.sessionExpiry > 0, // sessions end with their connection
+	}
+	// A device that asks for no keepalive, or a longer one, gets the
+	// longest, so an idle connection cannot stay open forever.
+	keepalive := c.keepalive
+	if max := uint16(s.cfg.MaxKeepalive / time.Second); keepalive == 0 || keepalive > max {
+		keepalive = max
+		props.serverKeepAlive = max
+	}
+	d.keepalive = time.Duration(keepalive) * time.Second
+	if c.clientID == "" {
+		props.assignedID = sessionID(tenant, deviceID) + "#" + strconv.FormatUint(s.connSeq.Add(1), 10)
+	}
+	_ = nc.SetDeadline(time.Time{})
+	if d.write(appendConnack(nil, c.version, codeSuccess, props)) != nil {
+		return nil
+	}
+	return d
+}
+
+// authFailed counts a failed CONNECT against its source address.
+func (s *Server) authFailed(ip string) {
+	s.stats.authFailures.Add(1)
+	s.authFailures.Allow(ip)
+}
+
+// tenantFull reports whether the tenant has its maximum of connected
+// devices; a device that replaces its own connection does not count twice.
+// Connections that authenticate at once can overshoot by a few.
+func (s *Server) tenantFull(tenant, device string) bool {
+	if s.cfg.MaxTenantConnections <= 0 {
+		return false
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if _, again := s.devices[sessionID(tenant, device)]; again {
+		return false
+	}
+	return s.tenants[tenant] >= s.cfg.MaxTenantConnections
+}
+
+// register makes d the device's connection, after its CONNACK went out, and
+// disconnects the connection it replaces.
+func (s *Server) register(d *device) bool {
+	sid := sessionID(d.tenant, d.id)
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		d.close(codeServerShuttingDown, nil)
+		return false
+	}
+	old := s.devices[sid]
+	s.devices[sid] = d
+	if old == nil {
+		s.tenants[d.tenant]++
+	}
+	s.mu.Unlock()
+	if old != nil {
+		s.log.Debug("mqtt: device connected again; closing its previous connection",
+			"tenant", d.tenant, "device", d.id, "previous_remote", old.remote)
+		old.close(codeSessionTakenOver, nil)
+	}
+	s.stats.connects.Add(1)
+	s.log.Debug("mqtt: device connected", "tenant", d.tenant, "device", d.id,
+		"remote", d.remote, "protocol", d.version)
+	s.h.DeviceConnected(d.tenant, d.id)
+	return true
+}
+
+// unregister forgets a connection that ended.
+func (s *Server) unregister(d *device) {
+	sid := sessionID(d.tenant, d.id)
+	s.mu.Lock()
+	if s.devices[sid] == d {
+		delete(s.devices, sid)
+		if s.tenants[d.tenant]--; s.tenants[d.tenant] <= 0 {
+			delete(s.tenants, d.tenant)
+		}
+	}
+	s.mu.Unlock()
+	s.stats.disconnects.Add(1)
+}
+
+// errDisconnected ends a connection the device closed with DISCONNECT.
+var errDisconnected = errors.New("the device disconnected")
+
+// readLoop reads and handles the device's packets until the connection
+// ends, and returns why it ended.
+func (d *device) readLoop(r *bufio.Reader) error {
+	for {
+		if d.keepalive > 0 {
+			_ = d.nc.SetReadDeadline(time.Now().Add(d.keepalive * 3 / 2))
+		}
+		header, body, err := readPacket(r, d.s.cfg.MaxPacketSize)
+		if err != nil {
+			return err
+		}
+		if err := d.handle(header, body); err != nil {
+			return err
+		}
+	}
+}
+
+// end closes the connection after readLoop returned err, telling an MQTT 5
+// device why, and logs it.
+func (d *device) end(err error) {
+	s := d.s
+	var pe *protocolError
+	var ne net.Error
+	switch {
+	case errors.As(err, &pe):
+		switch pe.code {
+		case codePacketTooLarge:
+			s.stats.oversized.Add(1)
+			s.log.Warn("mqtt: device disconnected: packet too large",
+				"tenant", d.tenant, "device", d.id, "max_packet_size", s.cfg.MaxPacketSize, "remote", d.remote)
+		case codeNotAuthorized, codeMessageRateTooHigh, codeServerBusy, codeServerShuttingDown:
+			// Logged where it was found.
+		default:
+			s.log.Info("mqtt: device disconnected: it broke the protocol",
+				"tenant", d.tenant, "device", d.id, "error", pe.msg, "remote", d.remote)
+		}
+		d.close(pe.code, err)
+	case errors.As(err, &ne) && ne.Timeout():
+		d.close(codeKeepAliveTimeout, err)
+	default:
+		d.close(0, err)
+	}
+	d.wmu.Lock()
+	cause := d.cause
+	d.wmu.Unlock()
+	s.log.Debug("mqtt: device disconnected", "tenant", d.tenant, "device", d.id, "reason", cause)
+}
+
+// handle handles one packet the device sent. An error ends the connection.
+func (d *device) handle(header byte, body []byte) error {
+	typ, flags := header>>4, header&0x0f
+	if want := byte(0); typ != typePublish {
+		if typ == typePubrel || typ == typeSubscribe || typ == typeUnsubscribe {
+			want = 0x02
+		}
+		if flags != want {
+			return malformed("packet type %d with flags %04b", typ, flags)
+		}
+	}
+	switch typ {
+	case typePublish:
+		p, err := decodePublish(header, body, d.version)
+		if err != nil {
+			return err
+		}
+		return d.publish(p)
+	case typePuback:
+		id, err := decodeAck(body, d.version)
+		if err != nil {
+			return err
+		}
+		d.wmu.Lock()
+		action, ok := d.pending[id]
+		delete(d.pending, id)
+		d.wmu.Unlock()
+		if ok {
+			d.s.stats.delivered.Add(1)
+			d.s.h.ActionDelivered(d.tenant, d.id, action)
+		}
+		return nil
+	case typePubrel:
+		id, err := decodeAck(body, d.version)
+		if err != nil {
+			return err
+		}
+		return d.write(appendAck(nil, typePubcomp, id))
+	case typeSubscribe:
+		sp, err := decodeSubscribe(header, body, d.version, false)
+		if err != nil {
+			return err
+		}
+		return d.subscribe(sp)
+	case typeUnsubscribe:
+		sp, err := decodeSubscribe(header, body, d.version, true)
+		if err != nil {
+			return err
+		}
+		codes := make([]byte, len(sp.filters))
+		for i, f := range sp.filters {
+			codes[i] = byte(codeNoSubscriptionExisted)
+			if maySubscribe(d.tenant, d.id, f.filter) && d.subscribed.Swap(false) {
+				codes[i] = byte(codeSuccess)
+			}
+		}
+		return d.write(appendSuback(nil, typeUnsuback, d.version, sp.id, codes))
+	case typePingreq:
+		if len(body) > 0 {
+			return malformed("PINGREQ with a body")
+		}
+		return d.write([]byte{typePingresp << 4, 0})
+	case typeDisconnect:
+		return errDisconnected
+	case typeConnect:
+		return violation(codeProtocolError, "a second CONNECT")
+	case typeAuth:
+		return violation(codeProtocolError, "AUTH without enhanced authentication")
+	}
+	return violation(codeProtocolError, "a device may not send packet type %d", typ)
+}
+
+// publish hands a device's publish to the Handler and acknowledges it once
+// the Handler returned: a PUBACK means committed.
+func (d *device) publish(p *publishPacket) error {
+	s := d.s
+	if p.retain && d.version == version5 {
+		return violation(codeRetainNotSupported, "retained messages are not supported")
+	}
+	if p.props.topicAlias != 0 {
+		return violation(codeTopicAliasInvalid, "topic aliases are not supported")
+	}
+	t, ok := mayPublish(d.tenant, d.id, p.topic)
+	if !ok {
+		return d.violation("publish", p.topic)
+	}
+	if cfg := s.cfg; cfg.PublishRate > 0 {
+		if ok, _ := d.publishes.Take(cfg.Now(), cfg.PublishRate, cfg.PublishBurst); !ok {
+			s.stats.publishFloods.Add(1)
+			s.log.Warn("mqtt: device disconnected: it publishes faster than it may",
+				"tenant", d.tenant, "device", d.id, "rate", cfg.PublishRate, "burst", cfg.PublishBurst, "remote", d.remote)
+			return violation(codeMessageRateTooHigh, "publishing faster than PublishRate")
+		}
+	}
+
+	s.mu.RLock()
+	if s.closing {
+		s.mu.RUnlock()
+		return violation(codeServerShuttingDown, "the server is shutting down")
+	}
+	s.busy.Add(1)
+	s.mu.RUnlock()
+	defer s.busy.Done() // after the acknowledgement is written
+
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandlerTimeout)
+	defer cancel()
+	var err error
+	if t.Kind == TopicStream {
+		err = s.h.HandleStream(ctx, d.tenant, d.id, t.Stream, p.payload)
+	} else {
+		err = s.h.HandleStatus(ctx, d.tenant, d.id, p.payload)
+	}
+	s.stats.messagesIn.Add(1)
+	if err != nil && unavailable(ctx, err) && p.qos > 0 {
+		s.stats.unacked.Add(1)
+		s.log.Warn("mqtt: publish not acknowledged, fleetd cannot commit it now; disconnecting the device so it publishes again",
+			"tenant", d.tenant, "device", d.id, "topic", p.topic, "error", err)
+		return violation(codeServerBusy, "cannot commit now")
+	}
+	if err != nil {
+		s.stats.handlerErrors.Add(1)
+		level := slog.LevelWarn
+		if fleet.ErrorCode(err) == fleet.EINTERNAL {
+			level = slog.LevelError
+		}
+		// Acknowledged all the same: a malformed report would otherwise come
+		// back forever.
+		s.log.Log(ctx, level, "mqtt: device publish rejected",
+			"tenant", d.tenant, "device", d.id, "topic", p.topic, "qos", p.qos, "error", err)
+	}
+	switch p.qos {
+	case 1:
+		return d.write(appendAck(nil, typePuback, p.id))
+	case 2:
+		return d.write(appendAck(nil, typePubrec, p.id))
+	}
+	return nil
+}
+
+// subscribe accepts a subscription to the device's actions topic, and
+// nothing else.
+func (d *device) subscribe(sp *subscribePacket) error {
+	if sp.props.subscriptionID {
+		return violation(codeSubscriptionIDsNotUsable, "subscription identifiers are not supported")
+	}
+	codes := make([]byte, len(sp.filters))
+	qos := byte(0)
+	for i, f := range sp.filters {
+		if !maySubscribe(d.tenant, d.id, f.filter) {
+			return d.violation("subscribe", f.filter)
+		}
+		codes[i] = min(f.qos, 1) // actions go out at QoS 1 at most
+		qos = codes[i]
+	}
+	d.qos.Store(uint32(qos))
+	if err := d.write(appendSuback(nil, typeSuback, d.version, sp.id, codes)); err != nil {
+		return err
+	}
+	d.subscribed.Store(true)
+	// The Handler sends the device its queued actions now, on a goroutine
+	// of its own: this one must stay free to read their PUBACKs.
+	s := d.s
+	s.mu.RLock()
+	if s.closing {
+		s.mu.RUnlock()
+		return nil
+	}
+	s.tasks.Add(1)
+	s.mu.RUnlock()
+	go func() {
+		defer s.tasks.Done()
+		s.h.DeviceSubscribed(d.tenant, d.id)
+	}()
+	return nil
+}
+
+// violation ends the connection of a device that touched a topic not its
+// own.
+func (d *device) violation(op, topic string) error {
+	d.s.stats.aclViolations.Add(1)
+	d.s.log.Warn("mqtt: device disconnected: it may subscribe only to its actions topic and publish only on its status and stream topics",
+		"tenant", d.tenant, "device", d.id, "op", op, "topic", truncate(topic, 200), "remote", d.remote)
+	return violation(codeNotAuthorized, "%s on %q, not the device's", op, truncate(topic, 200))
+}
+
+// write writes a packet to the device.
+func (d *device) write(b []byte) error {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	return d.writeLocked(b)
+}
+
+// writeLocked writes a packet with wmu held. A write that fails or times out
+// ends the connection: what it wrote of the packet cannot be taken back.
+func (d *device) writeLocked(b []byte) error {
+	if d.closed {
+		return net.ErrClosed
+	}
+	_ = d.nc.SetWriteDeadline(time.Now().Add(writeTimeout))
+	if _, err := d.nc.Write(b); err != nil {
+		d.closeLocked(0, err)
+		return err
+	}
+	return nil
+}
+
+// close ends the connection, first telling an MQTT 5 device the reason
+// (code 0: none); MQTT 3.1.1 has no DISCONNECT from the server, so there
+// closing the connection is the signal. cause is logged.
+func (d *device) close(code reasonCode, cause error) {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	d.closeLocked(code, cause)
+}
+
+func (d *device) closeLocked(code reasonCode, cause error) {
+	if d.closed {
+		return
+	}
+	d.closed = true
+	d.cause = cause
+	if cause == nil {
+		d.cause = &protocolError{code: code, msg: "closed by the server"}
+	}
+	if code != 0 && d.version == version5 {
+		// A device that does not read must not hold this up.
+		_ = d.nc.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = d.nc.Write(appendDisconnect(nil, code))
+	}
+	_ = d.nc.Close()
+}
+
+func (d *device) isClosed() bool {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	return d.closed
+}
+
+// packetID returns a packet identifier no action in flight has; wmu is
+// held, and fewer than 65,535 are in flight.
+func (d *device) packetID() uint16 {
+	for {
+		d.lastID++
+		if _, taken := d.pending[d.lastID]; d.lastID != 0 && !taken {
+			return d.lastID
+		}
+	}
+}
+
+// tlsIdentity is the device a verified client certificate names.
+type tlsIdentity struct {
+	tenant, device, serial string
+	ok                     bool // the certificate names a device
+}
+
+// certIdentity returns the identity of the client certificate TLS
+// verified on the connection; hasCert is false for plain connections and
+// TLS ones without a client certificate.
+func certIdentity(nc net.Conn) (id tlsIdentity, hasCert bool) {
+	tc, ok := nc.(*tls.Conn)
+	if !ok {
+		return id, false
+	}
+	chains := tc.ConnectionState().VerifiedChains
+	if len(chains) == 0 || len(chains[0]) == 0 {
+		return id, false
+	}
+	id.tenant, id.device, id.serial, id.ok = pki.DeviceIdentity(chains[0][0])
+	return id, true
+}
+
+// unavailable reports whether a Handler error means "try again later".
+func unavailable(ctx context.Context, err error) bool {
+	return fleet.ErrorCode(err) == fleet.EUNAVAILABLE || ctx.Err() != nil
+}
+
+// actionID returns the "id" member of an action message, a string in the
+// uplink agent's shape; a number is returned as its JSON text.
+func actionID(payload []byte) string {
+	var m struct {
+		ID json.RawMessage `json:"id"`
+	}
+	if json.Unmarshal(payload, &m) != nil || len(m.ID) == 0 {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(m.ID, &s) == nil {
+		return s
+	}
+	return string(m.ID)
+}
+
+// truncate keeps what a client sent from flooding the log.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// offStack runs f on a goroutine of its own and waits for it. A device's
+// connection goroutine lives as long as the connection, and its stack
+// stays as large as the deepest call it ever made until garbage
+// collections shrink it, half at a time: a database read (SQLite's
+// transpiled C has large frames) would leave every idle connection holding
+// 32 KiB. The goroutine that makes the call ends with it, and its stack
+// goes back to the runtime.
+func offStack(f func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	<-done
+}

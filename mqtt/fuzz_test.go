@@ -1,0 +1,173 @@
+package mqtt
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet"
+)
+
+// acceptAll is a Handler that admits acme/dev-1 with token tok-1 and takes
+// every publish.
+type acceptAll struct{}
+
+func (acceptAll) AuthenticateDevice(_ context.Context, tenant, device, token string) error {
+	if tenant == "acme" && device == "dev-1" && token == "tok-1" {
+		return nil
+	}
+	return fleet.Errorf(fleet.EUNAUTHENTICATED, "bad device token")
+}
+func (acceptAll) DeviceConnected(string, string)                                     {}
+func (acceptAll) DeviceSubscribed(string, string)                                    {}
+func (acceptAll) HandleStatus(context.Context, string, string, []byte) error         { return nil }
+func (acceptAll) HandleStream(context.Context, string, string, string, []byte) error { return nil }
+func (acceptAll) ActionDelivered(string, string, string)                             {}
+
+// packet builds a packet from its first byte and body.
+func packet(first byte, body ...[]byte) []byte {
+	var b []byte
+	for _, p := range body {
+		b = append(b, p...)
+	}
+	return append(appendHeader(nil, first, len(b)), b...)
+}
+
+func str(s string) []byte { return appendString(nil, s) }
+
+func u16(n uint16) []byte { return binary.BigEndian.AppendUint16(nil, n) }
+
+// connect is a CONNECT of acme/dev-1 at a protocol level, with props (MQTT
+// 5) as given.
+func connect(version byte, props ...byte) []byte {
+	name := "MQTT"
+	if version == version31 {
+		name = "MQIsdp"
+	}
+	body := [][]byte{str(name), {version, 0xC2}, u16(30)}
+	if version == version5 {
+		body = append(body, appendVarint(nil, len(props)), props)
+	}
+	body = append(body, str("client-1"), str("acme/dev-1"), str("tok-1"))
+	return packet(typeConnect<<4, body...)
+}
+
+// FuzzConn sends what the fuzzer makes up over a device's connection: the
+// broker must answer each byte stream without a panic, a hang or a device
+// left registered after the connection ended.
+func FuzzConn(f *testing.F) {
+	actions := ActionsTopic("acme", "dev-1")
+	status := ActionStatusTopic("acme", "dev-1")
+	stream := StreamTopic("acme", "dev-1", "gps")
+	for _, v := range []byte{version31, version311, version5} {
+		var noProps []byte
+		if v == version5 {
+			noProps = []byte{0}
+		}
+		c := connect(v)
+		f.Add(c)
+		f.Add(append(append(c[:len(c):len(c)],
+			packet(typeSubscribe<<4|2, u16(1), noProps, str(actions), []byte{1})...),
+			packet(typePublish<<4|2, str(status), u16(2), noProps, []byte(`[{"id":"1","state":"Completed"}]`))...))
+		f.Add(append(c[:len(c):len(c)], packet(typePublish<<4|4, str(stream), u16(3), noProps, []byte(`[]`))...))
+		f.Add(append(c[:len(c):len(c)], packet(typePubrel<<4|2, u16(3))...))
+		f.Add(append(c[:len(c):len(c)], packet(typeUnsubscribe<<4|2, u16(4), noProps, str(actions))...))
+		f.Add(append(c[:len(c):len(c)], packet(typePingreq<<4)...))
+		f.Add(append(c[:len(c):len(c)], packet(typeDisconnect<<4)...))
+		f.Add(append(c[:len(c):len(c)], packet(typePuback<<4, u16(1))...))
+	}
+	f.Add(connect(version5, propSessionExpiry, 0, 0, 0, 10, propReceiveMaximum, 0, 5, propUserProperty, 0, 1, 'k', 0, 1, 'v'))
+	f.Add(connect(version5, propAuthMethod, 0, 5, 'S', 'C', 'R', 'A', 'M'))
+	f.Add(append(connect(version5, propTopicAliasMaximum, 0, 10),
+		packet(typePublish<<4|2, str(""), u16(2), []byte{3, propTopicAlias, 0, 1}, []byte(`[]`))...))
+
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s := NewServer(Config{MaxPacketSize: 4096, ConnectTimeout: time.Second}, acceptAll{})
+		s.ctx, s.cancel = context.WithCancel(context.Background())
+		defer s.cancel()
+		l := &listener{conns: map[net.Conn]*connState{}, gate: s.gate}
+
+		client, server := net.Pipe()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = s.serveConn(l, server, "192.0.2.1")
+			server.Close()
+		}()
+		go func() { _, _ = io.Copy(io.Discard, client) }()
+		_ = client.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		_, _ = client.Write(data)
+		client.Close()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the connection was not served to its end")
+		}
+		s.tasks.Wait()
+		if n := s.Connections(); n != 0 {
+			t.Fatalf("%d devices connected after the connection ended", n)
+		}
+	})
+}
+
+// exchange serves one connection that sends data and returns all the
+// broker wrote back.
+func exchange(t *testing.T, data []byte) []byte {
+	t.Helper()
+	s := NewServer(Config{MaxPacketSize: 4096}, acceptAll{})
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	defer s.cancel()
+	l := &listener{conns: map[net.Conn]*connState{}, gate: s.gate}
+	client, server := net.Pipe()
+	go func() {
+		_ = s.serveConn(l, server, "192.0.2.1")
+		server.Close()
+	}()
+	got := make(chan []byte)
+	go func() { b, _ := io.ReadAll(client); got <- b }()
+	if _, err := client.Write(data); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	time.Sleep(50 * time.Millisecond) // the last answers are written
+	client.Close()
+	return <-got
+}
+
+// TestWire checks the bytes the broker answers a device with, for the
+// seeds of FuzzConn: the paho-based tests see them through a client
+// library, which forgives some things.
+func TestWire(t *testing.T) {
+	actions := ActionsTopic("acme", "dev-1")
+	status := ActionStatusTopic("acme", "dev-1")
+	t.Run("MQTT311", func(t *testing.T) {
+		in := append(connect(version311), packet(typeSubscribe<<4|2, u16(1), str(actions), []byte{1})...)
+		in = append(in, packet(typePublish<<4|2, str(status), u16(7), []byte(`[]`))...)
+		in = append(in, packet(typePingreq<<4)...)
+		want := []byte{0x20, 2, 0, 0, 0x90, 3, 0, 1, 1, 0x40, 2, 0, 7, 0xD0, 0}
+		if got := exchange(t, in); string(got) != string(want) {
+			t.Errorf("got % x, want % x", got, want)
+		}
+	})
+	t.Run("MQTT5", func(t *testing.T) {
+		in := append(connect(version5), packet(typeSubscribe<<4|2, u16(1), []byte{0}, str(actions), []byte{2})...)
+		in = append(in, packet(typePublish<<4|4, str(status), u16(7), []byte{0}, []byte(`[]`))...)
+		in = append(in, packet(typePubrel<<4|2, u16(7))...)
+		got := exchange(t, in)
+		connack := []byte{0x20, 19, 0, 0, 16,
+			propRetainAvailable, 0, propWildcardSubs, 0, propSharedSubs, 0, propSubscriptionIDs, 0,
+			propMaximumPacketSize, 0, 0, 0x10, 0, propReceiveMaximum, 1, 0}
+		rest := []byte{0x90, 4, 0, 1, 0, 1, 0x50, 2, 0, 7, 0x70, 2, 0, 7}
+		if want := append(connack, rest...); string(got) != string(want) {
+			t.Errorf("got  % x\nwant % x", got, want)
+		}
+	})
+	t.Run("UnsupportedVersion", func(t *testing.T) {
+		in := packet(typeConnect<<4, str("MQTT"), []byte{6, 0xC2}, u16(30))
+		if got, want := exchange(t, in), []byte{0x20, 2, 0, 1}; string(got) != string(want) {
+			t.Errorf("got % x, want % x", got, want)
+		}
+	})
+}
