@@ -233,7 +233,10 @@ func parseInstant(s string) (any, error) {
 	if err != nil {
 		return nil, transitErrorf("time %q is not RFC 3339, such as 2026-11-21T10:00:00.000Z", s)
 	}
-	return t.UTC(), nil
+	// Instants are of the millisecond, as in Transit's ~m, in Clojure's
+	// java.util.Date and everywhere in fleetd: finer digits are dropped, so
+	// that every format writes back what was read.
+	return t.UTC().Add(-time.Duration(t.Nanosecond() % int(time.Millisecond))), nil
 }
 
 // parseUUID accepts only the canonical 8-4-4-4-12 form.
