@@ -22,11 +22,6 @@ import (
 // batch of data points fits, so a publish is usually one read.
 const readBufferSize = 1024
 
-// writeTimeout bounds each write to a device. A device that has not read
-// what the socket buffers hold in that time is cut off; it gets its
-// actions again when it reconnects.
-const writeTimeout = 10 * time.Second
-
 // device is one connection of a device, from its CONNECT to its end. A
 // device has one connection at most, keyed by its username whatever client
 // id it sent: a new connection replaces the old.
@@ -516,7 +511,7 @@ func (d *device) writeLocked(b []byte) error {
 	if d.closed {
 		return net.ErrClosed
 	}
-	_ = d.nc.SetWriteDeadline(time.Now().Add(writeTimeout))
+	_ = d.nc.SetWriteDeadline(time.Now().Add(d.s.cfg.WriteTimeout))
 	if _, err := d.nc.Write(b); err != nil {
 		d.closeLocked(0, err)
 		return err

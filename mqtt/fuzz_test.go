@@ -1,6 +1,7 @@
 package mqtt
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"io"
@@ -162,6 +163,13 @@ func TestWire(t *testing.T) {
 		rest := []byte{0x90, 4, 0, 1, 0, 1, 0x50, 2, 0, 7, 0x70, 2, 0, 7}
 		if want := append(connack, rest...); string(got) != string(want) {
 			t.Errorf("got  % x\nwant % x", got, want)
+		}
+	})
+	t.Run("MQTT5 retained publish", func(t *testing.T) {
+		in := append(connect(version5), packet(typePublish<<4|3, str(status), u16(7), []byte{0}, []byte(`[]`))...)
+		got := exchange(t, in)
+		if want := []byte{typeDisconnect << 4, 1, byte(codeRetainNotSupported)}; !bytes.HasSuffix(got, want) {
+			t.Errorf("got % x, want it to end with DISCONNECT % x", got, want)
 		}
 	})
 	t.Run("UnsupportedVersion", func(t *testing.T) {

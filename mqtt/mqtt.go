@@ -95,6 +95,12 @@ type Config struct {
 	// default 10s.
 	ConnectTimeout time.Duration
 
+	// WriteTimeout bounds each write to a device; default 10s. A device
+	// that has not read what its socket buffers hold by then is cut off
+	// (what was written of the packet cannot be taken back); it gets its
+	// actions again when it reconnects.
+	WriteTimeout time.Duration
+
 	// ShutdownTimeout is how long Close lets Handler calls in progress finish
 	// before cancelling their contexts; default 10s.
 	ShutdownTimeout time.Duration
@@ -154,6 +160,7 @@ const (
 	DefaultMaxInflight     = 256
 	DefaultHandlerTimeout  = 30 * time.Second
 	DefaultConnectTimeout  = 10 * time.Second
+	DefaultWriteTimeout    = 10 * time.Second
 	DefaultShutdownTimeout = 10 * time.Second
 
 	DefaultMaxConnections   = 100_000
@@ -184,6 +191,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ConnectTimeout <= 0 {
 		c.ConnectTimeout = DefaultConnectTimeout
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = DefaultWriteTimeout
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout

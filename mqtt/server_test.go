@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"syscall"
@@ -698,4 +699,93 @@ func TestReconnectStorm(t *testing.T) {
 		prev = c
 	}
 	waitFor(t, "one connection left", func() bool { return s.Connections() == 1 })
+}
+
+// rawConnect311 connects acme/dev-1 over a bare TCP connection and
+// subscribes it to its actions, reading the CONNACK and SUBACK only: what
+// happens next is up to the test.
+func rawConnect311(t *testing.T, s *mqtt.Server) net.Conn {
+	t.Helper()
+	str := func(s string) []byte { return append([]byte{byte(len(s) >> 8), byte(len(s))}, s...) }
+	pkt := func(first byte, parts ...[]byte) []byte {
+		body := bytes.Join(parts, nil)
+		return append([]byte{first, byte(len(body))}, body...) // bodies under 128 bytes
+	}
+	conn, err := net.Dial("tcp", s.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	connect := pkt(0x10, str("MQTT"), []byte{4, 0xC2, 0, 30}, str("raw-1"), str("acme/dev-1"), str("tok-1"))
+	subscribe := pkt(0x82, []byte{0, 1}, str(actionsT), []byte{1})
+	if _, err := conn.Write(append(connect, subscribe...)); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 9)
+	conn.SetReadDeadline(time.Now().Add(wait))
+	if _, err := io.ReadFull(conn, got); err != nil {
+		t.Fatalf("read CONNACK and SUBACK: %v", err)
+	}
+	if want := []byte{0x20, 2, 0, 0, 0x90, 3, 0, 1, 1}; !bytes.Equal(got, want) {
+		t.Fatalf("got % x, want CONNACK and SUBACK % x", got, want)
+	}
+	return conn
+}
+
+// TestSlowDeviceCutOff checks that a device that reads nothing cannot hold
+// up SendAction: once its socket buffers are full, the write times out,
+// SendAction reports false and the device is disconnected.
+func TestSlowDeviceCutOff(t *testing.T) {
+	h := newFakeHandler()
+	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.WriteTimeout = 200 * time.Millisecond; c.MaxInflight = 65535 })
+	rawConnect311(t, s)
+	receive(t, h.subscribed, "DeviceSubscribed")
+	payload := fmt.Appendf(nil, `{"id": "1", "name": "x", "payload": %q}`, strings.Repeat("x", 64<<10))
+	for i := 0; s.SendAction("acme", "dev-1", payload); i++ {
+		if i == 10_000 {
+			t.Fatal("SendAction never refused a device that reads nothing")
+		}
+	}
+	if s.Online("acme", "dev-1") {
+		t.Error("the device that reads nothing is still online")
+	}
+	waitFor(t, "device gone", func() bool { return s.Connections() == 0 })
+}
+
+// TestReceiveMaximum checks that an MQTT 5 device's Receive Maximum bounds
+// the actions in flight to it, below MaxInflight.
+func TestReceiveMaximum(t *testing.T) {
+	h := newFakeHandler()
+	s := MustOpenServer(t, h)
+	rm := uint16(2)
+	c, _, err := connect5(t, s, "acme/dev-1", "tok-1", true, func(cp *paho.Connect) {
+		cp.Properties = &paho.ConnectProperties{ReceiveMaximum: &rm}
+	})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	c.subscribe(t, actionsT, 1)
+	receive(t, h.subscribed, "DeviceSubscribed")
+	for i := range 2 {
+		if !s.SendAction("acme", "dev-1", fmt.Appendf(nil, `{"id": "%d"}`, i)) {
+			t.Fatalf("SendAction %d = false, want true", i)
+		}
+	}
+	if s.SendAction("acme", "dev-1", []byte(`{"id": "2"}`)) {
+		t.Error("SendAction beyond the device's Receive Maximum = true, want false")
+	}
+}
+
+func TestEnhancedAuthenticationRefused(t *testing.T) {
+	h := newFakeHandler()
+	s := MustOpenServer(t, h)
+	_, ca, err := connect5(t, s, "acme/dev-1", "tok-1", false, func(cp *paho.Connect) {
+		cp.Properties = &paho.ConnectProperties{AuthMethod: "SCRAM-SHA-1"}
+	})
+	if err == nil || ca == nil || ca.ReasonCode != 0x8C {
+		t.Fatalf("connect: got %v (connack %+v), want refusal 0x8c bad authentication method", err, ca)
+	}
+	if h.authCalls.Load() != 0 {
+		t.Error("the token was checked")
+	}
 }
