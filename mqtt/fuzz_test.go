@@ -1,6 +1,7 @@
 package mqtt
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -178,4 +179,27 @@ func TestWire(t *testing.T) {
 			t.Errorf("got % x, want % x", got, want)
 		}
 	})
+}
+
+// TestReadPacketLarge reads bodies around the size read ahead of their
+// bytes, whole and cut short.
+func TestReadPacketLarge(t *testing.T) {
+	for _, n := range []int{0, 1, bodyChunk - 1, bodyChunk, bodyChunk + 1, 5*bodyChunk + 7, 1 << 20} {
+		body := make([]byte, n)
+		for i := range body {
+			body[i] = byte(i * 7)
+		}
+		in := appendHeader(nil, typePublish<<4, n)
+		header, got, err := readPacket(bufio.NewReader(bytes.NewReader(append(in, body...))), 2<<20)
+		if err != nil || header != typePublish<<4 || !bytes.Equal(got, body) {
+			t.Errorf("%d bytes: got %d bytes, header %#x, error %v", n, len(got), header, err)
+		}
+		if n == 0 {
+			continue
+		}
+		_, _, err = readPacket(bufio.NewReader(bytes.NewReader(append(in, body[:n-1]...))), 2<<20)
+		if err != io.ErrUnexpectedEOF {
+			t.Errorf("%d bytes cut short: error %v, want unexpected EOF", n, err)
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -103,9 +104,9 @@ func violation(code reasonCode, format string, args ...any) error {
 // errPacketTooLarge is a packet over the broker's maximum packet size.
 var errPacketTooLarge = &protocolError{codePacketTooLarge, "packet larger than the maximum packet size"}
 
-// readPacket reads one packet: its first byte and its body. A packet over max
+// readPacket reads one packet: its first byte and its body. A packet over limit
 // bytes in all is errPacketTooLarge, known from its length before its body is read.
-func readPacket(r *bufio.Reader, max int) (header byte, body []byte, err error) {
+func readPacket(r *bufio.Reader, limit int) (header byte, body []byte, err error) {
 	header, err = r.ReadByte()
 	if err != nil {
 		return 0, nil, err
@@ -125,15 +126,34 @@ func readPacket(r *bufio.Reader, max int) (header byte, body []byte, err error) 
 			break
 		}
 	}
-	if size+n > max {
+	if size+n > limit {
 		return 0, nil, errPacketTooLarge
 	}
-	body = make([]byte, n)
-	if _, err := io.ReadFull(r, body); err != nil {
-		return 0, nil, unexpectedEOF(err)
+	if n <= bodyChunk {
+		body = make([]byte, n)
+		if _, err := io.ReadFull(r, body); err != nil {
+			return 0, nil, unexpectedEOF(err)
+		}
+		return header, body, nil
+	}
+	// A large body is read as it arrives, so that a device announcing a
+	// megabyte and sending it slowly holds only what it has sent.
+	body = make([]byte, 0, bodyChunk)
+	for len(body) < n {
+		chunk := min(n-len(body), max(len(body), bodyChunk))
+		body = slices.Grow(body, chunk)
+		got, err := io.ReadFull(r, body[len(body):len(body)+chunk])
+		body = body[:len(body)+got]
+		if err != nil {
+			return 0, nil, unexpectedEOF(err)
+		}
 	}
 	return header, body, nil
 }
+
+// bodyChunk is the most readPacket allocates for a body ahead of its
+// bytes.
+const bodyChunk = 16 << 10
 
 func unexpectedEOF(err error) error {
 	if errors.Is(err, io.EOF) {
