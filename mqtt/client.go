@@ -634,14 +634,7 @@ func (c *Client) handle(in inbound) {
 	}
 	if err != nil {
 		c.stats.handlerErrors.Add(1)
-		level := slog.LevelWarn
-		if fleet.ErrorCode(err) == fleet.EINTERNAL {
-			level = slog.LevelError
-		}
-		// Acknowledged all the same: a malformed report would otherwise
-		// come back forever.
-		c.log.Log(ctx, level, "mqtt: device publish rejected",
-			"tenant", t.Tenant, "device", t.Device, "topic", in.pub.Topic, "qos", in.pub.QoS, "error", err)
+		logRejected(ctx, c.log, err, t.Tenant, t.Device, in.pub.Topic, in.pub.QoS)
 	}
 	if err := in.cli.Ack(in.pub); err != nil && !errors.Is(err, paho.ErrPacketNotFound) {
 		c.log.Debug("mqtt: acknowledge", "err", err)

@@ -434,14 +434,7 @@ func (d *device) publish(p *publishPacket) error {
 	}
 	if err != nil {
 		s.stats.handlerErrors.Add(1)
-		level := slog.LevelWarn
-		if fleet.ErrorCode(err) == fleet.EINTERNAL {
-			level = slog.LevelError
-		}
-		// Acknowledged all the same: a malformed report would otherwise come
-		// back forever.
-		s.log.Log(ctx, level, "mqtt: device publish rejected",
-			"tenant", d.tenant, "device", d.id, "topic", p.topic, "qos", p.qos, "error", err)
+		logRejected(ctx, s.log, err, d.tenant, d.id, p.topic, p.qos)
 	}
 	switch p.qos {
 	case 1:
@@ -582,6 +575,18 @@ func certIdentity(nc net.Conn) (id tlsIdentity, hasCert bool) {
 	}
 	id.tenant, id.device, id.serial, id.ok = pki.DeviceIdentity(chains[0][0])
 	return id, true
+}
+
+// logRejected logs a device's publish the Handler rejected. It is
+// acknowledged all the same: a malformed report would otherwise come back
+// forever.
+func logRejected(ctx context.Context, log *slog.Logger, err error, tenant, device, topic string, qos byte) {
+	level := slog.LevelWarn
+	if fleet.ErrorCode(err) == fleet.EINTERNAL {
+		level = slog.LevelError
+	}
+	log.Log(ctx, level, "mqtt: device publish rejected",
+		"tenant", tenant, "device", device, "topic", topic, "qos", qos, "error", err)
 }
 
 // unavailable reports whether a Handler error means "try again later".
