@@ -174,7 +174,7 @@ func decodeTransitScalar(tag byte, rep string) (any, error) {
 		if err != nil {
 			return nil, transitErrorf("time %q must be milliseconds since 1970", rep)
 		}
-		return time.UnixMilli(ms).UTC(), nil
+		return instant(time.UnixMilli(ms))
 	case 't':
 		return parseInstant(rep)
 	case 'u':
@@ -233,10 +233,19 @@ func parseInstant(s string) (any, error) {
 	if err != nil {
 		return nil, transitErrorf("time %q is not RFC 3339, such as 2026-11-21T10:00:00.000Z", s)
 	}
-	// Instants are of the millisecond, as in Transit's ~m, in Clojure's
-	// java.util.Date and everywhere in fleetd: finer digits are dropped, so
-	// that every format writes back what was read.
-	return t.UTC().Add(-time.Duration(t.Nanosecond() % int(time.Millisecond))), nil
+	return instant(t)
+}
+
+// instant is t as every reader returns it. Instants are of the millisecond,
+// as in Transit's ~m, in Clojure's java.util.Date and everywhere in fleetd:
+// finer digits are dropped. And they are in the years 0000 to 9999 in UTC,
+// which RFC 3339 can write: so every format writes back what was read.
+func instant(t time.Time) (any, error) {
+	t = t.UTC()
+	if y := t.Year(); y < 0 || y > 9999 {
+		return nil, transitErrorf("time %s is outside the years 0000 to 9999 (UTC)", t.Format(time.RFC3339))
+	}
+	return t.Add(-time.Duration(t.Nanosecond() % int(time.Millisecond))), nil
 }
 
 // parseUUID accepts only the canonical 8-4-4-4-12 form.
@@ -288,7 +297,7 @@ func decodeTagged(tag string, rep any) (any, error) {
 	case "m":
 		switch r := rep.(type) {
 		case int64:
-			return time.UnixMilli(r).UTC(), nil
+			return instant(time.UnixMilli(r))
 		case string:
 			return decodeTransitScalar('m', r)
 		}
