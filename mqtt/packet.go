@@ -291,8 +291,10 @@ const (
 // that appears twice where once is the rule, is a fault.
 func (d *decoder) properties(what string, allowed ...byte) properties {
 	var p properties
-	n := d.varint(what + " property length")
-	list := &decoder{b: d.take(n, what+" properties")}
+	// Constant names: one built from what would be allocated for every
+	// packet, to be read only if it is malformed.
+	n := d.varint("property length")
+	list := &decoder{b: d.take(n, "properties")}
 	var seen [64]bool
 	for list.err == nil && len(list.b) > 0 {
 		id := list.byte("property identifier")
