@@ -271,17 +271,34 @@ func (db *DB) queryRow(ctx context.Context, query string, args ...any) *sql.Row 
 	return db.read.QueryRowContext(ctx, query, args...)
 }
 
+// readTx begins a read-only transaction that sees the database at one
+// moment (SQLite's read transaction; REPEATABLE READ on PostgreSQL).
+func (db *DB) readTx(ctx context.Context) (*sql.Tx, error) {
+	opts := &sql.TxOptions{ReadOnly: true}
+	if db.dialect == postgres {
+		opts.Isolation = sql.LevelRepeatableRead
+	}
+	tx, err := db.read.BeginTx(ctx, opts)
+	return tx, db.classify(err)
+}
+
 // findPage reads one page of a list and the number of all its items:
 // count is a query of count(*), list one of the items in their order, to
-// which findPage adds the page's LIMIT and OFFSET; both take args. An empty
-// page is an empty slice, never nil.
+// which findPage adds the page's LIMIT and OFFSET; both take args. The two
+// are read in one transaction, so that the count is of the list the page
+// is from. An empty page is an empty slice, never nil.
 func findPage[T any](ctx context.Context, db *DB, count, list string, args []any, p fleet.Page,
 	scan func(interface{ Scan(...any) error }) (T, error)) ([]T, int, error) {
+	tx, err := db.readTx(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer tx.Rollback()
 	var n int
-	if err := db.queryRow(ctx, count, args...).Scan(&n); err != nil {
+	if err := tx.QueryRowContext(ctx, db.dialect.rebind(count), args...).Scan(&n); err != nil {
 		return nil, 0, db.classify(err)
 	}
-	rows, err := db.query(ctx, list+" LIMIT ? OFFSET ?", append(args[:len(args):len(args)], p.Limit, p.Offset())...)
+	rows, err := tx.QueryContext(ctx, db.dialect.rebind(list+" LIMIT ? OFFSET ?"), append(args[:len(args):len(args)], p.Limit, p.Offset())...)
 	if err != nil {
 		return nil, 0, db.classify(err)
 	}

@@ -102,13 +102,9 @@ func (db *DB) CommitStreamVersion(ctx context.Context, tenant, device, stream st
 // alert evaluation, at one moment: its latest point, version, and the
 // states of the device's rules on the stream.
 func (db *DB) FindStreamSnapshot(ctx context.Context, tenant, device, stream string) (*fleet.StreamSnapshot, error) {
-	opts := &sql.TxOptions{ReadOnly: true}
-	if db.dialect == postgres {
-		opts.Isolation = sql.LevelRepeatableRead
-	}
-	tx, err := db.read.BeginTx(ctx, opts)
+	tx, err := db.readTx(ctx)
 	if err != nil {
-		return nil, db.classify(err)
+		return nil, err
 	}
 	defer tx.Rollback()
 	snap := &fleet.StreamSnapshot{}
