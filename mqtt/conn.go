@@ -31,7 +31,7 @@ type device struct {
 	nc         net.Conn
 	remote     string
 	version    byte
-	keepalive  time.Duration // 0: none (never: MaxKeepalive applies)
+	keepalive  time.Duration // never 0: MaxKeepalive applies
 
 	maxPacketSize int // the device's own limit on what it receives; 0: none
 	inflightMax   int // action messages that may await its PUBACK
@@ -49,7 +49,7 @@ type device struct {
 }
 
 // serveConn serves one connection from its first byte to its end.
-func (s *Server) serveConn(l *listener, nc net.Conn, ip string) error {
+func (s *Server) serveConn(nc net.Conn, ip string, connected func()) error {
 	r := bufio.NewReaderSize(nc, readBufferSize)
 	header, body, err := readPacket(r, s.cfg.MaxPacketSize)
 	if err != nil {
@@ -58,7 +58,7 @@ func (s *Server) serveConn(l *listener, nc net.Conn, ip string) error {
 	if header != typeConnect<<4 {
 		return errors.New("the first packet is not CONNECT")
 	}
-	l.connectRead(nc)
+	connected()
 	c, err := decodeConnect(body)
 	if err != nil {
 		return err
@@ -269,9 +269,7 @@ var errDisconnected = errors.New("the device disconnected")
 // ends, and returns why it ended.
 func (d *device) readLoop(r *bufio.Reader) error {
 	for {
-		if d.keepalive > 0 {
-			_ = d.nc.SetReadDeadline(time.Now().Add(d.keepalive * 3 / 2))
-		}
+		_ = d.nc.SetReadDeadline(time.Now().Add(d.keepalive * 3 / 2))
 		header, body, err := readPacket(r, d.s.cfg.MaxPacketSize)
 		if err != nil {
 			return err
@@ -378,11 +376,11 @@ func (d *device) handle(header byte, body []byte) error {
 	case typeDisconnect:
 		return errDisconnected
 	case typeConnect:
-		return violation(codeProtocolError, "a second CONNECT")
+		return protocolErr(codeProtocolError, "a second CONNECT")
 	case typeAuth:
-		return violation(codeProtocolError, "AUTH without enhanced authentication")
+		return protocolErr(codeProtocolError, "AUTH without enhanced authentication")
 	}
-	return violation(codeProtocolError, "a device may not send packet type %d", typ)
+	return protocolErr(codeProtocolError, "a device may not send packet type %d", typ)
 }
 
 // publish hands a device's publish to the Handler and acknowledges it once
@@ -390,28 +388,28 @@ func (d *device) handle(header byte, body []byte) error {
 func (d *device) publish(p *publishPacket) error {
 	s := d.s
 	if p.retain && d.version == version5 {
-		return violation(codeRetainNotSupported, "retained messages are not supported")
+		return protocolErr(codeRetainNotSupported, "retained messages are not supported")
 	}
 	if p.props.topicAlias != 0 {
-		return violation(codeTopicAliasInvalid, "topic aliases are not supported")
+		return protocolErr(codeTopicAliasInvalid, "topic aliases are not supported")
 	}
 	t, ok := mayPublish(d.tenant, d.id, p.topic)
 	if !ok {
-		return d.violation("publish", p.topic)
+		return d.aclViolation("publish", p.topic)
 	}
 	if cfg := s.cfg; cfg.PublishRate > 0 {
 		if ok, _ := d.publishes.Take(cfg.Now(), cfg.PublishRate, cfg.PublishBurst); !ok {
 			s.stats.publishFloods.Add(1)
 			s.log.Warn("mqtt: device disconnected: it publishes faster than it may",
 				"tenant", d.tenant, "device", d.id, "rate", cfg.PublishRate, "burst", cfg.PublishBurst, "remote", d.remote)
-			return violation(codeMessageRateTooHigh, "publishing faster than PublishRate")
+			return protocolErr(codeMessageRateTooHigh, "publishing faster than PublishRate")
 		}
 	}
 
 	s.mu.RLock()
 	if s.closing {
 		s.mu.RUnlock()
-		return violation(codeServerShuttingDown, "the server is shutting down")
+		return protocolErr(codeServerShuttingDown, "the server is shutting down")
 	}
 	s.busy.Add(1)
 	s.mu.RUnlock()
@@ -430,7 +428,7 @@ func (d *device) publish(p *publishPacket) error {
 		s.stats.unacked.Add(1)
 		s.log.Warn("mqtt: publish not acknowledged, fleetd cannot commit it now; disconnecting the device so it publishes again",
 			"tenant", d.tenant, "device", d.id, "topic", p.topic, "error", err)
-		return violation(codeServerBusy, "cannot commit now")
+		return protocolErr(codeServerBusy, "cannot commit now")
 	}
 	if err != nil {
 		s.stats.handlerErrors.Add(1)
@@ -449,13 +447,13 @@ func (d *device) publish(p *publishPacket) error {
 // nothing else.
 func (d *device) subscribe(sp *subscribePacket) error {
 	if sp.props.subscriptionID {
-		return violation(codeSubscriptionIDsNotUsable, "subscription identifiers are not supported")
+		return protocolErr(codeSubscriptionIDsNotUsable, "subscription identifiers are not supported")
 	}
 	codes := make([]byte, len(sp.filters))
 	qos := byte(0)
 	for i, f := range sp.filters {
 		if !maySubscribe(d.tenant, d.id, f.filter) {
-			return d.violation("subscribe", f.filter)
+			return d.aclViolation("subscribe", f.filter)
 		}
 		codes[i] = min(f.qos, 1) // actions go out at QoS 1 at most
 		qos = codes[i]
@@ -482,13 +480,13 @@ func (d *device) subscribe(sp *subscribePacket) error {
 	return nil
 }
 
-// violation ends the connection of a device that touched a topic not its
-// own.
-func (d *device) violation(op, topic string) error {
+// aclViolation ends the connection of a device that touched a topic not
+// its own.
+func (d *device) aclViolation(op, topic string) error {
 	d.s.stats.aclViolations.Add(1)
 	d.s.log.Warn("mqtt: device disconnected: it may subscribe only to its actions topic and publish only on its status and stream topics",
 		"tenant", d.tenant, "device", d.id, "op", op, "topic", truncate(topic, 200), "remote", d.remote)
-	return violation(codeNotAuthorized, "%s on %q, not the device's", op, truncate(topic, 200))
+	return protocolErr(codeNotAuthorized, "%s on %q, not the device's", op, truncate(topic, 200))
 }
 
 // write writes a packet to the device.

@@ -90,13 +90,11 @@ func FuzzConn(f *testing.F) {
 		s := NewServer(Config{MaxPacketSize: 4096, ConnectTimeout: time.Second}, acceptAll{})
 		s.ctx, s.cancel = context.WithCancel(context.Background())
 		defer s.cancel()
-		l := &listener{conns: map[net.Conn]*connState{}, gate: s.gate}
-
 		client, server := net.Pipe()
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			_ = s.serveConn(l, server, "192.0.2.1")
+			_ = s.serveConn(server, "192.0.2.1", func() {})
 			server.Close()
 		}()
 		go func() { _, _ = io.Copy(io.Discard, client) }()
@@ -122,10 +120,9 @@ func exchange(t *testing.T, data []byte) []byte {
 	s := NewServer(Config{MaxPacketSize: 4096}, acceptAll{})
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	defer s.cancel()
-	l := &listener{conns: map[net.Conn]*connState{}, gate: s.gate}
 	client, server := net.Pipe()
 	go func() {
-		_ = s.serveConn(l, server, "192.0.2.1")
+		_ = s.serveConn(server, "192.0.2.1", func() {})
 		server.Close()
 	}()
 	got := make(chan []byte)

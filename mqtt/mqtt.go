@@ -125,7 +125,7 @@ type Config struct {
 	// MaxKeepalive is the longest keepalive a device may use; one that asks
 	// for none (0) or more gets this one (MQTT 5 devices are told so in
 	// CONNACK), so an idle connection cannot stay open forever. Default 5
-	// minutes.
+	// minutes; at least a second, as MQTT counts keepalives in seconds.
 	MaxKeepalive time.Duration
 	// PublishRate is how many publishes per second a connection may make on
 	// average, with bursts of PublishBurst; a device that publishes faster
@@ -210,7 +210,8 @@ func (c Config) withDefaults() Config {
 	if c.MaxKeepalive <= 0 {
 		c.MaxKeepalive = DefaultMaxKeepalive
 	}
-	c.MaxKeepalive = min(c.MaxKeepalive, 65535*time.Second)
+	// CONNECT and CONNACK count keepalives in whole seconds.
+	c.MaxKeepalive = min(max(c.MaxKeepalive, time.Second), 65535*time.Second)
 	if c.PublishRate == 0 {
 		c.PublishRate = DefaultPublishRate
 	}

@@ -49,7 +49,6 @@ type reasonCode byte
 const (
 	codeSuccess                  reasonCode = 0x00
 	codeNoSubscriptionExisted    reasonCode = 0x11
-	codeUnspecifiedError         reasonCode = 0x80
 	codeMalformedPacket          reasonCode = 0x81
 	codeProtocolError            reasonCode = 0x82
 	codeUnsupportedVersion       reasonCode = 0x84
@@ -97,7 +96,9 @@ func malformed(format string, args ...any) error {
 	return &protocolError{codeMalformedPacket, fmt.Sprintf(format, args...)}
 }
 
-func violation(code reasonCode, format string, args ...any) error {
+// protocolErr is a packet that breaks a rule of the protocol or of this
+// broker, which the device is told with code.
+func protocolErr(code reasonCode, format string, args ...any) error {
 	return &protocolError{code, fmt.Sprintf(format, args...)}
 }
 
@@ -277,7 +278,6 @@ const (
 	propReceiveMaximum    = 0x21
 	propTopicAliasMaximum = 0x22
 	propTopicAlias        = 0x23
-	propMaximumQoS        = 0x24
 	propRetainAvailable   = 0x25
 	propUserProperty      = 0x26
 	propMaximumPacketSize = 0x27
@@ -299,12 +299,12 @@ func (d *decoder) properties(what string, allowed ...byte) properties {
 	for list.err == nil && len(list.b) > 0 {
 		id := list.byte("property identifier")
 		if !containsByte(allowed, id) {
-			list.err = violation(codeProtocolError, "property %#02x does not belong in %s", id, what)
+			list.err = protocolErr(codeProtocolError, "property %#02x does not belong in %s", id, what)
 			break
 		}
 		if id != propUserProperty && id != propSubscriptionID {
 			if seen[id] {
-				list.err = violation(codeProtocolError, "property %#02x twice in %s", id, what)
+				list.err = protocolErr(codeProtocolError, "property %#02x twice in %s", id, what)
 				break
 			}
 			seen[id] = true
@@ -312,7 +312,7 @@ func (d *decoder) properties(what string, allowed ...byte) properties {
 		switch id {
 		case propPayloadFormat, propRequestProblem, propRequestResponse:
 			if b := list.byte("property"); b > 1 {
-				list.err = violation(codeProtocolError, "property %#02x must be 0 or 1", id)
+				list.err = protocolErr(codeProtocolError, "property %#02x must be 0 or 1", id)
 			}
 		case propMessageExpiry, propWillDelay:
 			list.uint32("property")
@@ -320,11 +320,11 @@ func (d *decoder) properties(what string, allowed ...byte) properties {
 			p.sessionExpiry = list.uint32("session expiry interval")
 		case propMaximumPacketSize:
 			if p.maxPacketSize = list.uint32("maximum packet size"); p.maxPacketSize == 0 && list.err == nil {
-				list.err = violation(codeProtocolError, "maximum packet size 0")
+				list.err = protocolErr(codeProtocolError, "maximum packet size 0")
 			}
 		case propReceiveMaximum:
 			if p.receiveMaximum = list.uint16("receive maximum"); p.receiveMaximum == 0 && list.err == nil {
-				list.err = violation(codeProtocolError, "receive maximum 0")
+				list.err = protocolErr(codeProtocolError, "receive maximum 0")
 			}
 		case propTopicAliasMaximum:
 			list.uint16("topic alias maximum")
@@ -652,13 +652,9 @@ func publishSize(topic string, payload []byte) int {
 	return 1 + varintLen(n) + n
 }
 
-// appendAck appends a PUBACK, PUBREC, PUBREL or PUBCOMP with success.
+// appendAck appends a PUBACK, PUBREC or PUBCOMP with success.
 func appendAck(b []byte, typ byte, id uint16) []byte {
-	first := typ << 4
-	if typ == typePubrel {
-		first |= 0x02
-	}
-	return binary.BigEndian.AppendUint16(append(b, first, 2), id)
+	return binary.BigEndian.AppendUint16(append(b, typ<<4, 2), id)
 }
 
 // appendSuback appends a SUBACK (or UNSUBACK) with one return or reason

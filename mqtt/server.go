@@ -76,24 +76,26 @@ func (s *Server) Open() error {
 		return errors.New("mqtt: server already opened")
 	}
 
+	// The flag names are cmd/fleetd's, but only an error that names one
+	// can tell a newcomer which knob to turn.
 	type spec struct {
-		addr, id string
-		tls      *tls.Config
+		addr, flag string
+		tls        *tls.Config
 	}
 	var specs []spec
 	switch {
 	case s.cfg.TLSAddr == "":
-		specs = append(specs, spec{s.cfg.Addr, listenerID, s.cfg.TLS})
+		specs = append(specs, spec{s.cfg.Addr, "--mqtt-addr", s.cfg.TLS})
 	case s.cfg.TLS == nil:
 		return errors.New("mqtt: a TLS listener needs Config.TLS")
 	default:
 		if s.cfg.Addr != AddrOff {
-			specs = append(specs, spec{s.cfg.Addr, listenerID, nil})
+			specs = append(specs, spec{s.cfg.Addr, "--mqtt-addr", nil})
 		}
-		specs = append(specs, spec{s.cfg.TLSAddr, tlsListenerID, s.cfg.TLS})
+		specs = append(specs, spec{s.cfg.TLSAddr, "--mqtts-addr", s.cfg.TLS})
 	}
 	for _, sp := range specs {
-		ln, err := s.listen(sp.addr, sp.id, sp.tls)
+		ln, err := s.listen(sp.addr, sp.flag, sp.tls)
 		if err != nil {
 			for _, l := range s.lns {
 				l.ln.Close()
@@ -112,14 +114,9 @@ func (s *Server) Open() error {
 	return nil
 }
 
-// listen makes one of the broker's listeners. The flag names are
-// cmd/fleetd's, but only this message can tell a newcomer which knob to
-// turn.
-func (s *Server) listen(addr, id string, tc *tls.Config) (*listener, error) {
-	flag := "--mqtt-addr"
-	if id == tlsListenerID {
-		flag = "--mqtts-addr"
-	}
+// listen makes one of the broker's listeners; flag is the setting of its
+// address, for the error.
+func (s *Server) listen(addr, flag string, tc *tls.Config) (*listener, error) {
 	nl, err := net.Listen("tcp", addr)
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
@@ -133,7 +130,6 @@ func (s *Server) listen(addr, id string, tc *tls.Config) (*listener, error) {
 		protocol = "tls"
 	}
 	return &listener{
-		id:             id,
 		ln:             nl,
 		protocol:       protocol,
 		connectTimeout: s.cfg.ConnectTimeout,
@@ -141,7 +137,7 @@ func (s *Server) listen(addr, id string, tc *tls.Config) (*listener, error) {
 		gate:           s.gate,
 		refused:        &s.stats.limitRefusals,
 		done:           make(chan struct{}),
-		conns:          make(map[net.Conn]*connState),
+		conns:          make(map[net.Conn]struct{}),
 	}, nil
 }
 
@@ -338,7 +334,6 @@ func sessionID(tenant, device string) string { return tenant + usernameDivider +
 // gives each a deadline for its CONNECT and lets Close wait for every
 // connection it accepted.
 type listener struct {
-	id             string
 	ln             net.Listener
 	protocol       string
 	connectTimeout time.Duration
@@ -349,24 +344,15 @@ type listener struct {
 
 	mu     sync.Mutex
 	closed bool
-	conns  map[net.Conn]*connState
+	conns  map[net.Conn]struct{}
 	wg     sync.WaitGroup // one per connection, for its whole handling
 }
 
-// connState is what the gate knows of a connection.
-type connState struct {
-	ip      string
-	pending bool // CONNECT not read yet
-}
-
-const (
-	listenerID    = "devices"
-	tlsListenerID = "devices-tls"
-)
-
 // serve accepts connections until the listener is closed and hands each to
-// handle on a goroutine of its own.
-func (l *listener) serve(handle func(*listener, net.Conn, string) error) {
+// handle on a goroutine of its own; handle calls connected once the
+// connection has sent its CONNECT, which the gate then stops counting
+// against its source address.
+func (l *listener) serve(handle func(nc net.Conn, ip string, connected func()) error) {
 	defer close(l.done)
 	var backoff time.Duration
 	for {
@@ -391,7 +377,6 @@ func (l *listener) serve(handle func(*listener, net.Conn, string) error) {
 		}
 		_ = conn.SetDeadline(time.Now().Add(l.connectTimeout))
 
-		st := &connState{ip: ip, pending: true}
 		l.mu.Lock()
 		if l.closed {
 			l.mu.Unlock()
@@ -399,17 +384,21 @@ func (l *listener) serve(handle func(*listener, net.Conn, string) error) {
 			conn.Close()
 			continue
 		}
-		l.conns[conn] = st
+		l.conns[conn] = struct{}{}
 		l.wg.Add(1)
 		l.mu.Unlock()
 
 		go func() {
 			defer l.wg.Done()
-			err := handle(l, conn, ip)
+			pending := true // CONNECT not read yet; only this goroutine touches it
+			err := handle(conn, ip, func() {
+				if pending {
+					pending = false
+					l.gate.connected(ip)
+				}
+			})
 			l.mu.Lock()
 			delete(l.conns, conn)
-			pending := st.pending
-			st.pending = false
 			l.mu.Unlock()
 			l.gate.leave(ip, pending)
 			conn.Close()
@@ -417,20 +406,6 @@ func (l *listener) serve(handle func(*listener, net.Conn, string) error) {
 				l.log.Debug("mqtt: connection ended", "remote", conn.RemoteAddr().String(), "error", err)
 			}
 		}()
-	}
-}
-
-// connectRead tells the gate that conn sent its CONNECT.
-func (l *listener) connectRead(conn net.Conn) {
-	l.mu.Lock()
-	st := l.conns[conn]
-	pending := st != nil && st.pending
-	if pending {
-		st.pending = false
-	}
-	l.mu.Unlock()
-	if pending {
-		l.gate.connected(st.ip)
 	}
 }
 

@@ -114,8 +114,8 @@ func ParseUsername(username string) (tenant, device string, ok bool) {
 }
 
 // mayPublish reports whether the device may publish on topic: its own status
-// and stream topics, nothing else. It is called twice for every publish, so
-// it matches the device's own topics spelled out rather than parse and
+// and stream topics, nothing else. It is called for every publish, so it
+// matches the device's own topics spelled out rather than parse and
 // validate the names the session has already checked.
 func mayPublish(tenant, device, topic string) (Topic, bool) {
 	rest, ok := strings.CutPrefix(topic, topicPrefix)
