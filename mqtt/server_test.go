@@ -651,18 +651,24 @@ func TestQoS2(t *testing.T) {
 	}
 }
 
-func TestSendActionOverDeviceMaximumPacketSize(t *testing.T) {
-	h := newFakeHandler()
-	s := MustOpenServer(t, h)
-	limit := uint32(200)
-	c, _, err := connect5(t, s, "acme/dev-1", "tok-1", false, func(cp *paho.Connect) {
-		cp.Properties = &paho.ConnectProperties{MaximumPacketSize: &limit}
-	})
+// subscribedWith connects acme/dev-1 over MQTT 5 with the CONNECT
+// properties given and subscribes it to its actions.
+func subscribedWith(t *testing.T, s *mqtt.Server, h *fakeHandler, manualAck bool, props *paho.ConnectProperties) *client5 {
+	t.Helper()
+	c, _, err := connect5(t, s, "acme/dev-1", "tok-1", manualAck, func(cp *paho.Connect) { cp.Properties = props })
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
 	c.subscribe(t, actionsT, 1)
 	receive(t, h.subscribed, "DeviceSubscribed")
+	return c
+}
+
+func TestSendActionOverDeviceMaximumPacketSize(t *testing.T) {
+	h := newFakeHandler()
+	s := MustOpenServer(t, h)
+	limit := uint32(200)
+	c := subscribedWith(t, s, h, false, &paho.ConnectProperties{MaximumPacketSize: &limit})
 	big := fmt.Appendf(nil, `{"id": "1", "name": "x", "payload": %q}`, strings.Repeat("p", 200))
 	if s.SendAction("acme", "dev-1", big) {
 		t.Error("SendAction of an action over the device's maximum packet size = true, want false")
@@ -758,14 +764,7 @@ func TestReceiveMaximum(t *testing.T) {
 	h := newFakeHandler()
 	s := MustOpenServer(t, h)
 	rm := uint16(2)
-	c, _, err := connect5(t, s, "acme/dev-1", "tok-1", true, func(cp *paho.Connect) {
-		cp.Properties = &paho.ConnectProperties{ReceiveMaximum: &rm}
-	})
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	c.subscribe(t, actionsT, 1)
-	receive(t, h.subscribed, "DeviceSubscribed")
+	subscribedWith(t, s, h, true, &paho.ConnectProperties{ReceiveMaximum: &rm})
 	for i := range 2 {
 		if !s.SendAction("acme", "dev-1", fmt.Appendf(nil, `{"id": "%d"}`, i)) {
 			t.Fatalf("SendAction %d = false, want true", i)
