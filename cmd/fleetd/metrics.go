@@ -56,32 +56,22 @@ func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweep
 	counter("fleetd_notifications_dead_total", "notifications given up on after the last attempt",
 		func() float64 { return float64(notifier.Stats().Dead) })
 
-	registerChannelMetrics(reg, ch)
-	return reg
-}
-
-// registerChannelMetrics publishes the device channel's counters, and for
-// an external broker whether fleetd is connected to it.
-func registerChannelMetrics(reg *prometheus.Registry, ch mqtt.Channel) {
-	gauge := func(name, help string, f func(mqtt.Stats) float64) {
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(ch.Stats()) }))
-	}
-	counter := func(name, help string, f func(mqtt.Stats) uint64) {
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f(ch.Stats())) }))
-	}
 	if c, ok := ch.(*mqtt.Client); ok {
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "fleetd_mqtt_broker_connected",
-			Help: "1 while fleetd is connected and subscribed to the external MQTT broker"}, func() float64 {
+		gauge("fleetd_mqtt_broker_connected", "1 while fleetd is connected and subscribed to the external MQTT broker", func() float64 {
 			if c.Connected() {
 				return 1
 			}
 			return 0
-		}))
+		})
 	} else {
-		gauge("fleetd_mqtt_connections", "devices connected to the embedded broker", func(s mqtt.Stats) float64 { return float64(s.Connections) })
+		gauge("fleetd_mqtt_connections", "devices connected to the embedded broker", func() float64 { return float64(ch.Stats().Connections) })
 	}
-	counter("fleetd_mqtt_messages_in_total", "device publishes handed to fleetd", func(s mqtt.Stats) uint64 { return s.MessagesIn })
-	counter("fleetd_mqtt_messages_out_total", "action messages handed to the broker for a subscribed device", func(s mqtt.Stats) uint64 { return s.MessagesOut })
-	counter("fleetd_mqtt_handler_errors_total", "device publishes fleetd rejected and acknowledged", func(s mqtt.Stats) uint64 { return s.HandlerErrors })
-	counter("fleetd_mqtt_unacknowledged_total", "device publishes left unacknowledged because fleetd could not commit them", func(s mqtt.Stats) uint64 { return s.Unacknowledged })
+	counter("fleetd_mqtt_messages_in_total", "device publishes handed to fleetd", func() float64 { return float64(ch.Stats().MessagesIn) })
+	counter("fleetd_mqtt_messages_out_total", "action messages handed to the broker for a subscribed device",
+		func() float64 { return float64(ch.Stats().MessagesOut) })
+	counter("fleetd_mqtt_handler_errors_total", "device publishes fleetd rejected and acknowledged",
+		func() float64 { return float64(ch.Stats().HandlerErrors) })
+	counter("fleetd_mqtt_unacknowledged_total", "device publishes left unacknowledged because fleetd could not commit them",
+		func() float64 { return float64(ch.Stats().Unacknowledged) })
+	return reg
 }
