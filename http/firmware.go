@@ -413,9 +413,3 @@ func (w *rangeErrorWriter) Write(b []byte) (int, error) {
 	}
 	return w.ResponseWriter.Write(b)
 }
-
-// ReadFrom keeps the response writer's own, which sends files without
-// copying them through user space.
-func (w *rangeErrorWriter) ReadFrom(src io.Reader) (int64, error) {
-	return io.Copy(w.ResponseWriter, src)
-}
