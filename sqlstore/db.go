@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -444,18 +443,6 @@ func (db *DB) tryBatch(batch []*job) ([]error, error) {
 	db.stats.nanos.Add(uint64(time.Since(tx.start)))
 	db.local.publish(tx.changes)
 	return errs, nil
-}
-
-// dsnForLog returns dsn without its password, for log lines.
-func dsnForLog(dsn string) string {
-	if !isPostgres(dsn) {
-		return dsn
-	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "postgres://…"
-	}
-	return u.Redacted()
 }
 
 // writeStats counts the group commits.
