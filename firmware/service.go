@@ -67,7 +67,7 @@ type parsed struct {
 func (s *Service) ingest(ctx context.Context, tenant string, id uuid.UUID, archive io.Reader) (*fleet.BundleFile, blob.Pending, error) {
 	// Each upload gets a key of its own: two uploads racing for one
 	// record never touch each other's file.
-	key := path.Join("bundles", tenant, id.String(), uuid.NewString())
+	key := path.Join(bundlesPrefix, tenant, id.String(), uuid.NewString())
 	pr, pw := io.Pipe()
 	done := make(chan parsed, 1)
 	go func() {
@@ -116,6 +116,10 @@ func (s *Service) deleteBlob(ctx context.Context, key string) {
 	}
 }
 
+// bundlesPrefix begins the blob key of every archive:
+// bundles/{tenant}/{bundle id}/{upload id}.
+const bundlesPrefix = "bundles"
+
 // OrphanGrace is how old an archive no record references must be before
 // RemoveOrphans deletes it: an upload commits its archive a moment before
 // writing its record, perhaps on another replica, and must not lose it.
@@ -129,7 +133,7 @@ const OrphanGrace = time.Hour
 // are not fleetd's to delete and are left alone.
 func (s *Service) RemoveOrphans(ctx context.Context, grace time.Duration) (int, error) {
 	var orphans []string
-	err := s.Blobs.Walk(ctx, "bundles", func(key string, mod time.Time) error {
+	err := s.Blobs.Walk(ctx, bundlesPrefix, func(key string, mod time.Time) error {
 		if time.Since(mod) < grace { // files keep the machine's time, not s.Now's
 			return nil
 		}
