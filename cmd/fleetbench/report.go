@@ -1,11 +1,16 @@
 package main
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
+	"net/http"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -256,4 +261,64 @@ func machineCPU() (busy, total float64) {
 		}
 	}
 	return busy, total
+}
+
+// commitMeter measures fleetd's group commit over a run, from the
+// counters of its /metrics: how many transactions committed, how many
+// writes each carried and how long each took from BEGIN to the end of
+// COMMIT. It is how a throughput figure shows whether the write path
+// batched.
+type commitMeter struct {
+	url   string
+	start time.Time
+	at    map[string]float64
+}
+
+var commitCounters = []string{"fleetd_db_commits_total", "fleetd_db_write_jobs_total", "fleetd_db_commit_seconds_total"}
+
+func startCommits(ctx context.Context, url string) *commitMeter {
+	return &commitMeter{url: url, start: time.Now(), at: scrape(ctx, url, commitCounters)}
+}
+
+// String says the commits per second, writes per commit and mean commit
+// time since the start; "" if /metrics could not be read.
+func (m *commitMeter) String(ctx context.Context) string {
+	el := time.Since(m.start).Seconds()
+	now := scrape(ctx, m.url, commitCounters)
+	if now == nil || m.at == nil {
+		return ""
+	}
+	commits := now[commitCounters[0]] - m.at[commitCounters[0]]
+	if commits <= 0 {
+		return "no commits"
+	}
+	jobs := now[commitCounters[1]] - m.at[commitCounters[1]]
+	secs := now[commitCounters[2]] - m.at[commitCounters[2]]
+	return fmt.Sprintf("group commit: %.0f commits/s, %.1f writes per commit, %.2f ms each BEGIN to COMMIT",
+		commits/el, jobs/commits, 1000*secs/commits)
+}
+
+// scrape reads the named samples from fleetd's /metrics; nil if it cannot.
+func scrape(ctx context.Context, url string, names []string) map[string]float64 {
+	req, err := http.NewRequestWithContext(ctx, "GET", url+"/metrics", nil)
+	if err != nil {
+		return nil
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, v, ok := strings.Cut(sc.Text(), " ")
+		if ok && slices.Contains(names, name) {
+			out[name], _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	if sc.Err() != nil || len(out) < len(names) {
+		return nil
+	}
+	return out
 }

@@ -167,7 +167,7 @@ func (r *runner) s10(ctx context.Context) error {
 
 	r.p.say("s10: %d connections, %s, on %d device actions", conns, r.o.duration, n)
 	wait := r.profile("s10", r.sz.warmup+r.o.duration)
-	cpu := startCPU(r.t.pid)
+	cpu, commits := startCPU(r.t.pid), startCommits(ctx, r.t.url)
 	res := (&httpLoad{url: r.t.url + "/api/v1/devices/action/status", headers: headers, conns: conns, want: http.StatusNoContent,
 		body: body(seq), warmup: r.sz.warmup, duration: r.o.duration}).run(ctx)
 	wait()
@@ -177,7 +177,7 @@ func (r *runner) s10(ctx context.Context) error {
 	}
 	applied := fmt.Sprintf("%d of %d device actions show the last report sent", ok, sent)
 	thr := r.rep.add(&figure{Scenario: "s10", Name: fmt.Sprintf("S10 over HTTP, %d connections", conns), Value: res.rate, Unit: perSecond,
-		Goal: 30_000, AtLeast: true, Note: joinNotes(applied, cpu.String(), errorNote(res))})
+		Goal: 30_000, AtLeast: true, Note: joinNotes(applied, cpu.String(), commits.String(ctx), errorNote(res))})
 	r.rep.compare(thr, "hello")
 	r.rep.add(&figure{Scenario: "s10", Name: "S10 throughput ÷ hello-world", Value: 100 * res.rate / helloRes.rate, Unit: percent, Goal: 40, AtLeast: true})
 	r.rep.compare(r.rep.add(&figure{Scenario: "s10", Name: "S10 p50", Value: ms(res.p50), Unit: millis}), "hello-p50")
@@ -255,7 +255,7 @@ func (r *runner) mqttStatus(ctx context.Context) error {
 	seq := newReportSeq(n)
 	r.p.say("mqtt-status: %d devices publishing, %s", n, r.o.duration)
 	wait := r.profile("mqtt-status", r.sz.warmup+r.o.duration)
-	cpu := startCPU(r.t.pid)
+	cpu, commits := startCPU(r.t.pid), startCommits(ctx, r.t.url)
 	res := r.publishLoad(ctx, fc, func(d *simDevice) string { return mqtt.ActionStatusTopic(d.tenant, d.id) }, func(i int) []byte {
 		s := seq.next(i)
 		return fmt.Appendf(nil, `{"id":"%d","state":"Downloading","progress":%d,"timestamp":%d,"sequence":%d}`, act.ID, progressOf(s), seq.base+s, s)
@@ -268,7 +268,7 @@ func (r *runner) mqttStatus(ctx context.Context) error {
 	applied := fmt.Sprintf("%d of %d device actions show the last report sent", ok, sent)
 	f := r.rep.add(&figure{Scenario: "mqtt-status", Name: fmt.Sprintf("status reports over MQTT, %d devices, QoS 1, one per publish", n),
 		Value: res.rate, Unit: perSecond, Goal: 50_000, AtLeast: true,
-		Note: joinNotes(applied, fmt.Sprintf("PUBACK p50 %.2f ms, p99 %.2f ms", ms(res.p50), ms(res.p99)), cpu.String(), errorNote(res))})
+		Note: joinNotes(applied, fmt.Sprintf("PUBACK p50 %.2f ms, p99 %.2f ms", ms(res.p50), ms(res.p99)), cpu.String(), commits.String(ctx), errorNote(res))})
 	r.rep.compare(f, "update")
 	if res.errors > 0 || ok != sent {
 		return fmt.Errorf("MQTT status: %s", f.Note)
@@ -331,7 +331,7 @@ func (r *runner) streams(ctx context.Context) error {
 	sent := make([]int, n) // batches each device published
 	r.p.say("streams: %d devices publishing batches of %d points, %d rules, %s", n, per, len(streamRules), r.o.duration)
 	wait := r.profile("streams", r.sz.warmup+r.o.duration)
-	cpu := startCPU(r.t.pid)
+	cpu, commits := startCPU(r.t.pid), startCommits(ctx, r.t.url)
 	res := r.publishLoad(ctx, fc, func(d *simDevice) string { return mqtt.StreamTopic(d.tenant, d.id, stream) }, func(i int) []byte {
 		sent[i]++
 		return pointBatch(base, (sent[i]-1)*per, per)
@@ -356,7 +356,7 @@ func (r *runner) streams(ctx context.Context) error {
 	f := r.rep.add(&figure{Scenario: "streams", Name: fmt.Sprintf("MQTT stream points, %d alert rules, %d devices, %d per publish", len(streamRules), n, per),
 		Value: res.rate * float64(per), Unit: perSecond, Goal: 50_000, AtLeast: true,
 		Note: joinNotes(fmt.Sprintf("%s publishes/s, PUBACK p50 %.2f ms, p99 %.2f ms; %d of %d devices checked show their last point as latest",
-			thousands(res.rate), ms(res.p50), ms(res.p99), latest, min(n, 20)), cpu.String(), errorNote(res))})
+			thousands(res.rate), ms(res.p50), ms(res.p99), latest, min(n, 20)), cpu.String(), commits.String(ctx), errorNote(res))})
 	if res.errors > 0 || latest != min(n, 20) {
 		return fmt.Errorf("streams: %s", f.Note)
 	}
@@ -740,18 +740,10 @@ func (r *runner) residentMemory(ctx context.Context) (rss, peak float64, how str
 		}
 		return rss, peak, fmt.Sprintf("VmRSS of pid %d", r.t.pid), sc.Err()
 	}
-	req, _ := http.NewRequestWithContext(ctx, "GET", r.t.url+"/metrics", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, 0, "", err
+	const name = "process_resident_memory_bytes"
+	m := scrape(ctx, r.t.url, []string{name})
+	if m == nil {
+		return 0, 0, "", errors.New("/metrics has no process_resident_memory_bytes; pass --pid")
 	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "process_resident_memory_bytes "); ok {
-			b, err := strconv.ParseFloat(v, 64)
-			return b / (1 << 20), 0, "process_resident_memory_bytes of /metrics", err
-		}
-	}
-	return 0, 0, "", errors.New("/metrics has no process_resident_memory_bytes; pass --pid")
+	return m[name] / (1 << 20), 0, name + " of /metrics", nil
 }
