@@ -602,10 +602,17 @@ func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.S
 		byAction[r.ActionID] = append(byAction[r.ActionID], r.DeviceID)
 	}
 	for _, a := range actions {
+		var timeout int64
+		err := tx.queryRow(ctx, "SELECT timeout FROM actions WHERE tenant = ? AND id = ?", tenant, a).Scan(&timeout)
+		if errors.Is(err, sql.ErrNoRows) {
+			continue // no such action: no device action to find
+		} else if err != nil {
+			return nil, err
+		}
 		devs := byAction[a]
 		sort.Strings(devs) // writers lock rows in one order
 		for start := 0; start < len(devs); start += reportChunk {
-			if err := tx.loadReportRows(ctx, tenant, a, devs[start:min(start+reportChunk, len(devs))], rows); err != nil {
+			if err := tx.loadReportRows(ctx, tenant, a, timeout, devs[start:min(start+reportChunk, len(devs))], rows); err != nil {
 				return nil, err
 			}
 		}
@@ -652,15 +659,14 @@ func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.S
 }
 
 // loadReportRows reads (and on PostgreSQL locks) the device actions of one
-// action on devs into rows.
-func (tx *Tx) loadReportRows(ctx context.Context, tenant string, actionID int64, devs []string, rows map[reportKey]*reportRow) error {
+// action, whose timeout is timeout seconds, on devs into rows.
+func (tx *Tx) loadReportRows(ctx context.Context, tenant string, actionID, timeout int64, devs []string, rows map[reportKey]*reportRow) error {
 	args := append([]any{tenant, actionID}, anys(devs)...)
 	for n := sizeClass(len(devs)); len(args) < 2+n; {
 		args = append(args, devs[len(devs)-1]) // a repeat matches no more rows
 	}
-	q, err := tx.query(ctx, `SELECT device_id, type, status, action_status, progress, errors, last_ts, last_seq, initiated_at,
-		(SELECT timeout FROM actions a WHERE a.tenant = da.tenant AND a.id = da.action_id)
-		FROM device_actions da WHERE tenant = ? AND action_id = ? AND device_id IN (`+placeholders(len(args)-2)+`)
+	q, err := tx.query(ctx, `SELECT device_id, type, status, action_status, progress, errors, last_ts, last_seq, initiated_at
+		FROM device_actions WHERE tenant = ? AND action_id = ? AND device_id IN (`+placeholders(len(args)-2)+`)
 		ORDER BY device_id`+tx.db.dialect.forUpdate(), args...)
 	if err != nil {
 		return err
@@ -669,19 +675,22 @@ func (tx *Tx) loadReportRows(ctx context.Context, tenant string, actionID int64,
 	for q.Next() {
 		var (
 			dev             string
-			row             reportRow
+			row             = reportRow{timeout: timeout}
 			lastTS, lastSeq sql.NullInt64
 		)
 		if err := q.Scan(&dev, &row.typ, &row.state.Status, &row.state.ActionStatus, &row.state.Progress, &row.errsText,
-			&lastTS, &lastSeq, &row.initiatedAt, &row.timeout); err != nil {
+			&lastTS, &lastSeq, &row.initiatedAt); err != nil {
 			return err
 		}
 		if lastTS.Valid {
 			row.state.Last = &fleet.ReportKey{Timestamp: lastTS.Int64, Sequence: lastSeq.Int64}
 		}
 		row.loadedStatus, row.loadedInitiated = row.state.ActionStatus, row.initiatedAt.Valid
-		if err := json.Unmarshal([]byte(row.errsText), &row.state.Errors); err != nil {
-			return fmt.Errorf("device action %d/%s errors: %w", actionID, dev, err)
+		// Most device actions have no errors; "{}" needs no decoder.
+		if row.errsText != "{}" {
+			if err := json.Unmarshal([]byte(row.errsText), &row.state.Errors); err != nil {
+				return fmt.Errorf("device action %d/%s errors: %w", actionID, dev, err)
+			}
 		}
 		rows[reportKey{actionID, dev}] = &row
 	}

@@ -866,4 +866,57 @@ func BenchmarkReportStatus(b *testing.B) {
 	}
 }
 
+// BenchmarkReportBatch applies status reports in one store call of each
+// batch size, as the action service hands them over: each report moves one
+// of 10,000 device actions along (the usual report, progress only). The
+// write path's cost per report falls as batches grow; fleetbench's S10
+// makes batches of about 20, its MQTT scenario of several hundred.
+//
+//	go test ./sqlstore -run '^$' -bench ReportBatch -benchtime 2s
+func BenchmarkReportBatch(b *testing.B) {
+	const n = 10_000
+	for _, batch := range []int{1, 20, 100, 500} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			back := sqlstoretest.Backends()[0]
+			db := sqlstoretest.MustOpen(b, back, sqlstoretest.Options{})
+			ctx := context.Background()
+			mustTenant(b, db, "acme")
+			devs := map[string]map[string]string{}
+			ids := make([]string, n)
+			for i := range ids {
+				ids[i] = fmt.Sprintf("dev-%05d", i)
+				devs[ids[i]] = nil
+			}
+			mustDevices(b, db, "acme", devs)
+			a := mustDispatch(b, db, "acme", dispatch("reboot", "default", ids...))
+			seq := make([]int64, n)
+			base := time.Now().UnixMilli()
+			next := 0
+			b.ResetTimer()
+			for b.Loop() {
+				reports := make([]fleet.StatusReport, batch)
+				for i := range reports {
+					// A stride that spreads a batch over the table, as
+					// concurrent devices do.
+					d := (next * 7919) % n
+					next++
+					seq[d]++
+					reports[i] = fleet.StatusReport{DeviceID: ids[d], ActionID: a.ID, State: "Downloading",
+						Progress: intp(int(seq[d] % 100)), Timestamp: i64(base + seq[d]), Sequence: i64(seq[d])}
+				}
+				errs, err := db.ReportStatus(ctx, "acme", reports)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, err := range errs {
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*batch), "µs/report")
+		})
+	}
+}
+
 var _ sync.Mutex

@@ -102,7 +102,11 @@ func Open(ctx context.Context, dsn string, opt Options) (*DB, error) {
 		// up every writer of the batch behind it (a dispatch to a million
 		// devices leaves a WAL that takes seconds to copy back). The
 		// checkpoint loop does it on a connection of its own instead.
-		db.write, err = sql.Open("sqlite", "file:"+dsn+"?"+pragmas+"&_pragma=wal_autocheckpoint(0)&_txlock=immediate")
+		// Statement journals stay in memory (temp_store): a multi-row
+		// UPDATE of a batch keeps one of the pages it changes, and past
+		// 64 KiB SQLite would spill it to a temporary file, a write
+		// system call per page.
+		db.write, err = sql.Open("sqlite", "file:"+dsn+"?"+pragmas+"&_pragma=wal_autocheckpoint(0)&_pragma=temp_store(MEMORY)&_txlock=immediate")
 		if err != nil {
 			return nil, fmt.Errorf("open sqlite: %w", err)
 		}

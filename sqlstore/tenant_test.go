@@ -39,7 +39,7 @@ func mustOpen(t *testing.T, b sqlstoretest.Backend) (*sqlstore.DB, *clock) {
 }
 
 // mustTenant creates a tenant and returns its admin key.
-func mustTenant(t *testing.T, db *sqlstore.DB, name string) string {
+func mustTenant(t testing.TB, db *sqlstore.DB, name string) string {
 	t.Helper()
 	_, key, err := db.CreateTenant(context.Background(), name)
 	if err != nil {
