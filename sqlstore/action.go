@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -981,20 +982,18 @@ func (db *DB) FindDeviceActions(ctx context.Context, tenant string, f fleet.Devi
 	cond := strings.Join(append([]string{"tenant = ?", "action_id = ?"}, filters...), " AND ")
 	args := append([]any{tenant, f.ActionID}, filterArgs...)
 	var count int
-	if err := db.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE "+cond, args...).Scan(&count); err != nil {
-		return nil, 0, db.classify(err)
-	}
+	wait := db.queryRowAside(ctx, "SELECT count(*) FROM device_actions WHERE "+cond, args, &count)
 	// The page is chosen first and joined to its actions (for params)
 	// after, so sorting never touches the actions table.
-	rows, err := db.query(ctx, `WITH page AS (SELECT `+deviceActionColumns+`, tenant FROM device_actions WHERE `+cond+
+	page, err := db.scanDeviceActions(ctx, `WITH page AS (SELECT `+deviceActionColumns+`, tenant FROM device_actions WHERE `+cond+
 		` ORDER BY device_id LIMIT ? OFFSET ?)
 		SELECT `+prefixed("page.", deviceActionColumns)+`, COALESCE(a.device_params, a.params)
 		FROM page JOIN actions a ON a.tenant = page.tenant AND a.id = page.action_id ORDER BY page.device_id`,
 		append(args, f.Limit, f.Offset())...)
-	if err != nil {
+	if err := cmp.Or(wait(), err); err != nil {
 		return nil, 0, db.classify(err)
 	}
-	return scanDeviceActions(rows, count)
+	return page, count, nil
 }
 
 // finalStatuses and liveStatuses split a device's actions in two: the
@@ -1022,16 +1021,11 @@ func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fl
 	cond := strings.Join(append([]string{"tenant = ?", "device_id = ?"}, filters...), " AND ")
 	args := append([]any{tenant, f.DeviceID}, filterArgs...)
 	// Whether the device exists and how many actions match, in one round
-	// trip.
+	// trip, while the page is read.
 	var exists sql.NullInt64
 	var count int
-	if err := db.queryRow(ctx, "SELECT (SELECT 1 FROM devices WHERE tenant = ? AND id = ?), (SELECT count(*) FROM device_actions WHERE "+cond+")",
-		append([]any{tenant, f.DeviceID}, args...)...).Scan(&exists, &count); err != nil {
-		return nil, 0, db.classify(err)
-	}
-	if !exists.Valid {
-		return nil, 0, fleet.Errorf(fleet.ENOTFOUND, "device %q not found", f.DeviceID)
-	}
+	wait := db.queryRowAside(ctx, "SELECT (SELECT 1 FROM devices WHERE tenant = ? AND id = ?), (SELECT count(*) FROM device_actions WHERE "+cond+")",
+		append([]any{tenant, f.DeviceID}, args...), &exists, &count)
 	col, ok := deviceActionSorts[f.SortBy]
 	if !ok {
 		col = "action_id"
@@ -1068,24 +1062,32 @@ func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fl
 		SELECT ` + prefixed("page.", deviceActionColumns) + `, COALESCE(a.device_params, a.params)
 		FROM page JOIN actions a ON a.tenant = ? AND a.id = page.action_id
 		ORDER BY page.k` + dir + `, page.action_id` + dir
-	rows, err := db.query(ctx, q, append(qargs, tenant)...)
-	if err != nil {
+	page, err := db.scanDeviceActions(ctx, q, append(qargs, tenant)...)
+	if err := cmp.Or(wait(), err); err != nil {
 		return nil, 0, db.classify(err)
 	}
-	return scanDeviceActions(rows, count)
+	if !exists.Valid {
+		return nil, 0, fleet.Errorf(fleet.ENOTFOUND, "device %q not found", f.DeviceID)
+	}
+	return page, count, nil
 }
 
-func scanDeviceActions(rows *sql.Rows, count int) ([]*fleet.DeviceAction, int, error) {
+// scanDeviceActions reads the device actions a query selects; never nil.
+func (db *DB) scanDeviceActions(ctx context.Context, query string, args ...any) ([]*fleet.DeviceAction, error) {
+	rows, err := db.query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
 	defer rows.Close()
 	out := []*fleet.DeviceAction{}
 	for rows.Next() {
 		da, err := scanDeviceAction(rows)
 		if err != nil {
-			return nil, 0, err
+			return nil, err
 		}
 		out = append(out, da)
 	}
-	return out, count, rows.Err()
+	return out, rows.Err()
 }
 
 // prefixed qualifies each comma-separated column (with its ordering

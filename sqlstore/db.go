@@ -274,6 +274,16 @@ func (db *DB) queryRow(ctx context.Context, query string, args ...any) *sql.Row 
 	return db.read.QueryRowContext(ctx, query, args...)
 }
 
+// queryRowAside runs a one-row query on a read connection of its own while
+// the caller goes on with its next read; wait returns the row's Scan error
+// and must be called before dest is read or the caller returns. A list's
+// count and its page take the time of the longer instead of the sum.
+func (db *DB) queryRowAside(ctx context.Context, query string, args []any, dest ...any) (wait func() error) {
+	done := make(chan error, 1)
+	go func() { done <- db.queryRow(ctx, query, args...).Scan(dest...) }()
+	return func() error { return <-done }
+}
+
 // readTx begins a read-only transaction that sees the database at one
 // moment (SQLite's read transaction; REPEATABLE READ on PostgreSQL).
 func (db *DB) readTx(ctx context.Context) (*sql.Tx, error) {

@@ -1,9 +1,13 @@
 package sqlstore_test
 
 import (
+	"context"
+	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
 // TestFinalStatusesSortFirst guards migration 0009: its sort indexes hold
@@ -14,5 +18,53 @@ func TestFinalStatusesSortFirst(t *testing.T) {
 		if got, want := string(s) < "Initiated", s.Final(); got != want {
 			t.Errorf("%s sorts before Initiated: %v, but Final() is %v", s, got, want)
 		}
+	}
+}
+
+// BenchmarkDeviceActionsOfDevice is S7 in the store: one page of 50 of a
+// device's 10,000 actions (all final but the last 30), for each sort.
+//
+//	go test ./sqlstore -run '^$' -bench DeviceActionsOfDevice
+func BenchmarkDeviceActionsOfDevice(b *testing.B) {
+	const n, live = 10_000, 30
+	db := sqlstoretest.MustOpen(b, sqlstoretest.Backends()[0], sqlstoretest.Options{})
+	ctx := context.Background()
+	mustTenant(b, db, "acme")
+	mustDevices(b, db, "acme", map[string]map[string]string{"dev-1": nil})
+	ids := make([]int64, n)
+	var wg sync.WaitGroup
+	for w := range 64 {
+		wg.Go(func() {
+			for i := w; i < n; i += 64 {
+				ids[i] = mustDispatch(b, db, "acme", dispatch(fmt.Sprintf("act-%d", i%7), "default", "dev-1")).ID
+			}
+		})
+	}
+	wg.Wait()
+	var reports []fleet.StatusReport
+	for i, id := range ids[:n-live] {
+		state := "Completed"
+		if i%3 == 0 {
+			state = "Failed"
+		}
+		reports = append(reports, fleet.StatusReport{DeviceID: "dev-1", ActionID: id, State: state, Errors: []string{"e"}[:i%2]})
+	}
+	for start := 0; start < len(reports); start += 500 {
+		if _, err := db.ReportStatus(ctx, "acme", reports[start:min(start+500, len(reports))]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, sort := range []string{"action_id", "type", "updated_at", "errors"} {
+		b.Run("sort_by="+sort, func(b *testing.B) {
+			asc := false
+			for b.Loop() {
+				asc = !asc
+				page, total, err := db.FindDeviceActions(ctx, "acme", fleet.DeviceActionFilter{DeviceID: "dev-1", SortBy: sort, Ascending: asc,
+					Page: fleet.Page{Page: 1, Limit: 50}})
+				if err != nil || total != n || len(page) != 50 {
+					b.Fatalf("%d of %d, %v", len(page), total, err)
+				}
+			}
+		})
 	}
 }
