@@ -67,7 +67,9 @@ Scenarios (--scenarios takes a comma-separated subset):
   dispatch     dispatch to 100,000 and to 1,000,000 devices (search_type
                all, a tenant each): time to the 201.
   s7           S7 on a device with 10,000 actions: p99 for every sort_by
-               (limit=50, page 1, alternating desc and asc).
+               (limit=50, page 1, alternating desc and asc), measured once
+               the machine has been quiet for a second (waiting at most a
+               minute for the last scenario's checkpoint or autovacuum).
   delivery     10,000 connected devices subscribed to their actions; one
                dispatch to all of them: time from the 201 until the last
                device received the action.

@@ -322,3 +322,22 @@ func scrape(ctx context.Context, url string, names []string) map[string]float64 
 	}
 	return out
 }
+
+// settle waits until the whole machine has been quiet (under 15% busy)
+// for a second, or for at most max, and returns how long it waited. A
+// latency figure taken while the previous scenario's background work
+// still runs (SQLite copying a million-row dispatch's WAL back into the
+// database, PostgreSQL's autovacuum) would measure that work as much as
+// the requests.
+func settle(ctx context.Context, max time.Duration) time.Duration {
+	start := time.Now()
+	for time.Since(start) < max && ctx.Err() == nil {
+		busy0, total0 := machineCPU()
+		time.Sleep(time.Second)
+		busy, total := machineCPU()
+		if total > total0 && (busy-busy0)/(total-total0) < 0.15 {
+			break
+		}
+	}
+	return time.Since(start).Round(time.Second)
+}

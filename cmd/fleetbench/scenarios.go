@@ -616,6 +616,8 @@ func (r *runner) s7(ctx context.Context) error {
 		}
 		return nil
 	}
+	r.p.say("s7: waiting for the machine to settle")
+	note += fmt.Sprintf("; measured once the machine was quiet, after %s", settle(ctx, time.Minute))
 	wait := r.profile("s7", 5*time.Second)
 	defer wait()
 	for _, sort := range s7Sorts {
