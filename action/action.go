@@ -16,6 +16,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -483,17 +484,26 @@ func (s *Service) applyReports() {
 }
 
 // collectReports adds to first the calls already waiting, up to
-// MaxReportBatch reports.
+// MaxReportBatch reports. When none is waiting it yields once before it
+// stops: handlers that are a few instructions away from sending their
+// report (the HTTP requests and MQTT publishes being read while the last
+// batch committed) get to join, and a batch's commit is shared by more.
+// With nothing else to run, yielding returns at once.
 func (s *Service) collectReports(first *reportCall) []*reportCall {
 	batch := []*reportCall{first}
 	n := len(first.reports)
-	for n < s.MaxReportBatch {
+	for yielded := false; n < s.MaxReportBatch; {
 		select {
 		case c := <-s.reports:
 			batch = append(batch, c)
 			n += len(c.reports)
+			yielded = false
 		default:
-			return batch
+			if yielded {
+				return batch
+			}
+			runtime.Gosched()
+			yielded = true
 		}
 	}
 	return batch

@@ -66,6 +66,9 @@ func BenchmarkActionStatusHTTP(b *testing.B) {
 				b.Fatal(err)
 			}
 			svc := &action.Service{Store: db}
+			if be.Name == "sqlite" {
+				svc.ReportWorkers = 1 // as fleetd serve sets it
+			}
 			svc.Open()
 			defer svc.Close()
 			api := &fleethttp.Server{Addr: "127.0.0.1:0", Tenants: db, Devices: db, Audit: db, Actions: svc}
