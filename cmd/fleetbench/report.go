@@ -274,7 +274,7 @@ type commitMeter struct {
 	at    map[string]float64
 }
 
-var commitCounters = []string{"fleetd_db_commits_total", "fleetd_db_write_jobs_total", "fleetd_db_commit_seconds_total"}
+var commitCounters = []string{"fleetd_db_commits_total", "fleetd_db_write_jobs_total", "fleetd_db_commit_seconds_total", "fleetd_status_reports_total"}
 
 func startCommits(ctx context.Context, url string) *commitMeter {
 	return &commitMeter{url: url, start: time.Now(), at: scrape(ctx, url, commitCounters)}
@@ -294,8 +294,13 @@ func (m *commitMeter) String(ctx context.Context) string {
 	}
 	jobs := now[commitCounters[1]] - m.at[commitCounters[1]]
 	secs := now[commitCounters[2]] - m.at[commitCounters[2]]
-	return fmt.Sprintf("group commit: %.0f commits/s, %.1f writes per commit, %.2f ms each BEGIN to COMMIT",
-		commits/el, jobs/commits, 1000*secs/commits)
+	s := fmt.Sprintf("group commit: %.0f commits/s, %.1f store writes per commit", commits/el, jobs/commits)
+	// The action service hands the store the reports of many callers as
+	// one write.
+	if reports := now[commitCounters[3]] - m.at[commitCounters[3]]; reports > 0 {
+		s += fmt.Sprintf(" (%.1f status reports)", reports/commits)
+	}
+	return s + fmt.Sprintf(", %.2f ms each BEGIN to COMMIT", 1000*secs/commits)
 }
 
 // scrape reads the named samples from fleetd's /metrics; nil if it cannot.
