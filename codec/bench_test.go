@@ -79,6 +79,15 @@ func BenchmarkEncode(b *testing.B) {
 			}
 		})
 	}
+	// Marshal is what the HTTP server uses: it needs the length first.
+	b.Run("marshal-json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := codec.Marshal(codec.JSON, page); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("encoding-json", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
