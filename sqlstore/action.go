@@ -1119,11 +1119,16 @@ func scanDeviceAction(s interface{ Scan(...any) error }) (*fleet.DeviceAction, e
 		&da.UserEmail, &da.UserName, &meta, &created, &updated, &da.Params); err != nil {
 		return nil, err
 	}
-	if err := json.Unmarshal([]byte(errs), &da.Errors); err != nil {
-		return nil, fmt.Errorf("device action %d/%s errors: %w", da.ActionID, da.DeviceID, err)
+	// "{}", the usual errors and often the metadata, needs no decoder.
+	if errs != "{}" {
+		if err := json.Unmarshal([]byte(errs), &da.Errors); err != nil {
+			return nil, fmt.Errorf("device action %d/%s errors: %w", da.ActionID, da.DeviceID, err)
+		}
 	}
-	if err := json.Unmarshal([]byte(meta), &da.SerialMetadata); err != nil {
-		return nil, fmt.Errorf("device action %d/%s metadata: %w", da.ActionID, da.DeviceID, err)
+	if meta != "{}" {
+		if err := json.Unmarshal([]byte(meta), &da.SerialMetadata); err != nil {
+			return nil, fmt.Errorf("device action %d/%s metadata: %w", da.ActionID, da.DeviceID, err)
+		}
 	}
 	if da.Errors == nil {
 		da.Errors = map[string][]string{}
