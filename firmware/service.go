@@ -17,8 +17,8 @@ import (
 )
 
 // Service implements fleet.FirmwareService over a store and a blob store.
-// Fill in the fields, then use it; it starts no goroutines (the caller runs
-// RunOrphanRemoval on one of its own).
+// Fill in the fields, then use it; it keeps no goroutines running between
+// calls (the caller runs RunOrphanRemoval on one of its own).
 type Service struct {
 	Store  fleet.FirmwareStore
 	Blobs  blob.Store
@@ -126,15 +126,17 @@ const bundlesPrefix = "bundles"
 const OrphanGrace = time.Hour
 
 // RemoveOrphans deletes the archives that no bundle record references and
-// that are older than grace, and returns how many. Only a crash between
-// committing an archive and writing its record, or a deletion that failed,
-// leaves one; both are rare, so a pass is a walk of the bundles' files and
-// a primary-key read for each. Files outside the layout of bundle archives
-// are not fleetd's to delete and are left alone.
-func (s *Service) RemoveOrphans(ctx context.Context, grace time.Duration) (int, error) {
+// that are older than OrphanGrace, and returns how many it deleted. Only a
+// crash between committing an archive and writing its record, or a
+// deletion that failed, leaves one; both are rare, so a pass is a walk of
+// the bundles' files and a primary-key read for each. Files outside the
+// layout of bundle archives are not fleetd's to delete and are left alone.
+// A deletion that fails does not stop the others; the failures are
+// returned together.
+func (s *Service) RemoveOrphans(ctx context.Context) (int, error) {
 	var orphans []string
 	err := s.Blobs.Walk(ctx, bundlesPrefix, func(key string, mod time.Time) error {
-		if time.Since(mod) < grace { // files keep the machine's time, not s.Now's
+		if time.Since(mod) < OrphanGrace { // files keep the machine's time, not s.Now's
 			return nil
 		}
 		used, err := s.referenced(ctx, key)
@@ -147,14 +149,17 @@ func (s *Service) RemoveOrphans(ctx context.Context, grace time.Duration) (int, 
 		return 0, err
 	}
 	n := 0
+	var failed []error
 	for _, key := range orphans {
-		if err := s.Blobs.Delete(ctx, key); err != nil && !errors.Is(err, blob.ErrNotFound) {
-			return n, err
+		switch err := s.Blobs.Delete(ctx, key); {
+		case err == nil:
+			n++
+			s.log().Info("removed a firmware archive no bundle references", "key", key)
+		case !errors.Is(err, blob.ErrNotFound): // not: another replica removed it first
+			failed = append(failed, fmt.Errorf("delete %s: %w", key, err))
 		}
-		n++
-		s.log().Info("removed a firmware archive no bundle references", "key", key)
 	}
-	return n, nil
+	return n, errors.Join(failed...)
 }
 
 // referenced reports whether a bundle record points to the archive key,
@@ -184,7 +189,7 @@ func (s *Service) RunOrphanRemoval(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		if _, err := s.RemoveOrphans(ctx, OrphanGrace); err != nil && ctx.Err() == nil {
+		if _, err := s.RemoveOrphans(ctx); err != nil && ctx.Err() == nil {
 			s.log().Error("remove orphaned firmware archives", "err", err)
 		}
 		select {

@@ -376,11 +376,12 @@ func TestRemoveOrphans(t *testing.T) {
 	}
 	young := put("bundles/acme/"+uuid.NewString()+"/"+uuid.NewString(), time.Minute)
 	foreign := put("bundles/notes.txt", old)
+	notAnID := put("bundles/acme/not-a-uuid/"+uuid.NewString(), old)
 	if err := os.Chtimes(filepath.Join(dir, filepath.FromSlash(kept.BlobKey)), time.Now().Add(-old), time.Now().Add(-old)); err != nil {
 		t.Fatal(err)
 	}
 
-	n, err := svc.RemoveOrphans(ctx, firmware.OrphanGrace)
+	n, err := svc.RemoveOrphans(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -392,7 +393,7 @@ func TestRemoveOrphans(t *testing.T) {
 			t.Errorf("orphan %s: Open = %v, want it gone", key, err)
 		}
 	}
-	for _, key := range []string{kept.BlobKey, young, foreign} {
+	for _, key := range []string{kept.BlobKey, young, foreign, notAnID} {
 		o, err := svc.Blobs.Open(ctx, key)
 		if err != nil {
 			t.Errorf("%s was removed: %v", key, err)
@@ -400,22 +401,82 @@ func TestRemoveOrphans(t *testing.T) {
 		}
 		o.Close()
 	}
-	if n, err := svc.RemoveOrphans(ctx, firmware.OrphanGrace); err != nil || n != 0 {
+	if n, err := svc.RemoveOrphans(ctx); err != nil || n != 0 {
 		t.Errorf("second pass removed %d (%v), want 0", n, err)
 	}
 }
 
-// failingDelete is a blob store whose deletions fail, as on a read-only
-// file system.
-type failingDelete struct{ blob.Store }
+// failingDelete is a blob store whose deletions of the keys in fail fail,
+// as on a read-only file system.
+type failingDelete struct {
+	blob.Store
+	fail map[string]bool
+}
 
-func (failingDelete) Delete(context.Context, string) error {
-	return errors.New("read-only file system")
+func (f failingDelete) Delete(ctx context.Context, key string) error {
+	if f.fail[key] {
+		return errors.New("read-only file system")
+	}
+	return f.Store.Delete(ctx, key)
+}
+
+// failingFind is a firmware store whose reads of bundles fail.
+type failingFind struct{ fleet.FirmwareStore }
+
+func (failingFind) FindBundle(context.Context, string, uuid.UUID) (*fleet.Bundle, error) {
+	return nil, errors.New("database unreachable")
 }
 
 func TestRemoveOrphansReportsFailures(t *testing.T) {
 	svc, dir, _ := newService(t)
 	ctx := context.Background()
+	orphan := func() string {
+		t.Helper()
+		key := "bundles/acme/" + uuid.NewString() + "/" + uuid.NewString()
+		p, err := svc.Blobs.Put(ctx, key, strings.NewReader("orphan"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		old := time.Now().Add(-2 * firmware.OrphanGrace)
+		if err := os.Chtimes(filepath.Join(dir, filepath.FromSlash(key)), old, old); err != nil {
+			t.Fatal(err)
+		}
+		return key
+	}
+	stuck, removable := orphan(), orphan()
+
+	blobs := svc.Blobs
+	svc.Blobs = failingDelete{blobs, map[string]bool{stuck: true}}
+	n, err := svc.RemoveOrphans(ctx)
+	if err == nil || !strings.Contains(err.Error(), stuck) || n != 1 {
+		t.Fatalf("RemoveOrphans = %d, %v; want the other removed and the failure named", n, err)
+	}
+	if _, err := blobs.Open(ctx, removable); err != blob.ErrNotFound {
+		t.Fatalf("the orphan after a failed deletion: Open = %v, want it gone", err)
+	}
+
+	store := svc.Store
+	svc.Store = failingFind{store}
+	if n, err := svc.RemoveOrphans(ctx); err == nil || n != 0 {
+		t.Fatalf("RemoveOrphans with the store down = %d, %v; want its error and nothing removed", n, err)
+	}
+	svc.Store = store
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := svc.RemoveOrphans(cancelled); !errors.Is(err, context.Canceled) {
+		t.Fatalf("RemoveOrphans with a cancelled context = %v", err)
+	}
+}
+
+// TestRunOrphanRemoval checks that the loop removes an orphan and ends
+// with its context.
+func TestRunOrphanRemoval(t *testing.T) {
+	svc, dir, _ := newService(t)
+	ctx, cancel := context.WithCancel(context.Background())
 	key := "bundles/acme/" + uuid.NewString() + "/" + uuid.NewString()
 	p, err := svc.Blobs.Put(ctx, key, strings.NewReader("orphan"))
 	if err != nil {
@@ -425,15 +486,23 @@ func TestRemoveOrphansReportsFailures(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := time.Now().Add(-2 * firmware.OrphanGrace)
-	os.Chtimes(filepath.Join(dir, filepath.FromSlash(key)), old, old)
-
-	svc.Blobs = failingDelete{svc.Blobs}
-	if n, err := svc.RemoveOrphans(ctx, firmware.OrphanGrace); err == nil || n != 0 {
-		t.Fatalf("RemoveOrphans = %d, %v; want the deletion's error", n, err)
+	if err := os.Chtimes(filepath.Join(dir, filepath.FromSlash(key)), old, old); err != nil {
+		t.Fatal(err)
 	}
-	cancelled, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { svc.RunOrphanRemoval(ctx, time.Millisecond); close(done) }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if _, err := svc.Blobs.Open(ctx, key); err == blob.ErrNotFound {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the orphan was not removed")
+		}
+	}
 	cancel()
-	if _, err := svc.RemoveOrphans(cancelled, firmware.OrphanGrace); !errors.Is(err, context.Canceled) {
-		t.Fatalf("RemoveOrphans with a cancelled context = %v", err)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("RunOrphanRemoval did not end with its context")
 	}
 }
