@@ -263,29 +263,30 @@ func machineCPU() (busy, total float64) {
 	return busy, total
 }
 
-// commitMeter measures fleetd's group commit over a run, from the
-// counters of its /metrics: how many transactions committed, how many
-// writes each carried and how long each took from BEGIN to the end of
-// COMMIT. It is how a throughput figure shows whether the write path
-// batched.
+// commitMeter measures fleetd's group commit over a run (warm-up
+// included, like cpuMeter), from the counters of its /metrics: how many
+// transactions committed, how many writes and status reports each carried
+// and how long each took from BEGIN to the end of COMMIT. It is how a
+// throughput figure shows whether the write path batched.
 type commitMeter struct {
 	url   string
 	start time.Time
-	at    map[string]float64
+	at    map[string]float64 // nil if /metrics could not be read
 }
 
 var commitCounters = []string{"fleetd_db_commits_total", "fleetd_db_write_jobs_total", "fleetd_db_commit_seconds_total", "fleetd_status_reports_total"}
 
 func startCommits(ctx context.Context, url string) *commitMeter {
-	return &commitMeter{url: url, start: time.Now(), at: scrape(ctx, url, commitCounters)}
+	at, _ := scrape(ctx, url, commitCounters)
+	return &commitMeter{url: url, start: time.Now(), at: at}
 }
 
-// String says the commits per second, writes per commit and mean commit
+// Note says the commits per second, writes per commit and mean commit
 // time since the start; "" if /metrics could not be read.
-func (m *commitMeter) String(ctx context.Context) string {
+func (m *commitMeter) Note(ctx context.Context) string {
 	el := time.Since(m.start).Seconds()
-	now := scrape(ctx, m.url, commitCounters)
-	if now == nil || m.at == nil {
+	now, err := scrape(ctx, m.url, commitCounters)
+	if err != nil || m.at == nil {
 		return ""
 	}
 	commits := now[commitCounters[0]] - m.at[commitCounters[0]]
@@ -303,17 +304,20 @@ func (m *commitMeter) String(ctx context.Context) string {
 	return s + fmt.Sprintf(", %.2f ms each BEGIN to COMMIT", 1000*secs/commits)
 }
 
-// scrape reads the named samples from fleetd's /metrics; nil if it cannot.
-func scrape(ctx context.Context, url string, names []string) map[string]float64 {
+// scrape reads the named samples from fleetd's /metrics.
+func scrape(ctx context.Context, url string, names []string) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, "GET", url+"/metrics", nil)
 	if err != nil {
-		return nil
+		return nil, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil
+		return nil, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /metrics: status %d", resp.StatusCode)
+	}
 	out := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
@@ -322,27 +326,42 @@ func scrape(ctx context.Context, url string, names []string) map[string]float64 
 			out[name], _ = strconv.ParseFloat(v, 64)
 		}
 	}
-	if sc.Err() != nil || len(out) < len(names) {
-		return nil
+	if err := sc.Err(); err != nil {
+		return nil, err
 	}
-	return out
+	for _, n := range names {
+		if _, ok := out[n]; !ok {
+			return nil, fmt.Errorf("/metrics has no %s", n)
+		}
+	}
+	return out, nil
 }
 
 // settle waits until the whole machine has been quiet (under 15% busy)
-// for a second, or for at most max, and returns how long it waited. A
-// latency figure taken while the previous scenario's background work
-// still runs (SQLite copying a million-row dispatch's WAL back into the
-// database, PostgreSQL's autovacuum) would measure that work as much as
-// the requests.
-func settle(ctx context.Context, max time.Duration) time.Duration {
+// for a second, or for at most max, and returns how long it waited and
+// whether the machine was quiet in the end. A latency figure taken while
+// the previous scenario's background work still runs (SQLite copying a
+// million-row dispatch's WAL back into the database, PostgreSQL's
+// autovacuum) would measure that work as much as the requests. sample
+// reads the machine's busy and total CPU time (machineCPU); 0 total means
+// it cannot be known.
+func settle(ctx context.Context, max time.Duration, sample func() (busy, total float64)) (time.Duration, bool) {
 	start := time.Now()
-	for time.Since(start) < max && ctx.Err() == nil {
-		busy0, total0 := machineCPU()
-		time.Sleep(time.Second)
-		busy, total := machineCPU()
+	waited := func() time.Duration { return time.Since(start).Round(time.Second) }
+	for time.Since(start) < max {
+		busy0, total0 := sample()
+		if total0 == 0 {
+			return waited(), false
+		}
+		select {
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			return waited(), false
+		}
+		busy, total := sample()
 		if total > total0 && (busy-busy0)/(total-total0) < 0.15 {
-			break
+			return waited(), true
 		}
 	}
-	return time.Since(start).Round(time.Second)
+	return waited(), false
 }

@@ -1,6 +1,12 @@
 package main
 
 import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -47,5 +53,75 @@ func TestMet(t *testing.T) {
 	}
 	if got := many.target(); got != "≥ 30,000/s" {
 		t.Errorf("target %q", got)
+	}
+}
+
+// TestCommitMeter reads the group commit from a /metrics that moves
+// between two scrapes, and says nothing when /metrics lacks a counter.
+func TestCommitMeter(t *testing.T) {
+	var scrapes atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		n := float64(scrapes.Add(1) - 1) // 0, then 1
+		fmt.Fprintf(w, "# HELP fleetd_db_commits_total x\nfleetd_db_commits_total %g\n", 100*n)
+		fmt.Fprintf(w, "fleetd_db_write_jobs_total %g\nfleetd_db_commit_seconds_total %g\n", 150*n, 0.2*n)
+		fmt.Fprintf(w, "fleetd_status_reports_total %g\nfleetd_db_commits_total_other 7\n", 2500*n)
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+	m := startCommits(ctx, srv.URL)
+	got := m.Note(ctx)
+	for _, want := range []string{"1.5 store writes per commit", "(25.0 status reports)", "2.00 ms each"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("%q lacks %q", got, want)
+		}
+	}
+
+	bare := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "fleetd_db_commits_total 3")
+	}))
+	defer bare.Close()
+	if got := startCommits(ctx, bare.URL).Note(ctx); got != "" {
+		t.Errorf("without all the counters: %q, want nothing", got)
+	}
+	if got, err := scrape(ctx, "http://127.0.0.1:1", commitCounters); err == nil {
+		t.Errorf("scrape of nothing listening = %v, want an error", got)
+	}
+	if _, err := scrape(ctx, bare.URL, commitCounters); err == nil || !strings.Contains(err.Error(), "fleetd_db_write_jobs_total") {
+		t.Errorf("scrape without a counter: %v, want it named", err)
+	}
+}
+
+// TestSettle follows the machine's CPU through settle's three endings.
+func TestSettle(t *testing.T) {
+	ctx := context.Background()
+	samples := func(busyPerSample ...float64) func() (float64, float64) {
+		var busy, total float64
+		i := 0
+		return func() (float64, float64) {
+			if i < len(busyPerSample) {
+				busy += busyPerSample[i]
+				total += 100
+				i++
+			}
+			return busy, total
+		}
+	}
+	if _, quiet := settle(ctx, time.Minute, samples(0, 5)); !quiet {
+		t.Error("a machine 5% busy is not quiet")
+	}
+	if waited, quiet := settle(ctx, 1500*time.Millisecond, samples(0, 90, 90, 90, 90)); quiet || waited < time.Second {
+		t.Errorf("a busy machine: waited %v, quiet %v; want the limit and not quiet", waited, quiet)
+	}
+	if waited, quiet := settle(ctx, time.Minute, func() (float64, float64) { return 0, 0 }); quiet || waited != 0 {
+		t.Errorf("no /proc/stat: waited %v, quiet %v; want no wait", waited, quiet)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, quiet := settle(cancelled, time.Minute, samples(0, 0)); quiet {
+		t.Error("a cancelled wait said quiet")
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -177,7 +176,7 @@ func (r *runner) s10(ctx context.Context) error {
 	}
 	applied := fmt.Sprintf("%d of %d device actions show the last report sent", ok, sent)
 	thr := r.rep.add(&figure{Scenario: "s10", Name: fmt.Sprintf("S10 over HTTP, %d connections", conns), Value: res.rate, Unit: perSecond,
-		Goal: 30_000, AtLeast: true, Note: joinNotes(applied, cpu.String(), commits.String(ctx), errorNote(res))})
+		Goal: 30_000, AtLeast: true, Note: joinNotes(applied, cpu.String(), commits.Note(ctx), errorNote(res))})
 	r.rep.compare(thr, "hello")
 	r.rep.add(&figure{Scenario: "s10", Name: "S10 throughput ÷ hello-world", Value: 100 * res.rate / helloRes.rate, Unit: percent, Goal: 40, AtLeast: true})
 	r.rep.compare(r.rep.add(&figure{Scenario: "s10", Name: "S10 p50", Value: ms(res.p50), Unit: millis}), "hello-p50")
@@ -268,7 +267,7 @@ func (r *runner) mqttStatus(ctx context.Context) error {
 	applied := fmt.Sprintf("%d of %d device actions show the last report sent", ok, sent)
 	f := r.rep.add(&figure{Scenario: "mqtt-status", Name: fmt.Sprintf("status reports over MQTT, %d devices, QoS 1, one per publish", n),
 		Value: res.rate, Unit: perSecond, Goal: 50_000, AtLeast: true,
-		Note: joinNotes(applied, fmt.Sprintf("PUBACK p50 %.2f ms, p99 %.2f ms", ms(res.p50), ms(res.p99)), cpu.String(), commits.String(ctx), errorNote(res))})
+		Note: joinNotes(applied, fmt.Sprintf("PUBACK p50 %.2f ms, p99 %.2f ms", ms(res.p50), ms(res.p99)), cpu.String(), commits.Note(ctx), errorNote(res))})
 	r.rep.compare(f, "update")
 	if res.errors > 0 || ok != sent {
 		return fmt.Errorf("MQTT status: %s", f.Note)
@@ -356,7 +355,7 @@ func (r *runner) streams(ctx context.Context) error {
 	f := r.rep.add(&figure{Scenario: "streams", Name: fmt.Sprintf("MQTT stream points, %d alert rules, %d devices, %d per publish", len(streamRules), n, per),
 		Value: res.rate * float64(per), Unit: perSecond, Goal: 50_000, AtLeast: true,
 		Note: joinNotes(fmt.Sprintf("%s publishes/s, PUBACK p50 %.2f ms, p99 %.2f ms; %d of %d devices checked show their last point as latest",
-			thousands(res.rate), ms(res.p50), ms(res.p99), latest, min(n, 20)), cpu.String(), commits.String(ctx), errorNote(res))})
+			thousands(res.rate), ms(res.p50), ms(res.p99), latest, min(n, 20)), cpu.String(), commits.Note(ctx), errorNote(res))})
 	if res.errors > 0 || latest != min(n, 20) {
 		return fmt.Errorf("streams: %s", f.Note)
 	}
@@ -617,7 +616,11 @@ func (r *runner) s7(ctx context.Context) error {
 		return nil
 	}
 	r.p.say("s7: waiting for the machine to settle")
-	note += fmt.Sprintf("; measured once the machine was quiet, after %s", settle(ctx, time.Minute))
+	if waited, quiet := settle(ctx, time.Minute, machineCPU); quiet {
+		note += fmt.Sprintf("; measured once the machine was quiet, after %s", waited)
+	} else {
+		note += fmt.Sprintf("; the machine was still busy after %s", waited)
+	}
 	wait := r.profile("s7", 5*time.Second)
 	defer wait()
 	for _, sort := range s7Sorts {
@@ -743,9 +746,9 @@ func (r *runner) residentMemory(ctx context.Context) (rss, peak float64, how str
 		return rss, peak, fmt.Sprintf("VmRSS of pid %d", r.t.pid), sc.Err()
 	}
 	const name = "process_resident_memory_bytes"
-	m := scrape(ctx, r.t.url, []string{name})
-	if m == nil {
-		return 0, 0, "", errors.New("/metrics has no process_resident_memory_bytes; pass --pid")
+	m, err := scrape(ctx, r.t.url, []string{name})
+	if err != nil {
+		return 0, 0, "", fmt.Errorf("%w; or pass --pid", err)
 	}
 	return m[name] / (1 << 20), 0, name + " of /metrics", nil
 }
