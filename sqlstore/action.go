@@ -602,13 +602,14 @@ func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.S
 		}
 		byAction[r.ActionID] = append(byAction[r.ActionID], r.DeviceID)
 	}
+	timeouts, err := tx.actionTimeouts(ctx, tenant, actions)
+	if err != nil {
+		return nil, err
+	}
 	for _, a := range actions {
-		var timeout int64
-		err := tx.queryRow(ctx, "SELECT timeout FROM actions WHERE tenant = ? AND id = ?", tenant, a).Scan(&timeout)
-		if errors.Is(err, sql.ErrNoRows) {
+		timeout, ok := timeouts[a]
+		if !ok {
 			continue // no such action: no device action to find
-		} else if err != nil {
-			return nil, err
 		}
 		devs := byAction[a]
 		sort.Strings(devs) // writers lock rows in one order
@@ -659,6 +660,38 @@ func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.S
 	return found, nil
 }
 
+// actionTimeouts returns the timeouts, in seconds, of those of the
+// tenant's actions ids names that exist.
+func (tx *Tx) actionTimeouts(ctx context.Context, tenant string, ids []int64) (map[int64]int64, error) {
+	out := make(map[int64]int64, len(ids))
+	for start := 0; start < len(ids); start += reportChunk {
+		chunk := ids[start:min(start+reportChunk, len(ids))]
+		args := []any{tenant}
+		for _, id := range chunk {
+			args = append(args, id)
+		}
+		for n := sizeClass(len(chunk)); len(args) < 1+n; {
+			args = append(args, chunk[len(chunk)-1]) // a repeat matches no more rows
+		}
+		rows, err := tx.query(ctx, "SELECT id, timeout FROM actions WHERE tenant = ? AND id IN ("+placeholders(len(args)-1)+")", args...)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var id, timeout int64
+			if err := rows.Scan(&id, &timeout); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			out[id] = timeout
+		}
+		if err := cmp.Or(rows.Err(), rows.Close()); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
 // loadReportRows reads (and on PostgreSQL locks) the device actions of one
 // action, whose timeout is timeout seconds, on devs into rows.
 func (tx *Tx) loadReportRows(ctx context.Context, tenant string, actionID, timeout int64, devs []string, rows map[reportKey]*reportRow) error {
@@ -687,11 +720,8 @@ func (tx *Tx) loadReportRows(ctx context.Context, tenant string, actionID, timeo
 			row.state.Last = &fleet.ReportKey{Timestamp: lastTS.Int64, Sequence: lastSeq.Int64}
 		}
 		row.loadedStatus, row.loadedInitiated = row.state.ActionStatus, row.initiatedAt.Valid
-		// Most device actions have no errors; "{}" needs no decoder.
-		if row.errsText != "{}" {
-			if err := json.Unmarshal([]byte(row.errsText), &row.state.Errors); err != nil {
-				return fmt.Errorf("device action %d/%s errors: %w", actionID, dev, err)
-			}
+		if err := unmarshalObject(row.errsText, &row.state.Errors); err != nil {
+			return fmt.Errorf("device action %d/%s errors: %w", actionID, dev, err)
 		}
 		rows[reportKey{actionID, dev}] = &row
 	}
@@ -839,7 +869,7 @@ func (tx *Tx) reportNotFound(ctx context.Context, tenant string, r fleet.StatusR
 const actionColumns = `id, action, params, device_params, search_type, search_key, search_query, metadata, timeout,
 	user_email, user_name, created_at, targeted`
 
-func scanAction(s interface{ Scan(...any) error }) (*fleet.Action, error) {
+func scanAction(s scanner) (*fleet.Action, error) {
 	var a fleet.Action
 	var params, meta string
 	var deviceParams sql.NullString
@@ -968,21 +998,17 @@ func (db *DB) FindDeviceActions(ctx context.Context, tenant string, f fleet.Devi
 	switch {
 	case f.DeviceID != "":
 		return db.findDeviceActionsOfDevice(ctx, tenant, f, filters, filterArgs)
-	case f.ActionID != 0:
-		var one int
-		err := db.queryRow(ctx, "SELECT 1 FROM actions WHERE tenant = ? AND id = ?", tenant, f.ActionID).Scan(&one)
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, 0, fleet.Errorf(fleet.ENOTFOUND, "action %d not found", f.ActionID)
-		} else if err != nil {
-			return nil, 0, db.classify(err)
-		}
-	default:
+	case f.ActionID == 0:
 		return nil, 0, fleet.Errorf(fleet.EINVALID, "name a device or an action")
 	}
 	cond := strings.Join(append([]string{"tenant = ?", "action_id = ?"}, filters...), " AND ")
 	args := append([]any{tenant, f.ActionID}, filterArgs...)
+	// Whether the action exists and how many device actions match, in one
+	// round trip, while the page is read.
+	var exists sql.NullInt64
 	var count int
-	wait := db.queryRowAside(ctx, "SELECT count(*) FROM device_actions WHERE "+cond, args, &count)
+	wait := db.queryRowAside(ctx, "SELECT (SELECT 1 FROM actions WHERE tenant = ? AND id = ?), (SELECT count(*) FROM device_actions WHERE "+cond+")",
+		append([]any{tenant, f.ActionID}, args...), &exists, &count)
 	// The page is chosen first and joined to its actions (for params)
 	// after, so sorting never touches the actions table.
 	page, err := db.scanDeviceActions(ctx, `WITH page AS (SELECT `+deviceActionColumns+`, tenant FROM device_actions WHERE `+cond+
@@ -992,6 +1018,9 @@ func (db *DB) FindDeviceActions(ctx context.Context, tenant string, f fleet.Devi
 		append(args, f.Limit, f.Offset())...)
 	if err := cmp.Or(wait(), err); err != nil {
 		return nil, 0, db.classify(err)
+	}
+	if !exists.Valid {
+		return nil, 0, fleet.Errorf(fleet.ENOTFOUND, "action %d not found", f.ActionID)
 	}
 	return page, count, nil
 }
@@ -1078,16 +1107,17 @@ func (db *DB) scanDeviceActions(ctx context.Context, query string, args ...any) 
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	out := []*fleet.DeviceAction{}
-	for rows.Next() {
-		da, err := scanDeviceAction(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, da)
+	return scanAll(rows, scanDeviceAction)
+}
+
+// unmarshalObject decodes a stored JSON object into v, a map; "{}", which
+// most device actions' errors and many metadata are, leaves v as it is
+// without a decoder's reflection walk.
+func unmarshalObject(text string, v any) error {
+	if text == "{}" {
+		return nil
 	}
-	return out, rows.Err()
+	return json.Unmarshal([]byte(text), v)
 }
 
 // prefixed qualifies each comma-separated column (with its ordering
@@ -1111,7 +1141,7 @@ func (db *DB) FindDeviceAction(ctx context.Context, tenant string, actionID int6
 	return da, db.classify(err)
 }
 
-func scanDeviceAction(s interface{ Scan(...any) error }) (*fleet.DeviceAction, error) {
+func scanDeviceAction(s scanner) (*fleet.DeviceAction, error) {
 	var da fleet.DeviceAction
 	var errs, meta string
 	var created, updated int64
@@ -1119,16 +1149,11 @@ func scanDeviceAction(s interface{ Scan(...any) error }) (*fleet.DeviceAction, e
 		&da.UserEmail, &da.UserName, &meta, &created, &updated, &da.Params); err != nil {
 		return nil, err
 	}
-	// "{}", the usual errors and often the metadata, needs no decoder.
-	if errs != "{}" {
-		if err := json.Unmarshal([]byte(errs), &da.Errors); err != nil {
-			return nil, fmt.Errorf("device action %d/%s errors: %w", da.ActionID, da.DeviceID, err)
-		}
+	if err := unmarshalObject(errs, &da.Errors); err != nil {
+		return nil, fmt.Errorf("device action %d/%s errors: %w", da.ActionID, da.DeviceID, err)
 	}
-	if meta != "{}" {
-		if err := json.Unmarshal([]byte(meta), &da.SerialMetadata); err != nil {
-			return nil, fmt.Errorf("device action %d/%s metadata: %w", da.ActionID, da.DeviceID, err)
-		}
+	if err := unmarshalObject(meta, &da.SerialMetadata); err != nil {
+		return nil, fmt.Errorf("device action %d/%s metadata: %w", da.ActionID, da.DeviceID, err)
 	}
 	if da.Errors == nil {
 		da.Errors = map[string][]string{}

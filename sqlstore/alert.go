@@ -55,7 +55,7 @@ func (db *DB) CreateAlertRule(ctx context.Context, tenant string, r *fleet.Alert
 
 const ruleColumns = "r.tenant, r.id, r.name, r.stream, r.rule_group, r.condition, r.metadata_filters, r.activation_ms, r.deactivation_ms, r.created_at"
 
-func scanRule(s interface{ Scan(...any) error }) (*fleet.AlertRule, error) {
+func scanRule(s scanner) (*fleet.AlertRule, error) {
 	var r fleet.AlertRule
 	var cond, mf string
 	var act, deact, created int64
@@ -103,16 +103,7 @@ func (db *DB) findRules(ctx context.Context, q string, args ...any) ([]*fleet.Al
 	if err != nil {
 		return nil, db.classify(err)
 	}
-	defer rows.Close()
-	rules := []*fleet.AlertRule{}
-	for rows.Next() {
-		r, err := scanRule(rows)
-		if err != nil {
-			return nil, err
-		}
-		rules = append(rules, r)
-	}
-	return rules, rows.Err()
+	return scanAll(rows, scanRule)
 }
 
 // DeleteAlertRule removes a rule; its notification rules, alerts, states and
@@ -228,7 +219,7 @@ func (tx *Tx) startReminders(ctx context.Context, tenant, nid, ruleID string, in
 
 const notificationColumns = "n.id, n.alert_rule_id, n.channel, n.interval_seconds, n.subject, n.body, n.timezone, n.created_at, n.updated_at"
 
-func scanNotification(s interface{ Scan(...any) error }) (*fleet.NotificationRule, error) {
+func scanNotification(s scanner) (*fleet.NotificationRule, error) {
 	var n fleet.NotificationRule
 	var ch string
 	var created, updated int64
@@ -331,7 +322,7 @@ func (db *DB) DeleteNotificationRule(ctx context.Context, tenant, ruleID, id str
 
 const alertColumns = "a.id, a.rule_id, r.name, a.device_id, a.stream, a.started_at, a.ended_at, a.value"
 
-func scanAlert(s interface{ Scan(...any) error }) (*fleet.Alert, error) {
+func scanAlert(s scanner) (*fleet.Alert, error) {
 	var a fleet.Alert
 	var started int64
 	var ended sql.NullInt64
@@ -593,7 +584,7 @@ func (db *DB) FindDeliveries(ctx context.Context, tenant, alertID string, p flee
 	ds, count, err := findPage(ctx, db, "SELECT count(*) FROM alert_outbox WHERE tenant = ? AND alert_id = ?",
 		`SELECT id, notification_rule_id, event, status, due_at, created_at, delivered_at FROM alert_outbox
 		WHERE tenant = ? AND alert_id = ? ORDER BY id`, []any{tenant, alertID}, p,
-		func(s interface{ Scan(...any) error }) (*fleet.Delivery, error) {
+		func(s scanner) (*fleet.Delivery, error) {
 			d := &fleet.Delivery{AlertID: alertID, Attempts: []fleet.DeliveryAttempt{}}
 			var due, created int64
 			var delivered sql.NullInt64

@@ -53,7 +53,7 @@ func (db *DB) FindAuditLogs(ctx context.Context, tenant string, f fleet.AuditFil
 		FROM audit_logs WHERE `+cond+` ORDER BY created_at DESC, id DESC`, args, f.Page, scanAuditLog)
 }
 
-func scanAuditLog(s interface{ Scan(...any) error }) (*fleet.AuditLog, error) {
+func scanAuditLog(s scanner) (*fleet.AuditLog, error) {
 	var l fleet.AuditLog
 	var details string
 	var created int64

@@ -277,22 +277,63 @@ func (db *DB) queryRow(ctx context.Context, query string, args ...any) *sql.Row 
 // queryRowAside runs a one-row query on a read connection of its own while
 // the caller goes on with its next read; wait returns the row's Scan error
 // and must be called before dest is read or the caller returns. A list's
-// count and its page take the time of the longer instead of the sum.
+// count and its page take the time of the longer instead of the sum, at
+// the price of holding two of the read pool's connections at once.
 func (db *DB) queryRowAside(ctx context.Context, query string, args []any, dest ...any) (wait func() error) {
 	done := make(chan error, 1)
 	go func() { done <- db.queryRow(ctx, query, args...).Scan(dest...) }()
 	return func() error { return <-done }
 }
 
-// readTx begins a read-only transaction that sees the database at one
-// moment (SQLite's read transaction; REPEATABLE READ on PostgreSQL).
-func (db *DB) readTx(ctx context.Context) (*sql.Tx, error) {
+// readTx is a read-only transaction that sees the database at one moment
+// (SQLite's read transaction; REPEATABLE READ on PostgreSQL). Its queries
+// use the read pool's prepared statements, as DB.query does.
+type readTx struct {
+	*sql.Tx
+	db *DB
+}
+
+func (db *DB) readTx(ctx context.Context) (readTx, error) {
 	opts := &sql.TxOptions{ReadOnly: true}
 	if db.dialect == postgres {
 		opts.Isolation = sql.LevelRepeatableRead
 	}
 	tx, err := db.read.BeginTx(ctx, opts)
-	return tx, db.classify(err)
+	return readTx{tx, db}, db.classify(err)
+}
+
+func (tx readTx) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	query = tx.db.dialect.rebind(query)
+	if st := tx.db.readStmts.get(ctx, query); st != nil {
+		return tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+	}
+	return tx.QueryContext(ctx, query, args...)
+}
+
+func (tx readTx) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
+	query = tx.db.dialect.rebind(query)
+	if st := tx.db.readStmts.get(ctx, query); st != nil {
+		return tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+	}
+	return tx.QueryRowContext(ctx, query, args...)
+}
+
+// scanner is a row to scan: *sql.Row or *sql.Rows.
+type scanner = interface{ Scan(...any) error }
+
+// scanAll reads every row of rows with scan and closes rows; an empty
+// result is an empty slice, never nil.
+func scanAll[T any](rows *sql.Rows, scan func(scanner) (T, error)) ([]T, error) {
+	defer rows.Close()
+	items := []T{}
+	for rows.Next() {
+		it, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, it)
+	}
+	return items, rows.Err()
 }
 
 // findPage reads one page of a list and the number of all its items:
@@ -301,30 +342,22 @@ func (db *DB) readTx(ctx context.Context) (*sql.Tx, error) {
 // are read in one transaction, so that the count is of the list the page
 // is from. An empty page is an empty slice, never nil.
 func findPage[T any](ctx context.Context, db *DB, count, list string, args []any, p fleet.Page,
-	scan func(interface{ Scan(...any) error }) (T, error)) ([]T, int, error) {
+	scan func(scanner) (T, error)) ([]T, int, error) {
 	tx, err := db.readTx(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer tx.Rollback()
 	var n int
-	if err := tx.QueryRowContext(ctx, db.dialect.rebind(count), args...).Scan(&n); err != nil {
+	if err := tx.queryRow(ctx, count, args...).Scan(&n); err != nil {
 		return nil, 0, db.classify(err)
 	}
-	rows, err := tx.QueryContext(ctx, db.dialect.rebind(list+" LIMIT ? OFFSET ?"), append(args[:len(args):len(args)], p.Limit, p.Offset())...)
+	rows, err := tx.query(ctx, list+" LIMIT ? OFFSET ?", append(args[:len(args):len(args)], p.Limit, p.Offset())...)
 	if err != nil {
 		return nil, 0, db.classify(err)
 	}
-	defer rows.Close()
-	items := []T{}
-	for rows.Next() {
-		it, err := scan(rows)
-		if err != nil {
-			return nil, 0, err
-		}
-		items = append(items, it)
-	}
-	return items, n, rows.Err()
+	items, err := scanAll(rows, scan)
+	return items, n, err
 }
 
 // job is one caller's piece of a batch.

@@ -140,7 +140,7 @@ func encodeMetadata(m map[string]string) string {
 
 const deviceColumns = "id, metadata, components, created_at, last_seen_at"
 
-func scanDevice(s interface{ Scan(...any) error }) (*fleet.Device, error) {
+func scanDevice(s scanner) (*fleet.Device, error) {
 	var d fleet.Device
 	var meta, comps string
 	var created int64

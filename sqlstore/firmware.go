@@ -68,7 +68,7 @@ type bundleRow struct {
 	components []*fleet.Firmware
 }
 
-func scanBundle(s interface{ Scan(...any) error }) (*bundleRow, error) {
+func scanBundle(s scanner) (*bundleRow, error) {
 	b := &fleet.Bundle{Firmwares: []*fleet.Firmware{}}
 	var id string
 	var blobKey, checksum, comps, dChecksum sql.NullString
@@ -436,7 +436,7 @@ func (db *DB) FindBundles(ctx context.Context, tenant string, f fleet.BundleFilt
 const firmwareColumns = `f.id, f.component_name, f.version_number, f.file_name, f.checksum, f.content_length,
 	f.uncompressed_size, f.dependencies, f.is_deactivated, f.created_at, f.updated_at`
 
-func scanFirmware(s interface{ Scan(...any) error }, extra ...any) (*fleet.Firmware, error) {
+func scanFirmware(s scanner, extra ...any) (*fleet.Firmware, error) {
 	var f fleet.Firmware
 	var id, deps string
 	var created, updated int64
@@ -494,16 +494,7 @@ func (tx *Tx) bundleFirmwares(ctx context.Context, tenant string, bundle uuid.UU
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	fs := []*fleet.Firmware{}
-	for rows.Next() {
-		f, err := scanFirmware(rows)
-		if err != nil {
-			return nil, err
-		}
-		fs = append(fs, f)
-	}
-	return fs, rows.Err()
+	return scanAll(rows, func(s scanner) (*fleet.Firmware, error) { return scanFirmware(s) })
 }
 
 // FindFirmwares lists a component's versions, newest version first.

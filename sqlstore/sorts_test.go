@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -23,7 +24,8 @@ func TestFinalStatusesSortFirst(t *testing.T) {
 }
 
 // BenchmarkDeviceActionsOfDevice is S7 in the store: one page of 50 of a
-// device's 10,000 actions (all final but the last 30), for each sort.
+// device's 10,000 actions (all final but the last 30), for four of the
+// seven sorts: by id, a text column, a time and a count.
 //
 //	go test ./sqlstore -run '^$' -bench DeviceActionsOfDevice
 func BenchmarkDeviceActionsOfDevice(b *testing.B) {
@@ -40,15 +42,24 @@ func benchDeviceActionsOfDevice(b *testing.B, be sqlstoretest.Backend) {
 	mustTenant(b, db, "acme")
 	mustDevices(b, db, "acme", map[string]map[string]string{"dev-1": nil})
 	ids := make([]int64, n)
+	errs := make([]error, 64)
 	var wg sync.WaitGroup
-	for w := range 64 {
+	for w := range errs {
 		wg.Go(func() {
-			for i := w; i < n; i += 64 {
-				ids[i] = mustDispatch(b, db, "acme", dispatch(fmt.Sprintf("act-%d", i%7), "default", "dev-1")).ID
+			for i := w; i < n && errs[w] == nil; i += 64 {
+				a, err := db.DispatchAction(ctx, "acme", dispatch(fmt.Sprintf("act-%d", i%7), "default", "dev-1"))
+				if err != nil {
+					errs[w] = err
+				} else {
+					ids[i] = a.ID
+				}
 			}
 		})
 	}
-	wg.Wait()
+	wg.Wait() // b.Fatal only on the benchmark's goroutine
+	if err := errors.Join(errs...); err != nil {
+		b.Fatal(err)
+	}
 	var reports []fleet.StatusReport
 	for i, id := range ids[:n-live] {
 		state := "Completed"
@@ -86,4 +97,46 @@ func benchDeviceActionsOfDevice(b *testing.B, be sqlstoretest.Backend) {
 			}
 		})
 	}
+}
+
+// TestDeviceActionListErrors checks the two device-action lists' failures,
+// which their count, read beside the page, decides: a device or action
+// that does not exist (with a filter too), and a request gone before the
+// reads.
+func TestDeviceActionListErrors(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db := sqlstoretest.MustOpen(t, b, sqlstoretest.Options{})
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustDevices(t, db, "acme", map[string]map[string]string{"dev-1": nil})
+		a := mustDispatch(t, db, "acme", dispatch("reboot", "default", "dev-1"))
+		page := fleet.Page{Page: 1, Limit: 50}
+		for _, f := range []fleet.DeviceActionFilter{
+			{DeviceID: "ghost", Page: page},
+			{DeviceID: "ghost", ActionStatus: fleet.StatusQueued, Page: page},
+			{ActionID: a.ID + 1000, Page: page},
+			{ActionID: a.ID + 1000, Type: "reboot", Page: page},
+		} {
+			if _, _, err := db.FindDeviceActions(ctx, "acme", f); fleet.ErrorCode(err) != fleet.ENOTFOUND {
+				t.Errorf("%+v: %v, want not found", f, err)
+			}
+		}
+		// Another tenant's action is not found either.
+		mustTenant(t, db, "beta")
+		if _, _, err := db.FindDeviceActions(ctx, "beta", fleet.DeviceActionFilter{ActionID: a.ID, Page: page}); fleet.ErrorCode(err) != fleet.ENOTFOUND {
+			t.Errorf("another tenant's action: %v, want not found", err)
+		}
+		gone, cancel := context.WithCancel(ctx)
+		cancel()
+		for _, f := range []fleet.DeviceActionFilter{{DeviceID: "dev-1", Page: page}, {ActionID: a.ID, Page: page}} {
+			if das, n, err := db.FindDeviceActions(gone, "acme", f); err == nil {
+				t.Errorf("%+v with the request gone: %d of %d, want an error", f, len(das), n)
+			}
+		}
+		for _, f := range []fleet.DeviceActionFilter{{DeviceID: "dev-1", Page: page}, {ActionID: a.ID, Page: page}} {
+			if das, n, err := db.FindDeviceActions(ctx, "acme", f); err != nil || n != 1 || len(das) != 1 {
+				t.Errorf("%+v: %d of %d, %v; want the one", f, len(das), n, err)
+			}
+		}
+	})
 }

@@ -160,19 +160,10 @@ func (db *DB) FindLatestPoints(ctx context.Context, tenant, stream string) ([]*f
 	if err != nil {
 		return nil, db.classify(err)
 	}
-	defer rows.Close()
-	var pts []*fleet.DataPoint
-	for rows.Next() {
-		p, err := scanPoint(rows)
-		if err != nil {
-			return nil, err
-		}
-		pts = append(pts, p)
-	}
-	return pts, rows.Err()
+	return scanAll(rows, scanPoint)
 }
 
-func scanPoint(s interface{ Scan(...any) error }) (*fleet.DataPoint, error) {
+func scanPoint(s scanner) (*fleet.DataPoint, error) {
 	var p fleet.DataPoint
 	var ts, received int64
 	var data string

@@ -109,8 +109,8 @@ func (db *DB) FindStreamSnapshot(ctx context.Context, tenant, device, stream str
 	defer tx.Rollback()
 	snap := &fleet.StreamSnapshot{}
 	var version int64
-	row := tx.QueryRowContext(ctx, db.dialect.rebind(`SELECT device_id, stream, ts, seq, data, received_at, version FROM stream_latest
-		WHERE tenant = ? AND device_id = ? AND stream = ?`), tenant, device, stream)
+	row := tx.queryRow(ctx, `SELECT device_id, stream, ts, seq, data, received_at, version FROM stream_latest
+		WHERE tenant = ? AND device_id = ? AND stream = ?`, tenant, device, stream)
 	p, err := scanPoint(versioned{row, &version})
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
@@ -119,9 +119,9 @@ func (db *DB) FindStreamSnapshot(ctx context.Context, tenant, device, stream str
 	default:
 		snap.Latest, snap.Version = p, version
 	}
-	rows, err := tx.QueryContext(ctx, db.dialect.rebind(`SELECT s.tenant, s.rule_id, s.device_id, s.phase, s.since_data, s.since_clock, s.alert_id
+	rows, err := tx.query(ctx, `SELECT s.tenant, s.rule_id, s.device_id, s.phase, s.since_data, s.since_clock, s.alert_id
 		FROM alert_states s JOIN alert_rules r ON r.id = s.rule_id
-		WHERE s.tenant = ? AND s.device_id = ? AND r.stream = ?`), tenant, device, stream)
+		WHERE s.tenant = ? AND s.device_id = ? AND r.stream = ?`, tenant, device, stream)
 	if err != nil {
 		return nil, db.classify(err)
 	}
@@ -143,7 +143,7 @@ func (db *DB) FindStreamSnapshot(ctx context.Context, tenant, device, stream str
 
 // versioned scans a point row with its version in the last column.
 type versioned struct {
-	row     interface{ Scan(...any) error }
+	row     scanner
 	version *int64
 }
 

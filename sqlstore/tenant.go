@@ -106,7 +106,7 @@ func (tx *Tx) tenantExists(ctx context.Context, tenant string) error {
 func (db *DB) FindAPIKeys(ctx context.Context, tenant string, p fleet.Page) ([]*fleet.APIKey, int, error) {
 	return findPage(ctx, db, "SELECT count(*) FROM api_keys WHERE tenant = ?",
 		"SELECT name, role, user_email, created_at FROM api_keys WHERE tenant = ? ORDER BY name", []any{tenant}, p,
-		func(s interface{ Scan(...any) error }) (*fleet.APIKey, error) {
+		func(s scanner) (*fleet.APIKey, error) {
 			var k fleet.APIKey
 			var created int64
 			if err := s.Scan(&k.Name, &k.Role, &k.UserEmail, &created); err != nil {
