@@ -70,9 +70,16 @@ func (f *Fields) Fail(field, problem string) {
 	}
 }
 
+// see marks field read, once however often it is read.
+func (f *Fields) see(field string) {
+	if !slices.Contains(f.seen, field) {
+		f.seen = append(f.seen, field)
+	}
+}
+
 // Has reports whether field is present and not null, and marks it read.
 func (f *Fields) Has(field string) bool {
-	f.seen = append(f.seen, field)
+	f.see(field)
 	v, ok := f.m[field]
 	return ok && v != nil
 }
@@ -80,7 +87,7 @@ func (f *Fields) Has(field string) bool {
 // Value returns a field's raw canonical value and whether it was present and
 // not null; a missing required field is recorded as a problem.
 func (f *Fields) Value(field string, required bool) (any, bool) {
-	f.seen = append(f.seen, field)
+	f.see(field)
 	v, ok := f.m[field]
 	if !ok || v == nil {
 		if required {

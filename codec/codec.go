@@ -109,20 +109,17 @@ func Decode(f Format, body []byte) (any, error) {
 	return nil, fleet.Errorf(fleet.EUNSUPPORTED, "unsupported body format %v", f)
 }
 
-// Marshal returns v encoded in format f; see Encode. It encodes into a
-// pooled buffer and returns an exact copy: a buffer grown from empty for
-// each response (a page of 50 device actions is some 30 KB) left twice
-// the response in garbage.
+// Marshal returns v encoded in format f; see Encode. It returns an exact
+// copy of the encoding: a buffer grown from empty for each response (a
+// page of 50 device actions is some 30 KB) left twice the response in
+// garbage.
 func Marshal(f Format, v any) ([]byte, error) {
-	buf := bufferPool.Get().(*bytes.Buffer)
-	defer func() {
-		buf.Reset()
-		bufferPool.Put(buf)
-	}()
-	if err := encodeTo(buf, f, v); err != nil {
-		return nil, err
-	}
-	return bytes.Clone(buf.Bytes()), nil
+	var out []byte
+	err := encoded(f, v, func(b []byte) error {
+		out = bytes.Clone(b)
+		return nil
+	})
+	return out, err
 }
 
 // Encode writes v in format f. v is what a handler builds: structs (with
@@ -130,16 +127,30 @@ func Marshal(f Format, v any) ([]byte, error) {
 // uuid.UUID, json.RawMessage, canonical values and the full-fidelity types
 // of this package. Nothing is written when v cannot be encoded.
 func Encode(w io.Writer, f Format, v any) error {
+	return encoded(f, v, func(b []byte) error {
+		_, err := w.Write(b)
+		return err
+	})
+}
+
+// maxPooledBuffer bounds the buffers kept for reuse: one large answer
+// must not stay pinned in the pool.
+const maxPooledBuffer = 1 << 20
+
+// encoded encodes v in format f into a pooled buffer and hands the bytes
+// to use, which must not keep them.
+func encoded(f Format, v any, use func([]byte) error) error {
 	buf := bufferPool.Get().(*bytes.Buffer)
 	defer func() {
-		buf.Reset()
-		bufferPool.Put(buf)
+		if buf.Cap() <= maxPooledBuffer {
+			buf.Reset()
+			bufferPool.Put(buf)
+		}
 	}()
 	if err := encodeTo(buf, f, v); err != nil {
 		return err
 	}
-	_, err := w.Write(buf.Bytes())
-	return err
+	return use(buf.Bytes())
 }
 
 // maxMessage bounds an error message: it may quote a key, a number or a

@@ -245,7 +245,7 @@ func instant(t time.Time) (any, error) {
 	if y := t.Year(); y < 0 || y > 9999 {
 		return nil, transitErrorf("time %s is outside the years 0000 to 9999 (UTC)", t.Format(time.RFC3339))
 	}
-	return t.Add(-time.Duration(t.Nanosecond() % int(time.Millisecond))), nil
+	return t.Truncate(time.Millisecond), nil
 }
 
 // parseUUID accepts only the canonical 8-4-4-4-12 form.

@@ -66,7 +66,7 @@ func BenchmarkActionStatusHTTP(b *testing.B) {
 				b.Fatal(err)
 			}
 			svc := &action.Service{Store: db}
-			if be.Name == "sqlite" {
+			if db.Dialect() == "sqlite" {
 				svc.ReportWorkers = 1 // as fleetd serve sets it
 			}
 			svc.Open()

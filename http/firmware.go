@@ -2,7 +2,6 @@ package fleethttp
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"mime"
 	"net/http"
@@ -403,9 +402,12 @@ func (w *rangeErrorWriter) WriteHeader(code int) {
 	h := w.Header()
 	h.Del("Content-Disposition")
 	h.Del("X-Content-Type-Options")
-	w.s.Error(w.ResponseWriter, w.r, &fleet.Error{Code: fleet.ERANGE,
-		Message: fmt.Sprintf("the Range header asks for no byte of the archive, which has %d bytes (the first is 0)", w.size)})
+	w.s.Error(w.ResponseWriter, w.r, fleet.Errorf(fleet.ERANGE,
+		"the Range header asks for no byte of the archive, which has %d bytes (the first is 0)", w.size))
 }
+
+// Unwrap lets http.ResponseController reach the connection.
+func (w *rangeErrorWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (w *rangeErrorWriter) Write(b []byte) (int, error) {
 	if w.swallowed {
