@@ -39,8 +39,11 @@ type device struct {
 	subscribed atomic.Bool   // to its actions topic
 	qos        atomic.Uint32 // of that subscription
 
-	wmu     sync.Mutex // writes to nc, and the fields below
-	closed  bool
+	// closed is set under wmu, and read without it: Online and Disconnect
+	// must not wait behind a write to a device that does not read.
+	closed atomic.Bool
+
+	wmu     sync.Mutex        // writes to nc, and the fields below
 	cause   error             // why the connection ended, as first said
 	pending map[uint16]string // packet id -> action id, awaiting PUBACK
 	lastID  uint16
@@ -499,7 +502,7 @@ func (d *device) write(b []byte) error {
 // writeLocked writes a packet with wmu held. A write that fails or times out
 // ends the connection: what it wrote of the packet cannot be taken back.
 func (d *device) writeLocked(b []byte) error {
-	if d.closed {
+	if d.closed.Load() {
 		return net.ErrClosed
 	}
 	_ = d.nc.SetWriteDeadline(time.Now().Add(d.s.cfg.WriteTimeout))
@@ -514,16 +517,23 @@ func (d *device) writeLocked(b []byte) error {
 // (code 0: none); MQTT 3.1.1 has no DISCONNECT from the server, so there
 // closing the connection is the signal. cause is logged.
 func (d *device) close(code reasonCode, cause error) {
-	d.wmu.Lock()
+	if !d.wmu.TryLock() {
+		// A write is under way. To a device that does not read it would
+		// hold wmu until its deadline (WriteTimeout): give it a moment,
+		// then cut it short.
+		cut := time.AfterFunc(100*time.Millisecond, func() { _ = d.nc.SetWriteDeadline(time.Now()) })
+		d.wmu.Lock()
+		cut.Stop()
+	}
 	defer d.wmu.Unlock()
 	d.closeLocked(code, cause)
 }
 
 func (d *device) closeLocked(code reasonCode, cause error) {
-	if d.closed {
+	if d.closed.Load() {
 		return
 	}
-	d.closed = true
+	d.closed.Store(true)
 	d.cause = cause
 	if cause == nil {
 		d.cause = &protocolError{code: code, msg: "closed by the server"}
@@ -536,11 +546,7 @@ func (d *device) closeLocked(code reasonCode, cause error) {
 	_ = d.nc.Close()
 }
 
-func (d *device) isClosed() bool {
-	d.wmu.Lock()
-	defer d.wmu.Unlock()
-	return d.closed
-}
+func (d *device) isClosed() bool { return d.closed.Load() }
 
 // packetID returns a packet identifier no action in flight has; wmu is
 // held, and fewer than 65,535 are in flight.

@@ -240,7 +240,7 @@ func (s *Server) SendAction(tenant, device string, payload []byte) bool {
 	packet := make([]byte, 0, size)
 
 	d.wmu.Lock()
-	if d.closed {
+	if d.closed.Load() {
 		d.wmu.Unlock()
 		return false
 	}

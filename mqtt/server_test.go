@@ -758,6 +758,41 @@ func TestSlowDeviceCutOff(t *testing.T) {
 	waitFor(t, "device gone", func() bool { return s.Connections() == 0 })
 }
 
+// TestStuckWriteHoldsNothing checks that a write blocked on a device that
+// reads nothing (until WriteTimeout, here a minute) holds up neither Online
+// nor Disconnect: the dispatch path asks Online of every device, and a
+// revoked device must go at once.
+func TestStuckWriteHoldsNothing(t *testing.T) {
+	h := newFakeHandler()
+	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.WriteTimeout = time.Minute; c.MaxInflight = 65535 })
+	rawConnect311(t, s)
+	receive(t, h.subscribed, "DeviceSubscribed")
+	payload := fmt.Appendf(nil, `{"id": "1", "name": "x", "payload": %q}`, strings.Repeat("x", 64<<10))
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		for i := 0; i < 10_000 && s.SendAction("acme", "dev-1", payload); i++ {
+		}
+	}()
+	time.Sleep(300 * time.Millisecond) // the socket's buffers are full by now
+	start := time.Now()
+	if !s.Online("acme", "dev-1") {
+		t.Fatal("the device is not online")
+	}
+	s.Disconnect("acme", "dev-1")
+	select {
+	case <-sent:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the blocked SendAction did not end with the disconnection")
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Online and Disconnect took %v behind the stuck write", took)
+	}
+	if s.Online("acme", "dev-1") {
+		t.Error("the device is still online after Disconnect")
+	}
+}
+
 // TestReceiveMaximum checks that an MQTT 5 device's Receive Maximum bounds
 // the actions in flight to it, below MaxInflight.
 func TestReceiveMaximum(t *testing.T) {
