@@ -5,9 +5,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -91,17 +91,11 @@ func FuzzConn(f *testing.F) {
 		s := NewServer(Config{MaxPacketSize: 4096, ConnectTimeout: time.Second}, acceptAll{})
 		s.ctx, s.cancel = context.WithCancel(context.Background())
 		defer s.cancel()
-		client, server := net.Pipe()
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			_ = s.serveConn(server, "192.0.2.1", func() {})
-			server.Close()
+			_ = s.serveConn(&scriptConn{in: bytes.NewReader(data)}, "192.0.2.1", func() {})
 		}()
-		go func() { _, _ = io.Copy(io.Discard, client) }()
-		_ = client.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		_, _ = client.Write(data)
-		client.Close()
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
@@ -114,6 +108,57 @@ func FuzzConn(f *testing.F) {
 	})
 }
 
+// scriptConn is a device's connection that sends in, then ends (EOF), and
+// keeps what the broker writes until the broker closes it: every packet of
+// in is served, whatever the broker answered before it.
+type scriptConn struct {
+	in *bytes.Reader
+
+	mu     sync.Mutex
+	out    bytes.Buffer
+	closed bool
+}
+
+func (c *scriptConn) Read(b []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, net.ErrClosed
+	}
+	return c.in.Read(b)
+}
+
+func (c *scriptConn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, net.ErrClosed
+	}
+	return c.out.Write(b)
+}
+
+func (c *scriptConn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	return nil
+}
+
+// written returns what the broker wrote.
+func (c *scriptConn) written() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return bytes.Clone(c.out.Bytes())
+}
+
+func (*scriptConn) LocalAddr() net.Addr { return &net.TCPAddr{IP: net.IPv4(192, 0, 2, 2), Port: 1883} }
+func (*scriptConn) RemoteAddr() net.Addr {
+	return &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1), Port: 50000}
+}
+func (*scriptConn) SetDeadline(time.Time) error      { return nil }
+func (*scriptConn) SetReadDeadline(time.Time) error  { return nil }
+func (*scriptConn) SetWriteDeadline(time.Time) error { return nil }
+
 // exchange serves one connection that sends data and returns all the
 // broker wrote back.
 func exchange(t *testing.T, data []byte) []byte {
@@ -121,20 +166,10 @@ func exchange(t *testing.T, data []byte) []byte {
 	s := NewServer(Config{MaxPacketSize: 4096}, acceptAll{})
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	defer s.cancel()
-	client, server := net.Pipe()
-	go func() {
-		_ = s.serveConn(server, "192.0.2.1", func() {})
-		server.Close()
-	}()
-	got := make(chan []byte)
-	go func() { b, _ := io.ReadAll(client); got <- b }()
-	// The broker may close the connection before reading all of it.
-	if _, err := client.Write(data); err != nil && !errors.Is(err, io.ErrClosedPipe) {
-		t.Fatalf("write: %v", err)
-	}
-	time.Sleep(50 * time.Millisecond) // the last answers are written
-	client.Close()
-	return <-got
+	c := &scriptConn{in: bytes.NewReader(data)}
+	_ = s.serveConn(c, "192.0.2.1", func() {})
+	s.tasks.Wait()
+	return c.written()
 }
 
 // TestWire checks the bytes the broker answers a device with, for the
