@@ -353,13 +353,13 @@ func (d *device) handle(header byte, body []byte) error {
 		}
 		return d.write(appendAck(nil, typePubcomp, id))
 	case typeSubscribe:
-		sp, err := decodeSubscribe(header, body, d.version, false)
+		sp, err := decodeSubscribe(body, d.version, false)
 		if err != nil {
 			return err
 		}
 		return d.subscribe(sp)
 	case typeUnsubscribe:
-		sp, err := decodeSubscribe(header, body, d.version, true)
+		sp, err := decodeSubscribe(body, d.version, true)
 		if err != nil {
 			return err
 		}

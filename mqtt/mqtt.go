@@ -57,8 +57,8 @@ type Handler interface {
 	// ActionDelivered is called when the device acknowledged an action
 	// message fleetd sent (PUBACK; for a device that subscribed at QoS 0, when
 	// the message was written to its connection). actionID is the "id" member
-	// of the payload. It runs on the device's connection and should not block
-	// for long.
+	// of the payload. It runs on the device's connection (at QoS 0, on
+	// SendAction's caller) and should not block for long.
 	ActionDelivered(tenant, device, actionID string)
 }
 
@@ -240,7 +240,7 @@ type Stats struct {
 	ACLViolations    uint64 // devices disconnected for touching a topic not theirs
 	OversizedPackets uint64 // devices disconnected for a packet over MaxPacketSize
 	MessagesIn       uint64 // publishes from devices handed to the Handler
-	MessagesOut      uint64 // action messages handed to the broker for delivery
+	MessagesOut      uint64 // action messages sent: written to the device's connection, or handed to the external broker
 	ActionsDelivered uint64 // action messages the device acknowledged
 	HandlerErrors    uint64 // publishes the Handler rejected, acknowledged anyway
 	Unacknowledged   uint64 // publishes left unacknowledged: Handler unavailable

@@ -137,8 +137,9 @@ func readPacket(r *bufio.Reader, limit int) (header byte, body []byte, err error
 		}
 		return header, body, nil
 	}
-	// A large body is read as it arrives, so that a device announcing a
-	// megabyte and sending it slowly holds only what it has sent.
+	// A large body is read as it arrives, the buffer doubling as it
+	// fills, so that a device announcing a megabyte and sending it slowly
+	// holds at most twice what it has sent, not what it announced.
 	body = make([]byte, 0, bodyChunk)
 	for len(body) < n {
 		chunk := min(n-len(body), max(len(body), bodyChunk))
@@ -152,8 +153,8 @@ func readPacket(r *bufio.Reader, limit int) (header byte, body []byte, err error
 	return header, body, nil
 }
 
-// bodyChunk is the most readPacket allocates for a body ahead of its
-// bytes.
+// bodyChunk is the size of the bodies readPacket reads at once, and the
+// first buffer of a larger one.
 const bodyChunk = 16 << 10
 
 func unexpectedEOF(err error) error {
@@ -493,13 +494,12 @@ type subscribePacket struct {
 	filters []subscription
 }
 
-func decodeSubscribe(header byte, body []byte, version byte, unsubscribe bool) (*subscribePacket, error) {
+// decodeSubscribe decodes a SUBSCRIBE or UNSUBSCRIBE body; handle has
+// checked the fixed header's flags.
+func decodeSubscribe(body []byte, version byte, unsubscribe bool) (*subscribePacket, error) {
 	kind := "SUBSCRIBE"
 	if unsubscribe {
 		kind = "UNSUBSCRIBE"
-	}
-	if header&0x0f != 0x02 {
-		return nil, malformed("%s flags are not 0010", kind)
 	}
 	d := &decoder{b: body}
 	s := &subscribePacket{id: d.uint16("packet identifier")}

@@ -465,7 +465,7 @@ func (g *gate) dropPending(ip string) {
 	}
 }
 
-// closeListener stops accepting connections and waits for Serve to return.
+// closeListener stops accepting connections and waits for serve to return.
 func (l *listener) closeListener() {
 	l.mu.Lock()
 	l.closed = true

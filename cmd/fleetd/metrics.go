@@ -67,7 +67,7 @@ func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweep
 		gauge("fleetd_mqtt_connections", "devices connected to the embedded broker", func() float64 { return float64(ch.Stats().Connections) })
 	}
 	counter("fleetd_mqtt_messages_in_total", "device publishes handed to fleetd", func() float64 { return float64(ch.Stats().MessagesIn) })
-	counter("fleetd_mqtt_messages_out_total", "action messages handed to the broker for a subscribed device",
+	counter("fleetd_mqtt_messages_out_total", "action messages sent to a subscribed device: written to its connection, or handed to the external broker",
 		func() float64 { return float64(ch.Stats().MessagesOut) })
 	counter("fleetd_mqtt_handler_errors_total", "device publishes fleetd rejected and acknowledged",
 		func() float64 { return float64(ch.Stats().HandlerErrors) })
