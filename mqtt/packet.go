@@ -2,6 +2,7 @@ package mqtt
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -240,12 +241,7 @@ func (d *decoder) string(what string) string {
 }
 
 func validString(b []byte) bool {
-	for _, c := range b {
-		if c == 0 {
-			return false
-		}
-	}
-	return utf8.Valid(b)
+	return bytes.IndexByte(b, 0) < 0 && utf8.Valid(b)
 }
 
 // properties are the MQTT 5 properties this broker reads; the others are
@@ -299,7 +295,7 @@ func (d *decoder) properties(what string, allowed ...byte) properties {
 	var seen [64]bool
 	for list.err == nil && len(list.b) > 0 {
 		id := list.byte("property identifier")
-		if !containsByte(allowed, id) {
+		if !slices.Contains(allowed, id) {
 			list.err = protocolErr(codeProtocolError, "property %#02x does not belong in %s", id, what)
 			break
 		}
@@ -349,15 +345,6 @@ func (d *decoder) properties(what string, allowed ...byte) properties {
 		d.err = list.err
 	}
 	return p
-}
-
-func containsByte(s []byte, b byte) bool {
-	for _, x := range s {
-		if x == b {
-			return true
-		}
-	}
-	return false
 }
 
 // connectPacket is a decoded CONNECT.
@@ -562,17 +549,7 @@ func appendHeader(b []byte, first byte, n int) []byte {
 
 // appendVarint appends n as a variable byte integer.
 func appendVarint(b []byte, n int) []byte {
-	for {
-		c := byte(n & 0x7f)
-		n >>= 7
-		if n > 0 {
-			c |= 0x80
-		}
-		b = append(b, c)
-		if n == 0 {
-			return b
-		}
-	}
+	return binary.AppendUvarint(b, uint64(n)) // MQTT's Variable Byte Integer is a uvarint
 }
 
 func appendString(b []byte, s string) []byte {
