@@ -605,27 +605,34 @@ func varintLen(n int) int {
 // appendPublish appends a PUBLISH of payload on topic, at QoS 0 or 1 (id
 // is then its packet identifier).
 func appendPublish(b []byte, version byte, topic string, qos byte, id uint16, payload []byte) []byte {
-	n := 2 + len(topic) + len(payload)
-	if qos > 0 {
-		n += 2
-	}
-	if version == version5 {
-		n++ // no properties
-	}
-	b = appendHeader(b, typePublish<<4|qos<<1, n)
+	b = appendHeader(b, typePublish<<4|qos<<1, publishBodyLen(version, topic, qos, payload))
 	b = appendString(b, topic)
 	if qos > 0 {
 		b = binary.BigEndian.AppendUint16(b, id)
 	}
 	if version == version5 {
-		b = append(b, 0)
+		b = append(b, 0) // no properties
 	}
 	return append(b, payload...)
 }
 
-// publishSize is the size of the PUBLISH appendPublish makes, at most.
+// publishBodyLen is the remaining length of the PUBLISH appendPublish
+// makes.
+func publishBodyLen(version byte, topic string, qos byte, payload []byte) int {
+	n := 2 + len(topic) + len(payload)
+	if qos > 0 {
+		n += 2 // packet identifier
+	}
+	if version == version5 {
+		n++ // property length
+	}
+	return n
+}
+
+// publishSize is the size of the PUBLISH appendPublish makes, at most
+// (QoS 1, MQTT 5).
 func publishSize(topic string, payload []byte) int {
-	n := 2 + len(topic) + 2 + 1 + len(payload)
+	n := publishBodyLen(version5, topic, 1, payload)
 	return 1 + varintLen(n) + n
 }
 
