@@ -1,10 +1,14 @@
 package fleethttp
 
 import (
+	"cmp"
 	"encoding/json"
+	"fmt"
+	"maps"
 	"net/http"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -87,7 +91,7 @@ func (s *Server) openAPI() map[string]any {
 			},
 			"responses": map[string]any{
 				"Error": map[string]any{
-					"description": "An error: invalid (400), unauthenticated (401), forbidden (403), not_found (404), method_not_allowed (405), conflict (409), too_large (413), unsupported_media_type (415), range_not_satisfiable (416, artifact downloads), rate_limited (429), internal (500), unavailable (503).",
+					"description": errorCodesDescription(),
 					"content":     g.content(map[string]any{"$ref": "#/components/schemas/Error"}),
 				},
 			},
@@ -321,4 +325,20 @@ func (s *Server) handleOpenAPI(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Content-Type", "application/json")
 	w.Write(s.openAPIDoc)
 	return nil
+}
+
+// errorCodesDescription lists the error codes with their statuses, from
+// statuses, in the order of the statuses.
+func errorCodesDescription() string {
+	codes := slices.Collect(maps.Keys(statuses))
+	slices.SortFunc(codes, func(a, b string) int { return cmp.Compare(statuses[a], statuses[b]) })
+	var parts []string
+	for _, c := range codes {
+		part := fmt.Sprintf("%s (%d", c, statuses[c])
+		if c == fleet.ERANGE {
+			part += ", artifact downloads"
+		}
+		parts = append(parts, part+")")
+	}
+	return "An error: " + strings.Join(parts, ", ") + "."
 }
