@@ -74,10 +74,8 @@ func (s *Server) serveConn(nc net.Conn, ip string, connected func()) error {
 	if d == nil {
 		return nil
 	}
-	if !s.register(d) {
-		return nil
-	}
 	defer s.unregister(d)
+	s.h.DeviceConnected(d.tenant, d.id)
 	err = d.readLoop(r)
 	d.end(err)
 	return nil
@@ -163,12 +161,6 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 			"tenant", tenant, "device", deviceID, "remote", remote, "certificate", hasCert, "reason", fleet.ErrorMessage(err))
 		return refuse(codeBadUsernameOrPassword)
 	}
-	if s.tenantFull(tenant, deviceID) {
-		s.stats.limitRefusals.Add(1)
-		s.log.Warn("mqtt: connection refused: the tenant has its maximum of connected devices",
-			"tenant", tenant, "device", deviceID, "max", s.cfg.MaxTenantConnections)
-		return refuse(codeQuotaExceeded)
-	}
 
 	d := &device{
 		s: s, tenant: tenant, id: deviceID, nc: nc, remote: remote, version: c.version,
@@ -195,10 +187,20 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 	if c.clientID == "" {
 		props.assignedID = sessionID(tenant, deviceID) + "#" + strconv.FormatUint(s.connSeq.Add(1), 10)
 	}
+	// The connection takes its place before the device hears CONNACK, so
+	// that whatever the device does next (connect another device of the
+	// tenant, publish) finds it counted.
+	if code := s.register(d); code != codeSuccess {
+		return refuse(code)
+	}
+	s.stats.connects.Add(1)
 	_ = nc.SetDeadline(time.Time{})
 	if d.write(appendConnack(nil, c.version, codeSuccess, props)) != nil {
+		s.unregister(d)
 		return nil
 	}
+	s.log.Debug("mqtt: device connected", "tenant", d.tenant, "device", d.id,
+		"remote", d.remote, "protocol", d.version)
 	return d
 }
 
@@ -208,32 +210,27 @@ func (s *Server) authFailed(ip string) {
 	s.authFailures.Allow(ip)
 }
 
-// tenantFull reports whether the tenant has its maximum of connected
-// devices; a device that replaces its own connection does not count twice.
-// Connections that authenticate at once can overshoot by a few.
-func (s *Server) tenantFull(tenant, device string) bool {
-	if s.cfg.MaxTenantConnections <= 0 {
-		return false
-	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if _, again := s.devices[sessionID(tenant, device)]; again {
-		return false
-	}
-	return s.tenants[tenant] >= s.cfg.MaxTenantConnections
-}
-
-// register makes d the device's connection, after its CONNACK went out, and
-// disconnects the connection it replaces.
-func (s *Server) register(d *device) bool {
+// register makes d the device's connection and disconnects the
+// connection it replaces, or says why it cannot: the server is shutting
+// down, or the tenant has its maximum of connected devices (a device that
+// replaces its own connection does not count twice). The count and the
+// registration are one step, so devices connecting at once cannot
+// overshoot the cap.
+func (s *Server) register(d *device) reasonCode {
 	sid := sessionID(d.tenant, d.id)
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
-		d.close(codeServerShuttingDown, nil)
-		return false
+		return codeServerUnavailable
 	}
 	old := s.devices[sid]
+	if old == nil && s.cfg.MaxTenantConnections > 0 && s.tenants[d.tenant] >= s.cfg.MaxTenantConnections {
+		s.mu.Unlock()
+		s.stats.limitRefusals.Add(1)
+		s.log.Warn("mqtt: connection refused: the tenant has its maximum of connected devices",
+			"tenant", d.tenant, "device", d.id, "max", s.cfg.MaxTenantConnections)
+		return codeQuotaExceeded
+	}
 	s.devices[sid] = d
 	if old == nil {
 		s.tenants[d.tenant]++
@@ -244,11 +241,7 @@ func (s *Server) register(d *device) bool {
 			"tenant", d.tenant, "device", d.id, "previous_remote", old.remote)
 		old.close(codeSessionTakenOver, nil)
 	}
-	s.stats.connects.Add(1)
-	s.log.Debug("mqtt: device connected", "tenant", d.tenant, "device", d.id,
-		"remote", d.remote, "protocol", d.version)
-	s.h.DeviceConnected(d.tenant, d.id)
-	return true
+	return codeSuccess
 }
 
 // unregister forgets a connection that ended.

@@ -3,6 +3,7 @@ package mqtt_test
 import (
 	"fmt"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -136,6 +137,42 @@ func TestTenantConnectionCap(t *testing.T) {
 	second.Disconnect(&paho.Disconnect{})
 	waitFor(t, "a free place", func() bool { return s.Connections() == 2 })
 	mustConnect5(t, s, "acme/dev-3", "tok-3a", false)
+}
+
+// TestTenantConnectionCapConcurrent connects many devices of a tenant at
+// once: the cap admits exactly its number, however the CONNECTs interleave
+// (at 10129e9 a connection counted only after its CONNACK, so devices
+// connecting together overshot it).
+func TestTenantConnectionCapConcurrent(t *testing.T) {
+	const devices, limit = 30, 5
+	h := newFakeHandler()
+	for i := range devices {
+		h.tokens[fmt.Sprintf("crowd/dev-%d", i)] = "tok"
+	}
+	h.authGate = make(chan struct{})
+	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.MaxTenantConnections = limit })
+	var wg sync.WaitGroup
+	var accepted, refused atomic.Int64
+	for i := range devices {
+		wg.Go(func() {
+			_, ca, err := connect5(t, s, fmt.Sprintf("crowd/dev-%d", i), "tok", false)
+			switch {
+			case err == nil:
+				accepted.Add(1)
+			case ca != nil && ca.ReasonCode == 0x97:
+				refused.Add(1)
+			default:
+				t.Errorf("device %d: %v (connack %+v)", i, err, ca)
+			}
+		})
+	}
+	// Every CONNECT is past its checks of form before any is admitted.
+	waitFor(t, "every device authenticating", func() bool { return h.authCalls.Load() == devices })
+	close(h.authGate)
+	wg.Wait()
+	if accepted.Load() != limit || refused.Load() != devices-limit {
+		t.Errorf("accepted %d, refused %d; want %d and %d", accepted.Load(), refused.Load(), limit, devices-limit)
+	}
 }
 
 // idle opens a connection that never sends CONNECT.

@@ -32,6 +32,8 @@ type fakeHandler struct {
 	authErr error             // when set, AuthenticateDevice returns it
 	pubErr  error             // when set, HandleStatus and HandleStream return it
 	gate    chan struct{}     // when set, HandleStatus and HandleStream wait for it to close
+	// authGate, when set, holds AuthenticateDevice until it is closed.
+	authGate chan struct{}
 
 	authCalls  atomic.Int64
 	connected  chan call
@@ -58,6 +60,13 @@ func newFakeHandler() *fakeHandler {
 
 func (h *fakeHandler) AuthenticateDevice(ctx context.Context, tenant, device, token string) error {
 	h.authCalls.Add(1)
+	if h.authGate != nil {
+		select {
+		case <-h.authGate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	if h.authErr != nil {
 		return h.authErr
 	}
