@@ -28,9 +28,9 @@ import (
 // Sender is the device channel as the action service sees it; *mqtt.Server
 // is one.
 type Sender interface {
-	// SendAction hands payload to a connected, subscribed device, or
-	// reports false.
-	SendAction(tenant, device string, payload []byte) bool
+	// SendAction hands payload, the message of action actionID, to a
+	// connected, subscribed device, or reports false.
+	SendAction(tenant, device string, actionID int64, payload []byte) bool
 	// Online reports whether the device is connected.
 	Online(tenant, device string) bool
 }
@@ -304,7 +304,7 @@ func (s *Service) deliver(tenant string, id int64, targeted int, payload []byte)
 		go func() {
 			defer wg.Done()
 			for dev := range work {
-				s.Sender.SendAction(tenant, dev, payload) // false: it stays pending
+				s.Sender.SendAction(tenant, dev, id, payload) // false: it stays pending
 			}
 		}()
 	}
@@ -336,7 +336,7 @@ func (s *Service) DeviceSubscribed(tenant, device string) {
 		return
 	}
 	for _, p := range pending {
-		if !s.sendPatiently(tenant, device, NewMessage(p.ActionID, p.Name, p.Params)) {
+		if !s.sendPatiently(tenant, device, p.ActionID, NewMessage(p.ActionID, p.Name, p.Params)) {
 			return
 		}
 	}
@@ -345,10 +345,10 @@ func (s *Service) DeviceSubscribed(tenant, device string) {
 // sendPatiently sends to a connected device, waiting up to about ten
 // seconds for room in its in-flight window. It reports false when the
 // device went away or the wait was too long.
-func (s *Service) sendPatiently(tenant, device string, payload []byte) bool {
+func (s *Service) sendPatiently(tenant, device string, id int64, payload []byte) bool {
 	wait := 10 * time.Millisecond
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		if s.Sender.SendAction(tenant, device, payload) {
+		if s.Sender.SendAction(tenant, device, id, payload) {
 			return true
 		}
 		if !s.Sender.Online(tenant, device) || time.Now().After(deadline) {

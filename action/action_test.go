@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -40,7 +41,7 @@ func newFakeSender(online ...string) *fakeSender {
 	return f
 }
 
-func (f *fakeSender) SendAction(tenant, device string, payload []byte) bool {
+func (f *fakeSender) SendAction(tenant, device string, id int64, payload []byte) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.online[device] {
@@ -53,6 +54,9 @@ func (f *fakeSender) SendAction(tenant, device string, payload []byte) bool {
 	var m action.Message
 	if err := json.Unmarshal(payload, &m); err != nil {
 		panic(err)
+	}
+	if m.ID != strconv.FormatInt(id, 10) {
+		panic(fmt.Sprintf("SendAction of action %d with the message of action %s", id, m.ID))
 	}
 	f.sent <- sent{device, m}
 	return true

@@ -34,8 +34,8 @@ type api struct {
 // offline is a device channel on which no device is ever connected.
 type offline struct{}
 
-func (offline) SendAction(string, string, []byte) bool { return false }
-func (offline) Online(string, string) bool             { return false }
+func (offline) SendAction(string, string, int64, []byte) bool { return false }
+func (offline) Online(string, string) bool                    { return false }
 
 func newAPI(tb testing.TB) *api {
 	tb.Helper()

@@ -7,7 +7,8 @@ type Channel interface {
 	Close() error
 	// SendAction hands an action to a device; see Server.SendAction and
 	// Client.SendAction for what true means for each.
-	SendAction(tenant, device string, payload []byte) bool
+	// actionID is the action's id, which payload carries too.
+	SendAction(tenant, device string, actionID int64, payload []byte) bool
 	// Online reports whether the device may be reached now.
 	Online(tenant, device string) bool
 	// Disconnect ends the device's connection, if this channel holds it:

@@ -647,7 +647,7 @@ func (c *Client) handle(in inbound) {
 // the broker is unreachable: the action stays queued and is sent when the
 // device next arrives. True is not delivery; the device's first report
 // is.
-func (c *Client) SendAction(tenant, device string, payload []byte) bool {
+func (c *Client) SendAction(tenant, device string, _ int64, payload []byte) bool {
 	if !c.connected.Load() {
 		return false
 	}

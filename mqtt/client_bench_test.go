@@ -56,7 +56,7 @@ func BenchmarkClientSendAction(b *testing.B) {
 		go func() {
 			defer wg.Done()
 			for next.Add(1) <= int64(b.N) {
-				if !c.SendAction("acme", fmt.Sprintf("d%d", w), payload) {
+				if !c.SendAction("acme", fmt.Sprintf("d%d", w), 1, payload) {
 					b.Error("SendAction = false")
 					return
 				}

@@ -110,11 +110,11 @@ func TestClient(t *testing.T) {
 
 	t.Run("SendAction", func(t *testing.T) {
 		// Not subscribed: the broker has no subscriber for the topic.
-		if c.SendAction("acme", "dev-1", []byte(`{"id":"7"}`)) {
+		if c.SendAction("acme", "dev-1", 7, []byte(`{"id":"7"}`)) {
 			t.Fatal("SendAction = true to a device that has not subscribed")
 		}
 		dev.subscribe(t, mqtt.ActionsTopic("acme", "dev-1"), 1)
-		if !c.SendAction("acme", "dev-1", []byte(`{"id":"7"}`)) {
+		if !c.SendAction("acme", "dev-1", 7, []byte(`{"id":"7"}`)) {
 			t.Fatal("SendAction = false to a subscribed device")
 		}
 		p := receive(t, dev.received, "the action")

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
@@ -43,9 +42,9 @@ type device struct {
 	// must not wait behind a write to a device that does not read.
 	closed atomic.Bool
 
-	wmu     sync.Mutex        // writes to nc, and the fields below
-	cause   error             // why the connection ended, as first said
-	pending map[uint16]string // packet id -> action id, awaiting PUBACK
+	wmu     sync.Mutex       // writes to nc, and the fields below
+	cause   error            // why the connection ended, as first said
+	pending map[uint16]int64 // packet id -> action id, awaiting PUBACK
 	lastID  uint16
 
 	publishes ratelimit.Bucket // PublishRate; only the connection's goroutine
@@ -166,7 +165,7 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 		s: s, tenant: tenant, id: deviceID, nc: nc, remote: remote, version: c.version,
 		maxPacketSize: int(c.props.maxPacketSize),
 		inflightMax:   s.cfg.MaxInflight,
-		pending:       make(map[uint16]string),
+		pending:       make(map[uint16]int64),
 	}
 	if c.props.receiveMaximum > 0 {
 		d.inflightMax = min(d.inflightMax, int(c.props.receiveMaximum))
@@ -589,22 +588,6 @@ func logRejected(ctx context.Context, log *slog.Logger, err error, tenant, devic
 // unavailable reports whether a Handler error means "try again later".
 func unavailable(ctx context.Context, err error) bool {
 	return fleet.ErrorCode(err) == fleet.EUNAVAILABLE || ctx.Err() != nil
-}
-
-// actionID returns the "id" member of an action message, a string in the
-// uplink agent's shape; a number is returned as its JSON text.
-func actionID(payload []byte) string {
-	var m struct {
-		ID json.RawMessage `json:"id"`
-	}
-	if json.Unmarshal(payload, &m) != nil || len(m.ID) == 0 {
-		return ""
-	}
-	var s string
-	if json.Unmarshal(m.ID, &s) == nil {
-		return s
-	}
-	return string(m.ID)
 }
 
 // truncate keeps what a client sent from flooding the log.

@@ -87,13 +87,8 @@ func (h *Devices) DeviceSubscribed(tenant, device string) {
 }
 
 // ActionDelivered passes on the device's acknowledgement of an action.
-func (h *Devices) ActionDelivered(tenant, device, actionID string) {
-	id, ok := fleet.ParseActionID(actionID)
-	if !ok {
-		h.logger().Debug("mqtt: acknowledgement of a message without an action id", "tenant", tenant, "device", device, "id", actionID)
-		return
-	}
-	h.Delivery.ActionDelivered(tenant, device, id)
+func (h *Devices) ActionDelivered(tenant, device string, actionID int64) {
+	h.Delivery.ActionDelivered(tenant, device, actionID)
 }
 
 // statusFields are the fields of a status report sent over MQTT. Others

@@ -154,9 +154,7 @@ func TestDevicesDeliveryAndSightings(t *testing.T) {
 	h := &mqtt.Devices{Actions: acts, Delivery: acts, LastSeen: seen}
 	h.DeviceConnected("acme", "dev-1")
 	h.DeviceSubscribed("acme", "dev-1")
-	h.ActionDelivered("acme", "dev-1", "42")
-	h.ActionDelivered("acme", "dev-1", "not-an-action") // ignored
-	h.ActionDelivered("acme", "dev-1", "")
+	h.ActionDelivered("acme", "dev-1", 42)
 	if fmt.Sprint(seen.seen) != "[acme/dev-1]" || fmt.Sprint(acts.subscribed) != "[acme/dev-1]" || fmt.Sprint(acts.delivered) != "[42]" {
 		t.Fatalf("seen %v, subscribed %v, delivered %v", seen.seen, acts.subscribed, acts.delivered)
 	}

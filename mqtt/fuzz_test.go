@@ -28,7 +28,7 @@ func (acceptAll) DeviceConnected(string, string)                                
 func (acceptAll) DeviceSubscribed(string, string)                                    {}
 func (acceptAll) HandleStatus(context.Context, string, string, []byte) error         { return nil }
 func (acceptAll) HandleStream(context.Context, string, string, string, []byte) error { return nil }
-func (acceptAll) ActionDelivered(string, string, string)                             {}
+func (acceptAll) ActionDelivered(string, string, int64)                              {}
 
 // packet builds a packet from its first byte and body.
 func packet(first byte, body ...[]byte) []byte {

@@ -21,8 +21,9 @@ const wait = 10 * time.Second
 
 // call is one call to the fake handler.
 type call struct {
-	Tenant, Device, Stream, ActionID string
-	Payload                          []byte
+	Tenant, Device, Stream string
+	ActionID               int64
+	Payload                []byte
 }
 
 // fakeHandler is a Handler that records its calls on channels. Set its fields
@@ -105,7 +106,7 @@ func (h *fakeHandler) publish(ctx context.Context) error {
 	return h.pubErr
 }
 
-func (h *fakeHandler) ActionDelivered(tenant, device, actionID string) {
+func (h *fakeHandler) ActionDelivered(tenant, device string, actionID int64) {
 	h.delivered <- call{Tenant: tenant, Device: device, ActionID: actionID}
 }
 

@@ -53,7 +53,7 @@ func TestMosquittoClients(t *testing.T) {
 					t.Fatal(err)
 				}
 				receive(t, h.subscribed, "DeviceSubscribed")
-				if !s.SendAction("acme", "dev-1", action) {
+				if !s.SendAction("acme", "dev-1", 42, action) {
 					err := cmd.Wait()
 					t.Fatalf("SendAction = false, want true (mosquitto_sub: %v: %s%s)", err, out.Bytes(), errOut.Bytes())
 				}
@@ -63,8 +63,8 @@ func TestMosquittoClients(t *testing.T) {
 				if !bytes.Equal(out.Bytes(), action) {
 					t.Errorf("mosquitto_sub printed %q, want %q", out.Bytes(), action)
 				}
-				if got := receive(t, h.delivered, "ActionDelivered"); got.ActionID != "42" {
-					t.Errorf("ActionDelivered action id %q, want 42", got.ActionID)
+				if got := receive(t, h.delivered, "ActionDelivered"); got.ActionID != 42 {
+					t.Errorf("ActionDelivered action id %d, want 42", got.ActionID)
 				}
 			})
 

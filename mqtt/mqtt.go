@@ -56,10 +56,10 @@ type Handler interface {
 
 	// ActionDelivered is called when the device acknowledged an action
 	// message fleetd sent (PUBACK; for a device that subscribed at QoS 0, when
-	// the message was written to its connection). actionID is the "id" member
-	// of the payload. It runs on the device's connection (at QoS 0, on
+	// the message was written to its connection). actionID is the id
+	// SendAction was given. It runs on the device's connection (at QoS 0, on
 	// SendAction's caller) and should not block for long.
-	ActionDelivered(tenant, device, actionID string)
+	ActionDelivered(tenant, device string, actionID int64)
 }
 
 // Config configures a Server. Zero values mean the defaults.

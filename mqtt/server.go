@@ -223,7 +223,7 @@ func (s *Server) Close() error {
 // SendAction returns. Sessions end with their connection, so an action
 // written but not acknowledged when the device disconnects is lost: fleetd
 // must send it again on the next DeviceSubscribed.
-func (s *Server) SendAction(tenant, device string, payload []byte) bool {
+func (s *Server) SendAction(tenant, device string, actionID int64, payload []byte) bool {
 	d := s.device(sessionID(tenant, device))
 	if d == nil || !d.subscribed.Load() || s.isClosing() {
 		return false
@@ -236,7 +236,6 @@ func (s *Server) SendAction(tenant, device string, payload []byte) bool {
 		return false
 	}
 	qos := byte(d.qos.Load())
-	id := actionID(payload)
 	packet := make([]byte, 0, size)
 
 	d.wmu.Lock()
@@ -253,7 +252,7 @@ func (s *Server) SendAction(tenant, device string, payload []byte) bool {
 			return false
 		}
 		pid = d.packetID()
-		d.pending[pid] = id
+		d.pending[pid] = actionID
 	}
 	err := d.writeLocked(appendPublish(packet, d.version, topic, qos, pid, payload))
 	if err != nil {
@@ -268,7 +267,7 @@ func (s *Server) SendAction(tenant, device string, payload []byte) bool {
 		// A device that subscribed at QoS 0 acknowledges nothing: written
 		// is delivered.
 		s.stats.delivered.Add(1)
-		s.h.ActionDelivered(tenant, device, id)
+		s.h.ActionDelivered(tenant, device, actionID)
 	}
 	return true
 }

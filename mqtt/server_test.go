@@ -42,7 +42,7 @@ func TestMQTT5HappyPath(t *testing.T) {
 	}
 
 	t.Run("ActionBeforeSubscribe", func(t *testing.T) {
-		if s.SendAction("acme", "dev-1", action) {
+		if s.SendAction("acme", "dev-1", 42, action) {
 			t.Error("SendAction to a device not subscribed yet = true, want false")
 		}
 	})
@@ -56,7 +56,7 @@ func TestMQTT5HappyPath(t *testing.T) {
 	}
 
 	t.Run("SendAction", func(t *testing.T) {
-		if !s.SendAction("acme", "dev-1", action) {
+		if !s.SendAction("acme", "dev-1", 42, action) {
 			t.Fatal("SendAction = false, want true")
 		}
 		pb := receive(t, c.received, "action message")
@@ -68,8 +68,8 @@ func TestMQTT5HappyPath(t *testing.T) {
 			t.Fatalf("ack: %v", err)
 		}
 		got := receive(t, h.delivered, "ActionDelivered")
-		if got.Tenant != "acme" || got.Device != "dev-1" || got.ActionID != "42" {
-			t.Errorf("ActionDelivered(%q, %q, %q), want acme, dev-1, 42", got.Tenant, got.Device, got.ActionID)
+		if got.Tenant != "acme" || got.Device != "dev-1" || got.ActionID != 42 {
+			t.Errorf("ActionDelivered(%q, %q, %d), want acme, dev-1, 42", got.Tenant, got.Device, got.ActionID)
 		}
 	})
 
@@ -107,15 +107,15 @@ func TestMQTT311HappyPath(t *testing.T) {
 
 	c.subscribe(t, actionsT, 1)
 	receive(t, h.subscribed, "DeviceSubscribed")
-	if !s.SendAction("acme", "dev-1", action) {
+	if !s.SendAction("acme", "dev-1", 42, action) {
 		t.Fatal("SendAction = false, want true")
 	}
 	m := receive(t, c.received, "action message")
 	if m.Topic() != actionsT || m.Qos() != 1 || !bytes.Equal(m.Payload(), action) {
 		t.Errorf("got %q at QoS %d: %s; want %q at QoS 1: %s", m.Topic(), m.Qos(), m.Payload(), actionsT, action)
 	}
-	if got := receive(t, h.delivered, "ActionDelivered"); got.ActionID != "42" {
-		t.Errorf("ActionDelivered action id %q, want 42", got.ActionID)
+	if got := receive(t, h.delivered, "ActionDelivered"); got.ActionID != 42 {
+		t.Errorf("ActionDelivered action id %d, want 42", got.ActionID)
 	}
 
 	c.publish(t, statusT, status)
@@ -307,7 +307,7 @@ func TestWillOnForeignTopicRefused(t *testing.T) {
 func TestSendActionOffline(t *testing.T) {
 	h := newFakeHandler()
 	s := MustOpenServer(t, h)
-	if s.SendAction("acme", "dev-1", action) {
+	if s.SendAction("acme", "dev-1", 42, action) {
 		t.Error("SendAction to a device never connected = true, want false")
 	}
 	if s.Online("acme", "dev-1") {
@@ -317,7 +317,7 @@ func TestSendActionOffline(t *testing.T) {
 	c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
 	c.subscribe(t, actionsT, 1)
 	receive(t, h.subscribed, "DeviceSubscribed")
-	if s.SendAction("acme", "dev-2", action) || s.SendAction("other", "dev-1", action) {
+	if s.SendAction("acme", "dev-2", 42, action) || s.SendAction("other", "dev-1", 42, action) {
 		t.Error("SendAction to another, offline device = true, want false")
 	}
 
@@ -325,7 +325,7 @@ func TestSendActionOffline(t *testing.T) {
 		t.Fatalf("disconnect: %v", err)
 	}
 	waitFor(t, "device offline", func() bool { return !s.Online("acme", "dev-1") && s.Connections() == 0 })
-	if s.SendAction("acme", "dev-1", action) {
+	if s.SendAction("acme", "dev-1", 42, action) {
 		t.Error("SendAction after the device disconnected = true, want false")
 	}
 }
@@ -336,14 +336,14 @@ func TestSendActionQoS0Subscription(t *testing.T) {
 	c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
 	c.subscribe(t, actionsT, 0)
 	receive(t, h.subscribed, "DeviceSubscribed")
-	if !s.SendAction("acme", "dev-1", []byte(`{"id": 7, "name": "x", "payload": "{}"}`)) {
+	if !s.SendAction("acme", "dev-1", 7, []byte(`{"id": "7", "name": "x", "payload": "{}"}`)) {
 		t.Fatal("SendAction = false, want true")
 	}
 	if pb := receive(t, c.received, "action message"); pb.QoS != 0 {
 		t.Errorf("QoS %d, want 0 as subscribed", pb.QoS)
 	}
-	if got := receive(t, h.delivered, "ActionDelivered"); got.ActionID != "7" {
-		t.Errorf("ActionDelivered action id %q, want 7", got.ActionID)
+	if got := receive(t, h.delivered, "ActionDelivered"); got.ActionID != 7 {
+		t.Errorf("ActionDelivered action id %d, want 7", got.ActionID)
 	}
 }
 
@@ -354,16 +354,16 @@ func TestSendActionInflightLimit(t *testing.T) {
 	c.subscribe(t, actionsT, 1)
 	receive(t, h.subscribed, "DeviceSubscribed")
 	for i := range 2 {
-		if !s.SendAction("acme", "dev-1", fmt.Appendf(nil, `{"id": "%d"}`, i)) {
+		if !s.SendAction("acme", "dev-1", int64(i), fmt.Appendf(nil, `{"id": "%d"}`, i)) {
 			t.Fatalf("SendAction %d = false, want true", i)
 		}
 	}
-	if s.SendAction("acme", "dev-1", []byte(`{"id": "2"}`)) {
+	if s.SendAction("acme", "dev-1", 2, []byte(`{"id": "2"}`)) {
 		t.Error("SendAction beyond MaxInflight = true, want false")
 	}
 	c.Ack(receive(t, c.received, "first action"))
 	receive(t, h.delivered, "ActionDelivered")
-	waitFor(t, "room for one more action", func() bool { return s.SendAction("acme", "dev-1", []byte(`{"id": "2"}`)) })
+	waitFor(t, "room for one more action", func() bool { return s.SendAction("acme", "dev-1", 2, []byte(`{"id": "2"}`)) })
 }
 
 // TestPubackAfterHandler checks that a publish is acknowledged only once the
@@ -465,12 +465,12 @@ func TestSessionTakeover(t *testing.T) {
 		t.Fatalf("Online = %v, Connections = %d; want true, 1", s.Online("acme", "dev-1"), s.Connections())
 	}
 	// Sessions end with their connection: the new one must subscribe itself.
-	if s.SendAction("acme", "dev-1", action) {
+	if s.SendAction("acme", "dev-1", 42, action) {
 		t.Error("SendAction before the new connection subscribed = true, want false")
 	}
 	second.subscribe(t, actionsT, 1)
 	receive(t, h.subscribed, "DeviceSubscribed")
-	if !s.SendAction("acme", "dev-1", action) {
+	if !s.SendAction("acme", "dev-1", 42, action) {
 		t.Fatal("SendAction = false, want true")
 	}
 	receive(t, second.received, "action message")
@@ -531,7 +531,7 @@ func TestClose(t *testing.T) {
 		}
 		c.awaitServerDisconnect(t, 0x8B) // server shutting down
 		receive(t, c3.lost, "MQTT 3.1.1 disconnection")
-		if s.Connections() != 0 || s.Online("acme", "dev-1") || s.SendAction("acme", "dev-1", action) {
+		if s.Connections() != 0 || s.Online("acme", "dev-1") || s.SendAction("acme", "dev-1", 42, action) {
 			t.Error("devices still reachable after Close")
 		}
 		if _, err := net.Dial("tcp", s.Addr().String()); err == nil {
@@ -599,7 +599,7 @@ func TestManyDevices(t *testing.T) {
 	for i := range devices {
 		go func() {
 			for j := range actions {
-				sent <- s.SendAction("acme", fmt.Sprintf("d%d", i), fmt.Appendf(nil, `{"id": "%d"}`, j))
+				sent <- s.SendAction("acme", fmt.Sprintf("d%d", i), int64(j), fmt.Appendf(nil, `{"id": "%d"}`, j))
 			}
 		}()
 	}
@@ -670,10 +670,10 @@ func TestSendActionOverDeviceMaximumPacketSize(t *testing.T) {
 	limit := uint32(200)
 	c := subscribedWith(t, s, h, false, &paho.ConnectProperties{MaximumPacketSize: &limit})
 	big := fmt.Appendf(nil, `{"id": "1", "name": "x", "payload": %q}`, strings.Repeat("p", 200))
-	if s.SendAction("acme", "dev-1", big) {
+	if s.SendAction("acme", "dev-1", 43, big) {
 		t.Error("SendAction of an action over the device's maximum packet size = true, want false")
 	}
-	if !s.SendAction("acme", "dev-1", action) {
+	if !s.SendAction("acme", "dev-1", 42, action) {
 		t.Fatal("SendAction = false, want true")
 	}
 	if pb := receive(t, c.received, "action message"); !bytes.Equal(pb.Payload, action) {
@@ -696,7 +696,7 @@ func TestReconnectStorm(t *testing.T) {
 			prev.awaitServerDisconnect(t, 0x8E)
 		}
 		payload := fmt.Appendf(nil, `{"id": "%d"}`, i)
-		if !s.SendAction("acme", "dev-1", payload) {
+		if !s.SendAction("acme", "dev-1", 42, payload) {
 			t.Fatalf("connection %d: SendAction = false, want true", i)
 		}
 		if pb := receive(t, c.received, "action message"); !bytes.Equal(pb.Payload, payload) {
@@ -747,7 +747,7 @@ func TestSlowDeviceCutOff(t *testing.T) {
 	rawConnect311(t, s)
 	receive(t, h.subscribed, "DeviceSubscribed")
 	payload := fmt.Appendf(nil, `{"id": "1", "name": "x", "payload": %q}`, strings.Repeat("x", 64<<10))
-	for i := 0; s.SendAction("acme", "dev-1", payload); i++ {
+	for i := 0; s.SendAction("acme", "dev-1", 42, payload); i++ {
 		if i == 10_000 {
 			t.Fatal("SendAction never refused a device that reads nothing")
 		}
@@ -771,7 +771,7 @@ func TestStuckWriteHoldsNothing(t *testing.T) {
 	sent := make(chan struct{})
 	go func() {
 		defer close(sent)
-		for i := 0; i < 10_000 && s.SendAction("acme", "dev-1", payload); i++ {
+		for i := 0; i < 10_000 && s.SendAction("acme", "dev-1", 42, payload); i++ {
 		}
 	}()
 	time.Sleep(300 * time.Millisecond) // the socket's buffers are full by now
@@ -801,11 +801,11 @@ func TestReceiveMaximum(t *testing.T) {
 	rm := uint16(2)
 	subscribedWith(t, s, h, true, &paho.ConnectProperties{ReceiveMaximum: &rm})
 	for i := range 2 {
-		if !s.SendAction("acme", "dev-1", fmt.Appendf(nil, `{"id": "%d"}`, i)) {
+		if !s.SendAction("acme", "dev-1", int64(i), fmt.Appendf(nil, `{"id": "%d"}`, i)) {
 			t.Fatalf("SendAction %d = false, want true", i)
 		}
 	}
-	if s.SendAction("acme", "dev-1", []byte(`{"id": "2"}`)) {
+	if s.SendAction("acme", "dev-1", 2, []byte(`{"id": "2"}`)) {
 		t.Error("SendAction beyond the device's Receive Maximum = true, want false")
 	}
 }
