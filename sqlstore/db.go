@@ -516,3 +516,43 @@ func (db *DB) Stats() WriteStats {
 		Queued:        len(db.jobs),
 	}
 }
+
+// idChunk is how many ids one IN list carries.
+const idChunk = 500
+
+func (tx *Tx) execCount(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := tx.exec(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func placeholders(n int) string {
+	return "?" + strings.Repeat(", ?", n-1)
+}
+
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+func (db *DB) strings(ctx context.Context, query string, args ...any) ([]string, error) {
+	rows, err := db.query(ctx, query, args...)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}

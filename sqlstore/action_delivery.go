@@ -1,0 +1,103 @@
+package sqlstore
+
+// Delivery: what is still to be sent to devices, their acknowledgements,
+// and the timeouts that start with them.
+
+import (
+	"context"
+	"time"
+
+	"github.com/fleetd/fleet"
+)
+
+// PendingDevices returns the devices, among candidates (all when nil),
+// whose device action is Queued: they have yet to acknowledge it.
+func (db *DB) PendingDevices(ctx context.Context, tenant string, actionID int64, candidates []string) ([]string, error) {
+	const q = "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status = 'Queued'"
+	if candidates == nil {
+		return db.strings(ctx, q, tenant, actionID)
+	}
+	var out []string
+	for start := 0; start < len(candidates); start += idChunk {
+		chunk := candidates[start:min(start+idChunk, len(candidates))]
+		ids, err := db.strings(ctx, q+" AND device_id IN ("+placeholders(len(chunk))+")", append([]any{tenant, actionID}, anys(chunk)...)...)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ids...)
+	}
+	return out, nil
+}
+
+// PendingActions returns the actions Queued for a device, oldest first.
+func (db *DB) PendingActions(ctx context.Context, tenant, device string) ([]fleet.PendingAction, error) {
+	rows, err := db.query(ctx, `SELECT da.action_id, da.type, COALESCE(a.device_params, a.params)
+		FROM device_actions da JOIN actions a ON a.tenant = da.tenant AND a.id = da.action_id
+		WHERE da.tenant = ? AND da.device_id = ? AND da.action_status = 'Queued'
+		ORDER BY da.action_id`, tenant, device)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	defer rows.Close()
+	var out []fleet.PendingAction
+	for rows.Next() {
+		var p fleet.PendingAction
+		if err := rows.Scan(&p.ActionID, &p.Name, &p.Params); err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// MarkDelivered records devices' acknowledgements of action messages: a
+// Queued device action becomes Initiated and its timeout starts.
+// Acknowledgements of anything else (a redelivery, or an action the device
+// reported on first) change nothing. A batch costs one statement per
+// hundred receipts.
+func (db *DB) MarkDelivered(ctx context.Context, receipts []fleet.ActionReceipt) error {
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		now := millis(tx.now)
+		for start := 0; start < len(receipts); start += reportChunk {
+			chunk := receipts[start:min(start+reportChunk, len(receipts))]
+			args := make([]any, 0, 3*len(chunk)+2)
+			args = append(args, now, now, now)
+			for _, r := range chunk {
+				args = append(args, r.Tenant, r.ActionID, r.DeviceID)
+			}
+			for range sizeClass(len(chunk)) - len(chunk) {
+				args = append(args, "", 0, "") // matches nothing
+			}
+			if _, err := tx.exec(ctx, `UPDATE device_actions SET action_status = 'Initiated', status = 'Initiated',
+				initiated_at = ?, updated_at = ?,
+				deadline = ? + 1000 * (SELECT timeout FROM actions a WHERE a.tenant = device_actions.tenant AND a.id = device_actions.action_id)
+				FROM `+tx.db.dialect.valuesTable("r", []string{"tenant", "action_id", "device_id"}, []string{"TEXT", "BIGINT", "TEXT"}, sizeClass(len(chunk)))+`
+				WHERE device_actions.tenant = r.tenant AND device_actions.action_id = r.action_id AND device_actions.device_id = r.device_id
+				AND device_actions.action_status = 'Queued'`, args...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// TimeOutDeviceActions fails up to limit device actions whose deadline is
+// at or before now, with status TimedOut, and returns how many. Any number
+// of replicas may call it at once: each claims different rows, and a row
+// that another replica finished no longer matches.
+func (db *DB) TimeOutDeviceActions(ctx context.Context, now time.Time, limit int) (int, error) {
+	var n int64
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		at := millis(now)
+		var err error
+		n, err = tx.execCount(ctx, `UPDATE device_actions SET action_status = 'Failed', status = 'TimedOut',
+			errors = `+db.dialect.jsonSetList("errors", fleet.StateTimedOut)+`, error_count = error_count + 1,
+			deadline = NULL, updated_at = ?
+			WHERE deadline IS NOT NULL AND deadline <= ? AND (tenant, action_id, device_id) IN (
+				SELECT tenant, action_id, device_id FROM device_actions
+				WHERE deadline IS NOT NULL AND deadline <= ? ORDER BY deadline LIMIT ?`+db.dialect.skipLocked()+`)`,
+			"the action's timeout elapsed before the device reported Completed or Failed", at, at, at, limit)
+		return err
+	})
+	return int(n), err
+}

@@ -1,0 +1,317 @@
+package sqlstore
+
+// Reading actions and device actions: the action lists with their
+// per-status counts, an action's device actions, and S7.
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/fleetd/fleet"
+)
+
+const actionColumns = `id, action, params, device_params, search_type, search_key, search_query, metadata, timeout,
+	user_email, user_name, created_at, targeted`
+
+func scanAction(s scanner) (*fleet.Action, error) {
+	var a fleet.Action
+	var params, meta string
+	var deviceParams sql.NullString
+	var created int64
+	if err := s.Scan(&a.ID, &a.Action, &params, &deviceParams, &a.SearchType, &a.SearchKey, &a.SearchQuery, &meta, &a.Timeout,
+		&a.UserEmail, &a.UserName, &created, &a.Targeted); err != nil {
+		return nil, err
+	}
+	a.Params, a.Metadata = json.RawMessage(params), json.RawMessage(meta)
+	if deviceParams.Valid {
+		a.DeviceParams = json.RawMessage(deviceParams.String)
+	}
+	a.CreatedAt = fromMillis(created)
+	return &a, nil
+}
+
+// FindAction returns one action with its per-status counts.
+func (db *DB) FindAction(ctx context.Context, tenant string, id int64) (*fleet.Action, error) {
+	a, err := scanAction(db.queryRow(ctx, "SELECT "+actionColumns+" FROM actions WHERE tenant = ? AND id = ?", tenant, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "action %d not found", id)
+	} else if err != nil {
+		return nil, db.classify(err)
+	}
+	if a.Statuses, err = db.actionStatuses(ctx, tenant, id); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// FindActions lists actions, newest first, with their per-status counts.
+func (db *DB) FindActions(ctx context.Context, tenant string, f fleet.ActionFilter) ([]*fleet.Action, int, error) {
+	cond, args := "tenant = ?", []any{tenant}
+	if f.Action != "" {
+		cond += " AND action = ?"
+		args = append(args, f.Action)
+	}
+	acts, count, err := findPage(ctx, db, "SELECT count(*) FROM actions WHERE "+cond,
+		"SELECT "+actionColumns+" FROM actions WHERE "+cond+" ORDER BY id DESC", args, f.Page, scanAction)
+	if err != nil || len(acts) == 0 {
+		return acts, count, err
+	}
+	byID := make(map[int64]*fleet.Action, len(acts))
+	ids := make([]any, 0, len(acts)+1)
+	ids = append(ids, tenant)
+	for _, a := range acts {
+		a.Statuses = map[string]int{}
+		byID[a.ID] = a
+		ids = append(ids, a.ID)
+	}
+	srows, err := db.query(ctx, "SELECT action_id, action_status, count(*) FROM device_actions WHERE tenant = ? AND action_id IN ("+
+		placeholders(len(acts))+") GROUP BY action_id, action_status", ids...)
+	if err != nil {
+		return nil, 0, db.classify(err)
+	}
+	defer srows.Close()
+	for srows.Next() {
+		var id int64
+		var status string
+		var n int
+		if err := srows.Scan(&id, &status, &n); err != nil {
+			return nil, 0, err
+		}
+		byID[id].Statuses[status] = n
+	}
+	return acts, count, srows.Err()
+}
+
+// actionStatuses counts an action's device actions per status.
+func (db *DB) actionStatuses(ctx context.Context, tenant string, id int64) (map[string]int, error) {
+	rows, err := db.query(ctx, "SELECT action_status, count(*) FROM device_actions WHERE tenant = ? AND action_id = ? GROUP BY action_status", tenant, id)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var status string
+		var n int
+		if err := rows.Scan(&status, &n); err != nil {
+			return nil, err
+		}
+		out[status] = n
+	}
+	return out, rows.Err()
+}
+
+// finalSortIndexes are the indexes of migration 0009 by sort column.
+var finalSortIndexes = map[string]string{
+	"action_id":   "device_actions_final_by_id",
+	"type":        "device_actions_final_by_type",
+	"status":      "device_actions_final_by_status",
+	"user_email":  "device_actions_final_by_user_email",
+	"user_name":   "device_actions_final_by_user_name",
+	"updated_at":  "device_actions_final_by_updated_at",
+	"error_count": "device_actions_final_by_errors",
+}
+
+// deviceActionSorts maps S7's sort_by to columns.
+var deviceActionSorts = map[string]string{
+	"action_id":  "action_id",
+	"type":       "type",
+	"status":     "status",
+	"user_email": "user_email",
+	"user_name":  "user_name",
+	"updated_at": "updated_at",
+	"errors":     "error_count",
+}
+
+const deviceActionColumns = `action_id, device_id, type, status, action_status, progress, errors, user_email, user_name,
+	serial_metadata, created_at, updated_at`
+
+// FindDeviceActions lists the device actions of one device (S7) or of one
+// action; see fleet.DeviceActionFilter.
+func (db *DB) FindDeviceActions(ctx context.Context, tenant string, f fleet.DeviceActionFilter) ([]*fleet.DeviceAction, int, error) {
+	var filters []string
+	var filterArgs []any
+	if f.ActionStatus != "" {
+		filters = append(filters, "action_status = ?")
+		filterArgs = append(filterArgs, string(f.ActionStatus))
+	}
+	if f.Type != "" {
+		filters = append(filters, "type = ?")
+		filterArgs = append(filterArgs, f.Type)
+	}
+	switch {
+	case f.DeviceID != "":
+		return db.findDeviceActionsOfDevice(ctx, tenant, f, filters, filterArgs)
+	case f.ActionID == 0:
+		return nil, 0, fleet.Errorf(fleet.EINVALID, "name a device or an action")
+	}
+	cond := strings.Join(append([]string{"tenant = ?", "action_id = ?"}, filters...), " AND ")
+	args := append([]any{tenant, f.ActionID}, filterArgs...)
+	// Whether the action exists and how many device actions match, in one
+	// round trip, while the page is read.
+	var exists sql.NullInt64
+	var count int
+	wait := db.queryRowAside(ctx, "SELECT (SELECT 1 FROM actions WHERE tenant = ? AND id = ?), (SELECT count(*) FROM device_actions WHERE "+cond+")",
+		append([]any{tenant, f.ActionID}, args...), &exists, &count)
+	// The page is chosen first and joined to its actions (for params)
+	// after, so sorting never touches the actions table.
+	page, err := db.scanDeviceActions(ctx, `WITH page AS (SELECT `+deviceActionColumns+`, tenant FROM device_actions WHERE `+cond+
+		` ORDER BY device_id LIMIT ? OFFSET ?)
+		SELECT `+prefixed("page.", deviceActionColumns)+`, COALESCE(a.device_params, a.params)
+		FROM page JOIN actions a ON a.tenant = page.tenant AND a.id = page.action_id ORDER BY page.device_id`,
+		append(args, f.Limit, f.Offset())...)
+	if err := cmp.Or(wait(), err); err != nil {
+		return nil, 0, db.classify(err)
+	}
+	if !exists.Valid {
+		return nil, 0, fleet.Errorf(fleet.ENOTFOUND, "action %d not found", f.ActionID)
+	}
+	return page, count, nil
+}
+
+// finalStatuses and liveStatuses split a device's actions in two: the
+// sort indexes of migration 0009 hold the final ones, whose sort keys
+// never change; the others, usually few, are read through
+// device_actions_by_device, a range for each live status, and sorted. The
+// final predicate must be the indexes' for the databases to use them: the
+// final statuses are those that sort before Initiated (see 0009). As it is
+// also a range of device_actions_by_device, SQLite is told which index to
+// read.
+const finalStatuses = "action_status < 'Initiated'"
+
+var liveStatuses = []fleet.ActionStatus{fleet.StatusQueued, fleet.StatusInitiated, fleet.StatusProgress}
+
+// findDeviceActionsOfDevice is S7: the first offset+limit final rows in
+// the sort's order, from its index, merged with the device's live rows.
+//
+// Each part carries whole rows rather than keys to join back: a device
+// with 10,000 actions is far from the average in the planner's statistics,
+// and PostgreSQL would join the keys back by reading all of the device's
+// index entries. For the same reason each live status is a part of its
+// own: an IN list on the index's third column became a filter on every
+// row of the device.
+func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fleet.DeviceActionFilter, filters []string, filterArgs []any) ([]*fleet.DeviceAction, int, error) {
+	cond := strings.Join(append([]string{"tenant = ?", "device_id = ?"}, filters...), " AND ")
+	args := append([]any{tenant, f.DeviceID}, filterArgs...)
+	// Whether the device exists and how many actions match, in one round
+	// trip, while the page is read.
+	var exists sql.NullInt64
+	var count int
+	wait := db.queryRowAside(ctx, "SELECT (SELECT 1 FROM devices WHERE tenant = ? AND id = ?), (SELECT count(*) FROM device_actions WHERE "+cond+")",
+		append([]any{tenant, f.DeviceID}, args...), &exists, &count)
+	col, ok := deviceActionSorts[f.SortBy]
+	if !ok {
+		col = "action_id"
+	}
+	dir := " DESC"
+	if f.Ascending {
+		dir = " ASC"
+	}
+	finalOrder, liveKey := col+dir+", action_id"+dir, col
+	if col == "action_id" {
+		// The merge wants the live parts in order too, and by action_id
+		// SQLite would walk the tenant's device_actions_by_status for them
+		// rather than the device's few live rows: an expression is not
+		// in any index's order.
+		finalOrder, liveKey = "action_id"+dir, "action_id + 0"
+	}
+	// The live parts are not limited: they are small, and sorted by the
+	// merge. The limits are written into the query: SQLite plans with a
+	// bound LIMIT's value, so binding one re-prepares the statement.
+	top := strconv.Itoa(f.Offset() + f.Limit)
+	limit, offset := strconv.Itoa(f.Limit), strconv.Itoa(f.Offset())
+	q := `WITH page AS (
+		SELECT * FROM (SELECT ` + deviceActionColumns + `, ` + col + ` AS k FROM device_actions` + db.dialect.indexedBy(finalSortIndexes[col]) +
+		` WHERE ` + cond + ` AND ` + finalStatuses + `
+			ORDER BY ` + finalOrder + ` LIMIT ` + top + `) final`
+	qargs := slices.Clone(args)
+	for _, st := range liveStatuses {
+		q += `
+		UNION ALL SELECT ` + deviceActionColumns + `, ` + liveKey + ` AS k FROM device_actions WHERE ` + cond + ` AND action_status = '` + string(st) + `'`
+		qargs = append(qargs, args...)
+	}
+	q += `
+		ORDER BY k` + dir + `, action_id` + dir + ` LIMIT ` + limit + ` OFFSET ` + offset + `)
+		SELECT ` + prefixed("page.", deviceActionColumns) + `, COALESCE(a.device_params, a.params)
+		FROM page JOIN actions a ON a.tenant = ? AND a.id = page.action_id
+		ORDER BY page.k` + dir + `, page.action_id` + dir
+	page, err := db.scanDeviceActions(ctx, q, append(qargs, tenant)...)
+	if err := cmp.Or(wait(), err); err != nil {
+		return nil, 0, db.classify(err)
+	}
+	if !exists.Valid {
+		return nil, 0, fleet.Errorf(fleet.ENOTFOUND, "device %q not found", f.DeviceID)
+	}
+	return page, count, nil
+}
+
+// scanDeviceActions reads the device actions a query selects; never nil.
+func (db *DB) scanDeviceActions(ctx context.Context, query string, args ...any) ([]*fleet.DeviceAction, error) {
+	rows, err := db.query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return scanAll(rows, scanDeviceAction)
+}
+
+// unmarshalObject decodes a stored JSON object into v, a map; "{}", which
+// most device actions' errors and many metadata are, leaves v as it is
+// without a decoder's reflection walk.
+func unmarshalObject(text string, v any) error {
+	if text == "{}" {
+		return nil
+	}
+	return json.Unmarshal([]byte(text), v)
+}
+
+// prefixed qualifies each comma-separated column (with its ordering
+// words) by prefix.
+func prefixed(prefix, cols string) string {
+	parts := strings.Split(cols, ",")
+	for i, p := range parts {
+		parts[i] = prefix + strings.TrimSpace(p)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// FindDeviceAction returns one device's record of one action.
+func (db *DB) FindDeviceAction(ctx context.Context, tenant string, actionID int64, deviceID string) (*fleet.DeviceAction, error) {
+	da, err := scanDeviceAction(db.queryRow(ctx, `SELECT `+prefixed("da.", deviceActionColumns)+`, COALESCE(a.device_params, a.params)
+		FROM device_actions da JOIN actions a ON a.tenant = da.tenant AND a.id = da.action_id
+		WHERE da.tenant = ? AND da.action_id = ? AND da.device_id = ?`, tenant, actionID, deviceID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "device %q has no action %d", deviceID, actionID)
+	}
+	return da, db.classify(err)
+}
+
+func scanDeviceAction(s scanner) (*fleet.DeviceAction, error) {
+	var da fleet.DeviceAction
+	var errs, meta string
+	var created, updated int64
+	if err := s.Scan(&da.ActionID, &da.DeviceID, &da.Type, &da.Status, &da.ActionStatus, &da.Progress, &errs,
+		&da.UserEmail, &da.UserName, &meta, &created, &updated, &da.Params); err != nil {
+		return nil, err
+	}
+	if err := unmarshalObject(errs, &da.Errors); err != nil {
+		return nil, fmt.Errorf("device action %d/%s errors: %w", da.ActionID, da.DeviceID, err)
+	}
+	if err := unmarshalObject(meta, &da.SerialMetadata); err != nil {
+		return nil, fmt.Errorf("device action %d/%s metadata: %w", da.ActionID, da.DeviceID, err)
+	}
+	if da.Errors == nil {
+		da.Errors = map[string][]string{}
+	}
+	if da.SerialMetadata == nil {
+		da.SerialMetadata = map[string]string{}
+	}
+	da.CreatedAt, da.UpdatedAt = fromMillis(created), fromMillis(updated)
+	return &da, nil
+}

@@ -1,0 +1,391 @@
+package sqlstore
+
+// Status reports, the hottest write path: devices' reports applied in
+// batches (DESIGN §4).
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/fleetd/fleet"
+)
+
+// ReportStatus applies status reports in one transaction; see
+// fleet.ActionService. However many reports there are, it reads their
+// device actions with one statement per action and writes the changed ones
+// with one statement: the action service hands it the reports of many
+// concurrent callers at once. It does not touch the devices' last_seen_at:
+// the action service records sightings in batches (TouchDevices), off the
+// hottest path.
+func (db *DB) ReportStatus(ctx context.Context, tenant string, reports []fleet.StatusReport) ([]error, error) {
+	errs := make([]error, len(reports))
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		found, err := tx.applyReports(ctx, tenant, reports)
+		if err != nil {
+			return err
+		}
+		for i, r := range reports {
+			errs[i] = nil
+			if !found[i] {
+				errs[i] = tx.reportNotFound(ctx, tenant, r)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return errs, nil
+}
+
+// TouchDevices records that devices were seen at t. A device seen later
+// already keeps its time.
+func (db *DB) TouchDevices(ctx context.Context, tenant string, ids []string, t time.Time) error {
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		for start := 0; start < len(ids); start += idChunk {
+			chunk := ids[start:min(start+idChunk, len(ids))]
+			if _, err := tx.exec(ctx, "UPDATE devices SET last_seen_at = ? WHERE tenant = ? AND (last_seen_at IS NULL OR last_seen_at < ?) AND id IN ("+
+				placeholders(len(chunk))+")", append([]any{millis(t), tenant, millis(t)}, anys(chunk)...)...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// reportKey names a device action.
+type reportKey struct {
+	actionID int64
+	deviceID string
+}
+
+// reportRow is a device action as status reports see it.
+type reportRow struct {
+	typ         string
+	state       fleet.ReportState
+	errsText    string // as stored
+	errsChanged bool
+	initiatedAt sql.NullInt64
+	timeout     int64 // seconds
+	dirty       bool
+	// As loaded: what decides whether only the progress columns change.
+	loadedStatus    fleet.ActionStatus
+	loadedInitiated bool
+}
+
+// progressOnly reports whether the row's changes are to the columns every
+// report changes, and none of action_status, initiated_at, deadline or
+// errors: the usual report on an action in flight.
+func (r *reportRow) progressOnly() bool {
+	return r.state.ActionStatus == r.loadedStatus && r.loadedInitiated && !r.errsChanged
+}
+
+// reportChunk bounds the rows one statement reads or writes.
+const reportChunk = 100
+
+// sizeClass rounds n (1 to reportChunk) up to one of a few sizes, so that
+// the batched statements have few distinct texts, which stay prepared
+// (SQLite's statement cache) instead of being parsed anew for every batch
+// size. The rows added to reach it match nothing.
+func sizeClass(n int) int {
+	c := 1
+	for c < n && c < 64 {
+		c *= 2
+	}
+	if n > c {
+		return reportChunk
+	}
+	return c
+}
+
+// applyReports applies reports in order and reports which found their
+// device action. Reports after a final state, older than the last one
+// applied or repeating it change nothing.
+func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.StatusReport) ([]bool, error) {
+	rows := map[reportKey]*reportRow{}
+	byAction := map[int64][]string{}
+	var actions []int64
+	seen := map[reportKey]bool{}
+	for _, r := range reports {
+		k := reportKey{r.ActionID, r.DeviceID}
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		if byAction[r.ActionID] == nil {
+			actions = append(actions, r.ActionID)
+		}
+		byAction[r.ActionID] = append(byAction[r.ActionID], r.DeviceID)
+	}
+	timeouts, err := tx.actionTimeouts(ctx, tenant, actions)
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range actions {
+		timeout, ok := timeouts[a]
+		if !ok {
+			continue // no such action: no device action to find
+		}
+		devs := byAction[a]
+		sort.Strings(devs) // writers lock rows in one order
+		for start := 0; start < len(devs); start += reportChunk {
+			if err := tx.loadReportRows(ctx, tenant, a, timeout, devs[start:min(start+reportChunk, len(devs))], rows); err != nil {
+				return nil, err
+			}
+		}
+	}
+
+	found := make([]bool, len(reports))
+	now := millis(tx.now)
+	var dirty, installed []reportKey
+	for i, r := range reports {
+		k := reportKey{r.ActionID, r.DeviceID}
+		row := rows[k]
+		if row == nil {
+			continue
+		}
+		found[i] = true
+		next, changed := fleet.ApplyReport(row.state, r, tx.now)
+		if !changed {
+			continue
+		}
+		row.state = next
+		row.errsChanged = row.errsChanged || len(r.Errors) > 0
+		if !row.initiatedAt.Valid {
+			row.initiatedAt = sql.NullInt64{Int64: now, Valid: true}
+		}
+		if !row.dirty {
+			row.dirty = true
+			dirty = append(dirty, k)
+		}
+		if next.ActionStatus == fleet.StatusCompleted && row.typ == fleet.ActionUpdateFirmware {
+			installed = append(installed, k)
+		}
+	}
+	for start := 0; start < len(dirty); start += reportChunk {
+		if err := tx.writeReportRows(ctx, tenant, dirty[start:min(start+reportChunk, len(dirty))], rows, now); err != nil {
+			return nil, err
+		}
+	}
+	for _, k := range installed {
+		if err := tx.recordComponents(ctx, tenant, k.deviceID, k.actionID, fleet.ActionUpdateFirmware); err != nil {
+			return nil, err
+		}
+	}
+	return found, nil
+}
+
+// actionTimeouts returns the timeouts, in seconds, of those of the
+// tenant's actions ids names that exist.
+func (tx *Tx) actionTimeouts(ctx context.Context, tenant string, ids []int64) (map[int64]int64, error) {
+	out := make(map[int64]int64, len(ids))
+	for start := 0; start < len(ids); start += reportChunk {
+		chunk := ids[start:min(start+reportChunk, len(ids))]
+		args := []any{tenant}
+		for _, id := range chunk {
+			args = append(args, id)
+		}
+		for n := sizeClass(len(chunk)); len(args) < 1+n; {
+			args = append(args, chunk[len(chunk)-1]) // a repeat matches no more rows
+		}
+		rows, err := tx.query(ctx, "SELECT id, timeout FROM actions WHERE tenant = ? AND id IN ("+placeholders(len(args)-1)+")", args...)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var id, timeout int64
+			if err := rows.Scan(&id, &timeout); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			out[id] = timeout
+		}
+		if err := cmp.Or(rows.Err(), rows.Close()); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// loadReportRows reads (and on PostgreSQL locks) the device actions of one
+// action, whose timeout is timeout seconds, on devs into rows.
+func (tx *Tx) loadReportRows(ctx context.Context, tenant string, actionID, timeout int64, devs []string, rows map[reportKey]*reportRow) error {
+	args := append([]any{tenant, actionID}, anys(devs)...)
+	for n := sizeClass(len(devs)); len(args) < 2+n; {
+		args = append(args, devs[len(devs)-1]) // a repeat matches no more rows
+	}
+	q, err := tx.query(ctx, `SELECT device_id, type, status, action_status, progress, errors, last_ts, last_seq, initiated_at
+		FROM device_actions WHERE tenant = ? AND action_id = ? AND device_id IN (`+placeholders(len(args)-2)+`)
+		ORDER BY device_id`+tx.db.dialect.forUpdate(), args...)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	for q.Next() {
+		var (
+			dev             string
+			row             = reportRow{timeout: timeout}
+			lastTS, lastSeq sql.NullInt64
+		)
+		if err := q.Scan(&dev, &row.typ, &row.state.Status, &row.state.ActionStatus, &row.state.Progress, &row.errsText,
+			&lastTS, &lastSeq, &row.initiatedAt); err != nil {
+			return err
+		}
+		if lastTS.Valid {
+			row.state.Last = &fleet.ReportKey{Timestamp: lastTS.Int64, Sequence: lastSeq.Int64}
+		}
+		row.loadedStatus, row.loadedInitiated = row.state.ActionStatus, row.initiatedAt.Valid
+		if err := unmarshalObject(row.errsText, &row.state.Errors); err != nil {
+			return fmt.Errorf("device action %d/%s errors: %w", actionID, dev, err)
+		}
+		rows[reportKey{actionID, dev}] = &row
+	}
+	return q.Err()
+}
+
+// reportColumns are the columns writeReportRows sets, after the two of
+// the key, with their SQL types ("" is the dialect's JSON type), and
+// progressColumns those it sets on rows whose only changes are progress
+// (reportRow.progressOnly). SQLite rewrites the entries of every index
+// that has a column an UPDATE sets, changed or not, and
+// device_actions_by_device, device_actions_by_status, the deadline index
+// and the final-only sort indexes all have action_status (in their key or
+// predicate): a report that sets it costs four index rewrites or more.
+var (
+	reportColumns = []string{"action_id", "device_id", "status", "action_status", "progress", "errors", "error_count",
+		"last_ts", "last_seq", "initiated_at", "deadline", "updated_at"}
+	reportTypes = []string{"BIGINT", "TEXT", "TEXT", "TEXT", "INTEGER", "", "INTEGER",
+		"BIGINT", "BIGINT", "BIGINT", "BIGINT", "BIGINT"}
+	progressColumns = []string{"action_id", "device_id", "status", "progress", "last_ts", "last_seq", "updated_at"}
+	progressTypes   = []string{"BIGINT", "TEXT", "TEXT", "INTEGER", "BIGINT", "BIGINT", "BIGINT"}
+)
+
+// writeReportRows writes changed device actions: one statement for those
+// whose reports only moved them along, one for the others.
+func (tx *Tx) writeReportRows(ctx context.Context, tenant string, keys []reportKey, rows map[reportKey]*reportRow, now int64) error {
+	var progress, full []reportKey
+	for _, k := range keys {
+		if rows[k].progressOnly() {
+			progress = append(progress, k)
+		} else {
+			full = append(full, k)
+		}
+	}
+	if len(progress) > 0 {
+		args := make([]any, 0, len(progress)*len(progressColumns))
+		for _, k := range progress {
+			st := rows[k].state
+			args = append(args, k.actionID, k.deviceID, st.Status, st.Progress, st.Last.Timestamp, st.Last.Sequence, now)
+		}
+		// Action id 0 names no action.
+		pad := []any{0, "", "", 0, 0, 0, now}
+		if err := tx.updateReportRows(ctx, tenant, progressColumns, progressTypes, args, pad); err != nil {
+			return err
+		}
+	}
+	if len(full) > 0 {
+		args := make([]any, 0, len(full)*len(reportColumns))
+		for _, k := range full {
+			row := rows[k]
+			st := row.state
+			errs := row.errsText
+			if row.errsChanged {
+				b, _ := json.Marshal(st.Errors) // a map of string lists always encodes
+				errs = string(b)
+			}
+			var deadline sql.NullInt64
+			if !st.ActionStatus.Final() {
+				deadline = sql.NullInt64{Int64: row.initiatedAt.Int64 + 1000*row.timeout, Valid: true}
+			}
+			args = append(args, k.actionID, k.deviceID, st.Status, string(st.ActionStatus), st.Progress, errs, fleet.ErrorCount(st.Errors),
+				st.Last.Timestamp, st.Last.Sequence, row.initiatedAt, deadline, now)
+		}
+		pad := []any{0, "", "", "", 0, "{}", 0, 0, 0, nil, nil, now}
+		if err := tx.updateReportRows(ctx, tenant, reportColumns, reportTypes, args, pad); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// updateReportRows sets cols (after the two of the key) of the device
+// actions whose values args holds, a row after another, with one
+// statement; pad is a row that matches nothing, to round the statement up
+// to its size class.
+func (tx *Tx) updateReportRows(ctx context.Context, tenant string, cols, types []string, args, pad []any) error {
+	rowCount := len(args) / len(cols)
+	set := make([]string, 0, len(cols)-2)
+	if rowCount == 1 {
+		// One row, the usual case when reports are few: by primary key,
+		// without the derived table.
+		for _, c := range cols[2:] {
+			set = append(set, c+" = ?")
+		}
+		_, err := tx.exec(ctx, "UPDATE device_actions SET "+strings.Join(set, ", ")+
+			" WHERE action_id = ? AND device_id = ? AND tenant = ?", append(args[2:], args[0], args[1], tenant)...)
+		return err
+	}
+	n := sizeClass(rowCount)
+	for range n - rowCount {
+		args = append(args, pad...)
+	}
+	args = append(args, tenant)
+	for _, c := range cols[2:] {
+		set = append(set, c+" = v."+c)
+	}
+	types = slices.Clone(types)
+	for i, t := range types {
+		if t == "" {
+			types[i] = tx.db.dialect.jsonType()
+		}
+	}
+	_, err := tx.exec(ctx, "UPDATE device_actions SET "+strings.Join(set, ", ")+
+		" FROM "+tx.db.dialect.valuesTable("v", cols, types, n)+
+		" WHERE device_actions.action_id = v.action_id AND device_actions.device_id = v.device_id AND device_actions.tenant = ?", args...)
+	return err
+}
+
+// recordComponents merges the component versions a completed action
+// installed into the device's record (DESIGN §5).
+func (tx *Tx) recordComponents(ctx context.Context, tenant, device string, actionID int64, typ string) error {
+	var params string
+	if err := tx.queryRow(ctx, "SELECT COALESCE(device_params, params) FROM actions WHERE tenant = ? AND id = ?", tenant, actionID).Scan(&params); err != nil {
+		return err
+	}
+	installed := fleet.CompletedComponents(typ, []byte(params))
+	if len(installed) == 0 {
+		return nil
+	}
+	var text string
+	if err := tx.queryRow(ctx, "SELECT components FROM devices WHERE tenant = ? AND id = ?"+tx.db.dialect.forUpdate(), tenant, device).Scan(&text); err != nil {
+		return err
+	}
+	comps := map[string]string{}
+	if err := json.Unmarshal([]byte(text), &comps); err != nil {
+		return fmt.Errorf("device %s components: %w", device, err)
+	}
+	maps.Copy(comps, installed)
+	_, err := tx.exec(ctx, "UPDATE devices SET components = ? WHERE tenant = ? AND id = ?", encodeMetadata(comps), tenant, device)
+	return err
+}
+
+// reportNotFound says why a report found no device action.
+func (tx *Tx) reportNotFound(ctx context.Context, tenant string, r fleet.StatusReport) error {
+	var one int
+	err := tx.queryRow(ctx, "SELECT 1 FROM devices WHERE tenant = ? AND id = ?", tenant, r.DeviceID).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", r.DeviceID)
+	} else if err != nil {
+		return err
+	}
+	return fleet.Errorf(fleet.ENOTFOUND, "action %d was not sent to device %q", r.ActionID, r.DeviceID)
+}
