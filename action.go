@@ -9,38 +9,6 @@ import (
 	"unicode/utf8"
 )
 
-// ActionStatus is where a device action is in its lifecycle (DESIGN §4):
-// Queued → Initiated → Progress → Completed, Failed or Cancelled.
-type ActionStatus string
-
-// The six action statuses.
-const (
-	StatusQueued    ActionStatus = "Queued"    // stored, not yet handed to the device
-	StatusInitiated ActionStatus = "Initiated" // the device acknowledged the message, or reported first
-	StatusProgress  ActionStatus = "Progress"  // the device reported a state that is not final
-	StatusCompleted ActionStatus = "Completed"
-	StatusFailed    ActionStatus = "Failed"
-	StatusCancelled ActionStatus = "Cancelled"
-)
-
-// ActionStatuses lists every status in lifecycle order.
-var ActionStatuses = []ActionStatus{StatusQueued, StatusInitiated, StatusProgress, StatusCompleted, StatusFailed, StatusCancelled}
-
-// Final reports whether s never changes again.
-func (s ActionStatus) Final() bool {
-	return s == StatusCompleted || s == StatusFailed || s == StatusCancelled
-}
-
-// Valid reports whether s is one of the six statuses.
-func (s ActionStatus) Valid() bool {
-	for _, v := range ActionStatuses {
-		if s == v {
-			return true
-		}
-	}
-	return false
-}
-
 // The search types of a dispatch: how it chooses its devices.
 const (
 	SearchDefault  = "default"  // exactly device_ids
@@ -53,13 +21,6 @@ const (
 const (
 	ActionUpdateFirmware = "update_firmware"
 	ActionCancel         = "cancel_action"
-)
-
-// StateTimedOut is the status word of a device action that the timeout
-// failed; StateCancelled that of one cancelled by an operator.
-const (
-	StateTimedOut  = "TimedOut"
-	StateCancelled = "Cancelled"
 )
 
 // Limits of actions and status reports.
@@ -393,10 +354,12 @@ type ReportState struct {
 }
 
 // ApplyReport returns the state after report r, and whether r changed
-// anything. Reports after a final state, older than the last one applied,
-// or repeating it, change nothing (they are acknowledged all the same).
+// anything: the transition of ReportEvent(r.State) in Lifecycle. Reports
+// after a final state, older than the last one applied, or repeating it,
+// change nothing (they are acknowledged all the same).
 func ApplyReport(cur ReportState, r StatusReport, now time.Time) (ReportState, bool) {
-	if cur.ActionStatus.Final() {
+	t, ok := Next(cur.ActionStatus, ReportEvent(r.State))
+	if !ok {
 		return cur, false
 	}
 	key := r.Key(now, cur.Last)
@@ -406,14 +369,7 @@ func ApplyReport(cur ReportState, r StatusReport, now time.Time) (ReportState, b
 	next := cur
 	next.Last = &key
 	next.Status = r.State
-	switch r.State {
-	case string(StatusCompleted):
-		next.ActionStatus = StatusCompleted
-	case string(StatusFailed):
-		next.ActionStatus = StatusFailed
-	default:
-		next.ActionStatus = StatusProgress
-	}
+	next.ActionStatus = t.To
 	if r.Progress != nil {
 		next.Progress = *r.Progress
 	} else if next.ActionStatus == StatusCompleted {

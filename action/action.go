@@ -15,6 +15,7 @@ package action
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"runtime"
 	"strconv"
@@ -49,10 +50,10 @@ type Store interface {
 	FindAction(ctx context.Context, tenant string, id int64) (*fleet.Action, error)
 	FindDeviceActions(ctx context.Context, tenant string, f fleet.DeviceActionFilter) ([]*fleet.DeviceAction, int, error)
 	FindDeviceAction(ctx context.Context, tenant string, actionID int64, deviceID string) (*fleet.DeviceAction, error)
-	// CancelAction returns the cancel_action it dispatched to the devices
-	// that have the action (nil if none) and how many device actions it
-	// cancelled.
-	CancelAction(ctx context.Context, tenant string, id int64) (*fleet.Action, int, error)
+	// CancelAction dispatches tell, a cancel_action, to the devices that
+	// have the action in flight, and returns it (nil if none) and how many
+	// device actions it cancelled.
+	CancelAction(ctx context.Context, tenant string, id int64, tell *fleet.Dispatch) (*fleet.Action, int, error)
 	ReportStatus(ctx context.Context, tenant string, reports []fleet.StatusReport) ([]error, error)
 	// PendingDevices returns the devices, among candidates (all when nil),
 	// for which the action is Queued.
@@ -170,7 +171,7 @@ func (s *Service) Open() {
 		s.Preparers = map[string]fleet.ActionPreparer{}
 	}
 	if _, ok := s.Preparers[fleet.ActionCancel]; !ok {
-		s.Preparers[fleet.ActionCancel] = fleet.ActionPreparerFunc(prepareCancel)
+		s.Preparers[fleet.ActionCancel] = fleet.ActionPreparerFunc(s.prepareCancel)
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.receipts = make(chan fleet.ActionReceipt, 64*maxReceiptBatch)
@@ -214,8 +215,9 @@ func (s *Service) goTracked(f func()) bool {
 	return true
 }
 
-// prepareCancel reads the action cancel_action cancels.
-func prepareCancel(_ context.Context, _ string, d *fleet.Dispatch) error {
+// prepareCancel reads the action a cancel_action dispatch cancels; the
+// devices receive its id and name.
+func (s *Service) prepareCancel(ctx context.Context, tenant string, d *fleet.Dispatch) error {
 	var p map[string]any
 	_ = json.Unmarshal(d.Params, &p) // an object: ReadDispatch made it
 	var id int64
@@ -231,8 +233,39 @@ func prepareCancel(_ context.Context, _ string, d *fleet.Dispatch) error {
 	if !ok {
 		return fleet.FieldErrors(map[string]string{"params.action_id": fleet.ActionIDRule})
 	}
+	a, err := s.Store.FindAction(ctx, tenant, id)
+	if fleet.ErrorCode(err) == fleet.ENOTFOUND {
+		return fleet.FieldErrors(map[string]string{"params.action_id": fmt.Sprintf("there is no action %d to cancel", id)})
+	} else if err != nil {
+		return err
+	}
 	d.CancelActionID = id
+	d.DeviceParams = cancelParams(a)
 	return nil
+}
+
+// cancelParams is what a device receives in a cancel_action of action a:
+// the id and name of the action to stop, as the uplink agent reads them.
+func cancelParams(a *fleet.Action) json.RawMessage {
+	b, _ := json.Marshal(map[string]string{"action_id": strconv.FormatInt(a.ID, 10), "name": a.Action})
+	return b // strings always encode
+}
+
+// cancelDispatch is the cancel_action that tells the devices that have
+// action a in flight to stop it. It has a's timeout.
+func cancelDispatch(ctx context.Context, a *fleet.Action) *fleet.Dispatch {
+	d := &fleet.Dispatch{
+		Action:         fleet.ActionCancel,
+		Params:         json.RawMessage(`{"action_id":"` + strconv.FormatInt(a.ID, 10) + `"}`),
+		SearchType:     fleet.SearchDefault,
+		Timeout:        a.Timeout,
+		CancelActionID: a.ID,
+		DeviceParams:   cancelParams(a),
+	}
+	if actor := fleet.ActorFromContext(ctx); actor != nil {
+		d.UserEmail, d.UserName = actor.UserEmail, actor.UserName
+	}
+	return d
 }
 
 // DispatchAction prepares a special action, stores the dispatch and hands
@@ -262,7 +295,11 @@ func (s *Service) DispatchAction(ctx context.Context, tenant string, d *fleet.Di
 // dispatched to the devices that have the action is sent like any action:
 // now to those connected, to the others when they next subscribe.
 func (s *Service) CancelAction(ctx context.Context, tenant string, id int64) error {
-	sent, _, err := s.Store.CancelAction(ctx, tenant, id)
+	a, err := s.Store.FindAction(ctx, tenant, id)
+	if err != nil {
+		return err
+	}
+	sent, _, err := s.Store.CancelAction(ctx, tenant, id, cancelDispatch(ctx, a))
 	if err != nil || sent == nil {
 		return err
 	}

@@ -362,7 +362,7 @@ func TestCancel(t *testing.T) {
 					}
 				}
 			}
-			for _, bad := range []string{`{}`, `{"action_id":"x"}`, `{"action_id":0}`, `{"action_id":1.5}`} {
+			for _, bad := range []string{`{}`, `{"action_id":"x"}`, `{"action_id":0}`, `{"action_id":1.5}`, `{"action_id":99}`} {
 				d := &fleet.Dispatch{Action: fleet.ActionCancel, Params: json.RawMessage(bad), SearchType: fleet.SearchAll, Timeout: 60}
 				_, err := svc.DispatchAction(ctx, "acme", d)
 				wantCode(t, err, fleet.EINVALID)

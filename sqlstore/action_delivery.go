@@ -11,9 +11,9 @@ import (
 )
 
 // PendingDevices returns the devices, among candidates (all when nil),
-// whose device action is Queued: they have yet to acknowledge it.
+// whose device action is pending (Queued): they have yet to acknowledge it.
 func (db *DB) PendingDevices(ctx context.Context, tenant string, actionID int64, candidates []string) ([]string, error) {
-	const q = "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status = 'Queued'"
+	q := "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND " + pending
 	if candidates == nil {
 		return db.strings(ctx, q, tenant, actionID)
 	}
@@ -29,11 +29,12 @@ func (db *DB) PendingDevices(ctx context.Context, tenant string, actionID int64,
 	return out, nil
 }
 
-// PendingActions returns the actions Queued for a device, oldest first.
+// PendingActions returns the actions pending (Queued) for a device, oldest
+// first.
 func (db *DB) PendingActions(ctx context.Context, tenant, device string) ([]fleet.PendingAction, error) {
 	rows, err := db.query(ctx, `SELECT da.action_id, da.type, COALESCE(a.device_params, a.params)
 		FROM device_actions da JOIN actions a ON a.tenant = da.tenant AND a.id = da.action_id
-		WHERE da.tenant = ? AND da.device_id = ? AND da.action_status = 'Queued'
+		WHERE da.tenant = ? AND da.device_id = ? AND da.`+pending+`
 		ORDER BY da.action_id`, tenant, device)
 	if err != nil {
 		return nil, db.classify(err)
@@ -68,12 +69,12 @@ func (db *DB) MarkDelivered(ctx context.Context, receipts []fleet.ActionReceipt)
 			for range sizeClass(len(chunk)) - len(chunk) {
 				args = append(args, "", 0, "") // matches nothing
 			}
-			if _, err := tx.exec(ctx, `UPDATE device_actions SET action_status = 'Initiated', status = 'Initiated',
+			if _, err := tx.exec(ctx, `UPDATE device_actions SET `+moveDelivered.set+`,
 				initiated_at = ?, updated_at = ?,
 				deadline = ? + 1000 * (SELECT timeout FROM actions a WHERE a.tenant = device_actions.tenant AND a.id = device_actions.action_id)
 				FROM `+tx.db.dialect.valuesTable("r", []string{"tenant", "action_id", "device_id"}, []string{"TEXT", "BIGINT", "TEXT"}, sizeClass(len(chunk)))+`
 				WHERE device_actions.tenant = r.tenant AND device_actions.action_id = r.action_id AND device_actions.device_id = r.device_id
-				AND device_actions.action_status = 'Queued'`, args...); err != nil {
+				AND device_actions.`+moveDelivered.where, args...); err != nil {
 				return err
 			}
 		}
@@ -85,18 +86,21 @@ func (db *DB) MarkDelivered(ctx context.Context, receipts []fleet.ActionReceipt)
 // at or before now, with status TimedOut, and returns how many. Any number
 // of replicas may call it at once: each claims different rows, and a row
 // that another replica finished no longer matches.
+//
+// The claim is a materialised CTE, run once. As a subquery of the UPDATE,
+// PostgreSQL may run it again for each row it updates, and SKIP LOCKED then
+// hands each run rows the previous runs locked not: more than limit.
 func (db *DB) TimeOutDeviceActions(ctx context.Context, now time.Time, limit int) (int, error) {
 	var n int64
 	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		at := millis(now)
 		var err error
-		n, err = tx.execCount(ctx, `UPDATE device_actions SET action_status = 'Failed', status = 'TimedOut',
-			errors = `+db.dialect.jsonSetList("errors", fleet.StateTimedOut)+`, error_count = error_count + 1,
-			deadline = NULL, updated_at = ?
-			WHERE deadline IS NOT NULL AND deadline <= ? AND (tenant, action_id, device_id) IN (
-				SELECT tenant, action_id, device_id FROM device_actions
-				WHERE deadline IS NOT NULL AND deadline <= ? ORDER BY deadline LIMIT ?`+db.dialect.skipLocked()+`)`,
-			"the action's timeout elapsed before the device reported Completed or Failed", at, at, at, limit)
+		n, err = tx.execCount(ctx, `WITH due AS MATERIALIZED (SELECT tenant, action_id, device_id FROM device_actions
+				WHERE deadline IS NOT NULL AND deadline <= ? AND `+moveTimeout.where+` ORDER BY deadline LIMIT ?`+db.dialect.skipLocked()+`)
+			UPDATE device_actions SET `+moveTimeout.set+`,
+			errors = `+db.dialect.jsonSetList("errors", moveTimeout.t.Status)+`, error_count = error_count + 1, updated_at = ?
+			WHERE deadline IS NOT NULL AND deadline <= ? AND (tenant, action_id, device_id) IN (SELECT tenant, action_id, device_id FROM due)`,
+			at, limit, "the action's timeout elapsed before the device reported Completed or Failed", at, at)
 		return err
 	})
 	return int(n), err

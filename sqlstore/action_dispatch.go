@@ -24,7 +24,11 @@ func (db *DB) DispatchAction(ctx context.Context, tenant string, d *fleet.Dispat
 	var a *fleet.Action
 	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		var err error
-		a, err = tx.dispatch(ctx, tenant, d, false)
+		sel, err := db.dialect.selectionOf(d)
+		if err != nil {
+			return err
+		}
+		a, err = tx.dispatch(ctx, tenant, d, sel, false)
 		return err
 	})
 	if err != nil {
@@ -46,14 +50,45 @@ func (db *DB) DispatchAction(ctx context.Context, tenant string, d *fleet.Dispat
 // statistics of device_actions are refreshed at once.
 const analyzeAfter = 10_000
 
-// searchInFlight is the selection of a cancellation that CancelAction
-// sends: the devices that have the action it cancels (d.CancelActionID) in
-// flight. Clients cannot ask for it.
-const searchInFlight = "in-flight"
+// selection is how a dispatch chooses its targets among the tenant's
+// devices: a condition on the devices table with its arguments, or, for
+// search_type default, the ids, every one of which must exist.
+type selection struct {
+	cond string
+	args []any
+	ids  []string
+}
 
-// dispatch is DispatchAction inside a transaction. With allowEmpty, a
-// selection that matches no device dispatches nothing and returns nil.
-func (tx *Tx) dispatch(ctx context.Context, tenant string, d *fleet.Dispatch, allowEmpty bool) (*fleet.Action, error) {
+// selectionOf is the selection of a dispatch's search type (DESIGN §4).
+func (d8 dialect) selectionOf(d *fleet.Dispatch) (selection, error) {
+	switch d.SearchType {
+	case fleet.SearchDefault:
+		return selection{ids: d.DeviceIDs}, nil
+	case fleet.SearchAll:
+		return selection{}, nil
+	case fleet.SearchMetadata:
+		return selection{cond: d8.jsonKeyEquals("metadata"), args: []any{d.SearchKey, d.SearchQuery}}, nil
+	case fleet.SearchSearch:
+		if d.SearchKey != "" {
+			return selection{cond: "(" + d8.containsFold("id") + " OR " + d8.jsonKeyContainsFold("metadata") + ")",
+				args: []any{d.SearchQuery, d.SearchKey, d.SearchQuery}}, nil
+		}
+		return selection{cond: "(" + d8.containsFold("id") + " OR " + d8.jsonValueContainsFold("metadata") + ")",
+			args: []any{d.SearchQuery, d.SearchQuery}}, nil
+	}
+	return selection{}, fleet.FieldErrors(map[string]string{"search_type": "must be one of default, all, metadata, search"})
+}
+
+// inFlightOf selects the devices that have action id in flight: those a
+// cancellation of it must tell.
+func inFlightOf(tenant string, id int64) selection {
+	return selection{cond: "id IN (SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND " + inFlight + ")", args: []any{tenant, id}}
+}
+
+// dispatch is DispatchAction inside a transaction, to the devices sel
+// selects. With allowEmpty, a selection that matches no device dispatches
+// nothing and returns nil.
+func (tx *Tx) dispatch(ctx context.Context, tenant string, d *fleet.Dispatch, sel selection, allowEmpty bool) (*fleet.Action, error) {
 	a := &fleet.Action{
 		Action:       d.Action,
 		Params:       d.Params,
@@ -70,25 +105,12 @@ func (tx *Tx) dispatch(ctx context.Context, tenant string, d *fleet.Dispatch, al
 	if a.Metadata == nil {
 		a.Metadata = json.RawMessage("{}")
 	}
-	if a.SearchType == searchInFlight {
-		a.SearchType = fleet.SearchDefault
-	}
 	now := millis(a.CreatedAt)
-	if d.CancelActionID != 0 {
-		var cancelled string
-		err := tx.queryRow(ctx, "SELECT action FROM actions WHERE tenant = ? AND id = ?", tenant, d.CancelActionID).Scan(&cancelled)
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, fleet.FieldErrors(map[string]string{"params.action_id": fmt.Sprintf("there is no action %d to cancel", d.CancelActionID)})
-		} else if err != nil {
-			return nil, err
-		}
-		a.DeviceParams, _ = json.Marshal(map[string]string{"action_id": strconv.FormatInt(d.CancelActionID, 10), "name": cancelled})
-	}
 	if err := tx.queryRow(ctx, `INSERT INTO action_counters (tenant, last_id) VALUES (?, 1)
 		ON CONFLICT (tenant) DO UPDATE SET last_id = action_counters.last_id + 1 RETURNING last_id`, tenant).Scan(&a.ID); err != nil {
 		return nil, err
 	}
-	n, err := tx.insertTargets(ctx, tenant, a, d, now)
+	n, err := tx.insertTargets(ctx, tenant, a, sel, now)
 	if err != nil {
 		return nil, err
 	}
@@ -140,67 +162,37 @@ func (tx *Tx) dispatch(ctx context.Context, tenant string, d *fleet.Dispatch, al
 	return a, tx.audit(ctx, tenant, "action.dispatch", "actions/"+strconv.FormatInt(a.ID, 10), details)
 }
 
-// insertTargets inserts a Queued device action for every device the
-// dispatch selects and returns how many. For search_type default every id
-// must exist: otherwise the error lists the unknown ones, and the caller's
-// transaction is rolled back.
-func (tx *Tx) insertTargets(ctx context.Context, tenant string, a *fleet.Action, d *fleet.Dispatch, now int64) (int, error) {
-	d8 := tx.db.dialect
+// insertTargets inserts a new device action for every device sel selects
+// and returns how many. When sel names ids every one must exist: otherwise
+// the error lists the unknown ones, and the caller's transaction is rolled
+// back.
+func (tx *Tx) insertTargets(ctx context.Context, tenant string, a *fleet.Action, sel selection, now int64) (int, error) {
 	// Constants are cast so that PostgreSQL knows their types in a SELECT.
 	insert := `INSERT INTO device_actions (tenant, action_id, device_id, type, status, action_status, progress, errors, error_count,
 		user_email, user_name, serial_metadata, created_at, updated_at)
-		SELECT tenant, CAST(? AS BIGINT), id, CAST(? AS TEXT), 'Queued', 'Queued', 0, CAST('{}' AS ` + d8.jsonType() + `), 0,
+		SELECT tenant, CAST(? AS BIGINT), id, CAST(? AS TEXT), ` + initialStatus + `, ` + initialStatus + `, 0, CAST('{}' AS ` + tx.db.dialect.jsonType() + `), 0,
 		CAST(? AS TEXT), CAST(? AS TEXT), metadata, CAST(? AS BIGINT), CAST(? AS BIGINT) FROM devices WHERE tenant = ?`
 	args := []any{a.ID, a.Action, a.UserEmail, a.UserName, now, now, tenant}
+	if sel.ids == nil {
+		if sel.cond != "" {
+			insert += " AND " + sel.cond
+		}
+		n, err := tx.execCount(ctx, insert, append(args, sel.args...)...)
+		return int(n), err
+	}
 	var total int64
-	switch d.SearchType {
-	case fleet.SearchDefault:
-		short := false
-		for start := 0; start < len(d.DeviceIDs); start += idChunk {
-			chunk := d.DeviceIDs[start:min(start+idChunk, len(d.DeviceIDs))]
-			n, err := tx.execCount(ctx, insert+" AND id IN ("+placeholders(len(chunk))+")", append(slices.Clip(args), anys(chunk)...)...)
-			if err != nil {
-				return 0, err
-			}
-			short = short || int(n) < len(chunk)
-			total += n
-		}
-		if short {
-			return 0, tx.unknownTargets(ctx, tenant, a.ID, d.DeviceIDs)
-		}
-	case fleet.SearchAll:
-		n, err := tx.execCount(ctx, insert, args...)
+	short := false
+	for start := 0; start < len(sel.ids); start += idChunk {
+		chunk := sel.ids[start:min(start+idChunk, len(sel.ids))]
+		n, err := tx.execCount(ctx, insert+" AND id IN ("+placeholders(len(chunk))+")", append(slices.Clip(args), anys(chunk)...)...)
 		if err != nil {
 			return 0, err
 		}
-		total = n
-	case fleet.SearchMetadata:
-		n, err := tx.execCount(ctx, insert+" AND "+d8.jsonKeyEquals("metadata"), append(args, d.SearchKey, d.SearchQuery)...)
-		if err != nil {
-			return 0, err
-		}
-		total = n
-	case fleet.SearchSearch:
-		cond := d8.jsonValueContainsFold("metadata")
-		more := []any{d.SearchQuery, d.SearchQuery}
-		if d.SearchKey != "" {
-			cond = d8.jsonKeyContainsFold("metadata")
-			more = []any{d.SearchQuery, d.SearchKey, d.SearchQuery}
-		}
-		n, err := tx.execCount(ctx, insert+" AND ("+d8.containsFold("id")+" OR "+cond+")", append(args, more...)...)
-		if err != nil {
-			return 0, err
-		}
-		total = n
-	case searchInFlight:
-		n, err := tx.execCount(ctx, insert+` AND id IN (SELECT device_id FROM device_actions
-			WHERE tenant = ? AND action_id = ? AND action_status IN ('Initiated', 'Progress'))`, append(args, tenant, d.CancelActionID)...)
-		if err != nil {
-			return 0, err
-		}
-		total = n
-	default:
-		return 0, fleet.FieldErrors(map[string]string{"search_type": "must be one of default, all, metadata, search"})
+		short = short || int(n) < len(chunk)
+		total += n
+	}
+	if short {
+		return 0, tx.unknownTargets(ctx, tenant, a.ID, sel.ids)
 	}
 	return int(total), nil
 }
@@ -271,9 +263,9 @@ func (tx *Tx) checkDevices(ctx context.Context, tenant string, actionID int64, c
 		return 0, err
 	}
 	for _, r := range rejected {
-		errs, _ := json.Marshal(map[string][]string{string(fleet.StatusFailed): {r.reason}})
-		if _, err := tx.exec(ctx, `UPDATE device_actions SET action_status = 'Failed', status = 'Failed', errors = ?, error_count = 1, updated_at = ?
-			WHERE tenant = ? AND action_id = ? AND device_id = ?`, string(errs), now, tenant, actionID, r.id); err != nil {
+		errs, _ := json.Marshal(map[string][]string{moveRefused.t.Status: {r.reason}})
+		if _, err := tx.exec(ctx, `UPDATE device_actions SET `+moveRefused.set+`, errors = ?, error_count = 1, updated_at = ?
+			WHERE tenant = ? AND action_id = ? AND device_id = ? AND `+moveRefused.where, string(errs), now, tenant, actionID, r.id); err != nil {
 			return 0, err
 		}
 	}
@@ -281,72 +273,64 @@ func (tx *Tx) checkDevices(ctx context.Context, tenant string, actionID int64, c
 }
 
 // cancelOnTargets does what a cancel_action dispatch means: the cancelled
-// action's records on the targeted devices become Cancelled, and the
-// cancel_action's own record is Completed at once wherever the device never
-// had the action, so only devices that have it are sent the cancellation.
+// action's records on the targeted devices are cancelled, and the
+// cancel_action's own record is done at once wherever the device does not
+// have the action in flight, so only devices that have it are sent the
+// cancellation.
 func (tx *Tx) cancelOnTargets(ctx context.Context, tenant string, actionID, cancelled int64, now int64) (int, error) {
-	done, err := tx.execCount(ctx, `UPDATE device_actions SET action_status = 'Completed', status = 'Completed', progress = 100, updated_at = ?
-		WHERE tenant = ? AND action_id = ? AND NOT EXISTS (SELECT 1 FROM device_actions t
+	done, err := tx.execCount(ctx, `UPDATE device_actions SET `+moveNothingToCancel.set+`, updated_at = ?
+		WHERE tenant = ? AND action_id = ? AND `+moveNothingToCancel.where+` AND NOT EXISTS (SELECT 1 FROM device_actions t
 			WHERE t.tenant = device_actions.tenant AND t.action_id = ? AND t.device_id = device_actions.device_id
-			AND t.action_status IN ('Initiated', 'Progress'))`, now, tenant, actionID, cancelled)
+			AND t.`+inFlight+`)`, now, tenant, actionID, cancelled)
 	if err != nil {
 		return 0, err
 	}
-	_, err = tx.exec(ctx, `UPDATE device_actions SET action_status = 'Cancelled', status = 'Cancelled', deadline = NULL, updated_at = ?
-		WHERE tenant = ? AND action_id = ? AND action_status IN ('Queued', 'Initiated', 'Progress')
+	_, err = tx.exec(ctx, `UPDATE device_actions SET `+moveCancel.set+`, updated_at = ?
+		WHERE tenant = ? AND action_id = ? AND `+moveCancel.where+`
 		AND device_id IN (SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ?)`,
 		now, tenant, cancelled, tenant, actionID)
 	return int(done), err
 }
 
-// CancelAction cancels every device action of an action that is not
-// final, and returns how many. Devices that have the action (Initiated or
-// Progress) must be told: for them it dispatches a cancel_action in the
-// same transaction and returns it (nil when there are none), to be sent
-// like any action.
-func (db *DB) CancelAction(ctx context.Context, tenant string, id int64) (*fleet.Action, int, error) {
+// CancelAction cancels every device action of action id that is not
+// final, and returns how many. Devices that have the action in flight must
+// be told: tell, a cancel_action of id (tell.CancelActionID), is dispatched
+// to exactly those in the same transaction and returned (nil when there are
+// none), to be sent like any action.
+func (db *DB) CancelAction(ctx context.Context, tenant string, id int64, tell *fleet.Dispatch) (*fleet.Action, int, error) {
+	if tell.Action != fleet.ActionCancel || tell.CancelActionID != id {
+		return nil, 0, fmt.Errorf("sqlstore: cancel of action %d tells devices with %s of action %d", id, tell.Action, tell.CancelActionID)
+	}
 	var n int64
 	var sent *fleet.Action
 	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		sent, n = nil, 0
-		var name string
-		var timeout int64
-		err := tx.queryRow(ctx, "SELECT action, timeout FROM actions WHERE tenant = ? AND id = ?", tenant, id).Scan(&name, &timeout)
+		var one int
+		err := tx.queryRow(ctx, "SELECT 1 FROM actions WHERE tenant = ? AND id = ?", tenant, id).Scan(&one)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fleet.Errorf(fleet.ENOTFOUND, "action %d not found", id)
 		} else if err != nil {
 			return err
 		}
-		var inFlight int
-		if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status IN ('Initiated', 'Progress')",
-			tenant, id).Scan(&inFlight); err != nil {
+		var told int
+		if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+inFlight,
+			tenant, id).Scan(&told); err != nil {
 			return err
 		}
-		if inFlight > 0 {
-			d := &fleet.Dispatch{
-				Action:         fleet.ActionCancel,
-				Params:         json.RawMessage(`{"action_id":"` + strconv.FormatInt(id, 10) + `"}`),
-				SearchType:     searchInFlight,
-				Timeout:        timeout,
-				CancelActionID: id,
-			}
-			if a := fleet.ActorFromContext(ctx); a != nil {
-				d.UserEmail, d.UserName = a.UserEmail, a.UserName
-			}
+		if told > 0 {
 			// On PostgreSQL the devices may finish meanwhile: then none is
 			// left to tell.
-			if sent, err = tx.dispatch(ctx, tenant, d, true); err != nil {
+			if sent, err = tx.dispatch(ctx, tenant, tell, inFlightOf(tenant, id), true); err != nil {
 				return err
 			}
 		}
-		// What the cancellation did not reach was Queued: it needs no word.
-		queued, err := tx.execCount(ctx, `UPDATE device_actions SET action_status = 'Cancelled', status = 'Cancelled', deadline = NULL, updated_at = ?
-			WHERE tenant = ? AND action_id = ? AND action_status IN ('Queued', 'Initiated', 'Progress')`,
-			millis(tx.now), tenant, id)
+		// What the cancellation did not reach was pending: it needs no word.
+		untold, err := tx.execCount(ctx, `UPDATE device_actions SET `+moveCancel.set+`, updated_at = ?
+			WHERE tenant = ? AND action_id = ? AND `+moveCancel.where, millis(tx.now), tenant, id)
 		if err != nil {
 			return err
 		}
-		n = queued
+		n = untold
 		if sent != nil {
 			n += int64(sent.Targeted)
 		}

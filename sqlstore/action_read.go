@@ -186,7 +186,16 @@ func (db *DB) FindDeviceActions(ctx context.Context, tenant string, f fleet.Devi
 // read.
 const finalStatuses = "action_status < 'Initiated'"
 
-var liveStatuses = []fleet.ActionStatus{fleet.StatusQueued, fleet.StatusInitiated, fleet.StatusProgress}
+// liveStatuses are the statuses that are not final.
+var liveStatuses = func() []fleet.ActionStatus {
+	var out []fleet.ActionStatus
+	for _, s := range fleet.ActionStatuses {
+		if !s.Final() {
+			out = append(out, s)
+		}
+	}
+	return out
+}()
 
 // findDeviceActionsOfDevice is S7: the first offset+limit final rows in
 // the sort's order, from its index, merged with the device's live rows.

@@ -1,0 +1,98 @@
+package sqlstore
+
+// The SQL form of the device-action lifecycle (fleet.Lifecycle). Statements
+// that move device actions take their states from here rather than writing
+// status words of their own, so the table in the fleet package is the one
+// place that says which event moves which status where; status reports
+// follow it through fleet.ApplyReport. TestLifecycle drives each row of the
+// table through the store.
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/fleetd/fleet"
+)
+
+// move is the SQL of an event the server applies to many device actions in
+// one statement.
+type move struct {
+	// where is the condition on action_status that selects the device
+	// actions the event moves.
+	where string
+	// set assigns the status the event moves them to, its status word, the
+	// progress of a Completed one, and clears a deadline the event clears.
+	// A deadline the event starts is for the statement to compute.
+	set string
+	t   fleet.Transition
+}
+
+// moveOf returns the move of event from those of its source statuses keep
+// accepts (all when nil). Every such source must lead to the same status,
+// word and deadline change: one statement moves them all.
+func moveOf(event fleet.Event, keep func(fleet.Transition) bool) move {
+	from := fleet.Sources(event, keep)
+	if len(from) == 0 {
+		panic(fmt.Sprintf("sqlstore: event %s moves no device action", event))
+	}
+	t, _ := fleet.Next(from[0], event)
+	for _, s := range from[1:] {
+		u, _ := fleet.Next(s, event)
+		if u.To != t.To || u.Status != t.Status || u.Deadline != t.Deadline {
+			panic(fmt.Sprintf("sqlstore: event %s moves %s and %s differently", event, from[0], s))
+		}
+	}
+	if t.Status == "" {
+		panic(fmt.Sprintf("sqlstore: event %s keeps the device's word; it is applied by fleet.ApplyReport", event))
+	}
+	set := "action_status = " + quote(string(t.To)) + ", status = " + quote(t.Status)
+	if t.To == fleet.StatusCompleted {
+		set += ", progress = 100"
+	}
+	if t.Deadline == fleet.DeadlineCleared {
+		set += ", deadline = NULL"
+	}
+	return move{where: statusIn(from), set: set, t: t}
+}
+
+// The moves the store makes.
+var (
+	moveDelivered       = moveOf(fleet.EventDelivered, nil)
+	moveRefused         = moveOf(fleet.EventRefused, nil)
+	moveCancel          = moveOf(fleet.EventCancel, nil)
+	moveTimeout         = moveOf(fleet.EventTimeout, nil)
+	moveNothingToCancel = moveOf(fleet.EventNothingToCancel, nil)
+)
+
+// Conditions on action_status the statements share.
+var (
+	// pending: the device has yet to acknowledge the action.
+	pending = statusIn(fleet.Sources(fleet.EventDelivered, nil))
+	// inFlight: the device has the action and has not finished it.
+	inFlight = statusIn(fleet.InFlight)
+	// initialStatus is the status and word of a new device action.
+	initialStatus = quote(string(fleet.StatusQueued))
+)
+
+// statusIn is the SQL condition that action_status is one of ss.
+func statusIn(ss []fleet.ActionStatus) string {
+	if len(ss) == 1 {
+		return "action_status = " + quote(string(ss[0]))
+	}
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = quote(string(s))
+	}
+	return "action_status IN (" + strings.Join(q, ", ") + ")"
+}
+
+// quote is a status word as an SQL literal. The words are the lifecycle's
+// constants, letters only; anything else is a programming error.
+func quote(word string) string {
+	for _, r := range word {
+		if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z') {
+			panic(fmt.Sprintf("sqlstore: status word %q is not letters", word))
+		}
+	}
+	return "'" + word + "'"
+}
