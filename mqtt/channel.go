@@ -11,9 +11,10 @@ type Channel interface {
 	SendAction(tenant, device string, actionID int64, payload []byte) bool
 	// Online reports whether the device may be reached now.
 	Online(tenant, device string) bool
-	// Disconnect ends the device's connection, if this channel holds it:
-	// its credentials were revoked.
-	Disconnect(tenant, device string)
+	// CredentialsChanged ends the device's connection, if this channel
+	// holds it and it was made with credentials that no longer admit the
+	// device.
+	CredentialsChanged(tenant, device string)
 	Stats() Stats
 }
 

@@ -21,6 +21,8 @@ import (
 	"github.com/eclipse/paho.golang/autopaho"
 	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
+	"github.com/eclipse/paho.golang/paho/session"
+	"github.com/eclipse/paho.golang/paho/session/state"
 
 	"github.com/fleetd/fleet"
 )
@@ -79,7 +81,9 @@ type Client struct {
 	workers  sync.WaitGroup
 	inflight sync.WaitGroup // publishes handed to workers and not yet answered
 	pending  atomic.Int64   // QoS 1 and 2 publishes received and not yet answered
-	unacked  atomic.Bool    // a publish was left unacknowledged on purpose
+	acked    atomic.Uint64  // acknowledgements handed to paho, which session counts as written
+	session  *ackSession
+	unacked  atomic.Bool // a publish was left unacknowledged on purpose
 	loops    sync.WaitGroup
 	wake     chan struct{}
 	timerMu  sync.Mutex
@@ -159,6 +163,10 @@ type ClientConfig struct {
 	// Now is the clock of redelivery times; default time.Now.
 	Now func() time.Time
 }
+
+// ackInterval is how often paho sends the acknowledgements the workers
+// gave it.
+const ackInterval = 5 * time.Millisecond
 
 // Defaults of ClientConfig.
 const (
@@ -254,6 +262,9 @@ func NewClient(cfg ClientConfig, h Handler) (*Client, error) {
 		wake:  make(chan struct{}, 1),
 		upCh:  make(chan struct{}),
 		quit:  make(chan struct{}),
+		// autopaho would make the same state; this one also counts the
+		// acknowledgements written, for Close.
+		session: &ackSession{SessionManager: state.NewInMemory(), wrote: make(chan struct{}, 1)},
 	}
 	if c.store == nil {
 		c.store = newMemoryRedeliveries(cfg.Now)
@@ -367,11 +378,12 @@ func (c *Client) Open() error {
 		OnConnectError:          c.onConnectError,
 		ClientConfig: paho.ClientConfig{
 			ClientID:                   c.cfg.ClientID,
+			Session:                    c.session,
 			OnPublishReceived:          []func(paho.PublishReceived) (bool, error){c.onPublish},
 			OnServerDisconnect:         c.onServerDisconnect,
 			EnableManualAcknowledgment: true,
 			// Acknowledgements are sent in order, in batches, on this tick.
-			SendAcksInterval: 5 * time.Millisecond,
+			SendAcksInterval: ackInterval,
 		},
 	}
 	cm, err := autopaho.NewConnection(c.run, cfg)
@@ -621,13 +633,14 @@ func (c *Client) handle(in inbound) {
 			"tenant", t.Tenant, "device", t.Device, "topic", in.pub.Topic, "error", err)
 		// Acknowledgements go out in order, so none after this one would
 		// leave either: the broker resends them all on the new connection,
-		// and reports already applied are ignored.
+		// and reports already applied are ignored. The new connection waits
+		// out its backoff (half a second at least: see backoff), which
+		// gives a database that is down time to come back.
 		c.mu.Lock()
 		conn := c.conn
 		closing := c.closing
 		c.mu.Unlock()
 		if !closing {
-			time.Sleep(100 * time.Millisecond) // a database that is down is not back at once
 			c.reconnect(conn)
 		}
 		return
@@ -636,8 +649,12 @@ func (c *Client) handle(in inbound) {
 		c.stats.handlerErrors.Add(1)
 		logRejected(ctx, c.log, err, t.Tenant, t.Device, in.pub.Topic, in.pub.QoS)
 	}
-	if err := in.cli.Ack(in.pub); err != nil && !errors.Is(err, paho.ErrPacketNotFound) {
-		c.log.Debug("mqtt: acknowledge", "err", err)
+	if err := in.cli.Ack(in.pub); err != nil {
+		if !errors.Is(err, paho.ErrPacketNotFound) {
+			c.log.Debug("mqtt: acknowledge", "err", err)
+		}
+	} else if in.pub.QoS > 0 {
+		c.acked.Add(1)
 	}
 }
 
@@ -678,11 +695,11 @@ func (c *Client) SendAction(tenant, device string, _ int64, payload []byte) bool
 // subscription the broker has not put in place yet.
 func (c *Client) Online(tenant, device string) bool { return c.connected.Load() }
 
-// Disconnect does nothing: devices are the external broker's connections,
-// not fleetd's. A device whose credentials were revoked is refused by the
+// CredentialsChanged does nothing: devices are the external broker's
+// connections, not fleetd's. A device whose credentials were revoked is refused by the
 // broker-auth endpoints at its next connection; to end a session at once,
 // use the broker's own administration (EMQX: kick the client).
-func (c *Client) Disconnect(tenant, device string) {}
+func (c *Client) CredentialsChanged(tenant, device string) {}
 
 // PresenceUnknown tells the action service that this channel cannot list
 // connected devices: a dispatch is offered to every targeted device.
@@ -813,8 +830,7 @@ func (c *Client) Close() error {
 		c.cancel()
 		<-done
 	}
-	// The last acknowledgements leave on paho's next tick.
-	time.Sleep(20 * time.Millisecond)
+	c.awaitAcks()
 
 	c.stop() // the redelivery loop, and the connection: autopaho disconnects
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -830,6 +846,45 @@ func (c *Client) Close() error {
 		return fmt.Errorf("mqtt: disconnect: %w", err)
 	}
 	return nil
+}
+
+// awaitAcks waits until paho has written the acknowledgements the workers
+// gave it, which it does on its own tick: without them the broker would
+// send those publishes again to the next replica. Acknowledgements paho
+// dropped with a lost connection are never written: the wait ends after a
+// second all the same.
+func (c *Client) awaitAcks() {
+	bound := time.NewTimer(time.Second)
+	defer bound.Stop()
+	for c.session.written.Load() < c.acked.Load() && c.connected.Load() {
+		select {
+		case <-c.session.wrote:
+		case <-bound.C:
+			c.log.Debug("mqtt: acknowledgements not written at shutdown; the broker sends those publishes again",
+				"count", c.acked.Load()-c.session.written.Load())
+			return
+		}
+	}
+}
+
+// ackSession is paho's session state, counting the acknowledgements of
+// publishes it writes (paho's Ack only queues them).
+type ackSession struct {
+	session.SessionManager
+	written atomic.Uint64
+	wrote   chan struct{} // signalled after each
+}
+
+func (s *ackSession) Ack(pb *packets.Publish) error {
+	err := s.SessionManager.Ack(pb)
+	if pb.QoS > 0 {
+		s.written.Add(1)
+		select {
+		case s.wrote <- struct{}{}:
+		default:
+		}
+	}
+	return err
 }
 
 // Stats returns the client's counters; Connections is 1 while connected.

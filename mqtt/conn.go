@@ -32,6 +32,8 @@ type device struct {
 	version    byte
 	keepalive  time.Duration // never 0: MaxKeepalive applies
 
+	cred credential // what it authenticated with, checked again when the device's credentials change
+
 	maxPacketSize int // the device's own limit on what it receives; 0: none
 	inflightMax   int // action messages that may await its PUBACK
 
@@ -136,21 +138,14 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 	if s.isClosing() {
 		return refuse(codeServerUnavailable)
 	}
+	cred := credential{token: string(c.password)}
+	if hasCert {
+		cred = credential{serial: id.serial, byCert: true}
+	}
+	revocations := s.revocations.Load()
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandlerTimeout)
 	defer cancel()
-	var err error
-	offStack(func() {
-		if hasCert {
-			if ca, ok := s.h.(CertificateAuthenticator); ok {
-				err = ca.AuthenticateDeviceCertificate(ctx, tenant, deviceID, id.serial)
-			} else {
-				err = fleet.Errorf(fleet.EUNAUTHENTICATED, "this server does not admit devices by certificate")
-			}
-		} else {
-			err = s.h.AuthenticateDevice(ctx, tenant, deviceID, string(c.password))
-		}
-	})
-	if err != nil {
+	if err := s.authenticate(ctx, tenant, deviceID, cred); err != nil {
 		if unavailable(ctx, err) {
 			s.log.Warn("mqtt: cannot authenticate device now", "tenant", tenant, "device", deviceID, "error", err)
 			return refuse(codeServerUnavailable)
@@ -162,7 +157,7 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 	}
 
 	d := &device{
-		s: s, tenant: tenant, id: deviceID, nc: nc, remote: remote, version: c.version,
+		s: s, tenant: tenant, id: deviceID, nc: nc, remote: remote, version: c.version, cred: cred,
 		maxPacketSize: int(c.props.maxPacketSize),
 		inflightMax:   s.cfg.MaxInflight,
 		pending:       make(map[uint16]int64),
@@ -192,6 +187,16 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 	if code := s.register(d); code != codeSuccess {
 		return refuse(code)
 	}
+	// A change of credentials heard while this device was being checked
+	// found no connection to end: the check may have read the credentials
+	// before the change, so it is made again. A change heard from now on
+	// finds the connection registered.
+	if s.revocations.Load() != revocations && !s.stillAdmitted(d) {
+		s.unregister(d)
+		s.log.Info("mqtt: connection refused: the device's credentials changed while it connected",
+			"tenant", tenant, "device", deviceID, "remote", remote)
+		return refuse(codeBadUsernameOrPassword)
+	}
 	s.stats.connects.Add(1)
 	_ = nc.SetDeadline(time.Time{})
 	if d.write(appendConnack(nil, c.version, codeSuccess, props)) != nil {
@@ -201,6 +206,37 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 	s.log.Debug("mqtt: device connected", "tenant", d.tenant, "device", d.id,
 		"remote", d.remote, "protocol", d.version)
 	return d
+}
+
+// credential is what a device authenticated with: its token, or the
+// serial of the client certificate TLS verified.
+type credential struct {
+	token, serial string
+	byCert        bool
+}
+
+// authenticate asks the Handler whether cred admits the device.
+func (s *Server) authenticate(ctx context.Context, tenant, device string, cred credential) error {
+	var err error
+	offStack(func() {
+		switch ca, ok := s.h.(CertificateAuthenticator); {
+		case !cred.byCert:
+			err = s.h.AuthenticateDevice(ctx, tenant, device, cred.token)
+		case ok:
+			err = ca.AuthenticateDeviceCertificate(ctx, tenant, device, cred.serial)
+		default:
+			err = fleet.Errorf(fleet.EUNAUTHENTICATED, "this server does not admit devices by certificate")
+		}
+	})
+	return err
+}
+
+// stillAdmitted checks again the credentials d connected with; an error,
+// even "unavailable", counts as no: a revocation must not be outlived.
+func (s *Server) stillAdmitted(d *device) bool {
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandlerTimeout)
+	defer cancel()
+	return s.authenticate(ctx, d.tenant, d.id, d.cred) == nil
 }
 
 // authFailed counts a failed CONNECT against its source address.

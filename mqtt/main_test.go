@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,12 +30,14 @@ type call struct {
 // fakeHandler is a Handler that records its calls on channels. Set its fields
 // before the server opens.
 type fakeHandler struct {
-	tokens  map[string]string // "tenant/device" -> token
+	mu      sync.Mutex
+	tokens  map[string]string // "tenant/device" -> token; setToken once the server is open
 	authErr error             // when set, AuthenticateDevice returns it
 	pubErr  error             // when set, HandleStatus and HandleStream return it
 	gate    chan struct{}     // when set, HandleStatus and HandleStream wait for it to close
-	// authGate, when set, holds AuthenticateDevice until it is closed.
-	authGate chan struct{}
+	// authGate, when set, holds AuthenticateDevice until it is closed;
+	// authHold holds it likewise, but after the token was checked.
+	authGate, authHold chan struct{}
 
 	authCalls  atomic.Int64
 	connected  chan call
@@ -71,10 +74,31 @@ func (h *fakeHandler) AuthenticateDevice(ctx context.Context, tenant, device, to
 	if h.authErr != nil {
 		return h.authErr
 	}
-	if want, ok := h.tokens[tenant+"/"+device]; !ok || want != token {
+	h.mu.Lock()
+	want, ok := h.tokens[tenant+"/"+device]
+	h.mu.Unlock()
+	if h.authHold != nil {
+		select {
+		case <-h.authHold:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if !ok || want != token {
 		return fleet.Errorf(fleet.EUNAUTHENTICATED, "bad device token")
 	}
 	return nil
+}
+
+// setToken gives a device a new token, or none ("").
+func (h *fakeHandler) setToken(device, token string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if token == "" {
+		delete(h.tokens, device)
+		return
+	}
+	h.tokens[device] = token
 }
 
 func (h *fakeHandler) DeviceConnected(tenant, device string) {
@@ -150,13 +174,54 @@ func receive[T any](t *testing.T, ch <-chan T, what string) T {
 }
 
 // quiet asserts that nothing arrives on ch for a moment: the absence of an
-// event cannot be awaited, only given time to show.
+// event cannot be awaited, only given time to show. Only the external
+// broker's tests use it, where no event of fleetd's orders what the broker
+// does.
 func quiet[T any](t *testing.T, ch <-chan T, what string) {
 	t.Helper()
 	select {
 	case v := <-ch:
 		t.Fatalf("got %s too early: %+v", what, v)
 	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// watchLog makes cfg's logger send the message of each line it logs to the
+// channel returned, besides the test's output.
+func watchLog(t *testing.T, cfg *mqtt.Config) <-chan string {
+	ch := make(chan string, 1000)
+	cfg.Logger = slog.New(&logWatcher{Handler: cfg.Logger.Handler(), ch: ch})
+	return ch
+}
+
+type logWatcher struct {
+	slog.Handler
+	ch chan string
+}
+
+func (w *logWatcher) Handle(ctx context.Context, r slog.Record) error {
+	select {
+	case w.ch <- r.Message:
+	default:
+	}
+	return w.Handler.Handle(ctx, r)
+}
+
+func (w *logWatcher) WithAttrs(as []slog.Attr) slog.Handler {
+	return &logWatcher{Handler: w.Handler.WithAttrs(as), ch: w.ch}
+}
+
+func (w *logWatcher) WithGroup(name string) slog.Handler {
+	return &logWatcher{Handler: w.Handler.WithGroup(name), ch: w.ch}
+}
+
+// awaitLog waits until the server logs msg.
+func awaitLog(t *testing.T, logs <-chan string, msg string) {
+	t.Helper()
+	for {
+		if receive(t, logs, "log line "+msg) == msg {
+			return
+		}
 	}
 }
 

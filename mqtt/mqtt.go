@@ -249,4 +249,9 @@ type Stats struct {
 	// throttle of failed CONNECTs.
 	LimitRefusals uint64
 	PublishFloods uint64 // devices disconnected for publishing faster than PublishRate
+	// CredentialChecks counts connections whose credentials were checked
+	// again after they changed (CredentialsChanged), Revoked those of them
+	// that ended because the credentials no longer admitted the device.
+	CredentialChecks uint64
+	Revoked          uint64
 }

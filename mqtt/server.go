@@ -46,11 +46,14 @@ type Server struct {
 	busy    sync.WaitGroup     // publishes with the Handler
 	tasks   sync.WaitGroup     // DeviceSubscribed calls
 	connSeq atomic.Uint64      // numbers connections, for assigned client ids
+	// revocations counts CredentialsChanged calls, so that a connection
+	// being admitted can tell whether one came while it was checked.
+	revocations atomic.Uint64
 
 	stats struct {
 		connects, authFailures, disconnects, aclViolations, oversized,
 		messagesIn, messagesOut, delivered, handlerErrors, unacked,
-		limitRefusals, publishFloods atomic.Uint64
+		limitRefusals, publishFloods, credentialChecks, revoked atomic.Uint64
 	}
 }
 
@@ -181,6 +184,7 @@ func (s *Server) Close() error {
 		l.closeListener()
 	}
 
+	s.log.Info("mqtt: shutting down: waiting for the publishes being committed")
 	done := make(chan struct{})
 	go func() { s.busy.Wait(); close(done) }()
 	select {
@@ -278,14 +282,36 @@ func (s *Server) Online(tenant, device string) bool {
 	return d != nil && !d.isClosed()
 }
 
-// Disconnect ends the device's connection, if it has one here, with "not
-// authorized": its token or certificate was replaced, or it was deleted, and
-// a connection made with revoked credentials must not outlive them.
-func (s *Server) Disconnect(tenant, device string) {
-	if d := s.device(sessionID(tenant, device)); d != nil && !d.isClosed() {
-		s.log.Info("mqtt: disconnecting a device whose credentials were revoked", "tenant", tenant, "device", device)
-		d.close(codeNotAuthorized, nil)
+// CredentialsChanged is told that the device's token or certificate was
+// replaced, or the device deleted: a connection made with revoked
+// credentials must not outlive them. The credentials the device's
+// connection authenticated with are checked again, in the background, and
+// the connection ends ("not authorized") unless they still admit it: a
+// device that already reconnected with its new credentials keeps its
+// connection.
+func (s *Server) CredentialsChanged(tenant, device string) {
+	s.revocations.Add(1)
+	d := s.device(sessionID(tenant, device))
+	if d == nil || d.isClosed() {
+		return
 	}
+	s.mu.RLock()
+	if s.closing {
+		s.mu.RUnlock()
+		return
+	}
+	s.tasks.Add(1)
+	s.mu.RUnlock()
+	go func() {
+		defer s.tasks.Done()
+		defer s.stats.credentialChecks.Add(1)
+		if s.stillAdmitted(d) {
+			return
+		}
+		s.stats.revoked.Add(1)
+		s.log.Info("mqtt: disconnecting a device whose credentials were revoked", "tenant", tenant, "device", device, "remote", d.remote)
+		d.close(codeNotAuthorized, nil)
+	}()
 }
 
 // Connections returns the number of devices connected now.
@@ -311,6 +337,8 @@ func (s *Server) Stats() Stats {
 		Unacknowledged:   s.stats.unacked.Load(),
 		LimitRefusals:    s.stats.limitRefusals.Load(),
 		PublishFloods:    s.stats.publishFloods.Load(),
+		CredentialChecks: s.stats.credentialChecks.Load(),
+		Revoked:          s.stats.revoked.Load(),
 	}
 }
 

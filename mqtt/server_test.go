@@ -25,6 +25,7 @@ var (
 	status   = []byte(`[{"id": "42", "state": "Completed", "progress": 100, "errors": [], "timestamp": 1700000000000, "sequence": 3}]`)
 	points   = []byte(`[{"sequence": 1, "timestamp": 1700000000000, "lat": 12.9, "lon": 77.6}]`)
 	statusT  = mqtt.ActionStatusTopic("acme", "dev-1")
+	statusT2 = mqtt.ActionStatusTopic("acme", "dev-2")
 	actionsT = mqtt.ActionsTopic("acme", "dev-1")
 	gpsT     = mqtt.StreamTopic("acme", "dev-1", "gps")
 )
@@ -63,7 +64,12 @@ func TestMQTT5HappyPath(t *testing.T) {
 		if pb.Topic != actionsT || pb.QoS != 1 || !bytes.Equal(pb.Payload, action) {
 			t.Errorf("got %q at QoS %d: %s; want %q at QoS 1: %s", pb.Topic, pb.QoS, pb.Payload, actionsT, action)
 		}
-		quiet(t, h.delivered, "ActionDelivered before the device's PUBACK")
+		// Only the device's PUBACK, handled on its connection's goroutine,
+		// could report it now: SendAction reports QoS 0 deliveries itself,
+		// before it returns.
+		if len(h.delivered) != 0 {
+			t.Fatal("ActionDelivered before the device's PUBACK")
+		}
 		if err := c.Ack(pb); err != nil {
 			t.Fatalf("ack: %v", err)
 		}
@@ -369,18 +375,23 @@ func TestSendActionInflightLimit(t *testing.T) {
 // TestPubackAfterHandler checks that a publish is acknowledged only once the
 // Handler returned: a PUBACK means committed.
 func TestPubackAfterHandler(t *testing.T) {
+	// While the handler commits, an action is sent on the same connection:
+	// a PUBACK written before the handler returned would reach the device
+	// before it.
 	t.Run("MQTT5", func(t *testing.T) {
 		h := newFakeHandler()
 		h.gate = make(chan struct{})
 		s := MustOpenServer(t, h)
-		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
-		done := make(chan error, 1)
-		go func() { done <- c.publish(statusT, status) }()
+		c := subscribedRaw(t, s, h, 5)
+		c.send(publishPacket(1, 7, props(), statusT, status))
 		receive(t, h.statuses, "HandleStatus")
-		quiet(t, done, "PUBACK while the handler is committing")
+		if !s.SendAction("acme", "dev-1", 42, action) {
+			t.Fatal("SendAction = false, want true")
+		}
+		c.next(typePublish) // not the PUBACK
 		close(h.gate)
-		if err := receive(t, done, "PUBACK"); err != nil {
-			t.Fatalf("publish: %v", err)
+		if ack := c.next(typePuback); !bytes.Equal(ack.body[:2], u16(7)) {
+			t.Fatalf("PUBACK % x, want of packet 7", ack.body)
 		}
 	})
 	t.Run("MQTT311", func(t *testing.T) {
@@ -388,9 +399,21 @@ func TestPubackAfterHandler(t *testing.T) {
 		h.gate = make(chan struct{})
 		s := MustOpenServer(t, h)
 		c := mustConnect3(t, s, "acme/dev-1", "tok-1")
+		c.subscribe(t, actionsT, 1)
+		receive(t, h.subscribed, "DeviceSubscribed")
 		tok := c.Publish(gpsT, 1, false, points)
 		receive(t, h.streams, "HandleStream")
-		quiet(t, tok.Done(), "PUBACK while the handler is committing")
+		if !s.SendAction("acme", "dev-1", 42, action) {
+			t.Fatal("SendAction = false, want true")
+		}
+		// paho completes a publish on its PUBACK before it hands on any
+		// message that came after.
+		receive(t, c.received, "action message")
+		select {
+		case <-tok.Done():
+			t.Fatal("PUBACK while the handler is committing")
+		default:
+		}
 		close(h.gate)
 		receive(t, tok.Done(), "PUBACK")
 		if err := tok.Error(); err != nil {
@@ -512,7 +535,8 @@ func TestClose(t *testing.T) {
 	t.Run("Graceful", func(t *testing.T) {
 		h := newFakeHandler()
 		h.gate = make(chan struct{})
-		s := MustOpenServer(t, h)
+		var logs <-chan string
+		s := MustOpenServer(t, h, func(c *mqtt.Config) { logs = watchLog(t, c) })
 		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
 		c3 := mustConnect3(t, s, "acme/dev-2", "tok-2")
 		done := make(chan error, 1)
@@ -521,7 +545,15 @@ func TestClose(t *testing.T) {
 
 		closed := make(chan error, 1)
 		go func() { closed <- s.Close() }()
-		quiet(t, closed, "Close while a report is being committed")
+		awaitLog(t, logs, "mqtt: shutting down: waiting for the publishes being committed")
+		if !s.Online("acme", "dev-1") || !s.Online("acme", "dev-2") || !c3.IsConnectionOpen() {
+			t.Fatal("devices disconnected while a report is being committed")
+		}
+		select {
+		case <-closed:
+			t.Fatal("Close returned while a report is being committed")
+		default:
+		}
 		close(h.gate)
 		if err := receive(t, done, "PUBACK of the report in progress"); err != nil {
 			t.Fatalf("publish in progress at Close: %v; want it acknowledged", err)
@@ -640,15 +672,32 @@ func TestQoS2(t *testing.T) {
 	h := newFakeHandler()
 	h.gate = make(chan struct{})
 	s := MustOpenServer(t, h)
-	c := mustConnect3(t, s, "acme/dev-1", "tok-1")
-	tok := c.Publish(statusT, 2, false, status)
-	receive(t, h.statuses, "HandleStatus")
-	quiet(t, tok.Done(), "PUBREC while the handler is committing")
-	close(h.gate)
-	receive(t, tok.Done(), "QoS 2 flow to complete")
-	if err := tok.Error(); err != nil {
-		t.Fatalf("publish: %v", err)
-	}
+	t.Run("paho", func(t *testing.T) {
+		c := mustConnect3(t, s, "acme/dev-1", "tok-1")
+		tok := c.Publish(statusT, 2, false, status)
+		receive(t, h.statuses, "HandleStatus")
+		close(h.gate)
+		receive(t, tok.Done(), "QoS 2 flow to complete")
+		if err := tok.Error(); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+	})
+	t.Run("PUBREC after the handler", func(t *testing.T) {
+		h.gate = make(chan struct{})
+		c := subscribedRaw(t, s, h, 4)
+		c.send(publishPacket(2, 9, nil, statusT, status))
+		receive(t, h.statuses, "HandleStatus")
+		if !s.SendAction("acme", "dev-1", 42, action) {
+			t.Fatal("SendAction = false, want true")
+		}
+		c.next(typePublish) // not the PUBREC: it comes after the commit
+		close(h.gate)
+		c.next(typePubrec)
+		c.send(packet(typePubrel<<4|2, u16(9)))
+		if got := c.next(typePubcomp); !bytes.Equal(got.body, u16(9)) {
+			t.Fatalf("PUBCOMP % x, want of packet 9", got.body)
+		}
+	})
 }
 
 // subscribedWith connects acme/dev-1 over MQTT 5 with the CONNECT
@@ -760,37 +809,113 @@ func TestSlowDeviceCutOff(t *testing.T) {
 
 // TestStuckWriteHoldsNothing checks that a write blocked on a device that
 // reads nothing (until WriteTimeout, here a minute) holds up neither Online
-// nor Disconnect: the dispatch path asks Online of every device, and a
-// revoked device must go at once.
+// nor CredentialsChanged: the dispatch path asks Online of every device,
+// and a revoked device must go at once.
 func TestStuckWriteHoldsNothing(t *testing.T) {
 	h := newFakeHandler()
-	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.WriteTimeout = time.Minute; c.MaxInflight = 65535 })
-	rawConnect311(t, s)
+	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.WriteTimeout = time.Minute })
+	conn := rawConnect311(t, s)
 	receive(t, h.subscribed, "DeviceSubscribed")
-	payload := fmt.Appendf(nil, `{"id": "1", "name": "x", "payload": %q}`, strings.Repeat("x", 64<<10))
-	sent := make(chan struct{})
-	go func() {
-		defer close(sent)
-		for i := 0; i < 10_000 && s.SendAction("acme", "dev-1", 42, payload); i++ {
-		}
-	}()
-	time.Sleep(300 * time.Millisecond) // the socket's buffers are full by now
+	// More than loopback's socket buffers hold (a few MiB at most): the
+	// write is under way until the device reads it all, which it never does.
+	payload := fmt.Appendf(nil, `{"id": "1", "name": "x", "payload": %q}`, strings.Repeat("x", 32<<20))
+	sent := make(chan bool)
+	go func() { sent <- s.SendAction("acme", "dev-1", 1, payload) }()
+	if _, err := io.ReadFull(conn, make([]byte, 1024)); err != nil {
+		t.Fatalf("read the start of the action: %v", err)
+	}
+
 	start := time.Now()
 	if !s.Online("acme", "dev-1") {
 		t.Fatal("the device is not online")
 	}
-	s.Disconnect("acme", "dev-1")
-	select {
-	case <-sent:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the blocked SendAction did not end with the disconnection")
+	h.setToken("acme/dev-1", "tok-new")
+	s.CredentialsChanged("acme", "dev-1")
+	if receive(t, sent, "the blocked SendAction to end with the disconnection") {
+		t.Error("SendAction of the cut-off write = true, want false")
 	}
 	if took := time.Since(start); took > 5*time.Second {
-		t.Errorf("Online and Disconnect took %v behind the stuck write", took)
+		t.Errorf("Online and CredentialsChanged took %v behind the stuck write", took)
 	}
 	if s.Online("acme", "dev-1") {
-		t.Error("the device is still online after Disconnect")
+		t.Error("the device is still online after its credentials were revoked")
 	}
+}
+
+// TestCredentialsChanged checks that a change of a device's credentials
+// ends exactly the connections made with credentials that no longer admit
+// it.
+func TestCredentialsChanged(t *testing.T) {
+	t.Run("revoked", func(t *testing.T) {
+		h := newFakeHandler()
+		s := MustOpenServer(t, h)
+		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+		other := mustConnect5(t, s, "acme/dev-2", "tok-2", false)
+		h.setToken("acme/dev-1", "tok-new")
+		s.CredentialsChanged("acme", "dev-1")
+		c.awaitServerDisconnect(t, 0x87) // not authorized
+		waitFor(t, "the connection's credentials checked", func() bool { return s.Stats().CredentialChecks == 1 })
+		if st := s.Stats(); st.Revoked != 1 {
+			t.Errorf("Revoked %d, want 1", st.Revoked)
+		}
+		if !s.Online("acme", "dev-2") || other.publish(statusT2, status) != nil {
+			t.Error("another device was disconnected")
+		}
+	})
+
+	// The change arrives after the device reconnected with its new
+	// credentials (the change listener runs behind the commit): that
+	// connection stays. At 10129e9 it was cut, and the device's first
+	// subscription failed about once in 40 runs of
+	// TestDeviceCertificatesEndToEnd.
+	t.Run("reconnected with the new credentials", func(t *testing.T) {
+		h := newFakeHandler()
+		s := MustOpenServer(t, h)
+		old := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+		h.setToken("acme/dev-1", "tok-new")
+		c := mustConnect5(t, s, "acme/dev-1", "tok-new", false)
+		old.awaitServerDisconnect(t, 0x8E) // session taken over
+		s.CredentialsChanged("acme", "dev-1")
+		waitFor(t, "the connection's credentials checked", func() bool { return s.Stats().CredentialChecks == 1 })
+		if st := s.Stats(); !s.Online("acme", "dev-1") || st.Revoked != 0 {
+			t.Fatalf("online %v, Revoked %d; want the new connection kept", s.Online("acme", "dev-1"), st.Revoked)
+		}
+		c.subscribe(t, actionsT, 1)
+		receive(t, h.subscribed, "DeviceSubscribed")
+		if !s.SendAction("acme", "dev-1", 42, action) {
+			t.Fatal("SendAction = false, want true")
+		}
+		receive(t, c.received, "action message")
+	})
+
+	// The change arrives while the device's old token is being checked:
+	// the check read the credentials before they changed, and the
+	// connection must not outlive them.
+	t.Run("changed while connecting", func(t *testing.T) {
+		h := newFakeHandler()
+		h.authHold = make(chan struct{})
+		s := MustOpenServer(t, h)
+		type result struct {
+			ca  *paho.Connack
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			_, ca, err := connect5(t, s, "acme/dev-1", "tok-1", false)
+			done <- result{ca, err}
+		}()
+		waitFor(t, "the token being checked", func() bool { return h.authCalls.Load() == 1 })
+		h.setToken("acme/dev-1", "tok-new")
+		s.CredentialsChanged("acme", "dev-1")
+		close(h.authHold)
+		r := receive(t, done, "CONNACK")
+		if r.err == nil || r.ca == nil || r.ca.ReasonCode != 0x86 {
+			t.Fatalf("connect with the old token: %v, connack %+v; want 0x86 bad username or password", r.err, r.ca)
+		}
+		if s.Online("acme", "dev-1") {
+			t.Error("the device is online with revoked credentials")
+		}
+	})
 }
 
 // TestReceiveMaximum checks that an MQTT 5 device's Receive Maximum bounds

@@ -166,7 +166,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 			case fleet.ChangeDeviceCredentials, fleet.ChangeDeviceDelete:
 				// A connection made with revoked credentials ends now, on
 				// whichever replica holds it.
-				broker.Disconnect(ch.Tenant, ch.Key)
+				broker.CredentialsChanged(ch.Tenant, ch.Key)
 			}
 		})
 	}()
