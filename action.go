@@ -49,6 +49,17 @@ type Action struct {
 	CreatedAt   time.Time       `json:"created_at"`
 	Targeted    int             `json:"targeted"`
 	Statuses    map[string]int  `json:"statuses"`
+	// StatusesPhased counts the device actions per status by the index of
+	// the phase that releases them, "-1" for all of an action without a
+	// schedule.
+	StatusesPhased map[string]map[string]int `json:"statuses_phased"`
+
+	// A rollout's schedule and state; absent for an action without one.
+	Schedule        *Schedule     `json:"schedule,omitempty"`
+	PhasesTriggered []bool        `json:"phases_triggered,omitempty" doc:"one per phase: whether it triggered"`
+	NextPhaseIndex  *int          `json:"next_phase_index,omitempty" doc:"the next phase to trigger; the number of phases once all did"`
+	Status          RolloutStatus `json:"status,omitempty" doc:"the rollout's: scheduled, running, paused, completed or aborted"`
+	PauseReason     string        `json:"pause_reason,omitempty" doc:"why the rollout is paused"`
 
 	// DeviceParams is what devices receive as the payload, when a special
 	// action's preparer replaced Params; nil otherwise.
@@ -108,6 +119,10 @@ type Dispatch struct {
 	// CancelActionID, for cancel_action, is the action cancelled on the
 	// targeted devices.
 	CancelActionID int64
+
+	// Schedule, when set, makes the dispatch a rollout: its targets are
+	// released phase by phase (POST /api/v1/actions only).
+	Schedule *Schedule
 }
 
 // ActionPreparer prepares the dispatch of one special action, such as
@@ -127,8 +142,9 @@ func (f ActionPreparerFunc) PrepareDispatch(ctx context.Context, tenant string, 
 }
 
 // ReadDispatch is the typed decode of a dispatch body (S1 and the modern
-// endpoint): exactly the fields of DESIGN §4.
-func ReadDispatch(f *Fields) Dispatch {
+// endpoint): exactly the fields of DESIGN §4, and, when withSchedule (the
+// modern endpoint), a schedule.
+func ReadDispatch(f *Fields, withSchedule bool) Dispatch {
 	d := Dispatch{
 		Action:      f.NonEmptyString("action", true, MaxActionNameLen),
 		SearchType:  f.String("search_type", true),
@@ -144,6 +160,12 @@ func ReadDispatch(f *Fields) Dispatch {
 	}
 	if f.Has("timeout") {
 		d.Timeout = f.Int("timeout", false, 1, MaxActionTimeout)
+	}
+	if withSchedule {
+		d.Schedule = ReadSchedule(f.Nested("schedule", false))
+		if d.Schedule != nil && d.Action == ActionCancel {
+			f.Fail("schedule", "a cancel_action is not rolled out: it goes to its devices at once")
+		}
 	}
 	ids := f.Strings("device_ids", false)
 	switch d.SearchType {
@@ -421,10 +443,19 @@ func CompletedComponents(action string, params []byte) map[string]string {
 	return out
 }
 
-// ActionFilter selects actions: by name when Action is set.
+// ActionFilter selects actions: by name when Action is set, and with
+// Incomplete those that have device actions not final.
 type ActionFilter struct {
-	Action string
+	Action     string
+	Incomplete bool
 	Page
+}
+
+// SetRollout shows r's schedule and state on a.
+func (a *Action) SetRollout(r *Rollout) {
+	s := r.Schedule
+	next := r.NextPhase
+	a.Schedule, a.PhasesTriggered, a.NextPhaseIndex, a.Status, a.PauseReason = &s, r.PhasesTriggered(), &next, r.Status, r.PauseReason
 }
 
 // DeviceActionSorts are the fields S7 sorts by; the first is the default.
@@ -465,6 +496,7 @@ type ActionService interface {
 	// that change nothing (old, duplicate, after a final state) are not
 	// problems.
 	ReportStatus(ctx context.Context, tenant string, reports []StatusReport) ([]error, error)
+	RolloutService
 }
 
 // ActionDelivery is what the device channel tells the action service.
@@ -490,4 +522,7 @@ type PendingAction struct {
 	ActionID int64
 	Name     string
 	Params   string // as sent
+	// Window, for a rollout with a maintenance window, is when the action
+	// may be handed to the device.
+	Window *MaintenanceWindow
 }

@@ -64,7 +64,7 @@ func TestReadDispatch(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := fleet.NewFields(tc.body)
-			d := fleet.ReadDispatch(f)
+			d := fleet.ReadDispatch(f, false)
 			err := f.Err()
 			if len(tc.bad) == 0 {
 				if err != nil {
@@ -90,7 +90,7 @@ func TestReadDispatch(t *testing.T) {
 	}
 	t.Run("Values", func(t *testing.T) {
 		f := fleet.NewFields(with("search_type", "default", "device_ids", []any{"d1", "d2", "d1"}, "metadata", map[string]any{"k": "v"}))
-		d := fleet.ReadDispatch(f)
+		d := fleet.ReadDispatch(f, false)
 		if f.Err() != nil || d.Action != "reboot" || fmt.Sprint(d.DeviceIDs) != "[d1 d2]" || string(d.Metadata) != `{"k":"v"}` || d.Timeout != fleet.DefaultActionTimeout {
 			t.Fatalf("dispatch = %+v (%v)", d, f.Err())
 		}

@@ -7,11 +7,15 @@ package fleet
 // whose statements take their states from it (sqlstore/action_lifecycle.go).
 
 // ActionStatus is where a device action is in its lifecycle (DESIGN §4):
-// Queued → Initiated → Progress → Completed, Failed or Cancelled.
+// (Scheduled →) Queued → Initiated → Progress → Completed, Failed or
+// Cancelled.
 type ActionStatus string
 
-// The six action statuses.
+// The action statuses.
 const (
+	// StatusScheduled: the device action's rollout phase has not been
+	// released; nothing is sent to the device.
+	StatusScheduled ActionStatus = "Scheduled"
 	StatusQueued    ActionStatus = "Queued"    // stored, not yet handed to the device
 	StatusInitiated ActionStatus = "Initiated" // the device acknowledged the message, or reported first
 	StatusProgress  ActionStatus = "Progress"  // the device reported a state that is not final
@@ -21,12 +25,16 @@ const (
 )
 
 // ActionStatuses lists every status in lifecycle order.
-var ActionStatuses = []ActionStatus{StatusQueued, StatusInitiated, StatusProgress, StatusCompleted, StatusFailed, StatusCancelled}
+var ActionStatuses = []ActionStatus{StatusScheduled, StatusQueued, StatusInitiated, StatusProgress, StatusCompleted, StatusFailed, StatusCancelled}
 
 // Final reports whether s never changes again.
 func (s ActionStatus) Final() bool {
 	return s == StatusCompleted || s == StatusFailed || s == StatusCancelled
 }
+
+// Sent reports whether the device has been offered the action: a device
+// reporting on an action not sent to it is told it has no such action.
+func (s ActionStatus) Sent() bool { return s != StatusScheduled }
 
 // Valid reports whether s is one of the statuses.
 func (s ActionStatus) Valid() bool {
@@ -73,10 +81,16 @@ const (
 	// not have the cancelled action in flight, so there is nothing to tell
 	// it: the cancel_action's own record is done at once.
 	EventNothingToCancel Event = "nothing_to_cancel"
+	// EventRelease: the device action's rollout phase triggered.
+	EventRelease Event = "release"
+	// EventScheduleEnded: the rollout's end_timestamp passed before the
+	// device action's phase triggered.
+	EventScheduleEnded Event = "schedule_ended"
 )
 
 // Events lists every event.
-var Events = []Event{EventDelivered, EventProgress, EventCompleted, EventFailed, EventRefused, EventCancel, EventTimeout, EventNothingToCancel}
+var Events = []Event{EventDelivered, EventProgress, EventCompleted, EventFailed, EventRefused, EventCancel, EventTimeout, EventNothingToCancel,
+	EventRelease, EventScheduleEnded}
 
 // DeadlineChange is what a transition does to the device action's timeout
 // deadline.
@@ -87,7 +101,7 @@ type DeadlineChange int
 const (
 	DeadlineKept    DeadlineChange = iota
 	DeadlineStarted                // the timeout starts counting: deadline = now + timeout
-	DeadlineCleared                // the device action is final: no deadline
+	DeadlineCleared                // the device action has no deadline after it
 )
 
 // Transition is one row of the lifecycle: Event moves a device action in
@@ -110,6 +124,9 @@ type Transition struct {
 // second acknowledgement). A server transition into Completed sets the
 // progress to 100, as a Completed report without a progress does.
 var Lifecycle = []Transition{
+	{From: StatusScheduled, Event: EventRelease, To: StatusQueued, Status: string(StatusQueued), Deadline: DeadlineCleared},
+	{From: StatusScheduled, Event: EventScheduleEnded, To: StatusCancelled, Status: StateScheduleEnded, Deadline: DeadlineCleared},
+
 	{From: StatusQueued, Event: EventDelivered, To: StatusInitiated, Status: string(StatusInitiated), Deadline: DeadlineStarted},
 
 	{From: StatusQueued, Event: EventProgress, To: StatusProgress, Deadline: DeadlineStarted},
@@ -124,8 +141,10 @@ var Lifecycle = []Transition{
 	{From: StatusInitiated, Event: EventFailed, To: StatusFailed, Deadline: DeadlineCleared},
 	{From: StatusProgress, Event: EventFailed, To: StatusFailed, Deadline: DeadlineCleared},
 
+	{From: StatusScheduled, Event: EventRefused, To: StatusFailed, Status: string(StatusFailed), Deadline: DeadlineCleared},
 	{From: StatusQueued, Event: EventRefused, To: StatusFailed, Status: string(StatusFailed), Deadline: DeadlineCleared},
 
+	{From: StatusScheduled, Event: EventCancel, To: StatusCancelled, Status: StateCancelled, Deadline: DeadlineCleared},
 	{From: StatusQueued, Event: EventCancel, To: StatusCancelled, Status: StateCancelled, Deadline: DeadlineCleared},
 	{From: StatusInitiated, Event: EventCancel, To: StatusCancelled, Status: StateCancelled, Deadline: DeadlineCleared, TellDevice: true},
 	{From: StatusProgress, Event: EventCancel, To: StatusCancelled, Status: StateCancelled, Deadline: DeadlineCleared, TellDevice: true},

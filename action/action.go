@@ -50,10 +50,9 @@ type Store interface {
 	FindAction(ctx context.Context, tenant string, id int64) (*fleet.Action, error)
 	FindDeviceActions(ctx context.Context, tenant string, f fleet.DeviceActionFilter) ([]*fleet.DeviceAction, int, error)
 	FindDeviceAction(ctx context.Context, tenant string, actionID int64, deviceID string) (*fleet.DeviceAction, error)
-	// CancelAction dispatches tell, a cancel_action, to the devices that
-	// have the action in flight, and returns it (nil if none) and how many
-	// device actions it cancelled.
-	CancelAction(ctx context.Context, tenant string, id int64, tell *fleet.Dispatch) (*fleet.Action, int, error)
+	// CancelAction cancels what is not final and dispatches tell, a
+	// cancel_action, to the devices that have the action in flight.
+	CancelAction(ctx context.Context, tenant string, id int64, tell *fleet.Dispatch) (*fleet.Cancellation, error)
 	ReportStatus(ctx context.Context, tenant string, reports []fleet.StatusReport) ([]error, error)
 	// PendingDevices returns the devices, among candidates (all when nil),
 	// for which the action is Queued.
@@ -63,6 +62,8 @@ type Store interface {
 	TimeOutDeviceActions(ctx context.Context, now time.Time, limit int) (int, error)
 	// TouchDevices records that devices were seen at t.
 	TouchDevices(ctx context.Context, tenant string, ids []string, t time.Time) error
+	FindAlertRule(ctx context.Context, tenant, id string) (*fleet.AlertRule, error)
+	RolloutStore
 }
 
 // Message is an action as a device receives it, in the shape of the uplink
@@ -111,7 +112,10 @@ type Service struct {
 	wg       sync.WaitGroup
 	mu       sync.RWMutex
 	closed   bool
-	stats    struct{ dispatches, targeted, reports, rejected atomic.Uint64 }
+	stats    struct{ dispatches, targeted, reports, rejected, rolloutEvents atomic.Uint64 }
+
+	rolloutMu    sync.Mutex
+	rolloutUntil map[fleet.RolloutRef]time.Time // rollouts that wait for a time, and until when
 }
 
 // Stats counts what the service did since it opened, for metrics.
@@ -120,6 +124,9 @@ type Stats struct {
 	Targeted   uint64 // device actions they made
 	Reports    uint64 // status reports received, over HTTP and MQTT
 	Rejected   uint64 // of those, refused (unknown action or device, invalid)
+	// RolloutEvents counts rollouts' changes of state: phases triggered,
+	// pauses, resumptions, completions, aborts.
+	RolloutEvents uint64
 }
 
 // Stats returns the service's counters.
@@ -129,6 +136,8 @@ func (s *Service) Stats() Stats {
 		Targeted:   s.stats.targeted.Load(),
 		Reports:    s.stats.reports.Load(),
 		Rejected:   s.stats.rejected.Load(),
+
+		RolloutEvents: s.stats.rolloutEvents.Load(),
 	}
 }
 
@@ -177,6 +186,7 @@ func (s *Service) Open() {
 	s.receipts = make(chan fleet.ActionReceipt, 64*maxReceiptBatch)
 	s.reports = make(chan *reportCall)
 	s.sighted = map[string]map[string]struct{}{}
+	s.rolloutUntil = map[fleet.RolloutRef]time.Time{}
 	s.wg.Add(2 + s.ReportWorkers)
 	go s.recordReceipts()
 	go s.recordSightings()
@@ -275,6 +285,11 @@ func (s *Service) DispatchAction(ctx context.Context, tenant string, d *fleet.Di
 	if a := fleet.ActorFromContext(ctx); a != nil {
 		d.UserEmail, d.UserName = a.UserEmail, a.UserName
 	}
+	if d.Schedule != nil {
+		if err := s.checkSchedule(ctx, tenant, d.Schedule); err != nil {
+			return nil, err
+		}
+	}
 	if p, ok := s.Preparers[d.Action]; ok {
 		if err := p.PrepareDispatch(ctx, tenant, d); err != nil {
 			return nil, err
@@ -286,8 +301,13 @@ func (s *Service) DispatchAction(ctx context.Context, tenant string, d *fleet.Di
 	}
 	s.stats.dispatches.Add(1)
 	s.stats.targeted.Add(uint64(a.Targeted))
-	payload := NewMessage(a.ID, a.Action, a.SentParams())
-	s.goTracked(func() { s.deliver(tenant, a.ID, a.Targeted, payload) })
+	if d.Schedule != nil {
+		// What is due at once (a first phase triggered now) is released
+		// before the answer; the driver does the rest.
+		s.advance(ctx, tenant, a.ID)
+		return a, nil
+	}
+	s.send(tenant, a)
 	return a, nil
 }
 
@@ -299,13 +319,23 @@ func (s *Service) CancelAction(ctx context.Context, tenant string, id int64) err
 	if err != nil {
 		return err
 	}
-	sent, _, err := s.Store.CancelAction(ctx, tenant, id, cancelDispatch(ctx, a))
-	if err != nil || sent == nil {
+	c, err := s.Store.CancelAction(ctx, tenant, id, cancelDispatch(ctx, a))
+	if err != nil {
 		return err
 	}
-	payload := NewMessage(sent.ID, sent.Action, sent.SentParams())
-	s.goTracked(func() { s.deliver(tenant, sent.ID, sent.Targeted, payload) })
+	s.forgetRollout(tenant, id)
+	s.send(tenant, c.Sent)
 	return nil
+}
+
+// send hands an action just dispatched (nil: none) to the targeted devices
+// that are connected, in the background.
+func (s *Service) send(tenant string, a *fleet.Action) {
+	if a == nil {
+		return
+	}
+	payload := NewMessage(a.ID, a.Action, a.SentParams())
+	s.goTracked(func() { s.deliver(tenant, a.ID, a.Targeted, payload) })
 }
 
 // deliver sends payload to the connected devices for which action id is
@@ -372,7 +402,13 @@ func (s *Service) DeviceSubscribed(tenant, device string) {
 		}
 		return
 	}
+	now := s.Now()
 	for _, p := range pending {
+		if p.Window != nil {
+			if open, _ := p.Window.Open(now); !open {
+				continue // its rollout's maintenance window sends it
+			}
+		}
 		if !s.sendPatiently(tenant, device, p.ActionID, NewMessage(p.ActionID, p.Name, p.Params)) {
 			return
 		}

@@ -1,6 +1,7 @@
 package fleethttp
 
 import (
+	"context"
 	"net/http"
 	"reflect"
 	"strconv"
@@ -18,7 +19,14 @@ var actionStatusNames = func() []string {
 	return names
 }()
 
-func init() { enums[reflect.TypeFor[fleet.ActionStatus]()] = actionStatusNames }
+func init() {
+	enums[reflect.TypeFor[fleet.ActionStatus]()] = actionStatusNames
+	var rollout []string
+	for _, s := range fleet.RolloutStatuses {
+		rollout = append(rollout, string(s))
+	}
+	enums[reflect.TypeFor[fleet.RolloutStatus]()] = rollout
+}
 
 // dispatchBody is the body of S1 and of POST /api/v1/actions (DESIGN §4).
 type dispatchBody struct {
@@ -30,6 +38,13 @@ type dispatchBody struct {
 	SearchKey   string         `json:"search_key,omitempty"`
 	SearchQuery string         `json:"search_query,omitempty"`
 	Timeout     int64          `json:"timeout,omitempty" doc:"seconds, 1 to 31536000 (default 86400), counted from the device's receipt; a device action not final by then fails with status TimedOut"`
+}
+
+// rolloutDispatchBody is the body of POST /api/v1/actions: S1's, and a
+// schedule.
+type rolloutDispatchBody struct {
+	dispatchBody
+	Schedule *fleet.Schedule `json:"schedule,omitempty" doc:"makes the action a rollout: its targets are released phase by phase (docs/actions.md, Rollouts)"`
 }
 
 // dispatched answers POST /api/v1/actions.
@@ -80,13 +95,13 @@ func pathActionID(r *http.Request) (int64, error) {
 
 // readDispatch decodes and validates a dispatch body. Its limit is the bulk
 // one: device_ids may list many thousands of devices.
-func (s *Server) readDispatch(w http.ResponseWriter, r *http.Request) (*fleet.Dispatch, error) {
+func (s *Server) readDispatch(w http.ResponseWriter, r *http.Request, withSchedule bool) (*fleet.Dispatch, error) {
 	body, err := s.decode(w, r, s.Limits.Bulk)
 	if err != nil {
 		return nil, err
 	}
 	f := fleet.NewFields(body)
-	d := fleet.ReadDispatch(f)
+	d := fleet.ReadDispatch(f, withSchedule)
 	if err := f.Err(); err != nil {
 		return nil, err
 	}
@@ -95,7 +110,7 @@ func (s *Server) readDispatch(w http.ResponseWriter, r *http.Request) (*fleet.Di
 
 // handleMockDispatch is S1: 201, Location and an empty body.
 func (s *Server) handleMockDispatch(w http.ResponseWriter, r *http.Request) error {
-	d, err := s.readDispatch(w, r)
+	d, err := s.readDispatch(w, r, false)
 	if err != nil {
 		return err
 	}
@@ -108,7 +123,7 @@ func (s *Server) handleMockDispatch(w http.ResponseWriter, r *http.Request) erro
 }
 
 func (s *Server) handleDispatch(w http.ResponseWriter, r *http.Request) error {
-	d, err := s.readDispatch(w, r)
+	d, err := s.readDispatch(w, r, true)
 	if err != nil {
 		return err
 	}
@@ -123,7 +138,7 @@ func (s *Server) handleDispatch(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) handleListActions(w http.ResponseWriter, r *http.Request) error {
 	q := newQuery(r)
-	f := fleet.ActionFilter{Action: q.String("action"), Page: q.Page()}
+	f := fleet.ActionFilter{Action: q.String("action"), Incomplete: q.Enum("incomplete", "false", "true", "false") == "true", Page: q.Page()}
 	if err := q.Err(); err != nil {
 		return err
 	}
@@ -177,6 +192,49 @@ func (s *Server) handleCancelAction(w http.ResponseWriter, r *http.Request) erro
 		return err
 	}
 	if err := s.Actions.CancelAction(r.Context(), tenantOf(r), id); err != nil {
+		return err
+	}
+	return s.quiet(w, r, http.StatusNoContent, func() (any, error) { return s.Actions.FindAction(r.Context(), tenantOf(r), id) })
+}
+
+// rolloutOperation answers one of a rollout's operations: 204, or the
+// action with Prefer: return=representation.
+func (s *Server) rolloutOperation(op func(rs fleet.RolloutService, ctx context.Context, tenant string, id int64) error) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		id, err := pathActionID(r)
+		if err != nil {
+			return err
+		}
+		if err := op(s.Actions, r.Context(), tenantOf(r), id); err != nil {
+			return err
+		}
+		return s.quiet(w, r, http.StatusNoContent, func() (any, error) { return s.Actions.FindAction(r.Context(), tenantOf(r), id) })
+	}
+}
+
+func (s *Server) handleAppendPhase(w http.ResponseWriter, r *http.Request) error {
+	id, err := pathActionID(r)
+	if err != nil {
+		return err
+	}
+	body, err := s.decode(w, r, s.Limits.Bulk)
+	if err != nil {
+		return err
+	}
+	a, err := s.Actions.FindAction(r.Context(), tenantOf(r), id)
+	if err != nil {
+		return err
+	}
+	index := 0
+	if a.Schedule != nil {
+		index = len(a.Schedule.Phases)
+	}
+	f := fleet.NewFields(body)
+	p := fleet.ReadAppendedPhase(f, index)
+	if err := f.Err(); err != nil {
+		return err
+	}
+	if err := s.Actions.AppendPhase(r.Context(), tenantOf(r), id, p); err != nil {
 		return err
 	}
 	return s.quiet(w, r, http.StatusNoContent, func() (any, error) { return s.Actions.FindAction(r.Context(), tenantOf(r), id) })

@@ -287,30 +287,7 @@ func (g *schemaGen) schema(t reflect.Type, request bool) map[string]any {
 	case reflect.Struct:
 		props := map[string]any{}
 		var required []string
-		for i := range t.NumField() {
-			f := t.Field(i)
-			if !f.IsExported() {
-				continue
-			}
-			name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
-			if name == "-" {
-				continue
-			}
-			if name == "" {
-				name = f.Name
-			}
-			p := g.ref(f.Type, request)
-			if d := f.Tag.Get("doc"); d != "" {
-				if _, isRef := p["$ref"]; isRef {
-					p = map[string]any{"allOf": []any{p}}
-				}
-				p["description"] = d
-			}
-			props[name] = p
-			if request && f.Tag.Get("openapi") == "required" || !request && !strings.Contains(opts, "omitempty") {
-				required = append(required, name)
-			}
-		}
+		g.fields(t, request, props, &required)
 		s := map[string]any{"type": "object", "properties": props, "additionalProperties": false}
 		if len(required) > 0 {
 			sort.Strings(required)
@@ -319,6 +296,39 @@ func (g *schemaGen) schema(t reflect.Type, request bool) map[string]any {
 		return s
 	}
 	return map[string]any{}
+}
+
+// fields adds the properties of struct t to props, and the required ones
+// to required. The fields of an embedded struct are its own, as in JSON.
+func (g *schemaGen) fields(t reflect.Type, request bool, props map[string]any, required *[]string) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct && f.Tag.Get("json") == "" {
+			g.fields(f.Type, request, props, required)
+			continue
+		}
+		if !f.IsExported() {
+			continue
+		}
+		name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		p := g.ref(f.Type, request)
+		if d := f.Tag.Get("doc"); d != "" {
+			if _, isRef := p["$ref"]; isRef {
+				p = map[string]any{"allOf": []any{p}}
+			}
+			p["description"] = d
+		}
+		props[name] = p
+		if request && f.Tag.Get("openapi") == "required" || !request && !strings.Contains(opts, "omitempty") {
+			*required = append(*required, name)
+		}
+	}
 }
 
 func (s *Server) handleOpenAPI(w http.ResponseWriter, r *http.Request) error {

@@ -5,6 +5,9 @@ package sqlstore
 
 import (
 	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/fleetd/fleet"
@@ -32,8 +35,9 @@ func (db *DB) PendingDevices(ctx context.Context, tenant string, actionID int64,
 // PendingActions returns the actions pending (Queued) for a device, oldest
 // first.
 func (db *DB) PendingActions(ctx context.Context, tenant, device string) ([]fleet.PendingAction, error) {
-	rows, err := db.query(ctx, `SELECT da.action_id, da.type, COALESCE(a.device_params, a.params)
+	rows, err := db.query(ctx, `SELECT da.action_id, da.type, COALESCE(a.device_params, a.params), r.maintenance_window
 		FROM device_actions da JOIN actions a ON a.tenant = da.tenant AND a.id = da.action_id
+		LEFT JOIN rollouts r ON r.tenant = da.tenant AND r.action_id = da.action_id
 		WHERE da.tenant = ? AND da.device_id = ? AND da.`+pending+`
 		ORDER BY da.action_id`, tenant, device)
 	if err != nil {
@@ -43,8 +47,14 @@ func (db *DB) PendingActions(ctx context.Context, tenant, device string) ([]flee
 	var out []fleet.PendingAction
 	for rows.Next() {
 		var p fleet.PendingAction
-		if err := rows.Scan(&p.ActionID, &p.Name, &p.Params); err != nil {
+		var window sql.NullString
+		if err := rows.Scan(&p.ActionID, &p.Name, &p.Params, &window); err != nil {
 			return nil, err
+		}
+		if window.Valid {
+			if err := json.Unmarshal([]byte(window.String), &p.Window); err != nil {
+				return nil, fmt.Errorf("action %d maintenance window: %w", p.ActionID, err)
+			}
 		}
 		out = append(out, p)
 	}

@@ -51,8 +51,8 @@ func (db *DB) DispatchAction(ctx context.Context, tenant string, d *fleet.Dispat
 const analyzeAfter = 10_000
 
 // selection is how a dispatch chooses its targets among the tenant's
-// devices: a condition on the devices table with its arguments, or, for
-// search_type default, the ids, every one of which must exist.
+// devices: a condition on the devices table with its arguments, and, for
+// search_type default, the ids, every one of which must be selected.
 type selection struct {
 	cond string
 	args []any
@@ -110,7 +110,13 @@ func (tx *Tx) dispatch(ctx context.Context, tenant string, d *fleet.Dispatch, se
 		ON CONFLICT (tenant) DO UPDATE SET last_id = action_counters.last_id + 1 RETURNING last_id`, tenant).Scan(&a.ID); err != nil {
 		return nil, err
 	}
-	n, err := tx.insertTargets(ctx, tenant, a, sel, now)
+	// A rollout's device actions start Scheduled, in no phase until
+	// assignPhases gives them one.
+	initial, phase := fleet.StatusQueued, 0
+	if d.Schedule != nil {
+		initial, phase = fleet.StatusScheduled, unassigned
+	}
+	n, err := tx.insertTargets(ctx, tenant, a, sel, initial, phase, now)
 	if err != nil {
 		return nil, err
 	}
@@ -121,9 +127,14 @@ func (tx *Tx) dispatch(ctx context.Context, tenant string, d *fleet.Dispatch, se
 	}
 	a.Targeted = n
 	// The counts are known without counting.
-	a.Statuses = map[string]int{string(fleet.StatusQueued): n}
+	a.Statuses = map[string]int{string(initial): n}
+	if d.Schedule != nil {
+		if err := tx.assignPhases(ctx, tenant, a.ID, d.Schedule, n); err != nil {
+			return nil, err
+		}
+	}
 	if d.CheckDevice != nil {
-		failed, err := tx.checkDevices(ctx, tenant, a.ID, d.CheckDevice, now)
+		failed, err := tx.checkDevices(ctx, tenant, a.ID, d.CheckDevice, now, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -137,7 +148,7 @@ func (tx *Tx) dispatch(ctx context.Context, tenant string, d *fleet.Dispatch, se
 		a.Statuses[string(fleet.StatusCompleted)] = done
 	}
 	for _, s := range []fleet.ActionStatus{fleet.StatusFailed, fleet.StatusCompleted} {
-		a.Statuses[string(fleet.StatusQueued)] -= a.Statuses[string(s)]
+		a.Statuses[string(initial)] -= a.Statuses[string(s)]
 	}
 	for k, v := range a.Statuses {
 		if v == 0 {
@@ -155,6 +166,12 @@ func (tx *Tx) dispatch(ctx context.Context, tenant string, d *fleet.Dispatch, se
 		string(a.Metadata), a.Timeout, a.UserEmail, a.UserName, now, a.Targeted); err != nil {
 		return nil, err
 	}
+	if d.Schedule != nil {
+		if err := tx.insertRollout(ctx, tenant, a.ID, d.Schedule); err != nil {
+			return nil, err
+		}
+		a.SetRollout(&fleet.Rollout{Schedule: *d.Schedule, Status: fleet.RolloutScheduled, WaivedPhase: -1})
+	}
 	details := map[string]any{"action": a.Action, "search_type": a.SearchType, "targeted": a.Targeted}
 	if d.CancelActionID != 0 {
 		details["cancels"] = d.CancelActionID
@@ -166,18 +183,19 @@ func (tx *Tx) dispatch(ctx context.Context, tenant string, d *fleet.Dispatch, se
 // and returns how many. When sel names ids every one must exist: otherwise
 // the error lists the unknown ones, and the caller's transaction is rolled
 // back.
-func (tx *Tx) insertTargets(ctx context.Context, tenant string, a *fleet.Action, sel selection, now int64) (int, error) {
+func (tx *Tx) insertTargets(ctx context.Context, tenant string, a *fleet.Action, sel selection, status fleet.ActionStatus, phase int, now int64) (int, error) {
 	// Constants are cast so that PostgreSQL knows their types in a SELECT.
 	insert := `INSERT INTO device_actions (tenant, action_id, device_id, type, status, action_status, progress, errors, error_count,
-		user_email, user_name, serial_metadata, created_at, updated_at)
-		SELECT tenant, CAST(? AS BIGINT), id, CAST(? AS TEXT), ` + initialStatus + `, ` + initialStatus + `, 0, CAST('{}' AS ` + tx.db.dialect.jsonType() + `), 0,
-		CAST(? AS TEXT), CAST(? AS TEXT), metadata, CAST(? AS BIGINT), CAST(? AS BIGINT) FROM devices WHERE tenant = ?`
+		user_email, user_name, serial_metadata, created_at, updated_at, phase)
+		SELECT tenant, CAST(? AS BIGINT), id, CAST(? AS TEXT), ` + quote(string(status)) + `, ` + quote(string(status)) + `, 0, CAST('{}' AS ` + tx.db.dialect.jsonType() + `), 0,
+		CAST(? AS TEXT), CAST(? AS TEXT), metadata, CAST(? AS BIGINT), CAST(? AS BIGINT), ` + strconv.Itoa(phase) + ` FROM devices WHERE tenant = ?`
 	args := []any{a.ID, a.Action, a.UserEmail, a.UserName, now, now, tenant}
+	if sel.cond != "" {
+		insert += " AND " + sel.cond
+		args = append(args, sel.args...)
+	}
 	if sel.ids == nil {
-		if sel.cond != "" {
-			insert += " AND " + sel.cond
-		}
-		n, err := tx.execCount(ctx, insert, append(args, sel.args...)...)
+		n, err := tx.execCount(ctx, insert, args...)
 		return int(n), err
 	}
 	var total int64
@@ -200,27 +218,9 @@ func (tx *Tx) insertTargets(ctx context.Context, tenant string, a *fleet.Action,
 // unknownTargets is the error of a default dispatch that named devices the
 // tenant does not have: those are the ones the insert left out.
 func (tx *Tx) unknownTargets(ctx context.Context, tenant string, actionID int64, ids []string) error {
-	found := make(map[string]bool, len(ids))
-	rows, err := tx.query(ctx, "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ?", tenant, actionID)
+	unknown, err := tx.missing(ctx, "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND device_id IN (", []any{tenant, actionID}, ids)
 	if err != nil {
 		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return err
-		}
-		found[id] = true
-	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	var unknown []string
-	for _, id := range ids {
-		if !found[id] {
-			unknown = append(unknown, id)
-		}
 	}
 	return &fleet.Error{
 		Code:    fleet.EINVALID,
@@ -229,12 +229,39 @@ func (tx *Tx) unknownTargets(ctx context.Context, tenant string, actionID int64,
 	}
 }
 
+// missing returns those of ids, in their order, that query selects none
+// of: query ends in "IN (" and takes args, then a chunk of ids.
+func (tx *Tx) missing(ctx context.Context, query string, args []any, ids []string) ([]string, error) {
+	found := make(map[string]bool, len(ids))
+	for start := 0; start < len(ids); start += idChunk {
+		chunk := ids[start:min(start+idChunk, len(ids))]
+		got, err := queryStrings(ctx, tx, query+placeholders(len(chunk))+")", append(slices.Clip(args), anys(chunk)...)...)
+		if err != nil {
+			return nil, err
+		}
+		for _, id := range got {
+			found[id] = true
+		}
+	}
+	var out []string
+	for _, id := range ids {
+		if !found[id] {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
+
 // checkDevices asks check about every targeted device with recorded
 // component versions and fails the device actions of those it rejects.
-func (tx *Tx) checkDevices(ctx context.Context, tenant string, actionID int64, check func(map[string]string) string, now int64) (int, error) {
-	rows, err := tx.query(ctx, `SELECT d.id, d.components FROM device_actions da
+func (tx *Tx) checkDevices(ctx context.Context, tenant string, actionID int64, check func(map[string]string) string, now int64, phase *int) (int, error) {
+	q, args := `SELECT d.id, d.components FROM device_actions da
 		JOIN devices d ON d.tenant = da.tenant AND d.id = da.device_id
-		WHERE da.tenant = ? AND da.action_id = ? AND d.components <> '{}'`, tenant, actionID)
+		WHERE da.tenant = ? AND da.action_id = ? AND d.components <> '{}'`, []any{tenant, actionID}
+	if phase != nil {
+		q, args = q+" AND da.phase = ?", append(args, *phase)
+	}
+	rows, err := tx.query(ctx, q, args...)
 	if err != nil {
 		return 0, err
 	}
@@ -293,18 +320,14 @@ func (tx *Tx) cancelOnTargets(ctx context.Context, tenant string, actionID, canc
 }
 
 // CancelAction cancels every device action of action id that is not
-// final, and returns how many. Devices that have the action in flight must
-// be told: tell, a cancel_action of id (tell.CancelActionID), is dispatched
-// to exactly those in the same transaction and returned (nil when there are
-// none), to be sent like any action.
-func (db *DB) CancelAction(ctx context.Context, tenant string, id int64, tell *fleet.Dispatch) (*fleet.Action, int, error) {
-	if tell.Action != fleet.ActionCancel || tell.CancelActionID != id {
-		return nil, 0, fmt.Errorf("sqlstore: cancel of action %d tells devices with %s of action %d", id, tell.Action, tell.CancelActionID)
-	}
-	var n int64
-	var sent *fleet.Action
+// final, and aborts its rollout if it has one not done. Devices that have
+// the action in flight must be told: tell, a cancel_action of id
+// (tell.CancelActionID), is dispatched to exactly those in the same
+// transaction and returned (nil when there are none), to be sent like any
+// action.
+func (db *DB) CancelAction(ctx context.Context, tenant string, id int64, tell *fleet.Dispatch) (*fleet.Cancellation, error) {
+	var c *fleet.Cancellation
 	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		sent, n = nil, 0
 		var one int
 		err := tx.queryRow(ctx, "SELECT 1 FROM actions WHERE tenant = ? AND id = ?", tenant, id).Scan(&one)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -312,36 +335,65 @@ func (db *DB) CancelAction(ctx context.Context, tenant string, id int64, tell *f
 		} else if err != nil {
 			return err
 		}
-		var told int
-		if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+inFlight,
-			tenant, id).Scan(&told); err != nil {
+		if c, err = tx.cancel(ctx, tenant, id, tell); err != nil {
 			return err
 		}
-		if told > 0 {
-			// On PostgreSQL the devices may finish meanwhile: then none is
-			// left to tell.
-			if sent, err = tx.dispatch(ctx, tenant, tell, inFlightOf(tenant, id), true); err != nil {
-				return err
-			}
+		r, err := tx.rollout(ctx, tenant, id, lockWait)
+		if fleet.ErrorCode(err) == fleet.ECONFLICT {
+			err, r = nil, nil // no schedule
 		}
-		// What the cancellation did not reach was pending: it needs no word.
-		untold, err := tx.execCount(ctx, `UPDATE device_actions SET `+moveCancel.set+`, updated_at = ?
-			WHERE tenant = ? AND action_id = ? AND `+moveCancel.where, millis(tx.now), tenant, id)
 		if err != nil {
 			return err
 		}
-		n = untold
-		if sent != nil {
-			n += int64(sent.Targeted)
+		if r != nil && !r.Status.Done() {
+			r.Status = fleet.RolloutAborted
+			if err := tx.saveRollout(ctx, tenant, r, millis(tx.now)); err != nil {
+				return err
+			}
+			c.Aborted = &fleet.RolloutEvent{Event: fleet.RolloutEventAborted, ActionID: id, Action: r.Action, Status: string(r.Status),
+				Reason: "the action was cancelled", At: tx.now.UTC().Truncate(time.Millisecond)}
 		}
-		if n == 0 {
+		if c.Cancelled == 0 && c.Aborted == nil {
 			return nil // nothing left to cancel is not worth an audit row
 		}
-		details := map[string]any{"cancelled": n}
-		if sent != nil {
-			details["cancel_action"] = sent.ID
+		details := map[string]any{"cancelled": c.Cancelled}
+		if c.Sent != nil {
+			details["cancel_action"] = c.Sent.ID
 		}
 		return tx.audit(ctx, tenant, "action.cancel", "actions/"+strconv.FormatInt(id, 10), details)
 	})
-	return sent, int(n), err
+	return c, err
+}
+
+// cancel cancels every device action of action id that is not final;
+// see CancelAction.
+func (tx *Tx) cancel(ctx context.Context, tenant string, id int64, tell *fleet.Dispatch) (*fleet.Cancellation, error) {
+	if tell.Action != fleet.ActionCancel || tell.CancelActionID != id {
+		return nil, fmt.Errorf("sqlstore: cancel of action %d tells devices with %s of action %d", id, tell.Action, tell.CancelActionID)
+	}
+	c := &fleet.Cancellation{}
+	var told int
+	if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+inFlight,
+		tenant, id).Scan(&told); err != nil {
+		return nil, err
+	}
+	if told > 0 {
+		// On PostgreSQL the devices may finish meanwhile: then none is
+		// left to tell.
+		var err error
+		if c.Sent, err = tx.dispatch(ctx, tenant, tell, inFlightOf(tenant, id), true); err != nil {
+			return nil, err
+		}
+	}
+	// What the cancellation did not reach was not sent: it needs no word.
+	untold, err := tx.execCount(ctx, `UPDATE device_actions SET `+moveCancel.set+`, updated_at = ?
+		WHERE tenant = ? AND action_id = ? AND `+moveCancel.where, millis(tx.now), tenant, id)
+	if err != nil {
+		return nil, err
+	}
+	c.Cancelled = int(untold)
+	if c.Sent != nil {
+		c.Cancelled += c.Sent.Targeted
+	}
+	return c, nil
 }

@@ -9,6 +9,7 @@ package sqlstore
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/fleetd/fleet"
@@ -49,7 +50,9 @@ func moveOf(event fleet.Event, keep func(fleet.Transition) bool) move {
 	if t.To == fleet.StatusCompleted {
 		set += ", progress = 100"
 	}
-	if t.Deadline == fleet.DeadlineCleared {
+	if t.Deadline == fleet.DeadlineCleared && slices.ContainsFunc(from, func(s fleet.ActionStatus) bool { return slices.Contains(fleet.InFlight, s) }) {
+		// Only device actions in flight have a deadline; on SQLite, setting
+		// a column costs a write of every index that has it.
 		set += ", deadline = NULL"
 	}
 	return move{where: statusIn(from), set: set, t: t}
@@ -62,6 +65,8 @@ var (
 	moveCancel          = moveOf(fleet.EventCancel, nil)
 	moveTimeout         = moveOf(fleet.EventTimeout, nil)
 	moveNothingToCancel = moveOf(fleet.EventNothingToCancel, nil)
+	moveRelease         = moveOf(fleet.EventRelease, nil)
+	moveScheduleEnded   = moveOf(fleet.EventScheduleEnded, nil)
 )
 
 // Conditions on action_status the statements share.
@@ -70,8 +75,6 @@ var (
 	pending = statusIn(fleet.Sources(fleet.EventDelivered, nil))
 	// inFlight: the device has the action and has not finished it.
 	inFlight = statusIn(fleet.InFlight)
-	// initialStatus is the status and word of a new device action.
-	initialStatus = quote(string(fleet.StatusQueued))
 )
 
 // statusIn is the SQL condition that action_status is one of ss.

@@ -37,7 +37,8 @@ func scanAction(s scanner) (*fleet.Action, error) {
 	return &a, nil
 }
 
-// FindAction returns one action with its per-status counts.
+// FindAction returns one action with its per-status counts and, for a
+// rollout, its schedule and state.
 func (db *DB) FindAction(ctx context.Context, tenant string, id int64) (*fleet.Action, error) {
 	a, err := scanAction(db.queryRow(ctx, "SELECT "+actionColumns+" FROM actions WHERE tenant = ? AND id = ?", tenant, id))
 	if errors.Is(err, sql.ErrNoRows) {
@@ -45,67 +46,83 @@ func (db *DB) FindAction(ctx context.Context, tenant string, id int64) (*fleet.A
 	} else if err != nil {
 		return nil, db.classify(err)
 	}
-	if a.Statuses, err = db.actionStatuses(ctx, tenant, id); err != nil {
+	if err := db.describeActions(ctx, tenant, []*fleet.Action{a}); err != nil {
 		return nil, err
 	}
 	return a, nil
 }
 
-// FindActions lists actions, newest first, with their per-status counts.
+// FindActions lists actions, newest first, as FindAction shows them.
 func (db *DB) FindActions(ctx context.Context, tenant string, f fleet.ActionFilter) ([]*fleet.Action, int, error) {
 	cond, args := "tenant = ?", []any{tenant}
 	if f.Action != "" {
 		cond += " AND action = ?"
 		args = append(args, f.Action)
 	}
+	if f.Incomplete {
+		// An index range of the action's live statuses each.
+		cond += " AND EXISTS (SELECT 1 FROM device_actions da WHERE da.tenant = actions.tenant AND da.action_id = actions.id AND da." +
+			statusIn(liveStatuses) + ")"
+	}
 	acts, count, err := findPage(ctx, db, "SELECT count(*) FROM actions WHERE "+cond,
 		"SELECT "+actionColumns+" FROM actions WHERE "+cond+" ORDER BY id DESC", args, f.Page, scanAction)
 	if err != nil || len(acts) == 0 {
 		return acts, count, err
 	}
+	return acts, count, db.describeActions(ctx, tenant, acts)
+}
+
+// describeActions adds to acts their counts per status (and per phase),
+// from the index alone, and their rollouts.
+func (db *DB) describeActions(ctx context.Context, tenant string, acts []*fleet.Action) error {
 	byID := make(map[int64]*fleet.Action, len(acts))
 	ids := make([]any, 0, len(acts)+1)
 	ids = append(ids, tenant)
 	for _, a := range acts {
-		a.Statuses = map[string]int{}
+		a.Statuses, a.StatusesPhased = map[string]int{}, map[string]map[string]int{}
 		byID[a.ID] = a
 		ids = append(ids, a.ID)
 	}
-	srows, err := db.query(ctx, "SELECT action_id, action_status, count(*) FROM device_actions WHERE tenant = ? AND action_id IN ("+
-		placeholders(len(acts))+") GROUP BY action_id, action_status", ids...)
+	in := "tenant = ? AND action_id IN (" + placeholders(len(acts)) + ")"
+	rows, err := db.query(ctx, "SELECT "+rolloutColumns+` FROM rollouts r JOIN actions a ON a.tenant = r.tenant AND a.id = r.action_id
+		WHERE r.`+in, ids...)
 	if err != nil {
-		return nil, 0, db.classify(err)
+		return db.classify(err)
+	}
+	rollouts, err := scanAll(rows, scanRollout)
+	if err != nil {
+		return db.classify(err)
+	}
+	phased := map[int64]bool{}
+	for _, r := range rollouts {
+		byID[r.ActionID].SetRollout(r)
+		phased[r.ActionID] = true
+	}
+	srows, err := db.query(ctx, "SELECT action_id, action_status, phase, count(*) FROM device_actions WHERE "+in+
+		" GROUP BY action_id, action_status, phase", ids...)
+	if err != nil {
+		return db.classify(err)
 	}
 	defer srows.Close()
 	for srows.Next() {
 		var id int64
 		var status string
-		var n int
-		if err := srows.Scan(&id, &status, &n); err != nil {
-			return nil, 0, err
+		var phase, n int
+		if err := srows.Scan(&id, &status, &phase, &n); err != nil {
+			return err
 		}
-		byID[id].Statuses[status] = n
-	}
-	return acts, count, srows.Err()
-}
-
-// actionStatuses counts an action's device actions per status.
-func (db *DB) actionStatuses(ctx context.Context, tenant string, id int64) (map[string]int, error) {
-	rows, err := db.query(ctx, "SELECT action_status, count(*) FROM device_actions WHERE tenant = ? AND action_id = ? GROUP BY action_status", tenant, id)
-	if err != nil {
-		return nil, db.classify(err)
-	}
-	defer rows.Close()
-	out := map[string]int{}
-	for rows.Next() {
-		var status string
-		var n int
-		if err := rows.Scan(&status, &n); err != nil {
-			return nil, err
+		a := byID[id]
+		a.Statuses[status] += n
+		key := "-1"
+		if phased[id] {
+			key = strconv.Itoa(phase)
 		}
-		out[status] = n
+		if a.StatusesPhased[key] == nil {
+			a.StatusesPhased[key] = map[string]int{}
+		}
+		a.StatusesPhased[key][status] += n
 	}
-	return out, rows.Err()
+	return srows.Err()
 }
 
 // finalSortIndexes are the indexes of migration 0009 by sort column.
@@ -130,7 +147,7 @@ var deviceActionSorts = map[string]string{
 	"errors":     "error_count",
 }
 
-const deviceActionColumns = `action_id, device_id, type, status, action_status, progress, errors, user_email, user_name,
+const deviceActionColumns = `action_id, device_id, type, status, action_status, phase, progress, errors, user_email, user_name,
 	serial_metadata, created_at, updated_at`
 
 // FindDeviceActions lists the device actions of one device (S7) or of one
@@ -305,7 +322,7 @@ func scanDeviceAction(s scanner) (*fleet.DeviceAction, error) {
 	var da fleet.DeviceAction
 	var errs, meta string
 	var created, updated int64
-	if err := s.Scan(&da.ActionID, &da.DeviceID, &da.Type, &da.Status, &da.ActionStatus, &da.Progress, &errs,
+	if err := s.Scan(&da.ActionID, &da.DeviceID, &da.Type, &da.Status, &da.ActionStatus, &da.Phase, &da.Progress, &errs,
 		&da.UserEmail, &da.UserName, &meta, &created, &updated, &da.Params); err != nil {
 		return nil, err
 	}

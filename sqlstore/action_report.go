@@ -247,6 +247,9 @@ func (tx *Tx) loadReportRows(ctx context.Context, tenant string, actionID, timeo
 		if err := unmarshalObject(row.errsText, &row.state.Errors); err != nil {
 			return fmt.Errorf("device action %d/%s errors: %w", actionID, dev, err)
 		}
+		if !row.state.ActionStatus.Sent() {
+			continue // a report on it is on an action not sent to the device
+		}
 		rows[reportKey{actionID, dev}] = &row
 	}
 	return q.Err()

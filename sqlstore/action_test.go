@@ -228,7 +228,7 @@ func TestDispatch(t *testing.T) {
 			wantCode(t, err, fleet.ENOTFOUND)
 			_, _, err = db.FindDeviceActions(ctx, "beta", fleet.DeviceActionFilter{DeviceID: "valve-1", Page: fleet.Page{Page: 1, Limit: 5}})
 			wantCode(t, err, fleet.ENOTFOUND)
-			_, _, err = db.CancelAction(ctx, "beta", 5, tell(5, "reboot"))
+			_, err = db.CancelAction(ctx, "beta", 5, tell(5, "reboot"))
 			wantCode(t, err, fleet.ENOTFOUND)
 			errs, err := db.ReportStatus(ctx, "beta", []fleet.StatusReport{{DeviceID: "valve-1", ActionID: 2, State: "Running"}})
 			if err != nil {
@@ -580,7 +580,8 @@ func TestCancel(t *testing.T) {
 			fleet.StatusReport{DeviceID: "busy", ActionID: a.ID, State: "Running"},
 			fleet.StatusReport{DeviceID: "done", ActionID: a.ID, State: "Completed"})
 
-		ca, n, err := db.CancelAction(ctx, "acme", a.ID, tell(a.ID, "reboot"))
+		c, err := db.CancelAction(ctx, "acme", a.ID, tell(a.ID, "reboot"))
+		ca, n := c.Sent, c.Cancelled
 		if err != nil || n != 3 || ca == nil {
 			t.Fatalf("cancelled %d, %v; want 3 and a cancel_action", n, err)
 		}
@@ -611,21 +612,21 @@ func TestCancel(t *testing.T) {
 		}
 		// Reports after a cancel are ignored; cancelling again changes nothing.
 		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "busy", ActionID: a.ID, State: "Completed"})
-		if ca, n, err := db.CancelAction(ctx, "acme", a.ID, tell(a.ID, "reboot")); err != nil || n != 0 || ca != nil {
-			t.Fatalf("second cancel: %v, %d, %v", ca, n, err)
+		if c, err := db.CancelAction(ctx, "acme", a.ID, tell(a.ID, "reboot")); err != nil || c.Cancelled != 0 || c.Sent != nil {
+			t.Fatalf("second cancel: %+v, %v", c, err)
 		}
 		if da, _ := db.FindDeviceAction(ctx, "acme", a.ID, "busy"); da.ActionStatus != fleet.StatusCancelled {
 			t.Fatalf("busy = %+v", da)
 		}
 		// Queued only: nobody to tell, no cancel_action, no id used.
 		q := mustDispatch(t, db, "acme", dispatch("reboot", "default", "queued"))
-		if ca, n, err := db.CancelAction(ctx, "acme", q.ID, tell(q.ID, "reboot")); err != nil || n != 1 || ca != nil {
-			t.Fatalf("cancel of a queued action: %v, %d, %v", ca, n, err)
+		if c, err := db.CancelAction(ctx, "acme", q.ID, tell(q.ID, "reboot")); err != nil || c.Cancelled != 1 || c.Sent != nil {
+			t.Fatalf("cancel of a queued action: %+v, %v", c, err)
 		}
 		if next := mustDispatch(t, db, "acme", dispatch("reboot", "default", "queued")); next.ID != q.ID+1 {
 			t.Fatalf("next id %d, want %d", next.ID, q.ID+1)
 		}
-		_, _, err = db.CancelAction(ctx, "acme", 99, tell(99, "reboot"))
+		_, err = db.CancelAction(ctx, "acme", 99, tell(99, "reboot"))
 		wantCode(t, err, fleet.ENOTFOUND)
 		logs, _, _ := db.FindAuditLogs(ctx, "acme", fleet.AuditFilter{Actor: "boss", Page: fleet.Page{Page: 1, Limit: 10}})
 		if len(logs) != 3 || logs[0].Action != "action.cancel" || logs[1].Action != "action.cancel" || logs[2].Action != "action.dispatch" {

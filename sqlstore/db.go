@@ -94,6 +94,9 @@ func Open(ctx context.Context, dsn string, opt Options) (*DB, error) {
 	} else {
 		db.dialect = sqlite
 		writers = 1
+		if err := registerSQLiteFunctions(); err != nil {
+			return nil, fmt.Errorf("sqlite functions: %w", err)
+		}
 		if err := os.MkdirAll(filepath.Dir(dsn), 0o755); err != nil {
 			return nil, fmt.Errorf("create database directory: %w", err)
 		}
@@ -541,9 +544,15 @@ func anys(ss []string) []any {
 }
 
 func (db *DB) strings(ctx context.Context, query string, args ...any) ([]string, error) {
-	rows, err := db.query(ctx, query, args...)
+	out, err := queryStrings(ctx, db, query, args...)
+	return out, db.classify(err)
+}
+
+// queryStrings reads the one text column of the rows query selects.
+func queryStrings(ctx context.Context, q querier, query string, args ...any) ([]string, error) {
+	rows, err := q.query(ctx, query, args...)
 	if err != nil {
-		return nil, db.classify(err)
+		return nil, err
 	}
 	defer rows.Close()
 	var out []string

@@ -50,10 +50,20 @@ func (lc *lifecycle) drive(tr fleet.Transition, later func()) int64 {
 	t.Helper()
 	d := dispatch("reboot", "default", "dev")
 	d.Timeout = lifecycleTimeout
+	if tr.From == fleet.StatusScheduled {
+		// A rollout whose first phase, dev's, an operator triggers, and
+		// which ends 5 seconds after it starts.
+		d = dispatch("reboot", "default", "dev", "other")
+		d.Timeout = lifecycleTimeout
+		d.Schedule = &fleet.Schedule{EndTimestamp: lc.start.Add(5 * time.Second).UnixMilli(), Phases: []fleet.Phase{
+			{Name: "dev", TriggerOn: fleet.Trigger{Type: fleet.TriggerManual}, Info: fleet.PhaseInfo{Type: fleet.PhaseFixedList, DeviceIDs: []string{"dev"}}},
+			{Name: "rest", TriggerOn: fleet.Trigger{Type: fleet.TriggerManual}, Info: fleet.PhaseInfo{Type: fleet.PhasePercentage, Percentage: 100}},
+		}}
+	}
 	switch tr.Event {
 	case fleet.EventRefused, fleet.EventNothingToCancel:
 		// Events of the dispatch itself, on a record it has just made.
-		if tr.From != fleet.StatusQueued {
+		if tr.From != fleet.StatusQueued && (tr.From != fleet.StatusScheduled || tr.Event != fleet.EventRefused) {
 			t.Fatalf("%s happens at dispatch, to a new device action; from %s is not driven", tr.Event, tr.From)
 		}
 		later()
@@ -69,6 +79,10 @@ func (lc *lifecycle) drive(tr fleet.Transition, later func()) int64 {
 	}
 	a := mustDispatch(t, lc.db, "acme", d)
 	switch tr.From {
+	case fleet.StatusScheduled:
+		if da, _ := lc.db.FindDeviceAction(lc.ctx, "acme", a.ID, "dev"); da.ActionStatus != fleet.StatusScheduled {
+			t.Fatalf("a rollout's device action is %s at dispatch", da.ActionStatus)
+		}
 	case fleet.StatusQueued:
 	case fleet.StatusInitiated:
 		lc.deliver(a.ID)
@@ -89,16 +103,24 @@ func (lc *lifecycle) drive(tr fleet.Transition, later func()) int64 {
 	case fleet.EventFailed:
 		mustReport(t, lc.db, "acme", fleet.StatusReport{DeviceID: "dev", ActionID: a.ID, State: "Failed"})
 	case fleet.EventCancel:
-		sent, _, err := lc.db.CancelAction(lc.ctx, "acme", a.ID, tell(a.ID, "reboot"))
+		c, err := lc.db.CancelAction(lc.ctx, "acme", a.ID, tell(a.ID, "reboot"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if told := sent != nil && sent.Targeted == 1; told != tr.TellDevice {
+		if told := c.Sent != nil && c.Sent.Targeted == 1; told != tr.TellDevice {
 			t.Fatalf("the device was sent a cancel_action: %v, want %v", told, tr.TellDevice)
 		}
 	case fleet.EventTimeout:
 		if n, err := lc.db.TimeOutDeviceActions(lc.ctx, lc.start.Add(lifecycleTimeout*time.Second), 10); err != nil || n != 1 {
 			t.Fatalf("timed out %d, %v; want 1", n, err)
+		}
+	case fleet.EventRelease:
+		if c, err := lc.db.TriggerNextPhase(lc.ctx, "acme", a.ID, lc.start.Add(time.Second)); err != nil || c.Step.Kind != fleet.StepTrigger {
+			t.Fatalf("trigger: %+v, %v", c, err)
+		}
+	case fleet.EventScheduleEnded:
+		if c, err := lc.db.AdvanceRollout(lc.ctx, "acme", a.ID, lc.start.Add(5*time.Second)); err != nil || c.Step.Kind != fleet.StepEnd {
+			t.Fatalf("advance at the end: %+v, %v", c, err)
 		}
 	default:
 		t.Fatalf("no way to make %s happen", tr.Event)

@@ -35,6 +35,7 @@ type config struct {
 	publicURL string
 
 	sweepInterval time.Duration // of the action timeout sweeper
+	rolloutTick   time.Duration // between looks at the rollouts
 
 	// An external broker and many replicas (broker.go).
 	scale scaleConfig
@@ -64,6 +65,7 @@ func (c *config) serveFlags(fs *flagSet) {
 	fs.Int64Var(&c.maxUpload, "max-upload-bytes", 2<<30, "largest firmware upload in `BYTES`")
 	fs.StringVar(&c.publicURL, "public-url", "", "`URL` (scheme and host) devices reach the API at, for signed firmware download URLs; default: the URL the dispatching request used")
 	fs.DurationVar(&c.sweepInterval, "action-sweep-interval", time.Second, "`DURATION` between sweeps that fail device actions whose timeout elapsed")
+	fs.DurationVar(&c.rolloutTick, "rollout-interval", time.Second, "`DURATION` between looks at the rollouts: triggers, gates, maintenance windows, end_timestamp")
 	c.alertFlags(fs)
 	c.scale.flags(fs)
 	c.sec.flags(fs)
@@ -98,6 +100,8 @@ func (c *config) checkAlerts() error {
 		return fmt.Errorf("--notify-max-attempts must be at least 1, --notify-backoff positive and at most --notify-max-backoff")
 	case c.alertTick <= 0:
 		return fmt.Errorf("--alert-timer-interval must be positive")
+	case c.rolloutTick <= 0:
+		return fmt.Errorf("--rollout-interval must be positive")
 	}
 	return nil
 }

@@ -165,6 +165,24 @@ var endpoints = map[string]endpoint{
 	"POST /api/v1/actions/{id}/cancel": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		return fmt.Sprintf("/api/v1/actions/%d/cancel", s.dispatch(t, w.admin, map[string]any{"action": "c", "params": map[string]any{}, "search_type": "default", "device_ids": []string{w.device}})), nil
 	}},
+	"POST /api/v1/actions/{id}/pause": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		return fmt.Sprintf("/api/v1/actions/%d/pause", rolloutOf(t, s, w)), nil
+	}},
+	"POST /api/v1/actions/{id}/resume": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		id := rolloutOf(t, s, w)
+		s.do(t, w.admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil).want(t, 204)
+		return fmt.Sprintf("/api/v1/actions/%d/resume", id), nil
+	}},
+	"POST /api/v1/actions/{id}/abort": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		return fmt.Sprintf("/api/v1/actions/%d/abort", rolloutOf(t, s, w)), nil
+	}},
+	"POST /api/v1/actions/{id}/trigger_next_phase": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		return fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", rolloutOf(t, s, w)), nil
+	}},
+	"POST /api/v1/actions/{id}/append_phase": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		return fmt.Sprintf("/api/v1/actions/%d/append_phase", rolloutOf(t, s, w)), map[string]any{"name": "more-" + w.mark,
+			"trigger_on": map[string]any{"type": "manual"}, "info": map[string]any{"type": "fixed_list", "device_ids": []string{w.name + "-dev-2"}}}
+	}},
 	"GET /api/v1/devices/{device_id}/actions": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/api/v1/devices/" + w.device + "/actions?sort_by=updated_at&sort_order=asc", nil
 	}},
@@ -263,6 +281,16 @@ var endpoints = map[string]endpoint{
 		return "/api/v1/tenants/" + w.name + "/auth", nil
 	}},
 	"GET /api/v1/audit-logs": {perm: "admin", other: 200, prepare: static("/api/v1/audit-logs?limit=1000")},
+}
+
+// rolloutOf dispatches a fresh rollout to w's device whose one phase an
+// operator triggers, and returns its id.
+func rolloutOf(t *testing.T, s *testServer, w *world) int64 {
+	t.Helper()
+	return s.dispatch(t, w.admin, map[string]any{"action": "roll-" + w.mark, "params": map[string]any{"note": w.mark}, "search_type": "default",
+		"device_ids": []string{w.device}, "schedule": map[string]any{"release_notes": "notes " + w.mark, "phases": []any{
+			map[string]any{"name": "only-" + w.mark, "trigger_on": map[string]any{"type": "manual"},
+				"info": map[string]any{"type": "fixed_list", "device_ids": []string{w.device}}}}}})
 }
 
 // pendingBundle makes a pending bundle record of w, with its archive

@@ -42,6 +42,8 @@ func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweep
 	counter("fleetd_status_reports_total", "status reports received over HTTP and MQTT", func() float64 { return float64(actions.Stats().Reports) })
 	counter("fleetd_status_reports_rejected_total", "status reports refused: unknown action or device, or invalid",
 		func() float64 { return float64(actions.Stats().Rejected) })
+	counter("fleetd_rollout_events_total", "rollouts' changes of state this replica made: phases triggered, pauses, resumptions, completions, aborts",
+		func() float64 { return float64(actions.Stats().RolloutEvents) })
 	counter("fleetd_device_actions_timed_out_total", "device actions this replica failed because their timeout elapsed",
 		func() float64 { return float64(sweeper.TimedOut()) })
 

@@ -122,8 +122,9 @@ func runServe(ctx context.Context, args []string, e env) error {
 	}
 	defer broker.Close() // before actions.Close: no device may call in after it
 	sweeper := &action.Sweeper{Store: db, Interval: c.sweepInterval, Logger: log}
-	loops.Add(1)
+	loops.Add(2)
 	go func() { defer loops.Done(); sweeper.Run(loopCtx) }()
+	go func() { defer loops.Done(); actions.RunRollouts(loopCtx, c.rolloutTick) }()
 
 	// End users of tenants that configured S9 sign in with bearer tokens.
 	users := &enduser.Authenticator{Store: db, Logger: log}

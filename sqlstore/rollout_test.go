@@ -1,0 +1,252 @@
+package sqlstore_test
+
+import (
+	"context"
+	"crypto/md5"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/sqlstore"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+func fixed(name, trigger string, ids ...string) fleet.Phase {
+	return fleet.Phase{Name: name, TriggerOn: fleet.Trigger{Type: trigger}, Info: fleet.PhaseInfo{Type: fleet.PhaseFixedList, DeviceIDs: ids}}
+}
+
+func share(name, trigger string, pct int) fleet.Phase {
+	return fleet.Phase{Name: name, TriggerOn: fleet.Trigger{Type: trigger}, Info: fleet.PhaseInfo{Type: fleet.PhasePercentage, Percentage: pct}}
+}
+
+// phasesOf returns each device's phase in action id.
+func phasesOf(t *testing.T, db *sqlstore.DB, tenant string, id int64) map[string]int {
+	t.Helper()
+	das, _, err := db.FindDeviceActions(context.Background(), tenant, fleet.DeviceActionFilter{ActionID: id, Page: fleet.Page{Page: 1, Limit: 1000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, da := range das {
+		out[da.DeviceID] = da.Phase
+	}
+	return out
+}
+
+// rankOrder sorts ids as percentage phases take them.
+func rankOrder(ids []string) []string {
+	rank := func(id string) int64 {
+		sum := md5.Sum([]byte(id))
+		return int64(binary.BigEndian.Uint64(sum[:8]))
+	}
+	out := slices.Clone(ids)
+	sort.Slice(out, func(i, j int) bool { return rank(out[i]) < rank(out[j]) })
+	return out
+}
+
+// TestRolloutPhases checks how dispatch partitions a rollout's targets:
+// fixed lists first, then each percentage's cumulative quota, rounded up,
+// in the stable order of the ids' MD5, the same on SQLite and PostgreSQL.
+func TestRolloutPhases(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, _ := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		devs := map[string]map[string]string{}
+		var ids []string
+		for i := range 20 {
+			id := fmt.Sprintf("pump-%02d", i)
+			devs[id], ids = nil, append(ids, id)
+		}
+		mustDevices(t, db, "acme", devs)
+
+		d := dispatch("update", "all")
+		d.Schedule = &fleet.Schedule{Phases: []fleet.Phase{
+			fixed("canary", fleet.TriggerManual, "pump-07", "pump-13"),
+			share("quarter", fleet.TriggerManual, 25), // 5 of 20: 3 more
+			fixed("late", fleet.TriggerManual, "pump-01"),
+			share("everyone", fleet.TriggerManual, 100),
+		}}
+		a := mustDispatch(t, db, "acme", d)
+		if a.Targeted != 20 || a.Statuses["Scheduled"] != 20 || a.Status != fleet.RolloutScheduled {
+			t.Fatalf("dispatched %+v", a)
+		}
+		got := phasesOf(t, db, "acme", a.ID)
+		want := map[string]int{"pump-07": 0, "pump-13": 0, "pump-01": 2}
+		var rest []string
+		for _, id := range rankOrder(ids) {
+			if _, ok := want[id]; !ok {
+				rest = append(rest, id)
+			}
+		}
+		for i, id := range rest {
+			want[id] = 3
+			if i < 3 {
+				want[id] = 1
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("phases\n got %v\nwant %v", got, want)
+		}
+		full, _ := db.FindAction(ctx, "acme", a.ID)
+		if fmt.Sprint(full.StatusesPhased) != "map[0:map[Scheduled:2] 1:map[Scheduled:3] 2:map[Scheduled:1] 3:map[Scheduled:14]]" ||
+			fmt.Sprint(full.PhasesTriggered) != "[false false false false]" || *full.NextPhaseIndex != 0 {
+			t.Fatalf("action %+v", full)
+		}
+
+		t.Run("Unphased", func(t *testing.T) {
+			u := mustDispatch(t, db, "acme", dispatch("reboot", "default", "pump-01"))
+			full, _ := db.FindAction(ctx, "acme", u.ID)
+			if fmt.Sprint(full.StatusesPhased) != "map[-1:map[Queued:1]]" || full.Schedule != nil || full.Status != "" {
+				t.Fatalf("unphased action %+v", full)
+			}
+		})
+		t.Run("NotTargets", func(t *testing.T) {
+			d := dispatch("update", "default", "pump-01", "pump-02")
+			d.Schedule = &fleet.Schedule{Phases: []fleet.Phase{fixed("c", fleet.TriggerNow, "pump-01", "pump-03", "ghost"), share("all", fleet.TriggerNow, 100)}}
+			_, err := db.DispatchAction(ctx, "acme", d)
+			if e, ok := err.(*fleet.Error); !ok || e.Code != fleet.EINVALID || e.Fields["schedule.phases[0].info.device_ids"] != "not targets of the dispatch: pump-03, ghost" {
+				t.Fatalf("err = %#v", err)
+			}
+		})
+		t.Run("NotPartitioned", func(t *testing.T) {
+			d := dispatch("update", "all")
+			d.Schedule = &fleet.Schedule{Phases: []fleet.Phase{share("half", fleet.TriggerNow, 50)}}
+			_, err := db.DispatchAction(ctx, "acme", d)
+			wantCode(t, err, fleet.EINVALID)
+		})
+		t.Run("CanaryRoundsUp", func(t *testing.T) {
+			d := dispatch("update", "all")
+			d.Schedule = &fleet.Schedule{Phases: []fleet.Phase{share("one", fleet.TriggerManual, 1), share("all", fleet.TriggerManual, 100)}}
+			a := mustDispatch(t, db, "acme", d)
+			full, _ := db.FindAction(ctx, "acme", a.ID)
+			if fmt.Sprint(full.StatusesPhased) != "map[0:map[Scheduled:1] 1:map[Scheduled:19]]" {
+				t.Fatalf("1%% of 20 devices: %v", full.StatusesPhased)
+			}
+		})
+	})
+}
+
+// TestRolloutSteps drives a rollout through the store: triggers, a
+// failure-rate gate that pauses, resume waiving it, reports on
+// unreleased device actions, append_phase, abort.
+func TestRolloutSteps(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, clk := mustOpen(t, b)
+		ctx := fleet.NewContextWithActor(context.Background(), &fleet.Actor{Tenant: "acme", Role: fleet.RoleOperator, UserName: "ops"})
+		mustTenant(t, db, "acme")
+		mustDevices(t, db, "acme", map[string]map[string]string{"a": nil, "b": nil, "c": nil, "d": nil, "e": nil, "f": nil})
+		rate := 0.4
+		d := dispatch("update", "default", "a", "b", "c", "d", "e")
+		d.Schedule = &fleet.Schedule{Phases: []fleet.Phase{
+			fixed("canary", fleet.TriggerNow, "a", "b"),
+			{Name: "rest", TriggerOn: fleet.Trigger{Type: fleet.TriggerAfterPrevious, WaitSeconds: 60},
+				Info: fleet.PhaseInfo{Type: fleet.PhasePercentage, Percentage: 100}, Gate: &fleet.Gate{MaxFailureRate: &rate, MinFinished: 2}},
+		}}
+		a := mustDispatch(t, db, "acme", d)
+		step := func(want fleet.StepKind) *fleet.RolloutChange {
+			t.Helper()
+			c, err := db.AdvanceRollout(ctx, "acme", a.ID, clk.Now())
+			if err != nil || c.Step.Kind != want {
+				t.Fatalf("step %+v, %v; want kind %d", c, err, want)
+			}
+			return c
+		}
+		c := step(fleet.StepTrigger)
+		if c.Event.Released != 2 || !c.Deliver || c.Action == nil || *c.Event.Phase != 0 {
+			t.Fatalf("trigger %+v", c)
+		}
+		step(fleet.StepWait)
+		// c, in phase 1, is Scheduled: not sent, so a report on it is an
+		// action not sent to the device.
+		errs, err := db.ReportStatus(ctx, "acme", []fleet.StatusReport{{DeviceID: "c", ActionID: a.ID, State: "Running"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantCode(t, errs[0], fleet.ENOTFOUND)
+		pend, _ := db.PendingDevices(ctx, "acme", a.ID, nil)
+		sort.Strings(pend)
+		if fmt.Sprint(pend) != "[a b]" {
+			t.Fatalf("pending %v", pend)
+		}
+
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "a", ActionID: a.ID, State: "Completed"})
+		clk.Add(10 * time.Second)
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "b", ActionID: a.ID, State: "Failed"})
+		clk.Add(59 * time.Second)
+		step(fleet.StepWait) // 59 s after the canary finished
+		clk.Add(time.Second)
+		c = step(fleet.StepPause)
+		if want := "phase 1 (rest) not released: 1 of 2 finished devices failed (50% > 40%)"; c.Event.Reason != want {
+			t.Fatalf("paused: %q, want %q", c.Event.Reason, want)
+		}
+		full, _ := db.FindAction(ctx, "acme", a.ID)
+		if full.Status != fleet.RolloutPaused || full.PauseReason != c.Event.Reason {
+			t.Fatalf("paused action %+v", full)
+		}
+		_, err = db.PauseRollout(ctx, "acme", a.ID, clk.Now())
+		wantCode(t, err, fleet.ECONFLICT)
+		_, err = db.TriggerNextPhase(ctx, "acme", a.ID, clk.Now())
+		wantCode(t, err, fleet.ECONFLICT)
+
+		if _, err := db.ResumeRollout(ctx, "acme", a.ID, clk.Now()); err != nil {
+			t.Fatal(err)
+		}
+		c = step(fleet.StepTrigger) // the gate is waived
+		if c.Event.Released != 3 {
+			t.Fatalf("released %d", c.Event.Released)
+		}
+		_, err = db.TriggerNextPhase(ctx, "acme", a.ID, clk.Now())
+		wantCode(t, err, fleet.ECONFLICT)
+
+		// A phase of a new device; a device already targeted is refused.
+		_, err = db.AppendPhase(ctx, "acme", a.ID, fixed("more", fleet.TriggerManual, "f", "a"), nil, clk.Now())
+		wantCode(t, err, fleet.EINVALID)
+		if _, err := db.AppendPhase(ctx, "acme", a.ID, fixed("more", fleet.TriggerManual, "f"), nil, clk.Now()); err != nil {
+			t.Fatal(err)
+		}
+		full, _ = db.FindAction(ctx, "acme", a.ID)
+		if full.Targeted != 6 || len(full.Schedule.Phases) != 3 || full.StatusesPhased["2"]["Scheduled"] != 1 || *full.NextPhaseIndex != 2 {
+			t.Fatalf("after append %+v", full)
+		}
+		step(fleet.StepWait) // manual
+		if c, err := db.TriggerNextPhase(ctx, "acme", a.ID, clk.Now()); err != nil || c.Event.Released != 1 {
+			t.Fatalf("manual trigger: %+v, %v", c, err)
+		}
+
+		c, err = db.AbortRollout(ctx, "acme", a.ID, tell(a.ID, "update"), clk.Now())
+		if err != nil || c.Event.Event != fleet.RolloutEventAborted {
+			t.Fatalf("abort: %+v, %v", c, err)
+		}
+		_, err = db.AbortRollout(ctx, "acme", a.ID, tell(a.ID, "update"), clk.Now())
+		wantCode(t, err, fleet.ECONFLICT)
+		full, _ = db.FindAction(ctx, "acme", a.ID)
+		if full.Status != fleet.RolloutAborted || full.Statuses["Cancelled"] != 4 {
+			t.Fatalf("aborted %+v", full)
+		}
+		step(fleet.StepWait)
+
+		logs, _, _ := db.FindAuditLogs(ctx, "acme", fleet.AuditFilter{Actor: "ops", Page: fleet.Page{Page: 1, Limit: 20}})
+		var names []string
+		for _, l := range logs {
+			names = append(names, l.Action)
+		}
+		if fmt.Sprint(names) != "[rollout.abort rollout.trigger_next_phase rollout.append_phase rollout.resume]" {
+			t.Fatalf("audit %v", names)
+		}
+
+		t.Run("Incomplete", func(t *testing.T) {
+			done := mustDispatch(t, db, "acme", dispatch("x", "default", "a"))
+			mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "a", ActionID: done.ID, State: "Completed"})
+			live := mustDispatch(t, db, "acme", dispatch("x", "default", "a"))
+			acts, n, err := db.FindActions(ctx, "acme", fleet.ActionFilter{Incomplete: true, Page: fleet.Page{Page: 1, Limit: 10}})
+			if err != nil || n != 1 || acts[0].ID != live.ID {
+				t.Fatalf("incomplete: %d, %v", n, err)
+			}
+		})
+	})
+}
