@@ -499,14 +499,29 @@ type ActionService interface {
 	RolloutService
 }
 
-// ActionDelivery is what the device channel tells the action service.
+// ActionDelivery is what the device channel tells the action service, and
+// asks of it.
 type ActionDelivery interface {
 	// DeviceSubscribed is called when a device subscribed to its actions:
-	// what is queued for it is sent now. It may take a while.
+	// it can be sent dispatches now. The channel then reads what is queued
+	// for it with PendingMessages.
 	DeviceSubscribed(tenant, device string)
+	// PendingMessages returns the messages of up to limit actions Queued
+	// for the device whose ids are above after, oldest first. The
+	// acknowledgements ActionDelivered was given before the call are
+	// recorded first, so an action the device acknowledged is not among
+	// them.
+	PendingMessages(ctx context.Context, tenant, device string, after int64, limit int) ([]ActionMessage, error)
 	// ActionDelivered is called when a device acknowledged an action
 	// message; it must not block for long.
 	ActionDelivered(tenant, device string, actionID int64)
+}
+
+// ActionMessage is an action as the device channel sends it: its id, and
+// the message the device receives.
+type ActionMessage struct {
+	ActionID int64
+	Payload  []byte
 }
 
 // ActionReceipt is a device's acknowledgement of an action message.

@@ -57,7 +57,9 @@ type Store interface {
 	// PendingDevices returns the devices, among candidates (all when nil),
 	// for which the action is Queued.
 	PendingDevices(ctx context.Context, tenant string, actionID int64, candidates []string) ([]string, error)
-	PendingActions(ctx context.Context, tenant, device string) ([]fleet.PendingAction, error)
+	// PendingActions returns up to limit actions Queued for the device
+	// above after, oldest first.
+	PendingActions(ctx context.Context, tenant, device string, after int64, limit int) ([]fleet.PendingAction, error)
 	MarkDelivered(ctx context.Context, receipts []fleet.ActionReceipt) error
 	TimeOutDeviceActions(ctx context.Context, now time.Time, limit int) (int, error)
 	// TouchDevices records that devices were seen at t.
@@ -104,7 +106,8 @@ type Service struct {
 
 	online   onlineSet
 	receipts chan fleet.ActionReceipt
-	reports  chan *reportCall // unbuffered: a sent call always has a worker
+	flushes  chan chan struct{} // PendingMessages waiting for the receipts before it
+	reports  chan *reportCall   // unbuffered: a sent call always has a worker
 	sightMu  sync.Mutex
 	sighted  map[string]map[string]struct{} // tenant -> devices that reported
 	ctx      context.Context                // ends with Close
@@ -184,6 +187,7 @@ func (s *Service) Open() {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.receipts = make(chan fleet.ActionReceipt, 64*maxReceiptBatch)
+	s.flushes = make(chan chan struct{})
 	s.reports = make(chan *reportCall)
 	s.sighted = map[string]map[string]struct{}{}
 	s.rolloutUntil = map[fleet.RolloutRef]time.Time{}
@@ -385,54 +389,67 @@ func (s *Service) deliver(tenant string, id int64, targeted int, payload []byte)
 	wg.Wait()
 }
 
-// DeviceSubscribed sends a device the actions Queued for it, oldest
-// first. A device far behind (the broker's in-flight window is full) is
-// waited for, briefly; what is left is sent when it subscribes again.
+// DeviceSubscribed records that the device is connected, so that
+// dispatches are handed to it; the channel reads its backlog with
+// PendingMessages.
 func (s *Service) DeviceSubscribed(tenant, device string) {
 	if !s.presenceUnknown() {
 		s.online.add(tenant, device)
 	}
-	if s.Sender == nil || s.ctx.Err() != nil {
-		return
-	}
-	pending, err := s.Store.PendingActions(s.ctx, tenant, device)
-	if err != nil {
-		if s.ctx.Err() == nil {
-			s.Logger.Error("action redelivery: find the device's pending actions", "tenant", tenant, "device", device, "err", err)
-		}
-		return
-	}
-	now := s.Now()
-	for _, p := range pending {
-		if p.Window != nil {
-			if open, _ := p.Window.Open(now); !open {
-				continue // its rollout's maintenance window sends it
-			}
-		}
-		if !s.sendPatiently(tenant, device, p.ActionID, NewMessage(p.ActionID, p.Name, p.Params)) {
-			return
-		}
-	}
 }
 
-// sendPatiently sends to a connected device, waiting up to about ten
-// seconds for room in its in-flight window. It reports false when the
-// device went away or the wait was too long.
-func (s *Service) sendPatiently(tenant, device string, id int64, payload []byte) bool {
-	wait := 10 * time.Millisecond
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if s.Sender.SendAction(tenant, device, id, payload) {
-			return true
+// PendingMessages returns the messages of up to limit actions Queued for
+// the device above after, oldest first. The acknowledgements received so
+// far are recorded first: the store then no longer lists what the device
+// acknowledged, and nothing is sent to it twice for want of a commit.
+func (s *Service) PendingMessages(ctx context.Context, tenant, device string, after int64, limit int) ([]fleet.ActionMessage, error) {
+	if err := s.flushReceipts(ctx); err != nil {
+		return nil, err
+	}
+	// Actions whose rollout's maintenance window is closed are left out
+	// (the rollout sends them when it opens); a page short of limit means
+	// the backlog ends, so the store is read on past them.
+	var out []fleet.ActionMessage
+	now := s.Now()
+	for len(out) < limit {
+		want := limit - len(out)
+		pending, err := s.Store.PendingActions(ctx, tenant, device, after, want)
+		if err != nil {
+			return nil, err
 		}
-		if !s.Sender.Online(tenant, device) || time.Now().After(deadline) {
-			return false
+		for _, p := range pending {
+			after = p.ActionID
+			if p.Window != nil {
+				if open, _ := p.Window.Open(now); !open {
+					continue
+				}
+			}
+			out = append(out, fleet.ActionMessage{ActionID: p.ActionID, Payload: NewMessage(p.ActionID, p.Name, p.Params)})
 		}
-		select {
-		case <-time.After(wait):
-		case <-s.ctx.Done():
-			return false
+		if len(pending) < want {
+			break // the backlog ends
 		}
-		wait = min(2*wait, time.Second)
+	}
+	return out, nil
+}
+
+// flushReceipts returns once the acknowledgements queued before the call
+// are committed (or their commit failed, in which case those actions stay
+// Queued and may be sent again).
+func (s *Service) flushReceipts(ctx context.Context) error {
+	done := make(chan struct{})
+	select {
+	case s.flushes <- done:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.ctx.Done():
+		return fleet.Errorf(fleet.EUNAVAILABLE, "the server is shutting down")
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -465,23 +482,32 @@ func (s *Service) recordReceipts() {
 		}
 		batch = batch[:0]
 	}
+	// drain records every receipt queued now.
+	drain := func() {
+		for {
+			select {
+			case r := <-s.receipts:
+				batch = append(batch, r)
+				if len(batch) == maxReceiptBatch {
+					flush()
+				}
+			default:
+				flush()
+				return
+			}
+		}
+	}
 	for {
 		select {
 		case r := <-s.receipts:
 			batch = append(batch, r)
+		case done := <-s.flushes:
+			drain()
+			close(done)
+			continue
 		case <-s.ctx.Done():
-			for {
-				select {
-				case r := <-s.receipts:
-					batch = append(batch, r)
-					if len(batch) == maxReceiptBatch {
-						flush()
-					}
-				default:
-					flush()
-					return
-				}
-			}
+			drain()
+			return
 		}
 	fill:
 		for len(batch) < maxReceiptBatch {

@@ -29,12 +29,11 @@ type sent struct {
 type fakeSender struct {
 	mu     sync.Mutex
 	online map[string]bool // device id; one tenant per test
-	refuse map[string]int  // device id -> sends to refuse while online (a full window)
 	sent   chan sent
 }
 
 func newFakeSender(online ...string) *fakeSender {
-	f := &fakeSender{online: map[string]bool{}, refuse: map[string]int{}, sent: make(chan sent, 10_000)}
+	f := &fakeSender{online: map[string]bool{}, sent: make(chan sent, 10_000)}
 	for _, d := range online {
 		f.online[d] = true
 	}
@@ -45,10 +44,6 @@ func (f *fakeSender) SendAction(tenant, device string, id int64, payload []byte)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.online[device] {
-		return false
-	}
-	if f.refuse[device] > 0 {
-		f.refuse[device]--
 		return false
 	}
 	var m action.Message
@@ -108,6 +103,21 @@ func (f *fakeSender) none(t *testing.T) {
 	}
 }
 
+// subscribe plays the device channel when a device subscribes: it tells
+// the service, then reads the device's backlog and sends it, as the broker
+// does as the device's window has room.
+func subscribe(t *testing.T, svc *action.Service, f *fakeSender, device string) {
+	t.Helper()
+	svc.DeviceSubscribed("acme", device)
+	msgs, err := svc.PendingMessages(context.Background(), "acme", device, 0, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		f.SendAction("acme", device, m.ActionID, m.Payload)
+	}
+}
+
 // setup opens a store with devices and a service on it.
 func setup(t *testing.T, b sqlstoretest.Backend, sender *fakeSender, devices ...string) (*action.Service, *sqlstore.DB) {
 	t.Helper()
@@ -163,7 +173,7 @@ func TestDelivery(t *testing.T) {
 		ctx := fleet.NewContextWithActor(context.Background(), &fleet.Actor{Tenant: "acme", Role: fleet.RoleOperator, UserName: "ops", UserEmail: "ops@example.com"})
 		for _, d := range []string{"on-1", "on-2"} {
 			f.setOnline(d, true)
-			svc.DeviceSubscribed("acme", d) // nothing pending yet
+			subscribe(t, svc, f, d) // nothing pending yet
 		}
 
 		a, err := svc.DispatchAction(ctx, "acme", dispatch("reboot"))
@@ -195,39 +205,46 @@ func TestDelivery(t *testing.T) {
 			// on-2 reconnects without having acknowledged: it gets its
 			// action again; off-1 comes online and gets both of its own,
 			// oldest first.
-			svc.DeviceSubscribed("acme", "on-2")
+			subscribe(t, svc, f, "on-2")
 			if s := f.next(t); s.Device != "on-2" || s.Msg.ID != fmt.Sprint(a.ID) {
 				t.Fatalf("redelivered %+v", s)
 			}
 			f.setOnline("off-1", true)
-			svc.DeviceSubscribed("acme", "off-1")
+			subscribe(t, svc, f, "off-1")
 			s1, s2 := f.next(t), f.next(t)
 			if s1.Device != "off-1" || s1.Msg.ID != fmt.Sprint(a.ID) || s2.Msg.ID != fmt.Sprint(b.ID) || s2.Msg.Name != "shell" {
 				t.Fatalf("off-1 got %+v then %+v", s1, s2)
 			}
-			// Acknowledged actions are not sent again.
+			// Acknowledged actions are not read again, even before their
+			// acknowledgement was committed: PendingMessages records the
+			// acknowledgements it was given first.
 			svc.ActionDelivered("acme", "off-1", a.ID)
 			svc.ActionDelivered("acme", "off-1", b.ID)
-			awaitStatus(t, db, b.ID, "off-1", fleet.StatusInitiated)
+			if msgs, err := svc.PendingMessages(ctx, "acme", "off-1", 0, 10); err != nil || len(msgs) != 0 {
+				t.Fatalf("pending after the acknowledgements = %+v, %v; want none", msgs, err)
+			}
 			awaitStatus(t, db, a.ID, "off-1", fleet.StatusInitiated)
-			svc.DeviceSubscribed("acme", "off-1")
-			f.none(t)
 		})
 
-		t.Run("FullWindowWaits", func(t *testing.T) {
-			f.mu.Lock()
-			f.refuse["on-1"] = 3
-			f.mu.Unlock()
-			c, err := svc.DispatchAction(ctx, "acme", dispatch("slow", "on-1"))
-			if err != nil {
-				t.Fatal(err)
+		t.Run("BacklogByWindow", func(t *testing.T) {
+			// The channel reads a device's backlog a window at a time: above
+			// the last id it has, up to a limit, oldest first.
+			var ids []int64
+			for range 3 {
+				c, err := svc.DispatchAction(ctx, "acme", dispatch("queued", "off-1"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				ids = append(ids, c.ID)
 			}
-			// The dispatch's own attempt was refused; the next subscribe
-			// waits for room.
-			time.Sleep(50 * time.Millisecond)
-			svc.DeviceSubscribed("acme", "on-1")
-			if s := f.next(t); s.Msg.ID != fmt.Sprint(c.ID) {
-				t.Fatalf("sent %+v", s)
+			f.collect(t, 3) // off-1 is online: the dispatches were sent
+			msgs, err := svc.PendingMessages(ctx, "acme", "off-1", ids[0], 1)
+			if err != nil || len(msgs) != 1 || msgs[0].ActionID != ids[1] {
+				t.Fatalf("PendingMessages above %d, 1 = %+v, %v; want action %d", ids[0], msgs, err, ids[1])
+			}
+			var m action.Message
+			if err := json.Unmarshal(msgs[0].Payload, &m); err != nil || m.ID != fmt.Sprint(ids[1]) || m.Name != "queued" {
+				t.Fatalf("message %s: %v", msgs[0].Payload, err)
 			}
 		})
 
@@ -257,11 +274,11 @@ func TestDeliveryToFewOfMany(t *testing.T) {
 		svc, _ := setup(t, b, f, devices...)
 		for _, d := range []string{"d007", "d100", "d199"} {
 			f.setOnline(d, true)
-			svc.DeviceSubscribed("acme", d)
+			subscribe(t, svc, f, d)
 		}
 		// One that subscribed once and left is not sent to.
 		f.setOnline("d050", true)
-		svc.DeviceSubscribed("acme", "d050")
+		subscribe(t, svc, f, "d050")
 		f.setOnline("d050", false)
 		if _, err := svc.DispatchAction(context.Background(), "acme", dispatch("reboot")); err != nil {
 			t.Fatal(err)
@@ -317,14 +334,14 @@ func TestCancel(t *testing.T) {
 		cancelID, _ := fleet.ParseActionID(s.Msg.ID)
 		// away is told when it comes back, until it acknowledges.
 		f.setOnline("away", true)
-		svc.DeviceSubscribed("acme", "away")
+		subscribe(t, svc, f, "away")
 		if s := f.next(t); s.Device != "away" || s.Msg.Name != fleet.ActionCancel || s.Msg.ID != fmt.Sprint(cancelID) {
 			t.Fatalf("sent %+v", s)
 		}
 		svc.ActionDelivered("acme", "away", cancelID)
-		awaitStatus(t, db, cancelID, "away", fleet.StatusInitiated)
-		svc.DeviceSubscribed("acme", "away")
-		f.none(t)
+		if msgs, err := svc.PendingMessages(ctx, "acme", "away", 0, 10); err != nil || len(msgs) != 0 {
+			t.Fatalf("pending after the acknowledgement = %+v, %v; want none", msgs, err)
+		}
 		// The device's reports on the cancellation are its own.
 		mustReport(fleet.StatusReport{DeviceID: "away", ActionID: cancelID, State: "Completed"})
 		awaitStatus(t, db, cancelID, "away", fleet.StatusCompleted)
@@ -632,4 +649,38 @@ func BenchmarkReportStatus(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "reports/s")
 		})
 	}
+}
+
+// TestPendingMessagesKeepToTheWindow checks that a device's backlog leaves
+// out the actions of a rollout whose maintenance window is closed, and
+// reads on past them: a short page means the backlog ends.
+func TestPendingMessagesKeepToTheWindow(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		f := newFakeSender()
+		svc, db := setup(t, b, f, "d1")
+		ctx := context.Background()
+		now := time.Now().UTC()
+		closed := &fleet.MaintenanceWindow{Start: now.Add(2 * time.Hour).Format("15:04"), End: now.Add(3 * time.Hour).Format("15:04"), Timezone: "UTC"}
+		var windowed []int64
+		for range 3 {
+			d := dispatch("flash", "d1")
+			d.Schedule = &fleet.Schedule{MaintenanceWindow: closed, Phases: []fleet.Phase{{Name: "all", TriggerOn: fleet.Trigger{Type: fleet.TriggerNow}, Info: fleet.PhaseInfo{Type: "percentage", Percentage: 100}}}}
+			a, err := svc.DispatchAction(ctx, "acme", d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			windowed = append(windowed, a.ID)
+			if da, err := db.FindDeviceAction(ctx, "acme", a.ID, "d1"); err != nil || da.ActionStatus != fleet.StatusQueued {
+				t.Fatalf("the rollout's device action = %+v, %v; want it released (Queued)", da, err)
+			}
+		}
+		plain, err := svc.DispatchAction(ctx, "acme", dispatch("ping", "d1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs, err := svc.PendingMessages(ctx, "acme", "d1", 0, 2)
+		if err != nil || len(msgs) != 1 || msgs[0].ActionID != plain.ID {
+			t.Fatalf("PendingMessages = %+v, %v; want only action %d, not those of the closed window %v", msgs, err, plain.ID, windowed)
+		}
+	})
 }

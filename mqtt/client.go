@@ -88,6 +88,7 @@ type Client struct {
 	wake     chan struct{}
 	timerMu  sync.Mutex
 	timers   dueHeap // when the arrivals this process recorded are due
+	backlogs backlogs
 
 	stats struct {
 		connects, disconnects, messagesIn, messagesOut, handlerErrors,
@@ -660,39 +661,195 @@ func (c *Client) handle(in inbound) {
 
 // SendAction publishes payload at QoS 1 on the device's actions topic and
 // reports whether the broker took it for at least one subscriber. False
-// means the device is not subscribed now ("no matching subscribers"), or
-// the broker is unreachable: the action stays queued and is sent when the
-// device next arrives. True is not delivery; the device's first report
-// is.
-func (c *Client) SendAction(tenant, device string, _ int64, payload []byte) bool {
-	if !c.connected.Load() {
+// means the device is not subscribed now ("no matching subscribers"), the
+// broker is unreachable, or the device's backlog is being sent (the
+// action's turn comes in it): the action stays queued and is sent in its
+// turn, or when the device next arrives. True is not delivery; the
+// device's first report is.
+func (c *Client) SendAction(tenant, device string, actionID int64, payload []byte) bool {
+	if c.backlogs.behind(tenant, device, actionID) {
 		return false
+	}
+	return c.publish(tenant, device, payload) == published
+}
+
+// publishResult is what became of an action handed to the broker.
+type publishResult int
+
+const (
+	published     publishResult = iota
+	noSubscribers               // the device is not subscribed now
+	unreachable                 // the broker did not take it
+)
+
+// publish hands an action to the broker.
+func (c *Client) publish(tenant, device string, payload []byte) publishResult {
+	if !c.connected.Load() {
+		return unreachable
 	}
 	ctx, cancel := context.WithTimeout(c.run, c.cfg.PublishTimeout)
 	defer cancel()
 	r, err := c.cm.Publish(ctx, &paho.Publish{Topic: ActionsTopic(tenant, device), QoS: 1, Payload: payload})
 	if r != nil && r.ReasonCode == 0x10 {
-		return false // no matching subscribers: the device is away
+		return noSubscribers
 	}
 	if err != nil {
 		if c.run.Err() == nil {
 			c.log.Warn("mqtt: publish action", "tenant", tenant, "device", device, "err", err)
 		}
-		return false
+		return unreachable
 	}
 	if r != nil && r.ReasonCode >= 0x80 {
 		c.log.Error("mqtt: the broker refused an action; give fleetd's username the right to publish on the devices' actions topics",
 			"tenant", tenant, "device", device, "reason_code", fmt.Sprintf("0x%02x", r.ReasonCode))
-		return false
+		return unreachable
 	}
 	c.stats.messagesOut.Add(1)
+	return published
+}
+
+// backlogBatch is how many queued actions a backlog reads at once.
+const backlogBatch = 64
+
+// sendBacklog publishes the actions queued for a device that arrived at
+// the broker, oldest first, each once the broker took the one before; a
+// dispatch to the device meanwhile waits its turn in the backlog (SendAction
+// leaves it to the store). The broker holds the device's in-flight window
+// and its waiting line. It reports false when the broker could not take
+// them: the arrival is served again.
+func (c *Client) sendBacklog(tenant, device string) bool {
+	run, first := c.backlogs.start(tenant, device)
+	if !first {
+		return true // a run under way reads again when it is done
+	}
+	after := int64(0)
+	patience := time.Now().Add(c.cfg.ConnectDelay)
+	for {
+		ctx, cancel := context.WithTimeout(c.run, c.cfg.HandlerTimeout)
+		msgs, err := c.h.PendingActions(ctx, tenant, device, after, backlogBatch)
+		cancel()
+		if err != nil {
+			c.backlogs.end(tenant, device, run)
+			if c.run.Err() == nil {
+				c.log.Warn("mqtt: cannot read the actions queued for a device now; they are sent when it next arrives", "tenant", tenant, "device", device, "err", err)
+			}
+			return false
+		}
+		for i := 0; i < len(msgs); {
+			switch c.publish(tenant, device, msgs[i].Payload) {
+			case unreachable:
+				c.backlogs.end(tenant, device, run)
+				return false
+			case noSubscribers:
+				// The broker authorises a subscription before it makes it:
+				// give the first message a moment. A device that left gets
+				// its backlog when it next arrives.
+				if i > 0 || after > 0 || time.Now().After(patience) || !c.wait(100*time.Millisecond) {
+					c.backlogs.end(tenant, device, run)
+					return true
+				}
+				continue
+			}
+			after = msgs[i].ActionID
+			i++
+		}
+		if len(msgs) == backlogBatch {
+			continue
+		}
+		if next, again := c.backlogs.finish(tenant, device, run, after); again {
+			after = next
+			continue
+		}
+		return true
+	}
+}
+
+// wait waits d, or until the Client closes; it reports false then.
+func (c *Client) wait(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-c.run.Done():
+		return false
+	}
+}
+
+// backlogs are the devices whose backlog this process is sending.
+type backlogs struct {
+	mu sync.Mutex
+	m  map[string]*backlogRun
+}
+
+// backlogRun is one device's backlog being sent.
+type backlogRun struct {
+	again   bool  // a dispatch was left to the backlog, or the device arrived again
+	missed  int64 // the lowest id of those dispatches; 0: none
+	arrived bool  // the device arrived again: its new session needs everything
+}
+
+func (b *backlogs) start(tenant, device string) (*backlogRun, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	k := sessionID(tenant, device)
+	if r := b.m[k]; r != nil {
+		r.again, r.arrived = true, true
+		return r, false
+	}
+	if b.m == nil {
+		b.m = map[string]*backlogRun{}
+	}
+	r := &backlogRun{}
+	b.m[k] = r
+	return r, true
+}
+
+// behind reports whether the device's backlog is being sent, noting that
+// action id is left to it.
+func (b *backlogs) behind(tenant, device string, id int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := b.m[sessionID(tenant, device)]
+	if r == nil {
+		return false
+	}
+	r.again = true
+	if r.missed == 0 || id < r.missed {
+		r.missed = id
+	}
 	return true
 }
 
+// finish ends a run that read everything above after, unless something
+// was left to it meanwhile: then it reads again, from the returned id.
+func (b *backlogs) finish(tenant, device string, r *backlogRun, after int64) (int64, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r.again {
+		switch {
+		case r.arrived:
+			after = 0
+		case r.missed != 0:
+			after = min(after, r.missed-1)
+		}
+		r.again, r.missed, r.arrived = false, 0, false
+		return after, true
+	}
+	delete(b.m, sessionID(tenant, device))
+	return 0, false
+}
+
+func (b *backlogs) end(tenant, device string, r *backlogRun) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m[sessionID(tenant, device)] == r {
+		delete(b.m, sessionID(tenant, device))
+	}
+}
+
 // Online reports whether the Client is connected to the broker: it cannot
-// tell whether the device is. The action service then keeps offering an
-// action for a while when SendAction reports false, which covers a
-// subscription the broker has not put in place yet.
+// tell whether the device is.
 func (c *Client) Online(tenant, device string) bool { return c.connected.Load() }
 
 // CredentialsChanged does nothing: devices are the external broker's
@@ -761,10 +918,10 @@ func (c *Client) redeliver() {
 			go func(r fleet.Redelivery) {
 				defer func() { <-sem; tasks.Done() }()
 				c.h.DeviceSubscribed(r.Tenant, r.DeviceID)
-				c.stats.redeliveries.Add(1)
 				// While the broker was unreachable nothing could be sent:
 				// leave the arrival for the next claim.
-				done := c.connected.Load()
+				done := c.sendBacklog(r.Tenant, r.DeviceID)
+				c.stats.redeliveries.Add(1)
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				if err := c.store.CompleteRedelivery(ctx, r, c.cfg.ClientID, done); err != nil {

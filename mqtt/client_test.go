@@ -148,6 +148,64 @@ func TestClient(t *testing.T) {
 	})
 }
 
+// TestClientBacklog checks that a device arriving at the external broker
+// gets its backlog in order, all of it whatever its window (the broker
+// holds what the device has no room for), and that a dispatch made while
+// the backlog is being sent comes after it.
+func TestClientBacklog(t *testing.T) {
+	broker := mosquittotest.Start(t)
+	h := newFakeHandler()
+	h.pendingGate = make(chan struct{})
+	for id := int64(1); id <= 100; id++ {
+		h.queue("acme/dev-4", id, message(id))
+	}
+	c := mustOpenClient(t, broker.URL, h)
+
+	conn, err := net.Dial("tcp", broker.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := &client5{received: make(chan *paho.Publish, 200)}
+	dev.Client = paho.NewClient(paho.ClientConfig{
+		Conn: conn,
+		OnPublishReceived: []func(paho.PublishReceived) (bool, error){
+			func(pr paho.PublishReceived) (bool, error) { dev.received <- pr.Packet; return true, nil },
+		},
+		EnableManualAcknowledgment: true,
+		SendAcksInterval:           time.Millisecond,
+	})
+	ctx, cancel := contextWithWait()
+	defer cancel()
+	rm := uint16(1)
+	if _, err := dev.Connect(ctx, &paho.Connect{ClientID: "dev-4", CleanStart: true, KeepAlive: 30, Properties: &paho.ConnectProperties{ReceiveMaximum: &rm}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Disconnect(&paho.Disconnect{}) })
+	dev.subscribe(t, mqtt.ActionsTopic("acme", "dev-4"), 1)
+
+	if err := c.DeviceArriving(ctx, "acme", "dev-4", true); err != nil {
+		t.Fatal(err)
+	}
+	receive(t, h.subscribed, "DeviceSubscribed")
+	// The backlog is being read: a dispatch now waits its turn.
+	h.queue("acme/dev-4", 500, message(500))
+	if c.SendAction("acme", "dev-4", 500, message(500)) {
+		t.Fatal("SendAction during the backlog = true, want it left to the backlog")
+	}
+	close(h.pendingGate)
+	for id := int64(1); id <= 101; id++ {
+		want := id
+		if id == 101 {
+			want = 500
+		}
+		p := receive(t, dev.received, fmt.Sprintf("action %d", want))
+		if got := messageID(t, p.Payload); got != want {
+			t.Fatalf("received action %d, want %d", got, want)
+		}
+		dev.Ack(p)
+	}
+}
+
 // TestClientAcknowledgesAfterHandler checks that a publish the Handler
 // could not commit is not acknowledged: the Client reconnects and the
 // broker sends it again.

@@ -44,10 +44,21 @@ type device struct {
 	// must not wait behind a write to a device that does not read.
 	closed atomic.Bool
 
-	wmu     sync.Mutex       // writes to nc, and the fields below
-	cause   error            // why the connection ended, as first said
-	pending map[uint16]int64 // packet id -> action id, awaiting PUBACK
-	lastID  uint16
+	wmu   sync.Mutex // writes to nc, and the fields below
+	cause error      // why the connection ended, as first said
+
+	// What the connection sends the device (delivery.go).
+	inflight map[uint16]inflight   // by packet id, awaiting PUBACK; nil until the first
+	lastID   uint16                // the last packet id given
+	queue    []fleet.ActionMessage // waiting for room in the window, by action id
+	cursor   int64                 // the store was read up to this action id
+	more     bool                  // the store may hold actions above cursor for the device
+	fetching bool                  // a read of the store is under way
+	missed   int64                 // the lowest id left to the store while fetching; 0: none
+	settled  []int64               // acknowledged while fetching: not to be sent again
+	failing  []int64               // being failed: not to be sent again
+	ackTimer *time.Timer           // watches the oldest action in flight
+	retryIn  time.Duration         // the wait before reading the store again after a failure
 
 	publishes ratelimit.Bucket // PublishRate; only the connection's goroutine
 }
@@ -95,6 +106,17 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 		s.stats.authFailures.Add(1)
 		s.log.Info("mqtt: connection refused: enhanced authentication is not supported", "method", truncate(c.props.authMethod, 100), "remote", remote)
 		return refuse(codeBadAuthenticationMethod)
+	}
+	if c.clientID == "" && (c.version == version31 || c.version == version311 && !c.cleanSession) {
+		// MQTT-3.1.3-8: a 3.1.1 client without an id must ask for a clean
+		// session, since there is none to resume; 3.1 requires an id.
+		s.log.Info("mqtt: connection refused: an empty client id needs a clean session", "remote", remote)
+		return refuse(codeClientIDNotValid)
+	}
+	if c.hasWill && c.willRetain && c.version == version5 {
+		// MQTT-3.2.2-13: CONNACK says Retain Available 0.
+		s.log.Info("mqtt: connection refused: a retained will, and retained messages are not supported", "remote", remote)
+		return refuse(codeRetainNotSupported)
 	}
 	tenant, deviceID, ok := ParseUsername(c.username)
 	id, hasCert := certIdentity(nc)
@@ -160,7 +182,6 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 		s: s, tenant: tenant, id: deviceID, nc: nc, remote: remote, version: c.version, cred: cred,
 		maxPacketSize: int(c.props.maxPacketSize),
 		inflightMax:   s.cfg.MaxInflight,
-		pending:       make(map[uint16]int64),
 	}
 	if c.props.receiveMaximum > 0 {
 		d.inflightMax = min(d.inflightMax, int(c.props.receiveMaximum))
@@ -361,25 +382,18 @@ func (d *device) handle(header byte, body []byte) error {
 		}
 		return d.publish(p)
 	case typePuback:
-		id, err := decodeAck(body, d.version)
+		a, err := decodeAck(body, d.version)
 		if err != nil {
 			return err
 		}
-		d.wmu.Lock()
-		action, ok := d.pending[id]
-		delete(d.pending, id)
-		d.wmu.Unlock()
-		if ok {
-			d.s.stats.delivered.Add(1)
-			d.s.h.ActionDelivered(d.tenant, d.id, action)
-		}
+		d.acknowledged(a.id, a.code, a.reason)
 		return nil
 	case typePubrel:
-		id, err := decodeAck(body, d.version)
+		a, err := decodeAck(body, d.version)
 		if err != nil {
 			return err
 		}
-		return d.write(appendAck(nil, typePubcomp, id))
+		return d.write(appendAck(nil, typePubcomp, a.id))
 	case typeSubscribe:
 		sp, err := decodeSubscribe(body, d.version, false)
 		if err != nil {
@@ -394,7 +408,7 @@ func (d *device) handle(header byte, body []byte) error {
 		codes := make([]byte, len(sp.filters))
 		for i, f := range sp.filters {
 			codes[i] = byte(codeNoSubscriptionExisted)
-			if maySubscribe(d.tenant, d.id, f.filter) && d.subscribed.Swap(false) {
+			if maySubscribe(d.tenant, d.id, f.filter) && d.unsubscribe() {
 				codes[i] = byte(codeSuccess)
 			}
 		}
@@ -481,34 +495,65 @@ func (d *device) subscribe(sp *subscribePacket) error {
 		return protocolErr(codeSubscriptionIDsNotUsable, "subscription identifiers are not supported")
 	}
 	codes := make([]byte, len(sp.filters))
-	qos := byte(0)
+	qos, ok := byte(0), false
 	for i, f := range sp.filters {
 		if !maySubscribe(d.tenant, d.id, f.filter) {
-			return d.aclViolation("subscribe", f.filter)
+			// Refused, and the connection kept (as MQTT allows): a device
+			// that reconnects at once would otherwise loop, and its log
+			// says why.
+			codes[i] = d.refuseSubscription(f.filter)
+			continue
 		}
 		codes[i] = min(f.qos, 1) // actions go out at QoS 1 at most
-		qos = codes[i]
+		qos, ok = codes[i], true
 	}
-	d.qos.Store(uint32(qos))
-	if err := d.write(appendSuback(nil, typeSuback, d.version, sp.id, codes)); err != nil {
+	d.wmu.Lock()
+	if err := d.writeLocked(appendSuback(nil, typeSuback, d.version, sp.id, codes)); err != nil || !ok {
+		d.wmu.Unlock()
 		return err
 	}
+	// The store is read from the start again: what is in flight or queued
+	// is not sent twice.
+	d.qos.Store(uint32(qos))
 	d.subscribed.Store(true)
-	// The Handler sends the device its queued actions now, on a goroutine
-	// of its own: this one must stay free to read their PUBACKs.
-	s := d.s
-	s.mu.RLock()
-	if s.closing {
-		s.mu.RUnlock()
-		return nil
-	}
-	s.tasks.Add(1)
-	s.mu.RUnlock()
-	go func() {
-		defer s.tasks.Done()
-		s.h.DeviceSubscribed(d.tenant, d.id)
-	}()
+	d.more, d.cursor = true, 0
+	d.wmu.Unlock()
+	// The queued actions are read from the store on a goroutine of its own:
+	// this one must stay free to read their PUBACKs.
+	d.s.goTask(func() {
+		d.s.h.DeviceSubscribed(d.tenant, d.id)
+		d.kick()
+	})
 	return nil
+}
+
+// unsubscribe ends the subscription to the actions topic, if there was one:
+// nothing more is sent, and what waited stays in the store.
+func (d *device) unsubscribe() bool {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	d.queue, d.more = nil, false
+	return d.subscribed.Swap(false)
+}
+
+// kick sends what the window has room for, reading the store if need be.
+func (d *device) kick() {
+	d.wmu.Lock()
+	out := d.drainLocked()
+	d.wmu.Unlock()
+	d.settle(out)
+}
+
+// refuseSubscription answers a subscription to a filter the device may not
+// use: SUBACK 0x80 (MQTT 5: 0x87 not authorized).
+func (d *device) refuseSubscription(filter string) byte {
+	d.s.stats.aclViolations.Add(1)
+	d.s.log.Warn("mqtt: subscription refused: a device may subscribe only to its own actions topic",
+		"tenant", d.tenant, "device", d.id, "filter", truncate(filter, 200), "actions_topic", ActionsTopic(d.tenant, d.id), "remote", d.remote)
+	if d.version == version5 {
+		return byte(codeNotAuthorized)
+	}
+	return 0x80
 }
 
 // aclViolation ends the connection of a device that touched a topic not
@@ -562,6 +607,10 @@ func (d *device) closeLocked(code reasonCode, cause error) {
 		return
 	}
 	d.closed.Store(true)
+	if d.ackTimer != nil {
+		d.ackTimer.Stop()
+	}
+	d.queue = nil
 	d.cause = cause
 	if cause == nil {
 		d.cause = &protocolError{code: code, msg: "closed by the server"}
@@ -581,7 +630,7 @@ func (d *device) isClosed() bool { return d.closed.Load() }
 func (d *device) packetID() uint16 {
 	for {
 		d.lastID++
-		if _, taken := d.pending[d.lastID]; d.lastID != 0 && !taken {
+		if _, taken := d.inflight[d.lastID]; d.lastID != 0 && !taken {
 			return d.lastID
 		}
 	}

@@ -81,14 +81,37 @@ func (h *Devices) DeviceConnected(tenant, device string) {
 	}
 }
 
-// DeviceSubscribed sends the device what is queued for it.
+// DeviceSubscribed tells the action service the device can be sent
+// dispatches.
 func (h *Devices) DeviceSubscribed(tenant, device string) {
 	h.Delivery.DeviceSubscribed(tenant, device)
+}
+
+// PendingActions reads the device's backlog from the action service.
+func (h *Devices) PendingActions(ctx context.Context, tenant, device string, after int64, limit int) ([]fleet.ActionMessage, error) {
+	return h.Delivery.PendingMessages(ctx, tenant, device, after, limit)
 }
 
 // ActionDelivered passes on the device's acknowledgement of an action.
 func (h *Devices) ActionDelivered(tenant, device string, actionID int64) {
 	h.Delivery.ActionDelivered(tenant, device, actionID)
+}
+
+// ActionFailed records the device action as Failed, with reason as its
+// error: as if the device had reported so, which is what a refusal in its
+// PUBACK is.
+func (h *Devices) ActionFailed(tenant, device string, actionID int64, reason string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r := fleet.StatusReport{DeviceID: device, ActionID: actionID, State: string(fleet.StatusFailed), Errors: []string{reason}}
+	errs, err := h.Actions.ReportStatus(ctx, tenant, []fleet.StatusReport{r})
+	if err == nil && len(errs) == 1 {
+		err = errs[0]
+	}
+	if err != nil {
+		h.logger().Warn("mqtt: record an action the device cannot take as failed; it is offered again when the device next subscribes",
+			"tenant", tenant, "device", device, "action_id", actionID, "reason", reason, "err", err)
+	}
 }
 
 // statusFields are the fields of a status report sent over MQTT. Others

@@ -29,6 +29,10 @@ func (acceptAll) DeviceSubscribed(string, string)                               
 func (acceptAll) HandleStatus(context.Context, string, string, []byte) error         { return nil }
 func (acceptAll) HandleStream(context.Context, string, string, string, []byte) error { return nil }
 func (acceptAll) ActionDelivered(string, string, int64)                              {}
+func (acceptAll) ActionFailed(string, string, int64, string)                         {}
+func (acceptAll) PendingActions(context.Context, string, string, int64, int) ([]fleet.ActionMessage, error) {
+	return nil, nil
+}
 
 // packet builds a packet from its first byte and body.
 func packet(first byte, body ...[]byte) []byte {

@@ -1,10 +1,12 @@
 package mqtt_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -45,6 +47,15 @@ type fakeHandler struct {
 	statuses   chan call
 	streams    chan call
 	delivered  chan call
+	failed     chan call // ActionFailed; Stream holds the reason
+
+	// backlog is what the store would hold Queued for each device
+	// ("tenant/device"), in action id order; ActionDelivered and
+	// ActionFailed take actions out of it, and PendingActions reads it.
+	backlog     map[string][]fleet.ActionMessage
+	pendingErr  error         // when set, PendingActions returns it; under mu
+	pendingGate chan struct{} // when set, PendingActions waits for it to close
+	reads       atomic.Int64
 }
 
 func newFakeHandler() *fakeHandler {
@@ -58,8 +69,56 @@ func newFakeHandler() *fakeHandler {
 		subscribed: make(chan call, 100),
 		statuses:   make(chan call, 100),
 		streams:    make(chan call, 100),
-		delivered:  make(chan call, 100),
+		delivered:  make(chan call, 1000),
+		failed:     make(chan call, 100),
+		backlog:    map[string][]fleet.ActionMessage{},
 	}
+}
+
+// queue adds an action to a device's backlog, as a dispatch to a device
+// that is offline does.
+func (h *fakeHandler) queue(device string, id int64, payload []byte) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b := append(h.backlog[device], fleet.ActionMessage{ActionID: id, Payload: payload})
+	slices.SortFunc(b, func(x, y fleet.ActionMessage) int { return cmp.Compare(x.ActionID, y.ActionID) })
+	h.backlog[device] = b
+}
+
+// settled takes an action out of the backlog.
+func (h *fakeHandler) settled(tenant, device string, id int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	k := tenant + "/" + device
+	h.backlog[k] = slices.DeleteFunc(h.backlog[k], func(m fleet.ActionMessage) bool { return m.ActionID == id })
+}
+
+func (h *fakeHandler) PendingActions(ctx context.Context, tenant, device string, after int64, limit int) ([]fleet.ActionMessage, error) {
+	h.reads.Add(1)
+	if h.pendingGate != nil {
+		select {
+		case <-h.pendingGate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.pendingErr != nil {
+		return nil, h.pendingErr
+	}
+	var out []fleet.ActionMessage
+	for _, m := range h.backlog[tenant+"/"+device] {
+		if m.ActionID > after && len(out) < limit {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+func (h *fakeHandler) ActionFailed(tenant, device string, actionID int64, reason string) {
+	h.settled(tenant, device, actionID)
+	h.failed <- call{Tenant: tenant, Device: device, ActionID: actionID, Stream: reason}
 }
 
 func (h *fakeHandler) AuthenticateDevice(ctx context.Context, tenant, device, token string) error {
@@ -131,6 +190,7 @@ func (h *fakeHandler) publish(ctx context.Context) error {
 }
 
 func (h *fakeHandler) ActionDelivered(tenant, device string, actionID int64) {
+	h.settled(tenant, device, actionID)
 	h.delivered <- call{Tenant: tenant, Device: device, ActionID: actionID}
 }
 
@@ -268,6 +328,7 @@ func connect5(t *testing.T, s *mqtt.Server, username, password string, manualAck
 		},
 		OnServerDisconnect:         func(d *paho.Disconnect) { c.disconnected <- d },
 		EnableManualAcknowledgment: manualAck,
+		SendAcksInterval:           time.Millisecond, // paho's default, 50 ms, would pace the tests that acknowledge one by one
 	})
 	cp := &paho.Connect{
 		KeepAlive:  30,

@@ -15,6 +15,8 @@ import (
 	"crypto/tls"
 	"log/slog"
 	"time"
+
+	"github.com/fleetd/fleet"
 )
 
 // Handler is what fleetd does with the device channel; cmd/fleetd implements
@@ -34,12 +36,19 @@ type Handler interface {
 
 	// DeviceSubscribed is called when a device subscribed to its own actions
 	// topic, after the broker acknowledged the subscription, on a goroutine of
-	// its own: actions queued while the device was offline are sent now, with
-	// SendAction, and so are actions sent before whose delivery ActionDelivered
-	// never reported (the broker keeps nothing across connections). A device
+	// its own: the device can be sent actions (SendAction). A device
 	// subscribes again after every reconnection, so this can be called many
-	// times.
+	// times. The broker then reads what is queued for the device with
+	// PendingActions.
 	DeviceSubscribed(tenant, device string)
+
+	// PendingActions returns the messages of up to limit actions queued for
+	// the device (sent, if ever, on no connection that still holds them)
+	// whose ids are above after, oldest first. The broker reads them as the
+	// device's window has room: after the device subscribed, and whenever
+	// a dispatch found the connection's waiting line full. Acknowledgements
+	// ActionDelivered was given before the call are taken into account.
+	PendingActions(ctx context.Context, tenant, device string, after int64, limit int) ([]fleet.ActionMessage, error)
 
 	// HandleStatus receives a payload published on the device's action/status
 	// topic. It is called before the broker acknowledges a QoS 1 publish, so a
@@ -60,6 +69,14 @@ type Handler interface {
 	// SendAction was given. It runs on the device's connection (at QoS 0, on
 	// SendAction's caller) and should not block for long.
 	ActionDelivered(tenant, device string, actionID int64)
+
+	// ActionFailed is called when an action cannot reach the device: it
+	// refused the message in its PUBACK (MQTT 5 reason code 0x80 or
+	// above), or the message is larger than the device's Maximum Packet
+	// Size. reason says which, for the device action's errors; the broker
+	// does not send the action again on this connection. It is called on a
+	// goroutine of its own and may block.
+	ActionFailed(tenant, device string, actionID int64, reason string)
 }
 
 // Config configures a Server. Zero values mean the defaults.
@@ -84,7 +101,8 @@ type Config struct {
 	MaxPacketSize int
 
 	// MaxInflight is how many action messages may await a device's PUBACK at
-	// once; default 256. SendAction reports false beyond it.
+	// once, or fewer if the device's Receive Maximum says so; default 256.
+	// More wait their turn (delivery.go).
 	MaxInflight int
 
 	// HandlerTimeout bounds each Handler call; default 30s. A publish whose
@@ -254,4 +272,10 @@ type Stats struct {
 	// that ended because the credentials no longer admitted the device.
 	CredentialChecks uint64
 	Revoked          uint64
+	// ActionsFailed counts actions the device refused in its PUBACK, or
+	// that were larger than it accepts.
+	ActionsFailed uint64
+	// UnackedActions counts devices disconnected for leaving an action
+	// unacknowledged for WriteTimeout.
+	UnackedActions uint64
 }

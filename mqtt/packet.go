@@ -50,9 +50,11 @@ type reasonCode byte
 const (
 	codeSuccess                  reasonCode = 0x00
 	codeNoSubscriptionExisted    reasonCode = 0x11
+	codeUnspecified              reasonCode = 0x80
 	codeMalformedPacket          reasonCode = 0x81
 	codeProtocolError            reasonCode = 0x82
 	codeUnsupportedVersion       reasonCode = 0x84
+	codeClientIDNotValid         reasonCode = 0x85
 	codeBadUsernameOrPassword    reasonCode = 0x86
 	codeNotAuthorized            reasonCode = 0x87
 	codeServerUnavailable        reasonCode = 0x88
@@ -78,6 +80,8 @@ func v3Connack(c reasonCode) byte {
 		return 0
 	case codeUnsupportedVersion:
 		return 1 // unacceptable protocol version
+	case codeClientIDNotValid:
+		return 2 // identifier rejected
 	case codeBadUsernameOrPassword, codeNotAuthorized, codeBadAuthenticationMethod:
 		return 5 // not authorized
 	default:
@@ -252,6 +256,7 @@ type properties struct {
 	maxPacketSize  uint32
 	topicAlias     uint16
 	authMethod     string
+	reasonString   string
 	subscriptionID bool
 }
 
@@ -332,6 +337,8 @@ func (d *decoder) properties(what string, allowed ...byte) properties {
 			p.subscriptionID = true
 		case propContentType, propResponseTopic:
 			list.string("property")
+		case propReasonString:
+			p.reasonString = list.string("reason string")
 		case propAuthMethod:
 			p.authMethod = list.string("authentication method")
 		case propCorrelationData, propAuthData:
@@ -356,7 +363,9 @@ type connectPacket struct {
 	hasUsername  bool
 	password     []byte
 	hasPassword  bool
+	cleanSession bool // Clean Start in MQTT 5
 	hasWill      bool
+	willRetain   bool
 	willTopic    string
 	props        properties
 	unsupportedV bool // a protocol level this broker does not speak
@@ -389,9 +398,11 @@ func decodeConnect(body []byte) (*connectPacket, error) {
 	if flags&0x01 != 0 {
 		return nil, malformed("the reserved connect flag is set")
 	}
+	c.cleanSession = flags&0x02 != 0
 	c.hasWill = flags&0x04 != 0
 	willQoS := flags >> 3 & 0x03
 	willRetain := flags&0x20 != 0
+	c.willRetain = willRetain
 	c.hasPassword = flags&0x40 != 0
 	c.hasUsername = flags&0x80 != 0
 	if !c.hasWill && (willQoS != 0 || willRetain) {
@@ -525,21 +536,28 @@ func decodeSubscribe(body []byte, version byte, unsubscribe bool) (*subscribePac
 	return s, nil
 }
 
-// decodeAck reads the packet identifier of a PUBACK, PUBREC, PUBREL or
-// PUBCOMP (and, in MQTT 5, skips its reason code and properties).
-func decodeAck(body []byte, version byte) (uint16, error) {
+// ack is a decoded PUBACK, PUBREC, PUBREL or PUBCOMP.
+type ack struct {
+	id     uint16
+	code   byte   // MQTT 5 reason code; 0 (success) when absent and before MQTT 5
+	reason string // MQTT 5 Reason String
+}
+
+// decodeAck reads a PUBACK, PUBREC, PUBREL or PUBCOMP: its packet
+// identifier and, in MQTT 5, its reason code and Reason String.
+func decodeAck(body []byte, version byte) (ack, error) {
 	d := &decoder{b: body}
-	id := d.uint16("packet identifier")
+	a := ack{id: d.uint16("packet identifier")}
 	if version == version5 && len(d.b) > 0 {
-		d.byte("reason code")
+		a.code = d.byte("reason code")
 		if len(d.b) > 0 {
-			d.properties("acknowledgement", propReasonString, propUserProperty)
+			a.reason = d.properties("acknowledgement", propReasonString, propUserProperty).reasonString
 		}
 	}
 	if d.err == nil && len(d.b) > 0 {
 		d.fail("%d bytes after the end of an acknowledgement", len(d.b))
 	}
-	return id, d.err
+	return a, d.err
 }
 
 // appendHeader appends a fixed header for a body of n bytes.
@@ -629,10 +647,9 @@ func publishBodyLen(version byte, topic string, qos byte, payload []byte) int {
 	return n
 }
 
-// publishSize is the size of the PUBLISH appendPublish makes, at most
-// (QoS 1, MQTT 5).
-func publishSize(topic string, payload []byte) int {
-	n := publishBodyLen(version5, topic, 1, payload)
+// publishSize is the size of the PUBLISH appendPublish makes.
+func publishSize(version byte, topic string, qos byte, payload []byte) int {
+	n := publishBodyLen(version, topic, qos, payload)
 	return 1 + varintLen(n) + n
 }
 

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/ratelimit"
 )
 
@@ -53,7 +54,8 @@ type Server struct {
 	stats struct {
 		connects, authFailures, disconnects, aclViolations, oversized,
 		messagesIn, messagesOut, delivered, handlerErrors, unacked,
-		limitRefusals, publishFloods, credentialChecks, revoked atomic.Uint64
+		limitRefusals, publishFloods, credentialChecks, revoked,
+		actionsFailed, unacknowledgedActions atomic.Uint64
 	}
 }
 
@@ -215,64 +217,41 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// SendAction publishes payload on the device's actions topic, at QoS 1 (or
-// 0 if the device subscribed so). It returns true if the device is
-// connected and subscribed and the message was written to its connection;
-// false if the device is offline, too far behind (MaxInflight messages
-// unacknowledged, or its connection does not take what is written), or
-// accepts no packet so large, in which case fleetd keeps the action queued
-// and sends it when the device next subscribes.
+// SendAction hands action actionID, whose message is payload, to the
+// device's connection, which publishes it on the device's actions topic at
+// QoS 1 (or 0 if the device subscribed so) as soon as the device's
+// in-flight window has room and no older action waits (delivery.go). It
+// returns true if the connection took it: written, waiting, or failed
+// because the device accepts no packet so large (ActionFailed says so);
+// false if the device is offline or not subscribed, or if the connection
+// holds as many waiting actions as it may, in which case the connection
+// reads it from the store (Handler.PendingActions) when its turn comes.
 //
 // True is not delivery: ActionDelivered reports that, possibly before
-// SendAction returns. Sessions end with their connection, so an action
-// written but not acknowledged when the device disconnects is lost: fleetd
-// must send it again on the next DeviceSubscribed.
+// SendAction returns. Sessions end with their connection: an action not
+// acknowledged when the device disconnects is read from the store again
+// after the device next subscribes.
 func (s *Server) SendAction(tenant, device string, actionID int64, payload []byte) bool {
 	d := s.device(sessionID(tenant, device))
 	if d == nil || !d.subscribed.Load() || s.isClosing() {
 		return false
 	}
-	topic := ActionsTopic(tenant, device)
-	size := publishSize(topic, payload)
-	if d.maxPacketSize > 0 && size > d.maxPacketSize {
-		s.log.Error("mqtt: action larger than the device accepts; not sent",
-			"tenant", tenant, "device", device, "bytes", len(payload), "device_maximum_packet_size", d.maxPacketSize)
-		return false
-	}
-	qos := byte(d.qos.Load())
-	packet := make([]byte, 0, size)
+	return d.offer(fleet.ActionMessage{ActionID: actionID, Payload: payload})
+}
 
-	d.wmu.Lock()
-	if d.closed.Load() {
-		d.wmu.Unlock()
+// goTask runs f on a goroutine Close waits for, unless the server is
+// closing.
+func (s *Server) goTask(f func()) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closing {
 		return false
 	}
-	var pid uint16
-	if qos > 0 {
-		if n := len(d.pending); n >= d.inflightMax {
-			d.wmu.Unlock()
-			s.log.Warn("mqtt: device has too many unacknowledged actions; keeping the action queued",
-				"tenant", tenant, "device", device, "inflight", n)
-			return false
-		}
-		pid = d.packetID()
-		d.pending[pid] = actionID
-	}
-	err := d.writeLocked(appendPublish(packet, d.version, topic, qos, pid, payload))
-	if err != nil {
-		delete(d.pending, pid)
-	}
-	d.wmu.Unlock()
-	if err != nil {
-		return false
-	}
-	s.stats.messagesOut.Add(1)
-	if qos == 0 {
-		// A device that subscribed at QoS 0 acknowledges nothing: written
-		// is delivered.
-		s.stats.delivered.Add(1)
-		s.h.ActionDelivered(tenant, device, actionID)
-	}
+	s.tasks.Add(1)
+	go func() {
+		defer s.tasks.Done()
+		f()
+	}()
 	return true
 }
 
@@ -295,15 +274,7 @@ func (s *Server) CredentialsChanged(tenant, device string) {
 	if d == nil || d.isClosed() {
 		return
 	}
-	s.mu.RLock()
-	if s.closing {
-		s.mu.RUnlock()
-		return
-	}
-	s.tasks.Add(1)
-	s.mu.RUnlock()
-	go func() {
-		defer s.tasks.Done()
+	s.goTask(func() {
 		defer s.stats.credentialChecks.Add(1)
 		if s.stillAdmitted(d) {
 			return
@@ -311,7 +282,7 @@ func (s *Server) CredentialsChanged(tenant, device string) {
 		s.stats.revoked.Add(1)
 		s.log.Info("mqtt: disconnecting a device whose credentials were revoked", "tenant", tenant, "device", device, "remote", d.remote)
 		d.close(codeNotAuthorized, nil)
-	}()
+	})
 }
 
 // Connections returns the number of devices connected now.
@@ -339,6 +310,8 @@ func (s *Server) Stats() Stats {
 		PublishFloods:    s.stats.publishFloods.Load(),
 		CredentialChecks: s.stats.credentialChecks.Load(),
 		Revoked:          s.stats.revoked.Load(),
+		ActionsFailed:    s.stats.actionsFailed.Load(),
+		UnackedActions:   s.stats.unacknowledgedActions.Load(),
 	}
 }
 

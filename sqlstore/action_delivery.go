@@ -8,6 +8,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/fleetd/fleet"
@@ -32,20 +33,29 @@ func (db *DB) PendingDevices(ctx context.Context, tenant string, actionID int64,
 	return out, nil
 }
 
-// PendingActions returns the actions pending (Queued) for a device, oldest
-// first.
-func (db *DB) PendingActions(ctx context.Context, tenant, device string) ([]fleet.PendingAction, error) {
+// PendingActions returns up to limit actions pending (Queued) for a
+// device whose ids are above after, oldest first, with their rollout's
+// maintenance window: the device channel reads a device's backlog a window
+// at a time.
+func (db *DB) PendingActions(ctx context.Context, tenant, device string, after int64, limit int) ([]fleet.PendingAction, error) {
+	// The limit is written into the query, rounded up to a power of two:
+	// SQLite plans with a bound LIMIT's value, which expires the prepared
+	// statement, and a few texts stay prepared.
+	n := 1
+	for n < limit {
+		n *= 2
+	}
 	rows, err := db.query(ctx, `SELECT da.action_id, da.type, COALESCE(a.device_params, a.params), r.maintenance_window
 		FROM device_actions da JOIN actions a ON a.tenant = da.tenant AND a.id = da.action_id
 		LEFT JOIN rollouts r ON r.tenant = da.tenant AND r.action_id = da.action_id
-		WHERE da.tenant = ? AND da.device_id = ? AND da.`+pending+`
-		ORDER BY da.action_id`, tenant, device)
+		WHERE da.tenant = ? AND da.device_id = ? AND da.`+pending+` AND da.action_id > ?
+		ORDER BY da.action_id LIMIT `+strconv.Itoa(n), tenant, device, after)
 	if err != nil {
 		return nil, db.classify(err)
 	}
 	defer rows.Close()
 	var out []fleet.PendingAction
-	for rows.Next() {
+	for rows.Next() && len(out) < limit {
 		var p fleet.PendingAction
 		var window sql.NullString
 		if err := rows.Scan(&p.ActionID, &p.Name, &p.Params, &window); err != nil {

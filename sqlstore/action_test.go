@@ -503,7 +503,7 @@ func TestDeliveryAndTimeouts(t *testing.T) {
 		d.Timeout = 10
 		a := mustDispatch(t, db, "acme", d)
 
-		pending, err := db.PendingActions(ctx, "acme", "d1")
+		pending, err := db.PendingActions(ctx, "acme", "d1", 0, 100)
 		if err != nil || len(pending) != 1 || pending[0].ActionID != a.ID || pending[0].Name != "reboot" || pending[0].Params != `{"delay":5}` {
 			t.Fatalf("pending = %+v, %v", pending, err)
 		}
@@ -515,8 +515,33 @@ func TestDeliveryAndTimeouts(t *testing.T) {
 		if da.ActionStatus != fleet.StatusInitiated || da.Status != "Initiated" {
 			t.Fatalf("delivered = %+v", da)
 		}
-		if p, _ := db.PendingActions(ctx, "acme", "d1"); len(p) != 0 {
+		if p, _ := db.PendingActions(ctx, "acme", "d1", 0, 100); len(p) != 0 {
 			t.Fatalf("pending after delivery = %+v", p)
+		}
+		// The backlog is read a window at a time: above an id, up to a
+		// limit, oldest first.
+		var ids []int64
+		for range 5 {
+			ids = append(ids, mustDispatch(t, db, "acme", dispatch("ping", "default", "d3")).ID)
+		}
+		for _, c := range []struct {
+			after int64
+			limit int
+			want  []int64
+		}{
+			{0, 3, []int64{a.ID, ids[0], ids[1]}},
+			{ids[1], 3, ids[2:5]},
+			{ids[2], 100, ids[3:5]},
+			{ids[4], 10, nil},
+		} {
+			p, err := db.PendingActions(ctx, "acme", "d3", c.after, c.limit)
+			var got []int64
+			for _, x := range p {
+				got = append(got, x.ActionID)
+			}
+			if err != nil || fmt.Sprint(got) != fmt.Sprint(c.want) {
+				t.Errorf("PendingActions after %d, limit %d = %v, %v; want %v", c.after, c.limit, got, err, c.want)
+			}
 		}
 		// A second acknowledgement (a redelivery) changes nothing.
 		clk.Add(5 * time.Second)
@@ -603,7 +628,7 @@ func TestCancel(t *testing.T) {
 		if got, _ := db.PendingDevices(ctx, "acme", ca.ID, []string{"busy", "queued", "done"}); fmt.Sprint(got) != "[busy]" {
 			t.Fatalf("among candidates = %v", got)
 		}
-		p, _ := db.PendingActions(ctx, "acme", "busy")
+		p, _ := db.PendingActions(ctx, "acme", "busy", 0, 100)
 		if len(p) != 1 || p[0].ActionID != ca.ID || p[0].Name != fleet.ActionCancel || p[0].Params != fmt.Sprintf(`{"action_id":"%d","name":"reboot"}`, a.ID) {
 			t.Fatalf("busy's pending = %+v", p)
 		}
@@ -672,7 +697,7 @@ func TestCancelActionDispatch(t *testing.T) {
 				}
 			}
 		}
-		p, _ := db.PendingActions(ctx, "acme", "busy")
+		p, _ := db.PendingActions(ctx, "acme", "busy", 0, 100)
 		if len(p) != 1 || p[0].ActionID != ca.ID || p[0].Name != fleet.ActionCancel || p[0].Params != fmt.Sprintf(`{"action_id":"%d","name":"reboot"}`, a.ID) {
 			t.Fatalf("busy's pending = %+v", p)
 		}

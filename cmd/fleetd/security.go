@@ -53,6 +53,8 @@ func (s *securityConfig) flags(fs *flagSet) {
 	fs.IntVar(&s.http.DeviceDataBurst, "device-data-rate-burst", fleethttp.DefaultDeviceDataBurst, "device data requests (`N`) a key may make at once beyond --device-data-rate-limit")
 
 	fs.DurationVar(&s.mqtt.ConnectTimeout, "mqtt-connect-timeout", mqtt.DefaultConnectTimeout, "longest `DURATION` a device may take to send CONNECT after connecting")
+	fs.DurationVar(&s.mqtt.WriteTimeout, "mqtt-write-timeout", mqtt.DefaultWriteTimeout, "longest `DURATION` a device may leave what fleetd writes unread, or an action unacknowledged, before it is disconnected")
+	fs.IntVar(&s.mqtt.MaxInflight, "mqtt-max-inflight", mqtt.DefaultMaxInflight, "most actions (`N`) awaiting one device's PUBACK at once; more wait their turn (an MQTT 5 device's Receive Maximum may lower it)")
 	fs.DurationVar(&s.mqtt.MaxKeepalive, "mqtt-max-keepalive", mqtt.DefaultMaxKeepalive, "longest keepalive (`DURATION`) a device may use; none or longer becomes this")
 	fs.IntVar(&s.mqtt.MaxConnections, "mqtt-max-connections", mqtt.DefaultMaxConnections, "most MQTT connections (`N`) open at once")
 	fs.IntVar(&s.mqtt.MaxPendingPerIP, "mqtt-max-pending-per-ip", mqtt.DefaultMaxPendingPerIP, "most connections (`N`) from one address that have not sent CONNECT yet")
