@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
+
+	"golang.org/x/sync/semaphore"
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/codec"
@@ -27,8 +30,47 @@ type Devices struct {
 	// LastSeen records each connection as the device's last_seen_at; nil
 	// records nothing.
 	LastSeen DeviceToucher
-	Logger   *slog.Logger
-	Now      func() time.Time
+	// MaxDecoding bounds the bytes of device payloads being decoded at
+	// once, across every device and channel; default DefaultMaxDecoding.
+	// Decoding JSON into values costs up to ~35 times the payload's size
+	// (an array of empty objects), so a hundred devices publishing their
+	// largest payloads together would otherwise hold gigabytes. A payload
+	// waits its turn, and its device's connection reads nothing meanwhile;
+	// one that waits past the handler's deadline is not acknowledged, and
+	// the device publishes it again.
+	MaxDecoding int64
+	Logger      *slog.Logger
+	Now         func() time.Time
+
+	decodingOnce sync.Once
+	decoding     *semaphore.Weighted
+}
+
+// DefaultMaxDecoding is Devices.MaxDecoding's default: 4 MiB, some 150 MB
+// of decoded values at most, which sixteen of the largest payloads
+// (256 KiB) fill, or thousands of ordinary ones.
+const DefaultMaxDecoding = 4 << 20
+
+// decode decodes a JSON payload into canonical values with read, which
+// makes the typed values kept, within MaxDecoding.
+func (h *Devices) decode(ctx context.Context, payload []byte, read func(v any)) error {
+	h.decodingOnce.Do(func() {
+		if h.MaxDecoding <= 0 {
+			h.MaxDecoding = DefaultMaxDecoding
+		}
+		h.decoding = semaphore.NewWeighted(h.MaxDecoding)
+	})
+	n := min(int64(len(payload)), h.MaxDecoding)
+	if err := h.decoding.Acquire(ctx, n); err != nil {
+		return fleet.Errorf(fleet.EUNAVAILABLE, "fleetd is decoding as many device payloads as it may; publish again")
+	}
+	defer h.decoding.Release(n)
+	v, err := codec.Decode(codec.JSON, payload)
+	if err != nil {
+		return err
+	}
+	read(v)
+	return nil
 }
 
 // DeviceToucher records when a device was last seen; *sqlstore.DB is one.
@@ -125,17 +167,46 @@ var statusFields = map[string]bool{"action_id": true, "id": true, "state": true,
 // the error returned names them (for the log) after the others were
 // applied.
 func (h *Devices) HandleStatus(ctx context.Context, tenant, device string, payload []byte) error {
-	v, err := codec.Decode(codec.JSON, payload)
+	problems := map[string]string{}
+	var reports []fleet.StatusReport
+	var index []int // of each report in the payload
+	var count int
+	err := h.decode(ctx, payload, func(v any) {
+		items, ok := v.([]any)
+		if !ok {
+			items = []any{v}
+		}
+		count = len(items)
+		reports, index, problems = readReports(items, device)
+	})
 	if err != nil {
 		return err
 	}
-	items, ok := v.([]any)
-	if !ok {
-		items = []any{v}
+	if len(reports) > 0 {
+		errs, err := h.Actions.ReportStatus(ctx, tenant, reports)
+		if err != nil {
+			return err
+		}
+		for j, err := range errs {
+			if err != nil {
+				problems[fmt.Sprintf("[%d]", index[j])] = fleet.ErrorMessage(err)
+			}
+		}
 	}
-	problems := map[string]string{}
-	reports := make([]fleet.StatusReport, 0, len(items))
-	index := make([]int, 0, len(items)) // of each report in items
+	if len(problems) > 0 {
+		e := fleet.FieldErrors(problems)
+		e.Message = fmt.Sprintf("%d of %d status reports skipped", len(problems), count)
+		return e
+	}
+	return nil
+}
+
+// readReports reads the status reports of a payload's items, and the
+// problems of those that are not.
+func readReports(items []any, device string) (reports []fleet.StatusReport, index []int, problems map[string]string) {
+	problems = map[string]string{}
+	reports = make([]fleet.StatusReport, 0, len(items))
+	index = make([]int, 0, len(items))
 	for i, item := range items {
 		m, ok := item.(map[string]any)
 		if !ok {
@@ -157,23 +228,7 @@ func (h *Devices) HandleStatus(ctx context.Context, tenant, device string, paylo
 		reports = append(reports, r)
 		index = append(index, i)
 	}
-	if len(reports) > 0 {
-		errs, err := h.Actions.ReportStatus(ctx, tenant, reports)
-		if err != nil {
-			return err
-		}
-		for j, err := range errs {
-			if err != nil {
-				problems[fmt.Sprintf("[%d]", index[j])] = fleet.ErrorMessage(err)
-			}
-		}
-	}
-	if len(problems) > 0 {
-		e := fleet.FieldErrors(problems)
-		e.Message = fmt.Sprintf("%d of %d status reports skipped", len(problems), len(items))
-		return e
-	}
-	return nil
+	return reports, index, problems
 }
 
 // fieldDetails lists an invalid report's problems for the log.
@@ -192,11 +247,12 @@ func (h *Devices) HandleStream(ctx context.Context, tenant, device, stream strin
 		h.logger().Debug("mqtt: no stream service; data points dropped", "tenant", tenant, "device", device, "stream", stream)
 		return nil
 	}
-	v, err := codec.Decode(codec.JSON, payload)
+	var pts []fleet.DataPoint
+	var problems map[string]string
+	err := h.decode(ctx, payload, func(v any) { pts, problems = fleet.ReadDataPoints(v, device, stream, h.now()) })
 	if err != nil {
 		return err
 	}
-	pts, problems := fleet.ReadDataPoints(v, device, stream, h.now())
 	if len(pts) > 0 {
 		if err := h.Streams.IngestPoints(ctx, tenant, device, stream, pts); err != nil {
 			return err

@@ -97,7 +97,9 @@ type Config struct {
 	TLSAddr string
 
 	// MaxPacketSize is the largest MQTT packet a device may send, in bytes;
-	// default 1 MiB. A device that sends a larger one is disconnected.
+	// default 256 KiB (a batch of 10,000 small data points fits). MQTT 5
+	// devices are told in CONNACK; a device that sends a larger one is
+	// disconnected, the packet unread.
 	MaxPacketSize int
 
 	// MaxInflight is how many action messages may await a device's PUBACK at
@@ -174,7 +176,7 @@ type CertificateAuthenticator interface {
 // Defaults of Config.
 const (
 	DefaultAddr            = ":1883"
-	DefaultMaxPacketSize   = 1 << 20
+	DefaultMaxPacketSize   = 256 << 10
 	DefaultMaxInflight     = 256
 	DefaultHandlerTimeout  = 30 * time.Second
 	DefaultConnectTimeout  = 10 * time.Second

@@ -147,23 +147,32 @@ type raw5 struct {
 // subscribes it to its actions.
 func rawDevice5(t *testing.T, addr, id, token string) *raw5 {
 	t.Helper()
+	c := rawConnect5(t, addr, id, token)
+	c.write(t, 0x82, []byte{0, 1, 0}, mstr(mqtt.ActionsTopic("default", id)), []byte{1})
+	if typ, _ := c.read(t); typ != 9 {
+		t.Fatalf("packet type %d, want SUBACK", typ)
+	}
+	return c
+}
+
+// rawConnect5 connects device id of tenant default with MQTT 5.
+func rawConnect5(t *testing.T, addr, id, token string) *raw5 {
+	t.Helper()
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
 	c := &raw5{conn: conn, r: bufio.NewReader(conn)}
-	str := func(s string) []byte { return append(binary.BigEndian.AppendUint16(nil, uint16(len(s))), s...) }
-	c.write(t, 0x10, str("MQTT"), []byte{5, 0xC2, 0, 30, 0}, str(id), str("default/"+id), str(token))
+	c.write(t, 0x10, mstr("MQTT"), []byte{5, 0xC2, 0, 30, 0}, mstr(id), mstr("default/"+id), mstr(token))
 	if typ, body := c.read(t); typ != 2 || body[1] != 0 {
 		t.Fatalf("CONNACK % x, want success", body)
 	}
-	c.write(t, 0x82, []byte{0, 1, 0}, str(mqtt.ActionsTopic("default", id)), []byte{1})
-	if typ, _ := c.read(t); typ != 9 {
-		t.Fatalf("packet type %d, want SUBACK", typ)
-	}
 	return c
 }
+
+// mstr is an MQTT string: two bytes of length, then s.
+func mstr(s string) []byte { return append(binary.BigEndian.AppendUint16(nil, uint16(len(s))), s...) }
 
 func (c *raw5) write(t *testing.T, first byte, parts ...[]byte) {
 	t.Helper()
@@ -178,20 +187,29 @@ func (c *raw5) write(t *testing.T, first byte, parts ...[]byte) {
 
 func (c *raw5) read(t *testing.T) (byte, []byte) {
 	t.Helper()
+	typ, body, err := c.tryRead()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return typ, body
+}
+
+// tryRead reads the next packet: its type and body.
+func (c *raw5) tryRead() (byte, []byte, error) {
 	c.conn.SetReadDeadline(time.Now().Add(bound))
 	first, err := c.r.ReadByte()
 	if err != nil {
-		t.Fatal(err)
+		return 0, nil, err
 	}
 	n, err := binary.ReadUvarint(c.r)
 	if err != nil {
-		t.Fatal(err)
+		return 0, nil, err
 	}
 	body := make([]byte, n)
 	if _, err := io.ReadFull(c.r, body); err != nil {
-		t.Fatal(err)
+		return 0, nil, err
 	}
-	return first >> 4, body
+	return first >> 4, body, nil
 }
 
 // nextPublish reads the next PUBLISH and returns its packet identifier.

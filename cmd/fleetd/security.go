@@ -29,8 +29,9 @@ type securityConfig struct {
 	deviceCACert           string
 	deviceCAKey            string
 
-	http fleethttp.Security
-	mqtt mqtt.Config // only the limits
+	http         fleethttp.Security
+	mqtt         mqtt.Config // only the limits
+	mqttDecoding int64       // mqtt.Devices.MaxDecoding
 }
 
 func (s *securityConfig) flags(fs *flagSet) {
@@ -53,6 +54,8 @@ func (s *securityConfig) flags(fs *flagSet) {
 	fs.IntVar(&s.http.DeviceDataBurst, "device-data-rate-burst", fleethttp.DefaultDeviceDataBurst, "device data requests (`N`) a key may make at once beyond --device-data-rate-limit")
 
 	fs.DurationVar(&s.mqtt.ConnectTimeout, "mqtt-connect-timeout", mqtt.DefaultConnectTimeout, "longest `DURATION` a device may take to send CONNECT after connecting")
+	fs.IntVar(&s.mqtt.MaxPacketSize, "mqtt-max-packet-size", mqtt.DefaultMaxPacketSize, "largest MQTT packet in `BYTES` a device may send (MQTT 5 devices are told in CONNACK); larger disconnects it")
+	fs.Int64Var(&s.mqttDecoding, "mqtt-max-decoding", mqtt.DefaultMaxDecoding, "`BYTES` of device payloads decoded at once, over all devices; more wait their turn (decoding costs up to ~35 times a payload's size)")
 	fs.DurationVar(&s.mqtt.WriteTimeout, "mqtt-write-timeout", mqtt.DefaultWriteTimeout, "longest `DURATION` a device may leave what fleetd writes unread, or an action unacknowledged, before it is disconnected")
 	fs.IntVar(&s.mqtt.MaxInflight, "mqtt-max-inflight", mqtt.DefaultMaxInflight, "most actions (`N`) awaiting one device's PUBACK at once; more wait their turn (an MQTT 5 device's Receive Maximum may lower it)")
 	fs.DurationVar(&s.mqtt.MaxKeepalive, "mqtt-max-keepalive", mqtt.DefaultMaxKeepalive, "longest keepalive (`DURATION`) a device may use; none or longer becomes this")
@@ -67,11 +70,12 @@ func (s *securityConfig) flags(fs *flagSet) {
 
 // security is what securityConfig built for serve.
 type security struct {
-	cert     *pki.ServerCertificate // nil without --tls-cert
-	certs    fleet.DeviceCertificateService
-	mqttTLS  *tls.Config
-	http     fleethttp.Security
-	mqttBase mqtt.Config
+	cert         *pki.ServerCertificate // nil without --tls-cert
+	certs        fleet.DeviceCertificateService
+	mqttTLS      *tls.Config
+	http         fleethttp.Security
+	mqttBase     mqtt.Config
+	mqttDecoding int64
 }
 
 // build checks the settings, loads the certificates and, when there is an
@@ -90,7 +94,7 @@ func (s *securityConfig) build(ctx context.Context, db *sqlstore.DB, mqttAddr st
 	case mqttAddr == mqtt.AddrOff && s.mqttsAddr == "":
 		return nil, fmt.Errorf("--mqtt-addr off leaves devices nowhere to connect: give --mqtts-addr")
 	}
-	sec := &security{http: s.http, mqttBase: s.mqtt}
+	sec := &security{http: s.http, mqttBase: s.mqtt, mqttDecoding: s.mqttDecoding}
 	sec.mqttBase.Addr = mqttAddr
 	sec.mqttBase.Logger = log
 	if s.tlsCert == "" {

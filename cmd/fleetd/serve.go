@@ -106,7 +106,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	// one whose broker-auth endpoints the API serves (broker.go).
 	broker, brokerAuth, err := c.scale.channel(sec.mqttBase, db, &mqtt.Devices{
 		Registry: db, Actions: actions, Delivery: actions, Streams: alerts, LastSeen: db, Logger: log,
-		Certificates: sec.certs,
+		Certificates: sec.certs, MaxDecoding: sec.mqttDecoding,
 	}, log)
 	if err != nil {
 		return err
