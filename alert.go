@@ -262,6 +262,25 @@ func (c ChannelParameters) Redacted() ChannelParameters {
 	return r
 }
 
+// Replaced returns next, the parameters that replace c in an update,
+// keeping what a client cannot send back: the secret when next names none
+// (secretGiven false) and keeps the channel type, and the stored value of a
+// header sent back as "***" (as responses show credentials).
+func (c ChannelParameters) Replaced(next ChannelParameters, secretGiven bool) ChannelParameters {
+	if !secretGiven && next.Type == c.Type {
+		next.Secret = c.Secret
+	}
+	for k, v := range next.Headers {
+		if v == Masked {
+			if ov, ok := c.Headers[k]; ok {
+				next.Headers[k] = ov
+			}
+		}
+	}
+	next.HasSecret = next.Secret != ""
+	return next
+}
+
 // Masked stands for a value that is not shown.
 const Masked = "***"
 
@@ -337,24 +356,10 @@ type NotificationRuleUpdate struct {
 	Timezone             *string
 }
 
-// Apply merges u into n. A header sent back as "***" (as responses show
-// credentials) keeps its stored value.
+// Apply merges u into n.
 func (n *NotificationRule) Apply(u NotificationRuleUpdate) {
 	if c := u.ChannelParameters; c != nil {
-		next := *c
-		old := n.ChannelParameters
-		if !u.SecretGiven && next.Type == old.Type {
-			next.Secret = old.Secret
-		}
-		for k, v := range next.Headers {
-			if v == Masked {
-				if ov, ok := old.Headers[k]; ok {
-					next.Headers[k] = ov
-				}
-			}
-		}
-		next.HasSecret = next.Secret != ""
-		n.ChannelParameters = next
+		n.ChannelParameters = n.ChannelParameters.Replaced(*c, u.SecretGiven)
 	}
 	if u.IntervalSeconds != nil {
 		n.IntervalSeconds = *u.IntervalSeconds
@@ -401,6 +406,10 @@ type Delivery struct {
 	Alert        *Alert            `json:"-"`
 	Rule         *AlertRule        `json:"-"`
 	Notification *NotificationRule `json:"-"`
+	// Rollout, instead of Alert and Rule, is the rollout event of a
+	// rollout notification rule (whose channel, template and time zone
+	// Notification carries).
+	Rollout *RolloutEvent `json:"-"`
 }
 
 // DeliveryAttempt is one try to deliver a notification.
@@ -484,11 +493,17 @@ func NewNotificationData(event string, a *Alert, r *AlertRule, loc *time.Locatio
 
 // RenderNotification renders a notification's subject and body.
 func RenderNotification(t NotificationTemplate, d NotificationData) (subject, body string, err error) {
+	return renderNotification(t, DefaultNotificationTemplate, d)
+}
+
+// renderNotification renders t's subject and body over d; an empty one is
+// def's.
+func renderNotification(t, def NotificationTemplate, d any) (subject, body string, err error) {
 	if t.Subject == "" {
-		t.Subject = DefaultNotificationTemplate.Subject
+		t.Subject = def.Subject
 	}
 	if t.Body == "" {
-		t.Body = DefaultNotificationTemplate.Body
+		t.Body = def.Body
 	}
 	if subject, err = render("subject", t.Subject, d); err != nil {
 		return "", "", err
@@ -499,7 +514,7 @@ func RenderNotification(t NotificationTemplate, d NotificationData) (subject, bo
 	return subject, body, nil
 }
 
-func render(name, text string, d NotificationData) (string, error) {
+func render(name, text string, d any) (string, error) {
 	tmpl, err := template.New(name).Parse(text)
 	if err != nil {
 		return "", err

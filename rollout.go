@@ -70,7 +70,7 @@ type Gate struct {
 	MaxFailureRate *float64 `json:"max_failure_rate,omitempty" doc:"0 to 1: the largest share of finished devices (Completed or Failed) that may have Failed"`
 	MinFinished    int      `json:"min_finished,omitempty" doc:"with max_failure_rate: how many devices must have finished before the rate is judged (default 1); until then the phase waits"`
 	AlertRules     []string `json:"alert_rules,omitempty" doc:"alert rule ids: an alert of one of them opened on a device within watch_seconds after its device action Completed stops the rollout"`
-	WatchSeconds   int64    `json:"watch_seconds,omitempty" doc:"with alert_rules: how long each device is watched after it Completed; the phase waits until the devices of earlier phases that Completed have been watched so long"`
+	WatchSeconds   int64    `json:"watch_seconds,omitempty" doc:"with alert_rules: how long each device is watched after it Completed; the phase waits until every device of earlier phases is final and each that Completed has been watched so long"`
 }
 
 // MaintenanceWindow is a daily window of wall-clock time in a time zone.
@@ -429,8 +429,9 @@ type RolloutFacts struct {
 	PreviousLive       int
 	PreviousFinishedAt time.Time
 	// Finished and Failed count the device actions of phases before
-	// NextPhase that are Completed or Failed, and Failed.
-	Finished, Failed int
+	// NextPhase that are Completed or Failed, and Failed; EarlierLive
+	// those that are not final.
+	Finished, Failed, EarlierLive int
 	// WatchedUntil is when the last device action of phases before
 	// NextPhase that Completed has been watched for the gate's
 	// watch_seconds: the latest completion plus watch_seconds.
@@ -558,10 +559,8 @@ func (r *Rollout) until(now time.Time, f RolloutFacts) time.Time {
 		return time.Time{}
 	case t.Type == TriggerAfterPrevious:
 		next = minTime(next, f.PreviousFinishedAt.Add(time.Duration(t.WaitSeconds)*time.Second))
-	case r.PendingGate() != nil && f.WatchedUntil.After(now):
-		next = minTime(next, f.WatchedUntil)
 	case r.PendingGate() != nil:
-		return time.Time{} // devices are finishing
+		return time.Time{} // devices are finishing, and alerts may open
 	}
 	return next
 }
@@ -652,7 +651,7 @@ func (r *Rollout) gate(now time.Time, f RolloutFacts, manual bool) (RolloutStep,
 			return RolloutStep{Kind: StepPause, Phase: k, Reason: prefix + fmt.Sprintf("alert '%s' opened on %s %s after its %s completed",
 				a.RuleName, a.DeviceID, Span(a.After), r.noun())}, true
 		}
-		if now.Before(f.WatchedUntil) {
+		if f.EarlierLive > 0 || now.Before(f.WatchedUntil) {
 			return RolloutStep{}, false
 		}
 	}
@@ -662,8 +661,11 @@ func (r *Rollout) gate(now time.Time, f RolloutFacts, manual bool) (RolloutStep,
 // undecided says why the gate cannot judge yet.
 func (r *Rollout) undecided(now time.Time, f RolloutFacts) string {
 	g := r.Schedule.Phases[r.NextPhase].Gate
-	if g.MaxFailureRate != nil && f.Finished < g.MinFinished {
+	switch {
+	case g.MaxFailureRate != nil && f.Finished < g.MinFinished:
 		return fmt.Sprintf("%d of the %d finished devices it needs have finished", f.Finished, g.MinFinished)
+	case f.EarlierLive > 0:
+		return fmt.Sprintf("%d devices of earlier phases have not finished, and each is watched for alerts once it completed", f.EarlierLive)
 	}
 	return fmt.Sprintf("devices that completed are watched for alerts for %s more", Span(f.WatchedUntil.Sub(now)))
 }

@@ -101,8 +101,14 @@ type Service struct {
 	ReportWorkers int
 	// MaxReportBatch bounds the reports of one store call; default 512.
 	MaxReportBatch int
-	// Now is the clock of last_seen_at; default time.Now.
+	// Now is the clock of last_seen_at and of rollouts; default time.Now.
 	Now func() time.Time
+	// Notified, when set, is called when a rollout's change wrote
+	// notifications to the outbox: the notifier delivers them.
+	Notified func()
+	// EmailEnabled says whether the server can send email (--smtp-addr);
+	// rollout notification rules by email are refused without it.
+	EmailEnabled bool
 
 	online   onlineSet
 	receipts chan fleet.ActionReceipt
@@ -328,7 +334,7 @@ func (s *Service) CancelAction(ctx context.Context, tenant string, id int64) err
 		return err
 	}
 	s.forgetRollout(tenant, id)
-	s.send(tenant, c.Sent)
+	s.changed(tenant, &fleet.RolloutChange{Event: c.Aborted, Sent: c.Sent})
 	return nil
 }
 

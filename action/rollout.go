@@ -21,9 +21,13 @@ type RolloutStore interface {
 	AbortRollout(ctx context.Context, tenant string, id int64, tell *fleet.Dispatch, now time.Time) (*fleet.RolloutChange, error)
 	TriggerNextPhase(ctx context.Context, tenant string, id int64, now time.Time) (*fleet.RolloutChange, error)
 	AppendPhase(ctx context.Context, tenant string, id int64, p fleet.Phase, check func(map[string]string) string, now time.Time) (*fleet.RolloutChange, error)
+	fleet.RolloutNotificationService
 }
 
-var _ fleet.RolloutService = (*Service)(nil)
+var (
+	_ fleet.RolloutService             = (*Service)(nil)
+	_ fleet.RolloutNotificationService = (*Service)(nil)
+)
 
 // checkSchedule checks what a schedule names beyond its shape: an end that
 // has not passed, alert rules of the tenant.
@@ -111,6 +115,9 @@ func (s *Service) advance(ctx context.Context, tenant string, id int64) {
 func (s *Service) changed(tenant string, c *fleet.RolloutChange) {
 	if c.Event != nil {
 		s.stats.rolloutEvents.Add(1)
+		if s.Notified != nil {
+			s.Notified()
+		}
 		s.Logger.Info("rollout "+strings.ReplaceAll(c.Event.Event, "_", " "), "tenant", tenant, "action_id", c.Event.ActionID,
 			"status", c.Event.Status, "phase", c.Event.Phase, "released", c.Event.Released, "reason", c.Event.Reason)
 	}
@@ -196,4 +203,45 @@ func (s *Service) AppendPhase(ctx context.Context, tenant string, id int64, p fl
 	}
 	c, err := s.Store.AppendPhase(ctx, tenant, id, p, check, s.Now())
 	return s.operated(ctx, tenant, id, c, err)
+}
+
+// CreateRolloutNotificationRule stores a rule the server can send.
+func (s *Service) CreateRolloutNotificationRule(ctx context.Context, tenant string, n *fleet.RolloutNotificationRule) error {
+	if err := s.canSend(n.ChannelParameters.Type); err != nil {
+		return err
+	}
+	return s.Store.CreateRolloutNotificationRule(ctx, tenant, n)
+}
+
+// UpdateRolloutNotificationRule applies a partial update the server can
+// send.
+func (s *Service) UpdateRolloutNotificationRule(ctx context.Context, tenant, id string, u fleet.RolloutNotificationRuleUpdate) (*fleet.RolloutNotificationRule, error) {
+	if u.ChannelParameters != nil {
+		if err := s.canSend(u.ChannelParameters.Type); err != nil {
+			return nil, err
+		}
+	}
+	return s.Store.UpdateRolloutNotificationRule(ctx, tenant, id, u)
+}
+
+// FindRolloutNotificationRule reads a rule.
+func (s *Service) FindRolloutNotificationRule(ctx context.Context, tenant, id string) (*fleet.RolloutNotificationRule, error) {
+	return s.Store.FindRolloutNotificationRule(ctx, tenant, id)
+}
+
+// FindRolloutNotificationRules lists a tenant's rules.
+func (s *Service) FindRolloutNotificationRules(ctx context.Context, tenant string, p fleet.Page) ([]*fleet.RolloutNotificationRule, int, error) {
+	return s.Store.FindRolloutNotificationRules(ctx, tenant, p)
+}
+
+// DeleteRolloutNotificationRule deletes a rule and what it has pending.
+func (s *Service) DeleteRolloutNotificationRule(ctx context.Context, tenant, id string) error {
+	return s.Store.DeleteRolloutNotificationRule(ctx, tenant, id)
+}
+
+func (s *Service) canSend(channel string) error {
+	if channel == fleet.ChannelEmail && !s.EmailEnabled {
+		return fleet.FieldErrors(map[string]string{"channel_parameters.type": "email is not configured on this server: its operator must set --smtp-addr and --smtp-from"})
+	}
+	return nil
 }

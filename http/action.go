@@ -1,7 +1,6 @@
 package fleethttp
 
 import (
-	"context"
 	"net/http"
 	"reflect"
 	"strconv"
@@ -192,49 +191,6 @@ func (s *Server) handleCancelAction(w http.ResponseWriter, r *http.Request) erro
 		return err
 	}
 	if err := s.Actions.CancelAction(r.Context(), tenantOf(r), id); err != nil {
-		return err
-	}
-	return s.quiet(w, r, http.StatusNoContent, func() (any, error) { return s.Actions.FindAction(r.Context(), tenantOf(r), id) })
-}
-
-// rolloutOperation answers one of a rollout's operations: 204, or the
-// action with Prefer: return=representation.
-func (s *Server) rolloutOperation(op func(rs fleet.RolloutService, ctx context.Context, tenant string, id int64) error) handlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) error {
-		id, err := pathActionID(r)
-		if err != nil {
-			return err
-		}
-		if err := op(s.Actions, r.Context(), tenantOf(r), id); err != nil {
-			return err
-		}
-		return s.quiet(w, r, http.StatusNoContent, func() (any, error) { return s.Actions.FindAction(r.Context(), tenantOf(r), id) })
-	}
-}
-
-func (s *Server) handleAppendPhase(w http.ResponseWriter, r *http.Request) error {
-	id, err := pathActionID(r)
-	if err != nil {
-		return err
-	}
-	body, err := s.decode(w, r, s.Limits.Bulk)
-	if err != nil {
-		return err
-	}
-	a, err := s.Actions.FindAction(r.Context(), tenantOf(r), id)
-	if err != nil {
-		return err
-	}
-	index := 0
-	if a.Schedule != nil {
-		index = len(a.Schedule.Phases)
-	}
-	f := fleet.NewFields(body)
-	p := fleet.ReadAppendedPhase(f, index)
-	if err := f.Err(); err != nil {
-		return err
-	}
-	if err := s.Actions.AppendPhase(r.Context(), tenantOf(r), id, p); err != nil {
 		return err
 	}
 	return s.quiet(w, r, http.StatusNoContent, func() (any, error) { return s.Actions.FindAction(r.Context(), tenantOf(r), id) })

@@ -61,6 +61,9 @@ type Server struct {
 
 	// Actions dispatches actions and follows the devices' progress.
 	Actions fleet.ActionService
+	// RolloutNotifications keeps the rules that send rollouts' changes of
+	// state to the tenants' channels.
+	RolloutNotifications fleet.RolloutNotificationService
 
 	// Security: TLS, timeouts against slow clients, rate limits
 	// (security.go).

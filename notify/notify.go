@@ -236,18 +236,26 @@ func (w *Worker) Deliver(ctx context.Context, d *fleet.Delivery) (int, error) {
 	if err != nil {
 		loc = time.UTC
 	}
-	data := fleet.NewNotificationData(d.Event, d.Alert, d.Rule, loc, w.Now())
-	subject, body, err := fleet.RenderNotification(n.NotificationTemplate, data)
+	var subject, body string
+	if d.Rollout != nil {
+		subject, body, err = fleet.RenderRolloutNotification(n.NotificationTemplate, fleet.NewRolloutNotificationData(d.Rollout, loc))
+	} else {
+		subject, body, err = fleet.RenderNotification(n.NotificationTemplate, fleet.NewNotificationData(d.Event, d.Alert, d.Rule, loc, w.Now()))
+	}
 	if err != nil {
 		return 0, fmt.Errorf("render template: %w", err)
 	}
 	switch n.ChannelParameters.Type {
 	case fleet.ChannelWebhook:
-		payload, err := json.Marshal(WebhookPayload{
-			Event: d.Event, DeliveryID: d.ID, Alert: d.Alert,
-			Rule:         WebhookRule{ID: d.Rule.ID, Name: d.Rule.Name, Group: d.Rule.Group, Stream: d.Rule.Stream},
-			Notification: fleet.NotificationTemplate{Subject: subject, Body: body},
-		})
+		var v any = RolloutWebhookPayload{Event: d.Event, DeliveryID: d.ID, Rollout: d.Rollout, Notification: fleet.NotificationTemplate{Subject: subject, Body: body}}
+		if d.Rollout == nil {
+			v = WebhookPayload{
+				Event: d.Event, DeliveryID: d.ID, Alert: d.Alert,
+				Rule:         WebhookRule{ID: d.Rule.ID, Name: d.Rule.Name, Group: d.Rule.Group, Stream: d.Rule.Stream},
+				Notification: fleet.NotificationTemplate{Subject: subject, Body: body},
+			}
+		}
+		payload, err := json.Marshal(v)
 		if err != nil {
 			return 0, err
 		}
@@ -276,6 +284,15 @@ type WebhookPayload struct {
 	DeliveryID   int64                      `json:"delivery_id"`
 	Alert        *fleet.Alert               `json:"alert"`
 	Rule         WebhookRule                `json:"rule"`
+	Notification fleet.NotificationTemplate `json:"notification"` // rendered
+}
+
+// RolloutWebhookPayload is the body of a rollout notification's webhook:
+// Event is "rollout." and the rollout event's kind.
+type RolloutWebhookPayload struct {
+	Event        string                     `json:"event"`
+	DeliveryID   int64                      `json:"delivery_id"`
+	Rollout      *fleet.RolloutEvent        `json:"rollout"`
 	Notification fleet.NotificationTemplate `json:"notification"` // rendered
 }
 

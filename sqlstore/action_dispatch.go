@@ -351,7 +351,10 @@ func (db *DB) CancelAction(ctx context.Context, tenant string, id int64, tell *f
 				return err
 			}
 			c.Aborted = &fleet.RolloutEvent{Event: fleet.RolloutEventAborted, ActionID: id, Action: r.Action, Status: string(r.Status),
-				Reason: "the action was cancelled", At: tx.now.UTC().Truncate(time.Millisecond)}
+				Reason: fmt.Sprintf("cancelled: %d device actions", c.Cancelled), At: tx.now.UTC().Truncate(time.Millisecond)}
+			if err := tx.notifyRollout(ctx, tenant, c.Aborted); err != nil {
+				return err
+			}
 		}
 		if c.Cancelled == 0 && c.Aborted == nil {
 			return nil // nothing left to cancel is not worth an audit row

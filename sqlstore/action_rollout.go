@@ -274,32 +274,41 @@ func (db *DB) rolloutFacts(ctx context.Context, q querier, tenant string, r *fle
 		}
 	}
 	if len(g.AlertRules) > 0 {
-		watch := g.WatchSeconds * 1000
-		var last sql.NullInt64
-		if err := q.queryRow(ctx, "SELECT max(updated_at) FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status = ? AND phase < ?",
-			tenant, r.ActionID, string(fleet.StatusCompleted), k).Scan(&last); err != nil {
+		if err := q.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+statusIn(liveStatuses)+" AND phase < ?",
+			tenant, r.ActionID, k).Scan(&f.EarlierLive); err != nil {
 			return f, err
 		}
-		if !last.Valid {
-			return f, nil // nothing completed: nothing to watch
-		}
-		f.WatchedUntil = fromMillis(last.Int64 + watch)
+		watch := g.WatchSeconds * 1000
+		// Alerts of the gate's rules since the rollout began, each checked
+		// against its device's record: few rows, from alerts_by_rule.
 		var a fleet.GateAlert
 		var after int64
 		err := q.queryRow(ctx, `SELECT ar.name, al.device_id, al.started_at - da.updated_at
-			FROM device_actions da
-			JOIN alerts al ON al.tenant = da.tenant AND al.device_id = da.device_id
+			FROM alerts al
 			JOIN alert_rules ar ON ar.id = al.rule_id
-			WHERE da.tenant = ? AND da.action_id = ? AND da.action_status = ? AND da.phase < ?
-			AND al.rule_id IN (`+placeholders(len(g.AlertRules))+`) AND al.started_at >= da.updated_at AND al.started_at <= da.updated_at + ?
+			JOIN device_actions da ON da.tenant = al.tenant AND da.action_id = ? AND da.device_id = al.device_id
+			WHERE al.tenant = ? AND al.rule_id IN (`+placeholders(len(g.AlertRules))+`) AND al.started_at >= ?
+			AND da.action_status = ? AND da.phase < ? AND al.started_at >= da.updated_at AND al.started_at <= da.updated_at + ?
 			ORDER BY al.started_at, al.device_id LIMIT 1`,
-			append(append([]any{tenant, r.ActionID, string(fleet.StatusCompleted), k}, anys(g.AlertRules)...), watch)...).Scan(&a.RuleName, &a.DeviceID, &after)
+			append(append([]any{r.ActionID, tenant}, anys(g.AlertRules)...), millis(r.TriggeredAt[0]), string(fleet.StatusCompleted), k, watch)...).
+			Scan(&a.RuleName, &a.DeviceID, &after)
 		switch {
 		case err == nil:
 			a.After = time.Duration(after) * time.Millisecond
 			f.Alert = &a
 		case !errors.Is(err, sql.ErrNoRows):
 			return f, err
+		}
+		if f.EarlierLive > 0 || f.Alert != nil {
+			return f, nil // the watch cannot end yet, or need not
+		}
+		var last sql.NullInt64
+		if err := q.queryRow(ctx, "SELECT max(updated_at) FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status = ? AND phase < ?",
+			tenant, r.ActionID, string(fleet.StatusCompleted), k).Scan(&last); err != nil {
+			return f, err
+		}
+		if last.Valid {
+			f.WatchedUntil = fromMillis(last.Int64 + watch)
 		}
 	}
 	return f, nil
@@ -421,7 +430,7 @@ func (tx *Tx) applyStep(ctx context.Context, tenant string, r *fleet.Rollout, st
 		ev.Status = string(r.Status)
 		c.Event = ev
 	}
-	return c, nil
+	return c, tx.notifyRollout(ctx, tenant, c.Event)
 }
 
 // saveRollout writes r's state.
@@ -597,13 +606,16 @@ func (db *DB) operate(ctx context.Context, tenant string, id int64, action strin
 		if c, err = op(tx, r); err != nil {
 			return err
 		}
-		if c.Step.Kind == fleet.StepWait { // applyStep saved what a step changed
+		if c.Step.Kind == fleet.StepWait { // applyStep saved and notified what a step changed
 			if err := tx.saveRollout(ctx, tenant, r, millis(now)); err != nil {
 				return err
 			}
-		}
-		if ev := c.Event; ev != nil {
-			ev.ActionID, ev.Action, ev.Status, ev.At = r.ActionID, r.Action, string(r.Status), now.UTC().Truncate(time.Millisecond)
+			if ev := c.Event; ev != nil {
+				ev.ActionID, ev.Action, ev.Status, ev.At = r.ActionID, r.Action, string(r.Status), now.UTC().Truncate(time.Millisecond)
+				if err := tx.notifyRollout(ctx, tenant, ev); err != nil {
+					return err
+				}
+			}
 		}
 		details := map[string]any{"status": string(r.Status), "was": string(before.Status)}
 		switch c.Step.Kind {

@@ -177,6 +177,20 @@ func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
 			"params":   map[string]any{"delay": 5, "ratio": 2.5, "why": "test", "nested": map[string]any{"list": []any{1, "x", true, nil}}},
 			"metadata": map[string]any{"ticket": "T-1"}, "search_key": "string", "search_query": "string"}
 	}
+	rollout := func(t *testing.T, s *testServer, v vars) {
+		device("ap-{m}")(t, s, v)
+		s.mustDevice(t, s.admin(), v.fill("ap2-{m}"), nil)
+		v["dev2"] = v.fill("ap2-{m}")
+		v["action"] = fmt.Sprint(s.dispatch(t, s.admin(), map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{v["dev"]},
+			"schedule": map[string]any{"phases": []any{map[string]any{"name": "one", "trigger_on": map[string]any{"type": "manual"},
+				"info": map[string]any{"type": "fixed_list", "device_ids": []string{v["dev"]}}}}}}))
+	}
+	rolloutRule := func(t *testing.T, s *testServer, v vars) {
+		var r struct{ ID string }
+		s.do(t, s.admin(), "POST", "/api/v1/rollout-notification-rules", map[string]any{
+			"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/" + v["m"]}}).want(t, 201).decode(t, &r)
+		v["rrule"] = r.ID
+	}
 	cases := []bodyCase{
 		{"POST /api/v1/devices", nil, "/api/v1/devices", func(v vars) any {
 			return map[string]any{"id": "dev-" + v["m"], "metadata": map[string]any{"site": "Berlin", "ü": "ß"}}
@@ -195,6 +209,30 @@ func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
 		}, 204, "/api/v1/tenants/default/auth"},
 		{"POST /mock/api/v1/actions (S1)", device("s1-{m}"), "/mock/api/v1/actions", dispatch, 201, "Location"},
 		{"POST /api/v1/actions", device("act-{m}"), "/api/v1/actions", dispatch, 201, "Location"},
+		{"POST /api/v1/actions (rollout)", device("ro-{m}"), "/api/v1/actions", func(v vars) any {
+			return map[string]any{"action": "update", "params": map[string]any{"v": 2}, "search_type": "default", "device_ids": []string{v["dev"]},
+				"schedule": map[string]any{"release_notes": "fixes ü", "end_timestamp": 4102444800000,
+					"maintenance_window": map[string]any{"start": "02:00", "end": "05:00", "timezone": "Europe/Berlin"},
+					"phases": []any{
+						map[string]any{"name": "canary", "trigger_on": map[string]any{"type": "timestamp", "timestamp": 4102444700000},
+							"info": map[string]any{"type": "fixed_list", "device_ids": []string{v["dev"]}}},
+						map[string]any{"name": "rest", "trigger_on": map[string]any{"type": "after_previous", "wait_seconds": 3600},
+							"info": map[string]any{"type": "percentage", "percentage": 100},
+							"gate": map[string]any{"max_failure_rate": 0.1, "min_finished": 2}},
+					}}}
+		}, 201, "Location"},
+		{"POST /api/v1/actions/{id}/append_phase", rollout, "/api/v1/actions/{action}/append_phase", func(v vars) any {
+			return map[string]any{"name": "late", "trigger_on": map[string]any{"type": "manual"},
+				"info": map[string]any{"type": "fixed_list", "device_ids": []string{v["dev2"]}}}
+		}, 204, "/api/v1/actions/{action}"},
+		{"POST /api/v1/rollout-notification-rules", nil, "/api/v1/rollout-notification-rules", func(v vars) any {
+			return map[string]any{"channel_parameters": map[string]any{"type": "email", "to": []any{"release@example.com"}},
+				"notification_template": map[string]any{"subject": "{{.Action}} {{.Event}}", "body": "{{.Reason}}"}, "timezone": "Asia/Tokyo",
+				"events": []any{"paused", "completed"}}
+		}, 201, "Location"},
+		{"PUT /api/v1/rollout-notification-rules/{id}", rolloutRule, "/api/v1/rollout-notification-rules/{rrule}", func(v vars) any {
+			return map[string]any{"events": []any{"aborted"}, "timezone": "UTC", "notification_template": map[string]any{"subject": "s", "body": "b"}}
+		}, 204, "/api/v1/rollout-notification-rules/{rrule}"},
 		{"POST /api/v1/devices/action/status (S10)", dispatched, "/api/v1/devices/action/status", func(v vars) any {
 			return map[string]any{"device_id": v["dev"], "action_id": v["action"], "state": "Downloading", "progress": 40,
 				"errors": []any{"slow link"}, "timestamp": 1763719200000, "sequence": 3}

@@ -39,6 +39,7 @@ type world struct {
 	ruleID           string
 	notificationID   string
 	alertID          string
+	rolloutRuleID    string
 	s9               map[string]any // its end users' configuration
 }
 
@@ -89,6 +90,11 @@ func seed(t *testing.T, s *testServer, admin creds, mark, hookURL string, idp *i
 		}
 		return w.alertID != ""
 	})
+	var rr struct{ ID string }
+	s.do(t, admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
+		"channel_parameters":    map[string]any{"type": "webhook", "url": hookURL + "/rollouts-" + mark, "secret": "s-" + mark},
+		"notification_template": map[string]any{"subject": "rollout " + mark}}).want(t, 201).decode(t, &rr)
+	w.rolloutRuleID = rr.ID
 	s.do(t, admin, "POST", "/api/v1/apikeys", map[string]any{"name": "k-" + mark, "role": "viewer", "user_email": "ops@" + strings.ToLower(mark) + ".example.com"}).want(t, 201)
 	w.s9 = map[string]any{"method": "jwks", "jwks_url": idp.srv.URL, "issuer": "https://id.example.com", "audience": "fleetd", "default_role": "viewer"}
 	s.do(t, admin, "PUT", "/api/v1/tenants/"+admin.Tenant+"/auth", w.s9).want(t, 204)
@@ -182,6 +188,23 @@ var endpoints = map[string]endpoint{
 	"POST /api/v1/actions/{id}/append_phase": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		return fmt.Sprintf("/api/v1/actions/%d/append_phase", rolloutOf(t, s, w)), map[string]any{"name": "more-" + w.mark,
 			"trigger_on": map[string]any{"type": "manual"}, "info": map[string]any{"type": "fixed_list", "device_ids": []string{w.name + "-dev-2"}}}
+	}},
+	"POST /api/v1/rollout-notification-rules": {perm: "operate", other: 201, prepare: func(*testing.T, *testServer, *world) (string, any) {
+		return "/api/v1/rollout-notification-rules", map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/r"},
+			"notification_template": map[string]any{"subject": "s", "body": "b"}, "timezone": "Europe/Berlin", "events": []string{"paused", "completed"}}
+	}},
+	"GET /api/v1/rollout-notification-rules": {perm: "read", other: 200, prepare: static("/api/v1/rollout-notification-rules")},
+	"GET /api/v1/rollout-notification-rules/{id}": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/rollout-notification-rules/" + w.rolloutRuleID, nil
+	}},
+	"PUT /api/v1/rollout-notification-rules/{id}": {perm: "operate", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/rollout-notification-rules/" + w.rolloutRuleID, map[string]any{"timezone": "UTC", "events": []string{"paused"}}
+	}},
+	"DELETE /api/v1/rollout-notification-rules/{id}": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		var rr struct{ ID string }
+		s.do(t, w.admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
+			"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/gone"}}).want(t, 201).decode(t, &rr)
+		return "/api/v1/rollout-notification-rules/" + rr.ID, nil
 	}},
 	"GET /api/v1/devices/{device_id}/actions": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/api/v1/devices/" + w.device + "/actions?sort_by=updated_at&sort_order=asc", nil

@@ -59,8 +59,8 @@ func TestIsolationMatrix(t *testing.T) {
 		// its ids unless the caller sent them.
 		secrets := map[string][]string{"alpha": {wb.mark}, "bravo": {wa.mark}}
 		ids := map[string][]string{
-			"alpha": {wb.device, "bravo-dev-2", wb.ruleID, wb.bundleID, wb.notificationID, wb.alertID, wb.component},
-			"bravo": {wa.device, "alpha-dev-2", wa.ruleID, wa.bundleID, wa.notificationID, wa.alertID, wa.component},
+			"alpha": {wb.device, "bravo-dev-2", wb.ruleID, wb.bundleID, wb.notificationID, wb.alertID, wb.component, wb.rolloutRuleID},
+			"bravo": {wa.device, "alpha-dev-2", wa.ruleID, wa.bundleID, wa.notificationID, wa.alertID, wa.component, wa.rolloutRuleID},
 		}
 		leaks := 0
 		check := func(tenant, sent string, r *response) {

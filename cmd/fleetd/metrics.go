@@ -16,7 +16,7 @@ import (
 
 // newRegistry returns the registry /metrics serves, with the Go runtime,
 // the process, and each component's counters.
-func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweeper, engine *alert.Engine, notifier *notify.Worker, ch mqtt.Channel) *prometheus.Registry {
+func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweeper, engine *alert.Engine, notifier, rolloutNotifier *notify.Worker, ch mqtt.Channel) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	counter := func(name, help string, f func() float64) {
@@ -57,6 +57,10 @@ func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweep
 		func() float64 { return float64(notifier.Stats().Retried) })
 	counter("fleetd_notifications_dead_total", "notifications given up on after the last attempt",
 		func() float64 { return float64(notifier.Stats().Dead) })
+	counter("fleetd_rollout_notifications_delivered_total", "rollout notifications that arrived",
+		func() float64 { return float64(rolloutNotifier.Stats().Delivered) })
+	counter("fleetd_rollout_notifications_dead_total", "rollout notifications given up on after the last attempt",
+		func() float64 { return float64(rolloutNotifier.Stats().Dead) })
 
 	if c, ok := ch.(*mqtt.Client); ok {
 		gauge("fleetd_mqtt_broker_connected", "1 while fleetd is connected and subscribed to the external MQTT broker", func() float64 {

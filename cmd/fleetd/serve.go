@@ -79,9 +79,15 @@ func runServe(ctx context.Context, args []string, e env) error {
 	var loops sync.WaitGroup
 	defer loops.Wait()
 	defer stopLoops()
-	loops.Add(3)
+	// Rollouts' changes of state go to the tenants' rollout notification
+	// rules through an outbox of their own, delivered the same way.
+	rolloutNotifier := &notify.Worker{Store: db.RolloutOutbox(), Logger: log.With("outbox", "rollouts"), SMTP: c.smtp,
+		MaxAttempts: c.notifyMaxAttempts, Backoff: c.notifyBackoff, MaxBackoff: c.notifyMaxBackoff, Lease: c.scale.notifyLease,
+		Owner: replicaName()}
+	loops.Add(4)
 	go func() { defer loops.Done(); engine.Run(loopCtx) }()
 	go func() { defer loops.Done(); notifier.Run(loopCtx) }()
+	go func() { defer loops.Done(); rolloutNotifier.Run(loopCtx) }()
 	go func() { defer loops.Done(); fw.RunOrphanRemoval(loopCtx, time.Hour) }()
 
 	// Actions: the service sends through the broker, the broker hands the
@@ -89,7 +95,8 @@ func runServe(ctx context.Context, args []string, e env) error {
 	// update_firmware is prepared by the firmware service: the bundle is
 	// checked, devices get its signed URL, incompatible devices fail.
 	actions := &action.Service{Store: db, Logger: log,
-		Preparers: map[string]fleet.ActionPreparer{fleet.ActionUpdateFirmware: fw}}
+		Preparers: map[string]fleet.ActionPreparer{fleet.ActionUpdateFirmware: fw},
+		Notified:  rolloutNotifier.Wake, EmailEnabled: c.smtp.Addr != ""}
 	if db.Dialect() == "sqlite" {
 		// One writer: a single report worker gathers every report that
 		// arrives while the last batch commits, so batches are as large
@@ -129,7 +136,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	// End users of tenants that configured S9 sign in with bearer tokens.
 	users := &enduser.Authenticator{Store: db, Logger: log}
 
-	reg := newRegistry(db, actions, sweeper, engine, notifier, broker)
+	reg := newRegistry(db, actions, sweeper, engine, notifier, rolloutNotifier, broker)
 	api := &fleethttp.Server{
 		Addr:       c.httpAddr,
 		Logger:     log,
@@ -146,7 +153,9 @@ func runServe(ctx context.Context, args []string, e env) error {
 		Firmware:   fw,
 		Actions:    actions,
 		BrokerAuth: brokerAuth,
-		Security:   sec.http,
+
+		RolloutNotifications: actions,
+		Security:             sec.http,
 	}
 	if ms, ok := broker.(*mqtt.Server); ok && sec.certs != nil {
 		api.DeviceCerts = sec.certs

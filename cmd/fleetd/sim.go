@@ -24,8 +24,13 @@ import (
 
 const simAbout = `Simulates a fleet: connects N devices to fleetd's MQTT broker, each
 subscribed to its actions. A device executes what it receives by reporting
-Received, then Downloading with rising progress, then Completed (or Failed,
-as often as --fail-rate says), and publishes telemetry points on a stream.
+Received, then Downloading with rising progress, then Completed, or Failed
+on the devices --fail-rate chooses (the same devices every run: the share is
+taken by a hash of the device id), and publishes telemetry points on a
+stream. With --unhealthy-after-update, a device whose update_firmware
+completed publishes a point at once and from then on runs hot
+(temperature 95, where healthy devices send 20 to 30): an alert rule on it
+opens, as a rollout's alert gate wants to see.
 An update_firmware is real: the device downloads the bundle from the
 signed URL it is sent, checks its checksum and length, and reports
 Completed or Failed with the reason.
@@ -47,6 +52,7 @@ type simConfig struct {
 	apiKey         string
 	tokens         string
 	failRate       float64
+	unhealthy      bool
 	step           time.Duration
 	telemetry      time.Duration
 	stream         string
@@ -66,7 +72,8 @@ func runSim(ctx context.Context, args []string, e env) error {
 	fs.StringVar(&c.apiURL, "url", "http://localhost:8080", "`URL` of fleetd's HTTP API, for --provision")
 	fs.StringVar(&c.apiKey, "api-key", "", "`KEY` of an operator or admin, for --provision")
 	fs.StringVar(&c.tokens, "tokens", "", "`FILE` of id,token lines: read it, or with --provision write it")
-	fs.Float64Var(&c.failRate, "fail-rate", 0, "`FRACTION` (0 to 1) of actions that end Failed")
+	fs.Float64Var(&c.failRate, "fail-rate", 0, "`FRACTION` (0 to 1) of the devices, chosen stably by id, that fail every action they run")
+	fs.BoolVar(&c.unhealthy, "unhealthy-after-update", false, "devices whose update_firmware completed run hot from then on: their telemetry trips a temperature alert")
 	fs.DurationVar(&c.step, "step", 500*time.Millisecond, "`DURATION` between a device's status reports on an action")
 	fs.DurationVar(&c.telemetry, "telemetry-interval", 5*time.Second, "`DURATION` between a device's telemetry points; 0 sends none")
 	fs.StringVar(&c.stream, "stream", "telemetry", "`STREAM` the telemetry goes to")
@@ -278,10 +285,11 @@ type simDevice struct {
 	id, token string
 	client    pahov3.Client
 
-	mu      sync.Mutex
-	running map[string]context.CancelFunc // action id -> stop it
-	seen    map[string]bool               // action ids received: delivery is at least once
-	seq     int64                         // of telemetry points
+	mu        sync.Mutex
+	running   map[string]context.CancelFunc // action id -> stop it
+	seen      map[string]bool               // action ids received: delivery is at least once
+	seq       int64                         // of telemetry points
+	unhealthy bool                          // runs hot since an update (--unhealthy-after-update)
 }
 
 func (d *simDevice) connect(ctx context.Context) error {
@@ -345,7 +353,7 @@ func (d *simDevice) publishPoint() {
 	pt := []map[string]any{{
 		"timestamp":   time.Now().UnixMilli(),
 		"sequence":    seq,
-		"temperature": 20 + 10*rand.Float64(),
+		"temperature": d.temperature(),
 		"humidity":    40 + 20*rand.Float64(),
 	}}
 	b, _ := json.Marshal(pt)
@@ -416,7 +424,7 @@ func (d *simDevice) execute(ctx context.Context, m action.Message) {
 	case <-ctx.Done():
 		return
 	}
-	if rand.Float64() < d.sim.cfg.failRate {
+	if d.fails() {
 		if report("Failed", 80, "simulated failure") {
 			d.sim.failed.Add(1)
 		}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"strings"
 	"time"
@@ -27,8 +26,8 @@ const simDownloadAttempts = 3
 // the uplink agent would: it downloads the bundle from the signed URL in
 // the payload (resuming with Range after a cut), reports Downloading with
 // its progress, checks the checksum and length, and reports Completed, or
-// Failed with the reason (--fail-rate fails some after the download, as an
-// installation that goes wrong).
+// Failed with the reason (--fail-rate's devices fail after the download, as
+// an installation that goes wrong).
 func (d *simDevice) updateFirmware(ctx context.Context, m action.Message) {
 	var seq int64
 	report := func(state string, progress int, errs ...string) bool {
@@ -80,11 +79,12 @@ func (d *simDevice) updateFirmware(ctx context.Context, m action.Message) {
 		fail(fmt.Sprintf("content length mismatch: downloaded %d bytes, expected %d", got, p.ContentLength))
 	case hex.EncodeToString(sum.Sum(nil)) != p.Checksum:
 		fail(fmt.Sprintf("checksum mismatch: downloaded %s, expected %s", hex.EncodeToString(sum.Sum(nil)), p.Checksum))
-	case rand.Float64() < d.sim.cfg.failRate:
+	case d.fails():
 		fail("simulated installation failure")
 	default:
 		if report("Completed", 100) {
 			d.sim.completed.Add(1)
+			d.updated()
 		}
 	}
 }

@@ -1,0 +1,462 @@
+package main
+
+import (
+	"crypto/md5"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet/codec"
+	"github.com/fleetd/fleet/notify"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// wantCode checks an error answer's status and code.
+func wantCode(t *testing.T, r *response, status int, code string) {
+	t.Helper()
+	r.want(t, status)
+	if got := r.errorCode(t); got != code {
+		t.Fatalf("%s: error %q, want %q: %s", r.req, got, code, r.Body)
+	}
+}
+
+// rolloutBody is an action as GET /api/v1/actions/{id} shows a rollout.
+type rolloutBody struct {
+	actionBody
+	StatusesPhased  map[string]map[string]int          `json:"statuses_phased"`
+	Schedule        *struct{ Phases []map[string]any } `json:"schedule"`
+	PhasesTriggered []bool                             `json:"phases_triggered"`
+	NextPhaseIndex  *int                               `json:"next_phase_index"`
+	Status          string                             `json:"status"`
+	PauseReason     string                             `json:"pause_reason"`
+}
+
+func (s *testServer) rollout(t *testing.T, c creds, id int64) rolloutBody {
+	t.Helper()
+	var a rolloutBody
+	s.do(t, c, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).want(t, 200).decode(t, &a)
+	return a
+}
+
+// awaitRollout waits for the rollout's status.
+func (s *testServer) awaitRollout(t *testing.T, c creds, id int64, status string) rolloutBody {
+	t.Helper()
+	var a rolloutBody
+	deadline := time.Now().Add(bound)
+	for a = s.rollout(t, c, id); a.Status != status; a = s.rollout(t, c, id) {
+		if time.Now().After(deadline) {
+			t.Fatalf("rollout %d is %s, not %s: %+v", id, a.Status, status, a)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return a
+}
+
+// phase is a phase of a schedule.
+func phase(name string, trigger map[string]any, info map[string]any) map[string]any {
+	return map[string]any{"name": name, "trigger_on": trigger, "info": info}
+}
+
+func fixedList(ids ...string) map[string]any {
+	return map[string]any{"type": "fixed_list", "device_ids": ids}
+}
+
+func percent(p int) map[string]any { return map[string]any{"type": "percentage", "percentage": p} }
+
+var (
+	triggerNow    = map[string]any{"type": "now"}
+	triggerManual = map[string]any{"type": "manual"}
+	triggerAfter  = map[string]any{"type": "after_previous", "wait_seconds": 0}
+)
+
+// rankOrder sorts device ids as percentage phases take them: by the first
+// 64 bits of their MD5, as a signed integer.
+func rankOrder(ids []string) []string {
+	rank := func(id string) int64 {
+		sum := md5.Sum([]byte(id))
+		return int64(binary.BigEndian.Uint64(sum[:8]))
+	}
+	out := slices.Clone(ids)
+	sort.Slice(out, func(i, j int) bool { return rank(out[i]) < rank(out[j]) })
+	return out
+}
+
+// rolloutEvents lists the rollout notifications a receiver got for action
+// id, as "event" or "event:phase", in the order the changes were made
+// (their outbox ids; the notifier sends several at once).
+func rolloutEvents(t *testing.T, r *receiver, id int64) []string {
+	t.Helper()
+	type event struct {
+		delivery int64
+		name     string
+	}
+	var got []event
+	for _, req := range r.got() {
+		var p notify.RolloutWebhookPayload
+		if err := json.Unmarshal(req.body, &p); err != nil || p.Rollout == nil {
+			t.Fatalf("a rollout notification %s: %v", req.body, err)
+		}
+		if p.Rollout.ActionID != id {
+			continue
+		}
+		e := p.Rollout.Event
+		if p.Rollout.Phase != nil && e == "phase_triggered" {
+			e += fmt.Sprintf(":%d", *p.Rollout.Phase)
+		}
+		if p.Event != "rollout."+p.Rollout.Event || req.header.Get("X-Fleet-Event") != p.Event {
+			t.Fatalf("notification event %q, header %q, for %q", p.Event, req.header.Get("X-Fleet-Event"), p.Rollout.Event)
+		}
+		got = append(got, event{p.DeliveryID, e})
+	}
+	sort.Slice(got, func(i, j int) bool { return got[i].delivery < got[j].delivery })
+	out := []string{}
+	for _, e := range got {
+		out = append(out, e.name)
+	}
+	return out
+}
+
+// awaitEvents waits until the receiver got want for action id, exactly.
+func awaitEvents(t *testing.T, r *receiver, id int64, want ...string) {
+	t.Helper()
+	var got []string
+	deadline := time.Now().Add(bound)
+	for got = rolloutEvents(t, r, id); !slices.Equal(got, want); got = rolloutEvents(t, r, id) {
+		if time.Now().After(deadline) {
+			t.Fatalf("rollout notifications of action %d: %v, want %v", id, got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// simActions is the number of actions the simulator received, from its
+// last progress line.
+func simActions(r *simRun) int {
+	lines := regexp.MustCompile(`actions=(\d+)`).FindAllStringSubmatch(r.out.String(), -1)
+	if len(lines) == 0 {
+		return 0
+	}
+	var n int
+	fmt.Sscan(lines[len(lines)-1][1], &n)
+	return n
+}
+
+// TestRolloutEndToEnd runs rollouts on simulated MQTT devices: phases
+// release exactly their devices, the failure-rate and alert gates pause with
+// their reasons, resume waives a gate, trigger_next_phase, append_phase and
+// abort do what they say, end_timestamp cancels what was never released,
+// and every change of state reaches the tenant's webhook.
+func TestRolloutEndToEnd(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, append([]string{"--rollout-interval", "20ms"}, alertFlags...)...)
+		admin := s.admin()
+		hook := newReceiver(t, 0)
+		s.do(t, admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
+			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL, "secret": "s3cret"}}).want(t, 201)
+		tokens := filepath.Join(t.TempDir(), "tokens.csv")
+		var ids []string
+		for i := 1; i <= 10; i++ {
+			ids = append(ids, fmt.Sprintf("ro-%05d", i))
+		}
+		sim := s.startSim(t, "--devices", "10", "--provision", "--url", s.URL, "--api-key", admin.Key,
+			"--tokens", tokens, "--prefix", "ro-", "--telemetry-interval", "0")
+		sim.connected(t, 10)
+
+		t.Run("PhasesReleaseTheirDevices", func(t *testing.T) {
+			id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "ro-",
+				"schedule": map[string]any{"release_notes": "a reboot, in three", "phases": []any{
+					phase("canary", triggerNow, fixedList("ro-00003", "ro-00007")),
+					phase("half", triggerManual, percent(50)),
+					phase("rest", triggerAfter, percent(100)),
+				}}})
+			eventually(t, "the canary to complete", func() bool { return s.rollout(t, admin, id).StatusesPhased["0"]["Completed"] == 2 })
+			a := s.rollout(t, admin, id)
+			if a.Status != "running" || fmt.Sprint(a.PhasesTriggered) != "[true false false]" || *a.NextPhaseIndex != 1 ||
+				fmt.Sprint(a.StatusesPhased) != "map[0:map[Completed:2] 1:map[Scheduled:3] 2:map[Scheduled:5]]" || len(a.Schedule.Phases) != 3 {
+				t.Fatalf("after the canary: %+v", a)
+			}
+			// Half of ten is five released: the canary's two and the first
+			// three of the others in the stable order.
+			var others []string
+			for _, d := range ids {
+				if d != "ro-00003" && d != "ro-00007" {
+					others = append(others, d)
+				}
+			}
+			order := rankOrder(others)
+			for i, d := range order {
+				want := 2
+				if i < 3 {
+					want = 1
+				}
+				if da := s.deviceAction(t, admin, d, id); da.Phase != want || da.ActionStatus != "Scheduled" || da.Status != "Scheduled" {
+					t.Fatalf("%s: %+v, want Scheduled in phase %d", d, da, want)
+				}
+			}
+			if da := s.deviceAction(t, admin, "ro-00003", id); da.Phase != 0 {
+				t.Fatalf("ro-00003: phase %d", da.Phase)
+			}
+			if n := simActions(sim); n != 2 {
+				t.Fatalf("the devices received %d actions; only the canary's two were released", n)
+			}
+			// A device reporting on an action its phase has not released
+			// is told it has no such action.
+			wantCode(t, s.do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": order[0], "action_id": id, "state": "Running"}), 404, "not_found")
+
+			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+			a = s.awaitRollout(t, admin, id, "completed")
+			if a.Statuses["Completed"] != 10 || fmt.Sprint(a.PhasesTriggered) != "[true true true]" || *a.NextPhaseIndex != 3 {
+				t.Fatalf("completed: %+v", a)
+			}
+			awaitEvents(t, hook, id, "phase_triggered:0", "phase_triggered:1", "phase_triggered:2", "completed")
+			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
+			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil), 409, "conflict")
+			// An action without a schedule has none of these operations.
+			plain := s.dispatch(t, admin, map[string]any{"action": "x", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"ro-00001"}})
+			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", plain), nil), 409, "conflict")
+			if pa := s.rollout(t, admin, plain); pa.Status != "" || pa.Schedule != nil || pa.StatusesPhased["-1"] == nil {
+				t.Fatalf("an action without a schedule shows %+v", pa)
+			}
+		})
+
+		t.Run("FailureRateGate", func(t *testing.T) {
+			sim.stop(t)
+			failing := s.startSim(t, "--devices", "10", "--tokens", tokens, "--fail-rate", "0.5", "--telemetry-interval", "0")
+			failing.connected(t, 10)
+			var bad, good string
+			for _, d := range ids {
+				if simFails(d, 0.5) && bad == "" {
+					bad = d
+				} else if !simFails(d, 0.5) && good == "" {
+					good = d
+				}
+			}
+			id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "ro-",
+				"schedule": map[string]any{"phases": []any{
+					phase("canary", triggerNow, fixedList(bad, good)),
+					map[string]any{"name": "rest", "trigger_on": triggerNow, "info": percent(100), "gate": map[string]any{"max_failure_rate": 0.3, "min_finished": 2}},
+				}}})
+			a := s.awaitRollout(t, admin, id, "paused")
+			if want := "phase 1 (rest) not released: 1 of 2 finished devices failed (50% > 30%)"; a.PauseReason != want || a.StatusesPhased["1"]["Scheduled"] != 8 {
+				t.Fatalf("paused: %q, want %q; %+v", a.PauseReason, want, a)
+			}
+			awaitEvents(t, hook, id, "phase_triggered:0", "paused")
+			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
+			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil), 409, "conflict")
+			// Resuming waives the gate: the rest is released at once.
+			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/resume", id), nil).want(t, 204)
+			a = s.awaitRollout(t, admin, id, "completed")
+			if a.Statuses["Completed"]+a.Statuses["Failed"] != 10 || a.PauseReason != "" {
+				t.Fatalf("after the resume: %+v", a)
+			}
+			awaitEvents(t, hook, id, "phase_triggered:0", "paused", "resumed", "phase_triggered:1", "completed")
+			failing.stop(t)
+		})
+
+		t.Run("AlertGate", func(t *testing.T) {
+			s.mustUpload(t, admin, makeBundle(t, "2.3.0", bootloader, part{name: "app", version: "2.3.0", body: "app 2.3.0"}))
+			rule := s.mustAlertRule(t, admin, map[string]any{"name": "overheating", "stream": "telemetry",
+				"condition": map[string]any{"field": "temperature", "operator": ">", "value": 80}})
+			sick := s.startSim(t, "--devices", "10", "--tokens", tokens, "--unhealthy-after-update", "--telemetry-interval", "50ms")
+			sick.connected(t, 10)
+			id := s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.3.0"}, "search_type": "search", "search_query": "ro-",
+				"schedule": map[string]any{"phases": []any{
+					phase("canary", triggerNow, fixedList("ro-00004")),
+					map[string]any{"name": "everyone", "trigger_on": triggerNow, "info": percent(100),
+						"gate": map[string]any{"alert_rules": []string{rule.ID}, "watch_seconds": 600}},
+				}}})
+			a := s.awaitRollout(t, admin, id, "paused")
+			if !regexp.MustCompile(`^phase 1 \(everyone\) not released: alert 'overheating' opened on ro-00004 \d+ seconds? after its update completed$`).MatchString(a.PauseReason) {
+				t.Fatalf("paused: %q", a.PauseReason)
+			}
+			if a.StatusesPhased["0"]["Completed"] != 1 || a.StatusesPhased["1"]["Scheduled"] != 9 {
+				t.Fatalf("paused: %+v", a)
+			}
+			// Abort: nothing more is released; what was never released
+			// is cancelled without a word to its devices.
+			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/abort", id), nil).want(t, 204)
+			a = s.rollout(t, admin, id)
+			if a.Status != "aborted" || a.StatusesPhased["1"]["Cancelled"] != 9 {
+				t.Fatalf("aborted: %+v", a)
+			}
+			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/abort", id), nil), 409, "conflict")
+			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/resume", id), nil), 409, "conflict")
+			awaitEvents(t, hook, id, "phase_triggered:0", "paused", "aborted")
+			sick.stop(t)
+		})
+
+		t.Run("ManualAppendAbort", func(t *testing.T) {
+			slow := s.startSim(t, "--devices", "10", "--tokens", tokens, "--step", "300ms", "--telemetry-interval", "0")
+			slow.connected(t, 10)
+			id := s.dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{}, "search_type": "default",
+				"device_ids": []string{"ro-00001", "ro-00002", "ro-00003", "ro-00004", "ro-00005"},
+				"schedule": map[string]any{"phases": []any{
+					phase("first", triggerManual, fixedList("ro-00001")),
+					phase("rest", triggerManual, percent(100)),
+				}}})
+			if a := s.rollout(t, admin, id); a.Status != "scheduled" || a.Statuses["Scheduled"] != 5 {
+				t.Fatalf("before any trigger: %+v", a)
+			}
+			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+			s.awaitActionStatus(t, admin, "ro-00001", id, "Completed")
+
+			// append_phase takes devices the action does not target yet.
+			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ro-00002"))), 400, "invalid")
+			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ghost"))), 400, "invalid")
+			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, percent(100))), 400, "invalid")
+			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ro-00009"))).want(t, 204)
+			a := s.rollout(t, admin, id)
+			if a.Targeted != 6 || len(a.Schedule.Phases) != 3 || fmt.Sprint(a.PhasesTriggered) != "[true false false]" || a.StatusesPhased["2"]["Scheduled"] != 1 {
+				t.Fatalf("after append_phase: %+v", a)
+			}
+			if da := s.deviceAction(t, admin, "ro-00009", id); da.Phase != 2 || da.ActionStatus != "Scheduled" {
+				t.Fatalf("ro-00009: %+v", da)
+			}
+
+			// The slow devices are busy with phase 1 when it is aborted:
+			// they are sent a cancel_action, ro-00009 nothing.
+			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+			for _, d := range []string{"ro-00002", "ro-00003", "ro-00004", "ro-00005"} {
+				s.awaitActionStatus(t, admin, d, id, "Progress")
+			}
+			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/abort", id), nil).want(t, 204)
+			a = s.rollout(t, admin, id)
+			if a.Status != "aborted" || a.Statuses["Cancelled"] != 5 || a.Statuses["Completed"] != 1 {
+				t.Fatalf("aborted: %+v", a)
+			}
+			var list struct {
+				Actions []actionBody `json:"actions"`
+			}
+			eventually(t, "the busy devices to complete the cancel_action", func() bool {
+				s.do(t, admin, "GET", "/api/v1/actions?action=cancel_action", nil).want(t, 200).decode(t, &list)
+				return len(list.Actions) == 1 && list.Actions[0].Targeted == 4 && list.Actions[0].Statuses["Completed"] == 4
+			})
+			awaitEvents(t, hook, id, "phase_triggered:0", "phase_triggered:1", "aborted")
+			slow.stop(t)
+		})
+
+		t.Run("EndTimestamp", func(t *testing.T) {
+			plain := s.startSim(t, "--devices", "10", "--tokens", tokens, "--telemetry-interval", "0")
+			plain.connected(t, 10)
+			end := time.Now().Add(1500 * time.Millisecond).UnixMilli()
+			id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "ro-",
+				"schedule": map[string]any{"end_timestamp": end, "phases": []any{
+					phase("canary", triggerNow, fixedList("ro-00001")),
+					phase("rest", triggerManual, percent(100)),
+				}}})
+			a := s.awaitRollout(t, admin, id, "completed")
+			if a.StatusesPhased["0"]["Completed"] != 1 || a.StatusesPhased["1"]["Cancelled"] != 9 || fmt.Sprint(a.PhasesTriggered) != "[true false]" {
+				t.Fatalf("ended: %+v", a)
+			}
+			if da := s.deviceAction(t, admin, "ro-00005", id); da.Status != "ScheduleEnded" || da.ActionStatus != "Cancelled" {
+				t.Fatalf("a device never released: %+v", da)
+			}
+			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
+			awaitEvents(t, hook, id, "phase_triggered:0", "completed")
+			// An end already past is refused at dispatch.
+			wantCode(t, s.do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "x", "params": map[string]any{}, "search_type": "all",
+				"schedule": map[string]any{"end_timestamp": end, "phases": []any{phase("all", triggerNow, percent(100))}}}), 400, "invalid")
+		})
+
+		t.Run("Incomplete", func(t *testing.T) {
+			var list struct {
+				Actions []rolloutBody `json:"actions"`
+				Count   int           `json:"count"`
+			}
+			s.do(t, admin, "GET", "/api/v1/actions?incomplete=true&limit=100", nil).want(t, 200).decode(t, &list)
+			for _, a := range list.Actions {
+				live := a.Statuses["Scheduled"] + a.Statuses["Queued"] + a.Statuses["Initiated"] + a.Statuses["Progress"]
+				if live == 0 {
+					t.Fatalf("incomplete=true lists action %d, whose device actions are final: %v", a.ID, a.Statuses)
+				}
+			}
+			s.do(t, admin, "GET", "/api/v1/actions?incomplete=maybe", nil).want(t, 400)
+		})
+
+		// Every rollout notification was signed with the rule's secret.
+		for _, req := range hook.got() {
+			if sig := req.header.Get("X-Fleet-Signature"); sig != notify.Sign("s3cret", req.body) {
+				t.Fatalf("signature %q of %s", sig, req.body)
+			}
+		}
+	})
+}
+
+// TestRolloutEncodings reads a rollout (GET /api/v1/actions/{id}, the
+// list, S7) in each of the four encodings: each says what the JSON says.
+func TestRolloutEncodings(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		for _, d := range []string{"enc-1", "enc-2", "enc-3"} {
+			s.mustDevice(t, admin, d, nil)
+		}
+		rate := 0.25
+		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "enc-",
+			"schedule": map[string]any{"release_notes": "notes", "end_timestamp": time.Now().Add(time.Hour).UnixMilli(),
+				"maintenance_window": map[string]any{"start": "22:00", "end": "04:30", "timezone": "Europe/Berlin"},
+				"phases": []any{
+					phase("canary", triggerManual, fixedList("enc-2")),
+					map[string]any{"name": "rest", "trigger_on": map[string]any{"type": "after_previous", "wait_seconds": 60}, "info": percent(100),
+						"gate": map[string]any{"max_failure_rate": rate, "min_finished": 1}},
+				}}})
+		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil).want(t, 204)
+		for _, path := range []string{fmt.Sprintf("/api/v1/actions/%d", id), "/api/v1/actions?limit=5", "/api/v1/devices/enc-2/actions",
+			fmt.Sprintf("/api/v1/actions/%d/devices", id)} {
+			t.Run(path, func(t *testing.T) {
+				var want any
+				for _, f := range codec.Formats {
+					r := s.send(t, req{method: "GET", path: path, creds: admin, header: http.Header{"Accept": {f.ContentType()}}}).want(t, 200)
+					got, err := codec.Decode(f, r.Body)
+					if err != nil {
+						t.Fatalf("%s: %v", f, err)
+					}
+					if f == codec.JSON {
+						want = got
+						if !strings.Contains(string(r.Body), `"phases_triggered"`) && strings.Contains(path, "/actions/") && !strings.Contains(path, "devices") {
+							t.Fatalf("no phases_triggered in %s", r.Body)
+						}
+						continue
+					}
+					if !reflect.DeepEqual(times(got), times(want)) {
+						t.Fatalf("%s says\n%v\nwhere JSON says\n%v", f, got, want)
+					}
+				}
+			})
+		}
+	})
+}
+
+// times makes instants comparable: JSON shows them as RFC 3339 strings,
+// the other encodings as instants, which decode to RFC 3339 again, in
+// their own precision.
+func times(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		out := map[string]any{}
+		for k, e := range x {
+			out[k] = times(e)
+		}
+		return out
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = times(e)
+		}
+		return out
+	case string:
+		if tm, err := time.Parse(time.RFC3339Nano, x); err == nil {
+			return tm.UTC().Format(time.RFC3339Nano)
+		}
+	}
+	return v
+}
