@@ -691,8 +691,10 @@ func (r *Rollout) noun() string {
 	return r.Action
 }
 
+// percent says a share as a percentage with at most one decimal: "30%",
+// "33.3%".
 func percent(x float64) string {
-	return strconv.FormatFloat(100*x, 'f', -1, 64) + "%"
+	return strings.TrimSuffix(strconv.FormatFloat(100*x, 'f', 1, 64), ".0") + "%"
 }
 
 // Span says a duration as a person would: "40 seconds", "12 minutes",

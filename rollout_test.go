@@ -180,6 +180,8 @@ func TestRolloutNext(t *testing.T) {
 		{"RateHolds", rollout(rateGate, nowTrigger), fleet.RolloutFacts{Finished: 10, Failed: 1}, fleet.StepTrigger, ""},
 		{"RateFails", rollout(rateGate, nowTrigger), fleet.RolloutFacts{Finished: 10, Failed: 3}, fleet.StepPause,
 			"phase 1 (quarter) not released: 3 of 10 finished devices failed (30% > 10%)"},
+		{"RateFailsByAThird", rollout(rateGate, nowTrigger), fleet.RolloutFacts{Finished: 3, Failed: 1}, fleet.StepPause,
+			"phase 1 (quarter) not released: 1 of 3 finished devices failed (33.3% > 10%)"},
 		{"TooFewFinished", rollout(rateGate, nowTrigger), fleet.RolloutFacts{Finished: 1, Failed: 1}, fleet.StepWait, ""},
 		{"Waived", func() *fleet.Rollout { r := rollout(rateGate, nowTrigger); r.WaivedPhase = 1; return r }(),
 			fleet.RolloutFacts{Finished: 10, Failed: 9}, fleet.StepTrigger, ""},

@@ -829,20 +829,8 @@ func BenchmarkDispatch(b *testing.B) {
 		b.Run(be.Name, func(b *testing.B) {
 			db := sqlstoretest.MustOpen(b, be, sqlstoretest.Options{})
 			ctx := context.Background()
-			if _, _, err := db.CreateTenant(ctx, "bench"); err != nil {
-				b.Fatal(err)
-			}
 			n := benchDevices()
-			devs := make([]fleet.NewDevice, 0, fleet.MaxBulkDevices)
-			for i := 0; i < n; i++ {
-				devs = append(devs, fleet.NewDevice{ID: fmt.Sprintf("dev-%07d", i), Metadata: map[string]string{"fleet": "bench", "n": strconv.Itoa(i % 100)}})
-				if len(devs) == fleet.MaxBulkDevices || i == n-1 {
-					if _, err := db.CreateDevices(ctx, "bench", devs); err != nil {
-						b.Fatal(err)
-					}
-					devs = devs[:0]
-				}
-			}
+			benchTenant(b, db, n)
 			b.ResetTimer()
 			for b.Loop() {
 				a, err := db.DispatchAction(ctx, "bench", dispatch("reboot", "all"))

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 )
 
 func main() {
@@ -42,6 +43,9 @@ type env struct {
 	stdin  io.Reader
 	stdout io.Writer
 	stderr io.Writer
+	// now, when set, is the clock of the rollouts (tests move it across a
+	// daylight saving time change); time.Now otherwise.
+	now func() time.Time
 }
 
 // command is one subcommand.
@@ -66,7 +70,12 @@ func commands() []command {
 
 // run is fleetd with its environment passed in.
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
-	e := env{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
+	return runEnv(ctx, args, env{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr})
+}
+
+// runEnv is run with the environment gathered.
+func runEnv(ctx context.Context, args []string, e env) error {
+	stderr := e.stderr
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(stderr)
 		if len(args) == 0 {

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -459,4 +460,246 @@ func times(v any) any {
 		}
 	}
 	return v
+}
+
+// testClock is a clock a test sets, which counts how often the server read
+// it since: a test waits for reads rather than for time to pass.
+type testClock struct {
+	mu    sync.Mutex
+	t     time.Time
+	reads int
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reads++
+	return c.t
+}
+
+// set moves the clock to an RFC 3339 time.
+func (c *testClock) set(t *testing.T, at string) {
+	t.Helper()
+	tm, err := time.Parse(time.RFC3339, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	c.t, c.reads = tm, 0
+	c.mu.Unlock()
+}
+
+// looked waits until the server read the clock n times since it was set:
+// the rollout driver has made several passes at the time.
+func (c *testClock) looked(t *testing.T, n int) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("the server to read the clock %d times", n), func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.reads >= n
+	})
+}
+
+// TestRolloutMaintenanceWindowDST runs a rollout with a 02:00-05:00
+// maintenance window in Europe/Berlin on simulated devices, with the
+// server's clock moved across the night the clocks go forward (29 March
+// 2026, 02:00 CET becomes 03:00 CEST): released device actions wait outside
+// the window, are sent when it opens, and the window of that night lasts
+// two hours.
+func TestRolloutMaintenanceWindowDST(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		clock := &testClock{}
+		clock.set(t, "2026-03-29T00:50:00Z") // 01:50 CET: before the window
+		s := &testServer{DSN: b.DSN(t), DataDir: t.TempDir(), done: make(chan error, 1), output: &lockedBuffer{}, now: clock.Now}
+		s.start(t, "--rollout-interval", "10ms")
+		t.Cleanup(func() { s.stop(t) })
+		admin := s.admin()
+		tokens := filepath.Join(t.TempDir(), "tokens.csv")
+		sim := s.startSim(t, "--devices", "3", "--provision", "--url", s.URL, "--api-key", admin.Key,
+			"--tokens", tokens, "--prefix", "win-", "--telemetry-interval", "0")
+		sim.connected(t, 3)
+
+		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "win-",
+			"schedule": map[string]any{"maintenance_window": map[string]any{"start": "02:00", "end": "05:00", "timezone": "Europe/Berlin"},
+				"phases": []any{
+					phase("first", triggerNow, fixedList("win-00001")),
+					phase("second", triggerManual, fixedList("win-00002")),
+					phase("third", triggerManual, fixedList("win-00003")),
+				}}})
+		// Released, but 01:50 is outside the window: it waits, Queued, even
+		// for a device that subscribes anew.
+		clock.looked(t, 10)
+		if da := s.deviceAction(t, admin, "win-00001", id); da.ActionStatus != "Queued" {
+			t.Fatalf("win-00001 at 01:50 CET: %+v", da)
+		}
+		sim.stop(t)
+		sim = s.startSim(t, "--devices", "3", "--tokens", tokens, "--telemetry-interval", "0")
+		sim.connected(t, 3)
+		clock.set(t, "2026-03-29T00:59:59Z") // 01:59:59 CET
+		clock.looked(t, 10)
+		if da := s.deviceAction(t, admin, "win-00001", id); da.ActionStatus != "Queued" || simActions(sim) != 0 {
+			t.Fatalf("win-00001 at 01:59:59 CET: %+v; %d actions received", da, simActions(sim))
+		}
+
+		// 01:00 UTC is 03:00 CEST: the clocks skipped 02:00-03:00, and the
+		// window is open. The device is sent what waited.
+		clock.set(t, "2026-03-29T01:00:00Z")
+		s.awaitActionStatus(t, admin, "win-00001", id, "Completed")
+
+		// At 04:59 CEST a phase released is sent at once.
+		clock.set(t, "2026-03-29T02:59:00Z")
+		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+		s.awaitActionStatus(t, admin, "win-00002", id, "Completed")
+
+		// 03:00 UTC is 05:00 CEST: two hours after it opened, the window of
+		// this night is shut. The third phase waits for the next night.
+		clock.set(t, "2026-03-29T03:00:00Z")
+		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+		clock.looked(t, 10)
+		if da := s.deviceAction(t, admin, "win-00003", id); da.ActionStatus != "Queued" || simActions(sim) != 2 {
+			t.Fatalf("win-00003 at 05:00 CEST: %+v; %d actions received", da, simActions(sim))
+		}
+		clock.set(t, "2026-03-29T23:59:00Z") // 01:59 CEST on the 30th
+		clock.looked(t, 10)
+		if da := s.deviceAction(t, admin, "win-00003", id); da.ActionStatus != "Queued" {
+			t.Fatalf("win-00003 at 01:59 CEST: %+v", da)
+		}
+		clock.set(t, "2026-03-30T00:00:00Z") // 02:00 CEST
+		s.awaitActionStatus(t, admin, "win-00003", id, "Completed")
+		s.awaitRollout(t, admin, id, "completed")
+	})
+}
+
+// TestRolloutRestart restarts the server in the middle of a schedule: the
+// rollout is where it was (paused, its canary done), resumes, and the
+// restarted server triggers what follows.
+func TestRolloutRestart(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, "--rollout-interval", "20ms")
+		admin := s.admin()
+		tokens := filepath.Join(t.TempDir(), "tokens.csv")
+		sim := s.startSim(t, "--devices", "6", "--provision", "--url", s.URL, "--api-key", admin.Key,
+			"--tokens", tokens, "--prefix", "rs-", "--telemetry-interval", "0")
+		sim.connected(t, 6)
+		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "rs-",
+			"schedule": map[string]any{"phases": []any{
+				phase("canary", triggerNow, fixedList("rs-00001")),
+				phase("pair", triggerManual, fixedList("rs-00002", "rs-00003")),
+				map[string]any{"name": "rest", "trigger_on": triggerAfter, "info": percent(100), "gate": map[string]any{"max_failure_rate": 0.5}},
+			}}})
+		s.awaitActionStatus(t, admin, "rs-00001", id, "Completed")
+		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil).want(t, 204)
+		before := s.rollout(t, admin, id)
+
+		sim.stop(t)
+		s.restart(t, "--rollout-interval", "20ms")
+		sim = s.startSim(t, "--devices", "6", "--tokens", tokens, "--telemetry-interval", "0")
+		sim.connected(t, 6)
+		after := s.rollout(t, admin, id)
+		if after.Status != "paused" || fmt.Sprint(after.PhasesTriggered) != "[true false false]" || after.PauseReason != before.PauseReason ||
+			fmt.Sprint(after.StatusesPhased) != fmt.Sprint(before.StatusesPhased) {
+			t.Fatalf("after the restart: %+v\nbefore: %+v", after, before)
+		}
+		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/resume", id), nil).want(t, 204)
+		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+		a := s.awaitRollout(t, admin, id, "completed")
+		if a.Statuses["Completed"] != 6 || fmt.Sprint(a.PhasesTriggered) != "[true true true]" {
+			t.Fatalf("completed: %+v", a)
+		}
+	})
+}
+
+// TestRolloutReplicas runs a rollout on two replicas sharing PostgreSQL and
+// an external broker, with simulated devices on that broker: every phase is
+// triggered once, by whichever replica gets to it, and each change of
+// state is notified once. A replica killed in the middle of releasing a
+// phase of 49,999 device actions leaves all of them or none released, and
+// the other replica takes over.
+func TestRolloutReplicas(t *testing.T) {
+	c := newCluster(t, append([]string{"--rollout-interval", "10ms"}, alertFlags...)...)
+	a := c.start("replica-a")
+	b := c.start("replica-b")
+	admin := a.admin()
+	hook := newReceiver(t, 0)
+	a.do(t, admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
+		"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).want(t, 201)
+	a.MQTTAddr = c.broker.Addr // the devices connect to the broker itself
+	tokens := filepath.Join(t.TempDir(), "tokens.csv")
+	sim := a.startSim(t, "--devices", "20", "--provision", "--url", a.URL, "--api-key", admin.Key,
+		"--tokens", tokens, "--prefix", "rep-", "--telemetry-interval", "0")
+	sim.connected(t, 20)
+
+	t.Run("EachPhaseOnce", func(t *testing.T) {
+		before := metric(t, a.URL, "fleetd_rollout_events_total") + metric(t, b.URL, "fleetd_rollout_events_total")
+		id := b.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "rep-",
+			"schedule": map[string]any{"phases": []any{
+				phase("canary", triggerNow, fixedList("rep-00001")),
+				phase("quarter", triggerAfter, percent(25)),
+				phase("half", triggerAfter, percent(50)),
+				phase("most", triggerAfter, percent(75)),
+				phase("all", triggerAfter, percent(100)),
+			}}})
+		r := a.awaitRollout(t, admin, id, "completed")
+		if r.Statuses["Completed"] != 20 {
+			t.Fatalf("completed: %+v", r)
+		}
+		awaitEvents(t, hook, id, "phase_triggered:0", "phase_triggered:1", "phase_triggered:2", "phase_triggered:3", "phase_triggered:4", "completed")
+		after := metric(t, a.URL, "fleetd_rollout_events_total") + metric(t, b.URL, "fleetd_rollout_events_total")
+		if after-before != 6 {
+			t.Fatalf("the replicas made %v changes of state, want 6", after-before)
+		}
+	})
+
+	t.Run("KilledMidTrigger", func(t *testing.T) {
+		var devs []map[string]any
+		for i := range 50_000 {
+			devs = append(devs, map[string]any{"id": fmt.Sprintf("bulk-%05d", i)})
+		}
+		a.do(t, admin, "POST", "/api/v1/devices/bulk", map[string]any{"devices": devs}).want(t, 201)
+		id := a.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "bulk-",
+			"schedule": map[string]any{"phases": []any{
+				phase("first", triggerManual, fixedList("bulk-00000")),
+				phase("rest", triggerManual, percent(100)),
+			}}})
+		a.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+		db := c.db()
+		// A releases phase 1; it is killed while the release runs.
+		go http.DefaultClient.Do(a.request(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id)))
+		caught := false
+		for deadline := time.Now().Add(bound); time.Now().Before(deadline) && !caught; {
+			caught = count(t, db, `SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'UPDATE device_actions SET action_status = ''Queued''%'`) > 0
+		}
+		a.kill()
+		if !caught {
+			t.Log("the release was not seen running before the kill")
+		}
+		released := count(t, db, "SELECT count(*) FROM device_actions WHERE action_id = $1 AND phase = 1 AND action_status = 'Queued'", id)
+		waiting := count(t, db, "SELECT count(*) FROM device_actions WHERE action_id = $1 AND phase = 1 AND action_status = 'Scheduled'", id)
+		next := count(t, db, "SELECT next_phase FROM rollouts WHERE action_id = $1", id)
+		const rest = 50_000 - 1 // but the first phase's device
+		if !(released == 0 && waiting == rest && next == 1) && !(released == rest && waiting == 0 && next == 2) {
+			t.Fatalf("after the kill: %d released, %d waiting, next phase %d: half released", released, waiting, next)
+		}
+		t.Logf("killed with the release running: %v; %d of %d released", caught, released, rest)
+		if next == 1 {
+			b.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+		}
+		if r := b.rollout(t, admin, id); r.StatusesPhased["1"]["Scheduled"] != 0 || fmt.Sprint(r.PhasesTriggered) != "[true true]" {
+			t.Fatalf("after B's trigger: %+v", r.StatusesPhased)
+		}
+	})
+	sim.stop(t)
+}
+
+// request is an authenticated request without a body, for a test that
+// sends it itself (and may not see its answer).
+func (s *testServer) request(t *testing.T, c creds, method, path string) *http.Request {
+	t.Helper()
+	r, err := http.NewRequest(method, s.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Header.Set("x-service-tenant", c.Tenant)
+	r.Header.Set("x-service-api-key", c.Key)
+	return r
 }

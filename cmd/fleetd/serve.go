@@ -96,7 +96,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	// checked, devices get its signed URL, incompatible devices fail.
 	actions := &action.Service{Store: db, Logger: log,
 		Preparers: map[string]fleet.ActionPreparer{fleet.ActionUpdateFirmware: fw},
-		Notified:  rolloutNotifier.Wake, EmailEnabled: c.smtp.Addr != ""}
+		Notified:  rolloutNotifier.Wake, EmailEnabled: c.smtp.Addr != "", Now: e.now}
 	if db.Dialect() == "sqlite" {
 		// One writer: a single report worker gathers every report that
 		// arrives while the last batch commits, so batches are as large

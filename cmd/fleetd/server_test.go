@@ -41,6 +41,8 @@ type testServer struct {
 	// observe, when set, sees every answer send received (the secrets and
 	// isolation suites grep them all).
 	observe func(method, path string, r *response)
+	// now, when set, is the server's rollout clock.
+	now func() time.Time
 }
 
 // lockedBuffer collects a command's output for failure messages.
@@ -83,7 +85,7 @@ func (s *testServer) start(t *testing.T, extra ...string) {
 	pr, pw := io.Pipe()
 	s.done = make(chan error, 1)
 	go func() {
-		err := run(ctx, args, noEnv, strings.NewReader(""), pw, s.output)
+		err := runEnv(ctx, args, env{getenv: noEnv, stdin: strings.NewReader(""), stdout: pw, stderr: s.output, now: s.now})
 		pw.CloseWithError(errors.New("fleetd exited"))
 		s.done <- err
 	}()
