@@ -46,8 +46,11 @@ type config struct {
 	pprofAddr string // hidden: runtime profiles for cmd/fleetbench (pprof.go)
 }
 
+// defaultDatabase is where fleetd keeps its data when not told otherwise.
+const defaultDatabase = "./fleetd.db"
+
 func (c *config) databaseFlags(fs *flagSet) {
-	fs.StringVar(&c.database, "database", "./fleetd.db", "`DB`: a SQLite file path, or a postgres:// URL")
+	fs.StringVar(&c.database, "database", defaultDatabase, "`DB`: a SQLite file path, or a postgres:// URL")
 }
 
 func (c *config) logFlags(fs *flagSet) {

@@ -220,6 +220,40 @@ func TestCommandLine(t *testing.T) {
 			t.Fatalf("err = %v, want one naming --http-addr", err)
 		}
 	})
+	// A start that fails on a taken port creates nothing, so the retry on a
+	// free one is the start that prints the one-time key, and says how to
+	// make another.
+	t.Run("TakenPortKeepsTheKey", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		s := &testServer{DSN: t.TempDir() + "/k.db", DataDir: t.TempDir(), output: &lockedBuffer{}}
+		for _, taken := range []string{"--http-addr", "--mqtt-addr"} {
+			args := []string{"serve", "--database", s.DSN, "--data-dir", s.DataDir, "--http-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0", taken, ln.Addr().String()}
+			out, _, err := runCmd(nil, args...)
+			if err == nil || !strings.Contains(err.Error(), taken) {
+				t.Fatalf("%s taken: err = %v, want one naming it", taken, err)
+			}
+			if strings.Contains(out, "fk_") {
+				t.Fatalf("%s taken: a key was printed and spent:\n%s", taken, out)
+			}
+		}
+		s.start(t)
+		defer s.stop(t)
+		if s.Key == "" {
+			t.Fatalf("the retry printed no key:\n%s", s.output)
+		}
+		out := s.output.String()
+		if !strings.Contains(out, "fleetd apikey create --tenant default") || !strings.Contains(out, "--database") {
+			t.Fatalf("the key's message does not say how to make another, with which database:\n%s", out)
+		}
+		// As the message says.
+		if key := s.cli(t, "apikey", "create", "--tenant", "default", "--name", "admin-2", "--role", "admin"); !strings.HasPrefix(key, "fk_") {
+			t.Fatalf("apikey create printed %q", key)
+		}
+	})
 	t.Run("BadLogLevel", func(t *testing.T) {
 		_, _, err := runCmd(nil, "tenant", "list", "--database", db, "--log-level", "loud")
 		if err == nil || !strings.Contains(err.Error(), "--log-level") {

@@ -21,8 +21,9 @@ import (
 
 const serveAbout = `Runs fleetd: the HTTP API, the MQTT broker devices connect to, and the
 background work (action timeouts, alert timers, notification delivery).
-On an empty database it creates tenant "default" and prints its admin API
-key once. SIGINT or SIGTERM stops it gracefully: requests in flight finish,
+On an empty database, once its ports are bound, it creates tenant "default"
+and prints its admin API key once (lost: "fleetd apikey create" makes
+another). SIGINT or SIGTERM stops it gracefully: requests in flight finish,
 queued writes commit.`
 
 func runServe(ctx context.Context, args []string, e env) error {
@@ -49,9 +50,6 @@ func runServe(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	defer db.Close()
-	if err := bootstrap(ctx, db, e); err != nil {
-		return err
-	}
 
 	blobs, err := blob.OpenDir(filepath.Join(c.dataDir, "blobs"))
 	if err != nil {
@@ -184,6 +182,12 @@ func runServe(ctx context.Context, args []string, e env) error {
 	if err := api.Open(); err != nil {
 		return err
 	}
+	// Every listener is bound: only now may the one-time key be spent, so
+	// that a start that fails on a taken port leaves it for the retry.
+	if err := bootstrap(ctx, db, c.database, e); err != nil {
+		api.Shutdown(context.Background())
+		return err
+	}
 	log.Info("fleetd started", "http", api.ListenAddr().String(), "mqtt", channelAddr(broker), "database", db.Dialect())
 	fmt.Fprintf(e.stdout, "fleetd: listening http=%s mqtt=%s%s\n", api.ListenAddr(), channelAddr(broker), tlsAddrs(broker))
 
@@ -198,8 +202,9 @@ func runServe(ctx context.Context, args []string, e env) error {
 }
 
 // bootstrap gives a new installation a tenant and an admin key, printed
-// once, so the first request can be authenticated at once.
-func bootstrap(ctx context.Context, db *sqlstore.DB, e env) error {
+// once, so the first request can be authenticated at once, and says how to
+// make another key should that one be lost.
+func bootstrap(ctx context.Context, db *sqlstore.DB, database string, e env) error {
 	ts, err := db.FindTenants(ctx)
 	if err != nil || len(ts) > 0 {
 		return err
@@ -211,5 +216,11 @@ func bootstrap(ctx context.Context, db *sqlstore.DB, e env) error {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "fleetd: created tenant \"default\" with an admin API key; it is shown only this once:\n%s\n", key)
+	// The database may be a URL with a password: name the flag, not its value.
+	same := ""
+	if database != defaultDatabase {
+		same = " with serve's --database"
+	}
+	fmt.Fprintf(e.stdout, "fleetd: if it is lost, make another admin key%s: fleetd apikey create --tenant default --name admin-2 --role admin\n", same)
 	return nil
 }
