@@ -17,6 +17,9 @@ func runMigrate(ctx context.Context, args []string, e env) error {
 	if err := fs.parse(args, e.getenv); err != nil {
 		return err
 	}
+	if err := fs.require(0, 0); err != nil {
+		return err
+	}
 	db, err := c.openAdminDB(ctx, e)
 	if err != nil {
 		return err
@@ -32,9 +35,8 @@ func runTenantCreate(ctx context.Context, args []string, e env) error {
 	if err := fs.parse(args, e.getenv); err != nil {
 		return err
 	}
-	if len(fs.positional) != 1 {
-		fs.Usage()
-		return errUsage
+	if err := fs.require(1, 1); err != nil {
+		return err
 	}
 	db, err := c.openAdminDB(ctx, e)
 	if err != nil {
@@ -54,6 +56,9 @@ func runTenantList(ctx context.Context, args []string, e env) error {
 	fs := newFlagSet("tenant list", "", "Lists every tenant.", e.stderr)
 	c.adminFlags(fs)
 	if err := fs.parse(args, e.getenv); err != nil {
+		return err
+	}
+	if err := fs.require(0, 0); err != nil {
 		return err
 	}
 	db, err := c.openAdminDB(ctx, e)
@@ -85,9 +90,8 @@ func runAPIKeyCreate(ctx context.Context, args []string, e env) error {
 	if err := fs.parse(args, e.getenv); err != nil {
 		return err
 	}
-	if tenant == "" || name == "" || role == "" || len(fs.positional) > 0 {
-		fs.Usage()
-		return errUsage
+	if err := fs.require(0, 0, "tenant", "name", "role"); err != nil {
+		return err
 	}
 	if !fleet.Role(role).Valid() {
 		return fmt.Errorf("--role %q: want viewer, device, operator or admin", role)
@@ -132,6 +136,9 @@ func cliError(err error) error {
 func runVersion(ctx context.Context, args []string, e env) error {
 	fs := newFlagSet("version", "", "Prints fleetd's version and the commit it was built from.", e.stderr)
 	if err := fs.parse(args, e.getenv); err != nil {
+		return err
+	}
+	if err := fs.require(0, 0); err != nil {
 		return err
 	}
 	fmt.Fprintln(e.stdout, "fleetd", version())

@@ -45,15 +45,14 @@ func runBundleCreate(ctx context.Context, args []string, e env) error {
 	var version, out string
 	deps := dependsFlag{}
 	fs := newFlagSet("bundle create", "NAME=VERSION:PATH ...", bundleAbout, e.stderr)
-	fs.StringVar(&version, "version", "", "the bundle's `VERSION` (numbers separated by dots)")
-	fs.StringVar(&out, "out", "", "`FILE` to write the archive to (.tar.gz, or .tar for no gzip)")
+	fs.StringVar(&version, "version", "", "the bundle's `VERSION` (numbers separated by dots; required)")
+	fs.StringVar(&out, "out", "", "`FILE` to write the archive to (.tar.gz, or .tar for no gzip; required)")
 	fs.Var(deps, "depends", "`COMPONENT:NEEDS>=VERSION`: a dependency of a component; repeatable")
 	if err := fs.parse(args, e.getenv); err != nil {
 		return err
 	}
-	if version == "" || out == "" || len(fs.positional) == 0 {
-		fs.Usage()
-		return errUsage
+	if err := fs.require(1, -1, "version", "out"); err != nil {
+		return err
 	}
 	var srcs []firmware.Source
 	seen := map[string]bool{}

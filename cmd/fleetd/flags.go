@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -44,8 +45,10 @@ func envName(flagName string) string {
 // flag the command line left alone.
 func (fs *flagSet) parse(args []string, getenv func(string) string) error {
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 			return err
+		} else if err != nil { // the flag package printed it, and the usage
+			return &usageError{fmt.Sprintf("%s: %v", fs.cmd, err)}
 		}
 		if fs.NArg() == 0 {
 			break
@@ -67,6 +70,28 @@ func (fs *flagSet) parse(args []string, getenv func(string) string) error {
 		}
 	})
 	return err
+}
+
+// require is a usage error naming each of the flags that is empty, and
+// how many positional arguments there must be, at least (min) and at most
+// (max, -1: any).
+func (fs *flagSet) require(min, max int, flags ...string) error {
+	var missing []string
+	for _, name := range flags {
+		if fs.Lookup(name).Value.String() == "" {
+			missing = append(missing, "--"+name)
+		}
+	}
+	n := len(fs.positional)
+	switch {
+	case n < min:
+		missing = append(missing, fs.args)
+	case max >= 0 && n > max:
+		return &usageError{fmt.Sprintf("%s: unexpected arguments %q (fleetd %s --help)", fs.cmd, fs.positional[max:], fs.cmd)}
+	case len(missing) == 0:
+		return nil
+	}
+	return &usageError{fmt.Sprintf("%s: missing %s (fleetd %s --help)", fs.cmd, strings.Join(missing, " and "), fs.cmd)}
 }
 
 func (fs *flagSet) usage(w io.Writer) {

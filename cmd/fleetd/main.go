@@ -27,15 +27,27 @@ func main() {
 	}
 }
 
+// exitCode is 0 for help that was asked for, 2 for a command line that
+// cannot be run, 1 for a command that failed.
 func exitCode(err error) int {
-	if errors.Is(err, flag.ErrHelp) || errors.Is(err, errUsage) {
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
 		return 2
 	}
 	return 1
 }
 
-// errUsage is a command line that cannot be run; the usage was printed.
+// errUsage is a command line that cannot be run.
 var errUsage = errors.New("usage error")
+
+// usageError is a command line that cannot be run, saying why: the missing
+// flag or argument, the unknown one. It is errUsage.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string        { return e.msg }
+func (e *usageError) Is(target error) bool { return target == errUsage }
 
 // env is the process environment as run sees it.
 type env struct {
@@ -76,14 +88,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 // runEnv is run with the environment gathered.
 func runEnv(ctx context.Context, args []string, e env) error {
 	stderr := e.stderr
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		usage(stderr)
-		if len(args) == 0 {
-			return errUsage
+		return &usageError{"say which command to run"}
+	}
+	if isHelp(args[0]) {
+		if len(args) > 1 { // "fleetd help tenant create" is "fleetd tenant create --help"
+			return runEnv(ctx, append(args[1:], "--help"), e)
 		}
+		usage(stderr)
 		return flag.ErrHelp
 	}
-	// Longest match first: "tenant create" before a hypothetical "tenant".
+	// Longest match first: "tenant create" before a group "tenant".
 	cmds := commands()
 	sort.Slice(cmds, func(i, j int) bool { return len(cmds[i].name) > len(cmds[j].name) })
 	for _, c := range cmds {
@@ -92,9 +108,56 @@ func runEnv(ctx context.Context, args []string, e env) error {
 			return c.run(ctx, args[len(words):], e)
 		}
 	}
-	fmt.Fprintf(stderr, "fleetd: unknown command %q\n\n", strings.Join(args, " "))
-	usage(stderr)
-	return errUsage
+	if group := groupCommands(args[0]); group != nil {
+		groupUsage(stderr, args[0], group)
+		switch {
+		case len(args) == 1:
+			return &usageError{fmt.Sprintf("%s: say which: %s", args[0], subcommandNames(group))}
+		case isHelp(args[1]):
+			return flag.ErrHelp
+		}
+	} else {
+		usage(stderr)
+	}
+	return &usageError{fmt.Sprintf("unknown command %q", strings.Join(args, " "))}
+}
+
+// isHelp is an argument that asks for help.
+func isHelp(arg string) bool {
+	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
+}
+
+// groupCommands is the commands whose name begins with the word group
+// ("tenant": tenant create, tenant list), nil when there are none.
+func groupCommands(group string) []command {
+	var cs []command
+	for _, c := range commands() {
+		if first, _, ok := strings.Cut(c.name, " "); ok && first == group {
+			cs = append(cs, c)
+		}
+	}
+	return cs
+}
+
+// subcommandNames is "create or list".
+func subcommandNames(cs []command) string {
+	var names []string
+	for _, c := range cs {
+		_, sub, _ := strings.Cut(c.name, " ")
+		names = append(names, sub)
+	}
+	if len(names) == 1 {
+		return names[0]
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
+
+func groupUsage(w io.Writer, group string, cs []command) {
+	fmt.Fprintf(w, "Usage: fleetd %s <command> [flags]\n\nCommands:\n", group)
+	for _, c := range cs {
+		fmt.Fprintf(w, "  %-15s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "\nRun \"fleetd %s <command> --help\" for a command's flags.\n", group)
 }
 
 func usage(w io.Writer) {

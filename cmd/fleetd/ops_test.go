@@ -152,8 +152,74 @@ func TestCommandLine(t *testing.T) {
 		}
 	})
 	t.Run("UnknownCommand", func(t *testing.T) {
-		if _, _, err := runCmd(nil, "frobnicate"); !errors.Is(err, errUsage) {
+		if _, _, err := runCmd(nil, "frobnicate"); !errors.Is(err, errUsage) || exitCode(err) != 2 {
 			t.Fatalf("err = %v", err)
+		}
+	})
+	// Help is asked for and given: exit 0, for every command, every group
+	// of commands, and "fleetd help COMMAND".
+	t.Run("EveryHelpExitsZero", func(t *testing.T) {
+		lines := [][]string{{"--help"}, {"help"}, {"-h"}}
+		for _, c := range commands() {
+			words := strings.Fields(c.name)
+			lines = append(lines, append(words, "--help"), append(words, "-h"), append([]string{"help"}, words...))
+			if len(words) > 1 {
+				lines = append(lines, []string{words[0], "--help"}, []string{"help", words[0]})
+			}
+		}
+		for _, args := range lines {
+			_, help, err := runCmd(nil, args...)
+			if !errors.Is(err, flag.ErrHelp) || exitCode(err) != 0 {
+				t.Errorf("fleetd %s: err = %v, exit %d, want help and exit 0", strings.Join(args, " "), err, exitCode(err))
+			}
+			if !strings.Contains(help, "Usage: fleetd") {
+				t.Errorf("fleetd %s printed no usage:\n%s", strings.Join(args, " "), help)
+			}
+		}
+	})
+	t.Run("GroupListsItsCommands", func(t *testing.T) {
+		for _, args := range [][]string{{"tenant", "--help"}, {"tenant"}, {"tenant", "frobnicate"}} {
+			_, help, err := runCmd(nil, args...)
+			for _, want := range []string{"tenant create", "tenant list", "create a tenant"} {
+				if !strings.Contains(help, want) {
+					t.Errorf("fleetd %s lacks %q:\n%s", strings.Join(args, " "), want, help)
+				}
+			}
+			if len(args) > 1 && args[1] == "--help" {
+				continue
+			}
+			if !errors.Is(err, errUsage) || exitCode(err) != 2 {
+				t.Errorf("fleetd %s: err = %v, want a usage error", strings.Join(args, " "), err)
+			}
+		}
+		if _, _, err := runCmd(nil, "tenant"); err == nil || !strings.Contains(err.Error(), "create or list") {
+			t.Errorf("fleetd tenant: %v, want it to name the commands", err)
+		}
+	})
+	t.Run("UsageErrorsNameWhatIsMissing", func(t *testing.T) {
+		for _, tc := range []struct {
+			args []string
+			want []string
+		}{
+			{[]string{"apikey", "create", "--tenant", "acme"}, []string{"--name", "--role"}},
+			{[]string{"apikey", "create"}, []string{"--tenant", "--name", "--role"}},
+			{[]string{"tenant", "create"}, []string{"NAME"}},
+			{[]string{"tenant", "create", "a", "b"}, []string{"unexpected", "b"}},
+			{[]string{"bundle", "create", "--out", "x.tar"}, []string{"--version", "NAME=VERSION:PATH"}},
+			{[]string{"serve", "now"}, []string{"unexpected", "now"}},
+			{[]string{"tenant", "list", "--no-such-flag"}, []string{"no-such-flag"}},
+			{[]string{"sim"}, []string{"--provision, or --tokens"}},
+		} {
+			_, _, err := runCmd(nil, tc.args...) // each fails before it opens a database
+			if !errors.Is(err, errUsage) || exitCode(err) != 2 {
+				t.Errorf("fleetd %s: err = %v, want a usage error (exit 2)", strings.Join(tc.args, " "), err)
+				continue
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("fleetd %s: %q does not name %s", strings.Join(tc.args, " "), err, w)
+				}
+			}
 		}
 	})
 	t.Run("TenantCreatePrintsKeyLast", func(t *testing.T) {

@@ -33,8 +33,8 @@ func runServe(ctx context.Context, args []string, e env) error {
 	if err := fs.parse(args, e.getenv); err != nil {
 		return err
 	}
-	if len(fs.positional) > 0 {
-		return fmt.Errorf("serve takes no arguments, got %q", fs.positional)
+	if err := fs.require(0, 0); err != nil {
+		return err
 	}
 	log, err := c.logger(e.stderr)
 	if err != nil {

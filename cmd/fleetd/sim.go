@@ -63,7 +63,7 @@ type simConfig struct {
 func runSim(ctx context.Context, args []string, e env) error {
 	var c simConfig
 	fs := newFlagSet("sim", "", simAbout, e.stderr)
-	fs.IntVar(&c.devices, "devices", 10, "`N` devices to simulate")
+	fs.IntVar(&c.devices, "devices", 0, "`N` devices to simulate (default: with --provision 10, with --tokens alone every device in the file)")
 	fs.StringVar(&c.mqttAddr, "mqtt-addr", "localhost:1883", "`HOST:PORT` of fleetd's MQTT broker")
 	fs.StringVar(&c.mqttURL, "mqtt-url", "", "`URL` of the broker, mqtt://host:port (tcp:// works too); wins over --mqtt-addr")
 	fs.StringVar(&c.tenant, "tenant", "default", "`TENANT` the devices belong to")
@@ -82,11 +82,11 @@ func runSim(ctx context.Context, args []string, e env) error {
 	if err := fs.parse(args, e.getenv); err != nil {
 		return err
 	}
-	if len(fs.positional) > 0 {
-		return fmt.Errorf("sim takes no arguments, got %q", fs.positional)
+	if err := fs.require(0, 0); err != nil {
+		return err
 	}
 	if err := c.check(); err != nil {
-		return err
+		return &usageError{"sim: " + err.Error()}
 	}
 	creds, err := c.credentials(ctx)
 	if err != nil {
@@ -97,8 +97,11 @@ func runSim(ctx context.Context, args []string, e env) error {
 }
 
 func (c *simConfig) check() error {
+	if c.devices == 0 && c.provision {
+		c.devices = 10
+	}
 	switch {
-	case c.devices < 1:
+	case c.devices < 0:
 		return fmt.Errorf("--devices must be at least 1")
 	case c.failRate < 0 || c.failRate > 1:
 		return fmt.Errorf("--fail-rate must be between 0 and 1")
@@ -178,7 +181,7 @@ func (c *simConfig) credentials(ctx context.Context) ([]fleet.DeviceToken, error
 	return toks, nil
 }
 
-// readTokens reads up to n "id,token" lines.
+// readTokens reads up to n "id,token" lines, every line when n is 0.
 func readTokens(path string, n int) ([]fleet.DeviceToken, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -187,7 +190,7 @@ func readTokens(path string, n int) ([]fleet.DeviceToken, error) {
 	defer f.Close()
 	var toks []fleet.DeviceToken
 	sc := bufio.NewScanner(f)
-	for line := 1; sc.Scan() && len(toks) < n; line++ {
+	for line := 1; sc.Scan() && (n == 0 || len(toks) < n); line++ {
 		text := strings.TrimSpace(sc.Text())
 		if text == "" || strings.HasPrefix(text, "#") {
 			continue
@@ -201,8 +204,8 @@ func readTokens(path string, n int) ([]fleet.DeviceToken, error) {
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("--tokens: %w", err)
 	}
-	if len(toks) < n {
-		return nil, fmt.Errorf("--tokens %s has %d devices, --devices asks for %d", path, len(toks), n)
+	if len(toks) < n || len(toks) == 0 {
+		return nil, fmt.Errorf("--tokens %s has %d devices, --devices asks for %d", path, len(toks), max(n, 1))
 	}
 	return toks, nil
 }

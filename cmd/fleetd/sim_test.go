@@ -98,8 +98,9 @@ func TestSimulator(t *testing.T) {
 		})
 		slow.stop(t)
 
-		// Every action fails with --fail-rate 1, and says why.
-		failing := s.startSim(t, "--devices", "4", "--tokens", tokens, "--fail-rate", "1", "--telemetry-interval", "0")
+		// Every action fails with --fail-rate 1, and says why. --tokens
+		// alone runs every device in the file.
+		failing := s.startSim(t, "--tokens", tokens, "--fail-rate", "1", "--telemetry-interval", "0")
 		failing.connected(t, 4)
 		id = s.dispatch(t, admin, map[string]any{"action": "doomed", "params": map[string]any{}, "search_type": "search", "search_query": "sim-"})
 		eventually(t, "the simulated devices to fail the action", func() bool {
@@ -120,7 +121,7 @@ func TestSimulatorFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--devices", "0", "--tokens", "x"}, "--devices"},
+		{[]string{"--devices", "-1", "--tokens", "x"}, "--devices"},
 		{[]string{"--devices", "1"}, "--provision, or --tokens"},
 		{[]string{"--provision"}, "--api-key"},
 		{[]string{"--tokens", "x", "--fail-rate", "2"}, "--fail-rate"},
