@@ -393,7 +393,9 @@ func TestRolloutEndToEnd(t *testing.T) {
 }
 
 // TestRolloutEncodings reads a rollout (GET /api/v1/actions/{id}, the
-// list, S7) in each of the four encodings: each says what the JSON says.
+// list, S7 of a device of each phase, the action's device actions) in each
+// of the four encodings: each shows the phases as they are, and says what
+// the JSON says.
 func TestRolloutEncodings(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
@@ -411,21 +413,65 @@ func TestRolloutEncodings(t *testing.T) {
 						"gate": map[string]any{"max_failure_rate": rate, "min_finished": 1}},
 				}}})
 		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil).want(t, 204)
-		for _, path := range []string{fmt.Sprintf("/api/v1/actions/%d", id), "/api/v1/actions?limit=5", "/api/v1/devices/enc-2/actions",
-			fmt.Sprintf("/api/v1/actions/%d/devices", id)} {
-			t.Run(path, func(t *testing.T) {
+		phased := "map[0:map[Scheduled:1] 1:map[Scheduled:2]]"
+		rollout := func(t *testing.T, a any) {
+			t.Helper()
+			for _, c := range []struct {
+				path []any
+				want string
+			}{
+				{[]any{"id"}, fmt.Sprint(id)},
+				{[]any{"status"}, "paused"},
+				{[]any{"pause_reason"}, "paused by admin"},
+				{[]any{"phases_triggered"}, "[false false]"},
+				{[]any{"next_phase_index"}, "0"},
+				{[]any{"statuses_phased"}, phased},
+				{[]any{"statuses"}, "map[Scheduled:3]"},
+				{[]any{"schedule", "release_notes"}, "notes"},
+				{[]any{"schedule", "maintenance_window", "timezone"}, "Europe/Berlin"},
+				{[]any{"schedule", "phases", 0, "info", "device_ids"}, "[enc-2]"},
+				{[]any{"schedule", "phases", 1, "trigger_on", "wait_seconds"}, "60"},
+				{[]any{"schedule", "phases", 1, "gate", "max_failure_rate"}, "0.25"},
+			} {
+				if got := fmt.Sprint(at(a, c.path...)); got != c.want {
+					t.Fatalf("%v: %s, want %s", c.path, got, c.want)
+				}
+			}
+		}
+		deviceActions := func(want string) func(*testing.T, any) {
+			return func(t *testing.T, v any) {
+				t.Helper()
+				got := map[string]string{}
+				for _, da := range at(v, "device_actions").([]any) {
+					got[fmt.Sprint(at(da, "device_id"))] = fmt.Sprintf("%v %v %v", at(da, "phase"), at(da, "action_status"), at(da, "status"))
+				}
+				if fmt.Sprint(got) != want {
+					t.Fatalf("device actions %v, want %s", got, want)
+				}
+			}
+		}
+		for _, c := range []struct {
+			path  string
+			check func(*testing.T, any)
+		}{
+			{fmt.Sprintf("/api/v1/actions/%d", id), rollout},
+			{"/api/v1/actions?limit=5", func(t *testing.T, v any) { rollout(t, at(v, "actions", 0)) }},
+			{"/api/v1/actions?incomplete=true", func(t *testing.T, v any) { rollout(t, at(v, "actions", 0)) }},
+			{"/api/v1/devices/enc-2/actions", deviceActions("map[enc-2:0 Scheduled Scheduled]")},
+			{"/api/v1/devices/enc-3/actions", deviceActions("map[enc-3:1 Scheduled Scheduled]")},
+			{fmt.Sprintf("/api/v1/actions/%d/devices", id), deviceActions("map[enc-1:1 Scheduled Scheduled enc-2:0 Scheduled Scheduled enc-3:1 Scheduled Scheduled]")},
+		} {
+			t.Run(c.path, func(t *testing.T) {
 				var want any
 				for _, f := range codec.Formats {
-					r := s.send(t, req{method: "GET", path: path, creds: admin, header: http.Header{"Accept": {f.ContentType()}}}).want(t, 200)
+					r := s.send(t, req{method: "GET", path: c.path, creds: admin, header: http.Header{"Accept": {f.ContentType()}}}).want(t, 200)
 					got, err := codec.Decode(f, r.Body)
 					if err != nil {
 						t.Fatalf("%s: %v", f, err)
 					}
+					t.Run(f.String(), func(t *testing.T) { c.check(t, got) })
 					if f == codec.JSON {
 						want = got
-						if !strings.Contains(string(r.Body), `"phases_triggered"`) && strings.Contains(path, "/actions/") && !strings.Contains(path, "devices") {
-							t.Fatalf("no phases_triggered in %s", r.Body)
-						}
 						continue
 					}
 					if !reflect.DeepEqual(times(got), times(want)) {
@@ -435,6 +481,99 @@ func TestRolloutEncodings(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestRolloutOperations runs each of a rollout's operations through the
+// API where its state allows it (204) and where it forbids it (409): each
+// that went through is in the audit log, with its actor and what it did,
+// and none that was refused is.
+func TestRolloutOperations(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		for _, d := range []string{"op-1", "op-2", "op-3", "op-4"} {
+			s.mustDevice(t, admin, d, nil)
+		}
+		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default",
+			"device_ids": []string{"op-1", "op-2", "op-3"},
+			"schedule": map[string]any{"phases": []any{
+				phase("first", triggerManual, fixedList("op-1")),
+				phase("rest", triggerManual, percent(100)),
+			}}})
+		op := func(name string, body any, status int) {
+			t.Helper()
+			r := s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/%s", id, name), body)
+			if status == 409 {
+				wantCode(t, r, 409, "conflict")
+				return
+			}
+			r.want(t, status)
+		}
+		late := phase("late", triggerManual, fixedList("op-4"))
+		op("resume", nil, 409) // scheduled, not paused
+		op("pause", nil, 204)
+		op("pause", nil, 409)
+		op("trigger_next_phase", nil, 409)
+		op("resume", nil, 204)
+		op("trigger_next_phase", nil, 204)
+		op("append_phase", late, 204)
+		op("abort", nil, 204)
+		for _, name := range []string{"pause", "resume", "trigger_next_phase", "abort"} {
+			op(name, nil, 409)
+		}
+		op("append_phase", phase("later", triggerManual, fixedList("op-4")), 409)
+		if a := s.rollout(t, admin, id); a.Status != "aborted" || a.Targeted != 4 || a.Statuses["Cancelled"] != 4 {
+			t.Fatalf("after the operations: %+v", a)
+		}
+
+		var logs struct {
+			AuditLogs []struct {
+				Actor   string         `json:"actor"`
+				Action  string         `json:"action"`
+				Target  string         `json:"target"`
+				Details map[string]any `json:"details"`
+			} `json:"audit_logs"`
+		}
+		s.do(t, admin, "GET", "/api/v1/audit-logs?limit=1000", nil).want(t, 200).decode(t, &logs)
+		var got []string
+		for _, l := range slices.Backward(logs.AuditLogs) { // newest first
+			if !strings.HasPrefix(l.Action, "rollout.") {
+				continue
+			}
+			if l.Target != fmt.Sprintf("actions/%d", id) || l.Actor != "admin" {
+				t.Fatalf("audit log %+v", l)
+			}
+			got = append(got, fmt.Sprintf("%s %v->%v", l.Action, l.Details["was"], l.Details["status"]))
+		}
+		want := []string{
+			"rollout.pause scheduled->paused",
+			"rollout.resume paused->scheduled",
+			"rollout.trigger_next_phase scheduled->running",
+			"rollout.append_phase running->running",
+			"rollout.abort running->aborted",
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("audited\n%v\nwant\n%v", strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+	})
+}
+
+// at is the value under path in a decoded body: map keys and list indexes.
+func at(v any, path ...any) any {
+	for _, p := range path {
+		switch k := p.(type) {
+		case string:
+			m, _ := v.(map[string]any)
+			v = m[k]
+		case int:
+			l, _ := v.([]any)
+			if k >= len(l) {
+				return nil
+			}
+			v = l[k]
+		}
+	}
+	return v
 }
 
 // times makes instants comparable: JSON shows them as RFC 3339 strings,
