@@ -249,8 +249,10 @@ func (tx *Tx) noRollout(ctx context.Context, tenant string, id int64) error {
 }
 
 // rolloutFacts reads what r's decision at now needs, and no more: most
-// looks at a rollout find it waiting for a time, and read nothing.
-func (db *DB) rolloutFacts(ctx context.Context, q querier, tenant string, r *fleet.Rollout, now time.Time) (fleet.RolloutFacts, error) {
+// looks at a rollout find it waiting for a time, and read nothing. An
+// operator's trigger (manual) judges the next phase's gate whatever its
+// trigger says, so it needs the gate's facts even when the phase is not due.
+func (db *DB) rolloutFacts(ctx context.Context, q querier, tenant string, r *fleet.Rollout, now time.Time, manual bool) (fleet.RolloutFacts, error) {
 	var f fleet.RolloutFacts
 	if r.Settling() {
 		if err := q.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+statusIn(liveStatuses),
@@ -276,7 +278,7 @@ func (db *DB) rolloutFacts(ctx context.Context, q querier, tenant string, r *fle
 		}
 	}
 	g := r.PendingGate()
-	if g == nil || !r.Due(now, f) {
+	if g == nil || !(manual || r.Due(now, f)) {
 		return f, nil
 	}
 	k := r.NextPhase
@@ -358,7 +360,7 @@ func (db *DB) AdvanceRollout(ctx context.Context, tenant string, id int64, now t
 		}
 		return nil, db.classify(err)
 	}
-	f, err := db.rolloutFacts(ctx, rtx, tenant, r, now)
+	f, err := db.rolloutFacts(ctx, rtx, tenant, r, now, false)
 	rtx.Rollback()
 	if err != nil {
 		return nil, db.classify(err)
@@ -373,7 +375,7 @@ func (db *DB) AdvanceRollout(ctx context.Context, tenant string, id int64, now t
 		if err != nil || r == nil {
 			return err
 		}
-		f, err := db.rolloutFacts(ctx, tx, tenant, r, now)
+		f, err := db.rolloutFacts(ctx, tx, tenant, r, now, false)
 		if err != nil {
 			return err
 		}
@@ -501,7 +503,7 @@ func (db *DB) ResumeRollout(ctx context.Context, tenant string, id int64, now ti
 // hold pauses the rollout, and that is what the change says.
 func (db *DB) TriggerNextPhase(ctx context.Context, tenant string, id int64, now time.Time) (*fleet.RolloutChange, error) {
 	return db.operate(ctx, tenant, id, "rollout.trigger_next_phase", func(tx *Tx, r *fleet.Rollout) (*fleet.RolloutChange, error) {
-		f, err := db.rolloutFacts(ctx, tx, tenant, r, now)
+		f, err := db.rolloutFacts(ctx, tx, tenant, r, now, true)
 		if err != nil {
 			return nil, err
 		}

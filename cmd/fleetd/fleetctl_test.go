@@ -1,0 +1,456 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/fleetd/fleet/ctl"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// The fleetctl tests run the client's Run against a real fleetd started
+// through run: every command group, its output forms and its exit codes.
+
+// fleetctl is the client with an environment of its own: a config
+// directory and, when set, FLEETCTL_* variables.
+type fleetctl struct {
+	env map[string]string
+}
+
+// newFleetctl returns a client with an empty config directory that acts
+// as c on s through FLEETCTL_* variables (none when c is empty).
+func (s *testServer) newFleetctl(t *testing.T, c creds) *fleetctl {
+	t.Helper()
+	f := &fleetctl{env: map[string]string{"XDG_CONFIG_HOME": t.TempDir()}}
+	if c.Key != "" {
+		f.env["FLEETCTL_URL"] = s.URL
+		f.env["FLEETCTL_TENANT"] = c.Tenant
+		f.env["FLEETCTL_API_KEY"] = c.Key
+	}
+	return f
+}
+
+// ctlResult is one run of fleetctl.
+type ctlResult struct {
+	args           []string
+	stdout, stderr string
+	code           int
+}
+
+func (r ctlResult) String() string {
+	return fmt.Sprintf("fleetctl %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(r.args, " "), r.code, r.stdout, r.stderr)
+}
+
+func (f *fleetctl) run(stdin string, args ...string) ctlResult {
+	var out, errOut bytes.Buffer
+	code := ctl.Run(context.Background(), args, ctl.Env{
+		Getenv: func(k string) string { return f.env[k] },
+		Stdin:  strings.NewReader(stdin), Stdout: &out, Stderr: &errOut,
+	})
+	return ctlResult{args: args, stdout: out.String(), stderr: errOut.String(), code: code}
+}
+
+// ok runs fleetctl and wants exit 0; it returns standard output.
+func (f *fleetctl) ok(t *testing.T, args ...string) string {
+	t.Helper()
+	r := f.run("", args...)
+	if r.code != 0 {
+		t.Fatalf("%v", r)
+	}
+	return r.stdout
+}
+
+// fails runs fleetctl, wants exit code want and returns standard error.
+func (f *fleetctl) fails(t *testing.T, want int, args ...string) string {
+	t.Helper()
+	r := f.run("", args...)
+	if r.code != want {
+		t.Fatalf("want exit %d; %v", want, r)
+	}
+	if r.stderr == "" {
+		t.Fatalf("exit %d with nothing on stderr; %v", want, r)
+	}
+	return r.stderr
+}
+
+// json runs fleetctl with -o json and decodes its output into v.
+func (f *fleetctl) json(t *testing.T, v any, args ...string) {
+	t.Helper()
+	out := f.ok(t, append(args, "-o", "json")...)
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		t.Fatalf("fleetctl %s -o json: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+func wantContains(t *testing.T, what, got string, wants ...string) {
+	t.Helper()
+	for _, w := range wants {
+		if !strings.Contains(got, w) {
+			t.Fatalf("%s does not contain %q:\n%s", what, w, got)
+		}
+	}
+}
+
+func TestFleetctlContexts(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		acme := s.newTenant(t, "acme")
+		s.mustDevice(t, s.admin(), "default-dev", nil)
+		s.mustDevice(t, acme, "acme-dev", nil)
+		f := s.newFleetctl(t, creds{})
+		cfg := filepath.Join(f.env["XDG_CONFIG_HOME"], "fleetctl", "config")
+
+		t.Run("NoServer", func(t *testing.T) {
+			wantContains(t, "stderr", f.fails(t, ctl.ExitUsage, "devices", "list"), "fleetctl login")
+		})
+		t.Run("LoginRefusesABadKey", func(t *testing.T) {
+			stderr := f.fails(t, ctl.ExitRefused, "login", "--url", s.URL, "--tenant", "default", "--api-key", "fk_wrong")
+			wantContains(t, "stderr", stderr, "401 unauthenticated")
+			if _, err := os.Stat(cfg); !os.IsNotExist(err) {
+				t.Fatalf("a refused login wrote the config: %v", err)
+			}
+		})
+		t.Run("Login", func(t *testing.T) {
+			f.ok(t, "login", "--url", s.URL, "--tenant", "default", "--api-key", s.Key, "--name", "home")
+			r := f.run(acme.Key+"\n", "login", "--url", s.URL, "--tenant", "acme", "--api-key", "-")
+			if r.code != 0 {
+				t.Fatalf("%v", r)
+			}
+			fi, err := os.Stat(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm() != 0o600 {
+				t.Fatalf("config mode %v, want 0600", fi.Mode().Perm())
+			}
+			b, _ := os.ReadFile(cfg)
+			wantContains(t, "config", string(b), "current-context: acme@", acme.Key, s.Key)
+			// The last login is current.
+			wantContains(t, "devices of acme", f.ok(t, "devices", "list"), "acme-dev")
+			if out := f.ok(t, "devices", "list"); strings.Contains(out, "default-dev") {
+				t.Fatalf("acme's context lists default's devices:\n%s", out)
+			}
+			wantContains(t, "devices of --context home", f.ok(t, "devices", "list", "--context", "home"), "default-dev")
+			wantContains(t, "contexts", f.ok(t, "config", "get-contexts"), "home", "*  ")
+		})
+		t.Run("Override", func(t *testing.T) {
+			// The variables beat the context; a flag beats both.
+			f.env["FLEETCTL_TENANT"], f.env["FLEETCTL_API_KEY"] = "default", s.Key
+			defer delete(f.env, "FLEETCTL_TENANT")
+			defer delete(f.env, "FLEETCTL_API_KEY")
+			wantContains(t, "devices with FLEETCTL_*", f.ok(t, "devices", "list"), "default-dev")
+			wantContains(t, "devices with flags", f.ok(t, "devices", "list", "--tenant", "acme", "--api-key", acme.Key), "acme-dev")
+		})
+		t.Run("UseAndDeleteContext", func(t *testing.T) {
+			f.ok(t, "config", "use-context", "home")
+			wantContains(t, "devices", f.ok(t, "devices", "list"), "default-dev")
+			f.ok(t, "config", "delete-context", "home")
+			b, _ := os.ReadFile(cfg)
+			if strings.Contains(string(b), s.Key) {
+				t.Fatalf("the deleted context's key is still in the config:\n%s", b)
+			}
+			f.fails(t, ctl.ExitUsage, "devices", "list") // no current context now
+			f.fails(t, ctl.ExitUsage, "config", "use-context", "nosuch")
+			f.fails(t, ctl.ExitUsage, "devices", "list", "--context", "nosuch")
+		})
+		t.Run("Usage", func(t *testing.T) {
+			a := s.newFleetctl(t, s.admin())
+			for _, args := range [][]string{
+				{"nosuch"},
+				{"devices", "nosuch"},
+				{"devices", "list", "--nosuch"},
+				{"devices", "get"},
+				{"devices", "list", "-o", "xml"},
+				{"actions", "get", "abc"},
+				{"actions", "dispatch", "reboot"},
+				{"actions", "dispatch", "reboot", "--all", "--devices", "x"},
+				{"devices", "create", "--file", filepath.Join(t.TempDir(), "none.csv")},
+			} {
+				a.fails(t, ctl.ExitUsage, args...)
+			}
+			wantContains(t, "help", a.ok(t, "--help"), "Exit codes", "devices", "actions")
+		})
+	})
+}
+
+func TestFleetctlDevices(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		// MQTT over TLS, so that devices can be issued certificates.
+		certFile, keyFile := writeServerCert(t, t.TempDir(), "fleetd test")
+		s := startServer(t, b, "--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0")
+		f := s.newFleetctl(t, s.admin())
+		dir := t.TempDir()
+
+		t.Run("Create", func(t *testing.T) {
+			out := f.ok(t, "devices", "create", "pump-1", "--metadata", "site=berlin", "--metadata", "model=x1")
+			wantContains(t, "created", out, "TOKEN", "pump-1", "fdt_", "model=x1,site=berlin")
+			var gen struct{ ID, Token string }
+			f.json(t, &gen, "devices", "create")
+			if gen.ID == "" || !strings.HasPrefix(gen.Token, "fdt_") {
+				t.Fatalf("generated device %+v", gen)
+			}
+			f.ok(t, "devices", "delete", gen.ID)
+		})
+		t.Run("Bulk", func(t *testing.T) {
+			csvFile := filepath.Join(dir, "devices.csv")
+			os.WriteFile(csvFile, []byte("id,site,model\npump-2,paris,x1\nvalve-1,,v2\n"), 0o644)
+			var got struct {
+				Devices []struct{ ID, Token string }
+			}
+			f.json(t, &got, "devices", "create", "--file", csvFile)
+			if len(got.Devices) != 2 || got.Devices[1].ID != "valve-1" || got.Devices[1].Token == "" {
+				t.Fatalf("bulk from CSV: %+v", got)
+			}
+			r := f.run(`[{"id": "valve-2", "metadata": {"site": "paris"}}]`, "devices", "create", "-f", "-")
+			if r.code != 0 || !strings.Contains(r.stdout, "valve-2") {
+				t.Fatalf("bulk from JSON: %v", r)
+			}
+			// All or none: one bad id refuses the whole file.
+			os.WriteFile(csvFile, []byte("id\nok-1\nnot ok\n"), 0o644)
+			wantContains(t, "stderr", f.fails(t, ctl.ExitRefused, "devices", "create", "-f", csvFile), "400 invalid", "devices[1].id")
+			f.fails(t, ctl.ExitRefused, "devices", "get", "ok-1")
+		})
+		t.Run("List", func(t *testing.T) {
+			var list struct {
+				Devices []struct{ ID string }
+				Count   int
+			}
+			f.json(t, &list, "devices", "list", "--search", "PUMP")
+			if list.Count != 2 {
+				t.Fatalf("search pump: %+v", list)
+			}
+			f.json(t, &list, "devices", "list", "--metadata", "site=paris", "--metadata", "model=x1")
+			if list.Count != 1 || list.Devices[0].ID != "pump-2" {
+				t.Fatalf("metadata site=paris model=x1: %+v", list)
+			}
+			r := f.run("", "devices", "list", "--limit", "1")
+			if r.code != 0 || strings.Count(r.stdout, "\n") != 2 || !strings.Contains(r.stderr, "1 of 4 shown") {
+				t.Fatalf("a page of one: %v", r)
+			}
+		})
+		t.Run("Formats", func(t *testing.T) {
+			wantContains(t, "yaml", f.ok(t, "devices", "get", "pump-1", "-o", "yaml"), "id: pump-1\n", "metadata:\n  model: x1\n", "last_seen_at: null")
+			wantContains(t, "edn", f.ok(t, "devices", "get", "pump-1", "-o", "edn"), `:id "pump-1"`, `:metadata {`)
+			wantContains(t, "table", f.ok(t, "devices", "get", "pump-1"), "ID", "LAST SEEN", "pump-1")
+		})
+		t.Run("Patch", func(t *testing.T) {
+			f.ok(t, "devices", "patch", "pump-1", "--set", "model=x2", "--set", "rack=7", "--unset", "site")
+			var d struct{ Metadata map[string]string }
+			f.json(t, &d, "devices", "get", "pump-1")
+			if len(d.Metadata) != 2 || d.Metadata["model"] != "x2" || d.Metadata["rack"] != "7" {
+				t.Fatalf("patched metadata %v", d.Metadata)
+			}
+			f.fails(t, ctl.ExitUsage, "devices", "patch", "pump-1")
+		})
+		t.Run("Credentials", func(t *testing.T) {
+			var tok struct{ Token string }
+			f.json(t, &tok, "devices", "rotate-token", "pump-1")
+			if !strings.HasPrefix(tok.Token, "fdt_") {
+				t.Fatalf("rotated token %+v", tok)
+			}
+			wantContains(t, "certificate", f.ok(t, "devices", "certificate", "pump-1"), "device_certificate: |", "BEGIN CERTIFICATE", "PRIVATE KEY")
+			var up struct {
+				ProjectID string `json:"project_id"`
+				DeviceID  string `json:"device_id"`
+			}
+			f.json(t, &up, "devices", "uplink-config", "pump-1")
+			if up.ProjectID != "default" || up.DeviceID != "pump-1" {
+				t.Fatalf("uplink config %+v", up)
+			}
+		})
+		t.Run("Delete", func(t *testing.T) {
+			wantContains(t, "delete", f.ok(t, "devices", "delete", "valve-1", "valve-2"), "deleted device valve-2")
+			wantContains(t, "stderr", f.fails(t, ctl.ExitRefused, "devices", "get", "valve-1"), "404 not_found")
+		})
+		t.Run("Roles", func(t *testing.T) {
+			viewer := s.newFleetctl(t, s.newKey(t, s.admin(), "ro", "viewer"))
+			viewer.ok(t, "devices", "list")
+			wantContains(t, "stderr", viewer.fails(t, ctl.ExitRefused, "devices", "create", "x"), "403 forbidden")
+		})
+	})
+}
+
+// TestFleetctlTLS talks to fleetd over https, trusting its certificate
+// through --ca-file and the context.
+func TestFleetctlTLS(t *testing.T) {
+	certFile, keyFile := writeServerCert(t, t.TempDir(), "fleetd test")
+	s := startServer(t, sqlstoretest.Backends()[0], "--tls-cert", certFile, "--tls-key", keyFile)
+	url := strings.Replace(s.URL, "http://", "https://", 1)
+	f := s.newFleetctl(t, creds{})
+	stderr := f.fails(t, ctl.ExitRefused, "login", "--url", url, "--tenant", "default", "--api-key", s.Key)
+	wantContains(t, "stderr without the CA", stderr, "cannot reach", "certificate")
+	f.ok(t, "login", "--url", url, "--tenant", "default", "--api-key", s.Key, "--ca-file", certFile)
+	f.ok(t, "devices", "create", "tls-1")
+	wantContains(t, "devices over https", f.ok(t, "devices", "list"), "tls-1")
+}
+
+// lockedOutput is a watch's standard output, read while it runs.
+func (f *fleetctl) start(args ...string) (out *lockedBuffer, done <-chan ctlResult) {
+	out = &lockedBuffer{}
+	ch := make(chan ctlResult, 1)
+	go func() {
+		var errOut bytes.Buffer
+		code := ctl.Run(context.Background(), args, ctl.Env{
+			Getenv: func(k string) string { return f.env[k] },
+			Stdin:  strings.NewReader(""), Stdout: out, Stderr: &errOut,
+		})
+		ch <- ctlResult{args: args, stdout: out.String(), stderr: errOut.String(), code: code}
+	}()
+	return out, ch
+}
+
+// report is a device's status report through S10.
+func (s *testServer) report(t *testing.T, device string, id int64, state string) {
+	t.Helper()
+	s.do(t, s.admin(), "POST", "/api/v1/devices/action/status", map[string]any{
+		"device_id": device, "action_id": id, "state": state, "progress": 100}).want(t, 204)
+}
+
+func TestFleetctlActions(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		f := s.newFleetctl(t, s.admin())
+		for _, id := range []string{"d1", "d2", "d3", "d4"} {
+			f.ok(t, "devices", "create", id, "--metadata", "ring="+map[bool]string{true: "canary", false: "main"}[id == "d1"])
+		}
+		var dispatched struct {
+			ID       int64
+			Targeted int
+		}
+
+		t.Run("DispatchAndRead", func(t *testing.T) {
+			f.json(t, &dispatched, "actions", "dispatch", "reboot", "--devices", "d1,d2", "--params", `{"delay": 5}`, "--param", "reason=test", "--timeout", "10m")
+			if dispatched.ID == 0 || dispatched.Targeted != 2 {
+				t.Fatalf("dispatched %+v", dispatched)
+			}
+			id := fmt.Sprint(dispatched.ID)
+			var a struct {
+				Params   map[string]any
+				Timeout  int
+				Statuses map[string]int
+			}
+			f.json(t, &a, "actions", "get", id)
+			if a.Params["delay"] != 5.0 || a.Params["reason"] != "test" || a.Timeout != 600 || a.Statuses["Queued"] != 2 {
+				t.Fatalf("action %+v", a)
+			}
+			wantContains(t, "list", f.ok(t, "actions", "list", "--action", "reboot"), "reboot", "Queued=2")
+			s.report(t, "d1", dispatched.ID, "Rebooting")
+			wantContains(t, "devices of the action", f.ok(t, "actions", "devices", id, "--status", "Progress"), "d1", "Rebooting")
+			wantContains(t, "S7", f.ok(t, "devices", "actions", "d1", "--sort-by", "updated_at", "--order", "asc", "--type", "reboot"), "Progress", "Rebooting")
+
+			var bySearch, byMeta, all struct{ Targeted int }
+			f.json(t, &bySearch, "actions", "dispatch", "ping", "--search", "d", "--search-key", "")
+			f.json(t, &byMeta, "actions", "dispatch", "ping", "--metadata-match", "ring=canary")
+			f.json(t, &all, "actions", "dispatch", "ping", "--all")
+			if bySearch.Targeted != 4 || byMeta.Targeted != 1 || all.Targeted != 4 {
+				t.Fatalf("targeted: search %d, metadata %d, all %d", bySearch.Targeted, byMeta.Targeted, all.Targeted)
+			}
+			body := filepath.Join(t.TempDir(), "dispatch.yaml")
+			os.WriteFile(body, []byte("action: configure\nparams: {level: 3}\nsearch_type: default\ndevice_ids: [d3]\n"), 0o644)
+			var fromFile struct{ Targeted int }
+			f.json(t, &fromFile, "actions", "dispatch", "-f", body)
+			if fromFile.Targeted != 1 {
+				t.Fatalf("dispatch from a file: %+v", fromFile)
+			}
+			wantContains(t, "stderr", f.fails(t, ctl.ExitRefused, "actions", "dispatch", "reboot", "--devices", "d1,nosuch"), "400 invalid", "nosuch")
+			wantContains(t, "stderr", f.fails(t, ctl.ExitRefused, "actions", "get", "999999"), "404 not_found")
+		})
+		t.Run("WatchCompletes", func(t *testing.T) {
+			id := fmt.Sprint(dispatched.ID)
+			out, done := f.start("actions", "watch", id, "--interval", "10ms")
+			eventually(t, "watch to show the action", func() bool { return strings.Contains(out.String(), "0/2 final") })
+			s.report(t, "d1", dispatched.ID, "Completed")
+			eventually(t, "watch to see d1 complete", func() bool { return strings.Contains(out.String(), "1/2 final") })
+			s.report(t, "d2", dispatched.ID, "Completed")
+			r := <-done
+			if r.code != 0 {
+				t.Fatalf("%v", r)
+			}
+			wantContains(t, "watch", r.stdout, "2/2 final: Completed 2")
+		})
+		t.Run("WatchFails", func(t *testing.T) {
+			var d struct{ ID int64 }
+			f.json(t, &d, "actions", "dispatch", "reboot", "--devices", "d1,d2")
+			id := fmt.Sprint(d.ID)
+			out, done := f.start("actions", "watch", id, "--interval", "10ms")
+			eventually(t, "watch to show the action", func() bool { return strings.Contains(out.String(), "0/2 final") })
+			s.report(t, "d1", d.ID, "Failed")
+			wantContains(t, "cancel", f.ok(t, "actions", "cancel", id), "Cancelled=1", "Failed=1")
+			r := <-done
+			if r.code != ctl.ExitRefused {
+				t.Fatalf("want exit 1; %v", r)
+			}
+			wantContains(t, "stderr", r.stderr, "did not complete on every device: Failed 1, Cancelled 1")
+			wantContains(t, "timeout", f.fails(t, ctl.ExitRefused, "actions", "watch", fmt.Sprint(dispatched.ID+1), "--timeout", "1ns"), "gave up")
+		})
+		t.Run("Rollout", func(t *testing.T) {
+			var d struct{ ID int64 }
+			f.json(t, &d, "actions", "dispatch", "update", "--devices", "d1,d2,d3", "--release-notes", "a test",
+				"--phase", "canary d1", "--phase", "rest 100% trigger=manual max-failure-rate=0.5 min-finished=1")
+			id := fmt.Sprint(d.ID)
+			type rollout struct {
+				Status         string
+				PauseReason    string `json:"pause_reason"`
+				Statuses       map[string]int
+				StatusesPhased map[string]map[string]int `json:"statuses_phased"`
+				Schedule       struct {
+					ReleaseNotes string `json:"release_notes"`
+					Phases       []struct{ Name string }
+				}
+			}
+			var r rollout
+			f.json(t, &r, "actions", "get", id)
+			if r.Status != "running" || r.Statuses["Scheduled"] != 2 || r.Schedule.ReleaseNotes != "a test" || len(r.Schedule.Phases) != 2 {
+				t.Fatalf("rollout %+v", r)
+			}
+			f.ok(t, "actions", "pause", id)
+			res := f.run("", "actions", "watch", id, "--interval", "10ms")
+			if res.code != ctl.ExitRefused || !strings.Contains(res.stderr, "is paused") {
+				t.Fatalf("watching a paused rollout: %v", res)
+			}
+			wantContains(t, "resume", f.ok(t, "actions", "resume", id), "running")
+			wantContains(t, "stderr", f.fails(t, ctl.ExitRefused, "actions", "resume", id), "409 conflict")
+			f.ok(t, "actions", "append-phase", id, "--phase", "late d4 trigger=manual")
+			s.report(t, "d1", d.ID, "Completed")
+			f.ok(t, "actions", "trigger-next-phase", id)
+			f.json(t, &r, "actions", "get", id)
+			if r.Statuses["Queued"] != 2 || r.Statuses["Scheduled"] != 1 || len(r.Schedule.Phases) != 3 || r.StatusesPhased["1"]["Queued"] != 2 {
+				t.Fatalf("after the next phase: %+v", r)
+			}
+			wantContains(t, "abort", f.ok(t, "actions", "abort", id), "aborted")
+			f.json(t, &r, "actions", "get", id)
+			if r.Status != "aborted" || r.Statuses["Cancelled"] != 3 || r.Statuses["Completed"] != 1 {
+				t.Fatalf("aborted: %+v", r)
+			}
+			wantContains(t, "phase usage", f.fails(t, ctl.ExitUsage, "actions", "dispatch", "x", "--all", "--phase", "lonely"), "NAME SELECTION")
+		})
+	})
+}
+
+// TestFleetctlCompletion: the shells' completion asks the server for
+// device and action ids (the scripts call fleetctl __complete).
+func TestFleetctlCompletion(t *testing.T) {
+	s := startServer(t, sqlstoretest.Backends()[0])
+	f := s.newFleetctl(t, s.admin())
+	f.ok(t, "devices", "create", "pump-1")
+	f.ok(t, "devices", "create", "pump-2")
+	f.ok(t, "devices", "create", "valve-1")
+	var d struct{ ID int64 }
+	f.json(t, &d, "actions", "dispatch", "reboot", "--devices", "valve-1")
+
+	out := f.ok(t, "__complete", "devices", "get", "pu")
+	if !strings.HasPrefix(out, "pump-1\npump-2\n:") {
+		t.Fatalf("completing device ids: %q", out)
+	}
+	wantContains(t, "completing action ids", f.ok(t, "__complete", "actions", "watch", ""), fmt.Sprintf("%d\treboot, 1 devices", d.ID))
+	wantContains(t, "completing a flag", f.ok(t, "__complete", "devices", "actions", "pump-1", "--sort-by", ""), "updated_at")
+	for _, shell := range []string{"bash", "zsh", "fish"} {
+		wantContains(t, shell, f.ok(t, "completion", shell), "__complete")
+	}
+}

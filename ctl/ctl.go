@@ -1,0 +1,206 @@
+// Package ctl is fleetctl, the command-line client of fleetd's HTTP API.
+// It talks only HTTP: nothing of the server's database or broker is linked
+// in (a test holds it to that). cmd/fleetctl's main calls Run; tests call
+// Run too, against a real fleetd.
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// Env is the process environment as fleetctl sees it.
+type Env struct {
+	Getenv func(string) string
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	// IsTerminal says whether the writer is a terminal, where progress
+	// redraws in place; nil means never.
+	IsTerminal func(io.Writer) bool
+}
+
+// The exit codes a script can rely on.
+const (
+	ExitOK      = 0 // done; for watch, every device action Completed
+	ExitRefused = 1 // the server refused (its message is on stderr), could not be reached, or a watched action did not complete
+	ExitUsage   = 2 // the command line cannot be run
+)
+
+// usageError is a command line that cannot be run: exit 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{fmt.Sprintf(format, args...)}
+}
+
+// runError is a command that ran and failed: exit 1. Errors that come out
+// of cobra without it are its own, about the command line.
+type runError struct{ err error }
+
+func (e *runError) Error() string { return e.err.Error() }
+func (e *runError) Unwrap() error { return e.err }
+
+// Run runs fleetctl with args (without the program name) and returns its
+// exit code. Errors are written to e.Stderr.
+func Run(ctx context.Context, args []string, e Env) int {
+	if e.Getenv == nil {
+		e.Getenv = func(string) string { return "" }
+	}
+	a := &app{env: e, now: time.Now}
+	root := a.root()
+	root.SetArgs(args)
+	root.SetIn(e.Stdin)
+	root.SetOut(e.Stdout)
+	root.SetErr(e.Stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	var ue *usageError
+	var re *runError
+	switch {
+	case errors.As(err, &ue) || !errors.As(err, &re):
+		fmt.Fprintf(e.Stderr, "fleetctl: %v\nRun 'fleetctl --help' for usage.\n", err)
+		return ExitUsage
+	case errors.Is(err, errNotCompleted):
+		// watch has shown why.
+		return ExitRefused
+	default:
+		fmt.Fprintf(e.Stderr, "fleetctl: %v\n", err)
+		return ExitRefused
+	}
+}
+
+// Root returns fleetctl's command tree, for the generated documentation.
+func Root() *cobra.Command {
+	root := (&app{env: Env{Getenv: func(string) string { return "" }}, now: time.Now}).root()
+	root.InitDefaultCompletionCmd()
+	return root
+}
+
+// app holds what every command shares: the environment, the global flags
+// and, once resolved, the client.
+type app struct {
+	env Env
+	now func() time.Time
+
+	// global flags
+	contextName string
+	url         string
+	tenant      string
+	apiKey      string
+	caFile      string
+	output      string
+
+	client *client
+}
+
+const rootLong = `fleetctl talks to a fleetd server over its HTTP API: devices, actions and
+rollouts, firmware bundles, alert rules and alerts, API keys, the tenant's
+end-user authentication and the audit log.
+
+Start with 'fleetctl login --url URL --tenant TENANT --api-key KEY', which
+stores a named context in $XDG_CONFIG_HOME/fleetctl/config (mode 0600). The
+flags --context, --url, --tenant, --api-key and --ca-file and the variables
+FLEETCTL_URL, FLEETCTL_TENANT, FLEETCTL_API_KEY and FLEETCTL_CA_FILE override
+the context (flags first).
+
+Output is a table unless -o json, -o yaml or -o edn (the server's own EDN)
+asks for a form for scripts. Exit codes: 0 done; 1 the server refused (its
+message on stderr), could not be reached, or a watched action did not
+complete; 2 the command line cannot be run.`
+
+func (a *app) root() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "fleetctl",
+		Short:         "The command-line client of fleetd's HTTP API",
+		Long:          rootLong,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		Args:          noArgs,
+		RunE:          groupRun,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err.Error()} })
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.contextName, "context", "", "the `NAME`d context of the config file to use, instead of its current one")
+	pf.StringVar(&a.url, "url", "", "fleetd's base `URL` (env FLEETCTL_URL)")
+	pf.StringVar(&a.tenant, "tenant", "", "the `TENANT` to act in (env FLEETCTL_TENANT)")
+	pf.StringVar(&a.apiKey, "api-key", "", "the API `KEY` (env FLEETCTL_API_KEY); prefer the variable or a context, as arguments show in ps")
+	pf.StringVar(&a.caFile, "ca-file", "", "PEM `FILE` of the certificate authorities to trust for https (env FLEETCTL_CA_FILE)")
+	pf.StringVarP(&a.output, "output", "o", "table", "output `FORMAT`: table, json, yaml or edn")
+	root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml", "edn"}, cobra.ShellCompDirectiveNoFileComp))
+	root.RegisterFlagCompletionFunc("context", a.completeContexts)
+
+	root.PersistentPreRunE = func(*cobra.Command, []string) error { return a.checkOutput() }
+	root.AddCommand(a.loginCmd(), a.configCmd(), a.devicesCmd(), a.actionsCmd())
+	markRunErrors(root)
+	return root
+}
+
+// markRunErrors makes every error a command's RunE returns a runError, so
+// that Run tells them from cobra's errors about the command line.
+func markRunErrors(c *cobra.Command) {
+	if run := c.RunE; run != nil {
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			err := run(cmd, args)
+			var ue *usageError
+			if err == nil || errors.As(err, &ue) {
+				return err
+			}
+			return &runError{err}
+		}
+	}
+	for _, sub := range c.Commands() {
+		markRunErrors(sub)
+	}
+}
+
+// groupRun is the RunE of a command that only groups others: alone it
+// shows its help; with an argument, that is no subcommand of it.
+func groupRun(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usagef("unknown command %q for %q", args[0], cmd.CommandPath())
+	}
+	return cmd.Help()
+}
+
+// group makes a command that only groups others.
+func group(use, short string, subs ...*cobra.Command) *cobra.Command {
+	c := &cobra.Command{Use: use, Short: short, RunE: groupRun}
+	c.AddCommand(subs...)
+	return c
+}
+
+// exactArgs and the others are cobra's argument checks, as usage errors.
+func exactArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usagef("%s takes %d argument(s), got %d: %s", cmd.CommandPath(), n, len(args), cmd.UseLine())
+		}
+		return nil
+	}
+}
+
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 && cmd.HasSubCommands() {
+		return nil // groupRun names the unknown command
+	}
+	return exactArgs(0)(cmd, args)
+}
+
+func rangeArgs(min, max int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) < min || len(args) > max {
+			return usagef("%s takes %d to %d arguments, got %d: %s", cmd.CommandPath(), min, max, len(args), cmd.UseLine())
+		}
+		return nil
+	}
+}
