@@ -79,34 +79,56 @@ func FormatOf(contentType string) (f Format, ok bool) {
 // MaxDepth is the deepest nesting of arrays and maps a body may have.
 const MaxDepth = 64
 
+// Limits bound what decoding one body may build, beside MaxDepth. The
+// zero value bounds nothing more.
+type Limits struct {
+	// Len is the most elements one array, list, set or map may hold (a
+	// map's entries count once each); 0 is no bound. Readers count as they
+	// go and stop at the first element past it, so a body of a million
+	// empty objects costs what Len of them cost, not 35 times its size.
+	Len int
+}
+
 // Decode reads exactly one value from a whole request body in format f and
 // returns its canonical form: nil, bool, int64, float64, string, []any or
 // map[string]any, nested. Any problem is an EINVALID *fleet.Error whose
 // message says what is wrong and where.
 func Decode(f Format, body []byte) (any, error) {
+	return DecodeWithin(f, body, Limits{})
+}
+
+// DecodeWithin is Decode within l: a collection longer than l.Len is an
+// ETOOLARGE *fleet.Error that says where it is, found before more of it
+// was built.
+func DecodeWithin(f Format, body []byte, l Limits) (any, error) {
+	var v any
+	var err error
 	switch f {
 	case JSON:
-		return decodeJSON(body)
+		return decodeJSON(body, l)
 	case TransitJSON:
-		v, err := ReadTransitJSON(body)
-		if err != nil {
-			return nil, err
-		}
-		return Canonical(v)
+		v, err = readTransitJSON(body, l)
 	case TransitMsgpack:
-		v, err := ReadTransitMsgpack(body)
-		if err != nil {
-			return nil, err
-		}
-		return Canonical(v)
+		v, err = readTransitMsgpack(body, l)
 	case EDN:
-		v, err := ReadEDN(body)
-		if err != nil {
-			return nil, err
-		}
-		return Canonical(v)
+		v, err = readEDN(body, l)
+	default:
+		return nil, fleet.Errorf(fleet.EUNSUPPORTED, "unsupported body format %v", f)
 	}
-	return nil, fleet.Errorf(fleet.EUNSUPPORTED, "unsupported body format %v", f)
+	if err != nil {
+		return nil, err
+	}
+	return Canonical(v)
+}
+
+// longer reports whether n elements are more than l allows.
+func (l Limits) longer(n int) bool { return l.Len > 0 && n > l.Len }
+
+// tooLong is the ETOOLARGE error of a collection (kind: "array", "map",
+// …) past Limits.Len, in a body of format what; where says where it
+// starts, in the words of the format's other errors.
+func tooLong(what, kind, where string, l Limits) error {
+	return fleet.Errorf(fleet.ETOOLARGE, "%s body too large: the %s at %s holds more than %d elements, the most one may hold here", what, kind, where, l.Len)
 }
 
 // Marshal returns v encoded in format f; see Encode. It returns an exact

@@ -19,7 +19,11 @@ import (
 // reader does, it refuses duplicate map keys and set members. Errors are
 // EINVALID with the line and column.
 func ReadEDN(b []byte) (any, error) {
-	r := ednReader{data: b}
+	return readEDN(b, Limits{})
+}
+
+func readEDN(b []byte, l Limits) (any, error) {
+	r := ednReader{data: b, limits: l}
 	if err := r.skip(); err != nil {
 		return nil, err
 	}
@@ -40,14 +44,22 @@ func ReadEDN(b []byte) (any, error) {
 }
 
 type ednReader struct {
-	data  []byte
-	pos   int
-	depth int
+	data   []byte
+	pos    int
+	depth  int
+	limits Limits
 }
 
 func (r *ednReader) errorf(off int, format string, args ...any) error {
 	line, col := textPosition(r.data, off)
 	return invalidf("invalid EDN body at line %d, column %d: %s", line, col, fmt.Sprintf(format, args...))
+}
+
+// tooLong is the error of the collection of kind that starts at off and
+// holds more than r.limits.Len elements.
+func (r *ednReader) tooLong(off int, kind string) error {
+	line, col := textPosition(r.data, off)
+	return tooLong("EDN", kind, fmt.Sprintf("line %d, column %d", line, col), r.limits)
 }
 
 func (r *ednReader) at(off int, err error) error {
@@ -226,6 +238,9 @@ func (r *ednReader) seq(end byte) ([]any, error) {
 			r.depth--
 			return a, nil
 		}
+		if r.limits.longer(len(a) + 1) {
+			return nil, r.tooLong(open, map[byte]string{')': "list", ']': "vector", '}': "set"}[end])
+		}
 		v, err := r.form()
 		if err != nil {
 			return nil, err
@@ -253,6 +268,9 @@ func (r *ednReader) mapForm() (any, error) {
 			r.pos++
 			r.depth--
 			return m, nil
+		}
+		if r.limits.longer(len(m.Entries) + 1) {
+			return nil, r.tooLong(open, "map")
 		}
 		off := r.pos
 		k, err := r.form()

@@ -146,7 +146,7 @@ func (e *ednEmitter) raw(enc *encoder, b []byte) {
 		enc.any(nil)
 		return
 	}
-	v, err := decodeJSON(b)
+	v, err := decodeJSON(b, Limits{})
 	if err != nil {
 		e.fail(err)
 		return

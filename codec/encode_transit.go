@@ -413,7 +413,7 @@ func (e *transitEmitter) raw(enc *encoder, b []byte) {
 		enc.any(nil)
 		return
 	}
-	v, err := decodeJSON(b)
+	v, err := decodeJSON(b, Limits{})
 	if err != nil {
 		e.fail(err)
 		return

@@ -1,6 +1,7 @@
 package codec_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -37,6 +38,7 @@ func seedExemplars(f *testing.F, ext string, extra ...string) {
 // through JSON.
 func checkDecode(t *testing.T, f codec.Format, b []byte) any {
 	v, err := codec.Decode(f, b)
+	checkBounded(t, f, b, v, err)
 	if err != nil {
 		if code := fleet.ErrorCode(err); code != fleet.EINVALID {
 			t.Fatalf("Decode(%v, %q) error code %q: %v", f, b, code, err)
@@ -58,6 +60,58 @@ func checkDecode(t *testing.T, f codec.Format, b []byte) any {
 		t.Fatalf("round trip through JSON changed %#v into %#v", v, again)
 	}
 	return v
+}
+
+// fuzzLen is the Limits.Len the fuzz targets decode within too: small,
+// so that the fuzzer reaches it often.
+const fuzzLen = 3
+
+// checkBounded is the property of the bounded decoders, given what
+// decoding b without limits gave: within Limits they give the same value,
+// or ETOOLARGE; never ETOOLARGE for a body whose collections all fit, and
+// always a refusal for one whose canonical value has a longer collection.
+func checkBounded(t *testing.T, f codec.Format, b []byte, v any, err error) {
+	got, berr := codec.DecodeWithin(f, b, codec.Limits{Len: fuzzLen})
+	switch {
+	case berr != nil && fleet.ErrorCode(berr) == fleet.ETOOLARGE:
+		if err == nil && longest(v) <= fuzzLen && !hasTransitComposite(b) {
+			t.Fatalf("DecodeWithin(%v, %q, Len %d): %v, but its longest collection is %d", f, b, fuzzLen, berr, longest(v))
+		}
+	case berr != nil:
+		if err == nil {
+			t.Fatalf("DecodeWithin(%v, %q): %v, but Decode accepted it", f, b, berr)
+		}
+	case err != nil:
+		t.Fatalf("DecodeWithin(%v, %q) = %#v, but Decode refused it: %v", f, b, got, err)
+	case longest(v) > fuzzLen:
+		t.Fatalf("DecodeWithin(%v, %q, Len %d) accepted a collection of %d", f, b, fuzzLen, longest(v))
+	case !sameCanonical(got, v):
+		t.Fatalf("DecodeWithin(%v, %q) = %#v, Decode %#v", f, b, got, v)
+	}
+}
+
+// hasTransitComposite reports whether b may hold a Transit tagged
+// composite such as ~#cmap, whose representation (an array of keys and
+// values) is longer than the value it stands for.
+func hasTransitComposite(b []byte) bool { return bytes.Contains(b, []byte("~#")) }
+
+// longest returns the length of the longest array or map in a canonical
+// value.
+func longest(v any) int {
+	n := 0
+	switch v := v.(type) {
+	case []any:
+		n = len(v)
+		for _, x := range v {
+			n = max(n, longest(x))
+		}
+	case map[string]any:
+		n = len(v)
+		for _, x := range v {
+			n = max(n, longest(x))
+		}
+	}
+	return n
 }
 
 func isCanonical(v any, depth int) bool {

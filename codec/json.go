@@ -19,6 +19,7 @@ type jsonScanner struct {
 	what    string // "JSON" or "transit+json", for messages
 	scratch []byte // unescaped string bytes
 	stack   []any  // array elements being collected, reused across arrays
+	limits  Limits
 }
 
 // errorf returns an EINVALID error located at byte offset off.
@@ -45,6 +46,13 @@ func (s *jsonScanner) unexpected(want string) error {
 	}
 	r, _ := utf8.DecodeRune(s.data[s.pos:])
 	return s.errorf(s.pos, "unexpected %q, expected %s", r, want)
+}
+
+// tooLong is the error of the collection of kind that starts at off and
+// holds more than s.limits.Len elements.
+func (s *jsonScanner) tooLong(off int, kind string) error {
+	line, col := textPosition(s.data, off)
+	return tooLong(s.what, kind, fmt.Sprintf("line %d, column %d", line, col), s.limits)
 }
 
 // enter counts one level of nesting and refuses to go past MaxDepth.
@@ -283,8 +291,8 @@ func hex4(d []byte, i int) (rune, bool) {
 
 // decodeJSON is Decode for strict JSON: RFC 8259 and nothing more, with
 // duplicate keys and integers beyond int64 rejected rather than guessed at.
-func decodeJSON(b []byte) (any, error) {
-	s := jsonScanner{data: b, what: "JSON"}
+func decodeJSON(b []byte, l Limits) (any, error) {
+	s := jsonScanner{data: b, what: "JSON", limits: l}
 	s.skipSpace()
 	v, err := s.value()
 	if err != nil {
@@ -324,6 +332,7 @@ func (s *jsonScanner) value() (any, error) {
 }
 
 func (s *jsonScanner) object() (any, error) {
+	open := s.pos
 	m := make(map[string]any)
 	if empty, err := s.open('}'); err != nil {
 		return nil, err
@@ -337,6 +346,9 @@ func (s *jsonScanner) object() (any, error) {
 		}
 		if _, dup := m[k]; dup {
 			return nil, s.errorf(keyPos, "duplicate key %q", k)
+		}
+		if s.limits.longer(len(m) + 1) {
+			return nil, s.tooLong(open, "object")
 		}
 		v, err := s.value()
 		if err != nil {
@@ -352,6 +364,7 @@ func (s *jsonScanner) object() (any, error) {
 }
 
 func (s *jsonScanner) array() (any, error) {
+	open := s.pos
 	if empty, err := s.open(']'); err != nil {
 		return nil, err
 	} else if empty {
@@ -359,6 +372,9 @@ func (s *jsonScanner) array() (any, error) {
 	}
 	mark := len(s.stack)
 	for {
+		if s.limits.longer(len(s.stack) - mark + 1) {
+			return nil, s.tooLong(open, "array")
+		}
 		v, err := s.value()
 		if err != nil {
 			return nil, err

@@ -14,7 +14,11 @@ import (
 // order: a cache code may stand for a key defined earlier in the same map.
 // Errors are EINVALID with the byte offset.
 func ReadTransitMsgpack(b []byte) (any, error) {
-	r := msgpackReader{data: b}
+	return readTransitMsgpack(b, Limits{})
+}
+
+func readTransitMsgpack(b []byte, l Limits) (any, error) {
+	r := msgpackReader{data: b, limits: l}
 	v, err := r.value(false)
 	if err != nil {
 		return nil, err
@@ -26,14 +30,21 @@ func ReadTransitMsgpack(b []byte) (any, error) {
 }
 
 type msgpackReader struct {
-	data  []byte
-	pos   int
-	depth int
-	d     transitDecoder
+	data   []byte
+	pos    int
+	depth  int
+	d      transitDecoder
+	limits Limits
 }
 
 func (r *msgpackReader) errorf(off int, format string, args ...any) error {
 	return invalidf("invalid transit+msgpack body at byte offset %d: %s", off, fmt.Sprintf(format, args...))
+}
+
+// tooLong is the error of the collection of kind whose header is at off
+// and which holds more than r.limits.Len elements.
+func (r *msgpackReader) tooLong(off int, kind string) error {
+	return tooLong("transit+msgpack", kind, fmt.Sprintf("byte offset %d", off), r.limits)
 }
 
 func (r *msgpackReader) at(off int, err error) error {
@@ -234,6 +245,11 @@ func (r *msgpackReader) array(off, n int) (any, error) {
 	if n == 0 {
 		return []any{}, nil
 	}
+	// A "^ " map of Len entries has 2×Len+1 elements; which this array
+	// is, its first element says.
+	if r.limits.longer((n - 1) / 2) {
+		return nil, r.tooLong(off, "array")
+	}
 	a := make([]any, 0, n)
 	firstOff := r.pos
 	kind, sn, v, err := r.header()
@@ -247,6 +263,9 @@ func (r *msgpackReader) array(off, n int) (any, error) {
 			return nil, err
 		}
 		if s == mapMarker {
+			if r.limits.longer(n / 2) {
+				return nil, r.tooLong(off, "map")
+			}
 			return r.mapArray(firstOff, n-1)
 		}
 		first, err := r.d.readString(s, false)
@@ -265,8 +284,14 @@ func (r *msgpackReader) array(off, n int) (any, error) {
 			v, err := decodeTagged(string(tag), rep)
 			return v, r.at(repOff, err)
 		}
+		if r.limits.longer(n) {
+			return nil, r.tooLong(off, "array")
+		}
 		a = append(a, first)
 	default:
+		if r.limits.longer(n) {
+			return nil, r.tooLong(off, "array")
+		}
 		first, err := r.container(firstOff, kind, sn, v)
 		if err != nil {
 			return nil, err
@@ -298,6 +323,9 @@ func (r *msgpackReader) mapEntries(off, n int) (any, error) {
 		return nil, err
 	}
 	defer func() { r.depth-- }()
+	if r.limits.longer(n) {
+		return nil, r.tooLong(off, "map")
+	}
 	if n == 1 {
 		keyOff := r.pos
 		kind, sn, v, err := r.header()

@@ -350,7 +350,11 @@ func uint64Of(v any) (uint64, bool) {
 // ReadTransitJSON reads a transit+json body, normal or verbose, in full
 // fidelity. Errors are EINVALID with the line and column.
 func ReadTransitJSON(b []byte) (any, error) {
-	r := transitJSONReader{s: jsonScanner{data: b, what: "transit+json"}}
+	return readTransitJSON(b, Limits{})
+}
+
+func readTransitJSON(b []byte, l Limits) (any, error) {
+	r := transitJSONReader{s: jsonScanner{data: b, what: "transit+json", limits: l}}
 	r.s.skipSpace()
 	v, err := r.value(false)
 	if err != nil {
@@ -420,6 +424,7 @@ func (r *transitJSONReader) value(asKey bool) (any, error) {
 // element tells apart.
 func (r *transitJSONReader) array() (any, error) {
 	s := &r.s
+	open := s.pos
 	if empty, err := s.open(']'); err != nil {
 		return nil, err
 	} else if empty {
@@ -433,7 +438,7 @@ func (r *transitJSONReader) array() (any, error) {
 			return nil, err
 		}
 		if str == mapMarker {
-			return r.mapArray()
+			return r.mapArray(open)
 		}
 		first, err = r.d.readString(str, false)
 		if err != nil {
@@ -466,6 +471,9 @@ func (r *transitJSONReader) array() (any, error) {
 			return nil, err
 		} else if !more {
 			return a, nil
+		}
+		if s.limits.longer(len(a) + 1) {
+			return nil, s.tooLong(open, "array")
 		}
 		v, err := r.value(false)
 		if err != nil {
@@ -503,7 +511,7 @@ func (r *transitJSONReader) close(end byte, why string) error {
 }
 
 // mapArray reads the rest of ["^ ", k, v, …].
-func (r *transitJSONReader) mapArray() (any, error) {
+func (r *transitJSONReader) mapArray(open int) (any, error) {
 	s := &r.s
 	m := &Map{}
 	var seen distinct
@@ -512,6 +520,9 @@ func (r *transitJSONReader) mapArray() (any, error) {
 			return nil, err
 		} else if !more {
 			return m, nil
+		}
+		if s.limits.longer(len(m.Entries) + 1) {
+			return nil, s.tooLong(open, "map")
 		}
 		off := s.pos
 		k, err := r.value(true)
@@ -535,6 +546,7 @@ func (r *transitJSONReader) mapArray() (any, error) {
 // object reads a JSON object: a verbose map, or {"~#tag": rep}.
 func (r *transitJSONReader) object() (any, error) {
 	s := &r.s
+	open := s.pos
 	m := &Map{}
 	var seen distinct
 	if empty, err := s.open('}'); err != nil {
@@ -568,6 +580,9 @@ func (r *transitJSONReader) object() (any, error) {
 		}
 		if !seen.add(k) {
 			return nil, s.errorf(off, "duplicate map key %s", describeValue(k))
+		}
+		if s.limits.longer(len(m.Entries) + 1) {
+			return nil, s.tooLong(open, "map")
 		}
 		v, err := r.value(false)
 		if err != nil {

@@ -88,7 +88,7 @@ func uuidPathParams(names ...string) []param {
 }
 
 func (s *Server) handleCreateAlertRule(w http.ResponseWriter, r *http.Request) error {
-	body, err := s.decode(w, r, s.Limits.Body)
+	body, err := s.decode(w, r, s.Limits.Body, maxElements)
 	if err != nil {
 		return err
 	}
@@ -274,7 +274,7 @@ func (s *Server) handleCreateNotificationRule(w http.ResponseWriter, r *http.Req
 	if err != nil {
 		return err
 	}
-	body, err := s.decode(w, r, s.Limits.Body)
+	body, err := s.decode(w, r, s.Limits.Body, maxElements)
 	if err != nil {
 		return err
 	}
@@ -309,7 +309,7 @@ func (s *Server) handleUpdateNotificationRule(w http.ResponseWriter, r *http.Req
 	if err != nil {
 		return err
 	}
-	body, err := s.decode(w, r, s.Limits.Body)
+	body, err := s.decode(w, r, s.Limits.Body, maxElements)
 	if err != nil {
 		return err
 	}

@@ -7,14 +7,30 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/codec"
 )
 
+// Element limits of the two kinds of body, enforced while decoding: no
+// array or map may hold more. An ordinary body's longest is an ingest's
+// points (fleet.MaxPointsPerBatch); a bulk body's, its devices.
+const (
+	maxElements     = fleet.MaxPointsPerBatch
+	maxBulkElements = fleet.MaxBulkDevices
+)
+
+// decodingWait bounds how long a body waits for its turn to be decoded
+// (Limits.Decoding) before it is refused with 503.
+const decodingWait = 10 * time.Second
+
 // decode reads the request body, at most limit bytes, in the encoding its
-// Content-Type names, and returns its canonical value.
-func (s *Server) decode(w http.ResponseWriter, r *http.Request, limit int64) (any, error) {
+// Content-Type names, and returns its canonical value; no array or map in
+// it may hold more than maxLen elements. Decoding waits for its share of
+// Limits.Decoding; reading does not, so that slow senders cannot hold the
+// budget (a body held while it arrives costs its size, once).
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, limit int64, maxLen int) (any, error) {
 	ct := r.Header.Get("Content-Type")
 	f, ok := codec.FormatOf(ct)
 	if !ok {
@@ -30,15 +46,35 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, limit int64) (an
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, fleet.Errorf(fleet.EINVALID, "the request body is empty; send a %s value", f)
 	}
-	return codec.Decode(f, body)
+	held, err := s.decoding.Acquire(r.Context(), int64(len(body)), decodingWait)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return nil, r.Context().Err()
+		}
+		w.Header().Set("Retry-After", "1")
+		return nil, fleet.Errorf(fleet.EUNAVAILABLE, "fleetd is decoding as many request bodies as it may (%s at once); retry", byteSize(s.decoding.Max()))
+	}
+	defer s.decoding.Release(held)
+	return codec.DecodeWithin(f, body, codec.Limits{Len: maxLen})
 }
 
-// readBody reads at most limit bytes of body; more is ETOOLARGE.
+// readBody reads at most limit bytes of body; more is ETOOLARGE. A body
+// whose length is announced is read into a buffer of that size, not one
+// that doubles as it fills (and leaves its smaller copies as garbage).
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	if r.ContentLength > limit {
 		return nil, tooLarge(limit)
 	}
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	body := http.MaxBytesReader(w, r.Body, limit)
+	var b []byte
+	var err error
+	if r.ContentLength >= 0 {
+		// The server ends the body at its announced length.
+		b = make([]byte, r.ContentLength)
+		_, err = io.ReadFull(body, b)
+	} else {
+		b, err = io.ReadAll(body)
+	}
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		return nil, tooLarge(limit)

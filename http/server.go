@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/codec"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -26,10 +27,26 @@ type Limits struct {
 	Body   int64 // any JSON-like body; 1 MiB
 	Bulk   int64 // bulk provisioning; 64 MiB
 	Upload int64 // firmware archives; 2 GiB
+	// Decoding bounds the bytes of bodies being decoded at once, over all
+	// requests; 4 MiB. Decoding costs up to ~35 times a body, so this
+	// bounds what decoding holds however many bodies arrive together; a
+	// body waits its turn (decodingWait at most, then 503).
+	Decoding int64
 }
 
 // DefaultLimits are the documented defaults.
-var DefaultLimits = Limits{Body: 1 << 20, Bulk: 64 << 20, Upload: 2 << 30}
+var DefaultLimits = Limits{Body: 1 << 20, Bulk: 64 << 20, Upload: 2 << 30, Decoding: 4 << 20}
+
+// withDefaults fills in each limit left zero.
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits
+	for _, f := range []struct{ v, def *int64 }{{&l.Body, &d.Body}, {&l.Bulk, &d.Bulk}, {&l.Upload, &d.Upload}, {&l.Decoding, &d.Decoding}} {
+		if *f.v <= 0 {
+			*f.v = *f.def
+		}
+	}
+	return l
+}
 
 // Pinger reports whether a dependency is ready to serve.
 type Pinger interface {
@@ -86,6 +103,7 @@ type Server struct {
 	metrics    *metrics
 	openAPIDoc []byte
 	limiters   limiters
+	decoding   *codec.Budget // of Limits.Decoding
 }
 
 // Open builds the routes and starts serving on Addr. A port in use is an
@@ -96,9 +114,6 @@ func (s *Server) Open() error {
 	}
 	if s.Now == nil {
 		s.Now = time.Now
-	}
-	if s.Limits == (Limits{}) {
-		s.Limits = DefaultLimits
 	}
 	s.build()
 	ln, err := net.Listen("tcp", s.Addr)
@@ -132,6 +147,8 @@ func (s *Server) build() {
 		return
 	}
 	s.Security = s.Security.withDefaults()
+	s.Limits = s.Limits.withDefaults()
+	s.decoding = codec.NewBudget(s.Limits.Decoding)
 	s.limiters = newLimiters(s.Security, s.Now)
 	s.metrics = newMetrics(s.Registry)
 	s.mux = http.NewServeMux()
@@ -153,9 +170,6 @@ func (s *Server) Handler() http.Handler {
 	}
 	if s.Now == nil {
 		s.Now = time.Now
-	}
-	if s.Limits == (Limits{}) {
-		s.Limits = DefaultLimits
 	}
 	s.build()
 	return s

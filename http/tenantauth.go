@@ -31,7 +31,7 @@ func (s *Server) handleSetTenantAuth(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	body, err := s.decode(w, r, s.Limits.Body)
+	body, err := s.decode(w, r, s.Limits.Body, maxElements)
 	if err != nil {
 		return err
 	}

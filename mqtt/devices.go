@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sync/semaphore"
-
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/codec"
 )
@@ -43,7 +41,7 @@ type Devices struct {
 	Now         func() time.Time
 
 	decodingOnce sync.Once
-	decoding     *semaphore.Weighted
+	decoding     *codec.Budget
 }
 
 // DefaultMaxDecoding is Devices.MaxDecoding's default: 4 MiB, some 150 MB
@@ -58,10 +56,10 @@ func (h *Devices) decode(ctx context.Context, payload []byte, read func(v any)) 
 		if h.MaxDecoding <= 0 {
 			h.MaxDecoding = DefaultMaxDecoding
 		}
-		h.decoding = semaphore.NewWeighted(h.MaxDecoding)
+		h.decoding = codec.NewBudget(h.MaxDecoding)
 	})
-	n := min(int64(len(payload)), h.MaxDecoding)
-	if err := h.decoding.Acquire(ctx, n); err != nil {
+	n, err := h.decoding.Acquire(ctx, int64(len(payload)), 0)
+	if err != nil {
 		return fleet.Errorf(fleet.EUNAVAILABLE, "fleetd is decoding as many device payloads as it may; publish again")
 	}
 	defer h.decoding.Release(n)

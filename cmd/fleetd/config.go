@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	fleethttp "github.com/fleetd/fleet/http"
 	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/sqlstore"
 )
@@ -24,6 +25,7 @@ type config struct {
 	maxBody   int64
 	maxBulk   int64
 	maxUpload int64
+	maxDecode int64 // bytes of request bodies decoded at once
 
 	// Alerts and their notifications.
 	smtp              notify.SMTP
@@ -66,6 +68,7 @@ func (c *config) serveFlags(fs *flagSet) {
 	fs.Int64Var(&c.maxBody, "max-body-bytes", 1<<20, "largest request body in `BYTES`")
 	fs.Int64Var(&c.maxBulk, "max-bulk-bytes", 64<<20, "largest bulk provisioning body in `BYTES`")
 	fs.Int64Var(&c.maxUpload, "max-upload-bytes", 2<<30, "largest firmware upload in `BYTES`")
+	fs.Int64Var(&c.maxDecode, "max-decoding-bytes", fleethttp.DefaultLimits.Decoding, "`BYTES` of request bodies decoded at once, over all requests; more wait their turn, then 503 (decoding costs up to ~35 times a body's size)")
 	fs.StringVar(&c.publicURL, "public-url", "", "`URL` (scheme and host) devices reach the API at, for signed firmware download URLs; default: the URL the dispatching request used")
 	fs.DurationVar(&c.sweepInterval, "action-sweep-interval", time.Second, "`DURATION` between sweeps that fail device actions whose timeout elapsed")
 	fs.DurationVar(&c.rolloutTick, "rollout-interval", time.Second, "`DURATION` between looks at the rollouts: triggers, gates, maintenance windows, end_timestamp")

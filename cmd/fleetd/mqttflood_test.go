@@ -23,12 +23,7 @@ import (
 // same devices publishing the largest payloads they may, four each, keep
 // fleetd's peak RSS (VmHWM) under 1 GB. docs/reliability.md has the figure.
 func TestMQTTPayloadFlood(t *testing.T) {
-	if _, err := os.Stat("/proc/self/status"); err != nil {
-		t.Skip("VmHWM is read from /proc")
-	}
-	b := sqlstoretest.Backends()[0] // the process's memory, whatever the database
-	s := &testServer{DSN: b.DSN(t), DataDir: t.TempDir(), output: &lockedBuffer{}}
-	p := startProcess(t, s)
+	s, p := startFloodTarget(t)
 	admin := s.admin()
 	const devices = 100
 	var toks []string
@@ -87,6 +82,19 @@ func TestMQTTPayloadFlood(t *testing.T) {
 	if peak >= 512<<20 {
 		t.Fatalf("fleetd's peak RSS %d MB, want under 512 MB", peak>>20)
 	}
+}
+
+// startFloodTarget runs fleetd as its own process, whose peak memory a
+// flood test reads, on the first backend: memory, not the database, is
+// what such a test measures.
+func startFloodTarget(t *testing.T) (*testServer, *process) {
+	t.Helper()
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("VmHWM is read from /proc")
+	}
+	b := sqlstoretest.Backends()[0]
+	s := &testServer{DSN: b.DSN(t), DataDir: t.TempDir(), output: &lockedBuffer{}}
+	return s, startProcess(t, s)
 }
 
 // vmHWM returns the peak resident set size of process pid, in bytes.

@@ -139,7 +139,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 		Addr:       c.httpAddr,
 		Logger:     log,
 		Registry:   reg,
-		Limits:     fleethttp.Limits{Body: c.maxBody, Bulk: c.maxBulk, Upload: c.maxUpload},
+		Limits:     fleethttp.Limits{Body: c.maxBody, Bulk: c.maxBulk, Upload: c.maxUpload, Decoding: c.maxDecode},
 		Tenants:    db,
 		Devices:    &alert.Devices{DeviceService: db, Engine: engine},
 		Alerts:     alerts,

@@ -1,0 +1,51 @@
+package codec
+
+import (
+	"context"
+	"time"
+
+	"golang.org/x/sync/semaphore"
+)
+
+// Budget bounds the bytes of bodies being read and decoded at once, over
+// everything that shares it. Decoding costs up to ~35 times a body's size
+// (an array of empty objects: a map, an interface and a slot each), so
+// bounding the bytes bounds the memory that decoding holds, however many
+// clients send at once. Waiting is first come, first served: a large body
+// is not starved by a stream of small ones.
+type Budget struct {
+	max int64
+	sem *semaphore.Weighted
+}
+
+// NewBudget returns a Budget of max bytes.
+func NewBudget(max int64) *Budget {
+	return &Budget{max: max, sem: semaphore.NewWeighted(max)}
+}
+
+// Max returns the budget's size in bytes.
+func (b *Budget) Max() int64 { return b.max }
+
+// Acquire waits until n bytes of the budget are free, but no longer than
+// wait (0: until ctx ends), and returns what it took, which goes back with
+// Release. A body larger than the whole budget takes all of it: it is
+// decoded alone. The error is ctx's, or context.DeadlineExceeded when
+// wait passed.
+func (b *Budget) Acquire(ctx context.Context, n int64, wait time.Duration) (int64, error) {
+	n = min(max(n, 0), b.max)
+	if b.sem.TryAcquire(n) {
+		return n, nil // the common case, without a timer
+	}
+	if wait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, wait)
+		defer cancel()
+	}
+	if err := b.sem.Acquire(ctx, n); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// Release gives back what Acquire took.
+func (b *Budget) Release(n int64) { b.sem.Release(n) }
