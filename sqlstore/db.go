@@ -231,7 +231,7 @@ func (tx *Tx) stmt(ctx context.Context, query string) (context.Context, *sql.Stm
 		return ctx, nil
 	}
 	ctx = context.WithoutCancel(ctx)
-	if st := tx.db.writeStmts.get(ctx, query); st != nil {
+	if st := tx.db.writeStmts.get(ctx, query, true); st != nil {
 		return ctx, tx.tx.StmtContext(ctx, st)
 	}
 	return ctx, nil
@@ -263,7 +263,7 @@ func (tx *Tx) queryRow(ctx context.Context, query string, args ...any) *sql.Row 
 
 func (db *DB) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	query = db.dialect.rebind(query)
-	if st := db.readStmts.get(ctx, query); st != nil {
+	if st := db.readStmts.get(ctx, query, false); st != nil {
 		return st.QueryContext(ctx, args...)
 	}
 	return db.read.QueryContext(ctx, query, args...)
@@ -271,7 +271,7 @@ func (db *DB) query(ctx context.Context, query string, args ...any) (*sql.Rows, 
 
 func (db *DB) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
 	query = db.dialect.rebind(query)
-	if st := db.readStmts.get(ctx, query); st != nil {
+	if st := db.readStmts.get(ctx, query, false); st != nil {
 		return st.QueryRowContext(ctx, args...)
 	}
 	return db.read.QueryRowContext(ctx, query, args...)
@@ -290,7 +290,9 @@ func (db *DB) queryRowAside(ctx context.Context, query string, args []any, dest 
 
 // readTx is a read-only transaction that sees the database at one moment
 // (SQLite's read transaction; REPEATABLE READ on PostgreSQL). Its queries
-// use the read pool's prepared statements, as DB.query does.
+// use the read pool's prepared statements, as DB.query does, but never
+// prepare one themselves: the transaction holds one of the pool's
+// connections, and preparing would wait for another (see stmtCache).
 type readTx struct {
 	*sql.Tx
 	db *DB
@@ -307,7 +309,7 @@ func (db *DB) readTx(ctx context.Context) (readTx, error) {
 
 func (tx readTx) query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	query = tx.db.dialect.rebind(query)
-	if st := tx.db.readStmts.get(ctx, query); st != nil {
+	if st := tx.db.readStmts.get(ctx, query, true); st != nil {
 		return tx.StmtContext(ctx, st).QueryContext(ctx, args...)
 	}
 	return tx.QueryContext(ctx, query, args...)
@@ -315,7 +317,7 @@ func (tx readTx) query(ctx context.Context, query string, args ...any) (*sql.Row
 
 func (tx readTx) queryRow(ctx context.Context, query string, args ...any) *sql.Row {
 	query = tx.db.dialect.rebind(query)
-	if st := tx.db.readStmts.get(ctx, query); st != nil {
+	if st := tx.db.readStmts.get(ctx, query, true); st != nil {
 		return tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
 	}
 	return tx.QueryRowContext(ctx, query, args...)

@@ -18,19 +18,24 @@ import (
 // on, and keeps it until the statement is closed; a statement evicted
 // while a transaction uses it is closed when that transaction ends.
 //
-// The writer's cache prepares late: SQLite's writer is one connection, held
-// by the transaction that asks, and preparing needs a free one. A query
-// missed in a transaction runs unprepared and is noted; the commit loop
-// prepares what was noted between transactions (prepareWanted).
+// Preparing takes a free connection of the pool, so a caller that holds one
+// (a transaction) must never wait for it: when every connection is held by
+// a transaction that waits to prepare, none is ever freed. Such a caller's
+// miss runs unprepared and is noted, and is prepared by someone who holds
+// nothing. The writer's cache (SQLite's writer is one connection, always
+// held by the transaction that asks) leaves that to the commit loop, between
+// transactions (prepareWanted); the read cache to a goroutine of its own
+// (prepareAside).
 type stmtCache struct {
 	db   *sql.DB
 	max  int
-	late bool // prepare misses in prepareWanted, not in get
+	late bool // every caller holds a connection; prepareWanted prepares
 
-	mu     sync.Mutex
-	m      map[string]*list.Element // of *cachedStmt
-	lru    list.List                // front: most recently used
-	wanted map[string]bool
+	mu        sync.Mutex
+	m         map[string]*list.Element // of *cachedStmt
+	lru       list.List                // front: most recently used
+	wanted    map[string]bool
+	preparing bool // prepareAside runs
 }
 
 type cachedStmt struct {
@@ -48,8 +53,9 @@ func newStmtCache(db *sql.DB, max int, late bool) *stmtCache {
 }
 
 // get returns query prepared, or nil if it is not (yet): the caller then
-// runs it unprepared and sees the error, if any.
-func (c *stmtCache) get(ctx context.Context, query string) *sql.Stmt {
+// runs it unprepared and sees the error, if any. held says the caller holds
+// one of the pool's connections: a miss is then prepared later, by another.
+func (c *stmtCache) get(ctx context.Context, query string, held bool) *sql.Stmt {
 	if c == nil || len(query) > maxCachedQuery {
 		return nil
 	}
@@ -60,15 +66,36 @@ func (c *stmtCache) get(ctx context.Context, query string) *sql.Stmt {
 		c.mu.Unlock()
 		return st
 	}
-	if c.late {
+	if c.late || held {
 		if len(c.wanted) < c.max {
 			c.wanted[query] = true
 		}
+		aside := !c.late && !c.preparing
+		c.preparing = c.preparing || aside
 		c.mu.Unlock()
+		if aside {
+			go c.prepareAside()
+		}
 		return nil
 	}
 	c.mu.Unlock()
 	return c.prepare(ctx, query)
+}
+
+// prepareAside prepares the queries that callers holding a connection
+// missed, until none is left; it holds no connection while it waits for
+// one.
+func (c *stmtCache) prepareAside() {
+	for {
+		c.mu.Lock()
+		if len(c.wanted) == 0 {
+			c.preparing = false
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		c.prepareWanted(context.Background())
+	}
 }
 
 // prepareWanted prepares the queries get missed since the last call; the
