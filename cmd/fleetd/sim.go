@@ -36,6 +36,11 @@ signed URL it is sent, checks its checksum and length, and reports
 Completed or Failed with the reason.
 A progress line is printed every --report-interval until interrupted.
 
+sim says which broker its first device connected to, and warns when that
+broker is not fleetd's (another broker on port 1883, say): with --api-key,
+when fleetd does not see the device connect; without, when the broker
+grants a QoS 2 subscription, which fleetd never does.
+
 Devices come from --provision (created through the API with --url and
 --api-key; with --tokens their tokens are also written to that file) or
 from --tokens FILE alone (lines "id,token", as written by --provision).`
@@ -58,6 +63,7 @@ type simConfig struct {
 	stream         string
 	reportInterval time.Duration
 	connectors     int
+	checkTimeout   time.Duration // how long fleetd may take to see the first device connect
 }
 
 func runSim(ctx context.Context, args []string, e env) error {
@@ -79,6 +85,8 @@ func runSim(ctx context.Context, args []string, e env) error {
 	fs.StringVar(&c.stream, "stream", "telemetry", "`STREAM` the telemetry goes to")
 	fs.DurationVar(&c.reportInterval, "report-interval", 5*time.Second, "`DURATION` between progress lines")
 	fs.IntVar(&c.connectors, "connect-parallel", 100, "`N` connections opened at once")
+	fs.DurationVar(&c.checkTimeout, "broker-check-timeout", 10*time.Second, "`DURATION` fleetd may take to see the first device connect before sim warns that the broker is not fleetd's")
+	fs.hide("broker-check-timeout")
 	if err := fs.parse(args, e.getenv); err != nil {
 		return err
 	}
@@ -111,8 +119,8 @@ func (c *simConfig) check() error {
 		return fmt.Errorf("--provision needs --api-key (and --url)")
 	case !c.provision && c.tokens == "":
 		return fmt.Errorf("say where the devices come from: --provision, or --tokens FILE")
-	case c.step <= 0 || c.reportInterval <= 0 || c.connectors < 1:
-		return fmt.Errorf("--step and --report-interval must be positive, --connect-parallel at least 1")
+	case c.step <= 0 || c.reportInterval <= 0 || c.checkTimeout <= 0 || c.connectors < 1:
+		return fmt.Errorf("--step, --report-interval and --broker-check-timeout must be positive, --connect-parallel at least 1")
 	case c.telemetry > 0 && !mqtt.ValidStreamName(c.stream):
 		return fmt.Errorf("--stream %q is not a stream name", c.stream)
 	}
@@ -142,26 +150,16 @@ func (c *simConfig) credentials(ctx context.Context) ([]fleet.DeviceToken, error
 		for i := start; i < min(start+10_000, c.devices); i++ {
 			devs = append(devs, map[string]any{"id": fmt.Sprintf("%s%05d", c.prefix, i+1), "metadata": map[string]string{"simulated": "true"}})
 		}
-		body, _ := json.Marshal(map[string]any{"devices": devs})
-		req, err := http.NewRequestWithContext(ctx, "POST", strings.TrimRight(c.apiURL, "/")+"/api/v1/devices/bulk", bytes.NewReader(body))
-		if err != nil {
-			return nil, fmt.Errorf("--url: %w", err)
-		}
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("x-service-tenant", c.tenant)
-		req.Header.Set("x-service-api-key", c.apiKey)
-		resp, err := http.DefaultClient.Do(req)
+		status, b, err := c.apiDo(ctx, "POST", "/api/v1/devices/bulk", map[string]any{"devices": devs})
 		if err != nil {
 			return nil, fmt.Errorf("provision devices: %w", err)
 		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusCreated {
+		if status != http.StatusCreated {
 			hint := ""
-			if resp.StatusCode == http.StatusConflict {
+			if status == http.StatusConflict {
 				hint = " (they exist: use the --tokens file of the run that made them, or another --prefix)"
 			}
-			return nil, fmt.Errorf("provision devices: %s: %s%s", resp.Status, bytes.TrimSpace(b), hint)
+			return nil, fmt.Errorf("provision devices: %d %s: %s%s", status, http.StatusText(status), bytes.TrimSpace(b), hint)
 		}
 		var out struct{ Devices []fleet.DeviceToken }
 		if err := json.Unmarshal(b, &out); err != nil {
@@ -179,6 +177,32 @@ func (c *simConfig) credentials(ctx context.Context) ([]fleet.DeviceToken, error
 		}
 	}
 	return toks, nil
+}
+
+// apiDo makes one request of fleetd's API as --api-key and returns the
+// answer's status and body; body, when not nil, is sent as JSON.
+func (c *simConfig) apiDo(ctx context.Context, method, path string, body any) (int, []byte, error) {
+	var r io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		r = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.apiURL, "/")+path, r)
+	if err != nil {
+		return 0, nil, fmt.Errorf("--url: %w", err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("x-service-tenant", c.tenant)
+	req.Header.Set("x-service-api-key", c.apiKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	return resp.StatusCode, b, err
 }
 
 // readTokens reads up to n "id,token" lines, every line when n is 0.
@@ -242,6 +266,8 @@ func (s *sim) run(ctx context.Context, creds []fleet.DeviceToken) error {
 	defer cancel()
 
 	// Connect at a bounded pace, then keep going until interrupted.
+	probe := s.newBrokerProbe(ctx, devs[0].id)
+	devs[0].probe = probe
 	sem := make(chan struct{}, s.cfg.connectors)
 	for _, d := range devs {
 		select {
@@ -260,6 +286,10 @@ func (s *sim) run(ctx context.Context, creds []fleet.DeviceToken) error {
 				s.errs.Add(1)
 				fmt.Fprintf(s.out, "sim: %s: %v\n", d.id, err)
 				return
+			}
+			if d.probe != nil {
+				wg.Add(1)
+				go func() { defer wg.Done(); s.brokerConnected(ctx, d.probe) }()
 			}
 			d.live(ctx)
 		}()
@@ -293,6 +323,9 @@ type simDevice struct {
 	seen      map[string]bool               // action ids received: delivery is at least once
 	seq       int64                         // of telemetry points
 	unhealthy bool                          // runs hot since an update (--unhealthy-after-update)
+
+	probe    *brokerProbe // the first device checks its broker (sim_broker.go)
+	subacked atomic.Bool  // its SUBACK was looked at
 }
 
 func (d *simDevice) connect(ctx context.Context) error {
@@ -313,6 +346,10 @@ func (d *simDevice) connect(ctx context.Context) error {
 		// device once it has.
 		SetOnConnectHandler(func(cl pahov3.Client) {
 			s.connected.Add(1)
+			if d.probe != nil && !d.probe.byAPI && !d.subacked.Swap(true) {
+				s.subscribeProbe(cl, d)
+				return
+			}
 			cl.Subscribe(mqtt.ActionsTopic(s.cfg.tenant, d.id), 1, d.onAction)
 		}).
 		SetConnectionLostHandler(func(pahov3.Client, error) { s.connected.Add(-1) })

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/mqtt/mosquittotest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -114,6 +115,49 @@ func TestSimulator(t *testing.T) {
 			t.Fatalf("the last progress line does not count the failures:\n%s", out)
 		}
 	})
+}
+
+// TestSimulatorNamesItsBroker: sim says which broker its devices connected
+// to, and warns when it is not fleetd's, as when a Mosquitto holds port
+// 1883: by asking fleetd with an API key, by the SUBACK without one.
+func TestSimulatorNamesItsBroker(t *testing.T) {
+	s := startServer(t, sqlstoretest.Backends()[0])
+	other := mosquittotest.Start(t)
+	tokens := filepath.Join(t.TempDir(), "tokens.csv")
+	const warning = "WARNING: the broker at"
+
+	for _, tc := range []struct {
+		name, broker string
+		args         []string
+		want         string
+	}{
+		{"FleetdByAPI", s.MQTTAddr, []string{"--provision", "--url", s.URL, "--api-key", s.Key, "--tokens", tokens}, "the broker is fleetd's"},
+		{"FleetdBySUBACK", s.MQTTAddr, []string{"--tokens", tokens}, "at QoS 1, as fleetd's does"},
+		{"MosquittoByAPI", other.Addr, []string{"--tokens", tokens, "--url", s.URL, "--api-key", s.Key}, "has not seen sim-00001 connect"},
+		{"MosquittoBySUBACK", other.Addr, []string{"--tokens", tokens}, "granted a QoS 2 subscription"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sim := s.startSim(t, append([]string{"--mqtt-addr", tc.broker, "--devices", "2", "--telemetry-interval", "0", "--broker-check-timeout", "2s"}, tc.args...)...)
+			sim.connected(t, 2)
+			named := "sim-00001 connected to the MQTT broker at tcp://" + tc.broker
+			if strings.HasPrefix(tc.name, "Fleetd") {
+				eventually(t, tc.want, func() bool { return strings.Contains(sim.out.String(), tc.want) })
+				sim.stop(t)
+				if out := sim.out.String(); !strings.Contains(out, named) || strings.Contains(out, warning) {
+					t.Fatalf("want %q and no warning:\n%s", named, out)
+				}
+				return
+			}
+			eventually(t, "the warning", func() bool { return strings.Contains(sim.out.String(), warning) })
+			sim.stop(t)
+			out := sim.out.String()
+			for _, want := range []string{named, tc.want, "--mqtt-addr :1884"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("output lacks %q:\n%s", want, out)
+				}
+			}
+		})
+	}
 }
 
 func TestSimulatorFlags(t *testing.T) {
