@@ -26,6 +26,15 @@ var statuses = map[string]int{
 	fleet.EUNAVAILABLE:      http.StatusServiceUnavailable,
 }
 
+// StatusOf returns the HTTP status of a fleet error code: 500 for a code
+// it does not know. The console answers with the same statuses.
+func StatusOf(code string) int {
+	if status, ok := statuses[code]; ok {
+		return status
+	}
+	return http.StatusInternalServerError
+}
+
 // errorBody is every error response (DESIGN §2).
 type errorBody struct {
 	Error   string            `json:"error"`
@@ -43,10 +52,7 @@ func (s *Server) Error(w http.ResponseWriter, r *http.Request, err error) {
 		code = fleet.EUNAVAILABLE
 		err = fleet.Errorf(fleet.EUNAVAILABLE, "the request was cancelled")
 	}
-	status, ok := statuses[code]
-	if !ok {
-		status = http.StatusInternalServerError
-	}
+	status := StatusOf(code)
 	body := errorBody{Error: code, Message: fleet.ErrorMessage(err)}
 	var fe *fleet.Error
 	if errors.As(err, &fe) {

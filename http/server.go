@@ -96,6 +96,9 @@ type Server struct {
 	// They are not part of the API nor of its document.
 	BrokerAuth http.Handler
 
+	// Console, when set, is served under /console/, and / leads to it.
+	Console Console
+
 	ln         net.Listener
 	srv        *http.Server
 	mux        *http.ServeMux
@@ -159,6 +162,7 @@ func (s *Server) build() {
 	if s.BrokerAuth != nil {
 		s.mux.Handle(brokerAuthPattern, s.internal(brokerAuthPattern, s.BrokerAuth))
 	}
+	s.addConsole()
 	s.openAPIDoc, _ = json.MarshalIndent(s.openAPI(), "", "  ") // plain maps always encode
 }
 

@@ -400,3 +400,37 @@ func (tx *Tx) cancel(ctx context.Context, tenant string, id int64, tell *fleet.D
 	}
 	return c, nil
 }
+
+// CountTargets returns how many devices a dispatch would target now: the
+// same selection DispatchAction inserts from, for the console to show
+// before anything is sent. For search_type default it counts the listed
+// devices that exist.
+func (db *DB) CountTargets(ctx context.Context, tenant string, d *fleet.Dispatch) (int, error) {
+	sel, err := db.dialect.selectionOf(d)
+	if err != nil {
+		return 0, err
+	}
+	if sel.ids != nil {
+		found := 0
+		for start := 0; start < len(sel.ids); start += idChunk {
+			chunk := sel.ids[start:min(start+idChunk, len(sel.ids))]
+			var n int
+			err := db.queryRow(ctx, "SELECT count(*) FROM devices WHERE tenant = ? AND id IN ("+placeholders(len(chunk))+")",
+				append([]any{tenant}, anys(chunk)...)...).Scan(&n)
+			if err != nil {
+				return 0, db.classify(err)
+			}
+			found += n
+		}
+		return found, nil
+	}
+	query, args := "SELECT count(*) FROM devices WHERE tenant = ?", []any{tenant}
+	if sel.cond != "" {
+		query, args = query+" AND "+sel.cond, append(args, sel.args...)
+	}
+	var n int
+	if err := db.queryRow(ctx, query, args...).Scan(&n); err != nil {
+		return 0, db.classify(err)
+	}
+	return n, nil
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/fleetd/fleet/action"
 	"github.com/fleetd/fleet/alert"
 	"github.com/fleetd/fleet/blob"
+	"github.com/fleetd/fleet/console"
 	"github.com/fleetd/fleet/enduser"
 	"github.com/fleetd/fleet/firmware"
 	fleethttp "github.com/fleetd/fleet/http"
@@ -155,6 +156,14 @@ func runServe(ctx context.Context, args []string, e env) error {
 		RolloutNotifications: actions,
 		Security:             sec.http,
 	}
+	// The web console, at /console/, uses the same services as the API.
+	con := &console.Console{Tenants: db, TenantAuth: users, Devices: api.Devices, Actions: actions, Firmware: fw,
+		Alerts: alerts, Audit: db, Secrets: db, Targets: db, Logger: log, UploadLimit: c.maxUpload}
+	if p, ok := broker.(console.Presence); ok {
+		con.Presence = p
+	}
+	con.Open()
+	api.Console = con
 	if ms, ok := broker.(*mqtt.Server); ok && sec.certs != nil {
 		api.DeviceCerts = sec.certs
 		if api.UplinkBroker, err = c.sec.uplinkBroker(c.publicURL, ms.TLSAddr()); err != nil {

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// chromiumPath is Debian's Chromium, which .ci/run installs; Playwright's
+// own browser download is not used.
+const chromiumPath = "/usr/bin/chromium"
+
+// consoleHarness returns the directory of the browser tests' Node
+// harness, or skips the test (fails it under CI=true) when Chromium, Node
+// or the harness's packages are missing.
+func consoleHarness(t *testing.T) string {
+	t.Helper()
+	dir, _ := filepath.Abs("testdata/console")
+	missing := ""
+	if _, err := os.Stat(chromiumPath); err != nil {
+		missing = "chromium (apt-get install chromium)"
+	} else if _, err := exec.LookPath("node"); err != nil {
+		missing = "node"
+	} else if _, err := os.Stat(filepath.Join(dir, "node_modules", "playwright-core")); err != nil {
+		missing = "playwright-core (npm ci --prefix cmd/fleetd/testdata/console)"
+	}
+	if missing != "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("the console's browser tests need %s; .ci/run installs it", missing)
+		}
+		t.Skipf("the console's browser tests need %s", missing)
+	}
+	return dir
+}
+
+// TestConsoleInBrowser signs in to the console in a real Chromium and does
+// what an operator does: finds devices (one with markup in its metadata),
+// dispatches a phased rollout from the form after counting its devices,
+// watches devices' reports move the page without a reload, sees the gate
+// pause the rollout, resumes it, and sees a viewer get no write controls.
+// FLEETD_CONSOLE_SCREENSHOTS=docs/console (a relative path is taken from
+// the repository root) refreshes the screenshots of docs/console.md.
+func TestConsoleInBrowser(t *testing.T) {
+	dir := consoleHarness(t)
+	s := startServer(t, sqlstoretest.Backends()[0], "--rollout-interval", "50ms")
+	admin := s.admin()
+	operator := s.newKey(t, admin, "olivia", "operator")
+	viewer := s.newKey(t, admin, "victor", "viewer")
+	var ids []string
+	for i := 1; i <= 4; i++ {
+		id := fmt.Sprintf("pump-%02d", i)
+		ids = append(ids, id)
+		s.do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": id, "metadata": map[string]any{"site": "harbour", "model": "p" + fmt.Sprint(i)}}).want(t, 201)
+	}
+	s.do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "odd-one",
+		"metadata": map[string]any{"note": "<script>alert(1)</script>", "site": `"><img src=x onerror=alert(2)>`}}).want(t, 201)
+
+	shots := t.TempDir()
+	if d := os.Getenv("FLEETD_CONSOLE_SCREENSHOTS"); d != "" {
+		if !filepath.IsAbs(d) {
+			d = filepath.Join("../..", d)
+		}
+		shots, _ = filepath.Abs(d)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "console.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(),
+		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant,
+		"OPERATOR_KEY="+operator.Key, "VIEWER_KEY="+viewer.Key,
+		"DEVICES="+strings.Join(ids, ","), "XSS_DEVICE=odd-one", "SCREENSHOTS="+shots)
+	out, err := cmd.CombinedOutput()
+	t.Logf("node console.mjs:\n%s", out)
+	if err != nil {
+		t.Fatalf("the browser test failed: %v", err)
+	}
+}

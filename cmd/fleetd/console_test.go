@@ -1,0 +1,327 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"html"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// browser is an HTTP client that keeps cookies and follows no redirect,
+// as a test's stand-in for a person's browser where no script is needed.
+type browser struct {
+	t      *testing.T
+	base   string
+	client *http.Client
+}
+
+func newBrowser(t *testing.T, base string) *browser {
+	jar, _ := cookiejar.New(nil)
+	return &browser{t: t, base: base, client: &http.Client{Jar: jar, Timeout: 30 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+}
+
+// page is an answer of the console.
+type page struct {
+	Status int
+	Header http.Header
+	Body   string
+}
+
+func (b *browser) do(method, path string, form url.Values, header ...string) page {
+	b.t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	rq, err := http.NewRequest(method, b.base+path, body)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	if form != nil {
+		rq.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		rq.Header.Set(header[i], header[i+1])
+	}
+	res, err := b.client.Do(rq)
+	if err != nil {
+		b.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer res.Body.Close()
+	text, _ := io.ReadAll(res.Body)
+	return page{res.StatusCode, res.Header, string(text)}
+}
+
+func (b *browser) get(path string) page { b.t.Helper(); return b.do("GET", path, nil) }
+
+func (p page) want(t *testing.T, status int) page {
+	t.Helper()
+	if p.Status != status {
+		t.Fatalf("status %d, want %d; page:\n%s", p.Status, status, p.Body)
+	}
+	return p
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+// csrf returns the token of the page's forms.
+func (p page) csrf(t *testing.T) string {
+	t.Helper()
+	m := csrfField.FindStringSubmatch(p.Body)
+	if m == nil {
+		t.Fatalf("no csrf field in the page:\n%s", p.Body)
+	}
+	return m[1]
+}
+
+// signIn signs b in with a tenant and key and returns the overview.
+func (b *browser) signIn(tenant, key string) page {
+	b.t.Helper()
+	tok := b.get("/console/signin").want(b.t, 200).csrf(b.t)
+	res := b.do("POST", "/console/signin", url.Values{"csrf": {tok}, "tenant": {tenant}, "key": {key}})
+	if res.Status != http.StatusSeeOther {
+		b.t.Fatalf("sign-in answered %d:\n%s", res.Status, res.Body)
+	}
+	return b.get("/console/").want(b.t, 200)
+}
+
+// TestConsole covers what needs no script: sessions, CSRF, roles, tenant
+// isolation, escaping, the security headers and the event stream.
+func TestConsole(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
+		s := startServer(t, be)
+		admin := s.admin()
+		operator := s.newKey(t, admin, "olivia", "operator")
+		viewer := s.newKey(t, admin, "victor", "viewer")
+		device := s.newKey(t, admin, "gateway", "device")
+		s.do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "dev-1", "metadata": map[string]any{"note": "<script>alert(1)</script>"}}).want(t, 201)
+		other := s.newTenant(t, "other")
+		s.do(t, other, "POST", "/api/v1/devices", map[string]any{"id": "theirs"}).want(t, 201)
+		var theirs struct{ ID int64 }
+		s.do(t, other, "POST", "/api/v1/actions", map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all"}).want(t, 201).decode(t, &theirs)
+
+		t.Run("RootLeadsToSignIn", func(t *testing.T) {
+			b := newBrowser(t, s.URL)
+			if res := b.get("/"); res.Status != http.StatusSeeOther || res.Header.Get("Location") != "/console/" {
+				t.Fatalf("GET / answered %d to %q", res.Status, res.Header.Get("Location"))
+			}
+			res := b.get("/console/devices?search=x")
+			if loc := res.Header.Get("Location"); res.Status != http.StatusSeeOther || loc != "/console/signin?next="+url.QueryEscape("/console/devices?search=x") {
+				t.Fatalf("an anonymous page answered %d to %q", res.Status, loc)
+			}
+			// The API keeps its own answers beside the console.
+			s.send(t, req{method: "GET", path: "/api/v1/nothing"}).want(t, 404)
+		})
+
+		t.Run("SignIn", func(t *testing.T) {
+			b := newBrowser(t, s.URL)
+			res := b.get("/console/signin").want(t, 200)
+			csp := res.Header.Get("Content-Security-Policy")
+			if !strings.Contains(csp, "script-src 'self'") || strings.Contains(csp, "unsafe-inline") || !strings.Contains(csp, "frame-ancestors 'none'") {
+				t.Errorf("Content-Security-Policy %q", csp)
+			}
+			tok := res.csrf(t)
+			for _, bad := range []url.Values{
+				{"tenant": {"default"}, "key": {"fk_wrong"}},
+				{"tenant": {"nobody"}, "key": {operator.Key}},
+			} {
+				// Each answer is a new form with a new token.
+				bad.Set("csrf", tok)
+				res := b.do("POST", "/console/signin", bad).want(t, 401)
+				if !strings.Contains(res.Body, "do not match") || strings.Contains(res.Body, operator.Key) {
+					t.Errorf("a refused sign-in says:\n%s", res.Body)
+				}
+				tok = res.csrf(t)
+			}
+			b.do("POST", "/console/signin", url.Values{"csrf": {"forged"}, "tenant": {"default"}, "key": {operator.Key}}).want(t, 403)
+			newBrowser(t, s.URL).do("POST", "/console/signin", url.Values{"csrf": {tok}, "tenant": {"default"}, "key": {operator.Key}}).want(t, 403)
+			b.do("POST", "/console/signin", url.Values{"csrf": {tok}, "tenant": {"default"}, "key": {device.Key}}).want(t, 403)
+			tok = b.get("/console/signin").csrf(t)
+			b.do("POST", "/console/signin", url.Values{"csrf": {tok}, "tenant": {"default"}, "key": {operator.Key}}, "Origin", "https://evil.example").want(t, 403)
+
+			tok = b.get("/console/signin").csrf(t)
+			res = b.do("POST", "/console/signin", url.Values{"csrf": {tok}, "tenant": {"default"}, "key": {operator.Key}, "next": {"//evil.example/"}})
+			if res.Status != http.StatusSeeOther || res.Header.Get("Location") != "/console/" {
+				t.Fatalf("sign-in answered %d to %q", res.Status, res.Header.Get("Location"))
+			}
+			ck := res.Header.Get("Set-Cookie")
+			for _, want := range []string{"fleetd_console=", "HttpOnly", "SameSite=Lax", "Path=/console/", "Max-Age="} {
+				if !strings.Contains(ck, want) {
+					t.Errorf("session cookie %q lacks %s", ck, want)
+				}
+			}
+			if strings.Contains(ck, operator.Key) {
+				t.Errorf("the session cookie shows the key")
+			}
+			if body := b.get("/console/").want(t, 200).Body; !strings.Contains(body, "olivia") || strings.Contains(body, operator.Key) {
+				t.Errorf("the overview does not show who signed in, or shows the key")
+			}
+		})
+
+		t.Run("Escaping", func(t *testing.T) {
+			b := newBrowser(t, s.URL)
+			b.signIn("default", viewer.Key)
+			for _, p := range []string{"/console/devices", "/console/devices/dev-1"} {
+				body := b.get(p).want(t, 200).Body
+				if strings.Contains(body, "<script>alert(1)") || !strings.Contains(body, html.EscapeString("<script>alert(1)</script>")) {
+					t.Errorf("%s does not escape the metadata", p)
+				}
+			}
+		})
+
+		t.Run("CSRF", func(t *testing.T) {
+			b := newBrowser(t, s.URL)
+			tok := b.signIn("default", operator.Key).csrf(t)
+			b.do("POST", "/console/devices/dev-1/token", url.Values{}).want(t, 403)
+			b.do("POST", "/console/devices/dev-1/token", url.Values{"csrf": {"forged"}}).want(t, 403)
+			b.do("POST", "/console/devices/dev-1/token", url.Values{"csrf": {tok}}, "Origin", "https://evil.example").want(t, 403)
+			b.do("POST", "/console/devices/dev-1/token", url.Values{"csrf": {tok}}, "Sec-Fetch-Site", "cross-site").want(t, 403)
+			// The same form from the console's own origin works, and shows
+			// the new token once.
+			res := b.do("POST", "/console/devices/dev-1/token", url.Values{"csrf": {tok}}, "Origin", s.URL).want(t, 200)
+			if !strings.Contains(res.Body, "fdt_") {
+				t.Errorf("the new token is not shown")
+			}
+			if strings.Contains(b.get("/console/devices/dev-1").Body, "fdt_") {
+				t.Errorf("the token is shown again")
+			}
+		})
+
+		t.Run("Roles", func(t *testing.T) {
+			b := newBrowser(t, s.URL)
+			tok := b.signIn("default", viewer.Key).csrf(t)
+			if body := b.get("/console/devices/dev-1").want(t, 200).Body; strings.Contains(body, "Rotate token") {
+				t.Errorf("a viewer is offered token rotation")
+			}
+			b.get("/console/actions/new").want(t, 403)
+			b.do("POST", "/console/devices/dev-1/token", url.Values{"csrf": {tok}}).want(t, 403)
+			b.do("POST", "/console/actions/new", url.Values{"csrf": {tok}, "action": {"reboot"}, "search_type": {"all"}, "params": {"{}"}}).want(t, 403)
+		})
+
+		t.Run("TenantIsolation", func(t *testing.T) {
+			b := newBrowser(t, s.URL)
+			b.signIn("default", admin.Key)
+			b.get("/console/devices/theirs").want(t, 404)
+			b.get(fmt.Sprintf("/console/actions/%d", theirs.ID)).want(t, 404)
+			b.get(fmt.Sprintf("/console/actions/%d/events", theirs.ID)).want(t, 404)
+			if body := b.get("/console/devices?search=theirs").Body; strings.Contains(body, `href="/console/devices/theirs"`) {
+				t.Errorf("another tenant's device is listed")
+			}
+			tok := b.get("/console/").csrf(t)
+			b.do("POST", fmt.Sprintf("/console/actions/%d/cancel", theirs.ID), url.Values{"csrf": {tok}}).want(t, 404)
+		})
+
+		t.Run("DispatchValidatesAsTheAPI", func(t *testing.T) {
+			b := newBrowser(t, s.URL)
+			tok := b.signIn("default", operator.Key).csrf(t)
+			form := url.Values{"csrf": {tok}, "action": {"reboot"}, "params": {"{}"}, "search_type": {"default"}, "device_ids": {"dev-1 ghost"}, "timeout": {"30.5"}}
+			res := b.do("POST", "/console/actions/new", form).want(t, 400)
+			if !strings.Contains(res.Body, "timeout") {
+				t.Errorf("the form does not name the bad field:\n%s", res.Body)
+			}
+			form.Set("timeout", "60")
+			form.Set("preview", "1")
+			if res := b.do("POST", "/console/actions/new", form).want(t, 200); !strings.Contains(res.Body, "<strong data-matches>1</strong>") {
+				t.Errorf("the preview does not count the one device that exists:\n%s", res.Body)
+			}
+			form.Del("preview")
+			res = b.do("POST", "/console/actions/new", form).want(t, 400)
+			if !strings.Contains(res.Body, "ghost") {
+				t.Errorf("the unknown device is not named:\n%s", res.Body)
+			}
+			form.Set("device_ids", "dev-1")
+			res = b.do("POST", "/console/actions/new", form)
+			if res.Status != http.StatusSeeOther || !strings.HasPrefix(res.Header.Get("Location"), "/console/actions/") {
+				t.Fatalf("dispatch answered %d:\n%s", res.Status, res.Body)
+			}
+			body := b.get(res.Header.Get("Location")).want(t, 200).Body
+			if !strings.Contains(body, "reboot") || !strings.Contains(body, "olivia") {
+				t.Errorf("the action page does not show the action and who sent it")
+			}
+		})
+
+		t.Run("LiveProgress", func(t *testing.T) {
+			b := newBrowser(t, s.URL)
+			b.signIn("default", operator.Key)
+			var a struct{ ID int64 }
+			s.do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "blink", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"dev-1"}}).want(t, 201).decode(t, &a)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			rq, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("%s/console/actions/%d/events", s.URL, a.ID), nil)
+			res, err := b.client.Do(rq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer res.Body.Close()
+			if res.StatusCode != 200 || res.Header.Get("Content-Type") != "text/event-stream" {
+				t.Fatalf("events answered %d %s", res.StatusCode, res.Header.Get("Content-Type"))
+			}
+			events := bufio.NewScanner(res.Body)
+			next := func() string {
+				for events.Scan() {
+					if d, ok := strings.CutPrefix(events.Text(), "data: "); ok {
+						return d
+					}
+				}
+				t.Fatalf("the stream ended: %v", events.Err())
+				return ""
+			}
+			if first := next(); !strings.Contains(first, `"Queued":1`) {
+				t.Fatalf("first event %s", first)
+			}
+			s.do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "dev-1", "action_id": a.ID, "state": "Completed", "progress": 100}).want(t, 204)
+			if ev := next(); !strings.Contains(ev, `"Completed":1`) {
+				t.Fatalf("after the report: %s", ev)
+			}
+		})
+
+		t.Run("RevokedKeyEndsSession", func(t *testing.T) {
+			k := s.newKey(t, admin, "temp", "operator")
+			b := newBrowser(t, s.URL)
+			b.signIn("default", k.Key)
+			s.do(t, admin, "DELETE", "/api/v1/apikeys/temp", nil).want(t, 204)
+			if res := b.get("/console/devices"); res.Status != http.StatusSeeOther || !strings.HasPrefix(res.Header.Get("Location"), "/console/signin") {
+				t.Fatalf("a deleted key's session answered %d", res.Status)
+			}
+		})
+
+		t.Run("SignOut", func(t *testing.T) {
+			b := newBrowser(t, s.URL)
+			tok := b.signIn("default", viewer.Key).csrf(t)
+			b.do("POST", "/console/signout", url.Values{"csrf": {tok}}).want(t, 303)
+			b.get("/console/devices").want(t, 303)
+		})
+
+		t.Run("BadInput", func(t *testing.T) {
+			b := newBrowser(t, s.URL)
+			b.signIn("default", viewer.Key)
+			for path, status := range map[string]int{
+				"/console/devices?page=0":        400,
+				"/console/devices?page=x":        400,
+				"/console/devices?metadata=nokv": 400,
+				"/console/devices/no%20such":     404,
+				"/console/actions/abc":           404,
+				"/console/actions/999999":        404,
+				"/console/actions/1?status=Nope": 400,
+			} {
+				if res := b.get(path); res.Status != status {
+					t.Errorf("%s answered %d, want %d", path, res.Status, status)
+				}
+			}
+			b.client.Jar.SetCookies(&url.URL{Scheme: "http", Host: strings.TrimPrefix(s.URL, "http://"), Path: "/console/"},
+				[]*http.Cookie{{Name: "fleetd_console", Value: "garbage", Path: "/console/"}})
+			b.get("/console/devices").want(t, 303)
+		})
+	})
+}

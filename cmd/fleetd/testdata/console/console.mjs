@@ -1,0 +1,204 @@
+// Drives fleetd's web console in Debian's Chromium, as an operator and a
+// viewer would. TestConsoleInBrowser (cmd/fleetd/console_browser_test.go)
+// starts fleetd, provisions the devices and keys, and runs this with:
+//   FLEETD_URL, FLEETD_TENANT, OPERATOR_KEY, VIEWER_KEY, DEVICES (comma-separated ids),
+//   XSS_DEVICE (a device whose metadata holds markup), SCREENSHOTS (a directory, optional).
+// Every wait is on a condition in the page, bounded by Playwright's timeouts.
+import { chromium } from "playwright-core";
+import assert from "node:assert/strict";
+import path from "node:path";
+
+const env = (k) => {
+  const v = process.env[k];
+  if (!v) throw new Error(`${k} is not set`);
+  return v;
+};
+const base = env("FLEETD_URL");
+const tenant = env("FLEETD_TENANT");
+const operatorKey = env("OPERATOR_KEY");
+const viewerKey = env("VIEWER_KEY");
+const devices = env("DEVICES").split(",");
+const xssDevice = env("XSS_DEVICE");
+const shots = process.env.SCREENSHOTS || "";
+
+const step = (s) => console.log(`step: ${s}`);
+
+async function shot(page, name) {
+  if (!shots) return;
+  await page.screenshot({ path: path.join(shots, `${name}.png`), fullPage: false });
+}
+
+// api calls fleetd's HTTP API as the operator: the test's devices report
+// through it (S10), as gateways do.
+async function api(method, p, body) {
+  const res = await fetch(base + p, {
+    method,
+    headers: { "x-service-tenant": tenant, "x-service-api-key": operatorKey, "content-type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await res.text();
+  if (res.status >= 300) throw new Error(`${method} ${p}: ${res.status} ${text}`);
+  return text ? JSON.parse(text) : null;
+}
+
+async function report(actionID, device, state, progress, errors) {
+  await api("POST", "/api/v1/devices/action/status", { device_id: device, action_id: actionID, state, progress, errors });
+}
+
+async function signIn(page, key) {
+  await page.goto(base + "/");
+  assert.match(page.url(), /\/console\/signin/, "an anonymous visit goes to the sign-in page");
+  await page.getByLabel("Tenant").fill(tenant);
+  await page.getByLabel("API key").fill(key);
+  await page.getByRole("button", { name: "Sign in with API key" }).click();
+  await page.waitForURL(base + "/console/");
+}
+
+const browser = await chromium.launch({
+  executablePath: "/usr/bin/chromium",
+  args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
+});
+let failed = false;
+let page;
+try {
+  const ctx = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  page = await ctx.newPage();
+  const dialogs = [];
+  page.on("dialog", (d) => { dialogs.push(d.message()); d.dismiss(); });
+  const cspViolations = [];
+  page.on("console", (m) => { if (/Content Security Policy/i.test(m.text())) cspViolations.push(m.text()); });
+
+  step("a wrong key is refused with a message, and the key never reaches a URL");
+  await page.goto(base + "/console/signin");
+  await shot(page, "signin");
+  await page.getByLabel("Tenant").fill(tenant);
+  await page.getByLabel("API key").fill("fk_wrong");
+  await page.getByRole("button", { name: "Sign in with API key" }).click();
+  await page.getByRole("alert").getByText("do not match").waitFor();
+  assert.ok(!page.url().includes("fk_"), "no key in the URL");
+
+  step("sign in with the operator's key");
+  await signIn(page, operatorKey);
+  await page.getByText("operator", { exact: true }).waitFor();
+  const cookies = await ctx.cookies();
+  const session = cookies.find((c) => c.name === "fleetd_console");
+  assert.ok(session && session.httpOnly && session.sameSite === "Lax", "the session cookie is HttpOnly and SameSite=Lax");
+  assert.ok(!session.value.includes(operatorKey), "the cookie does not show the key");
+
+  step("devices: search, and markup in metadata renders as text");
+  await page.getByRole("navigation").getByRole("link", { name: "Devices", exact: true }).click();
+  await page.getByText(`${devices.length + 1} devices`).waitFor();
+  await page.getByText("<script>alert(1)</script>").first().waitFor();
+  assert.deepEqual(dialogs, [], "no script from a device's metadata ran");
+  await shot(page, "devices");
+  await page.getByLabel("Search id or metadata").fill(xssDevice);
+  await page.getByRole("button", { name: "Filter" }).click();
+  await page.getByText("1 devices").waitFor();
+  await page.getByRole("link", { name: xssDevice }).click();
+  await page.getByRole("heading", { name: `Device ${xssDevice}` }).waitFor();
+
+  step("dispatch a phased rollout from the form, counting the devices first");
+  await page.goto(base + "/console/actions/new");
+  await page.getByLabel("Action", { exact: true }).fill("reboot");
+  await page.getByLabel("Params (a JSON object the devices receive)").fill('{"delay": 5}');
+  await page.getByLabel("Select by").selectOption("default");
+  await page.getByLabel(/^Device ids/).fill(devices.join(" "));
+  await page.getByLabel("Release in phases").check();
+  await page.getByLabel("phase 1 name").fill("canary");
+  await page.getByLabel("phase 1 percentage or device ids").fill("50");
+  await page.getByLabel("phase 2 name").fill("everyone");
+  await page.getByLabel("phase 2 percentage or device ids").fill("100");
+  await page.getByLabel("phase 2 trigger").selectOption("after_previous");
+  await page.getByLabel("phase 2 gate max failed percent").fill("0");
+  await page.getByRole("button", { name: "Count matching devices" }).click();
+  await page.getByRole("status").getByText(`${devices.length} devices match this selection now.`).waitFor();
+  await shot(page, "dispatch");
+  await page.getByRole("button", { name: "Dispatch", exact: true }).click();
+  await page.waitForURL(/\/console\/actions\/\d+$/);
+  const actionID = Number(page.url().split("/").pop());
+  await page.getByRole("heading", { name: /^Rollout/ }).waitFor();
+
+  step("devices report; the page follows without reloading");
+  await page.evaluate(() => { window.__sameDocument = true; });
+  const das = (await api("GET", `/api/v1/actions/${actionID}/devices?limit=100`)).device_actions;
+  const canary = das.filter((d) => d.action_status !== "Scheduled").map((d) => d.device_id);
+  const rest = das.filter((d) => d.action_status === "Scheduled").map((d) => d.device_id);
+  assert.equal(canary.length, devices.length / 2, "the canary phase released half the devices");
+  await report(actionID, canary[0], "Downloading", 40);
+  await page.waitForFunction(() => document.querySelector('td[data-count="Progress"]:not([data-phase])')?.textContent === "1");
+  await report(actionID, canary[0], "Completed", 100);
+  await report(actionID, canary[1], "Failed", 70, ["disk full"]);
+  step("the gate stops the rollout and the page says why");
+  await page.locator("[data-rollout-status]").getByText("paused").waitFor();
+  await page.locator("[data-pause-reason]").waitFor({ state: "visible" });
+  assert.equal(await page.evaluate(() => window.__sameDocument), true, "the page was not reloaded");
+  await page.getByRole("button", { name: "Resume" }).waitFor();
+  await shot(page, "action-paused");
+
+  step("resume; the second phase is released and finishes");
+  await page.getByRole("button", { name: "Resume" }).click();
+  await page.locator("[data-rollout-status]").getByText("running").waitFor();
+  await page.evaluate(() => { window.__sameDocument = true; });
+  await page.waitForFunction(() => document.querySelector('[data-triggered="1"]')?.textContent === "released");
+  for (const d of rest) await report(actionID, d, "Completed", 100);
+  await page.locator("[data-rollout-status]").getByText("completed").waitFor();
+  await page.waitForFunction(() => document.querySelector("[data-percent]")?.textContent === "100");
+  assert.equal(await page.evaluate(() => window.__sameDocument), true, "the page was not reloaded");
+  await page.getByText("disk full").waitFor(); // the failed devices' errors (rendered on resume's reload)
+  await shot(page, "action");
+
+  step("the overview follows the fleet live");
+  await page.goto(base + "/console/");
+  await page.getByRole("heading", { name: "Actions in flight" }).waitFor();
+  await page.evaluate(() => { window.__sameDocument = true; });
+  const second = await api("POST", "/api/v1/actions", { action: "locate", params: {}, search_type: "all" });
+  await page.waitForFunction(() => document.querySelector('[data-live="in_flight"]')?.textContent === "1");
+  assert.equal(await page.evaluate(() => window.__sameDocument), true, "the page was not reloaded");
+  await report(second.id, devices[0], "Blinking", 50);
+  await page.reload();
+  await page.getByRole("link", { name: /locate/ }).waitFor();
+  await shot(page, "overview");
+
+  step("a form posted without the session's token is refused");
+  const forged = await ctx.request.post(base + `/console/actions/${actionID}/abort`, { form: { csrf: "forged" }, maxRedirects: 0 });
+  assert.equal(forged.status(), 403);
+
+  step("at phone width the action page still reads");
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.goto(base + `/console/actions/${actionID}`);
+  await page.getByRole("heading", { name: /^Rollout/ }).waitFor();
+  await shot(page, "action-phone");
+  assert.deepEqual(cspViolations, [], "no Content-Security-Policy violation");
+
+  step("a viewer sees no write controls, and the server refuses them anyway");
+  const vctx = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  const vpage = await vctx.newPage();
+  await signIn(vpage, viewerKey);
+  await vpage.goto(base + `/console/actions/${actionID}`);
+  await vpage.getByRole("heading", { name: /^Rollout/ }).waitFor();
+  assert.equal(await vpage.getByRole("button", { name: /Pause|Resume|Abort|Trigger/ }).count(), 0);
+  await vpage.goto(base + `/console/devices/${devices[0]}`);
+  assert.equal(await vpage.getByRole("button", { name: "Rotate token" }).count(), 0);
+  await vpage.goto(base + "/console/actions");
+  assert.equal(await vpage.getByRole("link", { name: "Dispatch an action" }).count(), 0);
+  const res = await vpage.goto(base + "/console/actions/new");
+  assert.equal(res.status(), 403);
+
+  step("sign out ends the session");
+  await page.setViewportSize({ width: 1280, height: 800 });
+  await page.goto(base + "/console/");
+  await page.getByRole("button", { name: "Sign out" }).click();
+  await page.waitForURL(/\/console\/signin/);
+  await page.goto(base + "/console/devices");
+  assert.match(page.url(), /\/console\/signin/);
+  console.log("console browser test: all steps passed");
+} catch (e) {
+  failed = true;
+  console.error(e);
+  if (page) {
+    console.error(`at ${page.url()}:\n` + (await page.locator("main").innerText().catch(() => "")));
+  }
+} finally {
+  await browser.close();
+}
+process.exit(failed ? 1 : 0);

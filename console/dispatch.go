@@ -1,0 +1,239 @@
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/codec"
+)
+
+// TargetCounter counts the devices a dispatch would target, with the
+// dispatch's own selection (sqlstore.DB.CountTargets).
+type TargetCounter interface {
+	CountTargets(ctx context.Context, tenant string, d *fleet.Dispatch) (int, error)
+}
+
+// formPhases is how many phase rows the dispatch form offers; rows left
+// empty are not phases.
+const formPhases = 4
+
+// dispatchForm is the dispatch form's fields, as typed.
+type dispatchForm struct {
+	Action, Params, SearchType, DeviceIDs, SearchKey, SearchQuery, Timeout string
+	Rollout                                                                bool
+	ReleaseNotes, WindowStart, WindowEnd, WindowTZ                         string
+	Phases                                                                 []phaseForm
+}
+
+// phaseForm is one phase row.
+type phaseForm struct {
+	Index                          int
+	Name, Kind, Value, Trigger, At string
+	Wait, GateRate, GateMin        string
+}
+
+// dispatchData is the dispatch page's.
+type dispatchData struct {
+	Form    dispatchForm
+	Matches *int // devices the selection matches, once previewed
+}
+
+func newDispatchForm() dispatchForm {
+	f := dispatchForm{Params: "{}", SearchType: fleet.SearchDefault, WindowTZ: "UTC"}
+	for i := range formPhases {
+		f.Phases = append(f.Phases, phaseForm{Index: i, Kind: fleet.PhasePercentage, Trigger: fleet.TriggerNow})
+	}
+	return f
+}
+
+func (c *Console) handleDispatchForm(w http.ResponseWriter, r *http.Request, v *view) error {
+	f := newDispatchForm()
+	q := r.URL.Query()
+	if id := q.Get("device"); id != "" {
+		f.DeviceIDs = id
+	}
+	if a := q.Get("action"); a != "" {
+		f.Action = a
+	}
+	v.Title, v.Nav, v.Data = "Dispatch an action", "actions", dispatchData{Form: f}
+	c.render(w, r, http.StatusOK, "dispatch", v)
+	return nil
+}
+
+// handleDispatch previews (how many devices match) or dispatches. Either
+// way the form goes through the API's own validation (fleet.ReadDispatch),
+// so the console accepts exactly what POST /api/v1/actions accepts.
+func (c *Console) handleDispatch(w http.ResponseWriter, r *http.Request, v *view) error {
+	f := readDispatchForm(r)
+	v.Title, v.Nav = "Dispatch an action", "actions"
+	data := dispatchData{Form: f}
+	again := func(err error) error {
+		if fleet.ErrorCode(err) != fleet.EINVALID {
+			return err
+		}
+		v.Error, v.Fields, v.Data = fleet.ErrorMessage(err), fieldsOf(err), data
+		c.render(w, r, http.StatusBadRequest, "dispatch", v)
+		return nil
+	}
+	d, err := f.dispatch()
+	if err != nil {
+		return again(err)
+	}
+	if r.PostForm.Has("preview") {
+		n, err := c.Targets.CountTargets(r.Context(), v.Actor.Tenant, d)
+		if err != nil {
+			return again(err)
+		}
+		data.Matches = &n
+		v.Data = data
+		c.render(w, r, http.StatusOK, "dispatch", v)
+		return nil
+	}
+	a, err := c.Actions.DispatchAction(r.Context(), v.Actor.Tenant, d)
+	if err != nil {
+		return again(err)
+	}
+	http.Redirect(w, r, "/console/actions/"+strconv.FormatInt(a.ID, 10), http.StatusSeeOther)
+	return nil
+}
+
+func fieldsOf(err error) map[string]string {
+	if e, ok := err.(*fleet.Error); ok {
+		return e.Fields
+	}
+	return nil
+}
+
+func readDispatchForm(r *http.Request) dispatchForm {
+	p := r.PostForm
+	get := func(k string) string { return strings.TrimSpace(p.Get(k)) }
+	f := dispatchForm{
+		Action: get("action"), Params: get("params"), SearchType: get("search_type"), DeviceIDs: get("device_ids"),
+		SearchKey: get("search_key"), SearchQuery: get("search_query"), Timeout: get("timeout"),
+		Rollout: p.Get("rollout") == "on", ReleaseNotes: p.Get("release_notes"),
+		WindowStart: get("window_start"), WindowEnd: get("window_end"), WindowTZ: get("window_tz"),
+	}
+	for i := range formPhases {
+		n := strconv.Itoa(i)
+		f.Phases = append(f.Phases, phaseForm{Index: i,
+			Name: get("phase" + n + "_name"), Kind: get("phase" + n + "_kind"), Value: get("phase" + n + "_value"),
+			Trigger: get("phase" + n + "_trigger"), At: get("phase" + n + "_at"), Wait: get("phase" + n + "_wait"),
+			GateRate: get("phase" + n + "_gate_rate"), GateMin: get("phase" + n + "_gate_min"),
+		})
+	}
+	return f
+}
+
+// number is a form field as a JSON number when it reads as one, else as
+// the string typed, which validation then refuses by the field's name.
+func number(s string) any {
+	if n, err := strconv.ParseFloat(s, 64); err == nil {
+		return json.Number(strconv.FormatFloat(n, 'f', -1, 64))
+	}
+	return s
+}
+
+// dispatch builds the API's dispatch body from the form and validates it
+// as the API does.
+func (f dispatchForm) dispatch() (*fleet.Dispatch, error) {
+	body := map[string]any{"action": f.Action, "search_type": f.SearchType}
+	if f.Params == "" {
+		f.Params = "{}"
+	}
+	var params json.RawMessage
+	if err := json.Unmarshal([]byte(f.Params), &params); err != nil {
+		return nil, fleet.FieldErrors(map[string]string{"params": "must be a JSON object: " + err.Error()})
+	}
+	body["params"] = params
+	if ids := strings.FieldsFunc(f.DeviceIDs, func(r rune) bool { return r == ',' || r == ' ' || r == '\n' || r == '\r' || r == '\t' }); len(ids) > 0 {
+		body["device_ids"] = ids
+	}
+	if f.SearchKey != "" {
+		body["search_key"] = f.SearchKey
+	}
+	if f.SearchQuery != "" {
+		body["search_query"] = f.SearchQuery
+	}
+	if f.Timeout != "" {
+		body["timeout"] = number(f.Timeout)
+	}
+	if f.Rollout {
+		s, err := f.schedule()
+		if err != nil {
+			return nil, err
+		}
+		body["schedule"] = s
+	}
+	text, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	v, err := codec.Decode(codec.JSON, text)
+	if err != nil {
+		return nil, err
+	}
+	fields := fleet.NewFields(v)
+	d := fleet.ReadDispatch(fields, true)
+	if err := fields.Err(); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+// schedule is the rollout part of the form as the API's schedule.
+func (f dispatchForm) schedule() (map[string]any, error) {
+	s := map[string]any{}
+	if f.ReleaseNotes != "" {
+		s["release_notes"] = f.ReleaseNotes
+	}
+	if f.WindowStart != "" || f.WindowEnd != "" {
+		s["maintenance_window"] = map[string]any{"start": f.WindowStart, "end": f.WindowEnd, "timezone": f.WindowTZ}
+	}
+	phases := []any{}
+	for _, p := range f.Phases {
+		if p.Name == "" && p.Value == "" {
+			continue
+		}
+		info := map[string]any{"type": p.Kind}
+		if p.Kind == fleet.PhaseFixedList {
+			info["device_ids"] = strings.FieldsFunc(p.Value, func(r rune) bool { return r == ',' || r == ' ' })
+		} else {
+			info["percentage"] = number(p.Value)
+		}
+		trigger := map[string]any{"type": p.Trigger}
+		switch p.Trigger {
+		case fleet.TriggerAfterPrevious:
+			if p.Wait != "" {
+				trigger["wait_seconds"] = number(p.Wait)
+			}
+		case fleet.TriggerTimestamp:
+			at, err := time.ParseInLocation("2006-01-02T15:04", p.At, time.UTC)
+			if err != nil {
+				return nil, fleet.FieldErrors(map[string]string{fmt.Sprintf("schedule.phases[%d].trigger_on.timestamp", p.Index): "must be a date and time (UTC)"})
+			}
+			trigger["timestamp"] = at.UnixMilli()
+		}
+		phase := map[string]any{"name": p.Name, "trigger_on": trigger, "info": info}
+		if p.GateRate != "" {
+			gate := map[string]any{}
+			rate, err := strconv.ParseFloat(p.GateRate, 64)
+			if err != nil {
+				return nil, fleet.FieldErrors(map[string]string{fmt.Sprintf("schedule.phases[%d].gate.max_failure_rate", p.Index): "must be a percentage from 0 to 100"})
+			}
+			gate["max_failure_rate"] = json.Number(strconv.FormatFloat(rate/100, 'f', -1, 64))
+			if p.GateMin != "" {
+				gate["min_finished"] = number(p.GateMin)
+			}
+			phase["gate"] = gate
+		}
+		phases = append(phases, phase)
+	}
+	s["phases"] = phases
+	return s, nil
+}

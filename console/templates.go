@@ -1,0 +1,76 @@
+package console
+
+import (
+	"encoding/json"
+	"html/template"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/fleetd/fleet"
+)
+
+// pageNames are the templates under templates/, each rendered inside
+// layout.html.
+var pageNames = []string{"error", "signin", "overview", "devices", "device", "actions", "action", "dispatch"}
+
+var funcs = template.FuncMap{
+	"when":       when,
+	"sortedKeys": sortedKeys[string],
+	"withQuery":  withQuery,
+	"pretty": func(raw any) string {
+		var b []byte
+		switch v := raw.(type) {
+		case json.RawMessage:
+			b = v
+		case string:
+			b = []byte(v)
+		default:
+			b, _ = json.Marshal(v)
+		}
+		var x any
+		if json.Unmarshal(b, &x) != nil {
+			return string(b)
+		}
+		out, _ := json.MarshalIndent(x, "", "  ")
+		return string(out)
+	},
+	"join":    strings.Join,
+	"final":   func(s fleet.ActionStatus) bool { return s.Final() },
+	"inc":     func(i int) int { return i + 1 },
+	"count":   func(m map[string]int, k fleet.ActionStatus) int { return m[string(k)] },
+	"list":    func(s ...string) []string { return s },
+	"opWhen":  func(op string) string { return strings.Join(opStates[op], " ") },
+	"opShown": func(op string, st fleet.RolloutStatus) bool { return slices.Contains(opStates[op], string(st)) },
+	"opLabel": func(op string) string { return opLabels[op] },
+	"phaseCount": func(a *fleet.Action, phase int, st fleet.ActionStatus) int {
+		return a.StatusesPhased[strconv.Itoa(phase)][string(st)]
+	},
+	"searchLabel": func(s string) string { return searchLabels[s] },
+	"percent":     func(f *float64) string { return strconv.FormatFloat(*f*100, 'f', -1, 64) },
+}
+
+func parsePages() map[string]*template.Template {
+	pages := map[string]*template.Template{}
+	for _, name := range pageNames {
+		pages[name] = template.Must(template.New(name).Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+name+".html"))
+	}
+	return pages
+}
+
+// opStates are the rollout states in which each operation applies; the
+// page shows its button only then (and the server answers 409 otherwise).
+var opStates = map[string][]string{
+	"pause":              {"scheduled", "running"},
+	"resume":             {"paused"},
+	"trigger_next_phase": {"scheduled", "running"},
+	"abort":              {"scheduled", "running", "paused"},
+}
+
+var opLabels = map[string]string{
+	"pause": "Pause", "resume": "Resume", "trigger_next_phase": "Trigger next phase", "abort": "Abort rollout",
+}
+
+var searchLabels = map[string]string{
+	"default": "these devices", "all": "all devices", "metadata": "metadata equals", "search": "id or metadata contains",
+}
