@@ -1,6 +1,7 @@
 // Package blob stores large files, such as firmware archives, out of the
 // database. Store is fleetd's own interface so that handlers never see the
-// backend: the local filesystem (Dir) now, an S3-compatible store later.
+// backend: the local filesystem (Dir) or a bucket of an S3-compatible
+// service (S3).
 //
 // Writes are two-phase: Put streams into a temporary object that nobody can
 // Open, and only Commit makes it visible under its key. A failed or
@@ -10,7 +11,9 @@ package blob
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"strings"
 	"time"
 )
 
@@ -51,4 +54,25 @@ type Object interface {
 	io.Closer
 	Size() int64
 	ModTime() time.Time
+}
+
+// Open opens the store a location names: file://DIR (a directory, made
+// when first written) or s3://bucket/prefix?… (see ParseS3URL), whose
+// credentials come through getenv.
+func Open(ctx context.Context, location string, getenv func(string) string) (Store, error) {
+	scheme, rest, _ := strings.Cut(location, "://")
+	switch scheme {
+	case "file":
+		if rest == "" {
+			return nil, fmt.Errorf("blob: %q: want file://DIR", location)
+		}
+		return OpenDir(rest)
+	case "s3":
+		c, err := ParseS3URL(location, getenv)
+		if err != nil {
+			return nil, err
+		}
+		return OpenS3(ctx, c)
+	}
+	return nil, fmt.Errorf("blob: %q: want file://DIR or s3://bucket/prefix", location)
 }

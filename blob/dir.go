@@ -49,13 +49,23 @@ func OpenDir(root string) (*Dir, error) {
 
 var keyElement = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9._-]*$`)
 
-// path returns the file of key, refusing keys that could leave the root.
-func (d *Dir) path(key string) (string, error) {
+// splitKey returns the elements of key, refusing keys that could leave a
+// store's root (a directory's, or a bucket's prefix).
+func splitKey(key string) ([]string, error) {
 	parts := strings.Split(key, "/")
 	for _, p := range parts {
-		if !keyElement.MatchString(p) || p == ".." {
-			return "", fmt.Errorf("blob: invalid key %q", key)
+		if !keyElement.MatchString(p) {
+			return nil, fmt.Errorf("blob: invalid key %q", key)
 		}
+	}
+	return parts, nil
+}
+
+// path returns the file of key.
+func (d *Dir) path(key string) (string, error) {
+	parts, err := splitKey(key)
+	if err != nil {
+		return "", err
 	}
 	return filepath.Join(append([]string{d.root}, parts...)...), nil
 }

@@ -15,8 +15,8 @@ import (
 	"github.com/fleetd/fleet/blob"
 )
 
-// testStore is the behaviour every Store must have; a future S3 store runs
-// it too.
+// testStore is the behaviour every Store must have: TestDir and TestS3 run
+// it.
 func testStore(t *testing.T, s blob.Store) {
 	ctx := context.Background()
 	t.Run("InvisibleUntilCommit", func(t *testing.T) {

@@ -15,7 +15,7 @@ import (
 )
 
 func TestPrepareUpdateFirmware(t *testing.T) {
-	svc, _, clk := newService(t)
+	svc, _, clk := newService(t, "file")
 	ctx := context.Background()
 	upload := func(version string, srcs ...firmware.Source) *fleet.Bundle {
 		t.Helper()

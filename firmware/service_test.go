@@ -8,7 +8,6 @@ import (
 	"io"
 	"io/fs"
 	"net/url"
-	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -18,9 +17,11 @@ import (
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/blob"
+	"github.com/fleetd/fleet/blob/s3test"
 	"github.com/fleetd/fleet/firmware"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 	"github.com/google/uuid"
+	"github.com/minio/minio-go/v7"
 )
 
 // clock is a settable clock.
@@ -41,9 +42,10 @@ func (c *clock) Add(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
-// newService is a Service on a fresh SQLite store and blob directory, with
-// tenants acme and beta.
-func newService(t testing.TB) (*firmware.Service, string, *clock) {
+// newService is a Service on a fresh SQLite store and a blob store, with
+// tenants acme and beta; store is "file" (a temporary directory) or "s3"
+// (a bucket of a private VersityGW).
+func newService(t testing.TB, store string) (*firmware.Service, *testBlobs, *clock) {
 	t.Helper()
 	c := &clock{t: time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)}
 	db := sqlstoretest.MustOpen(t, sqlstoretest.Backends()[0], sqlstoretest.Options{Now: c.Now})
@@ -52,16 +54,77 @@ func newService(t testing.TB) (*firmware.Service, string, *clock) {
 			t.Fatal(err)
 		}
 	}
-	dir := t.TempDir()
-	blobs, err := blob.OpenDir(dir)
+	tb := &testBlobs{aged: aged{age: map[string]time.Duration{}}}
+	switch store {
+	case "file":
+		dir := t.TempDir()
+		d, err := blob.OpenDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tb.Store = d
+		tb.files = func() []string { return dirFiles(dir) }
+	case "s3":
+		srv := s3test.Start(t)
+		tb.Store = srv.Store(t)
+		tb.files = func() []string {
+			var out []string
+			c := srv.Client(t)
+			for o := range c.ListObjects(context.Background(), srv.Bucket, minio.ListObjectsOptions{Recursive: true}) {
+				out = append(out, o.Key)
+			}
+			for u := range c.ListIncompleteUploads(context.Background(), srv.Bucket, "", true) {
+				out = append(out, "upload of "+u.Key)
+			}
+			return out
+		}
+	default:
+		t.Fatalf("no blob store %q", store)
+	}
+	return &firmware.Service{Store: db, Blobs: tb.aged, Now: c.Now, PublicURL: "https://fleet.example.com"}, tb, c
+}
+
+// stores runs f with each blob store.
+func stores(t *testing.T, f func(t *testing.T, store string)) {
+	for _, store := range []string{"file", "s3"} {
+		t.Run(store, func(t *testing.T) { f(t, store) })
+	}
+}
+
+// testBlobs is a test service's blob store, with what the test sees of it
+// from behind.
+type testBlobs struct {
+	aged
+	files func() []string // every object, and every upload in progress
+}
+
+// aged is a blob store whose objects named in age look older by as much:
+// an S3 object's time is its server's, which a test cannot set.
+type aged struct {
+	blob.Store
+	age map[string]time.Duration
+}
+
+func (a aged) Walk(ctx context.Context, prefix string, fn func(string, time.Time) error) error {
+	return a.Store.Walk(ctx, prefix, func(key string, mod time.Time) error { return fn(key, mod.Add(-a.age[key])) })
+}
+
+// put commits an object that looks age old.
+func (b *testBlobs) put(t testing.TB, key string, age time.Duration) string {
+	t.Helper()
+	ctx := context.Background()
+	p, err := b.Put(ctx, key, strings.NewReader(key))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &firmware.Service{Store: db, Blobs: blobs, Now: c.Now, PublicURL: "https://fleet.example.com"}, dir, c
+	if err := p.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.age[key] = age
+	return key
 }
 
-func files(t testing.TB, dir string) []string {
-	t.Helper()
+func dirFiles(dir string) []string {
 	var out []string
 	filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
 		if err == nil && !e.IsDir() {
@@ -83,45 +146,47 @@ func bundleArchive(t testing.TB, version string, body string) []byte {
 }
 
 func TestUploadLeavesNothingOnFailure(t *testing.T) {
-	svc, dir, _ := newService(t)
-	ctx := context.Background()
-	good := bundleArchive(t, "1.0.0", strings.Repeat("x", 100_000))
-	cut := fleet.Errorf(fleet.EINVALID, "the upload did not arrive whole")
-	for name, r := range map[string]io.Reader{
-		"BadArchive": bytes.NewReader([]byte("not an archive at all, but long enough to be written somewhere")),
-		"Cut":        io.MultiReader(bytes.NewReader(good[:len(good)/2]), errReader{cut}),
-		"Cancelled":  &cancelReader{r: bytes.NewReader(good)},
-	} {
-		t.Run(name, func(t *testing.T) {
-			ctx := ctx
-			if cr, ok := r.(*cancelReader); ok {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithCancel(ctx)
-				cr.cancel = cancel
+	stores(t, func(t *testing.T, store string) {
+		svc, blobs, _ := newService(t, store)
+		ctx := context.Background()
+		good := bundleArchive(t, "1.0.0", strings.Repeat("x", 100_000))
+		cut := fleet.Errorf(fleet.EINVALID, "the upload did not arrive whole")
+		for name, r := range map[string]io.Reader{
+			"BadArchive": bytes.NewReader([]byte("not an archive at all, but long enough to be written somewhere")),
+			"Cut":        io.MultiReader(bytes.NewReader(good[:len(good)/2]), errReader{cut}),
+			"Cancelled":  &cancelReader{r: bytes.NewReader(good)},
+		} {
+			t.Run(name, func(t *testing.T) {
+				ctx := ctx
+				if cr, ok := r.(*cancelReader); ok {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithCancel(ctx)
+					cr.cancel = cancel
+				}
+				if _, err := svc.UploadBundle(ctx, "acme", "b.tar.gz", r); err == nil {
+					t.Fatal("the upload succeeded")
+				}
+				if fs := blobs.files(); len(fs) != 0 {
+					t.Fatalf("files left: %v", fs)
+				}
+			})
+		}
+		if _, n, _ := svc.FindBundles(ctx, "acme", fleet.BundleFilter{Page: fleet.Page{Page: 1, Limit: 10}}); n != 0 {
+			t.Fatalf("%d records left", n)
+		}
+		t.Run("RecordConflict", func(t *testing.T) {
+			if _, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(good)); err != nil {
+				t.Fatal(err)
 			}
-			if _, err := svc.UploadBundle(ctx, "acme", "b.tar.gz", r); err == nil {
-				t.Fatal("the upload succeeded")
+			before := blobs.files()
+			_, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(good))
+			if fleet.ErrorCode(err) != fleet.ECONFLICT {
+				t.Fatalf("second upload: %v", err)
 			}
-			if fs := files(t, dir); len(fs) != 0 {
-				t.Fatalf("files left: %v", fs)
+			if after := blobs.files(); len(after) != len(before) {
+				t.Fatalf("the refused upload left its file: %v", after)
 			}
 		})
-	}
-	if _, n, _ := svc.FindBundles(ctx, "acme", fleet.BundleFilter{Page: fleet.Page{Page: 1, Limit: 10}}); n != 0 {
-		t.Fatalf("%d records left", n)
-	}
-	t.Run("RecordConflict", func(t *testing.T) {
-		if _, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(good)); err != nil {
-			t.Fatal(err)
-		}
-		before := files(t, dir)
-		_, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(good))
-		if fleet.ErrorCode(err) != fleet.ECONFLICT {
-			t.Fatalf("second upload: %v", err)
-		}
-		if after := files(t, dir); len(after) != len(before) {
-			t.Fatalf("the refused upload left its file: %v", after)
-		}
 	})
 }
 
@@ -141,39 +206,41 @@ func (c *cancelReader) Read(p []byte) (int, error) {
 }
 
 func TestConcurrentFileUploads(t *testing.T) {
-	svc, dir, _ := newService(t)
-	ctx := context.Background()
-	p, err := svc.CreatePendingBundle(ctx, "acme", "1.0.0", "b.tar.gz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	data := bundleArchive(t, "1.0.0", strings.Repeat("y", 50_000))
-	var wg sync.WaitGroup
-	errs := make([]error, 4)
-	for i := range errs {
-		wg.Go(func() { _, errs[i] = svc.UploadBundleFile(ctx, "acme", p.ID, bytes.NewReader(data)) })
-	}
-	wg.Wait()
-	ok := 0
-	for _, err := range errs {
-		switch fleet.ErrorCode(err) {
-		case "":
-			ok++
-		case fleet.ECONFLICT:
-		default:
-			t.Fatalf("upload: %v", err)
+	stores(t, func(t *testing.T, store string) {
+		svc, blobs, _ := newService(t, store)
+		ctx := context.Background()
+		p, err := svc.CreatePendingBundle(ctx, "acme", "1.0.0", "b.tar.gz")
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if ok != 1 {
-		t.Fatalf("%d uploads won, want 1 (errors %v)", ok, errs)
-	}
-	if fs := files(t, dir); len(fs) != 1 {
-		t.Fatalf("files = %v, want the winner's only", fs)
-	}
+		data := bundleArchive(t, "1.0.0", strings.Repeat("y", 50_000))
+		var wg sync.WaitGroup
+		errs := make([]error, 4)
+		for i := range errs {
+			wg.Go(func() { _, errs[i] = svc.UploadBundleFile(ctx, "acme", p.ID, bytes.NewReader(data)) })
+		}
+		wg.Wait()
+		ok := 0
+		for _, err := range errs {
+			switch fleet.ErrorCode(err) {
+			case "":
+				ok++
+			case fleet.ECONFLICT:
+			default:
+				t.Fatalf("upload: %v", err)
+			}
+		}
+		if ok != 1 {
+			t.Fatalf("%d uploads won, want 1 (errors %v)", ok, errs)
+		}
+		if fs := blobs.files(); len(fs) != 1 {
+			t.Fatalf("files = %v, want the winner's only", fs)
+		}
+	})
 }
 
 func TestSignedURLs(t *testing.T) {
-	svc, _, clk := newService(t)
+	svc, _, clk := newService(t, "file")
 	ctx := context.Background()
 	id := uuid.New()
 	raw, err := svc.SignArtifactURL(ctx, "acme", id, clk.Now().Add(time.Hour))
@@ -233,38 +300,40 @@ func TestSignedURLs(t *testing.T) {
 }
 
 func TestOpenArtifact(t *testing.T) {
-	svc, dir, _ := newService(t)
-	ctx := context.Background()
-	data := bundleArchive(t, "1.0.0", "app")
-	b, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b.FileName != "bundle-1.0.0.tar.gz" {
-		t.Fatalf("default file name = %q", b.FileName)
-	}
-	_, art, err := svc.OpenArtifact(ctx, "acme", b.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, _ := io.ReadAll(art)
-	art.Close()
-	if !bytes.Equal(got, data) {
-		t.Fatal("the artifact is not the archive")
-	}
-	if _, _, err := svc.OpenArtifact(ctx, "beta", b.ID); fleet.ErrorCode(err) != fleet.ENOTFOUND {
-		t.Fatalf("another tenant: %v", err)
-	}
-	if err := svc.DeleteBundle(ctx, "acme", b.ID); err != nil {
-		t.Fatal(err)
-	}
-	if fs := files(t, dir); len(fs) != 0 {
-		t.Fatalf("files after delete: %v", fs)
-	}
+	stores(t, func(t *testing.T, store string) {
+		svc, blobs, _ := newService(t, store)
+		ctx := context.Background()
+		data := bundleArchive(t, "1.0.0", "app")
+		b, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.FileName != "bundle-1.0.0.tar.gz" {
+			t.Fatalf("default file name = %q", b.FileName)
+		}
+		_, art, err := svc.OpenArtifact(ctx, "acme", b.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(art)
+		art.Close()
+		if !bytes.Equal(got, data) {
+			t.Fatal("the artifact is not the archive")
+		}
+		if _, _, err := svc.OpenArtifact(ctx, "beta", b.ID); fleet.ErrorCode(err) != fleet.ENOTFOUND {
+			t.Fatalf("another tenant: %v", err)
+		}
+		if err := svc.DeleteBundle(ctx, "acme", b.ID); err != nil {
+			t.Fatal(err)
+		}
+		if fs := blobs.files(); len(fs) != 0 {
+			t.Fatalf("files after delete: %v", fs)
+		}
+	})
 }
 
 func TestDeclareValidates(t *testing.T) {
-	svc, _, _ := newService(t)
+	svc, _, _ := newService(t, "file")
 	_, err := svc.DeclareBundle(context.Background(), "acme", uuid.New(), fleet.Declaration{Checksum: "nope"})
 	if fleet.ErrorCode(err) != fleet.EINVALID {
 		t.Fatalf("bad checksum: %v", err)
@@ -274,7 +343,7 @@ func TestDeclareValidates(t *testing.T) {
 // BenchmarkUpload streams 64 MiB archives through parsing, hashing, the
 // blob store (with fsync) and the database, and reports the peak heap.
 func BenchmarkUpload(b *testing.B) {
-	svc, _, _ := newService(b)
+	svc, _, _ := newService(b, "file")
 	ctx := context.Background()
 	const size = 64 << 20
 	b.SetBytes(size)
@@ -337,73 +406,59 @@ func TestCheckPublicURL(t *testing.T) {
 }
 
 func TestRemoveOrphans(t *testing.T) {
-	svc, dir, _ := newService(t)
-	ctx := context.Background()
-	kept, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(bundleArchive(t, "1.0.0", "one")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	kept, _ = svc.FindBundle(ctx, "acme", kept.ID)
-	pending, err := svc.CreatePendingBundle(ctx, "acme", "2.0.0", "b.tar.gz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	put := func(key string, age time.Duration) string {
-		t.Helper()
-		p, err := svc.Blobs.Put(ctx, key, strings.NewReader(key))
+	stores(t, func(t *testing.T, store string) {
+		svc, blobs, _ := newService(t, store)
+		ctx := context.Background()
+		kept, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(bundleArchive(t, "1.0.0", "one")))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := p.Commit(ctx); err != nil {
+		kept, _ = svc.FindBundle(ctx, "acme", kept.ID)
+		pending, err := svc.CreatePendingBundle(ctx, "acme", "2.0.0", "b.tar.gz")
+		if err != nil {
 			t.Fatal(err)
 		}
-		when := time.Now().Add(-age)
-		if err := os.Chtimes(filepath.Join(dir, filepath.FromSlash(key)), when, when); err != nil {
-			t.Fatal(err)
+		put := func(key string, age time.Duration) string { return blobs.put(t, key, age) }
+		old := 2 * time.Hour
+		orphans := []string{
+			// a crash between committing the archive and writing its record
+			put("bundles/acme/"+uuid.NewString()+"/"+uuid.NewString(), old),
+			// between committing the archive of a pending record and attaching it
+			put("bundles/acme/"+pending.ID.String()+"/"+uuid.NewString(), old),
+			// a second archive of a bundle that has one
+			put("bundles/acme/"+kept.ID.String()+"/"+uuid.NewString(), old),
+			// another tenant's path with the bundle's id: not the bundle's
+			put("bundles/beta/"+kept.ID.String()+"/"+uuid.NewString(), old),
 		}
-		return key
-	}
-	old := 2 * time.Hour
-	orphans := []string{
-		// a crash between committing the archive and writing its record
-		put("bundles/acme/"+uuid.NewString()+"/"+uuid.NewString(), old),
-		// between committing the archive of a pending record and attaching it
-		put("bundles/acme/"+pending.ID.String()+"/"+uuid.NewString(), old),
-		// a second archive of a bundle that has one
-		put("bundles/acme/"+kept.ID.String()+"/"+uuid.NewString(), old),
-		// another tenant's path with the bundle's id: not the bundle's
-		put("bundles/beta/"+kept.ID.String()+"/"+uuid.NewString(), old),
-	}
-	young := put("bundles/acme/"+uuid.NewString()+"/"+uuid.NewString(), time.Minute)
-	foreign := put("bundles/notes.txt", old)
-	notAnID := put("bundles/acme/not-a-uuid/"+uuid.NewString(), old)
-	if err := os.Chtimes(filepath.Join(dir, filepath.FromSlash(kept.BlobKey)), time.Now().Add(-old), time.Now().Add(-old)); err != nil {
-		t.Fatal(err)
-	}
+		young := put("bundles/acme/"+uuid.NewString()+"/"+uuid.NewString(), time.Minute)
+		foreign := put("bundles/notes.txt", old)
+		notAnID := put("bundles/acme/not-a-uuid/"+uuid.NewString(), old)
+		blobs.age[kept.BlobKey] = old
 
-	n, err := svc.RemoveOrphans(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n != len(orphans) {
-		t.Errorf("removed %d archives, want %d", n, len(orphans))
-	}
-	for _, key := range orphans {
-		if _, err := svc.Blobs.Open(ctx, key); err != blob.ErrNotFound {
-			t.Errorf("orphan %s: Open = %v, want it gone", key, err)
-		}
-	}
-	for _, key := range []string{kept.BlobKey, young, foreign, notAnID} {
-		o, err := svc.Blobs.Open(ctx, key)
+		n, err := svc.RemoveOrphans(ctx)
 		if err != nil {
-			t.Errorf("%s was removed: %v", key, err)
-			continue
+			t.Fatal(err)
 		}
-		o.Close()
-	}
-	if n, err := svc.RemoveOrphans(ctx); err != nil || n != 0 {
-		t.Errorf("second pass removed %d (%v), want 0", n, err)
-	}
+		if n != len(orphans) {
+			t.Errorf("removed %d archives, want %d", n, len(orphans))
+		}
+		for _, key := range orphans {
+			if _, err := svc.Blobs.Open(ctx, key); err != blob.ErrNotFound {
+				t.Errorf("orphan %s: Open = %v, want it gone", key, err)
+			}
+		}
+		for _, key := range []string{kept.BlobKey, young, foreign, notAnID} {
+			o, err := svc.Blobs.Open(ctx, key)
+			if err != nil {
+				t.Errorf("%s was removed: %v", key, err)
+				continue
+			}
+			o.Close()
+		}
+		if n, err := svc.RemoveOrphans(ctx); err != nil || n != 0 {
+			t.Errorf("second pass removed %d (%v), want 0", n, err)
+		}
+	})
 }
 
 // failingDelete is a blob store whose deletions of the keys in fail fail,
@@ -428,81 +483,60 @@ func (failingFind) FindBundle(context.Context, string, uuid.UUID) (*fleet.Bundle
 }
 
 func TestRemoveOrphansReportsFailures(t *testing.T) {
-	svc, dir, _ := newService(t)
-	ctx := context.Background()
-	orphan := func() string {
-		t.Helper()
-		key := "bundles/acme/" + uuid.NewString() + "/" + uuid.NewString()
-		p, err := svc.Blobs.Put(ctx, key, strings.NewReader("orphan"))
-		if err != nil {
-			t.Fatal(err)
+	stores(t, func(t *testing.T, store string) {
+		svc, blobs, _ := newService(t, store)
+		ctx := context.Background()
+		orphan := func() string {
+			return blobs.put(t, "bundles/acme/"+uuid.NewString()+"/"+uuid.NewString(), 2*firmware.OrphanGrace)
 		}
-		if err := p.Commit(ctx); err != nil {
-			t.Fatal(err)
+		stuck, removable := orphan(), orphan()
+
+		svc.Blobs = failingDelete{blobs.aged, map[string]bool{stuck: true}}
+		n, err := svc.RemoveOrphans(ctx)
+		if err == nil || !strings.Contains(err.Error(), stuck) || n != 1 {
+			t.Fatalf("RemoveOrphans = %d, %v; want the other removed and the failure named", n, err)
 		}
-		old := time.Now().Add(-2 * firmware.OrphanGrace)
-		if err := os.Chtimes(filepath.Join(dir, filepath.FromSlash(key)), old, old); err != nil {
-			t.Fatal(err)
+		if _, err := blobs.Open(ctx, removable); err != blob.ErrNotFound {
+			t.Fatalf("the orphan after a failed deletion: Open = %v, want it gone", err)
 		}
-		return key
-	}
-	stuck, removable := orphan(), orphan()
 
-	blobs := svc.Blobs
-	svc.Blobs = failingDelete{blobs, map[string]bool{stuck: true}}
-	n, err := svc.RemoveOrphans(ctx)
-	if err == nil || !strings.Contains(err.Error(), stuck) || n != 1 {
-		t.Fatalf("RemoveOrphans = %d, %v; want the other removed and the failure named", n, err)
-	}
-	if _, err := blobs.Open(ctx, removable); err != blob.ErrNotFound {
-		t.Fatalf("the orphan after a failed deletion: Open = %v, want it gone", err)
-	}
+		db := svc.Store
+		svc.Store = failingFind{db}
+		if n, err := svc.RemoveOrphans(ctx); err == nil || n != 0 {
+			t.Fatalf("RemoveOrphans with the store down = %d, %v; want its error and nothing removed", n, err)
+		}
+		svc.Store = db
 
-	store := svc.Store
-	svc.Store = failingFind{store}
-	if n, err := svc.RemoveOrphans(ctx); err == nil || n != 0 {
-		t.Fatalf("RemoveOrphans with the store down = %d, %v; want its error and nothing removed", n, err)
-	}
-	svc.Store = store
-
-	cancelled, cancel := context.WithCancel(ctx)
-	cancel()
-	if _, err := svc.RemoveOrphans(cancelled); !errors.Is(err, context.Canceled) {
-		t.Fatalf("RemoveOrphans with a cancelled context = %v", err)
-	}
+		cancelled, cancel := context.WithCancel(ctx)
+		cancel()
+		if _, err := svc.RemoveOrphans(cancelled); !errors.Is(err, context.Canceled) {
+			t.Fatalf("RemoveOrphans with a cancelled context = %v", err)
+		}
+	})
 }
 
 // TestRunOrphanRemoval checks that the loop removes an orphan and ends
 // with its context.
 func TestRunOrphanRemoval(t *testing.T) {
-	svc, dir, _ := newService(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	key := "bundles/acme/" + uuid.NewString() + "/" + uuid.NewString()
-	p, err := svc.Blobs.Put(ctx, key, strings.NewReader("orphan"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	old := time.Now().Add(-2 * firmware.OrphanGrace)
-	if err := os.Chtimes(filepath.Join(dir, filepath.FromSlash(key)), old, old); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { svc.RunOrphanRemoval(ctx, time.Millisecond); close(done) }()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		if _, err := svc.Blobs.Open(ctx, key); err == blob.ErrNotFound {
-			break
+	stores(t, func(t *testing.T, store string) {
+		svc, blobs, _ := newService(t, store)
+		ctx, cancel := context.WithCancel(context.Background())
+		key := blobs.put(t, "bundles/acme/"+uuid.NewString()+"/"+uuid.NewString(), 2*firmware.OrphanGrace)
+		done := make(chan struct{})
+		go func() { svc.RunOrphanRemoval(ctx, time.Millisecond); close(done) }()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			if _, err := svc.Blobs.Open(ctx, key); err == blob.ErrNotFound {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the orphan was not removed")
+			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the orphan was not removed")
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("RunOrphanRemoval did not end with its context")
 		}
-	}
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("RunOrphanRemoval did not end with its context")
-	}
+	})
 }

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/fleetd/fleet/blob"
 	fleethttp "github.com/fleetd/fleet/http"
 	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/sqlstore"
@@ -20,6 +22,7 @@ type config struct {
 	httpAddr  string
 	mqttAddr  string
 	dataDir   string
+	blobStore string
 	logLevel  string
 	logFormat string
 	maxBody   int64
@@ -64,7 +67,8 @@ func (c *config) serveFlags(fs *flagSet) {
 	c.databaseFlags(fs)
 	fs.StringVar(&c.httpAddr, "http-addr", ":8080", "`ADDR` the HTTP API listens on")
 	fs.StringVar(&c.mqttAddr, "mqtt-addr", ":1883", "`ADDR` the embedded MQTT broker listens on")
-	fs.StringVar(&c.dataDir, "data-dir", "./fleetd-data", "`DIR` for firmware files")
+	fs.StringVar(&c.dataDir, "data-dir", "./fleetd-data", "`DIR` for firmware files, unless --blob-store names another place")
+	fs.StringVar(&c.blobStore, "blob-store", "", "`URL` of the firmware store: file://DIR, or s3://bucket/prefix?endpoint=…&region=…&path_style=true with credentials from the standard AWS variables, profile or role; default: file://<data-dir>/blobs")
 	fs.Int64Var(&c.maxBody, "max-body-bytes", 1<<20, "largest request body in `BYTES`")
 	fs.Int64Var(&c.maxBulk, "max-bulk-bytes", 64<<20, "largest bulk provisioning body in `BYTES`")
 	fs.Int64Var(&c.maxUpload, "max-upload-bytes", 2<<30, "largest firmware upload in `BYTES`")
@@ -110,6 +114,20 @@ func (c *config) checkAlerts() error {
 		return fmt.Errorf("--rollout-interval must be positive")
 	}
 	return nil
+}
+
+// openBlobs opens the firmware store: --blob-store, else the blobs
+// directory of --data-dir, as before there was a choice.
+func (c *config) openBlobs(ctx context.Context, getenv func(string) string) (blob.Store, error) {
+	loc := c.blobStore
+	if loc == "" {
+		loc = "file://" + filepath.Join(c.dataDir, "blobs")
+	}
+	s, err := blob.Open(ctx, loc, getenv)
+	if err != nil {
+		return nil, fmt.Errorf("--blob-store: %w", err)
+	}
+	return s, nil
 }
 
 // logger builds the process logger on w.

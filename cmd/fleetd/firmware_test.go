@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -24,8 +25,10 @@ import (
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/action"
+	"github.com/fleetd/fleet/blob/s3test"
 	"github.com/fleetd/fleet/firmware"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+	"github.com/minio/minio-go/v7"
 )
 
 // bundle is a firmware bundle as the API shows it.
@@ -145,10 +148,37 @@ func (s *testServer) get(t *testing.T, c creds, path string, header ...string) (
 	return resp, b
 }
 
-// dataFiles lists the regular files under the server's data directory.
+// runStores runs f on each database backend with each blob store, so that
+// every promise of docs/firmware.md is checked on both.
+func runStores(t *testing.T, f func(t *testing.T, b sqlstoretest.Backend, store string)) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		for _, store := range []string{"file", "s3"} {
+			t.Run(store, func(t *testing.T) { f(t, b, store) })
+		}
+	})
+}
+
+// dataFiles lists the regular files under the server's data directory, or
+// the objects and multipart uploads in progress in its S3 bucket.
 func (s *testServer) dataFiles(t *testing.T) []string {
 	t.Helper()
 	var files []string
+	if s.S3 != nil {
+		c := s.S3.Client(t)
+		for o := range c.ListObjects(context.Background(), s.S3.Bucket, minio.ListObjectsOptions{Recursive: true}) {
+			if o.Err != nil {
+				t.Fatal(o.Err)
+			}
+			files = append(files, o.Key)
+		}
+		for u := range c.ListIncompleteUploads(context.Background(), s.S3.Bucket, "", true) {
+			if u.Err != nil {
+				t.Fatal(u.Err)
+			}
+			files = append(files, "upload of "+u.Key)
+		}
+		return files
+	}
 	filepath.WalkDir(s.DataDir, func(path string, e fs.DirEntry, err error) error {
 		if err == nil && !e.IsDir() {
 			files = append(files, strings.TrimPrefix(path, s.DataDir))
@@ -191,8 +221,8 @@ var (
 )
 
 func TestFirmwareUploads(t *testing.T) {
-	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
+		s := startServerOn(t, b, store)
 		admin := s.admin()
 		data := makeBundle(t, "2.3.0", bootloader, app230)
 		var first bundle
@@ -308,8 +338,8 @@ func makeTar(t *testing.T, gz bool, pairs ...string) []byte {
 }
 
 func TestFirmwarePendingUploads(t *testing.T) {
-	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
+		s := startServerOn(t, b, store)
 		admin := s.admin()
 		pending := func(version string) bundle {
 			t.Helper()
@@ -489,8 +519,8 @@ func gunzipLen(t *testing.T, data []byte) int64 {
 }
 
 func TestFirmwareUploadFailuresLeaveNothing(t *testing.T) {
-	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, "--max-upload-bytes", "65536")
+	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
+		s := startServerOn(t, b, store, "--max-upload-bytes", "65536")
 		admin := s.admin()
 		big := makeTar(t, false, "app.bin", strings.Repeat("x", 100_000), "manifest.json",
 			`{"version": "1.0.0", "components": [{"component_name": "app", "version_number": "1.0.0", "file_name": "app.bin"}]}`)
@@ -594,8 +624,8 @@ func mustGunzip(t *testing.T, data []byte) io.Reader {
 }
 
 func TestFirmwareArtifact(t *testing.T) {
-	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
+		s := startServerOn(t, b, store)
 		admin := s.admin()
 		viewer := s.newKey(t, admin, "viewer", "viewer")
 		data := makeBundle(t, "2.3.0", bootloader, app230)
@@ -895,7 +925,8 @@ func heapPeak(stop <-chan struct{}) <-chan uint64 {
 
 // TestFirmwareUploadFlatMemory uploads a 500 MB bundle generated while it
 // is sent, through the real server, and shows that the heap stays flat:
-// the archive is streamed to disk while hashed and parsed, never held.
+// the archive is streamed to disk, or to S3 a part at a time, while hashed
+// and parsed, never held.
 // Both the client and the server live in this process, so the sample
 // covers both. FLEETD_UPLOAD_MB changes the size.
 func TestFirmwareUploadFlatMemory(t *testing.T) {
@@ -907,7 +938,13 @@ func TestFirmwareUploadFlatMemory(t *testing.T) {
 		fmt.Sscan(v, &size)
 	}
 	size <<= 20
-	s := startServer(t, sqlstoretest.Backends()[0])
+	for _, store := range []string{"file", "s3"} {
+		t.Run(store, func(t *testing.T) { uploadFlat(t, store, size) })
+	}
+}
+
+func uploadFlat(t *testing.T, store string, size int64) {
+	s := startServerOn(t, sqlstoretest.Backends()[0], store)
 	admin := s.admin()
 
 	pr, pw := io.Pipe()
@@ -1103,8 +1140,8 @@ func installFirmware(t *testing.T, d *mqttDevice, m action.Message) (params map[
 }
 
 func TestFirmwareUpdateEndToEnd(t *testing.T) {
-	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, "--log-level", "info") // to see that no signature is logged
+	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
+		s := startServerOn(t, b, store, "--log-level", "info") // to see that no signature is logged
 		admin := s.admin()
 		boot100 := part{name: "bootloader", version: "1.0.0", body: "bootloader 1.0.0"}
 		old := s.mustUpload(t, admin, makeBundle(t, "1.0.0", boot100))
@@ -1309,4 +1346,41 @@ func TestFirmwareUpdateWithSimulator(t *testing.T) {
 			}
 		})
 	})
+}
+
+// TestBlobStoreRefused checks that a blob store fleetd cannot use stops it
+// at its start, with a message that names the setting, whether it came by
+// flag or by FLEETD_BLOB_STORE.
+func TestBlobStoreRefused(t *testing.T) {
+	srv := s3test.Start(t)
+	for name, tc := range map[string]struct {
+		flag, env string
+		want      string
+	}{
+		"Scheme":        {flag: "ftp://host/x", want: "file://DIR or s3://"},
+		"UnknownParam":  {flag: "s3://b/p?colour=blue", want: `unknown parameter "colour"`},
+		"NoBucketByEnv": {env: "s3://missing/p?endpoint=" + srv.Endpoint + "&path_style=true", want: `bucket "missing" does not exist`},
+		"WrongSecret":   {flag: srv.URL("p"), env: "wrong", want: "bucket"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			getenv := func(k string) string {
+				switch {
+				case k == "FLEETD_BLOB_STORE" && tc.flag == "":
+					return tc.env
+				case k == "AWS_SECRET_ACCESS_KEY" && tc.env == "wrong":
+					return "not-the-secret"
+				}
+				return srv.Getenv(k)
+			}
+			args := []string{"serve", "--database", filepath.Join(t.TempDir(), "db"), "--http-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0", "--log-level", "warn"}
+			if tc.flag != "" {
+				args = append(args, "--blob-store", tc.flag)
+			}
+			var out bytes.Buffer
+			err := run(context.Background(), args, getenv, strings.NewReader(""), &out, &out)
+			if err == nil || !strings.Contains(err.Error(), "--blob-store") || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("serve = %v; want an error naming --blob-store and saying %q", err, tc.want)
+			}
+		})
+	}
 }

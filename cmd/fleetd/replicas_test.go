@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
@@ -19,9 +20,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/blob/s3test"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/mqtt/mosquittotest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+	"github.com/minio/minio-go/v7"
 )
 
 // These tests run fleetd as production runs it scaled out (DESIGN §1): the
@@ -88,7 +91,8 @@ type cluster struct {
 	dsn    string
 	broker *mosquittotest.Broker
 	flags  []string
-	key    string // the admin key of tenant "default"
+	env    []string // added to the replicas' environment
+	key    string   // the admin key of tenant "default"
 }
 
 func newCluster(t *testing.T, flags ...string) *cluster {
@@ -105,6 +109,7 @@ func (c *cluster) start(name string) *replica {
 	args := append([]string{"serve", "--database", c.dsn, "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0",
 		"--log-level", "info", "--mqtt-client-id", name}, externalBrokerFlags(c.broker, c.flags...)...)
 	cmd := exec.Command(c.bin, args...)
+	cmd.Env = append(os.Environ(), c.env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -448,4 +453,43 @@ func TestReplicaKilled(t *testing.T) {
 		t.Fatalf("webhook hit %d times, want 2 (A's, cut by the crash, and B's)", h)
 	}
 	_ = b
+}
+
+// TestReplicasShareBundlesThroughS3 runs two replicas, each with a data
+// directory of its own, on one S3 bucket: a bundle uploaded through one is
+// served, in ranges, by the other, and deleted through it.
+func TestReplicasShareBundlesThroughS3(t *testing.T) {
+	srv := s3test.Start(t)
+	c := newCluster(t, "--blob-store", srv.URL("fleet/prod"))
+	c.env = []string{"AWS_ACCESS_KEY_ID=" + srv.AccessKey, "AWS_SECRET_ACCESS_KEY=" + srv.SecretKey}
+	a := c.start("replica-a")
+	b := c.start("replica-b")
+	admin := a.admin()
+	data := makeBundle(t, "3.1.0", bootloader, app230)
+	up := a.mustUpload(t, admin, data)
+	path := "/api/v1/firmware-bundles/id/" + up.ID + "/artifact"
+
+	resp, body := b.get(t, admin, path)
+	if resp.StatusCode != 200 || !bytes.Equal(body, data) {
+		t.Fatalf("B serves %d, %d bytes; want 200 and the %d bytes A took", resp.StatusCode, len(body), len(data))
+	}
+	resp, body = b.get(t, admin, path, "Range", "bytes=100-199")
+	if resp.StatusCode != 206 || !bytes.Equal(body, data[100:200]) {
+		t.Fatalf("B serves bytes=100-199 as %d, %d bytes", resp.StatusCode, len(body))
+	}
+	var objects []string
+	for o := range srv.Client(t).ListObjects(context.Background(), srv.Bucket, minio.ListObjectsOptions{Recursive: true}) {
+		objects = append(objects, o.Key)
+	}
+	if len(objects) != 1 || !strings.HasPrefix(objects[0], "fleet/prod/bundles/default/"+up.ID+"/") {
+		t.Fatalf("the bucket holds %v, want the one archive under the prefix", objects)
+	}
+
+	b.do(t, admin, "DELETE", "/api/v1/firmware-bundles/id/"+up.ID, nil).want(t, 204)
+	for o := range srv.Client(t).ListObjects(context.Background(), srv.Bucket, minio.ListObjectsOptions{Recursive: true}) {
+		t.Errorf("after the delete through B, the bucket still holds %s", o.Key)
+	}
+	if resp, _ := a.get(t, admin, path); resp.StatusCode != 404 {
+		t.Fatalf("A serves the deleted bundle: %d", resp.StatusCode)
+	}
 }

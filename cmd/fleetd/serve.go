@@ -3,14 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/action"
 	"github.com/fleetd/fleet/alert"
-	"github.com/fleetd/fleet/blob"
 	"github.com/fleetd/fleet/console"
 	"github.com/fleetd/fleet/enduser"
 	"github.com/fleetd/fleet/firmware"
@@ -52,7 +50,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	}
 	defer db.Close()
 
-	blobs, err := blob.OpenDir(filepath.Join(c.dataDir, "blobs"))
+	blobs, err := c.openBlobs(ctx, e.getenv)
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/blob/s3test"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/openapi3filter"
@@ -43,6 +44,10 @@ type testServer struct {
 	observe func(method, path string, r *response)
 	// now, when set, is the server's rollout clock.
 	now func() time.Time
+	// S3, when set, is the server's blob store (startServerOn); getenv
+	// gives its credentials.
+	S3     *s3test.Server
+	getenv func(string) string
 }
 
 // lockedBuffer collects a command's output for failure messages.
@@ -67,7 +72,19 @@ func (l *lockedBuffer) String() string {
 // listens. It stops, and must stop cleanly, when the test ends.
 func startServer(t *testing.T, b sqlstoretest.Backend, extra ...string) *testServer {
 	t.Helper()
+	return startServerOn(t, b, "file", extra...)
+}
+
+// startServerOn is startServer with firmware in store: "file" (the data
+// directory) or "s3" (a bucket of a private VersityGW).
+func startServerOn(t *testing.T, b sqlstoretest.Backend, store string, extra ...string) *testServer {
+	t.Helper()
 	s := &testServer{DSN: b.DSN(t), DataDir: t.TempDir(), done: make(chan error, 1), output: &lockedBuffer{}}
+	if store == "s3" {
+		s.S3 = s3test.Start(t)
+		s.getenv = s.S3.Getenv
+		extra = append([]string{"--blob-store", s.S3.URL("fleetd")}, extra...)
+	}
 	s.start(t, extra...)
 	t.Cleanup(func() { s.stop(t) })
 	return s
@@ -85,7 +102,11 @@ func (s *testServer) start(t *testing.T, extra ...string) {
 	pr, pw := io.Pipe()
 	s.done = make(chan error, 1)
 	go func() {
-		err := runEnv(ctx, args, env{getenv: noEnv, stdin: strings.NewReader(""), stdout: pw, stderr: s.output, now: s.now})
+		getenv := s.getenv
+		if getenv == nil {
+			getenv = noEnv
+		}
+		err := runEnv(ctx, args, env{getenv: getenv, stdin: strings.NewReader(""), stdout: pw, stderr: s.output, now: s.now})
 		pw.CloseWithError(errors.New("fleetd exited"))
 		s.done <- err
 	}()
