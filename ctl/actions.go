@@ -178,26 +178,18 @@ func (a *app) actionsCmd() *cobra.Command {
 	w.flags(dispatch, "watch-timeout")
 	dispatch.RegisterFlagCompletionFunc("devices", a.completeDevices)
 
-	var lp page
 	var name string
 	var incomplete bool
-	list := &cobra.Command{
-		Use:     "list",
-		Aliases: []string{"ls"},
-		Short:   "List actions, newest first, with their device actions counted per status",
-		Args:    exactArgs(0),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := url.Values{}
+	list := a.listCmd("List actions, newest first, with their device actions counted per status", "/api/v1/actions", actionListView,
+		func(q url.Values) error {
 			setIf(q, "action", name)
 			if incomplete {
 				q.Set("incomplete", "true")
 			}
-			return a.get(cmd, "/api/v1/actions", lp.query(q), actionListView)
-		},
-	}
+			return nil
+		})
 	list.Flags().StringVar(&name, "action", "", "only actions of this `NAME`")
 	list.Flags().BoolVar(&incomplete, "incomplete", false, "only actions with device actions not yet final")
-	lp.flags(list)
 
 	get := a.actionCmd("get ID", "Show an action: its device actions counted per status, its rollout", func(cmd *cobra.Command, id int64) error {
 		return a.get(cmd, fmt.Sprintf("/api/v1/actions/%d", id), nil, actionView)

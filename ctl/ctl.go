@@ -140,7 +140,8 @@ func (a *app) root() *cobra.Command {
 	root.RegisterFlagCompletionFunc("context", a.completeContexts)
 
 	root.PersistentPreRunE = func(*cobra.Command, []string) error { return a.checkOutput() }
-	root.AddCommand(a.loginCmd(), a.configCmd(), a.devicesCmd(), a.actionsCmd())
+	root.AddCommand(a.loginCmd(), a.configCmd(), a.devicesCmd(), a.actionsCmd(), a.firmwareCmd(),
+		a.alertRulesCmd(), a.alertsCmd(), a.rolloutRulesCmd(), a.streamsCmd(), a.apikeysCmd(), a.tenantCmd(), a.auditCmd())
 	markRunErrors(root)
 	return root
 }

@@ -38,29 +38,18 @@ func (kv keyValues) Set(s string) error {
 }
 
 func (a *app) devicesCmd() *cobra.Command {
-	var lp page
 	var search string
 	meta := keyValues{}
-	list := &cobra.Command{
-		Use:     "list",
-		Aliases: []string{"ls"},
-		Short:   "List devices, filtered by a search or metadata values",
-		Example: "  fleetctl devices list --search pump --metadata site=berlin",
-		Args:    exactArgs(0),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			q := url.Values{}
-			if search != "" {
-				q.Set("search", search)
-			}
-			for k, v := range meta {
-				q.Set("metadata."+k, v)
-			}
-			return a.get(cmd, "/api/v1/devices", lp.query(q), deviceListView)
-		},
-	}
+	list := a.listCmd("List devices, filtered by a search or metadata values", "/api/v1/devices", deviceListView, func(q url.Values) error {
+		setIf(q, "search", search)
+		for k, v := range meta {
+			q.Set("metadata."+k, v)
+		}
+		return nil
+	})
+	list.Example = "  fleetctl devices list --search pump --metadata site=berlin"
 	list.Flags().StringVar(&search, "search", "", "case-insensitive `TEXT` in the id or any metadata value")
 	list.Flags().Var(meta, "metadata", "only devices whose metadata KEY equals VALUE; repeatable (all must match)")
-	lp.flags(list)
 
 	get := &cobra.Command{
 		Use:               "get ID",

@@ -26,6 +26,7 @@ type column struct {
 type view struct {
 	items string
 	cols  []column
+	more  *view // another table of the same answer, shown after this one
 }
 
 func cols(pairs ...string) []column {
@@ -109,11 +110,24 @@ func (a *app) print(body []byte, v view) error {
 	if err := d.Decode(&doc); err != nil {
 		return fmt.Errorf("the server's answer is not a JSON object: %w", err)
 	}
+	for t := &v; t != nil; t = t.more {
+		if t != &v {
+			fmt.Fprintln(out)
+		}
+		if err := a.table(doc, *t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// table writes the rows v picks from doc.
+func (a *app) table(doc map[string]any, v view) error {
 	rows := []any{doc}
 	if v.items != "" {
 		rows, _ = doc[v.items].([]any)
 	}
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(a.env.Stdout, 0, 4, 2, ' ', 0)
 	heads := make([]string, len(v.cols))
 	for i, c := range v.cols {
 		heads[i] = c.header
@@ -130,10 +144,8 @@ func (a *app) print(body []byte, v view) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if v.items != "" {
-		if n, err := strconv.Atoi(fmt.Sprint(doc["count"])); err == nil && n > len(rows) {
-			fmt.Fprintf(a.env.Stderr, "(%d of %d shown; --page and --limit show others)\n", len(rows), n)
-		}
+	if n, err := strconv.Atoi(fmt.Sprint(doc["count"])); err == nil && v.items != "" && n > len(rows) {
+		fmt.Fprintf(a.env.Stderr, "(%d of %d shown; --page and --limit show others)\n", len(rows), n)
 	}
 	return nil
 }

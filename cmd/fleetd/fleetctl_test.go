@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fleetd/fleet/ctl"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
@@ -290,13 +291,14 @@ func TestFleetctlTLS(t *testing.T) {
 	wantContains(t, "devices over https", f.ok(t, "devices", "list"), "tls-1")
 }
 
-// lockedOutput is a watch's standard output, read while it runs.
-func (f *fleetctl) start(args ...string) (out *lockedBuffer, done <-chan ctlResult) {
+// start runs fleetctl in the background until it ends or ctx does; out is
+// its standard output, read while it runs.
+func (f *fleetctl) start(ctx context.Context, args ...string) (out *lockedBuffer, done <-chan ctlResult) {
 	out = &lockedBuffer{}
 	ch := make(chan ctlResult, 1)
 	go func() {
 		var errOut bytes.Buffer
-		code := ctl.Run(context.Background(), args, ctl.Env{
+		code := ctl.Run(ctx, args, ctl.Env{
 			Getenv: func(k string) string { return f.env[k] },
 			Stdin:  strings.NewReader(""), Stdout: out, Stderr: &errOut,
 		})
@@ -363,7 +365,7 @@ func TestFleetctlActions(t *testing.T) {
 		})
 		t.Run("WatchCompletes", func(t *testing.T) {
 			id := fmt.Sprint(dispatched.ID)
-			out, done := f.start("actions", "watch", id, "--interval", "10ms")
+			out, done := f.start(context.Background(), "actions", "watch", id, "--interval", "10ms")
 			eventually(t, "watch to show the action", func() bool { return strings.Contains(out.String(), "0/2 final") })
 			s.report(t, "d1", dispatched.ID, "Completed")
 			eventually(t, "watch to see d1 complete", func() bool { return strings.Contains(out.String(), "1/2 final") })
@@ -378,7 +380,7 @@ func TestFleetctlActions(t *testing.T) {
 			var d struct{ ID int64 }
 			f.json(t, &d, "actions", "dispatch", "reboot", "--devices", "d1,d2")
 			id := fmt.Sprint(d.ID)
-			out, done := f.start("actions", "watch", id, "--interval", "10ms")
+			out, done := f.start(context.Background(), "actions", "watch", id, "--interval", "10ms")
 			eventually(t, "watch to show the action", func() bool { return strings.Contains(out.String(), "0/2 final") })
 			s.report(t, "d1", d.ID, "Failed")
 			wantContains(t, "cancel", f.ok(t, "actions", "cancel", id), "Cancelled=1", "Failed=1")
@@ -453,4 +455,267 @@ func TestFleetctlCompletion(t *testing.T) {
 	for _, shell := range []string{"bash", "zsh", "fish"} {
 		wantContains(t, shell, f.ok(t, "completion", shell), "__complete")
 	}
+}
+
+func TestFleetctlFirmware(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		f := s.newFleetctl(t, s.admin())
+		dir := t.TempDir()
+		write := func(name, content string) string {
+			p := filepath.Join(dir, name)
+			if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}
+		boot := write("boot.bin", "bootloader 1.2.0")
+		app := write("app.bin", strings.Repeat("app 2.3.0 ", 50000))
+		archive := filepath.Join(dir, "fw-2.3.0.tar.gz")
+
+		t.Run("BundleCreate", func(t *testing.T) {
+			out := f.ok(t, "firmware", "bundle", "create", "--version", "2.3.0", "--out", archive,
+				"bootloader=1.2.0:"+boot, "app=2.3.0:"+app, "--depends", "app:bootloader>=1.1.0")
+			wantContains(t, "bundle create", out, "wrote "+archive+": bundle 2.3.0 with 2 components", `"checksum":"`)
+			// The same inputs make the same archive as fleetd bundle create.
+			twin := filepath.Join(dir, "twin.tar.gz")
+			if _, err := runCLI(t, "bundle", "create", "--version", "2.3.0", "--out", twin,
+				"bootloader=1.2.0:"+boot, "app=2.3.0:"+app, "--depends", "app:bootloader>=1.1.0"); err != nil {
+				t.Fatal(err)
+			}
+			a, _ := os.ReadFile(archive)
+			b, _ := os.ReadFile(twin)
+			if !bytes.Equal(a, b) {
+				t.Fatal("fleetctl and fleetd built different archives of the same inputs")
+			}
+			wantContains(t, "refused", f.fails(t, ctl.ExitRefused, "firmware", "bundle", "create", "--version", "1.0-rc1", "--out", twin, "app=1.0.0:"+app), "version")
+			f.fails(t, ctl.ExitUsage, "firmware", "bundle", "create", "app=1.0.0:"+app)
+		})
+		data, _ := os.ReadFile(archive)
+		var bundle struct {
+			ID, Version, Checksum string
+			UploadStatus          string `json:"upload_status"`
+			Firmwares             []struct {
+				ComponentName string `json:"component_name"`
+			}
+		}
+		t.Run("Upload", func(t *testing.T) {
+			r := f.run("", "firmware", "upload", archive, "-o", "json")
+			if r.code != 0 {
+				t.Fatalf("%v", r)
+			}
+			json.Unmarshal([]byte(r.stdout), &bundle)
+			if bundle.UploadStatus != "completed" || bundle.Checksum != sha256Hex(data) || len(bundle.Firmwares) != 2 {
+				t.Fatalf("uploaded %+v", bundle)
+			}
+			wantContains(t, "progress", r.stderr, "uploaded fw-2.3.0.tar.gz: ", " in ", "/s)")
+			wantContains(t, "again", f.fails(t, ctl.ExitRefused, "firmware", "upload", archive), "409 conflict")
+		})
+		t.Run("UploadVerified", func(t *testing.T) {
+			other := filepath.Join(dir, "fw-2.4.0.tar")
+			f.ok(t, "firmware", "bundle", "create", "--version", "2.4.0", "--out", other, "app=2.4.0:"+boot)
+			var v struct {
+				UploadStatus string `json:"upload_status"`
+				Declared     struct{ Checksum string }
+			}
+			f.json(t, &v, "firmware", "upload", other, "--verified")
+			if v.UploadStatus != "completed" || v.Declared.Checksum == "" {
+				t.Fatalf("verified upload %+v", v)
+			}
+			wantContains(t, "not a bundle", f.fails(t, ctl.ExitRefused, "firmware", "upload", boot, "--verified"), "not a bundle")
+		})
+		t.Run("Read", func(t *testing.T) {
+			wantContains(t, "list", f.ok(t, "firmware", "list", "--status", "completed"), "2.3.0", "2.4.0", "completed")
+			wantContains(t, "get by version", f.ok(t, "firmware", "get", "2.3.0"), bundle.ID, "COMPONENT", "bootloader", "app", "1.1.0")
+			wantContains(t, "get by id", f.ok(t, "firmware", "get", bundle.ID, "-o", "yaml"), "version: 2.3.0", "component_name: bootloader")
+			wantContains(t, "components", f.ok(t, "firmware", "components", "app"), "2.4.0", "2.3.0")
+			f.fails(t, ctl.ExitRefused, "firmware", "get", "9.9.9")
+		})
+		t.Run("Download", func(t *testing.T) {
+			out := filepath.Join(dir, "dl.tar.gz")
+			wantContains(t, "download", f.ok(t, "firmware", "download", "2.3.0", "--out", out), "verified")
+			if got, _ := os.ReadFile(out); !bytes.Equal(got, data) {
+				t.Fatal("the download is not the archive")
+			}
+			// A partial file resumes where it ends.
+			os.WriteFile(out, data[:len(data)/3], 0o644)
+			r := f.run("", "firmware", "download", bundle.ID, "--out", out)
+			if r.code != 0 || !strings.Contains(r.stderr, fmt.Sprintf("resumed at %d bytes", len(data)/3)) {
+				t.Fatalf("resume: %v", r)
+			}
+			if got, _ := os.ReadFile(out); !bytes.Equal(got, data) {
+				t.Fatal("the resumed download is not the archive")
+			}
+			// A partial file that is not the archive's start is fetched again whole.
+			os.WriteFile(out, bytes.Repeat([]byte("x"), len(data)/2), 0o644)
+			r = f.run("", "firmware", "download", "2.3.0", "--out", out)
+			if r.code != 0 || !strings.Contains(r.stderr, "downloading it whole") {
+				t.Fatalf("corrupt partial: %v", r)
+			}
+			if got, _ := os.ReadFile(out); !bytes.Equal(got, data) {
+				t.Fatal("the download after a corrupt partial is not the archive")
+			}
+		})
+		t.Run("Deactivate", func(t *testing.T) {
+			f.ok(t, "devices", "create", "fw-dev")
+			f.ok(t, "firmware", "deactivate", "bootloader", "1.2.0")
+			wantContains(t, "components", f.ok(t, "firmware", "components", "bootloader", "-o", "json"), `"is_deactivated": true`)
+			wantContains(t, "dispatch", f.fails(t, ctl.ExitRefused, "actions", "dispatch", "update_firmware", "--param", "version=2.3.0", "--devices", "fw-dev"), "deactivated")
+			f.ok(t, "firmware", "activate", "bootloader", "1.2.0")
+			f.ok(t, "actions", "dispatch", "update_firmware", "--param", "version=2.3.0", "--devices", "fw-dev")
+		})
+		t.Run("Delete", func(t *testing.T) {
+			wantContains(t, "delete", f.ok(t, "firmware", "delete", "2.4.0"), "deleted bundle 2.4.0")
+			f.fails(t, ctl.ExitRefused, "firmware", "get", "2.4.0")
+		})
+	})
+}
+
+func TestFleetctlAlerts(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, alertFlags...)
+		f := s.newFleetctl(t, s.admin())
+		dir := t.TempDir()
+		hook := newReceiver(t, 0)
+		f.ok(t, "devices", "create", "pump-1", "--metadata", "site=berlin")
+		var rule struct{ ID, Name string }
+
+		t.Run("Rules", func(t *testing.T) {
+			file := filepath.Join(dir, "rule.yaml")
+			os.WriteFile(file, []byte("name: overheating\nstream: telemetry\ncondition:\n  field: temperature\n  operator: '>'\n  value: 80\nmetadata_filters:\n  site: berlin\n"), 0o644)
+			f.json(t, &rule, "alert-rules", "create", "-f", file)
+			if rule.ID == "" || rule.Name != "overheating" {
+				t.Fatalf("created rule %+v", rule)
+			}
+			out := f.ok(t, "alert-rules", "create", "--name", "silent", "--stream", "telemetry", "--condition", `{"no_data_seconds": 300}`, "--activation", "1m")
+			wantContains(t, "created by flags", out, "silent", "no_data_seconds=300", "60")
+			wantContains(t, "duplicate", f.fails(t, ctl.ExitRefused, "alert-rules", "create", "-f", file), "409 conflict")
+			wantContains(t, "bad condition", f.fails(t, ctl.ExitRefused, "alert-rules", "create", "--name", "bad", "--stream", "x",
+				"--condition", `{"all": [{"field": "t", "operator": "~", "value": 1}]}`), "400 invalid", "condition.all[0].operator")
+			wantContains(t, "list", f.ok(t, "alert-rules", "list"), "overheating", "silent", "site=berlin")
+			wantContains(t, "get", f.ok(t, "alert-rules", "get", rule.ID, "-o", "yaml"), "name: overheating", "operator: '>'")
+		})
+		var nid string
+		t.Run("NotificationRules", func(t *testing.T) {
+			var n struct{ ID string }
+			f.json(t, &n, "alert-rules", "notifications", "create", rule.ID, "--webhook", hook.URL, "--secret", "s3cret", "--subject", "{{.Rule.Name}} {{.Event}}")
+			nid = n.ID
+			out := f.ok(t, "alert-rules", "notifications", "list", rule.ID)
+			wantContains(t, "list", out, nid, "webhook", hook.URL)
+			if strings.Contains(out, "s3cret") {
+				t.Fatalf("a secret is shown:\n%s", out)
+			}
+			f.ok(t, "alert-rules", "notifications", "edit", rule.ID, nid, "--interval", "1m", "--timezone", "Europe/Berlin")
+			wantContains(t, "edited", f.ok(t, "alert-rules", "notifications", "list", rule.ID), "60", "Europe/Berlin")
+			wantContains(t, "bad zone", f.fails(t, ctl.ExitRefused, "alert-rules", "notifications", "edit", rule.ID, nid, "--timezone", "Mars/Olympus"), "400 invalid")
+			f.fails(t, ctl.ExitUsage, "alert-rules", "notifications", "edit", rule.ID, nid)
+			var other struct{ ID string }
+			f.json(t, &other, "alert-rules", "notifications", "create", rule.ID, "--slack", hook.URL+"/slack")
+			wantContains(t, "delete", f.ok(t, "alert-rules", "notifications", "delete", rule.ID, other.ID), "deleted")
+		})
+		t.Run("AlertsAndStreams", func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			watching, done := f.start(ctx, "alerts", "list", "--watch", "--interval", "10ms", "--state", "active")
+			eventually(t, "the watch's first list", func() bool { return strings.Contains(watching.String(), "RULE") })
+			points := filepath.Join(dir, "points.json")
+			os.WriteFile(points, []byte(fmt.Sprintf(`[{"timestamp": %d, "sequence": 1, "temperature": 91.5}]`, time.Now().UnixMilli())), 0o644)
+			wantContains(t, "ingest", f.ok(t, "streams", "ingest", "pump-1", "telemetry", "-f", points), "ACCEPTED", "1")
+			eventually(t, "the watch to show the alert", func() bool { return strings.Contains(watching.String(), "overheating") })
+			cancel()
+			if r := <-done; r.code != 0 || !strings.Contains(r.stdout, "--- ") {
+				t.Fatalf("interrupted watch: %v", r)
+			}
+			wantContains(t, "latest", f.ok(t, "streams", "latest", "pump-1", "telemetry"), "temperature=91.5")
+			var alerts struct {
+				Alerts []struct{ ID string }
+			}
+			f.json(t, &alerts, "alerts", "list", "--rule", rule.ID, "--device", "pump-1")
+			if len(alerts.Alerts) != 1 {
+				t.Fatalf("alerts %+v", alerts)
+			}
+			wantContains(t, "get", f.ok(t, "alerts", "get", alerts.Alerts[0].ID), "overheating", "pump-1", "active")
+			eventually(t, "the webhook to be called", func() bool { return len(hook.got()) > 0 })
+			eventually(t, "the notification to show delivered", func() bool {
+				return strings.Contains(f.ok(t, "alerts", "notifications", alerts.Alerts[0].ID), "delivered")
+			})
+		})
+		t.Run("RolloutRules", func(t *testing.T) {
+			var r struct {
+				ID     string
+				Events []string
+			}
+			f.json(t, &r, "rollout-rules", "create", "--slack", hook.URL+"/rollouts", "--events", "paused,aborted")
+			if len(r.Events) != 2 {
+				t.Fatalf("rollout rule %+v", r)
+			}
+			f.ok(t, "rollout-rules", "edit", r.ID, "--events", "completed")
+			wantContains(t, "get", f.ok(t, "rollout-rules", "get", r.ID), "slack", "completed")
+			wantContains(t, "list", f.ok(t, "rollout-rules", "list"), r.ID)
+			f.fails(t, ctl.ExitUsage, "rollout-rules", "create", "--slack", "https://a.example", "--webhook", "https://b.example")
+			f.ok(t, "rollout-rules", "delete", r.ID)
+			f.fails(t, ctl.ExitRefused, "rollout-rules", "get", r.ID)
+		})
+		t.Run("DeleteRule", func(t *testing.T) {
+			f.ok(t, "alert-rules", "delete", rule.ID)
+			wantContains(t, "gone", f.fails(t, ctl.ExitRefused, "alert-rules", "get", rule.ID), "404 not_found")
+		})
+	})
+}
+
+func TestFleetctlAdmin(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		f := s.newFleetctl(t, s.admin())
+
+		t.Run("APIKeys", func(t *testing.T) {
+			var k struct{ Name, Role, Key string }
+			f.json(t, &k, "apikeys", "create", "ci", "--role", "operator", "--email", "ci@example.com")
+			if k.Role != "operator" || !strings.HasPrefix(k.Key, "fk_") {
+				t.Fatalf("key %+v", k)
+			}
+			out := f.ok(t, "apikeys", "list")
+			wantContains(t, "list", out, "ci", "operator", "ci@example.com")
+			if strings.Contains(out, k.Key) {
+				t.Fatal("the list shows a key")
+			}
+			ci := s.newFleetctl(t, creds{"default", k.Key})
+			ci.ok(t, "devices", "create", "by-ci")
+			wantContains(t, "operator lists keys", ci.fails(t, ctl.ExitRefused, "apikeys", "list"), "403 forbidden")
+			f.ok(t, "apikeys", "delete", "ci")
+			wantContains(t, "deleted key", ci.fails(t, ctl.ExitRefused, "devices", "list"), "401 unauthenticated")
+			f.fails(t, ctl.ExitUsage, "apikeys", "create", "nobody")
+		})
+		t.Run("TenantAuth", func(t *testing.T) {
+			f.ok(t, "tenant", "auth", "set", "--method", "webhook", "--webhook-url", "https://auth.example.com/check", "--default-role", "operator")
+			wantContains(t, "get", f.ok(t, "tenant", "auth", "get"), "webhook", "https://auth.example.com/check", "operator")
+			file := filepath.Join(t.TempDir(), "auth.json")
+			os.WriteFile(file, []byte(`{"method": "jwks", "jwks_url": "https://idp.example.com/jwks.json", "issuer": "https://idp.example.com/", "audience": "fleet"}`), 0o644)
+			f.ok(t, "tenant", "auth", "set", "-f", file)
+			var got struct{ Method, Audience string }
+			f.json(t, &got, "tenant", "auth", "get")
+			if got.Method != "jwks" || got.Audience != "fleet" {
+				t.Fatalf("auth %+v", got)
+			}
+			wantContains(t, "bad method", f.fails(t, ctl.ExitRefused, "tenant", "auth", "set", "--method", "ldap"), "400 invalid", "method")
+		})
+		t.Run("AuditLogs", func(t *testing.T) {
+			var all, none struct {
+				AuditLogs []struct{ Actor, Action string } `json:"audit_logs"`
+				Count     int
+			}
+			f.json(t, &all, "audit-logs", "list", "--since", "1h")
+			f.json(t, &none, "audit-logs", "list", "--until", "1h")
+			if all.Count < 5 || none.Count != 0 {
+				t.Fatalf("since 1h ago: %d; until 1h ago: %d", all.Count, none.Count)
+			}
+			var byActor struct{ Count int }
+			f.json(t, &byActor, "audit-logs", "list", "--actor", all.AuditLogs[0].Actor)
+			if byActor.Count == 0 || byActor.Count > all.Count {
+				t.Fatalf("by actor %s: %d of %d", all.AuditLogs[0].Actor, byActor.Count, all.Count)
+			}
+			wantContains(t, "table", f.ok(t, "audit-logs", "list", "--limit", "3"), "ACTOR", all.AuditLogs[0].Action)
+			f.fails(t, ctl.ExitUsage, "audit-logs", "list", "--since", "yesterday")
+		})
+	})
 }
