@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"sort"
@@ -949,3 +951,95 @@ func benchReportBatch(b *testing.B, be sqlstoretest.Backend) {
 }
 
 var _ sync.Mutex
+
+// BenchmarkReportRandom is S10's tail in the store: 64 reporters, each
+// report for a device drawn at random from an action dispatched to 100,000
+// (FLEETD_BENCH_DEVICES), one report per store call, for 10 s per
+// iteration. It reports the latencies' p50, p99 and max, and the size the
+// SQLite WAL grew to. FLEETD_BENCH_TRACE=1 prints the slow reports and the
+// checkpoints on one timeline.
+//
+//	go test ./sqlstore -run '^$' -bench ReportRandom -benchtime 1x
+func BenchmarkReportRandom(b *testing.B) {
+	for _, be := range sqlstoretest.Backends() {
+		b.Run(be.Name, func(b *testing.B) {
+			var logBuf lockedLog
+			limit, _ := strconv.ParseInt(os.Getenv("FLEETD_BENCH_WAL_LIMIT"), 10, 64) // bytes; -1 never restarts
+			every, _ := time.ParseDuration(os.Getenv("FLEETD_BENCH_CHECKPOINT_EVERY"))
+			db := sqlstoretest.MustOpen(b, be, sqlstoretest.Options{WALLimit: limit, CheckpointInterval: every,
+				Logger: slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+			ctx := context.Background()
+			n := benchDevices()
+			benchTenant(b, db, n)
+			a, err := db.DispatchAction(ctx, "bench", dispatch("reboot", "all"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			var seq atomic.Int64
+			var lat []time.Duration
+			var slow []string
+			for b.Loop() {
+				t0 := time.Now()
+				end := t0.Add(10 * time.Second)
+				var mu sync.Mutex
+				var wg sync.WaitGroup
+				for range 64 {
+					wg.Go(func() {
+						var mine []time.Duration
+						for time.Now().Before(end) {
+							i := seq.Add(1)
+							r := fleet.StatusReport{DeviceID: fmt.Sprintf("dev-%07d", rand.IntN(n)), ActionID: a.ID, State: "Downloading",
+								Progress: intp(int(i % 100)), Timestamp: i64(i), Sequence: i64(i)}
+							t1 := time.Now()
+							if _, err := db.ReportStatus(ctx, "bench", []fleet.StatusReport{r}); err != nil {
+								b.Error(err)
+								return
+							}
+							d := time.Since(t1)
+							mine = append(mine, d)
+							if d > 50*time.Millisecond {
+								mu.Lock()
+								slow = append(slow, fmt.Sprintf("slow at %s took %s", t1.UTC().Format(time.RFC3339Nano), d))
+								mu.Unlock()
+							}
+						}
+						mu.Lock()
+						lat = append(lat, mine...)
+						mu.Unlock()
+					})
+				}
+				wg.Wait()
+			}
+			slices.Sort(lat)
+			q := func(p float64) float64 { return float64(lat[min(len(lat)-1, int(float64(len(lat))*p))]) / 1e6 }
+			b.ReportMetric(float64(len(lat))/b.Elapsed().Seconds(), "reports/s")
+			b.ReportMetric(q(0.5), "p50-ms")
+			b.ReportMetric(q(0.99), "p99-ms")
+			b.ReportMetric(q(1), "max-ms")
+			st := db.Stats()
+			b.ReportMetric(float64(st.WALMaxFrames), "wal-max-frames")
+			b.ReportMetric(float64(st.WALRestarts), "restarts")
+			if os.Getenv("FLEETD_BENCH_TRACE") != "" {
+				fmt.Println(strings.Join(slow, "\n"))
+				fmt.Print(logBuf.String())
+			}
+		})
+	}
+}
+
+type lockedLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -15,6 +15,7 @@ import (
 // sizes are a run's scenario sizes.
 type sizes struct {
 	s10Devices     int   // device actions S10 reports on
+	randomDevices  int   // device actions s10-random draws from
 	mqttDevices    int   // devices publishing status reports
 	streamDevices  int   // devices publishing stream points
 	pointsPerBatch int   // points in one stream publish
@@ -28,11 +29,11 @@ type sizes struct {
 
 func sizesFor(quick bool) sizes {
 	if quick {
-		return sizes{s10Devices: 2_000, mqttDevices: 200, streamDevices: 50, pointsPerBatch: 100,
+		return sizes{s10Devices: 2_000, randomDevices: 10_000, mqttDevices: 200, streamDevices: 50, pointsPerBatch: 100,
 			dispatch: []int{1_000, 10_000}, delivery: 1_000, s7Actions: 1_000, s7Requests: 100, memConns: 1_000,
 			warmup: 500 * time.Millisecond}
 	}
-	return sizes{s10Devices: 10_000, mqttDevices: 2_000, streamDevices: 200, pointsPerBatch: 100,
+	return sizes{s10Devices: 10_000, randomDevices: 100_000, mqttDevices: 2_000, streamDevices: 200, pointsPerBatch: 100,
 		dispatch: []int{100_000, 1_000_000}, delivery: 10_000, s7Actions: 10_000, s7Requests: 400, memConns: 10_000,
 		warmup: 2 * time.Second}
 }
@@ -53,9 +54,10 @@ type runner struct {
 	store *storage // nil: no storage baselines (--url without --database)
 	runID string
 
-	deviceKey  string     // a device-role key, for S10
-	connected  *fleetConn // subscribed devices kept for the memory scenario
-	dispatched []bool     // per dispatch size: done already
+	deviceKey  string        // a device-role key, for S10
+	gateways   []http.Header // the S10 scenarios' connections' headers, each with a device key
+	connected  *fleetConn    // subscribed devices kept for the memory scenario
+	dispatched []bool        // per dispatch size: done already
 }
 
 func bench(ctx context.Context, o *options, stdout, stderr io.Writer) error {
@@ -116,7 +118,7 @@ func bench(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	}
 
 	steps := map[string]func(context.Context) error{
-		"s10": r.s10, "mqtt-status": r.mqttStatus, "streams": r.streams, "dispatch": r.dispatch,
+		"s10": r.s10, "s10-random": r.s10Random, "mqtt-status": r.mqttStatus, "streams": r.streams, "dispatch": r.dispatch,
 		"delivery": r.delivery, "s7": r.s7, "memory": r.memory,
 	}
 	var failed error

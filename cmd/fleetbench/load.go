@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,16 +79,18 @@ func (r *recorder) flush() {
 
 // result is a window's outcome.
 type result struct {
-	ops      int
-	rate     float64 // operations per second
-	p50, p99 time.Duration
-	errors   int64
-	firstErr string
+	ops           int
+	rate          float64 // operations per second
+	p50, p99, max time.Duration
+	over50        int // operations that took more than 50 ms
+	errors        int64
+	firstErr      string
 }
 
 func (w *window) result() result {
 	slices.Sort(w.lat)
-	r := result{ops: len(w.lat), errors: w.errors.Load(), p50: w.lat.percentile(50), p99: w.lat.percentile(99)}
+	r := result{ops: len(w.lat), errors: w.errors.Load(), p50: w.lat.percentile(50), p99: w.lat.percentile(99), max: w.lat.percentile(100)}
+	r.over50 = len(w.lat) - sort.Search(len(w.lat), func(i int) bool { return w.lat[i] > 50*time.Millisecond })
 	r.rate = float64(r.ops) / w.end.Sub(w.start).Seconds()
 	if s, ok := w.firstErr.Load().(string); ok {
 		r.firstErr = s

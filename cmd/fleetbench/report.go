@@ -25,6 +25,7 @@ const (
 	seconds   unit = "s"
 	megabytes unit = "MB"
 	percent   unit = "%"
+	times     unit = "×"
 )
 
 // figure is one row of the table.
@@ -103,6 +104,8 @@ func (f *figure) value() string {
 		return fmt.Sprintf("%.0f MB", f.Value)
 	case percent:
 		return fmt.Sprintf("%.0f%%", f.Value)
+	case times:
+		return fmt.Sprintf("%.2f×", f.Value)
 	}
 	return fmt.Sprint(f.Value)
 }
@@ -272,13 +275,18 @@ type commitMeter struct {
 	url   string
 	start time.Time
 	at    map[string]float64 // nil if /metrics could not be read
+	wal   map[string]float64 // nil on PostgreSQL or an older fleetd
 }
 
 var commitCounters = []string{"fleetd_db_commits_total", "fleetd_db_write_jobs_total", "fleetd_db_commit_seconds_total", "fleetd_status_reports_total"}
 
+// walCounters are SQLite's WAL restarts, read when fleetd has them.
+var walCounters = []string{"fleetd_sqlite_wal_restarts_total", "fleetd_sqlite_wal_restart_seconds_total"}
+
 func startCommits(ctx context.Context, url string) *commitMeter {
 	at, _ := scrape(ctx, url, commitCounters)
-	return &commitMeter{url: url, start: time.Now(), at: at}
+	wal, _ := scrape(ctx, url, walCounters)
+	return &commitMeter{url: url, start: time.Now(), at: at, wal: wal}
 }
 
 // Note says the commits per second, writes per commit and mean commit
@@ -301,7 +309,13 @@ func (m *commitMeter) Note(ctx context.Context) string {
 	if reports := now[commitCounters[3]] - m.at[commitCounters[3]]; reports > 0 {
 		s += fmt.Sprintf(" (%.1f status reports)", reports/commits)
 	}
-	return s + fmt.Sprintf(", %.2f ms each BEGIN to COMMIT", 1000*secs/commits)
+	s += fmt.Sprintf(", %.2f ms each BEGIN to COMMIT", 1000*secs/commits)
+	if wal, err := scrape(ctx, m.url, walCounters); err == nil && m.wal != nil {
+		if n := wal[walCounters[0]] - m.wal[walCounters[0]]; n > 0 {
+			s += fmt.Sprintf("; %.0f WAL restarts, the commit loop waiting %.1f ms each", n, 1000*(wal[walCounters[1]]-m.wal[walCounters[1]])/n)
+		}
+	}
+	return s
 }
 
 // scrape reads the named samples from fleetd's /metrics.

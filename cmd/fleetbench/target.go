@@ -107,8 +107,14 @@ func startFleetd(ctx context.Context, o *options, dir string, p *progress) (*tar
 			cleanup()
 			return nil, fmt.Errorf("fleetd tenant create %s: %v\n%s", name, err, out)
 		}
-		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		key := strings.TrimSpace(lines[len(lines)-1])
+		// The key is the last line of the output that looks like one;
+		// log lines may follow it.
+		var key string
+		for _, line := range strings.Split(string(out), "\n") {
+			if line = strings.TrimSpace(line); strings.HasPrefix(line, "fk_") {
+				key = line
+			}
+		}
 		if name == t.tenant {
 			t.adminKey = key
 		} else {

@@ -36,6 +36,12 @@ func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweep
 		func() float64 { return db.Stats().CommitSeconds })
 	gauge("fleetd_db_write_queue", "writes waiting for the commit loop",
 		func() float64 { return float64(db.Stats().Queued) })
+	gauge("fleetd_sqlite_wal_frames", "frames in SQLite's WAL at the last checkpoint (0 on PostgreSQL)",
+		func() float64 { return float64(db.Stats().WALFrames) })
+	counter("fleetd_sqlite_wal_restarts_total", "RESTART checkpoints that reset SQLite's WAL once it passed its limit",
+		func() float64 { return float64(db.Stats().WALRestarts) })
+	counter("fleetd_sqlite_wal_restart_seconds_total", "time the commit loop waited for those checkpoints",
+		func() float64 { return db.Stats().WALRestartSeconds })
 
 	counter("fleetd_actions_dispatched_total", "actions dispatched", func() float64 { return float64(actions.Stats().Dispatches) })
 	counter("fleetd_device_actions_created_total", "device actions the dispatches made", func() float64 { return float64(actions.Stats().Targeted) })
