@@ -215,7 +215,7 @@ func ReadDispatch(f *Fields, withSchedule bool) Dispatch {
 
 // mustJSON encodes a canonical value, which always encodes.
 func mustJSON(v any) json.RawMessage {
-	b, err := json.Marshal(v)
+	b, err := MarshalCanonical(v)
 	if err != nil {
 		panic(fmt.Sprintf("fleet: canonical value does not encode: %v", err))
 	}

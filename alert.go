@@ -12,7 +12,7 @@ import (
 // metadata matches MetadataFilters) for a condition (DESIGN §6).
 type AlertRule struct {
 	Tenant string `json:"-"`
-	ID     string `json:"id"`
+	ID     string `json:"id" codec:"uuid"`
 	Name   string `json:"name"`
 	Stream string `json:"stream"`
 	Group  string `json:"group"`
@@ -155,8 +155,8 @@ func (c *Condition) NoDataDurations() []time.Duration {
 // Alert is one alert session: a rule's condition held for a device from
 // StartedAt until EndedAt (nil while it is active).
 type Alert struct {
-	ID        string     `json:"id"`
-	RuleID    string     `json:"rule_id"`
+	ID        string     `json:"id" codec:"uuid"`
+	RuleID    string     `json:"rule_id" codec:"uuid"`
 	RuleName  string     `json:"rule_name"`
 	DeviceID  string     `json:"device_id"`
 	Stream    string     `json:"stream"`
@@ -328,8 +328,8 @@ type NotificationTemplate struct {
 // NotificationRule sends a rule's alert openings and closings (and, with
 // IntervalSeconds, reminders while open) to one channel.
 type NotificationRule struct {
-	ID                   string               `json:"id"`
-	AlertRuleID          string               `json:"alert_rule_id"`
+	ID                   string               `json:"id" codec:"uuid"`
+	AlertRuleID          string               `json:"alert_rule_id" codec:"uuid"`
 	ChannelParameters    ChannelParameters    `json:"channel_parameters"`
 	IntervalSeconds      int64                `json:"interval_seconds"`
 	NotificationTemplate NotificationTemplate `json:"notification_template"`
@@ -391,8 +391,8 @@ const (
 // notification rule, with every attempt to deliver it.
 type Delivery struct {
 	ID                 int64             `json:"id"`
-	AlertID            string            `json:"alert_id"`
-	NotificationRuleID string            `json:"notification_rule_id"`
+	AlertID            string            `json:"alert_id" codec:"uuid"`
+	NotificationRuleID string            `json:"notification_rule_id" codec:"uuid"`
 	Event              string            `json:"event"`
 	Status             string            `json:"status"`
 	DueAt              time.Time         `json:"due_at"`

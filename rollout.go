@@ -69,7 +69,7 @@ type PhaseInfo struct {
 type Gate struct {
 	MaxFailureRate *float64 `json:"max_failure_rate,omitempty" doc:"0 to 1: the largest share of finished devices (Completed or Failed) that may have Failed"`
 	MinFinished    int      `json:"min_finished,omitempty" doc:"with max_failure_rate: how many devices must have finished before the rate is judged (default 1); until then the phase waits"`
-	AlertRules     []string `json:"alert_rules,omitempty" doc:"alert rule ids: an alert of one of them opened on a device within watch_seconds after its device action Completed stops the rollout"`
+	AlertRules     []string `json:"alert_rules,omitempty" codec:"uuid" doc:"alert rule ids: an alert of one of them opened on a device within watch_seconds after its device action Completed stops the rollout"`
 	WatchSeconds   int64    `json:"watch_seconds,omitempty" doc:"with alert_rules: how long each device is watched after it Completed; the phase waits until every device of earlier phases is final and each that Completed has been watched so long"`
 }
 

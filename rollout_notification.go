@@ -15,7 +15,7 @@ var RolloutEvents = []string{RolloutEventTriggered, RolloutEventPaused, RolloutE
 // RolloutNotificationRule sends the changes of state of a tenant's
 // rollouts to one channel (docs/actions.md, "Rollouts").
 type RolloutNotificationRule struct {
-	ID                   string               `json:"id"`
+	ID                   string               `json:"id" codec:"uuid"`
 	ChannelParameters    ChannelParameters    `json:"channel_parameters"`
 	NotificationTemplate NotificationTemplate `json:"notification_template"`
 	Timezone             string               `json:"timezone"`

@@ -312,7 +312,7 @@ func TestDecodeEDNErrors(t *testing.T) {
 		{"nil key", `{nil 2}`, ""},
 		{"trailing value", `1 2`, ""},
 		{"regex", `#"re"`, ""},
-		{"namespaced map", `#:ns{:a 1}`, ""},
+		{"auto-resolved namespaced map", `#::{:a 1}`, "#::"},
 		{"anonymous fn", `#(inc %)`, ""},
 		{"tag without value", `[#foo]`, ""},
 		{"hash alone", `#`, ""},

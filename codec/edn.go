@@ -326,6 +326,8 @@ func (r *ednReader) dispatch() (any, error) {
 		default:
 			return nil, r.errorf(off, "##%s is not a symbolic value (##NaN, ##Inf, ##-Inf)", tok)
 		}
+	case c == ':':
+		return r.namespacedMap()
 	case c < utf8.RuneSelf && !unicode.IsLetter(rune(c)):
 		return nil, r.errorf(off, "#%c is Clojure syntax, not EDN", c)
 	}
@@ -366,6 +368,70 @@ func (r *ednReader) dispatch() (any, error) {
 		}
 	}
 	return Tagged{Tag: tag, Value: v}, nil
+}
+
+// namespacedMap reads #:ns{…} as Clojure's readers do (clojure.edn and
+// clojure.core alike; Clojure's printer writes it for any map whose keys
+// share a namespace): a keyword or symbol key without a namespace takes
+// ns, one in the namespace _ loses it, any other key stays as it is; keys
+// equal once qualified are duplicates. #::{…} and #::alias{…} take their
+// namespace from the reader's current one, which a body does not have;
+// clojure.edn refuses them too.
+func (r *ednReader) namespacedMap() (any, error) {
+	off := r.pos
+	r.pos += 2
+	if r.pos < len(r.data) && r.data[r.pos] == ':' {
+		return nil, r.errorf(off, "#::{…} takes the namespace of the code that reads it, which a request body has none of: name it, as in #:firmware{:version \"2.3.0\"}")
+	}
+	if err := r.skip(); err != nil {
+		return nil, err
+	}
+	ns := r.token()
+	if !validSymbolPart(ns) || ns == "nil" || ns == "true" || ns == "false" {
+		return nil, r.errorf(off, "a namespaced map must name a namespace without a slash, as in #:firmware{:version \"2.3.0\"}, not %q", ns)
+	}
+	for r.pos < len(r.data) && isEDNSpace(r.data[r.pos]) {
+		r.pos++
+	}
+	if r.pos >= len(r.data) || r.data[r.pos] != '{' {
+		return nil, r.errorf(off, "#:%s must be followed by a map", ns)
+	}
+	v, err := r.mapForm()
+	if err != nil {
+		return nil, err
+	}
+	m := v.(*Map)
+	var seen distinct
+	for i, e := range m.Entries {
+		var name string
+		switch k := e.Key.(type) {
+		case Keyword:
+			name = string(k)
+		case Symbol:
+			name = string(k)
+		}
+		if name == "/" {
+			return nil, r.errorf(off, "the symbol / cannot be a key of namespaced map #:%s", ns)
+		}
+		if name != "" {
+			keyNS, local, qualified := strings.Cut(name, "/")
+			switch {
+			case !qualified:
+				name = ns + "/" + name
+			case keyNS == "_":
+				name = local
+			}
+			if _, ok := e.Key.(Keyword); ok {
+				m.Entries[i].Key = Keyword(name)
+			} else {
+				m.Entries[i].Key = Symbol(name)
+			}
+		}
+		if !seen.add(m.Entries[i].Key) {
+			return nil, r.errorf(off, "duplicate map key %s in #:%s{…}", describeValue(m.Entries[i].Key), ns)
+		}
+	}
+	return m, nil
 }
 
 // number reads an integer (with N for a big one) or a decimal (with M for

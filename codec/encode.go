@@ -412,6 +412,7 @@ type field struct {
 	tagged    bool
 	omitEmpty bool
 	omitZero  bool
+	uuid      bool // tagged codec:"uuid": a string that holds a UUID
 	enc       encoderFunc
 }
 
@@ -419,6 +420,9 @@ func newStructEncoder(t reflect.Type) encoderFunc {
 	fields := structFields(t)
 	for i := range fields {
 		fields[i].enc = typeEncoder(fields[i].typ)
+		if fields[i].uuid {
+			fields[i].enc = uuidStringEncoder(fields[i].typ, fields[i].enc)
+		}
 	}
 	return func(enc *encoder, v reflect.Value) {
 		if !enc.enter() {
@@ -447,6 +451,47 @@ func newStructEncoder(t reflect.Type) encoderFunc {
 		enc.e.endMap()
 		enc.depth--
 	}
+}
+
+// uuidStringEncoder encodes a field tagged codec:"uuid": a string (or a
+// slice of them, or a pointer to one) whose value is a UUID is written as
+// one, so that Transit and EDN clients get a UUID (~u, #uuid) wherever the
+// domain keeps a UUID as a string; JSON sees no difference. A value that
+// is not a UUID in canonical form stays a string.
+func uuidStringEncoder(t reflect.Type, plain encoderFunc) encoderFunc {
+	switch t.Kind() {
+	case reflect.String:
+		return func(enc *encoder, v reflect.Value) {
+			s := v.String()
+			if u, err := uuid.Parse(s); err == nil && len(s) == 36 {
+				enc.e.uuid(u)
+				return
+			}
+			enc.e.str(s)
+		}
+	case reflect.Slice, reflect.Pointer:
+		if t.Elem().Kind() != reflect.String {
+			break
+		}
+		elem := uuidStringEncoder(t.Elem(), nil)
+		if t.Kind() == reflect.Pointer {
+			return func(enc *encoder, v reflect.Value) {
+				if v.IsNil() {
+					enc.e.null()
+					return
+				}
+				elem(enc, v.Elem())
+			}
+		}
+		return func(enc *encoder, v reflect.Value) {
+			if v.IsNil() {
+				enc.e.null()
+				return
+			}
+			enc.array(v, elem)
+		}
+	}
+	return plain
 }
 
 // fieldByIndex follows an embedded path; ok is false when it passes through
@@ -537,6 +582,7 @@ func structFields(t reflect.Type) []field {
 					tagged:    name != "",
 					omitEmpty: hasOption(opts, "omitempty"),
 					omitZero:  hasOption(opts, "omitzero"),
+					uuid:      sf.Tag.Get("codec") == "uuid",
 				}
 				if f.name == "" {
 					f.name = sf.Name

@@ -11,11 +11,14 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+
+	"github.com/fleetd/fleet"
 )
 
 // jsonEmitter writes JSON as encoding/json does (without HTML escaping),
 // except for times, which are RFC 3339 UTC with milliseconds as DESIGN §2
-// asks, and full-fidelity values, which are written as their canonical form.
+// asks, floats, which always show that they are (fleet.AppendFloat), and
+// full-fidelity values, which are written as their canonical form.
 type jsonEmitter struct {
 	buf       *bytes.Buffer
 	needComma bool
@@ -69,31 +72,7 @@ func (e *jsonEmitter) float(f float64, bits int) {
 		return
 	}
 	e.sep()
-	e.buf.Write(appendJSONFloat(e.buf.AvailableBuffer(), f, bits))
-}
-
-// appendJSONFloat formats f as encoding/json does, except that from 2^53
-// on it uses an exponent: written in full, such a float reads back as an
-// integer, out of range or not the float's exact value (3.551759552515556e17
-// would become 355175955251555600, not …584).
-func appendJSONFloat(b []byte, f float64, bits int) []byte {
-	abs := math.Abs(f)
-	format := byte('f')
-	if abs != 0 {
-		if bits == 64 && (abs < 1e-6 || abs >= 1<<53) ||
-			bits == 32 && (float32(abs) < 1e-6 || abs >= 1<<53) {
-			format = 'e'
-		}
-	}
-	b = strconv.AppendFloat(b, f, format, -1, bits)
-	if format == 'e' {
-		// Turn e-09 into e-9, as encoding/json does.
-		if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
-			b[n-2] = b[n-1]
-			b = b[:n-1]
-		}
-	}
-	return b
+	e.buf.Write(fleet.AppendFloat(e.buf.AvailableBuffer(), f, bits))
 }
 
 func (e *jsonEmitter) str(s string) {

@@ -48,18 +48,19 @@ type plain struct {
 }
 
 // TestEncodeJSONMatchesEncodingJSON checks byte compatibility with
-// encoding/json (HTML escaping off) for values without times.
+// encoding/json (HTML escaping off) for values without times or integral
+// floats (TestEncodeJSONFloats).
 func TestEncodeJSONMatchesEncodingJSON(t *testing.T) {
 	n := 7
 	values := []any{
-		nil, true, 0, -1, int64(math.MaxInt64), uint64(math.MaxUint64), 1.5, 1e21, 1e-7, 123456789.0, float32(0.1),
+		nil, true, 0, -1, int64(math.MaxInt64), uint64(math.MaxUint64), 1.5, 1e21, 1e-7, 123456789.5, float32(0.1),
 		"", "plain", "quote\" backslash\\ newline\n tab\t ctl\x01 del\x7f <html> & é 日本 \u2028\u2029 bad\xff",
 		[]any{1, "a", nil}, map[string]any{"b": 1, "a": []any{}, "c": map[string]any{}},
 		[]string(nil), map[string]int(nil), []byte("hello"), []int{},
 		plain{Embedded: Embedded{E1: 1, E2: 2}, inner: &inner{Z: "z"}, Name: "n", Role: fleet.RoleAdmin, Skip: "s", Dash: "d",
 			OmitPtr: &n, Untagged: 2.5, Ints: []int64{1, 2}, Bytes: []byte{0, 1, 2}, Map: map[string]int{"y": 1, "x": 2},
 			IntKeys: map[int]string{10: "ten", 9: "nine"}, Any: map[string]any{"k": []any{true}}, U8: 8, U64: 64, F64: -0.5},
-		&plain{},
+		&plain{Untagged: 0.5, F64: -1e-9},
 		json.RawMessage(`{"raw" : [1, 2]}`),
 	}
 	for _, v := range values {
@@ -76,6 +77,44 @@ func TestEncodeJSONMatchesEncodingJSON(t *testing.T) {
 		}
 		if w := strings.TrimSuffix(want.String(), "\n"); string(got) != w {
 			t.Errorf("Marshal(%#v)\n got %s\nwant %s", v, got, w)
+		}
+	}
+}
+
+// TestEncodeJSONFloats: a float is written so that it reads back as a
+// float, and the same one: with a decimal point or an exponent, unlike
+// encoding/json, and with an exponent from 2^53 on (issue 16).
+func TestEncodeJSONFloats(t *testing.T) {
+	for _, tt := range []struct {
+		v    any
+		want string
+	}{
+		{80.0, "80.0"},
+		{0.0, "0.0"},
+		{math.Copysign(0, -1), "-0.0"},
+		{1e10, "10000000000.0"},
+		{-2.5, "-2.5"},
+		{float64(1 << 53), "9.007199254740992e+15"},
+		{3.551759552515556e17, "3.551759552515556e+17"},
+		{1e21, "1e+21"},
+		{1e-7, "1e-7"},
+		{float32(3), "3.0"},
+		{float32(0.1), "0.1"},
+		{int64(80), "80"},
+	} {
+		got, err := codec.Marshal(codec.JSON, tt.v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != tt.want {
+			t.Errorf("Marshal(JSON, %#v) = %s, want %s", tt.v, got, tt.want)
+		}
+		back, err := codec.Decode(codec.JSON, got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, f32 := tt.v.(float32); !f32 && back != tt.v {
+			t.Errorf("%s decodes to %#v, want %#v", got, back, tt.v)
 		}
 	}
 }

@@ -170,7 +170,8 @@ func FuzzDecodeTransitMsgpack(f *testing.F) {
 }
 
 func FuzzDecodeEDN(f *testing.F) {
-	seedExemplars(f, ".edn", dispatchEDN, `[\a \newline "\u00e9" #_ 1 #inst "2026-11-21T10:00:00Z" #uuid "5a2cbea3-e8c6-428b-b525-21239370dd55" 1N 1.5M (1) #{2}]`)
+	seedExemplars(f, ".edn", dispatchEDN, `[\a \newline "\u00e9" #_ 1 #inst "2026-11-21T10:00:00Z" #uuid "5a2cbea3-e8c6-428b-b525-21239370dd55" 1N 1.5M (1) #{2}]`,
+		`#:a{:b 1, :_/c 2, :d/e #:f{g 3}, "s" 4}`, `{:n 80, :d 80.0, :e 1.0E10, :big 3.5517595525155558E17}`)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		checkDecode(t, codec.EDN, b)
 	})

@@ -318,6 +318,13 @@ func (g *schemaGen) fields(t reflect.Type, request bool, props map[string]any, r
 			name = f.Name
 		}
 		p := g.ref(f.Type, request)
+		if f.Tag.Get("codec") == "uuid" {
+			if items, ok := p["items"].(map[string]any); ok {
+				items["format"] = "uuid"
+			} else if p["type"] == "string" {
+				p["format"] = "uuid"
+			}
+		}
 		if d := f.Tag.Get("doc"); d != "" {
 			if _, isRef := p["$ref"]; isRef {
 				p = map[string]any{"allOf": []any{p}}

@@ -204,7 +204,7 @@ func TestDispatch(t *testing.T) {
 
 		t.Run("Audit", func(t *testing.T) {
 			logs, _, _ := db.FindAuditLogs(ctx, "acme", fleet.AuditFilter{Page: fleet.Page{Page: 1, Limit: 1}})
-			if logs[0].Action != "action.dispatch" || !strings.HasPrefix(logs[0].Target, "actions/") || logs[0].Details["targeted"] != float64(1) {
+			if logs[0].Action != "action.dispatch" || !strings.HasPrefix(logs[0].Target, "actions/") || logs[0].Details["targeted"] != int64(1) {
 				t.Fatalf("audit log = %+v", logs[0])
 			}
 		})

@@ -16,7 +16,7 @@ import (
 // CreateAlertRule stores a rule; r.ID and r.CreatedAt are filled in. The
 // caller has compiled it.
 func (db *DB) CreateAlertRule(ctx context.Context, tenant string, r *fleet.AlertRule) error {
-	cond, err := json.Marshal(r.Condition)
+	cond, err := fleet.MarshalCanonical(r.Condition)
 	if err != nil {
 		return fleet.Errorf(fleet.EINVALID, "the condition cannot be stored: %v", err)
 	}
@@ -24,7 +24,7 @@ func (db *DB) CreateAlertRule(ctx context.Context, tenant string, r *fleet.Alert
 	if filters == nil {
 		filters = map[string]any{}
 	}
-	mf, err := json.Marshal(filters)
+	mf, err := fleet.MarshalCanonical(filters)
 	if err != nil {
 		return fleet.Errorf(fleet.EINVALID, "the metadata filters cannot be stored: %v", err)
 	}

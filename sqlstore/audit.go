@@ -2,7 +2,6 @@ package sqlstore
 
 import (
 	"context"
-	"encoding/json"
 	"strings"
 
 	"github.com/fleetd/fleet"
@@ -21,7 +20,7 @@ func (tx *Tx) audit(ctx context.Context, tenant, action, target string, details 
 	if details == nil {
 		details = map[string]any{}
 	}
-	b, err := json.Marshal(details)
+	b, err := fleet.MarshalCanonical(details)
 	if err != nil {
 		return err
 	}
@@ -60,9 +59,11 @@ func scanAuditLog(s scanner) (*fleet.AuditLog, error) {
 	if err := s.Scan(&l.ID, &l.Actor, &l.Role, &l.UserEmail, &l.Action, &l.Target, &details, &l.RequestID, &created); err != nil {
 		return nil, err
 	}
-	if err := json.Unmarshal([]byte(details), &l.Details); err != nil {
+	v, err := decodeCanonical(details)
+	if err != nil {
 		return nil, err
 	}
+	l.Details, _ = v.(map[string]any)
 	l.CreatedAt = fromMillis(created)
 	return &l, nil
 }

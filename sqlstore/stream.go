@@ -1,13 +1,11 @@
 package sqlstore
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 
 	"github.com/fleetd/fleet"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -26,7 +24,7 @@ import (
 func (db *DB) CommitStream(ctx context.Context, tenant, device, stream string, latest *fleet.DataPoint, changes []*fleet.AlertChange) error {
 	var data string
 	if latest != nil {
-		b, err := json.Marshal(latest.Data)
+		b, err := fleet.MarshalCanonical(latest.Data)
 		if err != nil {
 			return fleet.Errorf(fleet.EINVALID, "data point cannot be stored: %v", err)
 		}
@@ -179,21 +177,26 @@ func scanPoint(s scanner) (*fleet.DataPoint, error) {
 	return &p, nil
 }
 
-// storedPoint is how an alert's value is kept.
+// storedPoint is how an alert's value is kept; Data is the point's data
+// as fleet.MarshalCanonical writes it.
 type storedPoint struct {
-	DeviceID   string         `json:"device_id"`
-	Stream     string         `json:"stream"`
-	Timestamp  int64          `json:"timestamp"`
-	Sequence   int64          `json:"sequence"`
-	Data       map[string]any `json:"data"`
-	ReceivedAt int64          `json:"received_at"`
+	DeviceID   string          `json:"device_id"`
+	Stream     string          `json:"stream"`
+	Timestamp  int64           `json:"timestamp"`
+	Sequence   int64           `json:"sequence"`
+	Data       json.RawMessage `json:"data"`
+	ReceivedAt int64           `json:"received_at"`
 }
 
 func encodePoint(p *fleet.DataPoint) (any, error) {
 	if p == nil {
 		return nil, nil
 	}
-	b, err := json.Marshal(storedPoint{p.DeviceID, p.Stream, millis(p.Timestamp), p.Sequence, p.Data, millis(p.ReceivedAt)})
+	data, err := fleet.MarshalCanonical(p.Data)
+	if err != nil {
+		return nil, fleet.Errorf(fleet.EINVALID, "data point cannot be stored: %v", err)
+	}
+	b, err := json.Marshal(storedPoint{p.DeviceID, p.Stream, millis(p.Timestamp), p.Sequence, data, millis(p.ReceivedAt)})
 	if err != nil {
 		return nil, fleet.Errorf(fleet.EINVALID, "data point cannot be stored: %v", err)
 	}
@@ -204,10 +207,7 @@ func decodePoint(s sql.NullString) (*fleet.DataPoint, error) {
 	if !s.Valid {
 		return nil, nil
 	}
-	var sp struct {
-		storedPoint
-		Data json.RawMessage `json:"data"`
-	}
+	var sp storedPoint
 	if err := json.Unmarshal([]byte(s.String), &sp); err != nil {
 		return nil, err
 	}
@@ -221,39 +221,10 @@ func decodePoint(s sql.NullString) (*fleet.DataPoint, error) {
 	return p, nil
 }
 
-// decodeCanonical reads JSON text into the canonical values requests decode
-// to: integers stay int64 rather than becoming float64.
+// decodeCanonical reads stored JSON text into canonical values
+// (fleet.ParseCanonical).
 func decodeCanonical(s string) (any, error) {
-	d := json.NewDecoder(bytes.NewReader([]byte(s)))
-	d.UseNumber()
-	var v any
-	if err := d.Decode(&v); err != nil {
-		return nil, err
-	}
-	return numbers(v), nil
-}
-
-func numbers(v any) any {
-	switch v := v.(type) {
-	case json.Number:
-		if n, err := v.Int64(); err == nil {
-			return n
-		}
-		f, err := v.Float64()
-		if err != nil || math.IsInf(f, 0) {
-			return v.String()
-		}
-		return f
-	case []any:
-		for i, e := range v {
-			v[i] = numbers(e)
-		}
-	case map[string]any:
-		for k, e := range v {
-			v[k] = numbers(e)
-		}
-	}
-	return v
+	return fleet.ParseCanonical([]byte(s))
 }
 
 // isForeignKeyViolation reports whether err is a foreign-key constraint

@@ -3,7 +3,6 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 
 	"github.com/fleetd/fleet"
@@ -20,7 +19,7 @@ import (
 func (db *DB) CommitStreamVersion(ctx context.Context, tenant, device, stream string, latest *fleet.DataPoint, changes []*fleet.AlertChange, expect int64) (int64, error) {
 	var data string
 	if latest != nil {
-		b, err := json.Marshal(latest.Data)
+		b, err := fleet.MarshalCanonical(latest.Data)
 		if err != nil {
 			return 0, fleet.Errorf(fleet.EINVALID, "data point cannot be stored: %v", err)
 		}
