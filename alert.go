@@ -2,9 +2,10 @@ package fleet
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/url"
 	"strings"
-	"text/template"
 	"time"
 )
 
@@ -491,46 +492,45 @@ func NewNotificationData(event string, a *Alert, r *AlertRule, loc *time.Locatio
 	return d
 }
 
-// RenderNotification renders a notification's subject and body.
-func RenderNotification(t NotificationTemplate, d NotificationData) (subject, body string, err error) {
-	return renderNotification(t, DefaultNotificationTemplate, d)
+// RenderNotification renders a notification's subject and body, each
+// within lim (ErrTemplateBudget when over it).
+func RenderNotification(ctx context.Context, lim TemplateLimits, t NotificationTemplate, d NotificationData) (subject, body string, err error) {
+	return renderNotification(ctx, lim, t, DefaultNotificationTemplate, d)
 }
 
 // renderNotification renders t's subject and body over d; an empty one is
 // def's.
-func renderNotification(t, def NotificationTemplate, d any) (subject, body string, err error) {
+func renderNotification(ctx context.Context, lim TemplateLimits, t, def NotificationTemplate, d any) (subject, body string, err error) {
 	if t.Subject == "" {
 		t.Subject = def.Subject
 	}
 	if t.Body == "" {
 		t.Body = def.Body
 	}
-	if subject, err = render("subject", t.Subject, d); err != nil {
-		return "", "", err
+	if subject, err = render(ctx, lim, "subject", t.Subject, d); err != nil {
+		return "", "", fmt.Errorf("subject: %w", err)
 	}
-	if body, err = render("body", t.Body, d); err != nil {
-		return "", "", err
+	if body, err = render(ctx, lim, "body", t.Body, d); err != nil {
+		return "", "", fmt.Errorf("body: %w", err)
 	}
 	return subject, body, nil
 }
 
-func render(name, text string, d any) (string, error) {
-	tmpl, err := template.New(name).Parse(text)
-	if err != nil {
-		return "", err
+// templateProblem is what a client is told of a template that fails on a
+// sample.
+func templateProblem(lim TemplateLimits, err error) string {
+	if errors.Is(err, ErrTemplateBudget) {
+		lim = lim.WithDefaults()
+		return fmt.Sprintf("must render within %v and %d bytes (a loop over a large range cannot): %v", lim.Timeout, lim.MaxOutput, err)
 	}
-	var b strings.Builder
-	if err := tmpl.Execute(&b, d); err != nil {
-		return "", err
-	}
-	return b.String(), nil
+	return "is not a usable Go text/template: " + err.Error()
 }
 
 // CheckNotificationTemplate parses a template and renders it for a sample
-// alert, so that a rule with a template that cannot work is refused when it
-// is saved. Problems are keyed "notification_template.subject" and
-// "notification_template.body".
-func CheckNotificationTemplate(t NotificationTemplate) map[string]string {
+// alert within lim, so that a rule with a template that cannot work is
+// refused when it is saved. Problems are keyed
+// "notification_template.subject" and "notification_template.body".
+func CheckNotificationTemplate(ctx context.Context, lim TemplateLimits, t NotificationTemplate) map[string]string {
 	errs := map[string]string{}
 	end := time.Date(2026, 1, 2, 3, 5, 0, 0, time.UTC)
 	a := &Alert{ID: "00000000-0000-0000-0000-000000000000", RuleID: "00000000-0000-0000-0000-000000000000", RuleName: "sample",
@@ -546,8 +546,8 @@ func CheckNotificationTemplate(t NotificationTemplate) map[string]string {
 		if text == "" {
 			continue
 		}
-		if _, err := render(name, text, d); err != nil {
-			errs["notification_template."+name] = "is not a usable Go text/template: " + err.Error()
+		if _, err := render(ctx, lim, name, text, d); err != nil {
+			errs["notification_template."+name] = templateProblem(lim, err)
 		}
 	}
 	return errs

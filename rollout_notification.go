@@ -103,14 +103,14 @@ var DefaultRolloutTemplate = NotificationTemplate{
 
 // RenderRolloutNotification renders a rollout notification's subject and
 // body; an empty subject or body is the default's.
-func RenderRolloutNotification(t NotificationTemplate, d RolloutNotificationData) (subject, body string, err error) {
-	return renderNotification(t, DefaultRolloutTemplate, d)
+func RenderRolloutNotification(ctx context.Context, lim TemplateLimits, t NotificationTemplate, d RolloutNotificationData) (subject, body string, err error) {
+	return renderNotification(ctx, lim, t, DefaultRolloutTemplate, d)
 }
 
 // CheckRolloutTemplate parses a template and renders it for a sample event
 // of every kind, so that a rule whose template cannot work is refused when
 // it is saved. Problems are keyed as CheckNotificationTemplate's.
-func CheckRolloutTemplate(t NotificationTemplate) map[string]string {
+func CheckRolloutTemplate(ctx context.Context, lim TemplateLimits, t NotificationTemplate) map[string]string {
 	errs := map[string]string{}
 	phase := 1
 	for name, text := range map[string]string{"subject": t.Subject, "body": t.Body} {
@@ -125,8 +125,8 @@ func CheckRolloutTemplate(t NotificationTemplate) map[string]string {
 		for _, event := range RolloutEvents {
 			ev := &RolloutEvent{Event: event, ActionID: 42, Action: ActionUpdateFirmware, Phase: &phase, PhaseName: "quarter", Status: "running",
 				Reason: "a reason", Released: 25, At: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
-			if _, err := render(name, text, NewRolloutNotificationData(ev, time.UTC)); err != nil {
-				errs[key] = "is not a usable Go text/template: " + err.Error()
+			if _, err := render(ctx, lim, name, text, NewRolloutNotificationData(ev, time.UTC)); err != nil {
+				errs[key] = templateProblem(lim, err)
 				break
 			}
 		}

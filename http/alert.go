@@ -1,6 +1,7 @@
 package fleethttp
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/mail"
@@ -243,15 +244,16 @@ func checkHeader(name, value string) string {
 	return ""
 }
 
-// readTemplate reads notification_template.
-func readTemplate(f *fleet.Fields) *fleet.NotificationTemplate {
+// readTemplate reads notification_template, rendered for a sample alert
+// within the server's template limits.
+func (s *Server) readTemplate(ctx context.Context, f *fleet.Fields) *fleet.NotificationTemplate {
 	tf := f.Nested("notification_template", false)
 	if tf == nil {
 		return nil
 	}
 	t := &fleet.NotificationTemplate{Subject: tf.String("subject", false), Body: tf.String("body", false)}
 	tf.Unknown()
-	for k, v := range fleet.CheckNotificationTemplate(*t) {
+	for k, v := range fleet.CheckNotificationTemplate(ctx, s.Templates, *t) {
 		f.Fail(k, v)
 	}
 	return t
@@ -284,7 +286,7 @@ func (s *Server) handleCreateNotificationRule(w http.ResponseWriter, r *http.Req
 		n.ChannelParameters, _ = readChannel(cf)
 	}
 	n.IntervalSeconds = f.Int("interval_seconds", false, 0, fleet.MaxThresholdSeconds)
-	if t := readTemplate(f); t != nil {
+	if t := s.readTemplate(r.Context(), f); t != nil {
 		n.NotificationTemplate = *t
 	}
 	if tz := readTimezone(f); tz != nil {
@@ -323,7 +325,7 @@ func (s *Server) handleUpdateNotificationRule(w http.ResponseWriter, r *http.Req
 		n := f.Int("interval_seconds", false, 0, fleet.MaxThresholdSeconds)
 		u.IntervalSeconds = &n
 	}
-	u.NotificationTemplate = readTemplate(f)
+	u.NotificationTemplate = s.readTemplate(r.Context(), f)
 	u.Timezone = readTimezone(f)
 	if err := f.Err(); err != nil {
 		return err

@@ -76,14 +76,14 @@ func (s *Server) handleAppendPhase(w http.ResponseWriter, r *http.Request) error
 
 // readRolloutTemplate reads notification_template, checked against
 // rollout events.
-func readRolloutTemplate(f *fleet.Fields) *fleet.NotificationTemplate {
+func (s *Server) readRolloutTemplate(ctx context.Context, f *fleet.Fields) *fleet.NotificationTemplate {
 	tf := f.Nested("notification_template", false)
 	if tf == nil {
 		return nil
 	}
 	t := &fleet.NotificationTemplate{Subject: tf.String("subject", false), Body: tf.String("body", false)}
 	tf.Unknown()
-	for k, v := range fleet.CheckRolloutTemplate(*t) {
+	for k, v := range fleet.CheckRolloutTemplate(ctx, s.Templates, *t) {
 		f.Fail(k, v)
 	}
 	return t
@@ -111,7 +111,7 @@ func (s *Server) handleCreateRolloutRule(w http.ResponseWriter, r *http.Request)
 	if cf := f.Nested("channel_parameters", true); cf != nil {
 		n.ChannelParameters, _ = readChannel(cf)
 	}
-	if t := readRolloutTemplate(f); t != nil {
+	if t := s.readRolloutTemplate(r.Context(), f); t != nil {
 		n.NotificationTemplate = *t
 	}
 	if tz := readTimezone(f); tz != nil {
@@ -146,7 +146,7 @@ func (s *Server) handleUpdateRolloutRule(w http.ResponseWriter, r *http.Request)
 		c, given := readChannel(cf)
 		u.ChannelParameters, u.SecretGiven = &c, given
 	}
-	u.NotificationTemplate = readRolloutTemplate(f)
+	u.NotificationTemplate = s.readRolloutTemplate(r.Context(), f)
 	u.Timezone = readTimezone(f)
 	u.Events = readRolloutEvents(f)
 	if err := f.Err(); err != nil {

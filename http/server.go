@@ -72,6 +72,9 @@ type Server struct {
 	// takes device data in and serves each stream's latest point.
 	Alerts  fleet.AlertService
 	Streams fleet.StreamService
+	// Templates bounds the sample render of a notification template when a
+	// rule is saved; zero is fleet.DefaultTemplateLimits.
+	Templates fleet.TemplateLimits
 
 	// Firmware serves bundles, firmwares and artifact downloads.
 	Firmware fleet.FirmwareService

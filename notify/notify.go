@@ -71,6 +71,11 @@ type Worker struct {
 	MaxBackoff  time.Duration // default 1h
 	Concurrency int           // deliveries at once; default 8
 	Poll        time.Duration // longest sleep between looks at the outbox; default 1s
+	// Timeout is one delivery's deadline, its render and its send; default 30s.
+	Timeout time.Duration
+	// Templates bounds each render of a subject or body; a render over it
+	// fails its notification for good (fleet.ErrTemplateBudget).
+	Templates fleet.TemplateLimits
 
 	once  sync.Once
 	wake  chan struct{}
@@ -123,6 +128,9 @@ func (w *Worker) init() {
 		if w.Poll <= 0 {
 			w.Poll = time.Second
 		}
+		if w.Timeout <= 0 {
+			w.Timeout = 30 * time.Second
+		}
 		w.wake = make(chan struct{}, 1)
 	})
 }
@@ -136,17 +144,49 @@ func (w *Worker) Wake() {
 	}
 }
 
-// Run delivers until ctx ends, sleeping until the next notification is due
-// (at most Poll, so other replicas' work is seen) or Wake is called.
+// Run delivers until ctx ends. It keeps up to Concurrency deliveries going
+// at once, each on a goroutine of its own with its own deadline, and claims
+// more as they finish, so a slow receiver or a template that runs out of
+// time holds up its own delivery only, never another tenant's. With no free
+// slot it waits for one; otherwise it sleeps until the next notification is
+// due (at most Poll, so other replicas' work is seen) or Wake is called. It
+// returns once the deliveries under way have recorded their outcome.
 func (w *Worker) Run(ctx context.Context) {
 	w.init()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	busy := make(chan struct{}, w.Concurrency) // one token a delivery under way
+	freed := make(chan struct{}, 1)
 	for ctx.Err() == nil {
-		n, err := w.RunOnce(ctx)
-		if err != nil && ctx.Err() == nil {
-			w.Logger.Warn("notifications: claim failed", "err", err)
+		free := w.Concurrency - len(busy)
+		claimed := 0
+		if free > 0 {
+			ds, err := w.Store.ClaimDeliveries(ctx, w.Owner, w.Lease, free)
+			if err != nil && ctx.Err() == nil {
+				w.Logger.Warn("notifications: claim failed", "err", err)
+			}
+			for _, d := range ds {
+				busy <- struct{}{}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					w.handle(ctx, d)
+					<-busy
+					select {
+					case freed <- struct{}{}:
+					default:
+					}
+				}()
+			}
+			claimed = len(ds)
 		}
-		if n > 0 {
-			continue // more may be due
+		if free == 0 || claimed == free {
+			// More may be due: claim again as soon as a slot frees.
+			select {
+			case <-ctx.Done():
+			case <-freed:
+			}
+			continue
 		}
 		wait := w.Poll
 		if due, ok, err := w.Store.NextDeliveryDue(ctx); err == nil && ok {
@@ -162,23 +202,21 @@ func (w *Worker) Run(ctx context.Context) {
 	}
 }
 
-// RunOnce claims the notifications due now and delivers them, returning how
-// many it handled.
+// RunOnce claims the notifications due now, delivers them, and returns how
+// many it handled once all are done.
 func (w *Worker) RunOnce(ctx context.Context) (int, error) {
 	w.init()
-	ds, err := w.Store.ClaimDeliveries(ctx, w.Owner, w.Lease, 4*w.Concurrency)
+	ds, err := w.Store.ClaimDeliveries(ctx, w.Owner, w.Lease, w.Concurrency)
 	if err != nil || len(ds) == 0 {
 		return 0, err
 	}
-	sem := make(chan struct{}, w.Concurrency)
 	var wg sync.WaitGroup
 	for _, d := range ds {
 		wg.Add(1)
-		sem <- struct{}{}
-		go func(d *fleet.Delivery) {
-			defer func() { <-sem; wg.Done() }()
+		go func() {
+			defer wg.Done()
 			w.handle(ctx, d)
-		}(d)
+		}()
 	}
 	wg.Wait()
 	return len(ds), nil
@@ -186,20 +224,29 @@ func (w *Worker) RunOnce(ctx context.Context) (int, error) {
 
 func (w *Worker) handle(ctx context.Context, d *fleet.Delivery) {
 	start := w.Now()
-	status, err := w.Deliver(ctx, d)
+	dctx, cancel := context.WithTimeout(ctx, w.Timeout)
+	status, err := w.Deliver(dctx, d)
+	cancel()
 	at := fleet.DeliveryAttempt{At: start, StatusCode: status, DurationMS: w.Now().Sub(start).Milliseconds()}
 	outcome, next := fleet.DeliveryDelivered, w.Now()
 	log := w.Logger.With("tenant", d.Tenant, "alert", d.AlertID, "notification_rule", d.NotificationRuleID, "event", d.Event, "delivery", d.ID)
-	if err != nil {
+	var rerr *renderError
+	switch {
+	case err == nil:
+	case errors.As(err, &rerr) && ctx.Err() == nil:
+		// The same template over the same data fails the same way.
+		at.Error = truncate(err.Error(), 500)
+		outcome = fleet.DeliveryDead
+		log.Warn("notification dead: its template cannot be rendered", "err", err)
+	case d.AttemptCount+1 >= w.MaxAttempts:
+		at.Error = truncate(err.Error(), 500)
+		outcome = fleet.DeliveryDead
+		log.Warn("notification dead: giving up", "attempts", d.AttemptCount+1, "err", err)
+	default:
 		at.Error = truncate(err.Error(), 500)
 		attempts := d.AttemptCount + 1
-		if attempts >= w.MaxAttempts {
-			outcome = fleet.DeliveryDead
-			log.Warn("notification dead: giving up", "attempts", attempts, "err", err)
-		} else {
-			outcome, next = fleet.DeliveryPending, w.Now().Add(w.backoff(attempts))
-			log.Info("notification failed; will retry", "attempts", attempts, "retry_at", next, "err", err)
-		}
+		outcome, next = fleet.DeliveryPending, w.Now().Add(w.backoff(attempts))
+		log.Info("notification failed; will retry", "attempts", attempts, "retry_at", next, "err", err)
 	}
 	// The outcome must be recorded even when ctx ends mid-delivery.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -217,6 +264,12 @@ func (w *Worker) handle(ctx context.Context, d *fleet.Delivery) {
 		w.stats.retried.Add(1)
 	}
 }
+
+// renderError is a notification whose template failed over its data.
+type renderError struct{ err error }
+
+func (e *renderError) Error() string { return "render template: " + e.err.Error() }
+func (e *renderError) Unwrap() error { return e.err }
 
 // backoff is the wait after the n-th failed attempt.
 func (w *Worker) backoff(n int) time.Duration {
@@ -238,12 +291,15 @@ func (w *Worker) Deliver(ctx context.Context, d *fleet.Delivery) (int, error) {
 	}
 	var subject, body string
 	if d.Rollout != nil {
-		subject, body, err = fleet.RenderRolloutNotification(n.NotificationTemplate, fleet.NewRolloutNotificationData(d.Rollout, loc))
+		subject, body, err = fleet.RenderRolloutNotification(ctx, w.Templates, n.NotificationTemplate, fleet.NewRolloutNotificationData(d.Rollout, loc))
 	} else {
-		subject, body, err = fleet.RenderNotification(n.NotificationTemplate, fleet.NewNotificationData(d.Event, d.Alert, d.Rule, loc, w.Now()))
+		subject, body, err = fleet.RenderNotification(ctx, w.Templates, n.NotificationTemplate, fleet.NewNotificationData(d.Event, d.Alert, d.Rule, loc, w.Now()))
 	}
 	if err != nil {
-		return 0, fmt.Errorf("render template: %w", err)
+		if ctx.Err() != nil {
+			return 0, err // a render cut short is no verdict on the template
+		}
+		return 0, &renderError{err}
 	}
 	switch n.ChannelParameters.Type {
 	case fleet.ChannelWebhook:
@@ -273,7 +329,7 @@ func (w *Worker) Deliver(ctx context.Context, d *fleet.Delivery) (int, error) {
 		payload, _ := json.Marshal(map[string]string{"text": "*" + subject + "*\n" + body}) // strings always encode
 		return w.post(ctx, n.ChannelParameters.URL, http.Header{}, payload)
 	case fleet.ChannelEmail:
-		return 0, w.mail(n.ChannelParameters.To, subject, body)
+		return 0, w.mail(ctx, n.ChannelParameters.To, subject, body)
 	}
 	return 0, fmt.Errorf("unknown channel type %q", n.ChannelParameters.Type)
 }
@@ -355,8 +411,9 @@ func truncate(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// mail sends one message to every recipient over SMTP.
-func (w *Worker) mail(to []string, subject, body string) error {
+// mail sends one message to every recipient over SMTP, giving up when ctx
+// ends.
+func (w *Worker) mail(ctx context.Context, to []string, subject, body string) error {
 	c := w.SMTP
 	if c.Addr == "" {
 		return errors.New("email is not configured on this server (--smtp-addr)")
@@ -372,14 +429,15 @@ func (w *Worker) mail(to []string, subject, body string) error {
 	dialer := &net.Dialer{Timeout: 10 * time.Second}
 	var conn net.Conn
 	if c.TLS == "tls" {
-		conn, err = tls.DialWithDialer(dialer, "tcp", c.Addr, tlsConf)
+		conn, err = (&tls.Dialer{NetDialer: dialer, Config: tlsConf}).DialContext(ctx, "tcp", c.Addr)
 	} else {
-		conn, err = dialer.Dial("tcp", c.Addr)
+		conn, err = dialer.DialContext(ctx, "tcp", c.Addr)
 	}
 	if err != nil {
 		return err
 	}
 	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	defer context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })()
 	cl, err := smtp.NewClient(conn, host)
 	if err != nil {
 		conn.Close()

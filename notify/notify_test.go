@@ -260,3 +260,110 @@ func TestEmail(t *testing.T) {
 		}
 	})
 }
+
+// await polls cond until it holds, for at most 15 seconds.
+func await(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// run starts w.Run and returns a stop that cancels it and waits, failing
+// if it does not return: SIGTERM must not hang on a delivery.
+func run(t *testing.T, w *notify.Worker) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
+	return func() {
+		t.Helper()
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run did not return 10s after its context ended")
+		}
+	}
+}
+
+// okReceiver answers every request 204 and counts them.
+func okReceiver(t *testing.T) (*httptest.Server, func() int) {
+	var mu sync.Mutex
+	n := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		n++
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, func() int { mu.Lock(); defer mu.Unlock(); return n }
+}
+
+// TestTemplateOverBudget: a template that passed its check but loops over
+// a value of the data is stopped within its budget: one failed attempt,
+// dead at once (the same render would fail again), while another tenant's
+// notification goes out; and the worker stops when told to.
+func TestTemplateOverBudget(t *testing.T) {
+	for _, tc := range []struct{ name, body, want string }{
+		{"silent loop", `{{range .Value.n}}{{end}}`, "took longer than 50ms"},
+		{"output", `{{range .Value.n}}AAAA{{end}}`, "rendered more than 65536 bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, got := okReceiver(t)
+			o := &outbox{clock: &clock{t: t0}}
+			bad := delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "webhook", URL: srv.URL}, fleet.NotificationTemplate{Body: tc.body}, "UTC")
+			bad.Alert.Value.Data = map[string]any{"n": int64(1e14)}
+			o.add(bad)
+			good := delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "webhook", URL: srv.URL}, fleet.NotificationTemplate{}, "UTC")
+			good.Tenant = "beta"
+			o.add(good)
+			w := newWorker(o)
+			stop := run(t, w)
+			await(t, "the other tenant's notification", func() bool { s, _ := o.state(2); return s == fleet.DeliveryDelivered })
+			await(t, "the over-budget notification to die", func() bool { s, _ := o.state(1); return s == fleet.DeliveryDead })
+			stop()
+			_, at := o.state(1)
+			if len(at) != 1 || !strings.Contains(at[0].Error, tc.want) || at[0].StatusCode != 0 {
+				t.Fatalf("attempts %+v, want one that says %q", at, tc.want)
+			}
+			if got() != 1 {
+				t.Fatalf("%d webhook requests, want the other tenant's only", got())
+			}
+		})
+	}
+}
+
+// TestSlowReceiverHoldsUpNoOne: while one delivery waits on a receiver
+// that does not answer, a notification that falls due is delivered.
+func TestSlowReceiverHoldsUpNoOne(t *testing.T) {
+	arrived, release := make(chan struct{}), make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-release
+	}))
+	defer slow.Close()
+	defer close(release)
+	fast, got := okReceiver(t)
+	o := &outbox{clock: &clock{t: t0}}
+	o.add(delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "webhook", URL: slow.URL}, fleet.NotificationTemplate{}, "UTC"))
+	w := newWorker(o)
+	stop := run(t, w)
+	defer stop()
+	<-arrived
+	other := delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "slack", URL: fast.URL}, fleet.NotificationTemplate{}, "UTC")
+	other.Tenant = "beta"
+	o.add(other)
+	w.Wake()
+	await(t, "the second notification, while the first waits", func() bool { return got() == 1 })
+	if s, _ := o.state(2); s != fleet.DeliveryDelivered {
+		t.Fatalf("second notification %s", s)
+	}
+	if _, at := o.state(1); len(at) != 0 {
+		t.Fatalf("the second notification went out only after the first gave up: %+v", at)
+	}
+}

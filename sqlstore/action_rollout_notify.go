@@ -225,7 +225,7 @@ func (o *RolloutOutbox) CompleteDelivery(ctx context.Context, id int64, owner st
 // or false when none is pending.
 func (o *RolloutOutbox) NextDeliveryDue(ctx context.Context) (time.Time, bool, error) {
 	var due sql.NullInt64
-	if err := o.db.queryRow(ctx, "SELECT min(due_at) FROM rollout_outbox WHERE status = ?", fleet.DeliveryPending).Scan(&due); err != nil {
+	if err := o.db.queryRow(ctx, nextDueQuery("rollout_outbox"), fleet.DeliveryPending).Scan(&due); err != nil {
 		return time.Time{}, false, o.db.classify(err)
 	}
 	return fromMillis(due.Int64), due.Valid, nil

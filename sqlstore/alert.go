@@ -566,14 +566,23 @@ func (db *DB) CompleteDelivery(ctx context.Context, id int64, owner string, at f
 	})
 }
 
-// NextDeliveryDue returns when the earliest pending notification is due, or
-// false when none is pending: the worker sleeps until then.
+// NextDeliveryDue returns when the earliest pending notification can be
+// claimed, or false when none is pending: the worker sleeps until then.
 func (db *DB) NextDeliveryDue(ctx context.Context) (time.Time, bool, error) {
 	var due sql.NullInt64
-	if err := db.queryRow(ctx, "SELECT min(due_at) FROM alert_outbox WHERE status = ?", fleet.DeliveryPending).Scan(&due); err != nil {
+	if err := db.queryRow(ctx, nextDueQuery("alert_outbox"), fleet.DeliveryPending).Scan(&due); err != nil {
 		return time.Time{}, false, db.classify(err)
 	}
 	return fromMillis(due.Int64), due.Valid, nil
+}
+
+// nextDueQuery is when the earliest pending notification of an outbox can
+// be claimed: when it is due, or when its lease runs out if that is later.
+// Without the lease a worker would see a notification another is
+// delivering as due now, claim nothing, and look again at once, for as
+// long as that delivery takes.
+func nextDueQuery(table string) string {
+	return "SELECT min(CASE WHEN lease_until >= due_at THEN lease_until + 1 ELSE due_at END) FROM " + table + " WHERE status = ?"
 }
 
 // FindDeliveries lists an alert's notifications with their attempts.

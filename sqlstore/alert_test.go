@@ -252,6 +252,13 @@ func TestOutbox(t *testing.T) {
 			if err != nil || len(ds) != 0 {
 				t.Fatalf("second claim: %d, %v", len(ds), err)
 			}
+			// A due notification that cannot be claimed is not due now, or
+			// an idle replica spins on it (issue 15, item 6): next is the
+			// reminder, a minute on.
+			due, ok, err := db.NextDeliveryDue(ctx)
+			if want := clk.Now().Add(time.Minute).Truncate(time.Millisecond); err != nil || !ok || !due.Equal(want) {
+				t.Fatalf("next due %v %v %v while leased; want %v, the reminder", due, ok, err, want)
+			}
 		})
 		t.Run("RetryLater", func(t *testing.T) {
 			at := fleet.DeliveryAttempt{At: clk.Now(), StatusCode: 503, Error: "503 Service Unavailable", DurationMS: 3}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/blob"
 	fleethttp "github.com/fleetd/fleet/http"
 	"github.com/fleetd/fleet/notify"
@@ -35,6 +36,7 @@ type config struct {
 	notifyMaxAttempts int
 	notifyBackoff     time.Duration
 	notifyMaxBackoff  time.Duration
+	templates         fleet.TemplateLimits
 	alertTick         time.Duration
 
 	publicURL string
@@ -92,6 +94,8 @@ func (c *config) alertFlags(fs *flagSet) {
 	fs.IntVar(&c.notifyMaxAttempts, "notify-max-attempts", 10, "`N` attempts to deliver a notification before giving up")
 	fs.DurationVar(&c.notifyBackoff, "notify-backoff", 5*time.Second, "`DURATION` before the first retry of a notification; doubles with each retry")
 	fs.DurationVar(&c.notifyMaxBackoff, "notify-max-backoff", time.Hour, "longest `DURATION` between retries of a notification")
+	fs.DurationVar(&c.templates.Timeout, "template-timeout", fleet.DefaultTemplateLimits.Timeout, "longest `DURATION` one render of a notification subject or body may take")
+	fs.IntVar(&c.templates.MaxOutput, "template-max-output-bytes", fleet.DefaultTemplateLimits.MaxOutput, "most `BYTES` one render of a notification subject or body may produce")
 	fs.DurationVar(&c.alertTick, "alert-timer-interval", time.Second, "`DURATION` between checks of alert thresholds and no_data_seconds by the clock")
 }
 
@@ -108,6 +112,8 @@ func (c *config) checkAlerts() error {
 		return fmt.Errorf("--smtp-addr is set: --smtp-from must name the sender")
 	case c.notifyMaxAttempts < 1 || c.notifyBackoff <= 0 || c.notifyMaxBackoff < c.notifyBackoff:
 		return fmt.Errorf("--notify-max-attempts must be at least 1, --notify-backoff positive and at most --notify-max-backoff")
+	case c.templates.Timeout <= 0 || c.templates.MaxOutput <= 0:
+		return fmt.Errorf("--template-timeout and --template-max-output-bytes must be positive")
 	case c.alertTick <= 0:
 		return fmt.Errorf("--alert-timer-interval must be positive")
 	case c.rolloutTick <= 0:

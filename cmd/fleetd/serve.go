@@ -64,7 +64,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	if err := c.checkAlerts(); err != nil {
 		return err
 	}
-	notifier := &notify.Worker{Store: db, Logger: log, SMTP: c.smtp,
+	notifier := &notify.Worker{Store: db, Logger: log, SMTP: c.smtp, Templates: c.templates,
 		MaxAttempts: c.notifyMaxAttempts, Backoff: c.notifyBackoff, MaxBackoff: c.notifyMaxBackoff, Lease: c.scale.notifyLease,
 		Owner: replicaName()}
 	engine := &alert.Engine{Store: db, Devices: db, Logger: log, Tick: c.alertTick, Changed: notifier.Wake}
@@ -78,7 +78,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	defer stopLoops()
 	// Rollouts' changes of state go to the tenants' rollout notification
 	// rules through an outbox of their own, delivered the same way.
-	rolloutNotifier := &notify.Worker{Store: db.RolloutOutbox(), Logger: log.With("outbox", "rollouts"), SMTP: c.smtp,
+	rolloutNotifier := &notify.Worker{Store: db.RolloutOutbox(), Logger: log.With("outbox", "rollouts"), SMTP: c.smtp, Templates: c.templates,
 		MaxAttempts: c.notifyMaxAttempts, Backoff: c.notifyBackoff, MaxBackoff: c.notifyMaxBackoff, Lease: c.scale.notifyLease,
 		Owner: replicaName()}
 	loops.Add(4)
@@ -143,6 +143,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 		Devices:    &alert.Devices{DeviceService: db, Engine: engine},
 		Alerts:     alerts,
 		Streams:    alerts,
+		Templates:  c.templates,
 		Audit:      db,
 		Ready:      []fleethttp.Pinger{db},
 		TenantAuth: users,

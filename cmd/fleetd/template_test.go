@@ -1,0 +1,74 @@
+package main
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// TestNotificationTemplateBudget: a template that would render without
+// end is refused when saved (400, not a dead fleetd), and one that loops
+// over a value of the data fails its notification once, for good, while
+// another tenant's notifications go out; fleetd then stops when told to
+// (issue 15, item 1).
+func TestNotificationTemplateBudget(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, alertFlags...)
+		acme, beta := s.newTenant(t, "acme"), s.newTenant(t, "beta")
+		hook := newReceiver(t, 0)
+		ruleOf := func(c creds) string {
+			s.mustDevice(t, c, "pump-1", nil)
+			return s.mustAlertRule(t, c, map[string]any{"name": "hot", "stream": "env",
+				"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}}).ID
+		}
+		acmeRule, betaRule := ruleOf(acme), ruleOf(beta)
+		acmeBase := "/api/v1/alert-rules/" + acmeRule + "/alert-notification-rules"
+		channel := map[string]any{"type": "webhook", "url": hook.URL + "/alerts"}
+
+		for _, body := range []string{`{{range 100000000000000}}AAAA{{end}}`, `{{range 100000000000000}}{{end}}`} {
+			r := s.do(t, acme, "POST", acmeBase, map[string]any{"channel_parameters": channel,
+				"notification_template": map[string]any{"body": body}}).want(t, 400)
+			var e struct{ Fields map[string]string }
+			r.decode(t, &e)
+			if !strings.Contains(e.Fields["notification_template.body"], "must render within 50ms and 65536 bytes") {
+				t.Fatalf("%s: fields %v", body, e.Fields)
+			}
+		}
+
+		var rule struct{ ID string }
+		s.send(t, req{method: "POST", path: acmeBase, creds: acme, header: http.Header{"Prefer": {"return=representation"}}, body: map[string]any{
+			"channel_parameters": channel, "notification_template": map[string]any{"body": `{{range .Value.n}}{{end}}`}}}).want(t, 201).decode(t, &rule)
+		s.do(t, acme, "PUT", acmeBase+"/"+rule.ID, map[string]any{"notification_template": map[string]any{"subject": `{{range 100000000000000}}{{end}}`}}).want(t, 400)
+		s.do(t, beta, "POST", "/api/v1/alert-rules/"+betaRule+"/alert-notification-rules", map[string]any{"channel_parameters": channel}).want(t, 201)
+
+		at := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC).UnixMilli()
+		s.do(t, acme, "POST", "/api/v1/devices/pump-1/streams/env", []map[string]any{{"timestamp": at, "temp": 90, "n": int64(1e14)}}).want(t, 200)
+		s.do(t, beta, "POST", "/api/v1/devices/pump-1/streams/env", []map[string]any{{"timestamp": at, "temp": 90}}).want(t, 200)
+		await(t, "beta's notification", func() bool { return len(hook.got()) == 1 })
+
+		alerts := s.alerts(t, acme, "?state=active")
+		if len(alerts) != 1 {
+			t.Fatalf("acme alerts %+v", alerts)
+		}
+		var ds struct {
+			Notifications []struct {
+				Status   string
+				Attempts []struct{ Error string }
+			}
+		}
+		await(t, "acme's notification to die", func() bool {
+			s.do(t, acme, "GET", "/api/v1/alerts/"+alerts[0].ID+"/notifications", nil).want(t, 200).decode(t, &ds)
+			return len(ds.Notifications) == 1 && ds.Notifications[0].Status == "dead"
+		})
+		if a := ds.Notifications[0].Attempts; len(a) != 1 || !strings.Contains(a[0].Error, "took longer than 50ms") {
+			t.Fatalf("attempts %+v, want one over the budget", a)
+		}
+		s.stop(t) // fails unless fleetd stops
+		if n := len(hook.got()); n != 1 {
+			t.Fatalf("%d webhook requests, want beta's only", n)
+		}
+	})
+}
