@@ -123,6 +123,9 @@ type Service struct {
 	closed   bool
 	stats    struct{ dispatches, targeted, reports, rejected, rolloutEvents atomic.Uint64 }
 
+	sendMu  sync.Mutex
+	sending map[string]chan struct{} // tenant -> closed when its last send is done
+
 	rolloutMu    sync.Mutex
 	rolloutUntil map[fleet.RolloutRef]time.Time // rollouts that wait for a time, and until when
 }
@@ -339,13 +342,45 @@ func (s *Service) CancelAction(ctx context.Context, tenant string, id int64) err
 }
 
 // send hands an action just dispatched (nil: none) to the targeted devices
-// that are connected, in the background.
+// that are connected, in the background, once the tenant's earlier sends
+// are done. A device whose window is full keeps what it is handed in action
+// id order, but it can order only what it holds: handed over concurrently,
+// a later action could reach it first, while an earlier one was still
+// being looked up, and take the slot the earlier one was waiting for.
 func (s *Service) send(tenant string, a *fleet.Action) {
 	if a == nil {
 		return
 	}
 	payload := NewMessage(a.ID, a.Action, a.SentParams())
-	s.goTracked(func() { s.deliver(tenant, a.ID, a.Targeted, payload) })
+	done := make(chan struct{})
+	s.sendMu.Lock()
+	if s.sending == nil {
+		s.sending = map[string]chan struct{}{}
+	}
+	prev := s.sending[tenant]
+	s.sending[tenant] = done
+	s.sendMu.Unlock()
+	sent := func() {
+		close(done)
+		s.sendMu.Lock()
+		if s.sending[tenant] == done {
+			delete(s.sending, tenant)
+		}
+		s.sendMu.Unlock()
+	}
+	if !s.goTracked(func() {
+		defer sent()
+		if prev != nil {
+			select {
+			case <-prev:
+			case <-s.ctx.Done():
+				return
+			}
+		}
+		s.deliver(tenant, a.ID, a.Targeted, payload)
+	}) {
+		sent()
+	}
 }
 
 // deliver sends payload to the connected devices for which action id is
