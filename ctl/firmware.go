@@ -14,7 +14,7 @@ import (
 	"path/filepath"
 
 	"github.com/fleetd/fleet"
-	"github.com/fleetd/fleet/firmware"
+	"github.com/fleetd/fleet/firmware/bundle"
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 )
@@ -58,22 +58,22 @@ func (a *app) bundle(cmd *cobra.Command, ref string) (*client, bundleRef, error)
 
 func (a *app) firmwareCmd() *cobra.Command {
 	var version, out string
-	deps := firmware.Depends{}
+	deps := bundle.Depends{}
 	create := &cobra.Command{
 		Use:     "create --version VERSION --out FILE NAME=VERSION:PATH...",
 		Short:   "Build a bundle archive with its manifest from component files (as fleetd bundle create)",
-		Long:    firmware.BuildHelp("fleetctl firmware bundle create"),
+		Long:    bundle.BuildHelp("fleetctl firmware bundle create"),
 		Args:    rangeArgs(1, 1000),
 		Aliases: []string{"build"},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if version == "" || out == "" {
 				return usagef("bundle create needs --version and --out")
 			}
-			parsed, err := firmware.BuildFile(out, version, args, deps)
+			parsed, err := bundle.BuildFile(out, version, args, deps)
 			if err != nil {
 				return err
 			}
-			firmware.WriteBuildReport(a.env.Stdout, out, parsed)
+			bundle.WriteBuildReport(a.env.Stdout, out, parsed)
 			return nil
 		},
 	}
@@ -226,7 +226,7 @@ func (a *app) upload(cmd *cobra.Command, path string, verified bool) error {
 // pending record, uploads the file and declares what it read (S5).
 func (a *app) uploadVerified(cmd *cobra.Command, c *client, f *os.File, size int64) error {
 	path := f.Name()
-	parsed, err := firmware.Parse(f, firmware.ParseOptions{})
+	parsed, err := bundle.Parse(f, bundle.ParseOptions{})
 	if err != nil {
 		return fmt.Errorf("%s is not a bundle the server would take: %s", path, fleet.ErrorMessage(err))
 	}

@@ -12,15 +12,16 @@ import (
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/firmware"
+	"github.com/fleetd/fleet/firmware/bundle"
 )
 
 func TestPrepareUpdateFirmware(t *testing.T) {
 	svc, _, clk := newService(t, "file")
 	ctx := context.Background()
-	upload := func(version string, srcs ...firmware.Source) *fleet.Bundle {
+	upload := func(version string, srcs ...bundle.Source) *fleet.Bundle {
 		t.Helper()
 		var buf bytes.Buffer
-		if err := firmware.Build(&buf, version, srcs, true); err != nil {
+		if err := bundle.Build(&buf, version, srcs, true); err != nil {
 			t.Fatal(err)
 		}
 		b, err := svc.UploadBundle(ctx, "acme", "fw-"+version+".tar.gz", &buf)
@@ -29,8 +30,8 @@ func TestPrepareUpdateFirmware(t *testing.T) {
 		}
 		return b
 	}
-	src := func(name, version, body string, deps ...fleet.Dependency) firmware.Source {
-		return firmware.Source{ComponentName: name, VersionNumber: version, FileName: name + ".bin", Size: int64(len(body)), Body: strings.NewReader(body), Dependencies: deps}
+	src := func(name, version, body string, deps ...fleet.Dependency) bundle.Source {
+		return bundle.Source{ComponentName: name, VersionNumber: version, FileName: name + ".bin", Size: int64(len(body)), Body: strings.NewReader(body), Dependencies: deps}
 	}
 	needsBoot := fleet.Dependency{ComponentName: "bootloader", MinVersion: "1.1.0"}
 	b := upload("2.3.0", src("app", "2.3.0", "app", needsBoot))

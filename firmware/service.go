@@ -1,3 +1,7 @@
+// Package firmware is fleetd's firmware logic beyond the store: bundle
+// archives (package bundle) parsed and verified while they stream to the
+// blob store, the two upload flows with their S5 verification, signed
+// download URLs, and the preparation of update_firmware actions.
 package firmware
 
 import (
@@ -13,6 +17,7 @@ import (
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/blob"
+	"github.com/fleetd/fleet/firmware/bundle"
 	"github.com/google/uuid"
 )
 
@@ -24,7 +29,7 @@ type Service struct {
 	Blobs  blob.Store
 	Logger *slog.Logger
 	Now    func() time.Time
-	Parse  ParseOptions
+	Parse  bundle.ParseOptions
 	// PublicURL is the scheme and host devices reach the API at, for
 	// signed download URLs; empty uses the dispatching request's.
 	PublicURL string
@@ -71,7 +76,7 @@ func (s *Service) ingest(ctx context.Context, tenant string, id uuid.UUID, archi
 	pr, pw := io.Pipe()
 	done := make(chan parsed, 1)
 	go func() {
-		f, err := Parse(pr, s.Parse)
+		f, err := bundle.Parse(pr, s.Parse)
 		if err != nil {
 			pr.CloseWithError(parseFailure{err})
 		}
@@ -259,7 +264,7 @@ func (s *Service) UploadBundleFile(ctx context.Context, tenant string, id uuid.U
 	if f.Manifest.Version != b.Version {
 		s.abort(ctx, pending)
 		return nil, &fleet.Error{Code: fleet.EINVALID,
-			Message: fmt.Sprintf("%s says version %s, but this record is for version %s", ManifestName, f.Manifest.Version, b.Version),
+			Message: fmt.Sprintf("%s says version %s, but this record is for version %s", bundle.ManifestName, f.Manifest.Version, b.Version),
 			Fields:  map[string]string{"manifest.version": "must be " + b.Version}}
 	}
 	if err := pending.Commit(ctx); err != nil {

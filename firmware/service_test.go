@@ -19,6 +19,7 @@ import (
 	"github.com/fleetd/fleet/blob"
 	"github.com/fleetd/fleet/blob/s3test"
 	"github.com/fleetd/fleet/firmware"
+	"github.com/fleetd/fleet/firmware/bundle"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 	"github.com/google/uuid"
 	"github.com/minio/minio-go/v7"
@@ -138,7 +139,7 @@ func dirFiles(dir string) []string {
 func bundleArchive(t testing.TB, version string, body string) []byte {
 	t.Helper()
 	var buf bytes.Buffer
-	err := firmware.Build(&buf, version, []firmware.Source{{ComponentName: "app", VersionNumber: version, FileName: "app.bin", Size: int64(len(body)), Body: strings.NewReader(body)}}, true)
+	err := bundle.Build(&buf, version, []bundle.Source{{ComponentName: "app", VersionNumber: version, FileName: "app.bin", Size: int64(len(body)), Body: strings.NewReader(body)}}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,8 +373,8 @@ func BenchmarkUpload(b *testing.B) {
 		pr, pw := io.Pipe()
 		version := fmt.Sprintf("1.0.%d", i)
 		go func() {
-			src := []firmware.Source{{ComponentName: "rootfs", VersionNumber: version, FileName: "rootfs.img", Size: size, Body: io.LimitReader(zeros{}, size)}}
-			pw.CloseWithError(firmware.Build(pw, version, src, false))
+			src := []bundle.Source{{ComponentName: "rootfs", VersionNumber: version, FileName: "rootfs.img", Size: size, Body: io.LimitReader(zeros{}, size)}}
+			pw.CloseWithError(bundle.Build(pw, version, src, false))
 		}()
 		if _, err := svc.UploadBundle(ctx, "acme", "", pr); err != nil {
 			b.Fatal(err)
@@ -540,3 +541,8 @@ func TestRunOrphanRemoval(t *testing.T) {
 		}
 	})
 }
+
+// errReader fails every read with err.
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/fleetd/fleet/blob"
 	"github.com/fleetd/fleet/firmware"
+	"github.com/fleetd/fleet/firmware/bundle"
 	fleethttp "github.com/fleetd/fleet/http"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
@@ -69,7 +70,7 @@ func bundleArchive(t *testing.T, version string, size int) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	body := strings.Repeat("x", size)
-	err := firmware.Build(&buf, version, []firmware.Source{{ComponentName: "app", VersionNumber: version, FileName: "app.bin", Size: int64(size), Body: strings.NewReader(body)}}, false)
+	err := bundle.Build(&buf, version, []bundle.Source{{ComponentName: "app", VersionNumber: version, FileName: "app.bin", Size: int64(size), Body: strings.NewReader(body)}}, false)
 	if err != nil {
 		t.Fatal(err)
 	}

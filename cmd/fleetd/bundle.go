@@ -3,15 +3,15 @@ package main
 import (
 	"context"
 
-	"github.com/fleetd/fleet/firmware"
+	fwbundle "github.com/fleetd/fleet/firmware/bundle"
 )
 
 // runBundleCreate builds a bundle archive; fleetctl firmware bundle create
-// is the same command, through the same firmware.BuildFile.
+// is the same command, through the same bundle.BuildFile.
 func runBundleCreate(ctx context.Context, args []string, e env) error {
 	var version, out string
-	deps := firmware.Depends{}
-	fs := newFlagSet("bundle create", "NAME=VERSION:PATH ...", firmware.BuildHelp("fleetd bundle create"), e.stderr)
+	deps := fwbundle.Depends{}
+	fs := newFlagSet("bundle create", "NAME=VERSION:PATH ...", fwbundle.BuildHelp("fleetd bundle create"), e.stderr)
 	fs.StringVar(&version, "version", "", "the bundle's `VERSION` (numbers separated by dots; required)")
 	fs.StringVar(&out, "out", "", "`FILE` to write the archive to (.tar.gz, or .tar for no gzip; required)")
 	fs.Var(deps, "depends", "`COMPONENT:NEEDS>=VERSION`: a dependency of a component; repeatable")
@@ -21,10 +21,10 @@ func runBundleCreate(ctx context.Context, args []string, e env) error {
 	if err := fs.require(1, -1, "version", "out"); err != nil {
 		return err
 	}
-	parsed, err := firmware.BuildFile(out, version, fs.positional, deps)
+	parsed, err := fwbundle.BuildFile(out, version, fs.positional, deps)
 	if err != nil {
 		return err
 	}
-	firmware.WriteBuildReport(e.stdout, out, parsed)
+	fwbundle.WriteBuildReport(e.stdout, out, parsed)
 	return nil
 }

@@ -26,7 +26,7 @@ import (
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/action"
 	"github.com/fleetd/fleet/blob/s3test"
-	"github.com/fleetd/fleet/firmware"
+	fwbundle "github.com/fleetd/fleet/firmware/bundle"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 	"github.com/minio/minio-go/v7"
 )
@@ -69,13 +69,13 @@ type part struct {
 // would.
 func makeBundle(t testing.TB, version string, parts ...part) []byte {
 	t.Helper()
-	var srcs []firmware.Source
+	var srcs []fwbundle.Source
 	for _, p := range parts {
-		srcs = append(srcs, firmware.Source{ComponentName: p.name, VersionNumber: p.version, FileName: p.name + ".bin",
+		srcs = append(srcs, fwbundle.Source{ComponentName: p.name, VersionNumber: p.version, FileName: p.name + ".bin",
 			Dependencies: p.deps, Size: int64(len(p.body)), Body: strings.NewReader(p.body)})
 	}
 	var buf bytes.Buffer
-	if err := firmware.Build(&buf, version, srcs, true); err != nil {
+	if err := fwbundle.Build(&buf, version, srcs, true); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
@@ -327,7 +327,7 @@ func TestFirmwareUploads(t *testing.T) {
 }
 
 // makeTar builds an archive from name, body pairs, without the checks of
-// firmware.Build: for archives the server must refuse.
+// fwbundle.Build: for archives the server must refuse.
 func makeTar(t *testing.T, gz bool, pairs ...string) []byte {
 	t.Helper()
 	var files []tarFile
@@ -953,8 +953,8 @@ func uploadFlat(t *testing.T, store string, size int64) {
 	go func() {
 		fw, err := mw.CreateFormFile("file", "big.tar")
 		if err == nil {
-			src := []firmware.Source{{ComponentName: "rootfs", VersionNumber: "1.0.0", FileName: "rootfs.img", Size: size, Body: io.LimitReader(&pattern{}, size)}}
-			err = firmware.Build(io.MultiWriter(fw, sum), "1.0.0", src, false)
+			src := []fwbundle.Source{{ComponentName: "rootfs", VersionNumber: "1.0.0", FileName: "rootfs.img", Size: size, Body: io.LimitReader(&pattern{}, size)}}
+			err = fwbundle.Build(io.MultiWriter(fw, sum), "1.0.0", src, false)
 		}
 		if err == nil {
 			err = mw.Close()

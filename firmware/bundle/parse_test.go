@@ -1,4 +1,4 @@
-package firmware_test
+package bundle_test
 
 import (
 	"archive/tar"
@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/fleetd/fleet"
-	"github.com/fleetd/fleet/firmware"
+	"github.com/fleetd/fleet/firmware/bundle"
 )
 
 // file is one tar entry for tests; Type 0 is a regular file.
@@ -95,7 +95,7 @@ func TestParse(t *testing.T) {
 				file{Name: "README", Body: "extra files are allowed"},
 				file{Name: "manifest.json", Body: goodManifest},
 			)
-			f, err := firmware.Parse(bytes.NewReader(a), firmware.ParseOptions{})
+			f, err := bundle.Parse(bytes.NewReader(a), bundle.ParseOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -178,7 +178,7 @@ func TestParseRejects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := firmware.Parse(bytes.NewReader(tt.data), firmware.ParseOptions{})
+			_, err := bundle.Parse(bytes.NewReader(tt.data), bundle.ParseOptions{})
 			if fleet.ErrorCode(err) != fleet.EINVALID {
 				t.Fatalf("error = %v, want %s", err, fleet.EINVALID)
 			}
@@ -214,7 +214,7 @@ func TestParseInflateLimit(t *testing.T) {
 	bomb := gzipped(strings.Repeat("\x00", 1<<20))
 	a := archive(t, false, file{Name: "app.bin.gz", Body: bomb},
 		file{Name: "manifest.json", Body: `{"version": "1.0.0", "components": [{"component_name": "app", "version_number": "1.0.0", "file_name": "app.bin.gz"}]}`})
-	_, err := firmware.Parse(bytes.NewReader(a), firmware.ParseOptions{MaxInflated: 1 << 16})
+	_, err := bundle.Parse(bytes.NewReader(a), bundle.ParseOptions{MaxInflated: 1 << 16})
 	if fleet.ErrorCode(err) != fleet.EINVALID || !strings.Contains(fleet.ErrorMessage(err), "inflates") {
 		t.Fatalf("error = %v, want an inflate limit error", err)
 	}
@@ -225,7 +225,7 @@ func TestParseInflateLimit(t *testing.T) {
 func TestParseReaderError(t *testing.T) {
 	cut := fleet.Errorf(fleet.ETOOLARGE, "too large")
 	a := archive(t, false, file{Name: "app.bin", Body: strings.Repeat("x", 5000)})
-	_, err := firmware.Parse(io.MultiReader(bytes.NewReader(a[:3000]), errReader{cut}), firmware.ParseOptions{})
+	_, err := bundle.Parse(io.MultiReader(bytes.NewReader(a[:3000]), errReader{cut}), bundle.ParseOptions{})
 	if err != cut {
 		t.Fatalf("error = %v, want the reader's", err)
 	}
@@ -237,15 +237,15 @@ func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
 func TestBuild(t *testing.T) {
 	var buf bytes.Buffer
-	srcs := []firmware.Source{
+	srcs := []bundle.Source{
 		{ComponentName: "bootloader", VersionNumber: "1.2.0", FileName: "boot.bin", Size: 4, Body: strings.NewReader("boot")},
 		{ComponentName: "app", VersionNumber: "2.3.0", FileName: "app.bin", Size: 3, Body: strings.NewReader("app"),
 			Dependencies: []fleet.Dependency{{ComponentName: "bootloader", MinVersion: "1.1.0"}}},
 	}
-	if err := firmware.Build(&buf, "2.3.0", srcs, true); err != nil {
+	if err := bundle.Build(&buf, "2.3.0", srcs, true); err != nil {
 		t.Fatal(err)
 	}
-	f, err := firmware.Parse(bytes.NewReader(buf.Bytes()), firmware.ParseOptions{})
+	f, err := bundle.Parse(bytes.NewReader(buf.Bytes()), bundle.ParseOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +255,7 @@ func TestBuild(t *testing.T) {
 	t.Run("Reproducible", func(t *testing.T) {
 		var again bytes.Buffer
 		srcs[0].Body, srcs[1].Body = strings.NewReader("boot"), strings.NewReader("app")
-		if err := firmware.Build(&again, "2.3.0", srcs, true); err != nil {
+		if err := bundle.Build(&again, "2.3.0", srcs, true); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(buf.Bytes(), again.Bytes()) {
@@ -263,11 +263,11 @@ func TestBuild(t *testing.T) {
 		}
 	})
 	t.Run("Contradiction", func(t *testing.T) {
-		bad := []firmware.Source{
+		bad := []bundle.Source{
 			{ComponentName: "bootloader", VersionNumber: "1.0.0", FileName: "boot.bin", Size: 4, Body: strings.NewReader("boot")},
 			srcs[1],
 		}
-		if err := firmware.Build(io.Discard, "2.3.0", bad, true); fleet.ErrorCode(err) != fleet.EINVALID {
+		if err := bundle.Build(io.Discard, "2.3.0", bad, true); fleet.ErrorCode(err) != fleet.EINVALID {
 			t.Fatalf("error = %v, want %s", err, fleet.EINVALID)
 		}
 	})

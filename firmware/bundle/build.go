@@ -1,4 +1,4 @@
-package firmware
+package bundle
 
 import (
 	"archive/tar"

@@ -1,4 +1,4 @@
-package firmware_test
+package bundle_test
 
 import (
 	"archive/tar"
@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/fleetd/fleet"
-	"github.com/fleetd/fleet/firmware"
+	"github.com/fleetd/fleet/firmware/bundle"
 )
 
 // FuzzParseBundle feeds arbitrary archives to the parser: it must never
@@ -18,7 +18,7 @@ func FuzzParseBundle(f *testing.F) {
 	f.Add(archive(f, false, file{Name: "d/", Type: tar.TypeDir}, file{Name: "l", Type: tar.TypeSymlink, Link: "../x"}))
 	f.Add([]byte{0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		bf, err := firmware.Parse(bytes.NewReader(data), firmware.ParseOptions{MaxInflated: 64 << 20})
+		bf, err := bundle.Parse(bytes.NewReader(data), bundle.ParseOptions{MaxInflated: 64 << 20})
 		if err != nil {
 			if fleet.ErrorCode(err) != fleet.EINVALID {
 				t.Fatalf("error %v is not %s", err, fleet.EINVALID)

@@ -1,8 +1,8 @@
-// Package firmware is fleetd's firmware logic beyond the store: bundle
-// archives parsed and verified while they stream to the blob store, the
-// two upload flows with their S5 verification, signed download URLs, and
-// the preparation of update_firmware actions.
-package firmware
+// Package bundle is the firmware bundle archive: built from component
+// files (Build, BuildFile) and parsed and verified as it streams (Parse).
+// It knows no storage, so the client CLI builds bundles with it without
+// linking the server's blob stores.
+package bundle
 
 import (
 	"archive/tar"
