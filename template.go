@@ -50,9 +50,20 @@ const budgetFunc = "_fleetd_budget"
 type budget struct {
 	max      int
 	timeout  time.Duration
+	steps    atomic.Int64 // loop iterations, template calls, writes
 	stopped  atomic.Bool
 	exceeded atomic.Pointer[error]
 }
+
+// A render is stopped at its timeout only once it has taken busySteps
+// steps: one that has taken fewer was held up by a busy machine (the
+// scheduler, a collection), not by its own work, and it gets until
+// graceTimeouts times the timeout. Loops that run out the budget take
+// millions of steps; the default templates take a few dozen.
+const (
+	busySteps     = 1000
+	graceTimeouts = 20
+)
 
 func (b *budget) fail(err error) error {
 	b.exceeded.CompareAndSwap(nil, &err)
@@ -65,6 +76,7 @@ func (b *budget) tooLong() error {
 
 // step is called by the template at every loop iteration and template call.
 func (b *budget) step() (string, error) {
+	b.steps.Add(1)
 	if b.stopped.Load() {
 		return "", b.fail(fmt.Errorf("%w: took longer than %v", ErrTemplateBudget, b.timeout))
 	}
@@ -285,17 +297,23 @@ func render(ctx context.Context, lim TemplateLimits, name, text string, d any) (
 	}()
 	t := time.NewTimer(lim.Timeout)
 	defer t.Stop()
-	select {
-	case r := <-done:
-		if e := b.exceeded.Load(); e != nil {
-			return "", *e // the budget's own words, not text/template's
+	for waited := 1; ; waited++ {
+		select {
+		case r := <-done:
+			if e := b.exceeded.Load(); e != nil {
+				return "", *e // the budget's own words, not text/template's
+			}
+			return r.out, r.err
+		case <-t.C:
+			if b.steps.Load() < busySteps && waited < graceTimeouts {
+				t.Reset(lim.Timeout)
+				continue
+			}
+			b.stopped.Store(true)
+			return "", fmt.Errorf("%w: took longer than %v", ErrTemplateBudget, lim.Timeout)
+		case <-ctx.Done():
+			b.stopped.Store(true)
+			return "", ctx.Err()
 		}
-		return r.out, r.err
-	case <-t.C:
-		b.stopped.Store(true)
-		return "", fmt.Errorf("%w: took longer than %v", ErrTemplateBudget, lim.Timeout)
-	case <-ctx.Done():
-		b.stopped.Store(true)
-		return "", ctx.Err()
 	}
 }
