@@ -374,3 +374,143 @@ func TestWebhook(t *testing.T) {
 		t.Errorf("down: %v, want unavailable (and the cached yes forgotten with the old configuration)", err)
 	}
 }
+
+// jwksServer serves a fixed JWKS document, counting fetches; hold, when
+// not nil, keeps each fetch waiting until it is closed.
+func jwksServer(t *testing.T, status int, keys []map[string]string, hold chan struct{}) (*httptest.Server, *atomic.Int32) {
+	var fetches atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fetches.Add(1)
+		if hold != nil {
+			<-hold
+		}
+		w.WriteHeader(status)
+		json.NewEncoder(w).Encode(map[string]any{"keys": keys})
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &fetches
+}
+
+func jwksAuthenticator(t *testing.T, url string) (*enduser.Authenticator, *clock) {
+	clk := &clock{t: now}
+	store := &memStore{m: map[string]*fleet.TenantAuth{"acme": {Method: fleet.AuthJWKS, JWKSURL: url, Issuer: "https://id.example.com", Audience: "fleetd", DefaultRole: fleet.RoleViewer}}}
+	return &enduser.Authenticator{Store: store, Now: clk.Now, Timeout: 5 * time.Second}, clk
+}
+
+// TestJWKSKeyBounds: a JWKS with an RSA key too large (each verification
+// took 11 s of CPU at 10129e9) or with an odd exponent is refused when read:
+// every token is then 503 with a message naming the key, and no signature
+// is verified with it.
+func TestJWKSKeyBounds(t *testing.T) {
+	huge := make([]byte, 1<<15) // a 262,144-bit modulus
+	rand.Read(huge)
+	huge[0] |= 0x80
+	for _, tc := range []struct {
+		name string
+		key  map[string]string
+		sig  int
+		want string
+	}{
+		{"huge modulus", map[string]string{"kty": "RSA", "kid": "huge", "n": b64(huge), "e": "AQAB"}, len(huge), `key "huge" has a 262144-bit RSA modulus`},
+		{"even exponent", map[string]string{"kty": "RSA", "kid": "even", "n": b64(rsaKey.N.Bytes()), "e": b64(big.NewInt(65536).Bytes())}, 256, `key "even" has an RSA exponent`},
+		{"huge exponent", map[string]string{"kty": "RSA", "kid": "big-e", "n": b64(rsaKey.N.Bytes()), "e": b64(new(big.Int).Lsh(big.NewInt(1), 40).Bytes())}, 256, `key "big-e" has an RSA exponent`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, _ := jwksServer(t, 200, []map[string]string{tc.key, jwkOf("rsa-1", rsaKey.Public())}, nil)
+			a, _ := jwksAuthenticator(t, srv.URL)
+			tok := sign(t, jwt.SigningMethodRS256, tc.key["kid"], rsaKey, claims(nil))
+			parts := strings.Split(tok, ".")
+			forged := make([]byte, tc.sig)
+			rand.Read(forged)
+			for _, tok := range []string{parts[0] + "." + parts[1] + "." + b64(forged), sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(nil))} {
+				_, err := a.AuthenticateToken(context.Background(), "acme", tok)
+				if fleet.ErrorCode(err) != fleet.EUNAVAILABLE || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("err %v, want unavailable saying %q", err, tc.want)
+				}
+			}
+		})
+	}
+	t.Run("signature of the wrong length", func(t *testing.T) {
+		srv, _ := jwksServer(t, 200, []map[string]string{jwkOf("rsa-1", rsaKey.Public())}, nil)
+		a, _ := jwksAuthenticator(t, srv.URL)
+		parts := strings.Split(sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(nil)), ".")
+		long := make([]byte, 4096)
+		if _, err := a.AuthenticateToken(context.Background(), "acme", parts[0]+"."+parts[1]+"."+b64(long)); fleet.ErrorCode(err) != fleet.EUNAUTHENTICATED {
+			t.Fatalf("err %v, want unauthenticated", err)
+		}
+	})
+	t.Run("client gone", func(t *testing.T) {
+		srv, _ := jwksServer(t, 200, []map[string]string{jwkOf("rsa-1", rsaKey.Public())}, nil)
+		a, _ := jwksAuthenticator(t, srv.URL)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if _, err := a.AuthenticateToken(ctx, "acme", sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(nil))); err == nil {
+			t.Fatal("a token was verified for a request that had ended")
+		}
+	})
+}
+
+// TestJWKSSingleFlight: with no copy of the keys, concurrent requests make
+// one fetch and share its answer; a failure is the answer for
+// RefreshInterval, with no fetch meanwhile (at 10129e9, 200 requests made
+// 200 fetches, and a hanging JWKS held each request of the tenant in turn).
+func TestJWKSSingleFlight(t *testing.T) {
+	t.Run("one fetch for many requests", func(t *testing.T) {
+		hold := make(chan struct{})
+		srv, fetches := jwksServer(t, 200, []map[string]string{jwkOf("rsa-1", rsaKey.Public())}, hold)
+		a, _ := jwksAuthenticator(t, srv.URL)
+		tok := sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(nil))
+		errs := make(chan error, 50)
+		for range 50 {
+			go func() { _, err := a.AuthenticateToken(context.Background(), "acme", tok); errs <- err }()
+		}
+		for fetches.Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		close(hold)
+		for range 50 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := fetches.Load(); n != 1 {
+			t.Fatalf("%d fetches, want 1", n)
+		}
+	})
+	t.Run("failures cached", func(t *testing.T) {
+		srv, fetches := jwksServer(t, 500, nil, nil)
+		a, clk := jwksAuthenticator(t, srv.URL)
+		tok := sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(nil))
+		for range 200 {
+			if _, err := a.AuthenticateToken(context.Background(), "acme", tok); fleet.ErrorCode(err) != fleet.EUNAVAILABLE {
+				t.Fatalf("err %v, want unavailable", err)
+			}
+		}
+		if n := fetches.Load(); n != 1 {
+			t.Fatalf("%d fetches for 200 requests within the interval, want 1", n)
+		}
+		clk.Add(enduser.RefreshInterval)
+		a.AuthenticateToken(context.Background(), "acme", tok)
+		if n := fetches.Load(); n != 2 {
+			t.Fatalf("%d fetches once the interval passed, want 2", n)
+		}
+	})
+	t.Run("waiters leave with their request", func(t *testing.T) {
+		hold := make(chan struct{})
+		defer close(hold)
+		srv, fetches := jwksServer(t, 200, []map[string]string{jwkOf("rsa-1", rsaKey.Public())}, hold)
+		a, _ := jwksAuthenticator(t, srv.URL)
+		go a.AuthenticateToken(context.Background(), "acme", sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(nil)))
+		for fetches.Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if _, err := a.AuthenticateToken(ctx, "acme", sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(nil))); err == nil {
+			t.Fatal("a request that ended was answered yes")
+		}
+		if n := fetches.Load(); n != 1 {
+			t.Fatalf("%d fetches, want 1", n)
+		}
+	})
+}
