@@ -46,7 +46,7 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, limit int64, max
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, fleet.Errorf(fleet.EINVALID, "the request body is empty; send a %s value", f)
 	}
-	held, err := s.decoding.Acquire(r.Context(), int64(len(body)), decodingWait)
+	held, err := s.decoding.Acquire(r.Context(), codec.DecodingWeight(f, len(body)), decodingWait)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return nil, r.Context().Err()
