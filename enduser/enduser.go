@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/egress"
 )
 
 // Tunables, exported for documentation and tests.
@@ -33,8 +34,11 @@ const (
 // Authenticator verifies end users' tokens. It also stands in front of the
 // store for S9, so that a change made on this replica applies at once.
 type Authenticator struct {
-	Store   fleet.TenantAuthService
-	Client  *http.Client  // nil: http.DefaultClient's transport
+	Store fleet.TenantAuthService
+	// Client fetches JWKS documents and asks S9 webhooks (which never
+	// follow a redirect, whatever Client does); nil: one that refuses
+	// internal addresses (egress).
+	Client  *http.Client
 	Timeout time.Duration // for each JWKS or webhook request; 0: FetchTimeout
 	Now     func() time.Time
 	Logger  *slog.Logger
@@ -62,11 +66,22 @@ func (a *Authenticator) now() time.Time {
 	return time.Now()
 }
 
+// defaultClient is the client of an Authenticator without one.
+var defaultClient = (*egress.Policy)(nil).Client(FetchTimeout, egress.FollowRedirects)
+
 func (a *Authenticator) client() *http.Client {
 	if a.Client != nil {
 		return a.Client
 	}
-	return http.DefaultClient
+	return defaultClient
+}
+
+// webhookClient is client without redirects: a 307 would send the token
+// on to wherever the answer pointed.
+func (a *Authenticator) webhookClient() *http.Client {
+	c := *a.client()
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &c
 }
 
 func (a *Authenticator) timeout() time.Duration {

@@ -22,9 +22,17 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/egress"
 	"github.com/fleetd/fleet/enduser"
 	"github.com/golang-jwt/jwt/v5"
 )
+
+// loopback is a client under an egress policy that lets the tests reach
+// their identity providers on 127.0.0.1.
+var loopback = func() *http.Client {
+	p, _ := egress.Parse("127.0.0.0/8")
+	return p.Client(enduser.FetchTimeout, egress.FollowRedirects)
+}()
 
 // memStore is the configuration store, in memory: the store has its own
 // tests, and this isolates the verifier.
@@ -148,7 +156,7 @@ func setup(t *testing.T) (*enduser.Authenticator, *idp, *clock) {
 	p.publish("ed-1", edKey)
 	clk := &clock{t: now}
 	store := &memStore{m: map[string]*fleet.TenantAuth{}}
-	a := &enduser.Authenticator{Store: store, Now: clk.Now}
+	a := &enduser.Authenticator{Store: store, Now: clk.Now, Client: loopback}
 	err := a.SetTenantAuth(context.Background(), "acme", &fleet.TenantAuth{
 		Method: fleet.AuthJWKS, JWKSURL: p.srv.URL, Issuer: "https://id.example.com", Audience: "fleetd", DefaultRole: fleet.RoleViewer,
 	})
@@ -301,7 +309,7 @@ func TestJWKSUnreachable(t *testing.T) {
 	url := "http://" + ln.Addr().String() + "/jwks"
 	ln.Close()
 	store := &memStore{m: map[string]*fleet.TenantAuth{"acme": {Method: fleet.AuthJWKS, JWKSURL: url, Issuer: "i", Audience: "a", DefaultRole: fleet.RoleViewer}}}
-	a := &enduser.Authenticator{Store: store, Now: func() time.Time { return now }}
+	a := &enduser.Authenticator{Store: store, Now: func() time.Time { return now }, Client: loopback}
 	_, err := a.AuthenticateToken(context.Background(), "acme", sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(nil)))
 	if code := fleet.ErrorCode(err); code != fleet.EUNAVAILABLE {
 		t.Fatalf("error code = %q, want unavailable", code)
@@ -338,7 +346,7 @@ func TestWebhook(t *testing.T) {
 	t.Cleanup(func() { close(block) })
 	clk := &clock{t: now}
 	store := &memStore{m: map[string]*fleet.TenantAuth{}}
-	a := &enduser.Authenticator{Store: store, Now: clk.Now, Timeout: 200 * time.Millisecond}
+	a := &enduser.Authenticator{Store: store, Now: clk.Now, Timeout: 200 * time.Millisecond, Client: loopback}
 	ctx := context.Background()
 	a.SetTenantAuth(ctx, "acme", &fleet.TenantAuth{Method: fleet.AuthWebhook, WebhookURL: hook.URL, DefaultRole: fleet.RoleViewer})
 
@@ -394,7 +402,7 @@ func jwksServer(t *testing.T, status int, keys []map[string]string, hold chan st
 func jwksAuthenticator(t *testing.T, url string) (*enduser.Authenticator, *clock) {
 	clk := &clock{t: now}
 	store := &memStore{m: map[string]*fleet.TenantAuth{"acme": {Method: fleet.AuthJWKS, JWKSURL: url, Issuer: "https://id.example.com", Audience: "fleetd", DefaultRole: fleet.RoleViewer}}}
-	return &enduser.Authenticator{Store: store, Now: clk.Now, Timeout: 5 * time.Second}, clk
+	return &enduser.Authenticator{Store: store, Now: clk.Now, Timeout: 5 * time.Second, Client: loopback}, clk
 }
 
 // TestJWKSKeyBounds: a JWKS with an RSA key too large (each verification
@@ -511,6 +519,50 @@ func TestJWKSSingleFlight(t *testing.T) {
 		}
 		if n := fetches.Load(); n != 1 {
 			t.Fatalf("%d fetches, want 1", n)
+		}
+	})
+}
+
+// TestOutboundPolicy: by default neither a JWKS nor an S9 webhook on an
+// internal address is reached, and an S9 webhook's redirect is not
+// followed, so a token is never sent on to where the answer points (issue
+// 15, item 4).
+func TestOutboundPolicy(t *testing.T) {
+	var hits, forwarded atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		if r.URL.Path == "/elsewhere" {
+			forwarded.Add(1)
+			json.NewEncoder(w).Encode(map[string]string{"user_name": "Mallory", "role": "admin"})
+			return
+		}
+		http.Redirect(w, r, "/elsewhere", http.StatusTemporaryRedirect)
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+	t.Run("internal addresses refused by default", func(t *testing.T) {
+		store := &memStore{m: map[string]*fleet.TenantAuth{
+			"acme": {Method: fleet.AuthJWKS, JWKSURL: srv.URL, Issuer: "i", Audience: "a", DefaultRole: fleet.RoleViewer},
+			"beta": {Method: fleet.AuthWebhook, WebhookURL: srv.URL, DefaultRole: fleet.RoleViewer},
+		}}
+		a := &enduser.Authenticator{Store: store, Now: func() time.Time { return now }}
+		for _, tenant := range []string{"acme", "beta"} {
+			if _, err := a.AuthenticateToken(ctx, tenant, sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(nil))); fleet.ErrorCode(err) != fleet.EUNAVAILABLE {
+				t.Fatalf("%s: %v, want unavailable", tenant, err)
+			}
+		}
+		if n := hits.Load(); n != 0 {
+			t.Fatalf("%d requests reached 127.0.0.1", n)
+		}
+	})
+	t.Run("webhook redirect not followed", func(t *testing.T) {
+		store := &memStore{m: map[string]*fleet.TenantAuth{"beta": {Method: fleet.AuthWebhook, WebhookURL: srv.URL + "/hook", DefaultRole: fleet.RoleViewer}}}
+		a := &enduser.Authenticator{Store: store, Now: func() time.Time { return now }, Client: loopback}
+		if _, err := a.AuthenticateToken(ctx, "beta", "token"); fleet.ErrorCode(err) != fleet.EUNAUTHENTICATED {
+			t.Fatalf("%v, want unauthenticated", err)
+		}
+		if n := forwarded.Load(); n != 0 {
+			t.Fatalf("the token was re-posted to the redirect's target %d times", n)
 		}
 	})
 }

@@ -37,7 +37,7 @@ func (a *Authenticator) askWebhook(ctx context.Context, tenant string, cfg *flee
 		return nil, a.refused(tenant, err.Error())
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := a.client().Do(req)
+	resp, err := a.webhookClient().Do(req)
 	if err != nil {
 		a.logger().Warn("auth webhook unreachable", "tenant", tenant, "err", err)
 		return nil, fleet.Errorf(fleet.EUNAVAILABLE, "the tenant's authentication webhook cannot be reached; try again")

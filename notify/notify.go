@@ -23,13 +23,13 @@ import (
 	"net"
 	"net/http"
 	"net/smtp"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/egress"
 )
 
 // Store is the outbox as the worker sees it; sqlstore.DB implements it.
@@ -61,8 +61,10 @@ type Worker struct {
 	Store  Store
 	Logger *slog.Logger
 	Now    func() time.Time
-	HTTP   *http.Client // default: 10s timeout
-	SMTP   SMTP
+	// HTTP sends webhook and Slack notifications; the default refuses
+	// internal addresses (egress) and follows no redirect, with a 10s timeout.
+	HTTP *http.Client
+	SMTP SMTP
 
 	Owner       string        // lease owner; default a random id
 	Lease       time.Duration // how long a claim lasts; default 2m
@@ -103,7 +105,7 @@ func (w *Worker) init() {
 			w.Now = time.Now
 		}
 		if w.HTTP == nil {
-			w.HTTP = &http.Client{Timeout: 10 * time.Second}
+			w.HTTP = (*egress.Policy)(nil).Client(10*time.Second, egress.NoRedirects)
 		}
 		if w.Owner == "" {
 			b := make([]byte, 8)
@@ -368,40 +370,29 @@ func Sign(secret string, body []byte) string {
 	return "sha256=" + hex.EncodeToString(m.Sum(nil))
 }
 
+// post sends one notification. What the receiver answers is not kept
+// beyond its status code, nor is a transport error's text, which can quote
+// what the other end sent: an attempt's error is fleetd's own sentence
+// (egress.Reason), so a receiver's URL cannot be used to read what lies
+// behind it.
 func (w *Worker) post(ctx context.Context, url string, h http.Header, payload []byte) (int, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(payload))
 	if err != nil {
-		return 0, err
+		return 0, errors.New("the URL cannot be requested")
 	}
 	req.Header = h
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "fleetd-notifications")
 	resp, err := w.HTTP.Do(req)
 	if err != nil {
-		return 0, redactURLError(err)
+		return 0, errors.New(egress.Reason(err))
 	}
 	defer resp.Body.Close()
-	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
-	io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20)) // let the connection be reused
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // let the connection be reused
 	if resp.StatusCode/100 != 2 {
-		msg := resp.Status
-		if s := strings.TrimSpace(string(snippet)); s != "" {
-			msg += ": " + s
-		}
-		return resp.StatusCode, errors.New(msg)
+		return resp.StatusCode, errors.New(egress.StatusReason(resp.StatusCode))
 	}
 	return resp.StatusCode, nil
-}
-
-// redactURLError drops the URL from a client error, which may hold a
-// credential (a Slack webhook's path), before it is stored as the attempt's
-// error.
-func redactURLError(err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return fmt.Errorf("%s: %w", strings.ToLower(ue.Op), ue.Err)
-	}
-	return err
 }
 
 func truncate(s string, n int) string {

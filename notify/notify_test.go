@@ -8,10 +8,12 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/egress"
 	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/notify/notifytest"
 )
@@ -107,8 +109,13 @@ func delivery(event string, ch fleet.ChannelParameters, tmpl fleet.NotificationT
 		Notification: &fleet.NotificationRule{ID: "n1", AlertRuleID: "r1", ChannelParameters: ch, NotificationTemplate: tmpl, Timezone: tz}}
 }
 
+// loopback is the egress policy of the tests, whose receivers listen on
+// 127.0.0.1.
+var loopback, _ = egress.Parse("127.0.0.0/8")
+
 func newWorker(o *outbox) *notify.Worker {
-	return &notify.Worker{Store: o, Now: o.clock.Now, Backoff: time.Second, MaxBackoff: 4 * time.Second, MaxAttempts: 5}
+	return &notify.Worker{Store: o, Now: o.clock.Now, Backoff: time.Second, MaxBackoff: 4 * time.Second, MaxAttempts: 5,
+		HTTP: loopback.Client(10*time.Second, egress.NoRedirects)}
 }
 
 func TestWebhookRetriesThenDelivers(t *testing.T) {
@@ -152,7 +159,7 @@ func TestWebhookRetriesThenDelivers(t *testing.T) {
 	o.clock.Add(time.Second)
 	run() // 204
 	status, attempts := o.state(1)
-	if status != fleet.DeliveryDelivered || len(attempts) != 3 || attempts[0].StatusCode != 503 || !strings.Contains(attempts[0].Error, "busy") || attempts[2].StatusCode != 204 || attempts[2].Error != "" {
+	if status != fleet.DeliveryDelivered || len(attempts) != 3 || attempts[0].StatusCode != 503 || attempts[0].Error != "answered 503 Service Unavailable" || attempts[2].StatusCode != 204 || attempts[2].Error != "" {
 		t.Fatalf("status %s, attempts %+v", status, attempts)
 	}
 	last, h := bodies[2], headers[2]
@@ -371,5 +378,52 @@ func TestSlowReceiverHoldsUpNoOne(t *testing.T) {
 	}
 	if _, at := o.state(1); len(at) != 0 {
 		t.Fatalf("the second notification went out only after the first gave up: %+v", at)
+	}
+}
+
+// TestOutboundPolicy: by default a notification reaches no internal
+// address, follows no redirect, and an attempt records the status code and
+// fleetd's own words, never what the receiver sent (issue 15, item 4).
+func TestOutboundPolicy(t *testing.T) {
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		switch r.URL.Path {
+		case "/redirect":
+			http.Redirect(w, r, "/elsewhere", http.StatusTemporaryRedirect)
+		case "/banner":
+			http.Error(w, "SSH-2.0-OpenSSH_9.6 secret-banner", http.StatusBadRequest)
+		default:
+			w.WriteHeader(http.StatusNoContent)
+		}
+	}))
+	defer srv.Close()
+	for _, tc := range []struct {
+		name, path string
+		policy     *notify.Worker
+		want       string
+		hits       int32
+	}{
+		{"loopback refused by default", "/", &notify.Worker{}, "resolves to a loopback address", 0},
+		{"redirect not followed", "/redirect", nil, "answered 307, a redirect", 1},
+		{"answer not kept", "/banner", nil, "answered 400 Bad Request", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hits.Store(0)
+			o := &outbox{clock: &clock{t: t0}}
+			o.add(delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "webhook", URL: srv.URL + tc.path}, fleet.NotificationTemplate{}, "UTC"))
+			w := newWorker(o)
+			if tc.policy != nil {
+				w.HTTP = nil // the default
+			}
+			w.RunOnce(context.Background())
+			_, at := o.state(1)
+			if len(at) != 1 || !strings.Contains(at[0].Error, tc.want) || strings.Contains(at[0].Error, "banner") || strings.Contains(at[0].Error, "127.0.0.1:") {
+				t.Fatalf("attempts %+v, want one saying %q and nothing the receiver sent", at, tc.want)
+			}
+			if n := hits.Load(); n != tc.hits {
+				t.Fatalf("%d requests reached the receiver, want %d", n, tc.hits)
+			}
+		})
 	}
 }

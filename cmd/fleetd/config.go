@@ -41,6 +41,10 @@ type config struct {
 
 	publicURL string
 
+	// outboundAllow lists the internal CIDRs and host names that
+	// notifications, JWKS and S9 webhooks may reach (egress).
+	outboundAllow string
+
 	sweepInterval time.Duration // of the action timeout sweeper
 	rolloutTick   time.Duration // between looks at the rollouts
 
@@ -78,6 +82,7 @@ func (c *config) serveFlags(fs *flagSet) {
 	fs.StringVar(&c.publicURL, "public-url", "", "`URL` (scheme and host) devices reach the API at, for signed firmware download URLs; default: the URL the dispatching request used")
 	fs.DurationVar(&c.sweepInterval, "action-sweep-interval", time.Second, "`DURATION` between sweeps that fail device actions whose timeout elapsed")
 	fs.DurationVar(&c.rolloutTick, "rollout-interval", time.Second, "`DURATION` between looks at the rollouts: triggers, gates, maintenance windows, end_timestamp")
+	fs.StringVar(&c.outboundAllow, "outbound-allow", "", "`LIST` of CIDRs and host names, comma-separated, that webhooks, Slack, JWKS and S9 webhooks may reach though they are loopback, link-local or private; by default none")
 	c.alertFlags(fs)
 	c.scale.flags(fs)
 	c.sec.flags(fs)

@@ -35,7 +35,7 @@ type process struct {
 func startProcess(t *testing.T, s *testServer, extra ...string) *process {
 	t.Helper()
 	args := append([]string{"serve", "--database", s.DSN, "--data-dir", s.DataDir,
-		"--http-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0", "--log-level", "warn"}, extra...)
+		"--http-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0", "--log-level", "warn", "--outbound-allow", "127.0.0.0/8"}, extra...)
 	cmd := exec.Command(fleetdBinary(t), args...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

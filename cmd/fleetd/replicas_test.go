@@ -107,7 +107,7 @@ func (c *cluster) start(name string) *replica {
 	t := c.t
 	t.Helper()
 	args := append([]string{"serve", "--database", c.dsn, "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0",
-		"--log-level", "info", "--mqtt-client-id", name}, externalBrokerFlags(c.broker, c.flags...)...)
+		"--log-level", "info", "--mqtt-client-id", name, "--outbound-allow", "127.0.0.0/8"}, externalBrokerFlags(c.broker, c.flags...)...)
 	cmd := exec.Command(c.bin, args...)
 	cmd.Env = append(os.Environ(), c.env...)
 	stdout, err := cmd.StdoutPipe()

@@ -10,6 +10,7 @@ import (
 	"github.com/fleetd/fleet/action"
 	"github.com/fleetd/fleet/alert"
 	"github.com/fleetd/fleet/console"
+	"github.com/fleetd/fleet/egress"
 	"github.com/fleetd/fleet/enduser"
 	"github.com/fleetd/fleet/firmware"
 	fleethttp "github.com/fleetd/fleet/http"
@@ -64,7 +65,12 @@ func runServe(ctx context.Context, args []string, e env) error {
 	if err := c.checkAlerts(); err != nil {
 		return err
 	}
-	notifier := &notify.Worker{Store: db, Logger: log, SMTP: c.smtp, Templates: c.templates,
+	// Requests to addresses tenants choose go through one egress policy.
+	outbound, err := egress.Parse(c.outboundAllow)
+	if err != nil {
+		return fmt.Errorf("--outbound-allow: %w", err)
+	}
+	notifier := &notify.Worker{Store: db, Logger: log, SMTP: c.smtp, Templates: c.templates, HTTP: outbound.Client(10*time.Second, egress.NoRedirects),
 		MaxAttempts: c.notifyMaxAttempts, Backoff: c.notifyBackoff, MaxBackoff: c.notifyMaxBackoff, Lease: c.scale.notifyLease,
 		Owner: replicaName()}
 	engine := &alert.Engine{Store: db, Devices: db, Logger: log, Tick: c.alertTick, Changed: notifier.Wake}
@@ -78,7 +84,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	defer stopLoops()
 	// Rollouts' changes of state go to the tenants' rollout notification
 	// rules through an outbox of their own, delivered the same way.
-	rolloutNotifier := &notify.Worker{Store: db.RolloutOutbox(), Logger: log.With("outbox", "rollouts"), SMTP: c.smtp, Templates: c.templates,
+	rolloutNotifier := &notify.Worker{Store: db.RolloutOutbox(), Logger: log.With("outbox", "rollouts"), SMTP: c.smtp, Templates: c.templates, HTTP: outbound.Client(10*time.Second, egress.NoRedirects),
 		MaxAttempts: c.notifyMaxAttempts, Backoff: c.notifyBackoff, MaxBackoff: c.notifyMaxBackoff, Lease: c.scale.notifyLease,
 		Owner: replicaName()}
 	loops.Add(4)
@@ -131,7 +137,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	go func() { defer loops.Done(); actions.RunRollouts(loopCtx, c.rolloutTick) }()
 
 	// End users of tenants that configured S9 sign in with bearer tokens.
-	users := &enduser.Authenticator{Store: db, Logger: log}
+	users := &enduser.Authenticator{Store: db, Logger: log, Client: outbound.Client(enduser.FetchTimeout, egress.FollowRedirects)}
 
 	reg := newRegistry(db, actions, sweeper, engine, notifier, rolloutNotifier, broker)
 	api := &fleethttp.Server{

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// TestOutboundAllow: without --outbound-allow naming it, fleetd sends no
+// notification to an internal address, and what a viewer reads of the
+// attempt is fleetd's own sentence (issue 15, item 4). The other tests
+// allow 127.0.0.0/8 for their receivers; this one takes that back.
+func TestOutboundAllow(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, append(alertFlags, "--outbound-allow", "", "--notify-max-attempts", "1")...)
+		admin := s.admin()
+		viewer := s.newKey(t, admin, "watcher", "viewer")
+		hook := newReceiver(t, 0)
+		s.mustDevice(t, admin, "pump-1", nil)
+		rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
+			"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
+		s.do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules",
+			map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL + "/alerts"}}).want(t, 201)
+		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC), 90)).want(t, 200)
+		alerts := s.alerts(t, admin, "?state=active")
+		if len(alerts) != 1 {
+			t.Fatalf("alerts %+v", alerts)
+		}
+		var ds struct {
+			Notifications []struct {
+				Status   string
+				Attempts []struct{ Error string }
+			}
+		}
+		await(t, "the notification to die", func() bool {
+			s.do(t, viewer, "GET", "/api/v1/alerts/"+alerts[0].ID+"/notifications", nil).want(t, 200).decode(t, &ds)
+			return len(ds.Notifications) == 1 && ds.Notifications[0].Status == "dead"
+		})
+		if a := ds.Notifications[0].Attempts; len(a) != 1 || !strings.Contains(a[0].Error, "loopback address") || !strings.Contains(a[0].Error, "--outbound-allow") {
+			t.Fatalf("attempts %+v", a)
+		}
+		if n := len(hook.got()); n != 0 {
+			t.Fatalf("the receiver on 127.0.0.1 got %d requests", n)
+		}
+	})
+}
