@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/fleetd/fleet"
@@ -28,9 +29,6 @@ type device struct {
 	s          *Server
 	tenant, id string
 	nc         net.Conn
-	remote     string
-	version    byte
-	keepalive  time.Duration // never 0: MaxKeepalive applies
 
 	cred credential // what it authenticated with, checked again when the device's credentials change
 
@@ -43,54 +41,78 @@ type device struct {
 	// closed is set under wmu, and read without it: Online and Disconnect
 	// must not wait behind a write to a device that does not read.
 	closed atomic.Bool
+	parked atomic.Bool // park.go
 
 	wmu   sync.Mutex // writes to nc, and the fields below
 	cause error      // why the connection ended, as first said
 
 	// What the connection sends the device (delivery.go).
 	inflight map[uint16]inflight   // by packet id, awaiting PUBACK; nil until the first
-	lastID   uint16                // the last packet id given
 	queue    []fleet.ActionMessage // waiting for room in the window, by action id
 	cursor   int64                 // the store was read up to this action id
-	more     bool                  // the store may hold actions above cursor for the device
-	fetching bool                  // a read of the store is under way
 	missed   int64                 // the lowest id left to the store while fetching; 0: none
 	settled  []int64               // acknowledged while fetching: not to be sent again
 	failing  []int64               // being failed: not to be sent again
 	ackTimer *time.Timer           // watches the oldest action in flight
 	retryIn  time.Duration         // the wait before reading the store again after a failure
+	lastID   uint16                // the last packet id given
+	more     bool                  // the store may hold actions above cursor for the device
+	fetching bool                  // a read of the store is under way
+
+	// Set at CONNECT. (The small fields are together: thousands of idle
+	// devices are mostly this struct.)
+	version   byte
+	keepalive uint16 // seconds, never 0: MaxKeepalive applies
 
 	publishes ratelimit.Bucket // PublishRate; only the connection's goroutine
+
+	// Reading and parking (park.go); only the reading goroutine, but for
+	// parked and parkKey (the poller's lock).
+	done     func(error)     // ends the connection's handling (the listener's part)
+	raw      syscall.RawConn // the socket, to be watched while parked; nil: never parks
+	deadline int64           // of the keepalive, in Unix nanoseconds, for the packet awaited; 0: none yet
+	parkKey  uint64
 }
 
-// serveConn serves one connection from its first byte to its end.
-func (s *Server) serveConn(nc net.Conn, ip string, connected func()) error {
-	r := bufio.NewReaderSize(nc, readBufferSize)
+// remote is the device's address, for the log.
+func (d *device) remote() string { return d.nc.RemoteAddr().String() }
+
+// serveConn serves one connection from its first byte; done ends its
+// handling, once, when the connection is over (which, for a connection that
+// parks, is on another goroutine).
+func (s *Server) serveConn(nc net.Conn, ip string, connected func(), done func(error)) {
+	r := getReader(nc)
+	d, err := s.connect(nc, ip, r, connected)
+	if d == nil {
+		putReader(r)
+		done(err)
+		return
+	}
+	d.done = done
+	s.h.DeviceConnected(d.tenant, d.id)
+	d.serve(r)
+}
+
+// connect reads and answers the connection's CONNECT: the device it is, or
+// nil (and why, if the connection broke the protocol).
+func (s *Server) connect(nc net.Conn, ip string, r *bufio.Reader, connected func()) (*device, error) {
 	header, body, err := readPacket(r, s.cfg.MaxPacketSize)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if header != typeConnect<<4 {
-		return errors.New("the first packet is not CONNECT")
+		return nil, errors.New("the first packet is not CONNECT")
 	}
 	connected()
 	c, err := decodeConnect(body)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if c.unsupportedV {
 		_, _ = nc.Write(appendConnack(nil, version311, codeUnsupportedVersion, nil))
-		return errors.New("unsupported protocol level")
+		return nil, errors.New("unsupported protocol level")
 	}
-	d := s.admit(nc, ip, c)
-	if d == nil {
-		return nil
-	}
-	defer s.unregister(d)
-	s.h.DeviceConnected(d.tenant, d.id)
-	err = d.readLoop(r)
-	d.end(err)
-	return nil
+	return s.admit(nc, ip, c), nil
 }
 
 // admit checks a CONNECT and answers it: with a refusal (and nil), or with
@@ -179,12 +201,15 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 	}
 
 	d := &device{
-		s: s, tenant: tenant, id: deviceID, nc: nc, remote: remote, version: c.version, cred: cred,
+		s: s, tenant: tenant, id: deviceID, nc: nc, version: c.version, cred: cred,
 		maxPacketSize: int(c.props.maxPacketSize),
 		inflightMax:   s.cfg.MaxInflight,
 	}
 	if c.props.receiveMaximum > 0 {
 		d.inflightMax = min(d.inflightMax, int(c.props.receiveMaximum))
+	}
+	if tc, ok := nc.(*net.TCPConn); ok && s.poller != nil && s.cfg.ParkAfter > 0 {
+		d.raw, _ = tc.SyscallConn()
 	}
 	props := &connackProperties{
 		maxPacketSize:  uint32(s.cfg.MaxPacketSize),
@@ -198,7 +223,7 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 		keepalive = max
 		props.serverKeepAlive = max
 	}
-	d.keepalive = time.Duration(keepalive) * time.Second
+	d.keepalive = keepalive
 	if c.clientID == "" {
 		props.assignedID = sessionID(tenant, deviceID) + "#" + strconv.FormatUint(s.connSeq.Add(1), 10)
 	}
@@ -225,7 +250,7 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 		return nil
 	}
 	s.log.Debug("mqtt: device connected", "tenant", d.tenant, "device", d.id,
-		"remote", d.remote, "protocol", d.version)
+		"remote", remote, "protocol", d.version)
 	return d
 }
 
@@ -294,7 +319,7 @@ func (s *Server) register(d *device) reasonCode {
 	s.mu.Unlock()
 	if old != nil {
 		s.log.Debug("mqtt: device connected again; closing its previous connection",
-			"tenant", d.tenant, "device", d.id, "previous_remote", old.remote)
+			"tenant", d.tenant, "device", d.id, "previous_remote", old.remote())
 		old.close(codeSessionTakenOver, nil)
 	}
 	return codeSuccess
@@ -318,14 +343,23 @@ func (s *Server) unregister(d *device) {
 var errDisconnected = errors.New("the device disconnected")
 
 // readLoop reads and handles the device's packets until the connection
-// ends, and returns why it ended.
+// ends, and returns why it ended, or until it parks (errParked).
 func (d *device) readLoop(r *bufio.Reader) error {
 	for {
-		_ = d.nc.SetReadDeadline(time.Now().Add(d.keepalive * 3 / 2))
+		if d.deadline == 0 {
+			d.deadline = time.Now().Add(time.Duration(d.keepalive) * time.Second * 3 / 2).UnixNano()
+		}
+		if d.raw != nil && r.Buffered() == 0 {
+			if err := d.idleWait(r); err != nil {
+				return err
+			}
+		}
+		_ = d.nc.SetReadDeadline(time.Unix(0, d.deadline))
 		header, body, err := readPacket(r, d.s.cfg.MaxPacketSize)
 		if err != nil {
 			return err
 		}
+		d.deadline = 0
 		if err := d.handle(header, body); err != nil {
 			return err
 		}
@@ -344,12 +378,12 @@ func (d *device) end(err error) {
 		case codePacketTooLarge:
 			s.stats.oversized.Add(1)
 			s.log.Warn("mqtt: device disconnected: packet too large",
-				"tenant", d.tenant, "device", d.id, "max_packet_size", s.cfg.MaxPacketSize, "remote", d.remote)
+				"tenant", d.tenant, "device", d.id, "max_packet_size", s.cfg.MaxPacketSize, "remote", d.remote())
 		case codeNotAuthorized, codeMessageRateTooHigh, codeServerBusy, codeServerShuttingDown:
 			// Logged where it was found.
 		default:
 			s.log.Info("mqtt: device disconnected: it broke the protocol",
-				"tenant", d.tenant, "device", d.id, "error", pe.msg, "remote", d.remote)
+				"tenant", d.tenant, "device", d.id, "error", pe.msg, "remote", d.remote())
 		}
 		d.close(pe.code, err)
 	case errors.As(err, &ne) && ne.Timeout():
@@ -446,7 +480,7 @@ func (d *device) publish(p *publishPacket) error {
 		if ok, _ := d.publishes.Take(cfg.Now(), cfg.PublishRate, cfg.PublishBurst); !ok {
 			s.stats.publishFloods.Add(1)
 			s.log.Warn("mqtt: device disconnected: it publishes faster than it may",
-				"tenant", d.tenant, "device", d.id, "rate", cfg.PublishRate, "burst", cfg.PublishBurst, "remote", d.remote)
+				"tenant", d.tenant, "device", d.id, "rate", cfg.PublishRate, "burst", cfg.PublishBurst, "remote", d.remote())
 			return protocolErr(codeMessageRateTooHigh, "publishing faster than PublishRate")
 		}
 	}
@@ -549,7 +583,7 @@ func (d *device) kick() {
 func (d *device) refuseSubscription(filter string) byte {
 	d.s.stats.aclViolations.Add(1)
 	d.s.log.Warn("mqtt: subscription refused: a device may subscribe only to its own actions topic",
-		"tenant", d.tenant, "device", d.id, "filter", truncate(filter, 200), "actions_topic", ActionsTopic(d.tenant, d.id), "remote", d.remote)
+		"tenant", d.tenant, "device", d.id, "filter", truncate(filter, 200), "actions_topic", ActionsTopic(d.tenant, d.id), "remote", d.remote())
 	if d.version == version5 {
 		return byte(codeNotAuthorized)
 	}
@@ -561,7 +595,7 @@ func (d *device) refuseSubscription(filter string) byte {
 func (d *device) aclViolation(op, topic string) error {
 	d.s.stats.aclViolations.Add(1)
 	d.s.log.Warn("mqtt: device disconnected: it may subscribe only to its actions topic and publish only on its status and stream topics",
-		"tenant", d.tenant, "device", d.id, "op", op, "topic", truncate(topic, 200), "remote", d.remote)
+		"tenant", d.tenant, "device", d.id, "op", op, "topic", truncate(topic, 200), "remote", d.remote())
 	return protocolErr(codeNotAuthorized, "%s on %q, not the device's", op, truncate(topic, 200))
 }
 
@@ -612,6 +646,7 @@ func (d *device) closeLocked(code reasonCode, cause error) {
 	}
 	d.queue = nil
 	d.cause = cause
+	defer d.wake() // a parked connection has no goroutine to see it closed
 	if cause == nil {
 		d.cause = &protocolError{code: code, msg: "closed by the server"}
 	}

@@ -387,7 +387,7 @@ func (d *device) checkAcks() {
 	d.wmu.Unlock()
 	d.s.stats.unacknowledgedActions.Add(1)
 	d.s.log.Warn("mqtt: device disconnected: it left an action unacknowledged for the write timeout; its actions wait for its next connection",
-		"tenant", d.tenant, "device", d.id, "write_timeout", d.s.cfg.WriteTimeout, "remote", d.remote)
+		"tenant", d.tenant, "device", d.id, "write_timeout", d.s.cfg.WriteTimeout, "remote", d.remote())
 	d.close(errUnacknowledged.code, errUnacknowledged)
 }
 

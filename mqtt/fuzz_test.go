@@ -96,10 +96,7 @@ func FuzzConn(f *testing.F) {
 		s.ctx, s.cancel = context.WithCancel(context.Background())
 		defer s.cancel()
 		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_ = s.serveConn(&scriptConn{in: bytes.NewReader(data)}, "192.0.2.1", func() {})
-		}()
+		go s.serveConn(&scriptConn{in: bytes.NewReader(data)}, "192.0.2.1", func() {}, func(error) { close(done) })
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
@@ -171,7 +168,7 @@ func exchange(t *testing.T, data []byte) []byte {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	defer s.cancel()
 	c := &scriptConn{in: bytes.NewReader(data)}
-	_ = s.serveConn(c, "192.0.2.1", func() {})
+	s.serveConn(c, "192.0.2.1", func() {}, func(error) {})
 	s.tasks.Wait()
 	return c.written()
 }

@@ -199,8 +199,11 @@ func (h *fakeHandler) ActionDelivered(tenant, device string, actionID int64) {
 func MustOpenServer(t *testing.T, h mqtt.Handler, configure ...func(*mqtt.Config)) *mqtt.Server {
 	t.Helper()
 	cfg := mqtt.Config{
-		Addr:   "127.0.0.1:0",
-		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Addr: "127.0.0.1:0",
+		// Connections park as soon as they are silent, so that every test
+		// drives parked connections as well as reading ones.
+		ParkAfter: time.Millisecond,
+		Logger:    slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	for _, f := range configure {
 		f(&cfg)

@@ -121,6 +121,12 @@ type Config struct {
 	// actions again when it reconnects.
 	WriteTimeout time.Duration
 
+	// ParkAfter is how long a connection may be silent before it parks:
+	// its goroutine and read buffer are released, and a poller wakes it
+	// when the device sends again (Linux, plain TCP; park.go). Default
+	// 2s; negative: connections never park.
+	ParkAfter time.Duration
+
 	// ShutdownTimeout is how long Close lets Handler calls in progress finish
 	// before cancelling their contexts; default 10s.
 	ShutdownTimeout time.Duration
@@ -182,6 +188,7 @@ const (
 	DefaultConnectTimeout  = 10 * time.Second
 	DefaultWriteTimeout    = 10 * time.Second
 	DefaultShutdownTimeout = 10 * time.Second
+	DefaultParkAfter       = 100 * time.Millisecond
 
 	DefaultMaxConnections   = 100_000
 	DefaultMaxPendingPerIP  = 1024
@@ -214,6 +221,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.ParkAfter == 0 {
+		c.ParkAfter = DefaultParkAfter
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
@@ -254,6 +264,7 @@ func (c Config) withDefaults() Config {
 // publish. Connections is a gauge; the rest only grow.
 type Stats struct {
 	Connections      int    // devices connected now
+	Parked           int    // of them, connections idle with no goroutine or read buffer
 	Connects         uint64 // connections accepted after authentication
 	AuthFailures     uint64 // connections refused at CONNECT
 	Disconnects      uint64 // connections of authenticated devices that ended

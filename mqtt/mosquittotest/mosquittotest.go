@@ -180,3 +180,10 @@ func (b *Broker) Restart(t testing.TB) {
 	b.stop()
 	b.start(t, bin)
 }
+
+// Pid returns the process id of the running mosquitto, for measuring it.
+func (b *Broker) Pid() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cmd.Process.Pid
+}

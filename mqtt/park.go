@@ -1,0 +1,112 @@
+package mqtt
+
+import (
+	"bufio"
+	"errors"
+	"net"
+	"sync"
+	"time"
+)
+
+// Parking: an idle connection holds no goroutine and no read buffer.
+//
+// A connection's goroutine blocked in a read keeps its stack (4 KiB once
+// it has handled a publish) and its 1 KiB read buffer: with the device's
+// state and the socket, about 12 KB of fleetd's memory for a device that
+// says nothing (issue 17 measured 10 KB; Mosquitto 0.7 to 1.8 KB). So a
+// connection with nothing buffered that stays silent for ParkAfter parks:
+// its read buffer goes back to a pool, its socket is watched by the
+// server's poller (epoll, one goroutine for all), and its goroutine ends.
+// What is left is the device's state and the socket (BENCHMARKS.md).
+//
+// A parked connection is woken, on a new goroutine with a buffer from the
+// pool, by whichever comes first: its socket readable (a packet, or the
+// device closing it), its keepalive deadline (the poller looks once a
+// second), or the server closing it.
+// Writes to the device (actions, SendAction) never needed the reading
+// goroutine and go on while it is parked. Only plain TCP connections park:
+// a TLS connection may hold decrypted bytes its socket no longer shows.
+
+// readers are the read buffers of connections that are reading.
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, readBufferSize) }}
+
+func getReader(nc net.Conn) *bufio.Reader {
+	r := readers.Get().(*bufio.Reader)
+	r.Reset(nc)
+	return r
+}
+
+func putReader(r *bufio.Reader) {
+	r.Reset(nil)
+	readers.Put(r)
+}
+
+// errParked ends a readLoop whose connection parked: it is not over.
+var errParked = errors.New("parked")
+
+// serve reads and handles the device's packets until the connection ends,
+// then unregisters it and ends its handling; or until it parks.
+func (d *device) serve(r *bufio.Reader) {
+	err := d.readLoop(r)
+	if err == errParked {
+		return
+	}
+	putReader(r)
+	d.end(err)
+	d.s.unregister(d)
+	d.done(nil)
+}
+
+// idleWait waits ParkAfter for the device's next packet, with nothing
+// buffered, and parks the connection if none came. It returns errParked
+// once parked, nil when there is a packet to read (or the connection could
+// not park), and the read's error if the connection failed.
+func (d *device) idleWait(r *bufio.Reader) error {
+	grace := time.Now().Add(d.s.cfg.ParkAfter)
+	if grace.UnixNano() >= d.deadline {
+		return nil // the keepalive's deadline comes first
+	}
+	_ = d.nc.SetReadDeadline(grace)
+	_, err := r.Peek(1)
+	var ne net.Error
+	if err == nil || !errors.As(err, &ne) || !ne.Timeout() {
+		return err
+	}
+	if d.park(r) {
+		return errParked
+	}
+	return nil
+}
+
+// park hands the connection to the poller and reports true; from then on
+// the calling goroutine must not touch the device: a wake may already have
+// started another. It reports false if the socket cannot be watched: the
+// goroutine reads on.
+func (d *device) park(r *bufio.Reader) bool {
+	p := d.s.poller
+	d.parked.Store(true)
+	var werr error
+	err := d.raw.Control(func(fd uintptr) { werr = p.watch(d, int(fd), d.deadline) })
+	if err == nil {
+		err = werr
+	}
+	if err != nil && d.parked.CompareAndSwap(true, false) {
+		if !d.isClosed() {
+			d.s.log.Debug("mqtt: cannot park an idle connection; it keeps its goroutine", "tenant", d.tenant, "device", d.id, "err", err)
+		}
+		return false
+	}
+	// Parked, or woken already (and read on by the waker's goroutine).
+	putReader(r)
+	return true
+}
+
+// wake resumes a parked connection on a goroutine of its own; it does
+// nothing to one that is not parked.
+func (d *device) wake() {
+	if !d.parked.CompareAndSwap(true, false) {
+		return
+	}
+	d.s.poller.forget(d)
+	go d.serve(getReader(d.nc))
+}

@@ -1,0 +1,81 @@
+package mqtt_test
+
+import (
+	"encoding/binary"
+	"fmt"
+	"runtime"
+	"testing"
+
+	"github.com/fleetd/fleet/mqtt"
+)
+
+// TestIdleConnectionsPark: an idle connection holds no goroutine (issue 17,
+// item 7: a goroutine's stack and a read buffer were most of the 10 KB an
+// idle device cost), and a parked connection still does all a connection
+// does: it is written to, its device's packets wake it, and it ends when
+// the device goes, when its keepalive runs out and when the server closes.
+func TestIdleConnectionsPark(t *testing.T) {
+	const n = 100
+	h := newFakeHandler()
+	for i := range n {
+		h.tokens[fmt.Sprintf("acme/idle-%d", i)] = "tok"
+	}
+	h.tokens["acme/brief"] = "tok"
+	s := MustOpenServer(t, h)
+	before := runtime.NumGoroutine()
+
+	devices := make([]*rawClient, n)
+	for i := range devices {
+		c := dialRaw(t, s)
+		id := fmt.Sprintf("idle-%d", i)
+		c.send(connect311(0xC2, id, "acme/"+id, "tok"), subscribePacket(1, nil, mqtt.ActionsTopic("acme", id), 1))
+		c.next(typeConnack)
+		c.next(typeSuback)
+		receive(t, h.connected, "DeviceConnected")
+		receive(t, h.subscribed, "DeviceSubscribed")
+		devices[i] = c
+	}
+	waitFor(t, "every idle connection parked", func() bool { return s.Stats().Parked == n })
+	if grown := runtime.NumGoroutine() - before; grown >= n/4 {
+		t.Errorf("%d idle connections hold %d goroutines, want none", n, grown)
+	}
+
+	t.Run("written to and woken", func(t *testing.T) {
+		for i := range devices {
+			if !s.SendAction("acme", fmt.Sprintf("idle-%d", i), int64(i+1), []byte(`{}`)) {
+				t.Fatalf("SendAction to idle-%d: false", i)
+			}
+		}
+		for _, c := range devices {
+			p := c.next(typePublish)
+			n := int(binary.BigEndian.Uint16(p.body)) // the topic's length
+			c.send(packet(typePuback<<4, p.body[2+n:4+n]))
+		}
+		for range n {
+			receive(t, h.delivered, "ActionDelivered")
+		}
+		waitFor(t, "the connections parked again", func() bool { return s.Stats().Parked == n })
+	})
+
+	t.Run("the device goes", func(t *testing.T) {
+		devices[0].conn.Close()
+		waitFor(t, "the connection's end", func() bool { return s.Connections() == n-1 })
+	})
+
+	t.Run("keepalive", func(t *testing.T) {
+		c := dialRaw(t, s)
+		c.send(packet(typeConnect<<4, mstr("MQTT"), []byte{4, 0xC2}, u16(1), mstr("brief"), mstr("acme/brief"), mstr("tok")))
+		c.next(typeConnack)
+		waitFor(t, "the connection parked", func() bool { return s.Stats().Parked == n })
+		c.closed() // after one and a half keepalives
+	})
+
+	t.Run("server closes", func(t *testing.T) {
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range devices[1:] {
+			c.closed()
+		}
+	})
+}

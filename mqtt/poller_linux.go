@@ -1,0 +1,170 @@
+package mqtt
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// poller watches the sockets of parked connections with an epoll instance
+// of its own (Go's netpoller wakes only a goroutine blocked in a read, and
+// a parked connection has none): one goroutine for all of them, which
+// wakes a connection when its socket has something to read or was closed
+// by the device, and, looking once a second, when its keepalive deadline
+// has passed (a timer each would cost more than a tenth of what a parked
+// connection costs in all).
+//
+// Each registration is one-shot and level-triggered: bytes that arrived
+// before the socket was registered wake it at once, and a woken socket is
+// watched again only when its connection parks again. A registration is
+// keyed by a number of the poller's, not by the file descriptor, which the
+// system reuses once a connection is closed.
+type poller struct {
+	epfd   int
+	wake   *os.File // written to stop the loop; its read end is registered under key 0
+	wakeR  *os.File
+	done   chan struct{}
+	mu     sync.Mutex
+	seq    uint64
+	parked map[uint64]parking
+}
+
+// parking is a parked connection and its keepalive deadline (Unix
+// nanoseconds).
+type parking struct {
+	d        *device
+	deadline int64
+}
+
+// sweepEvery is how often the poller looks for keepalive deadlines passed:
+// a silent device is cut off at most this much after its one and a half
+// keepalives.
+const sweepEvery = time.Second
+
+func newPoller() (*poller, error) {
+	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("epoll_create1: %w", err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		syscall.Close(epfd)
+		return nil, err
+	}
+	p := &poller{epfd: epfd, wake: w, wakeR: r, done: make(chan struct{}), parked: map[uint64]parking{}}
+	if err := p.ctl(syscall.EPOLL_CTL_ADD, int(r.Fd()), 0, syscall.EPOLLIN); err != nil {
+		p.closeFiles()
+		return nil, err
+	}
+	go p.loop()
+	return p, nil
+}
+
+func (p *poller) ctl(op, fd int, key uint64, events uint32) error {
+	ev := syscall.EpollEvent{Events: events, Fd: int32(uint32(key)), Pad: int32(uint32(key >> 32))}
+	return syscall.EpollCtl(p.epfd, op, fd, &ev)
+}
+
+// watch registers d's socket, fd, under a new key, until d's keepalive
+// deadline; the caller holds a reference to fd (syscall.RawConn.Control),
+// so it is not closed meanwhile.
+func (p *poller) watch(d *device, fd int, deadline int64) error {
+	p.mu.Lock()
+	p.seq++
+	key := p.seq
+	p.parked[key] = parking{d, deadline}
+	d.parkKey = key
+	p.mu.Unlock()
+	const events = syscall.EPOLLIN | syscall.EPOLLRDHUP | syscall.EPOLLONESHOT
+	err := p.ctl(syscall.EPOLL_CTL_MOD, fd, key, events)
+	if errors.Is(err, syscall.ENOENT) {
+		err = p.ctl(syscall.EPOLL_CTL_ADD, fd, key, events)
+	}
+	if err != nil {
+		p.forget(d)
+		return fmt.Errorf("epoll_ctl: %w", err)
+	}
+	return nil
+}
+
+// forget drops d's registration: an event for it is ignored.
+func (p *poller) forget(d *device) {
+	p.mu.Lock()
+	if p.parked[d.parkKey].d == d {
+		delete(p.parked, d.parkKey)
+	}
+	p.mu.Unlock()
+}
+
+// count returns the number of connections parked now.
+func (p *poller) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.parked)
+}
+
+func (p *poller) loop() {
+	defer close(p.done)
+	events := make([]syscall.EpollEvent, 128)
+	swept := time.Now()
+	for {
+		n, err := syscall.EpollWait(p.epfd, events, int(sweepEvery/time.Millisecond))
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			return // the instance is gone: nothing can be watched any more
+		}
+		for _, ev := range events[:n] {
+			key := uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
+			if key == 0 {
+				return
+			}
+			p.mu.Lock()
+			pk, ok := p.parked[key]
+			delete(p.parked, key)
+			p.mu.Unlock()
+			if ok {
+				pk.d.wake()
+			}
+		}
+		if now := time.Now(); now.Sub(swept) >= sweepEvery {
+			swept = now
+			p.sweep(now.UnixNano())
+		}
+	}
+}
+
+// sweep wakes the parked connections whose keepalive deadline has passed:
+// each then finds its read's deadline passed, and ends.
+func (p *poller) sweep(now int64) {
+	var due []*device
+	p.mu.Lock()
+	for key, pk := range p.parked {
+		if pk.deadline <= now {
+			due = append(due, pk.d)
+			delete(p.parked, key)
+		}
+	}
+	p.mu.Unlock()
+	for _, d := range due {
+		d.wake()
+	}
+}
+
+// close stops the loop; connections still parked are not woken (the
+// server wakes them as it closes them).
+func (p *poller) close() {
+	p.wake.Write([]byte{0})
+	<-p.done
+	p.closeFiles()
+}
+
+func (p *poller) closeFiles() {
+	syscall.Close(p.epfd)
+	p.wake.Close()
+	p.wakeR.Close()
+}
