@@ -193,8 +193,12 @@ The condition is JSON: {"field": "temperature", "operator": ">", "value": 80},
 	create.Flags().StringVar(&activation, "activation", "", "how long the condition must hold before an alert opens: seconds or a `DURATION`")
 	create.Flags().StringVar(&deactivation, "deactivation", "", "how long it must be false before the alert closes: seconds or a `DURATION`")
 
-	return group("alert-rules", "Alert rules (S2) and their notification rules (S3, S4)",
+	c := group("alert-rules", "Alert rules (S2) and their notification rules (S3, S4)",
 		list, get, create, del, a.notificationRulesCmd())
+	c.Long = `Alert rules watch a stream for a condition (S2). The API has no update of
+an alert rule: to change one, delete it and create it anew (its alerts and
+notification rules go with it). Notification rules can be edited (S4).`
+	return c
 }
 
 func (a *app) notificationRulesCmd() *cobra.Command {

@@ -155,9 +155,9 @@ func readAPIError(resp *http.Response) error {
 	if json.Unmarshal(b, e) != nil || e.Message == "" {
 		e.Code = http.StatusText(resp.StatusCode)
 		e.Message = "the server answered " + resp.Status
-		if ra := resp.Header.Get("Retry-After"); ra != "" {
-			e.Message += "; retry after " + ra + " s"
-		}
+	}
+	if ra := resp.Header.Get("Retry-After"); ra != "" {
+		e.Message += " (retry after " + ra + " s)"
 	}
 	return e
 }

@@ -88,14 +88,14 @@ func (a *app) watch(cmd *cobra.Command, id int64, o watchOptions) error {
 			}
 			return err
 		}
-		if tty {
-			frame := renderFrame(&w)
+		if frame := renderFrame(&w); tty && frame != last {
+			last = frame
 			if drawn > 0 {
 				fmt.Fprintf(out, "\x1b[%dA\x1b[J", drawn)
 			}
 			io.WriteString(out, frame)
 			drawn = strings.Count(frame, "\n")
-		} else if line := summaryLine(&w); line != last {
+		} else if line := summaryLine(&w); !tty && line != last {
 			fmt.Fprintln(out, line)
 			last = line
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,6 +23,15 @@ import (
 // directory and, when set, FLEETCTL_* variables.
 type fleetctl struct {
 	env map[string]string
+	tty bool // its output is a terminal, where progress redraws in place
+}
+
+func (f *fleetctl) environment(stdin string, out, errOut io.Writer) ctl.Env {
+	return ctl.Env{
+		Getenv: func(k string) string { return f.env[k] },
+		Stdin:  strings.NewReader(stdin), Stdout: out, Stderr: errOut,
+		IsTerminal: func(io.Writer) bool { return f.tty },
+	}
 }
 
 // newFleetctl returns a client with an empty config directory that acts
@@ -50,10 +60,7 @@ func (r ctlResult) String() string {
 
 func (f *fleetctl) run(stdin string, args ...string) ctlResult {
 	var out, errOut bytes.Buffer
-	code := ctl.Run(context.Background(), args, ctl.Env{
-		Getenv: func(k string) string { return f.env[k] },
-		Stdin:  strings.NewReader(stdin), Stdout: &out, Stderr: &errOut,
-	})
+	code := ctl.Run(context.Background(), args, f.environment(stdin, &out, &errOut))
 	return ctlResult{args: args, stdout: out.String(), stderr: errOut.String(), code: code}
 }
 
@@ -298,10 +305,7 @@ func (f *fleetctl) start(ctx context.Context, args ...string) (out *lockedBuffer
 	ch := make(chan ctlResult, 1)
 	go func() {
 		var errOut bytes.Buffer
-		code := ctl.Run(ctx, args, ctl.Env{
-			Getenv: func(k string) string { return f.env[k] },
-			Stdin:  strings.NewReader(""), Stdout: out, Stderr: &errOut,
-		})
+		code := ctl.Run(ctx, args, f.environment("", out, &errOut))
 		ch <- ctlResult{args: args, stdout: out.String(), stderr: errOut.String(), code: code}
 	}()
 	return out, ch
@@ -380,7 +384,9 @@ func TestFleetctlActions(t *testing.T) {
 			var d struct{ ID int64 }
 			f.json(t, &d, "actions", "dispatch", "reboot", "--devices", "d1,d2")
 			id := fmt.Sprint(d.ID)
-			out, done := f.start(context.Background(), "actions", "watch", id, "--interval", "10ms")
+			// On a terminal the bars redraw in place.
+			term := &fleetctl{env: f.env, tty: true}
+			out, done := term.start(context.Background(), "actions", "watch", id, "--interval", "10ms")
 			eventually(t, "watch to show the action", func() bool { return strings.Contains(out.String(), "0/2 final") })
 			s.report(t, "d1", d.ID, "Failed")
 			wantContains(t, "cancel", f.ok(t, "actions", "cancel", id), "Cancelled=1", "Failed=1")
@@ -389,6 +395,7 @@ func TestFleetctlActions(t *testing.T) {
 				t.Fatalf("want exit 1; %v", r)
 			}
 			wantContains(t, "stderr", r.stderr, "did not complete on every device: Failed 1, Cancelled 1")
+			wantContains(t, "terminal", r.stdout, "  Queued     ████████████████████████ 2/2\n", "\x1b[2A\x1b[J", "  Failed     ████████████░░░░░░░░░░░░ 1/2\n")
 			wantContains(t, "timeout", f.fails(t, ctl.ExitRefused, "actions", "watch", fmt.Sprint(dispatched.ID+1), "--timeout", "1ns"), "gave up")
 		})
 		t.Run("Rollout", func(t *testing.T) {
@@ -429,6 +436,13 @@ func TestFleetctlActions(t *testing.T) {
 			f.json(t, &r, "actions", "get", id)
 			if r.Status != "aborted" || r.Statuses["Cancelled"] != 3 || r.Statuses["Completed"] != 1 {
 				t.Fatalf("aborted: %+v", r)
+			}
+			sched := filepath.Join(t.TempDir(), "schedule.yaml")
+			os.WriteFile(sched, []byte("release_notes: from a file\nmaintenance_window: {start: '02:00', end: '05:00', timezone: Europe/Berlin}\nphases:\n  - name: only\n    trigger_on: {type: manual}\n    info: {type: fixed_list, device_ids: [d4]}\n"), 0o644)
+			f.json(t, &d, "actions", "dispatch", "update", "--devices", "d4", "--schedule", sched)
+			f.json(t, &r, "actions", "get", fmt.Sprint(d.ID))
+			if r.Status != "scheduled" || r.Schedule.ReleaseNotes != "from a file" || r.Statuses["Scheduled"] != 1 {
+				t.Fatalf("rollout from a schedule file: %+v", r)
 			}
 			wantContains(t, "phase usage", f.fails(t, ctl.ExitUsage, "actions", "dispatch", "x", "--all", "--phase", "lonely"), "NAME SELECTION")
 		})
@@ -718,4 +732,13 @@ func TestFleetctlAdmin(t *testing.T) {
 			f.fails(t, ctl.ExitUsage, "audit-logs", "list", "--since", "yesterday")
 		})
 	})
+}
+
+// TestFleetctlRateLimited: a 429 says when to try again.
+func TestFleetctlRateLimited(t *testing.T) {
+	s := startServer(t, sqlstoretest.Backends()[0], "--rate-limit", "0.001", "--rate-burst", "1")
+	f := s.newFleetctl(t, s.admin())
+	f.ok(t, "devices", "list")
+	stderr := f.fails(t, ctl.ExitRefused, "devices", "list")
+	wantContains(t, "stderr", stderr, "(retry after ", "429 rate_limited")
 }
