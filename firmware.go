@@ -44,8 +44,12 @@ type Firmware struct {
 	UncompressedSize int64        `json:"uncompressed_size" doc:"inflated size of a .gz file, else content_length"`
 	Dependencies     []Dependency `json:"dependencies"`
 	IsDeactivated    bool         `json:"is_deactivated" doc:"deactivated firmware cannot be dispatched"`
-	CreatedAt        time.Time    `json:"created_at"`
-	UpdatedAt        time.Time    `json:"updated_at"`
+	// MD5 and SHA1 (hex) of the file, for hawkBit clients; not part of
+	// S6's shape.
+	MD5       string    `json:"-"`
+	SHA1      string    `json:"-"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // Declaration is what a client declares of the archive it uploads (S5);
@@ -142,6 +146,8 @@ type FirmwareStore interface {
 	DeleteBundle(ctx context.Context, tenant string, id uuid.UUID) (*Bundle, error)
 
 	FindBundle(ctx context.Context, tenant string, id uuid.UUID) (*Bundle, error)
+	// FindFirmwareByID returns one component version.
+	FindFirmwareByID(ctx context.Context, tenant string, id uuid.UUID) (*Firmware, error)
 	// FindBundleByVersion returns the live (pending or completed) bundle of
 	// a version, else the latest failed one.
 	FindBundleByVersion(ctx context.Context, tenant, version string) (*Bundle, error)
@@ -184,6 +190,8 @@ type FirmwareService interface {
 
 	// OpenArtifact opens the archive of a completed bundle.
 	OpenArtifact(ctx context.Context, tenant string, id uuid.UUID) (*Bundle, Artifact, error)
+	// OpenComponent opens the file of a component version on its own.
+	OpenComponent(ctx context.Context, tenant string, id uuid.UUID) (*Firmware, Artifact, error)
 	// VerifyArtifactURL checks the query of a signed download URL for a
 	// bundle of tenant: a wrong signature or a past expiry is
 	// EUNAUTHENTICATED.

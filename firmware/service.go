@@ -229,6 +229,10 @@ func (s *Service) UploadBundle(ctx context.Context, tenant, fileName string, arc
 		s.abort(ctx, pending)
 		return nil, fmt.Errorf("commit archive: %w", err)
 	}
+	if err := s.storeComponents(ctx, tenant, f); err != nil {
+		s.deleteBlob(ctx, f.BlobKey)
+		return nil, err
+	}
 	b := &fleet.Bundle{ID: id, Version: f.Manifest.Version, FileName: fileName}
 	if err := s.Store.CreateBundle(ctx, tenant, b, f); err != nil {
 		s.deleteBlob(ctx, f.BlobKey)
@@ -270,6 +274,10 @@ func (s *Service) UploadBundleFile(ctx context.Context, tenant string, id uuid.U
 	if err := pending.Commit(ctx); err != nil {
 		s.abort(ctx, pending)
 		return nil, fmt.Errorf("commit archive: %w", err)
+	}
+	if err := s.storeComponents(ctx, tenant, f); err != nil {
+		s.deleteBlob(ctx, f.BlobKey)
+		return nil, err
 	}
 	nb, err := s.Store.AttachBundleFile(ctx, tenant, id, f)
 	if err != nil {

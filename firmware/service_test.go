@@ -3,6 +3,8 @@ package firmware_test
 import (
 	"bytes"
 	"context"
+	"crypto/md5"
+	"crypto/sha1"
 	"errors"
 	"fmt"
 	"io"
@@ -234,8 +236,9 @@ func TestConcurrentFileUploads(t *testing.T) {
 		if ok != 1 {
 			t.Fatalf("%d uploads won, want 1 (errors %v)", ok, errs)
 		}
-		if fs := blobs.files(); len(fs) != 1 {
-			t.Fatalf("files = %v, want the winner's only", fs)
+		// The winner's archive, and the component file all four carry.
+		if fs := blobs.files(); len(fs) != 2 || !strings.Contains(strings.Join(fs, " "), "components/acme/") {
+			t.Fatalf("files = %v, want the winner's archive and its component's file", fs)
 		}
 	})
 }
@@ -324,11 +327,30 @@ func TestOpenArtifact(t *testing.T) {
 		if _, _, err := svc.OpenArtifact(ctx, "beta", b.ID); fleet.ErrorCode(err) != fleet.ENOTFOUND {
 			t.Fatalf("another tenant: %v", err)
 		}
+
+		// Each component's file is an object of its own, with the hashes
+		// hawkBit clients check.
+		b, _ = svc.FindBundle(ctx, "acme", b.ID)
+		fw, comp, err := svc.OpenComponent(ctx, "acme", b.Firmwares[0].ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ = io.ReadAll(comp)
+		comp.Close()
+		if string(got) != "app" || fw.MD5 != fmt.Sprintf("%x", md5.Sum(got)) || fw.SHA1 != fmt.Sprintf("%x", sha1.Sum(got)) {
+			t.Fatalf("component file %q, md5 %s, sha1 %s", got, fw.MD5, fw.SHA1)
+		}
+		if _, _, err := svc.OpenComponent(ctx, "beta", fw.ID); fleet.ErrorCode(err) != fleet.ENOTFOUND {
+			t.Fatalf("another tenant's component: %v", err)
+		}
+
+		// The component versions stay when the bundle goes, and so do
+		// their files.
 		if err := svc.DeleteBundle(ctx, "acme", b.ID); err != nil {
 			t.Fatal(err)
 		}
-		if fs := blobs.files(); len(fs) != 0 {
-			t.Fatalf("files after delete: %v", fs)
+		if fs := blobs.files(); len(fs) != 1 || !strings.Contains(fs[0], "components/acme/"+fw.Checksum) {
+			t.Fatalf("files after delete: %v, want the component's only", fs)
 		}
 	})
 }

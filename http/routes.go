@@ -162,8 +162,28 @@ func (s *Server) addRoutes() []route {
 			{Name: "since", Desc: "only changes at or after this RFC 3339 time", Format: "date-time"},
 			{Name: "until", Desc: "only changes before this RFC 3339 time", Format: "date-time"},
 		}, pageParams...), Resp: auditLogList{}}},
+
+		// hawkBit DDI v1 for devices that run a hawkBit client (ddi.go,
+		// docs/hawkbit.md). Authorization: TargetToken <device token> or
+		// GatewayToken <API key with the device role>; the tenant is in the
+		// path, not in x-service-tenant.
+		{"GET " + ddiPrefix, public, s.handleDDIBase, op{Tag: "hawkbit", Summary: "DDI polling root: config.polling.sleep, and _links to the deployment or cancellation the device should follow (and configData until the device sent its attributes)", Resp: ddiControllerBase{}}},
+		{"GET " + ddiPrefix + "/deploymentBase/{actionId}", public, s.handleDDIDeployment, op{Tag: "hawkbit", Summary: "DDI deployment: an update_firmware action, one chunk per component of the bundle with its artifact (filename, size, sha1/md5/sha256, download links); reading it hands the action to the device (Initiated)",
+			Query: []param{ddiActionIDParam}, Resp: ddiDeploymentBase{}}},
+		{"POST " + ddiPrefix + "/deploymentBase/{actionId}/feedback", public, s.ddiFeedback(fleet.ActionUpdateFirmware), op{Tag: "hawkbit", Summary: "DDI deployment feedback: closed+success is Completed (the versions recorded on the device), closed+failure Failed with the details as errors, anything else progress (cnt/of as the percentage)",
+			Query: []param{ddiActionIDParam}, Body: ddiFeedback{}}},
+		{"GET " + ddiPrefix + "/cancelAction/{actionId}", public, s.handleDDICancel, op{Tag: "hawkbit", Summary: "DDI cancellation: a cancel_action; stopId is the action to stop",
+			Query: []param{ddiActionIDParam}, Resp: ddiCancel{}}},
+		{"POST " + ddiPrefix + "/cancelAction/{actionId}/feedback", public, s.ddiFeedback(fleet.ActionCancel), op{Tag: "hawkbit", Summary: "DDI cancellation feedback: closed or canceled completes the cancel_action, closed+failure fails it",
+			Query: []param{ddiActionIDParam}, Body: ddiFeedback{}}},
+		{"PUT " + ddiPrefix + "/configData", public, s.handleDDIConfigData, op{Tag: "hawkbit", Summary: "DDI configData: the device's attributes, stored in its metadata (mode merge, replace or remove)", Body: ddiConfigData{}}},
+		{"GET " + ddiPrefix + "/softwaremodules/{moduleId}/artifacts/{fileName}", public, s.handleDDIArtifact, op{Tag: "hawkbit", Summary: "DDI artifact download: a component's file, with Range (206, 416), ETag and If-None-Match; {fileName}.MD5SUM is its MD5 line",
+			Query: []param{{Name: "moduleId", In: "path", Format: "uuid", Desc: "the firmware's id"}}, Raw: "application/octet-stream"}},
 	}
 }
+
+// ddiActionIDParam is the action id in a DDI path.
+var ddiActionIDParam = param{Name: "actionId", In: "path", Type: "integer", Desc: "the action's id"}
 
 // pageParams are the paging parameters of every list.
 var pageParams = []param{

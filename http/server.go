@@ -79,8 +79,12 @@ type Server struct {
 	// Firmware serves bundles, firmwares and artifact downloads.
 	Firmware fleet.FirmwareService
 
-	// Actions dispatches actions and follows the devices' progress.
-	Actions fleet.ActionService
+	// Actions dispatches actions and follows the devices' progress;
+	// Delivery hands them to devices that poll (hawkBit DDI, ddi.go).
+	Actions  fleet.ActionService
+	Delivery fleet.ActionDelivery
+	// DDIPollInterval is the sleep DDI devices are told between polls.
+	DDIPollInterval time.Duration
 	// RolloutNotifications keeps the rules that send rollouts' changes of
 	// state to the tenants' channels.
 	RolloutNotifications fleet.RolloutNotificationService
@@ -105,6 +109,7 @@ type Server struct {
 	ln         net.Listener
 	srv        *http.Server
 	mux        *http.ServeMux
+	ddiMux     *http.ServeMux // hawkBit DDI's paths (ddi.go)
 	routes     []route
 	metrics    *metrics
 	openAPIDoc []byte
@@ -157,9 +162,13 @@ func (s *Server) build() {
 	s.decoding = codec.NewBudget(s.Limits.Decoding)
 	s.limiters = newLimiters(s.Security, s.Now)
 	s.metrics = newMetrics(s.Registry)
-	s.mux = http.NewServeMux()
+	s.mux, s.ddiMux = http.NewServeMux(), http.NewServeMux()
 	s.routes = s.addRoutes()
 	for _, rt := range s.routes {
+		if _, path, _ := strings.Cut(rt.pattern, " "); strings.HasPrefix(path, ddiRoot) {
+			s.ddiMux.Handle(rt.pattern, s.wrap(rt))
+			continue
+		}
 		s.mux.Handle(rt.pattern, s.wrap(rt))
 	}
 	if s.BrokerAuth != nil {
@@ -207,9 +216,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx = fleet.NewContextWithBaseURL(ctx, baseURL(r))
 	r = r.WithContext(ctx)
 
-	h, pattern := s.mux.Handler(r)
+	mux := s.mux
+	if isDDIPath(r.URL.Path) {
+		mux = s.ddiMux
+	}
+	h, pattern := mux.Handler(r)
 	if pattern != "" {
-		s.mux.ServeHTTP(w, r) // only ServeHTTP fills in the path values
+		mux.ServeHTTP(w, r) // only ServeHTTP fills in the path values
 		return
 	}
 	// No route matched: learn from the mux whether the path exists with

@@ -31,12 +31,14 @@ type storedComponent struct {
 	ContentLength    int64              `json:"content_length"`
 	UncompressedSize int64              `json:"uncompressed_size"`
 	Dependencies     []fleet.Dependency `json:"dependencies"`
+	MD5              string             `json:"md5,omitempty"`
+	SHA1             string             `json:"sha1,omitempty"`
 }
 
 func encodeComponents(cs []*fleet.Firmware) string {
 	out := make([]storedComponent, len(cs))
 	for i, c := range cs {
-		out[i] = storedComponent{c.ComponentName, c.VersionNumber, c.FileName, c.Checksum, c.ContentLength, c.UncompressedSize, depsOrEmpty(c.Dependencies)}
+		out[i] = storedComponent{c.ComponentName, c.VersionNumber, c.FileName, c.Checksum, c.ContentLength, c.UncompressedSize, depsOrEmpty(c.Dependencies), c.MD5, c.SHA1}
 	}
 	b, _ := json.Marshal(out) // plain data always encodes
 	return string(b)
@@ -50,7 +52,8 @@ func decodeComponents(s string) ([]*fleet.Firmware, error) {
 	out := make([]*fleet.Firmware, len(in))
 	for i, c := range in {
 		out[i] = &fleet.Firmware{ComponentName: c.ComponentName, VersionNumber: c.VersionNumber, FileName: c.FileName,
-			Checksum: c.Checksum, ContentLength: c.ContentLength, UncompressedSize: c.UncompressedSize, Dependencies: depsOrEmpty(c.Dependencies)}
+			Checksum: c.Checksum, ContentLength: c.ContentLength, UncompressedSize: c.UncompressedSize, Dependencies: depsOrEmpty(c.Dependencies),
+			MD5: c.MD5, SHA1: c.SHA1}
 	}
 	return out, nil
 }
@@ -205,11 +208,13 @@ func (tx *Tx) linkFirmwares(ctx context.Context, tenant string, bundle uuid.UUID
 	now := millis(tx.now)
 	for i, c := range cs {
 		deps, _ := json.Marshal(depsOrEmpty(c.Dependencies)) // plain data always encodes
+		// A firmware made before its hashes were kept gets them now.
 		if _, err := tx.exec(ctx, `INSERT INTO firmwares (tenant, id, component_name, version_number, file_name, checksum,
-			content_length, uncompressed_size, dependencies, is_deactivated, created_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, component_name, version_number) DO NOTHING`,
+			content_length, uncompressed_size, dependencies, is_deactivated, md5, sha1, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, component_name, version_number)
+			DO UPDATE SET md5 = excluded.md5, sha1 = excluded.sha1 WHERE firmwares.sha1 = '' AND firmwares.checksum = excluded.checksum`,
 			tenant, uuid.NewString(), c.ComponentName, c.VersionNumber, c.FileName, c.Checksum,
-			c.ContentLength, c.UncompressedSize, string(deps), false, now, now); err != nil {
+			c.ContentLength, c.UncompressedSize, string(deps), false, c.MD5, c.SHA1, now, now); err != nil {
 			return err
 		}
 		var id, checksum string
@@ -434,14 +439,14 @@ func (db *DB) FindBundles(ctx context.Context, tenant string, f fleet.BundleFilt
 }
 
 const firmwareColumns = `f.id, f.component_name, f.version_number, f.file_name, f.checksum, f.content_length,
-	f.uncompressed_size, f.dependencies, f.is_deactivated, f.created_at, f.updated_at`
+	f.uncompressed_size, f.dependencies, f.is_deactivated, f.md5, f.sha1, f.created_at, f.updated_at`
 
 func scanFirmware(s scanner, extra ...any) (*fleet.Firmware, error) {
 	var f fleet.Firmware
 	var id, deps string
 	var created, updated int64
 	dest := append(extra, &id, &f.ComponentName, &f.VersionNumber, &f.FileName, &f.Checksum, &f.ContentLength,
-		&f.UncompressedSize, &deps, &f.IsDeactivated, &created, &updated)
+		&f.UncompressedSize, &deps, &f.IsDeactivated, &f.MD5, &f.SHA1, &created, &updated)
 	if err := s.Scan(dest...); err != nil {
 		return nil, err
 	}
@@ -529,6 +534,15 @@ func (db *DB) FindFirmwares(ctx context.Context, tenant, component string, p fle
 	start := min(p.Offset(), len(all))
 	end := min(start+p.Limit, len(all))
 	return all[start:end], len(all), nil
+}
+
+// FindFirmwareByID returns one component version.
+func (db *DB) FindFirmwareByID(ctx context.Context, tenant string, id uuid.UUID) (*fleet.Firmware, error) {
+	f, err := scanFirmware(db.queryRow(ctx, "SELECT "+firmwareColumns+" FROM firmwares f WHERE f.tenant = ? AND f.id = ?", tenant, id.String()))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "firmware %s not found", id)
+	}
+	return f, err
 }
 
 // FindFirmware returns one component version.

@@ -81,6 +81,9 @@ func TestBadInputCorpus(t *testing.T) {
 		byStatus := map[int]int{}
 		for _, c := range cases {
 			rq := req{method: c.method, path: c.target, creds: alpha, raw: c.body, contentType: c.ct}
+			if strings.Contains(c.target, "/controller/v1/") { // hawkBit DDI
+				rq.header = ddiHeader(endpoint{perm: "ddi"}, alpha)
+			}
 			if c.body == nil && c.ct == "" {
 				rq.raw = nil
 			}

@@ -48,6 +48,8 @@ type config struct {
 	sweepInterval time.Duration // of the action timeout sweeper
 	rolloutTick   time.Duration // between looks at the rollouts
 
+	ddiPollInterval time.Duration // the sleep hawkBit DDI devices are told
+
 	// An external broker and many replicas (broker.go).
 	scale scaleConfig
 
@@ -83,6 +85,7 @@ func (c *config) serveFlags(fs *flagSet) {
 	fs.DurationVar(&c.sweepInterval, "action-sweep-interval", time.Second, "`DURATION` between sweeps that fail device actions whose timeout elapsed")
 	fs.DurationVar(&c.rolloutTick, "rollout-interval", time.Second, "`DURATION` between looks at the rollouts: triggers, gates, maintenance windows, end_timestamp")
 	fs.StringVar(&c.outboundAllow, "outbound-allow", "", "`LIST` of CIDRs and host names, comma-separated, that webhooks, Slack, JWKS and S9 webhooks may reach though they are loopback, link-local or private; by default none")
+	fs.DurationVar(&c.ddiPollInterval, "ddi-poll-interval", 5*time.Minute, "`DURATION` hawkBit DDI devices are told to sleep between polls (config.polling.sleep), 1s to 24h")
 	c.alertFlags(fs)
 	c.scale.flags(fs)
 	c.sec.flags(fs)
@@ -123,6 +126,8 @@ func (c *config) checkAlerts() error {
 		return fmt.Errorf("--alert-timer-interval must be positive")
 	case c.rolloutTick <= 0:
 		return fmt.Errorf("--rollout-interval must be positive")
+	case c.ddiPollInterval < time.Second || c.ddiPollInterval >= 24*time.Hour:
+		return fmt.Errorf("--ddi-poll-interval must be from 1s to under 24h (DDI writes it as HH:MM:SS)")
 	}
 	return nil
 }

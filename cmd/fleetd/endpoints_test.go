@@ -103,8 +103,9 @@ func seed(t *testing.T, s *testServer, admin creds, mark, hookURL string, idp *i
 
 // endpoint is what the suites know of one operation.
 type endpoint struct {
-	// perm: public, read, device (device data), operate, admin, or
-	// artifact (public route, any reading key or a signed URL).
+	// perm: public, read, device (device data), operate, admin,
+	// artifact (public route, any reading key or a signed URL), or ddi
+	// (public route, a device token or a key that reports device data).
 	perm string
 	// prepare returns a request target of w (path and query) and a valid
 	// body, nil for none; it may make fresh resources with w.admin.
@@ -304,6 +305,61 @@ var endpoints = map[string]endpoint{
 		return "/api/v1/tenants/" + w.name + "/auth", nil
 	}},
 	"GET /api/v1/audit-logs": {perm: "admin", other: 200, prepare: static("/api/v1/audit-logs?limit=1000")},
+
+	// hawkBit DDI: the suites send the key as a GatewayToken (ddiHeader);
+	// another tenant's key is not valid for the tenant in the path (401).
+	"GET /{tenant}/controller/v1/{controllerId}": {perm: "ddi", other: 401, prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return ddiRoot(w), nil
+	}},
+	"GET /{tenant}/controller/v1/{controllerId}/deploymentBase/{actionId}": {perm: "ddi", other: 401, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		return fmt.Sprintf("%s/deploymentBase/%d", ddiRoot(w), ddiUpdate(t, s, w)), nil
+	}},
+	"POST /{tenant}/controller/v1/{controllerId}/deploymentBase/{actionId}/feedback": {perm: "ddi", other: 401, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		return fmt.Sprintf("%s/deploymentBase/%d/feedback", ddiRoot(w), ddiUpdate(t, s, w)), map[string]any{"status": map[string]any{
+			"execution": "proceeding", "result": map[string]any{"finished": "none", "progress": map[string]any{"cnt": 1, "of": 2}}, "details": []string{"downloading"}}}
+	}},
+	"GET /{tenant}/controller/v1/{controllerId}/cancelAction/{actionId}": {perm: "ddi", other: 401, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		return fmt.Sprintf("%s/cancelAction/%d", ddiRoot(w), ddiCancelOf(t, s, w)), nil
+	}},
+	"POST /{tenant}/controller/v1/{controllerId}/cancelAction/{actionId}/feedback": {perm: "ddi", other: 401, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		return fmt.Sprintf("%s/cancelAction/%d/feedback", ddiRoot(w), ddiCancelOf(t, s, w)), map[string]any{"status": map[string]any{
+			"execution": "closed", "result": map[string]any{"finished": "success"}}}
+	}},
+	"PUT /{tenant}/controller/v1/{controllerId}/configData": {perm: "ddi", other: 401, prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return ddiRoot(w) + "/configData", map[string]any{"mode": "merge", "data": map[string]any{"hwRevision": "2"}}
+	}},
+	"GET /{tenant}/controller/v1/{controllerId}/softwaremodules/{moduleId}/artifacts/{fileName}": {perm: "ddi", other: 401, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		var b bundle
+		s.do(t, w.admin, "GET", "/api/v1/firmware-bundles/id/"+w.bundleID, nil).want(t, 200).decode(t, &b)
+		return ddiRoot(w) + "/softwaremodules/" + b.Firmwares[0].ID + "/artifacts/" + b.Firmwares[0].FileName, nil
+	}},
+}
+
+// ddiRoot is the DDI path of w's device.
+func ddiRoot(w *world) string { return "/" + w.name + "/controller/v1/" + w.device }
+
+// ddiUpdate dispatches w's bundle to w's device and returns the action id.
+func ddiUpdate(t *testing.T, s *testServer, w *world) int64 {
+	t.Helper()
+	return s.dispatch(t, w.admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": w.bundleVersion},
+		"search_type": "default", "device_ids": []string{w.device}})
+}
+
+// ddiCancelOf dispatches a cancel_action of a fresh update to w's device
+// and returns its id.
+func ddiCancelOf(t *testing.T, s *testServer, w *world) int64 {
+	t.Helper()
+	return s.dispatch(t, w.admin, map[string]any{"action": "cancel_action", "params": map[string]any{"action_id": ddiUpdate(t, s, w)},
+		"search_type": "default", "device_ids": []string{w.device}})
+}
+
+// ddiHeader is how the suites authenticate to DDI endpoints: the caller's
+// API key as a gateway token.
+func ddiHeader(e endpoint, c creds) http.Header {
+	if e.perm != "ddi" || c.Key == "" {
+		return nil
+	}
+	return http.Header{"Authorization": {"GatewayToken " + c.Key}}
 }
 
 // rolloutOf dispatches a fresh rollout to w's device whose one phase an

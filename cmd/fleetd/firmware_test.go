@@ -995,7 +995,15 @@ func uploadFlat(t *testing.T, store string, size int64) {
 	growth := int64(top) - int64(base)
 	t.Logf("uploaded %d MB in %v (%.0f MB/s, client, server, disk and fsync in one process); heap in use %.1f MB before, peak %.1f MB (+%.1f MB)",
 		size>>20, elapsed.Round(time.Millisecond), float64(size)/(1<<20)/elapsed.Seconds(), float64(base)/(1<<20), float64(top)/(1<<20), float64(growth)/(1<<20))
-	if growth > 32<<20 {
+	// S3 holds a part (8 MiB) in memory per upload in progress, and the
+	// pass that stores the component's file holds another; with what the
+	// collector has not yet reclaimed of the client library's buffers, the
+	// peak was +37 MB for 500 MB. Buffering the archive would be +500 MB.
+	limit := int64(32 << 20)
+	if store == "s3" {
+		limit = 48 << 20
+	}
+	if growth > limit {
 		t.Fatalf("the heap grew by %d MB while uploading %d MB: the archive is being buffered", growth>>20, size>>20)
 	}
 }

@@ -97,6 +97,7 @@ func TestIsolationMatrix(t *testing.T) {
 				if raw, ok := body.([]byte); ok {
 					rq.body, rq.raw, rq.contentType = nil, raw, "application/octet-stream"
 				}
+				rq.header = ddiHeader(e, c.creds)
 				if c.bearer != "" {
 					rq.header = http.Header{"Authorization": {"Bearer " + c.bearer}}
 				}
@@ -131,7 +132,7 @@ func TestIsolationMatrix(t *testing.T) {
 				continue
 			}
 			target, _ := e.prepare(t, s, wb)
-			check("bravo", target, s.send(t, req{method: "GET", path: target, creds: bravo}))
+			check("bravo", target, s.send(t, req{method: "GET", path: target, creds: bravo, header: ddiHeader(e, bravo)}))
 			answers++
 		}
 		t.Logf("%d endpoints × %d callers, %d answers checked, %d leaks\n%s", len(ops), len(callers), answers, leaks, table.String())
@@ -147,6 +148,10 @@ func expect(e endpoint, c caller, ok int) int {
 	switch {
 	case c.creds.Key == "" && c.bearer == "":
 		return http.StatusUnauthorized
+	case e.perm == "ddi" && c.bearer != "":
+		// Devices authenticate to DDI with tokens and keys, never as
+		// end users (docs/hawkbit.md).
+		return http.StatusUnauthorized
 	case c.role == "" && c.creds.Tenant == "alpha":
 		return http.StatusUnauthorized
 	case c.creds.Tenant == "bravo":
@@ -159,6 +164,7 @@ func expect(e endpoint, c caller, ok int) int {
 		"read":     {"viewer", "operator", "admin"},
 		"artifact": {"viewer", "operator", "admin"},
 		"device":   {"device", "operator", "admin"},
+		"ddi":      {"device", "operator", "admin"},
 		"operate":  {"operator", "admin"},
 		"admin":    {"admin"},
 	}[e.perm]

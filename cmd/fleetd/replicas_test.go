@@ -481,13 +481,20 @@ func TestReplicasShareBundlesThroughS3(t *testing.T) {
 	for o := range srv.Client(t).ListObjects(context.Background(), srv.Bucket, minio.ListObjectsOptions{Recursive: true}) {
 		objects = append(objects, o.Key)
 	}
-	if len(objects) != 1 || !strings.HasPrefix(objects[0], "fleet/prod/bundles/default/"+up.ID+"/") {
-		t.Fatalf("the bucket holds %v, want the one archive under the prefix", objects)
+	// The archive, and each of its two components' files (hawkBit
+	// clients download those), under the prefix.
+	if len(objects) != 3 || !strings.HasPrefix(objects[0], "fleet/prod/bundles/default/"+up.ID+"/") ||
+		!strings.HasPrefix(objects[1], "fleet/prod/components/default/") || !strings.HasPrefix(objects[2], "fleet/prod/components/default/") {
+		t.Fatalf("the bucket holds %v, want the archive and two component files under the prefix", objects)
 	}
 
+	// Deleted through B: the archive goes; the component versions, and
+	// their files, stay (docs/firmware.md).
 	b.do(t, admin, "DELETE", "/api/v1/firmware-bundles/id/"+up.ID, nil).want(t, 204)
 	for o := range srv.Client(t).ListObjects(context.Background(), srv.Bucket, minio.ListObjectsOptions{Recursive: true}) {
-		t.Errorf("after the delete through B, the bucket still holds %s", o.Key)
+		if !strings.HasPrefix(o.Key, "fleet/prod/components/") {
+			t.Errorf("after the delete through B, the bucket still holds %s", o.Key)
+		}
 	}
 	if resp, _ := a.get(t, admin, path); resp.StatusCode != 404 {
 		t.Fatalf("A serves the deleted bundle: %d", resp.StatusCode)

@@ -1,0 +1,533 @@
+package main
+
+import (
+	"bytes"
+	"crypto/md5"
+	"crypto/sha1"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	fwbundle "github.com/fleetd/fleet/firmware/bundle"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// These tests drive fleetd's hawkBit DDI API (docs/hawkbit.md): first with
+// a plain HTTP client, for the JSON, the authentication and the mapping of
+// feedback, then with Debian's SWUpdate (suricatta) as the device.
+
+// ddiBundle builds a bundle of one component, rootfs, whose file is name
+// with body.
+func ddiBundle(t testing.TB, version, name string, body []byte) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	src := []fwbundle.Source{{ComponentName: "rootfs", VersionNumber: version, FileName: name, Size: int64(len(body)), Body: bytes.NewReader(body)}}
+	if err := fwbundle.Build(&buf, version, src, true); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// ddi sends a DDI request with the Authorization header auth.
+func (s *testServer) ddi(t *testing.T, method, path, auth string, body any, header ...string) (*http.Response, []byte) {
+	t.Helper()
+	var rd *bytes.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	} else {
+		rd = bytes.NewReader(nil)
+	}
+	hr, err := http.NewRequest(method, s.URL+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if auth != "" {
+		hr.Header.Set("Authorization", auth)
+	}
+	if body != nil {
+		hr.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		hr.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out bytes.Buffer
+	out.ReadFrom(resp.Body)
+	return resp, out.Bytes()
+}
+
+// keys lists a JSON object's keys, sorted, for comparing shapes.
+func keys(v any) string {
+	m, _ := v.(map[string]any)
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return strings.Join(ks, " ")
+}
+
+func TestDDI(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, "--ddi-poll-interval", "90s")
+		admin := s.admin()
+		dev := s.mustDevice(t, admin, "ecu-1", nil)
+		other := s.mustDevice(t, admin, "ecu-2", nil)
+		target := "TargetToken " + dev.Token
+		root := "/default/controller/v1/ecu-1"
+		payload := bytes.Repeat([]byte("rootfs 2.0.0 "), 5000)
+		s.mustUpload(t, admin, ddiBundle(t, "2.0.0", "images/rootfs.swu", payload))
+
+		t.Run("Authentication", func(t *testing.T) {
+			for name, auth := range map[string]string{
+				"None":             "",
+				"AnotherDevices":   "TargetToken " + other.Token,
+				"Bearer":           "Bearer " + dev.Token,
+				"Empty":            "TargetToken ",
+				"AdminKeyAsTarget": "TargetToken " + admin.Key,
+			} {
+				if resp, body := s.ddi(t, "GET", root, auth, nil); resp.StatusCode != 401 {
+					t.Errorf("%s: %d %s, want 401", name, resp.StatusCode, body)
+				}
+			}
+			if resp, _ := s.ddi(t, "GET", "/beta/controller/v1/ecu-1", target, nil); resp.StatusCode != 401 {
+				t.Errorf("another tenant's path: %d, want 401", resp.StatusCode)
+			}
+			gw := s.newKey(t, admin, "gateway", "device")
+			if resp, body := s.ddi(t, "GET", root, "GatewayToken "+gw.Key, nil); resp.StatusCode != 200 {
+				t.Errorf("gateway token with the device role: %d %s", resp.StatusCode, body)
+			}
+			if resp, _ := s.ddi(t, "GET", "/default/controller/v1/nobody", "GatewayToken "+gw.Key, nil); resp.StatusCode != 404 {
+				t.Errorf("gateway token for an unknown device: %d, want 404", resp.StatusCode)
+			}
+			viewer := s.newKey(t, admin, "watcher", "viewer")
+			if resp, _ := s.ddi(t, "GET", root, "GatewayToken "+viewer.Key, nil); resp.StatusCode != 403 {
+				t.Errorf("gateway token with the viewer role: %d, want 403", resp.StatusCode)
+			}
+			// hawkBit's clients often name the tenant in capitals.
+			if resp, body := s.ddi(t, "GET", "/DEFAULT/controller/v1/ecu-1", target, nil); resp.StatusCode != 200 {
+				t.Errorf("DEFAULT: %d %s", resp.StatusCode, body)
+			}
+		})
+
+		var base map[string]any
+		t.Run("PollWithoutAction", func(t *testing.T) {
+			resp, body := s.ddi(t, "GET", root, target, nil)
+			if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
+				t.Fatalf("%d %s %s", resp.StatusCode, resp.Header.Get("Content-Type"), body)
+			}
+			json.Unmarshal(body, &base)
+			// As hawkBit's example: config.polling.sleep as HH:MM:SS, and
+			// links; a device with no metadata is asked for its attributes.
+			if got := fmt.Sprint(base["config"]); got != "map[polling:map[sleep:00:01:30]]" {
+				t.Fatalf("config = %s", got)
+			}
+			if keys(base["_links"]) != "configData" {
+				t.Fatalf("_links = %v", base["_links"])
+			}
+		})
+
+		id := s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.0.0"},
+			"search_type": "default", "device_ids": []string{"ecu-1"}, "timeout": 600})
+		deployment := fmt.Sprintf("%s/deploymentBase/%d", root, id)
+		var dep map[string]any
+		t.Run("Deployment", func(t *testing.T) {
+			_, body := s.ddi(t, "GET", root, target, nil)
+			json.Unmarshal(body, &base)
+			if got := base["_links"].(map[string]any)["deploymentBase"]; fmt.Sprint(got) != "map[href:"+s.URL+deployment+"]" {
+				t.Fatalf("deploymentBase link = %v", got)
+			}
+			resp, body := s.ddi(t, "GET", deployment, target, nil)
+			if resp.StatusCode != 200 {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			if err := json.Unmarshal(body, &dep); err != nil {
+				t.Fatal(err)
+			}
+			// The shape of the specification's example, key for key.
+			d := dep["deployment"].(map[string]any)
+			chunk := d["chunks"].([]any)[0].(map[string]any)
+			art := chunk["artifacts"].([]any)[0].(map[string]any)
+			for _, c := range []struct{ got, want string }{
+				{keys(dep), "deployment id"},
+				{keys(d), "chunks download update"},
+				{keys(chunk), "artifacts name part version"},
+				{keys(art), "_links filename hashes size"},
+				{keys(art["hashes"]), "md5 sha1 sha256"},
+				{keys(art["_links"]), "download download-http md5sum md5sum-http"},
+				{fmt.Sprintf("%v %v %v %v %v %v %v", dep["id"], d["download"], d["update"], chunk["part"], chunk["version"], art["filename"], art["size"]),
+					fmt.Sprintf("%d forced forced rootfs 2.0.0 rootfs.swu %d", id, len(payload))},
+				{fmt.Sprint(art["hashes"]), fmt.Sprintf("map[md5:%x sha1:%x sha256:%x]", md5.Sum(payload), sha1.Sum(payload), sha256.Sum256(payload))},
+			} {
+				if c.got != c.want {
+					t.Errorf("got %q, want %q", c.got, c.want)
+				}
+			}
+			if _, ok := dep["id"].(string); !ok {
+				t.Errorf("id is %T, want a string as hawkBit sends it", dep["id"])
+			}
+			// Reading the deployment hands the action to the device.
+			eventually(t, "Initiated", func() bool { return s.deviceAction(t, admin, "ecu-1", id).ActionStatus == "Initiated" })
+		})
+
+		t.Run("ArtifactWithRange", func(t *testing.T) {
+			art := dep["deployment"].(map[string]any)["chunks"].([]any)[0].(map[string]any)["artifacts"].([]any)[0].(map[string]any)
+			href := art["_links"].(map[string]any)["download-http"].(map[string]any)["href"].(string)
+			path := strings.TrimPrefix(href, s.URL)
+			// A download cut after 1000 bytes resumes where it stopped.
+			resp, first := s.ddi(t, "GET", path, target, nil, "Range", "bytes=0-999")
+			if resp.StatusCode != 206 || len(first) != 1000 {
+				t.Fatalf("first part: %d, %d bytes", resp.StatusCode, len(first))
+			}
+			resp, rest := s.ddi(t, "GET", path, target, nil, "Range", "bytes=1000-", "If-Range", resp.Header.Get("ETag"))
+			if resp.StatusCode != 206 || !bytes.Equal(append(first, rest...), payload) {
+				t.Fatalf("resumed: %d, %d bytes; not the component's file", resp.StatusCode, len(first)+len(rest))
+			}
+			if resp, _ := s.ddi(t, "GET", path, target, nil, "Range", fmt.Sprintf("bytes=%d-", len(payload))); resp.StatusCode != 416 {
+				t.Fatalf("a range past the end: %d, want 416", resp.StatusCode)
+			}
+			resp, sum := s.ddi(t, "GET", path+".MD5SUM", target, nil)
+			if resp.StatusCode != 200 || string(sum) != fmt.Sprintf("%x  rootfs.swu\n", md5.Sum(payload)) {
+				t.Fatalf("MD5SUM: %d %q", resp.StatusCode, sum)
+			}
+			if resp, _ := s.ddi(t, "GET", strings.Replace(path, "rootfs.swu", "other.swu", 1), target, nil); resp.StatusCode != 404 {
+				t.Fatalf("another file name: %d, want 404", resp.StatusCode)
+			}
+			if resp, _ := s.ddi(t, "GET", path, "", nil); resp.StatusCode != 401 {
+				t.Fatalf("without a token: %d, want 401", resp.StatusCode)
+			}
+		})
+
+		t.Run("Feedback", func(t *testing.T) {
+			feedback := deployment + "/feedback"
+			for _, c := range []struct {
+				body any
+				want int
+			}{
+				{map[string]any{"status": map[string]any{"execution": "sleeping"}}, 400},
+				{map[string]any{"status": map[string]any{"execution": "closed", "result": map[string]any{"finished": "maybe"}}}, 400},
+				{map[string]any{"id": 1, "status": map[string]any{"execution": "closed"}, "extra": true}, 400},
+				{map[string]any{}, 400},
+			} {
+				if resp, body := s.ddi(t, "POST", feedback, target, c.body); resp.StatusCode != c.want {
+					t.Errorf("%v: %d %s, want %d", c.body, resp.StatusCode, body, c.want)
+				}
+			}
+			// As SWUpdate sends it: id, the device's local time, cnt/of.
+			proceeding := map[string]any{"id": id, "time": "20261125T101314", "status": map[string]any{"execution": "proceeding",
+				"result": map[string]any{"finished": "none", "progress": map[string]any{"cnt": 1, "of": 4}}, "details": []string{"Installing"}}}
+			if resp, body := s.ddi(t, "POST", feedback, target, proceeding); resp.StatusCode != 200 {
+				t.Fatalf("proceeding: %d %s", resp.StatusCode, body)
+			}
+			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Progress" || da.Status != "proceeding" || da.Progress != 25 {
+				t.Fatalf("after proceeding 1 of 4: %+v", da)
+			}
+			failure := map[string]any{"id": id, "status": map[string]any{"execution": "closed",
+				"result": map[string]any{"finished": "failure"}, "details": []string{"ERROR : no space left on device"}}}
+			if resp, body := s.ddi(t, "POST", feedback, target, failure); resp.StatusCode != 200 {
+				t.Fatalf("failure: %d %s", resp.StatusCode, body)
+			}
+			da := s.deviceAction(t, admin, "ecu-1", id)
+			if da.ActionStatus != "Failed" || fmt.Sprint(da.Errors["Failed"]) != "[ERROR : no space left on device]" {
+				t.Fatalf("after closed+failure: %+v", da)
+			}
+			// A final state never changes; the device is told all is well.
+			success := map[string]any{"status": map[string]any{"execution": "closed", "result": map[string]any{"finished": "success"}}}
+			if resp, _ := s.ddi(t, "POST", feedback, target, success); resp.StatusCode != 200 {
+				t.Fatalf("after the end: %d", resp.StatusCode)
+			}
+			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Failed" {
+				t.Fatalf("a report after the end changed %+v", da)
+			}
+			// The failed action offers nothing more.
+			_, body := s.ddi(t, "GET", root, target, nil)
+			if strings.Contains(string(body), "deploymentBase") {
+				t.Fatalf("poll after the end: %s", body)
+			}
+			if resp, _ := s.ddi(t, "POST", fmt.Sprintf("%s/deploymentBase/%d/feedback", "/default/controller/v1/ecu-2", id), "TargetToken "+other.Token, success); resp.StatusCode != 404 {
+				t.Fatalf("feedback of another device's action: %d, want 404", resp.StatusCode)
+			}
+		})
+
+		t.Run("ConfigData", func(t *testing.T) {
+			put := func(body any) int {
+				resp, _ := s.ddi(t, "PUT", root+"/configData", target, body)
+				return resp.StatusCode
+			}
+			if c := put(map[string]any{"id": "", "time": "20261125T101314", "status": map[string]any{"execution": "closed"}, "data": map[string]any{"hwRevision": "2", "VIN": "JH4"}}); c != 200 {
+				t.Fatalf("merge: %d", c)
+			}
+			if c := put(map[string]any{"mode": "remove", "data": map[string]any{"VIN": ""}}); c != 200 {
+				t.Fatalf("remove: %d", c)
+			}
+			if c := put(map[string]any{"mode": "swap", "data": map[string]any{}}); c != 400 {
+				t.Fatalf("unknown mode: %d, want 400", c)
+			}
+			var d device
+			s.do(t, admin, "GET", "/api/v1/devices/ecu-1", nil).want(t, 200).decode(t, &d)
+			if fmt.Sprint(d.Metadata) != "map[hwRevision:2]" {
+				t.Fatalf("metadata = %v", d.Metadata)
+			}
+			// Once it has told, the device is not asked again.
+			if _, body := s.ddi(t, "GET", root, target, nil); strings.Contains(string(body), "configData") {
+				t.Fatalf("poll after configData: %s", body)
+			}
+		})
+	})
+}
+
+// swupdateTools finds SWUpdate and openssl (which signs its images), or
+// skips; under CI they must be there (.ci/run installs them).
+func swupdateTools(t *testing.T) (swupdate, openssl string) {
+	t.Helper()
+	var missing []string
+	for _, name := range []string{"swupdate", "openssl"} {
+		p, err := exec.LookPath(name)
+		if err != nil {
+			missing = append(missing, name)
+		}
+		if name == "swupdate" {
+			swupdate = p
+		} else {
+			openssl = p
+		}
+	}
+	if len(missing) > 0 {
+		msg := fmt.Sprintf("%s not installed (apt-get install swupdate openssl)", strings.Join(missing, " and "))
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg + "; CI=true makes this a failure")
+	}
+	return swupdate, openssl
+}
+
+// swuSigner signs SWUpdate images as Debian's SWUpdate requires (CMS, a
+// certificate for email protection).
+type swuSigner struct {
+	openssl, dir string
+}
+
+func newSWUSigner(t *testing.T, openssl string) *swuSigner {
+	t.Helper()
+	s := &swuSigner{openssl: openssl, dir: t.TempDir()}
+	s.run(t, nil, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", s.key(), "-out", s.cert(), "-days", "2",
+		"-subj", "/CN=fleetd test signer", "-addext", "extendedKeyUsage=emailProtection")
+	return s
+}
+
+func (s *swuSigner) cert() string { return filepath.Join(s.dir, "cert.pem") }
+func (s *swuSigner) key() string  { return filepath.Join(s.dir, "key.pem") }
+
+func (s *swuSigner) run(t *testing.T, stdin []byte, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(s.openssl, args...)
+	cmd.Stdin = bytes.NewReader(stdin)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("openssl %s: %v\n%s", args[0], err, stderr.Bytes())
+	}
+	return out
+}
+
+// swu builds a signed image that installs payload at path with SWUpdate's
+// rawfile handler. A wrong sha256 makes the installation fail.
+func (s *swuSigner) swu(t *testing.T, version, path string, payload []byte, sha string) []byte {
+	t.Helper()
+	if sha == "" {
+		sha = fmt.Sprintf("%x", sha256.Sum256(payload))
+	}
+	desc := fmt.Sprintf(`software = {
+  version = %q;
+  hardware-compatibility: [ "1.0" ];
+  files: ( { filename = "payload"; path = %q; sha256 = %q; } );
+}
+`, version, path, sha)
+	sig := s.run(t, []byte(desc), "cms", "-sign", "-signer", s.cert(), "-inkey", s.key(), "-outform", "DER", "-nosmimecap", "-binary")
+	return cpioNewc([][2]string{{"sw-description", desc}, {"sw-description.sig", string(sig)}, {"payload", string(payload)}})
+}
+
+// cpioNewc writes the cpio "newc" archive an .swu image is.
+func cpioNewc(files [][2]string) []byte {
+	var b bytes.Buffer
+	pad := func() {
+		for b.Len()%4 != 0 {
+			b.WriteByte(0)
+		}
+	}
+	entry := func(ino int, name, data string) {
+		fmt.Fprintf(&b, "070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X", ino, 0o100644, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name)+1, 0)
+		b.WriteString(name + "\x00")
+		pad()
+		b.WriteString(data)
+		pad()
+	}
+	for i, f := range files {
+		entry(i+1, f[0], f[1])
+	}
+	entry(0, "TRAILER!!!", "")
+	return b.Bytes()
+}
+
+// swupdateRun is SWUpdate running as a suricatta daemon, polling fleetd.
+type swupdateRun struct {
+	cmd  *exec.Cmd
+	out  *lockedBuffer
+	done chan struct{}
+}
+
+// runSWUpdate starts SWUpdate for device; suricatta holds its options
+// (confirm, "-c 2", after an installation, as a device does after its
+// reboot). Its sockets go in a directory of its own (TMPDIR).
+func runSWUpdate(t *testing.T, bin string, s *testServer, signer *swuSigner, device, token string, suricatta ...string) *swupdateRun {
+	t.Helper()
+	opts := append([]string{"-t", "default", "-u", s.URL, "-i", device, "-k", token, "-p", "1", "-r", "5", "-w", "1"}, suricatta...)
+	cmd := exec.Command(bin, "-v", "-k", signer.cert(), "-H", "fleetdev:1.0", "-u", strings.Join(opts, " "))
+	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir())
+	r := &swupdateRun{cmd: cmd, out: &lockedBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = r.out, r.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { cmd.Wait(); close(r.done) }()
+	t.Cleanup(r.stop)
+	return r
+}
+
+// stop ends SWUpdate as a reboot would.
+func (r *swupdateRun) stop() {
+	select {
+	case <-r.done:
+		return
+	default:
+	}
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-r.done:
+	case <-time.After(10 * time.Second):
+		r.cmd.Process.Kill()
+		<-r.done
+	}
+}
+
+// awaitStatus waits for the device action to reach status, showing what
+// SWUpdate said if it does not.
+func (r *swupdateRun) awaitStatus(t *testing.T, s *testServer, device string, id int64, status string) deviceActionBody {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		da := s.deviceAction(t, s.admin(), device, id)
+		if da.ActionStatus == status {
+			return da
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("action %d on %s is %+v, not %s; SWUpdate said:\n%s", id, device, da, status, r.out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestSWUpdate updates a device running Debian's SWUpdate through fleetd:
+// an installation that succeeds (confirmed after the device's "reboot"),
+// one that fails with SWUpdate's message, and a cancellation.
+func TestSWUpdate(t *testing.T) {
+	bin, openssl := swupdateTools(t)
+	signer := newSWUSigner(t, openssl)
+	s := startServer(t, sqlstoretest.Backends()[0], "--ddi-poll-interval", "1s")
+	admin := s.admin()
+	dev := s.mustDevice(t, admin, "gw-1", map[string]string{"site": "lab"})
+	installed := filepath.Join(t.TempDir(), "installed.txt")
+	update := func(version string, swu []byte) int64 {
+		t.Helper()
+		s.mustUpload(t, admin, ddiBundle(t, version, "rootfs.swu", swu))
+		return s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": version},
+			"search_type": "default", "device_ids": []string{"gw-1"}, "timeout": 600})
+	}
+
+	t.Run("Success", func(t *testing.T) {
+		id := update("2.0.0", signer.swu(t, "2.0.0", installed, []byte("rootfs 2.0.0\n"), ""))
+		sw := runSWUpdate(t, bin, s, signer, "gw-1", dev.Token)
+		// Installed, awaiting the device's test after its reboot.
+		eventually(t, "the installed file", func() bool {
+			b, _ := os.ReadFile(installed)
+			return string(b) == "rootfs 2.0.0\n"
+		})
+		da := sw.awaitStatus(t, s, "gw-1", id, "Progress")
+		eventually(t, "the installation reported", func() bool {
+			da = s.deviceAction(t, admin, "gw-1", id)
+			return da.Progress == 100
+		})
+		sw.stop()
+		// After the reboot the device confirms: closed, success.
+		sw = runSWUpdate(t, bin, s, signer, "gw-1", dev.Token, "-c", "2")
+		da = sw.awaitStatus(t, s, "gw-1", id, "Completed")
+		sw.stop()
+		var d device
+		s.do(t, admin, "GET", "/api/v1/devices/gw-1", nil).want(t, 200).decode(t, &d)
+		if d.Components["rootfs"] != "2.0.0" {
+			t.Fatalf("the device's components after the update: %v (action %+v)", d.Components, da)
+		}
+	})
+
+	t.Run("Failure", func(t *testing.T) {
+		bad := strings.Repeat("1", 64)
+		id := update("3.0.0", signer.swu(t, "3.0.0", installed, []byte("rootfs 3.0.0\n"), bad))
+		sw := runSWUpdate(t, bin, s, signer, "gw-1", dev.Token)
+		da := sw.awaitStatus(t, s, "gw-1", id, "Failed")
+		sw.stop()
+		var all []string
+		for state, errs := range da.Errors {
+			all = append(all, state+": "+strings.Join(errs, " | "))
+		}
+		msgs := strings.Join(all, "\n")
+		if len(da.Errors["Failed"]) == 0 || !strings.Contains(msgs, "HASH mismatch") {
+			t.Fatalf("the failure's errors do not carry SWUpdate's message about the hash: %q\nSWUpdate said:\n%s", msgs, sw.out)
+		}
+		if b, _ := os.ReadFile(installed); string(b) != "rootfs 2.0.0\n" {
+			t.Fatalf("the failed image was installed: %q", b)
+		}
+	})
+
+	t.Run("Cancel", func(t *testing.T) {
+		id := update("4.0.0", signer.swu(t, "4.0.0", installed, []byte("rootfs 4.0.0\n"), ""))
+		// The device has read the deployment (it is downloading, say)
+		// when the operator cancels: it must be told.
+		if resp, body := s.ddi(t, "GET", fmt.Sprintf("/default/controller/v1/gw-1/deploymentBase/%d", id), "TargetToken "+dev.Token, nil); resp.StatusCode != 200 {
+			t.Fatalf("deploymentBase: %d %s", resp.StatusCode, body)
+		}
+		eventually(t, "Initiated", func() bool { return s.deviceAction(t, admin, "gw-1", id).ActionStatus == "Initiated" })
+		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).want(t, 204)
+		var list struct {
+			DeviceActions []deviceActionBody `json:"device_actions"`
+		}
+		s.do(t, admin, "GET", "/api/v1/devices/gw-1/actions?type=cancel_action", nil).want(t, 200).decode(t, &list)
+		if len(list.DeviceActions) != 1 {
+			t.Fatalf("cancel_actions: %+v", list.DeviceActions)
+		}
+		sw := runSWUpdate(t, bin, s, signer, "gw-1", dev.Token)
+		sw.awaitStatus(t, s, "gw-1", list.DeviceActions[0].ActionID, "Completed")
+		sw.stop()
+		if da := s.deviceAction(t, admin, "gw-1", id); da.ActionStatus != "Cancelled" {
+			t.Fatalf("the cancelled update: %+v", da)
+		}
+		if b, _ := os.ReadFile(installed); string(b) != "rootfs 2.0.0\n" {
+			t.Fatalf("the cancelled image was installed: %q", b)
+		}
+	})
+}

@@ -1,0 +1,533 @@
+package fleethttp
+
+import (
+	"encoding/json"
+	"fmt"
+	"mime"
+	"net/http"
+	"net/url"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/google/uuid"
+)
+
+// This file is the hawkBit Direct Device Integration API (DDI v1), which
+// SWUpdate's suricatta, rauc-hawkbit-updater and Zephyr's client speak:
+// a device polls its root, follows the links it finds to an
+// update_firmware action (a deploymentBase, one chunk per component of the
+// bundle) or a cancel_action (a cancelAction), downloads the artifacts and
+// posts feedback, which drives the same lifecycle as MQTT and S10 reports.
+// docs/hawkbit.md says how each resource maps onto fleetd.
+
+// ddiPrefix is the path of a device's resources.
+const ddiPrefix = ddiRoot + "/controller/v1/{controllerId}"
+
+// ddiRoot begins DDI's patterns. They are served from a mux of their own:
+// a tenant in the first segment would make them clash with every pattern
+// that begins with a literal and has as many segments (/broker/, the
+// console), which ServeMux refuses to choose between.
+const ddiRoot = "/{tenant}"
+
+// isDDIPath reports whether path is /{tenant}/controller/v1/… of a tenant
+// name, as opposed to /api/, /mock/, /broker/ and the console.
+func isDDIPath(path string) bool {
+	parts := strings.SplitN(path, "/", 5)
+	return len(parts) == 5 && parts[0] == "" && parts[2] == "controller" && parts[3] == "v1" &&
+		parts[1] != "api" && parts[1] != "mock" && parts[1] != "broker" && parts[1] != "console"
+}
+
+// DDI's JSON, field for field as hawkBit writes it: clients are strict.
+type (
+	ddiLink struct {
+		Href string `json:"href"`
+	}
+	ddiLinks map[string]ddiLink
+
+	ddiPolling struct {
+		Sleep string `json:"sleep" doc:"HH:MM:SS between polls"`
+	}
+	ddiConfig struct {
+		Polling ddiPolling `json:"polling"`
+	}
+	ddiControllerBase struct {
+		Config ddiConfig `json:"config"`
+		Links  ddiLinks  `json:"_links,omitempty" doc:"deploymentBase, cancelAction, configData: what the device should follow"`
+	}
+	ddiHashes struct {
+		SHA1   string `json:"sha1"`
+		MD5    string `json:"md5"`
+		SHA256 string `json:"sha256"`
+	}
+	ddiArtifact struct {
+		Filename string    `json:"filename"`
+		Hashes   ddiHashes `json:"hashes"`
+		Size     int64     `json:"size"`
+		Links    ddiLinks  `json:"_links" doc:"download, download-http, md5sum, md5sum-http"`
+	}
+	ddiChunk struct {
+		Part      string        `json:"part" doc:"the component's name"`
+		Version   string        `json:"version" doc:"the component's version number"`
+		Name      string        `json:"name"`
+		Artifacts []ddiArtifact `json:"artifacts"`
+	}
+	ddiDeployment struct {
+		Download string     `json:"download" doc:"always forced"`
+		Update   string     `json:"update" doc:"always forced"`
+		Chunks   []ddiChunk `json:"chunks"`
+	}
+	ddiDeploymentBase struct {
+		ID         string        `json:"id" doc:"the action id"`
+		Deployment ddiDeployment `json:"deployment"`
+	}
+	ddiCancelAction struct {
+		StopID string `json:"stopId" doc:"the id of the action to stop"`
+	}
+	ddiCancel struct {
+		ID           string          `json:"id" doc:"the id of the cancel_action"`
+		CancelAction ddiCancelAction `json:"cancelAction"`
+	}
+	// ddiFeedback and ddiConfigData describe the request bodies in the
+	// OpenAPI document; they are read field by field (readFeedback).
+	ddiProgress struct {
+		Cnt int64 `json:"cnt"`
+		Of  int64 `json:"of"`
+	}
+	ddiResult struct {
+		Finished string       `json:"finished" doc:"success, failure or none"`
+		Progress *ddiProgress `json:"progress,omitempty"`
+	}
+	ddiStatus struct {
+		Execution string    `json:"execution" doc:"closed, proceeding, canceled, scheduled, rejected, resumed, downloaded or download"`
+		Result    ddiResult `json:"result"`
+		Details   []string  `json:"details,omitempty"`
+	}
+	ddiFeedback struct {
+		Status ddiStatus `json:"status"`
+	}
+	ddiConfigData struct {
+		Mode string            `json:"mode,omitempty" doc:"merge (default), replace or remove"`
+		Data map[string]string `json:"data"`
+	}
+)
+
+// ddiDevice authenticates a DDI request: "Authorization: TargetToken
+// <device token>" for the device in the path, or "GatewayToken <API key>"
+// of the tenant with the device role (or any role that may report device
+// data) for any of its devices. Tenant names are lower case; hawkBit's
+// clients often send DEFAULT.
+func (s *Server) ddiDevice(w http.ResponseWriter, r *http.Request) (tenant, device string, err error) {
+	tenant, device = strings.ToLower(r.PathValue("tenant")), r.PathValue("controllerId")
+	scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	token = strings.TrimSpace(token)
+	actor := &fleet.Actor{Tenant: tenant, KeyName: "device " + device}
+	switch {
+	case strings.EqualFold(scheme, "TargetToken") && token != "":
+		if !fleet.ValidDeviceID(device) {
+			return "", "", fleet.Errorf(fleet.EUNAUTHENTICATED, "the device id, tenant or token is not valid")
+		}
+		if err := s.Devices.AuthenticateDevice(r.Context(), tenant, device, token); err != nil {
+			return "", "", err
+		}
+	case strings.EqualFold(scheme, "GatewayToken") && token != "":
+		a, err := s.Tenants.AuthenticateAPIKey(r.Context(), tenant, token)
+		if err != nil {
+			return "", "", err
+		}
+		if !a.Role.Can(fleet.PermDeviceData) {
+			return "", "", fleet.Errorf(fleet.EFORBIDDEN, "the %s role may not %s", a.Role, permissionNames[fleet.PermDeviceData])
+		}
+		if _, err := s.Devices.FindDevice(r.Context(), tenant, device); err != nil {
+			return "", "", err
+		}
+		actor = a
+	default:
+		return "", "", fleet.Errorf(fleet.EUNAUTHENTICATED, "send Authorization: TargetToken <the device's token>, or GatewayToken <an API key with the device role>")
+	}
+	if err := s.limitActor(w, fleet.PermDeviceData, actor); err != nil {
+		return "", "", err
+	}
+	return tenant, device, nil
+}
+
+// ddiURL is the absolute URL of a device's resource, on the host and
+// scheme the device used.
+func ddiURL(r *http.Request, tenant, device string, elems ...string) string {
+	p := "/" + url.PathEscape(tenant) + "/controller/v1/" + url.PathEscape(device)
+	for _, e := range elems {
+		p += "/" + url.PathEscape(e)
+	}
+	return fleet.BaseURLFromContext(r.Context()) + p
+}
+
+// ddiJSON writes v as JSON: DDI is JSON only, whatever Accept says.
+func ddiJSON(w http.ResponseWriter, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(http.StatusOK)
+	w.Write(b)
+	return nil
+}
+
+// sleepText is d as DDI's HH:MM:SS.
+func sleepText(d time.Duration) string {
+	sec := int64(d.Round(time.Second) / time.Second)
+	return fmt.Sprintf("%02d:%02d:%02d", sec/3600, sec/60%60, sec%60)
+}
+
+// ddiOpenAction is the action a polling device should follow: the first
+// update_firmware or cancel_action it holds (Initiated or Progress), else
+// the first one queued for it whose rollout window is open. Other actions
+// have no DDI form and wait.
+func (s *Server) ddiOpenAction(r *http.Request, tenant, device string) (name string, id int64, err error) {
+	for _, st := range []fleet.ActionStatus{fleet.StatusProgress, fleet.StatusInitiated} {
+		for _, typ := range []string{fleet.ActionCancel, fleet.ActionUpdateFirmware} {
+			das, _, err := s.Actions.FindDeviceActions(r.Context(), tenant, fleet.DeviceActionFilter{
+				DeviceID: device, ActionStatus: st, Type: typ, SortBy: "action_id", Ascending: true, Page: fleet.Page{Page: 1, Limit: 1}})
+			if err != nil {
+				return "", 0, err
+			}
+			if len(das) > 0 {
+				return typ, das[0].ActionID, nil
+			}
+		}
+	}
+	var after int64
+	for range 10 { // a device with more than 1,000 other actions queued waits for them
+		msgs, err := s.Delivery.PendingMessages(r.Context(), tenant, device, after, 100)
+		if err != nil {
+			return "", 0, err
+		}
+		for _, m := range msgs {
+			var msg struct{ Name string }
+			json.Unmarshal(m.Payload, &msg) // made by action.NewMessage
+			if msg.Name == fleet.ActionUpdateFirmware || msg.Name == fleet.ActionCancel {
+				return msg.Name, m.ActionID, nil
+			}
+			after = m.ActionID
+		}
+		if len(msgs) < 100 {
+			break
+		}
+	}
+	return "", 0, nil
+}
+
+// handleDDIBase is the polling root.
+func (s *Server) handleDDIBase(w http.ResponseWriter, r *http.Request) error {
+	tenant, device, err := s.ddiDevice(w, r)
+	if err != nil {
+		return err
+	}
+	base := ddiControllerBase{Config: ddiConfig{Polling: ddiPolling{Sleep: sleepText(s.DDIPollInterval)}}, Links: ddiLinks{}}
+	name, id, err := s.ddiOpenAction(r, tenant, device)
+	if err != nil {
+		return err
+	}
+	switch name {
+	case fleet.ActionUpdateFirmware:
+		base.Links["deploymentBase"] = ddiLink{ddiURL(r, tenant, device, "deploymentBase", strconv.FormatInt(id, 10))}
+	case fleet.ActionCancel:
+		base.Links["cancelAction"] = ddiLink{ddiURL(r, tenant, device, "cancelAction", strconv.FormatInt(id, 10))}
+	}
+	// A device that has told nothing of itself is asked to, once.
+	if d, err := s.Devices.FindDevice(r.Context(), tenant, device); err != nil {
+		return err
+	} else if len(d.Metadata) == 0 {
+		base.Links["configData"] = ddiLink{ddiURL(r, tenant, device, "configData")}
+	}
+	return ddiJSON(w, base)
+}
+
+// ddiAction reads the device action of the path's id, which must be of
+// type typ and sent to the device.
+func (s *Server) ddiAction(r *http.Request, tenant, device, typ string) (*fleet.DeviceAction, error) {
+	id, ok := fleet.ParseActionID(r.PathValue("actionId"))
+	if !ok {
+		return nil, fleet.FieldErrors(map[string]string{"actionId": fleet.ActionIDRule})
+	}
+	da, err := s.Actions.FindDeviceAction(r.Context(), tenant, id, device)
+	if err != nil {
+		return nil, err
+	}
+	if da.Type != typ || !da.ActionStatus.Sent() {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "device %s has no %s action %d", device, typ, id)
+	}
+	return da, nil
+}
+
+// handleDDIDeployment is deploymentBase/{actionId}: an update_firmware
+// action as a deployment, one chunk per component. Reading it hands the
+// action to the device (Queued → Initiated), as an MQTT PUBACK does.
+func (s *Server) handleDDIDeployment(w http.ResponseWriter, r *http.Request) error {
+	tenant, device, err := s.ddiDevice(w, r)
+	if err != nil {
+		return err
+	}
+	da, err := s.ddiAction(r, tenant, device, fleet.ActionUpdateFirmware)
+	if err != nil {
+		return err
+	}
+	var params struct{ Version string }
+	if err := json.Unmarshal([]byte(da.Params), &params); err != nil {
+		return fmt.Errorf("params of device action %d: %w", da.ActionID, err)
+	}
+	b, err := s.Firmware.FindBundleByVersion(r.Context(), tenant, params.Version)
+	if fleet.ErrorCode(err) == fleet.ENOTFOUND {
+		return fleet.Errorf(fleet.ENOTFOUND, "firmware bundle %s of action %d was deleted", params.Version, da.ActionID)
+	} else if err != nil {
+		return err
+	}
+	dep := ddiDeploymentBase{ID: strconv.FormatInt(da.ActionID, 10), Deployment: ddiDeployment{Download: "forced", Update: "forced", Chunks: []ddiChunk{}}}
+	for _, fw := range b.Firmwares {
+		if fw.SHA1 == "" {
+			return fleet.Errorf(fleet.ECONFLICT, "component %s %s was uploaded before fleetd kept files per component; upload a bundle carrying it again", fw.ComponentName, fw.VersionNumber)
+		}
+		file := path.Base(fw.FileName)
+		href := ddiURL(r, tenant, device, "softwaremodules", fw.ID.String(), "artifacts", file)
+		dep.Deployment.Chunks = append(dep.Deployment.Chunks, ddiChunk{Part: fw.ComponentName, Version: fw.VersionNumber, Name: fw.ComponentName,
+			Artifacts: []ddiArtifact{{Filename: file, Hashes: ddiHashes{SHA1: fw.SHA1, MD5: fw.MD5, SHA256: fw.Checksum}, Size: fw.ContentLength,
+				Links: ddiLinks{"download": {href}, "download-http": {href}, "md5sum": {href + ".MD5SUM"}, "md5sum-http": {href + ".MD5SUM"}}}}})
+	}
+	if da.ActionStatus == fleet.StatusQueued {
+		s.Delivery.ActionDelivered(tenant, device, da.ActionID)
+	}
+	return ddiJSON(w, dep)
+}
+
+// handleDDICancel is cancelAction/{actionId}: a cancel_action, whose
+// stopId is the action to stop.
+func (s *Server) handleDDICancel(w http.ResponseWriter, r *http.Request) error {
+	tenant, device, err := s.ddiDevice(w, r)
+	if err != nil {
+		return err
+	}
+	da, err := s.ddiAction(r, tenant, device, fleet.ActionCancel)
+	if err != nil {
+		return err
+	}
+	var params struct {
+		ActionID string `json:"action_id"`
+	}
+	json.Unmarshal([]byte(da.Params), &params) // made by the action service
+	if da.ActionStatus == fleet.StatusQueued {
+		s.Delivery.ActionDelivered(tenant, device, da.ActionID)
+	}
+	return ddiJSON(w, ddiCancel{ID: strconv.FormatInt(da.ActionID, 10), CancelAction: ddiCancelAction{StopID: params.ActionID}})
+}
+
+// The values DDI allows in feedback.
+var (
+	ddiExecutions = []string{"closed", "proceeding", "canceled", "scheduled", "rejected", "resumed", "downloaded", "download"}
+	ddiFinished   = []string{"success", "failure", "none"}
+)
+
+// readFeedback reads a feedback body into a status report for the device
+// action: closed with success (or none) is Completed, closed with failure
+// Failed with the details as its errors, canceled Completed for a
+// cancel_action (the device stopped) and Failed for a deployment (the
+// device gave up); any other execution is a state word of progress, with
+// cnt/of as the percentage and its details that start with ERROR as its
+// errors.
+func (s *Server) readFeedback(w http.ResponseWriter, r *http.Request, da *fleet.DeviceAction) (fleet.StatusReport, error) {
+	v, err := s.decode(w, r, s.Limits.Body, maxElements)
+	if err != nil {
+		return fleet.StatusReport{}, err
+	}
+	f := fleet.NewFields(v)
+	ddiIgnored(f)
+	st := f.Nested("status", true)
+	rep := fleet.StatusReport{DeviceID: da.DeviceID, ActionID: da.ActionID}
+	if st != nil {
+		exec := st.String("execution", true)
+		if st.Has("execution") && !oneOf(exec, ddiExecutions) {
+			st.Fail("execution", "must be one of "+strings.Join(ddiExecutions, ", "))
+		}
+		var finished string
+		var progress *int
+		if res := st.Nested("result", false); res != nil {
+			finished = res.String("finished", false)
+			if res.Has("finished") && !oneOf(finished, ddiFinished) {
+				res.Fail("finished", "must be one of "+strings.Join(ddiFinished, ", "))
+			}
+			if p := res.Nested("progress", false); p != nil {
+				cnt, of := p.Int("cnt", false, 0, 1<<31), p.Int("of", false, 0, 1<<31)
+				if of > 0 {
+					pc := int(min(100, cnt*100/of))
+					progress = &pc
+				}
+			}
+		}
+		details := st.Strings("details", false)
+		if len(details) > fleet.MaxReportErrors {
+			details = details[:fleet.MaxReportErrors]
+		}
+		switch {
+		case exec == "closed" && finished == "failure", exec == "canceled" && da.Type == fleet.ActionUpdateFirmware:
+			rep.State = string(fleet.StatusFailed)
+			rep.Errors = details
+			if len(rep.Errors) == 0 {
+				rep.Errors = []string{"the device reported " + exec + " with " + finished}
+			}
+		case exec == "closed", exec == "canceled":
+			rep.State = string(fleet.StatusCompleted)
+			hundred := 100
+			rep.Progress = &hundred
+		default:
+			rep.State, rep.Progress = exec, progress
+			// Clients log to the server with progress feedback, and
+			// SWUpdate and rauc-hawkbit-updater start their errors with
+			// ERROR: those are the report's errors (an installation's
+			// cause of failure is often there, not in the final word).
+			for _, d := range details {
+				if strings.HasPrefix(strings.ToUpper(strings.TrimSpace(d)), "ERROR") {
+					rep.Errors = append(rep.Errors, d)
+				}
+			}
+		}
+	}
+	if err := f.Err(); err != nil {
+		return fleet.StatusReport{}, err
+	}
+	return rep, nil
+}
+
+// ddiIgnored reads the fields DDI clients send that fleetd has no use
+// for: the id the path names already, and the device's clock (time in
+// DDI 1.0's local "20140511T121314", timestamp in later versions), which
+// is not fleetd's to order reports by. Other unknown fields are refused.
+func ddiIgnored(f *fleet.Fields) {
+	for _, k := range []string{"id", "time", "timestamp"} {
+		f.Value(k, false)
+	}
+}
+
+func oneOf(v string, allowed []string) bool {
+	for _, a := range allowed {
+		if v == a {
+			return true
+		}
+	}
+	return false
+}
+
+// ddiFeedback handles the feedback of a deployment or a cancellation.
+func (s *Server) ddiFeedback(typ string) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		tenant, device, err := s.ddiDevice(w, r)
+		if err != nil {
+			return err
+		}
+		da, err := s.ddiAction(r, tenant, device, typ)
+		if err != nil {
+			return err
+		}
+		rep, err := s.readFeedback(w, r, da)
+		if err != nil {
+			return err
+		}
+		errs, err := s.Actions.ReportStatus(r.Context(), tenant, []fleet.StatusReport{rep})
+		if err != nil {
+			return err
+		}
+		if errs[0] != nil {
+			return errs[0]
+		}
+		w.WriteHeader(http.StatusOK)
+		return nil
+	}
+}
+
+// handleDDIConfigData stores what the device says of itself (its
+// "attributes") in its metadata: merged (the default), replacing it, or
+// removing the keys named.
+func (s *Server) handleDDIConfigData(w http.ResponseWriter, r *http.Request) error {
+	tenant, device, err := s.ddiDevice(w, r)
+	if err != nil {
+		return err
+	}
+	v, err := s.decode(w, r, s.Limits.Body, maxElements)
+	if err != nil {
+		return err
+	}
+	f := fleet.NewFields(v)
+	ddiIgnored(f)
+	f.Value("status", false) // SWUpdate sends a status beside its data
+	data := f.StringMap("data", true)
+	mode := f.String("mode", false)
+	if mode == "" {
+		mode = "merge"
+	}
+	if mode != "merge" && mode != "replace" && mode != "remove" {
+		f.Fail("mode", "must be merge, replace or remove")
+	}
+	if err := f.Err(); err != nil {
+		return err
+	}
+	patch := map[string]*string{}
+	if mode == "replace" {
+		d, err := s.Devices.FindDevice(r.Context(), tenant, device)
+		if err != nil {
+			return err
+		}
+		for k := range d.Metadata {
+			patch[k] = nil
+		}
+	}
+	for k, v := range data {
+		if mode == "remove" {
+			patch[k] = nil
+		} else {
+			patch[k] = &v
+		}
+	}
+	if problem := fleet.ValidateMetadata(data); problem != "" {
+		return fleet.FieldErrors(map[string]string{"data": problem})
+	}
+	if _, err := s.Devices.UpdateDeviceMetadata(r.Context(), tenant, device, patch); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusOK)
+	return nil
+}
+
+// handleDDIArtifact downloads a component's file, with Range and ETag, or
+// its MD5SUM line (the file name with .MD5SUM appended).
+func (s *Server) handleDDIArtifact(w http.ResponseWriter, r *http.Request) error {
+	tenant, _, err := s.ddiDevice(w, r)
+	if err != nil {
+		return err
+	}
+	id, err := uuid.Parse(r.PathValue("moduleId"))
+	if err != nil {
+		return fleet.FieldErrors(map[string]string{"moduleId": "must be a firmware id (a UUID), as deploymentBase links to it"})
+	}
+	fw, art, err := s.Firmware.OpenComponent(r.Context(), tenant, id)
+	if err != nil {
+		return err
+	}
+	defer art.Close()
+	file, name := path.Base(fw.FileName), r.PathValue("fileName")
+	if name == file+".MD5SUM" {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintf(w, "%s  %s\n", fw.MD5, file)
+		return nil
+	}
+	if name != file {
+		return fleet.Errorf(fleet.ENOTFOUND, "component %s %s has no file %s (its file is %s)", fw.ComponentName, fw.VersionNumber, name, file)
+	}
+	h := w.Header()
+	h.Set("ETag", `"`+fw.Checksum+`"`)
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": file}))
+	h.Set("Cache-Control", "private, no-cache")
+	http.ServeContent(&rangeErrorWriter{ResponseWriter: w, s: s, r: r, size: fw.ContentLength}, r, "", time.Time{}, art)
+	return nil
+}
