@@ -181,7 +181,14 @@ func (a *app) loginCmd() *cobra.Command {
 			if name == "" {
 				name = a.tenant + "@" + u.Host
 			}
-			nc := ConfigContext{Name: name, URL: strings.TrimRight(a.url, "/"), Tenant: a.tenant, APIKey: key, CAFile: a.caFile}
+			caFile := a.caFile
+			if caFile != "" {
+				// The context is used from any directory.
+				if caFile, err = filepath.Abs(caFile); err != nil {
+					return err
+				}
+			}
+			nc := ConfigContext{Name: name, URL: strings.TrimRight(a.url, "/"), Tenant: a.tenant, APIKey: key, CAFile: caFile}
 			if !noCheck {
 				cl, err := newClient(target{URL: nc.URL, Tenant: nc.Tenant, APIKey: nc.APIKey, CAFile: nc.CAFile})
 				if err != nil {

@@ -272,7 +272,9 @@ func (a *app) readDevices(name string) ([]any, error) {
 	}
 	idCol := -1
 	for i, h := range head {
-		if strings.TrimSpace(h) == "id" {
+		// Spreadsheets write a byte order mark before the first header.
+		head[i] = strings.TrimSpace(strings.TrimPrefix(h, "\ufeff"))
+		if head[i] == "id" {
 			idCol = i
 		}
 	}
@@ -292,7 +294,7 @@ func (a *app) readDevices(name string) ([]any, error) {
 		meta := map[string]string{}
 		for i, v := range rec {
 			if i != idCol && v != "" {
-				meta[strings.TrimSpace(head[i])] = v
+				meta[head[i]] = v
 			}
 		}
 		if len(meta) > 0 {

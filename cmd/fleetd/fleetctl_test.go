@@ -207,7 +207,7 @@ func TestFleetctlDevices(t *testing.T) {
 		})
 		t.Run("Bulk", func(t *testing.T) {
 			csvFile := filepath.Join(dir, "devices.csv")
-			os.WriteFile(csvFile, []byte("id,site,model\npump-2,paris,x1\nvalve-1,,v2\n"), 0o644)
+			os.WriteFile(csvFile, []byte("\ufeffid,site,model\npump-2,paris,x1\nvalve-1,,v2\n"), 0o644) // as a spreadsheet saves it
 			var got struct {
 				Devices []struct{ ID, Token string }
 			}
@@ -254,6 +254,8 @@ func TestFleetctlDevices(t *testing.T) {
 			if len(d.Metadata) != 2 || d.Metadata["model"] != "x2" || d.Metadata["rack"] != "7" {
 				t.Fatalf("patched metadata %v", d.Metadata)
 			}
+			// A string that YAML would read as a number stays a string.
+			wantContains(t, "yaml", f.ok(t, "devices", "get", "pump-1", "-o", "yaml"), `rack: "7"`)
 			f.fails(t, ctl.ExitUsage, "devices", "patch", "pump-1")
 		})
 		t.Run("Credentials", func(t *testing.T) {
