@@ -2,6 +2,7 @@ package codec
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/semaphore"
@@ -61,3 +62,70 @@ func DecodingWeight(f Format, size int) int64 {
 
 // Release gives back what Acquire took.
 func (b *Budget) Release(n int64) { b.sem.Release(n) }
+
+// Shares gives each client (an API key, an end user) a budget of its own,
+// which it must hold before it takes from the shared one: so one client
+// sending many large bodies at once holds at most its share of the shared
+// budget, and the others find the rest free rather than queueing behind
+// it. A client's share exists while it has a body waiting or decoding.
+type Shares struct {
+	size int64
+	mu   sync.Mutex
+	of   map[string]*share
+}
+
+type share struct {
+	sem   *semaphore.Weighted
+	users int
+}
+
+// NewShares returns Shares of size bytes each.
+func NewShares(size int64) *Shares {
+	return &Shares{size: size, of: map[string]*share{}}
+}
+
+// A Hold is what Shares.Acquire took; Release gives it back.
+type Hold struct {
+	s   *Shares
+	who string
+	sh  *share
+	n   int64
+}
+
+// Acquire waits until n bytes (at most the share) of who's share are
+// free, but no longer than wait, as Budget.Acquire does.
+func (s *Shares) Acquire(ctx context.Context, who string, n int64, wait time.Duration) (Hold, error) {
+	n = min(max(n, 0), s.size)
+	s.mu.Lock()
+	sh := s.of[who]
+	if sh == nil {
+		sh = &share{sem: semaphore.NewWeighted(s.size)}
+		s.of[who] = sh
+	}
+	sh.users++
+	s.mu.Unlock()
+	h := Hold{s: s, who: who, sh: sh}
+	if !sh.sem.TryAcquire(n) {
+		if wait > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, wait)
+			defer cancel()
+		}
+		if err := sh.sem.Acquire(ctx, n); err != nil {
+			h.Release()
+			return Hold{}, err
+		}
+	}
+	h.n = n
+	return h, nil
+}
+
+// Release gives back what Acquire took.
+func (h Hold) Release() {
+	h.sh.sem.Release(h.n)
+	h.s.mu.Lock()
+	if h.sh.users--; h.sh.users == 0 {
+		delete(h.s.of, h.who)
+	}
+	h.s.mu.Unlock()
+}

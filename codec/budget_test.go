@@ -40,3 +40,29 @@ func TestBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestShares: a client holding its whole share waits for more (here past
+// its wait), while another client takes its own at once; once released,
+// the share is the first client's again.
+func TestShares(t *testing.T) {
+	ctx := context.Background()
+	s := codec.NewShares(100)
+	a, err := s.Acquire(ctx, "a", 1000, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Acquire(ctx, "a", 1, time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a's second body while a holds its share: %v, want a deadline exceeded", err)
+	}
+	b, err := s.Acquire(ctx, "b", 100, time.Millisecond)
+	if err != nil {
+		t.Fatalf("b while a holds its share: %v", err)
+	}
+	b.Release()
+	a.Release()
+	a, err = s.Acquire(ctx, "a", 100, time.Millisecond)
+	if err != nil {
+		t.Fatalf("a after its release: %v", err)
+	}
+	a.Release()
+}

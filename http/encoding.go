@@ -28,7 +28,7 @@ const decodingWait = 10 * time.Second
 // decode reads the request body, at most limit bytes, in the encoding its
 // Content-Type names, and returns its canonical value; no array or map in
 // it may hold more than maxLen elements. Decoding waits for its share of
-// Limits.Decoding; reading does not, so that slow senders cannot hold the
+// Limits.Decoding, of which one client may hold a quarter; reading does not, so that slow senders cannot hold the
 // budget (a body held while it arrives costs its size, once).
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, limit int64, maxLen int) (any, error) {
 	ct := r.Header.Get("Content-Type")
@@ -46,13 +46,25 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, limit int64, max
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, fleet.Errorf(fleet.EINVALID, "the request body is empty; send a %s value", f)
 	}
-	held, err := s.decoding.Acquire(r.Context(), codec.DecodingWeight(f, len(body)), decodingWait)
-	if err != nil {
+	busy := func(err error) error {
 		if r.Context().Err() != nil {
-			return nil, r.Context().Err()
+			return r.Context().Err()
 		}
 		w.Header().Set("Retry-After", "1")
-		return nil, fleet.Errorf(fleet.EUNAVAILABLE, "fleetd is decoding as many request bodies as it may (%s at once); retry", byteSize(s.decoding.Max()))
+		return fleet.Errorf(fleet.EUNAVAILABLE, "fleetd is decoding as many request bodies as it may (%s at once, a quarter of it for one client); retry", byteSize(s.decoding.Max()))
+	}
+	// The client's share first: one client's bodies do not queue in
+	// front of everyone else's.
+	start := time.Now()
+	weight := codec.DecodingWeight(f, len(body))
+	share, err := s.decodingShares.Acquire(r.Context(), clientKey(fleet.ActorFromContext(r.Context())), weight, decodingWait)
+	if err != nil {
+		return nil, busy(err)
+	}
+	defer share.Release()
+	held, err := s.decoding.Acquire(r.Context(), weight, max(decodingWait-time.Since(start), time.Millisecond))
+	if err != nil {
+		return nil, busy(err)
 	}
 	defer s.decoding.Release(held)
 	return codec.DecodeWithin(f, body, codec.Limits{Len: maxLen})

@@ -88,6 +88,19 @@ type limiters struct {
 	api, deviceData *ratelimit.Limiter
 }
 
+// clientKey names the client an actor is, for its rate limits and its
+// share of the decoding budget: an API key is its name in its tenant; an
+// end user, who they are.
+func clientKey(a *fleet.Actor) string {
+	if a == nil {
+		return ""
+	}
+	if a.KeyName != "" {
+		return a.Tenant + "\x00k\x00" + a.KeyName
+	}
+	return a.Tenant + "\x00u\x00" + a.UserName + "\x00" + a.UserEmail
+}
+
 func newLimiters(c Security, now func() time.Time) limiters {
 	return limiters{
 		api:        &ratelimit.Limiter{Rate: c.Rate, Burst: c.Burst, Now: now},
@@ -111,12 +124,7 @@ func (s *Server) limitActor(w http.ResponseWriter, perm fleet.Permission, a *fle
 	if l == nil {
 		return nil
 	}
-	// An API key is its name in its tenant; an end user, who they are.
-	key := a.Tenant + "\x00k\x00" + a.KeyName
-	if a.KeyName == "" {
-		key = a.Tenant + "\x00u\x00" + a.UserName + "\x00" + a.UserEmail
-	}
-	ok, retry := l.Allow(key)
+	ok, retry := l.Allow(clientKey(a))
 	if ok {
 		return nil
 	}

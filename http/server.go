@@ -115,6 +115,8 @@ type Server struct {
 	openAPIDoc []byte
 	limiters   limiters
 	decoding   *codec.Budget // of Limits.Decoding
+	// decodingShares: what one client may hold of decoding at once.
+	decodingShares *codec.Shares
 }
 
 // Open builds the routes and starts serving on Addr. A port in use is an
@@ -160,6 +162,7 @@ func (s *Server) build() {
 	s.Security = s.Security.withDefaults()
 	s.Limits = s.Limits.withDefaults()
 	s.decoding = codec.NewBudget(s.Limits.Decoding)
+	s.decodingShares = codec.NewShares(max(s.Limits.Decoding/4, 1))
 	s.limiters = newLimiters(s.Security, s.Now)
 	s.metrics = newMetrics(s.Registry)
 	s.mux, s.ddiMux = http.NewServeMux(), http.NewServeMux()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"sync"
@@ -16,8 +17,8 @@ import (
 //   - the decoders count elements as they read and stop at the 10,001st
 //     (an ingest's most points): those bodies are refused 413 after 30 KB;
 //   - bodies within that limit that cost as much, arrays of 10,000 empty
-//     objects in an array, are decoded at most
-//     --max-decoding-bytes (4 MiB) at a time; the others wait.
+//     objects in an array, are decoded at most --max-decoding-bytes
+//     (4 MiB) at a time, a quarter of it for one client; the others wait.
 //
 // And the issue's third: three concurrent 64 MiB bulk bodies of empty
 // objects are refused at the 100,001st.
@@ -32,7 +33,12 @@ import (
 func TestHTTPBodyFlood(t *testing.T) {
 	s, p := startFloodTarget(t)
 	admin := s.admin()
-	gateway := s.newKey(t, admin, "gateway", "device")
+	// Five gateways: one client may hold a quarter of the decoding budget,
+	// so it takes several to fill it.
+	var gateways []creds
+	for i := range 5 {
+		gateways = append(gateways, s.newKey(t, admin, fmt.Sprintf("gateway-%d", i), "device"))
+	}
 	s.mustDevice(t, admin, "pump-1", nil)
 
 	const requests, size = 150, 1 << 20
@@ -51,13 +57,15 @@ func TestHTTPBodyFlood(t *testing.T) {
 	nested = append(nested, ']')
 
 	client := &http.Client{Timeout: time.Minute}
-	// flood sends n copies of body to path as c, all at once.
-	flood := func(n int, c creds, path string, body []byte, want int) {
+	// flood sends n copies of body to path, all at once, as each of cs in
+	// turn.
+	flood := func(n int, cs []creds, path string, body []byte, want int) {
 		t.Helper()
 		statuses := make(map[int]int)
 		var mu sync.Mutex
 		var wg sync.WaitGroup
-		for range n {
+		for i := range n {
+			c := cs[i%len(cs)]
 			wg.Go(func() {
 				hr, _ := http.NewRequest("POST", s.URL+path, bytes.NewReader(body))
 				hr.Header.Set("Content-Type", "application/json")
@@ -91,11 +99,11 @@ func TestHTTPBodyFlood(t *testing.T) {
 	// its own: three bulk provisioning bodies of 64 MiB, {"devices":
 	// [{},{},…]}, stopped at the 100,001st device.
 	bulk := append(append([]byte(`{"devices":[`), empties((64<<20-100)/3)...), ']', '}')
-	flood(3, admin, "/api/v1/devices/bulk", bulk, 413)
+	flood(3, []creds{admin}, "/api/v1/devices/bulk", bulk, 413)
 	afterBulk := vmHWM(t, p.cmd.Process.Pid)
-	flood(requests, gateway, ingest, flat, 413)
+	flood(requests, gateways, ingest, flat, 413)
 	afterFlat := vmHWM(t, p.cmd.Process.Pid)
-	flood(requests, gateway, ingest, nested, 400) // every point is an array, not an object
+	flood(requests, gateways, ingest, nested, 400) // every point is an array, not an object
 	peak := vmHWM(t, p.cmd.Process.Pid)
 	t.Logf("fleetd VmHWM: %d MB before, %d MB after the bulk flood, %d MB after the flat one, %d MB after the nested one",
 		before>>20, afterBulk>>20, afterFlat>>20, peak>>20)
