@@ -15,14 +15,32 @@ const (
 // TenantAuth is how a tenant's end users authenticate with
 // "Authorization: Bearer <token>" (DESIGN §7).
 type TenantAuth struct {
-	Method      string    `json:"method"`
-	JWKSURL     string    `json:"jwks_url,omitempty"`
-	Issuer      string    `json:"issuer,omitempty"`
-	Audience    string    `json:"audience,omitempty"`
-	WebhookURL  string    `json:"webhook_url,omitempty"`
-	DefaultRole Role      `json:"default_role"`
-	UpdatedAt   time.Time `json:"updated_at"`
+	Method      string `json:"method"`
+	JWKSURL     string `json:"jwks_url,omitempty"`
+	Issuer      string `json:"issuer,omitempty"`
+	Audience    string `json:"audience,omitempty"`
+	WebhookURL  string `json:"webhook_url,omitempty"`
+	DefaultRole Role   `json:"default_role"`
+	// OIDC, for method jwks, lets the tenant's people sign in to the
+	// console with the identity provider at Issuer (authorization code
+	// flow with PKCE).
+	OIDC      *OIDCSignIn `json:"oidc,omitempty"`
+	UpdatedAt time.Time   `json:"updated_at"`
 }
+
+// OIDCSignIn is a tenant's client at its OpenID provider, for the console.
+// The secret is write-only: never shown, only whether there is one.
+type OIDCSignIn struct {
+	ClientID     string `json:"client_id" openapi:"required" doc:"the console's client id at the provider; ID tokens must name it in aud"`
+	ClientSecret string `json:"-"`
+	HasSecret    bool   `json:"client_secret_set" doc:"whether a client_secret was given (it is never shown); without one the console is a public client and relies on PKCE"`
+}
+
+// Limits of OIDC sign-in settings.
+const (
+	MaxOIDCClientIDLen     = 256
+	MaxOIDCClientSecretLen = 1024
+)
 
 // ReadTenantAuth is the typed decode of an S9 body. Fields that belong to
 // the other method are refused, so a mistaken configuration is not
@@ -34,6 +52,14 @@ func ReadTenantAuth(f *Fields) *TenantAuth {
 		a.JWKSURL = readURL(f, "jwks_url", true)
 		a.Issuer = f.NonEmptyString("issuer", true, 1024)
 		a.Audience = f.NonEmptyString("audience", true, 1024)
+		if o := f.Nested("oidc", false); o != nil {
+			a.OIDC = &OIDCSignIn{ClientID: o.NonEmptyString("client_id", true, MaxOIDCClientIDLen)}
+			if o.Has("client_secret") {
+				a.OIDC.ClientSecret = o.NonEmptyString("client_secret", false, MaxOIDCClientSecretLen)
+				a.OIDC.HasSecret = true
+			}
+			o.Unknown()
+		}
 	case AuthWebhook:
 		a.WebhookURL = readURL(f, "webhook_url", true)
 	case "":

@@ -54,8 +54,14 @@ type Console struct {
 	Secrets    SecretStore
 	Targets    TargetCounter
 	Presence   Presence // nil: online state unknown
-	Logger     *slog.Logger
-	Now        func() time.Time
+	// OIDC signs people in with their tenant's identity provider; nil
+	// offers API keys only.
+	OIDC OIDC
+	// PublicURL, when set, is where browsers reach fleetd: the OIDC
+	// redirect URI is made on it.
+	PublicURL string
+	Logger    *slog.Logger
+	Now       func() time.Time
 
 	SessionTTL time.Duration
 	// LiveInterval is how often a live page's event stream looks for
@@ -95,6 +101,8 @@ func (c *Console) Open() {
 		{"GET /console/static/", http.StripPrefix("/console/static/", staticFiles(http.FileServerFS(static)))},
 		{"GET /console/signin", c.public(c.handleSigninForm)},
 		{"POST /console/signin", c.public(c.handleSignin)},
+		{"GET /console/signin/oidc", c.public(c.handleOIDCStart)},
+		{"GET /console/oidc/callback", c.public(c.handleOIDCCallback)},
 		{"POST /console/signout", c.page(fleet.PermRead, c.handleSignout)},
 
 		{"GET /console/{$}", c.page(fleet.PermRead, c.handleOverview)},
@@ -299,6 +307,11 @@ func (c *Console) session(r *http.Request) (*session, *fleet.Actor, error) {
 			return nil, nil, err
 		}
 		return &s, a, nil
+	case s.User != nil:
+		if err := c.checkOIDCSession(r.Context(), &s); err != nil {
+			return nil, nil, err
+		}
+		return &s, &fleet.Actor{Tenant: s.Tenant, Role: s.User.Role, UserName: s.User.Name, UserEmail: s.User.Email}, nil
 	}
 	return nil, nil, unauth
 }

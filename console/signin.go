@@ -16,6 +16,7 @@ const signinTTL = 15 * time.Minute
 type signinData struct {
 	Tenant string
 	Next   string
+	OIDC   bool // offer single sign-on
 }
 
 // handleSigninForm shows the sign-in form and gives the browser the token
@@ -26,7 +27,7 @@ func (c *Console) handleSigninForm(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	v.Data = signinData{Tenant: r.URL.Query().Get("tenant"), Next: localNext(r.URL.Query().Get("next"))}
+	v.Data = signinData{Tenant: r.URL.Query().Get("tenant"), Next: localNext(r.URL.Query().Get("next")), OIDC: c.OIDC != nil}
 	c.render(w, r, http.StatusOK, "signin", v)
 	return nil
 }
@@ -80,15 +81,7 @@ func (c *Console) handleSignin(w http.ResponseWriter, r *http.Request) error {
 	tenant := strings.TrimSpace(r.PostForm.Get("tenant"))
 	key := strings.TrimSpace(r.PostForm.Get("key"))
 	next := localNext(r.PostForm.Get("next"))
-	again := func(status int, msg string) error {
-		v, err := c.signinView(w, r)
-		if err != nil {
-			return err
-		}
-		v.Error, v.Data = msg, signinData{Tenant: tenant, Next: next}
-		c.render(w, r, status, "signin", v)
-		return nil
-	}
+	again := func(status int, msg string) error { return c.signinAgainNext(w, r, status, tenant, next, msg) }
 	a, err := c.Tenants.AuthenticateAPIKey(r.Context(), tenant, key)
 	if fleet.ErrorCode(err) == fleet.EUNAUTHENTICATED {
 		return again(http.StatusUnauthorized, "That tenant and API key do not match. Check both and try again.")
@@ -102,6 +95,21 @@ func (c *Console) handleSignin(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	http.Redirect(w, r, next, http.StatusSeeOther)
+	return nil
+}
+
+// signinAgain shows the sign-in page again with a message.
+func (c *Console) signinAgain(w http.ResponseWriter, r *http.Request, status int, tenant, msg string) error {
+	return c.signinAgainNext(w, r, status, tenant, Prefix, msg)
+}
+
+func (c *Console) signinAgainNext(w http.ResponseWriter, r *http.Request, status int, tenant, next, msg string) error {
+	v, err := c.signinView(w, r)
+	if err != nil {
+		return err
+	}
+	v.Error, v.Data = msg, signinData{Tenant: tenant, Next: next, OIDC: c.OIDC != nil}
+	c.render(w, r, status, "signin", v)
 	return nil
 }
 

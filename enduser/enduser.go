@@ -47,6 +47,8 @@ type Authenticator struct {
 	configs  map[string]configEntry
 	keySets  map[string]*keySet // by JWKS URL
 	webhooks map[[32]byte]webhookEntry
+
+	discovered discoveries // OIDC providers' discovery documents
 }
 
 var (

@@ -67,18 +67,38 @@ func (a *Authenticator) keySet(url string) *keySet {
 }
 
 func (a *Authenticator) verifyJWT(ctx context.Context, tenant string, cfg *fleet.TenantAuth, token string) (*fleet.Actor, error) {
+	claims, err := a.parseJWT(ctx, tenant, cfg, cfg.Audience, token)
+	if err != nil {
+		return nil, err
+	}
+	act, ok := actor(tenant, cfg, claims.str("name"), claims.str("email"), claims.str("sub"), claims.str("role"))
+	if !ok {
+		return nil, a.refused(tenant, "the role claim is not a fleetd role")
+	}
+	return act, nil
+}
+
+// claims are a verified token's.
+type claims jwt.MapClaims
+
+func (c claims) str(name string) string { s, _ := c[name].(string); return s }
+
+// parseJWT verifies a token against the tenant's JWKS, issuer and the
+// audience given (the API's audience for bearer tokens, the console's
+// client id for ID tokens), and returns its claims.
+func (a *Authenticator) parseJWT(ctx context.Context, tenant string, cfg *fleet.TenantAuth, audience, token string) (claims, error) {
 	ks := a.keySet(cfg.JWKSURL)
 	parser := jwt.NewParser(
 		jwt.WithValidMethods(algorithms),
 		jwt.WithLeeway(Leeway),
 		jwt.WithIssuer(cfg.Issuer),
-		jwt.WithAudience(cfg.Audience),
+		jwt.WithAudience(audience),
 		jwt.WithExpirationRequired(),
 		jwt.WithTimeFunc(a.now),
 	)
 	var unavailable error
-	claims := jwt.MapClaims{}
-	_, err := parser.ParseWithClaims(token, claims, func(t *jwt.Token) (any, error) {
+	mc := jwt.MapClaims{}
+	_, err := parser.ParseWithClaims(token, mc, func(t *jwt.Token) (any, error) {
 		kid, _ := t.Header["kid"].(string)
 		k, err := ks.find(ctx, a, kid)
 		if err != nil {
@@ -104,12 +124,7 @@ func (a *Authenticator) verifyJWT(ctx context.Context, tenant string, cfg *fleet
 	if err != nil {
 		return nil, a.refused(tenant, err.Error())
 	}
-	str := func(name string) string { s, _ := claims[name].(string); return s }
-	act, ok := actor(tenant, cfg, str("name"), str("email"), str("sub"), str("role"))
-	if !ok {
-		return nil, a.refused(tenant, "the role claim is not a fleetd role")
-	}
-	return act, nil
+	return claims(mc), nil
 }
 
 // signatureSize is the length of every signature key makes.

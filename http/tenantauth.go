@@ -14,6 +14,13 @@ type tenantAuthBody struct {
 	Audience    string     `json:"audience,omitempty" doc:"jwks: a value the aud of every token must contain"`
 	WebhookURL  string     `json:"webhook_url,omitempty" doc:"webhook: absolute http(s) URL fleetd POSTs {tenant, token} to"`
 	DefaultRole fleet.Role `json:"default_role,omitempty" doc:"role of users whose token names none; default viewer"`
+	OIDC        *oidcBody  `json:"oidc,omitempty" doc:"jwks: lets the tenant's people sign in to the web console with the OpenID provider at issuer (discovered at issuer/.well-known/openid-configuration; authorization code flow with PKCE)"`
+}
+
+// oidcBody documents S9's oidc member.
+type oidcBody struct {
+	ClientID     string `json:"client_id" openapi:"required" doc:"the console's client id at the provider, 1-256 characters"`
+	ClientSecret string `json:"client_secret,omitempty" doc:"the client's secret, if the provider gave one (a confidential client); stored, never shown"`
 }
 
 // pathTenant checks that {tenant_id} is the caller's own tenant; another

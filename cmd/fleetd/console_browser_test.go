@@ -44,12 +44,13 @@ func consoleHarness(t *testing.T) string {
 // what an operator does: finds devices (one with markup in its metadata),
 // dispatches a phased rollout from the form after counting its devices,
 // watches devices' reports move the page without a reload, sees the gate
-// pause the rollout, resumes it, and sees a viewer get no write controls.
+// pause the rollout, resumes it, and sees a viewer get no write controls;
+// then a person signs in through the tenant's OpenID provider.
 // FLEETD_CONSOLE_SCREENSHOTS=docs/console (a relative path is taken from
 // the repository root) refreshes the screenshots of docs/console.md.
 func TestConsoleInBrowser(t *testing.T) {
 	dir := consoleHarness(t)
-	s := startServer(t, sqlstoretest.Backends()[0], "--rollout-interval", "50ms")
+	s := startServer(t, sqlstoretest.Backends()[0], "--rollout-interval", "50ms", "--outbound-allow", "127.0.0.1")
 	admin := s.admin()
 	operator := s.newKey(t, admin, "olivia", "operator")
 	viewer := s.newKey(t, admin, "victor", "viewer")
@@ -61,6 +62,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	s.do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "odd-one",
 		"metadata": map[string]any{"note": "<script>alert(1)</script>", "site": `"><img src=x onerror=alert(2)>`}}).want(t, 201)
+
+	op := startOIDCProvider(t, "fleetd-console", "console-secret", s.URL+"/console/oidc/callback")
+	s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "console-secret", "viewer")).want(t, 204)
 
 	shots := t.TempDir()
 	if d := os.Getenv("FLEETD_CONSOLE_SCREENSHOTS"); d != "" {
@@ -76,7 +80,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	cmd.Env = append(os.Environ(),
 		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant,
 		"OPERATOR_KEY="+operator.Key, "VIEWER_KEY="+viewer.Key,
-		"DEVICES="+strings.Join(ids, ","), "XSS_DEVICE=odd-one", "SCREENSHOTS="+shots)
+		"DEVICES="+strings.Join(ids, ","), "XSS_DEVICE=odd-one", "SCREENSHOTS="+shots,
+		"OIDC_USER="+op.Username, "OIDC_PASSWORD="+op.Password, "OIDC_EMAIL="+op.Email)
 	out, err := cmd.CombinedOutput()
 	t.Logf("node console.mjs:\n%s", out)
 	if err != nil {

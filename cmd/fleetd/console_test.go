@@ -325,3 +325,144 @@ func TestConsole(t *testing.T) {
 		})
 	})
 }
+
+var loginID = regexp.MustCompile(`name="id" value="([^"]+)"`)
+
+// TestConsoleOIDC signs in through a real OpenID provider: the
+// authorization code flow with PKCE, the ID token verified against the
+// tenant's JWKS, issuer, client id and nonce; the person gets the tenant's
+// default role.
+func TestConsoleOIDC(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
+		// The provider is on this machine: the egress policy must allow it.
+		s := startServer(t, be, "--outbound-allow", "127.0.0.1")
+		admin := s.admin()
+		op := startOIDCProvider(t, "fleetd-console", "console-secret", s.URL+"/console/oidc/callback")
+		s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "console-secret", "operator")).want(t, 204)
+		var cfg map[string]any
+		s.do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).want(t, 200).decode(t, &cfg)
+		if o, _ := cfg["oidc"].(map[string]any); o["client_id"] != "fleetd-console" || o["client_secret_set"] != true || o["client_secret"] != nil {
+			t.Fatalf("S9 shows oidc %v", cfg["oidc"])
+		}
+
+		// signInOIDC goes to the provider, signs in on its form and
+		// follows the redirects back to the console.
+		signInOIDC := func(t *testing.T, b *browser) page {
+			t.Helper()
+			res := b.get("/console/signin/oidc?tenant=default").want(t, 303)
+			to := res.Header.Get("Location")
+			if !strings.HasPrefix(to, op.Issuer) || !strings.Contains(to, "code_challenge_method=S256") || !strings.Contains(to, "nonce=") {
+				t.Fatalf("sign-in goes to %s", to)
+			}
+			for !strings.Contains(to, "/login/username") {
+				to = b.follow(t, to)
+			}
+			login := b.abs(t, to).want(t, 200)
+			id := loginID.FindStringSubmatch(login.Body)
+			if id == nil {
+				t.Fatalf("the provider's login page:\n%s", login.Body)
+			}
+			res = b.post(t, op.Issuer+"/login/username", url.Values{"id": {id[1]}, "username": {op.Username}, "password": {op.Password}})
+			to = res.Header.Get("Location")
+			for !strings.Contains(to, "/console/oidc/callback") {
+				to = b.follow(t, to)
+			}
+			if res := b.abs(t, to); res.Status != http.StatusSeeOther {
+				return res // the console refused the sign-in
+			}
+			return b.get("/console/")
+		}
+
+		t.Run("SignIn", func(t *testing.T) {
+			b := newBrowser(t, s.URL)
+			body := signInOIDC(t, b).want(t, 200).Body
+			if !strings.Contains(body, op.Email) || !strings.Contains(body, "role-operator") {
+				t.Fatalf("the overview after OIDC sign-in:\n%s", body)
+			}
+			// The person acts as themselves: a dispatch is theirs.
+			tok := b.get("/console/actions/new").want(t, 200).csrf(t)
+			s.do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "oidc-dev"}).want(t, 201)
+			res := b.do("POST", "/console/actions/new", url.Values{"csrf": {tok}, "action": {"reboot"}, "params": {"{}"}, "search_type": {"default"}, "device_ids": {"oidc-dev"}}).want(t, 303)
+			if body := b.get(res.Header.Get("Location")).Body; !strings.Contains(body, op.Email) {
+				t.Errorf("the action does not name who dispatched it")
+			}
+
+			// A change of the tenant's sign-in settings ends the session.
+			s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "console-secret", "viewer")).want(t, 204)
+			b.get("/console/").want(t, 303)
+			if body := signInOIDC(t, b).want(t, 200).Body; !strings.Contains(body, "role-viewer") {
+				t.Errorf("after the change, the person is not a viewer")
+			}
+		})
+
+		t.Run("ForgedCallback", func(t *testing.T) {
+			b := newBrowser(t, s.URL)
+			b.get("/console/signin/oidc?tenant=default").want(t, 303)
+			b.get("/console/oidc/callback?code=abc&state=forged").want(t, 403)
+			newBrowser(t, s.URL).get("/console/oidc/callback?code=abc&state=x").want(t, 403)
+			b.get("/console/").want(t, 303)
+		})
+
+		t.Run("WrongSecret", func(t *testing.T) {
+			s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "not-the-secret", "operator")).want(t, 204)
+			defer func() {
+				s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "console-secret", "operator")).want(t, 204)
+			}()
+			b := newBrowser(t, s.URL)
+			if res := signInOIDC(t, b); res.Status != 401 || !strings.Contains(res.Body, "could not be verified") && !strings.Contains(res.Body, "did not accept") {
+				t.Fatalf("a sign-in the provider refused to exchange answered %d:\n%s", res.Status, res.Body)
+			}
+		})
+
+		t.Run("NoSSO", func(t *testing.T) {
+			s.newTenant(t, "plain")
+			b := newBrowser(t, s.URL)
+			if res := b.get("/console/signin/oidc?tenant=plain").want(t, 404); !strings.Contains(res.Body, "no single sign-on") {
+				t.Errorf("the answer does not say why:\n%s", res.Body)
+			}
+			b.get("/console/signin/oidc?tenant=Not_A_Tenant").want(t, 400)
+		})
+
+		t.Run("BadSettings", func(t *testing.T) {
+			body := op.tenantOIDC("", "x", "viewer")
+			s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", body).want(t, 400)
+			body["oidc"] = map[string]any{"client_id": "c", "surprise": 1}
+			s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", body).want(t, 400)
+		})
+	})
+}
+
+// follow GETs an absolute or console-relative URL and returns where it
+// redirects.
+func (b *browser) follow(t *testing.T, to string) string {
+	t.Helper()
+	res := b.abs(t, to)
+	loc := res.Header.Get("Location")
+	if res.Status/100 != 3 || loc == "" {
+		t.Fatalf("GET %s answered %d, not a redirect:\n%s", to, res.Status, res.Body)
+	}
+	u, _ := url.Parse(to)
+	next, _ := u.Parse(loc)
+	return next.String()
+}
+
+// abs GETs a URL that may be on another host.
+func (b *browser) abs(t *testing.T, to string) page {
+	t.Helper()
+	if strings.HasPrefix(to, "/") {
+		return b.get(to)
+	}
+	saved := b.base
+	defer func() { b.base = saved }()
+	b.base = ""
+	return b.get(to)
+}
+
+// post POSTs a form to a URL on another host.
+func (b *browser) post(t *testing.T, to string, form url.Values) page {
+	t.Helper()
+	saved := b.base
+	defer func() { b.base = saved }()
+	b.base = ""
+	return b.do("POST", to, form)
+}

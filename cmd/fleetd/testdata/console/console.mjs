@@ -2,7 +2,8 @@
 // viewer would. TestConsoleInBrowser (cmd/fleetd/console_browser_test.go)
 // starts fleetd, provisions the devices and keys, and runs this with:
 //   FLEETD_URL, FLEETD_TENANT, OPERATOR_KEY, VIEWER_KEY, DEVICES (comma-separated ids),
-//   XSS_DEVICE (a device whose metadata holds markup), SCREENSHOTS (a directory, optional).
+//   XSS_DEVICE (a device whose metadata holds markup), SCREENSHOTS (a directory, optional),
+//   OIDC_USER, OIDC_PASSWORD, OIDC_EMAIL (a person at the tenant's OpenID provider).
 // Every wait is on a condition in the page, bounded by Playwright's timeouts.
 import { chromium } from "playwright-core";
 import assert from "node:assert/strict";
@@ -48,7 +49,7 @@ async function report(actionID, device, state, progress, errors) {
 async function signIn(page, key) {
   await page.goto(base + "/");
   assert.match(page.url(), /\/console\/signin/, "an anonymous visit goes to the sign-in page");
-  await page.getByLabel("Tenant").fill(tenant);
+  await page.getByLabel("Tenant", { exact: true }).fill(tenant);
   await page.getByLabel("API key").fill(key);
   await page.getByRole("button", { name: "Sign in with API key" }).click();
   await page.waitForURL(base + "/console/");
@@ -71,7 +72,7 @@ try {
   step("a wrong key is refused with a message, and the key never reaches a URL");
   await page.goto(base + "/console/signin");
   await shot(page, "signin");
-  await page.getByLabel("Tenant").fill(tenant);
+  await page.getByLabel("Tenant", { exact: true }).fill(tenant);
   await page.getByLabel("API key").fill("fk_wrong");
   await page.getByRole("button", { name: "Sign in with API key" }).click();
   await page.getByRole("alert").getByText("do not match").waitFor();
@@ -191,6 +192,18 @@ try {
   await page.waitForURL(/\/console\/signin/);
   await page.goto(base + "/console/devices");
   assert.match(page.url(), /\/console\/signin/);
+  step("a person signs in through the tenant's OpenID provider");
+  const octx = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  const opage = await octx.newPage();
+  await opage.goto(base + "/console/signin");
+  await opage.getByLabel("Tenant (single sign-on)").fill(tenant);
+  await opage.getByRole("button", { name: "Sign in with your identity provider" }).click();
+  await opage.getByLabel("Username:").fill(env("OIDC_USER"));
+  await opage.getByLabel("Password:").fill(env("OIDC_PASSWORD"));
+  await opage.getByRole("button", { name: "Login" }).click();
+  await opage.waitForURL(base + "/console/");
+  await opage.getByText(env("OIDC_EMAIL")).waitFor();
+  await opage.getByText("viewer", { exact: true }).waitFor();
   console.log("console browser test: all steps passed");
 } catch (e) {
   failed = true;
