@@ -194,6 +194,46 @@ func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 		}
 	})
 
+	// A dispatch that finds room in the connection's waiting line while
+	// part of the backlog is still only in the store waits behind that
+	// part, even when the store cannot be read by the time its turn comes.
+	t.Run("dispatch behind a backlog not read yet", func(t *testing.T) {
+		h := newFakeHandler()
+		s := MustOpenServer(t, h)
+		const backlog = 100 // more than one read of the store (the line and the window)
+		for id := int64(1); id <= backlog; id++ {
+			h.queue("acme/dev-1", id, message(id))
+		}
+		rm := uint16(1)
+		c := subscribedWith(t, s, h, true, &paho.ConnectProperties{ReceiveMaximum: &rm})
+		c.Ack(receive(t, c.received, "action 1"))
+		second := receive(t, c.received, "action 2") // the line has room now
+		if !dispatch(h, s, 1000) {
+			t.Fatal("SendAction = false, want true: the line had room")
+		}
+		h.mu.Lock()
+		h.pendingErr = fleet.Errorf(fleet.EUNAVAILABLE, "database down")
+		h.mu.Unlock()
+		reads := h.reads.Load()
+		c.Ack(second)
+		ack := func(from, to int64) {
+			for id := from; id <= to; id++ {
+				pb := receive(t, c.received, fmt.Sprintf("action %d", id))
+				if got := messageID(t, pb.Payload); got != id {
+					t.Fatalf("received action %d, want %d: the dispatch overtook the backlog", got, id)
+				}
+				c.Ack(pb)
+			}
+		}
+		ack(3, 65) // what the first read of the store brought
+		waitFor(t, "a read of the store that failed", func() bool { return h.reads.Load() > reads })
+		h.mu.Lock()
+		h.pendingErr = nil
+		h.mu.Unlock()
+		ack(66, backlog)
+		ack(1000, 1000)
+	})
+
 	// A store that cannot be read when the device subscribes is read again.
 	t.Run("store unavailable", func(t *testing.T) {
 		h := newFakeHandler()
