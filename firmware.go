@@ -117,6 +117,14 @@ type Artifact interface {
 	io.Closer
 }
 
+// RedirectArtifact is an Artifact better fetched where it is stored: a
+// presigned URL of the S3 bucket, valid for a while (--blob-store's
+// presign). Downloads are redirected there rather than streamed.
+type RedirectArtifact interface {
+	Artifact
+	RedirectURL() string
+}
+
 // FirmwareStore keeps bundles and component versions. Its writes decide
 // upload states atomically: a bundle that fails verification is stored as
 // failed (and returned so), not refused.

@@ -37,6 +37,12 @@ type Store interface {
 	Walk(ctx context.Context, prefix string, fn func(key string, mod time.Time) error) error
 }
 
+// Presigner is a Store that can send a downloader to the object itself
+// (S3 with presign set). PresignGet returns "" when it will not.
+type Presigner interface {
+	PresignGet(ctx context.Context, key, fileName string) (string, error)
+}
+
 // Pending is an object written but not yet visible.
 type Pending interface {
 	// Size is the number of bytes written.

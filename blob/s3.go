@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"net/url"
 	"path"
@@ -32,6 +33,7 @@ type S3 struct {
 	prefix   string // "" or elements ending in "/"
 	partSize int64
 	parts    sync.Pool // of *[]byte, each partSize long
+	presign  time.Duration
 }
 
 var _ Store = (*S3)(nil)
@@ -50,6 +52,10 @@ type S3Config struct {
 	// PartSize is the size of an upload's parts, at least 5 MiB (S3's
 	// minimum); 0 is DefaultPartSize. An object has at most 10,000 parts.
 	PartSize int64
+	// Presign, when set, is how long a download URL stays valid: fleetd
+	// then redirects downloads to the object in S3 instead of streaming
+	// them (Presigner). At most 7 days, S3's limit.
+	Presign time.Duration
 	// Credentials: static keys when AccessKey is set, else the standard
 	// AWS chain (shared credentials file and profile, then the instance's
 	// or container's role).
@@ -64,7 +70,7 @@ const DefaultPartSize = 8 << 20
 const minPartSize = 5 << 20
 
 // ParseS3URL reads s3://bucket/prefix?endpoint=…&region=…&path_style=true
-// &part_size=BYTES, and the credentials of the standard AWS variables
+// &part_size=BYTES&presign=DURATION, and the credentials of the standard AWS variables
 // through getenv (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
 // AWS_SESSION_TOKEN, AWS_PROFILE, AWS_REGION).
 func ParseS3URL(raw string, getenv func(string) string) (S3Config, error) {
@@ -95,12 +101,16 @@ func ParseS3URL(raw string, getenv func(string) string) (S3Config, error) {
 			if c.PathStyle, err = strconv.ParseBool(v); err != nil {
 				return S3Config{}, fmt.Errorf("blob: %q: path_style must be true or false", raw)
 			}
+		case "presign":
+			if c.Presign, err = time.ParseDuration(v); err != nil || c.Presign < time.Second || c.Presign > 7*24*time.Hour {
+				return S3Config{}, fmt.Errorf("blob: %q: presign must be a duration from 1s to 168h, such as 15m", raw)
+			}
 		case "part_size":
 			if c.PartSize, err = strconv.ParseInt(v, 10, 64); err != nil || c.PartSize < minPartSize || c.PartSize > 1<<30 {
 				return S3Config{}, fmt.Errorf("blob: %q: part_size must be a number of bytes from %d (5 MiB) to %d (1 GiB)", raw, minPartSize, 1<<30)
 			}
 		default:
-			return S3Config{}, fmt.Errorf("blob: %q: unknown parameter %q (known: endpoint, region, path_style, part_size)", raw, k)
+			return S3Config{}, fmt.Errorf("blob: %q: unknown parameter %q (known: endpoint, region, path_style, part_size, presign)", raw, k)
 		}
 	}
 	return c, nil
@@ -136,7 +146,7 @@ func OpenS3(ctx context.Context, c S3Config) (*S3, error) {
 	if err != nil {
 		return nil, fmt.Errorf("blob: %w", err)
 	}
-	s := &S3{core: minio.Core{Client: client}, bucket: c.Bucket, partSize: c.PartSize}
+	s := &S3{core: minio.Core{Client: client}, bucket: c.Bucket, partSize: c.PartSize, presign: c.Presign}
 	if c.Prefix != "" {
 		s.prefix = c.Prefix + "/"
 	}
@@ -379,4 +389,23 @@ func (s *S3) Walk(ctx context.Context, prefix string, fn func(key string, mod ti
 		}
 	}
 	return nil
+}
+
+// PresignGet returns a URL that downloads the object without credentials
+// until the store's presign duration passes, named fileName when saved;
+// "" when the store was not configured to presign.
+func (s *S3) PresignGet(ctx context.Context, key, fileName string) (string, error) {
+	if s.presign == 0 {
+		return "", nil
+	}
+	name, err := s.object(key)
+	if err != nil {
+		return "", err
+	}
+	q := url.Values{"response-content-disposition": {mime.FormatMediaType("attachment", map[string]string{"filename": fileName})}}
+	u, err := s.core.PresignedGetObject(ctx, s.bucket, name, s.presign, q)
+	if err != nil {
+		return "", fmt.Errorf("blob: presign %s: %w", key, err)
+	}
+	return u.String(), nil
 }

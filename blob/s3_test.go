@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fleetd/fleet/blob"
 	"github.com/fleetd/fleet/blob/s3test"
@@ -103,18 +104,18 @@ func TestParseS3URL(t *testing.T) {
 	env := func(k string) string {
 		return map[string]string{"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK", "AWS_REGION": "eu-west-1"}[k]
 	}
-	c, err := blob.ParseS3URL("s3://firmware/fleetd/prod?endpoint=http://127.0.0.1:7070&path_style=true&part_size=16777216", env)
+	c, err := blob.ParseS3URL("s3://firmware/fleetd/prod?endpoint=http://127.0.0.1:7070&path_style=true&part_size=16777216&presign=15m", env)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := blob.S3Config{Bucket: "firmware", Prefix: "fleetd/prod", Endpoint: "http://127.0.0.1:7070", Region: "eu-west-1",
-		PathStyle: true, PartSize: 16 << 20, AccessKey: "AK", SecretKey: "SK"}
+		PathStyle: true, PartSize: 16 << 20, Presign: 15 * time.Minute, AccessKey: "AK", SecretKey: "SK"}
 	if c != want {
 		t.Fatalf("got %+v\nwant %+v", c, want)
 	}
 	for _, bad := range []string{
 		"s3://", "http://bucket/x", "s3://b/../x", "s3://b/p?endpoint=ftp://h", "s3://b/p?endpoint=http://h/path",
-		"s3://b/p?path_style=maybe", "s3://b/p?part_size=1024", "s3://b/p?colour=blue",
+		"s3://b/p?path_style=maybe", "s3://b/p?part_size=1024", "s3://b/p?colour=blue", "s3://b/p?presign=8d", "s3://b/p?presign=soon",
 	} {
 		if _, err := blob.ParseS3URL(bad, env); err == nil {
 			t.Errorf("ParseS3URL(%q) succeeded", bad)

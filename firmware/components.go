@@ -112,5 +112,6 @@ func (s *Service) OpenComponent(ctx context.Context, tenant string, id uuid.UUID
 	} else if err != nil {
 		return nil, nil, fmt.Errorf("open component %s %s: %w", fw.ComponentName, fw.VersionNumber, err)
 	}
-	return fw, obj, nil
+	art, err := s.redirectable(ctx, obj, componentKey(tenant, fw.Checksum), path.Base(fw.FileName))
+	return fw, art, err
 }

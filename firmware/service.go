@@ -379,5 +379,31 @@ func (s *Service) OpenArtifact(ctx context.Context, tenant string, id uuid.UUID)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open archive of bundle %s (%s): %w", id, b.BlobKey, err)
 	}
-	return b, obj, nil
+	art, err := s.redirectable(ctx, obj, b.BlobKey, b.FileName)
+	return b, art, err
 }
+
+// redirectable is obj, or obj with the presigned URL downloads go to when
+// the blob store gives one.
+func (s *Service) redirectable(ctx context.Context, obj blob.Object, key, fileName string) (fleet.Artifact, error) {
+	p, ok := s.Blobs.(blob.Presigner)
+	if !ok {
+		return obj, nil
+	}
+	u, err := p.PresignGet(ctx, key, fileName)
+	if err != nil {
+		obj.Close()
+		return nil, err
+	}
+	if u == "" {
+		return obj, nil
+	}
+	return redirect{obj, u}, nil
+}
+
+type redirect struct {
+	blob.Object
+	url string
+}
+
+func (r redirect) RedirectURL() string { return r.url }

@@ -515,6 +515,10 @@ func (s *Server) handleDDIArtifact(w http.ResponseWriter, r *http.Request) error
 	}
 	defer art.Close()
 	file, name := path.Base(fw.FileName), r.PathValue("fileName")
+	if ra, ok := art.(fleet.RedirectArtifact); ok && name == file {
+		http.Redirect(w, r, ra.RedirectURL(), http.StatusTemporaryRedirect)
+		return nil
+	}
 	if name == file+".MD5SUM" {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintf(w, "%s  %s\n", fw.MD5, file)

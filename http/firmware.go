@@ -371,6 +371,12 @@ func (s *Server) handleArtifact(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer art.Close()
+	// A presigned URL of the bucket serves it (Range and ETag included)
+	// without passing through fleetd.
+	if ra, ok := art.(fleet.RedirectArtifact); ok {
+		http.Redirect(w, r, ra.RedirectURL(), http.StatusTemporaryRedirect)
+		return nil
+	}
 	h := w.Header()
 	h.Set("ETag", `"`+*b.Checksum+`"`)
 	h.Set("Content-Type", "application/octet-stream")

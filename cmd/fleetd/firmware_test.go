@@ -1392,3 +1392,71 @@ func TestBlobStoreRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestFirmwareArtifactPresigned checks that with presign set, downloads are
+// redirected to the bucket, which serves the archive and its ranges with
+// no credentials: an API key's download, a device's signed URL and a
+// hawkBit component alike.
+func TestFirmwareArtifactPresigned(t *testing.T) {
+	s := startServerOn(t, sqlstoretest.Backends()[0], "s3+presign")
+	admin := s.admin()
+	data := makeBundle(t, "5.0.0", bootloader, app230)
+	b := s.mustUpload(t, admin, data)
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	get := func(t *testing.T, path string, header ...string) string {
+		t.Helper()
+		hr, _ := http.NewRequest("GET", s.URL+path, nil)
+		for i := 0; i+1 < len(header); i += 2 {
+			hr.Header.Set(header[i], header[i+1])
+		}
+		resp, err := noFollow.Do(hr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		loc := resp.Header.Get("Location")
+		if resp.StatusCode != http.StatusTemporaryRedirect || !strings.HasPrefix(loc, s.S3.Endpoint+"/") || !strings.Contains(loc, "X-Amz-Signature=") {
+			t.Fatalf("GET %s: %d, Location %q; want a 307 to a presigned URL of the bucket", path, resp.StatusCode, loc)
+		}
+		return loc
+	}
+	fetch := func(t *testing.T, loc string, want []byte) {
+		t.Helper()
+		hr, _ := http.NewRequest("GET", loc, nil)
+		hr.Header.Set("Range", "bytes=10-")
+		resp, err := http.DefaultClient.Do(hr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		got, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 206 || !bytes.Equal(got, want[10:]) {
+			t.Fatalf("the presigned URL with Range: %d, %d bytes, want 206 and %d", resp.StatusCode, len(got), len(want)-10)
+		}
+	}
+
+	t.Run("APIKey", func(t *testing.T) {
+		fetch(t, get(t, "/api/v1/firmware-bundles/id/"+b.ID+"/artifact", "x-service-tenant", admin.Tenant, "x-service-api-key", admin.Key), data)
+	})
+	t.Run("HawkBitComponent", func(t *testing.T) {
+		dev := s.mustDevice(t, admin, "ecu-9", nil)
+		id := s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "5.0.0"},
+			"search_type": "default", "device_ids": []string{"ecu-9"}})
+		var dep struct {
+			Deployment struct {
+				Chunks []struct {
+					Part      string
+					Artifacts []struct {
+						Links map[string]struct{ Href string } `json:"_links"`
+					}
+				}
+			}
+		}
+		_, body := s.ddi(t, "GET", fmt.Sprintf("/default/controller/v1/ecu-9/deploymentBase/%d", id), "TargetToken "+dev.Token, nil)
+		if err := json.Unmarshal(body, &dep); err != nil || len(dep.Deployment.Chunks) != 2 || dep.Deployment.Chunks[1].Part != "app" {
+			t.Fatalf("deploymentBase: %v %s", err, body)
+		}
+		href := dep.Deployment.Chunks[1].Artifacts[0].Links["download"].Href
+		fetch(t, get(t, strings.TrimPrefix(href, s.URL), "Authorization", "TargetToken "+dev.Token), []byte(app230.body))
+	})
+}

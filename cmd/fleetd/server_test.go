@@ -76,14 +76,19 @@ func startServer(t *testing.T, b sqlstoretest.Backend, extra ...string) *testSer
 }
 
 // startServerOn is startServer with firmware in store: "file" (the data
-// directory) or "s3" (a bucket of a private VersityGW).
+// directory), "s3" (a bucket of a private VersityGW) or "s3+presign" (the
+// same, downloads redirected to presigned URLs).
 func startServerOn(t *testing.T, b sqlstoretest.Backend, store string, extra ...string) *testServer {
 	t.Helper()
 	s := &testServer{DSN: b.DSN(t), DataDir: t.TempDir(), done: make(chan error, 1), output: &lockedBuffer{}}
-	if store == "s3" {
+	if strings.HasPrefix(store, "s3") {
 		s.S3 = s3test.Start(t)
 		s.getenv = s.S3.Getenv
-		extra = append([]string{"--blob-store", s.S3.URL("fleetd")}, extra...)
+		loc := s.S3.URL("fleetd")
+		if store == "s3+presign" {
+			loc += "&presign=10m"
+		}
+		extra = append([]string{"--blob-store", loc}, extra...)
 	}
 	s.start(t, extra...)
 	t.Cleanup(func() { s.stop(t) })
