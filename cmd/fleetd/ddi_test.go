@@ -6,13 +6,19 @@ import (
 	"crypto/sha1"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -395,9 +401,9 @@ type swupdateRun struct {
 // runSWUpdate starts SWUpdate for device; suricatta holds its options
 // (confirm, "-c 2", after an installation, as a device does after its
 // reboot). Its sockets go in a directory of its own (TMPDIR).
-func runSWUpdate(t *testing.T, bin string, s *testServer, signer *swuSigner, device, token string, suricatta ...string) *swupdateRun {
+func runSWUpdate(t *testing.T, bin string, server string, signer *swuSigner, device, token string, suricatta ...string) *swupdateRun {
 	t.Helper()
-	opts := append([]string{"-t", "default", "-u", s.URL, "-i", device, "-k", token, "-p", "1", "-r", "5", "-w", "1"}, suricatta...)
+	opts := append([]string{"-t", "default", "-u", server, "-i", device, "-k", token, "-p", "1", "-r", "5", "-w", "1"}, suricatta...)
 	cmd := exec.Command(bin, "-v", "-k", signer.cert(), "-H", "fleetdev:1.0", "-u", strings.Join(opts, " "))
 	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir())
 	r := &swupdateRun{cmd: cmd, out: &lockedBuffer{}, done: make(chan struct{})}
@@ -462,7 +468,7 @@ func TestSWUpdate(t *testing.T) {
 
 	t.Run("Success", func(t *testing.T) {
 		id := update("2.0.0", signer.swu(t, "2.0.0", installed, []byte("rootfs 2.0.0\n"), ""))
-		sw := runSWUpdate(t, bin, s, signer, "gw-1", dev.Token)
+		sw := runSWUpdate(t, bin, s.URL, signer, "gw-1", dev.Token)
 		// Installed, awaiting the device's test after its reboot.
 		eventually(t, "the installed file", func() bool {
 			b, _ := os.ReadFile(installed)
@@ -475,7 +481,7 @@ func TestSWUpdate(t *testing.T) {
 		})
 		sw.stop()
 		// After the reboot the device confirms: closed, success.
-		sw = runSWUpdate(t, bin, s, signer, "gw-1", dev.Token, "-c", "2")
+		sw = runSWUpdate(t, bin, s.URL, signer, "gw-1", dev.Token, "-c", "2")
 		da = sw.awaitStatus(t, s, "gw-1", id, "Completed")
 		sw.stop()
 		var d device
@@ -488,7 +494,7 @@ func TestSWUpdate(t *testing.T) {
 	t.Run("Failure", func(t *testing.T) {
 		bad := strings.Repeat("1", 64)
 		id := update("3.0.0", signer.swu(t, "3.0.0", installed, []byte("rootfs 3.0.0\n"), bad))
-		sw := runSWUpdate(t, bin, s, signer, "gw-1", dev.Token)
+		sw := runSWUpdate(t, bin, s.URL, signer, "gw-1", dev.Token)
 		da := sw.awaitStatus(t, s, "gw-1", id, "Failed")
 		sw.stop()
 		var all []string
@@ -520,7 +526,7 @@ func TestSWUpdate(t *testing.T) {
 		if len(list.DeviceActions) != 1 {
 			t.Fatalf("cancel_actions: %+v", list.DeviceActions)
 		}
-		sw := runSWUpdate(t, bin, s, signer, "gw-1", dev.Token)
+		sw := runSWUpdate(t, bin, s.URL, signer, "gw-1", dev.Token)
 		sw.awaitStatus(t, s, "gw-1", list.DeviceActions[0].ActionID, "Completed")
 		sw.stop()
 		if da := s.deviceAction(t, admin, "gw-1", id); da.ActionStatus != "Cancelled" {
@@ -530,4 +536,92 @@ func TestSWUpdate(t *testing.T) {
 			t.Fatalf("the cancelled image was installed: %q", b)
 		}
 	})
+
+	t.Run("DownloadCutAndRetried", func(t *testing.T) {
+		// A 1 MiB image through a proxy that cuts the first download of it
+		// after 300 KiB, as a bad link would: SWUpdate fetches it again
+		// and installs the whole image, not the part it had. (SWUpdate
+		// 2022.12 starts over rather than asking for the rest with Range;
+		// TestDDI checks that a client that resumes gets the rest.)
+		payload := make([]byte, 1<<20)
+		for i := range payload {
+			payload[i] = byte(i * 7 % 251)
+		}
+		id := update("5.0.0", signer.swu(t, "5.0.0", installed, payload, ""))
+		p := newCuttingProxy(t, s.URL, "/artifacts/rootfs.swu", 300<<10)
+		sw := runSWUpdate(t, bin, p.URL, signer, "gw-1", dev.Token)
+		eventually(t, "the image installed whole", func() bool {
+			b, _ := os.ReadFile(installed)
+			return bytes.Equal(b, payload)
+		})
+		sw.awaitStatus(t, s, "gw-1", id, "Progress")
+		sw.stop()
+		ranges := p.ranges()
+		if len(ranges) == 0 {
+			t.Fatalf("the artifact was not fetched again after the cut; SWUpdate said:\n%s", sw.out)
+		}
+		t.Logf("after the cut SWUpdate fetched the artifact %d more times, with Range %q", len(ranges), ranges)
+		sw = runSWUpdate(t, bin, s.URL, signer, "gw-1", dev.Token, "-c", "2")
+		sw.awaitStatus(t, s, "gw-1", id, "Completed")
+		sw.stop()
+	})
 }
+
+// cuttingProxy forwards to fleetd, and cuts the first response whose path
+// contains cut after n bytes of its body; it records the Range header of
+// the requests for that path that follow it.
+type cuttingProxy struct {
+	URL string
+	mu  sync.Mutex
+	cut bool
+	rng []string
+}
+
+func newCuttingProxy(t *testing.T, target, cut string, n int64) *cuttingProxy {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cuttingProxy{}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.ModifyResponse = func(resp *http.Response) error {
+		if !strings.Contains(resp.Request.URL.Path, cut) || resp.StatusCode >= 300 {
+			return nil
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if !p.cut {
+			p.cut = true
+			resp.Body = struct {
+				io.Reader
+				io.Closer
+			}{io.MultiReader(io.LimitReader(resp.Body, n), errReader{errors.New("cut")}), resp.Body}
+		}
+		return nil
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, cut) {
+			p.mu.Lock()
+			if p.cut {
+				p.rng = append(p.rng, r.Header.Get("Range"))
+			}
+			p.mu.Unlock()
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	p.URL = srv.URL
+	return p
+}
+
+func (p *cuttingProxy) ranges() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.rng...)
+}
+
+// errReader fails every read with err.
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
