@@ -448,6 +448,25 @@ type job struct {
 	done chan error
 }
 
+// updateAlone runs fn in a write transaction of its own on PostgreSQL, for
+// the rare writes that must not share one (see lockTargets); on SQLite,
+// whose one writer serialises everything, it is update.
+func (db *DB) updateAlone(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
+	if db.dialect != postgres {
+		return db.update(ctx, fn)
+	}
+	sqlTx, err := db.write.BeginTx(ctx, nil)
+	if err != nil {
+		return db.classify(err)
+	}
+	tx := &Tx{tx: sqlTx, db: db, now: db.now(), start: time.Now()}
+	if err := fn(ctx, tx); err != nil {
+		sqlTx.Rollback()
+		return db.classify(err)
+	}
+	return db.classify(sqlTx.Commit())
+}
+
 // update runs fn inside a write transaction shared with other concurrent
 // writers and returns once the transaction committed (or fn failed, in which
 // case nothing fn did remains). fn may run more than once: if the batch's

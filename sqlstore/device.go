@@ -231,7 +231,14 @@ func (db *DB) UpdateDeviceMetadata(ctx context.Context, tenant, id string, patch
 
 // DeleteDevice removes a device and everything recorded about it.
 func (db *DB) DeleteDevice(ctx context.Context, tenant, id string) error {
-	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+	// On PostgreSQL device_actions has no foreign key to devices
+	// (migration 0014): the deletion, in a transaction of its own, waits
+	// for the tenant's dispatches in progress, whose rows it then deletes,
+	// and holds off new ones until it commits (lockTargets).
+	return db.updateAlone(ctx, func(ctx context.Context, tx *Tx) error {
+		if err := tx.lockTargets(ctx, tenant, true); err != nil {
+			return err
+		}
 		res, err := tx.exec(ctx, "DELETE FROM devices WHERE tenant = ? AND id = ?", tenant, id)
 		if err != nil {
 			return err
@@ -240,6 +247,9 @@ func (db *DB) DeleteDevice(ctx context.Context, tenant, id string) error {
 			return err
 		} else if n == 0 {
 			return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", id)
+		}
+		if _, err := tx.exec(ctx, "DELETE FROM device_actions WHERE tenant = ? AND device_id = ?", tenant, id); err != nil {
+			return err
 		}
 		if err := tx.changed(ctx, fleet.Change{Kind: fleet.ChangeDeviceDelete, Tenant: tenant, Key: id}); err != nil {
 			return err

@@ -2,7 +2,9 @@ package sqlstore_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -246,3 +248,121 @@ func BenchmarkCreateDevices(b *testing.B) {
 }
 
 var _ = sqlstore.Options{}
+
+// TestDeleteDeviceRacingDispatch deletes devices while dispatches to all
+// the tenant's devices run, both at once: whichever commits first, no
+// device action of a deleted device remains. On PostgreSQL, where
+// device_actions has no foreign key to devices, a lock orders the two; the
+// hourly sweep removes what a broken rule would leave.
+func TestDeleteDeviceRacingDispatch(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, _ := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		numberedDevices(t, db, "acme", "keep-%02d", 20)
+		for round := range 20 {
+			doomed := numberedDevices(t, db, "acme", fmt.Sprintf("r%02d-%%02d", round), 5)
+			var wg sync.WaitGroup
+			var actions []int64
+			var mu sync.Mutex
+			for range 3 {
+				wg.Go(func() {
+					a, err := db.DispatchAction(ctx, "acme", dispatch("reboot", "all"))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					actions = append(actions, a.ID)
+					mu.Unlock()
+				})
+			}
+			for _, id := range doomed {
+				wg.Go(func() {
+					if err := db.DeleteDevice(ctx, "acme", id); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+			for _, id := range actions {
+				das, n, err := db.FindDeviceActions(ctx, "acme", fleet.DeviceActionFilter{ActionID: id, Page: fleet.Page{Page: 1, Limit: 1000}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, da := range das {
+					if strings.HasPrefix(da.DeviceID, fmt.Sprintf("r%02d-", round)) {
+						t.Fatalf("round %d: action %d has device action of deleted device %s (%d listed)", round, id, da.DeviceID, n)
+					}
+				}
+				a, err := db.FindAction(ctx, "acme", id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				total := 0
+				for _, c := range a.Statuses {
+					total += c
+				}
+				if total != n {
+					t.Fatalf("action %d counts %d device actions, lists %d", id, total, n)
+				}
+			}
+		}
+		if n, err := db.RemoveOrphanDeviceActions(ctx, 1000); err != nil || n != 0 {
+			t.Fatalf("the sweep found %d orphans: %v", n, err)
+		}
+	})
+}
+
+// TestOrphanSweep makes, on PostgreSQL, the orphan the rule prevents (a
+// device action whose device is gone, written behind the store's back) and
+// sweeps it.
+func TestOrphanSweep(t *testing.T) {
+	for _, b := range sqlstoretest.Backends() {
+		if b.Name != "postgres" {
+			continue
+		}
+		dsn := b.DSN(t)
+		db, err := sqlstore.Open(context.Background(), dsn, sqlstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		ctx := context.Background()
+		if _, err := db.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		mustTenant(t, db, "acme")
+		ids := numberedDevices(t, db, "acme", "d%d", 3)
+		a := mustDispatch(t, db, "acme", dispatch("reboot", "all"))
+		raw, err := sql.Open("pgx", dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		if _, err := raw.Exec(`INSERT INTO device_actions (tenant, action_id, device_id, type, status, action_status, progress, errors, error_count,
+			user_email, user_name, serial_metadata, created_at, updated_at, phase) VALUES ('acme', $1, 'ghost', 'reboot', 'Queued', 'Queued', 0, '{}', 0, '', '', '{}', 0, 0, 0)`, a.ID); err != nil {
+			t.Fatalf("an orphan: %v", err)
+		}
+		if n, err := db.RemoveOrphanDeviceActions(ctx, 1000); err != nil || n != 1 {
+			t.Fatalf("swept %d, %v; want the orphan", n, err)
+		}
+		if _, n, _ := db.FindDeviceActions(ctx, "acme", fleet.DeviceActionFilter{ActionID: a.ID, Page: fleet.Page{Page: 1, Limit: 10}}); n != len(ids) {
+			t.Fatalf("%d device actions left, want %d", n, len(ids))
+		}
+	}
+}
+
+// numberedDevices provisions n devices named by format and their number,
+// and returns their ids.
+func numberedDevices(t testing.TB, db *sqlstore.DB, tenant, format string, n int) []string {
+	t.Helper()
+	devs := map[string]map[string]string{}
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf(format, i)
+		devs[ids[i]] = nil
+	}
+	mustDevices(t, db, tenant, devs)
+	return ids
+}

@@ -87,7 +87,8 @@ func runServe(ctx context.Context, args []string, e env) error {
 	rolloutNotifier := &notify.Worker{Store: db.RolloutOutbox(), Logger: log.With("outbox", "rollouts"), SMTP: c.smtp, Templates: c.templates, HTTP: outbound.Client(10*time.Second, egress.NoRedirects),
 		MaxAttempts: c.notifyMaxAttempts, Backoff: c.notifyBackoff, MaxBackoff: c.notifyMaxBackoff, Lease: c.scale.notifyLease,
 		Owner: replicaName()}
-	loops.Add(4)
+	loops.Add(5)
+	go func() { defer loops.Done(); db.RunOrphanSweep(loopCtx, time.Hour) }()
 	go func() { defer loops.Done(); engine.Run(loopCtx) }()
 	go func() { defer loops.Done(); notifier.Run(loopCtx) }()
 	go func() { defer loops.Done(); rolloutNotifier.Run(loopCtx) }()
