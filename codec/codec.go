@@ -87,6 +87,10 @@ type Limits struct {
 	// go and stop at the first element past it, so a body of a million
 	// empty objects costs what Len of them cost, not 35 times its size.
 	Len int
+	// Total is the most elements all of them may hold together; 0 is no
+	// bound. It bounds a large body (a bulk one) that nests many
+	// collections each within Len.
+	Total int
 }
 
 // Decode reads exactly one value from a whole request body in format f and
@@ -121,14 +125,24 @@ func DecodeWithin(f Format, body []byte, l Limits) (any, error) {
 	return Canonical(v)
 }
 
-// longer reports whether n elements are more than l allows.
-func (l Limits) longer(n int) bool { return l.Len > 0 && n > l.Len }
+// counter counts the elements a reader reads against its Limits.
+type counter struct {
+	limits Limits
+	total  int
+}
 
-// tooLong is the ETOOLARGE error of a collection (kind: "array", "map",
-// …) past Limits.Len, in a body of format what; where says where it
-// starts, in the words of the format's other errors.
-func tooLong(what, kind, where string, l Limits) error {
-	return fleet.Errorf(fleet.ETOOLARGE, "%s body too large: the %s at %s holds more than %d elements, the most one may hold here", what, kind, where, l.Len)
+// count counts n more elements of a collection of kind, which now holds
+// length, in a body of format what; where says, when asked, where the
+// collection starts. Past a limit it is an ETOOLARGE error.
+func (c *counter) count(what, kind string, where func() string, length, n int) error {
+	c.total += n
+	switch l := c.limits; {
+	case l.Len > 0 && length > l.Len:
+		return fleet.Errorf(fleet.ETOOLARGE, "%s body too large: the %s at %s holds more than %d elements, the most one may hold here", what, kind, where(), l.Len)
+	case l.Total > 0 && c.total > l.Total:
+		return fleet.Errorf(fleet.ETOOLARGE, "%s body too large: with the %s at %s it holds more than %d elements in all, the most one body may hold here; send it in parts", what, kind, where(), l.Total)
+	}
+	return nil
 }
 
 // Marshal returns v encoded in format f; see Encode. It returns an exact

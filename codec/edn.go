@@ -23,7 +23,7 @@ func ReadEDN(b []byte) (any, error) {
 }
 
 func readEDN(b []byte, l Limits) (any, error) {
-	r := ednReader{data: b, limits: l}
+	r := ednReader{data: b, counter: counter{limits: l}}
 	if err := r.skip(); err != nil {
 		return nil, err
 	}
@@ -44,10 +44,10 @@ func readEDN(b []byte, l Limits) (any, error) {
 }
 
 type ednReader struct {
-	data   []byte
-	pos    int
-	depth  int
-	limits Limits
+	data  []byte
+	pos   int
+	depth int
+	counter
 }
 
 func (r *ednReader) errorf(off int, format string, args ...any) error {
@@ -55,11 +55,13 @@ func (r *ednReader) errorf(off int, format string, args ...any) error {
 	return invalidf("invalid EDN body at line %d, column %d: %s", line, col, fmt.Sprintf(format, args...))
 }
 
-// tooLong is the error of the collection of kind that starts at off and
-// holds more than r.limits.Len elements.
-func (r *ednReader) tooLong(off int, kind string) error {
-	line, col := textPosition(r.data, off)
-	return tooLong("EDN", kind, fmt.Sprintf("line %d, column %d", line, col), r.limits)
+// count counts n more elements of the collection of kind that starts at
+// off and now holds length (counter.count).
+func (r *ednReader) count(off int, kind string, length, n int) error {
+	return r.counter.count("EDN", kind, func() string {
+		line, col := textPosition(r.data, off)
+		return fmt.Sprintf("line %d, column %d", line, col)
+	}, length, n)
 }
 
 func (r *ednReader) at(off int, err error) error {
@@ -238,8 +240,8 @@ func (r *ednReader) seq(end byte) ([]any, error) {
 			r.depth--
 			return a, nil
 		}
-		if r.limits.longer(len(a) + 1) {
-			return nil, r.tooLong(open, map[byte]string{')': "list", ']': "vector", '}': "set"}[end])
+		if err := r.count(open, map[byte]string{')': "list", ']': "vector", '}': "set"}[end], len(a)+1, 1); err != nil {
+			return nil, err
 		}
 		v, err := r.form()
 		if err != nil {
@@ -269,8 +271,8 @@ func (r *ednReader) mapForm() (any, error) {
 			r.depth--
 			return m, nil
 		}
-		if r.limits.longer(len(m.Entries) + 1) {
-			return nil, r.tooLong(open, "map")
+		if err := r.count(open, "map", len(m.Entries)+1, 1); err != nil {
+			return nil, err
 		}
 		off := r.pos
 		k, err := r.form()

@@ -19,7 +19,7 @@ type jsonScanner struct {
 	what    string // "JSON" or "transit+json", for messages
 	scratch []byte // unescaped string bytes
 	stack   []any  // array elements being collected, reused across arrays
-	limits  Limits
+	counter
 }
 
 // errorf returns an EINVALID error located at byte offset off.
@@ -48,11 +48,13 @@ func (s *jsonScanner) unexpected(want string) error {
 	return s.errorf(s.pos, "unexpected %q, expected %s", r, want)
 }
 
-// tooLong is the error of the collection of kind that starts at off and
-// holds more than s.limits.Len elements.
-func (s *jsonScanner) tooLong(off int, kind string) error {
-	line, col := textPosition(s.data, off)
-	return tooLong(s.what, kind, fmt.Sprintf("line %d, column %d", line, col), s.limits)
+// count counts n more elements of the collection of kind that starts at
+// off and now holds length (counter.count).
+func (s *jsonScanner) count(off int, kind string, length, n int) error {
+	return s.counter.count(s.what, kind, func() string {
+		line, col := textPosition(s.data, off)
+		return fmt.Sprintf("line %d, column %d", line, col)
+	}, length, n)
 }
 
 // enter counts one level of nesting and refuses to go past MaxDepth.
@@ -292,7 +294,7 @@ func hex4(d []byte, i int) (rune, bool) {
 // decodeJSON is Decode for strict JSON: RFC 8259 and nothing more, with
 // duplicate keys and integers beyond int64 rejected rather than guessed at.
 func decodeJSON(b []byte, l Limits) (any, error) {
-	s := jsonScanner{data: b, what: "JSON", limits: l}
+	s := jsonScanner{data: b, what: "JSON", counter: counter{limits: l}}
 	s.skipSpace()
 	v, err := s.value()
 	if err != nil {
@@ -347,8 +349,8 @@ func (s *jsonScanner) object() (any, error) {
 		if _, dup := m[k]; dup {
 			return nil, s.errorf(keyPos, "duplicate key %q", k)
 		}
-		if s.limits.longer(len(m) + 1) {
-			return nil, s.tooLong(open, "object")
+		if err := s.count(open, "object", len(m)+1, 1); err != nil {
+			return nil, err
 		}
 		v, err := s.value()
 		if err != nil {
@@ -372,8 +374,8 @@ func (s *jsonScanner) array() (any, error) {
 	}
 	mark := len(s.stack)
 	for {
-		if s.limits.longer(len(s.stack) - mark + 1) {
-			return nil, s.tooLong(open, "array")
+		if err := s.count(open, "array", len(s.stack)-mark+1, 1); err != nil {
+			return nil, err
 		}
 		v, err := s.value()
 		if err != nil {

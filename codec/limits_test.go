@@ -120,3 +120,28 @@ func TestDecodeWithinStops(t *testing.T) {
 		})
 	}
 }
+
+// TestDecodeWithinTotal: Limits.Total bounds the elements of all the
+// collections of a body together, each of them within Len.
+func TestDecodeWithinTotal(t *testing.T) {
+	v := []any{[]any{int64(1), int64(2)}, map[string]any{"a": int64(3), "b": int64(4)}, []any{int64(5)}}
+	const total = 8 // 3 + 2 + 2 + 1
+	for _, f := range codec.Formats {
+		t.Run(f.String(), func(t *testing.T) {
+			body, err := codec.Marshal(f, v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := codec.DecodeWithin(f, body, codec.Limits{Len: 3, Total: total}); err != nil {
+				t.Fatalf("DecodeWithin(%q, Total %d): %v", body, total, err)
+			}
+			_, err = codec.DecodeWithin(f, body, codec.Limits{Len: 3, Total: total - 1})
+			if code := fleet.ErrorCode(err); code != fleet.ETOOLARGE {
+				t.Fatalf("DecodeWithin(%q, Total %d) error %v (code %q), want %q", body, total-1, err, code, fleet.ETOOLARGE)
+			}
+			if msg := fleet.ErrorMessage(err); !strings.Contains(msg, "more than 7 elements in all") {
+				t.Errorf("message %q does not say the limit", msg)
+			}
+		})
+	}
+}

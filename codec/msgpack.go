@@ -18,7 +18,7 @@ func ReadTransitMsgpack(b []byte) (any, error) {
 }
 
 func readTransitMsgpack(b []byte, l Limits) (any, error) {
-	r := msgpackReader{data: b, limits: l}
+	r := msgpackReader{data: b, counter: counter{limits: l}}
 	v, err := r.value(false)
 	if err != nil {
 		return nil, err
@@ -30,21 +30,21 @@ func readTransitMsgpack(b []byte, l Limits) (any, error) {
 }
 
 type msgpackReader struct {
-	data   []byte
-	pos    int
-	depth  int
-	d      transitDecoder
-	limits Limits
+	data  []byte
+	pos   int
+	depth int
+	d     transitDecoder
+	counter
 }
 
 func (r *msgpackReader) errorf(off int, format string, args ...any) error {
 	return invalidf("invalid transit+msgpack body at byte offset %d: %s", off, fmt.Sprintf(format, args...))
 }
 
-// tooLong is the error of the collection of kind whose header is at off
-// and which holds more than r.limits.Len elements.
-func (r *msgpackReader) tooLong(off int, kind string) error {
-	return tooLong("transit+msgpack", kind, fmt.Sprintf("byte offset %d", off), r.limits)
+// count counts the n elements of the collection of kind whose header is
+// at off (counter.count): a MessagePack header says how many follow.
+func (r *msgpackReader) count(off int, kind string, n int) error {
+	return r.counter.count("transit+msgpack", kind, func() string { return fmt.Sprintf("byte offset %d", off) }, n, n)
 }
 
 func (r *msgpackReader) at(off int, err error) error {
@@ -247,8 +247,8 @@ func (r *msgpackReader) array(off, n int) (any, error) {
 	}
 	// A "^ " map of Len entries has 2×Len+1 elements; which this array
 	// is, its first element says.
-	if r.limits.longer((n - 1) / 2) {
-		return nil, r.tooLong(off, "array")
+	if l := r.limits.Len; l > 0 && (n-1)/2 > l {
+		return nil, r.count(off, "array", n)
 	}
 	a := make([]any, 0, n)
 	firstOff := r.pos
@@ -263,8 +263,8 @@ func (r *msgpackReader) array(off, n int) (any, error) {
 			return nil, err
 		}
 		if s == mapMarker {
-			if r.limits.longer(n / 2) {
-				return nil, r.tooLong(off, "map")
+			if err := r.count(off, "map", n/2); err != nil {
+				return nil, err
 			}
 			return r.mapArray(firstOff, n-1)
 		}
@@ -284,13 +284,13 @@ func (r *msgpackReader) array(off, n int) (any, error) {
 			v, err := decodeTagged(string(tag), rep)
 			return v, r.at(repOff, err)
 		}
-		if r.limits.longer(n) {
-			return nil, r.tooLong(off, "array")
+		if err := r.count(off, "array", n); err != nil {
+			return nil, err
 		}
 		a = append(a, first)
 	default:
-		if r.limits.longer(n) {
-			return nil, r.tooLong(off, "array")
+		if err := r.count(off, "array", n); err != nil {
+			return nil, err
 		}
 		first, err := r.container(firstOff, kind, sn, v)
 		if err != nil {
@@ -323,8 +323,8 @@ func (r *msgpackReader) mapEntries(off, n int) (any, error) {
 		return nil, err
 	}
 	defer func() { r.depth-- }()
-	if r.limits.longer(n) {
-		return nil, r.tooLong(off, "map")
+	if err := r.count(off, "map", n); err != nil {
+		return nil, err
 	}
 	if n == 1 {
 		keyOff := r.pos

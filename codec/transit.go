@@ -354,7 +354,7 @@ func ReadTransitJSON(b []byte) (any, error) {
 }
 
 func readTransitJSON(b []byte, l Limits) (any, error) {
-	r := transitJSONReader{s: jsonScanner{data: b, what: "transit+json", limits: l}}
+	r := transitJSONReader{s: jsonScanner{data: b, what: "transit+json", counter: counter{limits: l}}}
 	r.s.skipSpace()
 	v, err := r.value(false)
 	if err != nil {
@@ -466,14 +466,17 @@ func (r *transitJSONReader) array() (any, error) {
 		}
 	}
 	a := []any{first}
+	if err := s.count(open, "array", 1, 1); err != nil {
+		return nil, err
+	}
 	for {
 		if more, err := s.next(']'); err != nil {
 			return nil, err
 		} else if !more {
 			return a, nil
 		}
-		if s.limits.longer(len(a) + 1) {
-			return nil, s.tooLong(open, "array")
+		if err := s.count(open, "array", len(a)+1, 1); err != nil {
+			return nil, err
 		}
 		v, err := r.value(false)
 		if err != nil {
@@ -521,8 +524,8 @@ func (r *transitJSONReader) mapArray(open int) (any, error) {
 		} else if !more {
 			return m, nil
 		}
-		if s.limits.longer(len(m.Entries) + 1) {
-			return nil, s.tooLong(open, "map")
+		if err := s.count(open, "map", len(m.Entries)+1, 1); err != nil {
+			return nil, err
 		}
 		off := s.pos
 		k, err := r.value(true)
@@ -581,8 +584,8 @@ func (r *transitJSONReader) object() (any, error) {
 		if !seen.add(k) {
 			return nil, s.errorf(off, "duplicate map key %s", describeValue(k))
 		}
-		if s.limits.longer(len(m.Entries) + 1) {
-			return nil, s.tooLong(open, "map")
+		if err := s.count(open, "map", len(m.Entries)+1, 1); err != nil {
+			return nil, err
 		}
 		v, err := r.value(false)
 		if err != nil {

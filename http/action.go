@@ -95,7 +95,7 @@ func pathActionID(r *http.Request) (int64, error) {
 // readDispatch decodes and validates a dispatch body. Its limit is the bulk
 // one: device_ids may list many thousands of devices.
 func (s *Server) readDispatch(w http.ResponseWriter, r *http.Request, withSchedule bool) (*fleet.Dispatch, error) {
-	body, err := s.decode(w, r, s.Limits.Bulk, maxBulkElements)
+	body, err := s.decode(w, r, s.Limits.Bulk, bulkElements)
 	if err != nil {
 		return nil, err
 	}
@@ -225,7 +225,7 @@ func (s *Server) handleDeviceActions(w http.ResponseWriter, r *http.Request) err
 // handleActionStatus is S10, the hottest path: decode, one store call that
 // returns once its (shared) transaction committed, 204.
 func (s *Server) handleActionStatus(w http.ResponseWriter, r *http.Request) error {
-	body, err := s.decode(w, r, s.Limits.Body, maxElements)
+	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
 	if err != nil {
 		return err
 	}

@@ -89,7 +89,7 @@ func uuidPathParams(names ...string) []param {
 }
 
 func (s *Server) handleCreateAlertRule(w http.ResponseWriter, r *http.Request) error {
-	body, err := s.decode(w, r, s.Limits.Body, maxElements)
+	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
 	if err != nil {
 		return err
 	}
@@ -276,7 +276,7 @@ func (s *Server) handleCreateNotificationRule(w http.ResponseWriter, r *http.Req
 	if err != nil {
 		return err
 	}
-	body, err := s.decode(w, r, s.Limits.Body, maxElements)
+	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
 	if err != nil {
 		return err
 	}
@@ -311,7 +311,7 @@ func (s *Server) handleUpdateNotificationRule(w http.ResponseWriter, r *http.Req
 	if err != nil {
 		return err
 	}
-	body, err := s.decode(w, r, s.Limits.Body, maxElements)
+	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
 	if err != nil {
 		return err
 	}

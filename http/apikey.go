@@ -25,7 +25,7 @@ var keyName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 const keyNameRule = "must be 1 to 64 characters from A-Z a-z 0-9 . _ -"
 
 func (s *Server) handleCreateAPIKey(w http.ResponseWriter, r *http.Request) error {
-	body, err := s.decode(w, r, s.Limits.Body, maxElements)
+	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
 	if err != nil {
 		return err
 	}

@@ -337,7 +337,7 @@ var (
 // cnt/of as the percentage and its details that start with ERROR as its
 // errors.
 func (s *Server) readFeedback(w http.ResponseWriter, r *http.Request, da *fleet.DeviceAction) (fleet.StatusReport, error) {
-	v, err := s.decode(w, r, s.Limits.Body, maxElements)
+	v, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
 	if err != nil {
 		return fleet.StatusReport{}, err
 	}
@@ -453,7 +453,7 @@ func (s *Server) handleDDIConfigData(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	v, err := s.decode(w, r, s.Limits.Body, maxElements)
+	v, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
 	if err != nil {
 		return err
 	}

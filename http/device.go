@@ -59,7 +59,7 @@ func readNewDevice(f *fleet.Fields) fleet.NewDevice {
 }
 
 func (s *Server) handleCreateDevice(w http.ResponseWriter, r *http.Request) error {
-	body, err := s.decode(w, r, s.Limits.Body, maxElements)
+	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
 	if err != nil {
 		return err
 	}
@@ -82,7 +82,7 @@ func (s *Server) handleCreateDevice(w http.ResponseWriter, r *http.Request) erro
 }
 
 func (s *Server) handleCreateDevices(w http.ResponseWriter, r *http.Request) error {
-	body, err := s.decode(w, r, s.Limits.Bulk, maxBulkElements)
+	body, err := s.decode(w, r, s.Limits.Bulk, bulkElements)
 	if err != nil {
 		return err
 	}
@@ -150,7 +150,7 @@ func (s *Server) handlePatchDevice(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	body, err := s.decode(w, r, s.Limits.Body, maxElements)
+	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
 	if err != nil {
 		return err
 	}

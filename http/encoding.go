@@ -13,12 +13,15 @@ import (
 	"github.com/fleetd/fleet/codec"
 )
 
-// Element limits of the two kinds of body, enforced while decoding: no
-// array or map may hold more. An ordinary body's longest is an ingest's
-// points (fleet.MaxPointsPerBatch); a bulk body's, its devices.
-const (
-	maxElements     = fleet.MaxPointsPerBatch
-	maxBulkElements = fleet.MaxBulkDevices
+// Element limits of the two kinds of body, enforced while decoding
+// (codec.Limits). No array or map of an ordinary body may hold more than an
+// ingest's points (fleet.MaxPointsPerBatch); of a bulk one, more than its
+// devices. A bulk body may hold 2,000,000 elements in all: 100,000 devices
+// with 18 metadata entries each, and at most some 200 MB of decoded values
+// whatever it nests (an ordinary body's 1 MiB bounds it already).
+var (
+	ordinaryElements = codec.Limits{Len: fleet.MaxPointsPerBatch}
+	bulkElements     = codec.Limits{Len: fleet.MaxBulkDevices, Total: 20 * fleet.MaxBulkDevices}
 )
 
 // decodingWait bounds how long a body waits for its turn to be decoded
@@ -26,11 +29,11 @@ const (
 const decodingWait = 10 * time.Second
 
 // decode reads the request body, at most limit bytes, in the encoding its
-// Content-Type names, and returns its canonical value; no array or map in
-// it may hold more than maxLen elements. Decoding waits for its share of
-// Limits.Decoding, of which one client may hold a quarter; reading does not, so that slow senders cannot hold the
+// Content-Type names, and returns its canonical value, within elems.
+// Decoding waits for its share of Limits.Decoding, of which one client may
+// hold a quarter; reading does not, so that slow senders cannot hold the
 // budget (a body held while it arrives costs its size, once).
-func (s *Server) decode(w http.ResponseWriter, r *http.Request, limit int64, maxLen int) (any, error) {
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, limit int64, elems codec.Limits) (any, error) {
 	ct := r.Header.Get("Content-Type")
 	f, ok := codec.FormatOf(ct)
 	if !ok {
@@ -67,7 +70,7 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, limit int64, max
 		return nil, busy(err)
 	}
 	defer s.decoding.Release(held)
-	return codec.DecodeWithin(f, body, codec.Limits{Len: maxLen})
+	return codec.DecodeWithin(f, body, elems)
 }
 
 // readBody reads at most limit bytes of body; more is ETOOLARGE. A body

@@ -130,7 +130,7 @@ func (s *Server) handleCreateBundle(w http.ResponseWriter, r *http.Request) erro
 	if _, ok := codec.FormatOf(ct); !ok {
 		return fleet.Errorf(fleet.EUNSUPPORTED, "Content-Type %q is not supported here: use multipart/form-data (part \"file\") to upload an archive, or one of %s for a pending record", ct, supportedTypes())
 	}
-	body, err := s.decode(w, r, s.Limits.Body, maxElements)
+	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
 	if err != nil {
 		return err
 	}
@@ -179,7 +179,7 @@ func (s *Server) handleDeclareBundle(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	body, err := s.decode(w, r, s.Limits.Body, maxElements)
+	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
 	if err != nil {
 		return err
 	}
@@ -275,7 +275,7 @@ func (s *Server) handleUpdateFirmware(w http.ResponseWriter, r *http.Request) er
 	if err != nil {
 		return err
 	}
-	body, err := s.decode(w, r, s.Limits.Body, maxElements)
+	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
 	if err != nil {
 		return err
 	}

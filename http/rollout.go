@@ -51,7 +51,7 @@ func (s *Server) handleAppendPhase(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	body, err := s.decode(w, r, s.Limits.Bulk, maxBulkElements)
+	body, err := s.decode(w, r, s.Limits.Bulk, bulkElements)
 	if err != nil {
 		return err
 	}
@@ -102,7 +102,7 @@ func readRolloutEvents(f *fleet.Fields) []string {
 }
 
 func (s *Server) handleCreateRolloutRule(w http.ResponseWriter, r *http.Request) error {
-	body, err := s.decode(w, r, s.Limits.Body, maxElements)
+	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
 	if err != nil {
 		return err
 	}
@@ -136,7 +136,7 @@ func (s *Server) handleUpdateRolloutRule(w http.ResponseWriter, r *http.Request)
 	if err != nil {
 		return err
 	}
-	body, err := s.decode(w, r, s.Limits.Body, maxElements)
+	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
 	if err != nil {
 		return err
 	}

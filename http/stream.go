@@ -38,7 +38,7 @@ func (s *Server) handleIngest(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	body, err := s.decode(w, r, s.Limits.Body, maxElements)
+	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
 	if err != nil {
 		return err
 	}
