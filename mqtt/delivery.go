@@ -196,6 +196,9 @@ func (d *device) drainLocked() outcome {
 		}
 		d.inflight[pid] = inflight{m.ActionID, now}
 	}
+	if len(d.queue) == 0 {
+		d.queue = nil // nor an empty line's array
+	}
 	room := queueCap - len(d.queue)
 	if qos > 0 {
 		room += d.inflightMax - len(d.inflight)
@@ -303,6 +306,9 @@ func (d *device) acknowledged(pid uint16, code byte, reason string) {
 	d.wmu.Lock()
 	f, ok := d.inflight[pid]
 	delete(d.inflight, pid)
+	if len(d.inflight) == 0 {
+		d.inflight = nil // an idle device keeps no empty table (park.go)
+	}
 	if ok && d.fetching {
 		d.settled = append(d.settled, f.action)
 	}
