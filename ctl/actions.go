@@ -247,8 +247,40 @@ CI job can gate on a rollout:
   fleetctl actions watch 42 --timeout 30m && echo rolled out`
 	ww.flags(watch, "timeout")
 
+	var device, state string
+	var progress int
+	var errs []string
+	report := a.actionCmd("report ID --device DEVICE --state STATE [--progress N] [--error MESSAGE]...",
+		"Report a device's status on an action (S10), as a gateway or an agent over HTTP does", func(cmd *cobra.Command, id int64) error {
+			if device == "" || state == "" {
+				return usagef("report needs --device and --state")
+			}
+			b := map[string]any{"device_id": device, "action_id": id, "state": state}
+			if cmd.Flags().Changed("progress") {
+				b["progress"] = progress
+			}
+			if len(errs) > 0 {
+				b["errors"] = errs
+			}
+			b["timestamp"] = a.now().UnixMilli()
+			if err := a.do(cmd, "POST", "/api/v1/devices/action/status", b); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.env.Stdout, "reported %s of %s on action %d\n", state, device, id)
+			return nil
+		})
+	report.Long = `Sends one status report (S10) with the time of now. States Completed and
+Failed are final; any other state is progress. Needs a key of role device,
+operator or admin. A report older than one already applied, or after the
+device action is final, is acknowledged and changes nothing.`
+	report.Flags().StringVar(&device, "device", "", "the reporting device's `ID`")
+	report.Flags().StringVar(&state, "state", "", "the device's `STATE`: Completed, Failed, or any word of progress such as Downloading")
+	report.Flags().IntVar(&progress, "progress", 0, "progress, 0 to 100")
+	report.Flags().StringArrayVar(&errs, "error", nil, "an error `MESSAGE` to report; repeatable")
+	report.RegisterFlagCompletionFunc("device", a.completeDevices)
+
 	return group("actions", "Dispatch actions and follow them; cancel them; steer rollouts",
-		dispatch, list, get, devs, watch,
+		dispatch, list, get, devs, watch, report,
 		op("cancel", "Cancel every device action not yet final", "cancel"),
 		op("pause", "Pause a rollout: nothing more is released until it is resumed", "pause"),
 		op("resume", "Resume a paused rollout; the gate that paused it is waived for the phase it held back", "resume"),

@@ -202,9 +202,21 @@ func cell(v any) string {
 }
 
 func inline(v any) string {
-	switch v.(type) {
+	switch v := v.(type) {
 	case string, json.Number, bool, nil:
 		return fmt.Sprint(v)
+	case []any:
+		// A list of words (an error list) reads better without JSON's quotes.
+		parts := make([]string, len(v))
+		for i, e := range v {
+			s, ok := e.(string)
+			if !ok {
+				b, _ := json.Marshal(v)
+				return string(b)
+			}
+			parts[i] = s
+		}
+		return strings.Join(parts, "; ")
 	}
 	b, _ := json.Marshal(v)
 	return string(b)

@@ -390,7 +390,11 @@ func TestFleetctlActions(t *testing.T) {
 			term := &fleetctl{env: f.env, tty: true}
 			out, done := term.start(context.Background(), "actions", "watch", id, "--interval", "10ms")
 			eventually(t, "watch to show the action", func() bool { return strings.Contains(out.String(), "0/2 final") })
-			s.report(t, "d1", d.ID, "Failed")
+			// A gateway's key of role device reports through fleetctl.
+			gw := s.newFleetctl(t, s.newKey(t, s.admin(), "gateway", "device"))
+			gw.ok(t, "actions", "report", id, "--device", "d1", "--state", "Failed", "--progress", "30", "--error", "disk full")
+			wantContains(t, "report usage", gw.fails(t, ctl.ExitUsage, "actions", "report", id, "--state", "Failed"), "--device")
+			wantContains(t, "devices", f.ok(t, "actions", "devices", id, "--status", "Failed"), "d1", "Failed=disk full")
 			wantContains(t, "cancel", f.ok(t, "actions", "cancel", id), "Cancelled=1", "Failed=1")
 			r := <-done
 			if r.code != ctl.ExitRefused {
