@@ -40,7 +40,22 @@ func newClient(t target) (*client, error) {
 	}
 	// No overall timeout: downloads, uploads and watches last as long as
 	// they must; the context ends them. Connecting does not hang, though.
-	return &client{base: strings.TrimRight(t.URL, "/"), tenant: t.Tenant, key: t.APIKey, http: &http.Client{Transport: tr}}, nil
+	return &client{base: strings.TrimRight(t.URL, "/"), tenant: t.Tenant, key: t.APIKey,
+		http: &http.Client{Transport: tr, CheckRedirect: keepCredentialsHome}}, nil
+}
+
+// keepCredentialsHome follows a redirect, but not with the tenant and key
+// to another host: fleetd redirects downloads to presigned URLs of an S3
+// bucket, and Go forwards every header but Authorization and Cookie.
+func keepCredentialsHome(req *http.Request, via []*http.Request) error {
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	if req.URL.Host != via[0].URL.Host || req.URL.Scheme != via[0].URL.Scheme {
+		req.Header.Del("x-service-api-key")
+		req.Header.Del("x-service-tenant")
+	}
+	return nil
 }
 
 // apiError is the server's refusal, in fleetd's one error shape.

@@ -123,7 +123,8 @@ fails the bundle, and fleetctl exits 1).`,
 A shorter file already there is resumed with a Range request (If-Range on
 the archive's checksum, so a changed archive is fetched whole). The file is
 checked against the bundle's SHA-256 at the end; a resumed file that does
-not match is downloaded again whole, once.`,
+not match is downloaded again whole, once. A redirect to a presigned URL of
+the server's bucket is followed without the API key.`,
 		Args:              exactArgs(1),
 		ValidArgsFunction: a.completeBundles,
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -748,3 +748,26 @@ func TestFleetctlRateLimited(t *testing.T) {
 	stderr := f.fails(t, ctl.ExitRefused, "devices", "list")
 	wantContains(t, "stderr", stderr, "(retry after ", "429 rate_limited")
 }
+
+// TestFleetctlPresignedDownload: with presign, fleetd redirects downloads
+// to the bucket (VersityGW here); fleetctl follows, without its key, and
+// resumes there too.
+func TestFleetctlPresignedDownload(t *testing.T) {
+	s := startServerOn(t, sqlstoretest.Backends()[0], "s3+presign")
+	f := s.newFleetctl(t, s.admin())
+	data := makeBundle(t, "5.0.0", bootloader, app230)
+	dir := t.TempDir()
+	archive := filepath.Join(dir, "fw-5.0.0.tar.gz")
+	os.WriteFile(archive, data, 0o644)
+	f.ok(t, "firmware", "upload", archive)
+	out := filepath.Join(dir, "dl.tar.gz")
+	wantContains(t, "download", f.ok(t, "firmware", "download", "5.0.0", "--out", out), "verified")
+	os.WriteFile(out, data[:len(data)/2], 0o644)
+	r := f.run("", "firmware", "download", "5.0.0", "--out", out)
+	if r.code != 0 || !strings.Contains(r.stdout, "verified") {
+		t.Fatalf("resume from the bucket: %v", r)
+	}
+	if got, _ := os.ReadFile(out); !bytes.Equal(got, data) {
+		t.Fatal("the download from the bucket is not the archive")
+	}
+}
