@@ -243,10 +243,36 @@ type ChannelParameters struct {
 	To        []string          `json:"to,omitempty"`
 }
 
-// Redacted returns the parameters as they may be shown: no secret, header
-// values that look like credentials replaced by "***", and no credentials in
-// the URL (a Slack webhook URL is itself a credential: only its host shows).
+// Redacted returns the parameters as viewers and the audit log see them:
+// no secret, no header value, and of the URL only its scheme and host (a
+// path or query may be a credential: /api/webhooks/123/SECRET).
 func (c ChannelParameters) Redacted() ChannelParameters {
+	r := c.shown()
+	for k := range r.Headers {
+		r.Headers[k] = Masked
+	}
+	r.URL = RedactURL(c.URL, true)
+	return r
+}
+
+// ShownTo returns the parameters as someone of the role sees them. Those
+// who may change the rule (operators, admins) see the URL's path and the
+// names in its query, and the values of headers whose names do not look like credentials, so
+// that they can check and round-trip what they set; never the secret, a
+// header that looks like a credential, a URL's password or query values,
+// nor a Slack URL's path (itself a credential). Everyone else sees Redacted's.
+func (c ChannelParameters) ShownTo(role Role) ChannelParameters {
+	if !role.Can(PermOperate) {
+		return c.Redacted()
+	}
+	r := c.shown()
+	r.URL = RedactURL(c.URL, c.Type == ChannelSlack)
+	return r
+}
+
+// shown is c without its secret and the values of headers that look like
+// credentials.
+func (c ChannelParameters) shown() ChannelParameters {
 	r := c
 	r.HasSecret = c.Secret != ""
 	r.Secret = ""
@@ -259,7 +285,6 @@ func (c ChannelParameters) Redacted() ChannelParameters {
 			r.Headers[k] = v
 		}
 	}
-	r.URL = RedactURL(c.URL, c.Type == ChannelSlack)
 	return r
 }
 
@@ -313,8 +338,8 @@ func RedactURL(s string, pathToo bool) string {
 		}
 		u.RawQuery = q.Encode()
 	}
-	if pathToo && u.Path != "" && u.Path != "/" {
-		u.Path, u.RawPath = "/"+Masked, ""
+	if pathToo && (u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.Fragment != "") {
+		u.Path, u.RawPath, u.RawQuery, u.Fragment = "/"+Masked, "", "", ""
 	}
 	return strings.Replace(u.String(), "%2A%2A%2A", Masked, -1)
 }
@@ -339,10 +364,11 @@ type NotificationRule struct {
 	UpdatedAt            time.Time            `json:"updated_at"`
 }
 
-// Redacted returns the rule as it may be shown.
-func (n *NotificationRule) Redacted() *NotificationRule {
+// ShownTo returns the rule as someone of the role sees it
+// (ChannelParameters.ShownTo).
+func (n *NotificationRule) ShownTo(role Role) *NotificationRule {
 	r := *n
-	r.ChannelParameters = n.ChannelParameters.Redacted()
+	r.ChannelParameters = n.ChannelParameters.ShownTo(role)
 	return &r
 }
 

@@ -24,10 +24,11 @@ type RolloutNotificationRule struct {
 	UpdatedAt            time.Time            `json:"updated_at"`
 }
 
-// Redacted returns the rule as it may be shown.
-func (n *RolloutNotificationRule) Redacted() *RolloutNotificationRule {
+// ShownTo returns the rule as someone of the role sees it
+// (ChannelParameters.ShownTo).
+func (n *RolloutNotificationRule) ShownTo(role Role) *RolloutNotificationRule {
 	r := *n
-	r.ChannelParameters = n.ChannelParameters.Redacted()
+	r.ChannelParameters = n.ChannelParameters.ShownTo(role)
 	return &r
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/egress"
+	"github.com/fleetd/fleet/ratelimit"
 )
 
 // Tunables, exported for documentation and tests.
@@ -27,8 +28,14 @@ const (
 	RefreshInterval = 10 * time.Second // least time between JWKS fetches for unknown key ids
 	KeysTTL         = time.Hour        // JWKS keys are refetched after this
 	WebhookTTL      = time.Minute      // a webhook's yes is trusted this long (DESIGN §7)
-	Leeway          = 30 * time.Second // clock skew allowed on exp and nbf
-	FetchTimeout    = 5 * time.Second  // for JWKS and webhook requests
+	// A webhook's no is remembered this long, and each tenant's webhook is
+	// called for tokens not remembered at most WebhookRate times a second
+	// (bursts of WebhookBurst).
+	WebhookRefusalTTL = time.Minute
+	WebhookRate       = 20
+	WebhookBurst      = 40
+	Leeway            = 30 * time.Second // clock skew allowed on exp and nbf
+	FetchTimeout      = 5 * time.Second  // for JWKS and webhook requests
 )
 
 // Authenticator verifies end users' tokens. It also stands in front of the
@@ -47,6 +54,8 @@ type Authenticator struct {
 	configs  map[string]configEntry
 	keySets  map[string]*keySet // by JWKS URL
 	webhooks map[[32]byte]webhookEntry
+	// webhookCalls limits each tenant's webhook calls.
+	webhookCalls *ratelimit.Limiter
 
 	discovered discoveries // OIDC providers' discovery documents
 }

@@ -11,6 +11,7 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"math/big"
 	"net"
 	"net/http"
@@ -565,4 +566,60 @@ func TestOutboundPolicy(t *testing.T) {
 			t.Fatalf("the token was re-posted to the redirect's target %d times", n)
 		}
 	})
+}
+
+// TestWebhookLimits: an anonymous client sending a new token with each
+// request calls the tenant's webhook at most WebhookBurst times at once,
+// then WebhookRate a second, and a refused token is not asked about again
+// for WebhookRefusalTTL (issue 15, item 10: at 10129e9, one call per
+// request).
+func TestWebhookLimits(t *testing.T) {
+	var calls atomic.Int32
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.WriteHeader(http.StatusForbidden)
+	}))
+	defer hook.Close()
+	clk := &clock{t: now}
+	store := &memStore{m: map[string]*fleet.TenantAuth{
+		"acme": {Method: fleet.AuthWebhook, WebhookURL: hook.URL, DefaultRole: fleet.RoleViewer},
+		"beta": {Method: fleet.AuthWebhook, WebhookURL: hook.URL, DefaultRole: fleet.RoleViewer},
+	}}
+	a := &enduser.Authenticator{Store: store, Now: clk.Now, Client: loopback}
+	ctx := context.Background()
+	limited := 0
+	for i := range 100 {
+		_, err := a.AuthenticateToken(ctx, "acme", fmt.Sprint("made-up-", i))
+		switch fleet.ErrorCode(err) {
+		case fleet.ERATELIMITED:
+			limited++
+		case fleet.EUNAUTHENTICATED:
+		default:
+			t.Fatalf("token %d: %v", i, err)
+		}
+	}
+	if n := calls.Load(); n != enduser.WebhookBurst || limited != 100-enduser.WebhookBurst {
+		t.Fatalf("%d webhook calls and %d requests limited, want %d and %d", n, limited, enduser.WebhookBurst, 100-enduser.WebhookBurst)
+	}
+	// Another tenant has its own allowance.
+	if _, err := a.AuthenticateToken(ctx, "beta", "made-up-0"); fleet.ErrorCode(err) != fleet.EUNAUTHENTICATED {
+		t.Fatalf("beta: %v", err)
+	}
+	// A refusal is remembered: the same token asks nothing, even once the
+	// allowance has refilled.
+	clk.Add(10 * time.Second)
+	before := calls.Load()
+	for range 50 {
+		if _, err := a.AuthenticateToken(ctx, "acme", "made-up-0"); fleet.ErrorCode(err) != fleet.EUNAUTHENTICATED {
+			t.Fatalf("remembered refusal: %v", err)
+		}
+	}
+	if n := calls.Load() - before; n != 0 {
+		t.Fatalf("%d webhook calls for a token refused a moment ago", n)
+	}
+	clk.Add(enduser.WebhookRefusalTTL)
+	a.AuthenticateToken(ctx, "acme", "made-up-0")
+	if n := calls.Load() - before; n != 1 {
+		t.Fatalf("%d webhook calls once the refusal expired, want 1", n)
+	}
 }

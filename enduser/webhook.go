@@ -9,16 +9,45 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/ratelimit"
 )
 
 type webhookEntry struct {
-	actor   *fleet.Actor
+	actor   *fleet.Actor // nil: the webhook said no
 	expires time.Time
+}
+
+// webhookLimiter bounds the calls to each tenant's webhook, which an
+// anonymous client could otherwise make once per request with a new token.
+func (a *Authenticator) webhookLimiter() *ratelimit.Limiter {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.webhookCalls == nil {
+		a.webhookCalls = &ratelimit.Limiter{Rate: WebhookRate, Burst: WebhookBurst, Now: a.now}
+	}
+	return a.webhookCalls
+}
+
+// remember caches the webhook's answer on a token: a yes for WebhookTTL,
+// a no for WebhookRefusalTTL.
+func (a *Authenticator) remember(key [32]byte, act *fleet.Actor, now time.Time) {
+	ttl := WebhookTTL
+	if act == nil {
+		ttl = WebhookRefusalTTL
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.webhooks == nil || len(a.webhooks) > 100_000 {
+		a.webhooks = map[[32]byte]webhookEntry{}
+	}
+	a.webhooks[key] = webhookEntry{actor: act, expires: now.Add(ttl)}
 }
 
 // askWebhook POSTs {"tenant", "token"} to the tenant's webhook: a 200 with
 // {"user_name", "user_email", "role"} admits, anything else refuses, and a
-// webhook that cannot be reached is EUNAVAILABLE.
+// webhook that cannot be reached is EUNAVAILABLE. Answers are cached per
+// token; beyond WebhookRate calls a second for a tenant, tokens the cache
+// does not know are ERATELIMITED.
 func (a *Authenticator) askWebhook(ctx context.Context, tenant string, cfg *fleet.TenantAuth, token string) (*fleet.Actor, error) {
 	key := tokenKey(tenant, token)
 	now := a.now()
@@ -26,7 +55,13 @@ func (a *Authenticator) askWebhook(ctx context.Context, tenant string, cfg *flee
 	e, ok := a.webhooks[key]
 	a.mu.Unlock()
 	if ok && now.Before(e.expires) {
+		if e.actor == nil {
+			return nil, a.refused(tenant, "the webhook refused this token lately")
+		}
 		return e.actor, nil
+	}
+	if ok, _ := a.webhookLimiter().Allow(tenant); !ok {
+		return nil, fleet.Errorf(fleet.ERATELIMITED, "too many sign-ins with new bearer tokens for this tenant (more than %d a second); retry in a second", WebhookRate)
 	}
 
 	body, _ := json.Marshal(map[string]string{"tenant": tenant, "token": token})
@@ -45,6 +80,7 @@ func (a *Authenticator) askWebhook(ctx context.Context, tenant string, cfg *flee
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		a.remember(key, nil, now)
 		return nil, a.refused(tenant, "webhook answered "+resp.Status)
 	}
 	var user struct {
@@ -53,17 +89,14 @@ func (a *Authenticator) askWebhook(ctx context.Context, tenant string, cfg *flee
 		Role      string `json:"role"`
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&user); err != nil {
+		a.remember(key, nil, now)
 		return nil, a.refused(tenant, "webhook answer is not the expected JSON: "+err.Error())
 	}
 	act, ok := actor(tenant, cfg, user.UserName, user.UserEmail, "", user.Role)
 	if !ok {
+		a.remember(key, nil, now)
 		return nil, a.refused(tenant, "webhook named a role fleetd does not have: "+user.Role)
 	}
-	a.mu.Lock()
-	if a.webhooks == nil || len(a.webhooks) > 100_000 {
-		a.webhooks = map[[32]byte]webhookEntry{}
-	}
-	a.webhooks[key] = webhookEntry{actor: act, expires: now.Add(WebhookTTL)}
-	a.mu.Unlock()
+	a.remember(key, act, now)
 	return act, nil
 }

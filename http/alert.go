@@ -299,7 +299,7 @@ func (s *Server) handleCreateNotificationRule(w http.ResponseWriter, r *http.Req
 		return err
 	}
 	location(w, r, "/api/v1/alert-rules/", ruleID, "/alert-notification-rules/", n.ID)
-	return s.quiet(w, r, http.StatusCreated, func() (any, error) { return n.Redacted(), nil })
+	return s.quiet(w, r, http.StatusCreated, func() (any, error) { return n.ShownTo(roleOf(r)), nil })
 }
 
 func (s *Server) handleUpdateNotificationRule(w http.ResponseWriter, r *http.Request) error {
@@ -334,7 +334,7 @@ func (s *Server) handleUpdateNotificationRule(w http.ResponseWriter, r *http.Req
 	if err != nil {
 		return err
 	}
-	return s.quiet(w, r, http.StatusNoContent, func() (any, error) { return n.Redacted(), nil })
+	return s.quiet(w, r, http.StatusNoContent, func() (any, error) { return n.ShownTo(roleOf(r)), nil })
 }
 
 func (s *Server) handleListNotificationRules(w http.ResponseWriter, r *http.Request) error {
@@ -353,7 +353,7 @@ func (s *Server) handleListNotificationRules(w http.ResponseWriter, r *http.Requ
 	}
 	out := make([]*fleet.NotificationRule, len(ns))
 	for i, x := range ns {
-		out[i] = x.Redacted()
+		out[i] = x.ShownTo(roleOf(r))
 	}
 	s.respond(w, r, http.StatusOK, notificationRuleList{NotificationRules: out, Count: n})
 	return nil

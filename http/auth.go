@@ -45,6 +45,11 @@ func tenantOf(r *http.Request) string {
 	return fleet.ActorFromContext(r.Context()).Tenant
 }
 
+// roleOf returns the role of an authenticated request's actor.
+func roleOf(r *http.Request) fleet.Role {
+	return fleet.ActorFromContext(r.Context()).Role
+}
+
 // bearerToken returns the token of an "Authorization: Bearer" header.
 func bearerToken(r *http.Request) (string, bool) {
 	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")

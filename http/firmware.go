@@ -341,6 +341,12 @@ func (s *Server) handleListFirmwares(w http.ResponseWriter, r *http.Request) err
 // are checked by the one authenticate. Ranges (single, multiple, suffix),
 // ETag and If-None-Match/If-Range are http.ServeContent's, so a device on
 // a bad link resumes where it was cut.
+// MaxRanges caps the ranges of one artifact request, as Apache's
+// MaxRanges does: a signed URL needs no key, and 1,800 one-byte ranges made
+// fleetd write a multipart part's headers for every byte. A request with
+// more gets the whole archive.
+const MaxRanges = 16
+
 func (s *Server) handleArtifact(w http.ResponseWriter, r *http.Request) error {
 	id, err := bundleID(r)
 	if err != nil {
@@ -384,6 +390,10 @@ func (s *Server) handleArtifact(w http.ResponseWriter, r *http.Request) error {
 	// Caches may keep it but must revalidate: the ETag never changes for a
 	// bundle, and a signed URL's query is part of the cache key anyway.
 	h.Set("Cache-Control", "private, no-cache")
+	if rg := r.Header.Get("Range"); strings.Count(rg, ",") >= MaxRanges {
+		r = r.Clone(r.Context())
+		r.Header.Del("Range") // the whole archive, once
+	}
 	http.ServeContent(&rangeErrorWriter{ResponseWriter: w, s: s, r: r, size: *b.ContentLength}, r, "", time.Time{}, art)
 	return nil
 }

@@ -1,6 +1,7 @@
 package fleethttp
 
 import (
+	"crypto/subtle"
 	"net/http"
 
 	"github.com/fleetd/fleet"
@@ -28,6 +29,12 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) error {
+	if want := s.Security.MetricsToken; want != "" {
+		token, _ := bearerToken(r)
+		if subtle.ConstantTimeCompare([]byte(token), []byte(want)) != 1 {
+			return fleet.Errorf(fleet.EUNAUTHENTICATED, "/metrics needs Authorization: Bearer and the server's --metrics-token")
+		}
+	}
 	s.metrics.handler.ServeHTTP(w, r)
 	return nil
 }

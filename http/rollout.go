@@ -127,7 +127,7 @@ func (s *Server) handleCreateRolloutRule(w http.ResponseWriter, r *http.Request)
 		return err
 	}
 	location(w, r, "/api/v1/rollout-notification-rules/", n.ID)
-	s.respond(w, r, http.StatusCreated, n.Redacted())
+	s.respond(w, r, http.StatusCreated, n.ShownTo(roleOf(r)))
 	return nil
 }
 
@@ -156,7 +156,7 @@ func (s *Server) handleUpdateRolloutRule(w http.ResponseWriter, r *http.Request)
 	if err != nil {
 		return err
 	}
-	return s.quiet(w, r, http.StatusNoContent, func() (any, error) { return n.Redacted(), nil })
+	return s.quiet(w, r, http.StatusNoContent, func() (any, error) { return n.ShownTo(roleOf(r)), nil })
 }
 
 func (s *Server) handleListRolloutRules(w http.ResponseWriter, r *http.Request) error {
@@ -170,7 +170,7 @@ func (s *Server) handleListRolloutRules(w http.ResponseWriter, r *http.Request) 
 		return err
 	}
 	for i, rule := range rules {
-		rules[i] = rule.Redacted()
+		rules[i] = rule.ShownTo(roleOf(r))
 	}
 	s.respond(w, r, http.StatusOK, rolloutRuleList{Rules: rules, Count: n})
 	return nil
@@ -185,7 +185,7 @@ func (s *Server) handleGetRolloutRule(w http.ResponseWriter, r *http.Request) er
 	if err != nil {
 		return err
 	}
-	s.respond(w, r, http.StatusOK, n.Redacted())
+	s.respond(w, r, http.StatusOK, n.ShownTo(roleOf(r)))
 	return nil
 }
 

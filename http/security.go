@@ -41,6 +41,15 @@ type Security struct {
 	// fleets send a lot. A negative rate lifts a limit.
 	Rate, DeviceDataRate   float64
 	Burst, DeviceDataBurst int
+
+	// MaxConnections and MaxConnectionsPerAddr cap the connections open
+	// at once, in total and from one source address; beyond, a new
+	// connection is closed as soon as it is accepted. ≤ 0 lifts a cap.
+	MaxConnections, MaxConnectionsPerAddr int
+
+	// MetricsToken, when set, is the bearer token GET /metrics needs: the
+	// series count every tenant's requests and devices.
+	MetricsToken string
 }
 
 // Defaults of Security.
@@ -53,6 +62,8 @@ const (
 	DefaultBurst             = 200
 	DefaultDeviceDataRate    = 20_000
 	DefaultDeviceDataBurst   = 40_000
+	DefaultMaxConnections    = 20_000
+	DefaultMaxConnsPerAddr   = 1_000
 )
 
 func (c Security) withDefaults() Security {

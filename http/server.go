@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/netip"
 	"runtime/debug"
 	"strings"
 	"syscall"
@@ -136,7 +137,8 @@ func (s *Server) Open() error {
 		}
 		return fmt.Errorf("listen on %s: %w (see --http-addr)", s.Addr, err)
 	}
-	s.ln = ln
+	s.ln = &connLimit{Listener: ln, max: s.Security.MaxConnections, perAddr: s.Security.MaxConnectionsPerAddr, byAddr: map[netip.Addr]int{}}
+	ln = s.ln
 	s.srv = &http.Server{
 		Handler:           s,
 		ReadHeaderTimeout: s.Security.ReadHeaderTimeout,
@@ -315,6 +317,9 @@ func (s *Server) wrap(rt route) http.Handler {
 		if rt.perm != public {
 			a, err := s.authenticate(r, rt.perm)
 			if err != nil {
+				if fleet.ErrorCode(err) == fleet.ERATELIMITED {
+					rec.Header().Set("Retry-After", "1") // S9 webhook calls, refilled by the second
+				}
 				s.Error(rec, r, err)
 				return
 			}

@@ -121,8 +121,18 @@ func (db *DB) FindAPIKeys(ctx context.Context, tenant string, p fleet.Page) ([]*
 func (db *DB) DeleteAPIKey(ctx context.Context, tenant, name string) error {
 	var hash string
 	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		// Deletions in one tenant take turns on its row: two at once on
+		// PostgreSQL would each count the other's admin key and both
+		// succeed, leaving the tenant with none.
+		var locked string
+		err := tx.queryRow(ctx, "SELECT name FROM tenants WHERE name = ?"+tx.db.dialect.forUpdate(), tenant).Scan(&locked)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fleet.Errorf(fleet.ENOTFOUND, "no API key named %q", name)
+		} else if err != nil {
+			return err
+		}
 		var role string
-		err := tx.queryRow(ctx, "SELECT role, key_hash FROM api_keys WHERE tenant = ? AND name = ?", tenant, name).Scan(&role, &hash)
+		err = tx.queryRow(ctx, "SELECT role, key_hash FROM api_keys WHERE tenant = ? AND name = ?", tenant, name).Scan(&role, &hash)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fleet.Errorf(fleet.ENOTFOUND, "no API key named %q", name)
 		} else if err != nil {

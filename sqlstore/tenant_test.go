@@ -2,6 +2,7 @@ package sqlstore_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -260,4 +261,35 @@ func contains(s, sub string) bool {
 		}
 	}
 	return false
+}
+
+// TestLastAdminKeyConcurrently: two admin keys deleted at the same moment,
+// each by the other's holder, leave one (issue 15, item 8: on PostgreSQL
+// both deletions succeeded).
+func TestLastAdminKeyConcurrently(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, _ := mustOpen(t, b)
+		ctx := context.Background()
+		for i := range 20 {
+			tenant := fmt.Sprintf("race-%d", i)
+			mustTenant(t, db, tenant)
+			if err := db.CreateAPIKey(ctx, tenant, &fleet.APIKey{Name: "second", Role: fleet.RoleAdmin}); err != nil {
+				t.Fatal(err)
+			}
+			start := make(chan struct{})
+			errs := make(chan error, 2)
+			for _, name := range []string{"admin", "second"} {
+				go func() { <-start; errs <- db.DeleteAPIKey(ctx, tenant, name) }()
+			}
+			close(start)
+			e1, e2 := <-errs, <-errs
+			if (e1 == nil) == (e2 == nil) {
+				t.Fatalf("round %d: deletions answered %v and %v; want one to succeed and one to be refused", i, e1, e2)
+			}
+			keys, _, err := db.FindAPIKeys(ctx, tenant, fleet.Page{Page: 1, Limit: 10})
+			if err != nil || len(keys) != 1 {
+				t.Fatalf("round %d: %d keys left, %v", i, len(keys), err)
+			}
+		}
+	})
 }

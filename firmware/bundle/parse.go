@@ -111,6 +111,7 @@ func Parse(r io.Reader, opt ParseOptions) (*fleet.BundleFile, error) {
 	}
 
 	files := map[string]*entry{}
+	dirs := map[string]bool{}
 	var manifest []byte
 	for {
 		hdr, err := tr.Next()
@@ -123,10 +124,13 @@ func Parse(r io.Reader, opt ParseOptions) (*fleet.BundleFile, error) {
 		if problem != "" {
 			return nil, invalid("archive entry %q: %s", hdr.Name, problem)
 		}
+		isDir := false
 		switch hdr.Typeflag {
 		case tar.TypeReg, '\x00': // '\x00' is the old TypeRegA
-		case tar.TypeDir, tar.TypeXGlobalHeader:
+		case tar.TypeXGlobalHeader:
 			continue
+		case tar.TypeDir:
+			isDir = true
 		case tar.TypeSymlink:
 			return nil, invalid("archive entry %q is a symbolic link; a bundle may hold only regular files and directories", hdr.Name)
 		case tar.TypeLink:
@@ -141,11 +145,23 @@ func Parse(r io.Reader, opt ParseOptions) (*fleet.BundleFile, error) {
 				return nil, invalid("archive entry %q is a sparse file; a bundle may hold only regular files", hdr.Name)
 			}
 		}
-		if _, dup := files[name]; dup {
+		// Directories count as entries and share the names' space: at
+		// 10129e9 a million directory entries were accepted, and
+		// "app.bin/" after "app.bin" passed the duplicate check.
+		if _, dup := files[name]; dup || dirs[name] {
 			return nil, invalid("archive entry %q appears more than once", name)
 		}
-		if len(files) >= fleet.MaxArchiveFiles {
-			return nil, invalid("the archive holds more than %d files", fleet.MaxArchiveFiles)
+		if len(files)+len(dirs) >= fleet.MaxArchiveFiles {
+			return nil, invalid("the archive holds more than %d entries (files and directories)", fleet.MaxArchiveFiles)
+		}
+		for p := path.Dir(name); p != "."; p = path.Dir(p) {
+			if _, isFile := files[p]; isFile {
+				return nil, invalid("archive entry %q is inside %q, which is a file", name, p)
+			}
+		}
+		if isDir {
+			dirs[name] = true
+			continue
 		}
 		if name == ManifestName {
 			manifest, err = io.ReadAll(io.LimitReader(tr, MaxManifestSize+1))

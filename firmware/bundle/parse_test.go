@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -152,6 +153,10 @@ func TestParseRejects(t *testing.T) {
 		{"Device", archive(t, false, app, file{Name: "dev", Type: tar.TypeChar}, manifest(one(""))), "", "device"},
 		{"Fifo", archive(t, false, app, file{Name: "fifo", Type: tar.TypeFifo}, manifest(one(""))), "", "pipe"},
 		{"Duplicate", archive(t, false, app, app, manifest(one(""))), "", `"app.bin" appears more than once`},
+		{"FileThenDirectory", archive(t, false, app, file{Name: "app.bin/", Type: tar.TypeDir}, manifest(one(""))), "", `"app.bin" appears more than once`},
+		{"DirectoryThenFile", archive(t, false, file{Name: "app.bin/", Type: tar.TypeDir}, app, manifest(one(""))), "", `"app.bin" appears more than once`},
+		{"FileInsideFile", archive(t, false, app, file{Name: "app.bin/x", Body: "x"}, manifest(one(""))), "", `inside "app.bin"`},
+		{"TooManyDirectories", archive(t, false, append(manyDirs(fleet.MaxArchiveFiles), app, manifest(one("")))...), "", "more than 10000 entries"},
 		{"BadVersion", archive(t, false, app, manifest(strings.Replace(one(""), `"version": "1.0.0"`, `"version": "1.0-beta"`, 1))), "manifest.version", "version"},
 		{"BadComponentVersion", archive(t, false, app, manifest(strings.Replace(one(""), `"version_number": "1.0.0"`, `"version_number": "v1"`, 1))), "manifest.components[0].version_number", "version_number"},
 		{"VersionNotString", archive(t, false, app, manifest(`{"version": 1, "components": []}`)), "manifest.version", "string"},
@@ -193,6 +198,15 @@ func TestParseRejects(t *testing.T) {
 			}
 		})
 	}
+}
+
+// manyDirs is n directory entries.
+func manyDirs(n int) []file {
+	fs := make([]file, n)
+	for i := range fs {
+		fs[i] = file{Name: fmt.Sprintf("d%d/", i), Type: tar.TypeDir}
+	}
+	return fs
 }
 
 func asFleetError(err error, fe **fleet.Error) bool {
