@@ -30,12 +30,37 @@ type Service struct {
 	Logger *slog.Logger
 	Now    func() time.Time
 	Parse  bundle.ParseOptions
+	// MaxParsing bounds the archives parsed at once: inflating and hashing
+	// cost CPU, and a flood of uploads would take every core. Others wait
+	// their turn (their bodies unread). Default 2.
+	MaxParsing int
 	// PublicURL is the scheme and host devices reach the API at, for
 	// signed download URLs; empty uses the dispatching request's.
 	PublicURL string
 
-	mu     sync.Mutex
-	secret []byte // the URL signing key, once loaded
+	mu      sync.Mutex
+	secret  []byte        // the URL signing key, once loaded
+	parsing chan struct{} // a token per archive being parsed
+}
+
+// parseSlot waits for a turn to parse an archive, or for ctx's end.
+func (s *Service) parseSlot(ctx context.Context) (release func(), err error) {
+	s.mu.Lock()
+	if s.parsing == nil {
+		n := s.MaxParsing
+		if n <= 0 {
+			n = 2
+		}
+		s.parsing = make(chan struct{}, n)
+	}
+	slots := s.parsing
+	s.mu.Unlock()
+	select {
+	case slots <- struct{}{}:
+		return func() { <-slots }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 var _ fleet.FirmwareService = (*Service)(nil)
@@ -72,6 +97,11 @@ type parsed struct {
 func (s *Service) ingest(ctx context.Context, tenant string, id uuid.UUID, archive io.Reader) (*fleet.BundleFile, blob.Pending, error) {
 	// Each upload gets a key of its own: two uploads racing for one
 	// record never touch each other's file.
+	release, err := s.parseSlot(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer release()
 	key := path.Join(bundlesPrefix, tenant, id.String(), uuid.NewString())
 	pr, pw := io.Pipe()
 	done := make(chan parsed, 1)

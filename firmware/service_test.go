@@ -568,3 +568,31 @@ func TestRunOrphanRemoval(t *testing.T) {
 type errReader struct{ err error }
 
 func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// TestParsingBounded: beyond MaxParsing, an upload waits for a turn before
+// anything of it is parsed (issue 15, item 7: uploads were parsed all at
+// once, each inflating as it pleased).
+func TestParsingBounded(t *testing.T) {
+	svc, _, _ := newService(t, "file")
+	svc.MaxParsing = 1
+	good := bundleArchive(t, "1.0.0", strings.Repeat("x", 100_000))
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() { _, err := svc.UploadBundle(context.Background(), "acme", "a.tar.gz", pr); done <- err }()
+	if _, err := pw.Write(good[:10]); err != nil { // read: the first upload holds the slot
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := svc.UploadBundle(ctx, "acme", "b.tar.gz", bytes.NewReader(bundleArchive(t, "2.0.0", "y"))); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second upload: %v; want it to wait for the first", err)
+	}
+	pw.Write(good[10:])
+	pw.Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.UploadBundle(context.Background(), "acme", "b.tar.gz", bytes.NewReader(bundleArchive(t, "2.0.0", "y"))); err != nil {
+		t.Fatalf("after the first: %v", err)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/fleetd/fleet/egress"
 	"github.com/fleetd/fleet/enduser"
 	"github.com/fleetd/fleet/firmware"
+	fwbundle "github.com/fleetd/fleet/firmware/bundle"
 	fleethttp "github.com/fleetd/fleet/http"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/notify"
@@ -58,7 +59,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	if err := firmware.CheckPublicURL(c.publicURL); err != nil {
 		return err
 	}
-	fw := &firmware.Service{Store: db, Blobs: blobs, Logger: log, PublicURL: c.publicURL}
+	fw := &firmware.Service{Parse: fwbundle.ParseOptions{MaxInflated: c.maxUpload}, Store: db, Blobs: blobs, Logger: log, PublicURL: c.publicURL}
 
 	// Alerts: the engine evaluates stream data and writes what changes, with
 	// its notifications, to the outbox, which the notifier delivers.

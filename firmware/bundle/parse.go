@@ -32,9 +32,20 @@ const MaxManifestSize = 1 << 20
 // cannot keep a server busy with a gzip bomb.
 const DefaultMaxInflated int64 = 16 << 30
 
+// DefaultMaxRatio bounds the bytes Parse inflates by the archive bytes it
+// has read: at 10129e9 a 17.7 MB upload inflated 16 GiB (20 CPU-seconds)
+// before it was refused. Firmware compresses a few times over; a sparse
+// disk image may reach tens. InflateSlack is allowed beyond the ratio, for
+// small archives.
+const (
+	DefaultMaxRatio       = 100
+	InflateSlack    int64 = 1 << 20
+)
+
 // ParseOptions tune Parse; the zero value uses the defaults.
 type ParseOptions struct {
-	MaxInflated int64
+	MaxInflated int64 // bytes in all; fleetd passes --max-upload-bytes
+	MaxRatio    int64 // bytes inflated per archive byte read, beyond InflateSlack
 }
 
 // counter counts the bytes written to it.
@@ -45,18 +56,27 @@ func (c *counter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// budget fails a read once more than max bytes have gone through.
+// inflation is what one Parse may inflate: at most left bytes more, and
+// no more than ratio times the archive bytes read so far (raw).
+type inflation struct {
+	left, ratio, done int64
+	raw               *counter
+}
+
+// budget fails a read once its inflation is over either bound.
 type budget struct {
-	r    io.Reader
-	left *int64
+	r io.Reader
+	f *inflation
 }
 
 var errInflateBudget = errors.New("inflates beyond the limit")
 
 func (b budget) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
-	*b.left -= int64(n)
-	if *b.left < 0 {
+	f := b.f
+	f.left -= int64(n)
+	f.done += int64(n)
+	if f.left < 0 || f.done > f.ratio*f.raw.n+InflateSlack {
 		return n, errInflateBudget
 	}
 	return n, err
@@ -80,11 +100,11 @@ func invalid(format string, args ...any) error {
 // whatever the archive's size. Every problem with the archive is EINVALID
 // naming the file or field; an error of r is returned as it is.
 func Parse(r io.Reader, opt ParseOptions) (*fleet.BundleFile, error) {
-	left := opt.MaxInflated
-	if left <= 0 {
-		left = DefaultMaxInflated
-	}
 	sum, raw := sha256.New(), &counter{}
+	left := &inflation{left: opt.maxInflated(), ratio: opt.MaxRatio, raw: raw}
+	if left.ratio <= 0 {
+		left.ratio = DefaultMaxRatio
+	}
 	src := &readErr{r: r}
 	br := bufio.NewReaderSize(io.TeeReader(src, io.MultiWriter(sum, raw)), 64<<10)
 	magic, _ := br.Peek(2)
@@ -95,14 +115,14 @@ func Parse(r io.Reader, opt ParseOptions) (*fleet.BundleFile, error) {
 		if err != nil {
 			return nil, src.or(invalid("the archive is not valid gzip: %v", err))
 		}
-		stream = budget{zr, &left}
+		stream = budget{zr, left}
 	}
 	tarBytes := &counter{}
 	tarStream := io.TeeReader(stream, tarBytes)
 	tr := tar.NewReader(tarStream)
 	corrupt := func(err error) error {
 		if errors.Is(err, errInflateBudget) {
-			return invalid("the archive inflates to more than %d bytes", opt.maxInflated())
+			return invalid("the archive inflates to more than %d bytes, or more than %d times its size", opt.maxInflated(), left.ratio)
 		}
 		if gzipped {
 			return src.or(invalid("the archive is corrupt (gzip): %v", err))
@@ -174,7 +194,7 @@ func Parse(r io.Reader, opt ParseOptions) (*fleet.BundleFile, error) {
 			files[name] = &entry{}
 			continue
 		}
-		e, err := readEntry(tr, name, &left)
+		e, err := readEntry(tr, name, left)
 		if err != nil {
 			return nil, corrupt(err)
 		}
@@ -255,7 +275,7 @@ func (e *readErr) or(err error) error {
 
 // readEntry hashes and counts one file; a .gz file is inflated too, to
 // learn its uncompressed size.
-func readEntry(r io.Reader, name string, left *int64) (*entry, error) {
+func readEntry(r io.Reader, name string, left *inflation) (*entry, error) {
 	sum, n := sha256.New(), &counter{}
 	src := io.TeeReader(r, io.MultiWriter(sum, n))
 	e := &entry{}

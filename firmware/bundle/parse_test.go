@@ -234,6 +234,23 @@ func TestParseInflateLimit(t *testing.T) {
 	}
 }
 
+// TestParseInflateRatio: a gzip bomb is refused once it has inflated more
+// than MaxRatio times the bytes read, long before the absolute limit
+// (issue 15, item 7: a 17.7 MB upload inflated 16 GiB first).
+func TestParseInflateRatio(t *testing.T) {
+	bomb := gzipped(strings.Repeat("\x00", 64<<20)) // 64 MiB in about 64 KiB
+	a := archive(t, false, file{Name: "app.bin.gz", Body: bomb},
+		file{Name: "manifest.json", Body: `{"version": "1.0.0", "components": [{"component_name": "app", "version_number": "1.0.0", "file_name": "app.bin.gz"}]}`})
+	_, err := bundle.Parse(bytes.NewReader(a), bundle.ParseOptions{MaxRatio: 10})
+	if fleet.ErrorCode(err) != fleet.EINVALID || !strings.Contains(fleet.ErrorMessage(err), "times its size") {
+		t.Fatalf("error = %v, want the ratio refused", err)
+	}
+	// An archive that inflates within the ratio passes.
+	if _, err := bundle.Parse(bytes.NewReader(a), bundle.ParseOptions{MaxRatio: 2000}); err != nil {
+		t.Fatalf("within the ratio: %v", err)
+	}
+}
+
 // TestParseReaderError shows that an error of the upload itself (a cut
 // connection) is returned as it is, not as a bad archive.
 func TestParseReaderError(t *testing.T) {
