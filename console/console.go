@@ -116,6 +116,12 @@ func (c *Console) Open() {
 		{"GET /console/actions/{id}", c.page(fleet.PermRead, c.handleAction)},
 		{"GET /console/actions/{id}/events", c.page(fleet.PermRead, c.handleActionEvents)},
 		{"POST /console/actions/{id}/{op}", c.page(fleet.PermOperate, c.handleActionOp)},
+		{"GET /console/firmware", c.page(fleet.PermRead, c.handleFirmware)},
+		{"POST /console/firmware", c.page(fleet.PermOperate, c.handleUpload)},
+		{"GET /console/firmware/{id}", c.page(fleet.PermRead, c.handleBundle)},
+		{"POST /console/firmware/components/{component}/{version}", c.page(fleet.PermOperate, c.handleFirmwareActive)},
+		{"GET /console/alerts", c.page(fleet.PermRead, c.handleAlerts)},
+		{"POST /console/alerts/rules/{id}/delete", c.page(fleet.PermOperate, c.handleDeleteAlertRule)},
 	}
 	c.mux = http.NewServeMux()
 	for _, rt := range c.routes {

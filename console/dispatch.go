@@ -61,6 +61,9 @@ func (c *Console) handleDispatchForm(w http.ResponseWriter, r *http.Request, v *
 	if a := q.Get("action"); a != "" {
 		f.Action = a
 	}
+	if v := q.Get("version"); v != "" && fleet.ValidVersion(v) {
+		f.Params = `{"version": "` + v + `"}`
+	}
 	v.Title, v.Nav, v.Data = "Dispatch an action", "actions", dispatchData{Form: f}
 	c.render(w, r, http.StatusOK, "dispatch", v)
 	return nil

@@ -12,7 +12,7 @@ import (
 
 // pageNames are the templates under templates/, each rendered inside
 // layout.html.
-var pageNames = []string{"error", "signin", "overview", "devices", "device", "actions", "action", "dispatch"}
+var pageNames = []string{"error", "signin", "overview", "devices", "device", "actions", "action", "dispatch", "firmware", "bundle", "alerts"}
 
 var funcs = template.FuncMap{
 	"when":       when,
@@ -32,8 +32,14 @@ var funcs = template.FuncMap{
 		if json.Unmarshal(b, &x) != nil {
 			return string(b)
 		}
-		out, _ := json.MarshalIndent(x, "", "  ")
-		return string(out)
+		// html/template escapes the text; JSON's own escaping of < > &
+		// would only show as \u003c.
+		var out strings.Builder
+		enc := json.NewEncoder(&out)
+		enc.SetEscapeHTML(false)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(x) // a decoded value always encodes
+		return strings.TrimSuffix(out.String(), "\n")
 	},
 	"join":    strings.Join,
 	"final":   func(s fleet.ActionStatus) bool { return s.Final() },
@@ -46,6 +52,7 @@ var funcs = template.FuncMap{
 	"phaseCount": func(a *fleet.Action, phase int, st fleet.ActionStatus) int {
 		return a.StatusesPhased[strconv.Itoa(phase)][string(st)]
 	},
+	"bytes":       byteSize,
 	"searchLabel": func(s string) string { return searchLabels[s] },
 	"percent":     func(f *float64) string { return strconv.FormatFloat(*f*100, 'f', -1, 64) },
 }
@@ -73,4 +80,27 @@ var opLabels = map[string]string{
 
 var searchLabels = map[string]string{
 	"default": "these devices", "all": "all devices", "metadata": "metadata equals", "search": "id or metadata contains",
+}
+
+// byteSize formats a size for a person: bytes, KiB, MiB or GiB.
+func byteSize(v any) string {
+	var n int64
+	switch v := v.(type) {
+	case int64:
+		n = v
+	case *int64:
+		if v == nil {
+			return "—"
+		}
+		n = *v
+	}
+	switch {
+	case n >= 1<<30:
+		return strconv.FormatFloat(float64(n)/(1<<30), 'f', 1, 64) + " GiB"
+	case n >= 1<<20:
+		return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + " MiB"
+	case n >= 1<<10:
+		return strconv.FormatFloat(float64(n)/(1<<10), 'f', 1, 64) + " KiB"
+	}
+	return strconv.FormatInt(n, 10) + " bytes"
 }

@@ -66,6 +66,13 @@ func TestConsoleInBrowser(t *testing.T) {
 	op := startOIDCProvider(t, "fleetd-console", "console-secret", s.URL+"/console/oidc/callback")
 	s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "console-secret", "viewer")).want(t, 204)
 
+	// A bundle to upload, and an alert rule whose alert a reading opens.
+	bundle := filepath.Join(t.TempDir(), "pump-fw-2.0.0.tar.gz")
+	if err := os.WriteFile(bundle, makeBundle(t, "2.0.0", part{name: "pump-fw", version: "2.0.0", body: strings.Repeat("firmware ", 50_000)}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s.mustAlertRule(t, admin, map[string]any{"name": "pump overheating", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
+
 	shots := t.TempDir()
 	if d := os.Getenv("FLEETD_CONSOLE_SCREENSHOTS"); d != "" {
 		if !filepath.IsAbs(d) {
@@ -81,6 +88,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant,
 		"OPERATOR_KEY="+operator.Key, "VIEWER_KEY="+viewer.Key,
 		"DEVICES="+strings.Join(ids, ","), "XSS_DEVICE=odd-one", "SCREENSHOTS="+shots,
+		"BUNDLE_FILE="+bundle,
 		"OIDC_USER="+op.Username, "OIDC_PASSWORD="+op.Password, "OIDC_EMAIL="+op.Email)
 	out, err := cmd.CombinedOutput()
 	t.Logf("node console.mjs:\n%s", out)

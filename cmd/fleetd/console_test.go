@@ -2,10 +2,12 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"html"
 	"io"
+	"mime/multipart"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
@@ -284,6 +286,83 @@ func TestConsole(t *testing.T) {
 			if ev := next(); !strings.Contains(ev, `"Completed":1`) {
 				t.Fatalf("after the report: %s", ev)
 			}
+		})
+
+		t.Run("Firmware", func(t *testing.T) {
+			b := newBrowser(t, s.URL)
+			tok := b.signIn("default", operator.Key).csrf(t)
+			archive := makeBundle(t, "4.2.0", part{name: "app", version: "4.2.0", body: "app firmware"})
+			upload := func(fields ...string) page {
+				var buf bytes.Buffer
+				mw := multipart.NewWriter(&buf)
+				for i := 0; i+1 < len(fields); i += 2 {
+					if fields[i] == "file" {
+						fw, _ := mw.CreateFormFile("file", "fw.tar.gz")
+						fw.Write(archive)
+					} else {
+						mw.WriteField(fields[i], fields[i+1])
+					}
+				}
+				mw.Close()
+				rq, _ := http.NewRequest("POST", s.URL+"/console/firmware", &buf)
+				rq.Header.Set("Content-Type", mw.FormDataContentType())
+				res, err := b.client.Do(rq)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer res.Body.Close()
+				text, _ := io.ReadAll(res.Body)
+				return page{res.StatusCode, res.Header, string(text)}
+			}
+			upload("file", "", "csrf", tok).want(t, 403) // the token must come first
+			upload("csrf", "forged", "file", "").want(t, 403)
+			upload("csrf", tok).want(t, 400)
+			res := upload("csrf", tok, "file", "")
+			if res.Status != http.StatusSeeOther || !strings.HasPrefix(res.Header.Get("Location"), "/console/firmware/") {
+				t.Fatalf("upload answered %d:\n%s", res.Status, res.Body)
+			}
+			bundle := res.Header.Get("Location")
+			body := b.get(bundle).want(t, 200).Body
+			if !strings.Contains(body, "4.2.0") || !strings.Contains(body, "Deactivate") {
+				t.Fatalf("the bundle page:\n%s", body)
+			}
+			id := strings.TrimPrefix(bundle, "/console/firmware/")
+			b.do("POST", "/console/firmware/components/app/4.2.0", url.Values{"csrf": {tok}, "state": {"deactivated"}, "bundle": {id}}).want(t, 303)
+			var fw struct {
+				Firmwares []struct {
+					IsDeactivated bool `json:"is_deactivated"`
+				} `json:"firmwares"`
+			}
+			s.do(t, admin, "GET", "/api/v1/firmware-bundles/version/4.2.0", nil).want(t, 200).decode(t, &fw)
+			if len(fw.Firmwares) != 1 || !fw.Firmwares[0].IsDeactivated {
+				t.Fatalf("after Deactivate: %+v", fw)
+			}
+			b.do("POST", "/console/firmware/components/app/4.2.0", url.Values{"csrf": {tok}, "state": {"maybe"}}).want(t, 400)
+			if body := b.get("/console/firmware").want(t, 200).Body; !strings.Contains(body, "4.2.0") {
+				t.Errorf("the firmware list does not show the bundle")
+			}
+			// A viewer sees the list, not the upload form, and cannot upload.
+			vb := newBrowser(t, s.URL)
+			vtok := vb.signIn("default", viewer.Key).csrf(t)
+			if body := vb.get("/console/firmware").want(t, 200).Body; strings.Contains(body, `type="file"`) {
+				t.Errorf("a viewer is offered the upload")
+			}
+			b, tok = vb, vtok
+			upload("csrf", tok, "file", "").want(t, 403)
+			vb.get("/console/firmware/not-a-uuid").want(t, 404)
+		})
+
+		t.Run("Alerts", func(t *testing.T) {
+			rule := s.mustAlertRule(t, admin, map[string]any{"name": "<b>hot</b>", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
+			b := newBrowser(t, s.URL)
+			tok := b.signIn("default", operator.Key).csrf(t)
+			body := b.get("/console/alerts").want(t, 200).Body
+			if !strings.Contains(body, html.EscapeString("<b>hot</b>")) || strings.Contains(body, "<b>hot</b>") {
+				t.Fatalf("the alerts page does not show the rule, escaped")
+			}
+			b.get("/console/alerts?state=open").want(t, 400)
+			b.do("POST", "/console/alerts/rules/"+rule.ID+"/delete", url.Values{"csrf": {tok}}).want(t, 303)
+			s.do(t, admin, "GET", "/api/v1/alert-rules/"+rule.ID, nil).want(t, 404)
 		})
 
 		t.Run("RevokedKeyEndsSession", func(t *testing.T) {

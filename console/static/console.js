@@ -88,7 +88,38 @@
     });
   }
 
+  // upload sends a file form with XMLHttpRequest to show its progress;
+  // the server's answer replaces the page (its redirect is followed).
+  function upload(form) {
+    form.addEventListener("submit", function (e) {
+      e.preventDefault();
+      var bar = form.querySelector("[data-upload-progress]");
+      var status = form.querySelector("[data-upload-status]");
+      var xhr = new XMLHttpRequest();
+      xhr.open("POST", form.action);
+      xhr.upload.addEventListener("progress", function (p) {
+        if (!p.lengthComputable) return;
+        bar.hidden = false;
+        bar.max = p.total;
+        bar.value = p.loaded;
+        setText(status, Math.floor(100 * p.loaded / p.total) + "% sent");
+      });
+      xhr.addEventListener("load", function () {
+        if (xhr.status < 400) {
+          window.location.assign(xhr.responseURL);
+          return;
+        }
+        var doc = new DOMParser().parseFromString(xhr.responseText, "text/html");
+        var err = doc.querySelector(".error");
+        setText(status, err ? err.textContent.trim() : "The upload failed (" + xhr.status + ").");
+      });
+      xhr.addEventListener("error", function () { setText(status, "The upload failed: the connection broke."); });
+      xhr.send(new FormData(form));
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-live-source]").forEach(connect);
+    document.querySelectorAll("form[data-upload]").forEach(upload);
   });
 })();

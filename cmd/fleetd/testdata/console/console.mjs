@@ -160,6 +160,33 @@ try {
   await page.getByRole("link", { name: /locate/ }).waitFor();
   await shot(page, "overview");
 
+  step("upload a firmware bundle with a progress bar; deactivate a component");
+  await page.goto(base + "/console/firmware");
+  await page.getByLabel(/^Upload a bundle/).setInputFiles(env("BUNDLE_FILE"));
+  // The progress bar's first showing is noted where it outlives the page.
+  await page.evaluate(() => {
+    const bar = document.querySelector("[data-upload-progress]");
+    new MutationObserver(() => { if (!bar.hidden) sessionStorage.setItem("uploadProgress", String(bar.value)); })
+      .observe(bar, { attributes: true });
+  });
+  await page.getByRole("button", { name: "Upload", exact: true }).click();
+  await page.waitForURL(/\/console\/firmware\/[0-9a-f-]{36}$/);
+  assert.ok(await page.evaluate(() => sessionStorage.getItem("uploadProgress")) !== null, "the progress bar showed");
+  await page.getByRole("heading", { name: "Firmware 2.0.0" }).waitFor();
+  await page.getByRole("button", { name: "Deactivate" }).click();
+  await page.getByText("deactivated", { exact: true }).waitFor();
+  await shot(page, "firmware");
+
+  step("a reading opens an alert, and the alerts page shows it");
+  await api("POST", `/api/v1/devices/${devices[1]}/streams/env`, [{ timestamp: Date.now(), sequence: 1, temp: 95 }]);
+  for (let i = 0; (await api("GET", "/api/v1/alerts?state=active")).count === 0; i++) {
+    if (i === 100) throw new Error("no alert opened within 10 s");
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  await page.goto(base + "/console/alerts?state=active");
+  await page.getByRole("link", { name: devices[1] }).waitFor();
+  await shot(page, "alerts");
+
   step("a form posted without the session's token is refused");
   const forged = await ctx.request.post(base + `/console/actions/${actionID}/abort`, { form: { csrf: "forged" }, maxRedirects: 0 });
   assert.equal(forged.status(), 403);
