@@ -239,11 +239,6 @@ func ValidComponentName(s string) bool { return componentPattern.MatchString(s) 
 // ValidChecksum reports whether s is a SHA-256 in hex, either case.
 func ValidChecksum(s string) bool { return checksumPattern.MatchString(s) }
 
-// ValidUploadStatus reports whether s is one of the three upload states.
-func ValidUploadStatus(s string) bool {
-	return s == UploadPending || s == UploadCompleted || s == UploadFailed
-}
-
 // ValidFileName reports whether s may name a bundle's file as devices
 // store it: one path element, no control characters.
 func ValidFileName(s string) bool {
