@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/codec"
 	"github.com/fleetd/fleet/egress"
 )
 
@@ -248,7 +249,7 @@ func (w *Worker) handle(ctx context.Context, d *fleet.Delivery) {
 		at.Error = truncate(err.Error(), 500)
 		attempts := d.AttemptCount + 1
 		outcome, next = fleet.DeliveryPending, w.Now().Add(w.backoff(attempts))
-		log.Info("notification failed; will retry", "attempts", attempts, "retry_at", next, "err", err)
+		log.Warn("notification failed; will retry", "attempts", attempts, "retry_at", next, "err", err)
 	}
 	// The outcome must be recorded even when ctx ends mid-delivery.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -313,7 +314,8 @@ func (w *Worker) Deliver(ctx context.Context, d *fleet.Delivery) (int, error) {
 				Notification: fleet.NotificationTemplate{Subject: subject, Body: body},
 			}
 		}
-		payload, err := json.Marshal(v)
+		// As the API writes it: times keep their milliseconds.
+		payload, err := codec.Marshal(codec.JSON, v)
 		if err != nil {
 			return 0, err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -425,5 +426,75 @@ func TestOutboundPolicy(t *testing.T) {
 				t.Fatalf("%d requests reached the receiver, want %d", n, tc.hits)
 			}
 		})
+	}
+}
+
+// records is a slog handler that keeps what is logged.
+type records struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recs = append(r.recs, rec)
+	return nil
+}
+func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *records) WithGroup(string) slog.Handler      { return r }
+
+// TestWebhookBodyAsTheAPIWritesIt: a failed delivery is a warning an
+// operator sees at the default level, and the body's times keep their
+// milliseconds, as the API writes them (…00.570Z, not …00.57Z).
+func TestWebhookBodyAsTheAPIWritesIt(t *testing.T) {
+	var mu sync.Mutex
+	var bodies [][]byte
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		bodies = append(bodies, b)
+		if len(bodies) == 1 {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	o := &outbox{clock: &clock{t: t0}}
+	d := delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "webhook", URL: srv.URL}, fleet.NotificationTemplate{Subject: "s", Body: "b"}, "UTC")
+	at := t0.Add(570 * time.Millisecond)
+	d.Alert.StartedAt, d.Alert.Value.Timestamp = at, at
+	o.add(d)
+	logs := &records{}
+	w := newWorker(o)
+	w.Logger = slog.New(logs)
+	if _, err := w.RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	logs.mu.Lock()
+	var warned bool
+	for _, r := range logs.recs {
+		warned = warned || (r.Level == slog.LevelWarn && strings.Contains(r.Message, "notification failed"))
+	}
+	logs.mu.Unlock()
+	if !warned {
+		t.Errorf("a failed delivery was not logged at WARN: %+v", logs.recs)
+	}
+	o.clock.Add(time.Second)
+	if _, err := w.RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bodies) != 2 {
+		t.Fatalf("%d deliveries, want 2", len(bodies))
+	}
+	for _, want := range []string{`"started_at":"2026-11-21T10:00:00.570Z"`, `"timestamp":"2026-11-21T10:00:00.570Z"`, `"ended_at":null`} {
+		if !strings.Contains(string(bodies[1]), want) {
+			t.Errorf("body lacks %s: %s", want, bodies[1])
+		}
 	}
 }
