@@ -173,7 +173,7 @@ standard input. Each device's token is shown this once.`,
 	var sortBy, order, status, typ string
 	actions := &cobra.Command{
 		Use:               "actions ID",
-		Short:             "A device's actions with their status (S7), sorted and filtered",
+		Short:             "A device's actions with their status, sorted and filtered",
 		Example:           "  fleetctl devices actions pump-1 --sort-by updated_at --order asc --status Failed",
 		Args:              exactArgs(1),
 		ValidArgsFunction: a.completeDevices,

@@ -15,6 +15,8 @@ func Markdown(root *cobra.Command) string {
 	b.WriteString("# fleetctl reference\n\n")
 	b.WriteString("<!-- Generated from fleetctl's command tree by `go test ./ctl -run TestCLIReference -update`; do not edit. -->\n\n")
 	b.WriteString(root.Long + "\n\n")
+	// The commands' help names the API's original endpoints by number.
+	b.WriteString("S1 to S10 in the commands below are the ten original endpoints of the\nAPI ([docs/api.md](api.md#the-ten-original-endpoints-s1s10)).\n\n")
 	b.WriteString("Flags of every command:\n\n```\n" + root.PersistentFlags().FlagUsages() + "```\n\n")
 	b.WriteString("## Commands\n\n")
 	var all []*cobra.Command
