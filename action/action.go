@@ -122,6 +122,9 @@ type Service struct {
 	mu       sync.RWMutex
 	closed   bool
 	stats    struct{ dispatches, targeted, reports, rejected, rolloutEvents atomic.Uint64 }
+	// delivering counts the dispatches being handed to connected devices
+	// in the background.
+	delivering atomic.Int64
 
 	sendMu  sync.Mutex
 	sending map[string]chan struct{} // tenant -> closed when its last send is done
@@ -139,6 +142,10 @@ type Stats struct {
 	// RolloutEvents counts rollouts' changes of state: phases triggered,
 	// pauses, resumptions, completions, aborts.
 	RolloutEvents uint64
+	// Delivering is the number of dispatches being handed to their
+	// connected devices now, in the background; at 0 every dispatch made
+	// so far has been sent to every device connected when it was made.
+	Delivering int64
 }
 
 // Stats returns the service's counters.
@@ -150,6 +157,7 @@ func (s *Service) Stats() Stats {
 		Rejected:   s.stats.rejected.Load(),
 
 		RolloutEvents: s.stats.rolloutEvents.Load(),
+		Delivering:    s.delivering.Load(),
 	}
 }
 
@@ -367,7 +375,9 @@ func (s *Service) send(tenant string, a *fleet.Action) {
 			delete(s.sending, tenant)
 		}
 		s.sendMu.Unlock()
+		s.delivering.Add(-1)
 	}
+	s.delivering.Add(1) // before the caller returns: Stats never misses it
 	if !s.goTracked(func() {
 		defer sent()
 		if prev != nil {

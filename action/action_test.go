@@ -92,14 +92,22 @@ func (f *fakeSender) collect(t *testing.T, n int) map[string][]action.Message {
 	return out
 }
 
-// none asserts that nothing more is sent for a moment: an absence can only
-// be given time to show.
-func (f *fakeSender) none(t *testing.T) {
+// none asserts that nothing more was sent: once the service has handed
+// every dispatch so far to the devices connected (Stats().Delivering is 0),
+// whatever it sent is in f.sent.
+func (f *fakeSender) none(t *testing.T, svc *action.Service) {
 	t.Helper()
+	deadline := time.Now().Add(wait)
+	for svc.Stats().Delivering != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the service is still delivering %d dispatches", svc.Stats().Delivering)
+		}
+		time.Sleep(time.Millisecond)
+	}
 	select {
 	case s := <-f.sent:
 		t.Fatalf("unexpected message to %s: %+v", s.Device, s.Msg)
-	case <-time.After(100 * time.Millisecond):
+	default:
 	}
 }
 
@@ -184,7 +192,7 @@ func TestDelivery(t *testing.T) {
 			t.Fatalf("dispatcher = %q %q, want the actor", a.UserName, a.UserEmail)
 		}
 		got := f.collect(t, 2)
-		f.none(t)
+		f.none(t, svc)
 		want := action.Message{ID: fmt.Sprint(a.ID), Kind: "process", Name: "reboot", Payload: `{"n":1}`}
 		if len(got["on-1"]) != 1 || got["on-1"][0] != want || len(got["on-2"]) != 1 {
 			t.Fatalf("sent %+v, want %+v to on-1 and on-2", got, want)
@@ -201,7 +209,7 @@ func TestDelivery(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			f.none(t)
+			f.none(t, svc)
 			// on-2 reconnects without having acknowledged: it gets its
 			// action again; off-1 comes online and gets both of its own,
 			// oldest first.
@@ -254,7 +262,7 @@ func TestDelivery(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			f.none(t)
+			f.none(t, svc)
 			if da, _ := db.FindDeviceAction(ctx, "acme", d.ID, "on-2"); da.ActionStatus != fleet.StatusQueued {
 				t.Fatalf("on-2 = %+v", da)
 			}
@@ -284,7 +292,7 @@ func TestDeliveryToFewOfMany(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := f.collect(t, 3)
-		f.none(t)
+		f.none(t, svc)
 		var devs []string
 		for d := range got {
 			devs = append(devs, d)
@@ -307,7 +315,7 @@ func TestCancel(t *testing.T) {
 		}
 		// The actions went nowhere: nobody subscribed yet. busy and away
 		// acknowledge it; done finishes.
-		f.none(t)
+		f.none(t, svc)
 		mustReport := func(r fleet.StatusReport) {
 			t.Helper()
 			if errs, err := svc.ReportStatus(ctx, "acme", []fleet.StatusReport{r}); err != nil || errs[0] != nil {
@@ -326,7 +334,7 @@ func TestCancel(t *testing.T) {
 			t.Fatal(err)
 		}
 		s := f.next(t)
-		f.none(t)
+		f.none(t, svc)
 		wantPayload := fmt.Sprintf(`{"action_id":"%d","name":"reboot"}`, a.ID)
 		if s.Device != "busy" || s.Msg.Name != fleet.ActionCancel || s.Msg.ID == fmt.Sprint(a.ID) || s.Msg.Payload != wantPayload {
 			t.Fatalf("sent %+v, want a cancel_action of its own id to busy", s)
@@ -350,7 +358,7 @@ func TestCancel(t *testing.T) {
 		if err := svc.CancelAction(ctx, "acme", a.ID); err != nil {
 			t.Fatal(err)
 		}
-		f.none(t)
+		f.none(t, svc)
 		wantCode(t, svc.CancelAction(ctx, "acme", 99), fleet.ENOTFOUND)
 
 		t.Run("CancelActionDispatch", func(t *testing.T) {
@@ -369,7 +377,7 @@ func TestCancel(t *testing.T) {
 					t.Fatal(err)
 				}
 				s := f.next(t)
-				f.none(t)
+				f.none(t, svc)
 				if s.Device != "busy" || s.Msg.ID != fmt.Sprint(cc.ID) || s.Msg.Name != fleet.ActionCancel || s.Msg.Payload != fmt.Sprintf(`{"action_id":"%d","name":"reboot"}`, c.ID) {
 					t.Fatalf("sent %+v", s)
 				}

@@ -26,7 +26,7 @@ func TestDeliveryPresenceUnknown(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := f.collect(t, 2)
-		f.none(t)
+		f.none(t, svc)
 		var devs []string
 		for d := range got {
 			devs = append(devs, d)

@@ -24,11 +24,15 @@ type Sweeper struct {
 	Now      func() time.Time // default time.Now
 	Logger   *slog.Logger
 
-	timedOut atomic.Uint64
+	timedOut, sweeps atomic.Uint64
 }
 
 // TimedOut counts the device actions this sweeper failed, for metrics.
 func (s *Sweeper) TimedOut() uint64 { return s.timedOut.Load() }
+
+// Sweeps counts the sweeps this sweeper finished, for metrics: once it has
+// grown by two, a sweep began and ended since it was read.
+func (s *Sweeper) Sweeps() uint64 { return s.sweeps.Load() }
 
 func (s *Sweeper) defaults() {
 	if s.Interval <= 0 {
@@ -51,6 +55,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 	s.defaults()
 	now := s.Now()
 	total := 0
+	defer s.sweeps.Add(1)
 	for {
 		n, err := s.Store.TimeOutDeviceActions(ctx, now, s.Batch)
 		total += n

@@ -23,13 +23,21 @@ import (
 // bound is how long any awaited condition may take; none takes a tenth.
 const bound = 15 * time.Second
 
-// eventually polls cond until it holds.
+// eventually polls cond until it holds, for at most bound: the one way the
+// end-to-end tests wait for what fleetd does in the background.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(bound)
+	eventuallyWithin(t, bound, what, cond)
+}
+
+// eventuallyWithin is eventually for a condition that must hold sooner
+// than bound, because that is what the test proves.
+func eventuallyWithin(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			t.Fatalf("waited %s for %s", d, what)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -104,7 +104,7 @@ func TestAlertsOverMQTT(t *testing.T) {
 		if latest.Data["temp"] != 91.0 {
 			t.Fatalf("latest %+v", latest)
 		}
-		await(t, "the webhook, after one 503", func() bool { return len(hook.got()) >= 2 })
+		eventually(t, "the webhook, after one 503", func() bool { return len(hook.got()) >= 2 })
 		got := hook.got()[1]
 		if !strings.Contains(string(got.body), `"event":"opened"`) || got.header.Get("X-Fleet-Signature") == "" {
 			t.Fatalf("webhook %s", got.body)

@@ -72,18 +72,6 @@ func (s *testServer) alerts(t *testing.T, c creds, query string) []alertSession 
 	return out.Alerts
 }
 
-// await polls cond until it holds, for at most 15 seconds.
-func await(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // receiver is a webhook endpoint that fails its first `fail` requests.
 type receiver struct {
 	*httptest.Server
@@ -404,8 +392,8 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 		}
 		alertID := active[0].ID
 
-		await(t, "the webhook, after two 503s", func() bool { return len(hook.got()) >= 3 })
-		await(t, "slack", func() bool { return len(slack.got()) >= 1 })
+		eventually(t, "the webhook, after two 503s", func() bool { return len(hook.got()) >= 3 })
+		eventually(t, "slack", func() bool { return len(slack.got()) >= 1 })
 		var mail notifytest.Mail
 		select {
 		case mail = <-smtpd.Mail:
@@ -448,7 +436,7 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 			Notifications []delivery
 			Count         int
 		}
-		await(t, "three delivered notifications", func() bool {
+		eventually(t, "three delivered notifications", func() bool {
 			s.do(t, admin, "GET", "/api/v1/alerts/"+alertID+"/notifications", nil).want(t, 200).decode(t, &ds)
 			n := 0
 			for _, d := range ds.Notifications {
@@ -473,7 +461,7 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 		if len(ended) != 1 || ended[0].EndedAt == nil || *ended[0].EndedAt != "2026-11-21T10:01:00.000Z" {
 			t.Fatalf("ended alerts %+v", ended)
 		}
-		await(t, "the closing webhook", func() bool {
+		eventually(t, "the closing webhook", func() bool {
 			for _, r := range hook.got() {
 				if r.header.Get("X-Fleet-Event") == "closed" {
 					return true
@@ -576,7 +564,7 @@ func TestAlertsSurviveRestart(t *testing.T) {
 		if active := s.alerts(t, admin, "?state=active&device_id=pump-1"); len(active) != 1 {
 			t.Fatalf("%d active alerts of pump-1 after the restart, want 1", len(active))
 		}
-		await(t, "the pending alert to open by the clock after the restart", func() bool {
+		eventually(t, "the pending alert to open by the clock after the restart", func() bool {
 			return len(s.alerts(t, admin, "?state=active&rule_id="+slow.ID)) == 1
 		})
 		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start.Add(time.Minute), 20)).want(t, 200)
@@ -607,7 +595,7 @@ func TestAlertReminders(t *testing.T) {
 			}
 			return ev
 		}
-		await(t, "a reminder", func() bool {
+		eventually(t, "a reminder", func() bool {
 			ev := events()
 			return len(ev) >= 2 && ev[0] == "opened" && ev[len(ev)-1] == "repeat"
 		})

@@ -59,7 +59,7 @@ func TestBadInputCorpus(t *testing.T) {
 		w := seed(t, s, alpha, "MARK-ALPHA", hook.URL, idp, 0, 1)
 		// Nothing may be written behind the corpus's back while the rows
 		// are counted: the seeded alert's notification is delivered first.
-		await(t, "the seeded notification", func() bool { return delivered.Load() > 0 })
+		eventually(t, "the seeded notification", func() bool { return delivered.Load() > 0 })
 
 		// Every case is prepared first (preparing makes fresh resources),
 		// then the rows are counted, then the cases are sent.

@@ -333,10 +333,10 @@ func TestCrash(t *testing.T) {
 		if got := s.connectDevice(t, "default", "sleeper", sleeper.Token).next(t); got.ID != fmt.Sprint(queued) {
 			t.Fatalf("the sleeper got action %s, want %d", got.ID, queued)
 		}
-		await(t, "the alert whose threshold ran across the crash", func() bool {
+		eventually(t, "the alert whose threshold ran across the crash", func() bool {
 			return len(s.alerts(t, admin, "?state=active&rule_id="+late.ID)) == 1
 		})
-		await(t, "its notification", func() bool { return hooks.Load() >= 1 })
+		eventually(t, "its notification", func() bool { return hooks.Load() >= 1 })
 		if bytes.Contains([]byte(p.stderr.String()), []byte("panic")) {
 			t.Errorf("the killed process panicked first:\n%s", p.stderr)
 		}

@@ -34,7 +34,7 @@ func TestOutboundAllow(t *testing.T) {
 				Attempts []struct{ Error string }
 			}
 		}
-		await(t, "the notification to die", func() bool {
+		eventually(t, "the notification to die", func() bool {
 			s.do(t, viewer, "GET", "/api/v1/alerts/"+alerts[0].ID+"/notifications", nil).want(t, 200).decode(t, &ds)
 			return len(ds.Notifications) == 1 && ds.Notifications[0].Status == "dead"
 		})

@@ -84,7 +84,7 @@ func seed(t *testing.T, s *testServer, admin creds, mark, hookURL string, idp *i
 	w.notificationID = nr.ID
 	s.do(t, admin, "POST", "/api/v1/devices/"+w.device+"/streams/"+w.stream,
 		[]map[string]any{{"timestamp": time.Now().UnixMilli(), "temp": 90, "label": mark}}).want(t, 200)
-	await(t, admin.Tenant+"'s alert", func() bool {
+	eventually(t, admin.Tenant+"'s alert", func() bool {
 		if as := s.alerts(t, admin, "?rule_id="+rule.ID); len(as) > 0 {
 			w.alertID = as[0].ID
 		}

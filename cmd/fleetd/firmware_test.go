@@ -561,9 +561,9 @@ func TestFirmwareUploadFailuresLeaveNothing(t *testing.T) {
 			conn.Write(body[:len(body)-100])
 			// Once the server streams the upload to a temporary file, cut
 			// the connection; the server must remove the file.
-			waitFor(t, "a temporary file", func() bool { return len(s.dataFiles(t)) > 0 })
+			eventually(t, "a temporary file", func() bool { return len(s.dataFiles(t)) > 0 })
 			conn.Close()
-			waitFor(t, "no files", func() bool { return len(s.dataFiles(t)) == 0 })
+			eventually(t, "no files", func() bool { return len(s.dataFiles(t)) == 0 })
 		})
 		t.Run("NothingRemains", func(t *testing.T) {
 			if files := s.dataFiles(t); len(files) != 0 {
@@ -574,18 +574,6 @@ func TestFirmwareUploadFailuresLeaveNothing(t *testing.T) {
 			}
 		})
 	})
-}
-
-// waitFor polls cond until it holds, for at most 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited 10s for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 type tarFile struct{ name, body string }

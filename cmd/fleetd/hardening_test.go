@@ -106,7 +106,7 @@ func TestHTTPConnectionCap(t *testing.T) {
 		t.Fatalf("the eleventh connection was answered %q", line)
 	}
 	held[0].Close()
-	await(t, "a place after one closed", func() bool {
+	eventually(t, "a place after one closed", func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			return false

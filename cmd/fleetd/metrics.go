@@ -50,6 +50,10 @@ func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweep
 		func() float64 { return float64(actions.Stats().Rejected) })
 	counter("fleetd_rollout_events_total", "rollouts' changes of state this replica made: phases triggered, pauses, resumptions, completions, aborts",
 		func() float64 { return float64(actions.Stats().RolloutEvents) })
+	gauge("fleetd_action_deliveries_in_flight", "dispatches being handed to their connected devices in the background",
+		func() float64 { return float64(actions.Stats().Delivering) })
+	counter("fleetd_action_sweeps_total", "sweeps for device actions whose timeout elapsed this replica finished",
+		func() float64 { return float64(sweeper.Sweeps()) })
 	counter("fleetd_device_actions_timed_out_total", "device actions this replica failed because their timeout elapsed",
 		func() float64 { return float64(sweeper.TimedOut()) })
 

@@ -89,21 +89,32 @@ func TestGracefulShutdown(t *testing.T) {
 	b := sqlstoretest.Backends()[0]
 	s := startServer(t, b)
 	// A slow client: send the headers of a device creation, then the body
-	// after the stop signal.
+	// after the stop signal. Its Expect: 100-continue has the server say
+	// when the handler begins to read the body: the request is in flight.
 	conn, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
 	body := `{"id":"late-1"}`
-	io.WriteString(conn, "POST /api/v1/devices HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
+	io.WriteString(conn, "POST /api/v1/devices HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"+
 		"x-service-tenant: default\r\nx-service-api-key: "+s.Key+"\r\nContent-Length: "+itoa(len(body))+"\r\n\r\n")
-	time.Sleep(100 * time.Millisecond) // let the server read the headers
+	br := bufioReader(conn)
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusContinue {
+		t.Fatalf("want 100 Continue once the handler reads: %v, %v", resp, err)
+	}
 	stopped := make(chan struct{})
 	go func() { s.stop(t); close(stopped) }()
-	time.Sleep(100 * time.Millisecond)
+	// Shutting down begins with closing the listener.
+	eventually(t, "the server to stop accepting connections", func() bool {
+		c, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
 	io.WriteString(conn, body)
-	resp, err := http.ReadResponse(bufioReader(conn), nil)
+	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
 		t.Fatalf("in-flight request lost: %v", err)
 	}

@@ -201,6 +201,12 @@ func count(t *testing.T, db *sql.DB, query string, args ...any) int {
 }
 
 // timedOut sums the device actions the replicas say their sweepers failed.
+// sweeps is the number of timeout sweeps r finished.
+func sweeps(t *testing.T, r *replica) float64 {
+	t.Helper()
+	return metric(t, r.URL, "fleetd_action_sweeps_total")
+}
+
 func timedOut(t *testing.T, rs ...*replica) int {
 	t.Helper()
 	n := 0
@@ -228,13 +234,9 @@ func TestReplicas(t *testing.T) {
 		b.do(t, ops, "GET", "/api/v1/devices", nil).want(t, 200) // cached on B now
 		a.do(t, admin, "DELETE", "/api/v1/apikeys/ops", nil).want(t, 204)
 		// B hears of it at once (NOTIFY), well within its 10s cache.
-		deadline := time.Now().Add(3 * time.Second)
-		for b.do(t, ops, "GET", "/api/v1/devices", nil).Status != http.StatusUnauthorized {
-			if time.Now().After(deadline) {
-				t.Fatal("B still accepts a key A deleted 3s ago")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		eventuallyWithin(t, 3*time.Second, "B to refuse the key A deleted", func() bool {
+			return b.do(t, ops, "GET", "/api/v1/devices", nil).Status == http.StatusUnauthorized
+		})
 	})
 
 	t.Run("ActionThroughAReachesTheDeviceOnce", func(t *testing.T) {
@@ -246,10 +248,19 @@ func TestReplicas(t *testing.T) {
 		if m := d.next(t); m.ID != fmt.Sprint(id) {
 			t.Fatalf("pump-1 received %+v", m)
 		}
+		// Once neither replica is handing a dispatch to the broker and no
+		// arrival waits to be served, every copy either sent is counted.
+		eventually(t, "the replicas to finish sending", func() bool {
+			return metric(t, a.URL, "fleetd_action_deliveries_in_flight")+metric(t, b.URL, "fleetd_action_deliveries_in_flight") == 0 &&
+				count(t, db, "SELECT count(*) FROM device_redeliveries") == 0
+		})
+		if n := metric(t, a.URL, "fleetd_mqtt_messages_out_total") + metric(t, b.URL, "fleetd_mqtt_messages_out_total"); n != 1 {
+			t.Fatalf("the replicas sent %v action messages, want 1", n)
+		}
 		select {
 		case m := <-d.actions:
 			t.Fatalf("pump-1 received %+v a second time", m)
-		case <-time.After(time.Second):
+		default:
 		}
 
 		t.Run("StatusThroughBVisibleFromA", func(t *testing.T) {
@@ -278,8 +289,10 @@ func TestReplicas(t *testing.T) {
 			}
 		}
 		// Both replicas sweep every 50ms; the two device actions were
-		// failed once in all.
-		time.Sleep(200 * time.Millisecond)
+		// failed once in all. A sweep that could still count one has ended
+		// once each replica finished two more.
+		sa, sb := sweeps(t, a), sweeps(t, b)
+		eventually(t, "a sweep of each replica to begin and end", func() bool { return sweeps(t, a) >= sa+2 && sweeps(t, b) >= sb+2 })
 		if n := timedOut(t, a, b) - before; n != 2 {
 			t.Fatalf("the replicas timed out %d device actions, want 2:\nA:\n%s\nB:\n%s", n, a.stderr, b.stderr)
 		}
@@ -305,8 +318,14 @@ func TestReplicas(t *testing.T) {
 		// A hot reading through A, which never saw the stream, finds the
 		// alert open: still one alert, one notification.
 		a.do(t, admin, "POST", path, points(start.Add(time.Minute), 95)).want(t, 200)
-		eventually(t, "the notification", func() bool { return len(hook.got()) >= 1 })
-		time.Sleep(500 * time.Millisecond)
+		// A delivered notification is claimed by no one again: once it
+		// is recorded, the receiver has every copy it will get.
+		eventually(t, "the notification to be delivered", func() bool {
+			return count(t, db, "SELECT count(*) FROM alert_outbox WHERE status = 'delivered'") == 1
+		})
+		if n := count(t, db, "SELECT count(*) FROM alert_outbox"); n != 1 {
+			t.Fatalf("%d notifications in the outbox, want 1", n)
+		}
 		if n := len(hook.got()); n != 1 {
 			t.Fatalf("%d notifications, want 1", n)
 		}
@@ -425,9 +444,15 @@ func TestReplicaKilled(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(time.Second)
+	ackedNow := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acked)
+	}
+	eventually(t, "50 writes acknowledged before the kill", func() bool { return ackedNow() >= 50 })
 	a.kill()
-	time.Sleep(time.Second)
+	before := ackedNow()
+	eventually(t, "50 more through B after it", func() bool { return ackedNow() >= before+50 })
 	stopLoad()
 	wg.Wait()
 

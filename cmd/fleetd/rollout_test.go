@@ -52,13 +52,10 @@ func (s *testServer) rollout(t *testing.T, c creds, id int64) rolloutBody {
 func (s *testServer) awaitRollout(t *testing.T, c creds, id int64, status string) rolloutBody {
 	t.Helper()
 	var a rolloutBody
-	deadline := time.Now().Add(bound)
-	for a = s.rollout(t, c, id); a.Status != status; a = s.rollout(t, c, id) {
-		if time.Now().After(deadline) {
-			t.Fatalf("rollout %d is %s, not %s: %+v", id, a.Status, status, a)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(t, fmt.Sprintf("rollout %d to be %s", id, status), func() bool {
+		a = s.rollout(t, c, id)
+		return a.Status == status
+	})
 	return a
 }
 
@@ -129,14 +126,9 @@ func rolloutEvents(t *testing.T, r *receiver, id int64) []string {
 // awaitEvents waits until the receiver got want for action id, exactly.
 func awaitEvents(t *testing.T, r *receiver, id int64, want ...string) {
 	t.Helper()
-	var got []string
-	deadline := time.Now().Add(bound)
-	for got = rolloutEvents(t, r, id); !slices.Equal(got, want); got = rolloutEvents(t, r, id) {
-		if time.Now().After(deadline) {
-			t.Fatalf("rollout notifications of action %d: %v, want %v", id, got, want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(t, fmt.Sprintf("the rollout notifications of action %d to be %v", id, want), func() bool {
+		return slices.Equal(rolloutEvents(t, r, id), want)
+	})
 }
 
 // simActions is the number of actions the simulator received, from its

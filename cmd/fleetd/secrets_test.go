@@ -210,14 +210,14 @@ func TestSecretsNeverLeak(t *testing.T) {
 	ss.add(t, "webhook URL query secret", "querySecret77a")
 	do(keys["device"], "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 85)).want(t, 200)
 	var alertID string
-	await(t, "the alert", func() bool {
+	eventually(t, "the alert", func() bool {
 		if as := s.alerts(t, admin, "?state=active"); len(as) == 1 {
 			alertID = as[0].ID
 		}
 		return alertID != ""
 	})
-	await(t, "the webhooks", func() bool { hookMu.Lock(); defer hookMu.Unlock(); return len(hookSigs) >= 2 })
-	await(t, "failed attempts to be recorded", func() bool {
+	eventually(t, "the webhooks", func() bool { hookMu.Lock(); defer hookMu.Unlock(); return len(hookSigs) >= 2 })
+	eventually(t, "failed attempts to be recorded", func() bool {
 		r := do(admin, "GET", "/api/v1/alerts/"+alertID+"/notifications", nil).want(t, 200)
 		return strings.Count(string(r.Body), `"error"`) >= 2
 	})

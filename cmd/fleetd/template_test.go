@@ -47,7 +47,7 @@ func TestNotificationTemplateBudget(t *testing.T) {
 		at := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC).UnixMilli()
 		s.do(t, acme, "POST", "/api/v1/devices/pump-1/streams/env", []map[string]any{{"timestamp": at, "temp": 90, "n": int64(1e14)}}).want(t, 200)
 		s.do(t, beta, "POST", "/api/v1/devices/pump-1/streams/env", []map[string]any{{"timestamp": at, "temp": 90}}).want(t, 200)
-		await(t, "beta's notification", func() bool { return len(hook.got()) == 1 })
+		eventually(t, "beta's notification", func() bool { return len(hook.got()) == 1 })
 
 		alerts := s.alerts(t, acme, "?state=active")
 		if len(alerts) != 1 {
@@ -59,7 +59,7 @@ func TestNotificationTemplateBudget(t *testing.T) {
 				Attempts []struct{ Error string }
 			}
 		}
-		await(t, "acme's notification to die", func() bool {
+		eventually(t, "acme's notification to die", func() bool {
 			s.do(t, acme, "GET", "/api/v1/alerts/"+alerts[0].ID+"/notifications", nil).want(t, 200).decode(t, &ds)
 			return len(ds.Notifications) == 1 && ds.Notifications[0].Status == "dead"
 		})
