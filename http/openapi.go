@@ -28,6 +28,9 @@ type op struct {
 	OK           int     // the success status; 200 when zero
 	Resp         any     // a value of the success body's type; nil for none
 	Raw          string  // the success body is this media type, not an encoded value
+	// Signed marks a public endpoint that takes an API key, or a signed
+	// URL's query parameters instead.
+	Signed bool
 	// Quiet marks a seed endpoint whose success has an empty body unless the
 	// client sends Prefer: return=representation; Resp is that
 	// representation.
@@ -72,8 +75,13 @@ func (s *Server) openAPI() map[string]any {
 		item[strings.ToLower(method)] = g.operation(rt, path)
 	}
 	g.components["Error"] = g.schema(reflect.TypeFor[errorBody](), false)
+	if g.anyUsed {
+		g.components[anyValue] = anyValueSchema()
+	}
 	return map[string]any{
 		"openapi": "3.0.3",
+		// The API is wherever this document was read from.
+		"servers": []any{map[string]any{"url": "/", "description": "the fleetd that serves this document"}},
 		"info": map[string]any{
 			"title":   "fleetd",
 			"version": "v1",
@@ -125,8 +133,15 @@ func (g *schemaGen) operation(rt route, path string) map[string]any {
 	if len(params) > 0 {
 		o["parameters"] = params
 	}
-	if rt.perm != public {
-		o["security"] = []any{map[string]any{"apiKey": []string{}, "tenant": []string{}}}
+	keys := map[string]any{"apiKey": []string{}, "tenant": []string{}}
+	switch {
+	case rt.perm != public:
+		o["security"] = []any{keys}
+	case rt.op.Signed:
+		// A key, or none: a signed URL's query parameters.
+		o["security"] = []any{keys, map[string]any{}}
+	default:
+		o["security"] = []any{}
 	}
 	if rt.op.Body != nil || rt.op.Upload {
 		content := map[string]any{}
@@ -157,7 +172,8 @@ func (g *schemaGen) operation(rt route, path string) map[string]any {
 	case rt.op.Resp != nil && status != http.StatusNoContent:
 		ok["content"] = g.content(g.ref(reflect.TypeOf(rt.op.Resp), false))
 	}
-	responses := map[string]any{strconv.Itoa(status): ok, "default": map[string]any{"$ref": "#/components/responses/Error"}}
+	errRef := map[string]any{"$ref": "#/components/responses/Error"}
+	responses := map[string]any{strconv.Itoa(status): ok, "4XX": errRef, "default": errRef}
 	if status == http.StatusNoContent && rt.op.Resp != nil {
 		// With "Prefer: return=representation" the resource comes back.
 		responses["200"] = map[string]any{
@@ -217,6 +233,32 @@ func (g *schemaGen) content(schema map[string]any) map[string]any {
 // schemaGen turns Go types into JSON schemas, named types into components.
 type schemaGen struct {
 	components map[string]any
+	anyUsed    bool // a schema refers to the AnyValue component
+}
+
+// anyValue is the component of a value of any JSON type, or null.
+const anyValue = "AnyValue"
+
+// anyValueSchema says "any JSON value, or null" in OpenAPI 3.0, where null
+// is only allowed beside a type (nullable): one of the types, the first of
+// them nullable.
+func anyValueSchema() map[string]any {
+	return map[string]any{
+		"description": "any JSON value, or null",
+		"anyOf": []any{
+			map[string]any{"type": "object", "nullable": true},
+			map[string]any{"type": "array", "items": map[string]any{}},
+			map[string]any{"type": "string"},
+			map[string]any{"type": "number"},
+			map[string]any{"type": "boolean"},
+		},
+	}
+}
+
+// any refers to the AnyValue component.
+func (g *schemaGen) any() map[string]any {
+	g.anyUsed = true
+	return map[string]any{"$ref": "#/components/schemas/" + anyValue}
 }
 
 var (
@@ -255,13 +297,15 @@ func (g *schemaGen) schema(t reflect.Type, request bool) map[string]any {
 	case uuidType:
 		return map[string]any{"type": "string", "format": "uuid"}
 	case rawType:
-		return map[string]any{"nullable": true}
+		return g.any()
 	}
 	switch t.Kind() {
 	case reflect.Pointer:
 		s := g.ref(t.Elem(), request)
 		if _, isRef := s["$ref"]; isRef {
-			return map[string]any{"allOf": []any{s}, "nullable": true}
+			// A struct's component (AnyValue is reached through
+			// interfaces, never through a pointer).
+			return map[string]any{"type": "object", "allOf": []any{s}, "nullable": true}
 		}
 		s["nullable"] = true
 		return s
@@ -283,7 +327,7 @@ func (g *schemaGen) schema(t reflect.Type, request bool) map[string]any {
 	case reflect.Map:
 		return map[string]any{"type": "object", "additionalProperties": g.ref(t.Elem(), request)}
 	case reflect.Interface:
-		return map[string]any{"nullable": true}
+		return g.any()
 	case reflect.Struct:
 		props := map[string]any{}
 		var required []string
