@@ -138,3 +138,25 @@ func TestCheckTemplateBudget(t *testing.T) {
 		}
 	}
 }
+
+// FuzzRenderTemplate: whatever a tenant writes as a template, and
+// whatever a device sends as the value it ranges over, the render returns
+// within its budget's bound (at most 20 timeouts) with no more output than
+// the cap, and never panics.
+func FuzzRenderTemplate(f *testing.F) {
+	for _, s := range []string{`{{.Rule.Name}} {{.Value.n}}`, `{{range .Value.n}}A{{end}}`, `{{range 100000000000000}}{{end}}`,
+		`{{printf "%[1]s%[1]s" .Value.s}}`, `{{define "a"}}{{template "a"}}{{end}}{{template "a"}}`, `{{with .Alert.EndedAt}}{{.Format "2006"}}{{end}}`} {
+		f.Add(s, int64(1e6), "abc")
+	}
+	lim := fleet.TemplateLimits{Timeout: 20 * time.Millisecond, MaxOutput: 4 << 10}
+	f.Fuzz(func(t *testing.T, body string, n int64, s string) {
+		start := time.Now()
+		_, got, err := fleet.RenderNotification(context.Background(), lim, fleet.NotificationTemplate{Subject: "s", Body: body}, sampleData(map[string]any{"n": n, "s": s}))
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("rendered in %v", d)
+		}
+		if err == nil && len(got) > lim.MaxOutput {
+			t.Fatalf("%d bytes of output, over the cap of %d", len(got), lim.MaxOutput)
+		}
+	})
+}
