@@ -1,7 +1,6 @@
 package main
 
 import (
-	"archive/tar"
 	"bytes"
 	"compress/gzip"
 	"context"
@@ -27,6 +26,7 @@ import (
 	"github.com/fleetd/fleet/action"
 	"github.com/fleetd/fleet/blob/s3test"
 	fwbundle "github.com/fleetd/fleet/firmware/bundle"
+	"github.com/fleetd/fleet/firmware/bundle/bundletest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 	"github.com/minio/minio-go/v7"
 )
@@ -330,11 +330,11 @@ func TestFirmwareUploads(t *testing.T) {
 // fwbundle.Build: for archives the server must refuse.
 func makeTar(t *testing.T, gz bool, pairs ...string) []byte {
 	t.Helper()
-	var files []tarFile
+	var files []bundletest.File
 	for i := 0; i+1 < len(pairs); i += 2 {
-		files = append(files, tarFile{pairs[i], pairs[i+1]})
+		files = append(files, bundletest.File{Name: pairs[i], Body: pairs[i+1]})
 	}
-	return writeTar(t, gz, files)
+	return bundletest.Archive(t, gz, files...)
 }
 
 func TestFirmwarePendingUploads(t *testing.T) {
@@ -574,32 +574,6 @@ func TestFirmwareUploadFailuresLeaveNothing(t *testing.T) {
 			}
 		})
 	})
-}
-
-type tarFile struct{ name, body string }
-
-// writeTar writes files into a tar (gzipped when gz), in order.
-func writeTar(t *testing.T, gz bool, files []tarFile) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	var w io.Writer = &buf
-	var zw *gzip.Writer
-	if gz {
-		zw = gzip.NewWriter(&buf)
-		w = zw
-	}
-	tw := tar.NewWriter(w)
-	for _, f := range files {
-		if err := tw.WriteHeader(&tar.Header{Name: f.name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(f.body))}); err != nil {
-			t.Fatal(err)
-		}
-		tw.Write([]byte(f.body))
-	}
-	tw.Close()
-	if zw != nil {
-		zw.Close()
-	}
-	return buf.Bytes()
 }
 
 func mustGunzip(t *testing.T, data []byte) io.Reader {

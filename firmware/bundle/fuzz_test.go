@@ -7,15 +7,16 @@ import (
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/firmware/bundle"
+	"github.com/fleetd/fleet/firmware/bundle/bundletest"
 )
 
 // FuzzParseBundle feeds arbitrary archives to the parser: it must never
 // panic, must refuse with EINVALID only, and what it accepts must be
 // measured right.
 func FuzzParseBundle(f *testing.F) {
-	f.Add(archive(f, false, file{Name: "app.bin", Body: "app"}, file{Name: "manifest.json", Body: `{"version": "1.0.0", "components": [{"component_name": "app", "version_number": "1.0.0", "file_name": "app.bin"}]}`}))
-	f.Add(archive(f, true, file{Name: "./boot.bin", Body: "boot"}, file{Name: "app.bin.gz", Body: gzipped("app")}, file{Name: "manifest.json", Body: goodManifestFlat}))
-	f.Add(archive(f, false, file{Name: "d/", Type: tar.TypeDir}, file{Name: "l", Type: tar.TypeSymlink, Link: "../x"}))
+	f.Add(bundletest.Archive(f, false, bundletest.File{Name: "app.bin", Body: "app"}, bundletest.File{Name: "manifest.json", Body: `{"version": "1.0.0", "components": [{"component_name": "app", "version_number": "1.0.0", "file_name": "app.bin"}]}`}))
+	f.Add(bundletest.Archive(f, true, bundletest.File{Name: "./boot.bin", Body: "boot"}, bundletest.File{Name: "app.bin.gz", Body: gzipped("app")}, bundletest.File{Name: "manifest.json", Body: goodManifestFlat}))
+	f.Add(bundletest.Archive(f, false, bundletest.File{Name: "d/", Type: tar.TypeDir}, bundletest.File{Name: "l", Type: tar.TypeSymlink, Link: "../x"}))
 	f.Add([]byte{0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		bf, err := bundle.Parse(bytes.NewReader(data), bundle.ParseOptions{MaxInflated: 64 << 20})

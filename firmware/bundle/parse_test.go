@@ -13,55 +13,8 @@ import (
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/firmware/bundle"
+	"github.com/fleetd/fleet/firmware/bundle/bundletest"
 )
-
-// file is one tar entry for tests; Type 0 is a regular file.
-type file struct {
-	Name string
-	Body string
-	Type byte
-	Link string
-}
-
-// archive makes a tar (gzipped when gz) of files, in order.
-func archive(t testing.TB, gz bool, files ...file) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	var w io.Writer = &buf
-	var zw *gzip.Writer
-	if gz {
-		zw = gzip.NewWriter(&buf)
-		w = zw
-	}
-	tw := tar.NewWriter(w)
-	for _, f := range files {
-		typ := f.Type
-		if typ == 0 {
-			typ = tar.TypeReg
-		}
-		hdr := &tar.Header{Name: f.Name, Typeflag: typ, Mode: 0o644, Linkname: f.Link}
-		if typ == tar.TypeReg {
-			hdr.Size = int64(len(f.Body))
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			t.Fatal(err)
-		}
-		if typ == tar.TypeReg {
-			if _, err := tw.Write([]byte(f.Body)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if zw != nil {
-		if err := zw.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return buf.Bytes()
-}
 
 func gzipped(s string) string {
 	var buf bytes.Buffer
@@ -89,12 +42,12 @@ func TestParse(t *testing.T) {
 			name = "tar.gz"
 		}
 		t.Run(name, func(t *testing.T) {
-			a := archive(t, gz,
-				file{Name: "./app/", Type: tar.TypeDir},
-				file{Name: "./app/app.bin.gz", Body: app},
-				file{Name: "boot.bin", Body: "bootloader"},
-				file{Name: "README", Body: "extra files are allowed"},
-				file{Name: "manifest.json", Body: goodManifest},
+			a := bundletest.Archive(t, gz,
+				bundletest.File{Name: "./app/", Type: tar.TypeDir},
+				bundletest.File{Name: "./app/app.bin.gz", Body: app},
+				bundletest.File{Name: "boot.bin", Body: "bootloader"},
+				bundletest.File{Name: "README", Body: "extra files are allowed"},
+				bundletest.File{Name: "manifest.json", Body: goodManifest},
 			)
 			f, err := bundle.Parse(bytes.NewReader(a), bundle.ParseOptions{})
 			if err != nil {
@@ -130,56 +83,56 @@ func TestParse(t *testing.T) {
 }
 
 func TestParseRejects(t *testing.T) {
-	manifest := func(s string) file { return file{Name: "manifest.json", Body: s} }
+	manifest := func(s string) bundletest.File { return bundletest.File{Name: "manifest.json", Body: s} }
 	one := func(extra string) string {
 		return `{"version": "1.0.0", "components": [{"component_name": "app", "version_number": "1.0.0", "file_name": "app.bin"` + extra + `}]}`
 	}
-	app := file{Name: "app.bin", Body: "app"}
+	app := bundletest.File{Name: "app.bin", Body: "app"}
 	tests := []struct {
 		name  string
 		data  []byte
 		field string // a field the error names, if any
 		words string // words the message must contain
 	}{
-		{"NoManifest", archive(t, false, app), "", "no manifest.json"},
-		{"ManifestNotAtRoot", archive(t, false, app, file{Name: "sub/manifest.json", Body: one("")}), "", "no manifest.json"},
+		{"NoManifest", bundletest.Archive(t, false, app), "", "no manifest.json"},
+		{"ManifestNotAtRoot", bundletest.Archive(t, false, app, bundletest.File{Name: "sub/manifest.json", Body: one("")}), "", "no manifest.json"},
 		{"Empty", nil, "", "no manifest.json"},
-		{"ListedFileMissing", archive(t, false, manifest(one(""))), "manifest.components[0].file_name", "app.bin"},
-		{"DotDot", archive(t, false, app, file{Name: "../x", Body: "x"}, manifest(one(""))), "", `"../x"`},
-		{"DotDotInside", archive(t, false, app, file{Name: "a/../../x", Body: "x"}, manifest(one(""))), "", `"a/../../x"`},
-		{"Absolute", archive(t, false, app, file{Name: "/etc/passwd", Body: "x"}, manifest(one(""))), "", `"/etc/passwd"`},
-		{"Symlink", archive(t, false, file{Name: "app.bin", Type: tar.TypeSymlink, Link: "/etc/shadow"}, manifest(one(""))), "", "symbolic link"},
-		{"HardLink", archive(t, false, file{Name: "app.bin", Type: tar.TypeLink, Link: "x"}, manifest(one(""))), "", "hard link"},
-		{"Device", archive(t, false, app, file{Name: "dev", Type: tar.TypeChar}, manifest(one(""))), "", "device"},
-		{"Fifo", archive(t, false, app, file{Name: "fifo", Type: tar.TypeFifo}, manifest(one(""))), "", "pipe"},
-		{"Duplicate", archive(t, false, app, app, manifest(one(""))), "", `"app.bin" appears more than once`},
-		{"FileThenDirectory", archive(t, false, app, file{Name: "app.bin/", Type: tar.TypeDir}, manifest(one(""))), "", `"app.bin" appears more than once`},
-		{"DirectoryThenFile", archive(t, false, file{Name: "app.bin/", Type: tar.TypeDir}, app, manifest(one(""))), "", `"app.bin" appears more than once`},
-		{"FileInsideFile", archive(t, false, app, file{Name: "app.bin/x", Body: "x"}, manifest(one(""))), "", `inside "app.bin"`},
-		{"TooManyDirectories", archive(t, false, append(manyDirs(fleet.MaxArchiveFiles), app, manifest(one("")))...), "", "more than 10000 entries"},
-		{"BadVersion", archive(t, false, app, manifest(strings.Replace(one(""), `"version": "1.0.0"`, `"version": "1.0-beta"`, 1))), "manifest.version", "version"},
-		{"BadComponentVersion", archive(t, false, app, manifest(strings.Replace(one(""), `"version_number": "1.0.0"`, `"version_number": "v1"`, 1))), "manifest.components[0].version_number", "version_number"},
-		{"VersionNotString", archive(t, false, app, manifest(`{"version": 1, "components": []}`)), "manifest.version", "string"},
-		{"UnknownField", archive(t, false, app, manifest(strings.Replace(one(""), `"version": "1.0.0"`, `"version": "1.0.0", "vendor": "x"`, 1))), "manifest.vendor", "vendor"},
-		{"UnknownComponentField", archive(t, false, app, manifest(one(`, "size": 3`))), "manifest.components[0].size", "size"},
-		{"DuplicateKey", archive(t, false, app, manifest(`{"version": "1.0.0", "version": "1.0.1", "components": []}`)), "", "manifest.json"},
-		{"NotJSON", archive(t, false, app, manifest(`{"version": `)), "", "manifest.json is not valid JSON"},
-		{"NoComponents", archive(t, false, app, manifest(`{"version": "1.0.0", "components": []}`)), "manifest.components", "at least one"},
-		{"DuplicateComponent", archive(t, false, app, manifest(`{"version": "1.0.0", "components": [
+		{"ListedFileMissing", bundletest.Archive(t, false, manifest(one(""))), "manifest.components[0].file_name", "app.bin"},
+		{"DotDot", bundletest.Archive(t, false, app, bundletest.File{Name: "../x", Body: "x"}, manifest(one(""))), "", `"../x"`},
+		{"DotDotInside", bundletest.Archive(t, false, app, bundletest.File{Name: "a/../../x", Body: "x"}, manifest(one(""))), "", `"a/../../x"`},
+		{"Absolute", bundletest.Archive(t, false, app, bundletest.File{Name: "/etc/passwd", Body: "x"}, manifest(one(""))), "", `"/etc/passwd"`},
+		{"Symlink", bundletest.Archive(t, false, bundletest.File{Name: "app.bin", Type: tar.TypeSymlink, Link: "/etc/shadow"}, manifest(one(""))), "", "symbolic link"},
+		{"HardLink", bundletest.Archive(t, false, bundletest.File{Name: "app.bin", Type: tar.TypeLink, Link: "x"}, manifest(one(""))), "", "hard link"},
+		{"Device", bundletest.Archive(t, false, app, bundletest.File{Name: "dev", Type: tar.TypeChar}, manifest(one(""))), "", "device"},
+		{"Fifo", bundletest.Archive(t, false, app, bundletest.File{Name: "fifo", Type: tar.TypeFifo}, manifest(one(""))), "", "pipe"},
+		{"Duplicate", bundletest.Archive(t, false, app, app, manifest(one(""))), "", `"app.bin" appears more than once`},
+		{"FileThenDirectory", bundletest.Archive(t, false, app, bundletest.File{Name: "app.bin/", Type: tar.TypeDir}, manifest(one(""))), "", `"app.bin" appears more than once`},
+		{"DirectoryThenFile", bundletest.Archive(t, false, bundletest.File{Name: "app.bin/", Type: tar.TypeDir}, app, manifest(one(""))), "", `"app.bin" appears more than once`},
+		{"FileInsideFile", bundletest.Archive(t, false, app, bundletest.File{Name: "app.bin/x", Body: "x"}, manifest(one(""))), "", `inside "app.bin"`},
+		{"TooManyDirectories", bundletest.Archive(t, false, append(manyDirs(fleet.MaxArchiveFiles), app, manifest(one("")))...), "", "more than 10000 entries"},
+		{"BadVersion", bundletest.Archive(t, false, app, manifest(strings.Replace(one(""), `"version": "1.0.0"`, `"version": "1.0-beta"`, 1))), "manifest.version", "version"},
+		{"BadComponentVersion", bundletest.Archive(t, false, app, manifest(strings.Replace(one(""), `"version_number": "1.0.0"`, `"version_number": "v1"`, 1))), "manifest.components[0].version_number", "version_number"},
+		{"VersionNotString", bundletest.Archive(t, false, app, manifest(`{"version": 1, "components": []}`)), "manifest.version", "string"},
+		{"UnknownField", bundletest.Archive(t, false, app, manifest(strings.Replace(one(""), `"version": "1.0.0"`, `"version": "1.0.0", "vendor": "x"`, 1))), "manifest.vendor", "vendor"},
+		{"UnknownComponentField", bundletest.Archive(t, false, app, manifest(one(`, "size": 3`))), "manifest.components[0].size", "size"},
+		{"DuplicateKey", bundletest.Archive(t, false, app, manifest(`{"version": "1.0.0", "version": "1.0.1", "components": []}`)), "", "manifest.json"},
+		{"NotJSON", bundletest.Archive(t, false, app, manifest(`{"version": `)), "", "manifest.json is not valid JSON"},
+		{"NoComponents", bundletest.Archive(t, false, app, manifest(`{"version": "1.0.0", "components": []}`)), "manifest.components", "at least one"},
+		{"DuplicateComponent", bundletest.Archive(t, false, app, manifest(`{"version": "1.0.0", "components": [
 			{"component_name": "app", "version_number": "1.0.0", "file_name": "app.bin"},
 			{"component_name": "app", "version_number": "1.0.1", "file_name": "app.bin"}]}`)), "manifest.components[1].component_name", "listed already"},
-		{"Contradiction", archive(t, false, app, file{Name: "boot.bin", Body: "b"}, manifest(`{"version": "1.0.0", "components": [
+		{"Contradiction", bundletest.Archive(t, false, app, bundletest.File{Name: "boot.bin", Body: "b"}, manifest(`{"version": "1.0.0", "components": [
 			{"component_name": "bootloader", "version_number": "1.0.0", "file_name": "boot.bin"},
 			{"component_name": "app", "version_number": "1.0.0", "file_name": "app.bin",
 			 "dependencies": [{"component_name": "bootloader", "min_version": "1.1.0"}]}]}`)), "manifest.components", "bootloader >= 1.1.0"},
-		{"SelfDependency", archive(t, false, app, manifest(one(`, "dependencies": [{"component_name": "app", "min_version": "1.0.0"}]`))), "manifest.components[0].dependencies[0].component_name", "itself"},
-		{"BadMinVersion", archive(t, false, app, manifest(one(`, "dependencies": [{"component_name": "boot", "min_version": ">=1"}]`))), "manifest.components[0].dependencies[0].min_version", "min_version"},
-		{"FileNameEscapes", archive(t, false, app, manifest(strings.Replace(one(""), `"app.bin"`, `"../app.bin"`, 1))), "manifest.components[0].file_name", "escapes"},
-		{"ComponentNotGzip", archive(t, false, file{Name: "app.bin.gz", Body: "not gzip"}, manifest(strings.Replace(one(""), `"app.bin"`, `"app.bin.gz"`, 1))), "manifest.components[0].file_name", "app.bin.gz"},
-		{"CorruptGzip", corrupt(archive(t, true, app, manifest(one("")))), "", "gzip"},
-		{"TruncatedGzip", archive(t, true, app, manifest(one("")))[:40], "", "gzip"},
+		{"SelfDependency", bundletest.Archive(t, false, app, manifest(one(`, "dependencies": [{"component_name": "app", "min_version": "1.0.0"}]`))), "manifest.components[0].dependencies[0].component_name", "itself"},
+		{"BadMinVersion", bundletest.Archive(t, false, app, manifest(one(`, "dependencies": [{"component_name": "boot", "min_version": ">=1"}]`))), "manifest.components[0].dependencies[0].min_version", "min_version"},
+		{"FileNameEscapes", bundletest.Archive(t, false, app, manifest(strings.Replace(one(""), `"app.bin"`, `"../app.bin"`, 1))), "manifest.components[0].file_name", "escapes"},
+		{"ComponentNotGzip", bundletest.Archive(t, false, bundletest.File{Name: "app.bin.gz", Body: "not gzip"}, manifest(strings.Replace(one(""), `"app.bin"`, `"app.bin.gz"`, 1))), "manifest.components[0].file_name", "app.bin.gz"},
+		{"CorruptGzip", corrupt(bundletest.Archive(t, true, app, manifest(one("")))), "", "gzip"},
+		{"TruncatedGzip", bundletest.Archive(t, true, app, manifest(one("")))[:40], "", "gzip"},
 		{"NotAnArchive", []byte(strings.Repeat("this is not a tar file ", 100)), "", "tar"},
-		{"TruncatedTar", archive(t, false, file{Name: "app.bin", Body: strings.Repeat("x", 2000)}, manifest(one("")))[:1024], "", "tar"},
+		{"TruncatedTar", bundletest.Archive(t, false, bundletest.File{Name: "app.bin", Body: strings.Repeat("x", 2000)}, manifest(one("")))[:1024], "", "tar"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -201,10 +154,10 @@ func TestParseRejects(t *testing.T) {
 }
 
 // manyDirs is n directory entries.
-func manyDirs(n int) []file {
-	fs := make([]file, n)
+func manyDirs(n int) []bundletest.File {
+	fs := make([]bundletest.File, n)
 	for i := range fs {
-		fs[i] = file{Name: fmt.Sprintf("d%d/", i), Type: tar.TypeDir}
+		fs[i] = bundletest.File{Name: fmt.Sprintf("d%d/", i), Type: tar.TypeDir}
 	}
 	return fs
 }
@@ -226,8 +179,8 @@ func corrupt(b []byte) []byte {
 
 func TestParseInflateLimit(t *testing.T) {
 	bomb := gzipped(strings.Repeat("\x00", 1<<20))
-	a := archive(t, false, file{Name: "app.bin.gz", Body: bomb},
-		file{Name: "manifest.json", Body: `{"version": "1.0.0", "components": [{"component_name": "app", "version_number": "1.0.0", "file_name": "app.bin.gz"}]}`})
+	a := bundletest.Archive(t, false, bundletest.File{Name: "app.bin.gz", Body: bomb},
+		bundletest.File{Name: "manifest.json", Body: `{"version": "1.0.0", "components": [{"component_name": "app", "version_number": "1.0.0", "file_name": "app.bin.gz"}]}`})
 	_, err := bundle.Parse(bytes.NewReader(a), bundle.ParseOptions{MaxInflated: 1 << 16})
 	if fleet.ErrorCode(err) != fleet.EINVALID || !strings.Contains(fleet.ErrorMessage(err), "inflates") {
 		t.Fatalf("error = %v, want an inflate limit error", err)
@@ -239,8 +192,8 @@ func TestParseInflateLimit(t *testing.T) {
 // (issue 15, item 7: a 17.7 MB upload inflated 16 GiB first).
 func TestParseInflateRatio(t *testing.T) {
 	bomb := gzipped(strings.Repeat("\x00", 64<<20)) // 64 MiB in about 64 KiB
-	a := archive(t, false, file{Name: "app.bin.gz", Body: bomb},
-		file{Name: "manifest.json", Body: `{"version": "1.0.0", "components": [{"component_name": "app", "version_number": "1.0.0", "file_name": "app.bin.gz"}]}`})
+	a := bundletest.Archive(t, false, bundletest.File{Name: "app.bin.gz", Body: bomb},
+		bundletest.File{Name: "manifest.json", Body: `{"version": "1.0.0", "components": [{"component_name": "app", "version_number": "1.0.0", "file_name": "app.bin.gz"}]}`})
 	_, err := bundle.Parse(bytes.NewReader(a), bundle.ParseOptions{MaxRatio: 10})
 	if fleet.ErrorCode(err) != fleet.EINVALID || !strings.Contains(fleet.ErrorMessage(err), "times its size") {
 		t.Fatalf("error = %v, want the ratio refused", err)
@@ -255,7 +208,7 @@ func TestParseInflateRatio(t *testing.T) {
 // connection) is returned as it is, not as a bad archive.
 func TestParseReaderError(t *testing.T) {
 	cut := fleet.Errorf(fleet.ETOOLARGE, "too large")
-	a := archive(t, false, file{Name: "app.bin", Body: strings.Repeat("x", 5000)})
+	a := bundletest.Archive(t, false, bundletest.File{Name: "app.bin", Body: strings.Repeat("x", 5000)})
 	_, err := bundle.Parse(io.MultiReader(bytes.NewReader(a[:3000]), errReader{cut}), bundle.ParseOptions{})
 	if err != cut {
 		t.Fatalf("error = %v, want the reader's", err)
