@@ -12,7 +12,7 @@ import (
 
 func runMigrate(ctx context.Context, args []string, e env) error {
 	var c config
-	fs := newFlagSet("migrate", "", "Applies the database migrations fleetd has and the database lacks, then exits.\nserve does this too; run it alone to upgrade before starting new replicas.", e.stderr)
+	fs := newFlagSet("migrate", "", "Applies the database migrations fleetd has and the database lacks, then exits.\nserve does this too; run it alone to upgrade before starting new replicas.", e)
 	c.adminFlags(fs)
 	if err := fs.parse(args, e.getenv); err != nil {
 		return err
@@ -30,7 +30,7 @@ func runMigrate(ctx context.Context, args []string, e env) error {
 
 func runTenantCreate(ctx context.Context, args []string, e env) error {
 	var c config
-	fs := newFlagSet("tenant create", "NAME", "Creates a tenant with an admin API key named \"admin\" and prints the key alone\non the last line, so a script can capture it:\n  KEY=$(fleetd tenant create acme | tail -1)", e.stderr)
+	fs := newFlagSet("tenant create", "NAME", "Creates a tenant with an admin API key named \"admin\" and prints the key alone\non the last line, so a script can capture it:\n  KEY=$(fleetd tenant create acme | tail -1)", e)
 	c.adminFlags(fs)
 	if err := fs.parse(args, e.getenv); err != nil {
 		return err
@@ -53,7 +53,7 @@ func runTenantCreate(ctx context.Context, args []string, e env) error {
 
 func runTenantList(ctx context.Context, args []string, e env) error {
 	var c config
-	fs := newFlagSet("tenant list", "", "Lists every tenant.", e.stderr)
+	fs := newFlagSet("tenant list", "", "Lists every tenant.", e)
 	c.adminFlags(fs)
 	if err := fs.parse(args, e.getenv); err != nil {
 		return err
@@ -81,7 +81,7 @@ func runTenantList(ctx context.Context, args []string, e env) error {
 func runAPIKeyCreate(ctx context.Context, args []string, e env) error {
 	var c config
 	var tenant, name, role, email string
-	fs := newFlagSet("apikey create", "", "Creates an API key and prints it alone on the last line.", e.stderr)
+	fs := newFlagSet("apikey create", "", "Creates an API key and prints it alone on the last line.", e)
 	fs.StringVar(&tenant, "tenant", "", "`TENANT` the key belongs to (required)")
 	fs.StringVar(&name, "name", "", "`NAME` of the key, unique in the tenant (required)")
 	fs.StringVar(&role, "role", "", "`ROLE`: viewer, device, operator or admin (required)")
@@ -134,7 +134,7 @@ func cliError(err error) error {
 }
 
 func runVersion(ctx context.Context, args []string, e env) error {
-	fs := newFlagSet("version", "", "Prints fleetd's version and the commit it was built from.", e.stderr)
+	fs := newFlagSet("version", "", "Prints fleetd's version and the commit it was built from.", e)
 	if err := fs.parse(args, e.getenv); err != nil {
 		return err
 	}

@@ -11,7 +11,7 @@ import (
 func runBundleCreate(ctx context.Context, args []string, e env) error {
 	var version, out string
 	deps := fwbundle.Depends{}
-	fs := newFlagSet("bundle create", "NAME=VERSION:PATH ...", fwbundle.BuildHelp("fleetd bundle create"), e.stderr)
+	fs := newFlagSet("bundle create", "NAME=VERSION:PATH ...", fwbundle.BuildHelp("fleetd bundle create"), e)
 	fs.StringVar(&version, "version", "", "the bundle's `VERSION` (numbers separated by dots; required)")
 	fs.StringVar(&out, "out", "", "`FILE` to write the archive to (.tar.gz, or .tar for no gzip; required)")
 	fs.Var(deps, "depends", "`COMPONENT:NEEDS>=VERSION`: a dependency of a component; repeatable")

@@ -16,6 +16,7 @@ type flagSet struct {
 	cmd, args, about string
 	positional       []string        // the arguments that are not flags, in order
 	hidden           map[string]bool // flags left out of the usage
+	stdout, stderr   io.Writer       // where help asked for goes, and a wrong command line's usage
 }
 
 // hide leaves a flag out of the usage; it still works, and so does its
@@ -27,10 +28,10 @@ func (fs *flagSet) hide(name string) {
 	fs.hidden[name] = true
 }
 
-func newFlagSet(cmd, args, about string, stderr io.Writer) *flagSet {
-	fs := &flagSet{FlagSet: flag.NewFlagSet(cmd, flag.ContinueOnError), cmd: cmd, args: args, about: about}
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fs.usage(stderr) }
+func newFlagSet(cmd, args, about string, e env) *flagSet {
+	fs := &flagSet{FlagSet: flag.NewFlagSet(cmd, flag.ContinueOnError), cmd: cmd, args: args, about: about, stdout: e.stdout, stderr: e.stderr}
+	fs.SetOutput(e.stderr) // the flag package's word on a wrong flag
+	fs.Usage = func() {}   // parse prints it, where it belongs
 	return fs
 }
 
@@ -46,8 +47,10 @@ func envName(flagName string) string {
 func (fs *flagSet) parse(args []string, getenv func(string) string) error {
 	for {
 		if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+			fs.usage(fs.stdout) // help asked for is the command's output
 			return err
-		} else if err != nil { // the flag package printed it, and the usage
+		} else if err != nil { // the flag package printed it; the usage goes with it
+			fs.usage(fs.stderr)
 			return &usageError{fmt.Sprintf("%s: %v", fs.cmd, err)}
 		}
 		if fs.NArg() == 0 {

@@ -86,17 +86,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 }
 
 // runEnv is run with the environment gathered.
+// Help asked for goes to stdout (fleetd --help | less); the usage that
+// comes with a command line that cannot run goes to stderr with the error.
 func runEnv(ctx context.Context, args []string, e env) error {
-	stderr := e.stderr
 	if len(args) == 0 {
-		usage(stderr)
+		usage(e.stderr)
 		return &usageError{"say which command to run"}
 	}
 	if isHelp(args[0]) {
 		if len(args) > 1 { // "fleetd help tenant create" is "fleetd tenant create --help"
 			return runEnv(ctx, append(args[1:], "--help"), e)
 		}
-		usage(stderr)
+		usage(e.stdout)
 		return flag.ErrHelp
 	}
 	// Longest match first: "tenant create" before a group "tenant".
@@ -109,15 +110,16 @@ func runEnv(ctx context.Context, args []string, e env) error {
 		}
 	}
 	if group := groupCommands(args[0]); group != nil {
-		groupUsage(stderr, args[0], group)
-		switch {
-		case len(args) == 1:
-			return &usageError{fmt.Sprintf("%s: say which: %s", args[0], subcommandNames(group))}
-		case isHelp(args[1]):
+		if len(args) > 1 && isHelp(args[1]) {
+			groupUsage(e.stdout, args[0], group)
 			return flag.ErrHelp
 		}
+		groupUsage(e.stderr, args[0], group)
+		if len(args) == 1 {
+			return &usageError{fmt.Sprintf("%s: say which: %s", args[0], subcommandNames(group))}
+		}
 	} else {
-		usage(stderr)
+		usage(e.stderr)
 	}
 	return &usageError{fmt.Sprintf("unknown command %q", strings.Join(args, " "))}
 }

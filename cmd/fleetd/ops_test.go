@@ -141,7 +141,7 @@ func TestCommandLine(t *testing.T) {
 	db := t.TempDir() + "/cli.db"
 
 	t.Run("HelpNamesEveryCommand", func(t *testing.T) {
-		_, help, err := runCmd(nil, "--help")
+		help, _, err := runCmd(nil, "--help")
 		if !errors.Is(err, flag.ErrHelp) {
 			t.Fatalf("err = %v", err)
 		}
@@ -152,7 +152,7 @@ func TestCommandLine(t *testing.T) {
 		}
 	})
 	t.Run("CommandHelpShowsEnv", func(t *testing.T) {
-		_, help, err := runCmd(nil, "serve", "--help")
+		help, _, err := runCmd(nil, "serve", "--help")
 		if !errors.Is(err, flag.ErrHelp) {
 			t.Fatalf("err = %v", err)
 		}
@@ -167,8 +167,9 @@ func TestCommandLine(t *testing.T) {
 			t.Fatalf("err = %v", err)
 		}
 	})
-	// Help is asked for and given: exit 0, for every command, every group
-	// of commands, and "fleetd help COMMAND".
+	// Help is asked for and given, on stdout (fleetd --help | less): exit
+	// 0, for every command, every group of commands, and "fleetd help
+	// COMMAND".
 	t.Run("EveryHelpExitsZero", func(t *testing.T) {
 		lines := [][]string{{"--help"}, {"help"}, {"-h"}}
 		for _, c := range commands() {
@@ -179,18 +180,22 @@ func TestCommandLine(t *testing.T) {
 			}
 		}
 		for _, args := range lines {
-			_, help, err := runCmd(nil, args...)
+			help, errOut, err := runCmd(nil, args...)
 			if !errors.Is(err, flag.ErrHelp) || exitCode(err) != 0 {
 				t.Errorf("fleetd %s: err = %v, exit %d, want help and exit 0", strings.Join(args, " "), err, exitCode(err))
 			}
-			if !strings.Contains(help, "Usage: fleetd") {
-				t.Errorf("fleetd %s printed no usage:\n%s", strings.Join(args, " "), help)
+			if !strings.Contains(help, "Usage: fleetd") || errOut != "" {
+				t.Errorf("fleetd %s: stdout %q, stderr %q; want the usage on stdout alone", strings.Join(args, " "), help, errOut)
 			}
 		}
 	})
 	t.Run("GroupListsItsCommands", func(t *testing.T) {
 		for _, args := range [][]string{{"tenant", "--help"}, {"tenant"}, {"tenant", "frobnicate"}} {
-			_, help, err := runCmd(nil, args...)
+			out, errOut, err := runCmd(nil, args...)
+			help := errOut // a command line that cannot run: the usage is the error's
+			if args[len(args)-1] == "--help" {
+				help = out
+			}
 			for _, want := range []string{"tenant create", "tenant list", "create a tenant"} {
 				if !strings.Contains(help, want) {
 					t.Errorf("fleetd %s lacks %q:\n%s", strings.Join(args, " "), want, help)
@@ -205,6 +210,19 @@ func TestCommandLine(t *testing.T) {
 		}
 		if _, _, err := runCmd(nil, "tenant"); err == nil || !strings.Contains(err.Error(), "create or list") {
 			t.Errorf("fleetd tenant: %v, want it to name the commands", err)
+		}
+	})
+	// A wrong flag is an error: the usage goes to stderr with it, exit 2,
+	// and nothing to stdout, which a script may be reading.
+	t.Run("WrongFlagUsageOnStderr", func(t *testing.T) {
+		for _, args := range [][]string{{"--no-such-flag"}, {"serve", "--no-such-flag"}, {"tenant", "list", "--no-such-flag"}, {"frobnicate"}} {
+			out, errOut, err := runCmd(nil, args...)
+			if !errors.Is(err, errUsage) || exitCode(err) != 2 {
+				t.Errorf("fleetd %s: err = %v, want a usage error (exit 2)", strings.Join(args, " "), err)
+			}
+			if out != "" || !strings.Contains(errOut, "Usage: fleetd") {
+				t.Errorf("fleetd %s: stdout %q, stderr %q; want the usage on stderr alone", strings.Join(args, " "), out, errOut)
+			}
 		}
 	})
 	t.Run("UsageErrorsNameWhatIsMissing", func(t *testing.T) {

@@ -29,7 +29,7 @@ queued writes commit.`
 
 func runServe(ctx context.Context, args []string, e env) error {
 	var c config
-	fs := newFlagSet("serve", "", serveAbout, e.stderr)
+	fs := newFlagSet("serve", "", serveAbout, e)
 	c.serveFlags(fs)
 	if err := fs.parse(args, e.getenv); err != nil {
 		return err

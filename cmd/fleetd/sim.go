@@ -68,7 +68,7 @@ type simConfig struct {
 
 func runSim(ctx context.Context, args []string, e env) error {
 	var c simConfig
-	fs := newFlagSet("sim", "", simAbout, e.stderr)
+	fs := newFlagSet("sim", "", simAbout, e)
 	fs.IntVar(&c.devices, "devices", 0, "`N` devices to simulate (default: with --provision 10, with --tokens alone every device in the file)")
 	fs.StringVar(&c.mqttAddr, "mqtt-addr", "localhost:1883", "`HOST:PORT` of fleetd's MQTT broker")
 	fs.StringVar(&c.mqttURL, "mqtt-url", "", "`URL` of the broker, mqtt://host:port (tcp:// works too); wins over --mqtt-addr")
