@@ -25,6 +25,7 @@ import (
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/egress"
 	"github.com/fleetd/fleet/enduser"
+	"github.com/fleetd/fleet/internal/poll"
 	"github.com/golang-jwt/jwt/v5"
 )
 
@@ -473,13 +474,16 @@ func TestJWKSSingleFlight(t *testing.T) {
 		for range 50 {
 			go func() { _, err := a.AuthenticateToken(context.Background(), "acme", tok); errs <- err }()
 		}
-		for fetches.Load() == 0 {
-			time.Sleep(time.Millisecond)
-		}
+		poll.Until(t, 15*time.Second, "the JWKS fetch to begin", func() bool { return fetches.Load() > 0 })
 		close(hold)
 		for range 50 {
-			if err := <-errs; err != nil {
-				t.Fatal(err)
+			select {
+			case err := <-errs:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(15 * time.Second):
+				t.Fatal("waited 15s for the requests to be answered once the one fetch returned")
 			}
 		}
 		if n := fetches.Load(); n != 1 {
@@ -510,9 +514,7 @@ func TestJWKSSingleFlight(t *testing.T) {
 		srv, fetches := jwksServer(t, 200, []map[string]string{jwkOf("rsa-1", rsaKey.Public())}, hold)
 		a, _ := jwksAuthenticator(t, srv.URL)
 		go a.AuthenticateToken(context.Background(), "acme", sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(nil)))
-		for fetches.Load() == 0 {
-			time.Sleep(time.Millisecond)
-		}
+		poll.Until(t, 15*time.Second, "the JWKS fetch to begin", func() bool { return fetches.Load() > 0 })
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		if _, err := a.AuthenticateToken(ctx, "acme", sign(t, jwt.SigningMethodRS256, "rsa-1", rsaKey, claims(nil))); err == nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/egress"
+	"github.com/fleetd/fleet/internal/poll"
 	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/notify/notifytest"
 )
@@ -269,18 +270,6 @@ func TestEmail(t *testing.T) {
 	})
 }
 
-// await polls cond until it holds, for at most 15 seconds.
-func await(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // run starts w.Run and returns a stop that cancels it and waits, failing
 // if it does not return: SIGTERM must not hang on a delivery.
 func run(t *testing.T, w *notify.Worker) (stop func()) {
@@ -338,8 +327,8 @@ func TestTemplateOverBudget(t *testing.T) {
 			w := newWorker(o)
 			w.Templates = tc.lim
 			stop := run(t, w)
-			await(t, "the other tenant's notification", func() bool { s, _ := o.state(2); return s == fleet.DeliveryDelivered })
-			await(t, "the over-budget notification to die", func() bool { s, _ := o.state(1); return s == fleet.DeliveryDead })
+			poll.Until(t, 15*time.Second, "the other tenant's notification", func() bool { s, _ := o.state(2); return s == fleet.DeliveryDelivered })
+			poll.Until(t, 15*time.Second, "the over-budget notification to die", func() bool { s, _ := o.state(1); return s == fleet.DeliveryDead })
 			stop()
 			_, at := o.state(1)
 			if len(at) != 1 || !strings.Contains(at[0].Error, tc.want) || at[0].StatusCode != 0 {
@@ -373,7 +362,7 @@ func TestSlowReceiverHoldsUpNoOne(t *testing.T) {
 	other.Tenant = "beta"
 	o.add(other)
 	w.Wake()
-	await(t, "the second notification, while the first waits", func() bool { s, _ := o.state(2); return s == fleet.DeliveryDelivered })
+	poll.Until(t, 15*time.Second, "the second notification, while the first waits", func() bool { s, _ := o.state(2); return s == fleet.DeliveryDelivered })
 	if got() != 1 {
 		t.Fatalf("the receiver got %d requests, want 1", got())
 	}

@@ -16,6 +16,7 @@ import (
 	pahov3 "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/fleetd/fleet/action"
+	"github.com/fleetd/fleet/internal/poll"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
@@ -34,13 +35,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // than bound, because that is what the test proves.
 func eventuallyWithin(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %s for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, d, what, cond)
 }
 
 // mqttDevice is a device connected over MQTT 3.1.1 with the paho client,
