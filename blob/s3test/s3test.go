@@ -1,13 +1,12 @@
 // Package s3test runs a private S3 server, VersityGW over a temporary
 // directory, for tests of fleetd's S3 blob store: each test gets its own,
-// on a free loopback port, with a fresh bucket.
+// on a free loopback port (internal/loopback), with a fresh bucket.
 package s3test
 
 import (
 	"context"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet/blob"
+	"github.com/fleetd/fleet/internal/loopback"
 	"github.com/google/uuid"
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
@@ -73,25 +73,38 @@ func Start(t testing.TB) *Server {
 		}
 		t.Skipf("%v: %s, or set CI=true to make this a failure", err, Install)
 	}
-	s := &Server{AccessKey: "fleetd-test", SecretKey: "fleetd-test-secret", Bucket: "fleetd", Dir: t.TempDir()}
-	port := freePort(t)
+	// A secret of its own: only this server accepts it, so the first
+	// request it accepts proves that the port is this server's.
+	s := &Server{AccessKey: "fleetd-test", SecretKey: "fleetd-test-" + uuid.NewString(), Bucket: "fleetd", Dir: t.TempDir()}
+	logPath := filepath.Join(t.TempDir(), "versitygw.log")
+	loopback.Start(t, 1, func(ports []int) error { return s.start(t, bin, ports[0], logPath) })
+	if err := s.Client(t).MakeBucket(context.Background(), s.Bucket, minio.MakeBucketOptions{}); err != nil {
+		t.Fatalf("make bucket: %v", err)
+	}
+	return s
+}
+
+// start runs versitygw on port and waits until it answers a request
+// signed with the server's secret: a port that answers may be another
+// process's, which took it after it was chosen. A port taken is
+// loopback.ErrPortTaken.
+func (s *Server) start(t testing.TB, bin string, port int, logPath string) error {
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	s.Endpoint = "http://" + addr
-	logPath := filepath.Join(t.TempDir(), "versitygw.log")
 	out, err := os.Create(logPath)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer out.Close()
 	cmd := exec.Command(bin, "--port", addr, "posix", s.Dir)
 	cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY="+s.AccessKey, "ROOT_SECRET_KEY="+s.SecretKey)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start versitygw: %v", err)
+		return fmt.Errorf("start versitygw: %w", err)
 	}
 	exit := make(chan error, 1)
 	go func() { exit <- cmd.Wait() }()
-	t.Cleanup(func() {
+	stop := func() {
 		cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-exit:
@@ -99,51 +112,50 @@ func Start(t testing.TB) *Server {
 			cmd.Process.Kill()
 			<-exit
 		}
-	})
+	}
+	c := s.client(1)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		// Any HTTP answer (an anonymous request is refused) means it serves.
-		resp, err := http.Get(s.Endpoint)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := c.ListBuckets(ctx)
+		cancel()
 		if err == nil {
-			resp.Body.Close()
-			break
+			t.Cleanup(stop)
+			return nil
 		}
 		select {
-		case err := <-exit:
+		case exitErr := <-exit:
 			log, _ := os.ReadFile(logPath)
-			t.Fatalf("versitygw exited: %v\n%s", err, log)
+			if strings.Contains(string(log), "address already in use") {
+				return fmt.Errorf("versitygw on %s: %w:\n%s", addr, loopback.ErrPortTaken, log)
+			}
+			return fmt.Errorf("versitygw exited: %v\n%s", exitErr, log)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("versitygw did not serve %s in 30s: %v", addr, err)
+			stop()
+			log, _ := os.ReadFile(logPath)
+			return fmt.Errorf("versitygw did not serve %s in 30s: %v\n%s", addr, err, log)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err := s.Client(t).MakeBucket(context.Background(), s.Bucket, minio.MakeBucketOptions{}); err != nil {
-		t.Fatalf("make bucket: %v", err)
-	}
-	return s
 }
 
 // Client is a client of the server, for checks behind the store's back.
 func (s *Server) Client(t testing.TB) *minio.Client {
 	t.Helper()
-	c, err := minio.New(strings.TrimPrefix(s.Endpoint, "http://"), &minio.Options{
-		Creds: credentials.NewStaticV4(s.AccessKey, s.SecretKey, ""), Region: "us-east-1", BucketLookup: minio.BucketLookupPath})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return s.client(0)
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// client is a client of the server that tries a request retries times
+// more (0: minio's default).
+func (s *Server) client(retries int) *minio.Client {
+	c, err := minio.New(strings.TrimPrefix(s.Endpoint, "http://"), &minio.Options{
+		Creds: credentials.NewStaticV4(s.AccessKey, s.SecretKey, ""), Region: "us-east-1", BucketLookup: minio.BucketLookupPath, MaxRetries: retries})
 	if err != nil {
-		t.Fatal(err)
+		panic(err) // only for a malformed endpoint, which start never makes
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return c
 }
 
 // URL is the --blob-store of the server's bucket under prefix.

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"sync"
 	"testing"
 	"time"
@@ -34,8 +35,15 @@ func TestIdleConnectionMemory(t *testing.T) {
 	}
 	b := sqlstoretest.Backends()[0] // the broker's memory, whatever the database
 	s := &testServer{DSN: b.DSN(t), DataDir: t.TempDir(), output: &lockedBuffer{}}
-	pprofAddr := freeAddr(t)
-	p := startProcess(t, s, "--rate-limit", "-1", "--pprof-addr", pprofAddr)
+	p := startProcess(t, s, "--rate-limit", "-1", "--pprof-addr", "127.0.0.1:0")
+	var pprofAddr string // the port it bound, as it logs it
+	eventually(t, "fleetd to log its pprof address", func() bool {
+		m := regexp.MustCompile(`pprof_addr=(\S+)`).FindStringSubmatch(p.stderr.String())
+		if m != nil {
+			pprofAddr = m[1]
+		}
+		return m != nil
+	})
 	admin := s.admin()
 	devs := make([]map[string]any, idleDevices)
 	for i := range devs {
@@ -77,17 +85,6 @@ func TestIdleConnectionMemory(t *testing.T) {
 	m := mosquittotest.Start(t)
 	mosquitto := measureIdle(t, "mosquitto", m.Pid(), m.Addr, func(id string) (string, string) { return id, "" }, func() {}, func() {})
 	t.Logf("%d idle connections: mosquitto %s", idleDevices, mosquitto)
-}
-
-// freeAddr returns a loopback address with a port free now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // idleCost is what connecting idle devices cost a broker process.

@@ -1,7 +1,8 @@
 // Package mosquittotest runs a private Mosquitto broker for tests of fleetd
 // as a client of an external broker: each test gets its own, on a free
-// loopback port, so tests neither see each other's messages nor depend on
-// a broker already running, and a test can restart the broker.
+// loopback port (internal/loopback), so tests neither see each other's
+// messages nor depend on a broker already running, and a test can restart
+// the broker.
 package mosquittotest
 
 import (
@@ -10,11 +11,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fleetd/fleet/internal/loopback"
 )
 
 // Broker is a running mosquitto.
@@ -51,29 +56,25 @@ func WithTLS(certPEM, keyPEM []byte) Option {
 // under CI (CI=true), where .ci/run installs it.
 func Start(t testing.TB, opts ...Option) *Broker {
 	t.Helper()
-	bin, err := exec.LookPath("mosquitto")
-	if err != nil {
-		for _, p := range []string{"/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto"} {
-			if _, e := os.Stat(p); e == nil {
-				bin, err = p, nil
-				break
-			}
-		}
-	}
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("mosquitto not installed: %v", err)
-		}
-		t.Skipf("mosquitto not installed (apt-get install mosquitto): %v", err)
-	}
+	bin := binary(t)
 	dir := t.TempDir()
-	port := freePort(t)
-	b := &Broker{
-		Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
-		conf: filepath.Join(dir, "mosquitto.conf"),
-		log:  filepath.Join(dir, "mosquitto.log"),
-	}
+	b := &Broker{conf: filepath.Join(dir, "mosquitto.conf"), log: filepath.Join(dir, "mosquitto.log")}
+	loopback.Start(t, 1+len(opts), func(ports []int) error {
+		if err := b.configure(dir, ports, opts); err != nil {
+			return err
+		}
+		return b.start(bin)
+	})
+	t.Cleanup(func() { b.stop() })
+	return b
+}
+
+// configure writes the configuration of a broker in dir listening on
+// ports: the first plain, one for each option after it.
+func (b *Broker) configure(dir string, ports []int, opts []Option) error {
+	b.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
 	b.URL = "mqtt://" + b.Addr
+	// Information is where Mosquitto says it runs: every listener bound.
 	conf := fmt.Sprintf(`listener %d 127.0.0.1
 allow_anonymous true
 persistence true
@@ -84,72 +85,90 @@ max_inflight_messages 0
 log_dest file %s
 log_type error
 log_type warning
-`, port, dir, b.log)
-	for _, o := range opts {
-		tlsPort := freePort(t)
-		conf += fmt.Sprintf("listener %d 127.0.0.1\n", tlsPort) + o(dir)
-		b.TLSURL = fmt.Sprintf("mqtts://127.0.0.1:%d", tlsPort)
+log_type information
+`, ports[0], dir, b.log)
+	for i, o := range opts {
+		conf += fmt.Sprintf("listener %d 127.0.0.1\n", ports[1+i]) + o(dir)
+		b.TLSURL = fmt.Sprintf("mqtts://127.0.0.1:%d", ports[1+i])
 	}
 	if os.Geteuid() == 0 {
 		// Started as root, mosquitto drops to its own user, which cannot
 		// reach the test's temporary directory.
 		conf += "user root\n"
 	}
-	if err := os.WriteFile(b.conf, []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	b.start(t, bin)
-	t.Cleanup(func() { b.stop() })
-	return b
+	return os.WriteFile(b.conf, []byte(conf), 0o644)
 }
 
-func freePort(t testing.TB) int {
+// binary finds mosquitto, or skips the test without it, except under CI
+// (CI=true), where .ci/run installs it.
+func binary(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	bin, err := exec.LookPath("mosquitto")
 	if err != nil {
-		t.Fatal(err)
+		for _, p := range []string{"/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto"} {
+			if _, e := os.Stat(p); e == nil {
+				return p
+			}
+		}
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("mosquitto not installed: %v", err)
+		}
+		t.Skipf("mosquitto not installed (apt-get install mosquitto): %v", err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return bin
 }
 
-func (b *Broker) start(t testing.TB, bin string) {
-	t.Helper()
+// running is the line Mosquitto logs once every listener is bound; it
+// exits instead when one cannot be.
+var running = regexp.MustCompile(`(?m)mosquitto version \S+ running$`)
+
+// start runs mosquitto and waits until it says it runs: a port that
+// answers may be another process's, which took it after it was chosen.
+// A port taken is loopback.ErrPortTaken.
+func (b *Broker) start(bin string) error {
+	var from int64 // where this run's lines begin: a restart appends
+	if fi, err := os.Stat(b.log); err == nil {
+		from = fi.Size()
+	}
+	logged := func() string {
+		data, _ := os.ReadFile(b.log)
+		return string(data[min(from, int64(len(data))):])
+	}
 	cmd := exec.Command(bin, "-c", b.conf)
 	// Its own warnings (such as running as root) go to its log, not the
 	// test's output.
 	out, err := os.OpenFile(b.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer out.Close()
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start mosquitto: %v", err)
+		return fmt.Errorf("start mosquitto: %w", err)
 	}
 	exit := make(chan error, 1)
 	go func() { exit <- cmd.Wait() }()
-	b.mu.Lock()
-	b.cmd, b.exit = cmd, exit
-	b.mu.Unlock()
 	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", b.Addr, time.Second)
-		if err == nil {
-			c.Close()
-			return
-		}
+	for !running.MatchString(logged()) {
 		select {
 		case err := <-exit:
-			log, _ := os.ReadFile(b.log)
-			t.Fatalf("mosquitto exited: %v\n%s", err, log)
+			if log := logged(); strings.Contains(log, "Address already in use") {
+				return fmt.Errorf("mosquitto on %s: %w:\n%s", b.Addr, loopback.ErrPortTaken, log)
+			}
+			return fmt.Errorf("mosquitto exited: %v\n%s", err, logged())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("mosquitto did not listen on %s in 10s: %v", b.Addr, err)
+			cmd.Process.Kill()
+			<-exit
+			return fmt.Errorf("mosquitto did not start on %s in 10s:\n%s", b.Addr, logged())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	b.mu.Lock()
+	b.cmd, b.exit = cmd, exit
+	b.mu.Unlock()
+	return nil
 }
 
 // stop ends mosquitto with SIGTERM, which saves its sessions.
@@ -178,7 +197,9 @@ func (b *Broker) Restart(t testing.TB) {
 	bin := b.cmd.Path
 	b.mu.Unlock()
 	b.stop()
-	b.start(t, bin)
+	if err := b.start(bin); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Pid returns the process id of the running mosquitto, for measuring it.
