@@ -118,6 +118,10 @@ type endpoint struct {
 	lenient []string
 	// rawBody marks endpoints whose body is a file, not an encoded value.
 	rawBody bool
+	// quiet marks the seed's creates (S1-S3): their 201 has an empty body
+	// unless the client sends Prefer: return=representation. Every other
+	// create answers with the resource (DESIGN §2, docs/api.md).
+	quiet bool
 }
 
 func static(target string) func(*testing.T, *testServer, *world) (string, any) {
@@ -156,7 +160,7 @@ var endpoints = map[string]endpoint{
 		return "/api/v1/devices/" + w.name + "-dev-2/uplink-config", nil
 	}},
 
-	"POST /mock/api/v1/actions": {perm: "operate", other: 400, prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+	"POST /mock/api/v1/actions": {perm: "operate", quiet: true, other: 400, prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/mock/api/v1/actions", map[string]any{"action": "ping", "params": map[string]any{"n": 1}, "search_type": "default", "device_ids": []string{w.device}, "search_key": "string", "search_query": "string"}
 	}},
 	"POST /api/v1/actions": {perm: "operate", other: 400, prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
@@ -253,7 +257,7 @@ var endpoints = map[string]endpoint{
 		return "/api/v1/devices/" + w.device + "/streams/" + w.stream + "/latest", nil
 	}},
 
-	"POST /api/v1/alert-rules": {perm: "operate", other: 201, prepare: func(*testing.T, *testServer, *world) (string, any) {
+	"POST /api/v1/alert-rules": {perm: "operate", quiet: true, other: 201, prepare: func(*testing.T, *testServer, *world) (string, any) {
 		return "/api/v1/alert-rules", map[string]any{"name": fresh("rule"), "stream": "env", "group": "g",
 			"condition": map[string]any{"field": "temp", "operator": ">", "value": 100}, "activation_threshold_seconds": 1, "deactivation_threshold_seconds": 1}
 	}},
@@ -265,7 +269,7 @@ var endpoints = map[string]endpoint{
 		r := s.mustAlertRule(t, w.admin, map[string]any{"name": fresh("doomed"), "stream": "x", "condition": map[string]any{"no_data_seconds": 60}})
 		return "/api/v1/alert-rules/" + r.ID, nil
 	}},
-	"POST /api/v1/alert-rules/{id}/alert-notification-rules": {perm: "operate", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+	"POST /api/v1/alert-rules/{id}/alert-notification-rules": {perm: "operate", quiet: true, prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/api/v1/alert-rules/" + w.ruleID + "/alert-notification-rules", map[string]any{
 			"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/x"}, "interval_seconds": 0,
 			"notification_template": map[string]any{"subject": "s", "body": "b"}, "timezone": "Europe/Berlin"}

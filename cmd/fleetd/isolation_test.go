@@ -34,8 +34,20 @@ func TestIsolationMatrix(t *testing.T) {
 		certFile, keyFile := writeServerCert(t, t.TempDir(), "fleetd test")
 		s := startServer(t, b, append([]string{"--rate-limit", "-1", "--device-data-rate-limit", "-1",
 			"--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0"}, alertFlags...)...)
-		ops, okCodes, _ := operations(t, s)
+		ops, okCodes, doc := operations(t, s)
 		covered(t, ops)
+		// Which creates answer 201 without a body is the contract of
+		// DESIGN §2: the seed's (S1-S3), and no other.
+		for _, op := range ops {
+			if okCodes[op] != http.StatusCreated {
+				continue
+			}
+			method, path, _ := strings.Cut(op, " ")
+			created := doc.Paths.Find(path).GetOperation(method).Responses.Status(http.StatusCreated).Value
+			if documented := created.Content == nil; documented != endpoints[op].quiet {
+				t.Errorf("%s: the OpenAPI document has its 201 without a body: %v, want %v", op, documented, endpoints[op].quiet)
+			}
+		}
 
 		idp := newIdentityProvider(t)
 		hook := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
@@ -106,6 +118,9 @@ func TestIsolationMatrix(t *testing.T) {
 				want := expect(e, c, okCodes[op])
 				if r.Status != want {
 					t.Errorf("%s as %s: %d, want %d: %s", op, c.name, r.Status, want, r.Body)
+				}
+				if r.Status == http.StatusCreated && e.quiet != (len(r.Body) == 0) {
+					t.Errorf("%s as %s: 201 with a body of %d bytes; want one only from a create that is not the seed's (S1-S3)", op, c.name, len(r.Body))
 				}
 				if r.Status >= 400 && want >= 400 && len(r.Body) > 0 {
 					var eb struct{ Error, Message string }
