@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/md5"
 	"encoding/binary"
 	"encoding/json"
@@ -744,8 +745,8 @@ func TestRolloutRestart(t *testing.T) {
 // an external broker, with simulated devices on that broker: every phase is
 // triggered once, by whichever replica gets to it, and each change of
 // state is notified once. A replica killed in the middle of releasing a
-// phase of 49,999 device actions leaves all of them or none released, and
-// the other replica takes over.
+// phase of 49,999 device actions leaves none of them released (its
+// transaction rolls back), and the other replica releases them.
 func TestRolloutReplicas(t *testing.T) {
 	c := newCluster(t, append([]string{"--rollout-interval", "10ms"}, alertFlags...)...)
 	a := c.start("replica-a")
@@ -794,29 +795,61 @@ func TestRolloutReplicas(t *testing.T) {
 			}}})
 		a.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
 		db := c.db()
-		// A releases phase 1; it is killed while the release runs.
-		go http.DefaultClient.Do(a.request(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id)))
-		caught := false
-		for deadline := time.Now().Add(bound); time.Now().Before(deadline) && !caught; {
-			caught = count(t, db, `SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'UPDATE device_actions SET action_status = ''Queued''%'`) > 0
-		}
-		a.kill()
-		if !caught {
-			t.Log("the release was not seen running before the kill")
-		}
-		released := count(t, db, "SELECT count(*) FROM device_actions WHERE action_id = $1 AND phase = 1 AND action_status = 'Queued'", id)
-		waiting := count(t, db, "SELECT count(*) FROM device_actions WHERE action_id = $1 AND phase = 1 AND action_status = 'Scheduled'", id)
-		next := count(t, db, "SELECT next_phase FROM rollouts WHERE action_id = $1", id)
 		const rest = 50_000 - 1 // but the first phase's device
-		if !(released == 0 && waiting == rest && next == 1) && !(released == rest && waiting == 0 && next == 2) {
-			t.Fatalf("after the kill: %d released, %d waiting, next phase %d: half released", released, waiting, next)
+		phase1 := func() (released, waiting, next int) {
+			return count(t, db, "SELECT count(*) FROM device_actions WHERE action_id = $1 AND phase = 1 AND action_status = 'Queued'", id),
+				count(t, db, "SELECT count(*) FROM device_actions WHERE action_id = $1 AND phase = 1 AND action_status = 'Scheduled'", id),
+				count(t, db, "SELECT next_phase FROM rollouts WHERE action_id = $1", id)
 		}
-		t.Logf("killed with the release running: %v; %d of %d released", caught, released, rest)
-		if next == 1 {
-			b.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+		// The test holds one of phase 1's device actions locked, so that A's
+		// release of the phase, once begun, waits on it inside A's
+		// transaction: the kill lands in the middle of the release, every
+		// time, not when it happens to.
+		ctx := context.Background()
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if r := b.rollout(t, admin, id); r.StatusesPhased["1"]["Scheduled"] != 0 || fmt.Sprint(r.PhasesTriggered) != "[true true]" {
-			t.Fatalf("after B's trigger: %+v", r.StatusesPhased)
+		defer conn.Close()
+		var holder int
+		if err := conn.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&holder); err != nil {
+			t.Fatal(err)
+		}
+		hold, err := conn.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hold.Rollback()
+		var held string
+		if err := hold.QueryRow("SELECT device_id FROM device_actions WHERE action_id = $1 AND device_id = 'bulk-49999' AND phase = 1 FOR UPDATE", id).Scan(&held); err != nil {
+			t.Fatal(err)
+		}
+		go http.DefaultClient.Do(a.request(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id)))
+		var releaser int
+		eventually(t, "A's release of phase 1 to begin and wait on "+held, func() bool {
+			err := db.QueryRow(`SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)) AND query LIKE 'UPDATE device_actions SET%'`, holder).Scan(&releaser)
+			return err == nil
+		})
+		a.kill()
+		if err := hold.Rollback(); err != nil {
+			t.Fatal(err)
+		}
+		// A's session ends, its transaction rolled back, once PostgreSQL
+		// finds A gone; until then its rows are not committed, nor
+		// visible, and B would wait on the rollout A locked.
+		eventually(t, "A's session to end", func() bool {
+			return count(t, db, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", releaser) == 0
+		})
+		if released, waiting, next := phase1(); released != 0 || waiting != rest || next != 1 {
+			t.Fatalf("after the kill mid-release: %d released, %d waiting, next phase %d; want none released, %d waiting, next phase 1", released, waiting, next, rest)
+		}
+		// B does what A did not.
+		b.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+		if released, waiting, next := phase1(); released != rest || waiting != 0 || next != 2 {
+			t.Fatalf("after B's trigger: %d released, %d waiting, next phase %d; want %d released", released, waiting, next, rest)
+		}
+		if r := b.rollout(t, admin, id); r.StatusesPhased["1"]["Queued"] != rest || fmt.Sprint(r.PhasesTriggered) != "[true true]" {
+			t.Fatalf("after B's trigger: %+v, phases triggered %v", r.StatusesPhased, r.PhasesTriggered)
 		}
 	})
 	sim.stop(t)
