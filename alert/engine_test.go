@@ -10,27 +10,10 @@ import (
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/alert"
+	"github.com/fleetd/fleet/internal/testclock"
 )
 
 var t0 = time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
-
-// clock is a settable test clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = t
-}
 
 // memStore is an in-memory alert.Store that records what is committed.
 type memStore struct {
@@ -175,7 +158,7 @@ func (m *memStore) spans() []span {
 type rig struct {
 	t     *testing.T
 	store *memStore
-	clock *clock
+	clock *testclock.Clock
 	e     *alert.Engine
 }
 
@@ -189,7 +172,7 @@ func newRig(t *testing.T, store *memStore, rules ...*fleet.AlertRule) *rig {
 	for _, r := range rules {
 		store.rules = append(store.rules, r)
 	}
-	c := &clock{t: t0}
+	c := testclock.New(t0)
 	e := &alert.Engine{Store: store, Devices: store, Now: c.Now}
 	if err := e.Load(context.Background()); err != nil {
 		t.Fatal(err)

@@ -3,24 +3,15 @@ package alert_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/alert"
+	"github.com/fleetd/fleet/internal/testclock"
 	"github.com/fleetd/fleet/sqlstore"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
-
-// testClock is a settable clock shared by the engines of a test.
-type testClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *testClock) Now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *testClock) Set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
 
 // TestReplicaEngines runs two engines, as two replicas do, on one store:
 // a device's points go to either, and each engine's timers fire for what it
@@ -28,7 +19,7 @@ func (c *testClock) Set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
 func TestReplicaEngines(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		ctx := context.Background()
-		clk := &testClock{t: t0}
+		clk := testclock.New(t0)
 		db := sqlstoretest.MustOpen(t, b, sqlstoretest.Options{Now: clk.Now})
 		if _, _, err := db.CreateTenant(ctx, "acme"); err != nil {
 			t.Fatal(err)

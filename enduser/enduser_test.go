@@ -26,6 +26,7 @@ import (
 	"github.com/fleetd/fleet/egress"
 	"github.com/fleetd/fleet/enduser"
 	"github.com/fleetd/fleet/internal/poll"
+	"github.com/fleetd/fleet/internal/testclock"
 	"github.com/golang-jwt/jwt/v5"
 )
 
@@ -58,18 +59,6 @@ func (s *memStore) FindTenantAuth(_ context.Context, tenant string) (*fleet.Tena
 		return nil, fleet.Errorf(fleet.ENOTFOUND, "no auth")
 	}
 	return a, nil
-}
-
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
 }
 
 // idp is an identity provider: signing keys and the JWKS that publishes them.
@@ -151,12 +140,12 @@ func sign(t *testing.T, method jwt.SigningMethod, kid string, key any, c jwt.Map
 	return s
 }
 
-func setup(t *testing.T) (*enduser.Authenticator, *idp, *clock) {
+func setup(t *testing.T) (*enduser.Authenticator, *idp, *testclock.Clock) {
 	p := newIDP(t)
 	p.publish("rsa-1", rsaKey)
 	p.publish("ec-1", ecKey)
 	p.publish("ed-1", edKey)
-	clk := &clock{t: now}
+	clk := testclock.New(now)
 	store := &memStore{m: map[string]*fleet.TenantAuth{}}
 	a := &enduser.Authenticator{Store: store, Now: clk.Now, Client: loopback}
 	err := a.SetTenantAuth(context.Background(), "acme", &fleet.TenantAuth{
@@ -346,7 +335,7 @@ func TestWebhook(t *testing.T) {
 	// Cleanups run last first: release the slow handler, then close.
 	t.Cleanup(hook.Close)
 	t.Cleanup(func() { close(block) })
-	clk := &clock{t: now}
+	clk := testclock.New(now)
 	store := &memStore{m: map[string]*fleet.TenantAuth{}}
 	a := &enduser.Authenticator{Store: store, Now: clk.Now, Timeout: 200 * time.Millisecond, Client: loopback}
 	ctx := context.Background()
@@ -401,8 +390,8 @@ func jwksServer(t *testing.T, status int, keys []map[string]string, hold chan st
 	return srv, &fetches
 }
 
-func jwksAuthenticator(t *testing.T, url string) (*enduser.Authenticator, *clock) {
-	clk := &clock{t: now}
+func jwksAuthenticator(t *testing.T, url string) (*enduser.Authenticator, *testclock.Clock) {
+	clk := testclock.New(now)
 	store := &memStore{m: map[string]*fleet.TenantAuth{"acme": {Method: fleet.AuthJWKS, JWKSURL: url, Issuer: "https://id.example.com", Audience: "fleetd", DefaultRole: fleet.RoleViewer}}}
 	return &enduser.Authenticator{Store: store, Now: clk.Now, Timeout: 5 * time.Second, Client: loopback}, clk
 }
@@ -582,7 +571,7 @@ func TestWebhookLimits(t *testing.T) {
 		w.WriteHeader(http.StatusForbidden)
 	}))
 	defer hook.Close()
-	clk := &clock{t: now}
+	clk := testclock.New(now)
 	store := &memStore{m: map[string]*fleet.TenantAuth{
 		"acme": {Method: fleet.AuthWebhook, WebhookURL: hook.URL, DefaultRole: fleet.RoleViewer},
 		"beta": {Method: fleet.AuthWebhook, WebhookURL: hook.URL, DefaultRole: fleet.RoleViewer},

@@ -22,35 +22,15 @@ import (
 	"github.com/fleetd/fleet/blob/s3test"
 	"github.com/fleetd/fleet/firmware"
 	"github.com/fleetd/fleet/firmware/bundle"
+	"github.com/fleetd/fleet/internal/testclock"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 	"github.com/google/uuid"
 	"github.com/minio/minio-go/v7"
 )
 
-// clock is a settable clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-// newService is a Service on a fresh SQLite store and a blob store, with
-// tenants acme and beta; store is "file" (a temporary directory) or "s3"
-// (a bucket of a private VersityGW).
-func newService(t testing.TB, store string) (*firmware.Service, *testBlobs, *clock) {
+func newService(t testing.TB, store string) (*firmware.Service, *testBlobs, *testclock.Clock) {
 	t.Helper()
-	c := &clock{t: time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)}
+	c := testclock.New(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))
 	db := sqlstoretest.MustOpen(t, sqlstoretest.Backends()[0], sqlstoretest.Options{Now: c.Now})
 	for _, name := range []string{"acme", "beta"} {
 		if _, _, err := db.CreateTenant(context.Background(), name); err != nil {

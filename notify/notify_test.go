@@ -16,33 +16,17 @@ import (
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/egress"
 	"github.com/fleetd/fleet/internal/poll"
+	"github.com/fleetd/fleet/internal/testclock"
 	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/notify/notifytest"
 )
 
 var t0 = time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 // outbox is an in-memory notify.Store.
 type outbox struct {
 	mu       sync.Mutex
-	clock    *clock
+	clock    *testclock.Clock
 	items    []*item
 	attempts map[int64][]fleet.DeliveryAttempt
 }
@@ -137,7 +121,7 @@ func TestWebhookRetriesThenDelivers(t *testing.T) {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	defer srv.Close()
-	o := &outbox{clock: &clock{t: t0}}
+	o := &outbox{clock: testclock.New(t0)}
 	o.add(delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "webhook", URL: srv.URL, Secret: "s3cret", Headers: map[string]string{"X-Env": "prod"}},
 		fleet.NotificationTemplate{Subject: "{{.Rule.Name}} on {{.Alert.DeviceID}}", Body: "since {{.Alert.StartedAt.Format \"15:04 MST\"}} temp={{.Value.temp}}"}, "Europe/Berlin"))
 	w := newWorker(o)
@@ -191,7 +175,7 @@ func TestGivesUpAfterMaxAttempts(t *testing.T) {
 		http.Error(w, "no", http.StatusInternalServerError)
 	}))
 	defer srv.Close()
-	o := &outbox{clock: &clock{t: t0}}
+	o := &outbox{clock: testclock.New(t0)}
 	o.add(delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "slack", URL: srv.URL}, fleet.NotificationTemplate{}, "UTC"))
 	w := newWorker(o)
 	var waits []time.Duration
@@ -201,8 +185,8 @@ func TestGivesUpAfterMaxAttempts(t *testing.T) {
 			break
 		}
 		o.mu.Lock()
-		waits = append(waits, o.items[0].due.Sub(o.clock.t))
-		o.clock.t = o.items[0].due
+		waits = append(waits, o.items[0].due.Sub(o.clock.Now()))
+		o.clock.Set(o.items[0].due)
 		o.mu.Unlock()
 	}
 	status, attempts := o.state(1)
@@ -228,7 +212,7 @@ func TestSlack(t *testing.T) {
 		got <- m
 	}))
 	defer srv.Close()
-	o := &outbox{clock: &clock{t: t0}}
+	o := &outbox{clock: testclock.New(t0)}
 	o.add(delivery(fleet.EventClosed, fleet.ChannelParameters{Type: "slack", URL: srv.URL}, fleet.NotificationTemplate{}, "UTC"))
 	newWorker(o).RunOnce(context.Background())
 	m := <-got
@@ -242,7 +226,7 @@ func TestSlack(t *testing.T) {
 
 func TestEmail(t *testing.T) {
 	smtpd := notifytest.NewSMTPServer(t)
-	o := &outbox{clock: &clock{t: t0}}
+	o := &outbox{clock: testclock.New(t0)}
 	o.add(delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "email", To: []string{"ops@example.com", "oncall@example.com"}},
 		fleet.NotificationTemplate{Subject: "Température {{.Rule.Name}}\nsecond line", Body: "device {{.Alert.DeviceID}}\nat {{.Alert.StartedAt.Format \"15:04 MST\"}}"}, "America/New_York"))
 	w := newWorker(o)
@@ -261,7 +245,7 @@ func TestEmail(t *testing.T) {
 		}
 	}
 	t.Run("NotConfigured", func(t *testing.T) {
-		o := &outbox{clock: &clock{t: t0}}
+		o := &outbox{clock: testclock.New(t0)}
 		o.add(delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "email", To: []string{"a@example.com"}}, fleet.NotificationTemplate{}, "UTC"))
 		newWorker(o).RunOnce(context.Background())
 		if _, at := o.state(1); len(at) != 1 || !strings.Contains(at[0].Error, "--smtp-addr") {
@@ -317,7 +301,7 @@ func TestTemplateOverBudget(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, got := okReceiver(t)
-			o := &outbox{clock: &clock{t: t0}}
+			o := &outbox{clock: testclock.New(t0)}
 			bad := delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "webhook", URL: srv.URL}, fleet.NotificationTemplate{Body: tc.body}, "UTC")
 			bad.Alert.Value.Data = map[string]any{"n": int64(1e14)}
 			o.add(bad)
@@ -352,7 +336,7 @@ func TestSlowReceiverHoldsUpNoOne(t *testing.T) {
 	defer slow.Close()
 	defer close(release)
 	fast, got := okReceiver(t)
-	o := &outbox{clock: &clock{t: t0}}
+	o := &outbox{clock: testclock.New(t0)}
 	o.add(delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "webhook", URL: slow.URL}, fleet.NotificationTemplate{}, "UTC"))
 	w := newWorker(o)
 	stop := run(t, w)
@@ -400,7 +384,7 @@ func TestOutboundPolicy(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			hits.Store(0)
-			o := &outbox{clock: &clock{t: t0}}
+			o := &outbox{clock: testclock.New(t0)}
 			o.add(delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "webhook", URL: srv.URL + tc.path}, fleet.NotificationTemplate{}, "UTC"))
 			w := newWorker(o)
 			if tc.policy != nil {
@@ -452,7 +436,7 @@ func TestWebhookBodyAsTheAPIWritesIt(t *testing.T) {
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	defer srv.Close()
-	o := &outbox{clock: &clock{t: t0}}
+	o := &outbox{clock: testclock.New(t0)}
 	d := delivery(fleet.EventOpened, fleet.ChannelParameters{Type: "webhook", URL: srv.URL}, fleet.NotificationTemplate{Subject: "s", Body: "b"}, "UTC")
 	at := t0.Add(570 * time.Millisecond)
 	d.Alert.StartedAt, d.Alert.Value.Timestamp = at, at
