@@ -394,16 +394,7 @@ func pendingBundle(t *testing.T, s *testServer, w *world, upload bool) (string, 
 // sorted, with each one's success status.
 func operations(t *testing.T, s *testServer) ([]string, map[string]int, *openapi3.T) {
 	t.Helper()
-	resp, err := http.Get(s.URL + "/api/v1/openapi.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	doc, err := openapi3.NewLoader().LoadFromData(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	doc := s.openAPIDocument(t)
 	var ops []string
 	ok := map[string]int{}
 	for path, item := range doc.Paths.Map() {

@@ -349,13 +349,9 @@ func (s *testServer) validate(t *testing.T, hr *http.Request, r *response) {
 	}
 }
 
-func (s *testServer) openAPIRouter(t *testing.T) routers.Router {
+// openAPIDocument is the OpenAPI document the server serves.
+func (s *testServer) openAPIDocument(t *testing.T) *openapi3.T {
 	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.router != nil {
-		return s.router
-	}
 	resp, err := http.Get(s.URL + "/api/v1/openapi.json")
 	if err != nil {
 		t.Fatal(err)
@@ -366,6 +362,17 @@ func (s *testServer) openAPIRouter(t *testing.T) routers.Router {
 	if err != nil {
 		t.Fatalf("load OpenAPI document: %v", err)
 	}
+	return doc
+}
+
+func (s *testServer) openAPIRouter(t *testing.T) routers.Router {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.router != nil {
+		return s.router
+	}
+	doc := s.openAPIDocument(t)
 	if err := doc.Validate(context.Background()); err != nil {
 		t.Fatalf("the OpenAPI document is invalid: %v", err)
 	}
