@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -36,7 +37,19 @@ func startProcess(t *testing.T, s *testServer, extra ...string) *process {
 	t.Helper()
 	args := append([]string{"serve", "--database", s.DSN, "--data-dir", s.DataDir,
 		"--http-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0", "--log-level", "warn", "--outbound-allow", "127.0.0.0/8"}, extra...)
+	return runFleetd(t, s, args, nil)
+}
+
+// runFleetd runs the built fleetd with args, and env added to the
+// environment, and waits until it listens; s takes its addresses and, when
+// it prints one, its admin key. The process is killed when the test ends
+// if it is still running.
+func runFleetd(t *testing.T, s *testServer, args, env []string) *process {
+	t.Helper()
 	cmd := exec.Command(fleetdBinary(t), args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -73,9 +86,9 @@ func startProcess(t *testing.T, s *testServer, extra ...string) *process {
 	select {
 	case <-ready:
 	case <-p.exited:
-		t.Fatalf("fleetd exited:\n%s", p.stderr)
+		t.Fatalf("fleetd %s exited:\n%s", strings.Join(args, " "), p.stderr)
 	case <-time.After(60 * time.Second):
-		t.Fatalf("fleetd did not start:\n%s", p.stderr)
+		t.Fatalf("fleetd %s did not start:\n%s", strings.Join(args, " "), p.stderr)
 	}
 	return p
 }

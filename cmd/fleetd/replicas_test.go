@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"database/sql"
@@ -75,19 +74,15 @@ func postgresBackend(t *testing.T) sqlstoretest.Backend {
 	panic("unreachable")
 }
 
-// replica is one fleetd process.
+// replica is one fleetd process of a cluster.
 type replica struct {
-	*testServer
-	name   string
-	cmd    *exec.Cmd
-	stderr *lockedBuffer
-	exited chan struct{}
+	*process
+	name string
 }
 
 // cluster is replicas on one database and one broker.
 type cluster struct {
 	t      *testing.T
-	bin    string
 	dsn    string
 	broker *mosquittotest.Broker
 	flags  []string
@@ -98,7 +93,7 @@ type cluster struct {
 func newCluster(t *testing.T, flags ...string) *cluster {
 	t.Helper()
 	b := postgresBackend(t)
-	return &cluster{t: t, bin: fleetdBinary(t), dsn: b.DSN(t), broker: mosquittotest.Start(t), flags: flags}
+	return &cluster{t: t, dsn: b.DSN(t), broker: mosquittotest.Start(t), flags: flags}
 }
 
 // start runs a replica named name (its MQTT client id) and waits until it
@@ -108,42 +103,13 @@ func (c *cluster) start(name string) *replica {
 	t.Helper()
 	args := append([]string{"serve", "--database", c.dsn, "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0",
 		"--log-level", "info", "--mqtt-client-id", name, "--outbound-allow", "127.0.0.0/8"}, externalBrokerFlags(c.broker, c.flags...)...)
-	cmd := exec.Command(c.bin, args...)
-	cmd.Env = append(os.Environ(), c.env...)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &replica{name: name, cmd: cmd, stderr: &lockedBuffer{}, exited: make(chan struct{}), testServer: &testServer{DSN: c.dsn}}
-	cmd.Stderr = r.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { cmd.Wait(); close(r.exited) }()
-	t.Cleanup(func() { r.stop() })
-	ready := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			line := sc.Text()
-			if strings.HasPrefix(line, "fk_") {
-				c.key = line
-			}
-			if v, ok := strings.CutPrefix(line, "fleetd: listening http="); ok {
-				r.URL = "http://" + strings.Fields(v)[0]
-				close(ready)
-			}
-		}
-		io.Copy(io.Discard, stdout)
-	}()
-	select {
-	case <-ready:
-	case <-r.exited:
-		t.Fatalf("replica %s exited:\n%s", name, r.stderr)
-	case <-time.After(60 * time.Second):
-		t.Fatalf("replica %s did not start:\n%s", name, r.stderr)
+	r := &replica{name: name, process: runFleetd(t, &testServer{DSN: c.dsn}, args, c.env)}
+	t.Cleanup(r.stop)
+	if r.Key != "" { // the first replica made the tenant and its key
+		c.key = r.Key
 	}
 	r.Key = c.key
+	r.MQTTAddr = c.broker.Addr // a cluster's devices connect to the broker itself
 	// Connected to the broker and subscribed: its share of the devices'
 	// traffic comes to it, and its dispatches go out.
 	eventually(t, name+" to connect to the broker", func() bool {
@@ -172,12 +138,6 @@ func (r *replica) stop() {
 		r.cmd.Process.Kill()
 		<-r.exited
 	}
-}
-
-// kill ends the replica at once, as a crash would.
-func (r *replica) kill() {
-	r.cmd.Process.Kill()
-	<-r.exited
 }
 
 // db opens the cluster's database for checks the API does not show.

@@ -755,7 +755,6 @@ func TestRolloutReplicas(t *testing.T) {
 	hook := newReceiver(t, 0)
 	a.do(t, admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
 		"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).want(t, 201)
-	a.MQTTAddr = c.broker.Addr // the devices connect to the broker itself
 	tokens := filepath.Join(t.TempDir(), "tokens.csv")
 	sim := a.startSim(t, "--devices", "20", "--provision", "--url", a.URL, "--api-key", admin.Key,
 		"--tokens", tokens, "--prefix", "rep-", "--telemetry-interval", "0")
