@@ -393,20 +393,26 @@ func firstKey(v any) string {
 	return keys[0]
 }
 
+// encodeBody is a prepared valid body as sent, with its Content-Type:
+// JSON, or a file as it is; nothing for none.
+func encodeBody(e endpoint, body any) ([]byte, string) {
+	if body != nil && !e.rawBody {
+		b, _ := json.Marshal(body)
+		return b, "application/json"
+	}
+	if raw, ok := body.([]byte); ok {
+		return raw, "application/octet-stream"
+	}
+	return nil, ""
+}
+
 // queryCases sends bad query strings.
 func queryCases(op string, e endpoint, w *world, t *testing.T, s *testServer, doc *openapi3.T) []badCase {
 	t.Helper()
 	method, path, _ := strings.Cut(op, " ")
 	target, body := e.prepare(t, s, w)
 	base, _, _ := strings.Cut(target, "?")
-	var bb []byte
-	ct := ""
-	if body != nil && !e.rawBody {
-		bb, _ = json.Marshal(body)
-		ct = "application/json"
-	} else if raw, ok := body.([]byte); ok {
-		bb, ct = raw, "application/octet-stream"
-	}
+	bb, ct := encodeBody(e, body)
 	var out []badCase
 	add := func(name, query string) {
 		out = append(out, badCase{name: op + " / " + name, method: method, target: base + "?" + query, ct: ct, body: bb, want: 400})
@@ -449,14 +455,7 @@ func pathCases(t *testing.T, s *testServer, doc *openapi3.T, op string, e endpoi
 	method, path, _ := strings.Cut(op, " ")
 	target, body := e.prepare(t, s, w)
 	base, query, _ := strings.Cut(target, "?")
-	var bb []byte
-	ct := ""
-	if body != nil && !e.rawBody {
-		bb, _ = json.Marshal(body)
-		ct = "application/json"
-	} else if raw, ok := body.([]byte); ok {
-		bb, ct = raw, "application/octet-stream"
-	}
+	bb, ct := encodeBody(e, body)
 	pattern := strings.Split(path, "/")
 	actual := strings.Split(base, "/")
 	o := doc.Paths.Find(path).GetOperation(method)
