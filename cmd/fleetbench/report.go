@@ -24,8 +24,6 @@ const (
 	millis    unit = "ms"
 	seconds   unit = "s"
 	megabytes unit = "MB"
-	percent   unit = "%"
-	times     unit = "×"
 )
 
 // figure is one row of the table.
@@ -34,18 +32,32 @@ type figure struct {
 	Name     string  `json:"name"`
 	Value    float64 `json:"value"`
 	Unit     unit    `json:"unit"`
-	// Target is the goal: at least (AtLeast) or at most Goal. Zero Goal:
-	// no target, the figure is information.
-	Goal    float64 `json:"goal,omitempty"`
-	AtLeast bool    `json:"at_least,omitempty"`
-	Met     *bool   `json:"met,omitempty"`
 	// Baseline names the baseline figure compared with; Ratio is
 	// Value / that baseline's value.
 	Baseline string  `json:"baseline,omitempty"`
 	Ratio    float64 `json:"ratio,omitempty"`
-	Note     string  `json:"note,omitempty"`
+	// Goal is the target, set by judge: at least (AtLeast) or at most
+	// Goal, of the ratio (GoalOf "ratio") or of the value itself. Zero
+	// Goal: no target, the figure is information.
+	Goal    float64 `json:"goal,omitempty"`
+	GoalOf  string  `json:"goal_of,omitempty"`
+	AtLeast bool    `json:"at_least,omitempty"`
+	Met     *bool   `json:"met,omitempty"`
+	// Unmeasured says why a figure with a target has no verdict (its
+	// baseline could not be taken).
+	Unmeasured string `json:"unmeasured,omitempty"`
+	Note       string `json:"note,omitempty"`
 	// Label is a baseline's short name, for the baseline column.
 	Label string `json:"label,omitempty"`
+}
+
+// goal is a target of issue 20 (DESIGN §10) for each database.
+type goal struct {
+	sqlite, postgres float64
+	atLeast          bool
+	// ofRatio: the target is of the figure's ratio to its baseline,
+	// measured in the same run, not of its value.
+	ofRatio bool
 }
 
 // report collects the figures of a run.
@@ -59,13 +71,6 @@ type report struct {
 }
 
 func (r *report) add(f *figure) *figure {
-	if f.Goal != 0 {
-		met := f.Value <= f.Goal
-		if f.AtLeast {
-			met = f.Value >= f.Goal
-		}
-		f.Met = &met
-	}
 	r.Figures = append(r.Figures, f)
 	return f
 }
@@ -82,14 +87,43 @@ func (r *report) addBaseline(name, label string, f *figure) {
 	r.add(f)
 }
 
-// compare sets f's ratio to the named baseline, if it was measured.
-func (r *report) compare(f *figure, name string) {
+// compare sets f's ratio to the named baseline, if it was measured, and
+// returns f.
+func (r *report) compare(f *figure, name string) *figure {
 	b, ok := r.baselines[name]
 	if !ok || b.Value == 0 {
-		return
+		return f
 	}
 	f.Baseline = b.Label
 	f.Ratio = f.Value / b.Value
+	return f
+}
+
+// judge sets f's target for the database of dialect ("postgres" or
+// "sqlite") and whether it is met. A target of the ratio needs f compared
+// with its baseline first; without the baseline the figure is marked
+// unmeasured, why being unmeasured's text (or a generic one).
+func judge(f *figure, dialect string, g goal, unmeasured string) {
+	f.Goal, f.AtLeast, f.GoalOf = g.sqlite, g.atLeast, "value"
+	if dialect == "postgres" {
+		f.Goal = g.postgres
+	}
+	v := f.Value
+	if g.ofRatio {
+		f.GoalOf, v = "ratio", f.Ratio
+		if f.Baseline == "" {
+			if unmeasured == "" {
+				unmeasured = "its baseline was not measured"
+			}
+			f.Unmeasured = unmeasured
+			return
+		}
+	}
+	met := v <= f.Goal
+	if g.atLeast {
+		met = v >= f.Goal
+	}
+	f.Met = &met
 }
 
 func (f *figure) value() string {
@@ -102,28 +136,34 @@ func (f *figure) value() string {
 		return fmt.Sprintf("%.2f s", f.Value)
 	case megabytes:
 		return fmt.Sprintf("%.0f MB", f.Value)
-	case percent:
-		return fmt.Sprintf("%.0f%%", f.Value)
-	case times:
-		return fmt.Sprintf("%.2f×", f.Value)
 	}
 	return fmt.Sprint(f.Value)
 }
 
+// target shows the goal as the column it applies to shows it.
 func (f *figure) target() string {
 	if f.Goal == 0 {
 		return ""
 	}
 	g := *f
-	g.Value = f.Goal
-	if f.AtLeast {
-		return "≥ " + g.value()
+	var s string
+	if f.GoalOf == "ratio" {
+		g.Ratio = f.Goal
+		s = g.ratio()
+	} else {
+		g.Value = f.Goal
+		s = g.value()
 	}
-	return "≤ " + g.value()
+	if f.AtLeast {
+		return "≥ " + s
+	}
+	return "≤ " + s
 }
 
 func (f *figure) met() string {
 	switch {
+	case f.Unmeasured != "":
+		return "not measured"
 	case f.Met == nil:
 		return ""
 	case *f.Met:
@@ -132,8 +172,10 @@ func (f *figure) met() string {
 	return "NOT MET"
 }
 
+// ratio shows a throughput below its baseline's as a percentage, any other
+// ratio as a multiple.
 func (f *figure) ratio() string {
-	if f.Baseline == "" {
+	if f.Ratio == 0 {
 		return ""
 	}
 	if f.Unit == perSecond && f.Ratio < 1 {
@@ -142,7 +184,7 @@ func (f *figure) ratio() string {
 	return fmt.Sprintf("%.2f×", f.Ratio)
 }
 
-// print writes the table.
+// print writes the table, then the verdict's count and the notes.
 func (r *report) print(w io.Writer) {
 	mode := "full"
 	if r.Quick {
@@ -150,18 +192,26 @@ func (r *report) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\nfleetbench, %s, %d CPUs, %s (%s)\n\n", r.Database, r.CPUs, r.Started.Format("2006-01-02 15:04"), mode)
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "figure\tvalue\ttarget\tbaseline\tratio\t")
-	fmt.Fprintln(tw, "------\t-----\t------\t--------\t-----\t")
+	fmt.Fprintln(tw, "figure\tvalue\tbaseline\tratio\ttarget\tverdict")
+	fmt.Fprintln(tw, "------\t-----\t--------\t-----\t------\t-------")
+	counts := map[string]int{}
 	for _, f := range r.Figures {
 		name := f.Name
 		if f.Scenario == "baseline" {
 			name = "baseline " + f.Label + ": " + name
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", name, f.value(), f.target(), f.Baseline, f.ratio(), f.met())
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", name, f.value(), f.Baseline, f.ratio(), f.target(), f.met())
+		counts[f.met()]++
 	}
 	tw.Flush()
+	if n := counts["met"] + counts["NOT MET"] + counts["not measured"]; n > 0 {
+		fmt.Fprintf(w, "\ntargets: %d met, %d NOT MET, %d not measured, of %d\n", counts["met"], counts["NOT MET"], counts["not measured"], n)
+	}
 	var notes []string
 	for _, f := range r.Figures {
+		if f.Unmeasured != "" {
+			notes = append(notes, fmt.Sprintf("  %s: not measured: %s", f.Name, f.Unmeasured))
+		}
 		if f.Note != "" {
 			notes = append(notes, fmt.Sprintf("  %s: %s", f.Name, f.Note))
 		}

@@ -42,17 +42,48 @@ func TestThousands(t *testing.T) {
 	}
 }
 
-func TestMet(t *testing.T) {
+// TestJudge checks verdicts: of the ratio to a baseline where the target is
+// a ratio, with the target of the database under test, of the value where
+// it is not, and none without the baseline or without a target.
+func TestJudge(t *testing.T) {
 	var r report
-	fast := r.add(&figure{Value: 0.8, Unit: seconds, Goal: 1})
-	slow := r.add(&figure{Value: 12, Unit: seconds, Goal: 10})
-	many := r.add(&figure{Value: 31000, Unit: perSecond, Goal: 30000, AtLeast: true})
-	info := r.add(&figure{Value: 5, Unit: millis})
-	if fast.met() != "met" || slow.met() != "NOT MET" || many.met() != "met" || info.met() != "" {
-		t.Errorf("met: %q %q %q %q", fast.met(), slow.met(), many.met(), info.met())
+	r.addBaseline("mosquitto", "Mosquitto", &figure{Name: "Mosquitto", Value: 50_000, Unit: perSecond})
+	r.addBaseline("hello-p99", "hello p99", &figure{Name: "its p99", Value: 4, Unit: millis})
+	for _, tc := range []struct {
+		name     string
+		f        *figure
+		baseline string
+		dialect  string
+		g        goal
+		target   string
+		met      string
+		ratio    string
+	}{
+		{"throughput, SQLite", &figure{Value: 20_000, Unit: perSecond}, "mosquitto", "sqlite", goalMQTT, "≥ 50%", "NOT MET", "40%"},
+		{"throughput, PostgreSQL", &figure{Value: 20_000, Unit: perSecond}, "mosquitto", "postgres", goalMQTT, "≥ 30%", "met", "40%"},
+		{"latency, SQLite", &figure{Value: 9, Unit: millis}, "hello-p99", "sqlite", goalS10P99, "≤ 2.00×", "NOT MET", "2.25×"},
+		{"latency, PostgreSQL", &figure{Value: 9, Unit: millis}, "hello-p99", "postgres", goalS10P99, "≤ 3.00×", "met", "2.25×"},
+		{"no baseline", &figure{Value: 20_000, Unit: perSecond}, "absent", "sqlite", goalMQTT, "≥ 50%", "not measured", ""},
+		{"a value", &figure{Value: 301, Unit: megabytes}, "", "sqlite", goalMemory, "≤ 300 MB", "NOT MET", ""},
+		{"information", &figure{Value: 9, Unit: millis}, "hello-p99", "sqlite", goal{}, "", "", "2.25×"},
+	} {
+		f := r.add(tc.f)
+		if tc.baseline != "" {
+			r.compare(f, tc.baseline)
+		}
+		if tc.g != (goal{}) {
+			judge(f, tc.dialect, tc.g, "")
+		}
+		if f.target() != tc.target || f.met() != tc.met || f.ratio() != tc.ratio {
+			t.Errorf("%s: target %q, %q, ratio %q; want %q, %q, %q", tc.name, f.target(), f.met(), f.ratio(), tc.target, tc.met, tc.ratio)
+		}
 	}
-	if got := many.target(); got != "≥ 30,000/s" {
-		t.Errorf("target %q", got)
+	var out strings.Builder
+	r.print(&out)
+	for _, want := range []string{"targets: 2 met, 3 NOT MET, 1 not measured, of 6", "not measured: its baseline was not measured"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the table lacks %q:\n%s", want, out.String())
+		}
 	}
 }
 
