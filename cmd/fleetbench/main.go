@@ -1,7 +1,8 @@
 // Command fleetbench measures fleetd against the figures users will measure
 // (DESIGN §10) and prints them in one table, each beside a baseline taken in
-// the same run: a hello-world Go handler under the same HTTP load, and the
-// raw update and insert rates of the same database. The verdict on each target is the ratio to its baseline
+// the same run: a hello-world Go handler under the same HTTP load, Mosquitto
+// under the same MQTT clients, and the raw update and insert rates of the
+// same database. The verdict on each target is the ratio to its baseline
 // (issue 20); absolute figures are information.
 //
 // By default it builds fleetd, runs it as a subprocess on the embedded
@@ -68,7 +69,8 @@ Scenarios (--scenarios takes a comma-separated subset):
                for devices drawn at random from an action dispatched to
                100,000; p99 and max, and p99 ÷ the hello-world p99.
   mqtt-status  status reports over MQTT: many devices publishing at QoS 1,
-               each waiting for its PUBACK (a PUBACK means committed).
+               each waiting for its PUBACK (a PUBACK means committed),
+               against the same clients publishing to Mosquitto.
   streams      stream points over MQTT through alert evaluation (3 rules),
                in batches of 100 points.
   dispatch     dispatch to 100,000 and to 1,000,000 devices (search_type
@@ -89,6 +91,13 @@ Baselines, measured in the same run:
   hello        a hello-world Go handler, in a process of its own (this
                command re-run as "fleetbench hello"), under the same load
                generator and connections as S10.
+  mosquitto    Debian's Mosquitto 2 (/usr/sbin/mosquitto) on a free loopback
+               port, with a configuration generated in the temporary
+               directory (anonymous, no persistence, TCP_NODELAY): the same
+               paho clients, topics, payloads and load as mqtt-status.
+               Mosquitto acknowledges a PUBLISH on receipt, fleetd once the
+               report is committed. Without mosquitto installed the row
+               says so (under CI=true the run fails).
   update       single-row UPDATEs by primary key, committed in batches of
                512, on the same database (SQLite: WAL, synchronous=FULL;
                PostgreSQL: 4 connections, as fleetd's 4 writers).
