@@ -2,6 +2,8 @@ package fleet
 
 import (
 	"context"
+	"regexp"
+	"strings"
 	"time"
 )
 
@@ -13,6 +15,35 @@ type APIKey struct {
 	UserEmail string    `json:"user_email,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	Key       string    `json:"key,omitempty"`
+}
+
+var apiKeyName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// APIKeyNameRule is what ValidAPIKeyName checks, said for a person.
+const APIKeyNameRule = "must be 1 to 64 characters from A-Z a-z 0-9 . _ -"
+
+// ValidAPIKeyName reports whether s may name an API key.
+func ValidAPIKeyName(s string) bool { return apiKeyName.MatchString(s) }
+
+// ReadAPIKey is the typed decode of a new key: name, role and the
+// optional user_email of the person who holds it. The API and the console
+// both read keys with it.
+func ReadAPIKey(f *Fields) *APIKey {
+	k := &APIKey{
+		Name:      f.String("name", true),
+		Role:      Role(f.String("role", true)),
+		UserEmail: f.String("user_email", false),
+	}
+	if f.Has("name") && !ValidAPIKeyName(k.Name) {
+		f.Fail("name", APIKeyNameRule)
+	}
+	if f.Has("role") && !k.Role.Valid() {
+		f.Fail("role", "must be one of viewer, device, operator, admin")
+	}
+	if f.Has("user_email") && (len(k.UserEmail) > 254 || !strings.Contains(k.UserEmail, "@")) {
+		f.Fail("user_email", "must be an email address of at most 254 characters")
+	}
+	return k
 }
 
 // TenantService manages tenants and their API keys, and authenticates keys.

@@ -3,8 +3,6 @@ package fleethttp
 import (
 	"net/http"
 	"net/url"
-	"regexp"
-	"strings"
 
 	"github.com/fleetd/fleet"
 )
@@ -20,30 +18,13 @@ type apiKeyList struct {
 	Count   int             `json:"count"`
 }
 
-var keyName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-
-const keyNameRule = "must be 1 to 64 characters from A-Z a-z 0-9 . _ -"
-
 func (s *Server) handleCreateAPIKey(w http.ResponseWriter, r *http.Request) error {
 	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
 	if err != nil {
 		return err
 	}
 	f := fleet.NewFields(body)
-	k := &fleet.APIKey{
-		Name:      f.String("name", true),
-		Role:      fleet.Role(f.String("role", true)),
-		UserEmail: f.String("user_email", false),
-	}
-	if f.Has("name") && !keyName.MatchString(k.Name) {
-		f.Fail("name", keyNameRule)
-	}
-	if f.Has("role") && !k.Role.Valid() {
-		f.Fail("role", "must be one of viewer, device, operator, admin")
-	}
-	if f.Has("user_email") && (len(k.UserEmail) > 254 || !strings.Contains(k.UserEmail, "@")) {
-		f.Fail("user_email", "must be an email address of at most 254 characters")
-	}
+	k := fleet.ReadAPIKey(f)
 	if err := f.Err(); err != nil {
 		return err
 	}
@@ -70,7 +51,7 @@ func (s *Server) handleListAPIKeys(w http.ResponseWriter, r *http.Request) error
 }
 
 func (s *Server) handleDeleteAPIKey(w http.ResponseWriter, r *http.Request) error {
-	name, err := pathValue(r, "name", "API key name", keyName.MatchString, keyNameRule)
+	name, err := pathValue(r, "name", "API key name", fleet.ValidAPIKeyName, fleet.APIKeyNameRule)
 	if err != nil {
 		return err
 	}

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
+	"sort"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/fleetd/fleet"
@@ -93,15 +96,31 @@ func runAPIKeyCreate(ctx context.Context, args []string, e env) error {
 	if err := fs.require(0, 0, "tenant", "name", "role"); err != nil {
 		return err
 	}
-	if !fleet.Role(role).Valid() {
-		return fmt.Errorf("--role %q: want viewer, device, operator or admin", role)
+	// The API's rules: a key the API could not name (to delete it, say)
+	// is not made here either.
+	body := map[string]any{"name": name, "role": role}
+	if email != "" {
+		body["user_email"] = email
+	}
+	f := fleet.NewFields(body)
+	k := fleet.ReadAPIKey(f)
+	if err := f.Err(); err != nil {
+		var fe *fleet.Error
+		errors.As(err, &fe) // Fields.Err is always a *fleet.Error
+		var problems []string
+		for field, flag := range map[string]string{"name": "--name", "role": "--role", "user_email": "--email"} {
+			if p := fe.Fields[field]; p != "" {
+				problems = append(problems, flag+" "+p)
+			}
+		}
+		sort.Strings(problems)
+		return errors.New(strings.Join(problems, "; "))
 	}
 	db, err := c.openAdminDB(ctx, e)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	k := &fleet.APIKey{Name: name, Role: fleet.Role(role), UserEmail: email}
 	if err := db.CreateAPIKey(ctx, tenant, k); err != nil {
 		return cliError(err)
 	}

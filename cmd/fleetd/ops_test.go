@@ -349,6 +349,13 @@ func TestCommandLine(t *testing.T) {
 			t.Fatalf("apikey create printed %q", key)
 		}
 	})
+	t.Run("BadAPIKey", func(t *testing.T) {
+		// The API's rules: a name the API could not delete is refused.
+		_, _, err := runCmd(nil, "apikey", "create", "--tenant", "default", "--name", "two words", "--role", "chief", "--database", db)
+		if err == nil || !strings.Contains(err.Error(), "--name must be") || !strings.Contains(err.Error(), "--role must be") {
+			t.Fatalf("err = %v", err)
+		}
+	})
 	t.Run("BadLogLevel", func(t *testing.T) {
 		_, _, err := runCmd(nil, "tenant", "list", "--database", db, "--log-level", "loud")
 		if err == nil || !strings.Contains(err.Error(), "--log-level") {
