@@ -122,6 +122,13 @@ func (c *Console) Open() {
 		{"POST /console/firmware/components/{component}/{version}", c.page(fleet.PermOperate, c.handleFirmwareActive)},
 		{"GET /console/alerts", c.page(fleet.PermRead, c.handleAlerts)},
 		{"POST /console/alerts/rules/{id}/delete", c.page(fleet.PermOperate, c.handleDeleteAlertRule)},
+
+		{"GET /console/settings", c.page(fleet.PermAdmin, c.handleSettings)},
+		{"GET /console/settings/keys", c.page(fleet.PermAdmin, c.handleKeys)},
+		{"POST /console/settings/keys", c.page(fleet.PermAdmin, c.handleCreateKey)},
+		{"POST /console/settings/keys/{name}/delete", c.page(fleet.PermAdmin, c.handleDeleteKey)},
+		{"GET /console/settings/auth", c.page(fleet.PermAdmin, c.handleAuth)},
+		{"POST /console/settings/auth", c.page(fleet.PermAdmin, c.handleSetAuth)},
 	}
 	c.mux = http.NewServeMux()
 	for _, rt := range c.routes {

@@ -424,37 +424,9 @@ func TestConsoleOIDC(t *testing.T) {
 			t.Fatalf("S9 shows oidc %v", cfg["oidc"])
 		}
 
-		// signInOIDC goes to the provider, signs in on its form and
-		// follows the redirects back to the console.
-		signInOIDC := func(t *testing.T, b *browser) page {
-			t.Helper()
-			res := b.get("/console/signin/oidc?tenant=default").want(t, 303)
-			to := res.Header.Get("Location")
-			if !strings.HasPrefix(to, op.Issuer) || !strings.Contains(to, "code_challenge_method=S256") || !strings.Contains(to, "nonce=") {
-				t.Fatalf("sign-in goes to %s", to)
-			}
-			for !strings.Contains(to, "/login/username") {
-				to = b.follow(t, to)
-			}
-			login := b.abs(t, to).want(t, 200)
-			id := loginID.FindStringSubmatch(login.Body)
-			if id == nil {
-				t.Fatalf("the provider's login page:\n%s", login.Body)
-			}
-			res = b.post(t, op.Issuer+"/login/username", url.Values{"id": {id[1]}, "username": {op.Username}, "password": {op.Password}})
-			to = res.Header.Get("Location")
-			for !strings.Contains(to, "/console/oidc/callback") {
-				to = b.follow(t, to)
-			}
-			if res := b.abs(t, to); res.Status != http.StatusSeeOther {
-				return res // the console refused the sign-in
-			}
-			return b.get("/console/")
-		}
-
 		t.Run("SignIn", func(t *testing.T) {
 			b := newBrowser(t, s.URL)
-			body := signInOIDC(t, b).want(t, 200).Body
+			body := b.signInOIDC(t, op).want(t, 200).Body
 			if !strings.Contains(body, op.Email) || !strings.Contains(body, "role-operator") {
 				t.Fatalf("the overview after OIDC sign-in:\n%s", body)
 			}
@@ -469,7 +441,7 @@ func TestConsoleOIDC(t *testing.T) {
 			// A change of the tenant's sign-in settings ends the session.
 			s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "console-secret", "viewer")).want(t, 204)
 			b.get("/console/").want(t, 303)
-			if body := signInOIDC(t, b).want(t, 200).Body; !strings.Contains(body, "role-viewer") {
+			if body := b.signInOIDC(t, op).want(t, 200).Body; !strings.Contains(body, "role-viewer") {
 				t.Errorf("after the change, the person is not a viewer")
 			}
 		})
@@ -488,7 +460,7 @@ func TestConsoleOIDC(t *testing.T) {
 				s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "console-secret", "operator")).want(t, 204)
 			}()
 			b := newBrowser(t, s.URL)
-			if res := signInOIDC(t, b); res.Status != 401 || !strings.Contains(res.Body, "could not be verified") && !strings.Contains(res.Body, "did not accept") {
+			if res := b.signInOIDC(t, op); res.Status != 401 || !strings.Contains(res.Body, "could not be verified") && !strings.Contains(res.Body, "did not accept") {
 				t.Fatalf("a sign-in the provider refused to exchange answered %d:\n%s", res.Status, res.Body)
 			}
 		})
@@ -509,6 +481,35 @@ func TestConsoleOIDC(t *testing.T) {
 			s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", body).want(t, 400)
 		})
 	})
+}
+
+// signInOIDC signs b in through op: it goes to the provider, signs in on
+// its form and follows the redirects back to the console, and returns the
+// overview, or the console's answer when it refused the sign-in.
+func (b *browser) signInOIDC(t *testing.T, op *oidcProvider) page {
+	t.Helper()
+	res := b.get("/console/signin/oidc?tenant=default").want(t, 303)
+	to := res.Header.Get("Location")
+	if !strings.HasPrefix(to, op.Issuer) || !strings.Contains(to, "code_challenge_method=S256") || !strings.Contains(to, "nonce=") {
+		t.Fatalf("sign-in goes to %s", to)
+	}
+	for !strings.Contains(to, "/login/username") {
+		to = b.follow(t, to)
+	}
+	login := b.abs(t, to).want(t, 200)
+	id := loginID.FindStringSubmatch(login.Body)
+	if id == nil {
+		t.Fatalf("the provider's login page:\n%s", login.Body)
+	}
+	res = b.post(t, op.Issuer+"/login/username", url.Values{"id": {id[1]}, "username": {op.Username}, "password": {op.Password}})
+	to = res.Header.Get("Location")
+	for !strings.Contains(to, "/console/oidc/callback") {
+		to = b.follow(t, to)
+	}
+	if res := b.abs(t, to); res.Status != http.StatusSeeOther {
+		return res // the console refused the sign-in
+	}
+	return b.get("/console/")
 }
 
 // follow GETs an absolute or console-relative URL and returns where it

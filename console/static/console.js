@@ -121,5 +121,17 @@
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-live-source]").forEach(connect);
     document.querySelectorAll("form[data-upload]").forEach(upload);
+    // A form that deletes asks first.
+    document.querySelectorAll("form[data-confirm]").forEach(function (form) {
+      form.addEventListener("submit", function (e) {
+        if (!window.confirm(form.getAttribute("data-confirm"))) e.preventDefault();
+      });
+    });
+    // A page that shows a secret once answers a POST: its history entry
+    // becomes the plain page's, so a reload or Back fetches that (without
+    // the secret) instead of offering to send the form again.
+    document.querySelectorAll("[data-shown-once]").forEach(function (el) {
+      window.history.replaceState(null, "", el.getAttribute("data-shown-once"));
+    });
   });
 })();

@@ -1,0 +1,231 @@
+package main
+
+import (
+	"html"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// shownKey finds a secret API key in a page.
+var shownKey = regexp.MustCompile(`fk_[A-Za-z0-9_-]+`)
+
+// TestConsoleSettings covers the admin's settings pages over HTTP: API
+// keys (a new key shown once, deletion ending the key's sessions), the
+// tenant's sign-in settings and the audit log, each refused to other
+// roles, with CSRF and escaping.
+func TestConsoleSettings(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
+		// The OpenID provider is on this machine: the egress policy must
+		// allow it.
+		s := startServer(t, be, "--outbound-allow", "127.0.0.1")
+		admin := s.admin()
+		operator := s.newKey(t, admin, "olivia", "operator")
+		viewer := s.newKey(t, admin, "victor", "viewer")
+
+		t.Run("Keys", func(t *testing.T) {
+			b := newBrowser(t, s.URL)
+			b.signIn("default", admin.Key)
+			res := b.get("/console/settings/keys").want(t, 200)
+			if cc := res.Header.Get("Cache-Control"); cc != "no-store" {
+				t.Errorf("Cache-Control %q", cc)
+			}
+			if k := shownKey.FindString(res.Body); k != "" {
+				t.Fatalf("the list shows a key: %s", k)
+			}
+			for _, name := range []string{"admin", "olivia", "victor"} {
+				if !strings.Contains(res.Body, "Delete API key "+name) {
+					t.Errorf("the list lacks %s", name)
+				}
+			}
+
+			// The new key is on the page answering the form, once.
+			tok := res.csrf(t)
+			res = b.do("POST", "/console/settings/keys", url.Values{"csrf": {tok}, "name": {"ci-runner"}, "role": {"operator"},
+				"user_email": {"<script>alert(1)</script>@example.com"}}).want(t, 200)
+			key := shownKey.FindString(res.Body)
+			if key == "" || strings.Count(res.Body, key) != 1 {
+				t.Fatalf("the answer does not show the new key once:\n%s", res.Body)
+			}
+			if cc := res.Header.Get("Cache-Control"); cc != "no-store" {
+				t.Errorf("the key's page may be cached: Cache-Control %q", cc)
+			}
+			if strings.Contains(res.Body, "<script>alert(1)") || !strings.Contains(res.Body, html.EscapeString("<script>alert(1)</script>@example.com")) {
+				t.Errorf("the holder's email is not escaped")
+			}
+			s.do(t, creds{"default", key}, "GET", "/api/v1/devices", nil).want(t, 200)
+			if body := b.get("/console/settings/keys").want(t, 200).Body; strings.Contains(body, key) || shownKey.MatchString(body) {
+				t.Errorf("the key is shown again")
+			}
+
+			// Refusals keep what was typed, escaped, and name the field.
+			res = b.do("POST", "/console/settings/keys", url.Values{"csrf": {tok}, "name": {"<script>alert(1)</script>"}, "role": {"chief"}}).want(t, 400)
+			if strings.Contains(res.Body, "<script>alert(1)") || !strings.Contains(res.Body, html.EscapeString("<script>alert(1)</script>")) ||
+				!strings.Contains(res.Body, "<code>name</code>") || !strings.Contains(res.Body, "<code>role</code>") {
+				t.Errorf("a refused key:\n%s", res.Body)
+			}
+			res = b.do("POST", "/console/settings/keys", url.Values{"csrf": {tok}, "name": {"ci-runner"}, "role": {"viewer"}}).want(t, 409)
+			if shownKey.MatchString(res.Body) || !strings.Contains(res.Body, "exists already") {
+				t.Errorf("a taken name:\n%s", res.Body)
+			}
+			b.do("POST", "/console/settings/keys", url.Values{"name": {"x"}, "role": {"admin"}}).want(t, 403)
+			b.do("POST", "/console/settings/keys", url.Values{"csrf": {tok}, "name": {"x"}, "role": {"admin"}}, "Origin", "https://evil.example").want(t, 403)
+
+			// Deleting a key ends the sessions made with it at their next
+			// request.
+			held := newBrowser(t, s.URL)
+			held.signIn("default", key)
+			b.do("POST", "/console/settings/keys/ci-runner/delete", url.Values{"csrf": {tok}}).want(t, 303)
+			if res := held.get("/console/devices"); res.Status != http.StatusSeeOther || !strings.HasPrefix(res.Header.Get("Location"), "/console/signin") {
+				t.Fatalf("the deleted key's session answered %d", res.Status)
+			}
+			s.do(t, creds{"default", key}, "GET", "/api/v1/devices", nil).want(t, 401)
+			b.do("POST", "/console/settings/keys/ci-runner/delete", url.Values{"csrf": {tok}}).want(t, 404)
+			b.do("POST", "/console/settings/keys/no%20such/delete", url.Values{"csrf": {tok}}).want(t, 404)
+
+			// The tenant's last admin key stays, and says why.
+			if res := b.do("POST", "/console/settings/keys/admin/delete", url.Values{"csrf": {tok}}).want(t, 409); !strings.Contains(res.Body, "last admin key") {
+				t.Errorf("deleting the last admin key:\n%s", res.Body)
+			}
+		})
+
+		t.Run("DeleteOwnKey", func(t *testing.T) {
+			second := s.newKey(t, admin, "admin-2", "admin")
+			b := newBrowser(t, s.URL)
+			tok := b.signIn("default", second.Key).csrf(t)
+			if body := b.get("/console/settings/keys").want(t, 200).Body; !strings.Contains(body, "the key you signed in with") {
+				t.Errorf("the page does not warn that admin-2 is this session's key")
+			}
+			res := b.do("POST", "/console/settings/keys/admin-2/delete", url.Values{"csrf": {tok}}).want(t, 303)
+			if res := b.get(res.Header.Get("Location")); res.Status != http.StatusSeeOther || !strings.HasPrefix(res.Header.Get("Location"), "/console/signin") {
+				t.Fatalf("after deleting its own key the session answered %d", res.Status)
+			}
+		})
+
+		t.Run("SignInSettings", func(t *testing.T) {
+			op := startOIDCProvider(t, "fleetd-console", "console-secret", s.URL+"/console/oidc/callback")
+			type settings struct {
+				Method      string `json:"method"`
+				Issuer      string `json:"issuer"`
+				WebhookURL  string `json:"webhook_url"`
+				DefaultRole string `json:"default_role"`
+				OIDC        *struct {
+					ClientID  string `json:"client_id"`
+					SecretSet bool   `json:"client_secret_set"`
+				} `json:"oidc"`
+			}
+			stored := func() settings {
+				t.Helper()
+				var a settings
+				s.do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).want(t, 200).decode(t, &a)
+				return a
+			}
+			b := newBrowser(t, s.URL)
+			b.signIn("default", admin.Key)
+			res := b.get("/console/settings/auth").want(t, 200)
+			if !strings.Contains(res.Body, "Not configured") {
+				t.Errorf("the page does not say the tenant has no settings")
+			}
+			tok := res.csrf(t)
+			form := url.Values{"csrf": {tok}, "method": {"jwks"}, "jwks_url": {op.JWKSURL}, "issuer": {op.Issuer}, "audience": {"fleetd-api"},
+				"default_role": {"operator"}, "oidc_client_id": {"fleetd-console"}, "oidc_client_secret": {"console-secret"},
+				"webhook_url": {"https://not-this-method.example/"}}
+			res = b.do("POST", "/console/settings/auth", form).want(t, 303)
+			if a := stored(); a.Method != "jwks" || a.Issuer != op.Issuer || a.DefaultRole != "operator" || a.WebhookURL != "" ||
+				a.OIDC == nil || a.OIDC.ClientID != "fleetd-console" || !a.OIDC.SecretSet {
+				t.Fatalf("S9 after the form: %+v", a)
+			}
+			body := b.get(res.Header.Get("Location")).want(t, 200).Body
+			if strings.Contains(body, "console-secret") || !strings.Contains(body, "A secret is set") || !strings.Contains(body, "Saved.") ||
+				!strings.Contains(body, html.EscapeString(s.URL+"/console/oidc/callback")) {
+				t.Errorf("the saved settings' page:\n%s", body)
+			}
+
+			// A blank secret keeps the stored one: the provider, which
+			// checks it, still lets a person sign in.
+			form.Set("oidc_client_secret", "")
+			form.Set("default_role", "viewer")
+			b.do("POST", "/console/settings/auth", form).want(t, 303)
+			if body := newBrowser(t, s.URL).signInOIDC(t, op).want(t, 200).Body; !strings.Contains(body, "role-viewer") {
+				t.Errorf("after a save with the secret left blank, the person is not a viewer:\n%s", body)
+			}
+			// Removed, the provider refuses the console's exchange.
+			form.Set("oidc_remove_secret", "on")
+			b.do("POST", "/console/settings/auth", form).want(t, 303)
+			if a := stored(); a.OIDC == nil || a.OIDC.SecretSet {
+				t.Fatalf("S9 after removing the secret: %+v", a.OIDC)
+			}
+			if res := newBrowser(t, s.URL).signInOIDC(t, op); res.Status != 401 {
+				t.Errorf("a sign-in without the secret answered %d", res.Status)
+			}
+			form.Del("oidc_remove_secret")
+
+			// A refusal names the field, shows what was typed, escaped,
+			// but never the secret, and changes nothing.
+			bad := url.Values{"csrf": {tok}, "method": {"jwks"}, "jwks_url": {"not a url"}, "issuer": {"<script>alert(1)</script>"},
+				"audience": {"a"}, "default_role": {"viewer"}, "oidc_client_id": {"c"}, "oidc_client_secret": {"typed-secret"}}
+			res = b.do("POST", "/console/settings/auth", bad).want(t, 400)
+			if !strings.Contains(res.Body, "<code>jwks_url</code>") || strings.Contains(res.Body, "typed-secret") ||
+				strings.Contains(res.Body, "<script>alert(1)") || !strings.Contains(res.Body, html.EscapeString("<script>alert(1)</script>")) {
+				t.Errorf("a refused form:\n%s", res.Body)
+			}
+			bad.Set("method", "ldap")
+			if res := b.do("POST", "/console/settings/auth", bad).want(t, 400); !strings.Contains(res.Body, "<code>method</code>") {
+				t.Errorf("an unknown method:\n%s", res.Body)
+			}
+			b.do("POST", "/console/settings/auth", form, "Origin", "https://evil.example").want(t, 403)
+			if a := stored(); a.Issuer != op.Issuer || a.DefaultRole != "viewer" {
+				t.Errorf("refused forms changed S9: %+v", a)
+			}
+
+			// Webhook: the jwks fields typed in the form are not sent.
+			form.Set("method", "webhook")
+			form.Set("webhook_url", "https://auth.example.com/fleetd")
+			b.do("POST", "/console/settings/auth", form).want(t, 303)
+			if a := stored(); a.Method != "webhook" || a.WebhookURL != "https://auth.example.com/fleetd" || a.Issuer != "" || a.OIDC != nil {
+				t.Errorf("S9 after choosing webhook: %+v", a)
+			}
+
+			for _, c := range []creds{operator, viewer} {
+				nb := newBrowser(t, s.URL)
+				tok := nb.signIn("default", c.Key).csrf(t)
+				nb.get("/console/settings/auth").want(t, 403)
+				form.Set("csrf", tok)
+				form.Set("webhook_url", "https://evil.example/")
+				nb.do("POST", "/console/settings/auth", form).want(t, 403)
+			}
+			if a := stored(); a.WebhookURL != "https://auth.example.com/fleetd" {
+				t.Errorf("a non-admin changed S9: %+v", a)
+			}
+		})
+
+		t.Run("OnlyAdmins", func(t *testing.T) {
+			for _, c := range []creds{operator, viewer} {
+				b := newBrowser(t, s.URL)
+				overview := b.signIn("default", c.Key)
+				if strings.Contains(overview.Body, `href="/console/settings"`) {
+					t.Errorf("a non-admin is offered the settings")
+				}
+				tok := overview.csrf(t)
+				for _, p := range []string{"/console/settings", "/console/settings/keys"} {
+					b.get(p).want(t, 403)
+				}
+				b.do("POST", "/console/settings/keys", url.Values{"csrf": {tok}, "name": {"sneaky"}, "role": {"admin"}}).want(t, 403)
+				b.do("POST", "/console/settings/keys/admin/delete", url.Values{"csrf": {tok}}).want(t, 403)
+			}
+			var list struct{ Count int }
+			s.do(t, admin, "GET", "/api/v1/apikeys", nil).want(t, 200).decode(t, &list)
+			if list.Count != 3 {
+				t.Errorf("%d keys after the refusals and forgeries, want 3 (admin, olivia, victor)", list.Count)
+			}
+			b := newBrowser(t, s.URL)
+			if body := b.signIn("default", admin.Key).Body; !strings.Contains(body, `href="/console/settings"`) {
+				t.Errorf("an admin is not offered the settings")
+			}
+		})
+	})
+}

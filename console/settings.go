@@ -1,0 +1,216 @@
+package console
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/fleetd/fleet"
+	fleethttp "github.com/fleetd/fleet/http"
+)
+
+// The settings pages are the admin role's, as their API is: API keys, the
+// tenant's sign-in (S9) and the audit log. Other roles get no link to
+// them and a 403 from them.
+
+// roles are the roles a key may have, in the order the form offers them.
+var roles = []fleet.Role{fleet.RoleViewer, fleet.RoleOperator, fleet.RoleAdmin, fleet.RoleDevice}
+
+// keysData is the API keys page's.
+type keysData struct {
+	Keys  []*fleet.APIKey
+	Pager pager
+	// Mine is the name of the key this session signed in with: deleting
+	// it signs the person out.
+	Mine string
+	// New is the key just created, with its secret: only on the page that
+	// answers the form, never again.
+	New   *fleet.APIKey
+	Form  keyForm
+	Roles []fleet.Role
+}
+
+// keyForm is what the create form sends, shown again when it is refused.
+type keyForm struct {
+	Name, Role, UserEmail string
+}
+
+func (c *Console) handleSettings(w http.ResponseWriter, r *http.Request, v *view) error {
+	http.Redirect(w, r, "/console/settings/keys", http.StatusSeeOther)
+	return nil
+}
+
+func (c *Console) handleKeys(w http.ResponseWriter, r *http.Request, v *view) error {
+	return c.renderKeys(w, r, v, http.StatusOK, keysData{Form: keyForm{Role: string(fleet.RoleViewer)}})
+}
+
+// renderKeys shows the keys page with d's form and new key.
+func (c *Console) renderKeys(w http.ResponseWriter, r *http.Request, v *view, status int, d keysData) error {
+	p, err := readPage(r)
+	if err != nil {
+		return err
+	}
+	if d.Keys, d.Pager.Count, err = c.Tenants.FindAPIKeys(r.Context(), v.Actor.Tenant, p); err != nil {
+		return err
+	}
+	d.Pager = newPager(r, p, d.Pager.Count)
+	d.Mine, d.Roles = v.Actor.KeyName, roles
+	v.Title, v.Nav, v.Data = "API keys", "settings", d
+	c.render(w, r, status, "keys", v)
+	return nil
+}
+
+// handleCreateKey makes a key with the API's rules (fleet.ReadAPIKey) and
+// shows its secret on this answer only: the page is not cached, and its
+// script replaces the history entry with the list's, so a reload or Back
+// shows the list without it.
+func (c *Console) handleCreateKey(w http.ResponseWriter, r *http.Request, v *view) error {
+	form := keyForm{
+		Name:      strings.TrimSpace(r.PostForm.Get("name")),
+		Role:      r.PostForm.Get("role"),
+		UserEmail: strings.TrimSpace(r.PostForm.Get("user_email")),
+	}
+	body := map[string]any{"name": form.Name, "role": form.Role}
+	if form.UserEmail != "" {
+		body["user_email"] = form.UserEmail
+	}
+	f := fleet.NewFields(body)
+	k := fleet.ReadAPIKey(f)
+	err := f.Err()
+	if err == nil {
+		err = c.Tenants.CreateAPIKey(r.Context(), v.Actor.Tenant, k)
+	}
+	switch code := fleet.ErrorCode(err); code {
+	case "":
+	case fleet.EINVALID, fleet.ECONFLICT:
+		v.Error, v.Fields = fleet.ErrorMessage(err), fieldsOf(err)
+		if code == fleet.ECONFLICT {
+			v.Fields = map[string]string{"name": "is taken: choose another name, or delete that key first"}
+		}
+		r.URL.RawQuery = ""
+		return c.renderKeys(w, r, v, fleethttp.StatusOf(code), keysData{Form: form})
+	default:
+		return err
+	}
+	v.Flash = "API key " + k.Name + " created. Copy it now: it is shown only on this page, and never again."
+	r.URL.RawQuery = ""
+	return c.renderKeys(w, r, v, http.StatusOK, keysData{New: k, Form: keyForm{Role: string(fleet.RoleViewer)}})
+}
+
+// handleDeleteKey deletes a key as DELETE /api/v1/apikeys/{name} does: its
+// holder is refused from the next request on, and so is every console
+// session made with it, this one included.
+func (c *Console) handleDeleteKey(w http.ResponseWriter, r *http.Request, v *view) error {
+	name := r.PathValue("name")
+	if !fleet.ValidAPIKeyName(name) {
+		return fleet.Errorf(fleet.ENOTFOUND, "no API key named %q", name)
+	}
+	if err := c.Tenants.DeleteAPIKey(r.Context(), v.Actor.Tenant, name); err != nil {
+		return err
+	}
+	http.Redirect(w, r, "/console/settings/keys", http.StatusSeeOther)
+	return nil
+}
+
+// authData is the tenant sign-in page's.
+type authData struct {
+	// Configured says whether the tenant has S9 settings at all.
+	Configured bool
+	Form       authForm
+	Roles      []fleet.Role
+	// RedirectURI is what the provider must know as the console's.
+	RedirectURI string
+}
+
+// authForm is the tenant's S9 settings as the form shows them: never the
+// client secret, only whether there is one.
+type authForm struct {
+	Method, JWKSURL, Issuer, Audience, WebhookURL, DefaultRole string
+	ClientID                                                   string
+	HasSecret                                                  bool
+}
+
+func authFormOf(a *fleet.TenantAuth) authForm {
+	f := authForm{Method: a.Method, JWKSURL: a.JWKSURL, Issuer: a.Issuer, Audience: a.Audience,
+		WebhookURL: a.WebhookURL, DefaultRole: string(a.DefaultRole)}
+	if a.OIDC != nil {
+		f.ClientID, f.HasSecret = a.OIDC.ClientID, a.OIDC.HasSecret
+	}
+	return f
+}
+
+// findAuth is the tenant's S9 settings, nil while it has none.
+func (c *Console) findAuth(r *http.Request, tenant string) (*fleet.TenantAuth, error) {
+	a, err := c.TenantAuth.FindTenantAuth(r.Context(), tenant)
+	if fleet.ErrorCode(err) == fleet.ENOTFOUND {
+		return nil, nil
+	}
+	return a, err
+}
+
+func (c *Console) handleAuth(w http.ResponseWriter, r *http.Request, v *view) error {
+	a, err := c.findAuth(r, v.Actor.Tenant)
+	if err != nil {
+		return err
+	}
+	d := authData{Form: authForm{Method: fleet.AuthJWKS, DefaultRole: string(fleet.RoleViewer)}, Roles: roles, RedirectURI: c.redirectURI(r)}
+	if a != nil {
+		d.Configured, d.Form = true, authFormOf(a)
+	}
+	if r.URL.Query().Has("saved") {
+		v.Flash = "Saved. Tokens are checked with these settings from now on; people who signed in with single sign-on sign in again."
+	}
+	v.Title, v.Nav, v.Data = "Sign-in", "settings", d
+	c.render(w, r, http.StatusOK, "auth", v)
+	return nil
+}
+
+// handleSetAuth replaces the tenant's S9 settings with the form's, read by
+// the API's rules (fleet.ReadTenantAuth): only the chosen method's fields
+// are sent. The client secret is write-only: left blank, the stored one
+// is kept while the client id stays the same; "remove" drops it.
+func (c *Console) handleSetAuth(w http.ResponseWriter, r *http.Request, v *view) error {
+	p := r.PostForm
+	get := func(k string) string { return strings.TrimSpace(p.Get(k)) }
+	form := authForm{Method: get("method"), JWKSURL: get("jwks_url"), Issuer: get("issuer"), Audience: get("audience"),
+		WebhookURL: get("webhook_url"), DefaultRole: get("default_role"), ClientID: get("oidc_client_id")}
+	old, err := c.findAuth(r, v.Actor.Tenant)
+	if err != nil {
+		return err
+	}
+	body := map[string]any{"method": form.Method, "default_role": form.DefaultRole}
+	switch form.Method {
+	case fleet.AuthJWKS:
+		body["jwks_url"], body["issuer"], body["audience"] = form.JWKSURL, form.Issuer, form.Audience
+		if form.ClientID != "" {
+			oidc := map[string]any{"client_id": form.ClientID}
+			switch secret := p.Get("oidc_client_secret"); {
+			case secret != "":
+				oidc["client_secret"] = secret
+			case p.Get("oidc_remove_secret") == "on":
+			case old != nil && old.OIDC != nil && old.OIDC.HasSecret && old.OIDC.ClientID == form.ClientID:
+				oidc["client_secret"] = old.OIDC.ClientSecret
+			}
+			body["oidc"] = oidc
+		}
+	case fleet.AuthWebhook:
+		body["webhook_url"] = form.WebhookURL
+	}
+	f := fleet.NewFields(body)
+	a := fleet.ReadTenantAuth(f)
+	if err = f.Err(); err == nil {
+		err = c.TenantAuth.SetTenantAuth(r.Context(), v.Actor.Tenant, a)
+	}
+	if fleet.ErrorCode(err) == fleet.EINVALID {
+		if old != nil {
+			form.HasSecret = old.OIDC != nil && old.OIDC.HasSecret
+		}
+		v.Error, v.Fields = fleet.ErrorMessage(err), fieldsOf(err)
+		v.Title, v.Nav, v.Data = "Sign-in", "settings", authData{Configured: old != nil, Form: form, Roles: roles, RedirectURI: c.redirectURI(r)}
+		c.render(w, r, http.StatusBadRequest, "auth", v)
+		return nil
+	} else if err != nil {
+		return err
+	}
+	http.Redirect(w, r, "/console/settings/auth?saved", http.StatusSeeOther)
+	return nil
+}
