@@ -129,6 +129,7 @@ func (c *Console) Open() {
 		{"POST /console/settings/keys/{name}/delete", c.page(fleet.PermAdmin, c.handleDeleteKey)},
 		{"GET /console/settings/auth", c.page(fleet.PermAdmin, c.handleAuth)},
 		{"POST /console/settings/auth", c.page(fleet.PermAdmin, c.handleSetAuth)},
+		{"GET /console/settings/audit", c.page(fleet.PermAdmin, c.handleAudit)},
 	}
 	c.mux = http.NewServeMux()
 	for _, rt := range c.routes {

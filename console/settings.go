@@ -3,6 +3,7 @@ package console
 import (
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/fleetd/fleet"
 	fleethttp "github.com/fleetd/fleet/http"
@@ -213,4 +214,72 @@ func (c *Console) handleSetAuth(w http.ResponseWriter, r *http.Request, v *view)
 	}
 	http.Redirect(w, r, "/console/settings/auth?saved", http.StatusSeeOther)
 	return nil
+}
+
+// auditData is the audit log page's.
+type auditData struct {
+	Logs  []*fleet.AuditLog
+	Pager pager
+	// The filter, as the form shows it again: times in UTC.
+	Actor, Since, Until string
+}
+
+// formTime is how a datetime-local field writes a time; the page's times
+// are UTC.
+const formTime = "2006-01-02T15:04:05"
+
+// handleAudit lists the audit log, newest first, a page at a time, with
+// the API's filters: who (actor exactly) and a time range [since, until).
+func (c *Console) handleAudit(w http.ResponseWriter, r *http.Request, v *view) error {
+	p, err := readPage(r)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	d := auditData{Actor: strings.TrimSpace(q.Get("actor"))}
+	f := fleet.AuditFilter{Actor: d.Actor, Page: p}
+	problems := map[string]string{}
+	for _, tf := range []struct {
+		name string
+		to   **time.Time
+		text *string
+	}{{"since", &f.Since, &d.Since}, {"until", &f.Until, &d.Until}} {
+		s := strings.TrimSpace(q.Get(tf.name))
+		if s == "" {
+			continue
+		}
+		t, ok := readFormTime(s)
+		if !ok {
+			problems[tf.name] = "must be a date and time in UTC, such as 2026-11-25T18:30"
+			*tf.text = s
+			continue
+		}
+		*tf.to, *tf.text = &t, t.Format(formTime)
+	}
+	v.Title, v.Nav = "Audit log", "settings"
+	if len(problems) > 0 {
+		// The form again, with what was typed, rather than the error page.
+		err := fleet.FieldErrors(problems)
+		v.Error, v.Fields, v.Data = err.Message, err.Fields, d
+		c.render(w, r, http.StatusBadRequest, "audit", v)
+		return nil
+	}
+	if d.Logs, d.Pager.Count, err = c.Audit.FindAuditLogs(r.Context(), v.Actor.Tenant, f); err != nil {
+		return err
+	}
+	d.Pager = newPager(r, p, d.Pager.Count)
+	v.Data = d
+	c.render(w, r, http.StatusOK, "audit", v)
+	return nil
+}
+
+// readFormTime reads a datetime-local value (with or without seconds) as
+// UTC, or an RFC 3339 time as the API takes it.
+func readFormTime(s string) (time.Time, bool) {
+	for _, layout := range []string{formTime, "2006-01-02T15:04", time.RFC3339Nano} {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t.UTC(), true
+		}
+	}
+	return time.Time{}, false
 }
