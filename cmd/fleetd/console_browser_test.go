@@ -73,13 +73,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	s.mustAlertRule(t, admin, map[string]any{"name": "pump overheating", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
 
-	shots := t.TempDir()
-	if d := os.Getenv("FLEETD_CONSOLE_SCREENSHOTS"); d != "" {
-		if !filepath.IsAbs(d) {
-			d = filepath.Join("../..", d)
-		}
-		shots, _ = filepath.Abs(d)
-	}
+	shots := screenshotDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", "console.mjs")
@@ -95,4 +89,19 @@ func TestConsoleInBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the browser test failed: %v", err)
 	}
+}
+
+// screenshotDir is where a browser test saves its screenshots:
+// FLEETD_CONSOLE_SCREENSHOTS (a relative path is taken from the repository
+// root), else a directory that is thrown away.
+func screenshotDir(t *testing.T) string {
+	d := os.Getenv("FLEETD_CONSOLE_SCREENSHOTS")
+	if d == "" {
+		return t.TempDir()
+	}
+	if !filepath.IsAbs(d) {
+		d = filepath.Join("../..", d)
+	}
+	d, _ = filepath.Abs(d)
+	return d
 }

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// TestConsoleSettingsInBrowser runs testdata/console/settings.mjs in a real
+// Chromium: an admin creates an API key and sees it once (a reload shows
+// it no more), its holder signs in, the admin deletes it and the holder's
+// session is signed out, the audit log shows and filters those changes,
+// the tenant's sign-in settings are saved without their secret ever
+// showing, and a viewer finds no settings and is refused their forms.
+// FLEETD_CONSOLE_SCREENSHOTS=docs/console refreshes docs/console.md's
+// settings screenshots.
+func TestConsoleSettingsInBrowser(t *testing.T) {
+	dir := consoleHarness(t)
+	s := startServer(t, sqlstoretest.Backends()[0])
+	admin := s.admin()
+	viewer := s.newKey(t, admin, "victor", "viewer")
+	const secret = "console-secret-never-shown"
+	op := startOIDCProvider(t, "fleetd-console", secret, s.URL+"/console/oidc/callback")
+	s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", secret, "viewer")).want(t, 204)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "settings.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(),
+		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant,
+		"ADMIN_KEY="+admin.Key, "VIEWER_KEY="+viewer.Key, "OIDC_CLIENT_SECRET="+secret,
+		"SCREENSHOTS="+screenshotDir(t))
+	out, err := cmd.CombinedOutput()
+	t.Logf("node settings.mjs:\n%s", out)
+	if err != nil {
+		t.Fatalf("the browser test failed: %v", err)
+	}
+}

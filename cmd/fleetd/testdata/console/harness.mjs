@@ -1,0 +1,58 @@
+// What the console's browser scripts share: their settings from the
+// environment, Debian's Chromium, sign-in with a key, screenshots.
+import { chromium } from "playwright-core";
+import assert from "node:assert/strict";
+import path from "node:path";
+
+export const env = (k) => {
+  const v = process.env[k];
+  if (!v) throw new Error(`${k} is not set`);
+  return v;
+};
+export const base = env("FLEETD_URL");
+export const tenant = env("FLEETD_TENANT");
+const shots = process.env.SCREENSHOTS || "";
+
+export const step = (s) => console.log(`step: ${s}`);
+
+export async function shot(page, name) {
+  if (!shots) return;
+  await page.screenshot({ path: path.join(shots, `${name}.png`), fullPage: false });
+}
+
+export async function signIn(page, key) {
+  await page.goto(base + "/");
+  assert.match(page.url(), /\/console\/signin/, "an anonymous visit goes to the sign-in page");
+  await page.getByLabel("Tenant", { exact: true }).fill(tenant);
+  await page.getByLabel("API key").fill(key);
+  await page.getByRole("button", { name: "Sign in with API key" }).click();
+  await page.waitForURL(base + "/console/");
+}
+
+export function launch() {
+  return chromium.launch({
+    executablePath: "/usr/bin/chromium",
+    args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
+  });
+}
+
+// run runs steps(browser), prints what the failing page said, and exits
+// with the outcome.
+export async function run(steps) {
+  const browser = await launch();
+  let failed = false;
+  const pages = [];
+  try {
+    await steps(browser, (p) => pages.push(p));
+    console.log("all steps passed");
+  } catch (e) {
+    failed = true;
+    console.error(e);
+    for (const p of pages) {
+      console.error(`at ${p.url()}:\n` + (await p.locator("main").innerText().catch(() => "")));
+    }
+  } finally {
+    await browser.close();
+  }
+  process.exit(failed ? 1 : 0);
+}
