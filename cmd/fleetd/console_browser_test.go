@@ -74,18 +74,25 @@ func TestConsoleInBrowser(t *testing.T) {
 	s.mustAlertRule(t, admin, map[string]any{"name": "pump overheating", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
 
 	shots := screenshotDir(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "console.mjs")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(),
+	runConsoleScript(t, dir, "console.mjs", 3*time.Minute,
 		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant,
 		"OPERATOR_KEY="+operator.Key, "VIEWER_KEY="+viewer.Key,
 		"DEVICES="+strings.Join(ids, ","), "XSS_DEVICE=odd-one", "SCREENSHOTS="+shots,
 		"BUNDLE_FILE="+bundle,
 		"OIDC_USER="+op.Username, "OIDC_PASSWORD="+op.Password, "OIDC_EMAIL="+op.Email)
+}
+
+// runConsoleScript runs one of the harness's scripts with env added to
+// the environment, and fails t, with the script's output, when it fails.
+func runConsoleScript(t *testing.T, dir, script string, timeout time.Duration, env ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", script)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
-	t.Logf("node console.mjs:\n%s", out)
+	t.Logf("node %s:\n%s", script, out)
 	if err != nil {
 		t.Fatalf("the browser test failed: %v", err)
 	}

@@ -1,9 +1,6 @@
 package main
 
 import (
-	"context"
-	"os"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -27,17 +24,8 @@ func TestConsoleSettingsInBrowser(t *testing.T) {
 	op := startOIDCProvider(t, "fleetd-console", secret, s.URL+"/console/oidc/callback")
 	s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", secret, "viewer")).want(t, 204)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "settings.mjs")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(),
+	runConsoleScript(t, dir, "settings.mjs", 2*time.Minute,
 		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant,
 		"ADMIN_KEY="+admin.Key, "VIEWER_KEY="+viewer.Key, "OIDC_CLIENT_SECRET="+secret,
 		"SCREENSHOTS="+screenshotDir(t))
-	out, err := cmd.CombinedOutput()
-	t.Logf("node settings.mjs:\n%s", out)
-	if err != nil {
-		t.Fatalf("the browser test failed: %v", err)
-	}
 }

@@ -5,29 +5,13 @@
 //   XSS_DEVICE (a device whose metadata holds markup), SCREENSHOTS (a directory, optional),
 //   OIDC_USER, OIDC_PASSWORD, OIDC_EMAIL (a person at the tenant's OpenID provider).
 // Every wait is on a condition in the page, bounded by Playwright's timeouts.
-import { chromium } from "playwright-core";
 import assert from "node:assert/strict";
-import path from "node:path";
+import { base, env, launch, shot, signIn, step, tenant } from "./harness.mjs";
 
-const env = (k) => {
-  const v = process.env[k];
-  if (!v) throw new Error(`${k} is not set`);
-  return v;
-};
-const base = env("FLEETD_URL");
-const tenant = env("FLEETD_TENANT");
 const operatorKey = env("OPERATOR_KEY");
 const viewerKey = env("VIEWER_KEY");
 const devices = env("DEVICES").split(",");
 const xssDevice = env("XSS_DEVICE");
-const shots = process.env.SCREENSHOTS || "";
-
-const step = (s) => console.log(`step: ${s}`);
-
-async function shot(page, name) {
-  if (!shots) return;
-  await page.screenshot({ path: path.join(shots, `${name}.png`), fullPage: false });
-}
 
 // api calls fleetd's HTTP API as the operator: the test's devices report
 // through it (S10), as gateways do.
@@ -46,19 +30,7 @@ async function report(actionID, device, state, progress, errors) {
   await api("POST", "/api/v1/devices/action/status", { device_id: device, action_id: actionID, state, progress, errors });
 }
 
-async function signIn(page, key) {
-  await page.goto(base + "/");
-  assert.match(page.url(), /\/console\/signin/, "an anonymous visit goes to the sign-in page");
-  await page.getByLabel("Tenant", { exact: true }).fill(tenant);
-  await page.getByLabel("API key").fill(key);
-  await page.getByRole("button", { name: "Sign in with API key" }).click();
-  await page.waitForURL(base + "/console/");
-}
-
-const browser = await chromium.launch({
-  executablePath: "/usr/bin/chromium",
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
-});
+const browser = await launch();
 let failed = false;
 let page;
 try {
