@@ -19,12 +19,14 @@ type AuditLog struct {
 	CreatedAt time.Time      `json:"created_at"`
 }
 
-// AuditFilter selects audit logs: Actor exactly, and a time range
-// [Since, Until).
+// AuditFilter selects audit logs: Actor exactly; Action exactly or, for
+// a kind such as "apikey", every action of it ("apikey.create",
+// "apikey.delete"); and a time range [Since, Until).
 type AuditFilter struct {
-	Actor string
-	Since *time.Time
-	Until *time.Time
+	Actor  string
+	Action string
+	Since  *time.Time
+	Until  *time.Time
 	Page
 }
 

@@ -221,7 +221,7 @@ type auditData struct {
 	Logs  []*fleet.AuditLog
 	Pager pager
 	// The filter, as the form shows it again: times in UTC.
-	Actor, Since, Until string
+	Actor, Action, Since, Until string
 }
 
 // formTime is how a datetime-local field writes a time; the page's times
@@ -229,15 +229,16 @@ type auditData struct {
 const formTime = "2006-01-02T15:04:05"
 
 // handleAudit lists the audit log, newest first, a page at a time, with
-// the API's filters: who (actor exactly) and a time range [since, until).
+// the API's filters: who (actor exactly), what (an action or its kind) and
+// a time range [since, until).
 func (c *Console) handleAudit(w http.ResponseWriter, r *http.Request, v *view) error {
 	p, err := readPage(r)
 	if err != nil {
 		return err
 	}
 	q := r.URL.Query()
-	d := auditData{Actor: strings.TrimSpace(q.Get("actor"))}
-	f := fleet.AuditFilter{Actor: d.Actor, Page: p}
+	d := auditData{Actor: strings.TrimSpace(q.Get("actor")), Action: strings.TrimSpace(q.Get("action"))}
+	f := fleet.AuditFilter{Actor: d.Actor, Action: d.Action, Page: p}
 	problems := map[string]string{}
 	for _, tf := range []struct {
 		name string

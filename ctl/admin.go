@@ -107,10 +107,11 @@ setting is replaced. The tenant is the context's.`,
 }
 
 func (a *app) auditCmd() *cobra.Command {
-	var actor, since, until string
+	var actor, action, since, until string
 	list := a.listCmd("Every change made through the API, newest first", "/api/v1/audit-logs", view{items: "audit_logs", cols: auditCols},
 		func(q url.Values) error {
 			setIf(q, "actor", actor)
+			setIf(q, "action", action)
 			for k, v := range map[string]string{"since": since, "until": until} {
 				if v == "" {
 					continue
@@ -125,6 +126,7 @@ func (a *app) auditCmd() *cobra.Command {
 		})
 	list.Example = "  fleetctl audit-logs list --actor deploy-bot --since 24h"
 	list.Flags().StringVar(&actor, "actor", "", "only changes by this `ACTOR` (API key name or user name)")
+	list.Flags().StringVar(&action, "action", "", "only this `ACTION` (device.update), or every action of this kind (device)")
 	list.Flags().StringVar(&since, "since", "", "only changes at or after this `TIME`: RFC 3339, or a duration ago such as 24h")
 	list.Flags().StringVar(&until, "until", "", "only changes before this `TIME`: RFC 3339, or a duration ago")
 	return group("audit-logs", "The audit log (admin)", list)

@@ -13,7 +13,7 @@ type auditLogList struct {
 
 func (s *Server) handleListAuditLogs(w http.ResponseWriter, r *http.Request) error {
 	q := newQuery(r)
-	f := fleet.AuditFilter{Actor: q.String("actor"), Since: q.Time("since"), Until: q.Time("until"), Page: q.Page()}
+	f := fleet.AuditFilter{Actor: q.String("actor"), Action: q.String("action"), Since: q.Time("since"), Until: q.Time("until"), Page: q.Page()}
 	if err := q.Err(); err != nil {
 		return err
 	}

@@ -159,6 +159,7 @@ func (s *Server) addRoutes() []route {
 
 		{"GET /api/v1/audit-logs", fleet.PermAdmin, s.handleListAuditLogs, op{Tag: "audit", Summary: "Every change made through the API, newest first", Query: append([]param{
 			{Name: "actor", Desc: "only changes by this actor (API key name or user name)"},
+			{Name: "action", Desc: "only this action (device.update), or every action of this kind (device)"},
 			{Name: "since", Desc: "only changes at or after this RFC 3339 time", Format: "date-time"},
 			{Name: "until", Desc: "only changes before this RFC 3339 time", Format: "date-time"},
 		}, pageParams...), Resp: auditLogList{}}},

@@ -38,6 +38,12 @@ func (db *DB) FindAuditLogs(ctx context.Context, tenant string, f fleet.AuditFil
 		where = append(where, "actor = ?")
 		args = append(args, f.Actor)
 	}
+	if f.Action != "" {
+		// The action or its kind: "apikey" is "apikey.create" and the
+		// rest, compared as a prefix without LIKE's wildcards (_ is one).
+		where = append(where, "(action = ? OR substr(action, 1, ?) = ?)")
+		args = append(args, f.Action, len(f.Action)+1, f.Action+".")
+	}
 	if f.Since != nil {
 		where = append(where, "created_at >= ?")
 		args = append(args, millis(*f.Since))

@@ -118,6 +118,13 @@ func TestAuditLogsEndToEnd(t *testing.T) {
 				t.Fatal("a secret appears in the audit log")
 			}
 		}
+		// An action, or every action of its kind; _ is no wildcard.
+		for query, want := range map[string]int{"device.update": 1, "device": 4, "device.": 0, "devic": 0, "device_update": 0, "apikey": 1} {
+			s.do(t, admin, "GET", "/api/v1/audit-logs?action="+query, nil).want(t, 200).decode(t, &logs)
+			if logs.Count != want {
+				t.Errorf("action=%s: %d logs, want %d", query, logs.Count, want)
+			}
+		}
 		s.do(t, beta, "GET", "/api/v1/audit-logs", nil).want(t, 200).decode(t, &logs)
 		if logs.Count != 1 { // beta's own tenant.create
 			t.Fatalf("beta sees %d logs", logs.Count)

@@ -234,6 +234,16 @@ func TestConsoleSettings(t *testing.T) {
 			if body := b.get("/console/settings/audit?actor=pager-bot&page=2").want(t, 200).Body; rows(body) != 5 || !strings.Contains(body, "device.create") {
 				t.Errorf("the second page has %d rows", rows(body))
 			}
+			// An action, or every action of its kind, with the actor.
+			body = b.get("/console/settings/audit?action=apikey").want(t, 200).Body
+			if !strings.Contains(body, "apikey.create") || !strings.Contains(body, "apikey.delete") || strings.Contains(body, "device.create") ||
+				!strings.Contains(body, `value="apikey"`) {
+				t.Errorf("the apikey actions:\n%s", body)
+			}
+			body = b.get("/console/settings/audit?action=device.create&actor=pager-bot&page=2").want(t, 200).Body
+			if rows(body) != 5 {
+				t.Errorf("pager-bot's device.create, page 2: %d rows", rows(body))
+			}
 			if body := b.get("/console/settings/audit?actor=nobody").want(t, 200).Body; rows(body) != 0 || !strings.Contains(body, "matches these filters") {
 				t.Errorf("an actor with no change:\n%s", body)
 			}

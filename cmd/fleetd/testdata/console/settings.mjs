@@ -92,8 +92,16 @@ await run(async (browser, watch) => {
   await page.getByText("1 entries").waitFor();
   await rowOf("device.create", "devices/made-by-ci").waitFor();
   assert.equal(await rowOf("apikey.create", "apikeys/ci-runner").count(), 0, "the admin's changes are filtered out");
+  await page.getByLabel("Actor").fill("");
+  await page.getByLabel("Action").fill("apikey");
+  await page.getByRole("button", { name: "Filter" }).click();
+  await page.waitForURL(/action=apikey/);
+  await rowOf("apikey.create", "apikeys/ci-runner").waitFor();
+  await rowOf("apikey.delete", "apikeys/ci-runner").waitFor();
+  assert.equal(await rowOf("device.create", "devices/made-by-ci").count(), 0, "other kinds are filtered out");
   // An actor's name filters by that actor too.
   await page.getByRole("link", { name: "Clear" }).click();
+  await page.waitForURL(base + "/console/settings/audit");
   await page.getByRole("row").filter({ hasText: "apikey.delete" }).getByRole("link", { name: "admin" }).first().click();
   await page.waitForURL(/actor=admin/);
   await rowOf("apikey.delete", "apikeys/ci-runner").waitFor();
