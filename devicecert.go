@@ -31,8 +31,11 @@ type UplinkConfig struct {
 // IssuedCertificate records the certificate a device holds: only the
 // current one is accepted.
 type IssuedCertificate struct {
-	Serial   string // lowercase hex
-	NotAfter time.Time
+	Serial      string // lowercase hex
+	Subject     string // RFC 2253, as crypto/x509 prints it
+	Fingerprint string // SHA-256 of the DER, lowercase hex
+	NotBefore   time.Time
+	NotAfter    time.Time
 }
 
 // DeviceCertificateService issues devices their client certificates and
@@ -45,6 +48,9 @@ type DeviceCertificateService interface {
 	// AuthenticateDeviceCertificate is EUNAUTHENTICATED unless the device
 	// exists and serial is its current certificate's.
 	AuthenticateDeviceCertificate(ctx context.Context, tenant, id, serial string) error
+	// FindDeviceCertificate is the device's current certificate, nil when
+	// it has none; ENOTFOUND for an unknown device.
+	FindDeviceCertificate(ctx context.Context, tenant, id string) (*IssuedCertificate, error)
 }
 
 // DeviceCertificateStore keeps the serial of each device's current
@@ -56,6 +62,9 @@ type DeviceCertificateStore interface {
 	// DeviceCertificateSerial is the serial of the device's current
 	// certificate, "" when it has none; ENOTFOUND for an unknown device.
 	DeviceCertificateSerial(ctx context.Context, tenant, id string) (string, error)
+	// FindDeviceCertificate is what is recorded of the device's current
+	// certificate, nil when it has none; ENOTFOUND for an unknown device.
+	FindDeviceCertificate(ctx context.Context, tenant, id string) (*IssuedCertificate, error)
 }
 
 // deviceURIScheme names devices in the URI SAN of their certificates:

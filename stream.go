@@ -194,4 +194,8 @@ type StreamService interface {
 	// FindLatestPoint returns the stream's latest point by timestamp, then
 	// sequence; ENOTFOUND when the device never sent one.
 	FindLatestPoint(ctx context.Context, tenant, device, stream string) (*DataPoint, error)
+	// FindDeviceStreams returns the latest point of each of the device's
+	// streams, by stream name, a page at a time, and how many streams it
+	// has; none for an unknown device.
+	FindDeviceStreams(ctx context.Context, tenant, device string, p Page) ([]*DataPoint, int, error)
 }

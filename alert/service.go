@@ -10,6 +10,7 @@ import (
 type ServiceStore interface {
 	fleet.AlertService
 	FindLatestPoint(ctx context.Context, tenant, device, stream string) (*fleet.DataPoint, error)
+	FindDeviceStreams(ctx context.Context, tenant, device string, p fleet.Page) ([]*fleet.DataPoint, int, error)
 }
 
 // Service is fleet.AlertService and fleet.StreamService: the store for

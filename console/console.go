@@ -50,10 +50,14 @@ type Console struct {
 	Actions    fleet.ActionService
 	Firmware   fleet.FirmwareService
 	Alerts     fleet.AlertService
-	Audit      fleet.AuditService
-	Secrets    SecretStore
-	Targets    TargetCounter
-	Presence   Presence // nil: online state unknown
+	Streams    fleet.StreamService
+	// Certificates issues device certificates; nil when fleetd has no MQTT
+	// TLS listener to present them to.
+	Certificates fleet.DeviceCertificateService
+	Audit        fleet.AuditService
+	Secrets      SecretStore
+	Targets      TargetCounter
+	Presence     Presence // nil: online state unknown
 	// OIDC signs people in with their tenant's identity provider; nil
 	// offers API keys only.
 	OIDC OIDC
@@ -110,6 +114,7 @@ func (c *Console) Open() {
 		{"GET /console/devices", c.page(fleet.PermRead, c.handleDevices)},
 		{"GET /console/devices/{id}", c.page(fleet.PermRead, c.handleDevice)},
 		{"POST /console/devices/{id}/token", c.page(fleet.PermOperate, c.handleRotateToken)},
+		{"POST /console/devices/{id}/certificate", c.page(fleet.PermOperate, c.handleIssueCertificate)},
 		{"GET /console/actions", c.page(fleet.PermRead, c.handleActions)},
 		{"GET /console/actions/new", c.page(fleet.PermOperate, c.handleDispatchForm)},
 		{"POST /console/actions/new", c.page(fleet.PermOperate, c.handleDispatch)},

@@ -197,20 +197,31 @@ func (c *Console) handleDevices(w http.ResponseWriter, r *http.Request, v *view)
 	return nil
 }
 
+// deviceStreams is how many of a device's streams its page shows.
+const deviceStreams = 20
+
 // deviceData is a device page's.
 type deviceData struct {
-	Device  deviceRow
-	Actions []*fleet.DeviceAction
-	Pager   pager
-	Alerts  []*fleet.Alert
-	Token   string // a new token, shown once after rotation
+	Device   deviceRow
+	Actions  []*fleet.DeviceAction
+	Pager    pager
+	Alerts   []*fleet.Alert
+	Streams  []*fleet.DataPoint
+	StreamsN int
+	// Certificate is the device's current certificate, nil when it has
+	// none; CanIssue says whether this fleetd issues them at all.
+	Certificate *fleet.IssuedCertificate
+	CanIssue    bool
+	Token       string                   // a new token, shown once after rotation
+	Credentials *fleet.DeviceCredentials // a new certificate and key, shown once
 }
 
 func (c *Console) handleDevice(w http.ResponseWriter, r *http.Request, v *view) error {
-	return c.renderDevice(w, r, v, "")
+	return c.renderDevice(w, r, v, deviceData{})
 }
 
-func (c *Console) renderDevice(w http.ResponseWriter, r *http.Request, v *view, token string) error {
+// renderDevice shows a device's page with d's one-time secrets.
+func (c *Console) renderDevice(w http.ResponseWriter, r *http.Request, v *view, d deviceData) error {
 	ctx, tenant, id := r.Context(), v.Actor.Tenant, r.PathValue("id")
 	p, err := readPage(r)
 	if err != nil {
@@ -220,7 +231,7 @@ func (c *Console) renderDevice(w http.ResponseWriter, r *http.Request, v *view, 
 	if err != nil {
 		return err
 	}
-	d := deviceData{Device: deviceRow{Device: dev}, Token: token}
+	d.Device = deviceRow{Device: dev}
 	if c.Presence != nil {
 		d.Device.Online, d.Device.OnlineKnown = c.Presence.Online(tenant, id), true
 	}
@@ -231,6 +242,15 @@ func (c *Console) renderDevice(w http.ResponseWriter, r *http.Request, v *view, 
 	d.Actions, d.Pager = das, newPager(r, p, n)
 	if d.Alerts, _, err = c.Alerts.FindAlerts(ctx, tenant, fleet.AlertFilter{DeviceID: id, Page: fleet.Page{Page: 1, Limit: 20}}); err != nil {
 		return err
+	}
+	if d.Streams, d.StreamsN, err = c.Streams.FindDeviceStreams(ctx, tenant, id, fleet.Page{Page: 1, Limit: deviceStreams}); err != nil {
+		return err
+	}
+	if c.Certificates != nil {
+		d.CanIssue = true
+		if d.Certificate, err = c.Certificates.FindDeviceCertificate(ctx, tenant, id); err != nil {
+			return err
+		}
 	}
 	v.Title, v.Nav, v.Data = "Device "+id, "devices", d
 	c.render(w, r, http.StatusOK, "device", v)
@@ -243,9 +263,24 @@ func (c *Console) handleRotateToken(w http.ResponseWriter, r *http.Request, v *v
 	if err != nil {
 		return err
 	}
-	v.Flash = "The device has a new token; its old one no longer works. Copy the token now: it is not shown again."
+	v.Flash = "The device has a new token; its old token and its certificate no longer work. Copy the token now: it is not shown again."
 	r.URL.RawQuery = ""
-	return c.renderDevice(w, r, v, token)
+	return c.renderDevice(w, r, v, deviceData{Token: token})
+}
+
+// handleIssueCertificate gives the device a new client certificate, which
+// revokes its previous one, and shows the private key this once.
+func (c *Console) handleIssueCertificate(w http.ResponseWriter, r *http.Request, v *view) error {
+	if c.Certificates == nil {
+		return fleet.Errorf(fleet.ECONFLICT, "this fleetd has no MQTT TLS listener to present a certificate to; start it with --mqtts-addr, --tls-cert and --tls-key")
+	}
+	creds, err := c.Certificates.IssueDeviceCertificate(r.Context(), v.Actor.Tenant, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	v.Flash = "The device has a new certificate; its previous one no longer works. Copy the private key now: it is not shown again."
+	r.URL.RawQuery = ""
+	return c.renderDevice(w, r, v, deviceData{Credentials: creds})
 }
 
 // actionsData is the actions list's.

@@ -11,6 +11,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -136,7 +137,13 @@ func (a *Authority) Issue(tenant, id string, now time.Time) (certPEM, keyPEM str
 	}
 	certPEM = string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
 	keyPEM = string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}))
-	return certPEM, keyPEM, fleet.IssuedCertificate{Serial: SerialHex(serial), NotAfter: notAfter}, nil
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return "", "", issued, err
+	}
+	sum := sha256.Sum256(der)
+	return certPEM, keyPEM, fleet.IssuedCertificate{Serial: SerialHex(serial), Subject: cert.Subject.String(),
+		Fingerprint: hex.EncodeToString(sum[:]), NotBefore: cert.NotBefore, NotAfter: cert.NotAfter}, nil
 }
 
 // DeviceIdentity returns the device a verified client certificate names,

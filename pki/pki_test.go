@@ -1,8 +1,10 @@
 package pki_test
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/pem"
 	"net/url"
 	"strings"
@@ -49,6 +51,11 @@ func TestIssue(t *testing.T) {
 	}
 	if cert.Subject.CommonName != "pump-1" || cert.Subject.Organization[0] != "acme" {
 		t.Errorf("subject %v", cert.Subject)
+	}
+	sum := sha256.Sum256(cert.Raw)
+	if issued.Fingerprint != hex.EncodeToString(sum[:]) || issued.Subject != cert.Subject.String() ||
+		!issued.NotBefore.Equal(cert.NotBefore) || !issued.NotAfter.Equal(cert.NotAfter) {
+		t.Errorf("issued %+v does not describe the certificate (subject %s, not before %v)", issued, cert.Subject, cert.NotBefore)
 	}
 	if !issued.NotAfter.After(now.Add(10 * 365 * 24 * time.Hour)) {
 		t.Errorf("not after %v: device certificates live long", issued.NotAfter)

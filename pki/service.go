@@ -54,3 +54,9 @@ func (s *Service) AuthenticateDeviceCertificate(ctx context.Context, tenant, id,
 	}
 	return err
 }
+
+// FindDeviceCertificate is the device's current certificate, nil when it
+// has none.
+func (s *Service) FindDeviceCertificate(ctx context.Context, tenant, id string) (*fleet.IssuedCertificate, error) {
+	return s.Store.FindDeviceCertificate(ctx, tenant, id)
+}

@@ -129,6 +129,24 @@ func TestCommitStream(t *testing.T) {
 				t.Fatalf("latest points: %v %v", pts, err)
 			}
 		})
+		t.Run("DeviceStreams", func(t *testing.T) {
+			p := point(1, 3)
+			p.Stream = "battery"
+			if err := db.CommitStream(ctx, "acme", "d1", "battery", p, nil); err != nil {
+				t.Fatal(err)
+			}
+			pts, n, err := db.FindDeviceStreams(ctx, "acme", "d1", fleet.Page{Page: 1, Limit: 1})
+			if err != nil || n != 2 || len(pts) != 1 || pts[0].Stream != "battery" || pts[0].Data["temp"] != int64(3) {
+				t.Fatalf("first page of d1's streams: %+v, %d, %v; want battery of 2", pts, n, err)
+			}
+			pts, _, err = db.FindDeviceStreams(ctx, "acme", "d1", fleet.Page{Page: 2, Limit: 1})
+			if err != nil || len(pts) != 1 || pts[0].Stream != "env" {
+				t.Fatalf("second page of d1's streams: %+v, %v; want env", pts, err)
+			}
+			if pts, n, err := db.FindDeviceStreams(ctx, "beta", "d1", fleet.Page{Page: 1, Limit: 10}); err != nil || n != 0 || len(pts) != 0 {
+				t.Fatalf("another tenant's d1: %+v, %d, %v; want none", pts, n, err)
+			}
+		})
 		t.Run("UnknownDevice", func(t *testing.T) {
 			wantCode(t, db.CommitStream(ctx, "acme", "ghost", "env", point(1, 1), nil), fleet.ENOTFOUND)
 		})

@@ -14,7 +14,9 @@ var _ fleet.DeviceCertificateStore = (*DB)(nil)
 // connect with.
 func (db *DB) SetDeviceCertificate(ctx context.Context, tenant, id string, c fleet.IssuedCertificate) error {
 	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		res, err := tx.exec(ctx, "UPDATE devices SET cert_serial = ? WHERE tenant = ? AND id = ?", c.Serial, tenant, id)
+		res, err := tx.exec(ctx, `UPDATE devices SET cert_serial = ?, cert_subject = ?, cert_fingerprint = ?,
+			cert_not_before = ?, cert_not_after = ? WHERE tenant = ? AND id = ?`,
+			c.Serial, c.Subject, c.Fingerprint, c.NotBefore.UnixMilli(), c.NotAfter.UnixMilli(), tenant, id)
 		if err != nil {
 			return err
 		}
@@ -40,6 +42,28 @@ func (db *DB) DeviceCertificateSerial(ctx context.Context, tenant, id string) (s
 		return "", fleet.Errorf(fleet.ENOTFOUND, "device %q not found", id)
 	}
 	return serial, db.classify(err)
+}
+
+// FindDeviceCertificate returns what is recorded of the device's current
+// certificate, nil when it has none. A token rotation revokes the
+// certificate by clearing its serial alone: the rest is not read then.
+func (db *DB) FindDeviceCertificate(ctx context.Context, tenant, id string) (*fleet.IssuedCertificate, error) {
+	var c fleet.IssuedCertificate
+	var notBefore, notAfter int64
+	err := db.queryRow(ctx, `SELECT cert_serial, cert_subject, cert_fingerprint, cert_not_before, cert_not_after
+		FROM devices WHERE tenant = ? AND id = ?`, tenant, id).Scan(&c.Serial, &c.Subject, &c.Fingerprint, &notBefore, &notAfter)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "device %q not found", id)
+	} else if err != nil {
+		return nil, db.classify(err)
+	}
+	if c.Serial == "" {
+		return nil, nil
+	}
+	if notAfter != 0 {
+		c.NotBefore, c.NotAfter = fromMillis(notBefore), fromMillis(notAfter)
+	}
+	return &c, nil
 }
 
 // ServerValue returns the server-wide value under name, made by create on

@@ -29,16 +29,26 @@ func TestDeviceCertificates(t *testing.T) {
 		if got := serial("acme", "d1"); got != "" {
 			t.Fatalf("a new device has serial %q, want none", got)
 		}
-		cert := fleet.IssuedCertificate{Serial: "4a01", NotAfter: time.Date(2046, 1, 1, 0, 0, 0, 0, time.UTC)}
+		if c, err := db.FindDeviceCertificate(ctx, "acme", "d1"); err != nil || c != nil {
+			t.Fatalf("FindDeviceCertificate of a new device = %+v, %v; want none", c, err)
+		}
+		cert := fleet.IssuedCertificate{Serial: "4a01", Subject: "CN=d1,O=acme", Fingerprint: "ab12",
+			NotBefore: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), NotAfter: time.Date(2046, 1, 1, 0, 0, 0, 0, time.UTC)}
 		if err := db.SetDeviceCertificate(ctx, "acme", "d1", cert); err != nil {
 			t.Fatal(err)
 		}
 		if got := serial("acme", "d1"); got != "4a01" {
 			t.Fatalf("serial %q, want 4a01", got)
 		}
+		got, err := db.FindDeviceCertificate(ctx, "acme", "d1")
+		if err != nil || got == nil || *got != cert {
+			t.Fatalf("FindDeviceCertificate = %+v, %v; want %+v", got, err, cert)
+		}
 		t.Run("OtherTenant", func(t *testing.T) {
 			wantCode(t, db.SetDeviceCertificate(ctx, "beta", "d1", cert), fleet.ENOTFOUND)
 			_, err := db.DeviceCertificateSerial(ctx, "beta", "d1")
+			wantCode(t, err, fleet.ENOTFOUND)
+			_, err = db.FindDeviceCertificate(ctx, "beta", "d1")
 			wantCode(t, err, fleet.ENOTFOUND)
 		})
 		t.Run("Audited", func(t *testing.T) {
@@ -56,6 +66,9 @@ func TestDeviceCertificates(t *testing.T) {
 			}
 			if got := serial("acme", "d1"); got != "" {
 				t.Fatalf("serial %q after a token rotation, want none", got)
+			}
+			if c, err := db.FindDeviceCertificate(ctx, "acme", "d1"); err != nil || c != nil {
+				t.Fatalf("FindDeviceCertificate after a token rotation = %+v, %v; want none", c, err)
 			}
 		})
 		t.Run("ServerValue", func(t *testing.T) {

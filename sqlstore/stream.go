@@ -150,6 +150,14 @@ func (db *DB) FindLatestPoint(ctx context.Context, tenant, device, stream string
 	return p, db.classify(err)
 }
 
+// FindDeviceStreams returns the latest point of each of a device's
+// streams, by stream name, a page at a time (the primary key's range).
+func (db *DB) FindDeviceStreams(ctx context.Context, tenant, device string, p fleet.Page) ([]*fleet.DataPoint, int, error) {
+	return findPage(ctx, db, "SELECT count(*) FROM stream_latest WHERE tenant = ? AND device_id = ?",
+		`SELECT device_id, stream, ts, seq, data, received_at FROM stream_latest
+		WHERE tenant = ? AND device_id = ? ORDER BY stream`, []any{tenant, device}, p, scanPoint)
+}
+
 // FindLatestPoints returns the latest point of every device on a stream of
 // the tenant: what the timers of no_data_seconds start from.
 func (db *DB) FindLatestPoints(ctx context.Context, tenant, stream string) ([]*fleet.DataPoint, error) {

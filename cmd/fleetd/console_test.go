@@ -4,6 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
 	"fmt"
 	"html"
 	"io"
@@ -16,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/pki"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -102,7 +107,9 @@ func (b *browser) signIn(tenant, key string) page {
 // isolation, escaping, the security headers and the event stream.
 func TestConsole(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
-		s := startServer(t, be)
+		// MQTT over TLS, so that devices can be issued certificates.
+		certFile, keyFile := writeServerCert(t, t.TempDir(), "fleetd test")
+		s := startServer(t, be, "--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0")
 		admin := s.admin()
 		operator := s.newKey(t, admin, "olivia", "operator")
 		viewer := s.newKey(t, admin, "victor", "viewer")
@@ -198,6 +205,57 @@ func TestConsole(t *testing.T) {
 			if strings.Contains(b.get("/console/devices/dev-1").Body, "fdt_") {
 				t.Errorf("the token is shown again")
 			}
+		})
+
+		t.Run("DevicePage", func(t *testing.T) {
+			s.do(t, device, "POST", "/api/v1/devices/dev-1/streams/env",
+				[]map[string]any{{"timestamp": time.Now().UnixMilli(), "sequence": 1, "temp": 21.5, "label": "<b>warm</b>"}}).want(t, 200)
+			v := newBrowser(t, s.URL)
+			v.signIn("default", viewer.Key)
+			body := v.get("/console/devices/dev-1").want(t, 200).Body
+			for _, want := range []string{"Latest stream values", "21.5", html.EscapeString(`"<b>warm</b>"`), "no client certificate"} {
+				if !strings.Contains(body, want) {
+					t.Errorf("a device page does not show %q", want)
+				}
+			}
+			if strings.Contains(body, "<b>warm") || strings.Contains(body, "Issue a certificate") {
+				t.Errorf("the device page shows a stream value unescaped or offers a viewer a certificate")
+			}
+
+			b := newBrowser(t, s.URL)
+			tok := b.signIn("default", operator.Key).csrf(t)
+			body = b.do("POST", "/console/devices/dev-1/certificate", url.Values{"csrf": {tok}}, "Origin", s.URL).want(t, 200).Body
+			if !strings.Contains(body, "BEGIN PRIVATE KEY") {
+				t.Fatalf("issuing a certificate does not show its key")
+			}
+			// The page describes the certificate it just handed out.
+			m := regexp.MustCompile(`(?s)id="device_certificate"[^>]*>(.*?)</textarea>`).FindStringSubmatch(body)
+			if m == nil {
+				t.Fatalf("no certificate on the page")
+			}
+			blk, _ := pem.Decode([]byte(html.UnescapeString(m[1])))
+			if blk == nil {
+				t.Fatalf("the certificate shown is not PEM")
+			}
+			cert, err := x509.ParseCertificate(blk.Bytes)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum := sha256.Sum256(cert.Raw)
+			body = b.get("/console/devices/dev-1").want(t, 200).Body
+			for _, want := range []string{hex.EncodeToString(sum[:]), pki.SerialHex(cert.SerialNumber), html.EscapeString(cert.Subject.String()), "Issue a new certificate"} {
+				if !strings.Contains(body, want) {
+					t.Errorf("the device page does not show the certificate's %q", want)
+				}
+			}
+			if strings.Contains(body, "PRIVATE KEY") {
+				t.Errorf("the private key is shown again")
+			}
+			b.do("POST", "/console/devices/dev-1/token", url.Values{"csrf": {tok}}, "Origin", s.URL).want(t, 200)
+			if body := b.get("/console/devices/dev-1").Body; !strings.Contains(body, "no client certificate") {
+				t.Errorf("a token rotation left the certificate on the page")
+			}
+			v.do("POST", "/console/devices/dev-1/certificate", url.Values{"csrf": {v.get("/console/").csrf(t)}}).want(t, 403)
 		})
 
 		t.Run("Roles", func(t *testing.T) {

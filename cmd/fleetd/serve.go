@@ -167,7 +167,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	}
 	// The web console, at /console/, uses the same services as the API.
 	con := &console.Console{Tenants: db, TenantAuth: users, Devices: api.Devices, Actions: actions, Firmware: fw,
-		Alerts: alerts, Audit: db, Secrets: db, Targets: db, Logger: log, UploadLimit: c.maxUpload,
+		Alerts: alerts, Streams: alerts, Audit: db, Secrets: db, Targets: db, Logger: log, UploadLimit: c.maxUpload,
 		OIDC: users, PublicURL: c.publicURL}
 	if p, ok := broker.(console.Presence); ok {
 		con.Presence = p
@@ -175,7 +175,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	con.Open()
 	api.Console = con
 	if ms, ok := broker.(*mqtt.Server); ok && sec.certs != nil {
-		api.DeviceCerts = sec.certs
+		api.DeviceCerts, con.Certificates = sec.certs, sec.certs
 		if api.UplinkBroker, err = c.sec.uplinkBroker(c.publicURL, ms.TLSAddr()); err != nil {
 			return err
 		}
