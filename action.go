@@ -485,6 +485,9 @@ type ActionService interface {
 	// FindDeviceActions is ENOTFOUND for an unknown device or action.
 	FindDeviceActions(ctx context.Context, tenant string, f DeviceActionFilter) ([]*DeviceAction, int, error)
 	FindDeviceAction(ctx context.Context, tenant string, actionID int64, deviceID string) (*DeviceAction, error)
+	// FindRecentFailures returns the tenant's limit latest Failed device
+	// actions, of any action, newest first.
+	FindRecentFailures(ctx context.Context, tenant string, limit int) ([]*DeviceAction, error)
 	// CancelAction cancels every device action of the action that is not
 	// final. Devices that have the action are told by a cancel_action
 	// dispatched to them. An action with nothing left to cancel is not an

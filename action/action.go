@@ -51,6 +51,7 @@ type Store interface {
 	FindAction(ctx context.Context, tenant string, id int64) (*fleet.Action, error)
 	FindDeviceActions(ctx context.Context, tenant string, f fleet.DeviceActionFilter) ([]*fleet.DeviceAction, int, error)
 	FindDeviceAction(ctx context.Context, tenant string, actionID int64, deviceID string) (*fleet.DeviceAction, error)
+	FindRecentFailures(ctx context.Context, tenant string, limit int) ([]*fleet.DeviceAction, error)
 	// CancelAction cancels what is not final and dispatches tell, a
 	// cancel_action, to the devices that have the action in flight.
 	CancelAction(ctx context.Context, tenant string, id int64, tell *fleet.Dispatch) (*fleet.Cancellation, error)
@@ -592,6 +593,11 @@ func (s *Service) FindDeviceActions(ctx context.Context, tenant string, f fleet.
 // FindDeviceAction reads one device action.
 func (s *Service) FindDeviceAction(ctx context.Context, tenant string, actionID int64, deviceID string) (*fleet.DeviceAction, error) {
 	return s.Store.FindDeviceAction(ctx, tenant, actionID, deviceID)
+}
+
+// FindRecentFailures reads the tenant's latest failures.
+func (s *Service) FindRecentFailures(ctx context.Context, tenant string, limit int) ([]*fleet.DeviceAction, error) {
+	return s.Store.FindRecentFailures(ctx, tenant, limit)
 }
 
 // ReportStatus applies status reports and returns once they committed.

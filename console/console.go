@@ -42,6 +42,12 @@ type Presence interface {
 	Online(tenant, device string) bool
 }
 
+// OnlineCounter counts a tenant's devices connected to this replica's
+// broker.
+type OnlineCounter interface {
+	OnlineCount(tenant string) int
+}
+
 // Console serves the web console. Fill in the services, then call Open.
 type Console struct {
 	Tenants    fleet.TenantService
@@ -57,7 +63,8 @@ type Console struct {
 	Audit        fleet.AuditService
 	Secrets      SecretStore
 	Targets      TargetCounter
-	Presence     Presence // nil: online state unknown
+	Presence     Presence      // nil: online state unknown
+	Online       OnlineCounter // nil: how many are online is unknown
 	// OIDC signs people in with their tenant's identity provider; nil
 	// offers API keys only.
 	OIDC OIDC
@@ -75,6 +82,7 @@ type Console struct {
 	UploadLimit int64
 
 	seal   sealer
+	feeds  feeds
 	routes []consoleRoute
 	mux    *http.ServeMux
 	pages  map[string]*template.Template

@@ -2,19 +2,24 @@ package console
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/fleetd/fleet"
 )
 
 // Live pages follow the database, not this replica's memory: a device's
-// report may be applied by any replica. Each open event stream reads what it
-// shows every LiveInterval and sends it when it changed, so a page moves
-// within LiveInterval (plus a query) of a report's commit.
+// report may be applied by any replica. A feed reads what a live page shows
+// every LiveInterval and tells its pages when it changed, so a page moves
+// within LiveInterval (plus a query) of a report's commit. Every page open
+// on the same thing (a tenant's overview, an action) shares one feed: the
+// database is asked once an interval however many browsers watch.
 
 // liveMaxAge ends an event stream after a while; the browser reconnects
 // (EventSource does by itself), and a session that ended meanwhile is
@@ -45,8 +50,8 @@ func (c *Console) handleActionEvents(w http.ResponseWriter, r *http.Request, v *
 	if _, err := c.Actions.FindAction(r.Context(), tenant, id); err != nil {
 		return err
 	}
-	return c.stream(w, r, "action", func() (any, error) {
-		a, err := c.Actions.FindAction(r.Context(), tenant, id)
+	return c.stream(w, r, "action", "action/"+tenant+"/"+strconv.FormatInt(id, 10), func(ctx context.Context) (any, error) {
+		a, err := c.Actions.FindAction(ctx, tenant, id)
 		if err != nil {
 			return nil, err
 		}
@@ -55,88 +60,230 @@ func (c *Console) handleActionEvents(w http.ResponseWriter, r *http.Request, v *
 	})
 }
 
-// overviewLive is what the overview's stream sends.
+// overviewLive is what the overview's stream sends: the whole of what the
+// page shows, so that a new action, alert or failure appears on it.
 type overviewLive struct {
-	Devices  int                       `json:"devices"`
-	InFlight int                       `json:"in_flight"`
-	Alerts   int                       `json:"alerts"`
-	Actions  map[string]map[string]int `json:"actions"` // by action id: statuses
+	Devices  int               `json:"devices"`
+	Online   *int              `json:"online,omitempty"` // nil: unknown
+	InFlight int               `json:"in_flight"`
+	AlertsN  int               `json:"alerts"`
+	Actions  []overviewAction  `json:"actions"`
+	Alerts   []overviewAlert   `json:"active_alerts"`
+	Failures []overviewFailure `json:"failures"`
+}
+
+type overviewAction struct {
+	ID       int64          `json:"id"`
+	Action   string         `json:"action"`
+	Rollout  string         `json:"rollout,omitempty"`
+	Statuses map[string]int `json:"statuses"`
+	Started  string         `json:"started"`
+}
+
+type overviewAlert struct {
+	Rule   string `json:"rule"`
+	Device string `json:"device"`
+	Stream string `json:"stream"`
+	Since  string `json:"since"`
+}
+
+type overviewFailure struct {
+	ActionID int64  `json:"action_id"`
+	Type     string `json:"type"`
+	Device   string `json:"device"`
+	Errors   string `json:"errors"`
+	At       string `json:"at"`
+}
+
+// overviewRows is how many actions, alerts and failures the overview lists.
+const overviewRows = 10
+
+// readOverview reads the overview of a tenant: a fixed number of queries,
+// whatever the size of the fleet or the number of rows shown.
+func (c *Console) readOverview(ctx context.Context, tenant string) (*overviewLive, error) {
+	var o overviewLive
+	var err error
+	if _, o.Devices, err = c.Devices.FindDevices(ctx, tenant, fleet.DeviceFilter{Page: fleet.Page{Page: 1, Limit: 1}}); err != nil {
+		return nil, err
+	}
+	if c.Online != nil {
+		n := c.Online.OnlineCount(tenant)
+		o.Online = &n
+	}
+	acts, n, err := c.Actions.FindActions(ctx, tenant, fleet.ActionFilter{Incomplete: true, Page: fleet.Page{Page: 1, Limit: overviewRows}})
+	if err != nil {
+		return nil, err
+	}
+	o.InFlight, o.Actions = n, make([]overviewAction, 0, len(acts))
+	for _, a := range acts {
+		o.Actions = append(o.Actions, overviewAction{ID: a.ID, Action: a.Action, Rollout: string(a.Status), Statuses: a.Statuses, Started: when(a.CreatedAt)})
+	}
+	alerts, n, err := c.Alerts.FindAlerts(ctx, tenant, fleet.AlertFilter{State: fleet.AlertActive, Page: fleet.Page{Page: 1, Limit: overviewRows}})
+	if err != nil {
+		return nil, err
+	}
+	o.AlertsN, o.Alerts = n, make([]overviewAlert, 0, len(alerts))
+	for _, a := range alerts {
+		o.Alerts = append(o.Alerts, overviewAlert{Rule: a.RuleName, Device: a.DeviceID, Stream: a.Stream, Since: when(a.StartedAt)})
+	}
+	fails, err := c.Actions.FindRecentFailures(ctx, tenant, overviewRows)
+	if err != nil {
+		return nil, err
+	}
+	o.Failures = make([]overviewFailure, 0, len(fails))
+	for _, f := range fails {
+		o.Failures = append(o.Failures, overviewFailure{ActionID: f.ActionID, Type: f.Type, Device: f.DeviceID, Errors: failureText(f), At: when(f.UpdatedAt)})
+	}
+	return &o, nil
+}
+
+// failureText is a failed device action's errors on one line.
+func failureText(da *fleet.DeviceAction) string {
+	var parts []string
+	for _, state := range sortedKeys(da.Errors) {
+		parts = append(parts, state+": "+strings.Join(da.Errors[state], "; "))
+	}
+	return strings.Join(parts, " · ")
 }
 
 func (c *Console) handleOverviewEvents(w http.ResponseWriter, r *http.Request, v *view) error {
-	ctx, tenant := r.Context(), v.Actor.Tenant
-	return c.stream(w, r, "overview", func() (any, error) {
-		var o overviewLive
-		var err error
-		if _, o.Devices, err = c.Devices.FindDevices(ctx, tenant, fleet.DeviceFilter{Page: fleet.Page{Page: 1, Limit: 1}}); err != nil {
-			return nil, err
-		}
-		acts, n, err := c.Actions.FindActions(ctx, tenant, fleet.ActionFilter{Incomplete: true, Page: fleet.Page{Page: 1, Limit: 10}})
-		if err != nil {
-			return nil, err
-		}
-		o.InFlight, o.Actions = n, map[string]map[string]int{}
-		for _, a := range acts {
-			o.Actions[strconv.FormatInt(a.ID, 10)] = a.Statuses
-		}
-		if _, o.Alerts, err = c.Alerts.FindAlerts(ctx, tenant, fleet.AlertFilter{State: fleet.AlertActive, Page: fleet.Page{Page: 1, Limit: 1}}); err != nil {
-			return nil, err
-		}
-		return o, nil
+	tenant := v.Actor.Tenant
+	return c.stream(w, r, "overview", "overview/"+tenant, func(ctx context.Context) (any, error) {
+		return c.readOverview(ctx, tenant)
 	})
 }
 
-// stream sends read's value as the event named event whenever it
-// changes, until the client goes, the stream is liveMaxAge old or read
-// fails.
-func (c *Console) stream(w http.ResponseWriter, r *http.Request, event string, read func() (any, error)) error {
+// feeds are the live reads in progress, by what they read.
+type feeds struct {
+	mu sync.Mutex
+	m  map[string]*feed
+}
+
+// feed reads one thing every interval for as long as a page watches it.
+type feed struct {
+	subs    int
+	stop    context.CancelFunc
+	last    []byte        // the latest value, as JSON; nil before the first read
+	err     error         // set when a read failed: the feed has ended
+	changed chan struct{} // closed, and replaced, when last or err changes
+}
+
+// join returns the feed of key, started with read if no page watches it
+// yet, and the function that leaves it; the last to leave stops it.
+func (c *Console) join(key string, read func(context.Context) (any, error)) (*feed, func()) {
+	fs := &c.feeds
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.m == nil {
+		fs.m = map[string]*feed{}
+	}
+	f := fs.m[key]
+	if f == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		f = &feed{stop: cancel, changed: make(chan struct{})}
+		fs.m[key] = f
+		go c.run(ctx, key, f, read)
+	}
+	f.subs++
+	return f, func() {
+		fs.mu.Lock()
+		defer fs.mu.Unlock()
+		if f.subs--; f.subs == 0 {
+			f.stop()
+			if fs.m[key] == f {
+				delete(fs.m, key)
+			}
+		}
+	}
+}
+
+// run reads the feed's value every LiveInterval until its last page left
+// or a read fails.
+func (c *Console) run(ctx context.Context, key string, f *feed, read func(context.Context) (any, error)) {
+	tick := time.NewTicker(c.LiveInterval)
+	defer tick.Stop()
+	for {
+		val, err := read(ctx)
+		var b []byte
+		if err == nil {
+			b, err = json.Marshal(val)
+		}
+		if err != nil && ctx.Err() == nil {
+			c.Logger.Warn("console live read", "feed", key, "err", err)
+		}
+		c.feeds.mu.Lock()
+		if err != nil || !bytes.Equal(b, f.last) {
+			f.last, f.err = b, err
+			close(f.changed)
+			f.changed = make(chan struct{})
+		}
+		if err != nil && c.feeds.m[key] == f {
+			delete(c.feeds.m, key) // the next page to come starts afresh
+		}
+		c.feeds.mu.Unlock()
+		if err != nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// current is the feed's latest value, its error, and what is closed when
+// either changes.
+func (f *feed) current(mu *sync.Mutex) ([]byte, error, <-chan struct{}) {
+	mu.Lock()
+	defer mu.Unlock()
+	return f.last, f.err, f.changed
+}
+
+// stream sends the feed of key (started with read if need be) as the
+// event named event whenever it changes, until the client goes, the stream
+// is liveMaxAge old or a read fails.
+func (c *Console) stream(w http.ResponseWriter, r *http.Request, event, key string, read func(context.Context) (any, error)) error {
 	rc := http.NewResponseController(w)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	tick := time.NewTicker(c.LiveInterval)
-	defer tick.Stop()
+	f, leave := c.join(key, read)
+	defer leave()
 	end := time.After(liveMaxAge)
-	var last []byte
-	lastWrite := time.Now()
+	beat := time.NewTicker(heartbeat)
+	defer beat.Stop()
+	send := func(msg []byte) bool {
+		_ = rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		if _, err := w.Write(msg); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	var sent []byte
 	for {
-		val, err := read()
+		b, err, changed := f.current(&c.feeds.mu)
 		if err != nil {
-			if r.Context().Err() == nil {
-				c.Logger.Warn("console event stream", "err", err, "request_id", fleet.RequestIDFromContext(r.Context()))
-			}
 			return nil // the browser reconnects
 		}
-		b, err := json.Marshal(val)
-		if err != nil {
-			return nil
-		}
-		var msg []byte
-		switch {
-		case !bytes.Equal(b, last):
-			msg = fmt.Appendf(nil, "event: %s\ndata: %s\n\n", event, b)
-			last = b
-		case time.Since(lastWrite) >= heartbeat:
-			msg = []byte(": heartbeat\n\n")
-		}
-		if msg != nil {
-			_ = rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
-			if _, err := w.Write(msg); err != nil {
+		if b != nil && !bytes.Equal(b, sent) {
+			if !send(fmt.Appendf(nil, "event: %s\ndata: %s\n\n", event, b)) {
 				return nil
 			}
-			if err := rc.Flush(); err != nil {
-				return nil
-			}
-			lastWrite = time.Now()
+			sent = b
 		}
 		select {
 		case <-r.Context().Done():
 			return nil
 		case <-end:
 			return nil
-		case <-tick.C:
+		case <-changed:
+		case <-beat.C:
+			if !send([]byte(": heartbeat\n\n")) {
+				return nil
+			}
 		}
 	}
 }

@@ -86,50 +86,12 @@ type actionRow struct {
 	Progress progress
 }
 
-// overviewData is the overview's.
-type overviewData struct {
-	Devices      int
-	Online       int
-	OnlineKnown  bool
-	InFlight     []actionRow
-	InFlightN    int
-	ActiveAlerts []*fleet.Alert
-	AlertsN      int
-	Failures     []*fleet.DeviceAction
-}
-
 func (c *Console) handleOverview(w http.ResponseWriter, r *http.Request, v *view) error {
-	ctx, tenant := r.Context(), v.Actor.Tenant
-	var d overviewData
-	devs, n, err := c.Devices.FindDevices(ctx, tenant, fleet.DeviceFilter{Page: fleet.Page{Page: 1, Limit: pageSize}})
+	o, err := c.readOverview(r.Context(), v.Actor.Tenant)
 	if err != nil {
 		return err
 	}
-	d.Devices = n
-	if c.Presence != nil && n <= pageSize {
-		// Online is counted where it is cheap to: each device asks the
-		// broker, so only for a small fleet; a large one shows it per page
-		// on the devices list.
-		d.OnlineKnown = true
-		for _, dev := range devs {
-			if c.Presence.Online(tenant, dev.ID) {
-				d.Online++
-			}
-		}
-	}
-	acts, n, err := c.Actions.FindActions(ctx, tenant, fleet.ActionFilter{Incomplete: true, Page: fleet.Page{Page: 1, Limit: 10}})
-	if err != nil {
-		return err
-	}
-	d.InFlightN = n
-	for _, a := range acts {
-		d.InFlight = append(d.InFlight, actionRow{a, newProgress(a.Statuses)})
-	}
-	d.ActiveAlerts, d.AlertsN, err = c.Alerts.FindAlerts(ctx, tenant, fleet.AlertFilter{State: fleet.AlertActive, Page: fleet.Page{Page: 1, Limit: 10}})
-	if err != nil {
-		return err
-	}
-	v.Title, v.Nav, v.Data = "Overview", "overview", d
+	v.Title, v.Nav, v.Data = "Overview", "overview", o
 	c.render(w, r, http.StatusOK, "overview", v)
 	return nil
 }

@@ -53,6 +53,7 @@ var funcs = template.FuncMap{
 		return a.StatusesPhased[strconv.Itoa(phase)][string(st)]
 	},
 	"bytes":       byteSize,
+	"progress":    newProgress,
 	"searchLabel": func(s string) string { return searchLabels[s] },
 	"percent":     func(f *float64) string { return strconv.FormatFloat(*f*100, 'f', -1, 64) },
 }

@@ -259,8 +259,14 @@ func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 		dispatch(h, s, 1)
 		dispatch(h, s, 2)
 		receive(t, c.received, "action 1")
+		if n := s.OnlineCount("acme"); n != 1 {
+			t.Fatalf("OnlineCount = %d with one device connected", n)
+		}
 		c.Disconnect(&paho.Disconnect{})
 		waitFor(t, "the device offline", func() bool { return !s.Online("acme", "dev-1") })
+		if n := s.OnlineCount("acme"); n != 0 {
+			t.Fatalf("OnlineCount = %d once the device left", n)
+		}
 		c = subscribedWith(t, s, h, true, &paho.ConnectProperties{ReceiveMaximum: &rm})
 		for id := int64(1); id <= 2; id++ {
 			pb := receive(t, c.received, fmt.Sprintf("action %d again", id))

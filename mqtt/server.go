@@ -274,6 +274,13 @@ func (s *Server) Online(tenant, device string) bool {
 	return d != nil && !d.isClosed()
 }
 
+// OnlineCount is how many of the tenant's devices are connected now.
+func (s *Server) OnlineCount(tenant string) int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.tenants[tenant]
+}
+
 // CredentialsChanged is told that the device's token or certificate was
 // replaced, or the device deleted: a connection made with revoked
 // credentials must not outlive them. The credentials the device's

@@ -278,6 +278,17 @@ func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fl
 	return page, count, nil
 }
 
+// FindRecentFailures returns the tenant's latest Failed device actions
+// from the partial index of migration 0016.
+func (db *DB) FindRecentFailures(ctx context.Context, tenant string, limit int) ([]*fleet.DeviceAction, error) {
+	das, err := db.scanDeviceActions(ctx, `WITH page AS (SELECT `+deviceActionColumns+`, tenant FROM device_actions
+		WHERE tenant = ? AND action_status = 'Failed' ORDER BY updated_at DESC LIMIT ?)
+		SELECT `+prefixed("page.", deviceActionColumns)+`, COALESCE(a.device_params, a.params)
+		FROM page JOIN actions a ON a.tenant = page.tenant AND a.id = page.action_id ORDER BY page.updated_at DESC, page.action_id DESC`,
+		tenant, limit)
+	return das, db.classify(err)
+}
+
 // scanDeviceActions reads the device actions a query selects; never nil.
 func (db *DB) scanDeviceActions(ctx context.Context, query string, args ...any) ([]*fleet.DeviceAction, error) {
 	rows, err := db.query(ctx, query, args...)

@@ -1043,3 +1043,42 @@ func (l *lockedLog) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+func TestRecentFailures(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, clk := mustOpen(t, b)
+		ctx := context.Background()
+		for _, tenant := range []string{"acme", "beta"} {
+			mustTenant(t, db, tenant)
+			mustDevices(t, db, tenant, map[string]map[string]string{"d1": nil, "d2": nil, "d3": nil})
+		}
+		a := mustDispatch(t, db, "acme", dispatch("reboot", "default", "d1", "d2", "d3"))
+		u := mustDispatch(t, db, "acme", dispatch("update", "default", "d2"))
+		theirs := mustDispatch(t, db, "beta", dispatch("reboot", "default", "d1"))
+		clk.Add(time.Second)
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "d1", ActionID: a.ID, State: "Failed", Errors: []string{"disk full"}})
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "d3", ActionID: a.ID, State: "Completed"})
+		clk.Add(time.Second)
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "d2", ActionID: u.ID, State: "Failed"})
+		clk.Add(time.Second)
+		mustReport(t, db, "beta", fleet.StatusReport{DeviceID: "d1", ActionID: theirs.ID, State: "Failed"})
+
+		got, err := db.FindRecentFailures(ctx, "acme", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		for _, da := range got {
+			keys = append(keys, fmt.Sprintf("%s/%d/%s", da.DeviceID, da.ActionID, da.Type))
+		}
+		if want := []string{fmt.Sprintf("d2/%d/update", u.ID), fmt.Sprintf("d1/%d/reboot", a.ID)}; !slices.Equal(keys, want) {
+			t.Fatalf("recent failures %v, want %v (newest first, this tenant's, failed only)", keys, want)
+		}
+		if len(got[1].Errors) == 0 {
+			t.Errorf("the failure's errors are not read: %+v", got[1])
+		}
+		if got, _ := db.FindRecentFailures(ctx, "acme", 1); len(got) != 1 || got[0].ActionID != u.ID {
+			t.Fatalf("limit 1: %+v", got)
+		}
+	})
+}

@@ -44,7 +44,9 @@ func consoleHarness(t *testing.T) string {
 // what an operator does: finds devices (one with markup in its metadata),
 // dispatches a phased rollout from the form after counting its devices,
 // watches devices' reports move the page without a reload, sees the gate
-// pause the rollout, resumes it, and sees a viewer get no write controls;
+// pause the rollout, resumes it, watches the overview follow an action
+// that `fleetd sim` devices run, checks the layout at 1280x800 and at phone
+// width, and sees a viewer get no write controls;
 // then a person signs in through the tenant's OpenID provider.
 // FLEETD_CONSOLE_SCREENSHOTS=docs/console (a relative path is taken from
 // the repository root) refreshes the screenshots of docs/console.md.
@@ -62,6 +64,12 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	s.do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "odd-one",
 		"metadata": map[string]any{"note": "<script>alert(1)</script>", "site": `"><img src=x onerror=alert(2)>`}}).want(t, 201)
+	// Simulated devices on MQTT, half of which fail what they run, for the
+	// overview to follow; each takes a few steps of 300 ms over an action.
+	const simDevices = 6
+	sim := s.startSim(t, "--devices", fmt.Sprint(simDevices), "--provision", "--url", s.URL, "--api-key", admin.Key,
+		"--prefix", "sim-", "--fail-rate", "0.5", "--step", "300ms", "--telemetry-interval", "0")
+	sim.connected(t, simDevices)
 
 	op := startOIDCProvider(t, "fleetd-console", "console-secret", s.URL+"/console/oidc/callback")
 	s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "console-secret", "viewer")).want(t, 204)
@@ -78,6 +86,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant,
 		"OPERATOR_KEY="+operator.Key, "VIEWER_KEY="+viewer.Key,
 		"DEVICES="+strings.Join(ids, ","), "XSS_DEVICE=odd-one", "SCREENSHOTS="+shots,
+		"SIM_PREFIX=sim-", fmt.Sprintf("SIM_DEVICES=%d", simDevices),
 		"BUNDLE_FILE="+bundle,
 		"OIDC_USER="+op.Username, "OIDC_PASSWORD="+op.Password, "OIDC_EMAIL="+op.Email)
 }

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"html"
@@ -90,6 +91,35 @@ func (p page) csrf(t *testing.T) string {
 		t.Fatalf("no csrf field in the page:\n%s", p.Body)
 	}
 	return m[1]
+}
+
+// events opens an event stream of the console and returns what reads its
+// next event's data; the stream closes when the test ends.
+func (b *browser) events(t *testing.T, path string) func() string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	rq, _ := http.NewRequestWithContext(ctx, "GET", b.base+path, nil)
+	res, err := b.client.Do(rq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { res.Body.Close() })
+	if res.StatusCode != 200 || res.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("%s answered %d %s", path, res.StatusCode, res.Header.Get("Content-Type"))
+	}
+	events := bufio.NewScanner(res.Body)
+	events.Buffer(nil, 1<<20)
+	return func() string {
+		t.Helper()
+		for events.Scan() {
+			if d, ok := strings.CutPrefix(events.Text(), "data: "); ok {
+				return d
+			}
+		}
+		t.Fatalf("the stream %s ended: %v", path, events.Err())
+		return ""
+	}
 }
 
 // signIn signs b in with a tenant and key and returns the overview.
@@ -316,33 +346,90 @@ func TestConsole(t *testing.T) {
 			b.signIn("default", operator.Key)
 			var a struct{ ID int64 }
 			s.do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "blink", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"dev-1"}}).want(t, 201).decode(t, &a)
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			rq, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("%s/console/actions/%d/events", s.URL, a.ID), nil)
-			res, err := b.client.Do(rq)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer res.Body.Close()
-			if res.StatusCode != 200 || res.Header.Get("Content-Type") != "text/event-stream" {
-				t.Fatalf("events answered %d %s", res.StatusCode, res.Header.Get("Content-Type"))
-			}
-			events := bufio.NewScanner(res.Body)
-			next := func() string {
-				for events.Scan() {
-					if d, ok := strings.CutPrefix(events.Text(), "data: "); ok {
-						return d
-					}
-				}
-				t.Fatalf("the stream ended: %v", events.Err())
-				return ""
-			}
+			next := b.events(t, fmt.Sprintf("/console/actions/%d/events", a.ID))
 			if first := next(); !strings.Contains(first, `"Queued":1`) {
 				t.Fatalf("first event %s", first)
 			}
 			s.do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "dev-1", "action_id": a.ID, "state": "Completed", "progress": 100}).want(t, 204)
 			if ev := next(); !strings.Contains(ev, `"Completed":1`) {
 				t.Fatalf("after the report: %s", ev)
+			}
+		})
+
+		t.Run("LiveOverview", func(t *testing.T) {
+			// Two people watch the overview; both see a new action appear,
+			// its progress and its failure, with the failure's text as sent.
+			var watchers []func() string
+			for range 2 {
+				b := newBrowser(t, s.URL)
+				b.signIn("default", viewer.Key)
+				watchers = append(watchers, b.events(t, "/console/events"))
+			}
+			var first struct {
+				Devices  int `json:"devices"`
+				InFlight int `json:"in_flight"`
+			}
+			for _, next := range watchers {
+				if err := json.Unmarshal([]byte(next()), &first); err != nil || first.Devices != 1 {
+					t.Fatalf("first overview event: %+v, %v", first, err)
+				}
+			}
+			var a struct{ ID int64 }
+			s.do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "locate", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"dev-1"}}).want(t, 201).decode(t, &a)
+			type overview struct {
+				InFlight int `json:"in_flight"`
+				Actions  []struct {
+					ID       int64          `json:"id"`
+					Action   string         `json:"action"`
+					Statuses map[string]int `json:"statuses"`
+				} `json:"actions"`
+				Failures []struct {
+					ActionID int64  `json:"action_id"`
+					Device   string `json:"device"`
+					Errors   string `json:"errors"`
+				} `json:"failures"`
+			}
+			// until reads events until one is ok; the stream's 30 s bound fails
+			// the test otherwise.
+			until := func(next func() string, ok func(o overview) bool) {
+				t.Helper()
+				for {
+					var o overview
+					ev := next()
+					if err := json.Unmarshal([]byte(ev), &o); err != nil {
+						t.Fatalf("overview event %s: %v", ev, err)
+					}
+					if ok(o) {
+						return
+					}
+				}
+			}
+			shows := func(o overview, status string) bool {
+				for _, x := range o.Actions {
+					if x.ID == a.ID && x.Action == "locate" && x.Statuses[status] == 1 {
+						return true
+					}
+				}
+				return false
+			}
+			for _, next := range watchers {
+				until(next, func(o overview) bool { return o.InFlight == first.InFlight+1 && shows(o, "Queued") })
+			}
+			s.do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "dev-1", "action_id": a.ID, "state": "Blinking", "progress": 50}).want(t, 204)
+			for _, next := range watchers {
+				until(next, func(o overview) bool { return shows(o, "Progress") })
+			}
+			s.do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "dev-1", "action_id": a.ID, "state": "Failed", "errors": []string{"<i>lamp</i> broken"}}).want(t, 204)
+			for _, next := range watchers {
+				until(next, func(o overview) bool {
+					return len(o.Failures) > 0 && o.Failures[0].ActionID == a.ID && o.Failures[0].Device == "dev-1" && strings.Contains(o.Failures[0].Errors, "<i>lamp</i> broken")
+				})
+			}
+			body := newBrowser(t, s.URL)
+			body.signIn("default", viewer.Key)
+			page := body.get("/console/").want(t, 200).Body
+			if !strings.Contains(page, "Last failures") || !strings.Contains(page, html.EscapeString("<i>lamp</i> broken")) || strings.Contains(page, "<i>lamp") {
+				t.Errorf("the overview does not list the failure, escaped")
 			}
 		})
 

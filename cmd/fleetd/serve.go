@@ -172,6 +172,9 @@ func runServe(ctx context.Context, args []string, e env) error {
 	if p, ok := broker.(console.Presence); ok {
 		con.Presence = p
 	}
+	if o, ok := broker.(console.OnlineCounter); ok {
+		con.Online = o
+	}
 	con.Open()
 	api.Console = con
 	if ms, ok := broker.(*mqtt.Server); ok && sec.certs != nil {

@@ -60,21 +60,89 @@
     });
   }
 
+  // el makes an element with text, attributes and children: never HTML.
+  function el(tag, attrs, children) {
+    var e = document.createElement(tag);
+    for (var k in attrs || {}) e.setAttribute(k, attrs[k]);
+    (children || []).forEach(function (c) {
+      e.appendChild(typeof c === "string" || typeof c === "number" ? document.createTextNode(String(c)) : c);
+    });
+    return e;
+  }
+  function link(href, text) { return el("a", { href: href }, [text]); }
+  function td(children, attrs) { return el("td", attrs, children); }
+
+  function actionCounts(row, counts) {
+    var t = total(counts), f = finished(counts), pct = t ? Math.floor(100 * f / t) : 0;
+    var bar = row.querySelector("progress");
+    bar.max = Math.max(t, 1);
+    bar.value = f;
+    setText(bar, pct + "%");
+    var cells = { percent: pct, running: (counts.Initiated || 0) + (counts.Progress || 0),
+      completed: counts.Completed || 0, failed: counts.Failed || 0 };
+    row.querySelectorAll("[data-cell]").forEach(function (c) { setText(c, cells[c.getAttribute("data-cell")]); });
+  }
+  function actionRow(a) {
+    var name = [link("/console/actions/" + a.id, "#" + a.id + " " + a.action)];
+    if (a.rollout) name.push(" ", el("span", { "class": "rollout r-" + a.rollout }, [a.rollout]));
+    var row = el("tr", { "data-action": a.id }, [
+      td(name),
+      td([el("progress", { max: 1, value: 0, "aria-label": "action " + a.id + " finished" }), " ", el("span", { "data-cell": "percent" }), "%"]),
+      td([], { "data-cell": "running" }), td([], { "data-cell": "completed" }), td([], { "data-cell": "failed" }),
+      td([a.started]),
+    ]);
+    actionCounts(row, a.statuses || {});
+    return row;
+  }
+  function alertRow(a) {
+    return el("tr", {}, [td([a.rule]), td([link("/console/devices/" + encodeURIComponent(a.device), a.device)]), td([a.stream]), td([a.since])]);
+  }
+  function failureRow(f) {
+    return el("tr", {}, [td([link("/console/actions/" + f.action_id, "#" + f.action_id + " " + f.type)]),
+      td([link("/console/devices/" + encodeURIComponent(f.device), f.device)]), td([f.errors]), td([f.at])]);
+  }
+
+  // rows shows a list: the rows are made again only when the list changed
+  // (so a focused link stays put while numbers move); same tells whether a
+  // row shown is an item's, update refreshes it in place.
+  var shown = {};
+  function rows(root, name, items, make, key, update) {
+    var table = root.querySelector('[data-rows="' + name + '"]');
+    var empty = root.querySelector('[data-empty="' + name + '"]');
+    if (!table) return;
+    items = items || [];
+    table.hidden = items.length === 0;
+    if (empty) empty.hidden = items.length !== 0;
+    var body = table.tBodies[0];
+    var keys = JSON.stringify(items.map(key));
+    if (shown[name] === undefined) {
+      shown[name] = JSON.stringify(Array.prototype.map.call(body.rows, function (r) { return r.getAttribute("data-key"); }));
+    }
+    if (keys === shown[name] && update) {
+      items.forEach(function (it, i) { update(body.rows[i], it); });
+      return;
+    }
+    if (keys === shown[name]) return;
+    var fresh = document.createElement("tbody");
+    items.forEach(function (it) {
+      var r = make(it);
+      r.setAttribute("data-key", key(it));
+      fresh.appendChild(r);
+    });
+    table.replaceChild(fresh, body);
+    shown[name] = keys;
+  }
+
   function applyOverview(root, data) {
-    ["devices", "in_flight", "alerts"].forEach(function (k) {
-      root.querySelectorAll('[data-live="' + k + '"]').forEach(function (el) { setText(el, data[k]); });
+    ["devices", "online", "in_flight", "alerts"].forEach(function (k) {
+      if (data[k] === undefined) return;
+      root.querySelectorAll('[data-live="' + k + '"]').forEach(function (e) { setText(e, data[k]); });
     });
-    document.querySelectorAll("tr[data-action]").forEach(function (row) {
-      var counts = (data.actions || {})[row.getAttribute("data-action")];
-      if (!counts) return;
-      row.querySelectorAll('[data-live="Completed"],[data-live="Failed"]').forEach(function (el) {
-        setText(el, counts[el.getAttribute("data-live")] || 0);
-      });
-      row.querySelectorAll('progress[data-live="final"]').forEach(function (el) {
-        el.max = Math.max(total(counts), 1);
-        el.value = finished(counts);
-      });
-    });
+    root.querySelectorAll("[data-live-warn]").forEach(function (e) { e.classList.toggle("warn", data.alerts > 0); });
+    rows(root, "actions", data.actions, actionRow, function (a) { return String(a.id); },
+      function (row, a) { actionCounts(row, a.statuses || {}); });
+    rows(root, "alerts", data.active_alerts, alertRow, function (a) { return JSON.stringify(a); });
+    rows(root, "failures", data.failures, failureRow, function (f) { return JSON.stringify(f); });
   }
 
   function connect(root) {
@@ -83,7 +151,7 @@
     var es = new EventSource(src);
     es.addEventListener(event, function (e) {
       var data = JSON.parse(e.data);
-      if (event === "action") applyAction(root, data); else applyOverview(document, data);
+      if (event === "action") applyAction(root, data); else applyOverview(root, data);
       document.body.setAttribute("data-live-updated", String(Date.now()));
     });
   }

@@ -3,6 +3,7 @@
 // starts fleetd, provisions the devices and keys, and runs this with:
 //   FLEETD_URL, FLEETD_TENANT, OPERATOR_KEY, VIEWER_KEY, DEVICES (comma-separated ids),
 //   XSS_DEVICE (a device whose metadata holds markup), SCREENSHOTS (a directory, optional),
+//   SIM_PREFIX, SIM_DEVICES (the ids' prefix and number of `fleetd sim` devices, half failing),
 //   OIDC_USER, OIDC_PASSWORD, OIDC_EMAIL (a person at the tenant's OpenID provider).
 // Every wait is on a condition in the page, bounded by Playwright's timeouts.
 import assert from "node:assert/strict";
@@ -12,6 +13,8 @@ const operatorKey = env("OPERATOR_KEY");
 const viewerKey = env("VIEWER_KEY");
 const devices = env("DEVICES").split(",");
 const xssDevice = env("XSS_DEVICE");
+const simPrefix = env("SIM_PREFIX");
+const simDevices = Number(env("SIM_DEVICES"));
 
 // api calls fleetd's HTTP API as the operator: the test's devices report
 // through it (S10), as gateways do.
@@ -60,7 +63,7 @@ try {
 
   step("devices: search, and markup in metadata renders as text");
   await page.getByRole("navigation").getByRole("link", { name: "Devices", exact: true }).click();
-  await page.getByText(`${devices.length + 1} devices`).waitFor();
+  await page.getByText(`${devices.length + 1 + simDevices} devices`).waitFor();
   await page.getByText("<script>alert(1)</script>").first().waitFor();
   assert.deepEqual(dialogs, [], "no script from a device's metadata ran");
   await shot(page, "devices");
@@ -120,17 +123,25 @@ try {
   await page.getByText("disk full").waitFor(); // the failed devices' errors (rendered on resume's reload)
   await shot(page, "action");
 
-  step("the overview follows the fleet live");
+  step("the overview follows the fleet live: an action dispatched through the API appears and moves as simulated devices report");
   await page.goto(base + "/console/");
   await page.getByRole("heading", { name: "Actions in flight" }).waitFor();
+  await page.locator('[data-live="online"]').getByText(String(simDevices), { exact: true }).waitFor();
   await page.evaluate(() => { window.__sameDocument = true; });
-  const second = await api("POST", "/api/v1/actions", { action: "locate", params: {}, search_type: "all" });
-  await page.waitForFunction(() => document.querySelector('[data-live="in_flight"]')?.textContent === "1");
-  assert.equal(await page.evaluate(() => window.__sameDocument), true, "the page was not reloaded");
-  await report(second.id, devices[0], "Blinking", 50);
-  await page.reload();
-  await page.getByRole("link", { name: /locate/ }).waitFor();
+  const second = await api("POST", "/api/v1/actions", { action: "locate", params: {}, search_type: "search", search_query: simPrefix });
+  const row = page.locator(`tr[data-action="${second.id}"]`);
+  await row.getByRole("link", { name: `#${second.id} locate` }).waitFor();
+  await page.locator('[data-live="in_flight"]').getByText("1", { exact: true }).waitFor();
+  // Its progress moves: devices run it, then finish it.
+  await page.waitForFunction((id) =>
+    Number(document.querySelector(`tr[data-action="${id}"] [data-cell="running"]`)?.textContent || 0) > 0, second.id);
   await shot(page, "overview");
+  // Once every device finished, the action leaves the list; the failing
+  // devices' errors are the last failures.
+  await page.locator('[data-live="in_flight"]').getByText("0", { exact: true }).waitFor();
+  await row.waitFor({ state: "detached" });
+  await page.locator('[data-rows="failures"]').getByRole("link", { name: `#${second.id} locate` }).first().waitFor();
+  assert.equal(await page.evaluate(() => window.__sameDocument), true, "the overview was not reloaded");
 
   step("upload a firmware bundle with a progress bar; deactivate a component");
   await page.goto(base + "/console/firmware");
@@ -159,12 +170,35 @@ try {
   await page.getByRole("link", { name: devices[1] }).waitFor();
   await shot(page, "alerts");
 
+  step("the device's page shows its latest reading and its alert");
+  await page.getByRole("link", { name: devices[1] }).first().click();
+  await page.getByRole("heading", { name: "Latest stream values" }).waitFor();
+  await page.locator("table.streams").getByRole("cell", { name: "env", exact: true }).waitFor();
+  await page.getByRole("cell", { name: "pump overheating" }).waitFor();
+  await shot(page, "device");
+
   step("a form posted without the session's token is refused");
   const forged = await ctx.request.post(base + `/console/actions/${actionID}/abort`, { form: { csrf: "forged" }, maxRedirects: 0 });
   assert.equal(forged.status(), 403);
 
-  step("at phone width the action page still reads");
-  await page.setViewportSize({ width: 390, height: 844 });
+  step("at 1280x800 and at phone width (390x844) every page fits its width: wide tables scroll inside themselves");
+  const pages = ["/console/", "/console/devices", `/console/devices/${devices[0]}`, "/console/actions",
+    `/console/actions/${actionID}`, "/console/actions/new", "/console/firmware", "/console/alerts"];
+  for (const [width, height] of [[1280, 800], [390, 844]]) {
+    await page.setViewportSize({ width, height });
+    for (const p of pages) {
+      await page.goto(base + p);
+      const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+      assert.ok(overflow <= 0, `${p} at ${width}px is ${overflow}px wider than the window`);
+      // The first Tab reaches the skip link, which shows when focused.
+      await page.keyboard.press("Tab");
+      assert.equal(await page.evaluate(() => document.activeElement?.textContent), "Skip to content", `${p}: the first Tab reaches the skip link`);
+    }
+  }
+  await page.goto(base + "/console/");
+  await shot(page, "overview-phone");
+  await page.goto(base + `/console/devices/${devices[1]}`);
+  await shot(page, "device-phone");
   await page.goto(base + `/console/actions/${actionID}`);
   await page.getByRole("heading", { name: /^Rollout/ }).waitFor();
   await shot(page, "action-phone");
