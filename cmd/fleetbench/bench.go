@@ -14,27 +14,28 @@ import (
 
 // sizes are a run's scenario sizes.
 type sizes struct {
-	s10Devices     int   // device actions S10 reports on
-	randomDevices  int   // device actions s10-random draws from
-	mqttDevices    int   // devices publishing status reports
-	streamDevices  int   // devices publishing stream points
-	pointsPerBatch int   // points in one stream publish
-	dispatch       []int // dispatch sizes, the targets' 100,000 and 1,000,000
-	delivery       int   // connected devices that must receive an action
-	s7Actions      int   // actions on the S7 device
-	s7Requests     int   // measured S7 requests per sort field
-	memConns       int   // MQTT connections while memory is read
-	warmup         time.Duration
+	s10Devices      int   // device actions S10 reports on
+	randomDevices   int   // device actions s10-random draws from
+	mqttDevices     int   // devices publishing status reports
+	streamDevices   int   // devices publishing stream points
+	pointsPerBatch  int   // points in one stream publish
+	dispatch        []int // dispatch sizes, the targets' 100,000 and 1,000,000
+	delivery        int   // connected devices that must receive an action
+	s7Actions       int   // actions on the S7 device
+	s7Requests      int   // measured S7 requests per sort field
+	memConns        int   // MQTT connections while memory is read
+	consoleRequests int   // measured requests per console page
+	warmup          time.Duration
 }
 
 func sizesFor(quick bool) sizes {
 	if quick {
 		return sizes{s10Devices: 2_000, randomDevices: 10_000, mqttDevices: 200, streamDevices: 50, pointsPerBatch: 100,
-			dispatch: []int{1_000, 10_000}, delivery: 1_000, s7Actions: 1_000, s7Requests: 100, memConns: 1_000,
+			dispatch: []int{1_000, 10_000}, delivery: 1_000, s7Actions: 1_000, s7Requests: 100, memConns: 1_000, consoleRequests: 30,
 			warmup: 500 * time.Millisecond}
 	}
 	return sizes{s10Devices: 10_000, randomDevices: 100_000, mqttDevices: 2_000, streamDevices: 200, pointsPerBatch: 100,
-		dispatch: []int{100_000, 1_000_000}, delivery: 10_000, s7Actions: 10_000, s7Requests: 400, memConns: 10_000,
+		dispatch: []int{100_000, 1_000_000}, delivery: 10_000, s7Actions: 10_000, s7Requests: 400, memConns: 10_000, consoleRequests: 200,
 		warmup: 2 * time.Second}
 }
 
@@ -132,7 +133,7 @@ func bench(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 
 	steps := map[string]func(context.Context) error{
 		"s10": r.s10, "s10-random": r.s10Random, "mqtt-status": r.mqttStatus, "streams": r.streams, "dispatch": r.dispatch,
-		"delivery": r.delivery, "s7": r.s7, "memory": r.memory,
+		"delivery": r.delivery, "s7": r.s7, "console": r.console, "memory": r.memory,
 	}
 	var failed error
 	for _, name := range allScenarios {

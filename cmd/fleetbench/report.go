@@ -408,6 +408,17 @@ func scrape(ctx context.Context, url string, names []string) (map[string]float64
 // million-row dispatch's WAL back into the database, PostgreSQL's
 // autovacuum) would measure that work as much as the requests. sample
 // reads the machine's busy and total CPU time (machineCPU); 0 total means
+// settle waits (a minute at most) for the machine to be quiet before a
+// latency scenario measures, and says how that went, for its notes.
+func (r *runner) settle(ctx context.Context, scenario string) string {
+	r.p.say("%s: waiting for the machine to settle", scenario)
+	waited, quiet := settle(ctx, time.Minute, machineCPU)
+	if quiet {
+		return fmt.Sprintf("; measured once the machine was quiet, after %s", waited)
+	}
+	return fmt.Sprintf("; the machine was still busy after %s", waited)
+}
+
 // it cannot be known.
 func settle(ctx context.Context, max time.Duration, sample func() (busy, total float64)) (time.Duration, bool) {
 	start := time.Now()

@@ -504,17 +504,7 @@ func (r *runner) dispatchOne(ctx context.Context, i int) error {
 		return nil
 	}
 	n := r.sz.dispatch[i]
-	a := r.admin
-	body := map[string]any{"action": "reboot", "params": map[string]any{"reason": "fleetbench"}, "search_type": "all"}
-	var meta map[string]string
-	if r.t.dispatchTenants != nil {
-		name := dispatchTenantNames[i]
-		a = newAPI(r.t.url, name, r.t.dispatchTenants[name])
-	} else {
-		group := fmt.Sprintf("%s-%d", r.runID, i)
-		meta = map[string]string{"fleetbench": group}
-		body["search_type"], body["search_key"], body["search_query"] = "metadata", "fleetbench", group
-	}
+	a, body, meta := r.dispatchFleet(i)
 	if _, err := a.provision(ctx, ids(fmt.Sprintf("dp%d-%s", i, r.runID), n), meta, r.p, fmt.Sprintf("dispatch: provisioned devices of the %s fleet", thousands(float64(n)))); err != nil {
 		return err
 	}
@@ -546,6 +536,20 @@ func (r *runner) dispatchOne(ctx context.Context, i int) error {
 		Value: elapsed.Seconds(), Unit: seconds, Note: fmt.Sprintf("%s device actions/s", thousands(float64(n)/elapsed.Seconds()))})
 	judge(r.rep.compare(f, baseline), r.t.dialect, goalDispatch[i], "no database to insert into (--url without --database)")
 	return nil
+}
+
+// dispatchFleet is the API of the i-th dispatch fleet's tenant, the body
+// of a dispatch to all of that fleet, and the metadata its devices are
+// provisioned with.
+func (r *runner) dispatchFleet(i int) (*api, map[string]any, map[string]string) {
+	body := map[string]any{"action": "reboot", "params": map[string]any{"reason": "fleetbench"}, "search_type": "all"}
+	if r.t.dispatchTenants != nil {
+		name := dispatchTenantNames[i]
+		return newAPI(r.t.url, name, r.t.dispatchTenants[name]), body, nil
+	}
+	group := fmt.Sprintf("%s-%d", r.runID, i)
+	body["search_type"], body["search_key"], body["search_query"] = "metadata", "fleetbench", group
+	return r.admin, body, map[string]string{"fleetbench": group}
 }
 
 // delivery measures how long connected devices wait for an action after
@@ -735,12 +739,7 @@ func (r *runner) s7(ctx context.Context) error {
 		}
 		return nil
 	}
-	r.p.say("s7: waiting for the machine to settle")
-	if waited, quiet := settle(ctx, time.Minute, machineCPU); quiet {
-		note += fmt.Sprintf("; measured once the machine was quiet, after %s", waited)
-	} else {
-		note += fmt.Sprintf("; the machine was still busy after %s", waited)
-	}
+	note += r.settle(ctx, "s7")
 	wait := r.profile("s7", 5*time.Second)
 	defer wait()
 	for _, sort := range s7Sorts {

@@ -1,0 +1,250 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+)
+
+// consoleActions is how many actions the console's fleet has: each to all
+// of the 100,000-device fleet, 1,000,000 device actions in all (issue 19).
+const consoleActions = 10
+
+// consolePageGoal is the console's server time at p99 (issue 19).
+const consolePageGoal = 100
+
+// consolePage is a page the console scenario times.
+type consolePage struct {
+	name, path string
+	event      bool // an event stream: timed to its first event
+}
+
+// console measures every page of the web console, signed in with an API
+// key, on the dispatch scenario's 100,000-device fleet given consoleActions
+// actions to all of it: 1,000,000 device actions. Pages are requested one
+// at a time, so each figure is the page's own time, from request to the
+// last byte.
+func (r *runner) console(ctx context.Context) error {
+	if err := r.dispatchOne(ctx, 0); err != nil {
+		return err
+	}
+	a, body, _ := r.dispatchFleet(0)
+	n := r.sz.dispatch[0]
+	if err := r.consoleFleet(ctx, a, body, n); err != nil {
+		return err
+	}
+	act, err := newestAction(ctx, a)
+	if err != nil {
+		return err
+	}
+	var devs struct {
+		Devices []struct {
+			ID string `json:"id"`
+		} `json:"devices"`
+	}
+	if err := a.call(ctx, "GET", "/api/v1/devices?limit=1", nil, http.StatusOK, &devs); err != nil || len(devs.Devices) == 0 {
+		return fmt.Errorf("console: a device of the fleet: %v", err)
+	}
+	dev := devs.Devices[0].ID
+	note := ""
+	if r.t.dialect == "postgres" && r.t.dsn != "" {
+		r.p.say("console: VACUUM (ANALYZE) devices, device_actions and actions, as autovacuum would")
+		if err := vacuumAnalyze(ctx, r.t.dsn, "devices", "device_actions", "actions"); err != nil {
+			return err
+		}
+		note = "; after VACUUM (ANALYZE)"
+	}
+	fleet := fmt.Sprintf("%s devices, %s device actions", thousands(float64(n)), thousands(float64(n*consoleActions)))
+	pages := []consolePage{
+		{"overview", "/console/", false},
+		{"overview's live event", "/console/events", true},
+		{"devices", "/console/devices", false},
+		{"devices, page 2", "/console/devices?page=2", false},
+		{"devices, search", "/console/devices?search=" + url.QueryEscape(dev[len(dev)-4:]), false},
+		{"devices, metadata filter", "/console/devices?metadata=" + url.QueryEscape("site=nowhere"), false},
+		{"a device (" + thousands(consoleActions) + " actions)", "/console/devices/" + url.PathEscape(dev), false},
+		{"actions", "/console/actions", false},
+		{"actions in flight", "/console/actions?incomplete=true", false},
+		{"an action of " + thousands(float64(n)) + " devices", fmt.Sprintf("/console/actions/%d", act), false},
+		{"its Queued devices, page 2", fmt.Sprintf("/console/actions/%d?status=Queued&page=2", act), false},
+		{"its live event", fmt.Sprintf("/console/actions/%d/events", act), true},
+		{"dispatch form", "/console/actions/new", false},
+		{"firmware", "/console/firmware", false},
+		{"alerts", "/console/alerts", false},
+	}
+	note += r.settle(ctx, "console")
+	wait := r.profile("console", 10*time.Second)
+	defer wait()
+	b, err := signInConsole(ctx, r.t.url, a.tenant, a.key)
+	if err != nil {
+		return err
+	}
+	for _, pg := range pages {
+		lat, err := b.time(ctx, pg, r.sz.consoleRequests)
+		if err != nil {
+			return fmt.Errorf("console: %s: %w", pg.name, err)
+		}
+		r.rep.add(&figure{Scenario: "console", Name: fmt.Sprintf("console p99, %s: %s", fleet, pg.name),
+			Value: ms(lat.percentile(99)), Unit: millis, Goal: consolePageGoal,
+			Note: fmt.Sprintf("GET %s; p50 %.1f ms, max %.1f ms over %d requests%s", pg.path, ms(lat.percentile(50)), ms(lat[len(lat)-1]), len(lat), note)})
+	}
+	return nil
+}
+
+// newestAction is the id of the tenant's newest action.
+func newestAction(ctx context.Context, a *api) (int64, error) {
+	var newest struct {
+		Actions []struct {
+			ID int64 `json:"id"`
+		} `json:"actions"`
+	}
+	if err := a.call(ctx, "GET", "/api/v1/actions?limit=1", nil, http.StatusOK, &newest); err != nil {
+		return 0, err
+	}
+	if len(newest.Actions) == 0 {
+		return 0, fmt.Errorf("tenant %s has no action", a.tenant)
+	}
+	return newest.Actions[0].ID, nil
+}
+
+// consoleFleet gives the fleet of n devices consoleActions actions to all
+// of it, counting those it has.
+func (r *runner) consoleFleet(ctx context.Context, a *api, body map[string]any, n int) error {
+	var list struct {
+		Count int `json:"count"`
+	}
+	if err := a.call(ctx, "GET", "/api/v1/actions?limit=1", nil, http.StatusOK, &list); err != nil {
+		return err
+	}
+	body["action"] = "console-bench"
+	for i := list.Count; i < consoleActions; i++ {
+		d, err := a.dispatch(ctx, body)
+		if err != nil {
+			return err
+		}
+		if d.Targeted != n {
+			return fmt.Errorf("console: a dispatch targeted %d devices, want %d", d.Targeted, n)
+		}
+		r.p.count(fmt.Sprintf("console: actions to the %s fleet", thousands(float64(n))), i+1, consoleActions)
+	}
+	return nil
+}
+
+// consoleBrowser is a signed-in console session.
+type consoleBrowser struct {
+	base   string
+	client *http.Client
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+// signInConsole signs in to the console with an API key, as its form does.
+func signInConsole(ctx context.Context, base, tenant, key string) (*consoleBrowser, error) {
+	jar, _ := cookiejar.New(nil)
+	c := newClient(1)
+	c.Jar = jar
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	b := &consoleBrowser{base: strings.TrimRight(base, "/"), client: c}
+	form, err := b.get(ctx, "/console/signin")
+	if err != nil {
+		return nil, err
+	}
+	m := csrfField.FindStringSubmatch(form)
+	if m == nil {
+		return nil, fmt.Errorf("console: the sign-in form has no csrf field")
+	}
+	req, _ := http.NewRequestWithContext(ctx, "POST", b.base+"/console/signin",
+		strings.NewReader(url.Values{"csrf": {m[1]}, "tenant": {tenant}, "key": {key}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther {
+		return nil, fmt.Errorf("console: signing in answered %d", resp.StatusCode)
+	}
+	return b, nil
+}
+
+func (b *consoleBrowser) get(ctx context.Context, path string) (string, error) {
+	req, _ := http.NewRequestWithContext(ctx, "GET", b.base+path, nil)
+	resp, err := b.client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s: status %d", path, resp.StatusCode)
+	}
+	return string(body), nil
+}
+
+// firstEvent opens an event stream and reads until its first event ends.
+func (b *consoleBrowser) firstEvent(ctx context.Context, path string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", b.base+path, nil)
+	resp, err := b.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: status %d", path, resp.StatusCode)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	data := false
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "data: ") {
+			data = true
+		} else if data && sc.Text() == "" {
+			return nil
+		}
+	}
+	return fmt.Errorf("GET %s: the stream ended before its first event: %v", path, sc.Err())
+}
+
+// consolePageBudget bounds the time spent on one page: a page far over its
+// goal is measured fewer times (at least consoleMinRequests).
+const (
+	consolePageBudget  = 30 * time.Second
+	consoleMinRequests = 20
+)
+
+// time requests a page n times, after 5 unmeasured, or fewer once
+// consolePageBudget is spent, and returns the sorted latencies.
+func (b *consoleBrowser) time(ctx context.Context, pg consolePage, n int) (latencies, error) {
+	lat := make(latencies, 0, n)
+	start := time.Now()
+	for i := -5; i < n && (len(lat) < consoleMinRequests || time.Since(start) < consolePageBudget); i++ {
+		t0 := time.Now()
+		var err error
+		if pg.event {
+			err = b.firstEvent(ctx, pg.path)
+		} else {
+			_, err = b.get(ctx, pg.path)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if i >= 0 {
+			lat = append(lat, time.Since(t0))
+		}
+	}
+	slices.Sort(lat)
+	return lat, nil
+}
