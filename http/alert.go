@@ -94,30 +94,7 @@ func (s *Server) handleCreateAlertRule(w http.ResponseWriter, r *http.Request) e
 		return err
 	}
 	f := fleet.NewFields(body)
-	rule := &fleet.AlertRule{
-		Name:                         f.NonEmptyString("name", true, 256),
-		Group:                        f.String("group", false),
-		MetadataFilters:              f.Object("metadata_filters", false),
-		ActivationThresholdSeconds:   f.Float("activation_threshold_seconds", false, 0, fleet.MaxThresholdSeconds),
-		DeactivationThresholdSeconds: f.Float("deactivation_threshold_seconds", false, 0, fleet.MaxThresholdSeconds),
-	}
-	if rule.Stream = f.String("stream", true); f.Has("stream") && !fleet.ValidStreamName(rule.Stream) {
-		f.Fail("stream", fleet.StreamNameRule)
-	}
-	if len(rule.Group) > 256 {
-		f.Fail("group", "must be at most 256 characters")
-	}
-	rule.Condition, _ = f.Value("condition", true)
-	if f.Has("condition") || f.Has("metadata_filters") {
-		if rule.Condition == nil {
-			rule.Condition = map[string]any{} // reported as required already; compile the filters
-		}
-		for k, v := range alert.CompileRule(rule) {
-			if k != "condition" || f.Has("condition") {
-				f.Fail(k, v)
-			}
-		}
-	}
+	rule := alert.ReadRule(f)
 	if err := f.Err(); err != nil {
 		return err
 	}
