@@ -455,6 +455,10 @@ type AlertService interface {
 	CreateAlertRule(ctx context.Context, tenant string, r *AlertRule) error
 	FindAlertRule(ctx context.Context, tenant, id string) (*AlertRule, error)
 	FindAlertRules(ctx context.Context, tenant string, p Page) ([]*AlertRule, int, error)
+	// UpdateAlertRule replaces every field of rule id with r's, but its
+	// stream, which cannot change (EINVALID). Devices keep their phases and
+	// open alerts, which their next points move by the new rule.
+	UpdateAlertRule(ctx context.Context, tenant, id string, r *AlertRule) error
 	// DeleteAlertRule removes a rule with its notification rules, alerts
 	// and pending notifications.
 	DeleteAlertRule(ctx context.Context, tenant, id string) error

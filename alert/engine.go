@@ -341,12 +341,7 @@ func (e *Engine) RemoveRule(tenant, id string) {
 		delete(idx.byStream, k)
 	}
 	e.rules.Store(idx)
-	var affected []*streamState
-	for key, ss := range e.streams {
-		if key.tenant == r.Tenant && key.stream == r.Stream {
-			affected = append(affected, ss)
-		}
-	}
+	affected := e.streamsOf(r.Tenant, r.Stream)
 	e.mu.Unlock()
 	for _, ss := range affected {
 		ss.mu.Lock()
@@ -359,8 +354,81 @@ func (e *Engine) RemoveRule(tenant, id string) {
 	}
 }
 
+// streamsOf returns the device streams of a tenant's stream the engine
+// holds; e.mu is held.
+func (e *Engine) streamsOf(tenant, stream string) []*streamState {
+	var out []*streamState
+	for key, ss := range e.streams {
+		if key.tenant == tenant && key.stream == stream {
+			out = append(out, ss)
+		}
+	}
+	return out
+}
+
+// ReplaceRule evaluates an edited rule from now on in place of the rule of
+// the same id. Each device keeps its phase and open alert, which the next
+// point moves by the new condition; thresholds pending are timed again by
+// the new thresholds. An edit cannot move a rule to another stream.
+func (e *Engine) ReplaceRule(ctx context.Context, r *fleet.AlertRule) error {
+	cr, err := compileRule(r)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	old := e.rules.Load()
+	prev, ok := old.byID[r.ID]
+	if !ok || prev.Tenant != r.Tenant || prev.Stream != r.Stream {
+		e.mu.Unlock()
+		if ok {
+			e.RemoveRule(prev.Tenant, prev.ID)
+		}
+		return e.AddRule(ctx, r)
+	}
+	cr.added = e.added.Add(1)
+	idx := old.clone()
+	idx.byID[r.ID] = cr
+	k := tenantStream{r.Tenant, r.Stream}
+	for i, x := range idx.byStream[k] {
+		if x.ID == r.ID {
+			idx.byStream[k][i] = cr
+		}
+	}
+	e.rules.Store(idx)
+	affected := e.streamsOf(r.Tenant, r.Stream)
+	e.mu.Unlock()
+	for _, ss := range affected {
+		ss.mu.Lock()
+		if st, ok := ss.states[r.ID]; ok && !st.removed {
+			st.rule = cr
+			st.gen++ // the old thresholds' timers are stale
+			st.noDataDue = 0
+			ss.cachedFor = nil
+			e.schedule(ss, st)
+		}
+		ss.mu.Unlock()
+	}
+	if len(cr.noData) > 0 {
+		return e.watchNoData(ctx, cr)
+	}
+	return nil
+}
+
+// sameRule reports whether a rule read from the store is the one evaluated.
+func sameRule(a, b *fleet.AlertRule) bool {
+	if a.Name != b.Name || a.Group != b.Group || a.Stream != b.Stream ||
+		a.ActivationThresholdSeconds != b.ActivationThresholdSeconds || a.DeactivationThresholdSeconds != b.DeactivationThresholdSeconds {
+		return false
+	}
+	ac, err1 := fleet.MarshalCanonical(a.Condition)
+	bc, err2 := fleet.MarshalCanonical(b.Condition)
+	af, err3 := fleet.MarshalCanonical(a.MetadataFilters)
+	bf, err4 := fleet.MarshalCanonical(b.MetadataFilters)
+	return errors.Join(err1, err2, err3, err4) == nil && string(ac) == string(bc) && string(af) == string(bf)
+}
+
 // Refresh reloads the rules from the store and applies the difference: how a
-// replica learns of rules made or deleted on another.
+// replica learns of rules made, edited or deleted on another.
 func (e *Engine) Refresh(ctx context.Context) error {
 	// A rule added while the list is read may be missing from it: it is
 	// left for the next refresh to judge.
@@ -372,10 +440,16 @@ func (e *Engine) Refresh(ctx context.Context) error {
 	seen := map[string]bool{}
 	for _, r := range rules {
 		seen[r.ID] = true
-		if _, ok := e.rules.Load().byID[r.ID]; !ok {
-			if err := e.AddRule(ctx, r); err != nil {
-				e.Logger.Error("alert rule does not compile; it is not evaluated", "tenant", r.Tenant, "rule", r.ID, "err", err)
-			}
+		cur, ok := e.rules.Load().byID[r.ID]
+		switch {
+		case !ok:
+			err = e.AddRule(ctx, r)
+		case cur.added <= before && !sameRule(cur.AlertRule, r):
+			err = e.ReplaceRule(ctx, r)
+		}
+		if err != nil {
+			e.Logger.Error("alert rule does not compile; it is not evaluated", "tenant", r.Tenant, "rule", r.ID, "err", err)
+			err = nil
 		}
 	}
 	for id, r := range e.rules.Load().byID {

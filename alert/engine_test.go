@@ -519,3 +519,42 @@ func TestRefreshKeepsRuleAddedMeanwhile(t *testing.T) {
 	r.data(0, 0, 90)
 	r.want(span{0, -1})
 }
+
+// TestRuleEdited: an edited rule keeps each device's phase and open alert,
+// which the next point moves by the new condition; a threshold running is
+// timed again by the new one; another replica learns of the edit by
+// Refresh.
+func TestRuleEdited(t *testing.T) {
+	ctx := context.Background()
+	t.Run("OpenAlertFollowsNewCondition", func(t *testing.T) {
+		r := newRig(t, nil, mustRule(t, "r1", hot, 0, 0, nil))
+		r.data(0, 0, 90)
+		r.want(span{0, -1})
+		if err := r.e.ReplaceRule(ctx, mustRule(t, "r1", `{"field": "temp", "operator": ">", "value": 95}`, 0, 0, nil)); err != nil {
+			t.Fatal(err)
+		}
+		r.want(span{0, -1}) // nothing moves before the next point
+		r.data(1, 1, 92)    // hot by the old rule, not by the new one
+		r.want(span{0, 1})
+	})
+	t.Run("ThresholdTimedAgain", func(t *testing.T) {
+		r := newRig(t, nil, mustRule(t, "r1", hot, 60, 0, nil))
+		r.data(0, 0, 90) // activating: would open at 60
+		if err := r.e.ReplaceRule(ctx, mustRule(t, "r1", hot, 10, 0, nil)); err != nil {
+			t.Fatal(err)
+		}
+		r.tick(10)
+		r.want(span{10, -1})
+	})
+	t.Run("RefreshSeesEditElsewhere", func(t *testing.T) {
+		r := newRig(t, nil, mustRule(t, "r1", hot, 0, 0, nil))
+		r.data(0, 0, 90)
+		r.want(span{0, -1})
+		r.store.rules = []*fleet.AlertRule{mustRule(t, "r1", `{"field": "temp", "operator": ">", "value": 95}`, 0, 0, nil)}
+		if err := r.e.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r.data(1, 1, 92)
+		r.want(span{0, 1})
+	})
+}

@@ -42,6 +42,20 @@ func (s *Service) CreateAlertRule(ctx context.Context, tenant string, r *fleet.A
 	return s.Engine.AddRule(ctx, r)
 }
 
+// UpdateAlertRule compiles and stores an edited rule and evaluates it from
+// now on.
+func (s *Service) UpdateAlertRule(ctx context.Context, tenant, id string, r *fleet.AlertRule) error {
+	if r.Compiled == nil {
+		if errs := CompileRule(r); errs != nil {
+			return fleet.FieldErrors(errs)
+		}
+	}
+	if err := s.ServiceStore.UpdateAlertRule(ctx, tenant, id, r); err != nil {
+		return err
+	}
+	return s.Engine.ReplaceRule(ctx, r)
+}
+
 // DeleteAlertRule deletes a rule and stops evaluating it.
 func (s *Service) DeleteAlertRule(ctx context.Context, tenant, id string) error {
 	if err := s.ServiceStore.DeleteAlertRule(ctx, tenant, id); err != nil {

@@ -132,6 +132,26 @@ func (s *Server) handleGetAlertRule(w http.ResponseWriter, r *http.Request) erro
 	return nil
 }
 
+func (s *Server) handleUpdateAlertRule(w http.ResponseWriter, r *http.Request) error {
+	id, err := uuidParam(r, "id")
+	if err != nil {
+		return err
+	}
+	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
+	if err != nil {
+		return err
+	}
+	f := fleet.NewFields(body)
+	rule := alert.ReadRule(f)
+	if err := f.Err(); err != nil {
+		return err
+	}
+	if err := s.Alerts.UpdateAlertRule(r.Context(), tenantOf(r), id, rule); err != nil {
+		return err
+	}
+	return s.quiet(w, r, http.StatusNoContent, func() (any, error) { return rule, nil })
+}
+
 func (s *Server) handleDeleteAlertRule(w http.ResponseWriter, r *http.Request) error {
 	id, err := uuidParam(r, "id")
 	if err != nil {

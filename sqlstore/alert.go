@@ -46,11 +46,60 @@ func (db *DB) CreateAlertRule(ctx context.Context, tenant string, r *fleet.Alert
 		if err := tx.changed(ctx, fleet.Change{Kind: fleet.ChangeAlertRule, Tenant: tenant, Key: id}); err != nil {
 			return err
 		}
-		return tx.audit(ctx, tenant, "alert_rule.create", "alert-rules/"+id, map[string]any{
-			"name": r.Name, "stream": r.Stream, "group": r.Group, "condition": r.Condition, "metadata_filters": filters,
-			"activation_threshold_seconds": r.ActivationThresholdSeconds, "deactivation_threshold_seconds": r.DeactivationThresholdSeconds,
-		})
+		return tx.audit(ctx, tenant, "alert_rule.create", "alert-rules/"+id, ruleAudit(r))
 	})
+}
+
+// UpdateAlertRule replaces the fields of rule id with r's; r.ID, r.Tenant
+// and r.CreatedAt are filled in. The caller has compiled it. Its stream
+// cannot change: the rule's alerts and evaluation state are of its stream.
+func (db *DB) UpdateAlertRule(ctx context.Context, tenant, id string, r *fleet.AlertRule) error {
+	cond, err := fleet.MarshalCanonical(r.Condition)
+	if err != nil {
+		return fleet.Errorf(fleet.EINVALID, "the condition cannot be stored: %v", err)
+	}
+	filters := r.MetadataFilters
+	if filters == nil {
+		filters = map[string]any{}
+	}
+	mf, err := fleet.MarshalCanonical(filters)
+	if err != nil {
+		return fleet.Errorf(fleet.EINVALID, "the metadata filters cannot be stored: %v", err)
+	}
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		var stream string
+		var created int64
+		err := tx.queryRow(ctx, "SELECT stream, created_at FROM alert_rules WHERE tenant = ? AND id = ?", tenant, id).Scan(&stream, &created)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fleet.Errorf(fleet.ENOTFOUND, "alert rule %s not found", id)
+		} else if err != nil {
+			return err
+		}
+		if stream != r.Stream {
+			return fleet.FieldErrors(map[string]string{"stream": fmt.Sprintf("cannot change: this rule watches %q; create a new rule for another stream", stream)})
+		}
+		_, err = tx.exec(ctx, `UPDATE alert_rules SET name = ?, rule_group = ?, condition = ?, metadata_filters = ?, activation_ms = ?, deactivation_ms = ?
+			WHERE tenant = ? AND id = ?`, r.Name, r.Group, string(cond), string(mf),
+			r.ActivationThreshold().Milliseconds(), r.DeactivationThreshold().Milliseconds(), tenant, id)
+		if isUniqueViolation(err) {
+			return fleet.Errorf(fleet.ECONFLICT, "an alert rule named %q exists already", r.Name)
+		} else if err != nil {
+			return err
+		}
+		r.Tenant, r.ID, r.CreatedAt, r.MetadataFilters = tenant, id, fromMillis(created), filters
+		if err := tx.changed(ctx, fleet.Change{Kind: fleet.ChangeAlertRule, Tenant: tenant, Key: id}); err != nil {
+			return err
+		}
+		return tx.audit(ctx, tenant, "alert_rule.update", "alert-rules/"+id, ruleAudit(r))
+	})
+}
+
+// ruleAudit is what the audit log says of a rule.
+func ruleAudit(r *fleet.AlertRule) map[string]any {
+	return map[string]any{
+		"name": r.Name, "stream": r.Stream, "group": r.Group, "condition": r.Condition, "metadata_filters": r.MetadataFilters,
+		"activation_threshold_seconds": r.ActivationThresholdSeconds, "deactivation_threshold_seconds": r.DeactivationThresholdSeconds,
+	}
 }
 
 const ruleColumns = "r.tenant, r.id, r.name, r.stream, r.rule_group, r.condition, r.metadata_filters, r.activation_ms, r.deactivation_ms, r.created_at"

@@ -177,6 +177,54 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 			s.do(t, admin, "GET", "/api/v1/alerts?rule_id=x", nil).want(t, 400)
 			s.do(t, admin, "GET", "/api/v1/alerts?colour=red", nil).want(t, 400)
 		})
+		t.Run("Edit", func(t *testing.T) {
+			gw := s.newKey(t, admin, "edit-gateway", "device")
+			viewer := s.newKey(t, admin, "edit-viewer", "viewer")
+			s.mustDevice(t, admin, "edit-dev", nil)
+			r := s.mustAlertRule(t, admin, map[string]any{"name": "edit-me", "stream": "edits", "condition": hot})
+			path := "/api/v1/alert-rules/" + r.ID
+			start := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
+			s.do(t, gw, "POST", "/api/v1/devices/edit-dev/streams/edits", points(start, 90)).want(t, 200)
+			if a := s.alerts(t, admin, "?rule_id="+r.ID+"&state=active"); len(a) != 1 {
+				t.Fatalf("active alerts %+v, want one", a)
+			}
+			hotter := map[string]any{"field": "temp", "operator": ">", "value": 95}
+			var got alertRule
+			s.send(t, req{method: "PUT", path: path, creds: admin, body: map[string]any{"name": "edited", "stream": "edits", "group": "g", "condition": hotter},
+				header: http.Header{"Prefer": {"return=representation"}}}).want(t, 200).decode(t, &got)
+			if got.ID != r.ID || got.Name != "edited" || got.Group != "g" || got.Condition["value"] != 95.0 {
+				t.Fatalf("edited %+v", got)
+			}
+			s.do(t, admin, "GET", path, nil).want(t, 200).decode(t, &got)
+			if got.Name != "edited" || got.Condition["value"] != 95.0 {
+				t.Fatalf("read after the edit %+v", got)
+			}
+			// Hot by the old condition, not by the new: the open alert ends.
+			s.do(t, gw, "POST", "/api/v1/devices/edit-dev/streams/edits", points(start.Add(time.Minute), 92)).want(t, 200)
+			if a := s.alerts(t, admin, "?rule_id="+r.ID); len(a) != 1 || a[0].State != "ended" {
+				t.Fatalf("alerts after the edit %+v, want the one ended", a)
+			}
+			for _, tc := range []struct {
+				body   map[string]any
+				status int
+				field  string
+			}{
+				{map[string]any{"name": "edited", "stream": "other", "condition": hotter}, 400, "stream"},
+				{map[string]any{"name": "edited", "stream": "edits", "condition": map[string]any{"field": "t", "operator": "=~", "value": 1}}, 400, "condition.operator"},
+				{map[string]any{"name": "hot", "stream": "edits", "condition": hotter}, 409, ""},
+			} {
+				var e struct{ Fields map[string]string }
+				s.do(t, admin, "PUT", path, tc.body).want(t, tc.status).decode(t, &e)
+				if _, ok := e.Fields[tc.field]; tc.field != "" && !ok {
+					t.Errorf("body %v: fields %v, want a problem with %s", tc.body, e.Fields, tc.field)
+				}
+			}
+			s.do(t, viewer, "PUT", path, map[string]any{"name": "x", "stream": "edits", "condition": hotter}).want(t, 403)
+			s.do(t, admin, "PUT", "/api/v1/alert-rules/00000000-0000-0000-0000-000000000001", map[string]any{"name": "x", "stream": "edits", "condition": hotter}).want(t, 404)
+			if s.do(t, admin, "GET", path, nil).want(t, 200).decode(t, &got); got.Name != "edited" {
+				t.Errorf("a refused edit changed the rule: %+v", got)
+			}
+		})
 		t.Run("NotificationRules", func(t *testing.T) {
 			base := "/api/v1/alert-rules/" + rule.ID + "/alert-notification-rules"
 			var n struct {

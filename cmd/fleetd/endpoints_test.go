@@ -265,6 +265,11 @@ var endpoints = map[string]endpoint{
 	"GET /api/v1/alert-rules/{id}": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/api/v1/alert-rules/" + w.ruleID, nil
 	}},
+	"PUT /api/v1/alert-rules/{id}": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		r := s.mustAlertRule(t, w.admin, map[string]any{"name": fresh("edited"), "stream": "x", "condition": map[string]any{"no_data_seconds": 60}})
+		return "/api/v1/alert-rules/" + r.ID, map[string]any{"name": fresh("edited"), "stream": "x", "group": "g",
+			"condition": map[string]any{"no_data_seconds": 120}, "activation_threshold_seconds": 1}
+	}},
 	"DELETE /api/v1/alert-rules/{id}": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		r := s.mustAlertRule(t, w.admin, map[string]any{"name": fresh("doomed"), "stream": "x", "condition": map[string]any{"no_data_seconds": 60}})
 		return "/api/v1/alert-rules/" + r.ID, nil
