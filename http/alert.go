@@ -1,13 +1,7 @@
 package fleethttp
 
 import (
-	"context"
-	"fmt"
 	"net/http"
-	"net/mail"
-	"net/url"
-	"strings"
-	"time"
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/alert"
@@ -164,110 +158,6 @@ func (s *Server) handleDeleteAlertRule(w http.ResponseWriter, r *http.Request) e
 	return nil
 }
 
-// readChannel is the typed decode of channel_parameters. secretGiven says
-// whether a secret was sent.
-func readChannel(f *fleet.Fields) (c fleet.ChannelParameters, secretGiven bool) {
-	c.Type = f.String("type", true)
-	switch c.Type {
-	case fleet.ChannelWebhook, fleet.ChannelSlack:
-		c.URL = f.String("url", true)
-		if f.Has("url") {
-			if problem := checkURL(c.URL); problem != "" {
-				f.Fail("url", problem)
-			}
-		}
-	case fleet.ChannelEmail:
-		c.To = f.Strings("to", true)
-		if f.Has("to") {
-			if len(c.To) == 0 || len(c.To) > 50 {
-				f.Fail("to", "must list 1 to 50 email addresses")
-			}
-			for i, a := range c.To {
-				if addr, err := mail.ParseAddress(a); err != nil || addr.Name != "" || len(a) > 254 {
-					f.Fail(fmt.Sprintf("to[%d]", i), "must be an email address such as ops@example.com")
-				}
-			}
-		}
-	case "":
-	default:
-		f.Fail("type", "must be webhook, slack or email")
-	}
-	if c.Type == fleet.ChannelWebhook {
-		c.Headers = f.StringMap("headers", false)
-		if len(c.Headers) > 32 {
-			f.Fail("headers", "must have at most 32 headers")
-		}
-		for k, v := range c.Headers {
-			if problem := checkHeader(k, v); problem != "" {
-				f.Fail("headers."+k, problem)
-			}
-		}
-		secretGiven = f.Has("secret")
-		if c.Secret = f.String("secret", false); len(c.Secret) > 256 {
-			f.Fail("secret", "must be at most 256 characters")
-		}
-	}
-	f.Unknown()
-	return c, secretGiven
-}
-
-// checkURL returns the problem with a notification URL, or "".
-func checkURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || len(s) > 2048 {
-		return "must be an absolute http or https URL of at most 2048 characters"
-	}
-	return ""
-}
-
-// checkHeader returns the problem with a webhook header, or "". Headers that
-// fleetd sets itself cannot be replaced.
-func checkHeader(name, value string) string {
-	if name == "" || len(name) > 128 || strings.ContainsFunc(name, func(r rune) bool {
-		return r <= ' ' || r >= 0x7f || strings.ContainsRune(`()<>@,;:\"/[]?={}`, r)
-	}) {
-		return "is not a valid header name"
-	}
-	switch strings.ToLower(name) {
-	case "host", "content-length", "content-type", "transfer-encoding", "connection":
-		return "is set by fleetd"
-	}
-	if strings.HasPrefix(strings.ToLower(name), "x-fleet-") {
-		return "is set by fleetd"
-	}
-	if len(value) > 4096 || strings.ContainsAny(value, "\r\n\x00") {
-		return "must be at most 4096 characters on one line"
-	}
-	return ""
-}
-
-// readTemplate reads notification_template, rendered for a sample alert
-// within the server's template limits.
-func (s *Server) readTemplate(ctx context.Context, f *fleet.Fields) *fleet.NotificationTemplate {
-	tf := f.Nested("notification_template", false)
-	if tf == nil {
-		return nil
-	}
-	t := &fleet.NotificationTemplate{Subject: tf.String("subject", false), Body: tf.String("body", false)}
-	tf.Unknown()
-	for k, v := range fleet.CheckNotificationTemplate(ctx, s.Templates, *t) {
-		f.Fail(k, v)
-	}
-	return t
-}
-
-// readTimezone reads timezone, an IANA name.
-func readTimezone(f *fleet.Fields) *string {
-	if !f.Has("timezone") {
-		return nil
-	}
-	tz := f.String("timezone", false)
-	if _, err := time.LoadLocation(tz); err != nil || tz == "" || tz == "Local" {
-		f.Fail("timezone", "must be an IANA time zone name such as UTC or Europe/Berlin")
-	}
-	return &tz
-}
-
 func (s *Server) handleCreateNotificationRule(w http.ResponseWriter, r *http.Request) error {
 	ruleID, err := uuidParam(r, "id")
 	if err != nil {
@@ -278,20 +168,11 @@ func (s *Server) handleCreateNotificationRule(w http.ResponseWriter, r *http.Req
 		return err
 	}
 	f := fleet.NewFields(body)
-	n := &fleet.NotificationRule{AlertRuleID: ruleID, Timezone: "UTC", NotificationTemplate: fleet.DefaultNotificationTemplate}
-	if cf := f.Nested("channel_parameters", true); cf != nil {
-		n.ChannelParameters, _ = readChannel(cf)
-	}
-	n.IntervalSeconds = f.Int("interval_seconds", false, 0, fleet.MaxThresholdSeconds)
-	if t := s.readTemplate(r.Context(), f); t != nil {
-		n.NotificationTemplate = *t
-	}
-	if tz := readTimezone(f); tz != nil {
-		n.Timezone = *tz
-	}
+	n := fleet.ReadNotificationRule(r.Context(), f, s.Templates)
 	if err := f.Err(); err != nil {
 		return err
 	}
+	n.AlertRuleID = ruleID
 	if err := s.Alerts.CreateNotificationRule(r.Context(), tenantOf(r), n); err != nil {
 		return err
 	}
@@ -313,17 +194,7 @@ func (s *Server) handleUpdateNotificationRule(w http.ResponseWriter, r *http.Req
 		return err
 	}
 	f := fleet.NewFields(body)
-	var u fleet.NotificationRuleUpdate
-	if cf := f.Nested("channel_parameters", false); cf != nil {
-		c, given := readChannel(cf)
-		u.ChannelParameters, u.SecretGiven = &c, given
-	}
-	if f.Has("interval_seconds") {
-		n := f.Int("interval_seconds", false, 0, fleet.MaxThresholdSeconds)
-		u.IntervalSeconds = &n
-	}
-	u.NotificationTemplate = s.readTemplate(r.Context(), f)
-	u.Timezone = readTimezone(f)
+	u := fleet.ReadNotificationRuleUpdate(r.Context(), f, s.Templates)
 	if err := f.Err(); err != nil {
 		return err
 	}

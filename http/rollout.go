@@ -109,12 +109,12 @@ func (s *Server) handleCreateRolloutRule(w http.ResponseWriter, r *http.Request)
 	f := fleet.NewFields(body)
 	n := &fleet.RolloutNotificationRule{Timezone: "UTC", NotificationTemplate: fleet.DefaultRolloutTemplate, Events: fleet.RolloutEvents}
 	if cf := f.Nested("channel_parameters", true); cf != nil {
-		n.ChannelParameters, _ = readChannel(cf)
+		n.ChannelParameters, _ = fleet.ReadChannel(cf)
 	}
 	if t := s.readRolloutTemplate(r.Context(), f); t != nil {
 		n.NotificationTemplate = *t
 	}
-	if tz := readTimezone(f); tz != nil {
+	if tz := fleet.ReadTimezone(f); tz != nil {
 		n.Timezone = *tz
 	}
 	if events := readRolloutEvents(f); events != nil {
@@ -143,11 +143,11 @@ func (s *Server) handleUpdateRolloutRule(w http.ResponseWriter, r *http.Request)
 	f := fleet.NewFields(body)
 	var u fleet.RolloutNotificationRuleUpdate
 	if cf := f.Nested("channel_parameters", false); cf != nil {
-		c, given := readChannel(cf)
+		c, given := fleet.ReadChannel(cf)
 		u.ChannelParameters, u.SecretGiven = &c, given
 	}
 	u.NotificationTemplate = s.readRolloutTemplate(r.Context(), f)
-	u.Timezone = readTimezone(f)
+	u.Timezone = fleet.ReadTimezone(f)
 	u.Events = readRolloutEvents(f)
 	if err := f.Err(); err != nil {
 		return err
