@@ -439,6 +439,15 @@ type Delivery struct {
 	Rollout *RolloutEvent `json:"-"`
 }
 
+// DeliveryFilter selects notifications: an alert's (AlertID), oldest
+// first, or a notification rule's (AlertRuleID and NotificationRuleID),
+// newest first, since its latest attempts are the ones to look at.
+type DeliveryFilter struct {
+	AlertID                         string
+	AlertRuleID, NotificationRuleID string
+	Page
+}
+
 // DeliveryAttempt is one try to deliver a notification.
 type DeliveryAttempt struct {
 	At         time.Time `json:"at"`
@@ -472,9 +481,13 @@ type AlertService interface {
 
 	FindAlerts(ctx context.Context, tenant string, f AlertFilter) ([]*Alert, int, error)
 	FindAlert(ctx context.Context, tenant, id string) (*Alert, error)
-	// FindDeliveries lists the notifications of an alert with their
-	// attempts, oldest first.
-	FindDeliveries(ctx context.Context, tenant, alertID string, p Page) ([]*Delivery, int, error)
+	// FindNotificationRule reads notification rule id of alert rule
+	// ruleID, its secret included: callers show it with ShownTo.
+	FindNotificationRule(ctx context.Context, tenant, ruleID, id string) (*NotificationRule, error)
+	// FindDeliveries lists the notifications f selects with their
+	// attempts; an alert or notification rule of another tenant is
+	// ENOTFOUND.
+	FindDeliveries(ctx context.Context, tenant string, f DeliveryFilter) ([]*Delivery, int, error)
 }
 
 // NotificationData is what a notification template sees: {{.Event}},

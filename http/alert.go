@@ -290,7 +290,7 @@ func (s *Server) handleListDeliveries(w http.ResponseWriter, r *http.Request) er
 	if err := q.Err(); err != nil {
 		return err
 	}
-	ds, n, err := s.Alerts.FindDeliveries(r.Context(), tenantOf(r), id, page)
+	ds, n, err := s.Alerts.FindDeliveries(r.Context(), tenantOf(r), fleet.DeliveryFilter{AlertID: id, Page: page})
 	if err != nil {
 		return err
 	}

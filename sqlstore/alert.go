@@ -634,21 +634,44 @@ func nextDueQuery(table string) string {
 	return "SELECT min(CASE WHEN lease_until >= due_at THEN lease_until + 1 ELSE due_at END) FROM " + table + " WHERE status = ?"
 }
 
-// FindDeliveries lists an alert's notifications with their attempts.
-func (db *DB) FindDeliveries(ctx context.Context, tenant, alertID string, p fleet.Page) ([]*fleet.Delivery, int, error) {
-	if _, err := db.FindAlert(ctx, tenant, alertID); err != nil {
-		return nil, 0, err
+// FindNotificationRule reads one notification rule of an alert rule of
+// the tenant, secret included: callers redact.
+func (db *DB) FindNotificationRule(ctx context.Context, tenant, ruleID, id string) (*fleet.NotificationRule, error) {
+	n, err := scanNotification(db.queryRow(ctx, "SELECT "+notificationColumns+" FROM notification_rules n WHERE n.tenant = ? AND n.alert_rule_id = ? AND n.id = ?",
+		tenant, ruleID, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "alert rule %s has no notification rule %s", ruleID, id)
 	}
-	ds, count, err := findPage(ctx, db, "SELECT count(*) FROM alert_outbox WHERE tenant = ? AND alert_id = ?",
-		`SELECT id, notification_rule_id, event, status, due_at, created_at, delivered_at FROM alert_outbox
-		WHERE tenant = ? AND alert_id = ? ORDER BY id`, []any{tenant, alertID}, p,
-		func(s scanner) (*fleet.Delivery, error) {
-			d := &fleet.Delivery{AlertID: alertID, Attempts: []fleet.DeliveryAttempt{}}
+	return n, db.classify(err)
+}
+
+// FindDeliveries lists the notifications f selects, a page at a time, each
+// with its attempts (read for that page only) and its alert's device.
+func (db *DB) FindDeliveries(ctx context.Context, tenant string, f fleet.DeliveryFilter) ([]*fleet.Delivery, int, error) {
+	var where, order string
+	var args []any
+	if f.AlertID != "" {
+		if _, err := db.FindAlert(ctx, tenant, f.AlertID); err != nil {
+			return nil, 0, err
+		}
+		where, order, args = "o.tenant = ? AND o.alert_id = ?", "o.id", []any{tenant, f.AlertID}
+	} else {
+		if _, err := db.FindNotificationRule(ctx, tenant, f.AlertRuleID, f.NotificationRuleID); err != nil {
+			return nil, 0, err
+		}
+		where, order, args = "o.tenant = ? AND o.notification_rule_id = ?", "o.id DESC", []any{tenant, f.NotificationRuleID}
+	}
+	ds, count, err := findPage(ctx, db, "SELECT count(*) FROM alert_outbox o WHERE "+where,
+		`SELECT o.id, o.alert_id, a.device_id, o.notification_rule_id, o.event, o.status, o.due_at, o.created_at, o.delivered_at
+		FROM alert_outbox o JOIN alerts a ON a.id = o.alert_id WHERE `+where+" ORDER BY "+order,
+		args, f.Page, func(s scanner) (*fleet.Delivery, error) {
+			d := &fleet.Delivery{Attempts: []fleet.DeliveryAttempt{}, Alert: &fleet.Alert{}}
 			var due, created int64
 			var delivered sql.NullInt64
-			if err := s.Scan(&d.ID, &d.NotificationRuleID, &d.Event, &d.Status, &due, &created, &delivered); err != nil {
+			if err := s.Scan(&d.ID, &d.AlertID, &d.Alert.DeviceID, &d.NotificationRuleID, &d.Event, &d.Status, &due, &created, &delivered); err != nil {
 				return nil, err
 			}
+			d.Alert.ID = d.AlertID
 			d.DueAt, d.CreatedAt = fromMillis(due), fromMillis(created)
 			if delivered.Valid {
 				t := fromMillis(delivered.Int64)
@@ -660,11 +683,14 @@ func (db *DB) FindDeliveries(ctx context.Context, tenant, alertID string, p flee
 		return ds, count, err
 	}
 	byID := make(map[int64]*fleet.Delivery, len(ds))
+	ids := make([]any, 0, len(ds)+1)
+	ids = append(ids, tenant)
 	for _, d := range ds {
 		byID[d.ID] = d
+		ids = append(ids, d.ID)
 	}
 	rows, err := db.query(ctx, `SELECT t.outbox_id, t.attempted_at, t.status_code, t.error, t.duration_ms FROM alert_delivery_attempts t
-		JOIN alert_outbox o ON o.id = t.outbox_id WHERE o.tenant = ? AND o.alert_id = ? ORDER BY t.id`, tenant, alertID)
+		JOIN alert_outbox o ON o.id = t.outbox_id WHERE o.tenant = ? AND t.outbox_id IN (?`+strings.Repeat(", ?", len(ds)-1)+`) ORDER BY t.id`, ids...)
 	if err != nil {
 		return nil, 0, db.classify(err)
 	}

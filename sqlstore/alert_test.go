@@ -101,6 +101,7 @@ func TestCommitStream(t *testing.T) {
 		if err := db.CreateNotificationRule(ctx, "acme", n); err != nil {
 			t.Fatal(err)
 		}
+		notification := n
 		point := func(sec int, temp int64) *fleet.DataPoint {
 			return &fleet.DataPoint{DeviceID: "d1", Stream: "env", Timestamp: clk.Now().Add(time.Duration(sec) * time.Second).Truncate(time.Millisecond),
 				Sequence: 1, Data: map[string]any{"temp": temp, "nested": map[string]any{"x": 1.5}}, ReceivedAt: clk.Now().Truncate(time.Millisecond)}
@@ -171,7 +172,7 @@ func TestCommitStream(t *testing.T) {
 			if err != nil || len(states) != 1 || states[0].AlertID != alertID || !states[0].SinceData.IsZero() {
 				t.Fatalf("states = %+v, %v", states, err)
 			}
-			ds, n, err := db.FindDeliveries(ctx, "acme", alertID, fleet.Page{Page: 1, Limit: 50})
+			ds, n, err := db.FindDeliveries(ctx, "acme", fleet.DeliveryFilter{AlertID: alertID, Page: fleet.Page{Page: 1, Limit: 50}})
 			if err != nil || n != 1 || ds[0].Event != fleet.EventOpened || ds[0].Status != fleet.DeliveryPending {
 				t.Fatalf("deliveries = %+v, %d, %v", ds, n, err)
 			}
@@ -220,7 +221,23 @@ func TestCommitStream(t *testing.T) {
 			if n != 0 {
 				t.Fatalf("beta sees %d alerts", n)
 			}
-			_, _, err := db.FindDeliveries(ctx, "beta", alertID, fleet.Page{Page: 1, Limit: 50})
+			_, _, err := db.FindDeliveries(ctx, "beta", fleet.DeliveryFilter{AlertID: alertID, Page: fleet.Page{Page: 1, Limit: 50}})
+			wantCode(t, err, fleet.ENOTFOUND)
+			// A notification rule's deliveries: newest first, a page at a
+			// time, only in its tenant and under its alert rule.
+			byRule := fleet.DeliveryFilter{AlertRuleID: r.ID, NotificationRuleID: notification.ID, Page: fleet.Page{Page: 1, Limit: 1}}
+			ds, count, err := db.FindDeliveries(ctx, "acme", byRule)
+			if err != nil || count != 2 || len(ds) != 1 || ds[0].Event != fleet.EventClosed || ds[0].AlertID != alertID {
+				t.Fatalf("the notification rule's first page = %+v, %d, %v", ds, count, err)
+			}
+			byRule.Page.Page = 2
+			if ds, _, _ := db.FindDeliveries(ctx, "acme", byRule); len(ds) != 1 || ds[0].Event != fleet.EventOpened {
+				t.Fatalf("the notification rule's second page = %+v", ds)
+			}
+			_, _, err = db.FindDeliveries(ctx, "beta", byRule)
+			wantCode(t, err, fleet.ENOTFOUND)
+			byRule.AlertRuleID = uuid.NewString()
+			_, _, err = db.FindDeliveries(ctx, "acme", byRule)
 			wantCode(t, err, fleet.ENOTFOUND)
 		})
 		t.Run("DeletedRuleChangesIgnored", func(t *testing.T) {
@@ -313,7 +330,7 @@ func TestOutbox(t *testing.T) {
 			if err := db.CompleteDelivery(ctx, d.ID, "w3", ok, fleet.DeliveryDelivered, clk.Now()); err != nil {
 				t.Fatal(err)
 			}
-			ds, _, _ = db.FindDeliveries(ctx, "acme", alertID, fleet.Page{Page: 1, Limit: 50})
+			ds, _, _ = db.FindDeliveries(ctx, "acme", fleet.DeliveryFilter{AlertID: alertID, Page: fleet.Page{Page: 1, Limit: 50}})
 			var opened *fleet.Delivery
 			for _, x := range ds {
 				if x.Event == fleet.EventOpened {
@@ -326,7 +343,7 @@ func TestOutbox(t *testing.T) {
 		})
 		t.Run("RemindersRepeatUntilClose", func(t *testing.T) {
 			// Claiming the first reminder scheduled the next.
-			all, n, _ := db.FindDeliveries(ctx, "acme", alertID, fleet.Page{Page: 1, Limit: 50})
+			all, n, _ := db.FindDeliveries(ctx, "acme", fleet.DeliveryFilter{AlertID: alertID, Page: fleet.Page{Page: 1, Limit: 50}})
 			if n != 3 || all[2].Event != fleet.EventRepeat || all[2].Status != fleet.DeliveryPending {
 				t.Fatalf("after the reminder: %d deliveries, want the next reminder scheduled", n)
 			}
@@ -335,7 +352,7 @@ func TestOutbox(t *testing.T) {
 			if err := db.CommitStream(ctx, "acme", "d1", "env", nil, []*fleet.AlertChange{cl}); err != nil {
 				t.Fatal(err)
 			}
-			all, _, _ = db.FindDeliveries(ctx, "acme", alertID, fleet.Page{Page: 1, Limit: 50})
+			all, _, _ = db.FindDeliveries(ctx, "acme", fleet.DeliveryFilter{AlertID: alertID, Page: fleet.Page{Page: 1, Limit: 50}})
 			if all[2].Status != fleet.DeliveryCancelled || all[3].Event != fleet.EventClosed {
 				t.Fatalf("after close: %s %s", all[2].Status, all[3].Event)
 			}
