@@ -64,6 +64,7 @@ func (d dialect) ddl(s string) string {
 			"{{json}}", "JSONB",
 			"{{blob}}", "BYTEA",
 			"{{postgres}}", "", // a statement for PostgreSQL alone
+			"{{sqlite}}", "-- ",
 		)
 	} else {
 		r = strings.NewReplacer(
@@ -71,6 +72,7 @@ func (d dialect) ddl(s string) string {
 			"{{json}}", "TEXT",
 			"{{blob}}", "BLOB",
 			"{{postgres}}", "-- ",
+			"{{sqlite}}", "", // a line for SQLite alone
 		)
 	}
 	return r.Replace(s)

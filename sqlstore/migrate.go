@@ -5,6 +5,7 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -52,6 +53,11 @@ func loadMigrations() ([]migration, error) {
 // transaction, and returns the names it applied. Replicas starting together
 // on PostgreSQL serialise on an advisory lock, so each migration runs once.
 func (db *DB) Migrate(ctx context.Context) ([]string, error) {
+	return db.migrate(ctx, math.MaxInt)
+}
+
+// migrate is Migrate of the migrations numbered up to last.
+func (db *DB) migrate(ctx context.Context, last int) ([]string, error) {
 	ms, err := loadMigrations()
 	if err != nil {
 		return nil, err
@@ -93,7 +99,7 @@ func (db *DB) Migrate(ctx context.Context) ([]string, error) {
 	}
 	var done []string
 	for _, m := range ms {
-		if applied[m.version] {
+		if applied[m.version] || m.version > last {
 			continue
 		}
 		tx, err := conn.BeginTx(ctx, nil)
