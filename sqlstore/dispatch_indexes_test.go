@@ -1,0 +1,177 @@
+package sqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/fleetd/fleet/sqlstore"
+)
+
+// BenchmarkDispatchIndexes measures, on SQLite, what each index of
+// device_actions (and the foreign key to devices it had until migration
+// 0015) costs a dispatch's INSERT … SELECT: the statement the store runs,
+// into device_actions as it is and with one part added or taken away,
+// beside fleetbench's baseline (a table with its primary key only). Each
+// run starts from a copy of the same database of benchDevices() devices.
+// Compare cpu-ms/op, the process's CPU time for the insert and its commit,
+// within one run: wall time on a shared machine moves with its neighbours.
+func BenchmarkDispatchIndexes(b *testing.B) {
+	const pragmas = "_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_pragma=busy_timeout(10000)&_pragma=foreign_keys(1)&_pragma=temp_store(MEMORY)&_txlock=immediate"
+	ctx := context.Background()
+	n := benchDevices()
+	dir := b.TempDir()
+	base := filepath.Join(dir, "base.db")
+	st, err := sqlstore.Open(ctx, base, sqlstore.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := st.Migrate(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if _, _, err := st.CreateTenant(ctx, "bench"); err != nil {
+		b.Fatal(err)
+	}
+	st.Close()
+	open := func(path string) *sql.DB {
+		db, err := sql.Open("sqlite", "file:"+path+"?"+pragmas)
+		if err != nil {
+			b.Fatal(err)
+		}
+		db.SetMaxOpenConns(1)
+		return db
+	}
+	db := open(base)
+	for _, q := range []string{
+		fmt.Sprintf(`INSERT INTO devices (tenant, id, token_hash, metadata, components, created_at)
+			WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i + 1 < %d)
+			SELECT 'bench', printf('dev-%%07d', i), 'x', '{}', '{}', 0 FROM c`, n),
+		`CREATE TABLE raw (tenant TEXT NOT NULL, action_id BIGINT NOT NULL, device_id TEXT NOT NULL, type TEXT NOT NULL,
+			status TEXT NOT NULL, action_status TEXT NOT NULL, progress INTEGER NOT NULL, errors TEXT NOT NULL,
+			error_count INTEGER NOT NULL, user_email TEXT NOT NULL, user_name TEXT NOT NULL, serial_metadata TEXT NOT NULL,
+			created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, PRIMARY KEY (tenant, action_id, device_id))`,
+		"PRAGMA wal_checkpoint(TRUNCATE)",
+	} {
+		if _, err := db.Exec(q); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var table string
+	if err := db.QueryRow("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'device_actions'").Scan(&table); err != nil {
+		b.Fatal(err)
+	}
+	indexes := map[string]string{}
+	rows, err := db.Query("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'device_actions' AND sql IS NOT NULL")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for rows.Next() {
+		var name, q string
+		if err := rows.Scan(&name, &q); err != nil {
+			b.Fatal(err)
+		}
+		indexes[name] = q
+	}
+	rows.Close()
+	db.Close()
+	var partial []string
+	for name := range indexes {
+		if strings.Contains(name, "_final_") || name == "device_actions_by_deadline" {
+			partial = append(partial, name)
+		}
+	}
+	// The dispatch's statement, as insertTargets writes it.
+	const insert = `INSERT INTO device_actions (tenant, action_id, device_id, type, status, action_status, progress, errors, error_count,
+		user_email, user_name, serial_metadata, created_at, updated_at, phase)
+		SELECT tenant, CAST(? AS BIGINT), id, CAST(? AS TEXT), 'Queued', 'Queued', 0, CAST('{}' AS TEXT), 0,
+		CAST(? AS TEXT), CAST(? AS TEXT), metadata, CAST(? AS BIGINT), CAST(? AS BIGINT), 0 FROM devices WHERE tenant = ?`
+	variants := []struct {
+		name       string
+		foreignKey bool
+		without    []string
+	}{
+		{name: "device_actions"},
+		{name: "with_foreign_key", foreignKey: true},
+		{name: "without_by_device", without: []string{"device_actions_by_device"}},
+		{name: "without_by_status", without: []string{"device_actions_by_status"}},
+		{name: "without_partial", without: partial},
+		{name: "primary_key_only", without: append([]string{"device_actions_by_device", "device_actions_by_status"}, partial...)},
+		{name: "raw"},
+	}
+	for _, v := range variants {
+		b.Run(v.name, func(b *testing.B) {
+			var cpu int64
+			for b.Loop() {
+				b.StopTimer()
+				path := filepath.Join(b.TempDir(), "v.db")
+				copyFile(b, path, base)
+				db := open(path)
+				ddl := []string{"DROP TABLE device_actions"}
+				t := table
+				if v.foreignKey {
+					t = t[:strings.LastIndex(t, ")")] + ",\n    FOREIGN KEY (tenant, device_id) REFERENCES devices (tenant, id) ON DELETE CASCADE\n)"
+				}
+				ddl = append(ddl, t)
+				for name, q := range indexes {
+					if !slices.Contains(v.without, name) {
+						ddl = append(ddl, q)
+					}
+				}
+				if v.name != "raw" {
+					for _, q := range ddl {
+						if _, err := db.Exec(q); err != nil {
+							b.Fatal(q, err)
+						}
+					}
+				}
+				b.StartTimer()
+				c0 := cpuTime()
+				tx, err := db.Begin()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if v.name == "raw" {
+					_, err = tx.Exec(`INSERT INTO raw SELECT tenant, 1, id, 'reboot', 'Queued', 'Queued', 0, '{}', 0,
+						'', 'admin', metadata, 0, 0 FROM devices WHERE tenant = 'bench'`)
+				} else {
+					_, err = tx.Exec(insert, 1, "reboot", "", "admin", 0, 0, "bench")
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := tx.Commit(); err != nil {
+					b.Fatal(err)
+				}
+				cpu += int64(cpuTime() - c0)
+				b.StopTimer()
+				db.Close()
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(cpu)/1e6/float64(b.N), "cpu-ms/op")
+		})
+	}
+}
+
+func copyFile(b *testing.B, dst, src string) {
+	in, err := os.Open(src)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		b.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		b.Fatal(err)
+	}
+}
