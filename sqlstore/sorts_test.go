@@ -5,8 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime/metrics"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
@@ -86,17 +89,43 @@ func benchDeviceActionsOfDevice(b *testing.B, be sqlstoretest.Backend) {
 	}
 	for _, sort := range []string{"action_id", "type", "updated_at", "errors"} {
 		b.Run("sort_by="+sort, func(b *testing.B) {
+			// S7's tail is the calls a garbage collection overlaps: their
+			// share (gc-%) and their median over the others' (gc-slowdown).
+			var withGC, without []time.Duration
 			asc := false
 			for b.Loop() {
 				asc = !asc
+				gc, t0 := gcCycles(), time.Now()
 				page, total, err := db.FindDeviceActions(ctx, "acme", fleet.DeviceActionFilter{DeviceID: "dev-1", SortBy: sort, Ascending: asc,
 					Page: fleet.Page{Page: 1, Limit: 50}})
+				if d := time.Since(t0); gcCycles() != gc {
+					withGC = append(withGC, d)
+				} else {
+					without = append(without, d)
+				}
 				if err != nil || total != n || len(page) != 50 {
 					b.Fatalf("%d of %d, %v", len(page), total, err)
 				}
 			}
+			b.ReportMetric(100*float64(len(withGC))/float64(b.N), "gc-%")
+			if len(withGC) > 0 && len(without) > 0 {
+				b.ReportMetric(float64(median(withGC))/float64(median(without)), "gc-slowdown")
+			}
 		})
 	}
+}
+
+// gcCycles is how many garbage collections this process has completed.
+func gcCycles() uint64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 // TestDeviceActionListErrors checks the two device-action lists' failures,

@@ -79,6 +79,9 @@ Scenarios (--scenarios takes a comma-separated subset):
                (limit=50, page 1, alternating desc and asc), measured once
                the machine has been quiet for a second (waiting at most a
                minute for the last scenario's checkpoint or autovacuum).
+               The note counts the garbage collections of fleetd and of
+               fleetbench during the measured requests: the tail is the
+               requests that overlap one.
   console      the web console's pages, signed in with an API key, on the
                dispatch scenario's 100,000-device fleet given 10 actions to
                all of it (1,000,000 device actions); each page's p99 and p50

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -366,6 +367,38 @@ func (m *commitMeter) Note(ctx context.Context) string {
 		}
 	}
 	return s
+}
+
+// gcMeter counts the garbage collections of fleetd (from its /metrics) and
+// of fleetbench over a measurement.
+type gcMeter struct {
+	url    string
+	fleetd map[string]float64 // nil if /metrics could not be read
+	here   uint64
+}
+
+const gcCounter = "go_gc_duration_seconds_count"
+
+func startGCs(ctx context.Context, url string) *gcMeter {
+	at, _ := scrape(ctx, url, []string{gcCounter})
+	return &gcMeter{url: url, fleetd: at, here: gcCycles()}
+}
+
+// Note says how many collections fleetd and fleetbench ran since the start.
+func (m *gcMeter) Note(ctx context.Context) string {
+	here := gcCycles() - m.here
+	now, err := scrape(ctx, m.url, []string{gcCounter})
+	if err != nil || m.fleetd == nil {
+		return fmt.Sprintf("fleetbench collected garbage %d times meanwhile", here)
+	}
+	return fmt.Sprintf("garbage collections meanwhile: fleetd %.0f, fleetbench %d", now[gcCounter]-m.fleetd[gcCounter], here)
+}
+
+// gcCycles is how many garbage collections this process has completed.
+func gcCycles() uint64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
 
 // scrape reads the named samples from fleetd's /metrics.
