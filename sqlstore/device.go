@@ -232,7 +232,7 @@ func (db *DB) UpdateDeviceMetadata(ctx context.Context, tenant, id string, patch
 // DeleteDevice removes a device and everything recorded about it.
 func (db *DB) DeleteDevice(ctx context.Context, tenant, id string) error {
 	// device_actions has no foreign key to devices (migrations 0014 and
-	// 0015): the deletion deletes the device's device actions itself. On
+	// 0017): the deletion deletes the device's device actions itself. On
 	// PostgreSQL, in a transaction of its own, it waits for the tenant's
 	// dispatches in progress, whose rows it then deletes, and holds off new
 	// ones until it commits (lockTargets); SQLite's one writer runs the two

@@ -11,7 +11,7 @@ import (
 )
 
 // TestRebuildWithoutForeignKey upgrades a SQLite database holding device
-// actions through migration 0015, which rebuilds device_actions without
+// actions through migration 0017, which rebuilds device_actions without
 // its foreign key: every row keeps every column, every index is there
 // again, and the key is gone.
 func TestRebuildWithoutForeignKey(t *testing.T) {
@@ -21,7 +21,7 @@ func TestRebuildWithoutForeignKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if _, err := db.migrate(ctx, 14); err != nil {
+	if _, err := db.migrate(ctx, 16); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := db.CreateTenant(ctx, "acme"); err != nil {

@@ -50,3 +50,4 @@
 {{sqlite}}    WHERE action_status < 'Initiated';
 {{sqlite}}CREATE INDEX device_actions_final_by_errors ON device_actions (tenant, device_id, error_count, action_id)
 {{sqlite}}    WHERE action_status < 'Initiated';
+{{sqlite}}CREATE INDEX device_actions_failed_by_time ON device_actions (tenant, updated_at) WHERE action_status = 'Failed';
