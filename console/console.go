@@ -134,6 +134,12 @@ func (c *Console) Open() {
 		{"GET /console/firmware/{id}", c.page(fleet.PermRead, c.handleBundle)},
 		{"POST /console/firmware/components/{component}/{version}", c.page(fleet.PermOperate, c.handleFirmwareActive)},
 		{"GET /console/alerts", c.page(fleet.PermRead, c.handleAlerts)},
+		{"GET /console/alerts/rules", c.page(fleet.PermRead, c.handleAlertRules)},
+		{"GET /console/alerts/rules/new", c.page(fleet.PermOperate, c.handleNewAlertRule)},
+		{"POST /console/alerts/rules/new", c.page(fleet.PermOperate, c.handleSaveAlertRule)},
+		{"GET /console/alerts/rules/{id}", c.page(fleet.PermRead, c.handleAlertRule)},
+		{"GET /console/alerts/rules/{id}/edit", c.page(fleet.PermOperate, c.handleEditAlertRule)},
+		{"POST /console/alerts/rules/{id}/edit", c.page(fleet.PermOperate, c.handleSaveAlertRule)},
 		{"POST /console/alerts/rules/{id}/delete", c.page(fleet.PermOperate, c.handleDeleteAlertRule)},
 
 		{"GET /console/settings", c.page(fleet.PermAdmin, c.handleSettings)},

@@ -12,7 +12,7 @@ import (
 
 // pageNames are the templates under templates/, each rendered inside
 // layout.html.
-var pageNames = []string{"error", "signin", "overview", "devices", "device", "actions", "action", "dispatch", "firmware", "bundle", "alerts", "keys", "auth", "audit"}
+var pageNames = []string{"error", "signin", "overview", "devices", "device", "actions", "action", "dispatch", "firmware", "bundle", "alerts", "keys", "auth", "audit", "alertrules", "alertrule", "ruleform"}
 
 var funcs = template.FuncMap{
 	"when":       when,
@@ -56,6 +56,8 @@ var funcs = template.FuncMap{
 	"progress":    newProgress,
 	"searchLabel": func(s string) string { return searchLabels[s] },
 	"percent":     func(f *float64) string { return strconv.FormatFloat(*f*100, 'f', -1, 64) },
+	"problems":    problemsOf,
+	"fieldOf":     fieldOf,
 }
 
 func parsePages() map[string]*template.Template {

@@ -121,3 +121,21 @@ func screenshotDir(t *testing.T) string {
 	d, _ = filepath.Abs(d)
 	return d
 }
+
+// TestConsoleAlertsInBrowser has an operator make an alert rule in the
+// console's editor (after it refuses a bad condition with the API's
+// message), sees a device's reading open an alert on the console's pages,
+// edits the rule so that the next reading ends it, and sees a viewer get
+// no write controls.
+func TestConsoleAlertsInBrowser(t *testing.T) {
+	dir := consoleHarness(t)
+	s := startServer(t, sqlstoretest.Backends()[0], alertFlags...)
+	admin := s.admin()
+	operator := s.newKey(t, admin, "olivia", "operator")
+	viewer := s.newKey(t, admin, "victor", "viewer")
+	gateway := s.newKey(t, admin, "gateway", "device")
+	s.mustDevice(t, admin, "pump-07", map[string]string{"site": "harbour"})
+	runConsoleScript(t, dir, "alerts.mjs", 3*time.Minute,
+		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant, "SCREENSHOTS="+screenshotDir(t),
+		"OPERATOR_KEY="+operator.Key, "VIEWER_KEY="+viewer.Key, "DEVICE_KEY="+gateway.Key, "DEVICE=pump-07")
+}

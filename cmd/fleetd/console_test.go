@@ -501,11 +501,109 @@ func TestConsole(t *testing.T) {
 			rule := s.mustAlertRule(t, admin, map[string]any{"name": "<b>hot</b>", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
 			b := newBrowser(t, s.URL)
 			tok := b.signIn("default", operator.Key).csrf(t)
-			body := b.get("/console/alerts").want(t, 200).Body
-			if !strings.Contains(body, html.EscapeString("<b>hot</b>")) || strings.Contains(body, "<b>hot</b>") {
-				t.Fatalf("the alerts page does not show the rule, escaped")
+			for _, p := range []string{"/console/alerts/rules", "/console/alerts/rules/" + rule.ID, "/console/alerts?rule_id=" + rule.ID} {
+				body := b.get(p).want(t, 200).Body
+				if !strings.Contains(body, html.EscapeString("<b>hot</b>")) || strings.Contains(body, "<b>hot</b>") {
+					t.Fatalf("%s does not show the rule, escaped", p)
+				}
 			}
-			b.get("/console/alerts?state=open").want(t, 400)
+			for path, status := range map[string]int{
+				"/console/alerts?state=open":            400,
+				"/console/alerts?rule_id=x":             400,
+				"/console/alerts?device_id=a%20b":       400,
+				"/console/alerts/rules/not-a-uuid":      404,
+				"/console/alerts/rules?page=0":          400,
+				"/console/alerts/rules/" + rule.ID[:35]: 404,
+			} {
+				if res := b.get(path); res.Status != status {
+					t.Errorf("%s answered %d, want %d", path, res.Status, status)
+				}
+			}
+
+			// The editor refuses what the API refuses, with the API's
+			// message, and keeps what was typed.
+			form := url.Values{"csrf": {tok}, "name": {"<script>alert(1)</script>"}, "stream": {"env"},
+				"condition": {`{"all": [{"field": "temp", "operator": ">", "value": 80}, {"field": "temp", "operator": "=~", "value": 1}]}`}}
+			var apiErr struct{ Fields map[string]string }
+			var cond any
+			if err := json.Unmarshal([]byte(form.Get("condition")), &cond); err != nil {
+				t.Fatal(err)
+			}
+			s.do(t, admin, "POST", "/api/v1/alert-rules", map[string]any{"name": "x", "stream": "env", "condition": cond}).want(t, 400).decode(t, &apiErr)
+			want := apiErr.Fields["condition.all[1].operator"]
+			res := b.do("POST", "/console/alerts/rules/new", form).want(t, 400)
+			if want == "" || !strings.Contains(res.Body, html.EscapeString(want)) || !strings.Contains(res.Body, "condition.all[1].operator") {
+				t.Errorf("the editor does not say what the API says (%q):\n%s", want, res.Body)
+			}
+			if !strings.Contains(res.Body, html.EscapeString(form.Get("condition"))) || !strings.Contains(res.Body, html.EscapeString("<script>alert(1)</script>")) {
+				t.Errorf("the editor does not keep what was typed")
+			}
+			for field, value := range map[string]string{"condition": "{not json", "activation_threshold_seconds": "soon", "metadata_filters": `{"site": 1}`} {
+				bad := url.Values{"csrf": {tok}, "name": {"x"}, "stream": {"env"}, "condition": {`{"field": "t", "operator": "<", "value": 1}`}}
+				bad.Set(field, value)
+				if res := b.do("POST", "/console/alerts/rules/new", bad).want(t, 400); !strings.Contains(res.Body, `id="`+field+`-error"`) {
+					t.Errorf("%s=%q: no problem shown beside the field:\n%s", field, value, res.Body)
+				}
+			}
+
+			form.Set("condition", `{"field": "temp", "operator": ">", "value": 80}`)
+			form.Set("metadata_filters", `{"site": ["harbour", "dock"]}`)
+			form.Set("activation_threshold_seconds", "1.5")
+			res = b.do("POST", "/console/alerts/rules/new", form).want(t, 303)
+			page := b.get(res.Header.Get("Location")).want(t, 200).Body
+			if strings.Contains(page, "<script>alert(1)") || !strings.Contains(page, html.EscapeString("<script>alert(1)</script>")) || !strings.Contains(page, "harbour") {
+				t.Errorf("the new rule's page:\n%s", page)
+			}
+			id := strings.TrimPrefix(res.Header.Get("Location"), "/console/alerts/rules/")
+			var got alertRule
+			s.do(t, admin, "GET", "/api/v1/alert-rules/"+id, nil).want(t, 200).decode(t, &got)
+			if got.Name != "<script>alert(1)</script>" || got.ActivationThresholdSeconds != 1.5 || got.Condition["value"] != 80.0 {
+				t.Fatalf("the API reads the console's rule as %+v", got)
+			}
+			form.Set("name", "<b>hot</b>")
+			b.do("POST", "/console/alerts/rules/new", form).want(t, 409)
+
+			// Edit: the form shows the rule; a stream cannot change.
+			edit := b.get("/console/alerts/rules/"+id+"/edit").want(t, 200).Body
+			if !strings.Contains(edit, "1.5") || !strings.Contains(edit, "harbour") {
+				t.Errorf("the edit form does not show the rule:\n%s", edit)
+			}
+			form.Set("name", "renamed")
+			form.Set("stream", "other")
+			if res := b.do("POST", "/console/alerts/rules/"+id+"/edit", form).want(t, 400); !strings.Contains(res.Body, "cannot change") {
+				t.Errorf("a changed stream is not refused by name:\n%s", res.Body)
+			}
+			form.Set("stream", "env")
+			form.Set("condition", `{"field": "temp", "operator": ">=", "value": 90}`)
+			b.do("POST", "/console/alerts/rules/"+id+"/edit", form).want(t, 303)
+			s.do(t, admin, "GET", "/api/v1/alert-rules/"+id, nil).want(t, 200).decode(t, &got)
+			if got.Name != "renamed" || got.Condition["operator"] != ">=" {
+				t.Fatalf("after the edit the API reads %+v", got)
+			}
+
+			// A viewer sees no write control, and is refused anyway.
+			vb := newBrowser(t, s.URL)
+			vtok := vb.signIn("default", viewer.Key).csrf(t)
+			for _, p := range []string{"/console/alerts", "/console/alerts/rules", "/console/alerts/rules/" + id} {
+				if body := vb.get(p).want(t, 200).Body; strings.Contains(body, "/edit") || strings.Contains(body, "/delete") || strings.Contains(body, "rules/new") {
+					t.Errorf("a viewer is offered write controls on %s", p)
+				}
+			}
+			vb.get("/console/alerts/rules/new").want(t, 403)
+			vb.get("/console/alerts/rules/"+id+"/edit").want(t, 403)
+			form.Set("csrf", vtok)
+			vb.do("POST", "/console/alerts/rules/new", form).want(t, 403)
+			vb.do("POST", "/console/alerts/rules/"+id+"/edit", form).want(t, 403)
+			vb.do("POST", "/console/alerts/rules/"+id+"/delete", url.Values{"csrf": {vtok}}).want(t, 403)
+			// Every form needs the session's token.
+			form.Set("csrf", "forged")
+			b.do("POST", "/console/alerts/rules/new", form).want(t, 403)
+			b.do("POST", "/console/alerts/rules/"+id+"/delete", url.Values{}).want(t, 403)
+			// Another tenant's rule is not found.
+			theirRule := s.mustAlertRule(t, other, map[string]any{"name": "theirs", "stream": "env", "condition": map[string]any{"no_data_seconds": 60}})
+			b.get("/console/alerts/rules/"+theirRule.ID).want(t, 404)
+			b.do("POST", "/console/alerts/rules/"+theirRule.ID+"/delete", url.Values{"csrf": {tok}}).want(t, 404)
+
 			b.do("POST", "/console/alerts/rules/"+rule.ID+"/delete", url.Values{"csrf": {tok}}).want(t, 303)
 			s.do(t, admin, "GET", "/api/v1/alert-rules/"+rule.ID, nil).want(t, 404)
 		})

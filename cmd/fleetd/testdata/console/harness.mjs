@@ -56,3 +56,22 @@ export async function run(steps) {
   }
   process.exit(failed ? 1 : 0);
 }
+
+// call sends a request to fleetd's HTTP API with key and returns the
+// status and the decoded body.
+export async function call(key, method, p, body) {
+  const res = await fetch(base + p, {
+    method,
+    headers: { "x-service-tenant": tenant, "x-service-api-key": key, "content-type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await res.text();
+  return { status: res.status, body: text ? JSON.parse(text) : null };
+}
+
+// api is call for a request that must succeed.
+export async function api(key, method, p, body) {
+  const res = await call(key, method, p, body);
+  if (res.status >= 300) throw new Error(`${method} ${p}: ${res.status} ${JSON.stringify(res.body)}`);
+  return res.body;
+}

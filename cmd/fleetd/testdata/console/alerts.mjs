@@ -1,0 +1,113 @@
+// Drives the console's alerts pages in Debian's Chromium, as an operator
+// and a viewer would. TestConsoleAlertsInBrowser
+// (cmd/fleetd/console_browser_test.go) starts fleetd, provisions a device
+// and the keys, and runs this with:
+//   FLEETD_URL, FLEETD_TENANT, OPERATOR_KEY, VIEWER_KEY, DEVICE_KEY (a gateway's key),
+//   DEVICE (a device whose metadata has site=harbour), SCREENSHOTS (a directory, optional).
+// Every wait is on a condition in the page, bounded by Playwright's timeouts.
+import assert from "node:assert/strict";
+import { env, base, step, shot, call, api, signIn, run } from "./harness.mjs";
+
+const operatorKey = env("OPERATOR_KEY");
+const viewerKey = env("VIEWER_KEY");
+const deviceKey = env("DEVICE_KEY");
+const device = env("DEVICE");
+const ruleName = "pump overheating <script>alert(1)</script>";
+
+await run(async (browser, track) => {
+  const ctx = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  const page = await ctx.newPage();
+  track(page);
+  const dialogs = [];
+  page.on("dialog", (d) => { dialogs.push(d.message()); d.dismiss(); });
+  const cspViolations = [];
+  page.on("console", (m) => { if (/Content Security Policy/i.test(m.text())) cspViolations.push(m.text()); });
+
+  await signIn(page, operatorKey);
+
+  step("the editor refuses a bad condition with the API's message and keeps what was typed");
+  const bad = '{"any": [{"field": "temp", "operator": ">", "value": 80}, {"field": "temp", "operator": "=~", "value": "hot"}]}';
+  const refused = await call(operatorKey, "POST", "/api/v1/alert-rules", { name: "probe", stream: "env", condition: JSON.parse(bad) });
+  assert.equal(refused.status, 400);
+  const apiMessage = refused.body.fields["condition.any[1].operator"];
+  assert.ok(apiMessage, "the API names the bad operator");
+  await page.getByRole("navigation").getByRole("link", { name: "Alerts", exact: true }).click();
+  await page.getByRole("link", { name: "New alert rule" }).click();
+  await page.getByLabel("Name").fill(ruleName);
+  await page.getByLabel("Stream").fill("env");
+  await page.getByLabel("Condition (JSON)").fill(bad);
+  await page.getByLabel(/^Only devices whose metadata matches/).fill('{"site": "harbour"}');
+  await page.getByRole("button", { name: "Create rule" }).click();
+  const problem = page.locator("#condition-error");
+  await problem.getByText(apiMessage).waitFor();
+  await problem.getByText("condition.any[1].operator").waitFor();
+  assert.equal(await page.getByLabel("Condition (JSON)").inputValue(), bad, "the condition is kept as typed");
+  assert.equal(await page.getByLabel("Name").inputValue(), ruleName, "the name is kept as typed");
+  assert.equal(await page.getByLabel("Condition (JSON)").getAttribute("aria-invalid"), "true");
+  await shot(page, "alert-rule-editor");
+
+  step("a good condition makes the rule; its name renders as text");
+  await page.getByLabel("Condition (JSON)").fill('{"field": "temp", "operator": ">", "value": 80}');
+  await page.getByRole("button", { name: "Create rule" }).click();
+  await page.waitForURL(/\/console\/alerts\/rules\/[0-9a-f-]{36}$/);
+  const ruleID = page.url().split("/").pop();
+  await page.getByRole("heading", { name: `Alert rule ${ruleName}` }).waitFor();
+  await page.getByText("This rule has raised no alert.").waitFor();
+
+  step("the device's data opens an alert, and the console shows it");
+  await api(deviceKey, "POST", `/api/v1/devices/${device}/streams/env`, [{ timestamp: Date.now(), sequence: 1, temp: 95 }]);
+  await page.reload();
+  await page.getByRole("link", { name: device }).waitFor();
+  await page.getByText("active", { exact: true }).waitFor();
+  await shot(page, "alert-rule");
+  await page.goto(base + "/console/alerts?state=active");
+  const row = page.getByRole("row").filter({ has: page.getByRole("link", { name: device }) });
+  await row.getByRole("link", { name: ruleName }).waitFor();
+  await row.getByText('"temp": 95').waitFor();
+  await shot(page, "alerts");
+
+  step("edit the rule: the form shows it, and the edit holds");
+  await page.goto(base + `/console/alerts/rules/${ruleID}`);
+  await page.getByRole("link", { name: "Edit rule" }).click();
+  assert.equal(await page.getByLabel("Stream").getAttribute("readonly"), "", "a rule keeps its stream");
+  await page.getByLabel("Condition (JSON)").fill('{"field": "temp", "operator": ">", "value": 99}');
+  await page.getByLabel("Closes after, seconds").fill("-1");
+  await page.getByRole("button", { name: "Save rule" }).click();
+  const refusedThreshold = await call(operatorKey, "POST", "/api/v1/alert-rules", { name: "probe", stream: "env", condition: { no_data_seconds: 5 }, deactivation_threshold_seconds: -1 });
+  await page.locator("#deactivation_threshold_seconds-error").getByText(refusedThreshold.body.fields.deactivation_threshold_seconds).waitFor();
+  await page.getByLabel("Closes after, seconds").fill("0");
+  await page.getByRole("button", { name: "Save rule" }).click();
+  await page.waitForURL(base + `/console/alerts/rules/${ruleID}`);
+  await page.locator("[data-condition]").getByText("99").waitFor();
+  const saved = await api(operatorKey, "GET", `/api/v1/alert-rules/${ruleID}`);
+  assert.equal(saved.condition.value, 99);
+  assert.equal(saved.name, ruleName);
+
+  step("the device's next point, cool by the new condition, ends the alert");
+  await api(deviceKey, "POST", `/api/v1/devices/${device}/streams/env`, [{ timestamp: Date.now(), sequence: 2, temp: 96 }]);
+  await page.goto(base + "/console/alerts?state=ended");
+  await page.getByRole("row").filter({ has: page.getByRole("link", { name: device }) }).waitFor();
+  assert.deepEqual(dialogs, [], "no script from a rule's name ran");
+  assert.deepEqual(cspViolations, [], "no Content-Security-Policy violation");
+
+  step("a viewer sees no write controls, and the server refuses them anyway");
+  const vctx = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  const vpage = await vctx.newPage();
+  track(vpage);
+  await signIn(vpage, viewerKey);
+  await vpage.goto(base + "/console/alerts/rules");
+  await vpage.getByRole("link", { name: ruleName }).click();
+  await vpage.getByRole("heading", { name: `Alert rule ${ruleName}` }).waitFor();
+  assert.equal(await vpage.getByRole("link", { name: /Edit rule|New alert rule/ }).count(), 0);
+  assert.equal(await vpage.getByRole("button", { name: /Delete/ }).count(), 0);
+  const token = await vpage.locator('input[name="csrf"]').first().inputValue();
+  const del = await vctx.request.post(base + `/console/alerts/rules/${ruleID}/delete`, { form: { csrf: token }, maxRedirects: 0 });
+  assert.equal(del.status(), 403);
+  assert.equal((await vpage.goto(base + "/console/alerts/rules/new")).status(), 403);
+  assert.equal((await api(operatorKey, "GET", `/api/v1/alert-rules/${ruleID}`)).id, ruleID, "the rule is still there");
+
+  step("a form posted without the session's token is refused");
+  const forged = await ctx.request.post(base + `/console/alerts/rules/${ruleID}/delete`, { form: { csrf: "forged" }, maxRedirects: 0 });
+  assert.equal(forged.status(), 403);
+  console.log("alerts browser test: all steps passed");
+});
