@@ -82,11 +82,14 @@ func (c *Console) handleAlertRules(w http.ResponseWriter, r *http.Request, v *vi
 	return nil
 }
 
-// alertRuleData is a rule's page: the rule and its latest alerts.
+// alertRuleData is a rule's page: the rule, its latest alerts, and its
+// notification rules as the role sees them, a page at a time.
 type alertRuleData struct {
-	Rule    *fleet.AlertRule
-	Alerts  []*fleet.Alert
-	AlertsN int
+	Rule          *fleet.AlertRule
+	Alerts        []*fleet.Alert
+	AlertsN       int
+	Notifications []*fleet.NotificationRule
+	Pager         pager
 }
 
 // ruleAlerts is how many of a rule's latest alerts its page shows; the
@@ -95,6 +98,10 @@ const ruleAlerts = 10
 
 func (c *Console) handleAlertRule(w http.ResponseWriter, r *http.Request, v *view) error {
 	ctx, tenant := r.Context(), v.Actor.Tenant
+	p, err := readPage(r)
+	if err != nil {
+		return err
+	}
 	rule, err := c.findRule(r, tenant)
 	if err != nil {
 		return err
@@ -103,6 +110,14 @@ func (c *Console) handleAlertRule(w http.ResponseWriter, r *http.Request, v *vie
 	if d.Alerts, d.AlertsN, err = c.Alerts.FindAlerts(ctx, tenant, fleet.AlertFilter{RuleID: rule.ID, Page: fleet.Page{Page: 1, Limit: ruleAlerts}}); err != nil {
 		return err
 	}
+	ns, n, err := c.Alerts.FindNotificationRules(ctx, tenant, rule.ID, p)
+	if err != nil {
+		return err
+	}
+	for _, x := range ns {
+		d.Notifications = append(d.Notifications, x.ShownTo(v.Actor.Role))
+	}
+	d.Pager = newPager(r, p, n)
 	v.Title, v.Nav, v.Data = "Alert rule "+rule.Name, "alerts", d
 	c.render(w, r, http.StatusOK, "alertrule", v)
 	return nil

@@ -80,6 +80,9 @@ type Console struct {
 	LiveInterval time.Duration
 	// UploadLimit bounds a firmware upload from the console.
 	UploadLimit int64
+	// Templates bounds the sample render of a notification template, as
+	// the API's (fleethttp.Server.Templates).
+	Templates fleet.TemplateLimits
 
 	seal   sealer
 	feeds  feeds
@@ -149,6 +152,12 @@ func (c *Console) Open() {
 		{"GET /console/settings/auth", c.page(fleet.PermAdmin, c.handleAuth)},
 		{"POST /console/settings/auth", c.page(fleet.PermAdmin, c.handleSetAuth)},
 		{"GET /console/settings/audit", c.page(fleet.PermAdmin, c.handleAudit)},
+		{"GET /console/alerts/rules/{id}/notifications/new", c.page(fleet.PermOperate, c.handleNewNotification)},
+		{"POST /console/alerts/rules/{id}/notifications/new", c.page(fleet.PermOperate, c.handleSaveNotification)},
+		{"GET /console/alerts/rules/{id}/notifications/{nid}", c.page(fleet.PermRead, c.handleNotification)},
+		{"GET /console/alerts/rules/{id}/notifications/{nid}/edit", c.page(fleet.PermOperate, c.handleEditNotification)},
+		{"POST /console/alerts/rules/{id}/notifications/{nid}/edit", c.page(fleet.PermOperate, c.handleSaveNotification)},
+		{"POST /console/alerts/rules/{id}/notifications/{nid}/delete", c.page(fleet.PermOperate, c.handleDeleteNotification)},
 	}
 	c.mux = http.NewServeMux()
 	for _, rt := range c.routes {

@@ -129,13 +129,26 @@ func screenshotDir(t *testing.T) string {
 // no write controls.
 func TestConsoleAlertsInBrowser(t *testing.T) {
 	dir := consoleHarness(t)
-	s := startServer(t, sqlstoretest.Backends()[0], alertFlags...)
+	// The webhook receiver is on this machine: the egress policy must
+	// allow it.
+	s := startServer(t, sqlstoretest.Backends()[0], append(alertFlags, "--outbound-allow", "127.0.0.1")...)
 	admin := s.admin()
 	operator := s.newKey(t, admin, "olivia", "operator")
 	viewer := s.newKey(t, admin, "victor", "viewer")
 	gateway := s.newKey(t, admin, "gateway", "device")
 	s.mustDevice(t, admin, "pump-07", map[string]string{"site": "harbour"})
+	hook := newReceiver(t, 0)
 	runConsoleScript(t, dir, "alerts.mjs", 3*time.Minute,
 		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant, "SCREENSHOTS="+screenshotDir(t),
-		"OPERATOR_KEY="+operator.Key, "VIEWER_KEY="+viewer.Key, "DEVICE_KEY="+gateway.Key, "DEVICE=pump-07")
+		"OPERATOR_KEY="+operator.Key, "VIEWER_KEY="+viewer.Key, "DEVICE_KEY="+gateway.Key, "DEVICE=pump-07",
+		"WEBHOOK_URL="+hook.URL+"/hooks/pumps")
+	// The notification made in the console reached the receiver, signed,
+	// with its header and its template.
+	got := hook.got()
+	if len(got) == 0 {
+		t.Fatal("the receiver got no notification")
+	}
+	if h := got[0].header; h.Get("X-Fleet-Signature") == "" || h.Get("X-Team") != "ops" || !strings.Contains(string(got[0].body), "pump-07 95") {
+		t.Errorf("the receiver got %v %s", got[0].header, got[0].body)
+	}
 }

@@ -608,6 +608,136 @@ func TestConsole(t *testing.T) {
 			s.do(t, admin, "GET", "/api/v1/alert-rules/"+rule.ID, nil).want(t, 404)
 		})
 
+		t.Run("NotificationRules", func(t *testing.T) {
+			rule := s.mustAlertRule(t, admin, map[string]any{"name": "notify-me", "stream": "notif", "condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
+			base := "/console/alerts/rules/" + rule.ID + "/notifications"
+			b := newBrowser(t, s.URL)
+			tok := b.signIn("default", operator.Key).csrf(t)
+			form := url.Values{"csrf": {tok}, "channel_parameters.type": {"webhook"}, "channel_parameters.url": {"ftp://example.com/hook"},
+				"channel_parameters.headers": {"Authorization: Bearer hunter2\nX-Team: <i>ops</i>"}, "channel_parameters.secret": {"s3cret-value"},
+				"interval_seconds": {"0"}, "timezone": {"Mars/Olympus"}, "notification_template.subject": {"{{.Rule.Name"},
+				"notification_template.body": {"<script>alert(1)</script> {{.Alert.DeviceID}}"}}
+			// Refused as S3 refuses it, field by field, and the secret is
+			// not sent back.
+			var apiErr struct{ Fields map[string]string }
+			s.do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
+				"channel_parameters": map[string]any{"type": "webhook", "url": "ftp://example.com/hook"}, "timezone": "Mars/Olympus",
+				"notification_template": map[string]any{"subject": "{{.Rule.Name"}}).want(t, 400).decode(t, &apiErr)
+			res := b.do("POST", base+"/new", form).want(t, 400)
+			for _, field := range []string{"channel_parameters.url", "timezone", "notification_template.subject"} {
+				if apiErr.Fields[field] == "" || !strings.Contains(res.Body, `id="`+field+`-error"`) || !strings.Contains(res.Body, html.EscapeString(apiErr.Fields[field])) {
+					t.Errorf("%s: the form does not say what the API says (%q)", field, apiErr.Fields[field])
+				}
+			}
+			if strings.Contains(res.Body, "s3cret-value") || !strings.Contains(res.Body, "hunter2") {
+				t.Errorf("a refused form shows the secret, or loses the headers typed")
+			}
+			form.Set("channel_parameters.url", "http://127.0.0.1:9/hook?token=abc")
+			form.Set("timezone", "Europe/Berlin")
+			form.Set("notification_template.subject", "{{.Rule.Name}} {{.Event}}")
+			res = b.do("POST", base+"/new", form).want(t, 303)
+			page := res.Header.Get("Location")
+			body := b.get(page).want(t, 200).Body
+			for _, hidden := range []string{"s3cret-value", "hunter2", "abc", "<script>alert(1)", "<i>ops"} {
+				if strings.Contains(body, hidden) {
+					t.Errorf("the notification rule's page shows %q", hidden)
+				}
+			}
+			if !strings.Contains(body, html.EscapeString("<script>alert(1)</script>")) || !strings.Contains(body, "Europe/Berlin") {
+				t.Errorf("the notification rule's page does not show its template, escaped:\n%s", body)
+			}
+			var list struct {
+				Rules []struct {
+					ID                string
+					ChannelParameters struct {
+						HasSecret bool `json:"has_secret"`
+						Headers   map[string]string
+					} `json:"channel_parameters"`
+					IntervalSeconds int64 `json:"interval_seconds"`
+				} `json:"alert_notification_rules"`
+			}
+			readBack := func() {
+				t.Helper()
+				list.Rules = nil
+				s.do(t, admin, "GET", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", nil).want(t, 200).decode(t, &list)
+				if len(list.Rules) != 1 {
+					t.Fatalf("the API lists %d notification rules", len(list.Rules))
+				}
+			}
+			readBack()
+			if r := list.Rules[0]; !r.ChannelParameters.HasSecret || r.ChannelParameters.Headers["X-Team"] != "<i>ops</i>" {
+				t.Fatalf("the API reads the console's notification rule as %+v", r)
+			}
+
+			// Edit what the form shows, channel untouched: the secret, the
+			// hidden query value and the credential header stay.
+			edit := b.get(page+"/edit").want(t, 200).Body
+			if strings.Contains(edit, "s3cret-value") || strings.Contains(edit, "hunter2") {
+				t.Fatalf("the edit form shows a secret")
+			}
+			m := regexp.MustCompile(`name="channel_parameters.url" value="([^"]*)"`).FindStringSubmatch(edit)
+			h := regexp.MustCompile(`(?s)name="channel_parameters.headers"[^>]*>(.*?)</textarea>`).FindStringSubmatch(edit)
+			if m == nil || h == nil {
+				t.Fatalf("the edit form:\n%s", edit)
+			}
+			form.Set("channel_parameters.url", html.UnescapeString(m[1]))
+			form.Set("channel_parameters.headers", html.UnescapeString(h[1]))
+			form.Set("channel_parameters.secret", "")
+			form.Set("interval_seconds", "60")
+			b.do("POST", page+"/edit", form).want(t, 303)
+			readBack()
+			if r := list.Rules[0]; !r.ChannelParameters.HasSecret || r.IntervalSeconds != 60 {
+				t.Fatalf("after the edit %+v", r)
+			}
+			// A channel changed with its URL still hidden is refused; a
+			// secret removed is gone.
+			form.Set("channel_parameters.headers", "X-Team: dev")
+			if res := b.do("POST", page+"/edit", form).want(t, 400); !strings.Contains(res.Body, `id="channel_parameters.url-error"`) {
+				t.Errorf("a hidden URL is saved back:\n%s", res.Body)
+			}
+			form.Set("channel_parameters.url", "http://127.0.0.1:9/hook")
+			form.Set("clear_secret", "on")
+			b.do("POST", page+"/edit", form).want(t, 303)
+			readBack()
+			if r := list.Rules[0]; r.ChannelParameters.HasSecret || r.ChannelParameters.Headers["X-Team"] != "dev" {
+				t.Fatalf("after removing the secret %+v", r)
+			}
+
+			// An alert opens: its notifications and their attempts show on
+			// the page (fleetd may not reach 127.0.0.1 here: the attempt
+			// records why).
+			gw := s.newKey(t, admin, "notif-gateway", "device")
+			s.do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "notif-dev"}).want(t, 201)
+			s.do(t, gw, "POST", "/api/v1/devices/notif-dev/streams/notif", []map[string]any{{"timestamp": time.Now().UnixMilli(), "temp": 99}}).want(t, 200)
+			eventually(t, "an attempt shown on the notification rule's page", func() bool {
+				body := b.get(page).want(t, 200).Body
+				return strings.Contains(body, "notif-dev") && strings.Contains(body, "opened") && strings.Contains(body, `<ol class="attempts">`)
+			})
+
+			// A viewer sees the rule redacted, no write control, and is
+			// refused anyway.
+			vb := newBrowser(t, s.URL)
+			vtok := vb.signIn("default", viewer.Key).csrf(t)
+			for _, p := range []string{"/console/alerts/rules/" + rule.ID, page} {
+				body := vb.get(p).want(t, 200).Body
+				if strings.Contains(body, "/hook") || strings.Contains(body, "/edit") || strings.Contains(body, "/delete") || strings.Contains(body, "notifications/new") {
+					t.Errorf("a viewer sees a URL's path or a write control on %s", p)
+				}
+			}
+			vb.get(base+"/new").want(t, 403)
+			vb.get(page+"/edit").want(t, 403)
+			form.Set("csrf", vtok)
+			vb.do("POST", base+"/new", form).want(t, 403)
+			vb.do("POST", page+"/edit", form).want(t, 403)
+			vb.do("POST", page+"/delete", url.Values{"csrf": {vtok}}).want(t, 403)
+			b.do("POST", page+"/delete", url.Values{"csrf": {"forged"}}).want(t, 403)
+			b.get(base+"/not-a-uuid").want(t, 404)
+			b.get("/console/alerts/rules/00000000-0000-0000-0000-000000000001/notifications/"+strings.TrimPrefix(page, base+"/")).want(t, 404)
+
+			b.do("POST", page+"/delete", url.Values{"csrf": {tok}}).want(t, 303)
+			b.get(page).want(t, 404)
+		})
+
 		t.Run("RevokedKeyEndsSession", func(t *testing.T) {
 			k := s.newKey(t, admin, "temp", "operator")
 			b := newBrowser(t, s.URL)

@@ -3,7 +3,8 @@
 // (cmd/fleetd/console_browser_test.go) starts fleetd, provisions a device
 // and the keys, and runs this with:
 //   FLEETD_URL, FLEETD_TENANT, OPERATOR_KEY, VIEWER_KEY, DEVICE_KEY (a gateway's key),
-//   DEVICE (a device whose metadata has site=harbour), SCREENSHOTS (a directory, optional).
+//   DEVICE (a device whose metadata has site=harbour), WEBHOOK_URL (a receiver fleetd may reach),
+//   SCREENSHOTS (a directory, optional).
 // Every wait is on a condition in the page, bounded by Playwright's timeouts.
 import assert from "node:assert/strict";
 import { env, base, step, shot, call, api, signIn, run } from "./harness.mjs";
@@ -12,7 +13,18 @@ const operatorKey = env("OPERATOR_KEY");
 const viewerKey = env("VIEWER_KEY");
 const deviceKey = env("DEVICE_KEY");
 const device = env("DEVICE");
+const webhook = env("WEBHOOK_URL");
 const ruleName = "pump overheating <script>alert(1)</script>";
+
+// reloadUntil reloads the page until locator is there: for what fleetd
+// does in the background (deliveries), which the page does not follow live.
+async function reloadUntil(page, locator, what) {
+  for (let i = 0; (await locator.count()) === 0; i++) {
+    if (i === 100) throw new Error(`${what}: not shown after 100 reloads`);
+    await new Promise((r) => setTimeout(r, 100));
+    await page.reload();
+  }
+}
 
 await run(async (browser, track) => {
   const ctx = await browser.newContext({ viewport: { width: 1280, height: 800 } });
@@ -54,6 +66,30 @@ await run(async (browser, track) => {
   await page.getByRole("heading", { name: `Alert rule ${ruleName}` }).waitFor();
   await page.getByText("This rule has raised no alert.").waitFor();
 
+  step("a notification rule: refused as the API refuses it, then made; its secret never shown");
+  await page.getByRole("link", { name: "Add notification rule" }).click();
+  await page.getByLabel("Channel").selectOption("webhook");
+  await page.getByLabel("URL (webhook, Slack)").fill(webhook);
+  await page.getByLabel(/^Headers/).fill("X-Team: ops");
+  await page.getByLabel("Signing secret (webhook)").fill("s3cret-value");
+  await page.getByLabel("Time zone").fill("Europe/Nowhere");
+  await page.getByLabel(/^Body/).fill("<script>alert(1)</script> {{.Alert.DeviceID}} {{.Value.temp}}");
+  await page.getByRole("button", { name: "Create notification rule" }).click();
+  const tzRefused = await call(operatorKey, "POST", `/api/v1/alert-rules/${ruleID}/alert-notification-rules`,
+    { channel_parameters: { type: "webhook", url: webhook }, timezone: "Europe/Nowhere" });
+  await page.locator('[id="timezone-error"]').getByText(tzRefused.body.fields.timezone).waitFor();
+  assert.equal(await page.getByLabel("Signing secret (webhook)").inputValue(), "", "the secret is not sent back");
+  assert.equal(await page.getByLabel(/^Headers/).inputValue(), "X-Team: ops", "what was typed is kept");
+  await page.getByLabel("Signing secret (webhook)").fill("s3cret-value");
+  await page.getByLabel("Time zone").fill("Europe/Berlin");
+  await page.getByRole("button", { name: "Create notification rule" }).click();
+  await page.waitForURL(/\/notifications\/[0-9a-f-]{36}$/);
+  const notificationPage = page.url();
+  await page.getByText("<script>alert(1)</script> {{.Alert.DeviceID}} {{.Value.temp}}").waitFor();
+  assert.ok(!(await page.content()).includes("s3cret-value"), "the secret is never shown");
+  await page.getByText("Nothing sent yet").waitFor();
+  await page.goto(base + `/console/alerts/rules/${ruleID}`);
+
   step("the device's data opens an alert, and the console shows it");
   await api(deviceKey, "POST", `/api/v1/devices/${device}/streams/env`, [{ timestamp: Date.now(), sequence: 1, temp: 95 }]);
   await page.reload();
@@ -65,6 +101,13 @@ await run(async (browser, track) => {
   await row.getByRole("link", { name: ruleName }).waitFor();
   await row.getByText('"temp": 95').waitFor();
   await shot(page, "alerts");
+
+  step("the alert's notification is delivered, and its attempt shows");
+  await page.goto(notificationPage);
+  const delivered = page.getByRole("row").filter({ hasText: "delivered" }).filter({ hasText: "HTTP 200" });
+  await reloadUntil(page, delivered, "the delivered notification");
+  await delivered.getByRole("link", { name: device }).waitFor();
+  await shot(page, "alert-notification");
 
   step("edit the rule: the form shows it, and the edit holds");
   await page.goto(base + `/console/alerts/rules/${ruleID}`);
@@ -100,6 +143,12 @@ await run(async (browser, track) => {
   await vpage.getByRole("heading", { name: `Alert rule ${ruleName}` }).waitFor();
   assert.equal(await vpage.getByRole("link", { name: /Edit rule|New alert rule/ }).count(), 0);
   assert.equal(await vpage.getByRole("button", { name: /Delete/ }).count(), 0);
+  assert.equal(await vpage.getByRole("link", { name: "Add notification rule" }).count(), 0);
+  await vpage.goto(notificationPage);
+  await vpage.getByRole("heading", { name: `Notification rule of ${ruleName}` }).waitFor();
+  assert.equal(await vpage.getByRole("link", { name: "Edit notification rule" }).count(), 0);
+  assert.equal(await vpage.getByRole("button", { name: /Delete/ }).count(), 0);
+  assert.ok(!(await vpage.content()).includes(new URL(webhook).pathname), "a viewer sees no URL path");
   const token = await vpage.locator('input[name="csrf"]').first().inputValue();
   const del = await vctx.request.post(base + `/console/alerts/rules/${ruleID}/delete`, { form: { csrf: token }, maxRedirects: 0 });
   assert.equal(del.status(), 403);
