@@ -16,17 +16,9 @@ import (
 // CreateAlertRule stores a rule; r.ID and r.CreatedAt are filled in. The
 // caller has compiled it.
 func (db *DB) CreateAlertRule(ctx context.Context, tenant string, r *fleet.AlertRule) error {
-	cond, err := fleet.MarshalCanonical(r.Condition)
+	cond, filters, mf, err := encodeRule(r)
 	if err != nil {
-		return fleet.Errorf(fleet.EINVALID, "the condition cannot be stored: %v", err)
-	}
-	filters := r.MetadataFilters
-	if filters == nil {
-		filters = map[string]any{}
-	}
-	mf, err := fleet.MarshalCanonical(filters)
-	if err != nil {
-		return fleet.Errorf(fleet.EINVALID, "the metadata filters cannot be stored: %v", err)
+		return err
 	}
 	id := uuid.NewString()
 	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
@@ -50,21 +42,28 @@ func (db *DB) CreateAlertRule(ctx context.Context, tenant string, r *fleet.Alert
 	})
 }
 
+// encodeRule returns the stored forms of r's condition and metadata filters,
+// and the filters themselves (an empty map for none).
+func encodeRule(r *fleet.AlertRule) (cond []byte, filters map[string]any, mf []byte, err error) {
+	if cond, err = fleet.MarshalCanonical(r.Condition); err != nil {
+		return nil, nil, nil, fleet.Errorf(fleet.EINVALID, "the condition cannot be stored: %v", err)
+	}
+	if filters = r.MetadataFilters; filters == nil {
+		filters = map[string]any{}
+	}
+	if mf, err = fleet.MarshalCanonical(filters); err != nil {
+		return nil, nil, nil, fleet.Errorf(fleet.EINVALID, "the metadata filters cannot be stored: %v", err)
+	}
+	return cond, filters, mf, nil
+}
+
 // UpdateAlertRule replaces the fields of rule id with r's; r.ID, r.Tenant
 // and r.CreatedAt are filled in. The caller has compiled it. Its stream
 // cannot change: the rule's alerts and evaluation state are of its stream.
 func (db *DB) UpdateAlertRule(ctx context.Context, tenant, id string, r *fleet.AlertRule) error {
-	cond, err := fleet.MarshalCanonical(r.Condition)
+	cond, filters, mf, err := encodeRule(r)
 	if err != nil {
-		return fleet.Errorf(fleet.EINVALID, "the condition cannot be stored: %v", err)
-	}
-	filters := r.MetadataFilters
-	if filters == nil {
-		filters = map[string]any{}
-	}
-	mf, err := fleet.MarshalCanonical(filters)
-	if err != nil {
-		return fleet.Errorf(fleet.EINVALID, "the metadata filters cannot be stored: %v", err)
+		return err
 	}
 	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		var stream string
