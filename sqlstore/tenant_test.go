@@ -3,39 +3,19 @@ package sqlstore_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/internal/testclock"
 	"github.com/fleetd/fleet/sqlstore"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
-// clock is a settable test clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newClock() *clock { return &clock{t: time.Date(2026, 11, 21, 10, 0, 0, 123e6, time.UTC)} }
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 // mustOpen opens a fresh store of backend b with a test clock.
-func mustOpen(t *testing.T, b sqlstoretest.Backend) (*sqlstore.DB, *clock) {
+func mustOpen(t *testing.T, b sqlstoretest.Backend) (*sqlstore.DB, *testclock.Clock) {
 	t.Helper()
-	c := newClock()
+	c := testclock.New(time.Date(2026, 11, 21, 10, 0, 0, 123e6, time.UTC))
 	return sqlstoretest.MustOpen(t, b, sqlstoretest.Options{Now: c.Now}), c
 }
 
