@@ -113,6 +113,7 @@ func (db *DB) applyChange(c fleet.Change) {
 func (c *authCache) clear() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.gen++
 	c.m = nil
 }
 

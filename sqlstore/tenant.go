@@ -171,11 +171,12 @@ func (db *DB) AuthenticateAPIKey(ctx context.Context, tenant, key string) (*flee
 		return nil, refused
 	}
 	hash := fleet.HashSecret(key)
-	if a, ok := db.authCache.get(hash, db.now()); ok {
-		if a.Tenant != tenant {
+	a0, gen, ok := db.authCache.get(hash, db.now())
+	if ok {
+		if a0.Tenant != tenant {
 			return nil, refused
 		}
-		return a, nil
+		return a0, nil
 	}
 	var a fleet.Actor
 	var storedHash string
@@ -190,7 +191,7 @@ func (db *DB) AuthenticateAPIKey(ctx context.Context, tenant, key string) (*flee
 		return nil, refused
 	}
 	a.UserName = a.KeyName
-	db.authCache.put(hash, &a, db.now())
+	db.authCache.put(hash, &a, db.now(), gen)
 	if a.Tenant != tenant {
 		return nil, refused
 	}
@@ -200,10 +201,14 @@ func (db *DB) AuthenticateAPIKey(ctx context.Context, tenant, key string) (*flee
 // authCacheTTL bounds how long another replica may accept a deleted key.
 const authCacheTTL = 10 * time.Second
 
-// authCache remembers authenticated keys by hash.
+// authCache remembers authenticated keys by hash. Its generation counts
+// the keys forgotten: a lookup that began before a key was deleted must not
+// put it back once the delete has forgotten it, so put takes the generation
+// get saw and keeps nothing if a forget came in between.
 type authCache struct {
-	mu sync.Mutex
-	m  map[string]authEntry
+	mu  sync.Mutex
+	m   map[string]authEntry
+	gen uint64
 }
 
 type authEntry struct {
@@ -211,19 +216,25 @@ type authEntry struct {
 	expires time.Time
 }
 
-func (c *authCache) get(hash string, now time.Time) (*fleet.Actor, bool) {
+// get returns the cached actor of hash, or the generation to pass to put
+// after reading the key from the database.
+func (c *authCache) get(hash string, now time.Time) (*fleet.Actor, uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[hash]
 	if !ok || now.After(e.expires) {
-		return nil, false
+		return nil, c.gen, false
 	}
-	return e.actor, true
+	return e.actor, c.gen, true
 }
 
-func (c *authCache) put(hash string, a *fleet.Actor, now time.Time) {
+// put caches a, read from the database after get returned gen.
+func (c *authCache) put(hash string, a *fleet.Actor, now time.Time, gen uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if gen != c.gen {
+		return
+	}
 	if c.m == nil || len(c.m) > 100_000 {
 		c.m = map[string]authEntry{}
 	}
@@ -233,5 +244,6 @@ func (c *authCache) put(hash string, a *fleet.Actor, now time.Time) {
 func (c *authCache) forget(hash string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.gen++
 	delete(c.m, hash)
 }
