@@ -16,6 +16,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/internal/poll"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/mqtt/mosquittotest"
 )
@@ -304,7 +305,7 @@ func TestClientBrokerRestart(t *testing.T) {
 	h := newFakeHandler()
 	c := mustOpenClient(t, broker.URL, h, func(c *mqtt.ClientConfig) { c.ClientID = "replica-a" })
 	broker.Restart(t)
-	waitFor(t, "the client to reconnect", func() bool { return c.Connected() && c.Stats().Connects >= 2 })
+	poll.Until(t, wait, "the client to reconnect", func() bool { return c.Connected() && c.Stats().Connects >= 2 })
 	dev := dialDevice(t, broker.Addr, "dev-1")
 	if err := dev.publish(mqtt.ActionStatusTopic("acme", "dev-1"), []byte(`{"id":"1"}`)); err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/internal/poll"
 	"github.com/fleetd/fleet/mqtt"
 )
 
@@ -226,7 +227,7 @@ func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 			}
 		}
 		ack(3, 65) // what the first read of the store brought
-		waitFor(t, "a read of the store that failed", func() bool { return h.reads.Load() > reads })
+		poll.Until(t, wait, "a read of the store that failed", func() bool { return h.reads.Load() > reads })
 		h.mu.Lock()
 		h.pendingErr = nil
 		h.mu.Unlock()
@@ -241,7 +242,7 @@ func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 		h.queue("acme/dev-1", 1, message(1))
 		s := MustOpenServer(t, h)
 		c := subscribedWith(t, s, h, false, nil)
-		waitFor(t, "a read of the store", func() bool { return h.reads.Load() > 0 })
+		poll.Until(t, wait, "a read of the store", func() bool { return h.reads.Load() > 0 })
 		h.mu.Lock()
 		h.pendingErr = nil
 		h.mu.Unlock()
@@ -263,7 +264,7 @@ func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 			t.Fatalf("OnlineCount = %d with one device connected", n)
 		}
 		c.Disconnect(&paho.Disconnect{})
-		waitFor(t, "the device offline", func() bool { return !s.Online("acme", "dev-1") })
+		poll.Until(t, wait, "the device offline", func() bool { return !s.Online("acme", "dev-1") })
 		if n := s.OnlineCount("acme"); n != 0 {
 			t.Fatalf("OnlineCount = %d once the device left", n)
 		}
@@ -383,7 +384,7 @@ func TestUnacknowledgedActionEndsConnection(t *testing.T) {
 			if version == 5 && code != 0x80 {
 				t.Errorf("DISCONNECT reason code %#x, want 0x80", code)
 			}
-			waitFor(t, "the device offline", func() bool { return !s.Online("acme", "dev-1") })
+			poll.Until(t, wait, "the device offline", func() bool { return !s.Online("acme", "dev-1") })
 			if st := s.Stats(); st.UnackedActions != 1 {
 				t.Errorf("UnackedActions %d, want 1", st.UnackedActions)
 			}
@@ -426,7 +427,7 @@ func TestSlowDeviceCutOff(t *testing.T) {
 		}
 		s.SendAction("acme", "dev-1", i, payload)
 	}
-	waitFor(t, "device gone", func() bool { return s.Connections() == 0 })
+	poll.Until(t, wait, "device gone", func() bool { return s.Connections() == 0 })
 	if s.SendAction("acme", "dev-1", 1, payload) {
 		t.Error("SendAction to the device cut off = true")
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 	pahov3 "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/fleetd/fleet/internal/poll"
 	"github.com/fleetd/fleet/mqtt"
 )
 
@@ -135,7 +136,7 @@ func TestTenantConnectionCap(t *testing.T) {
 	mustConnect5(t, s, "other/dev-1", "tok-3", false)
 	mustConnect5(t, s, "acme/dev-1", "tok-1", false)
 	second.Disconnect(&paho.Disconnect{})
-	waitFor(t, "a free place", func() bool { return s.Connections() == 2 })
+	poll.Until(t, wait, "a free place", func() bool { return s.Connections() == 2 })
 	mustConnect5(t, s, "acme/dev-3", "tok-3a", false)
 }
 
@@ -167,7 +168,7 @@ func TestTenantConnectionCapConcurrent(t *testing.T) {
 		})
 	}
 	// Every CONNECT is past its checks of form before any is admitted.
-	waitFor(t, "every device authenticating", func() bool { return h.authCalls.Load() == devices })
+	poll.Until(t, wait, "every device authenticating", func() bool { return h.authCalls.Load() == devices })
 	close(h.authGate)
 	wg.Wait()
 	if accepted.Load() != limit || refused.Load() != devices-limit {
@@ -217,7 +218,7 @@ func TestConnectionCaps(t *testing.T) {
 		for _, c := range held {
 			c.Close()
 		}
-		waitFor(t, "the address to have room", func() bool {
+		poll.Until(t, wait, "the address to have room", func() bool {
 			_, _, err := connect5From(t, s, "127.0.0.1", "acme/dev-1", "tok-1")
 			return err == nil
 		})

@@ -288,18 +288,6 @@ func awaitLog(t *testing.T, logs <-chan string, msg string) {
 	}
 }
 
-// waitFor polls cond until it holds.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(wait)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // client5 is a device speaking MQTT 5 through paho.golang.
 type client5 struct {
 	*paho.Client

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/fleetd/fleet/internal/poll"
 	"github.com/fleetd/fleet/mqtt"
 )
 
@@ -35,7 +36,7 @@ func TestIdleConnectionsPark(t *testing.T) {
 		receive(t, h.subscribed, "DeviceSubscribed")
 		devices[i] = c
 	}
-	waitFor(t, "every idle connection parked", func() bool { return s.Stats().Parked == n })
+	poll.Until(t, wait, "every idle connection parked", func() bool { return s.Stats().Parked == n })
 	if grown := runtime.NumGoroutine() - before; grown >= n/4 {
 		t.Errorf("%d idle connections hold %d goroutines, want none", n, grown)
 	}
@@ -54,19 +55,19 @@ func TestIdleConnectionsPark(t *testing.T) {
 		for range n {
 			receive(t, h.delivered, "ActionDelivered")
 		}
-		waitFor(t, "the connections parked again", func() bool { return s.Stats().Parked == n })
+		poll.Until(t, wait, "the connections parked again", func() bool { return s.Stats().Parked == n })
 	})
 
 	t.Run("the device goes", func(t *testing.T) {
 		devices[0].conn.Close()
-		waitFor(t, "the connection's end", func() bool { return s.Connections() == n-1 })
+		poll.Until(t, wait, "the connection's end", func() bool { return s.Connections() == n-1 })
 	})
 
 	t.Run("keepalive", func(t *testing.T) {
 		c := dialRaw(t, s)
 		c.send(packet(typeConnect<<4, mstr("MQTT"), []byte{4, 0xC2}, u16(1), mstr("brief"), mstr("acme/brief"), mstr("tok")))
 		c.next(typeConnack)
-		waitFor(t, "the connection parked", func() bool { return s.Stats().Parked == n })
+		poll.Until(t, wait, "the connection parked", func() bool { return s.Stats().Parked == n })
 		c.closed() // after one and a half keepalives
 	})
 

@@ -17,6 +17,7 @@ import (
 	pahov3packets "github.com/eclipse/paho.mqtt.golang/packets"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/internal/poll"
 	"github.com/fleetd/fleet/mqtt"
 )
 
@@ -253,7 +254,7 @@ func TestTopicViolations(t *testing.T) {
 				c := mustConnect3(t, s, "acme/dev-1", "tok-1")
 				c.Publish(topic, 1, false, status)
 				receive(t, c.lost, "disconnection")
-				waitFor(t, "violation counted", func() bool { return s.Stats().ACLViolations == 1 })
+				poll.Until(t, wait, "violation counted", func() bool { return s.Stats().ACLViolations == 1 })
 				if len(h.statuses)+len(h.streams) != 0 {
 					t.Error("Handler called")
 				}
@@ -289,7 +290,7 @@ func TestTopicViolations(t *testing.T) {
 				c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
 				go c.publish(topic, status)
 				c.awaitServerDisconnect(t, 0x87)
-				waitFor(t, "violation counted", func() bool { return s.Stats().ACLViolations == 1 })
+				poll.Until(t, wait, "violation counted", func() bool { return s.Stats().ACLViolations == 1 })
 				if len(h.statuses)+len(h.streams) != 0 {
 					t.Error("Handler called")
 				}
@@ -351,7 +352,7 @@ func TestSendActionOffline(t *testing.T) {
 	if err := c.Disconnect(&paho.Disconnect{ReasonCode: 0}); err != nil {
 		t.Fatalf("disconnect: %v", err)
 	}
-	waitFor(t, "device offline", func() bool { return !s.Online("acme", "dev-1") && s.Connections() == 0 })
+	poll.Until(t, wait, "device offline", func() bool { return !s.Online("acme", "dev-1") && s.Connections() == 0 })
 	if s.SendAction("acme", "dev-1", 42, action) {
 		t.Error("SendAction after the device disconnected = true, want false")
 	}
@@ -507,7 +508,7 @@ func TestOversizedPacket(t *testing.T) {
 	c := mustConnect3(t, s, "acme/dev-1", "tok-1")
 	c.Publish(statusT, 1, false, bytes.Repeat([]byte("x"), 2000))
 	receive(t, c.lost, "disconnection")
-	waitFor(t, "oversized packet counted", func() bool { return s.Stats().OversizedPackets == 1 })
+	poll.Until(t, wait, "oversized packet counted", func() bool { return s.Stats().OversizedPackets == 1 })
 	if len(h.statuses) != 0 {
 		t.Error("Handler called")
 	}
@@ -738,7 +739,7 @@ func TestReconnectStorm(t *testing.T) {
 		}
 		prev = c
 	}
-	waitFor(t, "one connection left", func() bool { return s.Connections() == 1 })
+	poll.Until(t, wait, "one connection left", func() bool { return s.Connections() == 1 })
 }
 
 // rawConnect311 connects acme/dev-1 over a bare TCP connection and
@@ -817,7 +818,7 @@ func TestCredentialsChanged(t *testing.T) {
 		h.setToken("acme/dev-1", "tok-new")
 		s.CredentialsChanged("acme", "dev-1")
 		c.awaitServerDisconnect(t, 0x87) // not authorized
-		waitFor(t, "the connection's credentials checked", func() bool { return s.Stats().CredentialChecks == 1 })
+		poll.Until(t, wait, "the connection's credentials checked", func() bool { return s.Stats().CredentialChecks == 1 })
 		if st := s.Stats(); st.Revoked != 1 {
 			t.Errorf("Revoked %d, want 1", st.Revoked)
 		}
@@ -839,7 +840,7 @@ func TestCredentialsChanged(t *testing.T) {
 		c := mustConnect5(t, s, "acme/dev-1", "tok-new", false)
 		old.awaitServerDisconnect(t, 0x8E) // session taken over
 		s.CredentialsChanged("acme", "dev-1")
-		waitFor(t, "the connection's credentials checked", func() bool { return s.Stats().CredentialChecks == 1 })
+		poll.Until(t, wait, "the connection's credentials checked", func() bool { return s.Stats().CredentialChecks == 1 })
 		if st := s.Stats(); !s.Online("acme", "dev-1") || st.Revoked != 0 {
 			t.Fatalf("online %v, Revoked %d; want the new connection kept", s.Online("acme", "dev-1"), st.Revoked)
 		}
@@ -867,7 +868,7 @@ func TestCredentialsChanged(t *testing.T) {
 			_, ca, err := connect5(t, s, "acme/dev-1", "tok-1", false)
 			done <- result{ca, err}
 		}()
-		waitFor(t, "the token being checked", func() bool { return h.authCalls.Load() == 1 })
+		poll.Until(t, wait, "the token being checked", func() bool { return h.authCalls.Load() == 1 })
 		h.setToken("acme/dev-1", "tok-new")
 		s.CredentialsChanged("acme", "dev-1")
 		close(h.authHold)

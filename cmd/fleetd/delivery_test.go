@@ -158,17 +158,31 @@ func rawDevice5(t *testing.T, addr, id, token string) *raw5 {
 // rawConnect5 connects device id of tenant default with MQTT 5.
 func rawConnect5(t *testing.T, addr, id, token string) *raw5 {
 	t.Helper()
-	conn, err := net.Dial("tcp", addr)
+	c, err := dialRaw5(addr, id, token)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
-	c := &raw5{conn: conn, r: bufio.NewReader(conn)}
-	c.write(t, 0x10, mstr("MQTT"), []byte{5, 0xC2, 0, 30, 0}, mstr(id), mstr("default/"+id), mstr(token))
-	if typ, body := c.read(t); typ != 2 || body[1] != 0 {
-		t.Fatalf("CONNACK % x, want success", body)
-	}
+	t.Cleanup(func() { c.conn.Close() })
 	return c
+}
+
+// dialRaw5 is rawConnect5 for goroutines other than the test's: the caller
+// closes the connection.
+func dialRaw5(addr, id, token string) (*raw5, error) {
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	c := &raw5{conn: conn, r: bufio.NewReader(conn)}
+	if _, err := conn.Write(packet(0x10, mstr("MQTT"), []byte{5, 0xC2, 0, 30, 0}, mstr(id), mstr("default/"+id), mstr(token))); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if typ, body, err := c.tryRead(); err != nil || typ != 2 || body[1] != 0 {
+		conn.Close()
+		return nil, fmt.Errorf("%s: CONNACK % x (%v), want success", id, body, err)
+	}
+	return c, nil
 }
 
 // mstr is an MQTT string: two bytes of length, then s.
@@ -176,13 +190,18 @@ func mstr(s string) []byte { return append(binary.BigEndian.AppendUint16(nil, ui
 
 func (c *raw5) write(t *testing.T, first byte, parts ...[]byte) {
 	t.Helper()
+	if _, err := c.conn.Write(packet(first, parts...)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// packet is an MQTT packet of the first byte and the body parts.
+func packet(first byte, parts ...[]byte) []byte {
 	var body []byte
 	for _, p := range parts {
 		body = append(body, p...)
 	}
-	if _, err := c.conn.Write(append(binary.AppendUvarint([]byte{first}, uint64(len(body))), body...)); err != nil {
-		t.Fatal(err)
-	}
+	return append(binary.AppendUvarint([]byte{first}, uint64(len(body))), body...)
 }
 
 func (c *raw5) read(t *testing.T) (byte, []byte) {

@@ -193,7 +193,7 @@ func connectIdle(addr, id, user, pass string) (net.Conn, error) {
 }
 
 func writePacket(c net.Conn, first byte, body []byte) error {
-	_, err := c.Write(append(binary.AppendUvarint([]byte{first}, uint64(len(body))), body...))
+	_, err := c.Write(packet(first, body))
 	return err
 }
 

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,12 +39,16 @@ func TestMQTTPayloadFlood(t *testing.T) {
 		for i := range devices {
 			wg.Go(func() {
 				id := fmt.Sprintf("flood-%d", i)
-				c := rawConnect5(t, s.MQTTAddr, id, toks[i])
+				c, err := dialRaw5(s.MQTTAddr, id, toks[i])
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer c.conn.Close()
 				topic := mstr(mqtt.StreamTopic("default", id, "junk"))
 				for n := 1; n <= publishes; n++ {
-					body := slices.Concat(topic, binary.BigEndian.AppendUint16(nil, uint16(n)), []byte{0}, payload)
 					// A write the server cut short is the answer too.
-					c.conn.Write(append(binary.AppendUvarint([]byte{0x32}, uint64(len(body))), body...))
+					c.conn.Write(packet(0x32, topic, binary.BigEndian.AppendUint16(nil, uint16(n)), []byte{0}, payload))
 				}
 				check(c, publishes)
 			})
@@ -67,8 +70,8 @@ func TestMQTTPayloadFlood(t *testing.T) {
 	largest := array(mqtt.DefaultMaxPacketSize - 100)
 	flood(largest, 4, func(c *raw5, n int) {
 		for range n {
-			if typ, _ := c.read(t); typ != 4 {
-				t.Errorf("packet type %d, want PUBACK", typ)
+			if typ, _, err := c.tryRead(); err != nil || typ != 4 {
+				t.Errorf("packet type %d (%v), want PUBACK", typ, err)
 				return
 			}
 		}
