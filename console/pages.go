@@ -219,7 +219,10 @@ func (c *Console) renderDevice(w http.ResponseWriter, r *http.Request, v *view, 
 	return nil
 }
 
-// handleRotateToken gives the device a new token and shows it this once.
+// handleRotateToken gives the device a new token and shows it this once:
+// as a new API key's page, the answer is not cached and its script
+// replaces the history entry with the device page's, so a reload or Back
+// shows the device without the token instead of rotating it again.
 func (c *Console) handleRotateToken(w http.ResponseWriter, r *http.Request, v *view) error {
 	token, err := c.Devices.RotateDeviceToken(r.Context(), v.Actor.Tenant, r.PathValue("id"))
 	if err != nil {
@@ -231,7 +234,8 @@ func (c *Console) handleRotateToken(w http.ResponseWriter, r *http.Request, v *v
 }
 
 // handleIssueCertificate gives the device a new client certificate, which
-// revokes its previous one, and shows the private key this once.
+// revokes its previous one, and shows the private key this once, as
+// handleRotateToken shows a token.
 func (c *Console) handleIssueCertificate(w http.ResponseWriter, r *http.Request, v *view) error {
 	if c.Certificates == nil {
 		return fleet.Errorf(fleet.ECONFLICT, "this fleetd has no MQTT TLS listener to present a certificate to; start it with --mqtts-addr, --tls-cert and --tls-key")

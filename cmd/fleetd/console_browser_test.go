@@ -45,7 +45,8 @@ func consoleHarness(t *testing.T) string {
 // dispatches a phased rollout from the form after counting its devices,
 // watches devices' reports move the page without a reload, sees the gate
 // pause the rollout, resumes it, watches the overview follow an action
-// that `fleetd sim` devices run, checks the layout at 1280x800 and at phone
+// that `fleetd sim` devices run, rotates a device's token and reloads
+// (which rotates nothing again), checks the layout at 1280x800 and at phone
 // width, and sees a viewer get no write controls;
 // then a person signs in through the tenant's OpenID provider.
 // FLEETD_CONSOLE_SCREENSHOTS=docs/console (a relative path is taken from

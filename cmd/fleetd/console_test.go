@@ -227,10 +227,17 @@ func TestConsole(t *testing.T) {
 			b.do("POST", "/console/devices/dev-1/token", url.Values{"csrf": {tok}}, "Origin", "https://evil.example").want(t, 403)
 			b.do("POST", "/console/devices/dev-1/token", url.Values{"csrf": {tok}}, "Sec-Fetch-Site", "cross-site").want(t, 403)
 			// The same form from the console's own origin works, and shows
-			// the new token once.
+			// the new token once, on an answer that is not cached and whose
+			// history entry becomes the device page's (console.js).
 			res := b.do("POST", "/console/devices/dev-1/token", url.Values{"csrf": {tok}}, "Origin", s.URL).want(t, 200)
 			if !strings.Contains(res.Body, "fdt_") {
 				t.Errorf("the new token is not shown")
+			}
+			if cc := res.Header.Get("Cache-Control"); cc != "no-store" {
+				t.Errorf("Cache-Control = %q, want no-store", cc)
+			}
+			if !strings.Contains(res.Body, `data-shown-once="/console/devices/dev-1"`) {
+				t.Errorf("the token's answer does not replace its history entry with the device page's")
 			}
 			if strings.Contains(b.get("/console/devices/dev-1").Body, "fdt_") {
 				t.Errorf("the token is shown again")
@@ -257,6 +264,9 @@ func TestConsole(t *testing.T) {
 			body = b.do("POST", "/console/devices/dev-1/certificate", url.Values{"csrf": {tok}}, "Origin", s.URL).want(t, 200).Body
 			if !strings.Contains(body, "BEGIN PRIVATE KEY") {
 				t.Fatalf("issuing a certificate does not show its key")
+			}
+			if !strings.Contains(body, `data-shown-once="/console/devices/dev-1"`) {
+				t.Errorf("the private key's answer does not replace its history entry with the device page's")
 			}
 			// The page describes the certificate it just handed out.
 			m := regexp.MustCompile(`(?s)id="device_certificate"[^>]*>(.*?)</textarea>`).FindStringSubmatch(body)

@@ -177,6 +177,24 @@ try {
   await page.getByRole("cell", { name: "pump overheating" }).waitFor();
   await shot(page, "device");
 
+  step("rotate the device's token: shown once; a reload neither rotates it again nor shows it");
+  const [rotated] = await Promise.all([
+    page.waitForResponse((r) => r.url().endsWith(`/console/devices/${devices[1]}/token`) && r.request().method() === "POST"),
+    page.getByRole("button", { name: "Rotate token" }).click(),
+  ]);
+  assert.equal(rotated.headers()["cache-control"], "no-store", "the token's page is not cached");
+  const token = await page.getByLabel("New device token (shown once)").inputValue();
+  assert.match(token, /^fdt_/);
+  assert.equal(page.url(), base + `/console/devices/${devices[1]}`, "the history entry is the device page's");
+  // The device authenticates with it (hawkBit DDI, TargetToken).
+  const ddi = () => fetch(`${base}/${tenant}/controller/v1/${devices[1]}`, { headers: { authorization: `TargetToken ${token}` } });
+  assert.equal((await ddi()).status, 200, "the new token works");
+  await page.reload();
+  await page.getByRole("heading", { name: `Device ${devices[1]}` }).waitFor();
+  assert.equal(await page.getByLabel("New device token (shown once)").count(), 0);
+  assert.ok(!(await page.content()).includes(token), "the token is not in the page");
+  assert.equal((await ddi()).status, 200, "the reload did not rotate the token again");
+
   step("a form posted without the session's token is refused");
   const forged = await ctx.request.post(base + `/console/actions/${actionID}/abort`, { form: { csrf: "forged" }, maxRedirects: 0 });
   assert.equal(forged.status(), 403);
