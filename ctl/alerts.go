@@ -139,9 +139,8 @@ func (a *app) alertRulesCmd() *cobra.Command {
 			return nil
 		})
 
-	var b body
-	var name, stream, grp, condition, activation, deactivation string
-	filters := keyValues{}
+	var cb body
+	var cf ruleFlags
 	create := &cobra.Command{
 		Use:   "create (-f FILE | --name NAME --stream STREAM --condition JSON) [flags]",
 		Short: "Create an alert rule (S2) from a file or flags",
@@ -153,52 +152,113 @@ The condition is JSON: {"field": "temperature", "operator": ">", "value": 80},
     --condition '{"field": "temperature", "operator": ">", "value": 80}' --activation 30s`,
 		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			for k, v := range map[string]string{"name": name, "stream": stream, "group": grp} {
-				if v != "" {
-					b.set(k, v)
-				}
-			}
-			if condition != "" {
-				var c any
-				if err := json.Unmarshal([]byte(condition), &c); err != nil {
-					return usagef("--condition: want JSON: %v", err)
-				}
-				b.set("condition", c)
-			}
-			if len(filters) > 0 {
-				b.set("metadata_filters", filters)
-			}
-			for k, v := range map[string]string{"activation_threshold_seconds": activation, "deactivation_threshold_seconds": deactivation} {
-				if v != "" {
-					s, err := seconds(v)
-					if err != nil {
-						return usagef("%s: %v", k, err)
-					}
-					b.set(k, s)
-				}
-			}
-			m, err := a.build(&b)
+			m, err := a.alertRuleBody(&cb, &cf)
 			if err != nil {
 				return err
 			}
 			return a.show(cmd, request{method: "POST", path: "/api/v1/alert-rules", body: m}, view{cols: alertRuleCols})
 		},
 	}
-	b.fileFlag(create, "rule")
-	create.Flags().StringVar(&name, "name", "", "the rule's `NAME`, unique in the tenant")
-	create.Flags().StringVar(&stream, "stream", "", "the `STREAM` it watches")
-	create.Flags().StringVar(&grp, "group", "", "a `LABEL` to group rules by")
-	create.Flags().StringVar(&condition, "condition", "", "the condition, as `JSON`")
-	create.Flags().Var(filters, "metadata-filter", "only devices whose metadata KEY equals VALUE; repeatable")
-	create.Flags().StringVar(&activation, "activation", "", "how long the condition must hold before an alert opens: seconds or a `DURATION`")
-	create.Flags().StringVar(&deactivation, "deactivation", "", "how long it must be false before the alert closes: seconds or a `DURATION`")
+	cb.fileFlag(create, "rule")
+	cf.add(create, true)
+
+	var eb body
+	var ef ruleFlags
+	edit := a.idCmd("edit ID [-f FILE] [flags]", "Change an alert rule's name, condition, filters, thresholds or group; what is not given stays",
+		a.completeAlertRules, func(cmd *cobra.Command, id string) error {
+			change, err := a.alertRuleBody(&eb, &ef)
+			if err != nil {
+				return err
+			}
+			if len(change) == 0 {
+				return usagef("edit changes nothing without --file or a flag")
+			}
+			// PUT replaces every field: the rule as it is, with the change.
+			c, err := a.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			var rule map[string]any
+			if err := c.getJSON(cmd.Context(), "/api/v1/alert-rules/"+esc(id), nil, &rule); err != nil {
+				return err
+			}
+			m := map[string]any{}
+			for _, k := range alertRuleFields {
+				m[k] = rule[k]
+			}
+			for k, v := range change {
+				m[k] = v
+			}
+			return a.show(cmd, request{method: "PUT", path: "/api/v1/alert-rules/" + esc(id), body: m}, view{cols: alertRuleCols})
+		})
+	edit.Long = `Changes an alert rule (PUT /api/v1/alert-rules/{id}): the file's fields
+and the flags replace the rule's, and the others stay as they are. Its
+stream cannot change. Devices keep their open alerts, which their next
+points end or keep by the new condition and thresholds.`
+	edit.Example = `  fleetctl alert-rules edit "$RULE" --condition '{"field": "temperature", "operator": ">", "value": 90}'
+  fleetctl alert-rules edit "$RULE" -f changes.yaml --activation 1m`
+	eb.fileFlag(edit, "fields to change")
+	ef.add(edit, false)
 
 	c := group("alert-rules", "Alert rules (S2) and their notification rules (S3, S4)",
-		list, get, create, del, a.notificationRulesCmd())
-	c.Long = `Alert rules watch a stream for a condition (S2). The API has no update of
-an alert rule: to change one, delete it and create it anew (its alerts and
-notification rules go with it). Notification rules can be edited (S4).`
+		list, get, create, edit, del, a.notificationRulesCmd())
+	c.Long = `Alert rules watch a stream for a condition (S2); edit changes all but a
+rule's stream. Notification rules can be edited too (S4).`
 	return c
+}
+
+// alertRuleFields are the fields of an alert rule that a client sets.
+var alertRuleFields = []string{"name", "stream", "group", "condition", "metadata_filters",
+	"activation_threshold_seconds", "deactivation_threshold_seconds"}
+
+// ruleFlags set an alert rule's fields.
+type ruleFlags struct {
+	name, stream, group, condition, activation, deactivation string
+	filters                                                  keyValues
+}
+
+// add adds the flags; a rule's stream is given only when it is created.
+func (f *ruleFlags) add(c *cobra.Command, create bool) {
+	fl := c.Flags()
+	fl.StringVar(&f.name, "name", "", "the rule's `NAME`, unique in the tenant")
+	if create {
+		fl.StringVar(&f.stream, "stream", "", "the `STREAM` it watches")
+	}
+	fl.StringVar(&f.group, "group", "", "a `LABEL` to group rules by")
+	fl.StringVar(&f.condition, "condition", "", "the condition, as `JSON`")
+	f.filters = keyValues{}
+	fl.Var(f.filters, "metadata-filter", "only devices whose metadata KEY equals VALUE; repeatable")
+	fl.StringVar(&f.activation, "activation", "", "how long the condition must hold before an alert opens: seconds or a `DURATION`")
+	fl.StringVar(&f.deactivation, "deactivation", "", "how long it must be false before the alert closes: seconds or a `DURATION`")
+}
+
+// alertRuleBody builds an alert rule's body from its file and flags.
+func (a *app) alertRuleBody(b *body, f *ruleFlags) (map[string]any, error) {
+	for k, v := range map[string]string{"name": f.name, "stream": f.stream, "group": f.group} {
+		if v != "" {
+			b.set(k, v)
+		}
+	}
+	if f.condition != "" {
+		var c any
+		if err := json.Unmarshal([]byte(f.condition), &c); err != nil {
+			return nil, usagef("--condition: want JSON: %v", err)
+		}
+		b.set("condition", c)
+	}
+	if len(f.filters) > 0 {
+		b.set("metadata_filters", f.filters)
+	}
+	for k, v := range map[string]string{"activation_threshold_seconds": f.activation, "deactivation_threshold_seconds": f.deactivation} {
+		if v != "" {
+			s, err := seconds(v)
+			if err != nil {
+				return nil, usagef("%s: %v", k, err)
+			}
+			b.set(k, s)
+		}
+	}
+	return a.build(b)
 }
 
 func (a *app) notificationRulesCmd() *cobra.Command {

@@ -615,6 +615,28 @@ func TestFleetctlAlerts(t *testing.T) {
 			wantContains(t, "list", f.ok(t, "alert-rules", "list"), "overheating", "silent", "site=berlin")
 			wantContains(t, "get", f.ok(t, "alert-rules", "get", rule.ID, "-o", "yaml"), "name: overheating", "operator: '>'")
 		})
+		t.Run("EditRule", func(t *testing.T) {
+			var silent struct{ ID string }
+			f.json(t, &silent, "alert-rules", "create", "--name", "silent-2", "--stream", "telemetry", "--condition", `{"no_data_seconds": 300}`)
+			// What is not given stays: here the stream, the condition and
+			// the absence of filters.
+			wantContains(t, "renamed", f.ok(t, "alert-rules", "edit", silent.ID, "--name", "silent-edited", "--group", "pumps"),
+				"silent-edited", "pumps", "no_data_seconds=300")
+			changes := filepath.Join(dir, "changes.yaml")
+			os.WriteFile(changes, []byte("condition:\n  field: temperature\n  operator: '>'\n  value: 90\ngroup: hot\n"), 0o644)
+			f.ok(t, "alert-rules", "edit", rule.ID, "-f", changes, "--group", "hotter", "--deactivation", "2m")
+			got := f.ok(t, "alert-rules", "get", rule.ID, "-o", "yaml")
+			wantContains(t, "edited", got, "name: overheating", "stream: telemetry", "value: 90", "group: hotter", "deactivation_threshold_seconds: 120", "site: berlin")
+			wantContains(t, "taken name", f.fails(t, ctl.ExitRefused, "alert-rules", "edit", rule.ID, "--name", "silent-edited"), "409 conflict")
+			os.WriteFile(changes, []byte("stream: power\n"), 0o644)
+			wantContains(t, "another stream", f.fails(t, ctl.ExitRefused, "alert-rules", "edit", rule.ID, "-f", changes), "400 invalid", "stream")
+			wantContains(t, "bad condition", f.fails(t, ctl.ExitRefused, "alert-rules", "edit", rule.ID, "--condition", `{"field": "t", "operator": "~", "value": 1}`),
+				"400 invalid", "condition.operator")
+			wantContains(t, "unknown rule", f.fails(t, ctl.ExitRefused, "alert-rules", "edit", "00000000-0000-4000-8000-000000000000", "--name", "x"), "404 not_found")
+			f.fails(t, ctl.ExitUsage, "alert-rules", "edit", rule.ID)
+			f.fails(t, ctl.ExitUsage, "alert-rules", "edit", rule.ID, "--stream", "power")
+			wantContains(t, "unchanged by refusals", f.ok(t, "alert-rules", "get", rule.ID, "-o", "yaml"), "name: overheating", "value: 90", "group: hotter")
+		})
 		var nid string
 		t.Run("NotificationRules", func(t *testing.T) {
 			var n struct{ ID string }
