@@ -89,12 +89,12 @@ func (db *DB) MarkDelivered(ctx context.Context, receipts []fleet.ActionReceipt)
 			for range sizeClass(len(chunk)) - len(chunk) {
 				args = append(args, "", 0, "") // matches nothing
 			}
-			if _, err := tx.exec(ctx, `UPDATE device_actions SET `+moveDelivered.set+`,
+			if _, err := tx.applyMove(ctx, moveDelivered, `UPDATE device_actions SET `+moveDelivered.set+`,
 				initiated_at = ?, updated_at = ?,
 				deadline = ? + 1000 * (SELECT timeout FROM actions a WHERE a.tenant = device_actions.tenant AND a.id = device_actions.action_id)
 				FROM `+tx.db.dialect.valuesTable("r", []string{"tenant", "action_id", "device_id"}, []string{"TEXT", "BIGINT", "TEXT"}, sizeClass(len(chunk)))+`
 				WHERE device_actions.tenant = r.tenant AND device_actions.action_id = r.action_id AND device_actions.device_id = r.device_id
-				AND device_actions.`+moveDelivered.where, args...); err != nil {
+				AND device_actions.{from}`, args...); err != nil {
 				return err
 			}
 		}
@@ -109,19 +109,29 @@ func (db *DB) MarkDelivered(ctx context.Context, receipts []fleet.ActionReceipt)
 //
 // The claim is a materialised CTE, run once. As a subquery of the UPDATE,
 // PostgreSQL may run it again for each row it updates, and SKIP LOCKED then
-// hands each run rows the previous runs locked not: more than limit.
+// hands each run rows the previous runs locked not: more than limit. It
+// claims a source status at a time (Initiated, then Progress, within
+// the limit), so that each statement's rows are counted (Tx.moveFrom).
 func (db *DB) TimeOutDeviceActions(ctx context.Context, now time.Time, limit int) (int, error) {
-	var n int64
+	var n int
 	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		at := millis(now)
-		var err error
-		n, err = tx.execCount(ctx, `WITH due AS MATERIALIZED (SELECT tenant, action_id, device_id FROM device_actions
-				WHERE deadline IS NOT NULL AND deadline <= ? AND `+moveTimeout.where+` ORDER BY deadline LIMIT ?`+db.dialect.skipLocked()+`)
-			UPDATE device_actions SET `+moveTimeout.set+`,
-			errors = `+db.dialect.jsonSetList("errors", moveTimeout.t.Status)+`, error_count = error_count + 1, updated_at = ?
-			WHERE deadline IS NOT NULL AND deadline <= ? AND (tenant, action_id, device_id) IN (SELECT tenant, action_id, device_id FROM due)`,
-			at, limit, "the action's timeout elapsed before the device reported Completed or Failed", at, at)
-		return err
+		n = 0
+		for _, from := range moveTimeout.from {
+			moved, err := tx.moveFrom(ctx, from, moveTimeout.t.To, `WITH due AS MATERIALIZED (SELECT tenant, action_id, device_id FROM device_actions
+					WHERE deadline IS NOT NULL AND deadline <= ? AND `+statusIn([]fleet.ActionStatus{from})+` ORDER BY deadline LIMIT ?`+db.dialect.skipLocked()+`)
+				UPDATE device_actions SET `+moveTimeout.set+`,
+				errors = `+db.dialect.jsonSetList("errors", moveTimeout.t.Status)+`, error_count = error_count + 1, updated_at = ?
+				WHERE deadline IS NOT NULL AND deadline <= ? AND (tenant, action_id, device_id) IN (SELECT tenant, action_id, device_id FROM due)`,
+				at, limit-n, "the action's timeout elapsed before the device reported Completed or Failed", at, at)
+			if err != nil {
+				return err
+			}
+			if n += moved; n == limit {
+				break
+			}
+		}
+		return nil
 	})
-	return int(n), err
+	return n, err
 }

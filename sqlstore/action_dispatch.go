@@ -199,6 +199,7 @@ func (tx *Tx) insertTargets(ctx context.Context, tenant string, a *fleet.Action,
 	}
 	if sel.ids == nil {
 		n, err := tx.execCount(ctx, insert, args...)
+		tx.count(countKey{tenant, a.ID, phase, status}, int(n))
 		return int(n), err
 	}
 	var total int64
@@ -215,6 +216,7 @@ func (tx *Tx) insertTargets(ctx context.Context, tenant string, a *fleet.Action,
 	if short {
 		return 0, tx.unknownTargets(ctx, tenant, a.ID, sel.ids)
 	}
+	tx.count(countKey{tenant, a.ID, phase, status}, int(total))
 	return int(total), nil
 }
 
@@ -294,8 +296,8 @@ func (tx *Tx) checkDevices(ctx context.Context, tenant string, actionID int64, c
 	}
 	for _, r := range rejected {
 		errs, _ := json.Marshal(map[string][]string{moveRefused.t.Status: {r.reason}})
-		if _, err := tx.exec(ctx, `UPDATE device_actions SET `+moveRefused.set+`, errors = ?, error_count = 1, updated_at = ?
-			WHERE tenant = ? AND action_id = ? AND device_id = ? AND `+moveRefused.where, string(errs), now, tenant, actionID, r.id); err != nil {
+		if _, err := tx.applyMove(ctx, moveRefused, `UPDATE device_actions SET `+moveRefused.set+`, errors = ?, error_count = 1, updated_at = ?
+			WHERE tenant = ? AND action_id = ? AND device_id = ? AND {from}`, string(errs), now, tenant, actionID, r.id); err != nil {
 			return 0, err
 		}
 	}
@@ -308,18 +310,18 @@ func (tx *Tx) checkDevices(ctx context.Context, tenant string, actionID int64, c
 // have the action in flight, so only devices that have it are sent the
 // cancellation.
 func (tx *Tx) cancelOnTargets(ctx context.Context, tenant string, actionID, cancelled int64, now int64) (int, error) {
-	done, err := tx.execCount(ctx, `UPDATE device_actions SET `+moveNothingToCancel.set+`, updated_at = ?
-		WHERE tenant = ? AND action_id = ? AND `+moveNothingToCancel.where+` AND NOT EXISTS (SELECT 1 FROM device_actions t
+	done, err := tx.applyMove(ctx, moveNothingToCancel, `UPDATE device_actions SET `+moveNothingToCancel.set+`, updated_at = ?
+		WHERE tenant = ? AND action_id = ? AND {from} AND NOT EXISTS (SELECT 1 FROM device_actions t
 			WHERE t.tenant = device_actions.tenant AND t.action_id = ? AND t.device_id = device_actions.device_id
 			AND t.`+inFlight+`)`, now, tenant, actionID, cancelled)
 	if err != nil {
 		return 0, err
 	}
-	_, err = tx.exec(ctx, `UPDATE device_actions SET `+moveCancel.set+`, updated_at = ?
-		WHERE tenant = ? AND action_id = ? AND `+moveCancel.where+`
+	_, err = tx.applyMove(ctx, moveCancel, `UPDATE device_actions SET `+moveCancel.set+`, updated_at = ?
+		WHERE tenant = ? AND action_id = ? AND {from}
 		AND device_id IN (SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ?)`,
 		now, tenant, cancelled, tenant, actionID)
-	return int(done), err
+	return done, err
 }
 
 // CancelAction cancels every device action of action id that is not
@@ -392,12 +394,12 @@ func (tx *Tx) cancel(ctx context.Context, tenant string, id int64, tell *fleet.D
 		}
 	}
 	// What the cancellation did not reach was not sent: it needs no word.
-	untold, err := tx.execCount(ctx, `UPDATE device_actions SET `+moveCancel.set+`, updated_at = ?
-		WHERE tenant = ? AND action_id = ? AND `+moveCancel.where, millis(tx.now), tenant, id)
+	untold, err := tx.applyMove(ctx, moveCancel, `UPDATE device_actions SET `+moveCancel.set+`, updated_at = ?
+		WHERE tenant = ? AND action_id = ? AND {from}`, millis(tx.now), tenant, id)
 	if err != nil {
 		return nil, err
 	}
-	c.Cancelled = int(untold)
+	c.Cancelled = untold
 	if c.Sent != nil {
 		c.Cancelled += c.Sent.Targeted
 	}
@@ -474,15 +476,15 @@ func (db *DB) RemoveOrphanDeviceActions(ctx context.Context, limit int) (int, er
 	if db.dialect != postgres {
 		return 0, nil
 	}
-	var n int64
+	var n int
 	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		var err error
-		n, err = tx.execCount(ctx, `DELETE FROM device_actions WHERE (tenant, action_id, device_id) IN (
+		n, err = tx.deleteCounted(ctx, `DELETE FROM device_actions WHERE (tenant, action_id, device_id) IN (
 			SELECT da.tenant, da.action_id, da.device_id FROM device_actions da
 			WHERE NOT EXISTS (SELECT 1 FROM devices d WHERE d.tenant = da.tenant AND d.id = da.device_id) LIMIT ?)`, limit)
 		return err
 	})
-	return int(n), err
+	return n, err
 }
 
 // RunOrphanSweep removes orphaned device actions every interval until ctx

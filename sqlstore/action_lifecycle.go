@@ -18,9 +18,10 @@ import (
 // move is the SQL of an event the server applies to many device actions in
 // one statement.
 type move struct {
-	// where is the condition on action_status that selects the device
-	// actions the event moves.
-	where string
+	// from are the statuses of the device actions the event moves. A
+	// statement moves those of one at a time (Tx.applyMove), to count what
+	// left each.
+	from []fleet.ActionStatus
 	// set assigns the status the event moves them to, its status word, the
 	// progress of a Completed one, and clears a deadline the event clears.
 	// A deadline the event starts is for the statement to compute.
@@ -55,7 +56,7 @@ func moveOf(event fleet.Event, keep func(fleet.Transition) bool) move {
 		// a column costs a write of every index that has it.
 		set += ", deadline = NULL"
 	}
-	return move{where: statusIn(from), set: set, t: t}
+	return move{from: from, set: set, t: t}
 }
 
 // The moves the store makes.

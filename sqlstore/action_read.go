@@ -73,7 +73,7 @@ func (db *DB) FindActions(ctx context.Context, tenant string, f fleet.ActionFilt
 }
 
 // describeActions adds to acts their counts per status (and per phase),
-// from the index alone, and their rollouts.
+// from device_action_counts (migration 0018), and their rollouts.
 func (db *DB) describeActions(ctx context.Context, tenant string, acts []*fleet.Action) error {
 	byID := make(map[int64]*fleet.Action, len(acts))
 	ids := make([]any, 0, len(acts)+1)
@@ -98,7 +98,7 @@ func (db *DB) describeActions(ctx context.Context, tenant string, acts []*fleet.
 		byID[r.ActionID].SetRollout(r)
 		phased[r.ActionID] = true
 	}
-	srows, err := db.query(ctx, "SELECT action_id, action_status, phase, count(*) FROM device_actions WHERE "+in+
+	srows, err := db.query(ctx, "SELECT action_id, action_status, phase, CAST(sum(n) AS BIGINT) FROM device_action_counts WHERE "+in+
 		" GROUP BY action_id, action_status, phase", ids...)
 	if err != nil {
 		return db.classify(err)
@@ -110,6 +110,9 @@ func (db *DB) describeActions(ctx context.Context, tenant string, acts []*fleet.
 		var phase, n int
 		if err := srows.Scan(&id, &status, &phase, &n); err != nil {
 			return err
+		}
+		if n == 0 {
+			continue // a count that every device action left
 		}
 		a := byID[id]
 		a.Statuses[status] += n
@@ -172,11 +175,21 @@ func (db *DB) FindDeviceActions(ctx context.Context, tenant string, f fleet.Devi
 	cond := strings.Join(append([]string{"tenant = ?", "action_id = ?"}, filters...), " AND ")
 	args := append([]any{tenant, f.ActionID}, filterArgs...)
 	// Whether the action exists and how many device actions match, in one
-	// round trip, while the page is read.
+	// round trip, while the page is read. The number is the action's
+	// counts' (migration 0018), not a count of up to a million rows: every
+	// device action of an action has its type, the action's name.
+	countCond, countArgs := "tenant = ? AND action_id = ?", []any{tenant, f.ActionID}
+	if f.ActionStatus != "" {
+		countCond, countArgs = countCond+" AND action_status = ?", append(countArgs, string(f.ActionStatus))
+	}
+	if f.Type != "" {
+		countCond, countArgs = countCond+" AND EXISTS (SELECT 1 FROM actions WHERE tenant = ? AND id = ? AND action = ?)",
+			append(countArgs, tenant, f.ActionID, f.Type)
+	}
 	var exists sql.NullInt64
 	var count int
-	wait := db.queryRowAside(ctx, "SELECT (SELECT 1 FROM actions WHERE tenant = ? AND id = ?), (SELECT count(*) FROM device_actions WHERE "+cond+")",
-		append([]any{tenant, f.ActionID}, args...), &exists, &count)
+	wait := db.queryRowAside(ctx, "SELECT (SELECT 1 FROM actions WHERE tenant = ? AND id = ?), (SELECT CAST(COALESCE(sum(n), 0) AS BIGINT) FROM device_action_counts WHERE "+
+		countCond+")", append([]any{tenant, f.ActionID}, countArgs...), &exists, &count)
 	// The page is chosen first and joined to its actions (for params)
 	// after, so sorting never touches the actions table.
 	page, err := db.scanDeviceActions(ctx, `WITH page AS (SELECT `+deviceActionColumns+`, tenant FROM device_actions WHERE `+cond+

@@ -76,6 +76,7 @@ type reportRow struct {
 	errsChanged bool
 	initiatedAt sql.NullInt64
 	timeout     int64 // seconds
+	phase       int
 	dirty       bool
 	// As loaded: what decides whether only the progress columns change.
 	loadedStatus    fleet.ActionStatus
@@ -176,6 +177,16 @@ func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.S
 			return nil, err
 		}
 	}
+	moved := map[countKey]int{}
+	for _, k := range dirty {
+		if row := rows[k]; row.state.ActionStatus != row.loadedStatus {
+			moved[countKey{tenant, k.actionID, row.phase, row.loadedStatus}]--
+			moved[countKey{tenant, k.actionID, row.phase, row.state.ActionStatus}]++
+		}
+	}
+	for k, n := range moved {
+		tx.count(k, n)
+	}
 	for _, k := range installed {
 		if err := tx.recordComponents(ctx, tenant, k.deviceID, k.actionID, fleet.ActionUpdateFirmware); err != nil {
 			return nil, err
@@ -223,7 +234,7 @@ func (tx *Tx) loadReportRows(ctx context.Context, tenant string, actionID, timeo
 	for n := sizeClass(len(devs)); len(args) < 2+n; {
 		args = append(args, devs[len(devs)-1]) // a repeat matches no more rows
 	}
-	q, err := tx.query(ctx, `SELECT device_id, type, status, action_status, progress, errors, last_ts, last_seq, initiated_at
+	q, err := tx.query(ctx, `SELECT device_id, type, status, action_status, progress, errors, last_ts, last_seq, initiated_at, phase
 		FROM device_actions WHERE tenant = ? AND action_id = ? AND device_id IN (`+placeholders(len(args)-2)+`)
 		ORDER BY device_id`+tx.db.dialect.forUpdate(), args...)
 	if err != nil {
@@ -237,7 +248,7 @@ func (tx *Tx) loadReportRows(ctx context.Context, tenant string, actionID, timeo
 			lastTS, lastSeq sql.NullInt64
 		)
 		if err := q.Scan(&dev, &row.typ, &row.state.Status, &row.state.ActionStatus, &row.state.Progress, &row.errsText,
-			&lastTS, &lastSeq, &row.initiatedAt); err != nil {
+			&lastTS, &lastSeq, &row.initiatedAt, &row.phase); err != nil {
 			return err
 		}
 		if lastTS.Valid {

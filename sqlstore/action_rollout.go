@@ -108,13 +108,15 @@ func (tx *Tx) assignPhases(ctx context.Context, tenant string, id int64, s *flee
 			// The choice is made once (a materialised CTE) and joined by
 			// key: as a subquery of the UPDATE, PostgreSQL planned a sort
 			// per row of the action.
-			if _, err := tx.exec(ctx, `WITH picked AS MATERIALIZED (SELECT device_id FROM device_actions
+			n, err := tx.execCount(ctx, `WITH picked AS MATERIALIZED (SELECT device_id FROM device_actions
 					WHERE tenant = ? AND action_id = ? AND phase = ? ORDER BY `+tx.db.dialect.rank("device_id")+`, device_id LIMIT ?)
 				UPDATE device_actions SET phase = ? FROM picked
 				WHERE device_actions.tenant = ? AND device_actions.action_id = ? AND device_actions.device_id = picked.device_id`,
-				tenant, id, unassigned, more, k, tenant, id); err != nil {
+				tenant, id, unassigned, more, k, tenant, id)
+			if err != nil {
 				return err
 			}
+			tx.countPhased(tenant, id, k, int(n))
 		}
 	}
 	var left int
@@ -143,7 +145,15 @@ func (tx *Tx) setPhase(ctx context.Context, tenant string, id int64, k int, ids 
 		}
 		total += int(n)
 	}
+	tx.countPhased(tenant, id, k, total)
 	return total, nil
+}
+
+// countPhased records that n of the rollout's targets, Scheduled and in
+// no phase (as assignPhases finds them at dispatch), moved to phase k.
+func (tx *Tx) countPhased(tenant string, id int64, k, n int) {
+	tx.count(countKey{tenant, id, unassigned, fleet.StatusScheduled}, -n)
+	tx.count(countKey{tenant, id, k, fleet.StatusScheduled}, n)
 }
 
 // notTargets is the error of a fixed_list phase that named devices the
@@ -397,8 +407,8 @@ func (tx *Tx) applyStep(ctx context.Context, tenant string, r *fleet.Rollout, st
 	case fleet.StepWait:
 		return c, nil
 	case fleet.StepTrigger:
-		n, err := tx.execCount(ctx, "UPDATE device_actions SET "+moveRelease.set+", updated_at = ? WHERE tenant = ? AND action_id = ? AND "+
-			moveRelease.where+" AND phase = ?", millis(tx.now), tenant, r.ActionID, step.Phase)
+		n, err := tx.applyMove(ctx, moveRelease, "UPDATE device_actions SET "+moveRelease.set+
+			", updated_at = ? WHERE tenant = ? AND action_id = ? AND {from} AND phase = ?", millis(tx.now), tenant, r.ActionID, step.Phase)
 		if err != nil {
 			return nil, err
 		}
@@ -408,14 +418,14 @@ func (tx *Tx) applyStep(ctx context.Context, tenant string, r *fleet.Rollout, st
 		if step.Window > r.WindowOpened {
 			r.WindowOpened = step.Window
 		}
-		ev.Event, ev.Phase, ev.PhaseName, ev.Released = fleet.RolloutEventTriggered, &step.Phase, r.Schedule.Phases[step.Phase].Name, int(n)
-		c.Deliver, c.Targeted = window && n > 0, int(n)
+		ev.Event, ev.Phase, ev.PhaseName, ev.Released = fleet.RolloutEventTriggered, &step.Phase, r.Schedule.Phases[step.Phase].Name, n
+		c.Deliver, c.Targeted = window && n > 0, n
 	case fleet.StepPause:
 		r.Status, r.PauseReason, r.GatePaused = fleet.RolloutPaused, step.Reason, true
 		ev.Event, ev.Phase, ev.PhaseName, ev.Reason = fleet.RolloutEventPaused, &step.Phase, r.Schedule.Phases[step.Phase].Name, step.Reason
 	case fleet.StepEnd:
-		n, err := tx.execCount(ctx, "UPDATE device_actions SET "+moveScheduleEnded.set+", updated_at = ? WHERE tenant = ? AND action_id = ? AND "+
-			moveScheduleEnded.where, millis(tx.now), tenant, r.ActionID)
+		n, err := tx.applyMove(ctx, moveScheduleEnded, "UPDATE device_actions SET "+moveScheduleEnded.set+
+			", updated_at = ? WHERE tenant = ? AND action_id = ? AND {from}", millis(tx.now), tenant, r.ActionID)
 		if err != nil {
 			return nil, err
 		}

@@ -75,6 +75,7 @@ type DB struct {
 	authCache authCache
 	local     localChanges // changes committed here, for Listen on SQLite
 	stats     writeStats
+	countSlot atomic.Uint32 // the last slot of device_action_counts written (Tx.flushCounts)
 }
 
 // Open connects to the database named by dsn: a postgres:// (or
@@ -294,6 +295,7 @@ type Tx struct {
 	db      *DB
 	now     time.Time      // the batch's clock reading, shared by all its writes
 	changes []fleet.Change // announced in-process after the commit (SQLite)
+	counts  []countDelta   // written to device_action_counts before the commit
 	start   time.Time      // when the transaction began, for WriteStats
 }
 
@@ -460,7 +462,11 @@ func (db *DB) updateAlone(ctx context.Context, fn func(ctx context.Context, tx *
 		return db.classify(err)
 	}
 	tx := &Tx{tx: sqlTx, db: db, now: db.now(), start: time.Now()}
-	if err := fn(ctx, tx); err != nil {
+	err = fn(ctx, tx)
+	if err == nil {
+		err = tx.flushCounts(ctx)
+	}
+	if err != nil {
 		sqlTx.Rollback()
 		return db.classify(err)
 	}
@@ -571,9 +577,10 @@ func (db *DB) tryBatch(batch []*job) ([]error, error) {
 			sqlTx.Rollback()
 			return nil, db.classify(err)
 		}
-		mark := len(tx.changes)
+		mark, counted := len(tx.changes), len(tx.counts)
 		if errs[i] = db.classify(j.fn(j.ctx, tx)); errs[i] != nil {
-			tx.changes = tx.changes[:mark] // what was rolled back did not change
+			// What was rolled back did not change.
+			tx.changes, tx.counts = tx.changes[:mark], tx.counts[:counted]
 			if _, err := tx.exec(ctx, "ROLLBACK TO SAVEPOINT job"); err != nil {
 				sqlTx.Rollback()
 				return nil, db.classify(err)
@@ -587,6 +594,10 @@ func (db *DB) tryBatch(batch []*job) ([]error, error) {
 	if single && errs[0] != nil {
 		sqlTx.Rollback()
 		return errs, nil
+	}
+	if err := tx.flushCounts(ctx); err != nil {
+		sqlTx.Rollback()
+		return nil, db.classify(err)
 	}
 	tc := time.Now()
 	if err := sqlTx.Commit(); err != nil {

@@ -250,7 +250,7 @@ func (db *DB) DeleteDevice(ctx context.Context, tenant, id string) error {
 		} else if n == 0 {
 			return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", id)
 		}
-		if _, err := tx.exec(ctx, "DELETE FROM device_actions WHERE tenant = ? AND device_id = ?", tenant, id); err != nil {
+		if _, err := tx.deleteCounted(ctx, "DELETE FROM device_actions WHERE tenant = ? AND device_id = ?", tenant, id); err != nil {
 			return err
 		}
 		if err := tx.changed(ctx, fleet.Change{Kind: fleet.ChangeDeviceDelete, Tenant: tenant, Key: id}); err != nil {

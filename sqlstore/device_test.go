@@ -344,11 +344,19 @@ func TestOrphanSweep(t *testing.T) {
 			user_email, user_name, serial_metadata, created_at, updated_at, phase) VALUES ('acme', $1, 'ghost', 'reboot', 'Queued', 'Queued', 0, '{}', 0, '', '', '{}', 0, 0, 0)`, a.ID); err != nil {
 			t.Fatalf("an orphan: %v", err)
 		}
+		// Counted, as the dispatch that left it would have.
+		if _, err := raw.Exec(`UPDATE device_action_counts SET n = n + 1 WHERE tenant = 'acme' AND action_id = $1 AND phase = 0
+			AND action_status = 'Queued' AND slot = (SELECT min(slot) FROM device_action_counts WHERE tenant = 'acme' AND action_id = $1)`, a.ID); err != nil {
+			t.Fatalf("count the orphan: %v", err)
+		}
 		if n, err := db.RemoveOrphanDeviceActions(ctx, 1000); err != nil || n != 1 {
 			t.Fatalf("swept %d, %v; want the orphan", n, err)
 		}
 		if _, n, _ := db.FindDeviceActions(ctx, "acme", fleet.DeviceActionFilter{ActionID: a.ID, Page: fleet.Page{Page: 1, Limit: 10}}); n != len(ids) {
 			t.Fatalf("%d device actions left, want %d", n, len(ids))
+		}
+		if drift, err := sqlstoretest.CountDrift(b, dsn); err != nil || len(drift) > 0 {
+			t.Fatalf("counts after the sweep: %q, %v", drift, err)
 		}
 	}
 }

@@ -13,7 +13,7 @@ import (
 // TestRebuildWithoutForeignKey upgrades a SQLite database holding device
 // actions through migration 0017, which rebuilds device_actions without
 // its foreign key: every row keeps every column, every index is there
-// again, and the key is gone.
+// again, and the key is gone. Migration 0018 then counts them.
 func TestRebuildWithoutForeignKey(t *testing.T) {
 	ctx := context.Background()
 	db, err := Open(ctx, filepath.Join(t.TempDir(), "fleetd.db"), Options{})
@@ -34,16 +34,24 @@ func TestRebuildWithoutForeignKey(t *testing.T) {
 	if _, err := db.CreateDevices(ctx, "acme", devs); err != nil {
 		t.Fatal(err)
 	}
-	a, err := db.DispatchAction(ctx, "acme", &fleet.Dispatch{Action: "reboot", SearchType: fleet.SearchAll, Timeout: 60})
-	if err != nil {
+	// The device actions of a dispatch to all 30, written as the store of
+	// migration 16 wrote them, in every state the columns can hold:
+	// queued, started, ended with errors.
+	if _, err := db.write.ExecContext(ctx, `INSERT INTO actions (tenant, id, action, params, search_type, search_key, search_query,
+		metadata, timeout, user_email, user_name, created_at, targeted) VALUES ('acme', 1, 'reboot', '{}', 'all', '', '', '{}', 60, '', '', 1, 30)`); err != nil {
 		t.Fatal(err)
 	}
-	// Rows in every state the columns can hold: started, ended with errors.
-	p := 40
-	if _, err := db.ReportStatus(ctx, "acme", []fleet.StatusReport{
-		{DeviceID: "d01", ActionID: a.ID, State: "Downloading", Progress: &p},
-		{DeviceID: "d02", ActionID: a.ID, State: "Failed", Errors: []string{"disk full"}},
-	}); err != nil {
+	if _, err := db.write.ExecContext(ctx, `INSERT INTO device_actions (tenant, action_id, device_id, type, status, action_status, progress,
+		errors, error_count, user_email, user_name, serial_metadata, created_at, updated_at, phase)
+		SELECT tenant, 1, id, 'reboot', 'Queued', 'Queued', 0, '{}', 0, '', '', metadata, 1, 1, 0 FROM devices`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.write.ExecContext(ctx, `UPDATE device_actions SET status = 'Downloading', action_status = 'Progress', progress = 40,
+		initiated_at = 2, deadline = 60002, last_ts = 2, last_seq = 0 WHERE device_id = 'd01'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.write.ExecContext(ctx, `UPDATE device_actions SET status = 'Failed', action_status = 'Failed',
+		errors = '{"Failed":["disk full"]}', error_count = 1, initiated_at = 2, last_ts = 2, last_seq = 0 WHERE device_id = 'd02'`); err != nil {
 		t.Fatal(err)
 	}
 	rows := func() [][]any {
@@ -96,11 +104,26 @@ func TestRebuildWithoutForeignKey(t *testing.T) {
 	if fk := strs("SELECT DISTINCT \"table\" FROM pragma_foreign_key_list('device_actions')"); len(fk) != 0 {
 		t.Errorf("foreign keys %q left", fk)
 	}
-	// Deleting a device still deletes its device actions.
+	// Migration 0018 counted them.
+	statuses := func() map[string]int {
+		t.Helper()
+		a, err := db.FindAction(ctx, "acme", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a.Statuses
+	}
+	if got, want := statuses(), map[string]int{"Queued": 28, "Progress": 1, "Failed": 1}; !reflect.DeepEqual(got, want) {
+		t.Errorf("counts after migrating: %v, want %v", got, want)
+	}
+	// Deleting a device still deletes its device actions, and counts it.
 	if err := db.DeleteDevice(ctx, "acme", "d02"); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(rows()); n != 29 {
 		t.Errorf("%d device actions after deleting a device, want 29", n)
+	}
+	if got, want := statuses(), map[string]int{"Queued": 28, "Progress": 1}; !reflect.DeepEqual(got, want) {
+		t.Errorf("counts after deleting a device: %v, want %v", got, want)
 	}
 }

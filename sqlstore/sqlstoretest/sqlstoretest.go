@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -85,11 +86,14 @@ func postgresDSN(t testing.TB) string {
 type Options = sqlstore.Options
 
 // MustOpen opens and migrates a fresh store of backend b, closed when the
-// test ends.
+// test ends. When the test ends, before the store closes, the device
+// actions' counts must match its device actions (CountDrift): so every
+// test drives the write paths it covers through that check.
 func MustOpen(t testing.TB, b Backend, opt Options) *sqlstore.DB {
 	t.Helper()
 	ctx := context.Background()
-	db, err := sqlstore.Open(ctx, b.DSN(t), opt)
+	dsn := b.DSN(t)
+	db, err := sqlstore.Open(ctx, dsn, opt)
 	if err != nil {
 		t.Fatalf("open %s: %v", b.Name, err)
 	}
@@ -101,5 +105,51 @@ func MustOpen(t testing.TB, b Backend, opt Options) *sqlstore.DB {
 	if _, err := db.Migrate(ctx); err != nil {
 		t.Fatalf("migrate %s: %v", b.Name, err)
 	}
+	t.Cleanup(func() {
+		drift, err := CountDrift(b, dsn)
+		if err != nil {
+			t.Errorf("device action counts of %s: %v", b.Name, err)
+		}
+		for _, d := range drift {
+			t.Errorf("device action counts of %s: %s", b.Name, d)
+		}
+	})
 	return db
+}
+
+// CountDrift compares, in the database of backend b at dsn, the device
+// actions' counts (device_action_counts, summed over its slots) with a
+// count of the device actions, and describes each that differs. A
+// statement reads one snapshot of committed transactions on either
+// database, so it may run while the store writes.
+func CountDrift(b Backend, dsn string) ([]string, error) {
+	driver := "pgx"
+	if b.Name == "sqlite" {
+		driver, dsn = "sqlite", "file:"+dsn+"?_pragma=busy_timeout(10000)&_pragma=query_only(1)"
+	}
+	raw, err := sql.Open(driver, dsn)
+	if err != nil {
+		return nil, err
+	}
+	defer raw.Close()
+	rows, err := raw.Query(`SELECT tenant, action_id, phase, action_status, CAST(sum(kept) AS BIGINT), CAST(sum(counted) AS BIGINT) FROM (
+			SELECT tenant, action_id, phase, action_status, n AS kept, 0 AS counted FROM device_action_counts
+			UNION ALL
+			SELECT tenant, action_id, phase, action_status, 0, 1 FROM device_actions) c
+		GROUP BY tenant, action_id, phase, action_status HAVING sum(kept) <> sum(counted)
+		ORDER BY tenant, action_id, phase, action_status`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var tenant, status string
+		var action, phase, kept, counted int64
+		if err := rows.Scan(&tenant, &action, &phase, &status, &kept, &counted); err != nil {
+			return nil, err
+		}
+		out = append(out, fmt.Sprintf("tenant %s action %d phase %d %s: kept %d, counted %d", tenant, action, phase, status, kept, counted))
+	}
+	return out, rows.Err()
 }
