@@ -123,49 +123,44 @@ func (tx *Tx) applyMove(ctx context.Context, m move, stmt string, args ...any) (
 // actions in status from to status to, counts what it moved and returns
 // how many.
 func (tx *Tx) moveFrom(ctx context.Context, from, to fleet.ActionStatus, stmt string, args ...any) (int, error) {
-	rows, err := tx.query(ctx, stmt+" RETURNING device_actions.tenant, device_actions.action_id, device_actions.phase", args...)
+	moved, n, err := tx.returned(ctx, stmt, "device_actions.tenant, device_actions.action_id, device_actions.phase, "+quote(string(from)), args...)
 	if err != nil {
 		return 0, err
 	}
-	moved, total := map[countKey]int{}, 0
-	for rows.Next() {
-		k := countKey{status: from}
-		if err := rows.Scan(&k.tenant, &k.action, &k.phase); err != nil {
-			rows.Close()
-			return 0, err
-		}
-		moved[k]++
-		total++
-	}
-	if err := cmp.Or(rows.Err(), rows.Close()); err != nil {
-		return 0, err
-	}
 	tx.countMoved(moved, to)
-	return total, nil
+	return n, nil
 }
 
 // deleteCounted runs stmt, a DELETE of device actions, counts what it
 // deleted and returns how many.
 func (tx *Tx) deleteCounted(ctx context.Context, stmt string, args ...any) (int, error) {
-	rows, err := tx.query(ctx, stmt+" RETURNING tenant, action_id, phase, action_status", args...)
+	gone, n, err := tx.returned(ctx, stmt, "tenant, action_id, phase, action_status", args...)
 	if err != nil {
 		return 0, err
 	}
-	gone, total := map[countKey]int{}, 0
+	for k, c := range gone {
+		tx.count(k, -c)
+	}
+	return n, nil
+}
+
+// returned runs stmt, which writes device actions, RETURNING a count's
+// key of each row it wrote (returning: its tenant, action id, phase and
+// status), and returns how many rows each key had and in all.
+func (tx *Tx) returned(ctx context.Context, stmt, returning string, args ...any) (map[countKey]int, int, error) {
+	rows, err := tx.query(ctx, stmt+" RETURNING "+returning, args...)
+	if err != nil {
+		return nil, 0, err
+	}
+	keys, total := map[countKey]int{}, 0
 	for rows.Next() {
 		var k countKey
 		if err := rows.Scan(&k.tenant, &k.action, &k.phase, &k.status); err != nil {
 			rows.Close()
-			return 0, err
+			return nil, 0, err
 		}
-		gone[k]++
+		keys[k]++
 		total++
 	}
-	if err := cmp.Or(rows.Err(), rows.Close()); err != nil {
-		return 0, err
-	}
-	for k, n := range gone {
-		tx.count(k, -n)
-	}
-	return total, nil
+	return keys, total, cmp.Or(rows.Err(), rows.Close())
 }
