@@ -172,36 +172,54 @@ func (db *DB) FindDeviceActions(ctx context.Context, tenant string, f fleet.Devi
 	case f.ActionID == 0:
 		return nil, 0, fleet.Errorf(fleet.EINVALID, "name a device or an action")
 	}
-	cond := strings.Join(append([]string{"tenant = ?", "action_id = ?"}, filters...), " AND ")
-	args := append([]any{tenant, f.ActionID}, filterArgs...)
-	// Whether the action exists and how many device actions match, in one
-	// round trip, while the page is read. The number is the action's
-	// counts' (migration 0018), not a count of up to a million rows: every
-	// device action of an action has its type, the action's name.
-	countCond, countArgs := "tenant = ? AND action_id = ?", []any{tenant, f.ActionID}
-	if f.ActionStatus != "" {
-		countCond, countArgs = countCond+" AND action_status = ?", append(countArgs, string(f.ActionStatus))
+	return db.findDeviceActionsOfAction(ctx, tenant, f)
+}
+
+// findDeviceActionsOfAction lists an action's device actions by device id.
+// How many there are is the action's counts' (migration 0018), not a count
+// of up to a million rows, and it chooses the page's plan: the rows of a
+// status that most of the action's device actions have are found soonest
+// in device order (the primary key), those of a rare status from
+// device_actions_by_status, sorted (on SQLite, which plans without
+// statistics, told so). Every device action of an action has its type,
+// the action's name.
+func (db *DB) findDeviceActionsOfAction(ctx context.Context, tenant string, f fleet.DeviceActionFilter) ([]*fleet.DeviceAction, int, error) {
+	var name sql.NullString
+	var count, total int
+	const sum = "SELECT CAST(COALESCE(sum(n), 0) AS BIGINT) FROM device_action_counts WHERE tenant = ? AND action_id = ?"
+	if err := db.queryRow(ctx, "SELECT (SELECT action FROM actions WHERE tenant = ? AND id = ?), ("+sum+" AND action_status = ?), ("+sum+")",
+		tenant, f.ActionID, tenant, f.ActionID, string(f.ActionStatus), tenant, f.ActionID).Scan(&name, &count, &total); err != nil {
+		return nil, 0, db.classify(err)
 	}
-	if f.Type != "" {
-		countCond, countArgs = countCond+" AND EXISTS (SELECT 1 FROM actions WHERE tenant = ? AND id = ? AND action = ?)",
-			append(countArgs, tenant, f.ActionID, f.Type)
+	switch {
+	case !name.Valid:
+		return nil, 0, fleet.Errorf(fleet.ENOTFOUND, "action %d not found", f.ActionID)
+	case f.Type != "" && f.Type != name.String:
+		return []*fleet.DeviceAction{}, 0, nil
 	}
-	var exists sql.NullInt64
-	var count int
-	wait := db.queryRowAside(ctx, "SELECT (SELECT 1 FROM actions WHERE tenant = ? AND id = ?), (SELECT CAST(COALESCE(sum(n), 0) AS BIGINT) FROM device_action_counts WHERE "+
-		countCond+")", append([]any{tenant, f.ActionID}, countArgs...), &exists, &count)
+	cond, args, from := "tenant = ? AND action_id = ?", []any{tenant, f.ActionID}, "device_actions"
+	if f.ActionStatus == "" {
+		count = total
+	} else {
+		cond, args = cond+" AND action_status = ?", append(args, string(f.ActionStatus))
+		// Device order reads about (offset+limit)·total/count rows, the
+		// status's range count of them and a sort.
+		if count*count < (f.Offset()+f.Limit)*total {
+			from += db.dialect.indexedBy("device_actions_by_status")
+		}
+	}
+	if f.Offset() >= count {
+		return []*fleet.DeviceAction{}, count, nil
+	}
 	// The page is chosen first and joined to its actions (for params)
 	// after, so sorting never touches the actions table.
-	page, err := db.scanDeviceActions(ctx, `WITH page AS (SELECT `+deviceActionColumns+`, tenant FROM device_actions WHERE `+cond+
+	page, err := db.scanDeviceActions(ctx, `WITH page AS (SELECT `+deviceActionColumns+`, tenant FROM `+from+` WHERE `+cond+
 		` ORDER BY device_id LIMIT ? OFFSET ?)
 		SELECT `+prefixed("page.", deviceActionColumns)+`, COALESCE(a.device_params, a.params)
 		FROM page JOIN actions a ON a.tenant = page.tenant AND a.id = page.action_id ORDER BY page.device_id`,
 		append(args, f.Limit, f.Offset())...)
-	if err := cmp.Or(wait(), err); err != nil {
+	if err != nil {
 		return nil, 0, db.classify(err)
-	}
-	if !exists.Valid {
-		return nil, 0, fleet.Errorf(fleet.ENOTFOUND, "action %d not found", f.ActionID)
 	}
 	return page, count, nil
 }

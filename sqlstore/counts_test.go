@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"context"
 	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -108,10 +109,28 @@ func TestCountsUnderConcurrentWrites(t *testing.T) {
 			if !maps.Equal(act.Statuses, listed) {
 				t.Errorf("action %d (%s) counts %v, lists %v", act.ID, act.Action, act.Statuses, listed)
 			}
+			// Each status's list, rare or common, has its rows in device
+			// order and its total.
 			for st, n := range listed {
-				_, total, err := db.FindDeviceActions(ctx, "acme", fleet.DeviceActionFilter{ActionID: act.ID, ActionStatus: fleet.ActionStatus(st), Page: fleet.Page{Page: 1, Limit: 1}})
-				if err != nil || total != n {
-					t.Errorf("action %d: %d %s listed, the %s list's total is %d (%v)", act.ID, n, st, st, total, err)
+				var got []string
+				for page := 1; ; page++ {
+					das, total, err := db.FindDeviceActions(ctx, "acme", fleet.DeviceActionFilter{ActionID: act.ID, ActionStatus: fleet.ActionStatus(st),
+						Page: fleet.Page{Page: page, Limit: 30}})
+					if err != nil || total != n {
+						t.Fatalf("action %d: %d %s listed, the %s list's total is %d (%v)", act.ID, n, st, st, total, err)
+					}
+					for _, da := range das {
+						if string(da.ActionStatus) != st {
+							t.Fatalf("action %d: the %s list has %s", act.ID, st, da.ActionStatus)
+						}
+						got = append(got, da.DeviceID)
+					}
+					if page*30 >= total {
+						break
+					}
+				}
+				if len(got) != n || !slices.IsSorted(got) {
+					t.Errorf("action %d: the %s list has %d devices, want %d in order: %v", act.ID, st, len(got), n, got)
 				}
 			}
 		}
