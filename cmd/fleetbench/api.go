@@ -16,6 +16,9 @@ import (
 type api struct {
 	base, tenant, key string
 	client            *http.Client
+	// represent asks the endpoints that answer with no body unless asked
+	// (RFC 7240) for what they made.
+	represent bool
 }
 
 func newAPI(base, tenant, key string) *api {
@@ -26,6 +29,13 @@ func newAPI(base, tenant, key string) *api {
 func (a *api) as(key string) *api {
 	c := *a
 	c.key = key
+	return &c
+}
+
+// representing returns the same API asking for what each request makes.
+func (a *api) representing() *api {
+	c := *a
+	c.represent = true
 	return &c
 }
 
@@ -48,6 +58,9 @@ func (a *api) call(ctx context.Context, method, path string, body any, want int,
 	req.Header.Set("X-Service-Api-Key", a.key)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if a.represent {
+		req.Header.Set("Prefer", "return=representation")
 	}
 	resp, err := a.client.Do(req)
 	if err != nil {

@@ -87,8 +87,11 @@ Scenarios (--scenarios takes a comma-separated subset):
                all of it (1,000,000 device actions); each page's p99 and p50
                over 200 requests made one at a time (the overview, devices
                with and without filters, a device, actions, an action and
-               its devices, the dispatch form, firmware, alerts, and the
-               live pages' first event), against 100 ms at p99 (issue 19).
+               its devices, the dispatch form, firmware, alerts, alert
+               rules, a rule with 100 alerts, its notification rule with
+               their deliveries, API keys, sign-in, the audit log with and
+               without an action filter, and the live pages' first event),
+               each met or not against 100 ms at p99 (issue 19).
   delivery     10,000 connected devices subscribed to their actions; one
                dispatch to all of them: time from the 201 until the last
                device received the action.

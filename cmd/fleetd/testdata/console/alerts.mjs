@@ -7,7 +7,7 @@
 //   SCREENSHOTS (a directory, optional).
 // Every wait is on a condition in the page, bounded by Playwright's timeouts.
 import assert from "node:assert/strict";
-import { env, base, step, shot, call, api, signIn, run } from "./harness.mjs";
+import { env, base, step, shot, call, api, signIn, run, fitsLayout } from "./harness.mjs";
 
 const operatorKey = env("OPERATOR_KEY");
 const viewerKey = env("VIEWER_KEY");
@@ -130,6 +130,11 @@ await run(async (browser, track) => {
   await api(deviceKey, "POST", `/api/v1/devices/${device}/streams/env`, [{ timestamp: Date.now(), sequence: 2, temp: 96 }]);
   await page.goto(base + "/console/alerts?state=ended");
   await page.getByRole("row").filter({ has: page.getByRole("link", { name: device }) }).waitFor();
+
+  step("at 1280x800 and at phone width (390x844) every alerts page fits its width");
+  await fitsLayout(page, ["/console/alerts/rules", `/console/alerts/rules/${ruleID}`, `/console/alerts/rules/${ruleID}/edit`,
+    "/console/alerts/rules/new", notificationPage.slice(base.length), `/console/alerts/rules/${ruleID}/notifications/new`]);
+  await page.setViewportSize({ width: 1280, height: 800 });
   assert.deepEqual(dialogs, [], "no script from a rule's name ran");
   assert.deepEqual(cspViolations, [], "no Content-Security-Policy violation");
 

@@ -7,7 +7,7 @@
 //   OIDC_USER, OIDC_PASSWORD, OIDC_EMAIL (a person at the tenant's OpenID provider).
 // Every wait is on a condition in the page, bounded by Playwright's timeouts.
 import assert from "node:assert/strict";
-import { base, env, launch, shot, signIn, step, tenant } from "./harness.mjs";
+import { base, env, fitsLayout, launch, shot, signIn, step, tenant } from "./harness.mjs";
 
 const operatorKey = env("OPERATOR_KEY");
 const viewerKey = env("VIEWER_KEY");
@@ -200,19 +200,8 @@ try {
   assert.equal(forged.status(), 403);
 
   step("at 1280x800 and at phone width (390x844) every page fits its width: wide tables scroll inside themselves");
-  const pages = ["/console/", "/console/devices", `/console/devices/${devices[0]}`, "/console/actions",
-    `/console/actions/${actionID}`, "/console/actions/new", "/console/firmware", "/console/alerts"];
-  for (const [width, height] of [[1280, 800], [390, 844]]) {
-    await page.setViewportSize({ width, height });
-    for (const p of pages) {
-      await page.goto(base + p);
-      const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
-      assert.ok(overflow <= 0, `${p} at ${width}px is ${overflow}px wider than the window`);
-      // The first Tab reaches the skip link, which shows when focused.
-      await page.keyboard.press("Tab");
-      assert.equal(await page.evaluate(() => document.activeElement?.textContent), "Skip to content", `${p}: the first Tab reaches the skip link`);
-    }
-  }
+  await fitsLayout(page, ["/console/", "/console/devices", `/console/devices/${devices[0]}`, "/console/actions",
+    `/console/actions/${actionID}`, "/console/actions/new", "/console/firmware", "/console/alerts"]);
   await page.goto(base + "/console/");
   await shot(page, "overview-phone");
   await page.goto(base + `/console/devices/${devices[1]}`);

@@ -29,6 +29,32 @@ export async function signIn(page, key) {
   await page.waitForURL(base + "/console/");
 }
 
+// fitsLayout visits each path at 1280x800 and at phone width (390x844) and
+// checks that the page is no wider than the window (wide tables scroll
+// inside themselves) and that the first Tab reaches the skip link. The
+// page is left at phone width.
+export async function fitsLayout(page, paths) {
+  for (const [width, height] of [[1280, 800], [390, 844]]) {
+    await page.setViewportSize({ width, height });
+    for (const p of paths) {
+      const res = await page.goto(base + p);
+      assert.equal(res.status(), 200, `${p}: status`);
+      const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+      if (overflow > 0) {
+        // The innermost elements that stick out, to say what to mend.
+        const wide = await page.evaluate(() => [...document.querySelectorAll("body *")]
+          .filter((e) => e.getBoundingClientRect().right > window.innerWidth + 0.5 &&
+            ![...e.children].some((c) => c.getBoundingClientRect().right > window.innerWidth + 0.5))
+          .slice(0, 5).map((e) => `<${e.tagName.toLowerCase()}${e.className ? "." + e.className : ""}> ${e.textContent.trim().slice(0, 40)}`));
+        assert.fail(`${p} at ${width}px is ${overflow}px wider than the window: ${wide.join(", ")}`);
+      }
+      // The skip link shows when focused.
+      await page.keyboard.press("Tab");
+      assert.equal(await page.evaluate(() => document.activeElement?.textContent), "Skip to content", `${p}: the first Tab reaches the skip link`);
+    }
+  }
+}
+
 export function launch() {
   return chromium.launch({
     executablePath: "/usr/bin/chromium",

@@ -6,7 +6,7 @@
 //   secret S9 holds, which no page may show), SCREENSHOTS (optional).
 // Every wait is on a condition in the page, bounded by Playwright's timeouts.
 import assert from "node:assert/strict";
-import { base, env, run, shot, signIn, step, tenant } from "./harness.mjs";
+import { base, env, fitsLayout, run, shot, signIn, step, tenant } from "./harness.mjs";
 
 const adminKey = env("ADMIN_KEY");
 const viewerKey = env("VIEWER_KEY");
@@ -125,6 +125,13 @@ await run(async (browser, watch) => {
   await page.getByRole("status").getByText("Saved.").waitFor();
   assert.equal(await page.getByLabel("Default role").inputValue(), "operator");
   await page.getByText("A secret is set").waitFor(); // kept, as it was left blank
+
+  step("at 1280x800 and at phone width (390x844) every settings page fits its width");
+  await fitsLayout(page, ["/console/settings/keys", "/console/settings/auth", "/console/settings/audit",
+    "/console/settings/audit?action=apikey&actor=admin"]);
+  await page.goto(base + "/console/settings/audit");
+  await shot(page, "settings-audit-phone");
+  await page.setViewportSize({ width: 1280, height: 800 });
   assert.deepEqual(cspViolations, [], "no Content-Security-Policy violation");
 
   step("a viewer has no settings, and the server refuses their forms anyway");
