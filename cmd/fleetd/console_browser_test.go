@@ -124,10 +124,11 @@ func screenshotDir(t *testing.T) string {
 }
 
 // TestConsoleAlertsInBrowser has an operator make an alert rule in the
-// console's editor (after it refuses a bad condition with the API's
-// message), sees a device's reading open an alert on the console's pages,
-// edits the rule so that the next reading ends it, and sees a viewer get
-// no write controls.
+// console's editor (after it refuses a bad condition typed as JSON, then
+// one made with the threshold builder, with the API's messages), sees a
+// device's reading open an alert on the console's pages, edits the rule
+// so that the next reading ends it, checks the alerts pages' layout, and
+// sees a viewer get no write controls.
 func TestConsoleAlertsInBrowser(t *testing.T) {
 	dir := consoleHarness(t)
 	// The webhook receiver is on this machine: the egress policy must

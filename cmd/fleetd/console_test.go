@@ -548,6 +548,11 @@ func TestConsole(t *testing.T) {
 			if !strings.Contains(res.Body, html.EscapeString(form.Get("condition"))) || !strings.Contains(res.Body, html.EscapeString("<script>alert(1)</script>")) {
 				t.Errorf("the editor does not keep what was typed")
 			}
+			// The threshold builder is console.js's: without scripts its
+			// controls, which send nothing, are not shown.
+			if m := regexp.MustCompile(`(?s)<fieldset class="builder" data-condition-builder="condition" hidden>(.*?)</fieldset>`).FindStringSubmatch(res.Body); m == nil || strings.Contains(m[1], " name=") {
+				t.Errorf("the condition builder is shown without its script, or its controls send fields")
+			}
 			for field, value := range map[string]string{"condition": "{not json", "activation_threshold_seconds": "soon", "metadata_filters": `{"site": 1}`} {
 				bad := url.Values{"csrf": {tok}, "name": {"x"}, "stream": {"env"}, "condition": {`{"field": "t", "operator": "<", "value": 1}`}}
 				bad.Set(field, value)

@@ -186,7 +186,50 @@
     });
   }
 
+  // The rule editor's threshold builder writes {"field", "operator",
+  // "value"} into the condition's JSON field as its controls change, and
+  // shows a condition of that form typed there. It only fills the field:
+  // the server reads and validates the JSON as the API does.
+  function conditionBuilder(fs) {
+    var json = document.getElementById(fs.getAttribute("data-condition-builder"));
+    var field = fs.querySelector('[data-builder="field"]');
+    var op = fs.querySelector('[data-builder="operator"]');
+    var value = fs.querySelector('[data-builder="value"]');
+    var status = fs.querySelector("[data-builder-status]");
+    var operators = [].map.call(op.options, function (o) { return o.value; });
+    // A value as typed: JSON's number, true, false or "text", else text.
+    function valueOf(s) {
+      try {
+        var v = JSON.parse(s);
+        if (typeof v === "number" || typeof v === "boolean" || typeof v === "string") return v;
+      } catch (e) { /* text */ }
+      return s;
+    }
+    function show() {
+      var c;
+      try { c = JSON.parse(json.value); } catch (e) { return; }
+      if (!c || typeof c !== "object" || Object.keys(c).sort().join() !== "field,operator,value" ||
+          typeof c.field !== "string" || operators.indexOf(c.operator) < 0 || typeof c.value === "object") return;
+      field.value = c.field;
+      op.value = c.operator;
+      value.value = typeof c.value === "string" && valueOf(c.value) === c.value ? c.value : JSON.stringify(c.value);
+    }
+    function fill() {
+      if (field.value.trim() === "" || value.value.trim() === "") return;
+      var c = { field: field.value.trim(), operator: op.value, value: valueOf(value.value.trim()) };
+      json.value = JSON.stringify(c, null, 2);
+      setText(status, "The condition now reads " + JSON.stringify(c) + ".");
+    }
+    field.addEventListener("input", fill);
+    value.addEventListener("input", fill);
+    op.addEventListener("change", fill);
+    json.addEventListener("input", show);
+    show();
+    fs.hidden = false;
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    document.querySelectorAll("[data-condition-builder]").forEach(conditionBuilder);
     document.querySelectorAll("[data-live-source]").forEach(connect);
     document.querySelectorAll("form[data-upload]").forEach(upload);
     // A form that deletes asks first.

@@ -58,8 +58,31 @@ await run(async (browser, track) => {
   assert.equal(await page.getByLabel("Condition (JSON)").getAttribute("aria-invalid"), "true");
   await shot(page, "alert-rule-editor");
 
+  step("the threshold builder fills the JSON field; the server checks it as the API does");
+  const condition = page.getByLabel("Condition (JSON)");
+  const builder = page.getByRole("group", { name: "Or build a threshold" });
+  await builder.getByLabel("Field of the reading").fill("temp");
+  // Keyboard order: the field, the operator, the value.
+  await page.keyboard.press("Tab");
+  assert.equal(await page.evaluate(() => document.activeElement.id), "builder-operator");
+  await builder.getByLabel("Operator").selectOption(">");
+  await builder.getByLabel("Value", { exact: true }).fill("hot");
+  assert.deepEqual(JSON.parse(await condition.inputValue()), { field: "temp", operator: ">", value: "hot" });
+  await builder.getByRole("status").getByText('The condition now reads {"field":"temp","operator":">","value":"hot"}.').waitFor();
+  const notNumber = await call(operatorKey, "POST", "/api/v1/alert-rules",
+    { name: "probe", stream: "env", condition: { field: "temp", operator: ">", value: "hot" } });
+  assert.equal(notNumber.status, 400);
+  await page.getByRole("button", { name: "Create rule" }).click();
+  await page.locator("#condition-error").getByText(notNumber.body.fields["condition.value"]).waitFor();
+  // The page that answered shows the typed condition in the builder.
+  assert.equal(await builder.getByLabel("Value", { exact: true }).inputValue(), "hot");
+  assert.equal(await builder.getByLabel("Field of the reading").inputValue(), "temp");
+  await builder.scrollIntoViewIfNeeded();
+  await shot(page, "alert-rule-builder");
+
   step("a good condition makes the rule; its name renders as text");
-  await page.getByLabel("Condition (JSON)").fill('{"field": "temp", "operator": ">", "value": 80}');
+  await builder.getByLabel("Value", { exact: true }).fill("80");
+  assert.deepEqual(JSON.parse(await condition.inputValue()), { field: "temp", operator: ">", value: 80 });
   await page.getByRole("button", { name: "Create rule" }).click();
   await page.waitForURL(/\/console\/alerts\/rules\/[0-9a-f-]{36}$/);
   const ruleID = page.url().split("/").pop();
@@ -113,7 +136,10 @@ await run(async (browser, track) => {
   await page.goto(base + `/console/alerts/rules/${ruleID}`);
   await page.getByRole("link", { name: "Edit rule" }).click();
   assert.equal(await page.getByLabel("Stream").getAttribute("readonly"), "", "a rule keeps its stream");
+  assert.equal(await page.getByLabel("Value", { exact: true }).inputValue(), "80", "the builder shows the saved threshold");
+  // The JSON stays editable, and the builder follows it.
   await page.getByLabel("Condition (JSON)").fill('{"field": "temp", "operator": ">", "value": 99}');
+  assert.equal(await page.getByLabel("Value", { exact: true }).inputValue(), "99");
   await page.getByLabel("Closes after, seconds").fill("-1");
   await page.getByRole("button", { name: "Save rule" }).click();
   const refusedThreshold = await call(operatorKey, "POST", "/api/v1/alert-rules", { name: "probe", stream: "env", condition: { no_data_seconds: 5 }, deactivation_threshold_seconds: -1 });
