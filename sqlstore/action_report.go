@@ -4,7 +4,6 @@ package sqlstore
 // batches (DESIGN §4).
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -127,19 +126,11 @@ func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.S
 		}
 		byAction[r.ActionID] = append(byAction[r.ActionID], r.DeviceID)
 	}
-	timeouts, err := tx.actionTimeouts(ctx, tenant, actions)
-	if err != nil {
-		return nil, err
-	}
 	for _, a := range actions {
-		timeout, ok := timeouts[a]
-		if !ok {
-			continue // no such action: no device action to find
-		}
 		devs := byAction[a]
 		sort.Strings(devs) // writers lock rows in one order
 		for start := 0; start < len(devs); start += reportChunk {
-			if err := tx.loadReportRows(ctx, tenant, a, timeout, devs[start:min(start+reportChunk, len(devs))], rows); err != nil {
+			if err := tx.loadReportRows(ctx, tenant, a, devs[start:min(start+reportChunk, len(devs))], rows); err != nil {
 				return nil, err
 			}
 		}
@@ -195,47 +186,20 @@ func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.S
 	return found, nil
 }
 
-// actionTimeouts returns the timeouts, in seconds, of those of the
-// tenant's actions ids names that exist.
-func (tx *Tx) actionTimeouts(ctx context.Context, tenant string, ids []int64) (map[int64]int64, error) {
-	out := make(map[int64]int64, len(ids))
-	for start := 0; start < len(ids); start += reportChunk {
-		chunk := ids[start:min(start+reportChunk, len(ids))]
-		args := []any{tenant}
-		for _, id := range chunk {
-			args = append(args, id)
-		}
-		for n := sizeClass(len(chunk)); len(args) < 1+n; {
-			args = append(args, chunk[len(chunk)-1]) // a repeat matches no more rows
-		}
-		rows, err := tx.query(ctx, "SELECT id, timeout FROM actions WHERE tenant = ? AND id IN ("+placeholders(len(args)-1)+")", args...)
-		if err != nil {
-			return nil, err
-		}
-		for rows.Next() {
-			var id, timeout int64
-			if err := rows.Scan(&id, &timeout); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			out[id] = timeout
-		}
-		if err := cmp.Or(rows.Err(), rows.Close()); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
-}
-
 // loadReportRows reads (and on PostgreSQL locks) the device actions of one
-// action, whose timeout is timeout seconds, on devs into rows.
-func (tx *Tx) loadReportRows(ctx context.Context, tenant string, actionID, timeout int64, devs []string, rows map[reportKey]*reportRow) error {
-	args := append([]any{tenant, actionID}, anys(devs)...)
-	for n := sizeClass(len(devs)); len(args) < 2+n; {
+// action on devs into rows. The action's timeout (actions are never
+// removed) comes with each row, from a subquery run once and not locked
+// (FOR UPDATE locks the rows of FROM's tables): on PostgreSQL each
+// statement of a batch is a round trip, and a batch's time is mostly its
+// round trips and its commit.
+func (tx *Tx) loadReportRows(ctx context.Context, tenant string, actionID int64, devs []string, rows map[reportKey]*reportRow) error {
+	args := append([]any{tenant, actionID, tenant, actionID}, anys(devs)...)
+	for n := sizeClass(len(devs)); len(args) < 4+n; {
 		args = append(args, devs[len(devs)-1]) // a repeat matches no more rows
 	}
-	q, err := tx.query(ctx, `SELECT device_id, type, status, action_status, progress, errors, last_ts, last_seq, initiated_at, phase
-		FROM device_actions WHERE tenant = ? AND action_id = ? AND device_id IN (`+placeholders(len(args)-2)+`)
+	q, err := tx.query(ctx, `SELECT device_id, type, status, action_status, progress, errors, last_ts, last_seq, initiated_at, phase,
+		(SELECT timeout FROM actions WHERE tenant = ? AND id = ?)
+		FROM device_actions WHERE tenant = ? AND action_id = ? AND device_id IN (`+placeholders(len(args)-4)+`)
 		ORDER BY device_id`+tx.db.dialect.forUpdate(), args...)
 	if err != nil {
 		return err
@@ -244,11 +208,11 @@ func (tx *Tx) loadReportRows(ctx context.Context, tenant string, actionID, timeo
 	for q.Next() {
 		var (
 			dev             string
-			row             = reportRow{timeout: timeout}
+			row             reportRow
 			lastTS, lastSeq sql.NullInt64
 		)
 		if err := q.Scan(&dev, &row.typ, &row.state.Status, &row.state.ActionStatus, &row.state.Progress, &row.errsText,
-			&lastTS, &lastSeq, &row.initiatedAt, &row.phase); err != nil {
+			&lastTS, &lastSeq, &row.initiatedAt, &row.phase, &row.timeout); err != nil {
 			return err
 		}
 		if lastTS.Valid {
