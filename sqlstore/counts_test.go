@@ -2,6 +2,8 @@ package sqlstore_test
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -9,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/sqlstore"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -141,6 +144,54 @@ func TestCountsUnderConcurrentWrites(t *testing.T) {
 		}
 		if first.ID != a.ID || total != len(ids)-8 || first.Statuses["Queued"] != 0 {
 			t.Errorf("action %d counts %v; want action %d's %d devices, none Queued", first.ID, first.Statuses, a.ID, len(ids)-8)
+		}
+	})
+}
+
+// TestCountsMigration fills a database at migration 17 with device actions
+// of two tenants in several actions, phases and statuses, written as the
+// store of then wrote them, and migrates it: 0018 counts them all.
+func TestCountsMigration(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		ctx := context.Background()
+		dsn := b.DSN(t)
+		db, err := sqlstore.Open(ctx, dsn, sqlstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		if err := db.MigrateTo(ctx, 17); err != nil {
+			t.Fatal(err)
+		}
+		driver, rawDSN := "pgx", dsn
+		if b.Name == "sqlite" {
+			driver, rawDSN = "sqlite", "file:"+dsn+"?_pragma=busy_timeout(10000)"
+		}
+		raw, err := sql.Open(driver, rawDSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		statuses := []string{"Queued", "Initiated", "Progress", "Completed", "Failed", "Scheduled"}
+		// 120 rows in 60 counts of 2: the residues' combinations repeat
+		// every 60 rows.
+		for i := range 120 {
+			if _, err := raw.Exec(`INSERT INTO device_actions (tenant, action_id, device_id, type, status, action_status, progress, errors,
+				error_count, user_email, user_name, serial_metadata, created_at, updated_at, phase)
+				VALUES ($1, $2, $3, 'reboot', 'x', $4, 0, '{}', 0, '', '', '{}', 0, 0, $5)`,
+				[]string{"acme", "beta"}[i%2], 1+i%5, fmt.Sprintf("d%03d", i), statuses[i%len(statuses)], i%4-1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := db.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var groups int
+		if err := raw.QueryRow("SELECT count(*) FROM device_action_counts WHERE n = 2").Scan(&groups); err != nil || groups != 60 {
+			t.Fatalf("%d counts of 2 (%v), want 60", groups, err)
+		}
+		if drift, err := sqlstoretest.CountDrift(b, dsn); err != nil || len(drift) > 0 {
+			t.Fatalf("counts after migrating: %q, %v", drift, err)
 		}
 	})
 }

@@ -59,3 +59,10 @@ func (db *DB) Exec(ctx context.Context, q string, args ...any) error {
 	_, err := db.write.ExecContext(ctx, db.dialect.rebind(q), args...)
 	return err
 }
+
+// MigrateTo applies the migrations numbered up to last, for tests of a
+// migration on the data of the ones before it.
+func (db *DB) MigrateTo(ctx context.Context, last int) error {
+	_, err := db.migrate(ctx, last)
+	return err
+}
