@@ -24,7 +24,7 @@ func (db *DB) DispatchAction(ctx context.Context, tenant string, d *fleet.Dispat
 	var a *fleet.Action
 	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		var err error
-		sel, err := db.dialect.selectionOf(d)
+		sel, err := db.dialect.selectionOf(tenant, d)
 		if err != nil {
 			return err
 		}
@@ -51,30 +51,44 @@ func (db *DB) DispatchAction(ctx context.Context, tenant string, d *fleet.Dispat
 const analyzeAfter = 10_000
 
 // selection is how a dispatch chooses its targets among the tenant's
-// devices: a condition on the devices table with its arguments, and, for
-// search_type default, the ids, every one of which must be selected.
+// devices: a condition on the devices table with its arguments, or one
+// for devicesWhere to choose the reading of, and, for search_type default,
+// the ids, every one of which must be selected.
 type selection struct {
-	cond string
-	args []any
-	ids  []string
+	cond   string
+	args   []any
+	device *deviceCond
+	ids    []string
 }
 
-// selectionOf is the selection of a dispatch's search type (DESIGN §4).
-func (d8 dialect) selectionOf(d *fleet.Dispatch) (selection, error) {
+// where returns sel's condition and its arguments.
+func (sel selection) where(ctx context.Context, q querier) (string, []any, error) {
+	if sel.device != nil {
+		return devicesWhere(ctx, q, []deviceCond{*sel.device})
+	}
+	return sel.cond, sel.args, nil
+}
+
+// selectionOf is the selection of a dispatch's search type (DESIGN §4)
+// among tenant's devices.
+func (d8 dialect) selectionOf(tenant string, d *fleet.Dispatch) (selection, error) {
 	switch d.SearchType {
 	case fleet.SearchDefault:
 		return selection{ids: d.DeviceIDs}, nil
 	case fleet.SearchAll:
 		return selection{}, nil
 	case fleet.SearchMetadata:
-		return selection{cond: d8.jsonKeyEquals("metadata"), args: []any{d.SearchKey, d.SearchQuery}}, nil
-	case fleet.SearchSearch:
-		if d.SearchKey != "" {
-			return selection{cond: "(" + d8.containsFold("id") + " OR " + d8.jsonKeyContainsFold("metadata") + ")",
-				args: []any{d.SearchQuery, d.SearchKey, d.SearchQuery}}, nil
+		if err := checkText("search_query", d.SearchKey+d.SearchQuery); err != nil {
+			return selection{}, err
 		}
-		return selection{cond: "(" + d8.containsFold("id") + " OR " + d8.jsonValueContainsFold("metadata") + ")",
-			args: []any{d.SearchQuery, d.SearchQuery}}, nil
+		c := d8.metadataIs(tenant, d.SearchKey, d.SearchQuery)
+		return selection{device: &c}, nil
+	case fleet.SearchSearch:
+		if err := checkText("search_query", d.SearchKey+d.SearchQuery); err != nil {
+			return selection{}, err
+		}
+		c := d8.deviceSearch(tenant, d.SearchKey, d.SearchQuery)
+		return selection{device: &c}, nil
 	}
 	return selection{}, fleet.FieldErrors(map[string]string{"search_type": "must be one of default, all, metadata, search"})
 }
@@ -193,9 +207,13 @@ func (tx *Tx) insertTargets(ctx context.Context, tenant string, a *fleet.Action,
 		SELECT tenant, CAST(? AS BIGINT), id, CAST(? AS TEXT), ` + quote(string(status)) + `, ` + quote(string(status)) + `, 0, CAST('{}' AS ` + tx.db.dialect.jsonType() + `), 0,
 		CAST(? AS TEXT), CAST(? AS TEXT), metadata, CAST(? AS BIGINT), CAST(? AS BIGINT), ` + strconv.Itoa(phase) + ` FROM devices WHERE tenant = ?`
 	args := []any{a.ID, a.Action, a.UserEmail, a.UserName, now, now, tenant}
-	if sel.cond != "" {
-		insert += " AND " + sel.cond
-		args = append(args, sel.args...)
+	cond, condArgs, err := sel.where(ctx, tx)
+	if err != nil {
+		return 0, err
+	}
+	if cond != "" {
+		insert += " AND " + cond
+		args = append(args, condArgs...)
 	}
 	if sel.ids == nil {
 		n, err := tx.execCount(ctx, insert, args...)
@@ -411,7 +429,7 @@ func (tx *Tx) cancel(ctx context.Context, tenant string, id int64, tell *fleet.D
 // before anything is sent. For search_type default it counts the listed
 // devices that exist.
 func (db *DB) CountTargets(ctx context.Context, tenant string, d *fleet.Dispatch) (int, error) {
-	sel, err := db.dialect.selectionOf(d)
+	sel, err := db.dialect.selectionOf(tenant, d)
 	if err != nil {
 		return 0, err
 	}
@@ -429,9 +447,13 @@ func (db *DB) CountTargets(ctx context.Context, tenant string, d *fleet.Dispatch
 		}
 		return found, nil
 	}
-	query, args := "SELECT count(*) FROM devices WHERE tenant = ?", []any{tenant}
-	if sel.cond != "" {
-		query, args = query+" AND "+sel.cond, append(args, sel.args...)
+	cond, condArgs, err := sel.where(ctx, db)
+	if err != nil {
+		return 0, db.classify(err)
+	}
+	query, args := "SELECT coalesce((SELECT devices FROM device_counts WHERE tenant = ?), 0)", []any{tenant}
+	if cond != "" {
+		query, args = "SELECT count(*) FROM devices WHERE tenant = ? AND "+cond, append(args, condArgs...)
 	}
 	var n int
 	if err := db.queryRow(ctx, query, args...).Scan(&n); err != nil {

@@ -70,6 +70,9 @@ func (db *DB) CreateDevices(ctx context.Context, tenant string, devs []fleet.New
 				return tx.conflictingDevices(ctx, tenant, tokens[start:end], hashes[start:end])
 			}
 		}
+		if err := tx.countDevices(ctx, tenant, int64(len(devs))); err != nil {
+			return err
+		}
 		details := map[string]any{"count": len(devs)}
 		target := "devices"
 		if len(devs) == 1 {
@@ -171,27 +174,65 @@ func (db *DB) FindDevice(ctx context.Context, tenant, id string) (*fleet.Device,
 	return d, db.classify(err)
 }
 
-// FindDevices lists devices by id.
+// FindDevices lists devices by id. The count of a tenant's devices is
+// kept in device_counts; a search or metadata filter reads its devices, to
+// count and list them, as devicesWhere chooses.
 func (db *DB) FindDevices(ctx context.Context, tenant string, f fleet.DeviceFilter) ([]*fleet.Device, int, error) {
-	cond, args := db.deviceFilter(tenant, f.Search, f.Metadata)
-	return findPage(ctx, db, "SELECT count(*) FROM devices WHERE "+cond,
-		"SELECT "+deviceColumns+" FROM devices WHERE "+cond+" ORDER BY id", args, f.Page, scanDevice)
+	if f.Search == "" && len(f.Metadata) == 0 {
+		return findPage(ctx, db, "SELECT coalesce((SELECT devices FROM device_counts WHERE tenant = ?), 0)",
+			"SELECT "+deviceColumns+" FROM devices WHERE tenant = ? ORDER BY id", []any{tenant}, f.Page, scanDevice)
+	}
+	cs, err := db.deviceFilter(tenant, f.Search, f.Metadata)
+	if err != nil {
+		return nil, 0, err
+	}
+	tx, err := db.readTx(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer tx.Rollback()
+	cond, args, err := devicesWhere(ctx, tx, cs)
+	if err != nil {
+		return nil, 0, db.classify(err)
+	}
+	args = append([]any{tenant}, args...)
+	var n int
+	if err := tx.queryRow(ctx, "SELECT count(*) FROM devices WHERE tenant = ? AND "+cond, args...).Scan(&n); err != nil {
+		return nil, 0, db.classify(err)
+	}
+	rows, err := tx.query(ctx, "SELECT "+deviceColumns+" FROM devices WHERE tenant = ? AND "+cond+" ORDER BY id LIMIT ? OFFSET ?",
+		append(args, f.Page.Limit, f.Page.Offset())...)
+	if err != nil {
+		return nil, 0, db.classify(err)
+	}
+	devs, err := scanAll(rows, scanDevice)
+	return devs, n, db.classify(err)
 }
 
-// deviceFilter is the WHERE clause, over the devices table, for a search
-// term and metadata equalities.
-func (db *DB) deviceFilter(tenant, search string, meta map[string]string) (string, []any) {
-	where := []string{"tenant = ?"}
-	args := []any{tenant}
+// deviceFilter chooses the devices of tenant that have search in their id
+// or a metadata value and the metadata meta.
+func (db *DB) deviceFilter(tenant, search string, meta map[string]string) ([]deviceCond, error) {
+	var cs []deviceCond
 	if search != "" {
-		where = append(where, "("+db.dialect.containsFold("id")+" OR "+db.dialect.jsonValueContainsFold("metadata")+")")
-		args = append(args, search, search)
+		if err := checkText("search", search); err != nil {
+			return nil, err
+		}
+		cs = append(cs, db.dialect.deviceSearch(tenant, "", search))
 	}
 	for _, k := range slices.Sorted(maps.Keys(meta)) {
-		where = append(where, db.dialect.jsonKeyEquals("metadata"))
-		args = append(args, k, meta[k])
+		if err := checkText("metadata", k+meta[k]); err != nil {
+			return nil, err
+		}
+		cs = append(cs, db.dialect.metadataIs(tenant, k, meta[k]))
 	}
-	return strings.Join(where, " AND "), args
+	return cs, nil
+}
+
+// countDevices adds n to the tenant's count of devices.
+func (tx *Tx) countDevices(ctx context.Context, tenant string, n int64) error {
+	_, err := tx.exec(ctx, `INSERT INTO device_counts (tenant, devices) VALUES (?, ?)
+		ON CONFLICT (tenant) DO UPDATE SET devices = device_counts.devices + excluded.devices`, tenant, n)
+	return err
 }
 
 // UpdateDeviceMetadata merges patch into a device's metadata.
@@ -251,6 +292,9 @@ func (db *DB) DeleteDevice(ctx context.Context, tenant, id string) error {
 			return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", id)
 		}
 		if _, err := tx.deleteCounted(ctx, "DELETE FROM device_actions WHERE tenant = ? AND device_id = ?", tenant, id); err != nil {
+			return err
+		}
+		if err := tx.countDevices(ctx, tenant, -1); err != nil {
 			return err
 		}
 		if err := tx.changed(ctx, fleet.Change{Kind: fleet.ChangeDeviceDelete, Tenant: tenant, Key: id}); err != nil {

@@ -247,6 +247,34 @@ func BenchmarkCreateDevices(b *testing.B) {
 	}
 }
 
+// BenchmarkUpdateDeviceMetadata measures one device's metadata patch, one
+// transaction each, in a tenant of 10,000 devices.
+func BenchmarkUpdateDeviceMetadata(b *testing.B) {
+	for _, be := range sqlstoretest.Backends() {
+		b.Run(be.Name, func(b *testing.B) {
+			db := sqlstoretest.MustOpen(b, be, sqlstoretest.Options{})
+			ctx := context.Background()
+			if _, _, err := db.CreateTenant(ctx, "bench"); err != nil {
+				b.Fatal(err)
+			}
+			devs := make([]fleet.NewDevice, 10_000)
+			for j := range devs {
+				devs[j] = fleet.NewDevice{ID: fmt.Sprintf("dev-%d", j), Metadata: map[string]string{"fleet": "bench", "n": fmt.Sprint(j % 100)}}
+			}
+			if _, err := db.CreateDevices(ctx, "bench", devs); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				v := fmt.Sprint("site-", i)
+				if _, err := db.UpdateDeviceMetadata(ctx, "bench", devs[i%len(devs)].ID, map[string]*string{"site": &v}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
 var _ = sqlstore.Options{}
 
 // TestDeleteDeviceRacingDispatch deletes devices while dispatches to all

@@ -3,9 +3,11 @@ package sqlstore
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/fleetd/fleet"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -78,6 +80,127 @@ func (d dialect) ddl(s string) string {
 	return r.Replace(s)
 }
 
+// trigramChars is the length of the shortest search term the trigram
+// indexes of migration 0019 can serve: a shorter one has no trigram.
+const trigramChars = 3
+
+// likeEscaper escapes LIKE's wildcards and its escape character.
+var likeEscaper = strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
+
+// deviceCond is a condition on the devices of a tenant, with its
+// arguments: scan is checked on each device; indexed, when not "", chooses
+// the same devices through an index of migration 0019, where probe
+// selects a row for each device it reads (see devicesWhere).
+type deviceCond struct {
+	scan, indexed, probe             string
+	scanArgs, indexedArgs, probeArgs []any
+}
+
+// deviceSearch chooses the devices of tenant whose id or metadata value
+// (the value under key, when key is not "") contains term, ignoring case.
+//
+// For a term of trigramChars or more a trigram index (migration 0019)
+// chooses the devices whose id or values may contain it, from a text of
+// the id and the values one a line, where the term is then looked for.
+// For a term without a line break that is the condition itself; with one,
+// or a key, the condition is checked on each device chosen. Shorter terms
+// have no index.
+func (d dialect) deviceSearch(tenant, key, term string) deviceCond {
+	cond, args := d.containsFold("id"), []any{term}
+	if key == "" {
+		cond += " OR " + d.jsonValueContainsFold("metadata")
+		args = append(args, term)
+	} else {
+		cond += " OR " + d.jsonKeyContainsFold("metadata")
+		args = append(args, key, term)
+	}
+	c := deviceCond{scan: "(" + cond + ")", scanArgs: args}
+	if utf8.RuneCountInString(term) < trigramChars {
+		return c
+	}
+	if d == postgres {
+		c.indexed, c.indexedArgs = "fleet_device_text(id, metadata) LIKE '%' || lower(?) || '%'", []any{likeEscaper.Replace(term)}
+		c.probe, c.probeArgs = "SELECT 1 FROM devices WHERE tenant = ? AND "+c.indexed, append([]any{tenant}, c.indexedArgs...)
+	} else {
+		// An FTS5 phrase in double quotes is the term's characters, in
+		// order; the match is then checked with SQLite's own lower().
+		from := " FROM device_search JOIN device_texts t ON t.row = device_search.rowid " +
+			"WHERE device_search MATCH ? AND t.tenant = ? AND instr(lower(t.text), lower(?)) > 0"
+		c.probe, c.probeArgs = "SELECT 1"+from, []any{`"` + strings.ReplaceAll(term, `"`, `""`) + `"`, tenant, term}
+		c.indexed, c.indexedArgs = "id IN (SELECT t.id"+from+")", c.probeArgs
+	}
+	if key != "" || strings.Contains(term, "\n") {
+		c.indexed, c.indexedArgs = c.indexed+" AND "+c.scan, append(slices.Clip(c.indexedArgs), c.scanArgs...)
+	}
+	return c
+}
+
+// metadataIs chooses the devices of tenant whose metadata has value under
+// key.
+func (d dialect) metadataIs(tenant, key, value string) deviceCond {
+	if d == postgres {
+		c := deviceCond{
+			scan: "(metadata ->> ?) = ?", scanArgs: []any{key, value},
+			indexed: "metadata @> jsonb_build_object(CAST(? AS TEXT), CAST(? AS TEXT))", indexedArgs: []any{key, value},
+		}
+		c.probe, c.probeArgs = "SELECT 1 FROM devices WHERE tenant = ? AND "+c.indexed, []any{tenant, key, value}
+		return c
+	}
+	from := " FROM device_metadata WHERE tenant = ? AND key = ? AND value = ?"
+	return deviceCond{
+		scan: "EXISTS (SELECT 1 FROM json_each(metadata) e WHERE e.key = ? AND e.value = ?)", scanArgs: []any{key, value},
+		indexed: "id IN (SELECT id" + from + ")", indexedArgs: []any{tenant, key, value},
+		probe: "SELECT 1" + from, probeArgs: []any{tenant, key, value},
+	}
+}
+
+// indexedMost is how many devices a query reads through an index of
+// migration 0019 before it reads every device of the tenant instead. A
+// page of 50 of n devices of which m match is found, reading the devices
+// in id order, after about 50·n/m of them; through an index after all m:
+// beyond 2,000 matches of 100,000 devices the walk reads fewer.
+const indexedMost = 2000
+
+// devicesWhere returns the condition, and its arguments, to read the
+// devices that all of cs choose: the one condition whose index reads the
+// fewest devices, if any reads at most indexedMost, and the others checked
+// on each of those; else every condition checked on every device.
+func devicesWhere(ctx context.Context, q querier, cs []deviceCond) (string, []any, error) {
+	best, fewest := -1, indexedMost+1
+	for i, c := range cs {
+		if c.indexed == "" {
+			continue
+		}
+		var n int
+		if err := q.queryRow(ctx, "SELECT count(*) FROM ("+c.probe+" LIMIT ?) AS m", append(slices.Clip(c.probeArgs), fewest)...).Scan(&n); err != nil {
+			return "", nil, err
+		}
+		if n < fewest {
+			best, fewest = i, n
+		}
+	}
+	var where []string
+	var args []any
+	for i, c := range cs {
+		if i == best {
+			where, args = append(where, c.indexed), append(args, c.indexedArgs...)
+		} else {
+			where, args = append(where, c.scan), append(args, c.scanArgs...)
+		}
+	}
+	return strings.Join(where, " AND "), args, nil
+}
+
+// checkText rejects a search term, or a metadata key or value to filter
+// by, that is not UTF-8 text without NUL characters: PostgreSQL's text
+// cannot hold it, nor an FTS5 query, and no device's id or metadata does.
+func checkText(field, s string) error {
+	if !utf8.ValidString(s) || strings.ContainsRune(s, 0) {
+		return fleet.FieldErrors(map[string]string{field: "must be UTF-8 text without NUL characters"})
+	}
+	return nil
+}
+
 // containsFold is SQL that is true when text column col contains the
 // parameter, ignoring case.
 func (d dialect) containsFold(col string) string {
@@ -94,15 +217,6 @@ func (d dialect) jsonValueContainsFold(col string) string {
 		return "EXISTS (SELECT 1 FROM jsonb_each_text(" + col + ") e WHERE strpos(lower(e.value), lower(?)) > 0)"
 	}
 	return "EXISTS (SELECT 1 FROM json_each(" + col + ") e WHERE instr(lower(e.value), lower(?)) > 0)"
-}
-
-// jsonKeyEquals is SQL that is true when the JSON object in col has the
-// first parameter as a key whose string value equals the second.
-func (d dialect) jsonKeyEquals(col string) string {
-	if d == postgres {
-		return "(" + col + " ->> ?) = ?"
-	}
-	return "EXISTS (SELECT 1 FROM json_each(" + col + ") e WHERE e.key = ? AND e.value = ?)"
 }
 
 // jsonKeyContainsFold is SQL that is true when the JSON object in col has

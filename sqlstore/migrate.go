@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"database/sql"
 	"embed"
 	"fmt"
 	"io/fs"
@@ -121,4 +122,23 @@ func (db *DB) migrate(ctx context.Context, last int) ([]string, error) {
 		done = append(done, m.name)
 	}
 	return done, nil
+}
+
+// CreateExtensions creates the PostgreSQL extensions the migrations use
+// (pg_trgm, migration 0019) in admin's first schema, for a database whose
+// fleetd schemas come and go, as those of tests and fleetbench do: created
+// by a migration, an extension lives in the schema of the fleetd that made
+// it and is dropped with that schema, and with it every other schema's
+// index that uses it.
+func CreateExtensions(ctx context.Context, admin *sql.DB) error {
+	_, err := admin.ExecContext(ctx, "CREATE EXTENSION IF NOT EXISTS pg_trgm")
+	if err != nil {
+		// Concurrent creators race on the catalog's unique index; the
+		// loser's error comes once the winner committed.
+		var n int
+		if admin.QueryRowContext(ctx, "SELECT count(*) FROM pg_extension WHERE extname = 'pg_trgm'").Scan(&n) == nil && n == 1 {
+			return nil
+		}
+	}
+	return err
 }

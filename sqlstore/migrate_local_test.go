@@ -27,12 +27,13 @@ func TestRebuildWithoutForeignKey(t *testing.T) {
 	if _, _, err := db.CreateTenant(ctx, "acme"); err != nil {
 		t.Fatal(err)
 	}
-	var devs []fleet.NewDevice
+	// As migration 16 found them: CreateDevices counts devices in a table
+	// of migration 19.
 	for i := range 30 {
-		devs = append(devs, fleet.NewDevice{ID: fmt.Sprintf("d%02d", i), Metadata: map[string]string{"n": fmt.Sprint(i)}})
-	}
-	if _, err := db.CreateDevices(ctx, "acme", devs); err != nil {
-		t.Fatal(err)
+		if _, err := db.write.ExecContext(ctx, "INSERT INTO devices (tenant, id, token_hash, metadata, components, created_at) VALUES ('acme', ?, '', ?, '{}', 0)",
+			fmt.Sprintf("d%02d", i), fmt.Sprintf(`{"n":"%d"}`, i)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// The device actions of a dispatch to all 30, written as the store of
 	// migration 16 wrote them, in every state the columns can hold:
@@ -125,5 +126,77 @@ func TestRebuildWithoutForeignKey(t *testing.T) {
 	}
 	if got, want := statuses(), map[string]int{"Queued": 28, "Progress": 1}; !reflect.DeepEqual(got, want) {
 		t.Errorf("counts after deleting a device: %v, want %v", got, want)
+	}
+}
+
+// TestSearchIndexesOfExistingDevices upgrades a SQLite database holding
+// devices through migration 0019: their count, search rows and metadata
+// rows are built, and search, the metadata filter and the count read them.
+func TestSearchIndexesOfExistingDevices(t *testing.T) {
+	ctx := context.Background()
+	db, err := Open(ctx, filepath.Join(t.TempDir(), "fleetd.db"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.migrate(ctx, 18); err != nil {
+		t.Fatal(err)
+	}
+	for _, tenant := range []string{"acme", "beta", "empty"} {
+		if _, _, err := db.CreateTenant(ctx, tenant); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range [][3]string{
+		{"acme", "pump-1", `{"site":"Berlin","model":"x1"}`},
+		{"acme", "pump-2", `{"site":"Paris","model":"x1"}`},
+		{"acme", "valve-1", `{}`},
+		{"beta", "pump-1", `{"site":"Berlin"}`},
+	} {
+		if _, err := db.write.ExecContext(ctx, "INSERT INTO devices (tenant, id, token_hash, metadata, components, created_at) VALUES (?, ?, '', ?, '{}', 0)",
+			d[0], d[1], d[2]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	page := fleet.Page{Page: 1, Limit: 50}
+	for _, tc := range []struct {
+		tenant string
+		filter fleet.DeviceFilter
+		want   string
+	}{
+		{"acme", fleet.DeviceFilter{}, "3 [pump-1 pump-2 valve-1]"},
+		{"beta", fleet.DeviceFilter{}, "1 [pump-1]"},
+		{"empty", fleet.DeviceFilter{}, "0 []"},
+		{"acme", fleet.DeviceFilter{Search: "BERL"}, "1 [pump-1]"},
+		{"acme", fleet.DeviceFilter{Search: "lve-"}, "1 [valve-1]"},
+		{"beta", fleet.DeviceFilter{Search: "paris"}, "0 []"},
+		{"acme", fleet.DeviceFilter{Metadata: map[string]string{"model": "x1"}}, "2 [pump-1 pump-2]"},
+		{"beta", fleet.DeviceFilter{Metadata: map[string]string{"model": "x1"}}, "0 []"},
+	} {
+		tc.filter.Page = page
+		devs, n, err := db.FindDevices(ctx, tc.tenant, tc.filter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, d := range devs {
+			ids = append(ids, d.ID)
+		}
+		if got := fmt.Sprintf("%d %v", n, ids); got != tc.want {
+			t.Errorf("%s %+v: %s, want %s", tc.tenant, tc.filter, got, tc.want)
+		}
+	}
+	for q, want := range map[string]int{
+		"SELECT count(*) FROM device_texts":                                         4,
+		"SELECT count(*) FROM device_search WHERE device_search MATCH '\"pump-1\"'": 2,
+		"SELECT count(*) FROM device_metadata":                                      5,
+	} {
+		var n int
+		if err := db.read.QueryRowContext(ctx, q).Scan(&n); err != nil || n != want {
+			t.Errorf("%s = %d, %v; want %d", q, n, err, want)
+		}
 	}
 }

@@ -210,6 +210,12 @@ func freshSchema(ctx context.Context, base, prefix string) (string, func() error
 	if err != nil {
 		return "", nil, fmt.Errorf("--database: %w", err)
 	}
+	// Outside the schema, which is dropped at the end: as
+	// sqlstore.CreateExtensions does for tests.
+	if _, err := admin.ExecContext(ctx, "CREATE EXTENSION IF NOT EXISTS pg_trgm"); err != nil {
+		admin.Close()
+		return "", nil, fmt.Errorf("create extensions in %s: %w", redact(base), err)
+	}
 	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
 		admin.Close()
 		return "", nil, fmt.Errorf("create schema in %s: %w", redact(base), err)

@@ -60,6 +60,10 @@ func postgresDSN(t testing.TB) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if err := sqlstore.CreateExtensions(ctx, admin); err != nil {
+		admin.Close()
+		t.Fatalf("create extensions in FLEETD_TEST_POSTGRES (%s): %v", base, err)
+	}
 	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
 		admin.Close()
 		t.Fatalf("create schema in FLEETD_TEST_POSTGRES (%s): %v", base, err)
