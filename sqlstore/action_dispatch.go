@@ -61,12 +61,13 @@ type selection struct {
 	ids    []string
 }
 
-// where returns sel's condition and its arguments.
-func (sel selection) where(ctx context.Context, q querier) (string, []any, error) {
+// where returns sel's condition and its arguments, and how many devices
+// it selects when that was counted, else -1.
+func (sel selection) where(ctx context.Context, q querier) (string, []any, int, error) {
 	if sel.device != nil {
 		return devicesWhere(ctx, q, []deviceCond{*sel.device})
 	}
-	return sel.cond, sel.args, nil
+	return sel.cond, sel.args, -1, nil
 }
 
 // selectionOf is the selection of a dispatch's search type (DESIGN §4)
@@ -207,7 +208,7 @@ func (tx *Tx) insertTargets(ctx context.Context, tenant string, a *fleet.Action,
 		SELECT tenant, CAST(? AS BIGINT), id, CAST(? AS TEXT), ` + quote(string(status)) + `, ` + quote(string(status)) + `, 0, CAST('{}' AS ` + tx.db.dialect.jsonType() + `), 0,
 		CAST(? AS TEXT), CAST(? AS TEXT), metadata, CAST(? AS BIGINT), CAST(? AS BIGINT), ` + strconv.Itoa(phase) + ` FROM devices WHERE tenant = ?`
 	args := []any{a.ID, a.Action, a.UserEmail, a.UserName, now, now, tenant}
-	cond, condArgs, err := sel.where(ctx, tx)
+	cond, condArgs, _, err := sel.where(ctx, tx)
 	if err != nil {
 		return 0, err
 	}
@@ -447,15 +448,16 @@ func (db *DB) CountTargets(ctx context.Context, tenant string, d *fleet.Dispatch
 		}
 		return found, nil
 	}
-	cond, condArgs, err := sel.where(ctx, db)
+	cond, condArgs, n, err := sel.where(ctx, db)
 	if err != nil {
 		return 0, db.classify(err)
+	} else if n >= 0 {
+		return n, nil
 	}
 	query, args := "SELECT coalesce((SELECT devices FROM device_counts WHERE tenant = ?), 0)", []any{tenant}
 	if cond != "" {
 		query, args = "SELECT count(*) FROM devices WHERE tenant = ? AND "+cond, append(args, condArgs...)
 	}
-	var n int
 	if err := db.queryRow(ctx, query, args...).Scan(&n); err != nil {
 		return 0, db.classify(err)
 	}

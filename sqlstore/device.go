@@ -191,14 +191,15 @@ func (db *DB) FindDevices(ctx context.Context, tenant string, f fleet.DeviceFilt
 		return nil, 0, err
 	}
 	defer tx.Rollback()
-	cond, args, err := devicesWhere(ctx, tx, cs)
+	cond, args, n, err := devicesWhere(ctx, tx, cs)
 	if err != nil {
 		return nil, 0, db.classify(err)
 	}
 	args = append([]any{tenant}, args...)
-	var n int
-	if err := tx.queryRow(ctx, "SELECT count(*) FROM devices WHERE tenant = ? AND "+cond, args...).Scan(&n); err != nil {
-		return nil, 0, db.classify(err)
+	if n < 0 {
+		if err := tx.queryRow(ctx, "SELECT count(*) FROM devices WHERE tenant = ? AND "+cond, args...).Scan(&n); err != nil {
+			return nil, 0, db.classify(err)
+		}
 	}
 	rows, err := tx.query(ctx, "SELECT "+deviceColumns+" FROM devices WHERE tenant = ? AND "+cond+" ORDER BY id LIMIT ? OFFSET ?",
 		append(args, f.Page.Limit, f.Page.Offset())...)

@@ -90,10 +90,12 @@ var likeEscaper = strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
 // deviceCond is a condition on the devices of a tenant, with its
 // arguments: scan is checked on each device; indexed, when not "", chooses
 // the same devices through an index of migration 0019, where probe
-// selects a row for each device it reads (see devicesWhere).
+// selects a row for each device it reads (see devicesWhere): one for each
+// device it chooses when exact.
 type deviceCond struct {
 	scan, indexed, probe             string
 	scanArgs, indexedArgs, probeArgs []any
+	exact                            bool
 }
 
 // deviceSearch chooses the devices of tenant whose id or metadata value
@@ -114,7 +116,7 @@ func (d dialect) deviceSearch(tenant, key, term string) deviceCond {
 		cond += " OR " + d.jsonKeyContainsFold("metadata")
 		args = append(args, key, term)
 	}
-	c := deviceCond{scan: "(" + cond + ")", scanArgs: args}
+	c := deviceCond{scan: "(" + cond + ")", scanArgs: args, exact: true}
 	if utf8.RuneCountInString(term) < trigramChars {
 		return c
 	}
@@ -131,6 +133,7 @@ func (d dialect) deviceSearch(tenant, key, term string) deviceCond {
 	}
 	if key != "" || strings.Contains(term, "\n") {
 		c.indexed, c.indexedArgs = c.indexed+" AND "+c.scan, append(slices.Clip(c.indexedArgs), c.scanArgs...)
+		c.exact = false
 	}
 	return c
 }
@@ -143,14 +146,14 @@ func (d dialect) metadataIs(tenant, key, value string) deviceCond {
 			scan: "(metadata ->> ?) = ?", scanArgs: []any{key, value},
 			indexed: "metadata @> jsonb_build_object(CAST(? AS TEXT), CAST(? AS TEXT))", indexedArgs: []any{key, value},
 		}
-		c.probe, c.probeArgs = "SELECT 1 FROM devices WHERE tenant = ? AND "+c.indexed, []any{tenant, key, value}
+		c.probe, c.probeArgs, c.exact = "SELECT 1 FROM devices WHERE tenant = ? AND "+c.indexed, []any{tenant, key, value}, true
 		return c
 	}
 	from := " FROM device_metadata WHERE tenant = ? AND key = ? AND value = ?"
 	return deviceCond{
 		scan: "EXISTS (SELECT 1 FROM json_each(metadata) e WHERE e.key = ? AND e.value = ?)", scanArgs: []any{key, value},
 		indexed: "id IN (SELECT id" + from + ")", indexedArgs: []any{tenant, key, value},
-		probe: "SELECT 1" + from, probeArgs: []any{tenant, key, value},
+		probe: "SELECT 1" + from, probeArgs: []any{tenant, key, value}, exact: true,
 	}
 }
 
@@ -164,8 +167,9 @@ const indexedMost = 2000
 // devicesWhere returns the condition, and its arguments, to read the
 // devices that all of cs choose: the one condition whose index reads the
 // fewest devices, if any reads at most indexedMost, and the others checked
-// on each of those; else every condition checked on every device.
-func devicesWhere(ctx context.Context, q querier, cs []deviceCond) (string, []any, error) {
+// on each of those; else every condition checked on every device. It
+// returns how many devices that are when the probe counted them, else -1.
+func devicesWhere(ctx context.Context, q querier, cs []deviceCond) (string, []any, int, error) {
 	best, fewest := -1, indexedMost+1
 	for i, c := range cs {
 		if c.indexed == "" {
@@ -173,7 +177,7 @@ func devicesWhere(ctx context.Context, q querier, cs []deviceCond) (string, []an
 		}
 		var n int
 		if err := q.queryRow(ctx, "SELECT count(*) FROM ("+c.probe+" LIMIT ?) AS m", append(slices.Clip(c.probeArgs), fewest)...).Scan(&n); err != nil {
-			return "", nil, err
+			return "", nil, 0, err
 		}
 		if n < fewest {
 			best, fewest = i, n
@@ -188,7 +192,10 @@ func devicesWhere(ctx context.Context, q querier, cs []deviceCond) (string, []an
 			where, args = append(where, c.scan), append(args, c.scanArgs...)
 		}
 	}
-	return strings.Join(where, " AND "), args, nil
+	if best < 0 || len(cs) > 1 || !cs[best].exact {
+		fewest = -1
+	}
+	return strings.Join(where, " AND "), args, fewest, nil
 }
 
 // checkText rejects a search term, or a metadata key or value to filter

@@ -423,6 +423,7 @@ func TestActionBadInputs(t *testing.T) {
 			{"UnknownDeviceIDs", with("device_ids", []string{"d2", "ghost-1", "ghost-2"}), "device_ids", []string{"ghost-1", "ghost-2"}},
 			{"NoMatch", with("search_type", "metadata", "search_key", "site", "search_query", "Atlantis", "device_ids", nil), "", []string{"no device matches"}},
 			{"NoMatchSearch", with("search_type", "search", "search_query", "zzz", "device_ids", nil), "", []string{"no device matches"}},
+			{"SearchNUL", with("search_type", "search", "search_query", "ab\x00c", "device_ids", nil), "search_query", []string{"NUL"}},
 			{"TimeoutZero", with("timeout", 0), "timeout", []string{"between 1 and 31536000"}},
 			{"TimeoutTooLong", with("timeout", 31536001), "timeout", []string{"between 1 and 31536000"}},
 			{"TimeoutString", with("timeout", "60"), "timeout", nil},
