@@ -103,10 +103,11 @@ type deviceCond struct {
 //
 // For a term of trigramChars or more a trigram index (migration 0019)
 // chooses the devices whose id or values may contain it, from a text of
-// the id and the values one a line, where the term is then looked for.
-// For a term without a line break that is the condition itself; with one,
-// or a key, the condition is checked on each device chosen. Shorter terms
-// have no index.
+// the id and the values. On PostgreSQL the condition is then checked on
+// each device chosen. On SQLite the values are one a line, and the term is
+// looked for in that text, which for a term without a line break is the
+// condition itself; with one, or a key, the condition is checked too.
+// Shorter terms have no index.
 func (d dialect) deviceSearch(tenant, key, term string) deviceCond {
 	cond, args := d.containsFold("id"), []any{term}
 	if key == "" {
@@ -121,22 +122,33 @@ func (d dialect) deviceSearch(tenant, key, term string) deviceCond {
 		return c
 	}
 	if d == postgres {
-		c.indexed, c.indexedArgs = "fleet_device_text(id, metadata) LIKE '%' || lower(?) || '%'", []any{likeEscaper.Replace(term)}
+		// The index's text holds the values as JSON, where these
+		// characters are escaped: a term with one has no index.
+		if strings.ContainsFunc(term, func(r rune) bool { return r == '"' || r == '\\' || r < ' ' }) {
+			return c
+		}
+		c.indexed = deviceText + " LIKE '%' || lower(?) || '%' AND " + c.scan
+		c.indexedArgs = append([]any{likeEscaper.Replace(term)}, c.scanArgs...)
 		c.probe, c.probeArgs = "SELECT 1 FROM devices WHERE tenant = ? AND "+c.indexed, append([]any{tenant}, c.indexedArgs...)
-	} else {
-		// An FTS5 phrase in double quotes is the term's characters, in
-		// order; the match is then checked with SQLite's own lower().
-		from := " FROM device_search JOIN device_texts t ON t.row = device_search.rowid " +
-			"WHERE device_search MATCH ? AND t.tenant = ? AND instr(lower(t.text), lower(?)) > 0"
-		c.probe, c.probeArgs = "SELECT 1"+from, []any{`"` + strings.ReplaceAll(term, `"`, `""`) + `"`, tenant, term}
-		c.indexed, c.indexedArgs = "id IN (SELECT t.id"+from+")", c.probeArgs
+		return c
 	}
+	// An FTS5 phrase in double quotes is the term's characters, in order;
+	// the match is then checked with SQLite's own lower().
+	from := " FROM device_search JOIN device_texts t ON t.row = device_search.rowid " +
+		"WHERE device_search MATCH ? AND t.tenant = ? AND instr(lower(t.text), lower(?)) > 0"
+	c.probe, c.probeArgs = "SELECT 1"+from, []any{`"` + strings.ReplaceAll(term, `"`, `""`) + `"`, tenant, term}
+	c.indexed, c.indexedArgs = "id IN (SELECT t.id"+from+")", c.probeArgs
 	if key != "" || strings.Contains(term, "\n") {
 		c.indexed, c.indexedArgs = c.indexed+" AND "+c.scan, append(slices.Clip(c.indexedArgs), c.scanArgs...)
 		c.exact = false
 	}
 	return c
 }
+
+// deviceText is the text PostgreSQL's trigram index of migration 0019
+// holds of a device: its id and the JSON array of its metadata values,
+// lowercased.
+const deviceText = "lower(id || E'\\n' || jsonb_path_query_array(metadata, '$.*')::text)"
 
 // metadataIs chooses the devices of tenant whose metadata has value under
 // key.

@@ -13,17 +13,16 @@ CREATE TABLE device_counts (
 );
 INSERT INTO device_counts (tenant, devices) SELECT tenant, count(*) FROM devices GROUP BY tenant;
 
--- PostgreSQL: a trigram index over each device's id and metadata values,
--- lowercased, which LIKE '%term%' reads. pg_trgm is a trusted extension
+-- PostgreSQL: a trigram index over each device's id and the JSON array of
+-- its metadata values, lowercased, which LIKE '%term%' reads for terms
+-- without the characters JSON escapes. pg_trgm is a trusted extension
 -- (PostgreSQL 13 and later): a role that may create objects in the
 -- database may create it; otherwise this migration fails and a superuser
 -- must run CREATE EXTENSION pg_trgm once. Where it exists already, in
 -- whatever schema, it is used from there.
 {{postgres}}CREATE EXTENSION IF NOT EXISTS pg_trgm;
-{{postgres}}CREATE FUNCTION fleet_device_text(id TEXT, metadata JSONB) RETURNS TEXT LANGUAGE SQL IMMUTABLE PARALLEL SAFE
-{{postgres}}    AS $$ SELECT lower(id || E'\n' || coalesce((SELECT string_agg(value, E'\n') FROM jsonb_each_text(metadata)), '')) $$;
 {{postgres}}DO $$ BEGIN
-{{postgres}}    EXECUTE format('CREATE INDEX devices_text ON devices USING GIN (fleet_device_text(id, metadata) %I.gin_trgm_ops)',
+{{postgres}}    EXECUTE format('CREATE INDEX devices_text ON devices USING GIN ((lower(id || E''\n'' || jsonb_path_query_array(metadata, ''$.*'')::text)) %I.gin_trgm_ops)',
 {{postgres}}        (SELECT nspname FROM pg_extension JOIN pg_namespace ON pg_namespace.oid = extnamespace WHERE extname = 'pg_trgm'));
 {{postgres}}END $$;
 -- and the metadata filter, metadata @> {"key": "value"}, reads this one.
