@@ -127,7 +127,7 @@ func (d dialect) deviceSearch(tenant, key, term string) deviceCond {
 		if strings.ContainsFunc(term, func(r rune) bool { return r == '"' || r == '\\' || r < ' ' }) {
 			return c
 		}
-		c.indexed = deviceText + " LIKE '%' || lower(?) || '%' AND " + c.scan
+		c.indexed = "search_text LIKE '%' || lower(?) || '%' AND " + c.scan
 		c.indexedArgs = append([]any{likeEscaper.Replace(term)}, c.scanArgs...)
 		c.probe, c.probeArgs = "SELECT 1 FROM devices WHERE tenant = ? AND "+c.indexed, append([]any{tenant}, c.indexedArgs...)
 		return c
@@ -144,11 +144,6 @@ func (d dialect) deviceSearch(tenant, key, term string) deviceCond {
 	}
 	return c
 }
-
-// deviceText is the text PostgreSQL's trigram index of migration 0019
-// holds of a device: its id and the JSON array of its metadata values,
-// lowercased.
-const deviceText = "lower(id || E'\\n' || jsonb_path_query_array(metadata, '$.*')::text)"
 
 // metadataIs chooses the devices of tenant whose metadata has value under
 // key.
