@@ -57,6 +57,7 @@ type config struct {
 	sec securityConfig
 
 	pprofAddr string // hidden: runtime profiles for cmd/fleetbench (pprof.go)
+	gcPercent int    // the collector's target (gc.go)
 }
 
 // defaultDatabase is where fleetd keeps its data when not told otherwise.
@@ -90,6 +91,7 @@ func (c *config) serveFlags(fs *flagSet) {
 	c.scale.flags(fs)
 	c.sec.flags(fs)
 	c.logFlags(fs)
+	c.gcFlags(fs)
 	c.pprofFlags(fs)
 }
 

@@ -75,6 +75,14 @@ func (fs *flagSet) parse(args []string, getenv func(string) string) error {
 	return err
 }
 
+// isSet reports whether the flag name was given, on the command line or
+// in the environment.
+func (fs *flagSet) isSet(name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 // require is a usage error naming each of the flags that is empty, and
 // how many positional arguments there must be, at least (min) and at most
 // (max, -1: any).

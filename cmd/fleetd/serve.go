@@ -37,6 +37,9 @@ func runServe(ctx context.Context, args []string, e env) error {
 	if err := fs.require(0, 0); err != nil {
 		return err
 	}
+	if err := c.applyGC(fs, e.getenv); err != nil {
+		return err
+	}
 	log, err := c.logger(e.stderr)
 	if err != nil {
 		return err
