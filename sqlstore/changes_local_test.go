@@ -87,11 +87,7 @@ func TestLocalChangesSlowListener(t *testing.T) {
 // savepoint announces nothing, while its neighbour in the batch does.
 func TestLocalChangesRolledBack(t *testing.T) {
 	ctx := context.Background()
-	db, err := Open(ctx, filepath.Join(t.TempDir(), "fleetd.db"), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := openLocal(t, 0)
 	heard := make(chan fleet.Change, 10)
 	listenLocal(t, &db.local, func(c fleet.Change) { heard <- c })
 
@@ -114,4 +110,19 @@ func TestLocalChangesRolledBack(t *testing.T) {
 		t.Fatalf("heard %+v, want only the committed job's change", c)
 	}
 	quietFor(t, heard)
+}
+
+// openLocal opens a SQLite store in the test's directory, closed when the
+// test ends, with its migrations applied up to number last (0: none).
+func openLocal(t *testing.T, last int) *DB {
+	t.Helper()
+	db, err := Open(context.Background(), filepath.Join(t.TempDir(), "fleetd.db"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if _, err := db.migrate(context.Background(), last); err != nil {
+		t.Fatal(err)
+	}
+	return db
 }

@@ -3,7 +3,6 @@ package sqlstore
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -16,14 +15,7 @@ import (
 // again, and the key is gone. Migration 0018 then counts them.
 func TestRebuildWithoutForeignKey(t *testing.T) {
 	ctx := context.Background()
-	db, err := Open(ctx, filepath.Join(t.TempDir(), "fleetd.db"), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.migrate(ctx, 16); err != nil {
-		t.Fatal(err)
-	}
+	db := openLocal(t, 16)
 	if _, _, err := db.CreateTenant(ctx, "acme"); err != nil {
 		t.Fatal(err)
 	}
@@ -134,14 +126,7 @@ func TestRebuildWithoutForeignKey(t *testing.T) {
 // rows are built, and search, the metadata filter and the count read them.
 func TestSearchIndexesOfExistingDevices(t *testing.T) {
 	ctx := context.Background()
-	db, err := Open(ctx, filepath.Join(t.TempDir(), "fleetd.db"), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.migrate(ctx, 18); err != nil {
-		t.Fatal(err)
-	}
+	db := openLocal(t, 18)
 	for _, tenant := range []string{"acme", "beta", "empty"} {
 		if _, _, err := db.CreateTenant(ctx, tenant); err != nil {
 			t.Fatal(err)

@@ -3,7 +3,6 @@ package sqlstore
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -16,21 +15,19 @@ import (
 // devices' publishes waiting out their deadline behind FindStreamSnapshot.
 func TestReadTxNeverWaitsToPrepare(t *testing.T) {
 	ctx := context.Background()
-	db, err := Open(ctx, filepath.Join(t.TempDir(), "fleetd.db"), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := openLocal(t, 0)
 	conns := db.read.Stats().MaxOpenConnections
 	if conns == 0 {
 		t.Fatal("the read pool is unbounded; this test needs its bound")
 	}
 	txs := make([]readTx, conns)
 	for i := range txs {
-		if txs[i], err = db.readTx(ctx); err != nil {
+		tx, err := db.readTx(ctx)
+		if err != nil {
 			t.Fatal(err)
 		}
-		defer txs[i].Rollback()
+		defer tx.Rollback()
+		txs[i] = tx
 	}
 	// A deadline never reached when nothing waits: on the old code every
 	// query below waited it out and then failed.

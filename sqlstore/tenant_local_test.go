@@ -2,7 +2,7 @@ package sqlstore
 
 import (
 	"context"
-	"path/filepath"
+	"math"
 	"testing"
 
 	"github.com/fleetd/fleet"
@@ -14,14 +14,7 @@ import (
 // for authCacheTTL.
 func TestDeleteWhileAuthenticating(t *testing.T) {
 	ctx := context.Background()
-	db, err := Open(ctx, filepath.Join(t.TempDir(), "fleetd.db"), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	db := openLocal(t, math.MaxInt)
 	if _, _, err := db.CreateTenant(ctx, "acme"); err != nil {
 		t.Fatal(err)
 	}
