@@ -7,7 +7,7 @@
 //   SCREENSHOTS (a directory, optional).
 // Every wait is on a condition in the page, bounded by Playwright's timeouts.
 import assert from "node:assert/strict";
-import { env, base, step, shot, call, api, signIn, run, fitsLayout } from "./harness.mjs";
+import { env, base, step, shot, call, api, signIn, run, fitsLayout, watchedPage } from "./harness.mjs";
 
 const operatorKey = env("OPERATOR_KEY");
 const viewerKey = env("VIEWER_KEY");
@@ -27,13 +27,8 @@ async function reloadUntil(page, locator, what) {
 }
 
 await run(async (browser, track) => {
-  const ctx = await browser.newContext({ viewport: { width: 1280, height: 800 } });
-  const page = await ctx.newPage();
+  const { ctx, page, dialogs, cspViolations } = await watchedPage(browser);
   track(page);
-  const dialogs = [];
-  page.on("dialog", (d) => { dialogs.push(d.message()); d.dismiss(); });
-  const cspViolations = [];
-  page.on("console", (m) => { if (/Content Security Policy/i.test(m.text())) cspViolations.push(m.text()); });
 
   await signIn(page, operatorKey);
 

@@ -7,7 +7,7 @@
 //   OIDC_USER, OIDC_PASSWORD, OIDC_EMAIL (a person at the tenant's OpenID provider).
 // Every wait is on a condition in the page, bounded by Playwright's timeouts.
 import assert from "node:assert/strict";
-import { base, env, fitsLayout, launch, shot, signIn, step, tenant } from "./harness.mjs";
+import { base, env, fitsLayout, launch, shot, signIn, step, tenant, watchedPage } from "./harness.mjs";
 
 const operatorKey = env("OPERATOR_KEY");
 const viewerKey = env("VIEWER_KEY");
@@ -37,12 +37,9 @@ const browser = await launch();
 let failed = false;
 let page;
 try {
-  const ctx = await browser.newContext({ viewport: { width: 1280, height: 800 } });
-  page = await ctx.newPage();
-  const dialogs = [];
-  page.on("dialog", (d) => { dialogs.push(d.message()); d.dismiss(); });
-  const cspViolations = [];
-  page.on("console", (m) => { if (/Content Security Policy/i.test(m.text())) cspViolations.push(m.text()); });
+  const watched = await watchedPage(browser);
+  const { ctx, dialogs, cspViolations } = watched;
+  page = watched.page;
 
   step("a wrong key is refused with a message, and the key never reaches a URL");
   await page.goto(base + "/console/signin");

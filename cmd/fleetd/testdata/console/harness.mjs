@@ -62,6 +62,19 @@ export function launch() {
   });
 }
 
+// watchedPage opens a page at 1280x800 that records the dialogs it shows
+// (each answered with answer, "dismiss" or "accept") and the
+// Content-Security-Policy violations it reports.
+export async function watchedPage(browser, answer = "dismiss") {
+  const ctx = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  const page = await ctx.newPage();
+  const dialogs = [];
+  page.on("dialog", (d) => { dialogs.push(d.message()); d[answer](); });
+  const cspViolations = [];
+  page.on("console", (m) => { if (/Content Security Policy/i.test(m.text())) cspViolations.push(m.text()); });
+  return { ctx, page, dialogs, cspViolations };
+}
+
 // run runs steps(browser), prints what the failing page said, and exits
 // with the outcome.
 export async function run(steps) {

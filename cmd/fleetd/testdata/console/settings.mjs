@@ -6,7 +6,7 @@
 //   secret S9 holds, which no page may show), SCREENSHOTS (optional).
 // Every wait is on a condition in the page, bounded by Playwright's timeouts.
 import assert from "node:assert/strict";
-import { base, env, fitsLayout, run, shot, signIn, step, tenant } from "./harness.mjs";
+import { base, env, fitsLayout, run, shot, signIn, step, tenant, watchedPage } from "./harness.mjs";
 
 const adminKey = env("ADMIN_KEY");
 const viewerKey = env("VIEWER_KEY");
@@ -22,13 +22,8 @@ async function api(key, method, p, body) {
 }
 
 await run(async (browser, watch) => {
-  const ctx = await browser.newContext({ viewport: { width: 1280, height: 800 } });
-  const page = await ctx.newPage();
+  const { page, dialogs, cspViolations } = await watchedPage(browser, "accept");
   watch(page);
-  const dialogs = [];
-  page.on("dialog", (d) => { dialogs.push(d.message()); d.accept(); });
-  const cspViolations = [];
-  page.on("console", (m) => { if (/Content Security Policy/i.test(m.text())) cspViolations.push(m.text()); });
 
   step("an admin finds the settings in the navigation");
   await signIn(page, adminKey);
