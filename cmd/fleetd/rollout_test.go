@@ -151,7 +151,10 @@ func simActions(r *simRun) int {
 // and every change of state reaches the tenant's webhook.
 func TestRolloutEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, append([]string{"--rollout-interval", "20ms"}, alertFlags...)...)
+		// The test polls actions every 5 ms with the key fleetd sim uses
+		// too: no rate limit (TestRateLimits tests those), or a quiet
+		// machine polls past 100 requests a second and is answered 429.
+		s := startServer(t, b, append([]string{"--rollout-interval", "20ms", "--rate-limit", "-1"}, alertFlags...)...)
 		admin := s.admin()
 		hook := newReceiver(t, 0)
 		s.do(t, admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
