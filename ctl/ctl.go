@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -81,9 +82,7 @@ func Run(ctx context.Context, args []string, e Env) int {
 
 // Root returns fleetctl's command tree, for the generated documentation.
 func Root() *cobra.Command {
-	root := (&app{env: Env{Getenv: func(string) string { return "" }}, now: time.Now}).root()
-	root.InitDefaultCompletionCmd()
-	return root
+	return (&app{env: Env{Getenv: func(string) string { return "" }}, now: time.Now}).root()
 }
 
 // app holds what every command shares: the environment, the global flags
@@ -142,6 +141,14 @@ func (a *app) root() *cobra.Command {
 	root.PersistentPreRunE = func(*cobra.Command, []string) error { return a.checkOutput() }
 	root.AddCommand(a.loginCmd(), a.configCmd(), a.devicesCmd(), a.actionsCmd(), a.firmwareCmd(),
 		a.alertRulesCmd(), a.alertsCmd(), a.rolloutRulesCmd(), a.streamsCmd(), a.apikeysCmd(), a.tenantCmd(), a.auditCmd())
+	// cobra's completion group, made here rather than when it runs, so
+	// that it too is a group that says which of its commands to run.
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() == "completion" {
+			c.RunE = groupRun
+		}
+	}
 	markRunErrors(root)
 	return root
 }
@@ -170,7 +177,21 @@ func groupRun(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
 		return usagef("unknown command %q for %q", args[0], cmd.CommandPath())
 	}
-	return cmd.Help()
+	// A group alone cannot be run: as fleetd does, say so on stderr with
+	// the usage and exit 2, so that a script that forgot the command
+	// fails rather than reading help as output.
+	var names []string
+	for _, sub := range cmd.Commands() {
+		if sub.IsAvailableCommand() && sub.Name() != "help" {
+			names = append(names, sub.Name())
+		}
+	}
+	fmt.Fprint(cmd.ErrOrStderr(), cmd.UsageString())
+	msg := "say which command: " + strings.Join(names, ", ")
+	if cmd.HasParent() {
+		msg = strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ") + ": " + msg
+	}
+	return usagef("%s", msg)
 }
 
 // group makes a command that only groups others.
