@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -457,38 +458,73 @@ func (db *DB) updateAlone(ctx context.Context, fn func(ctx context.Context, tx *
 	if db.dialect != postgres {
 		return db.update(ctx, fn)
 	}
-	sqlTx, err := db.write.BeginTx(ctx, nil)
-	if err != nil {
-		return db.classify(err)
-	}
-	tx := &Tx{tx: sqlTx, db: db, now: db.now(), start: time.Now()}
-	err = fn(ctx, tx)
-	if err == nil {
-		err = tx.flushCounts(ctx)
-	}
-	if err != nil {
-		sqlTx.Rollback()
-		return db.classify(err)
-	}
-	return db.classify(sqlTx.Commit())
+	return db.retry(ctx, func() error {
+		sqlTx, err := db.write.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		tx := &Tx{tx: sqlTx, db: db, now: db.now(), start: time.Now()}
+		err = fn(ctx, tx)
+		if err == nil {
+			err = tx.flushCounts(ctx)
+		}
+		if err != nil {
+			sqlTx.Rollback()
+			return err
+		}
+		return sqlTx.Commit()
+	})
 }
 
 // update runs fn inside a write transaction shared with other concurrent
 // writers and returns once the transaction committed (or fn failed, in which
 // case nothing fn did remains). fn may run more than once: if the batch's
-// commit fails, the batch is retried piece by piece.
+// commit fails, the batch is retried piece by piece, and a piece the
+// database chose to abort (retryable) is queued again.
 func (db *DB) update(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
-	j := &job{ctx: ctx, fn: fn, done: make(chan error, 1)}
-	select {
-	case db.jobs <- j:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-db.stop:
-		return fleet.Errorf(fleet.EUNAVAILABLE, "the server is shutting down")
+	return db.retry(ctx, func() error {
+		j := &job{ctx: ctx, fn: fn, done: make(chan error, 1)}
+		select {
+		case db.jobs <- j:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-db.stop:
+			return fleet.Errorf(fleet.EUNAVAILABLE, "the server is shutting down")
+		}
+		// Once queued, the job runs to its end: a caller that went away must not
+		// leave half a decision behind, and the loop never blocks on done.
+		return <-j.done
+	})
+}
+
+// writeAttempts bounds how often a write the database aborted to break a
+// deadlock, or as not serialisable, is tried.
+const writeAttempts = 8
+
+// retry runs attempt, a write transaction or a job of one, until it
+// succeeds, fails for a reason other than the database's choice of a
+// victim (retryable), or has been tried writeAttempts times, and returns
+// its error classified. PostgreSQL's writers commit in parallel, and a
+// group commit's transaction locks rows for several callers one after
+// another, in no order common to all transactions: two of them may wait
+// for each other, and PostgreSQL then aborts one. Nothing of an aborted
+// attempt remains, so it is run again, after a pause drawn at random, so
+// that the two do not meet again at once.
+func (db *DB) retry(ctx context.Context, attempt func() error) error {
+	for n := 1; ; n++ {
+		err := attempt()
+		if n == writeAttempts || !retryable(err) {
+			return db.classify(err)
+		}
+		db.stats.retries.Add(1)
+		pause := time.NewTimer(rand.N(min(2*time.Millisecond<<n, 100*time.Millisecond)))
+		select {
+		case <-pause.C:
+		case <-ctx.Done():
+			pause.Stop()
+			return ctx.Err()
+		}
 	}
-	// Once queued, the job runs to its end: a caller that went away must not
-	// leave half a decision behind, and the loop never blocks on done.
-	return <-j.done
 }
 
 func (db *DB) commitLoop() {
@@ -554,12 +590,12 @@ func (db *DB) runBatch(batch []*job) {
 }
 
 // tryBatch runs the batch in one transaction. It returns each job's own error
-// and an error for the transaction as a whole.
+// and an error for the transaction as a whole, unclassified (see retry).
 func (db *DB) tryBatch(batch []*job) ([]error, error) {
 	ctx := context.Background()
 	sqlTx, err := db.write.BeginTx(ctx, nil)
 	if err != nil {
-		return nil, db.classify(err)
+		return nil, err
 	}
 	tx := &Tx{tx: sqlTx, db: db, now: db.now(), start: time.Now()}
 	errs := make([]error, len(batch))
@@ -570,25 +606,25 @@ func (db *DB) tryBatch(batch []*job) ([]error, error) {
 			continue
 		}
 		if single {
-			errs[i] = db.classify(j.fn(j.ctx, tx))
+			errs[i] = j.fn(j.ctx, tx)
 			continue
 		}
 		if _, err := tx.exec(ctx, "SAVEPOINT job"); err != nil {
 			sqlTx.Rollback()
-			return nil, db.classify(err)
+			return nil, err
 		}
 		mark, counted := len(tx.changes), len(tx.counts)
-		if errs[i] = db.classify(j.fn(j.ctx, tx)); errs[i] != nil {
+		if errs[i] = j.fn(j.ctx, tx); errs[i] != nil {
 			// What was rolled back did not change.
 			tx.changes, tx.counts = tx.changes[:mark], tx.counts[:counted]
 			if _, err := tx.exec(ctx, "ROLLBACK TO SAVEPOINT job"); err != nil {
 				sqlTx.Rollback()
-				return nil, db.classify(err)
+				return nil, err
 			}
 		}
 		if _, err := tx.exec(ctx, "RELEASE SAVEPOINT job"); err != nil {
 			sqlTx.Rollback()
-			return nil, db.classify(err)
+			return nil, err
 		}
 	}
 	if single && errs[0] != nil {
@@ -597,13 +633,13 @@ func (db *DB) tryBatch(batch []*job) ([]error, error) {
 	}
 	if err := tx.flushCounts(ctx); err != nil {
 		sqlTx.Rollback()
-		return nil, db.classify(err)
+		return nil, err
 	}
 	tc := time.Now()
 	if err := sqlTx.Commit(); err != nil {
 		db.stats.failures.Add(1)
 		db.log.Error("commit failed", "jobs", len(batch), "err", err)
-		return nil, db.classify(err)
+		return nil, err
 	}
 	db.stats.commits.Add(1)
 	db.stats.jobs.Add(uint64(len(batch)))
@@ -618,6 +654,7 @@ func (db *DB) tryBatch(batch []*job) ([]error, error) {
 // writeStats counts the group commits.
 type writeStats struct {
 	commits, jobs, failures, nanos atomic.Uint64
+	retries                        atomic.Uint64
 	restarts, restartNanos         atomic.Uint64
 	walFrames, walMaxFrames        atomic.Int64
 }
@@ -627,6 +664,7 @@ type WriteStats struct {
 	Commits       uint64  // transactions committed
 	Jobs          uint64  // writes they carried: Jobs/Commits is the batching
 	Failures      uint64  // commits that failed
+	Retries       uint64  // writes run again after PostgreSQL aborted them (retry)
 	CommitSeconds float64 // time from BEGIN to the end of COMMIT, summed
 	Queued        int     // writes waiting for the commit loop now
 	// SQLite's WAL: its frames at the last checkpoint and the most it
@@ -643,6 +681,7 @@ func (db *DB) Stats() WriteStats {
 		Commits:       db.stats.commits.Load(),
 		Jobs:          db.stats.jobs.Load(),
 		Failures:      db.stats.failures.Load(),
+		Retries:       db.stats.retries.Load(),
 		CommitSeconds: float64(db.stats.nanos.Load()) / 1e9,
 		Queued:        len(db.jobs),
 

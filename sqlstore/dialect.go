@@ -341,6 +341,14 @@ func isUniqueViolation(err error) bool {
 	return false
 }
 
+// retryable reports whether err is PostgreSQL's abort of a transaction
+// that it chose as a deadlock's victim (40P01) or could not serialise
+// (40001): the transaction did nothing wrong and succeeds when run again.
+func retryable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
+}
+
 // classify turns driver errors that are the database's state rather than a
 // bug into fleet errors: a busy or unreachable database is EUNAVAILABLE.
 // Everything else passes through and is reported as internal.

@@ -32,6 +32,8 @@ func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweep
 		func() float64 { return float64(db.Stats().Jobs) })
 	counter("fleetd_db_commit_failures_total", "write transactions whose commit failed",
 		func() float64 { return float64(db.Stats().Failures) })
+	counter("fleetd_db_write_retries_total", "writes run again because PostgreSQL aborted them to break a deadlock or as not serialisable",
+		func() float64 { return float64(db.Stats().Retries) })
 	counter("fleetd_db_commit_seconds_total", "time spent in write transactions, BEGIN to COMMIT",
 		func() float64 { return db.Stats().CommitSeconds })
 	gauge("fleetd_db_write_queue", "writes waiting for the commit loop",

@@ -1,0 +1,141 @@
+package sqlstore_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/internal/poll"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// TestWritersContend runs the writers of device actions against each
+// other the way the services do, on rows they share: batched status
+// reports of two actions at once (as the action service merges many
+// callers' reports into one call), each batch in its own order, beside
+// sightings, cancellations of the actions being reported on, device
+// deletions and new dispatches. On PostgreSQL their transactions commit in
+// parallel and lock rows as they go: whatever deadlocks or serialization
+// failures the database answers with, no caller sees one.
+func TestWritersContend(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, _ := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		ids := numberedDevices(t, db, "acme", "d%03d", 240)
+		doomed := ids[len(ids)-24:]
+
+		type pair struct{ a, b int64 }
+		var current atomic.Pointer[pair]
+		dispatchPair := func() error {
+			fw := dispatch(fleet.ActionUpdateFirmware, "all")
+			fw.Params = json.RawMessage(`{"components":[{"component_name":"os","version_number":"2"}]}`)
+			a, err := db.DispatchAction(ctx, "acme", fw)
+			if err != nil {
+				return err
+			}
+			b, err := db.DispatchAction(ctx, "acme", dispatch("reboot", "all"))
+			if err != nil {
+				return err
+			}
+			current.Store(&pair{a.ID, b.ID})
+			return nil
+		}
+		if err := dispatchPair(); err != nil {
+			t.Fatal(err)
+		}
+
+		var (
+			wg    sync.WaitGroup
+			done  atomic.Bool
+			calls atomic.Int64
+		)
+		const reporters = 8
+		for w := range reporters {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(w), 20261126))
+				for seq := int64(1); !done.Load(); seq++ {
+					p := current.Load()
+					reports := make([]fleet.StatusReport, 16)
+					for i := range reports {
+						act := p.a
+						if rng.IntN(2) == 0 {
+							act = p.b
+						}
+						state := "Downloading"
+						if rng.IntN(4) == 0 {
+							state = "Completed"
+						}
+						reports[i] = fleet.StatusReport{ActionID: act, DeviceID: ids[rng.IntN(len(ids))], State: state,
+							Timestamp: i64(seq), Sequence: i64(int64(i))}
+					}
+					errs, err := db.ReportStatus(ctx, "acme", reports)
+					if err != nil {
+						t.Errorf("reporter %d: %v", w, err)
+						return
+					}
+					for i, err := range errs {
+						if err != nil && fleet.ErrorCode(err) != fleet.ENOTFOUND {
+							t.Errorf("reporter %d, report on %d/%s: %v", w, reports[i].ActionID, reports[i].DeviceID, err)
+							return
+						}
+					}
+					seen := make([]string, 8)
+					for i := range seen {
+						seen[i] = ids[rng.IntN(len(ids))]
+					}
+					if err := db.TouchDevices(ctx, "acme", seen, time.Unix(seq, 0)); err != nil {
+						t.Errorf("reporter %d: sightings: %v", w, err)
+						return
+					}
+					calls.Add(1)
+				}
+			})
+		}
+		// Each round cancels the pair being reported on, once the
+		// reporters are at it, and dispatches the next.
+		wg.Go(func() {
+			defer done.Store(true)
+			for round := range 4 {
+				from := calls.Load()
+				poll.Until(t, time.Minute, fmt.Sprintf("reports in round %d", round), func() bool { return calls.Load() >= from+2*reporters })
+				p := current.Load()
+				for _, id := range []int64{p.b, p.a} {
+					if _, err := db.CancelAction(ctx, "acme", id, tell(id, "reboot")); err != nil {
+						t.Errorf("cancel %d: %v", id, err)
+						return
+					}
+				}
+				if err := dispatchPair(); err != nil {
+					t.Errorf("dispatch round %d: %v", round+1, err)
+					return
+				}
+			}
+		})
+		wg.Go(func() {
+			for _, dev := range doomed {
+				if err := db.DeleteDevice(ctx, "acme", dev); err != nil {
+					t.Errorf("delete %s: %v", dev, err)
+					return
+				}
+			}
+		})
+		wg.Go(func() {
+			for range 6 {
+				if _, err := db.DispatchAction(ctx, "acme", dispatch("ping", "all")); err != nil {
+					t.Errorf("dispatch: %v", err)
+					return
+				}
+			}
+		})
+		wg.Wait()
+		st := db.Stats()
+		t.Logf("%d report calls; %d commits of %d jobs, %d retried", calls.Load(), st.Commits, st.Jobs, st.Retries)
+	})
+}
