@@ -398,6 +398,9 @@ func (tx *Tx) cancel(ctx context.Context, tenant string, id int64, tell *fleet.D
 	if tell.Action != fleet.ActionCancel || tell.CancelActionID != id {
 		return nil, fmt.Errorf("sqlstore: cancel of action %d tells devices with %s of action %d", id, tell.Action, tell.CancelActionID)
 	}
+	if err := tx.lockInOrder(ctx, "tenant = ? AND action_id = ? AND "+statusIn(moveCancel.from), tenant, id); err != nil {
+		return nil, err
+	}
 	c := &fleet.Cancellation{}
 	var told int
 	if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+inFlight,

@@ -8,6 +8,7 @@ package sqlstore
 // table through the store.
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -69,6 +70,23 @@ var (
 	moveRelease         = moveOf(fleet.EventRelease, nil)
 	moveScheduleEnded   = moveOf(fleet.EventScheduleEnded, nil)
 )
+
+// lockInOrder locks, on PostgreSQL, the device actions that cond (a
+// condition on device_actions, with args) selects, in the order in which
+// status reports lock theirs: (action_id, device_id). A move of a status at
+// a time (applyMove) locks its rows status by status, in the order its
+// plan reads them; a batch of reports that holds one of them and wants
+// another would wait for it as it waits for the batch, until PostgreSQL
+// aborts one of the two, a second later. Locked first in one order, the
+// rows are waited for, never deadlocked on. SQLite's one writer needs no
+// locks.
+func (tx *Tx) lockInOrder(ctx context.Context, cond string, args ...any) error {
+	if tx.db.dialect != postgres {
+		return nil
+	}
+	_, err := tx.exec(ctx, "SELECT 1 FROM device_actions WHERE "+cond+" ORDER BY action_id, device_id FOR UPDATE", args...)
+	return err
+}
 
 // Conditions on action_status the statements share.
 var (

@@ -126,9 +126,13 @@ func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.S
 		}
 		byAction[r.ActionID] = append(byAction[r.ActionID], r.DeviceID)
 	}
+	// Writers lock device actions in one order, (action_id, device_id):
+	// two that lock the same rows the other way round wait for each other
+	// until PostgreSQL aborts one (see lockInOrder).
+	slices.Sort(actions)
 	for _, a := range actions {
 		devs := byAction[a]
-		sort.Strings(devs) // writers lock rows in one order
+		sort.Strings(devs)
 		for start := 0; start < len(devs); start += reportChunk {
 			if err := tx.loadReportRows(ctx, tenant, a, devs[start:min(start+reportChunk, len(devs))], rows); err != nil {
 				return nil, err

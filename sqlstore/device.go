@@ -283,6 +283,16 @@ func (db *DB) DeleteDevice(ctx context.Context, tenant, id string) error {
 		if err := tx.lockTargets(ctx, tenant, true); err != nil {
 			return err
 		}
+		// The device actions go first, locked in reports' order: a status
+		// report that completes a firmware update locks its device action,
+		// then the device (recordComponents), and two writers that lock
+		// the two the other way round deadlock.
+		if err := tx.lockInOrder(ctx, "tenant = ? AND device_id = ?", tenant, id); err != nil {
+			return err
+		}
+		if _, err := tx.deleteCounted(ctx, "DELETE FROM device_actions WHERE tenant = ? AND device_id = ?", tenant, id); err != nil {
+			return err
+		}
 		res, err := tx.exec(ctx, "DELETE FROM devices WHERE tenant = ? AND id = ?", tenant, id)
 		if err != nil {
 			return err
@@ -291,9 +301,6 @@ func (db *DB) DeleteDevice(ctx context.Context, tenant, id string) error {
 			return err
 		} else if n == 0 {
 			return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", id)
-		}
-		if _, err := tx.deleteCounted(ctx, "DELETE FROM device_actions WHERE tenant = ? AND device_id = ?", tenant, id); err != nil {
-			return err
 		}
 		if err := tx.countDevices(ctx, tenant, -1); err != nil {
 			return err
