@@ -955,9 +955,11 @@ var _ sync.Mutex
 // BenchmarkReportRandom is S10's tail in the store: 64 reporters, each
 // report for a device drawn at random from an action dispatched to 100,000
 // (FLEETD_BENCH_DEVICES), one report per store call, for 10 s per
-// iteration. It reports the latencies' p50, p99 and max, and the size the
-// SQLite WAL grew to. FLEETD_BENCH_TRACE=1 prints the slow reports and the
-// checkpoints on one timeline.
+// iteration. It reports the latencies' p50, p99 and max, the size the
+// SQLite WAL grew to, and its restarts: how long the writer waited for
+// each and the frames each copied or synced meanwhile.
+// FLEETD_BENCH_TRACE=1 prints the slow reports and the checkpoints on one
+// timeline.
 //
 //	go test ./sqlstore -run '^$' -bench ReportRandom -benchtime 1x
 func BenchmarkReportRandom(b *testing.B) {
@@ -1019,6 +1021,10 @@ func BenchmarkReportRandom(b *testing.B) {
 			st := db.Stats()
 			b.ReportMetric(float64(st.WALMaxFrames), "wal-max-frames")
 			b.ReportMetric(float64(st.WALRestarts), "restarts")
+			if st.WALRestarts > 0 {
+				b.ReportMetric(1000*st.WALRestartSeconds/float64(st.WALRestarts), "restart-ms")
+				b.ReportMetric(float64(st.WALRestartFrames)/float64(st.WALRestarts), "restart-frames")
+			}
 			if os.Getenv("FLEETD_BENCH_TRACE") != "" {
 				fmt.Println(strings.Join(slow, "\n"))
 				fmt.Print(logBuf.String())

@@ -323,21 +323,27 @@ func machineCPU() (busy, total float64) {
 // and how long each took from BEGIN to the end of COMMIT. It is how a
 // throughput figure shows whether the write path batched.
 type commitMeter struct {
-	url   string
-	start time.Time
-	at    map[string]float64 // nil if /metrics could not be read
-	wal   map[string]float64 // nil on PostgreSQL or an older fleetd
+	url       string
+	start     time.Time
+	at        map[string]float64 // nil if /metrics could not be read
+	wal       map[string]float64 // nil on PostgreSQL or an older fleetd
+	walFrames map[string]float64 // nil on PostgreSQL or an older fleetd
 }
 
 var commitCounters = []string{"fleetd_db_commits_total", "fleetd_db_write_jobs_total", "fleetd_db_commit_seconds_total", "fleetd_status_reports_total"}
 
-// walCounters are SQLite's WAL restarts, read when fleetd has them.
-var walCounters = []string{"fleetd_sqlite_wal_restarts_total", "fleetd_sqlite_wal_restart_seconds_total"}
+// walCounters are SQLite's WAL restarts, read when fleetd has them, and
+// walFrames the frames they copied or synced (a fleetd since 2026-11-26).
+var (
+	walCounters = []string{"fleetd_sqlite_wal_restarts_total", "fleetd_sqlite_wal_restart_seconds_total"}
+	walFrames   = []string{"fleetd_sqlite_wal_restart_frames_total"}
+)
 
 func startCommits(ctx context.Context, url string) *commitMeter {
 	at, _ := scrape(ctx, url, commitCounters)
 	wal, _ := scrape(ctx, url, walCounters)
-	return &commitMeter{url: url, start: time.Now(), at: at, wal: wal}
+	frames, _ := scrape(ctx, url, walFrames)
+	return &commitMeter{url: url, start: time.Now(), at: at, wal: wal, walFrames: frames}
 }
 
 // Note says the commits per second, writes per commit and mean commit
@@ -364,6 +370,9 @@ func (m *commitMeter) Note(ctx context.Context) string {
 	if wal, err := scrape(ctx, m.url, walCounters); err == nil && m.wal != nil {
 		if n := wal[walCounters[0]] - m.wal[walCounters[0]]; n > 0 {
 			s += fmt.Sprintf("; %.0f WAL restarts, the commit loop waiting %.1f ms each", n, 1000*(wal[walCounters[1]]-m.wal[walCounters[1]])/n)
+			if frames, err := scrape(ctx, m.url, walFrames); err == nil && m.walFrames != nil {
+				s += fmt.Sprintf(" while %.0f frames were copied or synced", (frames[walFrames[0]]-m.walFrames[walFrames[0]])/n)
+			}
 		}
 	}
 	return s

@@ -44,6 +44,8 @@ func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweep
 		func() float64 { return float64(db.Stats().WALRestarts) })
 	counter("fleetd_sqlite_wal_restart_seconds_total", "time the commit loop waited for those checkpoints",
 		func() float64 { return db.Stats().WALRestartSeconds })
+	counter("fleetd_sqlite_wal_restart_frames_total", "WAL frames those checkpoints copied or synced while the commit loop waited",
+		func() float64 { return float64(db.Stats().WALRestartFrames) })
 
 	counter("fleetd_actions_dispatched_total", "actions dispatched", func() float64 { return float64(actions.Stats().Dispatches) })
 	counter("fleetd_device_actions_created_total", "device actions the dispatches made", func() float64 { return float64(actions.Stats().Targeted) })
