@@ -61,6 +61,7 @@ func Run(ctx context.Context, args []string, e Env) int {
 	root.SetIn(e.Stdin)
 	root.SetOut(e.Stdout)
 	root.SetErr(e.Stderr)
+	addCompletion(root)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return ExitOK
@@ -82,7 +83,21 @@ func Run(ctx context.Context, args []string, e Env) int {
 
 // Root returns fleetctl's command tree, for the generated documentation.
 func Root() *cobra.Command {
-	return (&app{env: Env{Getenv: func(string) string { return "" }}, now: time.Now}).root()
+	root := (&app{env: Env{Getenv: func(string) string { return "" }}, now: time.Now}).root()
+	addCompletion(root)
+	return root
+}
+
+// addCompletion adds cobra's completion group to root, once root's output
+// is set (the group's commands write where it was when they were made),
+// as a group that says which of its commands to run.
+func addCompletion(root *cobra.Command) {
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() == "completion" {
+			c.RunE = groupRun
+		}
+	}
 }
 
 // app holds what every command shares: the environment, the global flags
@@ -141,14 +156,6 @@ func (a *app) root() *cobra.Command {
 	root.PersistentPreRunE = func(*cobra.Command, []string) error { return a.checkOutput() }
 	root.AddCommand(a.loginCmd(), a.configCmd(), a.devicesCmd(), a.actionsCmd(), a.firmwareCmd(),
 		a.alertRulesCmd(), a.alertsCmd(), a.rolloutRulesCmd(), a.streamsCmd(), a.apikeysCmd(), a.tenantCmd(), a.auditCmd())
-	// cobra's completion group, made here rather than when it runs, so
-	// that it too is a group that says which of its commands to run.
-	root.InitDefaultCompletionCmd()
-	for _, c := range root.Commands() {
-		if c.Name() == "completion" {
-			c.RunE = groupRun
-		}
-	}
 	markRunErrors(root)
 	return root
 }
