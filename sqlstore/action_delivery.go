@@ -4,11 +4,14 @@ package sqlstore
 // and the timeouts that start with them.
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fleetd/fleet"
@@ -75,20 +78,33 @@ func (db *DB) PendingActions(ctx context.Context, tenant, device string, after i
 // Queued device action becomes Initiated and its timeout starts.
 // Acknowledgements of anything else (a redelivery, or an action the device
 // reported on first) change nothing. A batch costs one statement per
-// hundred receipts.
+// hundred receipts, and on PostgreSQL one more that locks them in order.
 func (db *DB) MarkDelivered(ctx context.Context, receipts []fleet.ActionReceipt) error {
+	// Receipts come in the order devices sent them; the device actions are
+	// locked in the order every writer locks them (see lockInOrder), so
+	// that a batch of receipts and one of status reports never wait for
+	// each other.
+	receipts = slices.Clone(receipts)
+	slices.SortFunc(receipts, func(a, b fleet.ActionReceipt) int {
+		return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.ActionID, b.ActionID), cmp.Compare(a.DeviceID, b.DeviceID))
+	})
+	receipts = slices.Compact(receipts)
 	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		now := millis(tx.now)
 		for start := 0; start < len(receipts); start += reportChunk {
 			chunk := receipts[start:min(start+reportChunk, len(receipts))]
-			args := make([]any, 0, 3*len(chunk)+2)
-			args = append(args, now, now, now)
+			keys := make([]any, 0, 3*sizeClass(len(chunk)))
 			for _, r := range chunk {
-				args = append(args, r.Tenant, r.ActionID, r.DeviceID)
+				keys = append(keys, r.Tenant, r.ActionID, r.DeviceID)
 			}
 			for range sizeClass(len(chunk)) - len(chunk) {
-				args = append(args, "", 0, "") // matches nothing
+				keys = append(keys, "", 0, "") // matches nothing
 			}
+			if err := tx.lockInOrder(ctx, "(tenant, action_id, device_id) IN ("+
+				strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", sizeClass(len(chunk))), ", ")+") AND "+pending, keys...); err != nil {
+				return err
+			}
+			args := append([]any{now, now, now}, keys...)
 			if _, err := tx.applyMove(ctx, moveDelivered, `UPDATE device_actions SET `+moveDelivered.set+`,
 				initiated_at = ?, updated_at = ?,
 				deadline = ? + 1000 * (SELECT timeout FROM actions a WHERE a.tenant = device_actions.tenant AND a.id = device_actions.action_id)

@@ -359,14 +359,17 @@ func (db *DB) CancelAction(ctx context.Context, tenant string, id int64, tell *f
 		} else if err != nil {
 			return err
 		}
-		if c, err = tx.cancel(ctx, tenant, id, tell); err != nil {
-			return err
-		}
+		// The rollout first, then its device actions: the order in which
+		// a phase's release locks them (AdvanceRollout), so that the two
+		// never wait for each other (see lockInOrder).
 		r, err := tx.rollout(ctx, tenant, id, lockWait)
 		if fleet.ErrorCode(err) == fleet.ECONFLICT {
 			err, r = nil, nil // no schedule
 		}
 		if err != nil {
+			return err
+		}
+		if c, err = tx.cancel(ctx, tenant, id, tell); err != nil {
 			return err
 		}
 		if r != nil && !r.Status.Done() {

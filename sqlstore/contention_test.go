@@ -139,3 +139,44 @@ func TestWritersContend(t *testing.T) {
 		t.Logf("%d report calls; %d commits of %d jobs, %d retried", calls.Load(), st.Commits, st.Jobs, st.Retries)
 	})
 }
+
+// TestReceiptsAndReportsLockInOneOrder: devices acknowledge an action in
+// whatever order their messages arrive while others report on it; the
+// receipts' batch and the reports' lock the same device actions, and
+// PostgreSQL would abort one of two that lock them the other way round
+// (a second's wait and a retry). Each round's receipts come in reverse.
+func TestReceiptsAndReportsLockInOneOrder(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, _ := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		ids := numberedDevices(t, db, "acme", "d%03d", 200)
+		for round := range 6 {
+			a, err := db.DispatchAction(ctx, "acme", dispatch("reboot", "all"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			receipts := make([]fleet.ActionReceipt, len(ids))
+			reports := make([]fleet.StatusReport, len(ids))
+			for i, id := range ids {
+				receipts[len(ids)-1-i] = fleet.ActionReceipt{Tenant: "acme", DeviceID: id, ActionID: a.ID}
+				reports[i] = fleet.StatusReport{ActionID: a.ID, DeviceID: id, State: "Rebooting", Timestamp: i64(1), Sequence: i64(1)}
+			}
+			var wg sync.WaitGroup
+			wg.Go(func() {
+				if err := db.MarkDelivered(ctx, receipts); err != nil {
+					t.Errorf("round %d: receipts: %v", round, err)
+				}
+			})
+			wg.Go(func() {
+				if _, err := db.ReportStatus(ctx, "acme", reports); err != nil {
+					t.Errorf("round %d: reports: %v", round, err)
+				}
+			})
+			wg.Wait()
+		}
+		if st := db.Stats(); st.Retries != 0 {
+			t.Errorf("%d writes were run again after PostgreSQL aborted them; want none", st.Retries)
+		}
+	})
+}
