@@ -102,7 +102,7 @@ func TestLocalChangesRolledBack(t *testing.T) {
 			return nil
 		}}
 	}
-	errs, err := db.tryBatch([]*job{newJob("rolled back", true), newJob("committed", false)})
+	errs, err := db.tryBatch(nil, []*job{newJob("rolled back", true), newJob("committed", false)})
 	if err != nil || errs[0] == nil || errs[1] != nil {
 		t.Fatalf("tryBatch = %v, %v; want the first job alone to fail", errs, err)
 	}

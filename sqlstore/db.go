@@ -25,8 +25,8 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
-	_ "modernc.org/sqlite"             // registers "sqlite"
+	"github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+	_ "modernc.org/sqlite"           // registers "sqlite"
 )
 
 // Options tune a DB; the zero value is the production default.
@@ -334,7 +334,7 @@ func (db *DB) Ping(ctx context.Context) error {
 
 // Tx is a write transaction's view for one piece of work in a batch.
 type Tx struct {
-	tx      *sql.Tx
+	tx      txConn
 	db      *DB
 	now     time.Time      // the batch's clock reading, shared by all its writes
 	changes []fleet.Change // announced in-process after the commit (SQLite)
@@ -353,7 +353,7 @@ func (tx *Tx) stmt(ctx context.Context, query string) (context.Context, *sql.Stm
 	}
 	ctx = context.WithoutCancel(ctx)
 	if st := tx.db.writeStmts.get(ctx, query, true); st != nil {
-		return ctx, tx.tx.StmtContext(ctx, st)
+		return ctx, tx.tx.(*sql.Tx).StmtContext(ctx, st) // SQLite's writer is a *sql.Tx
 	}
 	return ctx, nil
 }
@@ -571,6 +571,11 @@ func (db *DB) retry(ctx context.Context, attempt func() error) error {
 
 func (db *DB) commitLoop() {
 	defer db.wg.Done()
+	var w *pgWriter
+	if db.dialect == postgres {
+		w = &pgWriter{db: db}
+		defer w.drop()
+	}
 	batch := make([]*job, 0, db.maxBatch)
 	for {
 		var first *job
@@ -584,7 +589,7 @@ func (db *DB) commitLoop() {
 			for {
 				select {
 				case first = <-db.jobs:
-					db.runBatch([]*job{first})
+					db.runBatch(w, []*job{first})
 				default:
 					return
 				}
@@ -600,7 +605,7 @@ func (db *DB) commitLoop() {
 				break fill
 			}
 		}
-		db.runBatch(batch)
+		db.runBatch(w, batch)
 		// Between transactions the writer connection is free to prepare
 		// what the batch ran unprepared, and the WAL to be restarted.
 		db.writeStmts.prepareWanted(context.Background())
@@ -612,13 +617,15 @@ func (db *DB) commitLoop() {
 	}
 }
 
-func (db *DB) runBatch(batch []*job) {
-	errs, err := db.tryBatch(batch)
+// runBatch runs batch on w, PostgreSQL's connection of the commit loop
+// (nil on SQLite).
+func (db *DB) runBatch(w *pgWriter, batch []*job) {
+	errs, err := db.tryBatch(w, batch)
 	if err != nil && len(batch) > 1 {
 		// The commit failed as a whole; run each piece alone so one bad
 		// piece cannot fail its neighbours.
 		for _, j := range batch {
-			db.runBatch([]*job{j})
+			db.runBatch(w, []*job{j})
 		}
 		return
 	}
@@ -633,9 +640,15 @@ func (db *DB) runBatch(batch []*job) {
 
 // tryBatch runs the batch in one transaction. It returns each job's own error
 // and an error for the transaction as a whole, unclassified (see retry).
-func (db *DB) tryBatch(batch []*job) ([]error, error) {
+func (db *DB) tryBatch(w *pgWriter, batch []*job) ([]error, error) {
 	ctx := context.Background()
-	sqlTx, err := db.write.BeginTx(ctx, nil)
+	var sqlTx writeTx = w
+	var err error
+	if w == nil {
+		sqlTx, err = db.write.BeginTx(ctx, nil)
+	} else {
+		err = w.begin(ctx)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -691,6 +704,101 @@ func (db *DB) tryBatch(batch []*job) ([]error, error) {
 	}
 	db.local.publish(tx.changes)
 	return errs, nil
+}
+
+// txConn is what a write transaction's statements run on.
+type txConn interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// writeTx is a group commit's transaction: a *sql.Tx, or a pgWriter.
+type writeTx interface {
+	txConn
+	Commit() error
+	Rollback() error
+}
+
+// pgWriter is a PostgreSQL commit loop's connection, kept between its
+// batches, whose COMMIT begins the next transaction in the same round trip
+// ("COMMIT; BEGIN", one simple query): a batch of status reports is a
+// handful of round trips (the locking SELECT, the UPDATE, the COMMIT), and
+// a BEGIN of its own would be one more. The connection waits for its next
+// batch in a transaction that holds no locks and, at READ COMMITTED, no
+// snapshot. It is given back to the pool after any failure of BEGIN,
+// COMMIT or ROLLBACK, and pgx's stdlib discards a connection given back
+// inside a transaction.
+type pgWriter struct {
+	*sql.Conn
+	db      *DB
+	begun   bool      // the last COMMIT began the transaction of the next batch
+	begunAt time.Time // when
+}
+
+// begin starts a batch's transaction, unless the last commit did it
+// lately. One begun more than a second ago is ended and begun again: a
+// server's idle_in_transaction_session_timeout may have ended it, and the
+// connection with it.
+func (w *pgWriter) begin(ctx context.Context) error {
+	if w.begun {
+		w.begun = false
+		if time.Since(w.begunAt) < time.Second {
+			return nil
+		}
+		if _, err := w.ExecContext(ctx, "ROLLBACK"); err != nil {
+			w.drop()
+		}
+	}
+	if w.Conn == nil {
+		c, err := w.db.write.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		w.Conn = c
+	}
+	if _, err := w.ExecContext(ctx, "BEGIN"); err != nil {
+		w.drop()
+		return err
+	}
+	return nil
+}
+
+// Commit commits the batch's transaction and begins the next one. A
+// transaction in which a statement failed outside a savepoint would
+// "commit" as a rollback: that is an error.
+func (w *pgWriter) Commit() error {
+	err := w.Raw(func(dc any) error {
+		pc := dc.(*stdlib.Conn).Conn().PgConn()
+		if pc.TxStatus() != 'T' {
+			return errors.New("sqlstore: the transaction failed; not committed")
+		}
+		_, err := pc.Exec(context.Background(), "COMMIT; BEGIN").ReadAll()
+		return err
+	})
+	if err != nil {
+		w.drop()
+		return err
+	}
+	w.begun, w.begunAt = true, time.Now()
+	return nil
+}
+
+// Rollback rolls the batch's transaction back.
+func (w *pgWriter) Rollback() error {
+	_, err := w.ExecContext(context.Background(), "ROLLBACK")
+	if err != nil {
+		w.drop()
+	}
+	return err
+}
+
+// drop gives the connection back to the pool.
+func (w *pgWriter) drop() {
+	if w.Conn != nil {
+		w.Conn.Close()
+	}
+	w.Conn, w.begun = nil, false
 }
 
 // writeStats counts the group commits.
