@@ -60,6 +60,7 @@ type DB struct {
 	jobs     chan *job
 	maxBatch int
 	stop     chan struct{}
+	stopped  chan struct{} // closed once the loops have returned: no queued job runs after it
 	wg       sync.WaitGroup
 
 	// SQLite only: statements kept prepared (stmtcache.go), and the
@@ -87,7 +88,7 @@ type DB struct {
 // Open connects to the database named by dsn: a postgres:// (or
 // postgresql://) URL, or else a SQLite file path. It does not migrate.
 func Open(ctx context.Context, dsn string, opt Options) (*DB, error) {
-	db := &DB{now: opt.Now, log: opt.Logger, maxBatch: opt.MaxBatch, stop: make(chan struct{})}
+	db := &DB{now: opt.Now, log: opt.Logger, maxBatch: opt.MaxBatch, stop: make(chan struct{}), stopped: make(chan struct{})}
 	if db.now == nil {
 		db.now = time.Now
 	}
@@ -202,6 +203,7 @@ func (db *DB) Dialect() string { return db.dialect.String() }
 func (db *DB) Close() error {
 	close(db.stop)
 	db.wg.Wait()
+	close(db.stopped)
 	db.writeStmts.close()
 	db.readStmts.close()
 	return db.closeConns()
@@ -535,7 +537,19 @@ func (db *DB) update(ctx context.Context, fn func(ctx context.Context, tx *Tx) e
 		}
 		// Once queued, the job runs to its end: a caller that went away must not
 		// leave half a decision behind, and the loop never blocks on done.
-		return <-j.done
+		// Only a job queued as the loops drained for Close (a retry, after
+		// its pause) may never run.
+		select {
+		case err := <-j.done:
+			return err
+		case <-db.stopped:
+			select {
+			case err := <-j.done: // it ran before the loops returned
+				return err
+			default:
+				return fleet.Errorf(fleet.EUNAVAILABLE, "the server is shutting down")
+			}
+		}
 	})
 }
 
