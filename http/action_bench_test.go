@@ -3,6 +3,7 @@ package fleethttp_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -130,3 +131,88 @@ func load(b *testing.B, url string, header http.Header, body func(i int64) []byt
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
 }
+
+// BenchmarkDeviceActionsHTTP is S7 through the handler, in process: one
+// page of 50 of a device's 10,000 actions, every sort in turn, desc and
+// asc alternating, in each encoding. S7's tail is the requests that overlap
+// a garbage collection, so what it reports first is the garbage: B/op and
+// allocs/op with -benchmem.
+//
+//	go test ./http -run '^$' -bench DeviceActionsHTTP -benchmem
+func BenchmarkDeviceActionsHTTP(b *testing.B) {
+	const n = 10_000
+	a := newAPI(b)
+	ctx := context.Background()
+	ids := make([]int64, n)
+	errs := make([]error, 16)
+	var wg sync.WaitGroup
+	for w := range errs {
+		wg.Go(func() {
+			for i := w; i < n && errs[w] == nil; i += len(errs) {
+				d, err := a.db.DispatchAction(ctx, "acme", &fleet.Dispatch{Action: fmt.Sprintf("act-%d", i%8),
+					Params: []byte(fmt.Sprintf(`{"i":%d}`, i)), SearchType: fleet.SearchDefault, DeviceIDs: []string{"d1"}, Timeout: 3600,
+					UserEmail: fmt.Sprintf("operator%d@example.com", i%4), UserName: fmt.Sprintf("operator%d", i%4)})
+				if err != nil {
+					errs[w] = err
+				} else {
+					ids[i] = d.ID
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		b.Fatal(err)
+	}
+	// As fleetbench's S7 device has them: all final but the last 30, some
+	// Failed with one or two errors, some Completed after a warning.
+	var reports []fleet.StatusReport
+	for i, id := range ids[:n-30] {
+		switch {
+		case i%4 == 2:
+			reports = append(reports, fleet.StatusReport{DeviceID: "d1", ActionID: id, State: "Failed", Errors: []string{"checksum mismatch", "retry limit"}[:1+i%3/2]})
+		case i%4 == 3:
+			reports = append(reports, fleet.StatusReport{DeviceID: "d1", ActionID: id, State: "Installing", Errors: []string{"low battery"}},
+				fleet.StatusReport{DeviceID: "d1", ActionID: id, State: "Completed"})
+		default:
+			reports = append(reports, fleet.StatusReport{DeviceID: "d1", ActionID: id, State: "Completed"})
+		}
+	}
+	for start := 0; start < len(reports); start += 500 {
+		if _, err := a.db.ReportStatus(ctx, "acme", reports[start:min(start+500, len(reports))]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	sorts := []string{"action_id", "type", "status", "user_email", "user_name", "updated_at", "errors"}
+	for _, accept := range []string{"application/json", "application/transit+json", "application/transit+msgpack", "application/edn"} {
+		b.Run(accept[len("application/"):], func(b *testing.B) {
+			w := &discard{header: http.Header{}}
+			i := 0
+			for b.Loop() {
+				order := []string{"desc", "asc"}[i%2]
+				r, _ := http.NewRequest("GET", "/api/v1/devices/d1/actions?limit=50&sort_by="+sorts[i/2%len(sorts)]+"&sort_order="+order, nil)
+				r.Header.Set("Accept", accept)
+				r.Header.Set("X-Service-Tenant", "acme")
+				r.Header.Set("X-Service-Api-Key", a.keys["viewer"])
+				clear(w.header)
+				w.status = 0
+				a.h.ServeHTTP(w, r)
+				if w.status != http.StatusOK {
+					b.Fatalf("status %d", w.status)
+				}
+				i++
+			}
+		})
+	}
+}
+
+// discard is a ResponseWriter that keeps only the status, so that the
+// benchmark's garbage is the handler's.
+type discard struct {
+	header http.Header
+	status int
+}
+
+func (d *discard) Header() http.Header         { return d.header }
+func (d *discard) Write(p []byte) (int, error) { return len(p), nil }
+func (d *discard) WriteHeader(code int)        { d.status = code }
