@@ -75,7 +75,8 @@ func (a *Action) SentParams() string {
 }
 
 // DeviceAction is one device's record of an action: S7's item, field for
-// field.
+// field. The device actions of one read may share their Errors and
+// SerialMetadata maps: they are read-only.
 type DeviceAction struct {
 	ActionID     int64               `json:"action_id"`
 	DeviceID     string              `json:"device_id"`

@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -153,6 +152,9 @@ var deviceActionSorts = map[string]string{
 const deviceActionColumns = `action_id, device_id, type, status, action_status, phase, progress, errors, user_email, user_name,
 	serial_metadata, created_at, updated_at`
 
+// pageDeviceActionColumns are deviceActionColumns of the CTE page.
+var pageDeviceActionColumns = prefixed("page.", deviceActionColumns)
+
 // FindDeviceActions lists the device actions of one device (S7) or of one
 // action; see fleet.DeviceActionFilter.
 func (db *DB) FindDeviceActions(ctx context.Context, tenant string, f fleet.DeviceActionFilter) ([]*fleet.DeviceAction, int, error) {
@@ -215,7 +217,7 @@ func (db *DB) findDeviceActionsOfAction(ctx context.Context, tenant string, f fl
 	// after, so sorting never touches the actions table.
 	page, err := db.scanDeviceActions(ctx, `WITH page AS (SELECT `+deviceActionColumns+`, tenant FROM `+from+` WHERE `+cond+
 		` ORDER BY device_id LIMIT ? OFFSET ?)
-		SELECT `+prefixed("page.", deviceActionColumns)+`, COALESCE(a.device_params, a.params)
+		SELECT `+pageDeviceActionColumns+`, COALESCE(a.device_params, a.params)
 		FROM page JOIN actions a ON a.tenant = page.tenant AND a.id = page.action_id ORDER BY page.device_id`,
 		append(args, f.Limit, f.Offset())...)
 	if err != nil {
@@ -284,22 +286,32 @@ func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fl
 	// bound LIMIT's value, so binding one re-prepares the statement.
 	top := strconv.Itoa(f.Offset() + f.Limit)
 	limit, offset := strconv.Itoa(f.Limit), strconv.Itoa(f.Offset())
-	q := `WITH page AS (
-		SELECT * FROM (SELECT ` + deviceActionColumns + `, ` + col + ` AS k FROM device_actions` + db.dialect.indexedBy(finalSortIndexes[col]) +
-		` WHERE ` + cond + ` AND ` + finalStatuses + `
-			ORDER BY ` + finalOrder + ` LIMIT ` + top + `) final`
-	qargs := slices.Clone(args)
+	// Written piece by piece into one buffer: concatenated, the parts
+	// made several times the query's size in garbage on every page.
+	var q strings.Builder
+	q.Grow(2048)
+	write := func(parts ...string) {
+		for _, p := range parts {
+			q.WriteString(p)
+		}
+	}
+	write(`WITH page AS (
+		SELECT * FROM (SELECT `, deviceActionColumns, `, `, col, ` AS k FROM device_actions`, db.dialect.indexedBy(finalSortIndexes[col]),
+		` WHERE `, cond, ` AND `, finalStatuses, `
+			ORDER BY `, finalOrder, ` LIMIT `, top, `) final`)
+	qargs := make([]any, 0, (1+len(liveStatuses))*len(args)+1)
+	qargs = append(qargs, args...)
 	for _, st := range liveStatuses {
-		q += `
-		UNION ALL SELECT ` + deviceActionColumns + `, ` + liveKey + ` AS k FROM device_actions WHERE ` + cond + ` AND action_status = '` + string(st) + `'`
+		write(`
+		UNION ALL SELECT `, deviceActionColumns, `, `, liveKey, ` AS k FROM device_actions WHERE `, cond, ` AND action_status = '`, string(st), `'`)
 		qargs = append(qargs, args...)
 	}
-	q += `
-		ORDER BY k` + dir + `, action_id` + dir + ` LIMIT ` + limit + ` OFFSET ` + offset + `)
-		SELECT ` + prefixed("page.", deviceActionColumns) + `, COALESCE(a.device_params, a.params)
+	write(`
+		ORDER BY k`, dir, `, action_id`, dir, ` LIMIT `, limit, ` OFFSET `, offset, `)
+		SELECT `, pageDeviceActionColumns, `, COALESCE(a.device_params, a.params)
 		FROM page JOIN actions a ON a.tenant = ? AND a.id = page.action_id
-		ORDER BY page.k` + dir + `, page.action_id` + dir
-	page, err := db.scanDeviceActions(ctx, q, append(qargs, tenant)...)
+		ORDER BY page.k`, dir, `, page.action_id`, dir)
+	page, err := db.scanDeviceActions(ctx, q.String(), append(qargs, tenant)...)
 	if err := cmp.Or(wait(), err); err != nil {
 		return nil, 0, db.classify(err)
 	}
@@ -314,7 +326,7 @@ func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fl
 func (db *DB) FindRecentFailures(ctx context.Context, tenant string, limit int) ([]*fleet.DeviceAction, error) {
 	das, err := db.scanDeviceActions(ctx, `WITH page AS (SELECT `+deviceActionColumns+`, tenant FROM device_actions
 		WHERE tenant = ? AND action_status = 'Failed' ORDER BY updated_at DESC LIMIT ?)
-		SELECT `+prefixed("page.", deviceActionColumns)+`, COALESCE(a.device_params, a.params)
+		SELECT `+pageDeviceActionColumns+`, COALESCE(a.device_params, a.params)
 		FROM page JOIN actions a ON a.tenant = page.tenant AND a.id = page.action_id ORDER BY page.updated_at DESC, page.action_id DESC`,
 		tenant, limit)
 	return das, db.classify(err)
@@ -326,17 +338,7 @@ func (db *DB) scanDeviceActions(ctx context.Context, query string, args ...any) 
 	if err != nil {
 		return nil, err
 	}
-	return scanAll(rows, scanDeviceAction)
-}
-
-// unmarshalObject decodes a stored JSON object into v, a map; "{}", which
-// most device actions' errors and many metadata are, leaves v as it is
-// without a decoder's reflection walk.
-func unmarshalObject(text string, v any) error {
-	if text == "{}" {
-		return nil
-	}
-	return json.Unmarshal([]byte(text), v)
+	return scanAll(rows, newDeviceActionRow().scan)
 }
 
 // prefixed qualifies each comma-separated column (with its ordering
@@ -351,7 +353,7 @@ func prefixed(prefix, cols string) string {
 
 // FindDeviceAction returns one device's record of one action.
 func (db *DB) FindDeviceAction(ctx context.Context, tenant string, actionID int64, deviceID string) (*fleet.DeviceAction, error) {
-	da, err := scanDeviceAction(db.queryRow(ctx, `SELECT `+prefixed("da.", deviceActionColumns)+`, COALESCE(a.device_params, a.params)
+	da, err := newDeviceActionRow().scan(db.queryRow(ctx, `SELECT `+prefixed("da.", deviceActionColumns)+`, COALESCE(a.device_params, a.params)
 		FROM device_actions da JOIN actions a ON a.tenant = da.tenant AND a.id = da.action_id
 		WHERE da.tenant = ? AND da.action_id = ? AND da.device_id = ?`, tenant, actionID, deviceID))
 	if errors.Is(err, sql.ErrNoRows) {
@@ -360,26 +362,42 @@ func (db *DB) FindDeviceAction(ctx context.Context, tenant string, actionID int6
 	return da, db.classify(err)
 }
 
-func scanDeviceAction(s scanner) (*fleet.DeviceAction, error) {
-	var da fleet.DeviceAction
-	var errs, meta string
-	var created, updated int64
-	if err := s.Scan(&da.ActionID, &da.DeviceID, &da.Type, &da.Status, &da.ActionStatus, &da.Phase, &da.Progress, &errs,
-		&da.UserEmail, &da.UserName, &meta, &created, &updated, &da.Params); err != nil {
+// deviceActionRow is what a row of deviceActionColumns and the params is
+// scanned into. Its Scan destinations are made once for all the rows of
+// a query: made for each row, they escaped to the heap (a slice of
+// fourteen and four values), and the integer columns that the record
+// keeps as int were converted through text by database/sql. Rows with
+// equal errors or metadata share their maps (objectMemo).
+type deviceActionRow struct {
+	da                                fleet.DeviceAction
+	actionStatus, errs, meta          string
+	phase, progress, created, updated int64
+	dest                              []any
+	errors                            objectMemo[[]string]
+	metadata                          objectMemo[string]
+}
+
+func newDeviceActionRow() *deviceActionRow {
+	r := &deviceActionRow{}
+	r.dest = []any{&r.da.ActionID, &r.da.DeviceID, &r.da.Type, &r.da.Status, &r.actionStatus, &r.phase, &r.progress, &r.errs,
+		&r.da.UserEmail, &r.da.UserName, &r.meta, &r.created, &r.updated, &r.da.Params}
+	r.errors.value, r.metadata.value = (*objectLexer).strs, (*objectLexer).str
+	return r
+}
+
+func (r *deviceActionRow) scan(s scanner) (*fleet.DeviceAction, error) {
+	if err := s.Scan(r.dest...); err != nil {
 		return nil, err
 	}
-	if err := unmarshalObject(errs, &da.Errors); err != nil {
+	da := r.da
+	da.ActionStatus, da.Phase, da.Progress = fleet.ActionStatus(r.actionStatus), int(r.phase), int(r.progress)
+	var err error
+	if da.Errors, err = r.errors.decode(r.errs); err != nil {
 		return nil, fmt.Errorf("device action %d/%s errors: %w", da.ActionID, da.DeviceID, err)
 	}
-	if err := unmarshalObject(meta, &da.SerialMetadata); err != nil {
+	if da.SerialMetadata, err = r.metadata.decode(r.meta); err != nil {
 		return nil, fmt.Errorf("device action %d/%s metadata: %w", da.ActionID, da.DeviceID, err)
 	}
-	if da.Errors == nil {
-		da.Errors = map[string][]string{}
-	}
-	if da.SerialMetadata == nil {
-		da.SerialMetadata = map[string]string{}
-	}
-	da.CreatedAt, da.UpdatedAt = fromMillis(created), fromMillis(updated)
+	da.CreatedAt, da.UpdatedAt = fromMillis(r.created), fromMillis(r.updated)
 	return &da, nil
 }

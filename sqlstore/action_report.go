@@ -223,7 +223,7 @@ func (tx *Tx) loadReportRows(ctx context.Context, tenant string, actionID int64,
 			row.state.Last = &fleet.ReportKey{Timestamp: lastTS.Int64, Sequence: lastSeq.Int64}
 		}
 		row.loadedStatus, row.loadedInitiated = row.state.ActionStatus, row.initiatedAt.Valid
-		if err := unmarshalObject(row.errsText, &row.state.Errors); err != nil {
+		if err := decodeObject(row.errsText, &row.state.Errors, (*objectLexer).strs); err != nil {
 			return fmt.Errorf("device action %d/%s errors: %w", actionID, dev, err)
 		}
 		if !row.state.ActionStatus.Sent() {
