@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"math/big"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -204,4 +205,74 @@ func sameCanonical(a, b any) bool {
 		return true
 	}
 	return reflect.DeepEqual(a, b)
+}
+
+// metadata and reportErrors are the domain's maps under other names, which
+// the reflective map encoder takes: what it writes is what stringMap must.
+type (
+	metadata     map[string]string
+	reportErrors map[string][]string
+)
+
+// TestEncodeStringMapsAsReflection checks that metadata and error maps,
+// encoded without reflection, are byte for byte what the reflective
+// encoder writes, in every format, for awkward keys and values.
+func TestEncodeStringMapsAsReflection(t *testing.T) {
+	many := map[string]string{}
+	for i := range 40 { // past the keys kept on the stack
+		many[string(rune('a'+i%26))+strings.Repeat("z", i)] = strings.Repeat("é", i)
+	}
+	metas := map[string]map[string]string{
+		"nil": nil, "empty": {}, "one": {"site": "bench"}, "many": many,
+		"unicode":    {"héllo": "wörld ✓ 日本", "😀": "\u2028\u2029", "": ""},
+		"escapes":    {`q"uote`: `back\slash`, "ctl\x01": "line\nbreak", "html": "<&>"},
+		"invalid":    {"bad\xff": "\xfe\xff"},
+		"transit":    {"~tilde": "~t2024", "^caret": "^ ", "`tick": "`x", "kw-like": "kw-like", "a/b": "1"},
+		"big ints":   {"n": "12345678901234567890", "-9223372036854775808": "9223372036854775807"},
+		"sort order": {"b": "2", "B": "1", "a": "0", "ä": "3", "aa": "4"},
+	}
+	errs := map[string]map[string][]string{
+		"nil": nil, "empty": {}, "nil list": {"Failed": nil}, "empty list": {"Failed": {}},
+		"lists":   {"Failed": {"checksum mismatch", "retry limit"}, "Installing": {"low battery"}},
+		"unicode": {"Échec": {"", "日本", "\u2028", "bad\xff"}, "~x": {"~y", "^z"}},
+	}
+	type record struct {
+		ID     int64               `json:"id"`
+		Errors map[string][]string `json:"errors"`
+		Serial map[string]string   `json:"-serial_metadata"`
+	}
+	type reflected struct {
+		ID     int64        `json:"id"`
+		Errors reportErrors `json:"errors"`
+		Serial metadata     `json:"-serial_metadata"`
+	}
+	formats := []codec.Format{codec.JSON, codec.TransitJSON, codec.TransitMsgpack, codec.EDN}
+	compare := func(t *testing.T, got, want any) {
+		t.Helper()
+		for _, f := range formats {
+			g, gerr := codec.Marshal(f, got)
+			w, werr := codec.Marshal(f, want)
+			if string(g) != string(w) || (gerr == nil) != (werr == nil) {
+				t.Errorf("%v: got %q, %v; reflection %q, %v", f, g, gerr, w, werr)
+			}
+		}
+	}
+	t.Run("canonical nil map", func(t *testing.T) {
+		if b, err := codec.Marshal(codec.JSON, map[string]any(nil)); string(b) != "{}" || err != nil {
+			t.Errorf("got %q, %v; want {}", b, err)
+		}
+	})
+	for name, m := range metas {
+		t.Run("metadata/"+name, func(t *testing.T) {
+			compare(t, m, metadata(m))
+			compare(t, []any{m, map[string]any{"m": 1}}, []any{metadata(m), map[string]any{"m": 1}})
+			compare(t, record{Serial: m}, reflected{Serial: metadata(m)})
+		})
+	}
+	for name, m := range errs {
+		t.Run("errors/"+name, func(t *testing.T) {
+			compare(t, m, reportErrors(m))
+			compare(t, record{Errors: m, Serial: map[string]string{"site": "x"}}, reflected{Errors: reportErrors(m), Serial: metadata{"site": "x"}})
+		})
+	}
 }
