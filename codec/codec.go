@@ -151,7 +151,7 @@ func (c *counter) count(what, kind string, where func() string, length, n int) e
 // garbage.
 func Marshal(f Format, v any) ([]byte, error) {
 	var out []byte
-	err := encoded(f, v, func(b []byte) error {
+	err := Encoded(f, v, func(b []byte) error {
 		out = bytes.Clone(b)
 		return nil
 	})
@@ -163,7 +163,7 @@ func Marshal(f Format, v any) ([]byte, error) {
 // uuid.UUID, json.RawMessage, canonical values and the full-fidelity types
 // of this package. Nothing is written when v cannot be encoded.
 func Encode(w io.Writer, f Format, v any) error {
-	return encoded(f, v, func(b []byte) error {
+	return Encoded(f, v, func(b []byte) error {
 		_, err := w.Write(b)
 		return err
 	})
@@ -173,9 +173,11 @@ func Encode(w io.Writer, f Format, v any) error {
 // must not stay pinned in the pool.
 const maxPooledBuffer = 1 << 20
 
-// encoded encodes v in format f into a pooled buffer and hands the bytes
-// to use, which must not keep them.
-func encoded(f Format, v any, use func([]byte) error) error {
+// Encoded encodes v in format f (see Encode) into a pooled buffer and
+// hands the bytes to use, which must not keep them; it returns the error
+// of either. An HTTP response written from them leaves no copy behind:
+// Marshal's was an eighth of an S7 page's garbage.
+func Encoded(f Format, v any, use func([]byte) error) error {
 	buf := bufferPool.Get().(*bytes.Buffer)
 	defer func() {
 		if buf.Cap() <= maxPooledBuffer {

@@ -123,15 +123,22 @@ func supportedTypes() string {
 	return strings.Join(names, ", ")
 }
 
-// respond writes v with status in the encoding the client's Accept prefers.
+// respond writes v with status in the encoding the client's Accept
+// prefers, straight from the encoder's buffer.
 func (s *Server) respond(w http.ResponseWriter, r *http.Request, status int, v any) {
 	f := codec.Negotiate(r.Header.Get("Accept"))
-	b, err := codec.Marshal(f, v)
-	if err != nil {
+	err := codec.Encoded(f, v, func(b []byte) error {
+		writeBody(w, r, f, status, b)
+		return nil
+	})
+	if err != nil { // the encoding's: nothing was written
 		s.logger(r).Error("encode response", "err", err)
-		f, status = codec.JSON, http.StatusInternalServerError
-		b = []byte(`{"error":"internal","message":"internal error"}`)
+		writeBody(w, r, codec.JSON, http.StatusInternalServerError, []byte(`{"error":"internal","message":"internal error"}`))
 	}
+}
+
+// writeBody writes a response of status whose body b is in format f.
+func writeBody(w http.ResponseWriter, r *http.Request, f codec.Format, status int, b []byte) {
 	w.Header().Set("Content-Type", f.ContentType())
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.Header().Add("Vary", "Accept")
