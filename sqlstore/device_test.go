@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/sqlstore"
@@ -222,7 +223,9 @@ func TestGroupCommit(t *testing.T) {
 }
 
 // BenchmarkCreateDevices measures bulk provisioning; issue 2 asks for at
-// least 100,000 devices/s on SQLite.
+// least 100,000 devices/s on SQLite. The CPU per device is this process's
+// in CreateDevices (on PostgreSQL the server's is not in it), which load
+// moves less than the rate; making the devices is in neither.
 func BenchmarkCreateDevices(b *testing.B) {
 	for _, be := range sqlstoretest.Backends() {
 		b.Run(be.Name, func(b *testing.B) {
@@ -233,16 +236,22 @@ func BenchmarkCreateDevices(b *testing.B) {
 			}
 			const batch = 100_000
 			devs := make([]fleet.NewDevice, batch)
+			var cpu time.Duration
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
+				b.StopTimer()
 				for j := range devs {
 					devs[j] = fleet.NewDevice{ID: fmt.Sprintf("dev-%d-%d", i, j), Metadata: map[string]string{"fleet": "bench", "n": fmt.Sprint(j % 100)}}
 				}
+				b.StartTimer()
+				cpu0 := cpuTime()
 				if _, err := db.CreateDevices(ctx, "bench", devs); err != nil {
 					b.Fatal(err)
 				}
+				cpu += cpuTime() - cpu0
 			}
 			b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "devices/s")
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*batch), "cpu-µs/device")
 		})
 	}
 }
