@@ -18,9 +18,52 @@ import (
 
 var _ fleet.DeviceService = (*DB)(nil)
 
-// insertChunk is how many devices one INSERT statement carries: fewer
+// insertChunk is how many rows one INSERT statement carries: fewer
 // round trips, well under every bound-parameter limit.
 const insertChunk = 200
+
+// rowsInsert is a multi-row INSERT of the rows given to each exec. The
+// statement of a full chunk is prepared once for the transaction: SQLite
+// parses a statement of 200 rows in about the time it takes to run it,
+// and provisioning runs it hundreds of times (BENCHMARKS.md, 2026-11-26).
+type rowsInsert struct {
+	tx        *Tx
+	head, row string // "INSERT INTO t (a, b) VALUES ", "(?, ?)"
+	tail      string // after the rows
+	cols      int
+	full      *sql.Stmt
+}
+
+func (tx *Tx) rowsInsert(head, row, tail string) *rowsInsert {
+	return &rowsInsert{tx: tx, head: head, row: row, tail: tail, cols: strings.Count(row, "?")}
+}
+
+// exec inserts the rows of args, cols values each, at most insertChunk.
+func (r *rowsInsert) exec(ctx context.Context, args ...any) (sql.Result, error) {
+	n := len(args) / r.cols
+	q := r.head + r.row + strings.Repeat(", "+r.row, n-1) + r.tail
+	// PostgreSQL's pgx keeps the statements it runs prepared itself.
+	sqlTx, ok := r.tx.tx.(*sql.Tx)
+	if n < insertChunk || r.tx.db.writeStmts == nil || !ok {
+		return r.tx.exec(ctx, q, args...)
+	}
+	ctx = context.WithoutCancel(ctx) // as Tx.stmt does
+	if r.full == nil {
+		st, err := sqlTx.PrepareContext(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		r.full = st
+	}
+	return r.full.ExecContext(ctx, args...)
+}
+
+// close releases the prepared statement, if any.
+func (r *rowsInsert) close() {
+	if r.full != nil {
+		r.full.Close()
+	}
+}
 
 // CreateDevices provisions devices in one transaction.
 func (db *DB) CreateDevices(ctx context.Context, tenant string, devs []fleet.NewDevice) ([]fleet.DeviceToken, error) {
@@ -46,21 +89,17 @@ func (db *DB) CreateDevices(ctx context.Context, tenant string, devs []fleet.New
 		return nil, fleet.Errorf(fleet.EINVALID, "device ids appear more than once: %s", listSome(dups))
 	}
 	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		created := millis(tx.now)
+		var created, tenantArg any = millis(tx.now), tenant
+		ins := tx.rowsInsert("INSERT INTO devices (tenant, id, token_hash, metadata, components, created_at) VALUES ",
+			"(?, ?, ?, ?, '{}', ?)", " ON CONFLICT DO NOTHING")
+		defer ins.close()
 		for start := 0; start < len(devs); start += insertChunk {
 			end := min(start+insertChunk, len(devs))
-			var q strings.Builder
-			q.WriteString("INSERT INTO devices (tenant, id, token_hash, metadata, components, created_at) VALUES ")
-			args := make([]any, 0, 6*(end-start))
+			args := make([]any, 0, 5*(end-start))
 			for i := start; i < end; i++ {
-				if i > start {
-					q.WriteString(", ")
-				}
-				q.WriteString("(?, ?, ?, ?, '{}', ?)")
-				args = append(args, tenant, tokens[i].ID, hashes[i], metadata[i], created)
+				args = append(args, tenantArg, tokens[i].ID, hashes[i], metadata[i], created)
 			}
-			q.WriteString(" ON CONFLICT DO NOTHING")
-			res, err := tx.exec(ctx, q.String(), args...)
+			res, err := ins.exec(ctx, args...)
 			if err != nil {
 				return err
 			}
@@ -69,6 +108,13 @@ func (db *DB) CreateDevices(ctx context.Context, tenant string, devs []fleet.New
 			} else if int(n) < end-start {
 				return tx.conflictingDevices(ctx, tenant, tokens[start:end], hashes[start:end])
 			}
+		}
+		ids, metas := make([]string, len(devs)), make([]map[string]string, len(devs))
+		for i, d := range devs {
+			ids[i], metas[i] = tokens[i].ID, d.Metadata
+		}
+		if err := tx.indexDevices(ctx, tenant, ids, metas); err != nil {
+			return err
 		}
 		if err := tx.countDevices(ctx, tenant, int64(len(devs))); err != nil {
 			return err
@@ -246,6 +292,7 @@ func (db *DB) UpdateDeviceMetadata(ctx context.Context, tenant, id string, patch
 		} else if err != nil {
 			return err
 		}
+		old := maps.Clone(d.Metadata)
 		if d.Metadata == nil {
 			d.Metadata = map[string]string{}
 		}
@@ -260,6 +307,12 @@ func (db *DB) UpdateDeviceMetadata(ctx context.Context, tenant, id string, patch
 			return fleet.FieldErrors(map[string]string{"metadata": "after the merge, " + problem})
 		}
 		if _, err := tx.exec(ctx, "UPDATE devices SET metadata = ? WHERE tenant = ? AND id = ?", encodeMetadata(d.Metadata), tenant, id); err != nil {
+			return err
+		}
+		if err := tx.unindexDevice(ctx, tenant, id, old); err != nil {
+			return err
+		}
+		if err := tx.indexDevices(ctx, tenant, []string{id}, []map[string]string{d.Metadata}); err != nil {
 			return err
 		}
 		if err := tx.changed(ctx, fleet.Change{Kind: fleet.ChangeDevice, Tenant: tenant, Key: id}); err != nil {
@@ -293,14 +346,19 @@ func (db *DB) DeleteDevice(ctx context.Context, tenant, id string) error {
 		if _, err := tx.deleteCounted(ctx, "DELETE FROM device_actions WHERE tenant = ? AND device_id = ?", tenant, id); err != nil {
 			return err
 		}
-		res, err := tx.exec(ctx, "DELETE FROM devices WHERE tenant = ? AND id = ?", tenant, id)
-		if err != nil {
+		var meta string
+		err := tx.queryRow(ctx, "DELETE FROM devices WHERE tenant = ? AND id = ? RETURNING metadata", tenant, id).Scan(&meta)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", id)
+		} else if err != nil {
 			return err
 		}
-		if n, err := res.RowsAffected(); err != nil {
+		var m map[string]string
+		if err := json.Unmarshal([]byte(meta), &m); err != nil {
+			return fmt.Errorf("device %s metadata: %w", id, err)
+		}
+		if err := tx.unindexDevice(ctx, tenant, id, m); err != nil {
 			return err
-		} else if n == 0 {
-			return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", id)
 		}
 		if err := tx.countDevices(ctx, tenant, -1); err != nil {
 			return err

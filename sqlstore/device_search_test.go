@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/fleetd/fleet"
@@ -139,6 +140,113 @@ func TestDeviceSearch(t *testing.T) {
 			}
 			if err != nil || !slices.Equal(got, want) {
 				t.Errorf("after the changes, search %q = %q, %v; want %q", term, got, err, want)
+			}
+		}
+		if b.Name == "sqlite" {
+			checkSearchTables(t, raw)
+		}
+	})
+}
+
+// TestDeviceSearchRows follows a device's metadata through creation in
+// batches of several statements, updates that add, change and remove keys,
+// deletion and creation again, with concurrent writers sharing the
+// transaction and one of them failing: search and the metadata filter
+// find what the devices hold, and on SQLite the search rows the store
+// writes (migration 0021) are exactly those of the devices.
+func TestDeviceSearchRows(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		dsn := b.DSN(t)
+		db, err := sqlstore.Open(context.Background(), dsn, sqlstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		if _, err := db.Migrate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		raw := rawDB(t, b.Name, dsn)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustTenant(t, db, "beta")
+		// More devices and metadata rows than one statement carries, and
+		// bytes that are not UTF-8, which the stored JSON holds as U+FFFD.
+		devs := make([]fleet.NewDevice, 450)
+		for i := range devs {
+			devs[i] = fleet.NewDevice{ID: fmt.Sprintf("d%03d", i), Metadata: map[string]string{
+				"site": fmt.Sprint("site-", i%7), "rack": fmt.Sprint("r", i), "raw": "caf\xe9-\xff\xfe",
+			}}
+		}
+		devs[3].Metadata = nil
+		var wg sync.WaitGroup
+		errs := make([]error, 4)
+		wg.Go(func() { _, errs[0] = db.CreateDevices(ctx, "acme", devs) })
+		wg.Go(func() { _, errs[1] = db.CreateDevices(ctx, "beta", devs[:300]) })
+		wg.Wait()
+		// A batch that fails (d010 exists) beside writers that succeed.
+		wg.Go(func() {
+			_, errs[0] = db.CreateDevices(ctx, "acme", []fleet.NewDevice{{ID: "n1", Metadata: map[string]string{"site": "lost"}}, {ID: "d010"}})
+		})
+		wg.Go(func() {
+			_, errs[1] = db.CreateDevices(ctx, "acme", []fleet.NewDevice{{ID: "n2", Metadata: map[string]string{"site": "kept"}}})
+		})
+		wg.Go(func() {
+			_, errs[2] = db.UpdateDeviceMetadata(ctx, "acme", "d001", map[string]*string{"site": ptr("moved"), "raw": nil, "new": ptr("Ünï")})
+		})
+		wg.Go(func() { errs[3] = db.DeleteDevice(ctx, "acme", "d002") })
+		wg.Wait()
+		wantCode(t, errs[0], fleet.ECONFLICT)
+		for _, err := range errs[1:] {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := db.UpdateDeviceMetadata(ctx, "acme", "d003", map[string]*string{"site": ptr("was-empty")}); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.DeleteDevice(ctx, "acme", "d004"); err != nil {
+			t.Fatal(err)
+		}
+		mustDevices(t, db, "acme", map[string]map[string]string{"d004": {"site": "back"}})
+		for _, tc := range []struct {
+			term string
+			meta map[string]string
+			want string
+		}{
+			{"moved", nil, "[d001]"},
+			{"", map[string]string{"site": "moved"}, "[d001]"},
+			{"Ünï", map[string]string{"new": "Ünï"}, "[d001]"},
+			{"site-1", nil, "[d008 d015 d022]"}, // d001 moved
+			{"r1", map[string]string{"site": "site-1"}, "[d015 d106 d113]"},
+			{"lost", nil, "[]"},
+			{"", map[string]string{"site": "lost"}, "[]"},
+			{"kept", map[string]string{"site": "kept"}, "[n2]"},
+			{"r2", map[string]string{"rack": "r2"}, "[]"},
+			{"was-empty", nil, "[d003]"},
+			{"back", nil, "[d004]"},
+			{"", map[string]string{"rack": "r4"}, "[]"},
+			{"caf\uFFFD-", nil, "[d000 d005 d006]"},
+		} {
+			devs, _, err := db.FindDevices(ctx, "acme", fleet.DeviceFilter{Search: tc.term, Metadata: tc.meta, Page: fleet.Page{Page: 1, Limit: 3}})
+			var got []string
+			for _, d := range devs {
+				got = append(got, d.ID)
+			}
+			if err != nil || fmt.Sprint(got) != tc.want {
+				t.Errorf("search %q, metadata %v = %v, %v; want %s", tc.term, tc.meta, got, err, tc.want)
+			}
+		}
+		for _, term := range []string{"site-3", "r44", "caf", "d00", "moved", "kept", "back", "\uFFFD\uFFFD"} {
+			for _, tenant := range []string{"acme", "beta"} {
+				want := referenceSearch(t, raw, b.Name, tenant, term)
+				devs, n, err := db.FindDevices(ctx, tenant, fleet.DeviceFilter{Search: term, Page: fleet.Page{Page: 1, Limit: 1000}})
+				var got []string
+				for _, d := range devs {
+					got = append(got, d.ID)
+				}
+				if err != nil || n != len(want) || !slices.Equal(got, want) {
+					t.Errorf("%s: search %q = %d %q, %v; want %q", tenant, term, n, got, err, want)
+				}
 			}
 		}
 		if b.Name == "sqlite" {
