@@ -44,16 +44,7 @@ var searchTerms = []string{
 // tenant and no other, after creation, metadata updates and deletion.
 func TestDeviceSearch(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		dsn := b.DSN(t)
-		db, err := sqlstore.Open(context.Background(), dsn, sqlstore.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		if _, err := db.Migrate(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		raw := rawDB(t, b.Name, dsn)
+		db, raw := openWithRaw(t, b)
 		ctx := context.Background()
 		mustTenant(t, db, "acme")
 		mustTenant(t, db, "beta")
@@ -156,16 +147,7 @@ func TestDeviceSearch(t *testing.T) {
 // writes (migration 0021) are exactly those of the devices.
 func TestDeviceSearchRows(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		dsn := b.DSN(t)
-		db, err := sqlstore.Open(context.Background(), dsn, sqlstore.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { db.Close() })
-		if _, err := db.Migrate(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		raw := rawDB(t, b.Name, dsn)
+		db, raw := openWithRaw(t, b)
 		ctx := context.Background()
 		mustTenant(t, db, "acme")
 		mustTenant(t, db, "beta")
@@ -401,11 +383,21 @@ func TestDeviceSearchBadInput(t *testing.T) {
 	})
 }
 
-// rawDB is a connection of the test's own to the store's database.
-func rawDB(t *testing.T, backend, dsn string) *sql.DB {
+// openWithRaw opens a migrated store and a connection of the test's own
+// to its database.
+func openWithRaw(t *testing.T, b sqlstoretest.Backend) (*sqlstore.DB, *sql.DB) {
 	t.Helper()
+	dsn := b.DSN(t)
+	db, err := sqlstore.Open(context.Background(), dsn, sqlstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if _, err := db.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	driver := "sqlite"
-	if backend == "postgres" {
+	if b.Name == "postgres" {
 		driver = "pgx"
 	}
 	raw, err := sql.Open(driver, dsn)
@@ -413,7 +405,7 @@ func rawDB(t *testing.T, backend, dsn string) *sql.DB {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { raw.Close() })
-	return raw
+	return db, raw
 }
 
 // referenceSearch is what search meant before migration 0019: every
