@@ -81,26 +81,30 @@ func (db *DB) migrate(ctx context.Context, last int) ([]string, error) {
 		applied_at BIGINT NOT NULL)`); err != nil {
 		return nil, fmt.Errorf("create schema_migrations: %w", err)
 	}
-	applied := map[int]bool{}
-	rows, err := conn.QueryContext(ctx, "SELECT version FROM schema_migrations")
+	applied := map[int]string{}
+	rows, err := conn.QueryContext(ctx, "SELECT version, name FROM schema_migrations ORDER BY version")
 	if err != nil {
 		return nil, err
 	}
 	for rows.Next() {
 		var v int
-		if err := rows.Scan(&v); err != nil {
+		var name string
+		if err := rows.Scan(&v, &name); err != nil {
 			rows.Close()
 			return nil, err
 		}
-		applied[v] = true
+		applied[v] = name
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
+	if err := unknownMigrations(ms, applied); err != nil {
+		return nil, err
+	}
 	var done []string
 	for _, m := range ms {
-		if applied[m.version] || m.version > last {
+		if _, ok := applied[m.version]; ok || m.version > last {
 			continue
 		}
 		tx, err := conn.BeginTx(ctx, nil)
@@ -122,6 +126,35 @@ func (db *DB) migrate(ctx context.Context, last int) ([]string, error) {
 		done = append(done, m.name)
 	}
 	return done, nil
+}
+
+// unknownMigrations refuses a database that a newer fleetd migrated: one
+// whose schema_migrations names migrations this binary does not have. Its
+// code would run on tables whose rules it does not know, and write rows
+// the newer code's invariants no longer hold for (migrations 0018, 0019
+// and 0021 each made an older binary's writes wrong).
+func unknownMigrations(ms []migration, applied map[int]string) error {
+	known := make(map[int]bool, len(ms))
+	for _, m := range ms {
+		known[m.version] = true
+	}
+	var unknown []string
+	for v, name := range applied {
+		if !known[v] {
+			unknown = append(unknown, name)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	sort.Strings(unknown)
+	newest := "none"
+	if len(ms) > 0 {
+		newest = ms[len(ms)-1].name
+	}
+	return fmt.Errorf("the database has %d migration(s) this fleetd does not know (%s; the newest it knows is %s): "+
+		"a newer fleetd migrated it, and this one would not keep its rules. Run that newer fleetd, "+
+		"or restore a backup taken before it migrated the database", len(unknown), strings.Join(unknown, ", "), newest)
 }
 
 // CreateExtensions creates the PostgreSQL extensions the migrations use
