@@ -47,6 +47,10 @@ type Options struct {
 	// its beginning (a RESTART checkpoint while the writer waits between
 	// two batches); 0 is 64 MiB, negative never.
 	WALLimit int64
+
+	// checkpointTicks, when set, stands for the checkpoint loop's ticker,
+	// for tests that run the loop a tick at a time.
+	checkpointTicks <-chan time.Time
 }
 
 // DB is fleetd's SQL store. It implements the services of package fleet.
@@ -73,7 +77,8 @@ type DB struct {
 	checkpoint            *sql.DB
 	file                  *os.File
 	checkpointEvery       time.Duration
-	walLimit              int64 // frames
+	checkpointTicks       <-chan time.Time // Options.checkpointTicks
+	walLimit              int64            // frames
 	// restart is how the checkpoint loop asks the commit loop to wait
 	// between two batches: it sends a channel, which it closes once the
 	// WAL was restarted.
@@ -99,6 +104,7 @@ func Open(ctx context.Context, dsn string, opt Options) (*DB, error) {
 		db.maxBatch = 512
 	}
 	db.checkpointEvery, db.walLimit = opt.CheckpointInterval, opt.WALLimit/sqlitePage
+	db.checkpointTicks = opt.checkpointTicks
 	if db.checkpointEvery <= 0 {
 		db.checkpointEvery = 200 * time.Millisecond
 	}
@@ -252,8 +258,12 @@ const sqlitePage = 4096
 // RESTART then copies and syncs only what the last batch appended.
 func (db *DB) checkpointLoop() {
 	defer db.wg.Done()
-	t := time.NewTicker(db.checkpointEvery)
-	defer t.Stop()
+	ticks := db.checkpointTicks
+	if ticks == nil {
+		t := time.NewTicker(db.checkpointEvery)
+		defer t.Stop()
+		ticks = t.C
+	}
 	var restarted int64 // the WAL's frames at the last RESTART
 	run := func() {
 		frames, copied := db.checkpointWAL("PASSIVE")
@@ -278,13 +288,13 @@ func (db *DB) checkpointLoop() {
 			_, copied = db.checkpointWAL("PASSIVE")
 		}
 		paused := make(chan struct{})
-		asked := time.Now()
+		asked := db.now()
 		select {
 		case db.restart <- paused:
 		case <-db.stop:
 			return
 		}
-		if time.Since(asked) > db.checkpointEvery {
+		if db.now().Sub(asked) > db.checkpointEvery {
 			// The commit loop was in a long batch (a dispatch to a
 			// million devices writes 240 MB of WAL): what it committed
 			// meanwhile is more than a RESTART should copy and sync
@@ -302,7 +312,7 @@ func (db *DB) checkpointLoop() {
 	}
 	for {
 		select {
-		case <-t.C:
+		case <-ticks:
 			run()
 		case <-db.stop:
 			db.checkpointWAL("PASSIVE")
