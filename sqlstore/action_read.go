@@ -127,7 +127,8 @@ func (db *DB) describeActions(ctx context.Context, tenant string, acts []*fleet.
 	return srows.Err()
 }
 
-// finalSortIndexes are the indexes of migration 0009 by sort column.
+// finalSortIndexes are the indexes of migrations 0009 and 0022 by sort
+// column.
 var finalSortIndexes = map[string]string{
 	"action_id":   "device_actions_final_by_id",
 	"type":        "device_actions_final_by_type",
@@ -136,6 +137,17 @@ var finalSortIndexes = map[string]string{
 	"user_name":   "device_actions_final_by_user_name",
 	"updated_at":  "device_actions_final_by_updated_at",
 	"error_count": "device_actions_final_by_errors",
+}
+
+// finalSortColumns are the columns the sort indexes hold instead of a
+// sort column that reports change while a device action is in flight: its
+// value once the device action is final, NULL before (migration 0022), so
+// that a report in flight changes no indexed column and PostgreSQL updates
+// the row in place.
+var finalSortColumns = map[string]string{
+	"status":      "final_status",
+	"updated_at":  "final_updated_at",
+	"error_count": "final_error_count",
 }
 
 // deviceActionSorts maps S7's sort_by to columns.
@@ -273,7 +285,8 @@ func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fl
 	if f.Ascending {
 		dir = " ASC"
 	}
-	finalOrder, liveKey := col+dir+", action_id"+dir, col
+	finalKey := cmp.Or(finalSortColumns[col], col)
+	finalOrder, liveKey := finalKey+dir+", action_id"+dir, col
 	if col == "action_id" {
 		// The merge wants the live parts in order too, and by action_id
 		// SQLite would walk the tenant's device_actions_by_status for them
@@ -296,7 +309,7 @@ func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fl
 		}
 	}
 	write(`WITH page AS (
-		SELECT * FROM (SELECT `, deviceActionColumns, `, `, col, ` AS k FROM device_actions`, db.dialect.indexedBy(finalSortIndexes[col]),
+		SELECT * FROM (SELECT `, deviceActionColumns, `, `, finalKey, ` AS k FROM device_actions`, db.dialect.indexedBy(finalSortIndexes[col]),
 		` WHERE `, cond, ` AND `, finalStatuses, `
 			ORDER BY `, finalOrder, ` LIMIT `, top, `) final`)
 	qargs := make([]any, 0, (1+len(liveStatuses))*len(args)+1)
@@ -322,10 +335,11 @@ func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fl
 }
 
 // FindRecentFailures returns the tenant's latest Failed device actions
-// from the partial index of migration 0016.
+// from the partial index of migrations 0016 and 0022, which holds
+// final_updated_at: a Failed device action's updated_at.
 func (db *DB) FindRecentFailures(ctx context.Context, tenant string, limit int) ([]*fleet.DeviceAction, error) {
 	das, err := db.scanDeviceActions(ctx, `WITH page AS (SELECT `+deviceActionColumns+`, tenant FROM device_actions
-		WHERE tenant = ? AND action_status = 'Failed' ORDER BY updated_at DESC LIMIT ?)
+		WHERE tenant = ? AND action_status = 'Failed' ORDER BY final_updated_at DESC LIMIT ?)
 		SELECT `+pageDeviceActionColumns+`, COALESCE(a.device_params, a.params)
 		FROM page JOIN actions a ON a.tenant = page.tenant AND a.id = page.action_id ORDER BY page.updated_at DESC, page.action_id DESC`,
 		tenant, limit)

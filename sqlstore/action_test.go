@@ -735,53 +735,7 @@ func TestDeviceActionSorts(t *testing.T) {
 				mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "d1", ActionID: int64(i + 1), State: states[i], Errors: errs})
 			}
 		}
-		all, n, err := db.FindDeviceActions(ctx, "acme", fleet.DeviceActionFilter{DeviceID: "d1", Page: fleet.Page{Page: 1, Limit: 100}})
-		if err != nil || n != len(types) {
-			t.Fatalf("all: %d, %v", n, err)
-		}
-		key := map[string]func(da *fleet.DeviceAction) string{
-			"action_id":  func(da *fleet.DeviceAction) string { return fmt.Sprintf("%09d", da.ActionID) },
-			"type":       func(da *fleet.DeviceAction) string { return da.Type },
-			"status":     func(da *fleet.DeviceAction) string { return da.Status },
-			"user_email": func(da *fleet.DeviceAction) string { return da.UserEmail },
-			"user_name":  func(da *fleet.DeviceAction) string { return da.UserName },
-			"updated_at": func(da *fleet.DeviceAction) string { return da.UpdatedAt.Format(time.RFC3339Nano) },
-			"errors":     func(da *fleet.DeviceAction) string { return fmt.Sprintf("%09d", fleet.ErrorCount(da.Errors)) },
-		}
-		for _, sortBy := range fleet.DeviceActionSorts {
-			for _, asc := range []bool{true, false} {
-				t.Run(fmt.Sprintf("%s/asc=%v", sortBy, asc), func(t *testing.T) {
-					want := slices.Clone(all)
-					sort.SliceStable(want, func(i, j int) bool {
-						ki, kj := key[sortBy](want[i]), key[sortBy](want[j])
-						if ki == kj {
-							ki, kj = key["action_id"](want[i]), key["action_id"](want[j])
-						}
-						if asc {
-							return ki < kj
-						}
-						return ki > kj
-					})
-					var got []int64
-					for page := 1; page <= 3; page++ {
-						das, n, err := db.FindDeviceActions(ctx, "acme", fleet.DeviceActionFilter{DeviceID: "d1", SortBy: sortBy, Ascending: asc, Page: fleet.Page{Page: page, Limit: 3}})
-						if err != nil || n != len(types) {
-							t.Fatalf("page %d: n %d, %v", page, n, err)
-						}
-						for _, da := range das {
-							got = append(got, da.ActionID)
-						}
-					}
-					var wantIDs []int64
-					for _, da := range want {
-						wantIDs = append(wantIDs, da.ActionID)
-					}
-					if !slices.Equal(got, wantIDs) {
-						t.Fatalf("order %v, want %v", got, wantIDs)
-					}
-				})
-			}
-		}
+		checkDeviceActionSorts(t, db, "acme", "d1", len(types))
 		t.Run("Filters", func(t *testing.T) {
 			das, n, err := db.FindDeviceActions(ctx, "acme", fleet.DeviceActionFilter{DeviceID: "d1", Type: "reboot", ActionStatus: fleet.StatusCompleted, Page: fleet.Page{Page: 1, Limit: 50}})
 			if err != nil || n != 2 || len(das) != 2 || das[0].ActionID != 8 || das[1].ActionID != 3 {
@@ -1048,6 +1002,61 @@ func (l *lockedLog) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// checkDeviceActionSorts checks every S7 sort of a device's n actions in
+// both orders, with ties broken by action id, read in pages of 3, against
+// its actions sorted here.
+func checkDeviceActionSorts(t *testing.T, db *sqlstore.DB, tenant, device string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	all, total, err := db.FindDeviceActions(ctx, tenant, fleet.DeviceActionFilter{DeviceID: device, Page: fleet.Page{Page: 1, Limit: 100}})
+	if err != nil || total != n {
+		t.Fatalf("all: %d, %v", total, err)
+	}
+	key := map[string]func(da *fleet.DeviceAction) string{
+		"action_id":  func(da *fleet.DeviceAction) string { return fmt.Sprintf("%09d", da.ActionID) },
+		"type":       func(da *fleet.DeviceAction) string { return da.Type },
+		"status":     func(da *fleet.DeviceAction) string { return da.Status },
+		"user_email": func(da *fleet.DeviceAction) string { return da.UserEmail },
+		"user_name":  func(da *fleet.DeviceAction) string { return da.UserName },
+		"updated_at": func(da *fleet.DeviceAction) string { return da.UpdatedAt.Format(time.RFC3339Nano) },
+		"errors":     func(da *fleet.DeviceAction) string { return fmt.Sprintf("%09d", fleet.ErrorCount(da.Errors)) },
+	}
+	for _, sortBy := range fleet.DeviceActionSorts {
+		for _, asc := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/asc=%v", sortBy, asc), func(t *testing.T) {
+				want := slices.Clone(all)
+				sort.SliceStable(want, func(i, j int) bool {
+					ki, kj := key[sortBy](want[i]), key[sortBy](want[j])
+					if ki == kj {
+						ki, kj = key["action_id"](want[i]), key["action_id"](want[j])
+					}
+					if asc {
+						return ki < kj
+					}
+					return ki > kj
+				})
+				var got []int64
+				for page := 1; page <= (n+2)/3; page++ {
+					das, total, err := db.FindDeviceActions(ctx, tenant, fleet.DeviceActionFilter{DeviceID: device, SortBy: sortBy, Ascending: asc, Page: fleet.Page{Page: page, Limit: 3}})
+					if err != nil || total != n {
+						t.Fatalf("page %d: n %d, %v", page, total, err)
+					}
+					for _, da := range das {
+						got = append(got, da.ActionID)
+					}
+				}
+				var wantIDs []int64
+				for _, da := range want {
+					wantIDs = append(wantIDs, da.ActionID)
+				}
+				if !slices.Equal(got, wantIDs) {
+					t.Fatalf("order %v, want %v", got, wantIDs)
+				}
+			})
+		}
+	}
 }
 
 func TestRecentFailures(t *testing.T) {

@@ -2,6 +2,8 @@ package sqlstore
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"strings"
 
 	"github.com/fleetd/fleet"
@@ -65,4 +67,47 @@ func (db *DB) Exec(ctx context.Context, q string, args ...any) error {
 func (db *DB) MigrateTo(ctx context.Context, last int) error {
 	_, err := db.migrate(ctx, last)
 	return err
+}
+
+// ReportStatusCountingHOT is ReportStatus that also returns, on
+// PostgreSQL, how many rows of device_actions the reports' statements
+// updated and how many of those updates were heap-only (HOT): the
+// backend's counters of its transaction, read before and after the
+// reports in that transaction, so that nothing waits for the statistics
+// to be flushed.
+func (db *DB) ReportStatusCountingHOT(ctx context.Context, tenant string, reports []fleet.StatusReport) (updated, hot int64, err error) {
+	if db.dialect != postgres {
+		_, err := db.ReportStatus(ctx, tenant, reports)
+		return 0, 0, err
+	}
+	const counters = "SELECT pg_stat_get_xact_tuples_updated('device_actions'::regclass), pg_stat_get_xact_tuples_hot_updated('device_actions'::regclass)"
+	err = db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		var u0, h0, u1, h1 int64
+		if err := tx.queryRow(ctx, counters).Scan(&u0, &h0); err != nil {
+			return err
+		}
+		found, err := tx.applyReports(ctx, tenant, reports)
+		if err != nil {
+			return err
+		}
+		for i, ok := range found {
+			if !ok {
+				return fmt.Errorf("report %d found no device action", i)
+			}
+		}
+		if err := tx.queryRow(ctx, counters).Scan(&u1, &h1); err != nil {
+			return err
+		}
+		updated, hot = u1-u0, h1-h0
+		return nil
+	})
+	return updated, hot, err
+}
+
+// Reloptions returns a table's storage parameters on PostgreSQL
+// ("fillfactor=90"), joined by commas.
+func (db *DB) Reloptions(ctx context.Context, table string) (string, error) {
+	var opts sql.NullString
+	err := db.read.QueryRowContext(ctx, "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = $1::regclass", table).Scan(&opts)
+	return opts.String, err
 }
