@@ -655,6 +655,12 @@ func (db *DB) commitLoop() {
 // (nil on SQLite).
 func (db *DB) runBatch(w *pgWriter, batch []*job) {
 	errs, err := db.tryBatch(w, batch)
+	var lost *writerLost
+	if errors.As(err, &lost) {
+		// Nothing of it committed: once more, on a new connection.
+		db.log.Warn("the commit loop's connection was lost before its commit; running the batch again", "jobs", len(batch), "err", lost.err)
+		errs, err = db.tryBatch(w, batch)
+	}
 	if err != nil && len(batch) > 1 {
 		// The commit failed as a whole; run each piece alone so one bad
 		// piece cannot fail its neighbours.
@@ -687,6 +693,15 @@ func (db *DB) tryBatch(w *pgWriter, batch []*job) ([]error, error) {
 		return nil, err
 	}
 	tx := &Tx{tx: sqlTx, db: db, now: db.now(), start: time.Now()}
+	// fail ends the transaction after err, before its COMMIT.
+	fail := func(err error) ([]error, error) {
+		if w != nil && w.lost() {
+			w.drop()
+			return nil, &writerLost{err}
+		}
+		sqlTx.Rollback()
+		return nil, err
+	}
 	errs := make([]error, len(batch))
 	single := len(batch) == 1
 	for i, j := range batch {
@@ -699,30 +714,29 @@ func (db *DB) tryBatch(w *pgWriter, batch []*job) ([]error, error) {
 			continue
 		}
 		if _, err := tx.exec(ctx, "SAVEPOINT job"); err != nil {
-			sqlTx.Rollback()
-			return nil, err
+			return fail(err)
 		}
 		mark, counted := len(tx.changes), len(tx.counts)
 		if errs[i] = j.fn(j.ctx, tx); errs[i] != nil {
 			// What was rolled back did not change.
 			tx.changes, tx.counts = tx.changes[:mark], tx.counts[:counted]
 			if _, err := tx.exec(ctx, "ROLLBACK TO SAVEPOINT job"); err != nil {
-				sqlTx.Rollback()
-				return nil, err
+				return fail(err)
 			}
 		}
 		if _, err := tx.exec(ctx, "RELEASE SAVEPOINT job"); err != nil {
-			sqlTx.Rollback()
-			return nil, err
+			return fail(err)
 		}
 	}
 	if single && errs[0] != nil {
+		if w != nil && w.lost() {
+			return fail(errs[0])
+		}
 		sqlTx.Rollback()
 		return errs, nil
 	}
 	if err := tx.flushCounts(ctx); err != nil {
-		sqlTx.Rollback()
-		return nil, err
+		return fail(err)
 	}
 	tc := time.Now()
 	if err := sqlTx.Commit(); err != nil {
@@ -762,7 +776,10 @@ type writeTx interface {
 // batch in a transaction that holds no locks and, at READ COMMITTED, no
 // snapshot. It is given back to the pool after any failure of BEGIN,
 // COMMIT or ROLLBACK, and pgx's stdlib discards a connection given back
-// inside a transaction.
+// inside a transaction. If the server ended it while it waited
+// (pg_terminate_backend, idle_in_transaction_session_timeout), the next
+// batch's first statement fails; nothing of that batch committed, and it
+// runs once more on a new connection (runBatch).
 type pgWriter struct {
 	*sql.Conn
 	db      *DB
@@ -826,6 +843,32 @@ func (w *pgWriter) Rollback() error {
 	}
 	return err
 }
+
+// lost reports whether the connection has gone: the server ended it
+// (pg_terminate_backend, idle_in_transaction_session_timeout), or it broke.
+// The transaction on it went with it, uncommitted.
+func (w *pgWriter) lost() bool {
+	if w.Conn == nil {
+		return true
+	}
+	closed := true
+	w.Raw(func(dc any) error {
+		closed = dc.(*stdlib.Conn).Conn().PgConn().IsClosed()
+		return nil
+	})
+	return closed
+}
+
+// writerLost is the error of a batch whose connection went before its
+// COMMIT was sent: the server rolled the batch back, so it may run again.
+// One lost during the COMMIT may have committed, and is not one of these.
+type writerLost struct{ err error }
+
+func (e *writerLost) Error() string {
+	return "the commit loop's connection was lost before the commit: " + e.err.Error()
+}
+
+func (e *writerLost) Unwrap() error { return e.err }
 
 // drop gives the connection back to the pool.
 func (w *pgWriter) drop() {

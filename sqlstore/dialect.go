@@ -372,8 +372,9 @@ func (db *DB) classify(err error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		// Class 08 connection exceptions, 53 insufficient resources, 57P
-		// operator intervention (shutdown), 40001 serialization failure.
-		if strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "53") || strings.HasPrefix(pe.Code, "57P") || pe.Code == "40001" || pe.Code == "40P01" {
+		// operator intervention (shutdown), 40001 serialization failure,
+		// 25P03 a connection ended by idle_in_transaction_session_timeout.
+		if strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "53") || strings.HasPrefix(pe.Code, "57P") || pe.Code == "40001" || pe.Code == "40P01" || pe.Code == "25P03" {
 			db.log.Error("database unavailable", "err", err)
 			return fleet.Errorf(fleet.EUNAVAILABLE, "the database is unavailable; try again")
 		}
