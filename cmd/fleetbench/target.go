@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -121,23 +122,24 @@ func startFleetd(ctx context.Context, o *options, dir string, p *progress) (*tar
 			t.dispatchTenants[name] = key
 		}
 	}
-	httpAddr, mqttAddr, pprofAddr := freeAddr(), freeAddr(), freeAddr()
-	t.url, t.mqttAddr, t.pprof = "http://"+httpAddr, mqttAddr, "http://"+pprofAddr
 	t.logPath = filepath.Join(dir, "fleetd.log")
 	logFile, err := os.Create(t.logPath)
 	if err != nil {
 		cleanup()
 		return nil, err
 	}
-	args := []string{"serve", "--database", t.dsn, "--http-addr", httpAddr, "--mqtt-addr", mqttAddr,
-		"--data-dir", filepath.Join(dir, "data"), "--log-level", "warn", "--pprof-addr", pprofAddr}
+	// fleetd binds port 0 itself and says which ports it got: a port
+	// found free here and handed over could be taken in between.
+	args := []string{"serve", "--database", t.dsn, "--http-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0",
+		"--data-dir", filepath.Join(dir, "data"), "--log-level", "warn", "--log-format", "text", "--pprof-addr", "127.0.0.1:0"}
 	// The setup dispatches thousands of actions and S7 is measured with
 	// few keys: lift the per-key limit of the API (not of device data).
 	if help, _ := exec.CommandContext(ctx, bin, "serve", "--help").CombinedOutput(); bytes.Contains(help, []byte("--rate-limit ")) {
 		args = append(args, "--rate-limit", "-1")
 	}
 	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
+	addrs := newAddrWatcher()
+	cmd.Stdout, cmd.Stderr = io.MultiWriter(logFile, addrs.stream()), io.MultiWriter(logFile, addrs.stream())
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
 		cleanup()
@@ -155,6 +157,19 @@ func startFleetd(ctx context.Context, o *options, dir string, p *progress) (*tar
 			<-exited
 		}
 		return cleanup()
+	}
+	select {
+	case <-addrs.found:
+		t.url, t.mqttAddr, t.pprof = "http://"+addrs.http, addrs.mqtt, "http://"+addrs.pprof
+	case err := <-exited:
+		cleanup()
+		return nil, fmt.Errorf("fleetd exited at start: %v; its log:\n%s", err, tail(t.logPath, 20))
+	case <-ctx.Done():
+		t.stop()
+		return nil, ctx.Err()
+	case <-time.After(time.Minute):
+		t.stop()
+		return nil, fmt.Errorf("fleetd did not say where it listens within a minute; its log:\n%s", tail(t.logPath, 20))
 	}
 	if err := awaitReady(ctx, t.url+"/readyz", exited); err != nil {
 		t.stop()
@@ -183,6 +198,59 @@ func awaitReady(ctx context.Context, url string, exited <-chan error) error {
 		}
 	}
 	return errors.New("fleetd was not ready within a minute")
+}
+
+// addrWatcher reads fleetd's output as it is written, for the addresses
+// it listens on: "fleetd: listening http=… mqtt=…" on its standard output
+// and the pprof server's pprof_addr=… in its log.
+type addrWatcher struct {
+	mu                sync.Mutex
+	http, mqtt, pprof string
+	found             chan struct{} // closed once all three are known
+}
+
+func newAddrWatcher() *addrWatcher { return &addrWatcher{found: make(chan struct{})} }
+
+// stream returns a writer for one of fleetd's outputs.
+func (a *addrWatcher) stream() io.Writer { return &addrStream{a: a} }
+
+type addrStream struct {
+	a    *addrWatcher
+	line []byte // what was written of the line not yet ended
+}
+
+func (s *addrStream) Write(p []byte) (int, error) {
+	s.line = append(s.line, p...)
+	for {
+		i := bytes.IndexByte(s.line, '\n')
+		if i < 0 {
+			break
+		}
+		s.a.read(string(s.line[:i]))
+		s.line = s.line[i+1:]
+	}
+	return len(p), nil
+}
+
+func (a *addrWatcher) read(line string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.http != "" && a.pprof != "" {
+		return
+	}
+	listening := strings.HasPrefix(line, "fleetd: listening ")
+	for _, f := range strings.Fields(line) {
+		if v, ok := strings.CutPrefix(f, "http="); ok && listening {
+			a.http = v
+		} else if v, ok := strings.CutPrefix(f, "mqtt="); ok && listening {
+			a.mqtt = v
+		} else if v, ok := strings.CutPrefix(f, "pprof_addr="); ok {
+			a.pprof = v
+		}
+	}
+	if a.http != "" && a.pprof != "" {
+		close(a.found)
+	}
 }
 
 // freeAddr returns a loopback address whose port was free a moment ago.
