@@ -202,11 +202,18 @@ func (tx *Tx) insertTargets(ctx context.Context, tenant string, a *fleet.Action,
 	if err := tx.lockTargets(ctx, tenant, false); err != nil {
 		return 0, err
 	}
-	// Constants are cast so that PostgreSQL knows their types in a SELECT.
+	// Parameters are cast on PostgreSQL, which must know their types in a
+	// SELECT (dialect.param). SQLite evaluates the list once per row, so
+	// what is constant per action is a parameter or a literal there.
+	d8 := tx.db.dialect
+	errs := "'{}'"
+	if d8 == postgres {
+		errs = "CAST('{}' AS " + d8.jsonType() + ")"
+	}
 	insert := `INSERT INTO device_actions (tenant, action_id, device_id, type, status, action_status, progress, errors, error_count,
 		user_email, user_name, serial_metadata, created_at, updated_at, phase)
-		SELECT tenant, CAST(? AS BIGINT), id, CAST(? AS TEXT), ` + quote(string(status)) + `, ` + quote(string(status)) + `, 0, CAST('{}' AS ` + tx.db.dialect.jsonType() + `), 0,
-		CAST(? AS TEXT), CAST(? AS TEXT), metadata, CAST(? AS BIGINT), CAST(? AS BIGINT), ` + strconv.Itoa(phase) + ` FROM devices WHERE tenant = ?`
+		SELECT tenant, ` + d8.param("BIGINT") + `, id, ` + d8.param("TEXT") + `, ` + quote(string(status)) + `, ` + quote(string(status)) + `, 0, ` + errs + `, 0,
+		` + d8.param("TEXT") + `, ` + d8.param("TEXT") + `, metadata, ` + d8.param("BIGINT") + `, ` + d8.param("BIGINT") + `, ` + strconv.Itoa(phase) + ` FROM devices WHERE tenant = ?`
 	args := []any{a.ID, a.Action, a.UserEmail, a.UserName, now, now, tenant}
 	cond, condArgs, _, err := sel.where(ctx, tx)
 	if err != nil {

@@ -272,6 +272,18 @@ func (d dialect) skipLocked() string {
 	return ""
 }
 
+// param is a parameter of SQL type t where PostgreSQL must be told its
+// type (a constant in a SELECT's list). SQLite, which needs no cast,
+// would evaluate one for every row the SELECT yields, as it does the
+// parameter: a dispatch's seven casts cost about 0.1 µs a device action,
+// some 2% of its CPU (BENCHMARKS.md, issue 20, 2026-11-26 morning).
+func (d dialect) param(t string) string {
+	if d == postgres {
+		return "CAST(? AS " + t + ")"
+	}
+	return "?"
+}
+
 // jsonType is the column type that {{json}} becomes, for casts.
 func (d dialect) jsonType() string {
 	if d == postgres {
