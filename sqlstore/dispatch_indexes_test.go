@@ -23,7 +23,11 @@ import (
 // named as fleetbench's million-device fleet is (tenant dispatch-large,
 // ids dp1-<run>-0000000, a SHA-256 token hash each). raw reads them;
 // raw_fleetbench is fleetbench's baseline as it runs, which reads a
-// three-column table of tenant "b" and ids dev-0000000.
+// three-column table of tenant "b" and ids dev-0000000. rowid and
+// without_rowid make device_actions a rowid table with a separate index of
+// its key (as migration 0017 made it) or WITHOUT ROWID, whatever the
+// migrations made it; with_casts runs the statement as it was until
+// 2026-11-26, its constants cast as PostgreSQL needs.
 // Compare cpu-ms/op, the process's CPU time for the insert and its commit,
 // within one run: wall time on a shared machine moves with its neighbours.
 // The WAL's figures do not move with load: wal-MB/op is what the
@@ -99,8 +103,12 @@ func BenchmarkDispatchIndexes(b *testing.B) {
 			partial = append(partial, name)
 		}
 	}
-	// The dispatch's statement, as insertTargets writes it.
+	// The dispatch's statement, as insertTargets writes it on SQLite, and
+	// as it wrote it until 2026-11-26, with PostgreSQL's casts.
 	const insert = `INSERT INTO device_actions (tenant, action_id, device_id, type, status, action_status, progress, errors, error_count,
+		user_email, user_name, serial_metadata, created_at, updated_at, phase)
+		SELECT tenant, ?, id, ?, 'Queued', 'Queued', 0, '{}', 0, ?, ?, metadata, ?, ?, 0 FROM devices WHERE tenant = ?`
+	const withCasts = `INSERT INTO device_actions (tenant, action_id, device_id, type, status, action_status, progress, errors, error_count,
 		user_email, user_name, serial_metadata, created_at, updated_at, phase)
 		SELECT tenant, CAST(? AS BIGINT), id, CAST(? AS TEXT), 'Queued', 'Queued', 0, CAST('{}' AS TEXT), 0,
 		CAST(? AS TEXT), CAST(? AS TEXT), metadata, CAST(? AS BIGINT), CAST(? AS BIGINT), 0 FROM devices WHERE tenant = ?`
@@ -112,14 +120,22 @@ func BenchmarkDispatchIndexes(b *testing.B) {
 		// ones, as in any database but one whose last tenant dispatches,
 		// so no index takes them by appending to its last page.
 		behind bool
+		// kind makes the table a rowid table ("rowid") or WITHOUT ROWID
+		// ("without_rowid"), whatever the migrations made it.
+		kind string
 	}{
 		{name: "device_actions"},
 		{name: "behind_tenant", behind: true},
+		{name: "rowid", kind: "rowid"},
+		{name: "rowid_behind", kind: "rowid", behind: true},
+		{name: "without_rowid", kind: "without_rowid"},
+		{name: "without_rowid_behind", kind: "without_rowid", behind: true},
 		{name: "with_foreign_key", foreignKey: true},
 		{name: "without_by_device", without: []string{"device_actions_by_device"}},
 		{name: "without_by_status", without: []string{"device_actions_by_status"}},
 		{name: "without_partial", without: partial},
 		{name: "primary_key_only", without: append([]string{"device_actions_by_device", "device_actions_by_status"}, partial...)},
+		{name: "with_casts"},
 		{name: "raw"},
 		{name: "raw_fleetbench"},
 	}
@@ -132,9 +148,12 @@ func BenchmarkDispatchIndexes(b *testing.B) {
 				copyFile(b, path, base)
 				db := open(path)
 				ddl := []string{"DROP TABLE device_actions"}
-				t := table
+				t, found := strings.CutSuffix(strings.TrimSpace(table), " WITHOUT ROWID")
 				if v.foreignKey {
 					t = t[:strings.LastIndex(t, ")")] + ",\n    FOREIGN KEY (tenant, device_id) REFERENCES devices (tenant, id) ON DELETE CASCADE\n)"
+				}
+				if v.kind == "without_rowid" || found && v.kind != "rowid" {
+					t += " WITHOUT ROWID"
 				}
 				ddl = append(ddl, t)
 				for name, q := range indexes {
@@ -167,6 +186,8 @@ func BenchmarkDispatchIndexes(b *testing.B) {
 				case "raw_fleetbench":
 					_, err = tx.Exec(`INSERT INTO raw SELECT tenant, 1, id, 'reboot', 'Queued', 'Queued', 0, '{}', 0,
 						'', 'admin', metadata, 0, 0 FROM ins_src WHERE tenant = 'b'`)
+				case "with_casts":
+					_, err = tx.Exec(withCasts, 1, "reboot", "", "admin", 0, 0, "dispatch-large")
 				default:
 					_, err = tx.Exec(insert, 1, "reboot", "", "admin", 0, 0, "dispatch-large")
 				}
