@@ -22,7 +22,7 @@ import (
 func (db *DB) PendingDevices(ctx context.Context, tenant string, actionID int64, candidates []string) ([]string, error) {
 	q := "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND " + pending
 	if candidates == nil {
-		return db.strings(ctx, q, tenant, actionID)
+		return db.strings(ctx, db.dialect.pendingOfAction(), tenant, actionID)
 	}
 	var out []string
 	for start := 0; start < len(candidates); start += idChunk {
@@ -34,6 +34,15 @@ func (db *DB) PendingDevices(ctx context.Context, tenant string, actionID int64,
 		out = append(out, ids...)
 	}
 	return out, nil
+}
+
+// pendingOfAction selects the devices whose device action of an action
+// (tenant, action_id) is pending. SQLite's planner, without statistics,
+// would prefer the covering device_actions_by_device on its tenant prefix
+// and read every device action of the tenant, of any action.
+func (d dialect) pendingOfAction() string {
+	return "SELECT device_id FROM device_actions" + d.indexedBy("device_actions_by_status") +
+		" WHERE tenant = ? AND action_id = ? AND " + pending
 }
 
 // PendingActions returns up to limit actions pending (Queued) for a

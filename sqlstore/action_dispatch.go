@@ -95,9 +95,11 @@ func (d8 dialect) selectionOf(tenant string, d *fleet.Dispatch) (selection, erro
 }
 
 // inFlightOf selects the devices that have action id in flight: those a
-// cancellation of it must tell.
-func inFlightOf(tenant string, id int64) selection {
-	return selection{cond: "id IN (SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND " + inFlight + ")", args: []any{tenant, id}}
+// cancellation of it must tell. SQLite is told the index, as in
+// pendingOfAction.
+func (d8 dialect) inFlightOf(tenant string, id int64) selection {
+	return selection{cond: "id IN (SELECT device_id FROM device_actions" + d8.indexedBy("device_actions_by_status") +
+		" WHERE tenant = ? AND action_id = ? AND " + inFlight + ")", args: []any{tenant, id}}
 }
 
 // dispatch is DispatchAction inside a transaction, to the devices sel
@@ -336,10 +338,7 @@ func (tx *Tx) checkDevices(ctx context.Context, tenant string, actionID int64, c
 // have the action in flight, so only devices that have it are sent the
 // cancellation.
 func (tx *Tx) cancelOnTargets(ctx context.Context, tenant string, actionID, cancelled int64, now int64) (int, error) {
-	done, err := tx.applyMove(ctx, moveNothingToCancel, `UPDATE device_actions SET `+moveNothingToCancel.set+`, updated_at = ?
-		WHERE tenant = ? AND action_id = ? AND {from} AND NOT EXISTS (SELECT 1 FROM device_actions t
-			WHERE t.tenant = device_actions.tenant AND t.action_id = ? AND t.device_id = device_actions.device_id
-			AND t.`+inFlight+`)`, now, tenant, actionID, cancelled)
+	done, err := tx.applyMove(ctx, moveNothingToCancel, tx.db.dialect.nothingToCancel(), now, tenant, actionID, cancelled)
 	if err != nil {
 		return 0, err
 	}
@@ -348,6 +347,18 @@ func (tx *Tx) cancelOnTargets(ctx context.Context, tenant string, actionID, canc
 		AND device_id IN (SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ?)`,
 		now, tenant, cancelled, tenant, actionID)
 	return done, err
+}
+
+// nothingToCancel moves a cancel_action's device actions (tenant,
+// action_id, {from}) to done where the device does not have the cancelled
+// action (the last argument) in flight. SQLite is told the index: its
+// planner would read every device action of the tenant through
+// device_actions_by_device.
+func (d dialect) nothingToCancel() string {
+	return `UPDATE device_actions` + d.indexedBy("device_actions_by_status") + ` SET ` + moveNothingToCancel.set + `, updated_at = ?
+		WHERE tenant = ? AND action_id = ? AND {from} AND NOT EXISTS (SELECT 1 FROM device_actions t
+			WHERE t.tenant = device_actions.tenant AND t.action_id = ? AND t.device_id = device_actions.device_id
+			AND t.` + inFlight + `)`
 }
 
 // CancelAction cancels every device action of action id that is not
@@ -421,7 +432,7 @@ func (tx *Tx) cancel(ctx context.Context, tenant string, id int64, tell *fleet.D
 		// On PostgreSQL the devices may finish meanwhile: then none is
 		// left to tell.
 		var err error
-		if c.Sent, err = tx.dispatch(ctx, tenant, tell, inFlightOf(tenant, id), true); err != nil {
+		if c.Sent, err = tx.dispatch(ctx, tenant, tell, tx.db.dialect.inFlightOf(tenant, id), true); err != nil {
 			return nil, err
 		}
 	}

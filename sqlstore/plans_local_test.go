@@ -1,0 +1,55 @@
+package sqlstore
+
+import (
+	"context"
+	"math"
+	"strings"
+	"testing"
+)
+
+// TestActionWideStatementsReadTheAction checks SQLite's plans of the
+// statements that read one status of an action's device actions: without
+// statistics, SQLite's planner chose the covering device_actions_by_device
+// on its tenant prefix for them, reading every device action the tenant
+// ever had (of every action) for each dispatch's delivery and each cancel.
+func TestActionWideStatementsReadTheAction(t *testing.T) {
+	db := openLocal(t, math.MaxInt)
+	cancel := strings.Replace(sqlite.nothingToCancel(), "{from}", statusIn(moveNothingToCancel.from[:1]), 1)
+	for name, q := range map[string]string{
+		"PendingDevices":  sqlite.pendingOfAction(),
+		"inFlightOf":      "SELECT id FROM devices WHERE tenant = ? AND " + sqlite.inFlightOf("acme", 1).cond,
+		"nothingToCancel": cancel,
+	} {
+		plan := explainSQLite(t, db, q)
+		if !strings.Contains(plan, "device_actions_by_status (tenant=? AND action_id=? AND action_status=?)") ||
+			strings.Contains(plan, "device_actions_by_device (tenant=?)") {
+			t.Errorf("%s reads the tenant's device actions, not the action's:\n%s", name, plan)
+		}
+	}
+}
+
+func explainSQLite(t *testing.T, db *DB, q string) string {
+	t.Helper()
+	args := make([]any, strings.Count(q, "?"))
+	for i := range args {
+		args[i] = "x"
+	}
+	rows, err := db.read.QueryContext(context.Background(), "EXPLAIN QUERY PLAN "+q, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var lines []string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, detail)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(lines, "\n")
+}
