@@ -13,36 +13,39 @@ import (
 // and page queries for f, for tests of which index serves them.
 func (db *DB) ExplainAuditLogs(ctx context.Context, tenant string, f fleet.AuditFilter) (count, page string, err error) {
 	c, list, args := auditQueries(tenant, f)
+	if count, err = db.explain(ctx, c, args...); err != nil {
+		return "", "", err
+	}
+	page, err = db.explain(ctx, list+" LIMIT ? OFFSET ?", append(args, f.Page.Limit, f.Page.Offset())...)
+	return count, page, err
+}
+
+// explain returns the database's plan of q ("?" placeholders), one line
+// per step: SQLite's EXPLAIN QUERY PLAN details, PostgreSQL's EXPLAIN.
+func (db *DB) explain(ctx context.Context, q string, args ...any) (string, error) {
 	explain := "EXPLAIN "
 	if db.dialect == sqlite {
 		explain = "EXPLAIN QUERY PLAN "
 	}
-	plan := func(q string, args ...any) (string, error) {
-		rows, err := db.read.QueryContext(ctx, db.dialect.rebind(explain+q), args...)
-		if err != nil {
+	rows, err := db.read.QueryContext(ctx, db.dialect.rebind(explain+q), args...)
+	if err != nil {
+		return "", err
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	var lines []string
+	for rows.Next() {
+		vals := make([]any, len(cols))
+		for i := range vals {
+			vals[i] = new(any)
+		}
+		if err := rows.Scan(vals...); err != nil {
 			return "", err
 		}
-		defer rows.Close()
-		cols, _ := rows.Columns()
-		var lines []string
-		for rows.Next() {
-			vals := make([]any, len(cols))
-			for i := range vals {
-				vals[i] = new(any)
-			}
-			if err := rows.Scan(vals...); err != nil {
-				return "", err
-			}
-			// SQLite's detail and PostgreSQL's one column are last.
-			lines = append(lines, strings.TrimSpace(string(asText(*vals[len(vals)-1].(*any)))))
-		}
-		return strings.Join(lines, "\n"), rows.Err()
+		// SQLite's detail and PostgreSQL's one column are last.
+		lines = append(lines, strings.TrimSpace(string(asText(*vals[len(vals)-1].(*any)))))
 	}
-	if count, err = plan(c, args...); err != nil {
-		return "", "", err
-	}
-	page, err = plan(list+" LIMIT ? OFFSET ?", append(args, f.Page.Limit, f.Page.Offset())...)
-	return count, page, err
+	return strings.Join(lines, "\n"), rows.Err()
 }
 
 func asText(v any) []byte {

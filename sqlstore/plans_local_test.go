@@ -20,36 +20,17 @@ func TestActionWideStatementsReadTheAction(t *testing.T) {
 		"inFlightOf":      "SELECT id FROM devices WHERE tenant = ? AND " + sqlite.inFlightOf("acme", 1).cond,
 		"nothingToCancel": cancel,
 	} {
-		plan := explainSQLite(t, db, q)
+		args := make([]any, strings.Count(q, "?"))
+		for i := range args {
+			args[i] = "x"
+		}
+		plan, err := db.explain(context.Background(), q, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if !strings.Contains(plan, "device_actions_by_status (tenant=? AND action_id=? AND action_status=?)") ||
 			strings.Contains(plan, "device_actions_by_device (tenant=?)") {
 			t.Errorf("%s reads the tenant's device actions, not the action's:\n%s", name, plan)
 		}
 	}
-}
-
-func explainSQLite(t *testing.T, db *DB, q string) string {
-	t.Helper()
-	args := make([]any, strings.Count(q, "?"))
-	for i := range args {
-		args[i] = "x"
-	}
-	rows, err := db.read.QueryContext(context.Background(), "EXPLAIN QUERY PLAN "+q, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var lines []string
-	for rows.Next() {
-		var id, parent, unused int
-		var detail string
-		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
-			t.Fatal(err)
-		}
-		lines = append(lines, detail)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return strings.Join(lines, "\n")
 }
