@@ -178,10 +178,16 @@ func (t *target) dsnForLog() string {
 	return t.dsn
 }
 
+// profiling says whether fleetbench takes fleetd's profiles (--profile,
+// and a fleetd whose pprof listener it knows).
+func (r *runner) profiling() bool {
+	return r.o.profile != "" && r.t.pprof != ""
+}
+
 // snapshot saves fleetd's heap and goroutine profiles under the profile
 // directory; without --profile it does nothing.
 func (r *runner) snapshot(name string) {
-	if r.o.profile == "" || r.t.pprof == "" {
+	if !r.profiling() {
 		return
 	}
 	for _, p := range []struct{ path, file string }{
@@ -208,7 +214,7 @@ func (r *runner) snapshot(name string) {
 // directory, and its allocations before and after; the returned function
 // waits for it. Without --profile it does nothing.
 func (r *runner) profile(name string, d time.Duration) func() {
-	if r.o.profile == "" || r.t.pprof == "" {
+	if !r.profiling() {
 		return func() {}
 	}
 	fetch := func(path, file string) {
