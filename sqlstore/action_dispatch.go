@@ -34,21 +34,33 @@ func (db *DB) DispatchAction(ctx context.Context, tenant string, d *fleet.Dispat
 	if err != nil {
 		return nil, err
 	}
-	if db.dialect == postgres && a.Targeted >= analyzeAfter {
-		// Until autovacuum catches up (a minute or more), PostgreSQL plans
-		// the hottest queries, status reports, without knowing these rows
-		// and may scan a whole action per report. ANALYZE samples a bounded
-		// number of rows, so it costs the same for 10,000 as for 10,000,000.
-		if _, err := db.write.ExecContext(ctx, "ANALYZE device_actions"); err != nil {
-			db.log.Warn("analyze device_actions after a large dispatch", "targeted", a.Targeted, "err", err)
-		}
-	}
+	// Until autovacuum catches up (a minute or more), PostgreSQL plans the
+	// hottest queries, status reports, without knowing these rows and may
+	// scan a whole action per report.
+	db.analyzeAfterWrite(ctx, "device_actions", a.Targeted)
 	return a, nil
 }
 
-// analyzeAfter is the size of a dispatch after which PostgreSQL's
-// statistics of device_actions are refreshed at once.
+// analyzeAfter is the size of a write (a dispatch's device actions, a
+// provisioning's devices) after which PostgreSQL's statistics of its table
+// are refreshed at once.
 const analyzeAfter = 10_000
+
+// analyzeAfterWrite refreshes PostgreSQL's statistics of table after a
+// committed write of n of its rows, if n is analyzeAfter or more. Until
+// autovacuum analyzes the table (a minute or more; never where it is off),
+// the planner takes a tenant's rows for a few dozen and reads all of them
+// where an index would find the few a statement names. ANALYZE samples a
+// bounded number of rows, so it costs the same for 10,000 as for
+// 10,000,000.
+func (db *DB) analyzeAfterWrite(ctx context.Context, table string, n int) {
+	if db.dialect != postgres || n < analyzeAfter {
+		return
+	}
+	if _, err := db.write.ExecContext(ctx, "ANALYZE "+table); err != nil {
+		db.log.Warn("analyze after a large write", "table", table, "rows", n, "err", err)
+	}
+}
 
 // selection is how a dispatch chooses its targets among the tenant's
 // devices: a condition on the devices table with its arguments, or one

@@ -50,15 +50,21 @@ func (db *DB) ReportStatus(ctx context.Context, tenant string, reports []fleet.S
 // already keeps its time.
 func (db *DB) TouchDevices(ctx context.Context, tenant string, ids []string, t time.Time) error {
 	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		for start := 0; start < len(ids); start += idChunk {
-			chunk := ids[start:min(start+idChunk, len(ids))]
-			if _, err := tx.exec(ctx, "UPDATE devices SET last_seen_at = ? WHERE tenant = ? AND (last_seen_at IS NULL OR last_seen_at < ?) AND id IN ("+
-				placeholders(len(chunk))+")", append([]any{millis(t), tenant, millis(t)}, anys(chunk)...)...); err != nil {
-				return err
-			}
-		}
-		return nil
+		return tx.touchDevices(ctx, tenant, ids, t)
 	})
+}
+
+// touchDevices is TouchDevices in tx. Each statement reads only the devices
+// it names, by primary key (dialect.anyOf).
+func (tx *Tx) touchDevices(ctx context.Context, tenant string, ids []string, t time.Time) error {
+	for start := 0; start < len(ids); start += idChunk {
+		in, args := tx.db.dialect.anyOf("id", ids[start:min(start+idChunk, len(ids))])
+		if _, err := tx.exec(ctx, "UPDATE devices SET last_seen_at = ? WHERE tenant = ? AND (last_seen_at IS NULL OR last_seen_at < ?) AND "+in,
+			append([]any{millis(t), tenant, millis(t)}, args...)...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // reportKey names a device action.

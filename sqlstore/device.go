@@ -130,6 +130,8 @@ func (db *DB) CreateDevices(ctx context.Context, tenant string, devs []fleet.New
 	if err != nil {
 		return nil, err
 	}
+	// Each status report's sighting writes its device by id (TouchDevices).
+	db.analyzeAfterWrite(ctx, "devices", len(devs))
 	return tokens, nil
 }
 

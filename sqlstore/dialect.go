@@ -253,6 +253,22 @@ func (d dialect) forUpdate() string {
 	return ""
 }
 
+// anyOf is a condition that col is one of vals, with its arguments. On
+// PostgreSQL it is one array parameter, col = ANY(?): one statement text
+// for any number of values, and an array that is read, not built, for
+// each row a plan filters. A prepared IN list of parameters is an array
+// built from them, and where its generic plan filters rows (a table never
+// analyzed, whose tenant PostgreSQL takes for a few dozen rows) it is
+// built again for every row read: TouchDevices took 145 ms that way for
+// 256 devices of 10,000, against 7 ms as ANY on the same table
+// (BENCHMARKS.md, issue 20, 2026-11-26). SQLite has no arrays: an IN list.
+func (d dialect) anyOf(col string, vals []string) (string, []any) {
+	if d == postgres {
+		return col + " = ANY(?)", []any{vals}
+	}
+	return col + " IN (" + placeholders(len(vals)) + ")", anys(vals)
+}
+
 // indexedBy follows a table name in a query that must read that table
 // through index: SQLite's planner, without statistics, may choose another
 // and sort. PostgreSQL plans by its statistics and has no such hint.

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/fleetd/fleet"
 )
@@ -113,4 +114,39 @@ func (db *DB) Reloptions(ctx context.Context, table string) (string, error) {
 	var opts sql.NullString
 	err := db.read.QueryRowContext(ctx, "SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = $1::regclass", table).Scan(&opts)
 	return opts.String, err
+}
+
+// TouchDevicesCountingReads is TouchDevices that also returns, on
+// PostgreSQL, how many rows of devices its statements read from the heap:
+// by sequential and bitmap scans of the table and by index scans of any of
+// its indexes, the transaction's own counters before and after. Its
+// statements run with their generic plans, those PostgreSQL keeps for a
+// prepared statement after its first five runs on a connection.
+func (db *DB) TouchDevicesCountingReads(ctx context.Context, tenant string, ids []string, t time.Time) (read int64, err error) {
+	if db.dialect != postgres {
+		return 0, db.TouchDevices(ctx, tenant, ids, t)
+	}
+	const counters = `SELECT (pg_stat_get_xact_tuples_returned('devices'::regclass) + pg_stat_get_xact_tuples_fetched('devices'::regclass) +
+		(SELECT COALESCE(sum(pg_stat_get_xact_tuples_fetched(indexrelid)), 0) FROM pg_index WHERE indrelid = 'devices'::regclass))::bigint`
+	err = db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		var r0, r1 int64
+		if err := tx.queryRow(ctx, counters).Scan(&r0); err != nil {
+			return err
+		}
+		if _, err := tx.exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
+			return err
+		}
+		if err := tx.touchDevices(ctx, tenant, ids, t); err != nil {
+			return err
+		}
+		if _, err := tx.exec(ctx, "SET LOCAL plan_cache_mode = auto"); err != nil {
+			return err
+		}
+		if err := tx.queryRow(ctx, counters).Scan(&r1); err != nil {
+			return err
+		}
+		read = r1 - r0
+		return nil
+	})
+	return read, err
 }
