@@ -16,7 +16,10 @@ import (
 
 // BenchmarkReportPages measures, on SQLite, what status reports write to
 // the WAL and cost the writer, with device_actions as a rowid table (as
-// migration 0017 made it) and WITHOUT ROWID: a dispatch to
+// migration 0017 made it), WITHOUT ROWID, and a rowid table with
+// device_actions_by_status as it was before migration 0023 (rowid_0022:
+// without initiated_at, so that an entry a report moves lands on a random
+// page of its new status's range): a dispatch to
 // benchDevices() devices, then reports in store calls of 24, one commit
 // each, one caller (so the figures are the SQL's and the commit's, not
 // the group commit's): a first report on 24,000 devices in random order
@@ -25,13 +28,13 @@ import (
 // ids, as S10's come. The WAL is never restarted, so its growth is what
 // the reports wrote. Per report: frames-* the WAL frames, cpu-us-* the
 // process's CPU (user and system), read-KB-* what it read through system
-// calls (pages beyond SQLite's 2 MiB cache). row-bytes is a row's
+// calls (pages beyond the writer's page cache). row-bytes is a row's
 // average size in the table's leaves (its record and cell header), and
 // pages-* the pages of the table, of its key's index when it has one and
 // of device_actions_by_status, after the dispatch (the rows rebuilt in
 // key order).
 func BenchmarkReportPages(b *testing.B) {
-	for _, kind := range []string{"rowid", "without_rowid"} {
+	for _, kind := range []string{"rowid", "without_rowid", "rowid_0022"} {
 		b.Run(kind, func(b *testing.B) {
 			ctx := context.Background()
 			n := benchDevices()
@@ -57,6 +60,11 @@ func BenchmarkReportPages(b *testing.B) {
 				}
 				db.Close()
 				rebuildDeviceActions(b, path, kind == "without_rowid")
+				if kind == "rowid_0022" {
+					execSQLite(b, path, "DROP INDEX device_actions_by_status",
+						"CREATE INDEX device_actions_by_status ON device_actions (tenant, action_id, action_status, phase)",
+						"PRAGMA wal_checkpoint(TRUNCATE)")
+				}
 				for k, v := range deviceActionsPages(b, path) {
 					sums[k] += v
 				}
@@ -134,6 +142,21 @@ func rebuildDeviceActions(b *testing.B, path string, withoutRowid bool) {
 	}
 	if _, err := db.Exec("PRAGMA wal_checkpoint(TRUNCATE)"); err != nil {
 		b.Fatal(err)
+	}
+}
+
+// execSQLite runs statements on the SQLite database at path.
+func execSQLite(b *testing.B, path string, stmts ...string) {
+	b.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	for _, q := range stmts {
+		if _, err := db.Exec(q); err != nil {
+			b.Fatal(q, err)
+		}
 	}
 }
 
