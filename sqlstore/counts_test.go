@@ -2,7 +2,6 @@ package sqlstore_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"maps"
 	"slices"
@@ -163,15 +162,7 @@ func TestCountsMigration(t *testing.T) {
 		if err := db.MigrateTo(ctx, 17); err != nil {
 			t.Fatal(err)
 		}
-		driver, rawDSN := "pgx", dsn
-		if b.Name == "sqlite" {
-			driver, rawDSN = "sqlite", "file:"+dsn+"?_pragma=busy_timeout(10000)"
-		}
-		raw, err := sql.Open(driver, rawDSN)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer raw.Close()
+		raw := openRaw(t, b, dsn)
 		statuses := []string{"Queued", "Initiated", "Progress", "Completed", "Failed", "Scheduled"}
 		// 120 rows in 60 counts of 2: the residues' combinations repeat
 		// every 60 rows.

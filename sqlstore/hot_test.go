@@ -2,7 +2,6 @@ package sqlstore_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"slices"
 	"testing"
@@ -158,15 +157,7 @@ func TestFinalColumnsMigration(t *testing.T) {
 		if got := recent(); !slices.Equal(got, wantRecent) {
 			t.Errorf("recent failures %v, want %v", got, wantRecent)
 		}
-		driver, rawDSN := "pgx", dsn
-		if b.Name == "sqlite" {
-			driver, rawDSN = "sqlite", "file:"+dsn+"?_pragma=busy_timeout(10000)"
-		}
-		raw, err := sql.Open(driver, rawDSN)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer raw.Close()
+		raw := openRaw(t, b, dsn)
 		var wrong, final, all int
 		if err := raw.QueryRow(`SELECT
 				count(*) FILTER (WHERE CASE WHEN action_status IN ('Completed', 'Failed', 'Cancelled')

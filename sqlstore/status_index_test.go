@@ -15,6 +15,23 @@ import (
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
+// openRaw opens the database at dsn of backend b with database/sql
+// alone, for what a test writes or reads past the store; it is closed when
+// the test ends.
+func openRaw(t *testing.T, b sqlstoretest.Backend, dsn string) *sql.DB {
+	t.Helper()
+	driver := "pgx"
+	if b.Name == "sqlite" {
+		driver, dsn = "sqlite", "file:"+dsn+"?_pragma=busy_timeout(10000)"
+	}
+	raw, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	return raw
+}
+
 // TestStatusIndexMigration migrates a database holding device actions of
 // every live and final status through 0023, which rebuilds
 // device_actions_by_status with initiated_at after phase: the reads of one
@@ -89,15 +106,7 @@ func TestStatusIndexMigration(t *testing.T) {
 			t.Fatal(err)
 		}
 		check("after 0023")
-		driver, rawDSN := "pgx", dsn
-		if b.Name == "sqlite" {
-			driver, rawDSN = "sqlite", "file:"+dsn+"?_pragma=busy_timeout(10000)"
-		}
-		raw, err := sql.Open(driver, rawDSN)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer raw.Close()
+		raw := openRaw(t, b, dsn)
 		var def string
 		if b.Name == "sqlite" {
 			var ok string
