@@ -774,7 +774,13 @@ type writeTx interface {
 // handful of round trips (the locking SELECT, the UPDATE, the COMMIT), and
 // a BEGIN of its own would be one more. The connection waits for its next
 // batch in a transaction that holds no locks and, at READ COMMITTED, no
-// snapshot. It is given back to the pool after any failure of BEGIN,
+// snapshot. Once a second its COMMIT is a COMMIT alone, and the next
+// batch sends its own BEGIN: a PostgreSQL backend reports its table
+// statistics (the rows it inserted, updated and deleted) only when it
+// goes idle outside a transaction, and autovacuum and autoanalyze act on
+// those reports; a connection that never left its transaction kept them
+// from ever seeing the commit loops' writes (BENCHMARKS.md, "PostgreSQL's
+// CPU per S10 report"). It is given back to the pool after any failure of BEGIN,
 // COMMIT or ROLLBACK, and pgx's stdlib discards a connection given back
 // inside a transaction. If the server ended it while it waited
 // (pg_terminate_backend, idle_in_transaction_session_timeout), the next
@@ -782,10 +788,16 @@ type writeTx interface {
 // runs once more on a new connection (runBatch).
 type pgWriter struct {
 	*sql.Conn
-	db      *DB
-	begun   bool      // the last COMMIT began the transaction of the next batch
-	begunAt time.Time // when
+	db         *DB
+	begun      bool      // the last COMMIT began the transaction of the next batch
+	begunAt    time.Time // when
+	reportedAt time.Time // when the connection last went idle outside a transaction
 }
+
+// pgStatsEvery is how often a commit loop's connection goes idle outside a
+// transaction, so that its backend reports its table statistics: as often
+// as a backend reports them at most (PostgreSQL's PGSTAT_MIN_INTERVAL).
+const pgStatsEvery = time.Second
 
 // begin starts a batch's transaction, unless the last commit did it
 // lately. One begun more than a second ago is ended and begun again: a
@@ -806,7 +818,7 @@ func (w *pgWriter) begin(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		w.Conn = c
+		w.Conn, w.reportedAt = c, time.Now()
 	}
 	if _, err := w.ExecContext(ctx, "BEGIN"); err != nil {
 		w.drop()
@@ -815,23 +827,34 @@ func (w *pgWriter) begin(ctx context.Context) error {
 	return nil
 }
 
-// Commit commits the batch's transaction and begins the next one. A
-// transaction in which a statement failed outside a savepoint would
-// "commit" as a rollback: that is an error.
+// Commit commits the batch's transaction and begins the next one, except
+// once every pgStatsEvery, when it leaves the connection idle outside a
+// transaction. A transaction in which a statement failed outside a
+// savepoint would "commit" as a rollback: that is an error.
 func (w *pgWriter) Commit() error {
+	now := time.Now()
+	report := now.Sub(w.reportedAt) >= pgStatsEvery
+	stmt := "COMMIT; BEGIN"
+	if report {
+		stmt = "COMMIT"
+	}
 	err := w.Raw(func(dc any) error {
 		pc := dc.(*stdlib.Conn).Conn().PgConn()
 		if pc.TxStatus() != 'T' {
 			return errors.New("sqlstore: the transaction failed; not committed")
 		}
-		_, err := pc.Exec(context.Background(), "COMMIT; BEGIN").ReadAll()
+		_, err := pc.Exec(context.Background(), stmt).ReadAll()
 		return err
 	})
 	if err != nil {
 		w.drop()
 		return err
 	}
-	w.begun, w.begunAt = true, time.Now()
+	if report {
+		w.reportedAt = now
+		return nil
+	}
+	w.begun, w.begunAt = true, now
 	return nil
 }
 

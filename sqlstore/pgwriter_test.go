@@ -151,3 +151,59 @@ func TestPostgresWriterLosesItsConnection(t *testing.T) {
 		})
 	}
 }
+
+// TestPostgresWritersReportTheirStatistics keeps the commit loop busy,
+// never idle for a second, and waits for PostgreSQL's statistics of the
+// table it writes to count its writes: autovacuum and autoanalyze act on
+// nothing else. A backend reports them only when it goes idle outside a
+// transaction, and a commit loop whose every COMMIT began the next
+// transaction never did while there was work.
+func TestPostgresWritersReportTheirStatistics(t *testing.T) {
+	if os.Getenv("FLEETD_TEST_POSTGRES") == "" {
+		t.Skip("FLEETD_TEST_POSTGRES is not set")
+	}
+	var pg sqlstoretest.Backend
+	for _, b := range sqlstoretest.Backends() {
+		if b.Name == "postgres" {
+			pg = b
+		}
+	}
+	ctx := context.Background()
+	dsn := pg.DSN(t)
+	db, err := sqlstore.Open(ctx, dsn, sqlstore.Options{Writers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stats, err := sql.Open("pgx", dsn) // the test's schema, whose tenants table is the store's
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stats.Close()
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, _, err := db.CreateTenant(ctx, fmt.Sprintf("busy-%d", i)); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	defer wg.Wait()
+	defer close(stop)
+	poll.Until(t, 10*time.Second, "PostgreSQL's statistics to count the busy commit loop's inserts", func() bool {
+		var n int64
+		err := stats.QueryRow("SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = 'tenants'::regclass").Scan(&n)
+		return err == nil && n > 0
+	})
+}
