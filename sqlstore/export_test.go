@@ -117,32 +117,60 @@ func (db *DB) Reloptions(ctx context.Context, table string) (string, error) {
 }
 
 // TouchDevicesCountingReads is TouchDevices that also returns, on
-// PostgreSQL, how many rows of devices its statements read from the heap:
-// by sequential and bitmap scans of the table and by index scans of any of
-// its indexes, the transaction's own counters before and after. Its
-// statements run with their generic plans, those PostgreSQL keeps for a
-// prepared statement after its first five runs on a connection.
+// PostgreSQL, how many rows of devices its statements read (readsOf).
 func (db *DB) TouchDevicesCountingReads(ctx context.Context, tenant string, ids []string, t time.Time) (read int64, err error) {
 	if db.dialect != postgres {
 		return 0, db.TouchDevices(ctx, tenant, ids, t)
 	}
-	const counters = `SELECT (pg_stat_get_xact_tuples_returned('devices'::regclass) + pg_stat_get_xact_tuples_fetched('devices'::regclass) +
-		(SELECT COALESCE(sum(pg_stat_get_xact_tuples_fetched(indexrelid)), 0) FROM pg_index WHERE indrelid = 'devices'::regclass))::bigint`
+	return db.readsOf(ctx, "devices", func(ctx context.Context, tx *Tx) error {
+		return tx.touchDevices(ctx, tenant, ids, t)
+	})
+}
+
+// LockReportRowsCountingReads runs the reports' locking SELECT of the
+// device actions of action on devs, as a batch of reports does, and
+// returns, on PostgreSQL, how many rows of device_actions it read
+// (readsOf).
+func (db *DB) LockReportRowsCountingReads(ctx context.Context, tenant string, action int64, devs []string) (read int64, err error) {
+	if db.dialect != postgres {
+		return 0, nil
+	}
+	return db.readsOf(ctx, "device_actions", func(ctx context.Context, tx *Tx) error {
+		rows := map[reportKey]*reportRow{}
+		if err := tx.loadReportRows(ctx, tenant, action, devs, rows); err != nil {
+			return err
+		}
+		if len(rows) != len(devs) {
+			return fmt.Errorf("%d device actions locked, want %d", len(rows), len(devs))
+		}
+		return nil
+	})
+}
+
+// readsOf runs fn in a write transaction on PostgreSQL with its
+// statements' generic plans, those PostgreSQL keeps for a prepared
+// statement after its first five runs on a connection, and returns how
+// many rows of table they read from the heap: by sequential and bitmap
+// scans of the table and by index scans of any of its indexes, the
+// transaction's own counters before and after.
+func (db *DB) readsOf(ctx context.Context, table string, fn func(ctx context.Context, tx *Tx) error) (read int64, err error) {
+	counters := `SELECT (pg_stat_get_xact_tuples_returned(?::regclass) + pg_stat_get_xact_tuples_fetched(?::regclass) +
+		(SELECT COALESCE(sum(pg_stat_get_xact_tuples_fetched(indexrelid)), 0) FROM pg_index WHERE indrelid = ?::regclass))::bigint`
 	err = db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		var r0, r1 int64
-		if err := tx.queryRow(ctx, counters).Scan(&r0); err != nil {
+		if err := tx.queryRow(ctx, counters, table, table, table).Scan(&r0); err != nil {
 			return err
 		}
 		if _, err := tx.exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
 			return err
 		}
-		if err := tx.touchDevices(ctx, tenant, ids, t); err != nil {
+		if err := fn(ctx, tx); err != nil {
 			return err
 		}
 		if _, err := tx.exec(ctx, "SET LOCAL plan_cache_mode = auto"); err != nil {
 			return err
 		}
-		if err := tx.queryRow(ctx, counters).Scan(&r1); err != nil {
+		if err := tx.queryRow(ctx, counters, table, table, table).Scan(&r1); err != nil {
 			return err
 		}
 		read = r1 - r0

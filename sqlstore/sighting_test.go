@@ -63,3 +63,47 @@ func TestSightingsReadOnlyTheirDevices(t *testing.T) {
 		}
 	})
 }
+
+// TestReportsLockOnlyTheirDeviceActions guards the plan of the reports'
+// locking SELECT on PostgreSQL after a dispatch to fewer devices than
+// analyzeAfter, into a device_actions table never analyzed: a batch's
+// SELECT reads the device actions it names by primary key, not every
+// device action of the action. Without statistics its generic plan read
+// the action's 2,000 device actions for a batch of 100, the IN list's
+// array built again for each (11 ms against 0.7 ms), most of PostgreSQL's
+// CPU per MQTT report (BENCHMARKS.md, issue 20, 2026-11-26).
+func TestReportsLockOnlyTheirDeviceActions(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, _ := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		const devices = 2000
+		var all []fleet.NewDevice
+		var ids []string
+		for i := range devices {
+			id := fmt.Sprintf("dev-%05d", i)
+			all = append(all, fleet.NewDevice{ID: id})
+			ids = append(ids, id)
+		}
+		if _, err := db.CreateDevices(ctx, "acme", all); err != nil {
+			t.Fatal(err)
+		}
+		a := mustDispatch(t, db, "acme", dispatch("update", "default", ids...))
+		for round := range 3 {
+			// A batch's devices of one action, in order, as applyReports
+			// reads them.
+			var devs []string
+			for i := range 100 {
+				devs = append(devs, ids[(round+i*19)%devices])
+			}
+			slices.Sort(devs)
+			read, err := db.LockReportRowsCountingReads(ctx, "acme", a.ID, devs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if read > int64(len(devs)) {
+				t.Errorf("round %d: locking %d device actions read %d rows of device_actions, want at most %d", round, len(devs), read, len(devs))
+			}
+		}
+	})
+}
