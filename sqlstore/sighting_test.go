@@ -20,7 +20,7 @@ import (
 // off (as on the server fleetbench and these tests use). With an IN list
 // of parameters on a table never analyzed, each chunk of sightings read
 // all the tenant's devices and, once generic, built the list's array
-// again for each: half of PostgreSQL's CPU per S10 report, 197–229 µs
+// again for each: half of PostgreSQL's CPU per S10 report, 197–256 µs
 // against 96–100 with the change (BENCHMARKS.md, issue 20, 2026-11-26).
 func TestSightingsReadOnlyTheirDevices(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
