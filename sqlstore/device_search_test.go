@@ -396,16 +396,7 @@ func openWithRaw(t *testing.T, b sqlstoretest.Backend) (*sqlstore.DB, *sql.DB) {
 	if _, err := db.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	driver := "sqlite"
-	if b.Name == "postgres" {
-		driver = "pgx"
-	}
-	raw, err := sql.Open(driver, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { raw.Close() })
-	return db, raw
+	return db, openRaw(t, b, dsn)
 }
 
 // referenceSearch is what search meant before migration 0019: every

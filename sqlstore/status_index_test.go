@@ -2,7 +2,6 @@ package sqlstore_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"maps"
 	"slices"
@@ -14,23 +13,6 @@ import (
 	"github.com/fleetd/fleet/sqlstore"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
-
-// openRaw opens the database at dsn of backend b with database/sql
-// alone, for what a test writes or reads past the store; it is closed when
-// the test ends.
-func openRaw(t *testing.T, b sqlstoretest.Backend, dsn string) *sql.DB {
-	t.Helper()
-	driver := "pgx"
-	if b.Name == "sqlite" {
-		driver, dsn = "sqlite", "file:"+dsn+"?_pragma=busy_timeout(10000)"
-	}
-	raw, err := sql.Open(driver, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { raw.Close() })
-	return raw
-}
 
 // TestStatusIndexMigration migrates a database holding device actions of
 // every live and final status through 0023, which rebuilds

@@ -2,6 +2,7 @@ package sqlstore_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"testing"
 	"time"
@@ -17,6 +18,23 @@ func mustOpen(t *testing.T, b sqlstoretest.Backend) (*sqlstore.DB, *testclock.Cl
 	t.Helper()
 	c := testclock.New(time.Date(2026, 11, 21, 10, 0, 0, 123e6, time.UTC))
 	return sqlstoretest.MustOpen(t, b, sqlstoretest.Options{Now: c.Now}), c
+}
+
+// openRaw opens the database at dsn of backend b with database/sql
+// alone, for what a test writes or reads past the store; it is closed when
+// the test ends.
+func openRaw(t *testing.T, b sqlstoretest.Backend, dsn string) *sql.DB {
+	t.Helper()
+	driver := "pgx"
+	if b.Name == "sqlite" {
+		driver, dsn = "sqlite", "file:"+dsn+"?_pragma=busy_timeout(10000)"
+	}
+	raw, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	return raw
 }
 
 // mustTenant creates a tenant and returns its admin key.
