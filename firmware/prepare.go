@@ -19,15 +19,18 @@ var _ fleet.ActionPreparer = (*Service)(nil)
 // offline device does only when it next connects.
 const urlGrace = 24 * time.Hour
 
-// deviceParams are the params an update_firmware sends to each device,
-// with the keys the uplink agent reads (content-length, checksum, url).
+// deviceParams are the params an update_firmware sends to each device.
+// The uplink agent's downloader reads url, content-length, checksum and
+// version, the last as an alias of its file_name: serde refuses a field
+// given under both names, so the archive's own name travels as
+// bundle_file_name, which uplink ignores (docs/firmware.md).
 type deviceParams struct {
 	Version          string            `json:"version"`
 	URL              string            `json:"url"`
 	Checksum         string            `json:"checksum"`
 	ContentLength    int64             `json:"content-length"`
 	UncompressedSize int64             `json:"uncompressed-size"`
-	FileName         string            `json:"file_name"`
+	BundleFileName   string            `json:"bundle_file_name"`
 	Components       []deviceComponent `json:"components"`
 }
 
@@ -98,7 +101,7 @@ func (s *Service) PrepareDispatch(ctx context.Context, tenant string, d *fleet.D
 		return err
 	}
 	dp := deviceParams{Version: b.Version, URL: url, Checksum: *b.Checksum, ContentLength: *b.ContentLength,
-		UncompressedSize: *b.UncompressedSize, FileName: b.FileName, Components: []deviceComponent{}}
+		UncompressedSize: *b.UncompressedSize, BundleFileName: b.FileName, Components: []deviceComponent{}}
 	for _, f := range b.Firmwares {
 		dp.Components = append(dp.Components, deviceComponent{f.ComponentName, f.VersionNumber, f.FileName, f.Checksum, f.ContentLength, f.UncompressedSize})
 	}

@@ -50,8 +50,18 @@ func TestPrepareUpdateFirmware(t *testing.T) {
 		if err := json.Unmarshal(d.DeviceParams, &p); err != nil {
 			t.Fatal(err)
 		}
+		// A stock uplink stores the download under the version and checks
+		// its SHA-256.
+		up, err := decodeAsUplink(d.DeviceParams)
+		if err != nil {
+			t.Fatalf("uplink refuses %s: %v", d.DeviceParams, err)
+		}
+		if up.URL != p["url"] || up.ContentLength != uint64(*b.ContentLength) || up.FileName != "2.3.0" ||
+			up.Checksum == nil || *up.Checksum != *b.Checksum || up.DownloadPath != nil {
+			t.Fatalf("uplink reads %+v", up)
+		}
 		if p["version"] != "2.3.0" || p["checksum"] != *b.Checksum || p["content-length"] != float64(*b.ContentLength) ||
-			p["uncompressed-size"] != float64(*b.UncompressedSize) || p["file_name"] != "fw-2.3.0.tar.gz" {
+			p["uncompressed-size"] != float64(*b.UncompressedSize) || p["bundle_file_name"] != "fw-2.3.0.tar.gz" {
 			t.Fatalf("params = %v", p)
 		}
 		comps := p["components"].([]any)

@@ -1136,7 +1136,7 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 			var a struct{ ID int64 }
 			r.decode(t, &a)
 			p := installFirmware(t, devOld, devOld.next(t))
-			if p["version"] != "1.0.0" || p["file_name"] != old.FileName {
+			if p["version"] != "1.0.0" || p["bundle_file_name"] != old.FileName || p["file_name"] != nil {
 				t.Fatalf("params = %v", p)
 			}
 			s.awaitActionStatus(t, admin, "dev-old", a.ID, "Completed")
@@ -1180,7 +1180,7 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 			}
 			params = installFirmware(t, devNew, m)
 			if params["version"] != "2.3.0" || params["checksum"] != sha256Hex(data) || params["content-length"] != float64(len(data)) ||
-				params["uncompressed-size"] != float64(*bd.UncompressedSize) || params["file_name"] != "bundle.tar.gz" || len(params["components"].([]any)) != 2 {
+				params["uncompressed-size"] != float64(*bd.UncompressedSize) || params["bundle_file_name"] != "bundle.tar.gz" || len(params["components"].([]any)) != 2 {
 				t.Fatalf("params = %v", params)
 			}
 			da := s.awaitActionStatus(t, admin, "dev-new", actionID, "Completed")
