@@ -60,6 +60,8 @@ type Action struct {
 	NextPhaseIndex  *int          `json:"next_phase_index,omitempty" doc:"the next phase to trigger; the number of phases once all did"`
 	Status          RolloutStatus `json:"status,omitempty" doc:"the rollout's: scheduled, running, paused, completed or aborted"`
 	PauseReason     string        `json:"pause_reason,omitempty" doc:"why the rollout is paused"`
+	// rollout is what the rules of the rollout's operations look at.
+	rollout *RolloutState
 
 	// DeviceParams is what devices receive as the payload, when a special
 	// action's preparer replaced Params; nil otherwise.
@@ -457,6 +459,27 @@ func (a *Action) SetRollout(r *Rollout) {
 	s := r.Schedule
 	next := r.NextPhase
 	a.Schedule, a.PhasesTriggered, a.NextPhaseIndex, a.Status, a.PauseReason = &s, r.PhasesTriggered(), &next, r.Status, r.PauseReason
+	st := r.State()
+	a.rollout = &st
+}
+
+// RolloutAllows reports whether the operation op may be done on the
+// action's rollout (RolloutState.Allows); ECONFLICT for an action without
+// a schedule.
+func (a *Action) RolloutAllows(op RolloutOp) error {
+	if a.rollout == nil {
+		return Errorf(ECONFLICT, "action %d has no schedule: it went to all its devices at dispatch", a.ID)
+	}
+	return a.rollout.Allows(op)
+}
+
+// RolloutOps lists the operations the action's rollout allows now; none
+// for an action without a schedule.
+func (a *Action) RolloutOps() []RolloutOp {
+	if a.rollout == nil {
+		return nil
+	}
+	return a.rollout.Allowed()
 }
 
 // DeviceActionSorts are the fields S7 sorts by; the first is the default.

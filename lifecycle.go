@@ -5,6 +5,10 @@ package fleet
 // and the table of transitions. Everything that changes a device action's
 // status follows Lifecycle: ApplyReport for status reports, and the store,
 // whose statements take their states from it (sqlstore/action_lifecycle.go).
+// Below it, the table of a rollout's operations, which the store and the
+// console ask.
+
+import "slices"
 
 // ActionStatus is where a device action is in its lifecycle (DESIGN §4):
 // (Scheduled →) Queued → Initiated → Progress → Completed, Failed or
@@ -193,4 +197,126 @@ func ReportEvent(state string) Event {
 		return EventFailed
 	}
 	return EventProgress
+}
+
+// The rollout's operations (docs/actions.md, "Rollouts"): what an operator
+// may do to a rollout in each of its states, in one table. The store
+// refuses what the table refuses, and the console shows only the
+// operations the table allows.
+
+// RolloutOp is an operator's operation on a rollout.
+type RolloutOp string
+
+// The operations on a rollout.
+const (
+	OpPause            RolloutOp = "pause"
+	OpResume           RolloutOp = "resume"
+	OpTriggerNextPhase RolloutOp = "trigger_next_phase"
+	OpAppendPhase      RolloutOp = "append_phase"
+	OpAbort            RolloutOp = "abort"
+	// OpCancel is the action's cancel: on a rollout not done it is an
+	// abort, and it stays idempotent after that.
+	OpCancel RolloutOp = "cancel"
+)
+
+// RolloutOperation is one row of RolloutOperations: Op applies to a
+// rollout whose status is one of From and, when Releases, whose schedule
+// can still release devices.
+type RolloutOperation struct {
+	Op   RolloutOp
+	From []RolloutStatus
+	// Releases: the operation releases devices or adds devices to
+	// release, so the schedule must not have ended.
+	Releases bool
+	// Instead is what a person can do when the status forbids the
+	// operation, by the status it is in.
+	Instead map[RolloutStatus]string
+}
+
+// RolloutOperations is every operation on a rollout. An operation's
+// further conditions (a phase left to trigger, room for one more phase)
+// are in RolloutState.Allows.
+var RolloutOperations = []RolloutOperation{
+	{Op: OpPause, From: []RolloutStatus{RolloutScheduled, RolloutRunning}, Instead: map[RolloutStatus]string{
+		RolloutPaused: "it is paused already; resume it or abort it", RolloutCompleted: "nothing is left to pause", RolloutAborted: "nothing is left to pause"}},
+	{Op: OpResume, From: []RolloutStatus{RolloutPaused}, Instead: map[RolloutStatus]string{
+		RolloutScheduled: "it is not paused", RolloutRunning: "it is not paused",
+		RolloutCompleted: "nothing is left to resume", RolloutAborted: "nothing is left to resume; dispatch a new action instead"}},
+	{Op: OpTriggerNextPhase, From: []RolloutStatus{RolloutScheduled, RolloutRunning}, Releases: true, Instead: map[RolloutStatus]string{
+		RolloutPaused: "resume it first", RolloutCompleted: "every phase was released; dispatch a new action to reach more devices",
+		RolloutAborted: "nothing more is released; dispatch a new action instead"}},
+	{Op: OpAppendPhase, From: []RolloutStatus{RolloutScheduled, RolloutRunning, RolloutPaused}, Releases: true, Instead: map[RolloutStatus]string{
+		RolloutCompleted: "dispatch a new action instead", RolloutAborted: "dispatch a new action instead"}},
+	{Op: OpAbort, From: []RolloutStatus{RolloutScheduled, RolloutRunning, RolloutPaused}, Instead: map[RolloutStatus]string{
+		RolloutCompleted: "nothing is left to abort", RolloutAborted: "it was aborted already"}},
+	{Op: OpCancel, From: RolloutStatuses},
+}
+
+// RolloutState is what the rules of the operations look at.
+type RolloutState struct {
+	Status      RolloutStatus
+	PauseReason string
+	// Ended: the schedule's end_timestamp passed; nothing more is
+	// released.
+	Ended bool
+	// NextPhase is the next phase to trigger, Phases how many the
+	// schedule has.
+	NextPhase, Phases int
+}
+
+// State is what the operations' rules look at of r.
+func (r *Rollout) State() RolloutState {
+	return RolloutState{Status: r.Status, PauseReason: r.PauseReason, Ended: r.Ended, NextPhase: r.NextPhase, Phases: len(r.Schedule.Phases)}
+}
+
+// Allows reports whether op may be done in s: nil, or ECONFLICT saying
+// why not and what to do instead.
+func (s RolloutState) Allows(op RolloutOp) error {
+	var row *RolloutOperation
+	for i := range RolloutOperations {
+		if RolloutOperations[i].Op == op {
+			row = &RolloutOperations[i]
+		}
+	}
+	if row == nil {
+		return Errorf(EINVALID, "%s is not an operation on a rollout", op)
+	}
+	if !slices.Contains(row.From, s.Status) {
+		status := string(s.Status)
+		if s.Status == RolloutPaused && s.PauseReason != "" {
+			status += " (" + s.PauseReason + ")"
+		}
+		return Errorf(ECONFLICT, "cannot %s: the rollout is %s; %s", op.verb(), status, row.Instead[s.Status])
+	}
+	switch {
+	case row.Releases && s.Ended:
+		return Errorf(ECONFLICT, "cannot %s: the schedule ended, so nothing more is released; dispatch a new action instead", op.verb())
+	case op == OpTriggerNextPhase && s.NextPhase >= s.Phases:
+		return Errorf(ECONFLICT, "cannot %s: every phase has triggered; append a phase to release more devices", op.verb())
+	case op == OpAppendPhase && s.Phases >= MaxPhases:
+		return Errorf(ECONFLICT, "cannot %s: the schedule has %d phases, the most it may have; dispatch a new action instead", op.verb(), MaxPhases)
+	}
+	return nil
+}
+
+// Allowed lists the operations s allows, in the table's order.
+func (s RolloutState) Allowed() []RolloutOp {
+	var out []RolloutOp
+	for _, o := range RolloutOperations {
+		if s.Allows(o.Op) == nil {
+			out = append(out, o.Op)
+		}
+	}
+	return out
+}
+
+// verb is the operation as a person says it.
+func (op RolloutOp) verb() string {
+	switch op {
+	case OpTriggerNextPhase:
+		return "trigger the next phase"
+	case OpAppendPhase:
+		return "append a phase"
+	}
+	return string(op)
 }

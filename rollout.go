@@ -576,15 +576,8 @@ func minTime(a, b time.Time) time.Time {
 // triggers whatever its trigger says, if the rollout may release and the
 // gate holds. An error is ECONFLICT, saying why not.
 func (r *Rollout) TriggerNow(now time.Time, f RolloutFacts) (RolloutStep, error) {
-	switch {
-	case r.Status.Done():
-		return RolloutStep{}, Errorf(ECONFLICT, "the rollout is %s", r.Status)
-	case r.Status == RolloutPaused:
-		return RolloutStep{}, Errorf(ECONFLICT, "the rollout is paused (%s); resume it first", r.PauseReason)
-	case r.Ended:
-		return RolloutStep{}, Errorf(ECONFLICT, "the schedule ended; nothing more is released")
-	case r.NextPhase >= len(r.Schedule.Phases):
-		return RolloutStep{}, Errorf(ECONFLICT, "every phase has triggered; append a phase to release more devices")
+	if err := r.State().Allows(OpTriggerNextPhase); err != nil {
+		return RolloutStep{}, err
 	}
 	step, ok := r.gate(now, f, true)
 	if !ok {

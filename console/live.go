@@ -37,6 +37,8 @@ type actionLive struct {
 	PauseReason string                    `json:"pause_reason,omitempty"`
 	NextPhase   *int                      `json:"next_phase,omitempty"`
 	Triggered   []bool                    `json:"triggered,omitempty"`
+	// Ops are the rollout's operations allowed now, whose buttons show.
+	Ops []fleet.RolloutOp `json:"ops,omitempty"`
 }
 
 func (c *Console) handleActionEvents(w http.ResponseWriter, r *http.Request, v *view) error {
@@ -56,7 +58,7 @@ func (c *Console) handleActionEvents(w http.ResponseWriter, r *http.Request, v *
 			return nil, err
 		}
 		return actionLive{Statuses: a.Statuses, Phased: a.StatusesPhased, Status: a.Status, PauseReason: a.PauseReason,
-			NextPhase: a.NextPhaseIndex, Triggered: a.PhasesTriggered}, nil
+			NextPhase: a.NextPhaseIndex, Triggered: a.PhasesTriggered, Ops: a.RolloutOps()}, nil
 	})
 }
 

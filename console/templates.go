@@ -3,7 +3,6 @@ package console
 import (
 	"encoding/json"
 	"html/template"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -41,13 +40,14 @@ var funcs = template.FuncMap{
 		_ = enc.Encode(x) // a decoded value always encodes
 		return strings.TrimSuffix(out.String(), "\n")
 	},
-	"join":    strings.Join,
-	"final":   func(s fleet.ActionStatus) bool { return s.Final() },
-	"inc":     func(i int) int { return i + 1 },
-	"count":   func(m map[string]int, k fleet.ActionStatus) int { return m[string(k)] },
-	"list":    func(s ...string) []string { return s },
-	"opWhen":  func(op string) string { return strings.Join(opStates[op], " ") },
-	"opShown": func(op string, st fleet.RolloutStatus) bool { return slices.Contains(opStates[op], string(st)) },
+	"join":  strings.Join,
+	"final": func(s fleet.ActionStatus) bool { return s.Final() },
+	"inc":   func(i int) int { return i + 1 },
+	"count": func(m map[string]int, k fleet.ActionStatus) int { return m[string(k)] },
+	"list":  func(s ...string) []string { return s },
+	// allows: the rollout of the action allows the operation now
+	// (fleet.RolloutOperations); the page shows only those.
+	"allows":  func(a *fleet.Action, op string) bool { return a.RolloutAllows(fleet.RolloutOp(op)) == nil },
 	"opLabel": func(op string) string { return opLabels[op] },
 	"phaseCount": func(a *fleet.Action, phase int, st fleet.ActionStatus) int {
 		return a.StatusesPhased[strconv.Itoa(phase)][string(st)]
@@ -66,15 +66,6 @@ func parsePages() map[string]*template.Template {
 		pages[name] = template.Must(template.New(name).Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+name+".html"))
 	}
 	return pages
-}
-
-// opStates are the rollout states in which each operation applies; the
-// page shows its button only then (and the server answers 409 otherwise).
-var opStates = map[string][]string{
-	"pause":              {"scheduled", "running"},
-	"resume":             {"paused"},
-	"trigger_next_phase": {"scheduled", "running"},
-	"abort":              {"scheduled", "running", "paused"},
 }
 
 var opLabels = map[string]string{

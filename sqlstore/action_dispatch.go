@@ -415,7 +415,7 @@ func (db *DB) CancelAction(ctx context.Context, tenant string, id int64, tell *f
 		if c, err = tx.cancel(ctx, tenant, id, tell); err != nil {
 			return err
 		}
-		if r != nil && !r.Status.Done() {
+		if r != nil && r.State().Allows(fleet.OpAbort) == nil { // a cancel aborts the rollout, and is idempotent after
 			r.Status = fleet.RolloutAborted
 			if err := tx.saveRollout(ctx, tenant, r, millis(tx.now)); err != nil {
 				return err

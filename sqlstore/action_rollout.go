@@ -478,8 +478,8 @@ func (tx *Tx) saveRollout(ctx context.Context, tenant string, r *fleet.Rollout, 
 // released until it is resumed.
 func (db *DB) PauseRollout(ctx context.Context, tenant string, id int64, now time.Time) (*fleet.RolloutChange, error) {
 	return db.operate(ctx, tenant, id, "rollout.pause", func(tx *Tx, r *fleet.Rollout) (*fleet.RolloutChange, error) {
-		if r.Status != fleet.RolloutScheduled && r.Status != fleet.RolloutRunning {
-			return nil, fleet.Errorf(fleet.ECONFLICT, "the rollout is %s: only a scheduled or running rollout can be paused", r.Status)
+		if err := r.State().Allows(fleet.OpPause); err != nil {
+			return nil, err
 		}
 		by := "an operator"
 		if a := fleet.ActorFromContext(ctx); a != nil && a.UserName != "" {
@@ -494,8 +494,8 @@ func (db *DB) PauseRollout(ctx context.Context, tenant string, id int64, now tim
 // gate: the phase it held back is released when its trigger comes.
 func (db *DB) ResumeRollout(ctx context.Context, tenant string, id int64, now time.Time) (*fleet.RolloutChange, error) {
 	return db.operate(ctx, tenant, id, "rollout.resume", func(tx *Tx, r *fleet.Rollout) (*fleet.RolloutChange, error) {
-		if r.Status != fleet.RolloutPaused {
-			return nil, fleet.Errorf(fleet.ECONFLICT, "the rollout is %s, not paused", r.Status)
+		if err := r.State().Allows(fleet.OpResume); err != nil {
+			return nil, err
 		}
 		if r.GatePaused {
 			r.WaivedPhase = r.NextPhase
@@ -532,8 +532,8 @@ func (db *DB) TriggerNextPhase(ctx context.Context, tenant string, id int64, now
 // released.
 func (db *DB) AbortRollout(ctx context.Context, tenant string, id int64, tell *fleet.Dispatch, now time.Time) (*fleet.RolloutChange, error) {
 	return db.operate(ctx, tenant, id, "rollout.abort", func(tx *Tx, r *fleet.Rollout) (*fleet.RolloutChange, error) {
-		if r.Status.Done() {
-			return nil, fleet.Errorf(fleet.ECONFLICT, "the rollout is %s already", r.Status)
+		if err := r.State().Allows(fleet.OpAbort); err != nil {
+			return nil, err
 		}
 		c, err := tx.cancel(ctx, tenant, id, tell)
 		if err != nil {
@@ -551,13 +551,8 @@ func (db *DB) AbortRollout(ctx context.Context, tenant string, id int64, tell *f
 // action's CheckDevice (fleet.Dispatch), asked about them as at dispatch.
 func (db *DB) AppendPhase(ctx context.Context, tenant string, id int64, p fleet.Phase, check func(map[string]string) string, now time.Time) (*fleet.RolloutChange, error) {
 	return db.operate(ctx, tenant, id, "rollout.append_phase", func(tx *Tx, r *fleet.Rollout) (*fleet.RolloutChange, error) {
-		switch {
-		case r.Status.Done():
-			return nil, fleet.Errorf(fleet.ECONFLICT, "the rollout is %s; dispatch a new action instead", r.Status)
-		case r.Ended:
-			return nil, fleet.Errorf(fleet.ECONFLICT, "the schedule ended; nothing more is released")
-		case len(r.Schedule.Phases) >= fleet.MaxPhases:
-			return nil, fleet.Errorf(fleet.ECONFLICT, "the schedule has %d phases, the most it may have", fleet.MaxPhases)
+		if err := r.State().Allows(fleet.OpAppendPhase); err != nil {
+			return nil, err
 		}
 		k := len(r.Schedule.Phases)
 		a, err := scanAction(tx.queryRow(ctx, "SELECT "+actionColumns+" FROM actions WHERE tenant = ? AND id = ?", tenant, id))

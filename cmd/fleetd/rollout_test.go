@@ -496,28 +496,73 @@ func TestRolloutOperations(t *testing.T) {
 				phase("first", triggerManual, fixedList("op-1")),
 				phase("rest", triggerManual, percent(100)),
 			}}})
+		// The console's action page shows the buttons of the operations
+		// the API allows, and no other.
+		console := newBrowser(t, s.URL)
+		console.signIn(admin.Tenant, admin.Key)
+		buttons := func(id int64) string {
+			t.Helper()
+			var shown []string
+			for _, m := range regexp.MustCompile(`data-op="([a-z_]+)"( hidden)?>`).FindAllStringSubmatch(console.get(fmt.Sprintf("/console/actions/%d", id)).want(t, 200).Body, -1) {
+				if m[2] == "" {
+					shown = append(shown, m[1])
+				}
+			}
+			return strings.Join(shown, " ")
+		}
 		op := func(name string, body any, status int) {
 			t.Helper()
 			r := s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/%s", id, name), body)
 			if status == 409 {
 				wantCode(t, r, 409, "conflict")
+				if !strings.Contains(string(r.Body), "the rollout is ") {
+					t.Fatalf("%s: %s does not say the rollout's state", name, r.Body)
+				}
 				return
 			}
 			r.want(t, status)
 		}
 		late := phase("late", triggerManual, fixedList("op-4"))
-		op("resume", nil, 409) // scheduled, not paused
-		op("pause", nil, 204)
-		op("pause", nil, 409)
-		op("trigger_next_phase", nil, 409)
-		op("resume", nil, 204)
-		op("trigger_next_phase", nil, 204)
-		op("append_phase", late, 204)
-		op("abort", nil, 204)
-		for _, name := range []string{"pause", "resume", "trigger_next_phase", "abort"} {
-			op(name, nil, 409)
+		for _, step := range []struct {
+			op      string
+			body    any
+			status  int
+			buttons string // after it
+		}{
+			{"", nil, 0, "pause trigger_next_phase abort"},
+			{"resume", nil, 409, "pause trigger_next_phase abort"}, // scheduled, not paused
+			{"pause", nil, 204, "resume abort"},
+			{"pause", nil, 409, "resume abort"},
+			{"trigger_next_phase", nil, 409, "resume abort"},
+			{"resume", nil, 204, "pause trigger_next_phase abort"},
+			{"trigger_next_phase", nil, 204, "pause trigger_next_phase abort"},
+			{"append_phase", late, 204, "pause trigger_next_phase abort"},
+			{"abort", nil, 204, ""},
+			{"pause", nil, 409, ""},
+			{"resume", nil, 409, ""},
+			{"trigger_next_phase", nil, 409, ""},
+			{"abort", nil, 409, ""},
+			{"append_phase", phase("later", triggerManual, fixedList("op-4")), 409, ""},
+		} {
+			if step.op != "" {
+				op(step.op, step.body, step.status)
+			}
+			if got := buttons(id); got != step.buttons {
+				t.Fatalf("after %s (%d) the console shows %q, want %q", step.op, step.status, got, step.buttons)
+			}
 		}
-		op("append_phase", phase("later", triggerManual, fixedList("op-4")), 409)
+		// A running rollout whose every phase triggered has no next phase
+		// to trigger: the console does not offer it.
+		s.mustDevice(t, admin, "op-5", nil)
+		last := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default",
+			"device_ids": []string{"op-5"}, "schedule": map[string]any{"phases": []any{phase("all", triggerNow, percent(100))}}})
+		if a := s.rollout(t, admin, last); a.Status != "running" {
+			t.Fatalf("a rollout of one released phase: %+v", a)
+		}
+		wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", last), nil), 409, "conflict")
+		if got := buttons(last); got != "pause abort" {
+			t.Fatalf("a running rollout with no phase left shows %q", got)
+		}
 		if a := s.rollout(t, admin, id); a.Status != "aborted" || a.Targeted != 4 || a.Statuses["Cancelled"] != 4 {
 			t.Fatalf("after the operations: %+v", a)
 		}

@@ -50,8 +50,8 @@
       setText(el, data.pause_reason || "");
       el.hidden = !data.pause_reason;
     });
-    root.querySelectorAll("[data-when]").forEach(function (el) {
-      el.hidden = el.getAttribute("data-when").split(" ").indexOf(data.status) < 0;
+    root.querySelectorAll("[data-op]").forEach(function (el) {
+      el.hidden = (data.ops || []).indexOf(el.getAttribute("data-op")) < 0;
     });
     root.querySelectorAll("[data-triggered]").forEach(function (el) {
       var i = Number(el.getAttribute("data-triggered"));
