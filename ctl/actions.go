@@ -139,7 +139,15 @@ func (a *app) actionsCmd() *cobra.Command {
 				body["schedule"] = sched
 			}
 			if !watchAfter {
+				for _, name := range []string{"watch-timeout", "max-failed", "interval"} {
+					if cmd.Flags().Changed(name) {
+						return usagef("--%s goes with --watch", name)
+					}
+				}
 				return a.show(cmd, request{method: "POST", path: "/api/v1/actions", body: body}, dispatchedView)
+			}
+			if err := a.checkWatchOutput(); err != nil {
+				return err
 			}
 			c, err := a.connect(cmd.Context())
 			if err != nil {
@@ -150,12 +158,17 @@ func (a *app) actionsCmd() *cobra.Command {
 				return err
 			}
 			var d struct {
-				ID int64 `json:"id"`
+				ID       int64 `json:"id"`
+				Targeted int   `json:"targeted"`
 			}
 			if err := json.Unmarshal(b, &d); err != nil {
 				return err
 			}
-			fmt.Fprintf(a.env.Stdout, "dispatched action %d\n", d.ID)
+			said := a.env.Stdout
+			if a.output == "json" {
+				said = a.env.Stderr // stdout is JSON lines
+			}
+			fmt.Fprintf(said, "dispatched action %d to %d devices\n", d.ID, d.Targeted)
 			return a.watch(cmd, d.ID, w)
 		},
 	}
@@ -174,7 +187,7 @@ func (a *app) actionsCmd() *cobra.Command {
 	f.StringVar(&releaseNotes, "release-notes", "", "the rollout's release notes `TEXT`")
 	f.StringVar(&end, "end", "", "an RFC 3339 `TIME` after which no phase triggers")
 	f.StringVar(&window, "maintenance-window", "", "hand released device actions to devices only between START-END in ZONE: `HH:MM-HH:MM/ZONE`, such as 02:00-05:00/Europe/Berlin")
-	f.BoolVar(&watchAfter, "watch", false, "then watch the action as 'actions watch' does, and exit as it does")
+	f.BoolVar(&watchAfter, "watch", false, "then watch the action as 'actions watch' does, and exit as it does (codes 3 to 6)")
 	w.flags(dispatch, "watch-timeout")
 	dispatch.RegisterFlagCompletionFunc("devices", a.completeDevices)
 
@@ -236,15 +249,25 @@ func (a *app) actionsCmd() *cobra.Command {
 	appendCmd.Flags().StringVarP(&appendFile, "file", "f", "", "JSON or YAML `FILE` with the phase object")
 
 	var ww watchOptions
-	watch := a.actionCmd("watch ID", "Show an action's progress live until it is final or paused; exit 0 only if every device Completed",
+	watch := a.actionCmd("watch ID", "Show an action's progress live until it ends; the exit code says how (0 passed, 3 paused, 4 too many failed, 5 timed out, 6 aborted)",
 		func(cmd *cobra.Command, id int64) error { return a.watch(cmd, id, ww) })
 	watch.Long = `Shows the action's device actions per status, and per phase for a rollout,
 as progress bars that redraw in place (on a terminal; elsewhere a line per
-change), until every device action is final or the rollout pauses or ends.
-The exit code is 0 when every device action Completed and 1 otherwise
-(Failed or Cancelled devices, a paused or aborted rollout, --timeout), so a
-CI job can gate on a rollout:
-  fleetctl actions watch 42 --timeout 30m && echo rolled out`
+change), until every device action is final, the rollout pauses or is
+aborted, or --timeout runs out. With -o json it writes one JSON object a
+line: {"event":"change","action":{...}} at each change, the action as
+'actions get' shows it, then {"event":"final","action":{...},
+"exit_code":N,"reason":"..."}.
+
+The exit code is what a CI job gates on:
+  0  every device finished, and no more failed than --max-failed allows
+  3  the rollout paused (a gate did not hold, or an operator paused it)
+  4  more devices failed than --max-failed allows (default 0)
+  5  --timeout ran out
+  6  the rollout was aborted, or device actions were cancelled
+  1  a request failed; 2 the command line cannot be run`
+	watch.Example = `  fleetctl actions watch 42 --timeout 30m --max-failed 2% || exit $?
+  fleetctl actions watch 42 -o json | jq -c 'select(.event == "final") | .reason'`
 	ww.flags(watch, "timeout")
 
 	var device, state string

@@ -26,11 +26,15 @@ type Env struct {
 	IsTerminal func(io.Writer) bool
 }
 
-// The exit codes a script can rely on.
+// The exit codes a script can rely on (rootLong tells them to users).
 const (
-	ExitOK      = 0 // done; for watch, every device action Completed
-	ExitRefused = 1 // the server refused (its message is on stderr), could not be reached, or a watched action did not complete
+	ExitOK      = 0 // done; for a watch, every device finished and no more failed than --max-failed allows
+	ExitRefused = 1 // a request failed: the server refused (its message is on stderr) or could not be reached
 	ExitUsage   = 2 // the command line cannot be run
+	ExitPaused  = 3 // a watched rollout paused: a gate did not hold, or an operator paused it
+	ExitFailed  = 4 // more devices of a watched action failed than --max-failed allows
+	ExitTimeout = 5 // the watch's time limit ran out first
+	ExitAborted = 6 // a watched rollout was aborted, or device actions of a watched action were cancelled
 )
 
 // usageError is a command line that cannot be run: exit 2.
@@ -68,13 +72,14 @@ func Run(ctx context.Context, args []string, e Env) int {
 	}
 	var ue *usageError
 	var re *runError
+	var we *watchEnd
 	switch {
+	case errors.As(err, &we):
+		fmt.Fprintf(e.Stderr, "fleetctl: %v\n", err)
+		return we.code
 	case errors.As(err, &ue) || !errors.As(err, &re):
 		fmt.Fprintf(e.Stderr, "fleetctl: %v\nRun 'fleetctl --help' for usage.\n", err)
 		return ExitUsage
-	case errors.Is(err, errNotCompleted):
-		// watch has shown why.
-		return ExitRefused
 	default:
 		fmt.Fprintf(e.Stderr, "fleetctl: %v\n", err)
 		return ExitRefused
@@ -128,9 +133,20 @@ FLEETCTL_URL, FLEETCTL_TENANT, FLEETCTL_API_KEY and FLEETCTL_CA_FILE override
 the context (flags first).
 
 Output is a table unless -o json, -o yaml or -o edn (the server's own EDN)
-asks for a form for scripts. Exit codes: 0 done; 1 the server refused (its
-message on stderr), could not be reached, or a watched action did not
-complete; 2 the command line cannot be run.`
+asks for a form for scripts.
+
+Exit codes (the 3 to 6 come from 'actions watch' and 'actions dispatch
+--watch', so that a CI job can gate on a rollout):
+  0  done; for a watch, every device finished and no more failed than
+     --max-failed allows (default 0)
+  1  a request failed: the server refused (its message on stderr), or could
+     not be reached
+  2  the command line cannot be run
+  3  the watched rollout paused: a gate did not hold, or an operator paused it
+  4  more devices failed than --max-failed allows
+  5  the watch's time limit (--watch-timeout, or watch's --timeout) ran out
+  6  the rollout was aborted, or device actions were cancelled (an operator's
+     cancel, or the schedule's end before their phase)`
 
 func (a *app) root() *cobra.Command {
 	root := &cobra.Command{

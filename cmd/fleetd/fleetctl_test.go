@@ -397,12 +397,12 @@ func TestFleetctlActions(t *testing.T) {
 			wantContains(t, "devices", f.ok(t, "actions", "devices", id, "--status", "Failed"), "d1", "Failed=disk full")
 			wantContains(t, "cancel", f.ok(t, "actions", "cancel", id), "Cancelled=1", "Failed=1")
 			r := <-done
-			if r.code != ctl.ExitRefused {
-				t.Fatalf("want exit 1; %v", r)
+			if r.code != ctl.ExitAborted {
+				t.Fatalf("want exit 6; %v", r)
 			}
-			wantContains(t, "stderr", r.stderr, "did not complete on every device: Failed 1, Cancelled 1")
+			wantContains(t, "stderr", r.stderr, "1 device action(s) cancelled: Failed 1, Cancelled 1")
 			wantContains(t, "terminal", r.stdout, "  Queued     ████████████████████████ 2/2\n", "\x1b[2A\x1b[J", "  Failed     ████████████░░░░░░░░░░░░ 1/2\n")
-			wantContains(t, "timeout", f.fails(t, ctl.ExitRefused, "actions", "watch", fmt.Sprint(dispatched.ID+1), "--timeout", "1ns"), "gave up")
+			wantContains(t, "timeout", f.fails(t, ctl.ExitTimeout, "actions", "watch", fmt.Sprint(dispatched.ID+1), "--timeout", "1ns"), "gave up")
 		})
 		t.Run("Rollout", func(t *testing.T) {
 			var d struct{ ID int64 }
@@ -426,7 +426,7 @@ func TestFleetctlActions(t *testing.T) {
 			}
 			f.ok(t, "actions", "pause", id)
 			res := f.run("", "actions", "watch", id, "--interval", "10ms")
-			if res.code != ctl.ExitRefused || !strings.Contains(res.stderr, "is paused") {
+			if res.code != ctl.ExitPaused || !strings.Contains(res.stderr, "is paused") {
 				t.Fatalf("watching a paused rollout: %v", res)
 			}
 			wantContains(t, "resume", f.ok(t, "actions", "resume", id), "running")
@@ -451,6 +451,168 @@ func TestFleetctlActions(t *testing.T) {
 				t.Fatalf("rollout from a schedule file: %+v", r)
 			}
 			wantContains(t, "phase usage", f.fails(t, ctl.ExitUsage, "actions", "dispatch", "x", "--all", "--phase", "lonely"), "NAME SELECTION")
+		})
+	})
+}
+
+// TestFleetctlWatchExitCodes: a CI job gates on 'actions watch' and
+// 'actions dispatch --watch' by their exit code, one for each way an
+// action ends (docs/cli.md's table).
+func TestFleetctlWatchExitCodes(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, "--rollout-interval", "20ms")
+		f := s.newFleetctl(t, s.admin())
+		for _, id := range []string{"w1", "w2", "w3", "w4"} {
+			f.ok(t, "devices", "create", id)
+		}
+		dispatch := func(t *testing.T, args ...string) (int64, string) {
+			t.Helper()
+			var d struct{ ID int64 }
+			f.json(t, &d, append([]string{"actions", "dispatch", "reboot"}, args...)...)
+			return d.ID, fmt.Sprint(d.ID)
+		}
+		watch := func(t *testing.T, want int, id string, args ...string) ctlResult {
+			t.Helper()
+			r := f.run("", append([]string{"actions", "watch", id, "--interval", "10ms"}, args...)...)
+			if r.code != want {
+				t.Fatalf("want exit %d; %v", want, r)
+			}
+			return r
+		}
+		// released waits for a rollout's first phase, which the rollout
+		// loop releases, to release n devices.
+		released := func(t *testing.T, sid string, n int) {
+			t.Helper()
+			eventually(t, "the first phase to release", func() bool {
+				var a struct{ Statuses map[string]int }
+				f.json(t, &a, "actions", "get", sid)
+				return a.Statuses["Queued"] == n
+			})
+		}
+		actions := func(t *testing.T) int {
+			var l struct{ Actions []struct{ ID int64 } }
+			f.json(t, &l, "actions", "list", "--limit", "1000")
+			return len(l.Actions)
+		}
+		type line struct {
+			Event  string
+			Action struct {
+				ID       int64
+				Statuses map[string]int
+			}
+			ExitCode *int `json:"exit_code"`
+			Reason   string
+		}
+		lines := func(t *testing.T, out string) []line {
+			t.Helper()
+			var ls []line
+			for _, l := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
+				var v line
+				if err := json.Unmarshal([]byte(l), &v); err != nil {
+					t.Fatalf("a line of -o json is not a JSON object: %v: %q\n%s", err, l, out)
+				}
+				ls = append(ls, v)
+			}
+			return ls
+		}
+
+		t.Run("0Finished", func(t *testing.T) {
+			out, done := f.start(context.Background(), "actions", "dispatch", "reboot", "--devices", "w1,w2", "--watch", "--interval", "10ms", "-o", "json")
+			eventually(t, "the first JSON line", func() bool { return strings.Contains(out.String(), "\n") })
+			id := lines(t, out.String())[0].Action.ID
+			s.report(t, "w1", id, "Completed")
+			eventually(t, "a line with w1 completed", func() bool { return strings.Contains(out.String(), `"Completed":1`) })
+			s.report(t, "w2", id, "Completed")
+			r := <-done
+			if r.code != ctl.ExitOK {
+				t.Fatalf("%v", r)
+			}
+			wantContains(t, "stderr", r.stderr, fmt.Sprintf("dispatched action %d to 2 devices", id))
+			ls := lines(t, r.stdout)
+			if len(ls) < 3 {
+				t.Fatalf("want a line per change (Queued 2, Completed 1, Completed 2) and the final one:\n%s", r.stdout)
+			}
+			for i, l := range ls[:len(ls)-1] {
+				if l.Event != "change" || l.Action.ID != id || l.ExitCode != nil {
+					t.Fatalf("line %d: %+v", i, l)
+				}
+			}
+			last := ls[len(ls)-1]
+			if last.Event != "final" || last.ExitCode == nil || *last.ExitCode != 0 || last.Action.Statuses["Completed"] != 2 {
+				t.Fatalf("final line %+v", last)
+			}
+			wantContains(t, "final reason", last.Reason, "finished: Completed 2")
+		})
+		t.Run("0And4MaxFailed", func(t *testing.T) {
+			id, sid := dispatch(t, "--devices", "w1,w2,w3,w4")
+			s.report(t, "w1", id, "Failed")
+			for _, d := range []string{"w2", "w3", "w4"} {
+				s.report(t, d, id, "Completed")
+			}
+			wantContains(t, "stderr", watch(t, ctl.ExitFailed, sid).stderr, "1 of 4 devices failed, more than --max-failed 0 allows")
+			watch(t, ctl.ExitOK, sid, "--max-failed", "1")
+			watch(t, ctl.ExitOK, sid, "--max-failed", "25%")
+			watch(t, ctl.ExitFailed, sid, "--max-failed", "24.9%")
+			r := watch(t, ctl.ExitFailed, sid, "-o", "json")
+			if last := lines(t, r.stdout)[1]; last.Event != "final" || *last.ExitCode != ctl.ExitFailed || !strings.Contains(last.Reason, "1 of 4 devices failed") {
+				t.Fatalf("final line %+v", last)
+			}
+		})
+		t.Run("1RequestFailed", func(t *testing.T) {
+			wantContains(t, "stderr", watch(t, ctl.ExitRefused, "999999").stderr, "404 not_found")
+		})
+		t.Run("2Usage", func(t *testing.T) {
+			before := actions(t)
+			for _, args := range [][]string{
+				{"actions", "watch", "1", "--max-failed", "some"},
+				{"actions", "watch", "1", "--max-failed", "101%"},
+				{"actions", "watch", "1", "-o", "yaml"},
+				{"actions", "dispatch", "reboot", "--devices", "w1", "--max-failed", "2"},
+				{"actions", "dispatch", "reboot", "--devices", "w1", "--watch-timeout", "1m"},
+				{"actions", "dispatch", "reboot", "--devices", "w1", "--watch", "-o", "edn"},
+				{"actions", "dispatch", "reboot", "--devices", "w1", "--watch", "--max-failed", "-1"},
+			} {
+				if r := f.run("", args...); r.code != ctl.ExitUsage {
+					t.Fatalf("want exit 2; %v", r)
+				}
+			}
+			if after := actions(t); after != before {
+				t.Fatalf("a command line that cannot be run dispatched: %d actions, then %d", before, after)
+			}
+		})
+		t.Run("3Paused", func(t *testing.T) {
+			id, sid := dispatch(t, "--devices", "w1,w2", "--phase", "canary w1", "--phase", "rest 100% max-failure-rate=0.1 min-finished=1")
+			released(t, sid, 1)
+			s.report(t, "w1", id, "Failed")
+			r := watch(t, ctl.ExitPaused, sid, "--timeout", "1m", "--max-failed", "1")
+			wantContains(t, "a gate's pause", r.stderr, "the rollout is paused: phase 1 (rest) not released", "failed (100% > 10%)")
+
+			_, sid = dispatch(t, "--devices", "w3", "--phase", "later w3 trigger=manual")
+			f.ok(t, "actions", "pause", sid)
+			wantContains(t, "an operator's pause", watch(t, ctl.ExitPaused, sid).stderr, "the rollout is paused: paused by")
+		})
+		t.Run("5Timeout", func(t *testing.T) {
+			_, sid := dispatch(t, "--devices", "w1")
+			wantContains(t, "stderr", watch(t, ctl.ExitTimeout, sid, "--timeout", "50ms").stderr, "gave up watching after 50ms: Queued 1")
+			r := watch(t, ctl.ExitTimeout, sid, "--timeout", "50ms", "-o", "json")
+			if last := lines(t, r.stdout)[1]; last.Event != "final" || *last.ExitCode != ctl.ExitTimeout || last.Action.Statuses["Queued"] != 1 {
+				t.Fatalf("final line %+v", last)
+			}
+			r = f.run("", "actions", "dispatch", "reboot", "--devices", "w2", "--watch", "--interval", "10ms", "--watch-timeout", "50ms")
+			if r.code != ctl.ExitTimeout {
+				t.Fatalf("want exit 5; %v", r)
+			}
+		})
+		t.Run("6AbortedOrCancelled", func(t *testing.T) {
+			id, sid := dispatch(t, "--devices", "w1,w2", "--phase", "canary w1", "--phase", "rest w2 trigger=manual")
+			released(t, sid, 1)
+			s.report(t, "w1", id, "Completed")
+			f.ok(t, "actions", "abort", sid)
+			wantContains(t, "abort", watch(t, ctl.ExitAborted, sid).stderr, "the rollout was aborted: Completed 1, Cancelled 1")
+
+			_, sid = dispatch(t, "--devices", "w3,w4")
+			f.ok(t, "actions", "cancel", sid)
+			wantContains(t, "cancel", watch(t, ctl.ExitAborted, sid, "--max-failed", "100%").stderr, "2 device action(s) cancelled")
 		})
 	})
 }
