@@ -177,13 +177,18 @@ type FirmwareStore interface {
 // streamed, verified and parsed, reads, S8 updates and artifact downloads.
 type FirmwareService interface {
 	// UploadBundle stores and parses an archive (multipart upload) and
-	// makes a completed bundle of it. fileName may be empty.
-	UploadBundle(ctx context.Context, tenant, fileName string, archive io.Reader) (*Bundle, error)
+	// makes a completed bundle of it (created). fileName may be empty. An
+	// archive byte for byte that of its version's completed bundle is that
+	// bundle, not created again, so that a re-run upload passes; another
+	// archive of a version that exists is ECONFLICT.
+	UploadBundle(ctx context.Context, tenant, fileName string, archive io.Reader) (b *Bundle, created bool, err error)
 	// CreatePendingBundle makes a record that awaits its archive and its
 	// declaration.
 	CreatePendingBundle(ctx context.Context, tenant, version, fileName string) (*Bundle, error)
 	// UploadBundleFile stores and parses the archive of a pending record.
 	// A mismatch with the declaration fails the bundle and is ECONFLICT.
+	// The archive of a completed bundle sent again, byte for byte, is that
+	// bundle; other bytes are ECONFLICT.
 	UploadBundleFile(ctx context.Context, tenant string, id uuid.UUID, archive io.Reader) (*Bundle, error)
 	// DeclareBundle is S5; a mismatch with the archive fails the bundle
 	// and is ECONFLICT.
@@ -380,6 +385,13 @@ func MismatchMessage(m map[string]string) string {
 		}
 	}
 	return "the declaration does not match the uploaded archive: " + strings.Join(parts, "; ")
+}
+
+// SameArchive reports whether b is completed with an archive of this
+// SHA-256 (hex) and length: an upload of the same bytes again.
+func (b *Bundle) SameArchive(checksum string, contentLength int64) bool {
+	return b.UploadStatus == UploadCompleted && b.Checksum != nil && b.ContentLength != nil &&
+		strings.EqualFold(*b.Checksum, checksum) && *b.ContentLength == contentLength
 }
 
 // AwaitsArchive returns nil when b is pending without its archive, and

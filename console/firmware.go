@@ -55,7 +55,7 @@ func (c *Console) handleUpload(w http.ResponseWriter, r *http.Request, v *view) 
 	if err != nil {
 		return err
 	}
-	b, err := c.Firmware.UploadBundle(r.Context(), v.Actor.Tenant, part.FileName(), part)
+	b, _, err := c.Firmware.UploadBundle(r.Context(), v.Actor.Tenant, part.FileName(), part)
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		return fleet.Errorf(fleet.ETOOLARGE, "the archive is larger than the %d bytes fleetd accepts", c.UploadLimit)

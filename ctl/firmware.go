@@ -90,7 +90,11 @@ the bundle is completed at once. With --verified the archive is first
 read here as the server will read it, then uploaded in three steps: a
 pending record, the file, and the S5 declaration of its sizes and
 checksum, which the server compares with what it received (a difference
-fails the bundle, and fleetctl exits 1).`,
+fails the bundle, and fleetctl exits 1).
+
+The same archive again, byte for byte, is not an error: the server
+answers with the bundle it has (a re-run CI job passes). Another archive
+of a version that exists is refused (409, exit 1).`,
 		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.upload(cmd, args[0], verified)
@@ -238,10 +242,17 @@ func (a *app) uploadVerified(cmd *cobra.Command, c *client, f *os.File, size int
 	var b bundleRef
 	created, err := c.call(ctx, request{method: "POST", path: "/api/v1/firmware-bundles",
 		body: map[string]any{"version": parsed.Manifest.Version, "file_name": filepath.Base(path)}})
-	if err != nil {
+	var ae *apiError
+	if errors.As(err, &ae) && ae.Status == http.StatusConflict {
+		// The version is taken: if by a completed bundle, send the file
+		// to it, which the server takes when it is the same archive (a
+		// re-run job) and refuses otherwise.
+		if gerr := c.getJSON(ctx, bundlePath(parsed.Manifest.Version), nil, &b); gerr != nil || b.UploadStatus != fleet.UploadCompleted {
+			return err
+		}
+	} else if err != nil {
 		return err
-	}
-	if err := json.Unmarshal(created, &b); err != nil {
+	} else if err := json.Unmarshal(created, &b); err != nil {
 		return err
 	}
 	p := a.newProgress(filepath.Base(path), size, 0)

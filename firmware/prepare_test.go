@@ -24,7 +24,7 @@ func TestPrepareUpdateFirmware(t *testing.T) {
 		if err := bundle.Build(&buf, version, srcs, true); err != nil {
 			t.Fatal(err)
 		}
-		b, err := svc.UploadBundle(ctx, "acme", "fw-"+version+".tar.gz", &buf)
+		b, _, err := svc.UploadBundle(ctx, "acme", "fw-"+version+".tar.gz", &buf)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,6 +6,8 @@ package firmware
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -244,11 +246,18 @@ func defaultFileName(f *fleet.BundleFile) string {
 }
 
 // UploadBundle stores, parses and records an archive in one go.
-func (s *Service) UploadBundle(ctx context.Context, tenant, fileName string, archive io.Reader) (*fleet.Bundle, error) {
+func (s *Service) UploadBundle(ctx context.Context, tenant, fileName string, archive io.Reader) (*fleet.Bundle, bool, error) {
 	id := uuid.New()
 	f, pending, err := s.ingest(ctx, tenant, id, archive)
 	if err != nil {
-		return nil, err
+		return nil, false, err
+	}
+	// The version is known only once the manifest is read: the archive
+	// is in a blob by then, to be dropped if its version is taken, by it
+	// or by another.
+	if same, err := s.taken(ctx, tenant, f); err != nil || same != nil {
+		s.abort(ctx, pending)
+		return same, false, err
 	}
 	if !fleet.ValidFileName(fileName) {
 		fileName = defaultFileName(f)
@@ -257,18 +266,46 @@ func (s *Service) UploadBundle(ctx context.Context, tenant, fileName string, arc
 	// in between leaves an unreferenced file, never a record without one.
 	if err := pending.Commit(ctx); err != nil {
 		s.abort(ctx, pending)
-		return nil, fmt.Errorf("commit archive: %w", err)
+		return nil, false, fmt.Errorf("commit archive: %w", err)
 	}
 	if err := s.storeComponents(ctx, tenant, f); err != nil {
 		s.deleteBlob(ctx, f.BlobKey)
-		return nil, err
+		return nil, false, err
 	}
 	b := &fleet.Bundle{ID: id, Version: f.Manifest.Version, FileName: fileName}
 	if err := s.Store.CreateBundle(ctx, tenant, b, f); err != nil {
 		s.deleteBlob(ctx, f.BlobKey)
-		return nil, err
+		if fleet.ErrorCode(err) == fleet.ECONFLICT {
+			// The same archive, uploaded at once by another request
+			// that won the version.
+			if same, _ := s.taken(ctx, tenant, f); same != nil {
+				return same, false, nil
+			}
+		}
+		return nil, false, err
 	}
-	return b, nil
+	return b, true, nil
+}
+
+// taken returns the completed bundle of f's version when its archive is
+// f's byte for byte, ECONFLICT when a live bundle has the version with
+// another archive (or none yet), and neither when the version is free.
+func (s *Service) taken(ctx context.Context, tenant string, f *fleet.BundleFile) (*fleet.Bundle, error) {
+	b, err := s.Store.FindBundleByVersion(ctx, tenant, f.Manifest.Version)
+	switch {
+	case fleet.ErrorCode(err) == fleet.ENOTFOUND:
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case b.SameArchive(f.Checksum, f.ContentLength):
+		return b, nil
+	case b.UploadStatus == fleet.UploadCompleted:
+		return nil, fleet.Errorf(fleet.ECONFLICT, "firmware bundle version %s exists already with another archive (sha256 %s; this one's is %s); give the new build a new version",
+			b.Version, *b.Checksum, f.Checksum)
+	case b.UploadStatus == fleet.UploadPending:
+		return nil, fleet.Errorf(fleet.ECONFLICT, "firmware bundle version %s exists already, a pending record awaiting its upload (%s)", b.Version, b.ID)
+	}
+	return nil, nil // failed bundles do not hold their version
 }
 
 // CreatePendingBundle makes a record for an archive to come.
@@ -286,9 +323,13 @@ func (s *Service) UploadBundleFile(ctx context.Context, tenant string, id uuid.U
 	if err != nil {
 		return nil, err
 	}
-	// Refuse before reading a possibly large body; the store checks
-	// again, atomically, once it is in.
+	// Refuse before reading a possibly large body (but the archive of a
+	// completed bundle, which may be sent again); the store checks again,
+	// atomically, once it is in.
 	if err := b.AwaitsArchive(); err != nil {
+		if b.UploadStatus == fleet.UploadCompleted {
+			return s.sentAgain(ctx, b, archive, err)
+		}
 		return nil, err
 	}
 	f, pending, err := s.ingest(ctx, tenant, id, archive)
@@ -320,6 +361,26 @@ func (s *Service) UploadBundleFile(ctx context.Context, tenant string, id uuid.U
 		return nb, verificationFailed(nb)
 	}
 	return nb, nil
+}
+
+// sentAgain reads an archive sent to completed bundle b: the same bytes
+// are b, others are refused as a change would be. A digest is all it
+// needs of them, so nothing is stored.
+func (s *Service) sentAgain(ctx context.Context, b *fleet.Bundle, archive io.Reader, refused error) (*fleet.Bundle, error) {
+	release, err := s.parseSlot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	h := sha256.New()
+	n, err := io.Copy(h, archive)
+	if err != nil {
+		return nil, err
+	}
+	if !b.SameArchive(hex.EncodeToString(h.Sum(nil)), n) {
+		return nil, refused
+	}
+	return b, nil
 }
 
 // verificationFailed is the ECONFLICT of a bundle that just failed.

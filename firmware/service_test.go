@@ -146,7 +146,7 @@ func TestUploadLeavesNothingOnFailure(t *testing.T) {
 					ctx, cancel = context.WithCancel(ctx)
 					cr.cancel = cancel
 				}
-				if _, err := svc.UploadBundle(ctx, "acme", "b.tar.gz", r); err == nil {
+				if _, _, err := svc.UploadBundle(ctx, "acme", "b.tar.gz", r); err == nil {
 					t.Fatal("the upload succeeded")
 				}
 				if fs := blobs.files(); len(fs) != 0 {
@@ -158,16 +158,26 @@ func TestUploadLeavesNothingOnFailure(t *testing.T) {
 			t.Fatalf("%d records left", n)
 		}
 		t.Run("RecordConflict", func(t *testing.T) {
-			if _, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(good)); err != nil {
-				t.Fatal(err)
+			first, created, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(good))
+			if err != nil || !created {
+				t.Fatalf("first upload: created %v, %v", created, err)
 			}
 			before := blobs.files()
-			_, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(good))
+			_, _, err = svc.UploadBundle(ctx, "acme", "", bytes.NewReader(bundleArchive(t, "1.0.0", "another build")))
 			if fleet.ErrorCode(err) != fleet.ECONFLICT {
-				t.Fatalf("second upload: %v", err)
+				t.Fatalf("another archive of the version: %v", err)
 			}
 			if after := blobs.files(); len(after) != len(before) {
 				t.Fatalf("the refused upload left its file: %v", after)
+			}
+			// The same bytes again are the bundle there is: a re-run CI
+			// job passes, and its copy of the archive is not kept.
+			again, created, err := svc.UploadBundle(ctx, "acme", "other-name.tar.gz", bytes.NewReader(good))
+			if err != nil || created || again.ID != first.ID || again.FileName != first.FileName {
+				t.Fatalf("the same archive again: %+v, created %v, %v; want bundle %s", again, created, err, first.ID)
+			}
+			if after := blobs.files(); strings.Join(after, " ") != strings.Join(before, " ") {
+				t.Fatalf("files %v, want %v", after, before)
 			}
 		})
 	})
@@ -220,6 +230,74 @@ func TestConcurrentFileUploads(t *testing.T) {
 		if fs := blobs.files(); len(fs) != 2 || !strings.Contains(strings.Join(fs, " "), "components/acme/") {
 			t.Fatalf("files = %v, want the winner's archive and its component's file", fs)
 		}
+	})
+}
+
+// TestUploadSameArchiveAgain: an archive uploaded again, byte for byte,
+// is the bundle of its version, on both upload paths and when the two
+// uploads race; nothing is stored twice.
+func TestUploadSameArchiveAgain(t *testing.T) {
+	stores(t, func(t *testing.T, store string) {
+		svc, blobs, _ := newService(t, store)
+		ctx := context.Background()
+		data := bundleArchive(t, "1.0.0", strings.Repeat("z", 50_000))
+
+		t.Run("Racing", func(t *testing.T) {
+			var wg sync.WaitGroup
+			ids := make([]uuid.UUID, 4)
+			created := make([]bool, 4)
+			for i := range ids {
+				wg.Go(func() {
+					b, c, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(data))
+					if err != nil {
+						t.Errorf("upload %d: %v", i, err)
+						return
+					}
+					ids[i], created[i] = b.ID, c
+				})
+			}
+			wg.Wait()
+			n := 0
+			for i := range ids {
+				if ids[i] != ids[0] {
+					t.Fatalf("bundles %v: want one", ids)
+				}
+				if created[i] {
+					n++
+				}
+			}
+			if n != 1 {
+				t.Fatalf("%d uploads created the bundle, want 1", n)
+			}
+			if fs := blobs.files(); len(fs) != 2 {
+				t.Fatalf("files = %v, want the bundle's archive and its component's file", fs)
+			}
+		})
+		t.Run("FileOfACompletedRecord", func(t *testing.T) {
+			other := bundleArchive(t, "2.0.0", "two")
+			p, err := svc.CreatePendingBundle(ctx, "acme", "2.0.0", "b.tar.gz")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := svc.UploadBundleFile(ctx, "acme", p.ID, bytes.NewReader(other))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := svc.DeclareBundle(ctx, "acme", p.ID, fleet.Declaration{Checksum: *b.Checksum, ContentLength: *b.ContentLength, UncompressedSize: *b.UncompressedSize}); err != nil {
+				t.Fatal(err)
+			}
+			before := blobs.files()
+			again, err := svc.UploadBundleFile(ctx, "acme", p.ID, bytes.NewReader(other))
+			if err != nil || again.ID != p.ID || again.UploadStatus != fleet.UploadCompleted {
+				t.Fatalf("the same file again: %+v, %v", again, err)
+			}
+			if _, err := svc.UploadBundleFile(ctx, "acme", p.ID, bytes.NewReader(bundleArchive(t, "2.0.0", "changed"))); fleet.ErrorCode(err) != fleet.ECONFLICT {
+				t.Fatalf("another file: %v", err)
+			}
+			if after := blobs.files(); strings.Join(after, " ") != strings.Join(before, " ") {
+				t.Fatalf("files %v, want %v", after, before)
+			}
+		})
 	})
 }
 
@@ -288,7 +366,7 @@ func TestOpenArtifact(t *testing.T) {
 		svc, blobs, _ := newService(t, store)
 		ctx := context.Background()
 		data := bundleArchive(t, "1.0.0", "app")
-		b, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(data))
+		b, _, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(data))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -378,7 +456,7 @@ func BenchmarkUpload(b *testing.B) {
 			src := []bundle.Source{{ComponentName: "rootfs", VersionNumber: version, FileName: "rootfs.img", Size: size, Body: io.LimitReader(zeros{}, size)}}
 			pw.CloseWithError(bundle.Build(pw, version, src, false))
 		}()
-		if _, err := svc.UploadBundle(ctx, "acme", "", pr); err != nil {
+		if _, _, err := svc.UploadBundle(ctx, "acme", "", pr); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -412,7 +490,7 @@ func TestRemoveOrphans(t *testing.T) {
 	stores(t, func(t *testing.T, store string) {
 		svc, blobs, _ := newService(t, store)
 		ctx := context.Background()
-		kept, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(bundleArchive(t, "1.0.0", "one")))
+		kept, _, err := svc.UploadBundle(ctx, "acme", "", bytes.NewReader(bundleArchive(t, "1.0.0", "one")))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -558,13 +636,13 @@ func TestParsingBounded(t *testing.T) {
 	good := bundleArchive(t, "1.0.0", strings.Repeat("x", 100_000))
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
-	go func() { _, err := svc.UploadBundle(context.Background(), "acme", "a.tar.gz", pr); done <- err }()
+	go func() { _, _, err := svc.UploadBundle(context.Background(), "acme", "a.tar.gz", pr); done <- err }()
 	if _, err := pw.Write(good[:10]); err != nil { // read: the first upload holds the slot
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	if _, err := svc.UploadBundle(ctx, "acme", "b.tar.gz", bytes.NewReader(bundleArchive(t, "2.0.0", "y"))); !errors.Is(err, context.DeadlineExceeded) {
+	if _, _, err := svc.UploadBundle(ctx, "acme", "b.tar.gz", bytes.NewReader(bundleArchive(t, "2.0.0", "y"))); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("second upload: %v; want it to wait for the first", err)
 	}
 	pw.Write(good[10:])
@@ -572,7 +650,7 @@ func TestParsingBounded(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if _, err := svc.UploadBundle(context.Background(), "acme", "b.tar.gz", bytes.NewReader(bundleArchive(t, "2.0.0", "y"))); err != nil {
+	if _, _, err := svc.UploadBundle(context.Background(), "acme", "b.tar.gz", bytes.NewReader(bundleArchive(t, "2.0.0", "y"))); err != nil {
 		t.Fatalf("after the first: %v", err)
 	}
 }

@@ -119,12 +119,16 @@ func (s *Server) handleCreateBundle(w http.ResponseWriter, r *http.Request) erro
 		if err != nil {
 			return err
 		}
-		b, err := s.Firmware.UploadBundle(r.Context(), tenantOf(r), fileName, archive)
+		b, created, err := s.Firmware.UploadBundle(r.Context(), tenantOf(r), fileName, archive)
 		if err != nil {
 			return err
 		}
 		location(w, r, "/api/v1/firmware-bundles/id/", b.ID.String())
-		s.respond(w, r, http.StatusCreated, b)
+		status := http.StatusCreated
+		if !created {
+			status = http.StatusOK // stored already, byte for byte
+		}
+		s.respond(w, r, status, b)
 		return nil
 	}
 	if _, ok := codec.FormatOf(ct); !ok {

@@ -143,7 +143,7 @@ func TestFirmwareArtifactRequests(t *testing.T) {
 	a := newFirmwareAPI(t)
 	ctx := context.Background()
 	data := bundleArchive(t, "1.0.0", 1000)
-	b, err := a.fw.UploadBundle(ctx, "acme", "fw.tar", bytes.NewReader(data))
+	b, _, err := a.fw.UploadBundle(ctx, "acme", "fw.tar", bytes.NewReader(data))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,9 @@ type op struct {
 	OK           int     // the success status; 200 when zero
 	Resp         any     // a value of the success body's type; nil for none
 	Raw          string  // the success body is this media type, not an encoded value
+	// AlsoOK are other success statuses, with what each means; their body
+	// is Resp too.
+	AlsoOK map[int]string
 	// Signed marks a public endpoint that takes an API key, or a signed
 	// URL's query parameters instead.
 	Signed bool
@@ -180,6 +183,9 @@ func (g *schemaGen) operation(rt route, path string) map[string]any {
 			"description": "The resource, when the request carried Prefer: return=representation",
 			"content":     g.content(g.ref(reflect.TypeOf(rt.op.Resp), false)),
 		}
+	}
+	for code, desc := range rt.op.AlsoOK {
+		responses[strconv.Itoa(code)] = map[string]any{"description": desc, "content": g.content(g.ref(reflect.TypeOf(rt.op.Resp), false))}
 	}
 	o["responses"] = responses
 	return o

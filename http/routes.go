@@ -97,14 +97,15 @@ func (s *Server) addRoutes() []route {
 			Summary: "S10: a device's status report on one action; answered once committed. Older, repeated and after-final reports are acknowledged and ignored",
 			Body:    statusReportBody{}, OK: http.StatusNoContent, Resp: fleet.DeviceAction{}}},
 
-		{"POST /api/v1/firmware-bundles", fleet.PermOperate, s.handleCreateBundle, op{Tag: "firmware", Summary: "Upload a bundle archive (multipart/form-data, part file; streamed, parsed and completed at once) or make a pending record to upload to (a JSON-like body)", Body: bundleCreate{}, Upload: true, OK: http.StatusCreated, Resp: fleet.Bundle{}}},
+		{"POST /api/v1/firmware-bundles", fleet.PermOperate, s.handleCreateBundle, op{Tag: "firmware", Summary: "Upload a bundle archive (multipart/form-data, part file; streamed, parsed and completed at once) or make a pending record to upload to (a JSON-like body)", Body: bundleCreate{}, Upload: true, OK: http.StatusCreated, Resp: fleet.Bundle{},
+			AlsoOK: map[int]string{http.StatusOK: "The archive is byte for byte that of the bundle of its version, which exists already: that bundle (a different archive of the version is a 409)"}}},
 		{"GET /api/v1/firmware-bundles", fleet.PermRead, s.handleListBundles, op{Tag: "firmware", Summary: "List firmware bundles, newest first", Query: append([]param{
 			{Name: "upload_status", Desc: "only bundles in this upload state", Enum: []string{fleet.UploadPending, fleet.UploadCompleted, fleet.UploadFailed}},
 		}, pageParams...), Resp: bundleList{}}},
 		{"GET /api/v1/firmware-bundles/id/{id}", fleet.PermRead, s.handleGetBundle, op{Tag: "firmware", Summary: "Read a firmware bundle", Query: []param{{Name: "id", In: "path", Format: "uuid"}}, Resp: fleet.Bundle{}}},
 		{"PUT /api/v1/firmware-bundles/id/{id}", fleet.PermOperate, s.handleDeclareBundle, op{Tag: "firmware", Summary: "S5: declare the uploaded archive's sizes and checksum; the server compares them with the archive (a mismatch fails the bundle: 409)", Query: []param{{Name: "id", In: "path", Format: "uuid"}}, Body: declaration{}, OK: http.StatusNoContent, Resp: fleet.Bundle{}}},
 		{"DELETE /api/v1/firmware-bundles/id/{id}", fleet.PermOperate, s.handleDeleteBundle, op{Tag: "firmware", Summary: "Delete a firmware bundle and its archive; its component versions stay", Query: []param{{Name: "id", In: "path", Format: "uuid"}}, OK: http.StatusNoContent}},
-		{"PUT /api/v1/firmware-bundles/id/{id}/file", fleet.PermOperate, s.handleUploadBundleFile, op{Tag: "firmware", Summary: "Upload the archive of a pending bundle (application/octet-stream, or multipart part file); streamed and parsed", Query: []param{{Name: "id", In: "path", Format: "uuid"}}, Upload: true, Resp: fleet.Bundle{}}},
+		{"PUT /api/v1/firmware-bundles/id/{id}/file", fleet.PermOperate, s.handleUploadBundleFile, op{Tag: "firmware", Summary: "Upload the archive of a pending bundle (application/octet-stream, or multipart part file); streamed and parsed. The same bytes again to a completed bundle answer 200 with it; others are a 409", Query: []param{{Name: "id", In: "path", Format: "uuid"}}, Upload: true, Resp: fleet.Bundle{}}},
 		{"GET /api/v1/firmware-bundles/id/{id}/artifact", public, s.handleArtifact, op{Tag: "firmware", Signed: true, Summary: "Download a completed bundle's archive with an API key (viewer) or a signed URL (tenant, expires, signature); Range (206, 416), ETag and If-None-Match (304) supported", Query: []param{
 			{Name: "id", In: "path", Format: "uuid"},
 			{Name: "tenant", Desc: "signed URL: the bundle's tenant"},

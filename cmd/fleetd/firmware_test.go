@@ -263,8 +263,25 @@ func TestFirmwareUploads(t *testing.T) {
 				t.Fatalf("the EDN answer does not carry the id as a UUID")
 			}
 		})
+		t.Run("SameArchiveAgain", func(t *testing.T) {
+			// A re-run CI job uploads its build again: the bundle there
+			// is, 200, and nothing more stored.
+			files, n := s.dataFiles(t), s.bundleCount(t, admin)
+			var again bundle
+			r := s.upload(t, admin, data).want(t, 200)
+			r.decode(t, &again)
+			if again.ID != first.ID || again.UploadStatus != "completed" || len(again.Firmwares) != 2 {
+				t.Fatalf("the same archive again: %+v, want bundle %s", again, first.ID)
+			}
+			if loc := r.Header.Get("Location"); !strings.HasSuffix(loc, "/api/v1/firmware-bundles/id/"+first.ID) {
+				t.Fatalf("Location = %q", loc)
+			}
+			if got := s.dataFiles(t); strings.Join(got, " ") != strings.Join(files, " ") || s.bundleCount(t, admin) != n {
+				t.Fatalf("files %v, want %v", got, files)
+			}
+		})
 		t.Run("VersionConflict", func(t *testing.T) {
-			wantError(t, s.upload(t, admin, makeBundle(t, "2.3.0", part{name: "other", version: "1.0.0", body: "x"})), 409, "", "2.3.0")
+			wantError(t, s.upload(t, admin, makeBundle(t, "2.3.0", part{name: "other", version: "1.0.0", body: "x"})), 409, "", "2.3.0", "another archive")
 			wantError(t, s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "2.3.0", "file_name": "x.tar.gz"}), 409, "", "2.3.0")
 		})
 		t.Run("ComponentConflict", func(t *testing.T) {
@@ -456,7 +473,18 @@ func TestFirmwarePendingUploads(t *testing.T) {
 			s.putFile(t, admin, p.ID, data).want(t, 200)
 			wantError(t, s.putFile(t, admin, p.ID, data), 409, "", "already")
 			s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)).want(t, 204)
-			wantError(t, s.putFile(t, admin, p.ID, data), 409, "", "completed")
+			// The same bytes again to the completed bundle are a re-run:
+			// 200 with it. Others are a change, refused.
+			files := s.dataFiles(t)
+			var again bundle
+			s.putFile(t, admin, p.ID, data).want(t, 200).decode(t, &again)
+			if again.ID != p.ID || again.UploadStatus != "completed" || *again.Checksum != sha256Hex(data) {
+				t.Fatalf("the same file again: %+v", again)
+			}
+			wantError(t, s.putFile(t, admin, p.ID, makeBundle(t, "1.0.4", part{name: "app", version: "1.0.4", body: "rebuilt"})), 409, "", "completed")
+			if got := s.dataFiles(t); strings.Join(got, " ") != strings.Join(files, " ") {
+				t.Fatalf("files %v, want %v", got, files)
+			}
 		})
 		t.Run("ManifestVersionDiffers", func(t *testing.T) {
 			p := pending("1.0.5")

@@ -691,7 +691,16 @@ func TestFleetctlFirmware(t *testing.T) {
 				t.Fatalf("uploaded %+v", bundle)
 			}
 			wantContains(t, "progress", r.stderr, "uploaded fw-2.3.0.tar.gz: ", " in ", "/s)")
-			wantContains(t, "again", f.fails(t, ctl.ExitRefused, "firmware", "upload", archive), "409 conflict")
+			// A re-run job uploads the same archive again: that bundle.
+			var again struct{ ID string }
+			f.json(t, &again, "firmware", "upload", archive)
+			if again.ID != bundle.ID {
+				t.Fatalf("the same archive again: bundle %s, want %s", again.ID, bundle.ID)
+			}
+			changed := filepath.Join(dir, "changed-2.3.0.tar.gz")
+			f.ok(t, "firmware", "bundle", "create", "--version", "2.3.0", "--out", changed, "bootloader=1.2.0:"+boot)
+			wantContains(t, "another archive", f.fails(t, ctl.ExitRefused, "firmware", "upload", changed), "409 conflict", "another archive")
+			wantContains(t, "another archive", f.fails(t, ctl.ExitRefused, "firmware", "upload", changed, "--verified"), "409 conflict", "completed")
 		})
 		t.Run("UploadVerified", func(t *testing.T) {
 			other := filepath.Join(dir, "fw-2.4.0.tar")
@@ -703,6 +712,14 @@ func TestFleetctlFirmware(t *testing.T) {
 			f.json(t, &v, "firmware", "upload", other, "--verified")
 			if v.UploadStatus != "completed" || v.Declared.Checksum == "" {
 				t.Fatalf("verified upload %+v", v)
+			}
+			var again struct {
+				UploadStatus string `json:"upload_status"`
+				Version      string
+			}
+			f.json(t, &again, "firmware", "upload", other, "--verified")
+			if again.UploadStatus != "completed" || again.Version != "2.4.0" {
+				t.Fatalf("the same archive again, verified: %+v", again)
 			}
 			wantContains(t, "not a bundle", f.fails(t, ctl.ExitRefused, "firmware", "upload", boot, "--verified"), "not a bundle")
 		})
