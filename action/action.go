@@ -27,7 +27,7 @@ import (
 	"github.com/fleetd/fleet"
 )
 
-// Sender is the device channel as the action service sees it; *mqtt.Server
+// Sender is the device channel as the action service sees it; *broker.Server
 // is one.
 type Sender interface {
 	// SendAction hands payload, the message of action actionID, to a
@@ -38,7 +38,7 @@ type Sender interface {
 }
 
 // presenceUnknown is implemented by a Sender that cannot tell which devices
-// are connected, such as *mqtt.Client of an external broker: a dispatch is
+// are connected, such as *bridge.Client of an external broker: a dispatch is
 // then offered to every targeted device whose action is Queued (the broker
 // drops it for those not subscribed), rather than to the devices that
 // subscribed through this process, which on a replica are only some.

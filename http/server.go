@@ -100,7 +100,7 @@ type Server struct {
 	UplinkBroker UplinkBroker
 
 	// BrokerAuth, when set, answers an external MQTT broker's calls to
-	// authenticate and authorise devices, under /broker/ (mqtt.BrokerAuth).
+	// authenticate and authorise devices, under /broker/ (bridge.BrokerAuth).
 	// They are not part of the API nor of its document.
 	BrokerAuth http.Handler
 

@@ -1,12 +1,13 @@
 package mqtt
 
-// Channel is the device channel as fleetd runs it: the embedded Server, or
-// a Client of an external broker. Both serve a Handler.
+// Channel is the device channel as fleetd runs it: the embedded broker
+// (broker.Server), or a client of an external broker (bridge.Client). Both
+// serve a Handler.
 type Channel interface {
 	Open() error
 	Close() error
-	// SendAction hands an action to a device; see Server.SendAction and
-	// Client.SendAction for what true means for each.
+	// SendAction hands an action to a device; see the SendAction of
+	// broker.Server and bridge.Client for what true means for each.
 	// actionID is the action's id, which payload carries too.
 	SendAction(tenant, device string, actionID int64, payload []byte) bool
 	// Online reports whether the device may be reached now.
@@ -17,5 +18,3 @@ type Channel interface {
 	CredentialsChanged(tenant, device string)
 	Stats() Stats
 }
-
-var _ Channel = (*Server)(nil)

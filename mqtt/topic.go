@@ -113,11 +113,11 @@ func ParseUsername(username string) (tenant, device string, ok bool) {
 	return tenant, device, true
 }
 
-// mayPublish reports whether the device may publish on topic: its own status
+// MayPublish reports whether the device may publish on topic: its own status
 // and stream topics, nothing else. It is called for every publish, so it
 // matches the device's own topics spelled out rather than parse and
 // validate the names the session has already checked.
-func mayPublish(tenant, device, topic string) (Topic, bool) {
+func MayPublish(tenant, device, topic string) (Topic, bool) {
 	rest, ok := strings.CutPrefix(topic, topicPrefix)
 	if !ok {
 		return Topic{}, false
@@ -149,8 +149,24 @@ func mayPublish(tenant, device, topic string) (Topic, bool) {
 	return t, true
 }
 
-// maySubscribe reports whether the device may subscribe to filter: its own
+// MaySubscribe reports whether the device may subscribe to filter: its own
 // actions topic, spelled out, nothing else.
-func maySubscribe(tenant, device, filter string) bool {
+func MaySubscribe(tenant, device, filter string) bool {
 	return filter == ActionsTopic(tenant, device)
 }
+
+// StatusFilter and StreamFilter are the shared subscriptions through which
+// the replicas of group split the devices' publishes. The device topics
+// start with "/", so an empty level follows the group name.
+func StatusFilter(group string) string {
+	return "$share/" + group + "/" + topicPrefix + "+" + topicDevices + "+/" + topicStatus
+}
+
+// StreamFilter: see StatusFilter.
+func StreamFilter(group string) string {
+	return "$share/" + group + "/" + topicPrefix + "+" + topicDevices + "+/" + topicEvents + "+" + topicJSONArray
+}
+
+// Username returns a device's MQTT username, "{tenant}/{device_id}", which
+// ParseUsername splits.
+func Username(tenant, device string) string { return tenant + usernameDivider + device }

@@ -16,6 +16,7 @@ import (
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/alert"
 	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/broker"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -156,7 +157,7 @@ func benchStreamsOverMQTT(b *testing.B, be sqlstoretest.Backend, perBatch int) {
 		b.Fatal(err)
 	}
 	svc := &alert.Service{ServiceStore: db, Engine: engine}
-	broker := mqtt.NewServer(mqtt.Config{Addr: "127.0.0.1:0"}, &mqtt.Devices{Registry: db, Streams: svc})
+	broker := broker.NewServer(broker.Config{Addr: "127.0.0.1:0"}, &mqtt.Devices{Registry: db, Streams: svc})
 	if err := broker.Open(); err != nil {
 		b.Fatal(err)
 	}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/bridge"
+	"github.com/fleetd/fleet/mqtt/broker"
 	"github.com/fleetd/fleet/sqlstore"
 )
 
@@ -38,10 +40,10 @@ func (s *scaleConfig) flags(fs *flagSet) {
 	fs.StringVar(&s.username, "mqtt-username", "", "`NAME` fleetd connects to the external broker with; the broker-auth endpoints make it a superuser")
 	fs.StringVar(&s.password, "mqtt-password", "", "`PASSWORD` fleetd connects to the external broker with")
 	fs.StringVar(&s.clientID, "mqtt-client-id", "", "`ID` of fleetd's session at the external broker; give each replica a stable one (default: fleetd-{hostname}-{random})")
-	fs.DurationVar(&s.sessionExpiry, "mqtt-session-expiry", mqtt.DefaultSessionExpiry, "how long the external broker keeps fleetd's session across a lost connection (`DURATION`)")
+	fs.DurationVar(&s.sessionExpiry, "mqtt-session-expiry", bridge.DefaultSessionExpiry, "how long the external broker keeps fleetd's session across a lost connection (`DURATION`)")
 	fs.StringVar(&s.authSecret, "broker-auth-secret", "", "`SECRET` the external broker sends to fleetd's /broker/ authentication endpoints; unset, they refuse every request")
 	fs.DurationVar(&s.notifyLease, "notify-lease", 2*time.Minute, "`DURATION` a replica's claim on a notification lasts; another takes it over after")
-	fs.DurationVar(&s.redeliverLease, "mqtt-redelivery-lease", mqtt.DefaultRedeliveryLease, "`DURATION` a replica's claim on sending an arriving device its queued actions lasts; another takes it over after")
+	fs.DurationVar(&s.redeliverLease, "mqtt-redelivery-lease", bridge.DefaultRedeliveryLease, "`DURATION` a replica's claim on sending an arriving device its queued actions lasts; another takes it over after")
 }
 
 // check reports settings that cannot work.
@@ -52,7 +54,7 @@ func (s *scaleConfig) check() error {
 	if s.broker == "" {
 		return nil
 	}
-	if _, err := mqtt.ParseBrokerURL(s.broker); err != nil {
+	if _, err := bridge.ParseBrokerURL(s.broker); err != nil {
 		return fmt.Errorf("--mqtt-broker: %v", err)
 	}
 	if _, _, ok := mqtt.ParseUsername(s.username); ok {
@@ -95,18 +97,18 @@ func (s *scaleConfig) tls() (*tls.Config, error) {
 // of embedded (its address, TLS and limits) or a client of the external
 // one, and for the latter the broker-auth endpoints the API serves (nil
 // while no secret is set).
-func (s *scaleConfig) channel(embedded mqtt.Config, db *sqlstore.DB, h mqtt.Handler, log *slog.Logger) (mqtt.Channel, http.Handler, error) {
+func (s *scaleConfig) channel(embedded broker.Config, db *sqlstore.DB, h mqtt.Handler, log *slog.Logger) (mqtt.Channel, http.Handler, error) {
 	if err := s.check(); err != nil {
 		return nil, nil, err
 	}
 	if s.broker == "" {
-		return mqtt.NewServer(embedded, h), nil, nil
+		return broker.NewServer(embedded, h), nil, nil
 	}
 	tc, err := s.tls()
 	if err != nil {
 		return nil, nil, err
 	}
-	client, err := mqtt.NewClient(mqtt.ClientConfig{
+	client, err := bridge.NewClient(bridge.ClientConfig{
 		Broker:          s.broker,
 		TLS:             tc,
 		Username:        s.username,
@@ -124,7 +126,7 @@ func (s *scaleConfig) channel(embedded mqtt.Config, db *sqlstore.DB, h mqtt.Hand
 		log.Warn("--broker-auth-secret is not set: the /broker/ authentication endpoints refuse every request, and fleetd learns of arriving devices only from their reports; see docs/operations.md")
 		return client, nil, nil
 	}
-	return client, &mqtt.BrokerAuth{
+	return client, &bridge.BrokerAuth{
 		Handler:  h,
 		Arrivals: client,
 		Secret:   s.authSecret,
@@ -138,9 +140,9 @@ func (s *scaleConfig) channel(embedded mqtt.Config, db *sqlstore.DB, h mqtt.Hand
 // embedded broker's address or the external broker's URL.
 func channelAddr(ch mqtt.Channel) string {
 	switch ch := ch.(type) {
-	case *mqtt.Server:
+	case *broker.Server:
 		return ch.Addr().String()
-	case *mqtt.Client:
+	case *bridge.Client:
 		return ch.Addr()
 	}
 	return ""

@@ -14,6 +14,7 @@ import (
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/action"
 	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/bridge"
 	"github.com/fleetd/fleet/mqtt/mosquittotest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
@@ -53,7 +54,7 @@ func benchExternalReports(b *testing.B, be sqlstoretest.Backend) {
 		b.Fatal(err)
 	}
 	broker := mosquittotest.Start(b)
-	client, err := mqtt.NewClient(mqtt.ClientConfig{Broker: broker.URL, Redeliveries: db, Workers: 256},
+	client, err := bridge.NewClient(bridge.ClientConfig{Broker: broker.URL, Redeliveries: db, Workers: 256},
 		&mqtt.Devices{Registry: db, Actions: actions, Delivery: actions})
 	if err != nil {
 		b.Fatal(err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/fleetd/fleet/action"
 	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/bridge"
 	"github.com/fleetd/fleet/mqtt/mosquittotest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
@@ -44,7 +45,7 @@ var extDeviceIDs atomic.Int64
 
 func (s *testServer) arriveExternal(t *testing.T, brokerAddr, tenant, id, token string) *extDevice {
 	t.Helper()
-	if code := s.goAuth(t, mqtt.GoAuthUserPath, map[string]any{"username": tenant + "/" + id, "password": token, "clientid": id}); code != 200 {
+	if code := s.goAuth(t, bridge.GoAuthUserPath, map[string]any{"username": tenant + "/" + id, "password": token, "clientid": id}); code != 200 {
 		t.Fatalf("/user for %s: %d", id, code)
 	}
 	conn, err := net.Dial("tcp", brokerAddr)
@@ -71,7 +72,7 @@ func (s *testServer) arriveExternal(t *testing.T, brokerAddr, tenant, id, token 
 	}
 	t.Cleanup(func() { d.leave() })
 	topic := mqtt.ActionsTopic(tenant, id)
-	if code := s.goAuth(t, mqtt.GoAuthACLPath, map[string]any{"username": tenant + "/" + id, "clientid": id, "topic": topic, "acc": 4}); code != 200 {
+	if code := s.goAuth(t, bridge.GoAuthACLPath, map[string]any{"username": tenant + "/" + id, "clientid": id, "topic": topic, "acc": 4}); code != 200 {
 		t.Fatalf("/acl subscribe for %s: %d", id, code)
 	}
 	if _, err := d.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: topic, QoS: 1}}}); err != nil {
@@ -174,11 +175,11 @@ func TestExternalBroker(t *testing.T) {
 				{"", "default/pump-1", tok["pump-1"], 401, ""},
 				{"nope", "default/pump-1", tok["pump-1"], 401, ""},
 			} {
-				if code, res := s.emqx(t, mqtt.EMQXAuthnPath, tc.secret, login(tc.user, tc.pw)); code != tc.code || res != tc.result {
+				if code, res := s.emqx(t, bridge.EMQXAuthnPath, tc.secret, login(tc.user, tc.pw)); code != tc.code || res != tc.result {
 					t.Errorf("authn %s (secret %q): %d %q, want %d %q", tc.user, tc.secret, code, res, tc.code, tc.result)
 				}
 			}
-			if code := s.goAuth(t, mqtt.GoAuthUserPath, map[string]any{"username": "default/pump-2", "password": "wrong", "clientid": "c"}); code != 403 {
+			if code := s.goAuth(t, bridge.GoAuthUserPath, map[string]any{"username": "default/pump-2", "password": "wrong", "clientid": "c"}); code != 403 {
 				t.Errorf("go-auth /user with a wrong token: %d", code)
 			}
 			// Not part of the API: absent from its document.

@@ -27,7 +27,7 @@ const idleDevices = 2000
 // and the same to a Mosquitto, and compares what each process's resident
 // memory grew by. Issue 17 measured about 10 KB a connection for fleetd
 // and 0.7 KB for Mosquitto; an idle connection must cost fleetd under 4 KB
-// (100,000 devices in well under 1 GB), which parking does (mqtt/park.go).
+// (100,000 devices in well under 1 GB), which parking does (mqtt/broker/park.go).
 // BENCHMARKS.md has the figures.
 func TestIdleConnectionMemory(t *testing.T) {
 	if _, err := os.Stat("/proc/self/status"); err != nil {

@@ -4,6 +4,7 @@ import (
 	"github.com/fleetd/fleet/action"
 	"github.com/fleetd/fleet/alert"
 	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/bridge"
 	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/sqlstore"
 	"github.com/prometheus/client_golang/prometheus"
@@ -76,7 +77,7 @@ func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweep
 	counter("fleetd_rollout_notifications_dead_total", "rollout notifications given up on after the last attempt",
 		func() float64 { return float64(rolloutNotifier.Stats().Dead) })
 
-	if c, ok := ch.(*mqtt.Client); ok {
+	if c, ok := ch.(*bridge.Client); ok {
 		gauge("fleetd_mqtt_broker_connected", "1 while fleetd is connected and subscribed to the external MQTT broker", func() float64 {
 			if c.Connected() {
 				return 1

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/broker"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -67,7 +68,7 @@ func TestMQTTPayloadFlood(t *testing.T) {
 	})
 	// The largest payloads a device may send, decoded a few at a time; each
 	// is acknowledged (and rejected: no data points in it).
-	largest := array(mqtt.DefaultMaxPacketSize - 100)
+	largest := array(broker.DefaultMaxPacketSize - 100)
 	flood(largest, 4, func(c *raw5, n int) {
 		for range n {
 			if typ, _, err := c.tryRead(); err != nil || typ != 4 {

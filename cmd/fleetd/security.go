@@ -14,6 +14,7 @@ import (
 	"github.com/fleetd/fleet"
 	fleethttp "github.com/fleetd/fleet/http"
 	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/broker"
 	"github.com/fleetd/fleet/pki"
 	"github.com/fleetd/fleet/sqlstore"
 )
@@ -30,8 +31,8 @@ type securityConfig struct {
 	deviceCAKey            string
 
 	http         fleethttp.Security
-	mqtt         mqtt.Config // only the limits
-	mqttDecoding int64       // mqtt.Devices.MaxDecoding
+	mqtt         broker.Config // only the limits
+	mqttDecoding int64         // mqtt.Devices.MaxDecoding
 }
 
 func (s *securityConfig) flags(fs *flagSet) {
@@ -56,19 +57,19 @@ func (s *securityConfig) flags(fs *flagSet) {
 	fs.Float64Var(&s.http.DeviceDataRate, "device-data-rate-limit", fleethttp.DefaultDeviceDataRate, "status reports and stream ingest requests per second (`N`) each API key may make over HTTP, per replica; negative: no limit")
 	fs.IntVar(&s.http.DeviceDataBurst, "device-data-rate-burst", fleethttp.DefaultDeviceDataBurst, "device data requests (`N`) a key may make at once beyond --device-data-rate-limit")
 
-	fs.DurationVar(&s.mqtt.ConnectTimeout, "mqtt-connect-timeout", mqtt.DefaultConnectTimeout, "longest `DURATION` a device may take to send CONNECT after connecting")
-	fs.IntVar(&s.mqtt.MaxPacketSize, "mqtt-max-packet-size", mqtt.DefaultMaxPacketSize, "largest MQTT packet in `BYTES` a device may send (MQTT 5 devices are told in CONNACK); larger disconnects it")
+	fs.DurationVar(&s.mqtt.ConnectTimeout, "mqtt-connect-timeout", broker.DefaultConnectTimeout, "longest `DURATION` a device may take to send CONNECT after connecting")
+	fs.IntVar(&s.mqtt.MaxPacketSize, "mqtt-max-packet-size", broker.DefaultMaxPacketSize, "largest MQTT packet in `BYTES` a device may send (MQTT 5 devices are told in CONNACK); larger disconnects it")
 	fs.Int64Var(&s.mqttDecoding, "mqtt-max-decoding", mqtt.DefaultMaxDecoding, "`BYTES` of device payloads decoded at once, over all devices; more wait their turn (decoding costs up to ~35 times a payload's size)")
-	fs.DurationVar(&s.mqtt.WriteTimeout, "mqtt-write-timeout", mqtt.DefaultWriteTimeout, "longest `DURATION` a device may leave what fleetd writes unread, or an action unacknowledged, before it is disconnected")
-	fs.IntVar(&s.mqtt.MaxInflight, "mqtt-max-inflight", mqtt.DefaultMaxInflight, "most actions (`N`) awaiting one device's PUBACK at once; more wait their turn (an MQTT 5 device's Receive Maximum may lower it)")
-	fs.DurationVar(&s.mqtt.MaxKeepalive, "mqtt-max-keepalive", mqtt.DefaultMaxKeepalive, "longest keepalive (`DURATION`) a device may use; none or longer becomes this")
-	fs.IntVar(&s.mqtt.MaxConnections, "mqtt-max-connections", mqtt.DefaultMaxConnections, "most MQTT connections (`N`) open at once")
-	fs.IntVar(&s.mqtt.MaxPendingPerIP, "mqtt-max-pending-per-ip", mqtt.DefaultMaxPendingPerIP, "most connections (`N`) from one address that have not sent CONNECT yet")
+	fs.DurationVar(&s.mqtt.WriteTimeout, "mqtt-write-timeout", broker.DefaultWriteTimeout, "longest `DURATION` a device may leave what fleetd writes unread, or an action unacknowledged, before it is disconnected")
+	fs.IntVar(&s.mqtt.MaxInflight, "mqtt-max-inflight", broker.DefaultMaxInflight, "most actions (`N`) awaiting one device's PUBACK at once; more wait their turn (an MQTT 5 device's Receive Maximum may lower it)")
+	fs.DurationVar(&s.mqtt.MaxKeepalive, "mqtt-max-keepalive", broker.DefaultMaxKeepalive, "longest keepalive (`DURATION`) a device may use; none or longer becomes this")
+	fs.IntVar(&s.mqtt.MaxConnections, "mqtt-max-connections", broker.DefaultMaxConnections, "most MQTT connections (`N`) open at once")
+	fs.IntVar(&s.mqtt.MaxPendingPerIP, "mqtt-max-pending-per-ip", broker.DefaultMaxPendingPerIP, "most connections (`N`) from one address that have not sent CONNECT yet")
 	fs.IntVar(&s.mqtt.MaxTenantConnections, "mqtt-max-tenant-connections", 0, "most devices (`N`) of one tenant connected at once; 0: no cap")
-	fs.Float64Var(&s.mqtt.PublishRate, "mqtt-publish-rate", mqtt.DefaultPublishRate, "publishes per second (`N`) a device connection may make on average; faster is disconnected; negative: no limit")
-	fs.IntVar(&s.mqtt.PublishBurst, "mqtt-publish-burst", mqtt.DefaultPublishBurst, "publishes (`N`) a device connection may make at once beyond --mqtt-publish-rate")
-	fs.Float64Var(&s.mqtt.AuthFailureRate, "mqtt-auth-failure-rate", mqtt.DefaultAuthFailureRate, "failed CONNECTs per second (`N`) one address may make after its burst; more are refused unchecked; negative: no limit")
-	fs.IntVar(&s.mqtt.AuthFailureBurst, "mqtt-auth-failure-burst", mqtt.DefaultAuthFailureBurst, "failed CONNECTs (`N`) one address may make at once")
+	fs.Float64Var(&s.mqtt.PublishRate, "mqtt-publish-rate", broker.DefaultPublishRate, "publishes per second (`N`) a device connection may make on average; faster is disconnected; negative: no limit")
+	fs.IntVar(&s.mqtt.PublishBurst, "mqtt-publish-burst", broker.DefaultPublishBurst, "publishes (`N`) a device connection may make at once beyond --mqtt-publish-rate")
+	fs.Float64Var(&s.mqtt.AuthFailureRate, "mqtt-auth-failure-rate", broker.DefaultAuthFailureRate, "failed CONNECTs per second (`N`) one address may make after its burst; more are refused unchecked; negative: no limit")
+	fs.IntVar(&s.mqtt.AuthFailureBurst, "mqtt-auth-failure-burst", broker.DefaultAuthFailureBurst, "failed CONNECTs (`N`) one address may make at once")
 }
 
 // security is what securityConfig built for serve.
@@ -77,7 +78,7 @@ type security struct {
 	certs        fleet.DeviceCertificateService
 	mqttTLS      *tls.Config
 	http         fleethttp.Security
-	mqttBase     mqtt.Config
+	mqttBase     broker.Config
 	mqttDecoding int64
 }
 
@@ -94,7 +95,7 @@ func (s *securityConfig) build(ctx context.Context, db *sqlstore.DB, mqttAddr st
 		return nil, fmt.Errorf("--mqtts-addr needs --tls-cert and --tls-key")
 	case (s.deviceCACert == "") != (s.deviceCAKey == ""):
 		return nil, fmt.Errorf("--device-ca-cert and --device-ca-key go together")
-	case mqttAddr == mqtt.AddrOff && s.mqttsAddr == "":
+	case mqttAddr == broker.AddrOff && s.mqttsAddr == "":
 		return nil, fmt.Errorf("--mqtt-addr off leaves devices nowhere to connect: give --mqtts-addr")
 	}
 	sec := &security{http: s.http, mqttBase: s.mqtt, mqttDecoding: s.mqttDecoding}
@@ -182,7 +183,7 @@ func (s *securityConfig) uplinkBroker(publicURL string, tlsAddr net.Addr) (fleet
 
 // tlsAddrs adds the MQTT TLS listener to the startup line.
 func tlsAddrs(ch mqtt.Channel) string {
-	if ms, ok := ch.(*mqtt.Server); ok && ms.TLSAddr() != nil {
+	if ms, ok := ch.(*broker.Server); ok && ms.TLSAddr() != nil {
 		return " mqtts=" + ms.TLSAddr().String()
 	}
 	return ""

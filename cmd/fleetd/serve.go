@@ -16,6 +16,7 @@ import (
 	fwbundle "github.com/fleetd/fleet/firmware/bundle"
 	fleethttp "github.com/fleetd/fleet/http"
 	"github.com/fleetd/fleet/mqtt"
+	mqttbroker "github.com/fleetd/fleet/mqtt/broker"
 	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/sqlstore"
 )
@@ -180,7 +181,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	}
 	con.Open()
 	api.Console = con
-	if ms, ok := broker.(*mqtt.Server); ok && sec.certs != nil {
+	if ms, ok := broker.(*mqttbroker.Server); ok && sec.certs != nil {
 		api.DeviceCerts, con.Certificates = sec.certs, sec.certs
 		if api.UplinkBroker, err = c.sec.uplinkBroker(c.publicURL, ms.TLSAddr()); err != nil {
 			return err

@@ -1,4 +1,7 @@
-package mqtt
+// Package broker is the MQTT broker embedded in fleetd (Server): it speaks
+// MQTT 3.1, 3.1.1 and 5.0 to devices on the topics of package mqtt and does
+// only what devices need, which keeps a connection in a few kilobytes.
+package broker
 
 import (
 	"context"
@@ -13,6 +16,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/ratelimit"
 )
 
@@ -31,7 +35,7 @@ import (
 // per connection cost tens of kilobytes.
 type Server struct {
 	cfg Config
-	h   Handler
+	h   mqtt.Handler
 	log *slog.Logger
 
 	lns    []*listener     // the plain listener, then the TLS one, as configured
@@ -62,8 +66,10 @@ type Server struct {
 	}
 }
 
+var _ mqtt.Channel = (*Server)(nil)
+
 // NewServer returns a server for cfg and h; Open starts it.
-func NewServer(cfg Config, h Handler) *Server {
+func NewServer(cfg Config, h mqtt.Handler) *Server {
 	cfg = cfg.withDefaults()
 	return &Server{
 		cfg:          cfg,
@@ -313,8 +319,8 @@ func (s *Server) Connections() int {
 }
 
 // Stats returns the server's counters.
-func (s *Server) Stats() Stats {
-	return Stats{
+func (s *Server) Stats() mqtt.Stats {
+	return mqtt.Stats{
 		Connections:      s.Connections(),
 		Parked:           s.parked(),
 		Connects:         s.stats.connects.Load(),
@@ -356,7 +362,7 @@ func (s *Server) isClosing() bool {
 }
 
 // sessionID keys a device's session: its username.
-func sessionID(tenant, device string) string { return tenant + usernameDivider + device }
+func sessionID(tenant, device string) string { return mqtt.Username(tenant, device) }
 
 // listener is one of the broker's network listeners: it caps connections,
 // gives each a deadline for its CONNECT and lets Close wait for every

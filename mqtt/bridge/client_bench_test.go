@@ -1,4 +1,4 @@
-package mqtt_test
+package bridge_test
 
 import (
 	"context"
@@ -11,7 +11,9 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/bridge"
 	"github.com/fleetd/fleet/mqtt/mosquittotest"
+	"github.com/fleetd/fleet/mqtt/mqtttest"
 )
 
 // BenchmarkClientSendAction measures actions per second that fleetd hands
@@ -19,10 +21,10 @@ import (
 // senders at once as the action service's workers send, each waiting for
 // the broker's PUBACK; the devices receive every one.
 //
-//	go test ./mqtt -run XXX -bench ClientSendAction
+//	go test ./mqtt/bridge -run XXX -bench ClientSendAction
 func BenchmarkClientSendAction(b *testing.B) {
 	broker := mosquittotest.Start(b)
-	c, err := mqtt.NewClient(mqtt.ClientConfig{Broker: broker.URL}, newFakeHandler())
+	c, err := bridge.NewClient(bridge.ClientConfig{Broker: broker.URL}, mqtttest.NewHandler())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -30,7 +32,7 @@ func BenchmarkClientSendAction(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer c.Close()
-	ctx, cancel := contextWithWait()
+	ctx, cancel := mqtttest.Context()
 	defer cancel()
 	if err := c.WaitConnected(ctx); err != nil {
 		b.Fatal(err)
@@ -40,7 +42,7 @@ func BenchmarkClientSendAction(b *testing.B) {
 	for i := range devices {
 		d := dialDevice(b, broker.Addr, fmt.Sprintf("d%d", i))
 		go func() {
-			for range d.received {
+			for range d.Received {
 				received.Add(1)
 			}
 		}()
@@ -70,9 +72,9 @@ func BenchmarkClientSendAction(b *testing.B) {
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "actions/s")
 }
 
-func subscribeTB(tb testing.TB, d *client5, topic string) {
+func subscribeTB(tb testing.TB, d *mqtttest.Device, topic string) {
 	tb.Helper()
-	ctx, cancel := contextWithWait()
+	ctx, cancel := mqtttest.Context()
 	defer cancel()
 	if _, err := d.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: topic, QoS: 1}}}); err != nil {
 		tb.Fatalf("subscribe %s: %v", topic, err)
@@ -82,7 +84,7 @@ func subscribeTB(tb testing.TB, d *client5, topic string) {
 // countingHandler counts status publishes and does nothing else: what an
 // external broker can hand fleetd, without the store.
 type countingHandler struct {
-	*fakeHandler
+	*mqtttest.Handler
 	n atomic.Int64
 }
 
@@ -96,11 +98,11 @@ func (h *countingHandler) HandleStatus(context.Context, string, string, []byte) 
 // with a Handler that does nothing: the ceiling the broker and the client
 // put on ingest before any database.
 //
-//	go test ./mqtt -run XXX -bench ClientReceive -benchtime 50000x
+//	go test ./mqtt/bridge -run XXX -bench ClientReceive -benchtime 50000x
 func BenchmarkClientReceive(b *testing.B) {
 	broker := mosquittotest.Start(b)
-	h := &countingHandler{fakeHandler: newFakeHandler()}
-	c, err := mqtt.NewClient(mqtt.ClientConfig{Broker: broker.URL}, h)
+	h := &countingHandler{Handler: mqtttest.NewHandler()}
+	c, err := bridge.NewClient(bridge.ClientConfig{Broker: broker.URL}, h)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -108,13 +110,13 @@ func BenchmarkClientReceive(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer c.Close()
-	ctx, cancel := contextWithWait()
+	ctx, cancel := mqtttest.Context()
 	defer cancel()
 	if err := c.WaitConnected(ctx); err != nil {
 		b.Fatal(err)
 	}
 	const devices = 100
-	ds := make([]*client5, devices)
+	ds := make([]*mqtttest.Device, devices)
 	for i := range ds {
 		ds[i] = dialDevice(b, broker.Addr, fmt.Sprintf("d%d", i))
 	}

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package mqtt
+package broker
 
 import "errors"
 

@@ -1,4 +1,8 @@
-package mqtt
+// Package bridge runs fleetd's device channel through an external MQTT
+// broker (EMQX, Mosquitto, …): Client is fleetd as one client of that broker,
+// serving the same mqtt.Handler as the embedded broker, and BrokerAuth is the
+// HTTP API the broker calls to authenticate and authorise devices.
+package bridge
 
 import (
 	"container/heap"
@@ -25,6 +29,7 @@ import (
 	"github.com/eclipse/paho.golang/paho/session/state"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/mqtt"
 )
 
 // Client is fleetd as an MQTT 5 client of an external broker (DESIGN §1,
@@ -32,7 +37,7 @@ import (
 // endpoints who they are, and fleetd publishes actions to them and consumes
 // their status and stream topics through shared subscriptions, so that any
 // number of replicas split the devices' traffic. It serves the same Handler
-// as the embedded Server.
+// as the embedded broker (broker.Server).
 //
 // What differs from the embedded broker, and why:
 //
@@ -56,7 +61,7 @@ import (
 //     subscribers" for those offline, and SendAction reports false.
 type Client struct {
 	cfg   ClientConfig
-	h     Handler
+	h     mqtt.Handler
 	log   *slog.Logger
 	store RedeliveryStore
 	seed  maphash.Seed
@@ -195,13 +200,13 @@ type RedeliveryStore interface {
 type inbound struct {
 	cli   *paho.Client // the connection it came on, which acknowledges it
 	pub   *paho.Publish
-	topic Topic
+	topic mqtt.Topic
 }
 
-var _ Channel = (*Client)(nil)
+var _ mqtt.Channel = (*Client)(nil)
 
 // NewClient returns a client of the broker in cfg, serving h; Open connects.
-func NewClient(cfg ClientConfig, h Handler) (*Client, error) {
+func NewClient(cfg ClientConfig, h mqtt.Handler) (*Client, error) {
 	if cfg.ShareGroup == "" {
 		cfg.ShareGroup = DefaultShareGroup
 	}
@@ -225,13 +230,13 @@ func NewClient(cfg ClientConfig, h Handler) (*Client, error) {
 		cfg.Workers = DefaultWorkers
 	}
 	if cfg.HandlerTimeout <= 0 {
-		cfg.HandlerTimeout = DefaultHandlerTimeout
+		cfg.HandlerTimeout = mqtt.DefaultHandlerTimeout
 	}
 	if cfg.PublishTimeout <= 0 {
 		cfg.PublishTimeout = DefaultPublishTimeout
 	}
 	if cfg.ShutdownTimeout <= 0 {
-		cfg.ShutdownTimeout = DefaultShutdownTimeout
+		cfg.ShutdownTimeout = mqtt.DefaultShutdownTimeout
 	}
 	if cfg.SubscribeDelay <= 0 {
 		cfg.SubscribeDelay = DefaultSubscribeDelay
@@ -314,18 +319,6 @@ func redactURL(s string) string {
 		return s
 	}
 	return u.Redacted()
-}
-
-// StatusFilter and StreamFilter are the shared subscriptions through which
-// the replicas of group split the devices' publishes. The device topics
-// start with "/", so an empty level follows the group name.
-func StatusFilter(group string) string {
-	return "$share/" + group + "/" + topicPrefix + "+" + topicDevices + "+/" + topicStatus
-}
-
-// StreamFilter: see StatusFilter.
-func StreamFilter(group string) string {
-	return "$share/" + group + "/" + topicPrefix + "+" + topicDevices + "+/" + topicEvents + "+" + topicJSONArray
 }
 
 // Open starts connecting to the broker and returns; the Client keeps
@@ -484,7 +477,7 @@ func (c *Client) onUp(cm *autopaho.ConnectionManager, ca *paho.Connack) {
 func (c *Client) subscribe(cm *autopaho.ConnectionManager, resumed bool) {
 	ctx, cancel := context.WithTimeout(c.run, 30*time.Second)
 	defer cancel()
-	filters := []string{StatusFilter(c.cfg.ShareGroup), StreamFilter(c.cfg.ShareGroup)}
+	filters := []string{mqtt.StatusFilter(c.cfg.ShareGroup), mqtt.StreamFilter(c.cfg.ShareGroup)}
 	sub := &paho.Subscribe{}
 	for _, f := range filters {
 		sub.Subscriptions = append(sub.Subscriptions, paho.SubscribeOptions{Topic: f, QoS: 1})
@@ -573,10 +566,10 @@ func (c *Client) disconnectPacket() *paho.Disconnect {
 // behind: the broker then waits for acknowledgements.
 func (c *Client) onPublish(pr paho.PublishReceived) (bool, error) {
 	p := pr.Packet
-	t, ok := ParseTopic(p.Topic)
-	if !ok || t.Kind == TopicActions {
+	t, ok := mqtt.ParseTopic(p.Topic)
+	if !ok || t.Kind == mqtt.TopicActions {
 		// Not a topic fleetd subscribed to; nothing to redo.
-		c.log.Warn("mqtt: message on an unexpected topic acknowledged and dropped", "topic", truncate(p.Topic, 200))
+		c.log.Warn("mqtt: message on an unexpected topic acknowledged and dropped", "topic", mqtt.Truncate(p.Topic, 200))
 		_ = pr.Client.Ack(p)
 		return true, nil
 	}
@@ -621,13 +614,13 @@ func (c *Client) handle(in inbound) {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.HandlerTimeout)
 	defer cancel()
 	var err error
-	if t.Kind == TopicStream {
+	if t.Kind == mqtt.TopicStream {
 		err = c.h.HandleStream(ctx, t.Tenant, t.Device, t.Stream, in.pub.Payload)
 	} else {
 		err = c.h.HandleStatus(ctx, t.Tenant, t.Device, in.pub.Payload)
 	}
 	c.stats.messagesIn.Add(1)
-	if err != nil && unavailable(ctx, err) && in.pub.QoS > 0 {
+	if err != nil && mqtt.Unavailable(ctx, err) && in.pub.QoS > 0 {
 		c.stats.unacked.Add(1)
 		c.unacked.Store(true) // the session must keep it, even at Close
 		c.log.Warn("mqtt: publish not acknowledged, fleetd cannot commit it now; reconnecting so that the broker sends it again",
@@ -648,7 +641,7 @@ func (c *Client) handle(in inbound) {
 	}
 	if err != nil {
 		c.stats.handlerErrors.Add(1)
-		logRejected(ctx, c.log, err, t.Tenant, t.Device, in.pub.Topic, in.pub.QoS)
+		mqtt.LogRejected(ctx, c.log, err, t.Tenant, t.Device, in.pub.Topic, in.pub.QoS)
 	}
 	if err := in.cli.Ack(in.pub); err != nil {
 		if !errors.Is(err, paho.ErrPacketNotFound) {
@@ -689,7 +682,7 @@ func (c *Client) publish(tenant, device string, payload []byte) publishResult {
 	}
 	ctx, cancel := context.WithTimeout(c.run, c.cfg.PublishTimeout)
 	defer cancel()
-	r, err := c.cm.Publish(ctx, &paho.Publish{Topic: ActionsTopic(tenant, device), QoS: 1, Payload: payload})
+	r, err := c.cm.Publish(ctx, &paho.Publish{Topic: mqtt.ActionsTopic(tenant, device), QoS: 1, Payload: payload})
 	if r != nil && r.ReasonCode == 0x10 {
 		return noSubscribers
 	}
@@ -792,7 +785,7 @@ type backlogRun struct {
 func (b *backlogs) start(tenant, device string) (*backlogRun, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	k := sessionID(tenant, device)
+	k := mqtt.Username(tenant, device)
 	if r := b.m[k]; r != nil {
 		r.again, r.arrived = true, true
 		return r, false
@@ -810,7 +803,7 @@ func (b *backlogs) start(tenant, device string) (*backlogRun, bool) {
 func (b *backlogs) behind(tenant, device string, id int64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	r := b.m[sessionID(tenant, device)]
+	r := b.m[mqtt.Username(tenant, device)]
 	if r == nil {
 		return false
 	}
@@ -836,15 +829,15 @@ func (b *backlogs) finish(tenant, device string, r *backlogRun, after int64) (in
 		r.again, r.missed, r.arrived = false, 0, false
 		return after, true
 	}
-	delete(b.m, sessionID(tenant, device))
+	delete(b.m, mqtt.Username(tenant, device))
 	return 0, false
 }
 
 func (b *backlogs) end(tenant, device string, r *backlogRun) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.m[sessionID(tenant, device)] == r {
-		delete(b.m, sessionID(tenant, device))
+	if b.m[mqtt.Username(tenant, device)] == r {
+		delete(b.m, mqtt.Username(tenant, device))
 	}
 }
 
@@ -971,7 +964,7 @@ func (c *Client) Close() error {
 
 	if c.connected.Load() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := c.cm.Unsubscribe(ctx, &paho.Unsubscribe{Topics: []string{StatusFilter(c.cfg.ShareGroup), StreamFilter(c.cfg.ShareGroup)}})
+		_, err := c.cm.Unsubscribe(ctx, &paho.Unsubscribe{Topics: []string{mqtt.StatusFilter(c.cfg.ShareGroup), mqtt.StreamFilter(c.cfg.ShareGroup)}})
 		cancel()
 		if err != nil {
 			c.log.Debug("mqtt: unsubscribe at shutdown", "err", err)
@@ -1045,12 +1038,12 @@ func (s *ackSession) Ack(pb *packets.Publish) error {
 }
 
 // Stats returns the client's counters; Connections is 1 while connected.
-func (c *Client) Stats() Stats {
+func (c *Client) Stats() mqtt.Stats {
 	n := 0
 	if c.connected.Load() {
 		n = 1
 	}
-	return Stats{
+	return mqtt.Stats{
 		Connections:    n,
 		Connects:       c.stats.connects.Load(),
 		Disconnects:    c.stats.disconnects.Load(),

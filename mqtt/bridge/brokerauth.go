@@ -1,4 +1,4 @@
-package mqtt
+package bridge
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/mqtt"
 )
 
 // BrokerAuth is the HTTP API an external broker calls to authenticate and
@@ -34,8 +35,8 @@ import (
 // device's subscription to its actions topic go to Arrivals, so that what is
 // queued for the device is sent once it has subscribed.
 type BrokerAuth struct {
-	Handler  Handler  // checks device tokens, records connections
-	Arrivals Arrivals // told of arriving devices; nil tells nobody
+	Handler  mqtt.Handler // checks device tokens, records connections
+	Arrivals Arrivals     // told of arriving devices; nil tells nobody
 	Secret   string
 	// Username and Password are fleetd's own credentials at the broker.
 	// Empty Username: no superuser.
@@ -157,12 +158,12 @@ func (b *BrokerAuth) authenticate(ctx context.Context, username, password, clien
 		if b.Password != "" && subtle.ConstantTimeCompare([]byte(password), []byte(b.Password)) == 1 {
 			return allow, true
 		}
-		b.logger().Warn("broker auth: fleetd's username with a wrong password refused", "client_id", truncate(clientID, 200))
+		b.logger().Warn("broker auth: fleetd's username with a wrong password refused", "client_id", mqtt.Truncate(clientID, 200))
 		return deny, false
 	}
-	tenant, device, ok := ParseUsername(username)
+	tenant, device, ok := mqtt.ParseUsername(username)
 	if !ok {
-		b.logger().Debug("broker auth: not a device's username; left to the broker", "username", truncate(username, 200))
+		b.logger().Debug("broker auth: not a device's username; left to the broker", "username", mqtt.Truncate(username, 200))
 		return ignore, false
 	}
 	timeout := b.Timeout
@@ -172,12 +173,12 @@ func (b *BrokerAuth) authenticate(ctx context.Context, username, password, clien
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if err := b.Handler.AuthenticateDevice(ctx, tenant, device, password); err != nil {
-		if unavailable(ctx, err) {
+		if mqtt.Unavailable(ctx, err) {
 			b.logger().Warn("broker auth: cannot authenticate device now", "tenant", tenant, "device", device, "err", err)
 			return retryLater, false
 		}
 		b.logger().Info("broker auth: device refused: bad credentials", "tenant", tenant, "device", device,
-			"client_id", truncate(clientID, 200), "reason", fleet.ErrorMessage(err))
+			"client_id", mqtt.Truncate(clientID, 200), "reason", fleet.ErrorMessage(err))
 		return deny, false
 	}
 	b.Handler.DeviceConnected(tenant, device)
@@ -196,7 +197,7 @@ func (b *BrokerAuth) authorizeAction(ctx context.Context, username, topic, actio
 	if b.isFleetd(username) {
 		return allow
 	}
-	if _, _, ok := ParseUsername(username); ok {
+	if _, _, ok := mqtt.ParseUsername(username); ok {
 		return deny
 	}
 	return ignore
@@ -207,29 +208,29 @@ func (b *BrokerAuth) authorizeAccess(ctx context.Context, username, topic string
 	if b.isFleetd(username) {
 		return allow
 	}
-	tenant, device, ok := ParseUsername(username)
+	tenant, device, ok := mqtt.ParseUsername(username)
 	if !ok {
 		return ignore
 	}
 	v := deny
 	switch acc {
 	case aclRead:
-		if maySubscribe(tenant, device, topic) {
+		if mqtt.MaySubscribe(tenant, device, topic) {
 			v = allow
 		}
 	case aclWrite:
-		if _, ok := mayPublish(tenant, device, topic); ok {
+		if _, ok := mqtt.MayPublish(tenant, device, topic); ok {
 			v = allow
 		}
 	case aclSubscribe:
-		if maySubscribe(tenant, device, topic) {
+		if mqtt.MaySubscribe(tenant, device, topic) {
 			v = allow
 			b.arriving(ctx, tenant, device, true)
 		}
 	}
 	if v == deny {
 		b.logger().Warn("broker auth: device refused a topic: it may subscribe only to its actions topic and publish only on its status and stream topics",
-			"tenant", tenant, "device", device, "topic", truncate(topic, 200), "access", acc)
+			"tenant", tenant, "device", device, "topic", mqtt.Truncate(topic, 200), "access", acc)
 	}
 	return v
 }

@@ -1,4 +1,4 @@
-package mqtt
+package broker
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/mqtt"
 )
 
 // What a connection sends its device: actions, each at most once per
@@ -150,7 +151,7 @@ func (d *device) drainLocked() outcome {
 		return out
 	}
 	qos := byte(d.qos.Load())
-	topic := ActionsTopic(d.tenant, d.id)
+	topic := mqtt.ActionsTopic(d.tenant, d.id)
 	blocked := false // by older actions that may be in the store
 	for len(d.queue) > 0 {
 		if qos > 0 && len(d.inflight) >= d.inflightMax {
@@ -332,7 +333,7 @@ func (d *device) acknowledged(pid uint16, code byte, reason string) {
 func refusal(code byte, reason string) string {
 	msg := fmt.Sprintf("the device refused the action message: PUBACK reason code 0x%02X (%s)", code, pubackReasonName(code))
 	if reason != "" {
-		msg += ": " + truncate(reason, 1000)
+		msg += ": " + mqtt.Truncate(reason, 1000)
 	}
 	return msg
 }

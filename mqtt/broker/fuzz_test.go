@@ -1,4 +1,4 @@
-package mqtt
+package broker
 
 import (
 	"bufio"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/mqtt"
 )
 
 // acceptAll is a Handler that admits acme/dev-1 with token tok-1 and takes
@@ -66,9 +67,9 @@ func connect(version byte, props ...byte) []byte {
 // broker must answer each byte stream without a panic, a hang or a device
 // left registered after the connection ended.
 func FuzzConn(f *testing.F) {
-	actions := ActionsTopic("acme", "dev-1")
-	status := ActionStatusTopic("acme", "dev-1")
-	stream := StreamTopic("acme", "dev-1", "gps")
+	actions := mqtt.ActionsTopic("acme", "dev-1")
+	status := mqtt.ActionStatusTopic("acme", "dev-1")
+	stream := mqtt.StreamTopic("acme", "dev-1", "gps")
 	for _, v := range []byte{version31, version311, version5} {
 		var noProps []byte
 		if v == version5 {
@@ -177,8 +178,8 @@ func exchange(t *testing.T, data []byte) []byte {
 // seeds of FuzzConn: the paho-based tests see them through a client
 // library, which forgives some things.
 func TestWire(t *testing.T) {
-	actions := ActionsTopic("acme", "dev-1")
-	status := ActionStatusTopic("acme", "dev-1")
+	actions := mqtt.ActionsTopic("acme", "dev-1")
+	status := mqtt.ActionStatusTopic("acme", "dev-1")
 	t.Run("MQTT311", func(t *testing.T) {
 		in := append(connect(version311), packet(typeSubscribe<<4|2, u16(1), str(actions), []byte{1})...)
 		in = append(in, packet(typePublish<<4|2, str(status), u16(7), []byte(`[]`))...)
@@ -215,7 +216,7 @@ func TestWire(t *testing.T) {
 		{"property of another packet", packet(typePublish<<4|2, str(status), u16(7), []byte{5, propSessionExpiry, 0, 0, 0, 1}, []byte(`[]`)), codeProtocolError},
 		{"subscription identifier", packet(typeSubscribe<<4|2, u16(1), []byte{2, propSubscriptionID, 1}, str(actions), []byte{1}), codeSubscriptionIDsNotUsable},
 		{"second CONNECT", connect(version5), codeProtocolError},
-		{"another device's topic", packet(typePublish<<4|2, str(ActionStatusTopic("acme", "dev-2")), u16(7), []byte{0}, []byte(`[]`)), codeNotAuthorized},
+		{"another device's topic", packet(typePublish<<4|2, str(mqtt.ActionStatusTopic("acme", "dev-2")), u16(7), []byte{0}, []byte(`[]`)), codeNotAuthorized},
 		{"packet too large", packet(typePublish<<4|2, str(status), u16(7), []byte{0}, make([]byte, 5000)), codePacketTooLarge},
 	} {
 		t.Run("MQTT5 "+tc.name, func(t *testing.T) {

@@ -1,4 +1,4 @@
-package mqtt
+package broker
 
 import (
 	"bufio"
@@ -9,6 +9,8 @@ import (
 	"io"
 	"slices"
 	"unicode/utf8"
+
+	"github.com/fleetd/fleet/mqtt"
 )
 
 // The wire format of MQTT 3.1, 3.1.1 and 5.0, as much of it as a broker for
@@ -388,7 +390,7 @@ func decodeConnect(body []byte) (*connectPacket, error) {
 		c.unsupportedV = true
 		return c, nil
 	default:
-		return nil, malformed("protocol name %q is not MQTT", truncate(name, 20))
+		return nil, malformed("protocol name %q is not MQTT", mqtt.Truncate(name, 20))
 	}
 	flags := d.byte("connect flags")
 	c.keepalive = d.uint16("keep alive")

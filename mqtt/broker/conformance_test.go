@@ -1,4 +1,4 @@
-package mqtt_test
+package broker_test
 
 import (
 	"bytes"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/broker"
+	"github.com/fleetd/fleet/mqtt/mqtttest"
 )
 
 // TestConformance311 checks the normative statements of MQTT 3.1.1 (OASIS
@@ -15,8 +17,8 @@ import (
 // not apply, and why. Raw packets: client libraries do not send what the
 // statements are about.
 func TestConformance311(t *testing.T) {
-	h := newFakeHandler()
-	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.MaxKeepalive = 2 * time.Second })
+	h := mqtttest.NewHandler()
+	s := MustOpenServer(t, h, func(c *broker.Config) { c.MaxKeepalive = 2 * time.Second })
 	good := func() *rawClient {
 		c := dialRaw(t, s)
 		c.send(connect311(0xC2, "dev-1", "acme/dev-1", "tok-1"))
@@ -98,7 +100,7 @@ func TestConformance311(t *testing.T) {
 		}
 		// MQTT-3.2.2-5: refused, closed.
 		c.closed()
-		if len(h.statuses) != 0 {
+		if len(h.Statuses) != 0 {
 			t.Fatal("the publish after a refused CONNECT reached the handler")
 		}
 	})
@@ -118,12 +120,12 @@ func TestConformance311(t *testing.T) {
 	t.Run("MQTT-3.3.4-1 QoS 1 answered with PUBACK, QoS 2 with PUBREC and PUBCOMP", func(t *testing.T) {
 		c := good()
 		c.send(publishPacket(1, 3, nil, statusT, status))
-		receive(t, h.statuses, "HandleStatus")
+		mqtttest.Receive(t, h.Statuses, "HandleStatus")
 		if p := c.next(typePuback); !bytes.Equal(p.body, u16(3)) {
 			t.Fatalf("PUBACK % x, want of packet 3", p.body)
 		}
 		c.send(publishPacket(2, 4, nil, statusT, status))
-		receive(t, h.statuses, "HandleStatus")
+		mqtttest.Receive(t, h.Statuses, "HandleStatus")
 		if p := c.next(typePubrec); !bytes.Equal(p.body, u16(4)) {
 			t.Fatalf("PUBREC % x, want of packet 4", p.body)
 		}
@@ -159,7 +161,7 @@ func TestConformance311(t *testing.T) {
 		if sa := c.next(typeSuback); !bytes.Equal(sa.body, []byte{0, 77, 0x80, 1, 0x80}) {
 			t.Fatalf("SUBACK % x, want 00 4d 80 01 80", sa.body)
 		}
-		receive(t, h.subscribed, "DeviceSubscribed")
+		mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 		c.send(packet(typePingreq<<4, nil))
 		c.next(typePingresp)
 	})
@@ -203,7 +205,7 @@ func TestConformance311(t *testing.T) {
 // Standard, 7 March 2019) that bind a server and apply to a broker for
 // devices, beyond those 3.1.1 shares.
 func TestConformance5(t *testing.T) {
-	h := newFakeHandler()
+	h := mqtttest.NewHandler()
 	s := MustOpenServer(t, h)
 	good := func(p []byte) (*rawClient, rawPacket) {
 		c := dialRaw(t, s)
@@ -273,31 +275,31 @@ func TestConformance5(t *testing.T) {
 		c, _ := good(props(append([]byte{0x27}, u32(200)...)))
 		c.send(subscribePacket(1, props(), actionsT, 1))
 		c.next(typeSuback)
-		receive(t, h.subscribed, "DeviceSubscribed")
-		h.queue("acme/dev-1", 1, []byte(`{"id": "1", "payload": "`+string(bytes.Repeat([]byte("x"), 300))+`"}`))
-		h.queue("acme/dev-1", 2, message(2))
+		mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
+		h.Queue("acme/dev-1", 1, []byte(`{"id": "1", "payload": "`+string(bytes.Repeat([]byte("x"), 300))+`"}`))
+		h.Queue("acme/dev-1", 2, mqtttest.Message(2))
 		s.SendAction("acme", "dev-1", 1, []byte(`{"id": "1", "payload": "`+string(bytes.Repeat([]byte("x"), 300))+`"}`))
-		s.SendAction("acme", "dev-1", 2, message(2))
-		if p := parsePublish(t, c.next(typePublish), true); messageID(t, p.payload) != 2 {
+		s.SendAction("acme", "dev-1", 2, mqtttest.Message(2))
+		if p := parsePublish(t, c.next(typePublish), true); mqtttest.MessageID(t, p.payload) != 2 {
 			t.Fatalf("received %s, want action 2 only", p.payload)
 		}
-		receive(t, h.failed, "ActionFailed of action 1")
+		mqtttest.Receive(t, h.Failed, "ActionFailed of action 1")
 	})
 	t.Run("MQTT-3.3.4-7 no more unacknowledged PUBLISHes than the client's Receive Maximum", func(t *testing.T) {
-		h.mu.Lock()
-		clear(h.backlog) // what the subtests before left unacknowledged
-		h.mu.Unlock()
+		h.Mu.Lock()
+		clear(h.Backlog) // what the subtests before left unacknowledged
+		h.Mu.Unlock()
 		c, _ := good(props(append([]byte{0x21}, u16(1)...)))
 		c.send(subscribePacket(1, props(), actionsT, 1))
 		c.next(typeSuback)
-		receive(t, h.subscribed, "DeviceSubscribed")
+		mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 		dispatch(h, s, 10)
 		dispatch(h, s, 11)
 		p := parsePublish(t, c.next(typePublish), true)
 		c.send(packet(typePingreq<<4, nil))
 		c.next(typePingresp) // not action 11
 		c.send(packet(typePuback<<4, u16(int(p.pid))))
-		if p := parsePublish(t, c.next(typePublish), true); messageID(t, p.payload) != 11 {
+		if p := parsePublish(t, c.next(typePublish), true); mqtttest.MessageID(t, p.payload) != 11 {
 			t.Fatalf("received %s, want action 11", p.payload)
 		}
 	})

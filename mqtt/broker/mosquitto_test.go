@@ -1,4 +1,4 @@
-package mqtt_test
+package broker_test
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/mqtttest"
 )
 
 // mosquittoClients returns the paths of Debian's mosquitto_pub and
@@ -35,7 +36,7 @@ func TestMosquittoClients(t *testing.T) {
 	pub, sub := mosquittoClients(t)
 	for _, version := range []string{"mqttv311", "mqttv5"} {
 		t.Run(version, func(t *testing.T) {
-			h := newFakeHandler()
+			h := mqtttest.NewHandler()
 			s := MustOpenServer(t, h)
 			_, port, _ := net.SplitHostPort(s.Addr().String())
 			ctx, cancel := context.WithTimeout(context.Background(), wait)
@@ -52,7 +53,7 @@ func TestMosquittoClients(t *testing.T) {
 				if err := cmd.Start(); err != nil {
 					t.Fatal(err)
 				}
-				receive(t, h.subscribed, "DeviceSubscribed")
+				mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 				if !s.SendAction("acme", "dev-1", 42, action) {
 					err := cmd.Wait()
 					t.Fatalf("SendAction = false, want true (mosquitto_sub: %v: %s%s)", err, out.Bytes(), errOut.Bytes())
@@ -63,7 +64,7 @@ func TestMosquittoClients(t *testing.T) {
 				if !bytes.Equal(out.Bytes(), action) {
 					t.Errorf("mosquitto_sub printed %q, want %q", out.Bytes(), action)
 				}
-				if got := receive(t, h.delivered, "ActionDelivered"); got.ActionID != 42 {
+				if got := mqtttest.Receive(t, h.Delivered, "ActionDelivered"); got.ActionID != 42 {
 					t.Errorf("ActionDelivered action id %d, want 42", got.ActionID)
 				}
 			})
@@ -74,7 +75,7 @@ func TestMosquittoClients(t *testing.T) {
 				if out, err := mosquitto(pub, "acme/dev-1", "tok-1", "-t", statusT, "-m", string(status)).CombinedOutput(); err != nil {
 					t.Fatalf("mosquitto_pub: %v: %s", err, out)
 				}
-				got := receive(t, h.statuses, "HandleStatus")
+				got := mqtttest.Receive(t, h.Statuses, "HandleStatus")
 				if got.Tenant != "acme" || got.Device != "dev-1" || !bytes.Equal(got.Payload, status) {
 					t.Errorf("HandleStatus(%q, %q, %s)", got.Tenant, got.Device, got.Payload)
 				}
@@ -84,7 +85,7 @@ func TestMosquittoClients(t *testing.T) {
 				if out, err := mosquitto(pub, "acme/dev-1", "tok-1", "-t", gpsT, "-m", string(points)).CombinedOutput(); err != nil {
 					t.Fatalf("mosquitto_pub: %v: %s", err, out)
 				}
-				got := receive(t, h.streams, "HandleStream")
+				got := mqtttest.Receive(t, h.Streams, "HandleStream")
 				if got.Stream != "gps" || !bytes.Equal(got.Payload, points) {
 					t.Errorf("HandleStream(%q, %s)", got.Stream, got.Payload)
 				}
@@ -94,7 +95,7 @@ func TestMosquittoClients(t *testing.T) {
 				if out, err := mosquitto(pub, "acme/dev-1", "tok-2", "-t", statusT, "-m", "x").CombinedOutput(); err == nil {
 					t.Fatalf("mosquitto_pub with a wrong token succeeded: %s", out)
 				}
-				if len(h.statuses) != 0 {
+				if len(h.Statuses) != 0 {
 					t.Error("Handler called")
 				}
 			})
@@ -107,7 +108,7 @@ func TestMosquittoClients(t *testing.T) {
 				if got := s.Stats().ACLViolations; got != before+1 {
 					t.Errorf("ACLViolations = %d, want %d", got, before+1)
 				}
-				if len(h.statuses) != 0 {
+				if len(h.Statuses) != 0 {
 					t.Error("Handler called")
 				}
 			})

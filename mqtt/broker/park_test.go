@@ -1,4 +1,4 @@
-package mqtt_test
+package broker_test
 
 import (
 	"encoding/binary"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/fleetd/fleet/internal/poll"
 	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/mqtttest"
 )
 
 // TestIdleConnectionsPark: an idle connection holds no goroutine (issue 17,
@@ -17,11 +18,11 @@ import (
 // the device goes, when its keepalive runs out and when the server closes.
 func TestIdleConnectionsPark(t *testing.T) {
 	const n = 100
-	h := newFakeHandler()
+	h := mqtttest.NewHandler()
 	for i := range n {
-		h.tokens[fmt.Sprintf("acme/idle-%d", i)] = "tok"
+		h.Tokens[fmt.Sprintf("acme/idle-%d", i)] = "tok"
 	}
-	h.tokens["acme/brief"] = "tok"
+	h.Tokens["acme/brief"] = "tok"
 	s := MustOpenServer(t, h)
 	before := runtime.NumGoroutine()
 
@@ -32,8 +33,8 @@ func TestIdleConnectionsPark(t *testing.T) {
 		c.send(connect311(0xC2, id, "acme/"+id, "tok"), subscribePacket(1, nil, mqtt.ActionsTopic("acme", id), 1))
 		c.next(typeConnack)
 		c.next(typeSuback)
-		receive(t, h.connected, "DeviceConnected")
-		receive(t, h.subscribed, "DeviceSubscribed")
+		mqtttest.Receive(t, h.Connected, "DeviceConnected")
+		mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 		devices[i] = c
 	}
 	poll.Until(t, wait, "every idle connection parked", func() bool { return s.Stats().Parked == n })
@@ -53,7 +54,7 @@ func TestIdleConnectionsPark(t *testing.T) {
 			c.send(packet(typePuback<<4, p.body[2+n:4+n]))
 		}
 		for range n {
-			receive(t, h.delivered, "ActionDelivered")
+			mqtttest.Receive(t, h.Delivered, "ActionDelivered")
 		}
 		poll.Until(t, wait, "the connections parked again", func() bool { return s.Stats().Parked == n })
 	})

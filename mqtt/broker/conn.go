@@ -1,11 +1,10 @@
-package mqtt
+package broker
 
 import (
 	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
-	"log/slog"
 	"net"
 	"strconv"
 	"sync"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/pki"
 	"github.com/fleetd/fleet/ratelimit"
 )
@@ -126,7 +126,7 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 	}
 	if c.props.authMethod != "" {
 		s.stats.authFailures.Add(1)
-		s.log.Info("mqtt: connection refused: enhanced authentication is not supported", "method", truncate(c.props.authMethod, 100), "remote", remote)
+		s.log.Info("mqtt: connection refused: enhanced authentication is not supported", "method", mqtt.Truncate(c.props.authMethod, 100), "remote", remote)
 		return refuse(codeBadAuthenticationMethod)
 	}
 	if c.clientID == "" && (c.version == version31 || c.version == version311 && !c.cleanSession) {
@@ -140,7 +140,7 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 		s.log.Info("mqtt: connection refused: a retained will, and retained messages are not supported", "remote", remote)
 		return refuse(codeRetainNotSupported)
 	}
-	tenant, deviceID, ok := ParseUsername(c.username)
+	tenant, deviceID, ok := mqtt.ParseUsername(c.username)
 	id, hasCert := certIdentity(nc)
 	if c.hasWill {
 		t, d, ok := tenant, deviceID, ok
@@ -149,10 +149,10 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 		}
 		// Wills are never published here; one on a topic the device may not
 		// publish on is a sign of a device that means harm.
-		if _, may := mayPublish(t, d, c.willTopic); ok && !may {
+		if _, may := mqtt.MayPublish(t, d, c.willTopic); ok && !may {
 			s.stats.authFailures.Add(1)
 			s.log.Warn("mqtt: connection refused: will on a topic not the device's",
-				"tenant", t, "device", d, "topic", truncate(c.willTopic, 200), "remote", remote)
+				"tenant", t, "device", d, "topic", mqtt.Truncate(c.willTopic, 200), "remote", remote)
 			return refuse(codeNotAuthorized)
 		}
 	}
@@ -169,14 +169,14 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 	case hasCert && c.hasUsername && (!ok || tenant != id.tenant || deviceID != id.device):
 		s.authFailed(ip)
 		s.log.Info("mqtt: connection refused: the username is not the device of the client certificate",
-			"username", truncate(c.username, 200), "tenant", id.tenant, "device", id.device, "remote", remote)
+			"username", mqtt.Truncate(c.username, 200), "tenant", id.tenant, "device", id.device, "remote", remote)
 		return refuse(codeBadUsernameOrPassword)
 	case hasCert:
 		tenant, deviceID = id.tenant, id.device
 	case !ok || !c.hasPassword:
 		s.authFailed(ip)
 		s.log.Info("mqtt: connection refused: username must be {tenant}/{device_id} and the password the device token",
-			"username", truncate(c.username, 200), "remote", remote)
+			"username", mqtt.Truncate(c.username, 200), "remote", remote)
 		return refuse(codeBadUsernameOrPassword)
 	}
 	if s.isClosing() {
@@ -190,7 +190,7 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandlerTimeout)
 	defer cancel()
 	if err := s.authenticate(ctx, tenant, deviceID, cred); err != nil {
-		if unavailable(ctx, err) {
+		if mqtt.Unavailable(ctx, err) {
 			s.log.Warn("mqtt: cannot authenticate device now", "tenant", tenant, "device", deviceID, "error", err)
 			return refuse(codeServerUnavailable)
 		}
@@ -265,7 +265,7 @@ type credential struct {
 func (s *Server) authenticate(ctx context.Context, tenant, device string, cred credential) error {
 	var err error
 	offStack(func() {
-		switch ca, ok := s.h.(CertificateAuthenticator); {
+		switch ca, ok := s.h.(mqtt.CertificateAuthenticator); {
 		case !cred.byCert:
 			err = s.h.AuthenticateDevice(ctx, tenant, device, cred.token)
 		case ok:
@@ -442,7 +442,7 @@ func (d *device) handle(header byte, body []byte) error {
 		codes := make([]byte, len(sp.filters))
 		for i, f := range sp.filters {
 			codes[i] = byte(codeNoSubscriptionExisted)
-			if maySubscribe(d.tenant, d.id, f.filter) && d.unsubscribe() {
+			if mqtt.MaySubscribe(d.tenant, d.id, f.filter) && d.unsubscribe() {
 				codes[i] = byte(codeSuccess)
 			}
 		}
@@ -472,7 +472,7 @@ func (d *device) publish(p *publishPacket) error {
 	if p.props.topicAlias != 0 {
 		return protocolErr(codeTopicAliasInvalid, "topic aliases are not supported")
 	}
-	t, ok := mayPublish(d.tenant, d.id, p.topic)
+	t, ok := mqtt.MayPublish(d.tenant, d.id, p.topic)
 	if !ok {
 		return d.aclViolation("publish", p.topic)
 	}
@@ -497,13 +497,13 @@ func (d *device) publish(p *publishPacket) error {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandlerTimeout)
 	defer cancel()
 	var err error
-	if t.Kind == TopicStream {
+	if t.Kind == mqtt.TopicStream {
 		err = s.h.HandleStream(ctx, d.tenant, d.id, t.Stream, p.payload)
 	} else {
 		err = s.h.HandleStatus(ctx, d.tenant, d.id, p.payload)
 	}
 	s.stats.messagesIn.Add(1)
-	if err != nil && unavailable(ctx, err) && p.qos > 0 {
+	if err != nil && mqtt.Unavailable(ctx, err) && p.qos > 0 {
 		s.stats.unacked.Add(1)
 		s.log.Warn("mqtt: publish not acknowledged, fleetd cannot commit it now; disconnecting the device so it publishes again",
 			"tenant", d.tenant, "device", d.id, "topic", p.topic, "error", err)
@@ -511,7 +511,7 @@ func (d *device) publish(p *publishPacket) error {
 	}
 	if err != nil {
 		s.stats.handlerErrors.Add(1)
-		logRejected(ctx, s.log, err, d.tenant, d.id, p.topic, p.qos)
+		mqtt.LogRejected(ctx, s.log, err, d.tenant, d.id, p.topic, p.qos)
 	}
 	switch p.qos {
 	case 1:
@@ -531,7 +531,7 @@ func (d *device) subscribe(sp *subscribePacket) error {
 	codes := make([]byte, len(sp.filters))
 	qos, ok := byte(0), false
 	for i, f := range sp.filters {
-		if !maySubscribe(d.tenant, d.id, f.filter) {
+		if !mqtt.MaySubscribe(d.tenant, d.id, f.filter) {
 			// Refused, and the connection kept (as MQTT allows): a device
 			// that reconnects at once would otherwise loop, and its log
 			// says why.
@@ -583,7 +583,7 @@ func (d *device) kick() {
 func (d *device) refuseSubscription(filter string) byte {
 	d.s.stats.aclViolations.Add(1)
 	d.s.log.Warn("mqtt: subscription refused: a device may subscribe only to its own actions topic",
-		"tenant", d.tenant, "device", d.id, "filter", truncate(filter, 200), "actions_topic", ActionsTopic(d.tenant, d.id), "remote", d.remote())
+		"tenant", d.tenant, "device", d.id, "filter", mqtt.Truncate(filter, 200), "actions_topic", mqtt.ActionsTopic(d.tenant, d.id), "remote", d.remote())
 	if d.version == version5 {
 		return byte(codeNotAuthorized)
 	}
@@ -595,8 +595,8 @@ func (d *device) refuseSubscription(filter string) byte {
 func (d *device) aclViolation(op, topic string) error {
 	d.s.stats.aclViolations.Add(1)
 	d.s.log.Warn("mqtt: device disconnected: it may subscribe only to its actions topic and publish only on its status and stream topics",
-		"tenant", d.tenant, "device", d.id, "op", op, "topic", truncate(topic, 200), "remote", d.remote())
-	return protocolErr(codeNotAuthorized, "%s on %q, not the device's", op, truncate(topic, 200))
+		"tenant", d.tenant, "device", d.id, "op", op, "topic", mqtt.Truncate(topic, 200), "remote", d.remote())
+	return protocolErr(codeNotAuthorized, "%s on %q, not the device's", op, mqtt.Truncate(topic, 200))
 }
 
 // write writes a packet to the device.
@@ -691,31 +691,6 @@ func certIdentity(nc net.Conn) (id tlsIdentity, hasCert bool) {
 	}
 	id.tenant, id.device, id.serial, id.ok = pki.DeviceIdentity(chains[0][0])
 	return id, true
-}
-
-// logRejected logs a device's publish the Handler rejected. It is
-// acknowledged all the same: a malformed report would otherwise come back
-// forever.
-func logRejected(ctx context.Context, log *slog.Logger, err error, tenant, device, topic string, qos byte) {
-	level := slog.LevelWarn
-	if fleet.ErrorCode(err) == fleet.EINTERNAL {
-		level = slog.LevelError
-	}
-	log.Log(ctx, level, "mqtt: device publish rejected",
-		"tenant", tenant, "device", device, "topic", topic, "qos", qos, "error", err)
-}
-
-// unavailable reports whether a Handler error means "try again later".
-func unavailable(ctx context.Context, err error) bool {
-	return fleet.ErrorCode(err) == fleet.EUNAVAILABLE || ctx.Err() != nil
-}
-
-// truncate keeps what a client sent from flooding the log.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }
 
 // offStack runs f on a goroutine of its own and waits for it. A device's

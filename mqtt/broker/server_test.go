@@ -1,4 +1,4 @@
-package mqtt_test
+package broker_test
 
 import (
 	"bytes"
@@ -19,6 +19,8 @@ import (
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/internal/poll"
 	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/broker"
+	"github.com/fleetd/fleet/mqtt/mqtttest"
 )
 
 var (
@@ -32,11 +34,11 @@ var (
 )
 
 func TestMQTT5HappyPath(t *testing.T) {
-	h := newFakeHandler()
+	h := mqtttest.NewHandler()
 	s := MustOpenServer(t, h)
 	c := mustConnect5(t, s, "acme/dev-1", "tok-1", true)
 
-	if got := receive(t, h.connected, "DeviceConnected"); got.Tenant != "acme" || got.Device != "dev-1" {
+	if got := mqtttest.Receive(t, h.Connected, "DeviceConnected"); got.Tenant != "acme" || got.Device != "dev-1" {
 		t.Errorf("DeviceConnected(%q, %q), want acme, dev-1", got.Tenant, got.Device)
 	}
 	if !s.Online("acme", "dev-1") || s.Connections() != 1 {
@@ -49,11 +51,11 @@ func TestMQTT5HappyPath(t *testing.T) {
 		}
 	})
 
-	sa := c.subscribe(t, actionsT, 1)
+	sa := c.MustSubscribe(t, actionsT, 1)
 	if len(sa.Reasons) != 1 || sa.Reasons[0] != 1 {
 		t.Errorf("SUBACK reasons %v, want [1]", sa.Reasons)
 	}
-	if got := receive(t, h.subscribed, "DeviceSubscribed"); got.Tenant != "acme" || got.Device != "dev-1" {
+	if got := mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed"); got.Tenant != "acme" || got.Device != "dev-1" {
 		t.Errorf("DeviceSubscribed(%q, %q), want acme, dev-1", got.Tenant, got.Device)
 	}
 
@@ -61,40 +63,40 @@ func TestMQTT5HappyPath(t *testing.T) {
 		if !s.SendAction("acme", "dev-1", 42, action) {
 			t.Fatal("SendAction = false, want true")
 		}
-		pb := receive(t, c.received, "action message")
+		pb := mqtttest.Receive(t, c.Received, "action message")
 		if pb.Topic != actionsT || pb.QoS != 1 || !bytes.Equal(pb.Payload, action) {
 			t.Errorf("got %q at QoS %d: %s; want %q at QoS 1: %s", pb.Topic, pb.QoS, pb.Payload, actionsT, action)
 		}
 		// Only the device's PUBACK, handled on its connection's goroutine,
 		// could report it now: SendAction reports QoS 0 deliveries itself,
 		// before it returns.
-		if len(h.delivered) != 0 {
+		if len(h.Delivered) != 0 {
 			t.Fatal("ActionDelivered before the device's PUBACK")
 		}
 		if err := c.Ack(pb); err != nil {
 			t.Fatalf("ack: %v", err)
 		}
-		got := receive(t, h.delivered, "ActionDelivered")
+		got := mqtttest.Receive(t, h.Delivered, "ActionDelivered")
 		if got.Tenant != "acme" || got.Device != "dev-1" || got.ActionID != 42 {
 			t.Errorf("ActionDelivered(%q, %q, %d), want acme, dev-1, 42", got.Tenant, got.Device, got.ActionID)
 		}
 	})
 
 	t.Run("Status", func(t *testing.T) {
-		if err := c.publish(statusT, status); err != nil {
+		if err := c.Send(statusT, status); err != nil {
 			t.Fatalf("publish: %v", err)
 		}
-		got := receive(t, h.statuses, "HandleStatus")
+		got := mqtttest.Receive(t, h.Statuses, "HandleStatus")
 		if got.Tenant != "acme" || got.Device != "dev-1" || !bytes.Equal(got.Payload, status) {
 			t.Errorf("HandleStatus(%q, %q, %s), want acme, dev-1, %s", got.Tenant, got.Device, got.Payload, status)
 		}
 	})
 
 	t.Run("Stream", func(t *testing.T) {
-		if err := c.publish(gpsT, points); err != nil {
+		if err := c.Send(gpsT, points); err != nil {
 			t.Fatalf("publish: %v", err)
 		}
-		got := receive(t, h.streams, "HandleStream")
+		got := mqtttest.Receive(t, h.Streams, "HandleStream")
 		if got.Tenant != "acme" || got.Device != "dev-1" || got.Stream != "gps" || !bytes.Equal(got.Payload, points) {
 			t.Errorf("HandleStream(%q, %q, %q, %s), want acme, dev-1, gps, %s", got.Tenant, got.Device, got.Stream, got.Payload, points)
 		}
@@ -107,30 +109,30 @@ func TestMQTT5HappyPath(t *testing.T) {
 }
 
 func TestMQTT311HappyPath(t *testing.T) {
-	h := newFakeHandler()
+	h := mqtttest.NewHandler()
 	s := MustOpenServer(t, h)
 	c := mustConnect3(t, s, "acme/dev-1", "tok-1")
-	receive(t, h.connected, "DeviceConnected")
+	mqtttest.Receive(t, h.Connected, "DeviceConnected")
 
 	c.subscribe(t, actionsT, 1)
-	receive(t, h.subscribed, "DeviceSubscribed")
+	mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 	if !s.SendAction("acme", "dev-1", 42, action) {
 		t.Fatal("SendAction = false, want true")
 	}
-	m := receive(t, c.received, "action message")
+	m := mqtttest.Receive(t, c.received, "action message")
 	if m.Topic() != actionsT || m.Qos() != 1 || !bytes.Equal(m.Payload(), action) {
 		t.Errorf("got %q at QoS %d: %s; want %q at QoS 1: %s", m.Topic(), m.Qos(), m.Payload(), actionsT, action)
 	}
-	if got := receive(t, h.delivered, "ActionDelivered"); got.ActionID != 42 {
+	if got := mqtttest.Receive(t, h.Delivered, "ActionDelivered"); got.ActionID != 42 {
 		t.Errorf("ActionDelivered action id %d, want 42", got.ActionID)
 	}
 
 	c.publish(t, statusT, status)
-	if got := receive(t, h.statuses, "HandleStatus"); got.Device != "dev-1" || !bytes.Equal(got.Payload, status) {
+	if got := mqtttest.Receive(t, h.Statuses, "HandleStatus"); got.Device != "dev-1" || !bytes.Equal(got.Payload, status) {
 		t.Errorf("HandleStatus(%q, %s)", got.Device, got.Payload)
 	}
 	c.publish(t, gpsT, points)
-	if got := receive(t, h.streams, "HandleStream"); got.Stream != "gps" || !bytes.Equal(got.Payload, points) {
+	if got := mqtttest.Receive(t, h.Streams, "HandleStream"); got.Stream != "gps" || !bytes.Equal(got.Payload, points) {
 		t.Errorf("HandleStream(%q, %s)", got.Stream, got.Payload)
 	}
 }
@@ -155,14 +157,14 @@ func TestAuthentication(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Run("MQTT5", func(t *testing.T) {
-				h := newFakeHandler()
-				h.authErr = tt.authErr
+				h := mqtttest.NewHandler()
+				h.AuthErr = tt.authErr
 				s := MustOpenServer(t, h)
 				_, ca, err := connect5(t, s, tt.username, tt.password, false)
 				if err == nil || ca == nil || ca.ReasonCode != tt.v5 {
 					t.Fatalf("connect: got %v (connack %+v), want refusal %#x", err, ca, tt.v5)
 				}
-				if got := h.authCalls.Load() > 0; got != tt.checked {
+				if got := h.AuthCalls.Load() > 0; got != tt.checked {
 					t.Errorf("handler asked: %v, want %v", got, tt.checked)
 				}
 				if s.Connections() != 0 {
@@ -170,8 +172,8 @@ func TestAuthentication(t *testing.T) {
 				}
 			})
 			t.Run("MQTT311", func(t *testing.T) {
-				h := newFakeHandler()
-				h.authErr = tt.authErr
+				h := mqtttest.NewHandler()
+				h.AuthErr = tt.authErr
 				s := MustOpenServer(t, h)
 				_, err := connect3(t, s, tt.username, tt.password)
 				if !errors.Is(err, tt.v3) {
@@ -182,7 +184,7 @@ func TestAuthentication(t *testing.T) {
 	}
 
 	t.Run("Counted", func(t *testing.T) {
-		h := newFakeHandler()
+		h := mqtttest.NewHandler()
 		s := MustOpenServer(t, h)
 		connect5(t, s, "acme/dev-1", "nope", false)
 		connect5(t, s, "acme", "nope", false)
@@ -221,11 +223,11 @@ func TestTopicViolations(t *testing.T) {
 	t.Run("MQTT311", func(t *testing.T) {
 		for _, topic := range subscriptions {
 			t.Run("Subscribe "+topic, func(t *testing.T) {
-				h := newFakeHandler()
+				h := mqtttest.NewHandler()
 				s := MustOpenServer(t, h)
 				c := mustConnect3(t, s, "acme/dev-1", "tok-1")
 				tok := c.Subscribe(topic, 1, nil)
-				receive(t, tok.Done(), "SUBACK")
+				mqtttest.Receive(t, tok.Done(), "SUBACK")
 				// paho keys the result by the topic without a $share prefix.
 				for _, got := range tok.(*pahov3.SubscribeToken).Result() {
 					if got != 0x80 {
@@ -237,25 +239,25 @@ func TestTopicViolations(t *testing.T) {
 				}
 				// Still reachable: its own topic works.
 				c.subscribe(t, actionsT, 1)
-				receive(t, h.subscribed, "DeviceSubscribed of its own topic")
-				if len(h.subscribed) != 0 {
+				mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed of its own topic")
+				if len(h.Subscribed) != 0 {
 					t.Error("DeviceSubscribed called for the refused subscription")
 				}
 				if !s.SendAction("acme", "dev-1", 42, action) {
 					t.Fatal("SendAction = false")
 				}
-				receive(t, c.received, "action")
+				mqtttest.Receive(t, c.received, "action")
 			})
 		}
 		for _, topic := range publications {
 			t.Run("Publish "+topic, func(t *testing.T) {
-				h := newFakeHandler()
+				h := mqtttest.NewHandler()
 				s := MustOpenServer(t, h)
 				c := mustConnect3(t, s, "acme/dev-1", "tok-1")
 				c.Publish(topic, 1, false, status)
-				receive(t, c.lost, "disconnection")
+				mqtttest.Receive(t, c.lost, "disconnection")
 				poll.Until(t, wait, "violation counted", func() bool { return s.Stats().ACLViolations == 1 })
-				if len(h.statuses)+len(h.streams) != 0 {
+				if len(h.Statuses)+len(h.Streams) != 0 {
 					t.Error("Handler called")
 				}
 			})
@@ -267,7 +269,7 @@ func TestTopicViolations(t *testing.T) {
 		// this broker has neither.
 		for _, topic := range []string{mqtt.ActionsTopic("acme", "dev-2"), mqtt.ActionsTopic("other", "dev-1"), "$SYS/broker/uptime", statusT} {
 			t.Run("Subscribe "+topic, func(t *testing.T) {
-				h := newFakeHandler()
+				h := mqtttest.NewHandler()
 				s := MustOpenServer(t, h)
 				c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
 				ctx, cancel := context.WithTimeout(context.Background(), wait)
@@ -279,19 +281,19 @@ func TestTopicViolations(t *testing.T) {
 				if st := s.Stats(); st.ACLViolations != 1 || !s.Online("acme", "dev-1") {
 					t.Fatalf("ACLViolations %d, online %v; want 1, true", st.ACLViolations, s.Online("acme", "dev-1"))
 				}
-				c.subscribe(t, actionsT, 1)
-				receive(t, h.subscribed, "DeviceSubscribed of its own topic")
+				c.MustSubscribe(t, actionsT, 1)
+				mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed of its own topic")
 			})
 		}
 		for _, topic := range publications {
 			t.Run("Publish "+topic, func(t *testing.T) {
-				h := newFakeHandler()
+				h := mqtttest.NewHandler()
 				s := MustOpenServer(t, h)
 				c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
-				go c.publish(topic, status)
-				c.awaitServerDisconnect(t, 0x87)
+				go c.Send(topic, status)
+				c.AwaitServerDisconnect(t, 0x87)
 				poll.Until(t, wait, "violation counted", func() bool { return s.Stats().ACLViolations == 1 })
-				if len(h.statuses)+len(h.streams) != 0 {
+				if len(h.Statuses)+len(h.Streams) != 0 {
 					t.Error("Handler called")
 				}
 			})
@@ -299,21 +301,21 @@ func TestTopicViolations(t *testing.T) {
 	})
 
 	t.Run("OthersUnaffected", func(t *testing.T) {
-		h := newFakeHandler()
+		h := mqtttest.NewHandler()
 		s := MustOpenServer(t, h)
 		good := mustConnect5(t, s, "acme/dev-2", "tok-2", false)
 		bad := mustConnect3(t, s, "acme/dev-1", "tok-1")
 		bad.Publish(mqtt.ActionStatusTopic("acme", "dev-2"), 1, false, status)
-		receive(t, bad.lost, "disconnection")
-		if err := good.publish(mqtt.ActionStatusTopic("acme", "dev-2"), status); err != nil {
+		mqtttest.Receive(t, bad.lost, "disconnection")
+		if err := good.Send(mqtt.ActionStatusTopic("acme", "dev-2"), status); err != nil {
 			t.Fatalf("publish of a device in good standing: %v", err)
 		}
-		receive(t, h.statuses, "HandleStatus")
+		mqtttest.Receive(t, h.Statuses, "HandleStatus")
 	})
 }
 
 func TestWillOnForeignTopicRefused(t *testing.T) {
-	h := newFakeHandler()
+	h := mqtttest.NewHandler()
 	s := MustOpenServer(t, h)
 	_, err := connect3(t, s, "acme/dev-1", "tok-1", func(o *pahov3.ClientOptions) {
 		o.SetWill(mqtt.ActionsTopic("acme", "dev-2"), `{"id": "1", "name": "reboot", "payload": "{}"}`, 1, false)
@@ -333,7 +335,7 @@ func TestWillOnForeignTopicRefused(t *testing.T) {
 }
 
 func TestSendActionOffline(t *testing.T) {
-	h := newFakeHandler()
+	h := mqtttest.NewHandler()
 	s := MustOpenServer(t, h)
 	if s.SendAction("acme", "dev-1", 42, action) {
 		t.Error("SendAction to a device never connected = true, want false")
@@ -343,8 +345,8 @@ func TestSendActionOffline(t *testing.T) {
 	}
 
 	c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
-	c.subscribe(t, actionsT, 1)
-	receive(t, h.subscribed, "DeviceSubscribed")
+	c.MustSubscribe(t, actionsT, 1)
+	mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 	if s.SendAction("acme", "dev-2", 42, action) || s.SendAction("other", "dev-1", 42, action) {
 		t.Error("SendAction to another, offline device = true, want false")
 	}
@@ -359,18 +361,18 @@ func TestSendActionOffline(t *testing.T) {
 }
 
 func TestSendActionQoS0Subscription(t *testing.T) {
-	h := newFakeHandler()
+	h := mqtttest.NewHandler()
 	s := MustOpenServer(t, h)
 	c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
-	c.subscribe(t, actionsT, 0)
-	receive(t, h.subscribed, "DeviceSubscribed")
+	c.MustSubscribe(t, actionsT, 0)
+	mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 	if !s.SendAction("acme", "dev-1", 7, []byte(`{"id": "7", "name": "x", "payload": "{}"}`)) {
 		t.Fatal("SendAction = false, want true")
 	}
-	if pb := receive(t, c.received, "action message"); pb.QoS != 0 {
+	if pb := mqtttest.Receive(t, c.Received, "action message"); pb.QoS != 0 {
 		t.Errorf("QoS %d, want 0 as subscribed", pb.QoS)
 	}
-	if got := receive(t, h.delivered, "ActionDelivered"); got.ActionID != 7 {
+	if got := mqtttest.Receive(t, h.Delivered, "ActionDelivered"); got.ActionID != 7 {
 		t.Errorf("ActionDelivered action id %d, want 7", got.ActionID)
 	}
 }
@@ -382,43 +384,43 @@ func TestPubackAfterHandler(t *testing.T) {
 	// a PUBACK written before the handler returned would reach the device
 	// before it.
 	t.Run("MQTT5", func(t *testing.T) {
-		h := newFakeHandler()
-		h.gate = make(chan struct{})
+		h := mqtttest.NewHandler()
+		h.Gate = make(chan struct{})
 		s := MustOpenServer(t, h)
 		c := subscribedRaw(t, s, h, 5)
 		c.send(publishPacket(1, 7, props(), statusT, status))
-		receive(t, h.statuses, "HandleStatus")
+		mqtttest.Receive(t, h.Statuses, "HandleStatus")
 		if !s.SendAction("acme", "dev-1", 42, action) {
 			t.Fatal("SendAction = false, want true")
 		}
 		c.next(typePublish) // not the PUBACK
-		close(h.gate)
+		close(h.Gate)
 		if ack := c.next(typePuback); !bytes.Equal(ack.body[:2], u16(7)) {
 			t.Fatalf("PUBACK % x, want of packet 7", ack.body)
 		}
 	})
 	t.Run("MQTT311", func(t *testing.T) {
-		h := newFakeHandler()
-		h.gate = make(chan struct{})
+		h := mqtttest.NewHandler()
+		h.Gate = make(chan struct{})
 		s := MustOpenServer(t, h)
 		c := mustConnect3(t, s, "acme/dev-1", "tok-1")
 		c.subscribe(t, actionsT, 1)
-		receive(t, h.subscribed, "DeviceSubscribed")
+		mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 		tok := c.Publish(gpsT, 1, false, points)
-		receive(t, h.streams, "HandleStream")
+		mqtttest.Receive(t, h.Streams, "HandleStream")
 		if !s.SendAction("acme", "dev-1", 42, action) {
 			t.Fatal("SendAction = false, want true")
 		}
 		// paho completes a publish on its PUBACK before it hands on any
 		// message that came after.
-		receive(t, c.received, "action message")
+		mqtttest.Receive(t, c.received, "action message")
 		select {
 		case <-tok.Done():
 			t.Fatal("PUBACK while the handler is committing")
 		default:
 		}
-		close(h.gate)
-		receive(t, tok.Done(), "PUBACK")
+		close(h.Gate)
+		mqtttest.Receive(t, tok.Done(), "PUBACK")
 		if err := tok.Error(); err != nil {
 			t.Fatalf("publish: %v", err)
 		}
@@ -427,28 +429,28 @@ func TestPubackAfterHandler(t *testing.T) {
 
 func TestHandlerErrors(t *testing.T) {
 	t.Run("InvalidIsAcknowledged", func(t *testing.T) {
-		h := newFakeHandler()
-		h.pubErr = fleet.Errorf(fleet.EINVALID, "progress must be between 0 and 100")
+		h := mqtttest.NewHandler()
+		h.PubErr = fleet.Errorf(fleet.EINVALID, "progress must be between 0 and 100")
 		s := MustOpenServer(t, h)
 		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
-		if err := c.publish(statusT, []byte(`{"progress": 101}`)); err != nil {
+		if err := c.Send(statusT, []byte(`{"progress": 101}`)); err != nil {
 			t.Fatalf("publish of an invalid report: %v; want it acknowledged", err)
 		}
-		receive(t, h.statuses, "HandleStatus")
+		mqtttest.Receive(t, h.Statuses, "HandleStatus")
 		if st := s.Stats(); st.HandlerErrors != 1 || !s.Online("acme", "dev-1") {
 			t.Errorf("HandlerErrors = %d, online = %v; want 1, true", st.HandlerErrors, s.Online("acme", "dev-1"))
 		}
 	})
 
 	t.Run("UnavailableIsNotAcknowledged", func(t *testing.T) {
-		h := newFakeHandler()
-		h.pubErr = fleet.Errorf(fleet.EUNAVAILABLE, "database down")
+		h := mqtttest.NewHandler()
+		h.PubErr = fleet.Errorf(fleet.EUNAVAILABLE, "database down")
 		s := MustOpenServer(t, h)
 		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
 		done := make(chan error, 1)
-		go func() { done <- c.publish(statusT, status) }()
-		c.awaitServerDisconnect(t, 0x89) // server busy
-		if err := receive(t, done, "publish to fail"); err == nil {
+		go func() { done <- c.Send(statusT, status) }()
+		c.AwaitServerDisconnect(t, 0x89) // server busy
+		if err := mqtttest.Receive(t, done, "publish to fail"); err == nil {
 			t.Fatal("publish acknowledged, want no PUBACK")
 		}
 		if got := s.Stats().Unacknowledged; got != 1 {
@@ -458,7 +460,7 @@ func TestHandlerErrors(t *testing.T) {
 		t.Run("MQTT311", func(t *testing.T) {
 			c := mustConnect3(t, s, "acme/dev-1", "tok-1")
 			tok := c.Publish(statusT, 1, false, status)
-			receive(t, c.lost, "disconnection")
+			mqtttest.Receive(t, c.lost, "disconnection")
 			if tok.WaitTimeout(wait); tok.Error() == nil {
 				t.Fatal("publish acknowledged, want no PUBACK")
 			}
@@ -466,27 +468,27 @@ func TestHandlerErrors(t *testing.T) {
 	})
 
 	t.Run("TimeoutIsNotAcknowledged", func(t *testing.T) {
-		h := newFakeHandler()
-		h.gate = make(chan struct{}) // never opens
-		s := MustOpenServer(t, h, func(c *mqtt.Config) { c.HandlerTimeout = 50 * time.Millisecond })
+		h := mqtttest.NewHandler()
+		h.Gate = make(chan struct{}) // never opens
+		s := MustOpenServer(t, h, func(c *broker.Config) { c.HandlerTimeout = 50 * time.Millisecond })
 		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
-		go c.publish(statusT, status)
-		c.awaitServerDisconnect(t, 0x89)
+		go c.Send(statusT, status)
+		c.AwaitServerDisconnect(t, 0x89)
 	})
 }
 
 func TestSessionTakeover(t *testing.T) {
-	h := newFakeHandler()
+	h := mqtttest.NewHandler()
 	s := MustOpenServer(t, h)
 	first := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
-	first.subscribe(t, actionsT, 1)
-	receive(t, h.subscribed, "DeviceSubscribed")
+	first.MustSubscribe(t, actionsT, 1)
+	mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 
 	// Another client id, same device: the session is the device's.
 	second := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
-	first.awaitServerDisconnect(t, 0x8E) // session taken over
-	receive(t, h.connected, "DeviceConnected of the first connection")
-	receive(t, h.connected, "DeviceConnected of the second connection")
+	first.AwaitServerDisconnect(t, 0x8E) // session taken over
+	mqtttest.Receive(t, h.Connected, "DeviceConnected of the first connection")
+	mqtttest.Receive(t, h.Connected, "DeviceConnected of the second connection")
 	if !s.Online("acme", "dev-1") || s.Connections() != 1 {
 		t.Fatalf("Online = %v, Connections = %d; want true, 1", s.Online("acme", "dev-1"), s.Connections())
 	}
@@ -494,22 +496,22 @@ func TestSessionTakeover(t *testing.T) {
 	if s.SendAction("acme", "dev-1", 42, action) {
 		t.Error("SendAction before the new connection subscribed = true, want false")
 	}
-	second.subscribe(t, actionsT, 1)
-	receive(t, h.subscribed, "DeviceSubscribed")
+	second.MustSubscribe(t, actionsT, 1)
+	mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 	if !s.SendAction("acme", "dev-1", 42, action) {
 		t.Fatal("SendAction = false, want true")
 	}
-	receive(t, second.received, "action message")
+	mqtttest.Receive(t, second.Received, "action message")
 }
 
 func TestOversizedPacket(t *testing.T) {
-	h := newFakeHandler()
-	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.MaxPacketSize = 1024 })
+	h := mqtttest.NewHandler()
+	s := MustOpenServer(t, h, func(c *broker.Config) { c.MaxPacketSize = 1024 })
 	c := mustConnect3(t, s, "acme/dev-1", "tok-1")
 	c.Publish(statusT, 1, false, bytes.Repeat([]byte("x"), 2000))
-	receive(t, c.lost, "disconnection")
+	mqtttest.Receive(t, c.lost, "disconnection")
 	poll.Until(t, wait, "oversized packet counted", func() bool { return s.Stats().OversizedPackets == 1 })
-	if len(h.statuses) != 0 {
+	if len(h.Statuses) != 0 {
 		t.Error("Handler called")
 	}
 
@@ -517,13 +519,13 @@ func TestOversizedPacket(t *testing.T) {
 	// packet: first byte, two bytes of length, topic and packet id, payload.
 	c = mustConnect3(t, s, "acme/dev-1", "tok-1")
 	c.publish(t, statusT, bytes.Repeat([]byte("x"), 1024-1-2-(2+len(statusT))-2))
-	receive(t, h.statuses, "HandleStatus")
+	mqtttest.Receive(t, h.Statuses, "HandleStatus")
 }
 
 func TestOpenPortTaken(t *testing.T) {
-	first := MustOpenServer(t, newFakeHandler())
+	first := MustOpenServer(t, mqtttest.NewHandler())
 	addr := first.Addr().String()
-	err := mqtt.NewServer(mqtt.Config{Addr: addr}, newFakeHandler()).Open()
+	err := broker.NewServer(broker.Config{Addr: addr}, mqtttest.NewHandler()).Open()
 	if !errors.Is(err, syscall.EADDRINUSE) {
 		t.Fatalf("open on a taken port: got %v, want EADDRINUSE", err)
 	}
@@ -536,15 +538,15 @@ func TestOpenPortTaken(t *testing.T) {
 
 func TestClose(t *testing.T) {
 	t.Run("Graceful", func(t *testing.T) {
-		h := newFakeHandler()
-		h.gate = make(chan struct{})
+		h := mqtttest.NewHandler()
+		h.Gate = make(chan struct{})
 		var logs <-chan string
-		s := MustOpenServer(t, h, func(c *mqtt.Config) { logs = watchLog(t, c) })
+		s := MustOpenServer(t, h, func(c *broker.Config) { logs = watchLog(t, c) })
 		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
 		c3 := mustConnect3(t, s, "acme/dev-2", "tok-2")
 		done := make(chan error, 1)
-		go func() { done <- c.publish(statusT, status) }()
-		receive(t, h.statuses, "HandleStatus")
+		go func() { done <- c.Send(statusT, status) }()
+		mqtttest.Receive(t, h.Statuses, "HandleStatus")
 
 		closed := make(chan error, 1)
 		go func() { closed <- s.Close() }()
@@ -557,15 +559,15 @@ func TestClose(t *testing.T) {
 			t.Fatal("Close returned while a report is being committed")
 		default:
 		}
-		close(h.gate)
-		if err := receive(t, done, "PUBACK of the report in progress"); err != nil {
+		close(h.Gate)
+		if err := mqtttest.Receive(t, done, "PUBACK of the report in progress"); err != nil {
 			t.Fatalf("publish in progress at Close: %v; want it acknowledged", err)
 		}
-		if err := receive(t, closed, "Close"); err != nil {
+		if err := mqtttest.Receive(t, closed, "Close"); err != nil {
 			t.Fatalf("close: %v", err)
 		}
-		c.awaitServerDisconnect(t, 0x8B) // server shutting down
-		receive(t, c3.lost, "MQTT 3.1.1 disconnection")
+		c.AwaitServerDisconnect(t, 0x8B) // server shutting down
+		mqtttest.Receive(t, c3.lost, "MQTT 3.1.1 disconnection")
 		if s.Connections() != 0 || s.Online("acme", "dev-1") || s.SendAction("acme", "dev-1", 42, action) {
 			t.Error("devices still reachable after Close")
 		}
@@ -578,23 +580,23 @@ func TestClose(t *testing.T) {
 	})
 
 	t.Run("CancelsStuckHandlers", func(t *testing.T) {
-		h := newFakeHandler()
-		h.gate = make(chan struct{}) // never opens
-		s := MustOpenServer(t, h, func(c *mqtt.Config) { c.ShutdownTimeout = 50 * time.Millisecond })
+		h := mqtttest.NewHandler()
+		h.Gate = make(chan struct{}) // never opens
+		s := MustOpenServer(t, h, func(c *broker.Config) { c.ShutdownTimeout = 50 * time.Millisecond })
 		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
 		done := make(chan error, 1)
-		go func() { done <- c.publish(statusT, status) }()
-		receive(t, h.statuses, "HandleStatus")
+		go func() { done <- c.Send(statusT, status) }()
+		mqtttest.Receive(t, h.Statuses, "HandleStatus")
 		if err := s.Close(); err != nil {
 			t.Fatalf("close: %v", err)
 		}
-		if err := receive(t, done, "publish to fail"); err == nil {
+		if err := mqtttest.Receive(t, done, "publish to fail"); err == nil {
 			t.Error("publish acknowledged although its handler was cancelled")
 		}
 	})
 
 	t.Run("SilentConnection", func(t *testing.T) {
-		s := MustOpenServer(t, newFakeHandler())
+		s := MustOpenServer(t, mqtttest.NewHandler())
 		conn, err := net.Dial("tcp", s.Addr().String())
 		if err != nil {
 			t.Fatal(err)
@@ -606,7 +608,7 @@ func TestClose(t *testing.T) {
 	})
 
 	t.Run("NeverOpened", func(t *testing.T) {
-		if err := mqtt.NewServer(mqtt.Config{}, newFakeHandler()).Close(); err != nil {
+		if err := broker.NewServer(broker.Config{}, mqtttest.NewHandler()).Close(); err != nil {
 			t.Fatalf("close: %v", err)
 		}
 	})
@@ -616,18 +618,18 @@ func TestClose(t *testing.T) {
 // goroutines, while they report back: the race detector's test.
 func TestManyDevices(t *testing.T) {
 	const devices, actions = 20, 10
-	h := newFakeHandler()
+	h := mqtttest.NewHandler()
 	for i := range devices {
-		h.tokens[fmt.Sprintf("acme/d%d", i)] = "tok"
+		h.Tokens[fmt.Sprintf("acme/d%d", i)] = "tok"
 	}
 	s := MustOpenServer(t, h)
-	clients := make([]*client5, devices)
+	clients := make([]*mqtttest.Device, devices)
 	for i := range devices {
 		clients[i] = mustConnect5(t, s, fmt.Sprintf("acme/d%d", i), "tok", false)
-		clients[i].subscribe(t, mqtt.ActionsTopic("acme", fmt.Sprintf("d%d", i)), 1)
+		clients[i].MustSubscribe(t, mqtt.ActionsTopic("acme", fmt.Sprintf("d%d", i)), 1)
 	}
 	for range devices {
-		receive(t, h.subscribed, "DeviceSubscribed")
+		mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 	}
 
 	sent := make(chan bool, devices*actions)
@@ -643,26 +645,26 @@ func TestManyDevices(t *testing.T) {
 		go func() {
 			for range actions {
 				select {
-				case <-c.received:
+				case <-c.Received:
 				case <-c.Done():
 					reported <- fmt.Errorf("device %d disconnected", i)
 					return
 				}
-				reported <- c.publish(mqtt.ActionStatusTopic("acme", fmt.Sprintf("d%d", i)), status)
+				reported <- c.Send(mqtt.ActionStatusTopic("acme", fmt.Sprintf("d%d", i)), status)
 			}
 		}()
 	}
 	for range devices * actions {
-		if !receive(t, sent, "SendAction") {
+		if !mqtttest.Receive(t, sent, "SendAction") {
 			t.Fatal("SendAction = false, want true")
 		}
 	}
 	for range devices * actions {
-		if err := receive(t, reported, "status report"); err != nil {
+		if err := mqtttest.Receive(t, reported, "status report"); err != nil {
 			t.Fatal(err)
 		}
-		receive(t, h.statuses, "HandleStatus")
-		receive(t, h.delivered, "ActionDelivered")
+		mqtttest.Receive(t, h.Statuses, "HandleStatus")
+		mqtttest.Receive(t, h.Delivered, "ActionDelivered")
 	}
 	if st := s.Stats(); st.MessagesOut != devices*actions || st.MessagesIn != devices*actions {
 		t.Errorf("stats %+v", st)
@@ -672,29 +674,29 @@ func TestManyDevices(t *testing.T) {
 // TestQoS2 checks that a QoS 2 publish is committed before its PUBREC and
 // completes.
 func TestQoS2(t *testing.T) {
-	h := newFakeHandler()
-	h.gate = make(chan struct{})
+	h := mqtttest.NewHandler()
+	h.Gate = make(chan struct{})
 	s := MustOpenServer(t, h)
 	t.Run("paho", func(t *testing.T) {
 		c := mustConnect3(t, s, "acme/dev-1", "tok-1")
 		tok := c.Publish(statusT, 2, false, status)
-		receive(t, h.statuses, "HandleStatus")
-		close(h.gate)
-		receive(t, tok.Done(), "QoS 2 flow to complete")
+		mqtttest.Receive(t, h.Statuses, "HandleStatus")
+		close(h.Gate)
+		mqtttest.Receive(t, tok.Done(), "QoS 2 flow to complete")
 		if err := tok.Error(); err != nil {
 			t.Fatalf("publish: %v", err)
 		}
 	})
 	t.Run("PUBREC after the handler", func(t *testing.T) {
-		h.gate = make(chan struct{})
+		h.Gate = make(chan struct{})
 		c := subscribedRaw(t, s, h, 4)
 		c.send(publishPacket(2, 9, nil, statusT, status))
-		receive(t, h.statuses, "HandleStatus")
+		mqtttest.Receive(t, h.Statuses, "HandleStatus")
 		if !s.SendAction("acme", "dev-1", 42, action) {
 			t.Fatal("SendAction = false, want true")
 		}
 		c.next(typePublish) // not the PUBREC: it comes after the commit
-		close(h.gate)
+		close(h.Gate)
 		c.next(typePubrec)
 		c.send(packet(typePubrel<<4|2, u16(9)))
 		if got := c.next(typePubcomp); !bytes.Equal(got.body, u16(9)) {
@@ -705,14 +707,14 @@ func TestQoS2(t *testing.T) {
 
 // subscribedWith connects acme/dev-1 over MQTT 5 with the CONNECT
 // properties given and subscribes it to its actions.
-func subscribedWith(t *testing.T, s *mqtt.Server, h *fakeHandler, manualAck bool, props *paho.ConnectProperties) *client5 {
+func subscribedWith(t *testing.T, s *broker.Server, h *mqtttest.Handler, manualAck bool, props *paho.ConnectProperties) *mqtttest.Device {
 	t.Helper()
 	c, _, err := connect5(t, s, "acme/dev-1", "tok-1", manualAck, func(cp *paho.Connect) { cp.Properties = props })
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
-	c.subscribe(t, actionsT, 1)
-	receive(t, h.subscribed, "DeviceSubscribed")
+	c.MustSubscribe(t, actionsT, 1)
+	mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 	return c
 }
 
@@ -720,21 +722,21 @@ func subscribedWith(t *testing.T, s *mqtt.Server, h *fakeHandler, manualAck bool
 // previous connections, as a device on a flaky network does: each newest
 // connection must get its actions.
 func TestReconnectStorm(t *testing.T) {
-	h := newFakeHandler()
+	h := mqtttest.NewHandler()
 	s := MustOpenServer(t, h)
-	var prev *client5
+	var prev *mqtttest.Device
 	for i := range 20 {
 		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
-		c.subscribe(t, actionsT, 1)
-		receive(t, h.subscribed, "DeviceSubscribed")
+		c.MustSubscribe(t, actionsT, 1)
+		mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 		if prev != nil {
-			prev.awaitServerDisconnect(t, 0x8E)
+			prev.AwaitServerDisconnect(t, 0x8E)
 		}
 		payload := fmt.Appendf(nil, `{"id": "%d"}`, i)
 		if !s.SendAction("acme", "dev-1", 42, payload) {
 			t.Fatalf("connection %d: SendAction = false, want true", i)
 		}
-		if pb := receive(t, c.received, "action message"); !bytes.Equal(pb.Payload, payload) {
+		if pb := mqtttest.Receive(t, c.Received, "action message"); !bytes.Equal(pb.Payload, payload) {
 			t.Fatalf("connection %d: got %s, want %s", i, pb.Payload, payload)
 		}
 		prev = c
@@ -745,7 +747,7 @@ func TestReconnectStorm(t *testing.T) {
 // rawConnect311 connects acme/dev-1 over a bare TCP connection and
 // subscribes it to its actions, reading the CONNACK and SUBACK only: what
 // happens next is up to the test.
-func rawConnect311(t *testing.T, s *mqtt.Server) net.Conn {
+func rawConnect311(t *testing.T, s *broker.Server) net.Conn {
 	t.Helper()
 	str := func(s string) []byte { return append([]byte{byte(len(s) >> 8), byte(len(s))}, s...) }
 	pkt := func(first byte, parts ...[]byte) []byte {
@@ -778,10 +780,10 @@ func rawConnect311(t *testing.T, s *mqtt.Server) net.Conn {
 // nor CredentialsChanged: the dispatch path asks Online of every device,
 // and a revoked device must go at once.
 func TestStuckWriteHoldsNothing(t *testing.T) {
-	h := newFakeHandler()
-	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.WriteTimeout = time.Minute })
+	h := mqtttest.NewHandler()
+	s := MustOpenServer(t, h, func(c *broker.Config) { c.WriteTimeout = time.Minute })
 	conn := rawConnect311(t, s)
-	receive(t, h.subscribed, "DeviceSubscribed")
+	mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 	// More than loopback's socket buffers hold (a few MiB at most): the
 	// write is under way until the device reads it all, which it never does.
 	payload := fmt.Appendf(nil, `{"id": "1", "name": "x", "payload": %q}`, strings.Repeat("x", 32<<20))
@@ -795,9 +797,9 @@ func TestStuckWriteHoldsNothing(t *testing.T) {
 	if !s.Online("acme", "dev-1") {
 		t.Fatal("the device is not online")
 	}
-	h.setToken("acme/dev-1", "tok-new")
+	h.SetToken("acme/dev-1", "tok-new")
 	s.CredentialsChanged("acme", "dev-1")
-	receive(t, sent, "the blocked SendAction to end with the disconnection")
+	mqtttest.Receive(t, sent, "the blocked SendAction to end with the disconnection")
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("Online and CredentialsChanged took %v behind the stuck write", took)
 	}
@@ -811,18 +813,18 @@ func TestStuckWriteHoldsNothing(t *testing.T) {
 // it.
 func TestCredentialsChanged(t *testing.T) {
 	t.Run("revoked", func(t *testing.T) {
-		h := newFakeHandler()
+		h := mqtttest.NewHandler()
 		s := MustOpenServer(t, h)
 		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
 		other := mustConnect5(t, s, "acme/dev-2", "tok-2", false)
-		h.setToken("acme/dev-1", "tok-new")
+		h.SetToken("acme/dev-1", "tok-new")
 		s.CredentialsChanged("acme", "dev-1")
-		c.awaitServerDisconnect(t, 0x87) // not authorized
+		c.AwaitServerDisconnect(t, 0x87) // not authorized
 		poll.Until(t, wait, "the connection's credentials checked", func() bool { return s.Stats().CredentialChecks == 1 })
 		if st := s.Stats(); st.Revoked != 1 {
 			t.Errorf("Revoked %d, want 1", st.Revoked)
 		}
-		if !s.Online("acme", "dev-2") || other.publish(statusT2, status) != nil {
+		if !s.Online("acme", "dev-2") || other.Send(statusT2, status) != nil {
 			t.Error("another device was disconnected")
 		}
 	})
@@ -833,31 +835,31 @@ func TestCredentialsChanged(t *testing.T) {
 	// subscription failed about once in 40 runs of
 	// TestDeviceCertificatesEndToEnd.
 	t.Run("reconnected with the new credentials", func(t *testing.T) {
-		h := newFakeHandler()
+		h := mqtttest.NewHandler()
 		s := MustOpenServer(t, h)
 		old := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
-		h.setToken("acme/dev-1", "tok-new")
+		h.SetToken("acme/dev-1", "tok-new")
 		c := mustConnect5(t, s, "acme/dev-1", "tok-new", false)
-		old.awaitServerDisconnect(t, 0x8E) // session taken over
+		old.AwaitServerDisconnect(t, 0x8E) // session taken over
 		s.CredentialsChanged("acme", "dev-1")
 		poll.Until(t, wait, "the connection's credentials checked", func() bool { return s.Stats().CredentialChecks == 1 })
 		if st := s.Stats(); !s.Online("acme", "dev-1") || st.Revoked != 0 {
 			t.Fatalf("online %v, Revoked %d; want the new connection kept", s.Online("acme", "dev-1"), st.Revoked)
 		}
-		c.subscribe(t, actionsT, 1)
-		receive(t, h.subscribed, "DeviceSubscribed")
+		c.MustSubscribe(t, actionsT, 1)
+		mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 		if !s.SendAction("acme", "dev-1", 42, action) {
 			t.Fatal("SendAction = false, want true")
 		}
-		receive(t, c.received, "action message")
+		mqtttest.Receive(t, c.Received, "action message")
 	})
 
 	// The change arrives while the device's old token is being checked:
 	// the check read the credentials before they changed, and the
 	// connection must not outlive them.
 	t.Run("changed while connecting", func(t *testing.T) {
-		h := newFakeHandler()
-		h.authHold = make(chan struct{})
+		h := mqtttest.NewHandler()
+		h.AuthHold = make(chan struct{})
 		s := MustOpenServer(t, h)
 		type result struct {
 			ca  *paho.Connack
@@ -868,11 +870,11 @@ func TestCredentialsChanged(t *testing.T) {
 			_, ca, err := connect5(t, s, "acme/dev-1", "tok-1", false)
 			done <- result{ca, err}
 		}()
-		poll.Until(t, wait, "the token being checked", func() bool { return h.authCalls.Load() == 1 })
-		h.setToken("acme/dev-1", "tok-new")
+		poll.Until(t, wait, "the token being checked", func() bool { return h.AuthCalls.Load() == 1 })
+		h.SetToken("acme/dev-1", "tok-new")
 		s.CredentialsChanged("acme", "dev-1")
-		close(h.authHold)
-		r := receive(t, done, "CONNACK")
+		close(h.AuthHold)
+		r := mqtttest.Receive(t, done, "CONNACK")
 		if r.err == nil || r.ca == nil || r.ca.ReasonCode != 0x86 {
 			t.Fatalf("connect with the old token: %v, connack %+v; want 0x86 bad username or password", r.err, r.ca)
 		}
@@ -883,7 +885,7 @@ func TestCredentialsChanged(t *testing.T) {
 }
 
 func TestEnhancedAuthenticationRefused(t *testing.T) {
-	h := newFakeHandler()
+	h := mqtttest.NewHandler()
 	s := MustOpenServer(t, h)
 	_, ca, err := connect5(t, s, "acme/dev-1", "tok-1", false, func(cp *paho.Connect) {
 		cp.Properties = &paho.ConnectProperties{AuthMethod: "SCRAM-SHA-1"}
@@ -891,7 +893,7 @@ func TestEnhancedAuthenticationRefused(t *testing.T) {
 	if err == nil || ca == nil || ca.ReasonCode != 0x8C {
 		t.Fatalf("connect: got %v (connack %+v), want refusal 0x8c bad authentication method", err, ca)
 	}
-	if h.authCalls.Load() != 0 {
+	if h.AuthCalls.Load() != 0 {
 		t.Error("the token was checked")
 	}
 }

@@ -1,4 +1,4 @@
-package mqtt_test
+package broker_test
 
 import (
 	"bufio"
@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/broker"
+	"github.com/fleetd/fleet/mqtt/mqtttest"
 )
 
 // rawClient speaks MQTT byte by byte, for what no client library lets a
@@ -28,7 +29,7 @@ type rawPacket struct {
 	body       []byte
 }
 
-func dialRaw(t *testing.T, s *mqtt.Server) *rawClient {
+func dialRaw(t *testing.T, s *broker.Server) *rawClient {
 	t.Helper()
 	conn, err := net.Dial("tcp", s.Addr().String())
 	if err != nil {
@@ -197,7 +198,7 @@ func publishPacket(qos byte, id int, properties []byte, topic string, payload []
 
 // connectedRaw connects acme/dev-1 with MQTT 3.1.1 (version 4) or 5 and
 // reads its CONNACK, which must accept it.
-func connectedRaw(t *testing.T, s *mqtt.Server, version byte) *rawClient {
+func connectedRaw(t *testing.T, s *broker.Server, version byte) *rawClient {
 	t.Helper()
 	c := dialRaw(t, s)
 	if version == 5 {
@@ -213,7 +214,7 @@ func connectedRaw(t *testing.T, s *mqtt.Server, version byte) *rawClient {
 }
 
 // subscribedRaw connects acme/dev-1 and subscribes it to its actions at QoS 1.
-func subscribedRaw(t *testing.T, s *mqtt.Server, h *fakeHandler, version byte) *rawClient {
+func subscribedRaw(t *testing.T, s *broker.Server, h *mqtttest.Handler, version byte) *rawClient {
 	t.Helper()
 	c := connectedRaw(t, s, version)
 	var p []byte
@@ -222,6 +223,6 @@ func subscribedRaw(t *testing.T, s *mqtt.Server, h *fakeHandler, version byte) *
 	}
 	c.send(subscribePacket(1, p, actionsT, 1))
 	c.next(typeSuback)
-	receive(t, h.subscribed, "DeviceSubscribed")
+	mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 	return c
 }

@@ -1,4 +1,4 @@
-package mqtt_test
+package broker_test
 
 import (
 	"context"
@@ -16,14 +16,15 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/fleetd/fleet"
-	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/broker"
+	"github.com/fleetd/fleet/mqtt/mqtttest"
 	"github.com/fleetd/fleet/pki"
 )
 
-// certHandler is a fakeHandler that also admits devices by certificate:
+// certHandler is a mqtttest.Handler that also admits devices by certificate:
 // serials maps "tenant/device" to the serial it accepts.
 type certHandler struct {
-	*fakeHandler
+	*mqtttest.Handler
 	mu      sync.Mutex
 	serials map[string]string
 }
@@ -46,7 +47,7 @@ func (h *certHandler) accept(tenant, device, serial string) {
 // mtlsServer is a broker with a plain listener and a TLS listener that
 // verifies client certificates of ca.
 type mtlsServer struct {
-	*mqtt.Server
+	*broker.Server
 	h      *certHandler
 	ca     *pki.Authority
 	caKey  tls.Certificate
@@ -55,10 +56,10 @@ type mtlsServer struct {
 
 func openMTLS(t *testing.T) *mtlsServer {
 	t.Helper()
-	cert, pool := selfSigned(t)
+	cert, pool := mqtttest.SelfSigned(t)
 	ca, caKey := mustAuthority(t)
-	h := &certHandler{fakeHandler: newFakeHandler(), serials: map[string]string{}}
-	s := MustOpenServer(t, h, func(c *mqtt.Config) {
+	h := &certHandler{Handler: mqtttest.NewHandler(), serials: map[string]string{}}
+	s := MustOpenServer(t, h, func(c *broker.Config) {
 		c.TLSAddr = "127.0.0.1:0"
 		c.TLS = &tls.Config{
 			Certificates: []tls.Certificate{cert},
@@ -109,7 +110,7 @@ func (m *mtlsServer) issue(t *testing.T, tenant, device string, accept bool) tls
 // connectTLS connects an MQTT 5 device over TLS with an optional client
 // certificate and username/password. The TLS handshake error, if any, is
 // returned as is.
-func (m *mtlsServer) connectTLS(t *testing.T, cert *tls.Certificate, username, password string) (*client5, *paho.Connack, error) {
+func (m *mtlsServer) connectTLS(t *testing.T, cert *tls.Certificate, username, password string) (*mqtttest.Device, *paho.Connack, error) {
 	t.Helper()
 	tc := &tls.Config{RootCAs: m.server}
 	if cert != nil {
@@ -120,13 +121,13 @@ func (m *mtlsServer) connectTLS(t *testing.T, cert *tls.Certificate, username, p
 		return nil, nil, err
 	}
 	// TLS 1.3 clients learn of a refused certificate only when they read.
-	c := &client5{received: make(chan *paho.Publish, 100), disconnected: make(chan *paho.Disconnect, 1)}
+	c := &mqtttest.Device{Received: make(chan *paho.Publish, 100), Disconnected: make(chan *paho.Disconnect, 1)}
 	c.Client = paho.NewClient(paho.ClientConfig{
 		Conn: conn,
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){
-			func(pr paho.PublishReceived) (bool, error) { c.received <- pr.Packet; return true, nil },
+			func(pr paho.PublishReceived) (bool, error) { c.Received <- pr.Packet; return true, nil },
 		},
-		OnServerDisconnect: func(d *paho.Disconnect) { c.disconnected <- d },
+		OnServerDisconnect: func(d *paho.Disconnect) { c.Disconnected <- d },
 	})
 	cp := &paho.Connect{KeepAlive: 0, ClientID: "uplink-like", CleanStart: true}
 	if username != "" {
@@ -135,7 +136,7 @@ func (m *mtlsServer) connectTLS(t *testing.T, cert *tls.Certificate, username, p
 	if password != "" {
 		cp.Password, cp.PasswordFlag = []byte(password), true
 	}
-	ctx, cancel := contextWithWait()
+	ctx, cancel := mqtttest.Context()
 	defer cancel()
 	ca, err := c.Connect(ctx, cp)
 	if err != nil {
@@ -155,20 +156,20 @@ func TestMutualTLS(t *testing.T) {
 		if err != nil {
 			t.Fatalf("connect with the device's certificate: %v (connack %+v)", err, ca)
 		}
-		got := receive(t, m.h.connected, "DeviceConnected")
+		got := mqtttest.Receive(t, m.h.Connected, "DeviceConnected")
 		if got.Tenant != "acme" || got.Device != "dev-1" {
 			t.Fatalf("connected as %s/%s, want acme/dev-1", got.Tenant, got.Device)
 		}
-		if err := c.publish(statusT, status); err != nil {
+		if err := c.Send(statusT, status); err != nil {
 			t.Fatalf("publish on its own topic: %v", err)
 		}
-		receive(t, m.h.statuses, "HandleStatus")
+		mqtttest.Receive(t, m.h.Statuses, "HandleStatus")
 		// The certificate is the identity: another device's topic is a
 		// violation like any other.
-		if err := c.publish("/tenants/acme/devices/dev-2/action/status", status); err == nil {
+		if err := c.Send("/tenants/acme/devices/dev-2/action/status", status); err == nil {
 			t.Fatal("a publish on another device's topic was acknowledged")
 		}
-		c.awaitServerDisconnect(t, 0x87)
+		c.AwaitServerDisconnect(t, 0x87)
 	})
 
 	t.Run("certificate and its own username", func(t *testing.T) {
@@ -223,7 +224,7 @@ func TestMutualTLS(t *testing.T) {
 		refused(t, signedBy(t, m.caKey, "acme"), "", 0x86)
 	})
 	t.Run("self-signed", func(t *testing.T) {
-		cert, _ := selfSigned(t)
+		cert, _ := mqtttest.SelfSigned(t)
 		refused(t, cert, "", 0)
 	})
 

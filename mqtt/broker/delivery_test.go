@@ -1,13 +1,11 @@
-package mqtt_test
+package broker_test
 
 import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,38 +15,20 @@ import (
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/internal/poll"
-	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/broker"
+	"github.com/fleetd/fleet/mqtt/mqtttest"
 )
 
 // These tests are of what the broker sends devices: every action queued
 // for a connected device reaches it, oldest first, as fast as its in-flight
 // window allows (issue 17).
 
-// message is the payload of action id in these tests.
-func message(id int64) []byte {
-	return fmt.Appendf(nil, `{"id": "%d", "name": "x", "payload": "{}"}`, id)
-}
-
-// messageID reads the id back from a payload.
-func messageID(t *testing.T, payload []byte) int64 {
-	t.Helper()
-	var m struct{ ID string }
-	if err := json.Unmarshal(payload, &m); err != nil {
-		t.Fatalf("action message %q: %v", payload, err)
-	}
-	id, err := strconv.ParseInt(m.ID, 10, 64)
-	if err != nil {
-		t.Fatalf("action message %q: %v", payload, err)
-	}
-	return id
-}
-
 // dispatch does what the action service does for a dispatch: the store
 // keeps the action Queued, then the broker is handed it. It returns what
 // SendAction said.
-func dispatch(h *fakeHandler, s *mqtt.Server, id int64) bool {
-	h.queue("acme/dev-1", id, message(id))
-	return s.SendAction("acme", "dev-1", id, message(id))
+func dispatch(h *mqtttest.Handler, s *broker.Server, id int64) bool {
+	h.Queue("acme/dev-1", id, mqtttest.Message(id))
+	return s.SendAction("acme", "dev-1", id, mqtttest.Message(id))
 }
 
 // publish5 is a PUBLISH read by a raw client: its packet identifier and
@@ -84,7 +64,7 @@ func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 	// As reproduced with mosquitto_sub -V mqttv5 -D connect
 	// receive-maximum 1 and three dispatches.
 	t.Run("receive maximum 1", func(t *testing.T) {
-		h := newFakeHandler()
+		h := mqtttest.NewHandler()
 		s := MustOpenServer(t, h)
 		rm := uint16(1)
 		c := subscribedWith(t, s, h, true, &paho.ConnectProperties{ReceiveMaximum: &rm})
@@ -94,14 +74,14 @@ func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 			}
 		}
 		for id := int64(1); id <= 3; id++ {
-			pb := receive(t, c.received, fmt.Sprintf("action %d", id))
-			if got := messageID(t, pb.Payload); got != id {
+			pb := mqtttest.Receive(t, c.Received, fmt.Sprintf("action %d", id))
+			if got := mqtttest.MessageID(t, pb.Payload); got != id {
 				t.Fatalf("received action %d, want %d (dispatch order)", got, id)
 			}
 			if err := c.Ack(pb); err != nil {
 				t.Fatal(err)
 			}
-			if got := receive(t, h.delivered, "ActionDelivered"); got.ActionID != id {
+			if got := mqtttest.Receive(t, h.Delivered, "ActionDelivered"); got.ActionID != id {
 				t.Fatalf("ActionDelivered %d, want %d", got.ActionID, id)
 			}
 		}
@@ -111,7 +91,7 @@ func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 	// and the last four as the device acknowledges (at 10129e9, only after
 	// a reconnection).
 	t.Run("MQTT 3.1.1, 260 actions", func(t *testing.T) {
-		h := newFakeHandler()
+		h := mqtttest.NewHandler()
 		s := MustOpenServer(t, h)
 		c := subscribedRaw(t, s, h, 4)
 		for id := int64(1); id <= 260; id++ {
@@ -120,7 +100,7 @@ func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 		var pids []uint16
 		for id := int64(1); id <= 256; id++ {
 			p := parsePublish(t, c.next(typePublish), false)
-			if got := messageID(t, p.payload); got != id {
+			if got := mqtttest.MessageID(t, p.payload); got != id {
 				t.Fatalf("received action %d, want %d", got, id)
 			}
 			pids = append(pids, p.pid)
@@ -134,7 +114,7 @@ func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 		}
 		for id := int64(257); id <= 260; id++ {
 			p := parsePublish(t, c.next(typePublish), false)
-			if got := messageID(t, p.payload); got != id {
+			if got := mqtttest.MessageID(t, p.payload); got != id {
 				t.Fatalf("received action %d, want %d", got, id)
 			}
 			c.send(packet(typePuback<<4, u16(int(p.pid))))
@@ -144,7 +124,7 @@ func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 	// More than the connection holds: the rest is read from the store as
 	// the device acknowledges, still in dispatch order.
 	t.Run("beyond the waiting line", func(t *testing.T) {
-		h := newFakeHandler()
+		h := mqtttest.NewHandler()
 		s := MustOpenServer(t, h)
 		rm := uint16(1)
 		c := subscribedWith(t, s, h, true, &paho.ConnectProperties{ReceiveMaximum: &rm})
@@ -159,8 +139,8 @@ func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 			t.Fatalf("every SendAction = true; want those beyond the connection's waiting line left to the store")
 		}
 		for id := int64(1); id <= n; id++ {
-			pb := receive(t, c.received, fmt.Sprintf("action %d", id))
-			if got := messageID(t, pb.Payload); got != id {
+			pb := mqtttest.Receive(t, c.Received, fmt.Sprintf("action %d", id))
+			if got := mqtttest.MessageID(t, pb.Payload); got != id {
 				t.Fatalf("received action %d, want %d", got, id)
 			}
 			c.Ack(pb)
@@ -170,14 +150,14 @@ func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 	// The device's backlog, and a dispatch made while it is being sent:
 	// the dispatch waits its turn.
 	t.Run("backlog and dispatch", func(t *testing.T) {
-		h := newFakeHandler()
+		h := mqtttest.NewHandler()
 		s := MustOpenServer(t, h)
 		for id := int64(1); id <= 150; id++ {
-			h.queue("acme/dev-1", id, message(id))
+			h.Queue("acme/dev-1", id, mqtttest.Message(id))
 		}
 		rm := uint16(2)
 		c := subscribedWith(t, s, h, true, &paho.ConnectProperties{ReceiveMaximum: &rm})
-		first := receive(t, c.received, "the first of the backlog")
+		first := mqtttest.Receive(t, c.Received, "the first of the backlog")
 		dispatch(h, s, 1000)
 		dispatch(h, s, 1001)
 		c.Ack(first)
@@ -187,8 +167,8 @@ func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 		}
 		want = append(want, 1000, 1001)
 		for _, id := range want {
-			pb := receive(t, c.received, fmt.Sprintf("action %d", id))
-			if got := messageID(t, pb.Payload); got != id {
+			pb := mqtttest.Receive(t, c.Received, fmt.Sprintf("action %d", id))
+			if got := mqtttest.MessageID(t, pb.Payload); got != id {
 				t.Fatalf("received action %d, want %d", got, id)
 			}
 			c.Ack(pb)
@@ -199,67 +179,67 @@ func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 	// part of the backlog is still only in the store waits behind that
 	// part, even when the store cannot be read by the time its turn comes.
 	t.Run("dispatch behind a backlog not read yet", func(t *testing.T) {
-		h := newFakeHandler()
+		h := mqtttest.NewHandler()
 		s := MustOpenServer(t, h)
 		const backlog = 100 // more than one read of the store (the line and the window)
 		for id := int64(1); id <= backlog; id++ {
-			h.queue("acme/dev-1", id, message(id))
+			h.Queue("acme/dev-1", id, mqtttest.Message(id))
 		}
 		rm := uint16(1)
 		c := subscribedWith(t, s, h, true, &paho.ConnectProperties{ReceiveMaximum: &rm})
-		c.Ack(receive(t, c.received, "action 1"))
-		second := receive(t, c.received, "action 2") // the line has room now
+		c.Ack(mqtttest.Receive(t, c.Received, "action 1"))
+		second := mqtttest.Receive(t, c.Received, "action 2") // the line has room now
 		if !dispatch(h, s, 1000) {
 			t.Fatal("SendAction = false, want true: the line had room")
 		}
-		h.mu.Lock()
-		h.pendingErr = fleet.Errorf(fleet.EUNAVAILABLE, "database down")
-		h.mu.Unlock()
-		reads := h.reads.Load()
+		h.Mu.Lock()
+		h.PendingErr = fleet.Errorf(fleet.EUNAVAILABLE, "database down")
+		h.Mu.Unlock()
+		reads := h.Reads.Load()
 		c.Ack(second)
 		ack := func(from, to int64) {
 			for id := from; id <= to; id++ {
-				pb := receive(t, c.received, fmt.Sprintf("action %d", id))
-				if got := messageID(t, pb.Payload); got != id {
+				pb := mqtttest.Receive(t, c.Received, fmt.Sprintf("action %d", id))
+				if got := mqtttest.MessageID(t, pb.Payload); got != id {
 					t.Fatalf("received action %d, want %d: the dispatch overtook the backlog", got, id)
 				}
 				c.Ack(pb)
 			}
 		}
 		ack(3, 65) // what the first read of the store brought
-		poll.Until(t, wait, "a read of the store that failed", func() bool { return h.reads.Load() > reads })
-		h.mu.Lock()
-		h.pendingErr = nil
-		h.mu.Unlock()
+		poll.Until(t, wait, "a read of the store that failed", func() bool { return h.Reads.Load() > reads })
+		h.Mu.Lock()
+		h.PendingErr = nil
+		h.Mu.Unlock()
 		ack(66, backlog)
 		ack(1000, 1000)
 	})
 
 	// A store that cannot be read when the device subscribes is read again.
 	t.Run("store unavailable", func(t *testing.T) {
-		h := newFakeHandler()
-		h.pendingErr = fleet.Errorf(fleet.EUNAVAILABLE, "database down")
-		h.queue("acme/dev-1", 1, message(1))
+		h := mqtttest.NewHandler()
+		h.PendingErr = fleet.Errorf(fleet.EUNAVAILABLE, "database down")
+		h.Queue("acme/dev-1", 1, mqtttest.Message(1))
 		s := MustOpenServer(t, h)
 		c := subscribedWith(t, s, h, false, nil)
-		poll.Until(t, wait, "a read of the store", func() bool { return h.reads.Load() > 0 })
-		h.mu.Lock()
-		h.pendingErr = nil
-		h.mu.Unlock()
-		if pb := receive(t, c.received, "action 1"); messageID(t, pb.Payload) != 1 {
+		poll.Until(t, wait, "a read of the store", func() bool { return h.Reads.Load() > 0 })
+		h.Mu.Lock()
+		h.PendingErr = nil
+		h.Mu.Unlock()
+		if pb := mqtttest.Receive(t, c.Received, "action 1"); mqtttest.MessageID(t, pb.Payload) != 1 {
 			t.Fatalf("received %s, want action 1", pb.Payload)
 		}
 	})
 
 	// What was in flight when the connection ended comes again on the next.
 	t.Run("redelivered after reconnecting", func(t *testing.T) {
-		h := newFakeHandler()
+		h := mqtttest.NewHandler()
 		s := MustOpenServer(t, h)
 		rm := uint16(1)
 		c := subscribedWith(t, s, h, true, &paho.ConnectProperties{ReceiveMaximum: &rm})
 		dispatch(h, s, 1)
 		dispatch(h, s, 2)
-		receive(t, c.received, "action 1")
+		mqtttest.Receive(t, c.Received, "action 1")
 		if n := s.OnlineCount("acme"); n != 1 {
 			t.Fatalf("OnlineCount = %d with one device connected", n)
 		}
@@ -271,8 +251,8 @@ func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 		})
 		c = subscribedWith(t, s, h, true, &paho.ConnectProperties{ReceiveMaximum: &rm})
 		for id := int64(1); id <= 2; id++ {
-			pb := receive(t, c.received, fmt.Sprintf("action %d again", id))
-			if got := messageID(t, pb.Payload); got != id {
+			pb := mqtttest.Receive(t, c.Received, fmt.Sprintf("action %d again", id))
+			if got := mqtttest.MessageID(t, pb.Payload); got != id {
 				t.Fatalf("received action %d, want %d", got, id)
 			}
 			c.Ack(pb)
@@ -284,14 +264,14 @@ func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 // its PUBACK (reason code 0x80 or above) has the action failed, with the
 // code and its reason string; it is not counted as delivered.
 func TestActionRefusedInPuback(t *testing.T) {
-	h := newFakeHandler()
+	h := mqtttest.NewHandler()
 	s := MustOpenServer(t, h)
 	c := subscribedRaw(t, s, h, 5)
 	dispatch(h, s, 7)
 	p := parsePublish(t, c.next(typePublish), true)
 	reason := append([]byte{0x1F}, mstr("firmware signature check failed")...)
 	c.send(packet(typePuback<<4, u16(int(p.pid)), []byte{0x87}, props(reason)))
-	got := receive(t, h.failed, "ActionFailed")
+	got := mqtttest.Receive(t, h.Failed, "ActionFailed")
 	if got.ActionID != 7 || !strings.Contains(got.Stream, "0x87 (Not authorized)") || !strings.Contains(got.Stream, "firmware signature check failed") {
 		t.Fatalf("ActionFailed(%d, %q), want action 7 with the reason code and string", got.ActionID, got.Stream)
 	}
@@ -299,10 +279,10 @@ func TestActionRefusedInPuback(t *testing.T) {
 	dispatch(h, s, 8)
 	p = parsePublish(t, c.next(typePublish), true)
 	c.send(packet(typePuback<<4, u16(int(p.pid)), []byte{0x10}, props())) // 0x10: no matching subscribers, a success
-	if got := receive(t, h.delivered, "ActionDelivered"); got.ActionID != 8 {
+	if got := mqtttest.Receive(t, h.Delivered, "ActionDelivered"); got.ActionID != 8 {
 		t.Fatalf("ActionDelivered %d, want 8", got.ActionID)
 	}
-	if len(h.delivered) != 0 {
+	if len(h.Delivered) != 0 {
 		t.Error("the refused action was counted as delivered")
 	}
 	if st := s.Stats(); st.ActionsFailed != 1 || st.ActionsDelivered != 1 {
@@ -315,20 +295,20 @@ func TestActionRefusedInPuback(t *testing.T) {
 // retried or logged at ERROR (at 10129e9 it stayed Queued, retried with
 // backoff and logged at ERROR on every try).
 func TestActionOverDeviceMaximumPacketSize(t *testing.T) {
-	h := newFakeHandler()
+	h := mqtttest.NewHandler()
 	var errorsLogged atomic.Int64
-	s := MustOpenServer(t, h, func(c *mqtt.Config) {
+	s := MustOpenServer(t, h, func(c *broker.Config) {
 		c.Logger = slog.New(&levelCounter{Handler: c.Logger.Handler(), level: slog.LevelError, n: &errorsLogged})
 	})
 	limit := uint32(300)
 	c := subscribedWith(t, s, h, false, &paho.ConnectProperties{MaximumPacketSize: &limit})
 
 	big := fmt.Appendf(nil, `{"id": "9", "name": "x", "payload": %q}`, strings.Repeat("p", 1000))
-	h.queue("acme/dev-1", 9, big)
+	h.Queue("acme/dev-1", 9, big)
 	if !s.SendAction("acme", "dev-1", 9, big) {
 		t.Error("SendAction of an action over the device's maximum packet size = false, want true: it is settled")
 	}
-	got := receive(t, h.failed, "ActionFailed")
+	got := mqtttest.Receive(t, h.Failed, "ActionFailed")
 	size := 1 + 2 + 2 + len(actionsT) + 2 + 1 + len(big) // fixed header, topic, packet id, no properties
 	want := fmt.Sprintf("the action's message is %d,%03d bytes as an MQTT packet, more than the device's Maximum Packet Size of 300", size/1000, size%1000)
 	if got.ActionID != 9 || !strings.HasPrefix(got.Stream, want) {
@@ -337,17 +317,17 @@ func TestActionOverDeviceMaximumPacketSize(t *testing.T) {
 	// The next action goes through; subscribing again (which reads the
 	// store) does not bring the failed one back.
 	dispatch(h, s, 10)
-	if pb := receive(t, c.received, "action 10"); messageID(t, pb.Payload) != 10 {
+	if pb := mqtttest.Receive(t, c.Received, "action 10"); mqtttest.MessageID(t, pb.Payload) != 10 {
 		t.Fatalf("received %s, want action 10", pb.Payload)
 	}
-	c.subscribe(t, actionsT, 1)
-	receive(t, h.subscribed, "DeviceSubscribed")
+	c.MustSubscribe(t, actionsT, 1)
+	mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 	dispatch(h, s, 11)
-	if pb := receive(t, c.received, "action 11"); messageID(t, pb.Payload) != 11 {
+	if pb := mqtttest.Receive(t, c.Received, "action 11"); mqtttest.MessageID(t, pb.Payload) != 11 {
 		t.Fatalf("received %s, want action 11", pb.Payload)
 	}
-	if len(h.failed) != 0 || errorsLogged.Load() != 0 {
-		t.Errorf("%d more failures, %d lines at ERROR; want none", len(h.failed), errorsLogged.Load())
+	if len(h.Failed) != 0 || errorsLogged.Load() != 0 {
+		t.Errorf("%d more failures, %d lines at ERROR; want none", len(h.Failed), errorsLogged.Load())
 	}
 }
 
@@ -376,8 +356,8 @@ func (l *levelCounter) WithAttrs(as []slog.Attr) slog.Handler {
 func TestUnacknowledgedActionEndsConnection(t *testing.T) {
 	for _, version := range []byte{4, 5} {
 		t.Run(fmt.Sprintf("protocol level %d", version), func(t *testing.T) {
-			h := newFakeHandler()
-			s := MustOpenServer(t, h, func(c *mqtt.Config) { c.WriteTimeout = 300 * time.Millisecond })
+			h := mqtttest.NewHandler()
+			s := MustOpenServer(t, h, func(c *broker.Config) { c.WriteTimeout = 300 * time.Millisecond })
 			c := subscribedRaw(t, s, h, version)
 			dispatch(h, s, 5)
 			c.next(typePublish) // and no PUBACK
@@ -390,7 +370,7 @@ func TestUnacknowledgedActionEndsConnection(t *testing.T) {
 				t.Errorf("UnackedActions %d, want 1", st.UnackedActions)
 			}
 			c = subscribedRaw(t, s, h, version)
-			if p := parsePublish(t, c.next(typePublish), version == 5); messageID(t, p.payload) != 5 {
+			if p := parsePublish(t, c.next(typePublish), version == 5); mqtttest.MessageID(t, p.payload) != 5 {
 				t.Fatalf("received %s, want action 5 again", p.payload)
 			}
 		})
@@ -398,14 +378,14 @@ func TestUnacknowledgedActionEndsConnection(t *testing.T) {
 
 	// A device that acknowledges, however many actions it is sent, stays.
 	t.Run("acknowledging", func(t *testing.T) {
-		h := newFakeHandler()
-		s := MustOpenServer(t, h, func(c *mqtt.Config) { c.WriteTimeout = 300 * time.Millisecond })
+		h := mqtttest.NewHandler()
+		s := MustOpenServer(t, h, func(c *broker.Config) { c.WriteTimeout = 300 * time.Millisecond })
 		c := subscribedRaw(t, s, h, 4)
 		for id := int64(1); id <= 20; id++ {
 			dispatch(h, s, id)
 			p := parsePublish(t, c.next(typePublish), false)
 			c.send(packet(typePuback<<4, u16(int(p.pid))))
-			receive(t, h.delivered, "ActionDelivered")
+			mqtttest.Receive(t, h.Delivered, "ActionDelivered")
 		}
 		if !s.Online("acme", "dev-1") {
 			t.Fatal("a device that acknowledges was disconnected")
@@ -417,10 +397,10 @@ func TestUnacknowledgedActionEndsConnection(t *testing.T) {
 // up SendAction: once its socket buffers are full, the write times out and
 // the device is disconnected.
 func TestSlowDeviceCutOff(t *testing.T) {
-	h := newFakeHandler()
-	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.WriteTimeout = 200 * time.Millisecond; c.MaxInflight = 65535 })
+	h := mqtttest.NewHandler()
+	s := MustOpenServer(t, h, func(c *broker.Config) { c.WriteTimeout = 200 * time.Millisecond; c.MaxInflight = 65535 })
 	rawConnect311(t, s)
-	receive(t, h.subscribed, "DeviceSubscribed")
+	mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 	payload := fmt.Appendf(nil, `{"id": "1", "name": "x", "payload": %q}`, strings.Repeat("x", 64<<10))
 	for i := int64(1); s.Online("acme", "dev-1"); i++ {
 		if i == 10_000 {
@@ -437,7 +417,7 @@ func TestSlowDeviceCutOff(t *testing.T) {
 // TestReceiveMaximum checks that an MQTT 5 device's Receive Maximum bounds
 // the actions in flight to it, below MaxInflight.
 func TestReceiveMaximum(t *testing.T) {
-	h := newFakeHandler()
+	h := mqtttest.NewHandler()
 	s := MustOpenServer(t, h)
 	rm := 2
 	c := dialRaw(t, s)
@@ -445,7 +425,7 @@ func TestReceiveMaximum(t *testing.T) {
 	c.next(typeConnack)
 	c.send(subscribePacket(1, props(), actionsT, 1))
 	c.next(typeSuback)
-	receive(t, h.subscribed, "DeviceSubscribed")
+	mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 	for id := int64(1); id <= 3; id++ {
 		dispatch(h, s, id)
 	}
@@ -454,10 +434,10 @@ func TestReceiveMaximum(t *testing.T) {
 	c.send(packet(typePingreq<<4, nil))
 	c.next(typePingresp) // not the third action
 	c.send(packet(typePuback<<4, u16(int(first.pid))))
-	if p := parsePublish(t, c.next(typePublish), true); messageID(t, p.payload) != 3 {
+	if p := parsePublish(t, c.next(typePublish), true); mqtttest.MessageID(t, p.payload) != 3 {
 		t.Fatalf("received %s, want action 3", p.payload)
 	}
-	if !bytes.Equal(first.payload, message(1)) {
-		t.Errorf("first action %s, want %s", first.payload, message(1))
+	if !bytes.Equal(first.payload, mqtttest.Message(1)) {
+		t.Errorf("first action %s, want %s", first.payload, mqtttest.Message(1))
 	}
 }

@@ -1,4 +1,4 @@
-package mqtt_test
+package bridge_test
 
 import (
 	"context"
@@ -12,7 +12,8 @@ import (
 	"testing"
 
 	"github.com/fleetd/fleet"
-	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/bridge"
+	"github.com/fleetd/fleet/mqtt/mqtttest"
 )
 
 const brokerSecret = "s3cret"
@@ -42,11 +43,11 @@ func (a *arrivals) take() []string {
 	return got
 }
 
-func newBrokerAuth(t *testing.T) (*httptest.Server, *fakeHandler, *arrivals) {
+func newBrokerAuth(t *testing.T) (*httptest.Server, *mqtttest.Handler, *arrivals) {
 	t.Helper()
-	h := newFakeHandler()
+	h := mqtttest.NewHandler()
 	a := &arrivals{}
-	srv := httptest.NewServer(&mqtt.BrokerAuth{Handler: h, Arrivals: a, Secret: brokerSecret, Username: "fleetd", Password: "fleetd-pw"})
+	srv := httptest.NewServer(&bridge.BrokerAuth{Handler: h, Arrivals: a, Secret: brokerSecret, Username: "fleetd", Password: "fleetd-pw"})
 	t.Cleanup(srv.Close)
 	return srv, h, a
 }
@@ -125,12 +126,12 @@ func TestBrokerAuthSecret(t *testing.T) {
 	srv, h, _ := newBrokerAuth(t)
 	login := map[string]any{"clientid": "dev-1", "username": "acme/dev-1", "password": "tok-1"}
 	for _, secret := range []string{"", "wrong", brokerSecret + "x"} {
-		if code, _ := emqx(t, srv, mqtt.EMQXAuthnPath, secret, login); code != http.StatusUnauthorized {
+		if code, _ := emqx(t, srv, bridge.EMQXAuthnPath, secret, login); code != http.StatusUnauthorized {
 			t.Errorf("secret %q: status %d, want 401", secret, code)
 		}
 	}
 	// The header fleetd documents for brokers that name their own.
-	rq, _ := http.NewRequest(http.MethodPost, srv.URL+mqtt.EMQXAuthnPath, strings.NewReader(mustJSON(login)))
+	rq, _ := http.NewRequest(http.MethodPost, srv.URL+bridge.EMQXAuthnPath, strings.NewReader(mustJSON(login)))
 	rq.Header.Set("X-Fleetd-Broker-Secret", brokerSecret)
 	resp, err := http.DefaultClient.Do(rq)
 	if err != nil {
@@ -140,14 +141,14 @@ func TestBrokerAuthSecret(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("X-Fleetd-Broker-Secret: status %d", resp.StatusCode)
 	}
-	if n := h.authCalls.Load(); n != 1 {
+	if n := h.AuthCalls.Load(); n != 1 {
 		t.Errorf("%d token checks; requests without the secret must not reach the store", n)
 	}
 
 	// No secret configured: everything is refused, whatever is sent.
-	open := httptest.NewServer(&mqtt.BrokerAuth{Handler: h})
+	open := httptest.NewServer(&bridge.BrokerAuth{Handler: h})
 	defer open.Close()
-	if code, _ := emqx(t, open, mqtt.EMQXAuthnPath, "", login); code != http.StatusUnauthorized {
+	if code, _ := emqx(t, open, bridge.EMQXAuthnPath, "", login); code != http.StatusUnauthorized {
 		t.Errorf("no secret configured: status %d, want 401", code)
 	}
 }
@@ -156,7 +157,7 @@ func TestBrokerAuthEMQX(t *testing.T) {
 	srv, h, arr := newBrokerAuth(t)
 	authn := func(username, password string) (int, map[string]any) {
 		// The body template of docs/operations.md.
-		return emqx(t, srv, mqtt.EMQXAuthnPath, brokerSecret, map[string]any{
+		return emqx(t, srv, bridge.EMQXAuthnPath, brokerSecret, map[string]any{
 			"clientid": "c-1", "username": username, "password": password, "peerhost": "10.0.0.7",
 		})
 	}
@@ -181,12 +182,12 @@ func TestBrokerAuthEMQX(t *testing.T) {
 	if got := arr.take(); len(got) != 1 || got[0] != "acme/dev-1 connect" {
 		t.Errorf("arrivals %v, want the one device that authenticated", got)
 	}
-	if got := receive(t, h.connected, "DeviceConnected"); got.Device != "dev-1" {
+	if got := mqtttest.Receive(t, h.Connected, "DeviceConnected"); got.Device != "dev-1" {
 		t.Errorf("DeviceConnected(%+v)", got)
 	}
 
 	authz := func(username, topic, action string) string {
-		code, body := emqx(t, srv, mqtt.EMQXAuthzPath, brokerSecret, map[string]any{
+		code, body := emqx(t, srv, bridge.EMQXAuthzPath, brokerSecret, map[string]any{
 			"clientid": "c-1", "username": username, "topic": topic, "action": action, "qos": 1, "retain": false,
 		})
 		if code != http.StatusOK {
@@ -220,8 +221,8 @@ func TestBrokerAuthEMQX(t *testing.T) {
 	}
 
 	t.Run("Unavailable", func(t *testing.T) {
-		h.authErr = fleet.Errorf(fleet.EUNAVAILABLE, "database down")
-		defer func() { h.authErr = nil }()
+		h.AuthErr = fleet.Errorf(fleet.EUNAVAILABLE, "database down")
+		defer func() { h.AuthErr = nil }()
 		// 503: EMQX treats it as "ignore" and the device, refused, retries.
 		if code, _ := authn("acme/dev-1", "tok-1"); code != http.StatusServiceUnavailable {
 			t.Errorf("status %d, want 503", code)
@@ -235,7 +236,7 @@ func TestBrokerAuthMosquittoGoAuth(t *testing.T) {
 		mode := map[bool]string{false: "json", true: "form"}[form]
 		t.Run(mode, func(t *testing.T) {
 			user := func(username, password string) int {
-				return goAuth(t, srv, mqtt.GoAuthUserPath, form, map[string]any{"username": username, "password": password, "clientid": "c-1"})
+				return goAuth(t, srv, bridge.GoAuthUserPath, form, map[string]any{"username": username, "password": password, "clientid": "c-1"})
 			}
 			for _, tc := range []struct {
 				username, password string
@@ -254,17 +255,17 @@ func TestBrokerAuthMosquittoGoAuth(t *testing.T) {
 			if got := arr.take(); len(got) != 1 || got[0] != "acme/dev-1 connect" {
 				t.Errorf("arrivals %v", got)
 			}
-			receive(t, h.connected, "DeviceConnected")
+			mqtttest.Receive(t, h.Connected, "DeviceConnected")
 
 			super := func(username string) int {
-				return goAuth(t, srv, mqtt.GoAuthSuperuserPath, form, map[string]any{"username": username})
+				return goAuth(t, srv, bridge.GoAuthSuperuserPath, form, map[string]any{"username": username})
 			}
 			if super("fleetd") != 200 || super("acme/dev-1") != 403 || super("") != 403 {
 				t.Errorf("superuser: fleetd %d, device %d, empty %d", super("fleetd"), super("acme/dev-1"), super(""))
 			}
 
 			acl := func(username, topic string, acc int) int {
-				return goAuth(t, srv, mqtt.GoAuthACLPath, form, map[string]any{"username": username, "clientid": "c-1", "topic": topic, "acc": acc})
+				return goAuth(t, srv, bridge.GoAuthACLPath, form, map[string]any{"username": username, "clientid": "c-1", "topic": topic, "acc": acc})
 			}
 			for _, tc := range []struct {
 				username, topic string
@@ -293,10 +294,10 @@ func TestBrokerAuthMosquittoGoAuth(t *testing.T) {
 		})
 	}
 	t.Run("Unavailable", func(t *testing.T) {
-		h.authErr = fleet.Errorf(fleet.EUNAVAILABLE, "database down")
-		defer func() { h.authErr = nil }()
+		h.AuthErr = fleet.Errorf(fleet.EUNAVAILABLE, "database down")
+		defer func() { h.AuthErr = nil }()
 		// A 5xx is an error to go-auth: refused and logged by the broker.
-		if got := goAuth(t, srv, mqtt.GoAuthUserPath, false, map[string]any{"username": "acme/dev-1", "password": "tok-1", "clientid": "c"}); got != 503 {
+		if got := goAuth(t, srv, bridge.GoAuthUserPath, false, map[string]any{"username": "acme/dev-1", "password": "tok-1", "clientid": "c"}); got != 503 {
 			t.Errorf("status %d, want 503", got)
 		}
 	})

@@ -1,4 +1,4 @@
-package mqtt_test
+package broker_test
 
 import (
 	"fmt"
@@ -13,26 +13,28 @@ import (
 
 	"github.com/fleetd/fleet/internal/poll"
 	"github.com/fleetd/fleet/mqtt"
+	"github.com/fleetd/fleet/mqtt/broker"
+	"github.com/fleetd/fleet/mqtt/mqtttest"
 )
 
 // connect5From connects an MQTT 5 device from a local address of its own
 // (any of 127.0.0.0/8 on Linux), so that limits per source address can be
 // told apart in one test.
-func connect5From(t *testing.T, s *mqtt.Server, local, username, password string) (*client5, *paho.Connack, error) {
+func connect5From(t *testing.T, s *broker.Server, local, username, password string) (*mqtttest.Device, *paho.Connack, error) {
 	t.Helper()
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
 	conn, err := d.Dial("tcp", s.Addr().String())
 	if err != nil {
 		t.Fatalf("dial from %s: %v", local, err)
 	}
-	c := &client5{received: make(chan *paho.Publish, 100), disconnected: make(chan *paho.Disconnect, 1)}
+	c := &mqtttest.Device{Received: make(chan *paho.Publish, 100), Disconnected: make(chan *paho.Disconnect, 1)}
 	c.Client = paho.NewClient(paho.ClientConfig{
 		Conn:               conn,
-		OnServerDisconnect: func(d *paho.Disconnect) { c.disconnected <- d },
+		OnServerDisconnect: func(d *paho.Disconnect) { c.Disconnected <- d },
 	})
 	cp := &paho.Connect{KeepAlive: 30, ClientID: fmt.Sprintf("test-%d", clientIDs.Add(1)), CleanStart: true,
 		Username: username, UsernameFlag: username != "", Password: []byte(password), PasswordFlag: password != ""}
-	ctx, cancel := contextWithWait()
+	ctx, cancel := mqtttest.Context()
 	defer cancel()
 	ca, err := c.Connect(ctx, cp)
 	if err != nil {
@@ -57,8 +59,8 @@ func (f *frozen) add(d time.Duration) { f.ns.Add(int64(d)) }
 
 func TestAuthFailureThrottle(t *testing.T) {
 	clock := newFrozen()
-	h := newFakeHandler()
-	s := MustOpenServer(t, h, func(c *mqtt.Config) {
+	h := mqtttest.NewHandler()
+	s := MustOpenServer(t, h, func(c *broker.Config) {
 		c.AuthFailureRate, c.AuthFailureBurst, c.Now = 1, 3, clock.now
 	})
 	for i := range 3 {
@@ -66,13 +68,13 @@ func TestAuthFailureThrottle(t *testing.T) {
 			t.Fatalf("guess %d: %v, connack %+v; want 0x86", i, err, ca)
 		}
 	}
-	calls := h.authCalls.Load()
+	calls := h.AuthCalls.Load()
 	// The address has used its failures: even the right token is not
 	// looked at now.
 	if _, ca, err := connect5From(t, s, "127.0.0.1", "acme/dev-1", "tok-1"); err == nil || ca == nil || ca.ReasonCode != 0x9F {
 		t.Fatalf("after the burst: %v, connack %+v; want 0x9F connection rate exceeded", err, ca)
 	}
-	if h.authCalls.Load() != calls {
+	if h.AuthCalls.Load() != calls {
 		t.Error("the Handler was asked while the address was throttled")
 	}
 	// Other addresses are not affected, devices behind them connect.
@@ -80,7 +82,7 @@ func TestAuthFailureThrottle(t *testing.T) {
 	if err != nil {
 		t.Fatalf("another address: %v (connack %+v)", err, ca)
 	}
-	if err := c.publish(mqtt.ActionStatusTopic("acme", "dev-2"), status); err != nil {
+	if err := c.Send(mqtt.ActionStatusTopic("acme", "dev-2"), status); err != nil {
 		t.Fatalf("publish: %v", err)
 	}
 	// The bucket refills: one failure's worth a second.
@@ -95,34 +97,34 @@ func TestAuthFailureThrottle(t *testing.T) {
 
 func TestPublishFlood(t *testing.T) {
 	clock := newFrozen()
-	h := newFakeHandler()
-	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.PublishRate, c.PublishBurst, c.Now = 1, 5, clock.now })
+	h := mqtttest.NewHandler()
+	s := MustOpenServer(t, h, func(c *broker.Config) { c.PublishRate, c.PublishBurst, c.Now = 1, 5, clock.now })
 	flooder := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
 	calm := mustConnect5(t, s, "acme/dev-2", "tok-2", false)
 	for i := range 5 {
-		if err := flooder.publish(statusT, status); err != nil {
+		if err := flooder.Send(statusT, status); err != nil {
 			t.Fatalf("publish %d within the burst: %v", i, err)
 		}
 	}
-	if err := flooder.publish(statusT, status); err == nil {
+	if err := flooder.Send(statusT, status); err == nil {
 		t.Fatal("the publish beyond the burst was acknowledged")
 	}
-	flooder.awaitServerDisconnect(t, 0x96)
+	flooder.AwaitServerDisconnect(t, 0x96)
 	if got := s.Stats().PublishFloods; got != 1 {
 		t.Errorf("PublishFloods = %d, want 1", got)
 	}
 	// Each connection has its own bucket.
 	for i := range 5 {
-		if err := calm.publish(mqtt.ActionStatusTopic("acme", "dev-2"), status); err != nil {
+		if err := calm.Send(mqtt.ActionStatusTopic("acme", "dev-2"), status); err != nil {
 			t.Fatalf("the other device's publish %d: %v", i, err)
 		}
 	}
 }
 
 func TestTenantConnectionCap(t *testing.T) {
-	h := newFakeHandler()
-	h.tokens["acme/dev-3"] = "tok-3a"
-	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.MaxTenantConnections = 2 })
+	h := mqtttest.NewHandler()
+	h.Tokens["acme/dev-3"] = "tok-3a"
+	s := MustOpenServer(t, h, func(c *broker.Config) { c.MaxTenantConnections = 2 })
 	mustConnect5(t, s, "acme/dev-1", "tok-1", false)
 	second := mustConnect5(t, s, "acme/dev-2", "tok-2", false)
 	if _, ca, err := connect5(t, s, "acme/dev-3", "tok-3a", false); err == nil || ca == nil || ca.ReasonCode != 0x97 {
@@ -146,12 +148,12 @@ func TestTenantConnectionCap(t *testing.T) {
 // connecting together overshot it).
 func TestTenantConnectionCapConcurrent(t *testing.T) {
 	const devices, limit = 30, 5
-	h := newFakeHandler()
+	h := mqtttest.NewHandler()
 	for i := range devices {
-		h.tokens[fmt.Sprintf("crowd/dev-%d", i)] = "tok"
+		h.Tokens[fmt.Sprintf("crowd/dev-%d", i)] = "tok"
 	}
-	h.authGate = make(chan struct{})
-	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.MaxTenantConnections = limit })
+	h.AuthGate = make(chan struct{})
+	s := MustOpenServer(t, h, func(c *broker.Config) { c.MaxTenantConnections = limit })
 	var wg sync.WaitGroup
 	var accepted, refused atomic.Int64
 	for i := range devices {
@@ -168,8 +170,8 @@ func TestTenantConnectionCapConcurrent(t *testing.T) {
 		})
 	}
 	// Every CONNECT is past its checks of form before any is admitted.
-	poll.Until(t, wait, "every device authenticating", func() bool { return h.authCalls.Load() == devices })
-	close(h.authGate)
+	poll.Until(t, wait, "every device authenticating", func() bool { return h.AuthCalls.Load() == devices })
+	close(h.AuthGate)
 	wg.Wait()
 	if accepted.Load() != limit || refused.Load() != devices-limit {
 		t.Errorf("accepted %d, refused %d; want %d and %d", accepted.Load(), refused.Load(), limit, devices-limit)
@@ -204,8 +206,8 @@ func isTimeout(err error) bool {
 
 func TestConnectionCaps(t *testing.T) {
 	t.Run("pending per address", func(t *testing.T) {
-		h := newFakeHandler()
-		s := MustOpenServer(t, h, func(c *mqtt.Config) { c.MaxPendingPerIP = 5 })
+		h := mqtttest.NewHandler()
+		s := MustOpenServer(t, h, func(c *broker.Config) { c.MaxPendingPerIP = 5 })
 		var held []net.Conn
 		for range 5 {
 			held = append(held, idle(t, s.Addr().String(), "127.0.0.1"))
@@ -224,13 +226,13 @@ func TestConnectionCaps(t *testing.T) {
 		})
 	})
 	t.Run("total", func(t *testing.T) {
-		h := newFakeHandler()
-		s := MustOpenServer(t, h, func(c *mqtt.Config) { c.MaxConnections = 3 })
+		h := mqtttest.NewHandler()
+		s := MustOpenServer(t, h, func(c *broker.Config) { c.MaxConnections = 3 })
 		dev := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
 		idle(t, s.Addr().String(), "127.0.0.2")
 		idle(t, s.Addr().String(), "127.0.0.3")
 		closedByServer(t, idle(t, s.Addr().String(), "127.0.0.4"))
-		if err := dev.publish(statusT, status); err != nil {
+		if err := dev.Send(statusT, status); err != nil {
 			t.Fatalf("the connected device's publish: %v", err)
 		}
 		if got := s.Stats().LimitRefusals; got != 1 {
@@ -238,8 +240,8 @@ func TestConnectionCaps(t *testing.T) {
 		}
 	})
 	t.Run("connect deadline", func(t *testing.T) {
-		h := newFakeHandler()
-		s := MustOpenServer(t, h, func(c *mqtt.Config) { c.ConnectTimeout = 200 * time.Millisecond })
+		h := mqtttest.NewHandler()
+		s := MustOpenServer(t, h, func(c *broker.Config) { c.ConnectTimeout = 200 * time.Millisecond })
 		var conns []net.Conn
 		for range 200 {
 			conns = append(conns, idle(t, s.Addr().String(), "127.0.0.1"))
@@ -248,15 +250,15 @@ func TestConnectionCaps(t *testing.T) {
 		for _, c := range conns {
 			closedByServer(t, c)
 		}
-		if err := dev.publish(statusT, status); err != nil {
+		if err := dev.Send(statusT, status); err != nil {
 			t.Fatalf("the device's publish after the idle ones were cut: %v", err)
 		}
 	})
 }
 
 func TestKeepaliveEnforced(t *testing.T) {
-	h := newFakeHandler()
-	s := MustOpenServer(t, h, func(c *mqtt.Config) { c.MaxKeepalive = time.Second })
+	h := mqtttest.NewHandler()
+	s := MustOpenServer(t, h, func(c *broker.Config) { c.MaxKeepalive = time.Second })
 	t.Run("MQTT5 told", func(t *testing.T) {
 		_, ca, err := connect5(t, s, "acme/dev-1", "tok-1", false, func(c *paho.Connect) { c.KeepAlive = 0 })
 		if err != nil {
@@ -271,6 +273,6 @@ func TestKeepaliveEnforced(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		receive(t, c.lost, "the silent connection to be closed")
+		mqtttest.Receive(t, c.lost, "the silent connection to be closed")
 	})
 }
