@@ -61,6 +61,7 @@ type Console struct {
 	// TLS listener to present them to.
 	Certificates fleet.DeviceCertificateService
 	Audit        fleet.AuditService
+	Sessions     fleet.ConsoleSessionService
 	Secrets      SecretStore
 	Targets      TargetCounter
 	Presence     Presence      // nil: online state unknown
@@ -152,6 +153,8 @@ func (c *Console) Open() {
 		{"GET /console/settings/auth", c.page(fleet.PermAdmin, c.handleAuth)},
 		{"POST /console/settings/auth", c.page(fleet.PermAdmin, c.handleSetAuth)},
 		{"GET /console/settings/audit", c.page(fleet.PermAdmin, c.handleAudit)},
+		{"GET /console/settings/sessions", c.page(fleet.PermAdmin, c.handleSessions)},
+		{"POST /console/settings/sessions/{id}/end", c.page(fleet.PermAdmin, c.handleEndSession)},
 		{"GET /console/alerts/rules/{id}/notifications/new", c.page(fleet.PermOperate, c.handleNewNotification)},
 		{"POST /console/alerts/rules/{id}/notifications/new", c.page(fleet.PermOperate, c.handleSaveNotification)},
 		{"GET /console/alerts/rules/{id}/notifications/{nid}", c.page(fleet.PermRead, c.handleNotification)},
@@ -206,14 +209,16 @@ func staticFiles(h http.Handler) http.Handler {
 
 // view is what every page's template sees besides its own data.
 type view struct {
-	Actor  *fleet.Actor
-	CSRF   string
-	Title  string
-	Nav    string
-	Flash  string
-	Error  string
-	Fields map[string]string
-	Data   any
+	Actor *fleet.Actor
+	// Session is the ID of the session (fleet.ConsoleSession.ID).
+	Session string
+	CSRF    string
+	Title   string
+	Nav     string
+	Flash   string
+	Error   string
+	Fields  map[string]string
+	Data    any
 }
 
 // Can reports whether the signed-in actor may do what perm names: the
@@ -270,7 +275,7 @@ func (c *Console) page(perm fleet.Permission, h handler) http.HandlerFunc {
 			c.renderError(w, r, v, fleet.Errorf(fleet.EUNAUTHENTICATED, "your session has ended; sign in again"))
 			return
 		}
-		v.Actor, v.CSRF = actor, sess.CSRF
+		v.Actor, v.CSRF, v.Session = actor, sess.CSRF, fleet.HashSecret(sess.ID)
 		if r.Method != http.MethodGet {
 			if err := c.checkForm(w, r, sess.CSRF); err != nil {
 				c.renderError(w, r, v, err)
@@ -339,7 +344,12 @@ func (c *Console) session(r *http.Request) (*session, *fleet.Actor, error) {
 		}
 		return nil, nil, err
 	}
-	if c.Now().Unix() >= s.Expires || s.CSRF == "" {
+	if c.Now().Unix() >= s.Expires || s.CSRF == "" || s.ID == "" {
+		return nil, nil, unauth
+	}
+	if ok, err := c.Sessions.ConsoleSessionValid(r.Context(), s.Tenant, s.ID); err != nil {
+		return nil, nil, err
+	} else if !ok {
 		return nil, nil, unauth
 	}
 	switch {
@@ -358,10 +368,17 @@ func (c *Console) session(r *http.Request) (*session, *fleet.Actor, error) {
 	return nil, nil, unauth
 }
 
-// startSession gives the browser a new session cookie.
-func (c *Console) startSession(w http.ResponseWriter, r *http.Request, s *session) error {
+// startSession stores a session of a and gives the browser its cookie.
+func (c *Console) startSession(w http.ResponseWriter, r *http.Request, s *session, a *fleet.Actor) error {
 	s.CSRF = randomToken()
 	s.Expires = c.Now().Add(c.SessionTTL).Unix()
+	stored := &fleet.ConsoleSession{Tenant: s.Tenant, KeyName: a.KeyName, UserName: a.UserName, UserEmail: a.UserEmail,
+		Role: a.Role, ExpiresAt: time.Unix(s.Expires, 0)}
+	var err error
+	// The start is audited as the person who signed in.
+	if s.ID, err = c.Sessions.CreateConsoleSession(fleet.NewContextWithActor(r.Context(), a), stored); err != nil {
+		return err
+	}
 	v, err := c.seal.seal(r.Context(), sessionCookie, s)
 	if err != nil {
 		return err

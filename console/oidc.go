@@ -80,7 +80,7 @@ func (c *Console) handleOIDCCallback(w http.ResponseWriter, r *http.Request) err
 		return c.signinAgain(w, r, http.StatusForbidden, st.Tenant, "Your role, "+string(a.Role)+", cannot sign in to the console.")
 	}
 	s := &session{Tenant: st.Tenant, User: &oidcActor{Name: a.UserName, Email: a.UserEmail, Role: a.Role}, AuthAt: at.UnixMilli()}
-	if err := c.startSession(w, r, s); err != nil {
+	if err := c.startSession(w, r, s, a); err != nil {
 		return err
 	}
 	http.Redirect(w, r, Prefix, http.StatusSeeOther)

@@ -16,13 +16,14 @@ import (
 	"github.com/fleetd/fleet"
 )
 
-// A session lives in a cookie, sealed with AES-256-GCM under a server
-// secret every replica shares (table server_secrets), so any replica
-// serves any request and nothing is stored per session. A key session
-// carries the API key itself and authenticates it again on every request:
-// deleting the key ends every session made with it, on every replica, at
-// once. An OIDC session carries who signed in and their role, and ends when
-// it expires or when the tenant's sign-in settings change.
+// A session is a row of the store (fleet.ConsoleSessionService) and a
+// cookie, sealed with AES-256-GCM under a server secret every replica
+// shares (table server_secrets), that carries its token. Every request
+// reads the row: signing out, an admin's "end" and deleting the key end
+// the session on every replica from its next request. A key session also
+// carries the API key and authenticates it again on every request; an OIDC
+// session carries who signed in and their role, and ends too when the
+// tenant's sign-in settings change.
 
 // Cookie names. The session cookie is HttpOnly; the sign-in cookie holds
 // the token the sign-in form must echo (double submit) and, during an OIDC
@@ -37,6 +38,7 @@ const sessionKeyName = "console_session_aes256_gcm"
 
 // session is what the session cookie holds.
 type session struct {
+	ID      string     `json:"i"` // the store's token
 	Tenant  string     `json:"t"`
 	Key     string     `json:"k,omitempty"` // a key session's API key
 	User    *oidcActor `json:"u,omitempty"` // an OIDC session's user

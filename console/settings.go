@@ -284,3 +284,37 @@ func readFormTime(s string) (time.Time, bool) {
 	}
 	return time.Time{}, false
 }
+
+// sessionsData is the open sessions page's.
+type sessionsData struct {
+	Sessions []*fleet.ConsoleSession
+	Pager    pager
+}
+
+// handleSessions lists the tenant's open console sessions, newest first.
+func (c *Console) handleSessions(w http.ResponseWriter, r *http.Request, v *view) error {
+	p, err := readPage(r)
+	if err != nil {
+		return err
+	}
+	var d sessionsData
+	if d.Sessions, d.Pager.Count, err = c.Sessions.FindConsoleSessions(r.Context(), v.Actor.Tenant, p); err != nil {
+		return err
+	}
+	d.Pager = newPager(r, p, d.Pager.Count)
+	v.Title, v.Nav, v.Data = "Sessions", "settings", d
+	c.render(w, r, http.StatusOK, "sessions", v)
+	return nil
+}
+
+// handleEndSession ends one session, or with the form's all=1 every
+// session of the same person (key or single sign-on user), from their
+// next request on, whichever replica serves it. The tenant's sign-in
+// settings stay as they are.
+func (c *Console) handleEndSession(w http.ResponseWriter, r *http.Request, v *view) error {
+	if _, err := c.Sessions.EndConsoleSession(r.Context(), v.Actor.Tenant, r.PathValue("id"), r.PostForm.Get("all") == "1"); err != nil {
+		return err
+	}
+	http.Redirect(w, r, "/console/settings/sessions", http.StatusSeeOther)
+	return nil
+}

@@ -91,7 +91,7 @@ func (c *Console) handleSignin(w http.ResponseWriter, r *http.Request) error {
 	if !a.Role.Can(fleet.PermRead) {
 		return again(http.StatusForbidden, "A key of the "+string(a.Role)+" role is for devices and gateways: it cannot sign in to the console.")
 	}
-	if err := c.startSession(w, r, &session{Tenant: tenant, Key: key}); err != nil {
+	if err := c.startSession(w, r, &session{Tenant: tenant, Key: key}, a); err != nil {
 		return err
 	}
 	http.Redirect(w, r, next, http.StatusSeeOther)
@@ -113,8 +113,12 @@ func (c *Console) signinAgainNext(w http.ResponseWriter, r *http.Request, status
 	return nil
 }
 
-// handleSignout ends the session in this browser.
+// handleSignout ends the session on the server, so a copy of the cookie
+// is refused too, and deletes the cookie.
 func (c *Console) handleSignout(w http.ResponseWriter, r *http.Request, v *view) error {
+	if _, err := c.Sessions.EndConsoleSession(r.Context(), v.Actor.Tenant, v.Session, false); err != nil && fleet.ErrorCode(err) != fleet.ENOTFOUND {
+		return err
+	}
 	setCookie(w, r, sessionCookie, "", 0)
 	http.Redirect(w, r, "/console/signin", http.StatusSeeOther)
 	return nil

@@ -117,7 +117,8 @@ func (db *DB) FindAPIKeys(ctx context.Context, tenant string, p fleet.Page) ([]*
 		})
 }
 
-// DeleteAPIKey removes a key; its holder is refused from the next request.
+// DeleteAPIKey removes a key and ends its console sessions; its holder is
+// refused from the next request.
 func (db *DB) DeleteAPIKey(ctx context.Context, tenant, name string) error {
 	var hash string
 	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
@@ -148,6 +149,9 @@ func (db *DB) DeleteAPIKey(ctx context.Context, tenant, name string) error {
 			}
 		}
 		if _, err := tx.exec(ctx, "DELETE FROM api_keys WHERE tenant = ? AND name = ?", tenant, name); err != nil {
+			return err
+		}
+		if _, err := tx.exec(ctx, "DELETE FROM console_sessions WHERE tenant = ? AND key_name = ?", tenant, name); err != nil {
 			return err
 		}
 		if err := tx.changed(ctx, fleet.Change{Kind: fleet.ChangeAPIKey, Tenant: tenant, Key: hash}); err != nil {

@@ -108,6 +108,55 @@ func TestConsoleSettings(t *testing.T) {
 			}
 		})
 
+		t.Run("Sessions", func(t *testing.T) {
+			b := newBrowser(t, s.URL)
+			tok := b.signIn("default", admin.Key).csrf(t)
+			first, second, other := newBrowser(t, s.URL), newBrowser(t, s.URL), newBrowser(t, s.URL)
+			first.signIn("default", viewer.Key)
+			second.signIn("default", viewer.Key)
+			other.signIn("default", operator.Key)
+			res := b.get("/console/settings/sessions").want(t, 200)
+			ids := sessionIDs(res.Body, "victor")
+			if len(ids) != 2 || len(sessionIDs(res.Body, "olivia")) != 1 || !strings.Contains(res.Body, "this session") {
+				t.Fatalf("the page lists victor's sessions %v:\n%s", ids, res.Body)
+			}
+			first.get("/console/settings/sessions").want(t, 403)
+			first.do("POST", "/console/settings/sessions/"+ids[0]+"/end", url.Values{"csrf": {first.get("/console/").csrf(t)}}).want(t, 403)
+
+			// Ending one session signs out that browser only.
+			b.do("POST", "/console/settings/sessions/"+ids[0]+"/end", url.Values{"csrf": {tok}}).want(t, 303)
+			if a, z := first.get("/console/devices").Status, second.get("/console/devices").Status; a+z != 200+303 {
+				t.Fatalf("after ending one of two sessions, they answered %d and %d", a, z)
+			}
+			b.do("POST", "/console/settings/sessions/"+ids[0]+"/end", url.Values{"csrf": {tok}}).want(t, 404)
+
+			// "End all of theirs" ends every session of the key's holder,
+			// and no one else's; the key itself stays valid.
+			b.do("POST", "/console/settings/sessions/"+ids[1]+"/end", url.Values{"csrf": {tok}, "all": {"1"}}).want(t, 303)
+			first.get("/console/devices").want(t, 303)
+			second.get("/console/devices").want(t, 303)
+			other.get("/console/devices").want(t, 200)
+			b.get("/console/devices").want(t, 200)
+			s.do(t, viewer, "GET", "/api/v1/devices", nil).want(t, 200)
+			if body := b.get("/console/settings/sessions").Body; len(sessionIDs(body, "victor")) != 0 {
+				t.Errorf("victor's sessions are still listed:\n%s", body)
+			}
+			if body := b.get("/console/settings/audit?action=console.session.end").want(t, 200).Body; !strings.Contains(body, "victor") {
+				t.Errorf("the audit log lacks the ends:\n%s", body)
+			}
+
+			// Another tenant's admin neither sees nor ends them.
+			them := s.newTenant(t, "sessions-other")
+			ob := newBrowser(t, s.URL)
+			otok := ob.signIn("sessions-other", them.Key).csrf(t)
+			if body := ob.get("/console/settings/sessions").want(t, 200).Body; strings.Contains(body, "olivia") {
+				t.Errorf("another tenant's admin sees olivia's session")
+			}
+			olivia := sessionIDs(b.get("/console/settings/sessions").Body, "olivia")
+			ob.do("POST", "/console/settings/sessions/"+olivia[0]+"/end", url.Values{"csrf": {otok}, "all": {"1"}}).want(t, 404)
+			other.get("/console/devices").want(t, 200)
+		})
+
 		t.Run("SignInSettings", func(t *testing.T) {
 			op := startOIDCProvider(t, "fleetd-console", "console-secret", s.URL+"/console/oidc/callback")
 			type settings struct {
@@ -304,4 +353,18 @@ func TestConsoleSettings(t *testing.T) {
 			}
 		})
 	})
+}
+
+var sessionRow = regexp.MustCompile(`(?s)<tr>\s*<td>(.*?)</td>.*?/console/settings/sessions/([0-9a-f]{64})/end`)
+
+// sessionIDs are the ids of the sessions on the sessions page whose person
+// is user (a name or an email), in its order.
+func sessionIDs(body, user string) []string {
+	var ids []string
+	for _, m := range sessionRow.FindAllStringSubmatch(body, -1) {
+		if m[1] == user || strings.Contains(m[1], ">"+user+"<") {
+			ids = append(ids, m[2])
+		}
+	}
+	return ids
 }

@@ -73,6 +73,16 @@ func (b *browser) do(method, path string, form url.Values, header ...string) pag
 
 func (b *browser) get(path string) page { b.t.Helper(); return b.do("GET", path, nil) }
 
+// copyTo is another browser, on base, with b's console cookies, as someone
+// who copied them.
+func (b *browser) copyTo(base string) *browser {
+	c := newBrowser(b.t, base)
+	from, _ := url.Parse(b.base + "/console/")
+	to, _ := url.Parse(base + "/console/")
+	c.client.Jar.SetCookies(to, b.client.Jar.Cookies(from))
+	return c
+}
+
 func (p page) want(t *testing.T, status int) page {
 	t.Helper()
 	if p.Status != status {
@@ -764,10 +774,19 @@ func TestConsole(t *testing.T) {
 		})
 
 		t.Run("SignOut", func(t *testing.T) {
+			// A copy of the cookie taken before signing out (a stolen one)
+			// is refused after it: sign-out ends the session on the server.
 			b := newBrowser(t, s.URL)
-			tok := b.signIn("default", viewer.Key).csrf(t)
+			tok := b.signIn("default", operator.Key).csrf(t)
+			thief := b.copyTo(b.base)
+			thief.get("/console/devices").want(t, 200)
 			b.do("POST", "/console/signout", url.Values{"csrf": {tok}}).want(t, 303)
 			b.get("/console/devices").want(t, 303)
+			if res := thief.get("/console/devices"); res.Status != http.StatusSeeOther || !strings.HasPrefix(res.Header.Get("Location"), "/console/signin") {
+				t.Fatalf("the copied cookie answered %d after sign-out", res.Status)
+			}
+			thief = b.copyTo(b.base) // the copy again: the refusal deleted its cookie
+			thief.do("POST", "/console/actions/1/pause", url.Values{"csrf": {tok}}).want(t, 401)
 		})
 
 		t.Run("BadInput", func(t *testing.T) {
@@ -832,6 +851,30 @@ func TestConsoleOIDC(t *testing.T) {
 			if body := b.signInOIDC(t, op).want(t, 200).Body; !strings.Contains(body, "role-viewer") {
 				t.Errorf("after the change, the person is not a viewer")
 			}
+		})
+
+		t.Run("AdminEndsSession", func(t *testing.T) {
+			// An admin ends a single sign-on user's sessions without
+			// touching the tenant's sign-in settings: the person can sign
+			// in again at once, and others stay signed in.
+			var before, after map[string]any
+			s.do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).want(t, 200).decode(t, &before)
+			person, again := newBrowser(t, s.URL), newBrowser(t, s.URL)
+			person.signInOIDC(t, op).want(t, 200)
+			ab := newBrowser(t, s.URL)
+			tok := ab.signIn("default", admin.Key).csrf(t)
+			ids := sessionIDs(ab.get("/console/settings/sessions").want(t, 200).Body, op.Email)
+			if len(ids) == 0 {
+				t.Fatalf("the sessions page does not list %s", op.Email)
+			}
+			ab.do("POST", "/console/settings/sessions/"+ids[0]+"/end", url.Values{"csrf": {tok}, "all": {"1"}}).want(t, 303)
+			person.get("/console/").want(t, 303)
+			ab.get("/console/").want(t, 200)
+			s.do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).want(t, 200).decode(t, &after)
+			if before["updated_at"] != after["updated_at"] {
+				t.Errorf("ending a session changed the sign-in settings: %v, then %v", before["updated_at"], after["updated_at"])
+			}
+			again.signInOIDC(t, op).want(t, 200)
 		})
 
 		t.Run("ForgedCallback", func(t *testing.T) {

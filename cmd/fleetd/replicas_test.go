@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -197,6 +198,16 @@ func TestReplicas(t *testing.T) {
 		eventuallyWithin(t, 3*time.Second, "B to refuse the key A deleted", func() bool {
 			return b.do(t, ops, "GET", "/api/v1/devices", nil).Status == http.StatusUnauthorized
 		})
+	})
+
+	t.Run("SignOutRefusedByTheOtherReplica", func(t *testing.T) {
+		// The session's row is read on every request: no cache to wait for.
+		onA := newBrowser(t, a.URL)
+		tok := onA.signIn("default", admin.Key).csrf(t)
+		onB := onA.copyTo(b.URL)
+		onB.get("/console/devices").want(t, 200)
+		onA.do("POST", "/console/signout", url.Values{"csrf": {tok}}).want(t, 303)
+		onB.get("/console/devices").want(t, 303)
 	})
 
 	t.Run("ActionThroughAReachesTheDeviceOnce", func(t *testing.T) {

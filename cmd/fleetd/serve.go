@@ -171,7 +171,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	}
 	// The web console, at /console/, uses the same services as the API.
 	con := &console.Console{Tenants: db, TenantAuth: users, Devices: api.Devices, Actions: actions, Firmware: fw,
-		Alerts: alerts, Streams: alerts, Audit: db, Secrets: db, Targets: db, Logger: log, UploadLimit: c.maxUpload,
+		Alerts: alerts, Streams: alerts, Audit: db, Sessions: db, Secrets: db, Targets: db, Logger: log, UploadLimit: c.maxUpload,
 		OIDC: users, PublicURL: c.publicURL, Templates: c.templates}
 	if p, ok := broker.(console.Presence); ok {
 		con.Presence = p
