@@ -43,7 +43,18 @@ grants a QoS 2 subscription, which fleetd never does.
 
 Devices come from --provision (created through the API with --url and
 --api-key; with --tokens their tokens are also written to that file) or
-from --tokens FILE alone (lines "id,token", as written by --provision).`
+from --tokens FILE alone (lines "id,token", as written by --provision).
+Provisioned devices carry the metadata simulated=true, the --metadata
+pairs, and their row of --metadata-file: a CSV whose header is id and the
+keys, a row per device (an empty cell sets nothing), such as
+  id,ring
+  sim-00001,lab
+  sim-00002,lab
+so that a rollout's metadata phase has a ring to release.
+
+--step paces everything a device does: the reports of an ordinary action
+are a --step apart, and a firmware download reads a tenth of the archive
+per --step (about ten steps however large it is).`
 
 // simConfig is what the simulator is told.
 type simConfig struct {
@@ -56,6 +67,7 @@ type simConfig struct {
 	apiURL         string
 	apiKey         string
 	tokens         string
+	metadata       simMetadata // sim_rollout.go
 	failRate       float64
 	unhealthy      bool
 	step           time.Duration
@@ -78,6 +90,8 @@ func runSim(ctx context.Context, args []string, e env) error {
 	fs.StringVar(&c.apiURL, "url", "http://localhost:8080", "`URL` of fleetd's HTTP API, for --provision")
 	fs.StringVar(&c.apiKey, "api-key", "", "`KEY` of an operator or admin, for --provision")
 	fs.StringVar(&c.tokens, "tokens", "", "`FILE` of id,token lines: read it, or with --provision write it")
+	fs.Func("metadata", "`KEY=VALUE` of metadata every provisioned device carries; repeatable", c.metadata.add)
+	fs.StringVar(&c.metadata.file, "metadata-file", "", "CSV `FILE` of each provisioned device's metadata: a header id,KEY,..., a row per device")
 	fs.Float64Var(&c.failRate, "fail-rate", 0, "`FRACTION` (0 to 1) of the devices, chosen stably by id, that fail every action they run")
 	fs.BoolVar(&c.unhealthy, "unhealthy-after-update", false, "devices whose update_firmware completed run hot from then on: their telemetry trips a temperature alert")
 	fs.DurationVar(&c.step, "step", 500*time.Millisecond, "`DURATION` between a device's status reports on an action")
@@ -119,6 +133,8 @@ func (c *simConfig) check() error {
 		return fmt.Errorf("--provision needs --api-key (and --url)")
 	case !c.provision && c.tokens == "":
 		return fmt.Errorf("say where the devices come from: --provision, or --tokens FILE")
+	case !c.provision && (len(c.metadata.all) > 0 || c.metadata.file != ""):
+		return fmt.Errorf("--metadata and --metadata-file are given to devices as they are made: with --provision")
 	case c.step <= 0 || c.reportInterval <= 0 || c.checkTimeout <= 0 || c.connectors < 1:
 		return fmt.Errorf("--step, --report-interval and --broker-check-timeout must be positive, --connect-parallel at least 1")
 	case c.telemetry > 0 && !mqtt.ValidStreamName(c.stream):
@@ -144,11 +160,19 @@ func (c *simConfig) credentials(ctx context.Context) ([]fleet.DeviceToken, error
 	if !c.provision {
 		return readTokens(c.tokens, c.devices)
 	}
+	ids := make([]string, c.devices)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%s%05d", c.prefix, i+1)
+	}
+	metadata, err := c.metadata.of(ids)
+	if err != nil {
+		return nil, err
+	}
 	var toks []fleet.DeviceToken
 	for start := 0; start < c.devices; start += 10_000 {
 		var devs []map[string]any
-		for i := start; i < min(start+10_000, c.devices); i++ {
-			devs = append(devs, map[string]any{"id": fmt.Sprintf("%s%05d", c.prefix, i+1), "metadata": map[string]string{"simulated": "true"}})
+		for _, id := range ids[start:min(start+10_000, c.devices)] {
+			devs = append(devs, map[string]any{"id": id, "metadata": metadata[id]})
 		}
 		status, b, err := c.apiDo(ctx, "POST", "/api/v1/devices/bulk", map[string]any{"devices": devs})
 		if err != nil {

@@ -59,14 +59,22 @@ func (d *simDevice) updateFirmware(ctx context.Context, m action.Message) {
 	progress := func(n int) {
 		got += int64(n)
 		// Every tenth, where uplink reports every percent: fewer messages.
+		// A --step after each, so that a demonstration's downloads take
+		// as long as its other actions, however small the archive.
 		if pct := int(got * 100 / p.ContentLength); pct/10 > lastReported/10 && pct < 100 {
 			lastReported = pct
 			report("Downloading", pct)
+			select {
+			case <-time.After(d.sim.cfg.step):
+			case <-ctx.Done():
+			}
 		}
 	}
+	// Reads of a tenth at most, so that each tenth is reported and paced.
+	chunk := int(min(32<<10, max(1, p.ContentLength/10)))
 	var err error
 	for attempt := 0; attempt < simDownloadAttempts; attempt++ {
-		if err = d.download(ctx, p.URL, p.Checksum, got, sum, progress); err == nil || ctx.Err() != nil || errors.Is(err, errNoRetry) {
+		if err = d.download(ctx, p.URL, p.Checksum, got, chunk, sum, progress); err == nil || ctx.Err() != nil || errors.Is(err, errNoRetry) {
 			break
 		}
 	}
@@ -93,9 +101,10 @@ func (d *simDevice) updateFirmware(ctx context.Context, m action.Message) {
 var errNoRetry = errors.New("not retried")
 
 // download fetches url from offset on, into sum, telling progress of each
-// chunk. From a non-zero offset it asks for the rest only if the archive is
-// still the one whose checksum it expects (If-Range).
-func (d *simDevice) download(ctx context.Context, url, checksum string, offset int64, sum io.Writer, progress func(int)) error {
+// read of at most chunk bytes. From a non-zero offset it asks for the rest
+// only if the archive is still the one whose checksum it expects
+// (If-Range).
+func (d *simDevice) download(ctx context.Context, url, checksum string, offset int64, chunk int, sum io.Writer, progress func(int)) error {
 	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errNoRetry, err)
@@ -122,7 +131,7 @@ func (d *simDevice) download(ctx context.Context, url, checksum string, offset i
 		}
 		return fmt.Errorf("%w: %s: %s", errNoRetry, resp.Status, e.Message)
 	}
-	buf := make([]byte, 32<<10)
+	buf := make([]byte, chunk)
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {

@@ -160,7 +160,60 @@ func TestSimulatorNamesItsBroker(t *testing.T) {
 	}
 }
 
+// TestSimulatorForRollouts: what a rollout demonstration needs of sim.
+// Devices carry metadata (--metadata for all, a CSV row for some), so a
+// metadata canary has a ring to choose; --step paces firmware downloads
+// as it does other actions, however small the archive.
+func TestSimulatorForRollouts(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		rings := filepath.Join(t.TempDir(), "rings.csv")
+		os.WriteFile(rings, []byte("id,ring,rack\n# the lab's devices\nmd-00001,lab,r1\nmd-00003,lab,\n"), 0o644)
+		const step = 50 * time.Millisecond
+		sim := s.startSim(t, "--devices", "4", "--provision", "--url", s.URL, "--api-key", admin.Key, "--prefix", "md-",
+			"--telemetry-interval", "0", "--metadata", "site=berlin", "--metadata", "ring=field", "--metadata-file", rings, "--step", step.String())
+		sim.connected(t, 4)
+		for id, want := range map[string]map[string]string{
+			"md-00001": {"simulated": "true", "site": "berlin", "ring": "lab", "rack": "r1"},
+			"md-00002": {"simulated": "true", "site": "berlin", "ring": "field"},
+			"md-00003": {"simulated": "true", "site": "berlin", "ring": "lab"},
+		} {
+			var dev device
+			s.do(t, admin, "GET", "/api/v1/devices/"+id, nil).want(t, 200).decode(t, &dev)
+			if fmt.Sprint(dev.Metadata) != fmt.Sprint(want) {
+				t.Fatalf("%s's metadata = %v, want %v", id, dev.Metadata, want)
+			}
+		}
+
+		s.mustUpload(t, admin, makeBundle(t, "2.3.0", bootloader, app230))
+		start := time.Now()
+		id := s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.3.0"},
+			"search_type": "metadata", "search_key": "ring", "search_query": "lab"})
+		if a := s.action(t, admin, id); a.Targeted != 2 {
+			t.Fatalf("the lab ring: %d devices, want 2", a.Targeted)
+		}
+		da := s.awaitActionStatus(t, admin, "md-00003", id, "Progress")
+		eventually(t, "a Downloading report", func() bool {
+			da = s.deviceAction(t, admin, "md-00003", id)
+			return da.Status == "Downloading" || da.ActionStatus == "Completed"
+		})
+		if da.Status != "Downloading" || da.Progress < 10 || da.Progress > 90 {
+			t.Fatalf("md-00003's record while it downloads = %+v", da)
+		}
+		s.awaitActionStatus(t, admin, "md-00003", id, "Completed")
+		// A step after each of the nine tenths reported.
+		if took := time.Since(start); took < 9*step {
+			t.Fatalf("the download took %s, want at least 9 steps of %s", took, step)
+		}
+	})
+}
+
 func TestSimulatorFlags(t *testing.T) {
+	dir := t.TempDir()
+	noHeader, stranger := filepath.Join(dir, "no-header.csv"), filepath.Join(dir, "stranger.csv")
+	os.WriteFile(noHeader, []byte("sim-00001,lab\n"), 0o644)
+	os.WriteFile(stranger, []byte("id,ring\nsim-00001,lab\nsim-00011,lab\n"), 0o644)
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -171,6 +224,11 @@ func TestSimulatorFlags(t *testing.T) {
 		{[]string{"--tokens", "x", "--fail-rate", "2"}, "--fail-rate"},
 		{[]string{"--tokens", "/nonexistent/tokens"}, "--tokens"},
 		{[]string{"--tokens", "x", "--tenant", "Bad"}, "--tenant"},
+		{[]string{"--tokens", "x", "--metadata", "ring=lab"}, "with --provision"},
+		{[]string{"--provision", "--api-key", "k", "--metadata", "ring"}, "KEY=VALUE"},
+		{[]string{"--provision", "--api-key", "k", "--metadata-file", "/nonexistent/rings.csv"}, "--metadata-file"},
+		{[]string{"--provision", "--api-key", "k", "--metadata-file", noHeader}, "want a header line id,KEY"},
+		{[]string{"--provision", "--api-key", "k", "--metadata-file", stranger}, `stranger.csv:3: "sim-00011" is not one of the 10 devices provisioned (sim-00001 to sim-00010)`},
 	} {
 		var out lockedBuffer
 		err := run(context.Background(), append([]string{"sim"}, tc.args...), noEnv, strings.NewReader(""), &out, &out)
