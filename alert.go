@@ -31,6 +31,41 @@ type AlertRule struct {
 	Filters  map[string][]string `json:"-"`
 }
 
+// ReadRule is the typed decode of an alert rule as a client writes it (S2's
+// body): every field's rules, and the condition and metadata filters
+// compiled, with every problem recorded in f under its field's path. The
+// API and the console both read rules here, so they accept the same rules
+// and say the same of the others. compile is the alert service's
+// CompileRule, which sets Compiled and Filters: its problems are reported
+// with the others.
+func ReadRule(f *Fields, compile func(*AlertRule) map[string]string) *AlertRule {
+	rule := &AlertRule{
+		Name:                         f.NonEmptyString("name", true, 256),
+		Group:                        f.String("group", false),
+		MetadataFilters:              f.Object("metadata_filters", false),
+		ActivationThresholdSeconds:   f.Float("activation_threshold_seconds", false, 0, MaxThresholdSeconds),
+		DeactivationThresholdSeconds: f.Float("deactivation_threshold_seconds", false, 0, MaxThresholdSeconds),
+	}
+	if rule.Stream = f.String("stream", true); f.Has("stream") && !ValidStreamName(rule.Stream) {
+		f.Fail("stream", StreamNameRule)
+	}
+	if len(rule.Group) > 256 {
+		f.Fail("group", "must be at most 256 characters")
+	}
+	rule.Condition, _ = f.Value("condition", true)
+	if f.Has("condition") || f.Has("metadata_filters") {
+		if rule.Condition == nil {
+			rule.Condition = map[string]any{} // reported as required already; compile the filters
+		}
+		for k, v := range compile(rule) {
+			if k != "condition" || f.Has("condition") {
+				f.Fail(k, v)
+			}
+		}
+	}
+	return rule
+}
+
 // ActivationThreshold is how long the condition must hold before an alert
 // opens.
 func (r *AlertRule) ActivationThreshold() time.Duration {
@@ -459,6 +494,16 @@ type DeliveryAttempt struct {
 // AlertService manages alert rules, their notification rules, and reads the
 // alerts they raise.
 type AlertService interface {
+	AlertStore
+	// CompileRule checks and compiles r's condition and metadata filters
+	// into Compiled and Filters; problems are keyed by field (ReadRule).
+	CompileRule(r *AlertRule) map[string]string
+}
+
+// AlertStore is what AlertService keeps: rules, notification rules, alerts
+// and deliveries. The store implements it; the alert service adds the
+// compiler and evaluation.
+type AlertStore interface {
 	// CreateAlertRule stores a compiled rule and starts evaluating it. A
 	// name taken in the tenant is ECONFLICT.
 	CreateAlertRule(ctx context.Context, tenant string, r *AlertRule) error

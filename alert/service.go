@@ -8,7 +8,7 @@ import (
 
 // ServiceStore is the store behind Service; sqlstore.DB implements it.
 type ServiceStore interface {
-	fleet.AlertService
+	fleet.AlertStore
 	FindLatestPoint(ctx context.Context, tenant, device, stream string) (*fleet.DataPoint, error)
 	FindDeviceStreams(ctx context.Context, tenant, device string, p fleet.Page) ([]*fleet.DataPoint, int, error)
 }
@@ -41,6 +41,10 @@ func (s *Service) CreateAlertRule(ctx context.Context, tenant string, r *fleet.A
 	}
 	return s.Engine.AddRule(ctx, r)
 }
+
+// CompileRule is CompileRule, for the readers of a rule (fleet.ReadRule)
+// that know the service and not its compiler.
+func (s *Service) CompileRule(r *fleet.AlertRule) map[string]string { return CompileRule(r) }
 
 // UpdateAlertRule compiles and stores an edited rule and evaluates it from
 // now on.

@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/fleetd/fleet"
-	"github.com/fleetd/fleet/alert"
 	"github.com/fleetd/fleet/codec"
 	"github.com/google/uuid"
 )
@@ -172,10 +171,10 @@ func readRuleForm(r *http.Request, id string) ruleForm {
 		Activation: get("activation_threshold_seconds"), Deactivation: get("deactivation_threshold_seconds")}
 }
 
-// rule reads the form as the API reads S2's body (alert.ReadRule): the
+// rule reads the form as the API reads S2's body (fleet.ReadRule): the
 // same rules, the same messages, by the same field names. A field left
 // empty is a field not sent.
-func (f ruleForm) rule() (*fleet.AlertRule, error) {
+func (f ruleForm) rule(compile func(*fleet.AlertRule) map[string]string) (*fleet.AlertRule, error) {
 	body := map[string]any{}
 	bad := map[string]string{}
 	for k, s := range map[string]string{"name": f.Name, "stream": f.Stream, "group": f.Group} {
@@ -203,7 +202,7 @@ func (f ruleForm) rule() (*fleet.AlertRule, error) {
 	for k, p := range bad {
 		fields.Fail(k, p)
 	}
-	rule := alert.ReadRule(fields)
+	rule := fleet.ReadRule(fields, compile)
 	return rule, fields.Err()
 }
 
@@ -254,7 +253,7 @@ func (c *Console) handleSaveAlertRule(w http.ResponseWriter, r *http.Request, v 
 		id, v.Title = old.ID, "Edit alert rule "+old.Name
 	}
 	f := readRuleForm(r, id)
-	rule, err := f.rule()
+	rule, err := f.rule(c.Alerts.CompileRule)
 	if err == nil {
 		if id == "" {
 			err = c.Alerts.CreateAlertRule(ctx, tenant, rule)

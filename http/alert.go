@@ -4,7 +4,6 @@ import (
 	"net/http"
 
 	"github.com/fleetd/fleet"
-	"github.com/fleetd/fleet/alert"
 	"github.com/google/uuid"
 )
 
@@ -88,7 +87,7 @@ func (s *Server) handleCreateAlertRule(w http.ResponseWriter, r *http.Request) e
 		return err
 	}
 	f := fleet.NewFields(body)
-	rule := alert.ReadRule(f)
+	rule := fleet.ReadRule(f, s.Alerts.CompileRule)
 	if err := f.Err(); err != nil {
 		return err
 	}
@@ -136,7 +135,7 @@ func (s *Server) handleUpdateAlertRule(w http.ResponseWriter, r *http.Request) e
 		return err
 	}
 	f := fleet.NewFields(body)
-	rule := alert.ReadRule(f)
+	rule := fleet.ReadRule(f, s.Alerts.CompileRule)
 	if err := f.Err(); err != nil {
 		return err
 	}

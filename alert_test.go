@@ -1,4 +1,4 @@
-package alert_test
+package fleet_test
 
 import (
 	"maps"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/alert"
+	"github.com/fleetd/fleet/codec"
 )
 
 // TestReadRule checks that a rule's body is read with every problem named
@@ -26,9 +27,13 @@ func TestReadRule(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := fleet.NewFields(canon(t, tt.body))
-			r := alert.ReadRule(f)
-			err := f.Err()
+			v, err := codec.Decode(codec.JSON, []byte(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := fleet.NewFields(v)
+			r := fleet.ReadRule(f, alert.CompileRule)
+			err = f.Err()
 			var got []string
 			if err != nil {
 				if fleet.ErrorCode(err) != fleet.EINVALID {
