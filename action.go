@@ -382,8 +382,19 @@ type ReportState struct {
 // anything: the transition of ReportEvent(r.State) in Lifecycle. Reports
 // after a final state, older than the last one applied, or repeating it,
 // change nothing (they are acknowledged all the same).
+//
+// A device action a device has been asked to stop (StateCancelling) keeps
+// that word through the device's progress until the device answers, and
+// a Failed report on it is the device stopping it (cancel_accepted): the
+// uplink agent reports the stopped action Failed, before or after its
+// answer to the cancel_action (docs/actions.md, Cancel).
 func ApplyReport(cur ReportState, r StatusReport, now time.Time) (ReportState, bool) {
-	t, ok := Next(cur.ActionStatus, ReportEvent(r.State))
+	event := ReportEvent(r.State)
+	cancelling := cur.Status == StateCancelling
+	if cancelling && event == EventFailed {
+		event = EventCancelAccepted
+	}
+	t, ok := Next(cur.ActionStatus, event)
 	if !ok {
 		return cur, false
 	}
@@ -394,6 +405,12 @@ func ApplyReport(cur ReportState, r StatusReport, now time.Time) (ReportState, b
 	next := cur
 	next.Last = &key
 	next.Status = r.State
+	switch {
+	case t.Status != "":
+		next.Status = t.Status
+	case cancelling && event == EventProgress:
+		next.Status = StateCancelling
+	}
 	next.ActionStatus = t.To
 	if r.Progress != nil {
 		next.Progress = *r.Progress
@@ -418,6 +435,18 @@ func ErrorCount(errs map[string][]string) int {
 		n += len(e)
 	}
 	return n
+}
+
+// CancelledActionID returns the id of the action a cancel_action cancels,
+// from the params its devices receive ({"action_id": "42", …}).
+func CancelledActionID(deviceParams []byte) (int64, bool) {
+	var p struct {
+		ActionID string `json:"action_id"`
+	}
+	if json.Unmarshal(deviceParams, &p) != nil {
+		return 0, false
+	}
+	return ParseActionID(p.ActionID)
 }
 
 // CompletedComponents returns the component versions a device runs once it

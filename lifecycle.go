@@ -52,9 +52,14 @@ func (s ActionStatus) Valid() bool {
 
 // StateTimedOut is the status word of a device action that the timeout
 // failed; StateCancelled that of one cancelled by an operator.
+// StateCancelling is that of one in flight whose device has been asked to
+// stop it and has not answered; StateCancelRejected that of one whose
+// device refused to stop and goes on.
 const (
-	StateTimedOut  = "TimedOut"
-	StateCancelled = "Cancelled"
+	StateTimedOut       = "TimedOut"
+	StateCancelled      = "Cancelled"
+	StateCancelling     = "Cancelling"
+	StateCancelRejected = "CancelRejected"
 )
 
 // Event is what moves a device action from one status to another: the
@@ -77,8 +82,14 @@ const (
 	// the device (Dispatch.CheckDevice); nothing is sent to it.
 	EventRefused Event = "refused"
 	// EventCancel: an operator cancelled the action (cancel, or a
-	// cancel_action that names it).
+	// cancel_action that names it). A device that has the action is asked
+	// to stop it, and the action stays in flight until it answers.
 	EventCancel Event = "cancel"
+	// EventCancelAccepted and EventCancelRejected: the device answered
+	// the cancel_action sent for the action: Completed (it stopped) or
+	// Failed (it goes on, and its later reports count).
+	EventCancelAccepted Event = "cancel_accepted"
+	EventCancelRejected Event = "cancel_rejected"
 	// EventTimeout: the timeout elapsed before the device finished.
 	EventTimeout Event = "timeout"
 	// EventNothingToCancel: a cancel_action reached a device that does
@@ -93,8 +104,8 @@ const (
 )
 
 // Events lists every event.
-var Events = []Event{EventDelivered, EventProgress, EventCompleted, EventFailed, EventRefused, EventCancel, EventTimeout, EventNothingToCancel,
-	EventRelease, EventScheduleEnded}
+var Events = []Event{EventDelivered, EventProgress, EventCompleted, EventFailed, EventRefused, EventCancel, EventCancelAccepted,
+	EventCancelRejected, EventTimeout, EventNothingToCancel, EventRelease, EventScheduleEnded}
 
 // DeadlineChange is what a transition does to the device action's timeout
 // deadline.
@@ -150,8 +161,13 @@ var Lifecycle = []Transition{
 
 	{From: StatusScheduled, Event: EventCancel, To: StatusCancelled, Status: StateCancelled, Deadline: DeadlineCleared},
 	{From: StatusQueued, Event: EventCancel, To: StatusCancelled, Status: StateCancelled, Deadline: DeadlineCleared},
-	{From: StatusInitiated, Event: EventCancel, To: StatusCancelled, Status: StateCancelled, Deadline: DeadlineCleared, TellDevice: true},
-	{From: StatusProgress, Event: EventCancel, To: StatusCancelled, Status: StateCancelled, Deadline: DeadlineCleared, TellDevice: true},
+	{From: StatusInitiated, Event: EventCancel, To: StatusInitiated, Status: StateCancelling, Deadline: DeadlineKept, TellDevice: true},
+	{From: StatusProgress, Event: EventCancel, To: StatusProgress, Status: StateCancelling, Deadline: DeadlineKept, TellDevice: true},
+
+	{From: StatusInitiated, Event: EventCancelAccepted, To: StatusCancelled, Status: StateCancelled, Deadline: DeadlineCleared},
+	{From: StatusProgress, Event: EventCancelAccepted, To: StatusCancelled, Status: StateCancelled, Deadline: DeadlineCleared},
+	{From: StatusInitiated, Event: EventCancelRejected, To: StatusInitiated, Status: StateCancelRejected, Deadline: DeadlineKept},
+	{From: StatusProgress, Event: EventCancelRejected, To: StatusProgress, Status: StateCancelRejected, Deadline: DeadlineKept},
 
 	{From: StatusInitiated, Event: EventTimeout, To: StatusFailed, Status: StateTimedOut, Deadline: DeadlineCleared},
 	{From: StatusProgress, Event: EventTimeout, To: StatusFailed, Status: StateTimedOut, Deadline: DeadlineCleared},
@@ -186,6 +202,19 @@ func Sources(event Event, keep func(Transition) bool) []ActionStatus {
 // InFlight are the statuses in which the device has the action and has not
 // finished it: a cancellation must tell the device, and the timeout runs.
 var InFlight = Sources(EventCancel, func(t Transition) bool { return t.TellDevice })
+
+// CancelAnswer is the event a device's final report on a cancel_action
+// applies to the action it cancels: Completed accepts the cancellation,
+// Failed rejects it.
+func CancelAnswer(to ActionStatus) (Event, bool) {
+	switch to {
+	case StatusCompleted:
+		return EventCancelAccepted, true
+	case StatusFailed:
+		return EventCancelRejected, true
+	}
+	return "", false
+}
 
 // ReportEvent is the event of a device's report of state: Completed and
 // Failed are final, any other word is progress.

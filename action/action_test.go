@@ -381,11 +381,15 @@ func TestCancel(t *testing.T) {
 				if s.Device != "busy" || s.Msg.ID != fmt.Sprint(cc.ID) || s.Msg.Name != fleet.ActionCancel || s.Msg.Payload != fmt.Sprintf(`{"action_id":"%d","name":"reboot"}`, c.ID) {
 					t.Fatalf("sent %+v", s)
 				}
-				for _, dev := range []string{"busy", "queued"} {
-					if da, _ := db.FindDeviceAction(ctx, "acme", c.ID, dev); da.ActionStatus != fleet.StatusCancelled {
-						t.Fatalf("%s = %+v", dev, da)
+				// queued never had it; busy has it until it answers.
+				want := map[string]fleet.ActionStatus{"queued": fleet.StatusCancelled, "busy": fleet.StatusProgress}
+				for dev, st := range want {
+					if da, _ := db.FindDeviceAction(ctx, "acme", c.ID, dev); da.ActionStatus != st {
+						t.Fatalf("%s = %+v, want %s", dev, da, st)
 					}
 				}
+				mustReport(fleet.StatusReport{DeviceID: "busy", ActionID: cc.ID, State: "Completed"})
+				awaitStatus(t, db, c.ID, "busy", fleet.StatusCancelled)
 			}
 			for _, bad := range []string{`{}`, `{"action_id":"x"}`, `{"action_id":0}`, `{"action_id":1.5}`, `{"action_id":99}`} {
 				d := &fleet.Dispatch{Action: fleet.ActionCancel, Params: json.RawMessage(bad), SearchType: fleet.SearchAll, Timeout: 60}

@@ -119,12 +119,12 @@ func (d8 dialect) selectionOf(tenant string, d *fleet.Dispatch) (selection, erro
 	return selection{}, fleet.FieldErrors(map[string]string{"search_type": "must be one of default, all, metadata, search"})
 }
 
-// inFlightOf selects the devices that have action id in flight: those a
-// cancellation of it must tell. SQLite is told the index, as in
-// pendingOfAction.
-func (d8 dialect) inFlightOf(tenant string, id int64) selection {
+// untoldOf selects the devices that have action id in flight and have not
+// been asked to stop it: those a cancellation of it must tell. SQLite is
+// told the index, as in pendingOfAction.
+func (d8 dialect) untoldOf(tenant string, id int64) selection {
 	return selection{cond: "id IN (SELECT device_id FROM device_actions" + d8.indexedBy("device_actions_by_status") +
-		" WHERE tenant = ? AND action_id = ? AND " + inFlight + ")", args: []any{tenant, id}}
+		" WHERE tenant = ? AND action_id = ? AND " + untold + ")", args: []any{tenant, id}}
 }
 
 // dispatch is DispatchAction inside a transaction, to the devices sel
@@ -358,7 +358,8 @@ func (tx *Tx) checkDevices(ctx context.Context, tenant string, actionID int64, c
 }
 
 // cancelOnTargets does what a cancel_action dispatch means: the cancelled
-// action's records on the targeted devices are cancelled, and the
+// action's records on the targeted devices are cancelled, those the
+// devices have in flight once the devices answer (answerCancels), and the
 // cancel_action's own record is done at once wherever the device does not
 // have the action in flight, so only devices that have it are sent the
 // cancellation.
@@ -367,11 +368,15 @@ func (tx *Tx) cancelOnTargets(ctx context.Context, tenant string, actionID, canc
 	if err != nil {
 		return 0, err
 	}
-	_, err = tx.applyMove(ctx, moveCancel, `UPDATE device_actions SET `+moveCancel.set+`, updated_at = ?
-		WHERE tenant = ? AND action_id = ? AND {from}
-		AND device_id IN (SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ?)`,
-		now, tenant, cancelled, tenant, actionID)
-	return done, err
+	for _, m := range []move{moveCancel, moveCancelTold} {
+		if _, err := tx.applyMove(ctx, m, `UPDATE device_actions SET `+m.set+`, updated_at = ?
+			WHERE tenant = ? AND action_id = ? AND {from}
+			AND device_id IN (SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ?)`,
+			now, tenant, cancelled, tenant, actionID); err != nil {
+			return 0, err
+		}
+	}
+	return done, nil
 }
 
 // nothingToCancel moves a cancel_action's device actions (tenant,
@@ -444,12 +449,12 @@ func (tx *Tx) cancel(ctx context.Context, tenant string, id int64, tell *fleet.D
 	if tell.Action != fleet.ActionCancel || tell.CancelActionID != id {
 		return nil, fmt.Errorf("sqlstore: cancel of action %d tells devices with %s of action %d", id, tell.Action, tell.CancelActionID)
 	}
-	if err := tx.lockInOrder(ctx, "tenant = ? AND action_id = ? AND "+statusIn(moveCancel.from), tenant, id); err != nil {
+	if err := tx.lockInOrder(ctx, "tenant = ? AND action_id = ? AND "+statusIn(fleet.Sources(fleet.EventCancel, nil)), tenant, id); err != nil {
 		return nil, err
 	}
 	c := &fleet.Cancellation{}
 	var told int
-	if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+inFlight,
+	if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+untold,
 		tenant, id).Scan(&told); err != nil {
 		return nil, err
 	}
@@ -457,15 +462,22 @@ func (tx *Tx) cancel(ctx context.Context, tenant string, id int64, tell *fleet.D
 		// On PostgreSQL the devices may finish meanwhile: then none is
 		// left to tell.
 		var err error
-		if c.Sent, err = tx.dispatch(ctx, tenant, tell, tx.db.dialect.inFlightOf(tenant, id), true); err != nil {
+		if c.Sent, err = tx.dispatch(ctx, tenant, tell, tx.db.dialect.untoldOf(tenant, id), true); err != nil {
 			return nil, err
 		}
 	}
 	// What the cancellation did not reach was not sent: it needs no word.
+	// What it reached waits for the device's answer (answerCancels).
 	untold, err := tx.applyMove(ctx, moveCancel, `UPDATE device_actions SET `+moveCancel.set+`, updated_at = ?
 		WHERE tenant = ? AND action_id = ? AND {from}`, millis(tx.now), tenant, id)
 	if err != nil {
 		return nil, err
+	}
+	if c.Sent != nil {
+		if _, err := tx.applyMove(ctx, moveCancelTold, `UPDATE device_actions SET `+moveCancelTold.set+`, updated_at = ?
+			WHERE tenant = ? AND action_id = ? AND {from}`, millis(tx.now), tenant, id); err != nil {
+			return nil, err
+		}
 	}
 	c.Cancelled = untold
 	if c.Sent != nil {

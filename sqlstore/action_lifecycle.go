@@ -31,24 +31,29 @@ type move struct {
 }
 
 // moveOf returns the move of event from those of its source statuses keep
-// accepts (all when nil). Every such source must lead to the same status,
-// word and deadline change: one statement moves them all.
+// accepts (all when nil). Every such source must lead to the same status
+// (or each stay where it is), word and deadline change: one statement
+// moves them all.
 func moveOf(event fleet.Event, keep func(fleet.Transition) bool) move {
 	from := fleet.Sources(event, keep)
 	if len(from) == 0 {
 		panic(fmt.Sprintf("sqlstore: event %s moves no device action", event))
 	}
 	t, _ := fleet.Next(from[0], event)
+	stays := func(t fleet.Transition) bool { return t.To == t.From }
 	for _, s := range from[1:] {
 		u, _ := fleet.Next(s, event)
-		if u.To != t.To || u.Status != t.Status || u.Deadline != t.Deadline {
+		if stays(u) != stays(t) || !stays(t) && u.To != t.To || u.Status != t.Status || u.Deadline != t.Deadline {
 			panic(fmt.Sprintf("sqlstore: event %s moves %s and %s differently", event, from[0], s))
 		}
 	}
 	if t.Status == "" {
 		panic(fmt.Sprintf("sqlstore: event %s keeps the device's word; it is applied by fleet.ApplyReport", event))
 	}
-	set := "action_status = " + quote(string(t.To)) + ", status = " + quote(t.Status)
+	set := "status = " + quote(t.Status)
+	if !stays(t) {
+		set = "action_status = " + quote(string(t.To)) + ", " + set
+	}
 	if t.To == fleet.StatusCompleted {
 		set += ", progress = 100"
 	}
@@ -62,9 +67,15 @@ func moveOf(event fleet.Event, keep func(fleet.Transition) bool) move {
 
 // The moves the store makes.
 var (
-	moveDelivered       = moveOf(fleet.EventDelivered, nil)
-	moveRefused         = moveOf(fleet.EventRefused, nil)
-	moveCancel          = moveOf(fleet.EventCancel, nil)
+	moveDelivered = moveOf(fleet.EventDelivered, nil)
+	moveRefused   = moveOf(fleet.EventRefused, nil)
+	// moveCancel ends what the device does not have yet; moveCancelTold
+	// marks what it has, which waits for its answer to the cancel_action
+	// (moveCancelAccepted, moveCancelRejected).
+	moveCancel          = moveOf(fleet.EventCancel, func(t fleet.Transition) bool { return !t.TellDevice })
+	moveCancelTold      = moveOf(fleet.EventCancel, func(t fleet.Transition) bool { return t.TellDevice })
+	moveCancelAccepted  = moveOf(fleet.EventCancelAccepted, nil)
+	moveCancelRejected  = moveOf(fleet.EventCancelRejected, nil)
 	moveTimeout         = moveOf(fleet.EventTimeout, nil)
 	moveNothingToCancel = moveOf(fleet.EventNothingToCancel, nil)
 	moveRelease         = moveOf(fleet.EventRelease, nil)
@@ -94,6 +105,9 @@ var (
 	pending = statusIn(fleet.Sources(fleet.EventDelivered, nil))
 	// inFlight: the device has the action and has not finished it.
 	inFlight = statusIn(fleet.InFlight)
+	// untold: in flight, and not asked to stop with no word since: a
+	// second cancel does not ask again a device that has not answered.
+	untold = inFlight + " AND status <> " + quote(fleet.StateCancelling)
 )
 
 // statusIn is the SQL condition that action_status is one of ss.

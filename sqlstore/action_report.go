@@ -148,7 +148,7 @@ func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.S
 
 	found := make([]bool, len(reports))
 	now := millis(tx.now)
-	var dirty, installed []reportKey
+	var dirty, installed, answered []reportKey
 	for i, r := range reports {
 		k := reportKey{r.ActionID, r.DeviceID}
 		row := rows[k]
@@ -172,6 +172,9 @@ func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.S
 		if next.ActionStatus == fleet.StatusCompleted && row.typ == fleet.ActionUpdateFirmware {
 			installed = append(installed, k)
 		}
+		if next.ActionStatus.Final() && row.typ == fleet.ActionCancel {
+			answered = append(answered, k)
+		}
 	}
 	for start := 0; start < len(dirty); start += reportChunk {
 		if err := tx.writeReportRows(ctx, tenant, dirty[start:min(start+reportChunk, len(dirty))], rows, now); err != nil {
@@ -193,7 +196,40 @@ func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.S
 			return nil, err
 		}
 	}
+	for _, k := range answered {
+		if err := tx.answerCancel(ctx, tenant, k, rows[k].state.ActionStatus); err != nil {
+			return nil, err
+		}
+	}
 	return found, nil
+}
+
+// answerCancel applies a device's final word on a cancel_action to the
+// action it cancels on that device: Completed, the device stopped it
+// (Cancelled); Failed, it refused or could not, and the action goes on
+// (docs/actions.md, Cancel). The cancelled action's id is smaller than the
+// cancel_action's, so on PostgreSQL this locks out of the reports' order;
+// a deadlock it meets is retried (db.update), and answers are rare.
+func (tx *Tx) answerCancel(ctx context.Context, tenant string, k reportKey, to fleet.ActionStatus) error {
+	event, ok := fleet.CancelAnswer(to)
+	if !ok {
+		return nil
+	}
+	var params string
+	if err := tx.queryRow(ctx, "SELECT device_params FROM actions WHERE tenant = ? AND id = ?", tenant, k.actionID).Scan(&params); err != nil {
+		return err
+	}
+	cancelled, ok := fleet.CancelledActionID([]byte(params))
+	if !ok {
+		return nil
+	}
+	m := moveCancelAccepted
+	if event == fleet.EventCancelRejected {
+		m = moveCancelRejected
+	}
+	_, err := tx.applyMove(ctx, m, `UPDATE device_actions SET `+m.set+`, updated_at = ?
+		WHERE tenant = ? AND action_id = ? AND device_id = ? AND {from}`, millis(tx.now), tenant, cancelled, k.deviceID)
+	return err
 }
 
 // loadReportRows reads (and on PostgreSQL locks) the device actions of one

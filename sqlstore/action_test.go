@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -612,9 +613,10 @@ func TestCancel(t *testing.T) {
 		if err != nil || n != 3 || ca == nil {
 			t.Fatalf("cancelled %d, %v; want 3 and a cancel_action", n, err)
 		}
+		// The devices that have the action keep it until they answer.
 		full, _ := db.FindAction(ctx, "acme", a.ID)
-		if full.Statuses["Cancelled"] != 3 || full.Statuses["Completed"] != 1 {
-			t.Fatalf("statuses = %v", full.Statuses)
+		if want := map[string]int{"Cancelled": 1, "Initiated": 1, "Progress": 1, "Completed": 1}; !maps.Equal(full.Statuses, want) {
+			t.Fatalf("statuses = %v, want %v", full.Statuses, want)
 		}
 		// The devices that have the action are sent a cancel_action.
 		sent, err := db.FindAction(ctx, "acme", ca.ID)
@@ -634,16 +636,29 @@ func TestCancel(t *testing.T) {
 		if len(p) != 1 || p[0].ActionID != ca.ID || p[0].Name != fleet.ActionCancel || p[0].Params != fmt.Sprintf(`{"action_id":"%d","name":"reboot"}`, a.ID) {
 			t.Fatalf("busy's pending = %+v", p)
 		}
-		if da, _ := db.FindDeviceAction(ctx, "acme", a.ID, "busy"); da.ActionStatus != fleet.StatusCancelled || da.Status != "Cancelled" {
+		if da, _ := db.FindDeviceAction(ctx, "acme", a.ID, "busy"); da.ActionStatus != fleet.StatusProgress || da.Status != fleet.StateCancelling {
 			t.Fatalf("busy = %+v", da)
 		}
-		// Reports after a cancel are ignored; cancelling again changes nothing.
-		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "busy", ActionID: a.ID, State: "Completed"})
+		// Cancelling again does not ask again devices that have not answered.
 		if c, err := db.CancelAction(ctx, "acme", a.ID, tell(a.ID, "reboot")); err != nil || c.Cancelled != 0 || c.Sent != nil {
 			t.Fatalf("second cancel: %+v, %v", c, err)
 		}
-		if da, _ := db.FindDeviceAction(ctx, "acme", a.ID, "busy"); da.ActionStatus != fleet.StatusCancelled {
+		// busy stops: its device action is Cancelled, and a late report on it
+		// is ignored.
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "busy", ActionID: ca.ID, State: "Completed"})
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "busy", ActionID: a.ID, State: "Completed"})
+		if da, _ := db.FindDeviceAction(ctx, "acme", a.ID, "busy"); da.ActionStatus != fleet.StatusCancelled || da.Status != "Cancelled" {
 			t.Fatalf("busy = %+v", da)
+		}
+		// sent refuses: the action goes on on it, and its result counts.
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "sent", ActionID: ca.ID, State: "Failed", Errors: []string{"too late"}})
+		if da, _ := db.FindDeviceAction(ctx, "acme", a.ID, "sent"); da.ActionStatus != fleet.StatusInitiated || da.Status != fleet.StateCancelRejected {
+			t.Fatalf("sent = %+v", da)
+		}
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "sent", ActionID: a.ID, State: "Completed"})
+		full, _ = db.FindAction(ctx, "acme", a.ID)
+		if want := map[string]int{"Cancelled": 2, "Completed": 2}; !maps.Equal(full.Statuses, want) {
+			t.Fatalf("statuses = %v, want %v", full.Statuses, want)
 		}
 		// Queued only: nobody to tell, no cancel_action, no id used.
 		q := mustDispatch(t, db, "acme", dispatch("reboot", "default", "queued"))
@@ -682,7 +697,7 @@ func TestCancelActionDispatch(t *testing.T) {
 		}
 		want := map[string][2]fleet.ActionStatus{ // device: the action's status, the cancel_action's
 			"queued":    {fleet.StatusCancelled, fleet.StatusCompleted},
-			"busy":      {fleet.StatusCancelled, fleet.StatusQueued},
+			"busy":      {fleet.StatusProgress, fleet.StatusQueued}, // until busy answers
 			"done":      {fleet.StatusCompleted, fleet.StatusCompleted},
 			"untouched": {fleet.StatusQueued, ""},
 			"spare":     {"", fleet.StatusCompleted},

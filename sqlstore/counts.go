@@ -110,7 +110,8 @@ func (tx *Tx) flushCounts(ctx context.Context) error {
 func (tx *Tx) applyMove(ctx context.Context, m move, stmt string, args ...any) (int, error) {
 	total := 0
 	for _, from := range m.from {
-		n, err := tx.moveFrom(ctx, from, m.t.To, strings.Replace(stmt, "{from}", statusIn([]fleet.ActionStatus{from}), 1), args...)
+		t, _ := fleet.Next(from, m.t.Event)
+		n, err := tx.moveFrom(ctx, from, t.To, strings.Replace(stmt, "{from}", statusIn([]fleet.ActionStatus{from}), 1), args...)
 		if err != nil {
 			return 0, err
 		}

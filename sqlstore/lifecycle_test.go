@@ -110,6 +110,13 @@ func (lc *lifecycle) drive(tr fleet.Transition, later func()) int64 {
 		if told := c.Sent != nil && c.Sent.Targeted == 1; told != tr.TellDevice {
 			t.Fatalf("the device was sent a cancel_action: %v, want %v", told, tr.TellDevice)
 		}
+	case fleet.EventCancelAccepted, fleet.EventCancelRejected:
+		c, err := lc.db.CancelAction(lc.ctx, "acme", a.ID, tell(a.ID, "reboot"))
+		if err != nil || c.Sent == nil {
+			t.Fatalf("cancel: %+v, %v; want a cancel_action sent", c, err)
+		}
+		answer := map[fleet.Event]string{fleet.EventCancelAccepted: "Completed", fleet.EventCancelRejected: "Failed"}[tr.Event]
+		mustReport(t, lc.db, "acme", fleet.StatusReport{DeviceID: "dev", ActionID: c.Sent.ID, State: answer})
 	case fleet.EventTimeout:
 		if n, err := lc.db.TimeOutDeviceActions(lc.ctx, lc.start.Add(lifecycleTimeout*time.Second), 10); err != nil || n != 1 {
 			t.Fatalf("timed out %d, %v; want 1", n, err)

@@ -17,7 +17,7 @@ func TestActionWideStatementsReadTheAction(t *testing.T) {
 	cancel := strings.Replace(sqlite.nothingToCancel(), "{from}", statusIn(moveNothingToCancel.from[:1]), 1)
 	for name, q := range map[string]string{
 		"PendingDevices":  sqlite.pendingOfAction(),
-		"inFlightOf":      "SELECT id FROM devices WHERE tenant = ? AND " + sqlite.inFlightOf("acme", 1).cond,
+		"untoldOf":        "SELECT id FROM devices WHERE tenant = ? AND " + sqlite.untoldOf("acme", 1).cond,
 		"nothingToCancel": cancel,
 	} {
 		args := make([]any, strings.Count(q, "?"))

@@ -129,7 +129,8 @@ func TestStatusIndexMigration(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := map[string]int{"Cancelled": 12}; !maps.Equal(got.Statuses, want) {
+		// d11 has it in flight: it keeps it until it answers.
+		if want := map[string]int{"Cancelled": 11, "Progress": 1}; !maps.Equal(got.Statuses, want) {
 			t.Errorf("the cancelled action's counts %v, want %v", got.Statuses, want)
 		}
 	})

@@ -599,7 +599,8 @@ func TestActionCancelEndToEnd(t *testing.T) {
 		var a actionBody
 		s.send(t, req{method: "POST", path: fmt.Sprintf("/api/v1/actions/%d/cancel", id), creds: admin,
 			header: http.Header{"Prefer": {"return=representation"}}}).want(t, 200).decode(t, &a)
-		if a.Statuses["Cancelled"] != 3 || len(a.Statuses) != 1 {
+		// The devices that have it keep it until they answer.
+		if a.Statuses["Cancelled"] != 1 || a.Statuses["Initiated"] != 1 || a.Statuses["Progress"] != 1 || len(a.Statuses) != 3 {
 			t.Fatalf("after cancel: %+v", a)
 		}
 		m := db.next(t)
@@ -611,8 +612,8 @@ func TestActionCancelEndToEnd(t *testing.T) {
 		if cancel.Action != "cancel_action" || cancel.Targeted != 2 || cancel.UserName != "admin" {
 			t.Fatalf("the cancel_action = %+v", cancel)
 		}
-		// The device's reports: its own for the cancellation, ignored for
-		// the cancelled action.
+		// The device's reports as uplink sends them: the cancelled action
+		// Failed, the cancellation Completed: it stopped.
 		db.report(t, []map[string]any{
 			{"id": m.ID, "state": "Completed", "progress": 100},
 			{"id": fmt.Sprint(id), "state": "Failed", "errors": []string{"cancelled"}},
@@ -623,11 +624,21 @@ func TestActionCancelEndToEnd(t *testing.T) {
 		if r := s.deviceAction(t, admin, "busy", cid); r.ActionStatus != "Completed" {
 			t.Fatalf("busy's cancel_action = %+v", r)
 		}
-		// away is told when it returns.
+		// away is told when it returns, and refuses: its update goes on,
+		// and its result counts.
 		da = s.connectDevice(t, "default", "away", away.Token)
 		if m := da.next(t); m.ID != fmt.Sprint(cid) {
 			t.Fatalf("away received %+v", m)
 		}
+		da.report(t, map[string]any{"id": fmt.Sprint(cid), "state": "Failed", "errors": []string{"Cancellation request failed as action completed execution!"}})
+		if r := s.awaitActionStatus(t, admin, "away", cid, "Failed"); r.ActionStatus != "Failed" {
+			t.Fatalf("away's cancel_action = %+v", r)
+		}
+		if r := s.deviceAction(t, admin, "away", id); r.ActionStatus != "Initiated" || r.Status != "CancelRejected" {
+			t.Fatalf("away's update after it refused = %+v", r)
+		}
+		da.report(t, map[string]any{"id": fmt.Sprint(id), "state": "Completed"})
+		s.awaitActionStatus(t, admin, "away", id, "Completed")
 		// queued never had it: cancelled without a word.
 		if r := s.deviceAction(t, admin, "queued", id); r.ActionStatus != "Cancelled" {
 			t.Fatalf("queued = %+v", r)
@@ -650,9 +661,11 @@ func TestActionCancelEndToEnd(t *testing.T) {
 			if m.ID != fmt.Sprint(cid) || m.Name != "cancel_action" || m.Payload != fmt.Sprintf(`{"action_id":"%d","name":"reboot"}`, id) {
 				t.Fatalf("busy received %+v", m)
 			}
-			if r := s.deviceAction(t, admin, "busy", id); r.ActionStatus != "Cancelled" {
+			if r := s.deviceAction(t, admin, "busy", id); r.ActionStatus != "Progress" || r.Status != "Cancelling" {
 				t.Fatalf("busy's reboot = %+v", r)
 			}
+			db.report(t, map[string]any{"id": m.ID, "state": "Completed"})
+			s.awaitActionStatus(t, admin, "busy", id, "Cancelled")
 		})
 	})
 }
