@@ -87,7 +87,7 @@ type (
 		StopID string `json:"stopId" doc:"the id of the action to stop"`
 	}
 	ddiCancel struct {
-		ID           string          `json:"id" doc:"the id of the cancel_action"`
+		ID           string          `json:"id" doc:"the id of the action to stop, as stopId"`
 		CancelAction ddiCancelAction `json:"cancelAction"`
 	}
 	// ddiFeedback and ddiConfigData describe the request bodies in the
@@ -182,34 +182,46 @@ func sleepText(d time.Duration) string {
 	return fmt.Sprintf("%02d:%02d:%02d", sec/3600, sec/60%60, sec%60)
 }
 
-// ddiOpenAction is the action a polling device should follow: the first
-// update_firmware or cancel_action it holds (Initiated or Progress), else
-// the first one queued for it whose rollout window is open. Other actions
-// have no DDI form and wait.
+// ddiOpenAction is the action a polling device should follow: a
+// cancel_action before an update_firmware (a cancellation stops an update
+// the device holds), and of each the first it holds (Initiated or
+// Progress), else the first one queued for it whose rollout window is
+// open. Other actions have no DDI form and wait. The id of a cancel_action
+// is that of the action it stops, as DDI's cancelAction resource is named
+// (ddiCancelOf).
 func (s *Server) ddiOpenAction(r *http.Request, tenant, device string) (name string, id int64, err error) {
-	for _, st := range []fleet.ActionStatus{fleet.StatusProgress, fleet.StatusInitiated} {
-		for _, typ := range []string{fleet.ActionCancel, fleet.ActionUpdateFirmware} {
+	held := func(typ string) (*fleet.DeviceAction, error) {
+		for _, st := range []fleet.ActionStatus{fleet.StatusProgress, fleet.StatusInitiated} {
 			das, _, err := s.Actions.FindDeviceActions(r.Context(), tenant, fleet.DeviceActionFilter{
 				DeviceID: device, ActionStatus: st, Type: typ, SortBy: "action_id", Ascending: true, Page: fleet.Page{Page: 1, Limit: 1}})
-			if err != nil {
-				return "", 0, err
-			}
-			if len(das) > 0 {
-				return typ, das[0].ActionID, nil
+			if err != nil || len(das) > 0 {
+				return firstOf(das), err
 			}
 		}
+		return nil, nil
 	}
-	var after int64
+	if da, err := held(fleet.ActionCancel); err != nil || da != nil {
+		if err != nil {
+			return "", 0, err
+		}
+		stop, _ := fleet.CancelledActionID([]byte(da.Params))
+		return fleet.ActionCancel, stop, nil
+	}
+	var after, update int64
 	for range 10 { // a device with more than 1,000 other actions queued waits for them
 		msgs, err := s.Delivery.PendingMessages(r.Context(), tenant, device, after, 100)
 		if err != nil {
 			return "", 0, err
 		}
 		for _, m := range msgs {
-			var msg struct{ Name string }
+			var msg struct{ Name, Payload string }
 			json.Unmarshal(m.Payload, &msg) // made by action.NewMessage
-			if msg.Name == fleet.ActionUpdateFirmware || msg.Name == fleet.ActionCancel {
-				return msg.Name, m.ActionID, nil
+			switch {
+			case msg.Name == fleet.ActionCancel:
+				stop, _ := fleet.CancelledActionID([]byte(msg.Payload))
+				return msg.Name, stop, nil
+			case msg.Name == fleet.ActionUpdateFirmware && update == 0:
+				update = m.ActionID
 			}
 			after = m.ActionID
 		}
@@ -217,7 +229,24 @@ func (s *Server) ddiOpenAction(r *http.Request, tenant, device string) (name str
 			break
 		}
 	}
+	if da, err := held(fleet.ActionUpdateFirmware); err != nil || da != nil {
+		if err != nil {
+			return "", 0, err
+		}
+		return fleet.ActionUpdateFirmware, da.ActionID, nil
+	}
+	if update != 0 {
+		return fleet.ActionUpdateFirmware, update, nil
+	}
 	return "", 0, nil
+}
+
+// firstOf is the first of das, or nil.
+func firstOf(das []*fleet.DeviceAction) *fleet.DeviceAction {
+	if len(das) == 0 {
+		return nil
+	}
+	return das[0]
 }
 
 // handleDDIBase is the polling root.
@@ -302,25 +331,51 @@ func (s *Server) handleDDIDeployment(w http.ResponseWriter, r *http.Request) err
 	return ddiJSON(w, dep)
 }
 
-// handleDDICancel is cancelAction/{actionId}: a cancel_action, whose
-// stopId is the action to stop.
+// ddiCancelOf is the cancel_action sent to the device that stops the
+// action the path's id names. hawkBit cancels an action in place, so a
+// cancelAction resource, its id and its feedback are named by the action
+// stopped; fleetd's cancel_action has an id of its own (docs/actions.md),
+// found here among the device's latest cancel_actions.
+func (s *Server) ddiCancelOf(r *http.Request, tenant, device string) (*fleet.DeviceAction, error) {
+	stop, ok := fleet.ParseActionID(r.PathValue("actionId"))
+	if !ok {
+		return nil, fleet.FieldErrors(map[string]string{"actionId": fleet.ActionIDRule})
+	}
+	const pages, limit = 10, 100 // the device's 1,000 latest cancel_actions
+	for page := 1; page <= pages; page++ {
+		das, _, err := s.Actions.FindDeviceActions(r.Context(), tenant, fleet.DeviceActionFilter{
+			DeviceID: device, Type: fleet.ActionCancel, SortBy: "action_id", Page: fleet.Page{Page: page, Limit: limit}})
+		if err != nil {
+			return nil, err
+		}
+		for _, da := range das {
+			if id, _ := fleet.CancelledActionID([]byte(da.Params)); id == stop && da.ActionStatus.Sent() {
+				return da, nil
+			}
+		}
+		if len(das) < limit {
+			break
+		}
+	}
+	return nil, fleet.Errorf(fleet.ENOTFOUND, "device %s has no cancellation of action %d", device, stop)
+}
+
+// handleDDICancel is cancelAction/{actionId}: the cancellation of action
+// actionId, which is both its id and its stopId, as upstream guarantees.
 func (s *Server) handleDDICancel(w http.ResponseWriter, r *http.Request) error {
 	tenant, device, err := s.ddiDevice(w, r)
 	if err != nil {
 		return err
 	}
-	da, err := s.ddiAction(r, tenant, device, fleet.ActionCancel)
+	da, err := s.ddiCancelOf(r, tenant, device)
 	if err != nil {
 		return err
 	}
-	var params struct {
-		ActionID string `json:"action_id"`
-	}
-	json.Unmarshal([]byte(da.Params), &params) // made by the action service
 	if da.ActionStatus == fleet.StatusQueued {
 		s.Delivery.ActionDelivered(tenant, device, da.ActionID)
 	}
-	return ddiJSON(w, ddiCancel{ID: strconv.FormatInt(da.ActionID, 10), CancelAction: ddiCancelAction{StopID: params.ActionID}})
+	stop := r.PathValue("actionId")
+	return ddiJSON(w, ddiCancel{ID: stop, CancelAction: ddiCancelAction{StopID: stop}})
 }
 
 // The values DDI allows in feedback.
@@ -333,7 +388,8 @@ var (
 // action: closed with success (or none) is Completed, closed with failure
 // Failed with the details as its errors, canceled Completed for a
 // cancel_action (the device stopped) and Failed for a deployment (the
-// device gave up); any other execution is a state word of progress, with
+// device gave up), rejected Failed for a cancel_action (the device goes
+// on with the action); any other execution is a state word of progress, with
 // cnt/of as the percentage and its details that start with ERROR as its
 // errors.
 func (s *Server) readFeedback(w http.ResponseWriter, r *http.Request, da *fleet.DeviceAction) (fleet.StatusReport, error) {
@@ -370,6 +426,10 @@ func (s *Server) readFeedback(w http.ResponseWriter, r *http.Request, da *fleet.
 			details = details[:fleet.MaxReportErrors]
 		}
 		switch {
+		case exec == "rejected" && da.Type == fleet.ActionCancel:
+			// The device goes on with the action (docs/actions.md, Cancel).
+			rep.State = string(fleet.StatusFailed)
+			rep.Errors = append([]string{"the device rejected the cancellation"}, details...)
 		case exec == "closed" && finished == "failure", exec == "canceled" && da.Type == fleet.ActionUpdateFirmware:
 			rep.State = string(fleet.StatusFailed)
 			rep.Errors = details
@@ -425,7 +485,12 @@ func (s *Server) ddiFeedback(typ string) handlerFunc {
 		if err != nil {
 			return err
 		}
-		da, err := s.ddiAction(r, tenant, device, typ)
+		var da *fleet.DeviceAction
+		if typ == fleet.ActionCancel {
+			da, err = s.ddiCancelOf(r, tenant, device)
+		} else {
+			da, err = s.ddiAction(r, tenant, device, typ)
+		}
 		if err != nil {
 			return err
 		}

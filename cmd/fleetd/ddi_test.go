@@ -269,6 +269,76 @@ func TestDDI(t *testing.T) {
 			}
 		})
 
+		// A cancellation as DDI's documentation has it: the cancelAction
+		// resource's id is its stopId, the action it stops, and feedback is
+		// posted under it; the device may reject it and finish the update.
+		t.Run("Cancel", func(t *testing.T) {
+			for _, c := range []struct {
+				answer      map[string]any
+				cancel      string // the cancel_action's status after the answer
+				update      string // the update's, after the answer
+				thenClosed  string // the update's, after the device's closed+success
+				recordedVer string
+			}{
+				{map[string]any{"execution": "closed", "result": map[string]any{"finished": "success"}}, "Completed", "Cancelled", "Cancelled", ""},
+				{map[string]any{"execution": "rejected", "result": map[string]any{"finished": "none"}, "details": []string{"installing already"}},
+					"Failed", "Initiated", "Completed", "2.0.0"},
+			} {
+				id := s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.0.0"},
+					"search_type": "default", "device_ids": []string{"ecu-1"}, "timeout": 600})
+				dep := fmt.Sprintf("%s/deploymentBase/%d", root, id)
+				if resp, body := s.ddi(t, "GET", dep, target, nil); resp.StatusCode != 200 {
+					t.Fatalf("deploymentBase: %d %s", resp.StatusCode, body)
+				}
+				eventually(t, "Initiated", func() bool { return s.deviceAction(t, admin, "ecu-1", id).ActionStatus == "Initiated" })
+				s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).want(t, 204)
+				if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Initiated" || da.Status != "Cancelling" {
+					t.Fatalf("the update before the device answers: %+v", da)
+				}
+				_, body := s.ddi(t, "GET", root, target, nil)
+				json.Unmarshal(body, &base)
+				href := fmt.Sprint(base["_links"].(map[string]any)["cancelAction"])
+				want := fmt.Sprintf("map[href:%s%s/cancelAction/%d]", s.URL, root, id)
+				if href != want {
+					t.Fatalf("cancelAction link = %s, want %s", href, want)
+				}
+				resp, body := s.ddi(t, "GET", fmt.Sprintf("%s/cancelAction/%d", root, id), target, nil)
+				var ca struct {
+					ID           string
+					CancelAction struct{ StopID string } `json:"cancelAction"`
+				}
+				json.Unmarshal(body, &ca)
+				if resp.StatusCode != 200 || ca.ID != fmt.Sprint(id) || ca.CancelAction.StopID != fmt.Sprint(id) {
+					t.Fatalf("cancelAction: %d %s; want id and stopId %d", resp.StatusCode, body, id)
+				}
+				resp, body = s.ddi(t, "POST", fmt.Sprintf("%s/cancelAction/%s/feedback", root, ca.ID), target, map[string]any{"id": ca.ID, "status": c.answer})
+				if resp.StatusCode != 200 {
+					t.Fatalf("cancelAction feedback: %d %s", resp.StatusCode, body)
+				}
+				var list struct {
+					DeviceActions []deviceActionBody `json:"device_actions"`
+				}
+				s.do(t, admin, "GET", "/api/v1/devices/ecu-1/actions?type=cancel_action&sort_by=action_id&limit=1", nil).want(t, 200).decode(t, &list)
+				if len(list.DeviceActions) != 1 || list.DeviceActions[0].ActionStatus != c.cancel {
+					t.Fatalf("the cancel_action after %v: %+v, want %s", c.answer, list.DeviceActions, c.cancel)
+				}
+				if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != c.update {
+					t.Fatalf("the update after %v: %+v, want %s", c.answer, da, c.update)
+				}
+				// The device finishes what it was doing.
+				closed := map[string]any{"status": map[string]any{"execution": "closed", "result": map[string]any{"finished": "success"}}}
+				s.ddi(t, "POST", dep+"/feedback", target, closed)
+				if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != c.thenClosed {
+					t.Fatalf("the update after closed+success: %+v, want %s", da, c.thenClosed)
+				}
+				var d device
+				s.do(t, admin, "GET", "/api/v1/devices/ecu-1", nil).want(t, 200).decode(t, &d)
+				if d.Components["rootfs"] != c.recordedVer {
+					t.Fatalf("components = %v, want rootfs %q", d.Components, c.recordedVer)
+				}
+			}
+		})
+
 		t.Run("ConfigData", func(t *testing.T) {
 			put := func(body any) int {
 				resp, _ := s.ddi(t, "PUT", root+"/configData", target, body)
