@@ -8,9 +8,11 @@
 package console
 
 import (
+	"bytes"
 	"embed"
 	"errors"
 	"html/template"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net/http"
@@ -48,6 +50,11 @@ type OnlineCounter interface {
 	OnlineCount(tenant string) int
 }
 
+// BodyReader reads a request's body, at most limit bytes.
+type BodyReader interface {
+	ReadBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error)
+}
+
 // Console serves the web console. Fill in the services, then call Open.
 type Console struct {
 	Tenants    fleet.TenantService
@@ -63,9 +70,12 @@ type Console struct {
 	Audit        fleet.AuditService
 	Sessions     fleet.ConsoleSessionService
 	Secrets      SecretStore
-	Targets      TargetCounter
-	Presence     Presence      // nil: online state unknown
-	Online       OnlineCounter // nil: how many are online is unknown
+	// Bodies reads a form's body within the budget of request bodies held
+	// at once (fleethttp.Server.ReadBody).
+	Bodies   BodyReader
+	Targets  TargetCounter
+	Presence Presence      // nil: online state unknown
+	Online   OnlineCounter // nil: how many are online is unknown
 	// OIDC signs people in with their tenant's identity provider; nil
 	// offers API keys only.
 	OIDC OIDC
@@ -304,12 +314,25 @@ func (c *Console) checkForm(w http.ResponseWriter, r *http.Request, token string
 	if strings.HasPrefix(r.Header.Get("Content-Type"), "multipart/form-data") {
 		return nil
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, maxForm)
-	if err := r.ParseForm(); err != nil {
-		return fleet.Errorf(fleet.EINVALID, "the form could not be read: %v", err)
+	if err := c.parseForm(w, r); err != nil {
+		return err
 	}
 	if !tokensEqual(r.PostForm.Get("csrf"), token) {
 		return fleet.Errorf(fleet.EFORBIDDEN, "this form is out of date or was not sent by the console; reload the page and try again")
+	}
+	return nil
+}
+
+// parseForm reads a form of at most maxForm bytes, within the budget of
+// request bodies held (Bodies).
+func (c *Console) parseForm(w http.ResponseWriter, r *http.Request) error {
+	body, err := c.Bodies.ReadBody(w, r, maxForm)
+	if err != nil {
+		return err
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	if err := r.ParseForm(); err != nil {
+		return fleet.Errorf(fleet.EINVALID, "the form could not be read: %v", err)
 	}
 	return nil
 }

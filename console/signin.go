@@ -71,9 +71,8 @@ func (c *Console) handleSignin(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, maxForm)
-	if err := r.ParseForm(); err != nil {
-		return fleet.Errorf(fleet.EINVALID, "the form could not be read: %v", err)
+	if err := c.parseForm(w, r); err != nil {
+		return err
 	}
 	if !tokensEqual(r.PostForm.Get("csrf"), st.CSRF) {
 		return fleet.Errorf(fleet.EFORBIDDEN, "this sign-in form is out of date; reload the page and try again")

@@ -2,8 +2,6 @@ package fleethttp
 
 import (
 	"bytes"
-	"errors"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -30,9 +28,9 @@ const decodingWait = 10 * time.Second
 
 // decode reads the request body, at most limit bytes, in the encoding its
 // Content-Type names, and returns its canonical value, within elems.
-// Decoding waits for its share of Limits.Decoding, of which one client may
-// hold a quarter; reading does not, so that slow senders cannot hold the
-// budget (a body held while it arrives costs its size, once).
+// Reading takes from the budget of bodies held (Limits.Held) as the body
+// arrives; decoding then waits for its share of Limits.Decoding, of which
+// one client may hold a quarter.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, limit int64, elems codec.Limits) (any, error) {
 	ct := r.Header.Get("Content-Type")
 	f, ok := codec.FormatOf(ct)
@@ -42,7 +40,7 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, limit int64, ele
 		}
 		return nil, fleet.Errorf(fleet.EUNSUPPORTED, "Content-Type %q is not supported: use one of %s", ct, supportedTypes())
 	}
-	body, err := readBody(w, r, limit)
+	body, err := s.bodies.read(w, r, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -71,32 +69,6 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, limit int64, ele
 	}
 	defer s.decoding.Release(held)
 	return codec.DecodeWithin(f, body, elems)
-}
-
-// readBody reads at most limit bytes of body; more is ETOOLARGE. A body
-// whose length is announced is read into a buffer of that size, not one
-// that doubles as it fills (and leaves its smaller copies as garbage).
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	if r.ContentLength > limit {
-		return nil, tooLarge(limit)
-	}
-	body := http.MaxBytesReader(w, r.Body, limit)
-	var b []byte
-	var err error
-	if r.ContentLength >= 0 {
-		// The server ends the body at its announced length.
-		b = make([]byte, r.ContentLength)
-		_, err = io.ReadFull(body, b)
-	} else {
-		b, err = io.ReadAll(body)
-	}
-	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
-		return nil, tooLarge(limit)
-	} else if err != nil {
-		return nil, fleet.Errorf(fleet.EINVALID, "reading the request body failed: %v", err)
-	}
-	return b, nil
 }
 
 func tooLarge(limit int64) error {

@@ -15,6 +15,7 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
 	handler  http.Handler
+	registry *prometheus.Registry
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -33,6 +34,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}, []string{"route"}),
 	}
 	reg.MustRegister(m.requests, m.latency)
+	m.registry = reg
 	m.handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 	return m
 }

@@ -33,15 +33,20 @@ type Limits struct {
 	// bounds what decoding holds however many bodies arrive together; a
 	// body waits its turn (decodingWait at most, then 503).
 	Decoding int64
+	// Held bounds the bytes of request bodies held in memory while they
+	// arrive, over all requests; 128 MiB, at least twice Bulk (a body may
+	// need twice its size while its buffer grows, body.go). A body that
+	// finds no room waits (bodyWait at most, then 503).
+	Held int64
 }
 
 // DefaultLimits are the documented defaults.
-var DefaultLimits = Limits{Body: 1 << 20, Bulk: 64 << 20, Upload: 2 << 30, Decoding: 4 << 20}
+var DefaultLimits = Limits{Body: 1 << 20, Bulk: 64 << 20, Upload: 2 << 30, Decoding: 4 << 20, Held: 128 << 20}
 
 // withDefaults fills in each limit left zero.
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits
-	for _, f := range []struct{ v, def *int64 }{{&l.Body, &d.Body}, {&l.Bulk, &d.Bulk}, {&l.Upload, &d.Upload}, {&l.Decoding, &d.Decoding}} {
+	for _, f := range []struct{ v, def *int64 }{{&l.Body, &d.Body}, {&l.Bulk, &d.Bulk}, {&l.Upload, &d.Upload}, {&l.Decoding, &d.Decoding}, {&l.Held, &d.Held}} {
 		if *f.v <= 0 {
 			*f.v = *f.def
 		}
@@ -116,6 +121,7 @@ type Server struct {
 	openAPIDoc []byte
 	limiters   limiters
 	decoding   *codec.Budget // of Limits.Decoding
+	bodies     *bodies       // of Limits.Held
 	// decodingShares: what one client may hold of decoding at once.
 	decodingShares *codec.Shares
 }
@@ -167,6 +173,7 @@ func (s *Server) build() {
 	s.decodingShares = codec.NewShares(max(s.Limits.Decoding/4, 1))
 	s.limiters = newLimiters(s.Security, s.Now)
 	s.metrics = newMetrics(s.Registry)
+	s.bodies = newBodies(s.Limits.Held, s.metrics.registry)
 	s.mux, s.ddiMux = http.NewServeMux(), http.NewServeMux()
 	s.routes = s.addRoutes()
 	for _, rt := range s.routes {

@@ -30,6 +30,7 @@ type config struct {
 	maxBulk   int64
 	maxUpload int64
 	maxDecode int64 // bytes of request bodies decoded at once
+	maxHeld   int64 // bytes of request bodies held at once while they arrive
 
 	// Alerts and their notifications.
 	smtp              notify.SMTP
@@ -82,6 +83,7 @@ func (c *config) serveFlags(fs *flagSet) {
 	fs.Int64Var(&c.maxBulk, "max-bulk-bytes", 64<<20, "largest bulk provisioning body in `BYTES`")
 	fs.Int64Var(&c.maxUpload, "max-upload-bytes", 2<<30, "largest firmware upload in `BYTES`")
 	fs.Int64Var(&c.maxDecode, "max-decoding-bytes", fleethttp.DefaultLimits.Decoding, "`BYTES` of request bodies decoded at once, over all requests; more wait their turn, then 503 (decoding costs up to ~35 times a body's size)")
+	fs.Int64Var(&c.maxHeld, "max-held-body-bytes", fleethttp.DefaultLimits.Held, "`BYTES` of request bodies held in memory at once while they arrive, over all requests; a request finding no room waits 2s, then 503 (at least twice the largest body: --max-bulk-bytes)")
 	fs.StringVar(&c.publicURL, "public-url", "", "`URL` (scheme and host) devices reach the API at, for signed firmware download URLs; default: the URL the dispatching request used")
 	fs.DurationVar(&c.sweepInterval, "action-sweep-interval", time.Second, "`DURATION` between sweeps that fail device actions whose timeout elapsed")
 	fs.DurationVar(&c.rolloutTick, "rollout-interval", time.Second, "`DURATION` between looks at the rollouts: triggers, gates, maintenance windows, end_timestamp")
@@ -109,7 +111,8 @@ func (c *config) alertFlags(fs *flagSet) {
 	fs.DurationVar(&c.alertTick, "alert-timer-interval", time.Second, "`DURATION` between checks of alert thresholds and no_data_seconds by the clock")
 }
 
-// checkAlerts reports alert and notification settings that cannot work.
+// checkAlerts reports alert, notification and limit settings that cannot
+// work.
 func (c *config) checkAlerts() error {
 	valid := false
 	for _, m := range notify.SMTPTLSModes {
@@ -128,6 +131,9 @@ func (c *config) checkAlerts() error {
 		return fmt.Errorf("--alert-timer-interval must be positive")
 	case c.rolloutTick <= 0:
 		return fmt.Errorf("--rollout-interval must be positive")
+	case c.maxHeld < 2*max(c.maxBulk, c.maxBody, 1<<20):
+		return fmt.Errorf("--max-held-body-bytes %d: want at least twice the largest body (--max-bulk-bytes, --max-body-bytes), %d: a body may hold twice its size while it arrives",
+			c.maxHeld, 2*max(c.maxBulk, c.maxBody, 1<<20))
 	case c.ddiPollInterval < time.Second || c.ddiPollInterval >= 24*time.Hour:
 		return fmt.Errorf("--ddi-poll-interval must be from 1s to under 24h (DDI writes it as HH:MM:SS)")
 	}

@@ -1,13 +1,21 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
 // TestHTTPBodyFlood is issue 15's HTTP flood: with a device-role key, 150
@@ -112,4 +120,114 @@ func TestHTTPBodyFlood(t *testing.T) {
 	}
 	// fleetd is still serving.
 	s.do(t, admin, "GET", "/api/v1/devices", nil).want(t, 200)
+}
+
+// TestHeldBodies: bodies held while they arrive share one budget
+// (--max-held-body-bytes). 24 connections each send a bulk body that
+// announces 4 MiB and stop after 1 MiB; at f94a7fc each held its whole
+// announced length from the start, and the memory grew with the
+// connections. Now the bytes held never exceed the budget (8 MiB here):
+// a few bodies hold what they sent, the others wait for room, then get
+// 503 with Retry-After; once the senders go, the budget is free again.
+func TestHeldBodies(t *testing.T) {
+	const budget, conns, announced, sent = 8 << 20, 24, 4 << 20, 1 << 20
+	s := startServer(t, sqlstoretest.Backends()[0], "--max-held-body-bytes", strconv.Itoa(budget), "--max-bulk-bytes", strconv.Itoa(announced))
+	admin := s.admin()
+	held := func() float64 {
+		t.Helper()
+		v := metric(t, s.URL, "fleetd_http_body_bytes_held")
+		if v > budget {
+			t.Fatalf("%.0f bytes of bodies held, over the budget of %d", v, budget)
+		}
+		return v
+	}
+	head := fmt.Sprintf("POST /api/v1/devices/bulk HTTP/1.1\r\nHost: fleetd\r\nContent-Type: application/json\r\n"+
+		"x-service-tenant: %s\r\nx-service-api-key: %s\r\nContent-Length: %d\r\n\r\n", admin.Tenant, admin.Key, announced)
+	partial := append([]byte(`{"devices":[`), bytes.Repeat([]byte(" "), sent)...)
+	var refused atomic.Int64
+	var senders []net.Conn
+	for range conns {
+		c := s.rawConn(t)
+		senders = append(senders, c)
+		go func() {
+			if _, err := c.Write(append([]byte(head), partial...)); err != nil {
+				return // refused and closed meanwhile
+			}
+		}()
+		go func() {
+			res, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err == nil && res.StatusCode == 503 && res.Header.Get("Retry-After") != "" {
+				refused.Add(1)
+			}
+		}()
+	}
+	// Each body that holds its megabyte holds at least 1 MiB of the
+	// budget: at most 8 of the 24 fit, the others are refused.
+	eventually(t, "the bodies past the budget refused", func() bool { held(); return refused.Load() >= conns-budget/sent })
+	if got := metric(t, s.URL, "fleetd_http_body_refused_total"); got < conns-budget/sent {
+		t.Errorf("fleetd_http_body_refused_total %.0f, want at least %d", got, conns-budget/sent)
+	}
+	if h := held(); h < sent {
+		t.Errorf("%.0f bytes held while bodies are arriving", h)
+	}
+	// When the senders go, so does what their bodies held, and a body
+	// finds room again.
+	for _, c := range senders {
+		c.Close()
+	}
+	eventually(t, "the budget free again", func() bool { return held() == 0 })
+	s.do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "after-the-flood"}).want(t, 201)
+}
+
+// TestHeldBodiesRSS measures what bodies held while they arrive cost:
+// fleetd runs as its own process with its defaults, and each of N
+// connections sends a 64 MiB bulk body but its last byte (the issue's
+// attack: 24 of them took fleetd from 30 MB to 1,570 MB at f94a7fc). It
+// logs the resident memory over idle once every sender has sent all it
+// will or been refused, and fails at 512 MB or more. It sends gigabytes
+// over loopback, so it runs only when asked:
+//
+//	FLEETD_TEST_HELD_BODIES=24,200 go test ./cmd/fleetd -run TestHeldBodiesRSS -v
+func TestHeldBodiesRSS(t *testing.T) {
+	list := os.Getenv("FLEETD_TEST_HELD_BODIES")
+	if list == "" {
+		t.Skip("set FLEETD_TEST_HELD_BODIES=24,200 to measure")
+	}
+	const size = 64 << 20
+	body := append([]byte(`{"devices":[`), bytes.Repeat([]byte(" "), size-len(`{"devices":[`)-1)...)
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Run(f, func(t *testing.T) {
+			s, p := startFloodTarget(t)
+			admin := s.admin()
+			idle := vmRSS(t, p.cmd.Process.Pid)
+			head := fmt.Sprintf("POST /api/v1/devices/bulk HTTP/1.1\r\nHost: fleetd\r\nContent-Type: application/json\r\n"+
+				"x-service-tenant: %s\r\nx-service-api-key: %s\r\nContent-Length: %d\r\n\r\n", admin.Tenant, admin.Key, size)
+			var sent, refused atomic.Int64
+			for range n {
+				c := s.rawConn(t)
+				go func() {
+					if _, err := c.Write([]byte(head)); err == nil {
+						c.Write(body) // an error: refused, and closed
+					}
+					sent.Add(1)
+				}()
+				go func() {
+					if res, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil && res.StatusCode == 503 {
+						refused.Add(1)
+					}
+				}()
+			}
+			eventuallyWithin(t, 5*time.Minute, "every sender done", func() bool { return sent.Load() == int64(n) })
+			rss, peak := vmRSS(t, p.cmd.Process.Pid), float64(vmHWM(t, p.cmd.Process.Pid))/(1<<20)
+			t.Logf("%d connections holding a 64 MiB body but its last byte: RSS %.0f MiB over idle (%.0f MiB), peak %.0f MiB over idle; %d refused with 503",
+				n, rss-idle, idle, peak-idle, refused.Load())
+			if rss-idle >= 512 {
+				t.Errorf("RSS %.0f MiB over idle, want under 512", rss-idle)
+			}
+		})
+	}
 }

@@ -150,7 +150,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 		Addr:            c.httpAddr,
 		Logger:          log,
 		Registry:        reg,
-		Limits:          fleethttp.Limits{Body: c.maxBody, Bulk: c.maxBulk, Upload: c.maxUpload, Decoding: c.maxDecode},
+		Limits:          fleethttp.Limits{Body: c.maxBody, Bulk: c.maxBulk, Upload: c.maxUpload, Decoding: c.maxDecode, Held: c.maxHeld},
 		Tenants:         db,
 		Devices:         &alert.Devices{DeviceService: db, Engine: engine},
 		Alerts:          alerts,
@@ -172,7 +172,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	// The web console, at /console/, uses the same services as the API.
 	con := &console.Console{Tenants: db, TenantAuth: users, Devices: api.Devices, Actions: actions, Firmware: fw,
 		Alerts: alerts, Streams: alerts, Audit: db, Sessions: db, Secrets: db, Targets: db, Logger: log, UploadLimit: c.maxUpload,
-		OIDC: users, PublicURL: c.publicURL, Templates: c.templates}
+		OIDC: users, PublicURL: c.publicURL, Templates: c.templates, Bodies: api}
 	if p, ok := broker.(console.Presence); ok {
 		con.Presence = p
 	}

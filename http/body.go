@@ -1,0 +1,152 @@
+package fleethttp
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/semaphore"
+)
+
+// bodyWait bounds how long a request waits for room in the body budget
+// before it is refused with 503.
+const bodyWait = 2 * time.Second
+
+// firstChunk is the buffer a body starts in when it announces no length,
+// or a larger one; it doubles from there.
+const firstChunk = 64 << 10
+
+// bodies is the budget of bytes held by request bodies being read into
+// memory, over all requests (Limits.Held): without it, every connection
+// sending a large body slowly holds what it sent so far, and memory grows
+// with the connections (docs/reliability.md). A body takes from the budget
+// as its buffer grows, never its announced Content-Length up front; a
+// request that finds no room waits bodyWait, then is refused with 503 and
+// Retry-After. Streams (firmware uploads) hold nothing and take nothing.
+type bodies struct {
+	max     int64
+	sem     *semaphore.Weighted
+	held    atomic.Int64
+	refused prometheus.Counter
+}
+
+// newBodies returns a budget of max bytes, with its metrics in reg.
+func newBodies(max int64, reg *prometheus.Registry) *bodies {
+	b := &bodies{max: max, sem: semaphore.NewWeighted(max), refused: prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "fleetd_http_body_refused_total",
+		Help: "Requests refused with 503 because the budget of request body bytes held at once (--max-held-body-bytes) had no room for them.",
+	})}
+	reg.MustRegister(b.refused,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "fleetd_http_body_bytes_held",
+			Help: "Bytes of request bodies held in memory while they arrive, over all requests.",
+		}, func() float64 { return float64(b.held.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "fleetd_http_body_bytes_max",
+			Help: "The budget of request body bytes held at once (--max-held-body-bytes).",
+		}, func() float64 { return float64(b.max) }))
+	return b
+}
+
+// take waits for n bytes of the budget, at most bodyWait.
+func (b *bodies) take(ctx context.Context, n int64) error {
+	if !b.sem.TryAcquire(n) {
+		ctx, cancel := context.WithTimeout(ctx, bodyWait)
+		defer cancel()
+		if err := b.sem.Acquire(ctx, n); err != nil {
+			return err
+		}
+	}
+	b.held.Add(n)
+	return nil
+}
+
+func (b *bodies) give(n int64) {
+	b.held.Add(-n)
+	b.sem.Release(n)
+}
+
+// read reads a request's body, at most limit bytes (more is ETOOLARGE),
+// into memory within the budget. The buffer grows by doubling up to the
+// announced length or limit; each new buffer is taken from the budget
+// before the old one is given back, so the budget counts both while one is
+// copied into the other, and one body needs at most twice its size of it
+// (Limits.Held is at least twice Limits.Bulk). What it took goes back when
+// the request ends.
+func (b *bodies) read(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.ContentLength > limit {
+		return nil, tooLarge(limit)
+	}
+	end := limit // the largest the buffer needs to be
+	if r.ContentLength >= 0 {
+		end = r.ContentLength
+	}
+	body := http.MaxBytesReader(w, r.Body, limit)
+	var buf []byte
+	var taken int64
+	held := func() { // from the end of the request on, the buffer is the handler's garbage
+		context.AfterFunc(r.Context(), func() { b.give(taken) })
+	}
+	for {
+		if len(buf) == cap(buf) {
+			if int64(len(buf)) == end {
+				// Full: read one byte more to see the end (or that
+				// the body is larger than limit).
+				var one [1]byte
+				n, err := body.Read(one[:])
+				if n == 0 && err == io.EOF {
+					held()
+					return buf, nil
+				}
+				if n > 0 || err == nil {
+					err = &http.MaxBytesError{Limit: limit}
+				}
+				b.give(taken)
+				return nil, readError(err, limit)
+			}
+			size := min(max(2*int64(cap(buf)), firstChunk), end)
+			if err := b.take(r.Context(), size); err != nil {
+				b.give(taken)
+				if r.Context().Err() != nil {
+					return nil, r.Context().Err()
+				}
+				b.refused.Inc()
+				w.Header().Set("Retry-After", "1")
+				return nil, fleet.Errorf(fleet.EUNAVAILABLE, "fleetd holds as many request bodies as it may (%s at once); retry", byteSize(b.max))
+			}
+			grown := make([]byte, len(buf), size)
+			copy(grown, buf)
+			b.give(taken)
+			buf, taken = grown, size
+		}
+		n, err := body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			held()
+			return buf, nil
+		} else if err != nil {
+			b.give(taken)
+			return nil, readError(err, limit)
+		}
+	}
+}
+
+func readError(err error, limit int64) error {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return tooLarge(limit)
+	}
+	return fleet.Errorf(fleet.EINVALID, "reading the request body failed: %v", err)
+}
+
+// ReadBody reads a request's body, at most limit bytes, within the budget
+// of bodies held at once (Limits.Held): the console's forms take from the
+// same budget as the API's bodies.
+func (s *Server) ReadBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	return s.bodies.read(w, r, limit)
+}
