@@ -571,6 +571,10 @@ type ActionDelivery interface {
 	// ActionDelivered is called when a device acknowledged an action
 	// message; it must not block for long.
 	ActionDelivered(tenant, device string, actionID int64)
+	// DeviceSeen records that the device was heard from (a data point, a
+	// poll): its last_seen_at is written with the status reports'
+	// sightings, in batches, not a write per message. It does not block.
+	DeviceSeen(tenant, device string)
 }
 
 // ActionMessage is an action as the device channel sends it: its id, and

@@ -117,7 +117,7 @@ type Service struct {
 	flushes  chan chan struct{} // PendingMessages waiting for the receipts before it
 	reports  chan *reportCall   // unbuffered: a sent call always has a worker
 	sightMu  sync.Mutex
-	sighted  map[string]map[string]struct{} // tenant -> devices that reported
+	sighted  map[string]map[string]struct{} // tenant -> devices heard from
 	ctx      context.Context                // ends with Close
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -717,6 +717,23 @@ func (s *Service) applyCalls(tenant string, calls []*reportCall) error {
 	if err != nil {
 		return err
 	}
+	var seen []string
+	for _, c := range calls {
+		for i, r := range c.reports {
+			if c.errs[i] == nil {
+				seen = append(seen, r.DeviceID)
+			}
+		}
+	}
+	s.sight(tenant, seen...)
+	return nil
+}
+
+// DeviceSeen adds the device to the next second's sightings.
+func (s *Service) DeviceSeen(tenant, device string) { s.sight(tenant, device) }
+
+// sight adds devices to the next second's sightings (recordSightings).
+func (s *Service) sight(tenant string, devices ...string) {
 	s.sightMu.Lock()
 	defer s.sightMu.Unlock()
 	seen := s.sighted[tenant]
@@ -724,17 +741,13 @@ func (s *Service) applyCalls(tenant string, calls []*reportCall) error {
 		seen = map[string]struct{}{}
 		s.sighted[tenant] = seen
 	}
-	for _, c := range calls {
-		for i, r := range c.reports {
-			if c.errs[i] == nil {
-				seen[r.DeviceID] = struct{}{}
-			}
-		}
+	for _, d := range devices {
+		seen[d] = struct{}{}
 	}
-	return nil
 }
 
-// recordSightings writes the reporting devices' last_seen_at every second,
+// recordSightings writes the last_seen_at of the devices heard from (their
+// reports, data points and polls) every second,
 // one store call per tenant, and once more at Close.
 func (s *Service) recordSightings() {
 	defer s.wg.Done()

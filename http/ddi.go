@@ -150,6 +150,7 @@ func (s *Server) ddiDevice(w http.ResponseWriter, r *http.Request) (tenant, devi
 	if err := s.limitActor(w, fleet.PermDeviceData, actor); err != nil {
 		return "", "", err
 	}
+	s.Delivery.DeviceSeen(tenant, device)
 	return tenant, device, nil
 }
 

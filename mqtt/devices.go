@@ -241,6 +241,9 @@ func fieldDetails(err error) string {
 // HandleStream ingests a batch of data points. Unusable points are
 // skipped and named in the error; the others are kept.
 func (h *Devices) HandleStream(ctx context.Context, tenant, device, stream string, payload []byte) error {
+	if h.Delivery != nil {
+		h.Delivery.DeviceSeen(tenant, device)
+	}
 	if h.Streams == nil {
 		h.logger().Debug("mqtt: no stream service; data points dropped", "tenant", tenant, "device", device, "stream", stream)
 		return nil

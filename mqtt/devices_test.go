@@ -22,6 +22,7 @@ type devActions struct {
 	err         error
 	subscribed  []string
 	delivered   []int64
+	seen        []string
 	notFoundFor int64 // reports on this action are ENOTFOUND
 }
 
@@ -55,6 +56,12 @@ func (a *devActions) ActionDelivered(tenant, device string, id int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.delivered = append(a.delivered, id)
+}
+
+func (a *devActions) DeviceSeen(tenant, device string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.seen = append(a.seen, tenant+"/"+device)
 }
 
 // devStreams records ingested points.
@@ -161,6 +168,11 @@ func TestDevicesDeliveryAndSightings(t *testing.T) {
 	h.ActionDelivered("acme", "dev-1", 42)
 	if fmt.Sprint(seen.seen) != "[acme/dev-1]" || fmt.Sprint(acts.subscribed) != "[acme/dev-1]" || fmt.Sprint(acts.delivered) != "[42]" {
 		t.Fatalf("seen %v, subscribed %v, delivered %v", seen.seen, acts.subscribed, acts.delivered)
+	}
+	// A data point is a sighting too, batched by the action service.
+	h.HandleStream(context.Background(), "acme", "dev-1", "gps", []byte(`[]`))
+	if fmt.Sprint(acts.seen) != "[acme/dev-1]" {
+		t.Fatalf("sightings after a data point: %v", acts.seen)
 	}
 	// Without a toucher, connecting records nothing and does not fail.
 	(&mqtt.Devices{Actions: acts, Delivery: acts}).DeviceConnected("acme", "dev-2")

@@ -5,7 +5,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -282,5 +284,59 @@ func TestAuthentication(t *testing.T) {
 				})
 			}
 		}
+	})
+}
+
+// TestLastSeenFollowsEveryMessage checks that a device's last_seen_at moves
+// with its data points over MQTT and its DDI polls, not only with its
+// connection and reports.
+func TestLastSeenFollowsEveryMessage(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, "--ddi-poll-interval", "1s")
+		admin := s.admin()
+		lastSeen := func(id string) time.Time {
+			t.Helper()
+			var d device
+			s.do(t, admin, "GET", "/api/v1/devices/"+id, nil).want(t, 200).decode(t, &d)
+			if d.LastSeenAt == nil {
+				return time.Time{}
+			}
+			at, err := time.Parse(time.RFC3339Nano, *d.LastSeenAt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return at
+		}
+		// Each message, sent until last_seen_at passes the time before it,
+		// must move it: on its own it would stay where it was.
+		movesWith := func(id, what string, send func()) {
+			t.Helper()
+			before := lastSeen(id)
+			for time.Now().UnixMilli() <= before.UnixMilli() {
+				time.Sleep(time.Millisecond) // last_seen_at has milliseconds
+			}
+			send()
+			eventually(t, "last_seen_at of "+id+" after "+what, func() bool { return lastSeen(id).After(before) })
+		}
+
+		sensor := s.mustDevice(t, admin, "sensor-1", nil)
+		d := s.connectDevice(t, "default", "sensor-1", sensor.Token)
+		eventually(t, "last_seen_at at the connection", func() bool { return !lastSeen("sensor-1").IsZero() })
+		movesWith("sensor-1", "a data point", func() {
+			tok := d.client.Publish(mqtt.StreamTopic("default", "sensor-1", "temperature"), 1, false,
+				[]byte(fmt.Sprintf(`[{"timestamp":%d,"sequence":1,"celsius":21.5}]`, time.Now().UnixMilli())))
+			if !tok.WaitTimeout(bound) || tok.Error() != nil {
+				t.Fatalf("publish: %v", tok.Error())
+			}
+		})
+
+		ecu := s.mustDevice(t, admin, "ecu-1", nil)
+		poll := func() {
+			if resp, body := s.ddi(t, "GET", "/default/controller/v1/ecu-1", "TargetToken "+ecu.Token, nil); resp.StatusCode != 200 {
+				t.Fatalf("poll: %d %s", resp.StatusCode, body)
+			}
+		}
+		movesWith("ecu-1", "its first DDI poll", poll)
+		movesWith("ecu-1", "another DDI poll", poll)
 	})
 }
