@@ -101,3 +101,18 @@ type TenantAuthService interface {
 type TokenAuthenticator interface {
 	AuthenticateToken(ctx context.Context, tenant, token string) (*Actor, error)
 }
+
+type sourceKey struct{}
+
+// NewContextWithSource returns ctx carrying the address a request came
+// from: what anonymous clients could use up for everyone (the S9
+// webhook's calls) is limited per address first.
+func NewContextWithSource(ctx context.Context, addr string) context.Context {
+	return context.WithValue(ctx, sourceKey{}, addr)
+}
+
+// SourceFromContext returns the address a request came from, or "".
+func SourceFromContext(ctx context.Context) string {
+	addr, _ := ctx.Value(sourceKey{}).(string)
+	return addr
+}

@@ -28,12 +28,17 @@ const (
 	RefreshInterval = 10 * time.Second // least time between JWKS fetches for unknown key ids
 	KeysTTL         = time.Hour        // JWKS keys are refetched after this
 	WebhookTTL      = time.Minute      // a webhook's yes is trusted this long (DESIGN §7)
-	// A webhook's no is remembered this long, and each tenant's webhook is
-	// called for tokens not remembered at most WebhookRate times a second
-	// (bursts of WebhookBurst).
+	// A webhook's no is remembered this long. For tokens not remembered,
+	// each source address may have the webhooks called WebhookAddrRate
+	// times a second (bursts of WebhookAddrBurst), and each tenant's
+	// webhook is called at most WebhookRate times a second (bursts of
+	// WebhookBurst): one address sending made-up tokens uses up its own
+	// allowance, not the tenant's.
 	WebhookRefusalTTL = time.Minute
 	WebhookRate       = 20
 	WebhookBurst      = 40
+	WebhookAddrRate   = 5
+	WebhookAddrBurst  = 10
 	Leeway            = 30 * time.Second // clock skew allowed on exp and nbf
 	FetchTimeout      = 5 * time.Second  // for JWKS and webhook requests
 )
@@ -54,8 +59,9 @@ type Authenticator struct {
 	configs  map[string]configEntry
 	keySets  map[string]*keySet // by JWKS URL
 	webhooks map[[32]byte]webhookEntry
-	// webhookCalls limits each tenant's webhook calls.
-	webhookCalls *ratelimit.Limiter
+	// webhookCalls limits each tenant's webhook calls; webhookAddrCalls
+	// each source address's.
+	webhookCalls, webhookAddrCalls *ratelimit.Limiter
 
 	discovered discoveries // OIDC providers' discovery documents
 }

@@ -578,17 +578,7 @@ func TestWebhookLimits(t *testing.T) {
 	}}
 	a := &enduser.Authenticator{Store: store, Now: clk.Now, Client: loopback}
 	ctx := context.Background()
-	limited := 0
-	for i := range 100 {
-		_, err := a.AuthenticateToken(ctx, "acme", fmt.Sprint("made-up-", i))
-		switch fleet.ErrorCode(err) {
-		case fleet.ERATELIMITED:
-			limited++
-		case fleet.EUNAUTHENTICATED:
-		default:
-			t.Fatalf("token %d: %v", i, err)
-		}
-	}
+	limited := madeUpTokens(t, a, 100, func(int) context.Context { return ctx }, "made-up-")
 	if n := calls.Load(); n != enduser.WebhookBurst || limited != 100-enduser.WebhookBurst {
 		t.Fatalf("%d webhook calls and %d requests limited, want %d and %d", n, limited, enduser.WebhookBurst, 100-enduser.WebhookBurst)
 	}
@@ -613,4 +603,63 @@ func TestWebhookLimits(t *testing.T) {
 	if n := calls.Load() - before; n != 1 {
 		t.Fatalf("%d webhook calls once the refusal expired, want 1", n)
 	}
+}
+
+// TestWebhookLimitsPerAddress: a flood of made-up tokens from one address
+// uses up that address's allowance (WebhookAddrBurst), not the tenant's:
+// a new good token from another address is still asked about and
+// admitted. The tenant's limit stays a ceiling over all addresses. At
+// f94a7fc the tenant's bucket was the only one, so the flood locked the
+// good token out.
+func TestWebhookLimitsPerAddress(t *testing.T) {
+	var calls atomic.Int32
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		var body struct{ Token string }
+		json.NewDecoder(r.Body).Decode(&body)
+		if !strings.HasPrefix(body.Token, "good-") {
+			w.WriteHeader(http.StatusForbidden)
+			return
+		}
+		json.NewEncoder(w).Encode(map[string]string{"user_name": "ada", "role": "viewer"})
+	}))
+	defer hook.Close()
+	clk := testclock.New(now)
+	store := &memStore{m: map[string]*fleet.TenantAuth{
+		"acme": {Method: fleet.AuthWebhook, WebhookURL: hook.URL, DefaultRole: fleet.RoleViewer},
+	}}
+	a := &enduser.Authenticator{Store: store, Now: clk.Now, Client: loopback}
+	from := func(addr string) context.Context { return fleet.NewContextWithSource(context.Background(), addr) }
+
+	limited := madeUpTokens(t, a, 400, func(int) context.Context { return from("203.0.113.7") }, "made-up-")
+	if n := calls.Load(); n != enduser.WebhookAddrBurst || limited != 400-enduser.WebhookAddrBurst {
+		t.Fatalf("%d webhook calls and %d requests limited, want %d and %d", n, limited, enduser.WebhookAddrBurst, 400-enduser.WebhookAddrBurst)
+	}
+	if act, err := a.AuthenticateToken(from("198.51.100.1"), "acme", "good-1"); err != nil || act.UserName != "ada" {
+		t.Fatalf("a good token from another address during the flood: %v, %v", act, err)
+	}
+
+	// Many addresses together meet the tenant's ceiling.
+	limited = madeUpTokens(t, a, 100, func(i int) context.Context { return from(fmt.Sprintf("192.0.2.%d", i)) }, "spread-")
+	if want := 100 - (enduser.WebhookBurst - enduser.WebhookAddrBurst - 1); limited != want {
+		t.Fatalf("%d of 100 tokens from 100 addresses limited, want %d (the tenant's ceiling)", limited, want)
+	}
+}
+
+// madeUpTokens sends n tokens the webhook refuses to acme, the i-th in
+// ctx(i), and returns how many were rate limited rather than refused.
+func madeUpTokens(t *testing.T, a *enduser.Authenticator, n int, ctx func(i int) context.Context, prefix string) int {
+	t.Helper()
+	limited := 0
+	for i := range n {
+		_, err := a.AuthenticateToken(ctx(i), "acme", fmt.Sprint(prefix, i))
+		switch fleet.ErrorCode(err) {
+		case fleet.ERATELIMITED:
+			limited++
+		case fleet.EUNAUTHENTICATED:
+		default:
+			t.Fatalf("token %d: %v", i, err)
+		}
+	}
+	return limited
 }

@@ -17,15 +17,17 @@ type webhookEntry struct {
 	expires time.Time
 }
 
-// webhookLimiter bounds the calls to each tenant's webhook, which an
-// anonymous client could otherwise make once per request with a new token.
-func (a *Authenticator) webhookLimiter() *ratelimit.Limiter {
+// webhookLimiters bound the calls to the webhooks, which an anonymous
+// client could otherwise make once per request with a new token: per
+// source address, and per tenant.
+func (a *Authenticator) webhookLimiters() (byAddr, byTenant *ratelimit.Limiter) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.webhookCalls == nil {
 		a.webhookCalls = &ratelimit.Limiter{Rate: WebhookRate, Burst: WebhookBurst, Now: a.now}
+		a.webhookAddrCalls = &ratelimit.Limiter{Rate: WebhookAddrRate, Burst: WebhookAddrBurst, Now: a.now}
 	}
-	return a.webhookCalls
+	return a.webhookAddrCalls, a.webhookCalls
 }
 
 // remember caches the webhook's answer on a token: a yes for WebhookTTL,
@@ -46,8 +48,9 @@ func (a *Authenticator) remember(key [32]byte, act *fleet.Actor, now time.Time) 
 // askWebhook POSTs {"tenant", "token"} to the tenant's webhook: a 200 with
 // {"user_name", "user_email", "role"} admits, anything else refuses, and a
 // webhook that cannot be reached is EUNAVAILABLE. Answers are cached per
-// token; beyond WebhookRate calls a second for a tenant, tokens the cache
-// does not know are ERATELIMITED.
+// token; beyond WebhookAddrRate calls a second from one address, or
+// WebhookRate for a tenant, tokens the cache does not know are
+// ERATELIMITED.
 func (a *Authenticator) askWebhook(ctx context.Context, tenant string, cfg *fleet.TenantAuth, token string) (*fleet.Actor, error) {
 	key := tokenKey(tenant, token)
 	now := a.now()
@@ -60,7 +63,16 @@ func (a *Authenticator) askWebhook(ctx context.Context, tenant string, cfg *flee
 		}
 		return e.actor, nil
 	}
-	if ok, _ := a.webhookLimiter().Allow(tenant); !ok {
+	byAddr, byTenant := a.webhookLimiters()
+	// The address first, so that its refusals cost the tenant nothing. A
+	// caller that gives no address (not a request) has the tenant's limit
+	// alone.
+	if src := fleet.SourceFromContext(ctx); src != "" {
+		if ok, _ := byAddr.Allow(src); !ok {
+			return nil, fleet.Errorf(fleet.ERATELIMITED, "too many sign-ins with new bearer tokens from this address (more than %d a second); retry in a second", WebhookAddrRate)
+		}
+	}
+	if ok, _ := byTenant.Allow(tenant); !ok {
 		return nil, fleet.Errorf(fleet.ERATELIMITED, "too many sign-ins with new bearer tokens for this tenant (more than %d a second); retry in a second", WebhookRate)
 	}
 

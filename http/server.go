@@ -226,6 +226,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Request-Id", id)
 	ctx := fleet.NewContextWithRequestID(r.Context(), id)
 	ctx = fleet.NewContextWithBaseURL(ctx, baseURL(r))
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		ctx = fleet.NewContextWithSource(ctx, host)
+	}
 	r = r.WithContext(ctx)
 
 	mux := s.mux

@@ -5,7 +5,9 @@ import (
 	"crypto/rsa"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -166,4 +168,51 @@ func TestTenantAuthEndToEnd(t *testing.T) {
 			}
 		})
 	})
+}
+
+// TestWebhookFloodFromOneAddress: made-up bearer tokens sent as fast as
+// possible from one address (127.0.0.1) are limited (429) by that
+// address's allowance, and a new good token from another (127.0.0.2) is
+// admitted meanwhile. At f94a7fc the tenant's allowance was the only one,
+// and the flood locked the good token out too.
+func TestWebhookFloodFromOneAddress(t *testing.T) {
+	s := startServer(t, sqlstoretest.Backends()[0])
+	admin := s.admin()
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct{ Token string }
+		json.NewDecoder(r.Body).Decode(&body)
+		if body.Token != "grace-token" {
+			w.WriteHeader(http.StatusForbidden)
+			return
+		}
+		json.NewEncoder(w).Encode(map[string]string{"user_name": "Grace", "role": "viewer"})
+	}))
+	defer hook.Close()
+	s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", map[string]any{"method": "webhook", "webhook_url": hook.URL}).want(t, 204)
+	limited := 0
+	for i := range 100 {
+		switch st := s.bearer(t, "default", fmt.Sprint("made-up-", i), "GET", "/api/v1/devices", nil).Status; st {
+		case 429:
+			limited++
+		case 401:
+		default:
+			t.Fatalf("made-up token %d answered %d", i, st)
+		}
+	}
+	if limited == 0 {
+		t.Fatal("100 made-up tokens from one address at once: none limited")
+	}
+	other := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}).DialContext}}
+	hr, _ := http.NewRequest("GET", s.URL+"/api/v1/devices", nil)
+	hr.Header.Set("x-service-tenant", "default")
+	hr.Header.Set("Authorization", "Bearer grace-token")
+	res, err := other.Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Fatalf("a good token from another address during the flood answered %d", res.StatusCode)
+	}
 }
