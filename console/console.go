@@ -277,7 +277,7 @@ func (c *Console) page(perm fleet.Permission, h handler) http.HandlerFunc {
 				c.renderError(w, r, v, err)
 				return
 			}
-			setCookie(w, r, sessionCookie, "", 0)
+			c.setCookie(w, r, sessionCookie, "", 0)
 			if r.Method == http.MethodGet && !strings.HasSuffix(r.URL.Path, "/events") {
 				http.Redirect(w, r, "/console/signin?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 				return
@@ -406,8 +406,8 @@ func (c *Console) startSession(w http.ResponseWriter, r *http.Request, s *sessio
 	if err != nil {
 		return err
 	}
-	setCookie(w, r, sessionCookie, v, c.SessionTTL)
-	setCookie(w, r, signinCookie, "", 0)
+	c.setCookie(w, r, sessionCookie, v, c.SessionTTL)
+	c.setCookie(w, r, signinCookie, "", 0)
 	return nil
 }
 

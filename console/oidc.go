@@ -55,7 +55,7 @@ func (c *Console) handleOIDCStart(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	setCookie(w, r, signinCookie, val, signinTTL)
+	c.setCookie(w, r, signinCookie, val, signinTTL)
 	http.Redirect(w, r, to, http.StatusSeeOther)
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -149,18 +150,20 @@ func tokensEqual(a, b string) bool {
 	return a != "" && subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
 }
 
-// setCookie writes a console cookie: HttpOnly, SameSite=Lax, Secure over
-// TLS, scoped to the console's paths. maxAge 0 deletes it.
-func setCookie(w http.ResponseWriter, r *http.Request, name, value string, maxAge time.Duration) {
-	c := &http.Cookie{
+// setCookie writes a console cookie: HttpOnly, SameSite=Lax, scoped to
+// the console's paths, and Secure when the request came over TLS or the
+// public URL is https: behind a proxy that ends TLS, fleetd sees plain
+// HTTP, but browsers reach it over HTTPS only. maxAge 0 deletes it.
+func (c *Console) setCookie(w http.ResponseWriter, r *http.Request, name, value string, maxAge time.Duration) {
+	ck := &http.Cookie{
 		Name: name, Value: value, Path: Prefix,
-		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteLaxMode,
+		HttpOnly: true, Secure: r.TLS != nil || strings.HasPrefix(strings.ToLower(c.PublicURL), "https://"), SameSite: http.SameSiteLaxMode,
 	}
 	if maxAge > 0 {
-		c.MaxAge = int(maxAge.Seconds())
-		c.Expires = time.Now().Add(maxAge)
+		ck.MaxAge = int(maxAge.Seconds())
+		ck.Expires = time.Now().Add(maxAge)
 	} else {
-		c.MaxAge = -1
+		ck.MaxAge = -1
 	}
-	http.SetCookie(w, c)
+	http.SetCookie(w, ck)
 }

@@ -39,7 +39,7 @@ func (c *Console) signinView(w http.ResponseWriter, r *http.Request) (*view, err
 	if err != nil {
 		return nil, err
 	}
-	setCookie(w, r, signinCookie, val, signinTTL)
+	c.setCookie(w, r, signinCookie, val, signinTTL)
 	return &view{Title: "Sign in", CSRF: st.CSRF}, nil
 }
 
@@ -118,7 +118,7 @@ func (c *Console) handleSignout(w http.ResponseWriter, r *http.Request, v *view)
 	if _, err := c.Sessions.EndConsoleSession(r.Context(), v.Actor.Tenant, v.Session, false); err != nil && fleet.ErrorCode(err) != fleet.ENOTFOUND {
 		return err
 	}
-	setCookie(w, r, sessionCookie, "", 0)
+	c.setCookie(w, r, sessionCookie, "", 0)
 	http.Redirect(w, r, "/console/signin", http.StatusSeeOther)
 	return nil
 }

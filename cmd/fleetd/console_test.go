@@ -977,3 +977,47 @@ func (b *browser) post(t *testing.T, to string, form url.Values) page {
 	b.base = ""
 	return b.do("POST", to, form)
 }
+
+// TestConsoleCookiesSecureBehindTLSProxy: fleetd serves plain HTTP behind
+// a proxy that ends TLS, and --public-url says browsers use https: every
+// console cookie it sets is Secure, so a browser never sends the session
+// over plain HTTP. At f94a7fc they were Secure only when fleetd served TLS
+// itself.
+func TestConsoleCookiesSecureBehindTLSProxy(t *testing.T) {
+	s := startServer(t, sqlstoretest.Backends()[0], "--public-url", "https://fleet.example.com")
+	admin := s.admin()
+	// No cookie jar: one would keep Secure cookies from plain HTTP.
+	client := &http.Client{Timeout: 30 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	check := func(res *http.Response) {
+		t.Helper()
+		if len(res.Cookies()) == 0 {
+			t.Fatalf("%s %s set no cookie", res.Request.Method, res.Request.URL.Path)
+		}
+		for _, c := range res.Cookies() {
+			if !c.Secure || !c.HttpOnly {
+				t.Errorf("%s %s set %s without Secure or HttpOnly: %s", res.Request.Method, res.Request.URL.Path, c.Name, c.String())
+			}
+		}
+	}
+	res, err := client.Get(s.URL + "/console/signin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	check(res)
+	tok := page{Body: string(body)}.csrf(t)
+	rq, _ := http.NewRequest("POST", s.URL+"/console/signin", strings.NewReader(url.Values{"csrf": {tok}, "tenant": {"default"}, "key": {admin.Key}}.Encode()))
+	rq.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	for _, c := range res.Cookies() {
+		rq.AddCookie(c)
+	}
+	if res, err = client.Do(rq); err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusSeeOther {
+		t.Fatalf("sign-in answered %d", res.StatusCode)
+	}
+	check(res) // the session, and the sign-in cookie's deletion
+}
