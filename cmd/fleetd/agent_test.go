@@ -1,0 +1,312 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// buildAgent builds cmd/fleetd-agent as a static binary, as a device
+// would get it, and returns its path.
+func buildAgent(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "fleetd-agent")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/fleetd/fleet/cmd/fleetd-agent")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build fleetd-agent: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// agentProcess is fleetd-agent running as a process of its own.
+type agentProcess struct {
+	cmd    *exec.Cmd
+	output *lockedBuffer
+}
+
+// startAgent runs the agent for a device of tenant "default" against s,
+// with extra flags. It is stopped with SIGTERM, and must exit 0, when the
+// test ends.
+func (s *testServer) startAgent(t *testing.T, bin, device, token string, extra ...string) *agentProcess {
+	t.Helper()
+	args := append([]string{"--server", s.URL, "--mqtt-addr", s.MQTTAddr, "--tenant", "default", "--device", device,
+		"--log-level", "debug"}, extra...)
+	p := &agentProcess{cmd: exec.Command(bin, args...), output: &lockedBuffer{}}
+	p.cmd.Env = append(os.Environ(), "FLEETD_AGENT_TOKEN="+token)
+	p.cmd.Stdout, p.cmd.Stderr = p.output, p.output
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- p.cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("fleetd-agent exited with %v; output:\n%s", err, p.output)
+			}
+		case <-time.After(bound):
+			p.cmd.Process.Kill()
+			t.Errorf("fleetd-agent did not stop on SIGTERM; output:\n%s", p.output)
+		}
+		if t.Failed() {
+			t.Logf("fleetd-agent %s output:\n%s", device, p.output)
+		}
+	})
+	return p
+}
+
+// writeScript writes an executable shell script.
+func writeScript(t *testing.T, path, body string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// processGone reports whether the process whose id is in pidFile has
+// ended (gone, or a zombie nobody has reaped yet).
+func processGone(t *testing.T, pidFile string) bool {
+	t.Helper()
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("%s: %v", pidFile, err)
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	return len(fields) > 0 && (fields[0] == "Z" || fields[0] == "X")
+}
+
+func hasError(da deviceActionBody, state, words string) bool {
+	for _, e := range da.Errors[state] {
+		if strings.Contains(e, words) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestAgentActions runs custom actions through a real fleetd-agent:
+// success with progress and params, failure with stderr, an unknown
+// action, a timeout and a cancellation that kill the program's process
+// group.
+func TestAgentActions(t *testing.T) {
+	bin := buildAgent(t)
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		work := t.TempDir()
+		actions := filepath.Join(work, "actions")
+		os.Mkdir(actions, 0o755)
+		writeScript(t, filepath.Join(actions, "configure"), fmt.Sprintf(`cat > %[1]s/params
+echo "configuring"
+echo "progress 40"
+while [ ! -e %[1]s/go ]; do sleep 0.02; done
+exit 0
+`, work))
+		writeScript(t, filepath.Join(actions, "flash"), "echo 'some output'\necho 'writing /data' >&2\necho 'disk full on /data' >&2\nexit 3\n")
+		writeScript(t, filepath.Join(actions, "sleeper"), fmt.Sprintf(`sleep 600 &
+echo $! > %s/$FLEETD_ACTION_ID.pid
+echo "progress 5"
+wait
+`, work))
+		os.WriteFile(filepath.Join(actions, "notexec"), []byte("#!/bin/sh\nexit 0\n"), 0o644)
+		dev := s.mustDevice(t, admin, "agent-1", nil)
+		slow := s.mustDevice(t, admin, "agent-slow", nil)
+		s.startAgent(t, bin, "agent-1", dev.Token, "--actions-dir", actions)
+		s.startAgent(t, bin, "agent-slow", slow.Token, "--actions-dir", actions, "--action-timeout", "1s")
+		dispatch := func(device, name string, params map[string]any) int64 {
+			return s.dispatch(t, admin, map[string]any{"action": name, "params": params, "search_type": "default", "device_ids": []string{device}})
+		}
+
+		t.Run("SuccessWithProgress", func(t *testing.T) {
+			id := dispatch("agent-1", "configure", map[string]any{"mode": "eco", "level": 3})
+			eventually(t, "progress 40", func() bool {
+				da := s.deviceAction(t, admin, "agent-1", id)
+				return da.Progress == 40 && da.Status == "Running"
+			})
+			os.WriteFile(filepath.Join(work, "go"), nil, 0o644)
+			da := s.awaitActionStatus(t, admin, "agent-1", id, "Completed")
+			if da.Progress != 100 {
+				t.Errorf("completed with progress %d", da.Progress)
+			}
+			got, _ := os.ReadFile(filepath.Join(work, "params"))
+			if string(got) != `{"level":3,"mode":"eco"}` {
+				t.Errorf("the program read %q on stdin", got)
+			}
+		})
+		t.Run("Failure", func(t *testing.T) {
+			id := dispatch("agent-1", "flash", map[string]any{})
+			da := s.awaitActionStatus(t, admin, "agent-1", id, "Failed")
+			if !hasError(da, "Failed", "exit status 3") || !hasError(da, "Failed", "writing /data\ndisk full on /data") || hasError(da, "Failed", "some output") {
+				t.Errorf("failed with %+v", da.Errors)
+			}
+		})
+		t.Run("NoProgram", func(t *testing.T) {
+			for _, name := range []string{"nope", "notexec"} {
+				id := dispatch("agent-1", name, map[string]any{})
+				da := s.awaitActionStatus(t, admin, "agent-1", id, "Failed")
+				if !hasError(da, "Failed", fmt.Sprintf("no program for action %q", name)) {
+					t.Errorf("%s failed with %+v", name, da.Errors)
+				}
+			}
+		})
+		t.Run("Timeout", func(t *testing.T) {
+			id := dispatch("agent-slow", "sleeper", map[string]any{})
+			da := s.awaitActionStatus(t, admin, "agent-slow", id, "Failed")
+			if !hasError(da, "Failed", "timed out after 1s") {
+				t.Errorf("failed with %+v", da.Errors)
+			}
+			// The whole process group is killed, the program's child too.
+			eventually(t, "the timed-out program's child to end", func() bool {
+				return processGone(t, filepath.Join(work, fmt.Sprint(id)+".pid"))
+			})
+		})
+		t.Run("Cancel", func(t *testing.T) {
+			id := dispatch("agent-1", "sleeper", map[string]any{})
+			eventually(t, "the sleeper to run", func() bool {
+				return s.deviceAction(t, admin, "agent-1", id).Progress == 5
+			})
+			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).want(t, 204)
+			var list struct {
+				Actions []actionBody `json:"actions"`
+			}
+			s.do(t, admin, "GET", "/api/v1/actions?action=cancel_action", nil).want(t, 200).decode(t, &list)
+			if len(list.Actions) != 1 {
+				t.Fatalf("cancel_actions: %+v", list.Actions)
+			}
+			// The device answers its cancel_action once the program is gone.
+			s.awaitActionStatus(t, admin, "agent-1", list.Actions[0].ID, "Completed")
+			if !processGone(t, filepath.Join(work, fmt.Sprint(id)+".pid")) {
+				t.Errorf("the cancelled program's child still runs")
+			}
+			if da := s.deviceAction(t, admin, "agent-1", id); da.ActionStatus != "Cancelled" {
+				t.Errorf("cancelled action = %+v", da)
+			}
+		})
+	})
+}
+
+// TestAgentFirmware installs a firmware bundle through a real
+// fleetd-agent: downloaded from the signed URL, checked, each component
+// handed to the install hook, the device's components updated; a hook
+// that fails fails the update with its stderr.
+func TestAgentFirmware(t *testing.T) {
+	bin := buildAgent(t)
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		work := t.TempDir()
+		installed := filepath.Join(work, "installed")
+		os.Mkdir(installed, 0o755)
+		hook := filepath.Join(work, "install")
+		writeScript(t, hook, fmt.Sprintf(`if [ "$1" = broken ]; then echo "image rejected by bootloader" >&2; exit 1; fi
+cp "$2" %s/"$1-$3"
+`, installed))
+		dev := s.mustDevice(t, admin, "fw-1", nil)
+		s.startAgent(t, bin, "fw-1", dev.Token, "--download-dir", filepath.Join(work, "downloads"),
+			"--install-hook", hook+" {component} {file} {version}")
+
+		boot, app := strings.Repeat("boot", 1000), strings.Repeat("application ", 50000)
+		s.mustUpload(t, admin, makeBundle(t, "2.0.0", part{name: "bootloader", version: "1.2.0", body: boot}, part{name: "app", version: "2.0.0", body: app}))
+		id := s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.0.0"}, "search_type": "default", "device_ids": []string{"fw-1"}})
+		s.awaitActionStatus(t, admin, "fw-1", id, "Completed")
+		for name, want := range map[string]string{"bootloader-1.2.0": boot, "app-2.0.0": app} {
+			if got, err := os.ReadFile(filepath.Join(installed, name)); err != nil || string(got) != want {
+				t.Errorf("%s installed: %d bytes, %v; want %d bytes", name, len(got), err, len(want))
+			}
+		}
+		var d device
+		s.do(t, admin, "GET", "/api/v1/devices/fw-1", nil).want(t, 200).decode(t, &d)
+		if d.Components["bootloader"] != "1.2.0" || d.Components["app"] != "2.0.0" {
+			t.Errorf("device components = %v", d.Components)
+		}
+		if left, _ := os.ReadDir(filepath.Join(work, "downloads")); len(left) != 0 {
+			t.Errorf("downloads left behind: %v", left)
+		}
+
+		s.mustUpload(t, admin, makeBundle(t, "2.1.0", part{name: "broken", version: "1.0.0", body: "x"}))
+		id = s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.1.0"}, "search_type": "default", "device_ids": []string{"fw-1"}})
+		da := s.awaitActionStatus(t, admin, "fw-1", id, "Failed")
+		if !hasError(da, "Failed", "installing broken 1.0.0: exit status 1: image rejected by bootloader") {
+			t.Errorf("failed with %+v", da.Errors)
+		}
+	})
+}
+
+// TestAgentStreams: a real fleetd-agent sends a followed log file (across
+// a rotation) to the logs stream in uplink's LogEntry shape, and system
+// statistics to uplink_system_stats.
+func TestAgentStreams(t *testing.T) {
+	bin := buildAgent(t)
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		logFile := filepath.Join(t.TempDir(), "app.log")
+		dev := s.mustDevice(t, admin, "streamer", nil)
+		s.startAgent(t, bin, "streamer", dev.Token, "--log-file", logFile, "--stats-interval", "100ms", "--flush-interval", "50ms")
+		latest := func(stream string) (map[string]any, bool) {
+			r := s.do(t, admin, "GET", "/api/v1/devices/streamer/streams/"+stream+"/latest", nil)
+			if r.Status == 404 {
+				return nil, false
+			}
+			var p struct {
+				Sequence int64          `json:"sequence"`
+				Data     map[string]any `json:"data"`
+			}
+			r.want(t, 200).decode(t, &p)
+			return p.Data, true
+		}
+		var stats map[string]any
+		eventually(t, "system statistics", func() bool {
+			var ok bool
+			stats, ok = latest("uplink_system_stats")
+			return ok
+		})
+		if stats["total_memory"].(float64) <= 0 || stats["uptime"] == nil || stats["no_processes"].(float64) < 1 || stats["load_avg_one"] == nil {
+			t.Errorf("stats = %v", stats)
+		}
+		// The file did not exist when the agent started: it is read from
+		// its first line when it appears.
+		os.WriteFile(logFile, []byte("booting\nservice started on :80\n"), 0o644)
+		eventually(t, "the log's last line", func() bool {
+			p, ok := latest("logs")
+			return ok && p["message"] == "service started on :80"
+		})
+		p, _ := latest("logs")
+		if p["level"] != "Info" || p["tag"] != "app.log" || p["line"] != "service started on :80" || p["log_timestamp"] == "" {
+			t.Errorf("log point = %v", p)
+		}
+		f, _ := os.OpenFile(logFile, os.O_APPEND|os.O_WRONLY, 0)
+		f.WriteString("appended\n")
+		f.Close()
+		eventually(t, "the appended line", func() bool {
+			p, ok := latest("logs")
+			return ok && p["message"] == "appended"
+		})
+		os.Rename(logFile, logFile+".1")
+		os.WriteFile(logFile, []byte("after rotation\n"), 0o644)
+		eventually(t, "the rotated file's line", func() bool {
+			p, ok := latest("logs")
+			return ok && p["message"] == "after rotation"
+		})
+	})
+}
