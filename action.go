@@ -60,6 +60,7 @@ type Action struct {
 	NextPhaseIndex  *int          `json:"next_phase_index,omitempty" doc:"the next phase to trigger; the number of phases once all did"`
 	Status          RolloutStatus `json:"status,omitempty" doc:"the rollout's: scheduled, running, paused, completed or aborted"`
 	PauseReason     string        `json:"pause_reason,omitempty" doc:"why the rollout is paused"`
+	WaitingReason   string        `json:"waiting_reason,omitempty" doc:"what a rollout neither paused nor done waits for: the next phase's trigger or gate, naming a few of the devices not finished, whether each is online (as far as the answering server can tell) and when it was last seen, then how many more; absent when it waits for nothing"`
 	// rollout is what the rules of the rollout's operations look at.
 	rollout *RolloutState
 

@@ -40,7 +40,7 @@ type Phase struct {
 const (
 	TriggerNow           = "now"            // as soon as the phase is next
 	TriggerTimestamp     = "timestamp"      // at Timestamp
-	TriggerAfterPrevious = "after_previous" // WaitSeconds after the previous phase's devices are all final
+	TriggerAfterPrevious = "after_previous" // WaitSeconds after FinishedRatio of the earlier phases' devices are final
 	TriggerManual        = "manual"         // when an operator triggers it
 )
 
@@ -48,7 +48,25 @@ const (
 type Trigger struct {
 	Type        string `json:"type" openapi:"required" doc:"now, timestamp, after_previous or manual"`
 	Timestamp   int64  `json:"timestamp,omitempty" doc:"type timestamp: epoch milliseconds"`
-	WaitSeconds int64  `json:"wait_seconds,omitempty" doc:"type after_previous: seconds to wait once the previous phase's devices are all final (default 0)"`
+	WaitSeconds int64  `json:"wait_seconds,omitempty" doc:"type after_previous: seconds to wait once finished_ratio of the earlier phases' devices are final (default 0)"`
+	// FinishedRatio is 0 when not given, which is 1 (Ratio).
+	FinishedRatio float64 `json:"finished_ratio,omitempty" doc:"type after_previous: the share of the earlier phases' devices that must be final (Completed, Failed or Cancelled), more than 0 and at most 1 (default 1: every one)"`
+}
+
+// Ratio is the share of the earlier phases' devices an after_previous
+// trigger waits for: FinishedRatio, 1 when not given.
+func (t Trigger) Ratio() float64 {
+	if t.FinishedRatio == 0 {
+		return 1
+	}
+	return t.FinishedRatio
+}
+
+// FinalNeeded is how many of total devices must be final for ratio r: the
+// share rounded up, so that 0.9 of 15 devices is 14 and any share of one
+// device is that device.
+func FinalNeeded(r float64, total int) int {
+	return int(math.Ceil(r*float64(total) - 1e-9))
 }
 
 // The kinds of phase.
@@ -147,6 +165,12 @@ func readPhase(f *Fields, index int) Phase {
 		case TriggerAfterPrevious:
 			if t.Has("wait_seconds") {
 				p.TriggerOn.WaitSeconds = t.Int("wait_seconds", false, 0, MaxWaitSeconds)
+			}
+			if t.Has("finished_ratio") {
+				p.TriggerOn.FinishedRatio = t.Float("finished_ratio", false, 0, 1)
+				if p.TriggerOn.FinishedRatio == 0 {
+					t.Fail("finished_ratio", "must be more than 0 and at most 1: the share of the earlier phases' devices that must be final")
+				}
 			}
 			if index == 0 {
 				t.Fail("type", "after_previous needs a previous phase; the first phase cannot have it")
@@ -424,10 +448,13 @@ func (r *Rollout) PhasesTriggered() []bool {
 type RolloutFacts struct {
 	// Live counts the action's device actions that are not final.
 	Live int
-	// PreviousLive counts those of phase NextPhase-1 that are not final;
-	// PreviousFinishedAt is when the last of them became final.
-	PreviousLive       int
-	PreviousFinishedAt time.Time
+	// EarlierDevices counts the device actions of phases before
+	// NextPhase, EarlierFinal those of them that are final; ReachedAt is
+	// when the share an after_previous trigger waits for was reached: when
+	// the last of the first FinalNeeded of them became final (zero while
+	// fewer are, or when none is needed).
+	EarlierDevices, EarlierFinal int
+	ReachedAt                    time.Time
 	// Finished and Failed count the device actions of phases before
 	// NextPhase that are Completed or Failed, and Failed; EarlierLive
 	// those that are not final.
@@ -516,7 +543,7 @@ func (r *Rollout) releasing() bool {
 }
 
 // WaitsForPrevious reports whether the next phase's trigger waits for the
-// previous phase's devices.
+// earlier phases' devices.
 func (r *Rollout) WaitsForPrevious() bool {
 	return r.releasing() && r.NextPhase > 0 && r.Schedule.Phases[r.NextPhase].TriggerOn.Type == TriggerAfterPrevious
 }
@@ -555,10 +582,12 @@ func (r *Rollout) until(now time.Time, f RolloutFacts) time.Time {
 	switch {
 	case t.Type == TriggerTimestamp && time.UnixMilli(t.Timestamp).After(now):
 		next = minTime(next, time.UnixMilli(t.Timestamp))
-	case t.Type == TriggerAfterPrevious && f.PreviousLive > 0:
-		return time.Time{}
 	case t.Type == TriggerAfterPrevious:
-		next = minTime(next, f.PreviousFinishedAt.Add(time.Duration(t.WaitSeconds)*time.Second))
+		at, ok := r.reached(f)
+		if !ok {
+			return time.Time{} // devices are finishing
+		}
+		next = minTime(next, at.Add(time.Duration(t.WaitSeconds)*time.Second))
 	case r.PendingGate() != nil:
 		return time.Time{} // devices are finishing, and alerts may open
 	}
@@ -600,16 +629,30 @@ func (r *Rollout) Due(now time.Time, f RolloutFacts) bool {
 	case TriggerTimestamp:
 		return now.UnixMilli() >= t.Timestamp
 	case TriggerAfterPrevious:
-		if k == 0 || f.PreviousLive > 0 {
-			return false
-		}
-		finished := f.PreviousFinishedAt
-		if finished.IsZero() && k-1 < len(r.TriggeredAt) {
-			finished = r.TriggeredAt[k-1] // an empty phase is final when it triggers
-		}
-		return !now.Before(finished.Add(time.Duration(t.WaitSeconds) * time.Second))
+		at, ok := r.reached(f)
+		return ok && !now.Before(at.Add(time.Duration(t.WaitSeconds)*time.Second))
 	}
 	return false // manual
+}
+
+// reached reports whether the share of the earlier phases' devices the
+// next phase's after_previous trigger waits for is final, and since when:
+// since the last of that share became final, and not before the previous
+// phase triggered (a phase with no devices is final when it triggers).
+func (r *Rollout) reached(f RolloutFacts) (time.Time, bool) {
+	k := r.NextPhase
+	if k == 0 || k > len(r.TriggeredAt) {
+		return time.Time{}, false
+	}
+	need := FinalNeeded(r.Schedule.Phases[k].TriggerOn.Ratio(), f.EarlierDevices)
+	if f.EarlierFinal < need {
+		return time.Time{}, false
+	}
+	at := r.TriggeredAt[k-1]
+	if need > 0 && f.ReachedAt.After(at) {
+		at = f.ReachedAt
+	}
+	return at, true
 }
 
 // gate checks the next phase's gate. It returns the trigger when the gate
@@ -628,7 +671,7 @@ func (r *Rollout) gate(now time.Time, f RolloutFacts, manual bool) (RolloutStep,
 	if g == nil || r.WaivedPhase == k {
 		return trigger, true
 	}
-	prefix := fmt.Sprintf("phase %d (%s) not released: ", k, r.Schedule.Phases[k].Name)
+	prefix := r.phaseName(k) + " not released: "
 	if g.MaxFailureRate != nil {
 		if f.Finished < g.MinFinished {
 			return RolloutStep{}, false
@@ -661,6 +704,125 @@ func (r *Rollout) undecided(now time.Time, f RolloutFacts) string {
 		return fmt.Sprintf("%d devices of earlier phases have not finished, and each is watched for alerts once it completed", f.EarlierLive)
 	}
 	return fmt.Sprintf("devices that completed are watched for alerts for %s more", Span(f.WatchedUntil.Sub(now)))
+}
+
+// phaseName names phase k as the pause and waiting reasons do.
+func (r *Rollout) phaseName(k int) string {
+	return fmt.Sprintf("phase %d (%s)", k, r.Schedule.Phases[k].Name)
+}
+
+// WaitingDevice is a device whose device action a rollout waits for.
+type WaitingDevice struct {
+	ID         string
+	Status     ActionStatus
+	LastSeenAt *time.Time
+	// Online: connected now, as far as this replica can tell; nil when
+	// it cannot tell.
+	Online *bool
+}
+
+// RolloutWait is what a rollout that is neither paused nor done waits
+// for, as the store reads it: the rollout, its decision's facts, and the
+// devices not finished of those it waits on (of the phases before the next
+// one, or of all once every phase triggered): the first few by id, and
+// how many there are.
+type RolloutWait struct {
+	Rollout    *Rollout
+	Facts      RolloutFacts
+	Devices    []WaitingDevice
+	Unfinished int
+}
+
+// WaitingShown is how many waiting devices a waiting reason names.
+const WaitingShown = 5
+
+// Reason says what the rollout waits for at now, "" when it waits for
+// nothing (it is paused, done, or has a step to take).
+func (w *RolloutWait) Reason(now time.Time) string {
+	r, f := w.Rollout, w.Facts
+	switch {
+	case r.Status.Done() || r.Status == RolloutPaused:
+		return ""
+	case r.Settling() && w.Unfinished > 0:
+		if r.Ended {
+			return fmt.Sprintf("the schedule ended; waiting for %s released before it to finish: %s", howMany(w.Unfinished, "device"), w.devices())
+		}
+		return fmt.Sprintf("every phase triggered; waiting for %s to finish: %s", howMany(w.Unfinished, "device"), w.devices())
+	case r.Settling():
+		return ""
+	}
+	k := r.NextPhase
+	name := r.phaseName(k)
+	t := r.Schedule.Phases[k].TriggerOn
+	switch t.Type {
+	case TriggerManual:
+		return name + " waits for an operator to trigger it"
+	case TriggerTimestamp:
+		if at := time.UnixMilli(t.Timestamp); now.Before(at) {
+			return fmt.Sprintf("%s triggers at %s", name, at.UTC().Format(time.RFC3339))
+		}
+	case TriggerAfterPrevious:
+		at, ok := r.reached(f)
+		if !ok {
+			need := FinalNeeded(t.Ratio(), f.EarlierDevices)
+			share := ""
+			if t.Ratio() < 1 {
+				share = fmt.Sprintf(" (finished_ratio %g: %d of %d)", t.Ratio(), need, f.EarlierDevices)
+			}
+			return fmt.Sprintf("%s waits for %s of earlier phases to finish%s; not finished: %s",
+				name, howMany(need-f.EarlierFinal, "more device"), share, w.devices())
+		}
+		if until := at.Add(time.Duration(t.WaitSeconds) * time.Second); now.Before(until) {
+			return fmt.Sprintf("%s triggers at %s, %d seconds after the earlier phases' devices finished", name,
+				until.UTC().Format(time.RFC3339), t.WaitSeconds)
+		}
+	}
+	if r.PendingGate() == nil {
+		return ""
+	}
+	if _, ok := r.gate(now, f, false); ok {
+		return ""
+	}
+	reason := fmt.Sprintf("the gate of %s cannot judge yet: %s", name, r.undecided(now, f))
+	if w.Unfinished > 0 {
+		reason += "; not finished: " + w.devices()
+	}
+	return reason
+}
+
+// howMany says n things: "1 device", "3 devices".
+func howMany(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
+}
+
+// devices names the waiting devices: a few, then how many more.
+func (w *RolloutWait) devices() string {
+	parts := make([]string, 0, len(w.Devices)+1)
+	for _, d := range w.Devices {
+		var state []string
+		state = append(state, string(d.Status))
+		if d.Online != nil {
+			state = append(state, map[bool]string{true: "online", false: "offline"}[*d.Online])
+		}
+		if d.Online == nil || !*d.Online {
+			if d.LastSeenAt == nil {
+				state = append(state, "never seen")
+			} else {
+				// A time, not an age: the reason changes only when the
+				// wait does (watch prints each change).
+				state = append(state, "last seen "+d.LastSeenAt.UTC().Format(time.RFC3339))
+			}
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s)", d.ID, strings.Join(state, ", ")))
+	}
+	out := strings.Join(parts, ", ")
+	if more := w.Unfinished - len(w.Devices); more > 0 {
+		out += fmt.Sprintf(" and %d more", more)
+	}
+	return out
 }
 
 // window decides the opening of the maintenance window: once per

@@ -52,13 +52,14 @@ func TestReadSchedule(t *testing.T) {
 		"maintenance_window": {"start": "22:00", "end": "05:00", "timezone": "Europe/Berlin"},
 		"phases": [
 			{"name": "canary", "trigger_on": {"type": "now"}, "info": {"type": "fixed_list", "device_ids": ["pump-1", "pump-2"]}},
-			{"name": "quarter", "trigger_on": {"type": "after_previous", "wait_seconds": 3600}, "info": {"type": "percentage", "percentage": 25},
+			{"name": "quarter", "trigger_on": {"type": "after_previous", "wait_seconds": 3600, "finished_ratio": 0.95}, "info": {"type": "percentage", "percentage": 25},
 			 "gate": {"max_failure_rate": 0.1, "min_finished": 2, "alert_rules": ["6f1c9f7e-8d7a-4a59-9d1e-2b7c3f1a0b11"], "watch_seconds": 1800}},
 			{"name": "everyone", "trigger_on": {"type": "timestamp", "timestamp": 1766000000000}, "info": {"type": "percentage", "percentage": 100}}]}`))
 	if errs != nil {
 		t.Fatalf("valid schedule refused: %v", errs)
 	}
 	if len(s.Phases) != 3 || *s.Phases[1].Gate.MaxFailureRate != 0.1 || s.Phases[1].Gate.MinFinished != 2 || s.Phases[2].TriggerOn.Timestamp != 1766000000000 ||
+		s.Phases[1].TriggerOn.Ratio() != 0.95 || s.Phases[2].TriggerOn.Ratio() != 1 ||
 		s.MaintenanceWindow.Timezone != "Europe/Berlin" || s.EndTimestamp != 1767225600000 {
 		t.Fatalf("schedule %+v", s)
 	}
@@ -68,6 +69,14 @@ func TestReadSchedule(t *testing.T) {
 		{"UnknownField", `{"phases": [{"name": "a", "trigger_on": {"type": "now"}, "info": {"type": "percentage", "percentage": 100}}], "retry": 1}`, "schedule.retry", "not a known field"},
 		{"BadTrigger", `{"phases": [{"name": "a", "trigger_on": {"type": "soon"}, "info": {"type": "percentage", "percentage": 100}}]}`, "schedule.phases[0].trigger_on.type", "must be one of"},
 		{"FirstAfterPrevious", `{"phases": [{"name": "a", "trigger_on": {"type": "after_previous"}, "info": {"type": "percentage", "percentage": 100}}]}`, "schedule.phases[0].trigger_on.type", "first phase"},
+		{"RatioZero", `{"phases": [{"name": "a", "trigger_on": {"type": "now"}, "info": {"type": "percentage", "percentage": 5}},
+			{"name": "b", "trigger_on": {"type": "after_previous", "finished_ratio": 0}, "info": {"type": "percentage", "percentage": 100}}]}`, "schedule.phases[1].trigger_on.finished_ratio", "more than 0"},
+		{"RatioAboveOne", `{"phases": [{"name": "a", "trigger_on": {"type": "now"}, "info": {"type": "percentage", "percentage": 5}},
+			{"name": "b", "trigger_on": {"type": "after_previous", "finished_ratio": 1.5}, "info": {"type": "percentage", "percentage": 100}}]}`, "schedule.phases[1].trigger_on.finished_ratio", "between 0 and 1"},
+		{"RatioNotANumber", `{"phases": [{"name": "a", "trigger_on": {"type": "now"}, "info": {"type": "percentage", "percentage": 5}},
+			{"name": "b", "trigger_on": {"type": "after_previous", "finished_ratio": "most"}, "info": {"type": "percentage", "percentage": 100}}]}`, "schedule.phases[1].trigger_on.finished_ratio", "must be a number"},
+		{"RatioOnManual", `{"phases": [{"name": "a", "trigger_on": {"type": "now"}, "info": {"type": "percentage", "percentage": 5}},
+			{"name": "b", "trigger_on": {"type": "manual", "finished_ratio": 0.5}, "info": {"type": "percentage", "percentage": 100}}]}`, "schedule.phases[1].trigger_on.finished_ratio", "not a known field"},
 		{"TimestampMissing", `{"phases": [{"name": "a", "trigger_on": {"type": "timestamp"}, "info": {"type": "percentage", "percentage": 100}}]}`, "schedule.phases[0].trigger_on.timestamp", "required"},
 		{"Percentage101", `{"phases": [{"name": "a", "trigger_on": {"type": "now"}, "info": {"type": "percentage", "percentage": 101}}]}`, "schedule.phases[0].info.percentage", "between 1 and 100"},
 		{"PercentageShrinks", `{"phases": [{"name": "a", "trigger_on": {"type": "now"}, "info": {"type": "percentage", "percentage": 50}},
@@ -192,11 +201,25 @@ func TestRolloutNext(t *testing.T) {
 		{"Paused", func() *fleet.Rollout { r := rollout(nil, nowTrigger); r.Status = fleet.RolloutPaused; return r }(), fleet.RolloutFacts{}, fleet.StepWait, ""},
 		{"TimestampAhead", rollout(nil, fleet.Trigger{Type: fleet.TriggerTimestamp, Timestamp: now.UnixMilli() + 1}), fleet.RolloutFacts{}, fleet.StepWait, ""},
 		{"TimestampCame", rollout(nil, fleet.Trigger{Type: fleet.TriggerTimestamp, Timestamp: now.UnixMilli()}), fleet.RolloutFacts{}, fleet.StepTrigger, ""},
-		{"PreviousBusy", rollout(nil, fleet.Trigger{Type: fleet.TriggerAfterPrevious}), fleet.RolloutFacts{PreviousLive: 1}, fleet.StepWait, ""},
+		{"PreviousBusy", rollout(nil, fleet.Trigger{Type: fleet.TriggerAfterPrevious}), fleet.RolloutFacts{EarlierDevices: 2, EarlierFinal: 1}, fleet.StepWait, ""},
 		{"PreviousWaiting", rollout(nil, fleet.Trigger{Type: fleet.TriggerAfterPrevious, WaitSeconds: 60}),
-			fleet.RolloutFacts{PreviousFinishedAt: now.Add(-59 * time.Second)}, fleet.StepWait, ""},
+			fleet.RolloutFacts{EarlierDevices: 2, EarlierFinal: 2, ReachedAt: now.Add(-59 * time.Second)}, fleet.StepWait, ""},
 		{"PreviousDone", rollout(nil, fleet.Trigger{Type: fleet.TriggerAfterPrevious, WaitSeconds: 60}),
-			fleet.RolloutFacts{PreviousFinishedAt: now.Add(-60 * time.Second)}, fleet.StepTrigger, ""},
+			fleet.RolloutFacts{EarlierDevices: 2, EarlierFinal: 2, ReachedAt: now.Add(-60 * time.Second)}, fleet.StepTrigger, ""},
+		// An empty earlier phase is final when it triggered.
+		{"PreviousEmpty", rollout(nil, fleet.Trigger{Type: fleet.TriggerAfterPrevious, WaitSeconds: 60}), fleet.RolloutFacts{}, fleet.StepTrigger, ""},
+		{"PreviousEmptyWaiting", rollout(nil, fleet.Trigger{Type: fleet.TriggerAfterPrevious, WaitSeconds: 1000}), fleet.RolloutFacts{}, fleet.StepWait, ""},
+		// finished_ratio: 0.9 of 15 devices is 14 final.
+		{"RatioShort", rollout(nil, fleet.Trigger{Type: fleet.TriggerAfterPrevious, FinishedRatio: 0.9}),
+			fleet.RolloutFacts{EarlierDevices: 15, EarlierFinal: 13, ReachedAt: now}, fleet.StepWait, ""},
+		{"RatioReached", rollout(nil, fleet.Trigger{Type: fleet.TriggerAfterPrevious, FinishedRatio: 0.9}),
+			fleet.RolloutFacts{EarlierDevices: 15, EarlierFinal: 14, ReachedAt: now}, fleet.StepTrigger, ""},
+		{"RatioOfOne", rollout(nil, fleet.Trigger{Type: fleet.TriggerAfterPrevious, FinishedRatio: 0.01}),
+			fleet.RolloutFacts{EarlierDevices: 1, EarlierFinal: 0}, fleet.StepWait, ""},
+		// The wait counts from the share reached, not before the previous
+		// phase triggered.
+		{"RatioReachedBeforeTrigger", rollout(nil, fleet.Trigger{Type: fleet.TriggerAfterPrevious, FinishedRatio: 0.5, WaitSeconds: 1000}),
+			fleet.RolloutFacts{EarlierDevices: 2, EarlierFinal: 1, ReachedAt: time.UnixMilli(0)}, fleet.StepWait, ""},
 		{"Manual", rollout(nil, fleet.Trigger{Type: fleet.TriggerManual}), fleet.RolloutFacts{}, fleet.StepWait, ""},
 		{"Ends", func() *fleet.Rollout {
 			r := rollout(nil, nowTrigger)
@@ -243,5 +266,56 @@ func TestSpan(t *testing.T) {
 		if got := fleet.Span(d); got != want {
 			t.Errorf("Span(%v) = %q, want %q", d, got, want)
 		}
+	}
+}
+
+// TestRolloutWaitReason is the table of what a waiting rollout says it
+// waits for.
+func TestRolloutWaitReason(t *testing.T) {
+	now := time.UnixMilli(1_000_000).UTC()
+	yes, no := true, false
+	seen := now.Add(-3 * time.Minute)
+	devices := []fleet.WaitingDevice{
+		{ID: "a", Status: fleet.StatusQueued, Online: &no},
+		{ID: "b", Status: fleet.StatusProgress, Online: &yes},
+		{ID: "c", Status: fleet.StatusQueued, Online: &no, LastSeenAt: &seen},
+		{ID: "d", Status: fleet.StatusInitiated, LastSeenAt: &seen}, // online unknown
+	}
+	after := func(ratio float64, wait int64) *fleet.Rollout {
+		return rollout(nil, fleet.Trigger{Type: fleet.TriggerAfterPrevious, FinishedRatio: ratio, WaitSeconds: wait})
+	}
+	rateGate := func() *fleet.Rollout {
+		r := 0.1
+		return rollout(&fleet.Gate{MaxFailureRate: &r, MinFinished: 5}, fleet.Trigger{Type: fleet.TriggerNow})
+	}
+	for _, tc := range []struct {
+		name string
+		w    fleet.RolloutWait
+		want string
+	}{
+		{"Devices", fleet.RolloutWait{Rollout: after(0, 0), Facts: fleet.RolloutFacts{EarlierDevices: 10, EarlierFinal: 6}, Devices: devices, Unfinished: 4},
+			"phase 1 (quarter) waits for 4 more devices of earlier phases to finish; not finished: a (Queued, offline, never seen), b (Progress, online), " +
+				"c (Queued, offline, last seen 1970-01-01T00:13:40Z), d (Initiated, last seen 1970-01-01T00:13:40Z)"},
+		{"Ratio", fleet.RolloutWait{Rollout: after(0.9, 0), Facts: fleet.RolloutFacts{EarlierDevices: 100, EarlierFinal: 80}, Devices: devices[:1], Unfinished: 20},
+			"phase 1 (quarter) waits for 10 more devices of earlier phases to finish (finished_ratio 0.9: 90 of 100); not finished: a (Queued, offline, never seen) and 19 more"},
+		{"Wait", fleet.RolloutWait{Rollout: after(0, 60), Facts: fleet.RolloutFacts{EarlierDevices: 1, EarlierFinal: 1, ReachedAt: now.Add(-time.Second)}},
+			"phase 1 (quarter) triggers at 1970-01-01T00:17:39Z, 60 seconds after the earlier phases' devices finished"},
+		{"Due", fleet.RolloutWait{Rollout: after(0, 0), Facts: fleet.RolloutFacts{EarlierDevices: 1, EarlierFinal: 1, ReachedAt: now}}, ""},
+		{"Manual", fleet.RolloutWait{Rollout: rollout(nil, fleet.Trigger{Type: fleet.TriggerManual})}, "phase 1 (quarter) waits for an operator to trigger it"},
+		{"Timestamp", fleet.RolloutWait{Rollout: rollout(nil, fleet.Trigger{Type: fleet.TriggerTimestamp, Timestamp: now.UnixMilli() + 60_000})},
+			"phase 1 (quarter) triggers at 1970-01-01T00:17:40Z"},
+		{"GateCannotJudge", fleet.RolloutWait{Rollout: rateGate(), Facts: fleet.RolloutFacts{Finished: 3}, Devices: devices[1:2], Unfinished: 2},
+			"the gate of phase 1 (quarter) cannot judge yet: 3 of the 5 finished devices it needs have finished; not finished: b (Progress, online) and 1 more"},
+		{"Settling", fleet.RolloutWait{Rollout: func() *fleet.Rollout { r := after(0, 0); r.NextPhase = 3; return r }(), Facts: fleet.RolloutFacts{Live: 1}, Devices: devices[:1], Unfinished: 1},
+			"every phase triggered; waiting for 1 device to finish: a (Queued, offline, never seen)"},
+		{"Ended", fleet.RolloutWait{Rollout: func() *fleet.Rollout { r := after(0, 0); r.Ended = true; return r }(), Facts: fleet.RolloutFacts{Live: 2}, Devices: devices[:2], Unfinished: 2},
+			"the schedule ended; waiting for 2 devices released before it to finish: a (Queued, offline, never seen), b (Progress, online)"},
+		{"Paused", fleet.RolloutWait{Rollout: func() *fleet.Rollout { r := after(0, 0); r.Status = fleet.RolloutPaused; return r }(), Devices: devices, Unfinished: 4}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.w.Reason(now); got != tc.want {
+				t.Fatalf("reason\n%q\nwant\n%q", got, tc.want)
+			}
+		})
 	}
 }

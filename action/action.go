@@ -580,9 +580,13 @@ func (s *Service) FindActions(ctx context.Context, tenant string, f fleet.Action
 	return s.Store.FindActions(ctx, tenant, f)
 }
 
-// FindAction reads an action.
+// FindAction reads an action; a rollout that waits says for what (waitingReason).
 func (s *Service) FindAction(ctx context.Context, tenant string, id int64) (*fleet.Action, error) {
-	return s.Store.FindAction(ctx, tenant, id)
+	a, err := s.Store.FindAction(ctx, tenant, id)
+	if err != nil {
+		return nil, err
+	}
+	return a, s.waitingReason(ctx, tenant, a)
 }
 
 // FindDeviceActions lists device actions.

@@ -21,6 +21,9 @@ type RolloutStore interface {
 	AbortRollout(ctx context.Context, tenant string, id int64, tell *fleet.Dispatch, now time.Time) (*fleet.RolloutChange, error)
 	TriggerNextPhase(ctx context.Context, tenant string, id int64, now time.Time) (*fleet.RolloutChange, error)
 	AppendPhase(ctx context.Context, tenant string, id int64, p fleet.Phase, check func(map[string]string) string, now time.Time) (*fleet.RolloutChange, error)
+	// RolloutWait reads what the rollout waits for at now; nil for an
+	// action without a schedule, or one paused or done.
+	RolloutWait(ctx context.Context, tenant string, id int64, now time.Time) (*fleet.RolloutWait, error)
 	fleet.RolloutNotificationService
 }
 
@@ -135,6 +138,27 @@ func (s *Service) forgetRollout(tenant string, id int64) {
 	s.rolloutMu.Lock()
 	delete(s.rolloutUntil, fleet.RolloutRef{Tenant: tenant, ActionID: id})
 	s.rolloutMu.Unlock()
+}
+
+// waitingReason says what the rollout of a waits for, with the online
+// state of the devices it names as this replica's device channel knows it.
+func (s *Service) waitingReason(ctx context.Context, tenant string, a *fleet.Action) error {
+	if a.Schedule == nil || a.Status.Done() || a.Status == fleet.RolloutPaused {
+		return nil
+	}
+	now := s.Now()
+	w, err := s.Store.RolloutWait(ctx, tenant, a.ID, now)
+	if err != nil || w == nil {
+		return err
+	}
+	if s.Sender != nil && !s.presenceUnknown() {
+		for i := range w.Devices {
+			online := s.Sender.Online(tenant, w.Devices[i].ID)
+			w.Devices[i].Online = &online
+		}
+	}
+	a.WaitingReason = w.Reason(now)
+	return nil
 }
 
 // PauseRollout pauses a scheduled or running rollout.

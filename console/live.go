@@ -35,6 +35,7 @@ type actionLive struct {
 	Phased      map[string]map[string]int `json:"phased"`
 	Status      fleet.RolloutStatus       `json:"status,omitempty"`
 	PauseReason string                    `json:"pause_reason,omitempty"`
+	Waiting     string                    `json:"waiting_reason,omitempty"`
 	NextPhase   *int                      `json:"next_phase,omitempty"`
 	Triggered   []bool                    `json:"triggered,omitempty"`
 	// Ops are the rollout's operations allowed now, whose buttons show.
@@ -57,7 +58,7 @@ func (c *Console) handleActionEvents(w http.ResponseWriter, r *http.Request, v *
 		if err != nil {
 			return nil, err
 		}
-		return actionLive{Statuses: a.Statuses, Phased: a.StatusesPhased, Status: a.Status, PauseReason: a.PauseReason,
+		return actionLive{Statuses: a.Statuses, Phased: a.StatusesPhased, Status: a.Status, PauseReason: a.PauseReason, Waiting: a.WaitingReason,
 			NextPhase: a.NextPhaseIndex, Triggered: a.PhasesTriggered, Ops: a.RolloutOps()}, nil
 	})
 }

@@ -293,10 +293,17 @@ type actionData struct {
 	Phases   []phaseRow
 	Failed   []*fleet.DeviceAction
 	FailedN  int
-	Devices  []*fleet.DeviceAction
+	Devices  []actionDeviceRow
 	Status   string // filter of the device list
 	Pager    pager
 	Statuses []fleet.ActionStatus
+}
+
+// actionDeviceRow is a device action with its device's online state, as
+// far as this replica's broker can tell.
+type actionDeviceRow struct {
+	*fleet.DeviceAction
+	Online, OnlineKnown bool
 }
 
 func (c *Console) handleAction(w http.ResponseWriter, r *http.Request, v *view) error {
@@ -327,7 +334,14 @@ func (c *Console) handleAction(w http.ResponseWriter, r *http.Request, v *view) 
 	if err != nil {
 		return err
 	}
-	d.Devices, d.Pager = das, newPager(r, p, n)
+	for _, da := range das {
+		row := actionDeviceRow{DeviceAction: da}
+		if c.Presence != nil {
+			row.Online, row.OnlineKnown = c.Presence.Online(tenant, da.DeviceID), true
+		}
+		d.Devices = append(d.Devices, row)
+	}
+	d.Pager = newPager(r, p, n)
 	v.Title, v.Nav, v.Data = "Action "+strconv.FormatInt(id, 10)+": "+a.Action, "actions", d
 	c.render(w, r, http.StatusOK, "action", v)
 	return nil

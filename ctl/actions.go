@@ -35,6 +35,8 @@ A rollout releases the targets phase by phase. Give its schedule as a file
   trigger=         now, manual, after_previous or an RFC 3339 time (default:
                    now for the first phase, after_previous for the others)
   wait=            after_previous: how long to wait, such as 30s or 1h
+  finished-ratio=  after_previous: the share of the earlier phases' devices that
+                   must be final, such as 0.95 (default 1: every one)
   max-failure-rate=, min-finished=, alert-rules=ID,ID, watch=DURATION: the gate
 --release-notes, --end and --maintenance-window complete the schedule.`
 
@@ -257,7 +259,8 @@ change), until every device action is final, the rollout pauses or is
 aborted, or --timeout runs out. With -o json it writes one JSON object a
 line: {"event":"change","action":{...}} at each change, the action as
 'actions get' shows it, then {"event":"final","action":{...},
-"exit_code":N,"reason":"..."}.
+"exit_code":N,"reason":"..."}. A rollout that waits says for
+what (the API's waiting_reason).
 
 The exit code is what a CI job gates on:
   0  every device finished, and no more failed than --max-failed allows
@@ -452,6 +455,8 @@ func parsePhase(s string, first bool) (fleet.Phase, error) {
 			}
 		case "wait":
 			p.TriggerOn.WaitSeconds, err = seconds(v)
+		case "finished-ratio":
+			p.TriggerOn.FinishedRatio, err = strconv.ParseFloat(v, 64)
 		case "max-failure-rate":
 			var r float64
 			r, err = strconv.ParseFloat(v, 64)
@@ -463,7 +468,7 @@ func parsePhase(s string, first bool) (fleet.Phase, error) {
 		case "watch":
 			gate.WatchSeconds, err = seconds(v)
 		default:
-			return p, usagef("phase %s: unknown key %q (trigger, wait, max-failure-rate, min-finished, alert-rules, watch)", p.Name, k)
+			return p, usagef("phase %s: unknown key %q (trigger, wait, finished-ratio, max-failure-rate, min-finished, alert-rules, watch)", p.Name, k)
 		}
 		if err != nil {
 			return p, usagef("phase %s: %s: %v", p.Name, k, err)

@@ -271,20 +271,8 @@ func (db *DB) rolloutFacts(ctx context.Context, q querier, tenant string, r *fle
 		}
 	}
 	if r.WaitsForPrevious() {
-		prev := r.NextPhase - 1
-		if err := q.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+statusIn(liveStatuses)+" AND phase = ?",
-			tenant, r.ActionID, prev).Scan(&f.PreviousLive); err != nil {
+		if err := db.earlierFinal(ctx, q, tenant, r, &f); err != nil {
 			return f, err
-		}
-		if f.PreviousLive == 0 {
-			var at sql.NullInt64
-			if err := q.queryRow(ctx, "SELECT max(updated_at) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+finalStatuses+" AND phase = ?",
-				tenant, r.ActionID, prev).Scan(&at); err != nil {
-				return f, err
-			}
-			if at.Valid {
-				f.PreviousFinishedAt = fromMillis(at.Int64)
-			}
 		}
 	}
 	g := r.PendingGate()
@@ -338,6 +326,104 @@ func (db *DB) rolloutFacts(ctx context.Context, q querier, tenant string, r *fle
 		}
 	}
 	return f, nil
+}
+
+// earlierFinal reads how many device actions the phases before r's next
+// phase have and how many are final, from their counts, and when the share
+// the next phase's after_previous trigger waits for was reached: the
+// FinalNeeded-th to become final, counted back from the latest (for the
+// default share of every device, the latest).
+func (db *DB) earlierFinal(ctx context.Context, q querier, tenant string, r *fleet.Rollout, f *fleet.RolloutFacts) error {
+	rows, err := q.query(ctx, `SELECT action_status, CAST(sum(n) AS BIGINT) FROM device_action_counts
+		WHERE tenant = ? AND action_id = ? AND phase >= 0 AND phase < ? GROUP BY action_status`, tenant, r.ActionID, r.NextPhase)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var st string
+		var n int
+		if err := rows.Scan(&st, &n); err != nil {
+			return err
+		}
+		f.EarlierDevices += n
+		if fleet.ActionStatus(st).Final() {
+			f.EarlierFinal += n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	need := fleet.FinalNeeded(r.Schedule.Phases[r.NextPhase].TriggerOn.Ratio(), f.EarlierDevices)
+	if need == 0 || f.EarlierFinal < need {
+		return nil
+	}
+	var at int64
+	err = q.queryRow(ctx, "SELECT updated_at FROM device_actions WHERE tenant = ? AND action_id = ? AND "+finalStatuses+
+		" AND phase >= 0 AND phase < ? ORDER BY updated_at DESC LIMIT 1 OFFSET ?", tenant, r.ActionID, r.NextPhase, f.EarlierFinal-need).Scan(&at)
+	if err != nil {
+		return err
+	}
+	f.ReachedAt = fromMillis(at)
+	return nil
+}
+
+// RolloutWait reads what the rollout of action id waits for at now
+// (fleet.RolloutWait): nil for an action without a schedule, or one paused
+// or done.
+func (db *DB) RolloutWait(ctx context.Context, tenant string, id int64, now time.Time) (*fleet.RolloutWait, error) {
+	rtx, err := db.readTx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer rtx.Rollback()
+	r, err := scanRollout(rtx.queryRow(ctx, "SELECT "+rolloutColumns+
+		" FROM rollouts r JOIN actions a ON a.tenant = r.tenant AND a.id = r.action_id WHERE r.tenant = ? AND r.action_id = ?", tenant, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	} else if err != nil {
+		return nil, db.classify(err)
+	}
+	if r.Status.Done() || r.Status == fleet.RolloutPaused {
+		return nil, nil
+	}
+	w := &fleet.RolloutWait{Rollout: r}
+	// The gate's facts too (manual), to say why it cannot judge yet.
+	if w.Facts, err = db.rolloutFacts(ctx, rtx, tenant, r, now, true); err != nil {
+		return nil, db.classify(err)
+	}
+	// The devices of the phases released: those before the next phase,
+	// or all once every phase triggered (or the schedule ended).
+	phases := r.NextPhase
+	if r.Settling() {
+		phases = len(r.Schedule.Phases)
+	}
+	released := []fleet.ActionStatus{fleet.StatusQueued, fleet.StatusInitiated, fleet.StatusProgress}
+	const from = " FROM device_actions da WHERE da.tenant = ? AND da.action_id = ? AND da.phase >= 0 AND da.phase < ? AND da."
+	if err := rtx.queryRow(ctx, "SELECT count(*)"+from+statusIn(released), tenant, id, phases).Scan(&w.Unfinished); err != nil {
+		return nil, db.classify(err)
+	}
+	if w.Unfinished == 0 {
+		return w, nil
+	}
+	rows, err := rtx.query(ctx, `SELECT da.device_id, da.action_status, d.last_seen_at FROM device_actions da
+		LEFT JOIN devices d ON d.tenant = da.tenant AND d.id = da.device_id
+		WHERE da.tenant = ? AND da.action_id = ? AND da.phase >= 0 AND da.phase < ? AND da.`+statusIn(released)+`
+		ORDER BY da.device_id LIMIT ?`, tenant, id, phases, fleet.WaitingShown)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	w.Devices, err = scanAll(rows, func(s scanner) (fleet.WaitingDevice, error) {
+		var d fleet.WaitingDevice
+		var seen sql.NullInt64
+		err := s.Scan(&d.ID, &d.Status, &seen)
+		if seen.Valid {
+			t := fromMillis(seen.Int64)
+			d.LastSeenAt = &t
+		}
+		return d, err
+	})
+	return w, db.classify(err)
 }
 
 // ActiveRollouts lists the rollouts of every tenant that may still change.

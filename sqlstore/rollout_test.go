@@ -252,6 +252,87 @@ func TestRolloutSteps(t *testing.T) {
 	})
 }
 
+// TestRolloutFinishedRatio: an after_previous phase with finished_ratio
+// 0.75 triggers once 3 of the 4 devices of the earlier phases are final,
+// wait_seconds after the third finished; RolloutWait names the devices not
+// finished, with their last sighting, and after the last phase the one
+// never delivered keeps the rollout from completing.
+func TestRolloutFinishedRatio(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, clk := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustDevices(t, db, "acme", map[string]map[string]string{"a": nil, "b": nil, "c": nil, "d": nil, "e": nil})
+		d := dispatch("update", "default", "a", "b", "c", "d", "e")
+		d.Schedule = &fleet.Schedule{Phases: []fleet.Phase{
+			fixed("canary", fleet.TriggerNow, "a", "b"),
+			fixed("more", fleet.TriggerNow, "c", "d"),
+			{Name: "rest", TriggerOn: fleet.Trigger{Type: fleet.TriggerAfterPrevious, WaitSeconds: 30, FinishedRatio: 0.75},
+				Info: fleet.PhaseInfo{Type: fleet.PhasePercentage, Percentage: 100}},
+		}}
+		a := mustDispatch(t, db, "acme", d)
+		step := func(want fleet.StepKind) {
+			t.Helper()
+			if c, err := db.AdvanceRollout(ctx, "acme", a.ID, clk.Now()); err != nil || c.Step.Kind != want {
+				t.Fatalf("step %+v, %v; want kind %d", c, err, want)
+			}
+		}
+		wait := func(unfinished int, devices string) *fleet.RolloutWait {
+			t.Helper()
+			w, err := db.RolloutWait(ctx, "acme", a.ID, clk.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, d := range w.Devices {
+				got = append(got, fmt.Sprintf("%s:%s:%v", d.ID, d.Status, d.LastSeenAt != nil))
+			}
+			if w.Unfinished != unfinished || fmt.Sprint(got) != devices {
+				t.Fatalf("waits for %d: %v; want %d: %s", w.Unfinished, got, unfinished, devices)
+			}
+			return w
+		}
+		step(fleet.StepTrigger)
+		step(fleet.StepTrigger)
+		step(fleet.StepWait)
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "a", ActionID: a.ID, State: "Completed"})
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "c", ActionID: a.ID, State: "Failed"})
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "d", ActionID: a.ID, State: "Running"})
+		if err := db.TouchDevice(ctx, "acme", "d", clk.Now()); err != nil {
+			t.Fatal(err)
+		}
+		step(fleet.StepWait) // 2 of 4
+		w := wait(2, "[b:Queued:false d:Progress:true]")
+		if want := "phase 2 (rest) waits for 1 more device of earlier phases to finish (finished_ratio 0.75: 3 of 4); not finished: " +
+			"b (Queued, never seen), d (Progress, last seen " + clk.Now().UTC().Format(time.RFC3339) + ")"; w.Reason(clk.Now()) != want {
+			t.Fatalf("reason %q\nwant   %q", w.Reason(clk.Now()), want)
+		}
+		clk.Add(time.Minute)
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "d", ActionID: a.ID, State: "Completed"})
+		clk.Add(29 * time.Second)
+		step(fleet.StepWait) // 29 s after the third finished
+		clk.Add(time.Second)
+		step(fleet.StepTrigger)
+		// e is released; b never received it: the rollout is not
+		// completed while either is not final.
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "e", ActionID: a.ID, State: "Completed"})
+		step(fleet.StepWait)
+		if w := wait(1, "[b:Queued:false]"); w.Reason(clk.Now()) != "every phase triggered; waiting for 1 device to finish: b (Queued, never seen)" {
+			t.Fatalf("settling: %q", w.Reason(clk.Now()))
+		}
+		mustReport(t, db, "acme", fleet.StatusReport{DeviceID: "b", ActionID: a.ID, State: "Completed"})
+		step(fleet.StepComplete)
+		if w, err := db.RolloutWait(ctx, "acme", a.ID, clk.Now()); w != nil || err != nil {
+			t.Fatalf("a completed rollout waits for %+v, %v", w, err)
+		}
+		// Tenants apart: another tenant's RolloutWait of the id is nothing.
+		mustTenant(t, db, "other")
+		if w, err := db.RolloutWait(ctx, "other", a.ID, clk.Now()); w != nil || err != nil {
+			t.Fatalf("another tenant reads %+v, %v", w, err)
+		}
+	})
+}
+
 // benchTenant makes a tenant "bench" of n devices, dev-0000000 on.
 func benchTenant(b *testing.B, db *sqlstore.DB, n int) {
 	b.Helper()

@@ -432,6 +432,14 @@ func TestFleetctlActions(t *testing.T) {
 			wantContains(t, "resume", f.ok(t, "actions", "resume", id), "running")
 			wantContains(t, "stderr", f.fails(t, ctl.ExitRefused, "actions", "resume", id), "409 conflict")
 			f.ok(t, "actions", "append-phase", id, "--phase", "late d4 trigger=manual")
+			// watch says what the running rollout waits for.
+			ctx, stop := context.WithCancel(context.Background())
+			out, done := f.start(ctx, "actions", "watch", id, "--interval", "10ms")
+			eventually(t, "watch to say what the rollout waits for", func() bool {
+				return strings.Contains(out.String(), "; rollout running; waiting: phase 1 (rest) waits for an operator to trigger it")
+			})
+			stop()
+			<-done
 			s.report(t, "d1", d.ID, "Completed")
 			f.ok(t, "actions", "trigger-next-phase", id)
 			f.json(t, &r, "actions", "get", id)
@@ -451,6 +459,20 @@ func TestFleetctlActions(t *testing.T) {
 				t.Fatalf("rollout from a schedule file: %+v", r)
 			}
 			wantContains(t, "phase usage", f.fails(t, ctl.ExitUsage, "actions", "dispatch", "x", "--all", "--phase", "lonely"), "NAME SELECTION")
+			var ratio struct {
+				Schedule struct {
+					Phases []struct {
+						TriggerOn map[string]any `json:"trigger_on"`
+					}
+				}
+			}
+			f.json(t, &d, "actions", "dispatch", "update", "--devices", "d2,d3", "--phase", "canary d2 trigger=manual", "--phase", "rest 100% finished-ratio=0.5")
+			f.json(t, &ratio, "actions", "get", fmt.Sprint(d.ID))
+			if len(ratio.Schedule.Phases) != 2 || fmt.Sprint(ratio.Schedule.Phases[1].TriggerOn) != "map[finished_ratio:0.5 type:after_previous]" {
+				t.Fatalf("a phase with finished-ratio: %+v", ratio)
+			}
+			wantContains(t, "finished-ratio 2", f.fails(t, ctl.ExitRefused, "actions", "dispatch", "update", "--devices", "d2,d3",
+				"--phase", "canary d2", "--phase", "rest 100% finished-ratio=2"), "schedule.phases[1].trigger_on.finished_ratio")
 		})
 	})
 }

@@ -40,6 +40,7 @@ type rolloutBody struct {
 	NextPhaseIndex  *int                               `json:"next_phase_index"`
 	Status          string                             `json:"status"`
 	PauseReason     string                             `json:"pause_reason"`
+	WaitingReason   string                             `json:"waiting_reason"`
 }
 
 func (s *testServer) rollout(t *testing.T, c creds, id int64) rolloutBody {
@@ -392,6 +393,91 @@ func TestRolloutEndToEnd(t *testing.T) {
 	})
 }
 
+// TestRolloutOfflineDevice runs rollouts whose canary has a device that
+// went offline: with after_previous's default share of every device the
+// next phase waits, and waiting_reason names the device and says it is
+// offline; with finished_ratio 0.5 the next phase goes on, and the rollout
+// stays running (not completed) while the device has not received its
+// action, saying so; once the device comes back both complete.
+func TestRolloutOfflineDevice(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, "--rollout-interval", "20ms", "--rate-limit", "-1")
+		admin := s.admin()
+		online := s.startSim(t, "--devices", "4", "--provision", "--url", s.URL, "--api-key", admin.Key, "--prefix", "st-", "--telemetry-interval", "0")
+		online.connected(t, 4)
+		tokens := filepath.Join(t.TempDir(), "off.csv")
+		off := s.startSim(t, "--devices", "1", "--provision", "--url", s.URL, "--api-key", admin.Key, "--tokens", tokens, "--prefix", "off-", "--telemetry-interval", "0")
+		off.connected(t, 1)
+		eventually(t, "off-00001 to be seen", func() bool {
+			var seen struct {
+				LastSeenAt *time.Time `json:"last_seen_at"`
+			}
+			s.do(t, admin, "GET", "/api/v1/devices/off-00001", nil).want(t, 200).decode(t, &seen)
+			return seen.LastSeenAt != nil
+		})
+		off.stop(t)
+
+		targets := []string{"st-00001", "st-00002", "st-00003", "st-00004", "off-00001"}
+		rollout := func(rest map[string]any) int64 {
+			return s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": targets,
+				"schedule": map[string]any{"phases": []any{
+					phase("canary", triggerNow, fixedList("st-00001", "off-00001")),
+					phase("rest", rest, percent(100)),
+				}}})
+		}
+		offline := `off-00001 \(Queued, offline, last seen \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\)`
+
+		stalled := rollout(triggerAfter)
+		s.awaitActionStatus(t, admin, "st-00001", stalled, "Completed")
+		var a rolloutBody
+		eventually(t, "the stalled rollout to say why it waits", func() bool {
+			a = s.rollout(t, admin, stalled)
+			return regexp.MustCompile(`^phase 1 \(rest\) waits for 1 more device of earlier phases to finish; not finished: ` + offline + `$`).MatchString(a.WaitingReason)
+		})
+		if a.Status != "running" || fmt.Sprint(a.PhasesTriggered) != "[true false]" {
+			t.Fatalf("stalled: %+v", a)
+		}
+
+		half := rollout(map[string]any{"type": "after_previous", "finished_ratio": 0.5})
+		eventually(t, "finished_ratio 0.5 to release the rest without the offline device", func() bool {
+			a = s.rollout(t, admin, half)
+			return a.StatusesPhased["1"]["Completed"] == 3
+		})
+		// Every phase triggered, but a device never received the action:
+		// the rollout is not completed, and says what it waits for.
+		eventually(t, "the rollout to say it waits for the offline device", func() bool {
+			a = s.rollout(t, admin, half)
+			return regexp.MustCompile(`^every phase triggered; waiting for 1 device to finish: ` + offline + `$`).MatchString(a.WaitingReason)
+		})
+		if a.Status != "running" || a.Statuses["Queued"] != 1 || a.Statuses["Completed"] != 4 {
+			t.Fatalf("waiting for the offline device: %+v", a)
+		}
+		// The console's action page says it too, and shows which devices
+		// are online.
+		console := newBrowser(t, s.URL)
+		console.signIn(admin.Tenant, admin.Key)
+		page := console.get(fmt.Sprintf("/console/actions/%d", half)).want(t, 200).Body
+		for _, want := range []string{`data-waiting-reason>every phase triggered; waiting for 1 device to finish: off-00001 (Queued, offline`,
+			`<a href="/console/devices/off-00001">off-00001</a></td>` + "\n" + `<td><span class="offline">offline</span></td>`,
+			`<a href="/console/devices/st-00001">st-00001</a></td>` + "\n" + `<td><span class="online">online</span></td>`} {
+			if !strings.Contains(page, want) {
+				t.Fatalf("the action page lacks %q:\n%s", want, page)
+			}
+		}
+
+		// The device comes back: it receives both actions, and both
+		// rollouts complete.
+		back := s.startSim(t, "--tokens", tokens, "--telemetry-interval", "0")
+		back.connected(t, 1)
+		for _, id := range []int64{stalled, half} {
+			a = s.awaitRollout(t, admin, id, "completed")
+			if a.Statuses["Completed"] != 5 || a.WaitingReason != "" {
+				t.Fatalf("completed: %+v", a)
+			}
+		}
+	})
+}
+
 // TestRolloutEncodings reads a rollout (GET /api/v1/actions/{id}, the
 // list, S7 of a device of each phase, the action's device actions) in each
 // of the four encodings: each shows the phases as they are, and says what
@@ -409,11 +495,13 @@ func TestRolloutEncodings(t *testing.T) {
 				"maintenance_window": map[string]any{"start": "22:00", "end": "04:30", "timezone": "Europe/Berlin"},
 				"phases": []any{
 					phase("canary", triggerManual, fixedList("enc-2")),
-					map[string]any{"name": "rest", "trigger_on": map[string]any{"type": "after_previous", "wait_seconds": 60}, "info": percent(100),
+					map[string]any{"name": "rest", "trigger_on": map[string]any{"type": "after_previous", "wait_seconds": 60, "finished_ratio": 0.75}, "info": percent(100),
 						"gate": map[string]any{"max_failure_rate": rate, "min_finished": 1}},
 				}}})
 		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil).want(t, 204)
 		phased := "map[0:map[Scheduled:1] 1:map[Scheduled:2]]"
+		waiting := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"enc-1"},
+			"schedule": map[string]any{"phases": []any{phase("by hand", triggerManual, percent(100))}}})
 		rollout := func(t *testing.T, a any) {
 			t.Helper()
 			for _, c := range []struct {
@@ -431,6 +519,7 @@ func TestRolloutEncodings(t *testing.T) {
 				{[]any{"schedule", "maintenance_window", "timezone"}, "Europe/Berlin"},
 				{[]any{"schedule", "phases", 0, "info", "device_ids"}, "[enc-2]"},
 				{[]any{"schedule", "phases", 1, "trigger_on", "wait_seconds"}, "60"},
+				{[]any{"schedule", "phases", 1, "trigger_on", "finished_ratio"}, "0.75"},
 				{[]any{"schedule", "phases", 1, "gate", "max_failure_rate"}, "0.25"},
 			} {
 				if got := fmt.Sprint(at(a, c.path...)); got != c.want {
@@ -455,8 +544,13 @@ func TestRolloutEncodings(t *testing.T) {
 			check func(*testing.T, any)
 		}{
 			{fmt.Sprintf("/api/v1/actions/%d", id), rollout},
-			{"/api/v1/actions?limit=5", func(t *testing.T, v any) { rollout(t, at(v, "actions", 0)) }},
-			{"/api/v1/actions?incomplete=true", func(t *testing.T, v any) { rollout(t, at(v, "actions", 0)) }},
+			{"/api/v1/actions?limit=5", func(t *testing.T, v any) { rollout(t, at(v, "actions", 1)) }},
+			{fmt.Sprintf("/api/v1/actions/%d", waiting), func(t *testing.T, v any) {
+				if got := fmt.Sprint(at(v, "waiting_reason")); got != "phase 0 (by hand) waits for an operator to trigger it" {
+					t.Fatalf("waiting_reason %s", got)
+				}
+			}},
+			{"/api/v1/actions?incomplete=true", func(t *testing.T, v any) { rollout(t, at(v, "actions", 1)) }},
 			{"/api/v1/devices/enc-2/actions", deviceActions("map[enc-2:0 Scheduled Scheduled]")},
 			{"/api/v1/devices/enc-3/actions", deviceActions("map[enc-3:1 Scheduled Scheduled]")},
 			{fmt.Sprintf("/api/v1/actions/%d/devices", id), deviceActions("map[enc-1:1 Scheduled Scheduled enc-2:0 Scheduled Scheduled enc-3:1 Scheduled Scheduled]")},

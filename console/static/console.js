@@ -50,6 +50,10 @@
       setText(el, data.pause_reason || "");
       el.hidden = !data.pause_reason;
     });
+    root.querySelectorAll("[data-waiting-reason]").forEach(function (el) {
+      setText(el, data.waiting_reason || "");
+      el.hidden = !data.waiting_reason;
+    });
     root.querySelectorAll("[data-op]").forEach(function (el) {
       el.hidden = (data.ops || []).indexOf(el.getAttribute("data-op")) < 0;
     });
