@@ -169,9 +169,7 @@ func newRig(t *testing.T, store *memStore, rules ...*fleet.AlertRule) *rig {
 		store.devices["acme/d1"] = map[string]string{"site": "berlin"}
 		store.devices["acme/d2"] = map[string]string{"site": "paris"}
 	}
-	for _, r := range rules {
-		store.rules = append(store.rules, r)
-	}
+	store.rules = append(store.rules, rules...)
 	c := testclock.New(t0)
 	e := &alert.Engine{Store: store, Devices: store, Now: c.Now}
 	if err := e.Load(context.Background()); err != nil {

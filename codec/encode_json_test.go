@@ -26,9 +26,10 @@ type Embedded struct {
 type plain struct {
 	Embedded
 	*inner
-	Name     string            `json:"name"`
-	Role     fleet.Role        `json:"role"`
-	Skip     string            `json:"-"`
+	Name string     `json:"name"`
+	Role fleet.Role `json:"role"`
+	Skip string     `json:"-"`
+	//lint:ignore SA5008 encoding/json names this field "-"; the encoder must too
 	Dash     string            `json:"-,"`
 	Omit     string            `json:"omit,omitempty"`
 	OmitPtr  *int              `json:"omit_ptr,omitempty"`
@@ -44,7 +45,8 @@ type plain struct {
 	U64      uint64            `json:"u64"`
 	F64      float64           `json:"f64"`
 	Strs     map[string]string `json:"strs,omitempty"`
-	private  int
+	//lint:ignore U1000 an unexported field, which the encoder must skip
+	private int
 }
 
 // TestEncodeJSONMatchesEncodingJSON checks byte compatibility with

@@ -162,7 +162,7 @@ func (e *transitEmitter) putFloat(f float64, bits int) {
 func appendFloatText(b []byte, f float64, bits int) []byte {
 	start := len(b)
 	b = strconv.AppendFloat(b, f, 'g', -1, bits)
-	if bytes.IndexAny(b[start:], ".e") < 0 {
+	if !bytes.ContainsAny(b[start:], ".e") {
 		b = append(b, '.', '0')
 	}
 	return b

@@ -235,12 +235,12 @@ func (c *Console) run(ctx context.Context, key string, f *feed, read func(contex
 	}
 }
 
-// current is the feed's latest value, its error, and what is closed when
-// either changes.
-func (f *feed) current(mu *sync.Mutex) ([]byte, error, <-chan struct{}) {
+// current is the feed's latest value, what is closed when it or its error
+// changes, and its error.
+func (f *feed) current(mu *sync.Mutex) ([]byte, <-chan struct{}, error) {
 	mu.Lock()
 	defer mu.Unlock()
-	return f.last, f.err, f.changed
+	return f.last, f.changed, f.err
 }
 
 // stream sends the feed of key (started with read if need be) as the
@@ -267,7 +267,7 @@ func (c *Console) stream(w http.ResponseWriter, r *http.Request, event, key stri
 	}
 	var sent []byte
 	for {
-		b, err, changed := f.current(&c.feeds.mu)
+		b, changed, err := f.current(&c.feeds.mu)
 		if err != nil {
 			return nil // the browser reconnects
 		}

@@ -98,7 +98,11 @@ func jwkOf(kid string, pub crypto.PublicKey) map[string]string {
 	case *rsa.PublicKey:
 		return map[string]string{"kty": "RSA", "kid": kid, "use": "sig", "n": b64(k.N.Bytes()), "e": b64(big.NewInt(int64(k.E)).Bytes())}
 	case *ecdsa.PublicKey:
-		return map[string]string{"kty": "EC", "kid": kid, "crv": "P-256", "x": b64(k.X.FillBytes(make([]byte, 32))), "y": b64(k.Y.FillBytes(make([]byte, 32)))}
+		point, err := k.Bytes() // 0x04, then x and y, 32 bytes each
+		if err != nil {
+			panic(err)
+		}
+		return map[string]string{"kty": "EC", "kid": kid, "crv": "P-256", "x": b64(point[1:33]), "y": b64(point[33:])}
 	case ed25519.PublicKey:
 		return map[string]string{"kty": "OKP", "kid": kid, "crv": "Ed25519", "x": b64(k)}
 	}
@@ -429,6 +433,23 @@ func TestJWKSKeyBounds(t *testing.T) {
 			}
 		})
 	}
+	t.Run("point off the curve", func(t *testing.T) {
+		// ecKey's point with y one greater: no P-256 key has it, and a
+		// signature must not be checked against it.
+		off := jwkOf("ec-off", ecKey.Public())
+		y, _ := base64.RawURLEncoding.DecodeString(off["y"])
+		off["y"] = b64(new(big.Int).Add(new(big.Int).SetBytes(y), big.NewInt(1)).FillBytes(make([]byte, 32)))
+		srv, _ := jwksServer(t, 200, []map[string]string{off, jwkOf("rsa-1", rsaKey.Public())}, nil)
+		a, _ := jwksAuthenticator(t, srv.URL)
+		if _, err := a.AuthenticateToken(context.Background(), "acme", sign(t, jwt.SigningMethodES256, "ec-off", ecKey, claims(nil))); fleet.ErrorCode(err) != fleet.EUNAUTHENTICATED {
+			t.Fatalf("a token for the key off the curve: err %v, want unauthenticated", err)
+		}
+		// Skipped, it leaves rsa-1 the set's only key, which a token
+		// without a key id is checked against.
+		if _, err := a.AuthenticateToken(context.Background(), "acme", sign(t, jwt.SigningMethodRS256, "", rsaKey, claims(nil))); err != nil {
+			t.Fatalf("a token without a key id, for the set's only good key: %v", err)
+		}
+	})
 	t.Run("signature of the wrong length", func(t *testing.T) {
 		srv, _ := jwksServer(t, 200, []map[string]string{jwkOf("rsa-1", rsaKey.Public())}, nil)
 		a, _ := jwksAuthenticator(t, srv.URL)

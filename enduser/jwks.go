@@ -3,7 +3,6 @@ package enduser
 import (
 	"context"
 	"crypto"
-	"crypto/ecdh"
 	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/elliptic"
@@ -273,12 +272,14 @@ func fetchJWKS(ctx context.Context, client *http.Client, url string) (map[string
 			if e1 != nil || e2 != nil || x.BitLen() > 256 || y.BitLen() > 256 {
 				continue
 			}
-			// crypto/ecdh refuses points that are not on the curve.
+			// ParseUncompressedPublicKey refuses points that are not on the
+			// curve.
 			point := append([]byte{4}, append(x.FillBytes(make([]byte, 32)), y.FillBytes(make([]byte, 32))...)...)
-			if _, err := ecdh.P256().NewPublicKey(point); err != nil {
+			key, err := ecdsa.ParseUncompressedPublicKey(elliptic.P256(), point)
+			if err != nil {
 				continue
 			}
-			pub = &ecdsa.PublicKey{Curve: elliptic.P256(), X: x, Y: y}
+			pub = key
 		case "OKP":
 			x, err := base64.RawURLEncoding.DecodeString(k.X)
 			if k.Crv != "Ed25519" || err != nil || len(x) != ed25519.PublicKeySize {

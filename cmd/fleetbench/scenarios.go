@@ -391,7 +391,7 @@ func (r *runner) mosquittoBaseline(ctx context.Context, toks []deviceToken, acti
 	res := r.publishLoad(ctx, fc, statusTopic, statusReports(actionID, newReportSeq(len(toks))))
 	note := strings.Replace(cpu.String(), "fleetd", "mosquitto", 1)
 	if res.errors > 0 {
-		return "", fmt.Errorf("Mosquitto baseline: %s; its log:\n%s", errorNote(res), tail(m.log, 10))
+		return "", fmt.Errorf("the Mosquitto baseline: %s; its log:\n%s", errorNote(res), tail(m.log, 10))
 	}
 	r.rep.addBaseline("mosquitto", "Mosquitto", &figure{Name: fmt.Sprintf("Mosquitto %s, the same %d clients, QoS 1, no persistence", m.version, len(toks)),
 		Value: res.rate, Unit: perSecond, Note: joinNotes(fmt.Sprintf("PUBACK p50 %.2f ms, p99 %.2f ms", ms(res.p50), ms(res.p99)), note)})

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,11 +47,8 @@ func fleetdBinary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(dir, "fleetd")
-		goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-		if _, err := os.Stat(goBin); err != nil {
-			goBin = "go"
-		}
-		out, err := exec.Command(goBin, "build", "-o", binPath, ".").CombinedOutput()
+		// go test puts its own go first on the test's PATH.
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}

@@ -51,10 +51,8 @@ func soak(t *testing.T, b sqlstoretest.Backend, d time.Duration) {
 	// alert rules that open and close; the rest through the API.
 	const fleetSize = 100
 	var toks []device
-	var ids []string
 	for i := range fleetSize {
 		toks = append(toks, s.mustDevice(t, admin, fmt.Sprintf("soak-%d", i), map[string]string{"site": fmt.Sprint(i % 5)}))
-		ids = append(ids, toks[i].ID)
 	}
 	rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "deactivation_threshold_seconds": 1,
 		"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
