@@ -95,7 +95,7 @@ func LogRejected(ctx context.Context, log *slog.Logger, err error, tenant, devic
 		level = slog.LevelError
 	}
 	log.Log(ctx, level, "mqtt: device publish rejected",
-		"tenant", tenant, "device", device, "topic", topic, "qos", qos, "error", err)
+		"tenant", tenant, "device", device, "topic", topic, "qos", qos, "err", err)
 }
 
 // Unavailable reports whether a Handler error means "try again later".

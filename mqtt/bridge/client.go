@@ -624,7 +624,7 @@ func (c *Client) handle(in inbound) {
 		c.stats.unacked.Add(1)
 		c.unacked.Store(true) // the session must keep it, even at Close
 		c.log.Warn("mqtt: publish not acknowledged, fleetd cannot commit it now; reconnecting so that the broker sends it again",
-			"tenant", t.Tenant, "device", t.Device, "topic", in.pub.Topic, "error", err)
+			"tenant", t.Tenant, "device", t.Device, "topic", in.pub.Topic, "err", err)
 		// Acknowledgements go out in order, so none after this one would
 		// leave either: the broker resends them all on the new connection,
 		// and reports already applied are ignored. The new connection waits

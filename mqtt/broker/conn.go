@@ -191,7 +191,7 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 	defer cancel()
 	if err := s.authenticate(ctx, tenant, deviceID, cred); err != nil {
 		if mqtt.Unavailable(ctx, err) {
-			s.log.Warn("mqtt: cannot authenticate device now", "tenant", tenant, "device", deviceID, "error", err)
+			s.log.Warn("mqtt: cannot authenticate device now", "tenant", tenant, "device", deviceID, "err", err)
 			return refuse(codeServerUnavailable)
 		}
 		s.authFailed(ip)
@@ -383,7 +383,7 @@ func (d *device) end(err error) {
 			// Logged where it was found.
 		default:
 			s.log.Info("mqtt: device disconnected: it broke the protocol",
-				"tenant", d.tenant, "device", d.id, "error", pe.msg, "remote", d.remote())
+				"tenant", d.tenant, "device", d.id, "err", pe.msg, "remote", d.remote())
 		}
 		d.close(pe.code, err)
 	case errors.As(err, &ne) && ne.Timeout():
@@ -506,7 +506,7 @@ func (d *device) publish(p *publishPacket) error {
 	if err != nil && mqtt.Unavailable(ctx, err) && p.qos > 0 {
 		s.stats.unacked.Add(1)
 		s.log.Warn("mqtt: publish not acknowledged, fleetd cannot commit it now; disconnecting the device so it publishes again",
-			"tenant", d.tenant, "device", d.id, "topic", p.topic, "error", err)
+			"tenant", d.tenant, "device", d.id, "topic", p.topic, "err", err)
 		return protocolErr(codeServerBusy, "cannot commit now")
 	}
 	if err != nil {

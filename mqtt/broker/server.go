@@ -397,7 +397,7 @@ func (l *listener) serve(handle func(nc net.Conn, ip string, connected func(), d
 			}
 			// Out of file descriptors, most likely: wait, as net/http does.
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			l.log.Error("mqtt: accept", "error", err, "retry_in", backoff)
+			l.log.Error("mqtt: accept", "err", err, "retry_in", backoff)
 			time.Sleep(backoff)
 			continue
 		}
@@ -437,7 +437,7 @@ func (l *listener) serve(handle func(nc net.Conn, ip string, connected func(), d
 			l.gate.leave(ip, pending)
 			conn.Close()
 			if err != nil {
-				l.log.Debug("mqtt: connection ended", "remote", conn.RemoteAddr().String(), "error", err)
+				l.log.Debug("mqtt: connection ended", "remote", conn.RemoteAddr().String(), "err", err)
 			}
 			l.wg.Done()
 		})
