@@ -16,6 +16,7 @@ require (
 	github.com/zitadel/oidc/v3 v3.52.0
 	go.yaml.in/yaml/v3 v3.0.6
 	golang.org/x/sync v0.24.0
+	golang.org/x/term v0.46.0
 	modernc.org/sqlite v1.60.1
 )
 

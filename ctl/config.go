@@ -142,7 +142,7 @@ func (a *app) resolve() (target, error) {
 		CAFile: pick(a.caFile, "FLEETCTL_CA_FILE", ctx.CAFile),
 	}
 	if t.URL == "" || t.Tenant == "" || t.APIKey == "" {
-		return t, usagef("no server to talk to: run 'fleetctl login --url URL --tenant TENANT --api-key KEY', or set FLEETCTL_URL, FLEETCTL_TENANT and FLEETCTL_API_KEY")
+		return t, usagef("no server to talk to: run 'fleetctl login --url URL --tenant TENANT', or set FLEETCTL_URL, FLEETCTL_TENANT and FLEETCTL_API_KEY")
 	}
 	return t, nil
 }
@@ -150,33 +150,32 @@ func (a *app) resolve() (target, error) {
 const loginLong = `Stores a context (a server URL, a tenant and an API key under a name) in
 $XDG_CONFIG_HOME/fleetctl/config, mode 0600, and makes it the current one.
 The key is checked first with a request that any valid key may make.
---api-key - reads the key from standard input, so that it shows neither in
-the shell's history nor in ps.`
+The key comes from FLEETCTL_API_KEY or, on a terminal, from a prompt that
+does not echo it; --api-key - reads it from standard input. Each keeps it
+out of the shell's history and out of ps, where --api-key KEY shows it.`
 
 func (a *app) loginCmd() *cobra.Command {
 	var name string
 	var noCheck bool
 	c := &cobra.Command{
-		Use:     "login --url URL --tenant TENANT --api-key KEY",
-		Short:   "Store a named context (server, tenant, key) and make it current",
-		Long:    loginLong,
-		Example: "  fleetctl login --url https://fleet.example.com --tenant acme --api-key \"$KEY\" --name acme-prod",
-		Args:    exactArgs(0),
+		Use:   "login --url URL --tenant TENANT",
+		Short: "Store a named context (server, tenant, key) and make it current",
+		Long:  loginLong,
+		Example: "  fleetctl login --url https://fleet.example.com --tenant acme --name acme-prod   # asks for the key\n" +
+			"  FLEETCTL_API_KEY=\"$KEY\" fleetctl login --url https://fleet.example.com --tenant acme\n" +
+			"  fleetctl login --url https://fleet.example.com --tenant acme --api-key - < key.txt",
+		Args: exactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if a.url == "" || a.tenant == "" || a.apiKey == "" {
-				return usagef("login needs --url, --tenant and --api-key")
+			if a.url == "" || a.tenant == "" {
+				return usagef("login needs --url and --tenant")
 			}
 			u, err := url.Parse(a.url)
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 				return usagef("--url %q: want http://host:port or https://host", a.url)
 			}
-			key := a.apiKey
-			if key == "-" {
-				b, err := readAllLimited(a.env.Stdin, 4096)
-				if err != nil {
-					return err
-				}
-				key = strings.TrimSpace(string(b))
+			key, err := a.loginKey()
+			if err != nil {
+				return err
 			}
 			if name == "" {
 				name = a.tenant + "@" + u.Host
@@ -218,6 +217,33 @@ func (a *app) loginCmd() *cobra.Command {
 	c.Flags().StringVar(&name, "name", "", "the context's `NAME` (default TENANT@HOST)")
 	c.Flags().BoolVar(&noCheck, "no-check", false, "store the context without checking the key")
 	return c
+}
+
+// loginKey is the key to log in with: --api-key (- reads standard
+// input), else FLEETCTL_API_KEY, else what is typed at a prompt that does
+// not echo it.
+func (a *app) loginKey() (string, error) {
+	key := a.apiKey
+	switch {
+	case key == "-":
+		b, err := readAllLimited(a.env.Stdin, 4096)
+		if err != nil {
+			return "", err
+		}
+		key = string(b)
+	case key == "":
+		key = a.env.Getenv("FLEETCTL_API_KEY")
+	}
+	if key == "" && a.env.ReadSecret != nil {
+		var err error
+		if key, err = a.env.ReadSecret("API key for tenant " + a.tenant + ": "); err != nil {
+			return "", err
+		}
+	}
+	if key = strings.TrimSpace(key); key == "" {
+		return "", usagef("login needs an API key: set FLEETCTL_API_KEY, type it when asked on a terminal, or pipe it in with --api-key -")
+	}
+	return key, nil
 }
 
 func (a *app) configCmd() *cobra.Command {

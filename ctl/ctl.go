@@ -24,6 +24,9 @@ type Env struct {
 	// IsTerminal says whether the writer is a terminal, where progress
 	// redraws in place; nil means never.
 	IsTerminal func(io.Writer) bool
+	// ReadSecret shows prompt and reads a line from the terminal without
+	// echoing it; nil when standard input is not a terminal.
+	ReadSecret func(prompt string) (string, error)
 }
 
 // The exit codes a script can rely on (rootLong tells them to users).
@@ -126,8 +129,9 @@ const rootLong = `fleetctl talks to a fleetd server over its HTTP API: devices, 
 rollouts, firmware bundles, alert rules and alerts, API keys, the tenant's
 end-user authentication and the audit log.
 
-Start with 'fleetctl login --url URL --tenant TENANT --api-key KEY', which
-stores a named context in $XDG_CONFIG_HOME/fleetctl/config (mode 0600). The
+Start with 'fleetctl login --url URL --tenant TENANT', which asks for the
+key (or takes it from FLEETCTL_API_KEY) and stores a named context in
+$XDG_CONFIG_HOME/fleetctl/config (mode 0600). The
 flags --context, --url, --tenant, --api-key and --ca-file and the variables
 FLEETCTL_URL, FLEETCTL_TENANT, FLEETCTL_API_KEY and FLEETCTL_CA_FILE override
 the context (flags first).

@@ -24,14 +24,25 @@ import (
 type fleetctl struct {
 	env map[string]string
 	tty bool // its output is a terminal, where progress redraws in place
+	// typed, when set, is what a person types at a prompt on the
+	// terminal; prompts are the prompts shown.
+	typed   string
+	prompts []string
 }
 
 func (f *fleetctl) environment(stdin string, out, errOut io.Writer) ctl.Env {
-	return ctl.Env{
+	env := ctl.Env{
 		Getenv: func(k string) string { return f.env[k] },
 		Stdin:  strings.NewReader(stdin), Stdout: out, Stderr: errOut,
 		IsTerminal: func(io.Writer) bool { return f.tty },
 	}
+	if f.typed != "" {
+		env.ReadSecret = func(prompt string) (string, error) {
+			f.prompts = append(f.prompts, prompt)
+			return f.typed, nil
+		}
+	}
+	return env
 }
 
 // newFleetctl returns a client with an empty config directory that acts
@@ -146,6 +157,22 @@ func TestFleetctlContexts(t *testing.T) {
 			}
 			wantContains(t, "devices of --context home", f.ok(t, "devices", "list", "--context", "home"), "default-dev")
 			wantContains(t, "contexts", f.ok(t, "config", "get-contexts"), "home", "*  ")
+		})
+		t.Run("LoginKeyNotInArguments", func(t *testing.T) {
+			// The key from FLEETCTL_API_KEY, then from a prompt on the
+			// terminal; with neither, a usage error that says how.
+			g := s.newFleetctl(t, creds{})
+			g.env["FLEETCTL_API_KEY"] = acme.Key
+			g.ok(t, "login", "--url", s.URL, "--tenant", "acme")
+			delete(g.env, "FLEETCTL_API_KEY")
+			wantContains(t, "devices of acme", g.ok(t, "devices", "list"), "acme-dev")
+			wantContains(t, "stderr", g.fails(t, ctl.ExitUsage, "login", "--url", s.URL, "--tenant", "default"), "FLEETCTL_API_KEY", "--api-key -")
+			g.typed = s.Key
+			g.ok(t, "login", "--url", s.URL, "--tenant", "default")
+			if len(g.prompts) != 1 || !strings.Contains(g.prompts[0], "default") {
+				t.Fatalf("prompts %q, want one for tenant default", g.prompts)
+			}
+			wantContains(t, "devices of default", g.ok(t, "devices", "list"), "default-dev")
 		})
 		t.Run("Override", func(t *testing.T) {
 			// The variables beat the context; a flag beats both.
