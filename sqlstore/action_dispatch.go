@@ -52,8 +52,8 @@ const analyzeAfter = 10_000
 // minute or more; never where it is off), the planner takes a tenant's or
 // an action's rows for a few dozen and reads all of them where an index
 // would find the few a statement names: the reports' locking SELECT read
-// an action's 2,000 device actions for each batch (BENCHMARKS.md, issue
-// 20, 2026-11-26). Statistics that are merely old do not mislead it so:
+// an action's 2,000 device actions for each batch
+// (docs/benchmarks-notebook.md, 2026-11-26). Statistics that are merely old do not mislead it so:
 // they overstate a new action's or tenant's share, if anything. ANALYZE
 // samples a bounded number of rows, so it costs the same for 10,000 as
 // for 10,000,000.

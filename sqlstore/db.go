@@ -779,8 +779,8 @@ type writeTx interface {
 // statistics (the rows it inserted, updated and deleted) only when it
 // goes idle outside a transaction, and autovacuum and autoanalyze act on
 // those reports; a connection that never left its transaction kept them
-// from ever seeing the commit loops' writes (BENCHMARKS.md, "PostgreSQL's
-// CPU per S10 report"). It is given back to the pool after any failure of BEGIN,
+// from ever seeing the commit loops' writes (docs/benchmarks-notebook.md,
+// "PostgreSQL's CPU per S10 report"). It is given back to the pool after any failure of BEGIN,
 // COMMIT or ROLLBACK, and pgx's stdlib discards a connection given back
 // inside a transaction. If the server ended it while it waited
 // (pg_terminate_backend, idle_in_transaction_session_timeout), the next

@@ -25,7 +25,8 @@ const insertChunk = 200
 // rowsInsert is a multi-row INSERT of the rows given to each exec. The
 // statement of a full chunk is prepared once for the transaction: SQLite
 // parses a statement of 200 rows in about the time it takes to run it,
-// and provisioning runs it hundreds of times (BENCHMARKS.md, 2026-11-26).
+// and provisioning runs it hundreds of times (docs/benchmarks-notebook.md,
+// "Provisioning and the search rows").
 type rowsInsert struct {
 	tx        *Tx
 	head, row string // "INSERT INTO t (a, b) VALUES ", "(?, ?)"

@@ -261,7 +261,8 @@ func (d dialect) forUpdate() string {
 // analyzed, whose tenant PostgreSQL takes for a few dozen rows) it is
 // built again for every row read: TouchDevices took 145 ms that way for
 // 256 devices of 10,000, against 7 ms as ANY on the same table
-// (BENCHMARKS.md, issue 20, 2026-11-26). SQLite has no arrays: an IN list.
+// (docs/benchmarks-notebook.md, 2026-11-26). SQLite has no arrays: an IN
+// list.
 func (d dialect) anyOf(col string, vals []string) (string, []any) {
 	if d == postgres {
 		return col + " = ANY(?)", []any{vals}
@@ -292,7 +293,7 @@ func (d dialect) skipLocked() string {
 // type (a constant in a SELECT's list). SQLite, which needs no cast,
 // would evaluate one for every row the SELECT yields, as it does the
 // parameter: a dispatch's seven casts cost about 0.1 µs a device action,
-// some 2% of its CPU (BENCHMARKS.md, issue 20, 2026-11-26 morning).
+// some 2% of its CPU (docs/benchmarks-notebook.md, 2026-11-26 morning).
 func (d dialect) param(t string) string {
 	if d == postgres {
 		return "CAST(? AS " + t + ")"

@@ -11,7 +11,7 @@ import (
 // stores are read without json.Unmarshal's reflection, and every string in
 // them that needs no unescaping is a substring of text, not a copy: S7
 // decodes two of these a row, and json.Unmarshal was a quarter of a page's
-// garbage (BENCHMARKS.md, "S7's garbage"). Anything else (escapes, nulls,
+// garbage (docs/benchmarks-notebook.md, "S7's garbage"). Anything else (escapes, nulls,
 // invalid UTF-8, other values) goes to json.Unmarshal. "{}", which most
 // errors and many metadata are, leaves *m nil.
 func decodeObject[V string | []string](text string, m *map[string]V, value func(*objectLexer) (V, bool)) error {

@@ -21,7 +21,7 @@ import (
 // of parameters on a table never analyzed, each chunk of sightings read
 // all the tenant's devices and, once generic, built the list's array
 // again for each: half of PostgreSQL's CPU per S10 report, 197–256 µs
-// against 96–100 with the change (BENCHMARKS.md, issue 20, 2026-11-26).
+// against 96–100 with the change (docs/benchmarks-notebook.md, 2026-11-26).
 func TestSightingsReadOnlyTheirDevices(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		db, clk := mustOpen(t, b)
@@ -71,7 +71,7 @@ func TestSightingsReadOnlyTheirDevices(t *testing.T) {
 // device action of the action. Without statistics its generic plan read
 // the action's 2,000 device actions for a batch of 100, the IN list's
 // array built again for each (11 ms against 0.7 ms), most of PostgreSQL's
-// CPU per MQTT report (BENCHMARKS.md, issue 20, 2026-11-26).
+// CPU per MQTT report (docs/benchmarks-notebook.md, 2026-11-26).
 func TestReportsLockOnlyTheirDeviceActions(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		db, _ := mustOpen(t, b)
