@@ -35,6 +35,12 @@ func (s *Server) addRoutes() []route {
 		{"DELETE /api/v1/devices/{id}", fleet.PermOperate, s.handleDeleteDevice, op{Tag: "devices", Summary: "Delete a device and its records", OK: http.StatusNoContent}},
 		{"POST /api/v1/devices/{id}/token", fleet.PermOperate, s.handleRotateToken, op{Tag: "devices", Summary: "Give a device a new token; the old one stops working", OK: http.StatusCreated, Resp: tokenBody{}}},
 
+		{"GET /api/v1/devices/{id}/shadow", fleet.PermRead, s.handleGetShadow, op{Tag: "devices",
+			Summary: "A device's shadow: the desired state, the reported state, and the delta (the desired keys whose values the reported state does not have, computed at each read)",
+			Resp:    fleet.Shadow{}}},
+		{"PATCH /api/v1/devices/{id}/shadow", fleet.PermOperate, s.handlePatchShadow, op{Tag: "devices",
+			Summary: "Merge a patch into a device's desired state (RFC 7386); with a version, 409 unless the shadow is at it. Answers the shadow; a patch that changes nothing keeps the version",
+			Body:    shadowPatch{}, Resp: fleet.Shadow{}}},
 		{"POST /api/v1/devices/{id}/certificate", fleet.PermOperate, s.handleIssueCertificate, op{Tag: "devices",
 			Summary: "Issue the device a client certificate for MQTT over TLS (mutual TLS, as the uplink agent connects: no username or password); its previous certificate stops working. The private key is shown this once",
 			OK:      http.StatusCreated, Resp: fleet.DeviceCredentials{}}},

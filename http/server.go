@@ -69,6 +69,7 @@ type Server struct {
 
 	Tenants    fleet.TenantService
 	Devices    fleet.DeviceService
+	Shadows    fleet.ShadowService
 	Audit      fleet.AuditService
 	TenantAuth fleet.TenantAuthService  // S9 configuration
 	Tokens     fleet.TokenAuthenticator // end users' bearer tokens; nil: API keys only

@@ -117,7 +117,7 @@ func (v vars) normalize(t *testing.T, b []byte) string {
 
 var forgotten = map[string]bool{"id": true, "token": true, "key": true, "created_at": true, "updated_at": true,
 	"last_seen_at": true, "action_id": true, "url": true, "expires_at": true, "serial": true, "received_at": true,
-	"started_at": true, "ended_at": true}
+	"started_at": true, "ended_at": true, "desired_updated_at": true, "reported_updated_at": true}
 
 func forget(x any) any {
 	switch x := x.(type) {
@@ -201,6 +201,10 @@ func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
 		{"PATCH /api/v1/devices/{id}", device("patch-{m}"), "/api/v1/devices/{dev}", func(v vars) any {
 			return map[string]any{"metadata": map[string]any{"a": "9", "b": nil, "c": "3"}}
 		}, 204, "/api/v1/devices/{dev}"},
+		{"PATCH /api/v1/devices/{id}/shadow", device("shadow-{m}"), "/api/v1/devices/{dev}/shadow", func(v vars) any {
+			return map[string]any{"version": 0, "desired": map[string]any{"rate": 5, "ratio": 2.5, "name": "ü", "on": true,
+				"nested": map[string]any{"list": []any{1, "x", true, nil}, "gone": nil}}}
+		}, 200, "/api/v1/devices/{dev}/shadow"},
 		{"POST /api/v1/apikeys", nil, "/api/v1/apikeys", func(v vars) any {
 			return map[string]any{"name": "key-" + v["m"], "role": "viewer", "user_email": "ops@example.com"}
 		}, 201, ""},

@@ -153,6 +153,12 @@ var endpoints = map[string]endpoint{
 	"POST /api/v1/devices/{id}/token": {perm: "operate", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/api/v1/devices/" + w.name + "-dev-2/token", nil
 	}},
+	"GET /api/v1/devices/{id}/shadow": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/devices/" + w.device + "/shadow", nil
+	}},
+	"PATCH /api/v1/devices/{id}/shadow": {perm: "operate", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/devices/" + w.device + "/shadow", map[string]any{"desired": map[string]any{"mode": fresh("m")}}
+	}},
 	"POST /api/v1/devices/{id}/certificate": {perm: "operate", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/api/v1/devices/" + w.name + "-dev-2/certificate", nil
 	}},

@@ -153,6 +153,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 		Limits:          fleethttp.Limits{Body: c.maxBody, Bulk: c.maxBulk, Upload: c.maxUpload, Decoding: c.maxDecode, Held: c.maxHeld},
 		Tenants:         db,
 		Devices:         &alert.Devices{DeviceService: db, Engine: engine},
+		Shadows:         db,
 		Alerts:          alerts,
 		Streams:         alerts,
 		Templates:       c.templates,

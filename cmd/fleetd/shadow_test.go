@@ -1,0 +1,92 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+type shadow struct {
+	Desired           map[string]any `json:"desired"`
+	Reported          map[string]any `json:"reported"`
+	Delta             map[string]any `json:"delta"`
+	Version           int64          `json:"version"`
+	InSync            bool           `json:"in_sync"`
+	DesiredUpdatedAt  *string        `json:"desired_updated_at"`
+	ReportedUpdatedAt *string        `json:"reported_updated_at"`
+}
+
+// TestShadowAPI: the shadow's HTTP endpoints, their answers, errors and
+// roles. The merge itself is tested in the root package and the store.
+func TestShadowAPI(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		s.mustDevice(t, admin, "sh-1", nil)
+		path := "/api/v1/devices/sh-1/shadow"
+
+		var sh shadow
+		s.do(t, admin, "GET", path, nil).want(t, 200).decode(t, &sh)
+		if sh.Version != 0 || !sh.InSync || sh.Desired == nil || sh.Delta == nil || sh.DesiredUpdatedAt != nil {
+			t.Fatalf("a new device's shadow = %+v", sh)
+		}
+		s.do(t, admin, "PATCH", path, map[string]any{"desired": map[string]any{"interval": 10, "log": map[string]any{"level": "debug"}}, "version": 0}).want(t, 200).decode(t, &sh)
+		if sh.Version != 1 || sh.InSync || sh.Delta["interval"] != float64(10) || sh.DesiredUpdatedAt == nil || len(*sh.DesiredUpdatedAt) != len("2026-11-21T10:00:00.123Z") {
+			t.Fatalf("after a patch: %+v", sh)
+		}
+		sh = shadow{}
+		s.do(t, admin, "PATCH", path, map[string]any{"desired": map[string]any{"log": nil}}).want(t, 200).decode(t, &sh)
+		if sh.Version != 2 || len(sh.Desired) != 1 {
+			t.Fatalf("after deleting log: %+v", sh)
+		}
+		if code := s.do(t, admin, "PATCH", path, map[string]any{"desired": map[string]any{"interval": 20}, "version": 1}).want(t, 409).errorCode(t); code != "conflict" {
+			t.Fatalf("stale version: %q", code)
+		}
+
+		operator := s.newKey(t, admin, "sh-operator", "operator")
+		viewer := s.newKey(t, admin, "sh-viewer", "viewer")
+		s.do(t, viewer, "GET", path, nil).want(t, 200)
+		s.do(t, viewer, "PATCH", path, map[string]any{"desired": map[string]any{"x": 1}}).want(t, 403)
+		s.do(t, operator, "PATCH", path, map[string]any{"desired": map[string]any{"x": 1}}).want(t, 200)
+
+		beta := s.newTenant(t, "beta")
+		s.do(t, beta, "GET", path, nil).want(t, 404)
+		s.do(t, beta, "PATCH", path, map[string]any{"desired": map[string]any{"x": 2}}).want(t, 404)
+
+		deep := map[string]any{"v": 1}
+		for range 8 {
+			deep = map[string]any{"n": deep}
+		}
+		for _, tc := range []struct {
+			name   string
+			body   any
+			status int
+			field  string
+		}{
+			{"NoDesired", map[string]any{"version": 1}, 400, "desired"},
+			{"DesiredNotObject", map[string]any{"desired": []any{1}}, 400, "desired"},
+			{"VersionNotInteger", map[string]any{"desired": map[string]any{}, "version": "3"}, 400, "version"},
+			{"VersionNegative", map[string]any{"desired": map[string]any{}, "version": -1}, 400, "version"},
+			{"Unknown", map[string]any{"desired": map[string]any{}, "reported": map[string]any{}}, 400, "reported"},
+			{"TooDeep", map[string]any{"desired": deep}, 400, "desired.n.n.n.n.n.n.n.n.v"},
+			{"TooLarge", map[string]any{"desired": map[string]any{"blob": strings.Repeat("x", 33<<10)}}, 413, "desired"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				var e struct {
+					Error, Message string
+					Fields         map[string]string
+				}
+				s.do(t, admin, "PATCH", path, tc.body).want(t, tc.status).decode(t, &e)
+				if e.Fields[tc.field] == "" || e.Message == "" {
+					t.Fatalf("error = %+v, want a problem for %s", e, tc.field)
+				}
+			})
+		}
+		s.do(t, admin, "GET", "/api/v1/devices/nope/shadow", nil).want(t, 404)
+		s.do(t, admin, "GET", path, nil).want(t, 200).decode(t, &sh)
+		if sh.Version != 3 {
+			t.Fatalf("refused patches moved the version to %d", sh.Version)
+		}
+	})
+}

@@ -1,0 +1,216 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Shadow is a device's twin (docs/twin.md): the state operators want it in
+// (Desired), the state it says it is in (Reported), and where the two
+// differ (Delta), which is computed on every read and never stored.
+// Version counts the changes of Desired, so that a writer can refuse to
+// overwrite a change it has not seen.
+type Shadow struct {
+	Desired           map[string]any `json:"desired"`
+	Reported          map[string]any `json:"reported"`
+	Delta             map[string]any `json:"delta"`
+	Version           int64          `json:"version"`
+	InSync            bool           `json:"in_sync"`
+	DesiredUpdatedAt  *time.Time     `json:"desired_updated_at"`
+	ReportedUpdatedAt *time.Time     `json:"reported_updated_at"`
+}
+
+// Limits on each section of a shadow (docs/twin.md): its canonical JSON
+// text, and how deeply its values nest (a key of the section is at depth
+// 1).
+const (
+	MaxShadowSection = 32 << 10
+	MaxShadowDepth   = 8
+)
+
+// The sections of a shadow, as they are named in requests and errors.
+const (
+	ShadowDesired  = "desired"
+	ShadowReported = "reported"
+)
+
+// Compute fills Delta and InSync from Desired and Reported, and makes nil
+// sections empty.
+func (s *Shadow) Compute() {
+	if s.Desired == nil {
+		s.Desired = map[string]any{}
+	}
+	if s.Reported == nil {
+		s.Reported = map[string]any{}
+	}
+	s.Delta = ShadowDelta(s.Desired, s.Reported)
+	s.InSync = len(s.Delta) == 0
+	if s.Delta == nil {
+		s.Delta = map[string]any{}
+	}
+}
+
+// MergePatch returns target with patch applied as a JSON merge patch
+// (RFC 7386): a null deletes its key, an object merges into the object
+// under its key, anything else replaces. target is not modified.
+func MergePatch(target, patch map[string]any) map[string]any {
+	out := maps.Clone(target)
+	if out == nil {
+		out = map[string]any{}
+	}
+	for k, v := range patch {
+		switch v := v.(type) {
+		case nil:
+			delete(out, k)
+		case map[string]any:
+			old, _ := out[k].(map[string]any)
+			out[k] = MergePatch(old, v)
+		default:
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// ShadowDelta returns the keys of desired whose values reported does not
+// have: an object is compared key by key, so the delta of a nested object
+// holds only its keys that differ; any other value differs unless equal
+// (numbers by value: 1 and 1.0 are equal). Nil when nothing differs.
+func ShadowDelta(desired, reported map[string]any) map[string]any {
+	var delta map[string]any
+	for k, want := range desired {
+		have, ok := reported[k]
+		var d any
+		if wm, isMap := want.(map[string]any); isMap {
+			hm, _ := have.(map[string]any)
+			if sub := ShadowDelta(wm, hm); sub != nil {
+				d = sub
+			}
+			if len(wm) == 0 && !isMapValue(have) {
+				d = wm // an empty object reported as something else
+			}
+		} else if !ok || !canonicalEqual(want, have) {
+			d = want
+		}
+		if d != nil {
+			if delta == nil {
+				delta = map[string]any{}
+			}
+			delta[k] = d
+		}
+	}
+	return delta
+}
+
+func isMapValue(v any) bool { _, ok := v.(map[string]any); return ok }
+
+// canonicalEqual compares two canonical values, numbers by value.
+func canonicalEqual(a, b any) bool {
+	switch a := a.(type) {
+	case int64:
+		switch b := b.(type) {
+		case int64:
+			return a == b
+		case float64:
+			return float64(a) == b && int64(b) == a
+		}
+		return false
+	case float64:
+		switch b := b.(type) {
+		case float64:
+			return a == b
+		case int64:
+			return canonicalEqual(b, a)
+		}
+		return false
+	case []any:
+		b, ok := b.([]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for i := range a {
+			if !canonicalEqual(a[i], b[i]) {
+				return false
+			}
+		}
+		return true
+	case map[string]any:
+		b, ok := b.(map[string]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for k, v := range a {
+			w, ok := b[k]
+			if !ok || !canonicalEqual(v, w) {
+				return false
+			}
+		}
+		return true
+	}
+	return a == b
+}
+
+// CheckShadowSection returns the problem with a section of a shadow, as it
+// is to be stored, or nil: a value nested deeper than MaxShadowDepth is
+// EINVALID naming its path (desired.a.b[0]), a section whose JSON text is
+// larger than MaxShadowSection is ETOOLARGE.
+func CheckShadowSection(section string, doc map[string]any) error {
+	if path := tooDeep(section, doc, 0); path != "" {
+		return &Error{Code: EINVALID, Message: fmt.Sprintf("%s nests deeper than %d levels", path, MaxShadowDepth),
+			Fields: map[string]string{path: fmt.Sprintf("is nested deeper than %d levels", MaxShadowDepth)}}
+	}
+	b, err := MarshalCanonical(doc)
+	if err != nil {
+		return FieldErrors(map[string]string{section: err.Error()})
+	}
+	if len(b) > MaxShadowSection {
+		return &Error{Code: ETOOLARGE, Message: fmt.Sprintf("%s would be %d bytes of JSON; at most %d are kept", section, len(b), MaxShadowSection),
+			Fields: map[string]string{section: fmt.Sprintf("must be at most %d bytes of JSON", MaxShadowSection)}}
+	}
+	return nil
+}
+
+// tooDeep returns the path of the first value, in key order, that is
+// below depth MaxShadowDepth, or "".
+func tooDeep(path string, v any, depth int) string {
+	switch v := v.(type) {
+	case map[string]any:
+		for _, k := range slices.Sorted(maps.Keys(v)) {
+			p := path + "." + k
+			if depth+1 > MaxShadowDepth {
+				return p
+			}
+			if q := tooDeep(p, v[k], depth+1); q != "" {
+				return q
+			}
+		}
+	case []any:
+		for i, e := range v {
+			p := path + "[" + strconv.Itoa(i) + "]"
+			if depth+1 > MaxShadowDepth {
+				return p
+			}
+			if q := tooDeep(p, e, depth+1); q != "" {
+				return q
+			}
+		}
+	}
+	return ""
+}
+
+// ShadowService keeps the devices' shadows. A device that has none reads
+// as an empty shadow at version 0.
+type ShadowService interface {
+	FindShadow(ctx context.Context, tenant, device string) (*Shadow, error)
+	// UpdateDesired merges patch into the desired section. With a version,
+	// a shadow at another version is ECONFLICT. A patch that changes
+	// nothing changes neither the version nor the audit log.
+	UpdateDesired(ctx context.Context, tenant, device string, patch map[string]any, version *int64) (*Shadow, error)
+	// UpdateReported merges patch into the reported section, as the device
+	// reported it.
+	UpdateReported(ctx context.Context, tenant, device string, patch map[string]any) (*Shadow, error)
+}

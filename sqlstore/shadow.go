@@ -1,0 +1,193 @@
+package sqlstore
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fleetd/fleet"
+)
+
+var _ fleet.ShadowService = (*DB)(nil)
+
+// storedShadow is a shadow as its row holds it, with the JSON text of its
+// sections to tell whether a merge changed them.
+type storedShadow struct {
+	fleet.Shadow
+	desired, reported []byte
+	exists            bool
+}
+
+const shadowRead = `SELECT s.desired, s.reported, s.version, s.desired_updated_at, s.reported_updated_at
+	FROM devices d LEFT JOIN device_shadows s ON s.tenant = d.tenant AND s.device_id = d.id
+	WHERE d.tenant = ? AND d.id = ?`
+
+func scanShadow(row *sql.Row, device string) (*storedShadow, error) {
+	var desired, reported sql.NullString
+	var version sql.NullInt64
+	var desiredAt, reportedAt sql.NullInt64
+	err := row.Scan(&desired, &reported, &version, &desiredAt, &reportedAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "device %q not found", device)
+	} else if err != nil {
+		return nil, err
+	}
+	s := &storedShadow{exists: desired.Valid}
+	if s.exists {
+		if s.Desired, s.desired, err = parseSection(desired.String); err != nil {
+			return nil, fmt.Errorf("device %s desired: %w", device, err)
+		}
+		if s.Reported, s.reported, err = parseSection(reported.String); err != nil {
+			return nil, fmt.Errorf("device %s reported: %w", device, err)
+		}
+		s.Version = version.Int64
+		s.DesiredUpdatedAt, s.ReportedUpdatedAt = optionalMillis(desiredAt), optionalMillis(reportedAt)
+	} else {
+		s.desired, s.reported = []byte("{}"), []byte("{}")
+	}
+	s.Compute()
+	return s, nil
+}
+
+// parseSection reads a stored section, and writes it again as
+// MarshalCanonical does: PostgreSQL's jsonb gives back text of its own
+// spacing and key order, which a merge's result is compared with.
+func parseSection(text string) (map[string]any, []byte, error) {
+	v, err := fleet.ParseCanonical([]byte(text))
+	if err != nil {
+		return nil, nil, err
+	}
+	m, _ := v.(map[string]any)
+	b, err := fleet.MarshalCanonical(m)
+	return m, b, err
+}
+
+func optionalMillis(ms sql.NullInt64) *time.Time {
+	if !ms.Valid {
+		return nil
+	}
+	t := fromMillis(ms.Int64)
+	return &t
+}
+
+// FindShadow returns a device's shadow.
+func (db *DB) FindShadow(ctx context.Context, tenant, device string) (*fleet.Shadow, error) {
+	s, err := scanShadow(db.queryRow(ctx, shadowRead, tenant, device), device)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	return &s.Shadow, nil
+}
+
+// UpdateDesired merges patch into a device's desired state.
+func (db *DB) UpdateDesired(ctx context.Context, tenant, device string, patch map[string]any, version *int64) (*fleet.Shadow, error) {
+	var out *fleet.Shadow
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		s, err := tx.lockShadow(ctx, tenant, device)
+		if err != nil {
+			return err
+		}
+		if version != nil && *version != s.Version {
+			return fleet.Errorf(fleet.ECONFLICT, "the shadow of device %q is at version %d, not %d: read it again and reapply the change", device, s.Version, *version)
+		}
+		previous := s.Desired
+		text, changed, err := mergeSection(fleet.ShadowDesired, &s.Desired, s.desired, patch)
+		if err != nil || !changed {
+			out = &s.Shadow
+			return err
+		}
+		s.desired = text
+		s.Version++
+		now := fromMillis(millis(tx.now))
+		s.DesiredUpdatedAt = &now
+		if err := tx.writeShadow(ctx, tenant, device, s); err != nil {
+			return err
+		}
+		out = &s.Shadow
+		return tx.audit(ctx, tenant, "device.shadow.update", "devices/"+device,
+			map[string]any{"desired": patch, "previous": previous, "version": s.Version})
+	})
+	return out, err
+}
+
+// UpdateReported merges patch into a device's reported state. What the
+// device reports is its data, not a change made through the API: it is
+// not audited.
+func (db *DB) UpdateReported(ctx context.Context, tenant, device string, patch map[string]any) (*fleet.Shadow, error) {
+	var out *fleet.Shadow
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		s, err := tx.lockShadow(ctx, tenant, device)
+		if err != nil {
+			return err
+		}
+		text, changed, err := mergeSection(fleet.ShadowReported, &s.Reported, s.reported, patch)
+		if err != nil {
+			return err
+		}
+		s.reported = text
+		now := fromMillis(millis(tx.now))
+		s.ReportedUpdatedAt = &now
+		if !changed && s.exists {
+			// The time still moves: a device that reports the same state
+			// says it is still in it.
+			_, err := tx.exec(ctx, "UPDATE device_shadows SET reported_updated_at = ? WHERE tenant = ? AND device_id = ?", millis(now), tenant, device)
+			out = &s.Shadow
+			return err
+		}
+		out = &s.Shadow
+		return tx.writeShadow(ctx, tenant, device, s)
+	})
+	return out, err
+}
+
+// lockShadow reads a device's shadow to change it; on PostgreSQL it locks
+// the device's row first, so that writers of one shadow take turns (the
+// shadow's own row may not exist yet).
+func (tx *Tx) lockShadow(ctx context.Context, tenant, device string) (*storedShadow, error) {
+	if f := tx.db.dialect.forUpdate(); f != "" {
+		var one int
+		err := tx.queryRow(ctx, "SELECT 1 FROM devices WHERE tenant = ? AND id = ?"+f, tenant, device).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, fleet.Errorf(fleet.ENOTFOUND, "device %q not found", device)
+		} else if err != nil {
+			return nil, err
+		}
+	}
+	return scanShadow(tx.queryRow(ctx, shadowRead, tenant, device), device)
+}
+
+// mergeSection applies patch to *section, checks the result and returns
+// its JSON text and whether it differs from old, the text before.
+func mergeSection(name string, section *map[string]any, old []byte, patch map[string]any) ([]byte, bool, error) {
+	merged := fleet.MergePatch(*section, patch)
+	if err := fleet.CheckShadowSection(name, merged); err != nil {
+		return nil, false, err
+	}
+	text, err := fleet.MarshalCanonical(merged)
+	if err != nil {
+		return nil, false, err
+	}
+	*section = merged
+	return text, !bytes.Equal(text, old), nil
+}
+
+// writeShadow stores s, with its delta computed again.
+func (tx *Tx) writeShadow(ctx context.Context, tenant, device string, s *storedShadow) error {
+	s.Compute()
+	_, err := tx.exec(ctx, `INSERT INTO device_shadows (tenant, device_id, desired, reported, version, in_sync, desired_updated_at, reported_updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (tenant, device_id) DO UPDATE SET desired = excluded.desired, reported = excluded.reported, version = excluded.version,
+			in_sync = excluded.in_sync, desired_updated_at = excluded.desired_updated_at, reported_updated_at = excluded.reported_updated_at`,
+		tenant, device, string(s.desired), string(s.reported), s.Version, s.InSync, nullMillis(s.DesiredUpdatedAt), nullMillis(s.ReportedUpdatedAt))
+	return err
+}
+
+func nullMillis(t *time.Time) any {
+	if t == nil {
+		return nil
+	}
+	return millis(*t)
+}
