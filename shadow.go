@@ -22,6 +22,10 @@ type Shadow struct {
 	InSync            bool           `json:"in_sync"`
 	DesiredUpdatedAt  *time.Time     `json:"desired_updated_at"`
 	ReportedUpdatedAt *time.Time     `json:"reported_updated_at"`
+
+	// DeltaChanged is set by an update: its Delta differs from the one
+	// before it, so the device is to be told.
+	DeltaChanged bool `json:"-"`
 }
 
 // Limits on each section of a shadow (docs/twin.md): its canonical JSON

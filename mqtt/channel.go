@@ -10,6 +10,10 @@ type Channel interface {
 	// broker.Server and bridge.Client for what true means for each.
 	// actionID is the action's id, which payload carries too.
 	SendAction(tenant, device string, actionID int64, payload []byte) bool
+	// SendDelta sends the device the delta of its shadow, a JSON object,
+	// or says that it is now empty (delta empty): see the SendDelta of
+	// broker.Server and bridge.Client.
+	SendDelta(tenant, device string, delta []byte) bool
 	// Online reports whether the device may be reached now.
 	Online(tenant, device string) bool
 	// CredentialsChanged ends the device's connection, if this channel

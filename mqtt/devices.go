@@ -28,6 +28,10 @@ type Devices struct {
 	// LastSeen records each connection as the device's last_seen_at; nil
 	// records nothing.
 	LastSeen DeviceToucher
+	// Twin takes the devices' reported state and sends them their
+	// shadow's delta; while nil, reported state is acknowledged and
+	// dropped.
+	Twin Twin
 	// MaxDecoding bounds the bytes of device payloads being decoded at
 	// once, across every device and channel; default DefaultMaxDecoding.
 	// Decoding JSON into values costs up to ~35 times the payload's size
@@ -69,6 +73,14 @@ func (h *Devices) decode(ctx context.Context, payload []byte, read func(v any)) 
 	}
 	read(v)
 	return nil
+}
+
+// Twin is what the device channel needs of the device shadows
+// (docs/twin.md); twin.Service is one.
+type Twin interface {
+	UpdateReported(ctx context.Context, tenant, device string, patch map[string]any) (*fleet.Shadow, error)
+	// DeltaSubscribed sends the device its shadow's delta, if not empty.
+	DeltaSubscribed(tenant, device string)
 }
 
 // DeviceToucher records when a device was last seen; *sqlstore.DB is one.
@@ -265,4 +277,38 @@ func (h *Devices) HandleStream(ctx context.Context, tenant, device, stream strin
 		return e
 	}
 	return nil
+}
+
+// HandleReported merges a device's reported state, a JSON object, into its
+// shadow.
+func (h *Devices) HandleReported(ctx context.Context, tenant, device string, payload []byte) error {
+	if h.Delivery != nil {
+		h.Delivery.DeviceSeen(tenant, device)
+	}
+	if h.Twin == nil {
+		return nil
+	}
+	var patch map[string]any
+	var problem string
+	err := h.decode(ctx, payload, func(v any) {
+		var ok bool
+		if patch, ok = v.(map[string]any); !ok {
+			problem = "a reported state must be a JSON object, not " + fleet.Describe(v)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if problem != "" {
+		return fleet.Errorf(fleet.EINVALID, "%s", problem)
+	}
+	_, err = h.Twin.UpdateReported(ctx, tenant, device, patch)
+	return err
+}
+
+// DeltaSubscribed sends the device its delta, if it has one.
+func (h *Devices) DeltaSubscribed(tenant, device string) {
+	if h.Twin != nil {
+		h.Twin.DeltaSubscribed(tenant, device)
+	}
 }

@@ -63,6 +63,18 @@ type Handler interface {
 	// events/{stream}/jsonarray; the same acknowledgement rules apply.
 	HandleStream(ctx context.Context, tenant, device, stream string, payload []byte) error
 
+	// HandleReported receives a payload published on shadow/reported: a
+	// JSON merge patch of the device's reported state. The same
+	// acknowledgement rules apply.
+	HandleReported(ctx context.Context, tenant, device string, payload []byte) error
+
+	// DeltaSubscribed is called when a device subscribed to its shadow
+	// delta topic, after the broker acknowledged the subscription, on a
+	// goroutine of its own: the Handler sends the device its delta
+	// (Channel.SendDelta) if there is one. The external broker's client
+	// never calls it: there the delta waits as a retained message.
+	DeltaSubscribed(tenant, device string)
+
 	// ActionDelivered is called when the device acknowledged an action
 	// message fleetd sent (PUBACK; for a device that subscribed at QoS 0, when
 	// the message was written to its connection). actionID is the id

@@ -16,19 +16,23 @@ const (
 	topicStatus     = "action/status"
 	topicEvents     = "events/"
 	topicJSONArray  = "/jsonarray"
+	topicReported   = "shadow/reported"
+	topicDelta      = "shadow/delta"
 	usernameDivider = "/"
 )
 
 // TopicKind says which of the device topics a topic name is.
 type TopicKind int
 
-// The three kinds of device topic. Devices subscribe to TopicActions only and
-// publish to the other two only.
+// The kinds of device topic. Devices subscribe to TopicActions and
+// TopicShadowDelta only, and publish to the others only.
 const (
-	TopicInvalid      TopicKind = iota
-	TopicActions                // /tenants/{t}/devices/{d}/actions
-	TopicActionStatus           // /tenants/{t}/devices/{d}/action/status
-	TopicStream                 // /tenants/{t}/devices/{d}/events/{stream}/jsonarray
+	TopicInvalid        TopicKind = iota
+	TopicActions                  // /tenants/{t}/devices/{d}/actions
+	TopicActionStatus             // /tenants/{t}/devices/{d}/action/status
+	TopicStream                   // /tenants/{t}/devices/{d}/events/{stream}/jsonarray
+	TopicShadowReported           // /tenants/{t}/devices/{d}/shadow/reported
+	TopicShadowDelta              // /tenants/{t}/devices/{d}/shadow/delta
 )
 
 // Topic is a parsed device topic.
@@ -54,6 +58,18 @@ func ActionStatusTopic(tenant, device string) string {
 // stream.
 func StreamTopic(tenant, device, stream string) string {
 	return topicPrefix + tenant + topicDevices + device + "/" + topicEvents + stream + topicJSONArray
+}
+
+// ShadowReportedTopic returns the topic on which a device publishes its
+// reported state, as a JSON merge patch (docs/twin.md).
+func ShadowReportedTopic(tenant, device string) string {
+	return topicPrefix + tenant + topicDevices + device + "/" + topicReported
+}
+
+// ShadowDeltaTopic returns the topic on which fleetd sends a device the
+// delta of its shadow.
+func ShadowDeltaTopic(tenant, device string) string {
+	return topicPrefix + tenant + topicDevices + device + "/" + topicDelta
 }
 
 var streamName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
@@ -89,6 +105,10 @@ func ParseTopic(name string) (Topic, bool) {
 		t.Kind = TopicActions
 	case topicStatus:
 		t.Kind = TopicActionStatus
+	case topicReported:
+		t.Kind = TopicShadowReported
+	case topicDelta:
+		t.Kind = TopicShadowDelta
 	default:
 		rest, ok = strings.CutPrefix(rest, topicEvents)
 		if !ok {
@@ -113,8 +133,8 @@ func ParseUsername(username string) (tenant, device string, ok bool) {
 	return tenant, device, true
 }
 
-// MayPublish reports whether the device may publish on topic: its own status
-// and stream topics, nothing else. It is called for every publish, so it
+// MayPublish reports whether the device may publish on topic: its own
+// status, stream and reported-state topics, nothing else. It is called for every publish, so it
 // matches the device's own topics spelled out rather than parse and
 // validate the names the session has already checked.
 func MayPublish(tenant, device, topic string) (Topic, bool) {
@@ -135,8 +155,12 @@ func MayPublish(tenant, device, topic string) (Topic, bool) {
 		return Topic{}, false
 	}
 	t := Topic{Tenant: tenant, Device: device}
-	if rest == topicStatus {
+	switch rest {
+	case topicStatus:
 		t.Kind = TopicActionStatus
+		return t, true
+	case topicReported:
+		t.Kind = TopicShadowReported
 		return t, true
 	}
 	if rest, ok = strings.CutPrefix(rest, topicEvents); !ok {
@@ -150,9 +174,21 @@ func MayPublish(tenant, device, topic string) (Topic, bool) {
 }
 
 // MaySubscribe reports whether the device may subscribe to filter: its own
-// actions topic, spelled out, nothing else.
+// actions or shadow delta topic, spelled out, nothing else.
 func MaySubscribe(tenant, device, filter string) bool {
-	return filter == ActionsTopic(tenant, device)
+	return SubscriptionOf(tenant, device, filter) != TopicInvalid
+}
+
+// SubscriptionOf returns which of the device's topics filter is:
+// TopicActions, TopicShadowDelta, or TopicInvalid for any other filter.
+func SubscriptionOf(tenant, device, filter string) TopicKind {
+	switch filter {
+	case ActionsTopic(tenant, device):
+		return TopicActions
+	case ShadowDeltaTopic(tenant, device):
+		return TopicShadowDelta
+	}
+	return TopicInvalid
 }
 
 // StatusFilter and StreamFilter are the shared subscriptions through which
@@ -165,6 +201,11 @@ func StatusFilter(group string) string {
 // StreamFilter: see StatusFilter.
 func StreamFilter(group string) string {
 	return "$share/" + group + "/" + topicPrefix + "+" + topicDevices + "+/" + topicEvents + "+" + topicJSONArray
+}
+
+// ReportedFilter: see StatusFilter.
+func ReportedFilter(group string) string {
+	return "$share/" + group + "/" + topicPrefix + "+" + topicDevices + "+/" + topicReported
 }
 
 // Username returns a device's MQTT username, "{tenant}/{device_id}", which

@@ -14,6 +14,9 @@ func TestTopicBuilders(t *testing.T) {
 		{"actions", mqtt.ActionsTopic("acme", "dev-1"), "/tenants/acme/devices/dev-1/actions"},
 		{"status", mqtt.ActionStatusTopic("acme", "dev-1"), "/tenants/acme/devices/dev-1/action/status"},
 		{"stream", mqtt.StreamTopic("acme", "dev-1", "gps"), "/tenants/acme/devices/dev-1/events/gps/jsonarray"},
+		{"reported", mqtt.ShadowReportedTopic("acme", "dev-1"), "/tenants/acme/devices/dev-1/shadow/reported"},
+		{"delta", mqtt.ShadowDeltaTopic("acme", "dev-1"), "/tenants/acme/devices/dev-1/shadow/delta"},
+		{"reported filter", mqtt.ReportedFilter("fleetd"), "$share/fleetd//tenants/+/devices/+/shadow/reported"},
 	} {
 		if tt.got != tt.want {
 			t.Errorf("%s: got %q, want %q", tt.name, tt.got, tt.want)
@@ -31,6 +34,10 @@ func TestParseTopic(t *testing.T) {
 		{"/tenants/acme/devices/dev-1/actions", mqtt.Topic{Kind: mqtt.TopicActions, Tenant: "acme", Device: "dev-1"}, true},
 		{"/tenants/acme/devices/dev-1/action/status", mqtt.Topic{Kind: mqtt.TopicActionStatus, Tenant: "acme", Device: "dev-1"}, true},
 		{"/tenants/acme/devices/dev-1/events/gps/jsonarray", mqtt.Topic{Kind: mqtt.TopicStream, Tenant: "acme", Device: "dev-1", Stream: "gps"}, true},
+		{"/tenants/acme/devices/dev-1/shadow/reported", mqtt.Topic{Kind: mqtt.TopicShadowReported, Tenant: "acme", Device: "dev-1"}, true},
+		{"/tenants/acme/devices/dev-1/shadow/delta", mqtt.Topic{Kind: mqtt.TopicShadowDelta, Tenant: "acme", Device: "dev-1"}, true},
+		{"/tenants/acme/devices/dev-1/shadow", mqtt.Topic{}, false},
+		{"/tenants/acme/devices/dev-1/shadow/desired", mqtt.Topic{}, false},
 		{"/tenants/a-1/devices/A.b_c:d-9/events/uplink_stream_metrics/jsonarray", mqtt.Topic{Kind: mqtt.TopicStream, Tenant: "a-1", Device: "A.b_c:d-9", Stream: "uplink_stream_metrics"}, true},
 		{"/tenants/acme/devices/" + long + "/actions", mqtt.Topic{Kind: mqtt.TopicActions, Tenant: "acme", Device: long}, true},
 
@@ -74,6 +81,8 @@ func TestParseTopicRoundTrip(t *testing.T) {
 		mqtt.ActionsTopic("t", "d"),
 		mqtt.ActionStatusTopic("t", "d"),
 		mqtt.StreamTopic("t", "d", "s"),
+		mqtt.ShadowReportedTopic("t", "d"),
+		mqtt.ShadowDeltaTopic("t", "d"),
 	} {
 		got, ok := mqtt.ParseTopic(topic)
 		if !ok || got.Tenant != "t" || got.Device != "d" {
@@ -128,6 +137,33 @@ func TestValidStreamName(t *testing.T) {
 	} {
 		if got := mqtt.ValidStreamName(tt.name); got != tt.ok {
 			t.Errorf("ValidStreamName(%q) = %v, want %v", tt.name, got, tt.ok)
+		}
+	}
+}
+
+// TestDeviceTopicRights: a device publishes its reported state and
+// subscribes to its delta, and touches no other device's.
+func TestDeviceTopicRights(t *testing.T) {
+	if _, ok := mqtt.MayPublish("acme", "dev-1", mqtt.ShadowReportedTopic("acme", "dev-1")); !ok {
+		t.Error("a device may not publish its reported state")
+	}
+	for _, topic := range []string{mqtt.ShadowDeltaTopic("acme", "dev-1"), mqtt.ShadowReportedTopic("acme", "dev-2"), mqtt.ActionsTopic("acme", "dev-1")} {
+		if _, ok := mqtt.MayPublish("acme", "dev-1", topic); ok {
+			t.Errorf("a device may publish on %s", topic)
+		}
+	}
+	for _, tt := range []struct {
+		filter string
+		want   mqtt.TopicKind
+	}{
+		{mqtt.ActionsTopic("acme", "dev-1"), mqtt.TopicActions},
+		{mqtt.ShadowDeltaTopic("acme", "dev-1"), mqtt.TopicShadowDelta},
+		{mqtt.ShadowDeltaTopic("acme", "dev-2"), mqtt.TopicInvalid},
+		{mqtt.ShadowReportedTopic("acme", "dev-1"), mqtt.TopicInvalid},
+		{"/tenants/acme/devices/dev-1/shadow/+", mqtt.TopicInvalid},
+	} {
+		if got := mqtt.SubscriptionOf("acme", "dev-1", tt.filter); got != tt.want {
+			t.Errorf("SubscriptionOf(%s) = %v, want %v", tt.filter, got, tt.want)
 		}
 	}
 }

@@ -176,8 +176,17 @@ func mergeSection(name string, section *map[string]any, old []byte, patch map[st
 
 // writeShadow stores s, with its delta computed again.
 func (tx *Tx) writeShadow(ctx context.Context, tenant, device string, s *storedShadow) error {
+	before, err := fleet.MarshalCanonical(s.Delta)
+	if err != nil {
+		return err
+	}
 	s.Compute()
-	_, err := tx.exec(ctx, `INSERT INTO device_shadows (tenant, device_id, desired, reported, version, in_sync, desired_updated_at, reported_updated_at)
+	after, err := fleet.MarshalCanonical(s.Delta)
+	if err != nil {
+		return err
+	}
+	s.DeltaChanged = !bytes.Equal(before, after)
+	_, err = tx.exec(ctx, `INSERT INTO device_shadows (tenant, device_id, desired, reported, version, in_sync, desired_updated_at, reported_updated_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (tenant, device_id) DO UPDATE SET desired = excluded.desired, reported = excluded.reported, version = excluded.version,
 			in_sync = excluded.in_sync, desired_updated_at = excluded.desired_updated_at, reported_updated_at = excluded.reported_updated_at`,

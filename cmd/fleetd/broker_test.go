@@ -99,10 +99,17 @@ func (d *extDevice) next(t *testing.T) action.Message {
 
 func (d *extDevice) publish(t *testing.T, topic string, payload any) {
 	t.Helper()
+	publishJSON(t, d.Client, topic, payload)
+}
+
+// publishJSON publishes payload as JSON at QoS 1 and returns once it is
+// acknowledged.
+func publishJSON(t *testing.T, c *paho.Client, topic string, payload any) {
+	t.Helper()
 	b, _ := json.Marshal(payload)
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
-	if _, err := d.Publish(ctx, &paho.Publish{Topic: topic, QoS: 1, Payload: b}); err != nil {
+	if _, err := c.Publish(ctx, &paho.Publish{Topic: topic, QoS: 1, Payload: b}); err != nil {
 		t.Fatalf("publish %s: %v", topic, err)
 	}
 }

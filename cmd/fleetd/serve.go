@@ -19,6 +19,7 @@ import (
 	mqttbroker "github.com/fleetd/fleet/mqtt/broker"
 	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/sqlstore"
+	"github.com/fleetd/fleet/twin"
 )
 
 const serveAbout = `Runs fleetd: the HTTP API, the MQTT broker devices connect to, and the
@@ -120,14 +121,19 @@ func runServe(ctx context.Context, args []string, e env) error {
 	}
 	// The device channel is the embedded broker, or a client of an external
 	// one whose broker-auth endpoints the API serves (broker.go).
+	// Device shadows: the twin service sends each device its delta through
+	// the channel; uplink's device_shadow stream fills the reported state.
+	shadows := &twin.Service{Store: db, Logger: log}
+	streams := &twin.Streams{StreamService: alerts, Twin: shadows}
 	broker, brokerAuth, err := c.scale.channel(sec.mqttBase, db, &mqtt.Devices{
-		Registry: db, Actions: actions, Delivery: actions, Streams: alerts, LastSeen: db, Logger: log,
+		Registry: db, Actions: actions, Delivery: actions, Streams: streams, Twin: shadows, LastSeen: db, Logger: log,
 		Certificates: sec.certs, MaxDecoding: sec.mqttDecoding,
 	}, log)
 	if err != nil {
 		return err
 	}
 	actions.Sender = broker
+	shadows.Sender = broker
 	if c.scale.broker != "" {
 		actions.SendWorkers = 64 // each send waits for the external broker's PUBACK
 	}
@@ -153,9 +159,9 @@ func runServe(ctx context.Context, args []string, e env) error {
 		Limits:          fleethttp.Limits{Body: c.maxBody, Bulk: c.maxBulk, Upload: c.maxUpload, Decoding: c.maxDecode, Held: c.maxHeld},
 		Tenants:         db,
 		Devices:         &alert.Devices{DeviceService: db, Engine: engine},
-		Shadows:         db,
+		Shadows:         shadows,
 		Alerts:          alerts,
-		Streams:         alerts,
+		Streams:         streams,
 		Templates:       c.templates,
 		Audit:           db,
 		Ready:           []fleethttp.Pinger{db},

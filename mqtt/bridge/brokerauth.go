@@ -223,13 +223,18 @@ func (b *BrokerAuth) authorizeAccess(ctx context.Context, username, topic string
 			v = allow
 		}
 	case aclSubscribe:
-		if mqtt.MaySubscribe(tenant, device, topic) {
+		switch mqtt.SubscriptionOf(tenant, device, topic) {
+		case mqtt.TopicActions:
 			v = allow
 			b.arriving(ctx, tenant, device, true)
+		case mqtt.TopicShadowDelta:
+			// The delta waits for the device as a retained message: its
+			// subscription needs nothing of fleetd (docs/device-protocol.md).
+			v = allow
 		}
 	}
 	if v == deny {
-		b.logger().Warn("broker auth: device refused a topic: it may subscribe only to its actions topic and publish only on its status and stream topics",
+		b.logger().Warn("broker auth: device refused a topic: it may subscribe only to its actions and shadow delta topics and publish only on its status, stream and reported-state topics",
 			"tenant", tenant, "device", device, "topic", mqtt.Truncate(topic, 200), "access", acc)
 	}
 	return v

@@ -477,7 +477,7 @@ func (c *Client) onUp(cm *autopaho.ConnectionManager, ca *paho.Connack) {
 func (c *Client) subscribe(cm *autopaho.ConnectionManager, resumed bool) {
 	ctx, cancel := context.WithTimeout(c.run, 30*time.Second)
 	defer cancel()
-	filters := []string{mqtt.StatusFilter(c.cfg.ShareGroup), mqtt.StreamFilter(c.cfg.ShareGroup)}
+	filters := c.filters()
 	sub := &paho.Subscribe{}
 	for _, f := range filters {
 		sub.Subscriptions = append(sub.Subscriptions, paho.SubscribeOptions{Topic: f, QoS: 1})
@@ -507,6 +507,12 @@ func (c *Client) subscribe(cm *autopaho.ConnectionManager, resumed bool) {
 	}
 	c.upOnce.Do(func() { close(c.upCh) })
 	c.signal() // arrivals waited for the connection
+}
+
+// filters are the shared subscriptions of the devices' publishes.
+func (c *Client) filters() []string {
+	g := c.cfg.ShareGroup
+	return []string{mqtt.StatusFilter(g), mqtt.StreamFilter(g), mqtt.ReportedFilter(g)}
 }
 
 func (c *Client) onDown() bool {
@@ -567,7 +573,7 @@ func (c *Client) disconnectPacket() *paho.Disconnect {
 func (c *Client) onPublish(pr paho.PublishReceived) (bool, error) {
 	p := pr.Packet
 	t, ok := mqtt.ParseTopic(p.Topic)
-	if !ok || t.Kind == mqtt.TopicActions {
+	if !ok || t.Kind == mqtt.TopicActions || t.Kind == mqtt.TopicShadowDelta {
 		// Not a topic fleetd subscribed to; nothing to redo.
 		c.log.Warn("mqtt: message on an unexpected topic acknowledged and dropped", "topic", mqtt.Truncate(p.Topic, 200))
 		_ = pr.Client.Ack(p)
@@ -614,9 +620,12 @@ func (c *Client) handle(in inbound) {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.HandlerTimeout)
 	defer cancel()
 	var err error
-	if t.Kind == mqtt.TopicStream {
+	switch t.Kind {
+	case mqtt.TopicStream:
 		err = c.h.HandleStream(ctx, t.Tenant, t.Device, t.Stream, in.pub.Payload)
-	} else {
+	case mqtt.TopicShadowReported:
+		err = c.h.HandleReported(ctx, t.Tenant, t.Device, in.pub.Payload)
+	default:
 		err = c.h.HandleStatus(ctx, t.Tenant, t.Device, in.pub.Payload)
 	}
 	c.stats.messagesIn.Add(1)
@@ -664,6 +673,35 @@ func (c *Client) SendAction(tenant, device string, actionID int64, payload []byt
 		return false
 	}
 	return c.publish(tenant, device, payload) == published
+}
+
+// SendDelta publishes the delta of the device's shadow on its shadow
+// delta topic as the topic's retained message, at QoS 1: fleetd cannot see
+// the devices' subscriptions here, so the broker keeps the delta for the
+// device and hands it over whenever it subscribes. An empty delta clears
+// the retained message (an empty retained payload, which MQTT hands to
+// the subscribers of the moment as well). It reports whether the broker
+// took the message.
+func (c *Client) SendDelta(tenant, device string, delta []byte) bool {
+	if !c.connected.Load() {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(c.run, c.cfg.PublishTimeout)
+	defer cancel()
+	r, err := c.cm.Publish(ctx, &paho.Publish{Topic: mqtt.ShadowDeltaTopic(tenant, device), QoS: 1, Retain: true, Payload: delta})
+	if err != nil {
+		if c.run.Err() == nil {
+			c.log.Warn("mqtt: publish a shadow delta", "tenant", tenant, "device", device, "err", err)
+		}
+		return false
+	}
+	// 0x10, no matching subscribers: retained all the same.
+	if r != nil && r.ReasonCode >= 0x80 {
+		c.log.Error("mqtt: the broker refused a shadow delta; give fleetd's username the right to publish retained messages on the devices' shadow delta topics",
+			"tenant", tenant, "device", device, "reason_code", fmt.Sprintf("0x%02x", r.ReasonCode))
+		return false
+	}
+	return true
 }
 
 // publishResult is what became of an action handed to the broker.
@@ -964,7 +1002,7 @@ func (c *Client) Close() error {
 
 	if c.connected.Load() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := c.cm.Unsubscribe(ctx, &paho.Unsubscribe{Topics: []string{mqtt.StatusFilter(c.cfg.ShareGroup), mqtt.StreamFilter(c.cfg.ShareGroup)}})
+		_, err := c.cm.Unsubscribe(ctx, &paho.Unsubscribe{Topics: c.filters()})
 		cancel()
 		if err != nil {
 			c.log.Debug("mqtt: unsubscribe at shutdown", "err", err)

@@ -37,6 +37,8 @@ type device struct {
 
 	subscribed atomic.Bool   // to its actions topic
 	qos        atomic.Uint32 // of that subscription
+	// deltaSubscribed: to its shadow delta topic.
+	deltaSubscribed atomic.Bool
 
 	// closed is set under wmu, and read without it: Online and Disconnect
 	// must not wait behind a write to a device that does not read.
@@ -442,8 +444,15 @@ func (d *device) handle(header byte, body []byte) error {
 		codes := make([]byte, len(sp.filters))
 		for i, f := range sp.filters {
 			codes[i] = byte(codeNoSubscriptionExisted)
-			if mqtt.MaySubscribe(d.tenant, d.id, f.filter) && d.unsubscribe() {
-				codes[i] = byte(codeSuccess)
+			switch mqtt.SubscriptionOf(d.tenant, d.id, f.filter) {
+			case mqtt.TopicActions:
+				if d.unsubscribe() {
+					codes[i] = byte(codeSuccess)
+				}
+			case mqtt.TopicShadowDelta:
+				if d.deltaSubscribed.Swap(false) {
+					codes[i] = byte(codeSuccess)
+				}
 			}
 		}
 		return d.write(appendSuback(nil, typeUnsuback, d.version, sp.id, codes))
@@ -497,9 +506,12 @@ func (d *device) publish(p *publishPacket) error {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandlerTimeout)
 	defer cancel()
 	var err error
-	if t.Kind == mqtt.TopicStream {
+	switch t.Kind {
+	case mqtt.TopicStream:
 		err = s.h.HandleStream(ctx, d.tenant, d.id, t.Stream, p.payload)
-	} else {
+	case mqtt.TopicShadowReported:
+		err = s.h.HandleReported(ctx, d.tenant, d.id, p.payload)
+	default:
 		err = s.h.HandleStatus(ctx, d.tenant, d.id, p.payload)
 	}
 	s.stats.messagesIn.Add(1)
@@ -522,27 +534,41 @@ func (d *device) publish(p *publishPacket) error {
 	return nil
 }
 
-// subscribe accepts a subscription to the device's actions topic, and
-// nothing else.
+// subscribe accepts a subscription to the device's actions topic and to
+// its shadow delta topic, and nothing else.
 func (d *device) subscribe(sp *subscribePacket) error {
 	if sp.props.subscriptionID {
 		return protocolErr(codeSubscriptionIDsNotUsable, "subscription identifiers are not supported")
 	}
 	codes := make([]byte, len(sp.filters))
-	qos, ok := byte(0), false
+	qos, ok, delta := byte(0), false, false
 	for i, f := range sp.filters {
-		if !mqtt.MaySubscribe(d.tenant, d.id, f.filter) {
+		switch mqtt.SubscriptionOf(d.tenant, d.id, f.filter) {
+		case mqtt.TopicActions:
+			codes[i] = min(f.qos, 1) // actions go out at QoS 1 at most
+			qos, ok = codes[i], true
+		case mqtt.TopicShadowDelta:
+			// Deltas go out at QoS 0: each is the whole delta, sent again
+			// at every change and every subscription, so a lost one is
+			// made good by the next (docs/device-protocol.md).
+			codes[i], delta = 0, true
+		default:
 			// Refused, and the connection kept (as MQTT allows): a device
 			// that reconnects at once would otherwise loop, and its log
 			// says why.
 			codes[i] = d.refuseSubscription(f.filter)
-			continue
 		}
-		codes[i] = min(f.qos, 1) // actions go out at QoS 1 at most
-		qos, ok = codes[i], true
+	}
+	if delta {
+		// Before the SUBACK: a device that has it may be sent deltas.
+		d.deltaSubscribed.Store(true)
 	}
 	d.wmu.Lock()
-	if err := d.writeLocked(appendSuback(nil, typeSuback, d.version, sp.id, codes)); err != nil || !ok {
+	err := d.writeLocked(appendSuback(nil, typeSuback, d.version, sp.id, codes))
+	if err == nil && delta {
+		defer d.s.goTask(func() { d.s.h.DeltaSubscribed(d.tenant, d.id) })
+	}
+	if err != nil || !ok {
 		d.wmu.Unlock()
 		return err
 	}
@@ -582,7 +608,7 @@ func (d *device) kick() {
 // use: SUBACK 0x80 (MQTT 5: 0x87 not authorized).
 func (d *device) refuseSubscription(filter string) byte {
 	d.s.stats.aclViolations.Add(1)
-	d.s.log.Warn("mqtt: subscription refused: a device may subscribe only to its own actions topic",
+	d.s.log.Warn("mqtt: subscription refused: a device may subscribe only to its own actions and shadow delta topics",
 		"tenant", d.tenant, "device", d.id, "filter", mqtt.Truncate(filter, 200), "actions_topic", mqtt.ActionsTopic(d.tenant, d.id), "remote", d.remote())
 	if d.version == version5 {
 		return byte(codeNotAuthorized)
@@ -594,7 +620,7 @@ func (d *device) refuseSubscription(filter string) byte {
 // its own.
 func (d *device) aclViolation(op, topic string) error {
 	d.s.stats.aclViolations.Add(1)
-	d.s.log.Warn("mqtt: device disconnected: it may subscribe only to its actions topic and publish only on its status and stream topics",
+	d.s.log.Warn("mqtt: device disconnected: it may subscribe only to its actions and shadow delta topics and publish only on its status, stream and reported-state topics",
 		"tenant", d.tenant, "device", d.id, "op", op, "topic", mqtt.Truncate(topic, 200), "remote", d.remote())
 	return protocolErr(codeNotAuthorized, "%s on %q, not the device's", op, mqtt.Truncate(topic, 200))
 }

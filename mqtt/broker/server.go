@@ -258,6 +258,24 @@ func (s *Server) SendAction(tenant, device string, actionID int64, payload []byt
 	return d.offer(fleet.ActionMessage{ActionID: actionID, Payload: payload})
 }
 
+// SendDelta publishes the delta of the device's shadow (a JSON object) on
+// its shadow delta topic, at QoS 0, if the device is connected and
+// subscribed to it. An empty delta is not sent. It reports whether the
+// delta was written to the connection.
+func (s *Server) SendDelta(tenant, device string, delta []byte) bool {
+	d := s.device(sessionID(tenant, device))
+	if d == nil || len(delta) == 0 || !d.deltaSubscribed.Load() || s.isClosing() {
+		return false
+	}
+	topic := mqtt.ShadowDeltaTopic(tenant, device)
+	if size := publishSize(d.version, topic, 0, delta); d.maxPacketSize > 0 && size > d.maxPacketSize {
+		s.log.Warn("mqtt: a shadow delta is larger than the device accepts; not sent", "tenant", tenant, "device", device,
+			"size", size, "max_packet_size", d.maxPacketSize)
+		return false
+	}
+	return d.write(appendPublish(nil, d.version, topic, 0, 0, delta)) == nil
+}
+
 // goTask runs f on a goroutine Close waits for, unless the server is
 // closing.
 func (s *Server) goTask(f func()) bool {

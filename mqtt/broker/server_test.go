@@ -208,13 +208,17 @@ func TestTopicViolations(t *testing.T) {
 		"/tenants/acme/devices/+/actions",
 		"/tenants/acme/#",
 		statusT, // its own, but devices publish there, never read
+		mqtt.ShadowDeltaTopic("acme", "dev-2"),
+		mqtt.ShadowReportedTopic("acme", "dev-1"), // its own, but it publishes there
 		"$share/g/" + actionsT[1:],
 	}
 	publications := []string{
 		mqtt.ActionStatusTopic("acme", "dev-2"),
 		mqtt.ActionStatusTopic("other", "dev-1"),
 		mqtt.StreamTopic("other", "dev-1", "gps"),
-		actionsT, // its own, but only fleetd sends actions
+		actionsT,                               // its own, but only fleetd sends actions
+		mqtt.ShadowDeltaTopic("acme", "dev-1"), // its own, but only fleetd sends deltas
+		mqtt.ShadowReportedTopic("acme", "dev-2"),
 		"$SYS/broker/uptime",
 		"/tenants/acme/devices/dev-1/uplink_disk_stats/jsonarray",
 		"hello",

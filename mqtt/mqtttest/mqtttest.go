@@ -44,8 +44,8 @@ type Handler struct {
 	Mu      sync.Mutex
 	Tokens  map[string]string // "tenant/device" -> token; SetToken once the server is open
 	AuthErr error             // when set, AuthenticateDevice returns it
-	PubErr  error             // when set, HandleStatus and HandleStream return it
-	Gate    chan struct{}     // when set, HandleStatus and HandleStream wait for it to close
+	PubErr  error             // when set, HandleStatus, HandleStream and HandleReported return it
+	Gate    chan struct{}     // when set, HandleStatus, HandleStream and HandleReported wait for it to close
 	// AuthGate, when set, holds AuthenticateDevice until it is closed;
 	// AuthHold holds it likewise, but after the token was checked.
 	AuthGate, AuthHold chan struct{}
@@ -55,6 +55,8 @@ type Handler struct {
 	Subscribed chan Call
 	Statuses   chan Call
 	Streams    chan Call
+	Reported   chan Call // HandleReported
+	Deltas     chan Call // DeltaSubscribed
 	Delivered  chan Call
 	Failed     chan Call // ActionFailed; Stream holds the reason
 
@@ -80,6 +82,8 @@ func NewHandler() *Handler {
 		Subscribed: make(chan Call, 100),
 		Statuses:   make(chan Call, 100),
 		Streams:    make(chan Call, 100),
+		Reported:   make(chan Call, 100),
+		Deltas:     make(chan Call, 100),
 		Delivered:  make(chan Call, 1000),
 		Failed:     make(chan Call, 100),
 		Backlog:    map[string][]fleet.ActionMessage{},
@@ -187,6 +191,15 @@ func (h *Handler) HandleStatus(ctx context.Context, tenant, device string, paylo
 func (h *Handler) HandleStream(ctx context.Context, tenant, device, stream string, payload []byte) error {
 	h.Streams <- Call{Tenant: tenant, Device: device, Stream: stream, Payload: payload}
 	return h.publish(ctx)
+}
+
+func (h *Handler) HandleReported(ctx context.Context, tenant, device string, payload []byte) error {
+	h.Reported <- Call{Tenant: tenant, Device: device, Payload: payload}
+	return h.publish(ctx)
+}
+
+func (h *Handler) DeltaSubscribed(tenant, device string) {
+	h.Deltas <- Call{Tenant: tenant, Device: device}
 }
 
 func (h *Handler) publish(ctx context.Context) error {

@@ -1,0 +1,38 @@
+package twin
+
+import (
+	"context"
+
+	"github.com/fleetd/fleet"
+)
+
+// UplinkShadowStream is the stream on which the uplink agent publishes its
+// device's state every ten seconds.
+const UplinkShadowStream = "device_shadow"
+
+// Streams is a fleet.StreamService that also fills the reported state of
+// devices that run the uplink agent: the fields of their device_shadow
+// stream's points, but sequence and timestamp, are merged into the
+// reported state after the points are stored. Each of uplink's points is
+// a whole snapshot of the device's state, so of a batch only the latest
+// point (by timestamp, then sequence) is merged.
+type Streams struct {
+	fleet.StreamService
+	Twin fleet.ShadowService
+}
+
+// IngestPoints stores the points, then merges the latest of device_shadow
+// into the device's reported state.
+func (s *Streams) IngestPoints(ctx context.Context, tenant, device, stream string, pts []fleet.DataPoint) error {
+	if err := s.StreamService.IngestPoints(ctx, tenant, device, stream, pts); err != nil || stream != UplinkShadowStream || len(pts) == 0 {
+		return err
+	}
+	latest := &pts[0]
+	for i := range pts {
+		if pts[i].After(latest) {
+			latest = &pts[i]
+		}
+	}
+	_, err := s.Twin.UpdateReported(ctx, tenant, device, latest.Data)
+	return err
+}

@@ -1,0 +1,93 @@
+// Package twin is the device shadow service (docs/twin.md): it keeps the
+// shadows in the store and tells each device the delta of its shadow
+// whenever the delta changes, and when the device subscribes to it.
+package twin
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/fleetd/fleet"
+)
+
+// Sender sends a device the delta of its shadow; mqtt.Channel is one. An
+// empty delta says that the device is in sync: the embedded broker sends
+// nothing then, the external broker's client clears the retained delta.
+type Sender interface {
+	SendDelta(tenant, device string, delta []byte) bool
+}
+
+// Service is a fleet.ShadowService that sends deltas.
+type Service struct {
+	Store fleet.ShadowService
+	// Sender is set before devices connect; nil sends nothing.
+	Sender Sender
+	Logger *slog.Logger
+}
+
+var _ fleet.ShadowService = (*Service)(nil)
+
+// FindShadow reads a device's shadow.
+func (s *Service) FindShadow(ctx context.Context, tenant, device string) (*fleet.Shadow, error) {
+	return s.Store.FindShadow(ctx, tenant, device)
+}
+
+// UpdateDesired changes the desired state, and sends the device its delta
+// if that changed.
+func (s *Service) UpdateDesired(ctx context.Context, tenant, device string, patch map[string]any, version *int64) (*fleet.Shadow, error) {
+	sh, err := s.Store.UpdateDesired(ctx, tenant, device, patch, version)
+	if err == nil && sh.DeltaChanged {
+		s.send(tenant, device, sh)
+	}
+	return sh, err
+}
+
+// UpdateReported changes the reported state, and sends the device its
+// delta if that changed.
+func (s *Service) UpdateReported(ctx context.Context, tenant, device string, patch map[string]any) (*fleet.Shadow, error) {
+	sh, err := s.Store.UpdateReported(ctx, tenant, device, patch)
+	if err == nil && sh.DeltaChanged {
+		s.send(tenant, device, sh)
+	}
+	return sh, err
+}
+
+// DeltaSubscribed sends a device that subscribed to its delta the delta,
+// if it is not empty.
+func (s *Service) DeltaSubscribed(tenant, device string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sh, err := s.Store.FindShadow(ctx, tenant, device)
+	if err != nil {
+		s.logger().Warn("twin: read a shadow to send its delta; the device gets it at its next change or subscription",
+			"tenant", tenant, "device", device, "err", err)
+		return
+	}
+	if !sh.InSync {
+		s.send(tenant, device, sh)
+	}
+}
+
+func (s *Service) send(tenant, device string, sh *fleet.Shadow) {
+	if s.Sender == nil {
+		return
+	}
+	var delta []byte
+	if !sh.InSync {
+		b, err := fleet.MarshalCanonical(sh.Delta)
+		if err != nil {
+			s.logger().Error("twin: encode a delta", "tenant", tenant, "device", device, "err", err)
+			return
+		}
+		delta = b
+	}
+	s.Sender.SendDelta(tenant, device, delta)
+}
+
+func (s *Service) logger() *slog.Logger {
+	if s.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Logger
+}
