@@ -481,6 +481,10 @@ func CompletedComponents(action string, params []byte) map[string]string {
 type ActionFilter struct {
 	Action     string
 	Incomplete bool
+	// ExceptAction leaves out the actions of that name: the console's
+	// list leaves out the cancel_actions that cancels and aborts send,
+	// which its action's page tells of.
+	ExceptAction string
 	Page
 }
 

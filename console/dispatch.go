@@ -19,9 +19,13 @@ type TargetCounter interface {
 	CountTargets(ctx context.Context, tenant string, d *fleet.Dispatch) (int, error)
 }
 
-// formPhases is how many phase rows the dispatch form offers; rows left
-// empty are not phases.
-const formPhases = 4
+// formPhases is how many phase rows the dispatch form starts with; "Add a
+// phase" adds one (up to fleet.MaxPhases), "Remove" takes one away. Rows
+// left empty are not phases.
+const formPhases = 2
+
+// formRules is how many of the tenant's alert rules a phase's gate offers.
+const formRules = 200
 
 // dispatchForm is the dispatch form's fields, as typed.
 type dispatchForm struct {
@@ -36,20 +40,50 @@ type phaseForm struct {
 	Index                          int
 	Name, Kind, Value, Trigger, At string
 	Wait, GateRate, GateMin        string
+	GateRules                      []string // alert rule ids
+	GateWatch                      string   // seconds
+	// Count is how many devices the phase would release, once the form
+	// was counted.
+	Count *int
+}
+
+// hasRule reports whether the phase's gate names alert rule id.
+func (p phaseForm) HasRule(id string) bool {
+	for _, r := range p.GateRules {
+		if r == id {
+			return true
+		}
+	}
+	return false
 }
 
 // dispatchData is the dispatch page's.
 type dispatchData struct {
 	Form    dispatchForm
-	Matches *int // devices the selection matches, once previewed
+	Matches *int               // devices the selection matches, once previewed
+	Rules   []*fleet.AlertRule // for the phases' alert gates
+}
+
+func newPhaseForm(i int) phaseForm {
+	p := phaseForm{Index: i, Kind: fleet.PhasePercentage, Trigger: fleet.TriggerAfterPrevious}
+	if i == 0 {
+		p.Trigger = fleet.TriggerNow
+	}
+	return p
 }
 
 func newDispatchForm() dispatchForm {
 	f := dispatchForm{Params: "{}", SearchType: fleet.SearchDefault, WindowTZ: "UTC"}
 	for i := range formPhases {
-		f.Phases = append(f.Phases, phaseForm{Index: i, Kind: fleet.PhasePercentage, Trigger: fleet.TriggerNow})
+		f.Phases = append(f.Phases, newPhaseForm(i))
 	}
 	return f
+}
+
+// rules reads the alert rules a gate may name.
+func (c *Console) rules(ctx context.Context, tenant string) ([]*fleet.AlertRule, error) {
+	rules, _, err := c.Alerts.FindAlertRules(ctx, tenant, fleet.Page{Page: 1, Limit: formRules})
+	return rules, err
 }
 
 func (c *Console) handleDispatchForm(w http.ResponseWriter, r *http.Request, v *view) error {
@@ -64,7 +98,17 @@ func (c *Console) handleDispatchForm(w http.ResponseWriter, r *http.Request, v *
 	if v := q.Get("version"); v != "" && fleet.ValidVersion(v) {
 		f.Params = `{"version": "` + v + `"}`
 	}
-	v.Title, v.Nav, v.Data = "Dispatch an action", "actions", dispatchData{Form: f}
+	if q.Get("rollout") == "1" {
+		// A bundle's "Roll out this bundle": a canary, then everyone.
+		f.Rollout, f.SearchType = true, fleet.SearchAll
+		f.Phases[0].Name, f.Phases[0].Value = "canary", "10"
+		f.Phases[1].Name, f.Phases[1].Value = "everyone", "100"
+	}
+	rules, err := c.rules(r.Context(), v.Actor.Tenant)
+	if err != nil {
+		return err
+	}
+	v.Title, v.Nav, v.Data = "Dispatch an action", "actions", dispatchData{Form: f, Rules: rules}
 	c.render(w, r, http.StatusOK, "dispatch", v)
 	return nil
 }
@@ -75,7 +119,17 @@ func (c *Console) handleDispatchForm(w http.ResponseWriter, r *http.Request, v *
 func (c *Console) handleDispatch(w http.ResponseWriter, r *http.Request, v *view) error {
 	f := readDispatchForm(r)
 	v.Title, v.Nav = "Dispatch an action", "actions"
-	data := dispatchData{Form: f}
+	rules, err := c.rules(r.Context(), v.Actor.Tenant)
+	if err != nil {
+		return err
+	}
+	data := dispatchData{Form: f, Rules: rules}
+	if r.PostForm.Has("add_phase") || r.PostForm.Has("remove_phase") {
+		// The form again with a row more or less; nothing is checked yet.
+		v.Data = data
+		c.render(w, r, http.StatusOK, "dispatch", v)
+		return nil
+	}
 	again := func(err error) error {
 		if fleet.ErrorCode(err) != fleet.EINVALID {
 			return err
@@ -94,6 +148,11 @@ func (c *Console) handleDispatch(w http.ResponseWriter, r *http.Request, v *view
 			return again(err)
 		}
 		data.Matches = &n
+		if d.Schedule != nil {
+			for i, k := range phaseCounts(d.Schedule, n) {
+				data.Form.Phases[f.phaseRow(i)].Count = &k
+			}
+		}
 		v.Data = data
 		c.render(w, r, http.StatusOK, "dispatch", v)
 		return nil
@@ -122,15 +181,74 @@ func readDispatchForm(r *http.Request) dispatchForm {
 		Rollout: p.Get("rollout") == "on", ReleaseNotes: p.Get("release_notes"),
 		WindowStart: get("window_start"), WindowEnd: get("window_end"), WindowTZ: get("window_tz"),
 	}
-	for i := range formPhases {
+	rows, err := strconv.Atoi(get("phases"))
+	if err != nil || rows < 1 {
+		rows = formPhases
+	}
+	remove, err := strconv.Atoi(get("remove_phase"))
+	if err != nil {
+		remove = -1
+	}
+	for i := range min(rows, fleet.MaxPhases) {
+		if i == remove {
+			continue
+		}
 		n := strconv.Itoa(i)
-		f.Phases = append(f.Phases, phaseForm{Index: i,
+		f.Phases = append(f.Phases, phaseForm{Index: len(f.Phases),
 			Name: get("phase" + n + "_name"), Kind: get("phase" + n + "_kind"), Value: get("phase" + n + "_value"),
 			Trigger: get("phase" + n + "_trigger"), At: get("phase" + n + "_at"), Wait: get("phase" + n + "_wait"),
 			GateRate: get("phase" + n + "_gate_rate"), GateMin: get("phase" + n + "_gate_min"),
+			GateRules: p["phase"+n+"_gate_rules"], GateWatch: get("phase" + n + "_gate_watch"),
 		})
 	}
+	if p.Has("add_phase") && len(f.Phases) < fleet.MaxPhases {
+		f.Phases = append(f.Phases, newPhaseForm(len(f.Phases)))
+	}
+	if len(f.Phases) == 0 {
+		f.Phases = append(f.Phases, newPhaseForm(0))
+	}
 	return f
+}
+
+// phaseRow returns the form row of the schedule's phase i: rows left
+// empty are not phases.
+func (f dispatchForm) phaseRow(i int) int {
+	for _, p := range f.Phases {
+		if p.empty() {
+			continue
+		}
+		if i == 0 {
+			return p.Index
+		}
+		i--
+	}
+	return -1
+}
+
+func (p phaseForm) empty() bool { return p.Name == "" && p.Value == "" }
+
+// phaseCounts says how many of total targets each phase would release, by
+// the rule the store partitions them with (docs/actions.md, "Rollouts"):
+// fixed_list phases take their devices first, then each percentage phase
+// what its cumulative quota still lacks, in order.
+func phaseCounts(s *fleet.Schedule, total int) []int {
+	counts := make([]int, len(s.Phases))
+	left := total
+	for k, p := range s.Phases {
+		if p.Info.Type == fleet.PhaseFixedList {
+			counts[k] = len(p.Info.DeviceIDs)
+			left -= counts[k]
+		}
+	}
+	taken := 0
+	for k, p := range s.Phases {
+		if p.Info.Type == fleet.PhasePercentage {
+			counts[k] = max(0, min(fleet.PhaseQuota(p.Info.Percentage, total)-taken, left))
+			left -= counts[k]
+		}
+		taken += counts[k]
+	}
+	return counts
 }
 
 // number is a form field as a JSON number when it reads as one, else as
@@ -200,7 +318,7 @@ func (f dispatchForm) schedule() (map[string]any, error) {
 	}
 	phases := []any{}
 	for _, p := range f.Phases {
-		if p.Name == "" && p.Value == "" {
+		if p.empty() {
 			continue
 		}
 		info := map[string]any{"type": p.Kind}
@@ -223,16 +341,25 @@ func (f dispatchForm) schedule() (map[string]any, error) {
 			trigger["timestamp"] = at.UnixMilli()
 		}
 		phase := map[string]any{"name": p.Name, "trigger_on": trigger, "info": info}
+		gate := map[string]any{}
 		if p.GateRate != "" {
-			gate := map[string]any{}
+			// The form asks for a percentage, the API for a fraction.
 			rate, err := strconv.ParseFloat(p.GateRate, 64)
 			if err != nil {
 				return nil, fleet.FieldErrors(map[string]string{fmt.Sprintf("schedule.phases[%d].gate.max_failure_rate", p.Index): "must be a percentage from 0 to 100"})
 			}
 			gate["max_failure_rate"] = json.Number(strconv.FormatFloat(rate/100, 'f', -1, 64))
-			if p.GateMin != "" {
-				gate["min_finished"] = number(p.GateMin)
-			}
+		}
+		if p.GateMin != "" {
+			gate["min_finished"] = number(p.GateMin)
+		}
+		if len(p.GateRules) > 0 {
+			gate["alert_rules"] = p.GateRules
+		}
+		if p.GateWatch != "" {
+			gate["watch_seconds"] = number(p.GateWatch)
+		}
+		if len(gate) > 0 {
 			phase["gate"] = gate
 		}
 		phases = append(phases, phase)

@@ -40,6 +40,8 @@ type actionLive struct {
 	Triggered   []bool                    `json:"triggered,omitempty"`
 	// Ops are the rollout's operations allowed now, whose buttons show.
 	Ops []fleet.RolloutOp `json:"ops,omitempty"`
+	// Confirm is what abort and cancel ask first, with today's counts.
+	Confirm map[string]string `json:"confirm"`
 }
 
 func (c *Console) handleActionEvents(w http.ResponseWriter, r *http.Request, v *view) error {
@@ -59,7 +61,8 @@ func (c *Console) handleActionEvents(w http.ResponseWriter, r *http.Request, v *
 			return nil, err
 		}
 		return actionLive{Statuses: a.Statuses, Phased: a.StatusesPhased, Status: a.Status, PauseReason: a.PauseReason, Waiting: a.WaitingReason,
-			NextPhase: a.NextPhaseIndex, Triggered: a.PhasesTriggered, Ops: a.RolloutOps()}, nil
+			NextPhase: a.NextPhaseIndex, Triggered: a.PhasesTriggered, Ops: a.RolloutOps(),
+			Confirm: map[string]string{"abort": confirmOp(a, "abort"), "cancel": confirmOp(a, "cancel")}}, nil
 	})
 }
 

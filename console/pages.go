@@ -264,7 +264,13 @@ func (c *Console) handleActions(w http.ResponseWriter, r *http.Request, v *view)
 	}
 	q := r.URL.Query()
 	d := actionsData{Action: q.Get("action"), Incomplete: q.Get("incomplete") == "true"}
-	acts, n, err := c.Actions.FindActions(r.Context(), v.Actor.Tenant, fleet.ActionFilter{Action: d.Action, Incomplete: d.Incomplete, Page: p})
+	f := fleet.ActionFilter{Action: d.Action, Incomplete: d.Incomplete, Page: p}
+	if d.Action == "" {
+		// A cancel_action is a part of the cancel or abort that sent it,
+		// not an action of its own; asked for by name, they are listed.
+		f.ExceptAction = fleet.ActionCancel
+	}
+	acts, n, err := c.Actions.FindActions(r.Context(), v.Actor.Tenant, f)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package console
 
 import (
 	"encoding/json"
+	"fmt"
 	"html/template"
 	"strconv"
 	"strings"
@@ -47,8 +48,11 @@ var funcs = template.FuncMap{
 	"list":  func(s ...string) []string { return s },
 	// allows: the rollout of the action allows the operation now
 	// (fleet.RolloutOperations); the page shows only those.
-	"allows":  func(a *fleet.Action, op string) bool { return a.RolloutAllows(fleet.RolloutOp(op)) == nil },
-	"opLabel": func(op string) string { return opLabels[op] },
+	"allows":        func(a *fleet.Action, op string) bool { return a.RolloutAllows(fleet.RolloutOp(op)) == nil },
+	"opLabel":       func(op string) string { return opLabels[op] },
+	"confirmOp":     confirmOp,
+	"paramsSummary": paramsSummary,
+	"clip":          clip,
 	"phaseCount": func(a *fleet.Action, phase int, st fleet.ActionStatus) int {
 		return a.StatusesPhased[strconv.Itoa(phase)][string(st)]
 	},
@@ -70,6 +74,53 @@ func parsePages() map[string]*template.Template {
 
 var opLabels = map[string]string{
 	"pause": "Pause", "resume": "Resume", "trigger_next_phase": "Trigger next phase", "abort": "Abort rollout",
+}
+
+// confirmOp is what an operation's button asks before it goes, naming
+// what it will do: abort and cancel cancel every device action not final,
+// and those already on a device (mid-download, for an update) are sent a
+// cancel_action. The other operations can be undone, and ask nothing ("").
+func confirmOp(a *fleet.Action, op string) string {
+	p := newProgress(a.Statuses)
+	open := p.Total - p.Final
+	switch op {
+	case "abort":
+		return fmt.Sprintf("Abort rollout #%d (%s)? This cancels the %d device actions not finished, %d of them already on their device (mid-download, for an update), which are sent a cancel_action; no further phase is released. It cannot be undone.",
+			a.ID, a.Action, open, p.Running)
+	case "cancel":
+		return fmt.Sprintf("Cancel action #%d (%s)? This cancels the %d device actions not finished, %d of them already on their device (mid-download, for an update), which are sent a cancel_action. It cannot be undone.",
+			a.ID, a.Action, open, p.Running)
+	}
+	return ""
+}
+
+// paramsSummary is an action's params on one line, key=value, for a list
+// to tell one version of an action from another: {"version":"2.3.0"} is
+// version=2.3.0.
+func paramsSummary(raw json.RawMessage) string {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil {
+		return ""
+	}
+	parts := make([]string, 0, len(m))
+	for _, k := range sortedKeys(m) {
+		v := string(m[k])
+		var s string
+		if json.Unmarshal(m[k], &s) == nil {
+			v = s
+		}
+		parts = append(parts, k+"="+v)
+	}
+	return clip(strings.Join(parts, " "), 100)
+}
+
+// clip shortens s to at most n characters, marking the cut.
+func clip(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
 }
 
 var searchLabels = map[string]string{

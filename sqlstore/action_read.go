@@ -58,6 +58,10 @@ func (db *DB) FindActions(ctx context.Context, tenant string, f fleet.ActionFilt
 		cond += " AND action = ?"
 		args = append(args, f.Action)
 	}
+	if f.ExceptAction != "" {
+		cond += " AND action <> ?"
+		args = append(args, f.ExceptAction)
+	}
 	if f.Incomplete {
 		// An index range of the action's live statuses each.
 		cond += " AND EXISTS (SELECT 1 FROM device_actions da WHERE da.tenant = actions.tenant AND da.action_id = actions.id AND da." +

@@ -92,6 +92,29 @@ func TestConsoleInBrowser(t *testing.T) {
 		"OIDC_USER="+op.Username, "OIDC_PASSWORD="+op.Password, "OIDC_EMAIL="+op.Email)
 }
 
+// TestConsoleRolloutsInBrowser has an operator roll out a bundle from its
+// page with the rollout builder (a phase added, a fixed list, an alert
+// gate and a failure-rate gate, each phase counted before it is sent),
+// abort it after confirming what the abort cancels, see that it does not
+// look finished, and find it in the actions list by its version.
+func TestConsoleRolloutsInBrowser(t *testing.T) {
+	dir := consoleHarness(t)
+	s := startServer(t, sqlstoretest.Backends()[0], "--rollout-interval", "50ms")
+	admin := s.admin()
+	operator := s.newKey(t, admin, "olivia", "operator")
+	var ids []string
+	for i := 1; i <= 6; i++ {
+		id := fmt.Sprintf("valve-%02d", i)
+		ids = append(ids, id)
+		s.mustDevice(t, admin, id, nil)
+	}
+	s.mustUpload(t, admin, makeBundle(t, "3.1.0", part{name: "valve-fw", version: "3.1.0", body: "valve firmware"}))
+	s.mustAlertRule(t, admin, map[string]any{"name": "valve stuck", "stream": "env", "condition": map[string]any{"field": "flow", "operator": "==", "value": 0}})
+	runConsoleScript(t, dir, "rollouts.mjs", 3*time.Minute,
+		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant, "OPERATOR_KEY="+operator.Key, "SCREENSHOTS="+screenshotDir(t),
+		"DEVICES="+strings.Join(ids, ","), "VERSION=3.1.0", "RULE=valve stuck")
+}
+
 // runConsoleScript runs one of the harness's scripts with env added to
 // the environment, and fails t, with the script's output, when it fails.
 func runConsoleScript(t *testing.T, dir, script string, timeout time.Duration, env ...string) {

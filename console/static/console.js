@@ -57,6 +57,14 @@
     root.querySelectorAll("[data-op]").forEach(function (el) {
       el.hidden = (data.ops || []).indexOf(el.getAttribute("data-op")) < 0;
     });
+    root.querySelectorAll("[data-confirm-for]").forEach(function (el) {
+      var text = (data.confirm || {})[el.getAttribute("data-confirm-for")];
+      if (text) el.setAttribute("data-confirm", text);
+    });
+    var stopped = data.status === "aborted";
+    root.querySelectorAll("[data-finished-line]").forEach(function (el) { el.hidden = stopped; });
+    root.querySelectorAll("[data-aborted-line]").forEach(function (el) { el.hidden = !stopped; });
+    root.querySelectorAll(".overall progress").forEach(function (el) { el.classList.toggle("stopped", stopped); });
     root.querySelectorAll("[data-triggered]").forEach(function (el) {
       var i = Number(el.getAttribute("data-triggered"));
       var word = (data.triggered || [])[i] ? "released" : (data.next_phase === i ? "next" : "waiting");

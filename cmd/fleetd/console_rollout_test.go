@@ -1,0 +1,138 @@
+package main
+
+import (
+	"fmt"
+	"html"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// TestConsoleRollouts: the rollout builder builds what the API can (any
+// number of phases, every gate), counts each phase before anything is
+// sent; abort and cancel say what they will do before they do it; phases
+// are numbered as the API numbers them; an aborted rollout does not look
+// finished; the actions list tells versions apart and keeps the
+// cancel_actions aborts send on their action's page.
+func TestConsoleRollouts(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
+		s := startServer(t, be)
+		admin := s.admin()
+		operator := s.newKey(t, admin, "olivia", "operator")
+		for i := 1; i <= 4; i++ {
+			s.do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": fmt.Sprintf("r-%d", i)}).want(t, 201)
+		}
+		rule := s.mustAlertRule(t, admin, map[string]any{"name": "too hot", "stream": "telemetry",
+			"condition": map[string]any{"field": "temperature", "operator": ">", "value": 80}})
+		s.mustUpload(t, admin, makeBundle(t, "2.3.0", bootloader, app230))
+		b := newBrowser(t, s.URL)
+		b.signIn("default", operator.Key)
+
+		// form is the builder's form: three phases, each kind, each gate.
+		form := func(tok string) url.Values {
+			return url.Values{"csrf": {tok}, "action": {"update_firmware"}, "params": {`{"version": "2.3.0"}`}, "search_type": {"all"},
+				"rollout": {"on"}, "phases": {"3"}, "release_notes": {"fixes the <b>watchdog</b>"},
+				"phase0_name": {"lab"}, "phase0_kind": {"fixed_list"}, "phase0_value": {"r-2"}, "phase0_trigger": {"now"},
+				"phase1_name": {"canary"}, "phase1_kind": {"percentage"}, "phase1_value": {"50"}, "phase1_trigger": {"manual"},
+				"phase1_gate_rules": {rule.ID}, "phase1_gate_watch": {"60"},
+				"phase2_name": {"everyone"}, "phase2_kind": {"percentage"}, "phase2_value": {"100"}, "phase2_trigger": {"after_previous"},
+				"phase2_gate_rate": {"25"}, "phase2_gate_min": {"2"}}
+		}
+
+		t.Run("RollOutThisBundle", func(t *testing.T) {
+			res := b.get("/console/firmware").want(t, 200)
+			link := regexp.MustCompile(`href="(/console/actions/new\?action=update_firmware&amp;version=2\.3\.0&amp;rollout=1)">Roll out this bundle<`)
+			bundlePage := regexp.MustCompile(`href="(/console/firmware/[0-9a-f-]{36})"`).FindStringSubmatch(res.Body)
+			if bundlePage == nil {
+				t.Fatalf("no bundle link:\n%s", res.Body)
+			}
+			m := link.FindStringSubmatch(b.get(bundlePage[1]).want(t, 200).Body)
+			if m == nil {
+				t.Fatal("the bundle's page has no \"Roll out this bundle\"")
+			}
+			res = b.get(html.UnescapeString(m[1])).want(t, 200)
+			wantContains(t, "the builder from a bundle", res.Body, `id="rollout" name="rollout" checked`, `{&#34;version&#34;: &#34;2.3.0&#34;}</textarea>`,
+				`name="phase0_name" value="canary"`, `name="phase1_name" value="everyone"`, `<option value="`+rule.ID+`">too hot</option>`)
+		})
+		t.Run("AddAndRemovePhases", func(t *testing.T) {
+			tok := b.get("/console/actions/new").want(t, 200).csrf(t)
+			f := form(tok)
+			f.Set("add_phase", "1")
+			res := b.do("POST", "/console/actions/new", f).want(t, 200)
+			wantContains(t, "a fourth row", res.Body, `name="phases" value="4"`, `aria-label="phase 3 name"`, `name="phase2_name" value="everyone"`)
+			f = form(tok)
+			f.Set("remove_phase", "1")
+			res = b.do("POST", "/console/actions/new", f).want(t, 200)
+			wantContains(t, "a row less", res.Body, `name="phases" value="2"`, `name="phase1_name" value="everyone"`)
+			if strings.Contains(res.Body, `value="canary"`) {
+				t.Fatal("the removed row is still there")
+			}
+		})
+		t.Run("CountEachPhase", func(t *testing.T) {
+			tok := b.get("/console/actions/new").csrf(t)
+			f := form(tok)
+			f.Set("preview", "1")
+			res := b.do("POST", "/console/actions/new", f).want(t, 200)
+			// Four targets: the listed one, then 50% cumulative (2) less
+			// the one taken, then the rest.
+			for i, want := range []int{1, 1, 2} {
+				wantContains(t, "phase counts", res.Body, fmt.Sprintf(`<td data-phase-count="%d">%d</td>`, i, want))
+			}
+		})
+		var id int64
+		t.Run("DispatchEveryGate", func(t *testing.T) {
+			tok := b.get("/console/actions/new").csrf(t)
+			f := form(tok)
+			f.Set("dispatch", "1")
+			res := b.do("POST", "/console/actions/new", f).want(t, 303)
+			fmt.Sscanf(res.Header.Get("Location"), "/console/actions/%d", &id)
+			var a struct {
+				Schedule struct {
+					Phases []struct {
+						Gate *struct {
+							MaxFailureRate *float64 `json:"max_failure_rate"`
+							MinFinished    int      `json:"min_finished"`
+							AlertRules     []string `json:"alert_rules"`
+							WatchSeconds   int      `json:"watch_seconds"`
+						}
+					}
+				}
+			}
+			s.do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).want(t, 200).decode(t, &a)
+			ph := a.Schedule.Phases
+			if len(ph) != 3 || ph[0].Gate != nil || ph[1].Gate == nil || len(ph[1].Gate.AlertRules) != 1 || ph[1].Gate.AlertRules[0] != rule.ID ||
+				ph[1].Gate.WatchSeconds != 60 || ph[2].Gate == nil || *ph[2].Gate.MaxFailureRate != 0.25 || ph[2].Gate.MinFinished != 2 {
+				t.Fatalf("schedule %+v", a.Schedule)
+			}
+		})
+		t.Run("AbortSaysWhatItDoes", func(t *testing.T) {
+			eventually(t, "the first phase to release", func() bool { return s.action(t, admin, id).Statuses["Queued"] == 1 })
+			s.report(t, "r-2", id, "Downloading")
+			res := b.get(fmt.Sprintf("/console/actions/%d", id)).want(t, 200)
+			wantContains(t, "the action page", res.Body,
+				`data-confirm="Abort rollout #`+fmt.Sprint(id)+` (update_firmware)? This cancels the 4 device actions not finished, 1 of them already on their device (mid-download, for an update), which are sent a cancel_action; no further phase is released. It cannot be undone."`,
+				`<td>0 lab</td>`, `<td>1 canary</td>`, `<td>2 everyone</td>`, "no alert of 1 rules within 60 s of completing",
+				"at most 25% of finished failed, judged from 2 finished")
+			b.do("POST", fmt.Sprintf("/console/actions/%d/abort", id), url.Values{"csrf": {res.csrf(t)}}).want(t, 303)
+			res = b.get(fmt.Sprintf("/console/actions/%d", id)).want(t, 200)
+			wantContains(t, "an aborted rollout", res.Body, `class="stopped"`, `<span data-finished-line hidden>`,
+				`<span data-aborted-line>aborted: <span data-count="Completed">0</span> of 4 completed, <span data-count="Cancelled">4</span> cancelled</span>`)
+		})
+		t.Run("ActionsList", func(t *testing.T) {
+			res := b.get("/console/actions").want(t, 200)
+			wantContains(t, "the list", res.Body, "version=2.3.0", "fixes the &lt;b&gt;watchdog&lt;/b&gt;", `href="/console/actions?action=cancel_action"`)
+			if strings.Contains(res.Body, " cancel_action</a>") {
+				t.Fatalf("the abort's cancel_action is listed as an action of its own:\n%s", res.Body)
+			}
+			wantContains(t, "cancel_actions by name", b.get("/console/actions?action=cancel_action").want(t, 200).Body, " cancel_action</a>", "action_id=")
+		})
+		t.Run("CancelSaysWhatItDoes", func(t *testing.T) {
+			other := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all"})
+			res := b.get(fmt.Sprintf("/console/actions/%d", other)).want(t, 200)
+			wantContains(t, "cancel", res.Body, fmt.Sprintf(`data-confirm="Cancel action #%d (reboot)? This cancels the 4 device actions not finished, 0 of them already on their device`, other))
+		})
+	})
+}
