@@ -77,19 +77,24 @@ var opLabels = map[string]string{
 }
 
 // confirmOp is what an operation's button asks before it goes, naming
-// what it will do: abort and cancel cancel every device action not final,
-// and those already on a device (mid-download, for an update) are sent a
-// cancel_action. The other operations can be undone, and ask nothing ("").
+// what it will do: abort and cancel cancel at once every device action
+// not yet on its device, and ask the devices that have it (mid-download,
+// for an update) to stop, by a cancel_action; each of those is Cancelled
+// when its device agrees (docs/actions.md, "Cancelling"). The other
+// operations can be undone, and ask nothing ("").
 func confirmOp(a *fleet.Action, op string) string {
 	p := newProgress(a.Statuses)
-	open := p.Total - p.Final
+	have := "devices that have it"
+	if p.Running == 1 {
+		have = "device that has it"
+	}
+	what := fmt.Sprintf("%d device actions not finished: %d not yet on their device are cancelled at once, and the %d %s (mid-download, for an update) are sent a cancel_action and asked to stop",
+		p.Total-p.Final, p.Scheduled+p.Waiting, p.Running, have)
 	switch op {
 	case "abort":
-		return fmt.Sprintf("Abort rollout #%d (%s)? This cancels the %d device actions not finished, %d of them already on their device (mid-download, for an update), which are sent a cancel_action; no further phase is released. It cannot be undone.",
-			a.ID, a.Action, open, p.Running)
+		return fmt.Sprintf("Abort rollout #%d (%s)? No further phase is released, and this cancels the %s. It cannot be undone.", a.ID, a.Action, what)
 	case "cancel":
-		return fmt.Sprintf("Cancel action #%d (%s)? This cancels the %d device actions not finished, %d of them already on their device (mid-download, for an update), which are sent a cancel_action. It cannot be undone.",
-			a.ID, a.Action, open, p.Running)
+		return fmt.Sprintf("Cancel action #%d (%s)? This cancels the %s. It cannot be undone.", a.ID, a.Action, what)
 	}
 	return ""
 }

@@ -113,13 +113,13 @@ func TestConsoleRollouts(t *testing.T) {
 			s.report(t, "r-2", id, "Downloading")
 			res := b.get(fmt.Sprintf("/console/actions/%d", id)).want(t, 200)
 			wantContains(t, "the action page", res.Body,
-				`data-confirm="Abort rollout #`+fmt.Sprint(id)+` (update_firmware)? This cancels the 4 device actions not finished, 1 of them already on their device (mid-download, for an update), which are sent a cancel_action; no further phase is released. It cannot be undone."`,
+				`data-confirm="Abort rollout #`+fmt.Sprint(id)+` (update_firmware)? No further phase is released, and this cancels the 4 device actions not finished: 3 not yet on their device are cancelled at once, and the 1 device that has it (mid-download, for an update) are sent a cancel_action and asked to stop. It cannot be undone."`,
 				`<td>0 lab</td>`, `<td>1 canary</td>`, `<td>2 everyone</td>`, "no alert of 1 rules within 60 s of completing",
 				"at most 25% of finished failed, judged from 2 finished")
 			b.do("POST", fmt.Sprintf("/console/actions/%d/abort", id), url.Values{"csrf": {res.csrf(t)}}).want(t, 303)
 			res = b.get(fmt.Sprintf("/console/actions/%d", id)).want(t, 200)
 			wantContains(t, "an aborted rollout", res.Body, `class="stopped"`, `<span data-finished-line hidden>`,
-				`<span data-aborted-line>aborted: <span data-count="Completed">0</span> of 4 completed, <span data-count="Cancelled">4</span> cancelled</span>`)
+				`<span data-aborted-line>aborted: <span data-count="Completed">0</span> of 4 completed, <span data-count="Cancelled">3</span> cancelled</span>`)
 		})
 		t.Run("ActionsList", func(t *testing.T) {
 			res := b.get("/console/actions").want(t, 200)
@@ -129,10 +129,14 @@ func TestConsoleRollouts(t *testing.T) {
 			}
 			wantContains(t, "cancel_actions by name", b.get("/console/actions?action=cancel_action").want(t, 200).Body, " cancel_action</a>", "action_id=")
 		})
+		t.Run("DeleteSaysWhatItDoes", func(t *testing.T) {
+			wantContains(t, "the rule's page", b.get("/console/alerts/rules/"+rule.ID).want(t, 200).Body,
+				`data-confirm="Delete rule too hot? Its 0 notification rules, its 0 alerts and their pending notifications are deleted with it. It cannot be undone."`)
+		})
 		t.Run("CancelSaysWhatItDoes", func(t *testing.T) {
 			other := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all"})
 			res := b.get(fmt.Sprintf("/console/actions/%d", other)).want(t, 200)
-			wantContains(t, "cancel", res.Body, fmt.Sprintf(`data-confirm="Cancel action #%d (reboot)? This cancels the 4 device actions not finished, 0 of them already on their device`, other))
+			wantContains(t, "cancel", res.Body, fmt.Sprintf(`data-confirm="Cancel action #%d (reboot)? This cancels the 4 device actions not finished: 4 not yet on their device are cancelled at once, and the 0 devices`, other))
 		})
 	})
 }

@@ -64,7 +64,7 @@
     var stopped = data.status === "aborted";
     root.querySelectorAll("[data-finished-line]").forEach(function (el) { el.hidden = stopped; });
     root.querySelectorAll("[data-aborted-line]").forEach(function (el) { el.hidden = !stopped; });
-    root.querySelectorAll(".overall progress").forEach(function (el) { el.classList.toggle("stopped", stopped); });
+    root.querySelectorAll("progress[data-progress]").forEach(function (el) { el.classList.toggle("stopped", stopped); });
     root.querySelectorAll("[data-triggered]").forEach(function (el) {
       var i = Number(el.getAttribute("data-triggered"));
       var word = (data.triggered || [])[i] ? "released" : (data.next_phase === i ? "next" : "waiting");

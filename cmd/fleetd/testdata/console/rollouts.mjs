@@ -52,6 +52,7 @@ await run(async (browser, watch) => {
   for (const [i, n] of want.entries()) {
     assert.equal(await page.locator(`[data-phase-count="${i}"]`).textContent(), String(n), `phase ${i}'s count`);
   }
+  await page.locator("table.phase-form").scrollIntoViewIfNeeded();
   await shot(page, "dispatch-rollout");
 
   step("dispatch; the page numbers the phases as the API does");
@@ -69,13 +70,14 @@ await run(async (browser, watch) => {
   await page.getByRole("button", { name: "Abort rollout" }).click();
   await page.locator("[data-rollout-status]").getByText("aborted").waitFor();
   assert.equal(dialogs.length, 1, "Abort asked for confirmation");
-  assert.equal(dialogs[0], `Abort rollout #${actionID} (update_firmware)? This cancels the ${devices.length} device actions not finished, ` +
-    "1 of them already on their device (mid-download, for an update), which are sent a cancel_action; no further phase is released. It cannot be undone.");
+  assert.equal(dialogs[0], `Abort rollout #${actionID} (update_firmware)? No further phase is released, and this cancels the ${devices.length} device actions not finished: ` +
+    `${devices.length - 1} not yet on their device are cancelled at once, and the 1 device that has it (mid-download, for an update) are sent a cancel_action and asked to stop. It cannot be undone.`);
 
   step("an aborted rollout does not look finished");
   await page.locator("[data-aborted-line]").waitFor({ state: "visible" });
   assert.equal(await page.locator("[data-finished-line]").isHidden(), true, "no \"100% finished\"");
-  assert.match(await page.locator("[data-aborted-line]").textContent(), new RegExp(`aborted: 0 of ${devices.length} completed, ${devices.length} cancelled`));
+  // The device mid-download is asked to stop; the others are cancelled.
+  assert.match(await page.locator("[data-aborted-line]").textContent(), new RegExp(`aborted: 0 of ${devices.length} completed, ${devices.length - 1} cancelled`));
   assert.equal(await page.locator(".overall progress").getAttribute("class"), "stopped");
   await shot(page, "action-aborted");
 
