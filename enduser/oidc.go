@@ -2,8 +2,6 @@ package enduser
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"golang.org/x/oauth2"
 )
 
 // OIDC sign-in (the console's): a tenant whose S9 method is jwks and that
@@ -84,12 +83,6 @@ func httpURL(s string) bool {
 	return err == nil && (u.Scheme == "https" || u.Scheme == "http") && u.Host != ""
 }
 
-// Challenge is the PKCE S256 challenge of a verifier.
-func Challenge(verifier string) string {
-	sum := sha256.Sum256([]byte(verifier))
-	return base64.RawURLEncoding.EncodeToString(sum[:])
-}
-
 // AuthorizationURL is where a person of tenant goes to sign in: the
 // provider's authorization endpoint with the client, redirect URI, state,
 // nonce and PKCE challenge of this sign-in.
@@ -102,18 +95,26 @@ func (a *Authenticator) AuthorizationURL(ctx context.Context, tenant, redirectUR
 	if err != nil {
 		return "", err
 	}
-	u, _ := url.Parse(p.AuthorizationEndpoint) // checked by discover
-	q := u.Query()
-	q.Set("response_type", "code")
-	q.Set("client_id", cfg.OIDC.ClientID)
-	q.Set("redirect_uri", redirectURI)
-	q.Set("scope", "openid email profile")
-	q.Set("state", state)
-	q.Set("nonce", nonce)
-	q.Set("code_challenge", Challenge(verifier))
-	q.Set("code_challenge_method", "S256")
-	u.RawQuery = q.Encode()
-	return u.String(), nil
+	return oauthClient(cfg, p, redirectURI).AuthCodeURL(state,
+		oauth2.S256ChallengeOption(verifier), oauth2.SetAuthURLParam("nonce", nonce)), nil
+}
+
+// oauthClient is the tenant's console client at the provider p. A client
+// with a secret authenticates with client_secret_basic (RFC 6749 §2.3.1,
+// both parts form-encoded); one without, a public client, sends its
+// client_id in the form.
+func oauthClient(cfg *fleet.TenantAuth, p *provider, redirectURI string) *oauth2.Config {
+	style := oauth2.AuthStyleInParams
+	if cfg.OIDC.ClientSecret != "" {
+		style = oauth2.AuthStyleInHeader
+	}
+	return &oauth2.Config{
+		ClientID:     cfg.OIDC.ClientID,
+		ClientSecret: cfg.OIDC.ClientSecret,
+		Endpoint:     oauth2.Endpoint{AuthURL: p.AuthorizationEndpoint, TokenURL: p.TokenEndpoint, AuthStyle: style},
+		RedirectURL:  redirectURI,
+		Scopes:       []string{"openid", "email", "profile"},
+	}
 }
 
 // SignIn ends a sign-in: it exchanges the code for tokens, verifies the ID
@@ -131,27 +132,20 @@ func (a *Authenticator) SignIn(ctx context.Context, tenant, code, redirectURI, v
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	form := url.Values{"grant_type": {"authorization_code"}, "code": {code}, "redirect_uri": {redirectURI},
-		"client_id": {cfg.OIDC.ClientID}, "code_verifier": {verifier}}
-	req, err := http.NewRequestWithContext(ctx, "POST", p.TokenEndpoint, strings.NewReader(form.Encode()))
-	if err != nil {
-		return nil, time.Time{}, err
+	// The exchange goes through the Authenticator's client, so the egress
+	// policy holds for the token endpoint as for every other request.
+	xctx, cancel := context.WithTimeout(context.WithValue(ctx, oauth2.HTTPClient, a.client()), a.timeout())
+	defer cancel()
+	tok, err := oauthClient(cfg, p, redirectURI).Exchange(xctx, code, oauth2.VerifierOption(verifier))
+	var idToken string
+	if err == nil {
+		idToken, _ = tok.Extra("id_token").(string)
 	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Accept", "application/json")
-	if cfg.OIDC.ClientSecret != "" {
-		// client_secret_basic (RFC 6749 §2.3.1): both parts form-encoded.
-		req.SetBasicAuth(url.QueryEscape(cfg.OIDC.ClientID), url.QueryEscape(cfg.OIDC.ClientSecret))
-	}
-	var tokens struct {
-		IDToken     string `json:"id_token"`
-		AccessToken string `json:"access_token"`
-	}
-	if err := a.doJSON(req, &tokens); err != nil || tokens.IDToken == "" {
+	if err != nil || idToken == "" {
 		a.logger().Warn("OIDC token exchange", "tenant", tenant, "err", err)
 		return nil, time.Time{}, fleet.Errorf(fleet.EUNAUTHENTICATED, "the identity provider did not accept this sign-in; try again")
 	}
-	c, err := a.parseJWT(ctx, tenant, cfg, cfg.OIDC.ClientID, tokens.IDToken)
+	c, err := a.parseJWT(ctx, tenant, cfg, cfg.OIDC.ClientID, idToken)
 	if err != nil {
 		return nil, time.Time{}, err
 	}
@@ -159,9 +153,9 @@ func (a *Authenticator) SignIn(ctx context.Context, tenant, code, redirectURI, v
 		return nil, time.Time{}, a.refused(tenant, "the ID token's nonce is not this sign-in's")
 	}
 	name, email := c.str("name"), c.str("email")
-	if (name == "" || email == "") && p.UserinfoEndpoint != "" && tokens.AccessToken != "" {
+	if (name == "" || email == "") && p.UserinfoEndpoint != "" && tok.AccessToken != "" {
 		var info struct{ Sub, Name, Email, PreferredUsername string }
-		if err := a.getJSON(ctx, p.UserinfoEndpoint, tokens.AccessToken, &info); err == nil && info.Sub == c.str("sub") {
+		if err := a.getJSON(ctx, p.UserinfoEndpoint, tok.AccessToken, &info); err == nil && info.Sub == c.str("sub") {
 			name, email = first(name, info.Name, info.PreferredUsername), first(email, info.Email)
 		}
 	}
