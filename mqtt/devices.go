@@ -41,6 +41,11 @@ type Devices struct {
 	// one that waits past the handler's deadline is not acknowledged, and
 	// the device publishes it again.
 	MaxDecoding int64
+	// MaxInflated bounds what a compressed payload may inflate to; default
+	// DefaultMaxInflated. Set it to the packet limit: a device may send
+	// that much uncompressed. A compressed payload holds this much of
+	// MaxDecoding while it is inflated and decoded.
+	MaxInflated int
 	Logger      *slog.Logger
 	Now         func() time.Time
 
@@ -53,20 +58,37 @@ type Devices struct {
 // (256 KiB) fill, or thousands of ordinary ones.
 const DefaultMaxDecoding = 4 << 20
 
-// decode decodes a JSON payload into canonical values with read, which
-// makes the typed values kept, within MaxDecoding.
-func (h *Devices) decode(ctx context.Context, payload []byte, read func(v any)) error {
+// DefaultMaxInflated is Devices.MaxInflated's default: 256 KiB, the
+// embedded broker's default packet limit.
+const DefaultMaxInflated = 256 << 10
+
+// decode decodes a JSON payload, compressed as compression says, into
+// canonical values with read, which makes the typed values kept, within
+// MaxDecoding.
+func (h *Devices) decode(ctx context.Context, payload []byte, compression Compression, read func(v any)) error {
 	h.decodingOnce.Do(func() {
 		if h.MaxDecoding <= 0 {
 			h.MaxDecoding = DefaultMaxDecoding
 		}
+		if h.MaxInflated <= 0 {
+			h.MaxInflated = DefaultMaxInflated
+		}
 		h.decoding = codec.NewBudget(h.MaxDecoding)
 	})
-	n, err := h.decoding.Acquire(ctx, int64(len(payload)), 0)
+	size := int64(len(payload))
+	if compression == CompressionLZ4 {
+		size = int64(h.MaxInflated)
+	}
+	n, err := h.decoding.Acquire(ctx, size, 0)
 	if err != nil {
 		return fleet.Errorf(fleet.EUNAVAILABLE, "fleetd is decoding as many device payloads as it may; publish again")
 	}
 	defer h.decoding.Release(n)
+	if compression == CompressionLZ4 {
+		if payload, err = codec.InflateLZ4(payload, h.MaxInflated); err != nil {
+			return err
+		}
+	}
 	v, err := codec.Decode(codec.JSON, payload)
 	if err != nil {
 		return err
@@ -181,7 +203,7 @@ func (h *Devices) HandleStatus(ctx context.Context, tenant, device string, paylo
 	var reports []fleet.StatusReport
 	var index []int // of each report in the payload
 	var count int
-	err := h.decode(ctx, payload, func(v any) {
+	err := h.decode(ctx, payload, CompressionNone, func(v any) {
 		items, ok := v.([]any)
 		if !ok {
 			items = []any{v}
@@ -251,8 +273,9 @@ func fieldDetails(err error) string {
 }
 
 // HandleStream ingests a batch of data points. Unusable points are
-// skipped and named in the error; the others are kept.
-func (h *Devices) HandleStream(ctx context.Context, tenant, device, stream string, payload []byte) error {
+// skipped and named in the error; the others are kept (the error is then
+// Partly's: the publish counts as taken).
+func (h *Devices) HandleStream(ctx context.Context, tenant, device, stream string, compression Compression, payload []byte) error {
 	if h.Delivery != nil {
 		h.Delivery.DeviceSeen(tenant, device)
 	}
@@ -262,7 +285,7 @@ func (h *Devices) HandleStream(ctx context.Context, tenant, device, stream strin
 	}
 	var pts []fleet.DataPoint
 	var problems map[string]string
-	err := h.decode(ctx, payload, func(v any) { pts, problems = fleet.ReadDataPoints(v, device, stream, h.now()) })
+	err := h.decode(ctx, payload, compression, func(v any) { pts, problems = fleet.ReadDataPoints(v, device, stream, h.now()) })
 	if err != nil {
 		return err
 	}
@@ -274,6 +297,9 @@ func (h *Devices) HandleStream(ctx context.Context, tenant, device, stream strin
 	if len(problems) > 0 {
 		e := fleet.FieldErrors(problems)
 		e.Message = fmt.Sprintf("%d data points skipped", len(problems))
+		if len(pts) > 0 {
+			return Partly(e)
+		}
 		return e
 	}
 	return nil
@@ -290,7 +316,7 @@ func (h *Devices) HandleReported(ctx context.Context, tenant, device string, pay
 	}
 	var patch map[string]any
 	var problem string
-	err := h.decode(ctx, payload, func(v any) {
+	err := h.decode(ctx, payload, CompressionNone, func(v any) {
 		var ok bool
 		if patch, ok = v.(map[string]any); !ok {
 			problem = "a reported state must be a JSON object, not " + fleet.Describe(v)

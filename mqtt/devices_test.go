@@ -145,15 +145,15 @@ func TestDevicesHandleStream(t *testing.T) {
 	ctx := context.Background()
 	t.Run("NoStreamService", func(t *testing.T) {
 		h := &mqtt.Devices{}
-		if err := h.HandleStream(ctx, "acme", "dev-1", "gps", []byte(`not even JSON`)); err != nil {
+		if err := h.HandleStream(ctx, "acme", "dev-1", "gps", mqtt.CompressionNone, []byte(`not even JSON`)); err != nil {
 			t.Fatalf("error %v; without a stream service points are acknowledged and dropped", err)
 		}
 	})
 	t.Run("Points", func(t *testing.T) {
 		streams := &devStreams{}
 		h := &mqtt.Devices{Streams: streams, Now: func() time.Time { return time.UnixMilli(1_800_000_000_000) }}
-		err := h.HandleStream(ctx, "acme", "dev-1", "gps", []byte(`[{"timestamp":1763719200000,"sequence":1,"lat":12.9},{"sequence":2}]`))
-		if fleet.ErrorCode(err) != fleet.EINVALID || len(streams.points) != 1 || streams.points[0].Data["lat"] != 12.9 || streams.points[0].Stream != "gps" {
+		err := h.HandleStream(ctx, "acme", "dev-1", "gps", mqtt.CompressionNone, []byte(`[{"timestamp":1763719200000,"sequence":1,"lat":12.9},{"sequence":2}]`))
+		if fleet.ErrorCode(err) != fleet.EINVALID || !mqtt.Taken(err) || len(streams.points) != 1 || streams.points[0].Data["lat"] != 12.9 || streams.points[0].Stream != "gps" {
 			t.Fatalf("error %v, points %+v; want the good point kept and the bad one named", err, streams.points)
 		}
 	})
@@ -170,7 +170,7 @@ func TestDevicesDeliveryAndSightings(t *testing.T) {
 		t.Fatalf("seen %v, subscribed %v, delivered %v", seen.seen, acts.subscribed, acts.delivered)
 	}
 	// A data point is a sighting too, batched by the action service.
-	h.HandleStream(context.Background(), "acme", "dev-1", "gps", []byte(`[]`))
+	h.HandleStream(context.Background(), "acme", "dev-1", "gps", mqtt.CompressionNone, []byte(`[]`))
 	if fmt.Sprint(acts.seen) != "[acme/dev-1]" {
 		t.Fatalf("sightings after a data point: %v", acts.seen)
 	}

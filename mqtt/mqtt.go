@@ -13,6 +13,7 @@ package mqtt
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -59,9 +60,10 @@ type Handler interface {
 	// acknowledgement, so it publishes again after reconnecting.
 	HandleStatus(ctx context.Context, tenant, device string, payload []byte) error
 
-	// HandleStream receives a payload published on
-	// events/{stream}/jsonarray; the same acknowledgement rules apply.
-	HandleStream(ctx context.Context, tenant, device, stream string, payload []byte) error
+	// HandleStream receives a payload published on one of the device's
+	// stream topics (events/{stream}/jsonarray, compressed as the topic
+	// says); the same acknowledgement rules apply.
+	HandleStream(ctx context.Context, tenant, device, stream string, compression Compression, payload []byte) error
 
 	// HandleReported receives a payload published on shadow/reported: a
 	// JSON merge patch of the device's reported state. The same
@@ -108,6 +110,23 @@ func LogRejected(ctx context.Context, log *slog.Logger, err error, tenant, devic
 	}
 	log.Log(ctx, level, "mqtt: device publish rejected",
 		"tenant", tenant, "device", device, "topic", topic, "qos", qos, "err", err)
+}
+
+// Partly wraps a Handler's error about a publish of which it kept some
+// (the usable data points of a batch): the publish is acknowledged as
+// taken, and the error logged.
+func Partly(err error) error { return &partly{err} }
+
+type partly struct{ err error }
+
+func (p *partly) Error() string { return p.err.Error() }
+func (p *partly) Unwrap() error { return p.err }
+
+// Taken reports whether a publish whose Handler returned err counts as
+// taken: no error, or one Partly made.
+func Taken(err error) bool {
+	var p *partly
+	return err == nil || errors.As(err, &p)
 }
 
 // Unavailable reports whether a Handler error means "try again later".

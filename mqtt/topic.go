@@ -18,7 +18,19 @@ const (
 	topicJSONArray  = "/jsonarray"
 	topicReported   = "shadow/reported"
 	topicDelta      = "shadow/delta"
+	topicLZ4        = "/lz4"
 	usernameDivider = "/"
+)
+
+// Compression is how a stream topic's payload is compressed.
+type Compression string
+
+// The compressions of stream topics: none, or an LZ4 frame, which the
+// uplink agent publishes on …/jsonarray/lz4 for a stream configured with
+// compression = "Lz4".
+const (
+	CompressionNone Compression = ""
+	CompressionLZ4  Compression = "lz4"
 )
 
 // TopicKind says which of the device topics a topic name is.
@@ -27,20 +39,24 @@ type TopicKind int
 // The kinds of device topic. Devices subscribe to TopicActions and
 // TopicShadowDelta only, and publish to the others only.
 const (
-	TopicInvalid        TopicKind = iota
-	TopicActions                  // /tenants/{t}/devices/{d}/actions
-	TopicActionStatus             // /tenants/{t}/devices/{d}/action/status
-	TopicStream                   // /tenants/{t}/devices/{d}/events/{stream}/jsonarray
-	TopicShadowReported           // /tenants/{t}/devices/{d}/shadow/reported
-	TopicShadowDelta              // /tenants/{t}/devices/{d}/shadow/delta
+	TopicInvalid      TopicKind = iota
+	TopicActions                // /tenants/{t}/devices/{d}/actions
+	TopicActionStatus           // /tenants/{t}/devices/{d}/action/status
+	// TopicStream: /tenants/{t}/devices/{d}/events/{stream}/jsonarray, with
+	// /lz4 after it for an LZ4 frame; older uplink agents publish their
+	// own statistics without events/ (…/{d}/uplink_disk_stats/jsonarray).
+	TopicStream
+	TopicShadowReported // /tenants/{t}/devices/{d}/shadow/reported
+	TopicShadowDelta    // /tenants/{t}/devices/{d}/shadow/delta
 )
 
 // Topic is a parsed device topic.
 type Topic struct {
-	Kind   TopicKind
-	Tenant string
-	Device string
-	Stream string // for TopicStream only
+	Kind        TopicKind
+	Tenant      string
+	Device      string
+	Stream      string      // for TopicStream only
+	Compression Compression // for TopicStream only
 }
 
 // ActionsTopic returns the topic on which fleetd sends a device its actions.
@@ -100,27 +116,50 @@ func ParseTopic(name string) (Topic, bool) {
 		return Topic{}, false
 	}
 	t := Topic{Tenant: tenant, Device: device}
-	switch rest {
-	case topicActions:
+	if rest == topicActions {
 		t.Kind = TopicActions
-	case topicStatus:
-		t.Kind = TopicActionStatus
-	case topicReported:
-		t.Kind = TopicShadowReported
-	case topicDelta:
+		return t, true
+	}
+	if rest == topicDelta {
 		t.Kind = TopicShadowDelta
-	default:
-		rest, ok = strings.CutPrefix(rest, topicEvents)
-		if !ok {
-			return Topic{}, false
-		}
-		t.Stream, ok = strings.CutSuffix(rest, topicJSONArray)
-		if !ok || !ValidStreamName(t.Stream) {
-			return Topic{}, false
-		}
-		t.Kind = TopicStream
+		return t, true
+	}
+	if !t.parsePublished(rest) {
+		return Topic{}, false
 	}
 	return t, true
+}
+
+// parsePublished sets t's kind (and stream) from rest, what follows
+// "/tenants/{t}/devices/{d}/" in a topic a device publishes on, and
+// reports whether it is one.
+func (t *Topic) parsePublished(rest string) bool {
+	switch rest {
+	case topicStatus:
+		t.Kind = TopicActionStatus
+		return true
+	case topicReported:
+		t.Kind = TopicShadowReported
+		return true
+	}
+	if r, ok := strings.CutSuffix(rest, topicLZ4); ok {
+		rest, t.Compression = r, CompressionLZ4
+	}
+	rest, ok := strings.CutSuffix(rest, topicJSONArray)
+	if !ok {
+		return false
+	}
+	// events/{stream}, or an older uplink's {stream} alone.
+	if r, ok := strings.CutPrefix(rest, topicEvents); ok {
+		rest = r
+	} else if rest+"/" == topicEvents {
+		return false
+	}
+	if !ValidStreamName(rest) {
+		return false
+	}
+	t.Kind, t.Stream = TopicStream, rest
+	return true
 }
 
 // ParseUsername splits a device's MQTT username, "{tenant}/{device_id}", into
@@ -155,22 +194,18 @@ func MayPublish(tenant, device, topic string) (Topic, bool) {
 		return Topic{}, false
 	}
 	t := Topic{Tenant: tenant, Device: device}
-	switch rest {
-	case topicStatus:
-		t.Kind = TopicActionStatus
-		return t, true
-	case topicReported:
-		t.Kind = TopicShadowReported
-		return t, true
-	}
-	if rest, ok = strings.CutPrefix(rest, topicEvents); !ok {
+	if !t.parsePublished(rest) {
 		return Topic{}, false
 	}
-	if t.Stream, ok = strings.CutSuffix(rest, topicJSONArray); !ok || !ValidStreamName(t.Stream) {
-		return Topic{}, false
-	}
-	t.Kind = TopicStream
 	return t, true
+}
+
+// OwnTopic reports whether topic is under the device's own prefix,
+// /tenants/{t}/devices/{d}/: a publish there that is not one of its
+// topics (MayPublish) is refused, the connection kept; one elsewhere is
+// another device's or tenant's.
+func OwnTopic(tenant, device, topic string) bool {
+	return strings.HasPrefix(topic, topicPrefix+tenant+topicDevices+device+"/")
 }
 
 // MaySubscribe reports whether the device may subscribe to filter: its own
@@ -198,9 +233,12 @@ func StatusFilter(group string) string {
 	return "$share/" + group + "/" + topicPrefix + "+" + topicDevices + "+/" + topicStatus
 }
 
-// StreamFilter: see StatusFilter.
-func StreamFilter(group string) string {
-	return "$share/" + group + "/" + topicPrefix + "+" + topicDevices + "+/" + topicEvents + "+" + topicJSONArray
+// StreamFilters: see StatusFilter; one filter for each form of stream
+// topic.
+func StreamFilters(group string) []string {
+	devices := "$share/" + group + "/" + topicPrefix + "+" + topicDevices + "+/"
+	return []string{devices + topicEvents + "+" + topicJSONArray, devices + topicEvents + "+" + topicJSONArray + topicLZ4,
+		devices + "+" + topicJSONArray, devices + "+" + topicJSONArray + topicLZ4}
 }
 
 // ReportedFilter: see StatusFilter.

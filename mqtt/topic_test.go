@@ -40,6 +40,13 @@ func TestParseTopic(t *testing.T) {
 		{"/tenants/acme/devices/dev-1/shadow/desired", mqtt.Topic{}, false},
 		{"/tenants/a-1/devices/A.b_c:d-9/events/uplink_stream_metrics/jsonarray", mqtt.Topic{Kind: mqtt.TopicStream, Tenant: "a-1", Device: "A.b_c:d-9", Stream: "uplink_stream_metrics"}, true},
 		{"/tenants/acme/devices/" + long + "/actions", mqtt.Topic{Kind: mqtt.TopicActions, Tenant: "acme", Device: long}, true},
+		// An LZ4 frame; an older uplink's statistics, without events/.
+		{"/tenants/acme/devices/dev-1/events/gps/jsonarray/lz4", mqtt.Topic{Kind: mqtt.TopicStream, Tenant: "acme", Device: "dev-1", Stream: "gps", Compression: mqtt.CompressionLZ4}, true},
+		{"/tenants/acme/devices/dev-1/uplink_disk_stats/jsonarray", mqtt.Topic{Kind: mqtt.TopicStream, Tenant: "acme", Device: "dev-1", Stream: "uplink_disk_stats"}, true},
+		{"/tenants/acme/devices/dev-1/uplink_disk_stats/jsonarray/lz4", mqtt.Topic{Kind: mqtt.TopicStream, Tenant: "acme", Device: "dev-1", Stream: "uplink_disk_stats", Compression: mqtt.CompressionLZ4}, true},
+		{"/tenants/acme/devices/dev-1/events/gps/jsonarray/gzip", mqtt.Topic{}, false},
+		{"/tenants/acme/devices/dev-1/events/gps/lz4", mqtt.Topic{}, false},
+		{"/tenants/acme/devices/dev-1/jsonarray", mqtt.Topic{}, false},
 
 		{"", mqtt.Topic{}, false},
 		{"#", mqtt.Topic{}, false},
@@ -64,7 +71,6 @@ func TestParseTopic(t *testing.T) {
 		{"/tenants/acme/devices/dev-1/events/+/jsonarray", mqtt.Topic{}, false},
 		{"/tenants/acme/devices/dev-1/events/a/b/jsonarray", mqtt.Topic{}, false},
 		{"/tenants/acme/devices/dev-1/events/gps/json", mqtt.Topic{}, false},
-		{"/tenants/acme/devices/dev-1/uplink_disk_stats/jsonarray", mqtt.Topic{}, false}, // uplink's stats topics lack events/
 		{"$share/fleetd/tenants/acme/devices/dev-1/action/status", mqtt.Topic{}, false},
 	} {
 		t.Run(tt.topic, func(t *testing.T) {

@@ -91,7 +91,7 @@ func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweep
 	counter("fleetd_mqtt_messages_in_total", "device publishes handed to fleetd", func() float64 { return float64(ch.Stats().MessagesIn) })
 	counter("fleetd_mqtt_messages_out_total", "action messages sent to a subscribed device: written to its connection, or handed to the external broker",
 		func() float64 { return float64(ch.Stats().MessagesOut) })
-	counter("fleetd_mqtt_handler_errors_total", "device publishes fleetd rejected and acknowledged",
+	counter("fleetd_mqtt_handler_errors_total", "device publishes fleetd refused and acknowledged (to MQTT 5 devices with a reason code)",
 		func() float64 { return float64(ch.Stats().HandlerErrors) })
 	counter("fleetd_mqtt_unacknowledged_total", "device publishes left unacknowledged because fleetd could not commit them",
 		func() float64 { return float64(ch.Stats().Unacknowledged) })

@@ -128,6 +128,8 @@ func runServe(ctx context.Context, args []string, e env) error {
 	broker, brokerAuth, err := c.scale.channel(sec.mqttBase, db, &mqtt.Devices{
 		Registry: db, Actions: actions, Delivery: actions, Streams: streams, Twin: shadows, LastSeen: db, Logger: log,
 		Certificates: sec.certs, MaxDecoding: sec.mqttDecoding,
+		// A compressed payload may inflate to what a device may send.
+		MaxInflated: sec.mqttBase.MaxPacketSize,
 	}, log)
 	if err != nil {
 		return err

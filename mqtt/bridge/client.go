@@ -512,7 +512,7 @@ func (c *Client) subscribe(cm *autopaho.ConnectionManager, resumed bool) {
 // filters are the shared subscriptions of the devices' publishes.
 func (c *Client) filters() []string {
 	g := c.cfg.ShareGroup
-	return []string{mqtt.StatusFilter(g), mqtt.StreamFilter(g), mqtt.ReportedFilter(g)}
+	return append(append([]string{mqtt.StatusFilter(g)}, mqtt.StreamFilters(g)...), mqtt.ReportedFilter(g))
 }
 
 func (c *Client) onDown() bool {
@@ -622,7 +622,7 @@ func (c *Client) handle(in inbound) {
 	var err error
 	switch t.Kind {
 	case mqtt.TopicStream:
-		err = c.h.HandleStream(ctx, t.Tenant, t.Device, t.Stream, in.pub.Payload)
+		err = c.h.HandleStream(ctx, t.Tenant, t.Device, t.Stream, t.Compression, in.pub.Payload)
 	case mqtt.TopicShadowReported:
 		err = c.h.HandleReported(ctx, t.Tenant, t.Device, in.pub.Payload)
 	default:

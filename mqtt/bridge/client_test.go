@@ -327,8 +327,9 @@ func TestClientConfig(t *testing.T) {
 	if got, want := mqtt.StatusFilter("fleetd"), "$share/fleetd//tenants/+/devices/+/action/status"; got != want {
 		t.Errorf("StatusFilter = %q, want %q", got, want)
 	}
-	if got, want := mqtt.StreamFilter("fleetd"), "$share/fleetd//tenants/+/devices/+/events/+/jsonarray"; got != want {
-		t.Errorf("StreamFilter = %q, want %q", got, want)
+	if got, want := fmt.Sprint(mqtt.StreamFilters("fleetd")), "[$share/fleetd//tenants/+/devices/+/events/+/jsonarray $share/fleetd//tenants/+/devices/+/events/+/jsonarray/lz4 "+
+		"$share/fleetd//tenants/+/devices/+/+/jsonarray $share/fleetd//tenants/+/devices/+/+/jsonarray/lz4]"; got != want {
+		t.Errorf("StreamFilters = %q, want %q", got, want)
 	}
 }
 

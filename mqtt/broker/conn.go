@@ -482,8 +482,17 @@ func (d *device) publish(p *publishPacket) error {
 		return protocolErr(codeTopicAliasInvalid, "topic aliases are not supported")
 	}
 	t, ok := mqtt.MayPublish(d.tenant, d.id, p.topic)
-	if !ok {
+	if !ok && !mqtt.OwnTopic(d.tenant, d.id, p.topic) {
 		return d.aclViolation("publish", p.topic)
+	}
+	if !ok {
+		// One of the device's own topics fleetd does not know (an agent's
+		// newer or older stream, say): refused, the connection kept, or
+		// the device would publish it again on every reconnection.
+		s.stats.handlerErrors.Add(1)
+		s.log.Warn("mqtt: device publish refused: not a topic fleetd takes (action/status, events/{stream}/jsonarray, …/jsonarray/lz4)",
+			"tenant", d.tenant, "device", d.id, "topic", mqtt.Truncate(p.topic, 200), "qos", p.qos)
+		return d.acknowledge(p, codeTopicNameInvalid)
 	}
 	if cfg := s.cfg; cfg.PublishRate > 0 {
 		if ok, _ := d.publishes.Take(cfg.Now(), cfg.PublishRate, cfg.PublishBurst); !ok {
@@ -508,7 +517,7 @@ func (d *device) publish(p *publishPacket) error {
 	var err error
 	switch t.Kind {
 	case mqtt.TopicStream:
-		err = s.h.HandleStream(ctx, d.tenant, d.id, t.Stream, p.payload)
+		err = s.h.HandleStream(ctx, d.tenant, d.id, t.Stream, t.Compression, p.payload)
 	case mqtt.TopicShadowReported:
 		err = s.h.HandleReported(ctx, d.tenant, d.id, p.payload)
 	default:
@@ -521,17 +530,37 @@ func (d *device) publish(p *publishPacket) error {
 			"tenant", d.tenant, "device", d.id, "topic", p.topic, "err", err)
 		return protocolErr(codeServerBusy, "cannot commit now")
 	}
+	code := codeSuccess
 	if err != nil {
 		s.stats.handlerErrors.Add(1)
 		mqtt.LogRejected(ctx, s.log, err, d.tenant, d.id, p.topic, p.qos)
 	}
-	switch p.qos {
-	case 1:
-		return d.write(appendAck(nil, typePuback, p.id))
-	case 2:
-		return d.write(appendAck(nil, typePubrec, p.id))
+	switch {
+	case mqtt.Taken(err):
+	case fleet.ErrorCode(err) == fleet.EINVALID:
+		code = codePayloadFormatInvalid
+	default:
+		code = codeUnspecified
 	}
-	return nil
+	return d.acknowledge(p, code)
+}
+
+// acknowledge acknowledges a publish: with code, a refusal, to an MQTT 5
+// device; positively to a 3.1.1 device, which MQTT 3.1.1 leaves no way to
+// tell (4.11: acknowledge, or close the connection, after which the device
+// would publish it again). A refusal is logged by the caller.
+func (d *device) acknowledge(p *publishPacket, code reasonCode) error {
+	typ := byte(typePuback)
+	switch p.qos {
+	case 0:
+		return nil
+	case 2:
+		typ = typePubrec
+	}
+	if code != codeSuccess && d.version == version5 {
+		return d.write(appendRefusal(nil, typ, p.id, code))
+	}
+	return d.write(appendAck(nil, typ, p.id))
 }
 
 // subscribe accepts a subscription to the device's actions topic and to

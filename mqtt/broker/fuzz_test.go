@@ -25,14 +25,16 @@ func (acceptAll) AuthenticateDevice(_ context.Context, tenant, device, token str
 	}
 	return fleet.Errorf(fleet.EUNAUTHENTICATED, "bad device token")
 }
-func (acceptAll) DeviceConnected(string, string)                                     {}
-func (acceptAll) DeviceSubscribed(string, string)                                    {}
-func (acceptAll) HandleStatus(context.Context, string, string, []byte) error         { return nil }
-func (acceptAll) HandleStream(context.Context, string, string, string, []byte) error { return nil }
-func (acceptAll) HandleReported(context.Context, string, string, []byte) error       { return nil }
-func (acceptAll) DeltaSubscribed(string, string)                                     {}
-func (acceptAll) ActionDelivered(string, string, int64)                              {}
-func (acceptAll) ActionFailed(string, string, int64, string)                         {}
+func (acceptAll) DeviceConnected(string, string)                               {}
+func (acceptAll) DeviceSubscribed(string, string)                              {}
+func (acceptAll) HandleStatus(context.Context, string, string, []byte) error   { return nil }
+func (acceptAll) HandleReported(context.Context, string, string, []byte) error { return nil }
+func (acceptAll) DeltaSubscribed(string, string)                               {}
+func (acceptAll) ActionDelivered(string, string, int64)                        {}
+func (acceptAll) ActionFailed(string, string, int64, string)                   {}
+func (acceptAll) HandleStream(context.Context, string, string, string, mqtt.Compression, []byte) error {
+	return nil
+}
 func (acceptAll) PendingActions(context.Context, string, string, int64, int) ([]fleet.ActionMessage, error) {
 	return nil, nil
 }

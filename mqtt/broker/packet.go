@@ -65,6 +65,8 @@ const (
 	codeServerShuttingDown       reasonCode = 0x8B
 	codeKeepAliveTimeout         reasonCode = 0x8D
 	codeSessionTakenOver         reasonCode = 0x8E
+	codeTopicNameInvalid         reasonCode = 0x90
+	codePayloadFormatInvalid     reasonCode = 0x99
 	codeTopicAliasInvalid        reasonCode = 0x94
 	codePacketTooLarge           reasonCode = 0x95
 	codeMessageRateTooHigh       reasonCode = 0x96
@@ -658,6 +660,12 @@ func publishSize(version byte, topic string, qos byte, payload []byte) int {
 // appendAck appends a PUBACK, PUBREC or PUBCOMP with success.
 func appendAck(b []byte, typ byte, id uint16) []byte {
 	return binary.BigEndian.AppendUint16(append(b, typ<<4, 2), id)
+}
+
+// appendRefusal appends a PUBACK or PUBREC that refuses a publish with
+// code, for MQTT 5 (a 3.1.1 acknowledgement has no reason code).
+func appendRefusal(b []byte, typ byte, id uint16, code reasonCode) []byte {
+	return append(binary.BigEndian.AppendUint16(append(b, typ<<4, 3), id), byte(code))
 }
 
 // appendSuback appends a SUBACK (or UNSUBACK) with one return or reason

@@ -216,12 +216,18 @@ func TestTopicViolations(t *testing.T) {
 		mqtt.ActionStatusTopic("acme", "dev-2"),
 		mqtt.ActionStatusTopic("other", "dev-1"),
 		mqtt.StreamTopic("other", "dev-1", "gps"),
-		actionsT,                               // its own, but only fleetd sends actions
-		mqtt.ShadowDeltaTopic("acme", "dev-1"), // its own, but only fleetd sends deltas
 		mqtt.ShadowReportedTopic("acme", "dev-2"),
 		"$SYS/broker/uptime",
-		"/tenants/acme/devices/dev-1/uplink_disk_stats/jsonarray",
 		"hello",
+	}
+	// Topics under the device's own prefix that fleetd does not take:
+	// refused, the connection kept, or the device would publish them
+	// again on every reconnection.
+	refused := []string{
+		actionsT,                               // its own, but only fleetd sends actions
+		mqtt.ShadowDeltaTopic("acme", "dev-1"), // its own, but only fleetd sends deltas
+		"/tenants/acme/devices/dev-1/events/gps/jsonarray/gzip",
+		"/tenants/acme/devices/dev-1/shadow",
 	}
 
 	t.Run("MQTT311", func(t *testing.T) {
@@ -266,6 +272,23 @@ func TestTopicViolations(t *testing.T) {
 				}
 			})
 		}
+		for _, topic := range refused {
+			t.Run("Refused "+topic, func(t *testing.T) {
+				h := mqtttest.NewHandler()
+				s := MustOpenServer(t, h)
+				c := mustConnect3(t, s, "acme/dev-1", "tok-1")
+				// MQTT 3.1.1 has no way to refuse: acknowledged and logged.
+				tok := c.Publish(topic, 1, false, status)
+				mqtttest.Receive(t, tok.Done(), "PUBACK")
+				if st := s.Stats(); tok.Error() != nil || st.HandlerErrors != 1 || st.ACLViolations != 0 || !c.IsConnectionOpen() {
+					t.Fatalf("error %v, HandlerErrors %d, ACLViolations %d, connected %v; want acknowledged, counted, kept",
+						tok.Error(), st.HandlerErrors, st.ACLViolations, c.IsConnectionOpen())
+				}
+				if len(h.Statuses)+len(h.Streams) != 0 {
+					t.Error("Handler called")
+				}
+			})
+		}
 	})
 
 	t.Run("MQTT5", func(t *testing.T) {
@@ -299,6 +322,24 @@ func TestTopicViolations(t *testing.T) {
 				poll.Until(t, wait, "violation counted", func() bool { return s.Stats().ACLViolations == 1 })
 				if len(h.Statuses)+len(h.Streams) != 0 {
 					t.Error("Handler called")
+				}
+			})
+		}
+		for _, topic := range refused {
+			t.Run("Refused "+topic, func(t *testing.T) {
+				h := mqtttest.NewHandler()
+				s := MustOpenServer(t, h)
+				c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
+				var refusal *mqtttest.RefusedError
+				if err := c.Send(topic, status); !errors.As(err, &refusal) || refusal.Code != 0x90 {
+					t.Fatalf("publish: %v; want PUBACK 0x90 topic name invalid", err)
+				}
+				if st := s.Stats(); st.HandlerErrors != 1 || !s.Online("acme", "dev-1") {
+					t.Fatalf("HandlerErrors %d, online %v; want 1 and the connection kept", st.HandlerErrors, s.Online("acme", "dev-1"))
+				}
+				// The connection goes on.
+				if err := c.Send(statusT, status); err != nil {
+					t.Fatalf("a report after the refusal: %v", err)
 				}
 			})
 		}
@@ -432,13 +473,14 @@ func TestPubackAfterHandler(t *testing.T) {
 }
 
 func TestHandlerErrors(t *testing.T) {
-	t.Run("InvalidIsAcknowledged", func(t *testing.T) {
+	t.Run("InvalidIsRefusedWithAReason", func(t *testing.T) {
 		h := mqtttest.NewHandler()
 		h.PubErr = fleet.Errorf(fleet.EINVALID, "progress must be between 0 and 100")
 		s := MustOpenServer(t, h)
 		c := mustConnect5(t, s, "acme/dev-1", "tok-1", false)
-		if err := c.Send(statusT, []byte(`{"progress": 101}`)); err != nil {
-			t.Fatalf("publish of an invalid report: %v; want it acknowledged", err)
+		var refusal *mqtttest.RefusedError
+		if err := c.Send(statusT, []byte(`{"progress": 101}`)); !errors.As(err, &refusal) || refusal.Code != 0x99 {
+			t.Fatalf("publish of an invalid report: %v; want PUBACK 0x99 payload format invalid", err)
 		}
 		mqtttest.Receive(t, h.Statuses, "HandleStatus")
 		if st := s.Stats(); st.HandlerErrors != 1 || !s.Online("acme", "dev-1") {

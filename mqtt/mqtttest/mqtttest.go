@@ -25,6 +25,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/mqtt"
 )
 
 // Wait bounds every wait in the tests; nothing there takes a tenth of it.
@@ -33,6 +34,7 @@ const Wait = 10 * time.Second
 // Call is one call to a Handler.
 type Call struct {
 	Tenant, Device, Stream string
+	Compression            mqtt.Compression
 	ActionID               int64
 	Payload                []byte
 }
@@ -188,8 +190,8 @@ func (h *Handler) HandleStatus(ctx context.Context, tenant, device string, paylo
 	return h.publish(ctx)
 }
 
-func (h *Handler) HandleStream(ctx context.Context, tenant, device, stream string, payload []byte) error {
-	h.Streams <- Call{Tenant: tenant, Device: device, Stream: stream, Payload: payload}
+func (h *Handler) HandleStream(ctx context.Context, tenant, device, stream string, compression mqtt.Compression, payload []byte) error {
+	h.Streams <- Call{Tenant: tenant, Device: device, Stream: stream, Compression: compression, Payload: payload}
 	return h.publish(ctx)
 }
 
@@ -304,14 +306,17 @@ func (c *Device) Send(topic string, payload []byte) error {
 		}
 	}()
 	pr, err := c.Publish(ctx, &paho.Publish{Topic: topic, QoS: 1, Payload: payload})
-	if err != nil {
-		return err
+	if pr != nil && pr.ReasonCode >= 0x80 {
+		return &RefusedError{Code: pr.ReasonCode}
 	}
-	if pr.ReasonCode >= 0x80 {
-		return fmt.Errorf("puback reason code %#x", pr.ReasonCode)
-	}
-	return nil
+	return err
 }
+
+// RefusedError is Send's error when the broker refused the publish in its
+// PUBACK.
+type RefusedError struct{ Code byte }
+
+func (e *RefusedError) Error() string { return fmt.Sprintf("puback reason code %#x", e.Code) }
 
 // AwaitServerDisconnect waits until the server closed the connection with
 // the reason code want.
