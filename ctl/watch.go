@@ -194,6 +194,9 @@ func (a *app) watch(cmd *cobra.Command, id int64, o watchOptions) error {
 		msg := fmt.Sprintf("action %d: gave up watching after %s", id, o.timeout)
 		if body != nil {
 			msg += ": " + counts(w.Statuses)
+			if w.WaitingReason != "" {
+				msg += "; waiting: " + w.WaitingReason
+			}
 		}
 		return end(&watchEnd{ExitTimeout, msg})
 	}

@@ -641,16 +641,25 @@ func TestFleetctlWatchExitCodes(t *testing.T) {
 			wantContains(t, "an operator's pause", watch(t, ctl.ExitPaused, sid).stderr, "the rollout is paused: paused by")
 		})
 		t.Run("5Timeout", func(t *testing.T) {
+			// Long enough for the first read, whatever the machine's load.
 			_, sid := dispatch(t, "--devices", "w1")
-			wantContains(t, "stderr", watch(t, ctl.ExitTimeout, sid, "--timeout", "50ms").stderr, "gave up watching after 50ms: Queued 1")
-			r := watch(t, ctl.ExitTimeout, sid, "--timeout", "50ms", "-o", "json")
-			if last := lines(t, r.stdout)[1]; last.Event != "final" || *last.ExitCode != ctl.ExitTimeout || last.Action.Statuses["Queued"] != 1 {
-				t.Fatalf("final line %+v", last)
+			wantContains(t, "stderr", watch(t, ctl.ExitTimeout, sid, "--timeout", "1s").stderr, "gave up watching after 1s: Queued 1")
+			r := watch(t, ctl.ExitTimeout, sid, "--timeout", "1s", "-o", "json")
+			ls := lines(t, r.stdout)
+			if last := ls[len(ls)-1]; len(ls) != 2 || last.Event != "final" || *last.ExitCode != ctl.ExitTimeout || last.Action.Statuses["Queued"] != 1 {
+				t.Fatalf("lines %+v", ls)
 			}
 			r = f.run("", "actions", "dispatch", "reboot", "--devices", "w2", "--watch", "--interval", "10ms", "--watch-timeout", "50ms")
 			if r.code != ctl.ExitTimeout {
 				t.Fatalf("want exit 5; %v", r)
 			}
+			// A rollout that waits on a device says which, as it goes and
+			// when the watch gives up.
+			_, sid = dispatch(t, "--devices", "w3,w4", "--phase", "canary w3", "--phase", "rest 100%")
+			released(t, sid, 1)
+			r = watch(t, ctl.ExitTimeout, sid, "--timeout", "1s")
+			wantContains(t, "waiting", r.stdout, "; waiting: phase 1 (rest) waits for 1 more device of earlier phases to finish; not finished: w3")
+			wantContains(t, "waiting", r.stderr, "gave up watching after 1s: Scheduled 1, Queued 1; waiting: phase 1 (rest) waits for")
 		})
 		t.Run("6AbortedOrCancelled", func(t *testing.T) {
 			id, sid := dispatch(t, "--devices", "w1,w2", "--phase", "canary w1", "--phase", "rest w2 trigger=manual")
