@@ -25,6 +25,12 @@ func MarshalCanonical(v any) ([]byte, error) {
 	return appendCanonical(nil, v)
 }
 
+// AppendCanonical appends the JSON text of a canonical value to b, as
+// MarshalCanonical writes it.
+func AppendCanonical(b []byte, v any) ([]byte, error) {
+	return appendCanonical(b, v)
+}
+
 func appendCanonical(b []byte, v any) ([]byte, error) {
 	var err error
 	switch v := v.(type) {
@@ -83,11 +89,29 @@ func appendCanonical(b []byte, v any) ([]byte, error) {
 // without escaping <, > and &: the params a device receives are the text
 // the operator sent.
 func appendString(b []byte, s string) []byte {
+	if plainASCII(s) {
+		// What the encoder writes for it, without the encoder's cost
+		// (a third of the CPU of ingest with stream history).
+		b = append(b, '"')
+		b = append(b, s...)
+		return append(b, '"')
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	enc.Encode(s) // a string always encodes
 	return append(b, bytes.TrimSuffix(buf.Bytes(), []byte("\n"))...)
+}
+
+// plainASCII reports whether s is printable ASCII without a quote or a
+// backslash, which a JSON string holds as it is.
+func plainASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return true
 }
 
 // AppendFloat appends f, a float of bits 32 or 64, as JSON number text

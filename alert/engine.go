@@ -16,9 +16,10 @@ import (
 
 // Store is what the engine needs of the database.
 type Store interface {
-	// CommitStream writes a stream's latest point and the alert changes of
-	// one evaluation in one transaction; see sqlstore.DB.CommitStream.
-	CommitStream(ctx context.Context, tenant, device, stream string, latest *fleet.DataPoint, changes []*fleet.AlertChange) error
+	// CommitStream writes a batch of a stream's points (sorted; the last
+	// is the latest) and the alert changes of one evaluation in one
+	// transaction; see sqlstore.DB.CommitStream.
+	CommitStream(ctx context.Context, tenant, device, stream string, pts []fleet.DataPoint, changes []*fleet.AlertChange) error
 	FindLatestPoint(ctx context.Context, tenant, device, stream string) (*fleet.DataPoint, error)
 	FindLatestPoints(ctx context.Context, tenant, stream string) ([]*fleet.DataPoint, error)
 	FindAllAlertRules(ctx context.Context) ([]*fleet.AlertRule, error)
@@ -579,8 +580,8 @@ func (ss *streamState) statesFor(rules []*rule) []*ruleState {
 }
 
 // IngestPoints evaluates a batch of one device's points on one stream and
-// commits the stream's latest point with whatever alerts they open or close,
-// in one store job. Points older than the last one evaluated (by
+// commits the points (kept in history, the last as the stream's latest)
+// with whatever alerts they open or close, in one store job. Points older than the last one evaluated (by
 // timestamp, then sequence) are stored if newer than the stored latest, but
 // not evaluated again.
 func (e *Engine) IngestPoints(ctx context.Context, tenant, device, stream string, pts []fleet.DataPoint) error {
@@ -595,10 +596,9 @@ func (e *Engine) IngestPoints(ctx context.Context, tenant, device, stream string
 	if !slices.IsSortedFunc(pts, comparePoints) {
 		fleet.SortDataPoints(pts)
 	}
-	latest := &pts[len(pts)-1]
 	rules := idx.byStream[tenantStream{tenant, stream}]
 	if len(rules) == 0 {
-		return e.Store.CommitStream(ctx, tenant, device, stream, latest, nil)
+		return e.Store.CommitStream(ctx, tenant, device, stream, pts, nil)
 	}
 	var meta map[string]string
 	for _, r := range rules {
@@ -618,7 +618,7 @@ func (e *Engine) IngestPoints(ctx context.Context, tenant, device, stream string
 		return err
 	}
 	for attempt := 0; ; attempt++ {
-		err := e.evaluate(ctx, ss, rules, meta, pts, latest)
+		err := e.evaluate(ctx, ss, rules, meta, pts)
 		if !errors.Is(err, fleet.ErrStale) || attempt == maxStaleRetries {
 			return err
 		}
@@ -631,7 +631,7 @@ func (e *Engine) IngestPoints(ctx context.Context, tenant, device, stream string
 
 // evaluate runs pts through the stream's rules and commits the result;
 // on failure the stream's state is as before. ss.mu is held.
-func (e *Engine) evaluate(ctx context.Context, ss *streamState, rules []*rule, meta map[string]string, pts []fleet.DataPoint, latest *fleet.DataPoint) error {
+func (e *Engine) evaluate(ctx context.Context, ss *streamState, rules []*rule, meta map[string]string, pts []fleet.DataPoint) error {
 	states := ss.statesFor(rules)
 	saved := make([]ruleState, len(states))
 	for i, st := range states {
@@ -659,7 +659,7 @@ func (e *Engine) evaluate(ctx context.Context, ss *streamState, rules []*rule, m
 	}
 	ss.lastArrival = now
 	opened := openedIDs(changes)
-	if err := e.commitStream(ctx, ss, latest, changes); err != nil {
+	if err := e.commitStream(ctx, ss, pts, changes); err != nil {
 		for i, st := range states {
 			*st = saved[i]
 		}

@@ -36,7 +36,7 @@ func newMemStore() *memStore {
 		devices: map[string]map[string]string{}}
 }
 
-func (m *memStore) CommitStream(ctx context.Context, tenant, device, stream string, latest *fleet.DataPoint, changes []*fleet.AlertChange) error {
+func (m *memStore) CommitStream(ctx context.Context, tenant, device, stream string, pts []fleet.DataPoint, changes []*fleet.AlertChange) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.fail != nil {
@@ -44,6 +44,10 @@ func (m *memStore) CommitStream(ctx context.Context, tenant, device, stream stri
 	}
 	m.commits++
 	k := tenant + "/" + device + "/" + stream
+	var latest *fleet.DataPoint
+	if len(pts) > 0 {
+		latest = &pts[len(pts)-1]
+	}
 	if old := m.latest[k]; latest != nil && (old == nil || latest.After(old)) {
 		m.latest[k] = latest
 	}

@@ -20,7 +20,7 @@ import (
 // VersionedStore is a Store that keeps a version per device stream;
 // *sqlstore.DB is one. Without it the engine assumes it is alone.
 type VersionedStore interface {
-	CommitStreamVersion(ctx context.Context, tenant, device, stream string, latest *fleet.DataPoint, changes []*fleet.AlertChange, expect int64) (int64, error)
+	CommitStreamVersion(ctx context.Context, tenant, device, stream string, pts []fleet.DataPoint, changes []*fleet.AlertChange, expect int64) (int64, error)
 	FindStreamSnapshot(ctx context.Context, tenant, device, stream string) (*fleet.StreamSnapshot, error)
 }
 
@@ -81,13 +81,13 @@ func (e *Engine) loadSnapshot(ctx context.Context, ss *streamState, vs Versioned
 
 // commitStream commits an evaluation of ss, from its version when the
 // store keeps versions. ss.mu is held.
-func (e *Engine) commitStream(ctx context.Context, ss *streamState, latest *fleet.DataPoint, changes []*fleet.AlertChange) error {
+func (e *Engine) commitStream(ctx context.Context, ss *streamState, pts []fleet.DataPoint, changes []*fleet.AlertChange) error {
 	k := ss.key
 	vs, ok := e.versioned()
 	if !ok {
-		return e.Store.CommitStream(ctx, k.tenant, k.device, k.stream, latest, changes)
+		return e.Store.CommitStream(ctx, k.tenant, k.device, k.stream, pts, changes)
 	}
-	v, err := vs.CommitStreamVersion(ctx, k.tenant, k.device, k.stream, latest, changes, ss.version)
+	v, err := vs.CommitStreamVersion(ctx, k.tenant, k.device, k.stream, pts, changes, ss.version)
 	if err != nil {
 		return err
 	}

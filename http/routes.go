@@ -127,6 +127,16 @@ func (s *Server) addRoutes() []route {
 			Body:    ingestBody{}, Resp: ingestResult{}}},
 		{"GET /api/v1/devices/{id}/streams/{stream}/latest", fleet.PermRead, s.handleLatestPoint, op{Tag: "streams",
 			Summary: "The stream's latest point, by timestamp then sequence", Resp: fleet.DataPoint{}}},
+		{"GET /api/v1/devices/{id}/streams", fleet.PermRead, s.handleDeviceStreams, op{Tag: "streams",
+			Summary: "The streams the device has points of within the retention, by name, with how many and the first and last timestamps", Resp: streamList{}}},
+		{"GET /api/v1/devices/{id}/streams/{stream}/points", fleet.PermRead, s.handlePoints, op{Tag: "streams",
+			Summary: "A page of the stream's points kept in history, by timestamp then sequence; next is an opaque cursor, stable while points arrive", Query: pointParams, Resp: pointPage{}}},
+		{"GET /api/v1/devices/{id}/streams/{stream}/aggregate", fleet.PermRead, s.handleAggregate, op{Tag: "streams",
+			Summary: "A numeric field of the stream aggregated in buckets aligned to UTC, over the whole buckets from and to touch (default: the last day); empty buckets are left out", Query: aggregateParams, Resp: aggregateResult{}}},
+		{"GET /api/v1/devices/{id}/logs", fleet.PermRead, s.handleLogs, op{Tag: "streams",
+			Summary: "The device's log lines (the points of its logs stream, as the uplink agent sends them), oldest first; follow=true streams them as server-sent events", Query: logParams, Resp: logList{}}},
+		{"GET /api/v1/streams/{stream}/aggregate", fleet.PermRead, s.handleFleetAggregate, op{Tag: "streams",
+			Summary: "A numeric field of a stream aggregated over the tenant's devices (those whose metadata matches), as one series or one per device", Query: fleetAggregateParams, Resp: aggregateResult{}}},
 
 		{"POST /api/v1/alert-rules", fleet.PermOperate, s.handleCreateAlertRule, op{Tag: "alerts", Summary: "Create an alert rule (S2)",
 			Body: alertRuleCreate{}, OK: http.StatusCreated, Resp: fleet.AlertRule{}, Quiet: true}},
@@ -166,6 +176,8 @@ func (s *Server) addRoutes() []route {
 
 		{"PUT /api/v1/tenants/{tenant_id}/auth", fleet.PermAdmin, s.handleSetTenantAuth, op{Tag: "tenants", Summary: "S9: how the tenant's end users authenticate with bearer tokens", Body: tenantAuthBody{}, OK: http.StatusNoContent, Resp: fleet.TenantAuth{}}},
 		{"GET /api/v1/tenants/{tenant_id}/auth", fleet.PermAdmin, s.handleGetTenantAuth, op{Tag: "tenants", Summary: "The tenant's end-user authentication", Resp: fleet.TenantAuth{}}},
+		{"PUT /api/v1/tenants/{tenant_id}/stream-retention", fleet.PermAdmin, s.handleSetStreamRetention, op{Tag: "tenants", Summary: "How long the tenant's raw stream points are kept (rollups keep their own retention)", Body: streamRetentionBody{}, OK: http.StatusNoContent, Resp: streamRetention{}}},
+		{"GET /api/v1/tenants/{tenant_id}/stream-retention", fleet.PermRead, s.handleGetStreamRetention, op{Tag: "tenants", Summary: "How long the tenant's raw stream points are kept", Resp: streamRetention{}}},
 
 		{"GET /api/v1/audit-logs", fleet.PermAdmin, s.handleListAuditLogs, op{Tag: "audit", Summary: "Every change made through the API, newest first", Query: append([]param{
 			{Name: "actor", Desc: "only changes by this actor (API key name or user name)"},

@@ -79,6 +79,8 @@ type Server struct {
 	// takes device data in and serves each stream's latest point.
 	Alerts  fleet.AlertService
 	Streams fleet.StreamService
+	// History reads the points streams kept and sets their retention.
+	History fleet.HistoryService
 	// Templates bounds the sample render of a notification template when a
 	// rule is saved; zero is fleet.DefaultTemplateLimits.
 	Templates fleet.TemplateLimits

@@ -108,10 +108,10 @@ func TestCommitStream(t *testing.T) {
 		}
 
 		t.Run("LatestKeepsTheNewest", func(t *testing.T) {
-			if err := db.CommitStream(ctx, "acme", "d1", "env", point(10, 1), nil); err != nil {
+			if err := db.CommitStream(ctx, "acme", "d1", "env", []fleet.DataPoint{*point(10, 1)}, nil); err != nil {
 				t.Fatal(err)
 			}
-			if err := db.CommitStream(ctx, "acme", "d1", "env", point(5, 2), nil); err != nil {
+			if err := db.CommitStream(ctx, "acme", "d1", "env", []fleet.DataPoint{*point(5, 2)}, nil); err != nil {
 				t.Fatal(err)
 			}
 			got, err := db.FindLatestPoint(ctx, "acme", "d1", "env")
@@ -133,7 +133,7 @@ func TestCommitStream(t *testing.T) {
 		t.Run("DeviceStreams", func(t *testing.T) {
 			p := point(1, 3)
 			p.Stream = "battery"
-			if err := db.CommitStream(ctx, "acme", "d1", "battery", p, nil); err != nil {
+			if err := db.CommitStream(ctx, "acme", "d1", "battery", []fleet.DataPoint{*p}, nil); err != nil {
 				t.Fatal(err)
 			}
 			pts, n, err := db.FindDeviceStreams(ctx, "acme", "d1", fleet.Page{Page: 1, Limit: 1})
@@ -149,7 +149,7 @@ func TestCommitStream(t *testing.T) {
 			}
 		})
 		t.Run("UnknownDevice", func(t *testing.T) {
-			wantCode(t, db.CommitStream(ctx, "acme", "ghost", "env", point(1, 1), nil), fleet.ENOTFOUND)
+			wantCode(t, db.CommitStream(ctx, "acme", "ghost", "env", []fleet.DataPoint{*point(1, 1)}, nil), fleet.ENOTFOUND)
 		})
 
 		var alertID string
@@ -158,7 +158,7 @@ func TestCommitStream(t *testing.T) {
 			ch := &fleet.AlertChange{Stream: "env",
 				State: fleet.AlertState{Tenant: "acme", RuleID: r.ID, DeviceID: "d1", Phase: fleet.PhaseActive, SinceClock: clk.Now(), AlertID: alertID},
 				Open:  &fleet.Alert{ID: alertID, RuleID: r.ID, DeviceID: "d1", StartedAt: clk.Now(), Value: point(20, 99)}}
-			if err := db.CommitStream(ctx, "acme", "d1", "env", point(20, 99), []*fleet.AlertChange{ch}); err != nil {
+			if err := db.CommitStream(ctx, "acme", "d1", "env", []fleet.DataPoint{*point(20, 99)}, []*fleet.AlertChange{ch}); err != nil {
 				t.Fatal(err)
 			}
 			a, err := db.FindAlert(ctx, "acme", alertID)
@@ -247,7 +247,7 @@ func TestCommitStream(t *testing.T) {
 			ch := &fleet.AlertChange{Stream: "env",
 				State: fleet.AlertState{Tenant: "acme", RuleID: r2.ID, DeviceID: "d1", Phase: fleet.PhaseActive, SinceClock: clk.Now(), AlertID: id},
 				Open:  &fleet.Alert{ID: id, RuleID: r2.ID, DeviceID: "d1", StartedAt: clk.Now()}}
-			if err := db.CommitStream(ctx, "acme", "d1", "env", point(30, 1), []*fleet.AlertChange{ch}); err != nil {
+			if err := db.CommitStream(ctx, "acme", "d1", "env", []fleet.DataPoint{*point(30, 1)}, []*fleet.AlertChange{ch}); err != nil {
 				t.Fatal(err)
 			}
 		})

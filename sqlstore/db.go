@@ -47,6 +47,9 @@ type Options struct {
 	// its beginning (a RESTART checkpoint while the writer waits between
 	// two batches); 0 is 64 MiB, negative never.
 	WALLimit int64
+	// StreamRetention is how long stream points are kept, for tenants
+	// without a retention of their own; 0 is fleet.DefaultStreamRetention.
+	StreamRetention time.Duration
 
 	// checkpointTicks, when set, stands for the checkpoint loop's ticker,
 	// for tests that run the loop a tick at a time.
@@ -85,6 +88,7 @@ type DB struct {
 	restart chan chan struct{}
 
 	authCache authCache
+	history   historyState
 	local     localChanges // changes committed here, for Listen on SQLite
 	stats     writeStats
 	countSlot atomic.Uint32 // the last slot of device_action_counts written (Tx.flushCounts)
@@ -102,6 +106,10 @@ func Open(ctx context.Context, dsn string, opt Options) (*DB, error) {
 	}
 	if db.maxBatch <= 0 {
 		db.maxBatch = 512
+	}
+	db.history.retention, db.history.tenants = opt.StreamRetention, map[string]tenantRetention{}
+	if db.history.retention <= 0 {
+		db.history.retention = fleet.DefaultStreamRetention
 	}
 	db.checkpointEvery, db.walLimit = opt.CheckpointInterval, opt.WALLimit/sqlitePage
 	db.checkpointTicks = opt.checkpointTicks

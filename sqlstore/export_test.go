@@ -178,3 +178,10 @@ func (db *DB) readsOf(ctx context.Context, table string, fn func(ctx context.Con
 	})
 	return read, err
 }
+
+// AggregateRaw is Aggregate read from raw points whatever the interval,
+// for tests that compare the rollups with it.
+func (db *DB) AggregateRaw(ctx context.Context, tenant, device, stream string, q fleet.AggregateQuery) ([]fleet.Bucket, error) {
+	series, err := db.aggregate(ctx, tenant, device, stream, q, true)
+	return series[""], err
+}

@@ -14,44 +14,73 @@ import (
 )
 
 // CommitStream writes what one ingest call of a device's stream produced, in
-// one job: the stream's latest point (kept only if it is newer than the
-// stored one, by timestamp, then sequence) and the alert changes the
-// evaluation made, with their notifications. An unknown device is ENOTFOUND.
+// one job: its points (pts, sorted by timestamp, then sequence; none for a
+// commit of alert changes alone) kept in history within the tenant's
+// retention (history.go), the stream's latest point (the last of pts, kept
+// only if it is newer than the stored one, by timestamp, then sequence) and
+// the alert changes the evaluation made, with their notifications. An
+// unknown device is ENOTFOUND.
 //
 // An alert that another replica opened first for the same rule and device is
 // adopted: change.Open.ID becomes its id and nothing is notified twice. The
 // job may run again after a failed batch commit; every write is idempotent.
-func (db *DB) CommitStream(ctx context.Context, tenant, device, stream string, latest *fleet.DataPoint, changes []*fleet.AlertChange) error {
-	var data string
-	if latest != nil {
-		b, err := fleet.MarshalCanonical(latest.Data)
-		if err != nil {
-			return fleet.Errorf(fleet.EINVALID, "data point cannot be stored: %v", err)
-		}
-		data = string(b)
+func (db *DB) CommitStream(ctx context.Context, tenant, device, stream string, pts []fleet.DataPoint, changes []*fleet.AlertChange) error {
+	w, err := db.prepareStream(ctx, tenant, pts)
+	if err != nil {
+		return err
 	}
 	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		return tx.commitStream(ctx, tenant, device, stream, latest, data, changes)
+		return tx.commitStream(ctx, tenant, device, stream, w, changes)
 	})
+}
+
+// streamWrite is what a commit of a stream writes, encoded before its job.
+type streamWrite struct {
+	latest *fleet.DataPoint
+	data   string // latest's data
+	chunks []chunk
+}
+
+func (db *DB) prepareStream(ctx context.Context, tenant string, pts []fleet.DataPoint) (streamWrite, error) {
+	var w streamWrite
+	if len(pts) == 0 {
+		return w, nil
+	}
+	w.latest = &pts[len(pts)-1]
+	b, err := fleet.MarshalCanonical(w.latest.Data)
+	if err != nil {
+		return w, fleet.Errorf(fleet.EINVALID, "data point cannot be stored: %v", err)
+	}
+	w.data = string(b)
+	w.chunks, err = db.prepareHistory(ctx, tenant, pts)
+	return w, err
 }
 
 // commitStream is CommitStream's job; the stream's version advances with a
 // newer point (CommitStreamVersion advances it with every commit).
-func (tx *Tx) commitStream(ctx context.Context, tenant, device, stream string, latest *fleet.DataPoint, data string, changes []*fleet.AlertChange) error {
-	if latest != nil {
+func (tx *Tx) commitStream(ctx context.Context, tenant, device, stream string, w streamWrite, changes []*fleet.AlertChange) error {
+	if latest := w.latest; latest != nil {
 		_, err := tx.exec(ctx, `INSERT INTO stream_latest (tenant, device_id, stream, ts, seq, data, received_at)
 			VALUES (?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (tenant, device_id, stream) DO UPDATE SET
 				ts = excluded.ts, seq = excluded.seq, data = excluded.data, received_at = excluded.received_at,
 				version = stream_latest.version + 1
 			WHERE excluded.ts > stream_latest.ts OR (excluded.ts = stream_latest.ts AND excluded.seq > stream_latest.seq)`,
-			tenant, device, stream, millis(latest.Timestamp), latest.Sequence, data, millis(latest.ReceivedAt))
+			tenant, device, stream, millis(latest.Timestamp), latest.Sequence, w.data, millis(latest.ReceivedAt))
 		if isForeignKeyViolation(err) {
 			return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", device)
 		} else if err != nil {
 			return err
 		}
 	}
+	if err := tx.writeHistory(ctx, tenant, device, stream, w.chunks); err != nil {
+		return err
+	}
+	return tx.applyAlertChanges(ctx, tenant, device, stream, changes)
+}
+
+// applyAlertChanges records an evaluation's alert changes.
+func (tx *Tx) applyAlertChanges(ctx context.Context, tenant, device, stream string, changes []*fleet.AlertChange) error {
 	adopted := map[string]string{} // our alert id -> the id of the alert open already
 	for _, c := range changes {
 		if err := tx.applyAlertChange(ctx, tenant, device, c, adopted); err != nil {

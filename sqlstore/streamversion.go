@@ -16,17 +16,14 @@ import (
 // stream since this one read it, and evaluating again from FindStreamSnapshot
 // is in order. On PostgreSQL the version check takes the stream's row lock,
 // so replicas commit one device stream in turn.
-func (db *DB) CommitStreamVersion(ctx context.Context, tenant, device, stream string, latest *fleet.DataPoint, changes []*fleet.AlertChange, expect int64) (int64, error) {
-	var data string
-	if latest != nil {
-		b, err := fleet.MarshalCanonical(latest.Data)
-		if err != nil {
-			return 0, fleet.Errorf(fleet.EINVALID, "data point cannot be stored: %v", err)
-		}
-		data = string(b)
+func (db *DB) CommitStreamVersion(ctx context.Context, tenant, device, stream string, pts []fleet.DataPoint, changes []*fleet.AlertChange, expect int64) (int64, error) {
+	w, err := db.prepareStream(ctx, tenant, pts)
+	if err != nil {
+		return 0, err
 	}
+	latest, data := w.latest, w.data
 	var version int64
-	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+	err = db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		switch {
 		case expect > 0 && latest != nil:
 			// One statement: the version check, and the point if newer.
@@ -51,7 +48,6 @@ func (db *DB) CommitStreamVersion(ctx context.Context, tenant, device, stream st
 				return fleet.ErrStale
 			}
 			version = expect + 1
-			latest = nil // stored
 		case expect > 0:
 			n, err := tx.execCount(ctx, "UPDATE stream_latest SET version = version + 1 WHERE tenant = ? AND device_id = ? AND stream = ? AND version = ?",
 				tenant, device, stream, expect)
@@ -76,7 +72,6 @@ func (db *DB) CommitStreamVersion(ctx context.Context, tenant, device, stream st
 				return fleet.ErrStale
 			}
 			version = 1
-			latest = nil // stored
 		default:
 			// Changes alone from a replica that never read the stream's
 			// version (its no_data timers start from FindLatestPoints).
@@ -89,7 +84,10 @@ func (db *DB) CommitStreamVersion(ctx context.Context, tenant, device, stream st
 				return fleet.ErrStale
 			}
 		}
-		return tx.commitStream(ctx, tenant, device, stream, nil, "", changes)
+		if err := tx.writeHistory(ctx, tenant, device, stream, w.chunks); err != nil {
+			return err
+		}
+		return tx.applyAlertChanges(ctx, tenant, device, stream, changes)
 	})
 	if err != nil {
 		return 0, err

@@ -49,6 +49,8 @@ type config struct {
 	sweepInterval time.Duration // of the action timeout sweeper
 	rolloutTick   time.Duration // between looks at the rollouts
 
+	streamRetention time.Duration // of raw stream points (docs/telemetry.md)
+
 	ddiPollInterval time.Duration // the sleep hawkBit DDI devices are told
 
 	// An external broker and many replicas (broker.go).
@@ -88,6 +90,7 @@ func (c *config) serveFlags(fs *flagSet) {
 	fs.DurationVar(&c.sweepInterval, "action-sweep-interval", time.Second, "`DURATION` between sweeps that fail device actions whose timeout elapsed")
 	fs.DurationVar(&c.rolloutTick, "rollout-interval", time.Second, "`DURATION` between looks at the rollouts: triggers, gates, maintenance windows, end_timestamp")
 	fs.StringVar(&c.outboundAllow, "outbound-allow", "", "`LIST` of CIDRs and host names, comma-separated, that webhooks, Slack, JWKS and S9 webhooks may reach though they are loopback, link-local or private; by default none")
+	fs.DurationVar(&c.streamRetention, "stream-retention", fleet.DefaultStreamRetention, "`DURATION` stream points are kept, 24h to 87600h (ten years); a tenant may set its own through the API (docs/telemetry.md)")
 	fs.DurationVar(&c.ddiPollInterval, "ddi-poll-interval", 5*time.Minute, "`DURATION` hawkBit DDI devices are told to sleep between polls (config.polling.sleep), 1s to 24h")
 	c.alertFlags(fs)
 	c.scale.flags(fs)
@@ -134,6 +137,8 @@ func (c *config) checkAlerts() error {
 	case c.maxHeld < 2*max(c.maxBulk, c.maxBody, 1<<20):
 		return fmt.Errorf("--max-held-body-bytes %d: want at least twice the largest body (--max-bulk-bytes, --max-body-bytes), %d: a body may hold twice its size while it arrives",
 			c.maxHeld, 2*max(c.maxBulk, c.maxBody, 1<<20))
+	case c.streamRetention < fleet.MinStreamRetention || c.streamRetention > fleet.MaxStreamRetention:
+		return fmt.Errorf("--stream-retention must be from 24h to 87600h (ten years)")
 	case c.ddiPollInterval < time.Second || c.ddiPollInterval >= 24*time.Hour:
 		return fmt.Errorf("--ddi-poll-interval must be from 1s to under 24h (DDI writes it as HH:MM:SS)")
 	}
@@ -172,7 +177,7 @@ func (c *config) logger(w io.Writer) (*slog.Logger, error) {
 
 // openDB opens the database and applies migrations, logging what it did.
 func (c *config) openDB(ctx context.Context, log *slog.Logger) (*sqlstore.DB, error) {
-	db, err := sqlstore.Open(ctx, c.database, sqlstore.Options{Logger: log})
+	db, err := sqlstore.Open(ctx, c.database, sqlstore.Options{Logger: log, StreamRetention: c.streamRetention})
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -262,6 +263,21 @@ var endpoints = map[string]endpoint{
 	"GET /api/v1/devices/{id}/streams/{stream}/latest": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/api/v1/devices/" + w.device + "/streams/" + w.stream + "/latest", nil
 	}},
+	"GET /api/v1/devices/{id}/streams": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/devices/" + w.device + "/streams", nil
+	}},
+	"GET /api/v1/devices/{id}/streams/{stream}/points": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/devices/" + w.device + "/streams/" + w.stream + "/points?order=desc&limit=10", nil
+	}},
+	"GET /api/v1/devices/{id}/streams/{stream}/aggregate": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/devices/" + w.device + "/streams/" + w.stream + "/aggregate?field=temp&fn=max&interval=30s&from=" + strconv.FormatInt(time.Now().Add(-time.Hour).UnixMilli(), 10), nil
+	}},
+	"GET /api/v1/devices/{id}/logs": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/devices/" + w.device + "/logs?level=info&q=x&limit=5", nil
+	}},
+	"GET /api/v1/streams/{stream}/aggregate": {perm: "read", other: 200, prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/streams/" + w.stream + "/aggregate?field=temp&fn=count&interval=1m&by=device&from=" + time.Now().Add(-time.Hour).UTC().Format(time.RFC3339), nil
+	}},
 
 	"POST /api/v1/alert-rules": {perm: "operate", quiet: true, other: 201, prepare: func(*testing.T, *testServer, *world) (string, any) {
 		return "/api/v1/alert-rules", map[string]any{"name": fresh("rule"), "stream": "env", "group": "g",
@@ -318,6 +334,12 @@ var endpoints = map[string]endpoint{
 	}},
 	"GET /api/v1/tenants/{tenant_id}/auth": {perm: "admin", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/api/v1/tenants/" + w.name + "/auth", nil
+	}},
+	"PUT /api/v1/tenants/{tenant_id}/stream-retention": {perm: "admin", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/tenants/" + w.name + "/stream-retention", map[string]any{"retention_seconds": 0}
+	}},
+	"GET /api/v1/tenants/{tenant_id}/stream-retention": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/tenants/" + w.name + "/stream-retention", nil
 	}},
 	"GET /api/v1/audit-logs": {perm: "admin", other: 200, prepare: static("/api/v1/audit-logs?limit=1000")},
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/action"
 	"github.com/fleetd/fleet/alert"
 	"github.com/fleetd/fleet/mqtt"
@@ -63,6 +64,8 @@ func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweep
 		func() float64 { return float64(sweeper.TimedOut()) })
 
 	counter("fleetd_stream_points_total", "data points ingested over HTTP and MQTT", func() float64 { return float64(engine.Stats().Points) })
+	counter("fleetd_stream_history_points_total", "data points kept in stream history", func() float64 { return float64(db.HistoryStats().Kept) })
+	reg.MustRegister(historyRejects{db})
 	counter("fleetd_alerts_opened_total", "alerts opened", func() float64 { return float64(engine.Stats().Opened) })
 	counter("fleetd_alerts_closed_total", "alerts closed", func() float64 { return float64(engine.Stats().Closed) })
 	gauge("fleetd_alert_timers", "threshold and no-data timers pending", func() float64 { return float64(engine.Pending()) })
@@ -96,4 +99,20 @@ func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweep
 	counter("fleetd_mqtt_unacknowledged_total", "device publishes left unacknowledged because fleetd could not commit them",
 		func() float64 { return float64(ch.Stats().Unacknowledged) })
 	return reg
+}
+
+var historyRejectsDesc = prometheus.NewDesc("fleetd_stream_points_rejected_total",
+	"data points not kept in stream history (the stream's latest point and alerts still see them), by reason: "+
+		fleet.RejectExpired+" (older than the retention on arrival) or "+fleet.RejectFuture+" (more than a day ahead of the clock)",
+	[]string{"reason"}, nil)
+
+// historyRejects publishes the points history did not keep, by reason.
+type historyRejects struct{ db *sqlstore.DB }
+
+func (historyRejects) Describe(ch chan<- *prometheus.Desc) { ch <- historyRejectsDesc }
+
+func (h historyRejects) Collect(ch chan<- prometheus.Metric) {
+	s := h.db.HistoryStats()
+	ch <- prometheus.MustNewConstMetric(historyRejectsDesc, prometheus.CounterValue, float64(s.Expired), fleet.RejectExpired)
+	ch <- prometheus.MustNewConstMetric(historyRejectsDesc, prometheus.CounterValue, float64(s.Future), fleet.RejectFuture)
 }

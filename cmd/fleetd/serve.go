@@ -93,8 +93,10 @@ func runServe(ctx context.Context, args []string, e env) error {
 	rolloutNotifier := &notify.Worker{Store: db.RolloutOutbox(), Logger: log.With("outbox", "rollouts"), SMTP: c.smtp, Templates: c.templates, HTTP: outbound.Client(10*time.Second, egress.NoRedirects),
 		MaxAttempts: c.notifyMaxAttempts, Backoff: c.notifyBackoff, MaxBackoff: c.notifyMaxBackoff, Lease: c.scale.notifyLease,
 		Owner: replicaName()}
-	loops.Add(5)
+	loops.Add(7)
 	go func() { defer loops.Done(); db.RunOrphanSweep(loopCtx, time.Hour) }()
+	go func() { defer loops.Done(); db.RunHistoryMaintenance(loopCtx, time.Hour) }()
+	go func() { defer loops.Done(); db.RunRollups(loopCtx, time.Second) }()
 	go func() { defer loops.Done(); engine.Run(loopCtx) }()
 	go func() { defer loops.Done(); notifier.Run(loopCtx) }()
 	go func() { defer loops.Done(); rolloutNotifier.Run(loopCtx) }()
@@ -164,6 +166,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 		Shadows:         shadows,
 		Alerts:          alerts,
 		Streams:         streams,
+		History:         db,
 		Templates:       c.templates,
 		Audit:           db,
 		Ready:           []fleethttp.Pinger{db},

@@ -1,0 +1,611 @@
+package sqlstore
+
+import (
+	"bytes"
+	"compress/flate"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fleetd/fleet"
+)
+
+// Stream history (docs/telemetry.md, migration 0027). The points of one
+// ingest call that fall in one UTC hour are one row of stream_points, a
+// chunk: a batch costs a row, not a row a point, which keeps ingest with
+// history near the speed of latest-only ingest (docs/operations.md, "Stream
+// history"). A chunk spans at most an hour, so a read of [lo, hi) finds
+// every chunk that holds one of its points among those that start in
+// [lo's hour, hi).
+//
+// Tables are partitioned by time (a partition is a table on SQLite and a
+// declarative range partition on PostgreSQL, named alike) and expire by
+// dropping whole partitions: O(1) in the points they hold.
+
+const (
+	hourMs   = int64(time.Hour / time.Millisecond)
+	minuteMs = int64(time.Minute / time.Millisecond)
+	dayMs    = 24 * hourMs
+)
+
+// partKind is one of the partitioned tables.
+type partKind struct {
+	table   string
+	monthly bool // else daily
+}
+
+var (
+	pointsPart = partKind{"stream_points", false}
+	minutePart = partKind{"stream_rollup_1m", false}
+	hourPart   = partKind{"stream_rollup_1h", true}
+	partKinds  = []partKind{pointsPart, minutePart, hourPart}
+)
+
+// start returns the start of the partition holding ms.
+func (k partKind) start(ms int64) int64 {
+	t := time.UnixMilli(ms).UTC()
+	if k.monthly {
+		return time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+	}
+	return floorTo(ms, dayMs)
+}
+
+// next returns the start of the partition after the one starting at start.
+func (k partKind) next(start int64) int64 {
+	if k.monthly {
+		return time.UnixMilli(start).UTC().AddDate(0, 1, 0).UnixMilli()
+	}
+	return start + dayMs
+}
+
+// name returns the name of the partition starting at start.
+func (k partKind) name(start int64) string {
+	t := time.UnixMilli(start).UTC()
+	if k.monthly {
+		return fmt.Sprintf("%s_%04d%02d", k.table, t.Year(), t.Month())
+	}
+	return fmt.Sprintf("%s_%04d%02d%02d", k.table, t.Year(), t.Month(), t.Day())
+}
+
+// parse returns the start of the partition named name, if it is one.
+func (k partKind) parse(name string) (int64, bool) {
+	suffix, ok := strings.CutPrefix(name, k.table+"_")
+	layout := "20060102"
+	if k.monthly {
+		layout = "200601"
+	}
+	if !ok || len(suffix) != len(layout) {
+		return 0, false
+	}
+	t, err := time.Parse(layout, suffix)
+	if err != nil {
+		return 0, false
+	}
+	return t.UnixMilli(), true
+}
+
+func floorTo(ms, unit int64) int64 {
+	r := ms % unit
+	if r < 0 {
+		r += unit
+	}
+	return ms - r
+}
+
+// createPartition returns the DDL that makes the partition of k starting
+// at start, if it does not exist.
+func (d dialect) createPartition(k partKind, start int64) string {
+	name := k.name(start)
+	if d == postgres {
+		return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s PARTITION OF %s FOR VALUES FROM (%d) TO (%d)", name, k.table, start, k.next(start))
+	}
+	if k == pointsPart {
+		return `CREATE TABLE IF NOT EXISTS ` + name + ` (
+			tenant TEXT NOT NULL, device_id TEXT NOT NULL, stream TEXT NOT NULL,
+			ts_min INTEGER NOT NULL, ts_max INTEGER NOT NULL, id INTEGER NOT NULL, n INTEGER NOT NULL,
+			received_at INTEGER NOT NULL, points BLOB NOT NULL,
+			PRIMARY KEY (tenant, device_id, stream, ts_min, id)) WITHOUT ROWID`
+	}
+	return `CREATE TABLE IF NOT EXISTS ` + name + ` (
+		tenant TEXT NOT NULL, device_id TEXT NOT NULL, stream TEXT NOT NULL, field TEXT NOT NULL,
+		bucket INTEGER NOT NULL, n INTEGER NOT NULL, vmin REAL NOT NULL, vmax REAL NOT NULL,
+		vsum REAL NOT NULL, vlast REAL NOT NULL, last_ts INTEGER NOT NULL, last_seq INTEGER NOT NULL,
+		PRIMARY KEY (tenant, device_id, stream, field, bucket)) WITHOUT ROWID`
+}
+
+// historyState is what the DB keeps in memory for history.
+type historyState struct {
+	retention time.Duration // the server's default
+	// known holds the partitions known to exist: those the maintenance
+	// made or found. A write to another makes it first.
+	known sync.Map // name -> struct{}
+	mu    sync.Mutex
+	// tenants caches each tenant's retention for ingest, which must not
+	// read it for every batch; a change made on another replica is seen
+	// within retentionTTL.
+	tenants map[string]tenantRetention
+	stats   struct{ kept, expired, future atomic.Uint64 }
+}
+
+type tenantRetention struct {
+	d       time.Duration
+	own     bool
+	fetched time.Time
+}
+
+const retentionTTL = time.Minute
+
+// HistoryStats counts what stream history did since the DB was opened.
+type HistoryStats struct {
+	Kept    uint64 // points kept
+	Expired uint64 // points not kept: older than the retention on arrival
+	Future  uint64 // points not kept: beyond fleet.FutureHorizon
+}
+
+// HistoryStats returns the history counters, for metrics.
+func (db *DB) HistoryStats() HistoryStats {
+	s := &db.history.stats
+	return HistoryStats{Kept: s.kept.Load(), Expired: s.expired.Load(), Future: s.future.Load()}
+}
+
+// StreamRetention returns a tenant's retention of raw points and whether
+// it is the tenant's own rather than the server's.
+func (db *DB) StreamRetention(ctx context.Context, tenant string) (time.Duration, bool, error) {
+	var ms sql.NullInt64
+	err := db.queryRow(ctx, "SELECT stream_retention_ms FROM tenants WHERE name = ?", tenant).Scan(&ms)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, fleet.Errorf(fleet.ENOTFOUND, "tenant %q not found", tenant)
+	} else if err != nil {
+		return 0, false, db.classify(err)
+	}
+	d, own := db.history.retention, ms.Valid
+	if own {
+		d = time.Duration(ms.Int64) * time.Millisecond
+	}
+	db.history.mu.Lock()
+	db.history.tenants[tenant] = tenantRetention{d, own, db.now()}
+	db.history.mu.Unlock()
+	return d, own, nil
+}
+
+// SetStreamRetention sets a tenant's retention of raw points; 0 returns
+// it to the server's. Points already dropped stay dropped; a longer
+// retention keeps partitions longer from the next maintenance on.
+func (db *DB) SetStreamRetention(ctx context.Context, tenant string, d time.Duration) error {
+	if d != 0 && (d < fleet.MinStreamRetention || d > fleet.MaxStreamRetention) {
+		return fleet.FieldErrors(map[string]string{"retention_seconds": fmt.Sprintf("must be 0 (the server's) or between %d and %d",
+			int64(fleet.MinStreamRetention/time.Second), int64(fleet.MaxStreamRetention/time.Second))})
+	}
+	var ms any
+	if d != 0 {
+		ms = d.Milliseconds()
+	}
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		n, err := tx.execCount(ctx, "UPDATE tenants SET stream_retention_ms = ? WHERE name = ?", ms, tenant)
+		if err == nil && n == 0 {
+			err = fleet.Errorf(fleet.ENOTFOUND, "tenant %q not found", tenant)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	_, _, err = db.StreamRetention(ctx, tenant)
+	return err
+}
+
+// tenantRetention returns a tenant's retention for ingest, cached.
+func (db *DB) tenantRetention(ctx context.Context, tenant string) (time.Duration, error) {
+	db.history.mu.Lock()
+	r, ok := db.history.tenants[tenant]
+	db.history.mu.Unlock()
+	if ok && db.now().Sub(r.fetched) < retentionTTL {
+		return r.d, nil
+	}
+	d, _, err := db.StreamRetention(ctx, tenant)
+	return d, err
+}
+
+// chunk is the points of one ingest call in one hour, encoded, with their
+// rollups.
+//
+// The points are a canonical JSON array of [timestamp, sequence, data],
+// compressed with DEFLATE at its fastest: a point's field names repeat in
+// every point, and 100 points of three fields take 1 KB rather than
+// 5.3 KB, which fits a chunk in a database page with its neighbours
+// instead of three pages of its own. Writing those pages, not compressing,
+// was what ingest with history spent its time on: 4x fewer points a
+// second than latest-only ingest uncompressed, on SQLite.
+type chunk struct {
+	tsMin, tsMax, id int64
+	n                int
+	received         int64
+	points           []byte // compressed (packPoints)
+	rollups          string // the chunk's rollups, queued (rollup.go)
+}
+
+// rollup is the aggregate of one numeric field's values in one minute or
+// hour bucket.
+type rollup struct {
+	kind            partKind
+	field           string
+	bucket, n       int64
+	min, max, sum   float64
+	last            float64
+	lastTS, lastSeq int64
+}
+
+// add folds a value at (ts, seq) into r.
+func (r *rollup) add(v float64, ts, seq int64) {
+	if r.n == 0 {
+		r.min, r.max = v, v
+	}
+	r.n++
+	r.min, r.max, r.sum = min(r.min, v), max(r.max, v), r.sum+v
+	if r.n == 1 || ts > r.lastTS || ts == r.lastTS && seq >= r.lastSeq {
+		r.last, r.lastTS, r.lastSeq = v, ts, seq
+	}
+}
+
+// merge folds o into r.
+func (r *rollup) merge(o *rollup) {
+	if o.n == 0 {
+		return
+	}
+	if r.n == 0 {
+		*r = *o
+		return
+	}
+	r.n += o.n
+	r.min, r.max, r.sum = min(r.min, o.min), max(r.max, o.max), r.sum+o.sum
+	if o.lastTS > r.lastTS || o.lastTS == r.lastTS && o.lastSeq > r.lastSeq {
+		r.last, r.lastTS, r.lastSeq = o.last, o.lastTS, o.lastSeq
+	}
+}
+
+// numeric returns a data value as a number, if it is one.
+func numeric(v any) (float64, bool) {
+	switch v := v.(type) {
+	case int64:
+		return float64(v), true
+	case float64:
+		return v, true
+	}
+	return 0, false
+}
+
+// prepareHistory returns the chunks that keep pts (sorted by timestamp,
+// then sequence), leaving out and counting those outside the tenant's
+// retention. It runs before the write job, so a job run again after a
+// failed batch writes the same chunks, whose ids make the write
+// idempotent.
+func (db *DB) prepareHistory(ctx context.Context, tenant string, pts []fleet.DataPoint) ([]chunk, error) {
+	if len(pts) == 0 {
+		return nil, nil
+	}
+	retention, err := db.tenantRetention(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	now := db.now()
+	oldest, newest := millis(now.Add(-retention)), millis(now.Add(fleet.FutureHorizon))
+	var chunks []chunk
+	var b []byte
+	var c *chunk
+	var fields map[string]*fieldRollups
+	flush := func() {
+		if c == nil {
+			return
+		}
+		c.points = packPoints(append(b, ']'))
+		var rs []rollup
+		for _, f := range fields {
+			rs = append(append(rs, f.done...), f.minute, f.hour)
+		}
+		c.rollups = encodeRollups(rs)
+		chunks = append(chunks, *c)
+		c = nil
+	}
+	for i := range pts {
+		p := &pts[i]
+		ts := millis(p.Timestamp)
+		switch {
+		case ts < oldest:
+			db.history.stats.expired.Add(1)
+			continue
+		case ts > newest:
+			db.history.stats.future.Add(1)
+			continue
+		}
+		if c != nil && floorTo(ts, hourMs) != floorTo(c.tsMin, hourMs) {
+			flush()
+		}
+		if c == nil {
+			c = &chunk{tsMin: ts, id: rand.Int64(), received: millis(p.ReceivedAt)}
+			b = append(b[:0], '[')
+			fields = map[string]*fieldRollups{}
+		} else {
+			b = append(b, ',')
+		}
+		b = append(b, '[')
+		b = append(strconv.AppendInt(b, ts, 10), ',')
+		b = append(strconv.AppendInt(b, p.Sequence, 10), ',')
+		if b, err = fleet.AppendCanonical(b, p.Data); err != nil {
+			return nil, fleet.Errorf(fleet.EINVALID, "data point cannot be stored: %v", err)
+		}
+		b = append(b, ']')
+		c.tsMax, c.n = ts, c.n+1
+		for name, v := range p.Data {
+			if x, ok := numeric(v); ok {
+				f := fields[name]
+				if f == nil {
+					f = &fieldRollups{minute: rollup{kind: minutePart, field: name}, hour: rollup{kind: hourPart, field: name}}
+					fields[name] = f
+				}
+				f.add(x, ts, p.Sequence)
+			}
+		}
+	}
+	flush()
+	return chunks, db.ensurePartitions(ctx, chunks)
+}
+
+// fieldRollups are a field's rollups in a chunk: its points come in
+// timestamp order, so each minute's rollup is done when the next begins.
+// The chunk spans one hour: one hour rollup.
+type fieldRollups struct {
+	minute, hour rollup
+	done         []rollup // minutes past
+}
+
+func (f *fieldRollups) add(x float64, ts, seq int64) {
+	if m := floorTo(ts, minuteMs); f.minute.n > 0 && m != f.minute.bucket {
+		f.done = append(f.done, f.minute)
+		f.minute = rollup{kind: minutePart, field: f.minute.field}
+	}
+	f.minute.bucket, f.hour.bucket = floorTo(ts, minuteMs), floorTo(ts, hourMs)
+	f.minute.add(x, ts, seq)
+	f.hour.add(x, ts, seq)
+}
+
+// ensurePartitions makes the partitions chunks write to unless they are
+// known to exist, before the write's job: DDL in a group commit would
+// hold every writer of the batch behind its locks. The maintenance makes
+// partitions ahead, so this is for partitions of the past within the
+// retention that nothing wrote to yet. Replicas on PostgreSQL take turns
+// through the maintenance's advisory lock, as CREATE TABLE IF NOT EXISTS
+// may otherwise fail on a table made meanwhile.
+func (db *DB) ensurePartitions(ctx context.Context, chunks []chunk) error {
+	type part struct {
+		k     partKind
+		start int64
+	}
+	var missing []part
+	for _, c := range chunks {
+		for _, p := range []part{{pointsPart, pointsPart.start(c.tsMin)}, {minutePart, minutePart.start(c.tsMin)}, {hourPart, hourPart.start(c.tsMin)}} {
+			if _, ok := db.history.known.Load(p.k.name(p.start)); !ok && !slices.Contains(missing, p) {
+				missing = append(missing, p)
+			}
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	err := db.updateAlone(ctx, func(ctx context.Context, tx *Tx) error {
+		if err := tx.lockHistory(ctx); err != nil {
+			return err
+		}
+		for _, p := range missing {
+			if _, err := tx.tx.ExecContext(ctx, db.dialect.createPartition(p.k, p.start)); err != nil {
+				return fmt.Errorf("create partition %s: %w", p.k.name(p.start), err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, p := range missing {
+		db.history.known.Store(p.k.name(p.start), struct{}{})
+	}
+	return nil
+}
+
+// lockHistory makes replicas on PostgreSQL change partitions one at a
+// time, until the transaction ends.
+func (tx *Tx) lockHistory(ctx context.Context) error {
+	if tx.db.dialect != postgres {
+		return nil
+	}
+	// "fleet" + 1: the partitions of stream history.
+	_, err := tx.exec(ctx, "SELECT pg_advisory_xact_lock(439788553589)")
+	return err
+}
+
+// writeHistory writes chunks of a device's stream and queues their
+// rollups (rollup.go). A chunk written before (the same id) is skipped with
+// its rollups, so the write is idempotent.
+func (tx *Tx) writeHistory(ctx context.Context, tenant, device, stream string, chunks []chunk) error {
+	for i := range chunks {
+		c := &chunks[i]
+		table := pointsPart.name(pointsPart.start(c.tsMin))
+		insert := "INSERT INTO " + table + ` (tenant, device_id, stream, ts_min, ts_max, id, n, received_at, points)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`
+		args := []any{tenant, device, stream, c.tsMin, c.tsMax, c.id, c.n, c.received, c.points}
+		var n int64
+		var err error
+		if tx.db.dialect == postgres {
+			// One round trip for the chunk and its queued rollups.
+			err = tx.queryRow(ctx, `WITH c AS (`+insert+` RETURNING id),
+				q AS (INSERT INTO stream_rollup_queue (tenant, device_id, stream, rollups) SELECT ?, ?, ?, ? FROM c WHERE ? <> '')
+				SELECT count(*) FROM c`, append(args, tenant, device, stream, c.rollups, c.rollups)...).Scan(&n)
+		} else if n, err = tx.execCount(ctx, insert, args...); err == nil && n > 0 && c.rollups != "" {
+			_, err = tx.exec(ctx, "INSERT INTO stream_rollup_queue (tenant, device_id, stream, rollups) VALUES (?, ?, ?, ?)",
+				tenant, device, stream, c.rollups)
+		}
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			tx.db.history.stats.kept.Add(uint64(c.n))
+		}
+	}
+	return nil
+}
+
+// retentions returns how long each kind of partition is kept: raw points
+// as long as the longest retention of any tenant, rollups at least as
+// long as their own.
+func (db *DB) retentions(ctx context.Context) (map[partKind]time.Duration, error) {
+	var longest sql.NullInt64
+	if err := db.queryRow(ctx, "SELECT max(stream_retention_ms) FROM tenants").Scan(&longest); err != nil {
+		return nil, db.classify(err)
+	}
+	raw := db.history.retention
+	if longest.Valid {
+		raw = max(raw, time.Duration(longest.Int64)*time.Millisecond)
+	}
+	return map[partKind]time.Duration{
+		pointsPart: raw,
+		minutePart: max(raw, fleet.MinuteRollupRetention),
+		hourPart:   max(raw, fleet.HourRollupRetention),
+	}, nil
+}
+
+// partitions returns the partitions of k that exist, by start, oldest
+// first.
+func (db *DB) partitions(ctx context.Context, q querier, k partKind) ([]int64, error) {
+	query := "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE ?"
+	args := []any{k.table + "\\_%"}
+	if db.dialect == postgres {
+		query = `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+			WHERE i.inhparent = CAST(? AS regclass)`
+		args = []any{k.table}
+	} else {
+		query += " ESCAPE '\\'"
+	}
+	rows, err := q.query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	var starts []int64
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if s, ok := k.parse(name); ok {
+			starts = append(starts, s)
+		}
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	slices.Sort(starts)
+	return starts, rows.Err()
+}
+
+// MaintainHistory makes the partitions of today and the next two days (or
+// months) and drops those wholly older than their retention. Replicas on
+// PostgreSQL take turns through an advisory lock. It returns the
+// partitions it dropped.
+func (db *DB) MaintainHistory(ctx context.Context) ([]string, error) {
+	keep, err := db.retentions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := millis(db.now())
+	var dropped []string
+	err = db.updateAlone(ctx, func(ctx context.Context, tx *Tx) error {
+		dropped = dropped[:0]
+		if err := tx.lockHistory(ctx); err != nil {
+			return err
+		}
+		for _, k := range partKinds {
+			for s, i := k.start(now), 0; i < 3; s, i = k.next(s), i+1 {
+				if _, err := tx.tx.ExecContext(ctx, db.dialect.createPartition(k, s)); err != nil {
+					return fmt.Errorf("create partition %s: %w", k.name(s), err)
+				}
+			}
+			starts, err := db.partitions(ctx, tx, k)
+			if err != nil {
+				return err
+			}
+			for _, s := range starts {
+				if k.next(s) > now-keep[k].Milliseconds() {
+					continue
+				}
+				if _, err := tx.tx.ExecContext(ctx, "DROP TABLE "+k.name(s)); err != nil {
+					return fmt.Errorf("drop partition %s: %w", k.name(s), err)
+				}
+				dropped = append(dropped, k.name(s))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range partKinds {
+		for s, i := k.start(now), 0; i < 3; s, i = k.next(s), i+1 {
+			db.history.known.Store(k.name(s), struct{}{})
+		}
+	}
+	for _, name := range dropped {
+		db.history.known.Delete(name)
+	}
+	return dropped, nil
+}
+
+// RunHistoryMaintenance runs MaintainHistory now and every interval until
+// ctx ends, logging failures.
+func (db *DB) RunHistoryMaintenance(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		if dropped, err := db.MaintainHistory(ctx); err != nil && ctx.Err() == nil {
+			db.log.Error("stream history maintenance", "err", err)
+		} else if len(dropped) > 0 {
+			db.log.Info("stream history partitions dropped", "partitions", dropped)
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+var flaters = sync.Pool{New: func() any {
+	w, _ := flate.NewWriter(nil, flate.BestSpeed)
+	return w
+}}
+
+// packPoints compresses a chunk's JSON.
+func packPoints(b []byte) []byte {
+	var out bytes.Buffer
+	out.Grow(len(b) / 4)
+	w := flaters.Get().(*flate.Writer)
+	w.Reset(&out)
+	w.Write(b) // a bytes.Buffer does not fail
+	w.Close()
+	flaters.Put(w)
+	return out.Bytes()
+}
+
+// unpackPoints reads a chunk's JSON back.
+func unpackPoints(b []byte) ([]byte, error) {
+	r := flate.NewReader(bytes.NewReader(b))
+	defer r.Close()
+	return io.ReadAll(r)
+}

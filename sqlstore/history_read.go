@@ -1,0 +1,650 @@
+package sqlstore
+
+import (
+	"container/heap"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fleetd/fleet"
+)
+
+// segment is a table to read and the range of its partition key to read
+// in it.
+type segment struct {
+	table  string
+	lo, hi int64
+}
+
+// segments returns what to read of k's partitions for keys in [lo, hi),
+// oldest first: on SQLite the partition tables that exist; on PostgreSQL
+// the parent table, once for the whole range or, with perPartition, once
+// for each partition's part of it, so that a read can stop early.
+func (db *DB) segments(ctx context.Context, q querier, k partKind, lo, hi int64, perPartition bool) ([]segment, error) {
+	if lo >= hi {
+		return nil, nil
+	}
+	var segs []segment
+	if db.dialect == postgres {
+		if !perPartition {
+			return []segment{{k.table, lo, hi}}, nil
+		}
+		for s := k.start(lo); s < hi; s = k.next(s) {
+			segs = append(segs, segment{k.table, max(lo, s), min(hi, k.next(s))})
+		}
+		return segs, nil
+	}
+	starts, err := db.partitions(ctx, q, k)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range starts {
+		if s < hi && k.next(s) > lo {
+			segs = append(segs, segment{k.name(s), max(lo, s), min(hi, k.next(s))})
+		}
+	}
+	return segs, nil
+}
+
+// floor returns the oldest timestamp of a tenant's points that reads
+// show: now less the retention, down to its hour, so that a chunk (which
+// holds the points of one hour) is shown whole or not at all.
+func (db *DB) floor(ctx context.Context, tenant string) (int64, error) {
+	d, _, err := db.StreamRetention(ctx, tenant)
+	if err != nil {
+		return 0, err
+	}
+	return floorTo(millis(db.now().Add(-d)), hourMs), nil
+}
+
+// ceiling is past the newest timestamp a kept point may have.
+func (db *DB) ceiling() int64 {
+	return floorTo(millis(db.now().Add(fleet.FutureHorizon)), hourMs) + 2*hourMs
+}
+
+// FindStreams lists the streams a device has points of.
+func (db *DB) FindStreams(ctx context.Context, tenant, device string) ([]fleet.StreamInfo, error) {
+	d, err := db.FindDevice(ctx, tenant, device)
+	if err != nil {
+		return nil, err
+	}
+	floor, err := db.floor(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := db.readTx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	segs, err := db.segments(ctx, tx, pointsPart, floor, db.ceiling(), false)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	byName := map[string]*fleet.StreamInfo{}
+	for _, s := range segs {
+		rows, err := tx.query(ctx, `SELECT stream, sum(n), min(ts_min), max(ts_max) FROM `+s.table+`
+			WHERE tenant = ? AND device_id = ? AND ts_min >= ? AND ts_min < ? AND received_at >= ? GROUP BY stream`,
+			tenant, device, s.lo, s.hi, millis(d.CreatedAt))
+		if err != nil {
+			return nil, db.classify(err)
+		}
+		for rows.Next() {
+			var name string
+			var n, first, last int64
+			if err := rows.Scan(&name, &n, &first, &last); err != nil {
+				rows.Close()
+				return nil, db.classify(err)
+			}
+			si := byName[name]
+			if si == nil {
+				si = &fleet.StreamInfo{Name: name, FirstTimestamp: fromMillis(first), LastTimestamp: fromMillis(last)}
+				byName[name] = si
+			}
+			si.Points += n
+			if t := fromMillis(first); t.Before(si.FirstTimestamp) {
+				si.FirstTimestamp = t
+			}
+			if t := fromMillis(last); t.After(si.LastTimestamp) {
+				si.LastTimestamp = t
+			}
+		}
+		if err := rows.Close(); err != nil {
+			return nil, db.classify(err)
+		}
+	}
+	out := make([]fleet.StreamInfo, 0, len(byName))
+	for _, name := range slices.Sorted(maps.Keys(byName)) {
+		out = append(out, *byName[name])
+	}
+	return out, nil
+}
+
+// pointKey orders a stream's points: by timestamp, sequence, then where
+// they are kept (the chunk's id, the index in the chunk), so that equal
+// timestamps and sequences still have one order a cursor can resume.
+type pointKey struct {
+	ts, seq, chunk int64
+	idx            int
+}
+
+func comparePointKeys(a, b pointKey) int {
+	switch {
+	case a.ts != b.ts:
+		return cmpInt(a.ts, b.ts)
+	case a.seq != b.seq:
+		return cmpInt(a.seq, b.seq)
+	case a.chunk != b.chunk:
+		return cmpInt(a.chunk, b.chunk)
+	}
+	return cmpInt(int64(a.idx), int64(b.idx))
+}
+
+func cmpInt(a, b int64) int {
+	if a < b {
+		return -1
+	} else if a > b {
+		return 1
+	}
+	return 0
+}
+
+// cursor is a position in a read of points: after key, in the order desc
+// says.
+type cursor struct {
+	desc bool
+	key  pointKey
+}
+
+func (c cursor) String() string {
+	dir := "a"
+	if c.desc {
+		dir = "d"
+	}
+	return base64.RawURLEncoding.EncodeToString(fmt.Appendf(nil, "1.%s.%d.%d.%d.%d", dir, c.key.ts, c.key.seq, c.key.chunk, c.key.idx))
+}
+
+func parseCursor(s string) (cursor, error) {
+	bad := fleet.FieldErrors(map[string]string{"cursor": "is not a cursor this server gave; start again without it"})
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	parts := strings.Split(string(b), ".")
+	if err != nil || len(parts) != 6 || parts[0] != "1" || parts[1] != "a" && parts[1] != "d" {
+		return cursor{}, bad
+	}
+	var n [4]int64
+	for i, p := range parts[2:] {
+		if n[i], err = strconv.ParseInt(p, 10, 64); err != nil {
+			return cursor{}, bad
+		}
+	}
+	if n[3] < 0 || n[3] > fleet.MaxPointsPerBatch {
+		return cursor{}, bad
+	}
+	return cursor{desc: parts[1] == "d", key: pointKey{n[0], n[1], n[2], int(n[3])}}, nil
+}
+
+// pagePoint is a point read with its key.
+type pagePoint struct {
+	key pointKey
+	p   fleet.HistoryPoint
+}
+
+// bestPoints keeps the first n points of a read in its order: a heap whose
+// top is the last of them, so that a point after it is dropped at once.
+type bestPoints struct {
+	n    int
+	desc bool
+	pts  []pagePoint
+}
+
+// before reports whether a comes before b in the read's order.
+func (h *bestPoints) before(a, b pointKey) bool {
+	if h.desc {
+		return comparePointKeys(a, b) > 0
+	}
+	return comparePointKeys(a, b) < 0
+}
+
+func (h *bestPoints) Len() int           { return len(h.pts) }
+func (h *bestPoints) Less(i, j int) bool { return h.before(h.pts[j].key, h.pts[i].key) }
+func (h *bestPoints) Swap(i, j int)      { h.pts[i], h.pts[j] = h.pts[j], h.pts[i] }
+func (h *bestPoints) Push(x any)         { h.pts = append(h.pts, x.(pagePoint)) }
+func (h *bestPoints) Pop() any {
+	p := h.pts[len(h.pts)-1]
+	h.pts = h.pts[:len(h.pts)-1]
+	return p
+}
+
+func (h *bestPoints) full() bool { return len(h.pts) == h.n }
+
+// offer keeps p if it is among the first n so far.
+func (h *bestPoints) offer(p pagePoint) {
+	if !h.full() {
+		heap.Push(h, p)
+	} else if h.before(p.key, h.pts[0].key) {
+		h.pts[0] = p
+		heap.Fix(h, 0)
+	}
+}
+
+// decodeChunk reads a chunk's points.
+func decodeChunk(packed []byte) ([][3]any, error) {
+	points, err := unpackPoints(packed)
+	if err != nil {
+		return nil, err
+	}
+	v, err := fleet.ParseCanonical(points)
+	if err != nil {
+		return nil, err
+	}
+	items, _ := v.([]any)
+	out := make([][3]any, 0, len(items))
+	for _, it := range items {
+		a, ok := it.([]any)
+		if !ok || len(a) != 3 {
+			return nil, fmt.Errorf("a point of a chunk is %T", it)
+		}
+		out = append(out, [3]any{a[0], a[1], a[2]})
+	}
+	return out, nil
+}
+
+// FindPoints returns a page of a stream's points.
+func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q fleet.PointQuery) (*fleet.PointPage, error) {
+	var after *cursor
+	if q.Cursor != "" {
+		c, err := parseCursor(q.Cursor)
+		if err != nil {
+			return nil, err
+		}
+		if c.desc != q.Desc {
+			return nil, fleet.FieldErrors(map[string]string{"cursor": "was given for the other order; keep order as on the first page"})
+		}
+		after = &c
+	}
+	d, err := db.FindDevice(ctx, tenant, device)
+	if err != nil {
+		return nil, err
+	}
+	lo, err := db.floor(ctx, tenant)
+	if err != nil {
+		return nil, err
+	}
+	hi := db.ceiling()
+	if !q.From.IsZero() {
+		lo = max(lo, millis(q.From))
+	}
+	if !q.To.IsZero() {
+		hi = min(hi, millis(q.To))
+	}
+	if after != nil {
+		if q.Desc {
+			hi = min(hi, after.key.ts+1)
+		} else {
+			lo = max(lo, after.key.ts)
+		}
+	}
+	limit := q.Limit
+	if limit <= 0 {
+		limit = fleet.DefaultLimit
+	}
+	tx, err := db.readTx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	// Chunks hold the points of one hour: one that holds a point in
+	// [lo, hi) starts in [lo's hour, hi).
+	segs, err := db.segments(ctx, tx, pointsPart, floorTo(lo, hourMs), hi, true)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	order := "ts_min, id"
+	if q.Desc {
+		slices.Reverse(segs)
+		order = "ts_max DESC, id DESC"
+	}
+	best := &bestPoints{n: limit + 1, desc: q.Desc}
+	for _, s := range segs {
+		if best.full() {
+			break // every later partition's points come after
+		}
+		done, err := db.readChunks(ctx, tx, s, `SELECT ts_min, ts_max, id, received_at, points FROM `+s.table+`
+			WHERE tenant = ? AND device_id = ? AND stream = ? AND ts_min >= ? AND ts_min < ? AND ts_max >= ? AND received_at >= ? ORDER BY `+order,
+			[]any{tenant, device, stream, s.lo, s.hi, lo, millis(d.CreatedAt)}, func(tsMin, tsMax, id, received int64, points []byte) (bool, error) {
+				if best.full() {
+					top := best.pts[0].key.ts
+					if !q.Desc && top < tsMin || q.Desc && top > tsMax {
+						return true, nil // no point of this chunk or a later one can be in the page
+					}
+				}
+				pts, err := decodeChunk(points)
+				if err != nil {
+					return false, fmt.Errorf("stream %s of %s: %w", stream, device, err)
+				}
+				for i, a := range pts {
+					ts, _ := a[0].(int64)
+					seq, _ := a[1].(int64)
+					if ts < lo || ts >= hi {
+						continue
+					}
+					k := pointKey{ts, seq, id, i}
+					if after != nil && !best.before(after.key, k) {
+						continue
+					}
+					data, _ := a[2].(map[string]any)
+					best.offer(pagePoint{k, fleet.HistoryPoint{Timestamp: fromMillis(ts), Sequence: seq, Data: data, ReceivedAt: fromMillis(received)}})
+				}
+				return false, nil
+			})
+		if err != nil {
+			return nil, db.classify(err)
+		}
+		if done {
+			break
+		}
+	}
+	got := best.pts
+	slices.SortFunc(got, func(a, b pagePoint) int {
+		if best.before(a.key, b.key) {
+			return -1
+		}
+		return 1
+	})
+	page := &fleet.PointPage{Points: make([]fleet.HistoryPoint, 0, min(len(got), limit))}
+	for i, p := range got {
+		if i == limit {
+			page.Next = page.End
+			break
+		}
+		page.Points = append(page.Points, p.p)
+		page.End = cursor{q.Desc, p.key}.String()
+	}
+	return page, nil
+}
+
+// readChunks runs query on s and calls f on each chunk it returns until f
+// says it is done; it reports whether f did.
+func (db *DB) readChunks(ctx context.Context, q querier, s segment, query string, args []any,
+	f func(tsMin, tsMax, id, received int64, points []byte) (bool, error)) (bool, error) {
+	rows, err := q.query(ctx, query, args...)
+	if err != nil {
+		return false, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var tsMin, tsMax, id, received int64
+		var points []byte
+		if err := rows.Scan(&tsMin, &tsMax, &id, &received, &points); err != nil {
+			return false, err
+		}
+		done, err := f(tsMin, tsMax, id, received, points)
+		if err != nil || done {
+			return done, err
+		}
+	}
+	return false, rows.Err()
+}
+
+// Aggregate aggregates a device's stream.
+func (db *DB) Aggregate(ctx context.Context, tenant, device, stream string, q fleet.AggregateQuery) ([]fleet.Bucket, error) {
+	if _, err := db.FindDevice(ctx, tenant, device); err != nil {
+		return nil, err
+	}
+	series, err := db.aggregate(ctx, tenant, device, stream, q, false)
+	if err != nil {
+		return nil, err
+	}
+	return series[""], nil
+}
+
+// AggregateFleet aggregates a stream over the tenant's devices whose
+// metadata matches q.Metadata.
+func (db *DB) AggregateFleet(ctx context.Context, tenant, stream string, q fleet.AggregateQuery) ([]fleet.Bucket, []fleet.DeviceSeries, error) {
+	series, err := db.aggregate(ctx, tenant, "", stream, q, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !q.ByDevice {
+		return series[""], nil, nil
+	}
+	out := make([]fleet.DeviceSeries, 0, len(series))
+	for _, d := range slices.Sorted(maps.Keys(series)) {
+		out = append(out, fleet.DeviceSeries{DeviceID: d, Buckets: series[d]})
+	}
+	return nil, out, nil
+}
+
+// aggregateSource says where an aggregate reads: raw points, or the
+// rollups of a kind.
+func aggregateSource(q fleet.AggregateQuery) (partKind, bool, error) {
+	iv := q.Interval
+	switch {
+	case iv < time.Second || iv%time.Second != 0:
+		return partKind{}, false, fleet.FieldErrors(map[string]string{"interval": "must be a whole number of seconds, at least 1s"})
+	case iv < time.Minute:
+		return pointsPart, true, nil
+	case iv%time.Minute != 0:
+		return partKind{}, false, fleet.FieldErrors(map[string]string{"interval": "must be under a minute, or a whole number of minutes"})
+	case iv%time.Hour == 0:
+		return hourPart, false, nil
+	}
+	return minutePart, false, nil
+}
+
+// aggregate computes q on a device's stream (device "" for the tenant's
+// devices) by device, or under "" unless q.ByDevice. raw reads raw points
+// whatever the interval (tests compare the rollups with it).
+func (db *DB) aggregate(ctx context.Context, tenant, device, stream string, q fleet.AggregateQuery, raw bool) (map[string][]fleet.Bucket, error) {
+	kind, fromRaw, err := aggregateSource(q)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.Contains(fleet.AggregateFuncs, q.Fn) {
+		return nil, fleet.FieldErrors(map[string]string{"fn": "must be one of " + strings.Join(fleet.AggregateFuncs, ", ")})
+	}
+	iv := q.Interval.Milliseconds()
+	lo, hi := floorTo(millis(q.From), iv), floorTo(millis(q.To)+iv-1, iv)
+	if hi <= lo {
+		return nil, fleet.FieldErrors(map[string]string{"to": "must be after from"})
+	}
+	if (hi-lo)/iv > fleet.MaxBuckets {
+		return nil, fleet.FieldErrors(map[string]string{"interval": fmt.Sprintf("makes %d buckets of the range; at most %d are allowed: choose a longer interval or a shorter range", (hi-lo)/iv, fleet.MaxBuckets)})
+	}
+	if fromRaw && hi-lo > fleet.MaxRawRange.Milliseconds() {
+		return nil, fleet.FieldErrors(map[string]string{"interval": fmt.Sprintf("under a minute reads raw points, over at most %s; choose an interval of a minute or more, or a shorter range", fleet.MaxRawRange)})
+	}
+	var devices map[string]bool
+	if device == "" && len(q.Metadata) > 0 {
+		if devices, err = db.devicesMatching(ctx, tenant, q.Metadata); err != nil {
+			return nil, err
+		}
+	}
+	tx, err := db.readTx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	acc := map[string]map[int64]*rollup{}
+	add := func(dev string, r *rollup) {
+		if devices != nil && !devices[dev] {
+			return
+		}
+		if device != "" || !q.ByDevice {
+			dev = ""
+		}
+		m := acc[dev]
+		if m == nil {
+			m = map[int64]*rollup{}
+			acc[dev] = m
+		}
+		b := floorTo(r.bucket, iv)
+		if m[b] == nil {
+			m[b] = &rollup{bucket: b}
+		}
+		m[b].merge(r)
+	}
+	where, args := "tenant = ? AND stream = ?", []any{tenant, stream}
+	if device != "" {
+		where, args = "tenant = ? AND device_id = ? AND stream = ?", []any{tenant, device, stream}
+	}
+	if fromRaw || raw {
+		err = db.aggregateRaw(ctx, tx, tenant, where, args, q.Field, lo, hi, add)
+	} else {
+		err = db.aggregateRollups(ctx, tx, kind, where, args, q.Field, lo, hi, add)
+	}
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	out := map[string][]fleet.Bucket{}
+	for dev, m := range acc {
+		bs := make([]fleet.Bucket, 0, len(m))
+		for _, start := range slices.Sorted(maps.Keys(m)) {
+			r := m[start]
+			bs = append(bs, fleet.Bucket{Start: fromMillis(start), Value: r.value(q.Fn), Count: r.n})
+		}
+		out[dev] = bs
+	}
+	if _, ok := out[""]; !ok && (device != "" || !q.ByDevice) {
+		out[""] = []fleet.Bucket{}
+	}
+	return out, nil
+}
+
+// value returns fn of the values r aggregates.
+func (r *rollup) value(fn string) float64 {
+	switch fn {
+	case fleet.AggAvg:
+		return r.sum / float64(r.n)
+	case fleet.AggMin:
+		return r.min
+	case fleet.AggMax:
+		return r.max
+	case fleet.AggSum:
+		return r.sum
+	case fleet.AggCount:
+		return float64(r.n)
+	}
+	return r.last
+}
+
+// aggregateRaw folds the numeric values of field in [lo, hi) of the
+// chunks where chooses, a point at a time, into add.
+func (db *DB) aggregateRaw(ctx context.Context, tx readTx, tenant, where string, args []any, field string, lo, hi int64, add func(string, *rollup)) error {
+	floor, err := db.floor(ctx, tenant)
+	if err != nil {
+		return err
+	}
+	lo = max(lo, floor)
+	segs, err := db.segments(ctx, tx, pointsPart, floorTo(lo, hourMs), hi, false)
+	if err != nil {
+		return err
+	}
+	for _, s := range segs {
+		rows, err := tx.query(ctx, `SELECT device_id, id, points FROM `+s.table+` WHERE `+where+`
+			AND ts_min >= ? AND ts_min < ? AND ts_max >= ?`, append(slices.Clip(args), s.lo, s.hi, lo)...)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var dev string
+			var points []byte
+			var id int64
+			if err := rows.Scan(&dev, &id, &points); err != nil {
+				rows.Close()
+				return err
+			}
+			pts, err := decodeChunk(points)
+			if err != nil {
+				rows.Close()
+				return fmt.Errorf("a chunk of %s: %w", dev, err)
+			}
+			for _, a := range pts {
+				ts, _ := a[0].(int64)
+				seq, _ := a[1].(int64)
+				data, _ := a[2].(map[string]any)
+				x, ok := numeric(data[field])
+				if !ok || ts < lo || ts >= hi {
+					continue
+				}
+				r := rollup{bucket: ts}
+				r.add(x, ts, seq)
+				add(dev, &r)
+			}
+		}
+		if err := rows.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// aggregateRollups folds the rollups of kind for field in [lo, hi) into
+// add.
+func (db *DB) aggregateRollups(ctx context.Context, tx readTx, kind partKind, where string, args []any, field string, lo, hi int64, add func(string, *rollup)) error {
+	segs, err := db.segments(ctx, tx, kind, lo, hi, false)
+	if err != nil {
+		return err
+	}
+	for _, s := range segs {
+		rows, err := tx.query(ctx, `SELECT device_id, bucket, n, vmin, vmax, vsum, vlast, last_ts, last_seq FROM `+s.table+`
+			WHERE `+where+` AND field = ? AND bucket >= ? AND bucket < ?`, append(slices.Clip(args), field, s.lo, s.hi)...)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var dev string
+			var r rollup
+			if err := rows.Scan(&dev, &r.bucket, &r.n, &r.min, &r.max, &r.sum, &r.last, &r.lastTS, &r.lastSeq); err != nil {
+				rows.Close()
+				return err
+			}
+			add(dev, &r)
+		}
+		if err := rows.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// devicesMatching returns the ids of a tenant's devices whose metadata has
+// the values meta gives.
+func (db *DB) devicesMatching(ctx context.Context, tenant string, meta map[string]string) (map[string]bool, error) {
+	cs, err := db.deviceFilter(tenant, "", meta)
+	if err != nil {
+		return nil, err
+	}
+	tx, err := db.readTx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	cond, args, _, err := devicesWhere(ctx, tx, cs)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	rows, err := tx.query(ctx, "SELECT id FROM devices WHERE tenant = ? AND "+cond, append([]any{tenant}, args...)...)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	ids, err := scanAll(rows, func(s scanner) (string, error) {
+		var id string
+		return id, s.Scan(&id)
+	})
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	out := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		out[id] = true
+	}
+	return out, nil
+}
+
+var _ fleet.HistoryService = (*DB)(nil)

@@ -1,0 +1,349 @@
+package sqlstore_test
+
+import (
+	"context"
+	"encoding/base64"
+	"math"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/sqlstore"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// historyPoints are n points of stream env a second apart from start,
+// each with a float, an integer and a text field.
+func historyPoints(start time.Time, n int, received time.Time) []fleet.DataPoint {
+	pts := make([]fleet.DataPoint, n)
+	for i := range pts {
+		pts[i] = fleet.DataPoint{Stream: "env", Timestamp: start.Add(time.Duration(i) * time.Second), Sequence: int64(i),
+			Data:       map[string]any{"temp": 20 + float64(i%37)/4, "count": int64(i % 11), "state": "ok"},
+			ReceivedAt: received}
+	}
+	return pts
+}
+
+// readAll pages through a stream's points with limit.
+func readAll(t *testing.T, db *sqlstore.DB, tenant, device string, q fleet.PointQuery) []fleet.HistoryPoint {
+	t.Helper()
+	var all []fleet.HistoryPoint
+	for pages := 0; ; pages++ {
+		page, err := db.FindPoints(context.Background(), tenant, device, "env", q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Points) > q.Limit {
+			t.Fatalf("a page of %d points; limit %d", len(page.Points), q.Limit)
+		}
+		all = append(all, page.Points...)
+		if page.Next == "" {
+			return all
+		}
+		if pages > 1000 {
+			t.Fatal("no end of pages")
+		}
+		q.Cursor = page.Next
+	}
+}
+
+func timestamps(pts []fleet.HistoryPoint) []int64 {
+	out := make([]int64, len(pts))
+	for i, p := range pts {
+		out[i] = p.Timestamp.UnixMilli()
+	}
+	return out
+}
+
+func TestStreamHistory(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, clk := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustTenant(t, db, "beta")
+		mustAlertDevices(t, db, "acme", "d1", "d2")
+		mustAlertDevices(t, db, "beta", "d1")
+		now := clk.Now().Truncate(time.Millisecond)
+		start := now.Add(-time.Hour).Truncate(time.Hour).Add(-100 * time.Second) // the batches cross an hour
+		pts := historyPoints(start, 250, now)
+		for i := 0; i < len(pts); i += 100 {
+			if err := db.CommitStream(ctx, "acme", "d1", "env", pts[i:min(i+100, len(pts))], nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want := make([]int64, len(pts))
+		for i, p := range pts {
+			want[i] = p.Timestamp.UnixMilli()
+		}
+
+		t.Run("PagesInOrder", func(t *testing.T) {
+			for _, limit := range []int{1, 7, 100, 1000} {
+				got := timestamps(readAll(t, db, "acme", "d1", fleet.PointQuery{Limit: limit}))
+				if !slices.Equal(got, want) {
+					t.Fatalf("limit %d: %d points %v…, want %d", limit, len(got), got[:min(5, len(got))], len(want))
+				}
+				got = timestamps(readAll(t, db, "acme", "d1", fleet.PointQuery{Limit: limit, Desc: true}))
+				rev := slices.Clone(want)
+				slices.Reverse(rev)
+				if !slices.Equal(got, rev) {
+					t.Fatalf("desc, limit %d: %d points, want %d", limit, len(got), len(rev))
+				}
+			}
+		})
+		t.Run("Data", func(t *testing.T) {
+			page, err := db.FindPoints(ctx, "acme", "d1", "env", fleet.PointQuery{Limit: 1, From: pts[5].Timestamp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := page.Points[0]
+			if !got.Timestamp.Equal(pts[5].Timestamp) || got.Sequence != 5 || !reflect.DeepEqual(got.Data, pts[5].Data) || !got.ReceivedAt.Equal(now) {
+				t.Fatalf("point = %+v, want %+v", got, pts[5])
+			}
+		})
+		t.Run("Range", func(t *testing.T) {
+			got := timestamps(readAll(t, db, "acme", "d1", fleet.PointQuery{Limit: 10, From: pts[10].Timestamp, To: pts[130].Timestamp}))
+			if !slices.Equal(got, want[10:130]) {
+				t.Fatalf("[10, 130): %d points", len(got))
+			}
+		})
+		t.Run("CursorStableUnderIngest", func(t *testing.T) {
+			page, err := db.FindPoints(ctx, "acme", "d2", "env", fleet.PointQuery{Limit: 2})
+			if err != nil || len(page.Points) != 0 || page.Next != "" {
+				t.Fatalf("empty stream: %+v %v", page, err)
+			}
+			same := historyPoints(start, 10, now)
+			for i := range same {
+				same[i].Sequence = 0 // ties on timestamp and sequence too
+			}
+			if err := db.CommitStream(ctx, "acme", "d2", "env", same[:6], nil); err != nil {
+				t.Fatal(err)
+			}
+			page, err = db.FindPoints(ctx, "acme", "d2", "env", fleet.PointQuery{Limit: 4})
+			if err != nil || len(page.Points) != 4 {
+				t.Fatal(page, err)
+			}
+			// Arriving meanwhile: a point before the cursor, one equal to
+			// the last read, and later ones.
+			late := append([]fleet.DataPoint{same[0], same[3]}, same[6:]...)
+			if err := db.CommitStream(ctx, "acme", "d2", "env", late, nil); err != nil {
+				t.Fatal(err)
+			}
+			rest := readAll(t, db, "acme", "d2", fleet.PointQuery{Limit: 3, Cursor: page.Next})
+			got := timestamps(append(page.Points, rest...))
+			// The point equal to the last read (same[3] again) may come
+			// after it, in chunk order; the one before the cursor never.
+			if n := len(got); n != 10 && n != 11 {
+				t.Fatalf("%d points read: %v", n, got)
+			}
+			if got[1] == got[0] {
+				t.Fatalf("a point before the cursor was read: %v", got)
+			}
+			if !slices.IsSorted(got) {
+				t.Fatalf("out of order: %v", got)
+			}
+		})
+		t.Run("Cursor", func(t *testing.T) {
+			page, err := db.FindPoints(ctx, "acme", "d1", "env", fleet.PointQuery{Limit: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = db.FindPoints(ctx, "acme", "d1", "env", fleet.PointQuery{Limit: 2, Desc: true, Cursor: page.Next})
+			wantCode(t, err, fleet.EINVALID)
+			for _, c := range []string{"x", b64("1.a.1.2.3"), b64("1.a.x.2.3.4"), b64("2.a.1.2.3.4"), b64("1.a.1.2.3.4x"), b64("1.b.1.2.3.4")} {
+				_, err = db.FindPoints(ctx, "acme", "d1", "env", fleet.PointQuery{Limit: 2, Cursor: c})
+				wantCode(t, err, fleet.EINVALID)
+			}
+		})
+		t.Run("Streams", func(t *testing.T) {
+			got, err := db.FindStreams(ctx, "acme", "d1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantInfo := []fleet.StreamInfo{{Name: "env", Points: 250, FirstTimestamp: pts[0].Timestamp, LastTimestamp: pts[249].Timestamp}}
+			if !reflect.DeepEqual(got, wantInfo) {
+				t.Fatalf("streams = %+v, want %+v", got, wantInfo)
+			}
+		})
+		t.Run("TenantsApart", func(t *testing.T) {
+			got, err := db.FindStreams(ctx, "beta", "d1")
+			if err != nil || len(got) != 0 {
+				t.Fatalf("beta's d1: %+v %v", got, err)
+			}
+			page, err := db.FindPoints(ctx, "beta", "d1", "env", fleet.PointQuery{Limit: 10})
+			if err != nil || len(page.Points) != 0 {
+				t.Fatalf("beta's d1 points: %+v %v", page, err)
+			}
+			q := fleet.AggregateQuery{Field: "temp", Fn: fleet.AggCount, Interval: time.Hour, From: start, To: now}
+			if bs, err := db.Aggregate(ctx, "beta", "d1", "env", q); err != nil || len(bs) != 0 {
+				t.Fatalf("beta's aggregate: %+v %v", bs, err)
+			}
+			if bs, _, err := db.AggregateFleet(ctx, "beta", "env", q); err != nil || len(bs) != 0 {
+				t.Fatalf("beta's fleet aggregate: %+v %v", bs, err)
+			}
+			_, err = db.FindPoints(ctx, "beta", "d2", "env", fleet.PointQuery{Limit: 10})
+			wantCode(t, err, fleet.ENOTFOUND)
+			_, err = db.FindStreams(ctx, "acme", "ghost")
+			wantCode(t, err, fleet.ENOTFOUND)
+		})
+		t.Run("RollupsEqualRaw", func(t *testing.T) {
+			if n, err := db.RollUp(ctx); err != nil || n != 5 {
+				t.Fatalf("rolled up %d chunks (%v), want 5: 3 of d1, 2 of d2", n, err)
+			}
+			for _, iv := range []time.Duration{time.Minute, 3 * time.Minute, time.Hour, 2 * time.Hour} {
+				for _, fn := range fleet.AggregateFuncs {
+					for _, field := range []string{"temp", "count", "state"} {
+						q := fleet.AggregateQuery{Field: field, Fn: fn, Interval: iv, From: start.Add(-time.Hour), To: now}
+						got, err := db.Aggregate(ctx, "acme", "d1", "env", q)
+						if err != nil {
+							t.Fatal(err)
+						}
+						raw, err := db.AggregateRaw(ctx, "acme", "d1", "env", q)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if !equalBuckets(got, raw) {
+							t.Fatalf("%s of %s by %s: rollups %+v, raw %+v", fn, field, iv, got, raw)
+						}
+						if field == "state" && len(got) != 0 {
+							t.Fatalf("text field aggregated: %+v", got)
+						}
+					}
+				}
+			}
+			q := fleet.AggregateQuery{Field: "count", Fn: fleet.AggSum, Interval: 24 * time.Hour, From: start, To: now}
+			bs, err := db.Aggregate(ctx, "acme", "d1", "env", q)
+			var sum float64
+			for _, p := range pts {
+				sum += float64(p.Data["count"].(int64))
+			}
+			if err != nil || len(bs) != 1 || bs[0].Value != sum || bs[0].Count != 250 || !bs[0].Start.Equal(now.Truncate(24*time.Hour)) {
+				t.Fatalf("a day's sum = %+v %v, want %v of 250", bs, err, sum)
+			}
+		})
+		t.Run("FleetWide", func(t *testing.T) {
+			if _, err := db.UpdateDeviceMetadata(ctx, "acme", "d1", map[string]*string{"site": ptr("north")}); err != nil {
+				t.Fatal(err)
+			}
+			q := fleet.AggregateQuery{Field: "temp", Fn: fleet.AggCount, Interval: 24 * time.Hour, From: start, To: now}
+			all, _, err := db.AggregateFleet(ctx, "acme", "env", q)
+			if err != nil || len(all) != 1 || all[0].Count != 250+12 {
+				t.Fatalf("fleet count = %+v %v, want 262", all, err)
+			}
+			q.Metadata = map[string]string{"site": "north"}
+			north, _, err := db.AggregateFleet(ctx, "acme", "env", q)
+			if err != nil || len(north) != 1 || north[0].Count != 250 {
+				t.Fatalf("site=north count = %+v %v, want 250", north, err)
+			}
+			q.Metadata, q.ByDevice = nil, true
+			_, series, err := db.AggregateFleet(ctx, "acme", "env", q)
+			if err != nil || len(series) != 2 || series[0].DeviceID != "d1" || series[1].Buckets[0].Count != 12 {
+				t.Fatalf("by device = %+v %v", series, err)
+			}
+		})
+		t.Run("BadQueries", func(t *testing.T) {
+			for _, q := range []fleet.AggregateQuery{
+				{Field: "temp", Fn: "median", Interval: time.Minute, From: start, To: now},
+				{Field: "temp", Fn: "avg", Interval: 90 * time.Second, From: start, To: now},
+				{Field: "temp", Fn: "avg", Interval: 1500 * time.Millisecond, From: start, To: now},
+				{Field: "temp", Fn: "avg", Interval: time.Second, From: now.Add(-24 * time.Hour), To: now},
+				{Field: "temp", Fn: "avg", Interval: time.Minute, From: now.Add(-30 * 24 * time.Hour), To: now},
+				{Field: "temp", Fn: "avg", Interval: time.Minute, From: now, To: now.Add(-time.Hour)},
+			} {
+				_, err := db.Aggregate(ctx, "acme", "d1", "env", q)
+				wantCode(t, err, fleet.EINVALID)
+			}
+		})
+		t.Run("Retention", func(t *testing.T) {
+			before := db.HistoryStats()
+			old := historyPoints(now.Add(-31*24*time.Hour), 3, now)
+			future := historyPoints(now.Add(25*time.Hour), 2, now)
+			if err := db.CommitStream(ctx, "acme", "d2", "other", append(old, future...), nil); err != nil {
+				t.Fatal(err)
+			}
+			after := db.HistoryStats()
+			if after.Expired-before.Expired != 3 || after.Future-before.Future != 2 || after.Kept != before.Kept {
+				t.Fatalf("stats %+v, then %+v", before, after)
+			}
+			if _, err := db.FindLatestPoint(ctx, "acme", "d2", "other"); err != nil {
+				t.Fatalf("the latest point is kept whatever history does: %v", err)
+			}
+			if err := db.SetStreamRetention(ctx, "acme", time.Hour); err == nil {
+				t.Fatal("a retention of an hour was accepted")
+			}
+			if err := db.SetStreamRetention(ctx, "acme", 40*24*time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			if d, own, err := db.StreamRetention(ctx, "acme"); err != nil || d != 40*24*time.Hour || !own {
+				t.Fatalf("retention = %v %v %v", d, own, err)
+			}
+			if err := db.CommitStream(ctx, "acme", "d2", "old", old, nil); err != nil {
+				t.Fatal(err)
+			}
+			if got := db.HistoryStats().Kept - after.Kept; got != 3 {
+				t.Fatalf("kept %d of 3 points within acme's 40 days", got)
+			}
+			if d, own, err := db.StreamRetention(ctx, "beta"); err != nil || d != fleet.DefaultStreamRetention || own {
+				t.Fatalf("beta's retention = %v %v %v", d, own, err)
+			}
+			if err := db.SetStreamRetention(ctx, "acme", 0); err != nil {
+				t.Fatal(err)
+			}
+		})
+		t.Run("DeviceMadeAgain", func(t *testing.T) {
+			if err := db.DeleteDevice(ctx, "acme", "d2"); err != nil {
+				t.Fatal(err)
+			}
+			clk.Add(time.Millisecond)
+			mustAlertDevices(t, db, "acme", "d2")
+			page, err := db.FindPoints(ctx, "acme", "d2", "env", fleet.PointQuery{Limit: 10})
+			if err != nil || len(page.Points) != 0 {
+				t.Fatalf("a new d2 reads the old one's points: %d %v", len(page.Points), err)
+			}
+			if got, err := db.FindStreams(ctx, "acme", "d2"); err != nil || len(got) != 0 {
+				t.Fatalf("a new d2 lists the old one's streams: %+v %v", got, err)
+			}
+		})
+		t.Run("PartitionsDroppedWhole", func(t *testing.T) {
+			if _, err := db.MaintainHistory(ctx); err != nil {
+				t.Fatal(err)
+			}
+			clk.Add(31 * 24 * time.Hour)
+			dropped, err := db.MaintainHistory(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			day := now.Format("20060102")
+			if !slices.Contains(dropped, "stream_points_"+day) || slices.Contains(dropped, "stream_rollup_1m_"+day) {
+				t.Fatalf("dropped %v", dropped)
+			}
+			page, err := db.FindPoints(ctx, "acme", "d1", "env", fleet.PointQuery{Limit: 10, From: start})
+			if err != nil || len(page.Points) != 0 {
+				t.Fatalf("points after their partition was dropped: %d %v", len(page.Points), err)
+			}
+			q := fleet.AggregateQuery{Field: "temp", Fn: fleet.AggCount, Interval: time.Hour, From: start, To: now}
+			if bs, err := db.Aggregate(ctx, "acme", "d1", "env", q); err != nil || len(bs) == 0 {
+				t.Fatalf("hour rollups outlive raw points: %+v %v", bs, err)
+			}
+			if dropped, err := db.MaintainHistory(ctx); err != nil || len(dropped) != 0 {
+				t.Fatalf("dropped again: %v %v", dropped, err)
+			}
+		})
+	})
+}
+
+func b64(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+
+// equalBuckets compares buckets, their sums to a rounding.
+func equalBuckets(a, b []fleet.Bucket) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !a[i].Start.Equal(b[i].Start) || a[i].Count != b[i].Count || math.Abs(a[i].Value-b[i].Value) > 1e-9*math.Max(1, math.Abs(a[i].Value)) {
+			return false
+		}
+	}
+	return true
+}
