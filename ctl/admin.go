@@ -177,5 +177,5 @@ device's stream. Usable points are kept when others are refused.`,
 		},
 	}
 	ingest.Flags().StringVarP(&file, "file", "f", "", "JSON or YAML `FILE` with the points (- for standard input)")
-	return group("streams", "Device data streams: the latest point, ingest", latest, ingest)
+	return group("streams", "Device data streams: the latest point, ingest, and the history kept: streams, points, aggregates", append([]*cobra.Command{latest, ingest}, a.historyCmds()...)...)
 }

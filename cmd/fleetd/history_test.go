@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet/ctl"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// TestStreamHistoryEndToEnd: points sent over MQTT and HTTP are kept in
+// history, read back and aggregated by fleetctl, rolled up by the server's
+// own job; logs are read and followed.
+func TestStreamHistoryEndToEnd(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		dev := s.mustDevice(t, admin, "pump-1", map[string]string{"site": "berlin"})
+		f := s.newFleetctl(t, admin)
+		start := time.Now().Add(-10 * time.Minute).Truncate(time.Minute)
+		var batch []map[string]any
+		for i := range 60 {
+			batch = append(batch, map[string]any{"timestamp": start.Add(time.Duration(i) * time.Second).UnixMilli(), "sequence": i, "temp": 20 + i%5})
+		}
+		d := dialStreamDevice(t, s.MQTTAddr, "default", "pump-1", dev.Token)
+		d.publish(t, "env", batch[:30])
+		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", batch[30:]).want(t, 200)
+
+		var streams struct {
+			Streams []struct {
+				Name   string
+				Points int
+			}
+		}
+		f.json(t, &streams, "streams", "list", "pump-1", "-o", "json")
+		if len(streams.Streams) != 1 || streams.Streams[0].Points != 60 {
+			t.Fatalf("streams = %+v", streams)
+		}
+		var page struct {
+			Points []struct{ Sequence int }
+			Next   *string
+		}
+		f.json(t, &page, "streams", "points", "pump-1", "env", "--limit", "40", "--since", "1h", "-o", "json")
+		if len(page.Points) != 40 || page.Next == nil || page.Points[39].Sequence != 39 {
+			t.Fatalf("first page = %d points, next %v", len(page.Points), page.Next)
+		}
+		f.json(t, &page, "streams", "points", "pump-1", "env", "--limit", "40", "--since", "1h", "--cursor", *page.Next, "-o", "json")
+		if len(page.Points) != 20 || page.Next != nil || page.Points[0].Sequence != 40 {
+			t.Fatalf("second page = %+v", page)
+		}
+		wantContains(t, "table with the cursor", f.run("", "streams", "points", "pump-1", "env", "--limit", "1", "--since", "1h").stderr, "more: --cursor ")
+		// The rollup job runs every second: the minute's rollup appears.
+		var agg struct {
+			Buckets []struct {
+				Value float64
+				Count int
+			}
+		}
+		eventually(t, "the minute's rollup", func() bool {
+			f.json(t, &agg, "streams", "aggregate", "pump-1", "env", "--field", "temp", "--fn", "count", "--interval", "1m", "--since", "1h", "-o", "json")
+			return len(agg.Buckets) == 1 && agg.Buckets[0].Count == 60
+		})
+		f.json(t, &agg, "streams", "aggregate", "env", "--field", "temp", "--fn", "max", "--interval", "1h", "--metadata", "site=berlin", "-o", "json")
+		if len(agg.Buckets) != 1 || agg.Buckets[0].Value != 24 {
+			t.Fatalf("fleet-wide max = %+v", agg)
+		}
+		wantContains(t, "bad interval", f.fails(t, ctl.ExitRefused, "streams", "aggregate", "pump-1", "env", "--field", "temp", "--interval", "90s"), "400 invalid", "interval")
+
+		now := time.Now()
+		d.publish(t, "logs", []map[string]any{
+			{"timestamp": now.UnixMilli(), "level": "info", "tag": "app", "message": "booted"},
+			{"timestamp": now.UnixMilli() + 1, "level": "error", "tag": "app", "message": "sensor lost", "line": "sensor.c:7"},
+		})
+		out := f.ok(t, "logs", "pump-1")
+		wantContains(t, "logs", out, "INFO  app: booted", "ERROR app sensor.c:7: sensor lost")
+		if out := f.ok(t, "logs", "pump-1", "--level", "warn"); strings.Contains(out, "booted") {
+			t.Fatalf("--level warn printed an info line: %s", out)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		live, done := f.start(ctx, "logs", "pump-1", "-f", "--grep", "sensor", "-o", "json")
+		eventually(t, "the line there was", func() bool { return strings.Contains(live.String(), "sensor lost") })
+		d.publish(t, "logs", []map[string]any{{"timestamp": time.Now().UnixMilli() + 2, "level": "error", "tag": "app", "message": "sensor back"}})
+		eventually(t, "the line that arrived", func() bool { return strings.Contains(live.String(), "sensor back") })
+		cancel()
+		if r := <-done; r.code != 0 {
+			t.Fatalf("logs -f ended with %d: %s", r.code, r.stderr)
+		}
+		var line struct{ Message string }
+		if err := json.Unmarshal([]byte(strings.SplitN(live.String(), "\n", 2)[0]), &line); err != nil || line.Message != "sensor lost" {
+			t.Fatalf("-o json line: %q %v", live.String(), err)
+		}
+	})
+}
