@@ -357,13 +357,14 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 		return 1
 	})
 	page := &fleet.PointPage{Points: make([]fleet.HistoryPoint, 0, min(len(got), limit))}
-	for i, p := range got {
-		if i == limit {
-			page.Next = page.End
-			break
-		}
+	for _, p := range got[:min(len(got), limit)] {
 		page.Points = append(page.Points, p.p)
-		page.End = cursor{q.Desc, p.key}.String()
+	}
+	if n := len(page.Points); n > 0 {
+		page.End = cursor{q.Desc, got[n-1].key}.String()
+	}
+	if len(got) > limit {
+		page.Next = page.End
 	}
 	return page, nil
 }

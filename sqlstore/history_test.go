@@ -6,6 +6,7 @@ import (
 	"math"
 	"reflect"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -346,4 +347,90 @@ func equalBuckets(a, b []fleet.Bucket) bool {
 		}
 	}
 	return true
+}
+
+// TestStreamHistoryReplicas: replicas on one PostgreSQL ingest the same
+// streams and drain the rollup queue at once; every point is kept once
+// and the rollups equal the raw points' aggregates.
+func TestStreamHistoryReplicas(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		if b.Name != "postgres" {
+			t.Skip("replicas share a PostgreSQL database")
+		}
+		ctx := context.Background()
+		dsn := b.DSN(t)
+		var dbs [2]*sqlstore.DB
+		for i := range dbs {
+			db, err := sqlstore.Open(ctx, dsn, sqlstore.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { db.Close() })
+			if _, err := db.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			dbs[i] = db
+		}
+		mustTenant(t, dbs[0], "acme")
+		mustAlertDevices(t, dbs[0], "acme", "d1", "d2")
+		start := time.Now().Add(-2 * time.Hour).Truncate(time.Minute)
+		var wg sync.WaitGroup
+		errs := make(chan error, 64)
+		for r, db := range dbs {
+			wg.Add(2)
+			go func() {
+				defer wg.Done()
+				for i := range 20 {
+					pts := historyPoints(start.Add(time.Duration(r*20+i)*50*time.Second), 50, time.Now())
+					for _, d := range []string{"d1", "d2"} {
+						if err := db.CommitStream(ctx, "acme", d, "env", pts, nil); err != nil {
+							errs <- err
+						}
+					}
+				}
+			}()
+			go func() {
+				defer wg.Done()
+				for range 20 {
+					if _, err := db.RollUp(ctx); err != nil {
+						errs <- err
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		for {
+			n, err := dbs[1].RollUp(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				break
+			}
+		}
+		for _, d := range []string{"d1", "d2"} {
+			streams, err := dbs[1].FindStreams(ctx, "acme", d)
+			if err != nil || len(streams) != 1 || streams[0].Points != 2000 {
+				t.Fatalf("%s: streams %+v %v, want 2000 points", d, streams, err)
+			}
+			for _, fn := range fleet.AggregateFuncs {
+				q := fleet.AggregateQuery{Field: "temp", Fn: fn, Interval: 5 * time.Minute, From: start, To: time.Now()}
+				got, err := dbs[0].Aggregate(ctx, "acme", d, "env", q)
+				if err != nil {
+					t.Fatal(err)
+				}
+				raw, err := dbs[1].AggregateRaw(ctx, "acme", d, "env", q)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !equalBuckets(got, raw) {
+					t.Fatalf("%s of %s: rollups %+v, raw %+v", fn, d, got, raw)
+				}
+			}
+		}
+	})
 }
