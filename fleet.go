@@ -35,6 +35,7 @@ const (
 	PermDeviceData                   // status reports and stream ingest
 	PermOperate                      // change devices, actions, firmware, alert rules
 	PermAdmin                        // API keys, tenant auth, audit logs
+	PermRemote                       // remote sessions with devices: operators and admins, never viewers or devices
 )
 
 // Valid reports whether r is one of the four roles.

@@ -60,6 +60,7 @@ func Run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // Agent is one device's connection to fleetd and what runs through it.
 type Agent struct {
 	cfg    *Config
+	base   context.Context // the agent's own, for what outlives an action (remote sessions)
 	log    *slog.Logger
 	client paho.Client
 	now    func() time.Time
@@ -138,6 +139,7 @@ func (a *Agent) run(ctx context.Context) error {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	a.stopped = ctx.Done()
+	a.base = ctx
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.publishLoop(ctx, a.reports) }()
 	a.startStreams(ctx)

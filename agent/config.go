@@ -39,6 +39,12 @@ type Config struct {
 	StatsInterval time.Duration
 	FlushInterval time.Duration
 
+	Remote        bool
+	RemoteShell   string
+	RemoteRoot    string
+	RemoteMaxFile int64
+	RemoteRate    int64 // bytes a second; 0 is no limit
+
 	LogLevel string
 }
 
@@ -73,6 +79,11 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.BoolVar(&c.Journald, "journald", false, "send the journal (journalctl -f -o json) to the logs stream")
 	fs.DurationVar(&c.StatsInterval, "stats-interval", 0, "how often to send system statistics (uplink_system_stats); 0 sends none")
 	fs.DurationVar(&c.FlushInterval, "flush-interval", time.Second, "how long stream points wait to be sent together")
+	fs.BoolVar(&c.Remote, "remote", false, "allow remote sessions (a shell, port forwards, file transfers) that fleetd's operators open; off unless given. Needs --server and a token")
+	fs.StringVar(&c.RemoteShell, "remote-shell", "/bin/sh", "the shell of remote sessions: on a pty for a terminal, with -c for a command")
+	fs.StringVar(&c.RemoteRoot, "remote-root", "/", "the directory remote sessions start in, and outside of which files cannot be got or put")
+	fs.Int64Var(&c.RemoteMaxFile, "remote-max-file-bytes", 100<<20, "the largest file a remote session may get or put")
+	fs.Int64Var(&c.RemoteRate, "remote-rate", 0, "bytes a second at most for a file got or put (0: no limit)")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	return fs
 }
@@ -190,6 +201,10 @@ func (c *Config) check() error {
 		return errors.New("--flush-interval must be positive")
 	case c.StatsInterval < 0:
 		return errors.New("--stats-interval must not be negative")
+	case c.Remote && (c.Server == "" || c.Token == ""):
+		return errors.New("--remote needs --server (the device dials fleetd back there) and the device's token")
+	case c.RemoteMaxFile < 0 || c.RemoteRate < 0:
+		return errors.New("--remote-max-file-bytes and --remote-rate must not be negative")
 	}
 	if c.Server != "" {
 		u, err := url.Parse(c.Server)

@@ -76,7 +76,10 @@ func Run(ctx context.Context, args []string, e Env) int {
 	var ue *usageError
 	var re *runError
 	var we *watchEnd
+	var rx *remoteExit
 	switch {
+	case errors.As(err, &rx):
+		return rx.code // the remote command's own status; it said why
 	case errors.As(err, &we):
 		fmt.Fprintf(e.Stderr, "fleetctl: %v\n", err)
 		return we.code
@@ -175,7 +178,8 @@ func (a *app) root() *cobra.Command {
 
 	root.PersistentPreRunE = func(*cobra.Command, []string) error { return a.checkOutput() }
 	root.AddCommand(a.loginCmd(), a.configCmd(), a.devicesCmd(), a.actionsCmd(), a.firmwareCmd(),
-		a.alertRulesCmd(), a.alertsCmd(), a.rolloutRulesCmd(), a.streamsCmd(), a.logsCmd(), a.apikeysCmd(), a.tenantCmd(), a.auditCmd())
+		a.alertRulesCmd(), a.alertsCmd(), a.rolloutRulesCmd(), a.streamsCmd(), a.logsCmd(), a.apikeysCmd(), a.tenantCmd(), a.auditCmd(),
+		a.sshCmd(), a.forwardCmd(), a.cpCmd())
 	markRunErrors(root)
 	return root
 }

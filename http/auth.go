@@ -15,6 +15,7 @@ var permissionNames = map[fleet.Permission]string{
 	fleet.PermDeviceData: "report device data",
 	fleet.PermOperate:    "change devices, actions, firmware or alert rules",
 	fleet.PermAdmin:      "administer the tenant",
+	fleet.PermRemote:     "open remote sessions with devices",
 }
 
 // authenticate returns the actor of r if it may use a route that needs

@@ -48,6 +48,13 @@ func (s *Server) addRoutes() []route {
 			Summary: "Issue the device a client certificate as above, inside a complete uplink agent device file (uplink -a): project_id (the tenant), device_id, broker, port, authentication",
 			OK:      http.StatusCreated, Resp: fleet.UplinkConfig{}}},
 
+		{"POST /api/v1/devices/{id}/remote-sessions", fleet.PermRemote, s.handleCreateRemoteSession, op{Tag: "remote",
+			Summary: "Open a remote session with the device through fleetd-agent: shell (target: a command, or none for a terminal), forward (target: a TCP port on the device), get or put (target: a path on the device). The device is asked with a remote_session action; then the operator and the device each connect a WebSocket, GET /api/v1/remote-sessions/{id}/operator and /device (docs/api.md)",
+			Body:    remoteCreate{}, OK: http.StatusCreated, Resp: fleet.RemoteSession{}}},
+		{"GET /api/v1/devices/{id}/remote-sessions", fleet.PermRead, s.handleListRemoteSessions, op{Tag: "remote",
+			Summary: "A device's remote sessions, newest first: who, what, when, bytes each way and why each ended",
+			Query:   pageParams, Resp: remoteSessionList{}}},
+
 		{"POST /mock/api/v1/actions", fleet.PermOperate, s.handleMockDispatch, op{Tag: "actions",
 			Summary: "S1: dispatch an action; the answer is empty, with the action's Location",
 			Body:    dispatchBody{}, OK: http.StatusCreated, Resp: fleet.Action{}, Quiet: true}},

@@ -20,6 +20,7 @@ import (
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/codec"
+	"github.com/fleetd/fleet/remote/relay"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -112,6 +113,11 @@ type Server struct {
 	// They are not part of the API nor of its document.
 	BrokerAuth http.Handler
 
+	// Remote, when set, opens and relays remote sessions with devices
+	// (remote.go); RemoteSessions lists them.
+	Remote         *relay.Hub
+	RemoteSessions fleet.RemoteSessionService
+
 	// Console, when set, is served under /console/, and / leads to it.
 	Console Console
 
@@ -189,6 +195,7 @@ func (s *Server) build() {
 	if s.BrokerAuth != nil {
 		s.mux.Handle(brokerAuthPattern, s.internal(brokerAuthPattern, s.BrokerAuth))
 	}
+	s.addRemote()
 	s.addConsole()
 	s.openAPIDoc, _ = json.MarshalIndent(s.openAPI(), "", "  ") // plain maps always encode
 }

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/ctl"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -307,6 +312,193 @@ func TestAgentStreams(t *testing.T) {
 		eventually(t, "the rotated file's line", func() bool {
 			p, ok := latest("logs")
 			return ok && p["message"] == "after rotation"
+		})
+	})
+}
+
+// TestAgentRemote opens remote sessions with a real fleetd-agent through
+// fleetctl: a command's output and exit status, stdin, a port forward,
+// files both ways within the device's limits, the roles, the caps, the
+// idle timeout, and a device without --remote.
+func TestAgentRemote(t *testing.T) {
+	bin := buildAgent(t)
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, "--remote-idle-timeout", "1500ms", "--remote-connect-timeout", "3s",
+			"--remote-max-per-user", "3", "--remote-max-per-device", "2")
+		admin := s.admin()
+		root := t.TempDir()
+		os.Mkdir(filepath.Join(root, "sub"), 0o755)
+		os.Symlink("/etc", filepath.Join(root, "escape"))
+		dev := s.mustDevice(t, admin, "agent-r", nil)
+		s.startAgent(t, bin, "agent-r", dev.Token, "--remote", "--remote-root", root, "--remote-max-file-bytes", "100000")
+		off := s.mustDevice(t, admin, "agent-off", nil)
+		s.startAgent(t, bin, "agent-off", off.Token)
+		fc := s.newFleetctl(t, admin)
+		// ended waits until every session of agent-r has ended on the
+		// server (a client may be done a moment before the relay), so that
+		// the next subtest starts under the caps.
+		type sessionList struct {
+			RemoteSessions []fleet.RemoteSession `json:"remote_sessions"`
+			Count          int                   `json:"count"`
+		}
+		ended := func(t *testing.T) sessionList {
+			var list sessionList
+			eventually(t, "every session of agent-r to have ended", func() bool {
+				s.do(t, admin, "GET", "/api/v1/devices/agent-r/remote-sessions?limit=100", nil).want(t, 200).decode(t, &list)
+				for _, rs := range list.RemoteSessions {
+					if rs.EndedAt == nil {
+						return false
+					}
+				}
+				return true
+			})
+			return list
+		}
+
+		t.Run("Command", func(t *testing.T) {
+			r := fc.run("", "ssh", "agent-r", "--", "echo hello; echo oops >&2; pwd; exit 3")
+			if r.code != 3 || r.stdout != "hello\noops\n"+root+"\n" {
+				t.Fatalf("%v", r)
+			}
+			r = fc.run("line one\nline two\n", "ssh", "agent-r", "--", "cat")
+			if r.code != 0 || r.stdout != "line one\nline two\n" {
+				t.Fatalf("%v", r)
+			}
+		})
+		t.Run("Forward", func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			go func() { // the device's service: it answers each line in capitals
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					go func() {
+						defer c.Close()
+						sc := bufio.NewScanner(c)
+						for sc.Scan() {
+							fmt.Fprintln(c, strings.ToUpper(sc.Text()))
+						}
+					}()
+				}
+			}()
+			_, port, _ := net.SplitHostPort(ln.Addr().String())
+			ctx, cancel := context.WithCancel(context.Background())
+			out := &lockedBuffer{}
+			done := make(chan int, 1)
+			go func() {
+				done <- ctl.Run(ctx, []string{"forward", "agent-r", "0:" + port}, ctl.Env{
+					Getenv: func(k string) string { return fc.env[k] }, Stdin: strings.NewReader(""), Stdout: out, Stderr: out})
+			}()
+			var addr string
+			eventually(t, "fleetctl forward to listen", func() bool {
+				addr, _, _ = strings.Cut(out.String(), "\n")
+				return strings.HasPrefix(addr, "127.0.0.1:")
+			})
+			for i := range 2 { // a session per connection
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				fmt.Fprintf(c, "ping %d\n", i)
+				line, err := bufio.NewReader(c).ReadString('\n')
+				if err != nil || line != fmt.Sprintf("PING %d\n", i) {
+					t.Fatalf("through the forward: %q, %v; fleetctl: %s", line, err, out)
+				}
+				c.Close()
+			}
+			cancel()
+			if code := <-done; code != 0 {
+				t.Fatalf("fleetctl forward exited %d: %s", code, out)
+			}
+		})
+		t.Run("Copy", func(t *testing.T) {
+			ended(t)
+			local := t.TempDir()
+			body := strings.Repeat("configuration\n", 5000)
+			os.WriteFile(filepath.Join(local, "app.conf"), []byte(body), 0o644)
+			fc.ok(t, "cp", filepath.Join(local, "app.conf"), "agent-r:/sub/app.conf")
+			if got, _ := os.ReadFile(filepath.Join(root, "sub", "app.conf")); string(got) != body {
+				t.Fatalf("put wrote %d bytes, want %d", len(got), len(body))
+			}
+			os.WriteFile(filepath.Join(root, "sub", "device.log"), []byte("from the device\n"), 0o644)
+			fc.ok(t, "cp", "agent-r:sub/device.log", local)
+			if got, _ := os.ReadFile(filepath.Join(local, "device.log")); string(got) != "from the device\n" {
+				t.Fatalf("get wrote %q", got)
+			}
+			wantContains(t, "escape", fc.fails(t, 1, "cp", "agent-r:/escape/hostname", local), "outside the directory this device shares")
+			wantContains(t, "missing", fc.fails(t, 1, "cp", "agent-r:/../../etc/hostname", local), "etc/hostname", "no such file")
+			os.WriteFile(filepath.Join(local, "big"), make([]byte, 200000), 0o644)
+			wantContains(t, "too big", fc.fails(t, 1, "cp", filepath.Join(local, "big"), "agent-r:/big"), "more than the 100000")
+			if _, err := os.Stat(filepath.Join(root, "big")); err == nil {
+				t.Errorf("a refused put left a file")
+			}
+			wantContains(t, "both local", fc.fails(t, 2, "cp", "a", "b"), "exactly one side")
+		})
+		t.Run("IdleTimeout", func(t *testing.T) {
+			ended(t)
+			r := fc.run("", "ssh", "agent-r", "--", "sleep 60")
+			if r.code != 1 || !strings.Contains(r.stderr, "idle for 1.5s") {
+				t.Fatalf("%v", r)
+			}
+		})
+		t.Run("RemoteOff", func(t *testing.T) {
+			wantContains(t, "off", fc.fails(t, 1, "ssh", "agent-off", "--", "true"), "did not connect back within 3s")
+		})
+		t.Run("Roles", func(t *testing.T) {
+			ended(t)
+			for _, role := range []string{"viewer", "device"} {
+				k := s.newKey(t, admin, "remote-"+role, role)
+				wantContains(t, role, s.newFleetctl(t, k).fails(t, 1, "ssh", "agent-r", "--", "true"), "may not open remote sessions")
+			}
+			other := s.newTenant(t, "elsewhere")
+			wantContains(t, "other tenant", s.newFleetctl(t, other).fails(t, 1, "ssh", "agent-r", "--", "true"), "agent-r")
+			op := s.newKey(t, admin, "remote-operator", "operator")
+			if r := s.newFleetctl(t, op).run("", "ssh", "agent-r", "--", "echo operator"); r.code != 0 || r.stdout != "operator\n" {
+				t.Fatalf("%v", r)
+			}
+		})
+		t.Run("Caps", func(t *testing.T) {
+			k := s.newKey(t, admin, "capped-user", "operator")
+			s.mustDevice(t, admin, "capped", nil)
+			s.mustDevice(t, admin, "capped-2", nil)
+			open := func(device string) *response {
+				return s.do(t, k, "POST", "/api/v1/devices/"+device+"/remote-sessions", map[string]any{"kind": "shell"})
+			}
+			open("capped").want(t, 201)
+			open("capped").want(t, 201)
+			wantContains(t, "device cap", string(open("capped").want(t, 429).Body), "device capped has 2 remote sessions open")
+			open("capped-2").want(t, 201)
+			wantContains(t, "user cap", string(open("capped-2").want(t, 429).Body), "you have 3 remote sessions open")
+			// Nobody joins them: they end after the connect timeout, and
+			// free their places.
+			eventually(t, "the unjoined sessions to end", func() bool {
+				return open("capped-2").Status == 201
+			})
+		})
+		t.Run("Recorded", func(t *testing.T) {
+			list := ended(t)
+			reasons := map[string]int{}
+			var put *fleet.RemoteSession
+			for i, rs := range list.RemoteSessions {
+				reasons[rs.EndReason]++
+				if rs.Kind == "put" && rs.Target == "/sub/app.conf" {
+					put = &list.RemoteSessions[i]
+				}
+			}
+			if list.Count != len(list.RemoteSessions) || reasons["idle for 1.5s"] != 1 || put == nil || put.BytesToDevice < 70000 || put.UserName != "admin" {
+				t.Fatalf("sessions: %+v", list)
+			}
+			s.do(t, admin, "GET", "/api/v1/devices/agent-off/remote-sessions", nil).want(t, 200).decode(t, &list)
+			if list.Count != 1 || !strings.Contains(list.RemoteSessions[0].EndReason, "did not connect back") {
+				t.Fatalf("agent-off's sessions: %+v", list)
+			}
+			other := s.newTenant(t, "elsewhere-2")
+			s.do(t, other, "GET", "/api/v1/devices/agent-r/remote-sessions", nil).want(t, 404)
 		})
 	})
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/fleetd/fleet/blob"
 	fleethttp "github.com/fleetd/fleet/http"
 	"github.com/fleetd/fleet/notify"
+	"github.com/fleetd/fleet/remote/relay"
 	"github.com/fleetd/fleet/sqlstore"
 )
 
@@ -31,6 +32,8 @@ type config struct {
 	maxUpload int64
 	maxDecode int64 // bytes of request bodies decoded at once
 	maxHeld   int64 // bytes of request bodies held at once while they arrive
+
+	remote relay.Limits // remote sessions' caps and timeouts
 
 	// Alerts and their notifications.
 	smtp              notify.SMTP
@@ -86,6 +89,11 @@ func (c *config) serveFlags(fs *flagSet) {
 	fs.Int64Var(&c.maxUpload, "max-upload-bytes", 2<<30, "largest firmware upload in `BYTES`")
 	fs.Int64Var(&c.maxDecode, "max-decoding-bytes", fleethttp.DefaultLimits.Decoding, "`BYTES` of request bodies decoded at once, over all requests; more wait their turn, then 503 (decoding costs up to ~35 times a body's size)")
 	fs.Int64Var(&c.maxHeld, "max-held-body-bytes", fleethttp.DefaultLimits.Held, "`BYTES` of request bodies held in memory at once while they arrive, over all requests; a request finding no room waits 2s, then 503 (at least twice the largest body: --max-bulk-bytes)")
+	fs.IntVar(&c.remote.PerUser, "remote-max-per-user", relay.DefaultLimits.PerUser, "remote sessions one person (API key or end user) may have open at once on a replica")
+	fs.IntVar(&c.remote.PerDevice, "remote-max-per-device", relay.DefaultLimits.PerDevice, "remote sessions one device may have open at once on a replica")
+	fs.DurationVar(&c.remote.Idle, "remote-idle-timeout", relay.DefaultLimits.Idle, "`DURATION` without a byte either way after which a remote session ends")
+	fs.DurationVar(&c.remote.Lifetime, "remote-max-lifetime", relay.DefaultLimits.Lifetime, "`DURATION` after which a remote session ends, however busy")
+	fs.DurationVar(&c.remote.ConnectTimeout, "remote-connect-timeout", relay.DefaultLimits.ConnectTimeout, "`DURATION` the device (and the operator) have to connect a new remote session's WebSockets")
 	fs.StringVar(&c.publicURL, "public-url", "", "`URL` (scheme and host) devices reach the API at, for signed firmware download URLs; default: the URL the dispatching request used")
 	fs.DurationVar(&c.sweepInterval, "action-sweep-interval", time.Second, "`DURATION` between sweeps that fail device actions whose timeout elapsed")
 	fs.DurationVar(&c.rolloutTick, "rollout-interval", time.Second, "`DURATION` between looks at the rollouts: triggers, gates, maintenance windows, end_timestamp")

@@ -104,7 +104,7 @@ func seed(t *testing.T, s *testServer, admin creds, mark, hookURL string, idp *i
 
 // endpoint is what the suites know of one operation.
 type endpoint struct {
-	// perm: public, read, device (device data), operate, admin,
+	// perm: public, read, device (device data), operate, remote, admin,
 	// artifact (public route, any reading key or a signed URL), or ddi
 	// (public route, a device token or a key that reports device data).
 	perm string
@@ -259,6 +259,14 @@ var endpoints = map[string]endpoint{
 
 	"POST /api/v1/devices/{id}/streams/{stream}": {perm: "device", rawBody: false, prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/api/v1/devices/" + w.device + "/streams/" + w.stream, []any{map[string]any{"timestamp": time.Now().UnixMilli(), "sequence": 0, "temp": 20}}
+	}},
+	"POST /api/v1/devices/{id}/remote-sessions": {perm: "remote", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		// A device of its own each time: a device has two sessions at most.
+		d := s.mustDevice(t, w.admin, fresh("remote"), nil)
+		return "/api/v1/devices/" + d.ID + "/remote-sessions", map[string]any{"kind": "get", "target": "/var/log/" + w.mark}
+	}},
+	"GET /api/v1/devices/{id}/remote-sessions": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/devices/" + w.device + "/remote-sessions", nil
 	}},
 	"GET /api/v1/devices/{id}/streams/{stream}/latest": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/api/v1/devices/" + w.device + "/streams/" + w.stream + "/latest", nil

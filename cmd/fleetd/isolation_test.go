@@ -181,6 +181,7 @@ func expect(e endpoint, c caller, ok int) int {
 		"device":   {"device", "operator", "admin"},
 		"ddi":      {"device", "operator", "admin"},
 		"operate":  {"operator", "admin"},
+		"remote":   {"operator", "admin"},
 		"admin":    {"admin"},
 	}[e.perm]
 	for _, r := range allowed {

@@ -18,6 +18,7 @@ import (
 	"github.com/fleetd/fleet/mqtt"
 	mqttbroker "github.com/fleetd/fleet/mqtt/broker"
 	"github.com/fleetd/fleet/notify"
+	"github.com/fleetd/fleet/remote/relay"
 	"github.com/fleetd/fleet/sqlstore"
 	"github.com/fleetd/fleet/twin"
 )
@@ -180,6 +181,9 @@ func runServe(ctx context.Context, args []string, e env) error {
 
 		RolloutNotifications: actions,
 		Security:             sec.http,
+
+		Remote:         relay.NewHub(db, actions, c.remote, log, reg),
+		RemoteSessions: db,
 	}
 	// The web console, at /console/, uses the same services as the API.
 	con := &console.Console{Tenants: db, TenantAuth: users, Devices: api.Devices, Actions: actions, Firmware: fw,

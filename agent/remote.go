@@ -1,0 +1,387 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/creack/pty"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/remote"
+)
+
+// remoteSession answers fleetd's remote_session action (on with --remote
+// only): it dials a WebSocket back to fleetd and serves the session on it,
+// apart from the action, which completes once the device is connected.
+func (a *Agent) remoteSession(ctx context.Context, id, payload string) error {
+	var p struct {
+		SessionID string `json:"session_id"`
+		Kind      string `json:"kind"`
+		Target    string `json:"target"`
+	}
+	if err := json.Unmarshal([]byte(payload), &p); err != nil || p.SessionID == "" {
+		return errors.New("remote_session without a session_id")
+	}
+	u := strings.TrimRight(a.cfg.Server, "/") + "/api/v1/remote-sessions/" + url.PathEscape(p.SessionID) + "/device"
+	h := http.Header{"X-Service-Tenant": {a.cfg.Tenant}, "Authorization": {"TargetToken " + a.cfg.Token}}
+	tc, err := a.tlsConfig()
+	if err != nil {
+		return err
+	}
+	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	c, err := remote.Dial(dctx, u, h, tc)
+	if err != nil {
+		return fmt.Errorf("cannot connect back to fleetd for remote session %s: %v", p.SessionID, err)
+	}
+	a.log.Info("remote session", "session", p.SessionID, "kind", p.Kind, "target", p.Target)
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		defer c.Close()
+		err := a.serveRemote(a.base, c, p.Kind, p.Target)
+		if err != nil {
+			c.Send(remote.Control{Type: remote.TypeError, Message: err.Error()})
+		}
+		a.log.Info("remote session ended", "session", p.SessionID, "err", err)
+	}()
+	return nil
+}
+
+func (a *Agent) serveRemote(ctx context.Context, c *remote.Conn, kind, target string) error {
+	switch kind {
+	case fleet.RemoteShell:
+		if target == "" {
+			return a.remoteTerminal(ctx, c)
+		}
+		return a.remoteCommand(ctx, c, target)
+	case fleet.RemoteForward:
+		return a.remoteForward(ctx, c, target)
+	case fleet.RemoteGet:
+		return a.remoteGet(c, target)
+	case fleet.RemotePut:
+		return a.remotePut(c, target)
+	}
+	return fmt.Errorf("this agent does not know remote sessions of kind %q", kind)
+}
+
+// closeOnEnd closes c when ctx ends (the agent stops), so that a read of
+// it returns.
+func closeOnEnd(ctx context.Context, c *remote.Conn) func() {
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	return func() { stop() }
+}
+
+// remoteTerminal runs --remote-shell on a pty: the operator's bytes are
+// its keyboard, its output theirs, resize messages its size.
+func (a *Agent) remoteTerminal(ctx context.Context, c *remote.Conn) error {
+	defer closeOnEnd(ctx, c)()
+	cmd := exec.Command(a.cfg.RemoteShell)
+	cmd.Env = append(os.Environ(), "TERM=xterm-256color")
+	cmd.Dir = a.cfg.RemoteRoot
+	f, err := pty.Start(cmd) // a session of its own: killing -pid ends all of it
+	if err != nil {
+		return fmt.Errorf("cannot start %s on a pty: %v", a.cfg.RemoteShell, err)
+	}
+	defer f.Close()
+	go func() {
+		for {
+			b, ctl, err := c.Read()
+			if err != nil {
+				syscall.Kill(-cmd.Process.Pid, syscall.SIGHUP)
+				return
+			}
+			switch {
+			case b != nil:
+				f.Write(b)
+			case ctl.Type == remote.TypeResize && ctl.Cols > 0 && ctl.Rows > 0:
+				pty.Setsize(f, &pty.Winsize{Cols: uint16(ctl.Cols), Rows: uint16(ctl.Rows)})
+			}
+		}
+	}()
+	buf := make([]byte, remote.MaxMessage)
+	for {
+		n, err := f.Read(buf)
+		if n > 0 && c.Write(buf[:n]) != nil {
+			break
+		}
+		if err != nil { // EIO once the shell and its children are gone
+			break
+		}
+	}
+	err = cmd.Wait()
+	return c.Send(remote.Control{Type: remote.TypeExit, Code: exitCode(err)})
+}
+
+// remoteCommand runs one command with --remote-shell -c, without a pty:
+// the operator's bytes are its stdin (eof closes it), its stdout and
+// stderr come back, then its exit status.
+func (a *Agent) remoteCommand(ctx context.Context, c *remote.Conn, command string) error {
+	defer closeOnEnd(ctx, c)()
+	cmd := exec.Command(a.cfg.RemoteShell, "-c", command)
+	cmd.Dir = a.cfg.RemoteRoot
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	out := &connWriter{c: c}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("cannot run the command: %v", err)
+	}
+	go func() {
+		for {
+			b, ctl, err := c.Read()
+			if err != nil {
+				syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+				return
+			}
+			switch {
+			case b != nil:
+				stdin.Write(b)
+			case ctl.Type == remote.TypeEOF:
+				stdin.Close()
+			}
+		}
+	}()
+	err = cmd.Wait()
+	return c.Send(remote.Control{Type: remote.TypeExit, Code: exitCode(err)})
+}
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return 255
+	}
+	return 0
+}
+
+// connWriter writes a program's output to the session, serialised: stdout
+// and stderr write from two goroutines.
+type connWriter struct {
+	mu sync.Mutex
+	c  *remote.Conn
+}
+
+func (w *connWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for rest := p; len(rest) > 0; {
+		n := min(len(rest), remote.MaxMessage)
+		if err := w.c.Write(rest[:n]); err != nil {
+			return 0, err
+		}
+		rest = rest[n:]
+	}
+	return len(p), nil
+}
+
+// remoteForward connects the session to a TCP port of the device's
+// loopback interface.
+func (a *Agent) remoteForward(ctx context.Context, c *remote.Conn, port string) error {
+	defer closeOnEnd(ctx, c)()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", port))
+	if err != nil {
+		return fmt.Errorf("cannot connect to port %s on the device: %v", port, err)
+	}
+	defer conn.Close()
+	tcp := conn.(*net.TCPConn)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			b, ctl, err := c.Read()
+			if err != nil {
+				tcp.Close()
+				return
+			}
+			if b != nil {
+				if _, err := tcp.Write(b); err != nil {
+					return
+				}
+			} else if ctl.Type == remote.TypeEOF {
+				tcp.CloseWrite()
+			}
+		}
+	}()
+	if c.Pump(tcp) == nil {
+		<-done
+	}
+	return nil
+}
+
+// remotePath resolves path under --remote-root, following symbolic links,
+// and refuses what resolves outside it.
+func (a *Agent) remotePath(path string, mustExist bool) (string, error) {
+	root, err := filepath.EvalSymlinks(a.cfg.RemoteRoot)
+	if err != nil {
+		return "", fmt.Errorf("the agent's --remote-root: %v", err)
+	}
+	p := filepath.Join(root, filepath.Clean("/"+path))
+	resolved := p
+	if mustExist {
+		resolved, err = filepath.EvalSymlinks(p)
+	} else {
+		var dir string
+		dir, err = filepath.EvalSymlinks(filepath.Dir(p))
+		resolved = filepath.Join(dir, filepath.Base(p))
+	}
+	if err != nil {
+		return "", fmt.Errorf("%s: %v", path, errors.Unwrap(err))
+	}
+	if resolved != root && !strings.HasPrefix(resolved, root+string(filepath.Separator)) {
+		return "", fmt.Errorf("%s is outside the directory this device shares (--remote-root)", path)
+	}
+	return resolved, nil
+}
+
+// remoteGet sends a file: its size, its bytes at no more than
+// --remote-rate, then eof.
+func (a *Agent) remoteGet(c *remote.Conn, path string) error {
+	p, err := a.remotePath(path, true)
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return fmt.Errorf("%s: %v", path, errors.Unwrap(err))
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file", path)
+	}
+	if fi.Size() > a.cfg.RemoteMaxFile {
+		return fmt.Errorf("%s is %d bytes, more than the %d this device sends (--remote-max-file-bytes)", path, fi.Size(), a.cfg.RemoteMaxFile)
+	}
+	if err := c.Send(remote.Control{Type: remote.TypeFile, Size: fi.Size()}); err != nil {
+		return err
+	}
+	pace := newPacer(a.cfg.RemoteRate)
+	buf := make([]byte, remote.MaxMessage)
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			pace.wait(n)
+			if err := c.Write(buf[:n]); err != nil {
+				return err
+			}
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if err := c.Send(remote.Control{Type: remote.TypeEOF}); err != nil {
+		return err
+	}
+	c.Read() // the operator closes when it has all
+	return nil
+}
+
+// remotePut receives a file into a temporary file beside its path, and
+// renames it into place once all its bytes came: a cut transfer leaves
+// the old file as it was.
+func (a *Agent) remotePut(c *remote.Conn, path string) error {
+	p, err := a.remotePath(path, false)
+	if err != nil {
+		return err
+	}
+	_, ctl, err := c.Read()
+	if err != nil {
+		return err
+	}
+	if ctl == nil || ctl.Type != remote.TypeFile {
+		return errors.New("a put starts with the file's size")
+	}
+	size := ctl.Size
+	if size > a.cfg.RemoteMaxFile {
+		return fmt.Errorf("the file is %d bytes, more than the %d this device takes (--remote-max-file-bytes)", size, a.cfg.RemoteMaxFile)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+".fleetd-*")
+	if err != nil {
+		return fmt.Errorf("%s: %v", path, errors.Unwrap(err))
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	pace := newPacer(a.cfg.RemoteRate)
+	var got int64
+	for {
+		b, ctl, err := c.Read()
+		if err != nil {
+			return err
+		}
+		if ctl != nil {
+			if ctl.Type == remote.TypeEOF {
+				break
+			}
+			continue
+		}
+		if got += int64(len(b)); got > size {
+			return fmt.Errorf("more than the %d bytes announced", size)
+		}
+		pace.wait(len(b))
+		if _, err := tmp.Write(b); err != nil {
+			return fmt.Errorf("%s: %v", path, err)
+		}
+	}
+	if got != size {
+		return fmt.Errorf("%d bytes came of the %d announced", got, size)
+	}
+	if err := tmp.Sync(); err != nil {
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), p); err != nil {
+		return fmt.Errorf("%s: %v", path, errors.Unwrap(err))
+	}
+	return c.Send(remote.Control{Type: remote.TypeExit, Code: 0})
+}
+
+// pacer keeps a transfer at or below rate bytes a second (0: no limit).
+type pacer struct {
+	rate  int64
+	start time.Time
+	sent  int64
+}
+
+func newPacer(rate int64) *pacer { return &pacer{rate: rate, start: time.Now()} }
+
+func (p *pacer) wait(n int) {
+	if p.rate <= 0 {
+		return
+	}
+	p.sent += int64(n)
+	due := p.start.Add(time.Duration(float64(p.sent) / float64(p.rate) * float64(time.Second)))
+	if d := time.Until(due); d > 0 {
+		time.Sleep(d)
+	}
+}

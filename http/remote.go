@@ -1,0 +1,177 @@
+package fleethttp
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/remote"
+)
+
+// Remote sessions (docs/api.md, Remote sessions): POST makes one and asks
+// the device for it; then two WebSockets meet in the relay, the
+// operator's and the device's. The WebSockets are outside the route table
+// (an upgrade is not a JSON answer the document could describe); their
+// paths are remoteOperatorPattern and remoteDevicePattern.
+const (
+	remoteOperatorPattern = "GET /api/v1/remote-sessions/{id}/operator"
+	remoteDevicePattern   = "GET /api/v1/remote-sessions/{id}/device"
+)
+
+type remoteCreate struct {
+	Kind   string `json:"kind"`
+	Target string `json:"target"`
+}
+
+type remoteSessionList struct {
+	RemoteSessions []*fleet.RemoteSession `json:"remote_sessions"`
+	Count          int                    `json:"count"`
+}
+
+// maxRemoteTarget bounds a session's target: a command, a port or a path.
+const maxRemoteTarget = 4096
+
+func (s *Server) handleCreateRemoteSession(w http.ResponseWriter, r *http.Request) error {
+	id, err := deviceID(r)
+	if err != nil {
+		return err
+	}
+	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
+	if err != nil {
+		return err
+	}
+	f := fleet.NewFields(body)
+	kind := f.String("kind", true)
+	target := ""
+	if f.Has("target") {
+		target = f.String("target", false)
+	}
+	f.Unknown()
+	switch kind {
+	case fleet.RemoteShell:
+	case fleet.RemoteForward:
+		if p, err := strconv.Atoi(target); err != nil || p < 1 || p > 65535 || strconv.Itoa(p) != target {
+			f.Fail("target", "must be the device's TCP port to forward to, 1 to 65535")
+		}
+	case fleet.RemoteGet, fleet.RemotePut:
+		if target == "" {
+			f.Fail("target", "must be the file's path on the device")
+		}
+	case "":
+	default:
+		f.Fail("kind", "must be shell, forward, get or put")
+	}
+	if len(target) > maxRemoteTarget || strings.ContainsRune(target, 0) {
+		f.Fail("target", fmt.Sprintf("must be at most %d bytes, without NUL", maxRemoteTarget))
+	}
+	if err := f.Err(); err != nil {
+		return err
+	}
+	if _, err := s.Devices.FindDevice(r.Context(), tenantOf(r), id); err != nil {
+		return err
+	}
+	if s.Remote == nil {
+		return fleet.Errorf(fleet.EUNAVAILABLE, "remote sessions are not served here")
+	}
+	sess, err := s.Remote.Open(r.Context(), fleet.ActorFromContext(r.Context()), id, kind, target)
+	if err != nil {
+		return err
+	}
+	location(w, r, "/api/v1/remote-sessions/", sess.ID, "/operator")
+	s.respond(w, r, http.StatusCreated, &sess.RemoteSession)
+	return nil
+}
+
+func (s *Server) handleListRemoteSessions(w http.ResponseWriter, r *http.Request) error {
+	id, err := deviceID(r)
+	if err != nil {
+		return err
+	}
+	q := newQuery(r)
+	p := q.Page()
+	if err := q.Err(); err != nil {
+		return err
+	}
+	if _, err := s.Devices.FindDevice(r.Context(), tenantOf(r), id); err != nil {
+		return err
+	}
+	list, n, err := s.RemoteSessions.FindRemoteSessions(r.Context(), tenantOf(r), id, p)
+	if err != nil {
+		return err
+	}
+	s.respond(w, r, http.StatusOK, remoteSessionList{RemoteSessions: list, Count: n})
+	return nil
+}
+
+// handleRemoteOperator is the operator's leg: the person who made the
+// session, with the remote permission still, joins it.
+func (s *Server) handleRemoteOperator(w http.ResponseWriter, r *http.Request) error {
+	a, err := s.authenticate(r, fleet.PermRemote)
+	if err != nil {
+		return err
+	}
+	sess, ok := s.Remote.Waiting(r.PathValue("id"))
+	if !ok || sess.Tenant != a.Tenant {
+		return fleet.Errorf(fleet.ENOTFOUND, "no remote session %q waits to be joined", r.PathValue("id"))
+	}
+	if !sess.OpenedBy(a) {
+		return fleet.Errorf(fleet.EFORBIDDEN, "remote session %s is another person's", sess.ID)
+	}
+	if !remote.IsUpgrade(r) {
+		return fleet.Errorf(fleet.EINVALID, "this is a WebSocket: connect with an Upgrade request")
+	}
+	if !s.Remote.Claim(sess) {
+		return fleet.Errorf(fleet.ECONFLICT, "remote session %s was joined already", sess.ID)
+	}
+	c, err := remote.Upgrade(w, r)
+	if err != nil {
+		s.Remote.Abandon(sess, "the operator's WebSocket failed: "+err.Error())
+		return nil // Upgrade answered
+	}
+	s.Remote.Relay(r.Context(), sess, c)
+	return nil
+}
+
+// handleRemoteDevice is the device's leg: the session's device, with its
+// token, dials back (docs/agent.md).
+func (s *Server) handleRemoteDevice(w http.ResponseWriter, r *http.Request) error {
+	sess, ok := s.Remote.Waiting(r.PathValue("id"))
+	tenant := r.Header.Get("X-Service-Tenant")
+	scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !strings.EqualFold(scheme, "TargetToken") || token == "" {
+		return fleet.Errorf(fleet.EUNAUTHENTICATED, "send X-Service-Tenant and Authorization: TargetToken <the device's token>")
+	}
+	if !ok || sess.Tenant != tenant {
+		return fleet.Errorf(fleet.ENOTFOUND, "no remote session %q waits for a device", r.PathValue("id"))
+	}
+	if err := s.Devices.AuthenticateDevice(r.Context(), tenant, sess.DeviceID, token); err != nil {
+		return err
+	}
+	if !remote.IsUpgrade(r) {
+		return fleet.Errorf(fleet.EINVALID, "this is a WebSocket: connect with an Upgrade request")
+	}
+	c, err := remote.Upgrade(w, r)
+	if err != nil {
+		return nil // Upgrade answered
+	}
+	if !s.Remote.Join(sess, c) {
+		c.Send(remote.Control{Type: remote.TypeError, Message: "the session ended before the device joined it"})
+		c.Close()
+		return nil
+	}
+	// The relay owns the connection now; this request ends with it.
+	<-sess.Done()
+	return nil
+}
+
+// addRemote serves the two legs, when remote sessions are on.
+func (s *Server) addRemote() {
+	if s.Remote == nil {
+		return
+	}
+	for pattern, h := range map[string]handlerFunc{remoteOperatorPattern: s.handleRemoteOperator, remoteDevicePattern: s.handleRemoteDevice} {
+		s.mux.Handle(pattern, s.wrap(route{pattern: pattern, perm: public, handler: h}))
+	}
+}

@@ -1,0 +1,336 @@
+// Package relay is fleetd's side of remote sessions: it opens a session
+// (recorded, capped), asks the device for it with a remote_session action,
+// waits for the device's WebSocket, and relays messages between the two
+// legs until one ends, the session idles or outlives its lifetime.
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/remote"
+)
+
+// Action is the action that asks a device for a session. Its params are
+// the session's id, kind and target; the device dials back.
+const Action = "remote_session"
+
+// Limits bound remote sessions.
+type Limits struct {
+	PerUser        int           // open sessions of one person (API key or end user) in a tenant; 4
+	PerDevice      int           // open sessions of one device; 2
+	Idle           time.Duration // a session with no bytes either way this long ends; 10 minutes
+	Lifetime       time.Duration // a session ends this long after it started; 8 hours
+	ConnectTimeout time.Duration // how long the device has to dial back; 15 seconds
+}
+
+// DefaultLimits are the documented defaults.
+var DefaultLimits = Limits{PerUser: 4, PerDevice: 2, Idle: 10 * time.Minute, Lifetime: 8 * time.Hour, ConnectTimeout: 15 * time.Second}
+
+// Dispatcher sends an action to a device.
+type Dispatcher interface {
+	DispatchAction(ctx context.Context, tenant string, d *fleet.Dispatch) (*fleet.Action, error)
+}
+
+// Hub holds the sessions of this replica.
+type Hub struct {
+	Sessions fleet.RemoteSessionService
+	Actions  Dispatcher
+	Limits   Limits
+	Logger   *slog.Logger
+
+	mu        sync.Mutex
+	sessions  map[string]*Session // open ones, by id
+	perUser   map[string]int
+	perDevice map[string]int
+
+	open    prometheus.Gauge
+	refused *prometheus.CounterVec
+	bytes   *prometheus.CounterVec
+}
+
+// NewHub returns a hub whose metrics are registered on reg (nil keeps
+// them private).
+func NewHub(sessions fleet.RemoteSessionService, actions Dispatcher, l Limits, log *slog.Logger, reg prometheus.Registerer) *Hub {
+	d := DefaultLimits
+	if l.PerUser <= 0 {
+		l.PerUser = d.PerUser
+	}
+	if l.PerDevice <= 0 {
+		l.PerDevice = d.PerDevice
+	}
+	if l.Idle <= 0 {
+		l.Idle = d.Idle
+	}
+	if l.Lifetime <= 0 {
+		l.Lifetime = d.Lifetime
+	}
+	if l.ConnectTimeout <= 0 {
+		l.ConnectTimeout = d.ConnectTimeout
+	}
+	h := &Hub{Sessions: sessions, Actions: actions, Limits: l, Logger: log,
+		sessions: map[string]*Session{}, perUser: map[string]int{}, perDevice: map[string]int{},
+		open: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fleetd_remote_sessions_open", Help: "Remote sessions open on this replica."}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetd_remote_sessions_refused_total",
+			Help: "Remote sessions refused by a cap, by which (user, device)."}, []string{"cap"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetd_remote_bytes_total",
+			Help: "Bytes relayed by remote sessions, by direction (to_device, from_device)."}, []string{"direction"}),
+	}
+	if reg != nil {
+		reg.MustRegister(h.open, h.refused, h.bytes)
+	}
+	return h
+}
+
+// Session is an open session on this replica.
+type Session struct {
+	fleet.RemoteSession
+	device   chan *remote.Conn // the device's leg, when it dials back
+	deadline time.Time         // for both legs to join
+	toDevice atomic.Int64
+	fromDev  atomic.Int64
+	userKey  string
+
+	claimed, joined bool // the operator's leg, the device's leg (under Hub.mu)
+	done            chan struct{}
+	endOnce         sync.Once
+}
+
+// Done is closed when the session has ended.
+func (s *Session) Done() <-chan struct{} { return s.done }
+
+// OpenedBy reports whether a is the person who opened the session.
+func (s *Session) OpenedBy(a *fleet.Actor) bool { return personKey(a) == s.userKey }
+
+func personKey(a *fleet.Actor) string {
+	return a.Tenant + "\x00" + a.KeyName + "\x00" + a.UserName + "\x00" + a.UserEmail
+}
+
+// Open records a session for actor with device and asks the device for
+// it. It refuses (ERATELIMITED) a person or a device at its cap.
+func (h *Hub) Open(ctx context.Context, actor *fleet.Actor, device, kind, target string) (*Session, error) {
+	s := &Session{RemoteSession: fleet.RemoteSession{Tenant: actor.Tenant, DeviceID: device, Kind: kind, Target: target,
+		KeyName: actor.KeyName, UserName: actor.UserName, UserEmail: actor.UserEmail},
+		device: make(chan *remote.Conn, 1), done: make(chan struct{}), userKey: personKey(actor)}
+	deviceKey := actor.Tenant + "\x00" + device
+	h.mu.Lock()
+	switch {
+	case h.perUser[s.userKey] >= h.Limits.PerUser:
+		h.mu.Unlock()
+		h.refused.WithLabelValues("user").Inc()
+		return nil, fleet.Errorf(fleet.ERATELIMITED, "you have %d remote sessions open, the most allowed (--remote-max-per-user): end one first", h.Limits.PerUser)
+	case h.perDevice[deviceKey] >= h.Limits.PerDevice:
+		h.mu.Unlock()
+		h.refused.WithLabelValues("device").Inc()
+		return nil, fleet.Errorf(fleet.ERATELIMITED, "device %s has %d remote sessions open, the most allowed (--remote-max-per-device): try again when one ends", device, h.Limits.PerDevice)
+	}
+	h.perUser[s.userKey]++
+	h.perDevice[deviceKey]++
+	h.mu.Unlock()
+	h.open.Inc()
+	if err := h.Sessions.CreateRemoteSession(ctx, &s.RemoteSession); err != nil {
+		h.release(s)
+		return nil, err
+	}
+	s.deadline = time.Now().Add(h.Limits.ConnectTimeout)
+	h.mu.Lock()
+	h.sessions[s.ID] = s
+	h.mu.Unlock()
+	time.AfterFunc(h.Limits.ConnectTimeout, func() { h.expire(s) })
+	params, _ := json.Marshal(map[string]string{"session_id": s.ID, "kind": kind, "target": target})
+	timeout := int64(h.Limits.ConnectTimeout/time.Second) + 1
+	if _, err := h.Actions.DispatchAction(ctx, actor.Tenant, &fleet.Dispatch{Action: Action, Params: params,
+		SearchType: fleet.SearchDefault, DeviceIDs: []string{device}, Timeout: timeout,
+		UserName: actor.UserName, UserEmail: actor.UserEmail}); err != nil {
+		h.end(s, "the device could not be asked: "+err.Error())
+		return nil, err
+	}
+	return s, nil
+}
+
+// Waiting returns the open session of id.
+func (h *Hub) Waiting(id string) (*Session, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s, ok := h.sessions[id]
+	return s, ok
+}
+
+// Claim marks the operator's leg as joined; false if it was already.
+func (h *Hub) Claim(s *Session) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if s.claimed || h.sessions[s.ID] != s {
+		return false
+	}
+	s.claimed = true
+	return true
+}
+
+// Join hands the device's leg to its session; false if the session has
+// one already, or has ended.
+func (h *Hub) Join(s *Session, c *remote.Conn) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if s.joined || h.sessions[s.ID] != s {
+		return false
+	}
+	s.joined = true
+	s.device <- c
+	return true
+}
+
+// expire ends a session whose operator did not join in time (Relay ends
+// one whose device did not).
+func (h *Hub) expire(s *Session) {
+	h.mu.Lock()
+	claimed := s.claimed
+	h.mu.Unlock()
+	if claimed {
+		return
+	}
+	h.end(s, fmt.Sprintf("the operator did not connect within %s", h.Limits.ConnectTimeout))
+}
+
+// Abandon ends a session whose operator's leg failed.
+func (h *Hub) Abandon(s *Session, reason string) { h.end(s, reason) }
+
+// Relay joins the operator's leg to the device's once it dials back, and
+// relays until the session ends; then it records the end. It owns op.
+func (h *Hub) Relay(ctx context.Context, s *Session, op *remote.Conn) {
+	var dev *remote.Conn
+	wait := time.NewTimer(time.Until(s.deadline))
+	defer wait.Stop()
+	select {
+	case dev = <-s.device:
+	case <-wait.C:
+	case <-ctx.Done():
+	}
+	if dev == nil {
+		reason := fmt.Sprintf("the device did not connect back within %s: is fleetd-agent running there, with --remote?", h.Limits.ConnectTimeout)
+		op.Send(remote.Control{Type: remote.TypeError, Message: reason})
+		op.Close()
+		h.end(s, reason)
+		return
+	}
+	reason := h.pipe(ctx, s, op, dev)
+	op.Close()
+	dev.Close()
+	h.end(s, reason)
+}
+
+// writeFailed is a copier's end when the other side took no more.
+const writeFailed = "write failed"
+
+// pipe copies messages both ways and returns why it stopped.
+func (h *Hub) pipe(ctx context.Context, s *Session, op, dev *remote.Conn) string {
+	ended := make(chan string, 3)
+	var last atomic.Int64 // unix nanoseconds of the last message either way
+	last.Store(time.Now().UnixNano())
+	copyOne := func(from, to *remote.Conn, count *atomic.Int64, dir, closedBy string) {
+		for {
+			binary, b, err := from.ReadRaw()
+			if err != nil {
+				if remote.Closed(err) {
+					ended <- closedBy
+				} else {
+					ended <- closedBy + ": " + err.Error()
+				}
+				return
+			}
+			last.Store(time.Now().UnixNano())
+			if binary {
+				count.Add(int64(len(b)))
+				h.bytes.WithLabelValues(dir).Add(float64(len(b)))
+			}
+			if err := to.WriteRaw(binary, b); err != nil {
+				ended <- writeFailed
+				return
+			}
+		}
+	}
+	go copyOne(op, dev, &s.toDevice, "to_device", "closed by the operator")
+	go copyOne(dev, op, &s.fromDev, "from_device", "closed by the device")
+	lifetime := time.NewTimer(h.Limits.Lifetime)
+	defer lifetime.Stop()
+	idle := time.NewTimer(h.Limits.Idle)
+	defer idle.Stop()
+	for {
+		select {
+		case r := <-ended:
+			if r != writeFailed {
+				return r
+			}
+			// The other side is closing: its last messages (an error
+			// saying why) are still to be relayed, and its reader ends
+			// with its reason.
+			select {
+			case r = <-ended:
+				return r
+			case <-time.After(time.Second):
+				return "a side stopped reading"
+			}
+		case <-lifetime.C:
+			return fmt.Sprintf("the session reached its maximum lifetime of %s", h.Limits.Lifetime)
+		case <-idle.C:
+			quiet := time.Since(time.Unix(0, last.Load()))
+			if quiet >= h.Limits.Idle {
+				msg := fmt.Sprintf("idle for %s", h.Limits.Idle)
+				op.Send(remote.Control{Type: remote.TypeError, Message: "session ended: " + msg})
+				return msg
+			}
+			idle.Reset(h.Limits.Idle - quiet)
+		case <-ctx.Done():
+			return "fleetd is stopping"
+		}
+	}
+}
+
+// end records the session's end, once, and frees its places under the
+// caps. A device's leg that joined a session nobody relays is closed.
+func (h *Hub) end(s *Session, reason string) {
+	s.endOnce.Do(func() { h.ended(s, reason) })
+}
+
+func (h *Hub) ended(s *Session, reason string) {
+	h.mu.Lock()
+	delete(h.sessions, s.ID)
+	h.mu.Unlock()
+	select {
+	case dev := <-s.device:
+		dev.Send(remote.Control{Type: remote.TypeError, Message: "session ended: " + reason})
+		dev.Close()
+	default:
+	}
+	close(s.done)
+	s.BytesToDevice, s.BytesFromDevice, s.EndReason = s.toDevice.Load(), s.fromDev.Load(), reason
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := h.Sessions.EndRemoteSession(ctx, &s.RemoteSession); err != nil && h.Logger != nil {
+		h.Logger.Error("a remote session's end could not be recorded", "session", s.ID, "err", err)
+	}
+	h.release(s)
+}
+
+func (h *Hub) release(s *Session) {
+	h.mu.Lock()
+	h.perUser[s.userKey]--
+	if h.perUser[s.userKey] <= 0 {
+		delete(h.perUser, s.userKey)
+	}
+	k := s.Tenant + "\x00" + s.DeviceID
+	h.perDevice[k]--
+	if h.perDevice[k] <= 0 {
+		delete(h.perDevice, k)
+	}
+	h.mu.Unlock()
+	h.open.Dec()
+}
