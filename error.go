@@ -16,6 +16,7 @@ const (
 	ENOTFOUND         = "not_found"
 	EMETHODNOTALLOWED = "method_not_allowed"
 	ECONFLICT         = "conflict"
+	EGONE             = "gone"
 	ETOOLARGE         = "too_large"
 	EUNSUPPORTED      = "unsupported_media_type"
 	ERANGE            = "range_not_satisfiable"

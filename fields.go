@@ -300,6 +300,15 @@ func (f *Fields) Unknown() {
 	}
 }
 
+// IgnoreUnknown marks every field of this object read, so that Err finds
+// none unknown: for the formats whose own servers skip what they do not
+// know (hawkBit's DDI).
+func (f *Fields) IgnoreUnknown() {
+	for k := range f.m {
+		f.see(k)
+	}
+}
+
 // Err returns every problem found, unknown fields included, as one EINVALID
 // error, or nil.
 func (f *Fields) Err() error {

@@ -3,10 +3,12 @@ package fleethttp
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"mime"
 	"net/http"
 	"net/url"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -79,9 +81,14 @@ type (
 		Update   string     `json:"update" doc:"always forced"`
 		Chunks   []ddiChunk `json:"chunks"`
 	}
+	ddiActionHistory struct {
+		Status   string   `json:"status" doc:"SCHEDULED, RETRIEVED, RUNNING, FINISHED, ERROR, CANCELED, CANCELING or CANCEL_REJECTED"`
+		Messages []string `json:"messages" doc:"the last status word, then the errors the device reported"`
+	}
 	ddiDeploymentBase struct {
-		ID         string        `json:"id" doc:"the action id"`
-		Deployment ddiDeployment `json:"deployment"`
+		ID            string            `json:"id" doc:"the action id"`
+		Deployment    ddiDeployment     `json:"deployment"`
+		ActionHistory *ddiActionHistory `json:"actionHistory,omitempty" doc:"with ?actionHistory=N (not 0)"`
 	}
 	ddiCancelAction struct {
 		StopID string `json:"stopId" doc:"the id of the action to stop"`
@@ -297,7 +304,22 @@ func (s *Server) ddiAction(r *http.Request, tenant, device, typ string) (*fleet.
 // action as a deployment, one chunk per component. Reading it hands the
 // action to the device (Queued → Initiated), as an MQTT PUBACK does.
 func (s *Server) handleDDIDeployment(w http.ResponseWriter, r *http.Request) error {
+	return s.ddiDeploymentResource(w, r, false)
+}
+
+// handleDDIInstalled is installedBase/{actionId}: a Completed
+// update_firmware action of the device, as deploymentBase showed it, for a
+// device that must install it again.
+func (s *Server) handleDDIInstalled(w http.ResponseWriter, r *http.Request) error {
+	return s.ddiDeploymentResource(w, r, true)
+}
+
+func (s *Server) ddiDeploymentResource(w http.ResponseWriter, r *http.Request, installed bool) error {
 	tenant, device, err := s.ddiDevice(w, r)
+	if err != nil {
+		return err
+	}
+	history, err := ddiHistoryCount(r)
 	if err != nil {
 		return err
 	}
@@ -305,31 +327,177 @@ func (s *Server) handleDDIDeployment(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	var params struct{ Version string }
-	if err := json.Unmarshal([]byte(da.Params), &params); err != nil {
-		return fmt.Errorf("params of device action %d: %w", da.ActionID, err)
+	if installed != (da.ActionStatus == fleet.StatusCompleted) {
+		if installed {
+			return fleet.Errorf(fleet.ENOTFOUND, "action %d is %s on device %s, not installed", da.ActionID, da.ActionStatus, device)
+		}
+		// As upstream: a finished deployment is installedBase's.
+		return fleet.Errorf(fleet.ENOTFOUND, "action %d was installed on device %s: it is at installedBase/%d", da.ActionID, device, da.ActionID)
 	}
-	b, err := s.Firmware.FindBundleByVersion(r.Context(), tenant, params.Version)
-	if fleet.ErrorCode(err) == fleet.ENOTFOUND {
-		return fleet.Errorf(fleet.ENOTFOUND, "firmware bundle %s of action %d was deleted", params.Version, da.ActionID)
-	} else if err != nil {
+	b, err := s.ddiBundleOf(r, tenant, da)
+	if err != nil {
 		return err
 	}
-	dep := ddiDeploymentBase{ID: strconv.FormatInt(da.ActionID, 10), Deployment: ddiDeployment{Download: "forced", Update: "forced", Chunks: []ddiChunk{}}}
+	dep := ddiDeploymentBase{ID: strconv.FormatInt(da.ActionID, 10), Deployment: ddiDeployment{Download: "forced", Update: "forced", Chunks: []ddiChunk{}},
+		ActionHistory: ddiHistoryOf(da, history)}
 	for _, fw := range b.Firmwares {
-		if fw.SHA1 == "" {
-			return fleet.Errorf(fleet.ECONFLICT, "component %s %s was uploaded before fleetd kept files per component; upload a bundle carrying it again", fw.ComponentName, fw.VersionNumber)
+		art, err := ddiArtifactOf(r, tenant, device, fw)
+		if err != nil {
+			return err
 		}
-		file := path.Base(fw.FileName)
-		href := ddiURL(r, tenant, device, "softwaremodules", fw.ID.String(), "artifacts", file)
 		dep.Deployment.Chunks = append(dep.Deployment.Chunks, ddiChunk{Part: fw.ComponentName, Version: fw.VersionNumber, Name: fw.ComponentName,
-			Artifacts: []ddiArtifact{{Filename: file, Hashes: ddiHashes{SHA1: fw.SHA1, MD5: fw.MD5, SHA256: fw.Checksum}, Size: fw.ContentLength,
-				Links: ddiLinks{"download": {href}, "download-http": {href}, "md5sum": {href + ".MD5SUM"}, "md5sum-http": {href + ".MD5SUM"}}}}})
+			Artifacts: []ddiArtifact{art}})
 	}
 	if da.ActionStatus == fleet.StatusQueued {
 		s.Delivery.ActionDelivered(tenant, device, da.ActionID)
 	}
 	return ddiJSON(w, dep)
+}
+
+// ddiBundleOf is the firmware bundle of an update_firmware device action.
+func (s *Server) ddiBundleOf(r *http.Request, tenant string, da *fleet.DeviceAction) (*fleet.Bundle, error) {
+	var params struct{ Version string }
+	if err := json.Unmarshal([]byte(da.Params), &params); err != nil {
+		return nil, fmt.Errorf("params of device action %d: %w", da.ActionID, err)
+	}
+	b, err := s.Firmware.FindBundleByVersion(r.Context(), tenant, params.Version)
+	if fleet.ErrorCode(err) == fleet.ENOTFOUND {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "firmware bundle %s of action %d was deleted", params.Version, da.ActionID)
+	}
+	return b, err
+}
+
+// ddiArtifactOf is a component's file as DDI lists it, with its links.
+func ddiArtifactOf(r *http.Request, tenant, device string, fw *fleet.Firmware) (ddiArtifact, error) {
+	if fw.SHA1 == "" {
+		return ddiArtifact{}, fleet.Errorf(fleet.ECONFLICT, "component %s %s was uploaded before fleetd kept files per component; upload a bundle carrying it again", fw.ComponentName, fw.VersionNumber)
+	}
+	file := path.Base(fw.FileName)
+	href := ddiURL(r, tenant, device, "softwaremodules", fw.ID.String(), "artifacts", file)
+	return ddiArtifact{Filename: file, Hashes: ddiHashes{SHA1: fw.SHA1, MD5: fw.MD5, SHA256: fw.Checksum}, Size: fw.ContentLength,
+		Links: ddiLinks{"download": {href}, "download-http": {href}, "md5sum": {href + ".MD5SUM"}, "md5sum-http": {href + ".MD5SUM"}}}, nil
+}
+
+// ddiHistoryCount reads deploymentBase's actionHistory parameter: how many
+// of the action's messages to show; 0 (the default) none, below 0 all.
+// Its c parameter, upstream's hash of the resource, is not needed: fleetd
+// has no soft deployments whose form changes.
+func ddiHistoryCount(r *http.Request) (int, error) {
+	v := r.URL.Query().Get("actionHistory")
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, fleet.FieldErrors(map[string]string{"actionHistory": "must be an integer: how many of the action's messages to show (below 0: all)"})
+	}
+	return n, nil
+}
+
+// ddiStatuses are hawkBit's words for the statuses of an action.
+var ddiStatuses = map[fleet.ActionStatus]string{
+	fleet.StatusScheduled: "SCHEDULED", fleet.StatusQueued: "SCHEDULED", fleet.StatusInitiated: "RETRIEVED",
+	fleet.StatusProgress: "RUNNING", fleet.StatusCompleted: "FINISHED", fleet.StatusFailed: "ERROR", fleet.StatusCancelled: "CANCELED",
+}
+
+// ddiHistoryOf is the device action's history as DDI shows it: its
+// status and up to n messages (below 0: all), its last status word first,
+// then the errors the device reported, state by state. nil when n is 0.
+func ddiHistoryOf(da *fleet.DeviceAction, n int) *ddiActionHistory {
+	if n == 0 {
+		return nil
+	}
+	h := &ddiActionHistory{Status: ddiStatuses[da.ActionStatus], Messages: []string{da.Status}}
+	switch da.Status {
+	case fleet.StateCancelling:
+		h.Status = "CANCELING"
+	case fleet.StateCancelRejected:
+		h.Status = "CANCEL_REJECTED"
+	}
+	states := slices.Sorted(maps.Keys(da.Errors))
+	for _, st := range states {
+		for _, e := range da.Errors[st] {
+			h.Messages = append(h.Messages, st+": "+e)
+		}
+	}
+	if n > 0 && len(h.Messages) > n {
+		h.Messages = h.Messages[:n]
+	}
+	return h
+}
+
+// handleDDIModuleArtifacts is softwaremodules/{moduleId}/artifacts: the
+// component's file, as a deployment lists it.
+func (s *Server) handleDDIModuleArtifacts(w http.ResponseWriter, r *http.Request) error {
+	tenant, device, fw, art, err := s.ddiOpenModule(w, r)
+	if err != nil {
+		return err
+	}
+	art.Close()
+	a, err := ddiArtifactOf(r, tenant, device, fw)
+	if err != nil {
+		return err
+	}
+	return ddiJSON(w, []ddiArtifact{a})
+}
+
+// ddiOpenModule authenticates a request for a software module (ddiModule)
+// and opens its component's file, which the caller closes.
+func (s *Server) ddiOpenModule(w http.ResponseWriter, r *http.Request) (tenant, device string, fw *fleet.Firmware, art fleet.Artifact, err error) {
+	if tenant, device, err = s.ddiDevice(w, r); err != nil {
+		return
+	}
+	id, err := s.ddiModule(r, tenant, device)
+	if err != nil {
+		return
+	}
+	fw, art, err = s.Firmware.OpenComponent(r.Context(), tenant, id)
+	return
+}
+
+// ddiModule reads the path's firmware id (a software module), which a
+// device may read only if one of its update_firmware actions installs it;
+// a gateway may read any of the tenant's.
+func (s *Server) ddiModule(r *http.Request, tenant, device string) (uuid.UUID, error) {
+	id, err := uuid.Parse(r.PathValue("moduleId"))
+	if err != nil {
+		return id, fleet.FieldErrors(map[string]string{"moduleId": "must be a firmware id (a UUID), as deploymentBase links to it"})
+	}
+	if ddiGateway(r) {
+		return id, nil
+	}
+	const limit = 100 // the device's latest update_firmware actions
+	das, _, err := s.Actions.FindDeviceActions(r.Context(), tenant, fleet.DeviceActionFilter{
+		DeviceID: device, Type: fleet.ActionUpdateFirmware, SortBy: "action_id", Page: fleet.Page{Page: 1, Limit: limit}})
+	if err != nil {
+		return id, err
+	}
+	looked := map[string]bool{}
+	for _, da := range das {
+		if !da.ActionStatus.Sent() || looked[da.Params] {
+			continue
+		}
+		looked[da.Params] = true
+		b, err := s.ddiBundleOf(r, tenant, da)
+		if fleet.ErrorCode(err) == fleet.ENOTFOUND {
+			continue
+		} else if err != nil {
+			return id, err
+		}
+		for _, fw := range b.Firmwares {
+			if fw.ID == id {
+				return id, nil
+			}
+		}
+	}
+	return id, fleet.Errorf(fleet.ENOTFOUND, "no update_firmware action of device %s installs firmware %s", device, id)
+}
+
+// ddiGateway reports whether the request authenticated with a gateway
+// token (ddiDevice checked it), which speaks for every device.
+func ddiGateway(r *http.Request) bool {
+	scheme, _, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+	return strings.EqualFold(scheme, "GatewayToken")
 }
 
 // ddiCancelOf is the cancel_action sent to the device that stops the
@@ -460,15 +628,12 @@ func (s *Server) readFeedback(w http.ResponseWriter, r *http.Request, da *fleet.
 	return rep, nil
 }
 
-// ddiIgnored reads the fields DDI clients send that fleetd has no use
-// for: the id the path names already, and the device's clock (time in
-// DDI 1.0's local "20140511T121314", timestamp in later versions), which
-// is not fleetd's to order reports by. Other unknown fields are refused.
-func ddiIgnored(f *fleet.Fields) {
-	for _, k := range []string{"id", "time", "timestamp"} {
-		f.Value(k, false)
-	}
-}
+// ddiIgnored lets pass the fields of a feedback or configData body fleetd
+// does not read, as hawkBit does: the id the path names already, the
+// device's clock (time in DDI 1.0's local "20140511T121314", timestamp in
+// later versions), which is not fleetd's to order reports by, and whatever
+// a newer client adds.
+func ddiIgnored(f *fleet.Fields) { f.IgnoreUnknown() }
 
 func oneOf(v string, allowed []string) bool {
 	for _, a := range allowed {
@@ -494,6 +659,10 @@ func (s *Server) ddiFeedback(typ string) handlerFunc {
 		}
 		if err != nil {
 			return err
+		}
+		if da.ActionStatus.Final() {
+			// As upstream: the device stops reporting on it.
+			return fleet.Errorf(fleet.EGONE, "action %d is finished on device %s (%s); it takes no more feedback", da.ActionID, device, da.ActionStatus)
 		}
 		rep, err := s.readFeedback(w, r, da)
 		if err != nil {
@@ -524,8 +693,7 @@ func (s *Server) handleDDIConfigData(w http.ResponseWriter, r *http.Request) err
 		return err
 	}
 	f := fleet.NewFields(v)
-	ddiIgnored(f)
-	f.Value("status", false) // SWUpdate sends a status beside its data
+	ddiIgnored(f) // SWUpdate sends a status beside its data
 	data := f.StringMap("data", true)
 	mode := f.String("mode", false)
 	if mode == "" {
@@ -567,20 +735,17 @@ func (s *Server) handleDDIConfigData(w http.ResponseWriter, r *http.Request) err
 // handleDDIArtifact downloads a component's file, with Range and ETag, or
 // its MD5SUM line (the file name with .MD5SUM appended).
 func (s *Server) handleDDIArtifact(w http.ResponseWriter, r *http.Request) error {
-	tenant, _, err := s.ddiDevice(w, r)
-	if err != nil {
-		return err
-	}
-	id, err := uuid.Parse(r.PathValue("moduleId"))
-	if err != nil {
-		return fleet.FieldErrors(map[string]string{"moduleId": "must be a firmware id (a UUID), as deploymentBase links to it"})
-	}
-	fw, art, err := s.Firmware.OpenComponent(r.Context(), tenant, id)
+	_, _, fw, art, err := s.ddiOpenModule(w, r)
 	if err != nil {
 		return err
 	}
 	defer art.Close()
 	file, name := path.Base(fw.FileName), r.PathValue("fileName")
+	// hawkBit's ETag is the SHA-1 its deployment advertises; fleetd's is
+	// the SHA-256 (the checksum). A client's If-Match may name either.
+	if m := strings.Trim(r.Header.Get("If-Match"), `"`); m != "" && strings.EqualFold(m, fw.SHA1) {
+		r.Header.Set("If-Match", `"`+fw.Checksum+`"`)
+	}
 	if ra, ok := art.(fleet.RedirectArtifact); ok && name == file {
 		http.Redirect(w, r, ra.RedirectURL(), http.StatusTemporaryRedirect)
 		return nil

@@ -18,6 +18,7 @@ var statuses = map[string]int{
 	fleet.ENOTFOUND:         http.StatusNotFound,
 	fleet.EMETHODNOTALLOWED: http.StatusMethodNotAllowed,
 	fleet.ECONFLICT:         http.StatusConflict,
+	fleet.EGONE:             http.StatusGone,
 	fleet.ETOOLARGE:         http.StatusRequestEntityTooLarge,
 	fleet.EUNSUPPORTED:      http.StatusUnsupportedMediaType,
 	fleet.ERANGE:            http.StatusRequestedRangeNotSatisfiable,

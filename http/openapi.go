@@ -402,8 +402,11 @@ func errorCodesDescription() string {
 	var parts []string
 	for _, c := range codes {
 		part := fmt.Sprintf("%s (%d", c, statuses[c])
-		if c == fleet.ERANGE {
+		switch c {
+		case fleet.ERANGE:
 			part += ", artifact downloads"
+		case fleet.EGONE:
+			part += ", DDI feedback on a finished action"
 		}
 		parts = append(parts, part+")")
 	}

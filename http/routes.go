@@ -199,21 +199,30 @@ func (s *Server) addRoutes() []route {
 		// path, not in x-service-tenant.
 		{"GET " + ddiPrefix, public, s.handleDDIBase, op{Tag: "hawkbit", Summary: "DDI polling root: config.polling.sleep, and _links to the deployment or cancellation the device should follow (and configData until the device sent its attributes)", Resp: ddiControllerBase{}}},
 		{"GET " + ddiPrefix + "/deploymentBase/{actionId}", public, s.handleDDIDeployment, op{Tag: "hawkbit", Summary: "DDI deployment: an update_firmware action, one chunk per component of the bundle with its artifact (filename, size, sha1/md5/sha256, download links); reading it hands the action to the device (Initiated)",
-			Query: []param{ddiActionIDParam}, Resp: ddiDeploymentBase{}}},
-		{"POST " + ddiPrefix + "/deploymentBase/{actionId}/feedback", public, s.ddiFeedback(fleet.ActionUpdateFirmware), op{Tag: "hawkbit", Summary: "DDI deployment feedback: closed+success is Completed (the versions recorded on the device), closed+failure Failed with the details as errors, anything else progress (cnt/of as the percentage)",
+			Query: []param{ddiActionIDParam, ddiResourceParam, ddiHistoryParam}, Resp: ddiDeploymentBase{}}},
+		{"POST " + ddiPrefix + "/deploymentBase/{actionId}/feedback", public, s.ddiFeedback(fleet.ActionUpdateFirmware), op{Tag: "hawkbit", Summary: "DDI deployment feedback: closed+success is Completed (the versions recorded on the device), closed+failure Failed with the details as errors, anything else progress (cnt/of as the percentage); unknown fields ignored; 410 once the action is finished",
 			Query: []param{ddiActionIDParam}, Body: ddiFeedback{}}},
+		{"GET " + ddiPrefix + "/installedBase/{actionId}", public, s.handleDDIInstalled, op{Tag: "hawkbit", Summary: "DDI installed deployment: a Completed update_firmware action of the device, as deploymentBase showed it (to install it again); 404 for one not Completed",
+			Query: []param{ddiActionIDParam, ddiHistoryParam}, Resp: ddiDeploymentBase{}}},
+		{"GET " + ddiPrefix + "/softwaremodules/{moduleId}/artifacts", public, s.handleDDIModuleArtifacts, op{Tag: "hawkbit", Summary: "DDI artifacts of a software module (a component version): its file, as a deployment lists it; only for a device with an update_firmware action that installs it, or a gateway token",
+			Query: []param{{Name: "moduleId", In: "path", Format: "uuid", Desc: "the firmware's id"}}, Resp: []ddiArtifact{}}},
 		{"GET " + ddiPrefix + "/cancelAction/{actionId}", public, s.handleDDICancel, op{Tag: "hawkbit", Summary: "DDI cancellation of action actionId (id and stopId both name it): reading it hands the cancel_action to the device",
 			Query: []param{ddiActionIDParam}, Resp: ddiCancel{}}},
 		{"POST " + ddiPrefix + "/cancelAction/{actionId}/feedback", public, s.ddiFeedback(fleet.ActionCancel), op{Tag: "hawkbit", Summary: "DDI cancellation feedback on action actionId: closed or canceled completes the cancel_action and cancels the action; rejected or closed+failure fails it, and the action goes on",
 			Query: []param{ddiActionIDParam}, Body: ddiFeedback{}}},
 		{"PUT " + ddiPrefix + "/configData", public, s.handleDDIConfigData, op{Tag: "hawkbit", Summary: "DDI configData: the device's attributes, stored in its metadata (mode merge, replace or remove)", Body: ddiConfigData{}}},
-		{"GET " + ddiPrefix + "/softwaremodules/{moduleId}/artifacts/{fileName}", public, s.handleDDIArtifact, op{Tag: "hawkbit", Summary: "DDI artifact download: a component's file, with Range (206, 416), ETag and If-None-Match; {fileName}.MD5SUM is its MD5 line",
+		{"GET " + ddiPrefix + "/softwaremodules/{moduleId}/artifacts/{fileName}", public, s.handleDDIArtifact, op{Tag: "hawkbit", Summary: "DDI artifact download: a component's file, with Range (206, 416), ETag, If-None-Match and If-Match (its SHA-256 or SHA-1); {fileName}.MD5SUM is its MD5 line; only for a device with an update_firmware action that installs it, or a gateway token",
 			Query: []param{{Name: "moduleId", In: "path", Format: "uuid", Desc: "the firmware's id"}}, Raw: "application/octet-stream"}},
 	}
 }
 
-// ddiActionIDParam is the action id in a DDI path.
-var ddiActionIDParam = param{Name: "actionId", In: "path", Type: "integer", Desc: "the action's id"}
+// ddiActionIDParam is the action id in a DDI path; ddiHistoryParam asks
+// for the action's messages.
+var (
+	ddiActionIDParam = param{Name: "actionId", In: "path", Type: "integer", Desc: "the action's id"}
+	ddiHistoryParam  = param{Name: "actionHistory", In: "query", Type: "integer", Desc: "how many of the action's messages to show in actionHistory: 0 (the default) none, below 0 all"}
+	ddiResourceParam = param{Name: "c", In: "query", Type: "integer", Desc: "upstream's hash of the resource; accepted and not needed"}
+)
 
 // pageParams are the paging parameters of every list.
 var pageParams = []param{

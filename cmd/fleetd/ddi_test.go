@@ -98,6 +98,7 @@ func TestDDI(t *testing.T) {
 		payload := bytes.Repeat([]byte("rootfs 2.0.0 "), 5000)
 		s.mustUpload(t, admin, ddiBundle(t, "2.0.0", "images/rootfs.swu", payload))
 
+		gateway := s.newKey(t, admin, "gateway", "device")
 		t.Run("Authentication", func(t *testing.T) {
 			for name, auth := range map[string]string{
 				"None":             "",
@@ -113,7 +114,7 @@ func TestDDI(t *testing.T) {
 			if resp, _ := s.ddi(t, "GET", "/beta/controller/v1/ecu-1", target, nil); resp.StatusCode != 401 {
 				t.Errorf("another tenant's path: %d, want 401", resp.StatusCode)
 			}
-			gw := s.newKey(t, admin, "gateway", "device")
+			gw := gateway
 			if resp, body := s.ddi(t, "GET", root, "GatewayToken "+gw.Key, nil); resp.StatusCode != 200 {
 				t.Errorf("gateway token with the device role: %d %s", resp.StatusCode, body)
 			}
@@ -226,16 +227,17 @@ func TestDDI(t *testing.T) {
 			}{
 				{map[string]any{"status": map[string]any{"execution": "sleeping"}}, 400},
 				{map[string]any{"status": map[string]any{"execution": "closed", "result": map[string]any{"finished": "maybe"}}}, 400},
-				{map[string]any{"id": 1, "status": map[string]any{"execution": "closed"}, "extra": true}, 400},
 				{map[string]any{}, 400},
 			} {
 				if resp, body := s.ddi(t, "POST", feedback, target, c.body); resp.StatusCode != c.want {
 					t.Errorf("%v: %d %s, want %d", c.body, resp.StatusCode, body, c.want)
 				}
 			}
-			// As SWUpdate sends it: id, the device's local time, cnt/of.
+			// As SWUpdate sends it: id, the device's local time, cnt/of; and
+			// fields fleetd does not know, which upstream ignores.
 			proceeding := map[string]any{"id": id, "time": "20261125T101314", "status": map[string]any{"execution": "proceeding",
-				"result": map[string]any{"finished": "none", "progress": map[string]any{"cnt": 1, "of": 4}}, "details": []string{"Installing"}}}
+				"result": map[string]any{"finished": "none", "progress": map[string]any{"cnt": 1, "of": 4}}, "details": []string{"Installing"}, "code": 7},
+				"extra": true}
 			if resp, body := s.ddi(t, "POST", feedback, target, proceeding); resp.StatusCode != 200 {
 				t.Fatalf("proceeding: %d %s", resp.StatusCode, body)
 			}
@@ -251,10 +253,11 @@ func TestDDI(t *testing.T) {
 			if da.ActionStatus != "Failed" || fmt.Sprint(da.Errors["Failed"]) != "[ERROR : no space left on device]" {
 				t.Fatalf("after closed+failure: %+v", da)
 			}
-			// A final state never changes; the device is told all is well.
+			// A final state never changes; as upstream, the device is told
+			// the action is gone.
 			success := map[string]any{"status": map[string]any{"execution": "closed", "result": map[string]any{"finished": "success"}}}
-			if resp, _ := s.ddi(t, "POST", feedback, target, success); resp.StatusCode != 200 {
-				t.Fatalf("after the end: %d", resp.StatusCode)
+			if resp, body := s.ddi(t, "POST", feedback, target, success); resp.StatusCode != 410 {
+				t.Fatalf("after the end: %d %s, want 410", resp.StatusCode, body)
 			}
 			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Failed" {
 				t.Fatalf("a report after the end changed %+v", da)
@@ -272,6 +275,7 @@ func TestDDI(t *testing.T) {
 		// A cancellation as DDI's documentation has it: the cancelAction
 		// resource's id is its stopId, the action it stops, and feedback is
 		// posted under it; the device may reject it and finish the update.
+		var installed int64 // an update ecu-1 completed
 		t.Run("Cancel", func(t *testing.T) {
 			for _, c := range []struct {
 				answer      map[string]any
@@ -336,6 +340,69 @@ func TestDDI(t *testing.T) {
 				if d.Components["rootfs"] != c.recordedVer {
 					t.Fatalf("components = %v, want rootfs %q", d.Components, c.recordedVer)
 				}
+				if c.thenClosed == "Completed" {
+					installed = id
+				}
+			}
+		})
+
+		// Upstream's resources and parameters that clients use.
+		t.Run("Upstream", func(t *testing.T) {
+			if installed == 0 {
+				t.Skip("no completed update")
+			}
+			resp, body := s.ddi(t, "GET", fmt.Sprintf("%s/deploymentBase/%d?c=-2083934651&actionHistory=2", root, id), target, nil)
+			var hist struct {
+				ActionHistory struct {
+					Status   string
+					Messages []string
+				} `json:"actionHistory"`
+			}
+			json.Unmarshal(body, &hist)
+			if resp.StatusCode != 200 || hist.ActionHistory.Status != "ERROR" || len(hist.ActionHistory.Messages) != 2 ||
+				hist.ActionHistory.Messages[1] != "Failed: ERROR : no space left on device" {
+				t.Fatalf("deploymentBase with ?c= and ?actionHistory=2: %d %s", resp.StatusCode, body)
+			}
+			if resp, body := s.ddi(t, "GET", fmt.Sprintf("%s/deploymentBase/%d?actionHistory=x", root, id), target, nil); resp.StatusCode != 400 {
+				t.Fatalf("?actionHistory=x: %d %s, want 400", resp.StatusCode, body)
+			}
+			resp, body = s.ddi(t, "GET", fmt.Sprintf("%s/installedBase/%d", root, installed), target, nil)
+			var inst map[string]any
+			json.Unmarshal(body, &inst)
+			if resp.StatusCode != 200 || inst["id"] != fmt.Sprint(installed) || keys(inst) != "deployment id" {
+				t.Fatalf("installedBase of the completed update: %d %s", resp.StatusCode, body)
+			}
+			if resp, _ := s.ddi(t, "GET", fmt.Sprintf("%s/installedBase/%d", root, id), target, nil); resp.StatusCode != 404 {
+				t.Fatalf("installedBase of the failed update: %d, want 404", resp.StatusCode)
+			}
+			art := inst["deployment"].(map[string]any)["chunks"].([]any)[0].(map[string]any)["artifacts"].([]any)[0].(map[string]any)
+			href := strings.TrimPrefix(art["_links"].(map[string]any)["download"].(map[string]any)["href"].(string), s.URL)
+			module := strings.TrimSuffix(href, "/rootfs.swu")
+			resp, body = s.ddi(t, "GET", module, target, nil)
+			var list []map[string]any
+			json.Unmarshal(body, &list)
+			if resp.StatusCode != 200 || len(list) != 1 || list[0]["filename"] != "rootfs.swu" || fmt.Sprint(list[0]["hashes"]) != fmt.Sprint(art["hashes"]) {
+				t.Fatalf("the module's artifacts: %d %s", resp.StatusCode, body)
+			}
+			// If-Match with the SHA-1 the deployment advertises.
+			sha := art["hashes"].(map[string]any)["sha1"].(string)
+			if resp, body := s.ddi(t, "GET", href, target, nil, "If-Match", `"`+sha+`"`); resp.StatusCode != 200 || !bytes.Equal(body, payload) {
+				t.Fatalf("If-Match with the SHA-1: %d, %d bytes", resp.StatusCode, len(body))
+			}
+			if resp, _ := s.ddi(t, "GET", href, target, nil, "If-Match", `"0000"`); resp.StatusCode != 412 {
+				t.Fatalf("If-Match with another hash: %d, want 412", resp.StatusCode)
+			}
+			// Another device, with no action that names it, gets neither the
+			// list nor the file; a gateway may.
+			ecu2 := "TargetToken " + other.Token
+			for _, p := range []string{module, href} {
+				p2 := strings.Replace(p, "/ecu-1/", "/ecu-2/", 1)
+				if resp, _ := s.ddi(t, "GET", p2, ecu2, nil); resp.StatusCode != 404 {
+					t.Errorf("%s by ecu-2: %d, want 404", p2, resp.StatusCode)
+				}
+				if resp, _ := s.ddi(t, "GET", p2, "GatewayToken "+gateway.Key, nil); resp.StatusCode != 200 {
+					t.Errorf("%s by a gateway: %d, want 200", p2, resp.StatusCode)
+				}
 			}
 		})
 
@@ -347,7 +414,7 @@ func TestDDI(t *testing.T) {
 			if c := put(map[string]any{"id": "", "time": "20261125T101314", "status": map[string]any{"execution": "closed"}, "data": map[string]any{"hwRevision": "2", "VIN": "JH4"}}); c != 200 {
 				t.Fatalf("merge: %d", c)
 			}
-			if c := put(map[string]any{"mode": "remove", "data": map[string]any{"VIN": ""}}); c != 200 {
+			if c := put(map[string]any{"mode": "remove", "data": map[string]any{"VIN": ""}, "extra": 1}); c != 200 {
 				t.Fatalf("remove: %d", c)
 			}
 			if c := put(map[string]any{"mode": "swap", "data": map[string]any{}}); c != 400 {
