@@ -394,8 +394,10 @@ func ddiUpdate(t *testing.T, s *testServer, w *world) int64 {
 // and returns its id.
 func ddiCancelOf(t *testing.T, s *testServer, w *world) int64 {
 	t.Helper()
-	return s.dispatch(t, w.admin, map[string]any{"action": "cancel_action", "params": map[string]any{"action_id": ddiUpdate(t, s, w)},
+	update := ddiUpdate(t, s, w)
+	s.dispatch(t, w.admin, map[string]any{"action": "cancel_action", "params": map[string]any{"action_id": update},
 		"search_type": "default", "device_ids": []string{w.device}})
+	return update
 }
 
 // ddiHeader is how the suites authenticate to DDI endpoints: the caller's

@@ -84,8 +84,10 @@ await run(async (browser, watch) => {
   await shot(page, "settings-audit");
   await page.getByLabel("Actor").fill("ci-runner");
   await page.getByRole("button", { name: "Filter" }).click();
-  await page.getByText("1 entries").waitFor();
+  // The key's holder made a device and signed in (its session's start).
+  await page.getByText("2 entries").waitFor();
   await rowOf("device.create", "devices/made-by-ci").waitFor();
+  await rowOf("console.session.start", "console-sessions/").waitFor();
   assert.equal(await rowOf("apikey.create", "apikeys/ci-runner").count(), 0, "the admin's changes are filtered out");
   await page.getByLabel("Actor").fill("");
   await page.getByLabel("Action").fill("apikey");
