@@ -385,7 +385,7 @@ func TestDeviceSearchBadInput(t *testing.T) {
 
 // openWithRaw opens a migrated store and a connection of the test's own
 // to its database.
-func openWithRaw(t *testing.T, b sqlstoretest.Backend) (*sqlstore.DB, *sql.DB) {
+func openWithRaw(t testing.TB, b sqlstoretest.Backend) (*sqlstore.DB, *sql.DB) {
 	t.Helper()
 	dsn := b.DSN(t)
 	db, err := sqlstore.Open(context.Background(), dsn, sqlstore.Options{})

@@ -23,7 +23,7 @@ func mustOpen(t *testing.T, b sqlstoretest.Backend) (*sqlstore.DB, *testclock.Cl
 // openRaw opens the database at dsn of backend b with database/sql
 // alone, for what a test writes or reads past the store; it is closed when
 // the test ends.
-func openRaw(t *testing.T, b sqlstoretest.Backend, dsn string) *sql.DB {
+func openRaw(t testing.TB, b sqlstoretest.Backend, dsn string) *sql.DB {
 	t.Helper()
 	driver := "pgx"
 	if b.Name == "sqlite" {
