@@ -44,17 +44,7 @@ func TestIdleConnectionMemory(t *testing.T) {
 		}
 		return m != nil
 	})
-	admin := s.admin()
-	devs := make([]map[string]any, idleDevices)
-	for i := range devs {
-		devs[i] = map[string]any{"id": fmt.Sprint("idle-", i)}
-	}
-	var out struct{ Devices []struct{ ID, Token string } }
-	s.do(t, admin, "POST", "/api/v1/devices/bulk", map[string]any{"devices": devs}).want(t, 201).decode(t, &out)
-	tokens := map[string]string{}
-	for _, d := range out.Devices {
-		tokens[d.ID] = d.Token
-	}
+	tokens := provisionIdle(t, s, nil)
 	// fleetd's figures are taken after a collection that gives back what it
 	// freed: without one, the resident size holds the garbage of the
 	// connections' handshakes and the stacks of their ended goroutines
@@ -209,4 +199,64 @@ func readPacket(r *bufio.Reader) (byte, []byte, error) {
 	body := make([]byte, n)
 	_, err = io.ReadFull(r, body)
 	return first >> 4, body, err
+}
+
+// TestIdleMemoryAsOperator measures an idle connection's cost as an
+// operator's `ps` shows it: the same 2,000 devices as
+// TestIdleConnectionMemory, but no collection forced and nothing given
+// back to the system on fleetd's behalf; the resident size is read before
+// they connect and once the fleet has been idle FLEETD_IDLE_FOR (60s in
+// BENCHMARKS.md). It runs only when that is set: it takes over a minute.
+// The runtime's own figures, logged beside it, say where the rest is.
+func TestIdleMemoryAsOperator(t *testing.T) {
+	idle, err := time.ParseDuration(os.Getenv("FLEETD_IDLE_FOR"))
+	if err != nil {
+		t.Skip("set FLEETD_IDLE_FOR (e.g. 60s) to measure idle connections' memory as ps shows it")
+	}
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("VmRSS is read from /proc")
+	}
+	b := sqlstoretest.Backends()[0]
+	s := &testServer{DSN: b.DSN(t), DataDir: t.TempDir(), output: &lockedBuffer{}}
+	tokens := provisionIdle(t, s, startProcess(t, s, "--rate-limit", "-1"))
+	// Restarted, as after an upgrade: the devices reconnect to a fleetd
+	// that has not just provisioned them (whose garbage would otherwise
+	// count in the figure before).
+	p := startProcess(t, s, "--rate-limit", "-1", "--pprof-addr", "127.0.0.1:0")
+	runtimeFigures := func(when string) {
+		t.Logf("%s: heap in use %.1f MB, idle %.1f MB (released %.1f MB), stacks %.1f MB, goroutines %.0f, GCs %.0f",
+			when, metric(t, s.URL, "go_memstats_heap_inuse_bytes")/(1<<20), metric(t, s.URL, "go_memstats_heap_idle_bytes")/(1<<20),
+			metric(t, s.URL, "go_memstats_heap_released_bytes")/(1<<20), metric(t, s.URL, "go_memstats_stack_inuse_bytes")/(1<<20),
+			metric(t, s.URL, "go_goroutines"), metric(t, s.URL, "go_gc_duration_seconds_count"))
+	}
+	runtimeFigures("before")
+	cost := measureIdle(t, "fleetd", p.cmd.Process.Pid, s.MQTTAddr, func(id string) (string, string) {
+		return "default/" + id, tokens[id]
+	}, func() {}, func() {
+		eventually(t, "every connection parked", func() bool { return metric(t, s.URL, "fleetd_mqtt_parked_connections") == idleDevices })
+		runtimeFigures("parked")
+		<-time.After(idle) // the measure is what an idle minute leaves, not a condition to wait on
+		runtimeFigures(fmt.Sprint("idle ", idle))
+	})
+	t.Logf("%d connections idle %s, no forced collection: fleetd %s", idleDevices, idle, cost)
+}
+
+// provisionIdle creates the idle devices (idle-0 …) and returns their
+// tokens; given a process, it stops it once they are created.
+func provisionIdle(t *testing.T, s *testServer, p *process) map[string]string {
+	t.Helper()
+	devs := make([]map[string]any, idleDevices)
+	for i := range devs {
+		devs[i] = map[string]any{"id": fmt.Sprint("idle-", i)}
+	}
+	var out struct{ Devices []struct{ ID, Token string } }
+	s.do(t, s.admin(), "POST", "/api/v1/devices/bulk", map[string]any{"devices": devs}).want(t, 201).decode(t, &out)
+	tokens := map[string]string{}
+	for _, d := range out.Devices {
+		tokens[d.ID] = d.Token
+	}
+	if p != nil {
+		p.kill()
+	}
+	return tokens
 }
