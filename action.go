@@ -15,6 +15,7 @@ const (
 	SearchAll      = "all"      // every device of the tenant
 	SearchMetadata = "metadata" // metadata[search_key] == search_query
 	SearchSearch   = "search"   // id or metadata value contains search_query, ignoring case
+	SearchGroup    = "group"    // the devices of the group (docs/twin.md) at dispatch
 )
 
 // Special actions (DESIGN §4): the server does more than deliver them.
@@ -106,6 +107,7 @@ type Dispatch struct {
 	DeviceIDs   []string // SearchDefault only; distinct
 	SearchKey   string
 	SearchQuery string
+	Group       string          // SearchGroup only: the group's name
 	Metadata    json.RawMessage // a JSON object, or nil
 	Timeout     int64           // seconds
 	UserEmail   string
@@ -206,16 +208,30 @@ func ReadDispatch(f *Fields, withSchedule bool) Dispatch {
 		} else if d.SearchQuery == "" {
 			f.Fail("search_query", "must not be empty")
 		}
+	case SearchGroup:
+		if !f.Has("group") {
+			f.Fail("group", "is required when search_type is group")
+		} else if d.Group = f.String("group", false); !ValidGroupName(d.Group) {
+			f.Fail("group", GroupNameRule)
+		}
+		// The action shows its group as its search_query.
+		d.SearchKey, d.SearchQuery = "", d.Group
 	case "":
 		// String has recorded the problem, or it is an empty string.
 		if f.Has("search_type") {
-			f.Fail("search_type", "must be one of default, all, metadata, search")
+			f.Fail("search_type", searchTypeRule)
 		}
 	default:
-		f.Fail("search_type", "must be one of default, all, metadata, search")
+		f.Fail("search_type", searchTypeRule)
+	}
+	if f.Has("group") && d.SearchType != SearchGroup {
+		f.String("group", false)
+		f.Fail("group", "is only for search_type group")
 	}
 	return d
 }
+
+const searchTypeRule = "must be one of default, all, metadata, search, group"
 
 // mustJSON encodes a canonical value, which always encodes.
 func mustJSON(v any) json.RawMessage {

@@ -31,12 +31,20 @@ type NewDevice struct {
 }
 
 // DeviceFilter selects devices. Search matches the id or any metadata value,
-// case-insensitively; Metadata requires each key to equal its value.
+// case-insensitively; Metadata requires each key to equal its value;
+// Shadow, ShadowInSync or ShadowOutOfSync, the state of the shadow.
 type DeviceFilter struct {
 	Search   string
 	Metadata map[string]string
+	Shadow   string
 	Page
 }
+
+// The values of DeviceFilter.Shadow. A device without a shadow is in sync.
+const (
+	ShadowInSync    = "in_sync"
+	ShadowOutOfSync = "out_of_sync"
+)
 
 // Limits on device ids and metadata (DESIGN §2, issue 2).
 const (

@@ -31,11 +31,12 @@ func init() {
 type dispatchBody struct {
 	Action      string         `json:"action" openapi:"required" doc:"the action's name, 1-128 characters; update_firmware and cancel_action are special"`
 	Params      map[string]any `json:"params" openapi:"required" doc:"what the devices receive, as a JSON text, in the message's payload"`
-	SearchType  string         `json:"search_type" openapi:"required" doc:"default (exactly device_ids), all, metadata (metadata[search_key] equals search_query) or search (id or metadata value, under search_key when given, contains search_query, ignoring case)"`
+	SearchType  string         `json:"search_type" openapi:"required" doc:"default (exactly device_ids), all, metadata (metadata[search_key] equals search_query) search (id or metadata value, under search_key when given, contains search_query, ignoring case) or group (the devices of the group named by group, at dispatch)"`
 	DeviceIDs   []string       `json:"device_ids,omitempty" doc:"search_type default: the devices, every one of which must exist"`
 	Metadata    map[string]any `json:"metadata,omitempty" doc:"anything worth keeping with the action; stored and shown"`
 	SearchKey   string         `json:"search_key,omitempty"`
 	SearchQuery string         `json:"search_query,omitempty"`
+	Group       string         `json:"group,omitempty" doc:"search_type group: the group's name; the action shows it as its search_query"`
 	Timeout     int64          `json:"timeout,omitempty" doc:"seconds, 1 to 31536000 (default 86400), counted from the device's receipt; a device action not final by then fails with status TimedOut"`
 }
 

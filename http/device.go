@@ -115,7 +115,8 @@ func (s *Server) handleCreateDevices(w http.ResponseWriter, r *http.Request) err
 
 func (s *Server) handleListDevices(w http.ResponseWriter, r *http.Request) error {
 	q := newQuery(r)
-	filter := fleet.DeviceFilter{Search: q.String("search"), Metadata: q.Prefixed("metadata."), Page: q.Page()}
+	filter := fleet.DeviceFilter{Search: q.String("search"), Metadata: q.Prefixed("metadata."),
+		Shadow: q.Enum("shadow", "", fleet.ShadowInSync, fleet.ShadowOutOfSync), Page: q.Page()}
 	if err := q.Err(); err != nil {
 		return err
 	}

@@ -29,6 +29,7 @@ func (s *Server) addRoutes() []route {
 		{"GET /api/v1/devices", fleet.PermRead, s.handleListDevices, op{Tag: "devices", Summary: "List devices", Query: append([]param{
 			{Name: "search", Desc: "case-insensitive substring of the id or of any metadata value"},
 			{Name: "metadata.{key}", Desc: "metadata value under key must equal this; repeatable with other keys"},
+			{Name: "shadow", Desc: "in_sync: devices whose shadow's delta is empty (or that have none); out_of_sync: the others", Enum: []string{fleet.ShadowInSync, fleet.ShadowOutOfSync}},
 		}, pageParams...), Resp: deviceList{}}},
 		{"GET /api/v1/devices/{id}", fleet.PermRead, s.handleGetDevice, op{Tag: "devices", Summary: "Read a device", Resp: fleet.Device{}}},
 		{"PATCH /api/v1/devices/{id}", fleet.PermOperate, s.handlePatchDevice, op{Tag: "devices", Summary: "Merge into a device's metadata (null deletes a key)", Body: devicePatch{}, OK: http.StatusNoContent, Resp: fleet.Device{}}},
@@ -54,6 +55,16 @@ func (s *Server) addRoutes() []route {
 		{"GET /api/v1/devices/{id}/remote-sessions", fleet.PermRead, s.handleListRemoteSessions, op{Tag: "remote",
 			Summary: "A device's remote sessions, newest first: who, what, when, bytes each way and why each ended",
 			Query:   pageParams, Resp: remoteSessionList{}}},
+
+		{"POST /api/v1/groups", fleet.PermOperate, s.handleCreateGroup, op{Tag: "groups",
+			Summary: "Save a group: a selector over metadata and reported state whose devices are chosen at each read (a malformed selector is 400 naming the position)",
+			Body:    groupCreate{}, OK: http.StatusCreated, Resp: fleet.Group{}}},
+		{"GET /api/v1/groups", fleet.PermRead, s.handleListGroups, op{Tag: "groups", Summary: "List groups by name, each with the number of its devices now", Query: pageParams, Resp: groupList{}}},
+		{"GET /api/v1/groups/{name}", fleet.PermRead, s.handleGetGroup, op{Tag: "groups", Summary: "Read a group, with the number of its devices now", Resp: fleet.Group{}}},
+		{"PUT /api/v1/groups/{name}", fleet.PermOperate, s.handleUpdateGroup, op{Tag: "groups", Summary: "Replace a group's selector and description",
+			Body: groupUpdate{}, OK: http.StatusNoContent, Resp: fleet.Group{}}},
+		{"DELETE /api/v1/groups/{name}", fleet.PermOperate, s.handleDeleteGroup, op{Tag: "groups", Summary: "Delete a group (its devices are untouched)", OK: http.StatusNoContent}},
+		{"GET /api/v1/groups/{name}/devices", fleet.PermRead, s.handleListGroupDevices, op{Tag: "groups", Summary: "The devices the group's selector chooses now, by id", Query: pageParams, Resp: deviceList{}}},
 
 		{"POST /mock/api/v1/actions", fleet.PermOperate, s.handleMockDispatch, op{Tag: "actions",
 			Summary: "S1: dispatch an action; the answer is empty, with the action's Location",

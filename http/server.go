@@ -71,6 +71,7 @@ type Server struct {
 	Tenants    fleet.TenantService
 	Devices    fleet.DeviceService
 	Shadows    fleet.ShadowService
+	Groups     fleet.GroupService
 	Audit      fleet.AuditService
 	TenantAuth fleet.TenantAuthService  // S9 configuration
 	Tokens     fleet.TokenAuthenticator // end users' bearer tokens; nil: API keys only

@@ -24,7 +24,7 @@ func (db *DB) DispatchAction(ctx context.Context, tenant string, d *fleet.Dispat
 	var a *fleet.Action
 	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		var err error
-		sel, err := db.dialect.selectionOf(tenant, d)
+		sel, err := db.dialect.selectionOf(ctx, tx, tenant, d)
 		if err != nil {
 			return err
 		}
@@ -80,24 +80,24 @@ func (db *DB) analyzeAfterWrite(ctx context.Context, table string, n int) {
 // for devicesWhere to choose the reading of, and, for search_type default,
 // the ids, every one of which must be selected.
 type selection struct {
-	cond   string
-	args   []any
-	device *deviceCond
-	ids    []string
+	cond    string
+	args    []any
+	devices []deviceCond
+	ids     []string
 }
 
 // where returns sel's condition and its arguments, and how many devices
 // it selects when that was counted, else -1.
 func (sel selection) where(ctx context.Context, q querier) (string, []any, int, error) {
-	if sel.device != nil {
-		return devicesWhere(ctx, q, []deviceCond{*sel.device})
+	if sel.devices != nil {
+		return devicesWhere(ctx, q, sel.devices)
 	}
 	return sel.cond, sel.args, -1, nil
 }
 
 // selectionOf is the selection of a dispatch's search type (DESIGN §4)
-// among tenant's devices.
-func (d8 dialect) selectionOf(tenant string, d *fleet.Dispatch) (selection, error) {
+// among tenant's devices; q reads a group's selector.
+func (d8 dialect) selectionOf(ctx context.Context, q querier, tenant string, d *fleet.Dispatch) (selection, error) {
 	switch d.SearchType {
 	case fleet.SearchDefault:
 		return selection{ids: d.DeviceIDs}, nil
@@ -107,16 +107,22 @@ func (d8 dialect) selectionOf(tenant string, d *fleet.Dispatch) (selection, erro
 		if err := checkText("search_query", d.SearchKey+d.SearchQuery); err != nil {
 			return selection{}, err
 		}
-		c := d8.metadataIs(tenant, d.SearchKey, d.SearchQuery)
-		return selection{device: &c}, nil
+		return selection{devices: []deviceCond{d8.metadataIs(tenant, d.SearchKey, d.SearchQuery)}}, nil
 	case fleet.SearchSearch:
 		if err := checkText("search_query", d.SearchKey+d.SearchQuery); err != nil {
 			return selection{}, err
 		}
-		c := d8.deviceSearch(tenant, d.SearchKey, d.SearchQuery)
-		return selection{device: &c}, nil
+		return selection{devices: []deviceCond{d8.deviceSearch(tenant, d.SearchKey, d.SearchQuery)}}, nil
+	case fleet.SearchGroup:
+		sel, err := groupSelector(ctx, q, tenant, d.Group)
+		if fleet.ErrorCode(err) == fleet.ENOTFOUND {
+			return selection{}, fleet.FieldErrors(map[string]string{"group": fmt.Sprintf("no group is named %q", d.Group)})
+		} else if err != nil {
+			return selection{}, err
+		}
+		return selection{devices: d8.selectorConds(tenant, sel)}, nil
 	}
-	return selection{}, fleet.FieldErrors(map[string]string{"search_type": "must be one of default, all, metadata, search"})
+	return selection{}, fleet.FieldErrors(map[string]string{"search_type": "must be one of default, all, metadata, search, group"})
 }
 
 // untoldOf selects the devices that have action id in flight and have not
@@ -491,7 +497,7 @@ func (tx *Tx) cancel(ctx context.Context, tenant string, id int64, tell *fleet.D
 // before anything is sent. For search_type default it counts the listed
 // devices that exist.
 func (db *DB) CountTargets(ctx context.Context, tenant string, d *fleet.Dispatch) (int, error) {
-	sel, err := db.dialect.selectionOf(tenant, d)
+	sel, err := db.dialect.selectionOf(ctx, db, tenant, d)
 	if err != nil {
 		return 0, err
 	}

@@ -224,10 +224,10 @@ func (db *DB) FindDevice(ctx context.Context, tenant, id string) (*fleet.Device,
 }
 
 // FindDevices lists devices by id. The count of a tenant's devices is
-// kept in device_counts; a search or metadata filter reads its devices, to
-// count and list them, as devicesWhere chooses.
+// kept in device_counts; a search, metadata or shadow filter reads its
+// devices, to count and list them, as devicesWhere chooses.
 func (db *DB) FindDevices(ctx context.Context, tenant string, f fleet.DeviceFilter) ([]*fleet.Device, int, error) {
-	if f.Search == "" && len(f.Metadata) == 0 {
+	if f.Search == "" && len(f.Metadata) == 0 && f.Shadow == "" {
 		return findPage(ctx, db, "SELECT coalesce((SELECT devices FROM device_counts WHERE tenant = ?), 0)",
 			"SELECT "+deviceColumns+" FROM devices WHERE tenant = ? ORDER BY id", []any{tenant}, f.Page, scanDevice)
 	}
@@ -235,28 +235,10 @@ func (db *DB) FindDevices(ctx context.Context, tenant string, f fleet.DeviceFilt
 	if err != nil {
 		return nil, 0, err
 	}
-	tx, err := db.readTx(ctx)
-	if err != nil {
-		return nil, 0, err
+	if f.Shadow != "" {
+		cs = append(cs, shadowSync(f.Shadow == fleet.ShadowInSync))
 	}
-	defer tx.Rollback()
-	cond, args, n, err := devicesWhere(ctx, tx, cs)
-	if err != nil {
-		return nil, 0, db.classify(err)
-	}
-	args = append([]any{tenant}, args...)
-	if n < 0 {
-		if err := tx.queryRow(ctx, "SELECT count(*) FROM devices WHERE tenant = ? AND "+cond, args...).Scan(&n); err != nil {
-			return nil, 0, db.classify(err)
-		}
-	}
-	rows, err := tx.query(ctx, "SELECT "+deviceColumns+" FROM devices WHERE tenant = ? AND "+cond+" ORDER BY id LIMIT ? OFFSET ?",
-		append(args, f.Page.Limit, f.Page.Offset())...)
-	if err != nil {
-		return nil, 0, db.classify(err)
-	}
-	devs, err := scanAll(rows, scanDevice)
-	return devs, n, db.classify(err)
+	return db.findDevicesWhere(ctx, tenant, cs, f.Page)
 }
 
 // deviceFilter chooses the devices of tenant that have search in their id

@@ -419,7 +419,7 @@ func TestActionBadInputs(t *testing.T) {
 		}{
 			{"UnknownField", with("priority", "high"), "priority", []string{"not a known field"}},
 			{"MissingSearchType", with("search_type", nil), "search_type", []string{"required"}},
-			{"UnknownSearchType", with("search_type", "nearby"), "search_type", []string{"default, all, metadata, search"}},
+			{"UnknownSearchType", with("search_type", "nearby"), "search_type", []string{"default, all, metadata, search, group"}},
 			{"UnknownDeviceIDs", with("device_ids", []string{"d2", "ghost-1", "ghost-2"}), "device_ids", []string{"ghost-1", "ghost-2"}},
 			{"NoMatch", with("search_type", "metadata", "search_key", "site", "search_query", "Atlantis", "device_ids", nil), "", []string{"no device matches"}},
 			{"NoMatchSearch", with("search_type", "search", "search_query", "zzz", "device_ids", nil), "", []string{"no device matches"}},

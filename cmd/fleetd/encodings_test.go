@@ -205,6 +205,15 @@ func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
 			return map[string]any{"version": 0, "desired": map[string]any{"rate": 5, "ratio": 2.5, "name": "ü", "on": true,
 				"nested": map[string]any{"list": []any{1, "x", true, nil}, "gone": nil}}}
 		}, 200, "/api/v1/devices/{dev}/shadow"},
+		{"POST /api/v1/groups", nil, "/api/v1/groups", func(v vars) any {
+			return map[string]any{"name": "grp-" + v["m"], "selector": "site in (berlin, paris),!retired,reported.fw.version!=2.0", "description": "ü"}
+		}, 201, "/api/v1/groups/grp-{m}"},
+		{"PUT /api/v1/groups/{name}", func(t *testing.T, s *testServer, v vars) {
+			v["grp"] = "put-" + v["m"]
+			s.do(t, s.admin(), "POST", "/api/v1/groups", map[string]any{"name": v["grp"], "selector": "a"}).want(t, 201)
+		}, "/api/v1/groups/{grp}", func(v vars) any {
+			return map[string]any{"selector": "ring=canary", "description": "canaries"}
+		}, 204, "/api/v1/groups/{grp}"},
 		{"POST /api/v1/apikeys", nil, "/api/v1/apikeys", func(v vars) any {
 			return map[string]any{"name": "key-" + v["m"], "role": "viewer", "user_email": "ops@example.com"}
 		}, 201, ""},

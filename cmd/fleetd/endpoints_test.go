@@ -125,6 +125,13 @@ type endpoint struct {
 	quiet bool
 }
 
+// groupOf makes a fresh group of w's tenant and returns its path.
+func groupOf(t *testing.T, s *testServer, w *world) (string, any) {
+	name := fresh(w.name + "-g")
+	s.do(t, w.admin, "POST", "/api/v1/groups", map[string]any{"name": name, "selector": "k=v"}).want(t, 201)
+	return "/api/v1/groups/" + name, nil
+}
+
 func static(target string) func(*testing.T, *testServer, *world) (string, any) {
 	return func(*testing.T, *testServer, *world) (string, any) { return target, nil }
 }
@@ -160,6 +167,20 @@ var endpoints = map[string]endpoint{
 	"PATCH /api/v1/devices/{id}/shadow": {perm: "operate", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/api/v1/devices/" + w.device + "/shadow", map[string]any{"desired": map[string]any{"mode": fresh("m")}}
 	}},
+	"POST /api/v1/groups": {perm: "operate", other: 201, prepare: func(*testing.T, *testServer, *world) (string, any) {
+		return "/api/v1/groups", map[string]any{"name": fresh("g"), "selector": "k=v,reported.fw!=1", "description": "d"}
+	}},
+	"GET /api/v1/groups":        {perm: "read", other: 200, prepare: static("/api/v1/groups?limit=100")},
+	"GET /api/v1/groups/{name}": {perm: "read", prepare: groupOf},
+	"GET /api/v1/groups/{name}/devices": {perm: "read", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		target, _ := groupOf(t, s, w)
+		return target + "/devices", nil
+	}},
+	"PUT /api/v1/groups/{name}": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		target, _ := groupOf(t, s, w)
+		return target, map[string]any{"selector": "k in (v, w)", "description": "updated"}
+	}},
+	"DELETE /api/v1/groups/{name}": {perm: "operate", prepare: groupOf},
 	"POST /api/v1/devices/{id}/certificate": {perm: "operate", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/api/v1/devices/" + w.name + "-dev-2/certificate", nil
 	}},

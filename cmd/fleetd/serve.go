@@ -165,6 +165,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 		Tenants:         db,
 		Devices:         &alert.Devices{DeviceService: db, Engine: engine},
 		Shadows:         shadows,
+		Groups:          db,
 		Alerts:          alerts,
 		Streams:         streams,
 		History:         db,

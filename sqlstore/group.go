@@ -1,0 +1,267 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+
+	"github.com/fleetd/fleet"
+)
+
+var _ fleet.GroupService = (*DB)(nil)
+
+// selectorConds are the conditions on the devices table, for devicesWhere,
+// that choose the devices a selector does. A metadata key equal to a value
+// is read through the index of metadata search (metadataIs), so a group
+// of one such requirement is counted as fast as that search; the other
+// requirements are checked on each device read.
+func (d dialect) selectorConds(tenant string, sel fleet.Selector) []deviceCond {
+	cs := make([]deviceCond, 0, len(sel))
+	for _, r := range sel {
+		if r.Op == fleet.OpEquals && r.ReportedPath() == nil {
+			cs = append(cs, d.metadataIs(tenant, r.Key, r.Values[0]))
+			continue
+		}
+		cond, args := d.requirementHolds(r)
+		if r.Negated() {
+			cond = "NOT " + cond
+		}
+		cs = append(cs, deviceCond{scan: cond, scanArgs: args})
+	}
+	return cs
+}
+
+// requirementHolds is SQL, never NULL, that is true for a device that has
+// r's key with one of r's values (=, !=, in, notin) or at all (exists, !).
+func (d dialect) requirementHolds(r fleet.Requirement) (string, []any) {
+	values := ""
+	if len(r.Values) > 0 {
+		values = " IN (" + placeholders(len(r.Values)) + ")"
+	}
+	vargs := make([]any, len(r.Values))
+	for i, v := range r.Values {
+		vargs[i] = v
+	}
+	if path := r.ReportedPath(); path != nil {
+		// The shadow's reported value as text: a string as it is, a
+		// number or boolean as JSON writes it; an object or array has no
+		// value to compare.
+		var has, text string
+		var args []any
+		if d == postgres {
+			p := "{" + strings.Join(path, ",") + "}" // segments are [A-Za-z0-9_:-] (ParseSelector)
+			has, text = "s.reported #> CAST(? AS text[]) IS NOT NULL", "jsonb_typeof(s.reported #> CAST(? AS text[])) NOT IN ('object', 'array') AND (s.reported #>> CAST(? AS text[]))"
+			args = []any{p}
+			if values != "" {
+				args = []any{p, p}
+			}
+		} else {
+			p := `$."` + strings.Join(path, `"."`) + `"`
+			has, text = "json_type(s.reported, ?) IS NOT NULL",
+				"(CASE json_type(s.reported, ?) WHEN 'object' THEN NULL WHEN 'array' THEN NULL WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' ELSE CAST(json_extract(s.reported, ?) AS TEXT) END)"
+			args = []any{p}
+			if values != "" {
+				args = []any{p, p}
+			}
+		}
+		cond := has
+		if values != "" {
+			cond = text + values
+		}
+		return "EXISTS (SELECT 1 FROM device_shadows s WHERE s.tenant = devices.tenant AND s.device_id = devices.id AND " + cond + ")",
+			append(args, vargs...)
+	}
+	if d == postgres {
+		if values == "" {
+			return "(metadata ->> ?) IS NOT NULL", []any{r.Key}
+		}
+		return "coalesce((metadata ->> ?)" + values + ", false)", append([]any{r.Key}, vargs...)
+	}
+	if values == "" {
+		return "EXISTS (SELECT 1 FROM json_each(metadata) e WHERE e.key = ?)", []any{r.Key}
+	}
+	return "EXISTS (SELECT 1 FROM json_each(metadata) e WHERE e.key = ? AND e.value" + values + ")", append([]any{r.Key}, vargs...)
+}
+
+// shadowSync is the condition of FindDevices' shadow filter: devices whose
+// shadow's delta is empty (in_sync; a device without a shadow is), or not.
+func shadowSync(inSync bool) deviceCond {
+	c := "EXISTS (SELECT 1 FROM device_shadows s WHERE s.tenant = devices.tenant AND s.device_id = devices.id AND NOT s.in_sync)"
+	if inSync {
+		c = "NOT " + c
+	}
+	return deviceCond{scan: c}
+}
+
+// findDevicesWhere lists a page of the devices of tenant that all of cs
+// choose, by id, and counts them.
+func (db *DB) findDevicesWhere(ctx context.Context, tenant string, cs []deviceCond, p fleet.Page) ([]*fleet.Device, int, error) {
+	tx, err := db.readTx(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer tx.Rollback()
+	cond, args, n, err := devicesWhere(ctx, tx, cs)
+	if err != nil {
+		return nil, 0, db.classify(err)
+	}
+	args = append([]any{tenant}, args...)
+	if n < 0 {
+		if err := tx.queryRow(ctx, "SELECT count(*) FROM devices WHERE tenant = ? AND "+cond, args...).Scan(&n); err != nil {
+			return nil, 0, db.classify(err)
+		}
+	}
+	rows, err := tx.query(ctx, "SELECT "+deviceColumns+" FROM devices WHERE tenant = ? AND "+cond+" ORDER BY id LIMIT ? OFFSET ?",
+		append(args, p.Limit, p.Offset())...)
+	if err != nil {
+		return nil, 0, db.classify(err)
+	}
+	devs, err := scanAll(rows, scanDevice)
+	return devs, n, db.classify(err)
+}
+
+const groupColumns = "name, selector, description, created_at, updated_at"
+
+func scanGroup(s scanner) (*fleet.Group, error) {
+	var g fleet.Group
+	var created, updated int64
+	if err := s.Scan(&g.Name, &g.Selector, &g.Description, &created, &updated); err != nil {
+		return nil, err
+	}
+	g.CreatedAt, g.UpdatedAt = fromMillis(created), fromMillis(updated)
+	return &g, nil
+}
+
+// canonicalSelector parses a group's selector and writes it back as
+// Selector.String does.
+func canonicalSelector(s string) (string, error) {
+	sel, err := fleet.ParseSelector(s)
+	if err != nil {
+		return "", err
+	}
+	return sel.String(), nil
+}
+
+// CreateGroup saves a group.
+func (db *DB) CreateGroup(ctx context.Context, tenant string, g *fleet.Group) (*fleet.Group, error) {
+	sel, err := canonicalSelector(g.Selector)
+	if err != nil {
+		return nil, err
+	}
+	err = db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		_, err := tx.exec(ctx, "INSERT INTO device_groups (tenant, name, selector, description, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+			tenant, g.Name, sel, g.Description, millis(tx.now), millis(tx.now))
+		if isUniqueViolation(err) {
+			return fleet.Errorf(fleet.ECONFLICT, "a group named %q exists already", g.Name)
+		} else if err != nil {
+			return err
+		}
+		return tx.audit(ctx, tenant, "group.create", "groups/"+g.Name, map[string]any{"selector": sel, "description": g.Description})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return db.FindGroup(ctx, tenant, g.Name)
+}
+
+// FindGroup reads a group, with the number of its devices now.
+func (db *DB) FindGroup(ctx context.Context, tenant, name string) (*fleet.Group, error) {
+	g, err := scanGroup(db.queryRow(ctx, "SELECT "+groupColumns+" FROM device_groups WHERE tenant = ? AND name = ?", tenant, name))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "group %q not found", name)
+	} else if err != nil {
+		return nil, db.classify(err)
+	}
+	return g, db.countGroup(ctx, tenant, g)
+}
+
+// countGroup sets g.Count.
+func (db *DB) countGroup(ctx context.Context, tenant string, g *fleet.Group) error {
+	sel, err := fleet.ParseSelector(g.Selector)
+	if err != nil {
+		return err
+	}
+	_, n, err := db.findDevicesWhere(ctx, tenant, db.dialect.selectorConds(tenant, sel), fleet.Page{Page: 1, Limit: 0})
+	g.Count = n
+	return err
+}
+
+// FindGroups lists the tenant's groups by name.
+func (db *DB) FindGroups(ctx context.Context, tenant string, p fleet.Page) ([]*fleet.Group, int, error) {
+	gs, n, err := findPage(ctx, db, "SELECT count(*) FROM device_groups WHERE tenant = ?",
+		"SELECT "+groupColumns+" FROM device_groups WHERE tenant = ? ORDER BY name", []any{tenant}, p, scanGroup)
+	if err != nil {
+		return nil, 0, err
+	}
+	for _, g := range gs {
+		if err := db.countGroup(ctx, tenant, g); err != nil {
+			return nil, 0, err
+		}
+	}
+	return gs, n, nil
+}
+
+// UpdateGroup replaces a group's selector and description.
+func (db *DB) UpdateGroup(ctx context.Context, tenant, name string, g *fleet.Group) (*fleet.Group, error) {
+	sel, err := canonicalSelector(g.Selector)
+	if err != nil {
+		return nil, err
+	}
+	err = db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		var previous string
+		err := tx.queryRow(ctx, "SELECT selector FROM device_groups WHERE tenant = ? AND name = ?"+tx.db.dialect.forUpdate(), tenant, name).Scan(&previous)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fleet.Errorf(fleet.ENOTFOUND, "group %q not found", name)
+		} else if err != nil {
+			return err
+		}
+		if _, err := tx.exec(ctx, "UPDATE device_groups SET selector = ?, description = ?, updated_at = ? WHERE tenant = ? AND name = ?",
+			sel, g.Description, millis(tx.now), tenant, name); err != nil {
+			return err
+		}
+		return tx.audit(ctx, tenant, "group.update", "groups/"+name,
+			map[string]any{"selector": sel, "description": g.Description, "previous_selector": previous})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return db.FindGroup(ctx, tenant, name)
+}
+
+// DeleteGroup deletes a group; its devices are untouched.
+func (db *DB) DeleteGroup(ctx context.Context, tenant, name string) error {
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		res, err := tx.exec(ctx, "DELETE FROM device_groups WHERE tenant = ? AND name = ?", tenant, name)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return fleet.Errorf(fleet.ENOTFOUND, "group %q not found", name)
+		}
+		return tx.audit(ctx, tenant, "group.delete", "groups/"+name, nil)
+	})
+}
+
+// FindGroupDevices lists the devices the group's selector chooses now.
+func (db *DB) FindGroupDevices(ctx context.Context, tenant, name string, p fleet.Page) ([]*fleet.Device, int, error) {
+	sel, err := groupSelector(ctx, db, tenant, name)
+	if err != nil {
+		return nil, 0, db.classify(err)
+	}
+	return db.findDevicesWhere(ctx, tenant, db.dialect.selectorConds(tenant, sel), p)
+}
+
+// groupSelector reads and parses a group's selector.
+func groupSelector(ctx context.Context, q querier, tenant, name string) (fleet.Selector, error) {
+	var s string
+	err := q.queryRow(ctx, "SELECT selector FROM device_groups WHERE tenant = ? AND name = ?", tenant, name).Scan(&s)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "group %q not found", name)
+	} else if err != nil {
+		return nil, err
+	}
+	return fleet.ParseSelector(s)
+}
