@@ -1,0 +1,40 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// TestFleetctlTwin: fleetctl shadow and groups against a real server.
+func TestFleetctlTwin(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		s.mustDevice(t, s.admin(), "ct-1", map[string]string{"site": "berlin"})
+		s.mustDevice(t, s.admin(), "ct-2", map[string]string{"site": "paris"})
+		f := s.newFleetctl(t, s.admin())
+
+		var sh shadow
+		f.json(t, &sh, "shadow", "set", "ct-1", "interval=10", "log.level=debug", "name=pump one", "on=true")
+		if sh.Version != 1 || sh.Desired["interval"] != float64(10) || sh.Desired["name"] != "pump one" || sh.Desired["on"] != true ||
+			sh.Desired["log"].(map[string]any)["level"] != "debug" {
+			t.Fatalf("after set: %+v", sh)
+		}
+		f.fails(t, 1, "shadow", "set", "ct-1", "interval=11", "--version", "0")
+		f.ok(t, "shadow", "set", "ct-1", "log=null", "--version", "1")
+		var delta map[string]any
+		f.json(t, &delta, "shadow", "diff", "ct-1")
+		if len(delta) != 3 || delta["interval"] != float64(10) {
+			t.Fatalf("diff = %v", delta)
+		}
+		wantContains(t, "shadow get", f.ok(t, "shadow", "get", "ct-1"), "VERSION", "IN SYNC", "false")
+
+		wantContains(t, "groups create", f.ok(t, "groups", "create", "berlin", "site=berlin", "--description", "the Berlin site"), "berlin", "site=berlin", "1")
+		f.ok(t, "groups", "update", "berlin", "site in (berlin,paris)")
+		wantContains(t, "groups list", f.ok(t, "groups", "list"), "NAME", "berlin", "site in (berlin,paris)", "2")
+		wantContains(t, "groups devices", f.ok(t, "groups", "devices", "berlin"), "ct-1", "ct-2")
+		f.fails(t, 1, "groups", "create", "bad", "site in (")
+		f.ok(t, "groups", "delete", "berlin")
+		f.fails(t, 1, "groups", "get", "berlin")
+	})
+}
