@@ -370,6 +370,7 @@ func (d *simDevice) connect(ctx context.Context) error {
 		// device once it has.
 		SetOnConnectHandler(func(cl pahov3.Client) {
 			s.connected.Add(1)
+			d.subscribeDelta(cl)
 			if d.probe != nil && !d.probe.byAPI && !d.subacked.Swap(true) {
 				s.subscribeProbe(cl, d)
 				return

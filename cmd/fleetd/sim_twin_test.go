@@ -1,0 +1,26 @@
+package main
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// TestSimulatorTakesDesiredState: a simulated device reports the desired
+// state it is sent, so its shadow comes in sync.
+func TestSimulatorTakesDesiredState(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		sim := s.startSim(t, "--devices", "2", "--provision", "--url", s.URL, "--api-key", admin.Key,
+			"--tokens", filepath.Join(t.TempDir(), "tokens.csv"), "--prefix", "tw-", "--telemetry-interval", "0")
+		sim.connected(t, 2)
+		s.do(t, admin, "PATCH", "/api/v1/devices/tw-00001/shadow", map[string]any{"desired": map[string]any{"interval": 30, "log": map[string]any{"level": "debug"}}}).want(t, 200)
+		eventually(t, "tw-00001 in sync with its desired state", func() bool {
+			var sh shadow
+			s.do(t, admin, "GET", "/api/v1/devices/tw-00001/shadow", nil).want(t, 200).decode(t, &sh)
+			return sh.InSync && sh.Reported["interval"] == float64(30)
+		})
+	})
+}
