@@ -229,6 +229,10 @@ func (a *Agent) report(id, state string, progress int, errs ...string) {
 	}
 }
 
+// ackTimeout is how long a publish waits for its PUBACK before it is sent
+// again; fleetd disconnects a device it cannot write to within 10 s.
+const ackTimeout = 15 * time.Second
+
 // publishLoop publishes what is queued on q, in order, each at QoS 1 until
 // fleetd acknowledges it (that is, has committed it), across reconnections.
 func (a *Agent) publishLoop(ctx context.Context, q <-chan outgoing) {
@@ -248,8 +252,24 @@ func (a *Agent) publishLoop(ctx context.Context, q <-chan outgoing) {
 			}
 		}
 		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+			// Published only on an open connection: the client keeps what
+			// is published while it connects, and a clean session's
+			// CONNACK drops it without completing its token.
+			for !a.client.IsConnectionOpen() {
+				select {
+				case <-time.After(50 * time.Millisecond):
+				case <-ctx.Done():
+					return
+				}
+			}
 			tok := a.client.Publish(o.topic, 1, false, o.payload)
-			if tok.WaitTimeout(30*time.Second) && tok.Error() == nil {
+			select {
+			case <-tok.Done():
+			case <-time.After(ackTimeout):
+			case <-ctx.Done():
+				return
+			}
+			if tok.Error() == nil && tok.WaitTimeout(0) {
 				break
 			}
 			a.log.Debug("publish not acknowledged; retrying", "topic", o.topic, "err", tok.Error())

@@ -217,12 +217,19 @@ func (s *Server) Handler() http.Handler {
 // Addr returns the address the server listens on, once open.
 func (s *Server) ListenAddr() net.Addr { return s.ln.Addr() }
 
-// Shutdown stops accepting requests and waits for those in flight.
+// Shutdown stops accepting requests and waits for those in flight, then
+// ends the remote sessions it relays.
 func (s *Server) Shutdown(ctx context.Context) error {
 	if s.srv == nil {
 		return nil
 	}
-	return s.srv.Shutdown(ctx)
+	err := s.srv.Shutdown(ctx)
+	if s.Remote != nil {
+		// Remote sessions' connections were taken from the server
+		// (hijacked): its Shutdown does not wait for them.
+		s.Remote.Close()
+	}
+	return err
 }
 
 // ServeHTTP gives every request an id, recovers panics and turns the mux's

@@ -145,8 +145,13 @@ func Closed(err error) bool {
 	return errors.Is(err, io.EOF) || websocket.IsCloseError(err, websocket.CloseNormalClosure, websocket.CloseGoingAway)
 }
 
+// writeBuffers are lent to a connection while it writes a message, so an
+// idle session holds none: a message goes out in one frame and one write
+// (MaxMessage and its header) at no cost to idle sessions' memory.
+var writeBuffers = &sync.Pool{}
+
 var upgrader = websocket.Upgrader{
-	ReadBufferSize: 4 << 10, WriteBufferSize: 4 << 10,
+	ReadBufferSize: 4 << 10, WriteBufferSize: MaxMessage + 1024, WriteBufferPool: writeBuffers,
 	// Programs (fleetctl, fleetd-agent) send no Origin; a browser's must be
 	// this host's, so that another site's page cannot open a session with
 	// its visitor's console cookie.
@@ -196,7 +201,8 @@ func (e *RefusedError) Error() string { return e.Message }
 // *RefusedError with the server's message.
 func Dial(ctx context.Context, url string, header http.Header, tc *tls.Config) (*Conn, error) {
 	url = strings.Replace(strings.Replace(url, "https://", "wss://", 1), "http://", "ws://", 1)
-	d := websocket.Dialer{HandshakeTimeout: 30 * time.Second, ReadBufferSize: 4 << 10, WriteBufferSize: 4 << 10, TLSClientConfig: tc}
+	d := websocket.Dialer{HandshakeTimeout: 30 * time.Second, ReadBufferSize: 4 << 10,
+		WriteBufferSize: MaxMessage + 1024, WriteBufferPool: writeBuffers, TLSClientConfig: tc}
 	ws, resp, err := d.DialContext(ctx, url, header)
 	if err != nil {
 		if resp != nil {

@@ -51,6 +51,9 @@ type Hub struct {
 	sessions  map[string]*Session // open ones, by id
 	perUser   map[string]int
 	perDevice map[string]int
+	stopped   bool           // Close was called (under mu)
+	stopping  chan struct{}  // closed by Close
+	relays    sync.WaitGroup // Relay calls running
 
 	open    prometheus.Gauge
 	refused *prometheus.CounterVec
@@ -77,7 +80,7 @@ func NewHub(sessions fleet.RemoteSessionService, actions Dispatcher, l Limits, l
 		l.ConnectTimeout = d.ConnectTimeout
 	}
 	h := &Hub{Sessions: sessions, Actions: actions, Limits: l, Logger: log,
-		sessions: map[string]*Session{}, perUser: map[string]int{}, perDevice: map[string]int{},
+		sessions: map[string]*Session{}, perUser: map[string]int{}, perDevice: map[string]int{}, stopping: make(chan struct{}),
 		open: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fleetd_remote_sessions_open", Help: "Remote sessions open on this replica."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetd_remote_sessions_refused_total",
 			Help: "Remote sessions refused by a cap, by which (user, device)."}, []string{"cap"}),
@@ -206,6 +209,16 @@ func (h *Hub) Abandon(s *Session, reason string) { h.end(s, reason) }
 // Relay joins the operator's leg to the device's once it dials back, and
 // relays until the session ends; then it records the end. It owns op.
 func (h *Hub) Relay(ctx context.Context, s *Session, op *remote.Conn) {
+	h.mu.Lock()
+	if h.stopped {
+		h.mu.Unlock()
+		op.Close()
+		h.end(s, "fleetd is stopping")
+		return
+	}
+	h.relays.Add(1)
+	h.mu.Unlock()
+	defer h.relays.Done()
 	var dev *remote.Conn
 	wait := time.NewTimer(time.Until(s.deadline))
 	defer wait.Stop()
@@ -213,6 +226,7 @@ func (h *Hub) Relay(ctx context.Context, s *Session, op *remote.Conn) {
 	case dev = <-s.device:
 	case <-wait.C:
 	case <-ctx.Done():
+	case <-h.stopping:
 	}
 	if dev == nil {
 		reason := fmt.Sprintf("the device did not connect back within %s: is fleetd-agent running there, with --remote?", h.Limits.ConnectTimeout)
@@ -290,8 +304,33 @@ func (h *Hub) pipe(ctx context.Context, s *Session, op, dev *remote.Conn) string
 			idle.Reset(h.Limits.Idle - quiet)
 		case <-ctx.Done():
 			return "fleetd is stopping"
+		case <-h.stopping:
+			op.Send(remote.Control{Type: remote.TypeError, Message: "session ended: fleetd is stopping"})
+			return "fleetd is stopping"
 		}
 	}
+}
+
+// Close ends every session being relayed, telling the operators why, and
+// returns once their ends are recorded. Sessions opened after it end at
+// once.
+func (h *Hub) Close() {
+	h.mu.Lock()
+	if !h.stopped {
+		h.stopped = true
+		close(h.stopping)
+	}
+	waiting := make([]*Session, 0, len(h.sessions))
+	for _, s := range h.sessions {
+		if !s.claimed {
+			waiting = append(waiting, s)
+		}
+	}
+	h.mu.Unlock()
+	for _, s := range waiting {
+		h.end(s, "fleetd is stopping")
+	}
+	h.relays.Wait()
 }
 
 // end records the session's end, once, and frees its places under the
