@@ -4,7 +4,10 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"sync"
@@ -358,6 +361,14 @@ func (d *device) readLoop(r *bufio.Reader) error {
 		}
 		_ = d.nc.SetReadDeadline(time.Unix(0, d.deadline))
 		header, body, err := readPacket(r, d.s.cfg.MaxPacketSize)
+		var large *packetTooLarge
+		if errors.As(err, &large) && d.version != version5 && header>>4 == typePublish && header&0x06 == 0x02 {
+			err = d.oversizedPublish(r, header, large.remaining)
+			if err == nil {
+				d.deadline = 0
+				continue
+			}
+		}
 		if err != nil {
 			return err
 		}
@@ -366,6 +377,51 @@ func (d *device) readLoop(r *bufio.Reader) error {
 			return err
 		}
 	}
+}
+
+// oversizedPublish deals with a QoS 1 publish of an MQTT 3.1.1 device
+// larger than MaxPacketSize, whose header is read and whose body of
+// remaining bytes is not. MQTT 3.1.1 cannot refuse it but by closing the
+// connection, so the first time it is: the device may be told nothing
+// else, and a device that is broken sends no more. But a device replays an
+// unacknowledged publish after it reconnects, and would be disconnected
+// for it again and again, everything behind it stuck: the same publish
+// (topic, packet id and length) coming again is read past, acknowledged
+// and logged.
+func (d *device) oversizedPublish(r *bufio.Reader, header byte, remaining int) error {
+	var n [2]byte
+	if remaining < 4 {
+		return malformed("a PUBLISH too short for its topic and packet id")
+	}
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return unexpectedEOF(err)
+	}
+	topicLen := int(binary.BigEndian.Uint16(n[:]))
+	if remaining < 2+topicLen+2 {
+		return malformed("a PUBLISH too short for its topic and packet id")
+	}
+	topic := make([]byte, topicLen)
+	if _, err := io.ReadFull(r, topic); err != nil {
+		return unexpectedEOF(err)
+	}
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return unexpectedEOF(err)
+	}
+	id := binary.BigEndian.Uint16(n[:])
+	key := mqtt.Username(d.tenant, d.id)
+	this := fmt.Sprintf("%d %d %s", remaining, id, topic)
+	if last, ok := d.s.oversized.Load(key); !ok || last != this {
+		d.s.oversized.Store(key, this)
+		return errPacketTooLarge
+	}
+	d.s.oversized.Delete(key)
+	if _, err := io.CopyN(io.Discard, r, int64(remaining-2-topicLen-2)); err != nil {
+		return unexpectedEOF(err)
+	}
+	d.s.stats.handlerErrors.Add(1)
+	d.s.log.Warn("mqtt: device publish refused: larger than the maximum packet size; acknowledged this time, as the device published it again after its disconnection",
+		"tenant", d.tenant, "device", d.id, "topic", mqtt.Truncate(string(topic), 200), "bytes", remaining, "max_packet_size", d.s.cfg.MaxPacketSize)
+	return d.write(appendAck(nil, typePuback, id))
 }
 
 // end closes the connection after readLoop returned err, telling an MQTT 5

@@ -114,8 +114,16 @@ func protocolErr(code reasonCode, format string, args ...any) error {
 // errPacketTooLarge is a packet over the broker's maximum packet size.
 var errPacketTooLarge = &protocolError{codePacketTooLarge, "packet larger than the maximum packet size"}
 
-// readPacket reads one packet: its first byte and its body. A packet over limit
-// bytes in all is errPacketTooLarge, known from its length before its body is read.
+// packetTooLarge is errPacketTooLarge with the length of the body left
+// unread, for a caller that reads past it.
+type packetTooLarge struct{ remaining int }
+
+func (e *packetTooLarge) Error() string { return errPacketTooLarge.Error() }
+func (e *packetTooLarge) Unwrap() error { return errPacketTooLarge }
+
+// readPacket reads one packet: its first byte and its body. A packet over
+// limit bytes in all is a *packetTooLarge (errPacketTooLarge), known from
+// its length before its body is read; header is its first byte then.
 func readPacket(r *bufio.Reader, limit int) (header byte, body []byte, err error) {
 	header, err = r.ReadByte()
 	if err != nil {
@@ -137,7 +145,7 @@ func readPacket(r *bufio.Reader, limit int) (header byte, body []byte, err error
 		}
 	}
 	if size+n > limit {
-		return 0, nil, errPacketTooLarge
+		return header, nil, &packetTooLarge{n}
 	}
 	if n <= bodyChunk {
 		body = make([]byte, n)

@@ -226,3 +226,35 @@ func subscribedRaw(t *testing.T, s *broker.Server, h *mqtttest.Handler, version 
 	mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
 	return c
 }
+
+// TestOversizedPublishReplayed checks that an MQTT 3.1.1 device is
+// disconnected for a publish too large to read once, not again when it
+// replays it after reconnecting (as the uplink agent does with what was
+// not acknowledged): the replay is acknowledged, and the connection goes
+// on.
+func TestOversizedPublishReplayed(t *testing.T) {
+	h := mqtttest.NewHandler()
+	s := MustOpenServer(t, h, func(c *broker.Config) { c.MaxPacketSize = 1024 })
+	big := publishPacket(1, 7, nil, statusT, bytes.Repeat([]byte("x"), 2000))
+	c := connectedRaw(t, s, 4)
+	c.send(big)
+	c.closed()
+	// The replay, with DUP set as clients do: acknowledged this time.
+	c = connectedRaw(t, s, 4)
+	replay := append([]byte{big[0] | 0x08}, big[1:]...)
+	c.send(replay)
+	if ack := c.next(typePuback); !bytes.Equal(ack.body, u16(7)) {
+		t.Fatalf("PUBACK %x, want packet id 7", ack.body)
+	}
+	c.send(publishPacket(1, 8, nil, statusT, status))
+	if ack := c.next(typePuback); !bytes.Equal(ack.body, u16(8)) {
+		t.Fatalf("PUBACK %x, want packet id 8", ack.body)
+	}
+	mqtttest.Receive(t, h.Statuses, "HandleStatus of the publish after it")
+	if st := s.Stats(); st.OversizedPackets != 1 || st.HandlerErrors != 1 {
+		t.Fatalf("OversizedPackets %d, HandlerErrors %d; want 1, 1", st.OversizedPackets, st.HandlerErrors)
+	}
+	// Another oversized publish disconnects again.
+	c.send(publishPacket(1, 9, nil, statusT, bytes.Repeat([]byte("y"), 2000)))
+	c.closed()
+}

@@ -54,6 +54,9 @@ type Server struct {
 	busy    sync.WaitGroup     // publishes with the Handler
 	tasks   sync.WaitGroup     // DeviceSubscribed calls
 	connSeq atomic.Uint64      // numbers connections, for assigned client ids
+	// oversized holds, by session id, the publish too large to read for
+	// which an MQTT 3.1.1 device was last disconnected (oversizedPublish).
+	oversized sync.Map
 	// revocations counts CredentialsChanged calls, so that a connection
 	// being admitted can tell whether one came while it was checked.
 	revocations atomic.Uint64
