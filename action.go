@@ -219,10 +219,10 @@ func ReadDispatch(f *Fields, withSchedule bool) Dispatch {
 	case "":
 		// String has recorded the problem, or it is an empty string.
 		if f.Has("search_type") {
-			f.Fail("search_type", searchTypeRule)
+			f.Fail("search_type", SearchTypeRule)
 		}
 	default:
-		f.Fail("search_type", searchTypeRule)
+		f.Fail("search_type", SearchTypeRule)
 	}
 	if f.Has("group") && d.SearchType != SearchGroup {
 		f.String("group", false)
@@ -231,7 +231,8 @@ func ReadDispatch(f *Fields, withSchedule bool) Dispatch {
 	return d
 }
 
-const searchTypeRule = "must be one of default, all, metadata, search, group"
+// SearchTypeRule says what search_type may be, for error messages.
+const SearchTypeRule = "must be one of default, all, metadata, search, group"
 
 // mustJSON encodes a canonical value, which always encodes.
 func mustJSON(v any) json.RawMessage {

@@ -122,7 +122,7 @@ func (d8 dialect) selectionOf(ctx context.Context, q querier, tenant string, d *
 		}
 		return selection{devices: d8.selectorConds(tenant, sel)}, nil
 	}
-	return selection{}, fleet.FieldErrors(map[string]string{"search_type": "must be one of default, all, metadata, search, group"})
+	return selection{}, fleet.FieldErrors(map[string]string{"search_type": fleet.SearchTypeRule})
 }
 
 // untoldOf selects the devices that have action id in flight and have not
