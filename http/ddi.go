@@ -628,6 +628,9 @@ func (s *Server) readFeedback(w http.ResponseWriter, r *http.Request, da *fleet.
 	return rep, nil
 }
 
+func (ddiFeedback) openBody()   {}
+func (ddiConfigData) openBody() {}
+
 // ddiIgnored lets pass the fields of a feedback or configData body fleetd
 // does not read, as hawkBit does: the id the path names already, the
 // device's clock (time in DDI 1.0's local "20140511T121314", timestamp in

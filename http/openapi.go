@@ -338,7 +338,7 @@ func (g *schemaGen) schema(t reflect.Type, request bool) map[string]any {
 		props := map[string]any{}
 		var required []string
 		g.fields(t, request, props, &required)
-		s := map[string]any{"type": "object", "properties": props, "additionalProperties": false}
+		s := map[string]any{"type": "object", "properties": props, "additionalProperties": t.Implements(reflect.TypeFor[openBody]())}
 		if len(required) > 0 {
 			sort.Strings(required)
 			s["required"] = required
@@ -347,6 +347,11 @@ func (g *schemaGen) schema(t reflect.Type, request bool) map[string]any {
 	}
 	return map[string]any{}
 }
+
+// openBody is a request body whose unknown fields are ignored rather than
+// refused, as the protocol it belongs to prescribes (hawkBit's DDI
+// feedback and configData, docs/hawkbit.md).
+type openBody interface{ openBody() }
 
 // fields adds the properties of struct t to props, and the required ones
 // to required. The fields of an embedded struct are its own, as in JSON.

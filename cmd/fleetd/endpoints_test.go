@@ -394,6 +394,14 @@ var endpoints = map[string]endpoint{
 	"PUT /{tenant}/controller/v1/{controllerId}/configData": {perm: "ddi", other: 401, prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return ddiRoot(w) + "/configData", map[string]any{"mode": "merge", "data": map[string]any{"hwRevision": "2"}}
 	}},
+	"GET /{tenant}/controller/v1/{controllerId}/installedBase/{actionId}": {perm: "ddi", other: 401, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		return fmt.Sprintf("%s/installedBase/%d", ddiRoot(w), ddiInstalled(t, s, w)), nil
+	}},
+	"GET /{tenant}/controller/v1/{controllerId}/softwaremodules/{moduleId}/artifacts": {perm: "ddi", other: 401, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		var b bundle
+		s.do(t, w.admin, "GET", "/api/v1/firmware-bundles/id/"+w.bundleID, nil).want(t, 200).decode(t, &b)
+		return ddiRoot(w) + "/softwaremodules/" + b.Firmwares[0].ID + "/artifacts", nil
+	}},
 	"GET /{tenant}/controller/v1/{controllerId}/softwaremodules/{moduleId}/artifacts/{fileName}": {perm: "ddi", other: 401, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		var b bundle
 		s.do(t, w.admin, "GET", "/api/v1/firmware-bundles/id/"+w.bundleID, nil).want(t, 200).decode(t, &b)
@@ -403,6 +411,17 @@ var endpoints = map[string]endpoint{
 
 // ddiRoot is the DDI path of w's device.
 func ddiRoot(w *world) string { return "/" + w.name + "/controller/v1/" + w.device }
+
+// ddiInstalled dispatches w's bundle to w's device, which reports it
+// installed through DDI's feedback, and returns the action id.
+func ddiInstalled(t *testing.T, s *testServer, w *world) int64 {
+	t.Helper()
+	id := ddiUpdate(t, s, w)
+	s.send(t, req{method: "POST", path: fmt.Sprintf("%s/deploymentBase/%d/feedback", ddiRoot(w), id), creds: w.admin,
+		header: ddiHeader(endpoint{perm: "ddi"}, w.admin), body: map[string]any{"status": map[string]any{
+			"execution": "closed", "result": map[string]any{"finished": "success"}}}}).want(t, 200)
+	return id
+}
 
 // ddiUpdate dispatches w's bundle to w's device and returns the action id.
 func ddiUpdate(t *testing.T, s *testServer, w *world) int64 {
@@ -416,6 +435,19 @@ func ddiUpdate(t *testing.T, s *testServer, w *world) int64 {
 func ddiCancelOf(t *testing.T, s *testServer, w *world) int64 {
 	t.Helper()
 	update := ddiUpdate(t, s, w)
+	// The device has the update (it read its deployment), so the cancel
+	// waits for the device's answer on the cancelAction resource.
+	s.send(t, req{method: "GET", path: fmt.Sprintf("%s/deploymentBase/%d", ddiRoot(w), update), creds: w.admin,
+		header: ddiHeader(endpoint{perm: "ddi"}, w.admin)}).want(t, 200)
+	eventually(t, "the update's receipt", func() bool { // receipts are written in batches
+		var das struct {
+			DeviceActions []struct {
+				ActionStatus string `json:"action_status"`
+			} `json:"device_actions"`
+		}
+		s.do(t, w.admin, "GET", fmt.Sprintf("/api/v1/actions/%d/devices", update), nil).want(t, 200).decode(t, &das)
+		return len(das.DeviceActions) == 1 && das.DeviceActions[0].ActionStatus == "Initiated"
+	})
 	s.dispatch(t, w.admin, map[string]any{"action": "cancel_action", "params": map[string]any{"action_id": update},
 		"search_type": "default", "device_ids": []string{w.device}})
 	return update
