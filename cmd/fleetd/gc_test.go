@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
 	"io"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestGCPercent checks which collector target fleetd serve sets: none of
@@ -43,5 +46,43 @@ func TestGCPercent(t *testing.T) {
 				t.Errorf("GC percent %d, want %d", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestReleaseAfterBursts checks when fleetd gives a burst of connections'
+// memory back: once 256 or more connected and none has for 5 s, not again
+// within a minute, never for fewer.
+func TestReleaseAfterBursts(t *testing.T) {
+	steps := []struct{ s, n int }{ // at s seconds, n connections accepted so far
+		{0, 0},
+		{1, 300},   // a burst
+		{3, 300},   // quiet 2 s: not over yet
+		{6, 300},   // quiet 5 s: given back
+		{7, 600},   // another burst
+		{13, 600},  // over, but within a minute of the last
+		{67, 600},  // given back
+		{68, 700},  // 100 more
+		{200, 700}, // too few to give back
+	}
+	// connects is read once a tick, on the watching goroutine: it moves
+	// the script on, and release notes the second it ran at.
+	i := -1
+	connects := func() uint64 { i++; return uint64(steps[i].n) }
+	var released []int
+	tick := make(chan time.Time)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		releaseAfterBursts(ctx, connects, tick, func() { released = append(released, steps[i].s) })
+	}()
+	t0 := time.Now()
+	for _, step := range steps {
+		tick <- t0.Add(time.Duration(step.s) * time.Second)
+	}
+	cancel()
+	<-done
+	if want := []int{6, 67}; !slices.Equal(released, want) {
+		t.Errorf("released at %v s, want %v", released, want)
 	}
 }

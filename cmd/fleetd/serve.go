@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -149,7 +150,13 @@ func runServe(ctx context.Context, args []string, e env) error {
 	}
 	defer broker.Close() // before actions.Close: no device may call in after it
 	sweeper := &action.Sweeper{Store: db, Interval: c.sweepInterval, Logger: log}
-	loops.Add(2)
+	loops.Add(3)
+	go func() {
+		defer loops.Done()
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		releaseAfterBursts(loopCtx, func() uint64 { return broker.Stats().Connects }, tick.C, debug.FreeOSMemory)
+	}()
 	go func() { defer loops.Done(); sweeper.Run(loopCtx) }()
 	go func() { defer loops.Done(); actions.RunRollouts(loopCtx, c.rolloutTick) }()
 
