@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -50,6 +51,8 @@ type Action struct {
 	CreatedAt   time.Time       `json:"created_at"`
 	Targeted    int             `json:"targeted"`
 	Statuses    map[string]int  `json:"statuses"`
+	// RetryOf is the action a retry retried, nil for any other action.
+	RetryOf *int64 `json:"retry_of,omitempty" doc:"the action this one retried (POST /api/v1/actions/{id}/retry): its devices whose device actions ended in the statuses asked for"`
 	// StatusesPhased counts the device actions per status by the index of
 	// the phase that releases them, "-1" for all of an action without a
 	// schedule.
@@ -129,6 +132,38 @@ type Dispatch struct {
 	// Schedule, when set, makes the dispatch a rollout: its targets are
 	// released phase by phase (POST /api/v1/actions only).
 	Schedule *Schedule
+
+	// RetryOf, when set, is the action a retry retries: the targets are
+	// its devices whose device actions are in RetryStatuses, and it must
+	// be finished (RetryAction).
+	RetryOf       int64
+	RetryStatuses []ActionStatus
+}
+
+// ReadRetry is the typed decode of a retry's body, nil for none: the
+// statuses whose devices are retried, final ones, Failed by default.
+func ReadRetry(f *Fields) []ActionStatus {
+	out := []ActionStatus{StatusFailed}
+	if f == nil {
+		return out
+	}
+	if f.Has("statuses") {
+		words := f.Strings("statuses", false)
+		if len(words) == 0 {
+			f.Fail("statuses", "must list at least one status, such as Failed")
+		}
+		out = out[:0]
+		for i, w := range words {
+			s := ActionStatus(w)
+			if !s.Final() {
+				f.Fail(fmt.Sprintf("statuses[%d]", i), "must be a final status: Completed, Failed or Cancelled (devices still busy cannot be retried)")
+			} else if !slices.Contains(out, s) {
+				out = append(out, s)
+			}
+		}
+	}
+	f.Unknown()
+	return out
 }
 
 // ActionPreparer prepares the dispatch of one special action, such as
@@ -568,6 +603,12 @@ type ActionService interface {
 	// dispatched to them. An action with nothing left to cancel is not an
 	// error.
 	CancelAction(ctx context.Context, tenant string, id int64) error
+	// RetryAction dispatches the action again, with its params and
+	// timeout and without a schedule, to its devices whose device actions
+	// are in statuses (final ones): ECONFLICT when the action has device
+	// actions not final, or none in statuses; ENOTFOUND for an unknown
+	// action.
+	RetryAction(ctx context.Context, tenant string, id int64, statuses []ActionStatus) (*Action, error)
 	// ReportStatus applies reports in one transaction and returns once it
 	// committed. Each report's own problem (ENOTFOUND: unknown device, or
 	// an action not sent to it) is in its slot of the first result; reports

@@ -334,6 +334,24 @@ func (s *Service) DispatchAction(ctx context.Context, tenant string, d *fleet.Di
 	return a, nil
 }
 
+// RetryAction dispatches action id again, its params and timeout, to its
+// devices whose device actions are in statuses, as DispatchAction does (a
+// special action is prepared again, for the devices it goes to now). A
+// rollout is retried without its schedule: the devices retried are those
+// it released and that ended so. A cancel_action is not retried: cancel
+// the action again.
+func (s *Service) RetryAction(ctx context.Context, tenant string, id int64, statuses []fleet.ActionStatus) (*fleet.Action, error) {
+	a, err := s.Store.FindAction(ctx, tenant, id)
+	if err != nil {
+		return nil, err
+	}
+	if a.Action == fleet.ActionCancel {
+		return nil, fleet.Errorf(fleet.ECONFLICT, "action %d is a cancel_action, which is not retried: cancel the action it cancelled again instead", id)
+	}
+	return s.DispatchAction(ctx, tenant, &fleet.Dispatch{Action: a.Action, Params: a.Params, SearchType: fleet.SearchDefault,
+		Timeout: a.Timeout, RetryOf: id, RetryStatuses: statuses})
+}
+
 // CancelAction cancels what is not final. The cancel_action the store
 // dispatched to the devices that have the action is sent like any action:
 // now to those connected, to the others when they next subscribe.

@@ -142,6 +142,7 @@ func (c *Console) Open() {
 		{"POST /console/actions/new", c.page(fleet.PermOperate, c.handleDispatch)},
 		{"GET /console/actions/{id}", c.page(fleet.PermRead, c.handleAction)},
 		{"GET /console/actions/{id}/events", c.page(fleet.PermRead, c.handleActionEvents)},
+		{"POST /console/actions/{id}/retry", c.page(fleet.PermOperate, c.handleRetry)},
 		{"POST /console/actions/{id}/{op}", c.page(fleet.PermOperate, c.handleActionOp)},
 		{"GET /console/firmware", c.page(fleet.PermRead, c.handleFirmware)},
 		{"POST /console/firmware", c.page(fleet.PermOperate, c.handleUpload)},

@@ -403,6 +403,21 @@ func (c *Console) handleActionOp(w http.ResponseWriter, r *http.Request, v *view
 	return nil
 }
 
+// handleRetry dispatches the action again to its Failed devices and shows
+// the new action.
+func (c *Console) handleRetry(w http.ResponseWriter, r *http.Request, v *view) error {
+	id, err := actionID(r)
+	if err != nil {
+		return err
+	}
+	a, err := c.Actions.RetryAction(r.Context(), v.Actor.Tenant, id, []fleet.ActionStatus{fleet.StatusFailed})
+	if err != nil {
+		return err
+	}
+	http.Redirect(w, r, "/console/actions/"+strconv.FormatInt(a.ID, 10), http.StatusSeeOther)
+	return nil
+}
+
 // sortedKeys returns m's keys in order, for stable rendering.
 func sortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))

@@ -305,8 +305,27 @@ device action is final, is acknowledged and changes nothing.`
 	report.Flags().StringArrayVar(&errs, "error", nil, "an error `MESSAGE` to report; repeatable")
 	report.RegisterFlagCompletionFunc("device", a.completeDevices)
 
+	var retryStatuses []string
+	retry := a.actionCmd("retry ID [--status STATUS]...", "Dispatch an action again to its devices that Failed (or ended in the --status given)",
+		func(cmd *cobra.Command, id int64) error {
+			var body any
+			if len(retryStatuses) > 0 {
+				body = map[string]any{"statuses": retryStatuses}
+			}
+			return a.show(cmd, request{method: "POST", path: fmt.Sprintf("/api/v1/actions/%d/retry", id), body: body}, dispatchedView)
+		})
+	retry.Long = `Dispatches the action again, its params and timeout, to its devices whose
+device actions ended Failed, or in the final statuses --status names
+(Completed, Failed, Cancelled): a new action, whose retry_of is ID. A
+rollout is retried without its schedule. The action must be finished:
+every device action final (cancel the rest first).`
+	retry.Flags().StringSliceVar(&retryStatuses, "status", nil, "retry the devices whose device actions ended in this `STATUS` (Completed, Failed, Cancelled); repeatable; default Failed")
+	retry.RegisterFlagCompletionFunc("status", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+		return []string{"Completed", "Failed", "Cancelled"}, cobra.ShellCompDirectiveNoFileComp
+	})
+
 	return group("actions", "Dispatch actions and follow them; cancel them; steer rollouts",
-		dispatch, list, get, devs, watch, report,
+		dispatch, list, get, devs, watch, report, retry,
 		op("cancel", "Cancel every device action not yet final", "cancel"),
 		op("pause", "Pause a rollout: nothing more is released until it is resumed", "pause"),
 		op("resume", "Resume a paused rollout; the gate that paused it is waived for the phase it held back", "resume"),

@@ -136,6 +136,40 @@ func (s *Server) handleDispatch(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// retryBody is what POST /api/v1/actions/{id}/retry takes; the body may
+// be left out.
+type retryBody struct {
+	Statuses []fleet.ActionStatus `json:"statuses,omitempty" doc:"the final statuses (Completed, Failed, Cancelled) whose devices are retried; default [\"Failed\"]"`
+}
+
+func (s *Server) handleRetryAction(w http.ResponseWriter, r *http.Request) error {
+	id, err := pathActionID(r)
+	if err != nil {
+		return err
+	}
+	var f *fleet.Fields
+	if r.ContentLength != 0 || r.Header.Get("Content-Type") != "" { // a body, if only an empty one
+		body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
+		if err != nil {
+			return err
+		}
+		f = fleet.NewFields(body)
+	}
+	statuses := fleet.ReadRetry(f)
+	if f != nil {
+		if err := f.Err(); err != nil {
+			return err
+		}
+	}
+	a, err := s.Actions.RetryAction(r.Context(), tenantOf(r), id, statuses)
+	if err != nil {
+		return err
+	}
+	location(w, r, "/api/v1/actions/", strconv.FormatInt(a.ID, 10))
+	s.respond(w, r, http.StatusCreated, dispatched{ID: a.ID, CreatedAt: a.CreatedAt, Targeted: a.Targeted})
+	return nil
+}
+
 func (s *Server) handleListActions(w http.ResponseWriter, r *http.Request) error {
 	q := newQuery(r)
 	f := fleet.ActionFilter{Action: q.String("action"), Incomplete: q.Enum("incomplete", "false", "true", "false") == "true", Page: q.Page()}

@@ -24,6 +24,7 @@ type op struct {
 	Tag, Summary string
 	Query        []param // query parameters, and path parameters that are not strings
 	Body         any     // a value of the request body's type; nil for none
+	BodyOptional bool    // the body may be left out: no Content-Type, Content-Length 0
 	Upload       bool    // the body may also be a raw or multipart file
 	OK           int     // the success status; 200 when zero
 	Resp         any     // a value of the success body's type; nil for none
@@ -159,7 +160,7 @@ func (g *schemaGen) operation(rt route, path string) map[string]any {
 				"type": "object", "properties": map[string]any{"file": map[string]any{"type": "string", "format": "binary"}},
 			}}
 		}
-		o["requestBody"] = map[string]any{"required": true, "content": content}
+		o["requestBody"] = map[string]any{"required": !rt.op.BodyOptional, "content": content}
 	}
 	status := rt.op.OK
 	if status == 0 {

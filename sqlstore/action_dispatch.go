@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fleetd/fleet"
@@ -98,6 +99,10 @@ func (sel selection) where(ctx context.Context, q querier) (string, []any, int, 
 // selectionOf is the selection of a dispatch's search type (DESIGN §4)
 // among tenant's devices; q reads a group's selector.
 func (d8 dialect) selectionOf(ctx context.Context, q querier, tenant string, d *fleet.Dispatch) (selection, error) {
+	if d.RetryOf != 0 {
+		return selection{cond: "id IN (SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND " + statusIn(d.RetryStatuses) + ")",
+			args: []any{tenant, d.RetryOf}}, nil
+	}
 	switch d.SearchType {
 	case fleet.SearchDefault:
 		return selection{ids: d.DeviceIDs}, nil
@@ -154,6 +159,12 @@ func (tx *Tx) dispatch(ctx context.Context, tenant string, d *fleet.Dispatch, se
 		a.Metadata = json.RawMessage("{}")
 	}
 	now := millis(a.CreatedAt)
+	if d.RetryOf != 0 {
+		if err := tx.retryable(ctx, tenant, d); err != nil {
+			return nil, err
+		}
+		a.RetryOf = &d.RetryOf
+	}
 	if err := tx.queryRow(ctx, `INSERT INTO action_counters (tenant, last_id) VALUES (?, 1)
 		ON CONFLICT (tenant) DO UPDATE SET last_id = action_counters.last_id + 1 RETURNING last_id`, tenant).Scan(&a.ID); err != nil {
 		return nil, err
@@ -214,6 +225,11 @@ func (tx *Tx) dispatch(ctx context.Context, tenant string, d *fleet.Dispatch, se
 		string(a.Metadata), a.Timeout, a.UserEmail, a.UserName, now, a.Targeted); err != nil {
 		return nil, err
 	}
+	if a.RetryOf != nil {
+		if _, err := tx.exec(ctx, "INSERT INTO action_retries (tenant, action_id, retry_of) VALUES (?, ?, ?)", tenant, a.ID, *a.RetryOf); err != nil {
+			return nil, err
+		}
+	}
 	if d.Schedule != nil {
 		if err := tx.insertRollout(ctx, tenant, a.ID, d.Schedule); err != nil {
 			return nil, err
@@ -224,7 +240,44 @@ func (tx *Tx) dispatch(ctx context.Context, tenant string, d *fleet.Dispatch, se
 	if d.CancelActionID != 0 {
 		details["cancels"] = d.CancelActionID
 	}
-	return a, tx.audit(ctx, tenant, "action.dispatch", "actions/"+strconv.FormatInt(a.ID, 10), details)
+	kind := "action.dispatch"
+	if d.RetryOf != 0 {
+		kind, details["retry_of"], details["statuses"] = "action.retry", d.RetryOf, d.RetryStatuses
+	}
+	return a, tx.audit(ctx, tenant, kind, "actions/"+strconv.FormatInt(a.ID, 10), details)
+}
+
+// retryable checks that the action a retry retries is the tenant's and
+// finished, and has device actions in the statuses retried.
+func (tx *Tx) retryable(ctx context.Context, tenant string, d *fleet.Dispatch) error {
+	var one int
+	err := tx.queryRow(ctx, "SELECT 1 FROM actions WHERE tenant = ? AND id = ?", tenant, d.RetryOf).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fleet.Errorf(fleet.ENOTFOUND, "action %d not found", d.RetryOf)
+	} else if err != nil {
+		return err
+	}
+	var live, matching int
+	if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+statusIn(liveStatuses),
+		tenant, d.RetryOf).Scan(&live); err != nil {
+		return err
+	}
+	if live > 0 {
+		return fleet.Errorf(fleet.ECONFLICT, "action %d is not finished: %d device actions are not final (Scheduled, Queued, Initiated or Progress); "+
+			"retry once they are, or cancel them first", d.RetryOf, live)
+	}
+	if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+statusIn(d.RetryStatuses),
+		tenant, d.RetryOf).Scan(&matching); err != nil {
+		return err
+	}
+	if matching == 0 {
+		words := make([]string, len(d.RetryStatuses))
+		for i, s := range d.RetryStatuses {
+			words[i] = string(s)
+		}
+		return fleet.Errorf(fleet.ECONFLICT, "no device action of action %d is %s; nothing was dispatched", d.RetryOf, strings.Join(words, " or "))
+	}
+	return nil
 }
 
 // insertTargets inserts a new device action for every device sel selects

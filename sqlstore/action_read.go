@@ -96,6 +96,20 @@ func (db *DB) describeActions(ctx context.Context, tenant string, acts []*fleet.
 	if err != nil {
 		return db.classify(err)
 	}
+	rrows, err := db.query(ctx, "SELECT action_id, retry_of FROM action_retries WHERE "+in, ids...)
+	if err != nil {
+		return db.classify(err)
+	}
+	retries, err := scanAll(rrows, func(s scanner) ([2]int64, error) {
+		var r [2]int64
+		return r, s.Scan(&r[0], &r[1])
+	})
+	if err != nil {
+		return db.classify(err)
+	}
+	for _, r := range retries {
+		byID[r[0]].RetryOf = &r[1]
+	}
 	phased := map[int64]bool{}
 	for _, r := range rollouts {
 		byID[r.ActionID].SetRollout(r)

@@ -204,6 +204,11 @@ var endpoints = map[string]endpoint{
 	"POST /api/v1/actions/{id}/cancel": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		return fmt.Sprintf("/api/v1/actions/%d/cancel", s.dispatch(t, w.admin, map[string]any{"action": "c", "params": map[string]any{}, "search_type": "default", "device_ids": []string{w.device}})), nil
 	}},
+	"POST /api/v1/actions/{id}/retry": {perm: "operate", other: 404, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		id := s.dispatch(t, w.admin, map[string]any{"action": "r", "params": map[string]any{}, "search_type": "default", "device_ids": []string{w.device}})
+		s.do(t, w.admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": w.device, "action_id": id, "state": "Failed"}).want(t, 204)
+		return fmt.Sprintf("/api/v1/actions/%d/retry", id), map[string]any{"statuses": []string{"Failed"}}
+	}},
 	"POST /api/v1/actions/{id}/pause": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		return fmt.Sprintf("/api/v1/actions/%d/pause", rolloutOf(t, s, w)), nil
 	}},

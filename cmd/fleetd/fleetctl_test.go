@@ -430,6 +430,20 @@ func TestFleetctlActions(t *testing.T) {
 			wantContains(t, "stderr", r.stderr, "1 device action(s) cancelled: Failed 1, Cancelled 1")
 			wantContains(t, "terminal", r.stdout, "  Queued     ████████████████████████ 2/2\n", "\x1b[2A\x1b[J", "  Failed     ████████████░░░░░░░░░░░░ 1/2\n")
 			wantContains(t, "timeout", f.fails(t, ctl.ExitTimeout, "actions", "watch", fmt.Sprint(dispatched.ID+1), "--timeout", "1ns"), "gave up")
+			// retry: the Failed device by default, or the statuses named.
+			var retried struct {
+				ID       int64
+				Targeted int
+			}
+			f.json(t, &retried, "actions", "retry", id)
+			var ra struct {
+				RetryOf int64 `json:"retry_of"`
+			}
+			if f.json(t, &ra, "actions", "get", fmt.Sprint(retried.ID)); retried.Targeted != 1 || ra.RetryOf != d.ID {
+				t.Fatalf("retry: %+v, %+v", retried, ra)
+			}
+			wantContains(t, "retry both", f.ok(t, "actions", "retry", id, "--status", "Failed", "--status", "Cancelled"), "2")
+			wantContains(t, "retry nothing", f.fails(t, ctl.ExitRefused, "actions", "retry", id, "--status", "Completed"), "409 conflict", "is Completed")
 		})
 		t.Run("Rollout", func(t *testing.T) {
 			var d struct{ ID int64 }
