@@ -73,13 +73,16 @@ func FinalNeeded(r float64, total int) int {
 const (
 	PhaseFixedList  = "fixed_list" // exactly DeviceIDs
 	PhasePercentage = "percentage" // until Percentage of all targets are released
+	PhaseMetadata   = "metadata"   // the targets not released yet whose metadata match, when it triggers
 )
 
 // PhaseInfo says which devices a phase releases.
 type PhaseInfo struct {
-	Type       string   `json:"type" openapi:"required" doc:"fixed_list or percentage"`
+	Type       string   `json:"type" openapi:"required" doc:"fixed_list, percentage or metadata"`
 	DeviceIDs  []string `json:"device_ids,omitempty" doc:"fixed_list: the devices, each a target of the action"`
 	Percentage int      `json:"percentage,omitempty" doc:"percentage: 1 to 100, cumulative: devices are released until this share of all targets is, in a stable order (100: everyone left)"`
+	// Metadata is matched when the phase triggers (docs/actions.md).
+	Metadata map[string]string `json:"metadata,omitempty" doc:"metadata: KEY: VALUE pairs; when the phase triggers it takes, from the later phases, the targets not released yet whose device metadata has every one of them, and releases them"`
 }
 
 // Gate is what must hold before a phase triggers, over the devices of all
@@ -202,9 +205,16 @@ func readPhase(f *Fields, index int) Phase {
 			p.Info.DeviceIDs = ids
 		case PhasePercentage:
 			p.Info.Percentage = int(in.Int("percentage", true, 1, 100))
+		case PhaseMetadata:
+			p.Info.Metadata = in.StringMap("metadata", true)
+			if in.Has("metadata") && len(p.Info.Metadata) == 0 {
+				in.Fail("metadata", "must have at least one KEY: VALUE pair, such as {\"ring\": \"lab\"}")
+			} else if problem := ValidateMetadata(p.Info.Metadata); problem != "" {
+				in.Fail("metadata", problem)
+			}
 		default:
 			if in.Has("type") {
-				in.Fail("type", "must be fixed_list or percentage")
+				in.Fail("type", "must be fixed_list, percentage or metadata")
 			}
 		}
 		in.Unknown()

@@ -31,7 +31,9 @@ fields.
 A rollout releases the targets phase by phase. Give its schedule as a file
 (--schedule, the API's schedule object) or phase by phase with --phase, each
 'NAME SELECTION [KEY=VALUE]...':
-  SELECTION        N% (cumulative share of the targets) or ID,ID,... (fixed_list)
+  SELECTION        N% (cumulative share of the targets), ID,ID,... (fixed_list)
+                   or KEY=VALUE,... (metadata: the targets not released yet
+                   whose metadata match when the phase triggers)
   trigger=         now, manual, after_previous or an RFC 3339 time (default:
                    now for the first phase, after_previous for the others)
   wait=            after_previous: how long to wait, such as 30s or 1h
@@ -450,6 +452,12 @@ func parsePhase(s string, first bool) (fleet.Phase, error) {
 			return p, usagef("phase %s: %q is not a percentage", p.Name, fields[1])
 		}
 		p.Info = fleet.PhaseInfo{Type: fleet.PhasePercentage, Percentage: n}
+	} else if strings.Contains(fields[1], "=") { // device ids have no '='
+		p.Info = fleet.PhaseInfo{Type: fleet.PhaseMetadata, Metadata: map[string]string{}}
+		for _, kv := range strings.Split(fields[1], ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			p.Info.Metadata[k] = v
+		}
 	} else {
 		p.Info = fleet.PhaseInfo{Type: fleet.PhaseFixedList, DeviceIDs: strings.Split(fields[1], ",")}
 	}

@@ -16,6 +16,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -126,7 +128,8 @@ func (tx *Tx) assignPhases(ctx context.Context, tenant string, id int64, s *flee
 	}
 	if left > 0 {
 		return fleet.FieldErrors(map[string]string{"schedule.phases": fmt.Sprintf(
-			"release %d of the %d targets; the phases must release every target: end with a percentage phase of 100, or list the rest",
+			"release %d of the %d targets; the phases must release every target: end with a percentage phase of 100, or list the rest "+
+				"(a metadata phase takes its devices from the later phases when it triggers)",
 			total-left, total)})
 	}
 	return nil
@@ -493,6 +496,11 @@ func (tx *Tx) applyStep(ctx context.Context, tenant string, r *fleet.Rollout, st
 	case fleet.StepWait:
 		return c, nil
 	case fleet.StepTrigger:
+		if m := r.Schedule.Phases[step.Phase].Info.Metadata; m != nil {
+			if err := tx.takeByMetadata(ctx, tenant, r.ActionID, step.Phase, m); err != nil {
+				return nil, err
+			}
+		}
 		n, err := tx.applyMove(ctx, moveRelease, "UPDATE device_actions SET "+moveRelease.set+
 			", updated_at = ? WHERE tenant = ? AND action_id = ? AND {from} AND phase = ?", millis(tx.now), tenant, r.ActionID, step.Phase)
 		if err != nil {
@@ -543,6 +551,51 @@ func (tx *Tx) applyStep(ctx context.Context, tenant string, r *fleet.Rollout, st
 		c.Event = ev
 	}
 	return c, tx.notifyRollout(ctx, tenant, c.Event)
+}
+
+// takeByMetadata moves into phase k, a metadata phase about to trigger,
+// the action's device actions of later phases, not released yet, whose
+// device has every pair of m in its metadata now.
+func (tx *Tx) takeByMetadata(ctx context.Context, tenant string, id int64, k int, m map[string]string) error {
+	conds := make([]deviceCond, 0, len(m))
+	for _, key := range slices.Sorted(maps.Keys(m)) {
+		conds = append(conds, tx.db.dialect.metadataIs(tenant, key, m[key]))
+	}
+	cond, condArgs, _, err := devicesWhere(ctx, tx, conds)
+	if err != nil {
+		return err
+	}
+	rows, err := tx.query(ctx, `SELECT device_id, phase FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status = ? AND phase > ?
+		AND device_id IN (SELECT id FROM devices WHERE tenant = ? AND `+cond+`) ORDER BY device_id`,
+		append([]any{tenant, id, string(fleet.StatusScheduled), k, tenant}, condArgs...)...)
+	if err != nil {
+		return err
+	}
+	type taken struct {
+		device string
+		phase  int
+	}
+	matched, err := scanAll(rows, func(s scanner) (taken, error) {
+		var t taken
+		return t, s.Scan(&t.device, &t.phase)
+	})
+	if err != nil {
+		return err
+	}
+	for start := 0; start < len(matched); start += idChunk {
+		chunk := matched[start:min(start+idChunk, len(matched))]
+		ids := make([]string, len(chunk))
+		for i, t := range chunk {
+			ids[i] = t.device
+			tx.count(countKey{tenant, id, t.phase, fleet.StatusScheduled}, -1)
+			tx.count(countKey{tenant, id, k, fleet.StatusScheduled}, 1)
+		}
+		if _, err := tx.exec(ctx, "UPDATE device_actions SET phase = ? WHERE tenant = ? AND action_id = ? AND action_status = ? AND device_id IN ("+
+			placeholders(len(ids))+")", append([]any{k, tenant, id, string(fleet.StatusScheduled)}, anys(ids)...)...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // saveRollout writes r's state.

@@ -333,6 +333,58 @@ func TestRolloutFinishedRatio(t *testing.T) {
 	})
 }
 
+// TestRolloutMetadataPhase: a metadata phase takes, when it triggers, the
+// targets of later phases not released yet whose device metadata match
+// then: a device that joined the ring after the dispatch is taken, one
+// that left it is not, and one released already stays where it was.
+func TestRolloutMetadataPhase(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, clk := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		lab := map[string]string{"ring": "lab", "site": "b"}
+		mustDevices(t, db, "acme", map[string]map[string]string{
+			"a": lab, "b": lab, "c": {"ring": "lab", "site": "a"}, "d": nil, "e": nil, "f": lab})
+		d := dispatch("update", "default", "a", "b", "c", "d", "e", "f")
+		d.Schedule = &fleet.Schedule{Phases: []fleet.Phase{
+			fixed("first", fleet.TriggerManual, "f"),
+			{Name: "lab", TriggerOn: fleet.Trigger{Type: fleet.TriggerManual}, Info: fleet.PhaseInfo{Type: fleet.PhaseMetadata, Metadata: map[string]string{"ring": "lab", "site": "b"}}},
+			share("rest", fleet.TriggerManual, 100),
+		}}
+		a := mustDispatch(t, db, "acme", d)
+		if got := fmt.Sprint(phasesOf(t, db, "acme", a.ID)); got != "map[a:2 b:2 c:2 d:2 e:2 f:0]" {
+			t.Fatalf("at dispatch %s", got)
+		}
+		trigger := func(released int) {
+			t.Helper()
+			c, err := db.TriggerNextPhase(ctx, "acme", a.ID, clk.Now())
+			if err != nil || c.Event.Released != released {
+				t.Fatalf("trigger: %+v, %v; want %d released", c, err, released)
+			}
+		}
+		trigger(1) // first: f
+		// Between the dispatch and the trigger, d joins the ring and b
+		// leaves it; f, released already, is not taken again.
+		site := "b"
+		ring := "lab"
+		if _, err := db.UpdateDeviceMetadata(ctx, "acme", "d", map[string]*string{"ring": &ring, "site": &site}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.UpdateDeviceMetadata(ctx, "acme", "b", map[string]*string{"ring": nil}); err != nil {
+			t.Fatal(err)
+		}
+		trigger(2) // lab: a and d
+		if got := fmt.Sprint(phasesOf(t, db, "acme", a.ID)); got != "map[a:1 b:2 c:2 d:1 e:2 f:0]" {
+			t.Fatalf("after the metadata phase %s", got)
+		}
+		full, err := db.FindAction(ctx, "acme", a.ID)
+		if err != nil || fmt.Sprint(full.StatusesPhased) != "map[0:map[Queued:1] 1:map[Queued:2] 2:map[Scheduled:3]]" {
+			t.Fatalf("counts %v, %v", full.StatusesPhased, err)
+		}
+		trigger(3) // rest: b, c, e
+	})
+}
+
 // benchTenant makes a tenant "bench" of n devices, dev-0000000 on.
 func benchTenant(b *testing.B, db *sqlstore.DB, n int) {
 	b.Helper()

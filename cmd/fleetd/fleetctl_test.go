@@ -500,17 +500,20 @@ func TestFleetctlActions(t *testing.T) {
 				t.Fatalf("rollout from a schedule file: %+v", r)
 			}
 			wantContains(t, "phase usage", f.fails(t, ctl.ExitUsage, "actions", "dispatch", "x", "--all", "--phase", "lonely"), "NAME SELECTION")
-			var ratio struct {
+			// --phase takes finished-ratio= and a metadata selection.
+			var phased struct {
 				Schedule struct {
 					Phases []struct {
 						TriggerOn map[string]any `json:"trigger_on"`
+						Info      map[string]any `json:"info"`
 					}
 				}
 			}
-			f.json(t, &d, "actions", "dispatch", "update", "--devices", "d2,d3", "--phase", "canary d2 trigger=manual", "--phase", "rest 100% finished-ratio=0.5")
-			f.json(t, &ratio, "actions", "get", fmt.Sprint(d.ID))
-			if len(ratio.Schedule.Phases) != 2 || fmt.Sprint(ratio.Schedule.Phases[1].TriggerOn) != "map[finished_ratio:0.5 type:after_previous]" {
-				t.Fatalf("a phase with finished-ratio: %+v", ratio)
+			f.json(t, &d, "actions", "dispatch", "update", "--devices", "d1,d2", "--phase", "canary ring=canary trigger=manual", "--phase", "rest 100% finished-ratio=0.5")
+			f.json(t, &phased, "actions", "get", fmt.Sprint(d.ID))
+			if p := phased.Schedule.Phases; len(p) != 2 || fmt.Sprint(p[0].Info) != "map[metadata:map[ring:canary] type:metadata]" ||
+				fmt.Sprint(p[1].TriggerOn) != "map[finished_ratio:0.5 type:after_previous]" {
+				t.Fatalf("phases with a metadata selection and finished-ratio: %+v", phased)
 			}
 			wantContains(t, "finished-ratio 2", f.fails(t, ctl.ExitRefused, "actions", "dispatch", "update", "--devices", "d2,d3",
 				"--phase", "canary d2", "--phase", "rest 100% finished-ratio=2"), "schedule.phases[1].trigger_on.finished_ratio")

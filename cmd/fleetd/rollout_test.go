@@ -1012,3 +1012,54 @@ func (s *testServer) request(t *testing.T, c creds, method, path string) *http.R
 	r.Header.Set("x-service-api-key", c.Key)
 	return r
 }
+
+// TestRolloutMetadataPhase dispatches a rollout whose canary is a ring:
+// the devices whose metadata say ring=lab when it triggers, shown in every
+// encoding; a metadata phase without its pairs is refused naming the field.
+func TestRolloutMetadataPhase(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		for _, d := range []string{"m1", "m2", "m3", "m4"} {
+			meta := map[string]string{"ring": "main"}
+			if d == "m2" || d == "m4" {
+				meta["ring"] = "lab"
+			}
+			s.mustDevice(t, admin, d, meta)
+		}
+		ring := map[string]any{"type": "metadata", "metadata": map[string]any{"ring": "lab"}}
+		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "m",
+			"schedule": map[string]any{"phases": []any{phase("lab", triggerNow, ring), phase("rest", triggerAfter, percent(100))}}})
+		a := s.rollout(t, admin, id)
+		if fmt.Sprint(a.StatusesPhased) != "map[0:map[Queued:2] 1:map[Scheduled:2]]" {
+			t.Fatalf("after the lab phase: %+v", a)
+		}
+		for d, want := range map[string]int{"m1": 1, "m2": 0, "m3": 1, "m4": 0} {
+			if da := s.deviceAction(t, admin, d, id); da.Phase != want {
+				t.Fatalf("%s in phase %d, want %d", d, da.Phase, want)
+			}
+		}
+		var want any
+		for _, f := range codec.Formats {
+			r := s.send(t, req{method: "GET", path: fmt.Sprintf("/api/v1/actions/%d", id), creds: admin, header: http.Header{"Accept": {f.ContentType()}}}).want(t, 200)
+			v, err := codec.Decode(f, r.Body)
+			if err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			if got := fmt.Sprint(at(v, "schedule", "phases", 0, "info")); got != "map[metadata:map[ring:lab] type:metadata]" {
+				t.Fatalf("%s: the lab phase is %s", f, got)
+			}
+			if want == nil {
+				want = v
+			} else if !reflect.DeepEqual(times(v), times(want)) {
+				t.Fatalf("%s says\n%v\nwhere JSON says\n%v", f, v, want)
+			}
+		}
+		r := s.do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all",
+			"schedule": map[string]any{"phases": []any{phase("lab", triggerNow, map[string]any{"type": "metadata"}), phase("rest", triggerAfter, percent(100))}}})
+		wantCode(t, r, 400, "invalid")
+		if !strings.Contains(string(r.Body), `"schedule.phases[0].info.metadata"`) {
+			t.Fatalf("the refusal does not name the field: %s", r.Body)
+		}
+	})
+}
