@@ -78,6 +78,10 @@ var AggregateFuncs = []string{AggAvg, AggMin, AggMax, AggSum, AggCount, AggLast}
 // Limits of an aggregate (docs/telemetry.md).
 const (
 	MaxBuckets = 10_000
+	// MaxSeriesBuckets bounds the buckets of all the series of one
+	// fleet-wide aggregate by device (devices × buckets), which are held
+	// in memory until the answer is written.
+	MaxSeriesBuckets = 100_000
 	// MaxRawRange is the longest range an interval under a minute may
 	// cover: only those read raw points.
 	MaxRawRange = 6 * time.Hour

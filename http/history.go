@@ -61,7 +61,7 @@ var aggregateParams = append([]param{
 
 var fleetAggregateParams = append([]param{
 	{Name: "metadata.{key}", Desc: "only devices whose metadata value under key equals this; repeatable with other keys"},
-	{Name: "by", Desc: "device: one series per device", Enum: []string{"device"}},
+	{Name: "by", Desc: "device: one series per device; at most 100000 buckets over all the series", Enum: []string{"device"}},
 }, aggregateParams...)
 
 // Instant returns a time parameter given as epoch milliseconds or RFC

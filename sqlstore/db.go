@@ -108,6 +108,7 @@ func Open(ctx context.Context, dsn string, opt Options) (*DB, error) {
 		db.maxBatch = 512
 	}
 	db.history.retention, db.history.tenants = opt.StreamRetention, map[string]tenantRetention{}
+	db.history.maxSeries = fleet.MaxSeriesBuckets
 	if db.history.retention <= 0 {
 		db.history.retention = fleet.DefaultStreamRetention
 	}

@@ -185,3 +185,8 @@ func (db *DB) AggregateRaw(ctx context.Context, tenant, device, stream string, q
 	series, err := db.aggregate(ctx, tenant, device, stream, q, true)
 	return series[""], err
 }
+
+// SetMaxSeriesBuckets lowers the buckets a fleet-wide aggregate by device
+// may hold (fleet.MaxSeriesBuckets), so that a test reaches it with a few
+// points.
+func (db *DB) SetMaxSeriesBuckets(n int) { db.history.maxSeries = n }

@@ -134,6 +134,8 @@ type historyState struct {
 	// within retentionTTL.
 	tenants map[string]tenantRetention
 	stats   struct{ kept, expired, future atomic.Uint64 }
+	// maxSeries is fleet.MaxSeriesBuckets; tests lower it.
+	maxSeries int
 }
 
 type tenantRetention struct {

@@ -472,23 +472,29 @@ func (db *DB) aggregate(ctx context.Context, tenant, device, stream string, q fl
 	}
 	defer tx.Rollback()
 	acc := map[string]map[int64]*rollup{}
-	add := func(dev string, r *rollup) {
+	held := 0 // buckets in acc: by device, MaxBuckets is each series'
+	add := func(dev string, r *rollup) error {
 		if devices != nil && !devices[dev] {
-			return
+			return nil
 		}
 		if device != "" || !q.ByDevice {
 			dev = ""
 		}
-		m := acc[dev]
-		if m == nil {
-			m = map[int64]*rollup{}
-			acc[dev] = m
-		}
 		b := floorTo(r.bucket, iv)
+		m := acc[dev]
 		if m[b] == nil {
+			if held == db.history.maxSeries {
+				return fleet.FieldErrors(map[string]string{"by": fmt.Sprintf("makes more than %d buckets over all the devices' series; narrow the devices with metadata.{key}, or choose a longer interval or a shorter range", db.history.maxSeries)})
+			}
+			held++
+			if m == nil {
+				m = map[int64]*rollup{}
+				acc[dev] = m
+			}
 			m[b] = &rollup{bucket: b}
 		}
 		m[b].merge(r)
+		return nil
 	}
 	where, args := "tenant = ? AND stream = ?", []any{tenant, stream}
 	if device != "" {
@@ -499,7 +505,9 @@ func (db *DB) aggregate(ctx context.Context, tenant, device, stream string, q fl
 	} else {
 		err = db.aggregateRollups(ctx, tx, kind, where, args, q.Field, lo, hi, add)
 	}
-	if err != nil {
+	if fleet.ErrorCode(err) == fleet.EINVALID {
+		return nil, err
+	} else if err != nil {
 		return nil, db.classify(err)
 	}
 	out := map[string][]fleet.Bucket{}
@@ -536,7 +544,7 @@ func (r *rollup) value(fn string) float64 {
 
 // aggregateRaw folds the numeric values of field in [lo, hi) of the
 // chunks where chooses, a point at a time, into add.
-func (db *DB) aggregateRaw(ctx context.Context, tx readTx, tenant, where string, args []any, field string, lo, hi int64, add func(string, *rollup)) error {
+func (db *DB) aggregateRaw(ctx context.Context, tx readTx, tenant, where string, args []any, field string, lo, hi int64, add func(string, *rollup) error) error {
 	floor, err := db.floor(ctx, tenant)
 	if err != nil {
 		return err
@@ -575,7 +583,10 @@ func (db *DB) aggregateRaw(ctx context.Context, tx readTx, tenant, where string,
 				}
 				r := rollup{bucket: ts}
 				r.add(x, ts, seq)
-				add(dev, &r)
+				if err := add(dev, &r); err != nil {
+					rows.Close()
+					return err
+				}
 			}
 		}
 		if err := rows.Close(); err != nil {
@@ -587,7 +598,7 @@ func (db *DB) aggregateRaw(ctx context.Context, tx readTx, tenant, where string,
 
 // aggregateRollups folds the rollups of kind for field in [lo, hi) into
 // add.
-func (db *DB) aggregateRollups(ctx context.Context, tx readTx, kind partKind, where string, args []any, field string, lo, hi int64, add func(string, *rollup)) error {
+func (db *DB) aggregateRollups(ctx context.Context, tx readTx, kind partKind, where string, args []any, field string, lo, hi int64, add func(string, *rollup) error) error {
 	segs, err := db.segments(ctx, tx, kind, lo, hi, false)
 	if err != nil {
 		return err
@@ -605,7 +616,10 @@ func (db *DB) aggregateRollups(ctx context.Context, tx readTx, kind partKind, wh
 				rows.Close()
 				return err
 			}
-			add(dev, &r)
+			if err := add(dev, &r); err != nil {
+				rows.Close()
+				return err
+			}
 		}
 		if err := rows.Close(); err != nil {
 			return err

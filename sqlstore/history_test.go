@@ -242,6 +242,17 @@ func TestStreamHistory(t *testing.T) {
 			if err != nil || len(series) != 2 || series[0].DeviceID != "d1" || series[1].Buckets[0].Count != 12 {
 				t.Fatalf("by device = %+v %v", series, err)
 			}
+			// The series by device are held in memory until written: a
+			// range of more buckets than allowed over all the devices is
+			// refused, not gathered. d1's 250 points are a second apart.
+			q.Interval = time.Second
+			db.SetMaxSeriesBuckets(100)
+			_, _, err = db.AggregateFleet(ctx, "acme", "env", q)
+			db.SetMaxSeriesBuckets(fleet.MaxSeriesBuckets)
+			wantCode(t, err, fleet.EINVALID)
+			if _, series, err = db.AggregateFleet(ctx, "acme", "env", q); err != nil || len(series) != 2 || len(series[0].Buckets) != 250 {
+				t.Fatalf("by device, by the second: %d series, %v", len(series), err)
+			}
 		})
 		t.Run("BadQueries", func(t *testing.T) {
 			for _, q := range []fleet.AggregateQuery{
