@@ -2,6 +2,7 @@ package twin
 
 import (
 	"context"
+	"log/slog"
 
 	"github.com/fleetd/fleet"
 )
@@ -16,9 +17,17 @@ const UplinkShadowStream = "device_shadow"
 // reported state after the points are stored. Each of uplink's points is
 // a whole snapshot of the device's state, so of a batch only the latest
 // point (by timestamp, then sequence) is merged.
+//
+// The points are the data and the reported state is made from them: a
+// point the reported state cannot take (beyond its size or depth,
+// docs/twin.md) is kept, the ingest accepted and the reported state left
+// as it was, with a warning. Refusing the ingest once the points are
+// stored would answer an error for data kept, and a device that retries
+// would store it again.
 type Streams struct {
 	fleet.StreamService
-	Twin fleet.ShadowService
+	Twin   fleet.ShadowService
+	Logger *slog.Logger
 }
 
 // IngestPoints stores the points, then merges the latest of device_shadow
@@ -34,5 +43,12 @@ func (s *Streams) IngestPoints(ctx context.Context, tenant, device, stream strin
 		}
 	}
 	_, err := s.Twin.UpdateReported(ctx, tenant, device, latest.Data)
+	if code := fleet.ErrorCode(err); code == fleet.EINVALID || code == fleet.ETOOLARGE {
+		if s.Logger != nil {
+			s.Logger.Warn("twin: a device_shadow point is beyond the reported state's limits; the point is kept, the reported state is not changed",
+				"tenant", tenant, "device", device, "err", err)
+		}
+		return nil
+	}
 	return err
 }

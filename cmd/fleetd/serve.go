@@ -128,7 +128,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	// Device shadows: the twin service sends each device its delta through
 	// the channel; uplink's device_shadow stream fills the reported state.
 	shadows := &twin.Service{Store: db, Logger: log}
-	streams := &twin.Streams{StreamService: alerts, Twin: shadows}
+	streams := &twin.Streams{StreamService: alerts, Twin: shadows, Logger: log}
 	broker, brokerAuth, err := c.scale.channel(sec.mqttBase, db, &mqtt.Devices{
 		Registry: db, Actions: actions, Delivery: actions, Streams: streams, Twin: shadows, LastSeen: db, Logger: log,
 		Certificates: sec.certs, MaxDecoding: sec.mqttDecoding,

@@ -3,6 +3,7 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
@@ -87,6 +88,37 @@ func TestShadowAPI(t *testing.T) {
 		s.do(t, admin, "GET", path, nil).want(t, 200).decode(t, &sh)
 		if sh.Version != 3 {
 			t.Fatalf("refused patches moved the version to %d", sh.Version)
+		}
+	})
+}
+
+// TestShadowStreamBeyondTheShadowsLimits: a point of uplink's
+// device_shadow stream that the reported state cannot take (beyond its
+// size or depth) is still a data point: it is kept and the ingest is
+// accepted, with the reported state left as it was. The shadow is derived
+// from the points; refusing the ingest after they were stored would answer
+// an error for data kept, and a device that retries would store it again.
+func TestShadowStreamBeyondTheShadowsLimits(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		s.mustDevice(t, admin, "sh-big", nil)
+		ingest := "/api/v1/devices/sh-big/streams/device_shadow"
+		now := time.Now().UnixMilli()
+		s.send(t, req{method: "POST", path: ingest, creds: admin,
+			body: []any{map[string]any{"timestamp": now - 1000, "sequence": 1, "fw": 1}}}).want(t, 200)
+		s.send(t, req{method: "POST", path: ingest, creds: admin,
+			body: []any{map[string]any{"timestamp": now, "sequence": 2, "fw": 2, "blob": strings.Repeat("x", 33<<10)}}}).want(t, 200)
+
+		var sh shadow
+		s.do(t, admin, "GET", "/api/v1/devices/sh-big/shadow", nil).want(t, 200).decode(t, &sh)
+		if len(sh.Reported) != 1 || sh.Reported["fw"] != float64(1) {
+			t.Fatalf("reported = %v, want the state before the point too large for it", sh.Reported)
+		}
+		var page struct{ Points []map[string]any }
+		s.do(t, admin, "GET", ingest+"/points", nil).want(t, 200).decode(t, &page)
+		if len(page.Points) != 2 {
+			t.Fatalf("%d points kept, want 2", len(page.Points))
 		}
 	})
 }
