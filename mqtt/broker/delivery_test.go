@@ -302,6 +302,9 @@ func TestActionOverDeviceMaximumPacketSize(t *testing.T) {
 	})
 	limit := uint32(300)
 	c := subscribedWith(t, s, h, false, &paho.ConnectProperties{MaximumPacketSize: &limit})
+	// The subscription reads the backlog after DeviceSubscribed: queued
+	// before that read, action 9 would also be sent by it, and fail twice.
+	poll.Until(t, wait, "the subscription's read of the store", func() bool { return h.ReadsDone.Load() > 0 })
 
 	big := fmt.Appendf(nil, `{"id": "9", "name": "x", "payload": %q}`, strings.Repeat("p", 1000))
 	h.Queue("acme/dev-1", 9, big)

@@ -68,7 +68,8 @@ type Handler struct {
 	Backlog     map[string][]fleet.ActionMessage
 	PendingErr  error         // when set, PendingActions returns it; under Mu
 	PendingGate chan struct{} // when set, PendingActions waits for it to close
-	Reads       atomic.Int64
+	Reads       atomic.Int64 // PendingActions calls begun
+	ReadsDone   atomic.Int64 // PendingActions calls that have read the backlog
 }
 
 // NewHandler returns a Handler that admits acme/dev-1 (token "tok-1"),
@@ -121,6 +122,7 @@ func (h *Handler) PendingActions(ctx context.Context, tenant, device string, aft
 	}
 	h.Mu.Lock()
 	defer h.Mu.Unlock()
+	defer h.ReadsDone.Add(1)
 	if h.PendingErr != nil {
 		return nil, h.PendingErr
 	}
