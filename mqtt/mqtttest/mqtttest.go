@@ -68,8 +68,8 @@ type Handler struct {
 	Backlog     map[string][]fleet.ActionMessage
 	PendingErr  error         // when set, PendingActions returns it; under Mu
 	PendingGate chan struct{} // when set, PendingActions waits for it to close
-	Reads       atomic.Int64 // PendingActions calls begun
-	ReadsDone   atomic.Int64 // PendingActions calls that have read the backlog
+	Reads       atomic.Int64  // PendingActions calls begun
+	ReadsDone   atomic.Int64  // PendingActions calls that have read the backlog
 }
 
 // NewHandler returns a Handler that admits acme/dev-1 (token "tok-1"),
