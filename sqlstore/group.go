@@ -50,8 +50,13 @@ func (d dialect) requirementHolds(r fleet.Requirement) (string, []any) {
 		var has, text string
 		var args []any
 		if d == postgres {
-			p := "{" + strings.Join(path, ",") + "}" // segments are [A-Za-z0-9_:-] (ParseSelector)
-			has, text = "s.reported #> CAST(? AS text[]) IS NOT NULL", "jsonb_typeof(s.reported #> CAST(? AS text[])) NOT IN ('object', 'array') AND (s.reported #>> CAST(? AS text[]))"
+			// A strict JSON path, as SQLite's: each level is an object's
+			// key, never an array's index (#> takes "0" for either), and a
+			// level that is not there is no value (silent: NULL, not an
+			// error). Segments are [A-Za-z0-9_:-] (ParseSelector).
+			p := `strict $."` + strings.Join(path, `"."`) + `"`
+			v := "jsonb_path_query_first(s.reported, CAST(? AS jsonpath), '{}', true)"
+			has, text = v+" IS NOT NULL", "jsonb_typeof("+v+") NOT IN ('object', 'array') AND ("+v+" #>> '{}')"
 			args = []any{p}
 			if values != "" {
 				args = []any{p, p}
