@@ -23,6 +23,11 @@ const (
 const (
 	ActionUpdateFirmware = "update_firmware"
 	ActionCancel         = "cancel_action"
+	// ActionRemoteSession asks a device to dial back for a remote session
+	// (docs/agent.md). Only fleetd sends it, when a session is opened: one
+	// dispatched otherwise could name another person's waiting session and
+	// have the device serve it a command or path of the sender's choosing.
+	ActionRemoteSession = "remote_session"
 )
 
 // Limits of actions and status reports.
@@ -201,6 +206,9 @@ func ReadDispatch(f *Fields, withSchedule bool) Dispatch {
 	}
 	if f.Has("timeout") {
 		d.Timeout = f.Int("timeout", false, 1, MaxActionTimeout)
+	}
+	if d.Action == ActionRemoteSession {
+		f.Fail("action", "remote_session is fleetd's own: open a remote session with POST /api/v1/devices/{id}/remote-sessions")
 	}
 	if withSchedule {
 		d.Schedule = ReadSchedule(f.Nested("schedule", false))

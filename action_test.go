@@ -45,6 +45,7 @@ func TestReadDispatch(t *testing.T) {
 		{"MissingAction", with("action", nil), []string{"action"}},
 		{"EmptyAction", with("action", ""), []string{"action"}},
 		{"LongAction", with("action", strings.Repeat("x", 129)), []string{"action"}},
+		{"RemoteSessionAction", with("action", "remote_session", "params", map[string]any{"session_id": "x", "kind": "shell", "target": "id"}), []string{"action"}},
 		{"MissingParams", with("params", nil), []string{"params"}},
 		{"ParamsNotObject", with("params", "{}"), []string{"params"}},
 		{"MetadataNotObject", with("metadata", []any{}), []string{"metadata"}},

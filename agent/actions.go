@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/fleetd/fleet"
 )
 
 var (
@@ -103,7 +105,7 @@ func (a *Agent) handler(name string) (func(*Agent, context.Context, string, stri
 	if h, ok := builtin[name]; ok {
 		return h, nil
 	}
-	if name == "remote_session" && a.cfg.Remote {
+	if name == fleet.ActionRemoteSession && a.cfg.Remote {
 		return (*Agent).remoteSession, nil
 	}
 	return nil, fmt.Errorf("this device has no program for action %q (no executable %s in its actions directory, and no built-in)", name, name)

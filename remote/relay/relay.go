@@ -1,7 +1,8 @@
 // Package relay is fleetd's side of remote sessions: it opens a session
-// (recorded, capped), asks the device for it with a remote_session action,
-// waits for the device's WebSocket, and relays messages between the two
-// legs until one ends, the session idles or outlives its lifetime.
+// (recorded, capped), asks the device for it with a remote_session action
+// (fleet.ActionRemoteSession: the session's id, kind and target), waits
+// for the device's WebSocket, and relays messages between the two legs
+// until one ends, the session idles or outlives its lifetime.
 package relay
 
 import (
@@ -18,10 +19,6 @@ import (
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/remote"
 )
-
-// Action is the action that asks a device for a session. Its params are
-// the session's id, kind and target; the device dials back.
-const Action = "remote_session"
 
 // Limits bound remote sessions.
 type Limits struct {
@@ -150,7 +147,7 @@ func (h *Hub) Open(ctx context.Context, actor *fleet.Actor, device, kind, target
 	time.AfterFunc(h.Limits.ConnectTimeout, func() { h.expire(s) })
 	params, _ := json.Marshal(map[string]string{"session_id": s.ID, "kind": kind, "target": target})
 	timeout := int64(h.Limits.ConnectTimeout/time.Second) + 1
-	if _, err := h.Actions.DispatchAction(ctx, actor.Tenant, &fleet.Dispatch{Action: Action, Params: params,
+	if _, err := h.Actions.DispatchAction(ctx, actor.Tenant, &fleet.Dispatch{Action: fleet.ActionRemoteSession, Params: params,
 		SearchType: fleet.SearchDefault, DeviceIDs: []string{device}, Timeout: timeout,
 		UserName: actor.UserName, UserEmail: actor.UserEmail}); err != nil {
 		h.end(s, "the device could not be asked: "+err.Error())
