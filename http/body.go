@@ -29,9 +29,12 @@ const firstChunk = 64 << 10
 // request that finds no room waits bodyWait, then is refused with 503 and
 // Retry-After. Streams (firmware uploads) hold nothing and take nothing.
 type bodies struct {
-	max     int64
-	sem     *semaphore.Weighted
-	held    atomic.Int64
+	max  int64
+	sem  *semaphore.Weighted
+	held atomic.Int64
+	// growing is set while a body that holds part of the budget waits
+	// for more (take).
+	growing atomic.Bool
 	refused prometheus.Counter
 }
 
@@ -53,9 +56,23 @@ func newBodies(max int64, reg *prometheus.Registry) *bodies {
 	return b
 }
 
-// take waits for n bytes of the budget, at most bodyWait.
-func (b *bodies) take(ctx context.Context, n int64) error {
+// errNoRoom is take's answer when a body that holds part of the budget
+// cannot have more at once and another such body already waits.
+var errNoRoom = errors.New("no room in the budget of request bodies")
+
+// take waits for n bytes of the budget, at most bodyWait. A body that
+// holds part of the budget already (holding) waits only while no other
+// such body waits: two that wait for each other's bytes would both time
+// out, and so would every body of a flood of large ones, none finishing;
+// the second is refused at once and gives its bytes back to the first.
+func (b *bodies) take(ctx context.Context, n int64, holding bool) error {
 	if !b.sem.TryAcquire(n) {
+		if holding {
+			if !b.growing.CompareAndSwap(false, true) {
+				return errNoRoom
+			}
+			defer b.growing.Store(false)
+		}
 		ctx, cancel := context.WithTimeout(ctx, bodyWait)
 		defer cancel()
 		if err := b.sem.Acquire(ctx, n); err != nil {
@@ -110,7 +127,7 @@ func (b *bodies) read(w http.ResponseWriter, r *http.Request, limit int64) ([]by
 				return nil, readError(err, limit)
 			}
 			size := min(max(2*int64(cap(buf)), firstChunk), end)
-			if err := b.take(r.Context(), size); err != nil {
+			if err := b.take(r.Context(), size, taken > 0); err != nil {
 				b.give(taken)
 				if r.Context().Err() != nil {
 					return nil, r.Context().Err()
