@@ -6,7 +6,9 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Shadow is a device's twin (docs/twin.md): the state operators want it in
@@ -160,12 +162,17 @@ func canonicalEqual(a, b any) bool {
 
 // CheckShadowSection returns the problem with a section of a shadow, as it
 // is to be stored, or nil: a value nested deeper than MaxShadowDepth is
-// EINVALID naming its path (desired.a.b[0]), a section whose JSON text is
-// larger than MaxShadowSection is ETOOLARGE.
+// EINVALID naming its path (desired.a.b[0]), and so is a string or a key
+// that is not UTF-8 text without NUL characters (PostgreSQL's JSON cannot
+// hold it); a section whose JSON text is larger than MaxShadowSection is
+// ETOOLARGE.
 func CheckShadowSection(section string, doc map[string]any) error {
 	if path := tooDeep(section, doc, 0); path != "" {
 		return &Error{Code: EINVALID, Message: fmt.Sprintf("%s nests deeper than %d levels", path, MaxShadowDepth),
 			Fields: map[string]string{path: fmt.Sprintf("is nested deeper than %d levels", MaxShadowDepth)}}
+	}
+	if path, problem := badText(section, doc); path != "" {
+		return &Error{Code: EINVALID, Message: path + " " + problem, Fields: map[string]string{path: problem}}
 	}
 	b, err := MarshalCanonical(doc)
 	if err != nil {
@@ -205,6 +212,39 @@ func tooDeep(path string, v any, depth int) string {
 	}
 	return ""
 }
+
+// badText returns the path of the first string, in key order, that is not
+// UTF-8 text without NUL characters, or of the first object with such a
+// key, and what is wrong there; "" when there is none.
+func badText(path string, v any) (string, string) {
+	switch v := v.(type) {
+	case string:
+		if !plainText(v) {
+			return path, "must be UTF-8 text without NUL characters"
+		}
+	case map[string]any:
+		keys := slices.Sorted(maps.Keys(v))
+		for _, k := range keys {
+			if !plainText(k) {
+				return path, "has a key that is not UTF-8 text without NUL characters"
+			}
+		}
+		for _, k := range keys {
+			if p, problem := badText(path+"."+k, v[k]); p != "" {
+				return p, problem
+			}
+		}
+	case []any:
+		for i, e := range v {
+			if p, problem := badText(path+"["+strconv.Itoa(i)+"]", e); p != "" {
+				return p, problem
+			}
+		}
+	}
+	return "", ""
+}
+
+func plainText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
 // ShadowService keeps the devices' shadows. A device that has none reads
 // as an empty shadow at version 0.

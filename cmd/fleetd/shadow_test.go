@@ -72,6 +72,9 @@ func TestShadowAPI(t *testing.T) {
 			{"Unknown", map[string]any{"desired": map[string]any{}, "reported": map[string]any{}}, 400, "reported"},
 			{"TooDeep", map[string]any{"desired": deep}, 400, "desired.n.n.n.n.n.n.n.n.v"},
 			{"TooLarge", map[string]any{"desired": map[string]any{"blob": strings.Repeat("x", 33<<10)}}, 413, "desired"},
+			// PostgreSQL's JSON holds no NUL: refused on both databases.
+			{"NULInValue", map[string]any{"desired": map[string]any{"x": map[string]any{"y": "a\x00b"}}}, 400, "desired.x.y"},
+			{"NULInKey", map[string]any{"desired": map[string]any{"x": map[string]any{"k\x00": 1}}}, 400, "desired.x"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				var e struct {
