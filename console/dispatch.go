@@ -40,8 +40,11 @@ type phaseForm struct {
 	Index                          int
 	Name, Kind, Value, Trigger, At string
 	Wait, GateRate, GateMin        string
-	GateRules                      []string // alert rule ids
-	GateWatch                      string   // seconds
+	// Ratio is an after_previous trigger's finished_ratio as a
+	// percentage.
+	Ratio     string
+	GateRules []string // alert rule ids
+	GateWatch string   // seconds
 	// Count is how many devices the phase would release, once the form
 	// was counted.
 	Count *int
@@ -150,7 +153,9 @@ func (c *Console) handleDispatch(w http.ResponseWriter, r *http.Request, v *view
 		data.Matches = &n
 		if d.Schedule != nil {
 			for i, k := range phaseCounts(d.Schedule, n) {
-				data.Form.Phases[f.phaseRow(i)].Count = &k
+				if d.Schedule.Phases[i].Info.Type != fleet.PhaseMetadata { // known when it triggers
+					data.Form.Phases[f.phaseRow(i)].Count = &k
+				}
 			}
 		}
 		v.Data = data
@@ -196,7 +201,7 @@ func readDispatchForm(r *http.Request) dispatchForm {
 		n := strconv.Itoa(i)
 		f.Phases = append(f.Phases, phaseForm{Index: len(f.Phases),
 			Name: get("phase" + n + "_name"), Kind: get("phase" + n + "_kind"), Value: get("phase" + n + "_value"),
-			Trigger: get("phase" + n + "_trigger"), At: get("phase" + n + "_at"), Wait: get("phase" + n + "_wait"),
+			Trigger: get("phase" + n + "_trigger"), At: get("phase" + n + "_at"), Wait: get("phase" + n + "_wait"), Ratio: get("phase" + n + "_ratio"),
 			GateRate: get("phase" + n + "_gate_rate"), GateMin: get("phase" + n + "_gate_min"),
 			GateRules: p["phase"+n+"_gate_rules"], GateWatch: get("phase" + n + "_gate_watch"),
 		})
@@ -322,9 +327,20 @@ func (f dispatchForm) schedule() (map[string]any, error) {
 			continue
 		}
 		info := map[string]any{"type": p.Kind}
-		if p.Kind == fleet.PhaseFixedList {
+		switch p.Kind {
+		case fleet.PhaseFixedList:
 			info["device_ids"] = strings.FieldsFunc(p.Value, func(r rune) bool { return r == ',' || r == ' ' })
-		} else {
+		case fleet.PhaseMetadata:
+			md := map[string]any{}
+			for _, pair := range strings.FieldsFunc(p.Value, func(r rune) bool { return r == ',' }) {
+				k, v, ok := strings.Cut(strings.TrimSpace(pair), "=")
+				if !ok || k == "" {
+					return nil, fleet.FieldErrors(map[string]string{fmt.Sprintf("schedule.phases[%d].info.metadata", p.Index): "must be KEY=VALUE pairs separated by commas, as ring=lab"})
+				}
+				md[k] = v
+			}
+			info["metadata"] = md
+		default:
 			info["percentage"] = number(p.Value)
 		}
 		trigger := map[string]any{"type": p.Trigger}
@@ -332,6 +348,14 @@ func (f dispatchForm) schedule() (map[string]any, error) {
 		case fleet.TriggerAfterPrevious:
 			if p.Wait != "" {
 				trigger["wait_seconds"] = number(p.Wait)
+			}
+			if p.Ratio != "" {
+				// The form asks for a percentage, the API for a fraction.
+				ratio, err := strconv.ParseFloat(p.Ratio, 64)
+				if err != nil {
+					return nil, fleet.FieldErrors(map[string]string{fmt.Sprintf("schedule.phases[%d].trigger_on.finished_ratio", p.Index): "must be a percentage above 0, at most 100"})
+				}
+				trigger["finished_ratio"] = json.Number(strconv.FormatFloat(ratio/100, 'f', -1, 64))
 			}
 		case fleet.TriggerTimestamp:
 			at, err := time.ParseInLocation("2006-01-02T15:04", p.At, time.UTC)

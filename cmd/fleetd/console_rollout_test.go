@@ -108,6 +108,44 @@ func TestConsoleRollouts(t *testing.T) {
 				t.Fatalf("schedule %+v", a.Schedule)
 			}
 		})
+		t.Run("MetadataPhaseAndFinishedRatio", func(t *testing.T) {
+			tok := b.get("/console/actions/new").csrf(t)
+			f := url.Values{"csrf": {tok}, "action": {"reboot"}, "params": {`{}`}, "search_type": {"all"}, "rollout": {"on"}, "phases": {"2"},
+				"phase0_name": {"lab"}, "phase0_kind": {"metadata"}, "phase0_value": {"ring=lab, site=berlin"}, "phase0_trigger": {"manual"},
+				"phase1_name": {"rest"}, "phase1_kind": {"percentage"}, "phase1_value": {"100"}, "phase1_trigger": {"after_previous"},
+				"phase1_ratio": {"90"}}
+			f.Set("preview", "1")
+			res := b.do("POST", "/console/actions/new", f).want(t, 200)
+			wantContains(t, "a metadata phase's count, known when it triggers", res.Body, `<td data-phase-count="0">—</td>`, `<td data-phase-count="1">4</td>`)
+			f.Del("preview")
+			f.Set("phase0_value", "ring")
+			wantContains(t, "a pair without =", b.do("POST", "/console/actions/new", f).want(t, 400).Body, "must be KEY=VALUE pairs")
+			f.Set("phase0_value", "ring=lab, site=berlin")
+			f.Set("dispatch", "1")
+			res = b.do("POST", "/console/actions/new", f).want(t, 303)
+			var mid int64
+			fmt.Sscanf(res.Header.Get("Location"), "/console/actions/%d", &mid)
+			var a struct {
+				Schedule struct {
+					Phases []struct {
+						TriggerOn struct {
+							FinishedRatio float64 `json:"finished_ratio"`
+						} `json:"trigger_on"`
+						Info struct {
+							Type     string            `json:"type"`
+							Metadata map[string]string `json:"metadata"`
+						}
+					}
+				}
+			}
+			s.do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d", mid), nil).want(t, 200).decode(t, &a)
+			ph := a.Schedule.Phases
+			if len(ph) != 2 || ph[0].Info.Type != "metadata" || ph[0].Info.Metadata["ring"] != "lab" || ph[0].Info.Metadata["site"] != "berlin" ||
+				ph[1].TriggerOn.FinishedRatio != 0.9 {
+				t.Fatalf("schedule %+v", a.Schedule)
+			}
+			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", mid), nil)
+		})
 		t.Run("AbortSaysWhatItDoes", func(t *testing.T) {
 			eventually(t, "the first phase to release", func() bool { return s.action(t, admin, id).Statuses["Queued"] == 1 })
 			s.report(t, "r-2", id, "Downloading")

@@ -33,14 +33,14 @@ await run(async (browser, watch) => {
   await page.getByLabel("phase 2 name").waitFor();
   await page.getByLabel("phase 0 name").fill("lab");
   await page.getByLabel("phase 0 kind").selectOption("fixed_list");
-  await page.getByLabel("phase 0 percentage or device ids").fill(devices[0]);
+  await page.getByLabel("phase 0 percentage, device ids or metadata").fill(devices[0]);
   await page.getByLabel("phase 1 name").fill("canary");
-  await page.getByLabel("phase 1 percentage or device ids").fill("50");
+  await page.getByLabel("phase 1 percentage, device ids or metadata").fill("50");
   await page.getByLabel("phase 1 trigger").selectOption("manual");
   await page.getByLabel("phase 1 gate alert rules").selectOption({ label: rule });
   await page.getByLabel("phase 1 gate watch seconds").fill("60");
   await page.getByLabel("phase 2 name").fill("everyone");
-  await page.getByLabel("phase 2 percentage or device ids").fill("100");
+  await page.getByLabel("phase 2 percentage, device ids or metadata").fill("100");
   await page.getByLabel("phase 2 gate max failed percent").fill("25");
   await page.getByLabel("phase 2 gate min finished").fill("2");
 
