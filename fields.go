@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"unicode/utf8"
 )
 
 // Fields is the typed decode of a canonical value (what package codec makes
@@ -337,3 +338,11 @@ func (f *Fields) unknownNames() []string {
 	sort.Strings(names)
 	return names
 }
+
+// PlainText reports whether s is UTF-8 text without NUL characters, which
+// every text column of both databases can hold (PostgreSQL's text and JSON
+// hold no NUL).
+func PlainText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
+
+// PlainTextRule says what PlainText requires, for error messages.
+const PlainTextRule = "must be UTF-8 text without NUL characters"

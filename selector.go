@@ -66,8 +66,8 @@ const special = ",=!()<>"
 // ParseSelector reads a selector. Any problem is EINVALID, with the
 // position (from 1, in characters) where the selector stops making sense.
 func ParseSelector(s string) (Selector, error) {
-	if !utf8.ValidString(s) || strings.ContainsRune(s, 0) {
-		return nil, selectorError(0, "must be UTF-8 text without NUL characters")
+	if !PlainText(s) {
+		return nil, selectorError(0, PlainTextRule)
 	}
 	if len(s) > MaxSelectorLen {
 		return nil, selectorError(0, fmt.Sprintf("must be at most %d bytes", MaxSelectorLen))

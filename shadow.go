@@ -6,9 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
-	"unicode/utf8"
 )
 
 // Shadow is a device's twin (docs/twin.md): the state operators want it in
@@ -219,13 +217,13 @@ func tooDeep(path string, v any, depth int) string {
 func badText(path string, v any) (string, string) {
 	switch v := v.(type) {
 	case string:
-		if !plainText(v) {
-			return path, "must be UTF-8 text without NUL characters"
+		if !PlainText(v) {
+			return path, PlainTextRule
 		}
 	case map[string]any:
 		keys := slices.Sorted(maps.Keys(v))
 		for _, k := range keys {
-			if !plainText(k) {
+			if !PlainText(k) {
 				return path, "has a key that is not UTF-8 text without NUL characters"
 			}
 		}
@@ -243,8 +241,6 @@ func badText(path string, v any) (string, string) {
 	}
 	return "", ""
 }
-
-func plainText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
 // ShadowService keeps the devices' shadows. A device that has none reads
 // as an empty shadow at version 0.

@@ -30,6 +30,8 @@ func readGroup(f *fleet.Fields) *fleet.Group {
 	g := &fleet.Group{Selector: f.String("selector", true), Description: f.String("description", false)}
 	if len([]rune(g.Description)) > fleet.MaxGroupDescription {
 		f.Fail("description", "must be at most 1024 characters")
+	} else if !fleet.PlainText(g.Description) {
+		f.Fail("description", fleet.PlainTextRule)
 	}
 	return g
 }

@@ -209,8 +209,8 @@ func devicesWhere(ctx context.Context, q querier, cs []deviceCond) (string, []an
 // by, that is not UTF-8 text without NUL characters: PostgreSQL's text
 // cannot hold it, nor an FTS5 query, and no device's id or metadata does.
 func checkText(field, s string) error {
-	if !utf8.ValidString(s) || strings.ContainsRune(s, 0) {
-		return fleet.FieldErrors(map[string]string{field: "must be UTF-8 text without NUL characters"})
+	if !fleet.PlainText(s) {
+		return fleet.FieldErrors(map[string]string{field: fleet.PlainTextRule})
 	}
 	return nil
 }

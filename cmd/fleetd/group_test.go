@@ -102,6 +102,8 @@ func TestGroupsAPI(t *testing.T) {
 			{"Malformed", "POST", "/api/v1/groups", map[string]any{"name": "x", "selector": "a in (b"}, 400, "selector", "position 8"},
 			{"BadName", "POST", "/api/v1/groups", map[string]any{"name": "a b", "selector": "a"}, 400, "name", ""},
 			{"NoSelector", "POST", "/api/v1/groups", map[string]any{"name": "x"}, 400, "selector", ""},
+			// PostgreSQL's text holds no NUL: refused on both databases.
+			{"NULInDescription", "POST", "/api/v1/groups", map[string]any{"name": "x", "selector": "a", "description": "a\x00b"}, 400, "description", "NUL"},
 			{"Taken", "POST", "/api/v1/groups", map[string]any{"name": "berlin-new", "selector": "a"}, 409, "", ""},
 			{"PutMalformed", "PUT", "/api/v1/groups/berlin-new", map[string]any{"selector": "a=b=c"}, 400, "selector", "position 4"},
 			{"Unknown", "GET", "/api/v1/groups/nope", nil, 404, "", ""},
