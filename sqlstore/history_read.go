@@ -394,9 +394,6 @@ func (db *DB) readChunks(ctx context.Context, q querier, s segment, query string
 
 // Aggregate aggregates a device's stream.
 func (db *DB) Aggregate(ctx context.Context, tenant, device, stream string, q fleet.AggregateQuery) ([]fleet.Bucket, error) {
-	if _, err := db.FindDevice(ctx, tenant, device); err != nil {
-		return nil, err
-	}
 	series, err := db.aggregate(ctx, tenant, device, stream, q, false)
 	if err != nil {
 		return nil, err
@@ -440,8 +437,20 @@ func aggregateSource(q fleet.AggregateQuery) (partKind, bool, error) {
 
 // aggregate computes q on a device's stream (device "" for the tenant's
 // devices) by device, or under "" unless q.ByDevice. raw reads raw points
-// whatever the interval (tests compare the rollups with it).
+// whatever the interval (tests compare the rollups with it). A device's
+// raw points are those it received since it was made, as FindPoints reads
+// them: not those of a device of the same id deleted before.
 func (db *DB) aggregate(ctx context.Context, tenant, device, stream string, q fleet.AggregateQuery, raw bool) (map[string][]fleet.Bucket, error) {
+	where, args := "tenant = ? AND stream = ?", []any{tenant, stream}
+	rawWhere, rawArgs := where, args
+	if device != "" {
+		d, err := db.FindDevice(ctx, tenant, device)
+		if err != nil {
+			return nil, err
+		}
+		where, args = "tenant = ? AND device_id = ? AND stream = ?", []any{tenant, device, stream}
+		rawWhere, rawArgs = where+" AND received_at >= ?", append(slices.Clip(args), millis(d.CreatedAt))
+	}
 	kind, fromRaw, err := aggregateSource(q)
 	if err != nil {
 		return nil, err
@@ -496,12 +505,8 @@ func (db *DB) aggregate(ctx context.Context, tenant, device, stream string, q fl
 		m[b].merge(r)
 		return nil
 	}
-	where, args := "tenant = ? AND stream = ?", []any{tenant, stream}
-	if device != "" {
-		where, args = "tenant = ? AND device_id = ? AND stream = ?", []any{tenant, device, stream}
-	}
 	if fromRaw || raw {
-		err = db.aggregateRaw(ctx, tx, tenant, where, args, q.Field, lo, hi, add)
+		err = db.aggregateRaw(ctx, tx, tenant, rawWhere, rawArgs, q.Field, lo, hi, add)
 	} else {
 		err = db.aggregateRollups(ctx, tx, kind, where, args, q.Field, lo, hi, add)
 	}

@@ -316,6 +316,12 @@ func TestStreamHistory(t *testing.T) {
 			if got, err := db.FindStreams(ctx, "acme", "d2"); err != nil || len(got) != 0 {
 				t.Fatalf("a new d2 lists the old one's streams: %+v %v", got, err)
 			}
+			// An aggregate under a minute reads raw points: not the old
+			// one's either (rollups, which are not, stay until they expire).
+			raw := fleet.AggregateQuery{Field: "temp", Fn: fleet.AggCount, Interval: 10 * time.Second, From: start, To: start.Add(time.Minute)}
+			if got, err := db.Aggregate(ctx, "acme", "d2", "env", raw); err != nil || len(got) != 0 {
+				t.Fatalf("a new d2 aggregates the old one's points: %+v %v", got, err)
+			}
 		})
 		t.Run("PartitionsDroppedWhole", func(t *testing.T) {
 			if _, err := db.MaintainHistory(ctx); err != nil {
