@@ -84,6 +84,9 @@ func NewShares(size int64) *Shares {
 	return &Shares{size: size, of: map[string]*share{}}
 }
 
+// Size is the size of each share.
+func (s *Shares) Size() int64 { return s.size }
+
 // A Hold is what Shares.Acquire took; Release gives it back.
 type Hold struct {
 	s   *Shares

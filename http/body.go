@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/codec"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/semaphore"
 )
@@ -28,22 +29,30 @@ const firstChunk = 64 << 10
 // as its buffer grows, never its announced Content-Length up front; a
 // request that finds no room waits bodyWait, then is refused with 503 and
 // Retry-After. Streams (firmware uploads) hold nothing and take nothing.
+//
+// One tenant holds at most the budget less two ordinary bodies (twice
+// Limits.Body): a tenant's bodies that arrive slowly, bulk ones above all,
+// whose read deadline moves with each read, cannot hold all of it and
+// refuse every other tenant's requests.
 type bodies struct {
-	max  int64
-	sem  *semaphore.Weighted
-	held atomic.Int64
+	max     int64
+	sem     *semaphore.Weighted
+	tenants *codec.Shares
+	held    atomic.Int64
 	// growing is set while a body that holds part of the budget waits
 	// for more (take).
 	growing atomic.Bool
 	refused prometheus.Counter
 }
 
-// newBodies returns a budget of max bytes, with its metrics in reg.
-func newBodies(max int64, reg *prometheus.Registry) *bodies {
-	b := &bodies{max: max, sem: semaphore.NewWeighted(max), refused: prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "fleetd_http_body_refused_total",
-		Help: "Requests refused with 503 because the budget of request body bytes held at once (--max-held-body-bytes) had no room for them.",
-	})}
+// newBodies returns a budget of size bytes, of which a tenant holds at most
+// size less twice body, with its metrics in reg.
+func newBodies(size, body int64, reg *prometheus.Registry) *bodies {
+	b := &bodies{max: size, sem: semaphore.NewWeighted(size), tenants: codec.NewShares(max(size-2*body, size/2)),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fleetd_http_body_refused_total",
+			Help: "Requests refused with 503 because the budget of request body bytes held at once (--max-held-body-bytes) had no room for them.",
+		})}
 	reg.MustRegister(b.refused,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "fleetd_http_body_bytes_held",
@@ -60,32 +69,63 @@ func newBodies(max int64, reg *prometheus.Registry) *bodies {
 // cannot have more at once and another such body already waits.
 var errNoRoom = errors.New("no room in the budget of request bodies")
 
-// take waits for n bytes of the budget, at most bodyWait. A body that
-// holds part of the budget already (holding) waits only while no other
-// such body waits: two that wait for each other's bytes would both time
-// out, and so would every body of a flood of large ones, none finishing;
-// the second is refused at once and gives its bytes back to the first.
-func (b *bodies) take(ctx context.Context, n int64, holding bool) error {
+// taken is what a body holds of the budget: n bytes of it, and as much
+// of its tenant's share.
+type taken struct {
+	n     int64
+	share *codec.Hold
+}
+
+// take waits for n bytes of tenant's share, then of the budget, at most
+// bodyWait in all. A body that holds part of the budget already (holding)
+// waits only while no other such body waits: two that wait for each
+// other's bytes would both time out, and so would every body of a flood
+// of large ones, none finishing; the second is refused at once and gives
+// its bytes back to the first.
+func (b *bodies) take(ctx context.Context, tenant string, n int64, holding bool) (taken, error) {
+	start := time.Now()
+	wait := bodyWait
+	if holding {
+		wait = time.Nanosecond // the share at once, or wait as the one grower
+	}
+	share, err := b.tenants.Acquire(ctx, tenant, n, wait)
+	if err != nil && holding && ctx.Err() == nil {
+		if !b.growing.CompareAndSwap(false, true) {
+			return taken{}, errNoRoom
+		}
+		defer b.growing.Store(false)
+		holding = false // this body is the one that waits
+		share, err = b.tenants.Acquire(ctx, tenant, n, bodyWait)
+	}
+	if err != nil {
+		return taken{}, err
+	}
 	if !b.sem.TryAcquire(n) {
 		if holding {
 			if !b.growing.CompareAndSwap(false, true) {
-				return errNoRoom
+				share.Release()
+				return taken{}, errNoRoom
 			}
 			defer b.growing.Store(false)
 		}
-		ctx, cancel := context.WithTimeout(ctx, bodyWait)
+		ctx, cancel := context.WithTimeout(ctx, max(bodyWait-time.Since(start), time.Millisecond))
 		defer cancel()
 		if err := b.sem.Acquire(ctx, n); err != nil {
-			return err
+			share.Release()
+			return taken{}, err
 		}
 	}
 	b.held.Add(n)
-	return nil
+	return taken{n: n, share: &share}, nil
 }
 
-func (b *bodies) give(n int64) {
-	b.held.Add(-n)
-	b.sem.Release(n)
+func (b *bodies) give(t taken) {
+	if t.share == nil {
+		return
+	}
+	b.held.Add(-t.n)
+	b.sem.Release(t.n)
+	t.share.Release()
 }
 
 // read reads a request's body, at most limit bytes (more is ETOOLARGE),
@@ -104,10 +144,14 @@ func (b *bodies) read(w http.ResponseWriter, r *http.Request, limit int64) ([]by
 		end = r.ContentLength
 	}
 	body := http.MaxBytesReader(w, r.Body, limit)
+	tenant := ""
+	if a := fleet.ActorFromContext(r.Context()); a != nil {
+		tenant = a.Tenant
+	}
 	var buf []byte
-	var taken int64
+	var has taken
 	held := func() { // from the end of the request on, the buffer is the handler's garbage
-		context.AfterFunc(r.Context(), func() { b.give(taken) })
+		context.AfterFunc(r.Context(), func() { b.give(has) })
 	}
 	for {
 		if len(buf) == cap(buf) {
@@ -123,23 +167,24 @@ func (b *bodies) read(w http.ResponseWriter, r *http.Request, limit int64) ([]by
 				if n > 0 || err == nil {
 					err = &http.MaxBytesError{Limit: limit}
 				}
-				b.give(taken)
+				b.give(has)
 				return nil, readError(err, limit)
 			}
 			size := min(max(2*int64(cap(buf)), firstChunk), end)
-			if err := b.take(r.Context(), size, taken > 0); err != nil {
-				b.give(taken)
+			more, err := b.take(r.Context(), tenant, size, has.n > 0)
+			if err != nil {
+				b.give(has)
 				if r.Context().Err() != nil {
 					return nil, r.Context().Err()
 				}
 				b.refused.Inc()
 				w.Header().Set("Retry-After", "1")
-				return nil, fleet.Errorf(fleet.EUNAVAILABLE, "fleetd holds as many request bodies as it may (%s at once); retry", byteSize(b.max))
+				return nil, fleet.Errorf(fleet.EUNAVAILABLE, "fleetd holds as many request bodies as it may (%s at once, %s of it for one tenant); retry", byteSize(b.max), byteSize(b.tenants.Size()))
 			}
 			grown := make([]byte, len(buf), size)
 			copy(grown, buf)
-			b.give(taken)
-			buf, taken = grown, size
+			b.give(has)
+			buf, has = grown, more
 		}
 		n, err := body.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
@@ -147,7 +192,7 @@ func (b *bodies) read(w http.ResponseWriter, r *http.Request, limit int64) ([]by
 			held()
 			return buf, nil
 		} else if err != nil {
-			b.give(taken)
+			b.give(has)
 			return nil, readError(err, limit)
 		}
 	}

@@ -183,7 +183,7 @@ func (s *Server) build() {
 	s.decodingShares = codec.NewShares(max(s.Limits.Decoding/4, 1))
 	s.limiters = newLimiters(s.Security, s.Now)
 	s.metrics = newMetrics(s.Registry)
-	s.bodies = newBodies(s.Limits.Held, s.metrics.registry)
+	s.bodies = newBodies(s.Limits.Held, s.Limits.Body, s.metrics.registry)
 	s.mux, s.ddiMux = http.NewServeMux(), http.NewServeMux()
 	s.routes = s.addRoutes()
 	for _, rt := range s.routes {

@@ -231,3 +231,47 @@ func TestHeldBodiesRSS(t *testing.T) {
 		})
 	}
 }
+
+// TestHeldBodiesPerTenant: one tenant's bodies hold at most the budget
+// less twice --max-body-bytes. A bulk body's read deadline moves with each
+// read, so an operator's bulk bodies that send half their announced length
+// and then trickle hold what they took for as long as they trickle; at
+// 4c2dc17 four of them held the whole budget and every other tenant's
+// bodies were refused 503 meanwhile. Now they hold 6 MiB of 8 here, and
+// another tenant's body finds room.
+func TestHeldBodiesPerTenant(t *testing.T) {
+	const budget, conns, announced, sent = 8 << 20, 8, 4 << 20, 1 << 20
+	s := startServer(t, sqlstoretest.Backends()[0], "--max-held-body-bytes", strconv.Itoa(budget), "--max-bulk-bytes", strconv.Itoa(announced))
+	admin := s.admin()
+	other := s.newTenant(t, "other")
+	head := fmt.Sprintf("POST /api/v1/devices/bulk HTTP/1.1\r\nHost: fleetd\r\nContent-Type: application/json\r\n"+
+		"x-service-tenant: %s\r\nx-service-api-key: %s\r\nContent-Length: %d\r\n\r\n", admin.Tenant, admin.Key, announced)
+	// A megabyte fills the body's 1 MiB buffer, so each takes 2 MiB.
+	partial := append([]byte(`{"devices":[`), bytes.Repeat([]byte(" "), sent)...)
+	var refused atomic.Int64
+	for range conns {
+		c := s.rawConn(t)
+		t.Cleanup(func() { c.Close() })
+		go c.Write(append([]byte(head), partial...))
+		go func() {
+			res, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err == nil && res.StatusCode == 503 && res.Header.Get("Retry-After") != "" {
+				refused.Add(1)
+			}
+		}()
+	}
+	// Each body holds 2 MiB or was refused; together they hold at most
+	// the tenant's share, 6 MiB (which of them depends on how their
+	// growths interleave: while a body grows it holds both buffers).
+	eventually(t, "each of the default tenant's bodies holding or refused", func() bool {
+		held := metric(t, s.URL, "fleetd_http_body_bytes_held")
+		if held > 6<<20 {
+			t.Fatalf("%.0f bytes held by one tenant, over its share of %d", held, 6<<20)
+		}
+		return refused.Load()+int64(held)/(2<<20) == conns
+	})
+	if refused.Load() < conns-3 {
+		t.Fatalf("%d refused, want at least %d", refused.Load(), conns-3)
+	}
+	s.do(t, other, "POST", "/api/v1/devices", map[string]any{"id": "while-they-trickle"}).want(t, 201)
+}
