@@ -250,7 +250,9 @@ func (a *Agent) remotePath(path string, mustExist bool) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%s: %v", path, errors.Unwrap(err))
 	}
-	if resolved != root && !strings.HasPrefix(resolved, root+string(filepath.Separator)) {
+	if !strings.HasPrefix(resolved, root+string(filepath.Separator)) && !(resolved == root && mustExist) {
+		// The root itself is no file to put: a put beside it would write
+		// its temporary file in the root's parent.
 		return "", fmt.Errorf("%s is outside the directory this device shares (--remote-root)", path)
 	}
 	return resolved, nil
