@@ -273,7 +273,11 @@ func (a *app) cpGet(ctx context.Context, device, path, local string) error {
 			}
 			continue
 		}
-		got += int64(len(b))
+		// A device sends what it announced, no more: fleetctl's disk
+		// is not a device's to fill.
+		if got += int64(len(b)); got > ctl.Size {
+			return fmt.Errorf("the device sent more than the %d bytes it announced", ctl.Size)
+		}
 		if _, err := tmp.Write(b); err != nil {
 			return err
 		}
