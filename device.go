@@ -72,10 +72,10 @@ func ValidateMetadata(m map[string]string) string {
 		return fmt.Sprintf("must have at most %d keys", MaxMetadataKeys)
 	}
 	for k, v := range m {
-		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+		if !PlainText(k) || !PlainText(v) {
 			// Stored as JSON, invalid bytes would become U+FFFD, and two
-			// keys could become one.
-			return fmt.Sprintf("key %q and its value must be valid UTF-8", k)
+			// keys could become one; PostgreSQL's JSON holds no NUL.
+			return fmt.Sprintf("key %q and its value %s", k, PlainTextRule)
 		}
 		if k == "" || utf8.RuneCountInString(k) > MaxMetadataKeyLen {
 			return fmt.Sprintf("key %q must be 1 to %d characters", k, MaxMetadataKeyLen)
