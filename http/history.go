@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/fleetd/fleet"
@@ -63,54 +61,6 @@ var fleetAggregateParams = append([]param{
 	{Name: "metadata.{key}", Desc: "only devices whose metadata value under key equals this; repeatable with other keys"},
 	{Name: "by", Desc: "device: one series per device; at most 100000 buckets over all the series", Enum: []string{"device"}},
 }, aggregateParams...)
-
-// Instant returns a time parameter given as epoch milliseconds or RFC
-// 3339, def when absent.
-func (q *query) Instant(name string, def time.Time) time.Time {
-	s := q.String(name)
-	if s == "" {
-		return def
-	}
-	if ms, err := strconv.ParseInt(s, 10, 64); err == nil {
-		if ms < 0 || ms > fleet.MaxPointTime {
-			q.fail(name, "must be epoch milliseconds between 0 and 253402300799999, or an RFC 3339 time")
-			return def
-		}
-		return time.UnixMilli(ms).UTC()
-	}
-	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil || t.Year() < 1970 || t.Year() > 9999 {
-		q.fail(name, "must be epoch milliseconds or an RFC 3339 time such as 2026-11-21T10:00:00Z")
-		return def
-	}
-	return t.UTC()
-}
-
-// Interval returns a duration parameter in Go's syntax or as whole days
-// ("7d"), def when absent.
-func (q *query) Interval(name string, def time.Duration) time.Duration {
-	s := q.String(name)
-	if s == "" {
-		return def
-	}
-	var d time.Duration
-	var err error
-	if days, ok := strings.CutSuffix(s, "d"); ok {
-		var n int64
-		n, err = strconv.ParseInt(days, 10, 64)
-		if err == nil && (n < 1 || n > 3650) {
-			err = strconv.ErrRange
-		}
-		d = time.Duration(n) * 24 * time.Hour
-	} else {
-		d, err = time.ParseDuration(s)
-	}
-	if err != nil || d <= 0 {
-		q.fail(name, "must be a positive duration such as 30s, 5m, 1h or 7d")
-		return def
-	}
-	return d
-}
 
 // historyRange reads from and to, to defaulting to now and from to span
 // before it; to must come after from.
