@@ -263,13 +263,17 @@ func (a *Agent) publishLoop(ctx context.Context, q <-chan outgoing) {
 				}
 			}
 			tok := a.client.Publish(o.topic, 1, false, o.payload)
+			acked := false
 			select {
 			case <-tok.Done():
+				// Not tok.WaitTimeout(0): it races a zero timer against
+				// the done channel and says "not done" half the time.
+				acked = tok.Error() == nil
 			case <-time.After(ackTimeout):
 			case <-ctx.Done():
 				return
 			}
-			if tok.Error() == nil && tok.WaitTimeout(0) {
+			if acked {
 				break
 			}
 			a.log.Debug("publish not acknowledged; retrying", "topic", o.topic, "err", tok.Error())
