@@ -100,7 +100,7 @@ func (sel selection) where(ctx context.Context, q querier) (string, []any, int, 
 // among tenant's devices; q reads a group's selector.
 func (d8 dialect) selectionOf(ctx context.Context, q querier, tenant string, d *fleet.Dispatch) (selection, error) {
 	if d.RetryOf != 0 {
-		return selection{cond: "id IN (SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND " + statusIn(d.RetryStatuses) + ")",
+		return selection{cond: "id IN (SELECT device_id FROM device_actions da WHERE " + unretried(d.RetryStatuses) + ")",
 			args: []any{tenant, d.RetryOf}}, nil
 	}
 	switch d.SearchType {
@@ -174,6 +174,12 @@ func (tx *Tx) dispatch(ctx context.Context, tenant string, d *fleet.Dispatch, se
 	initial, phase := fleet.StatusQueued, 0
 	if d.Schedule != nil {
 		initial, phase = fleet.StatusScheduled, unassigned
+	}
+	if d.RetryOf != 0 {
+		var err error
+		if sel, err = tx.claimRetry(ctx, tenant, d, a.ID); err != nil {
+			return nil, err
+		}
 	}
 	n, err := tx.insertTargets(ctx, tenant, a, sel, initial, phase, now)
 	if err != nil {
@@ -278,6 +284,41 @@ func (tx *Tx) retryable(ctx context.Context, tenant string, d *fleet.Dispatch) e
 		return fleet.Errorf(fleet.ECONFLICT, "no device action of action %d is %s; nothing was dispatched", d.RetryOf, strings.Join(words, " or "))
 	}
 	return nil
+}
+
+// unretried is the condition on device_actions da (tenant and action id
+// its two arguments) of the device actions in statuses that no retry has
+// retried yet.
+func unretried(statuses []fleet.ActionStatus) string {
+	return "da.tenant = ? AND da.action_id = ? AND da." + statusIn(statuses) +
+		" AND NOT EXISTS (SELECT 1 FROM device_action_retries r WHERE r.tenant = da.tenant AND r.action_id = da.action_id AND r.device_id = da.device_id)"
+}
+
+// claimRetry records retry id as the retry of the device actions of
+// d.RetryOf in d.RetryStatuses that no retry took before, and returns the
+// selection of their devices. The claim is the primary key of
+// device_action_retries: of two retries at once, on PostgreSQL in two
+// transactions, the second waits for the first to commit and then claims
+// only what is left, so a device action is retried once.
+func (tx *Tx) claimRetry(ctx context.Context, tenant string, d *fleet.Dispatch, id int64) (selection, error) {
+	n, err := tx.execCount(ctx, `INSERT INTO device_action_retries (tenant, action_id, device_id, retried_by)
+		SELECT da.tenant, da.action_id, da.device_id, ? FROM device_actions da WHERE `+unretried(d.RetryStatuses)+`
+		ON CONFLICT DO NOTHING`, id, tenant, d.RetryOf)
+	if err != nil {
+		return selection{}, err
+	}
+	if n == 0 {
+		var by int64
+		if err := tx.queryRow(ctx, `SELECT max(r.retried_by) FROM device_action_retries r JOIN device_actions da
+			ON da.tenant = r.tenant AND da.action_id = r.action_id AND da.device_id = r.device_id
+			WHERE r.tenant = ? AND r.action_id = ? AND da.`+statusIn(d.RetryStatuses), tenant, d.RetryOf).Scan(&by); err != nil {
+			return selection{}, err
+		}
+		return selection{}, fleet.Errorf(fleet.ECONFLICT, "the device actions of action %d in those statuses were retried already, by action %d: "+
+			"retry that action instead", d.RetryOf, by)
+	}
+	return selection{cond: "id IN (SELECT device_id FROM device_action_retries WHERE tenant = ? AND action_id = ? AND retried_by = ?)",
+		args: []any{tenant, d.RetryOf, id}}, nil
 }
 
 // insertTargets inserts a new device action for every device sel selects

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"sync"
 	"testing"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/sqlstore"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -77,4 +79,88 @@ func TestRetry(t *testing.T) {
 		_, err = db.DispatchAction(ctx, "acme", d)
 		wantCode(t, err, fleet.ECONFLICT)
 	})
+}
+
+// TestRetryConcurrent retries one action many times at once from two
+// stores on one database, as two replicas (or a client's double click)
+// would: each device action is retried once, by one of them, and the
+// others are 409.
+func TestRetryConcurrent(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		ctx := context.Background()
+		dbs := mustReplicas(t, b)
+		mustTenant(t, dbs[0], "acme")
+		devs := map[string]map[string]string{}
+		var ids []string
+		for i := range 8 {
+			id := fmt.Sprintf("d%d", i)
+			devs[id], ids = nil, append(ids, id)
+		}
+		mustDevices(t, dbs[0], "acme", devs)
+		orig := mustDispatch(t, dbs[0], "acme", dispatch("update", "default", ids...))
+		var reports []fleet.StatusReport
+		for _, id := range ids {
+			reports = append(reports, fleet.StatusReport{DeviceID: id, ActionID: orig.ID, State: "Failed"})
+		}
+		mustReport(t, dbs[0], "acme", reports...)
+
+		const n = 8
+		var wg sync.WaitGroup
+		targeted := make(chan int, n)
+		errs := make(chan error, n)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d := dispatch("update", fleet.SearchDefault)
+				d.RetryOf, d.RetryStatuses = orig.ID, []fleet.ActionStatus{fleet.StatusFailed}
+				a, err := dbs[i%2].DispatchAction(ctx, "acme", d)
+				if err != nil {
+					errs <- err
+					return
+				}
+				targeted <- a.Targeted
+			}()
+		}
+		wg.Wait()
+		close(targeted)
+		close(errs)
+		total, retries := 0, 0
+		for n := range targeted {
+			total, retries = total+n, retries+1
+		}
+		for err := range errs {
+			if fleet.ErrorCode(err) != fleet.ECONFLICT {
+				t.Errorf("retry: %v, want a conflict", err)
+			}
+		}
+		if total != len(ids) {
+			t.Fatalf("%d retries targeted %d device actions, want each of the %d once", retries, total, len(ids))
+		}
+		das, _, err := dbs[0].FindDeviceActions(ctx, "acme", fleet.DeviceActionFilter{DeviceID: "d0", Page: fleet.Page{Page: 1, Limit: 100}})
+		if err != nil || len(das) != 2 {
+			t.Fatalf("d0 has %d device actions (%v), want the original and one retry", len(das), err)
+		}
+	})
+}
+
+// mustReplicas opens two stores on one new database of backend b, as two
+// replicas of fleetd would; they are closed when the test ends.
+func mustReplicas(t *testing.T, b sqlstoretest.Backend) [2]*sqlstore.DB {
+	t.Helper()
+	ctx := context.Background()
+	dsn := b.DSN(t)
+	var dbs [2]*sqlstore.DB
+	for i := range dbs {
+		db, err := sqlstore.Open(ctx, dsn, sqlstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		if _, err := db.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		dbs[i] = db
+	}
+	return dbs
 }

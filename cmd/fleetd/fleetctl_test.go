@@ -442,7 +442,12 @@ func TestFleetctlActions(t *testing.T) {
 			if f.json(t, &ra, "actions", "get", fmt.Sprint(retried.ID)); retried.Targeted != 1 || ra.RetryOf != d.ID {
 				t.Fatalf("retry: %+v, %+v", retried, ra)
 			}
-			wantContains(t, "retry both", f.ok(t, "actions", "retry", id, "--status", "Failed", "--status", "Cancelled"), "2")
+			// d1's Failed device action was retried: only d2's Cancelled one is left.
+			f.json(t, &retried, "actions", "retry", id, "--status", "Failed", "--status", "Cancelled")
+			if retried.Targeted != 1 {
+				t.Fatalf("retry both: %+v", retried)
+			}
+			wantContains(t, "retry again", f.fails(t, ctl.ExitRefused, "actions", "retry", id), "409 conflict", "retried already")
 			wantContains(t, "retry nothing", f.fails(t, ctl.ExitRefused, "actions", "retry", id, "--status", "Completed"), "409 conflict", "is Completed")
 		})
 		t.Run("Rollout", func(t *testing.T) {

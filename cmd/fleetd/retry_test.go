@@ -89,9 +89,16 @@ func TestRetryAction(t *testing.T) {
 			}
 		}
 
-		// The statuses asked for: Failed and Cancelled.
+		// A device action is retried once: the Failed ones were.
+		r = s.do(t, admin, "POST", retry, nil)
+		wantCode(t, r, 409, "conflict")
+		if !strings.Contains(string(r.Body), fmt.Sprintf("retried already, by action %d", out.ID)) {
+			t.Fatalf("retried twice: %s", r.Body)
+		}
+		// The statuses asked for: Failed and Cancelled, of which only the
+		// Cancelled one is left.
 		s.do(t, admin, "POST", retry, map[string]any{"statuses": []string{"Failed", "Cancelled"}}).want(t, 201).decode(t, &out)
-		if out.Targeted != 3 {
+		if out.Targeted != 1 {
 			t.Fatalf("Failed and Cancelled: %+v", out)
 		}
 		for _, c := range []struct {
@@ -149,19 +156,23 @@ func TestRetryAction(t *testing.T) {
 		// with failed devices, and shows the new action as a retry.
 		console := newBrowser(t, s.URL)
 		page := console.signIn(admin.Tenant, admin.Key)
-		page = console.get(fmt.Sprintf("/console/actions/%d", id)).want(t, 200)
+		failed := s.dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"r1", "r2", "r3"}})
+		s.report(t, "r1", failed, "Completed")
+		s.report(t, "r2", failed, "Failed")
+		s.report(t, "r3", failed, "Failed")
+		page = console.get(fmt.Sprintf("/console/actions/%d", failed)).want(t, 200)
 		if !strings.Contains(page.Body, "Retry the 2 failed devices") {
 			t.Fatalf("no retry button:\n%s", page.Body)
 		}
 		if strings.Contains(console.get(fmt.Sprintf("/console/actions/%d", done)).want(t, 200).Body, "failed devices</button>") {
 			t.Fatal("a retry button on an action without failed devices")
 		}
-		res := console.do("POST", fmt.Sprintf("/console/actions/%d/retry", id), url.Values{"csrf": {page.csrf(t)}})
+		res := console.do("POST", fmt.Sprintf("/console/actions/%d/retry", failed), url.Values{"csrf": {page.csrf(t)}})
 		if res.Status != http.StatusSeeOther {
 			t.Fatalf("the console's retry answered %d:\n%s", res.Status, res.Body)
 		}
 		page = console.get(res.Header.Get("Location")).want(t, 200)
-		if want := fmt.Sprintf(`<dt>Retry of</dt><dd><a href="/console/actions/%d">#%d</a></dd>`, id, id); !strings.Contains(page.Body, want) {
+		if want := fmt.Sprintf(`<dt>Retry of</dt><dd><a href="/console/actions/%d">#%d</a></dd>`, failed, failed); !strings.Contains(page.Body, want) {
 			t.Fatalf("the retry's page lacks %s:\n%s", want, page.Body)
 		}
 
@@ -173,7 +184,7 @@ func TestRetryAction(t *testing.T) {
 			} `json:"audit_logs"`
 		}
 		s.do(t, admin, "GET", "/api/v1/audit-logs?action=action.retry", nil).want(t, 200).decode(t, &logs)
-		if len(logs.AuditLogs) != 3 || fmt.Sprint(logs.AuditLogs[0].Details["retry_of"]) != fmt.Sprint(id) ||
+		if len(logs.AuditLogs) != 3 || fmt.Sprint(logs.AuditLogs[0].Details["retry_of"]) != fmt.Sprint(failed) ||
 			fmt.Sprint(logs.AuditLogs[1].Details["statuses"]) != "[Failed Cancelled]" || fmt.Sprint(logs.AuditLogs[2].Details["targeted"]) != "2" {
 			t.Fatalf("audited %+v", logs.AuditLogs)
 		}
