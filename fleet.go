@@ -1,7 +1,7 @@
 // Package fleet is fleetd's domain: devices, actions, firmware, alerts and the
 // tenants that own them, the errors every layer speaks, and the services the
 // adapters implement. It imports no technology; sqlstore, http, mqtt and codec
-// adapt it to the world, and cmd/fleetd wires them together.
+// adapt it to the world, and internal/server wires them together.
 package fleet
 
 import (

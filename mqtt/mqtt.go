@@ -20,7 +20,7 @@ import (
 	"github.com/fleetd/fleet"
 )
 
-// Handler is what fleetd does with the device channel; cmd/fleetd implements
+// Handler is what fleetd does with the device channel; internal/server wires
 // it over the stores. Its methods are called concurrently for different
 // devices; calls for one device's publishes come one at a time, in order.
 type Handler interface {

@@ -1,5 +1,6 @@
-// Command fleetd is the fleet management server and its tools. main only
-// wires signals and the real environment into run, so tests call run.
+// Command fleetd is the fleet management server and its tools: main wires
+// signals and the real environment into run, which picks the command. The
+// server is internal/server, the simulator internal/sim.
 package main
 
 import (
@@ -14,6 +15,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/fleetd/fleet/internal/cli"
+	"github.com/fleetd/fleet/internal/server"
+	"github.com/fleetd/fleet/internal/sim"
 )
 
 func main() {
@@ -33,21 +38,11 @@ func exitCode(err error) int {
 	switch {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
-	case errors.Is(err, errUsage):
+	case errors.Is(err, cli.ErrUsage):
 		return 2
 	}
 	return 1
 }
-
-// errUsage is a command line that cannot be run.
-var errUsage = errors.New("usage error")
-
-// usageError is a command line that cannot be run, saying why: the missing
-// flag or argument, the unknown one. It is errUsage.
-type usageError struct{ msg string }
-
-func (e *usageError) Error() string        { return e.msg }
-func (e *usageError) Is(target error) bool { return target == errUsage }
 
 // env is the process environment as run sees it.
 type env struct {
@@ -60,6 +55,10 @@ type env struct {
 	now func() time.Time
 }
 
+func (e env) cli() cli.Env {
+	return cli.Env{Getenv: e.getenv, Stdin: e.stdin, Stdout: e.stdout, Stderr: e.stderr}
+}
+
 // command is one subcommand.
 type command struct {
 	name    string // "tenant create"
@@ -70,14 +69,25 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"serve", "run the server: HTTP API, MQTT broker, background work", runServe},
-		{"migrate", "apply database migrations and exit", runMigrate},
-		{"tenant create", "create a tenant and print its admin API key", runTenantCreate},
-		{"tenant list", "list tenants", runTenantList},
-		{"apikey create", "create an API key in a tenant and print it", runAPIKeyCreate},
+		{"migrate", "apply database migrations and exit", cliCommand(server.Migrate)},
+		{"tenant create", "create a tenant and print its admin API key", cliCommand(server.TenantCreate)},
+		{"tenant list", "list tenants", cliCommand(server.TenantList)},
+		{"apikey create", "create an API key in a tenant and print it", cliCommand(server.APIKeyCreate)},
 		{"bundle create", "build a firmware bundle archive with its manifest", runBundleCreate},
-		{"sim", "simulate a fleet of devices over MQTT: execute actions, send telemetry", runSim},
+		{"sim", "simulate a fleet of devices over MQTT: execute actions, send telemetry", cliCommand(sim.Run)},
 		{"version", "print the version", runVersion},
 	}
+}
+
+// cliCommand is a command that needs no more of the environment than
+// cli.Env.
+func cliCommand(run func(context.Context, []string, cli.Env) error) func(context.Context, []string, env) error {
+	return func(ctx context.Context, args []string, e env) error { return run(ctx, args, e.cli()) }
+}
+
+// runServe is fleetd serve.
+func runServe(ctx context.Context, args []string, e env) error {
+	return server.Serve(ctx, args, server.Env{Env: e.cli(), Now: e.now})
 }
 
 // run is fleetd with its environment passed in.
@@ -91,7 +101,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 func runEnv(ctx context.Context, args []string, e env) error {
 	if len(args) == 0 {
 		usage(e.stderr)
-		return &usageError{"say which command to run"}
+		return cli.UsageError("say which command to run")
 	}
 	if isHelp(args[0]) {
 		if len(args) > 1 { // "fleetd help tenant create" is "fleetd tenant create --help"
@@ -116,12 +126,12 @@ func runEnv(ctx context.Context, args []string, e env) error {
 		}
 		groupUsage(e.stderr, args[0], group)
 		if len(args) == 1 {
-			return &usageError{fmt.Sprintf("%s: say which: %s", args[0], subcommandNames(group))}
+			return cli.UsageError(fmt.Sprintf("%s: say which: %s", args[0], subcommandNames(group)))
 		}
 	} else {
 		usage(e.stderr)
 	}
-	return &usageError{fmt.Sprintf("unknown command %q", strings.Join(args, " "))}
+	return cli.UsageError(fmt.Sprintf("unknown command %q", strings.Join(args, " ")))
 }
 
 // isHelp is an argument that asks for help.

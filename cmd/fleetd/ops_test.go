@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/internal/cli"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -163,7 +164,7 @@ func TestCommandLine(t *testing.T) {
 		}
 	})
 	t.Run("UnknownCommand", func(t *testing.T) {
-		if _, _, err := runCmd(nil, "frobnicate"); !errors.Is(err, errUsage) || exitCode(err) != 2 {
+		if _, _, err := runCmd(nil, "frobnicate"); !errors.Is(err, cli.ErrUsage) || exitCode(err) != 2 {
 			t.Fatalf("err = %v", err)
 		}
 	})
@@ -204,7 +205,7 @@ func TestCommandLine(t *testing.T) {
 			if len(args) > 1 && args[1] == "--help" {
 				continue
 			}
-			if !errors.Is(err, errUsage) || exitCode(err) != 2 {
+			if !errors.Is(err, cli.ErrUsage) || exitCode(err) != 2 {
 				t.Errorf("fleetd %s: err = %v, want a usage error", strings.Join(args, " "), err)
 			}
 		}
@@ -217,7 +218,7 @@ func TestCommandLine(t *testing.T) {
 	t.Run("WrongFlagUsageOnStderr", func(t *testing.T) {
 		for _, args := range [][]string{{"--no-such-flag"}, {"serve", "--no-such-flag"}, {"tenant", "list", "--no-such-flag"}, {"frobnicate"}} {
 			out, errOut, err := runCmd(nil, args...)
-			if !errors.Is(err, errUsage) || exitCode(err) != 2 {
+			if !errors.Is(err, cli.ErrUsage) || exitCode(err) != 2 {
 				t.Errorf("fleetd %s: err = %v, want a usage error (exit 2)", strings.Join(args, " "), err)
 			}
 			if out != "" || !strings.Contains(errOut, "Usage: fleetd") {
@@ -240,7 +241,7 @@ func TestCommandLine(t *testing.T) {
 			{[]string{"sim"}, []string{"--provision, or --tokens"}},
 		} {
 			_, _, err := runCmd(nil, tc.args...) // each fails before it opens a database
-			if !errors.Is(err, errUsage) || exitCode(err) != 2 {
+			if !errors.Is(err, cli.ErrUsage) || exitCode(err) != 2 {
 				t.Errorf("fleetd %s: err = %v, want a usage error (exit 2)", strings.Join(tc.args, " "), err)
 				continue
 			}

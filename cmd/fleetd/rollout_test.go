@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet/codec"
+	simulator "github.com/fleetd/fleet/internal/sim"
 	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
@@ -232,9 +233,9 @@ func TestRolloutEndToEnd(t *testing.T) {
 			failing.connected(t, 10)
 			var bad, good string
 			for _, d := range ids {
-				if simFails(d, 0.5) && bad == "" {
+				if simulator.Fails(d, 0.5) && bad == "" {
 					bad = d
-				} else if !simFails(d, 0.5) && good == "" {
+				} else if !simulator.Fails(d, 0.5) && good == "" {
 					good = d
 				}
 			}

@@ -93,7 +93,7 @@ func (s *Server) Open() error {
 		return errors.New("mqtt: server already opened")
 	}
 
-	// The flag names are cmd/fleetd's, but only an error that names one
+	// The flag names are fleetd serve's, but only an error that names one
 	// can tell a newcomer which knob to turn.
 	type spec struct {
 		addr, flag string

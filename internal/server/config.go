@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"context"
@@ -12,14 +12,15 @@ import (
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/blob"
 	fleethttp "github.com/fleetd/fleet/http"
+	"github.com/fleetd/fleet/internal/cli"
 	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/remote/relay"
 	"github.com/fleetd/fleet/sqlstore"
 )
 
-// config is everything fleetd can be told, from defaults, flags and the
-// environment, in that order of weakness.
-type config struct {
+// Config is everything fleetd serve can be told, from defaults, flags and
+// the environment, in that order of weakness; Serve reads it.
+type Config struct {
 	database  string
 	httpAddr  string
 	mqttAddr  string
@@ -69,16 +70,16 @@ type config struct {
 // defaultDatabase is where fleetd keeps its data when not told otherwise.
 const defaultDatabase = "./fleetd.db"
 
-func (c *config) databaseFlags(fs *flagSet) {
+func (c *Config) databaseFlags(fs *cli.FlagSet) {
 	fs.StringVar(&c.database, "database", defaultDatabase, "`DB`: a SQLite file path, or a postgres:// URL")
 }
 
-func (c *config) logFlags(fs *flagSet) {
+func (c *Config) logFlags(fs *cli.FlagSet) {
 	fs.StringVar(&c.logLevel, "log-level", "info", "`LEVEL` of logs: debug, info, warn, error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "`FORMAT` of logs on standard error: text or json")
 }
 
-func (c *config) serveFlags(fs *flagSet) {
+func (c *Config) serveFlags(fs *cli.FlagSet) {
 	c.databaseFlags(fs)
 	fs.StringVar(&c.httpAddr, "http-addr", ":8080", "`ADDR` the HTTP API listens on")
 	fs.StringVar(&c.mqttAddr, "mqtt-addr", ":1883", "`ADDR` the embedded MQTT broker listens on")
@@ -108,7 +109,7 @@ func (c *config) serveFlags(fs *flagSet) {
 	c.pprofFlags(fs)
 }
 
-func (c *config) alertFlags(fs *flagSet) {
+func (c *Config) alertFlags(fs *cli.FlagSet) {
 	fs.StringVar(&c.smtp.Addr, "smtp-addr", "", "`HOST:PORT` of the SMTP server email notifications go through; none disables email")
 	fs.StringVar(&c.smtp.From, "smtp-from", "", "`ADDRESS` email notifications come from")
 	fs.StringVar(&c.smtp.Username, "smtp-username", "", "`NAME` for SMTP authentication (PLAIN, over TLS only)")
@@ -124,7 +125,7 @@ func (c *config) alertFlags(fs *flagSet) {
 
 // checkAlerts reports alert, notification and limit settings that cannot
 // work.
-func (c *config) checkAlerts() error {
+func (c *Config) checkAlerts() error {
 	valid := false
 	for _, m := range notify.SMTPTLSModes {
 		valid = valid || c.smtp.TLS == m
@@ -155,7 +156,7 @@ func (c *config) checkAlerts() error {
 
 // openBlobs opens the firmware store: --blob-store, else the blobs
 // directory of --data-dir, as before there was a choice.
-func (c *config) openBlobs(ctx context.Context, getenv func(string) string) (blob.Store, error) {
+func (c *Config) openBlobs(ctx context.Context, getenv func(string) string) (blob.Store, error) {
 	loc := c.blobStore
 	if loc == "" {
 		loc = "file://" + filepath.Join(c.dataDir, "blobs")
@@ -168,7 +169,7 @@ func (c *config) openBlobs(ctx context.Context, getenv func(string) string) (blo
 }
 
 // logger builds the process logger on w.
-func (c *config) logger(w io.Writer) (*slog.Logger, error) {
+func (c *Config) logger(w io.Writer) (*slog.Logger, error) {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.logLevel)
@@ -184,7 +185,7 @@ func (c *config) logger(w io.Writer) (*slog.Logger, error) {
 }
 
 // openDB opens the database and applies migrations, logging what it did.
-func (c *config) openDB(ctx context.Context, log *slog.Logger) (*sqlstore.DB, error) {
+func (c *Config) openDB(ctx context.Context, log *slog.Logger) (*sqlstore.DB, error) {
 	db, err := sqlstore.Open(ctx, c.database, sqlstore.Options{Logger: log, StreamRetention: c.streamRetention})
 	if err != nil {
 		return nil, err

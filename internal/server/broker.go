@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"crypto/tls"
@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/fleetd/fleet/internal/cli"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/mqtt/bridge"
 	"github.com/fleetd/fleet/mqtt/broker"
@@ -32,7 +33,7 @@ type scaleConfig struct {
 	redeliverLease time.Duration
 }
 
-func (s *scaleConfig) flags(fs *flagSet) {
+func (s *scaleConfig) flags(fs *cli.FlagSet) {
 	fs.StringVar(&s.broker, "mqtt-broker", "", "`URL` of an external MQTT 5 broker (mqtt://host:port or mqtts://host:port) to use instead of the embedded one; see docs/operations.md")
 	fs.StringVar(&s.caFile, "mqtt-ca-file", "", "`FILE` of PEM CA certificates to trust for mqtts:// (default: the system's)")
 	fs.StringVar(&s.clientCert, "mqtt-client-cert", "", "`FILE` of fleetd's PEM client certificate for mqtts://")

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"errors"
@@ -9,15 +9,17 @@ import (
 	"net/http/pprof"
 	"runtime/debug"
 	"time"
+
+	"github.com/fleetd/fleet/internal/cli"
 )
 
 // pprofFlags registers --pprof-addr, which serves Go's profiles for
 // cmd/fleetbench --profile. It is hidden from --help: it is for measuring
 // fleetd, and anyone who can reach it can read the process's memory
 // layout, so it is never on by default.
-func (c *config) pprofFlags(fs *flagSet) {
+func (c *Config) pprofFlags(fs *cli.FlagSet) {
 	fs.StringVar(&c.pprofAddr, "pprof-addr", "", "`ADDR` to serve Go's runtime profiles on (/debug/pprof/); off when empty")
-	fs.hide("pprof-addr")
+	fs.Hide("pprof-addr")
 }
 
 // servePprof serves /debug/pprof/ on addr; the returned function stops it

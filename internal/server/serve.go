@@ -1,8 +1,13 @@
-package main
+// Package server is fleetd serve: the HTTP API, the device channel and the
+// background work wired together from a Config, and the administrative
+// commands that open the same database (migrate, tenant, apikey). Tests
+// run it in process through Serve, told where it listens by Env.Ready.
+package server
 
 import (
 	"context"
 	"fmt"
+	"io"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -16,6 +21,7 @@ import (
 	"github.com/fleetd/fleet/firmware"
 	fwbundle "github.com/fleetd/fleet/firmware/bundle"
 	fleethttp "github.com/fleetd/fleet/http"
+	"github.com/fleetd/fleet/internal/cli"
 	"github.com/fleetd/fleet/mqtt"
 	mqttbroker "github.com/fleetd/fleet/mqtt/broker"
 	"github.com/fleetd/fleet/notify"
@@ -31,20 +37,49 @@ and prints its admin API key once (lost: "fleetd apikey create" makes
 another). SIGINT or SIGTERM stops it gracefully: requests in flight finish,
 queued writes commit.`
 
-func runServe(ctx context.Context, args []string, e env) error {
-	var c config
-	fs := newFlagSet("serve", "", serveAbout, e)
+// Env is the environment fleetd serve runs in.
+type Env struct {
+	cli.Env
+	// Now, when set, is the clock of the rollouts (tests move it across a
+	// daylight saving time change); time.Now otherwise.
+	Now func() time.Time
+	// Ready, when set, is told where fleetd listens once every listener is
+	// bound, just before the startup line is printed.
+	Ready func(Listening)
+}
+
+// Listening is where a started fleetd listens.
+type Listening struct {
+	HTTP  string // host:port of the HTTP API
+	MQTT  string // the embedded broker's host:port, or the external broker's URL
+	MQTTS string // host:port of the MQTT TLS listener; empty without one
+	// AdminKey is the admin API key of tenant "default" when this start
+	// created the tenant (an empty database); empty otherwise.
+	AdminKey string
+}
+
+// Serve is fleetd serve: its flags and their environment variables read
+// into a Config (the collector's target set), then Run.
+func Serve(ctx context.Context, args []string, e Env) error {
+	var c Config
+	fs := cli.NewFlagSet("serve", "", serveAbout, e.Env)
 	c.serveFlags(fs)
-	if err := fs.parse(args, e.getenv); err != nil {
+	if err := fs.Parse(args, e.Getenv); err != nil {
 		return err
 	}
-	if err := fs.require(0, 0); err != nil {
+	if err := fs.Require(0, 0); err != nil {
 		return err
 	}
-	if err := c.applyGC(fs, e.getenv); err != nil {
+	if err := c.applyGC(fs, e.Getenv); err != nil {
 		return err
 	}
-	log, err := c.logger(e.stderr)
+	return Run(ctx, c, e)
+}
+
+// Run runs fleetd on c until ctx is done, then stops gracefully: requests
+// in flight finish, queued writes commit.
+func Run(ctx context.Context, c Config, e Env) error {
+	log, err := c.logger(e.Stderr)
 	if err != nil {
 		return err
 	}
@@ -59,7 +94,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	}
 	defer db.Close()
 
-	blobs, err := c.openBlobs(ctx, e.getenv)
+	blobs, err := c.openBlobs(ctx, e.Getenv)
 	if err != nil {
 		return err
 	}
@@ -110,7 +145,7 @@ func runServe(ctx context.Context, args []string, e env) error {
 	// checked, devices get its signed URL, incompatible devices fail.
 	actions := &action.Service{Store: db, Logger: log,
 		Preparers: map[string]fleet.ActionPreparer{fleet.ActionUpdateFirmware: fw},
-		Notified:  rolloutNotifier.Wake, EmailEnabled: c.smtp.Addr != "", Now: e.now}
+		Notified:  rolloutNotifier.Wake, EmailEnabled: c.smtp.Addr != "", Now: e.Now}
 	if db.Dialect() == "sqlite" {
 		// One writer: a single report worker gathers every report that
 		// arrives while the last batch commits, so batches are as large
@@ -234,12 +269,17 @@ func runServe(ctx context.Context, args []string, e env) error {
 	}
 	// Every listener is bound: only now may the one-time key be spent, so
 	// that a start that fails on a taken port leaves it for the retry.
-	if err := bootstrap(ctx, db, c.database, e); err != nil {
+	key, err := bootstrap(ctx, db, c.database, e.Stdout)
+	if err != nil {
 		api.Shutdown(context.Background())
 		return err
 	}
-	log.Info("fleetd started", "http", api.ListenAddr().String(), "mqtt", channelAddr(broker), "database", db.Dialect())
-	fmt.Fprintf(e.stdout, "fleetd: listening http=%s mqtt=%s%s\n", api.ListenAddr(), channelAddr(broker), tlsAddrs(broker))
+	at := Listening{HTTP: api.ListenAddr().String(), MQTT: channelAddr(broker), MQTTS: tlsAddr(broker), AdminKey: key}
+	log.Info("fleetd started", "http", at.HTTP, "mqtt", at.MQTT, "database", db.Dialect())
+	if e.Ready != nil {
+		e.Ready(at)
+	}
+	fmt.Fprintf(e.Stdout, "fleetd: listening http=%s mqtt=%s%s\n", at.HTTP, at.MQTT, tlsAddrs(broker))
 
 	<-ctx.Done()
 	log.Info("shutting down")
@@ -253,24 +293,25 @@ func runServe(ctx context.Context, args []string, e env) error {
 
 // bootstrap gives a new installation a tenant and an admin key, printed
 // once, so the first request can be authenticated at once, and says how to
-// make another key should that one be lost.
-func bootstrap(ctx context.Context, db *sqlstore.DB, database string, e env) error {
+// make another key should that one be lost. It returns the key, or "" when
+// the database had a tenant.
+func bootstrap(ctx context.Context, db *sqlstore.DB, database string, stdout io.Writer) (string, error) {
 	ts, err := db.FindTenants(ctx)
 	if err != nil || len(ts) > 0 {
-		return err
+		return "", err
 	}
 	_, key, err := db.CreateTenant(ctx, "default")
 	if fleet.ErrorCode(err) == fleet.ECONFLICT {
-		return nil // another replica was first
+		return "", nil // another replica was first
 	} else if err != nil {
-		return err
+		return "", err
 	}
-	fmt.Fprintf(e.stdout, "fleetd: created tenant \"default\" with an admin API key; it is shown only this once:\n%s\n", key)
+	fmt.Fprintf(stdout, "fleetd: created tenant \"default\" with an admin API key; it is shown only this once:\n%s\n", key)
 	// The database may be a URL with a password: name the flag, not its value.
 	same := ""
 	if database != defaultDatabase {
 		same = " with serve's --database"
 	}
-	fmt.Fprintf(e.stdout, "fleetd: if it is lost, make another admin key%s: fleetd apikey create --tenant default --name admin-2 --role admin\n", same)
-	return nil
+	fmt.Fprintf(stdout, "fleetd: if it is lost, make another admin key%s: fleetd apikey create --tenant default --name admin-2 --role admin\n", same)
+	return key, nil
 }

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/fleetd/fleet"
 	fleethttp "github.com/fleetd/fleet/http"
+	"github.com/fleetd/fleet/internal/cli"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/mqtt/broker"
 	"github.com/fleetd/fleet/pki"
@@ -35,7 +36,7 @@ type securityConfig struct {
 	mqttDecoding int64         // mqtt.Devices.MaxDecoding
 }
 
-func (s *securityConfig) flags(fs *flagSet) {
+func (s *securityConfig) flags(fs *cli.FlagSet) {
 	fs.StringVar(&s.tlsCert, "tls-cert", "", "`FILE` of fleetd's PEM TLS certificate (with its intermediates) for HTTPS and --mqtts-addr; reloaded when the file changes")
 	fs.StringVar(&s.tlsKey, "tls-key", "", "`FILE` of the TLS certificate's PEM private key")
 	fs.StringVar(&s.tlsCA, "tls-ca", "", "`FILE` of PEM CA certificates devices should trust for --tls-cert, handed to them as ca_certificate (default: the last certificate of --tls-cert)")
@@ -181,10 +182,18 @@ func (s *securityConfig) uplinkBroker(publicURL string, tlsAddr net.Addr) (fleet
 	return b, nil
 }
 
+// tlsAddr is the MQTT TLS listener's address, "" when there is none.
+func tlsAddr(ch mqtt.Channel) string {
+	if ms, ok := ch.(*broker.Server); ok && ms.TLSAddr() != nil {
+		return ms.TLSAddr().String()
+	}
+	return ""
+}
+
 // tlsAddrs adds the MQTT TLS listener to the startup line.
 func tlsAddrs(ch mqtt.Channel) string {
-	if ms, ok := ch.(*broker.Server); ok && ms.TLSAddr() != nil {
-		return " mqtts=" + ms.TLSAddr().String()
+	if a := tlsAddr(ch); a != "" {
+		return " mqtts=" + a
 	}
 	return ""
 }

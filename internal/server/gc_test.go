@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fleetd/fleet/internal/cli"
 )
 
 // TestGCPercent checks which collector target fleetd serve sets: none of
@@ -32,10 +34,10 @@ func TestGCPercent(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			debug.SetGCPercent(50)
 			getenv := func(k string) string { return tc.env[k] }
-			var c config
-			fs := newFlagSet("serve", "", "", env{getenv: getenv, stdout: io.Discard, stderr: io.Discard})
+			var c Config
+			fs := cli.NewFlagSet("serve", "", "", cli.Env{Getenv: getenv, Stdout: io.Discard, Stderr: io.Discard})
 			c.gcFlags(fs)
-			if err := fs.parse(tc.args, getenv); err != nil {
+			if err := fs.Parse(tc.args, getenv); err != nil {
 				t.Fatal(err)
 			}
 			err := c.applyGC(fs, getenv)

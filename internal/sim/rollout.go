@@ -1,4 +1,4 @@
-package main
+package sim
 
 import (
 	"crypto/sha256"
@@ -82,17 +82,17 @@ func (m simMetadata) of(ids []string) (map[string]map[string]string, error) {
 	}
 }
 
-// simFails reports whether a device of id is among the share rate of the
+// Fails reports whether a device of id is among the share rate of the
 // fleet that fails its actions: the first 64 bits of the SHA-256 of the id,
 // as a fraction, below rate. The same devices fail in every run, so a
 // rollout's canary is known to fail or not.
-func simFails(id string, rate float64) bool {
+func Fails(id string, rate float64) bool {
 	sum := sha256.Sum256([]byte(id))
 	return float64(binary.BigEndian.Uint64(sum[:8]))/math.MaxUint64 < rate
 }
 
 // fails reports whether the device fails the actions it runs.
-func (d *simDevice) fails() bool { return simFails(d.id, d.sim.cfg.failRate) }
+func (d *simDevice) fails() bool { return Fails(d.id, d.sim.cfg.failRate) }
 
 // updated is called when the device completed an update_firmware: with
 // --unhealthy-after-update it runs hot from now on, and says so at once.

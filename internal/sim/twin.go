@@ -1,8 +1,7 @@
-package main
+package sim
 
 import (
 	pahov3 "github.com/eclipse/paho.mqtt.golang"
-
 	"github.com/fleetd/fleet/mqtt"
 )
 

@@ -1,10 +1,12 @@
-package main
+package server
 
 import (
 	"context"
 	"fmt"
 	"runtime/debug"
 	"time"
+
+	"github.com/fleetd/fleet/internal/cli"
 )
 
 // gcFlags registers --gc-percent. Left alone, Go's own setting stands:
@@ -13,15 +15,15 @@ import (
 // history (S7), but the heap may then reach five times the live heap: a
 // flood of large MQTT packets peaked at 1,075 MB resident against under
 // 512 MB at 100 (TestMQTTPayloadFlood), so it is not the default.
-func (c *config) gcFlags(fs *flagSet) {
+func (c *Config) gcFlags(fs *cli.FlagSet) {
 	fs.IntVar(&c.gcPercent, "gc-percent", 100, "the heap may grow `N`% over the live heap before a garbage collection (Go's GOGC, which stands when this is not given); 400 makes slow API reads rarer for up to five times the heap; negative: collect only to stay under GOMEMLIMIT")
 }
 
 // applyGC sets the collector's target if --gc-percent was given (as a
 // flag or FLEETD_GC_PERCENT); otherwise Go has applied GOGC or its
 // default.
-func (c *config) applyGC(fs *flagSet, getenv func(string) string) error {
-	if !fs.isSet("gc-percent") {
+func (c *Config) applyGC(fs *cli.FlagSet, getenv func(string) string) error {
+	if !fs.IsSet("gc-percent") {
 		return nil
 	}
 	if c.gcPercent < 0 && getenv("GOMEMLIMIT") == "" {

@@ -1,4 +1,7 @@
-package main
+// Package sim is fleetd sim: a fleet of simulated devices on MQTT that
+// execute the actions they receive (firmware updates included, downloaded
+// for real), report their progress and send telemetry.
+package sim
 
 import (
 	"bufio"
@@ -19,6 +22,7 @@ import (
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/action"
+	"github.com/fleetd/fleet/internal/cli"
 	"github.com/fleetd/fleet/mqtt"
 )
 
@@ -78,9 +82,10 @@ type simConfig struct {
 	checkTimeout   time.Duration // how long fleetd may take to see the first device connect
 }
 
-func runSim(ctx context.Context, args []string, e env) error {
+// Run is fleetd sim with its command line args.
+func Run(ctx context.Context, args []string, e cli.Env) error {
 	var c simConfig
-	fs := newFlagSet("sim", "", simAbout, e)
+	fs := cli.NewFlagSet("sim", "", simAbout, e)
 	fs.IntVar(&c.devices, "devices", 0, "`N` devices to simulate (default: with --provision 10, with --tokens alone every device in the file)")
 	fs.StringVar(&c.mqttAddr, "mqtt-addr", "localhost:1883", "`HOST:PORT` of fleetd's MQTT broker")
 	fs.StringVar(&c.mqttURL, "mqtt-url", "", "`URL` of the broker, mqtt://host:port (tcp:// works too); wins over --mqtt-addr")
@@ -100,21 +105,21 @@ func runSim(ctx context.Context, args []string, e env) error {
 	fs.DurationVar(&c.reportInterval, "report-interval", 5*time.Second, "`DURATION` between progress lines")
 	fs.IntVar(&c.connectors, "connect-parallel", 100, "`N` connections opened at once")
 	fs.DurationVar(&c.checkTimeout, "broker-check-timeout", 10*time.Second, "`DURATION` fleetd may take to see the first device connect before sim warns that the broker is not fleetd's")
-	fs.hide("broker-check-timeout")
-	if err := fs.parse(args, e.getenv); err != nil {
+	fs.Hide("broker-check-timeout")
+	if err := fs.Parse(args, e.Getenv); err != nil {
 		return err
 	}
-	if err := fs.require(0, 0); err != nil {
+	if err := fs.Require(0, 0); err != nil {
 		return err
 	}
 	if err := c.check(); err != nil {
-		return &usageError{"sim: " + err.Error()}
+		return cli.UsageError("sim: " + err.Error())
 	}
 	creds, err := c.credentials(ctx)
 	if err != nil {
 		return err
 	}
-	s := &sim{cfg: c, out: e.stdout, broker: c.brokerURL(), handlers: simHandlers()}
+	s := &sim{cfg: c, out: e.Stdout, broker: c.brokerURL(), handlers: simHandlers()}
 	return s.run(ctx, creds)
 }
 
