@@ -166,6 +166,13 @@ type Condition struct {
 	IsInt bool
 	Str   string
 	Bool  bool
+	// A windowed CondCompare compares Aggregate (AggAvg, AggMin or
+	// AggMax) of the field's numeric values over the last Window instead
+	// of the point's value; WindowIndex numbers the windowed comparisons
+	// of a condition from 0, each of which keeps a window per device.
+	Aggregate   string
+	Window      time.Duration
+	WindowIndex int
 
 	Children []*Condition // CondAll, CondAny: any number; CondNot: one
 
@@ -186,6 +193,22 @@ func (c *Condition) NoDataDurations() []time.Duration {
 	}
 	walk(c)
 	return ds
+}
+
+// Windows lists the windowed comparisons of the condition, by WindowIndex.
+func (c *Condition) Windows() []*Condition {
+	var ws []*Condition
+	var walk func(*Condition)
+	walk = func(c *Condition) {
+		if c.Aggregate != "" {
+			ws = append(ws, c)
+		}
+		for _, ch := range c.Children {
+			walk(ch)
+		}
+	}
+	walk(c)
+	return ws
 }
 
 // Alert is one alert session: a rule's condition held for a device from

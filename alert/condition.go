@@ -7,7 +7,9 @@ package alert
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -21,6 +23,11 @@ const (
 	MaxConditionNodes = 256
 	MaxFieldLen       = 256
 	MaxStringValueLen = 1024
+	// MaxWindows bounds the windowed comparisons of a condition, and
+	// MaxWindowSeconds the window of each: each keeps a window of at most
+	// WindowSlices slices per device (docs/alerts.md#windows).
+	MaxWindows       = 8
+	MaxWindowSeconds = 86_400
 )
 
 // CompileCondition checks the canonical value v of a rule's condition and
@@ -36,8 +43,9 @@ func CompileCondition(name string, v any) (*fleet.Condition, map[string]string) 
 }
 
 type compiler struct {
-	errs  map[string]string
-	nodes int
+	errs    map[string]string
+	nodes   int
+	windows int
 }
 
 func (c *compiler) fail(path, problem string) {
@@ -84,7 +92,7 @@ func (c *compiler) compile(path string, v any, depth int) *fleet.Condition {
 	}
 	switch kinds[0] {
 	case "field":
-		c.unknown(path, m, []string{"field", "operator", "value"})
+		c.unknown(path, m, []string{"field", "operator", "value", "aggregate", "window_seconds"})
 		return c.compare(path, m)
 	case "all", "any":
 		c.unknown(path, m, kinds)
@@ -217,36 +225,108 @@ func (c *compiler) compare(path string, m map[string]any) *fleet.Condition {
 		c.fail(path+".value", fmt.Sprintf("must be a number for operator %s; %s compares only with == and !=", op, fleet.Describe(val)))
 		return nil
 	}
-	if !ok {
+	if !c.window(path, m, cond) || !ok {
 		return nil
 	}
 	return cond
 }
 
+// shown names a value a client sent: short strings and numbers as they
+// are, anything else by its type.
+func shown(v any) string {
+	switch v := v.(type) {
+	case string:
+		if utf8.RuneCountInString(v) <= 32 {
+			return strconv.Quote(v)
+		}
+	case int64, float64:
+		return fmt.Sprint(v)
+	}
+	return fleet.Describe(v)
+}
+
+// windowAggregates are the aggregates a windowed comparison may take.
+var windowAggregates = []string{fleet.AggAvg, fleet.AggMin, fleet.AggMax}
+
+// window reads a comparison's aggregate and window_seconds, which go
+// together, into cond; it reports whether they are usable (or absent).
+func (c *compiler) window(path string, m map[string]any, cond *fleet.Condition) bool {
+	agg, hasAgg := m["aggregate"]
+	secs, hasSecs := m["window_seconds"]
+	if !hasAgg && !hasSecs {
+		return true
+	}
+	ok := true
+	secsRule := fmt.Sprintf("a whole number of seconds from 1 to %d", MaxWindowSeconds)
+	aggRule := "one of " + strings.Join(windowAggregates, ", ")
+	if s, isStr := agg.(string); !hasAgg {
+		c.fail(path+".aggregate", "is required with window_seconds: "+aggRule)
+		ok = false
+	} else if !isStr || !slices.Contains(windowAggregates, s) {
+		c.fail(path+".aggregate", "must be "+aggRule+", not "+shown(agg))
+		ok = false
+	} else {
+		cond.Aggregate = s
+	}
+	if n, isInt := fleet.AsInt(secs); !hasSecs {
+		c.fail(path+".window_seconds", "is required with aggregate: "+secsRule)
+		ok = false
+	} else if !isInt || n < 1 || n > MaxWindowSeconds {
+		c.fail(path+".window_seconds", "must be "+secsRule+", not "+shown(secs))
+		ok = false
+	} else {
+		cond.Window = time.Duration(n) * time.Second
+	}
+	if cond.Value != fleet.ValueNumber {
+		c.fail(path+".value", "must be a number: the "+aggRule+" of a window is a number")
+		ok = false
+	}
+	if c.windows++; c.windows > MaxWindows {
+		c.fail(path, fmt.Sprintf("the condition has more than %d windowed comparisons", MaxWindows))
+		ok = false
+	}
+	cond.WindowIndex = c.windows - 1
+	return ok
+}
+
 // Eval reports whether data satisfies c. noData answers a no_data_seconds
 // leaf: whether nothing arrived on the stream for that long; nil means data
-// just arrived, so every such leaf is false.
+// just arrived, so every such leaf is false. A windowed comparison is false:
+// its windows are the engine's (eval).
 func Eval(c *fleet.Condition, data map[string]any, noData func(time.Duration) bool) bool {
+	return eval(c, data, noData, nil)
+}
+
+// eval is Eval with the device's windows, one for each windowed
+// comparison of c by its WindowIndex.
+func eval(c *fleet.Condition, data map[string]any, noData func(time.Duration) bool, wins []*window) bool {
 	switch c.Kind {
 	case fleet.CondCompare:
+		if c.Aggregate != "" {
+			if c.WindowIndex >= len(wins) {
+				return false
+			}
+			v, ok := wins[c.WindowIndex].value(c.Aggregate)
+			return ok && cmpOrdered(v, c.Num, c.Op)
+		}
 		v, ok := lookup(data, c)
 		return ok && compare(c, v)
 	case fleet.CondAll:
 		for _, ch := range c.Children {
-			if !Eval(ch, data, noData) {
+			if !eval(ch, data, noData, wins) {
 				return false
 			}
 		}
 		return true
 	case fleet.CondAny:
 		for _, ch := range c.Children {
-			if Eval(ch, data, noData) {
+			if eval(ch, data, noData, wins) {
 				return true
 			}
 		}
 		return false
 	case fleet.CondNot:
-		return !Eval(c.Children[0], data, noData)
+		return !eval(c.Children[0], data, noData, wins)
 	case fleet.CondNoData:
 		return noData != nil && noData(c.NoData)
 	}

@@ -157,6 +157,7 @@ func FuzzCompileCondition(f *testing.F) {
 		`{"all": [{"field": "a.b", "operator": "==", "value": "x"}, {"not": {"no_data_seconds": 5}}]}`,
 		`{"any": [{"field": "t", "operator": "!=", "value": null}]}`,
 		`{"not": {"not": {"field": "t", "operator": "<=", "value": 1.5}}}`,
+		`{"any": [{"field": "t", "aggregate": "avg", "window_seconds": 60, "operator": ">", "value": 1}]}`,
 		`[1, 2]`, `null`, `{"all": [[]]}`,
 	} {
 		f.Add(s)

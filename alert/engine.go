@@ -97,6 +97,10 @@ type rule struct {
 	act, deact int64
 	noData     []int64 // no_data_seconds of the condition in ms, ascending
 	added      uint64  // the engine's AddRule count when it was added
+	// windows are the windowed comparisons of the condition, by
+	// WindowIndex; span is the longest of their windows, ms.
+	windows []*fleet.Condition
+	span    int64
 }
 
 func (r *rule) matches(meta map[string]string) bool {
@@ -131,6 +135,9 @@ type ruleState struct {
 	noDataDue  int64  // when the pending no_data timer fires; 0 for none
 	noDataAt   int64  // the last moment a no_data timer evaluated
 	removed    bool
+	// wins are the rule's windows for this device (window.go), nil until
+	// warmed.
+	wins []*window
 }
 
 // errNotLoaded is returned by IngestPoints before Load.
@@ -279,6 +286,10 @@ func compileRule(r *fleet.AlertRule) (*rule, error) {
 	}
 	slices.Sort(cr.noData)
 	cr.noData = slices.Compact(cr.noData)
+	cr.windows = r.Compiled.Windows()
+	for _, c := range cr.windows {
+		cr.span = max(cr.span, c.Window.Milliseconds())
+	}
 	return cr, nil
 }
 
@@ -402,7 +413,8 @@ func (e *Engine) ReplaceRule(ctx context.Context, r *fleet.AlertRule) error {
 		ss.mu.Lock()
 		if st, ok := ss.states[r.ID]; ok && !st.removed {
 			st.rule = cr
-			st.gen++ // the old thresholds' timers are stale
+			st.wins = nil // warmed again for the new condition
+			st.gen++      // the old thresholds' timers are stale
 			st.noDataDue = 0
 			ss.cachedFor = nil
 			e.schedule(ss, st)
@@ -559,7 +571,7 @@ func (ss *streamState) state(r *rule) *ruleState {
 		if st == nil {
 			st = &ruleState{sinceData: -1}
 		}
-		st.rule = r
+		st.rule, st.wins = r, nil
 		ss.states[r.ID] = st
 		ss.cachedFor = nil
 	}
@@ -638,6 +650,13 @@ func (e *Engine) evaluate(ctx context.Context, ss *streamState, rules []*rule, m
 		saved[i] = *st
 	}
 	savedSS := ss.snapshot()
+	for _, st := range states {
+		if len(st.rule.windows) > 0 && st.wins == nil {
+			if err := e.warm(ctx, ss, st); err != nil {
+				return err
+			}
+		}
+	}
 	now := e.now()
 	var changes []*fleet.AlertChange
 	var changed []*ruleState
@@ -649,7 +668,10 @@ func (e *Engine) evaluate(ctx context.Context, ss *streamState, rules []*rule, m
 		}
 		for j, r := range rules {
 			st := states[j]
-			c := r.matches(meta) && Eval(r.Compiled, p.Data, nil)
+			if st.wins != nil {
+				st.addPoint(ts, p.Data)
+			}
+			c := r.matches(meta) && eval(r.Compiled, p.Data, nil, st.wins)
 			if ch := st.onData(c, ts, now, p, ss.key); ch != nil {
 				changes = append(changes, ch)
 				changed = append(changed, st)
@@ -662,6 +684,7 @@ func (e *Engine) evaluate(ctx context.Context, ss *streamState, rules []*rule, m
 	if err := e.commitStream(ctx, ss, pts, changes); err != nil {
 		for i, st := range states {
 			*st = saved[i]
+			st.wins = nil // they counted pts: warmed again from what was committed
 		}
 		ss.restore(savedSS)
 		return err
@@ -984,6 +1007,16 @@ func (e *Engine) fire(ctx context.Context, ss *streamState, ts []timer, now int6
 		st    *ruleState
 		saved ruleState
 	}
+	for _, t := range ts {
+		if st := t.st; !st.removed && len(st.rule.windows) > 0 && st.wins == nil {
+			if err := e.warm(ctx, ss, st); err != nil {
+				for _, t := range ts {
+					e.timers.push(t)
+				}
+				return err
+			}
+		}
+	}
 	var before []touched
 	var changes []*fleet.AlertChange
 	var changed []*ruleState
@@ -1017,7 +1050,7 @@ func (e *Engine) fire(ctx context.Context, ss *streamState, ts []timer, now int6
 				data = ss.lastPoint.Data
 			}
 			silence := at - ss.lastArrival
-			c = e.deviceMatches(ctx, ss, st.rule) && Eval(st.rule.Compiled, data, func(d time.Duration) bool { return silence >= d.Milliseconds() })
+			c = e.deviceMatches(ctx, ss, st.rule) && eval(st.rule.Compiled, data, func(d time.Duration) bool { return silence >= d.Milliseconds() }, st.wins)
 		}
 		if ch := st.onClock(c, at, ss.lastPoint, ss.key); ch != nil {
 			changes = append(changes, ch)

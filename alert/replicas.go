@@ -65,6 +65,7 @@ func (e *Engine) loadSnapshot(ctx context.Context, ss *streamState, vs Versioned
 		s := stored[id]
 		st.gen++
 		st.noDataDue = 0
+		st.wins = nil // without the other replica's points: warmed again
 		if s == nil {
 			st.phase, st.sinceData, st.alertID, st.cond = fleet.PhaseNormal, -1, "", false
 			continue

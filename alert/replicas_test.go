@@ -20,13 +20,7 @@ func TestReplicaEngines(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		ctx := context.Background()
 		clk := testclock.New(t0)
-		db := sqlstoretest.MustOpen(t, b, sqlstoretest.Options{Now: clk.Now})
-		if _, _, err := db.CreateTenant(ctx, "acme"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := db.CreateDevices(ctx, "acme", []fleet.NewDevice{{ID: "d1"}}); err != nil {
-			t.Fatal(err)
-		}
+		db := storeWithDevice(t, b, clk)
 		hot := &fleet.AlertRule{Name: "hot", Stream: "env", Condition: map[string]any{"field": "temp", "operator": ">", "value": 80.0}}
 		slow := &fleet.AlertRule{Name: "slow", Stream: "env", Condition: map[string]any{"field": "temp", "operator": ">", "value": 80.0},
 			ActivationThresholdSeconds: 10}
@@ -35,14 +29,7 @@ func TestReplicaEngines(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		engine := func() *alert.Engine {
-			e := &alert.Engine{Store: db, Devices: db, Now: clk.Now}
-			if err := e.Load(ctx); err != nil {
-				t.Fatal(err)
-			}
-			return e
-		}
-		a, bb := engine(), engine()
+		a, bb := loadedEngine(t, db, clk), loadedEngine(t, db, clk)
 		seq := 0
 		ingest := func(e *alert.Engine, sec int, temp float64) {
 			t.Helper()
@@ -108,3 +95,28 @@ func TestReplicaEngines(t *testing.T) {
 }
 
 var _ alert.VersionedStore = (*sqlstore.DB)(nil)
+
+// storeWithDevice opens a store of b on clk's time, with the tenant acme
+// and its device d1.
+func storeWithDevice(t *testing.T, b sqlstoretest.Backend, clk *testclock.Clock) *sqlstore.DB {
+	t.Helper()
+	ctx := context.Background()
+	db := sqlstoretest.MustOpen(t, b, sqlstoretest.Options{Now: clk.Now})
+	if _, _, err := db.CreateTenant(ctx, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.CreateDevices(ctx, "acme", []fleet.NewDevice{{ID: "d1"}}); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+// loadedEngine is an engine on db, loaded: a replica, or a restart.
+func loadedEngine(t *testing.T, db *sqlstore.DB, clk *testclock.Clock) *alert.Engine {
+	t.Helper()
+	e := &alert.Engine{Store: db, Devices: db, Now: clk.Now}
+	if err := e.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}

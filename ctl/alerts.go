@@ -146,8 +146,9 @@ func (a *app) alertRulesCmd() *cobra.Command {
 		Short: "Create an alert rule (S2) from a file or flags",
 		Long: `Creates an alert rule from a JSON or YAML file in the shape of POST
 /api/v1/alert-rules, or from flags, or both (flags override the file).
-The condition is JSON: {"field": "temperature", "operator": ">", "value": 80},
-{"all": [...]}, {"any": [...]}, {"not": {...}} or {"no_data_seconds": 300}.`,
+The condition is JSON: {"field": "temperature", "operator": ">", "value": 80}
+(with "aggregate": "avg", "window_seconds": 300 for a window's average, min or
+max), {"all": [...]}, {"any": [...]}, {"not": {...}} or {"no_data_seconds": 300}.`,
 		Example: `  fleetctl alert-rules create --name overheating --stream telemetry \
     --condition '{"field": "temperature", "operator": ">", "value": 80}' --activation 30s`,
 		Args: exactArgs(0),

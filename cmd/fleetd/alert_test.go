@@ -157,6 +157,9 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 				{map[string]any{"name": "x", "stream": "env", "condition": hot, "deactivation_threshold_seconds": "5"}, "deactivation_threshold_seconds"},
 				{map[string]any{"name": "x", "stream": "env", "condition": hot, "metadata_filters": map[string]any{"site": 3}}, "metadata_filters.site"},
 				{map[string]any{"name": "x", "stream": "env", "condition": hot, "severity": "high"}, "severity"},
+				{map[string]any{"name": "x", "stream": "env", "condition": map[string]any{"field": "t", "aggregate": "avg", "operator": ">", "value": 1}}, "condition.window_seconds"},
+				{map[string]any{"name": "x", "stream": "env", "condition": map[string]any{"not": map[string]any{"field": "t", "aggregate": "p99", "window_seconds": 60, "operator": ">", "value": 1}}}, "condition.not.aggregate"},
+				{map[string]any{"name": "x", "stream": "env", "condition": map[string]any{"field": "t", "aggregate": "max", "window_seconds": 90000, "operator": ">", "value": 1}}, "condition.window_seconds"},
 			} {
 				var e struct {
 					Error  string

@@ -263,8 +263,9 @@ func TestRolloutEndToEnd(t *testing.T) {
 
 		t.Run("AlertGate", func(t *testing.T) {
 			s.mustUpload(t, admin, makeBundle(t, "2.3.0", bootloader, part{name: "app", version: "2.3.0", body: "app 2.3.0"}))
+			// A windowed rule: the hottest reading of the last minute.
 			rule := s.mustAlertRule(t, admin, map[string]any{"name": "overheating", "stream": "telemetry",
-				"condition": map[string]any{"field": "temperature", "operator": ">", "value": 80}})
+				"condition": map[string]any{"field": "temperature", "aggregate": "max", "window_seconds": 60, "operator": ">", "value": 80}})
 			sick := s.startSim(t, "--devices", "10", "--tokens", tokens, "--unhealthy-after-update", "--telemetry-interval", "50ms")
 			sick.connected(t, 10)
 			id := s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.3.0"}, "search_type": "search", "search_query": "ro-",
