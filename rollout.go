@@ -74,15 +74,18 @@ const (
 	PhaseFixedList  = "fixed_list" // exactly DeviceIDs
 	PhasePercentage = "percentage" // until Percentage of all targets are released
 	PhaseMetadata   = "metadata"   // the targets not released yet whose metadata match, when it triggers
+	PhaseGroup      = "group"      // the targets not released yet that are in the group, when it triggers
 )
 
 // PhaseInfo says which devices a phase releases.
 type PhaseInfo struct {
-	Type       string   `json:"type" openapi:"required" doc:"fixed_list, percentage or metadata"`
+	Type       string   `json:"type" openapi:"required" doc:"fixed_list, percentage, metadata or group"`
 	DeviceIDs  []string `json:"device_ids,omitempty" doc:"fixed_list: the devices, each a target of the action"`
 	Percentage int      `json:"percentage,omitempty" doc:"percentage: 1 to 100, cumulative: devices are released until this share of all targets is, in a stable order (100: everyone left)"`
 	// Metadata is matched when the phase triggers (docs/actions.md).
 	Metadata map[string]string `json:"metadata,omitempty" doc:"metadata: KEY: VALUE pairs; when the phase triggers it takes, from the later phases, the targets not released yet whose device metadata has every one of them, and releases them"`
+	// Group's membership is evaluated when the phase triggers (docs/twin.md).
+	Group string `json:"group,omitempty" doc:"group: a group's name; when the phase triggers it takes, from the later phases, the targets not released yet that are in the group then, and releases them"`
 }
 
 // Gate is what must hold before a phase triggers, over the devices of all
@@ -212,9 +215,13 @@ func readPhase(f *Fields, index int) Phase {
 			} else if problem := ValidateMetadata(p.Info.Metadata); problem != "" {
 				in.Fail("metadata", problem)
 			}
+		case PhaseGroup:
+			if p.Info.Group = in.String("group", true); in.Has("group") && !ValidGroupName(p.Info.Group) {
+				in.Fail("group", GroupNameRule)
+			}
 		default:
 			if in.Has("type") {
-				in.Fail("type", "must be fixed_list, percentage or metadata")
+				in.Fail("type", "must be fixed_list, percentage, metadata or group")
 			}
 		}
 		in.Unknown()

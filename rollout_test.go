@@ -55,13 +55,14 @@ func TestReadSchedule(t *testing.T) {
 			{"name": "quarter", "trigger_on": {"type": "after_previous", "wait_seconds": 3600, "finished_ratio": 0.95}, "info": {"type": "percentage", "percentage": 25},
 			 "gate": {"max_failure_rate": 0.1, "min_finished": 2, "alert_rules": ["6f1c9f7e-8d7a-4a59-9d1e-2b7c3f1a0b11"], "watch_seconds": 1800}},
 			{"name": "lab", "trigger_on": {"type": "manual"}, "info": {"type": "metadata", "metadata": {"ring": "lab", "site": "b"}}},
+			{"name": "berlin", "trigger_on": {"type": "manual"}, "info": {"type": "group", "group": "berlin.v2"}},
 			{"name": "everyone", "trigger_on": {"type": "timestamp", "timestamp": 1766000000000}, "info": {"type": "percentage", "percentage": 100}}]}`))
 	if errs != nil {
 		t.Fatalf("valid schedule refused: %v", errs)
 	}
-	if len(s.Phases) != 4 || *s.Phases[1].Gate.MaxFailureRate != 0.1 || s.Phases[1].Gate.MinFinished != 2 || s.Phases[3].TriggerOn.Timestamp != 1766000000000 ||
-		fmt.Sprint(s.Phases[2].Info) != "{metadata [] 0 map[ring:lab site:b]}" ||
-		s.Phases[1].TriggerOn.Ratio() != 0.95 || s.Phases[3].TriggerOn.Ratio() != 1 ||
+	if len(s.Phases) != 5 || *s.Phases[1].Gate.MaxFailureRate != 0.1 || s.Phases[1].Gate.MinFinished != 2 || s.Phases[4].TriggerOn.Timestamp != 1766000000000 ||
+		fmt.Sprint(s.Phases[2].Info) != "{metadata [] 0 map[ring:lab site:b] }" || fmt.Sprint(s.Phases[3].Info) != "{group [] 0 map[] berlin.v2}" ||
+		s.Phases[1].TriggerOn.Ratio() != 0.95 || s.Phases[4].TriggerOn.Ratio() != 1 ||
 		s.MaintenanceWindow.Timezone != "Europe/Berlin" || s.EndTimestamp != 1767225600000 {
 		t.Fatalf("schedule %+v", s)
 	}
@@ -84,7 +85,10 @@ func TestReadSchedule(t *testing.T) {
 		{"MetadataNotString", `{"phases": [{"name": "a", "trigger_on": {"type": "now"}, "info": {"type": "metadata", "metadata": {"ring": 1}}}]}`, "schedule.phases[0].info.metadata.ring", "must be a string"},
 		{"MetadataEmptyKey", `{"phases": [{"name": "a", "trigger_on": {"type": "now"}, "info": {"type": "metadata", "metadata": {"": "x"}}}]}`, "schedule.phases[0].info.metadata", "1 to 64 characters"},
 		{"MetadataWithIDs", `{"phases": [{"name": "a", "trigger_on": {"type": "now"}, "info": {"type": "metadata", "metadata": {"ring": "lab"}, "device_ids": ["d1"]}}]}`, "schedule.phases[0].info.device_ids", "not a known field"},
-		{"InfoType", `{"phases": [{"name": "a", "trigger_on": {"type": "now"}, "info": {"type": "ring"}}]}`, "schedule.phases[0].info.type", "fixed_list, percentage or metadata"},
+		{"InfoType", `{"phases": [{"name": "a", "trigger_on": {"type": "now"}, "info": {"type": "ring"}}]}`, "schedule.phases[0].info.type", "fixed_list, percentage, metadata or group"},
+		{"GroupMissing", `{"phases": [{"name": "a", "trigger_on": {"type": "now"}, "info": {"type": "group"}}]}`, "schedule.phases[0].info.group", "required"},
+		{"GroupName", `{"phases": [{"name": "a", "trigger_on": {"type": "now"}, "info": {"type": "group", "group": "berlin west"}}]}`, "schedule.phases[0].info.group", "A-Z a-z 0-9 . _ -"},
+		{"GroupWithMetadata", `{"phases": [{"name": "a", "trigger_on": {"type": "now"}, "info": {"type": "group", "group": "g", "metadata": {"ring": "lab"}}}]}`, "schedule.phases[0].info.metadata", "not a known field"},
 		{"TimestampMissing", `{"phases": [{"name": "a", "trigger_on": {"type": "timestamp"}, "info": {"type": "percentage", "percentage": 100}}]}`, "schedule.phases[0].trigger_on.timestamp", "required"},
 		{"Percentage101", `{"phases": [{"name": "a", "trigger_on": {"type": "now"}, "info": {"type": "percentage", "percentage": 101}}]}`, "schedule.phases[0].info.percentage", "between 1 and 100"},
 		{"PercentageShrinks", `{"phases": [{"name": "a", "trigger_on": {"type": "now"}, "info": {"type": "percentage", "percentage": 50}},

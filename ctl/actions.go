@@ -22,8 +22,8 @@ var (
 )
 
 const dispatchLong = `Dispatches ACTION to the devices chosen by exactly one of --devices (a list
-of ids), --all, --metadata-match KEY=VALUE or --search TEXT [--search-key
-KEY], atomically. --params gives the parameters as a JSON object; --param
+of ids), --all, --metadata-match KEY=VALUE, --search TEXT [--search-key
+KEY] or --group NAME, atomically. --params gives the parameters as a JSON object; --param
 adds string parameters one by one. --file reads the whole body (JSON or
 YAML, as POST /api/v1/actions takes it); flags given beside it override its
 fields.
@@ -32,8 +32,10 @@ A rollout releases the targets phase by phase. Give its schedule as a file
 (--schedule, the API's schedule object) or phase by phase with --phase, each
 'NAME SELECTION [KEY=VALUE]...':
   SELECTION        N% (cumulative share of the targets), ID,ID,... (fixed_list)
-                   or KEY=VALUE,... (metadata: the targets not released yet
-                   whose metadata match when the phase triggers)
+                   KEY=VALUE,... (metadata: the targets not released yet
+                   whose metadata match when the phase triggers) or @GROUP
+                   (group: the targets not released yet in the group when
+                   the phase triggers)
   trigger=         now, manual, after_previous or an RFC 3339 time (default:
                    now for the first phase, after_previous for the others)
   wait=            after_previous: how long to wait, such as 30s or 1h
@@ -49,9 +51,9 @@ const dispatchExample = `  fleetctl actions dispatch reboot --devices pump-1,pum
 
 func (a *app) actionsCmd() *cobra.Command {
 	var (
-		file, paramsJSON, searchQ, searchKey, timeout, scheduleFile, releaseNotes, end, window string
-		devices, phases                                                                        []string
-		all, watchAfter                                                                        bool
+		file, paramsJSON, searchQ, searchKey, groupName, timeout, scheduleFile, releaseNotes, end, window string
+		devices, phases                                                                                   []string
+		all, watchAfter                                                                                   bool
 	)
 	params, metaMatch := keyValues{}, keyValues{}
 	var w watchOptions
@@ -125,8 +127,12 @@ func (a *app) actionsCmd() *cobra.Command {
 					body["search_key"] = searchKey
 				}
 			}
+			if groupName != "" {
+				chosen++
+				body["search_type"], body["group"] = "group", groupName
+			}
 			if chosen > 1 || (chosen == 0 && body["search_type"] == nil) {
-				return usagef("choose the devices with exactly one of --devices, --all, --metadata-match or --search")
+				return usagef("choose the devices with exactly one of --devices, --all, --metadata-match, --search or --group")
 			}
 			if timeout != "" {
 				secs, err := seconds(timeout)
@@ -185,6 +191,7 @@ func (a *app) actionsCmd() *cobra.Command {
 	f.Var(metaMatch, "metadata-match", "devices whose metadata KEY equals VALUE")
 	f.StringVar(&searchQ, "search", "", "devices whose id or metadata contains `TEXT`, case-insensitively")
 	f.StringVar(&searchKey, "search-key", "", "with --search: look only in this metadata `KEY`")
+	f.StringVar(&groupName, "group", "", "the devices of the group `NAME` at dispatch")
 	f.StringVar(&timeout, "timeout", "", "a device action not final this long after Initiated fails: seconds, or a `DURATION` such as 10m")
 	f.StringVar(&scheduleFile, "schedule", "", "JSON or YAML `FILE` with the rollout's schedule")
 	f.StringArrayVar(&phases, "phase", nil, "a rollout phase, 'NAME SELECTION [KEY=VALUE]...' (see above); repeatable, in order")
@@ -452,6 +459,8 @@ func parsePhase(s string, first bool) (fleet.Phase, error) {
 			return p, usagef("phase %s: %q is not a percentage", p.Name, fields[1])
 		}
 		p.Info = fleet.PhaseInfo{Type: fleet.PhasePercentage, Percentage: n}
+	} else if g, ok := strings.CutPrefix(fields[1], "@"); ok { // device ids have no '@'
+		p.Info = fleet.PhaseInfo{Type: fleet.PhaseGroup, Group: g}
 	} else if strings.Contains(fields[1], "=") { // device ids have no '='
 		p.Info = fleet.PhaseInfo{Type: fleet.PhaseMetadata, Metadata: map[string]string{}}
 		for _, kv := range strings.Split(fields[1], ",") {

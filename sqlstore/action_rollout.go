@@ -86,6 +86,13 @@ func (tx *Tx) assignPhases(ctx context.Context, tenant string, id int64, s *flee
 		}
 	}
 	for k, p := range s.Phases {
+		if p.Info.Type == fleet.PhaseGroup {
+			if _, err := groupSelector(ctx, tx, tenant, p.Info.Group); fleet.ErrorCode(err) == fleet.ENOTFOUND {
+				return fleet.FieldErrors(map[string]string{fmt.Sprintf("schedule.phases[%d].info.group", k): fmt.Sprintf("no group is named %q", p.Info.Group)})
+			} else if err != nil {
+				return err
+			}
+		}
 		if p.Info.Type != fleet.PhaseFixedList {
 			continue
 		}
@@ -129,7 +136,7 @@ func (tx *Tx) assignPhases(ctx context.Context, tenant string, id int64, s *flee
 	if left > 0 {
 		return fleet.FieldErrors(map[string]string{"schedule.phases": fmt.Sprintf(
 			"release %d of the %d targets; the phases must release every target: end with a percentage phase of 100, or list the rest "+
-				"(a metadata phase takes its devices from the later phases when it triggers)",
+				"(a metadata or group phase takes its devices from the later phases when it triggers)",
 			total-left, total)})
 	}
 	return nil
@@ -496,10 +503,8 @@ func (tx *Tx) applyStep(ctx context.Context, tenant string, r *fleet.Rollout, st
 	case fleet.StepWait:
 		return c, nil
 	case fleet.StepTrigger:
-		if m := r.Schedule.Phases[step.Phase].Info.Metadata; m != nil {
-			if err := tx.takeByMetadata(ctx, tenant, r.ActionID, step.Phase, m); err != nil {
-				return nil, err
-			}
+		if err := tx.takeByInfo(ctx, tenant, r.ActionID, step.Phase, r.Schedule.Phases[step.Phase].Info); err != nil {
+			return nil, err
 		}
 		n, err := tx.applyMove(ctx, moveRelease, "UPDATE device_actions SET "+moveRelease.set+
 			", updated_at = ? WHERE tenant = ? AND action_id = ? AND {from} AND phase = ?", millis(tx.now), tenant, r.ActionID, step.Phase)
@@ -553,13 +558,29 @@ func (tx *Tx) applyStep(ctx context.Context, tenant string, r *fleet.Rollout, st
 	return c, tx.notifyRollout(ctx, tenant, c.Event)
 }
 
-// takeByMetadata moves into phase k, a metadata phase about to trigger,
-// the action's device actions of later phases, not released yet, whose
-// device has every pair of m in its metadata now.
-func (tx *Tx) takeByMetadata(ctx context.Context, tenant string, id int64, k int, m map[string]string) error {
-	conds := make([]deviceCond, 0, len(m))
-	for _, key := range slices.Sorted(maps.Keys(m)) {
-		conds = append(conds, tx.db.dialect.metadataIs(tenant, key, m[key]))
+// takeByInfo moves into phase k, about to trigger, the action's device
+// actions of later phases, not released yet, whose device the phase's
+// info chooses now: for a metadata phase, those whose metadata has every
+// pair; for a group phase, the group's devices. A group deleted since the
+// dispatch has no devices. Other phases took theirs at dispatch.
+func (tx *Tx) takeByInfo(ctx context.Context, tenant string, id int64, k int, info fleet.PhaseInfo) error {
+	var conds []deviceCond
+	switch info.Type {
+	case fleet.PhaseMetadata:
+		for _, key := range slices.Sorted(maps.Keys(info.Metadata)) {
+			conds = append(conds, tx.db.dialect.metadataIs(tenant, key, info.Metadata[key]))
+		}
+	case fleet.PhaseGroup:
+		sel, err := groupSelector(ctx, tx, tenant, info.Group)
+		if fleet.ErrorCode(err) == fleet.ENOTFOUND {
+			tx.db.log.Warn("rollout: the group of a phase is gone; the phase takes no device", "tenant", tenant, "action_id", id, "phase", k, "group", info.Group)
+			return nil
+		} else if err != nil {
+			return err
+		}
+		conds = tx.db.dialect.selectorConds(tenant, sel)
+	default:
+		return nil
 	}
 	cond, condArgs, _, err := devicesWhere(ctx, tx, conds)
 	if err != nil {

@@ -8,10 +8,12 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/internal/testclock"
 	"github.com/fleetd/fleet/sqlstore"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
@@ -333,6 +335,18 @@ func TestRolloutFinishedRatio(t *testing.T) {
 	})
 }
 
+// triggerer returns a function that triggers the rollout's next phase by
+// hand and fails t unless it released so many devices.
+func triggerer(t *testing.T, db *sqlstore.DB, clk *testclock.Clock, tenant string, id int64) func(released int) {
+	return func(released int) {
+		t.Helper()
+		c, err := db.TriggerNextPhase(context.Background(), tenant, id, clk.Now())
+		if err != nil || c.Event.Released != released {
+			t.Fatalf("trigger: %+v, %v; want %d released", c, err, released)
+		}
+	}
+}
+
 // TestRolloutMetadataPhase: a metadata phase takes, when it triggers, the
 // targets of later phases not released yet whose device metadata match
 // then: a device that joined the ring after the dispatch is taken, one
@@ -355,13 +369,7 @@ func TestRolloutMetadataPhase(t *testing.T) {
 		if got := fmt.Sprint(phasesOf(t, db, "acme", a.ID)); got != "map[a:2 b:2 c:2 d:2 e:2 f:0]" {
 			t.Fatalf("at dispatch %s", got)
 		}
-		trigger := func(released int) {
-			t.Helper()
-			c, err := db.TriggerNextPhase(ctx, "acme", a.ID, clk.Now())
-			if err != nil || c.Event.Released != released {
-				t.Fatalf("trigger: %+v, %v; want %d released", c, err, released)
-			}
-		}
+		trigger := triggerer(t, db, clk, "acme", a.ID)
 		trigger(1) // first: f
 		// Between the dispatch and the trigger, d joins the ring and b
 		// leaves it; f, released already, is not taken again.
@@ -382,6 +390,77 @@ func TestRolloutMetadataPhase(t *testing.T) {
 			t.Fatalf("counts %v, %v", full.StatusesPhased, err)
 		}
 		trigger(3) // rest: b, c, e
+	})
+}
+
+// TestRolloutGroupPhase: a group phase takes, when it triggers, the
+// targets of later phases not released yet that are in the group then,
+// by metadata and by reported state; a group that is not there at dispatch
+// is refused naming the phase, and one deleted before the trigger takes
+// nobody.
+func TestRolloutGroupPhase(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, clk := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustTenant(t, db, "other")
+		lab := map[string]string{"ring": "lab"}
+		mustDevices(t, db, "acme", map[string]map[string]string{"a": lab, "b": lab, "c": nil, "d": nil, "e": lab, "f": nil})
+		mustDevices(t, db, "other", map[string]map[string]string{"a": nil})
+		if _, err := db.CreateGroup(ctx, "acme", &fleet.Group{Name: "canary", Selector: "ring=lab,reported.fw!=2"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.CreateGroup(ctx, "other", &fleet.Group{Name: "late", Selector: "ring"}); err != nil {
+			t.Fatal(err)
+		}
+		groupPhase := func(name, group string) fleet.Phase {
+			return fleet.Phase{Name: name, TriggerOn: fleet.Trigger{Type: fleet.TriggerManual}, Info: fleet.PhaseInfo{Type: fleet.PhaseGroup, Group: group}}
+		}
+		d := dispatch("update", "default", "a", "b", "c", "d", "e", "f")
+		// Another tenant's group of the same kind is unknown here.
+		d.Schedule = &fleet.Schedule{Phases: []fleet.Phase{groupPhase("late", "late"), share("rest", fleet.TriggerManual, 100)}}
+		if _, err := db.DispatchAction(ctx, "acme", d); fleet.ErrorCode(err) != fleet.EINVALID ||
+			!strings.Contains(err.Error(), `schedule.phases[0].info.group: no group is named "late"`) {
+			t.Fatalf("an unknown group: %v", err)
+		}
+		d.Schedule = &fleet.Schedule{Phases: []fleet.Phase{
+			fixed("first", fleet.TriggerManual, "e"),
+			groupPhase("canary", "canary"),
+			groupPhase("late", "late"),
+			share("rest", fleet.TriggerManual, 100),
+		}}
+		if _, err := db.CreateGroup(ctx, "acme", &fleet.Group{Name: "late", Selector: "site"}); err != nil {
+			t.Fatal(err)
+		}
+		a := mustDispatch(t, db, "acme", d)
+		if got := fmt.Sprint(phasesOf(t, db, "acme", a.ID)); got != "map[a:3 b:3 c:3 d:3 e:0 f:3]" {
+			t.Fatalf("at dispatch %s", got)
+		}
+		trigger := triggerer(t, db, clk, "acme", a.ID)
+		trigger(1) // first: e
+		// Before the canary triggers, c joins the ring, b reports the
+		// firmware that takes it out of the group; e, released already,
+		// is not taken again.
+		ring := "lab"
+		if _, err := db.UpdateDeviceMetadata(ctx, "acme", "c", map[string]*string{"ring": &ring}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.UpdateReported(ctx, "acme", "b", map[string]any{"fw": 2}); err != nil {
+			t.Fatal(err)
+		}
+		trigger(2) // canary: a and c
+		if got := fmt.Sprint(phasesOf(t, db, "acme", a.ID)); got != "map[a:1 b:3 c:1 d:3 e:0 f:3]" {
+			t.Fatalf("after the group phase %s", got)
+		}
+		if err := db.DeleteGroup(ctx, "acme", "late"); err != nil {
+			t.Fatal(err)
+		}
+		trigger(0) // late: its group is gone
+		full, err := db.FindAction(ctx, "acme", a.ID)
+		if err != nil || fmt.Sprint(full.StatusesPhased) != "map[0:map[Queued:1] 1:map[Queued:2] 3:map[Scheduled:3]]" {
+			t.Fatalf("counts %v, %v", full.StatusesPhased, err)
+		}
+		trigger(3) // rest: b, d, f
 	})
 }
 

@@ -34,6 +34,19 @@ func TestFleetctlTwin(t *testing.T) {
 		wantContains(t, "groups list", f.ok(t, "groups", "list"), "NAME", "berlin", "site in (berlin,paris)", "2")
 		wantContains(t, "groups devices", f.ok(t, "groups", "devices", "berlin"), "ct-1", "ct-2")
 		f.fails(t, 1, "groups", "create", "bad", "site in (")
+		// A dispatch to a group, and a rollout whose first phase is one.
+		wantContains(t, "dispatch --group", f.ok(t, "actions", "dispatch", "reboot", "--group", "berlin"), "2")
+		f.ok(t, "groups", "create", "paris", "site=paris")
+		var d struct {
+			ID int64 `json:"id"`
+		}
+		f.json(t, &d, "actions", "dispatch", "reboot", "--all", "--phase", "paris @paris", "--phase", "rest 100% trigger=manual")
+		if da := s.deviceAction(t, s.admin(), "ct-2", d.ID); da.Phase != 0 || da.Status != "Queued" {
+			t.Fatalf("ct-2 after the @paris phase: %+v", da)
+		}
+		if da := s.deviceAction(t, s.admin(), "ct-1", d.ID); da.Phase != 1 || da.Status != "Scheduled" {
+			t.Fatalf("ct-1 after the @paris phase: %+v", da)
+		}
 		f.ok(t, "groups", "delete", "berlin")
 		f.fails(t, 1, "groups", "get", "berlin")
 	})

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// TestRolloutGroupPhase dispatches a rollout whose canary is a group,
+// triggered by hand after a device joined it: the phase takes the group's
+// devices as they are when it triggers. A group phase naming a group the
+// tenant does not have is 400 naming the field, and nothing is dispatched.
+func TestRolloutGroupPhase(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		for _, d := range []string{"g1", "g2", "g3", "g4"} {
+			ring := "main"
+			if d == "g2" {
+				ring = "lab"
+			}
+			s.mustDevice(t, admin, d, map[string]string{"ring": ring})
+		}
+		s.do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "lab", "selector": "ring=lab"}).want(t, 201)
+		canary := map[string]any{"type": "group", "group": "lab"}
+		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all",
+			"schedule": map[string]any{"phases": []any{phase("lab", triggerManual, canary), phase("rest", triggerManual, percent(100))}}})
+		s.do(t, admin, "PATCH", "/api/v1/devices/g4", map[string]any{"metadata": map[string]any{"ring": "lab"}}).want(t, 204)
+		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+		if a := s.rollout(t, admin, id); fmt.Sprint(a.StatusesPhased) != "map[0:map[Queued:2] 1:map[Scheduled:2]]" {
+			t.Fatalf("after the lab phase: %+v", a)
+		}
+		for d, want := range map[string]int{"g1": 1, "g2": 0, "g3": 1, "g4": 0} {
+			if da := s.deviceAction(t, admin, d, id); da.Phase != want {
+				t.Fatalf("%s in phase %d, want %d", d, da.Phase, want)
+			}
+		}
+		r := s.do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).want(t, 200)
+		if !strings.Contains(string(r.Body), `"info":{"type":"group","group":"lab"}`) {
+			t.Fatalf("the action does not show its group phase: %s", r.Body)
+		}
+		before := s.do(t, admin, "GET", "/api/v1/actions", nil).want(t, 200)
+		r = s.do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all",
+			"schedule": map[string]any{"phases": []any{phase("lab", triggerNow, map[string]any{"type": "group", "group": "nowhere"}), phase("rest", triggerAfter, percent(100))}}})
+		wantCode(t, r, 400, "invalid")
+		if !strings.Contains(string(r.Body), `"schedule.phases[0].info.group":"no group is named \"nowhere\""`) {
+			t.Fatalf("the refusal does not name the field: %s", r.Body)
+		}
+		if after := s.do(t, admin, "GET", "/api/v1/actions", nil).want(t, 200); string(after.Body) != string(before.Body) {
+			t.Fatalf("a refused dispatch changed the actions:\n%s\n%s", before.Body, after.Body)
+		}
+	})
+}
