@@ -140,7 +140,12 @@ FLEETCTL_URL, FLEETCTL_TENANT, FLEETCTL_API_KEY and FLEETCTL_CA_FILE override
 the context (flags first).
 
 Output is a table unless -o json, -o yaml or -o edn (the server's own EDN)
-asks for a form for scripts.
+asks for a form for scripts, or -o csv for a spreadsheet: the list a command
+shows as a header row and a row an item, a column per field; a nested
+object's fields are columns named by their dotted path (data.temperature,
+data.gps.lat), an array is one column holding its JSON, null and a missing
+field are empty, and a fleet-wide aggregate by device has a row per bucket,
+its device_id first.
 
 Exit codes (the 3 to 6 come from 'actions watch' and 'actions dispatch
 --watch', so that a CI job can gate on a rollout):
@@ -172,8 +177,8 @@ func (a *app) root() *cobra.Command {
 	pf.StringVar(&a.tenant, "tenant", "", "the `TENANT` to act in (env FLEETCTL_TENANT)")
 	pf.StringVar(&a.apiKey, "api-key", "", "the API `KEY` (env FLEETCTL_API_KEY); prefer the variable or a context, as arguments show in ps")
 	pf.StringVar(&a.caFile, "ca-file", "", "PEM `FILE` of the certificate authorities to trust for https (env FLEETCTL_CA_FILE)")
-	pf.StringVarP(&a.output, "output", "o", "table", "output `FORMAT`: table, json, yaml or edn")
-	root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml", "edn"}, cobra.ShellCompDirectiveNoFileComp))
+	pf.StringVarP(&a.output, "output", "o", "table", "output `FORMAT`: table, json, yaml, edn or csv (a list: a header row, a column per field, nested fields as dotted names)")
+	root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json", "yaml", "edn", "csv"}, cobra.ShellCompDirectiveNoFileComp))
 	root.RegisterFlagCompletionFunc("context", a.completeContexts)
 
 	root.PersistentPreRunE = func(*cobra.Command, []string) error { return a.checkOutput() }

@@ -27,6 +27,9 @@ type view struct {
 	items string
 	cols  []column
 	more  *view // another table of the same answer, shown after this one
+	// each, for -o csv: a list in each item whose elements are the rows,
+	// each with its item's other fields (a series' buckets).
+	each string
 }
 
 func cols(pairs ...string) []column {
@@ -39,10 +42,10 @@ func cols(pairs ...string) []column {
 
 func (a *app) checkOutput() error {
 	switch a.output {
-	case "table", "json", "yaml", "edn":
+	case "table", "json", "yaml", "edn", "csv":
 		return nil
 	}
-	return usagef("-o %q: want table, json, yaml or edn", a.output)
+	return usagef("-o %q: want table, json, yaml, edn or csv", a.output)
 }
 
 // show makes the request and prints its answer as -o asks: EDN comes from
@@ -95,6 +98,8 @@ func (a *app) print(body []byte, v view) error {
 		}
 		_, err = out.Write(y)
 		return err
+	case "csv":
+		return writeCSV(out, body, v)
 	}
 	if v.cols == nil {
 		y, err := jsonToYAML(body)

@@ -59,7 +59,7 @@ func (a *app) historyCmds() []*cobra.Command {
 		Short: "A page of a stream's points kept in history, oldest first; --cursor reads the next",
 		Long: `Prints a page of the stream's points and, when there are more, the cursor
 of the next page on standard error (with -o json, yaml or edn, it is the
-answer's next).`,
+answer's next). -o csv writes a column per data field (data.temperature).`,
 		Args:              exactArgs(2),
 		ValidArgsFunction: a.completeDevices,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -70,7 +70,7 @@ answer's next).`,
 				q.Set("limit", strconv.Itoa(limit))
 			}
 			path := "/api/v1/devices/" + esc(args[0]) + "/streams/" + esc(args[1]) + "/points"
-			if a.output != "table" {
+			if a.output != "table" && a.output != "csv" {
 				return a.get(cmd, path, q, view{items: "points", cols: pointCols})
 			}
 			c, err := a.connect(cmd.Context())
@@ -129,7 +129,7 @@ device gives one series per device.`,
 			setIf(q, "by", by)
 			v := view{items: "buckets", cols: bucketCols}
 			if by == "device" {
-				v = view{items: "series", cols: cols("DEVICE", "device_id", "BUCKETS", "buckets")}
+				v = view{items: "series", cols: cols("DEVICE", "device_id", "BUCKETS", "buckets"), each: "buckets"}
 			}
 			return a.get(cmd, "/api/v1/streams/"+esc(args[0])+"/aggregate", q, v)
 		},

@@ -25,6 +25,8 @@ func TestStreamHistoryEndToEnd(t *testing.T) {
 		for i := range 60 {
 			batch = append(batch, map[string]any{"timestamp": start.Add(time.Duration(i) * time.Second).UnixMilli(), "sequence": i, "temp": 20 + i%5})
 		}
+		batch[59]["gps"] = map[string]any{"lat": 52.5}
+		batch[59]["note"] = `"hot", then "cold"`
 		d := dialStreamDevice(t, s.MQTTAddr, "default", "pump-1", dev.Token)
 		d.publish(t, "env", batch[:30])
 		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", batch[30:]).want(t, 200)
@@ -52,6 +54,18 @@ func TestStreamHistoryEndToEnd(t *testing.T) {
 			t.Fatalf("second page = %+v", page)
 		}
 		wantContains(t, "table with the cursor", f.run("", "streams", "points", "pump-1", "env", "--limit", "1", "--since", "1h").stderr, "more: --cursor ")
+		// CSV: a column per data field, a nested one by its dotted path
+		// beside its siblings; a point without a field leaves it empty.
+		r := f.run("", "streams", "points", "pump-1", "env", "--order", "desc", "--limit", "2", "--since", "1h", "-o", "csv")
+		stamp := func(i int) string {
+			return start.Add(time.Duration(i) * time.Second).UTC().Format("2006-01-02T15:04:05.000Z")
+		}
+		if lines := strings.Split(r.stdout, "\n"); len(lines) != 4 || lines[0] != "timestamp,sequence,data.gps.lat,data.note,data.temp,received_at" ||
+			!strings.HasPrefix(lines[1], stamp(59)+`,59,52.5,"""hot"", then ""cold""",24,`) || !strings.HasPrefix(lines[2], stamp(58)+",58,,,23,") {
+			t.Fatalf("points -o csv:\n%s", r.stdout)
+		}
+		wantContains(t, "csv with the cursor", r.stderr, "more: --cursor ")
+		wantContains(t, "streams list -o csv", f.ok(t, "streams", "list", "pump-1", "-o", "csv"), "name,points,first_timestamp,last_timestamp\nenv,60,"+stamp(0)+","+stamp(59)+"\n")
 		// The rollup job runs every second: the minute's rollup appears.
 		var agg struct {
 			Buckets []struct {
@@ -67,6 +81,8 @@ func TestStreamHistoryEndToEnd(t *testing.T) {
 		if len(agg.Buckets) != 1 || agg.Buckets[0].Value != 24 {
 			t.Fatalf("fleet-wide max = %+v", agg)
 		}
+		wantContains(t, "fleet-wide by device -o csv", f.ok(t, "streams", "aggregate", "env", "--field", "temp", "--fn", "max", "--interval", "1h", "--by", "device", "-o", "csv"),
+			"device_id,start,value,count\npump-1,"+start.Truncate(time.Hour).UTC().Format(time.RFC3339)[:19])
 		wantContains(t, "bad interval", f.fails(t, ctl.ExitRefused, "streams", "aggregate", "pump-1", "env", "--field", "temp", "--interval", "90s"), "400 invalid", "interval")
 
 		now := time.Now()
