@@ -22,6 +22,9 @@ const (
 	// replaced, so a connection made with the old one must end. Key: the
 	// device id.
 	ChangeDeviceCredentials = "device_credentials"
+	// ChangeConsoleSession: a console session ended (signed out, ended by
+	// an admin). Key: the session's id.
+	ChangeConsoleSession = "console_session"
 	// ChangeAll means changes may have been missed (the listening
 	// connection was lost): drop every cache.
 	ChangeAll = "all"

@@ -81,6 +81,14 @@ type Actor struct {
 	KeyName   string // the API key's name; empty for end users
 	UserName  string // who the actor says it is; the key name for API keys
 	UserEmail string
+	// KeyHash is the SHA-256 of the API key the actor authenticated with
+	// ("" for end users): its deletion announces it (ChangeAPIKey), and
+	// what the actor opened that outlives a request (a remote session)
+	// ends then.
+	KeyHash string
+	// ConsoleSession is the id of the console session the actor acts
+	// through, if any: its end announces it (ChangeConsoleSession).
+	ConsoleSession string
 }
 
 type actorKey struct{}

@@ -113,6 +113,30 @@ func TestListen(t *testing.T) {
 		if c := next(); c.Kind != fleet.ChangeDeviceDelete || c.Key != "d1" {
 			t.Fatalf("heard %+v", c)
 		}
+		// Ending a person's console sessions announces each, so that what
+		// they opened (remote sessions) ends on every replica.
+		var ids []string
+		for range 2 {
+			cs := &fleet.ConsoleSession{Tenant: "acme", UserName: "ada", Role: fleet.RoleOperator, ExpiresAt: time.Now().Add(time.Hour)}
+			if _, err := a.CreateConsoleSession(ctx, cs); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, cs.ID)
+		}
+		if n, err := a.EndConsoleSession(ctx, "acme", ids[0], true); err != nil || n != 2 {
+			t.Fatalf("ended %d console sessions, err %v", n, err)
+		}
+		heardIDs := map[string]bool{}
+		for range 2 {
+			if c := next(); c.Kind != fleet.ChangeConsoleSession || c.Tenant != "acme" {
+				t.Fatalf("heard %+v", c)
+			} else {
+				heardIDs[c.Key] = true
+			}
+		}
+		if !heardIDs[ids[0]] || !heardIDs[ids[1]] {
+			t.Fatalf("heard the end of %v, want %v", heardIDs, ids)
+		}
 		select {
 		case c := <-heard:
 			t.Fatalf("heard %+v more", c)

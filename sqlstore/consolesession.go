@@ -94,19 +94,46 @@ func (db *DB) EndConsoleSession(ctx context.Context, tenant, id string, all bool
 		} else if err != nil {
 			return err
 		}
-		q, args := "DELETE FROM console_sessions WHERE id = ? AND tenant = ?", []any{id, tenant}
+		ids := []string{id}
 		if all {
-			q = "DELETE FROM console_sessions WHERE tenant = ? AND key_name = ? AND user_name = ? AND user_email = ?"
-			args = []any{tenant, s.KeyName, s.UserName, s.UserEmail}
+			if ids, err = tx.consoleSessionsOf(ctx, &s); err != nil {
+				return err
+			}
 		}
-		rows, err := tx.execCount(ctx, q, args...)
-		if err != nil {
-			return err
+		for _, id := range ids {
+			if _, err := tx.exec(ctx, "DELETE FROM console_sessions WHERE id = ? AND tenant = ?", id, tenant); err != nil {
+				return err
+			}
+			// What the session opened that outlives a request (a remote
+			// session) ends with it, on every replica.
+			if err := tx.changed(ctx, fleet.Change{Kind: fleet.ChangeConsoleSession, Tenant: tenant, Key: id}); err != nil {
+				return err
+			}
 		}
-		n = int(rows)
+		n = len(ids)
 		d := sessionDetails(&s)
 		d["sessions"] = n
 		return tx.audit(ctx, tenant, "console.session.end", "console-sessions/"+id, d)
 	})
 	return n, err
+}
+
+// consoleSessionsOf returns the ids of every session of s's key or single
+// sign-on user, expired ones included.
+func (tx *Tx) consoleSessionsOf(ctx context.Context, s *fleet.ConsoleSession) ([]string, error) {
+	rows, err := tx.query(ctx, "SELECT id FROM console_sessions WHERE tenant = ? AND key_name = ? AND user_name = ? AND user_email = ?",
+		s.Tenant, s.KeyName, s.UserName, s.UserEmail)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
 }

@@ -194,7 +194,7 @@ func (db *DB) AuthenticateAPIKey(ctx context.Context, tenant, key string) (*flee
 	if !fleet.SecretMatches(key, storedHash) {
 		return nil, refused
 	}
-	a.UserName = a.KeyName
+	a.UserName, a.KeyHash = a.KeyName, hash
 	db.authCache.put(hash, &a, db.now(), gen)
 	if a.Tenant != tenant {
 		return nil, refused

@@ -255,6 +255,7 @@ func Run(ctx context.Context, c Config, e Env) error {
 		db.Listen(loopCtx, func(ch fleet.Change) {
 			users.ApplyChange(ch)
 			engine.ApplyChange(loopCtx, ch)
+			api.Remote.Revoke(ch)
 			switch ch.Kind {
 			case fleet.ChangeDeviceCredentials, fleet.ChangeDeviceDelete:
 				// A connection made with revoked credentials ends now, on

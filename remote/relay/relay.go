@@ -98,10 +98,14 @@ type Session struct {
 	toDevice atomic.Int64
 	fromDev  atomic.Int64
 	userKey  string
+	opener   fleet.Actor // who opened it, for Revoke
 
 	claimed, joined bool // the operator's leg, the device's leg (under Hub.mu)
 	done            chan struct{}
 	endOnce         sync.Once
+	revoked         chan struct{} // closed by Revoke, with revokedFor set
+	revokedFor      string
+	revokeOnce      sync.Once
 }
 
 // Done is closed when the session has ended.
@@ -119,7 +123,8 @@ func personKey(a *fleet.Actor) string {
 func (h *Hub) Open(ctx context.Context, actor *fleet.Actor, device, kind, target string) (*Session, error) {
 	s := &Session{RemoteSession: fleet.RemoteSession{Tenant: actor.Tenant, DeviceID: device, Kind: kind, Target: target,
 		KeyName: actor.KeyName, UserName: actor.UserName, UserEmail: actor.UserEmail},
-		device: make(chan *remote.Conn, 1), done: make(chan struct{}), userKey: personKey(actor)}
+		device: make(chan *remote.Conn, 1), done: make(chan struct{}), userKey: personKey(actor), opener: *actor,
+		revoked: make(chan struct{})}
 	deviceKey := actor.Tenant + "\x00" + device
 	h.mu.Lock()
 	switch {
@@ -224,6 +229,11 @@ func (h *Hub) Relay(ctx context.Context, s *Session, op *remote.Conn) {
 	case <-wait.C:
 	case <-ctx.Done():
 	case <-h.stopping:
+	case <-s.revoked:
+		op.Send(remote.Control{Type: remote.TypeError, Message: "session ended: " + s.revokedFor})
+		op.Close()
+		h.end(s, s.revokedFor)
+		return
 	}
 	if dev == nil {
 		reason := fmt.Sprintf("the device did not connect back within %s: is fleetd-agent running there, with --remote?", h.Limits.ConnectTimeout)
@@ -304,7 +314,63 @@ func (h *Hub) pipe(ctx context.Context, s *Session, op, dev *remote.Conn) string
 		case <-h.stopping:
 			op.Send(remote.Control{Type: remote.TypeError, Message: "session ended: fleetd is stopping"})
 			return "fleetd is stopping"
+		case <-s.revoked:
+			op.Send(remote.Control{Type: remote.TypeError, Message: "session ended: " + s.revokedFor})
+			return s.revokedFor
 		}
+	}
+}
+
+// Revoke ends the open sessions that c takes the right from: those of a
+// deleted device, or one whose credentials were replaced; those opened
+// with a deleted API key, through an ended console session, or by an end
+// user when the tenant's sign-in settings change. Each replica hears every
+// change (sqlstore.DB.Listen), so a session ends wherever it is relayed;
+// the reason is recorded on it and told to the operator.
+func (h *Hub) Revoke(c fleet.Change) {
+	h.mu.Lock()
+	var hit []*Session
+	for _, s := range h.sessions {
+		if s.Tenant == c.Tenant && revokes(c, s) != "" {
+			hit = append(hit, s)
+		}
+	}
+	h.mu.Unlock()
+	for _, s := range hit {
+		h.revoke(s, revokes(c, s))
+	}
+}
+
+// revokes returns why c ends s, or "".
+func revokes(c fleet.Change, s *Session) string {
+	a := &s.opener
+	switch {
+	case c.Kind == fleet.ChangeDeviceDelete && c.Key == s.DeviceID:
+		return "the device was deleted"
+	case c.Kind == fleet.ChangeDeviceCredentials && c.Key == s.DeviceID:
+		return "the device's credentials were replaced"
+	case c.Kind == fleet.ChangeAPIKey && a.KeyHash != "" && c.Key == a.KeyHash:
+		return fmt.Sprintf("API key %q, which opened it, was deleted", a.KeyName)
+	case c.Kind == fleet.ChangeConsoleSession && a.ConsoleSession != "" && c.Key == a.ConsoleSession:
+		return "the console session that opened it ended"
+	case c.Kind == fleet.ChangeTenantAuth && a.KeyName == "":
+		return "the tenant's sign-in settings changed"
+	}
+	return ""
+}
+
+// revoke ends s for reason: through its relay if the operator joined,
+// else at once.
+func (h *Hub) revoke(s *Session, reason string) {
+	s.revokeOnce.Do(func() {
+		s.revokedFor = reason
+		close(s.revoked)
+	})
+	h.mu.Lock()
+	claimed := s.claimed
+	h.mu.Unlock()
+	if !claimed {
+		h.end(s, reason)
 	}
 }
 

@@ -1,0 +1,151 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/remote"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// openTerminal opens a terminal session with device as c and joins it,
+// on s; it returns the session and the operator's leg, with the shell
+// answering.
+func (s *testServer) openTerminal(t *testing.T, c creds, device string) (fleet.RemoteSession, *remote.Conn) {
+	t.Helper()
+	var sess fleet.RemoteSession
+	s.do(t, c, "POST", "/api/v1/devices/"+device+"/remote-sessions", map[string]any{"kind": "shell"}).want(t, 201).decode(t, &sess)
+	conn := s.joinTerminal(t, c, sess.ID)
+	return sess, conn
+}
+
+// joinTerminal joins session id's operator leg on s and waits for the
+// shell to answer.
+func (s *testServer) joinTerminal(t *testing.T, c creds, id string) *remote.Conn {
+	t.Helper()
+	conn, err := remote.Dial(context.Background(), s.URL+"/api/v1/remote-sessions/"+id+"/operator",
+		http.Header{"X-Service-Tenant": {c.Tenant}, "X-Service-Api-Key": {c.Key}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.Write([]byte("echo rea''dy\n"))
+	var out strings.Builder
+	for !strings.Contains(out.String(), "ready") {
+		b, ctl, err := conn.Read()
+		if err != nil || ctl != nil {
+			t.Fatalf("before the shell answered: %v, %+v; output %q", err, ctl, out.String())
+		}
+		out.Write(b)
+	}
+	return conn
+}
+
+// sessionEnd reads the operator's leg until fleetd ends it, and returns
+// the message of its error.
+func sessionEnd(t *testing.T, conn *remote.Conn) string {
+	t.Helper()
+	for {
+		_, ctl, err := conn.Read()
+		if err != nil {
+			t.Fatalf("the session ended without saying why: %v", err)
+		}
+		if ctl != nil && ctl.Type == remote.TypeError {
+			return ctl.Message
+		}
+	}
+}
+
+// endReason waits until session id of device has ended and returns why.
+func (s *testServer) endReason(t *testing.T, c creds, device, id string) string {
+	t.Helper()
+	var reason string
+	eventually(t, "session "+id+" to have ended", func() bool {
+		var list struct {
+			RemoteSessions []fleet.RemoteSession `json:"remote_sessions"`
+		}
+		s.do(t, c, "GET", "/api/v1/devices/"+device+"/remote-sessions?limit=100", nil).want(t, 200).decode(t, &list)
+		for _, rs := range list.RemoteSessions {
+			if rs.ID == id && rs.EndedAt != nil {
+				reason = rs.EndReason
+				return true
+			}
+		}
+		return false
+	})
+	return reason
+}
+
+// TestRemoteRevoked checks that revoking what a session stands on ends
+// it at once, with the reason recorded: the API key that opened it
+// (joined or still waiting), the device's token, the device itself.
+func TestRemoteRevoked(t *testing.T) {
+	bin := buildAgent(t)
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, "--remote-connect-timeout", "1m")
+		admin := s.admin()
+		dev := s.mustDevice(t, admin, "revoke-1", nil)
+		s.startAgent(t, bin, "revoke-1", dev.Token, "--remote")
+		dev2 := s.mustDevice(t, admin, "revoke-2", nil)
+		s.startAgent(t, bin, "revoke-2", dev2.Token, "--remote")
+		s.mustDevice(t, admin, "revoke-none", nil) // no agent: its sessions wait
+
+		t.Run("APIKeyDeleted", func(t *testing.T) {
+			k := s.newKey(t, admin, "revoked-op", "operator")
+			other := s.newKey(t, admin, "other-op", "operator")
+			sess, conn := s.openTerminal(t, k, "revoke-1")
+			kept, keptConn := s.openTerminal(t, other, "revoke-2")
+			var waiting fleet.RemoteSession
+			s.do(t, k, "POST", "/api/v1/devices/revoke-none/remote-sessions", map[string]any{"kind": "shell"}).want(t, 201).decode(t, &waiting)
+			s.do(t, admin, "DELETE", "/api/v1/apikeys/revoked-op", nil).want(t, 204)
+			want := `API key "revoked-op", which opened it, was deleted`
+			wantContains(t, "operator's end", sessionEnd(t, conn), want)
+			wantContains(t, "recorded", s.endReason(t, admin, "revoke-1", sess.ID), want)
+			wantContains(t, "waiting session", s.endReason(t, admin, "revoke-none", waiting.ID), want)
+			// Another key's session goes on.
+			keptConn.Write([]byte("echo st''ill\n"))
+			var out strings.Builder
+			for !strings.Contains(out.String(), "still") {
+				b, ctl, err := keptConn.Read()
+				if err != nil || ctl != nil {
+					t.Fatalf("another key's session ended: %v, %+v", err, ctl)
+				}
+				out.Write(b)
+			}
+			keptConn.Close()
+			s.endReason(t, admin, "revoke-2", kept.ID)
+		})
+		t.Run("DeviceDeleted", func(t *testing.T) {
+			_, conn := s.openTerminal(t, admin, "revoke-2")
+			s.do(t, admin, "DELETE", "/api/v1/devices/revoke-2", nil).want(t, 204)
+			wantContains(t, "operator's end", sessionEnd(t, conn), "the device was deleted")
+			// The device's sessions are listed no more with it; the audit
+			// log keeps the end.
+			var audit struct {
+				AuditLogs []struct {
+					Action  string         `json:"action"`
+					Details map[string]any `json:"details"`
+				} `json:"audit_logs"`
+			}
+			eventually(t, "the session's end to be audited", func() bool {
+				s.do(t, admin, "GET", "/api/v1/audit-logs?action=remote.session.end&limit=100", nil).want(t, 200).decode(t, &audit)
+				for _, e := range audit.AuditLogs {
+					if e.Action == "remote.session.end" && e.Details["end_reason"] == "the device was deleted" {
+						return true
+					}
+				}
+				return false
+			})
+		})
+		t.Run("DeviceTokenRotated", func(t *testing.T) {
+			sess, conn := s.openTerminal(t, admin, "revoke-1")
+			s.do(t, admin, "POST", "/api/v1/devices/revoke-1/token", nil).want(t, 201)
+			want := "the device's credentials were replaced"
+			wantContains(t, "operator's end", sessionEnd(t, conn), want)
+			wantContains(t, "recorded", s.endReason(t, admin, "revoke-1", sess.ID), want)
+		})
+	})
+}
