@@ -101,11 +101,17 @@ const (
 	// EventScheduleEnded: the rollout's end_timestamp passed before the
 	// device action's phase triggered.
 	EventScheduleEnded Event = "schedule_ended"
+	// EventConfirmed and EventDenied: a DDI device answered an update
+	// waiting for its confirmation (docs/hawkbit.md, Confirmation). It
+	// stays Queued either way: confirmed, it is offered to the device;
+	// denied, it waits for a later confirmation (or a cancel).
+	EventConfirmed Event = "confirmed"
+	EventDenied    Event = "denied"
 )
 
 // Events lists every event.
 var Events = []Event{EventDelivered, EventProgress, EventCompleted, EventFailed, EventRefused, EventCancel, EventCancelAccepted,
-	EventCancelRejected, EventTimeout, EventNothingToCancel, EventRelease, EventScheduleEnded}
+	EventCancelRejected, EventTimeout, EventNothingToCancel, EventRelease, EventScheduleEnded, EventConfirmed, EventDenied}
 
 // DeadlineChange is what a transition does to the device action's timeout
 // deadline.
@@ -143,6 +149,8 @@ var Lifecycle = []Transition{
 	{From: StatusScheduled, Event: EventScheduleEnded, To: StatusCancelled, Status: StateScheduleEnded, Deadline: DeadlineCleared},
 
 	{From: StatusQueued, Event: EventDelivered, To: StatusInitiated, Status: string(StatusInitiated), Deadline: DeadlineStarted},
+	{From: StatusQueued, Event: EventConfirmed, To: StatusQueued, Status: StateConfirmed, Deadline: DeadlineCleared},
+	{From: StatusQueued, Event: EventDenied, To: StatusQueued, Status: StateConfirmationDenied, Deadline: DeadlineCleared},
 
 	{From: StatusQueued, Event: EventProgress, To: StatusProgress, Deadline: DeadlineStarted},
 	{From: StatusInitiated, Event: EventProgress, To: StatusProgress, Deadline: DeadlineKept},

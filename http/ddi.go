@@ -97,6 +97,32 @@ type (
 		ID           string          `json:"id" doc:"the id of the action to stop, as stopId"`
 		CancelAction ddiCancelAction `json:"cancelAction"`
 	}
+	ddiAutoConfirmState struct {
+		Active      bool   `json:"active"`
+		Initiator   string `json:"initiator,omitempty" doc:"as the device sent it when it activated automatic confirmation"`
+		Remark      string `json:"remark,omitempty" doc:"likewise"`
+		ActivatedAt *int64 `json:"activatedAt,omitempty" doc:"when, in epoch milliseconds"`
+	}
+	ddiConfirmationBase struct {
+		AutoConfirm ddiAutoConfirmState `json:"autoConfirm"`
+		Links       ddiLinks            `json:"_links" doc:"activateAutoConfirm or deactivateAutoConfirm, and confirmationBase: the update waiting for the device's confirmation, if any"`
+	}
+	ddiConfirmationBaseAction struct {
+		ID            string            `json:"id" doc:"the action id"`
+		Confirmation  ddiDeployment     `json:"confirmation" doc:"the deployment the device is asked to confirm, as deploymentBase will show it"`
+		ActionHistory *ddiActionHistory `json:"actionHistory,omitempty" doc:"with ?actionHistory=N (not 0)"`
+	}
+	// ddiConfirmationFeedback and ddiActivateAutoConfirm describe request
+	// bodies, read field by field.
+	ddiConfirmationFeedback struct {
+		Confirmation string   `json:"confirmation" openapi:"required" doc:"confirmed or denied"`
+		Code         *int64   `json:"code,omitempty" doc:"the device's own status code; logged"`
+		Details      []string `json:"details,omitempty" doc:"the device's messages; logged"`
+	}
+	ddiActivateAutoConfirm struct {
+		Initiator string `json:"initiator,omitempty" doc:"who activated it, in the device's words (at most 1,024 characters)"`
+		Remark    string `json:"remark,omitempty" doc:"why (at most 1,024 characters)"`
+	}
 	// ddiFeedback and ddiConfigData describe the request bodies in the
 	// OpenAPI document; they are read field by field (readFeedback).
 	ddiProgress struct {
@@ -270,7 +296,13 @@ func (s *Server) handleDDIBase(w http.ResponseWriter, r *http.Request) error {
 	}
 	switch name {
 	case fleet.ActionUpdateFirmware:
-		base.Links["deploymentBase"] = ddiLink{ddiURL(r, tenant, device, "deploymentBase", strconv.FormatInt(id, 10))}
+		resource := "deploymentBase"
+		if wait, err := s.ddiAwaits(r, tenant, device, id); err != nil {
+			return err
+		} else if wait {
+			resource = "confirmationBase"
+		}
+		base.Links[resource] = ddiLink{ddiURL(r, tenant, device, resource, strconv.FormatInt(id, 10))}
 	case fleet.ActionCancel:
 		base.Links["cancelAction"] = ddiLink{ddiURL(r, tenant, device, "cancelAction", strconv.FormatInt(id, 10))}
 	}
@@ -334,24 +366,37 @@ func (s *Server) ddiDeploymentResource(w http.ResponseWriter, r *http.Request, i
 		// As upstream: a finished deployment is installedBase's.
 		return fleet.Errorf(fleet.ENOTFOUND, "action %d was installed on device %s: it is at installedBase/%d", da.ActionID, device, da.ActionID)
 	}
-	b, err := s.ddiBundleOf(r, tenant, da)
+	if err := s.ddiNotAwaiting(r, tenant, da); err != nil {
+		return err
+	}
+	deployment, err := s.ddiDeploymentOf(r, tenant, da)
 	if err != nil {
 		return err
 	}
-	dep := ddiDeploymentBase{ID: strconv.FormatInt(da.ActionID, 10), Deployment: ddiDeployment{Download: "forced", Update: "forced", Chunks: []ddiChunk{}},
-		ActionHistory: ddiHistoryOf(da, history)}
-	for _, fw := range b.Firmwares {
-		art, err := ddiArtifactOf(r, tenant, device, fw)
-		if err != nil {
-			return err
-		}
-		dep.Deployment.Chunks = append(dep.Deployment.Chunks, ddiChunk{Part: fw.ComponentName, Version: fw.VersionNumber, Name: fw.ComponentName,
-			Artifacts: []ddiArtifact{art}})
-	}
+	dep := ddiDeploymentBase{ID: strconv.FormatInt(da.ActionID, 10), Deployment: deployment, ActionHistory: ddiHistoryOf(da, history)}
 	if da.ActionStatus == fleet.StatusQueued {
 		s.Delivery.ActionDelivered(tenant, device, da.ActionID)
 	}
 	return ddiJSON(w, dep)
+}
+
+// ddiDeploymentOf is an update_firmware device action as DDI's
+// deployment: one chunk per component of its bundle.
+func (s *Server) ddiDeploymentOf(r *http.Request, tenant string, da *fleet.DeviceAction) (ddiDeployment, error) {
+	dep := ddiDeployment{Download: "forced", Update: "forced", Chunks: []ddiChunk{}}
+	b, err := s.ddiBundleOf(r, tenant, da)
+	if err != nil {
+		return dep, err
+	}
+	for _, fw := range b.Firmwares {
+		art, err := ddiArtifactOf(r, tenant, da.DeviceID, fw)
+		if err != nil {
+			return dep, err
+		}
+		dep.Chunks = append(dep.Chunks, ddiChunk{Part: fw.ComponentName, Version: fw.VersionNumber, Name: fw.ComponentName,
+			Artifacts: []ddiArtifact{art}})
+	}
+	return dep, nil
 }
 
 // ddiBundleOf is the firmware bundle of an update_firmware device action.
@@ -628,8 +673,10 @@ func (s *Server) readFeedback(w http.ResponseWriter, r *http.Request, da *fleet.
 	return rep, nil
 }
 
-func (ddiFeedback) openBody()   {}
-func (ddiConfigData) openBody() {}
+func (ddiFeedback) openBody()             {}
+func (ddiConfigData) openBody()           {}
+func (ddiConfirmationFeedback) openBody() {}
+func (ddiActivateAutoConfirm) openBody()  {}
 
 // ddiIgnored lets pass the fields of a feedback or configData body fleetd
 // does not read, as hawkBit does: the id the path names already, the
@@ -662,6 +709,11 @@ func (s *Server) ddiFeedback(typ string) handlerFunc {
 		}
 		if err != nil {
 			return err
+		}
+		if typ == fleet.ActionUpdateFirmware {
+			if err := s.ddiNotAwaiting(r, tenant, da); err != nil {
+				return err
+			}
 		}
 		if da.ActionStatus.Final() {
 			// As upstream: the device stops reporting on it.
@@ -768,4 +820,222 @@ func (s *Server) handleDDIArtifact(w http.ResponseWriter, r *http.Request) error
 	h.Set("Cache-Control", "private, no-cache")
 	http.ServeContent(&rangeErrorWriter{ResponseWriter: w, s: s, r: r, size: fw.ContentLength}, r, "", time.Time{}, art)
 	return nil
+}
+
+// Confirmation (docs/hawkbit.md): in a tenant that requires it, an
+// update_firmware Queued for a DDI device waits for the device's
+// confirmation before deploymentBase offers it. The root links to
+// confirmationBase/{actionId} instead, and the device confirms or denies
+// it with feedback there (fleet.EventConfirmed, fleet.EventDenied), or
+// confirms all its updates by activating autoConfirm.
+
+// ddiAwaits reports whether the device's update_firmware action id waits
+// for its confirmation.
+func (s *Server) ddiAwaits(r *http.Request, tenant, device string, id int64) (bool, error) {
+	set, err := s.DDI.DDISettings(r.Context(), tenant)
+	if err != nil || !set.RequireConfirmation {
+		return false, err
+	}
+	da, err := s.Actions.FindDeviceAction(r.Context(), tenant, id, device)
+	if err != nil {
+		return false, err
+	}
+	return s.ddiAwaitsAction(r, tenant, da, set)
+}
+
+// ddiAwaitsAction reports whether da waits for its device's confirmation:
+// the tenant requires one (set), da is Queued and not confirmed, and the
+// device's automatic confirmation is off. A denied update waits still.
+func (s *Server) ddiAwaitsAction(r *http.Request, tenant string, da *fleet.DeviceAction, set fleet.DDISettings) (bool, error) {
+	if !set.RequireConfirmation || da.ActionStatus != fleet.StatusQueued || da.Status == fleet.StateConfirmed {
+		return false, nil
+	}
+	auto, err := s.DDI.AutoConfirm(r.Context(), tenant, da.DeviceID)
+	return !auto.Active, err
+}
+
+// ddiNotAwaiting is a 404 for the deployment of an update that waits for
+// its device's confirmation, as upstream answers, naming where to confirm.
+func (s *Server) ddiNotAwaiting(r *http.Request, tenant string, da *fleet.DeviceAction) error {
+	if da.ActionStatus != fleet.StatusQueued {
+		return nil
+	}
+	set, err := s.DDI.DDISettings(r.Context(), tenant)
+	if err != nil {
+		return err
+	}
+	if wait, err := s.ddiAwaitsAction(r, tenant, da, set); err != nil || !wait {
+		return err
+	}
+	return fleet.Errorf(fleet.ENOTFOUND, "action %d waits for device %s to confirm it at confirmationBase/%d", da.ActionID, da.DeviceID, da.ActionID)
+}
+
+// handleDDIConfirmationBase is confirmationBase: the device's automatic
+// confirmation, the link to switch it, and the link to the update that
+// waits for its confirmation, if one does.
+func (s *Server) handleDDIConfirmationBase(w http.ResponseWriter, r *http.Request) error {
+	tenant, device, err := s.ddiDevice(w, r)
+	if err != nil {
+		return err
+	}
+	auto, err := s.DDI.AutoConfirm(r.Context(), tenant, device)
+	if err != nil {
+		return err
+	}
+	base := ddiConfirmationBase{AutoConfirm: ddiAutoConfirmState{Active: auto.Active, Initiator: auto.Initiator, Remark: auto.Remark}, Links: ddiLinks{}}
+	if auto.Active {
+		at := auto.ActivatedAt.UnixMilli()
+		base.AutoConfirm.ActivatedAt = &at
+		base.Links["deactivateAutoConfirm"] = ddiLink{ddiURL(r, tenant, device, "confirmationBase", "deactivateAutoConfirm")}
+	} else {
+		base.Links["activateAutoConfirm"] = ddiLink{ddiURL(r, tenant, device, "confirmationBase", "activateAutoConfirm")}
+	}
+	name, id, err := s.ddiOpenAction(r, tenant, device)
+	if err != nil {
+		return err
+	}
+	if name == fleet.ActionUpdateFirmware {
+		if wait, err := s.ddiAwaits(r, tenant, device, id); err != nil {
+			return err
+		} else if wait {
+			base.Links["confirmationBase"] = ddiLink{ddiURL(r, tenant, device, "confirmationBase", strconv.FormatInt(id, 10))}
+		}
+	}
+	return ddiJSON(w, base)
+}
+
+// ddiAwaiting reads the path's update_firmware action of the device,
+// which must wait for the device's confirmation: 410 once it is finished,
+// 404 when it does not wait (any more).
+func (s *Server) ddiAwaiting(r *http.Request, tenant, device string) (*fleet.DeviceAction, error) {
+	da, err := s.ddiAction(r, tenant, device, fleet.ActionUpdateFirmware)
+	if err != nil {
+		return nil, err
+	}
+	if da.ActionStatus.Final() {
+		return nil, fleet.Errorf(fleet.EGONE, "action %d is finished on device %s (%s); it takes no confirmation", da.ActionID, device, da.ActionStatus)
+	}
+	set, err := s.DDI.DDISettings(r.Context(), tenant)
+	if err != nil {
+		return nil, err
+	}
+	wait, err := s.ddiAwaitsAction(r, tenant, da, set)
+	switch {
+	case err != nil:
+		return nil, err
+	case !set.RequireConfirmation:
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "action %d does not wait for a confirmation: tenant %s does not require one; follow deploymentBase/%d", da.ActionID, tenant, da.ActionID)
+	case !wait:
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "action %d does not wait for a confirmation: it is %s (%s) on device %s; follow deploymentBase/%d", da.ActionID, da.ActionStatus, da.Status, device, da.ActionID)
+	}
+	return da, nil
+}
+
+// handleDDIConfirmationAction is confirmationBase/{actionId}: the update
+// the device is asked to confirm, as its deployment.
+func (s *Server) handleDDIConfirmationAction(w http.ResponseWriter, r *http.Request) error {
+	tenant, device, err := s.ddiDevice(w, r)
+	if err != nil {
+		return err
+	}
+	history, err := ddiHistoryCount(r)
+	if err != nil {
+		return err
+	}
+	da, err := s.ddiAwaiting(r, tenant, device)
+	if err != nil {
+		return err
+	}
+	dep, err := s.ddiDeploymentOf(r, tenant, da)
+	if err != nil {
+		return err
+	}
+	h := ddiHistoryOf(da, history)
+	if h != nil {
+		h.Status = "WAIT_FOR_CONFIRMATION"
+	}
+	return ddiJSON(w, ddiConfirmationBaseAction{ID: strconv.FormatInt(da.ActionID, 10), Confirmation: dep, ActionHistory: h})
+}
+
+// handleDDIConfirmationFeedback is the device's answer: confirmed hands
+// the update over at the next poll, denied keeps it waiting.
+func (s *Server) handleDDIConfirmationFeedback(w http.ResponseWriter, r *http.Request) error {
+	tenant, device, err := s.ddiDevice(w, r)
+	if err != nil {
+		return err
+	}
+	v, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
+	if err != nil {
+		return err
+	}
+	f := fleet.NewFields(v)
+	ddiIgnored(f)
+	answer := f.String("confirmation", true)
+	if f.Has("confirmation") && answer != "confirmed" && answer != "denied" {
+		f.Fail("confirmation", "must be confirmed or denied")
+	}
+	code := f.Int("code", false, -1<<31, 1<<31)
+	details := f.Strings("details", false)
+	if err := f.Err(); err != nil {
+		return err
+	}
+	da, err := s.ddiAwaiting(r, tenant, device)
+	if err != nil {
+		return err
+	}
+	if err := s.DDI.ConfirmDeviceAction(r.Context(), tenant, device, da.ActionID, answer == "confirmed"); err != nil {
+		return err
+	}
+	if len(details) > fleet.MaxReportErrors {
+		details = details[:fleet.MaxReportErrors]
+	}
+	s.Logger.Info("ddi confirmation", "tenant", tenant, "device", device, "action_id", da.ActionID, "confirmation", answer, "code", code, "details", details)
+	w.WriteHeader(http.StatusOK)
+	return nil
+}
+
+// ddiAutoConfirm switches the device's automatic confirmation on
+// (activateAutoConfirm, with an optional initiator and remark) or off
+// (deactivateAutoConfirm).
+func (s *Server) ddiAutoConfirm(active bool) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		tenant, device, err := s.ddiDevice(w, r)
+		if err != nil {
+			return err
+		}
+		a := fleet.AutoConfirm{Active: active}
+		if active && (r.ContentLength != 0 || r.Header.Get("Content-Type") != "") { // a body, if only an empty one
+			v, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
+			if err != nil {
+				return err
+			}
+			f := fleet.NewFields(v)
+			ddiIgnored(f)
+			a.Initiator, a.Remark = ddiText(f, "initiator"), ddiText(f, "remark")
+			if err := f.Err(); err != nil {
+				return err
+			}
+		}
+		if err := s.DDI.SetAutoConfirm(r.Context(), tenant, device, a); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusOK)
+		return nil
+	}
+}
+
+// ddiText reads an optional text field of at most fleet.MaxAutoConfirmText
+// characters; null is none, as upstream allows.
+func ddiText(f *fleet.Fields, field string) string {
+	if v, _ := f.Value(field, false); v == nil {
+		return ""
+	}
+	t := f.String(field, false)
+	switch {
+	case !fleet.PlainText(t):
+		f.Fail(field, fleet.PlainTextRule)
+	case len([]rune(t)) > fleet.MaxAutoConfirmText:
+		f.Fail(field, fmt.Sprintf("must be at most %d characters", fleet.MaxAutoConfirmText))
+	}
+	return t
 }

@@ -198,6 +198,8 @@ func (s *Server) addRoutes() []route {
 		{"PUT /api/v1/tenants/{tenant_id}/auth", fleet.PermAdmin, s.handleSetTenantAuth, op{Tag: "tenants", Summary: "S9: how the tenant's end users authenticate with bearer tokens", Body: tenantAuthBody{}, OK: http.StatusNoContent, Resp: fleet.TenantAuth{}}},
 		{"GET /api/v1/tenants/{tenant_id}/auth", fleet.PermAdmin, s.handleGetTenantAuth, op{Tag: "tenants", Summary: "The tenant's end-user authentication", Resp: fleet.TenantAuth{}}},
 		{"PUT /api/v1/tenants/{tenant_id}/stream-retention", fleet.PermAdmin, s.handleSetStreamRetention, op{Tag: "tenants", Summary: "How long the tenant's raw stream points are kept (rollups keep their own retention)", Body: streamRetentionBody{}, OK: http.StatusNoContent, Resp: streamRetention{}}},
+		{"PUT /api/v1/tenants/{tenant_id}/ddi", fleet.PermAdmin, s.handleSetDDISettings, op{Tag: "tenants", Summary: "The tenant's hawkBit DDI settings: whether devices confirm updates, whether gateways register unknown devices (both required; audited)", Body: fleet.DDISettings{}, OK: http.StatusNoContent, Resp: fleet.DDISettings{}}},
+		{"GET /api/v1/tenants/{tenant_id}/ddi", fleet.PermRead, s.handleGetDDISettings, op{Tag: "tenants", Summary: "The tenant's hawkBit DDI settings", Resp: fleet.DDISettings{}}},
 		{"GET /api/v1/tenants/{tenant_id}/stream-retention", fleet.PermRead, s.handleGetStreamRetention, op{Tag: "tenants", Summary: "How long the tenant's raw stream points are kept", Resp: streamRetention{}}},
 
 		{"GET /api/v1/audit-logs", fleet.PermAdmin, s.handleListAuditLogs, op{Tag: "audit", Summary: "Every change made through the API, newest first", Query: append([]param{
@@ -211,7 +213,7 @@ func (s *Server) addRoutes() []route {
 		// docs/hawkbit.md). Authorization: TargetToken <device token> or
 		// GatewayToken <API key with the device role>; the tenant is in the
 		// path, not in x-service-tenant.
-		{"GET " + ddiPrefix, public, s.handleDDIBase, op{Tag: "hawkbit", Summary: "DDI polling root: config.polling.sleep, and _links to the deployment or cancellation the device should follow (and configData until the device sent its attributes)", Resp: ddiControllerBase{}}},
+		{"GET " + ddiPrefix, public, s.handleDDIBase, op{Tag: "hawkbit", Summary: "DDI polling root: config.polling.sleep, and _links to the deployment, confirmation or cancellation the device should follow (and configData until the device sent its attributes)", Resp: ddiControllerBase{}}},
 		{"GET " + ddiPrefix + "/deploymentBase/{actionId}", public, s.handleDDIDeployment, op{Tag: "hawkbit", Summary: "DDI deployment: an update_firmware action, one chunk per component of the bundle with its artifact (filename, size, sha1/md5/sha256, download links); reading it hands the action to the device (Initiated)",
 			Query: []param{ddiActionIDParam, ddiResourceParam, ddiHistoryParam}, Resp: ddiDeploymentBase{}}},
 		{"POST " + ddiPrefix + "/deploymentBase/{actionId}/feedback", public, s.ddiFeedback(fleet.ActionUpdateFirmware), op{Tag: "hawkbit", Summary: "DDI deployment feedback: closed+success is Completed (the versions recorded on the device), closed+failure Failed with the details as errors, anything else progress (cnt/of as the percentage); unknown fields ignored; 410 once the action is finished",
@@ -224,6 +226,15 @@ func (s *Server) addRoutes() []route {
 			Query: []param{ddiActionIDParam}, Resp: ddiCancel{}}},
 		{"POST " + ddiPrefix + "/cancelAction/{actionId}/feedback", public, s.ddiFeedback(fleet.ActionCancel), op{Tag: "hawkbit", Summary: "DDI cancellation feedback on action actionId: closed or canceled completes the cancel_action and cancels the action; rejected or closed+failure fails it, and the action goes on",
 			Query: []param{ddiActionIDParam}, Body: ddiFeedback{}}},
+		{"GET " + ddiPrefix + "/confirmationBase", public, s.handleDDIConfirmationBase, op{Tag: "hawkbit", Summary: "DDI confirmation base: the device's automatic confirmation (autoConfirm), the link to switch it, and confirmationBase, the update waiting for the device's confirmation when the tenant requires one",
+			Resp: ddiConfirmationBase{}}},
+		{"GET " + ddiPrefix + "/confirmationBase/{actionId}", public, s.handleDDIConfirmationAction, op{Tag: "hawkbit", Summary: "DDI update waiting for the device's confirmation, as its deployment (under confirmation); 404 for one that does not wait, 410 once finished",
+			Query: []param{ddiActionIDParam, ddiResourceParam, ddiHistoryParam}, Resp: ddiConfirmationBaseAction{}}},
+		{"POST " + ddiPrefix + "/confirmationBase/{actionId}/feedback", public, s.handleDDIConfirmationFeedback, op{Tag: "hawkbit", Summary: "DDI confirmation feedback: confirmed hands the update over (the root then links to deploymentBase); denied keeps it waiting for a later confirmation; 404 for an update that does not wait, 410 once finished",
+			Query: []param{ddiActionIDParam}, Body: ddiConfirmationFeedback{}}},
+		{"POST " + ddiPrefix + "/confirmationBase/activateAutoConfirm", public, s.ddiAutoConfirm(true), op{Tag: "hawkbit", Summary: "DDI: the device confirms its updates from now on, those waiting included (initiator and remark optional); 409 when active already",
+			Body: ddiActivateAutoConfirm{}, BodyOptional: true}},
+		{"POST " + ddiPrefix + "/confirmationBase/deactivateAutoConfirm", public, s.ddiAutoConfirm(false), op{Tag: "hawkbit", Summary: "DDI: the device confirms each update itself again"}},
 		{"PUT " + ddiPrefix + "/configData", public, s.handleDDIConfigData, op{Tag: "hawkbit", Summary: "DDI configData: the device's attributes, stored in its metadata (mode merge, replace or remove)", Body: ddiConfigData{}}},
 		{"GET " + ddiPrefix + "/softwaremodules/{moduleId}/artifacts/{fileName}", public, s.handleDDIArtifact, op{Tag: "hawkbit", Summary: "DDI artifact download: a component's file, with Range (206, 416), ETag, If-None-Match and If-Match (its SHA-256 or SHA-1); {fileName}.MD5SUM is its MD5 line; only for a device with an update_firmware action that installs it, or a gateway token",
 			Query: []param{{Name: "moduleId", In: "path", Format: "uuid", Desc: "the firmware's id"}}, Raw: "application/octet-stream"}},

@@ -94,6 +94,8 @@ type Server struct {
 	// Delivery hands them to devices that poll (hawkBit DDI, ddi.go).
 	Actions  fleet.ActionService
 	Delivery fleet.ActionDelivery
+	// DDI keeps the tenants' DDI settings and the devices' confirmations.
+	DDI fleet.DDIService
 	// DDIPollInterval is the sleep DDI devices are told between polls.
 	DDIPollInterval time.Duration
 	// RolloutNotifications keeps the rules that send rollouts' changes of

@@ -80,6 +80,10 @@ var (
 	moveNothingToCancel = moveOf(fleet.EventNothingToCancel, nil)
 	moveRelease         = moveOf(fleet.EventRelease, nil)
 	moveScheduleEnded   = moveOf(fleet.EventScheduleEnded, nil)
+	// moveConfirmed and moveDenied record a DDI device's answer to an
+	// update waiting for its confirmation (ConfirmDeviceAction).
+	moveConfirmed = moveOf(fleet.EventConfirmed, nil)
+	moveDenied    = moveOf(fleet.EventDenied, nil)
 )
 
 // lockInOrder locks, on PostgreSQL, the device actions that cond (a

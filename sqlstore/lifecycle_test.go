@@ -125,6 +125,10 @@ func (lc *lifecycle) drive(tr fleet.Transition, later func()) int64 {
 		if c, err := lc.db.TriggerNextPhase(lc.ctx, "acme", a.ID, lc.start.Add(time.Second)); err != nil || c.Step.Kind != fleet.StepTrigger {
 			t.Fatalf("trigger: %+v, %v", c, err)
 		}
+	case fleet.EventConfirmed, fleet.EventDenied:
+		if err := lc.db.ConfirmDeviceAction(lc.ctx, "acme", "dev", a.ID, tr.Event == fleet.EventConfirmed); err != nil {
+			t.Fatal(err)
+		}
 	case fleet.EventScheduleEnded:
 		if c, err := lc.db.AdvanceRollout(lc.ctx, "acme", a.ID, lc.start.Add(5*time.Second)); err != nil || c.Step.Kind != fleet.StepEnd {
 			t.Fatalf("advance at the end: %+v, %v", c, err)

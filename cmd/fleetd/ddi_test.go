@@ -762,3 +762,267 @@ func (p *cuttingProxy) ranges() []string {
 type errReader struct{ err error }
 
 func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// ddiAs sends a DDI request with the Authorization header auth, its answer
+// checked against the OpenAPI document.
+func (s *testServer) ddiAs(t *testing.T, auth, method, path string, body any) *response {
+	t.Helper()
+	return s.send(t, req{method: method, path: path, body: body, header: http.Header{"Authorization": {auth}}})
+}
+
+// ddiLinks polls a device's root and returns its links by name.
+func (s *testServer) ddiLinks(t *testing.T, auth, root string) map[string]string {
+	t.Helper()
+	var base struct {
+		Links map[string]struct{ Href string } `json:"_links"`
+	}
+	s.ddiAs(t, auth, "GET", root, nil).want(t, 200).decode(t, &base)
+	out := map[string]string{}
+	for k, l := range base.Links {
+		out[k] = strings.TrimPrefix(l.Href, s.URL)
+	}
+	return out
+}
+
+// TestDDISettings covers the tenant's DDI settings: defaults, the admin
+// role to change them, the audit log, bad input and another tenant.
+func TestDDISettings(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		beta := s.newTenant(t, "beta")
+		var set struct {
+			RequireConfirmation bool `json:"require_confirmation"`
+			GatewayRegistration bool `json:"gateway_registration"`
+		}
+		path := "/api/v1/tenants/default/ddi"
+		s.do(t, admin, "GET", path, nil).want(t, 200).decode(t, &set)
+		if set.RequireConfirmation || set.GatewayRegistration {
+			t.Fatalf("a new tenant's settings: %+v, want both off", set)
+		}
+		operator := s.newKey(t, admin, "ops", "operator")
+		s.do(t, operator, "PUT", path, map[string]any{"require_confirmation": true, "gateway_registration": true}).want(t, 403)
+		for _, c := range []struct {
+			body  any
+			field string
+		}{
+			{map[string]any{"require_confirmation": true}, "gateway_registration"},
+			{map[string]any{"require_confirmation": "yes", "gateway_registration": false}, "require_confirmation"},
+			{map[string]any{"require_confirmation": true, "gateway_registration": false, "extra": 1}, "extra"},
+		} {
+			r := s.do(t, admin, "PUT", path, c.body).want(t, 400)
+			if !strings.Contains(string(r.Body), c.field) {
+				t.Errorf("%v: %s does not name %s", c.body, r.Body, c.field)
+			}
+		}
+		s.do(t, admin, "GET", path, nil).want(t, 200).decode(t, &set)
+		if set.RequireConfirmation || set.GatewayRegistration {
+			t.Fatalf("a refused change changed the settings: %+v", set)
+		}
+		s.send(t, req{method: "PUT", path: path, creds: admin, body: map[string]any{"require_confirmation": true, "gateway_registration": false},
+			header: http.Header{"Prefer": {"return=representation"}}}).want(t, 200).decode(t, &set)
+		if !set.RequireConfirmation || set.GatewayRegistration {
+			t.Fatalf("after the change: %+v", set)
+		}
+		var logs struct {
+			AuditLogs []struct {
+				Actor   string
+				Target  string
+				Details map[string]any
+			} `json:"audit_logs"`
+		}
+		s.do(t, admin, "GET", "/api/v1/audit-logs?action=tenant.ddi", nil).want(t, 200).decode(t, &logs)
+		if len(logs.AuditLogs) != 1 || logs.AuditLogs[0].Target != "tenants/default/ddi" || logs.AuditLogs[0].Details["require_confirmation"] != true {
+			t.Fatalf("audit: %+v", logs.AuditLogs)
+		}
+		// Another tenant's settings are its own, and not reachable.
+		s.do(t, beta, "GET", "/api/v1/tenants/beta/ddi", nil).want(t, 200).decode(t, &set)
+		if set.RequireConfirmation {
+			t.Fatalf("beta's settings follow default's: %+v", set)
+		}
+		s.do(t, beta, "PUT", path, map[string]any{"require_confirmation": false, "gateway_registration": false}).want(t, 404)
+		s.do(t, admin, "GET", path, nil).want(t, 200).decode(t, &set)
+		if !set.RequireConfirmation {
+			t.Fatal("beta changed default's settings")
+		}
+	})
+}
+
+// TestDDIConfirmation drives hawkBit's confirmation flow as DDI's
+// documentation has it: with the tenant requiring confirmations, the root
+// links to confirmationBase instead of deploymentBase; denied keeps the
+// update waiting, confirmed hands it over; automatic confirmation lets
+// updates through until the device switches it off.
+func TestDDIConfirmation(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		dev := s.mustDevice(t, admin, "ecu-1", nil)
+		other := s.mustDevice(t, admin, "ecu-2", nil)
+		target, root := "TargetToken "+dev.Token, "/default/controller/v1/ecu-1"
+		s.mustUpload(t, admin, ddiBundle(t, "2.0.0", "images/rootfs.swu", []byte("rootfs 2.0.0")))
+		update := func() int64 {
+			return s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.0.0"},
+				"search_type": "default", "device_ids": []string{"ecu-1"}, "timeout": 600})
+		}
+		ddiSettings(t, s, admin, true, false)
+
+		id := update()
+		confirmation := fmt.Sprintf("%s/confirmationBase/%d", root, id)
+		deployment := fmt.Sprintf("%s/deploymentBase/%d", root, id)
+		t.Run("Waiting", func(t *testing.T) {
+			links := s.ddiLinks(t, target, root)
+			if links["confirmationBase"] != confirmation || links["deploymentBase"] != "" {
+				t.Fatalf("root's links: %v; want confirmationBase/%d only", links, id)
+			}
+			r := s.ddiAs(t, target, "GET", deployment, nil).want(t, 404)
+			if !strings.Contains(string(r.Body), "confirm") {
+				t.Errorf("deploymentBase of a waiting update: %s; it should say it waits for a confirmation", r.Body)
+			}
+			s.ddiAs(t, target, "POST", deployment+"/feedback", map[string]any{"status": map[string]any{
+				"execution": "closed", "result": map[string]any{"finished": "success"}}}).want(t, 404)
+			var base struct {
+				AutoConfirm map[string]any                   `json:"autoConfirm"`
+				Links       map[string]struct{ Href string } `json:"_links"`
+			}
+			s.ddiAs(t, target, "GET", root+"/confirmationBase", nil).want(t, 200).decode(t, &base)
+			if fmt.Sprint(base.AutoConfirm) != "map[active:false]" || keys(toAny(base.Links)) != "activateAutoConfirm confirmationBase" ||
+				base.Links["confirmationBase"].Href != s.URL+confirmation {
+				t.Fatalf("confirmationBase: %+v", base)
+			}
+			var action struct {
+				ID            string
+				Confirmation  map[string]any
+				ActionHistory struct{ Status string } `json:"actionHistory"`
+			}
+			s.ddiAs(t, target, "GET", confirmation+"?actionHistory=1", nil).want(t, 200).decode(t, &action)
+			chunks, _ := action.Confirmation["chunks"].([]any)
+			if action.ID != fmt.Sprint(id) || len(chunks) != 1 || action.ActionHistory.Status != "WAIT_FOR_CONFIRMATION" {
+				t.Fatalf("confirmationBase/%d: %+v", id, action)
+			}
+			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" {
+				t.Fatalf("reading the confirmation handed the update over: %+v", da)
+			}
+		})
+
+		t.Run("BadFeedback", func(t *testing.T) {
+			for _, c := range []struct {
+				body  any
+				field string
+			}{
+				{map[string]any{"confirmation": "maybe"}, "confirmation"},
+				{map[string]any{}, "confirmation"},
+				{map[string]any{"confirmation": "confirmed", "code": "x"}, "code"},
+				{map[string]any{"confirmation": "confirmed", "details": "x"}, "details"},
+			} {
+				r := s.ddiAs(t, target, "POST", confirmation+"/feedback", c.body).want(t, 400)
+				if !strings.Contains(string(r.Body), c.field) {
+					t.Errorf("%v: %s does not name %s", c.body, r.Body, c.field)
+				}
+			}
+			// Another device confirms nothing of ecu-1's.
+			s.ddiAs(t, "TargetToken "+other.Token, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).want(t, 401)
+			s.ddiAs(t, "TargetToken "+other.Token, "POST", fmt.Sprintf("/default/controller/v1/ecu-2/confirmationBase/%d/feedback", id),
+				map[string]any{"confirmation": "confirmed"}).want(t, 404)
+			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" || da.Status != "Queued" {
+				t.Fatalf("refused feedback changed the update: %+v", da)
+			}
+		})
+
+		t.Run("DeniedThenConfirmed", func(t *testing.T) {
+			// Unknown fields are ignored, as upstream does.
+			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "denied", "code": 12,
+				"details": []string{"the user said later"}, "timestamp": 1}).want(t, 200)
+			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" || da.Status != "ConfirmationDenied" {
+				t.Fatalf("after denied: %+v", da)
+			}
+			if links := s.ddiLinks(t, target, root); links["confirmationBase"] != confirmation {
+				t.Fatalf("a denied update no longer waits: %v", links)
+			}
+			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).want(t, 200)
+			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" || da.Status != "Confirmed" {
+				t.Fatalf("after confirmed: %+v", da)
+			}
+			if links := s.ddiLinks(t, target, root); links["deploymentBase"] != deployment || links["confirmationBase"] != "" {
+				t.Fatalf("root after the confirmation: %v", links)
+			}
+			s.ddiAs(t, target, "GET", confirmation, nil).want(t, 404)
+			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).want(t, 404)
+			s.ddiAs(t, target, "GET", deployment, nil).want(t, 200)
+			s.awaitActionStatus(t, admin, "ecu-1", id, "Initiated")
+			s.ddiAs(t, target, "POST", deployment+"/feedback", map[string]any{"status": map[string]any{
+				"execution": "closed", "result": map[string]any{"finished": "success"}}}).want(t, 200)
+			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "denied"}).want(t, 410)
+		})
+
+		t.Run("CancelWhileWaiting", func(t *testing.T) {
+			id := update()
+			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).want(t, 204)
+			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Cancelled" {
+				t.Fatalf("a cancelled waiting update: %+v", da)
+			}
+			if links := s.ddiLinks(t, target, root); links["confirmationBase"] != "" || links["cancelAction"] != "" {
+				t.Fatalf("root after the cancel of an update the device never had: %v", links)
+			}
+			s.ddiAs(t, target, "GET", fmt.Sprintf("%s/confirmationBase/%d", root, id), nil).want(t, 410)
+		})
+
+		t.Run("AutoConfirm", func(t *testing.T) {
+			s.ddiAs(t, target, "POST", root+"/confirmationBase/activateAutoConfirm", map[string]any{"initiator": "ops", "remark": "night\x00"}).want(t, 400)
+			s.ddiAs(t, target, "POST", root+"/confirmationBase/activateAutoConfirm", map[string]any{"initiator": strings.Repeat("x", 1025)}).want(t, 400)
+			s.ddiAs(t, target, "POST", root+"/confirmationBase/activateAutoConfirm", map[string]any{"initiator": "ops", "remark": "night shift"}).want(t, 200)
+			s.ddiAs(t, target, "POST", root+"/confirmationBase/activateAutoConfirm", nil).want(t, 409)
+			var base struct {
+				AutoConfirm struct {
+					Active      bool
+					Initiator   string
+					Remark      string
+					ActivatedAt int64 `json:"activatedAt"`
+				} `json:"autoConfirm"`
+				Links map[string]any `json:"_links"`
+			}
+			s.ddiAs(t, target, "GET", root+"/confirmationBase", nil).want(t, 200).decode(t, &base)
+			if a := base.AutoConfirm; !a.Active || a.Initiator != "ops" || a.Remark != "night shift" || a.ActivatedAt == 0 || keys(base.Links) != "deactivateAutoConfirm" {
+				t.Fatalf("confirmationBase with autoConfirm: %+v", base)
+			}
+			// ecu-2 has its own: its updates still wait.
+			s.ddiAs(t, "TargetToken "+other.Token, "GET", "/default/controller/v1/ecu-2/confirmationBase", nil).want(t, 200).decode(t, &base)
+			if base.AutoConfirm.Active {
+				t.Fatal("ecu-1's automatic confirmation is ecu-2's")
+			}
+			id := update()
+			if links := s.ddiLinks(t, target, root); links["deploymentBase"] != fmt.Sprintf("%s/deploymentBase/%d", root, id) {
+				t.Fatalf("an update with autoConfirm active: %v", links)
+			}
+			s.ddiAs(t, target, "POST", root+"/confirmationBase/deactivateAutoConfirm", nil).want(t, 200)
+			s.ddiAs(t, target, "POST", root+"/confirmationBase/deactivateAutoConfirm", nil).want(t, 200)
+			if links := s.ddiLinks(t, target, root); links["confirmationBase"] != fmt.Sprintf("%s/confirmationBase/%d", root, id) {
+				t.Fatalf("after deactivateAutoConfirm: %v", links)
+			}
+		})
+
+		t.Run("OffAgain", func(t *testing.T) {
+			// Without the setting, waiting updates are handed over, and
+			// confirmationBase names nothing to confirm.
+			ddiSettings(t, s, admin, false, false)
+			links := s.ddiLinks(t, target, root)
+			if !strings.Contains(links["deploymentBase"], "/deploymentBase/") {
+				t.Fatalf("root with the setting off: %v", links)
+			}
+			id := strings.TrimPrefix(links["deploymentBase"], root+"/deploymentBase/")
+			r := s.ddiAs(t, target, "POST", root+"/confirmationBase/"+id+"/feedback", map[string]any{"confirmation": "confirmed"}).want(t, 404)
+			if !strings.Contains(string(r.Body), "does not require") {
+				t.Errorf("confirmation in a tenant without the setting: %s", r.Body)
+			}
+		})
+	})
+}
+
+// toAny is m as a JSON object, for keys.
+func toAny[V any](m map[string]V) any {
+	out := map[string]any{}
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}

@@ -375,6 +375,12 @@ var endpoints = map[string]endpoint{
 	"GET /api/v1/tenants/{tenant_id}/stream-retention": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/api/v1/tenants/" + w.name + "/stream-retention", nil
 	}},
+	"PUT /api/v1/tenants/{tenant_id}/ddi": {perm: "admin", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/tenants/" + w.name + "/ddi", map[string]any{"require_confirmation": false, "gateway_registration": false}
+	}},
+	"GET /api/v1/tenants/{tenant_id}/ddi": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/tenants/" + w.name + "/ddi", nil
+	}},
 	"GET /api/v1/audit-logs": {perm: "admin", other: 200, prepare: static("/api/v1/audit-logs?limit=1000")},
 
 	// hawkBit DDI: the suites send the key as a GatewayToken (ddiHeader);
@@ -395,6 +401,23 @@ var endpoints = map[string]endpoint{
 	"POST /{tenant}/controller/v1/{controllerId}/cancelAction/{actionId}/feedback": {perm: "ddi", other: 401, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		return fmt.Sprintf("%s/cancelAction/%d/feedback", ddiRoot(w), ddiCancelOf(t, s, w)), map[string]any{"status": map[string]any{
 			"execution": "closed", "result": map[string]any{"finished": "success"}}}
+	}},
+	"GET /{tenant}/controller/v1/{controllerId}/confirmationBase": {perm: "ddi", other: 401, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		ddiAwaiting(t, s, w)
+		return ddiRoot(w) + "/confirmationBase", nil
+	}},
+	"GET /{tenant}/controller/v1/{controllerId}/confirmationBase/{actionId}": {perm: "ddi", other: 401, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		return fmt.Sprintf("%s/confirmationBase/%d", ddiRoot(w), ddiAwaiting(t, s, w)), nil
+	}},
+	"POST /{tenant}/controller/v1/{controllerId}/confirmationBase/{actionId}/feedback": {perm: "ddi", other: 401, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		return fmt.Sprintf("%s/confirmationBase/%d/feedback", ddiRoot(w), ddiAwaiting(t, s, w)), map[string]any{"confirmation": "denied", "code": 3, "details": []string{"not now"}}
+	}},
+	"POST /{tenant}/controller/v1/{controllerId}/confirmationBase/activateAutoConfirm": {perm: "ddi", other: 401, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
+		ddiAutoConfirmOff(t, s, w)
+		return ddiRoot(w) + "/confirmationBase/activateAutoConfirm", map[string]any{"initiator": "ops", "remark": "night shift"}
+	}},
+	"POST /{tenant}/controller/v1/{controllerId}/confirmationBase/deactivateAutoConfirm": {perm: "ddi", other: 401, prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return ddiRoot(w) + "/confirmationBase/deactivateAutoConfirm", nil
 	}},
 	"PUT /{tenant}/controller/v1/{controllerId}/configData": {perm: "ddi", other: 401, prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return ddiRoot(w) + "/configData", map[string]any{"mode": "merge", "data": map[string]any{"hwRevision": "2"}}
@@ -428,11 +451,39 @@ func ddiInstalled(t *testing.T, s *testServer, w *world) int64 {
 	return id
 }
 
-// ddiUpdate dispatches w's bundle to w's device and returns the action id.
+// ddiUpdate dispatches w's bundle to w's device and returns the action id,
+// with the tenant not requiring confirmations, so that the device may read
+// it at once.
 func ddiUpdate(t *testing.T, s *testServer, w *world) int64 {
 	t.Helper()
+	ddiSettings(t, s, w.admin, false, false)
 	return s.dispatch(t, w.admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": w.bundleVersion},
 		"search_type": "default", "device_ids": []string{w.device}})
+}
+
+// ddiAwaiting dispatches w's bundle to w's device in a tenant that
+// requires confirmations, to a device without automatic confirmation, and
+// returns the action id: the update waits for the device's confirmation.
+func ddiAwaiting(t *testing.T, s *testServer, w *world) int64 {
+	t.Helper()
+	ddiAutoConfirmOff(t, s, w)
+	id := ddiUpdate(t, s, w)
+	ddiSettings(t, s, w.admin, true, false)
+	return id
+}
+
+// ddiAutoConfirmOff deactivates w's device's automatic confirmation.
+func ddiAutoConfirmOff(t *testing.T, s *testServer, w *world) {
+	t.Helper()
+	s.send(t, req{method: "POST", path: ddiRoot(w) + "/confirmationBase/deactivateAutoConfirm", creds: w.admin,
+		header: ddiHeader(endpoint{perm: "ddi"}, w.admin)}).want(t, 200)
+}
+
+// ddiSettings sets the DDI settings of c's tenant.
+func ddiSettings(t *testing.T, s *testServer, c creds, requireConfirmation, gatewayRegistration bool) {
+	t.Helper()
+	s.do(t, c, "PUT", "/api/v1/tenants/"+c.Tenant+"/ddi", map[string]any{
+		"require_confirmation": requireConfirmation, "gateway_registration": gatewayRegistration}).want(t, 204)
 }
 
 // ddiCancelOf dispatches a cancel_action of a fresh update to w's device

@@ -211,6 +211,7 @@ func Run(ctx context.Context, c Config, e Env) error {
 		Alerts:          alerts,
 		Streams:         streams,
 		History:         db,
+		DDI:             db,
 		Templates:       c.templates,
 		Audit:           db,
 		Ready:           []fleethttp.Pinger{db},
