@@ -187,15 +187,10 @@ type LogPage struct {
 
 // ReadLogs returns a page of a device's log lines.
 func ReadLogs(ctx context.Context, h HistoryService, tenant, device string, q LogQuery) (*LogPage, error) {
-	minRank := -1
-	if q.MinLevel != "" {
-		r, ok := logLevels[strings.ToLower(q.MinLevel)]
-		if !ok {
-			return nil, FieldErrors(map[string]string{"level": "must be one of " + strings.Join(LogLevels, ", ")})
-		}
-		minRank = r
+	keep, err := logFilter(q)
+	if err != nil {
+		return nil, err
 	}
-	contains := strings.ToLower(q.Contains)
 	out := &LogPage{Lines: []LogLine{}, Resume: q.Cursor}
 	pq := PointQuery{From: q.From, To: q.To, Limit: MaxLimit, Cursor: q.Cursor}
 	for scanned := 0; scanned < maxLogScan; {
@@ -205,7 +200,7 @@ func ReadLogs(ctx context.Context, h HistoryService, tenant, device string, q Lo
 		}
 		for i, p := range page.Points {
 			l := logLine(p)
-			if (minRank < 0 || levelRank(l.Level) >= minRank) && (contains == "" || matchesLog(l, contains)) {
+			if keep(l) {
 				out.Lines = append(out.Lines, l)
 				if len(out.Lines) == q.Limit && i < len(page.Points)-1 {
 					// Resume after this point: read the page again up to it.
@@ -229,6 +224,54 @@ func ReadLogs(ctx context.Context, h HistoryService, tenant, device string, q Lo
 		pq.Cursor = page.Next
 	}
 	return out, nil
+}
+
+// ReadRecentLogs returns the newest q.Limit lines of [q.From, q.To) that
+// q's level and text keep, newest first, looking at maxLogScan points at
+// most; q.Cursor is not used.
+func ReadRecentLogs(ctx context.Context, h HistoryService, tenant, device string, q LogQuery) ([]LogLine, error) {
+	keep, err := logFilter(q)
+	if err != nil {
+		return nil, err
+	}
+	out := []LogLine{}
+	pq := PointQuery{From: q.From, To: q.To, Desc: true, Limit: MaxLimit}
+	for scanned := 0; scanned < maxLogScan; {
+		page, err := h.FindPoints(ctx, tenant, device, LogStream, pq)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range page.Points {
+			if l := logLine(p); keep(l) {
+				if out = append(out, l); len(out) == q.Limit {
+					return out, nil
+				}
+			}
+		}
+		scanned += len(page.Points)
+		if page.Next == "" {
+			break
+		}
+		pq.Cursor = page.Next
+	}
+	return out, nil
+}
+
+// logFilter returns what keeps the lines q's level and text select, or
+// EINVALID naming level.
+func logFilter(q LogQuery) (func(LogLine) bool, error) {
+	minRank := -1
+	if q.MinLevel != "" {
+		r, ok := logLevels[strings.ToLower(q.MinLevel)]
+		if !ok {
+			return nil, FieldErrors(map[string]string{"level": "must be one of " + strings.Join(LogLevels, ", ")})
+		}
+		minRank = r
+	}
+	contains := strings.ToLower(q.Contains)
+	return func(l LogLine) bool {
+		return (minRank < 0 || levelRank(l.Level) >= minRank) && (contains == "" || matchesLog(l, contains))
+	}, nil
 }
 
 func levelRank(level string) int {

@@ -64,6 +64,8 @@ type Console struct {
 	Firmware   fleet.FirmwareService
 	Alerts     fleet.AlertService
 	Streams    fleet.StreamService
+	// History reads stream history: the charts and the Logs tab.
+	History fleet.HistoryService
 	// Certificates issues device certificates; nil when fleetd has no MQTT
 	// TLS listener to present them to.
 	Certificates fleet.DeviceCertificateService
@@ -135,6 +137,9 @@ func (c *Console) Open() {
 		{"GET /console/events", c.page(fleet.PermRead, c.handleOverviewEvents)},
 		{"GET /console/devices", c.page(fleet.PermRead, c.handleDevices)},
 		{"GET /console/devices/{id}", c.page(fleet.PermRead, c.handleDevice)},
+		{"GET /console/devices/{id}/charts/events", c.page(fleet.PermRead, c.handleDeviceChartEvents)},
+		{"GET /console/devices/{id}/logs", c.page(fleet.PermRead, c.handleDeviceLogs)},
+		{"GET /console/devices/{id}/logs/events", c.page(fleet.PermRead, c.handleDeviceLogEvents)},
 		{"POST /console/devices/{id}/token", c.page(fleet.PermOperate, c.handleRotateToken)},
 		{"POST /console/devices/{id}/certificate", c.page(fleet.PermOperate, c.handleIssueCertificate)},
 		{"GET /console/actions", c.page(fleet.PermRead, c.handleActions)},
@@ -150,6 +155,7 @@ func (c *Console) Open() {
 		{"POST /console/firmware/components/{component}/{version}", c.page(fleet.PermOperate, c.handleFirmwareActive)},
 		{"GET /console/alerts", c.page(fleet.PermRead, c.handleAlerts)},
 		{"GET /console/alerts/rules", c.page(fleet.PermRead, c.handleAlertRules)},
+		{"GET /console/alerts/{id}", c.page(fleet.PermRead, c.handleAlert)},
 		{"GET /console/alerts/rules/new", c.page(fleet.PermOperate, c.handleNewAlertRule)},
 		{"POST /console/alerts/rules/new", c.page(fleet.PermOperate, c.handleSaveAlertRule)},
 		{"GET /console/alerts/rules/{id}", c.page(fleet.PermRead, c.handleAlertRule)},

@@ -55,7 +55,7 @@ func (c *Console) handleActionEvents(w http.ResponseWriter, r *http.Request, v *
 	if _, err := c.Actions.FindAction(r.Context(), tenant, id); err != nil {
 		return err
 	}
-	return c.stream(w, r, "action", "action/"+tenant+"/"+strconv.FormatInt(id, 10), func(ctx context.Context) (any, error) {
+	return c.stream(w, r, "action", "action/"+tenant+"/"+strconv.FormatInt(id, 10), c.LiveInterval, func(ctx context.Context) (any, error) {
 		a, err := c.Actions.FindAction(ctx, tenant, id)
 		if err != nil {
 			return nil, err
@@ -154,7 +154,7 @@ func failureText(da *fleet.DeviceAction) string {
 
 func (c *Console) handleOverviewEvents(w http.ResponseWriter, r *http.Request, v *view) error {
 	tenant := v.Actor.Tenant
-	return c.stream(w, r, "overview", "overview/"+tenant, func(ctx context.Context) (any, error) {
+	return c.stream(w, r, "overview", "overview/"+tenant, c.LiveInterval, func(ctx context.Context) (any, error) {
 		return c.readOverview(ctx, tenant)
 	})
 }
@@ -165,7 +165,8 @@ type feeds struct {
 	m  map[string]*feed
 }
 
-// feed reads one thing every interval for as long as a page watches it.
+// feed reads one thing every interval (LiveInterval; a chart's,
+// chartLiveInterval) for as long as a page watches it.
 type feed struct {
 	subs    int
 	stop    context.CancelFunc
@@ -174,9 +175,10 @@ type feed struct {
 	changed chan struct{} // closed, and replaced, when last or err changes
 }
 
-// join returns the feed of key, started with read if no page watches it
-// yet, and the function that leaves it; the last to leave stops it.
-func (c *Console) join(key string, read func(context.Context) (any, error)) (*feed, func()) {
+// join returns the feed of key, started with read every interval if no
+// page watches it yet, and the function that leaves it; the last to leave
+// stops it.
+func (c *Console) join(key string, every time.Duration, read func(context.Context) (any, error)) (*feed, func()) {
 	fs := &c.feeds
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
@@ -188,7 +190,7 @@ func (c *Console) join(key string, read func(context.Context) (any, error)) (*fe
 		ctx, cancel := context.WithCancel(context.Background())
 		f = &feed{stop: cancel, changed: make(chan struct{})}
 		fs.m[key] = f
-		go c.run(ctx, key, f, read)
+		go c.run(ctx, key, f, every, read)
 	}
 	f.subs++
 	return f, func() {
@@ -203,10 +205,10 @@ func (c *Console) join(key string, read func(context.Context) (any, error)) (*fe
 	}
 }
 
-// run reads the feed's value every LiveInterval until its last page left
-// or a read fails.
-func (c *Console) run(ctx context.Context, key string, f *feed, read func(context.Context) (any, error)) {
-	tick := time.NewTicker(c.LiveInterval)
+// run reads the feed's value every interval until its last page left or
+// a read fails.
+func (c *Console) run(ctx context.Context, key string, f *feed, every time.Duration, read func(context.Context) (any, error)) {
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
 		val, err := read(ctx)
@@ -246,17 +248,17 @@ func (f *feed) current(mu *sync.Mutex) ([]byte, <-chan struct{}, error) {
 	return f.last, f.changed, f.err
 }
 
-// stream sends the feed of key (started with read if need be) as the
-// event named event whenever it changes, until the client goes, the stream
-// is liveMaxAge old or a read fails.
-func (c *Console) stream(w http.ResponseWriter, r *http.Request, event, key string, read func(context.Context) (any, error)) error {
+// stream sends the feed of key (started with read every interval if need
+// be) as the event named event whenever it changes, until the client goes,
+// the stream is liveMaxAge old or a read fails.
+func (c *Console) stream(w http.ResponseWriter, r *http.Request, event, key string, every time.Duration, read func(context.Context) (any, error)) error {
 	rc := http.NewResponseController(w)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	f, leave := c.join(key, read)
+	f, leave := c.join(key, every, read)
 	defer leave()
 	end := time.After(liveMaxAge)
 	beat := time.NewTicker(heartbeat)

@@ -86,12 +86,23 @@ type actionRow struct {
 	Progress progress
 }
 
+// overviewPage is the overview's: what its live event carries, and the
+// fleet-wide chart the page's form chose.
+type overviewPage struct {
+	*overviewLive
+	Chart *fleetChartData
+}
+
 func (c *Console) handleOverview(w http.ResponseWriter, r *http.Request, v *view) error {
 	o, err := c.readOverview(r.Context(), v.Actor.Tenant)
 	if err != nil {
 		return err
 	}
-	v.Title, v.Nav, v.Data = "Overview", "overview", o
+	fc, err := c.fleetChart(r, v.Actor.Tenant)
+	if err != nil {
+		return err
+	}
+	v.Title, v.Nav, v.Data = "Overview", "overview", overviewPage{o, fc}
 	c.render(w, r, http.StatusOK, "overview", v)
 	return nil
 }
@@ -174,6 +185,7 @@ type deviceData struct {
 	// none; CanIssue says whether this fleetd issues them at all.
 	Certificate *fleet.IssuedCertificate
 	CanIssue    bool
+	Charts      *chartsData
 	Token       string                   // a new token, shown once after rotation
 	Credentials *fleet.DeviceCredentials // a new certificate and key, shown once
 }
@@ -206,6 +218,9 @@ func (c *Console) renderDevice(w http.ResponseWriter, r *http.Request, v *view, 
 		return err
 	}
 	if d.Streams, d.StreamsN, err = c.Streams.FindDeviceStreams(ctx, tenant, id, fleet.Page{Page: 1, Limit: deviceStreams}); err != nil {
+		return err
+	}
+	if d.Charts, err = c.deviceChartsSection(r, tenant, id, d.Streams); err != nil {
 		return err
 	}
 	if c.Certificates != nil {

@@ -12,7 +12,7 @@ import (
 
 // pageNames are the templates under templates/, each rendered inside
 // layout.html.
-var pageNames = []string{"error", "signin", "overview", "devices", "device", "actions", "action", "dispatch", "firmware", "bundle", "alerts", "keys", "auth", "audit", "sessions", "alertrules", "alertrule", "ruleform", "notification", "notificationform"}
+var pageNames = []string{"error", "signin", "overview", "devices", "device", "actions", "action", "dispatch", "firmware", "bundle", "alerts", "keys", "auth", "audit", "sessions", "alertrules", "alertrule", "ruleform", "notification", "notificationform", "devicelogs", "alert"}
 
 var funcs = template.FuncMap{
 	"when":       when,
@@ -62,12 +62,13 @@ var funcs = template.FuncMap{
 	"percent":     func(f *float64) string { return strconv.FormatFloat(*f*100, 'f', -1, 64) },
 	"problems":    problemsOf,
 	"fieldOf":     fieldOf,
+	"tab":         func(id, tab string) struct{ ID, Tab string } { return struct{ ID, Tab string }{id, tab} },
 }
 
 func parsePages() map[string]*template.Template {
 	pages := map[string]*template.Template{}
 	for _, name := range pageNames {
-		pages[name] = template.Must(template.New(name).Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+name+".html"))
+		pages[name] = template.Must(template.New(name).Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/charts.html", "templates/"+name+".html"))
 	}
 	return pages
 }

@@ -3,6 +3,7 @@ package fleethttp
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -281,18 +282,21 @@ func (s *Server) handleLogs(w http.ResponseWriter, r *http.Request) error {
 		s.respond(w, r, http.StatusOK, res)
 		return nil
 	}
-	return s.followLogs(w, r, id, lq, page)
+	return FollowLogs(w, r, s.History, tenantOf(r), id, lq, page, logMaxAge, s.logger(r))
 }
 
-// followLogs sends page's lines, then every line that arrives, as
-// server-sent events until the client goes or logMaxAge passes. Each
-// event's id is the cursor after it.
-func (s *Server) followLogs(w http.ResponseWriter, r *http.Request, device string, lq fleet.LogQuery, page *fleet.LogPage) error {
+// FollowLogs sends page (the first read of lq) and then every line that
+// arrives as server-sent events, until the client goes or maxAge passes;
+// the console's Logs tab follows a device with it too. Each batch's last
+// event's id is the cursor after it, which EventSource sends back as
+// Last-Event-ID when it reconnects.
+func FollowLogs(w http.ResponseWriter, r *http.Request, h fleet.HistoryService, tenant, device string, lq fleet.LogQuery,
+	page *fleet.LogPage, maxAge time.Duration, log *slog.Logger) error {
 	rc := http.NewResponseController(w)
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Accel-Buffering", "no")
+	hd := w.Header()
+	hd.Set("Content-Type", "text/event-stream")
+	hd.Set("Cache-Control", "no-store")
+	hd.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	send := func(b []byte) bool {
 		_ = rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
@@ -308,7 +312,7 @@ func (s *Server) followLogs(w http.ResponseWriter, r *http.Request, device strin
 	defer poll.Stop()
 	beat := time.NewTicker(logHeartbeat)
 	defer beat.Stop()
-	end := time.After(logMaxAge)
+	end := time.After(maxAge)
 	for {
 		for i, l := range page.Lines {
 			b, err := json.Marshal(l)
@@ -341,9 +345,9 @@ func (s *Server) followLogs(w http.ResponseWriter, r *http.Request, device strin
 			}
 		}
 		var err error
-		if page, err = fleet.ReadLogs(r.Context(), s.History, tenantOf(r), device, lq); err != nil {
+		if page, err = fleet.ReadLogs(r.Context(), h, tenant, device, lq); err != nil {
 			if r.Context().Err() == nil {
-				s.logger(r).Error("follow logs", "err", err)
+				log.Error("follow logs", "err", err)
 			}
 			return nil
 		}

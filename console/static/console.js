@@ -168,6 +168,66 @@
     });
   }
 
+  // Charts are drawn by the server; an event carries each chart's new
+  // geometry and text, which are set on the same SVG elements. A field
+  // that appears gets a copy of the page's blank chart.
+  function drawChart(fig, c) {
+    setText(fig.querySelector("[data-chart-title]"), c.title);
+    setText(fig.querySelector("[data-chart-summary]"), c.summary);
+    fig.querySelector("svg").setAttribute("aria-label", c.title + ": " + c.summary);
+    fig.querySelector("path.line").setAttribute("d", c.line);
+    fig.querySelector("path.band").setAttribute("d", c.band);
+    var grid = fig.querySelectorAll("line.grid"), ys = fig.querySelectorAll("text.ylabel"), xs = fig.querySelectorAll("text.xlabel");
+    (c.y || []).forEach(function (t, i) {
+      if (grid[i]) { grid[i].setAttribute("y1", t.pos); grid[i].setAttribute("y2", t.pos); }
+      if (ys[i]) { ys[i].setAttribute("y", t.pos); setText(ys[i], t.label); }
+    });
+    (c.x || []).forEach(function (t, i) {
+      if (xs[i]) { xs[i].setAttribute("x", t.pos); setText(xs[i], t.label); }
+    });
+    fig.querySelector("[data-chart-nodata]").toggleAttribute("hidden", !c.empty);
+  }
+  function applyCharts(root, data) {
+    var box = root.querySelector("[data-charts]");
+    var blank = root.querySelector("template[data-chart-template]");
+    var figs = {};
+    box.querySelectorAll("[data-chart]").forEach(function (f) { figs[f.getAttribute("data-chart")] = f; });
+    (data.charts || []).forEach(function (c) {
+      var fig = figs[c.key];
+      if (!fig) {
+        fig = blank.content.firstElementChild.cloneNode(true);
+        fig.setAttribute("data-chart", c.key);
+        box.appendChild(fig);
+      }
+      drawChart(fig, c);
+    });
+    var empty = root.querySelector("[data-charts-empty]");
+    if (empty && (data.charts || []).length) empty.hidden = true;
+  }
+
+  // The Logs tab adds each line that arrives at the top of its table,
+  // keeping at most data-log-max lines.
+  function followLogs(root) {
+    var table = root.querySelector("[data-logs]");
+    var empty = root.querySelector("[data-logs-empty]");
+    var most = Number(root.getAttribute("data-log-max")) || 1000;
+    var es = new EventSource(root.getAttribute("data-log-source"));
+    es.addEventListener("log", function (e) {
+      var l = JSON.parse(e.data);
+      var msg = [l.message];
+      if (l.line) msg.push(" ", el("span", { "class": "count" }, [l.line]));
+      var when = new Date(l.timestamp).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
+      var row = el("tr", { "data-live-line": "" }, [td([when], { "class": "mono" }),
+        td([l.level], { "class": "level l-" + l.level }), td([l.tag]), td(msg)]);
+      var body = table.tBodies[0];
+      body.insertBefore(row, body.firstChild);
+      while (body.rows.length > most) body.deleteRow(-1);
+      table.hidden = false;
+      if (empty) empty.hidden = true;
+      document.body.setAttribute("data-live-updated", String(Date.now()));
+    });
+  }
+
   // upload sends a file form with XMLHttpRequest to show its progress;
   // the server's answer replaces the page (its redirect is followed).
   function upload(form) {
@@ -243,6 +303,13 @@
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-condition-builder]").forEach(conditionBuilder);
     document.querySelectorAll("[data-live-source]").forEach(connect);
+    document.querySelectorAll("[data-chart-source]").forEach(function (root) {
+      new EventSource(root.getAttribute("data-chart-source")).addEventListener("charts", function (e) {
+        applyCharts(root, JSON.parse(e.data));
+        document.body.setAttribute("data-live-updated", String(Date.now()));
+      });
+    });
+    document.querySelectorAll("[data-log-source]").forEach(followLogs);
     document.querySelectorAll("form[data-upload]").forEach(upload);
     // A form that deletes asks first.
     document.querySelectorAll("form[data-confirm]").forEach(function (form) {

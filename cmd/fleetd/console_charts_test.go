@@ -1,0 +1,182 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// chartLine finds a chart's line of averages in a page.
+var chartLine = regexp.MustCompile(`<figure class="chart" data-chart="([^"]*)">[\s\S]*?<path class="line" d="([^"]*)"/>`)
+
+// chartsOf returns the charts of a page: their line's path by key.
+func chartsOf(body string) map[string]string {
+	out := map[string]string{}
+	body, _, _ = strings.Cut(body, "<template data-chart-template>") // the blank chart the script copies
+	for _, m := range chartLine.FindAllStringSubmatch(body, -1) {
+		out[m[1]] = m[2]
+	}
+	return out
+}
+
+// TestConsoleCharts drives the device page's charts, its Logs tab, the
+// overview's fleet chart and an alert's page over HTTP on both databases:
+// charts drawn from rollups for each span, moved by their event stream as
+// points arrive, an empty state, log lines filtered, escaped and followed,
+// and every one of them 404 for another tenant's device or alert.
+func TestConsoleCharts(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
+		s := startServer(t, be, alertFlags...)
+		admin := s.admin()
+		viewer := s.newKey(t, admin, "victor", "viewer")
+		s.mustDevice(t, admin, "pump-1", map[string]string{"site": "harbour"})
+		s.mustDevice(t, admin, "quiet-1", nil)
+		other := s.newTenant(t, "other")
+		s.mustDevice(t, other, "theirs", nil)
+		s.do(t, other, "POST", "/api/v1/devices/theirs/streams/env", []map[string]any{{"timestamp": time.Now().UnixMilli(), "temp": 1}}).want(t, 200)
+		rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
+
+		// Ten minutes of points, one every 10 s, rising by one a minute.
+		start := time.Now().Add(-10 * time.Minute).Truncate(time.Minute)
+		var pts []map[string]any
+		for i := range 60 {
+			pts = append(pts, map[string]any{"timestamp": start.Add(time.Duration(i) * 10 * time.Second).UnixMilli(), "sequence": i,
+				"temp": 20 + i/6, "state": "ok"})
+		}
+		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", pts).want(t, 200)
+
+		b := newBrowser(t, s.URL)
+		b.signIn("default", viewer.Key)
+		var page string
+		eventually(t, "the device page's chart of env's temp, from the minute rollups", func() bool {
+			page = b.get("/console/devices/pump-1").want(t, 200).Body
+			line := chartsOf(page)["env/temp"]
+			return strings.Count(line, "L") == 9 // ten minutes, ten buckets
+		})
+		if _, ok := chartsOf(page)["env/state"]; ok {
+			t.Errorf("a text field is charted")
+		}
+		for _, want := range []string{`aria-current="page">Last hour`, `data-chart-source="/console/devices/pump-1/charts/events?chart=hour"`,
+			"Latest 29; lowest 20, highest 29.", `href="/console/devices/pump-1/logs"`} {
+			if !strings.Contains(page, want) {
+				t.Errorf("the device page lacks %s", want)
+			}
+		}
+		for _, span := range []string{"day", "week"} {
+			page := b.get("/console/devices/pump-1?chart="+span).want(t, 200).Body
+			if line := chartsOf(page)["env/temp"]; line == "" || !strings.Contains(page, `aria-current="page">Last `+span) {
+				t.Errorf("the %s's chart: %q", span, line)
+			}
+		}
+		wantContains(t, "a bad span", b.get("/console/devices/pump-1?chart=year").want(t, 400).Body, "hour, day, week")
+
+		t.Run("EmptyState", func(t *testing.T) {
+			page := b.get("/console/devices/quiet-1").want(t, 200).Body
+			if len(chartsOf(page)) != 0 || !strings.Contains(page, "The device has sent no numeric stream data") {
+				t.Errorf("a device without points:\n%s", page)
+			}
+		})
+
+		t.Run("Live", func(t *testing.T) {
+			next := b.events(t, "/console/devices/pump-1/charts/events?chart=hour")
+			var ev struct {
+				Charts []struct{ Key, Line, Summary string }
+			}
+			if err := json.Unmarshal([]byte(next()), &ev); err != nil || len(ev.Charts) != 1 || ev.Charts[0].Key != "env/temp" {
+				t.Fatalf("first chart event: %+v %v", ev, err)
+			}
+			s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", []map[string]any{{"timestamp": time.Now().UnixMilli(), "sequence": 100, "temp": 95.5}}).want(t, 200)
+			for !strings.HasPrefix(ev.Charts[0].Summary, "Latest 95.5") {
+				if err := json.Unmarshal([]byte(next()), &ev); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !strings.Contains(ev.Charts[0].Summary, "highest 95.5") {
+				t.Errorf("the new point's chart: %+v", ev.Charts[0])
+			}
+		})
+
+		t.Run("Logs", func(t *testing.T) {
+			now := time.Now()
+			s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/logs", []map[string]any{
+				{"timestamp": now.Add(-time.Minute).UnixMilli(), "level": "info", "tag": "app", "message": "booted"},
+				{"timestamp": now.Add(-time.Minute).UnixMilli() + 1, "level": "error", "tag": "app", "message": "<script>alert(1)</script> sensor lost", "line": "sensor.c:7"},
+			}).want(t, 200)
+			page := b.get("/console/devices/pump-1/logs").want(t, 200).Body
+			wantContains(t, "the Logs tab", page, "booted", "&lt;script&gt;alert(1)&lt;/script&gt; sensor lost", "sensor.c:7", `aria-current="page">Logs`)
+			if strings.Contains(page, "<script>alert") {
+				t.Fatal("a log line's markup is in the page")
+			}
+			if i, j := strings.Index(page, "sensor lost"), strings.Index(page, "booted"); i > j {
+				t.Errorf("the lines are not newest first")
+			}
+			if page := b.get("/console/devices/pump-1/logs?level=warn").want(t, 200).Body; strings.Contains(page, "booted") || !strings.Contains(page, "sensor lost") {
+				t.Errorf("level=warn kept an info line, or not the error")
+			}
+			if page := b.get("/console/devices/pump-1/logs?q=BOOT").want(t, 200).Body; !strings.Contains(page, "booted") || strings.Contains(page, "sensor lost") {
+				t.Errorf("q=BOOT did not keep only booted")
+			}
+			wantContains(t, "a bad level", b.get("/console/devices/pump-1/logs?level=loud").want(t, 400).Body, "level")
+			if page := b.get("/console/devices/quiet-1/logs").want(t, 200).Body; !strings.Contains(page, "No log line in the last hour") {
+				t.Errorf("no empty state on a device without logs")
+			}
+
+			from := fmt.Sprint(time.Now().UnixMilli())
+			next := b.events(t, "/console/devices/pump-1/logs/events?level=warn&from="+from)
+			s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/logs", []map[string]any{
+				{"timestamp": time.Now().UnixMilli() + 5, "level": "debug", "message": "noise"},
+				{"timestamp": time.Now().UnixMilli() + 6, "level": "warn", "tag": "net", "message": "link down"},
+			}).want(t, 200)
+			var l struct{ Level, Tag, Message string }
+			if err := json.Unmarshal([]byte(next()), &l); err != nil || l.Message != "link down" || l.Tag != "net" {
+				t.Errorf("the followed line: %+v %v", l, err)
+			}
+			b.get("/console/devices/pump-1/logs/events").want(t, 400)
+		})
+
+		t.Run("FleetChart", func(t *testing.T) {
+			page := b.get("/console/").want(t, 200).Body
+			wantContains(t, "the overview's empty fleet chart", page, "Choose a stream and one of its numeric fields")
+			page = b.get("/console/?stream=env&field=temp&chart=day").want(t, 200).Body
+			if chartsOf(page)["env/temp"] == "" || !strings.Contains(page, `aria-current="page">Last day`) {
+				t.Errorf("the fleet chart is not drawn:\n%s", page)
+			}
+			// Only this tenant's devices: theirs sent 1, pump-1 never below 20.
+			if !strings.Contains(page, "lowest 20,") {
+				t.Errorf("the fleet chart is not of this tenant's devices only")
+			}
+			wantContains(t, "a bad stream", b.get("/console/?stream=no%20way&field=temp").want(t, 400).Body, "stream")
+		})
+
+		t.Run("Alert", func(t *testing.T) {
+			s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", []map[string]any{{"timestamp": time.Now().UnixMilli(), "sequence": 200, "temp": 99}}).want(t, 200)
+			var alerts []alertSession
+			eventually(t, "the alert", func() bool { alerts = s.alerts(t, admin, "?rule_id="+rule.ID); return len(alerts) > 0 })
+			page := b.get("/console/alerts/"+alerts[0].ID).want(t, 200).Body
+			if chartsOf(page)["env/temp"] == "" || !strings.Contains(page, `class="marker-label"`) || !strings.Contains(page, ">opened</text>") {
+				t.Errorf("the alert's page has no chart of temp with its opening marked:\n%s", page)
+			}
+			if !strings.Contains(b.get("/console/alerts").want(t, 200).Body, `href="/console/alerts/`+alerts[0].ID+`"`) {
+				t.Errorf("the alerts list does not link the alert's page")
+			}
+		})
+
+		t.Run("TenantIsolation", func(t *testing.T) {
+			for _, path := range []string{"/console/devices/theirs", "/console/devices/theirs?chart=week", "/console/devices/theirs/logs",
+				"/console/devices/theirs/charts/events?chart=hour", "/console/devices/theirs/logs/events?from=0"} {
+				b.get(path).want(t, 404)
+			}
+			theirRule := s.mustAlertRule(t, other, map[string]any{"name": "theirs", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 0}})
+			s.do(t, other, "POST", "/api/v1/devices/theirs/streams/env", []map[string]any{{"timestamp": time.Now().UnixMilli(), "sequence": 9, "temp": 5}}).want(t, 200)
+			var theirs []alertSession
+			eventually(t, "their alert", func() bool { theirs = s.alerts(t, other, "?rule_id="+theirRule.ID); return len(theirs) > 0 })
+			b.get("/console/alerts/"+url.PathEscape(theirs[0].ID)).want(t, 404)
+		})
+	})
+}
