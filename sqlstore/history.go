@@ -4,11 +4,12 @@ import (
 	"bytes"
 	"compress/flate"
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -308,7 +309,9 @@ func (db *DB) prepareHistory(ctx context.Context, tenant string, pts []fleet.Dat
 		if c == nil {
 			return
 		}
-		c.points = packPoints(append(b, ']'))
+		b = append(b, ']')
+		c.id = chunkID(b)
+		c.points = packPoints(b)
 		var rs []rollup
 		for _, f := range fields {
 			rs = append(append(rs, f.done...), f.minute, f.hour)
@@ -332,7 +335,7 @@ func (db *DB) prepareHistory(ctx context.Context, tenant string, pts []fleet.Dat
 			flush()
 		}
 		if c == nil {
-			c = &chunk{tsMin: ts, id: rand.Int64(), received: millis(p.ReceivedAt)}
+			c = &chunk{tsMin: ts, received: millis(p.ReceivedAt)}
 			b = append(b[:0], '[')
 			fields = map[string]*fieldRollups{}
 		} else {
@@ -359,6 +362,17 @@ func (db *DB) prepareHistory(ctx context.Context, tenant string, pts []fleet.Dat
 	}
 	flush()
 	return chunks, db.ensurePartitions(ctx, chunks)
+}
+
+// chunkID is the id of the chunk whose points are the canonical text
+// points: a hash of them, so that a batch a device sends again (after a
+// lost PUBACK, or as an HTTP client's retry) makes the chunks it made the
+// first time, whose rows exist, and is neither kept nor rolled up twice,
+// on a replica or another, at once or later. A batch that overlaps an
+// earlier one only in part is another chunk and is kept as sent.
+func chunkID(points []byte) int64 {
+	h := sha256.Sum256(points)
+	return int64(binary.BigEndian.Uint64(h[:8]))
 }
 
 // fieldRollups are a field's rollups in a chunk: its points come in

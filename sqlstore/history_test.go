@@ -74,6 +74,15 @@ func TestStreamHistory(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		// A batch sent again, as after a lost PUBACK or an HTTP retry, a
+		// second later: its points are kept and rolled up once.
+		resent := slices.Clone(pts[100:200])
+		for i := range resent {
+			resent[i].ReceivedAt = now.Add(time.Second)
+		}
+		if err := db.CommitStream(ctx, "acme", "d1", "env", resent, nil); err != nil {
+			t.Fatal(err)
+		}
 		want := make([]int64, len(pts))
 		for i, p := range pts {
 			want[i] = p.Timestamp.UnixMilli()
@@ -367,38 +376,29 @@ func equalBuckets(a, b []fleet.Bucket) bool {
 }
 
 // TestStreamHistoryReplicas: replicas on one PostgreSQL ingest the same
-// streams and drain the rollup queue at once; every point is kept once
-// and the rollups equal the raw points' aggregates.
+// streams, each batch on both, and drain the rollup queue at once; every
+// point is kept once and the rollups equal the raw points' aggregates.
 func TestStreamHistoryReplicas(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		if b.Name != "postgres" {
 			t.Skip("replicas share a PostgreSQL database")
 		}
 		ctx := context.Background()
-		dsn := b.DSN(t)
-		var dbs [2]*sqlstore.DB
-		for i := range dbs {
-			db, err := sqlstore.Open(ctx, dsn, sqlstore.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { db.Close() })
-			if _, err := db.Migrate(ctx); err != nil {
-				t.Fatal(err)
-			}
-			dbs[i] = db
-		}
+		dbs := mustReplicas(t, b)
 		mustTenant(t, dbs[0], "acme")
 		mustAlertDevices(t, dbs[0], "acme", "d1", "d2")
 		start := time.Now().Add(-2 * time.Hour).Truncate(time.Minute)
 		var wg sync.WaitGroup
-		errs := make(chan error, 64)
+		errs := make(chan error, 512)
 		for r, db := range dbs {
 			wg.Add(2)
 			go func() {
 				defer wg.Done()
-				for i := range 20 {
-					pts := historyPoints(start.Add(time.Duration(r*20+i)*50*time.Second), 50, time.Now())
+				// Each replica commits every batch: each is sent twice, at
+				// about the same time, as a device's retry to another
+				// replica would be.
+				for i := range 40 {
+					pts := historyPoints(start.Add(time.Duration((r*20+i)%40)*50*time.Second), 50, time.Now())
 					for _, d := range []string{"d1", "d2"} {
 						if err := db.CommitStream(ctx, "acme", d, "env", pts, nil); err != nil {
 							errs <- err
