@@ -254,9 +254,26 @@ func (r *rollup) add(v float64, ts, seq int64) {
 	}
 	r.n++
 	r.min, r.max, r.sum = min(r.min, v), max(r.max, v), r.sum+v
-	if r.n == 1 || ts > r.lastTS || ts == r.lastTS && seq >= r.lastSeq {
+	if r.n == 1 || r.before(ts, seq, v) {
 		r.last, r.lastTS, r.lastSeq = v, ts, seq
 	}
+}
+
+// before reports whether r's last value comes before the value v at (ts,
+// seq): by timestamp, then sequence, then value. Of points equal in
+// timestamp and sequence the greatest value is last, not the one that
+// arrived last: the order of arrival is not kept where rollups are added
+// up, nor known between two devices, and a rule on the value gives every
+// order of merging, and the raw points, the same last (docs/telemetry.md).
+// upsertRollup's SQL says the same.
+func (r *rollup) before(ts, seq int64, v float64) bool {
+	switch {
+	case ts != r.lastTS:
+		return ts > r.lastTS
+	case seq != r.lastSeq:
+		return seq > r.lastSeq
+	}
+	return v > r.last
 }
 
 // merge folds o into r.
@@ -270,7 +287,7 @@ func (r *rollup) merge(o *rollup) {
 	}
 	r.n += o.n
 	r.min, r.max, r.sum = min(r.min, o.min), max(r.max, o.max), r.sum+o.sum
-	if o.lastTS > r.lastTS || o.lastTS == r.lastTS && o.lastSeq > r.lastSeq {
+	if r.before(o.lastTS, o.lastSeq, o.last) {
 		r.last, r.lastTS, r.lastSeq = o.last, o.lastTS, o.lastSeq
 	}
 }

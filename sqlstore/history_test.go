@@ -451,3 +451,64 @@ func TestStreamHistoryReplicas(t *testing.T) {
 		}
 	})
 }
+
+// TestRollupLastTies: points of one timestamp and sequence, in one batch,
+// in batches one after another and on two devices, have one last value,
+// the greatest, whether it is read from the rollups or from the raw
+// points, by device and fleet-wide (docs/telemetry.md).
+func TestRollupLastTies(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, clk := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustAlertDevices(t, db, "acme", "d1", "d2")
+		now := clk.Now().Truncate(time.Millisecond)
+		ts := now.Add(-time.Hour).Truncate(time.Minute).Add(30 * time.Second)
+		point := func(temp float64) fleet.DataPoint {
+			return fleet.DataPoint{Stream: "env", Timestamp: ts, Sequence: 7, Data: map[string]any{"temp": temp}, ReceivedAt: now}
+		}
+		for _, c := range []struct {
+			device string
+			temps  []float64
+		}{
+			{"d1", []float64{5, 3}}, {"d1", []float64{9}}, {"d1", []float64{4}},
+			{"d2", []float64{8, 2}}, {"d2", []float64{1}},
+		} {
+			var pts []fleet.DataPoint
+			for _, v := range c.temps {
+				pts = append(pts, point(v))
+			}
+			if err := db.CommitStream(ctx, "acme", c.device, "env", pts, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := db.RollUp(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			device string
+			want   float64
+		}{{"d1", 9}, {"d2", 8}, {"", 9}} {
+			for _, iv := range []time.Duration{time.Minute, time.Hour} {
+				q := fleet.AggregateQuery{Field: "temp", Fn: fleet.AggLast, Interval: iv, From: ts.Add(-time.Hour), To: now}
+				var got []fleet.Bucket
+				var err error
+				if c.device == "" {
+					got, _, err = db.AggregateFleet(ctx, "acme", "env", q)
+				} else {
+					got, err = db.Aggregate(ctx, "acme", c.device, "env", q)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				raw, err := db.AggregateRaw(ctx, "acme", c.device, "env", q)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(got) != 1 || got[0].Value != c.want || !equalBuckets(got, raw) {
+					t.Fatalf("last of %q by %s: rollups %+v, raw %+v, want %v", c.device, iv, got, raw, c.want)
+				}
+			}
+		}
+	})
+}

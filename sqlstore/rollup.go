@@ -209,7 +209,9 @@ func (tx *Tx) upsertRollup(ctx context.Context, tenant, device, stream string, r
 	if tx.db.dialect == postgres {
 		least, greatest = "LEAST", "GREATEST"
 	}
-	newer := "(excluded.last_ts > t.last_ts OR (excluded.last_ts = t.last_ts AND excluded.last_seq >= t.last_seq))"
+	// The order of rollup.before.
+	newer := `(excluded.last_ts > t.last_ts OR (excluded.last_ts = t.last_ts AND
+		(excluded.last_seq > t.last_seq OR (excluded.last_seq = t.last_seq AND excluded.vlast > t.vlast))))`
 	_, err := tx.exec(ctx, "INSERT INTO "+table+` AS t (tenant, device_id, stream, field, bucket, n, vmin, vmax, vsum, vlast, last_ts, last_seq)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (tenant, device_id, stream, field, bucket) DO UPDATE SET
