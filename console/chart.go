@@ -149,7 +149,7 @@ func drawChart(spec chartSpec, s series) chart {
 		}
 		return c
 	}
-	c.Summary = "Latest " + formatValue(last) + "; lowest " + formatValue(lo) + ", highest " + formatValue(hi) + "."
+	c.Summary = "Last average " + formatValue(last) + "; lowest " + formatValue(lo) + ", highest " + formatValue(hi) + "."
 	if lo == hi {
 		pad := math.Max(math.Abs(lo)*0.1, 1)
 		lo, hi = lo-pad, hi+pad

@@ -54,7 +54,7 @@ func TestDrawChartCoordinates(t *testing.T) {
 	if len(c.X) != 5 || c.X[0].Label != "12:00" || c.X[0].Pos != 64 || c.X[2].Label != "12:30" || c.X[4].Label != "13:00" || c.X[4].Pos != 632 {
 		t.Errorf("x ticks = %+v", c.X)
 	}
-	if c.Summary != "Latest 30; lowest 9, highest 31." {
+	if c.Summary != "Last average 30; lowest 9, highest 31." {
 		t.Errorf("summary = %q", c.Summary)
 	}
 }
@@ -90,7 +90,7 @@ func TestDrawChartGapsAndEdges(t *testing.T) {
 			t.Fatalf("a value that is not finite reached the chart: %+v", c)
 		}
 	}
-	if strings.Count(c.Line, "M") != 2 || c.Summary != "Latest 4; lowest 0, highest 4." {
+	if strings.Count(c.Line, "M") != 2 || c.Summary != "Last average 4; lowest 0, highest 4." {
 		t.Errorf("not-finite buckets: line %q, summary %q", c.Line, c.Summary)
 	}
 

@@ -177,3 +177,18 @@ func TestConsoleAlertsInBrowser(t *testing.T) {
 		t.Errorf("the receiver got %v %s", got[0].header, got[0].body)
 	}
 }
+
+// TestConsoleChartsInBrowser has a viewer watch a device's chart appear
+// and move as its points arrive, without a reload, and its Logs tab show
+// and follow lines (markup in a line stays text, a level filter holds),
+// and checks both pages' layout.
+func TestConsoleChartsInBrowser(t *testing.T) {
+	dir := consoleHarness(t)
+	s := startServer(t, sqlstoretest.Backends()[0])
+	admin := s.admin()
+	viewer := s.newKey(t, admin, "victor", "viewer")
+	s.mustDevice(t, admin, "pump-03", nil)
+	runConsoleScript(t, dir, "charts.mjs", 3*time.Minute,
+		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant, "SCREENSHOTS="+screenshotDir(t),
+		"VIEWER_KEY="+viewer.Key, "ADMIN_KEY="+admin.Key, "DEVICE=pump-03")
+}

@@ -63,7 +63,7 @@ func TestConsoleCharts(t *testing.T) {
 			t.Errorf("a text field is charted")
 		}
 		for _, want := range []string{`aria-current="page">Last hour`, `data-chart-source="/console/devices/pump-1/charts/events?chart=hour"`,
-			"Latest 29; lowest 20, highest 29.", `href="/console/devices/pump-1/logs"`} {
+			"Last average 29; lowest 20, highest 29.", `href="/console/devices/pump-1/logs"`} {
 			if !strings.Contains(page, want) {
 				t.Errorf("the device page lacks %s", want)
 			}
@@ -92,7 +92,7 @@ func TestConsoleCharts(t *testing.T) {
 				t.Fatalf("first chart event: %+v %v", ev, err)
 			}
 			s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", []map[string]any{{"timestamp": time.Now().UnixMilli(), "sequence": 100, "temp": 95.5}}).want(t, 200)
-			for !strings.HasPrefix(ev.Charts[0].Summary, "Latest 95.5") {
+			for !strings.HasPrefix(ev.Charts[0].Summary, "Last average 95.5") {
 				if err := json.Unmarshal([]byte(next()), &ev); err != nil {
 					t.Fatal(err)
 				}
