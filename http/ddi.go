@@ -1,9 +1,11 @@
 package fleethttp
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"mime"
 	"net/http"
 	"net/url"
@@ -153,16 +155,24 @@ type (
 // data) for any of its devices. Tenant names are lower case; hawkBit's
 // clients often send DEFAULT.
 func (s *Server) ddiDevice(w http.ResponseWriter, r *http.Request) (tenant, device string, err error) {
+	return s.ddiAuth(w, r, false)
+}
+
+// ddiAuth is ddiDevice; with register, a gateway's request for an unknown
+// device registers it when the tenant allows it (ddiRegister).
+func (s *Server) ddiAuth(w http.ResponseWriter, r *http.Request, register bool) (tenant, device string, err error) {
 	tenant, device = strings.ToLower(r.PathValue("tenant")), r.PathValue("controllerId")
 	scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 	token = strings.TrimSpace(token)
-	actor := &fleet.Actor{Tenant: tenant, KeyName: "device " + device}
 	switch {
 	case strings.EqualFold(scheme, "TargetToken") && token != "":
 		if !fleet.ValidDeviceID(device) {
 			return "", "", fleet.Errorf(fleet.EUNAUTHENTICATED, "the device id, tenant or token is not valid")
 		}
 		if err := s.Devices.AuthenticateDevice(r.Context(), tenant, device, token); err != nil {
+			return "", "", err
+		}
+		if err := s.limitActor(w, fleet.PermDeviceData, &fleet.Actor{Tenant: tenant, KeyName: "device " + device}); err != nil {
 			return "", "", err
 		}
 	case strings.EqualFold(scheme, "GatewayToken") && token != "":
@@ -173,18 +183,58 @@ func (s *Server) ddiDevice(w http.ResponseWriter, r *http.Request) (tenant, devi
 		if !a.Role.Can(fleet.PermDeviceData) {
 			return "", "", fleet.Errorf(fleet.EFORBIDDEN, "the %s role may not %s", a.Role, permissionNames[fleet.PermDeviceData])
 		}
-		if _, err := s.Devices.FindDevice(r.Context(), tenant, device); err != nil {
+		// The key's rate limit first: a key over it registers nothing.
+		if err := s.limitActor(w, fleet.PermDeviceData, a); err != nil {
 			return "", "", err
 		}
-		actor = a
+		if _, err := s.Devices.FindDevice(r.Context(), tenant, device); fleet.ErrorCode(err) == fleet.ENOTFOUND && register {
+			if err := s.ddiRegister(w, r, a, device, err); err != nil {
+				return "", "", err
+			}
+		} else if err != nil {
+			return "", "", err
+		}
 	default:
 		return "", "", fleet.Errorf(fleet.EUNAUTHENTICATED, "send Authorization: TargetToken <the device's token>, or GatewayToken <an API key with the device role>")
 	}
-	if err := s.limitActor(w, fleet.PermDeviceData, actor); err != nil {
-		return "", "", err
-	}
 	s.Delivery.DeviceSeen(tenant, device)
 	return tenant, device, nil
+}
+
+// ddiRegister creates the unknown device a gateway polls for, if the
+// tenant's DDI settings allow it (else notFound, the lookup's 404 as
+// before), within the tenant's registration rate
+// (--ddi-registration-rate-limit). The device is created as the gateway's
+// key, audited as device.create, with no metadata (the root then asks it
+// for its attributes) and a token nobody is shown: a gateway speaks for
+// it, or an operator gives it a new one.
+func (s *Server) ddiRegister(w http.ResponseWriter, r *http.Request, gateway *fleet.Actor, device string, notFound error) error {
+	set, err := s.DDI.DDISettings(r.Context(), gateway.Tenant)
+	if err != nil || !set.GatewayRegistration {
+		return cmp.Or(err, notFound)
+	}
+	if !fleet.ValidDeviceID(device) {
+		return fleet.FieldErrors(map[string]string{"controllerId": fleet.DeviceIDRule})
+	}
+	if ok, retry := s.limiters.ddiRegistration.Allow(gateway.Tenant); !ok {
+		s.metrics.ddiRegistrations.WithLabelValues("rate_limited").Inc()
+		secs := max(int(math.Ceil(retry.Seconds())), 1)
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		return fleet.Errorf(fleet.ERATELIMITED, "tenant %s's gateways registered more than %s devices a second lately; retry in %d s",
+			gateway.Tenant, strconv.FormatFloat(s.limiters.ddiRegistration.Rate, 'f', -1, 64), secs)
+	}
+	ctx := fleet.NewContextWithActor(r.Context(), gateway)
+	_, err = s.Devices.CreateDevices(ctx, gateway.Tenant, []fleet.NewDevice{{ID: device}})
+	if fleet.ErrorCode(err) == fleet.ECONFLICT {
+		// Another poll registered it first.
+		_, err = s.Devices.FindDevice(r.Context(), gateway.Tenant, device)
+		return err
+	} else if err != nil {
+		return err
+	}
+	s.metrics.ddiRegistrations.WithLabelValues("created").Inc()
+	s.Logger.Info("ddi gateway registered a device", "tenant", gateway.Tenant, "device", device, "key", gateway.KeyName)
+	return nil
 }
 
 // ddiURL is the absolute URL of a device's resource, on the host and
@@ -285,7 +335,7 @@ func firstOf(das []*fleet.DeviceAction) *fleet.DeviceAction {
 
 // handleDDIBase is the polling root.
 func (s *Server) handleDDIBase(w http.ResponseWriter, r *http.Request) error {
-	tenant, device, err := s.ddiDevice(w, r)
+	tenant, device, err := s.ddiAuth(w, r, true)
 	if err != nil {
 		return err
 	}

@@ -14,8 +14,11 @@ import (
 type metrics struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
-	handler  http.Handler
-	registry *prometheus.Registry
+	// ddiRegistrations counts gateways' registrations of unknown
+	// controllers: created, or refused by the rate limit.
+	ddiRegistrations *prometheus.CounterVec
+	handler          http.Handler
+	registry         *prometheus.Registry
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -32,8 +35,12 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Help:    "Time to answer HTTP requests, by route pattern.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10},
 		}, []string{"route"}),
+		ddiRegistrations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetd_ddi_gateway_registrations_total",
+			Help: "Devices hawkBit DDI gateways registered by polling for an unknown controller (outcome created), and registrations refused by --ddi-registration-rate-limit (outcome rate_limited).",
+		}, []string{"outcome"}),
 	}
-	reg.MustRegister(m.requests, m.latency)
+	reg.MustRegister(m.requests, m.latency, m.ddiRegistrations)
 	m.registry = reg
 	m.handler = promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 	return m

@@ -41,6 +41,11 @@ type Security struct {
 	// fleets send a lot. A negative rate lifts a limit.
 	Rate, DeviceDataRate   float64
 	Burst, DeviceDataBurst int
+	// DDIRegistrationRate and DDIRegistrationBurst limit the devices a
+	// tenant's gateways may register by polling DDI for an unknown
+	// controller (docs/hawkbit.md), per replica; beyond, 429.
+	DDIRegistrationRate  float64
+	DDIRegistrationBurst int
 
 	// MaxConnections and MaxConnectionsPerAddr cap the connections open
 	// at once, in total and from one source address; beyond, a new
@@ -54,16 +59,18 @@ type Security struct {
 
 // Defaults of Security.
 const (
-	DefaultReadHeaderTimeout = 10 * time.Second
-	DefaultReadTimeout       = 30 * time.Second
-	DefaultWriteTimeout      = 2 * time.Minute
-	DefaultMaxHeaderBytes    = 64 << 10
-	DefaultRate              = 100
-	DefaultBurst             = 200
-	DefaultDeviceDataRate    = 20_000
-	DefaultDeviceDataBurst   = 40_000
-	DefaultMaxConnections    = 20_000
-	DefaultMaxConnsPerAddr   = 1_000
+	DefaultReadHeaderTimeout    = 10 * time.Second
+	DefaultReadTimeout          = 30 * time.Second
+	DefaultWriteTimeout         = 2 * time.Minute
+	DefaultMaxHeaderBytes       = 64 << 10
+	DefaultRate                 = 100
+	DefaultBurst                = 200
+	DefaultDeviceDataRate       = 20_000
+	DefaultDeviceDataBurst      = 40_000
+	DefaultDDIRegistrationRate  = 1
+	DefaultDDIRegistrationBurst = 100
+	DefaultMaxConnections       = 20_000
+	DefaultMaxConnsPerAddr      = 1_000
 )
 
 func (c Security) withDefaults() Security {
@@ -91,12 +98,20 @@ func (c Security) withDefaults() Security {
 	if c.DeviceDataBurst <= 0 {
 		c.DeviceDataBurst = max(DefaultDeviceDataBurst, int(c.DeviceDataRate))
 	}
+	if c.DDIRegistrationRate <= 0 {
+		c.DDIRegistrationRate = DefaultDDIRegistrationRate
+	}
+	if c.DDIRegistrationBurst <= 0 {
+		c.DDIRegistrationBurst = DefaultDDIRegistrationBurst
+	}
 	return c
 }
 
 // limiters are the rate limits of the routes, built by Open.
 type limiters struct {
 	api, deviceData *ratelimit.Limiter
+	// ddiRegistration is per tenant.
+	ddiRegistration *ratelimit.Limiter
 }
 
 // clientKey names the client an actor is, for its rate limits and its
@@ -114,8 +129,9 @@ func clientKey(a *fleet.Actor) string {
 
 func newLimiters(c Security, now func() time.Time) limiters {
 	return limiters{
-		api:        &ratelimit.Limiter{Rate: c.Rate, Burst: c.Burst, Now: now},
-		deviceData: &ratelimit.Limiter{Rate: c.DeviceDataRate, Burst: c.DeviceDataBurst, Now: now},
+		api:             &ratelimit.Limiter{Rate: c.Rate, Burst: c.Burst, Now: now},
+		deviceData:      &ratelimit.Limiter{Rate: c.DeviceDataRate, Burst: c.DeviceDataBurst, Now: now},
+		ddiRegistration: &ratelimit.Limiter{Rate: c.DDIRegistrationRate, Burst: c.DDIRegistrationBurst, Now: now},
 	}
 }
 

@@ -1026,3 +1026,80 @@ func toAny[V any](m map[string]V) any {
 	}
 	return out
 }
+
+// TestDDIGatewayRegistration: with the tenant's gateway_registration on,
+// a gateway's poll for an unknown controller creates the device, audited,
+// counted and within the tenant's registration rate; off, 404 as before.
+func TestDDIGatewayRegistration(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b, "--ddi-registration-rate-burst", "3", "--ddi-registration-rate-limit", "0.001")
+		admin := s.admin()
+		beta := s.newTenant(t, "beta")
+		gateway := "GatewayToken " + s.newKey(t, admin, "gateway", "device").Key
+		betaGateway := "GatewayToken " + s.newKey(t, beta, "gateway", "device").Key
+		exists := func(c creds, id string) bool {
+			return s.do(t, c, "GET", "/api/v1/devices/"+id, nil).Status == 200
+		}
+		registered := func(outcome string) string {
+			r := s.do(t, creds{}, "GET", "/metrics", nil).want(t, 200)
+			for _, line := range strings.Split(string(r.Body), "\n") {
+				if v, ok := strings.CutPrefix(line, `fleetd_ddi_gateway_registrations_total{outcome="`+outcome+`"} `); ok {
+					return v
+				}
+			}
+			return "0"
+		}
+
+		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-1", nil).want(t, 404)
+		if exists(admin, "gw-1") {
+			t.Fatal("a poll registered a device with the setting off")
+		}
+		ddiSettings(t, s, admin, false, true)
+
+		// Only a gateway registers, only on the root, only in its tenant.
+		s.ddiAs(t, "TargetToken fdt_nothing", "GET", "/default/controller/v1/gw-1", nil).want(t, 401)
+		s.ddiAs(t, "GatewayToken "+s.newKey(t, admin, "watcher", "viewer").Key, "GET", "/default/controller/v1/gw-1", nil).want(t, 403)
+		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-1/confirmationBase", nil).want(t, 404)
+		s.ddiAs(t, gateway, "PUT", "/default/controller/v1/gw-1/configData", map[string]any{"data": map[string]any{"a": "b"}}).want(t, 404)
+		s.ddiAs(t, gateway, "GET", "/beta/controller/v1/gw-1", nil).want(t, 401)
+		s.ddiAs(t, betaGateway, "GET", "/beta/controller/v1/gw-1", nil).want(t, 404)
+		if exists(admin, "gw-1") || exists(beta, "gw-1") {
+			t.Fatal("a refused poll registered a device")
+		}
+		r := s.ddiAs(t, gateway, "GET", "/default/controller/v1/a*b", nil).want(t, 400)
+		if !strings.Contains(string(r.Body), "controllerId") {
+			t.Errorf("an invalid controllerId: %s", r.Body)
+		}
+
+		links := s.ddiLinks(t, gateway, "/default/controller/v1/gw-1")
+		if !exists(admin, "gw-1") || links["configData"] == "" {
+			t.Fatalf("after the gateway's poll: exists %v, links %v; want the device, asked for its attributes", exists(admin, "gw-1"), links)
+		}
+		if exists(beta, "gw-1") {
+			t.Fatal("default's gateway registered a device in beta")
+		}
+		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-1", nil).want(t, 200)
+		var logs struct {
+			AuditLogs []struct{ Actor, Target string } `json:"audit_logs"`
+		}
+		s.do(t, admin, "GET", "/api/v1/audit-logs?action=device.create", nil).want(t, 200).decode(t, &logs)
+		if len(logs.AuditLogs) != 1 || logs.AuditLogs[0].Actor != "gateway" || logs.AuditLogs[0].Target != "devices/gw-1" {
+			t.Fatalf("audit: %+v; want one device.create by the gateway's key", logs.AuditLogs)
+		}
+
+		// The bound: bursts of 3 here, then one a second per tenant.
+		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-2", nil).want(t, 200)
+		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-3", nil).want(t, 200)
+		r = s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-4", nil).want(t, 429)
+		if r.Header.Get("Retry-After") == "" || exists(admin, "gw-4") {
+			t.Fatalf("beyond the burst: Retry-After %q, device made %v", r.Header.Get("Retry-After"), exists(admin, "gw-4"))
+		}
+		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-1", nil).want(t, 200) // known devices poll on
+		if c, l := registered("created"), registered("rate_limited"); c != "3" || l != "1" {
+			t.Fatalf("metrics: created %s, rate_limited %s; want 3 and 1", c, l)
+		}
+		// beta's bucket is its own.
+		ddiSettings(t, s, beta, false, true)
+		s.ddiAs(t, betaGateway, "GET", "/beta/controller/v1/gw-1", nil).want(t, 200)
+	})
+}

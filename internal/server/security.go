@@ -57,6 +57,8 @@ func (s *securityConfig) flags(fs *cli.FlagSet) {
 	fs.IntVar(&s.http.Burst, "rate-burst", fleethttp.DefaultBurst, "requests (`N`) an API key or end user may make at once beyond --rate-limit")
 	fs.Float64Var(&s.http.DeviceDataRate, "device-data-rate-limit", fleethttp.DefaultDeviceDataRate, "status reports and stream ingest requests per second (`N`) each API key may make over HTTP, per replica; negative: no limit")
 	fs.IntVar(&s.http.DeviceDataBurst, "device-data-rate-burst", fleethttp.DefaultDeviceDataBurst, "device data requests (`N`) a key may make at once beyond --device-data-rate-limit")
+	fs.Float64Var(&s.http.DDIRegistrationRate, "ddi-registration-rate-limit", fleethttp.DefaultDDIRegistrationRate, "devices per second (`N`) a tenant's hawkBit gateways may register by polling for unknown controllers, per replica, when the tenant allows it")
+	fs.IntVar(&s.http.DDIRegistrationBurst, "ddi-registration-rate-burst", fleethttp.DefaultDDIRegistrationBurst, "devices (`N`) a tenant's gateways may register at once beyond --ddi-registration-rate-limit")
 
 	fs.DurationVar(&s.mqtt.ConnectTimeout, "mqtt-connect-timeout", broker.DefaultConnectTimeout, "longest `DURATION` a device may take to send CONNECT after connecting")
 	fs.IntVar(&s.mqtt.MaxPacketSize, "mqtt-max-packet-size", broker.DefaultMaxPacketSize, "largest MQTT packet in `BYTES` a device may send (MQTT 5 devices are told in CONNACK); larger disconnects it")
