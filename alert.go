@@ -10,13 +10,17 @@ import (
 )
 
 // AlertRule watches one stream of every device of a tenant (or those whose
-// metadata matches MetadataFilters) for a condition (DESIGN §6).
+// metadata matches MetadataFilters, and that are in DeviceGroup) for a
+// condition (docs/alerts.md).
 type AlertRule struct {
 	Tenant string `json:"-"`
 	ID     string `json:"id" codec:"uuid"`
 	Name   string `json:"name"`
 	Stream string `json:"stream"`
 	Group  string `json:"group"`
+	// DeviceGroup, when set, names a group (docs/twin.md): the rule
+	// watches the devices in it at the moment each point is evaluated.
+	DeviceGroup string `json:"device_group"`
 	// Condition is the condition as the client sent it; Compiled is what
 	// evaluation runs.
 	Condition any `json:"condition"`
@@ -42,6 +46,7 @@ func ReadRule(f *Fields, compile func(*AlertRule) map[string]string) *AlertRule 
 	rule := &AlertRule{
 		Name:                         f.NonEmptyString("name", true, 256),
 		Group:                        f.String("group", false),
+		DeviceGroup:                  f.String("device_group", false),
 		MetadataFilters:              f.Object("metadata_filters", false),
 		ActivationThresholdSeconds:   f.Float("activation_threshold_seconds", false, 0, MaxThresholdSeconds),
 		DeactivationThresholdSeconds: f.Float("deactivation_threshold_seconds", false, 0, MaxThresholdSeconds),
@@ -51,6 +56,9 @@ func ReadRule(f *Fields, compile func(*AlertRule) map[string]string) *AlertRule 
 	}
 	if len(rule.Group) > 256 {
 		f.Fail("group", "must be at most 256 characters")
+	}
+	if rule.DeviceGroup != "" && !ValidGroupName(rule.DeviceGroup) {
+		f.Fail("device_group", GroupNameRule+", the name of a group of devices (or empty for none)")
 	}
 	rule.Condition, _ = f.Value("condition", true)
 	if f.Has("condition") || f.Has("metadata_filters") {

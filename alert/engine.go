@@ -26,9 +26,13 @@ type Store interface {
 	FindAlertStates(ctx context.Context) ([]*fleet.AlertState, error)
 }
 
-// DeviceFinder reads a device's metadata for rules with metadata_filters.
+// DeviceFinder reads a device's metadata for rules with metadata_filters,
+// and its membership of a group for rules with a device_group.
 type DeviceFinder interface {
 	FindDevice(ctx context.Context, tenant, id string) (*fleet.Device, error)
+	// InGroup reports whether the device is in the group now; a group
+	// that is not there has no devices.
+	InGroup(ctx context.Context, tenant, group, device string) (bool, error)
 }
 
 // Engine evaluates alert rules on device data. Rules are indexed in memory
@@ -103,8 +107,49 @@ type rule struct {
 	span    int64
 }
 
-func (r *rule) matches(meta map[string]string) bool {
-	return len(r.Filters) == 0 || r.MatchesMetadata(meta)
+// facts is what rules with metadata filters or a device group need to
+// know of the device an ingest is for.
+type facts struct {
+	meta   map[string]string
+	groups map[string]bool // membership, by group name
+}
+
+func (r *rule) matches(f facts) bool {
+	return (len(r.Filters) == 0 || r.MatchesMetadata(f.meta)) && (r.DeviceGroup == "" || f.groups[r.DeviceGroup])
+}
+
+// deviceFacts reads what rules need of the device: its metadata (cached,
+// see MetadataTTL) if a rule has metadata filters, and its membership of
+// each device group a rule names, read now, so that a rule follows the
+// group as the device's metadata or reported state change.
+func (e *Engine) deviceFacts(ctx context.Context, tenant, device string, rules []*rule) (facts, error) {
+	var f facts
+	for _, r := range rules {
+		if len(r.Filters) > 0 && f.meta == nil {
+			m, err := e.metadata(ctx, tenant, device)
+			if err != nil {
+				return f, err
+			}
+			f.meta = m
+			if f.meta == nil {
+				f.meta = map[string]string{}
+			}
+		}
+		if g := r.DeviceGroup; g != "" {
+			if _, ok := f.groups[g]; ok {
+				continue
+			}
+			in, err := e.Devices.InGroup(ctx, tenant, g, device)
+			if err != nil {
+				return f, err
+			}
+			if f.groups == nil {
+				f.groups = map[string]bool{}
+			}
+			f.groups[g] = in
+		}
+	}
+	return f, nil
 }
 
 // streamState is what the engine knows of one device stream.
@@ -429,7 +474,7 @@ func (e *Engine) ReplaceRule(ctx context.Context, r *fleet.AlertRule) error {
 
 // sameRule reports whether a rule read from the store is the one evaluated.
 func sameRule(a, b *fleet.AlertRule) bool {
-	if a.Name != b.Name || a.Group != b.Group || a.Stream != b.Stream ||
+	if a.Name != b.Name || a.Group != b.Group || a.DeviceGroup != b.DeviceGroup || a.Stream != b.Stream ||
 		a.ActivationThresholdSeconds != b.ActivationThresholdSeconds || a.DeactivationThresholdSeconds != b.DeactivationThresholdSeconds {
 		return false
 	}
@@ -612,16 +657,9 @@ func (e *Engine) IngestPoints(ctx context.Context, tenant, device, stream string
 	if len(rules) == 0 {
 		return e.Store.CommitStream(ctx, tenant, device, stream, pts, nil)
 	}
-	var meta map[string]string
-	for _, r := range rules {
-		if len(r.Filters) > 0 {
-			m, err := e.metadata(ctx, tenant, device)
-			if err != nil {
-				return err
-			}
-			meta = m
-			break
-		}
+	meta, err := e.deviceFacts(ctx, tenant, device, rules)
+	if err != nil {
+		return err
 	}
 	ss := e.stream(streamKey{tenant, device, stream})
 	ss.mu.Lock()
@@ -643,7 +681,7 @@ func (e *Engine) IngestPoints(ctx context.Context, tenant, device, stream string
 
 // evaluate runs pts through the stream's rules and commits the result;
 // on failure the stream's state is as before. ss.mu is held.
-func (e *Engine) evaluate(ctx context.Context, ss *streamState, rules []*rule, meta map[string]string, pts []fleet.DataPoint) error {
+func (e *Engine) evaluate(ctx context.Context, ss *streamState, rules []*rule, meta facts, pts []fleet.DataPoint) error {
 	states := ss.statesFor(rules)
 	saved := make([]ruleState, len(states))
 	for i, st := range states {
@@ -1096,14 +1134,11 @@ func (e *Engine) noDataMoment(ss *streamState, st *ruleState, now int64) int64 {
 	return at
 }
 
-// deviceMatches checks a rule's metadata filters for a clock step. A device
-// that cannot be read does not match.
+// deviceMatches checks a rule's metadata filters and device group for a
+// clock step. A device that cannot be read does not match.
 func (e *Engine) deviceMatches(ctx context.Context, ss *streamState, r *rule) bool {
-	if len(r.Filters) == 0 {
-		return true
-	}
-	meta, err := e.metadata(ctx, ss.key.tenant, ss.key.device)
-	return err == nil && r.MatchesMetadata(meta)
+	f, err := e.deviceFacts(ctx, ss.key.tenant, ss.key.device, []*rule{r})
+	return err == nil && r.matches(f)
 }
 
 // Run checks timers every Tick and reloads rules every RefreshEvery until

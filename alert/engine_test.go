@@ -26,6 +26,7 @@ type memStore struct {
 	commits int
 	fail    error
 	devices map[string]map[string]string // tenant/device -> metadata
+	members map[string]bool              // tenant/group/device: in the group
 	// onFindRules, when set, runs as the rules are read: what happens
 	// meanwhile on this replica.
 	onFindRules func()
@@ -33,7 +34,7 @@ type memStore struct {
 
 func newMemStore() *memStore {
 	return &memStore{latest: map[string]*fleet.DataPoint{}, alerts: map[string]*fleet.Alert{}, states: map[string]fleet.AlertState{},
-		devices: map[string]map[string]string{}}
+		devices: map[string]map[string]string{}, members: map[string]bool{}}
 }
 
 func (m *memStore) CommitStream(ctx context.Context, tenant, device, stream string, pts []fleet.DataPoint, changes []*fleet.AlertChange) error {
@@ -138,6 +139,12 @@ func (m *memStore) FindDevice(ctx context.Context, tenant, id string) (*fleet.De
 		return nil, fleet.Errorf(fleet.ENOTFOUND, "device %q not found", id)
 	}
 	return &fleet.Device{ID: id, Metadata: meta}, nil
+}
+
+func (m *memStore) InGroup(ctx context.Context, tenant, group, device string) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.members[tenant+"/"+group+"/"+device], nil
 }
 
 // span is an alert as seconds after t0; end -1 while open.
@@ -409,6 +416,25 @@ func TestMetadataFilters(t *testing.T) {
 			t.Fatalf("ingest for an unknown device: %v, want not_found", err)
 		}
 	})
+}
+
+// TestDeviceGroup: a rule with a device group watches the devices in the
+// group when each point is evaluated: no cache, so a device that joins is
+// watched from its next point, and one that leaves has its alert closed.
+func TestDeviceGroup(t *testing.T) {
+	rule := mustRule(t, "lab", hot, 0, 0, nil)
+	rule.DeviceGroup = "lab"
+	r := newRig(t, nil, rule)
+	r.store.members["acme/lab/d1"] = true
+	r.dataFor("d1", 0, 0, 90)
+	r.dataFor("d2", 0, 0, 90)
+	r.want(span{0, -1})
+	r.store.mu.Lock()
+	r.store.members["acme/lab/d1"], r.store.members["acme/lab/d2"] = false, true
+	r.store.mu.Unlock()
+	r.dataFor("d1", 1, 1, 91)
+	r.dataFor("d2", 1, 1, 91)
+	r.want(span{0, 1}, span{1, -1})
 }
 
 func TestTenantAndStreamIsolation(t *testing.T) {

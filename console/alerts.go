@@ -136,13 +136,14 @@ func (c *Console) findRule(r *http.Request, tenant string) (*fleet.AlertRule, er
 type ruleForm struct {
 	ID                         string // empty for a new rule
 	Name, Stream, Group        string
+	DeviceGroup                string
 	Condition, MetadataFilters string // JSON
 	Activation, Deactivation   string // seconds
 }
 
 // ruleFormOf fills the editor with a saved rule.
 func ruleFormOf(r *fleet.AlertRule) ruleForm {
-	f := ruleForm{ID: r.ID, Name: r.Name, Stream: r.Stream, Group: r.Group, Condition: jsonText(r.Condition),
+	f := ruleForm{ID: r.ID, Name: r.Name, Stream: r.Stream, Group: r.Group, DeviceGroup: r.DeviceGroup, Condition: jsonText(r.Condition),
 		Activation:   strconv.FormatFloat(r.ActivationThresholdSeconds, 'f', -1, 64),
 		Deactivation: strconv.FormatFloat(r.DeactivationThresholdSeconds, 'f', -1, 64)}
 	if len(r.MetadataFilters) > 0 {
@@ -166,7 +167,7 @@ func jsonText(v any) string {
 func readRuleForm(r *http.Request, id string) ruleForm {
 	p := r.PostForm
 	get := func(k string) string { return strings.TrimSpace(p.Get(k)) }
-	return ruleForm{ID: id, Name: get("name"), Stream: get("stream"), Group: get("group"),
+	return ruleForm{ID: id, Name: get("name"), Stream: get("stream"), Group: get("group"), DeviceGroup: get("device_group"),
 		Condition: get("condition"), MetadataFilters: get("metadata_filters"),
 		Activation: get("activation_threshold_seconds"), Deactivation: get("deactivation_threshold_seconds")}
 }
@@ -177,7 +178,7 @@ func readRuleForm(r *http.Request, id string) ruleForm {
 func (f ruleForm) rule(compile func(*fleet.AlertRule) map[string]string) (*fleet.AlertRule, error) {
 	body := map[string]any{}
 	bad := map[string]string{}
-	for k, s := range map[string]string{"name": f.Name, "stream": f.Stream, "group": f.Group} {
+	for k, s := range map[string]string{"name": f.Name, "stream": f.Stream, "group": f.Group, "device_group": f.DeviceGroup} {
 		if s != "" {
 			body[k] = s
 		}

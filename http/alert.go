@@ -12,6 +12,7 @@ type alertRuleCreate struct {
 	Name                         string         `json:"name" openapi:"required" doc:"1-256 characters, unique in the tenant"`
 	Stream                       string         `json:"stream" openapi:"required" doc:"the stream watched: 1-128 characters from A-Z a-z 0-9 . _ -"`
 	Group                        string         `json:"group,omitempty" doc:"a label, up to 256 characters"`
+	DeviceGroup                  string         `json:"device_group,omitempty" doc:"the name of a group of devices (docs/twin.md): the rule watches the devices in the group when each point is evaluated"`
 	Condition                    any            `json:"condition" openapi:"required" doc:"{\"field\", \"operator\", \"value\"} (with \"aggregate\": avg|min|max and \"window_seconds\" to compare a window's aggregate), {\"all\": [...]}, {\"any\": [...]}, {\"not\": {...}} or {\"no_data_seconds\": N}"`
 	MetadataFilters              map[string]any `json:"metadata_filters,omitempty" doc:"{\"key\": \"value\"} or {\"key\": [\"v1\", \"v2\"]}: every key must match the device's metadata"`
 	ActivationThresholdSeconds   float64        `json:"activation_threshold_seconds,omitempty" doc:"how long the condition must hold before the alert opens; ≥ 0, default 0"`

@@ -23,9 +23,12 @@ func (db *DB) CreateAlertRule(ctx context.Context, tenant string, r *fleet.Alert
 	id := uuid.NewString()
 	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		created := tx.now.Truncate(time.Millisecond)
-		_, err := tx.exec(ctx, `INSERT INTO alert_rules (id, tenant, name, stream, rule_group, condition, metadata_filters,
-			activation_ms, deactivation_ms, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			id, tenant, r.Name, r.Stream, r.Group, string(cond), string(mf),
+		if err := tx.checkDeviceGroup(ctx, tenant, r.DeviceGroup); err != nil {
+			return err
+		}
+		_, err := tx.exec(ctx, `INSERT INTO alert_rules (id, tenant, name, stream, rule_group, device_group, condition, metadata_filters,
+			activation_ms, deactivation_ms, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			id, tenant, r.Name, r.Stream, r.Group, r.DeviceGroup, string(cond), string(mf),
 			r.ActivationThreshold().Milliseconds(), r.DeactivationThreshold().Milliseconds(), millis(created))
 		if isUniqueViolation(err) {
 			return fleet.Errorf(fleet.ECONFLICT, "an alert rule named %q exists already", r.Name)
@@ -40,6 +43,19 @@ func (db *DB) CreateAlertRule(ctx context.Context, tenant string, r *fleet.Alert
 		}
 		return tx.audit(ctx, tenant, "alert_rule.create", "alert-rules/"+id, ruleAudit(r))
 	})
+}
+
+// checkDeviceGroup refuses a rule's device group that the tenant does not
+// have; "" is none.
+func (tx *Tx) checkDeviceGroup(ctx context.Context, tenant, group string) error {
+	if group == "" {
+		return nil
+	}
+	_, err := groupSelector(ctx, tx, tenant, group)
+	if fleet.ErrorCode(err) == fleet.ENOTFOUND {
+		return fleet.FieldErrors(map[string]string{"device_group": fmt.Sprintf("no group is named %q", group)})
+	}
+	return err
 }
 
 // encodeRule returns the stored forms of r's condition and metadata filters,
@@ -77,8 +93,11 @@ func (db *DB) UpdateAlertRule(ctx context.Context, tenant, id string, r *fleet.A
 		if stream != r.Stream {
 			return fleet.FieldErrors(map[string]string{"stream": fmt.Sprintf("cannot change: this rule watches %q; create a new rule for another stream", stream)})
 		}
-		_, err = tx.exec(ctx, `UPDATE alert_rules SET name = ?, rule_group = ?, condition = ?, metadata_filters = ?, activation_ms = ?, deactivation_ms = ?
-			WHERE tenant = ? AND id = ?`, r.Name, r.Group, string(cond), string(mf),
+		if err := tx.checkDeviceGroup(ctx, tenant, r.DeviceGroup); err != nil {
+			return err
+		}
+		_, err = tx.exec(ctx, `UPDATE alert_rules SET name = ?, rule_group = ?, device_group = ?, condition = ?, metadata_filters = ?, activation_ms = ?,
+			deactivation_ms = ? WHERE tenant = ? AND id = ?`, r.Name, r.Group, r.DeviceGroup, string(cond), string(mf),
 			r.ActivationThreshold().Milliseconds(), r.DeactivationThreshold().Milliseconds(), tenant, id)
 		if isUniqueViolation(err) {
 			return fleet.Errorf(fleet.ECONFLICT, "an alert rule named %q exists already", r.Name)
@@ -96,18 +115,18 @@ func (db *DB) UpdateAlertRule(ctx context.Context, tenant, id string, r *fleet.A
 // ruleAudit is what the audit log says of a rule.
 func ruleAudit(r *fleet.AlertRule) map[string]any {
 	return map[string]any{
-		"name": r.Name, "stream": r.Stream, "group": r.Group, "condition": r.Condition, "metadata_filters": r.MetadataFilters,
+		"name": r.Name, "stream": r.Stream, "group": r.Group, "device_group": r.DeviceGroup, "condition": r.Condition, "metadata_filters": r.MetadataFilters,
 		"activation_threshold_seconds": r.ActivationThresholdSeconds, "deactivation_threshold_seconds": r.DeactivationThresholdSeconds,
 	}
 }
 
-const ruleColumns = "r.tenant, r.id, r.name, r.stream, r.rule_group, r.condition, r.metadata_filters, r.activation_ms, r.deactivation_ms, r.created_at"
+const ruleColumns = "r.tenant, r.id, r.name, r.stream, r.rule_group, r.device_group, r.condition, r.metadata_filters, r.activation_ms, r.deactivation_ms, r.created_at"
 
 func scanRule(s scanner) (*fleet.AlertRule, error) {
 	var r fleet.AlertRule
 	var cond, mf string
 	var act, deact, created int64
-	if err := s.Scan(&r.Tenant, &r.ID, &r.Name, &r.Stream, &r.Group, &cond, &mf, &act, &deact, &created); err != nil {
+	if err := s.Scan(&r.Tenant, &r.ID, &r.Name, &r.Stream, &r.Group, &r.DeviceGroup, &cond, &mf, &act, &deact, &created); err != nil {
 		return nil, err
 	}
 	var err error

@@ -89,6 +89,55 @@ func TestAlertRulesStore(t *testing.T) {
 	})
 }
 
+// TestAlertRuleDeviceGroup: a rule keeps its device group, which must be
+// one of the tenant's; InGroup, what the engine asks of each device, is
+// the group's membership now, by metadata and reported state.
+func TestAlertRuleDeviceGroup(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, _ := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustTenant(t, db, "beta")
+		mustAlertDevices(t, db, "acme", "d1", "d2")
+		mustAlertDevices(t, db, "beta", "d1")
+		if _, err := db.CreateGroup(ctx, "beta", &fleet.Group{Name: "lab", Selector: "!site"}); err != nil {
+			t.Fatal(err)
+		}
+		r := &fleet.AlertRule{Name: "hot", Stream: "env", DeviceGroup: "lab", Condition: map[string]any{"field": "temp", "operator": ">", "value": int64(80)}}
+		err := db.CreateAlertRule(ctx, "acme", r) // beta's group is not acme's
+		if fleet.ErrorCode(err) != fleet.EINVALID || !strings.Contains(err.Error(), `device_group: no group is named "lab"`) {
+			t.Fatalf("a rule of an unknown group: %v", err)
+		}
+		if _, err := db.CreateGroup(ctx, "acme", &fleet.Group{Name: "lab", Selector: "reported.fw=2"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.CreateAlertRule(ctx, "acme", r); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := db.FindAlertRule(ctx, "acme", r.ID); err != nil || got.DeviceGroup != "lab" {
+			t.Fatalf("read back %+v, %v", got, err)
+		}
+		r.DeviceGroup = "nowhere"
+		if err := db.UpdateAlertRule(ctx, "acme", r.ID, r); fleet.ErrorCode(err) != fleet.EINVALID {
+			t.Fatalf("an update to an unknown group: %v", err)
+		}
+		in := func(tenant, group, device string, want bool) {
+			t.Helper()
+			if got, err := db.InGroup(ctx, tenant, group, device); err != nil || got != want {
+				t.Fatalf("InGroup(%s, %s, %s) = %v, %v; want %v", tenant, group, device, got, err, want)
+			}
+		}
+		in("acme", "lab", "d1", false)
+		if _, err := db.UpdateReported(ctx, "acme", "d1", map[string]any{"fw": 2}); err != nil {
+			t.Fatal(err)
+		}
+		in("acme", "lab", "d1", true)
+		in("acme", "lab", "d2", false)
+		in("beta", "lab", "d1", true) // beta's own group: !site
+		in("acme", "nowhere", "d1", false)
+	})
+}
+
 func TestCommitStream(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		db, clk := mustOpen(t, b)

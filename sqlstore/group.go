@@ -259,6 +259,24 @@ func (db *DB) FindGroupDevices(ctx context.Context, tenant, name string, p fleet
 	return db.findDevicesWhere(ctx, tenant, db.dialect.selectorConds(tenant, sel), p)
 }
 
+// InGroup reports whether the device is one of the group's now; a group
+// that is not there has no devices.
+func (db *DB) InGroup(ctx context.Context, tenant, group, device string) (bool, error) {
+	sel, err := groupSelector(ctx, db, tenant, group)
+	if fleet.ErrorCode(err) == fleet.ENOTFOUND {
+		return false, nil
+	} else if err != nil {
+		return false, db.classify(err)
+	}
+	where, args := []string{"tenant = ?", "id = ?"}, []any{tenant, device}
+	for _, c := range db.dialect.selectorConds(tenant, sel) {
+		where, args = append(where, c.scan), append(args, c.scanArgs...)
+	}
+	var n int
+	err = db.queryRow(ctx, "SELECT count(*) FROM devices WHERE "+strings.Join(where, " AND "), args...).Scan(&n)
+	return n > 0, db.classify(err)
+}
+
 // groupSelector reads and parses a group's selector.
 func groupSelector(ctx context.Context, q querier, tenant, name string) (fleet.Selector, error) {
 	var s string

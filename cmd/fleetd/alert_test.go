@@ -24,6 +24,7 @@ type alertRule struct {
 	Name                         string         `json:"name"`
 	Stream                       string         `json:"stream"`
 	Group                        string         `json:"group"`
+	DeviceGroup                  string         `json:"device_group"`
 	Condition                    map[string]any `json:"condition"`
 	MetadataFilters              map[string]any `json:"metadata_filters"`
 	ActivationThresholdSeconds   float64        `json:"activation_threshold_seconds"`
@@ -383,6 +384,34 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 				t.Fatalf("%d alerts once the device moved to berlin, want 1", n)
 			}
 			s.do(t, admin, "DELETE", "/api/v1/alert-rules/"+r.ID, nil).want(t, 204)
+		})
+		t.Run("DeviceGroupFollowsReportedState", func(t *testing.T) {
+			hot := map[string]any{"field": "temp", "operator": ">", "value": 80}
+			r := s.do(t, admin, "POST", "/api/v1/alert-rules", map[string]any{"name": "test-hot", "stream": "env", "condition": hot, "device_group": "testing"})
+			wantCode(t, r, 400, "invalid")
+			if !strings.Contains(string(r.Body), `"device_group":"no group is named \"testing\""`) {
+				t.Fatalf("the refusal does not name the field: %s", r.Body)
+			}
+			s.do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "testing", "selector": "reported.mode=test"}).want(t, 201)
+			rule := s.mustAlertRule(t, admin, map[string]any{"name": "test-hot", "stream": "env", "condition": hot, "device_group": "testing"})
+			s.do(t, gw, "POST", path, points(start.Add(20*time.Minute), 95)).want(t, 200)
+			if n := len(s.alerts(t, admin, "?rule_id="+rule.ID)); n != 0 {
+				t.Fatalf("%d alerts for a device outside the group", n)
+			}
+			// uplink's device_shadow stream fills the reported state,
+			// which puts the device in the group.
+			s.do(t, gw, "POST", "/api/v1/devices/pump-1/streams/device_shadow",
+				[]any{map[string]any{"timestamp": start.Add(21 * time.Minute).UnixMilli(), "mode": "test"}}).want(t, 200)
+			s.do(t, gw, "POST", path, points(start.Add(22*time.Minute), 96)).want(t, 200)
+			if n := len(s.alerts(t, admin, "?state=active&rule_id="+rule.ID)); n != 1 {
+				t.Fatalf("%d alerts once the device is in the group, want 1", n)
+			}
+			var got alertRule
+			s.do(t, admin, "GET", "/api/v1/alert-rules/"+rule.ID, nil).want(t, 200).decode(t, &got)
+			if got.DeviceGroup != "testing" {
+				t.Fatalf("read %+v", got)
+			}
+			s.do(t, admin, "DELETE", "/api/v1/alert-rules/"+rule.ID, nil).want(t, 204)
 		})
 		t.Run("Roles", func(t *testing.T) {
 			viewer := s.newKey(t, admin, "viewer", "viewer")
