@@ -95,9 +95,11 @@ type AggregateQuery struct {
 	Fn       string
 	Interval time.Duration
 	From, To time.Time
-	// Fleet-wide only: the devices whose metadata has these values, and
+	// Fleet-wide only: the devices whose metadata has these values and
+	// that are in Group (a group's name, docs/twin.md) when it is set, and
 	// one series per device.
 	Metadata map[string]string
+	Group    string
 	ByDevice bool
 }
 

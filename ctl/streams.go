@@ -97,15 +97,15 @@ answer's next). -o csv writes a column per data field (data.temperature).`,
 	points.Flags().IntVar(&limit, "limit", 0, "`N` points a page, 1 to 1000 (the server's default is 50)")
 
 	var ar rangeFlags
-	var field, fn, interval, by string
+	var field, fn, interval, by, group string
 	var meta []string
 	aggregate := &cobra.Command{
 		Use:   "aggregate [DEVICE] STREAM --field FIELD",
 		Short: "A numeric field of a device's stream, or of the fleet's (no DEVICE), aggregated in buckets aligned to UTC",
 		Long: `Aggregates FIELD with --fn (avg, min, max, sum, count, last) in buckets of
 --interval (30s, 5m, 1h, 7d). Without DEVICE, over every device of the
-tenant, or those whose metadata matches each --metadata KEY=VALUE; --by
-device gives one series per device.`,
+tenant, or those whose metadata matches each --metadata KEY=VALUE and that
+are in --group; --by device gives one series per device.`,
 		Args:              rangeArgs(1, 2),
 		ValidArgsFunction: a.completeDevices,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -127,6 +127,7 @@ device gives one series per device.`,
 				q.Set("metadata."+k, v)
 			}
 			setIf(q, "by", by)
+			setIf(q, "group", group)
 			v := view{items: "buckets", cols: bucketCols}
 			if by == "device" {
 				v = view{items: "series", cols: cols("DEVICE", "device_id", "BUCKETS", "buckets"), each: "buckets"}
@@ -140,6 +141,7 @@ device gives one series per device.`,
 	aggregate.Flags().StringVar(&interval, "interval", "", "bucket length: under a minute in seconds (raw points, 6h at most), whole minutes or hours (rollups), or days like 7d; the server's default is 1h")
 	aggregate.Flags().StringArrayVar(&meta, "metadata", nil, "fleet-wide: only devices whose metadata has `KEY=VALUE`; repeatable")
 	aggregate.Flags().StringVar(&by, "by", "", "fleet-wide: device, for one series per device")
+	aggregate.Flags().StringVar(&group, "group", "", "fleet-wide: only the devices of the group `NAME`")
 	return []*cobra.Command{list, points, aggregate}
 }
 

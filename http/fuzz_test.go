@@ -86,7 +86,7 @@ func newAPI(tb testing.TB) *api {
 	}
 	s := &fleethttp.Server{
 		Tenants: db, Devices: &alert.Devices{DeviceService: db, Engine: engine}, Audit: db,
-		Alerts: alerts, Streams: alerts, History: db, Firmware: fw, Actions: actions,
+		Alerts: alerts, Streams: alerts, History: db, Groups: db, Firmware: fw, Actions: actions,
 		TenantAuth: users, Tokens: users, Ready: []fleethttp.Pinger{db},
 		DeviceCerts:  &pki.Service{Store: db, Authority: ca, ServerTrust: ca.CertificatePEM},
 		UplinkBroker: fleethttp.UplinkBroker{Host: "fleet.example.com", Port: 8883},

@@ -60,6 +60,7 @@ var aggregateParams = append([]param{
 
 var fleetAggregateParams = append([]param{
 	{Name: "metadata.{key}", Desc: "only devices whose metadata value under key equals this; repeatable with other keys"},
+	{Name: "group", Desc: "only devices in this group of the tenant (GET /api/v1/groups), as its selector chooses them now; with metadata.{key}, devices that match both; an unknown group is 400"},
 	{Name: "by", Desc: "device: one series per device; at most 100000 buckets over all the series", Enum: []string{"device"}},
 }, aggregateParams...)
 
@@ -170,6 +171,9 @@ func (s *Server) handleFleetAggregate(w http.ResponseWriter, r *http.Request) er
 	q := newQuery(r)
 	aq := readAggregateQuery(q, s.Now())
 	aq.Metadata = q.Prefixed("metadata.")
+	if aq.Group = q.String("group"); aq.Group != "" && !fleet.ValidGroupName(aq.Group) {
+		q.fail("group", "names a group: it "+fleet.GroupNameRule)
+	}
 	aq.ByDevice = q.Enum("by", "", "device") == "device"
 	if err := q.Err(); err != nil {
 		return err

@@ -129,6 +129,37 @@ func TestHistoryEndpoints(t *testing.T) {
 		if len(by.Series) != 1 || by.Series[0].DeviceID != "d1" {
 			t.Fatalf("by device = %+v", by)
 		}
+		// A group: of the tenant's, beside metadata; another tenant's
+		// group of the same name is its own, and a name only the other
+		// tenant has is unknown here.
+		ct := "Content-Type: application/json"
+		for who, g := range map[byte]string{4: `{"name": "site-x", "selector": "site=x"}`, 5: `{"name": "elsewhere", "selector": "site=x"}`} {
+			if w, _ := a.serve("POST", "/api/v1/groups", ct, []byte(g), who); w.Code != 201 {
+				t.Fatalf("group %s: %d %s", g, w.Code, w.Body)
+			}
+		}
+		if w, _ := a.serve("POST", "/api/v1/groups", ct, []byte(`{"name": "site-x", "selector": "site"}`), 5); w.Code != 201 {
+			t.Fatalf("other's site-x: %d %s", w.Code, w.Body)
+		}
+		getJSON(t, a, "/api/v1/streams/env/aggregate"+q+"&group=site-x&by=device", 1, 200, &by)
+		if len(by.Series) != 1 || by.Series[0].DeviceID != "d1" {
+			t.Fatalf("group site-x by device = %+v", by)
+		}
+		getJSON(t, a, "/api/v1/streams/env/aggregate"+q+"&group=site-x&metadata.site=y", 1, 200, &got)
+		if len(got.Buckets) != 0 {
+			t.Fatalf("group site-x and site y = %+v", got)
+		}
+		getJSON(t, a, "/api/v1/streams/env/aggregate"+q+"&group=site-x", 5, 200, &got)
+		if len(got.Buckets) != 0 {
+			t.Fatalf("the other tenant's group site-x = %+v", got)
+		}
+		var e struct {
+			Fields map[string]string
+		}
+		getJSON(t, a, "/api/v1/streams/env/aggregate"+q+"&group=elsewhere", 1, 400, &e)
+		if !strings.Contains(e.Fields["group"], `no group of the tenant: "elsewhere"`) {
+			t.Fatalf("another tenant's group: %+v", e)
+		}
 	})
 	t.Run("TenantsApart", func(t *testing.T) {
 		getJSON(t, a, "/api/v1/devices/d1/streams", 5, 404, nil)
@@ -157,6 +188,8 @@ func TestHistoryEndpoints(t *testing.T) {
 			"/api/v1/devices/d1/streams/env/aggregate?field=temp&interval=1m&from=0": "interval",
 			"/api/v1/streams/env/aggregate?field=temp&by=site":                       "by",
 			"/api/v1/streams/env/aggregate?field=temp&metadata.=x":                   "metadata.",
+			"/api/v1/streams/env/aggregate?field=temp&group=a/b":                     "group",
+			"/api/v1/streams/env/aggregate?field=temp&group=ghost":                   "group",
 		} {
 			var e struct {
 				Error  string
@@ -200,7 +233,7 @@ func FuzzHistoryQuery(f *testing.F) {
 	for _, q := range []string{
 		"limit=5&order=desc", "from=0&to=99999999999999", "from=2026-11-21T10:00:00Z&to=2026-11-22T10:00:00.5%2B01:00",
 		"cursor=MS5hLjEuMi4zLjQ", "field=temp&fn=last&interval=2h", "field=temp&interval=7d&from=1", "field=temp&interval=15s",
-		"field=temp&metadata.site=x&by=device", "field=%ff&fn=avg", "interval=-1m&field=x", "limit=1&limit=2", "%zz",
+		"field=temp&metadata.site=x&by=device", "field=temp&group=g", "field=%ff&fn=avg", "interval=-1m&field=x", "limit=1&limit=2", "%zz",
 	} {
 		f.Add(uint8(0), q)
 		f.Add(uint8(1), q)

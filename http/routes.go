@@ -157,7 +157,7 @@ func (s *Server) addRoutes() []route {
 		{"GET /api/v1/devices/{id}/logs", fleet.PermRead, s.handleLogs, op{Tag: "streams",
 			Summary: "The device's log lines (the points of its logs stream, as the uplink agent sends them), oldest first; follow=true streams them as server-sent events", Query: logParams, Resp: logList{}}},
 		{"GET /api/v1/streams/{stream}/aggregate", fleet.PermRead, s.handleFleetAggregate, op{Tag: "streams",
-			Summary: "A numeric field of a stream aggregated over the tenant's devices (those whose metadata matches), as one series or one per device", Query: fleetAggregateParams, Resp: aggregateResult{}}},
+			Summary: "A numeric field of a stream aggregated over the tenant's devices (those whose metadata matches, in the group given), as one series or one per device", Query: fleetAggregateParams, Resp: aggregateResult{}}},
 
 		{"POST /api/v1/alert-rules", fleet.PermOperate, s.handleCreateAlertRule, op{Tag: "alerts", Summary: "Create an alert rule (S2)",
 			Body: alertRuleCreate{}, OK: http.StatusCreated, Resp: fleet.AlertRule{}, Quiet: true}},

@@ -470,8 +470,8 @@ func (db *DB) aggregate(ctx context.Context, tenant, device, stream string, q fl
 		return nil, fleet.FieldErrors(map[string]string{"interval": fmt.Sprintf("under a minute reads raw points, over at most %s; choose an interval of a minute or more, or a shorter range", fleet.MaxRawRange)})
 	}
 	var devices map[string]bool
-	if device == "" && len(q.Metadata) > 0 {
-		if devices, err = db.devicesMatching(ctx, tenant, q.Metadata); err != nil {
+	if device == "" && (len(q.Metadata) > 0 || q.Group != "") {
+		if devices, err = db.devicesMatching(ctx, tenant, q.Metadata, q.Group); err != nil {
 			return nil, err
 		}
 	}
@@ -634,8 +634,8 @@ func (db *DB) aggregateRollups(ctx context.Context, tx readTx, kind partKind, wh
 }
 
 // devicesMatching returns the ids of a tenant's devices whose metadata has
-// the values meta gives.
-func (db *DB) devicesMatching(ctx context.Context, tenant string, meta map[string]string) (map[string]bool, error) {
+// the values meta gives and, when group is set, that are in the group.
+func (db *DB) devicesMatching(ctx context.Context, tenant string, meta map[string]string, group string) (map[string]bool, error) {
 	cs, err := db.deviceFilter(tenant, "", meta)
 	if err != nil {
 		return nil, err
@@ -645,6 +645,15 @@ func (db *DB) devicesMatching(ctx context.Context, tenant string, meta map[strin
 		return nil, err
 	}
 	defer tx.Rollback()
+	if group != "" {
+		sel, err := groupSelector(ctx, tx, tenant, group)
+		if fleet.ErrorCode(err) == fleet.ENOTFOUND {
+			return nil, fleet.FieldErrors(map[string]string{"group": fmt.Sprintf("names no group of the tenant: %q (GET /api/v1/groups lists them)", group)})
+		} else if err != nil {
+			return nil, db.classify(err)
+		}
+		cs = append(cs, db.dialect.selectorConds(tenant, sel)...)
+	}
 	cond, args, _, err := devicesWhere(ctx, tx, cs)
 	if err != nil {
 		return nil, db.classify(err)

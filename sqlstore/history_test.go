@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"math"
 	"reflect"
 	"slices"
@@ -261,6 +262,49 @@ func TestStreamHistory(t *testing.T) {
 			wantCode(t, err, fleet.EINVALID)
 			if _, series, err = db.AggregateFleet(ctx, "acme", "env", q); err != nil || len(series) != 2 || len(series[0].Buckets) != 250 {
 				t.Fatalf("by device, by the second: %d series, %v", len(series), err)
+			}
+		})
+		t.Run("FleetWideByGroup", func(t *testing.T) {
+			// d1's site is north (FleetWide): the group of the north is d1,
+			// beside any metadata filter; beta's group of the same name
+			// is beta's, and a group only beta has is unknown to acme.
+			for _, g := range []struct{ tenant, name, sel string }{
+				{"acme", "north", "site=north"}, {"acme", "not-north", "site!=north"}, {"beta", "north", "site"}, {"beta", "beta-only", "site"},
+			} {
+				if _, err := db.CreateGroup(ctx, g.tenant, &fleet.Group{Name: g.name, Selector: g.sel}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			q := fleet.AggregateQuery{Field: "temp", Fn: fleet.AggCount, Interval: 24 * time.Hour, From: start, To: now, Group: "north"}
+			north, _, err := db.AggregateFleet(ctx, "acme", "env", q)
+			if err != nil || len(north) != 1 || north[0].Count != 250 {
+				t.Fatalf("group north count = %+v %v, want 250", north, err)
+			}
+			q.ByDevice = true
+			_, series, err := db.AggregateFleet(ctx, "acme", "env", q)
+			if err != nil || len(series) != 1 || series[0].DeviceID != "d1" {
+				t.Fatalf("group north by device = %+v %v", series, err)
+			}
+			q.Group, q.ByDevice = "not-north", false
+			rest, _, err := db.AggregateFleet(ctx, "acme", "env", q)
+			if err != nil || len(rest) != 1 || rest[0].Count != 12 {
+				t.Fatalf("group not-north count = %+v %v, want d2's 12", rest, err)
+			}
+			q.Metadata = map[string]string{"site": "north"}
+			if none, _, err := db.AggregateFleet(ctx, "acme", "env", q); err != nil || len(none) != 0 {
+				t.Fatalf("group not-north and site=north = %+v %v, want nothing", none, err)
+			}
+			q.Metadata, q.Group = nil, "north"
+			if bs, _, err := db.AggregateFleet(ctx, "beta", "env", q); err != nil || len(bs) != 0 {
+				t.Fatalf("beta's group north = %+v %v: acme's points", bs, err)
+			}
+			for _, name := range []string{"beta-only", "ghost"} {
+				q.Group = name
+				_, _, err = db.AggregateFleet(ctx, "acme", "env", q)
+				var fe *fleet.Error
+				if !errors.As(err, &fe) || fe.Code != fleet.EINVALID || fe.Fields["group"] == "" {
+					t.Fatalf("acme's group %s: %v, want a problem with group", name, err)
+				}
 			}
 		})
 		t.Run("BadQueries", func(t *testing.T) {

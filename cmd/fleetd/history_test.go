@@ -81,6 +81,11 @@ func TestStreamHistoryEndToEnd(t *testing.T) {
 		if len(agg.Buckets) != 1 || agg.Buckets[0].Value != 24 {
 			t.Fatalf("fleet-wide max = %+v", agg)
 		}
+		s.do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "berlin", "selector": "site=berlin"}).want(t, 201)
+		f.json(t, &agg, "streams", "aggregate", "env", "--field", "temp", "--fn", "max", "--interval", "1h", "--group", "berlin", "-o", "json")
+		if len(agg.Buckets) != 1 || agg.Buckets[0].Value != 24 {
+			t.Fatalf("fleet-wide max of group berlin = %+v", agg)
+		}
 		wantContains(t, "fleet-wide by device -o csv", f.ok(t, "streams", "aggregate", "env", "--field", "temp", "--fn", "max", "--interval", "1h", "--by", "device", "-o", "csv"),
 			"device_id,start,value,count\npump-1,"+start.Truncate(time.Hour).UTC().Format(time.RFC3339)[:19])
 		wantContains(t, "bad interval", f.fails(t, ctl.ExitRefused, "streams", "aggregate", "pump-1", "env", "--field", "temp", "--interval", "90s"), "400 invalid", "interval")
