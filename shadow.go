@@ -253,4 +253,10 @@ type ShadowService interface {
 	// UpdateReported merges patch into the reported section, as the device
 	// reported it.
 	UpdateReported(ctx context.Context, tenant, device string, patch map[string]any) (*Shadow, error)
+	// ReportPoint merges the data of p, a point of the device's stream
+	// that was kept (uplink's device_shadow), into the reported section,
+	// unless the stream holds a newer point (by timestamp, then
+	// sequence): a batch that arrives after a newer one, a retry or a
+	// backlog, leaves the reported state as the newer point made it.
+	ReportPoint(ctx context.Context, tenant, device, stream string, p *DataPoint) (*Shadow, error)
 }

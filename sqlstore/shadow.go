@@ -117,11 +117,44 @@ func (db *DB) UpdateDesired(ctx context.Context, tenant, device string, patch ma
 // device reports is its data, not a change made through the API: it is
 // not audited.
 func (db *DB) UpdateReported(ctx context.Context, tenant, device string, patch map[string]any) (*fleet.Shadow, error) {
+	return db.updateReported(ctx, tenant, device, patch, nil)
+}
+
+// ReportPoint merges the data of p, a point of the device's stream kept
+// already, into its reported state, unless the stream's latest point is
+// newer. The latest is read once the shadow is locked: of two batches,
+// the older merges only if it does so before the newer is kept, and the
+// newer then merges after it.
+func (db *DB) ReportPoint(ctx context.Context, tenant, device, stream string, p *fleet.DataPoint) (*fleet.Shadow, error) {
+	return db.updateReported(ctx, tenant, device, p.Data, func(ctx context.Context, tx *Tx) (bool, error) {
+		var ts, seq int64
+		err := tx.queryRow(ctx, "SELECT ts, seq FROM stream_latest WHERE tenant = ? AND device_id = ? AND stream = ?",
+			tenant, device, stream).Scan(&ts, &seq)
+		if errors.Is(err, sql.ErrNoRows) {
+			return true, nil
+		} else if err != nil {
+			return false, err
+		}
+		at := millis(p.Timestamp)
+		return ts < at || ts == at && seq <= p.Sequence, nil
+	})
+}
+
+// updateReported merges patch into a device's reported state if current,
+// when given, says the patch is still current.
+func (db *DB) updateReported(ctx context.Context, tenant, device string, patch map[string]any,
+	current func(ctx context.Context, tx *Tx) (bool, error)) (*fleet.Shadow, error) {
 	var out *fleet.Shadow
 	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		s, err := tx.lockShadow(ctx, tenant, device)
 		if err != nil {
 			return err
+		}
+		if current != nil {
+			if ok, err := current(ctx, tx); err != nil || !ok {
+				out = &s.Shadow
+				return err
+			}
 		}
 		text, changed, err := mergeSection(fleet.ShadowReported, &s.Reported, s.reported, patch)
 		if err != nil {

@@ -16,7 +16,9 @@ const UplinkShadowStream = "device_shadow"
 // stream's points, but sequence and timestamp, are merged into the
 // reported state after the points are stored. Each of uplink's points is
 // a whole snapshot of the device's state, so of a batch only the latest
-// point (by timestamp, then sequence) is merged.
+// point (by timestamp, then sequence) is merged, and only if no newer
+// point was kept before it: a batch that arrives late does not take the
+// reported state back.
 //
 // The points are the data and the reported state is made from them: a
 // point the reported state cannot take (beyond its size or depth,
@@ -42,7 +44,7 @@ func (s *Streams) IngestPoints(ctx context.Context, tenant, device, stream strin
 			latest = &pts[i]
 		}
 	}
-	_, err := s.Twin.UpdateReported(ctx, tenant, device, latest.Data)
+	_, err := s.Twin.ReportPoint(ctx, tenant, device, stream, latest)
 	if code := fleet.ErrorCode(err); code == fleet.EINVALID || code == fleet.ETOOLARGE {
 		if s.Logger != nil {
 			s.Logger.Warn("twin: a device_shadow point is beyond the reported state's limits; the point is kept, the reported state is not changed",

@@ -53,6 +53,17 @@ func (s *Service) UpdateReported(ctx context.Context, tenant, device string, pat
 	return sh, err
 }
 
+// ReportPoint changes the reported state with a point of the device's
+// state stream unless a newer one was kept, and sends the device its
+// delta if that changed.
+func (s *Service) ReportPoint(ctx context.Context, tenant, device, stream string, p *fleet.DataPoint) (*fleet.Shadow, error) {
+	sh, err := s.Store.ReportPoint(ctx, tenant, device, stream, p)
+	if err == nil && sh.DeltaChanged {
+		s.send(tenant, device, sh)
+	}
+	return sh, err
+}
+
 // DeltaSubscribed sends a device that subscribed to its delta the delta,
 // if it is not empty.
 func (s *Service) DeltaSubscribed(tenant, device string) {

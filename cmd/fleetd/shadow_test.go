@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -122,6 +123,46 @@ func TestShadowStreamBeyondTheShadowsLimits(t *testing.T) {
 		s.do(t, admin, "GET", ingest+"/points", nil).want(t, 200).decode(t, &page)
 		if len(page.Points) != 2 {
 			t.Fatalf("%d points kept, want 2", len(page.Points))
+		}
+	})
+}
+
+// TestShadowStreamOutOfOrder: a device_shadow batch that arrives after a
+// newer one (a retry, a backlog sent late) is kept as points but does not
+// change the reported state, which stays that of the newest point; a
+// newer batch changes it again.
+func TestShadowStreamOutOfOrder(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := startServer(t, b)
+		admin := s.admin()
+		s.mustDevice(t, admin, "sh-late", nil)
+		ingest := "/api/v1/devices/sh-late/streams/device_shadow"
+		now := time.Now().UnixMilli()
+		post := func(ts, seq int64, state map[string]any) {
+			t.Helper()
+			state["timestamp"], state["sequence"] = ts, seq
+			s.send(t, req{method: "POST", path: ingest, creds: admin, body: []any{state}}).want(t, 200)
+		}
+		reported := func() map[string]any {
+			t.Helper()
+			var sh shadow
+			s.do(t, admin, "GET", "/api/v1/devices/sh-late/shadow", nil).want(t, 200).decode(t, &sh)
+			return sh.Reported
+		}
+		post(now, 5, map[string]any{"fw": 2})
+		post(now-60_000, 9, map[string]any{"fw": 1, "stale": true}) // older by timestamp
+		post(now, 4, map[string]any{"fw": 0})                       // same timestamp, earlier sequence
+		if got := reported(); fmt.Sprint(got) != "map[fw:2]" {
+			t.Fatalf("reported = %v after older batches, want the newest point's map[fw:2]", got)
+		}
+		post(now, 6, map[string]any{"fw": 3})
+		if got := reported(); fmt.Sprint(got) != "map[fw:3]" {
+			t.Fatalf("reported = %v, want the newer point's map[fw:3]", got)
+		}
+		var page struct{ Points []map[string]any }
+		s.do(t, admin, "GET", ingest+"/points", nil).want(t, 200).decode(t, &page)
+		if len(page.Points) != 4 {
+			t.Fatalf("%d points kept, want 4", len(page.Points))
 		}
 	})
 }
