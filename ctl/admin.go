@@ -12,7 +12,8 @@ var (
 	apiKeyCols    = cols("NAME", "name", "ROLE", "role", "EMAIL", "user_email", "KEY", "key", "CREATED", "created_at")
 	tenantAuthCol = cols("METHOD", "method", "JWKS URL", "jwks_url", "ISSUER", "issuer", "AUDIENCE", "audience", "WEBHOOK URL", "webhook_url",
 		"DEFAULT ROLE", "default_role", "UPDATED", "updated_at")
-	auditCols = cols("ID", "id", "AT", "created_at", "ACTOR", "actor", "ROLE", "role", "ACTION", "action", "TARGET", "target", "DETAILS", "details")
+	ddiSettingsCols = cols("REQUIRE CONFIRMATION", "require_confirmation", "GATEWAY REGISTRATION", "gateway_registration")
+	auditCols       = cols("ID", "id", "AT", "created_at", "ACTOR", "actor", "ROLE", "role", "ACTION", "action", "TARGET", "target", "DETAILS", "details")
 )
 
 func (a *app) apikeysCmd() *cobra.Command {
@@ -49,13 +50,7 @@ func (a *app) apikeysCmd() *cobra.Command {
 }
 
 func (a *app) tenantCmd() *cobra.Command {
-	path := func() (string, error) {
-		t, err := a.resolve()
-		if err != nil {
-			return "", err
-		}
-		return "/api/v1/tenants/" + esc(t.Tenant) + "/auth", nil
-	}
+	path := func() (string, error) { return a.tenantPath("auth") }
 	get := &cobra.Command{
 		Use:   "get",
 		Short: "Show how the tenant's end users authenticate (S9)",
@@ -103,7 +98,70 @@ setting is replaced. The tenant is the context's.`,
 	set.Flags().StringVar(&webhookURL, "webhook-url", "", "webhook: the `URL` fleetd posts {tenant, token} to")
 	set.Flags().StringVar(&defaultRole, "default-role", "", "role of users whose token names none (default viewer)")
 	set.RegisterFlagCompletionFunc("method", cobra.FixedCompletions([]string{"jwks", "webhook"}, cobra.ShellCompDirectiveNoFileComp))
-	return group("tenant", "The tenant's settings (admin)", group("auth", "How the tenant's end users authenticate (S9)", get, set))
+	return group("tenant", "The tenant's settings (admin)", group("auth", "How the tenant's end users authenticate (S9)", get, set), a.tenantDDICmd())
+}
+
+// tenantPath is the path of the context's tenant's setting.
+func (a *app) tenantPath(setting string) (string, error) {
+	t, err := a.resolve()
+	if err != nil {
+		return "", err
+	}
+	return "/api/v1/tenants/" + esc(t.Tenant) + "/" + setting, nil
+}
+
+func (a *app) tenantDDICmd() *cobra.Command {
+	get := &cobra.Command{
+		Use:   "get",
+		Short: "Show the tenant's hawkBit DDI settings",
+		Args:  exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p, err := a.tenantPath("ddi")
+			if err != nil {
+				return err
+			}
+			return a.get(cmd, p, nil, view{cols: ddiSettingsCols})
+		},
+	}
+	var confirm, register bool
+	set := &cobra.Command{
+		Use:   "set [--require-confirmation=true|false] [--gateway-registration=true|false]",
+		Short: "Change the tenant's hawkBit DDI settings; those not given stay as they are",
+		Example: `  fleetctl tenant ddi set --require-confirmation
+  fleetctl tenant ddi set --gateway-registration=false`,
+		Args: exactArgs(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			flags := cmd.Flags()
+			if !flags.Changed("require-confirmation") && !flags.Changed("gateway-registration") {
+				return usagef("tenant ddi set needs --require-confirmation or --gateway-registration")
+			}
+			p, err := a.tenantPath("ddi")
+			if err != nil {
+				return err
+			}
+			c, err := a.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			var cur struct {
+				RequireConfirmation bool `json:"require_confirmation"`
+				GatewayRegistration bool `json:"gateway_registration"`
+			}
+			if err := c.getJSON(cmd.Context(), p, nil, &cur); err != nil {
+				return err
+			}
+			if flags.Changed("require-confirmation") {
+				cur.RequireConfirmation = confirm
+			}
+			if flags.Changed("gateway-registration") {
+				cur.GatewayRegistration = register
+			}
+			return a.show(cmd, request{method: "PUT", path: p, body: cur}, view{cols: ddiSettingsCols})
+		},
+	}
+	set.Flags().BoolVar(&confirm, "require-confirmation", false, "DDI devices confirm each update before it is handed over (docs/hawkbit.md)")
+	set.Flags().BoolVar(&register, "gateway-registration", false, "a gateway's poll for an unknown controller creates the device")
+	return group("ddi", "The tenant's hawkBit DDI settings: confirmations, gateway registration", get, set)
 }
 
 func (a *app) auditCmd() *cobra.Command {

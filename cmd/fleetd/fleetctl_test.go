@@ -1000,6 +1000,31 @@ func TestFleetctlAdmin(t *testing.T) {
 			}
 			wantContains(t, "bad method", f.fails(t, ctl.ExitRefused, "tenant", "auth", "set", "--method", "ldap"), "400 invalid", "method")
 		})
+		t.Run("TenantDDI", func(t *testing.T) {
+			type settings struct {
+				RequireConfirmation bool `json:"require_confirmation"`
+				GatewayRegistration bool `json:"gateway_registration"`
+			}
+			var got settings
+			f.json(t, &got, "tenant", "ddi", "get")
+			if got != (settings{}) {
+				t.Fatalf("a new tenant's DDI settings: %+v", got)
+			}
+			f.json(t, &got, "tenant", "ddi", "set", "--gateway-registration")
+			if got != (settings{GatewayRegistration: true}) {
+				t.Fatalf("after --gateway-registration: %+v", got)
+			}
+			// A setting not given stays as it is.
+			f.json(t, &got, "tenant", "ddi", "set", "--require-confirmation=true")
+			if got != (settings{true, true}) {
+				t.Fatalf("after --require-confirmation: %+v", got)
+			}
+			f.ok(t, "tenant", "ddi", "set", "--gateway-registration=false")
+			wantContains(t, "get", f.ok(t, "tenant", "ddi", "get"), "REQUIRE CONFIRMATION", "true", "false")
+			f.fails(t, ctl.ExitUsage, "tenant", "ddi", "set")
+			viewer := s.newFleetctl(t, s.newKey(t, s.admin(), "ddi-viewer", "viewer"))
+			wantContains(t, "viewer", viewer.fails(t, ctl.ExitRefused, "tenant", "ddi", "set", "--require-confirmation=false"), "403 forbidden")
+		})
 		t.Run("AuditLogs", func(t *testing.T) {
 			var all, none struct {
 				AuditLogs []struct{ Actor, Action string } `json:"audit_logs"`
