@@ -238,6 +238,9 @@ func ReadRecentLogs(ctx context.Context, h HistoryService, tenant, device string
 	}
 	out := []LogLine{}
 	pq := PointQuery{From: q.From, To: q.To, Desc: true, Limit: MaxLimit}
+	if q.MinLevel == "" && q.Contains == "" && q.Limit > 0 {
+		pq.Limit = min(q.Limit, MaxLimit) // every line is kept: read no more
+	}
 	for scanned := 0; scanned < maxLogScan; {
 		page, err := h.FindPoints(ctx, tenant, device, LogStream, pq)
 		if err != nil {

@@ -62,6 +62,18 @@ func (r *runner) console(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("console: alerts: %w", err)
 	}
+	chartStream, err := r.consoleHistory(ctx, a, dev)
+	if err != nil {
+		return fmt.Errorf("console: history: %w", err)
+	}
+	var alerts struct {
+		Alerts []struct {
+			ID string `json:"id"`
+		} `json:"alerts"`
+	}
+	if err := a.call(ctx, "GET", "/api/v1/alerts?limit=1&rule_id="+rule, nil, http.StatusOK, &alerts); err != nil || len(alerts.Alerts) == 0 {
+		return fmt.Errorf("console: an alert of the rule: %v", err)
+	}
 	note := ""
 	if r.t.dialect == "postgres" && r.t.dsn != "" {
 		r.p.say("console: VACUUM (ANALYZE) devices, device_actions and actions, as autovacuum would")
@@ -79,6 +91,14 @@ func (r *runner) console(ctx context.Context) error {
 		{"devices, search", "/console/devices?search=" + url.QueryEscape(dev[len(dev)-4:]), false},
 		{"devices, metadata filter", "/console/devices?metadata=" + url.QueryEscape("site=nowhere"), false},
 		{"a device (" + thousands(consoleActions) + " actions)", "/console/devices/" + url.PathEscape(dev), false},
+		{"its charts, last hour (" + consoleChartsNote + ")", "/console/devices/" + url.PathEscape(dev) + "?chart=hour", false},
+		{"its charts, last day", "/console/devices/" + url.PathEscape(dev) + "?chart=day", false},
+		{"its charts, last week", "/console/devices/" + url.PathEscape(dev) + "?chart=week", false},
+		{"its charts' live event, last day", "/console/devices/" + url.PathEscape(dev) + "/charts/events?chart=day", true},
+		{"its Logs tab (" + thousands(consoleLogLines) + " lines in the hour)", "/console/devices/" + url.PathEscape(dev) + "/logs", false},
+		{"its Logs tab, level error", "/console/devices/" + url.PathEscape(dev) + "/logs?level=error", false},
+		{"overview's fleet chart, last day", "/console/?chart=day&field=f0&stream=" + url.QueryEscape(chartStream), false},
+		{"an alert, its chart", "/console/alerts/" + alerts.Alerts[0].ID, false},
 		{"actions", "/console/actions", false},
 		{"actions in flight", "/console/actions?incomplete=true", false},
 		{"an action of " + thousands(float64(n)) + " devices", fmt.Sprintf("/console/actions/%d", act), false},
@@ -164,6 +184,75 @@ func (r *runner) consoleAlerts(ctx context.Context, a *api) (rule, notification 
 		}
 	}
 	return rule, notification, nil
+}
+
+// The console's history: a week of one device's points, a point a minute
+// with consoleChartFields numeric fields (the charts' worst case for a
+// device that reports every minute), and consoleLogLines log lines in the
+// last hour.
+const (
+	consoleChartFields = 3
+	consoleLogLines    = 5_000
+	consoleChartsNote  = "a week of a point a minute, 3 numeric fields, and 1 field of another stream"
+)
+
+// consoleHistory gives dev a week of points on a stream of its own and
+// its logs, and waits until their rollups are merged; it returns the
+// stream's name.
+func (r *runner) consoleHistory(ctx context.Context, a *api, dev string) (string, error) {
+	stream := "chart" + r.runID
+	end := time.Now().Truncate(time.Minute)
+	start := end.Add(-7 * 24 * time.Hour)
+	total := int(end.Sub(start) / time.Minute)
+	const batch = 5_000
+	for i := 0; i < total; i += batch {
+		var pts []map[string]any
+		for j := i; j < min(i+batch, total); j++ {
+			p := map[string]any{"timestamp": start.Add(time.Duration(j) * time.Minute).UnixMilli(), "sequence": j}
+			for f := range consoleChartFields {
+				p[fmt.Sprintf("f%d", f)] = float64(f*10) + float64(j%60)/6
+			}
+			pts = append(pts, p)
+		}
+		if err := a.call(ctx, "POST", "/api/v1/devices/"+url.PathEscape(dev)+"/streams/"+stream, pts, http.StatusOK, nil); err != nil {
+			return "", err
+		}
+	}
+	// Logs come as a device sends them: a batch of 50 lines every 36 s.
+	levels := []string{"debug", "info", "info", "warn", "error"}
+	const logBatch = 50
+	for i := 0; i < consoleLogLines; i += logBatch {
+		var lines []map[string]any
+		for j := i; j < min(i+logBatch, consoleLogLines); j++ {
+			lines = append(lines, map[string]any{"timestamp": end.Add(-time.Hour + time.Duration(j)*time.Hour/consoleLogLines).UnixMilli(),
+				"sequence": j, "level": levels[j%len(levels)], "tag": "app", "message": fmt.Sprintf("line %d of the bench", j)})
+		}
+		if err := a.call(ctx, "POST", "/api/v1/devices/"+url.PathEscape(dev)+"/streams/logs", lines, http.StatusOK, nil); err != nil {
+			return "", err
+		}
+	}
+	// Rollups are merged in the background, about once a second.
+	var agg struct {
+		Buckets []struct {
+			Count int `json:"count"`
+		} `json:"buckets"`
+	}
+	q := url.Values{"field": {"f0"}, "fn": {"count"}, "interval": {"7d"}, "from": {fmt.Sprint(start.UnixMilli())}, "to": {fmt.Sprint(end.UnixMilli())}}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if err := a.call(ctx, "GET", "/api/v1/devices/"+url.PathEscape(dev)+"/streams/"+stream+"/aggregate?"+q.Encode(), nil, http.StatusOK, &agg); err != nil {
+			return "", err
+		}
+		n := 0
+		for _, b := range agg.Buckets {
+			n += b.Count
+		}
+		if n == total {
+			return stream, nil
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("%d of %d points rolled up within 2 minutes", n, total)
+		}
+	}
 }
 
 // newestAction is the id of the tenant's newest action.
