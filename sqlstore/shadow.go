@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"time"
 
 	"github.com/fleetd/fleet"
@@ -223,8 +226,51 @@ func (tx *Tx) writeShadow(ctx context.Context, tenant, device string, s *storedS
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (tenant, device_id) DO UPDATE SET desired = excluded.desired, reported = excluded.reported, version = excluded.version,
 			in_sync = excluded.in_sync, desired_updated_at = excluded.desired_updated_at, reported_updated_at = excluded.reported_updated_at`,
-		tenant, device, string(s.desired), string(s.reported), s.Version, s.InSync, nullMillis(s.DesiredUpdatedAt), nullMillis(s.ReportedUpdatedAt))
+		tenant, device, tx.db.dialect.sectionText(s.desired, s.Desired), tx.db.dialect.sectionText(s.reported, s.Reported),
+		s.Version, s.InSync, nullMillis(s.DesiredUpdatedAt), nullMillis(s.ReportedUpdatedAt))
 	return err
+}
+
+// sectionText is the text a section, of canonical text and value v, is
+// stored as. PostgreSQL's jsonb keeps a number as a numeric, which writes
+// a float from 2^53 on, whose canonical text has an exponent
+// (3.551759552515556e+17), back in digits without a point
+// (355175955251555600): an integer, read back, and a change to the text
+// of an identical document. Such floats are given to PostgreSQL in digits
+// with ".0", whose scale a numeric keeps, so they come back as floats.
+func (d dialect) sectionText(text []byte, v map[string]any) string {
+	if d != postgres || !bytes.ContainsAny(text, "eE") {
+		return string(text)
+	}
+	b, err := fleet.MarshalCanonical(pointedFloats(v))
+	if err != nil {
+		return string(text) // v was marshalled as text already
+	}
+	return string(b)
+}
+
+// pointedFloats returns v with its floats of 2^53 or more as JSON numbers
+// in digits with ".0".
+func pointedFloats(v any) any {
+	switch v := v.(type) {
+	case float64:
+		if math.Abs(v) >= 1<<53 && !math.IsInf(v, 0) {
+			return json.Number(strconv.FormatFloat(v, 'f', -1, 64) + ".0")
+		}
+	case []any:
+		out := make([]any, len(v))
+		for i, e := range v {
+			out[i] = pointedFloats(e)
+		}
+		return out
+	case map[string]any:
+		out := make(map[string]any, len(v))
+		for k, e := range v {
+			out[k] = pointedFloats(e)
+		}
+		return out
+	}
+	return v
 }
 
 func nullMillis(t *time.Time) any {

@@ -2,6 +2,7 @@ package sqlstore_test
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -195,4 +196,48 @@ func text(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestShadowLargeFloats: floats of 2^53 and more, which PostgreSQL's jsonb
+// would give back as integers, are read back as the floats they were, and
+// an identical document sent again is no change: the version stays, on
+// both databases.
+func TestShadowLargeFloats(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, _ := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		if _, err := db.CreateDevices(ctx, "acme", []fleet.NewDevice{{ID: "d1"}}); err != nil {
+			t.Fatal(err)
+		}
+		doc := func() map[string]any {
+			return map[string]any{"big": 3.551759552515556e17, "two53": float64(1 << 53), "neg": -9.1e18, "huge": 1e300,
+				"tiny": 1e-7, "int": int64(1 << 60), "nested": map[string]any{"x": 1.5e20, "list": []any{9.007199254740993e15, 2.0}}}
+		}
+		for i := range 3 {
+			s, err := db.UpdateDesired(ctx, "acme", "d1", doc(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Version != 1 {
+				t.Fatalf("desired sent %d times: version %d, want 1", i+1, s.Version)
+			}
+			s, err = db.UpdateReported(ctx, "acme", "d1", doc())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !s.InSync || s.Version != 1 {
+				t.Fatalf("reported sent %d times: %+v", i+1, s)
+			}
+		}
+		s, err := db.FindShadow(ctx, "acme", "d1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, section := range []map[string]any{s.Desired, s.Reported} {
+			if !reflect.DeepEqual(section, doc()) {
+				t.Fatalf("read back %#v, want %#v", section, doc())
+			}
+		}
+	})
 }
