@@ -25,6 +25,9 @@ const (
 	// ChangeConsoleSession: a console session ended (signed out, ended by
 	// an admin). Key: the session's id.
 	ChangeConsoleSession = "console_session"
+	// ChangeRemoteSessionStop: someone asked for an open remote session
+	// to end. Key: the session's id, a space, and who asked.
+	ChangeRemoteSessionStop = "remote_session_stop"
 	// ChangeAll means changes may have been missed (the listening
 	// connection was lost): drop every cache.
 	ChangeAll = "all"

@@ -41,6 +41,11 @@ type RemoteSessionService interface {
 	CreateRemoteSession(ctx context.Context, s *RemoteSession) error
 	// EndRemoteSession records s's end, bytes and reason (audited).
 	EndRemoteSession(ctx context.Context, s *RemoteSession) error
-	// FindRemoteSessions lists a device's sessions, newest first.
+	// FindRemoteSessions lists a device's sessions, or the tenant's when
+	// deviceID is "", newest first.
 	FindRemoteSessions(ctx context.Context, tenant, deviceID string, p Page) ([]*RemoteSession, int, error)
+	// StopRemoteSession asks whichever replica relays the open session id
+	// to end it (audited): ENOTFOUND for no such session, ECONFLICT for
+	// one that has ended. by names who asked, for the end's reason.
+	StopRemoteSession(ctx context.Context, tenant, id, by string) error
 }

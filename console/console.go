@@ -23,6 +23,7 @@ import (
 
 	"github.com/fleetd/fleet"
 	fleethttp "github.com/fleetd/fleet/http"
+	"github.com/fleetd/fleet/remote/relay"
 )
 
 // Prefix is where the console is served.
@@ -71,7 +72,11 @@ type Console struct {
 	Certificates fleet.DeviceCertificateService
 	Audit        fleet.AuditService
 	Sessions     fleet.ConsoleSessionService
-	Secrets      SecretStore
+	// Remote opens and relays remote sessions (nil: none are served);
+	// RemoteSessions lists and stops them.
+	Remote         *relay.Hub
+	RemoteSessions fleet.RemoteSessionService
+	Secrets        SecretStore
 	// Bodies reads a form's body within the budget of request bodies held
 	// at once (fleethttp.Server.ReadBody).
 	Bodies   BodyReader
@@ -142,6 +147,12 @@ func (c *Console) Open() {
 		{"GET /console/devices/{id}/logs/events", c.page(fleet.PermRead, c.handleDeviceLogEvents)},
 		{"POST /console/devices/{id}/token", c.page(fleet.PermOperate, c.handleRotateToken)},
 		{"POST /console/devices/{id}/certificate", c.page(fleet.PermOperate, c.handleIssueCertificate)},
+		{"POST /console/devices/{id}/terminal", c.page(fleet.PermRemote, c.handleOpenTerminal)},
+		{"GET /console/devices/{id}/remote-sessions", c.page(fleet.PermRead, c.handleRemoteSessions)},
+		{"GET /console/remote-sessions", c.page(fleet.PermRead, c.handleRemoteSessions)},
+		{"GET /console/remote-sessions/{id}/terminal", c.page(fleet.PermRemote, c.handleTerminal)},
+		{"GET /console/remote-sessions/{id}/socket", c.page(fleet.PermRemote, c.handleTerminalSocket)},
+		{"POST /console/remote-sessions/{id}/end", c.page(fleet.PermRemote, c.handleStopRemoteSession)},
 		{"GET /console/actions", c.page(fleet.PermRead, c.handleActions)},
 		{"GET /console/actions/new", c.page(fleet.PermOperate, c.handleDispatchForm)},
 		{"POST /console/actions/new", c.page(fleet.PermOperate, c.handleDispatch)},
@@ -249,6 +260,8 @@ func (v *view) Can(perm string) bool {
 		return v.Actor.Role.Can(fleet.PermOperate)
 	case "admin":
 		return v.Actor.Role.Can(fleet.PermAdmin)
+	case "remote":
+		return v.Actor.Role.Can(fleet.PermRemote)
 	}
 	return v.Actor.Role.Can(fleet.PermRead)
 }

@@ -112,26 +112,7 @@ func (s *Server) handleRemoteOperator(w http.ResponseWriter, r *http.Request) er
 	if err != nil {
 		return err
 	}
-	sess, ok := s.Remote.Waiting(r.PathValue("id"))
-	if !ok || sess.Tenant != a.Tenant {
-		return fleet.Errorf(fleet.ENOTFOUND, "no remote session %q waits to be joined", r.PathValue("id"))
-	}
-	if !sess.OpenedBy(a) {
-		return fleet.Errorf(fleet.EFORBIDDEN, "remote session %s is another person's", sess.ID)
-	}
-	if !remote.IsUpgrade(r) {
-		return fleet.Errorf(fleet.EINVALID, "this is a WebSocket: connect with an Upgrade request")
-	}
-	if !s.Remote.Claim(sess) {
-		return fleet.Errorf(fleet.ECONFLICT, "remote session %s was joined already", sess.ID)
-	}
-	c, err := remote.Upgrade(w, r)
-	if err != nil {
-		s.Remote.Abandon(sess, "the operator's WebSocket failed: "+err.Error())
-		return nil // Upgrade answered
-	}
-	s.Remote.Relay(r.Context(), sess, c)
-	return nil
+	return s.Remote.JoinOperator(w, r, a, r.PathValue("id"))
 }
 
 // handleRemoteDevice is the device's leg: the session's device, with its

@@ -3,6 +3,8 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -45,16 +47,21 @@ func (db *DB) EndRemoteSession(ctx context.Context, s *fleet.RemoteSession) erro
 	})
 }
 
-// FindRemoteSessions lists a device's sessions, newest first.
+// FindRemoteSessions lists a device's sessions, or the tenant's when
+// deviceID is "", newest first.
 func (db *DB) FindRemoteSessions(ctx context.Context, tenant, deviceID string, p fleet.Page) ([]*fleet.RemoteSession, int, error) {
-	return findPage(ctx, db, "SELECT count(*) FROM remote_sessions WHERE tenant = ? AND device_id = ?",
-		`SELECT id, kind, target, key_name, user_name, user_email, started_at, ended_at, bytes_to_device, bytes_from_device, end_reason
-		FROM remote_sessions WHERE tenant = ? AND device_id = ? ORDER BY started_at DESC, id`, []any{tenant, deviceID}, p,
+	where, args := "tenant = ? AND device_id = ?", []any{tenant, deviceID}
+	if deviceID == "" {
+		where, args = "tenant = ?", []any{tenant}
+	}
+	return findPage(ctx, db, "SELECT count(*) FROM remote_sessions WHERE "+where,
+		`SELECT id, device_id, kind, target, key_name, user_name, user_email, started_at, ended_at, bytes_to_device, bytes_from_device, end_reason
+		FROM remote_sessions WHERE `+where+` ORDER BY started_at DESC, id`, args, p,
 		func(sc scanner) (*fleet.RemoteSession, error) {
-			s := fleet.RemoteSession{Tenant: tenant, DeviceID: deviceID}
+			s := fleet.RemoteSession{Tenant: tenant}
 			var started int64
 			var ended sql.NullInt64
-			if err := sc.Scan(&s.ID, &s.Kind, &s.Target, &s.KeyName, &s.UserName, &s.UserEmail, &started, &ended,
+			if err := sc.Scan(&s.ID, &s.DeviceID, &s.Kind, &s.Target, &s.KeyName, &s.UserName, &s.UserEmail, &started, &ended,
 				&s.BytesToDevice, &s.BytesFromDevice, &s.EndReason); err != nil {
 				return nil, err
 			}
@@ -65,4 +72,27 @@ func (db *DB) FindRemoteSessions(ctx context.Context, tenant, deviceID string, p
 			}
 			return &s, nil
 		})
+}
+
+// StopRemoteSession asks whichever replica relays the open session id to
+// end it (audited); the replica records the end. by names who asked.
+func (db *DB) StopRemoteSession(ctx context.Context, tenant, id, by string) error {
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		var device string
+		var ended sql.NullInt64
+		err := tx.queryRow(ctx, "SELECT device_id, ended_at FROM remote_sessions WHERE id = ? AND tenant = ?", id, tenant).Scan(&device, &ended)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fleet.Errorf(fleet.ENOTFOUND, "no remote session %q", id)
+		} else if err != nil {
+			return err
+		}
+		if ended.Valid {
+			return fleet.Errorf(fleet.ECONFLICT, "remote session %s has ended already", id)
+		}
+		key := id + " " + strings.ReplaceAll(by, "\t", " ")
+		if err := tx.changed(ctx, fleet.Change{Kind: fleet.ChangeRemoteSessionStop, Tenant: tenant, Key: key}); err != nil {
+			return err
+		}
+		return tx.audit(ctx, tenant, "remote.session.stop", "devices/"+device+"/remote-sessions/"+id, map[string]any{"device_id": device})
+	})
 }

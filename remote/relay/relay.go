@@ -10,6 +10,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -169,8 +171,35 @@ func (h *Hub) Waiting(id string) (*Session, bool) {
 	return s, ok
 }
 
-// Claim marks the operator's leg as joined; false if it was already.
-func (h *Hub) Claim(s *Session) bool {
+// JoinOperator joins a, the person who opened session id, as its
+// operator's leg, once: r must ask for a WebSocket. Refusals are errors
+// for the caller to answer; after the upgrade it relays until the session
+// ends and returns nil. The API and the console both serve it.
+func (h *Hub) JoinOperator(w http.ResponseWriter, r *http.Request, a *fleet.Actor, id string) error {
+	s, ok := h.Waiting(id)
+	if !ok || s.Tenant != a.Tenant {
+		return fleet.Errorf(fleet.ENOTFOUND, "no remote session %q waits to be joined", id)
+	}
+	if !s.OpenedBy(a) {
+		return fleet.Errorf(fleet.EFORBIDDEN, "remote session %s is another person's", s.ID)
+	}
+	if !remote.IsUpgrade(r) {
+		return fleet.Errorf(fleet.EINVALID, "this is a WebSocket: connect with an Upgrade request")
+	}
+	if !h.claim(s) {
+		return fleet.Errorf(fleet.ECONFLICT, "remote session %s was joined already", s.ID)
+	}
+	c, err := remote.Upgrade(w, r)
+	if err != nil {
+		h.end(s, "the operator's WebSocket failed: "+err.Error())
+		return nil // Upgrade answered
+	}
+	h.Relay(r.Context(), s, c)
+	return nil
+}
+
+// claim marks the operator's leg as joined; false if it was already.
+func (h *Hub) claim(s *Session) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if s.claimed || h.sessions[s.ID] != s {
@@ -204,9 +233,6 @@ func (h *Hub) expire(s *Session) {
 	}
 	h.end(s, fmt.Sprintf("the operator did not connect within %s", h.Limits.ConnectTimeout))
 }
-
-// Abandon ends a session whose operator's leg failed.
-func (h *Hub) Abandon(s *Session, reason string) { h.end(s, reason) }
 
 // Relay joins the operator's leg to the device's once it dials back, and
 // relays until the session ends; then it records the end. It owns op.
@@ -355,6 +381,10 @@ func revokes(c fleet.Change, s *Session) string {
 		return "the console session that opened it ended"
 	case c.Kind == fleet.ChangeTenantAuth && a.KeyName == "":
 		return "the tenant's sign-in settings changed"
+	case c.Kind == fleet.ChangeRemoteSessionStop:
+		if id, by, _ := strings.Cut(c.Key, " "); id == s.ID {
+			return "ended by " + by
+		}
 	}
 	return ""
 }

@@ -10,7 +10,7 @@ import (
 // reaches the sessions that stood on what it revoked, in its tenant, and
 // no others.
 func TestRevokes(t *testing.T) {
-	keyed := &Session{RemoteSession: fleet.RemoteSession{Tenant: "a", DeviceID: "d1"},
+	keyed := &Session{RemoteSession: fleet.RemoteSession{ID: "s1", Tenant: "a", DeviceID: "d1"},
 		opener: fleet.Actor{Tenant: "a", KeyName: "ops", KeyHash: "h1", ConsoleSession: "c1"}}
 	user := &Session{RemoteSession: fleet.RemoteSession{Tenant: "a", DeviceID: "d2"},
 		opener: fleet.Actor{Tenant: "a", UserName: "ann", UserEmail: "ann@example.com", ConsoleSession: "c2"}}
@@ -26,6 +26,8 @@ func TestRevokes(t *testing.T) {
 		{fleet.Change{Kind: fleet.ChangeConsoleSession, Tenant: "a", Key: ""}, "", ""},
 		{fleet.Change{Kind: fleet.ChangeTenantAuth, Tenant: "a"}, "", "the tenant's sign-in settings changed"},
 		{fleet.Change{Kind: fleet.ChangeDevice, Tenant: "a", Key: "d1"}, "", ""},
+		{fleet.Change{Kind: fleet.ChangeRemoteSessionStop, Tenant: "a", Key: "s1 olivia smith"}, "ended by olivia smith", ""},
+		{fleet.Change{Kind: fleet.ChangeRemoteSessionStop, Tenant: "a", Key: "s2 olivia"}, "", ""},
 		{fleet.Change{Kind: fleet.ChangeAll}, "", ""},
 	} {
 		if got := revokes(c.change, keyed); got != c.keyed {

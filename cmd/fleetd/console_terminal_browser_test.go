@@ -1,0 +1,28 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// TestConsoleTerminalInBrowser has an operator open a terminal on a device
+// run by a real fleetd-agent from its console page, type commands into
+// xterm.js and read their output, see the shell's exit, end a session from
+// the sessions list and see the terminal say who ended it, and sign out,
+// which ends the terminal that console session opened; a viewer gets no
+// terminal.
+func TestConsoleTerminalInBrowser(t *testing.T) {
+	dir := consoleHarness(t)
+	bin := buildAgent(t)
+	s := startServer(t, sqlstoretest.Backends()[0])
+	admin := s.admin()
+	operator := s.newKey(t, admin, "olivia", "operator")
+	viewer := s.newKey(t, admin, "victor", "viewer")
+	dev := s.mustDevice(t, admin, "kiosk-1", nil)
+	s.startAgent(t, bin, "kiosk-1", dev.Token, "--remote", "--remote-shell", "/bin/sh")
+	runConsoleScript(t, dir, "terminal.mjs", 3*time.Minute,
+		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant, "OPERATOR_KEY="+operator.Key, "OPERATOR_NAME=olivia",
+		"VIEWER_KEY="+viewer.Key, "DEVICE=kiosk-1", "SCREENSHOTS="+screenshotDir(t))
+}

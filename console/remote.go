@@ -1,0 +1,126 @@
+package console
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"net/http"
+
+	"github.com/fleetd/fleet"
+)
+
+// Remote sessions in the console (docs/console.md, Terminal): an operator
+// opens a terminal on a device from its page; the terminal's page runs
+// xterm.js (vendored under static/xterm) on a WebSocket to the relay,
+// authenticated by the session cookie. Anyone who may read sees the
+// sessions; operators may end one, whichever replica relays it.
+
+type remoteSessionsData struct {
+	Device   string // "" for the tenant's list
+	Sessions []*fleet.RemoteSession
+	Pager    pager
+}
+
+type terminalData struct {
+	Session *fleet.RemoteSession
+	Nonce   string // of the styles xterm.js adds to the page
+}
+
+// remoteHub fails when this fleetd serves no remote sessions.
+func (c *Console) remoteHub() error {
+	if c.Remote == nil {
+		return fleet.Errorf(fleet.EUNAVAILABLE, "remote sessions are not served here")
+	}
+	return nil
+}
+
+// handleOpenTerminal opens a shell session on the device's pty for the
+// signed-in person, tied to this console session (ending it ends the
+// terminal), and goes to its page, which joins it.
+func (c *Console) handleOpenTerminal(w http.ResponseWriter, r *http.Request, v *view) error {
+	if err := c.remoteHub(); err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	if _, err := c.Devices.FindDevice(r.Context(), v.Actor.Tenant, id); err != nil {
+		return err
+	}
+	a := *v.Actor
+	a.ConsoleSession = v.Session
+	s, err := c.Remote.Open(r.Context(), &a, id, fleet.RemoteShell, "")
+	if err != nil {
+		return err
+	}
+	http.Redirect(w, r, "/console/remote-sessions/"+s.ID+"/terminal", http.StatusSeeOther)
+	return nil
+}
+
+// handleTerminal is a waiting session's terminal. xterm.js adds <style>
+// elements to the page, so this page's policy allows styles that carry
+// its nonce (terminal.js gives it to them); scripts stay the console's own.
+func (c *Console) handleTerminal(w http.ResponseWriter, r *http.Request, v *view) error {
+	if err := c.remoteHub(); err != nil {
+		return err
+	}
+	s, ok := c.Remote.Waiting(r.PathValue("id"))
+	if !ok || s.Tenant != v.Actor.Tenant || !s.OpenedBy(v.Actor) {
+		return fleet.Errorf(fleet.ENOTFOUND, "no terminal of yours waits here: open one from the device's page")
+	}
+	b := make([]byte, 18)
+	rand.Read(b)
+	nonce := base64.RawURLEncoding.EncodeToString(b)
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self' 'nonce-"+nonce+"'; img-src 'self' data:; "+
+		"object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
+	rs := s.RemoteSession
+	v.Title, v.Nav, v.Data = "Terminal on "+rs.DeviceID, "devices", terminalData{Session: &rs, Nonce: nonce}
+	c.render(w, r, http.StatusOK, "terminal", v)
+	return nil
+}
+
+// handleTerminalSocket is the terminal's WebSocket: the operator's leg.
+// The upgrade refuses another site's page (its Origin), so only the
+// console's own page joins with the cookie.
+func (c *Console) handleTerminalSocket(w http.ResponseWriter, r *http.Request, v *view) error {
+	if err := c.remoteHub(); err != nil {
+		return err
+	}
+	return c.Remote.JoinOperator(w, r, v.Actor, r.PathValue("id"))
+}
+
+// handleRemoteSessions lists a device's remote sessions, or the tenant's.
+func (c *Console) handleRemoteSessions(w http.ResponseWriter, r *http.Request, v *view) error {
+	p, err := readPage(r)
+	if err != nil {
+		return err
+	}
+	d := remoteSessionsData{Device: r.PathValue("id")}
+	if d.Device != "" {
+		if _, err := c.Devices.FindDevice(r.Context(), v.Actor.Tenant, d.Device); err != nil {
+			return err
+		}
+	}
+	var n int
+	if d.Sessions, n, err = c.RemoteSessions.FindRemoteSessions(r.Context(), v.Actor.Tenant, d.Device, p); err != nil {
+		return err
+	}
+	d.Pager = newPager(r, p, n)
+	v.Title, v.Nav, v.Data = "Remote sessions", "sessions", d
+	if d.Device != "" {
+		v.Title, v.Nav = "Remote sessions of "+d.Device, "devices"
+	}
+	c.render(w, r, http.StatusOK, "remotesessions", v)
+	return nil
+}
+
+// handleStopRemoteSession ends an open session on whichever replica
+// relays it, and comes back to the list it was ended from.
+func (c *Console) handleStopRemoteSession(w http.ResponseWriter, r *http.Request, v *view) error {
+	if err := c.RemoteSessions.StopRemoteSession(r.Context(), v.Actor.Tenant, r.PathValue("id"), v.Actor.UserName); err != nil {
+		return err
+	}
+	back := "/console/remote-sessions"
+	if d := r.PostForm.Get("device"); d != "" {
+		back = "/console/devices/" + d + "/remote-sessions"
+	}
+	http.Redirect(w, r, back, http.StatusSeeOther)
+	return nil
+}
