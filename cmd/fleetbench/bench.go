@@ -57,6 +57,13 @@ var (
 	// goalConsolePage is issue 19's: every console page's server time at
 	// p99, in ms.
 	goalConsolePage = goal{sqlite: 100, postgres: 100}
+	// Stream history (docs/telemetry.md): ingest kept in history ÷ the
+	// same ingest latest-only; a day of a device's points read through
+	// the API ÷ the same points read with SQL; a 30-day hourly
+	// aggregate's p99 in ms.
+	goalHistoryIngest = goal{sqlite: 0.5, postgres: 0.5, atLeast: true, ofRatio: true}
+	goalHistoryRead   = goal{sqlite: 2, postgres: 2, ofRatio: true}
+	goalAggregateP99  = goal{sqlite: 50, postgres: 50}
 )
 
 // runner runs the scenarios against one fleetd and keeps what they share.
@@ -135,7 +142,7 @@ func bench(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	}
 
 	steps := map[string]func(context.Context) error{
-		"s10": r.s10, "s10-random": r.s10Random, "mqtt-status": r.mqttStatus, "streams": r.streams, "dispatch": r.dispatch,
+		"s10": r.s10, "s10-random": r.s10Random, "mqtt-status": r.mqttStatus, "streams": r.streams, "history": r.history, "dispatch": r.dispatch,
 		"delivery": r.delivery, "s7": r.s7, "console": r.console, "memory": r.memory,
 	}
 	var failed error

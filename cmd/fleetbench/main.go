@@ -72,7 +72,18 @@ Scenarios (--scenarios takes a comma-separated subset):
                each waiting for its PUBACK (a PUBACK means committed),
                against the same clients publishing to Mosquitto.
   streams      stream points over MQTT through alert evaluation (3 rules),
-               in batches of 100 points.
+               in batches of 100 points, kept in history, against the same
+               load on a stream whose points are older than the retention
+               (evaluated and kept as the latest point, not in history):
+               ingest with history ÷ latest-only, at least 50%.
+  history      a day of one device's points at 1 Hz (86,400), kept through
+               the API in batches of 1000: read back through the API (87
+               pages, best of 3) ÷ the same points read with one SELECT from
+               a table of a row per point on the same database (at most 2x);
+               a 30-day hourly aggregate's p99 over 200 requests (at most
+               50 ms) beside a device read's (a primary-key lookup); the
+               day's partition's bytes on disk a point beside the point's
+               JSON; and the time to drop that partition (information).
   dispatch     dispatch to 100,000 and to 1,000,000 devices (search_type
                all, a tenant each): time to the 201, ÷ the raw insert.
   s7           S7 on a device with 10,000 actions: p99 ÷ p50 for every sort_by
@@ -167,7 +178,7 @@ type options struct {
 // allScenarios in the order they run. S7 runs before delivery, whose
 // 10,000 connections stay open for the memory scenario: with them fleetd's
 // heap is larger and its collections longer, which S7's p99 would show.
-var allScenarios = []string{"s10", "s10-random", "mqtt-status", "streams", "dispatch", "s7", "console", "delivery", "memory"}
+var allScenarios = []string{"s10", "s10-random", "mqtt-status", "streams", "history", "dispatch", "s7", "console", "delivery", "memory"}
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "hello" {

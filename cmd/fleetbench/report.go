@@ -25,6 +25,7 @@ const (
 	millis    unit = "ms"
 	seconds   unit = "s"
 	megabytes unit = "MB"
+	bytesUnit unit = "B"
 )
 
 // figure is one row of the table.
@@ -137,6 +138,8 @@ func (f *figure) value() string {
 		return fmt.Sprintf("%.2f s", f.Value)
 	case megabytes:
 		return fmt.Sprintf("%.0f MB", f.Value)
+	case bytesUnit:
+		return fmt.Sprintf("%.1f B", f.Value)
 	}
 	return fmt.Sprint(f.Value)
 }

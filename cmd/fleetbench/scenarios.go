@@ -426,7 +426,11 @@ func pointBatch(base int64, k, n int) []byte {
 	return append(b, ']')
 }
 
-// streams measures stream points over MQTT through alert evaluation.
+// streams measures stream points over MQTT through alert evaluation, kept
+// in history, beside the same ingest latest-only: points older than the
+// retention, which fleetd evaluates and keeps as the stream's latest but
+// not in history (docs/telemetry.md), on a stream of their own with the
+// same rules, by the same devices, just before.
 func (r *runner) streams(ctx context.Context) error {
 	n, per := r.sz.streamDevices, r.sz.pointsPerBatch
 	devIDs := ids("st-"+r.runID, n)
@@ -434,14 +438,16 @@ func (r *runner) streams(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	stream := "env" + r.runID
-	for i, rule := range streamRules {
-		body := map[string]any{"name": fmt.Sprintf("fleetbench-%s-%d", r.runID, i), "stream": stream}
-		for k, v := range rule {
-			body[k] = v
-		}
-		if err := r.admin.call(ctx, "POST", "/api/v1/alert-rules", body, http.StatusCreated, nil); err != nil {
-			return err
+	stream, old := "env"+r.runID, "old"+r.runID
+	for _, st := range []string{old, stream} {
+		for i, rule := range streamRules {
+			body := map[string]any{"name": fmt.Sprintf("fleetbench-%s-%s-%d", st, r.runID, i), "stream": st}
+			for k, v := range rule {
+				body[k] = v
+			}
+			if err := r.admin.call(ctx, "POST", "/api/v1/alert-rules", body, http.StatusCreated, nil); err != nil {
+				return err
+			}
 		}
 	}
 	fc, err := connectDevices(ctx, r.t.mqttAddr, r.t.tenant, toks, false, r.p, "streams: connected devices")
@@ -449,12 +455,26 @@ func (r *runner) streams(ctx context.Context) error {
 		return err
 	}
 	defer fc.close()
-	base := time.Now().UnixMilli()
-	sent := make([]int, n) // batches each device published
+	name := fmt.Sprintf("MQTT stream points, %d alert rules, %d devices, %d per publish", len(streamRules), n, per)
+
+	r.p.say("streams, latest-only: %d devices publishing batches of %d points 40 days old, %d rules, %s", n, per, len(streamRules), r.o.duration)
+	base := time.Now().Add(-40 * 24 * time.Hour).UnixMilli()
+	sent := make([]int, n)
+	cpu, commits := startCPU(r.t.pid), startCommits(ctx, r.t.url)
+	res := r.publishLoad(ctx, fc, func(d *simDevice) string { return mqtt.StreamTopic(d.tenant, d.id, old) }, func(i int) []byte {
+		sent[i]++
+		return pointBatch(base, (sent[i]-1)*per, per)
+	})
+	r.rep.addBaseline("latest-only", "latest-only", &figure{Name: name + ", latest-only (older than the retention: not kept in history)",
+		Value: res.rate * float64(per), Unit: perSecond,
+		Note: joinNotes(fmt.Sprintf("PUBACK p50 %.2f ms, p99 %.2f ms", ms(res.p50), ms(res.p99)), cpu.String(), commits.Note(ctx), errorNote(res))})
+
+	base = time.Now().UnixMilli()
+	sent = make([]int, n) // batches each device published
 	r.p.say("streams: %d devices publishing batches of %d points, %d rules, %s", n, per, len(streamRules), r.o.duration)
 	wait := r.profile("streams", r.sz.warmup+r.o.duration)
-	cpu, commits := startCPU(r.t.pid), startCommits(ctx, r.t.url)
-	res := r.publishLoad(ctx, fc, func(d *simDevice) string { return mqtt.StreamTopic(d.tenant, d.id, stream) }, func(i int) []byte {
+	cpu, commits = startCPU(r.t.pid), startCommits(ctx, r.t.url)
+	res = r.publishLoad(ctx, fc, func(d *simDevice) string { return mqtt.StreamTopic(d.tenant, d.id, stream) }, func(i int) []byte {
 		sent[i]++
 		return pointBatch(base, (sent[i]-1)*per, per)
 	})
@@ -475,10 +495,11 @@ func (r *runner) streams(ctx context.Context) error {
 			latest++
 		}
 	}
-	f := r.rep.add(&figure{Scenario: "streams", Name: fmt.Sprintf("MQTT stream points, %d alert rules, %d devices, %d per publish", len(streamRules), n, per),
+	f := r.rep.compare(r.rep.add(&figure{Scenario: "streams", Name: name + ", kept in history",
 		Value: res.rate * float64(per), Unit: perSecond,
 		Note: joinNotes(fmt.Sprintf("%s publishes/s, PUBACK p50 %.2f ms, p99 %.2f ms; %d of %d devices checked show their last point as latest",
-			thousands(res.rate), ms(res.p50), ms(res.p99), latest, min(n, 20)), cpu.String(), commits.Note(ctx), errorNote(res))})
+			thousands(res.rate), ms(res.p50), ms(res.p99), latest, min(n, 20)), cpu.String(), commits.Note(ctx), errorNote(res))}), "latest-only")
+	judge(f, r.t.dialect, goalHistoryIngest, "")
 	if res.errors > 0 || latest != min(n, 20) {
 		return fmt.Errorf("streams: %s", f.Note)
 	}

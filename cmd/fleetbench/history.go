@@ -1,0 +1,233 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"time"
+)
+
+// The history scenario (docs/telemetry.md): a day of one device's points
+// at 1 Hz, kept through the API, then read back, aggregated over 30 days,
+// measured on disk and dropped, each beside a baseline of the same run.
+
+// dayPoints is a day at 1 Hz.
+const dayPoints = 86_400
+
+// history measures stream history on one device's day of points.
+func (r *runner) history(ctx context.Context) error {
+	dev, stream := "hist-"+r.runID, "day"+r.runID
+	if _, err := r.admin.provision(ctx, []string{dev}, nil, r.p, "history: provisioned the device"); err != nil {
+		return err
+	}
+	day := time.Now().UTC().Truncate(24*time.Hour).AddDate(0, 0, -1) // yesterday: a partition nothing else writes
+	rawBytes := 0
+	for i := 0; i < dayPoints; i += 1000 {
+		pts := make([]map[string]any, min(1000, dayPoints-i))
+		for j := range pts {
+			k := i + j
+			pts[j] = map[string]any{"timestamp": day.Add(time.Duration(k) * time.Second).UnixMilli(), "sequence": k, "temp": 20 + float64(k%1000)/8}
+			rawBytes += len(fmt.Sprintf(`{"timestamp":%d,"sequence":%d,"temp":%g}`, pts[j]["timestamp"], k, pts[j]["temp"]))
+		}
+		if err := r.admin.call(ctx, "POST", "/api/v1/devices/"+dev+"/streams/"+stream, pts, http.StatusOK, nil); err != nil {
+			return err
+		}
+		r.p.count("history: kept a day of points", i+len(pts), dayPoints)
+	}
+	if err := r.historyRead(ctx, dev, stream, day); err != nil {
+		return err
+	}
+	if err := r.historyAggregate(ctx, dev, stream); err != nil {
+		return err
+	}
+	return r.historyDisk(ctx, day, rawBytes)
+}
+
+// historyRead reads the day back through the API, 87 pages of 1000, beside
+// the same points read with SQL from a table of a row per point; the best
+// of three each.
+func (r *runner) historyRead(ctx context.Context, dev, stream string, day time.Time) error {
+	var best time.Duration
+	for range 3 {
+		t0 := time.Now()
+		n := 0
+		q := url.Values{"limit": {"1000"}, "from": {day.Format(time.RFC3339)}, "to": {day.Add(24 * time.Hour).Format(time.RFC3339)}}
+		for {
+			var page struct {
+				Points []struct{} `json:"points"`
+				Next   *string    `json:"next"`
+			}
+			if err := r.admin.call(ctx, "GET", "/api/v1/devices/"+dev+"/streams/"+stream+"/points?"+q.Encode(), nil, http.StatusOK, &page); err != nil {
+				return err
+			}
+			n += len(page.Points)
+			if page.Next == nil {
+				break
+			}
+			q.Set("cursor", *page.Next)
+		}
+		if n != dayPoints {
+			return fmt.Errorf("history: read %d points of %d", n, dayPoints)
+		}
+		if d := time.Since(t0); best == 0 || d < best {
+			best = d
+		}
+	}
+	if r.store != nil {
+		raw, err := r.store.pointReadTime(ctx, dayPoints)
+		if err != nil {
+			return err
+		}
+		r.rep.addBaseline("point-read", "SQL read", &figure{Name: "86,400 rows of a point each (timestamp, sequence, JSON data, received) read with one SELECT by primary key, best of 3",
+			Value: ms(raw), Unit: millis})
+	}
+	f := r.rep.compare(r.rep.add(&figure{Scenario: "history", Name: "a day of a device's points at 1 Hz (86,400) read through the API, 87 pages of 1000, best of 3",
+		Value: ms(best), Unit: millis, Note: "JSON over HTTP on loopback, decoded by fleetbench"}), "point-read")
+	judge(f, r.t.dialect, goalHistoryRead, "no storage baseline (--url without --database)")
+	return nil
+}
+
+// historyAggregate measures a 30-day hourly aggregate of the device (from
+// hour rollups) beside a primary-key lookup (the device itself), each 200
+// requests one at a time.
+func (r *runner) historyAggregate(ctx context.Context, dev, stream string) error {
+	agg := "/api/v1/devices/" + dev + "/streams/" + stream + "/aggregate?field=temp&fn=avg&interval=1h&from=" +
+		url.QueryEscape(time.Now().Add(-30*24*time.Hour).Format(time.RFC3339))
+	// Rollups lag ingest by about a second.
+	for deadline := time.Now().Add(time.Minute); ; {
+		var res struct {
+			Buckets []struct{ Count int } `json:"buckets"`
+		}
+		if err := r.admin.call(ctx, "GET", agg, nil, http.StatusOK, &res); err != nil {
+			return err
+		}
+		n := 0
+		for _, b := range res.Buckets {
+			n += b.Count
+		}
+		if n == dayPoints {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("history: the hour rollups hold %d points of %d after a minute", n, dayPoints)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	timed := func(path string) (latencies, error) {
+		lat := make(latencies, 0, 200)
+		for i := range 220 {
+			t0 := time.Now()
+			if err := r.admin.call(ctx, "GET", path, nil, http.StatusOK, nil); err != nil {
+				return nil, err
+			}
+			if i >= 20 {
+				lat = append(lat, time.Since(t0))
+			}
+		}
+		slices.Sort(lat)
+		return lat, nil
+	}
+	pk, err := timed("/api/v1/devices/" + dev)
+	if err != nil {
+		return err
+	}
+	r.rep.addBaseline("pk-lookup", "device read", &figure{Name: "GET /api/v1/devices/{id} (a primary-key lookup), p99 of 200", Value: ms(pk.percentile(99)), Unit: millis,
+		Note: fmt.Sprintf("p50 %.2f ms", ms(pk.percentile(50)))})
+	lat, err := timed(agg)
+	if err != nil {
+		return err
+	}
+	f := r.rep.compare(r.rep.add(&figure{Scenario: "history", Name: "a 30-day hourly aggregate of the device (hour rollups), p99 of 200",
+		Value: ms(lat.percentile(99)), Unit: millis, Note: fmt.Sprintf("p50 %.2f ms", ms(lat.percentile(50)))}), "pk-lookup")
+	judge(f, r.t.dialect, goalAggregateP99, "")
+	return nil
+}
+
+// historyDisk reads the size of the day's partition of raw points in
+// fleetd's database, beside the points' JSON, and times dropping it as the
+// maintenance does once a day is past the retention.
+func (r *runner) historyDisk(ctx context.Context, day time.Time, rawBytes int) error {
+	if r.t.dsn == "" {
+		return nil // --url without --database
+	}
+	driver, dsn := "sqlite", "file:"+r.t.dsn+"?_pragma=busy_timeout(10000)"
+	size := "SELECT sum(pgsize) FROM dbstat WHERE name = ?"
+	if r.t.dialect == "postgres" {
+		driver, dsn, size = "pgx", r.t.dsn, "SELECT pg_total_relation_size(CAST($1 AS regclass))"
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	part := "stream_points_" + day.Format("20060102")
+	var bytes int64
+	if err := db.QueryRowContext(ctx, size, part).Scan(&bytes); err != nil {
+		return fmt.Errorf("history: the size of %s: %w", part, err)
+	}
+	r.rep.addBaseline("point-json", "JSON", &figure{Name: "a point as its JSON ({\"timestamp\",\"sequence\",\"temp\"}), bytes", Value: float64(rawBytes) / dayPoints, Unit: bytesUnit})
+	r.rep.compare(r.rep.add(&figure{Scenario: "history", Name: "bytes on disk a point, one numeric field, batches of 1000 (the day's partition, indexes included)",
+		Value: float64(bytes) / dayPoints, Unit: bytesUnit, Note: fmt.Sprintf("%s: %d bytes", part, bytes)}), "point-json")
+	t0 := time.Now()
+	if _, err := db.ExecContext(ctx, "DROP TABLE "+part); err != nil {
+		return fmt.Errorf("history: drop %s: %w", part, err)
+	}
+	r.rep.add(&figure{Scenario: "history", Name: "dropping the day's partition of 86,400 points (DROP TABLE, as the maintenance does)", Value: ms(time.Since(t0)), Unit: millis,
+		Note: "a day of 10 million points is not measured here: a drop does not read the rows"})
+	return nil
+}
+
+// pointReadTime fills a table of a row per point, as a plain schema would
+// keep stream points, and times reading n of them back with one SELECT in
+// primary-key order, every column scanned: the best of three.
+func (s *storage) pointReadTime(ctx context.Context, n int) (time.Duration, error) {
+	json := "TEXT"
+	if s.dialect == "postgres" {
+		json = "JSONB"
+	}
+	data := "CAST('{\"temp\": ' || (20 + (i % 1000) / 8.0) || '}' AS " + json + ")"
+	fill := fmt.Sprintf("INSERT INTO pts SELECT 'b', 'dev', 'env', i * 1000, i, %s, 0 FROM generate_series(0, %d) AS g(i)", data, n-1)
+	if s.dialect != "postgres" {
+		fill = fmt.Sprintf("WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i + 1 < %d) "+
+			"INSERT INTO pts SELECT 'b', 'dev', 'env', i * 1000, i, %s, 0 FROM c", n, data)
+	}
+	for _, q := range []string{
+		"DROP TABLE IF EXISTS pts",
+		`CREATE TABLE pts (tenant TEXT NOT NULL, device_id TEXT NOT NULL, stream TEXT NOT NULL, ts BIGINT NOT NULL, seq BIGINT NOT NULL,
+			data ` + json + ` NOT NULL, received_at BIGINT NOT NULL, PRIMARY KEY (tenant, device_id, stream, ts, seq))`,
+		fill,
+	} {
+		if _, err := s.db.ExecContext(ctx, q); err != nil {
+			return 0, fmt.Errorf("point read baseline: %w", err)
+		}
+	}
+	var best time.Duration
+	for range 3 {
+		t0 := time.Now()
+		rows, err := s.db.QueryContext(ctx, s.rebind("SELECT ts, seq, data, received_at FROM pts WHERE tenant = ? AND device_id = ? AND stream = ? ORDER BY ts, seq"), "b", "dev", "env")
+		if err != nil {
+			return 0, fmt.Errorf("point read baseline: %w", err)
+		}
+		got := 0
+		for rows.Next() {
+			var ts, seq, received int64
+			var data []byte
+			if err := rows.Scan(&ts, &seq, &data, &received); err != nil {
+				rows.Close()
+				return 0, err
+			}
+			got++
+		}
+		if err := rows.Err(); err != nil || got != n {
+			return 0, fmt.Errorf("point read baseline: %d rows of %d (%v)", got, n, err)
+		}
+		if d := time.Since(t0); best == 0 || d < best {
+			best = d
+		}
+	}
+	_, err := s.db.ExecContext(ctx, "DROP TABLE pts")
+	return best, err
+}
