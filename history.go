@@ -110,6 +110,14 @@ type Bucket struct {
 	Count int64     `json:"count" doc:"numeric values of the field in the bucket"`
 }
 
+// BucketStats is one interval's count, average, minimum and maximum of a
+// field: what a chart draws (its line and band) from one read.
+type BucketStats struct {
+	Start         time.Time
+	Count         int64
+	Avg, Min, Max float64
+}
+
 // DeviceSeries is one device's buckets in a fleet-wide aggregate by device.
 type DeviceSeries struct {
 	DeviceID string   `json:"device_id"`
@@ -130,6 +138,11 @@ type HistoryService interface {
 	// AggregateFleet aggregates a stream over the tenant's devices
 	// matching q.Metadata: one series, or one per device with q.ByDevice.
 	AggregateFleet(ctx context.Context, tenant, stream string, q AggregateQuery) ([]Bucket, []DeviceSeries, error)
+	// AggregateStats returns each bucket's count, average, minimum and
+	// maximum of q's field over a device's stream, or with device "" over
+	// the tenant's devices q.Metadata and q.Group select (q.Fn and
+	// q.ByDevice are not used).
+	AggregateStats(ctx context.Context, tenant, device, stream string, q AggregateQuery) ([]BucketStats, error)
 	// StreamRetention returns the tenant's retention and whether it is the
 	// tenant's own; SetStreamRetention sets it (0: the server's default).
 	StreamRetention(ctx context.Context, tenant string) (time.Duration, bool, error)

@@ -13,7 +13,7 @@ import (
 
 // Charts (docs/console.md, "Charts") are drawn on the server as SVG: a
 // line of each bucket's average and a band from its minimum to its
-// maximum, read from the aggregates of stream history (rollups, so a
+// maximum, read in one aggregate of stream history (rollups, so a
 // week reads 168 hour rollups, never raw points). A chart's geometry is
 // computed here; the template draws it, and a live page's script moves
 // the same elements to the geometry an event brings.
@@ -57,7 +57,7 @@ const (
 	// chartGapShare: a gap longer than this share of the span (a tenth)
 	// breaks the line.
 	chartGapShare = 10
-	// maxCharts bounds the charts of a page: each is three reads.
+	// maxCharts bounds the charts of a page: each is a read.
 	maxCharts = 24
 	// chartLiveInterval is how often a live chart is read again: rollups
 	// are merged about once a second.
@@ -267,45 +267,18 @@ func formatValue(v float64) string {
 	return s
 }
 
-// readSeries reads the average, minimum and maximum of spec's field with
-// read (a device's or the fleet's aggregate).
-func readSeries(ctx context.Context, spec chartSpec, read func(context.Context, fleet.AggregateQuery) ([]fleet.Bucket, error)) (series, error) {
+// readSeries reads the average, minimum and maximum of spec's field in
+// each bucket, in one read, over a device's stream or with device "" over
+// the tenant's devices.
+func readSeries(ctx context.Context, h fleet.HistoryService, tenant, device string, spec chartSpec) (series, error) {
 	var s series
-	q := fleet.AggregateQuery{Field: spec.Field, Interval: spec.Interval, From: spec.From, To: spec.To}
-	byFn := map[string][]fleet.Bucket{}
-	for _, fn := range []string{fleet.AggAvg, fleet.AggMin, fleet.AggMax} {
-		q.Fn = fn
-		bs, err := read(ctx, q)
-		if err != nil {
-			return s, err
-		}
-		byFn[fn] = bs
-	}
-	// The three reads are separate: a rollup merged between them may add
-	// a bucket to a later one. The average's buckets lead.
-	mins, maxs := bucketValues(byFn[fleet.AggMin]), bucketValues(byFn[fleet.AggMax])
-	for _, b := range byFn[fleet.AggAvg] {
+	stats, err := h.AggregateStats(ctx, tenant, device, spec.Stream,
+		fleet.AggregateQuery{Field: spec.Field, Interval: spec.Interval, From: spec.From, To: spec.To})
+	for _, b := range stats {
 		s.Start = append(s.Start, b.Start)
-		s.Avg = append(s.Avg, b.Value)
-		s.Min = append(s.Min, valueOr(mins, b))
-		s.Max = append(s.Max, valueOr(maxs, b))
+		s.Avg, s.Min, s.Max = append(s.Avg, b.Avg), append(s.Min, b.Min), append(s.Max, b.Max)
 	}
-	return s, nil
-}
-
-func bucketValues(bs []fleet.Bucket) map[int64]float64 {
-	m := make(map[int64]float64, len(bs))
-	for _, b := range bs {
-		m[b.Start.UnixMilli()] = b.Value
-	}
-	return m
-}
-
-func valueOr(m map[int64]float64, b fleet.Bucket) float64 {
-	if v, ok := m[b.Start.UnixMilli()]; ok {
-		return v
-	}
-	return b.Value
+	return s, err
 }
 
 // numericFields are the names of a point's numeric fields, sorted.

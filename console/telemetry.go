@@ -74,9 +74,7 @@ func (c *Console) deviceCharts(ctx context.Context, tenant, device string, lates
 	specs, more := deviceChartSpecs(latest, w, c.Now())
 	charts := make([]chart, 0, len(specs))
 	for _, spec := range specs {
-		s, err := readSeries(ctx, spec, func(ctx context.Context, q fleet.AggregateQuery) ([]fleet.Bucket, error) {
-			return c.History.Aggregate(ctx, tenant, device, spec.Stream, q)
-		})
+		s, err := readSeries(ctx, c.History, tenant, device, spec)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -234,9 +232,7 @@ func (c *Console) handleAlert(w http.ResponseWriter, r *http.Request, v *view) e
 				continue
 			}
 			spec := chartSpec{Stream: a.Stream, Field: f, From: from, To: to, Interval: time.Minute, Ticks: "15:04", Markers: markers}
-			s, err := readSeries(ctx, spec, func(ctx context.Context, q fleet.AggregateQuery) ([]fleet.Bucket, error) {
-				return c.History.Aggregate(ctx, tenant, a.DeviceID, a.Stream, q)
-			})
+			s, err := readSeries(ctx, c.History, tenant, a.DeviceID, spec)
 			if fleet.ErrorCode(err) == fleet.ENOTFOUND {
 				break // the device is gone; its alert stays
 			} else if err != nil {
@@ -281,10 +277,7 @@ func (c *Console) fleetChart(r *http.Request, tenant string) (*fleetChartData, e
 	}
 	now := c.Now()
 	spec := chartSpec{Stream: d.Stream, Field: d.Field, From: now.Add(-win.Span), To: now, Interval: win.Interval, Ticks: win.Ticks}
-	s, err := readSeries(r.Context(), spec, func(ctx context.Context, aq fleet.AggregateQuery) ([]fleet.Bucket, error) {
-		bs, _, err := c.History.AggregateFleet(ctx, tenant, d.Stream, aq)
-		return bs, err
-	})
+	s, err := readSeries(r.Context(), c.History, tenant, "", spec)
 	if err != nil {
 		return nil, err
 	}

@@ -441,6 +441,47 @@ func aggregateSource(q fleet.AggregateQuery) (partKind, bool, error) {
 // raw points are those it received since it was made, as FindPoints reads
 // them: not those of a device of the same id deleted before.
 func (db *DB) aggregate(ctx context.Context, tenant, device, stream string, q fleet.AggregateQuery, raw bool) (map[string][]fleet.Bucket, error) {
+	acc, err := db.accumulate(ctx, tenant, device, stream, q, raw)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]fleet.Bucket{}
+	for dev, m := range acc {
+		bs := make([]fleet.Bucket, 0, len(m))
+		for _, start := range slices.Sorted(maps.Keys(m)) {
+			r := m[start]
+			bs = append(bs, fleet.Bucket{Start: fromMillis(start), Value: r.value(q.Fn), Count: r.n})
+		}
+		out[dev] = bs
+	}
+	if _, ok := out[""]; !ok && (device != "" || !q.ByDevice) {
+		out[""] = []fleet.Bucket{}
+	}
+	return out, nil
+}
+
+// AggregateStats returns the count, average, minimum and maximum of each
+// bucket of q over a device's stream, or with device "" over the tenant's
+// devices that q.Metadata and q.Group select (one series; q.Fn and
+// q.ByDevice are not used): a chart's line and band from one read.
+func (db *DB) AggregateStats(ctx context.Context, tenant, device, stream string, q fleet.AggregateQuery) ([]fleet.BucketStats, error) {
+	q.Fn, q.ByDevice = fleet.AggAvg, false
+	acc, err := db.accumulate(ctx, tenant, device, stream, q, false)
+	if err != nil {
+		return nil, err
+	}
+	m := acc[""]
+	out := make([]fleet.BucketStats, 0, len(m))
+	for _, start := range slices.Sorted(maps.Keys(m)) {
+		r := m[start]
+		out = append(out, fleet.BucketStats{Start: fromMillis(start), Count: r.n, Avg: r.value(fleet.AggAvg), Min: r.min, Max: r.max})
+	}
+	return out, nil
+}
+
+// accumulate merges the rollups (or raw points) q reads into one rollup a
+// bucket, by device or under "" as aggregate's.
+func (db *DB) accumulate(ctx context.Context, tenant, device, stream string, q fleet.AggregateQuery, raw bool) (map[string]map[int64]*rollup, error) {
 	where, args := "tenant = ? AND stream = ?", []any{tenant, stream}
 	rawWhere, rawArgs := where, args
 	if device != "" {
@@ -515,19 +556,7 @@ func (db *DB) aggregate(ctx context.Context, tenant, device, stream string, q fl
 	} else if err != nil {
 		return nil, db.classify(err)
 	}
-	out := map[string][]fleet.Bucket{}
-	for dev, m := range acc {
-		bs := make([]fleet.Bucket, 0, len(m))
-		for _, start := range slices.Sorted(maps.Keys(m)) {
-			r := m[start]
-			bs = append(bs, fleet.Bucket{Start: fromMillis(start), Value: r.value(q.Fn), Count: r.n})
-		}
-		out[dev] = bs
-	}
-	if _, ok := out[""]; !ok && (device != "" || !q.ByDevice) {
-		out[""] = []fleet.Bucket{}
-	}
-	return out, nil
+	return acc, nil
 }
 
 // value returns fn of the values r aggregates.
