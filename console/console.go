@@ -71,7 +71,9 @@ type Console struct {
 	// TLS listener to present them to.
 	Certificates fleet.DeviceCertificateService
 	Audit        fleet.AuditService
-	Sessions     fleet.ConsoleSessionService
+	// DDI keeps the tenant's hawkBit DDI settings.
+	DDI      fleet.DDIService
+	Sessions fleet.ConsoleSessionService
 	// Remote opens and relays remote sessions (nil: none are served);
 	// RemoteSessions lists and stops them.
 	Remote         *relay.Hub
@@ -180,6 +182,8 @@ func (c *Console) Open() {
 		{"POST /console/settings/keys/{name}/delete", c.page(fleet.PermAdmin, c.handleDeleteKey)},
 		{"GET /console/settings/auth", c.page(fleet.PermAdmin, c.handleAuth)},
 		{"POST /console/settings/auth", c.page(fleet.PermAdmin, c.handleSetAuth)},
+		{"GET /console/settings/ddi", c.page(fleet.PermAdmin, c.handleDDI)},
+		{"POST /console/settings/ddi", c.page(fleet.PermAdmin, c.handleSetDDI)},
 		{"GET /console/settings/audit", c.page(fleet.PermAdmin, c.handleAudit)},
 		{"GET /console/settings/sessions", c.page(fleet.PermAdmin, c.handleSessions)},
 		{"POST /console/settings/sessions/{id}/end", c.page(fleet.PermAdmin, c.handleEndSession)},

@@ -10,7 +10,7 @@ import (
 )
 
 // The settings pages are the admin role's, as their API is: API keys, the
-// tenant's sign-in (S9) and the audit log. Other roles get no link to
+// tenant's sign-in (S9), its hawkBit DDI settings and the audit log. Other roles get no link to
 // them and a 403 from them.
 
 // roles are the roles a key may have, in the order the form offers them.
@@ -213,6 +213,30 @@ func (c *Console) handleSetAuth(w http.ResponseWriter, r *http.Request, v *view)
 		return err
 	}
 	http.Redirect(w, r, "/console/settings/auth?saved", http.StatusSeeOther)
+	return nil
+}
+
+// handleDDI shows the tenant's hawkBit DDI settings (docs/hawkbit.md).
+func (c *Console) handleDDI(w http.ResponseWriter, r *http.Request, v *view) error {
+	set, err := c.DDI.DDISettings(r.Context(), v.Actor.Tenant)
+	if err != nil {
+		return err
+	}
+	if r.URL.Query().Has("saved") {
+		v.Flash = "Saved. Devices see the change at their next poll."
+	}
+	v.Title, v.Nav, v.Data = "hawkBit", "settings", set
+	c.render(w, r, http.StatusOK, "ddi", v)
+	return nil
+}
+
+// handleSetDDI replaces the settings with the form's two checkboxes.
+func (c *Console) handleSetDDI(w http.ResponseWriter, r *http.Request, v *view) error {
+	set := fleet.DDISettings{RequireConfirmation: r.PostForm.Get("require_confirmation") == "on", GatewayRegistration: r.PostForm.Get("gateway_registration") == "on"}
+	if err := c.DDI.SetDDISettings(r.Context(), v.Actor.Tenant, set); err != nil {
+		return err
+	}
+	http.Redirect(w, r, "/console/settings/ddi?saved", http.StatusSeeOther)
 	return nil
 }
 

@@ -29,6 +29,48 @@ func TestConsoleSettings(t *testing.T) {
 		operator := s.newKey(t, admin, "olivia", "operator")
 		viewer := s.newKey(t, admin, "victor", "viewer")
 
+		t.Run("DDI", func(t *testing.T) {
+			b := newBrowser(t, s.URL)
+			b.signIn("default", admin.Key)
+			res := b.get("/console/settings/ddi").want(t, 200)
+			for _, box := range []string{`id="require-confirmation" name="require_confirmation" aria`, `id="gateway-registration" name="gateway_registration" aria`} {
+				if !strings.Contains(res.Body, box) {
+					t.Fatalf("the page lacks the unchecked box %s:\n%s", box, res.Body)
+				}
+			}
+			tok := res.csrf(t)
+			b.do("POST", "/console/settings/ddi", url.Values{"require_confirmation": {"on"}}).want(t, 403)
+			b.do("POST", "/console/settings/ddi", url.Values{"csrf": {tok}, "require_confirmation": {"on"}}).want(t, 303)
+			var set struct {
+				RequireConfirmation bool `json:"require_confirmation"`
+				GatewayRegistration bool `json:"gateway_registration"`
+			}
+			s.do(t, admin, "GET", "/api/v1/tenants/default/ddi", nil).want(t, 200).decode(t, &set)
+			if !set.RequireConfirmation || set.GatewayRegistration {
+				t.Fatalf("after the form: %+v", set)
+			}
+			if body := b.get("/console/settings/ddi?saved").want(t, 200).Body; !strings.Contains(body, `name="require_confirmation" checked`) || !strings.Contains(body, "Saved.") {
+				t.Fatalf("the page after saving:\n%s", body)
+			}
+			var logs struct {
+				AuditLogs []struct{ Actor string } `json:"audit_logs"`
+			}
+			s.do(t, admin, "GET", "/api/v1/audit-logs?action=tenant.ddi.update", nil).want(t, 200).decode(t, &logs)
+			if len(logs.AuditLogs) != 1 || logs.AuditLogs[0].Actor != "admin" {
+				t.Fatalf("audit: %+v", logs.AuditLogs)
+			}
+			// Unchecked boxes turn the settings off again.
+			b.do("POST", "/console/settings/ddi", url.Values{"csrf": {tok}}).want(t, 303)
+			s.do(t, admin, "GET", "/api/v1/tenants/default/ddi", nil).want(t, 200).decode(t, &set)
+			if set.RequireConfirmation {
+				t.Fatalf("after unchecking: %+v", set)
+			}
+			ob := newBrowser(t, s.URL) // a key of its own: Sessions counts olivia's
+			ob.signIn("default", s.newKey(t, admin, "ddi-operator", "operator").Key)
+			ob.get("/console/settings/ddi").want(t, 403)
+			ob.do("POST", "/console/settings/ddi", url.Values{"csrf": {ob.get("/console/").csrf(t)}, "require_confirmation": {"on"}}).want(t, 403)
+		})
+
 		t.Run("Keys", func(t *testing.T) {
 			b := newBrowser(t, s.URL)
 			b.signIn("default", admin.Key)
