@@ -51,6 +51,8 @@ func (r *runner) history(ctx context.Context) error {
 // of three each.
 func (r *runner) historyRead(ctx context.Context, dev, stream string, day time.Time) error {
 	var best time.Duration
+	wait := r.profile("history-read", 8*time.Second)
+	defer wait()
 	for range 3 {
 		t0 := time.Now()
 		n := 0
