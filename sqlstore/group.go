@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"math"
+	"strconv"
 	"strings"
 
 	"github.com/fleetd/fleet"
@@ -44,38 +46,8 @@ func (d dialect) requirementHolds(r fleet.Requirement) (string, []any) {
 		vargs[i] = v
 	}
 	if path := r.ReportedPath(); path != nil {
-		// The shadow's reported value as text: a string as it is, a
-		// number or boolean as JSON writes it; an object or array has no
-		// value to compare.
-		var has, text string
-		var args []any
-		if d == postgres {
-			// A strict JSON path, as SQLite's: each level is an object's
-			// key, never an array's index (#> takes "0" for either), and a
-			// level that is not there is no value (silent: NULL, not an
-			// error). Segments are [A-Za-z0-9_:-] (ParseSelector).
-			p := `strict $."` + strings.Join(path, `"."`) + `"`
-			v := "jsonb_path_query_first(s.reported, CAST(? AS jsonpath), '{}', true)"
-			has, text = v+" IS NOT NULL", "jsonb_typeof("+v+") NOT IN ('object', 'array') AND ("+v+" #>> '{}')"
-			args = []any{p}
-			if values != "" {
-				args = []any{p, p}
-			}
-		} else {
-			p := `$."` + strings.Join(path, `"."`) + `"`
-			has, text = "json_type(s.reported, ?) IS NOT NULL",
-				"(CASE json_type(s.reported, ?) WHEN 'object' THEN NULL WHEN 'array' THEN NULL WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' ELSE CAST(json_extract(s.reported, ?) AS TEXT) END)"
-			args = []any{p}
-			if values != "" {
-				args = []any{p, p}
-			}
-		}
-		cond := has
-		if values != "" {
-			cond = text + values
-		}
-		return "EXISTS (SELECT 1 FROM device_shadows s WHERE s.tenant = devices.tenant AND s.device_id = devices.id AND " + cond + ")",
-			append(args, vargs...)
+		cond, args := d.reportedHolds(path, r.Values)
+		return "EXISTS (SELECT 1 FROM device_shadows s WHERE s.tenant = devices.tenant AND s.device_id = devices.id AND " + cond + ")", args
 	}
 	if d == postgres {
 		if values == "" {
@@ -87,6 +59,56 @@ func (d dialect) requirementHolds(r fleet.Requirement) (string, []any) {
 		return "EXISTS (SELECT 1 FROM json_each(metadata) e WHERE e.key = ?)", []any{r.Key}
 	}
 	return "EXISTS (SELECT 1 FROM json_each(metadata) e WHERE e.key = ? AND e.value" + values + ")", append([]any{r.Key}, vargs...)
+}
+
+// reportedHolds is the condition on device_shadows s that its reported
+// state has a value at path, one of values if any are given: a number by
+// value, as a 64-bit float, when the value in the selector is a number
+// too (reported.n=7 and reported.n=7.0 both hold for 7 and for 7.0, and
+// 1.5e20 for 150000000000000000000); a string as it is; a boolean as
+// true or false. An object or array has no value to compare. The two
+// databases write numbers as text in their own ways (SQLite 1.5e+20,
+// PostgreSQL's jsonb 150000000000000000000), so numbers are compared as
+// numbers, never as text (docs/twin.md).
+func (d dialect) reportedHolds(path []string, values []string) (string, []any) {
+	p := `$."` + strings.Join(path, `"."`) + `"`
+	// value is SQL of the value at path (SQLite's json_extract, jsonb on
+	// PostgreSQL), kind its JSON type, each taking p as their argument.
+	value, kind := "json_extract(s.reported, ?)", "json_type(s.reported, ?)"
+	number, texts := "json_type(s.reported, ?) IN ('integer', 'real')", "(CASE json_type(s.reported, ?) WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' WHEN 'text' THEN json_extract(s.reported, ?) END)"
+	textArgs, asFloat, no := []any{p, p}, "CAST("+value+" AS REAL)", "0"
+	if d == postgres {
+		// A strict JSON path, as SQLite's: each level is an object's
+		// key, never an array's index (#> takes "0" for either), and a
+		// level that is not there is no value (silent: NULL, not an
+		// error). Segments are [A-Za-z0-9_:-] (ParseSelector).
+		p = "strict " + p
+		value = "jsonb_path_query_first(s.reported, CAST(? AS jsonpath), '{}', true)"
+		kind = value
+		number = "jsonb_typeof(" + value + ") = 'number'"
+		texts = "(CASE WHEN jsonb_typeof(" + value + ") IN ('string', 'boolean') THEN " + value + " #>> '{}' END)"
+		textArgs, asFloat, no = []any{p, p}, "CAST("+value+" #>> '{}' AS double precision)", "false"
+	}
+	if len(values) == 0 {
+		return kind + " IS NOT NULL", []any{p}
+	}
+	var nums []any
+	strs := make([]any, len(values))
+	for i, v := range values {
+		strs[i] = v
+		if f, err := strconv.ParseFloat(v, 64); err == nil && !math.IsInf(f, 0) {
+			nums = append(nums, f)
+		}
+	}
+	numbers := no
+	numArgs := []any{}
+	if len(nums) > 0 {
+		numbers = asFloat + " IN (" + placeholders(len(nums)) + ")"
+		numArgs = append([]any{p}, nums...)
+	}
+	cond := "(CASE WHEN " + number + " THEN " + numbers + " ELSE coalesce(" + texts + " IN (" + placeholders(len(strs)) + "), " + no + ") END)"
+	args := append(append(append([]any{p}, numArgs...), textArgs...), strs...)
+	return cond, args
 }
 
 // shadowSync is the condition of FindDevices' shadow filter: devices whose
