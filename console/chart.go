@@ -98,6 +98,7 @@ type series struct {
 // buckets of Interval.
 type chartSpec struct {
 	Stream, Field string
+	Group         string // fleet-wide only: the devices of this group
 	From, To      time.Time
 	Interval      time.Duration
 	Ticks         string // layout of the x axis' labels
@@ -273,7 +274,7 @@ func formatValue(v float64) string {
 func readSeries(ctx context.Context, h fleet.HistoryService, tenant, device string, spec chartSpec) (series, error) {
 	var s series
 	stats, err := h.AggregateStats(ctx, tenant, device, spec.Stream,
-		fleet.AggregateQuery{Field: spec.Field, Interval: spec.Interval, From: spec.From, To: spec.To})
+		fleet.AggregateQuery{Field: spec.Field, Interval: spec.Interval, From: spec.From, To: spec.To, Group: spec.Group})
 	for _, b := range stats {
 		s.Start = append(s.Start, b.Start)
 		s.Avg, s.Min, s.Max = append(s.Avg, b.Avg), append(s.Min, b.Min), append(s.Max, b.Max)

@@ -248,15 +248,15 @@ func (c *Console) handleAlert(w http.ResponseWriter, r *http.Request, v *view) e
 
 // fleetChartData is the overview's fleet-wide chart and its form.
 type fleetChartData struct {
-	Stream, Field string
+	Stream, Field, Group string
 	Charts        chartsData
 }
 
 // fleetChart reads the overview's chart of a stream's field over the
-// tenant's devices, when the form chose one.
+// tenant's devices, or a group of them, when the form chose one.
 func (c *Console) fleetChart(r *http.Request, tenant string) (*fleetChartData, error) {
 	q := r.URL.Query()
-	d := &fleetChartData{Stream: q.Get("stream"), Field: q.Get("field")}
+	d := &fleetChartData{Stream: q.Get("stream"), Field: q.Get("field"), Group: q.Get("group")}
 	win, err := readChartWindow(q.Get("chart"))
 	if err != nil {
 		return nil, err
@@ -276,12 +276,16 @@ func (c *Console) fleetChart(r *http.Request, tenant string) (*fleetChartData, e
 		return nil, fleet.FieldErrors(problems)
 	}
 	now := c.Now()
-	spec := chartSpec{Stream: d.Stream, Field: d.Field, From: now.Add(-win.Span), To: now, Interval: win.Interval, Ticks: win.Ticks}
+	spec := chartSpec{Stream: d.Stream, Field: d.Field, Group: d.Group, From: now.Add(-win.Span), To: now, Interval: win.Interval, Ticks: win.Ticks}
 	s, err := readSeries(r.Context(), c.History, tenant, "", spec)
 	if err != nil {
 		return nil, err
 	}
 	d.Charts.Charts = []chart{drawChart(spec, s)}
-	d.Charts.Links = chartLinks("/console/", url.Values{"stream": {d.Stream}, "field": {d.Field}}, win.Name)
+	links := url.Values{"stream": {d.Stream}, "field": {d.Field}}
+	if d.Group != "" {
+		links.Set("group", d.Group)
+	}
+	d.Charts.Links = chartLinks("/console/", links, win.Name)
 	return d, nil
 }

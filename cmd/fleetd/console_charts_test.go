@@ -152,6 +152,17 @@ func TestConsoleCharts(t *testing.T) {
 				t.Errorf("the fleet chart is not of this tenant's devices only")
 			}
 			wantContains(t, "a bad stream", b.get("/console/?stream=no%20way&field=temp").want(t, 400).Body, "stream")
+			// A group: the devices it selects now.
+			s.do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "harbour", "selector": "site=harbour"}).want(t, 201)
+			s.do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "inland", "selector": "site=inland"}).want(t, 201)
+			page = b.get("/console/?stream=env&field=temp&group=harbour").want(t, 200).Body
+			if chartsOf(page)["env/temp"] == "" || !strings.Contains(page, "group=harbour") {
+				t.Errorf("the harbour group's chart is not drawn, or its span links forget the group")
+			}
+			if page := b.get("/console/?stream=env&field=temp&group=inland").want(t, 200).Body; chartsOf(page)["env/temp"] != "" || !strings.Contains(page, "No numeric value of temp") {
+				t.Errorf("a group without pump-1 charts its points")
+			}
+			wantContains(t, "an unknown group", b.get("/console/?stream=env&field=temp&group=nowhere").want(t, 400).Body, "names no group")
 		})
 
 		t.Run("Alert", func(t *testing.T) {
