@@ -23,6 +23,9 @@ const (
 const (
 	ActionUpdateFirmware = "update_firmware"
 	ActionCancel         = "cancel_action"
+	// ActionUpdateConfig carries a device's whole desired state, for
+	// devices that take their configuration as an action (docs/twin.md).
+	ActionUpdateConfig = "update_config"
 	// ActionRemoteSession asks a device to dial back for a remote session
 	// (docs/agent.md). Only fleetd sends it, when a session is opened: one
 	// dispatched otherwise could name another person's waiting session and

@@ -26,6 +26,14 @@ type Shadow struct {
 	// DeltaChanged is set by an update: its Delta differs from the one
 	// before it, so the device is to be told.
 	DeltaChanged bool `json:"-"`
+	// Dispatched is the update_config action a change of Desired
+	// dispatched to the device (ShadowSettings.UpdateConfig), nil for none.
+	Dispatched *Action `json:"-"`
+}
+
+// ShadowSettings are a tenant's choices about shadows (docs/twin.md).
+type ShadowSettings struct {
+	UpdateConfig bool `json:"update_config" openapi:"required" doc:"true: each change of a device's desired state that leaves it out of sync is also dispatched to the device as an update_config action whose params are the whole desired state, for devices (such as uplink's) that take their configuration as an action"`
 }
 
 // Limits on each section of a shadow (docs/twin.md): its canonical JSON
@@ -259,4 +267,8 @@ type ShadowService interface {
 	// sequence): a batch that arrives after a newer one, a retry or a
 	// backlog, leaves the reported state as the newer point made it.
 	ReportPoint(ctx context.Context, tenant, device, stream string, p *DataPoint) (*Shadow, error)
+	ShadowSettings(ctx context.Context, tenant string) (ShadowSettings, error)
+	// SetShadowSettings replaces the tenant's settings, audited with the
+	// previous ones.
+	SetShadowSettings(ctx context.Context, tenant string, s ShadowSettings) error
 }

@@ -369,6 +369,15 @@ func (s *Service) CancelAction(ctx context.Context, tenant string, id int64) err
 	return nil
 }
 
+// Dispatched hands an action that the store dispatched in another
+// service's transaction (a shadow's update_config) to its targeted devices
+// that are connected, as DispatchAction does its own.
+func (s *Service) Dispatched(tenant string, a *fleet.Action) {
+	s.stats.dispatches.Add(1)
+	s.stats.targeted.Add(uint64(a.Targeted))
+	s.send(tenant, a)
+}
+
 // send hands an action just dispatched (nil: none) to the targeted devices
 // that are connected, in the background, once the tenant's earlier sends
 // are done. A device whose window is full keeps what it is handed in action

@@ -1,42 +1,23 @@
 package fleethttp
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/fleetd/fleet"
 )
 
-// A tenant's DDI settings (docs/hawkbit.md, Settings).
-
-func (s *Server) handleGetDDISettings(w http.ResponseWriter, r *http.Request) error {
-	tenant, err := pathTenant(r)
-	if err != nil {
-		return err
+// ddiSettingsHandlers serve a tenant's DDI settings (docs/hawkbit.md,
+// Settings).
+func (s *Server) ddiSettingsHandlers() (read, write func(http.ResponseWriter, *http.Request) error) {
+	// The service is read at each request: routes are made before it is set.
+	get := func(ctx context.Context, tenant string) (fleet.DDISettings, error) {
+		return s.DDI.DDISettings(ctx, tenant)
 	}
-	set, err := s.DDI.DDISettings(r.Context(), tenant)
-	if err != nil {
-		return err
+	set := func(ctx context.Context, tenant string, v fleet.DDISettings) error {
+		return s.DDI.SetDDISettings(ctx, tenant, v)
 	}
-	s.respond(w, r, http.StatusOK, set)
-	return nil
-}
-
-func (s *Server) handleSetDDISettings(w http.ResponseWriter, r *http.Request) error {
-	tenant, err := pathTenant(r)
-	if err != nil {
-		return err
-	}
-	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
-	if err != nil {
-		return err
-	}
-	f := fleet.NewFields(body)
-	set := fleet.DDISettings{RequireConfirmation: f.Bool("require_confirmation", true), GatewayRegistration: f.Bool("gateway_registration", true)}
-	if err := f.Err(); err != nil {
-		return err
-	}
-	if err := s.DDI.SetDDISettings(r.Context(), tenant, set); err != nil {
-		return err
-	}
-	return s.quiet(w, r, http.StatusNoContent, func() (any, error) { return s.DDI.DDISettings(r.Context(), tenant) })
+	return settingsHandlers(s, get, func(f *fleet.Fields) fleet.DDISettings {
+		return fleet.DDISettings{RequireConfirmation: f.Bool("require_confirmation", true), GatewayRegistration: f.Bool("gateway_registration", true)}
+	}, set)
 }

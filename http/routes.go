@@ -18,6 +18,8 @@ type route struct {
 // addRoutes lists the whole API. The OpenAPI document is generated from
 // this table, so an endpoint cannot exist without being described.
 func (s *Server) addRoutes() []route {
+	getDDI, setDDI := s.ddiSettingsHandlers()
+	getShadow, setShadow := s.shadowSettingsHandlers()
 	return []route{
 		{"GET /healthz", public, s.handleHealth, op{Tag: "operations", Summary: "Liveness: the process answers", Resp: statusBody{}}},
 		{"GET /readyz", public, s.handleReady, op{Tag: "operations", Summary: "Readiness: the database (and broker) answer", Resp: statusBody{}}},
@@ -198,8 +200,12 @@ func (s *Server) addRoutes() []route {
 		{"PUT /api/v1/tenants/{tenant_id}/auth", fleet.PermAdmin, s.handleSetTenantAuth, op{Tag: "tenants", Summary: "S9: how the tenant's end users authenticate with bearer tokens", Body: tenantAuthBody{}, OK: http.StatusNoContent, Resp: fleet.TenantAuth{}}},
 		{"GET /api/v1/tenants/{tenant_id}/auth", fleet.PermAdmin, s.handleGetTenantAuth, op{Tag: "tenants", Summary: "The tenant's end-user authentication", Resp: fleet.TenantAuth{}}},
 		{"PUT /api/v1/tenants/{tenant_id}/stream-retention", fleet.PermAdmin, s.handleSetStreamRetention, op{Tag: "tenants", Summary: "How long the tenant's raw stream points are kept (rollups keep their own retention)", Body: streamRetentionBody{}, OK: http.StatusNoContent, Resp: streamRetention{}}},
-		{"PUT /api/v1/tenants/{tenant_id}/ddi", fleet.PermAdmin, s.handleSetDDISettings, op{Tag: "tenants", Summary: "The tenant's hawkBit DDI settings: whether devices confirm updates, whether gateways register unknown devices (both required; audited)", Body: fleet.DDISettings{}, OK: http.StatusNoContent, Resp: fleet.DDISettings{}}},
-		{"GET /api/v1/tenants/{tenant_id}/ddi", fleet.PermRead, s.handleGetDDISettings, op{Tag: "tenants", Summary: "The tenant's hawkBit DDI settings", Resp: fleet.DDISettings{}}},
+		{"PUT /api/v1/tenants/{tenant_id}/ddi", fleet.PermAdmin, setDDI, op{Tag: "tenants", Summary: "The tenant's hawkBit DDI settings: whether devices confirm updates, whether gateways register unknown devices (both required; audited)", Body: fleet.DDISettings{}, OK: http.StatusNoContent, Resp: fleet.DDISettings{}}},
+		{"GET /api/v1/tenants/{tenant_id}/ddi", fleet.PermRead, getDDI, op{Tag: "tenants", Summary: "The tenant's hawkBit DDI settings", Resp: fleet.DDISettings{}}},
+		{"PUT /api/v1/tenants/{tenant_id}/shadow-settings", fleet.PermAdmin, setShadow, op{Tag: "tenants",
+			Summary: "The tenant's choices about shadows: update_config true dispatches each desired change that leaves a device out of sync to it as an update_config action too (docs/twin.md)",
+			Body:    fleet.ShadowSettings{}, OK: http.StatusNoContent, Resp: fleet.ShadowSettings{}}},
+		{"GET /api/v1/tenants/{tenant_id}/shadow-settings", fleet.PermRead, getShadow, op{Tag: "tenants", Summary: "The tenant's choices about shadows", Resp: fleet.ShadowSettings{}}},
 		{"GET /api/v1/tenants/{tenant_id}/stream-retention", fleet.PermRead, s.handleGetStreamRetention, op{Tag: "tenants", Summary: "How long the tenant's raw stream points are kept", Resp: streamRetention{}}},
 
 		{"GET /api/v1/audit-logs", fleet.PermAdmin, s.handleListAuditLogs, op{Tag: "audit", Summary: "Every change made through the API, newest first", Query: append([]param{

@@ -1,6 +1,7 @@
 package fleethttp
 
 import (
+	"context"
 	"math"
 	"net/http"
 
@@ -51,4 +52,19 @@ func (s *Server) handlePatchShadow(w http.ResponseWriter, r *http.Request) error
 	}
 	s.respond(w, r, http.StatusOK, sh)
 	return nil
+}
+
+// shadowSettingsHandlers serve a tenant's shadow settings (docs/twin.md).
+func (s *Server) shadowSettingsHandlers() (read, write func(http.ResponseWriter, *http.Request) error) {
+	get := func(ctx context.Context, tenant string) (fleet.ShadowSettings, error) {
+		return s.Shadows.ShadowSettings(ctx, tenant)
+	}
+	set := func(ctx context.Context, tenant string, v fleet.ShadowSettings) error {
+		return s.Shadows.SetShadowSettings(ctx, tenant, v)
+	}
+	return settingsHandlers(s, get, func(f *fleet.Fields) fleet.ShadowSettings {
+		v := fleet.ShadowSettings{UpdateConfig: f.Bool("update_config", true)}
+		f.Unknown()
+		return v
+	}, set)
 }

@@ -110,10 +110,64 @@ func (db *DB) UpdateDesired(ctx context.Context, tenant, device string, patch ma
 			return err
 		}
 		out = &s.Shadow
+		if out.Dispatched, err = tx.updateConfig(ctx, tenant, device, out); err != nil {
+			return err
+		}
 		return tx.audit(ctx, tenant, "device.shadow.update", "devices/"+device,
 			map[string]any{"desired": patch, "previous": previous, "version": s.Version})
 	})
 	return out, err
+}
+
+// updateConfig dispatches to the device, in the transaction of a change
+// of its desired state, an update_config action whose params are the whole
+// desired state, if the tenant asked for it and the change leaves the
+// device out of sync; it returns the action, nil for none.
+func (tx *Tx) updateConfig(ctx context.Context, tenant, device string, sh *fleet.Shadow) (*fleet.Action, error) {
+	if sh.InSync {
+		return nil, nil
+	}
+	var on bool
+	if err := tx.queryRow(ctx, "SELECT shadow_update_config FROM tenants WHERE name = ?", tenant).Scan(&on); err != nil || !on {
+		return nil, err
+	}
+	params, err := fleet.MarshalCanonical(sh.Desired)
+	if err != nil {
+		return nil, err
+	}
+	d := &fleet.Dispatch{Action: fleet.ActionUpdateConfig, Params: params, SearchType: fleet.SearchDefault, DeviceIDs: []string{device}}
+	if a := fleet.ActorFromContext(ctx); a != nil {
+		d.UserEmail, d.UserName = a.UserEmail, a.UserName
+	}
+	return tx.dispatch(ctx, tenant, d, selection{ids: d.DeviceIDs}, false)
+}
+
+// ShadowSettings reads a tenant's choices about shadows.
+func (db *DB) ShadowSettings(ctx context.Context, tenant string) (fleet.ShadowSettings, error) {
+	var s fleet.ShadowSettings
+	err := db.queryRow(ctx, "SELECT shadow_update_config FROM tenants WHERE name = ?", tenant).Scan(&s.UpdateConfig)
+	if errors.Is(err, sql.ErrNoRows) {
+		return s, fleet.Errorf(fleet.ENOTFOUND, "tenant %q not found", tenant)
+	}
+	return s, db.classify(err)
+}
+
+// SetShadowSettings replaces a tenant's choices about shadows, audited
+// with the previous ones.
+func (db *DB) SetShadowSettings(ctx context.Context, tenant string, s fleet.ShadowSettings) error {
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		var previous fleet.ShadowSettings
+		err := tx.queryRow(ctx, "SELECT shadow_update_config FROM tenants WHERE name = ?"+tx.db.dialect.forUpdate(), tenant).Scan(&previous.UpdateConfig)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fleet.Errorf(fleet.ENOTFOUND, "tenant %q not found", tenant)
+		} else if err != nil {
+			return err
+		}
+		if _, err := tx.exec(ctx, "UPDATE tenants SET shadow_update_config = ? WHERE name = ?", s.UpdateConfig, tenant); err != nil {
+			return err
+		}
+		return tx.audit(ctx, tenant, "tenant.shadow_settings", "tenants/"+tenant, map[string]any{"settings": s, "previous": previous})
+	})
 }
 
 // UpdateReported merges patch into a device's reported state. What the

@@ -18,12 +18,22 @@ type Sender interface {
 	SendDelta(tenant, device string, delta []byte) bool
 }
 
-// Service is a fleet.ShadowService that sends deltas.
+// Dispatcher hands a dispatched action to the devices; action.Service is
+// one.
+type Dispatcher interface {
+	Dispatched(tenant string, a *fleet.Action)
+}
+
+// Service is a fleet.ShadowService that sends deltas, and the
+// update_config actions a desired change dispatched.
 type Service struct {
 	Store fleet.ShadowService
 	// Sender is set before devices connect; nil sends nothing.
 	Sender Sender
-	Logger *slog.Logger
+	// Actions delivers update_config actions (ShadowSettings); nil leaves
+	// them for the devices to read when they next subscribe.
+	Actions Dispatcher
+	Logger  *slog.Logger
 }
 
 var _ fleet.ShadowService = (*Service)(nil)
@@ -40,7 +50,20 @@ func (s *Service) UpdateDesired(ctx context.Context, tenant, device string, patc
 	if err == nil && sh.DeltaChanged {
 		s.send(tenant, device, sh)
 	}
+	if err == nil && sh.Dispatched != nil && s.Actions != nil {
+		s.Actions.Dispatched(tenant, sh.Dispatched)
+	}
 	return sh, err
+}
+
+// ShadowSettings reads the tenant's choices about shadows.
+func (s *Service) ShadowSettings(ctx context.Context, tenant string) (fleet.ShadowSettings, error) {
+	return s.Store.ShadowSettings(ctx, tenant)
+}
+
+// SetShadowSettings replaces the tenant's choices about shadows.
+func (s *Service) SetShadowSettings(ctx context.Context, tenant string, set fleet.ShadowSettings) error {
+	return s.Store.SetShadowSettings(ctx, tenant, set)
 }
 
 // UpdateReported changes the reported state, and sends the device its

@@ -375,6 +375,12 @@ var endpoints = map[string]endpoint{
 	"GET /api/v1/tenants/{tenant_id}/stream-retention": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/api/v1/tenants/" + w.name + "/stream-retention", nil
 	}},
+	"PUT /api/v1/tenants/{tenant_id}/shadow-settings": {perm: "admin", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/tenants/" + w.name + "/shadow-settings", map[string]any{"update_config": false}
+	}},
+	"GET /api/v1/tenants/{tenant_id}/shadow-settings": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/tenants/" + w.name + "/shadow-settings", nil
+	}},
 	"PUT /api/v1/tenants/{tenant_id}/ddi": {perm: "admin", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/api/v1/tenants/" + w.name + "/ddi", map[string]any{"require_confirmation": false, "gateway_registration": false}
 	}},

@@ -174,7 +174,7 @@ func Run(ctx context.Context, c Config, e Env) error {
 		return err
 	}
 	actions.Sender = broker
-	shadows.Sender = broker
+	shadows.Sender, shadows.Actions = broker, actions
 	if c.scale.broker != "" {
 		actions.SendWorkers = 64 // each send waits for the external broker's PUBACK
 	}
