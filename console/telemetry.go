@@ -249,7 +249,7 @@ func (c *Console) handleAlert(w http.ResponseWriter, r *http.Request, v *view) e
 // fleetChartData is the overview's fleet-wide chart and its form.
 type fleetChartData struct {
 	Stream, Field, Group string
-	Charts        chartsData
+	Charts               chartsData
 }
 
 // fleetChart reads the overview's chart of a stream's field over the
