@@ -702,6 +702,44 @@ func TestSWUpdate(t *testing.T) {
 		sw.awaitStatus(t, s, "gw-1", id, "Completed")
 		sw.stop()
 	})
+
+	// SWUpdate 2022.12 knows no confirmationBase: in a tenant that requires
+	// confirmations its update waits while it polls, and goes through once
+	// a gateway activates the device's automatic confirmation.
+	t.Run("ConfirmationRequired", func(t *testing.T) {
+		ddiSettings(t, s, admin, true, false)
+		t.Cleanup(func() { ddiSettings(t, s, admin, false, false) })
+		id := update("7.0.0", signer.swu(t, "7.0.0", installed, []byte("rootfs 7.0.0\n"), ""))
+		polls := func() int {
+			r := s.do(t, creds{}, "GET", "/metrics", nil).want(t, 200)
+			for _, line := range strings.Split(string(r.Body), "\n") {
+				if strings.HasPrefix(line, `fleetd_http_requests_total{code="200",route="GET /{tenant}/controller/v1/{controllerId}"} `) {
+					var n int
+					fmt.Sscan(line[strings.LastIndex(line, " ")+1:], &n)
+					return n
+				}
+			}
+			return 0
+		}
+		before := polls()
+		sw := runSWUpdate(t, bin, s.URL, signer, "gw-1", dev.Token)
+		eventually(t, "three polls by SWUpdate", func() bool { return polls() >= before+3 })
+		if da := s.deviceAction(t, admin, "gw-1", id); da.ActionStatus != "Queued" {
+			t.Fatalf("an update waiting for a confirmation was handed over: %+v", da)
+		}
+		if b, _ := os.ReadFile(installed); string(b) == "rootfs 7.0.0\n" {
+			t.Fatal("the waiting image was installed")
+		}
+		gateway := s.newKey(t, admin, "swupdate-gateway", "device")
+		s.ddiAs(t, "GatewayToken "+gateway.Key, "POST", "/default/controller/v1/gw-1/confirmationBase/activateAutoConfirm",
+			map[string]any{"initiator": "gateway", "remark": "SWUpdate cannot confirm"}).want(t, 200)
+		eventually(t, "the confirmed image installed", func() bool {
+			b, _ := os.ReadFile(installed)
+			return string(b) == "rootfs 7.0.0\n"
+		})
+		sw.awaitStatus(t, s, "gw-1", id, "Progress")
+		sw.stop()
+	})
 }
 
 // cuttingProxy forwards to fleetd, and cuts the first response whose path
