@@ -189,3 +189,46 @@ func TestCompileWindowErrors(t *testing.T) {
 		}
 	})
 }
+
+// TestWindowedRuleSilentAfterRestart: "hot, then silent" with the heat a
+// window's maximum. The engine restarts between the hot point and the
+// silence; the timer that finds the silence warms the window from the
+// stream's history, so the alert opens on both databases.
+func TestWindowedRuleSilentAfterRestart(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		ctx := context.Background()
+		clk := testclock.New(t0)
+		db := storeWithDevice(t, b, clk)
+		r := &fleet.AlertRule{Name: "hot then silent", Stream: "env",
+			Condition: canon(t, `{"all": [{"no_data_seconds": 60}, {"field": "temp", "aggregate": "max", "window_seconds": 300, "operator": ">=", "value": 100}]}`)}
+		if errs := alert.CompileRule(r); errs != nil {
+			t.Fatal(errs)
+		}
+		if err := db.CreateAlertRule(ctx, "acme", r); err != nil {
+			t.Fatal(err)
+		}
+		before := loadedEngine(t, db, clk)
+		for i, temp := range []float64{120, 50} { // the window's maximum stays 120
+			at := t0.Add(time.Duration(i) * time.Second)
+			clk.Set(at)
+			p := fleet.DataPoint{DeviceID: "d1", Stream: "env", Timestamp: at, ReceivedAt: at, Data: map[string]any{"temp": temp}}
+			if err := before.IngestPoints(ctx, "acme", "d1", "env", []fleet.DataPoint{p}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		after := loadedEngine(t, db, clk) // the restart
+		clk.Set(t0.Add(2 * time.Minute))
+		// The restarted engine learns the stream's version at its first
+		// commit, which finds it stale and schedules the timer again: the
+		// second check opens the alert.
+		for range 2 {
+			if err := after.CheckTimers(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		as, _, err := db.FindAlerts(ctx, "acme", fleet.AlertFilter{RuleID: r.ID, Page: fleet.Page{Page: 1, Limit: 10}})
+		if err != nil || len(as) != 1 || as[0].State != fleet.AlertActive || !as[0].StartedAt.Equal(t0.Add(61*time.Second)) {
+			t.Fatalf("after a minute's silence: %+v %v, want one active alert from 1m1s", as, err)
+		}
+	})
+}
