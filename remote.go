@@ -32,6 +32,9 @@ type RemoteSession struct {
 	BytesToDevice   int64  `json:"bytes_to_device"`
 	BytesFromDevice int64  `json:"bytes_from_device"`
 	EndReason       string `json:"end_reason"`
+	// RelayURL is the replica that relays the session, as other replicas
+	// reach it: a leg that lands elsewhere is proxied there.
+	RelayURL string `json:"-"`
 }
 
 // RemoteSessionService stores remote sessions.
@@ -48,4 +51,7 @@ type RemoteSessionService interface {
 	// to end it (audited): ENOTFOUND for no such session, ECONFLICT for
 	// one that has ended. by names who asked, for the end's reason.
 	StopRemoteSession(ctx context.Context, tenant, id, by string) error
+	// FindOpenRemoteSession returns the open session id (ENOTFOUND when
+	// there is none), with its RelayURL.
+	FindOpenRemoteSession(ctx context.Context, tenant, id string) (*RemoteSession, error)
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/remote/relay"
 )
 
 // Remote sessions in the console (docs/console.md, Terminal): an operator
@@ -61,8 +62,12 @@ func (c *Console) handleTerminal(w http.ResponseWriter, r *http.Request, v *view
 	if err := c.remoteHub(); err != nil {
 		return err
 	}
-	s, ok := c.Remote.Waiting(r.PathValue("id"))
-	if !ok || s.Tenant != v.Actor.Tenant || !s.OpenedBy(v.Actor) {
+	// The session may be another replica's: its row says whose it is.
+	rs, err := c.RemoteSessions.FindOpenRemoteSession(r.Context(), v.Actor.Tenant, r.PathValue("id"))
+	if err != nil && fleet.ErrorCode(err) != fleet.ENOTFOUND {
+		return err
+	}
+	if err != nil || !relay.OpenedBy(rs, v.Actor) {
 		return fleet.Errorf(fleet.ENOTFOUND, "no terminal of yours waits here: open one from the device's page")
 	}
 	b := make([]byte, 18)
@@ -70,8 +75,7 @@ func (c *Console) handleTerminal(w http.ResponseWriter, r *http.Request, v *view
 	nonce := base64.RawURLEncoding.EncodeToString(b)
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self' 'nonce-"+nonce+"'; img-src 'self' data:; "+
 		"object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
-	rs := s.RemoteSession
-	v.Title, v.Nav, v.Data = "Terminal on "+rs.DeviceID, "devices", terminalData{Session: &rs, Nonce: nonce}
+	v.Title, v.Nav, v.Data = "Terminal on "+rs.DeviceID, "devices", terminalData{Session: rs, Nonce: nonce}
 	c.render(w, r, http.StatusOK, "terminal", v)
 	return nil
 }
@@ -82,6 +86,9 @@ func (c *Console) handleTerminal(w http.ResponseWriter, r *http.Request, v *view
 func (c *Console) handleTerminalSocket(w http.ResponseWriter, r *http.Request, v *view) error {
 	if err := c.remoteHub(); err != nil {
 		return err
+	}
+	if c.Remote.Proxy(w, r, v.Actor.Tenant, r.PathValue("id")) {
+		return nil // relayed by another replica, which authenticated it
 	}
 	return c.Remote.JoinOperator(w, r, v.Actor, r.PathValue("id"))
 }

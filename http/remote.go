@@ -108,6 +108,9 @@ func (s *Server) handleListRemoteSessions(w http.ResponseWriter, r *http.Request
 // handleRemoteOperator is the operator's leg: the person who made the
 // session, with the remote permission still, joins it.
 func (s *Server) handleRemoteOperator(w http.ResponseWriter, r *http.Request) error {
+	if s.Remote.Proxy(w, r, r.Header.Get("X-Service-Tenant"), r.PathValue("id")) {
+		return nil // relayed by another replica, which authenticated it
+	}
 	a, err := s.authenticate(r, fleet.PermRemote)
 	if err != nil {
 		return err
@@ -118,6 +121,9 @@ func (s *Server) handleRemoteOperator(w http.ResponseWriter, r *http.Request) er
 // handleRemoteDevice is the device's leg: the session's device, with its
 // token, dials back (docs/agent.md).
 func (s *Server) handleRemoteDevice(w http.ResponseWriter, r *http.Request) error {
+	if s.Remote.Proxy(w, r, r.Header.Get("X-Service-Tenant"), r.PathValue("id")) {
+		return nil // relayed by another replica, which authenticated it
+	}
 	sess, ok := s.Remote.Waiting(r.PathValue("id"))
 	tenant := r.Header.Get("X-Service-Tenant")
 	scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")

@@ -19,9 +19,9 @@ func (db *DB) CreateRemoteSession(ctx context.Context, s *fleet.RemoteSession) e
 	s.ID = uuid.NewString()
 	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		s.StartedAt = tx.now.Truncate(time.Millisecond)
-		if _, err := tx.exec(ctx, `INSERT INTO remote_sessions (id, tenant, device_id, kind, target, key_name, user_name, user_email, started_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			s.ID, s.Tenant, s.DeviceID, s.Kind, s.Target, s.KeyName, s.UserName, s.UserEmail, millis(s.StartedAt)); err != nil {
+		if _, err := tx.exec(ctx, `INSERT INTO remote_sessions (id, tenant, device_id, kind, target, key_name, user_name, user_email, started_at, relay_url)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			s.ID, s.Tenant, s.DeviceID, s.Kind, s.Target, s.KeyName, s.UserName, s.UserEmail, millis(s.StartedAt), s.RelayURL); err != nil {
 			return err
 		}
 		return tx.audit(ctx, s.Tenant, "remote.session.start", "devices/"+s.DeviceID+"/remote-sessions/"+s.ID,
@@ -72,6 +72,22 @@ func (db *DB) FindRemoteSessions(ctx context.Context, tenant, deviceID string, p
 			}
 			return &s, nil
 		})
+}
+
+// FindOpenRemoteSession returns an open session with its relay URL.
+func (db *DB) FindOpenRemoteSession(ctx context.Context, tenant, id string) (*fleet.RemoteSession, error) {
+	s := fleet.RemoteSession{ID: id, Tenant: tenant}
+	var started int64
+	err := db.queryRow(ctx, `SELECT device_id, kind, target, key_name, user_name, user_email, started_at, relay_url
+		FROM remote_sessions WHERE id = ? AND tenant = ? AND ended_at IS NULL`, id, tenant).
+		Scan(&s.DeviceID, &s.Kind, &s.Target, &s.KeyName, &s.UserName, &s.UserEmail, &started, &s.RelayURL)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "no open remote session %q", id)
+	} else if err != nil {
+		return nil, db.classify(err)
+	}
+	s.StartedAt = fromMillis(started)
+	return &s, nil
 }
 
 // StopRemoteSession asks whichever replica relays the open session id to

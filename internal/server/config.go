@@ -34,7 +34,8 @@ type Config struct {
 	maxDecode int64 // bytes of request bodies decoded at once
 	maxHeld   int64 // bytes of request bodies held at once while they arrive
 
-	remote relay.Limits // remote sessions' caps and timeouts
+	remote     relay.Limits // remote sessions' caps and timeouts
+	replicaURL string       // this replica's HTTP base as the others reach it
 
 	// Alerts and their notifications.
 	smtp              notify.SMTP
@@ -94,6 +95,7 @@ func (c *Config) serveFlags(fs *cli.FlagSet) {
 	fs.IntVar(&c.remote.PerDevice, "remote-max-per-device", relay.DefaultLimits.PerDevice, "remote sessions one device may have open at once on a replica")
 	fs.DurationVar(&c.remote.Idle, "remote-idle-timeout", relay.DefaultLimits.Idle, "`DURATION` without a byte either way after which a remote session ends")
 	fs.DurationVar(&c.remote.Lifetime, "remote-max-lifetime", relay.DefaultLimits.Lifetime, "`DURATION` after which a remote session ends, however busy")
+	fs.StringVar(&c.replicaURL, "replica-url", "", "`URL` the other replicas reach this one's HTTP API at, where they proxy a remote session's leg that landed on them (default: http:// and --http-addr as bound, its host name if it is a wildcard)")
 	fs.DurationVar(&c.remote.ConnectTimeout, "remote-connect-timeout", relay.DefaultLimits.ConnectTimeout, "`DURATION` the device (and the operator) have to connect a new remote session's WebSockets")
 	fs.StringVar(&c.publicURL, "public-url", "", "`URL` (scheme and host) devices reach the API at, for signed firmware download URLs; default: the URL the dispatching request used")
 	fs.DurationVar(&c.sweepInterval, "action-sweep-interval", time.Second, "`DURATION` between sweeps that fail device actions whose timeout elapsed")

@@ -8,7 +8,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"os"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -270,6 +273,7 @@ func Run(ctx context.Context, c Config, e Env) error {
 	if err := api.Open(); err != nil {
 		return err
 	}
+	api.Remote.SetRelayURL(replicaURL(c.replicaURL, api.ListenAddr()))
 	// Every listener is bound: only now may the one-time key be spent, so
 	// that a start that fails on a taken port leaves it for the retry.
 	key, err := bootstrap(ctx, db, c.database, e.Stdout)
@@ -317,4 +321,17 @@ func bootstrap(ctx context.Context, db *sqlstore.DB, database string, stdout io.
 	}
 	fmt.Fprintf(stdout, "fleetd: if it is lost, make another admin key%s: fleetd apikey create --tenant default --name admin-2 --role admin\n", same)
 	return key, nil
+}
+
+// replicaURL is --replica-url, or http:// and the address the API is
+// bound to, with the host's name for a wildcard address.
+func replicaURL(flag string, addr net.Addr) string {
+	if flag != "" {
+		return strings.TrimRight(flag, "/")
+	}
+	host, port, _ := net.SplitHostPort(addr.String())
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host, _ = os.Hostname()
+	}
+	return "http://" + net.JoinHostPort(host, port)
 }

@@ -46,6 +46,7 @@ type Hub struct {
 	Limits   Limits
 	Logger   *slog.Logger
 
+	relayURL  atomic.Pointer[string] // SetRelayURL
 	mu        sync.Mutex
 	sessions  map[string]*Session // open ones, by id
 	perUser   map[string]int
@@ -92,6 +93,19 @@ func NewHub(sessions fleet.RemoteSessionService, actions Dispatcher, l Limits, l
 	return h
 }
 
+// SetRelayURL sets this replica's HTTP base as the other replicas reach
+// it (--replica-url), recorded on the sessions it opens: a leg of one of
+// them that lands on another replica is proxied here (proxy.go).
+func (h *Hub) SetRelayURL(u string) { h.relayURL.Store(&u) }
+
+// RelayURL returns what SetRelayURL set, or "".
+func (h *Hub) RelayURL() string {
+	if u := h.relayURL.Load(); u != nil {
+		return *u
+	}
+	return ""
+}
+
 // Session is an open session on this replica.
 type Session struct {
 	fleet.RemoteSession
@@ -113,8 +127,10 @@ type Session struct {
 // Done is closed when the session has ended.
 func (s *Session) Done() <-chan struct{} { return s.done }
 
-// OpenedBy reports whether a is the person who opened the session.
-func (s *Session) OpenedBy(a *fleet.Actor) bool { return personKey(a) == s.userKey }
+// OpenedBy reports whether a is the person who opened s.
+func OpenedBy(s *fleet.RemoteSession, a *fleet.Actor) bool {
+	return s.Tenant == a.Tenant && s.KeyName == a.KeyName && s.UserName == a.UserName && s.UserEmail == a.UserEmail
+}
 
 func personKey(a *fleet.Actor) string {
 	return a.Tenant + "\x00" + a.KeyName + "\x00" + a.UserName + "\x00" + a.UserEmail
@@ -124,7 +140,7 @@ func personKey(a *fleet.Actor) string {
 // it. It refuses (ERATELIMITED) a person or a device at its cap.
 func (h *Hub) Open(ctx context.Context, actor *fleet.Actor, device, kind, target string) (*Session, error) {
 	s := &Session{RemoteSession: fleet.RemoteSession{Tenant: actor.Tenant, DeviceID: device, Kind: kind, Target: target,
-		KeyName: actor.KeyName, UserName: actor.UserName, UserEmail: actor.UserEmail},
+		KeyName: actor.KeyName, UserName: actor.UserName, UserEmail: actor.UserEmail, RelayURL: h.RelayURL()},
 		device: make(chan *remote.Conn, 1), done: make(chan struct{}), userKey: personKey(actor), opener: *actor,
 		revoked: make(chan struct{})}
 	deviceKey := actor.Tenant + "\x00" + device
@@ -180,7 +196,7 @@ func (h *Hub) JoinOperator(w http.ResponseWriter, r *http.Request, a *fleet.Acto
 	if !ok || s.Tenant != a.Tenant {
 		return fleet.Errorf(fleet.ENOTFOUND, "no remote session %q waits to be joined", id)
 	}
-	if !s.OpenedBy(a) {
+	if !OpenedBy(&s.RemoteSession, a) {
 		return fleet.Errorf(fleet.EFORBIDDEN, "remote session %s is another person's", s.ID)
 	}
 	if !remote.IsUpgrade(r) {

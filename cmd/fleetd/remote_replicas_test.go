@@ -1,0 +1,76 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/fleetd/fleet"
+)
+
+// TestReplicasRemoteSession runs remote sessions across two replicas on
+// PostgreSQL with a real fleetd-agent whose --server is replica B: a
+// session opened on A is relayed by A (recorded on the session), the
+// device's leg landing on B and the operator's landing on B are each
+// proxied to A in one hop, and revoking on B what a session on A stands
+// on ends it.
+func TestReplicasRemoteSession(t *testing.T) {
+	bin := buildAgent(t)
+	c := newCluster(t, "--remote-connect-timeout", "30s")
+	a := c.start("replica-a")
+	b := c.start("replica-b")
+	admin := a.admin()
+	dev := a.mustDevice(t, admin, "edge-1", nil)
+	agent := b.startAgent(t, bin, "edge-1", dev.Token, "--remote")
+	eventually(t, "the agent to connect", func() bool { return agentSays(agent, "level=INFO msg=connected") })
+	db := c.db()
+	relayOf := func(id string) string {
+		var u string
+		if err := db.QueryRow("SELECT relay_url FROM remote_sessions WHERE id = $1", id).Scan(&u); err != nil {
+			t.Fatal(err)
+		}
+		return u
+	}
+
+	t.Run("DeviceLegProxied", func(t *testing.T) {
+		// Opened and joined on A; the device dials B.
+		sess, conn := a.openTerminal(t, admin, "edge-1")
+		if u := relayOf(sess.ID); u != a.URL {
+			t.Fatalf("the session's relay is %q, want A's %q", u, a.URL)
+		}
+		conn.Close()
+		a.endReason(t, admin, "edge-1", sess.ID)
+	})
+	t.Run("OperatorLegProxied", func(t *testing.T) {
+		// Opened on A, joined on B: both legs come through B to A.
+		var sess fleet.RemoteSession
+		a.do(t, admin, "POST", "/api/v1/devices/edge-1/remote-sessions", map[string]any{"kind": "shell"}).want(t, 201).decode(t, &sess)
+		conn := b.joinTerminal(t, admin, sess.ID)
+		conn.Write([]byte("exit 4\n"))
+		for {
+			_, ctl, err := conn.Read()
+			if err != nil {
+				t.Fatalf("the session ended without the shell's exit: %v", err)
+			}
+			if ctl != nil {
+				if ctl.Type != "exit" || ctl.Code != 4 {
+					t.Fatalf("control %+v", ctl)
+				}
+				break
+			}
+		}
+		wantContains(t, "end", a.endReason(t, admin, "edge-1", sess.ID), "closed by the device")
+	})
+	t.Run("RevokedOnTheOtherReplica", func(t *testing.T) {
+		k := a.newKey(t, admin, "edge-op", "operator")
+		sess, conn := a.openTerminal(t, k, "edge-1")
+		b.do(t, admin, "DELETE", "/api/v1/apikeys/edge-op", nil).want(t, 204)
+		want := `API key "edge-op", which opened it, was deleted`
+		wantContains(t, "operator's end", sessionEnd(t, conn), want)
+		wantContains(t, "recorded", b.endReason(t, admin, "edge-1", sess.ID), want)
+	})
+}
+
+// agentSays reports whether the agent's output has s.
+func agentSays(p *agentProcess, s string) bool {
+	return strings.Contains(p.output.String(), s)
+}
