@@ -67,6 +67,9 @@ type Console struct {
 	Streams    fleet.StreamService
 	// History reads stream history: the charts and the Logs tab.
 	History fleet.HistoryService
+	// Follows caps the Logs tabs and API log follows a tenant holds open
+	// at once (the API server's); nil: no cap.
+	Follows *fleethttp.Follows
 	// Certificates issues device certificates; nil when fleetd has no MQTT
 	// TLS listener to present them to.
 	Certificates fleet.DeviceCertificateService

@@ -198,7 +198,7 @@ func (c *Console) handleDeviceLogEvents(w http.ResponseWriter, r *http.Request, 
 	if err != nil {
 		return err
 	}
-	return fleethttp.FollowLogs(w, r, c.History, tenant, id, lq, page, liveMaxAge, c.Logger)
+	return fleethttp.FollowLogs(w, r, c.Follows, c.History, tenant, id, lq, page, liveMaxAge, c.Logger)
 }
 
 // Around an alert: the span its page charts, before and after it opened.

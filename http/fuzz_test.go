@@ -93,6 +93,7 @@ func newAPI(tb testing.TB) *api {
 		// The fuzzer sends far more than any key may; limits are tested
 		// elsewhere.
 		Security: fleethttp.Security{Rate: -1, DeviceDataRate: -1},
+		Follows:  &fleethttp.Follows{PerTenant: apiFollows},
 	}
 	a.h = s.Handler()
 	return a

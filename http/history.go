@@ -286,16 +286,22 @@ func (s *Server) handleLogs(w http.ResponseWriter, r *http.Request) error {
 		s.respond(w, r, http.StatusOK, res)
 		return nil
 	}
-	return FollowLogs(w, r, s.History, tenantOf(r), id, lq, page, logMaxAge, s.logger(r))
+	return FollowLogs(w, r, s.Follows, s.History, tenantOf(r), id, lq, page, logMaxAge, s.logger(r))
 }
 
 // FollowLogs sends page (the first read of lq) and then every line that
 // arrives as server-sent events, until the client goes or maxAge passes;
 // the console's Logs tab follows a device with it too. Each batch's last
 // event's id is the cursor after it, which EventSource sends back as
-// Last-Event-ID when it reconnects.
-func FollowLogs(w http.ResponseWriter, r *http.Request, h fleet.HistoryService, tenant, device string, lq fleet.LogQuery,
+// Last-Event-ID when it reconnects. A tenant holds at most f's cap of
+// follows at once; beyond it the answer is 429.
+func FollowLogs(w http.ResponseWriter, r *http.Request, f *Follows, h fleet.HistoryService, tenant, device string, lq fleet.LogQuery,
 	page *fleet.LogPage, maxAge time.Duration, log *slog.Logger) error {
+	release, err := f.take(w, tenant)
+	if err != nil {
+		return err
+	}
+	defer release()
 	rc := http.NewResponseController(w)
 	hd := w.Header()
 	hd.Set("Content-Type", "text/event-stream")

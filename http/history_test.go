@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fleetd/fleet"
 )
 
 // historyAPI is the API with 120 points of stream env on d1, a second
@@ -341,4 +343,65 @@ func TestLogs(t *testing.T) {
 			t.Fatalf("the line that arrived: %s", e)
 		}
 	})
+}
+
+// apiFollows is the log follows newAPI's tenants may hold at once.
+const apiFollows = 2
+
+// TestLogFollowsPerTenant: a tenant holds at most its cap of log follows
+// at once, whatever addresses they come from; one more is 429 with
+// Retry-After, another tenant's follow is not counted against it, and a
+// follow closed gives its place back.
+func TestLogFollowsPerTenant(t *testing.T) {
+	a := newAPI(t)
+	ctx := context.Background()
+	if _, err := a.db.CreateDevices(ctx, "other", []fleet.NewDevice{{ID: "d1"}}); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(a.h)
+	t.Cleanup(srv.Close) // after the follows' cancels, which run first
+	follow := func(tenant, key string) (*http.Response, context.CancelFunc) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/api/v1/devices/d1/logs?follow=true", nil)
+		req.Header.Set("X-Service-Tenant", tenant)
+		req.Header.Set("X-Service-Api-Key", key)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cancel(); res.Body.Close() })
+		return res, cancel
+	}
+	var first context.CancelFunc
+	for i := range apiFollows {
+		res, cancel := follow("acme", a.keys["viewer"])
+		if res.StatusCode != 200 {
+			t.Fatalf("follow %d: %d", i+1, res.StatusCode)
+		}
+		if i == 0 {
+			first = cancel
+		}
+	}
+	res, _ := follow("acme", a.keys["viewer"])
+	if res.StatusCode != 429 || res.Header.Get("Retry-After") == "" {
+		t.Fatalf("a follow beyond the cap: %d, Retry-After %q", res.StatusCode, res.Header.Get("Retry-After"))
+	}
+	if res, _ := follow("other", a.keys["other"]); res.StatusCode != 200 {
+		t.Fatalf("another tenant's follow: %d", res.StatusCode)
+	}
+	first()
+	// The handler of the follow closed gives its place back once it has
+	// seen the client go: until then, 429.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		res, _ := follow("acme", a.keys["viewer"])
+		if res.StatusCode == 200 {
+			break
+		}
+		if res.StatusCode != 429 || time.Now().After(deadline) {
+			t.Fatalf("a follow after one closed: %d", res.StatusCode)
+		}
+		res.Body.Close()
+	}
 }

@@ -105,6 +105,9 @@ type Server struct {
 	// Security: TLS, timeouts against slow clients, rate limits
 	// (security.go).
 	Security Security
+	// Follows caps the log follows a tenant holds open at once, shared
+	// with the console's Logs tab; nil: DefaultFollowsPerTenant.
+	Follows *Follows
 	// DeviceCerts issues devices their client certificates for MQTT over
 	// TLS; nil while fleetd has no MQTT TLS listener. UplinkBroker is where
 	// devices reach that listener (devicecert.go).
@@ -180,6 +183,9 @@ func (s *Server) build() {
 		return
 	}
 	s.Security = s.Security.withDefaults()
+	if s.Follows == nil {
+		s.Follows = &Follows{PerTenant: DefaultFollowsPerTenant}
+	}
 	s.Limits = s.Limits.withDefaults()
 	s.decoding = codec.NewBudget(s.Limits.Decoding)
 	s.decodingShares = codec.NewShares(max(s.Limits.Decoding/4, 1))

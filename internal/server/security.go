@@ -34,6 +34,7 @@ type securityConfig struct {
 	http         fleethttp.Security
 	mqtt         broker.Config // only the limits
 	mqttDecoding int64         // mqtt.Devices.MaxDecoding
+	follows      int           // fleethttp.Follows.PerTenant
 }
 
 func (s *securityConfig) flags(fs *cli.FlagSet) {
@@ -52,6 +53,7 @@ func (s *securityConfig) flags(fs *cli.FlagSet) {
 	fs.IntVar(&s.http.MaxHeaderBytes, "http-max-header-bytes", fleethttp.DefaultMaxHeaderBytes, "largest request headers in `BYTES`")
 	fs.IntVar(&s.http.MaxConnections, "http-max-connections", fleethttp.DefaultMaxConnections, "most HTTP connections open at once, in `N`; 0 or less: no cap")
 	fs.IntVar(&s.http.MaxConnectionsPerAddr, "http-max-connections-per-ip", fleethttp.DefaultMaxConnsPerAddr, "most HTTP connections open at once from one address, in `N`; 0 or less: no cap")
+	fs.IntVar(&s.follows, "logs-follow-per-tenant", fleethttp.DefaultFollowsPerTenant, "most log streams (`N`: logs?follow=true, the console's Logs tab) one tenant may follow at once, per replica; more are 429; 0 or less: no cap")
 	fs.StringVar(&s.http.MetricsToken, "metrics-token", "", "`TOKEN` GET /metrics requires as Authorization: Bearer; empty leaves /metrics open")
 	fs.Float64Var(&s.http.Rate, "rate-limit", fleethttp.DefaultRate, "requests per second (`N`) each API key or end user may make on average, per replica, except device data; negative: no limit")
 	fs.IntVar(&s.http.Burst, "rate-burst", fleethttp.DefaultBurst, "requests (`N`) an API key or end user may make at once beyond --rate-limit")
@@ -83,6 +85,7 @@ type security struct {
 	http         fleethttp.Security
 	mqttBase     broker.Config
 	mqttDecoding int64
+	follows      *fleethttp.Follows
 }
 
 // build checks the settings, loads the certificates and, when there is an
@@ -101,7 +104,7 @@ func (s *securityConfig) build(ctx context.Context, db *sqlstore.DB, mqttAddr st
 	case mqttAddr == broker.AddrOff && s.mqttsAddr == "":
 		return nil, fmt.Errorf("--mqtt-addr off leaves devices nowhere to connect: give --mqtts-addr")
 	}
-	sec := &security{http: s.http, mqttBase: s.mqtt, mqttDecoding: s.mqttDecoding}
+	sec := &security{http: s.http, mqttBase: s.mqtt, mqttDecoding: s.mqttDecoding, follows: &fleethttp.Follows{PerTenant: s.follows}}
 	sec.mqttBase.Addr = mqttAddr
 	sec.mqttBase.Logger = log
 	if s.tlsCert == "" {

@@ -228,6 +228,7 @@ func Run(ctx context.Context, c Config, e Env) error {
 
 		RolloutNotifications: actions,
 		Security:             sec.http,
+		Follows:              sec.follows,
 
 		Remote:         relay.NewHub(db, actions, c.remote, log, reg),
 		RemoteSessions: db,
@@ -236,7 +237,7 @@ func Run(ctx context.Context, c Config, e Env) error {
 	con := &console.Console{Tenants: db, TenantAuth: users, Devices: api.Devices, Actions: actions, Firmware: fw,
 		Alerts: alerts, Streams: alerts, History: db, Audit: db, DDI: db, Sessions: db, Secrets: db, Targets: db, Logger: log, UploadLimit: c.maxUpload,
 		OIDC: users, PublicURL: c.publicURL, Templates: c.templates, Bodies: api,
-		Remote: api.Remote, RemoteSessions: db}
+		Remote: api.Remote, RemoteSessions: db, Follows: sec.follows}
 	if p, ok := broker.(console.Presence); ok {
 		con.Presence = p
 	}
