@@ -1069,6 +1069,8 @@ func (s *Server) ddiAutoConfirm(active bool) handlerFunc {
 		if err := s.DDI.SetAutoConfirm(r.Context(), tenant, device, a); err != nil {
 			return err
 		}
+		s.Logger.Info("ddi automatic confirmation", "tenant", tenant, "device", device, "active", active,
+			"initiator", a.Initiator, "remark", a.Remark, "by_gateway", ddiGateway(r))
 		w.WriteHeader(http.StatusOK)
 		return nil
 	}

@@ -1039,6 +1039,21 @@ func TestDDIConfirmation(t *testing.T) {
 			}
 		})
 
+		t.Run("DeviceMadeAgain", func(t *testing.T) {
+			// A device deleted and made again does not inherit its
+			// predecessor's automatic confirmation.
+			s.ddiAs(t, "TargetToken "+other.Token, "POST", "/default/controller/v1/ecu-2/confirmationBase/activateAutoConfirm", nil).want(t, 200)
+			s.do(t, admin, "DELETE", "/api/v1/devices/ecu-2", nil).want(t, 204)
+			again := s.mustDevice(t, admin, "ecu-2", nil)
+			var base struct {
+				AutoConfirm struct{ Active bool } `json:"autoConfirm"`
+			}
+			s.ddiAs(t, "TargetToken "+again.Token, "GET", "/default/controller/v1/ecu-2/confirmationBase", nil).want(t, 200).decode(t, &base)
+			if base.AutoConfirm.Active {
+				t.Fatal("the device made again confirms by itself")
+			}
+		})
+
 		t.Run("OffAgain", func(t *testing.T) {
 			// Without the setting, waiting updates are handed over, and
 			// confirmationBase names nothing to confirm.
