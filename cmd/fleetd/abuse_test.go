@@ -27,54 +27,54 @@ func TestRateLimits(t *testing.T) {
 	s := startServer(t, sqlstoretest.Backends()[0],
 		"--rate-limit", "0.001", "--rate-burst", "5",
 		"--device-data-rate-limit", "0.001", "--device-data-rate-burst", "3")
-	admin := s.admin()
+	admin := s.Admin()
 	// Keys and the configuration are made first, while admin has tokens.
-	viewer := s.newKey(t, admin, "dashboard", "viewer")
-	gateway := s.newKey(t, admin, "gateway", "device")
+	viewer := s.NewKey(t, admin, "dashboard", "viewer")
+	gateway := s.NewKey(t, admin, "gateway", "device")
 	idp := newIdentityProvider(t)
-	s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", map[string]any{"method": "jwks", "jwks_url": idp.srv.URL,
-		"issuer": "https://id.example.com", "audience": "fleetd"}).want(t, 204)
+	s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", map[string]any{"method": "jwks", "jwks_url": idp.srv.URL,
+		"issuer": "https://id.example.com", "audience": "fleetd"}).Want(t, 204)
 	s.mustDevice(t, admin, "pump-1", nil)
-	s.do(t, admin, "GET", "/api/v1/devices", nil).want(t, 200) // admin's fifth request
+	s.Do(t, admin, "GET", "/api/v1/devices", nil).Want(t, 200) // admin's fifth request
 
 	limited := func(r *response) {
 		t.Helper()
-		r.want(t, 429)
-		if code := r.errorCode(t); code != "rate_limited" {
+		r.Want(t, 429)
+		if code := r.ErrorCode(t); code != "rate_limited" {
 			t.Fatalf("error %q, want rate_limited", code)
 		}
 		if n, err := strconv.Atoi(r.Header.Get("Retry-After")); err != nil || n < 1 {
 			t.Fatalf("Retry-After %q, want whole seconds", r.Header.Get("Retry-After"))
 		}
 	}
-	limited(s.do(t, admin, "GET", "/api/v1/devices", nil))
+	limited(s.Do(t, admin, "GET", "/api/v1/devices", nil))
 
 	// Another key of the same tenant, and another tenant, are unaffected.
 	for range 5 {
-		s.do(t, viewer, "GET", "/api/v1/devices", nil).want(t, 200)
+		s.Do(t, viewer, "GET", "/api/v1/devices", nil).Want(t, 200)
 	}
-	limited(s.do(t, viewer, "GET", "/api/v1/devices", nil))
-	other := s.newTenant(t, "other")
-	s.do(t, other, "GET", "/api/v1/devices", nil).want(t, 200)
+	limited(s.Do(t, viewer, "GET", "/api/v1/devices", nil))
+	other := s.NewTenant(t, "other")
+	s.Do(t, other, "GET", "/api/v1/devices", nil).Want(t, 200)
 
 	// End users are limited one by one.
 	ada := idp.token(t, nil)
 	for range 5 {
-		s.bearer(t, "default", ada, "GET", "/api/v1/devices", nil).want(t, 200)
+		s.bearer(t, "default", ada, "GET", "/api/v1/devices", nil).Want(t, 200)
 	}
 	limited(s.bearer(t, "default", ada, "GET", "/api/v1/devices", nil))
 	grace := idp.token(t, jwt.MapClaims{"name": "Grace Hopper", "email": "grace@example.com"})
-	s.bearer(t, "default", grace, "GET", "/api/v1/devices", nil).want(t, 200)
+	s.bearer(t, "default", grace, "GET", "/api/v1/devices", nil).Want(t, 200)
 
 	// Device data has its own bucket: a gateway's status reports do not
 	// spend its dashboard reads, and the reverse.
 	report := map[string]any{"device_id": "pump-1", "action_id": 999, "state": "Running"}
 	for range 3 {
-		s.do(t, gateway, "POST", "/api/v1/devices/action/status", report).want(t, 404) // no such action, but counted
+		s.Do(t, gateway, "POST", "/api/v1/devices/action/status", report).Want(t, 404) // no such action, but counted
 	}
-	limited(s.do(t, gateway, "POST", "/api/v1/devices/action/status", report))
-	limited(s.do(t, admin, "GET", "/api/v1/devices", nil))
-	s.do(t, admin, "POST", "/api/v1/devices/action/status", report).want(t, 404) // admin's device-data bucket is full
+	limited(s.Do(t, gateway, "POST", "/api/v1/devices/action/status", report))
+	limited(s.Do(t, admin, "GET", "/api/v1/devices", nil))
+	s.Do(t, admin, "POST", "/api/v1/devices/action/status", report).Want(t, 404) // admin's device-data bucket is full
 
 	// Downloads with a key count too (their route is public so that signed
 	// URLs work, and the handler checks the key itself).
@@ -86,8 +86,8 @@ func TestRateLimits(t *testing.T) {
 	}
 
 	// Unauthenticated requests are 401, not counted against anyone.
-	s.do(t, creds{"default", "fk_nope"}, "GET", "/api/v1/devices", nil).want(t, 401)
-	s.do(t, creds{}, "GET", "/healthz", nil).want(t, 200)
+	s.Do(t, creds{Tenant: "default", Key: "fk_nope"}, "GET", "/api/v1/devices", nil).Want(t, 401)
+	s.Do(t, creds{}, "GET", "/healthz", nil).Want(t, 200)
 }
 
 // rawConn opens a TCP connection to the API for a hand-written request.
@@ -133,7 +133,7 @@ func cutOff(t *testing.T, c net.Conn, trickle []byte, interval time.Duration) st
 func TestSlowClients(t *testing.T) {
 	s := startServer(t, sqlstoretest.Backends()[0],
 		"--http-read-header-timeout", "300ms", "--http-read-timeout", "2s", "--http-write-timeout", "2s")
-	admin := s.admin()
+	admin := s.Admin()
 
 	t.Run("headers", func(t *testing.T) {
 		var conns []net.Conn
@@ -143,7 +143,7 @@ func TestSlowClients(t *testing.T) {
 			conns = append(conns, c)
 		}
 		// While they dawdle, others are served.
-		s.do(t, admin, "GET", "/api/v1/devices", nil).want(t, 200)
+		s.Do(t, admin, "GET", "/api/v1/devices", nil).Want(t, 200)
 		for _, c := range conns {
 			cutOff(t, c, []byte("X-Slow: 1\r\n"), 50*time.Millisecond)
 		}
@@ -153,18 +153,18 @@ func TestSlowClients(t *testing.T) {
 		c := s.rawConn(t)
 		fmt.Fprintf(c, "POST /api/v1/devices HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n"+
 			"X-Service-Tenant: default\r\nX-Service-Api-Key: %s\r\n\r\n{", s.Key)
-		s.do(t, admin, "GET", "/api/v1/devices", nil).want(t, 200)
+		s.Do(t, admin, "GET", "/api/v1/devices", nil).Want(t, 200)
 		// A byte every 50 ms would take well over the 2 s the body may take.
 		answer := cutOff(t, c, []byte(" "), 50*time.Millisecond)
 		if answer != "" && !strings.Contains(answer, " 400 ") {
 			t.Fatalf("answer to a body that did not arrive in time: %q", answer)
 		}
-		s.do(t, admin, "GET", "/api/v1/devices", nil).want(t, 200)
+		s.Do(t, admin, "GET", "/api/v1/devices", nil).Want(t, 200)
 	})
 
 	t.Run("headers too large", func(t *testing.T) {
-		r := s.send(t, req{method: "GET", path: "/api/v1/devices", creds: admin,
-			header: http.Header{"X-Big": {strings.Repeat("a", 100<<10)}}})
+		r := s.Send(t, req{Method: "GET", Path: "/api/v1/devices", Creds: admin,
+			Header: http.Header{"X-Big": {strings.Repeat("a", 100<<10)}}})
 		if r.Status != http.StatusRequestHeaderFieldsTooLarge {
 			t.Fatalf("status %d, want 431", r.Status)
 		}
@@ -187,7 +187,7 @@ func TestSlowClients(t *testing.T) {
 		hr.Header.Set("Content-Type", ct)
 		hr.Header.Set("X-Service-Tenant", "default")
 		hr.Header.Set("X-Service-Api-Key", s.Key)
-		s.sendRaw(t, hr).want(t, 201)
+		s.sendRaw(t, hr).Want(t, 201)
 
 		// A download of 8 MiB (more than the sockets buffer) read over 3 s
 		// likewise: the write timeout bounds each pause of the reader.
@@ -228,7 +228,7 @@ func (s *testServer) sendRaw(t *testing.T, hr *http.Request) *response {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return &response{Status: resp.StatusCode, Header: resp.Header, Body: b, req: hr.Method + " " + hr.URL.Path}
+	return &response{Status: resp.StatusCode, Header: resp.Header, Body: b, Req: hr.Method + " " + hr.URL.Path}
 }
 
 // TestMQTTAbuse: wrong passwords, other tenants' topics, oversized
@@ -240,10 +240,10 @@ func TestMQTTAbuse(t *testing.T) {
 		"--mqtt-auth-failure-burst", "5", "--mqtt-auth-failure-rate", "0.001",
 		"--mqtt-publish-rate", "0.001", "--mqtt-publish-burst", "20",
 		"--mqtt-connect-timeout", "500ms", "--mqtt-max-pending-per-ip", "100000")
-	admin := s.admin()
+	admin := s.Admin()
 	good := s.mustDevice(t, admin, "good", nil)
 	bad := s.mustDevice(t, admin, "bad", nil)
-	other := s.newTenant(t, "other")
+	other := s.NewTenant(t, "other")
 	s.mustDevice(t, other, "victim", nil)
 
 	// The well-behaved device connects from an address of its own, as a

@@ -156,7 +156,7 @@ func (s *testServer) dispatch(t *testing.T, c creds, body map[string]any) int64 
 		CreatedAt string `json:"created_at"`
 		Targeted  int    `json:"targeted"`
 	}
-	s.do(t, c, "POST", "/api/v1/actions", body).want(t, 201).decode(t, &out)
+	s.Do(t, c, "POST", "/api/v1/actions", body).Want(t, 201).Decode(t, &out)
 	if out.ID == 0 || out.Targeted == 0 || out.CreatedAt == "" {
 		t.Fatalf("dispatch answered %+v", out)
 	}
@@ -166,7 +166,7 @@ func (s *testServer) dispatch(t *testing.T, c creds, body map[string]any) int64 
 func (s *testServer) action(t *testing.T, c creds, id int64) actionBody {
 	t.Helper()
 	var a actionBody
-	s.do(t, c, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).want(t, 200).decode(t, &a)
+	s.Do(t, c, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).Want(t, 200).Decode(t, &a)
 	return a
 }
 
@@ -176,7 +176,7 @@ func (s *testServer) deviceAction(t *testing.T, c creds, device string, id int64
 	var list struct {
 		DeviceActions []deviceActionBody `json:"device_actions"`
 	}
-	s.do(t, c, "GET", "/api/v1/devices/"+device+"/actions?limit=1000", nil).want(t, 200).decode(t, &list)
+	s.Do(t, c, "GET", "/api/v1/devices/"+device+"/actions?limit=1000", nil).Want(t, 200).Decode(t, &list)
 	for _, da := range list.DeviceActions {
 		if da.ActionID == id {
 			return da
@@ -200,7 +200,7 @@ func (s *testServer) awaitActionStatus(t *testing.T, c creds, device string, id 
 func TestActionsEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		tok := map[string]string{}
 		for i, site := range []string{"Berlin", "Paris", "Berlin-South"} {
 			id := fmt.Sprint("pump-", i+1)
@@ -210,11 +210,11 @@ func TestActionsEndToEnd(t *testing.T) {
 		d2 := s.connectDevice(t, "default", "pump-2", tok["pump-2"])
 
 		// S1, as the seed interface's clients call it.
-		r := s.do(t, admin, "POST", "/mock/api/v1/actions", map[string]any{
+		r := s.Do(t, admin, "POST", "/mock/api/v1/actions", map[string]any{
 			"action": "reboot", "params": map[string]any{"delay": 5}, "search_type": "default",
 			"device_ids": []string{"pump-1", "pump-2", "pump-3"}, "search_key": "string", "search_query": "string",
 			"metadata": map[string]any{"ticket": "T-1"}, "timeout": 600,
-		}).want(t, 201)
+		}).Want(t, 201)
 		if len(r.Body) != 0 {
 			t.Fatalf("S1 answered a body: %s", r.Body)
 		}
@@ -262,29 +262,29 @@ func TestActionsEndToEnd(t *testing.T) {
 				t.Fatalf("after Completed and a late report: %+v", da)
 			}
 			var dev device
-			s.do(t, admin, "GET", "/api/v1/devices/pump-1", nil).want(t, 200).decode(t, &dev)
+			s.Do(t, admin, "GET", "/api/v1/devices/pump-1", nil).Want(t, 200).Decode(t, &dev)
 			if dev.LastSeenAt == nil {
 				t.Fatal("last_seen_at is not set after the device reported")
 			}
 		})
 
 		t.Run("StatusOverHTTP", func(t *testing.T) {
-			gw := s.newKey(t, admin, "gateway", "device")
-			r := s.do(t, gw, "POST", "/api/v1/devices/action/status", map[string]any{
+			gw := s.NewKey(t, admin, "gateway", "device")
+			r := s.Do(t, gw, "POST", "/api/v1/devices/action/status", map[string]any{
 				"device_id": "pump-2", "action_id": id, "state": "Installing", "progress": "70", "timestamp": 1, "sequence": 1,
-			}).want(t, 204)
+			}).Want(t, 204)
 			if len(r.Body) != 0 {
 				t.Fatalf("S10 answered a body: %s", r.Body)
 			}
 			var da deviceActionBody
-			s.send(t, req{method: "POST", path: "/api/v1/devices/action/status", creds: gw,
-				body:   map[string]any{"device_id": "pump-2", "action_id": fmt.Sprint(id), "state": "Failed", "errors": []string{"flash write failed", "rolled back"}, "timestamp": 2},
-				header: http.Header{"Prefer": {"return=representation"}}}).want(t, 200).decode(t, &da)
+			s.Send(t, req{Method: "POST", Path: "/api/v1/devices/action/status", Creds: gw,
+				Body:   map[string]any{"device_id": "pump-2", "action_id": fmt.Sprint(id), "state": "Failed", "errors": []string{"flash write failed", "rolled back"}, "timestamp": 2},
+				Header: http.Header{"Prefer": {"return=representation"}}}).Want(t, 200).Decode(t, &da)
 			if da.ActionStatus != "Failed" || da.Status != "Failed" || da.Progress != 70 || len(da.Errors["Failed"]) != 2 {
 				t.Fatalf("S10's representation = %+v", da)
 			}
 			// After a final state: acknowledged and ignored.
-			s.do(t, gw, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "pump-2", "id": id, "state": "Completed"}).want(t, 204)
+			s.Do(t, gw, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "pump-2", "id": id, "state": "Completed"}).Want(t, 204)
 			if da := s.deviceAction(t, admin, "pump-2", id); da.ActionStatus != "Failed" {
 				t.Fatalf("a final state changed: %+v", da)
 			}
@@ -314,7 +314,7 @@ func TestActionsEndToEnd(t *testing.T) {
 				Actions []actionBody `json:"actions"`
 				Count   int          `json:"count"`
 			}
-			s.do(t, admin, "GET", "/api/v1/actions?action=reboot", nil).want(t, 200).decode(t, &list)
+			s.Do(t, admin, "GET", "/api/v1/actions?action=reboot", nil).Want(t, 200).Decode(t, &list)
 			if list.Count != 1 || list.Actions[0].Statuses["Completed"] != 2 {
 				t.Fatalf("list = %+v", list)
 			}
@@ -322,7 +322,7 @@ func TestActionsEndToEnd(t *testing.T) {
 				DeviceActions []deviceActionBody `json:"device_actions"`
 				Count         int                `json:"count"`
 			}
-			s.do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d/devices?action_status=Completed", id), nil).want(t, 200).decode(t, &devs)
+			s.Do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d/devices?action_status=Completed", id), nil).Want(t, 200).Decode(t, &devs)
 			if devs.Count != 2 || devs.DeviceActions[0].DeviceID != "pump-1" || devs.DeviceActions[1].DeviceID != "pump-3" {
 				t.Fatalf("completed devices = %+v", devs)
 			}
@@ -330,9 +330,9 @@ func TestActionsEndToEnd(t *testing.T) {
 
 		t.Run("ModernDispatchAndSearch", func(t *testing.T) {
 			var out map[string]any
-			s.do(t, admin, "POST", "/api/v1/actions", map[string]any{
+			s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{
 				"action": "shell", "params": map[string]any{"cmd": "uptime"}, "search_type": "search", "search_query": "BERLIN",
-			}).want(t, 201).decode(t, &out)
+			}).Want(t, 201).Decode(t, &out)
 			if len(out) != 3 || out["targeted"] != float64(2) {
 				t.Fatalf("answer = %v, want id, created_at and targeted 2", out)
 			}
@@ -341,13 +341,13 @@ func TestActionsEndToEnd(t *testing.T) {
 				t.Fatalf("pump-1 received %+v", m)
 			}
 			d2.nothing(t)
-			s.do(t, admin, "POST", "/api/v1/actions", map[string]any{
+			s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{
 				"action": "x", "params": map[string]any{}, "search_type": "metadata", "search_key": "site", "search_query": "Paris",
-			}).want(t, 201)
+			}).Want(t, 201)
 			if m := d2.next(t); m.Name != "x" || m.Payload != "{}" {
 				t.Fatalf("pump-2 received %+v", m)
 			}
-			s.do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "all", "params": map[string]any{}, "search_type": "all"}).want(t, 201)
+			s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "all", "params": map[string]any{}, "search_type": "all"}).Want(t, 201)
 			for _, d := range []*mqttDevice{d1, d2} {
 				if m := d.next(t); m.Name != "all" {
 					t.Fatalf("%s received %+v", d.id, m)
@@ -356,8 +356,8 @@ func TestActionsEndToEnd(t *testing.T) {
 		})
 
 		t.Run("EDNBody", func(t *testing.T) {
-			r := s.send(t, req{method: "POST", path: "/mock/api/v1/actions", creds: admin, contentType: "application/edn",
-				raw: []byte(`{:action "edn", :params {:a [1 2]}, :search_type "default", :device_ids ["pump-2"]}`)}).want(t, 201)
+			r := s.Send(t, req{Method: "POST", Path: "/mock/api/v1/actions", Creds: admin, ContentType: "application/edn",
+				Raw: []byte(`{:action "edn", :params {:a [1 2]}, :search_type "default", :device_ids ["pump-2"]}`)}).Want(t, 201)
 			if r.Header.Get("Location") == "" {
 				t.Fatal("no Location")
 			}
@@ -368,8 +368,8 @@ func TestActionsEndToEnd(t *testing.T) {
 
 		t.Run("PreferRepresentation", func(t *testing.T) {
 			var a actionBody
-			s.send(t, req{method: "POST", path: "/mock/api/v1/actions", creds: admin, header: http.Header{"Prefer": {"return=representation"}},
-				body: map[string]any{"action": "rep", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"pump-3"}}}).want(t, 201).decode(t, &a)
+			s.Send(t, req{Method: "POST", Path: "/mock/api/v1/actions", Creds: admin, Header: http.Header{"Prefer": {"return=representation"}},
+				Body: map[string]any{"action": "rep", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"pump-3"}}}).Want(t, 201).Decode(t, &a)
 			if a.Action != "rep" || a.Targeted != 1 || a.Statuses["Queued"] != 1 || a.Timeout != 86400 {
 				t.Fatalf("representation = %+v", a)
 			}
@@ -382,7 +382,7 @@ func TestActionsEndToEnd(t *testing.T) {
 func TestActionBadInputs(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		s.mustDevice(t, admin, "d1", map[string]string{"site": "Berlin"})
 		s.mustDevice(t, admin, "d2", nil)
 		s.mustDevice(t, admin, "lonely", nil)
@@ -390,10 +390,10 @@ func TestActionBadInputs(t *testing.T) {
 
 		counts := func() (int, int, int) {
 			var acts, devs struct{ Count int }
-			s.do(t, admin, "GET", "/api/v1/actions?limit=1", nil).want(t, 200).decode(t, &acts)
-			s.do(t, admin, "GET", "/api/v1/devices/d2/actions?limit=1", nil).want(t, 200).decode(t, &devs)
+			s.Do(t, admin, "GET", "/api/v1/actions?limit=1", nil).Want(t, 200).Decode(t, &acts)
+			s.Do(t, admin, "GET", "/api/v1/devices/d2/actions?limit=1", nil).Want(t, 200).Decode(t, &devs)
 			var logs struct{ Count int }
-			s.do(t, admin, "GET", "/api/v1/audit-logs?limit=1", nil).want(t, 200).decode(t, &logs)
+			s.Do(t, admin, "GET", "/api/v1/audit-logs?limit=1", nil).Want(t, 200).Decode(t, &logs)
 			return acts.Count, devs.Count, logs.Count
 		}
 		a0, d0, l0 := counts()
@@ -435,13 +435,13 @@ func TestActionBadInputs(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				for _, path := range []string{"/mock/api/v1/actions", "/api/v1/actions"} {
-					r := s.do(t, admin, "POST", path, tc.body).want(t, 400)
+					r := s.Do(t, admin, "POST", path, tc.body).Want(t, 400)
 					var e struct {
 						Error   string
 						Message string
 						Fields  map[string]string
 					}
-					r.decode(t, &e)
+					r.Decode(t, &e)
 					text := e.Message
 					if tc.field != "" {
 						p, ok := e.Fields[tc.field]
@@ -464,7 +464,7 @@ func TestActionBadInputs(t *testing.T) {
 			}
 		})
 
-		gw := s.newKey(t, admin, "gw", "device")
+		gw := s.NewKey(t, admin, "gw", "device")
 		for _, tc := range []struct {
 			name   string
 			body   map[string]any
@@ -482,10 +482,10 @@ func TestActionBadInputs(t *testing.T) {
 			{"UnknownDevice", map[string]any{"device_id": "ghost", "action_id": id, "state": "Running"}, 404, ""},
 		} {
 			t.Run("S10/"+tc.name, func(t *testing.T) {
-				r := s.do(t, gw, "POST", "/api/v1/devices/action/status", tc.body).want(t, tc.status)
+				r := s.Do(t, gw, "POST", "/api/v1/devices/action/status", tc.body).Want(t, tc.status)
 				if tc.field != "" {
 					var e struct{ Fields map[string]string }
-					r.decode(t, &e)
+					r.Decode(t, &e)
 					if _, ok := e.Fields[tc.field]; !ok {
 						t.Fatalf("fields %v do not name %s", e.Fields, tc.field)
 					}
@@ -518,13 +518,13 @@ func TestActionBadInputs(t *testing.T) {
 				{"GET", "/api/v1/devices/d1/actions?colour=red", 400},
 				{"GET", "/api/v1/actions?page=0", 400},
 			} {
-				s.do(t, admin, tc.method, tc.path, nil).want(t, tc.status)
+				s.Do(t, admin, tc.method, tc.path, nil).Want(t, tc.status)
 			}
 			var empty struct {
 				DeviceActions []deviceActionBody `json:"device_actions"`
 				Count         int
 			}
-			s.do(t, admin, "GET", "/api/v1/devices/lonely/actions", nil).want(t, 200).decode(t, &empty)
+			s.Do(t, admin, "GET", "/api/v1/devices/lonely/actions", nil).Want(t, 200).Decode(t, &empty)
 			if empty.DeviceActions == nil || len(empty.DeviceActions) != 0 || empty.Count != 0 {
 				t.Fatalf("a device without actions: %+v", empty)
 			}
@@ -537,15 +537,15 @@ func TestActionBadInputs(t *testing.T) {
 func TestDeviceActionsQuery(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		s.mustDevice(t, admin, "d1", nil)
-		gw := s.newKey(t, admin, "gw", "device")
+		gw := s.NewKey(t, admin, "gw", "device")
 		var ids []int64
 		for i, name := range []string{"b", "a", "c", "a"} {
 			id := s.dispatch(t, admin, map[string]any{"action": name, "params": map[string]any{}, "search_type": "all"})
 			ids = append(ids, id)
 			if i%2 == 0 {
-				s.do(t, gw, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "d1", "action_id": id, "state": "Completed"}).want(t, 204)
+				s.Do(t, gw, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "d1", "action_id": id, "state": "Completed"}).Want(t, 204)
 			}
 		}
 		page := func(q string) []int64 {
@@ -553,7 +553,7 @@ func TestDeviceActionsQuery(t *testing.T) {
 				DeviceActions []deviceActionBody `json:"device_actions"`
 				Count         int
 			}
-			s.do(t, admin, "GET", "/api/v1/devices/d1/actions?"+q, nil).want(t, 200).decode(t, &list)
+			s.Do(t, admin, "GET", "/api/v1/devices/d1/actions?"+q, nil).Want(t, 200).Decode(t, &list)
 			var got []int64
 			for _, da := range list.DeviceActions {
 				got = append(got, da.ActionID)
@@ -583,7 +583,7 @@ func TestDeviceActionsQuery(t *testing.T) {
 func TestActionCancelEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		busy := s.mustDevice(t, admin, "busy", nil)
 		away := s.mustDevice(t, admin, "away", nil)
 		s.mustDevice(t, admin, "queued", nil)
@@ -597,8 +597,8 @@ func TestActionCancelEndToEnd(t *testing.T) {
 		da.client.Disconnect(100) // it has the action, and goes away
 
 		var a actionBody
-		s.send(t, req{method: "POST", path: fmt.Sprintf("/api/v1/actions/%d/cancel", id), creds: admin,
-			header: http.Header{"Prefer": {"return=representation"}}}).want(t, 200).decode(t, &a)
+		s.Send(t, req{Method: "POST", Path: fmt.Sprintf("/api/v1/actions/%d/cancel", id), Creds: admin,
+			Header: http.Header{"Prefer": {"return=representation"}}}).Want(t, 200).Decode(t, &a)
 		// The devices that have it keep it until they answer.
 		if a.Statuses["Cancelled"] != 1 || a.Statuses["Initiated"] != 1 || a.Statuses["Progress"] != 1 || len(a.Statuses) != 3 {
 			t.Fatalf("after cancel: %+v", a)
@@ -644,10 +644,10 @@ func TestActionCancelEndToEnd(t *testing.T) {
 			t.Fatalf("queued = %+v", r)
 		}
 		// Cancelling again: 204, nothing changes, nothing is sent.
-		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).want(t, 204)
+		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).Want(t, 204)
 		db.nothing(t)
 		var list struct{ Count int }
-		s.do(t, admin, "GET", "/api/v1/actions?action=cancel_action", nil).want(t, 200).decode(t, &list)
+		s.Do(t, admin, "GET", "/api/v1/actions?action=cancel_action", nil).Want(t, 200).Decode(t, &list)
 		if list.Count != 1 {
 			t.Fatalf("%d cancel_actions, want 1", list.Count)
 		}
@@ -675,7 +675,7 @@ func TestActionCancelEndToEnd(t *testing.T) {
 func TestActionTimeoutWired(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, "--action-sweep-interval", "20ms")
-		admin := s.admin()
+		admin := s.Admin()
 		dev := s.mustDevice(t, admin, "slow", nil)
 		d := s.connectDevice(t, "default", "slow", dev.Token)
 		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all", "timeout": 1})
@@ -690,12 +690,12 @@ func TestActionTimeoutWired(t *testing.T) {
 func TestActionsTenantIsolation(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		s.mustDevice(t, admin, "d1", nil)
 		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all"})
-		other := s.newTenant(t, "other")
+		other := s.NewTenant(t, "other")
 		s.mustDevice(t, other, "own", nil)
-		otherGW := s.newKey(t, other, "gw", "device")
+		otherGW := s.NewKey(t, other, "gw", "device")
 		for _, tc := range []struct {
 			c            creds
 			method, path string
@@ -710,10 +710,10 @@ func TestActionsTenantIsolation(t *testing.T) {
 			{other, "POST", "/api/v1/actions", map[string]any{"action": "x", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"d1"}}, 400},
 			{other, "POST", "/mock/api/v1/actions", map[string]any{"action": "x", "params": map[string]any{}, "search_type": "search", "search_query": "d1"}, 400},
 		} {
-			s.do(t, tc.c, tc.method, tc.path, tc.body).want(t, tc.status)
+			s.Do(t, tc.c, tc.method, tc.path, tc.body).Want(t, tc.status)
 		}
 		var list struct{ Count int }
-		s.do(t, other, "GET", "/api/v1/actions", nil).want(t, 200).decode(t, &list)
+		s.Do(t, other, "GET", "/api/v1/actions", nil).Want(t, 200).Decode(t, &list)
 		if list.Count != 0 {
 			t.Fatalf("other tenant lists %d actions", list.Count)
 		}
@@ -733,12 +733,12 @@ func TestActionsTenantIsolation(t *testing.T) {
 func TestActionsRoles(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		s.mustDevice(t, admin, "d1", nil)
 		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all"})
 		keys := map[string]creds{"admin": admin}
 		for _, role := range []string{"viewer", "device", "operator"} {
-			keys[role] = s.newKey(t, admin, role, role)
+			keys[role] = s.NewKey(t, admin, role, role)
 		}
 		dispatchBody := map[string]any{"action": "x", "params": map[string]any{}, "search_type": "all"}
 		report := map[string]any{"device_id": "d1", "action_id": id, "state": "Running"}
@@ -764,9 +764,9 @@ func TestActionsRoles(t *testing.T) {
 						want = tc.ok
 					}
 				}
-				s.do(t, keys[role], tc.method, tc.path, tc.body).want(t, want)
+				s.Do(t, keys[role], tc.method, tc.path, tc.body).Want(t, want)
 			}
-			s.do(t, creds{"default", "fk_wrong"}, tc.method, tc.path, tc.body).want(t, 401)
+			s.Do(t, creds{Tenant: "default", Key: "fk_wrong"}, tc.method, tc.path, tc.body).Want(t, 401)
 		}
 	})
 }
@@ -781,7 +781,7 @@ func TestActionsWithMosquittoClients(t *testing.T) {
 	}
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		dev := s.mustDevice(t, admin, "mq-1", nil)
 		host, port, _ := strings.Cut(s.MQTTAddr, ":")
 		common := []string{"-h", host, "-p", port, "-q", "1", "-u", "default/mq-1", "-P", dev.Token}

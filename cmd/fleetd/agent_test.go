@@ -39,7 +39,7 @@ func buildAgent(t *testing.T) string {
 // agentProcess is fleetd-agent running as a process of its own.
 type agentProcess struct {
 	cmd    *exec.Cmd
-	output *lockedBuffer
+	output *LockedBuffer
 }
 
 // startAgent runs the agent for a device of tenant "default" against s,
@@ -49,7 +49,7 @@ func (s *testServer) startAgent(t *testing.T, bin, device, token string, extra .
 	t.Helper()
 	args := append([]string{"--server", s.URL, "--mqtt-addr", s.MQTTAddr, "--tenant", "default", "--device", device,
 		"--log-level", "debug"}, extra...)
-	p := &agentProcess{cmd: exec.Command(bin, args...), output: &lockedBuffer{}}
+	p := &agentProcess{cmd: exec.Command(bin, args...), output: &LockedBuffer{}}
 	p.cmd.Env = append(os.Environ(), "FLEETD_AGENT_TOKEN="+token)
 	p.cmd.Stdout, p.cmd.Stderr = p.output, p.output
 	if err := p.cmd.Start(); err != nil {
@@ -120,7 +120,7 @@ func TestAgentActions(t *testing.T) {
 	bin := buildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		work := t.TempDir()
 		actions := filepath.Join(work, "actions")
 		os.Mkdir(actions, 0o755)
@@ -193,11 +193,11 @@ wait
 			eventually(t, "the sleeper to run", func() bool {
 				return s.deviceAction(t, admin, "agent-1", id).Progress == 5
 			})
-			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).want(t, 204)
+			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).Want(t, 204)
 			var list struct {
 				Actions []actionBody `json:"actions"`
 			}
-			s.do(t, admin, "GET", "/api/v1/actions?action=cancel_action", nil).want(t, 200).decode(t, &list)
+			s.Do(t, admin, "GET", "/api/v1/actions?action=cancel_action", nil).Want(t, 200).Decode(t, &list)
 			if len(list.Actions) != 1 {
 				t.Fatalf("cancel_actions: %+v", list.Actions)
 			}
@@ -221,7 +221,7 @@ func TestAgentFirmware(t *testing.T) {
 	bin := buildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		work := t.TempDir()
 		installed := filepath.Join(work, "installed")
 		os.Mkdir(installed, 0o755)
@@ -243,7 +243,7 @@ cp "$2" %s/"$1-$3"
 			}
 		}
 		var d device
-		s.do(t, admin, "GET", "/api/v1/devices/fw-1", nil).want(t, 200).decode(t, &d)
+		s.Do(t, admin, "GET", "/api/v1/devices/fw-1", nil).Want(t, 200).Decode(t, &d)
 		if d.Components["bootloader"] != "1.2.0" || d.Components["app"] != "2.0.0" {
 			t.Errorf("device components = %v", d.Components)
 		}
@@ -267,12 +267,12 @@ func TestAgentStreams(t *testing.T) {
 	bin := buildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		logFile := filepath.Join(t.TempDir(), "app.log")
 		dev := s.mustDevice(t, admin, "streamer", nil)
 		s.startAgent(t, bin, "streamer", dev.Token, "--log-file", logFile, "--stats-interval", "100ms", "--flush-interval", "50ms")
 		latest := func(stream string) (map[string]any, bool) {
-			r := s.do(t, admin, "GET", "/api/v1/devices/streamer/streams/"+stream+"/latest", nil)
+			r := s.Do(t, admin, "GET", "/api/v1/devices/streamer/streams/"+stream+"/latest", nil)
 			if r.Status == 404 {
 				return nil, false
 			}
@@ -280,7 +280,7 @@ func TestAgentStreams(t *testing.T) {
 				Sequence int64          `json:"sequence"`
 				Data     map[string]any `json:"data"`
 			}
-			r.want(t, 200).decode(t, &p)
+			r.Want(t, 200).Decode(t, &p)
 			return p.Data, true
 		}
 		var stats map[string]any
@@ -328,7 +328,7 @@ func TestAgentRemote(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, "--remote-idle-timeout", "1500ms", "--remote-connect-timeout", "3s",
 			"--remote-max-per-user", "3", "--remote-max-per-device", "2")
-		admin := s.admin()
+		admin := s.Admin()
 		root := t.TempDir()
 		os.Mkdir(filepath.Join(root, "sub"), 0o755)
 		os.Symlink("/etc", filepath.Join(root, "escape"))
@@ -347,7 +347,7 @@ func TestAgentRemote(t *testing.T) {
 		ended := func(t *testing.T) sessionList {
 			var list sessionList
 			eventually(t, "every session of agent-r to have ended", func() bool {
-				s.do(t, admin, "GET", "/api/v1/devices/agent-r/remote-sessions?limit=100", nil).want(t, 200).decode(t, &list)
+				s.Do(t, admin, "GET", "/api/v1/devices/agent-r/remote-sessions?limit=100", nil).Want(t, 200).Decode(t, &list)
 				for _, rs := range list.RemoteSessions {
 					if rs.EndedAt == nil {
 						return false
@@ -373,7 +373,7 @@ func TestAgentRemote(t *testing.T) {
 			// What fleetctl ssh does from a terminal, by hand: a session
 			// without a command is a shell on a pty of the device.
 			var sess fleet.RemoteSession
-			s.do(t, admin, "POST", "/api/v1/devices/agent-r/remote-sessions", map[string]any{"kind": "shell"}).want(t, 201).decode(t, &sess)
+			s.Do(t, admin, "POST", "/api/v1/devices/agent-r/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 201).Decode(t, &sess)
 			conn, err := remote.Dial(context.Background(), s.URL+"/api/v1/remote-sessions/"+sess.ID+"/operator",
 				http.Header{"X-Service-Tenant": {"default"}, "X-Service-Api-Key": {admin.Key}}, nil)
 			if err != nil {
@@ -424,7 +424,7 @@ func TestAgentRemote(t *testing.T) {
 			}()
 			_, port, _ := net.SplitHostPort(ln.Addr().String())
 			ctx, cancel := context.WithCancel(context.Background())
-			out := &lockedBuffer{}
+			out := &LockedBuffer{}
 			done := make(chan int, 1)
 			go func() {
 				done <- ctl.Run(ctx, []string{"forward", "agent-r", "0:" + port}, ctl.Env{
@@ -488,28 +488,28 @@ func TestAgentRemote(t *testing.T) {
 		t.Run("Roles", func(t *testing.T) {
 			ended(t)
 			for _, role := range []string{"viewer", "device"} {
-				k := s.newKey(t, admin, "remote-"+role, role)
+				k := s.NewKey(t, admin, "remote-"+role, role)
 				wantContains(t, role, s.newFleetctl(t, k).fails(t, 1, "ssh", "agent-r", "--", "true"), "may not open remote sessions")
 			}
-			other := s.newTenant(t, "elsewhere")
+			other := s.NewTenant(t, "elsewhere")
 			wantContains(t, "other tenant", s.newFleetctl(t, other).fails(t, 1, "ssh", "agent-r", "--", "true"), "agent-r")
-			op := s.newKey(t, admin, "remote-operator", "operator")
+			op := s.NewKey(t, admin, "remote-operator", "operator")
 			if r := s.newFleetctl(t, op).run("", "ssh", "agent-r", "--", "echo operator"); r.code != 0 || r.stdout != "operator\n" {
 				t.Fatalf("%v", r)
 			}
 		})
 		t.Run("Caps", func(t *testing.T) {
-			k := s.newKey(t, admin, "capped-user", "operator")
+			k := s.NewKey(t, admin, "capped-user", "operator")
 			s.mustDevice(t, admin, "capped", nil)
 			s.mustDevice(t, admin, "capped-2", nil)
 			open := func(device string) *response {
-				return s.do(t, k, "POST", "/api/v1/devices/"+device+"/remote-sessions", map[string]any{"kind": "shell"})
+				return s.Do(t, k, "POST", "/api/v1/devices/"+device+"/remote-sessions", map[string]any{"kind": "shell"})
 			}
-			open("capped").want(t, 201)
-			open("capped").want(t, 201)
-			wantContains(t, "device cap", string(open("capped").want(t, 429).Body), "device capped has 2 remote sessions open")
-			open("capped-2").want(t, 201)
-			wantContains(t, "user cap", string(open("capped-2").want(t, 429).Body), "you have 3 remote sessions open")
+			open("capped").Want(t, 201)
+			open("capped").Want(t, 201)
+			wantContains(t, "device cap", string(open("capped").Want(t, 429).Body), "device capped has 2 remote sessions open")
+			open("capped-2").Want(t, 201)
+			wantContains(t, "user cap", string(open("capped-2").Want(t, 429).Body), "you have 3 remote sessions open")
 			// Nobody joins them: they end after the connect timeout, and
 			// free their places.
 			eventually(t, "the unjoined sessions to end", func() bool {
@@ -532,12 +532,12 @@ func TestAgentRemote(t *testing.T) {
 			if list.Count != len(list.RemoteSessions) || idle == nil || idle.EndReason != "idle for 1.5s" || put == nil || put.BytesToDevice < 70000 || put.UserName != "admin" {
 				t.Fatalf("sessions: %+v", list)
 			}
-			s.do(t, admin, "GET", "/api/v1/devices/agent-off/remote-sessions", nil).want(t, 200).decode(t, &list)
+			s.Do(t, admin, "GET", "/api/v1/devices/agent-off/remote-sessions", nil).Want(t, 200).Decode(t, &list)
 			if list.Count != 1 || !strings.Contains(list.RemoteSessions[0].EndReason, "did not connect back") {
 				t.Fatalf("agent-off's sessions: %+v", list)
 			}
-			other := s.newTenant(t, "elsewhere-2")
-			s.do(t, other, "GET", "/api/v1/devices/agent-r/remote-sessions", nil).want(t, 404)
+			other := s.NewTenant(t, "elsewhere-2")
+			s.Do(t, other, "GET", "/api/v1/devices/agent-r/remote-sessions", nil).Want(t, 404)
 		})
 	})
 }
@@ -556,7 +556,7 @@ func TestAgentForwardThroughput(t *testing.T) {
 	}
 	bin := buildAgent(t)
 	s := startServer(t, sqlstoretest.Backends()[0])
-	admin := s.admin()
+	admin := s.Admin()
 	dev := s.mustDevice(t, admin, "fwd", nil)
 	s.startAgent(t, bin, "fwd", dev.Token, "--remote", "--log-level", "info")
 	// The device's service swallows what it is sent and answers, at the
@@ -604,7 +604,7 @@ func TestAgentForwardThroughput(t *testing.T) {
 
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	ctx, cancel := context.WithCancel(context.Background())
-	out := &lockedBuffer{}
+	out := &LockedBuffer{}
 	fc := s.newFleetctl(t, admin)
 	done := make(chan int, 1)
 	go func() {
@@ -636,7 +636,7 @@ func TestAgentRemoteShutdown(t *testing.T) {
 	bin := buildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		dev := s.mustDevice(t, admin, "stopping", nil)
 		s.startAgent(t, bin, "stopping", dev.Token, "--remote")
 		fc := s.newFleetctl(t, admin)
@@ -646,10 +646,10 @@ func TestAgentRemoteShutdown(t *testing.T) {
 			var list struct {
 				DeviceActions []deviceActionBody `json:"device_actions"`
 			}
-			s.do(t, admin, "GET", "/api/v1/devices/stopping/actions", nil).want(t, 200).decode(t, &list)
+			s.Do(t, admin, "GET", "/api/v1/devices/stopping/actions", nil).Want(t, 200).Decode(t, &list)
 			return len(list.DeviceActions) == 1 && list.DeviceActions[0].ActionStatus == "Completed"
 		})
-		s.restart(t)
+		s.Restart(t)
 		r := <-done
 		if r.code != 1 || !strings.Contains(r.stderr, "fleetd is stopping") {
 			t.Fatalf("%v", r)
@@ -657,7 +657,7 @@ func TestAgentRemoteShutdown(t *testing.T) {
 		var list struct {
 			RemoteSessions []fleet.RemoteSession `json:"remote_sessions"`
 		}
-		s.do(t, admin, "GET", "/api/v1/devices/stopping/remote-sessions", nil).want(t, 200).decode(t, &list)
+		s.Do(t, admin, "GET", "/api/v1/devices/stopping/remote-sessions", nil).Want(t, 200).Decode(t, &list)
 		if len(list.RemoteSessions) != 1 || list.RemoteSessions[0].EndReason != "fleetd is stopping" || list.RemoteSessions[0].EndedAt == nil {
 			t.Fatalf("sessions: %+v", list.RemoteSessions)
 		}

@@ -76,16 +76,16 @@ func TestAlertsOverMQTT(t *testing.T) {
 		if s.MQTTAddr == "" {
 			t.Fatal("fleetd did not report its MQTT address")
 		}
-		admin := s.admin()
+		admin := s.Admin()
 		dev := s.mustDevice(t, admin, "pump-1", nil)
-		other := s.newTenant(t, "beta")
+		other := s.NewTenant(t, "beta")
 		s.mustDevice(t, other, "pump-1", nil)
 		hot := map[string]any{"field": "temp", "operator": ">", "value": 80}
 		rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "condition": hot})
 		s.mustAlertRule(t, other, map[string]any{"name": "hot", "stream": "env", "condition": hot})
 		hook := newReceiver(t, 1)
-		s.do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
-			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL, "secret": "k"}}).want(t, 201)
+		s.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
+			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL, "secret": "k"}}).Want(t, 201)
 
 		d := dialStreamDevice(t, s.MQTTAddr, "default", "pump-1", dev.Token)
 		start := time.Now().UTC()
@@ -101,7 +101,7 @@ func TestAlertsOverMQTT(t *testing.T) {
 			t.Fatalf("tenant beta has %d alerts from default's data", n)
 		}
 		var latest struct{ Data map[string]any }
-		s.do(t, admin, "GET", "/api/v1/devices/pump-1/streams/env/latest", nil).want(t, 200).decode(t, &latest)
+		s.Do(t, admin, "GET", "/api/v1/devices/pump-1/streams/env/latest", nil).Want(t, 200).Decode(t, &latest)
 		if latest.Data["temp"] != 91.0 {
 			t.Fatalf("latest %+v", latest)
 		}

@@ -48,8 +48,8 @@ type alertSession struct {
 func (s *testServer) mustAlertRule(t *testing.T, c creds, body map[string]any) alertRule {
 	t.Helper()
 	var r alertRule
-	s.send(t, req{method: "POST", path: "/api/v1/alert-rules", creds: c, body: body,
-		header: http.Header{"Prefer": {"return=representation"}}}).want(t, 201).decode(t, &r)
+	s.Send(t, req{Method: "POST", Path: "/api/v1/alert-rules", Creds: c, Body: body,
+		Header: http.Header{"Prefer": {"return=representation"}}}).Want(t, 201).Decode(t, &r)
 	return r
 }
 
@@ -69,7 +69,7 @@ func (s *testServer) alerts(t *testing.T, c creds, query string) []alertSession 
 		Alerts []alertSession
 		Count  int
 	}
-	s.do(t, c, "GET", "/api/v1/alerts"+query, nil).want(t, 200).decode(t, &out)
+	s.Do(t, c, "GET", "/api/v1/alerts"+query, nil).Want(t, 200).Decode(t, &out)
 	return out.Alerts
 }
 
@@ -112,11 +112,11 @@ func (r *receiver) got() []received {
 func TestAlertRulesEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, alertFlags...)
-		admin := s.admin()
+		admin := s.Admin()
 		hot := map[string]any{"field": "temp", "operator": ">", "value": 80}
 
 		t.Run("CreateQuietly", func(t *testing.T) {
-			r := s.do(t, admin, "POST", "/api/v1/alert-rules", map[string]any{"name": "quiet", "stream": "env", "condition": hot}).want(t, 201)
+			r := s.Do(t, admin, "POST", "/api/v1/alert-rules", map[string]any{"name": "quiet", "stream": "env", "condition": hot}).Want(t, 201)
 			if len(r.Body) != 0 || !strings.Contains(r.Header.Get("Location"), "/api/v1/alert-rules/") {
 				t.Fatalf("S2 answered %q with Location %q; want an empty body", r.Body, r.Header.Get("Location"))
 			}
@@ -128,7 +128,7 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 		}
 		t.Run("Read", func(t *testing.T) {
 			var got alertRule
-			s.do(t, admin, "GET", "/api/v1/alert-rules/"+rule.ID, nil).want(t, 200).decode(t, &got)
+			s.Do(t, admin, "GET", "/api/v1/alert-rules/"+rule.ID, nil).Want(t, 200).Decode(t, &got)
 			if got.Name != "hot" || got.Condition["operator"] != ">" {
 				t.Fatalf("read %+v", got)
 			}
@@ -136,13 +136,13 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 				AlertRules []alertRule `json:"alert_rules"`
 				Count      int
 			}
-			s.do(t, admin, "GET", "/api/v1/alert-rules?limit=1&page=2", nil).want(t, 200).decode(t, &list)
+			s.Do(t, admin, "GET", "/api/v1/alert-rules?limit=1&page=2", nil).Want(t, 200).Decode(t, &list)
 			if list.Count != 2 || len(list.AlertRules) != 1 || list.AlertRules[0].Name != "hot" {
 				t.Fatalf("page 2 = %+v", list)
 			}
 		})
 		t.Run("NameTaken", func(t *testing.T) {
-			s.do(t, admin, "POST", "/api/v1/alert-rules", map[string]any{"name": "hot", "stream": "x", "condition": hot}).want(t, 409)
+			s.Do(t, admin, "POST", "/api/v1/alert-rules", map[string]any{"name": "hot", "stream": "x", "condition": hot}).Want(t, 409)
 		})
 		t.Run("Invalid", func(t *testing.T) {
 			for _, tc := range []struct {
@@ -166,45 +166,45 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 					Error  string
 					Fields map[string]string
 				}
-				s.do(t, admin, "POST", "/api/v1/alert-rules", tc.body).want(t, 400).decode(t, &e)
+				s.Do(t, admin, "POST", "/api/v1/alert-rules", tc.body).Want(t, 400).Decode(t, &e)
 				if _, ok := e.Fields[tc.field]; !ok || e.Error != "invalid" {
 					t.Errorf("body %v: fields %v, want a problem with %s", tc.body, e.Fields, tc.field)
 				}
 			}
 		})
 		t.Run("BadAndUnknownIDs", func(t *testing.T) {
-			s.do(t, admin, "GET", "/api/v1/alert-rules/not-a-uuid", nil).want(t, 400)
-			s.do(t, admin, "GET", "/api/v1/alert-rules/00000000-0000-0000-0000-000000000001", nil).want(t, 404)
-			s.do(t, admin, "DELETE", "/api/v1/alert-rules/00000000-0000-0000-0000-000000000001", nil).want(t, 404)
-			s.do(t, admin, "GET", "/api/v1/alerts/nope", nil).want(t, 400)
-			s.do(t, admin, "GET", "/api/v1/alerts?state=open", nil).want(t, 400)
-			s.do(t, admin, "GET", "/api/v1/alerts?rule_id=x", nil).want(t, 400)
-			s.do(t, admin, "GET", "/api/v1/alerts?colour=red", nil).want(t, 400)
+			s.Do(t, admin, "GET", "/api/v1/alert-rules/not-a-uuid", nil).Want(t, 400)
+			s.Do(t, admin, "GET", "/api/v1/alert-rules/00000000-0000-0000-0000-000000000001", nil).Want(t, 404)
+			s.Do(t, admin, "DELETE", "/api/v1/alert-rules/00000000-0000-0000-0000-000000000001", nil).Want(t, 404)
+			s.Do(t, admin, "GET", "/api/v1/alerts/nope", nil).Want(t, 400)
+			s.Do(t, admin, "GET", "/api/v1/alerts?state=open", nil).Want(t, 400)
+			s.Do(t, admin, "GET", "/api/v1/alerts?rule_id=x", nil).Want(t, 400)
+			s.Do(t, admin, "GET", "/api/v1/alerts?colour=red", nil).Want(t, 400)
 		})
 		t.Run("Edit", func(t *testing.T) {
-			gw := s.newKey(t, admin, "edit-gateway", "device")
-			viewer := s.newKey(t, admin, "edit-viewer", "viewer")
+			gw := s.NewKey(t, admin, "edit-gateway", "device")
+			viewer := s.NewKey(t, admin, "edit-viewer", "viewer")
 			s.mustDevice(t, admin, "edit-dev", nil)
 			r := s.mustAlertRule(t, admin, map[string]any{"name": "edit-me", "stream": "edits", "condition": hot})
 			path := "/api/v1/alert-rules/" + r.ID
 			start := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
-			s.do(t, gw, "POST", "/api/v1/devices/edit-dev/streams/edits", points(start, 90)).want(t, 200)
+			s.Do(t, gw, "POST", "/api/v1/devices/edit-dev/streams/edits", points(start, 90)).Want(t, 200)
 			if a := s.alerts(t, admin, "?rule_id="+r.ID+"&state=active"); len(a) != 1 {
 				t.Fatalf("active alerts %+v, want one", a)
 			}
 			hotter := map[string]any{"field": "temp", "operator": ">", "value": 95}
 			var got alertRule
-			s.send(t, req{method: "PUT", path: path, creds: admin, body: map[string]any{"name": "edited", "stream": "edits", "group": "g", "condition": hotter},
-				header: http.Header{"Prefer": {"return=representation"}}}).want(t, 200).decode(t, &got)
+			s.Send(t, req{Method: "PUT", Path: path, Creds: admin, Body: map[string]any{"name": "edited", "stream": "edits", "group": "g", "condition": hotter},
+				Header: http.Header{"Prefer": {"return=representation"}}}).Want(t, 200).Decode(t, &got)
 			if got.ID != r.ID || got.Name != "edited" || got.Group != "g" || got.Condition["value"] != 95.0 {
 				t.Fatalf("edited %+v", got)
 			}
-			s.do(t, admin, "GET", path, nil).want(t, 200).decode(t, &got)
+			s.Do(t, admin, "GET", path, nil).Want(t, 200).Decode(t, &got)
 			if got.Name != "edited" || got.Condition["value"] != 95.0 {
 				t.Fatalf("read after the edit %+v", got)
 			}
 			// Hot by the old condition, not by the new: the open alert ends.
-			s.do(t, gw, "POST", "/api/v1/devices/edit-dev/streams/edits", points(start.Add(time.Minute), 92)).want(t, 200)
+			s.Do(t, gw, "POST", "/api/v1/devices/edit-dev/streams/edits", points(start.Add(time.Minute), 92)).Want(t, 200)
 			if a := s.alerts(t, admin, "?rule_id="+r.ID); len(a) != 1 || a[0].State != "ended" {
 				t.Fatalf("alerts after the edit %+v, want the one ended", a)
 			}
@@ -218,14 +218,14 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 				{map[string]any{"name": "hot", "stream": "edits", "condition": hotter}, 409, ""},
 			} {
 				var e struct{ Fields map[string]string }
-				s.do(t, admin, "PUT", path, tc.body).want(t, tc.status).decode(t, &e)
+				s.Do(t, admin, "PUT", path, tc.body).Want(t, tc.status).Decode(t, &e)
 				if _, ok := e.Fields[tc.field]; tc.field != "" && !ok {
 					t.Errorf("body %v: fields %v, want a problem with %s", tc.body, e.Fields, tc.field)
 				}
 			}
-			s.do(t, viewer, "PUT", path, map[string]any{"name": "x", "stream": "edits", "condition": hotter}).want(t, 403)
-			s.do(t, admin, "PUT", "/api/v1/alert-rules/00000000-0000-0000-0000-000000000001", map[string]any{"name": "x", "stream": "edits", "condition": hotter}).want(t, 404)
-			if s.do(t, admin, "GET", path, nil).want(t, 200).decode(t, &got); got.Name != "edited" {
+			s.Do(t, viewer, "PUT", path, map[string]any{"name": "x", "stream": "edits", "condition": hotter}).Want(t, 403)
+			s.Do(t, admin, "PUT", "/api/v1/alert-rules/00000000-0000-0000-0000-000000000001", map[string]any{"name": "x", "stream": "edits", "condition": hotter}).Want(t, 404)
+			if s.Do(t, admin, "GET", path, nil).Want(t, 200).Decode(t, &got); got.Name != "edited" {
 				t.Errorf("a refused edit changed the rule: %+v", got)
 			}
 		})
@@ -238,11 +238,11 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 				IntervalSeconds   int64          `json:"interval_seconds"`
 				Timezone          string
 			}
-			s.send(t, req{method: "POST", path: base, creds: admin, header: http.Header{"Prefer": {"return=representation"}}, body: map[string]any{
+			s.Send(t, req{Method: "POST", Path: base, Creds: admin, Header: http.Header{"Prefer": {"return=representation"}}, Body: map[string]any{
 				"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/x?token=abc", "secret": "s3cret",
 					"headers": map[string]string{"Authorization": "Bearer tok", "X-Team": "ops"}},
 				"timezone": "Europe/Berlin", "notification_template": map[string]any{"subject": "{{.Rule.Name}}", "body": "{{.Alert.DeviceID}}"},
-			}}).want(t, 201).decode(t, &n)
+			}}).Want(t, 201).Decode(t, &n)
 			ch := n.ChannelParameters
 			if n.AlertRuleID != rule.ID || n.Timezone != "Europe/Berlin" || ch["has_secret"] != true || ch["secret"] != nil ||
 				ch["headers"].(map[string]any)["Authorization"] != "***" || ch["headers"].(map[string]any)["X-Team"] != "ops" || strings.Contains(ch["url"].(string), "abc") {
@@ -265,42 +265,42 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 				{map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": "https://x.example.com", "headers": map[string]string{"X-Fleet-Signature": "x"}}}, "channel_parameters.headers.X-Fleet-Signature"},
 			} {
 				var e struct{ Fields map[string]string }
-				s.do(t, admin, "POST", base, tc.body).want(t, 400).decode(t, &e)
+				s.Do(t, admin, "POST", base, tc.body).Want(t, 400).Decode(t, &e)
 				if _, ok := e.Fields[tc.field]; !ok {
 					t.Errorf("body %v: fields %v, want a problem with %s", tc.body, e.Fields, tc.field)
 				}
 			}
 			// S4: a partial update keeps the secret and masked headers.
-			s.do(t, admin, "PUT", base+"/"+n.ID, map[string]any{"interval_seconds": 60}).want(t, 204)
+			s.Do(t, admin, "PUT", base+"/"+n.ID, map[string]any{"interval_seconds": 60}).Want(t, 204)
 			var updated map[string]any
-			s.send(t, req{method: "PUT", path: base + "/" + n.ID, creds: admin, header: http.Header{"Prefer": {"return=representation"}}, body: map[string]any{
+			s.Send(t, req{Method: "PUT", Path: base + "/" + n.ID, Creds: admin, Header: http.Header{"Prefer": {"return=representation"}}, Body: map[string]any{
 				"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/y", "headers": map[string]string{"Authorization": "***"}},
-			}}).want(t, 200).decode(t, &updated)
+			}}).Want(t, 200).Decode(t, &updated)
 			if updated["interval_seconds"] != 60.0 || updated["channel_parameters"].(map[string]any)["has_secret"] != true {
 				t.Fatalf("updated %v", updated)
 			}
-			s.do(t, admin, "PUT", base+"/"+n.ID, map[string]any{"timezone": "Nowhere/Land"}).want(t, 400)
+			s.Do(t, admin, "PUT", base+"/"+n.ID, map[string]any{"timezone": "Nowhere/Land"}).Want(t, 400)
 			other := s.mustAlertRule(t, admin, map[string]any{"name": "other", "stream": "env", "condition": hot})
-			s.do(t, admin, "PUT", "/api/v1/alert-rules/"+other.ID+"/alert-notification-rules/"+n.ID, map[string]any{"interval_seconds": 5}).want(t, 404)
-			s.do(t, admin, "POST", "/api/v1/alert-rules/00000000-0000-0000-0000-000000000001/alert-notification-rules",
-				map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}}).want(t, 404)
+			s.Do(t, admin, "PUT", "/api/v1/alert-rules/"+other.ID+"/alert-notification-rules/"+n.ID, map[string]any{"interval_seconds": 5}).Want(t, 404)
+			s.Do(t, admin, "POST", "/api/v1/alert-rules/00000000-0000-0000-0000-000000000001/alert-notification-rules",
+				map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}}).Want(t, 404)
 			var list struct {
 				Rules []map[string]any `json:"alert_notification_rules"`
 				Count int
 			}
-			r := s.do(t, admin, "GET", base, nil).want(t, 200).decode(t, &list)
+			r := s.Do(t, admin, "GET", base, nil).Want(t, 200).Decode(t, &list)
 			if list.Count != 1 || strings.Contains(string(r.Body), "s3cret") || strings.Contains(string(r.Body), "Bearer tok") {
 				t.Fatalf("list %s", r.Body)
 			}
 			var logs struct {
 				AuditLogs []map[string]any `json:"audit_logs"`
 			}
-			lr := s.do(t, admin, "GET", "/api/v1/audit-logs?limit=1000", nil).want(t, 200).decode(t, &logs)
+			lr := s.Do(t, admin, "GET", "/api/v1/audit-logs?limit=1000", nil).Want(t, 200).Decode(t, &logs)
 			if strings.Contains(string(lr.Body), "s3cret") || strings.Contains(string(lr.Body), "Bearer tok") || !strings.Contains(string(lr.Body), "notification_rule.update") {
 				t.Fatalf("audit logs show a secret or miss the update: %s", lr.Body)
 			}
-			s.do(t, admin, "DELETE", "/api/v1/alert-rules/"+other.ID, nil).want(t, 204)
-			s.do(t, admin, "DELETE", "/api/v1/alert-rules/"+other.ID, nil).want(t, 404)
+			s.Do(t, admin, "DELETE", "/api/v1/alert-rules/"+other.ID, nil).Want(t, 204)
+			s.Do(t, admin, "DELETE", "/api/v1/alert-rules/"+other.ID, nil).Want(t, 404)
 		})
 	})
 }
@@ -308,15 +308,15 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 func TestStreamIngestEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, alertFlags...)
-		admin := s.admin()
-		gw := s.newKey(t, admin, "gateway", "device")
+		admin := s.Admin()
+		gw := s.NewKey(t, admin, "gateway", "device")
 		s.mustDevice(t, admin, "pump-1", nil)
 		start := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
 		path := "/api/v1/devices/pump-1/streams/env"
 
 		t.Run("Batch", func(t *testing.T) {
 			var res struct{ Accepted, Rejected int }
-			s.do(t, gw, "POST", path, points(start, 20, 21, 22)).want(t, 200).decode(t, &res)
+			s.Do(t, gw, "POST", path, points(start, 20, 21, 22)).Want(t, 200).Decode(t, &res)
 			if res.Accepted != 3 || res.Rejected != 0 {
 				t.Fatalf("result %+v", res)
 			}
@@ -326,7 +326,7 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 				Sequence  int
 				Data      map[string]any
 			}
-			s.do(t, admin, "GET", path+"/latest", nil).want(t, 200).decode(t, &p)
+			s.Do(t, admin, "GET", path+"/latest", nil).Want(t, 200).Decode(t, &p)
 			if p.Data["temp"] != 22.0 || p.Sequence != 2 || p.Timestamp != "2026-11-21T10:00:02.000Z" || p.DeviceID != "pump-1" {
 				t.Fatalf("latest %+v", p)
 			}
@@ -343,7 +343,7 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 				Accepted, Rejected int
 				Errors             map[string]string
 			}
-			s.do(t, gw, "POST", path, body).want(t, 200).decode(t, &res)
+			s.Do(t, gw, "POST", path, body).Want(t, 200).Decode(t, &res)
 			if res.Accepted != 1 || res.Rejected != 4 {
 				t.Fatalf("result %+v", res)
 			}
@@ -358,79 +358,79 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 				Error  string
 				Fields map[string]string
 			}
-			s.do(t, gw, "POST", path, []any{1, map[string]any{"t": 1}}).want(t, 400).decode(t, &e)
+			s.Do(t, gw, "POST", path, []any{1, map[string]any{"t": 1}}).Want(t, 400).Decode(t, &e)
 			if e.Fields["[0]"] == "" || e.Fields["[1].timestamp"] == "" {
 				t.Fatalf("fields %v", e.Fields)
 			}
-			s.do(t, gw, "POST", path, "just a string").want(t, 400)
+			s.Do(t, gw, "POST", path, "just a string").Want(t, 400)
 			big := strings.Repeat("x", 70<<10)
-			s.do(t, gw, "POST", path, []any{map[string]any{"timestamp": start.UnixMilli(), "blob": big}}).want(t, 400)
+			s.Do(t, gw, "POST", path, []any{map[string]any{"timestamp": start.UnixMilli(), "blob": big}}).Want(t, 400)
 		})
 		t.Run("UnknownDeviceAndBadNames", func(t *testing.T) {
-			s.do(t, gw, "POST", "/api/v1/devices/ghost/streams/env", points(start, 1)).want(t, 404)
-			s.do(t, gw, "POST", "/api/v1/devices/pump-1/streams/a%20b", points(start, 1)).want(t, 400)
-			s.do(t, admin, "GET", "/api/v1/devices/pump-1/streams/nothing/latest", nil).want(t, 404)
+			s.Do(t, gw, "POST", "/api/v1/devices/ghost/streams/env", points(start, 1)).Want(t, 404)
+			s.Do(t, gw, "POST", "/api/v1/devices/pump-1/streams/a%20b", points(start, 1)).Want(t, 400)
+			s.Do(t, admin, "GET", "/api/v1/devices/pump-1/streams/nothing/latest", nil).Want(t, 404)
 		})
 		t.Run("MetadataFilterSeesPatch", func(t *testing.T) {
 			r := s.mustAlertRule(t, admin, map[string]any{"name": "berlin-hot", "stream": "env",
 				"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}, "metadata_filters": map[string]any{"site": "berlin"}})
-			s.do(t, gw, "POST", path, points(start.Add(10*time.Minute), 95)).want(t, 200)
+			s.Do(t, gw, "POST", path, points(start.Add(10*time.Minute), 95)).Want(t, 200)
 			if n := len(s.alerts(t, admin, "?rule_id="+r.ID)); n != 0 {
 				t.Fatalf("%d alerts for a device outside the filter", n)
 			}
-			s.do(t, admin, "PATCH", "/api/v1/devices/pump-1", map[string]any{"metadata": map[string]any{"site": "berlin"}}).want(t, 204)
-			s.do(t, gw, "POST", path, points(start.Add(11*time.Minute), 96)).want(t, 200)
+			s.Do(t, admin, "PATCH", "/api/v1/devices/pump-1", map[string]any{"metadata": map[string]any{"site": "berlin"}}).Want(t, 204)
+			s.Do(t, gw, "POST", path, points(start.Add(11*time.Minute), 96)).Want(t, 200)
 			if n := len(s.alerts(t, admin, "?state=active&rule_id="+r.ID)); n != 1 {
 				t.Fatalf("%d alerts once the device moved to berlin, want 1", n)
 			}
-			s.do(t, admin, "DELETE", "/api/v1/alert-rules/"+r.ID, nil).want(t, 204)
+			s.Do(t, admin, "DELETE", "/api/v1/alert-rules/"+r.ID, nil).Want(t, 204)
 		})
 		t.Run("DeviceGroupFollowsReportedState", func(t *testing.T) {
 			hot := map[string]any{"field": "temp", "operator": ">", "value": 80}
-			r := s.do(t, admin, "POST", "/api/v1/alert-rules", map[string]any{"name": "test-hot", "stream": "env", "condition": hot, "device_group": "testing"})
+			r := s.Do(t, admin, "POST", "/api/v1/alert-rules", map[string]any{"name": "test-hot", "stream": "env", "condition": hot, "device_group": "testing"})
 			wantCode(t, r, 400, "invalid")
 			if !strings.Contains(string(r.Body), `"device_group":"no group is named \"testing\""`) {
 				t.Fatalf("the refusal does not name the field: %s", r.Body)
 			}
-			s.do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "testing", "selector": "reported.mode=test"}).want(t, 201)
+			s.Do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "testing", "selector": "reported.mode=test"}).Want(t, 201)
 			rule := s.mustAlertRule(t, admin, map[string]any{"name": "test-hot", "stream": "env", "condition": hot, "device_group": "testing"})
-			s.do(t, gw, "POST", path, points(start.Add(20*time.Minute), 95)).want(t, 200)
+			s.Do(t, gw, "POST", path, points(start.Add(20*time.Minute), 95)).Want(t, 200)
 			if n := len(s.alerts(t, admin, "?rule_id="+rule.ID)); n != 0 {
 				t.Fatalf("%d alerts for a device outside the group", n)
 			}
 			// uplink's device_shadow stream fills the reported state,
 			// which puts the device in the group.
-			s.do(t, gw, "POST", "/api/v1/devices/pump-1/streams/device_shadow",
-				[]any{map[string]any{"timestamp": start.Add(21 * time.Minute).UnixMilli(), "mode": "test"}}).want(t, 200)
-			s.do(t, gw, "POST", path, points(start.Add(22*time.Minute), 96)).want(t, 200)
+			s.Do(t, gw, "POST", "/api/v1/devices/pump-1/streams/device_shadow",
+				[]any{map[string]any{"timestamp": start.Add(21 * time.Minute).UnixMilli(), "mode": "test"}}).Want(t, 200)
+			s.Do(t, gw, "POST", path, points(start.Add(22*time.Minute), 96)).Want(t, 200)
 			if n := len(s.alerts(t, admin, "?state=active&rule_id="+rule.ID)); n != 1 {
 				t.Fatalf("%d alerts once the device is in the group, want 1", n)
 			}
 			var got alertRule
-			s.do(t, admin, "GET", "/api/v1/alert-rules/"+rule.ID, nil).want(t, 200).decode(t, &got)
+			s.Do(t, admin, "GET", "/api/v1/alert-rules/"+rule.ID, nil).Want(t, 200).Decode(t, &got)
 			if got.DeviceGroup != "testing" {
 				t.Fatalf("read %+v", got)
 			}
-			s.do(t, admin, "DELETE", "/api/v1/alert-rules/"+rule.ID, nil).want(t, 204)
+			s.Do(t, admin, "DELETE", "/api/v1/alert-rules/"+rule.ID, nil).Want(t, 204)
 		})
 		t.Run("Roles", func(t *testing.T) {
-			viewer := s.newKey(t, admin, "viewer", "viewer")
-			operator := s.newKey(t, admin, "operator", "operator")
-			s.do(t, viewer, "POST", path, points(start, 1)).want(t, 403)
-			s.do(t, gw, "GET", path+"/latest", nil).want(t, 403)
-			s.do(t, gw, "GET", "/api/v1/alerts", nil).want(t, 403)
-			s.do(t, gw, "POST", "/api/v1/alert-rules", map[string]any{"name": "x", "stream": "env", "condition": map[string]any{"no_data_seconds": 5}}).want(t, 403)
-			s.do(t, viewer, "POST", "/api/v1/alert-rules", map[string]any{"name": "x", "stream": "env", "condition": map[string]any{"no_data_seconds": 5}}).want(t, 403)
-			s.do(t, viewer, "GET", path+"/latest", nil).want(t, 200)
-			s.do(t, viewer, "GET", "/api/v1/alert-rules", nil).want(t, 200)
-			s.do(t, viewer, "GET", "/api/v1/alerts", nil).want(t, 200)
-			s.do(t, operator, "POST", path, points(start.Add(time.Hour), 1)).want(t, 200)
+			viewer := s.NewKey(t, admin, "viewer", "viewer")
+			operator := s.NewKey(t, admin, "operator", "operator")
+			s.Do(t, viewer, "POST", path, points(start, 1)).Want(t, 403)
+			s.Do(t, gw, "GET", path+"/latest", nil).Want(t, 403)
+			s.Do(t, gw, "GET", "/api/v1/alerts", nil).Want(t, 403)
+			s.Do(t, gw, "POST", "/api/v1/alert-rules", map[string]any{"name": "x", "stream": "env", "condition": map[string]any{"no_data_seconds": 5}}).Want(t, 403)
+			s.Do(t, viewer, "POST", "/api/v1/alert-rules", map[string]any{"name": "x", "stream": "env", "condition": map[string]any{"no_data_seconds": 5}}).Want(t, 403)
+			s.Do(t, viewer, "GET", path+"/latest", nil).Want(t, 200)
+			s.Do(t, viewer, "GET", "/api/v1/alert-rules", nil).Want(t, 200)
+			s.Do(t, viewer, "GET", "/api/v1/alerts", nil).Want(t, 200)
+			s.Do(t, operator, "POST", path, points(start.Add(time.Hour), 1)).Want(t, 200)
 			r := s.mustAlertRule(t, operator, map[string]any{"name": "by-operator", "stream": "env", "condition": map[string]any{"no_data_seconds": 3600}})
-			s.do(t, viewer, "DELETE", "/api/v1/alert-rules/"+r.ID, nil).want(t, 403)
-			s.do(t, viewer, "POST", "/api/v1/alert-rules/"+r.ID+"/alert-notification-rules", map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}}).want(t, 403)
-			s.do(t, viewer, "GET", "/api/v1/alert-rules/"+r.ID+"/alert-notification-rules", nil).want(t, 200)
-			s.do(t, operator, "DELETE", "/api/v1/alert-rules/"+r.ID, nil).want(t, 204)
-			s.do(t, creds{"default", "fk_wrong"}, "GET", "/api/v1/alerts", nil).want(t, 401)
+			s.Do(t, viewer, "DELETE", "/api/v1/alert-rules/"+r.ID, nil).Want(t, 403)
+			s.Do(t, viewer, "POST", "/api/v1/alert-rules/"+r.ID+"/alert-notification-rules", map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}}).Want(t, 403)
+			s.Do(t, viewer, "GET", "/api/v1/alert-rules/"+r.ID+"/alert-notification-rules", nil).Want(t, 200)
+			s.Do(t, operator, "DELETE", "/api/v1/alert-rules/"+r.ID, nil).Want(t, 204)
+			s.Do(t, creds{Tenant: "default", Key: "fk_wrong"}, "GET", "/api/v1/alerts", nil).Want(t, 401)
 		})
 	})
 }
@@ -442,7 +442,7 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		smtpd := notifytest.NewSMTPServer(t)
 		s := startServer(t, b, append(alertFlags, "--smtp-addr", smtpd.Addr, "--smtp-from", "fleetd@example.com", "--smtp-tls", "none")...)
-		admin := s.admin()
+		admin := s.Admin()
 		s.mustDevice(t, admin, "pump-1", map[string]string{"site": "berlin"})
 		s.mustDevice(t, admin, "pump-2", map[string]string{"site": "paris"})
 		rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
@@ -452,18 +452,18 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 		slack := newReceiver(t, 0)
 		base := "/api/v1/alert-rules/" + rule.ID + "/alert-notification-rules"
 		var webhookRule struct{ ID string }
-		s.send(t, req{method: "POST", path: base, creds: admin, header: http.Header{"Prefer": {"return=representation"}}, body: map[string]any{
+		s.Send(t, req{Method: "POST", Path: base, Creds: admin, Header: http.Header{"Prefer": {"return=representation"}}, Body: map[string]any{
 			"channel_parameters":    map[string]any{"type": "webhook", "url": hook.URL + "/alerts", "secret": "s3cret", "headers": map[string]string{"X-Team": "ops"}},
 			"notification_template": map[string]any{"subject": "{{.Rule.Name}} {{.Event}}", "body": "{{.Alert.DeviceID}} at {{.Alert.StartedAt.Format \"15:04:05 MST\"}} temp={{.Value.temp}}"},
 			"timezone":              "Asia/Tokyo",
-		}}).want(t, 201).decode(t, &webhookRule)
-		s.do(t, admin, "POST", base, map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": slack.URL}}).want(t, 201)
-		s.do(t, admin, "POST", base, map[string]any{"channel_parameters": map[string]any{"type": "email", "to": []string{"ops@example.com"}},
-			"notification_template": map[string]any{"subject": "[{{.Event}}] {{.Rule.Name}} on {{.Alert.DeviceID}}"}}).want(t, 201)
+		}}).Want(t, 201).Decode(t, &webhookRule)
+		s.Do(t, admin, "POST", base, map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": slack.URL}}).Want(t, 201)
+		s.Do(t, admin, "POST", base, map[string]any{"channel_parameters": map[string]any{"type": "email", "to": []string{"ops@example.com"}},
+			"notification_template": map[string]any{"subject": "[{{.Event}}] {{.Rule.Name}} on {{.Alert.DeviceID}}"}}).Want(t, 201)
 
 		start := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
-		s.do(t, admin, "POST", "/api/v1/devices/pump-2/streams/env", points(start, 99)).want(t, 200) // paris: filtered out
-		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start, 70, 85, 90)).want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-2/streams/env", points(start, 99)).Want(t, 200) // paris: filtered out
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start, 70, 85, 90)).Want(t, 200)
 
 		active := s.alerts(t, admin, "?state=active")
 		if len(active) != 1 || active[0].DeviceID != "pump-1" || active[0].RuleID != rule.ID || active[0].StartedAt != "2026-11-21T10:00:01.000Z" ||
@@ -517,7 +517,7 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 			Count         int
 		}
 		eventually(t, "three delivered notifications", func() bool {
-			s.do(t, admin, "GET", "/api/v1/alerts/"+alertID+"/notifications", nil).want(t, 200).decode(t, &ds)
+			s.Do(t, admin, "GET", "/api/v1/alerts/"+alertID+"/notifications", nil).Want(t, 200).Decode(t, &ds)
 			n := 0
 			for _, d := range ds.Notifications {
 				if d.Status == "delivered" {
@@ -536,7 +536,7 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 		}
 
 		// Cooling down closes the alert, and that is notified too.
-		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start.Add(time.Minute), 60)).want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start.Add(time.Minute), 60)).Want(t, 200)
 		ended := s.alerts(t, admin, "?state=ended&device_id=pump-1&rule_id="+rule.ID)
 		if len(ended) != 1 || ended[0].EndedAt == nil || *ended[0].EndedAt != "2026-11-21T10:01:00.000Z" {
 			t.Fatalf("ended alerts %+v", ended)
@@ -569,18 +569,18 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 func TestAlertTenantIsolation(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, alertFlags...)
-		a := s.admin()
-		other := s.newTenant(t, "beta")
+		a := s.Admin()
+		other := s.NewTenant(t, "beta")
 		hot := map[string]any{"field": "temp", "operator": ">", "value": 80}
 		ra := s.mustAlertRule(t, a, map[string]any{"name": "hot", "stream": "env", "condition": hot})
 		rb := s.mustAlertRule(t, other, map[string]any{"name": "hot", "stream": "env", "condition": hot})
 		s.mustDevice(t, a, "pump-1", nil)
 		s.mustDevice(t, other, "pump-1", nil)
 		na := struct{ ID string }{}
-		s.send(t, req{method: "POST", path: "/api/v1/alert-rules/" + ra.ID + "/alert-notification-rules", creds: a, header: http.Header{"Prefer": {"return=representation"}},
-			body: map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}}}).want(t, 201).decode(t, &na)
+		s.Send(t, req{Method: "POST", Path: "/api/v1/alert-rules/" + ra.ID + "/alert-notification-rules", Creds: a, Header: http.Header{"Prefer": {"return=representation"}},
+			Body: map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}}}).Want(t, 201).Decode(t, &na)
 
-		s.do(t, a, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 90)).want(t, 200)
+		s.Do(t, a, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 90)).Want(t, 200)
 		if n := len(s.alerts(t, a, "")); n != 1 {
 			t.Fatalf("tenant default has %d alerts, want 1", n)
 		}
@@ -597,24 +597,24 @@ func TestAlertTenantIsolation(t *testing.T) {
 			{"DELETE", "/api/v1/alert-rules/" + ra.ID + "/alert-notification-rules/" + na.ID},
 			{"GET", "/api/v1/devices/pump-2/streams/env/latest"},
 		} {
-			s.do(t, other, r.method, r.path, nil).want(t, 404)
+			s.Do(t, other, r.method, r.path, nil).Want(t, 404)
 		}
-		s.do(t, other, "POST", "/api/v1/alert-rules/"+ra.ID+"/alert-notification-rules",
-			map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}}).want(t, 404)
-		s.do(t, other, "PUT", "/api/v1/alert-rules/"+ra.ID+"/alert-notification-rules/"+na.ID, map[string]any{"interval_seconds": 5}).want(t, 404)
-		s.do(t, other, "PUT", "/api/v1/alert-rules/"+rb.ID+"/alert-notification-rules/"+na.ID, map[string]any{"interval_seconds": 5}).want(t, 404)
+		s.Do(t, other, "POST", "/api/v1/alert-rules/"+ra.ID+"/alert-notification-rules",
+			map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}}).Want(t, 404)
+		s.Do(t, other, "PUT", "/api/v1/alert-rules/"+ra.ID+"/alert-notification-rules/"+na.ID, map[string]any{"interval_seconds": 5}).Want(t, 404)
+		s.Do(t, other, "PUT", "/api/v1/alert-rules/"+rb.ID+"/alert-notification-rules/"+na.ID, map[string]any{"interval_seconds": 5}).Want(t, 404)
 		var list struct{ Count int }
-		s.do(t, other, "GET", "/api/v1/alert-rules", nil).want(t, 200).decode(t, &list)
+		s.Do(t, other, "GET", "/api/v1/alert-rules", nil).Want(t, 200).Decode(t, &list)
 		if list.Count != 1 {
 			t.Fatalf("beta lists %d rules, want its own 1", list.Count)
 		}
 		if n := len(s.alerts(t, other, "?rule_id="+ra.ID)); n != 0 {
 			t.Fatalf("beta sees %d alerts of default's rule", n)
 		}
-		s.do(t, other, "GET", "/api/v1/devices/pump-1/streams/env/latest", nil).want(t, 404)
+		s.Do(t, other, "GET", "/api/v1/devices/pump-1/streams/env/latest", nil).Want(t, 404)
 		s.mustDevice(t, a, "solo", nil)
-		s.do(t, other, "POST", "/api/v1/devices/solo/streams/env", points(time.Now(), 90)).want(t, 404)
-		s.do(t, other, "GET", "/api/v1/devices/solo/streams/env/latest", nil).want(t, 404)
+		s.Do(t, other, "POST", "/api/v1/devices/solo/streams/env", points(time.Now(), 90)).Want(t, 404)
+		s.Do(t, other, "GET", "/api/v1/devices/solo/streams/env/latest", nil).Want(t, 404)
 	})
 }
 
@@ -624,30 +624,30 @@ func TestAlertTenantIsolation(t *testing.T) {
 func TestAlertsSurviveRestart(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, alertFlags...)
-		admin := s.admin()
+		admin := s.Admin()
 		s.mustDevice(t, admin, "pump-1", nil)
 		s.mustDevice(t, admin, "pump-2", nil)
 		hot := map[string]any{"field": "temp", "operator": ">", "value": 80}
 		s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "condition": hot})
 		slow := s.mustAlertRule(t, admin, map[string]any{"name": "slow", "stream": "slow", "condition": hot, "activation_threshold_seconds": 0.5})
 		start := time.Now().UTC()
-		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start, 90)).want(t, 200)
-		s.do(t, admin, "POST", "/api/v1/devices/pump-2/streams/slow", points(start, 90)).want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start, 90)).Want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-2/streams/slow", points(start, 90)).Want(t, 200)
 		if n := len(s.alerts(t, admin, "")); n != 1 {
 			t.Fatalf("%d alerts before the restart, want 1", n)
 		}
 
-		s.restart(t, alertFlags...)
+		s.Restart(t, alertFlags...)
 		// The same point again, as a device whose acknowledgement was lost
 		// would send it, and another hot one: still one alert.
-		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start, 90, 95)).want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start, 90, 95)).Want(t, 200)
 		if active := s.alerts(t, admin, "?state=active&device_id=pump-1"); len(active) != 1 {
 			t.Fatalf("%d active alerts of pump-1 after the restart, want 1", len(active))
 		}
 		eventually(t, "the pending alert to open by the clock after the restart", func() bool {
 			return len(s.alerts(t, admin, "?state=active&rule_id="+slow.ID)) == 1
 		})
-		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start.Add(time.Minute), 20)).want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start.Add(time.Minute), 20)).Want(t, 200)
 		all := s.alerts(t, admin, "?device_id=pump-1")
 		if len(all) != 1 || all[0].State != "ended" {
 			t.Fatalf("pump-1 alerts after cooling %+v, want the one from before the restart, ended", all)
@@ -660,14 +660,14 @@ func TestAlertsSurviveRestart(t *testing.T) {
 func TestAlertReminders(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, alertFlags...)
-		admin := s.admin()
+		admin := s.Admin()
 		s.mustDevice(t, admin, "pump-1", nil)
 		rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
 		hook := newReceiver(t, 0)
-		s.do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
+		s.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
 			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}, "interval_seconds": 1,
-			"notification_template": map[string]any{"subject": "{{.Event}}"}}).want(t, 201)
-		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 90)).want(t, 200)
+			"notification_template": map[string]any{"subject": "{{.Event}}"}}).Want(t, 201)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 90)).Want(t, 200)
 		events := func() []string {
 			var ev []string
 			for _, r := range hook.got() {

@@ -55,7 +55,7 @@ func TestBadInputCorpus(t *testing.T) {
 		var delivered atomic.Int32
 		hook := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { delivered.Add(1) }))
 		defer hook.Close()
-		alpha := s.newTenant(t, "alpha")
+		alpha := s.NewTenant(t, "alpha")
 		w := seed(t, s, alpha, "MARK-ALPHA", hook.URL, idp, 0, 1)
 		// Nothing may be written behind the corpus's back while the rows
 		// are counted: the seeded alert's notification is delivered first.
@@ -86,14 +86,14 @@ func TestBadInputCorpus(t *testing.T) {
 		before := rowCounts(t, db)
 		byStatus := map[int]int{}
 		for _, c := range cases {
-			rq := req{method: c.method, path: c.target, creds: alpha, raw: c.body, contentType: c.ct}
+			rq := req{Method: c.method, Path: c.target, Creds: alpha, Raw: c.body, ContentType: c.ct}
 			if strings.Contains(c.target, "/controller/v1/") { // hawkBit DDI
-				rq.header = ddiHeader(endpoint{perm: "ddi"}, alpha)
+				rq.Header = ddiHeader(endpoint{perm: "ddi"}, alpha)
 			}
 			if c.body == nil && c.ct == "" {
-				rq.raw = nil
+				rq.Raw = nil
 			}
-			r := s.send(t, rq)
+			r := s.Send(t, rq)
 			byStatus[r.Status]++
 			if r.Status != c.want {
 				t.Errorf("%s: %s %s: %d, want %d: %.300s", c.name, c.method, c.target, r.Status, c.want, r.Body)
@@ -107,7 +107,7 @@ func TestBadInputCorpus(t *testing.T) {
 				t.Errorf("%s: %d with a body that is not the error body: %.300s", c.name, r.Status, r.Body)
 			}
 		}
-		s.do(t, alpha, "GET", "/healthz", nil).want(t, 200)
+		s.Do(t, alpha, "GET", "/healthz", nil).Want(t, 200)
 		after := rowCounts(t, db)
 		for table, n := range before {
 			if after[table] != n {

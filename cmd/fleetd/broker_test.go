@@ -157,7 +157,7 @@ func TestExternalBroker(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		broker := mosquittotest.Start(t)
 		s := startServer(t, b, externalBrokerFlags(broker)...)
-		admin := s.admin()
+		admin := s.Admin()
 		if s.MQTTAddr != broker.URL {
 			t.Fatalf("startup line names mqtt=%s, want the broker %s", s.MQTTAddr, broker.URL)
 		}
@@ -191,7 +191,7 @@ func TestExternalBroker(t *testing.T) {
 			}
 			// Not part of the API: absent from its document.
 			var doc struct{ Paths map[string]any }
-			s.do(t, admin, "GET", "/api/v1/openapi.json", nil).want(t, 200).decode(t, &doc)
+			s.Do(t, admin, "GET", "/api/v1/openapi.json", nil).Want(t, 200).Decode(t, &doc)
 			for p := range doc.Paths {
 				if strings.HasPrefix(p, "/broker/") {
 					t.Errorf("the API document lists %s", p)
@@ -248,7 +248,7 @@ func TestExternalBroker(t *testing.T) {
 		// Stream data reaches the store through the shared subscription.
 		d1.publish(t, mqtt.StreamTopic("default", "pump-1", "temp"), []map[string]any{{"sequence": 1, "timestamp": now, "celsius": 21.5}})
 		eventually(t, "the stream's latest point", func() bool {
-			r := s.do(t, admin, "GET", "/api/v1/devices/pump-1/streams/temp/latest", nil)
+			r := s.Do(t, admin, "GET", "/api/v1/devices/pump-1/streams/temp/latest", nil)
 			return r.Status == 200 && strings.Contains(string(r.Body), "21.5")
 		})
 	})

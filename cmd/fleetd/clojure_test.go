@@ -23,17 +23,17 @@ import (
 func TestClojureClient(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		dev := s.mustDevice(t, admin, "pump-1", nil)
 		d := s.connectDevice(t, "default", "pump-1", dev.Token)
 		edn := func(method, path, body string, status int) *response {
 			t.Helper()
-			return s.send(t, req{method: method, path: path, creds: admin, raw: []byte(body), contentType: "application/edn"}).want(t, status)
+			return s.Send(t, req{Method: method, Path: path, Creds: admin, Raw: []byte(body), ContentType: "application/edn"}).Want(t, status)
 		}
 		// read returns the canonical value of path's answer in format f.
 		read := func(f codec.Format, path string) map[string]any {
 			t.Helper()
-			r := s.send(t, req{method: "GET", path: path, creds: admin, header: http.Header{"Accept": {f.ContentType()}}}).want(t, 200)
+			r := s.Send(t, req{Method: "GET", Path: path, Creds: admin, Header: http.Header{"Accept": {f.ContentType()}}}).Want(t, 200)
 			v, err := codec.Decode(f, r.Body)
 			if err != nil {
 				t.Fatalf("%s in %v: %v\n%s", path, f, err, r.Body)
@@ -95,7 +95,7 @@ func TestClojureClient(t *testing.T) {
 		for _, path := range []string{"/api/v1/alert-rules", rule, rule + "/alert-notification-rules", "/api/v1/alerts",
 			"/api/v1/alerts/" + alertID, "/api/v1/rollout-notification-rules"} {
 			for _, f := range []codec.Format{codec.EDN, codec.TransitJSON, codec.TransitMsgpack} {
-				r := s.send(t, req{method: "GET", path: path, creds: admin, header: http.Header{"Accept": {f.ContentType()}}}).want(t, 200)
+				r := s.Send(t, req{Method: "GET", Path: path, Creds: admin, Header: http.Header{"Accept": {f.ContentType()}}}).Want(t, 200)
 				v, err := readFull(f, r.Body)
 				if err != nil {
 					t.Fatalf("%s in %v: %v", path, f, err)

@@ -54,17 +54,17 @@ func consoleHarness(t *testing.T) string {
 func TestConsoleInBrowser(t *testing.T) {
 	dir := consoleHarness(t)
 	s := startServer(t, sqlstoretest.Backends()[0], "--rollout-interval", "50ms", "--outbound-allow", "127.0.0.1")
-	admin := s.admin()
-	operator := s.newKey(t, admin, "olivia", "operator")
-	viewer := s.newKey(t, admin, "victor", "viewer")
+	admin := s.Admin()
+	operator := s.NewKey(t, admin, "olivia", "operator")
+	viewer := s.NewKey(t, admin, "victor", "viewer")
 	var ids []string
 	for i := 1; i <= 4; i++ {
 		id := fmt.Sprintf("pump-%02d", i)
 		ids = append(ids, id)
-		s.do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": id, "metadata": map[string]any{"site": "harbour", "model": "p" + fmt.Sprint(i)}}).want(t, 201)
+		s.Do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": id, "metadata": map[string]any{"site": "harbour", "model": "p" + fmt.Sprint(i)}}).Want(t, 201)
 	}
-	s.do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "odd-one",
-		"metadata": map[string]any{"note": "<script>alert(1)</script>", "site": `"><img src=x onerror=alert(2)>`}}).want(t, 201)
+	s.Do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "odd-one",
+		"metadata": map[string]any{"note": "<script>alert(1)</script>", "site": `"><img src=x onerror=alert(2)>`}}).Want(t, 201)
 	// Simulated devices on MQTT, half of which fail what they run, for the
 	// overview to follow; each takes a few steps of 300 ms over an action.
 	const simDevices = 6
@@ -73,7 +73,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	sim.connected(t, simDevices)
 
 	op := startOIDCProvider(t, "fleetd-console", "console-secret", s.URL+"/console/oidc/callback")
-	s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "console-secret", "viewer")).want(t, 204)
+	s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "console-secret", "viewer")).Want(t, 204)
 
 	// A bundle to upload, and an alert rule whose alert a reading opens.
 	bundle := filepath.Join(t.TempDir(), "pump-fw-2.0.0.tar.gz")
@@ -100,8 +100,8 @@ func TestConsoleInBrowser(t *testing.T) {
 func TestConsoleRolloutsInBrowser(t *testing.T) {
 	dir := consoleHarness(t)
 	s := startServer(t, sqlstoretest.Backends()[0], "--rollout-interval", "50ms")
-	admin := s.admin()
-	operator := s.newKey(t, admin, "olivia", "operator")
+	admin := s.Admin()
+	operator := s.NewKey(t, admin, "olivia", "operator")
 	var ids []string
 	for i := 1; i <= 6; i++ {
 		id := fmt.Sprintf("valve-%02d", i)
@@ -157,10 +157,10 @@ func TestConsoleAlertsInBrowser(t *testing.T) {
 	// The webhook receiver is on this machine: the egress policy must
 	// allow it.
 	s := startServer(t, sqlstoretest.Backends()[0], append(alertFlags, "--outbound-allow", "127.0.0.1")...)
-	admin := s.admin()
-	operator := s.newKey(t, admin, "olivia", "operator")
-	viewer := s.newKey(t, admin, "victor", "viewer")
-	gateway := s.newKey(t, admin, "gateway", "device")
+	admin := s.Admin()
+	operator := s.NewKey(t, admin, "olivia", "operator")
+	viewer := s.NewKey(t, admin, "victor", "viewer")
+	gateway := s.NewKey(t, admin, "gateway", "device")
 	s.mustDevice(t, admin, "pump-07", map[string]string{"site": "harbour"})
 	hook := newReceiver(t, 0)
 	runConsoleScript(t, dir, "alerts.mjs", 3*time.Minute,
@@ -185,8 +185,8 @@ func TestConsoleAlertsInBrowser(t *testing.T) {
 func TestConsoleChartsInBrowser(t *testing.T) {
 	dir := consoleHarness(t)
 	s := startServer(t, sqlstoretest.Backends()[0])
-	admin := s.admin()
-	viewer := s.newKey(t, admin, "victor", "viewer")
+	admin := s.Admin()
+	viewer := s.NewKey(t, admin, "victor", "viewer")
 	s.mustDevice(t, admin, "pump-03", nil)
 	runConsoleScript(t, dir, "charts.mjs", 3*time.Minute,
 		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant, "SCREENSHOTS="+screenshotDir(t),

@@ -33,13 +33,13 @@ func chartsOf(body string) map[string]string {
 func TestConsoleCharts(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
 		s := startServer(t, be, alertFlags...)
-		admin := s.admin()
-		viewer := s.newKey(t, admin, "victor", "viewer")
+		admin := s.Admin()
+		viewer := s.NewKey(t, admin, "victor", "viewer")
 		s.mustDevice(t, admin, "pump-1", map[string]string{"site": "harbour"})
 		s.mustDevice(t, admin, "quiet-1", nil)
-		other := s.newTenant(t, "other")
+		other := s.NewTenant(t, "other")
 		s.mustDevice(t, other, "theirs", nil)
-		s.do(t, other, "POST", "/api/v1/devices/theirs/streams/env", []map[string]any{{"timestamp": time.Now().UnixMilli(), "temp": 1}}).want(t, 200)
+		s.Do(t, other, "POST", "/api/v1/devices/theirs/streams/env", []map[string]any{{"timestamp": time.Now().UnixMilli(), "temp": 1}}).Want(t, 200)
 		rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
 
 		// Ten minutes of points, one every 10 s, rising by one a minute.
@@ -49,7 +49,7 @@ func TestConsoleCharts(t *testing.T) {
 			pts = append(pts, map[string]any{"timestamp": start.Add(time.Duration(i) * 10 * time.Second).UnixMilli(), "sequence": i,
 				"temp": 20 + i/6, "state": "ok"})
 		}
-		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", pts).want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", pts).Want(t, 200)
 
 		b := newBrowser(t, s.URL)
 		b.signIn("default", viewer.Key)
@@ -91,7 +91,7 @@ func TestConsoleCharts(t *testing.T) {
 			if err := json.Unmarshal([]byte(next()), &ev); err != nil || len(ev.Charts) != 1 || ev.Charts[0].Key != "env/temp" {
 				t.Fatalf("first chart event: %+v %v", ev, err)
 			}
-			s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", []map[string]any{{"timestamp": time.Now().UnixMilli(), "sequence": 100, "temp": 95.5}}).want(t, 200)
+			s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", []map[string]any{{"timestamp": time.Now().UnixMilli(), "sequence": 100, "temp": 95.5}}).Want(t, 200)
 			for !strings.HasPrefix(ev.Charts[0].Summary, "Last average 95.5") {
 				if err := json.Unmarshal([]byte(next()), &ev); err != nil {
 					t.Fatal(err)
@@ -104,10 +104,10 @@ func TestConsoleCharts(t *testing.T) {
 
 		t.Run("Logs", func(t *testing.T) {
 			now := time.Now()
-			s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/logs", []map[string]any{
+			s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/logs", []map[string]any{
 				{"timestamp": now.Add(-time.Minute).UnixMilli(), "level": "info", "tag": "app", "message": "booted"},
 				{"timestamp": now.Add(-time.Minute).UnixMilli() + 1, "level": "error", "tag": "app", "message": "<script>alert(1)</script> sensor lost", "line": "sensor.c:7"},
-			}).want(t, 200)
+			}).Want(t, 200)
 			page := b.get("/console/devices/pump-1/logs").want(t, 200).Body
 			wantContains(t, "the Logs tab", page, "booted", "&lt;script&gt;alert(1)&lt;/script&gt; sensor lost", "sensor.c:7", `aria-current="page">Logs`)
 			if strings.Contains(page, "<script>alert") {
@@ -129,10 +129,10 @@ func TestConsoleCharts(t *testing.T) {
 
 			from := fmt.Sprint(time.Now().UnixMilli())
 			next := b.events(t, "/console/devices/pump-1/logs/events?level=warn&from="+from)
-			s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/logs", []map[string]any{
+			s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/logs", []map[string]any{
 				{"timestamp": time.Now().UnixMilli() + 5, "level": "debug", "message": "noise"},
 				{"timestamp": time.Now().UnixMilli() + 6, "level": "warn", "tag": "net", "message": "link down"},
-			}).want(t, 200)
+			}).Want(t, 200)
 			var l struct{ Level, Tag, Message string }
 			if err := json.Unmarshal([]byte(next()), &l); err != nil || l.Message != "link down" || l.Tag != "net" {
 				t.Errorf("the followed line: %+v %v", l, err)
@@ -153,8 +153,8 @@ func TestConsoleCharts(t *testing.T) {
 			}
 			wantContains(t, "a bad stream", b.get("/console/?stream=no%20way&field=temp").want(t, 400).Body, "stream")
 			// A group: the devices it selects now.
-			s.do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "harbour", "selector": "site=harbour"}).want(t, 201)
-			s.do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "inland", "selector": "site=inland"}).want(t, 201)
+			s.Do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "harbour", "selector": "site=harbour"}).Want(t, 201)
+			s.Do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "inland", "selector": "site=inland"}).Want(t, 201)
 			page = b.get("/console/?stream=env&field=temp&group=harbour").want(t, 200).Body
 			if chartsOf(page)["env/temp"] == "" || !strings.Contains(page, "group=harbour") {
 				t.Errorf("the harbour group's chart is not drawn, or its span links forget the group")
@@ -166,7 +166,7 @@ func TestConsoleCharts(t *testing.T) {
 		})
 
 		t.Run("Alert", func(t *testing.T) {
-			s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", []map[string]any{{"timestamp": time.Now().UnixMilli(), "sequence": 200, "temp": 99}}).want(t, 200)
+			s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", []map[string]any{{"timestamp": time.Now().UnixMilli(), "sequence": 200, "temp": 99}}).Want(t, 200)
 			var alerts []alertSession
 			eventually(t, "the alert", func() bool { alerts = s.alerts(t, admin, "?rule_id="+rule.ID); return len(alerts) > 0 })
 			page := b.get("/console/alerts/"+alerts[0].ID).want(t, 200).Body
@@ -184,7 +184,7 @@ func TestConsoleCharts(t *testing.T) {
 				b.get(path).want(t, 404)
 			}
 			theirRule := s.mustAlertRule(t, other, map[string]any{"name": "theirs", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 0}})
-			s.do(t, other, "POST", "/api/v1/devices/theirs/streams/env", []map[string]any{{"timestamp": time.Now().UnixMilli(), "sequence": 9, "temp": 5}}).want(t, 200)
+			s.Do(t, other, "POST", "/api/v1/devices/theirs/streams/env", []map[string]any{{"timestamp": time.Now().UnixMilli(), "sequence": 9, "temp": 5}}).Want(t, 200)
 			var theirs []alertSession
 			eventually(t, "their alert", func() bool { theirs = s.alerts(t, other, "?rule_id="+theirRule.ID); return len(theirs) > 0 })
 			b.get("/console/alerts/"+url.PathEscape(theirs[0].ID)).want(t, 404)

@@ -20,10 +20,10 @@ import (
 func TestConsoleRollouts(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
 		s := startServer(t, be)
-		admin := s.admin()
-		operator := s.newKey(t, admin, "olivia", "operator")
+		admin := s.Admin()
+		operator := s.NewKey(t, admin, "olivia", "operator")
 		for i := 1; i <= 4; i++ {
-			s.do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": fmt.Sprintf("r-%d", i)}).want(t, 201)
+			s.Do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": fmt.Sprintf("r-%d", i)}).Want(t, 201)
 		}
 		rule := s.mustAlertRule(t, admin, map[string]any{"name": "too hot", "stream": "telemetry",
 			"condition": map[string]any{"field": "temperature", "operator": ">", "value": 80}})
@@ -101,7 +101,7 @@ func TestConsoleRollouts(t *testing.T) {
 					}
 				}
 			}
-			s.do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).want(t, 200).decode(t, &a)
+			s.Do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).Want(t, 200).Decode(t, &a)
 			ph := a.Schedule.Phases
 			if len(ph) != 3 || ph[0].Gate != nil || ph[1].Gate == nil || len(ph[1].Gate.AlertRules) != 1 || ph[1].Gate.AlertRules[0] != rule.ID ||
 				ph[1].Gate.WatchSeconds != 60 || ph[2].Gate == nil || *ph[2].Gate.MaxFailureRate != 0.25 || ph[2].Gate.MinFinished != 2 {
@@ -138,13 +138,13 @@ func TestConsoleRollouts(t *testing.T) {
 					}
 				}
 			}
-			s.do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d", mid), nil).want(t, 200).decode(t, &a)
+			s.Do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d", mid), nil).Want(t, 200).Decode(t, &a)
 			ph := a.Schedule.Phases
 			if len(ph) != 2 || ph[0].Info.Type != "metadata" || ph[0].Info.Metadata["ring"] != "lab" || ph[0].Info.Metadata["site"] != "berlin" ||
 				ph[1].TriggerOn.FinishedRatio != 0.9 {
 				t.Fatalf("schedule %+v", a.Schedule)
 			}
-			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", mid), nil)
+			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", mid), nil)
 		})
 		t.Run("AbortSaysWhatItDoes", func(t *testing.T) {
 			eventually(t, "the first phase to release", func() bool { return s.action(t, admin, id).Statuses["Queued"] == 1 })

@@ -18,11 +18,11 @@ import (
 func TestConsoleSettingsInBrowser(t *testing.T) {
 	dir := consoleHarness(t)
 	s := startServer(t, sqlstoretest.Backends()[0])
-	admin := s.admin()
-	viewer := s.newKey(t, admin, "victor", "viewer")
+	admin := s.Admin()
+	viewer := s.NewKey(t, admin, "victor", "viewer")
 	const secret = "console-secret-never-shown"
 	op := startOIDCProvider(t, "fleetd-console", secret, s.URL+"/console/oidc/callback")
-	s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", secret, "viewer")).want(t, 204)
+	s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", secret, "viewer")).Want(t, 204)
 
 	runConsoleScript(t, dir, "settings.mjs", 2*time.Minute,
 		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant,

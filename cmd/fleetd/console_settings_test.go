@@ -25,9 +25,9 @@ func TestConsoleSettings(t *testing.T) {
 		// The OpenID provider is on this machine: the egress policy must
 		// allow it.
 		s := startServer(t, be, "--outbound-allow", "127.0.0.1")
-		admin := s.admin()
-		operator := s.newKey(t, admin, "olivia", "operator")
-		viewer := s.newKey(t, admin, "victor", "viewer")
+		admin := s.Admin()
+		operator := s.NewKey(t, admin, "olivia", "operator")
+		viewer := s.NewKey(t, admin, "victor", "viewer")
 
 		t.Run("DDI", func(t *testing.T) {
 			b := newBrowser(t, s.URL)
@@ -45,7 +45,7 @@ func TestConsoleSettings(t *testing.T) {
 				RequireConfirmation bool `json:"require_confirmation"`
 				GatewayRegistration bool `json:"gateway_registration"`
 			}
-			s.do(t, admin, "GET", "/api/v1/tenants/default/ddi", nil).want(t, 200).decode(t, &set)
+			s.Do(t, admin, "GET", "/api/v1/tenants/default/ddi", nil).Want(t, 200).Decode(t, &set)
 			if !set.RequireConfirmation || set.GatewayRegistration {
 				t.Fatalf("after the form: %+v", set)
 			}
@@ -55,18 +55,18 @@ func TestConsoleSettings(t *testing.T) {
 			var logs struct {
 				AuditLogs []struct{ Actor string } `json:"audit_logs"`
 			}
-			s.do(t, admin, "GET", "/api/v1/audit-logs?action=tenant.ddi.update", nil).want(t, 200).decode(t, &logs)
+			s.Do(t, admin, "GET", "/api/v1/audit-logs?action=tenant.ddi.update", nil).Want(t, 200).Decode(t, &logs)
 			if len(logs.AuditLogs) != 1 || logs.AuditLogs[0].Actor != "admin" {
 				t.Fatalf("audit: %+v", logs.AuditLogs)
 			}
 			// Unchecked boxes turn the settings off again.
 			b.do("POST", "/console/settings/ddi", url.Values{"csrf": {tok}}).want(t, 303)
-			s.do(t, admin, "GET", "/api/v1/tenants/default/ddi", nil).want(t, 200).decode(t, &set)
+			s.Do(t, admin, "GET", "/api/v1/tenants/default/ddi", nil).Want(t, 200).Decode(t, &set)
 			if set.RequireConfirmation {
 				t.Fatalf("after unchecking: %+v", set)
 			}
 			ob := newBrowser(t, s.URL) // a key of its own: Sessions counts olivia's
-			ob.signIn("default", s.newKey(t, admin, "ddi-operator", "operator").Key)
+			ob.signIn("default", s.NewKey(t, admin, "ddi-operator", "operator").Key)
 			ob.get("/console/settings/ddi").want(t, 403)
 			ob.do("POST", "/console/settings/ddi", url.Values{"csrf": {ob.get("/console/").csrf(t)}, "require_confirmation": {"on"}}).want(t, 403)
 		})
@@ -101,7 +101,7 @@ func TestConsoleSettings(t *testing.T) {
 			if strings.Contains(res.Body, "<script>alert(1)") || !strings.Contains(res.Body, html.EscapeString("<script>alert(1)</script>@example.com")) {
 				t.Errorf("the holder's email is not escaped")
 			}
-			s.do(t, creds{"default", key}, "GET", "/api/v1/devices", nil).want(t, 200)
+			s.Do(t, creds{Tenant: "default", Key: key}, "GET", "/api/v1/devices", nil).Want(t, 200)
 			if body := b.get("/console/settings/keys").want(t, 200).Body; strings.Contains(body, key) || shownKey.MatchString(body) {
 				t.Errorf("the key is shown again")
 			}
@@ -127,7 +127,7 @@ func TestConsoleSettings(t *testing.T) {
 			if res := held.get("/console/devices"); res.Status != http.StatusSeeOther || !strings.HasPrefix(res.Header.Get("Location"), "/console/signin") {
 				t.Fatalf("the deleted key's session answered %d", res.Status)
 			}
-			s.do(t, creds{"default", key}, "GET", "/api/v1/devices", nil).want(t, 401)
+			s.Do(t, creds{Tenant: "default", Key: key}, "GET", "/api/v1/devices", nil).Want(t, 401)
 			b.do("POST", "/console/settings/keys/ci-runner/delete", url.Values{"csrf": {tok}}).want(t, 404)
 			b.do("POST", "/console/settings/keys/no%20such/delete", url.Values{"csrf": {tok}}).want(t, 404)
 
@@ -138,7 +138,7 @@ func TestConsoleSettings(t *testing.T) {
 		})
 
 		t.Run("DeleteOwnKey", func(t *testing.T) {
-			second := s.newKey(t, admin, "admin-2", "admin")
+			second := s.NewKey(t, admin, "admin-2", "admin")
 			b := newBrowser(t, s.URL)
 			tok := b.signIn("default", second.Key).csrf(t)
 			if body := b.get("/console/settings/keys").want(t, 200).Body; !strings.Contains(body, "the key you signed in with") {
@@ -179,7 +179,7 @@ func TestConsoleSettings(t *testing.T) {
 			second.get("/console/devices").want(t, 303)
 			other.get("/console/devices").want(t, 200)
 			b.get("/console/devices").want(t, 200)
-			s.do(t, viewer, "GET", "/api/v1/devices", nil).want(t, 200)
+			s.Do(t, viewer, "GET", "/api/v1/devices", nil).Want(t, 200)
 			if body := b.get("/console/settings/sessions").Body; len(sessionIDs(body, "victor")) != 0 {
 				t.Errorf("victor's sessions are still listed:\n%s", body)
 			}
@@ -188,7 +188,7 @@ func TestConsoleSettings(t *testing.T) {
 			}
 
 			// Another tenant's admin neither sees nor ends them.
-			them := s.newTenant(t, "sessions-other")
+			them := s.NewTenant(t, "sessions-other")
 			ob := newBrowser(t, s.URL)
 			otok := ob.signIn("sessions-other", them.Key).csrf(t)
 			if body := ob.get("/console/settings/sessions").want(t, 200).Body; strings.Contains(body, "olivia") {
@@ -214,7 +214,7 @@ func TestConsoleSettings(t *testing.T) {
 			stored := func() settings {
 				t.Helper()
 				var a settings
-				s.do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).want(t, 200).decode(t, &a)
+				s.Do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).Want(t, 200).Decode(t, &a)
 				return a
 			}
 			b := newBrowser(t, s.URL)
@@ -312,9 +312,9 @@ func TestConsoleSettings(t *testing.T) {
 
 			// 55 changes by one key fill two pages of its own filter; the
 			// pager keeps the filter.
-			bot := s.newKey(t, admin, "pager-bot", "operator")
+			bot := s.NewKey(t, admin, "pager-bot", "operator")
 			for i := range 55 {
-				s.do(t, bot, "POST", "/api/v1/devices", map[string]any{"id": fmt.Sprintf("audit-%02d", i)}).want(t, 201)
+				s.Do(t, bot, "POST", "/api/v1/devices", map[string]any{"id": fmt.Sprintf("audit-%02d", i)}).Want(t, 201)
 			}
 			rows := func(body string) int { return strings.Count(body, `<td class="mono">`) }
 			body = b.get("/console/settings/audit?actor=pager-bot").want(t, 200).Body
@@ -345,7 +345,7 @@ func TestConsoleSettings(t *testing.T) {
 					CreatedAt time.Time `json:"created_at"`
 				} `json:"audit_logs"`
 			}
-			s.do(t, admin, "GET", "/api/v1/audit-logs?actor=pager-bot&limit=1", nil).want(t, 200).decode(t, &newest)
+			s.Do(t, admin, "GET", "/api/v1/audit-logs?actor=pager-bot&limit=1", nil).Want(t, 200).Decode(t, &newest)
 			last := newest.AuditLogs[0].CreatedAt.UTC()
 			after := last.Add(time.Millisecond).Format(time.RFC3339Nano)
 			if body := b.get("/console/settings/audit?actor=pager-bot&since="+url.QueryEscape(after)).want(t, 200).Body; rows(body) != 0 {
@@ -381,7 +381,7 @@ func TestConsoleSettings(t *testing.T) {
 			var list struct {
 				APIKeys []struct{ Name string } `json:"apikeys"`
 			}
-			s.do(t, admin, "GET", "/api/v1/apikeys", nil).want(t, 200).decode(t, &list)
+			s.Do(t, admin, "GET", "/api/v1/apikeys", nil).Want(t, 200).Decode(t, &list)
 			names := map[string]bool{}
 			for _, k := range list.APIKeys {
 				names[k.Name] = true

@@ -17,9 +17,9 @@ func TestConsoleTerminalInBrowser(t *testing.T) {
 	dir := consoleHarness(t)
 	bin := buildAgent(t)
 	s := startServer(t, sqlstoretest.Backends()[0])
-	admin := s.admin()
-	operator := s.newKey(t, admin, "olivia", "operator")
-	viewer := s.newKey(t, admin, "victor", "viewer")
+	admin := s.Admin()
+	operator := s.NewKey(t, admin, "olivia", "operator")
+	viewer := s.NewKey(t, admin, "victor", "viewer")
 	dev := s.mustDevice(t, admin, "kiosk-1", nil)
 	s.startAgent(t, bin, "kiosk-1", dev.Token, "--remote", "--remote-shell", "/bin/sh")
 	runConsoleScript(t, dir, "terminal.mjs", 3*time.Minute,

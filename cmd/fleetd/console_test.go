@@ -150,15 +150,15 @@ func TestConsole(t *testing.T) {
 		// MQTT over TLS, so that devices can be issued certificates.
 		certFile, keyFile := writeServerCert(t, t.TempDir(), "fleetd test")
 		s := startServer(t, be, "--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0")
-		admin := s.admin()
-		operator := s.newKey(t, admin, "olivia", "operator")
-		viewer := s.newKey(t, admin, "victor", "viewer")
-		device := s.newKey(t, admin, "gateway", "device")
-		s.do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "dev-1", "metadata": map[string]any{"note": "<script>alert(1)</script>"}}).want(t, 201)
-		other := s.newTenant(t, "other")
-		s.do(t, other, "POST", "/api/v1/devices", map[string]any{"id": "theirs"}).want(t, 201)
+		admin := s.Admin()
+		operator := s.NewKey(t, admin, "olivia", "operator")
+		viewer := s.NewKey(t, admin, "victor", "viewer")
+		device := s.NewKey(t, admin, "gateway", "device")
+		s.Do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "dev-1", "metadata": map[string]any{"note": "<script>alert(1)</script>"}}).Want(t, 201)
+		other := s.NewTenant(t, "other")
+		s.Do(t, other, "POST", "/api/v1/devices", map[string]any{"id": "theirs"}).Want(t, 201)
 		var theirs struct{ ID int64 }
-		s.do(t, other, "POST", "/api/v1/actions", map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all"}).want(t, 201).decode(t, &theirs)
+		s.Do(t, other, "POST", "/api/v1/actions", map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all"}).Want(t, 201).Decode(t, &theirs)
 
 		t.Run("RootLeadsToSignIn", func(t *testing.T) {
 			b := newBrowser(t, s.URL)
@@ -170,7 +170,7 @@ func TestConsole(t *testing.T) {
 				t.Fatalf("an anonymous page answered %d to %q", res.Status, loc)
 			}
 			// The API keeps its own answers beside the console.
-			s.send(t, req{method: "GET", path: "/api/v1/nothing"}).want(t, 404)
+			s.Send(t, req{Method: "GET", Path: "/api/v1/nothing"}).Want(t, 404)
 		})
 
 		t.Run("SignIn", func(t *testing.T) {
@@ -255,8 +255,8 @@ func TestConsole(t *testing.T) {
 		})
 
 		t.Run("DevicePage", func(t *testing.T) {
-			s.do(t, device, "POST", "/api/v1/devices/dev-1/streams/env",
-				[]map[string]any{{"timestamp": time.Now().UnixMilli(), "sequence": 1, "temp": 21.5, "label": "<b>warm</b>"}}).want(t, 200)
+			s.Do(t, device, "POST", "/api/v1/devices/dev-1/streams/env",
+				[]map[string]any{{"timestamp": time.Now().UnixMilli(), "sequence": 1, "temp": 21.5, "label": "<b>warm</b>"}}).Want(t, 200)
 			v := newBrowser(t, s.URL)
 			v.signIn("default", viewer.Key)
 			body := v.get("/console/devices/dev-1").want(t, 200).Body
@@ -365,12 +365,12 @@ func TestConsole(t *testing.T) {
 			b := newBrowser(t, s.URL)
 			b.signIn("default", operator.Key)
 			var a struct{ ID int64 }
-			s.do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "blink", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"dev-1"}}).want(t, 201).decode(t, &a)
+			s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "blink", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"dev-1"}}).Want(t, 201).Decode(t, &a)
 			next := b.events(t, fmt.Sprintf("/console/actions/%d/events", a.ID))
 			if first := next(); !strings.Contains(first, `"Queued":1`) {
 				t.Fatalf("first event %s", first)
 			}
-			s.do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "dev-1", "action_id": a.ID, "state": "Completed", "progress": 100}).want(t, 204)
+			s.Do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "dev-1", "action_id": a.ID, "state": "Completed", "progress": 100}).Want(t, 204)
 			if ev := next(); !strings.Contains(ev, `"Completed":1`) {
 				t.Fatalf("after the report: %s", ev)
 			}
@@ -395,7 +395,7 @@ func TestConsole(t *testing.T) {
 				}
 			}
 			var a struct{ ID int64 }
-			s.do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "locate", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"dev-1"}}).want(t, 201).decode(t, &a)
+			s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "locate", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"dev-1"}}).Want(t, 201).Decode(t, &a)
 			type overview struct {
 				InFlight int `json:"in_flight"`
 				Actions  []struct {
@@ -435,11 +435,11 @@ func TestConsole(t *testing.T) {
 			for _, next := range watchers {
 				until(next, func(o overview) bool { return o.InFlight == first.InFlight+1 && shows(o, "Queued") })
 			}
-			s.do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "dev-1", "action_id": a.ID, "state": "Blinking", "progress": 50}).want(t, 204)
+			s.Do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "dev-1", "action_id": a.ID, "state": "Blinking", "progress": 50}).Want(t, 204)
 			for _, next := range watchers {
 				until(next, func(o overview) bool { return shows(o, "Progress") })
 			}
-			s.do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "dev-1", "action_id": a.ID, "state": "Failed", "errors": []string{"<i>lamp</i> broken"}}).want(t, 204)
+			s.Do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "dev-1", "action_id": a.ID, "state": "Failed", "errors": []string{"<i>lamp</i> broken"}}).Want(t, 204)
 			for _, next := range watchers {
 				until(next, func(o overview) bool {
 					return len(o.Failures) > 0 && o.Failures[0].ActionID == a.ID && o.Failures[0].Device == "dev-1" && strings.Contains(o.Failures[0].Errors, "<i>lamp</i> broken")
@@ -498,7 +498,7 @@ func TestConsole(t *testing.T) {
 					IsDeactivated bool `json:"is_deactivated"`
 				} `json:"firmwares"`
 			}
-			s.do(t, admin, "GET", "/api/v1/firmware-bundles/version/4.2.0", nil).want(t, 200).decode(t, &fw)
+			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/version/4.2.0", nil).Want(t, 200).Decode(t, &fw)
 			if len(fw.Firmwares) != 1 || !fw.Firmwares[0].IsDeactivated {
 				t.Fatalf("after Deactivate: %+v", fw)
 			}
@@ -549,7 +549,7 @@ func TestConsole(t *testing.T) {
 			if err := json.Unmarshal([]byte(form.Get("condition")), &cond); err != nil {
 				t.Fatal(err)
 			}
-			s.do(t, admin, "POST", "/api/v1/alert-rules", map[string]any{"name": "x", "stream": "env", "condition": cond}).want(t, 400).decode(t, &apiErr)
+			s.Do(t, admin, "POST", "/api/v1/alert-rules", map[string]any{"name": "x", "stream": "env", "condition": cond}).Want(t, 400).Decode(t, &apiErr)
 			want := apiErr.Fields["condition.all[1].operator"]
 			res := b.do("POST", "/console/alerts/rules/new", form).want(t, 400)
 			if want == "" || !strings.Contains(res.Body, html.EscapeString(want)) || !strings.Contains(res.Body, "condition.all[1].operator") {
@@ -581,7 +581,7 @@ func TestConsole(t *testing.T) {
 			}
 			id := strings.TrimPrefix(res.Header.Get("Location"), "/console/alerts/rules/")
 			var got alertRule
-			s.do(t, admin, "GET", "/api/v1/alert-rules/"+id, nil).want(t, 200).decode(t, &got)
+			s.Do(t, admin, "GET", "/api/v1/alert-rules/"+id, nil).Want(t, 200).Decode(t, &got)
 			if got.Name != "<script>alert(1)</script>" || got.ActivationThresholdSeconds != 1.5 || got.Condition["value"] != 80.0 {
 				t.Fatalf("the API reads the console's rule as %+v", got)
 			}
@@ -601,7 +601,7 @@ func TestConsole(t *testing.T) {
 			form.Set("stream", "env")
 			form.Set("condition", `{"field": "temp", "operator": ">=", "value": 90}`)
 			b.do("POST", "/console/alerts/rules/"+id+"/edit", form).want(t, 303)
-			s.do(t, admin, "GET", "/api/v1/alert-rules/"+id, nil).want(t, 200).decode(t, &got)
+			s.Do(t, admin, "GET", "/api/v1/alert-rules/"+id, nil).Want(t, 200).Decode(t, &got)
 			if got.Name != "renamed" || got.Condition["operator"] != ">=" {
 				t.Fatalf("after the edit the API reads %+v", got)
 			}
@@ -630,7 +630,7 @@ func TestConsole(t *testing.T) {
 			b.do("POST", "/console/alerts/rules/"+theirRule.ID+"/delete", url.Values{"csrf": {tok}}).want(t, 404)
 
 			b.do("POST", "/console/alerts/rules/"+rule.ID+"/delete", url.Values{"csrf": {tok}}).want(t, 303)
-			s.do(t, admin, "GET", "/api/v1/alert-rules/"+rule.ID, nil).want(t, 404)
+			s.Do(t, admin, "GET", "/api/v1/alert-rules/"+rule.ID, nil).Want(t, 404)
 		})
 
 		t.Run("NotificationRules", func(t *testing.T) {
@@ -645,9 +645,9 @@ func TestConsole(t *testing.T) {
 			// Refused as S3 refuses it, field by field, and the secret is
 			// not sent back.
 			var apiErr struct{ Fields map[string]string }
-			s.do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
+			s.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
 				"channel_parameters": map[string]any{"type": "webhook", "url": "ftp://example.com/hook"}, "timezone": "Mars/Olympus",
-				"notification_template": map[string]any{"subject": "{{.Rule.Name"}}).want(t, 400).decode(t, &apiErr)
+				"notification_template": map[string]any{"subject": "{{.Rule.Name"}}).Want(t, 400).Decode(t, &apiErr)
 			res := b.do("POST", base+"/new", form).want(t, 400)
 			for _, field := range []string{"channel_parameters.url", "timezone", "notification_template.subject"} {
 				if apiErr.Fields[field] == "" || !strings.Contains(res.Body, `id="`+field+`-error"`) || !strings.Contains(res.Body, html.EscapeString(apiErr.Fields[field])) {
@@ -684,7 +684,7 @@ func TestConsole(t *testing.T) {
 			readBack := func() {
 				t.Helper()
 				list.Rules = nil
-				s.do(t, admin, "GET", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", nil).want(t, 200).decode(t, &list)
+				s.Do(t, admin, "GET", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", nil).Want(t, 200).Decode(t, &list)
 				if len(list.Rules) != 1 {
 					t.Fatalf("the API lists %d notification rules", len(list.Rules))
 				}
@@ -731,9 +731,9 @@ func TestConsole(t *testing.T) {
 			// An alert opens: its notifications and their attempts show on
 			// the page (fleetd may not reach 127.0.0.1 here: the attempt
 			// records why).
-			gw := s.newKey(t, admin, "notif-gateway", "device")
-			s.do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "notif-dev"}).want(t, 201)
-			s.do(t, gw, "POST", "/api/v1/devices/notif-dev/streams/notif", []map[string]any{{"timestamp": time.Now().UnixMilli(), "temp": 99}}).want(t, 200)
+			gw := s.NewKey(t, admin, "notif-gateway", "device")
+			s.Do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "notif-dev"}).Want(t, 201)
+			s.Do(t, gw, "POST", "/api/v1/devices/notif-dev/streams/notif", []map[string]any{{"timestamp": time.Now().UnixMilli(), "temp": 99}}).Want(t, 200)
 			eventually(t, "an attempt shown on the notification rule's page", func() bool {
 				body := b.get(page).want(t, 200).Body
 				return strings.Contains(body, "notif-dev") && strings.Contains(body, "opened") && strings.Contains(body, `<ol class="attempts">`)
@@ -764,10 +764,10 @@ func TestConsole(t *testing.T) {
 		})
 
 		t.Run("RevokedKeyEndsSession", func(t *testing.T) {
-			k := s.newKey(t, admin, "temp", "operator")
+			k := s.NewKey(t, admin, "temp", "operator")
 			b := newBrowser(t, s.URL)
 			b.signIn("default", k.Key)
-			s.do(t, admin, "DELETE", "/api/v1/apikeys/temp", nil).want(t, 204)
+			s.Do(t, admin, "DELETE", "/api/v1/apikeys/temp", nil).Want(t, 204)
 			if res := b.get("/console/devices"); res.Status != http.StatusSeeOther || !strings.HasPrefix(res.Header.Get("Location"), "/console/signin") {
 				t.Fatalf("a deleted key's session answered %d", res.Status)
 			}
@@ -822,11 +822,11 @@ func TestConsoleOIDC(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
 		// The provider is on this machine: the egress policy must allow it.
 		s := startServer(t, be, "--outbound-allow", "127.0.0.1")
-		admin := s.admin()
+		admin := s.Admin()
 		op := startOIDCProvider(t, "fleetd-console", "console-secret", s.URL+"/console/oidc/callback")
-		s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "console-secret", "operator")).want(t, 204)
+		s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "console-secret", "operator")).Want(t, 204)
 		var cfg map[string]any
-		s.do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).want(t, 200).decode(t, &cfg)
+		s.Do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).Want(t, 200).Decode(t, &cfg)
 		if o, _ := cfg["oidc"].(map[string]any); o["client_id"] != "fleetd-console" || o["client_secret_set"] != true || o["client_secret"] != nil {
 			t.Fatalf("S9 shows oidc %v", cfg["oidc"])
 		}
@@ -839,14 +839,14 @@ func TestConsoleOIDC(t *testing.T) {
 			}
 			// The person acts as themselves: a dispatch is theirs.
 			tok := b.get("/console/actions/new").want(t, 200).csrf(t)
-			s.do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "oidc-dev"}).want(t, 201)
+			s.Do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "oidc-dev"}).Want(t, 201)
 			res := b.do("POST", "/console/actions/new", url.Values{"csrf": {tok}, "action": {"reboot"}, "params": {"{}"}, "search_type": {"default"}, "device_ids": {"oidc-dev"}}).want(t, 303)
 			if body := b.get(res.Header.Get("Location")).Body; !strings.Contains(body, op.Email) {
 				t.Errorf("the action does not name who dispatched it")
 			}
 
 			// A change of the tenant's sign-in settings ends the session.
-			s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "console-secret", "viewer")).want(t, 204)
+			s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "console-secret", "viewer")).Want(t, 204)
 			b.get("/console/").want(t, 303)
 			if body := b.signInOIDC(t, op).want(t, 200).Body; !strings.Contains(body, "role-viewer") {
 				t.Errorf("after the change, the person is not a viewer")
@@ -858,7 +858,7 @@ func TestConsoleOIDC(t *testing.T) {
 			// touching the tenant's sign-in settings: the person can sign
 			// in again at once, and others stay signed in.
 			var before, after map[string]any
-			s.do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).want(t, 200).decode(t, &before)
+			s.Do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).Want(t, 200).Decode(t, &before)
 			person, again := newBrowser(t, s.URL), newBrowser(t, s.URL)
 			person.signInOIDC(t, op).want(t, 200)
 			ab := newBrowser(t, s.URL)
@@ -870,7 +870,7 @@ func TestConsoleOIDC(t *testing.T) {
 			ab.do("POST", "/console/settings/sessions/"+ids[0]+"/end", url.Values{"csrf": {tok}, "all": {"1"}}).want(t, 303)
 			person.get("/console/").want(t, 303)
 			ab.get("/console/").want(t, 200)
-			s.do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).want(t, 200).decode(t, &after)
+			s.Do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).Want(t, 200).Decode(t, &after)
 			if before["updated_at"] != after["updated_at"] {
 				t.Errorf("ending a session changed the sign-in settings: %v, then %v", before["updated_at"], after["updated_at"])
 			}
@@ -886,9 +886,9 @@ func TestConsoleOIDC(t *testing.T) {
 		})
 
 		t.Run("WrongSecret", func(t *testing.T) {
-			s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "not-the-secret", "operator")).want(t, 204)
+			s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "not-the-secret", "operator")).Want(t, 204)
 			defer func() {
-				s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "console-secret", "operator")).want(t, 204)
+				s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "console-secret", "operator")).Want(t, 204)
 			}()
 			b := newBrowser(t, s.URL)
 			if res := b.signInOIDC(t, op); res.Status != 401 || !strings.Contains(res.Body, "could not be verified") && !strings.Contains(res.Body, "did not accept") {
@@ -897,7 +897,7 @@ func TestConsoleOIDC(t *testing.T) {
 		})
 
 		t.Run("NoSSO", func(t *testing.T) {
-			s.newTenant(t, "plain")
+			s.NewTenant(t, "plain")
 			b := newBrowser(t, s.URL)
 			if res := b.get("/console/signin/oidc?tenant=plain").want(t, 404); !strings.Contains(res.Body, "no single sign-on") {
 				t.Errorf("the answer does not say why:\n%s", res.Body)
@@ -907,9 +907,9 @@ func TestConsoleOIDC(t *testing.T) {
 
 		t.Run("BadSettings", func(t *testing.T) {
 			body := op.tenantOIDC("", "x", "viewer")
-			s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", body).want(t, 400)
+			s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", body).Want(t, 400)
 			body["oidc"] = map[string]any{"client_id": "c", "surprise": 1}
-			s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", body).want(t, 400)
+			s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", body).Want(t, 400)
 		})
 	})
 }
@@ -985,7 +985,7 @@ func (b *browser) post(t *testing.T, to string, form url.Values) page {
 // itself.
 func TestConsoleCookiesSecureBehindTLSProxy(t *testing.T) {
 	s := startServer(t, sqlstoretest.Backends()[0], "--public-url", "https://fleet.example.com")
-	admin := s.admin()
+	admin := s.Admin()
 	// No cookie jar: one would keep Secure cookies from plain HTTP.
 	client := &http.Client{Timeout: 30 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	check := func(res *http.Response) {

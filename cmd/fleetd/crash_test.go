@@ -26,7 +26,7 @@ import (
 type process struct {
 	*testServer
 	cmd    *exec.Cmd
-	stderr *lockedBuffer
+	stderr *LockedBuffer
 	exited chan struct{}
 }
 
@@ -54,7 +54,7 @@ func runFleetd(t *testing.T, s *testServer, args, env []string) *process {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &process{testServer: s, cmd: cmd, stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	p := &process{testServer: s, cmd: cmd, stderr: &LockedBuffer{}, exited: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -77,7 +77,6 @@ func runFleetd(t *testing.T, s *testServer, args, env []string) *process {
 						s.MQTTAddr = v
 					}
 				}
-				s.router = nil // the document names the new address
 				close(ready)
 			}
 		}
@@ -124,10 +123,10 @@ type acked struct {
 // delivered.
 func TestCrash(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := &testServer{DSN: b.DSN(t), DataDir: t.TempDir(), output: &lockedBuffer{}}
+		s := newServer(t, b)
 		flags := append([]string{"--notify-lease", "1s", "--action-sweep-interval", "100ms", "--rate-limit", "-1"}, alertFlags...)
 		p := startProcess(t, s, flags...)
-		admin := s.admin()
+		admin := s.Admin()
 
 		var hooks atomic.Int32
 		hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -148,8 +147,8 @@ func TestCrash(t *testing.T) {
 		sleeper := s.mustDevice(t, admin, "sleeper", nil)
 		late := s.mustAlertRule(t, admin, map[string]any{"name": "late", "stream": "heat", "activation_threshold_seconds": 2,
 			"condition": map[string]any{"field": "temp", "operator": ">", "value": 50}})
-		s.do(t, admin, "POST", "/api/v1/alert-rules/"+late.ID+"/alert-notification-rules", map[string]any{
-			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL + "/late"}}).want(t, 201)
+		s.Do(t, admin, "POST", "/api/v1/alert-rules/"+late.ID+"/alert-notification-rules", map[string]any{
+			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL + "/late"}}).Want(t, 201)
 		taker := s.connectDevice(t, "default", "dev-1", toks[1].Token)
 
 		// The load.
@@ -290,7 +289,7 @@ func TestCrash(t *testing.T) {
 		// Work in flight at the crash: an alert needing 2 s of heat, which
 		// starts now; an action with a 2 s timeout, taken by its device; an
 		// action queued for a device that is offline.
-		s.do(t, admin, "POST", "/api/v1/devices/dev-0/streams/heat", points(time.Now(), 90)).want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/dev-0/streams/heat", points(time.Now(), 90)).Want(t, 200)
 		timing := s.dispatch(t, admin, map[string]any{"action": "slow", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"dev-1"}, "timeout": 2})
 		taker.next(t)
 		s.awaitActionStatus(t, admin, "dev-1", timing, "Initiated")
@@ -310,11 +309,11 @@ func TestCrash(t *testing.T) {
 
 		// Every acknowledged write is there.
 		for _, id := range ack.devices {
-			s.do(t, admin, "GET", "/api/v1/devices/"+id, nil).want(t, 200)
+			s.Do(t, admin, "GET", "/api/v1/devices/"+id, nil).Want(t, 200)
 		}
 		for _, id := range ack.actions {
 			var a actionBody
-			s.do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).want(t, 200).decode(t, &a)
+			s.Do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).Want(t, 200).Decode(t, &a)
 			if a.Targeted != 2 {
 				t.Errorf("action %d targets %d devices after the crash, want 2 (dispatch is atomic)", id, a.Targeted)
 			}
@@ -329,7 +328,7 @@ func TestCrash(t *testing.T) {
 		for key, ts := range ack.points {
 			dev, stream, _ := strings.Cut(key, "/")
 			var latest struct{ Timestamp string }
-			s.do(t, admin, "GET", "/api/v1/devices/"+dev+"/streams/"+stream+"/latest", nil).want(t, 200).decode(t, &latest)
+			s.Do(t, admin, "GET", "/api/v1/devices/"+dev+"/streams/"+stream+"/latest", nil).Want(t, 200).Decode(t, &latest)
 			if got, err := time.Parse(time.RFC3339Nano, latest.Timestamp); err != nil || got.UnixMilli() < ts {
 				t.Errorf("%s's latest point %s after the crash, want %s or later", key, latest.Timestamp, time.UnixMilli(ts).UTC())
 			}

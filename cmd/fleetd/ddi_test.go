@@ -90,7 +90,7 @@ func keys(v any) string {
 func TestDDI(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, "--ddi-poll-interval", "90s")
-		admin := s.admin()
+		admin := s.Admin()
 		dev := s.mustDevice(t, admin, "ecu-1", nil)
 		other := s.mustDevice(t, admin, "ecu-2", nil)
 		target := "TargetToken " + dev.Token
@@ -98,7 +98,7 @@ func TestDDI(t *testing.T) {
 		payload := bytes.Repeat([]byte("rootfs 2.0.0 "), 5000)
 		s.mustUpload(t, admin, ddiBundle(t, "2.0.0", "images/rootfs.swu", payload))
 
-		gateway := s.newKey(t, admin, "gateway", "device")
+		gateway := s.NewKey(t, admin, "gateway", "device")
 		t.Run("Authentication", func(t *testing.T) {
 			for name, auth := range map[string]string{
 				"None":             "",
@@ -121,7 +121,7 @@ func TestDDI(t *testing.T) {
 			if resp, _ := s.ddi(t, "GET", "/default/controller/v1/nobody", "GatewayToken "+gw.Key, nil); resp.StatusCode != 404 {
 				t.Errorf("gateway token for an unknown device: %d, want 404", resp.StatusCode)
 			}
-			viewer := s.newKey(t, admin, "watcher", "viewer")
+			viewer := s.NewKey(t, admin, "watcher", "viewer")
 			if resp, _ := s.ddi(t, "GET", root, "GatewayToken "+viewer.Key, nil); resp.StatusCode != 403 {
 				t.Errorf("gateway token with the viewer role: %d, want 403", resp.StatusCode)
 			}
@@ -295,7 +295,7 @@ func TestDDI(t *testing.T) {
 					t.Fatalf("deploymentBase: %d %s", resp.StatusCode, body)
 				}
 				eventually(t, "Initiated", func() bool { return s.deviceAction(t, admin, "ecu-1", id).ActionStatus == "Initiated" })
-				s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).want(t, 204)
+				s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).Want(t, 204)
 				if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Initiated" || da.Status != "Cancelling" {
 					t.Fatalf("the update before the device answers: %+v", da)
 				}
@@ -322,7 +322,7 @@ func TestDDI(t *testing.T) {
 				var list struct {
 					DeviceActions []deviceActionBody `json:"device_actions"`
 				}
-				s.do(t, admin, "GET", "/api/v1/devices/ecu-1/actions?type=cancel_action&sort_by=action_id&limit=1", nil).want(t, 200).decode(t, &list)
+				s.Do(t, admin, "GET", "/api/v1/devices/ecu-1/actions?type=cancel_action&sort_by=action_id&limit=1", nil).Want(t, 200).Decode(t, &list)
 				if len(list.DeviceActions) != 1 || list.DeviceActions[0].ActionStatus != c.cancel {
 					t.Fatalf("the cancel_action after %v: %+v, want %s", c.answer, list.DeviceActions, c.cancel)
 				}
@@ -336,7 +336,7 @@ func TestDDI(t *testing.T) {
 					t.Fatalf("the update after closed+success: %+v, want %s", da, c.thenClosed)
 				}
 				var d device
-				s.do(t, admin, "GET", "/api/v1/devices/ecu-1", nil).want(t, 200).decode(t, &d)
+				s.Do(t, admin, "GET", "/api/v1/devices/ecu-1", nil).Want(t, 200).Decode(t, &d)
 				if d.Components["rootfs"] != c.recordedVer {
 					t.Fatalf("components = %v, want rootfs %q", d.Components, c.recordedVer)
 				}
@@ -421,7 +421,7 @@ func TestDDI(t *testing.T) {
 				t.Fatalf("unknown mode: %d, want 400", c)
 			}
 			var d device
-			s.do(t, admin, "GET", "/api/v1/devices/ecu-1", nil).want(t, 200).decode(t, &d)
+			s.Do(t, admin, "GET", "/api/v1/devices/ecu-1", nil).Want(t, 200).Decode(t, &d)
 			if fmt.Sprint(d.Metadata) != "map[hwRevision:2]" {
 				t.Fatalf("metadata = %v", d.Metadata)
 			}
@@ -531,7 +531,7 @@ func cpioNewc(files [][2]string) []byte {
 // swupdateRun is SWUpdate running as a suricatta daemon, polling fleetd.
 type swupdateRun struct {
 	cmd  *exec.Cmd
-	out  *lockedBuffer
+	out  *LockedBuffer
 	done chan struct{}
 }
 
@@ -543,7 +543,7 @@ func runSWUpdate(t *testing.T, bin string, server string, signer *swuSigner, dev
 	opts := append([]string{"-t", "default", "-u", server, "-i", device, "-k", token, "-p", "1", "-r", "5", "-w", "1"}, suricatta...)
 	cmd := exec.Command(bin, "-v", "-k", signer.cert(), "-H", "fleetdev:1.0", "-u", strings.Join(opts, " "))
 	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir())
-	r := &swupdateRun{cmd: cmd, out: &lockedBuffer{}, done: make(chan struct{})}
+	r := &swupdateRun{cmd: cmd, out: &LockedBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = r.out, r.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -575,7 +575,7 @@ func (r *swupdateRun) awaitStatus(t *testing.T, s *testServer, device string, id
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		da := s.deviceAction(t, s.admin(), device, id)
+		da := s.deviceAction(t, s.Admin(), device, id)
 		if da.ActionStatus == status {
 			return da
 		}
@@ -593,7 +593,7 @@ func TestSWUpdate(t *testing.T) {
 	bin, openssl := swupdateTools(t)
 	signer := newSWUSigner(t, openssl)
 	s := startServer(t, sqlstoretest.Backends()[0], "--ddi-poll-interval", "1s")
-	admin := s.admin()
+	admin := s.Admin()
 	dev := s.mustDevice(t, admin, "gw-1", map[string]string{"site": "lab"})
 	installed := filepath.Join(t.TempDir(), "installed.txt")
 	update := func(version string, swu []byte) int64 {
@@ -622,7 +622,7 @@ func TestSWUpdate(t *testing.T) {
 		da = sw.awaitStatus(t, s, "gw-1", id, "Completed")
 		sw.stop()
 		var d device
-		s.do(t, admin, "GET", "/api/v1/devices/gw-1", nil).want(t, 200).decode(t, &d)
+		s.Do(t, admin, "GET", "/api/v1/devices/gw-1", nil).Want(t, 200).Decode(t, &d)
 		if d.Components["rootfs"] != "2.0.0" {
 			t.Fatalf("the device's components after the update: %v (action %+v)", d.Components, da)
 		}
@@ -655,11 +655,11 @@ func TestSWUpdate(t *testing.T) {
 			t.Fatalf("deploymentBase: %d %s", resp.StatusCode, body)
 		}
 		eventually(t, "Initiated", func() bool { return s.deviceAction(t, admin, "gw-1", id).ActionStatus == "Initiated" })
-		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).want(t, 204)
+		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).Want(t, 204)
 		var list struct {
 			DeviceActions []deviceActionBody `json:"device_actions"`
 		}
-		s.do(t, admin, "GET", "/api/v1/devices/gw-1/actions?type=cancel_action", nil).want(t, 200).decode(t, &list)
+		s.Do(t, admin, "GET", "/api/v1/devices/gw-1/actions?type=cancel_action", nil).Want(t, 200).Decode(t, &list)
 		if len(list.DeviceActions) != 1 {
 			t.Fatalf("cancel_actions: %+v", list.DeviceActions)
 		}
@@ -711,7 +711,7 @@ func TestSWUpdate(t *testing.T) {
 		t.Cleanup(func() { ddiSettings(t, s, admin, false, false) })
 		id := update("7.0.0", signer.swu(t, "7.0.0", installed, []byte("rootfs 7.0.0\n"), ""))
 		polls := func() int {
-			r := s.do(t, creds{}, "GET", "/metrics", nil).want(t, 200)
+			r := s.Do(t, creds{}, "GET", "/metrics", nil).Want(t, 200)
 			for _, line := range strings.Split(string(r.Body), "\n") {
 				if strings.HasPrefix(line, `fleetd_http_requests_total{code="200",route="GET /{tenant}/controller/v1/{controllerId}"} `) {
 					var n int
@@ -730,9 +730,9 @@ func TestSWUpdate(t *testing.T) {
 		if b, _ := os.ReadFile(installed); string(b) == "rootfs 7.0.0\n" {
 			t.Fatal("the waiting image was installed")
 		}
-		gateway := s.newKey(t, admin, "swupdate-gateway", "device")
+		gateway := s.NewKey(t, admin, "swupdate-gateway", "device")
 		s.ddiAs(t, "GatewayToken "+gateway.Key, "POST", "/default/controller/v1/gw-1/confirmationBase/activateAutoConfirm",
-			map[string]any{"initiator": "gateway", "remark": "SWUpdate cannot confirm"}).want(t, 200)
+			map[string]any{"initiator": "gateway", "remark": "SWUpdate cannot confirm"}).Want(t, 200)
 		eventually(t, "the confirmed image installed", func() bool {
 			b, _ := os.ReadFile(installed)
 			return string(b) == "rootfs 7.0.0\n"
@@ -805,7 +805,7 @@ func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 // checked against the OpenAPI document.
 func (s *testServer) ddiAs(t *testing.T, auth, method, path string, body any) *response {
 	t.Helper()
-	return s.send(t, req{method: method, path: path, body: body, header: http.Header{"Authorization": {auth}}})
+	return s.Send(t, req{Method: method, Path: path, Body: body, Header: http.Header{"Authorization": {auth}}})
 }
 
 // ddiLinks polls a device's root and returns its links by name.
@@ -814,7 +814,7 @@ func (s *testServer) ddiLinks(t *testing.T, auth, root string) map[string]string
 	var base struct {
 		Links map[string]struct{ Href string } `json:"_links"`
 	}
-	s.ddiAs(t, auth, "GET", root, nil).want(t, 200).decode(t, &base)
+	s.ddiAs(t, auth, "GET", root, nil).Want(t, 200).Decode(t, &base)
 	out := map[string]string{}
 	for k, l := range base.Links {
 		out[k] = strings.TrimPrefix(l.Href, s.URL)
@@ -827,19 +827,19 @@ func (s *testServer) ddiLinks(t *testing.T, auth, root string) map[string]string
 func TestDDISettings(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
-		beta := s.newTenant(t, "beta")
+		admin := s.Admin()
+		beta := s.NewTenant(t, "beta")
 		var set struct {
 			RequireConfirmation bool `json:"require_confirmation"`
 			GatewayRegistration bool `json:"gateway_registration"`
 		}
 		path := "/api/v1/tenants/default/ddi"
-		s.do(t, admin, "GET", path, nil).want(t, 200).decode(t, &set)
+		s.Do(t, admin, "GET", path, nil).Want(t, 200).Decode(t, &set)
 		if set.RequireConfirmation || set.GatewayRegistration {
 			t.Fatalf("a new tenant's settings: %+v, want both off", set)
 		}
-		operator := s.newKey(t, admin, "ops", "operator")
-		s.do(t, operator, "PUT", path, map[string]any{"require_confirmation": true, "gateway_registration": true}).want(t, 403)
+		operator := s.NewKey(t, admin, "ops", "operator")
+		s.Do(t, operator, "PUT", path, map[string]any{"require_confirmation": true, "gateway_registration": true}).Want(t, 403)
 		for _, c := range []struct {
 			body  any
 			field string
@@ -848,17 +848,17 @@ func TestDDISettings(t *testing.T) {
 			{map[string]any{"require_confirmation": "yes", "gateway_registration": false}, "require_confirmation"},
 			{map[string]any{"require_confirmation": true, "gateway_registration": false, "extra": 1}, "extra"},
 		} {
-			r := s.do(t, admin, "PUT", path, c.body).want(t, 400)
+			r := s.Do(t, admin, "PUT", path, c.body).Want(t, 400)
 			if !strings.Contains(string(r.Body), c.field) {
 				t.Errorf("%v: %s does not name %s", c.body, r.Body, c.field)
 			}
 		}
-		s.do(t, admin, "GET", path, nil).want(t, 200).decode(t, &set)
+		s.Do(t, admin, "GET", path, nil).Want(t, 200).Decode(t, &set)
 		if set.RequireConfirmation || set.GatewayRegistration {
 			t.Fatalf("a refused change changed the settings: %+v", set)
 		}
-		s.send(t, req{method: "PUT", path: path, creds: admin, body: map[string]any{"require_confirmation": true, "gateway_registration": false},
-			header: http.Header{"Prefer": {"return=representation"}}}).want(t, 200).decode(t, &set)
+		s.Send(t, req{Method: "PUT", Path: path, Creds: admin, Body: map[string]any{"require_confirmation": true, "gateway_registration": false},
+			Header: http.Header{"Prefer": {"return=representation"}}}).Want(t, 200).Decode(t, &set)
 		if !set.RequireConfirmation || set.GatewayRegistration {
 			t.Fatalf("after the change: %+v", set)
 		}
@@ -869,17 +869,17 @@ func TestDDISettings(t *testing.T) {
 				Details map[string]any
 			} `json:"audit_logs"`
 		}
-		s.do(t, admin, "GET", "/api/v1/audit-logs?action=tenant.ddi", nil).want(t, 200).decode(t, &logs)
+		s.Do(t, admin, "GET", "/api/v1/audit-logs?action=tenant.ddi", nil).Want(t, 200).Decode(t, &logs)
 		if len(logs.AuditLogs) != 1 || logs.AuditLogs[0].Target != "tenants/default/ddi" || logs.AuditLogs[0].Details["require_confirmation"] != true {
 			t.Fatalf("audit: %+v", logs.AuditLogs)
 		}
 		// Another tenant's settings are its own, and not reachable.
-		s.do(t, beta, "GET", "/api/v1/tenants/beta/ddi", nil).want(t, 200).decode(t, &set)
+		s.Do(t, beta, "GET", "/api/v1/tenants/beta/ddi", nil).Want(t, 200).Decode(t, &set)
 		if set.RequireConfirmation {
 			t.Fatalf("beta's settings follow default's: %+v", set)
 		}
-		s.do(t, beta, "PUT", path, map[string]any{"require_confirmation": false, "gateway_registration": false}).want(t, 404)
-		s.do(t, admin, "GET", path, nil).want(t, 200).decode(t, &set)
+		s.Do(t, beta, "PUT", path, map[string]any{"require_confirmation": false, "gateway_registration": false}).Want(t, 404)
+		s.Do(t, admin, "GET", path, nil).Want(t, 200).Decode(t, &set)
 		if !set.RequireConfirmation {
 			t.Fatal("beta changed default's settings")
 		}
@@ -894,7 +894,7 @@ func TestDDISettings(t *testing.T) {
 func TestDDIConfirmation(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		dev := s.mustDevice(t, admin, "ecu-1", nil)
 		other := s.mustDevice(t, admin, "ecu-2", nil)
 		target, root := "TargetToken "+dev.Token, "/default/controller/v1/ecu-1"
@@ -913,17 +913,17 @@ func TestDDIConfirmation(t *testing.T) {
 			if links["confirmationBase"] != confirmation || links["deploymentBase"] != "" {
 				t.Fatalf("root's links: %v; want confirmationBase/%d only", links, id)
 			}
-			r := s.ddiAs(t, target, "GET", deployment, nil).want(t, 404)
+			r := s.ddiAs(t, target, "GET", deployment, nil).Want(t, 404)
 			if !strings.Contains(string(r.Body), "confirm") {
 				t.Errorf("deploymentBase of a waiting update: %s; it should say it waits for a confirmation", r.Body)
 			}
 			s.ddiAs(t, target, "POST", deployment+"/feedback", map[string]any{"status": map[string]any{
-				"execution": "closed", "result": map[string]any{"finished": "success"}}}).want(t, 404)
+				"execution": "closed", "result": map[string]any{"finished": "success"}}}).Want(t, 404)
 			var base struct {
 				AutoConfirm map[string]any                   `json:"autoConfirm"`
 				Links       map[string]struct{ Href string } `json:"_links"`
 			}
-			s.ddiAs(t, target, "GET", root+"/confirmationBase", nil).want(t, 200).decode(t, &base)
+			s.ddiAs(t, target, "GET", root+"/confirmationBase", nil).Want(t, 200).Decode(t, &base)
 			if fmt.Sprint(base.AutoConfirm) != "map[active:false]" || keys(toAny(base.Links)) != "activateAutoConfirm confirmationBase" ||
 				base.Links["confirmationBase"].Href != s.URL+confirmation {
 				t.Fatalf("confirmationBase: %+v", base)
@@ -933,7 +933,7 @@ func TestDDIConfirmation(t *testing.T) {
 				Confirmation  map[string]any
 				ActionHistory struct{ Status string } `json:"actionHistory"`
 			}
-			s.ddiAs(t, target, "GET", confirmation+"?actionHistory=1", nil).want(t, 200).decode(t, &action)
+			s.ddiAs(t, target, "GET", confirmation+"?actionHistory=1", nil).Want(t, 200).Decode(t, &action)
 			chunks, _ := action.Confirmation["chunks"].([]any)
 			if action.ID != fmt.Sprint(id) || len(chunks) != 1 || action.ActionHistory.Status != "WAIT_FOR_CONFIRMATION" {
 				t.Fatalf("confirmationBase/%d: %+v", id, action)
@@ -953,15 +953,15 @@ func TestDDIConfirmation(t *testing.T) {
 				{map[string]any{"confirmation": "confirmed", "code": "x"}, "code"},
 				{map[string]any{"confirmation": "confirmed", "details": "x"}, "details"},
 			} {
-				r := s.ddiAs(t, target, "POST", confirmation+"/feedback", c.body).want(t, 400)
+				r := s.ddiAs(t, target, "POST", confirmation+"/feedback", c.body).Want(t, 400)
 				if !strings.Contains(string(r.Body), c.field) {
 					t.Errorf("%v: %s does not name %s", c.body, r.Body, c.field)
 				}
 			}
 			// Another device confirms nothing of ecu-1's.
-			s.ddiAs(t, "TargetToken "+other.Token, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).want(t, 401)
+			s.ddiAs(t, "TargetToken "+other.Token, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).Want(t, 401)
 			s.ddiAs(t, "TargetToken "+other.Token, "POST", fmt.Sprintf("/default/controller/v1/ecu-2/confirmationBase/%d/feedback", id),
-				map[string]any{"confirmation": "confirmed"}).want(t, 404)
+				map[string]any{"confirmation": "confirmed"}).Want(t, 404)
 			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" || da.Status != "Queued" {
 				t.Fatalf("refused feedback changed the update: %+v", da)
 			}
@@ -970,46 +970,46 @@ func TestDDIConfirmation(t *testing.T) {
 		t.Run("DeniedThenConfirmed", func(t *testing.T) {
 			// Unknown fields are ignored, as upstream does.
 			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "denied", "code": 12,
-				"details": []string{"the user said later"}, "timestamp": 1}).want(t, 200)
+				"details": []string{"the user said later"}, "timestamp": 1}).Want(t, 200)
 			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" || da.Status != "ConfirmationDenied" {
 				t.Fatalf("after denied: %+v", da)
 			}
 			if links := s.ddiLinks(t, target, root); links["confirmationBase"] != confirmation {
 				t.Fatalf("a denied update no longer waits: %v", links)
 			}
-			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).want(t, 200)
+			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).Want(t, 200)
 			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" || da.Status != "Confirmed" {
 				t.Fatalf("after confirmed: %+v", da)
 			}
 			if links := s.ddiLinks(t, target, root); links["deploymentBase"] != deployment || links["confirmationBase"] != "" {
 				t.Fatalf("root after the confirmation: %v", links)
 			}
-			s.ddiAs(t, target, "GET", confirmation, nil).want(t, 404)
-			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).want(t, 404)
-			s.ddiAs(t, target, "GET", deployment, nil).want(t, 200)
+			s.ddiAs(t, target, "GET", confirmation, nil).Want(t, 404)
+			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).Want(t, 404)
+			s.ddiAs(t, target, "GET", deployment, nil).Want(t, 200)
 			s.awaitActionStatus(t, admin, "ecu-1", id, "Initiated")
 			s.ddiAs(t, target, "POST", deployment+"/feedback", map[string]any{"status": map[string]any{
-				"execution": "closed", "result": map[string]any{"finished": "success"}}}).want(t, 200)
-			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "denied"}).want(t, 410)
+				"execution": "closed", "result": map[string]any{"finished": "success"}}}).Want(t, 200)
+			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "denied"}).Want(t, 410)
 		})
 
 		t.Run("CancelWhileWaiting", func(t *testing.T) {
 			id := update()
-			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).want(t, 204)
+			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).Want(t, 204)
 			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Cancelled" {
 				t.Fatalf("a cancelled waiting update: %+v", da)
 			}
 			if links := s.ddiLinks(t, target, root); links["confirmationBase"] != "" || links["cancelAction"] != "" {
 				t.Fatalf("root after the cancel of an update the device never had: %v", links)
 			}
-			s.ddiAs(t, target, "GET", fmt.Sprintf("%s/confirmationBase/%d", root, id), nil).want(t, 410)
+			s.ddiAs(t, target, "GET", fmt.Sprintf("%s/confirmationBase/%d", root, id), nil).Want(t, 410)
 		})
 
 		t.Run("AutoConfirm", func(t *testing.T) {
-			s.ddiAs(t, target, "POST", root+"/confirmationBase/activateAutoConfirm", map[string]any{"initiator": "ops", "remark": "night\x00"}).want(t, 400)
-			s.ddiAs(t, target, "POST", root+"/confirmationBase/activateAutoConfirm", map[string]any{"initiator": strings.Repeat("x", 1025)}).want(t, 400)
-			s.ddiAs(t, target, "POST", root+"/confirmationBase/activateAutoConfirm", map[string]any{"initiator": "ops", "remark": "night shift"}).want(t, 200)
-			s.ddiAs(t, target, "POST", root+"/confirmationBase/activateAutoConfirm", nil).want(t, 409)
+			s.ddiAs(t, target, "POST", root+"/confirmationBase/activateAutoConfirm", map[string]any{"initiator": "ops", "remark": "night\x00"}).Want(t, 400)
+			s.ddiAs(t, target, "POST", root+"/confirmationBase/activateAutoConfirm", map[string]any{"initiator": strings.Repeat("x", 1025)}).Want(t, 400)
+			s.ddiAs(t, target, "POST", root+"/confirmationBase/activateAutoConfirm", map[string]any{"initiator": "ops", "remark": "night shift"}).Want(t, 200)
+			s.ddiAs(t, target, "POST", root+"/confirmationBase/activateAutoConfirm", nil).Want(t, 409)
 			var base struct {
 				AutoConfirm struct {
 					Active      bool
@@ -1019,12 +1019,12 @@ func TestDDIConfirmation(t *testing.T) {
 				} `json:"autoConfirm"`
 				Links map[string]any `json:"_links"`
 			}
-			s.ddiAs(t, target, "GET", root+"/confirmationBase", nil).want(t, 200).decode(t, &base)
+			s.ddiAs(t, target, "GET", root+"/confirmationBase", nil).Want(t, 200).Decode(t, &base)
 			if a := base.AutoConfirm; !a.Active || a.Initiator != "ops" || a.Remark != "night shift" || a.ActivatedAt == 0 || keys(base.Links) != "deactivateAutoConfirm" {
 				t.Fatalf("confirmationBase with autoConfirm: %+v", base)
 			}
 			// ecu-2 has its own: its updates still wait.
-			s.ddiAs(t, "TargetToken "+other.Token, "GET", "/default/controller/v1/ecu-2/confirmationBase", nil).want(t, 200).decode(t, &base)
+			s.ddiAs(t, "TargetToken "+other.Token, "GET", "/default/controller/v1/ecu-2/confirmationBase", nil).Want(t, 200).Decode(t, &base)
 			if base.AutoConfirm.Active {
 				t.Fatal("ecu-1's automatic confirmation is ecu-2's")
 			}
@@ -1032,8 +1032,8 @@ func TestDDIConfirmation(t *testing.T) {
 			if links := s.ddiLinks(t, target, root); links["deploymentBase"] != fmt.Sprintf("%s/deploymentBase/%d", root, id) {
 				t.Fatalf("an update with autoConfirm active: %v", links)
 			}
-			s.ddiAs(t, target, "POST", root+"/confirmationBase/deactivateAutoConfirm", nil).want(t, 200)
-			s.ddiAs(t, target, "POST", root+"/confirmationBase/deactivateAutoConfirm", nil).want(t, 200)
+			s.ddiAs(t, target, "POST", root+"/confirmationBase/deactivateAutoConfirm", nil).Want(t, 200)
+			s.ddiAs(t, target, "POST", root+"/confirmationBase/deactivateAutoConfirm", nil).Want(t, 200)
 			if links := s.ddiLinks(t, target, root); links["confirmationBase"] != fmt.Sprintf("%s/confirmationBase/%d", root, id) {
 				t.Fatalf("after deactivateAutoConfirm: %v", links)
 			}
@@ -1063,7 +1063,7 @@ func TestDDIConfirmation(t *testing.T) {
 				t.Fatalf("root with the setting off: %v", links)
 			}
 			id := strings.TrimPrefix(links["deploymentBase"], root+"/deploymentBase/")
-			r := s.ddiAs(t, target, "POST", root+"/confirmationBase/"+id+"/feedback", map[string]any{"confirmation": "confirmed"}).want(t, 404)
+			r := s.ddiAs(t, target, "POST", root+"/confirmationBase/"+id+"/feedback", map[string]any{"confirmation": "confirmed"}).Want(t, 404)
 			if !strings.Contains(string(r.Body), "does not require") {
 				t.Errorf("confirmation in a tenant without the setting: %s", r.Body)
 			}
@@ -1086,15 +1086,15 @@ func toAny[V any](m map[string]V) any {
 func TestDDIGatewayRegistration(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, "--ddi-registration-rate-burst", "3", "--ddi-registration-rate-limit", "0.001")
-		admin := s.admin()
-		beta := s.newTenant(t, "beta")
-		gateway := "GatewayToken " + s.newKey(t, admin, "gateway", "device").Key
-		betaGateway := "GatewayToken " + s.newKey(t, beta, "gateway", "device").Key
+		admin := s.Admin()
+		beta := s.NewTenant(t, "beta")
+		gateway := "GatewayToken " + s.NewKey(t, admin, "gateway", "device").Key
+		betaGateway := "GatewayToken " + s.NewKey(t, beta, "gateway", "device").Key
 		exists := func(c creds, id string) bool {
-			return s.do(t, c, "GET", "/api/v1/devices/"+id, nil).Status == 200
+			return s.Do(t, c, "GET", "/api/v1/devices/"+id, nil).Status == 200
 		}
 		registered := func(outcome string) string {
-			r := s.do(t, creds{}, "GET", "/metrics", nil).want(t, 200)
+			r := s.Do(t, creds{}, "GET", "/metrics", nil).Want(t, 200)
 			for _, line := range strings.Split(string(r.Body), "\n") {
 				if v, ok := strings.CutPrefix(line, `fleetd_ddi_gateway_registrations_total{outcome="`+outcome+`"} `); ok {
 					return v
@@ -1103,23 +1103,23 @@ func TestDDIGatewayRegistration(t *testing.T) {
 			return "0"
 		}
 
-		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-1", nil).want(t, 404)
+		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-1", nil).Want(t, 404)
 		if exists(admin, "gw-1") {
 			t.Fatal("a poll registered a device with the setting off")
 		}
 		ddiSettings(t, s, admin, false, true)
 
 		// Only a gateway registers, only on the root, only in its tenant.
-		s.ddiAs(t, "TargetToken fdt_nothing", "GET", "/default/controller/v1/gw-1", nil).want(t, 401)
-		s.ddiAs(t, "GatewayToken "+s.newKey(t, admin, "watcher", "viewer").Key, "GET", "/default/controller/v1/gw-1", nil).want(t, 403)
-		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-1/confirmationBase", nil).want(t, 404)
-		s.ddiAs(t, gateway, "PUT", "/default/controller/v1/gw-1/configData", map[string]any{"data": map[string]any{"a": "b"}}).want(t, 404)
-		s.ddiAs(t, gateway, "GET", "/beta/controller/v1/gw-1", nil).want(t, 401)
-		s.ddiAs(t, betaGateway, "GET", "/beta/controller/v1/gw-1", nil).want(t, 404)
+		s.ddiAs(t, "TargetToken fdt_nothing", "GET", "/default/controller/v1/gw-1", nil).Want(t, 401)
+		s.ddiAs(t, "GatewayToken "+s.NewKey(t, admin, "watcher", "viewer").Key, "GET", "/default/controller/v1/gw-1", nil).Want(t, 403)
+		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-1/confirmationBase", nil).Want(t, 404)
+		s.ddiAs(t, gateway, "PUT", "/default/controller/v1/gw-1/configData", map[string]any{"data": map[string]any{"a": "b"}}).Want(t, 404)
+		s.ddiAs(t, gateway, "GET", "/beta/controller/v1/gw-1", nil).Want(t, 401)
+		s.ddiAs(t, betaGateway, "GET", "/beta/controller/v1/gw-1", nil).Want(t, 404)
 		if exists(admin, "gw-1") || exists(beta, "gw-1") {
 			t.Fatal("a refused poll registered a device")
 		}
-		r := s.ddiAs(t, gateway, "GET", "/default/controller/v1/a*b", nil).want(t, 400)
+		r := s.ddiAs(t, gateway, "GET", "/default/controller/v1/a*b", nil).Want(t, 400)
 		if !strings.Contains(string(r.Body), "controllerId") {
 			t.Errorf("an invalid controllerId: %s", r.Body)
 		}
@@ -1131,28 +1131,28 @@ func TestDDIGatewayRegistration(t *testing.T) {
 		if exists(beta, "gw-1") {
 			t.Fatal("default's gateway registered a device in beta")
 		}
-		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-1", nil).want(t, 200)
+		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-1", nil).Want(t, 200)
 		var logs struct {
 			AuditLogs []struct{ Actor, Target string } `json:"audit_logs"`
 		}
-		s.do(t, admin, "GET", "/api/v1/audit-logs?action=device.create", nil).want(t, 200).decode(t, &logs)
+		s.Do(t, admin, "GET", "/api/v1/audit-logs?action=device.create", nil).Want(t, 200).Decode(t, &logs)
 		if len(logs.AuditLogs) != 1 || logs.AuditLogs[0].Actor != "gateway" || logs.AuditLogs[0].Target != "devices/gw-1" {
 			t.Fatalf("audit: %+v; want one device.create by the gateway's key", logs.AuditLogs)
 		}
 
 		// The bound: bursts of 3 here, then one a second per tenant.
-		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-2", nil).want(t, 200)
-		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-3", nil).want(t, 200)
-		r = s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-4", nil).want(t, 429)
+		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-2", nil).Want(t, 200)
+		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-3", nil).Want(t, 200)
+		r = s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-4", nil).Want(t, 429)
 		if r.Header.Get("Retry-After") == "" || exists(admin, "gw-4") {
 			t.Fatalf("beyond the burst: Retry-After %q, device made %v", r.Header.Get("Retry-After"), exists(admin, "gw-4"))
 		}
-		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-1", nil).want(t, 200) // known devices poll on
+		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-1", nil).Want(t, 200) // known devices poll on
 		if c, l := registered("created"), registered("rate_limited"); c != "3" || l != "1" {
 			t.Fatalf("metrics: created %s, rate_limited %s; want 3 and 1", c, l)
 		}
 		// beta's bucket is its own.
 		ddiSettings(t, s, beta, false, true)
-		s.ddiAs(t, betaGateway, "GET", "/beta/controller/v1/gw-1", nil).want(t, 200)
+		s.ddiAs(t, betaGateway, "GET", "/beta/controller/v1/gw-1", nil).Want(t, 200)
 	})
 }

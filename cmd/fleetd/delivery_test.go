@@ -27,7 +27,7 @@ import (
 func TestDeviceChannelDelivery(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 
 		t.Run("window of one", func(t *testing.T) {
 			dev := s.mustDevice(t, admin, "narrow", nil)

@@ -24,22 +24,22 @@ type device struct {
 func (s *testServer) mustDevice(t *testing.T, c creds, id string, meta map[string]string) device {
 	t.Helper()
 	var d device
-	s.do(t, c, "POST", "/api/v1/devices", map[string]any{"id": id, "metadata": meta}).want(t, 201).decode(t, &d)
+	s.Do(t, c, "POST", "/api/v1/devices", map[string]any{"id": id, "metadata": meta}).Want(t, 201).Decode(t, &d)
 	return d
 }
 
 func TestDevicesEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 
 		t.Run("ProvisionAndList", func(t *testing.T) {
-			r := s.do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "pump-1", "metadata": map[string]string{"site": "Berlin"}}).want(t, 201)
+			r := s.Do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "pump-1", "metadata": map[string]string{"site": "Berlin"}}).Want(t, 201)
 			if loc := r.Header.Get("Location"); !strings.HasSuffix(loc, "/api/v1/devices/pump-1") {
 				t.Fatalf("Location = %q", loc)
 			}
 			var d device
-			r.decode(t, &d)
+			r.Decode(t, &d)
 			if d.ID != "pump-1" || !strings.HasPrefix(d.Token, "fdt_") || d.Metadata["site"] != "Berlin" || len(d.CreatedAt) != len("2026-11-21T10:00:00.123Z") {
 				t.Fatalf("created = %+v", d)
 			}
@@ -47,21 +47,21 @@ func TestDevicesEndToEnd(t *testing.T) {
 				Devices []device
 				Count   int
 			}
-			s.do(t, admin, "GET", "/api/v1/devices", nil).want(t, 200).decode(t, &list)
+			s.Do(t, admin, "GET", "/api/v1/devices", nil).Want(t, 200).Decode(t, &list)
 			if list.Count != 1 || list.Devices[0].ID != "pump-1" || list.Devices[0].Token != "" {
 				t.Fatalf("list = %+v", list)
 			}
-			if strings.Contains(string(s.do(t, admin, "GET", "/api/v1/devices/pump-1", nil).want(t, 200).Body), "token") {
+			if strings.Contains(string(s.Do(t, admin, "GET", "/api/v1/devices/pump-1", nil).Want(t, 200).Body), "token") {
 				t.Fatal("a device read shows its token")
 			}
 		})
 		t.Run("GeneratedID", func(t *testing.T) {
 			var d device
-			s.do(t, admin, "POST", "/api/v1/devices", map[string]any{}).want(t, 201).decode(t, &d)
+			s.Do(t, admin, "POST", "/api/v1/devices", map[string]any{}).Want(t, 201).Decode(t, &d)
 			if d.ID == "" || d.Token == "" {
 				t.Fatalf("created = %+v", d)
 			}
-			s.do(t, admin, "DELETE", "/api/v1/devices/"+d.ID, nil).want(t, 204)
+			s.Do(t, admin, "DELETE", "/api/v1/devices/"+d.ID, nil).Want(t, 204)
 		})
 		t.Run("Bulk", func(t *testing.T) {
 			var devs []map[string]any
@@ -69,25 +69,25 @@ func TestDevicesEndToEnd(t *testing.T) {
 				devs = append(devs, map[string]any{"id": fmt.Sprint("bulk-", i), "metadata": map[string]string{"batch": "b1"}})
 			}
 			var out struct{ Devices []struct{ ID, Token string } }
-			s.do(t, admin, "POST", "/api/v1/devices/bulk", map[string]any{"devices": devs}).want(t, 201).decode(t, &out)
+			s.Do(t, admin, "POST", "/api/v1/devices/bulk", map[string]any{"devices": devs}).Want(t, 201).Decode(t, &out)
 			if len(out.Devices) != 500 || out.Devices[499].ID != "bulk-499" || out.Devices[0].Token == "" {
 				t.Fatalf("bulk answer has %d devices", len(out.Devices))
 			}
 			var list struct{ Count int }
-			s.do(t, admin, "GET", "/api/v1/devices?metadata.batch=b1&limit=1", nil).want(t, 200).decode(t, &list)
+			s.Do(t, admin, "GET", "/api/v1/devices?metadata.batch=b1&limit=1", nil).Want(t, 200).Decode(t, &list)
 			if list.Count != 500 {
 				t.Fatalf("count = %d, want 500", list.Count)
 			}
 			// A conflict anywhere rejects the whole batch.
-			r := s.do(t, admin, "POST", "/api/v1/devices/bulk", map[string]any{"devices": []any{map[string]any{"id": "fresh"}, map[string]any{"id": "bulk-7"}}}).want(t, 409)
+			r := s.Do(t, admin, "POST", "/api/v1/devices/bulk", map[string]any{"devices": []any{map[string]any{"id": "fresh"}, map[string]any{"id": "bulk-7"}}}).Want(t, 409)
 			if !strings.Contains(string(r.Body), "bulk-7") {
 				t.Fatalf("conflict does not name bulk-7: %s", r.Body)
 			}
-			s.do(t, admin, "GET", "/api/v1/devices/fresh", nil).want(t, 404)
+			s.Do(t, admin, "GET", "/api/v1/devices/fresh", nil).Want(t, 404)
 			// Problems in elements are named by index.
-			r = s.do(t, admin, "POST", "/api/v1/devices/bulk", map[string]any{"devices": []any{map[string]any{"id": "ok"}, map[string]any{"id": "bad id"}, "x", map[string]any{"idd": 1}}}).want(t, 400)
+			r = s.Do(t, admin, "POST", "/api/v1/devices/bulk", map[string]any{"devices": []any{map[string]any{"id": "ok"}, map[string]any{"id": "bad id"}, "x", map[string]any{"idd": 1}}}).Want(t, 400)
 			var e struct{ Fields map[string]string }
-			r.decode(t, &e)
+			r.Decode(t, &e)
 			for _, f := range []string{"devices[1].id", "devices[2]", "devices[3].idd"} {
 				if e.Fields[f] == "" {
 					t.Errorf("no problem reported for %s: %v", f, e.Fields)
@@ -96,15 +96,15 @@ func TestDevicesEndToEnd(t *testing.T) {
 		})
 		t.Run("PatchMerges", func(t *testing.T) {
 			s.mustDevice(t, admin, "patch-1", map[string]string{"a": "1", "b": "2"})
-			s.do(t, admin, "PATCH", "/api/v1/devices/patch-1", map[string]any{"metadata": map[string]any{"a": "9", "b": nil, "c": "3"}}).want(t, 204)
+			s.Do(t, admin, "PATCH", "/api/v1/devices/patch-1", map[string]any{"metadata": map[string]any{"a": "9", "b": nil, "c": "3"}}).Want(t, 204)
 			var d device
-			s.do(t, admin, "GET", "/api/v1/devices/patch-1", nil).want(t, 200).decode(t, &d)
+			s.Do(t, admin, "GET", "/api/v1/devices/patch-1", nil).Want(t, 200).Decode(t, &d)
 			if fmt.Sprint(d.Metadata) != "map[a:9 c:3]" {
 				t.Fatalf("metadata = %v", d.Metadata)
 			}
-			r := s.send(t, req{method: "PATCH", path: "/api/v1/devices/patch-1", creds: admin, body: map[string]any{"metadata": map[string]any{"d": "4"}},
-				header: http.Header{"Prefer": {"return=representation"}}}).want(t, 200)
-			r.decode(t, &d)
+			r := s.Send(t, req{Method: "PATCH", Path: "/api/v1/devices/patch-1", Creds: admin, Body: map[string]any{"metadata": map[string]any{"d": "4"}},
+				Header: http.Header{"Prefer": {"return=representation"}}}).Want(t, 200)
+			r.Decode(t, &d)
 			if d.Metadata["d"] != "4" || r.Header.Get("Preference-Applied") != "return=representation" {
 				t.Fatalf("representation = %+v, Preference-Applied %q", d, r.Header.Get("Preference-Applied"))
 			}
@@ -112,7 +112,7 @@ func TestDevicesEndToEnd(t *testing.T) {
 		t.Run("RotateToken", func(t *testing.T) {
 			d := s.mustDevice(t, admin, "rot-1", nil)
 			var tok struct{ Token string }
-			s.do(t, admin, "POST", "/api/v1/devices/rot-1/token", nil).want(t, 201).decode(t, &tok)
+			s.Do(t, admin, "POST", "/api/v1/devices/rot-1/token", nil).Want(t, 201).Decode(t, &tok)
 			if tok.Token == "" || tok.Token == d.Token {
 				t.Fatalf("new token %q", tok.Token)
 			}
@@ -125,40 +125,40 @@ func TestDevicesEndToEnd(t *testing.T) {
 				status int
 				field  string
 			}{
-				{"UnknownField", req{method: "POST", path: "/api/v1/devices", body: map[string]any{"id": "x", "color": "red"}}, 400, "color"},
-				{"IDNotString", req{method: "POST", path: "/api/v1/devices", body: map[string]any{"id": 7}}, 400, "id"},
-				{"IDTooLong", req{method: "POST", path: "/api/v1/devices", body: map[string]any{"id": long}}, 400, "id"},
-				{"IDBadChars", req{method: "POST", path: "/api/v1/devices", body: map[string]any{"id": "a/b"}}, 400, "id"},
-				{"MetadataNotString", req{method: "POST", path: "/api/v1/devices", body: map[string]any{"metadata": map[string]any{"n": 1}}}, 400, "metadata.n"},
-				{"MetadataValueTooLong", req{method: "POST", path: "/api/v1/devices", body: map[string]any{"metadata": map[string]any{"n": strings.Repeat("v", 1025)}}}, 400, "metadata"},
-				{"BodyNotObject", req{method: "POST", path: "/api/v1/devices", body: []int{1}}, 400, "body"},
-				{"DuplicateKey", req{method: "POST", path: "/api/v1/devices", raw: []byte(`{"id":"a","id":"b"}`), contentType: "application/json"}, 400, ""},
-				{"Malformed", req{method: "POST", path: "/api/v1/devices", raw: []byte(`{"id":`), contentType: "application/json"}, 400, ""},
-				{"Empty", req{method: "POST", path: "/api/v1/devices", raw: []byte{}, contentType: "application/json"}, 400, ""},
-				{"NoContentType", req{method: "POST", path: "/api/v1/devices", raw: []byte(`{}`)}, 415, ""},
-				{"WrongContentType", req{method: "POST", path: "/api/v1/devices", raw: []byte(`{}`), contentType: "text/plain"}, 415, ""},
-				{"CharsetIgnored", req{method: "POST", path: "/api/v1/devices", raw: []byte(`{"id":"cs-1"}`), contentType: "application/json; charset=utf-8"}, 201, ""},
-				{"TooLarge", req{method: "POST", path: "/api/v1/devices", raw: []byte(`{"id":"` + strings.Repeat("x", 1<<20) + `"}`), contentType: "application/json"}, 413, ""},
-				{"UnknownQuery", req{method: "GET", path: "/api/v1/devices?colour=red"}, 400, "colour"},
-				{"QueryWhereNoneIsRead", req{method: "POST", path: "/api/v1/devices?dry_run=1", body: map[string]any{"id": "dry"}}, 400, "dry_run"},
-				{"LimitTooLarge", req{method: "GET", path: "/api/v1/devices?limit=1001"}, 400, "limit"},
-				{"SearchNUL", req{method: "GET", path: "/api/v1/devices?search=ab%00cd"}, 400, "search"},
-				{"SearchNotUTF8", req{method: "GET", path: "/api/v1/devices?search=caf%E9"}, 400, "search"},
-				{"MetadataFilterNUL", req{method: "GET", path: "/api/v1/devices?metadata.site=%00"}, 400, "metadata"},
-				{"SearchSpecial", req{method: "GET", path: "/api/v1/devices?search=%22%27%25_%5C%2A%20OR%20x"}, 200, ""},
-				{"PageZero", req{method: "GET", path: "/api/v1/devices?page=0"}, 400, "page"},
-				{"PageRepeated", req{method: "GET", path: "/api/v1/devices?page=1&page=2"}, 400, "page"},
-				{"BadPathID", req{method: "GET", path: "/api/v1/devices/a%20b"}, 400, "id"},
-				{"PatchNoMetadata", req{method: "PATCH", path: "/api/v1/devices/pump-1", body: map[string]any{}}, 400, "metadata"},
-				{"PatchNumber", req{method: "PATCH", path: "/api/v1/devices/pump-1", body: map[string]any{"metadata": map[string]any{"x": 1}}}, 400, "metadata.x"},
-				{"BulkEmpty", req{method: "POST", path: "/api/v1/devices/bulk", body: map[string]any{"devices": []any{}}}, 400, "devices"},
-				{"UnknownDevice", req{method: "GET", path: "/api/v1/devices/nope"}, 404, ""},
-				{"NoRoute", req{method: "GET", path: "/api/v1/nothing"}, 404, ""},
-				{"WrongMethod", req{method: "PUT", path: "/api/v1/devices"}, 405, ""},
+				{"UnknownField", req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"id": "x", "color": "red"}}, 400, "color"},
+				{"IDNotString", req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"id": 7}}, 400, "id"},
+				{"IDTooLong", req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"id": long}}, 400, "id"},
+				{"IDBadChars", req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"id": "a/b"}}, 400, "id"},
+				{"MetadataNotString", req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"metadata": map[string]any{"n": 1}}}, 400, "metadata.n"},
+				{"MetadataValueTooLong", req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"metadata": map[string]any{"n": strings.Repeat("v", 1025)}}}, 400, "metadata"},
+				{"BodyNotObject", req{Method: "POST", Path: "/api/v1/devices", Body: []int{1}}, 400, "body"},
+				{"DuplicateKey", req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{"id":"a","id":"b"}`), ContentType: "application/json"}, 400, ""},
+				{"Malformed", req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{"id":`), ContentType: "application/json"}, 400, ""},
+				{"Empty", req{Method: "POST", Path: "/api/v1/devices", Raw: []byte{}, ContentType: "application/json"}, 400, ""},
+				{"NoContentType", req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{}`)}, 415, ""},
+				{"WrongContentType", req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{}`), ContentType: "text/plain"}, 415, ""},
+				{"CharsetIgnored", req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{"id":"cs-1"}`), ContentType: "application/json; charset=utf-8"}, 201, ""},
+				{"TooLarge", req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{"id":"` + strings.Repeat("x", 1<<20) + `"}`), ContentType: "application/json"}, 413, ""},
+				{"UnknownQuery", req{Method: "GET", Path: "/api/v1/devices?colour=red"}, 400, "colour"},
+				{"QueryWhereNoneIsRead", req{Method: "POST", Path: "/api/v1/devices?dry_run=1", Body: map[string]any{"id": "dry"}}, 400, "dry_run"},
+				{"LimitTooLarge", req{Method: "GET", Path: "/api/v1/devices?limit=1001"}, 400, "limit"},
+				{"SearchNUL", req{Method: "GET", Path: "/api/v1/devices?search=ab%00cd"}, 400, "search"},
+				{"SearchNotUTF8", req{Method: "GET", Path: "/api/v1/devices?search=caf%E9"}, 400, "search"},
+				{"MetadataFilterNUL", req{Method: "GET", Path: "/api/v1/devices?metadata.site=%00"}, 400, "metadata"},
+				{"SearchSpecial", req{Method: "GET", Path: "/api/v1/devices?search=%22%27%25_%5C%2A%20OR%20x"}, 200, ""},
+				{"PageZero", req{Method: "GET", Path: "/api/v1/devices?page=0"}, 400, "page"},
+				{"PageRepeated", req{Method: "GET", Path: "/api/v1/devices?page=1&page=2"}, 400, "page"},
+				{"BadPathID", req{Method: "GET", Path: "/api/v1/devices/a%20b"}, 400, "id"},
+				{"PatchNoMetadata", req{Method: "PATCH", Path: "/api/v1/devices/pump-1", Body: map[string]any{}}, 400, "metadata"},
+				{"PatchNumber", req{Method: "PATCH", Path: "/api/v1/devices/pump-1", Body: map[string]any{"metadata": map[string]any{"x": 1}}}, 400, "metadata.x"},
+				{"BulkEmpty", req{Method: "POST", Path: "/api/v1/devices/bulk", Body: map[string]any{"devices": []any{}}}, 400, "devices"},
+				{"UnknownDevice", req{Method: "GET", Path: "/api/v1/devices/nope"}, 404, ""},
+				{"NoRoute", req{Method: "GET", Path: "/api/v1/nothing"}, 404, ""},
+				{"WrongMethod", req{Method: "PUT", Path: "/api/v1/devices"}, 405, ""},
 			} {
 				t.Run(tc.name, func(t *testing.T) {
-					tc.rq.creds = admin
-					r := s.send(t, tc.rq).want(t, tc.status)
+					tc.rq.Creds = admin
+					r := s.Send(t, tc.rq).Want(t, tc.status)
 					if tc.status < 400 {
 						return
 					}
@@ -166,7 +166,7 @@ func TestDevicesEndToEnd(t *testing.T) {
 						Error, Message string
 						Fields         map[string]string
 					}
-					r.decode(t, &e)
+					r.Decode(t, &e)
 					if e.Error == "" || e.Message == "" {
 						t.Fatalf("error body = %s", r.Body)
 					}
@@ -184,8 +184,8 @@ func TestDevicesEndToEnd(t *testing.T) {
 func TestTenantIsolationDevices(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		a := s.admin()
-		bt := s.newTenant(t, "beta")
+		a := s.Admin()
+		bt := s.NewTenant(t, "beta")
 		s.mustDevice(t, a, "a-dev", map[string]string{"owner": "a"})
 
 		for _, tc := range []struct {
@@ -198,20 +198,20 @@ func TestTenantIsolationDevices(t *testing.T) {
 			{"POST", "/api/v1/devices/a-dev/token", nil},
 		} {
 			t.Run(tc.method+tc.path, func(t *testing.T) {
-				if code := s.do(t, bt, tc.method, tc.path, tc.body).want(t, 404).errorCode(t); code != "not_found" {
+				if code := s.Do(t, bt, tc.method, tc.path, tc.body).Want(t, 404).ErrorCode(t); code != "not_found" {
 					t.Fatalf("error = %q", code)
 				}
 			})
 		}
 		var list struct{ Count int }
-		s.do(t, bt, "GET", "/api/v1/devices?search=a-dev", nil).want(t, 200).decode(t, &list)
+		s.Do(t, bt, "GET", "/api/v1/devices?search=a-dev", nil).Want(t, 200).Decode(t, &list)
 		if list.Count != 0 {
 			t.Fatalf("beta lists %d of default's devices", list.Count)
 		}
 		// beta may use the same id for its own device.
 		s.mustDevice(t, bt, "a-dev", nil)
 		var d device
-		s.do(t, a, "GET", "/api/v1/devices/a-dev", nil).want(t, 200).decode(t, &d)
+		s.Do(t, a, "GET", "/api/v1/devices/a-dev", nil).Want(t, 200).Decode(t, &d)
 		if d.Metadata["owner"] != "a" {
 			t.Fatalf("default's device changed: %+v", d)
 		}
@@ -223,8 +223,8 @@ func TestTenantIsolationDevices(t *testing.T) {
 func TestAuthentication(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		a := s.admin()
-		beta := s.newTenant(t, "beta")
+		a := s.Admin()
+		beta := s.NewTenant(t, "beta")
 		for _, c := range []struct {
 			name  string
 			creds creds
@@ -232,13 +232,13 @@ func TestAuthentication(t *testing.T) {
 			{"NoHeaders", creds{}},
 			{"NoKey", creds{Tenant: "default"}},
 			{"NoTenant", creds{Key: a.Key}},
-			{"UnknownKey", creds{"default", "fk_unknown"}},
-			{"UnknownTenant", creds{"nobody", a.Key}},
-			{"OtherTenantsKey", creds{"default", beta.Key}},
+			{"UnknownKey", creds{Tenant: "default", Key: "fk_unknown"}},
+			{"UnknownTenant", creds{Tenant: "nobody", Key: a.Key}},
+			{"OtherTenantsKey", creds{Tenant: "default", Key: beta.Key}},
 		} {
 			t.Run(c.name, func(t *testing.T) {
-				r := s.do(t, c.creds, "GET", "/api/v1/devices", nil).want(t, 401)
-				if r.errorCode(t) != "unauthenticated" {
+				r := s.Do(t, c.creds, "GET", "/api/v1/devices", nil).Want(t, 401)
+				if r.ErrorCode(t) != "unauthenticated" {
 					t.Fatalf("body = %s", r.Body)
 				}
 			})
@@ -246,7 +246,7 @@ func TestAuthentication(t *testing.T) {
 
 		keys := map[string]creds{"admin": a}
 		for _, role := range []string{"viewer", "device", "operator"} {
-			keys[role] = s.newKey(t, a, role+"-key", role)
+			keys[role] = s.NewKey(t, a, role+"-key", role)
 		}
 		s.mustDevice(t, a, "d1", nil)
 		for _, tc := range []struct {
@@ -270,7 +270,7 @@ func TestAuthentication(t *testing.T) {
 					if m, ok := body.(map[string]any); ok && m["name"] != nil {
 						body = map[string]any{"name": fmt.Sprintf("k-%s", role), "role": "viewer"}
 					}
-					r := s.do(t, keys[role], tc.method, tc.path, body)
+					r := s.Do(t, keys[role], tc.method, tc.path, body)
 					allowed := false
 					for _, a := range tc.allowed {
 						allowed = allowed || a == role
@@ -278,7 +278,7 @@ func TestAuthentication(t *testing.T) {
 					if allowed && r.Status >= 400 {
 						t.Fatalf("%s may %s %s, got %d: %s", role, tc.method, tc.path, r.Status, r.Body)
 					}
-					if !allowed && (r.Status != 403 || r.errorCode(t) != "forbidden") {
+					if !allowed && (r.Status != 403 || r.ErrorCode(t) != "forbidden") {
 						t.Fatalf("%s may not %s %s, got %d: %s", role, tc.method, tc.path, r.Status, r.Body)
 					}
 				})
@@ -293,11 +293,11 @@ func TestAuthentication(t *testing.T) {
 func TestLastSeenFollowsEveryMessage(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, "--ddi-poll-interval", "1s")
-		admin := s.admin()
+		admin := s.Admin()
 		lastSeen := func(id string) time.Time {
 			t.Helper()
 			var d device
-			s.do(t, admin, "GET", "/api/v1/devices/"+id, nil).want(t, 200).decode(t, &d)
+			s.Do(t, admin, "GET", "/api/v1/devices/"+id, nil).Want(t, 200).Decode(t, &d)
 			if d.LastSeenAt == nil {
 				return time.Time{}
 			}

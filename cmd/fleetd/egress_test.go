@@ -15,15 +15,15 @@ import (
 func TestOutboundAllow(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, append(alertFlags, "--outbound-allow", "", "--notify-max-attempts", "1")...)
-		admin := s.admin()
-		viewer := s.newKey(t, admin, "watcher", "viewer")
+		admin := s.Admin()
+		viewer := s.NewKey(t, admin, "watcher", "viewer")
 		hook := newReceiver(t, 0)
 		s.mustDevice(t, admin, "pump-1", nil)
 		rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
 			"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
-		s.do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules",
-			map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL + "/alerts"}}).want(t, 201)
-		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC), 90)).want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules",
+			map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL + "/alerts"}}).Want(t, 201)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC), 90)).Want(t, 200)
 		alerts := s.alerts(t, admin, "?state=active")
 		if len(alerts) != 1 {
 			t.Fatalf("alerts %+v", alerts)
@@ -35,7 +35,7 @@ func TestOutboundAllow(t *testing.T) {
 			}
 		}
 		eventually(t, "the notification to die", func() bool {
-			s.do(t, viewer, "GET", "/api/v1/alerts/"+alerts[0].ID+"/notifications", nil).want(t, 200).decode(t, &ds)
+			s.Do(t, viewer, "GET", "/api/v1/alerts/"+alerts[0].ID+"/notifications", nil).Want(t, 200).Decode(t, &ds)
 			return len(ds.Notifications) == 1 && ds.Notifications[0].Status == "dead"
 		})
 		if a := ds.Notifications[0].Attempts; len(a) != 1 || !strings.Contains(a[0].Error, "loopback address") || !strings.Contains(a[0].Error, "--outbound-allow") {

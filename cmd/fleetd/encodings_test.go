@@ -143,33 +143,33 @@ func forget(x any) any {
 func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
 	device := func(id string) func(t *testing.T, s *testServer, v vars) {
 		return func(t *testing.T, s *testServer, v vars) {
-			s.mustDevice(t, s.admin(), v.fill(id), map[string]string{"a": "1", "b": "2"})
+			s.mustDevice(t, s.Admin(), v.fill(id), map[string]string{"a": "1", "b": "2"})
 			v["dev"] = v.fill(id)
 		}
 	}
 	dispatched := func(t *testing.T, s *testServer, v vars) {
 		device("st-{m}")(t, s, v)
-		v["action"] = fmt.Sprint(s.dispatch(t, s.admin(), map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{v["dev"]}}))
+		v["action"] = fmt.Sprint(s.dispatch(t, s.Admin(), map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{v["dev"]}}))
 	}
 	pending := func(t *testing.T, s *testServer, v vars) {
 		var b struct{ ID string }
 		v["ver"] = "2.0." + v["n"]
-		s.do(t, s.admin(), "POST", "/api/v1/firmware-bundles", map[string]any{"version": v["ver"], "file_name": "fw.tar.gz"}).want(t, 201).decode(t, &b)
+		s.Do(t, s.Admin(), "POST", "/api/v1/firmware-bundles", map[string]any{"version": v["ver"], "file_name": "fw.tar.gz"}).Want(t, 201).Decode(t, &b)
 		v["bundle"] = b.ID
 	}
 	component := func(t *testing.T, s *testServer, v vars) {
 		v["comp"] = "comp-" + v["m"]
-		s.mustUpload(t, s.admin(), makeBundle(t, "3.0."+v["n"], part{name: v["comp"], version: "1.0.0", body: "firmware"}))
+		s.mustUpload(t, s.Admin(), makeBundle(t, "3.0."+v["n"], part{name: v["comp"], version: "1.0.0", body: "firmware"}))
 	}
 	rule := func(t *testing.T, s *testServer, v vars) {
-		v["rule"] = s.mustAlertRule(t, s.admin(), map[string]any{"name": "r-" + v["c"] + "-" + v["m"], "stream": "temp",
+		v["rule"] = s.mustAlertRule(t, s.Admin(), map[string]any{"name": "r-" + v["c"] + "-" + v["m"], "stream": "temp",
 			"condition": map[string]any{"field": "t", "operator": ">", "value": 1}}).ID
 	}
 	notification := func(t *testing.T, s *testServer, v vars) {
 		rule(t, s, v)
 		// S3 answers with its Location alone, as a seed endpoint.
-		loc := s.do(t, s.admin(), "POST", "/api/v1/alert-rules/"+v["rule"]+"/alert-notification-rules", map[string]any{
-			"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/x"}}).want(t, 201).Header.Get("Location")
+		loc := s.Do(t, s.Admin(), "POST", "/api/v1/alert-rules/"+v["rule"]+"/alert-notification-rules", map[string]any{
+			"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/x"}}).Want(t, 201).Header.Get("Location")
 		v["notification"] = loc[strings.LastIndex(loc, "/")+1:]
 	}
 	dispatch := func(v vars) any {
@@ -179,16 +179,16 @@ func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
 	}
 	rollout := func(t *testing.T, s *testServer, v vars) {
 		device("ap-{m}")(t, s, v)
-		s.mustDevice(t, s.admin(), v.fill("ap2-{m}"), nil)
+		s.mustDevice(t, s.Admin(), v.fill("ap2-{m}"), nil)
 		v["dev2"] = v.fill("ap2-{m}")
-		v["action"] = fmt.Sprint(s.dispatch(t, s.admin(), map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{v["dev"]},
+		v["action"] = fmt.Sprint(s.dispatch(t, s.Admin(), map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{v["dev"]},
 			"schedule": map[string]any{"phases": []any{map[string]any{"name": "one", "trigger_on": map[string]any{"type": "manual"},
 				"info": map[string]any{"type": "fixed_list", "device_ids": []string{v["dev"]}}}}}}))
 	}
 	rolloutRule := func(t *testing.T, s *testServer, v vars) {
 		var r struct{ ID string }
-		s.do(t, s.admin(), "POST", "/api/v1/rollout-notification-rules", map[string]any{
-			"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/" + v["m"]}}).want(t, 201).decode(t, &r)
+		s.Do(t, s.Admin(), "POST", "/api/v1/rollout-notification-rules", map[string]any{
+			"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/" + v["m"]}}).Want(t, 201).Decode(t, &r)
 		v["rrule"] = r.ID
 	}
 	cases := []bodyCase{
@@ -210,7 +210,7 @@ func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
 		}, 201, "/api/v1/groups/grp-{m}"},
 		{"PUT /api/v1/groups/{name}", func(t *testing.T, s *testServer, v vars) {
 			v["grp"] = "put-" + v["m"]
-			s.do(t, s.admin(), "POST", "/api/v1/groups", map[string]any{"name": v["grp"], "selector": "a"}).want(t, 201)
+			s.Do(t, s.Admin(), "POST", "/api/v1/groups", map[string]any{"name": v["grp"], "selector": "a"}).Want(t, 201)
 		}, "/api/v1/groups/{grp}", func(v vars) any {
 			return map[string]any{"selector": "ring=canary", "description": "canaries"}
 		}, 204, "/api/v1/groups/{grp}"},
@@ -292,8 +292,8 @@ func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
 					if c.setup != nil {
 						c.setup(t, s, v)
 					}
-					r := s.send(t, req{method: strings.Fields(c.route)[0], path: v.fill(c.path), creds: s.admin(),
-						raw: enc.encode(t, c.body(v)), contentType: enc.contentType})
+					r := s.Send(t, req{Method: strings.Fields(c.route)[0], Path: v.fill(c.path), Creds: s.Admin(),
+						Raw: enc.encode(t, c.body(v)), ContentType: enc.contentType})
 					if r.Status != c.status {
 						t.Fatalf("%s: status %d, want %d: %s", enc.name, r.Status, c.status, r.Body)
 					}
@@ -302,9 +302,9 @@ func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
 					case "":
 					case "Location":
 						loc := r.Header.Get("Location")
-						stored = s.do(t, s.admin(), "GET", loc[strings.Index(loc, "/api/"):], nil).want(t, 200).Body
+						stored = s.Do(t, s.Admin(), "GET", loc[strings.Index(loc, "/api/"):], nil).Want(t, 200).Body
 					default:
-						stored = s.do(t, s.admin(), "GET", v.fill(c.read), nil).want(t, 200).Body
+						stored = s.Do(t, s.Admin(), "GET", v.fill(c.read), nil).Want(t, 200).Body
 					}
 					got := v.normalize(t, stored)
 					if n == 0 {

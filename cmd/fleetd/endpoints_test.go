@@ -66,8 +66,8 @@ func seed(t *testing.T, s *testServer, admin creds, mark, hookURL string, idp *i
 	}
 	w.action = s.dispatch(t, admin, map[string]any{"action": "reboot-" + mark, "params": map[string]any{"note": mark},
 		"metadata": map[string]any{"why": mark}, "search_type": "default", "device_ids": []string{w.device}})
-	s.do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": w.device, "action_id": w.action,
-		"state": "Running", "progress": 5, "errors": []string{"err-" + mark}}).want(t, 204)
+	s.Do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": w.device, "action_id": w.action,
+		"state": "Running", "progress": 5, "errors": []string{"err-" + mark}}).Want(t, 204)
 
 	w.bundleVersion = fmt.Sprintf("%d.2.3", major)
 	w.component, w.componentVersion = "app-"+strings.ToLower(admin.Tenant), w.bundleVersion
@@ -78,13 +78,13 @@ func seed(t *testing.T, s *testServer, admin creds, mark, hookURL string, idp *i
 		"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}, "metadata_filters": map[string]any{"owner": mark}})
 	w.ruleID = rule.ID
 	var nr struct{ ID string }
-	s.send(t, req{method: "POST", path: "/api/v1/alert-rules/" + rule.ID + "/alert-notification-rules", creds: admin,
-		header: http.Header{"Prefer": {"return=representation"}},
-		body: map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": hookURL + "/" + mark, "secret": "s-" + mark},
-			"notification_template": map[string]any{"subject": "subject " + mark}}}).want(t, 201).decode(t, &nr)
+	s.Send(t, req{Method: "POST", Path: "/api/v1/alert-rules/" + rule.ID + "/alert-notification-rules", Creds: admin,
+		Header: http.Header{"Prefer": {"return=representation"}},
+		Body: map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": hookURL + "/" + mark, "secret": "s-" + mark},
+			"notification_template": map[string]any{"subject": "subject " + mark}}}).Want(t, 201).Decode(t, &nr)
 	w.notificationID = nr.ID
-	s.do(t, admin, "POST", "/api/v1/devices/"+w.device+"/streams/"+w.stream,
-		[]map[string]any{{"timestamp": time.Now().UnixMilli(), "temp": 90, "label": mark}}).want(t, 200)
+	s.Do(t, admin, "POST", "/api/v1/devices/"+w.device+"/streams/"+w.stream,
+		[]map[string]any{{"timestamp": time.Now().UnixMilli(), "temp": 90, "label": mark}}).Want(t, 200)
 	eventually(t, admin.Tenant+"'s alert", func() bool {
 		if as := s.alerts(t, admin, "?rule_id="+rule.ID); len(as) > 0 {
 			w.alertID = as[0].ID
@@ -92,13 +92,13 @@ func seed(t *testing.T, s *testServer, admin creds, mark, hookURL string, idp *i
 		return w.alertID != ""
 	})
 	var rr struct{ ID string }
-	s.do(t, admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
+	s.Do(t, admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
 		"channel_parameters":    map[string]any{"type": "webhook", "url": hookURL + "/rollouts-" + mark, "secret": "s-" + mark},
-		"notification_template": map[string]any{"subject": "rollout " + mark}}).want(t, 201).decode(t, &rr)
+		"notification_template": map[string]any{"subject": "rollout " + mark}}).Want(t, 201).Decode(t, &rr)
 	w.rolloutRuleID = rr.ID
-	s.do(t, admin, "POST", "/api/v1/apikeys", map[string]any{"name": "k-" + mark, "role": "viewer", "user_email": "ops@" + strings.ToLower(mark) + ".example.com"}).want(t, 201)
+	s.Do(t, admin, "POST", "/api/v1/apikeys", map[string]any{"name": "k-" + mark, "role": "viewer", "user_email": "ops@" + strings.ToLower(mark) + ".example.com"}).Want(t, 201)
 	w.s9 = map[string]any{"method": "jwks", "jwks_url": idp.srv.URL, "issuer": "https://id.example.com", "audience": "fleetd", "default_role": "viewer"}
-	s.do(t, admin, "PUT", "/api/v1/tenants/"+admin.Tenant+"/auth", w.s9).want(t, 204)
+	s.Do(t, admin, "PUT", "/api/v1/tenants/"+admin.Tenant+"/auth", w.s9).Want(t, 204)
 	return w
 }
 
@@ -128,7 +128,7 @@ type endpoint struct {
 // groupOf makes a fresh group of w's tenant and returns its path.
 func groupOf(t *testing.T, s *testServer, w *world) (string, any) {
 	name := fresh(w.name + "-g")
-	s.do(t, w.admin, "POST", "/api/v1/groups", map[string]any{"name": name, "selector": "k=v"}).want(t, 201)
+	s.Do(t, w.admin, "POST", "/api/v1/groups", map[string]any{"name": name, "selector": "k=v"}).Want(t, 201)
 	return "/api/v1/groups/" + name, nil
 }
 
@@ -206,7 +206,7 @@ var endpoints = map[string]endpoint{
 	}},
 	"POST /api/v1/actions/{id}/retry": {perm: "operate", other: 404, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		id := s.dispatch(t, w.admin, map[string]any{"action": "r", "params": map[string]any{}, "search_type": "default", "device_ids": []string{w.device}})
-		s.do(t, w.admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": w.device, "action_id": id, "state": "Failed"}).want(t, 204)
+		s.Do(t, w.admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": w.device, "action_id": id, "state": "Failed"}).Want(t, 204)
 		return fmt.Sprintf("/api/v1/actions/%d/retry", id), map[string]any{"statuses": []string{"Failed"}}
 	}},
 	"POST /api/v1/actions/{id}/pause": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
@@ -214,7 +214,7 @@ var endpoints = map[string]endpoint{
 	}},
 	"POST /api/v1/actions/{id}/resume": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		id := rolloutOf(t, s, w)
-		s.do(t, w.admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil).want(t, 204)
+		s.Do(t, w.admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil).Want(t, 204)
 		return fmt.Sprintf("/api/v1/actions/%d/resume", id), nil
 	}},
 	"POST /api/v1/actions/{id}/abort": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
@@ -240,8 +240,8 @@ var endpoints = map[string]endpoint{
 	}},
 	"DELETE /api/v1/rollout-notification-rules/{id}": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		var rr struct{ ID string }
-		s.do(t, w.admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
-			"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/gone"}}).want(t, 201).decode(t, &rr)
+		s.Do(t, w.admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
+			"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/gone"}}).Want(t, 201).Decode(t, &rr)
 		return "/api/v1/rollout-notification-rules/" + rr.ID, nil
 	}},
 	"GET /api/v1/devices/{device_id}/actions": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
@@ -343,9 +343,9 @@ var endpoints = map[string]endpoint{
 	}},
 	"DELETE /api/v1/alert-rules/{alert_id}/alert-notification-rules/{notification_id}": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		var nr struct{ ID string }
-		s.send(t, req{method: "POST", path: "/api/v1/alert-rules/" + w.ruleID + "/alert-notification-rules", creds: w.admin,
-			header: http.Header{"Prefer": {"return=representation"}},
-			body:   map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/y"}}}).want(t, 201).decode(t, &nr)
+		s.Send(t, req{Method: "POST", Path: "/api/v1/alert-rules/" + w.ruleID + "/alert-notification-rules", Creds: w.admin,
+			Header: http.Header{"Prefer": {"return=representation"}},
+			Body:   map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/y"}}}).Want(t, 201).Decode(t, &nr)
 		return "/api/v1/alert-rules/" + w.ruleID + "/alert-notification-rules/" + nr.ID, nil
 	}},
 	"GET /api/v1/alerts":      {perm: "read", other: 200, prepare: static("/api/v1/alerts?state=active")},
@@ -360,7 +360,7 @@ var endpoints = map[string]endpoint{
 	"GET /api/v1/apikeys": {perm: "admin", other: 200, prepare: static("/api/v1/apikeys")},
 	"DELETE /api/v1/apikeys/{name}": {perm: "admin", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		name := fresh("gone-" + w.name)
-		s.do(t, w.admin, "POST", "/api/v1/apikeys", map[string]any{"name": name, "role": "viewer"}).want(t, 201)
+		s.Do(t, w.admin, "POST", "/api/v1/apikeys", map[string]any{"name": name, "role": "viewer"}).Want(t, 201)
 		return "/api/v1/apikeys/" + name, nil
 	}},
 	"PUT /api/v1/tenants/{tenant_id}/auth": {perm: "admin", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
@@ -433,12 +433,12 @@ var endpoints = map[string]endpoint{
 	}},
 	"GET /{tenant}/controller/v1/{controllerId}/softwaremodules/{moduleId}/artifacts": {perm: "ddi", other: 401, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		var b bundle
-		s.do(t, w.admin, "GET", "/api/v1/firmware-bundles/id/"+w.bundleID, nil).want(t, 200).decode(t, &b)
+		s.Do(t, w.admin, "GET", "/api/v1/firmware-bundles/id/"+w.bundleID, nil).Want(t, 200).Decode(t, &b)
 		return ddiRoot(w) + "/softwaremodules/" + b.Firmwares[0].ID + "/artifacts", nil
 	}},
 	"GET /{tenant}/controller/v1/{controllerId}/softwaremodules/{moduleId}/artifacts/{fileName}": {perm: "ddi", other: 401, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		var b bundle
-		s.do(t, w.admin, "GET", "/api/v1/firmware-bundles/id/"+w.bundleID, nil).want(t, 200).decode(t, &b)
+		s.Do(t, w.admin, "GET", "/api/v1/firmware-bundles/id/"+w.bundleID, nil).Want(t, 200).Decode(t, &b)
 		return ddiRoot(w) + "/softwaremodules/" + b.Firmwares[0].ID + "/artifacts/" + b.Firmwares[0].FileName, nil
 	}},
 }
@@ -451,9 +451,9 @@ func ddiRoot(w *world) string { return "/" + w.name + "/controller/v1/" + w.devi
 func ddiInstalled(t *testing.T, s *testServer, w *world) int64 {
 	t.Helper()
 	id := ddiUpdate(t, s, w)
-	s.send(t, req{method: "POST", path: fmt.Sprintf("%s/deploymentBase/%d/feedback", ddiRoot(w), id), creds: w.admin,
-		header: ddiHeader(endpoint{perm: "ddi"}, w.admin), body: map[string]any{"status": map[string]any{
-			"execution": "closed", "result": map[string]any{"finished": "success"}}}}).want(t, 200)
+	s.Send(t, req{Method: "POST", Path: fmt.Sprintf("%s/deploymentBase/%d/feedback", ddiRoot(w), id), Creds: w.admin,
+		Header: ddiHeader(endpoint{perm: "ddi"}, w.admin), Body: map[string]any{"status": map[string]any{
+			"execution": "closed", "result": map[string]any{"finished": "success"}}}}).Want(t, 200)
 	return id
 }
 
@@ -481,15 +481,15 @@ func ddiAwaiting(t *testing.T, s *testServer, w *world) int64 {
 // ddiAutoConfirmOff deactivates w's device's automatic confirmation.
 func ddiAutoConfirmOff(t *testing.T, s *testServer, w *world) {
 	t.Helper()
-	s.send(t, req{method: "POST", path: ddiRoot(w) + "/confirmationBase/deactivateAutoConfirm", creds: w.admin,
-		header: ddiHeader(endpoint{perm: "ddi"}, w.admin)}).want(t, 200)
+	s.Send(t, req{Method: "POST", Path: ddiRoot(w) + "/confirmationBase/deactivateAutoConfirm", Creds: w.admin,
+		Header: ddiHeader(endpoint{perm: "ddi"}, w.admin)}).Want(t, 200)
 }
 
 // ddiSettings sets the DDI settings of c's tenant.
 func ddiSettings(t *testing.T, s *testServer, c creds, requireConfirmation, gatewayRegistration bool) {
 	t.Helper()
-	s.do(t, c, "PUT", "/api/v1/tenants/"+c.Tenant+"/ddi", map[string]any{
-		"require_confirmation": requireConfirmation, "gateway_registration": gatewayRegistration}).want(t, 204)
+	s.Do(t, c, "PUT", "/api/v1/tenants/"+c.Tenant+"/ddi", map[string]any{
+		"require_confirmation": requireConfirmation, "gateway_registration": gatewayRegistration}).Want(t, 204)
 }
 
 // ddiCancelOf dispatches a cancel_action of a fresh update to w's device
@@ -499,15 +499,15 @@ func ddiCancelOf(t *testing.T, s *testServer, w *world) int64 {
 	update := ddiUpdate(t, s, w)
 	// The device has the update (it read its deployment), so the cancel
 	// waits for the device's answer on the cancelAction resource.
-	s.send(t, req{method: "GET", path: fmt.Sprintf("%s/deploymentBase/%d", ddiRoot(w), update), creds: w.admin,
-		header: ddiHeader(endpoint{perm: "ddi"}, w.admin)}).want(t, 200)
+	s.Send(t, req{Method: "GET", Path: fmt.Sprintf("%s/deploymentBase/%d", ddiRoot(w), update), Creds: w.admin,
+		Header: ddiHeader(endpoint{perm: "ddi"}, w.admin)}).Want(t, 200)
 	eventually(t, "the update's receipt", func() bool { // receipts are written in batches
 		var das struct {
 			DeviceActions []struct {
 				ActionStatus string `json:"action_status"`
 			} `json:"device_actions"`
 		}
-		s.do(t, w.admin, "GET", fmt.Sprintf("/api/v1/actions/%d/devices", update), nil).want(t, 200).decode(t, &das)
+		s.Do(t, w.admin, "GET", fmt.Sprintf("/api/v1/actions/%d/devices", update), nil).Want(t, 200).Decode(t, &das)
 		return len(das.DeviceActions) == 1 && das.DeviceActions[0].ActionStatus == "Initiated"
 	})
 	s.dispatch(t, w.admin, map[string]any{"action": "cancel_action", "params": map[string]any{"action_id": update},
@@ -541,9 +541,9 @@ func pendingBundle(t *testing.T, s *testServer, w *world, upload bool) (string, 
 	version := fmt.Sprintf("5.%d.0", uniq.Add(1))
 	archive := makeBundle(t, version, part{name: "p-" + w.name, version: version, body: "x"})
 	var b struct{ ID string }
-	s.do(t, w.admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": version, "file_name": "p.tar.gz"}).want(t, 201).decode(t, &b)
+	s.Do(t, w.admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": version, "file_name": "p.tar.gz"}).Want(t, 201).Decode(t, &b)
 	if upload {
-		s.putFile(t, w.admin, b.ID, archive).want(t, 200)
+		s.putFile(t, w.admin, b.ID, archive).Want(t, 200)
 	}
 	return b.ID, archive
 }
@@ -552,7 +552,7 @@ func pendingBundle(t *testing.T, s *testServer, w *world, upload bool) (string, 
 // sorted, with each one's success status.
 func operations(t *testing.T, s *testServer) ([]string, map[string]int, *openapi3.T) {
 	t.Helper()
-	doc := s.openAPIDocument(t)
+	doc := s.OpenAPIDocument(t)
 	var ops []string
 	ok := map[string]int{}
 	for path, item := range doc.Paths.Map() {

@@ -104,21 +104,21 @@ func multipartBody(t testing.TB, fileName string, data []byte) ([]byte, string) 
 func (s *testServer) upload(t *testing.T, c creds, data []byte) *response {
 	t.Helper()
 	body, ct := multipartBody(t, "bundle.tar.gz", data)
-	return s.send(t, req{method: "POST", path: "/api/v1/firmware-bundles", creds: c, raw: body, contentType: ct})
+	return s.Send(t, req{Method: "POST", Path: "/api/v1/firmware-bundles", Creds: c, Raw: body, ContentType: ct})
 }
 
 // mustUpload uploads an archive and returns the completed bundle.
 func (s *testServer) mustUpload(t *testing.T, c creds, data []byte) bundle {
 	t.Helper()
 	var b bundle
-	s.upload(t, c, data).want(t, 201).decode(t, &b)
+	s.upload(t, c, data).Want(t, 201).Decode(t, &b)
 	return b
 }
 
 // putFile sends the archive of a pending record.
 func (s *testServer) putFile(t *testing.T, c creds, id string, data []byte) *response {
 	t.Helper()
-	return s.send(t, req{method: "PUT", path: "/api/v1/firmware-bundles/id/" + id + "/file", creds: c, raw: data, contentType: "application/octet-stream"})
+	return s.Send(t, req{Method: "PUT", Path: "/api/v1/firmware-bundles/id/" + id + "/file", Creds: c, Raw: data, ContentType: "application/octet-stream"})
 }
 
 // get makes a raw request, not validated against the OpenAPI document:
@@ -192,24 +192,24 @@ func (s *testServer) dataFiles(t *testing.T) []string {
 func (s *testServer) bundleCount(t *testing.T, c creds) int {
 	t.Helper()
 	var list struct{ Count int }
-	s.do(t, c, "GET", "/api/v1/firmware-bundles", nil).want(t, 200).decode(t, &list)
+	s.Do(t, c, "GET", "/api/v1/firmware-bundles", nil).Want(t, 200).Decode(t, &list)
 	return list.Count
 }
 
 func wantError(t *testing.T, r *response, status int, field string, words ...string) {
 	t.Helper()
-	r.want(t, status)
+	r.Want(t, status)
 	var e struct {
 		Message string
 		Fields  map[string]string
 	}
-	r.decode(t, &e)
+	r.Decode(t, &e)
 	if field != "" && e.Fields[field] == "" {
-		t.Errorf("%s: error %s does not name field %s", r.req, r.Body, field)
+		t.Errorf("%s: error %s does not name field %s", r.Req, r.Body, field)
 	}
 	for _, w := range words {
 		if !strings.Contains(e.Message+fmt.Sprint(e.Fields), w) {
-			t.Errorf("%s: error %s does not mention %q", r.req, r.Body, w)
+			t.Errorf("%s: error %s does not mention %q", r.Req, r.Body, w)
 		}
 	}
 }
@@ -223,13 +223,13 @@ var (
 func TestFirmwareUploads(t *testing.T) {
 	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
 		s := startServerOn(t, b, store)
-		admin := s.admin()
+		admin := s.Admin()
 		data := makeBundle(t, "2.3.0", bootloader, app230)
 		var first bundle
 
 		t.Run("Multipart", func(t *testing.T) {
-			r := s.upload(t, admin, data).want(t, 201)
-			r.decode(t, &first)
+			r := s.upload(t, admin, data).Want(t, 201)
+			r.Decode(t, &first)
 			if loc := r.Header.Get("Location"); !strings.HasSuffix(loc, "/api/v1/firmware-bundles/id/"+first.ID) {
 				t.Fatalf("Location = %q", loc)
 			}
@@ -244,21 +244,21 @@ func TestFirmwareUploads(t *testing.T) {
 		})
 		t.Run("ReadS6", func(t *testing.T) {
 			var byVersion, byID bundle
-			s.do(t, admin, "GET", "/api/v1/firmware-bundles/version/2.3.0", nil).want(t, 200).decode(t, &byVersion)
-			s.do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+first.ID, nil).want(t, 200).decode(t, &byID)
+			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/version/2.3.0", nil).Want(t, 200).Decode(t, &byVersion)
+			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+first.ID, nil).Want(t, 200).Decode(t, &byID)
 			if byVersion.ID != first.ID || byID.ID != first.ID || len(byVersion.Firmwares) != 2 {
 				t.Fatalf("S6 = %+v, by id = %+v", byVersion, byID)
 			}
-			wantError(t, s.do(t, admin, "GET", "/api/v1/firmware-bundles/version/9.9.9", nil), 404, "")
-			wantError(t, s.do(t, admin, "GET", "/api/v1/firmware-bundles/version/latest", nil), 400, "version")
-			wantError(t, s.do(t, admin, "GET", "/api/v1/firmware-bundles/id/not-a-uuid", nil), 400, "id")
+			wantError(t, s.Do(t, admin, "GET", "/api/v1/firmware-bundles/version/9.9.9", nil), 404, "")
+			wantError(t, s.Do(t, admin, "GET", "/api/v1/firmware-bundles/version/latest", nil), 400, "version")
+			wantError(t, s.Do(t, admin, "GET", "/api/v1/firmware-bundles/id/not-a-uuid", nil), 400, "id")
 		})
 		t.Run("TransitUUIDs", func(t *testing.T) {
-			r := s.send(t, req{method: "GET", path: "/api/v1/firmware-bundles/id/" + first.ID, creds: admin, header: http.Header{"Accept": {"application/transit+json"}}}).want(t, 200)
+			r := s.Send(t, req{Method: "GET", Path: "/api/v1/firmware-bundles/id/" + first.ID, Creds: admin, Header: http.Header{"Accept": {"application/transit+json"}}}).Want(t, 200)
 			if !bytes.Contains(r.Body, []byte(`"~u`+first.ID+`"`)) {
 				t.Fatalf("the Transit answer does not carry the id as a UUID: %s", r.Body[:min(200, len(r.Body))])
 			}
-			r = s.send(t, req{method: "GET", path: "/api/v1/firmware-bundles/id/" + first.ID, creds: admin, header: http.Header{"Accept": {"application/edn"}}}).want(t, 200)
+			r = s.Send(t, req{Method: "GET", Path: "/api/v1/firmware-bundles/id/" + first.ID, Creds: admin, Header: http.Header{"Accept": {"application/edn"}}}).Want(t, 200)
 			if !bytes.Contains(r.Body, []byte(`#uuid "`+first.ID+`"`)) {
 				t.Fatalf("the EDN answer does not carry the id as a UUID")
 			}
@@ -268,8 +268,8 @@ func TestFirmwareUploads(t *testing.T) {
 			// is, 200, and nothing more stored.
 			files, n := s.dataFiles(t), s.bundleCount(t, admin)
 			var again bundle
-			r := s.upload(t, admin, data).want(t, 200)
-			r.decode(t, &again)
+			r := s.upload(t, admin, data).Want(t, 200)
+			r.Decode(t, &again)
 			if again.ID != first.ID || again.UploadStatus != "completed" || len(again.Firmwares) != 2 {
 				t.Fatalf("the same archive again: %+v, want bundle %s", again, first.ID)
 			}
@@ -282,7 +282,7 @@ func TestFirmwareUploads(t *testing.T) {
 		})
 		t.Run("VersionConflict", func(t *testing.T) {
 			wantError(t, s.upload(t, admin, makeBundle(t, "2.3.0", part{name: "other", version: "1.0.0", body: "x"})), 409, "", "2.3.0", "another archive")
-			wantError(t, s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "2.3.0", "file_name": "x.tar.gz"}), 409, "", "2.3.0")
+			wantError(t, s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "2.3.0", "file_name": "x.tar.gz"}), 409, "", "2.3.0")
 		})
 		t.Run("ComponentConflict", func(t *testing.T) {
 			changed := app230
@@ -315,30 +315,30 @@ func TestFirmwareUploads(t *testing.T) {
 		t.Run("BadRequests", func(t *testing.T) {
 			body, ct := multipartBody(t, "x", data)
 			wrongPart := bytes.Replace(body, []byte(`name="file"`), []byte(`name="archive"`), 1)
-			wantError(t, s.send(t, req{method: "POST", path: "/api/v1/firmware-bundles", creds: admin, raw: wrongPart, contentType: ct}), 400, "archive")
-			r := s.send(t, req{method: "POST", path: "/api/v1/firmware-bundles", creds: admin, raw: data, contentType: "application/zip"}).want(t, 415)
+			wantError(t, s.Send(t, req{Method: "POST", Path: "/api/v1/firmware-bundles", Creds: admin, Raw: wrongPart, ContentType: ct}), 400, "archive")
+			r := s.Send(t, req{Method: "POST", Path: "/api/v1/firmware-bundles", Creds: admin, Raw: data, ContentType: "application/zip"}).Want(t, 415)
 			if !strings.Contains(string(r.Body), "multipart/form-data") {
 				t.Fatalf("415 does not say what to send: %s", r.Body)
 			}
-			wantError(t, s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "3.0.0"}), 400, "file_name")
-			wantError(t, s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "3.0", "file_name": "a/b"}), 400, "file_name")
-			wantError(t, s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": 3, "file_name": "x"}), 400, "version")
-			wantError(t, s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "3.0", "file_name": "x", "size": 1}), 400, "size")
+			wantError(t, s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "3.0.0"}), 400, "file_name")
+			wantError(t, s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "3.0", "file_name": "a/b"}), 400, "file_name")
+			wantError(t, s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": 3, "file_name": "x"}), 400, "version")
+			wantError(t, s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "3.0", "file_name": "x", "size": 1}), 400, "size")
 		})
 		t.Run("List", func(t *testing.T) {
 			var list struct {
 				FirmwareBundles []bundle `json:"firmware_bundles"`
 				Count           int
 			}
-			s.do(t, admin, "GET", "/api/v1/firmware-bundles?limit=1", nil).want(t, 200).decode(t, &list)
+			s.Do(t, admin, "GET", "/api/v1/firmware-bundles?limit=1", nil).Want(t, 200).Decode(t, &list)
 			if list.Count != 2 || len(list.FirmwareBundles) != 1 || list.FirmwareBundles[0].Version != "2.4.0" {
 				t.Fatalf("list = %+v", list)
 			}
-			s.do(t, admin, "GET", "/api/v1/firmware-bundles?upload_status=pending", nil).want(t, 200).decode(t, &list)
+			s.Do(t, admin, "GET", "/api/v1/firmware-bundles?upload_status=pending", nil).Want(t, 200).Decode(t, &list)
 			if list.Count != 0 {
 				t.Fatalf("pending = %+v", list)
 			}
-			wantError(t, s.do(t, admin, "GET", "/api/v1/firmware-bundles?upload_status=done", nil), 400, "upload_status")
+			wantError(t, s.Do(t, admin, "GET", "/api/v1/firmware-bundles?upload_status=done", nil), 400, "upload_status")
 		})
 	})
 }
@@ -357,12 +357,12 @@ func makeTar(t *testing.T, gz bool, pairs ...string) []byte {
 func TestFirmwarePendingUploads(t *testing.T) {
 	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
 		s := startServerOn(t, b, store)
-		admin := s.admin()
+		admin := s.Admin()
 		pending := func(version string) bundle {
 			t.Helper()
 			var p bundle
-			r := s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": version, "file_name": "fw-" + version + ".tar.gz"}).want(t, 201)
-			r.decode(t, &p)
+			r := s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": version, "file_name": "fw-" + version + ".tar.gz"}).Want(t, 201)
+			r.Decode(t, &p)
 			if p.UploadStatus != "pending" || p.Checksum != nil || !strings.HasSuffix(r.Header.Get("Location"), "/id/"+p.ID) {
 				t.Fatalf("pending = %+v", p)
 			}
@@ -374,14 +374,14 @@ func TestFirmwarePendingUploads(t *testing.T) {
 		}
 		bundleOf := func(id string) bundle {
 			var got bundle
-			s.do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+id, nil).want(t, 200).decode(t, &got)
+			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+id, nil).Want(t, 200).Decode(t, &got)
 			return got
 		}
 
 		t.Run("DeclareThenFile", func(t *testing.T) {
 			p := pending("1.0.0")
 			data := makeBundle(t, "1.0.0", part{name: "app", version: "1.0.0", body: "app 1.0.0"})
-			r := s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)).want(t, 204)
+			r := s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)).Want(t, 204)
 			if len(r.Body) != 0 {
 				t.Fatalf("S5 answered a body: %s", r.Body)
 			}
@@ -389,7 +389,7 @@ func TestFirmwarePendingUploads(t *testing.T) {
 				t.Fatalf("after S5 alone: %+v", got)
 			}
 			var done bundle
-			s.putFile(t, admin, p.ID, data).want(t, 200).decode(t, &done)
+			s.putFile(t, admin, p.ID, data).Want(t, 200).Decode(t, &done)
 			if done.UploadStatus != "completed" || *done.Checksum != sha256Hex(data) || len(done.Firmwares) != 1 || done.FileName != "fw-1.0.0.tar.gz" {
 				t.Fatalf("after the file: %+v", done)
 			}
@@ -398,24 +398,24 @@ func TestFirmwarePendingUploads(t *testing.T) {
 			p := pending("1.0.1")
 			data := makeBundle(t, "1.0.1", part{name: "app", version: "1.0.1", body: "app 1.0.1"})
 			var got bundle
-			s.putFile(t, admin, p.ID, data).want(t, 200).decode(t, &got)
+			s.putFile(t, admin, p.ID, data).Want(t, 200).Decode(t, &got)
 			if got.UploadStatus != "pending" || *got.Checksum != sha256Hex(data) {
 				t.Fatalf("after the file alone: %+v", got)
 			}
 			// In any of the four encodings; with Prefer, the bundle.
-			r := s.send(t, req{method: "PUT", path: "/api/v1/firmware-bundles/id/" + p.ID, creds: admin,
-				raw:         []byte(fmt.Sprintf(`{:checksum %q :content_length %d :uncompressed_size %d}`, sha256Hex(data), len(data), gunzipLen(t, data))),
-				contentType: "application/edn", header: http.Header{"Prefer": {"return=representation"}}}).want(t, 200)
-			r.decode(t, &got)
+			r := s.Send(t, req{Method: "PUT", Path: "/api/v1/firmware-bundles/id/" + p.ID, Creds: admin,
+				Raw:         []byte(fmt.Sprintf(`{:checksum %q :content_length %d :uncompressed_size %d}`, sha256Hex(data), len(data), gunzipLen(t, data))),
+				ContentType: "application/edn", Header: http.Header{"Prefer": {"return=representation"}}}).Want(t, 200)
+			r.Decode(t, &got)
 			if got.UploadStatus != "completed" || len(got.Firmwares) != 1 {
 				t.Fatalf("after S5: %+v", got)
 			}
 			// Declaring the same again confirms; declaring otherwise is 409
 			// and changes nothing.
-			s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)).want(t, 204)
+			s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)).Want(t, 204)
 			wrong := declare(p.ID, data)
 			wrong["content_length"] = len(data) + 1
-			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, wrong), 409, "content_length")
+			wantError(t, s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, wrong), 409, "content_length")
 			if got := bundleOf(p.ID); got.UploadStatus != "completed" {
 				t.Fatalf("a wrong declaration changed a completed bundle: %+v", got)
 			}
@@ -423,17 +423,17 @@ func TestFirmwarePendingUploads(t *testing.T) {
 		t.Run("MismatchAfterFile", func(t *testing.T) {
 			p := pending("1.0.2")
 			data := makeBundle(t, "1.0.2", part{name: "app", version: "1.0.2", body: "app 1.0.2"})
-			s.putFile(t, admin, p.ID, data).want(t, 200)
+			s.putFile(t, admin, p.ID, data).Want(t, 200)
 			filesWithArchive := len(s.dataFiles(t))
 			wrong := declare(p.ID, data)
 			wrong["checksum"] = strings.Repeat("0", 64)
-			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, wrong), 409, "checksum", "checksum")
+			wantError(t, s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, wrong), 409, "checksum", "checksum")
 			got := bundleOf(p.ID)
 			if got.UploadStatus != "failed" || !strings.Contains(got.UploadError, "checksum") || strings.Contains(got.UploadError, "content_length") {
 				t.Fatalf("after a wrong checksum: %+v", got)
 			}
 			var s6 bundle
-			s.do(t, admin, "GET", "/api/v1/firmware-bundles/version/1.0.2", nil).want(t, 200).decode(t, &s6)
+			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/version/1.0.2", nil).Want(t, 200).Decode(t, &s6)
 			if s6.UploadError == "" || s6.UploadStatus != "failed" {
 				t.Fatalf("S6 of a failed bundle = %+v", s6)
 			}
@@ -441,7 +441,7 @@ func TestFirmwarePendingUploads(t *testing.T) {
 				t.Fatalf("the failed bundle's archive was kept: %d files, had %d", n, filesWithArchive)
 			}
 			// Failed is final.
-			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)), 409, "", "failed")
+			wantError(t, s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)), 409, "", "failed")
 			wantError(t, s.putFile(t, admin, p.ID, data), 409, "", "failed")
 			resp, _ := s.get(t, admin, "/api/v1/firmware-bundles/id/"+p.ID+"/artifact")
 			if resp.StatusCode != 409 {
@@ -449,9 +449,9 @@ func TestFirmwarePendingUploads(t *testing.T) {
 			}
 			// The version is free again.
 			retry := pending("1.0.2")
-			s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+retry.ID, declare(retry.ID, data)).want(t, 204)
-			s.putFile(t, admin, retry.ID, data).want(t, 200)
-			s.do(t, admin, "GET", "/api/v1/firmware-bundles/version/1.0.2", nil).want(t, 200).decode(t, &s6)
+			s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+retry.ID, declare(retry.ID, data)).Want(t, 204)
+			s.putFile(t, admin, retry.ID, data).Want(t, 200)
+			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/version/1.0.2", nil).Want(t, 200).Decode(t, &s6)
 			if s6.ID != retry.ID || s6.UploadStatus != "completed" {
 				t.Fatalf("S6 after a retry = %+v", s6)
 			}
@@ -461,7 +461,7 @@ func TestFirmwarePendingUploads(t *testing.T) {
 			data := makeBundle(t, "1.0.3", part{name: "app", version: "1.0.3", body: "app 1.0.3"})
 			wrong := declare(p.ID, data)
 			wrong["uncompressed_size"] = 1
-			s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, wrong).want(t, 204)
+			s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, wrong).Want(t, 204)
 			wantError(t, s.putFile(t, admin, p.ID, data), 409, "uncompressed_size", "uncompressed_size")
 			if got := bundleOf(p.ID); got.UploadStatus != "failed" || !strings.Contains(got.UploadError, "uncompressed_size") {
 				t.Fatalf("after the file: %+v", got)
@@ -470,14 +470,14 @@ func TestFirmwarePendingUploads(t *testing.T) {
 		t.Run("ReUploads", func(t *testing.T) {
 			p := pending("1.0.4")
 			data := makeBundle(t, "1.0.4", part{name: "app", version: "1.0.4", body: "app 1.0.4"})
-			s.putFile(t, admin, p.ID, data).want(t, 200)
+			s.putFile(t, admin, p.ID, data).Want(t, 200)
 			wantError(t, s.putFile(t, admin, p.ID, data), 409, "", "already")
-			s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)).want(t, 204)
+			s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)).Want(t, 204)
 			// The same bytes again to the completed bundle are a re-run:
 			// 200 with it. Others are a change, refused.
 			files := s.dataFiles(t)
 			var again bundle
-			s.putFile(t, admin, p.ID, data).want(t, 200).decode(t, &again)
+			s.putFile(t, admin, p.ID, data).Want(t, 200).Decode(t, &again)
 			if again.ID != p.ID || again.UploadStatus != "completed" || *again.Checksum != sha256Hex(data) {
 				t.Fatalf("the same file again: %+v", again)
 			}
@@ -497,7 +497,7 @@ func TestFirmwarePendingUploads(t *testing.T) {
 			p := pending("1.0.7")
 			data := makeBundle(t, "1.0.7", part{name: "app", version: "1.0.7", body: "x7"})
 			body, ct := multipartBody(t, "ignored.tar.gz", data)
-			s.send(t, req{method: "PUT", path: "/api/v1/firmware-bundles/id/" + p.ID + "/file", creds: admin, raw: body, contentType: ct}).want(t, 200)
+			s.Send(t, req{Method: "PUT", Path: "/api/v1/firmware-bundles/id/" + p.ID + "/file", Creds: admin, Raw: body, ContentType: ct}).Want(t, 200)
 		})
 		t.Run("StrictS5", func(t *testing.T) {
 			p := pending("1.0.8")
@@ -508,27 +508,27 @@ func TestFirmwarePendingUploads(t *testing.T) {
 					body[k] = v
 				}
 				body[field] = bad
-				wantError(t, s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, body), 400, field)
+				wantError(t, s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, body), 400, field)
 			}
-			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, map[string]any{"checksum": "abc", "content_length": 1, "uncompressed_size": 1}), 400, "checksum")
-			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, map[string]any{"checksum": strings.Repeat("a", 64)}), 400, "content_length")
+			wantError(t, s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, map[string]any{"checksum": "abc", "content_length": 1, "uncompressed_size": 1}), 400, "checksum")
+			wantError(t, s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, map[string]any{"checksum": strings.Repeat("a", 64)}), 400, "content_length")
 			extra := map[string]any{"upload_status": "completed"}
 			for k, v := range good {
 				extra[k] = v
 			}
-			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, extra), 400, "upload_status")
+			wantError(t, s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, extra), 400, "upload_status")
 			// 30.0 is an integer.
-			s.send(t, req{method: "PUT", path: "/api/v1/firmware-bundles/id/" + p.ID, creds: admin,
-				raw: []byte(`{"uncompressed_size": 10.0, "checksum": "` + strings.Repeat("A", 64) + `", "content_length": 5}`), contentType: "application/json"}).want(t, 204)
-			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmware-bundles/id/00000000-0000-0000-0000-000000000000", good), 404, "")
+			s.Send(t, req{Method: "PUT", Path: "/api/v1/firmware-bundles/id/" + p.ID, Creds: admin,
+				Raw: []byte(`{"uncompressed_size": 10.0, "checksum": "` + strings.Repeat("A", 64) + `", "content_length": 5}`), ContentType: "application/json"}).Want(t, 204)
+			wantError(t, s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/00000000-0000-0000-0000-000000000000", good), 404, "")
 		})
 		t.Run("Delete", func(t *testing.T) {
 			p := pending("1.0.9")
 			data := makeBundle(t, "1.0.9", part{name: "app", version: "1.0.9", body: "x9"})
-			s.putFile(t, admin, p.ID, data).want(t, 200)
+			s.putFile(t, admin, p.ID, data).Want(t, 200)
 			before := len(s.dataFiles(t))
-			s.do(t, admin, "DELETE", "/api/v1/firmware-bundles/id/"+p.ID, nil).want(t, 204)
-			wantError(t, s.do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+p.ID, nil), 404, "")
+			s.Do(t, admin, "DELETE", "/api/v1/firmware-bundles/id/"+p.ID, nil).Want(t, 204)
+			wantError(t, s.Do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+p.ID, nil), 404, "")
 			if n := len(s.dataFiles(t)); n != before-1 {
 				t.Fatalf("the deleted bundle's archive remains: %d files, had %d", n, before)
 			}
@@ -549,14 +549,14 @@ func gunzipLen(t *testing.T, data []byte) int64 {
 func TestFirmwareUploadFailuresLeaveNothing(t *testing.T) {
 	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
 		s := startServerOn(t, b, store, "--max-upload-bytes", "65536")
-		admin := s.admin()
+		admin := s.Admin()
 		big := makeTar(t, false, "app.bin", strings.Repeat("x", 100_000), "manifest.json",
 			`{"version": "1.0.0", "components": [{"component_name": "app", "version_number": "1.0.0", "file_name": "app.bin"}]}`)
 
 		t.Run("TooLarge", func(t *testing.T) {
 			wantError(t, s.upload(t, admin, big), 413, "")
 			p := bundle{}
-			s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "1.0.0", "file_name": "a.tar"}).want(t, 201).decode(t, &p)
+			s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "1.0.0", "file_name": "a.tar"}).Want(t, 201).Decode(t, &p)
 			wantError(t, s.putFile(t, admin, p.ID, big), 413, "")
 			// Without a Content-Length the limit is found while streaming.
 			hr, _ := http.NewRequest("PUT", s.URL+"/api/v1/firmware-bundles/id/"+p.ID+"/file", io.MultiReader(bytes.NewReader(big)))
@@ -572,11 +572,11 @@ func TestFirmwareUploadFailuresLeaveNothing(t *testing.T) {
 				t.Fatalf("chunked upload over the limit: %d", resp.StatusCode)
 			}
 			var got bundle
-			s.do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+p.ID, nil).want(t, 200).decode(t, &got)
+			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+p.ID, nil).Want(t, 200).Decode(t, &got)
 			if got.UploadStatus != "pending" || got.Checksum != nil {
 				t.Fatalf("after refused uploads: %+v", got)
 			}
-			s.do(t, admin, "DELETE", "/api/v1/firmware-bundles/id/"+p.ID, nil).want(t, 204)
+			s.Do(t, admin, "DELETE", "/api/v1/firmware-bundles/id/"+p.ID, nil).Want(t, 204)
 		})
 		t.Run("ClientCut", func(t *testing.T) {
 			body, ct := multipartBody(t, "b.tar", big[:60_000])
@@ -616,8 +616,8 @@ func mustGunzip(t *testing.T, data []byte) io.Reader {
 func TestFirmwareArtifact(t *testing.T) {
 	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
 		s := startServerOn(t, b, store)
-		admin := s.admin()
-		viewer := s.newKey(t, admin, "viewer", "viewer")
+		admin := s.Admin()
+		viewer := s.NewKey(t, admin, "viewer", "viewer")
 		data := makeBundle(t, "2.3.0", bootloader, app230)
 		bd := s.mustUpload(t, admin, data)
 		path := "/api/v1/firmware-bundles/id/" + bd.ID + "/artifact"
@@ -697,16 +697,16 @@ func TestFirmwareArtifact(t *testing.T) {
 			}
 		})
 		t.Run("Refused", func(t *testing.T) {
-			for name, c := range map[string]creds{"NoKey": {}, "WrongKey": {admin.Tenant, "fk_wrong"}} {
+			for name, c := range map[string]creds{"NoKey": {}, "WrongKey": {Tenant: admin.Tenant, Key: "fk_wrong"}} {
 				if resp, _ := s.get(t, c, path); resp.StatusCode != 401 {
 					t.Errorf("%s: %d, want 401", name, resp.StatusCode)
 				}
 			}
-			device := s.newKey(t, admin, "gateway", "device")
+			device := s.NewKey(t, admin, "gateway", "device")
 			if resp, _ := s.get(t, device, path); resp.StatusCode != 403 {
 				t.Errorf("device role: %d, want 403", resp.StatusCode)
 			}
-			other := s.newTenant(t, "other")
+			other := s.NewTenant(t, "other")
 			if resp, _ := s.get(t, other, path); resp.StatusCode != 404 {
 				t.Errorf("another tenant: %d, want 404", resp.StatusCode)
 			}
@@ -717,7 +717,7 @@ func TestFirmwareArtifact(t *testing.T) {
 				t.Errorf("forged signature: %d, want 401", resp.StatusCode)
 			}
 			var p bundle
-			s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "9.0.0", "file_name": "x.tar"}).want(t, 201).decode(t, &p)
+			s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "9.0.0", "file_name": "x.tar"}).Want(t, 201).Decode(t, &p)
 			if resp, _ := s.get(t, viewer, "/api/v1/firmware-bundles/id/"+p.ID+"/artifact"); resp.StatusCode != 409 {
 				t.Errorf("pending bundle: %d, want 409", resp.StatusCode)
 			}
@@ -728,7 +728,7 @@ func TestFirmwareArtifact(t *testing.T) {
 func TestFirmwareComponents(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		for _, v := range []string{"1.9.9", "1.10.0", "1.2.0"} {
 			s.mustUpload(t, admin, makeBundle(t, v, part{name: "app", version: v, body: "app " + v}))
 		}
@@ -739,49 +739,49 @@ func TestFirmwareComponents(t *testing.T) {
 
 		t.Run("List", func(t *testing.T) {
 			var l list
-			s.do(t, admin, "GET", "/api/v1/firmwares/component/app?limit=2", nil).want(t, 200).decode(t, &l)
+			s.Do(t, admin, "GET", "/api/v1/firmwares/component/app?limit=2", nil).Want(t, 200).Decode(t, &l)
 			if l.Count != 3 || len(l.Firmwares) != 2 || l.Firmwares[0].VersionNumber != "1.10.0" || l.Firmwares[1].VersionNumber != "1.9.9" {
 				t.Fatalf("list = %+v; want 1.10.0, 1.9.9 of 3 (numeric order)", l)
 			}
-			wantError(t, s.do(t, admin, "GET", "/api/v1/firmwares/component/nothing", nil), 404, "")
-			wantError(t, s.do(t, admin, "GET", "/api/v1/firmwares/component/bad%20name", nil), 400, "component_name")
+			wantError(t, s.Do(t, admin, "GET", "/api/v1/firmwares/component/nothing", nil), 404, "")
+			wantError(t, s.Do(t, admin, "GET", "/api/v1/firmwares/component/bad%20name", nil), 400, "component_name")
 		})
 		t.Run("S8", func(t *testing.T) {
 			path := "/api/v1/firmwares/component/app/1.9.9"
-			r := s.do(t, admin, "PUT", path, map[string]any{"is_deactivated": true}).want(t, 204)
+			r := s.Do(t, admin, "PUT", path, map[string]any{"is_deactivated": true}).Want(t, 204)
 			if len(r.Body) != 0 {
 				t.Fatalf("S8 answered a body: %s", r.Body)
 			}
 			var fw firmwareJSON
-			s.send(t, req{method: "PUT", path: path, creds: admin, body: map[string]any{
+			s.Send(t, req{Method: "PUT", Path: path, Creds: admin, Body: map[string]any{
 				"uncompressed_size": 4096, "dependencies": []any{map[string]any{"component_name": "bootloader", "min_version": "1.1.0"}},
-			}, header: http.Header{"Prefer": {"return=representation"}}}).want(t, 200).decode(t, &fw)
+			}, Header: http.Header{"Prefer": {"return=representation"}}}).Want(t, 200).Decode(t, &fw)
 			if !fw.IsDeactivated || fw.UncompressedSize != 4096 || len(fw.Dependencies) != 1 || fw.Dependencies[0].ComponentName != "bootloader" {
 				t.Fatalf("after S8: %+v", fw)
 			}
 			var bd bundle
-			s.do(t, admin, "GET", "/api/v1/firmware-bundles/version/1.9.9", nil).want(t, 200).decode(t, &bd)
+			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/version/1.9.9", nil).Want(t, 200).Decode(t, &bd)
 			if !bd.Firmwares[0].IsDeactivated {
 				t.Fatal("S6 does not show the deactivation")
 			}
-			s.do(t, admin, "PUT", path, map[string]any{"is_deactivated": false, "dependencies": []any{}}).want(t, 204)
-			s.do(t, admin, "GET", "/api/v1/firmware-bundles/version/1.9.9", nil).want(t, 200).decode(t, &bd)
+			s.Do(t, admin, "PUT", path, map[string]any{"is_deactivated": false, "dependencies": []any{}}).Want(t, 204)
+			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/version/1.9.9", nil).Want(t, 200).Decode(t, &bd)
 			if bd.Firmwares[0].IsDeactivated || len(bd.Firmwares[0].Dependencies) != 0 || bd.Firmwares[0].UncompressedSize != 4096 {
 				t.Fatalf("after reactivation: %+v", bd.Firmwares[0])
 			}
 		})
 		t.Run("S8Invalid", func(t *testing.T) {
 			path := "/api/v1/firmwares/component/app/1.9.9"
-			wantError(t, s.do(t, admin, "PUT", path, map[string]any{"is_deactivated": "true"}), 400, "is_deactivated")
-			wantError(t, s.do(t, admin, "PUT", path, map[string]any{"uncompressed_size": -1}), 400, "uncompressed_size")
-			wantError(t, s.do(t, admin, "PUT", path, map[string]any{"uncompressed_size": "12"}), 400, "uncompressed_size")
-			wantError(t, s.do(t, admin, "PUT", path, map[string]any{"dependencies": []any{map[string]any{"component_name": "app", "min_version": "1"}}}), 400, "dependencies[0].component_name")
-			wantError(t, s.do(t, admin, "PUT", path, map[string]any{"dependencies": []any{map[string]any{"component_name": "boot", "min_version": "x"}}}), 400, "dependencies[0].min_version")
-			wantError(t, s.do(t, admin, "PUT", path, map[string]any{"dependencies": []any{map[string]any{"component_name": "boot", "min_version": "1", "max_version": "2"}}}), 400, "dependencies[0].max_version")
-			wantError(t, s.do(t, admin, "PUT", path, map[string]any{"checksum": "x"}), 400, "checksum")
-			wantError(t, s.do(t, admin, "PUT", path, map[string]any{}), 400, "")
-			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmwares/component/app/7.7.7", map[string]any{"is_deactivated": true}), 404, "")
-			wantError(t, s.do(t, admin, "PUT", "/api/v1/firmwares/component/app/v1", map[string]any{"is_deactivated": true}), 400, "version_number")
+			wantError(t, s.Do(t, admin, "PUT", path, map[string]any{"is_deactivated": "true"}), 400, "is_deactivated")
+			wantError(t, s.Do(t, admin, "PUT", path, map[string]any{"uncompressed_size": -1}), 400, "uncompressed_size")
+			wantError(t, s.Do(t, admin, "PUT", path, map[string]any{"uncompressed_size": "12"}), 400, "uncompressed_size")
+			wantError(t, s.Do(t, admin, "PUT", path, map[string]any{"dependencies": []any{map[string]any{"component_name": "app", "min_version": "1"}}}), 400, "dependencies[0].component_name")
+			wantError(t, s.Do(t, admin, "PUT", path, map[string]any{"dependencies": []any{map[string]any{"component_name": "boot", "min_version": "x"}}}), 400, "dependencies[0].min_version")
+			wantError(t, s.Do(t, admin, "PUT", path, map[string]any{"dependencies": []any{map[string]any{"component_name": "boot", "min_version": "1", "max_version": "2"}}}), 400, "dependencies[0].max_version")
+			wantError(t, s.Do(t, admin, "PUT", path, map[string]any{"checksum": "x"}), 400, "checksum")
+			wantError(t, s.Do(t, admin, "PUT", path, map[string]any{}), 400, "")
+			wantError(t, s.Do(t, admin, "PUT", "/api/v1/firmwares/component/app/7.7.7", map[string]any{"is_deactivated": true}), 404, "")
+			wantError(t, s.Do(t, admin, "PUT", "/api/v1/firmwares/component/app/v1", map[string]any{"is_deactivated": true}), 400, "version_number")
 		})
 	})
 }
@@ -791,10 +791,10 @@ func TestFirmwareComponents(t *testing.T) {
 func TestFirmwareAccess(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		bd := s.mustUpload(t, admin, makeBundle(t, "2.3.0", bootloader, app230))
 		var p bundle
-		s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "3.0.0", "file_name": "x.tar.gz"}).want(t, 201).decode(t, &p)
+		s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "3.0.0", "file_name": "x.tar.gz"}).Want(t, 201).Decode(t, &p)
 		archive := makeBundle(t, "3.0.0", part{name: "app", version: "3.0.0", body: "x"})
 		decl := map[string]any{"uncompressed_size": gunzipLen(t, archive), "checksum": sha256Hex(archive), "content_length": len(archive)}
 		s8 := map[string]any{"is_deactivated": false}
@@ -816,15 +816,15 @@ func TestFirmwareAccess(t *testing.T) {
 			{"Delete", "DELETE", "/api/v1/firmware-bundles/id/" + p.ID, nil, true},
 		}
 		send := func(c creds, cl call) *response {
-			rq := req{method: cl.method, path: cl.path, creds: c, body: cl.body}
+			rq := req{Method: cl.method, Path: cl.path, Creds: c, Body: cl.body}
 			if raw, ok := cl.body.([]byte); ok {
-				rq.body, rq.raw, rq.contentType = nil, raw, "application/octet-stream"
+				rq.Body, rq.Raw, rq.ContentType = nil, raw, "application/octet-stream"
 			}
-			return s.send(t, rq)
+			return s.Send(t, rq)
 		}
 		t.Run("Roles", func(t *testing.T) {
-			viewer := s.newKey(t, admin, "viewer", "viewer")
-			device := s.newKey(t, admin, "gateway", "device")
+			viewer := s.NewKey(t, admin, "viewer", "viewer")
+			device := s.NewKey(t, admin, "gateway", "device")
 			for _, cl := range calls {
 				if got := send(device, cl).Status; got != 403 {
 					t.Errorf("device %s: %d, want 403", cl.name, got)
@@ -836,24 +836,24 @@ func TestFirmwareAccess(t *testing.T) {
 				} else if got := send(viewer, cl).Status; got != 200 {
 					t.Errorf("viewer %s: %d, want 200", cl.name, got)
 				}
-				if got := send(creds{admin.Tenant, "fk_nope"}, cl).Status; got != 401 {
+				if got := send(creds{Tenant: admin.Tenant, Key: "fk_nope"}, cl).Status; got != 401 {
 					t.Errorf("wrong key %s: %d, want 401", cl.name, got)
 				}
 			}
 		})
 		t.Run("OtherTenant", func(t *testing.T) {
-			other := s.newTenant(t, "other")
+			other := s.NewTenant(t, "other")
 			for _, cl := range calls {
 				r := send(other, cl)
 				switch cl.name {
 				case "List":
 					var l struct{ Count int }
-					r.want(t, 200).decode(t, &l)
+					r.Want(t, 200).Decode(t, &l)
 					if l.Count != 0 {
 						t.Errorf("another tenant lists %d bundles", l.Count)
 					}
 				case "Create":
-					r.want(t, 201) // its own record, in its own tenant
+					r.Want(t, 201) // its own record, in its own tenant
 				default:
 					if r.Status != 404 {
 						t.Errorf("another tenant %s: %d, want 404; body %s", cl.name, r.Status, r.Body)
@@ -862,13 +862,13 @@ func TestFirmwareAccess(t *testing.T) {
 			}
 			// Nothing the other tenant did touched ours.
 			var got bundle
-			s.do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+p.ID, nil).want(t, 200).decode(t, &got)
+			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+p.ID, nil).Want(t, 200).Decode(t, &got)
 			if got.UploadStatus != "pending" || got.Declared != nil || got.Checksum != nil {
 				t.Fatalf("our pending bundle changed: %+v", got)
 			}
 		})
 		t.Run("Operator", func(t *testing.T) {
-			op := s.newKey(t, admin, "op", "operator")
+			op := s.NewKey(t, admin, "op", "operator")
 			for _, cl := range calls {
 				if r := send(op, cl); r.Status >= 300 {
 					t.Errorf("operator %s: %d %s", cl.name, r.Status, r.Body)
@@ -935,7 +935,7 @@ func TestFirmwareUploadFlatMemory(t *testing.T) {
 
 func uploadFlat(t *testing.T, store string, size int64) {
 	s := startServerOn(t, sqlstoretest.Backends()[0], store)
-	admin := s.admin()
+	admin := s.Admin()
 
 	pr, pw := io.Pipe()
 	mw := multipart.NewWriter(pw)
@@ -1043,11 +1043,11 @@ func TestBundleCreate(t *testing.T) {
 
 	t.Run("TwoStepUpload", func(t *testing.T) {
 		s := startServer(t, sqlstoretest.Backends()[0])
-		admin := s.admin()
+		admin := s.Admin()
 		var p, got bundle
-		s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "2.3.0", "file_name": "fw-2.3.0.tar.gz"}).want(t, 201).decode(t, &p)
-		s.send(t, req{method: "PUT", path: "/api/v1/firmware-bundles/id/" + p.ID, creds: admin, raw: []byte(lines[len(lines)-1]), contentType: "application/json"}).want(t, 204)
-		s.putFile(t, admin, p.ID, data).want(t, 200).decode(t, &got)
+		s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "2.3.0", "file_name": "fw-2.3.0.tar.gz"}).Want(t, 201).Decode(t, &p)
+		s.Send(t, req{Method: "PUT", Path: "/api/v1/firmware-bundles/id/" + p.ID, Creds: admin, Raw: []byte(lines[len(lines)-1]), ContentType: "application/json"}).Want(t, 204)
+		s.putFile(t, admin, p.ID, data).Want(t, 200).Decode(t, &got)
 		if got.UploadStatus != "completed" || len(got.Firmwares) != 2 || got.Firmwares[1].UncompressedSize != 4000 ||
 			len(got.Firmwares[1].Dependencies) != 1 || got.Firmwares[1].Dependencies[0].MinVersion != "1.1.0" {
 			t.Fatalf("bundle = %+v", got)
@@ -1140,7 +1140,7 @@ func installFirmware(t *testing.T, d *mqttDevice, m action.Message) (params map[
 func TestFirmwareUpdateEndToEnd(t *testing.T) {
 	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
 		s := startServerOn(t, b, store, "--log-level", "info") // to see that no signature is logged
-		admin := s.admin()
+		admin := s.Admin()
 		boot100 := part{name: "bootloader", version: "1.0.0", body: "bootloader 1.0.0"}
 		old := s.mustUpload(t, admin, makeBundle(t, "1.0.0", boot100))
 		data := makeBundle(t, "2.3.0", bootloader, app230)
@@ -1152,7 +1152,7 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 		devNew := s.connectDevice(t, "default", "dev-new", tok["dev-new"])
 		devOld := s.connectDevice(t, "default", "dev-old", tok["dev-old"])
 		update := func(version string, timeout int, devices ...string) *response {
-			return s.do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "update_firmware",
+			return s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "update_firmware",
 				"params": map[string]any{"version": version}, "search_type": "default", "device_ids": devices, "timeout": timeout})
 		}
 		var actionID int64
@@ -1160,16 +1160,16 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 
 		t.Run("Install", func(t *testing.T) {
 			// dev-old first gets bootloader 1.0.0, which it then records.
-			r := update("1.0.0", 600, "dev-old").want(t, 201)
+			r := update("1.0.0", 600, "dev-old").Want(t, 201)
 			var a struct{ ID int64 }
-			r.decode(t, &a)
+			r.Decode(t, &a)
 			p := installFirmware(t, devOld, devOld.next(t))
 			if p["version"] != "1.0.0" || p["bundle_file_name"] != old.FileName || p["file_name"] != nil {
 				t.Fatalf("params = %v", p)
 			}
 			s.awaitActionStatus(t, admin, "dev-old", a.ID, "Completed")
 			var dev device
-			s.do(t, admin, "GET", "/api/v1/devices/dev-old", nil).want(t, 200).decode(t, &dev)
+			s.Do(t, admin, "GET", "/api/v1/devices/dev-old", nil).Want(t, 200).Decode(t, &dev)
 			if dev.Components["bootloader"] != "1.0.0" || len(dev.Components) != 1 {
 				t.Fatalf("dev-old's components = %v", dev.Components)
 			}
@@ -1179,9 +1179,9 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 			// bring: dev-old's recorded 1.0.0 is too old.
 			s.mustUpload(t, admin, makeBundle(t, "3.1.0", part{name: "app", version: "3.1.0", body: "app 3.1.0",
 				deps: []fleet.Dependency{{ComponentName: "bootloader", MinVersion: "1.1.0"}}}))
-			r := update("3.1.0", 600, "dev-old", "dev-off").want(t, 201)
+			r := update("3.1.0", 600, "dev-old", "dev-off").Want(t, 201)
 			var a struct{ ID int64 }
-			r.decode(t, &a)
+			r.Decode(t, &a)
 			da := s.deviceAction(t, admin, "dev-old", a.ID)
 			if da.ActionStatus != "Failed" || !strings.Contains(fmt.Sprint(da.Errors), "app 3.1.0 requires bootloader >= 1.1.0, but the device has bootloader 1.0.0") {
 				t.Fatalf("dev-old = %+v", da)
@@ -1195,9 +1195,9 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 		t.Run("DeviceDownloadsAndCompletes", func(t *testing.T) {
 			// A bundle that brings the bootloader too passes dev-old's
 			// check: its own versions replace the recorded ones.
-			r := update("2.3.0", 600, "dev-new", "dev-old").want(t, 201)
+			r := update("2.3.0", 600, "dev-new", "dev-old").Want(t, 201)
 			var a struct{ ID int64 }
-			r.decode(t, &a)
+			r.Decode(t, &a)
 			actionID = a.ID
 			if da := s.deviceAction(t, admin, "dev-old", actionID); da.ActionStatus == "Failed" {
 				t.Fatalf("dev-old = %+v", da)
@@ -1216,7 +1216,7 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 				t.Fatalf("S7 params %s differ from what was sent %s", da.Params, m.Payload)
 			}
 			var dev device
-			s.do(t, admin, "GET", "/api/v1/devices/dev-new", nil).want(t, 200).decode(t, &dev)
+			s.Do(t, admin, "GET", "/api/v1/devices/dev-new", nil).Want(t, 200).Decode(t, &dev)
 			if dev.Components["bootloader"] != "1.2.0" || dev.Components["app"] != "2.3.0" {
 				t.Fatalf("dev-new's components = %v", dev.Components)
 			}
@@ -1245,7 +1245,7 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 			}
 			sig := []byte(q.Get("signature"))
 			sig[5] ^= 1
-			other := s.newTenant(t, "other")
+			other := s.NewTenant(t, "other")
 			theirs := s.mustUpload(t, other, makeBundle(t, "7.0.0", part{name: "x", version: "1", body: "x"}))
 			for name, path := range map[string]string{
 				"Signature":   tamper("signature", string(sig)),
@@ -1267,27 +1267,27 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 			if got := fetch(u.RequestURI(), other); got != 200 {
 				t.Errorf("good URL with another tenant's key: %d", got)
 			}
-			if logs := s.output.String(); !strings.Contains(logs, "/artifact") || strings.Contains(logs, q.Get("signature")) {
+			if logs := s.Output.String(); !strings.Contains(logs, "/artifact") || strings.Contains(logs, q.Get("signature")) {
 				t.Error("downloads are not logged, or the signature is")
 			}
 		})
 		t.Run("Refusals", func(t *testing.T) {
 			wantError(t, update("9.9.9", 60, "dev-new"), 400, "params.version", "9.9.9")
 			var p bundle
-			s.do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "3.0.0", "file_name": "x.tar"}).want(t, 201).decode(t, &p)
+			s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "3.0.0", "file_name": "x.tar"}).Want(t, 201).Decode(t, &p)
 			wantError(t, update("3.0.0", 60, "dev-new"), 400, "params.version", "pending")
-			wantError(t, s.do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "update_firmware",
+			wantError(t, s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "update_firmware",
 				"params": map[string]any{"version": "2.3.0", "force": true}, "search_type": "all"}), 400, "params.force")
 		})
 		t.Run("DeactivationBlocksDispatch", func(t *testing.T) {
 			// 2.4.0 shares bootloader 1.2.0 with 2.3.0.
 			s.mustUpload(t, admin, makeBundle(t, "2.4.0", bootloader, part{name: "app", version: "2.4.0", body: "app 2.4.0"}))
-			s.do(t, admin, "PUT", "/api/v1/firmwares/component/bootloader/1.2.0", map[string]any{"is_deactivated": true}).want(t, 204)
+			s.Do(t, admin, "PUT", "/api/v1/firmwares/component/bootloader/1.2.0", map[string]any{"is_deactivated": true}).Want(t, 204)
 			for _, v := range []string{"2.3.0", "2.4.0"} {
 				wantError(t, update(v, 60, "dev-new"), 400, "params.version", "bootloader 1.2.0")
 			}
-			s.do(t, admin, "PUT", "/api/v1/firmwares/component/bootloader/1.2.0", map[string]any{"is_deactivated": false}).want(t, 204)
-			update("2.4.0", 60, "dev-new").want(t, 201)
+			s.Do(t, admin, "PUT", "/api/v1/firmwares/component/bootloader/1.2.0", map[string]any{"is_deactivated": false}).Want(t, 204)
+			update("2.4.0", 60, "dev-new").Want(t, 201)
 		})
 	})
 }
@@ -1298,7 +1298,7 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 func TestFirmwareUpdateWithSimulator(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		noise := make([]byte, 1<<20) // incompressible, so the download takes many reads
 		rand.NewChaCha8([32]byte{1}).Read(noise)
 		s.mustUpload(t, admin, makeBundle(t, "2.3.0", bootloader, part{name: "app", version: "2.3.0", body: string(noise)}))
@@ -1313,7 +1313,7 @@ func TestFirmwareUpdateWithSimulator(t *testing.T) {
 			return s.action(t, admin, id).Statuses["Completed"] == 3
 		})
 		var dev device
-		s.do(t, admin, "GET", "/api/v1/devices/fw-00002", nil).want(t, 200).decode(t, &dev)
+		s.Do(t, admin, "GET", "/api/v1/devices/fw-00002", nil).Want(t, 200).Decode(t, &dev)
 		if dev.Components["bootloader"] != "1.2.0" || dev.Components["app"] != "2.3.0" {
 			t.Fatalf("fw-00002's components = %v", dev.Components)
 		}
@@ -1338,7 +1338,7 @@ func TestFirmwareUpdateWithSimulator(t *testing.T) {
 			if !strings.Contains(fmt.Sprint(da.Errors["Failed"]), "checksum mismatch") || da.Progress < 90 {
 				t.Fatalf("fw-00001's record = %+v", da)
 			}
-			s.do(t, admin, "GET", "/api/v1/devices/fw-00001", nil).want(t, 200).decode(t, &dev)
+			s.Do(t, admin, "GET", "/api/v1/devices/fw-00001", nil).Want(t, 200).Decode(t, &dev)
 			if dev.Components["app"] != "2.3.0" {
 				t.Fatalf("a failed update changed the components: %v", dev.Components)
 			}
@@ -1389,7 +1389,7 @@ func TestBlobStoreRefused(t *testing.T) {
 // hawkBit component alike.
 func TestFirmwareArtifactPresigned(t *testing.T) {
 	s := startServerOn(t, sqlstoretest.Backends()[0], "s3+presign")
-	admin := s.admin()
+	admin := s.Admin()
 	data := makeBundle(t, "5.0.0", bootloader, app230)
 	b := s.mustUpload(t, admin, data)
 	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}

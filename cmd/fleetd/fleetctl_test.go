@@ -119,8 +119,8 @@ func wantContains(t *testing.T, what, got string, wants ...string) {
 func TestFleetctlContexts(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		acme := s.newTenant(t, "acme")
-		s.mustDevice(t, s.admin(), "default-dev", nil)
+		acme := s.NewTenant(t, "acme")
+		s.mustDevice(t, s.Admin(), "default-dev", nil)
 		s.mustDevice(t, acme, "acme-dev", nil)
 		f := s.newFleetctl(t, creds{})
 		cfg := filepath.Join(f.env["XDG_CONFIG_HOME"], "fleetctl", "config")
@@ -195,7 +195,7 @@ func TestFleetctlContexts(t *testing.T) {
 			f.fails(t, ctl.ExitUsage, "devices", "list", "--context", "nosuch")
 		})
 		t.Run("Usage", func(t *testing.T) {
-			a := s.newFleetctl(t, s.admin())
+			a := s.newFleetctl(t, s.Admin())
 			for _, args := range [][]string{
 				{"nosuch"},
 				{"devices", "nosuch"},
@@ -219,7 +219,7 @@ func TestFleetctlDevices(t *testing.T) {
 		// MQTT over TLS, so that devices can be issued certificates.
 		certFile, keyFile := writeServerCert(t, t.TempDir(), "fleetd test")
 		s := startServer(t, b, "--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0")
-		f := s.newFleetctl(t, s.admin())
+		f := s.newFleetctl(t, s.Admin())
 		dir := t.TempDir()
 
 		t.Run("Create", func(t *testing.T) {
@@ -306,7 +306,7 @@ func TestFleetctlDevices(t *testing.T) {
 			wantContains(t, "stderr", f.fails(t, ctl.ExitRefused, "devices", "get", "valve-1"), "404 not_found")
 		})
 		t.Run("Roles", func(t *testing.T) {
-			viewer := s.newFleetctl(t, s.newKey(t, s.admin(), "ro", "viewer"))
+			viewer := s.newFleetctl(t, s.NewKey(t, s.Admin(), "ro", "viewer"))
 			viewer.ok(t, "devices", "list")
 			wantContains(t, "stderr", viewer.fails(t, ctl.ExitRefused, "devices", "create", "x"), "403 forbidden")
 		})
@@ -329,8 +329,8 @@ func TestFleetctlTLS(t *testing.T) {
 
 // start runs fleetctl in the background until it ends or ctx does; out is
 // its standard output, read while it runs.
-func (f *fleetctl) start(ctx context.Context, args ...string) (out *lockedBuffer, done <-chan ctlResult) {
-	out = &lockedBuffer{}
+func (f *fleetctl) start(ctx context.Context, args ...string) (out *LockedBuffer, done <-chan ctlResult) {
+	out = &LockedBuffer{}
 	ch := make(chan ctlResult, 1)
 	go func() {
 		var errOut bytes.Buffer
@@ -343,14 +343,14 @@ func (f *fleetctl) start(ctx context.Context, args ...string) (out *lockedBuffer
 // report is a device's status report through S10.
 func (s *testServer) report(t *testing.T, device string, id int64, state string) {
 	t.Helper()
-	s.do(t, s.admin(), "POST", "/api/v1/devices/action/status", map[string]any{
-		"device_id": device, "action_id": id, "state": state, "progress": 100}).want(t, 204)
+	s.Do(t, s.Admin(), "POST", "/api/v1/devices/action/status", map[string]any{
+		"device_id": device, "action_id": id, "state": state, "progress": 100}).Want(t, 204)
 }
 
 func TestFleetctlActions(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		f := s.newFleetctl(t, s.admin())
+		f := s.newFleetctl(t, s.Admin())
 		for _, id := range []string{"d1", "d2", "d3", "d4"} {
 			f.ok(t, "devices", "create", id, "--metadata", "ring="+map[bool]string{true: "canary", false: "main"}[id == "d1"])
 		}
@@ -418,7 +418,7 @@ func TestFleetctlActions(t *testing.T) {
 			out, done := term.start(context.Background(), "actions", "watch", id, "--interval", "10ms")
 			eventually(t, "watch to show the action", func() bool { return strings.Contains(out.String(), "0/2 final") })
 			// A gateway's key of role device reports through fleetctl.
-			gw := s.newFleetctl(t, s.newKey(t, s.admin(), "gateway", "device"))
+			gw := s.newFleetctl(t, s.NewKey(t, s.Admin(), "gateway", "device"))
 			gw.ok(t, "actions", "report", id, "--device", "d1", "--state", "Failed", "--progress", "30", "--error", "disk full")
 			wantContains(t, "report usage", gw.fails(t, ctl.ExitUsage, "actions", "report", id, "--state", "Failed"), "--device")
 			wantContains(t, "devices", f.ok(t, "actions", "devices", id, "--status", "Failed"), "d1", "Failed=disk full")
@@ -532,7 +532,7 @@ func TestFleetctlActions(t *testing.T) {
 func TestFleetctlWatchExitCodes(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, "--rollout-interval", "20ms")
-		f := s.newFleetctl(t, s.admin())
+		f := s.newFleetctl(t, s.Admin())
 		for _, id := range []string{"w1", "w2", "w3", "w4"} {
 			f.ok(t, "devices", "create", id)
 		}
@@ -701,7 +701,7 @@ func TestFleetctlWatchExitCodes(t *testing.T) {
 // device and action ids (the scripts call fleetctl __complete).
 func TestFleetctlCompletion(t *testing.T) {
 	s := startServer(t, sqlstoretest.Backends()[0])
-	f := s.newFleetctl(t, s.admin())
+	f := s.newFleetctl(t, s.Admin())
 	f.ok(t, "devices", "create", "pump-1")
 	f.ok(t, "devices", "create", "pump-2")
 	f.ok(t, "devices", "create", "valve-1")
@@ -722,7 +722,7 @@ func TestFleetctlCompletion(t *testing.T) {
 func TestFleetctlFirmware(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		f := s.newFleetctl(t, s.admin())
+		f := s.newFleetctl(t, s.Admin())
 		dir := t.TempDir()
 		write := func(name, content string) string {
 			p := filepath.Join(dir, name)
@@ -853,7 +853,7 @@ func TestFleetctlFirmware(t *testing.T) {
 func TestFleetctlAlerts(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, alertFlags...)
-		f := s.newFleetctl(t, s.admin())
+		f := s.newFleetctl(t, s.Admin())
 		dir := t.TempDir()
 		hook := newReceiver(t, 0)
 		f.ok(t, "devices", "create", "pump-1", "--metadata", "site=berlin")
@@ -967,7 +967,7 @@ func TestFleetctlAlerts(t *testing.T) {
 func TestFleetctlAdmin(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		f := s.newFleetctl(t, s.admin())
+		f := s.newFleetctl(t, s.Admin())
 
 		t.Run("APIKeys", func(t *testing.T) {
 			var k struct{ Name, Role, Key string }
@@ -980,7 +980,7 @@ func TestFleetctlAdmin(t *testing.T) {
 			if strings.Contains(out, k.Key) {
 				t.Fatal("the list shows a key")
 			}
-			ci := s.newFleetctl(t, creds{"default", k.Key})
+			ci := s.newFleetctl(t, creds{Tenant: "default", Key: k.Key})
 			ci.ok(t, "devices", "create", "by-ci")
 			wantContains(t, "operator lists keys", ci.fails(t, ctl.ExitRefused, "apikeys", "list"), "403 forbidden")
 			f.ok(t, "apikeys", "delete", "ci")
@@ -1022,7 +1022,7 @@ func TestFleetctlAdmin(t *testing.T) {
 			f.ok(t, "tenant", "ddi", "set", "--gateway-registration=false")
 			wantContains(t, "get", f.ok(t, "tenant", "ddi", "get"), "REQUIRE CONFIRMATION", "true", "false")
 			f.fails(t, ctl.ExitUsage, "tenant", "ddi", "set")
-			viewer := s.newFleetctl(t, s.newKey(t, s.admin(), "ddi-viewer", "viewer"))
+			viewer := s.newFleetctl(t, s.NewKey(t, s.Admin(), "ddi-viewer", "viewer"))
 			wantContains(t, "viewer", viewer.fails(t, ctl.ExitRefused, "tenant", "ddi", "set", "--require-confirmation=false"), "403 forbidden")
 		})
 		t.Run("AuditLogs", func(t *testing.T) {
@@ -1049,7 +1049,7 @@ func TestFleetctlAdmin(t *testing.T) {
 // TestFleetctlRateLimited: a 429 says when to try again.
 func TestFleetctlRateLimited(t *testing.T) {
 	s := startServer(t, sqlstoretest.Backends()[0], "--rate-limit", "0.001", "--rate-burst", "1")
-	f := s.newFleetctl(t, s.admin())
+	f := s.newFleetctl(t, s.Admin())
 	f.ok(t, "devices", "list")
 	stderr := f.fails(t, ctl.ExitRefused, "devices", "list")
 	wantContains(t, "stderr", stderr, "(retry after ", "429 rate_limited")
@@ -1060,7 +1060,7 @@ func TestFleetctlRateLimited(t *testing.T) {
 // resumes there too.
 func TestFleetctlPresignedDownload(t *testing.T) {
 	s := startServerOn(t, sqlstoretest.Backends()[0], "s3+presign")
-	f := s.newFleetctl(t, s.admin())
+	f := s.newFleetctl(t, s.Admin())
 	data := makeBundle(t, "5.0.0", bootloader, app230)
 	dir := t.TempDir()
 	archive := filepath.Join(dir, "fw-5.0.0.tar.gz")

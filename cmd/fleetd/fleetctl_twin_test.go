@@ -10,9 +10,9 @@ import (
 func TestFleetctlTwin(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		s.mustDevice(t, s.admin(), "ct-1", map[string]string{"site": "berlin"})
-		s.mustDevice(t, s.admin(), "ct-2", map[string]string{"site": "paris"})
-		f := s.newFleetctl(t, s.admin())
+		s.mustDevice(t, s.Admin(), "ct-1", map[string]string{"site": "berlin"})
+		s.mustDevice(t, s.Admin(), "ct-2", map[string]string{"site": "paris"})
+		f := s.newFleetctl(t, s.Admin())
 
 		var sh shadow
 		f.json(t, &sh, "shadow", "set", "ct-1", "interval=10", "log.level=debug", "name=pump one", "on=true")
@@ -41,10 +41,10 @@ func TestFleetctlTwin(t *testing.T) {
 			ID int64 `json:"id"`
 		}
 		f.json(t, &d, "actions", "dispatch", "reboot", "--all", "--phase", "paris @paris", "--phase", "rest 100% trigger=manual")
-		if da := s.deviceAction(t, s.admin(), "ct-2", d.ID); da.Phase != 0 || da.Status != "Queued" {
+		if da := s.deviceAction(t, s.Admin(), "ct-2", d.ID); da.Phase != 0 || da.Status != "Queued" {
 			t.Fatalf("ct-2 after the @paris phase: %+v", da)
 		}
-		if da := s.deviceAction(t, s.admin(), "ct-1", d.ID); da.Phase != 1 || da.Status != "Scheduled" {
+		if da := s.deviceAction(t, s.Admin(), "ct-1", d.ID); da.Phase != 1 || da.Status != "Scheduled" {
 			t.Fatalf("ct-1 after the @paris phase: %+v", da)
 		}
 		f.ok(t, "groups", "delete", "berlin")

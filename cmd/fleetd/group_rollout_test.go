@@ -15,7 +15,7 @@ import (
 func TestRolloutGroupPhase(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		for _, d := range []string{"g1", "g2", "g3", "g4"} {
 			ring := "main"
 			if d == "g2" {
@@ -23,12 +23,12 @@ func TestRolloutGroupPhase(t *testing.T) {
 			}
 			s.mustDevice(t, admin, d, map[string]string{"ring": ring})
 		}
-		s.do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "lab", "selector": "ring=lab"}).want(t, 201)
+		s.Do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "lab", "selector": "ring=lab"}).Want(t, 201)
 		canary := map[string]any{"type": "group", "group": "lab"}
 		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all",
 			"schedule": map[string]any{"phases": []any{phase("lab", triggerManual, canary), phase("rest", triggerManual, percent(100))}}})
-		s.do(t, admin, "PATCH", "/api/v1/devices/g4", map[string]any{"metadata": map[string]any{"ring": "lab"}}).want(t, 204)
-		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+		s.Do(t, admin, "PATCH", "/api/v1/devices/g4", map[string]any{"metadata": map[string]any{"ring": "lab"}}).Want(t, 204)
+		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
 		if a := s.rollout(t, admin, id); fmt.Sprint(a.StatusesPhased) != "map[0:map[Queued:2] 1:map[Scheduled:2]]" {
 			t.Fatalf("after the lab phase: %+v", a)
 		}
@@ -37,18 +37,18 @@ func TestRolloutGroupPhase(t *testing.T) {
 				t.Fatalf("%s in phase %d, want %d", d, da.Phase, want)
 			}
 		}
-		r := s.do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).want(t, 200)
+		r := s.Do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).Want(t, 200)
 		if !strings.Contains(string(r.Body), `"info":{"type":"group","group":"lab"}`) {
 			t.Fatalf("the action does not show its group phase: %s", r.Body)
 		}
-		before := s.do(t, admin, "GET", "/api/v1/actions", nil).want(t, 200)
-		r = s.do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all",
+		before := s.Do(t, admin, "GET", "/api/v1/actions", nil).Want(t, 200)
+		r = s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all",
 			"schedule": map[string]any{"phases": []any{phase("lab", triggerNow, map[string]any{"type": "group", "group": "nowhere"}), phase("rest", triggerAfter, percent(100))}}})
 		wantCode(t, r, 400, "invalid")
 		if !strings.Contains(string(r.Body), `"schedule.phases[0].info.group":"no group is named \"nowhere\""`) {
 			t.Fatalf("the refusal does not name the field: %s", r.Body)
 		}
-		if after := s.do(t, admin, "GET", "/api/v1/actions", nil).want(t, 200); string(after.Body) != string(before.Body) {
+		if after := s.Do(t, admin, "GET", "/api/v1/actions", nil).Want(t, 200); string(after.Body) != string(before.Body) {
 			t.Fatalf("a refused dispatch changed the actions:\n%s\n%s", before.Body, after.Body)
 		}
 	})

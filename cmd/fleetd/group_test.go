@@ -19,7 +19,7 @@ type groupBody struct {
 func TestGroupsAPI(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		for i := range 5 {
 			site := "berlin"
 			if i%2 == 1 {
@@ -27,12 +27,12 @@ func TestGroupsAPI(t *testing.T) {
 			}
 			s.mustDevice(t, admin, fmt.Sprint("gd-", i), map[string]string{"site": site})
 		}
-		r := s.do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "berlin-new", "selector": "site = berlin, reported.fw!=2", "description": "to update"}).want(t, 201)
+		r := s.Do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "berlin-new", "selector": "site = berlin, reported.fw!=2", "description": "to update"}).Want(t, 201)
 		if loc := r.Header.Get("Location"); !strings.HasSuffix(loc, "/api/v1/groups/berlin-new") {
 			t.Fatalf("Location = %q", loc)
 		}
 		var g groupBody
-		r.decode(t, &g)
+		r.Decode(t, &g)
 		if g.Selector != "site=berlin,reported.fw!=2" || g.Count != 3 || g.Description != "to update" {
 			t.Fatalf("created = %+v", g)
 		}
@@ -41,7 +41,7 @@ func TestGroupsAPI(t *testing.T) {
 				Devices []device
 				Count   int
 			}
-			s.do(t, admin, "GET", "/api/v1/groups/berlin-new/devices?limit=2", nil).want(t, 200).decode(t, &list)
+			s.Do(t, admin, "GET", "/api/v1/groups/berlin-new/devices?limit=2", nil).Want(t, 200).Decode(t, &list)
 			var ids []string
 			for _, d := range list.Devices {
 				ids = append(ids, d.ID)
@@ -52,11 +52,11 @@ func TestGroupsAPI(t *testing.T) {
 			t.Fatalf("members = %s", got)
 		}
 		// Live: gd-0 reports the new firmware and leaves, gd-1 moves to Berlin.
-		s.do(t, admin, "PATCH", "/api/v1/devices/gd-1", map[string]any{"metadata": map[string]any{"site": "berlin"}}).want(t, 204)
+		s.Do(t, admin, "PATCH", "/api/v1/devices/gd-1", map[string]any{"metadata": map[string]any{"site": "berlin"}}).Want(t, 204)
 		var dev struct{ Token string }
-		s.do(t, admin, "POST", "/api/v1/devices/gd-0/token", nil).want(t, 201).decode(t, &dev)
-		s.send(t, req{method: "POST", path: "/api/v1/devices/gd-0/streams/device_shadow", creds: admin,
-			body: []any{map[string]any{"timestamp": 1763719200000, "sequence": 1, "fw": 2}}}).want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/gd-0/token", nil).Want(t, 201).Decode(t, &dev)
+		s.Send(t, req{Method: "POST", Path: "/api/v1/devices/gd-0/streams/device_shadow", Creds: admin,
+			Body: []any{map[string]any{"timestamp": 1763719200000, "sequence": 1, "fw": 2}}}).Want(t, 200)
 		if got := members(); got != "3 gd-1 gd-2" {
 			t.Fatalf("members after the changes = %s", got)
 		}
@@ -66,7 +66,7 @@ func TestGroupsAPI(t *testing.T) {
 			ID       int64
 			Targeted int
 		}
-		s.do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "configure", "params": map[string]any{}, "search_type": "group", "group": "berlin-new"}).want(t, 201).decode(t, &out)
+		s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "configure", "params": map[string]any{}, "search_type": "group", "group": "berlin-new"}).Want(t, 201).Decode(t, &out)
 		if out.Targeted != 3 {
 			t.Fatalf("targeted %d, want 3", out.Targeted)
 		}
@@ -74,13 +74,13 @@ func TestGroupsAPI(t *testing.T) {
 			SearchType  string `json:"search_type"`
 			SearchQuery string `json:"search_query"`
 		}
-		s.do(t, admin, "GET", fmt.Sprint("/api/v1/actions/", out.ID), nil).want(t, 200).decode(t, &act)
+		s.Do(t, admin, "GET", fmt.Sprint("/api/v1/actions/", out.ID), nil).Want(t, 200).Decode(t, &act)
 		if act.SearchType != "group" || act.SearchQuery != "berlin-new" {
 			t.Fatalf("action = %+v", act)
 		}
 
-		s.do(t, admin, "PUT", "/api/v1/groups/berlin-new", map[string]any{"selector": "site in (paris)"}).want(t, 204)
-		s.do(t, admin, "GET", "/api/v1/groups/berlin-new", nil).want(t, 200).decode(t, &g)
+		s.Do(t, admin, "PUT", "/api/v1/groups/berlin-new", map[string]any{"selector": "site in (paris)"}).Want(t, 204)
+		s.Do(t, admin, "GET", "/api/v1/groups/berlin-new", nil).Want(t, 200).Decode(t, &g)
 		if g.Selector != "site in (paris)" || g.Count != 1 || g.Description != "" {
 			t.Fatalf("after PUT = %+v", g)
 		}
@@ -88,7 +88,7 @@ func TestGroupsAPI(t *testing.T) {
 			Groups []groupBody
 			Count  int
 		}
-		s.do(t, admin, "GET", "/api/v1/groups", nil).want(t, 200).decode(t, &list)
+		s.Do(t, admin, "GET", "/api/v1/groups", nil).Want(t, 200).Decode(t, &list)
 		if list.Count != 1 || list.Groups[0].Count != 1 {
 			t.Fatalf("list = %+v", list)
 		}
@@ -118,35 +118,35 @@ func TestGroupsAPI(t *testing.T) {
 					Error, Message string
 					Fields         map[string]string
 				}
-				s.do(t, admin, tc.method, tc.path, tc.body).want(t, tc.status).decode(t, &e)
+				s.Do(t, admin, tc.method, tc.path, tc.body).Want(t, tc.status).Decode(t, &e)
 				if tc.field != "" && !strings.Contains(e.Fields[tc.field], tc.says) {
 					t.Fatalf("error = %+v, want %s to say %q", e, tc.field, tc.says)
 				}
 			})
 		}
 
-		viewer := s.newKey(t, admin, "g-viewer", "viewer")
-		s.do(t, viewer, "GET", "/api/v1/groups/berlin-new", nil).want(t, 200)
-		s.do(t, viewer, "POST", "/api/v1/groups", map[string]any{"name": "v", "selector": "a"}).want(t, 403)
-		beta := s.newTenant(t, "beta")
-		s.do(t, beta, "GET", "/api/v1/groups/berlin-new", nil).want(t, 404)
-		s.do(t, beta, "GET", "/api/v1/groups/berlin-new/devices", nil).want(t, 404)
-		s.do(t, beta, "POST", "/api/v1/actions", map[string]any{"action": "a", "params": map[string]any{}, "search_type": "group", "group": "berlin-new"}).want(t, 400)
-		s.do(t, beta, "DELETE", "/api/v1/groups/berlin-new", nil).want(t, 404)
-		s.do(t, admin, "DELETE", "/api/v1/groups/berlin-new", nil).want(t, 204)
-		s.do(t, admin, "GET", "/api/v1/groups/berlin-new", nil).want(t, 404)
+		viewer := s.NewKey(t, admin, "g-viewer", "viewer")
+		s.Do(t, viewer, "GET", "/api/v1/groups/berlin-new", nil).Want(t, 200)
+		s.Do(t, viewer, "POST", "/api/v1/groups", map[string]any{"name": "v", "selector": "a"}).Want(t, 403)
+		beta := s.NewTenant(t, "beta")
+		s.Do(t, beta, "GET", "/api/v1/groups/berlin-new", nil).Want(t, 404)
+		s.Do(t, beta, "GET", "/api/v1/groups/berlin-new/devices", nil).Want(t, 404)
+		s.Do(t, beta, "POST", "/api/v1/actions", map[string]any{"action": "a", "params": map[string]any{}, "search_type": "group", "group": "berlin-new"}).Want(t, 400)
+		s.Do(t, beta, "DELETE", "/api/v1/groups/berlin-new", nil).Want(t, 404)
+		s.Do(t, admin, "DELETE", "/api/v1/groups/berlin-new", nil).Want(t, 204)
+		s.Do(t, admin, "GET", "/api/v1/groups/berlin-new", nil).Want(t, 404)
 
 		// The fleet view: devices out of sync with their shadow.
-		s.do(t, admin, "PATCH", "/api/v1/devices/gd-3/shadow", map[string]any{"desired": map[string]any{"fw": 3}}).want(t, 200)
+		s.Do(t, admin, "PATCH", "/api/v1/devices/gd-3/shadow", map[string]any{"desired": map[string]any{"fw": 3}}).Want(t, 200)
 		var sync struct {
 			Devices []device
 			Count   int
 		}
-		s.do(t, admin, "GET", "/api/v1/devices?shadow=out_of_sync", nil).want(t, 200).decode(t, &sync)
+		s.Do(t, admin, "GET", "/api/v1/devices?shadow=out_of_sync", nil).Want(t, 200).Decode(t, &sync)
 		if sync.Count != 1 || sync.Devices[0].ID != "gd-3" {
 			t.Fatalf("out of sync = %+v", sync)
 		}
-		s.do(t, admin, "GET", "/api/v1/devices?shadow=in_sync&metadata.site=berlin", nil).want(t, 200).decode(t, &sync)
+		s.Do(t, admin, "GET", "/api/v1/devices?shadow=in_sync&metadata.site=berlin", nil).Want(t, 200).Decode(t, &sync)
 		if sync.Count != 4 {
 			t.Fatalf("in sync in berlin = %d, want 4", sync.Count)
 		}

@@ -18,7 +18,7 @@ import (
 // one-byte ranges were each answered with a part of their own).
 func TestMultiRangeCap(t *testing.T) {
 	s := startServer(t, sqlstoretest.Backends()[0])
-	admin := s.admin()
+	admin := s.Admin()
 	noise := make([]byte, 8192) // incompressible: ranges must fit the archive
 	rand.Read(noise)
 	data := makeBundle(t, "1.0.0", part{"app", "1.0.0", string(noise), nil})
@@ -123,14 +123,14 @@ func TestHTTPConnectionCap(t *testing.T) {
 // value of a header named X-Team).
 func TestChannelShownByRole(t *testing.T) {
 	s := startServer(t, sqlstoretest.Backends()[0])
-	admin := s.admin()
-	viewer := s.newKey(t, admin, "watcher", "viewer")
-	operator := s.newKey(t, admin, "ops", "operator")
+	admin := s.Admin()
+	viewer := s.NewKey(t, admin, "watcher", "viewer")
+	operator := s.NewKey(t, admin, "ops", "operator")
 	rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
 		"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
 	base := "/api/v1/alert-rules/" + rule.ID + "/alert-notification-rules"
-	s.do(t, operator, "POST", base, map[string]any{"channel_parameters": map[string]any{"type": "webhook",
-		"url": "https://hooks.example.com/api/webhooks/123/PATHSECRET?sig=QUERYSECRET", "headers": map[string]string{"X-Team": "HEADERSECRET"}}}).want(t, 201)
+	s.Do(t, operator, "POST", base, map[string]any{"channel_parameters": map[string]any{"type": "webhook",
+		"url": "https://hooks.example.com/api/webhooks/123/PATHSECRET?sig=QUERYSECRET", "headers": map[string]string{"X-Team": "HEADERSECRET"}}}).Want(t, 201)
 	type list struct {
 		NotificationRules []struct {
 			ChannelParameters struct {
@@ -140,15 +140,15 @@ func TestChannelShownByRole(t *testing.T) {
 		} `json:"alert_notification_rules"`
 	}
 	var l list
-	s.do(t, viewer, "GET", base, nil).want(t, 200).decode(t, &l)
+	s.Do(t, viewer, "GET", base, nil).Want(t, 200).Decode(t, &l)
 	if c := l.NotificationRules[0].ChannelParameters; c.URL != "https://hooks.example.com/***" || c.Headers["X-Team"] != "***" {
 		t.Fatalf("a viewer sees %+v", c)
 	}
-	s.do(t, operator, "GET", base, nil).want(t, 200).decode(t, &l)
+	s.Do(t, operator, "GET", base, nil).Want(t, 200).Decode(t, &l)
 	if c := l.NotificationRules[0].ChannelParameters; c.URL != "https://hooks.example.com/api/webhooks/123/PATHSECRET?sig=***" || c.Headers["X-Team"] != "HEADERSECRET" {
 		t.Fatalf("an operator sees %+v", c)
 	}
-	audit := s.do(t, admin, "GET", "/api/v1/audit-logs?limit=1000", nil).want(t, 200)
+	audit := s.Do(t, admin, "GET", "/api/v1/audit-logs?limit=1000", nil).Want(t, 200)
 	for _, secret := range []string{"PATHSECRET", "QUERYSECRET", "HEADERSECRET"} {
 		if strings.Contains(string(audit.Body), secret) {
 			t.Errorf("the audit log shows %s", secret)

@@ -17,7 +17,7 @@ import (
 func TestStreamHistoryEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		dev := s.mustDevice(t, admin, "pump-1", map[string]string{"site": "berlin"})
 		f := s.newFleetctl(t, admin)
 		start := time.Now().Add(-10 * time.Minute).Truncate(time.Minute)
@@ -29,7 +29,7 @@ func TestStreamHistoryEndToEnd(t *testing.T) {
 		batch[59]["note"] = `"hot", then "cold"`
 		d := dialStreamDevice(t, s.MQTTAddr, "default", "pump-1", dev.Token)
 		d.publish(t, "env", batch[:30])
-		s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", batch[30:]).want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", batch[30:]).Want(t, 200)
 
 		var streams struct {
 			Streams []struct {
@@ -81,7 +81,7 @@ func TestStreamHistoryEndToEnd(t *testing.T) {
 		if len(agg.Buckets) != 1 || agg.Buckets[0].Value != 24 {
 			t.Fatalf("fleet-wide max = %+v", agg)
 		}
-		s.do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "berlin", "selector": "site=berlin"}).want(t, 201)
+		s.Do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "berlin", "selector": "site=berlin"}).Want(t, 201)
 		f.json(t, &agg, "streams", "aggregate", "env", "--field", "temp", "--fn", "max", "--interval", "1h", "--group", "berlin", "-o", "json")
 		if len(agg.Buckets) != 1 || agg.Buckets[0].Value != 24 {
 			t.Fatalf("fleet-wide max of group berlin = %+v", agg)

@@ -40,12 +40,12 @@ import (
 // has the figures.
 func TestHTTPBodyFlood(t *testing.T) {
 	s, p := startFloodTarget(t)
-	admin := s.admin()
+	admin := s.Admin()
 	// Five gateways: one client may hold a quarter of the decoding budget,
 	// so it takes several to fill it.
 	var gateways []creds
 	for i := range 5 {
-		gateways = append(gateways, s.newKey(t, admin, fmt.Sprintf("gateway-%d", i), "device"))
+		gateways = append(gateways, s.NewKey(t, admin, fmt.Sprintf("gateway-%d", i), "device"))
 	}
 	s.mustDevice(t, admin, "pump-1", nil)
 
@@ -119,7 +119,7 @@ func TestHTTPBodyFlood(t *testing.T) {
 		t.Fatalf("fleetd's peak RSS %d MB, want under 768 MB", peak>>20)
 	}
 	// fleetd is still serving.
-	s.do(t, admin, "GET", "/api/v1/devices", nil).want(t, 200)
+	s.Do(t, admin, "GET", "/api/v1/devices", nil).Want(t, 200)
 }
 
 // TestHeldBodies: bodies held while they arrive share one budget
@@ -132,7 +132,7 @@ func TestHTTPBodyFlood(t *testing.T) {
 func TestHeldBodies(t *testing.T) {
 	const budget, conns, announced, sent = 8 << 20, 24, 4 << 20, 1 << 20
 	s := startServer(t, sqlstoretest.Backends()[0], "--max-held-body-bytes", strconv.Itoa(budget), "--max-bulk-bytes", strconv.Itoa(announced))
-	admin := s.admin()
+	admin := s.Admin()
 	held := func() float64 {
 		t.Helper()
 		v := metric(t, s.URL, "fleetd_http_body_bytes_held")
@@ -176,7 +176,7 @@ func TestHeldBodies(t *testing.T) {
 		c.Close()
 	}
 	eventually(t, "the budget free again", func() bool { return held() == 0 })
-	s.do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "after-the-flood"}).want(t, 201)
+	s.Do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "after-the-flood"}).Want(t, 201)
 }
 
 // TestHeldBodiesRSS measures what bodies held while they arrive cost:
@@ -202,7 +202,7 @@ func TestHeldBodiesRSS(t *testing.T) {
 		}
 		t.Run(f, func(t *testing.T) {
 			s, p := startFloodTarget(t)
-			admin := s.admin()
+			admin := s.Admin()
 			idle := vmRSS(t, p.cmd.Process.Pid)
 			head := fmt.Sprintf("POST /api/v1/devices/bulk HTTP/1.1\r\nHost: fleetd\r\nContent-Type: application/json\r\n"+
 				"x-service-tenant: %s\r\nx-service-api-key: %s\r\nContent-Length: %d\r\n\r\n", admin.Tenant, admin.Key, size)
@@ -242,8 +242,8 @@ func TestHeldBodiesRSS(t *testing.T) {
 func TestHeldBodiesPerTenant(t *testing.T) {
 	const budget, conns, announced, sent = 8 << 20, 8, 4 << 20, 1 << 20
 	s := startServer(t, sqlstoretest.Backends()[0], "--max-held-body-bytes", strconv.Itoa(budget), "--max-bulk-bytes", strconv.Itoa(announced))
-	admin := s.admin()
-	other := s.newTenant(t, "other")
+	admin := s.Admin()
+	other := s.NewTenant(t, "other")
 	head := fmt.Sprintf("POST /api/v1/devices/bulk HTTP/1.1\r\nHost: fleetd\r\nContent-Type: application/json\r\n"+
 		"x-service-tenant: %s\r\nx-service-api-key: %s\r\nContent-Length: %d\r\n\r\n", admin.Tenant, admin.Key, announced)
 	// A megabyte fills the body's 1 MiB buffer, so each takes 2 MiB.
@@ -273,5 +273,5 @@ func TestHeldBodiesPerTenant(t *testing.T) {
 	if refused.Load() < conns-3 {
 		t.Fatalf("%d refused, want at least %d", refused.Load(), conns-3)
 	}
-	s.do(t, other, "POST", "/api/v1/devices", map[string]any{"id": "while-they-trickle"}).want(t, 201)
+	s.Do(t, other, "POST", "/api/v1/devices", map[string]any{"id": "while-they-trickle"}).Want(t, 201)
 }

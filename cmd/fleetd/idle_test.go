@@ -16,7 +16,7 @@ import (
 // commits reads fleetd_db_commits_total from /metrics.
 func (s *testServer) commits(t *testing.T) float64 {
 	t.Helper()
-	r := s.do(t, creds{}, "GET", "/metrics", nil).want(t, 200)
+	r := s.Do(t, creds{}, "GET", "/metrics", nil).Want(t, 200)
 	sc := bufio.NewScanner(bytes.NewReader(r.Body))
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), "fleetd_db_commits_total "); ok {
@@ -38,9 +38,9 @@ func (s *testServer) commits(t *testing.T) float64 {
 // Idle is measured by the commits of two seconds.
 func TestIdleAfterCrashMidDelivery(t *testing.T) {
 	b := sqlstoretest.Backends()[0] // the single writer made the spin visible
-	s := &testServer{DSN: b.DSN(t), DataDir: t.TempDir(), output: &lockedBuffer{}}
+	s := newServer(t, b)
 	p := startProcess(t, s, "--notify-lease", "1m")
-	admin := s.admin()
+	admin := s.Admin()
 	arrived, release := make(chan struct{}, 1), make(chan struct{})
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		select {
@@ -54,9 +54,9 @@ func TestIdleAfterCrashMidDelivery(t *testing.T) {
 	s.mustDevice(t, admin, "pump-1", nil)
 	rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
 		"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
-	s.do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules",
-		map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).want(t, 201)
-	s.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC), 90)).want(t, 200)
+	s.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules",
+		map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).Want(t, 201)
+	s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC), 90)).Want(t, 200)
 	select {
 	case <-arrived:
 	case <-time.After(15 * time.Second):

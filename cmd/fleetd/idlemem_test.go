@@ -34,7 +34,7 @@ func TestIdleConnectionMemory(t *testing.T) {
 		t.Skip("VmRSS is read from /proc")
 	}
 	b := sqlstoretest.Backends()[0] // the broker's memory, whatever the database
-	s := &testServer{DSN: b.DSN(t), DataDir: t.TempDir(), output: &lockedBuffer{}}
+	s := newServer(t, b)
 	p := startProcess(t, s, "--rate-limit", "-1", "--pprof-addr", "127.0.0.1:0")
 	var pprofAddr string // the port it bound, as it logs it
 	eventually(t, "fleetd to log its pprof address", func() bool {
@@ -105,7 +105,7 @@ func measureIdle(t *testing.T, name string, pid int, addr string, creds func(id 
 	for range 16 {
 		wg.Go(func() {
 			for i := range work {
-				id := fmt.Sprint("idle-", i)
+				id := fmt.Sprintf("idle-%05d", i)
 				user, pass := creds(id)
 				c, err := connectIdle(addr, id, user, pass)
 				if err != nil {
@@ -217,7 +217,7 @@ func TestIdleMemoryAsOperator(t *testing.T) {
 		t.Skip("VmRSS is read from /proc")
 	}
 	b := sqlstoretest.Backends()[0]
-	s := &testServer{DSN: b.DSN(t), DataDir: t.TempDir(), output: &lockedBuffer{}}
+	s := newServer(t, b)
 	tokens := provisionIdle(t, s, startProcess(t, s, "--rate-limit", "-1"))
 	// Restarted, as after an upgrade: the devices reconnect to a fleetd
 	// that has not just provisioned them (whose garbage would otherwise
@@ -241,20 +241,11 @@ func TestIdleMemoryAsOperator(t *testing.T) {
 	t.Logf("%d connections idle %s, no forced collection: fleetd %s", idleDevices, idle, cost)
 }
 
-// provisionIdle creates the idle devices (idle-0 …) and returns their
+// provisionIdle creates the idle devices (idle-00000 …) and returns their
 // tokens; given a process, it stops it once they are created.
 func provisionIdle(t *testing.T, s *testServer, p *process) map[string]string {
 	t.Helper()
-	devs := make([]map[string]any, idleDevices)
-	for i := range devs {
-		devs[i] = map[string]any{"id": fmt.Sprint("idle-", i)}
-	}
-	var out struct{ Devices []struct{ ID, Token string } }
-	s.do(t, s.admin(), "POST", "/api/v1/devices/bulk", map[string]any{"devices": devs}).want(t, 201).decode(t, &out)
-	tokens := map[string]string{}
-	for _, d := range out.Devices {
-		tokens[d.ID] = d.Token
-	}
+	tokens := s.ProvisionDevices(t, s.Admin(), "idle-", idleDevices, nil)
 	if p != nil {
 		p.kill()
 	}

@@ -52,17 +52,17 @@ func TestIsolationMatrix(t *testing.T) {
 		idp := newIdentityProvider(t)
 		hook := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 		defer hook.Close()
-		alpha, bravo := s.newTenant(t, "alpha"), s.newTenant(t, "bravo")
+		alpha, bravo := s.NewTenant(t, "alpha"), s.NewTenant(t, "bravo")
 		wa := seed(t, s, alpha, "SECRETMARK-ALPHA-3c1", hook.URL, idp, 5, 1)
 		wb := seed(t, s, bravo, "SECRETMARK-BRAVO-9e4", hook.URL, idp, 0, 2)
 
 		callers := []caller{
 			{name: "no key", creds: creds{Tenant: "alpha"}},
-			{name: "unknown key", creds: creds{"alpha", "fk_" + strings.Repeat("x", 43)}},
+			{name: "unknown key", creds: creds{Tenant: "alpha", Key: "fk_" + strings.Repeat("x", 43)}},
 			{name: "bravo's admin", creds: bravo},
-			{name: "viewer", creds: s.newKey(t, alpha, "m-viewer", "viewer"), role: "viewer"},
-			{name: "device", creds: s.newKey(t, alpha, "m-device", "device"), role: "device"},
-			{name: "operator", creds: s.newKey(t, alpha, "m-operator", "operator"), role: "operator"},
+			{name: "viewer", creds: s.NewKey(t, alpha, "m-viewer", "viewer"), role: "viewer"},
+			{name: "device", creds: s.NewKey(t, alpha, "m-device", "device"), role: "device"},
+			{name: "operator", creds: s.NewKey(t, alpha, "m-operator", "operator"), role: "operator"},
 			{name: "admin", creds: alpha, role: "admin"},
 			{name: "end user (operator)", creds: creds{Tenant: "alpha"}, bearer: idp.token(t, jwt.MapClaims{"role": "operator"}), role: "operator"},
 		}
@@ -81,13 +81,13 @@ func TestIsolationMatrix(t *testing.T) {
 			for _, m := range secrets[tenant] {
 				if strings.Contains(body, m) {
 					leaks++
-					t.Errorf("%s: %s saw the other tenant's marker %s: %s", r.req, tenant, m, body)
+					t.Errorf("%s: %s saw the other tenant's marker %s: %s", r.Req, tenant, m, body)
 				}
 			}
 			for _, id := range ids[tenant] {
 				if strings.Contains(body, id) && !strings.Contains(sent, id) {
 					leaks++
-					t.Errorf("%s: %s saw the other tenant's id %s: %s", r.req, tenant, id, body)
+					t.Errorf("%s: %s saw the other tenant's id %s: %s", r.Req, tenant, id, body)
 				}
 			}
 		}
@@ -105,15 +105,15 @@ func TestIsolationMatrix(t *testing.T) {
 			fmt.Fprintf(&table, "%-84s", op)
 			for _, c := range callers {
 				target, body := e.prepare(t, s, wa)
-				rq := req{method: method, path: target, creds: c.creds, body: body}
+				rq := req{Method: method, Path: target, Creds: c.creds, Body: body}
 				if raw, ok := body.([]byte); ok {
-					rq.body, rq.raw, rq.contentType = nil, raw, "application/octet-stream"
+					rq.Body, rq.Raw, rq.ContentType = nil, raw, "application/octet-stream"
 				}
-				rq.header = ddiHeader(e, c.creds)
+				rq.Header = ddiHeader(e, c.creds)
 				if c.bearer != "" {
-					rq.header = http.Header{"Authorization": {"Bearer " + c.bearer}}
+					rq.Header = http.Header{"Authorization": {"Bearer " + c.bearer}}
 				}
-				r := s.send(t, rq)
+				r := s.Send(t, rq)
 				answers++
 				want := expect(e, c, okCodes[op])
 				if r.Status != want {
@@ -147,7 +147,7 @@ func TestIsolationMatrix(t *testing.T) {
 				continue
 			}
 			target, _ := e.prepare(t, s, wb)
-			check("bravo", target, s.send(t, req{method: "GET", path: target, creds: bravo, header: ddiHeader(e, bravo)}))
+			check("bravo", target, s.Send(t, req{Method: "GET", Path: target, Creds: bravo, Header: ddiHeader(e, bravo)}))
 			answers++
 		}
 		t.Logf("%d endpoints × %d callers, %d answers checked, %d leaks\n%s", len(ops), len(callers), answers, leaks, table.String())

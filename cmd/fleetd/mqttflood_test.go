@@ -24,7 +24,7 @@ import (
 // fleetd's peak RSS (VmHWM) under 1 GB. docs/reliability.md has the figure.
 func TestMQTTPayloadFlood(t *testing.T) {
 	s, p := startFloodTarget(t)
-	admin := s.admin()
+	admin := s.Admin()
 	const devices = 100
 	var toks []string
 	for i := range devices {
@@ -97,7 +97,7 @@ func startFloodTarget(t *testing.T) (*testServer, *process) {
 		t.Skip("VmHWM is read from /proc")
 	}
 	b := sqlstoretest.Backends()[0]
-	s := &testServer{DSN: b.DSN(t), DataDir: t.TempDir(), output: &lockedBuffer{}}
+	s := newServer(t, b)
 	return s, startProcess(t, s)
 }
 

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet/internal/cli"
+	"github.com/fleetd/fleet/internal/fleetdtest"
+	"github.com/fleetd/fleet/internal/server"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -23,18 +25,18 @@ func TestOperations(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		t.Run("Health", func(t *testing.T) {
-			s.do(t, creds{}, "GET", "/healthz", nil).want(t, 200)
+			s.Do(t, creds{}, "GET", "/healthz", nil).Want(t, 200)
 			var body struct{ Status string }
-			s.do(t, creds{}, "GET", "/readyz", nil).want(t, 200).decode(t, &body)
+			s.Do(t, creds{}, "GET", "/readyz", nil).Want(t, 200).Decode(t, &body)
 			if body.Status != "ready" {
 				t.Fatalf("readyz = %+v", body)
 			}
 		})
 		t.Run("Metrics", func(t *testing.T) {
-			s.do(t, s.admin(), "GET", "/api/v1/devices", nil).want(t, 200)
-			s.mustDevice(t, s.admin(), "metered", nil)
-			s.do(t, s.admin(), "POST", "/api/v1/actions", map[string]any{"action": "ping", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"metered"}}).want(t, 201)
-			r := s.do(t, creds{}, "GET", "/metrics", nil).want(t, 200)
+			s.Do(t, s.Admin(), "GET", "/api/v1/devices", nil).Want(t, 200)
+			s.mustDevice(t, s.Admin(), "metered", nil)
+			s.Do(t, s.Admin(), "POST", "/api/v1/actions", map[string]any{"action": "ping", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"metered"}}).Want(t, 201)
+			r := s.Do(t, creds{}, "GET", "/metrics", nil).Want(t, 200)
 			for _, want := range []string{"fleetd_actions_dispatched_total 1", "fleetd_device_actions_created_total 1"} {
 				if !bytes.Contains(r.Body, []byte(want+"\n")) {
 					t.Errorf("metrics lack %q after one dispatch to one device", want)
@@ -57,7 +59,7 @@ func TestOperations(t *testing.T) {
 				OpenAPI string                                `json:"openapi"`
 				Paths   map[string]map[string]json.RawMessage `json:"paths"`
 			}
-			s.do(t, creds{}, "GET", "/api/v1/openapi.json", nil).want(t, 200).decode(t, &doc)
+			s.Do(t, creds{}, "GET", "/api/v1/openapi.json", nil).Want(t, 200).Decode(t, &doc)
 			for _, want := range []string{"GET /api/v1/devices", "POST /api/v1/devices/bulk", "DELETE /api/v1/apikeys/{name}", "GET /api/v1/audit-logs", "GET /metrics"} {
 				method, path, _ := strings.Cut(want, " ")
 				if _, ok := doc.Paths[path][strings.ToLower(method)]; !ok {
@@ -66,17 +68,17 @@ func TestOperations(t *testing.T) {
 			}
 		})
 		t.Run("RequestID", func(t *testing.T) {
-			r := s.send(t, req{method: "GET", path: "/healthz", header: http.Header{"X-Request-Id": {"trace-42"}}}).want(t, 200)
+			r := s.Send(t, req{Method: "GET", Path: "/healthz", Header: http.Header{"X-Request-Id": {"trace-42"}}}).Want(t, 200)
 			if got := r.Header.Get("X-Request-Id"); got != "trace-42" {
 				t.Fatalf("X-Request-Id = %q, want the client's", got)
 			}
-			r = s.send(t, req{method: "GET", path: "/healthz", header: http.Header{"X-Request-Id": {"bad id with spaces"}}}).want(t, 200)
+			r = s.Send(t, req{Method: "GET", Path: "/healthz", Header: http.Header{"X-Request-Id": {"bad id with spaces"}}}).Want(t, 200)
 			if got := r.Header.Get("X-Request-Id"); got == "" || strings.Contains(got, " ") {
 				t.Fatalf("X-Request-Id = %q, want a fresh one", got)
 			}
 		})
 		t.Run("ErrorsFollowAccept", func(t *testing.T) {
-			r := s.send(t, req{method: "GET", path: "/api/v1/devices/nope", creds: s.admin(), header: http.Header{"Accept": {"application/edn"}}}).want(t, 404)
+			r := s.Send(t, req{Method: "GET", Path: "/api/v1/devices/nope", Creds: s.Admin(), Header: http.Header{"Accept": {"application/edn"}}}).Want(t, 404)
 			if ct := r.Header.Get("Content-Type"); ct != "application/edn" || !bytes.Contains(r.Body, []byte(":error")) {
 				t.Fatalf("EDN error: %s %s", ct, r.Body)
 			}
@@ -105,7 +107,7 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Fatalf("want 100 Continue once the handler reads: %v, %v", resp, err)
 	}
 	stopped := make(chan struct{})
-	go func() { s.stop(t); close(stopped) }()
+	go func() { s.Stop(t); close(stopped) }()
 	// Shutting down begins with closing the listener.
 	eventually(t, "the server to stop accepting connections", func() bool {
 		c, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
@@ -128,9 +130,9 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Fatal("server did not stop")
 	}
 	// The write was committed: a restarted server has the device.
-	s.start(t)
-	defer s.stop(t)
-	s.do(t, s.admin(), "GET", "/api/v1/devices/late-1", nil).want(t, 200)
+	s.Start(t)
+	defer s.Stop(t)
+	s.Do(t, s.Admin(), "GET", "/api/v1/devices/late-1", nil).Want(t, 200)
 }
 
 func TestCommandLine(t *testing.T) {
@@ -325,7 +327,7 @@ func TestCommandLine(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ln.Close()
-		s := &testServer{DSN: t.TempDir() + "/k.db", DataDir: t.TempDir(), output: &lockedBuffer{}}
+		s := &testServer{fleetdtest.New(t.TempDir()+"/k.db", t.TempDir())}
 		for _, taken := range []string{"--http-addr", "--mqtt-addr"} {
 			args := []string{"serve", "--database", s.DSN, "--data-dir", s.DataDir, "--http-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0", taken, ln.Addr().String()}
 			out, _, err := runCmd(nil, args...)
@@ -336,17 +338,17 @@ func TestCommandLine(t *testing.T) {
 				t.Fatalf("%s taken: a key was printed and spent:\n%s", taken, out)
 			}
 		}
-		s.start(t)
-		defer s.stop(t)
+		s.Start(t)
+		defer s.Stop(t)
 		if s.Key == "" {
-			t.Fatalf("the retry printed no key:\n%s", s.output)
+			t.Fatalf("the retry printed no key:\n%s", s.Output)
 		}
-		out := s.output.String()
+		out := s.Output.String()
 		if !strings.Contains(out, "fleetd apikey create --tenant default") || !strings.Contains(out, "--database") {
 			t.Fatalf("the key's message does not say how to make another, with which database:\n%s", out)
 		}
 		// As the message says.
-		if key := s.cli(t, "apikey", "create", "--tenant", "default", "--name", "admin-2", "--role", "admin"); !strings.HasPrefix(key, "fk_") {
+		if key := s.Command(t, server.APIKeyCreate, "--tenant", "default", "--name", "admin-2", "--role", "admin"); !strings.HasPrefix(key, "fk_") {
 			t.Fatalf("apikey create printed %q", key)
 		}
 	})

@@ -18,7 +18,7 @@ func TestReplicasRemoteSession(t *testing.T) {
 	c := newCluster(t, "--remote-connect-timeout", "30s")
 	a := c.start("replica-a")
 	b := c.start("replica-b")
-	admin := a.admin()
+	admin := a.Admin()
 	dev := a.mustDevice(t, admin, "edge-1", nil)
 	agent := b.startAgent(t, bin, "edge-1", dev.Token, "--remote")
 	eventually(t, "the agent to connect", func() bool { return agentSays(agent, "level=INFO msg=connected") })
@@ -43,7 +43,7 @@ func TestReplicasRemoteSession(t *testing.T) {
 	t.Run("OperatorLegProxied", func(t *testing.T) {
 		// Opened on A, joined on B: both legs come through B to A.
 		var sess fleet.RemoteSession
-		a.do(t, admin, "POST", "/api/v1/devices/edge-1/remote-sessions", map[string]any{"kind": "shell"}).want(t, 201).decode(t, &sess)
+		a.Do(t, admin, "POST", "/api/v1/devices/edge-1/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 201).Decode(t, &sess)
 		conn := b.joinTerminal(t, admin, sess.ID)
 		conn.Write([]byte("exit 4\n"))
 		for {
@@ -61,9 +61,9 @@ func TestReplicasRemoteSession(t *testing.T) {
 		wantContains(t, "end", a.endReason(t, admin, "edge-1", sess.ID), "closed by the device")
 	})
 	t.Run("RevokedOnTheOtherReplica", func(t *testing.T) {
-		k := a.newKey(t, admin, "edge-op", "operator")
+		k := a.NewKey(t, admin, "edge-op", "operator")
 		sess, conn := a.openTerminal(t, k, "edge-1")
-		b.do(t, admin, "DELETE", "/api/v1/apikeys/edge-op", nil).want(t, 204)
+		b.Do(t, admin, "DELETE", "/api/v1/apikeys/edge-op", nil).Want(t, 204)
 		want := `API key "edge-op", which opened it, was deleted`
 		wantContains(t, "operator's end", sessionEnd(t, conn), want)
 		wantContains(t, "recorded", b.endReason(t, admin, "edge-1", sess.ID), want)

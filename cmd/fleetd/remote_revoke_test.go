@@ -17,7 +17,7 @@ import (
 func (s *testServer) openTerminal(t *testing.T, c creds, device string) (fleet.RemoteSession, *remote.Conn) {
 	t.Helper()
 	var sess fleet.RemoteSession
-	s.do(t, c, "POST", "/api/v1/devices/"+device+"/remote-sessions", map[string]any{"kind": "shell"}).want(t, 201).decode(t, &sess)
+	s.Do(t, c, "POST", "/api/v1/devices/"+device+"/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 201).Decode(t, &sess)
 	conn := s.joinTerminal(t, c, sess.ID)
 	return sess, conn
 }
@@ -67,7 +67,7 @@ func (s *testServer) endReason(t *testing.T, c creds, device, id string) string 
 		var list struct {
 			RemoteSessions []fleet.RemoteSession `json:"remote_sessions"`
 		}
-		s.do(t, c, "GET", "/api/v1/devices/"+device+"/remote-sessions?limit=100", nil).want(t, 200).decode(t, &list)
+		s.Do(t, c, "GET", "/api/v1/devices/"+device+"/remote-sessions?limit=100", nil).Want(t, 200).Decode(t, &list)
 		for _, rs := range list.RemoteSessions {
 			if rs.ID == id && rs.EndedAt != nil {
 				reason = rs.EndReason
@@ -86,7 +86,7 @@ func TestRemoteRevoked(t *testing.T) {
 	bin := buildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, "--remote-connect-timeout", "1m")
-		admin := s.admin()
+		admin := s.Admin()
 		dev := s.mustDevice(t, admin, "revoke-1", nil)
 		s.startAgent(t, bin, "revoke-1", dev.Token, "--remote")
 		dev2 := s.mustDevice(t, admin, "revoke-2", nil)
@@ -94,13 +94,13 @@ func TestRemoteRevoked(t *testing.T) {
 		s.mustDevice(t, admin, "revoke-none", nil) // no agent: its sessions wait
 
 		t.Run("APIKeyDeleted", func(t *testing.T) {
-			k := s.newKey(t, admin, "revoked-op", "operator")
-			other := s.newKey(t, admin, "other-op", "operator")
+			k := s.NewKey(t, admin, "revoked-op", "operator")
+			other := s.NewKey(t, admin, "other-op", "operator")
 			sess, conn := s.openTerminal(t, k, "revoke-1")
 			kept, keptConn := s.openTerminal(t, other, "revoke-2")
 			var waiting fleet.RemoteSession
-			s.do(t, k, "POST", "/api/v1/devices/revoke-none/remote-sessions", map[string]any{"kind": "shell"}).want(t, 201).decode(t, &waiting)
-			s.do(t, admin, "DELETE", "/api/v1/apikeys/revoked-op", nil).want(t, 204)
+			s.Do(t, k, "POST", "/api/v1/devices/revoke-none/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 201).Decode(t, &waiting)
+			s.Do(t, admin, "DELETE", "/api/v1/apikeys/revoked-op", nil).Want(t, 204)
 			want := `API key "revoked-op", which opened it, was deleted`
 			wantContains(t, "operator's end", sessionEnd(t, conn), want)
 			wantContains(t, "recorded", s.endReason(t, admin, "revoke-1", sess.ID), want)
@@ -120,7 +120,7 @@ func TestRemoteRevoked(t *testing.T) {
 		})
 		t.Run("DeviceDeleted", func(t *testing.T) {
 			_, conn := s.openTerminal(t, admin, "revoke-2")
-			s.do(t, admin, "DELETE", "/api/v1/devices/revoke-2", nil).want(t, 204)
+			s.Do(t, admin, "DELETE", "/api/v1/devices/revoke-2", nil).Want(t, 204)
 			wantContains(t, "operator's end", sessionEnd(t, conn), "the device was deleted")
 			// The device's sessions are listed no more with it; the audit
 			// log keeps the end.
@@ -131,7 +131,7 @@ func TestRemoteRevoked(t *testing.T) {
 				} `json:"audit_logs"`
 			}
 			eventually(t, "the session's end to be audited", func() bool {
-				s.do(t, admin, "GET", "/api/v1/audit-logs?action=remote.session.end&limit=100", nil).want(t, 200).decode(t, &audit)
+				s.Do(t, admin, "GET", "/api/v1/audit-logs?action=remote.session.end&limit=100", nil).Want(t, 200).Decode(t, &audit)
 				for _, e := range audit.AuditLogs {
 					if e.Action == "remote.session.end" && e.Details["end_reason"] == "the device was deleted" {
 						return true
@@ -142,7 +142,7 @@ func TestRemoteRevoked(t *testing.T) {
 		})
 		t.Run("DeviceTokenRotated", func(t *testing.T) {
 			sess, conn := s.openTerminal(t, admin, "revoke-1")
-			s.do(t, admin, "POST", "/api/v1/devices/revoke-1/token", nil).want(t, 201)
+			s.Do(t, admin, "POST", "/api/v1/devices/revoke-1/token", nil).Want(t, 201)
 			want := "the device's credentials were replaced"
 			wantContains(t, "operator's end", sessionEnd(t, conn), want)
 			wantContains(t, "recorded", s.endReason(t, admin, "revoke-1", sess.ID), want)

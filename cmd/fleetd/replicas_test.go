@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet/blob/s3test"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/mqtt/mosquittotest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
@@ -100,7 +101,7 @@ func (c *cluster) start(name string) *replica {
 	t.Helper()
 	args := append([]string{"serve", "--database", c.dsn, "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0",
 		"--log-level", "info", "--mqtt-client-id", name, "--outbound-allow", "127.0.0.0/8"}, externalBrokerFlags(c.broker, c.flags...)...)
-	r := &replica{name: name, process: runFleetd(t, &testServer{DSN: c.dsn}, args, c.env)}
+	r := &replica{name: name, process: runFleetd(t, &testServer{&fleetdtest.Server{DSN: c.dsn}}, args, c.env)}
 	t.Cleanup(r.stop)
 	if r.Key != "" { // the first replica made the tenant and its key
 		c.key = r.Key
@@ -179,7 +180,7 @@ func TestReplicas(t *testing.T) {
 	c := newCluster(t, append([]string{"--action-sweep-interval", "50ms"}, alertFlags...)...)
 	a := c.start("replica-a")
 	b := c.start("replica-b")
-	admin := a.admin()
+	admin := a.Admin()
 	db := c.db()
 	tok := map[string]string{}
 	for _, id := range []string{"pump-1", "pump-2", "pump-3"} {
@@ -187,12 +188,12 @@ func TestReplicas(t *testing.T) {
 	}
 
 	t.Run("DeletedKeyRefusedByTheOtherReplica", func(t *testing.T) {
-		ops := a.newKey(t, admin, "ops", "operator")
-		b.do(t, ops, "GET", "/api/v1/devices", nil).want(t, 200) // cached on B now
-		a.do(t, admin, "DELETE", "/api/v1/apikeys/ops", nil).want(t, 204)
+		ops := a.NewKey(t, admin, "ops", "operator")
+		b.Do(t, ops, "GET", "/api/v1/devices", nil).Want(t, 200) // cached on B now
+		a.Do(t, admin, "DELETE", "/api/v1/apikeys/ops", nil).Want(t, 204)
 		// B hears of it at once (NOTIFY), well within its 10s cache.
 		eventuallyWithin(t, 3*time.Second, "B to refuse the key A deleted", func() bool {
-			return b.do(t, ops, "GET", "/api/v1/devices", nil).Status == http.StatusUnauthorized
+			return b.Do(t, ops, "GET", "/api/v1/devices", nil).Status == http.StatusUnauthorized
 		})
 	})
 
@@ -235,7 +236,7 @@ func TestReplicas(t *testing.T) {
 			d.publish(t, mqtt.ActionStatusTopic("default", "pump-1"), map[string]any{"id": fmt.Sprint(id), "state": "Rebooting", "progress": 50})
 			a.awaitActionStatus(t, admin, "pump-1", id, "Progress")
 			// ...and over HTTP through B: committed when B answers.
-			b.do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "pump-1", "action_id": id, "state": "Completed", "progress": 100}).want(t, 204)
+			b.Do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "pump-1", "action_id": id, "state": "Completed", "progress": 100}).Want(t, 204)
 			if da := a.deviceAction(t, admin, "pump-1", id); da.ActionStatus != "Completed" {
 				t.Fatalf("A sees %+v", da)
 			}
@@ -247,7 +248,7 @@ func TestReplicas(t *testing.T) {
 		id := a.dispatch(t, admin, map[string]any{"action": "slow", "params": map[string]any{}, "search_type": "default",
 			"device_ids": []string{"pump-2", "pump-3"}, "timeout": 1})
 		for _, dev := range []string{"pump-2", "pump-3"} {
-			b.do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": dev, "action_id": id, "state": "Running"}).want(t, 204)
+			b.Do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": dev, "action_id": id, "state": "Running"}).Want(t, 204)
 		}
 		for _, dev := range []string{"pump-2", "pump-3"} {
 			da := a.awaitActionStatus(t, admin, dev, id, "Failed")
@@ -269,8 +270,8 @@ func TestReplicas(t *testing.T) {
 		hook := newReceiver(t, 0)
 		rule := a.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
 			"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
-		a.do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
-			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).want(t, 201)
+		a.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
+			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).Want(t, 201)
 		// B learns of the rule A made from A's notification at once, not
 		// from its periodic refresh (10s): a hot reading through B opens
 		// the alert.
@@ -279,12 +280,12 @@ func TestReplicas(t *testing.T) {
 		i := 0
 		eventually(t, "B to open the alert", func() bool {
 			i++
-			b.do(t, admin, "POST", path, points(start.Add(time.Duration(i)*time.Second), 90)).want(t, 200)
+			b.Do(t, admin, "POST", path, points(start.Add(time.Duration(i)*time.Second), 90)).Want(t, 200)
 			return len(a.alerts(t, admin, "?rule_id="+rule.ID)) == 1
 		})
 		// A hot reading through A, which never saw the stream, finds the
 		// alert open: still one alert, one notification.
-		a.do(t, admin, "POST", path, points(start.Add(time.Minute), 95)).want(t, 200)
+		a.Do(t, admin, "POST", path, points(start.Add(time.Minute), 95)).Want(t, 200)
 		// A delivered notification is claimed by no one again: once it
 		// is recorded, the receiver has every copy it will get.
 		eventually(t, "the notification to be delivered", func() bool {
@@ -308,7 +309,7 @@ func TestReplicas(t *testing.T) {
 func TestReplicasEvaluateOneStream(t *testing.T) {
 	c := newCluster(t, alertFlags...)
 	a := c.start("replica-a")
-	admin := a.admin()
+	admin := a.Admin()
 	a.mustDevice(t, admin, "pump-1", nil)
 	rule := a.mustAlertRule(t, admin, map[string]any{"name": "warm", "stream": "env",
 		"condition": map[string]any{"field": "temp", "operator": ">", "value": 50}})
@@ -335,7 +336,7 @@ func TestReplicasEvaluateOneStream(t *testing.T) {
 		{a, 93, "[active ended ended]"},
 		{b, 22, "[ended ended ended]"},
 	} {
-		step.via.do(t, admin, "POST", path, points(start.Add(time.Duration(i)*time.Second), step.temp)).want(t, 200)
+		step.via.Do(t, admin, "POST", path, points(start.Add(time.Duration(i)*time.Second), step.temp)).Want(t, 200)
 		if got := fmt.Sprint(state()); got != step.want {
 			t.Fatalf("step %d (%v through %s): alerts %s, want %s", i, step.temp, step.via.name, got, step.want)
 		}
@@ -348,7 +349,7 @@ func TestReplicasEvaluateOneStream(t *testing.T) {
 func TestReplicaKilled(t *testing.T) {
 	c := newCluster(t, append([]string{"--notify-lease", "2s", "--mqtt-redelivery-lease", "2s"}, alertFlags...)...)
 	a := c.start("replica-a")
-	admin := a.admin()
+	admin := a.Admin()
 	db := c.db()
 
 	// A webhook that hangs on its first request: the replica delivering it
@@ -370,9 +371,9 @@ func TestReplicaKilled(t *testing.T) {
 	a.mustDevice(t, admin, "pump-1", nil)
 	rule := a.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
 		"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
-	a.do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
-		"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).want(t, 201)
-	a.do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 90)).want(t, 200)
+	a.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
+		"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).Want(t, 201)
+	a.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 90)).Want(t, 200)
 	eventually(t, "A to claim the notification", func() bool { return hits.Load() == 1 })
 	b := c.start("replica-b")
 
@@ -456,7 +457,7 @@ func TestReplicasShareBundlesThroughS3(t *testing.T) {
 	c.env = []string{"AWS_ACCESS_KEY_ID=" + srv.AccessKey, "AWS_SECRET_ACCESS_KEY=" + srv.SecretKey}
 	a := c.start("replica-a")
 	b := c.start("replica-b")
-	admin := a.admin()
+	admin := a.Admin()
 	data := makeBundle(t, "3.1.0", bootloader, app230)
 	up := a.mustUpload(t, admin, data)
 	path := "/api/v1/firmware-bundles/id/" + up.ID + "/artifact"
@@ -482,7 +483,7 @@ func TestReplicasShareBundlesThroughS3(t *testing.T) {
 
 	// Deleted through B: the archive goes; the component versions, and
 	// their files, stay (docs/firmware.md).
-	b.do(t, admin, "DELETE", "/api/v1/firmware-bundles/id/"+up.ID, nil).want(t, 204)
+	b.Do(t, admin, "DELETE", "/api/v1/firmware-bundles/id/"+up.ID, nil).Want(t, 204)
 	for o := range srv.Client(t).ListObjects(context.Background(), srv.Bucket, minio.ListObjectsOptions{Recursive: true}) {
 		if !strings.HasPrefix(o.Key, "fleet/prod/components/") {
 			t.Errorf("after the delete through B, the bucket still holds %s", o.Key)

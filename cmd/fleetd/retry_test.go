@@ -20,7 +20,7 @@ import (
 func TestRetryAction(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		for _, d := range []string{"r1", "r2", "r3", "r4"} {
 			s.mustDevice(t, admin, d, nil)
 		}
@@ -32,19 +32,19 @@ func TestRetryAction(t *testing.T) {
 		retry := fmt.Sprintf("/api/v1/actions/%d/retry", id)
 
 		// r4 has not finished: the action is not finished.
-		r := s.do(t, admin, "POST", retry, nil)
+		r := s.Do(t, admin, "POST", retry, nil)
 		wantCode(t, r, 409, "conflict")
 		if !strings.Contains(string(r.Body), "1 device actions are not final") || !strings.Contains(string(r.Body), "cancel them first") {
 			t.Fatalf("not finished: %s", r.Body)
 		}
-		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).want(t, 204)
+		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).Want(t, 204)
 
 		// No body: the Failed devices.
 		var out struct {
 			ID       int64
 			Targeted int
 		}
-		r = s.do(t, admin, "POST", retry, nil).want(t, 201).decode(t, &out)
+		r = s.Do(t, admin, "POST", retry, nil).Want(t, 201).Decode(t, &out)
 		if out.Targeted != 2 || !strings.HasSuffix(r.Header.Get("Location"), fmt.Sprintf("/api/v1/actions/%d", out.ID)) {
 			t.Fatalf("retry: %+v, Location %q", out, r.Header.Get("Location"))
 		}
@@ -55,7 +55,7 @@ func TestRetryAction(t *testing.T) {
 			RetryOf  *int64 `json:"retry_of"`
 			Statuses map[string]int
 		}
-		s.do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d", out.ID), nil).want(t, 200).decode(t, &got)
+		s.Do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d", out.ID), nil).Want(t, 200).Decode(t, &got)
 		if got.Action != "configure" || fmt.Sprint(got.Params) != "map[level:3]" || got.Timeout != 90 || got.RetryOf == nil || *got.RetryOf != id ||
 			fmt.Sprint(got.Statuses) != "map[Queued:2]" {
 			t.Fatalf("the retry: %+v", got)
@@ -68,13 +68,13 @@ func TestRetryAction(t *testing.T) {
 		var original struct {
 			RetryOf *int64 `json:"retry_of"`
 		}
-		if s.do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).want(t, 200).decode(t, &original); original.RetryOf != nil {
+		if s.Do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).Want(t, 200).Decode(t, &original); original.RetryOf != nil {
 			t.Fatalf("the original shows retry_of %d", *original.RetryOf)
 		}
 		// retry_of in every encoding.
 		var want any
 		for _, f := range codec.Formats {
-			r := s.send(t, req{method: "GET", path: fmt.Sprintf("/api/v1/actions/%d", out.ID), creds: admin, header: http.Header{"Accept": {f.ContentType()}}}).want(t, 200)
+			r := s.Send(t, req{Method: "GET", Path: fmt.Sprintf("/api/v1/actions/%d", out.ID), Creds: admin, Header: http.Header{"Accept": {f.ContentType()}}}).Want(t, 200)
 			v, err := codec.Decode(f, r.Body)
 			if err != nil {
 				t.Fatalf("%s: %v", f, err)
@@ -90,14 +90,14 @@ func TestRetryAction(t *testing.T) {
 		}
 
 		// A device action is retried once: the Failed ones were.
-		r = s.do(t, admin, "POST", retry, nil)
+		r = s.Do(t, admin, "POST", retry, nil)
 		wantCode(t, r, 409, "conflict")
 		if !strings.Contains(string(r.Body), fmt.Sprintf("retried already, by action %d", out.ID)) {
 			t.Fatalf("retried twice: %s", r.Body)
 		}
 		// The statuses asked for: Failed and Cancelled, of which only the
 		// Cancelled one is left.
-		s.do(t, admin, "POST", retry, map[string]any{"statuses": []string{"Failed", "Cancelled"}}).want(t, 201).decode(t, &out)
+		s.Do(t, admin, "POST", retry, map[string]any{"statuses": []string{"Failed", "Cancelled"}}).Want(t, 201).Decode(t, &out)
 		if out.Targeted != 1 {
 			t.Fatalf("Failed and Cancelled: %+v", out)
 		}
@@ -111,7 +111,7 @@ func TestRetryAction(t *testing.T) {
 			{map[string]any{"statuses": "Failed"}, "statuses"},
 			{map[string]any{"status": []string{"Failed"}}, "status"},
 		} {
-			r := s.do(t, admin, "POST", retry, c.body)
+			r := s.Do(t, admin, "POST", retry, c.body)
 			wantCode(t, r, 400, "invalid")
 			if !strings.Contains(string(r.Body), `"`+c.field+`"`) {
 				t.Fatalf("%v: the error does not name %s: %s", c.body, c.field, r.Body)
@@ -120,37 +120,37 @@ func TestRetryAction(t *testing.T) {
 		// An action whose devices all completed has nothing Failed.
 		done := s.dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"r1"}})
 		s.report(t, "r1", done, "Completed")
-		r = s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/retry", done), nil)
+		r = s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/retry", done), nil)
 		wantCode(t, r, 409, "conflict")
 		if !strings.Contains(string(r.Body), "is Failed; nothing was dispatched") {
 			t.Fatalf("nothing Failed: %s", r.Body)
 		}
-		wantCode(t, s.do(t, admin, "POST", "/api/v1/actions/999999/retry", nil), 404, "not_found")
+		wantCode(t, s.Do(t, admin, "POST", "/api/v1/actions/999999/retry", nil), 404, "not_found")
 		// A cancel_action is not retried.
 		busy := s.dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"r2"}})
 		s.report(t, "r2", busy, "Running")
-		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", busy), nil).want(t, 204)
+		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", busy), nil).Want(t, 204)
 		s.report(t, "r2", busy, "Failed")
 		var cancels struct {
 			Actions []struct{ ID int64 } `json:"actions"`
 		}
-		s.do(t, admin, "GET", "/api/v1/actions?action=cancel_action", nil).want(t, 200).decode(t, &cancels)
+		s.Do(t, admin, "GET", "/api/v1/actions?action=cancel_action", nil).Want(t, 200).Decode(t, &cancels)
 		if len(cancels.Actions) != 1 {
 			t.Fatalf("cancel_actions %+v", cancels)
 		}
 		cancelID := cancels.Actions[0].ID
-		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", cancelID), nil).want(t, 204)
-		r = s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/retry", cancelID), map[string]any{"statuses": []string{"Cancelled", "Completed", "Failed"}})
+		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", cancelID), nil).Want(t, 204)
+		r = s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/retry", cancelID), map[string]any{"statuses": []string{"Cancelled", "Completed", "Failed"}})
 		wantCode(t, r, 409, "conflict")
 		if !strings.Contains(string(r.Body), "is a cancel_action") {
 			t.Fatalf("retry of a cancel_action: %s", r.Body)
 		}
 
 		// Another tenant's action is not found; a viewer may not retry.
-		other := s.newTenant(t, "other")
-		wantCode(t, s.do(t, other, "POST", retry, nil), 404, "not_found")
-		viewer := s.newKey(t, admin, "victor", "viewer")
-		s.do(t, viewer, "POST", retry, nil).want(t, 403)
+		other := s.NewTenant(t, "other")
+		wantCode(t, s.Do(t, other, "POST", retry, nil), 404, "not_found")
+		viewer := s.NewKey(t, admin, "victor", "viewer")
+		s.Do(t, viewer, "POST", retry, nil).Want(t, 403)
 
 		// The console's action page offers the retry of a finished action
 		// with failed devices, and shows the new action as a retry.
@@ -183,7 +183,7 @@ func TestRetryAction(t *testing.T) {
 				Details map[string]any `json:"details"`
 			} `json:"audit_logs"`
 		}
-		s.do(t, admin, "GET", "/api/v1/audit-logs?action=action.retry", nil).want(t, 200).decode(t, &logs)
+		s.Do(t, admin, "GET", "/api/v1/audit-logs?action=action.retry", nil).Want(t, 200).Decode(t, &logs)
 		if len(logs.AuditLogs) != 3 || fmt.Sprint(logs.AuditLogs[0].Details["retry_of"]) != fmt.Sprint(failed) ||
 			fmt.Sprint(logs.AuditLogs[1].Details["statuses"]) != "[Failed Cancelled]" || fmt.Sprint(logs.AuditLogs[2].Details["targeted"]) != "2" {
 			t.Fatalf("audited %+v", logs.AuditLogs)

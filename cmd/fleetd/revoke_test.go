@@ -12,7 +12,7 @@ import (
 func TestRevocationEndsConnections(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		rotated := s.mustDevice(t, admin, "rotated", nil)
 		deleted := s.mustDevice(t, admin, "deleted", nil)
 		bystander := s.mustDevice(t, admin, "bystander", nil)
@@ -20,10 +20,10 @@ func TestRevocationEndsConnections(t *testing.T) {
 		d := s.connectDevice(t, "default", deleted.ID, deleted.Token)
 		by := s.connectDevice(t, "default", bystander.ID, bystander.Token)
 
-		s.do(t, admin, "POST", "/api/v1/devices/rotated/token", nil).want(t, 201)
+		s.Do(t, admin, "POST", "/api/v1/devices/rotated/token", nil).Want(t, 201)
 		eventually(t, "the device with the rotated token is disconnected", func() bool { return !r.client.IsConnectionOpen() })
 
-		s.do(t, admin, "DELETE", "/api/v1/devices/deleted", nil).want(t, 204)
+		s.Do(t, admin, "DELETE", "/api/v1/devices/deleted", nil).Want(t, 204)
 		eventually(t, "the deleted device is disconnected", func() bool { return !d.client.IsConnectionOpen() })
 
 		if !by.client.IsConnectionOpen() {

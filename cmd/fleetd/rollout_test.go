@@ -26,9 +26,9 @@ import (
 // wantCode checks an error answer's status and code.
 func wantCode(t *testing.T, r *response, status int, code string) {
 	t.Helper()
-	r.want(t, status)
-	if got := r.errorCode(t); got != code {
-		t.Fatalf("%s: error %q, want %q: %s", r.req, got, code, r.Body)
+	r.Want(t, status)
+	if got := r.ErrorCode(t); got != code {
+		t.Fatalf("%s: error %q, want %q: %s", r.Req, got, code, r.Body)
 	}
 }
 
@@ -47,7 +47,7 @@ type rolloutBody struct {
 func (s *testServer) rollout(t *testing.T, c creds, id int64) rolloutBody {
 	t.Helper()
 	var a rolloutBody
-	s.do(t, c, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).want(t, 200).decode(t, &a)
+	s.Do(t, c, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).Want(t, 200).Decode(t, &a)
 	return a
 }
 
@@ -157,10 +157,10 @@ func TestRolloutEndToEnd(t *testing.T) {
 		// too: no rate limit (TestRateLimits tests those), or a quiet
 		// machine polls past 100 requests a second and is answered 429.
 		s := startServer(t, b, append([]string{"--rollout-interval", "20ms", "--rate-limit", "-1"}, alertFlags...)...)
-		admin := s.admin()
+		admin := s.Admin()
 		hook := newReceiver(t, 0)
-		s.do(t, admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
-			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL, "secret": "s3cret"}}).want(t, 201)
+		s.Do(t, admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
+			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL, "secret": "s3cret"}}).Want(t, 201)
 		tokens := filepath.Join(t.TempDir(), "tokens.csv")
 		var ids []string
 		for i := 1; i <= 10; i++ {
@@ -209,19 +209,19 @@ func TestRolloutEndToEnd(t *testing.T) {
 			}
 			// A device reporting on an action its phase has not released
 			// is told it has no such action.
-			wantCode(t, s.do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": order[0], "action_id": id, "state": "Running"}), 404, "not_found")
+			wantCode(t, s.Do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": order[0], "action_id": id, "state": "Running"}), 404, "not_found")
 
-			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
 			a = s.awaitRollout(t, admin, id, "completed")
 			if a.Statuses["Completed"] != 10 || fmt.Sprint(a.PhasesTriggered) != "[true true true]" || *a.NextPhaseIndex != 3 {
 				t.Fatalf("completed: %+v", a)
 			}
 			awaitEvents(t, hook, id, "phase_triggered:0", "phase_triggered:1", "phase_triggered:2", "completed")
-			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
-			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil), 409, "conflict")
+			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
+			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil), 409, "conflict")
 			// An action without a schedule has none of these operations.
 			plain := s.dispatch(t, admin, map[string]any{"action": "x", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"ro-00001"}})
-			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", plain), nil), 409, "conflict")
+			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", plain), nil), 409, "conflict")
 			if pa := s.rollout(t, admin, plain); pa.Status != "" || pa.Schedule != nil || pa.StatusesPhased["-1"] == nil {
 				t.Fatalf("an action without a schedule shows %+v", pa)
 			}
@@ -249,10 +249,10 @@ func TestRolloutEndToEnd(t *testing.T) {
 				t.Fatalf("paused: %q, want %q; %+v", a.PauseReason, want, a)
 			}
 			awaitEvents(t, hook, id, "phase_triggered:0", "paused")
-			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
-			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil), 409, "conflict")
+			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
+			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil), 409, "conflict")
 			// Resuming waives the gate: the rest is released at once.
-			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/resume", id), nil).want(t, 204)
+			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/resume", id), nil).Want(t, 204)
 			a = s.awaitRollout(t, admin, id, "completed")
 			if a.Statuses["Completed"]+a.Statuses["Failed"] != 10 || a.PauseReason != "" {
 				t.Fatalf("after the resume: %+v", a)
@@ -283,13 +283,13 @@ func TestRolloutEndToEnd(t *testing.T) {
 			}
 			// Abort: nothing more is released; what was never released
 			// is cancelled without a word to its devices.
-			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/abort", id), nil).want(t, 204)
+			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/abort", id), nil).Want(t, 204)
 			a = s.rollout(t, admin, id)
 			if a.Status != "aborted" || a.StatusesPhased["1"]["Cancelled"] != 9 {
 				t.Fatalf("aborted: %+v", a)
 			}
-			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/abort", id), nil), 409, "conflict")
-			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/resume", id), nil), 409, "conflict")
+			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/abort", id), nil), 409, "conflict")
+			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/resume", id), nil), 409, "conflict")
 			awaitEvents(t, hook, id, "phase_triggered:0", "paused", "aborted")
 			sick.stop(t)
 		})
@@ -306,14 +306,14 @@ func TestRolloutEndToEnd(t *testing.T) {
 			if a := s.rollout(t, admin, id); a.Status != "scheduled" || a.Statuses["Scheduled"] != 5 {
 				t.Fatalf("before any trigger: %+v", a)
 			}
-			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
 			s.awaitActionStatus(t, admin, "ro-00001", id, "Completed")
 
 			// append_phase takes devices the action does not target yet.
-			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ro-00002"))), 400, "invalid")
-			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ghost"))), 400, "invalid")
-			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, percent(100))), 400, "invalid")
-			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ro-00009"))).want(t, 204)
+			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ro-00002"))), 400, "invalid")
+			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ghost"))), 400, "invalid")
+			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, percent(100))), 400, "invalid")
+			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ro-00009"))).Want(t, 204)
 			a := s.rollout(t, admin, id)
 			if a.Targeted != 6 || len(a.Schedule.Phases) != 3 || fmt.Sprint(a.PhasesTriggered) != "[true false false]" || a.StatusesPhased["2"]["Scheduled"] != 1 {
 				t.Fatalf("after append_phase: %+v", a)
@@ -324,11 +324,11 @@ func TestRolloutEndToEnd(t *testing.T) {
 
 			// The slow devices are busy with phase 1 when it is aborted:
 			// they are sent a cancel_action, ro-00009 nothing.
-			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
 			for _, d := range []string{"ro-00002", "ro-00003", "ro-00004", "ro-00005"} {
 				s.awaitActionStatus(t, admin, d, id, "Progress")
 			}
-			s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/abort", id), nil).want(t, 204)
+			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/abort", id), nil).Want(t, 204)
 			a = s.rollout(t, admin, id)
 			// The busy devices keep it until they answer.
 			if a.Status != "aborted" || a.Statuses["Cancelled"] != 1 || a.Statuses["Completed"] != 1 || a.Statuses["Progress"] != 4 {
@@ -338,7 +338,7 @@ func TestRolloutEndToEnd(t *testing.T) {
 				Actions []actionBody `json:"actions"`
 			}
 			eventually(t, "the busy devices to complete the cancel_action", func() bool {
-				s.do(t, admin, "GET", "/api/v1/actions?action=cancel_action", nil).want(t, 200).decode(t, &list)
+				s.Do(t, admin, "GET", "/api/v1/actions?action=cancel_action", nil).Want(t, 200).Decode(t, &list)
 				return len(list.Actions) == 1 && list.Actions[0].Targeted == 4 && list.Actions[0].Statuses["Completed"] == 4
 			})
 			if a = s.rollout(t, admin, id); a.Statuses["Cancelled"] != 5 || a.Statuses["Completed"] != 1 {
@@ -364,10 +364,10 @@ func TestRolloutEndToEnd(t *testing.T) {
 			if da := s.deviceAction(t, admin, "ro-00005", id); da.Status != "ScheduleEnded" || da.ActionStatus != "Cancelled" {
 				t.Fatalf("a device never released: %+v", da)
 			}
-			wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
+			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
 			awaitEvents(t, hook, id, "phase_triggered:0", "completed")
 			// An end already past is refused at dispatch.
-			wantCode(t, s.do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "x", "params": map[string]any{}, "search_type": "all",
+			wantCode(t, s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "x", "params": map[string]any{}, "search_type": "all",
 				"schedule": map[string]any{"end_timestamp": end, "phases": []any{phase("all", triggerNow, percent(100))}}}), 400, "invalid")
 		})
 
@@ -376,14 +376,14 @@ func TestRolloutEndToEnd(t *testing.T) {
 				Actions []rolloutBody `json:"actions"`
 				Count   int           `json:"count"`
 			}
-			s.do(t, admin, "GET", "/api/v1/actions?incomplete=true&limit=100", nil).want(t, 200).decode(t, &list)
+			s.Do(t, admin, "GET", "/api/v1/actions?incomplete=true&limit=100", nil).Want(t, 200).Decode(t, &list)
 			for _, a := range list.Actions {
 				live := a.Statuses["Scheduled"] + a.Statuses["Queued"] + a.Statuses["Initiated"] + a.Statuses["Progress"]
 				if live == 0 {
 					t.Fatalf("incomplete=true lists action %d, whose device actions are final: %v", a.ID, a.Statuses)
 				}
 			}
-			s.do(t, admin, "GET", "/api/v1/actions?incomplete=maybe", nil).want(t, 400)
+			s.Do(t, admin, "GET", "/api/v1/actions?incomplete=maybe", nil).Want(t, 400)
 		})
 
 		// Every rollout notification was signed with the rule's secret.
@@ -404,7 +404,7 @@ func TestRolloutEndToEnd(t *testing.T) {
 func TestRolloutOfflineDevice(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, "--rollout-interval", "20ms", "--rate-limit", "-1")
-		admin := s.admin()
+		admin := s.Admin()
 		online := s.startSim(t, "--devices", "4", "--provision", "--url", s.URL, "--api-key", admin.Key, "--prefix", "st-", "--telemetry-interval", "0")
 		online.connected(t, 4)
 		tokens := filepath.Join(t.TempDir(), "off.csv")
@@ -414,7 +414,7 @@ func TestRolloutOfflineDevice(t *testing.T) {
 			var seen struct {
 				LastSeenAt *time.Time `json:"last_seen_at"`
 			}
-			s.do(t, admin, "GET", "/api/v1/devices/off-00001", nil).want(t, 200).decode(t, &seen)
+			s.Do(t, admin, "GET", "/api/v1/devices/off-00001", nil).Want(t, 200).Decode(t, &seen)
 			return seen.LastSeenAt != nil
 		})
 		off.stop(t)
@@ -487,7 +487,7 @@ func TestRolloutOfflineDevice(t *testing.T) {
 func TestRolloutEncodings(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		for _, d := range []string{"enc-1", "enc-2", "enc-3"} {
 			s.mustDevice(t, admin, d, nil)
 		}
@@ -500,7 +500,7 @@ func TestRolloutEncodings(t *testing.T) {
 					map[string]any{"name": "rest", "trigger_on": map[string]any{"type": "after_previous", "wait_seconds": 60, "finished_ratio": 0.75}, "info": percent(100),
 						"gate": map[string]any{"max_failure_rate": rate, "min_finished": 1}},
 				}}})
-		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil).want(t, 204)
+		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil).Want(t, 204)
 		phased := "map[0:map[Scheduled:1] 1:map[Scheduled:2]]"
 		waiting := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"enc-1"},
 			"schedule": map[string]any{"phases": []any{phase("by hand", triggerManual, percent(100))}}})
@@ -560,7 +560,7 @@ func TestRolloutEncodings(t *testing.T) {
 			t.Run(c.path, func(t *testing.T) {
 				var want any
 				for _, f := range codec.Formats {
-					r := s.send(t, req{method: "GET", path: c.path, creds: admin, header: http.Header{"Accept": {f.ContentType()}}}).want(t, 200)
+					r := s.Send(t, req{Method: "GET", Path: c.path, Creds: admin, Header: http.Header{"Accept": {f.ContentType()}}}).Want(t, 200)
 					got, err := codec.Decode(f, r.Body)
 					if err != nil {
 						t.Fatalf("%s: %v", f, err)
@@ -586,7 +586,7 @@ func TestRolloutEncodings(t *testing.T) {
 func TestRolloutOperations(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		for _, d := range []string{"op-1", "op-2", "op-3", "op-4"} {
 			s.mustDevice(t, admin, d, nil)
 		}
@@ -612,7 +612,7 @@ func TestRolloutOperations(t *testing.T) {
 		}
 		op := func(name string, body any, status int) {
 			t.Helper()
-			r := s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/%s", id, name), body)
+			r := s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/%s", id, name), body)
 			if status == 409 {
 				wantCode(t, r, 409, "conflict")
 				if !strings.Contains(string(r.Body), "the rollout is ") {
@@ -620,7 +620,7 @@ func TestRolloutOperations(t *testing.T) {
 				}
 				return
 			}
-			r.want(t, status)
+			r.Want(t, status)
 		}
 		late := phase("late", triggerManual, fixedList("op-4"))
 		for _, step := range []struct {
@@ -659,7 +659,7 @@ func TestRolloutOperations(t *testing.T) {
 		if a := s.rollout(t, admin, last); a.Status != "running" {
 			t.Fatalf("a rollout of one released phase: %+v", a)
 		}
-		wantCode(t, s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", last), nil), 409, "conflict")
+		wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", last), nil), 409, "conflict")
 		if got := buttons(last); got != "pause abort" {
 			t.Fatalf("a running rollout with no phase left shows %q", got)
 		}
@@ -675,7 +675,7 @@ func TestRolloutOperations(t *testing.T) {
 				Details map[string]any `json:"details"`
 			} `json:"audit_logs"`
 		}
-		s.do(t, admin, "GET", "/api/v1/audit-logs?limit=1000", nil).want(t, 200).decode(t, &logs)
+		s.Do(t, admin, "GET", "/api/v1/audit-logs?limit=1000", nil).Want(t, 200).Decode(t, &logs)
 		var got []string
 		for _, l := range slices.Backward(logs.AuditLogs) { // newest first
 			if !strings.HasPrefix(l.Action, "rollout.") {
@@ -790,10 +790,11 @@ func TestRolloutMaintenanceWindowDST(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		clock := &testClock{}
 		clock.set(t, "2026-03-29T00:50:00Z") // 01:50 CET: before the window
-		s := &testServer{DSN: b.DSN(t), DataDir: t.TempDir(), done: make(chan error, 1), output: &lockedBuffer{}, now: clock.Now}
-		s.start(t, "--rollout-interval", "10ms")
-		t.Cleanup(func() { s.stop(t) })
-		admin := s.admin()
+		s := newServer(t, b)
+		s.Now = clock.Now
+		s.Start(t, "--rollout-interval", "10ms")
+		t.Cleanup(func() { s.Stop(t) })
+		admin := s.Admin()
 		tokens := filepath.Join(t.TempDir(), "tokens.csv")
 		sim := s.startSim(t, "--devices", "3", "--provision", "--url", s.URL, "--api-key", admin.Key,
 			"--tokens", tokens, "--prefix", "win-", "--telemetry-interval", "0")
@@ -828,13 +829,13 @@ func TestRolloutMaintenanceWindowDST(t *testing.T) {
 
 		// At 04:59 CEST a phase released is sent at once.
 		clock.set(t, "2026-03-29T02:59:00Z")
-		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
 		s.awaitActionStatus(t, admin, "win-00002", id, "Completed")
 
 		// 03:00 UTC is 05:00 CEST: two hours after it opened, the window of
 		// this night is shut. The third phase waits for the next night.
 		clock.set(t, "2026-03-29T03:00:00Z")
-		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
 		clock.looked(t, 10)
 		if da := s.deviceAction(t, admin, "win-00003", id); da.ActionStatus != "Queued" || simActions(sim) != 2 {
 			t.Fatalf("win-00003 at 05:00 CEST: %+v; %d actions received", da, simActions(sim))
@@ -856,7 +857,7 @@ func TestRolloutMaintenanceWindowDST(t *testing.T) {
 func TestRolloutRestart(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, "--rollout-interval", "20ms")
-		admin := s.admin()
+		admin := s.Admin()
 		tokens := filepath.Join(t.TempDir(), "tokens.csv")
 		sim := s.startSim(t, "--devices", "6", "--provision", "--url", s.URL, "--api-key", admin.Key,
 			"--tokens", tokens, "--prefix", "rs-", "--telemetry-interval", "0")
@@ -868,11 +869,11 @@ func TestRolloutRestart(t *testing.T) {
 				map[string]any{"name": "rest", "trigger_on": triggerAfter, "info": percent(100), "gate": map[string]any{"max_failure_rate": 0.5}},
 			}}})
 		s.awaitActionStatus(t, admin, "rs-00001", id, "Completed")
-		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil).want(t, 204)
+		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil).Want(t, 204)
 		before := s.rollout(t, admin, id)
 
 		sim.stop(t)
-		s.restart(t, "--rollout-interval", "20ms")
+		s.Restart(t, "--rollout-interval", "20ms")
 		sim = s.startSim(t, "--devices", "6", "--tokens", tokens, "--telemetry-interval", "0")
 		sim.connected(t, 6)
 		after := s.rollout(t, admin, id)
@@ -880,8 +881,8 @@ func TestRolloutRestart(t *testing.T) {
 			fmt.Sprint(after.StatusesPhased) != fmt.Sprint(before.StatusesPhased) {
 			t.Fatalf("after the restart: %+v\nbefore: %+v", after, before)
 		}
-		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/resume", id), nil).want(t, 204)
-		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/resume", id), nil).Want(t, 204)
+		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
 		a := s.awaitRollout(t, admin, id, "completed")
 		if a.Statuses["Completed"] != 6 || fmt.Sprint(a.PhasesTriggered) != "[true true true]" {
 			t.Fatalf("completed: %+v", a)
@@ -899,10 +900,10 @@ func TestRolloutReplicas(t *testing.T) {
 	c := newCluster(t, append([]string{"--rollout-interval", "10ms"}, alertFlags...)...)
 	a := c.start("replica-a")
 	b := c.start("replica-b")
-	admin := a.admin()
+	admin := a.Admin()
 	hook := newReceiver(t, 0)
-	a.do(t, admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
-		"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).want(t, 201)
+	a.Do(t, admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
+		"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).Want(t, 201)
 	tokens := filepath.Join(t.TempDir(), "tokens.csv")
 	sim := a.startSim(t, "--devices", "20", "--provision", "--url", a.URL, "--api-key", admin.Key,
 		"--tokens", tokens, "--prefix", "rep-", "--telemetry-interval", "0")
@@ -930,17 +931,13 @@ func TestRolloutReplicas(t *testing.T) {
 	})
 
 	t.Run("KilledMidTrigger", func(t *testing.T) {
-		var devs []map[string]any
-		for i := range 50_000 {
-			devs = append(devs, map[string]any{"id": fmt.Sprintf("bulk-%05d", i)})
-		}
-		a.do(t, admin, "POST", "/api/v1/devices/bulk", map[string]any{"devices": devs}).want(t, 201)
+		a.ProvisionDevices(t, admin, "bulk-", 50_000, nil)
 		id := a.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "bulk-",
 			"schedule": map[string]any{"phases": []any{
 				phase("first", triggerManual, fixedList("bulk-00000")),
 				phase("rest", triggerManual, percent(100)),
 			}}})
-		a.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+		a.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
 		db := c.db()
 		const rest = 50_000 - 1 // but the first phase's device
 		phase1 := func() (released, waiting, next int) {
@@ -991,7 +988,7 @@ func TestRolloutReplicas(t *testing.T) {
 			t.Fatalf("after the kill mid-release: %d released, %d waiting, next phase %d; want none released, %d waiting, next phase 1", released, waiting, next, rest)
 		}
 		// B does what A did not.
-		b.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).want(t, 204)
+		b.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
 		if released, waiting, next := phase1(); released != rest || waiting != 0 || next != 2 {
 			t.Fatalf("after B's trigger: %d released, %d waiting, next phase %d; want %d released", released, waiting, next, rest)
 		}
@@ -1021,7 +1018,7 @@ func (s *testServer) request(t *testing.T, c creds, method, path string) *http.R
 func TestRolloutMetadataPhase(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		for _, d := range []string{"m1", "m2", "m3", "m4"} {
 			meta := map[string]string{"ring": "main"}
 			if d == "m2" || d == "m4" {
@@ -1043,7 +1040,7 @@ func TestRolloutMetadataPhase(t *testing.T) {
 		}
 		var want any
 		for _, f := range codec.Formats {
-			r := s.send(t, req{method: "GET", path: fmt.Sprintf("/api/v1/actions/%d", id), creds: admin, header: http.Header{"Accept": {f.ContentType()}}}).want(t, 200)
+			r := s.Send(t, req{Method: "GET", Path: fmt.Sprintf("/api/v1/actions/%d", id), Creds: admin, Header: http.Header{"Accept": {f.ContentType()}}}).Want(t, 200)
 			v, err := codec.Decode(f, r.Body)
 			if err != nil {
 				t.Fatalf("%s: %v", f, err)
@@ -1057,7 +1054,7 @@ func TestRolloutMetadataPhase(t *testing.T) {
 				t.Fatalf("%s says\n%v\nwhere JSON says\n%v", f, v, want)
 			}
 		}
-		r := s.do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all",
+		r := s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all",
 			"schedule": map[string]any{"phases": []any{phase("lab", triggerNow, map[string]any{"type": "metadata"}), phase("rest", triggerAfter, percent(100))}}})
 		wantCode(t, r, 400, "invalid")
 		if !strings.Contains(string(r.Body), `"schedule.phases[0].info.metadata"`) {

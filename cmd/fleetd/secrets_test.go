@@ -108,47 +108,47 @@ func TestSecretsNeverLeak(t *testing.T) {
 		"--smtp-tls", "none",
 	}, alertFlags...)...)
 	ss.add(t, "bootstrap admin key", s.Key)
-	admin := s.admin()
-	s.observe = func(method, path string, r *response) { cp.add(method+" "+path, r) }
+	admin := s.Admin()
+	s.Observe = func(method, path string, r *response) { cp.add(method+" "+path, r) }
 	do := func(c creds, method, path string, body any) *response {
 		t.Helper()
-		return s.do(t, c, method, path, body)
+		return s.Do(t, c, method, path, body)
 	}
 	send := func(r req) *response {
 		t.Helper()
-		return s.send(t, r)
+		return s.Send(t, r)
 	}
 
 	// Keys of every role, in two tenants.
 	keys := map[string]creds{}
 	for _, role := range []string{"viewer", "device", "operator", "admin"} {
 		var k struct{ Key string }
-		do(admin, "POST", "/api/v1/apikeys", map[string]any{"name": "k-" + role, "role": role, "user_email": role + "@example.com"}).want(t, 201).decode(t, &k)
+		do(admin, "POST", "/api/v1/apikeys", map[string]any{"name": "k-" + role, "role": role, "user_email": role + "@example.com"}).Want(t, 201).Decode(t, &k)
 		ss.add(t, role+" key", k.Key, "POST /api/v1/apikeys")
-		keys[role] = creds{"default", k.Key}
+		keys[role] = creds{Tenant: "default", Key: k.Key}
 	}
-	beta := s.newTenant(t, "beta")
+	beta := s.NewTenant(t, "beta")
 	ss.add(t, "beta admin key", beta.Key)
 
 	// Devices: one by one, in bulk, rotated; over MQTT with right and wrong
 	// tokens; with a certificate over mutual TLS.
 	var d device
-	do(admin, "POST", "/api/v1/devices", map[string]any{"id": "pump-1", "metadata": map[string]string{"site": "berlin"}}).want(t, 201).decode(t, &d)
+	do(admin, "POST", "/api/v1/devices", map[string]any{"id": "pump-1", "metadata": map[string]string{"site": "berlin"}}).Want(t, 201).Decode(t, &d)
 	ss.add(t, "device token", d.Token, "POST /api/v1/devices")
 	var bulk struct{ Devices []struct{ ID, Token string } }
-	do(admin, "POST", "/api/v1/devices/bulk", map[string]any{"devices": []any{map[string]any{"id": "pump-2"}, map[string]any{"id": "pump-3"}}}).want(t, 201).decode(t, &bulk)
+	do(admin, "POST", "/api/v1/devices/bulk", map[string]any{"devices": []any{map[string]any{"id": "pump-2"}, map[string]any{"id": "pump-3"}}}).Want(t, 201).Decode(t, &bulk)
 	for _, b := range bulk.Devices {
 		ss.add(t, "bulk device token", b.Token, "POST /api/v1/devices/bulk")
 	}
 	var rotated struct{ Token string }
-	do(admin, "POST", "/api/v1/devices/pump-2/token", nil).want(t, 201).decode(t, &rotated)
+	do(admin, "POST", "/api/v1/devices/pump-2/token", nil).Want(t, 201).Decode(t, &rotated)
 	ss.add(t, "rotated device token", rotated.Token, "POST /api/v1/devices/pump-2/token")
 	dev := s.connectDevice(t, "default", "pump-1", d.Token)
 	if code := connectCode(t, s.MQTTAddr, "127.0.0.1", "default/pump-3", d.Token); code != 0x86 {
 		t.Fatalf("another device's token: %#x", code)
 	}
 	var cert credentials
-	do(keys["operator"], "POST", "/api/v1/devices/pump-3/certificate", nil).want(t, 201).decode(t, &cert)
+	do(keys["operator"], "POST", "/api/v1/devices/pump-3/certificate", nil).Want(t, 201).Decode(t, &cert)
 	ss.add(t, "device private key", pemBody(cert.DevicePrivateKey), "POST /api/v1/devices/pump-3/certificate")
 	if _, err := uplinkDevice(t, s.mqttsAddr(t), "default", "pump-3", cert); err != nil {
 		t.Fatal(err)
@@ -184,11 +184,11 @@ func TestSecretsNeverLeak(t *testing.T) {
 		resp.Body.Close()
 		cp.add("GET artifact (tampered)", &response{Status: 401, Body: b, Header: resp.Header})
 	}
-	do(keys["device"], "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "pump-1", "action_id": fw, "state": "Downloading", "progress": 10}).want(t, 204)
-	do(keys["viewer"], "GET", "/api/v1/devices/pump-1/actions?limit=1000", nil).want(t, 200)
-	do(keys["viewer"], "GET", "/api/v1/actions/"+fmt.Sprint(fw), nil).want(t, 200)
-	do(keys["viewer"], "GET", "/api/v1/actions", nil).want(t, 200)
-	do(keys["viewer"], "GET", "/api/v1/firmware-bundles/id/"+bundle.ID, nil).want(t, 200)
+	do(keys["device"], "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "pump-1", "action_id": fw, "state": "Downloading", "progress": 10}).Want(t, 204)
+	do(keys["viewer"], "GET", "/api/v1/devices/pump-1/actions?limit=1000", nil).Want(t, 200)
+	do(keys["viewer"], "GET", "/api/v1/actions/"+fmt.Sprint(fw), nil).Want(t, 200)
+	do(keys["viewer"], "GET", "/api/v1/actions", nil).Want(t, 200)
+	do(keys["viewer"], "GET", "/api/v1/firmware-bundles/id/"+bundle.ID, nil).Want(t, 200)
 
 	// Alerts with every channel; the webhook signs with its secret, the
 	// headers carry credentials, the Slack URL is one.
@@ -205,10 +205,10 @@ func TestSecretsNeverLeak(t *testing.T) {
 		{"type": "webhook", "url": failing.URL + "/fail", "secret": hookSecret},
 		{"type": "email", "to": []string{"ops@example.com"}},
 	} {
-		do(admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{"channel_parameters": ch}).want(t, 201)
+		do(admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{"channel_parameters": ch}).Want(t, 201)
 	}
 	ss.add(t, "webhook URL query secret", "querySecret77a")
-	do(keys["device"], "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 85)).want(t, 200)
+	do(keys["device"], "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 85)).Want(t, 200)
 	var alertID string
 	eventually(t, "the alert", func() bool {
 		if as := s.alerts(t, admin, "?state=active"); len(as) == 1 {
@@ -218,28 +218,28 @@ func TestSecretsNeverLeak(t *testing.T) {
 	})
 	eventually(t, "the webhooks", func() bool { hookMu.Lock(); defer hookMu.Unlock(); return len(hookSigs) >= 2 })
 	eventually(t, "failed attempts to be recorded", func() bool {
-		r := do(admin, "GET", "/api/v1/alerts/"+alertID+"/notifications", nil).want(t, 200)
+		r := do(admin, "GET", "/api/v1/alerts/"+alertID+"/notifications", nil).Want(t, 200)
 		return strings.Count(string(r.Body), `"error"`) >= 2
 	})
-	do(keys["viewer"], "GET", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", nil).want(t, 200)
+	do(keys["viewer"], "GET", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", nil).Want(t, 200)
 	var nrs struct {
 		NotificationRules []struct{ ID string } `json:"notification_rules"`
 	}
-	do(keys["viewer"], "GET", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", nil).want(t, 200).decode(t, &nrs)
+	do(keys["viewer"], "GET", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", nil).Want(t, 200).Decode(t, &nrs)
 	for _, nr := range nrs.NotificationRules {
-		send(req{method: "PUT", path: "/api/v1/alert-rules/" + rule.ID + "/alert-notification-rules/" + nr.ID, creds: admin,
-			body: map[string]any{"interval_seconds": 60}, header: http.Header{"Prefer": {"return=representation"}}})
+		send(req{Method: "PUT", Path: "/api/v1/alert-rules/" + rule.ID + "/alert-notification-rules/" + nr.ID, Creds: admin,
+			Body: map[string]any{"interval_seconds": 60}, Header: http.Header{"Prefer": {"return=representation"}}})
 	}
 
 	// End users: JWTs verified against a JWKS, and an S9 webhook's tokens.
 	idp := newIdentityProvider(t)
-	do(admin, "PUT", "/api/v1/tenants/default/auth", map[string]any{"method": "jwks", "jwks_url": idp.srv.URL, "issuer": "https://id.example.com", "audience": "fleetd"}).want(t, 204)
+	do(admin, "PUT", "/api/v1/tenants/default/auth", map[string]any{"method": "jwks", "jwks_url": idp.srv.URL, "issuer": "https://id.example.com", "audience": "fleetd"}).Want(t, 204)
 	good := idp.token(t, jwt.MapClaims{"role": "operator"})
 	expired := idp.token(t, jwt.MapClaims{"exp": time.Now().Add(-time.Hour).Unix()})
 	ss.add(t, "JWT", good)
 	ss.add(t, "expired JWT", expired)
-	(s.bearer(t, "default", good, "POST", "/api/v1/devices", map[string]any{"id": "by-jwt"}).want(t, 201))
-	(s.bearer(t, "default", expired, "GET", "/api/v1/devices", nil).want(t, 401))
+	(s.bearer(t, "default", good, "POST", "/api/v1/devices", map[string]any{"id": "by-jwt"}).Want(t, 201))
+	(s.bearer(t, "default", expired, "GET", "/api/v1/devices", nil).Want(t, 401))
 	const betaToken = "beta-user-token-c0ffee"
 	ss.add(t, "S9 webhook token", betaToken)
 	authHook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -252,19 +252,19 @@ func TestSecretsNeverLeak(t *testing.T) {
 		w.WriteHeader(http.StatusUnauthorized)
 	}))
 	defer authHook.Close()
-	do(beta, "PUT", "/api/v1/tenants/beta/auth", map[string]any{"method": "webhook", "webhook_url": authHook.URL}).want(t, 204)
-	(s.bearer(t, "beta", betaToken, "GET", "/api/v1/devices", nil).want(t, 200))
-	(s.bearer(t, "beta", betaToken+"x", "GET", "/api/v1/devices", nil).want(t, 401))
+	do(beta, "PUT", "/api/v1/tenants/beta/auth", map[string]any{"method": "webhook", "webhook_url": authHook.URL}).Want(t, 204)
+	(s.bearer(t, "beta", betaToken, "GET", "/api/v1/devices", nil).Want(t, 200))
+	(s.bearer(t, "beta", betaToken+"x", "GET", "/api/v1/devices", nil).Want(t, 401))
 
 	// Secrets sent where they do not belong come back in no error.
-	do(creds{"default", keys["viewer"].Key + "x"}, "GET", "/api/v1/devices", nil).want(t, 401)
-	do(creds{"beta", keys["viewer"].Key}, "GET", "/api/v1/devices", nil).want(t, 401)
-	do(admin, "POST", "/api/v1/devices", map[string]any{"id": "x", "token": d.Token}).want(t, 400)
-	do(admin, "POST", "/api/v1/devices?key="+url.QueryEscape(keys["admin"].Key), map[string]any{"id": "y"}).want(t, 400)
-	send(req{method: "POST", path: "/api/v1/devices", creds: admin, raw: []byte(`{"id": "` + d.Token + `"`), contentType: "application/json"})
-	send(req{method: "PATCH", path: "/api/v1/devices/pump-1", creds: admin, body: map[string]any{"metadata": map[string]any{"k": 1, "secret": keys["admin"].Key}}})
-	do(admin, "DELETE", "/api/v1/apikeys/k-viewer", nil).want(t, 204)
-	do(keys["viewer"], "GET", "/api/v1/devices", nil).want(t, 401)
+	do(creds{Tenant: "default", Key: keys["viewer"].Key + "x"}, "GET", "/api/v1/devices", nil).Want(t, 401)
+	do(creds{Tenant: "beta", Key: keys["viewer"].Key}, "GET", "/api/v1/devices", nil).Want(t, 401)
+	do(admin, "POST", "/api/v1/devices", map[string]any{"id": "x", "token": d.Token}).Want(t, 400)
+	do(admin, "POST", "/api/v1/devices?key="+url.QueryEscape(keys["admin"].Key), map[string]any{"id": "y"}).Want(t, 400)
+	send(req{Method: "POST", Path: "/api/v1/devices", Creds: admin, Raw: []byte(`{"id": "` + d.Token + `"`), ContentType: "application/json"})
+	send(req{Method: "PATCH", Path: "/api/v1/devices/pump-1", Creds: admin, Body: map[string]any{"metadata": map[string]any{"k": 1, "secret": keys["admin"].Key}}})
+	do(admin, "DELETE", "/api/v1/apikeys/k-viewer", nil).Want(t, 204)
+	do(keys["viewer"], "GET", "/api/v1/devices", nil).Want(t, 401)
 
 	// Broker mode: the broker password and the broker-auth secret.
 	brokerLog := brokerModeLogs(t, ss)
@@ -281,10 +281,10 @@ func TestSecretsNeverLeak(t *testing.T) {
 	// Now look everywhere.
 	var audit []string
 	for _, c := range []creds{admin, beta} {
-		r := s.do(t, c, "GET", "/api/v1/audit-logs?limit=1000", nil).want(t, 200)
+		r := s.Do(t, c, "GET", "/api/v1/audit-logs?limit=1000", nil).Want(t, 200)
 		audit = append(audit, string(r.Body))
 	}
-	logs := s.output.String() + brokerLog
+	logs := s.Output.String() + brokerLog
 	checked := 0
 	for secret, what := range ss.secrets {
 		for _, line := range strings.Split(logs, "\n") {
@@ -396,6 +396,6 @@ func brokerModeLogs(t *testing.T, ss *secretSet) string {
 		}
 		resp.Body.Close()
 	}
-	s.stop(t)
-	return s.output.String()
+	s.Stop(t)
+	return s.Output.String()
 }

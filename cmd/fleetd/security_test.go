@@ -137,11 +137,11 @@ func TestDeviceCertificatesEndToEnd(t *testing.T) {
 		s := startServer(t, b, "--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false",
 			"--mqtts-addr", "127.0.0.1:0", "--public-url", "https://fleet.example.com")
 		mqtts := s.mqttsAddr(t)
-		admin := s.admin()
+		admin := s.Admin()
 		s.mustDevice(t, admin, "pump-1", nil)
 
 		var c credentials
-		s.do(t, admin, "POST", "/api/v1/devices/pump-1/certificate", nil).want(t, 201).decode(t, &c)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/certificate", nil).Want(t, 201).Decode(t, &c)
 		dev, err := uplinkDevice(t, mqtts, "default", "pump-1", c)
 		if err != nil {
 			t.Fatalf("connect with the issued certificate: %v", err)
@@ -198,7 +198,7 @@ func TestDeviceCertificatesEndToEnd(t *testing.T) {
 				Port           int         `json:"port"`
 				Authentication credentials `json:"authentication"`
 			}
-			s.do(t, admin, "POST", "/api/v1/devices/pump-1/uplink-config", nil).want(t, 201).decode(t, &u)
+			s.Do(t, admin, "POST", "/api/v1/devices/pump-1/uplink-config", nil).Want(t, 201).Decode(t, &u)
 			_, port, _ := net.SplitHostPort(mqtts)
 			if u.ProjectID != "default" || u.DeviceID != "pump-1" || u.Broker != "fleet.example.com" || fmt.Sprint(u.Port) != port {
 				t.Fatalf("uplink config %+v, want default, pump-1, fleet.example.com, %s", u, port)
@@ -214,7 +214,7 @@ func TestDeviceCertificatesEndToEnd(t *testing.T) {
 		})
 
 		t.Run("revoked by a token rotation", func(t *testing.T) {
-			s.do(t, admin, "POST", "/api/v1/devices/pump-1/token", nil).want(t, 201)
+			s.Do(t, admin, "POST", "/api/v1/devices/pump-1/token", nil).Want(t, 201)
 			if _, err := uplinkDevice(t, mqtts, "default", "pump-1", c); err == nil {
 				t.Fatal("a certificate issued before the token rotation was accepted")
 			}
@@ -223,8 +223,8 @@ func TestDeviceCertificatesEndToEnd(t *testing.T) {
 		t.Run("revoked by deleting the device", func(t *testing.T) {
 			s.mustDevice(t, admin, "pump-2", nil)
 			var c2 credentials
-			s.do(t, admin, "POST", "/api/v1/devices/pump-2/certificate", nil).want(t, 201).decode(t, &c2)
-			s.do(t, admin, "DELETE", "/api/v1/devices/pump-2", nil).want(t, 204)
+			s.Do(t, admin, "POST", "/api/v1/devices/pump-2/certificate", nil).Want(t, 201).Decode(t, &c2)
+			s.Do(t, admin, "DELETE", "/api/v1/devices/pump-2", nil).Want(t, 204)
 			s.mustDevice(t, admin, "pump-2", nil) // the same id again is another device
 			if _, err := uplinkDevice(t, mqtts, "default", "pump-2", c2); err == nil {
 				t.Fatal("the certificate of a deleted device was accepted")
@@ -251,12 +251,12 @@ func TestDeviceCertificatesEndToEnd(t *testing.T) {
 		})
 
 		t.Run("isolation and roles", func(t *testing.T) {
-			other := s.newTenant(t, "acme-certs")
-			s.do(t, other, "POST", "/api/v1/devices/pump-1/certificate", nil).want(t, 404)
-			viewer := s.newKey(t, admin, "cert-viewer", "viewer")
-			s.do(t, viewer, "POST", "/api/v1/devices/pump-1/certificate", nil).want(t, 403)
-			s.do(t, admin, "POST", "/api/v1/devices/no-such/certificate", nil).want(t, 404)
-			s.do(t, admin, "POST", "/api/v1/devices/bad%20id/certificate", nil).want(t, 400)
+			other := s.NewTenant(t, "acme-certs")
+			s.Do(t, other, "POST", "/api/v1/devices/pump-1/certificate", nil).Want(t, 404)
+			viewer := s.NewKey(t, admin, "cert-viewer", "viewer")
+			s.Do(t, viewer, "POST", "/api/v1/devices/pump-1/certificate", nil).Want(t, 403)
+			s.Do(t, admin, "POST", "/api/v1/devices/no-such/certificate", nil).Want(t, 404)
+			s.Do(t, admin, "POST", "/api/v1/devices/bad%20id/certificate", nil).Want(t, 400)
 		})
 
 		t.Run("private keys are not kept", func(t *testing.T) {
@@ -266,7 +266,7 @@ func TestDeviceCertificatesEndToEnd(t *testing.T) {
 					Details json.RawMessage `json:"details"`
 				} `json:"audit_logs"`
 			}
-			s.do(t, admin, "GET", "/api/v1/audit-logs?limit=1000", nil).want(t, 200).decode(t, &logs)
+			s.Do(t, admin, "GET", "/api/v1/audit-logs?limit=1000", nil).Want(t, 200).Decode(t, &logs)
 			found := false
 			for _, l := range logs.AuditLogs {
 				if strings.Contains(string(l.Details), "PRIVATE KEY") {
@@ -277,7 +277,7 @@ func TestDeviceCertificatesEndToEnd(t *testing.T) {
 			if !found {
 				t.Fatal("no device.issue_certificate in the audit log")
 			}
-			if strings.Contains(s.output.String(), "PRIVATE KEY") {
+			if strings.Contains(s.Output.String(), "PRIVATE KEY") {
 				t.Fatal("the log holds a private key")
 			}
 		})
@@ -287,21 +287,21 @@ func TestDeviceCertificatesEndToEnd(t *testing.T) {
 // mqttsAddr is the MQTT TLS listener of the startup line.
 func (s *testServer) mqttsAddr(t *testing.T) string {
 	t.Helper()
-	for _, line := range strings.Split(s.output.String(), "\n") {
+	for _, line := range strings.Split(s.Output.String(), "\n") {
 		for _, f := range strings.Fields(line) {
 			if v, ok := strings.CutPrefix(f, "mqtts="); ok && strings.HasPrefix(line, "fleetd: listening") {
 				return v
 			}
 		}
 	}
-	t.Fatalf("no mqtts= in the startup line:\n%s", s.output)
+	t.Fatalf("no mqtts= in the startup line:\n%s", s.Output)
 	return ""
 }
 
 func TestCertificatesNeedTLSListener(t *testing.T) {
 	s := startServer(t, sqlstoretest.Backends()[0])
-	s.mustDevice(t, s.admin(), "pump-1", nil)
-	if code := s.do(t, s.admin(), "POST", "/api/v1/devices/pump-1/certificate", nil).want(t, 409).errorCode(t); code != "conflict" {
+	s.mustDevice(t, s.Admin(), "pump-1", nil)
+	if code := s.Do(t, s.Admin(), "POST", "/api/v1/devices/pump-1/certificate", nil).Want(t, 409).ErrorCode(t); code != "conflict" {
 		t.Fatalf("error %q, want conflict", code)
 	}
 }
@@ -360,8 +360,8 @@ func TestHTTPSAndCertificateReload(t *testing.T) {
 	writeServerCert(t, dir, "second")
 	eventually(t, "the renewed certificate on HTTPS", func() bool { return served(host) == "second" })
 	eventually(t, "the renewed certificate on MQTT over TLS", func() bool { return served(s.mqttsAddr(t)) == "second" })
-	if !strings.Contains(s.output.String(), "do not load") {
-		t.Errorf("the broken renewal was not logged:\n%s", s.output)
+	if !strings.Contains(s.Output.String(), "do not load") {
+		t.Errorf("the broken renewal was not logged:\n%s", s.Output)
 	}
 }
 

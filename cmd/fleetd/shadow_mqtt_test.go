@@ -98,7 +98,7 @@ func TestShadowOverMQTT(t *testing.T) {
 					s = startServer(t, b)
 					addr = s.MQTTAddr
 				}
-				admin := s.admin()
+				admin := s.Admin()
 				tok := s.mustDevice(t, admin, "tw-1", nil).Token
 				path := "/api/v1/devices/tw-1/shadow"
 				if external {
@@ -115,10 +115,10 @@ func TestShadowOverMQTT(t *testing.T) {
 					// fleetd's own connection to the broker is up before the
 					// desired state is set, so that its delta is retained.
 					eventually(t, "fleetd connected to the broker", func() bool {
-						return s.do(t, admin, "GET", "/readyz", nil).Status == 200
+						return s.Do(t, admin, "GET", "/readyz", nil).Status == 200
 					})
 				}
-				s.do(t, admin, "PATCH", path, map[string]any{"desired": map[string]any{"interval": 10, "log": map[string]any{"level": "debug"}}}).want(t, 200)
+				s.Do(t, admin, "PATCH", path, map[string]any{"desired": map[string]any{"interval": 10, "log": map[string]any{"level": "debug"}}}).Want(t, 200)
 
 				d := dialTwinDevice(t, addr, "default", "tw-1", tok)
 				if got, want := d.nextDelta(t), `{"interval":10,"log":{"level":"debug"}}`; got != want {
@@ -138,12 +138,12 @@ func TestShadowOverMQTT(t *testing.T) {
 				}
 				eventually(t, "the shadow in sync", func() bool {
 					var sh shadow
-					s.do(t, admin, "GET", path, nil).want(t, 200).decode(t, &sh)
+					s.Do(t, admin, "GET", path, nil).Want(t, 200).Decode(t, &sh)
 					return sh.InSync && sh.Reported["uptime"] == float64(5)
 				})
 				// No empty delta came on the embedded broker: the next
 				// message is the next change.
-				s.do(t, admin, "PATCH", path, map[string]any{"desired": map[string]any{"interval": 20}}).want(t, 200)
+				s.Do(t, admin, "PATCH", path, map[string]any{"desired": map[string]any{"interval": 20}}).Want(t, 200)
 				if got, want := d.nextDelta(t), `{"interval":20}`; got != want {
 					t.Fatalf("delta after a desired change = %s, want %s", got, want)
 				}
@@ -169,7 +169,7 @@ func TestShadowOverMQTT(t *testing.T) {
 				}
 				eventually(t, "the stream's point in the reported state", func() bool {
 					var sh shadow
-					s.do(t, admin, "GET", path, nil).want(t, 200).decode(t, &sh)
+					s.Do(t, admin, "GET", path, nil).Want(t, 200).Decode(t, &sh)
 					_, seq := sh.Reported["sequence"]
 					_, ts := sh.Reported["timestamp"]
 					return sh.InSync && sh.Reported["Status"] == "running" && !seq && !ts

@@ -24,37 +24,37 @@ type shadow struct {
 func TestShadowAPI(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		s.mustDevice(t, admin, "sh-1", nil)
 		path := "/api/v1/devices/sh-1/shadow"
 
 		var sh shadow
-		s.do(t, admin, "GET", path, nil).want(t, 200).decode(t, &sh)
+		s.Do(t, admin, "GET", path, nil).Want(t, 200).Decode(t, &sh)
 		if sh.Version != 0 || !sh.InSync || sh.Desired == nil || sh.Delta == nil || sh.DesiredUpdatedAt != nil {
 			t.Fatalf("a new device's shadow = %+v", sh)
 		}
-		s.do(t, admin, "PATCH", path, map[string]any{"desired": map[string]any{"interval": 10, "log": map[string]any{"level": "debug"}}, "version": 0}).want(t, 200).decode(t, &sh)
+		s.Do(t, admin, "PATCH", path, map[string]any{"desired": map[string]any{"interval": 10, "log": map[string]any{"level": "debug"}}, "version": 0}).Want(t, 200).Decode(t, &sh)
 		if sh.Version != 1 || sh.InSync || sh.Delta["interval"] != float64(10) || sh.DesiredUpdatedAt == nil || len(*sh.DesiredUpdatedAt) != len("2026-11-21T10:00:00.123Z") {
 			t.Fatalf("after a patch: %+v", sh)
 		}
 		sh = shadow{}
-		s.do(t, admin, "PATCH", path, map[string]any{"desired": map[string]any{"log": nil}}).want(t, 200).decode(t, &sh)
+		s.Do(t, admin, "PATCH", path, map[string]any{"desired": map[string]any{"log": nil}}).Want(t, 200).Decode(t, &sh)
 		if sh.Version != 2 || len(sh.Desired) != 1 {
 			t.Fatalf("after deleting log: %+v", sh)
 		}
-		if code := s.do(t, admin, "PATCH", path, map[string]any{"desired": map[string]any{"interval": 20}, "version": 1}).want(t, 409).errorCode(t); code != "conflict" {
+		if code := s.Do(t, admin, "PATCH", path, map[string]any{"desired": map[string]any{"interval": 20}, "version": 1}).Want(t, 409).ErrorCode(t); code != "conflict" {
 			t.Fatalf("stale version: %q", code)
 		}
 
-		operator := s.newKey(t, admin, "sh-operator", "operator")
-		viewer := s.newKey(t, admin, "sh-viewer", "viewer")
-		s.do(t, viewer, "GET", path, nil).want(t, 200)
-		s.do(t, viewer, "PATCH", path, map[string]any{"desired": map[string]any{"x": 1}}).want(t, 403)
-		s.do(t, operator, "PATCH", path, map[string]any{"desired": map[string]any{"x": 1}}).want(t, 200)
+		operator := s.NewKey(t, admin, "sh-operator", "operator")
+		viewer := s.NewKey(t, admin, "sh-viewer", "viewer")
+		s.Do(t, viewer, "GET", path, nil).Want(t, 200)
+		s.Do(t, viewer, "PATCH", path, map[string]any{"desired": map[string]any{"x": 1}}).Want(t, 403)
+		s.Do(t, operator, "PATCH", path, map[string]any{"desired": map[string]any{"x": 1}}).Want(t, 200)
 
-		beta := s.newTenant(t, "beta")
-		s.do(t, beta, "GET", path, nil).want(t, 404)
-		s.do(t, beta, "PATCH", path, map[string]any{"desired": map[string]any{"x": 2}}).want(t, 404)
+		beta := s.NewTenant(t, "beta")
+		s.Do(t, beta, "GET", path, nil).Want(t, 404)
+		s.Do(t, beta, "PATCH", path, map[string]any{"desired": map[string]any{"x": 2}}).Want(t, 404)
 
 		deep := map[string]any{"v": 1}
 		for range 8 {
@@ -82,14 +82,14 @@ func TestShadowAPI(t *testing.T) {
 					Error, Message string
 					Fields         map[string]string
 				}
-				s.do(t, admin, "PATCH", path, tc.body).want(t, tc.status).decode(t, &e)
+				s.Do(t, admin, "PATCH", path, tc.body).Want(t, tc.status).Decode(t, &e)
 				if e.Fields[tc.field] == "" || e.Message == "" {
 					t.Fatalf("error = %+v, want a problem for %s", e, tc.field)
 				}
 			})
 		}
-		s.do(t, admin, "GET", "/api/v1/devices/nope/shadow", nil).want(t, 404)
-		s.do(t, admin, "GET", path, nil).want(t, 200).decode(t, &sh)
+		s.Do(t, admin, "GET", "/api/v1/devices/nope/shadow", nil).Want(t, 404)
+		s.Do(t, admin, "GET", path, nil).Want(t, 200).Decode(t, &sh)
 		if sh.Version != 3 {
 			t.Fatalf("refused patches moved the version to %d", sh.Version)
 		}
@@ -105,22 +105,22 @@ func TestShadowAPI(t *testing.T) {
 func TestShadowStreamBeyondTheShadowsLimits(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		s.mustDevice(t, admin, "sh-big", nil)
 		ingest := "/api/v1/devices/sh-big/streams/device_shadow"
 		now := time.Now().UnixMilli()
-		s.send(t, req{method: "POST", path: ingest, creds: admin,
-			body: []any{map[string]any{"timestamp": now - 1000, "sequence": 1, "fw": 1}}}).want(t, 200)
-		s.send(t, req{method: "POST", path: ingest, creds: admin,
-			body: []any{map[string]any{"timestamp": now, "sequence": 2, "fw": 2, "blob": strings.Repeat("x", 33<<10)}}}).want(t, 200)
+		s.Send(t, req{Method: "POST", Path: ingest, Creds: admin,
+			Body: []any{map[string]any{"timestamp": now - 1000, "sequence": 1, "fw": 1}}}).Want(t, 200)
+		s.Send(t, req{Method: "POST", Path: ingest, Creds: admin,
+			Body: []any{map[string]any{"timestamp": now, "sequence": 2, "fw": 2, "blob": strings.Repeat("x", 33<<10)}}}).Want(t, 200)
 
 		var sh shadow
-		s.do(t, admin, "GET", "/api/v1/devices/sh-big/shadow", nil).want(t, 200).decode(t, &sh)
+		s.Do(t, admin, "GET", "/api/v1/devices/sh-big/shadow", nil).Want(t, 200).Decode(t, &sh)
 		if len(sh.Reported) != 1 || sh.Reported["fw"] != float64(1) {
 			t.Fatalf("reported = %v, want the state before the point too large for it", sh.Reported)
 		}
 		var page struct{ Points []map[string]any }
-		s.do(t, admin, "GET", ingest+"/points", nil).want(t, 200).decode(t, &page)
+		s.Do(t, admin, "GET", ingest+"/points", nil).Want(t, 200).Decode(t, &page)
 		if len(page.Points) != 2 {
 			t.Fatalf("%d points kept, want 2", len(page.Points))
 		}
@@ -134,19 +134,19 @@ func TestShadowStreamBeyondTheShadowsLimits(t *testing.T) {
 func TestShadowStreamOutOfOrder(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		s.mustDevice(t, admin, "sh-late", nil)
 		ingest := "/api/v1/devices/sh-late/streams/device_shadow"
 		now := time.Now().UnixMilli()
 		post := func(ts, seq int64, state map[string]any) {
 			t.Helper()
 			state["timestamp"], state["sequence"] = ts, seq
-			s.send(t, req{method: "POST", path: ingest, creds: admin, body: []any{state}}).want(t, 200)
+			s.Send(t, req{Method: "POST", Path: ingest, Creds: admin, Body: []any{state}}).Want(t, 200)
 		}
 		reported := func() map[string]any {
 			t.Helper()
 			var sh shadow
-			s.do(t, admin, "GET", "/api/v1/devices/sh-late/shadow", nil).want(t, 200).decode(t, &sh)
+			s.Do(t, admin, "GET", "/api/v1/devices/sh-late/shadow", nil).Want(t, 200).Decode(t, &sh)
 			return sh.Reported
 		}
 		post(now, 5, map[string]any{"fw": 2})
@@ -160,7 +160,7 @@ func TestShadowStreamOutOfOrder(t *testing.T) {
 			t.Fatalf("reported = %v, want the newer point's map[fw:3]", got)
 		}
 		var page struct{ Points []map[string]any }
-		s.do(t, admin, "GET", ingest+"/points", nil).want(t, 200).decode(t, &page)
+		s.Do(t, admin, "GET", ingest+"/points", nil).Want(t, 200).Decode(t, &page)
 		if len(page.Points) != 4 {
 			t.Fatalf("%d points kept, want 4", len(page.Points))
 		}

@@ -18,25 +18,25 @@ import (
 func TestShadowUpdateConfig(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
-		operator := s.newKey(t, admin, "op", "operator")
-		viewer := s.newKey(t, admin, "view", "viewer")
-		other := s.newTenant(t, "other")
+		admin := s.Admin()
+		operator := s.NewKey(t, admin, "op", "operator")
+		viewer := s.NewKey(t, admin, "view", "viewer")
+		other := s.NewTenant(t, "other")
 		const path = "/api/v1/tenants/default/shadow-settings"
 		setting := func(c creds, tenant string) bool {
 			t.Helper()
 			var got fleet.ShadowSettings
-			s.do(t, c, "GET", "/api/v1/tenants/"+tenant+"/shadow-settings", nil).want(t, 200).decode(t, &got)
+			s.Do(t, c, "GET", "/api/v1/tenants/"+tenant+"/shadow-settings", nil).Want(t, 200).Decode(t, &got)
 			return got.UpdateConfig
 		}
 		if setting(viewer, "default") {
 			t.Fatal("update_config is on before anyone set it")
 		}
-		s.do(t, operator, "PUT", path, map[string]any{"update_config": true}).want(t, 403)
-		wantCode(t, s.do(t, admin, "PUT", path, map[string]any{"update_config": "yes"}), 400, "invalid")
-		wantCode(t, s.do(t, admin, "PUT", path, map[string]any{}), 400, "invalid")
-		s.do(t, other, "PUT", path, map[string]any{"update_config": true}).want(t, 404)
-		s.do(t, admin, "PUT", path, map[string]any{"update_config": true}).want(t, 204)
+		s.Do(t, operator, "PUT", path, map[string]any{"update_config": true}).Want(t, 403)
+		wantCode(t, s.Do(t, admin, "PUT", path, map[string]any{"update_config": "yes"}), 400, "invalid")
+		wantCode(t, s.Do(t, admin, "PUT", path, map[string]any{}), 400, "invalid")
+		s.Do(t, other, "PUT", path, map[string]any{"update_config": true}).Want(t, 404)
+		s.Do(t, admin, "PUT", path, map[string]any{"update_config": true}).Want(t, 204)
 		if !setting(viewer, "default") || setting(other, "other") {
 			t.Fatal("the setting is not the tenant's own")
 		}
@@ -46,32 +46,32 @@ func TestShadowUpdateConfig(t *testing.T) {
 				Details map[string]any `json:"details"`
 			} `json:"audit_logs"`
 		}
-		s.do(t, admin, "GET", "/api/v1/audit-logs?action=tenant.shadow_settings", nil).want(t, 200).decode(t, &logs)
+		s.Do(t, admin, "GET", "/api/v1/audit-logs?action=tenant.shadow_settings", nil).Want(t, 200).Decode(t, &logs)
 		if len(logs.AuditLogs) != 1 || !strings.Contains(mustJSON(t, logs.AuditLogs[0].Details), `"previous":{"update_config":false}`) {
 			t.Fatalf("audit: %+v", logs)
 		}
 
 		tok := s.mustDevice(t, admin, "up-1", nil).Token
 		d := s.connectDevice(t, "default", "up-1", tok)
-		s.do(t, operator, "PATCH", "/api/v1/devices/up-1/shadow", map[string]any{"desired": map[string]any{"interval": 30, "log": map[string]any{"level": "debug"}}}).want(t, 200)
+		s.Do(t, operator, "PATCH", "/api/v1/devices/up-1/shadow", map[string]any{"desired": map[string]any{"interval": 30, "log": map[string]any{"level": "debug"}}}).Want(t, 200)
 		m := d.next(t)
 		if m.Name != fleet.ActionUpdateConfig || m.Payload != `{"interval":30,"log":{"level":"debug"}}` {
 			t.Fatalf("the device received %+v", m)
 		}
-		s.do(t, operator, "PATCH", "/api/v1/devices/up-1/shadow", map[string]any{"desired": map[string]any{"log": nil}}).want(t, 200)
+		s.Do(t, operator, "PATCH", "/api/v1/devices/up-1/shadow", map[string]any{"desired": map[string]any{"log": nil}}).Want(t, 200)
 		if m := d.next(t); m.Name != fleet.ActionUpdateConfig || m.Payload != `{"interval":30}` {
 			t.Fatalf("after the second change the device received %+v", m)
 		}
 		// The device took it: its state as reported matches, so a change
 		// to what it has already leaves it in sync and sends nothing.
 		d.report(t, map[string]any{"action_id": m.ID, "state": "Completed", "progress": 100})
-		s.do(t, admin, "POST", "/api/v1/devices/up-1/streams/device_shadow",
-			[]any{map[string]any{"timestamp": 1_700_000_000_000, "interval": 30, "mode": "eco"}}).want(t, 200)
-		s.do(t, operator, "PATCH", "/api/v1/devices/up-1/shadow", map[string]any{"desired": map[string]any{"mode": "eco"}}).want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/up-1/streams/device_shadow",
+			[]any{map[string]any{"timestamp": 1_700_000_000_000, "interval": 30, "mode": "eco"}}).Want(t, 200)
+		s.Do(t, operator, "PATCH", "/api/v1/devices/up-1/shadow", map[string]any{"desired": map[string]any{"mode": "eco"}}).Want(t, 200)
 		d.nothing(t)
 
-		s.do(t, admin, "PUT", path, map[string]any{"update_config": false}).want(t, 204)
-		s.do(t, operator, "PATCH", "/api/v1/devices/up-1/shadow", map[string]any{"desired": map[string]any{"interval": 60}}).want(t, 200)
+		s.Do(t, admin, "PUT", path, map[string]any{"update_config": false}).Want(t, 204)
+		s.Do(t, operator, "PATCH", "/api/v1/devices/up-1/shadow", map[string]any{"desired": map[string]any{"interval": 60}}).Want(t, 200)
 		d.nothing(t)
 	})
 }

@@ -17,13 +17,13 @@ import (
 type simRun struct {
 	cancel context.CancelFunc
 	done   chan error
-	out    *lockedBuffer
+	out    *LockedBuffer
 }
 
 func (s *testServer) startSim(t *testing.T, args ...string) *simRun {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &simRun{cancel: cancel, done: make(chan error, 1), out: &lockedBuffer{}}
+	r := &simRun{cancel: cancel, done: make(chan error, 1), out: &LockedBuffer{}}
 	args = append([]string{"sim", "--mqtt-addr", s.MQTTAddr, "--report-interval", "20ms", "--step", "5ms"}, args...)
 	go func() { r.done <- run(ctx, args, noEnv, strings.NewReader(""), r.out, r.out) }()
 	t.Cleanup(func() { r.stop(t) })
@@ -59,7 +59,7 @@ func (r *simRun) connected(t *testing.T, n int) {
 func TestSimulator(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		tokens := filepath.Join(t.TempDir(), "tokens.csv")
 
 		sim := s.startSim(t, "--devices", "4", "--provision", "--url", s.URL, "--api-key", admin.Key,
@@ -80,7 +80,7 @@ func TestSimulator(t *testing.T) {
 		}
 		// Telemetry reaches the stream.
 		eventually(t, "a telemetry point", func() bool {
-			return s.do(t, admin, "GET", "/api/v1/devices/sim-00002/streams/env/latest", nil).Status == 200
+			return s.Do(t, admin, "GET", "/api/v1/devices/sim-00002/streams/env/latest", nil).Status == 200
 		})
 
 		// A long action, cancelled while it runs.
@@ -89,12 +89,12 @@ func TestSimulator(t *testing.T) {
 		slow.connected(t, 2)
 		id = s.dispatch(t, admin, map[string]any{"action": "long", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"sim-00001"}})
 		s.awaitActionStatus(t, admin, "sim-00001", id, "Progress")
-		s.do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).want(t, 204)
+		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).Want(t, 204)
 		var list struct {
 			Actions []actionBody `json:"actions"`
 		}
 		eventually(t, "the device to complete the cancel_action", func() bool {
-			s.do(t, admin, "GET", "/api/v1/actions?action=cancel_action", nil).want(t, 200).decode(t, &list)
+			s.Do(t, admin, "GET", "/api/v1/actions?action=cancel_action", nil).Want(t, 200).Decode(t, &list)
 			return len(list.Actions) == 1 && list.Actions[0].Statuses["Completed"] == 1
 		})
 		slow.stop(t)
@@ -167,7 +167,7 @@ func TestSimulatorNamesItsBroker(t *testing.T) {
 func TestSimulatorForRollouts(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		rings := filepath.Join(t.TempDir(), "rings.csv")
 		os.WriteFile(rings, []byte("id,ring,rack\n# the lab's devices\nmd-00001,lab,r1\nmd-00003,lab,\n"), 0o644)
 		const step = 50 * time.Millisecond
@@ -180,7 +180,7 @@ func TestSimulatorForRollouts(t *testing.T) {
 			"md-00003": {"simulated": "true", "site": "berlin", "ring": "lab"},
 		} {
 			var dev device
-			s.do(t, admin, "GET", "/api/v1/devices/"+id, nil).want(t, 200).decode(t, &dev)
+			s.Do(t, admin, "GET", "/api/v1/devices/"+id, nil).Want(t, 200).Decode(t, &dev)
 			if fmt.Sprint(dev.Metadata) != fmt.Sprint(want) {
 				t.Fatalf("%s's metadata = %v, want %v", id, dev.Metadata, want)
 			}
@@ -230,7 +230,7 @@ func TestSimulatorFlags(t *testing.T) {
 		{[]string{"--provision", "--api-key", "k", "--metadata-file", noHeader}, "want a header line id,KEY"},
 		{[]string{"--provision", "--api-key", "k", "--metadata-file", stranger}, `stranger.csv:3: "sim-00011" is not one of the 10 devices provisioned (sim-00001 to sim-00010)`},
 	} {
-		var out lockedBuffer
+		var out LockedBuffer
 		err := run(context.Background(), append([]string{"sim"}, tc.args...), noEnv, strings.NewReader(""), &out, &out)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("fleetd sim %s: %v, want an error about %s", strings.Join(tc.args, " "), err, tc.want)

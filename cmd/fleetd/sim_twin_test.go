@@ -12,14 +12,14 @@ import (
 func TestSimulatorTakesDesiredState(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
+		admin := s.Admin()
 		sim := s.startSim(t, "--devices", "2", "--provision", "--url", s.URL, "--api-key", admin.Key,
 			"--tokens", filepath.Join(t.TempDir(), "tokens.csv"), "--prefix", "tw-", "--telemetry-interval", "0")
 		sim.connected(t, 2)
-		s.do(t, admin, "PATCH", "/api/v1/devices/tw-00001/shadow", map[string]any{"desired": map[string]any{"interval": 30, "log": map[string]any{"level": "debug"}}}).want(t, 200)
+		s.Do(t, admin, "PATCH", "/api/v1/devices/tw-00001/shadow", map[string]any{"desired": map[string]any{"interval": 30, "log": map[string]any{"level": "debug"}}}).Want(t, 200)
 		eventually(t, "tw-00001 in sync with its desired state", func() bool {
 			var sh shadow
-			s.do(t, admin, "GET", "/api/v1/devices/tw-00001/shadow", nil).want(t, 200).decode(t, &sh)
+			s.Do(t, admin, "GET", "/api/v1/devices/tw-00001/shadow", nil).Want(t, 200).Decode(t, &sh)
 			return sh.InSync && sh.Reported["interval"] == float64(30)
 		})
 	})

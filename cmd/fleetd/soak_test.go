@@ -42,9 +42,9 @@ func TestSoak(t *testing.T) {
 }
 
 func soak(t *testing.T, b sqlstoretest.Backend, d time.Duration) {
-	s := &testServer{DSN: b.DSN(t), DataDir: t.TempDir(), output: &lockedBuffer{}}
+	s := newServer(t, b)
 	p := startProcess(t, s, "--rate-limit", "-1", "--notify-backoff", "100ms", "--notify-max-backoff", "1s")
-	admin := s.admin()
+	admin := s.Admin()
 	hook := newCountingHook(t)
 
 	// A steady fleet: 100 devices over MQTT, each reporting and sending data;
@@ -56,8 +56,8 @@ func soak(t *testing.T, b sqlstoretest.Backend, d time.Duration) {
 	}
 	rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "deactivation_threshold_seconds": 1,
 		"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
-	s.do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
-		"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).want(t, 201)
+	s.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
+		"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).Want(t, 201)
 	s.mustAlertRule(t, admin, map[string]any{"name": "quiet", "stream": "env", "condition": map[string]any{"no_data_seconds": 5}})
 
 	ctx, cancel := context.WithTimeout(context.Background(), d)

@@ -17,7 +17,7 @@ import (
 func TestNotificationTemplateBudget(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, alertFlags...)
-		acme, beta := s.newTenant(t, "acme"), s.newTenant(t, "beta")
+		acme, beta := s.NewTenant(t, "acme"), s.NewTenant(t, "beta")
 		hook := newReceiver(t, 0)
 		ruleOf := func(c creds) string {
 			s.mustDevice(t, c, "pump-1", nil)
@@ -29,24 +29,24 @@ func TestNotificationTemplateBudget(t *testing.T) {
 		channel := map[string]any{"type": "webhook", "url": hook.URL + "/alerts"}
 
 		for _, body := range []string{`{{range 100000000000000}}AAAA{{end}}`, `{{range 100000000000000}}{{end}}`} {
-			r := s.do(t, acme, "POST", acmeBase, map[string]any{"channel_parameters": channel,
-				"notification_template": map[string]any{"body": body}}).want(t, 400)
+			r := s.Do(t, acme, "POST", acmeBase, map[string]any{"channel_parameters": channel,
+				"notification_template": map[string]any{"body": body}}).Want(t, 400)
 			var e struct{ Fields map[string]string }
-			r.decode(t, &e)
+			r.Decode(t, &e)
 			if !strings.Contains(e.Fields["notification_template.body"], "must render within 50ms and 65536 bytes") {
 				t.Fatalf("%s: fields %v", body, e.Fields)
 			}
 		}
 
 		var rule struct{ ID string }
-		s.send(t, req{method: "POST", path: acmeBase, creds: acme, header: http.Header{"Prefer": {"return=representation"}}, body: map[string]any{
-			"channel_parameters": channel, "notification_template": map[string]any{"body": `{{range .Value.n}}{{end}}`}}}).want(t, 201).decode(t, &rule)
-		s.do(t, acme, "PUT", acmeBase+"/"+rule.ID, map[string]any{"notification_template": map[string]any{"subject": `{{range 100000000000000}}{{end}}`}}).want(t, 400)
-		s.do(t, beta, "POST", "/api/v1/alert-rules/"+betaRule+"/alert-notification-rules", map[string]any{"channel_parameters": channel}).want(t, 201)
+		s.Send(t, req{Method: "POST", Path: acmeBase, Creds: acme, Header: http.Header{"Prefer": {"return=representation"}}, Body: map[string]any{
+			"channel_parameters": channel, "notification_template": map[string]any{"body": `{{range .Value.n}}{{end}}`}}}).Want(t, 201).Decode(t, &rule)
+		s.Do(t, acme, "PUT", acmeBase+"/"+rule.ID, map[string]any{"notification_template": map[string]any{"subject": `{{range 100000000000000}}{{end}}`}}).Want(t, 400)
+		s.Do(t, beta, "POST", "/api/v1/alert-rules/"+betaRule+"/alert-notification-rules", map[string]any{"channel_parameters": channel}).Want(t, 201)
 
 		at := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC).UnixMilli()
-		s.do(t, acme, "POST", "/api/v1/devices/pump-1/streams/env", []map[string]any{{"timestamp": at, "temp": 90, "n": int64(1e14)}}).want(t, 200)
-		s.do(t, beta, "POST", "/api/v1/devices/pump-1/streams/env", []map[string]any{{"timestamp": at, "temp": 90}}).want(t, 200)
+		s.Do(t, acme, "POST", "/api/v1/devices/pump-1/streams/env", []map[string]any{{"timestamp": at, "temp": 90, "n": int64(1e14)}}).Want(t, 200)
+		s.Do(t, beta, "POST", "/api/v1/devices/pump-1/streams/env", []map[string]any{{"timestamp": at, "temp": 90}}).Want(t, 200)
 		eventually(t, "beta's notification", func() bool { return len(hook.got()) == 1 })
 
 		alerts := s.alerts(t, acme, "?state=active")
@@ -60,13 +60,13 @@ func TestNotificationTemplateBudget(t *testing.T) {
 			}
 		}
 		eventually(t, "acme's notification to die", func() bool {
-			s.do(t, acme, "GET", "/api/v1/alerts/"+alerts[0].ID+"/notifications", nil).want(t, 200).decode(t, &ds)
+			s.Do(t, acme, "GET", "/api/v1/alerts/"+alerts[0].ID+"/notifications", nil).Want(t, 200).Decode(t, &ds)
 			return len(ds.Notifications) == 1 && ds.Notifications[0].Status == "dead"
 		})
 		if a := ds.Notifications[0].Attempts; len(a) != 1 || !strings.Contains(a[0].Error, "took longer than 50ms") {
 			t.Fatalf("attempts %+v, want one over the budget", a)
 		}
-		s.stop(t) // fails unless fleetd stops
+		s.Stop(t) // fails unless fleetd stops
 		if n := len(hook.got()); n != 1 {
 			t.Fatalf("%d webhook requests, want beta's only", n)
 		}

@@ -60,20 +60,20 @@ func (p *identityProvider) token(t *testing.T, claims jwt.MapClaims) string {
 // bearer sends a request as an end user of tenant.
 func (s *testServer) bearer(t *testing.T, tenant, token, method, path string, body any) *response {
 	t.Helper()
-	return s.send(t, req{method: method, path: path, creds: creds{Tenant: tenant}, body: body,
-		header: http.Header{"Authorization": {"Bearer " + token}}})
+	return s.Send(t, req{Method: method, Path: path, Creds: creds{Tenant: tenant}, Body: body,
+		Header: http.Header{"Authorization": {"Bearer " + token}}})
 }
 
 func TestTenantAuthEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
-		admin := s.admin()
-		beta := s.newTenant(t, "beta")
+		admin := s.Admin()
+		beta := s.NewTenant(t, "beta")
 		idp := newIdentityProvider(t)
 		jwks := map[string]any{"method": "jwks", "jwks_url": idp.srv.URL, "issuer": "https://id.example.com", "audience": "fleetd", "default_role": "viewer"}
 
 		t.Run("Validation", func(t *testing.T) {
-			s.do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).want(t, 404)
+			s.Do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).Want(t, 404)
 			for _, tc := range []struct {
 				name  string
 				body  map[string]any
@@ -89,32 +89,32 @@ func TestTenantAuthEndToEnd(t *testing.T) {
 			} {
 				t.Run(tc.name, func(t *testing.T) {
 					var e struct{ Fields map[string]string }
-					s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", tc.body).want(t, 400).decode(t, &e)
+					s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", tc.body).Want(t, 400).Decode(t, &e)
 					if e.Fields[tc.field] == "" {
 						t.Fatalf("fields = %v, want %s", e.Fields, tc.field)
 					}
 				})
 			}
 			// Another tenant's configuration does not exist for the caller.
-			s.do(t, admin, "PUT", "/api/v1/tenants/beta/auth", jwks).want(t, 404)
-			s.do(t, admin, "GET", "/api/v1/tenants/beta/auth", nil).want(t, 404)
-			s.do(t, s.newKey(t, admin, "ops", "operator"), "PUT", "/api/v1/tenants/default/auth", jwks).want(t, 403)
+			s.Do(t, admin, "PUT", "/api/v1/tenants/beta/auth", jwks).Want(t, 404)
+			s.Do(t, admin, "GET", "/api/v1/tenants/beta/auth", nil).Want(t, 404)
+			s.Do(t, s.NewKey(t, admin, "ops", "operator"), "PUT", "/api/v1/tenants/default/auth", jwks).Want(t, 403)
 		})
 
-		s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", jwks).want(t, 204)
+		s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", jwks).Want(t, 204)
 		var got map[string]any
-		s.do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).want(t, 200).decode(t, &got)
+		s.Do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).Want(t, 200).Decode(t, &got)
 		if got["method"] != "jwks" || got["jwks_url"] != idp.srv.URL || got["default_role"] != "viewer" {
 			t.Fatalf("configuration = %v", got)
 		}
 
 		t.Run("JWKSUsers", func(t *testing.T) {
 			viewer := idp.token(t, nil)
-			s.bearer(t, "default", viewer, "GET", "/api/v1/devices", nil).want(t, 200)
-			s.bearer(t, "default", viewer, "POST", "/api/v1/devices", map[string]any{"id": "by-viewer"}).want(t, 403)
+			s.bearer(t, "default", viewer, "GET", "/api/v1/devices", nil).Want(t, 200)
+			s.bearer(t, "default", viewer, "POST", "/api/v1/devices", map[string]any{"id": "by-viewer"}).Want(t, 403)
 
 			operator := idp.token(t, jwt.MapClaims{"role": "operator"})
-			s.bearer(t, "default", operator, "POST", "/api/v1/devices", map[string]any{"id": "by-ada"}).want(t, 201)
+			s.bearer(t, "default", operator, "POST", "/api/v1/devices", map[string]any{"id": "by-ada"}).Want(t, 201)
 			var logs struct {
 				AuditLogs []struct {
 					Actor     string
@@ -122,27 +122,27 @@ func TestTenantAuthEndToEnd(t *testing.T) {
 					Target    string
 				} `json:"audit_logs"`
 			}
-			s.do(t, admin, "GET", "/api/v1/audit-logs?actor=Ada%20Lovelace", nil).want(t, 200).decode(t, &logs)
+			s.Do(t, admin, "GET", "/api/v1/audit-logs?actor=Ada%20Lovelace", nil).Want(t, 200).Decode(t, &logs)
 			if len(logs.AuditLogs) != 1 || logs.AuditLogs[0].UserEmail != "ada@example.com" || logs.AuditLogs[0].Target != "devices/by-ada" {
 				t.Fatalf("audit logs of Ada = %+v", logs.AuditLogs)
 			}
 			// An end user with the admin role may administer, like a key.
-			s.bearer(t, "default", idp.token(t, jwt.MapClaims{"role": "admin"}), "GET", "/api/v1/apikeys", nil).want(t, 200)
+			s.bearer(t, "default", idp.token(t, jwt.MapClaims{"role": "admin"}), "GET", "/api/v1/apikeys", nil).Want(t, 200)
 
 			for name, tok := range map[string]string{
 				"Expired":       idp.token(t, jwt.MapClaims{"exp": time.Now().Add(-time.Hour).Unix()}),
 				"WrongAudience": idp.token(t, jwt.MapClaims{"aud": "someone-else"}),
 				"Garbage":       "not-a-token",
 			} {
-				r := s.bearer(t, "default", tok, "GET", "/api/v1/devices", nil).want(t, 401)
-				if r.errorCode(t) != "unauthenticated" {
+				r := s.bearer(t, "default", tok, "GET", "/api/v1/devices", nil).Want(t, 401)
+				if r.ErrorCode(t) != "unauthenticated" {
 					t.Fatalf("%s: %s", name, r.Body)
 				}
 			}
 			// A token of default's users means nothing in beta.
-			s.bearer(t, "beta", viewer, "GET", "/api/v1/devices", nil).want(t, 401)
+			s.bearer(t, "beta", viewer, "GET", "/api/v1/devices", nil).Want(t, 401)
 			// An API key still wins when both are sent.
-			s.send(t, req{method: "GET", path: "/api/v1/apikeys", creds: admin, header: http.Header{"Authorization": {"Bearer " + viewer}}}).want(t, 200)
+			s.Send(t, req{Method: "GET", Path: "/api/v1/apikeys", Creds: admin, Header: http.Header{"Authorization": {"Bearer " + viewer}}}).Want(t, 200)
 		})
 
 		t.Run("WebhookUsers", func(t *testing.T) {
@@ -156,14 +156,14 @@ func TestTenantAuthEndToEnd(t *testing.T) {
 				w.WriteHeader(http.StatusForbidden)
 			}))
 			defer hook.Close()
-			s.do(t, beta, "PUT", "/api/v1/tenants/beta/auth", map[string]any{"method": "webhook", "webhook_url": hook.URL}).want(t, 204)
-			s.bearer(t, "beta", "grace-token", "POST", "/api/v1/devices", map[string]any{"id": "by-grace"}).want(t, 201)
-			s.bearer(t, "beta", "mallory-token", "GET", "/api/v1/devices", nil).want(t, 401)
-			s.bearer(t, "default", "grace-token", "GET", "/api/v1/devices", nil).want(t, 401)
+			s.Do(t, beta, "PUT", "/api/v1/tenants/beta/auth", map[string]any{"method": "webhook", "webhook_url": hook.URL}).Want(t, 204)
+			s.bearer(t, "beta", "grace-token", "POST", "/api/v1/devices", map[string]any{"id": "by-grace"}).Want(t, 201)
+			s.bearer(t, "beta", "mallory-token", "GET", "/api/v1/devices", nil).Want(t, 401)
+			s.bearer(t, "default", "grace-token", "GET", "/api/v1/devices", nil).Want(t, 401)
 			// An unreachable webhook is 503, never 500.
-			s.do(t, beta, "PUT", "/api/v1/tenants/beta/auth", map[string]any{"method": "webhook", "webhook_url": "http://127.0.0.1:1/check"}).want(t, 204)
-			r := s.bearer(t, "beta", "other-token", "GET", "/api/v1/devices", nil).want(t, 503)
-			if r.errorCode(t) != "unavailable" || strings.Contains(string(r.Body), "127.0.0.1") {
+			s.Do(t, beta, "PUT", "/api/v1/tenants/beta/auth", map[string]any{"method": "webhook", "webhook_url": "http://127.0.0.1:1/check"}).Want(t, 204)
+			r := s.bearer(t, "beta", "other-token", "GET", "/api/v1/devices", nil).Want(t, 503)
+			if r.ErrorCode(t) != "unavailable" || strings.Contains(string(r.Body), "127.0.0.1") {
 				t.Fatalf("unreachable webhook: %s", r.Body)
 			}
 		})
@@ -177,7 +177,7 @@ func TestTenantAuthEndToEnd(t *testing.T) {
 // and the flood locked the good token out too.
 func TestWebhookFloodFromOneAddress(t *testing.T) {
 	s := startServer(t, sqlstoretest.Backends()[0])
-	admin := s.admin()
+	admin := s.Admin()
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body struct{ Token string }
 		json.NewDecoder(r.Body).Decode(&body)
@@ -188,7 +188,7 @@ func TestWebhookFloodFromOneAddress(t *testing.T) {
 		json.NewEncoder(w).Encode(map[string]string{"user_name": "Grace", "role": "viewer"})
 	}))
 	defer hook.Close()
-	s.do(t, admin, "PUT", "/api/v1/tenants/default/auth", map[string]any{"method": "webhook", "webhook_url": hook.URL}).want(t, 204)
+	s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", map[string]any{"method": "webhook", "webhook_url": hook.URL}).Want(t, 204)
 	limited := 0
 	for i := range 100 {
 		switch st := s.bearer(t, "default", fmt.Sprint("made-up-", i), "GET", "/api/v1/devices", nil).Status; st {

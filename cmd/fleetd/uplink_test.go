@@ -43,16 +43,16 @@ func TestUplinkStreams(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		const limit = 4096
 		s := startServer(t, b, "--mqtt-max-packet-size", fmt.Sprint(limit))
-		admin := s.admin()
+		admin := s.Admin()
 		points := func(seq int, field string) []byte {
 			return []byte(fmt.Sprintf(`[{"timestamp":%d,"sequence":%d,%q:%d}]`, time.Now().UnixMilli(), seq, field, seq))
 		}
 		latest := func(device, stream string) string {
-			r := s.do(t, admin, "GET", "/api/v1/devices/"+device+"/streams/"+stream+"/latest", nil)
+			r := s.Do(t, admin, "GET", "/api/v1/devices/"+device+"/streams/"+stream+"/latest", nil)
 			if r.Status == 404 {
 				return ""
 			}
-			return string(r.want(t, 200).Body)
+			return string(r.Want(t, 200).Body)
 		}
 		awaitPoint := func(device, stream, want string) {
 			t.Helper()

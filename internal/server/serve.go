@@ -47,7 +47,7 @@ type Env struct {
 	// daylight saving time change); time.Now otherwise.
 	Now func() time.Time
 	// Ready, when set, is told where fleetd listens once every listener is
-	// bound, just before the startup line is printed.
+	// bound and the startup line printed.
 	Ready func(Listening)
 }
 
@@ -284,10 +284,10 @@ func Run(ctx context.Context, c Config, e Env) error {
 	}
 	at := Listening{HTTP: api.ListenAddr().String(), MQTT: channelAddr(broker), MQTTS: tlsAddr(broker), AdminKey: key}
 	log.Info("fleetd started", "http", at.HTTP, "mqtt", at.MQTT, "database", db.Dialect())
+	fmt.Fprintf(e.Stdout, "fleetd: listening http=%s mqtt=%s%s\n", at.HTTP, at.MQTT, tlsAddrs(broker))
 	if e.Ready != nil {
 		e.Ready(at)
 	}
-	fmt.Fprintf(e.Stdout, "fleetd: listening http=%s mqtt=%s%s\n", at.HTTP, at.MQTT, tlsAddrs(broker))
 
 	<-ctx.Done()
 	log.Info("shutting down")
