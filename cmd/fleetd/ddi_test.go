@@ -1042,13 +1042,13 @@ func TestDDIConfirmation(t *testing.T) {
 		t.Run("DeviceMadeAgain", func(t *testing.T) {
 			// A device deleted and made again does not inherit its
 			// predecessor's automatic confirmation.
-			s.ddiAs(t, "TargetToken "+other.Token, "POST", "/default/controller/v1/ecu-2/confirmationBase/activateAutoConfirm", nil).want(t, 200)
-			s.do(t, admin, "DELETE", "/api/v1/devices/ecu-2", nil).want(t, 204)
+			s.ddiAs(t, "TargetToken "+other.Token, "POST", "/default/controller/v1/ecu-2/confirmationBase/activateAutoConfirm", nil).Want(t, 200)
+			s.Do(t, admin, "DELETE", "/api/v1/devices/ecu-2", nil).Want(t, 204)
 			again := s.mustDevice(t, admin, "ecu-2", nil)
 			var base struct {
 				AutoConfirm struct{ Active bool } `json:"autoConfirm"`
 			}
-			s.ddiAs(t, "TargetToken "+again.Token, "GET", "/default/controller/v1/ecu-2/confirmationBase", nil).want(t, 200).decode(t, &base)
+			s.ddiAs(t, "TargetToken "+again.Token, "GET", "/default/controller/v1/ecu-2/confirmationBase", nil).Want(t, 200).Decode(t, &base)
 			if base.AutoConfirm.Active {
 				t.Fatal("the device made again confirms by itself")
 			}
