@@ -36,6 +36,7 @@ type run struct {
 var builtin = map[string]func(a *Agent, ctx context.Context, id, payload string) error{
 	"update_firmware": (*Agent).updateFirmware,
 	"reboot":          (*Agent).reboot,
+	"update_config":   (*Agent).updateConfig,
 }
 
 // receive starts an action, or stops one for a cancel_action.
@@ -212,6 +213,72 @@ func (t *tailBuffer) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return string(t.b)
+}
+
+// updateConfig takes the twin's desired state (docs/twin.md: the whole
+// state, a JSON object): it writes it to --update-config-file, replacing
+// the file only once it is whole on disk, then runs --update-config-hook
+// with the state on its stdin. Either may be configured alone.
+func (a *Agent) updateConfig(ctx context.Context, id, payload string) error {
+	file, hook := a.cfg.UpdateConfigFile, strings.Fields(a.cfg.UpdateConfigHook)
+	if file == "" && len(hook) == 0 {
+		return errors.New("update_config is not configured on this device (--update-config-file, --update-config-hook)")
+	}
+	var state map[string]any
+	if err := json.Unmarshal([]byte(payload), &state); err != nil || state == nil {
+		return errors.New("update_config's params must be the desired state, a JSON object")
+	}
+	// Each action carries the whole state and fleetd numbers actions in
+	// order: applied one at a time, an older one that comes late is
+	// superseded by the newer one already applied.
+	a.configMu.Lock()
+	defer a.configMu.Unlock()
+	n, _ := strconv.ParseInt(id, 10, 64)
+	if n > 0 && n < a.configApplied {
+		a.log.Info("update_config superseded by a newer one already applied", "action", id)
+		return nil
+	}
+	a.configApplied = max(a.configApplied, n)
+	if file != "" {
+		if err := writeFileAtomic(file, []byte(payload)); err != nil {
+			return fmt.Errorf("writing %s: %w", file, err)
+		}
+	}
+	if len(hook) == 0 {
+		return nil
+	}
+	for i, w := range hook {
+		hook[i] = strings.ReplaceAll(w, "{file}", file)
+	}
+	a.report(id, "Running", 50)
+	return a.runProgram(ctx, id, hook, payload, "Running")
+}
+
+// writeFileAtomic replaces path with b: a temporary file beside it,
+// synced, then renamed over it, so a reader sees the old file or the new
+// one whole, even across a power cut.
+func writeFileAtomic(path string, b []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name()) // gone once renamed
+	if err := f.Chmod(0o600); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
 }
 
 // reboot runs --reboot-hook. It reports Rebooting first: a hook that

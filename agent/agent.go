@@ -70,6 +70,12 @@ type Agent struct {
 	seen    *recent
 	seq     int64 // the last report's sequence
 
+	// configMu runs one update_config at a time; configApplied is the
+	// newest action id it applied, so an older state arriving late does
+	// not replace a newer one.
+	configMu      sync.Mutex
+	configApplied int64
+
 	reports chan outgoing
 	stopped <-chan struct{} // closed when the agent stops
 	wg      sync.WaitGroup

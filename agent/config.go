@@ -33,6 +33,10 @@ type Config struct {
 	DownloadDir   string
 	InstallHook   string
 	RebootHook    string
+	// UpdateConfigFile and UpdateConfigHook take update_config's desired
+	// state: written to the file, then the hook run.
+	UpdateConfigFile string
+	UpdateConfigHook string
 
 	LogFile       string
 	Journald      bool
@@ -75,6 +79,8 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.StringVar(&c.DownloadDir, "download-dir", "/var/lib/fleetd-agent/downloads", "where update_firmware keeps downloads (partial ones resume)")
 	fs.StringVar(&c.InstallHook, "install-hook", "", "the command update_firmware runs for each component, such as 'swupdate -i {file}' or 'rauc install {file}'; {file}, {component} and {version} are replaced (no shell)")
 	fs.StringVar(&c.RebootHook, "reboot-hook", "", "the command the reboot action runs, such as 'systemctl reboot'")
+	fs.StringVar(&c.UpdateConfigFile, "update-config-file", "", "where update_config writes the twin's desired state (JSON), replacing the file whole")
+	fs.StringVar(&c.UpdateConfigHook, "update-config-hook", "", "the command update_config runs after writing the file (the desired state on its stdin; {file} is replaced by --update-config-file), such as 'systemctl reload app'")
 	fs.StringVar(&c.LogFile, "log-file", "", "a file whose new lines go to the logs stream (followed as it grows and rotates)")
 	fs.BoolVar(&c.Journald, "journald", false, "send the journal (journalctl -f -o json) to the logs stream")
 	fs.DurationVar(&c.StatsInterval, "stats-interval", 0, "how often to send system statistics (uplink_system_stats); 0 sends none")
@@ -105,8 +111,9 @@ Actions: fleetd's action NAME runs --actions-dir/NAME with the params on
 stdin. A line "progress N" on its stdout reports N percent; exit status 0
 completes the action, any other fails it with the end of its stderr.
 --action-timeout or a cancellation kills its process group. Built in:
-update_firmware (download, checksums, then --install-hook per component)
-and reboot (--reboot-hook). See docs/agent.md.
+update_firmware (download, checksums, then --install-hook per component),
+reboot (--reboot-hook) and update_config (the twin's desired state to
+--update-config-file, then --update-config-hook). See docs/agent.md.
 
 Flags:
 ` + fs.FlagUsages()
