@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -139,6 +140,38 @@ func TestRemoteRevoked(t *testing.T) {
 				}
 				return false
 			})
+		})
+		t.Run("ConsoleIsolation", func(t *testing.T) {
+			// Another tenant's operator, and a viewer of this one, in the
+			// console: neither sees, joins nor ends the session.
+			sess, conn := s.openTerminal(t, admin, "revoke-1")
+			other := s.NewTenant(t, "revoke-elsewhere")
+			ob := newBrowser(t, s.URL)
+			tok := ob.signIn(other.Tenant, other.Key).csrf(t)
+			if body := string(ob.get("/console/remote-sessions").want(t, 200).Body); strings.Contains(body, sess.ID) || strings.Contains(body, "revoke-1") {
+				t.Fatal("another tenant's console lists the session")
+			}
+			ob.get("/console/remote-sessions/" + sess.ID + "/terminal").want(t, 404)
+			ob.get("/console/devices/revoke-1/remote-sessions").want(t, 404)
+			ob.do("POST", "/console/remote-sessions/"+sess.ID+"/end", url.Values{"csrf": {tok}}).want(t, 404)
+			viewer := s.NewKey(t, admin, "revoke-viewer", "viewer")
+			vb := newBrowser(t, s.URL)
+			vtok := vb.signIn(viewer.Tenant, viewer.Key).csrf(t)
+			vb.get("/console/devices/revoke-1/remote-sessions").want(t, 200)
+			vb.do("POST", "/console/remote-sessions/"+sess.ID+"/end", url.Values{"csrf": {vtok}}).want(t, 403)
+			vb.do("POST", "/console/devices/revoke-1/terminal", url.Values{"csrf": {vtok}}).want(t, 403)
+			// The session went on through all of it.
+			conn.Write([]byte("echo st''ill\n"))
+			var out strings.Builder
+			for !strings.Contains(out.String(), "still") {
+				b, ctl, err := conn.Read()
+				if err != nil || ctl != nil {
+					t.Fatalf("the session ended: %v, %+v", err, ctl)
+				}
+				out.Write(b)
+			}
+			conn.Close()
+			s.endReason(t, admin, "revoke-1", sess.ID)
 		})
 		t.Run("DeviceTokenRotated", func(t *testing.T) {
 			sess, conn := s.openTerminal(t, admin, "revoke-1")
