@@ -151,7 +151,7 @@ func TestRemoteRevoked(t *testing.T) {
 			if body := string(ob.get("/console/remote-sessions").want(t, 200).Body); strings.Contains(body, sess.ID) || strings.Contains(body, "revoke-1") {
 				t.Fatal("another tenant's console lists the session")
 			}
-			ob.get("/console/remote-sessions/" + sess.ID + "/terminal").want(t, 404)
+			ob.get("/console/remote-sessions/"+sess.ID+"/terminal").want(t, 404)
 			ob.get("/console/devices/revoke-1/remote-sessions").want(t, 404)
 			ob.do("POST", "/console/remote-sessions/"+sess.ID+"/end", url.Values{"csrf": {tok}}).want(t, 404)
 			viewer := s.NewKey(t, admin, "revoke-viewer", "viewer")
