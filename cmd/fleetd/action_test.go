@@ -31,8 +31,9 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	eventuallyWithin(t, bound, what, cond)
 }
 
-// eventuallyWithin is eventually for a condition that must hold sooner
-// than bound, because that is what the test proves.
+// eventuallyWithin is eventually with a bound of its own: shorter, for a
+// condition that must hold sooner because that is what the test proves;
+// longer, for one that waits on a whole other process.
 func eventuallyWithin(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	poll.Until(t, d, what, cond)
