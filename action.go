@@ -194,13 +194,7 @@ func (f ActionPreparerFunc) PrepareDispatch(ctx context.Context, tenant string, 
 // endpoint): exactly the fields of DESIGN §4, and, when withSchedule (the
 // modern endpoint), a schedule.
 func ReadDispatch(f *Fields, withSchedule bool) Dispatch {
-	d := Dispatch{
-		Action:      f.NonEmptyString("action", true, MaxActionNameLen),
-		SearchType:  f.String("search_type", true),
-		SearchKey:   f.String("search_key", false),
-		SearchQuery: f.String("search_query", false),
-		Timeout:     DefaultActionTimeout,
-	}
+	d := Dispatch{Action: f.NonEmptyString("action", true, MaxActionNameLen), Timeout: DefaultActionTimeout}
 	if params := f.Object("params", true); params != nil {
 		d.Params = mustJSON(params)
 	}
@@ -219,6 +213,14 @@ func ReadDispatch(f *Fields, withSchedule bool) Dispatch {
 			f.Fail("schedule", "a cancel_action is not rolled out: it goes to its devices at once")
 		}
 	}
+	readSelection(f, &d)
+	return d
+}
+
+// readSelection reads the fields that choose devices, as a dispatch has
+// them (search_type and what it needs), into d.
+func readSelection(f *Fields, d *Dispatch) {
+	d.SearchType, d.SearchKey, d.SearchQuery = f.String("search_type", true), f.String("search_key", false), f.String("search_query", false)
 	ids := f.Strings("device_ids", false)
 	switch d.SearchType {
 	case SearchDefault:
@@ -274,6 +276,14 @@ func ReadDispatch(f *Fields, withSchedule bool) Dispatch {
 		f.String("group", false)
 		f.Fail("group", "is only for search_type group")
 	}
+}
+
+// ReadSelection is the typed decode of the fields that choose devices in a
+// body that is not a dispatch (a fleet-wide desired change): a Dispatch
+// with no action.
+func ReadSelection(f *Fields) *Dispatch {
+	d := &Dispatch{}
+	readSelection(f, d)
 	return d
 }
 

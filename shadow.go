@@ -26,9 +26,23 @@ type Shadow struct {
 	// DeltaChanged is set by an update: its Delta differs from the one
 	// before it, so the device is to be told.
 	DeltaChanged bool `json:"-"`
+	// DesiredChanged is set by an update of Desired that changed it.
+	DesiredChanged bool `json:"-"`
 	// Dispatched is the update_config action a change of Desired
 	// dispatched to the device (ShadowSettings.UpdateConfig), nil for none.
 	Dispatched *Action `json:"-"`
+}
+
+// MaxFleetDesired bounds the devices one fleet-wide desired change may
+// select (docs/twin.md).
+const MaxFleetDesired = 10_000
+
+// FleetDesired is what a fleet-wide desired change did.
+type FleetDesired struct {
+	Matched int `json:"matched" doc:"the devices the selection chose"`
+	Changed int `json:"changed" doc:"those whose desired state the patch changed (each audited with its previous state)"`
+	// Shadows are the changed devices' shadows, by device id.
+	Shadows map[string]*Shadow `json:"-"`
 }
 
 // ShadowSettings are a tenant's choices about shadows (docs/twin.md).
@@ -267,6 +281,10 @@ type ShadowService interface {
 	// sequence): a batch that arrives after a newer one, a retry or a
 	// backlog, leaves the reported state as the newer point made it.
 	ReportPoint(ctx context.Context, tenant, device, stream string, p *DataPoint) (*Shadow, error)
+	// UpdateDesiredMany merges patch into the desired section of every
+	// device sel chooses (its search type and what that needs, as a
+	// dispatch's), in one transaction: all or none.
+	UpdateDesiredMany(ctx context.Context, tenant string, sel *Dispatch, patch map[string]any) (*FleetDesired, error)
 	ShadowSettings(ctx context.Context, tenant string) (ShadowSettings, error)
 	// SetShadowSettings replaces the tenant's settings, audited with the
 	// previous ones.

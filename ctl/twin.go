@@ -13,6 +13,7 @@ var (
 	groupView     = view{cols: cols("NAME", "name", "SELECTOR", "selector", "DEVICES", "count", "DESCRIPTION", "description", "UPDATED", "updated_at")}
 	groupListView = view{items: "groups", cols: groupView.cols}
 	shadowView    = view{cols: cols("VERSION", "version", "IN SYNC", "in_sync", "DESIRED", "desired", "REPORTED", "reported", "DELTA", "delta")}
+	fleetSetView  = view{cols: cols("MATCHED", "matched", "CHANGED", "changed")}
 )
 
 // shadowCmd reads and changes devices' shadows (docs/twin.md).
@@ -54,17 +55,32 @@ func (a *app) shadowCmd() *cobra.Command {
 		},
 	}
 	var version int64
+	var groupName string
 	set := &cobra.Command{
-		Use:   "set ID KEY=VALUE...",
+		Use:   "set {ID | --group NAME} KEY=VALUE...",
 		Short: "Merge values into a device's desired state; KEY=null removes a key",
 		Long: "Merges KEY=VALUE pairs into the desired state as a JSON merge patch. A VALUE\n" +
 			"that reads as JSON (10, true, \"text\", {\"a\":1}) is that value, any other is a\n" +
 			"string; null removes the key. A dotted KEY (log.level=debug) sets a key of a\n" +
-			"nested object. With --version the change is refused (409) unless the shadow\nis at that version.",
-		Example:           "  fleetctl shadow set pump-1 interval=10 log.level=debug\n  fleetctl shadow set pump-1 log=null --version 4",
-		Args:              rangeArgs(2, 1000),
+			"nested object. With --version the change is refused (409) unless the shadow\nis at that version. With --group, every device of the group is changed, in\none transaction, and the numbers matched and changed are shown.",
+		Example:           "  fleetctl shadow set pump-1 interval=10 log.level=debug\n  fleetctl shadow set pump-1 log=null --version 4\n  fleetctl shadow set --group berlin interval=30",
+		Args:              rangeArgs(1, 1000),
 		ValidArgsFunction: a.completeDevices,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if groupName != "" {
+				if cmd.Flags().Changed("version") {
+					return usagef("--version is for one device; a change of a group's devices takes none")
+				}
+				patch, err := desiredPatch(args)
+				if err != nil {
+					return err
+				}
+				return a.show(cmd, request{method: "PATCH", path: "/api/v1/shadows",
+					body: map[string]any{"search_type": "group", "group": groupName, "desired": patch}}, fleetSetView)
+			}
+			if len(args) < 2 {
+				return usagef("set needs a device ID and KEY=VALUE pairs, or --group NAME and the pairs")
+			}
 			patch, err := desiredPatch(args[1:])
 			if err != nil {
 				return err
@@ -77,6 +93,7 @@ func (a *app) shadowCmd() *cobra.Command {
 		},
 	}
 	set.Flags().Int64Var(&version, "version", 0, "the `VERSION` the change is made from")
+	set.Flags().StringVar(&groupName, "group", "", "change every device of the group `NAME` instead of one")
 	return group("shadow", "Read and change devices' shadows: desired and reported state, and the delta", get, set, diff)
 }
 

@@ -54,6 +54,36 @@ func (s *Server) handlePatchShadow(w http.ResponseWriter, r *http.Request) error
 	return nil
 }
 
+// fleetDesiredBody is the body of a fleet-wide desired change.
+type fleetDesiredBody struct {
+	SearchType  string         `json:"search_type" openapi:"required" doc:"default (exactly device_ids), all, metadata (metadata[search_key] equals search_query), search (id or metadata value contains search_query, ignoring case) or group (the devices of the group named by group), as a dispatch chooses its targets"`
+	DeviceIDs   []string       `json:"device_ids,omitempty"`
+	SearchKey   string         `json:"search_key,omitempty"`
+	SearchQuery string         `json:"search_query,omitempty"`
+	Group       string         `json:"group,omitempty"`
+	Desired     map[string]any `json:"desired" openapi:"required" doc:"a JSON merge patch (RFC 7386) of each device's desired state, as PATCH /api/v1/devices/{id}/shadow takes"`
+}
+
+func (s *Server) handleFleetDesired(w http.ResponseWriter, r *http.Request) error {
+	body, err := s.decode(w, r, s.Limits.Body, ordinaryElements)
+	if err != nil {
+		return err
+	}
+	f := fleet.NewFields(body)
+	sel := fleet.ReadSelection(f)
+	patch := f.Object(fleet.ShadowDesired, true)
+	f.Unknown()
+	if err := f.Err(); err != nil {
+		return err
+	}
+	fd, err := s.Shadows.UpdateDesiredMany(r.Context(), tenantOf(r), sel, patch)
+	if err != nil {
+		return err
+	}
+	s.respond(w, r, http.StatusOK, fd)
+	return nil
+}
+
 // shadowSettingsHandlers serve a tenant's shadow settings (docs/twin.md).
 func (s *Server) shadowSettingsHandlers() (read, write func(http.ResponseWriter, *http.Request) error) {
 	get := func(ctx context.Context, tenant string) (fleet.ShadowSettings, error) {

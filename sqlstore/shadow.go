@@ -89,6 +89,73 @@ func (db *DB) FindShadow(ctx context.Context, tenant, device string) (*fleet.Sha
 func (db *DB) UpdateDesired(ctx context.Context, tenant, device string, patch map[string]any, version *int64) (*fleet.Shadow, error) {
 	var out *fleet.Shadow
 	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		var err error
+		out, err = tx.updateDesired(ctx, tenant, device, patch, version)
+		return err
+	})
+	return out, err
+}
+
+// UpdateDesiredMany merges patch into the desired state of each device
+// sel chooses, in one transaction, each change audited as UpdateDesired's.
+func (db *DB) UpdateDesiredMany(ctx context.Context, tenant string, sel *fleet.Dispatch, patch map[string]any) (*fleet.FleetDesired, error) {
+	out := &fleet.FleetDesired{Shadows: map[string]*fleet.Shadow{}}
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		s, err := db.dialect.selectionOf(ctx, tx, tenant, sel)
+		if err != nil {
+			return err
+		}
+		ids := s.ids
+		if ids == nil {
+			cond, args, _, err := s.where(ctx, tx)
+			if err != nil {
+				return err
+			}
+			if cond != "" {
+				cond = " AND " + cond
+			}
+			rows, err := tx.query(ctx, "SELECT id FROM devices WHERE tenant = ?"+cond+" ORDER BY id LIMIT ?",
+				append(append([]any{tenant}, args...), fleet.MaxFleetDesired+1)...)
+			if err != nil {
+				return err
+			}
+			if ids, err = scanAll(rows, scanID); err != nil {
+				return err
+			}
+		}
+		if len(ids) > fleet.MaxFleetDesired {
+			return fleet.Errorf(fleet.EINVALID, "the selection chooses more than %d devices; change them in parts (by group, metadata or ids)", fleet.MaxFleetDesired)
+		}
+		for _, id := range ids {
+			sh, err := tx.updateDesired(ctx, tenant, id, patch, nil)
+			if fleet.ErrorCode(err) == fleet.ENOTFOUND {
+				return fleet.FieldErrors(map[string]string{"device_ids": fmt.Sprintf("device %q not found; nothing was changed", id)})
+			} else if err != nil {
+				return err
+			}
+			out.Matched++
+			if sh.DesiredChanged {
+				out.Changed++
+				out.Shadows[id] = sh
+			}
+		}
+		if out.Matched == 0 {
+			return fleet.Errorf(fleet.EINVALID, "no device matches the selection; nothing was changed")
+		}
+		return nil
+	})
+	return out, err
+}
+
+func scanID(s scanner) (string, error) {
+	var id string
+	return id, s.Scan(&id)
+}
+
+// updateDesired is UpdateDesired inside a transaction.
+func (tx *Tx) updateDesired(ctx context.Context, tenant, device string, patch map[string]any, version *int64) (*fleet.Shadow, error) {
+	var out *fleet.Shadow
+	err := func() error {
 		s, err := tx.lockShadow(ctx, tenant, device)
 		if err != nil {
 			return err
@@ -110,12 +177,13 @@ func (db *DB) UpdateDesired(ctx context.Context, tenant, device string, patch ma
 			return err
 		}
 		out = &s.Shadow
+		out.DesiredChanged = true
 		if out.Dispatched, err = tx.updateConfig(ctx, tenant, device, out); err != nil {
 			return err
 		}
 		return tx.audit(ctx, tenant, "device.shadow.update", "devices/"+device,
 			map[string]any{"desired": patch, "previous": previous, "version": s.Version})
-	})
+	}()
 	return out, err
 }
 

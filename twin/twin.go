@@ -47,13 +47,34 @@ func (s *Service) FindShadow(ctx context.Context, tenant, device string) (*fleet
 // if that changed.
 func (s *Service) UpdateDesired(ctx context.Context, tenant, device string, patch map[string]any, version *int64) (*fleet.Shadow, error) {
 	sh, err := s.Store.UpdateDesired(ctx, tenant, device, patch, version)
-	if err == nil && sh.DeltaChanged {
-		s.send(tenant, device, sh)
-	}
-	if err == nil && sh.Dispatched != nil && s.Actions != nil {
-		s.Actions.Dispatched(tenant, sh.Dispatched)
+	if err == nil {
+		s.desiredChanged(tenant, device, sh)
 	}
 	return sh, err
+}
+
+// UpdateDesiredMany changes the desired state of many devices, and tells
+// each changed device as UpdateDesired does.
+func (s *Service) UpdateDesiredMany(ctx context.Context, tenant string, sel *fleet.Dispatch, patch map[string]any) (*fleet.FleetDesired, error) {
+	fd, err := s.Store.UpdateDesiredMany(ctx, tenant, sel, patch)
+	if err != nil {
+		return nil, err
+	}
+	for device, sh := range fd.Shadows {
+		s.desiredChanged(tenant, device, sh)
+	}
+	return fd, nil
+}
+
+// desiredChanged sends the device its delta, if that changed, and the
+// update_config action the change dispatched, if any.
+func (s *Service) desiredChanged(tenant, device string, sh *fleet.Shadow) {
+	if sh.DeltaChanged {
+		s.send(tenant, device, sh)
+	}
+	if sh.Dispatched != nil && s.Actions != nil {
+		s.Actions.Dispatched(tenant, sh.Dispatched)
+	}
 }
 
 // ShadowSettings reads the tenant's choices about shadows.

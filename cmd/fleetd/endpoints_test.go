@@ -375,6 +375,9 @@ var endpoints = map[string]endpoint{
 	"GET /api/v1/tenants/{tenant_id}/stream-retention": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/api/v1/tenants/" + w.name + "/stream-retention", nil
 	}},
+	"PATCH /api/v1/shadows": {perm: "operate", other: 400, prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
+		return "/api/v1/shadows", map[string]any{"search_type": "default", "device_ids": []string{w.device}, "desired": map[string]any{"k": 1}}
+	}},
 	"PUT /api/v1/tenants/{tenant_id}/shadow-settings": {perm: "admin", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
 		return "/api/v1/tenants/" + w.name + "/shadow-settings", map[string]any{"update_config": false}
 	}},

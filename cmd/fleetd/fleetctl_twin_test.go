@@ -28,6 +28,15 @@ func TestFleetctlTwin(t *testing.T) {
 			t.Fatalf("diff = %v", delta)
 		}
 		wantContains(t, "shadow get", f.ok(t, "shadow", "get", "ct-1"), "VERSION", "IN SYNC", "false")
+		f.ok(t, "groups", "create", "everyone", "site")
+		wantContains(t, "shadow set --group", f.ok(t, "shadow", "set", "--group", "everyone", "mode=eco"), "MATCHED", "CHANGED", "2")
+		var sh2 shadow
+		f.json(t, &sh2, "shadow", "get", "ct-2")
+		if sh2.Desired["mode"] != "eco" {
+			t.Fatalf("ct-2 after set --group: %+v", sh2)
+		}
+		f.fails(t, 2, "shadow", "set", "--group", "everyone", "mode=eco", "--version", "1")
+		f.ok(t, "groups", "delete", "everyone")
 
 		wantContains(t, "groups create", f.ok(t, "groups", "create", "berlin", "site=berlin", "--description", "the Berlin site"), "berlin", "site=berlin", "1")
 		f.ok(t, "groups", "update", "berlin", "site in (berlin,paris)")
