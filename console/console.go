@@ -313,6 +313,10 @@ func (c *Console) page(perm fleet.Permission, h handler) http.HandlerFunc {
 			return
 		}
 		v.Actor, v.CSRF, v.Session = actor, sess.CSRF, fleet.HashSecret(sess.ID)
+		// The actor before the form is read: its body takes from the
+		// session's tenant's share of the body budget, not from the one
+		// every request without a tenant shares.
+		r = r.WithContext(fleet.NewContextWithActor(r.Context(), actor))
 		if r.Method != http.MethodGet {
 			if err := c.checkForm(w, r, sess.CSRF); err != nil {
 				c.renderError(w, r, v, err)
@@ -323,7 +327,6 @@ func (c *Console) page(perm fleet.Permission, h handler) http.HandlerFunc {
 			c.renderError(w, r, v, fleet.Errorf(fleet.EFORBIDDEN, "the %s role may not do this", actor.Role))
 			return
 		}
-		r = r.WithContext(fleet.NewContextWithActor(r.Context(), actor))
 		if err := h(w, r, v); err != nil {
 			c.renderError(w, r, v, err)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -144,10 +145,7 @@ func (b *bodies) read(w http.ResponseWriter, r *http.Request, limit int64) ([]by
 		end = r.ContentLength
 	}
 	body := http.MaxBytesReader(w, r.Body, limit)
-	tenant := ""
-	if a := fleet.ActorFromContext(r.Context()); a != nil {
-		tenant = a.Tenant
-	}
+	tenant := bodyTenant(r)
 	var buf []byte
 	var has taken
 	held := func() { // from the end of the request on, the buffer is the handler's garbage
@@ -196,6 +194,18 @@ func (b *bodies) read(w http.ResponseWriter, r *http.Request, limit int64) ([]by
 			return nil, readError(err, limit)
 		}
 	}
+}
+
+// bodyTenant is whose share of the budget a request's body takes: the
+// actor's tenant (an API key's, an end user's, a console session's, which
+// the console sets before it reads a form), else the tenant in a hawkBit
+// DDI path, whose handlers read a body only once the device or gateway of
+// that tenant is authenticated; "" for the rest (the console's sign-in).
+func bodyTenant(r *http.Request) string {
+	if a := fleet.ActorFromContext(r.Context()); a != nil {
+		return a.Tenant
+	}
+	return strings.ToLower(r.PathValue("tenant"))
 }
 
 func readError(err error, limit int64) error {
