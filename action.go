@@ -630,6 +630,9 @@ type ActionService interface {
 	// actions not final, or none in statuses; ENOTFOUND for an unknown
 	// action.
 	RetryAction(ctx context.Context, tenant string, id int64, statuses []ActionStatus) (*Action, error)
+	// CountRetriable counts the action's device actions in statuses that
+	// no retry has taken yet: those a RetryAction would target.
+	CountRetriable(ctx context.Context, tenant string, id int64, statuses []ActionStatus) (int, error)
 	// ReportStatus applies reports in one transaction and returns once it
 	// committed. Each report's own problem (ENOTFOUND: unknown device, or
 	// an action not sent to it) is in its slot of the first result; reports

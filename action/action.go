@@ -52,6 +52,7 @@ type Store interface {
 	FindDeviceActions(ctx context.Context, tenant string, f fleet.DeviceActionFilter) ([]*fleet.DeviceAction, int, error)
 	FindDeviceAction(ctx context.Context, tenant string, actionID int64, deviceID string) (*fleet.DeviceAction, error)
 	FindRecentFailures(ctx context.Context, tenant string, limit int) ([]*fleet.DeviceAction, error)
+	CountRetriable(ctx context.Context, tenant string, id int64, statuses []fleet.ActionStatus) (int, error)
 	// CancelAction cancels what is not final and dispatches tell, a
 	// cancel_action, to the devices that have the action in flight.
 	CancelAction(ctx context.Context, tenant string, id int64, tell *fleet.Dispatch) (*fleet.Cancellation, error)
@@ -624,6 +625,11 @@ func (s *Service) FindDeviceActions(ctx context.Context, tenant string, f fleet.
 // FindDeviceAction reads one device action.
 func (s *Service) FindDeviceAction(ctx context.Context, tenant string, actionID int64, deviceID string) (*fleet.DeviceAction, error) {
 	return s.Store.FindDeviceAction(ctx, tenant, actionID, deviceID)
+}
+
+// CountRetriable counts what a retry of the action would still take.
+func (s *Service) CountRetriable(ctx context.Context, tenant string, id int64, statuses []fleet.ActionStatus) (int, error) {
+	return s.Store.CountRetriable(ctx, tenant, id, statuses)
 }
 
 // FindRecentFailures reads the tenant's latest failures.

@@ -314,10 +314,13 @@ type actionData struct {
 	Phases   []phaseRow
 	Failed   []*fleet.DeviceAction
 	FailedN  int
-	Devices  []actionDeviceRow
-	Status   string // filter of the device list
-	Pager    pager
-	Statuses []fleet.ActionStatus
+	// Retriable: the Failed device actions no retry took yet, which the
+	// retry button offers (a device action is retried once).
+	Retriable int
+	Devices   []actionDeviceRow
+	Status    string // filter of the device list
+	Pager     pager
+	Statuses  []fleet.ActionStatus
 }
 
 // actionDeviceRow is a device action with its device's online state, as
@@ -346,6 +349,11 @@ func (c *Console) handleAction(w http.ResponseWriter, r *http.Request, v *view) 
 	d.Failed, d.FailedN, err = c.Actions.FindDeviceActions(ctx, tenant, fleet.DeviceActionFilter{ActionID: id, ActionStatus: fleet.StatusFailed, Page: fleet.Page{Page: 1, Limit: 20}})
 	if err != nil {
 		return err
+	}
+	if d.Progress.Final == d.Progress.Total && d.Progress.Failed > 0 {
+		if d.Retriable, err = c.Actions.CountRetriable(ctx, tenant, id, []fleet.ActionStatus{fleet.StatusFailed}); err != nil {
+			return err
+		}
 	}
 	d.Status = r.URL.Query().Get("status")
 	if d.Status != "" && !fleet.ActionStatus(d.Status).Valid() {

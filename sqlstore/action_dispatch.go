@@ -294,6 +294,14 @@ func unretried(statuses []fleet.ActionStatus) string {
 		" AND NOT EXISTS (SELECT 1 FROM device_action_retries r WHERE r.tenant = da.tenant AND r.action_id = da.action_id AND r.device_id = da.device_id)"
 }
 
+// CountRetriable counts the device actions of action id in statuses that
+// no retry took yet (see unretried).
+func (db *DB) CountRetriable(ctx context.Context, tenant string, id int64, statuses []fleet.ActionStatus) (int, error) {
+	var n int
+	err := db.queryRow(ctx, "SELECT count(*) FROM device_actions da WHERE "+unretried(statuses), tenant, id).Scan(&n)
+	return n, db.classify(err)
+}
+
 // claimRetry records retry id as the retry of the device actions of
 // d.RetryOf in d.RetryStatuses that no retry took before, and returns the
 // selection of their devices. The claim is the primary key of

@@ -175,6 +175,11 @@ func TestRetryAction(t *testing.T) {
 		if want := fmt.Sprintf(`<dt>Retry of</dt><dd><a href="/console/actions/%d">#%d</a></dd>`, failed, failed); !strings.Contains(page.Body, want) {
 			t.Fatalf("the retry's page lacks %s:\n%s", want, page.Body)
 		}
+		// Its failed devices were retried once: the action's page offers
+		// no second retry of them (the API would refuse it).
+		if body := console.get(fmt.Sprintf("/console/actions/%d", failed)).want(t, 200).Body; strings.Contains(body, "failed devices</button>") {
+			t.Fatalf("a retry button for device actions already retried:\n%s", body)
+		}
 
 		var logs struct {
 			AuditLogs []struct {
