@@ -418,13 +418,9 @@ func (f *fieldRollups) add(x float64, ts, seq int64) {
 // through the maintenance's advisory lock, as CREATE TABLE IF NOT EXISTS
 // may otherwise fail on a table made meanwhile.
 func (db *DB) ensurePartitions(ctx context.Context, chunks []chunk) error {
-	type part struct {
-		k     partKind
-		start int64
-	}
 	var missing []part
 	for _, c := range chunks {
-		for _, p := range []part{{pointsPart, pointsPart.start(c.tsMin)}, {minutePart, minutePart.start(c.tsMin)}, {hourPart, hourPart.start(c.tsMin)}} {
+		for _, p := range c.parts() {
 			if _, ok := db.history.known.Load(p.k.name(p.start)); !ok && !slices.Contains(missing, p) {
 				missing = append(missing, p)
 			}
@@ -451,6 +447,37 @@ func (db *DB) ensurePartitions(ctx context.Context, chunks []chunk) error {
 		db.history.known.Store(p.k.name(p.start), struct{}{})
 	}
 	return nil
+}
+
+// part is one partition: its kind and the start of its range.
+type part struct {
+	k     partKind
+	start int64
+}
+
+// parts are the partitions a chunk writes to: its points' and its rollups'.
+func (c chunk) parts() []part {
+	return []part{{pointsPart, pointsPart.start(c.tsMin)}, {minutePart, minutePart.start(c.tsMin)}, {hourPart, hourPart.start(c.tsMin)}}
+}
+
+// rewriteHistory runs write, a commit of chunks, and runs it once more if
+// it failed on a partition that this DB took to exist but another dropped
+// (another replica's maintenance, or an operator): the chunks'
+// partitions are forgotten and made again first.
+func (db *DB) rewriteHistory(ctx context.Context, chunks []chunk, write func() error) error {
+	err := write()
+	if len(chunks) == 0 || !isMissingTable(err) {
+		return err
+	}
+	for _, c := range chunks {
+		for _, p := range c.parts() {
+			db.history.known.Delete(p.k.name(p.start))
+		}
+	}
+	if err := db.ensurePartitions(ctx, chunks); err != nil {
+		return err
+	}
+	return write()
 }
 
 // lockHistory makes replicas on PostgreSQL change partitions one at a

@@ -556,3 +556,31 @@ func TestRollupLastTies(t *testing.T) {
 		}
 	})
 }
+
+// TestStreamHistoryPartitionDropped: a partition one replica took to exist
+// and another dropped (its maintenance, or an operator, or fleetbench)
+// is made again at the next write to it, which is kept, not a 500.
+func TestStreamHistoryPartitionDropped(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		ctx := context.Background()
+		dbs := mustReplicas(t, b)
+		mustTenant(t, dbs[0], "acme")
+		mustAlertDevices(t, dbs[0], "acme", "d1")
+		day := time.Now().UTC().AddDate(0, 0, -3).Truncate(24 * time.Hour)
+		for i, db := range dbs {
+			if err := db.CommitStream(ctx, "acme", "d1", "env", historyPoints(day.Add(time.Duration(i)*time.Hour), 10, time.Now()), nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := dbs[0].Exec(ctx, "DROP TABLE stream_points_"+day.Format("20060102")); err != nil {
+			t.Fatal(err)
+		}
+		if err := dbs[1].CommitStream(ctx, "acme", "d1", "env", historyPoints(day.Add(2*time.Hour), 10, time.Now()), nil); err != nil {
+			t.Fatalf("a write to a partition dropped by another: %v", err)
+		}
+		streams, err := dbs[0].FindStreams(ctx, "acme", "d1")
+		if err != nil || len(streams) != 1 || streams[0].Points != 10 {
+			t.Fatalf("streams %+v %v, want the 10 points written after the drop", streams, err)
+		}
+	})
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/fleetd/fleet"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -29,8 +30,10 @@ func (db *DB) CommitStream(ctx context.Context, tenant, device, stream string, p
 	if err != nil {
 		return err
 	}
-	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		return tx.commitStream(ctx, tenant, device, stream, w, changes)
+	return db.rewriteHistory(ctx, w.chunks, func() error {
+		return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+			return tx.commitStream(ctx, tenant, device, stream, w, changes)
+		})
 	})
 }
 
@@ -266,6 +269,20 @@ func decodeCanonical(s string) (any, error) {
 
 // isForeignKeyViolation reports whether err is a foreign-key constraint
 // failure, by the driver's error code.
+// isMissingTable reports whether err is a statement's on a table that does
+// not exist: SQLite has no code of its own for it, only its message.
+func isMissingTable(err error) bool {
+	var se *msqlite.Error
+	if errors.As(err, &se) {
+		return strings.Contains(se.Error(), "no such table")
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "42P01"
+	}
+	return false
+}
+
 func isForeignKeyViolation(err error) bool {
 	var se *msqlite.Error
 	if errors.As(err, &se) {

@@ -23,7 +23,7 @@ func (db *DB) CommitStreamVersion(ctx context.Context, tenant, device, stream st
 	}
 	latest, data := w.latest, w.data
 	var version int64
-	err = db.update(ctx, func(ctx context.Context, tx *Tx) error {
+	update := func(ctx context.Context, tx *Tx) error {
 		switch {
 		case expect > 0 && latest != nil:
 			// One statement: the version check, and the point if newer.
@@ -88,7 +88,8 @@ func (db *DB) CommitStreamVersion(ctx context.Context, tenant, device, stream st
 			return err
 		}
 		return tx.applyAlertChanges(ctx, tenant, device, stream, changes)
-	})
+	}
+	err = db.rewriteHistory(ctx, w.chunks, func() error { return db.update(ctx, update) })
 	if err != nil {
 		return 0, err
 	}
