@@ -15,16 +15,7 @@ import (
 
 // Migrate is fleetd migrate.
 func Migrate(ctx context.Context, args []string, e cli.Env) error {
-	var c Config
-	fs := cli.NewFlagSet("migrate", "", "Applies the database migrations fleetd has and the database lacks, then exits.\nserve does this too; run it alone to upgrade before starting new replicas.", e)
-	c.adminFlags(fs)
-	if err := fs.Parse(args, e.Getenv); err != nil {
-		return err
-	}
-	if err := fs.Require(0, 0); err != nil {
-		return err
-	}
-	db, err := c.openAdminDB(ctx, e)
+	db, _, err := openAdmin(ctx, "migrate", "", "Applies the database migrations fleetd has and the database lacks, then exits.\nserve does this too; run it alone to upgrade before starting new replicas.", 0, args, e)
 	if err != nil {
 		return err
 	}
@@ -34,21 +25,12 @@ func Migrate(ctx context.Context, args []string, e cli.Env) error {
 
 // TenantCreate is fleetd tenant create.
 func TenantCreate(ctx context.Context, args []string, e cli.Env) error {
-	var c Config
-	fs := cli.NewFlagSet("tenant create", "NAME", "Creates a tenant with an admin API key named \"admin\" and prints the key alone\non the last line, so a script can capture it:\n  KEY=$(fleetd tenant create acme | tail -1)", e)
-	c.adminFlags(fs)
-	if err := fs.Parse(args, e.Getenv); err != nil {
-		return err
-	}
-	if err := fs.Require(1, 1); err != nil {
-		return err
-	}
-	db, err := c.openAdminDB(ctx, e)
+	db, names, err := openAdmin(ctx, "tenant create", "NAME", "Creates a tenant with an admin API key named \"admin\" and prints the key alone\non the last line, so a script can capture it:\n  KEY=$(fleetd tenant create acme | tail -1)", 1, args, e)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	t, key, err := db.CreateTenant(ctx, fs.Positional[0])
+	t, key, err := db.CreateTenant(ctx, names[0])
 	if err != nil {
 		return cliError(err)
 	}
@@ -58,16 +40,7 @@ func TenantCreate(ctx context.Context, args []string, e cli.Env) error {
 
 // TenantList is fleetd tenant list.
 func TenantList(ctx context.Context, args []string, e cli.Env) error {
-	var c Config
-	fs := cli.NewFlagSet("tenant list", "", "Lists every tenant.", e)
-	c.adminFlags(fs)
-	if err := fs.Parse(args, e.Getenv); err != nil {
-		return err
-	}
-	if err := fs.Require(0, 0); err != nil {
-		return err
-	}
-	db, err := c.openAdminDB(ctx, e)
+	db, _, err := openAdmin(ctx, "tenant list", "", "Lists every tenant.", 0, args, e)
 	if err != nil {
 		return err
 	}
@@ -82,6 +55,23 @@ func TenantList(ctx context.Context, args []string, e cli.Env) error {
 		fmt.Fprintf(tw, "%s\t%s\n", t.Name, t.CreatedAt.Format("2006-01-02T15:04:05.000Z"))
 	}
 	return tw.Flush()
+}
+
+// openAdmin reads the flags of an admin command that takes n positional
+// arguments and no flags but the database's and the log's, and opens the
+// database, migrated; it returns the positional arguments.
+func openAdmin(ctx context.Context, name, positional, usage string, n int, args []string, e cli.Env) (*sqlstore.DB, []string, error) {
+	var c Config
+	fs := cli.NewFlagSet(name, positional, usage, e)
+	c.adminFlags(fs)
+	if err := fs.Parse(args, e.Getenv); err != nil {
+		return nil, nil, err
+	}
+	if err := fs.Require(n, n); err != nil {
+		return nil, nil, err
+	}
+	db, err := c.openAdminDB(ctx, e)
+	return db, fs.Positional, err
 }
 
 // APIKeyCreate is fleetd apikey create.
