@@ -32,7 +32,9 @@ type dispatchForm struct {
 	Action, Params, SearchType, DeviceIDs, SearchKey, SearchQuery, Timeout string
 	Rollout                                                                bool
 	ReleaseNotes, WindowStart, WindowEnd, WindowTZ                         string
-	Phases                                                                 []phaseForm
+	// End is the schedule's end_timestamp as typed, a UTC date and time.
+	End    string
+	Phases []phaseForm
 }
 
 // phaseForm is one phase row.
@@ -184,7 +186,7 @@ func readDispatchForm(r *http.Request) dispatchForm {
 		Action: get("action"), Params: get("params"), SearchType: get("search_type"), DeviceIDs: get("device_ids"),
 		SearchKey: get("search_key"), SearchQuery: get("search_query"), Timeout: get("timeout"),
 		Rollout: p.Get("rollout") == "on", ReleaseNotes: p.Get("release_notes"),
-		WindowStart: get("window_start"), WindowEnd: get("window_end"), WindowTZ: get("window_tz"),
+		WindowStart: get("window_start"), WindowEnd: get("window_end"), WindowTZ: get("window_tz"), End: get("end"),
 	}
 	rows, err := strconv.Atoi(get("phases"))
 	if err != nil || rows < 1 {
@@ -321,6 +323,13 @@ func (f dispatchForm) schedule() (map[string]any, error) {
 	if f.WindowStart != "" || f.WindowEnd != "" {
 		s["maintenance_window"] = map[string]any{"start": f.WindowStart, "end": f.WindowEnd, "timezone": f.WindowTZ}
 	}
+	if f.End != "" {
+		end, err := utcMillis(f.End)
+		if err != nil {
+			return nil, fleet.FieldErrors(map[string]string{"schedule.end_timestamp": "must be a date and time (UTC)"})
+		}
+		s["end_timestamp"] = end
+	}
 	phases := []any{}
 	for _, p := range f.Phases {
 		if p.empty() {
@@ -358,11 +367,11 @@ func (f dispatchForm) schedule() (map[string]any, error) {
 				trigger["finished_ratio"] = json.Number(strconv.FormatFloat(ratio/100, 'f', -1, 64))
 			}
 		case fleet.TriggerTimestamp:
-			at, err := time.ParseInLocation("2006-01-02T15:04", p.At, time.UTC)
+			at, err := utcMillis(p.At)
 			if err != nil {
 				return nil, fleet.FieldErrors(map[string]string{fmt.Sprintf("schedule.phases[%d].trigger_on.timestamp", p.Index): "must be a date and time (UTC)"})
 			}
-			trigger["timestamp"] = at.UnixMilli()
+			trigger["timestamp"] = at
 		}
 		phase := map[string]any{"name": p.Name, "trigger_on": trigger, "info": info}
 		gate := map[string]any{}
@@ -390,4 +399,11 @@ func (f dispatchForm) schedule() (map[string]any, error) {
 	}
 	s["phases"] = phases
 	return s, nil
+}
+
+// utcMillis reads a datetime-local field, a date and time in UTC, as the
+// API's epoch milliseconds.
+func utcMillis(s string) (int64, error) {
+	t, err := time.ParseInLocation("2006-01-02T15:04", s, time.UTC)
+	return t.UnixMilli(), err
 }

@@ -464,6 +464,8 @@ func when(t any) string {
 			return "never"
 		}
 		return when(*t)
+	case int64: // epoch milliseconds, as a schedule's end_timestamp
+		return when(time.UnixMilli(t))
 	}
 	return ""
 }
