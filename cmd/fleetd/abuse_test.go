@@ -16,6 +16,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
@@ -31,13 +32,13 @@ func TestRateLimits(t *testing.T) {
 	// Keys and the configuration are made first, while admin has tokens.
 	viewer := s.NewKey(t, admin, "dashboard", "viewer")
 	gateway := s.NewKey(t, admin, "gateway", "device")
-	idp := newIdentityProvider(t)
-	s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", map[string]any{"method": "jwks", "jwks_url": idp.srv.URL,
+	idp := fleetdtest.NewIdentityProvider(t)
+	s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", map[string]any{"method": "jwks", "jwks_url": idp.Server.URL,
 		"issuer": "https://id.example.com", "audience": "fleetd"}).Want(t, 204)
-	s.mustDevice(t, admin, "pump-1", nil)
+	s.MustDevice(t, admin, "pump-1", nil)
 	s.Do(t, admin, "GET", "/api/v1/devices", nil).Want(t, 200) // admin's fifth request
 
-	limited := func(r *response) {
+	limited := func(r *fleetdtest.Response) {
 		t.Helper()
 		r.Want(t, 429)
 		if code := r.ErrorCode(t); code != "rate_limited" {
@@ -58,12 +59,12 @@ func TestRateLimits(t *testing.T) {
 	s.Do(t, other, "GET", "/api/v1/devices", nil).Want(t, 200)
 
 	// End users are limited one by one.
-	ada := idp.token(t, nil)
+	ada := idp.Token(t, nil)
 	for range 5 {
 		s.bearer(t, "default", ada, "GET", "/api/v1/devices", nil).Want(t, 200)
 	}
 	limited(s.bearer(t, "default", ada, "GET", "/api/v1/devices", nil))
-	grace := idp.token(t, jwt.MapClaims{"name": "Grace Hopper", "email": "grace@example.com"})
+	grace := idp.Token(t, jwt.MapClaims{"name": "Grace Hopper", "email": "grace@example.com"})
 	s.bearer(t, "default", grace, "GET", "/api/v1/devices", nil).Want(t, 200)
 
 	// Device data has its own bucket: a gateway's status reports do not
@@ -86,8 +87,8 @@ func TestRateLimits(t *testing.T) {
 	}
 
 	// Unauthenticated requests are 401, not counted against anyone.
-	s.Do(t, creds{Tenant: "default", Key: "fk_nope"}, "GET", "/api/v1/devices", nil).Want(t, 401)
-	s.Do(t, creds{}, "GET", "/healthz", nil).Want(t, 200)
+	s.Do(t, fleetdtest.Creds{Tenant: "default", Key: "fk_nope"}, "GET", "/api/v1/devices", nil).Want(t, 401)
+	s.Do(t, fleetdtest.Creds{}, "GET", "/healthz", nil).Want(t, 200)
 }
 
 // rawConn opens a TCP connection to the API for a hand-written request.
@@ -110,7 +111,7 @@ func cutOff(t *testing.T, c net.Conn, trickle []byte, interval time.Duration) st
 		b, _ := io.ReadAll(c)
 		got <- string(b)
 	}()
-	deadline := time.After(bound)
+	deadline := time.After(fleetdtest.Bound)
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
@@ -163,7 +164,7 @@ func TestSlowClients(t *testing.T) {
 	})
 
 	t.Run("headers too large", func(t *testing.T) {
-		r := s.Send(t, req{Method: "GET", Path: "/api/v1/devices", Creds: admin,
+		r := s.Send(t, fleetdtest.Req{Method: "GET", Path: "/api/v1/devices", Creds: admin,
 			Header: http.Header{"X-Big": {strings.Repeat("a", 100<<10)}}})
 		if r.Status != http.StatusRequestHeaderFieldsTooLarge {
 			t.Fatalf("status %d, want 431", r.Status)
@@ -173,7 +174,7 @@ func TestSlowClients(t *testing.T) {
 	t.Run("slow but moving upload and download", func(t *testing.T) {
 		// An upload that takes 3 s, longer than --http-read-timeout, is
 		// accepted: for uploads the timeout bounds each pause.
-		body, ct := multipartBody(t, "slow.tar.gz", makeBundle(t, "9.9.8", part{name: "app", version: "9.9.8", body: "app"}))
+		body, ct := fleetdtest.MultipartBody(t, "slow.tar.gz", fleetdtest.MakeBundle(t, "9.9.8", fleetdtest.Part{Name: "app", Version: "9.9.8", Body: "app"}))
 		pr, pw := io.Pipe()
 		go func() {
 			chunk := max(len(body)/30, 1)
@@ -193,8 +194,8 @@ func TestSlowClients(t *testing.T) {
 		// likewise: the write timeout bounds each pause of the reader.
 		random := make([]byte, 8<<20)
 		rand.Read(random)
-		archive := makeBundle(t, "9.9.9", part{name: "app", version: "9.9.9", body: string(random)})
-		created := s.mustUpload(t, admin, archive)
+		archive := fleetdtest.MakeBundle(t, "9.9.9", fleetdtest.Part{Name: "app", Version: "9.9.9", Body: string(random)})
+		created := s.MustUpload(t, admin, archive)
 		hr, _ = http.NewRequest("GET", s.URL+"/api/v1/firmware-bundles/id/"+created.ID+"/artifact", nil)
 		hr.Header.Set("X-Service-Tenant", "default")
 		hr.Header.Set("X-Service-Api-Key", s.Key)
@@ -220,7 +221,7 @@ func TestSlowClients(t *testing.T) {
 }
 
 // sendRaw sends a prepared request and validates the answer like send.
-func (s *testServer) sendRaw(t *testing.T, hr *http.Request) *response {
+func (s *testServer) sendRaw(t *testing.T, hr *http.Request) *fleetdtest.Response {
 	t.Helper()
 	resp, err := http.DefaultClient.Do(hr)
 	if err != nil {
@@ -228,7 +229,7 @@ func (s *testServer) sendRaw(t *testing.T, hr *http.Request) *response {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return &response{Status: resp.StatusCode, Header: resp.Header, Body: b, Req: hr.Method + " " + hr.URL.Path}
+	return &fleetdtest.Response{Status: resp.StatusCode, Header: resp.Header, Body: b, Req: hr.Method + " " + hr.URL.Path}
 }
 
 // TestMQTTAbuse: wrong passwords, other tenants' topics, oversized
@@ -241,10 +242,10 @@ func TestMQTTAbuse(t *testing.T) {
 		"--mqtt-publish-rate", "0.001", "--mqtt-publish-burst", "20",
 		"--mqtt-connect-timeout", "500ms", "--mqtt-max-pending-per-ip", "100000")
 	admin := s.Admin()
-	good := s.mustDevice(t, admin, "good", nil)
-	bad := s.mustDevice(t, admin, "bad", nil)
+	good := s.MustDevice(t, admin, "good", nil)
+	bad := s.MustDevice(t, admin, "bad", nil)
 	other := s.NewTenant(t, "other")
-	s.mustDevice(t, other, "victim", nil)
+	s.MustDevice(t, other, "victim", nil)
 
 	// The well-behaved device connects from an address of its own, as a
 	// real one would: the throttle of failed CONNECTs is per address.
@@ -253,8 +254,8 @@ func TestMQTTAbuse(t *testing.T) {
 		t.Helper()
 		t.Logf("the well-behaved device works %s", when)
 		dev.publish(t, "env", []map[string]any{{"timestamp": time.Now().UnixMilli(), "t": 20}})
-		id := s.dispatch(t, admin, map[string]any{"action": "ping", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"good"}})
-		s.awaitActionStatus(t, admin, "good", id, "Initiated")
+		id := s.Dispatch(t, admin, map[string]any{"action": "ping", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"good"}})
+		s.AwaitActionStatus(t, admin, "good", id, "Initiated")
 	}
 	healthy("at the start")
 
@@ -322,7 +323,7 @@ func TestMQTTAbuse(t *testing.T) {
 		}
 		healthy("among 2000 idle connections")
 		for _, c := range idle {
-			c.SetReadDeadline(time.Now().Add(bound))
+			c.SetReadDeadline(time.Now().Add(fleetdtest.Bound))
 			if _, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
 				t.Fatalf("an idle connection was not closed: %v", err)
 			}
@@ -346,7 +347,7 @@ func dialFrom(t *testing.T, addr, local, tenant, id, token string) *streamDevice
 		t.Fatalf("dial from %s: %v", local, err)
 	}
 	c := paho.NewClient(paho.ClientConfig{Conn: conn})
-	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	ctx, cancel := context.WithTimeout(context.Background(), fleetdtest.Bound)
 	defer cancel()
 	ca, err := c.Connect(ctx, &paho.Connect{KeepAlive: 30, ClientID: id, CleanStart: true,
 		Username: tenant + "/" + id, UsernameFlag: true, Password: []byte(token), PasswordFlag: true})
@@ -355,7 +356,7 @@ func dialFrom(t *testing.T, addr, local, tenant, id, token string) *streamDevice
 		t.Fatalf("connect %s: %v (%+v)", id, err, ca)
 	}
 	t.Cleanup(func() { c.Disconnect(&paho.Disconnect{}); <-c.Done() })
-	sctx, scancel := context.WithTimeout(context.Background(), bound)
+	sctx, scancel := context.WithTimeout(context.Background(), fleetdtest.Bound)
 	defer scancel()
 	if _, err := c.Subscribe(sctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: mqtt.ActionsTopic(tenant, id), QoS: 1}}}); err != nil {
 		t.Fatalf("subscribe %s: %v", id, err)
@@ -373,7 +374,7 @@ func connectCode(t *testing.T, addr, local, username, password string) byte {
 		t.Fatal(err)
 	}
 	c := paho.NewClient(paho.ClientConfig{Conn: conn})
-	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	ctx, cancel := context.WithTimeout(context.Background(), fleetdtest.Bound)
 	defer cancel()
 	ca, err := c.Connect(ctx, &paho.Connect{KeepAlive: 30, ClientID: "x", CleanStart: true,
 		Username: username, UsernameFlag: true, Password: []byte(password), PasswordFlag: true})
@@ -393,7 +394,7 @@ func awaitClosed(t *testing.T, c *paho.Client) {
 	t.Helper()
 	select {
 	case <-c.Done():
-	case <-time.After(bound):
+	case <-time.After(fleetdtest.Bound):
 		t.Fatal("the abusive client was not disconnected")
 	}
 }

@@ -16,28 +16,10 @@ import (
 	pahov3 "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/fleetd/fleet/action"
-	"github.com/fleetd/fleet/internal/poll"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
-
-// bound is how long any awaited condition may take; none takes a tenth.
-const bound = 15 * time.Second
-
-// eventually polls cond until it holds, for at most bound: the one way the
-// end-to-end tests wait for what fleetd does in the background.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	eventuallyWithin(t, bound, what, cond)
-}
-
-// eventuallyWithin is eventually with a bound of its own: shorter, for a
-// condition that must hold sooner because that is what the test proves;
-// longer, for one that waits on a whole other process.
-func eventuallyWithin(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	poll.Until(t, d, what, cond)
-}
 
 // mqttDevice is a device connected over MQTT 3.1.1 with the paho client,
 // subscribed to its actions, acknowledging each (QoS 1) as it arrives. Like
@@ -61,9 +43,9 @@ func (s *testServer) connectDevice(t *testing.T, tenant, id, token string) *mqtt
 		SetProtocolVersion(4).
 		SetCleanSession(true).
 		SetAutoReconnect(false).
-		SetConnectTimeout(bound)
+		SetConnectTimeout(fleetdtest.Bound)
 	d.client = pahov3.NewClient(opts)
-	if tok := d.client.Connect(); !tok.WaitTimeout(bound) || tok.Error() != nil {
+	if tok := d.client.Connect(); !tok.WaitTimeout(fleetdtest.Bound) || tok.Error() != nil {
 		t.Fatalf("connect %s: %v", id, tok.Error())
 	}
 	t.Cleanup(func() { d.client.Disconnect(100) })
@@ -76,7 +58,7 @@ func (s *testServer) connectDevice(t *testing.T, tenant, id, token string) *mqtt
 			d.actions <- a
 		}
 	})
-	if !tok.WaitTimeout(bound) || tok.Error() != nil {
+	if !tok.WaitTimeout(fleetdtest.Bound) || tok.Error() != nil {
 		t.Fatalf("subscribe %s: %v", id, tok.Error())
 	}
 	return d
@@ -88,7 +70,7 @@ func (d *mqttDevice) next(t *testing.T) action.Message {
 	select {
 	case a := <-d.actions:
 		return a
-	case <-time.After(bound):
+	case <-time.After(fleetdtest.Bound):
 		t.Fatalf("%s received no action", d.id)
 	}
 	panic("unreachable")
@@ -113,89 +95,9 @@ func (d *mqttDevice) report(t *testing.T, payload any) {
 		t.Fatal(err)
 	}
 	tok := d.client.Publish(mqtt.ActionStatusTopic(d.tenant, d.id), 1, false, b)
-	if !tok.WaitTimeout(bound) || tok.Error() != nil {
+	if !tok.WaitTimeout(fleetdtest.Bound) || tok.Error() != nil {
 		t.Fatalf("publish status of %s: %v", d.id, tok.Error())
 	}
-}
-
-type deviceActionBody struct {
-	ActionID       int64               `json:"action_id"`
-	DeviceID       string              `json:"device_id"`
-	Type           string              `json:"type"`
-	Status         string              `json:"status"`
-	ActionStatus   string              `json:"action_status"`
-	Phase          int                 `json:"phase"`
-	Progress       int                 `json:"progress"`
-	Params         string              `json:"params"`
-	Errors         map[string][]string `json:"errors"`
-	UserEmail      string              `json:"user_email"`
-	UserName       string              `json:"user_name"`
-	SerialMetadata map[string]string   `json:"-serial_metadata"`
-	CreatedAt      string              `json:"created_at"`
-	UpdatedAt      string              `json:"updated_at"`
-}
-
-type actionBody struct {
-	ID         int64           `json:"id"`
-	Action     string          `json:"action"`
-	Params     json.RawMessage `json:"params"`
-	SearchType string          `json:"search_type"`
-	Metadata   json.RawMessage `json:"metadata"`
-	Timeout    int64           `json:"timeout"`
-	UserEmail  string          `json:"user_email"`
-	UserName   string          `json:"user_name"`
-	CreatedAt  string          `json:"created_at"`
-	Targeted   int             `json:"targeted"`
-	Statuses   map[string]int  `json:"statuses"`
-}
-
-// dispatch posts to the modern endpoint and returns the new action's id.
-func (s *testServer) dispatch(t *testing.T, c creds, body map[string]any) int64 {
-	t.Helper()
-	var out struct {
-		ID        int64  `json:"id"`
-		CreatedAt string `json:"created_at"`
-		Targeted  int    `json:"targeted"`
-	}
-	s.Do(t, c, "POST", "/api/v1/actions", body).Want(t, 201).Decode(t, &out)
-	if out.ID == 0 || out.Targeted == 0 || out.CreatedAt == "" {
-		t.Fatalf("dispatch answered %+v", out)
-	}
-	return out.ID
-}
-
-func (s *testServer) action(t *testing.T, c creds, id int64) actionBody {
-	t.Helper()
-	var a actionBody
-	s.Do(t, c, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).Want(t, 200).Decode(t, &a)
-	return a
-}
-
-// deviceAction returns one device's record of an action, through S7.
-func (s *testServer) deviceAction(t *testing.T, c creds, device string, id int64) deviceActionBody {
-	t.Helper()
-	var list struct {
-		DeviceActions []deviceActionBody `json:"device_actions"`
-	}
-	s.Do(t, c, "GET", "/api/v1/devices/"+device+"/actions?limit=1000", nil).Want(t, 200).Decode(t, &list)
-	for _, da := range list.DeviceActions {
-		if da.ActionID == id {
-			return da
-		}
-	}
-	t.Fatalf("device %s has no action %d", device, id)
-	panic("unreachable")
-}
-
-// awaitActionStatus waits until the device's record has action_status want.
-func (s *testServer) awaitActionStatus(t *testing.T, c creds, device string, id int64, want string) deviceActionBody {
-	t.Helper()
-	var da deviceActionBody
-	eventually(t, fmt.Sprintf("%s's action %d to be %s", device, id, want), func() bool {
-		da = s.deviceAction(t, c, device, id)
-		return da.ActionStatus == want
-	})
-	return da
 }
 
 func TestActionsEndToEnd(t *testing.T) {
@@ -205,7 +107,7 @@ func TestActionsEndToEnd(t *testing.T) {
 		tok := map[string]string{}
 		for i, site := range []string{"Berlin", "Paris", "Berlin-South"} {
 			id := fmt.Sprint("pump-", i+1)
-			tok[id] = s.mustDevice(t, admin, id, map[string]string{"site": site}).Token
+			tok[id] = s.MustDevice(t, admin, id, map[string]string{"site": site}).Token
 		}
 		d1 := s.connectDevice(t, "default", "pump-1", tok["pump-1"])
 		d2 := s.connectDevice(t, "default", "pump-2", tok["pump-2"])
@@ -234,12 +136,12 @@ func TestActionsEndToEnd(t *testing.T) {
 				}
 			}
 			// paho acknowledged them: Initiated.
-			da := s.awaitActionStatus(t, admin, "pump-1", id, "Initiated")
+			da := s.AwaitActionStatus(t, admin, "pump-1", id, "Initiated")
 			if da.Status != "Initiated" || da.Type != "reboot" || da.Params != `{"delay":5}` || da.UserName != "admin" ||
 				da.SerialMetadata["site"] != "Berlin" || len(da.Errors) != 0 || da.Errors == nil || da.Phase != 0 {
 				t.Fatalf("pump-1's record = %+v", da)
 			}
-			if da := s.deviceAction(t, admin, "pump-3", id); da.ActionStatus != "Queued" || da.Status != "Queued" {
+			if da := s.DeviceAction(t, admin, "pump-3", id); da.ActionStatus != "Queued" || da.Status != "Queued" {
 				t.Fatalf("offline pump-3 = %+v", da)
 			}
 		})
@@ -251,7 +153,7 @@ func TestActionsEndToEnd(t *testing.T) {
 				{"id": fmt.Sprint(id), "state": "Downloading", "progress": 40, "errors": []string{}, "timestamp": now + 1, "sequence": 2},
 			})
 			// Acknowledged means committed: no waiting needed.
-			da := s.deviceAction(t, admin, "pump-1", id)
+			da := s.DeviceAction(t, admin, "pump-1", id)
 			if da.ActionStatus != "Progress" || da.Status != "Downloading" || da.Progress != 40 {
 				t.Fatalf("after two reports: %+v", da)
 			}
@@ -259,10 +161,10 @@ func TestActionsEndToEnd(t *testing.T) {
 			d1.report(t, map[string]any{"id": fmt.Sprint(id), "state": "Completed", "progress": 100, "errors": []string{}, "timestamp": now + 2, "sequence": 3})
 			// A late, older report changes nothing.
 			d1.report(t, []map[string]any{{"id": fmt.Sprint(id), "state": "Downloading", "progress": 50, "timestamp": now + 1, "sequence": 9}})
-			if da := s.deviceAction(t, admin, "pump-1", id); da.ActionStatus != "Completed" || da.Progress != 100 {
+			if da := s.DeviceAction(t, admin, "pump-1", id); da.ActionStatus != "Completed" || da.Progress != 100 {
 				t.Fatalf("after Completed and a late report: %+v", da)
 			}
-			var dev device
+			var dev fleetdtest.Device
 			s.Do(t, admin, "GET", "/api/v1/devices/pump-1", nil).Want(t, 200).Decode(t, &dev)
 			if dev.LastSeenAt == nil {
 				t.Fatal("last_seen_at is not set after the device reported")
@@ -277,8 +179,8 @@ func TestActionsEndToEnd(t *testing.T) {
 			if len(r.Body) != 0 {
 				t.Fatalf("S10 answered a body: %s", r.Body)
 			}
-			var da deviceActionBody
-			s.Send(t, req{Method: "POST", Path: "/api/v1/devices/action/status", Creds: gw,
+			var da fleetdtest.DeviceActionBody
+			s.Send(t, fleetdtest.Req{Method: "POST", Path: "/api/v1/devices/action/status", Creds: gw,
 				Body:   map[string]any{"device_id": "pump-2", "action_id": fmt.Sprint(id), "state": "Failed", "errors": []string{"flash write failed", "rolled back"}, "timestamp": 2},
 				Header: http.Header{"Prefer": {"return=representation"}}}).Want(t, 200).Decode(t, &da)
 			if da.ActionStatus != "Failed" || da.Status != "Failed" || da.Progress != 70 || len(da.Errors["Failed"]) != 2 {
@@ -286,7 +188,7 @@ func TestActionsEndToEnd(t *testing.T) {
 			}
 			// After a final state: acknowledged and ignored.
 			s.Do(t, gw, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "pump-2", "id": id, "state": "Completed"}).Want(t, 204)
-			if da := s.deviceAction(t, admin, "pump-2", id); da.ActionStatus != "Failed" {
+			if da := s.DeviceAction(t, admin, "pump-2", id); da.ActionStatus != "Failed" {
 				t.Fatalf("a final state changed: %+v", da)
 			}
 		})
@@ -296,7 +198,7 @@ func TestActionsEndToEnd(t *testing.T) {
 			if m := d3.next(t); m.ID != fmt.Sprint(id) || m.Name != "reboot" {
 				t.Fatalf("pump-3 received %+v", m)
 			}
-			s.awaitActionStatus(t, admin, "pump-3", id, "Initiated")
+			s.AwaitActionStatus(t, admin, "pump-3", id, "Initiated")
 			d3.report(t, map[string]any{"action_id": id, "state": "Completed"})
 			// Connected again, it is not sent the action a second time.
 			d3.client.Disconnect(100)
@@ -305,23 +207,23 @@ func TestActionsEndToEnd(t *testing.T) {
 		})
 
 		t.Run("Counts", func(t *testing.T) {
-			a := s.action(t, admin, id)
+			a := s.Action(t, admin, id)
 			if a.Targeted != 3 || a.Statuses["Completed"] != 2 || a.Statuses["Failed"] != 1 || len(a.Statuses) != 2 ||
 				a.Action != "reboot" || string(a.Params) != `{"delay":5}` || string(a.Metadata) != `{"ticket":"T-1"}` || a.Timeout != 600 ||
 				a.SearchType != "default" || a.UserName != "admin" {
 				t.Fatalf("action = %+v", a)
 			}
 			var list struct {
-				Actions []actionBody `json:"actions"`
-				Count   int          `json:"count"`
+				Actions []fleetdtest.ActionBody `json:"actions"`
+				Count   int                     `json:"count"`
 			}
 			s.Do(t, admin, "GET", "/api/v1/actions?action=reboot", nil).Want(t, 200).Decode(t, &list)
 			if list.Count != 1 || list.Actions[0].Statuses["Completed"] != 2 {
 				t.Fatalf("list = %+v", list)
 			}
 			var devs struct {
-				DeviceActions []deviceActionBody `json:"device_actions"`
-				Count         int                `json:"count"`
+				DeviceActions []fleetdtest.DeviceActionBody `json:"device_actions"`
+				Count         int                           `json:"count"`
 			}
 			s.Do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d/devices?action_status=Completed", id), nil).Want(t, 200).Decode(t, &devs)
 			if devs.Count != 2 || devs.DeviceActions[0].DeviceID != "pump-1" || devs.DeviceActions[1].DeviceID != "pump-3" {
@@ -357,7 +259,7 @@ func TestActionsEndToEnd(t *testing.T) {
 		})
 
 		t.Run("EDNBody", func(t *testing.T) {
-			r := s.Send(t, req{Method: "POST", Path: "/mock/api/v1/actions", Creds: admin, ContentType: "application/edn",
+			r := s.Send(t, fleetdtest.Req{Method: "POST", Path: "/mock/api/v1/actions", Creds: admin, ContentType: "application/edn",
 				Raw: []byte(`{:action "edn", :params {:a [1 2]}, :search_type "default", :device_ids ["pump-2"]}`)}).Want(t, 201)
 			if r.Header.Get("Location") == "" {
 				t.Fatal("no Location")
@@ -368,8 +270,8 @@ func TestActionsEndToEnd(t *testing.T) {
 		})
 
 		t.Run("PreferRepresentation", func(t *testing.T) {
-			var a actionBody
-			s.Send(t, req{Method: "POST", Path: "/mock/api/v1/actions", Creds: admin, Header: http.Header{"Prefer": {"return=representation"}},
+			var a fleetdtest.ActionBody
+			s.Send(t, fleetdtest.Req{Method: "POST", Path: "/mock/api/v1/actions", Creds: admin, Header: http.Header{"Prefer": {"return=representation"}},
 				Body: map[string]any{"action": "rep", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"pump-3"}}}).Want(t, 201).Decode(t, &a)
 			if a.Action != "rep" || a.Targeted != 1 || a.Statuses["Queued"] != 1 || a.Timeout != 86400 {
 				t.Fatalf("representation = %+v", a)
@@ -384,10 +286,10 @@ func TestActionBadInputs(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
-		s.mustDevice(t, admin, "d1", map[string]string{"site": "Berlin"})
-		s.mustDevice(t, admin, "d2", nil)
-		s.mustDevice(t, admin, "lonely", nil)
-		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"d1"}})
+		s.MustDevice(t, admin, "d1", map[string]string{"site": "Berlin"})
+		s.MustDevice(t, admin, "d2", nil)
+		s.MustDevice(t, admin, "lonely", nil)
+		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"d1"}})
 
 		counts := func() (int, int, int) {
 			var acts, devs struct{ Count int }
@@ -493,7 +395,7 @@ func TestActionBadInputs(t *testing.T) {
 				}
 			})
 		}
-		if da := s.deviceAction(t, admin, "d1", id); da.ActionStatus != "Queued" {
+		if da := s.DeviceAction(t, admin, "d1", id); da.ActionStatus != "Queued" {
 			t.Fatalf("rejected reports changed the record: %+v", da)
 		}
 
@@ -522,7 +424,7 @@ func TestActionBadInputs(t *testing.T) {
 				s.Do(t, admin, tc.method, tc.path, nil).Want(t, tc.status)
 			}
 			var empty struct {
-				DeviceActions []deviceActionBody `json:"device_actions"`
+				DeviceActions []fleetdtest.DeviceActionBody `json:"device_actions"`
 				Count         int
 			}
 			s.Do(t, admin, "GET", "/api/v1/devices/lonely/actions", nil).Want(t, 200).Decode(t, &empty)
@@ -539,11 +441,11 @@ func TestDeviceActionsQuery(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
-		s.mustDevice(t, admin, "d1", nil)
+		s.MustDevice(t, admin, "d1", nil)
 		gw := s.NewKey(t, admin, "gw", "device")
 		var ids []int64
 		for i, name := range []string{"b", "a", "c", "a"} {
-			id := s.dispatch(t, admin, map[string]any{"action": name, "params": map[string]any{}, "search_type": "all"})
+			id := s.Dispatch(t, admin, map[string]any{"action": name, "params": map[string]any{}, "search_type": "all"})
 			ids = append(ids, id)
 			if i%2 == 0 {
 				s.Do(t, gw, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "d1", "action_id": id, "state": "Completed"}).Want(t, 204)
@@ -551,7 +453,7 @@ func TestDeviceActionsQuery(t *testing.T) {
 		}
 		page := func(q string) []int64 {
 			var list struct {
-				DeviceActions []deviceActionBody `json:"device_actions"`
+				DeviceActions []fleetdtest.DeviceActionBody `json:"device_actions"`
 				Count         int
 			}
 			s.Do(t, admin, "GET", "/api/v1/devices/d1/actions?"+q, nil).Want(t, 200).Decode(t, &list)
@@ -585,20 +487,20 @@ func TestActionCancelEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
-		busy := s.mustDevice(t, admin, "busy", nil)
-		away := s.mustDevice(t, admin, "away", nil)
-		s.mustDevice(t, admin, "queued", nil)
+		busy := s.MustDevice(t, admin, "busy", nil)
+		away := s.MustDevice(t, admin, "away", nil)
+		s.MustDevice(t, admin, "queued", nil)
 		db := s.connectDevice(t, "default", "busy", busy.Token)
 		da := s.connectDevice(t, "default", "away", away.Token)
-		id := s.dispatch(t, admin, map[string]any{"action": "update", "params": map[string]any{"v": 2}, "search_type": "all"})
+		id := s.Dispatch(t, admin, map[string]any{"action": "update", "params": map[string]any{"v": 2}, "search_type": "all"})
 		db.next(t)
 		da.next(t)
 		db.report(t, map[string]any{"id": fmt.Sprint(id), "state": "Downloading", "progress": 10})
-		s.awaitActionStatus(t, admin, "away", id, "Initiated")
+		s.AwaitActionStatus(t, admin, "away", id, "Initiated")
 		da.client.Disconnect(100) // it has the action, and goes away
 
-		var a actionBody
-		s.Send(t, req{Method: "POST", Path: fmt.Sprintf("/api/v1/actions/%d/cancel", id), Creds: admin,
+		var a fleetdtest.ActionBody
+		s.Send(t, fleetdtest.Req{Method: "POST", Path: fmt.Sprintf("/api/v1/actions/%d/cancel", id), Creds: admin,
 			Header: http.Header{"Prefer": {"return=representation"}}}).Want(t, 200).Decode(t, &a)
 		// The devices that have it keep it until they answer.
 		if a.Statuses["Cancelled"] != 1 || a.Statuses["Initiated"] != 1 || a.Statuses["Progress"] != 1 || len(a.Statuses) != 3 {
@@ -609,7 +511,7 @@ func TestActionCancelEndToEnd(t *testing.T) {
 			t.Fatalf("busy received %+v", m)
 		}
 		cid, _ := strconv.ParseInt(m.ID, 10, 64)
-		cancel := s.action(t, admin, cid)
+		cancel := s.Action(t, admin, cid)
 		if cancel.Action != "cancel_action" || cancel.Targeted != 2 || cancel.UserName != "admin" {
 			t.Fatalf("the cancel_action = %+v", cancel)
 		}
@@ -619,10 +521,10 @@ func TestActionCancelEndToEnd(t *testing.T) {
 			{"id": m.ID, "state": "Completed", "progress": 100},
 			{"id": fmt.Sprint(id), "state": "Failed", "errors": []string{"cancelled"}},
 		})
-		if r := s.deviceAction(t, admin, "busy", id); r.ActionStatus != "Cancelled" || r.Status != "Cancelled" {
+		if r := s.DeviceAction(t, admin, "busy", id); r.ActionStatus != "Cancelled" || r.Status != "Cancelled" {
 			t.Fatalf("busy's cancelled action = %+v", r)
 		}
-		if r := s.deviceAction(t, admin, "busy", cid); r.ActionStatus != "Completed" {
+		if r := s.DeviceAction(t, admin, "busy", cid); r.ActionStatus != "Completed" {
 			t.Fatalf("busy's cancel_action = %+v", r)
 		}
 		// away is told when it returns, and refuses: its update goes on,
@@ -632,16 +534,16 @@ func TestActionCancelEndToEnd(t *testing.T) {
 			t.Fatalf("away received %+v", m)
 		}
 		da.report(t, map[string]any{"id": fmt.Sprint(cid), "state": "Failed", "errors": []string{"Cancellation request failed as action completed execution!"}})
-		if r := s.awaitActionStatus(t, admin, "away", cid, "Failed"); r.ActionStatus != "Failed" {
+		if r := s.AwaitActionStatus(t, admin, "away", cid, "Failed"); r.ActionStatus != "Failed" {
 			t.Fatalf("away's cancel_action = %+v", r)
 		}
-		if r := s.deviceAction(t, admin, "away", id); r.ActionStatus != "Initiated" || r.Status != "CancelRejected" {
+		if r := s.DeviceAction(t, admin, "away", id); r.ActionStatus != "Initiated" || r.Status != "CancelRejected" {
 			t.Fatalf("away's update after it refused = %+v", r)
 		}
 		da.report(t, map[string]any{"id": fmt.Sprint(id), "state": "Completed"})
-		s.awaitActionStatus(t, admin, "away", id, "Completed")
+		s.AwaitActionStatus(t, admin, "away", id, "Completed")
 		// queued never had it: cancelled without a word.
-		if r := s.deviceAction(t, admin, "queued", id); r.ActionStatus != "Cancelled" {
+		if r := s.DeviceAction(t, admin, "queued", id); r.ActionStatus != "Cancelled" {
 			t.Fatalf("queued = %+v", r)
 		}
 		// Cancelling again: 204, nothing changes, nothing is sent.
@@ -654,19 +556,19 @@ func TestActionCancelEndToEnd(t *testing.T) {
 		}
 
 		t.Run("CancelActionDispatch", func(t *testing.T) {
-			id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"busy"}})
+			id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"busy"}})
 			db.next(t)
 			db.report(t, map[string]any{"id": fmt.Sprint(id), "state": "Rebooting"})
-			cid := s.dispatch(t, admin, map[string]any{"action": "cancel_action", "params": map[string]any{"action_id": fmt.Sprint(id)}, "search_type": "default", "device_ids": []string{"busy"}})
+			cid := s.Dispatch(t, admin, map[string]any{"action": "cancel_action", "params": map[string]any{"action_id": fmt.Sprint(id)}, "search_type": "default", "device_ids": []string{"busy"}})
 			m := db.next(t)
 			if m.ID != fmt.Sprint(cid) || m.Name != "cancel_action" || m.Payload != fmt.Sprintf(`{"action_id":"%d","name":"reboot"}`, id) {
 				t.Fatalf("busy received %+v", m)
 			}
-			if r := s.deviceAction(t, admin, "busy", id); r.ActionStatus != "Progress" || r.Status != "Cancelling" {
+			if r := s.DeviceAction(t, admin, "busy", id); r.ActionStatus != "Progress" || r.Status != "Cancelling" {
 				t.Fatalf("busy's reboot = %+v", r)
 			}
 			db.report(t, map[string]any{"id": m.ID, "state": "Completed"})
-			s.awaitActionStatus(t, admin, "busy", id, "Cancelled")
+			s.AwaitActionStatus(t, admin, "busy", id, "Cancelled")
 		})
 	})
 }
@@ -677,11 +579,11 @@ func TestActionTimeoutWired(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, "--action-sweep-interval", "20ms")
 		admin := s.Admin()
-		dev := s.mustDevice(t, admin, "slow", nil)
+		dev := s.MustDevice(t, admin, "slow", nil)
 		d := s.connectDevice(t, "default", "slow", dev.Token)
-		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all", "timeout": 1})
+		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all", "timeout": 1})
 		d.next(t)
-		da := s.awaitActionStatus(t, admin, "slow", id, "Failed")
+		da := s.AwaitActionStatus(t, admin, "slow", id, "Failed")
 		if da.Status != "TimedOut" || len(da.Errors["TimedOut"]) != 1 {
 			t.Fatalf("timed out record = %+v", da)
 		}
@@ -692,13 +594,13 @@ func TestActionsTenantIsolation(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
-		s.mustDevice(t, admin, "d1", nil)
-		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all"})
+		s.MustDevice(t, admin, "d1", nil)
+		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all"})
 		other := s.NewTenant(t, "other")
-		s.mustDevice(t, other, "own", nil)
+		s.MustDevice(t, other, "own", nil)
 		otherGW := s.NewKey(t, other, "gw", "device")
 		for _, tc := range []struct {
-			c            creds
+			c            fleetdtest.Creds
 			method, path string
 			body         any
 			status       int
@@ -719,11 +621,11 @@ func TestActionsTenantIsolation(t *testing.T) {
 			t.Fatalf("other tenant lists %d actions", list.Count)
 		}
 		// The other tenant's first action is its own number 1; ours is untouched.
-		oid := s.dispatch(t, other, map[string]any{"action": "x", "params": map[string]any{}, "search_type": "all"})
+		oid := s.Dispatch(t, other, map[string]any{"action": "x", "params": map[string]any{}, "search_type": "all"})
 		if oid != 1 {
 			t.Fatalf("the other tenant's first action id = %d", oid)
 		}
-		if a := s.action(t, admin, id); a.Statuses["Queued"] != 1 {
+		if a := s.Action(t, admin, id); a.Statuses["Queued"] != 1 {
 			t.Fatalf("our action = %+v", a)
 		}
 		// A device of another tenant cannot log in to ours over MQTT, nor
@@ -735,9 +637,9 @@ func TestActionsRoles(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
-		s.mustDevice(t, admin, "d1", nil)
-		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all"})
-		keys := map[string]creds{"admin": admin}
+		s.MustDevice(t, admin, "d1", nil)
+		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all"})
+		keys := map[string]fleetdtest.Creds{"admin": admin}
 		for _, role := range []string{"viewer", "device", "operator"} {
 			keys[role] = s.NewKey(t, admin, role, role)
 		}
@@ -767,7 +669,7 @@ func TestActionsRoles(t *testing.T) {
 				}
 				s.Do(t, keys[role], tc.method, tc.path, tc.body).Want(t, want)
 			}
-			s.Do(t, creds{Tenant: "default", Key: "fk_wrong"}, tc.method, tc.path, tc.body).Want(t, 401)
+			s.Do(t, fleetdtest.Creds{Tenant: "default", Key: "fk_wrong"}, tc.method, tc.path, tc.body).Want(t, 401)
 		}
 	})
 }
@@ -783,14 +685,14 @@ func TestActionsWithMosquittoClients(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
-		dev := s.mustDevice(t, admin, "mq-1", nil)
+		dev := s.MustDevice(t, admin, "mq-1", nil)
 		host, port, _ := strings.Cut(s.MQTTAddr, ":")
 		common := []string{"-h", host, "-p", port, "-q", "1", "-u", "default/mq-1", "-P", dev.Token}
 
 		// Queued while the device is offline; mosquitto_sub receives it on
 		// subscribing, prints it and exits after one message.
-		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{"delay": 1}, "search_type": "all"})
-		ctx, cancel := context.WithTimeout(context.Background(), bound)
+		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{"delay": 1}, "search_type": "all"})
+		ctx, cancel := context.WithTimeout(context.Background(), fleetdtest.Bound)
 		defer cancel()
 		sub := exec.CommandContext(ctx, "/usr/bin/mosquitto_sub", append(common, "-i", "mq-1", "-C", "1", "-t", mqtt.ActionsTopic("default", "mq-1"))...)
 		out, err := sub.Output()
@@ -801,7 +703,7 @@ func TestActionsWithMosquittoClients(t *testing.T) {
 		if err := json.Unmarshal(out, &m); err != nil || m.ID != fmt.Sprint(id) || m.Name != "reboot" || m.Payload != `{"delay":1}` {
 			t.Fatalf("mosquitto_sub printed %s (%v)", out, err)
 		}
-		s.awaitActionStatus(t, admin, "mq-1", id, "Initiated")
+		s.AwaitActionStatus(t, admin, "mq-1", id, "Initiated")
 
 		// mosquitto_pub exits 0 once its report was acknowledged: committed.
 		for _, payload := range []string{
@@ -813,7 +715,7 @@ func TestActionsWithMosquittoClients(t *testing.T) {
 				t.Fatalf("mosquitto_pub: %v; %s", err, out)
 			}
 		}
-		if da := s.deviceAction(t, admin, "mq-1", id); da.ActionStatus != "Completed" || da.Progress != 100 {
+		if da := s.DeviceAction(t, admin, "mq-1", id); da.ActionStatus != "Completed" || da.Progress != 100 {
 			t.Fatalf("after mosquitto_pub: %+v", da)
 		}
 	})

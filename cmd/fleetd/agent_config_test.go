@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -14,7 +15,7 @@ import (
 // state to its file and runs its hook on it, and the action completes;
 // one configured for neither fails it saying so.
 func TestAgentUpdateConfig(t *testing.T) {
-	bin := buildAgent(t)
+	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
@@ -23,18 +24,18 @@ func TestAgentUpdateConfig(t *testing.T) {
 		file, copied := filepath.Join(dir, "desired.json"), filepath.Join(dir, "applied.json")
 		hook := filepath.Join(dir, "apply")
 		writeScript(t, hook, `cat "$1" > `+copied+`; read -r stdin; [ "$stdin" = "$(cat "$1")" ] || { echo "stdin differs" >&2; exit 1; }`)
-		dev := s.mustDevice(t, admin, "cfg-1", nil)
-		agent := s.startAgent(t, bin, "cfg-1", dev.Token, "--update-config-file", file, "--update-config-hook", hook+" {file}")
-		bare := s.mustDevice(t, admin, "cfg-bare", nil)
-		bareAgent := s.startAgent(t, bin, "cfg-bare", bare.Token)
-		eventually(t, "the agents to connect", func() bool {
+		dev := s.MustDevice(t, admin, "cfg-1", nil)
+		agent := s.StartAgent(t, bin, "cfg-1", dev.Token, "--update-config-file", file, "--update-config-hook", hook+" {file}")
+		bare := s.MustDevice(t, admin, "cfg-bare", nil)
+		bareAgent := s.StartAgent(t, bin, "cfg-bare", bare.Token)
+		fleetdtest.Eventually(t, "the agents to connect", func() bool {
 			return agentSays(agent, "msg=connected") && agentSays(bareAgent, "msg=connected")
 		})
 
 		s.Do(t, admin, "PATCH", "/api/v1/devices/cfg-1/shadow", map[string]any{"desired": map[string]any{"interval": 30}}).Want(t, 200)
 		s.Do(t, admin, "PATCH", "/api/v1/devices/cfg-1/shadow", map[string]any{"desired": map[string]any{"log": map[string]any{"level": "debug"}}}).Want(t, 200)
 		const want = `{"interval":30,"log":{"level":"debug"}}`
-		eventually(t, "the hook to have applied the whole desired state", func() bool {
+		fleetdtest.Eventually(t, "the hook to have applied the whole desired state", func() bool {
 			b, _ := os.ReadFile(copied)
 			return string(b) == want
 		})
@@ -45,9 +46,9 @@ func TestAgentUpdateConfig(t *testing.T) {
 			t.Fatalf("the file: %v, %v", fi, err)
 		}
 		var list struct {
-			DeviceActions []deviceActionBody `json:"device_actions"`
+			DeviceActions []fleetdtest.DeviceActionBody `json:"device_actions"`
 		}
-		eventually(t, "both update_config actions to complete", func() bool {
+		fleetdtest.Eventually(t, "both update_config actions to complete", func() bool {
 			s.Do(t, admin, "GET", "/api/v1/devices/cfg-1/actions", nil).Want(t, 200).Decode(t, &list)
 			n := 0
 			for _, da := range list.DeviceActions {
@@ -59,7 +60,7 @@ func TestAgentUpdateConfig(t *testing.T) {
 		})
 
 		s.Do(t, admin, "PATCH", "/api/v1/devices/cfg-bare/shadow", map[string]any{"desired": map[string]any{"interval": 5}}).Want(t, 200)
-		eventually(t, "the unconfigured device to fail update_config", func() bool {
+		fleetdtest.Eventually(t, "the unconfigured device to fail update_config", func() bool {
 			s.Do(t, admin, "GET", "/api/v1/devices/cfg-bare/actions", nil).Want(t, 200).Decode(t, &list)
 			return len(list.DeviceActions) == 1 && hasError(list.DeviceActions[0], "Failed", "update_config is not configured on this device")
 		})

@@ -9,71 +9,18 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/ctl"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/remote"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
-
-// buildAgent builds cmd/fleetd-agent as a static binary, as a device
-// would get it, and returns its path.
-func buildAgent(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "fleetd-agent")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/fleetd/fleet/cmd/fleetd-agent")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build fleetd-agent: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// agentProcess is fleetd-agent running as a process of its own.
-type agentProcess struct {
-	cmd    *exec.Cmd
-	output *LockedBuffer
-}
-
-// startAgent runs the agent for a device of tenant "default" against s,
-// with extra flags. It is stopped with SIGTERM, and must exit 0, when the
-// test ends.
-func (s *testServer) startAgent(t *testing.T, bin, device, token string, extra ...string) *agentProcess {
-	t.Helper()
-	args := append([]string{"--server", s.URL, "--mqtt-addr", s.MQTTAddr, "--tenant", "default", "--device", device,
-		"--log-level", "debug"}, extra...)
-	p := &agentProcess{cmd: exec.Command(bin, args...), output: &LockedBuffer{}}
-	p.cmd.Env = append(os.Environ(), "FLEETD_AGENT_TOKEN="+token)
-	p.cmd.Stdout, p.cmd.Stderr = p.output, p.output
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		p.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- p.cmd.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("fleetd-agent exited with %v; output:\n%s", err, p.output)
-			}
-		case <-time.After(bound):
-			p.cmd.Process.Kill()
-			t.Errorf("fleetd-agent did not stop on SIGTERM; output:\n%s", p.output)
-		}
-		if t.Failed() {
-			t.Logf("fleetd-agent %s output:\n%s", device, p.output)
-		}
-	})
-	return p
-}
 
 // writeScript writes an executable shell script.
 func writeScript(t *testing.T, path, body string) {
@@ -103,7 +50,7 @@ func processGone(t *testing.T, pidFile string) bool {
 	return len(fields) > 0 && (fields[0] == "Z" || fields[0] == "X")
 }
 
-func hasError(da deviceActionBody, state, words string) bool {
+func hasError(da fleetdtest.DeviceActionBody, state, words string) bool {
 	for _, e := range da.Errors[state] {
 		if strings.Contains(e, words) {
 			return true
@@ -117,7 +64,7 @@ func hasError(da deviceActionBody, state, words string) bool {
 // action, a timeout and a cancellation that kill the program's process
 // group.
 func TestAgentActions(t *testing.T) {
-	bin := buildAgent(t)
+	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
@@ -137,22 +84,22 @@ echo "progress 5"
 wait
 `, work))
 		os.WriteFile(filepath.Join(actions, "notexec"), []byte("#!/bin/sh\nexit 0\n"), 0o644)
-		dev := s.mustDevice(t, admin, "agent-1", nil)
-		slow := s.mustDevice(t, admin, "agent-slow", nil)
-		s.startAgent(t, bin, "agent-1", dev.Token, "--actions-dir", actions)
-		s.startAgent(t, bin, "agent-slow", slow.Token, "--actions-dir", actions, "--action-timeout", "1s")
+		dev := s.MustDevice(t, admin, "agent-1", nil)
+		slow := s.MustDevice(t, admin, "agent-slow", nil)
+		s.StartAgent(t, bin, "agent-1", dev.Token, "--actions-dir", actions)
+		s.StartAgent(t, bin, "agent-slow", slow.Token, "--actions-dir", actions, "--action-timeout", "1s")
 		dispatch := func(device, name string, params map[string]any) int64 {
-			return s.dispatch(t, admin, map[string]any{"action": name, "params": params, "search_type": "default", "device_ids": []string{device}})
+			return s.Dispatch(t, admin, map[string]any{"action": name, "params": params, "search_type": "default", "device_ids": []string{device}})
 		}
 
 		t.Run("SuccessWithProgress", func(t *testing.T) {
 			id := dispatch("agent-1", "configure", map[string]any{"mode": "eco", "level": 3})
-			eventually(t, "progress 40", func() bool {
-				da := s.deviceAction(t, admin, "agent-1", id)
+			fleetdtest.Eventually(t, "progress 40", func() bool {
+				da := s.DeviceAction(t, admin, "agent-1", id)
 				return da.Progress == 40 && da.Status == "Running"
 			})
 			os.WriteFile(filepath.Join(work, "go"), nil, 0o644)
-			da := s.awaitActionStatus(t, admin, "agent-1", id, "Completed")
+			da := s.AwaitActionStatus(t, admin, "agent-1", id, "Completed")
 			if da.Progress != 100 {
 				t.Errorf("completed with progress %d", da.Progress)
 			}
@@ -163,7 +110,7 @@ wait
 		})
 		t.Run("Failure", func(t *testing.T) {
 			id := dispatch("agent-1", "flash", map[string]any{})
-			da := s.awaitActionStatus(t, admin, "agent-1", id, "Failed")
+			da := s.AwaitActionStatus(t, admin, "agent-1", id, "Failed")
 			if !hasError(da, "Failed", "exit status 3") || !hasError(da, "Failed", "writing /data\ndisk full on /data") || hasError(da, "Failed", "some output") {
 				t.Errorf("failed with %+v", da.Errors)
 			}
@@ -171,7 +118,7 @@ wait
 		t.Run("NoProgram", func(t *testing.T) {
 			for _, name := range []string{"nope", "notexec"} {
 				id := dispatch("agent-1", name, map[string]any{})
-				da := s.awaitActionStatus(t, admin, "agent-1", id, "Failed")
+				da := s.AwaitActionStatus(t, admin, "agent-1", id, "Failed")
 				if !hasError(da, "Failed", fmt.Sprintf("no program for action %q", name)) {
 					t.Errorf("%s failed with %+v", name, da.Errors)
 				}
@@ -179,34 +126,34 @@ wait
 		})
 		t.Run("Timeout", func(t *testing.T) {
 			id := dispatch("agent-slow", "sleeper", map[string]any{})
-			da := s.awaitActionStatus(t, admin, "agent-slow", id, "Failed")
+			da := s.AwaitActionStatus(t, admin, "agent-slow", id, "Failed")
 			if !hasError(da, "Failed", "timed out after 1s") {
 				t.Errorf("failed with %+v", da.Errors)
 			}
 			// The whole process group is killed, the program's child too.
-			eventually(t, "the timed-out program's child to end", func() bool {
+			fleetdtest.Eventually(t, "the timed-out program's child to end", func() bool {
 				return processGone(t, filepath.Join(work, fmt.Sprint(id)+".pid"))
 			})
 		})
 		t.Run("Cancel", func(t *testing.T) {
 			id := dispatch("agent-1", "sleeper", map[string]any{})
-			eventually(t, "the sleeper to run", func() bool {
-				return s.deviceAction(t, admin, "agent-1", id).Progress == 5
+			fleetdtest.Eventually(t, "the sleeper to run", func() bool {
+				return s.DeviceAction(t, admin, "agent-1", id).Progress == 5
 			})
 			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).Want(t, 204)
 			var list struct {
-				Actions []actionBody `json:"actions"`
+				Actions []fleetdtest.ActionBody `json:"actions"`
 			}
 			s.Do(t, admin, "GET", "/api/v1/actions?action=cancel_action", nil).Want(t, 200).Decode(t, &list)
 			if len(list.Actions) != 1 {
 				t.Fatalf("cancel_actions: %+v", list.Actions)
 			}
 			// The device answers its cancel_action once the program is gone.
-			s.awaitActionStatus(t, admin, "agent-1", list.Actions[0].ID, "Completed")
+			s.AwaitActionStatus(t, admin, "agent-1", list.Actions[0].ID, "Completed")
 			if !processGone(t, filepath.Join(work, fmt.Sprint(id)+".pid")) {
 				t.Errorf("the cancelled program's child still runs")
 			}
-			if da := s.deviceAction(t, admin, "agent-1", id); da.ActionStatus != "Cancelled" {
+			if da := s.DeviceAction(t, admin, "agent-1", id); da.ActionStatus != "Cancelled" {
 				t.Errorf("cancelled action = %+v", da)
 			}
 		})
@@ -218,7 +165,7 @@ wait
 // handed to the install hook, the device's components updated; a hook
 // that fails fails the update with its stderr.
 func TestAgentFirmware(t *testing.T) {
-	bin := buildAgent(t)
+	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
@@ -229,20 +176,20 @@ func TestAgentFirmware(t *testing.T) {
 		writeScript(t, hook, fmt.Sprintf(`if [ "$1" = broken ]; then echo "image rejected by bootloader" >&2; exit 1; fi
 cp "$2" %s/"$1-$3"
 `, installed))
-		dev := s.mustDevice(t, admin, "fw-1", nil)
-		s.startAgent(t, bin, "fw-1", dev.Token, "--download-dir", filepath.Join(work, "downloads"),
+		dev := s.MustDevice(t, admin, "fw-1", nil)
+		s.StartAgent(t, bin, "fw-1", dev.Token, "--download-dir", filepath.Join(work, "downloads"),
 			"--install-hook", hook+" {component} {file} {version}")
 
 		boot, app := strings.Repeat("boot", 1000), strings.Repeat("application ", 50000)
-		s.mustUpload(t, admin, makeBundle(t, "2.0.0", part{name: "bootloader", version: "1.2.0", body: boot}, part{name: "app", version: "2.0.0", body: app}))
-		id := s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.0.0"}, "search_type": "default", "device_ids": []string{"fw-1"}})
-		s.awaitActionStatus(t, admin, "fw-1", id, "Completed")
+		s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "2.0.0", fleetdtest.Part{Name: "bootloader", Version: "1.2.0", Body: boot}, fleetdtest.Part{Name: "app", Version: "2.0.0", Body: app}))
+		id := s.Dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.0.0"}, "search_type": "default", "device_ids": []string{"fw-1"}})
+		s.AwaitActionStatus(t, admin, "fw-1", id, "Completed")
 		for name, want := range map[string]string{"bootloader-1.2.0": boot, "app-2.0.0": app} {
 			if got, err := os.ReadFile(filepath.Join(installed, name)); err != nil || string(got) != want {
 				t.Errorf("%s installed: %d bytes, %v; want %d bytes", name, len(got), err, len(want))
 			}
 		}
-		var d device
+		var d fleetdtest.Device
 		s.Do(t, admin, "GET", "/api/v1/devices/fw-1", nil).Want(t, 200).Decode(t, &d)
 		if d.Components["bootloader"] != "1.2.0" || d.Components["app"] != "2.0.0" {
 			t.Errorf("device components = %v", d.Components)
@@ -251,9 +198,9 @@ cp "$2" %s/"$1-$3"
 			t.Errorf("downloads left behind: %v", left)
 		}
 
-		s.mustUpload(t, admin, makeBundle(t, "2.1.0", part{name: "broken", version: "1.0.0", body: "x"}))
-		id = s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.1.0"}, "search_type": "default", "device_ids": []string{"fw-1"}})
-		da := s.awaitActionStatus(t, admin, "fw-1", id, "Failed")
+		s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "2.1.0", fleetdtest.Part{Name: "broken", Version: "1.0.0", Body: "x"}))
+		id = s.Dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.1.0"}, "search_type": "default", "device_ids": []string{"fw-1"}})
+		da := s.AwaitActionStatus(t, admin, "fw-1", id, "Failed")
 		if !hasError(da, "Failed", "installing broken 1.0.0: exit status 1: image rejected by bootloader") {
 			t.Errorf("failed with %+v", da.Errors)
 		}
@@ -264,13 +211,13 @@ cp "$2" %s/"$1-$3"
 // a rotation) to the logs stream in uplink's LogEntry shape, and system
 // statistics to uplink_system_stats.
 func TestAgentStreams(t *testing.T) {
-	bin := buildAgent(t)
+	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
 		logFile := filepath.Join(t.TempDir(), "app.log")
-		dev := s.mustDevice(t, admin, "streamer", nil)
-		s.startAgent(t, bin, "streamer", dev.Token, "--log-file", logFile, "--stats-interval", "100ms", "--flush-interval", "50ms")
+		dev := s.MustDevice(t, admin, "streamer", nil)
+		s.StartAgent(t, bin, "streamer", dev.Token, "--log-file", logFile, "--stats-interval", "100ms", "--flush-interval", "50ms")
 		latest := func(stream string) (map[string]any, bool) {
 			r := s.Do(t, admin, "GET", "/api/v1/devices/streamer/streams/"+stream+"/latest", nil)
 			if r.Status == 404 {
@@ -284,7 +231,7 @@ func TestAgentStreams(t *testing.T) {
 			return p.Data, true
 		}
 		var stats map[string]any
-		eventually(t, "system statistics", func() bool {
+		fleetdtest.Eventually(t, "system statistics", func() bool {
 			var ok bool
 			stats, ok = latest("uplink_system_stats")
 			return ok
@@ -295,7 +242,7 @@ func TestAgentStreams(t *testing.T) {
 		// The file did not exist when the agent started: it is read from
 		// its first line when it appears.
 		os.WriteFile(logFile, []byte("booting\nservice started on :80\n"), 0o644)
-		eventually(t, "the log's last line", func() bool {
+		fleetdtest.Eventually(t, "the log's last line", func() bool {
 			p, ok := latest("logs")
 			return ok && p["message"] == "service started on :80"
 		})
@@ -306,13 +253,13 @@ func TestAgentStreams(t *testing.T) {
 		f, _ := os.OpenFile(logFile, os.O_APPEND|os.O_WRONLY, 0)
 		f.WriteString("appended\n")
 		f.Close()
-		eventually(t, "the appended line", func() bool {
+		fleetdtest.Eventually(t, "the appended line", func() bool {
 			p, ok := latest("logs")
 			return ok && p["message"] == "appended"
 		})
 		os.Rename(logFile, logFile+".1")
 		os.WriteFile(logFile, []byte("after rotation\n"), 0o644)
-		eventually(t, "the rotated file's line", func() bool {
+		fleetdtest.Eventually(t, "the rotated file's line", func() bool {
 			p, ok := latest("logs")
 			return ok && p["message"] == "after rotation"
 		})
@@ -324,7 +271,7 @@ func TestAgentStreams(t *testing.T) {
 // files both ways within the device's limits, the roles, the caps, the
 // idle timeout, and a device without --remote.
 func TestAgentRemote(t *testing.T) {
-	bin := buildAgent(t)
+	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, "--remote-idle-timeout", "1500ms", "--remote-connect-timeout", "3s",
 			"--remote-max-per-user", "3", "--remote-max-per-device", "2")
@@ -332,11 +279,11 @@ func TestAgentRemote(t *testing.T) {
 		root := t.TempDir()
 		os.Mkdir(filepath.Join(root, "sub"), 0o755)
 		os.Symlink("/etc", filepath.Join(root, "escape"))
-		dev := s.mustDevice(t, admin, "agent-r", nil)
-		s.startAgent(t, bin, "agent-r", dev.Token, "--remote", "--remote-root", root, "--remote-max-file-bytes", "100000")
-		off := s.mustDevice(t, admin, "agent-off", nil)
-		s.startAgent(t, bin, "agent-off", off.Token)
-		fc := s.newFleetctl(t, admin)
+		dev := s.MustDevice(t, admin, "agent-r", nil)
+		s.StartAgent(t, bin, "agent-r", dev.Token, "--remote", "--remote-root", root, "--remote-max-file-bytes", "100000")
+		off := s.MustDevice(t, admin, "agent-off", nil)
+		s.StartAgent(t, bin, "agent-off", off.Token)
+		fc := s.NewFleetctl(t, admin)
 		// ended waits until every session of agent-r has ended on the
 		// server (a client may be done a moment before the relay), so that
 		// the next subtest starts under the caps.
@@ -346,7 +293,7 @@ func TestAgentRemote(t *testing.T) {
 		}
 		ended := func(t *testing.T) sessionList {
 			var list sessionList
-			eventually(t, "every session of agent-r to have ended", func() bool {
+			fleetdtest.Eventually(t, "every session of agent-r to have ended", func() bool {
 				s.Do(t, admin, "GET", "/api/v1/devices/agent-r/remote-sessions?limit=100", nil).Want(t, 200).Decode(t, &list)
 				for _, rs := range list.RemoteSessions {
 					if rs.EndedAt == nil {
@@ -359,12 +306,12 @@ func TestAgentRemote(t *testing.T) {
 		}
 
 		t.Run("Command", func(t *testing.T) {
-			r := fc.run("", "ssh", "agent-r", "--", "echo hello; echo oops >&2; pwd; exit 3")
-			if r.code != 3 || r.stdout != "hello\noops\n"+root+"\n" {
+			r := fc.Run("", "ssh", "agent-r", "--", "echo hello; echo oops >&2; pwd; exit 3")
+			if r.Code != 3 || r.Stdout != "hello\noops\n"+root+"\n" {
 				t.Fatalf("%v", r)
 			}
-			r = fc.run("line one\nline two\n", "ssh", "agent-r", "--", "cat")
-			if r.code != 0 || r.stdout != "line one\nline two\n" {
+			r = fc.Run("line one\nline two\n", "ssh", "agent-r", "--", "cat")
+			if r.Code != 0 || r.Stdout != "line one\nline two\n" {
 				t.Fatalf("%v", r)
 			}
 		})
@@ -424,14 +371,14 @@ func TestAgentRemote(t *testing.T) {
 			}()
 			_, port, _ := net.SplitHostPort(ln.Addr().String())
 			ctx, cancel := context.WithCancel(context.Background())
-			out := &LockedBuffer{}
+			out := &fleetdtest.LockedBuffer{}
 			done := make(chan int, 1)
 			go func() {
 				done <- ctl.Run(ctx, []string{"forward", "agent-r", "0:" + port}, ctl.Env{
-					Getenv: func(k string) string { return fc.env[k] }, Stdin: strings.NewReader(""), Stdout: out, Stderr: out})
+					Getenv: func(k string) string { return fc.Env[k] }, Stdin: strings.NewReader(""), Stdout: out, Stderr: out})
 			}()
 			var addr string
-			eventually(t, "fleetctl forward to listen", func() bool {
+			fleetdtest.Eventually(t, "fleetctl forward to listen", func() bool {
 				addr, _, _ = strings.Cut(out.String(), "\n")
 				return strings.HasPrefix(addr, "127.0.0.1:")
 			})
@@ -457,62 +404,62 @@ func TestAgentRemote(t *testing.T) {
 			local := t.TempDir()
 			body := strings.Repeat("configuration\n", 5000)
 			os.WriteFile(filepath.Join(local, "app.conf"), []byte(body), 0o644)
-			fc.ok(t, "cp", filepath.Join(local, "app.conf"), "agent-r:/sub/app.conf")
+			fc.OK(t, "cp", filepath.Join(local, "app.conf"), "agent-r:/sub/app.conf")
 			if got, _ := os.ReadFile(filepath.Join(root, "sub", "app.conf")); string(got) != body {
 				t.Fatalf("put wrote %d bytes, want %d", len(got), len(body))
 			}
 			os.WriteFile(filepath.Join(root, "sub", "device.log"), []byte("from the device\n"), 0o644)
-			fc.ok(t, "cp", "agent-r:sub/device.log", local)
+			fc.OK(t, "cp", "agent-r:sub/device.log", local)
 			if got, _ := os.ReadFile(filepath.Join(local, "device.log")); string(got) != "from the device\n" {
 				t.Fatalf("get wrote %q", got)
 			}
-			wantContains(t, "escape", fc.fails(t, 1, "cp", "agent-r:/escape/hostname", local), "outside the directory this device shares")
-			wantContains(t, "missing", fc.fails(t, 1, "cp", "agent-r:/../../etc/hostname", local), "etc/hostname", "no such file")
+			fleetdtest.WantContains(t, "escape", fc.Fails(t, 1, "cp", "agent-r:/escape/hostname", local), "outside the directory this device shares")
+			fleetdtest.WantContains(t, "missing", fc.Fails(t, 1, "cp", "agent-r:/../../etc/hostname", local), "etc/hostname", "no such file")
 			os.WriteFile(filepath.Join(local, "big"), make([]byte, 200000), 0o644)
-			wantContains(t, "too big", fc.fails(t, 1, "cp", filepath.Join(local, "big"), "agent-r:/big"), "more than the 100000")
+			fleetdtest.WantContains(t, "too big", fc.Fails(t, 1, "cp", filepath.Join(local, "big"), "agent-r:/big"), "more than the 100000")
 			if _, err := os.Stat(filepath.Join(root, "big")); err == nil {
 				t.Errorf("a refused put left a file")
 			}
-			wantContains(t, "both local", fc.fails(t, 2, "cp", "a", "b"), "exactly one side")
+			fleetdtest.WantContains(t, "both local", fc.Fails(t, 2, "cp", "a", "b"), "exactly one side")
 		})
 		t.Run("IdleTimeout", func(t *testing.T) {
 			ended(t)
-			r := fc.run("", "ssh", "agent-r", "--", "sleep 60")
-			if r.code != 1 || !strings.Contains(r.stderr, "idle for 1.5s") {
+			r := fc.Run("", "ssh", "agent-r", "--", "sleep 60")
+			if r.Code != 1 || !strings.Contains(r.Stderr, "idle for 1.5s") {
 				t.Fatalf("%v", r)
 			}
 		})
 		t.Run("RemoteOff", func(t *testing.T) {
-			wantContains(t, "off", fc.fails(t, 1, "ssh", "agent-off", "--", "true"), "did not connect back within 3s")
+			fleetdtest.WantContains(t, "off", fc.Fails(t, 1, "ssh", "agent-off", "--", "true"), "did not connect back within 3s")
 		})
 		t.Run("Roles", func(t *testing.T) {
 			ended(t)
 			for _, role := range []string{"viewer", "device"} {
 				k := s.NewKey(t, admin, "remote-"+role, role)
-				wantContains(t, role, s.newFleetctl(t, k).fails(t, 1, "ssh", "agent-r", "--", "true"), "may not open remote sessions")
+				fleetdtest.WantContains(t, role, s.NewFleetctl(t, k).Fails(t, 1, "ssh", "agent-r", "--", "true"), "may not open remote sessions")
 			}
 			other := s.NewTenant(t, "elsewhere")
-			wantContains(t, "other tenant", s.newFleetctl(t, other).fails(t, 1, "ssh", "agent-r", "--", "true"), "agent-r")
+			fleetdtest.WantContains(t, "other tenant", s.NewFleetctl(t, other).Fails(t, 1, "ssh", "agent-r", "--", "true"), "agent-r")
 			op := s.NewKey(t, admin, "remote-operator", "operator")
-			if r := s.newFleetctl(t, op).run("", "ssh", "agent-r", "--", "echo operator"); r.code != 0 || r.stdout != "operator\n" {
+			if r := s.NewFleetctl(t, op).Run("", "ssh", "agent-r", "--", "echo operator"); r.Code != 0 || r.Stdout != "operator\n" {
 				t.Fatalf("%v", r)
 			}
 		})
 		t.Run("Caps", func(t *testing.T) {
 			k := s.NewKey(t, admin, "capped-user", "operator")
-			s.mustDevice(t, admin, "capped", nil)
-			s.mustDevice(t, admin, "capped-2", nil)
-			open := func(device string) *response {
+			s.MustDevice(t, admin, "capped", nil)
+			s.MustDevice(t, admin, "capped-2", nil)
+			open := func(device string) *fleetdtest.Response {
 				return s.Do(t, k, "POST", "/api/v1/devices/"+device+"/remote-sessions", map[string]any{"kind": "shell"})
 			}
 			open("capped").Want(t, 201)
 			open("capped").Want(t, 201)
-			wantContains(t, "device cap", string(open("capped").Want(t, 429).Body), "device capped has 2 remote sessions open")
+			fleetdtest.WantContains(t, "device cap", string(open("capped").Want(t, 429).Body), "device capped has 2 remote sessions open")
 			open("capped-2").Want(t, 201)
-			wantContains(t, "user cap", string(open("capped-2").Want(t, 429).Body), "you have 3 remote sessions open")
+			fleetdtest.WantContains(t, "user cap", string(open("capped-2").Want(t, 429).Body), "you have 3 remote sessions open")
 			// Nobody joins them: they end after the connect timeout, and
 			// free their places.
-			eventually(t, "the unjoined sessions to end", func() bool {
+			fleetdtest.Eventually(t, "the unjoined sessions to end", func() bool {
 				return open("capped-2").Status == 201
 			})
 		})
@@ -554,11 +501,11 @@ func TestAgentForwardThroughput(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("FLEETD_FORWARD_MB")); err == nil && v > 0 {
 		mb = v
 	}
-	bin := buildAgent(t)
+	bin := fleetdtest.BuildAgent(t)
 	s := startServer(t, sqlstoretest.Backends()[0])
 	admin := s.Admin()
-	dev := s.mustDevice(t, admin, "fwd", nil)
-	s.startAgent(t, bin, "fwd", dev.Token, "--remote", "--log-level", "info")
+	dev := s.MustDevice(t, admin, "fwd", nil)
+	s.StartAgent(t, bin, "fwd", dev.Token, "--remote", "--log-level", "info")
 	// The device's service swallows what it is sent and answers, at the
 	// end, how many bytes it got.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -604,15 +551,15 @@ func TestAgentForwardThroughput(t *testing.T) {
 
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	ctx, cancel := context.WithCancel(context.Background())
-	out := &LockedBuffer{}
-	fc := s.newFleetctl(t, admin)
+	out := &fleetdtest.LockedBuffer{}
+	fc := s.NewFleetctl(t, admin)
 	done := make(chan int, 1)
 	go func() {
 		done <- ctl.Run(ctx, []string{"forward", "fwd", "0:" + port}, ctl.Env{
-			Getenv: func(k string) string { return fc.env[k] }, Stdin: strings.NewReader(""), Stdout: out, Stderr: out})
+			Getenv: func(k string) string { return fc.Env[k] }, Stdin: strings.NewReader(""), Stdout: out, Stderr: out})
 	}()
 	var addr string
-	eventually(t, "fleetctl forward to listen", func() bool {
+	fleetdtest.Eventually(t, "fleetctl forward to listen", func() bool {
 		addr, _, _ = strings.Cut(out.String(), "\n")
 		return strings.HasPrefix(addr, "127.0.0.1:")
 	})
@@ -633,25 +580,25 @@ func TestAgentForwardThroughput(t *testing.T) {
 // tells the operator why and records it, though the server's shutdown
 // does not wait for connections it no longer owns.
 func TestAgentRemoteShutdown(t *testing.T) {
-	bin := buildAgent(t)
+	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
-		dev := s.mustDevice(t, admin, "stopping", nil)
-		s.startAgent(t, bin, "stopping", dev.Token, "--remote")
-		fc := s.newFleetctl(t, admin)
-		done := make(chan ctlResult, 1)
-		go func() { done <- fc.run("", "ssh", "stopping", "--", "sleep 60") }()
-		eventually(t, "the device to join the session", func() bool {
+		dev := s.MustDevice(t, admin, "stopping", nil)
+		s.StartAgent(t, bin, "stopping", dev.Token, "--remote")
+		fc := s.NewFleetctl(t, admin)
+		done := make(chan fleetdtest.CtlResult, 1)
+		go func() { done <- fc.Run("", "ssh", "stopping", "--", "sleep 60") }()
+		fleetdtest.Eventually(t, "the device to join the session", func() bool {
 			var list struct {
-				DeviceActions []deviceActionBody `json:"device_actions"`
+				DeviceActions []fleetdtest.DeviceActionBody `json:"device_actions"`
 			}
 			s.Do(t, admin, "GET", "/api/v1/devices/stopping/actions", nil).Want(t, 200).Decode(t, &list)
 			return len(list.DeviceActions) == 1 && list.DeviceActions[0].ActionStatus == "Completed"
 		})
 		s.Restart(t)
 		r := <-done
-		if r.code != 1 || !strings.Contains(r.stderr, "fleetd is stopping") {
+		if r.Code != 1 || !strings.Contains(r.Stderr, "fleetd is stopping") {
 			t.Fatalf("%v", r)
 		}
 		var list struct {

@@ -15,6 +15,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/alert"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/mqtt/broker"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
@@ -72,18 +73,18 @@ func (d *streamDevice) publish(tb testing.TB, stream string, body any) {
 // TestAlertsOverMQTT publishes data over MQTT and receives the webhook.
 func TestAlertsOverMQTT(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, alertFlags...)
+		s := startServer(t, b, fleetdtest.AlertFlags...)
 		if s.MQTTAddr == "" {
 			t.Fatal("fleetd did not report its MQTT address")
 		}
 		admin := s.Admin()
-		dev := s.mustDevice(t, admin, "pump-1", nil)
+		dev := s.MustDevice(t, admin, "pump-1", nil)
 		other := s.NewTenant(t, "beta")
-		s.mustDevice(t, other, "pump-1", nil)
+		s.MustDevice(t, other, "pump-1", nil)
 		hot := map[string]any{"field": "temp", "operator": ">", "value": 80}
-		rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "condition": hot})
-		s.mustAlertRule(t, other, map[string]any{"name": "hot", "stream": "env", "condition": hot})
-		hook := newReceiver(t, 1)
+		rule := s.MustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "condition": hot})
+		s.MustAlertRule(t, other, map[string]any{"name": "hot", "stream": "env", "condition": hot})
+		hook := fleetdtest.NewReceiver(t, 1)
 		s.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
 			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL, "secret": "k"}}).Want(t, 201)
 
@@ -93,11 +94,11 @@ func TestAlertsOverMQTT(t *testing.T) {
 		batch := []any{points(start, 70)[0], "garbage", points(start.Add(time.Second), 91)[0]}
 		d.publish(t, "env", batch)
 
-		active := s.alerts(t, admin, "?state=active")
+		active := s.Alerts(t, admin, "?state=active")
 		if len(active) != 1 || active[0].DeviceID != "pump-1" || active[0].Value.Data["temp"] != 91.0 {
 			t.Fatalf("active alerts after the MQTT publish: %+v", active)
 		}
-		if n := len(s.alerts(t, other, "")); n != 0 {
+		if n := len(s.Alerts(t, other, "")); n != 0 {
 			t.Fatalf("tenant beta has %d alerts from default's data", n)
 		}
 		var latest struct{ Data map[string]any }
@@ -105,13 +106,13 @@ func TestAlertsOverMQTT(t *testing.T) {
 		if latest.Data["temp"] != 91.0 {
 			t.Fatalf("latest %+v", latest)
 		}
-		eventually(t, "the webhook, after one 503", func() bool { return len(hook.got()) >= 2 })
-		got := hook.got()[1]
-		if !strings.Contains(string(got.body), `"event":"opened"`) || got.header.Get("X-Fleet-Signature") == "" {
-			t.Fatalf("webhook %s", got.body)
+		fleetdtest.Eventually(t, "the webhook, after one 503", func() bool { return len(hook.Got()) >= 2 })
+		got := hook.Got()[1]
+		if !strings.Contains(string(got.Body), `"event":"opened"`) || got.Header.Get("X-Fleet-Signature") == "" {
+			t.Fatalf("webhook %s", got.Body)
 		}
 		d.publish(t, "env", points(start.Add(time.Minute), 40))
-		if ended := s.alerts(t, admin, "?state=ended"); len(ended) != 1 {
+		if ended := s.Alerts(t, admin, "?state=ended"); len(ended) != 1 {
 			t.Fatalf("ended alerts %+v", ended)
 		}
 	})

@@ -2,56 +2,16 @@ package main
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/notify/notifytest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
-
-// alertFlags make notification retries quick, so tests wait for
-// milliseconds rather than the production backoff.
-var alertFlags = []string{"--notify-backoff", "20ms", "--notify-max-backoff", "100ms", "--alert-timer-interval", "50ms"}
-
-type alertRule struct {
-	ID                           string         `json:"id"`
-	Name                         string         `json:"name"`
-	Stream                       string         `json:"stream"`
-	Group                        string         `json:"group"`
-	DeviceGroup                  string         `json:"device_group"`
-	Condition                    map[string]any `json:"condition"`
-	MetadataFilters              map[string]any `json:"metadata_filters"`
-	ActivationThresholdSeconds   float64        `json:"activation_threshold_seconds"`
-	DeactivationThresholdSeconds float64        `json:"deactivation_threshold_seconds"`
-}
-
-type alertSession struct {
-	ID        string  `json:"id"`
-	RuleID    string  `json:"rule_id"`
-	DeviceID  string  `json:"device_id"`
-	State     string  `json:"state"`
-	StartedAt string  `json:"started_at"`
-	EndedAt   *string `json:"ended_at"`
-	Value     *struct {
-		Timestamp string         `json:"timestamp"`
-		Data      map[string]any `json:"data"`
-	} `json:"value"`
-}
-
-// mustAlertRule creates a rule with Prefer: return=representation.
-func (s *testServer) mustAlertRule(t *testing.T, c creds, body map[string]any) alertRule {
-	t.Helper()
-	var r alertRule
-	s.Send(t, req{Method: "POST", Path: "/api/v1/alert-rules", Creds: c, Body: body,
-		Header: http.Header{"Prefer": {"return=representation"}}}).Want(t, 201).Decode(t, &r)
-	return r
-}
 
 // points is an ingest body of one point per temperature, a second apart.
 func points(start time.Time, temps ...float64) []map[string]any {
@@ -62,56 +22,9 @@ func points(start time.Time, temps ...float64) []map[string]any {
 	return out
 }
 
-// alerts lists alerts as c with a query.
-func (s *testServer) alerts(t *testing.T, c creds, query string) []alertSession {
-	t.Helper()
-	var out struct {
-		Alerts []alertSession
-		Count  int
-	}
-	s.Do(t, c, "GET", "/api/v1/alerts"+query, nil).Want(t, 200).Decode(t, &out)
-	return out.Alerts
-}
-
-// receiver is a webhook endpoint that fails its first `fail` requests.
-type receiver struct {
-	*httptest.Server
-	mu       sync.Mutex
-	fail     int
-	requests []received
-}
-
-type received struct {
-	header http.Header
-	body   []byte
-}
-
-func newReceiver(t *testing.T, fail int) *receiver {
-	r := &receiver{fail: fail}
-	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		b, _ := io.ReadAll(req.Body)
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		r.requests = append(r.requests, received{req.Header.Clone(), b})
-		if len(r.requests) <= r.fail {
-			http.Error(w, "try later", http.StatusServiceUnavailable)
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-	}))
-	t.Cleanup(r.Close)
-	return r
-}
-
-func (r *receiver) got() []received {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]received(nil), r.requests...)
-}
-
 func TestAlertRulesEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, alertFlags...)
+		s := startServer(t, b, fleetdtest.AlertFlags...)
 		admin := s.Admin()
 		hot := map[string]any{"field": "temp", "operator": ">", "value": 80}
 
@@ -121,19 +34,19 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 				t.Fatalf("S2 answered %q with Location %q; want an empty body", r.Body, r.Header.Get("Location"))
 			}
 		})
-		rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "group": "plant", "condition": hot,
+		rule := s.MustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "group": "plant", "condition": hot,
 			"metadata_filters": map[string]any{"site": []string{"berlin", "rome"}, "kind": "pump"}, "activation_threshold_seconds": 1.5})
 		if rule.Group != "plant" || rule.ActivationThresholdSeconds != 1.5 || rule.DeactivationThresholdSeconds != 0 || rule.MetadataFilters["kind"] != "pump" {
 			t.Fatalf("created %+v", rule)
 		}
 		t.Run("Read", func(t *testing.T) {
-			var got alertRule
+			var got fleetdtest.AlertRule
 			s.Do(t, admin, "GET", "/api/v1/alert-rules/"+rule.ID, nil).Want(t, 200).Decode(t, &got)
 			if got.Name != "hot" || got.Condition["operator"] != ">" {
 				t.Fatalf("read %+v", got)
 			}
 			var list struct {
-				AlertRules []alertRule `json:"alert_rules"`
+				AlertRules []fleetdtest.AlertRule `json:"alert_rules"`
 				Count      int
 			}
 			s.Do(t, admin, "GET", "/api/v1/alert-rules?limit=1&page=2", nil).Want(t, 200).Decode(t, &list)
@@ -184,17 +97,17 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 		t.Run("Edit", func(t *testing.T) {
 			gw := s.NewKey(t, admin, "edit-gateway", "device")
 			viewer := s.NewKey(t, admin, "edit-viewer", "viewer")
-			s.mustDevice(t, admin, "edit-dev", nil)
-			r := s.mustAlertRule(t, admin, map[string]any{"name": "edit-me", "stream": "edits", "condition": hot})
+			s.MustDevice(t, admin, "edit-dev", nil)
+			r := s.MustAlertRule(t, admin, map[string]any{"name": "edit-me", "stream": "edits", "condition": hot})
 			path := "/api/v1/alert-rules/" + r.ID
 			start := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
 			s.Do(t, gw, "POST", "/api/v1/devices/edit-dev/streams/edits", points(start, 90)).Want(t, 200)
-			if a := s.alerts(t, admin, "?rule_id="+r.ID+"&state=active"); len(a) != 1 {
+			if a := s.Alerts(t, admin, "?rule_id="+r.ID+"&state=active"); len(a) != 1 {
 				t.Fatalf("active alerts %+v, want one", a)
 			}
 			hotter := map[string]any{"field": "temp", "operator": ">", "value": 95}
-			var got alertRule
-			s.Send(t, req{Method: "PUT", Path: path, Creds: admin, Body: map[string]any{"name": "edited", "stream": "edits", "group": "g", "condition": hotter},
+			var got fleetdtest.AlertRule
+			s.Send(t, fleetdtest.Req{Method: "PUT", Path: path, Creds: admin, Body: map[string]any{"name": "edited", "stream": "edits", "group": "g", "condition": hotter},
 				Header: http.Header{"Prefer": {"return=representation"}}}).Want(t, 200).Decode(t, &got)
 			if got.ID != r.ID || got.Name != "edited" || got.Group != "g" || got.Condition["value"] != 95.0 {
 				t.Fatalf("edited %+v", got)
@@ -205,7 +118,7 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 			}
 			// Hot by the old condition, not by the new: the open alert ends.
 			s.Do(t, gw, "POST", "/api/v1/devices/edit-dev/streams/edits", points(start.Add(time.Minute), 92)).Want(t, 200)
-			if a := s.alerts(t, admin, "?rule_id="+r.ID); len(a) != 1 || a[0].State != "ended" {
+			if a := s.Alerts(t, admin, "?rule_id="+r.ID); len(a) != 1 || a[0].State != "ended" {
 				t.Fatalf("alerts after the edit %+v, want the one ended", a)
 			}
 			for _, tc := range []struct {
@@ -238,7 +151,7 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 				IntervalSeconds   int64          `json:"interval_seconds"`
 				Timezone          string
 			}
-			s.Send(t, req{Method: "POST", Path: base, Creds: admin, Header: http.Header{"Prefer": {"return=representation"}}, Body: map[string]any{
+			s.Send(t, fleetdtest.Req{Method: "POST", Path: base, Creds: admin, Header: http.Header{"Prefer": {"return=representation"}}, Body: map[string]any{
 				"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/x?token=abc", "secret": "s3cret",
 					"headers": map[string]string{"Authorization": "Bearer tok", "X-Team": "ops"}},
 				"timezone": "Europe/Berlin", "notification_template": map[string]any{"subject": "{{.Rule.Name}}", "body": "{{.Alert.DeviceID}}"},
@@ -273,14 +186,14 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 			// S4: a partial update keeps the secret and masked headers.
 			s.Do(t, admin, "PUT", base+"/"+n.ID, map[string]any{"interval_seconds": 60}).Want(t, 204)
 			var updated map[string]any
-			s.Send(t, req{Method: "PUT", Path: base + "/" + n.ID, Creds: admin, Header: http.Header{"Prefer": {"return=representation"}}, Body: map[string]any{
+			s.Send(t, fleetdtest.Req{Method: "PUT", Path: base + "/" + n.ID, Creds: admin, Header: http.Header{"Prefer": {"return=representation"}}, Body: map[string]any{
 				"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/y", "headers": map[string]string{"Authorization": "***"}},
 			}}).Want(t, 200).Decode(t, &updated)
 			if updated["interval_seconds"] != 60.0 || updated["channel_parameters"].(map[string]any)["has_secret"] != true {
 				t.Fatalf("updated %v", updated)
 			}
 			s.Do(t, admin, "PUT", base+"/"+n.ID, map[string]any{"timezone": "Nowhere/Land"}).Want(t, 400)
-			other := s.mustAlertRule(t, admin, map[string]any{"name": "other", "stream": "env", "condition": hot})
+			other := s.MustAlertRule(t, admin, map[string]any{"name": "other", "stream": "env", "condition": hot})
 			s.Do(t, admin, "PUT", "/api/v1/alert-rules/"+other.ID+"/alert-notification-rules/"+n.ID, map[string]any{"interval_seconds": 5}).Want(t, 404)
 			s.Do(t, admin, "POST", "/api/v1/alert-rules/00000000-0000-0000-0000-000000000001/alert-notification-rules",
 				map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}}).Want(t, 404)
@@ -307,10 +220,10 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 
 func TestStreamIngestEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, alertFlags...)
+		s := startServer(t, b, fleetdtest.AlertFlags...)
 		admin := s.Admin()
 		gw := s.NewKey(t, admin, "gateway", "device")
-		s.mustDevice(t, admin, "pump-1", nil)
+		s.MustDevice(t, admin, "pump-1", nil)
 		start := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
 		path := "/api/v1/devices/pump-1/streams/env"
 
@@ -372,15 +285,15 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 			s.Do(t, admin, "GET", "/api/v1/devices/pump-1/streams/nothing/latest", nil).Want(t, 404)
 		})
 		t.Run("MetadataFilterSeesPatch", func(t *testing.T) {
-			r := s.mustAlertRule(t, admin, map[string]any{"name": "berlin-hot", "stream": "env",
+			r := s.MustAlertRule(t, admin, map[string]any{"name": "berlin-hot", "stream": "env",
 				"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}, "metadata_filters": map[string]any{"site": "berlin"}})
 			s.Do(t, gw, "POST", path, points(start.Add(10*time.Minute), 95)).Want(t, 200)
-			if n := len(s.alerts(t, admin, "?rule_id="+r.ID)); n != 0 {
+			if n := len(s.Alerts(t, admin, "?rule_id="+r.ID)); n != 0 {
 				t.Fatalf("%d alerts for a device outside the filter", n)
 			}
 			s.Do(t, admin, "PATCH", "/api/v1/devices/pump-1", map[string]any{"metadata": map[string]any{"site": "berlin"}}).Want(t, 204)
 			s.Do(t, gw, "POST", path, points(start.Add(11*time.Minute), 96)).Want(t, 200)
-			if n := len(s.alerts(t, admin, "?state=active&rule_id="+r.ID)); n != 1 {
+			if n := len(s.Alerts(t, admin, "?state=active&rule_id="+r.ID)); n != 1 {
 				t.Fatalf("%d alerts once the device moved to berlin, want 1", n)
 			}
 			s.Do(t, admin, "DELETE", "/api/v1/alert-rules/"+r.ID, nil).Want(t, 204)
@@ -393,9 +306,9 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 				t.Fatalf("the refusal does not name the field: %s", r.Body)
 			}
 			s.Do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "testing", "selector": "reported.mode=test"}).Want(t, 201)
-			rule := s.mustAlertRule(t, admin, map[string]any{"name": "test-hot", "stream": "env", "condition": hot, "device_group": "testing"})
+			rule := s.MustAlertRule(t, admin, map[string]any{"name": "test-hot", "stream": "env", "condition": hot, "device_group": "testing"})
 			s.Do(t, gw, "POST", path, points(start.Add(20*time.Minute), 95)).Want(t, 200)
-			if n := len(s.alerts(t, admin, "?rule_id="+rule.ID)); n != 0 {
+			if n := len(s.Alerts(t, admin, "?rule_id="+rule.ID)); n != 0 {
 				t.Fatalf("%d alerts for a device outside the group", n)
 			}
 			// uplink's device_shadow stream fills the reported state,
@@ -403,10 +316,10 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 			s.Do(t, gw, "POST", "/api/v1/devices/pump-1/streams/device_shadow",
 				[]any{map[string]any{"timestamp": start.Add(21 * time.Minute).UnixMilli(), "mode": "test"}}).Want(t, 200)
 			s.Do(t, gw, "POST", path, points(start.Add(22*time.Minute), 96)).Want(t, 200)
-			if n := len(s.alerts(t, admin, "?state=active&rule_id="+rule.ID)); n != 1 {
+			if n := len(s.Alerts(t, admin, "?state=active&rule_id="+rule.ID)); n != 1 {
 				t.Fatalf("%d alerts once the device is in the group, want 1", n)
 			}
-			var got alertRule
+			var got fleetdtest.AlertRule
 			s.Do(t, admin, "GET", "/api/v1/alert-rules/"+rule.ID, nil).Want(t, 200).Decode(t, &got)
 			if got.DeviceGroup != "testing" {
 				t.Fatalf("read %+v", got)
@@ -425,12 +338,12 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 			s.Do(t, viewer, "GET", "/api/v1/alert-rules", nil).Want(t, 200)
 			s.Do(t, viewer, "GET", "/api/v1/alerts", nil).Want(t, 200)
 			s.Do(t, operator, "POST", path, points(start.Add(time.Hour), 1)).Want(t, 200)
-			r := s.mustAlertRule(t, operator, map[string]any{"name": "by-operator", "stream": "env", "condition": map[string]any{"no_data_seconds": 3600}})
+			r := s.MustAlertRule(t, operator, map[string]any{"name": "by-operator", "stream": "env", "condition": map[string]any{"no_data_seconds": 3600}})
 			s.Do(t, viewer, "DELETE", "/api/v1/alert-rules/"+r.ID, nil).Want(t, 403)
 			s.Do(t, viewer, "POST", "/api/v1/alert-rules/"+r.ID+"/alert-notification-rules", map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}}).Want(t, 403)
 			s.Do(t, viewer, "GET", "/api/v1/alert-rules/"+r.ID+"/alert-notification-rules", nil).Want(t, 200)
 			s.Do(t, operator, "DELETE", "/api/v1/alert-rules/"+r.ID, nil).Want(t, 204)
-			s.Do(t, creds{Tenant: "default", Key: "fk_wrong"}, "GET", "/api/v1/alerts", nil).Want(t, 401)
+			s.Do(t, fleetdtest.Creds{Tenant: "default", Key: "fk_wrong"}, "GET", "/api/v1/alerts", nil).Want(t, 401)
 		})
 	})
 }
@@ -441,18 +354,18 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 func TestAlertNotificationsEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		smtpd := notifytest.NewSMTPServer(t)
-		s := startServer(t, b, append(alertFlags, "--smtp-addr", smtpd.Addr, "--smtp-from", "fleetd@example.com", "--smtp-tls", "none")...)
+		s := startServer(t, b, append(fleetdtest.AlertFlags, "--smtp-addr", smtpd.Addr, "--smtp-from", "fleetd@example.com", "--smtp-tls", "none")...)
 		admin := s.Admin()
-		s.mustDevice(t, admin, "pump-1", map[string]string{"site": "berlin"})
-		s.mustDevice(t, admin, "pump-2", map[string]string{"site": "paris"})
-		rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
+		s.MustDevice(t, admin, "pump-1", map[string]string{"site": "berlin"})
+		s.MustDevice(t, admin, "pump-2", map[string]string{"site": "paris"})
+		rule := s.MustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
 			"condition":        map[string]any{"field": "temp", "operator": ">", "value": 80},
 			"metadata_filters": map[string]any{"site": "berlin"}})
-		hook := newReceiver(t, 2)
-		slack := newReceiver(t, 0)
+		hook := fleetdtest.NewReceiver(t, 2)
+		slack := fleetdtest.NewReceiver(t, 0)
 		base := "/api/v1/alert-rules/" + rule.ID + "/alert-notification-rules"
 		var webhookRule struct{ ID string }
-		s.Send(t, req{Method: "POST", Path: base, Creds: admin, Header: http.Header{"Prefer": {"return=representation"}}, Body: map[string]any{
+		s.Send(t, fleetdtest.Req{Method: "POST", Path: base, Creds: admin, Header: http.Header{"Prefer": {"return=representation"}}, Body: map[string]any{
 			"channel_parameters":    map[string]any{"type": "webhook", "url": hook.URL + "/alerts", "secret": "s3cret", "headers": map[string]string{"X-Team": "ops"}},
 			"notification_template": map[string]any{"subject": "{{.Rule.Name}} {{.Event}}", "body": "{{.Alert.DeviceID}} at {{.Alert.StartedAt.Format \"15:04:05 MST\"}} temp={{.Value.temp}}"},
 			"timezone":              "Asia/Tokyo",
@@ -465,15 +378,15 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 		s.Do(t, admin, "POST", "/api/v1/devices/pump-2/streams/env", points(start, 99)).Want(t, 200) // paris: filtered out
 		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start, 70, 85, 90)).Want(t, 200)
 
-		active := s.alerts(t, admin, "?state=active")
+		active := s.Alerts(t, admin, "?state=active")
 		if len(active) != 1 || active[0].DeviceID != "pump-1" || active[0].RuleID != rule.ID || active[0].StartedAt != "2026-11-21T10:00:01.000Z" ||
 			active[0].Value == nil || active[0].Value.Data["temp"] != 85.0 {
 			t.Fatalf("active alerts %+v", active)
 		}
 		alertID := active[0].ID
 
-		eventually(t, "the webhook, after two 503s", func() bool { return len(hook.got()) >= 3 })
-		eventually(t, "slack", func() bool { return len(slack.got()) >= 1 })
+		fleetdtest.Eventually(t, "the webhook, after two 503s", func() bool { return len(hook.Got()) >= 3 })
+		fleetdtest.Eventually(t, "slack", func() bool { return len(slack.Got()) >= 1 })
 		var mail notifytest.Mail
 		select {
 		case mail = <-smtpd.Mail:
@@ -483,25 +396,25 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 		if mail.To[0] != "ops@example.com" || !strings.Contains(mail.Data, "Subject: [opened] hot on pump-1") {
 			t.Fatalf("mail %+v", mail)
 		}
-		got := hook.got()[2]
-		if sig := got.header.Get("X-Fleet-Signature"); sig != notify.Sign("s3cret", got.body) {
+		got := hook.Got()[2]
+		if sig := got.Header.Get("X-Fleet-Signature"); sig != notify.Sign("s3cret", got.Body) {
 			t.Fatalf("signature %q does not verify", sig)
 		}
 		var payload struct {
 			Event        string
-			Alert        alertSession
+			Alert        fleetdtest.AlertSession
 			Rule         struct{ ID, Name string }
 			Notification struct{ Subject, Body string }
 		}
-		if err := json.Unmarshal(got.body, &payload); err != nil {
+		if err := json.Unmarshal(got.Body, &payload); err != nil {
 			t.Fatal(err)
 		}
 		if payload.Event != "opened" || payload.Alert.ID != alertID || payload.Rule.Name != "hot" || payload.Notification.Subject != "hot opened" ||
-			payload.Notification.Body != "pump-1 at 19:00:01 JST temp=85" || got.header.Get("X-Team") != "ops" {
-			t.Fatalf("webhook %s %v", got.body, got.header)
+			payload.Notification.Body != "pump-1 at 19:00:01 JST temp=85" || got.Header.Get("X-Team") != "ops" {
+			t.Fatalf("webhook %s %v", got.Body, got.Header)
 		}
-		if !strings.Contains(string(slack.got()[0].body), "hot opened on pump-1") {
-			t.Fatalf("slack %s", slack.got()[0].body)
+		if !strings.Contains(string(slack.Got()[0].Body), "hot opened on pump-1") {
+			t.Fatalf("slack %s", slack.Got()[0].Body)
 		}
 
 		type delivery struct {
@@ -516,7 +429,7 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 			Notifications []delivery
 			Count         int
 		}
-		eventually(t, "three delivered notifications", func() bool {
+		fleetdtest.Eventually(t, "three delivered notifications", func() bool {
 			s.Do(t, admin, "GET", "/api/v1/alerts/"+alertID+"/notifications", nil).Want(t, 200).Decode(t, &ds)
 			n := 0
 			for _, d := range ds.Notifications {
@@ -537,13 +450,13 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 
 		// Cooling down closes the alert, and that is notified too.
 		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start.Add(time.Minute), 60)).Want(t, 200)
-		ended := s.alerts(t, admin, "?state=ended&device_id=pump-1&rule_id="+rule.ID)
+		ended := s.Alerts(t, admin, "?state=ended&device_id=pump-1&rule_id="+rule.ID)
 		if len(ended) != 1 || ended[0].EndedAt == nil || *ended[0].EndedAt != "2026-11-21T10:01:00.000Z" {
 			t.Fatalf("ended alerts %+v", ended)
 		}
-		eventually(t, "the closing webhook", func() bool {
-			for _, r := range hook.got() {
-				if r.header.Get("X-Fleet-Event") == "closed" {
+		fleetdtest.Eventually(t, "the closing webhook", func() bool {
+			for _, r := range hook.Got() {
+				if r.Header.Get("X-Fleet-Event") == "closed" {
 					return true
 				}
 			}
@@ -557,7 +470,7 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 		case <-time.After(15 * time.Second):
 			t.Fatal("no closing email")
 		}
-		if n := len(s.alerts(t, admin, "")); n != 1 {
+		if n := len(s.Alerts(t, admin, "")); n != 1 {
 			t.Fatalf("%d alerts, want 1", n)
 		}
 	})
@@ -568,26 +481,26 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 // another's rules.
 func TestAlertTenantIsolation(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, alertFlags...)
+		s := startServer(t, b, fleetdtest.AlertFlags...)
 		a := s.Admin()
 		other := s.NewTenant(t, "beta")
 		hot := map[string]any{"field": "temp", "operator": ">", "value": 80}
-		ra := s.mustAlertRule(t, a, map[string]any{"name": "hot", "stream": "env", "condition": hot})
-		rb := s.mustAlertRule(t, other, map[string]any{"name": "hot", "stream": "env", "condition": hot})
-		s.mustDevice(t, a, "pump-1", nil)
-		s.mustDevice(t, other, "pump-1", nil)
+		ra := s.MustAlertRule(t, a, map[string]any{"name": "hot", "stream": "env", "condition": hot})
+		rb := s.MustAlertRule(t, other, map[string]any{"name": "hot", "stream": "env", "condition": hot})
+		s.MustDevice(t, a, "pump-1", nil)
+		s.MustDevice(t, other, "pump-1", nil)
 		na := struct{ ID string }{}
-		s.Send(t, req{Method: "POST", Path: "/api/v1/alert-rules/" + ra.ID + "/alert-notification-rules", Creds: a, Header: http.Header{"Prefer": {"return=representation"}},
+		s.Send(t, fleetdtest.Req{Method: "POST", Path: "/api/v1/alert-rules/" + ra.ID + "/alert-notification-rules", Creds: a, Header: http.Header{"Prefer": {"return=representation"}},
 			Body: map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}}}).Want(t, 201).Decode(t, &na)
 
 		s.Do(t, a, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 90)).Want(t, 200)
-		if n := len(s.alerts(t, a, "")); n != 1 {
+		if n := len(s.Alerts(t, a, "")); n != 1 {
 			t.Fatalf("tenant default has %d alerts, want 1", n)
 		}
-		if n := len(s.alerts(t, other, "")); n != 0 {
+		if n := len(s.Alerts(t, other, "")); n != 0 {
 			t.Fatalf("beta has %d alerts after default's ingest, want 0", n)
 		}
-		alertID := s.alerts(t, a, "")[0].ID
+		alertID := s.Alerts(t, a, "")[0].ID
 		for _, r := range []struct{ method, path string }{
 			{"GET", "/api/v1/alert-rules/" + ra.ID},
 			{"DELETE", "/api/v1/alert-rules/" + ra.ID},
@@ -608,11 +521,11 @@ func TestAlertTenantIsolation(t *testing.T) {
 		if list.Count != 1 {
 			t.Fatalf("beta lists %d rules, want its own 1", list.Count)
 		}
-		if n := len(s.alerts(t, other, "?rule_id="+ra.ID)); n != 0 {
+		if n := len(s.Alerts(t, other, "?rule_id="+ra.ID)); n != 0 {
 			t.Fatalf("beta sees %d alerts of default's rule", n)
 		}
 		s.Do(t, other, "GET", "/api/v1/devices/pump-1/streams/env/latest", nil).Want(t, 404)
-		s.mustDevice(t, a, "solo", nil)
+		s.MustDevice(t, a, "solo", nil)
 		s.Do(t, other, "POST", "/api/v1/devices/solo/streams/env", points(time.Now(), 90)).Want(t, 404)
 		s.Do(t, other, "GET", "/api/v1/devices/solo/streams/env/latest", nil).Want(t, 404)
 	})
@@ -623,32 +536,32 @@ func TestAlertTenantIsolation(t *testing.T) {
 // pending one opens when its threshold elapses by the clock.
 func TestAlertsSurviveRestart(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, alertFlags...)
+		s := startServer(t, b, fleetdtest.AlertFlags...)
 		admin := s.Admin()
-		s.mustDevice(t, admin, "pump-1", nil)
-		s.mustDevice(t, admin, "pump-2", nil)
+		s.MustDevice(t, admin, "pump-1", nil)
+		s.MustDevice(t, admin, "pump-2", nil)
 		hot := map[string]any{"field": "temp", "operator": ">", "value": 80}
-		s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "condition": hot})
-		slow := s.mustAlertRule(t, admin, map[string]any{"name": "slow", "stream": "slow", "condition": hot, "activation_threshold_seconds": 0.5})
+		s.MustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "condition": hot})
+		slow := s.MustAlertRule(t, admin, map[string]any{"name": "slow", "stream": "slow", "condition": hot, "activation_threshold_seconds": 0.5})
 		start := time.Now().UTC()
 		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start, 90)).Want(t, 200)
 		s.Do(t, admin, "POST", "/api/v1/devices/pump-2/streams/slow", points(start, 90)).Want(t, 200)
-		if n := len(s.alerts(t, admin, "")); n != 1 {
+		if n := len(s.Alerts(t, admin, "")); n != 1 {
 			t.Fatalf("%d alerts before the restart, want 1", n)
 		}
 
-		s.Restart(t, alertFlags...)
+		s.Restart(t, fleetdtest.AlertFlags...)
 		// The same point again, as a device whose acknowledgement was lost
 		// would send it, and another hot one: still one alert.
 		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start, 90, 95)).Want(t, 200)
-		if active := s.alerts(t, admin, "?state=active&device_id=pump-1"); len(active) != 1 {
+		if active := s.Alerts(t, admin, "?state=active&device_id=pump-1"); len(active) != 1 {
 			t.Fatalf("%d active alerts of pump-1 after the restart, want 1", len(active))
 		}
-		eventually(t, "the pending alert to open by the clock after the restart", func() bool {
-			return len(s.alerts(t, admin, "?state=active&rule_id="+slow.ID)) == 1
+		fleetdtest.Eventually(t, "the pending alert to open by the clock after the restart", func() bool {
+			return len(s.Alerts(t, admin, "?state=active&rule_id="+slow.ID)) == 1
 		})
 		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start.Add(time.Minute), 20)).Want(t, 200)
-		all := s.alerts(t, admin, "?device_id=pump-1")
+		all := s.Alerts(t, admin, "?device_id=pump-1")
 		if len(all) != 1 || all[0].State != "ended" {
 			t.Fatalf("pump-1 alerts after cooling %+v, want the one from before the restart, ended", all)
 		}
@@ -659,23 +572,23 @@ func TestAlertsSurviveRestart(t *testing.T) {
 // while the alert is open.
 func TestAlertReminders(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, alertFlags...)
+		s := startServer(t, b, fleetdtest.AlertFlags...)
 		admin := s.Admin()
-		s.mustDevice(t, admin, "pump-1", nil)
-		rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
-		hook := newReceiver(t, 0)
+		s.MustDevice(t, admin, "pump-1", nil)
+		rule := s.MustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
+		hook := fleetdtest.NewReceiver(t, 0)
 		s.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
 			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}, "interval_seconds": 1,
 			"notification_template": map[string]any{"subject": "{{.Event}}"}}).Want(t, 201)
 		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 90)).Want(t, 200)
 		events := func() []string {
 			var ev []string
-			for _, r := range hook.got() {
-				ev = append(ev, r.header.Get("X-Fleet-Event"))
+			for _, r := range hook.Got() {
+				ev = append(ev, r.Header.Get("X-Fleet-Event"))
 			}
 			return ev
 		}
-		eventually(t, "a reminder", func() bool {
+		fleetdtest.Eventually(t, "a reminder", func() bool {
 			ev := events()
 			return len(ev) >= 2 && ev[0] == "opened" && ev[len(ev)-1] == "repeat"
 		})

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -25,7 +26,7 @@ func TestAPIKeysEndToEnd(t *testing.T) {
 		if !strings.HasSuffix(r.Header.Get("Location"), "/api/v1/apikeys/ci") {
 			t.Fatalf("Location = %q", r.Header.Get("Location"))
 		}
-		ci := creds{Tenant: "default", Key: k.Key}
+		ci := fleetdtest.Creds{Tenant: "default", Key: k.Key}
 		s.Do(t, ci, "POST", "/api/v1/devices", map[string]any{"id": "by-ci"}).Want(t, 201)
 
 		var list struct {
@@ -83,7 +84,7 @@ func TestAuditLogsEndToEnd(t *testing.T) {
 		admin := s.Admin()
 		beta := s.NewTenant(t, "beta")
 		ops := s.NewKey(t, admin, "ops", "operator")
-		d := s.mustDevice(t, ops, "audited", map[string]string{"a": "1"})
+		d := s.MustDevice(t, ops, "audited", map[string]string{"a": "1"})
 		s.Do(t, ops, "PATCH", "/api/v1/devices/audited", map[string]any{"metadata": map[string]any{"a": "2"}}).Want(t, 204)
 		var tok struct{ Token string }
 		s.Do(t, ops, "POST", "/api/v1/devices/audited/token", nil).Want(t, 201).Decode(t, &tok)

@@ -21,6 +21,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3"
 
 	"github.com/fleetd/fleet/codec"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -46,12 +47,12 @@ type badCase struct {
 // taken directly in the database before and after, must not change.
 func TestBadInputCorpus(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		certFile, keyFile := writeServerCert(t, t.TempDir(), "fleetd test")
+		certFile, keyFile := fleetdtest.WriteServerCert(t, t.TempDir(), "fleetd test")
 		s := startServer(t, b, append([]string{"--rate-limit", "-1", "--device-data-rate-limit", "-1", "--max-bulk-bytes", "2097152",
-			"--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0"}, alertFlags...)...)
+			"--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0"}, fleetdtest.AlertFlags...)...)
 		ops, _, doc := operations(t, s)
 		covered(t, ops)
-		idp := newIdentityProvider(t)
+		idp := fleetdtest.NewIdentityProvider(t)
 		var delivered atomic.Int32
 		hook := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { delivered.Add(1) }))
 		defer hook.Close()
@@ -59,7 +60,7 @@ func TestBadInputCorpus(t *testing.T) {
 		w := seed(t, s, alpha, "MARK-ALPHA", hook.URL, idp, 0, 1)
 		// Nothing may be written behind the corpus's back while the rows
 		// are counted: the seeded alert's notification is delivered first.
-		eventually(t, "the seeded notification", func() bool { return delivered.Load() > 0 })
+		fleetdtest.Eventually(t, "the seeded notification", func() bool { return delivered.Load() > 0 })
 
 		// Every case is prepared first (preparing makes fresh resources),
 		// then the rows are counted, then the cases are sent.
@@ -79,14 +80,14 @@ func TestBadInputCorpus(t *testing.T) {
 		// The same for the stream history's rollups of the seeded points,
 		// which a background loop adds up from a queue.
 		db := openDirect(t, s.DSN)
-		eventually(t, "the seeded points' rollups", func() bool {
+		fleetdtest.Eventually(t, "the seeded points' rollups", func() bool {
 			var n int
 			return db.QueryRow("SELECT count(*) FROM stream_rollup_queue").Scan(&n) == nil && n == 0
 		})
 		before := rowCounts(t, db)
 		byStatus := map[int]int{}
 		for _, c := range cases {
-			rq := req{Method: c.method, Path: c.target, Creds: alpha, Raw: c.body, ContentType: c.ct}
+			rq := fleetdtest.Req{Method: c.method, Path: c.target, Creds: alpha, Raw: c.body, ContentType: c.ct}
 			if strings.Contains(c.target, "/controller/v1/") { // hawkBit DDI
 				rq.Header = ddiHeader(endpoint{perm: "ddi"}, alpha)
 			}
@@ -599,7 +600,7 @@ func rowCounts(t *testing.T, db *sql.DB) map[string]int {
 	rows.Close()
 	counts := map[string]int{}
 	for _, tb := range tables {
-		counts[tb] = count(t, db, "SELECT count(*) FROM "+tb)
+		counts[tb] = fleetdtest.Count(t, db, "SELECT count(*) FROM "+tb)
 	}
 	if len(counts) < 10 {
 		t.Fatalf("only %d tables: %v", len(counts), tables)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/action"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/mqtt/bridge"
 	"github.com/fleetd/fleet/mqtt/mosquittotest"
@@ -63,7 +64,7 @@ func benchExternalReports(b *testing.B, be sqlstoretest.Backend) {
 		b.Fatal(err)
 	}
 	defer client.Close()
-	wctx, cancel := context.WithTimeout(ctx, bound)
+	wctx, cancel := context.WithTimeout(ctx, fleetdtest.Bound)
 	defer cancel()
 	if err := client.WaitConnected(wctx); err != nil {
 		b.Fatal(err)

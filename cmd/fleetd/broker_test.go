@@ -16,6 +16,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/fleetd/fleet/action"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/mqtt/bridge"
 	"github.com/fleetd/fleet/mqtt/mosquittotest"
@@ -64,7 +65,7 @@ func (s *testServer) arriveExternal(t *testing.T, brokerAddr, tenant, id, token 
 			return true, nil
 		}},
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	ctx, cancel := context.WithTimeout(context.Background(), fleetdtest.Bound)
 	defer cancel()
 	if _, err := d.Connect(ctx, &paho.Connect{ClientID: fmt.Sprintf("%s-%d", id, extDeviceIDs.Add(1)), CleanStart: true, KeepAlive: 30,
 		Username: tenant + "/" + id, UsernameFlag: true, Password: []byte(token), PasswordFlag: true}); err != nil {
@@ -91,7 +92,7 @@ func (d *extDevice) next(t *testing.T) action.Message {
 	select {
 	case m := <-d.actions:
 		return m
-	case <-time.After(bound):
+	case <-time.After(fleetdtest.Bound):
 		t.Fatalf("%s received no action", d.id)
 	}
 	panic("unreachable")
@@ -107,7 +108,7 @@ func (d *extDevice) publish(t *testing.T, topic string, payload any) {
 func publishJSON(t *testing.T, c *paho.Client, topic string, payload any) {
 	t.Helper()
 	b, _ := json.Marshal(payload)
-	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	ctx, cancel := context.WithTimeout(context.Background(), fleetdtest.Bound)
 	defer cancel()
 	if _, err := c.Publish(ctx, &paho.Publish{Topic: topic, QoS: 1, Payload: b}); err != nil {
 		t.Fatalf("publish %s: %v", topic, err)
@@ -163,7 +164,7 @@ func TestExternalBroker(t *testing.T) {
 		}
 		tok := map[string]string{}
 		for _, id := range []string{"pump-1", "pump-2"} {
-			tok[id] = s.mustDevice(t, admin, id, nil).Token
+			tok[id] = s.MustDevice(t, admin, id, nil).Token
 		}
 
 		t.Run("BrokerAuth", func(t *testing.T) {
@@ -202,14 +203,14 @@ func TestExternalBroker(t *testing.T) {
 		// pump-2 is offline when the action is dispatched; it arrives later
 		// and gets it once subscribed. (This also waits for fleetd's own
 		// connection to the broker.)
-		late := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"pump-2"}})
+		late := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"pump-2"}})
 		d2 := s.arriveExternal(t, broker.Addr, "default", "pump-2", tok["pump-2"])
 		if m := d2.next(t); m.ID != fmt.Sprint(late) || m.Name != "reboot" {
 			t.Fatalf("pump-2 received %+v", m)
 		}
 		// No report yet: it stays Queued (fleetd cannot see the device's
 		// PUBACK) and comes again at the device's next arrival.
-		if da := s.deviceAction(t, admin, "pump-2", late); da.ActionStatus != "Queued" {
+		if da := s.DeviceAction(t, admin, "pump-2", late); da.ActionStatus != "Queued" {
 			t.Fatalf("pump-2's action before any report: %+v", da)
 		}
 		d2.leave()
@@ -219,7 +220,7 @@ func TestExternalBroker(t *testing.T) {
 		}
 		// Its first report initiates it; it is not sent again after that.
 		d2.publish(t, mqtt.ActionStatusTopic("default", "pump-2"), map[string]any{"id": fmt.Sprint(late), "state": "Rebooting", "progress": 10})
-		s.awaitActionStatus(t, admin, "pump-2", late, "Progress")
+		s.AwaitActionStatus(t, admin, "pump-2", late, "Progress")
 		d2.leave()
 		d2 = s.arriveExternal(t, broker.Addr, "default", "pump-2", tok["pump-2"])
 		select {
@@ -231,7 +232,7 @@ func TestExternalBroker(t *testing.T) {
 		// pump-1 is subscribed when the action is dispatched: it gets it at
 		// once, reports over MQTT, and the reports are visible.
 		d1 := s.arriveExternal(t, broker.Addr, "default", "pump-1", tok["pump-1"])
-		id := s.dispatch(t, admin, map[string]any{"action": "update", "params": map[string]any{"v": 2}, "search_type": "all"})
+		id := s.Dispatch(t, admin, map[string]any{"action": "update", "params": map[string]any{"v": 2}, "search_type": "all"})
 		if m := d1.next(t); m.ID != fmt.Sprint(id) || m.Payload != `{"v":2}` {
 			t.Fatalf("pump-1 received %+v", m)
 		}
@@ -240,14 +241,14 @@ func TestExternalBroker(t *testing.T) {
 			{"id": fmt.Sprint(id), "state": "Downloading", "progress": 50, "timestamp": now, "sequence": 1},
 			{"id": fmt.Sprint(id), "state": "Completed", "progress": 100, "timestamp": now + 1, "sequence": 2},
 		})
-		da := s.awaitActionStatus(t, admin, "pump-1", id, "Completed")
+		da := s.AwaitActionStatus(t, admin, "pump-1", id, "Completed")
 		if da.Progress != 100 || da.Status != "Completed" {
 			t.Fatalf("pump-1's record %+v", da)
 		}
 
 		// Stream data reaches the store through the shared subscription.
 		d1.publish(t, mqtt.StreamTopic("default", "pump-1", "temp"), []map[string]any{{"sequence": 1, "timestamp": now, "celsius": 21.5}})
-		eventually(t, "the stream's latest point", func() bool {
+		fleetdtest.Eventually(t, "the stream's latest point", func() bool {
 			r := s.Do(t, admin, "GET", "/api/v1/devices/pump-1/streams/temp/latest", nil)
 			return r.Status == 200 && strings.Contains(string(r.Body), "21.5")
 		})

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/fleetd/fleet/codec"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -24,16 +25,16 @@ func TestClojureClient(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
-		dev := s.mustDevice(t, admin, "pump-1", nil)
+		dev := s.MustDevice(t, admin, "pump-1", nil)
 		d := s.connectDevice(t, "default", "pump-1", dev.Token)
-		edn := func(method, path, body string, status int) *response {
+		edn := func(method, path, body string, status int) *fleetdtest.Response {
 			t.Helper()
-			return s.Send(t, req{Method: method, Path: path, Creds: admin, Raw: []byte(body), ContentType: "application/edn"}).Want(t, status)
+			return s.Send(t, fleetdtest.Req{Method: method, Path: path, Creds: admin, Raw: []byte(body), ContentType: "application/edn"}).Want(t, status)
 		}
 		// read returns the canonical value of path's answer in format f.
 		read := func(f codec.Format, path string) map[string]any {
 			t.Helper()
-			r := s.Send(t, req{Method: "GET", Path: path, Creds: admin, Header: http.Header{"Accept": {f.ContentType()}}}).Want(t, 200)
+			r := s.Send(t, fleetdtest.Req{Method: "GET", Path: path, Creds: admin, Header: http.Header{"Accept": {f.ContentType()}}}).Want(t, 200)
 			v, err := codec.Decode(f, r.Body)
 			if err != nil {
 				t.Fatalf("%s in %v: %v\n%s", path, f, err, r.Body)
@@ -81,7 +82,7 @@ func TestClojureClient(t *testing.T) {
 				map[string]any{"temp": 80.5, "level": 1e10, "count": int64(3)})
 		}
 		var alertID string
-		eventually(t, "the alert to open", func() bool {
+		fleetdtest.Eventually(t, "the alert to open", func() bool {
 			alerts := read(codec.JSON, "/api/v1/alerts")["alerts"].([]any)
 			if len(alerts) == 1 {
 				alertID = alerts[0].(map[string]any)["id"].(string)
@@ -95,7 +96,7 @@ func TestClojureClient(t *testing.T) {
 		for _, path := range []string{"/api/v1/alert-rules", rule, rule + "/alert-notification-rules", "/api/v1/alerts",
 			"/api/v1/alerts/" + alertID, "/api/v1/rollout-notification-rules"} {
 			for _, f := range []codec.Format{codec.EDN, codec.TransitJSON, codec.TransitMsgpack} {
-				r := s.Send(t, req{Method: "GET", Path: path, Creds: admin, Header: http.Header{"Accept": {f.ContentType()}}}).Want(t, 200)
+				r := s.Send(t, fleetdtest.Req{Method: "GET", Path: path, Creds: admin, Header: http.Header{"Accept": {f.ContentType()}}}).Want(t, 200)
 				v, err := readFull(f, r.Body)
 				if err != nil {
 					t.Fatalf("%s in %v: %v", path, f, err)

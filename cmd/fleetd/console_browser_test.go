@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -68,19 +69,19 @@ func TestConsoleInBrowser(t *testing.T) {
 	// Simulated devices on MQTT, half of which fail what they run, for the
 	// overview to follow; each takes a few steps of 300 ms over an action.
 	const simDevices = 6
-	sim := s.startSim(t, "--devices", fmt.Sprint(simDevices), "--provision", "--url", s.URL, "--api-key", admin.Key,
+	sim := s.StartSim(t, "--devices", fmt.Sprint(simDevices), "--provision", "--url", s.URL, "--api-key", admin.Key,
 		"--prefix", "sim-", "--fail-rate", "0.5", "--step", "300ms", "--telemetry-interval", "0")
-	sim.connected(t, simDevices)
+	sim.Connected(t, simDevices)
 
-	op := startOIDCProvider(t, "fleetd-console", "console-secret", s.URL+"/console/oidc/callback")
-	s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", "console-secret", "viewer")).Want(t, 204)
+	op := fleetdtest.StartOIDCProvider(t, "fleetd-console", "console-secret", s.URL+"/console/oidc/callback")
+	s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.TenantOIDC("fleetd-console", "console-secret", "viewer")).Want(t, 204)
 
 	// A bundle to upload, and an alert rule whose alert a reading opens.
 	bundle := filepath.Join(t.TempDir(), "pump-fw-2.0.0.tar.gz")
-	if err := os.WriteFile(bundle, makeBundle(t, "2.0.0", part{name: "pump-fw", version: "2.0.0", body: strings.Repeat("firmware ", 50_000)}), 0o644); err != nil {
+	if err := os.WriteFile(bundle, fleetdtest.MakeBundle(t, "2.0.0", fleetdtest.Part{Name: "pump-fw", Version: "2.0.0", Body: strings.Repeat("firmware ", 50_000)}), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s.mustAlertRule(t, admin, map[string]any{"name": "pump overheating", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
+	s.MustAlertRule(t, admin, map[string]any{"name": "pump overheating", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
 
 	shots := screenshotDir(t)
 	runConsoleScript(t, dir, "console.mjs", 3*time.Minute,
@@ -106,10 +107,10 @@ func TestConsoleRolloutsInBrowser(t *testing.T) {
 	for i := 1; i <= 6; i++ {
 		id := fmt.Sprintf("valve-%02d", i)
 		ids = append(ids, id)
-		s.mustDevice(t, admin, id, nil)
+		s.MustDevice(t, admin, id, nil)
 	}
-	s.mustUpload(t, admin, makeBundle(t, "3.1.0", part{name: "valve-fw", version: "3.1.0", body: "valve firmware"}))
-	s.mustAlertRule(t, admin, map[string]any{"name": "valve stuck", "stream": "env", "condition": map[string]any{"field": "flow", "operator": "==", "value": 0}})
+	s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "3.1.0", fleetdtest.Part{Name: "valve-fw", Version: "3.1.0", Body: "valve firmware"}))
+	s.MustAlertRule(t, admin, map[string]any{"name": "valve stuck", "stream": "env", "condition": map[string]any{"field": "flow", "operator": "==", "value": 0}})
 	runConsoleScript(t, dir, "rollouts.mjs", 3*time.Minute,
 		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant, "OPERATOR_KEY="+operator.Key, "SCREENSHOTS="+screenshotDir(t),
 		"DEVICES="+strings.Join(ids, ","), "VERSION=3.1.0", "RULE=valve stuck")
@@ -156,25 +157,25 @@ func TestConsoleAlertsInBrowser(t *testing.T) {
 	dir := consoleHarness(t)
 	// The webhook receiver is on this machine: the egress policy must
 	// allow it.
-	s := startServer(t, sqlstoretest.Backends()[0], append(alertFlags, "--outbound-allow", "127.0.0.1")...)
+	s := startServer(t, sqlstoretest.Backends()[0], append(fleetdtest.AlertFlags, "--outbound-allow", "127.0.0.1")...)
 	admin := s.Admin()
 	operator := s.NewKey(t, admin, "olivia", "operator")
 	viewer := s.NewKey(t, admin, "victor", "viewer")
 	gateway := s.NewKey(t, admin, "gateway", "device")
-	s.mustDevice(t, admin, "pump-07", map[string]string{"site": "harbour"})
-	hook := newReceiver(t, 0)
+	s.MustDevice(t, admin, "pump-07", map[string]string{"site": "harbour"})
+	hook := fleetdtest.NewReceiver(t, 0)
 	runConsoleScript(t, dir, "alerts.mjs", 3*time.Minute,
 		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant, "SCREENSHOTS="+screenshotDir(t),
 		"OPERATOR_KEY="+operator.Key, "VIEWER_KEY="+viewer.Key, "DEVICE_KEY="+gateway.Key, "DEVICE=pump-07",
 		"WEBHOOK_URL="+hook.URL+"/hooks/pumps")
 	// The notification made in the console reached the receiver, signed,
 	// with its header and its template.
-	got := hook.got()
+	got := hook.Got()
 	if len(got) == 0 {
 		t.Fatal("the receiver got no notification")
 	}
-	if h := got[0].header; h.Get("X-Fleet-Signature") == "" || h.Get("X-Team") != "ops" || !strings.Contains(string(got[0].body), "pump-07 95") {
-		t.Errorf("the receiver got %v %s", got[0].header, got[0].body)
+	if h := got[0].Header; h.Get("X-Fleet-Signature") == "" || h.Get("X-Team") != "ops" || !strings.Contains(string(got[0].Body), "pump-07 95") {
+		t.Errorf("the receiver got %v %s", got[0].Header, got[0].Body)
 	}
 }
 
@@ -187,7 +188,7 @@ func TestConsoleChartsInBrowser(t *testing.T) {
 	s := startServer(t, sqlstoretest.Backends()[0])
 	admin := s.Admin()
 	viewer := s.NewKey(t, admin, "victor", "viewer")
-	s.mustDevice(t, admin, "pump-03", nil)
+	s.MustDevice(t, admin, "pump-03", nil)
 	runConsoleScript(t, dir, "charts.mjs", 3*time.Minute,
 		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant, "SCREENSHOTS="+screenshotDir(t),
 		"VIEWER_KEY="+viewer.Key, "ADMIN_KEY="+admin.Key, "DEVICE=pump-03")

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -25,11 +26,11 @@ func TestConsoleRollouts(t *testing.T) {
 		for i := 1; i <= 4; i++ {
 			s.Do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": fmt.Sprintf("r-%d", i)}).Want(t, 201)
 		}
-		rule := s.mustAlertRule(t, admin, map[string]any{"name": "too hot", "stream": "telemetry",
+		rule := s.MustAlertRule(t, admin, map[string]any{"name": "too hot", "stream": "telemetry",
 			"condition": map[string]any{"field": "temperature", "operator": ">", "value": 80}})
-		s.mustUpload(t, admin, makeBundle(t, "2.3.0", bootloader, app230))
-		b := newBrowser(t, s.URL)
-		b.signIn("default", operator.Key)
+		s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "2.3.0", fleetdtest.Bootloader, fleetdtest.App230))
+		b := fleetdtest.NewBrowser(t, s.URL)
+		b.SignIn("default", operator.Key)
 
 		// form is the builder's form: three phases, each kind, each gate.
 		form := func(tok string) url.Values {
@@ -43,51 +44,51 @@ func TestConsoleRollouts(t *testing.T) {
 		}
 
 		t.Run("RollOutThisBundle", func(t *testing.T) {
-			res := b.get("/console/firmware").want(t, 200)
+			res := b.Get("/console/firmware").Want(t, 200)
 			link := regexp.MustCompile(`href="(/console/actions/new\?action=update_firmware&amp;version=2\.3\.0&amp;rollout=1)">Roll out this bundle<`)
 			bundlePage := regexp.MustCompile(`href="(/console/firmware/[0-9a-f-]{36})"`).FindStringSubmatch(res.Body)
 			if bundlePage == nil {
 				t.Fatalf("no bundle link:\n%s", res.Body)
 			}
-			m := link.FindStringSubmatch(b.get(bundlePage[1]).want(t, 200).Body)
+			m := link.FindStringSubmatch(b.Get(bundlePage[1]).Want(t, 200).Body)
 			if m == nil {
 				t.Fatal("the bundle's page has no \"Roll out this bundle\"")
 			}
-			res = b.get(html.UnescapeString(m[1])).want(t, 200)
-			wantContains(t, "the builder from a bundle", res.Body, `id="rollout" name="rollout" checked`, `{&#34;version&#34;: &#34;2.3.0&#34;}</textarea>`,
+			res = b.Get(html.UnescapeString(m[1])).Want(t, 200)
+			fleetdtest.WantContains(t, "the builder from a bundle", res.Body, `id="rollout" name="rollout" checked`, `{&#34;version&#34;: &#34;2.3.0&#34;}</textarea>`,
 				`name="phase0_name" value="canary"`, `name="phase1_name" value="everyone"`, `<option value="`+rule.ID+`">too hot</option>`)
 		})
 		t.Run("AddAndRemovePhases", func(t *testing.T) {
-			tok := b.get("/console/actions/new").want(t, 200).csrf(t)
+			tok := b.Get("/console/actions/new").Want(t, 200).CSRF(t)
 			f := form(tok)
 			f.Set("add_phase", "1")
-			res := b.do("POST", "/console/actions/new", f).want(t, 200)
-			wantContains(t, "a fourth row", res.Body, `name="phases" value="4"`, `aria-label="phase 3 name"`, `name="phase2_name" value="everyone"`)
+			res := b.Do("POST", "/console/actions/new", f).Want(t, 200)
+			fleetdtest.WantContains(t, "a fourth row", res.Body, `name="phases" value="4"`, `aria-label="phase 3 name"`, `name="phase2_name" value="everyone"`)
 			f = form(tok)
 			f.Set("remove_phase", "1")
-			res = b.do("POST", "/console/actions/new", f).want(t, 200)
-			wantContains(t, "a row less", res.Body, `name="phases" value="2"`, `name="phase1_name" value="everyone"`)
+			res = b.Do("POST", "/console/actions/new", f).Want(t, 200)
+			fleetdtest.WantContains(t, "a row less", res.Body, `name="phases" value="2"`, `name="phase1_name" value="everyone"`)
 			if strings.Contains(res.Body, `value="canary"`) {
 				t.Fatal("the removed row is still there")
 			}
 		})
 		t.Run("CountEachPhase", func(t *testing.T) {
-			tok := b.get("/console/actions/new").csrf(t)
+			tok := b.Get("/console/actions/new").CSRF(t)
 			f := form(tok)
 			f.Set("preview", "1")
-			res := b.do("POST", "/console/actions/new", f).want(t, 200)
+			res := b.Do("POST", "/console/actions/new", f).Want(t, 200)
 			// Four targets: the listed one, then 50% cumulative (2) less
 			// the one taken, then the rest.
 			for i, want := range []int{1, 1, 2} {
-				wantContains(t, "phase counts", res.Body, fmt.Sprintf(`<td data-phase-count="%d">%d</td>`, i, want))
+				fleetdtest.WantContains(t, "phase counts", res.Body, fmt.Sprintf(`<td data-phase-count="%d">%d</td>`, i, want))
 			}
 		})
 		var id int64
 		t.Run("DispatchEveryGate", func(t *testing.T) {
-			tok := b.get("/console/actions/new").csrf(t)
+			tok := b.Get("/console/actions/new").CSRF(t)
 			f := form(tok)
 			f.Set("dispatch", "1")
-			res := b.do("POST", "/console/actions/new", f).want(t, 303)
+			res := b.Do("POST", "/console/actions/new", f).Want(t, 303)
 			fmt.Sscanf(res.Header.Get("Location"), "/console/actions/%d", &id)
 			var a struct {
 				Schedule struct {
@@ -109,20 +110,20 @@ func TestConsoleRollouts(t *testing.T) {
 			}
 		})
 		t.Run("MetadataPhaseAndFinishedRatio", func(t *testing.T) {
-			tok := b.get("/console/actions/new").csrf(t)
+			tok := b.Get("/console/actions/new").CSRF(t)
 			f := url.Values{"csrf": {tok}, "action": {"reboot"}, "params": {`{}`}, "search_type": {"all"}, "rollout": {"on"}, "phases": {"2"},
 				"phase0_name": {"lab"}, "phase0_kind": {"metadata"}, "phase0_value": {"ring=lab, site=berlin"}, "phase0_trigger": {"manual"},
 				"phase1_name": {"rest"}, "phase1_kind": {"percentage"}, "phase1_value": {"100"}, "phase1_trigger": {"after_previous"},
 				"phase1_ratio": {"90"}}
 			f.Set("preview", "1")
-			res := b.do("POST", "/console/actions/new", f).want(t, 200)
-			wantContains(t, "a metadata phase's count, known when it triggers", res.Body, `<td data-phase-count="0">—</td>`, `<td data-phase-count="1">4</td>`)
+			res := b.Do("POST", "/console/actions/new", f).Want(t, 200)
+			fleetdtest.WantContains(t, "a metadata phase's count, known when it triggers", res.Body, `<td data-phase-count="0">—</td>`, `<td data-phase-count="1">4</td>`)
 			f.Del("preview")
 			f.Set("phase0_value", "ring")
-			wantContains(t, "a pair without =", b.do("POST", "/console/actions/new", f).want(t, 400).Body, "must be KEY=VALUE pairs")
+			fleetdtest.WantContains(t, "a pair without =", b.Do("POST", "/console/actions/new", f).Want(t, 400).Body, "must be KEY=VALUE pairs")
 			f.Set("phase0_value", "ring=lab, site=berlin")
 			f.Set("dispatch", "1")
-			res = b.do("POST", "/console/actions/new", f).want(t, 303)
+			res = b.Do("POST", "/console/actions/new", f).Want(t, 303)
 			var mid int64
 			fmt.Sscanf(res.Header.Get("Location"), "/console/actions/%d", &mid)
 			var a struct {
@@ -147,34 +148,34 @@ func TestConsoleRollouts(t *testing.T) {
 			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", mid), nil)
 		})
 		t.Run("AbortSaysWhatItDoes", func(t *testing.T) {
-			eventually(t, "the first phase to release", func() bool { return s.action(t, admin, id).Statuses["Queued"] == 1 })
-			s.report(t, "r-2", id, "Downloading")
-			res := b.get(fmt.Sprintf("/console/actions/%d", id)).want(t, 200)
-			wantContains(t, "the action page", res.Body,
+			fleetdtest.Eventually(t, "the first phase to release", func() bool { return s.Action(t, admin, id).Statuses["Queued"] == 1 })
+			s.Report(t, "r-2", id, "Downloading")
+			res := b.Get(fmt.Sprintf("/console/actions/%d", id)).Want(t, 200)
+			fleetdtest.WantContains(t, "the action page", res.Body,
 				`data-confirm="Abort rollout #`+fmt.Sprint(id)+` (update_firmware)? No further phase is released, and this cancels the 4 device actions not finished: 3 not yet on their device are cancelled at once, and the 1 device that has it (mid-download, for an update) are sent a cancel_action and asked to stop. It cannot be undone."`,
 				`<td>0 lab</td>`, `<td>1 canary</td>`, `<td>2 everyone</td>`, "no alert of 1 rules within 60 s of completing",
 				"at most 25% of finished failed, judged from 2 finished")
-			b.do("POST", fmt.Sprintf("/console/actions/%d/abort", id), url.Values{"csrf": {res.csrf(t)}}).want(t, 303)
-			res = b.get(fmt.Sprintf("/console/actions/%d", id)).want(t, 200)
-			wantContains(t, "an aborted rollout", res.Body, `class="stopped"`, `<span data-finished-line hidden>`,
+			b.Do("POST", fmt.Sprintf("/console/actions/%d/abort", id), url.Values{"csrf": {res.CSRF(t)}}).Want(t, 303)
+			res = b.Get(fmt.Sprintf("/console/actions/%d", id)).Want(t, 200)
+			fleetdtest.WantContains(t, "an aborted rollout", res.Body, `class="stopped"`, `<span data-finished-line hidden>`,
 				`<span data-aborted-line>aborted: <span data-count="Completed">0</span> of 4 completed, <span data-count="Cancelled">3</span> cancelled</span>`)
 		})
 		t.Run("ActionsList", func(t *testing.T) {
-			res := b.get("/console/actions").want(t, 200)
-			wantContains(t, "the list", res.Body, "version=2.3.0", "fixes the &lt;b&gt;watchdog&lt;/b&gt;", `href="/console/actions?action=cancel_action"`)
+			res := b.Get("/console/actions").Want(t, 200)
+			fleetdtest.WantContains(t, "the list", res.Body, "version=2.3.0", "fixes the &lt;b&gt;watchdog&lt;/b&gt;", `href="/console/actions?action=cancel_action"`)
 			if strings.Contains(res.Body, " cancel_action</a>") {
 				t.Fatalf("the abort's cancel_action is listed as an action of its own:\n%s", res.Body)
 			}
-			wantContains(t, "cancel_actions by name", b.get("/console/actions?action=cancel_action").want(t, 200).Body, " cancel_action</a>", "action_id=")
+			fleetdtest.WantContains(t, "cancel_actions by name", b.Get("/console/actions?action=cancel_action").Want(t, 200).Body, " cancel_action</a>", "action_id=")
 		})
 		t.Run("DeleteSaysWhatItDoes", func(t *testing.T) {
-			wantContains(t, "the rule's page", b.get("/console/alerts/rules/"+rule.ID).want(t, 200).Body,
+			fleetdtest.WantContains(t, "the rule's page", b.Get("/console/alerts/rules/"+rule.ID).Want(t, 200).Body,
 				`data-confirm="Delete rule too hot? Its 0 notification rules, its 0 alerts and their pending notifications are deleted with it. It cannot be undone."`)
 		})
 		t.Run("CancelSaysWhatItDoes", func(t *testing.T) {
-			other := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all"})
-			res := b.get(fmt.Sprintf("/console/actions/%d", other)).want(t, 200)
-			wantContains(t, "cancel", res.Body, fmt.Sprintf(`data-confirm="Cancel action #%d (reboot)? This cancels the 4 device actions not finished: 4 not yet on their device are cancelled at once, and the 0 devices`, other))
+			other := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all"})
+			res := b.Get(fmt.Sprintf("/console/actions/%d", other)).Want(t, 200)
+			fleetdtest.WantContains(t, "cancel", res.Body, fmt.Sprintf(`data-confirm="Cancel action #%d (reboot)? This cancels the 4 device actions not finished: 4 not yet on their device are cancelled at once, and the 0 devices`, other))
 		})
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -21,8 +22,8 @@ func TestConsoleSettingsInBrowser(t *testing.T) {
 	admin := s.Admin()
 	viewer := s.NewKey(t, admin, "victor", "viewer")
 	const secret = "console-secret-never-shown"
-	op := startOIDCProvider(t, "fleetd-console", secret, s.URL+"/console/oidc/callback")
-	s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.tenantOIDC("fleetd-console", secret, "viewer")).Want(t, 204)
+	op := fleetdtest.StartOIDCProvider(t, "fleetd-console", secret, s.URL+"/console/oidc/callback")
+	s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.TenantOIDC("fleetd-console", secret, "viewer")).Want(t, 204)
 
 	runConsoleScript(t, dir, "settings.mjs", 2*time.Minute,
 		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant,

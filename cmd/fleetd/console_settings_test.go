@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -30,17 +31,17 @@ func TestConsoleSettings(t *testing.T) {
 		viewer := s.NewKey(t, admin, "victor", "viewer")
 
 		t.Run("DDI", func(t *testing.T) {
-			b := newBrowser(t, s.URL)
-			b.signIn("default", admin.Key)
-			res := b.get("/console/settings/ddi").want(t, 200)
+			b := fleetdtest.NewBrowser(t, s.URL)
+			b.SignIn("default", admin.Key)
+			res := b.Get("/console/settings/ddi").Want(t, 200)
 			for _, box := range []string{`id="require-confirmation" name="require_confirmation" aria`, `id="gateway-registration" name="gateway_registration" aria`} {
 				if !strings.Contains(res.Body, box) {
 					t.Fatalf("the page lacks the unchecked box %s:\n%s", box, res.Body)
 				}
 			}
-			tok := res.csrf(t)
-			b.do("POST", "/console/settings/ddi", url.Values{"require_confirmation": {"on"}}).want(t, 403)
-			b.do("POST", "/console/settings/ddi", url.Values{"csrf": {tok}, "require_confirmation": {"on"}}).want(t, 303)
+			tok := res.CSRF(t)
+			b.Do("POST", "/console/settings/ddi", url.Values{"require_confirmation": {"on"}}).Want(t, 403)
+			b.Do("POST", "/console/settings/ddi", url.Values{"csrf": {tok}, "require_confirmation": {"on"}}).Want(t, 303)
 			var set struct {
 				RequireConfirmation bool `json:"require_confirmation"`
 				GatewayRegistration bool `json:"gateway_registration"`
@@ -49,7 +50,7 @@ func TestConsoleSettings(t *testing.T) {
 			if !set.RequireConfirmation || set.GatewayRegistration {
 				t.Fatalf("after the form: %+v", set)
 			}
-			if body := b.get("/console/settings/ddi?saved").want(t, 200).Body; !strings.Contains(body, `name="require_confirmation" checked`) || !strings.Contains(body, "Saved.") {
+			if body := b.Get("/console/settings/ddi?saved").Want(t, 200).Body; !strings.Contains(body, `name="require_confirmation" checked`) || !strings.Contains(body, "Saved.") {
 				t.Fatalf("the page after saving:\n%s", body)
 			}
 			var logs struct {
@@ -60,21 +61,21 @@ func TestConsoleSettings(t *testing.T) {
 				t.Fatalf("audit: %+v", logs.AuditLogs)
 			}
 			// Unchecked boxes turn the settings off again.
-			b.do("POST", "/console/settings/ddi", url.Values{"csrf": {tok}}).want(t, 303)
+			b.Do("POST", "/console/settings/ddi", url.Values{"csrf": {tok}}).Want(t, 303)
 			s.Do(t, admin, "GET", "/api/v1/tenants/default/ddi", nil).Want(t, 200).Decode(t, &set)
 			if set.RequireConfirmation {
 				t.Fatalf("after unchecking: %+v", set)
 			}
-			ob := newBrowser(t, s.URL) // a key of its own: Sessions counts olivia's
-			ob.signIn("default", s.NewKey(t, admin, "ddi-operator", "operator").Key)
-			ob.get("/console/settings/ddi").want(t, 403)
-			ob.do("POST", "/console/settings/ddi", url.Values{"csrf": {ob.get("/console/").csrf(t)}, "require_confirmation": {"on"}}).want(t, 403)
+			ob := fleetdtest.NewBrowser(t, s.URL) // a key of its own: Sessions counts olivia's
+			ob.SignIn("default", s.NewKey(t, admin, "ddi-operator", "operator").Key)
+			ob.Get("/console/settings/ddi").Want(t, 403)
+			ob.Do("POST", "/console/settings/ddi", url.Values{"csrf": {ob.Get("/console/").CSRF(t)}, "require_confirmation": {"on"}}).Want(t, 403)
 		})
 
 		t.Run("Keys", func(t *testing.T) {
-			b := newBrowser(t, s.URL)
-			b.signIn("default", admin.Key)
-			res := b.get("/console/settings/keys").want(t, 200)
+			b := fleetdtest.NewBrowser(t, s.URL)
+			b.SignIn("default", admin.Key)
+			res := b.Get("/console/settings/keys").Want(t, 200)
 			if cc := res.Header.Get("Cache-Control"); cc != "no-store" {
 				t.Errorf("Cache-Control %q", cc)
 			}
@@ -88,9 +89,9 @@ func TestConsoleSettings(t *testing.T) {
 			}
 
 			// The new key is on the page answering the form, once.
-			tok := res.csrf(t)
-			res = b.do("POST", "/console/settings/keys", url.Values{"csrf": {tok}, "name": {"ci-runner"}, "role": {"operator"},
-				"user_email": {"<script>alert(1)</script>@example.com"}}).want(t, 200)
+			tok := res.CSRF(t)
+			res = b.Do("POST", "/console/settings/keys", url.Values{"csrf": {tok}, "name": {"ci-runner"}, "role": {"operator"},
+				"user_email": {"<script>alert(1)</script>@example.com"}}).Want(t, 200)
 			key := shownKey.FindString(res.Body)
 			if key == "" || strings.Count(res.Body, key) != 1 {
 				t.Fatalf("the answer does not show the new key once:\n%s", res.Body)
@@ -101,106 +102,106 @@ func TestConsoleSettings(t *testing.T) {
 			if strings.Contains(res.Body, "<script>alert(1)") || !strings.Contains(res.Body, html.EscapeString("<script>alert(1)</script>@example.com")) {
 				t.Errorf("the holder's email is not escaped")
 			}
-			s.Do(t, creds{Tenant: "default", Key: key}, "GET", "/api/v1/devices", nil).Want(t, 200)
-			if body := b.get("/console/settings/keys").want(t, 200).Body; strings.Contains(body, key) || shownKey.MatchString(body) {
+			s.Do(t, fleetdtest.Creds{Tenant: "default", Key: key}, "GET", "/api/v1/devices", nil).Want(t, 200)
+			if body := b.Get("/console/settings/keys").Want(t, 200).Body; strings.Contains(body, key) || shownKey.MatchString(body) {
 				t.Errorf("the key is shown again")
 			}
 
 			// Refusals keep what was typed, escaped, and name the field.
-			res = b.do("POST", "/console/settings/keys", url.Values{"csrf": {tok}, "name": {"<script>alert(1)</script>"}, "role": {"chief"}}).want(t, 400)
+			res = b.Do("POST", "/console/settings/keys", url.Values{"csrf": {tok}, "name": {"<script>alert(1)</script>"}, "role": {"chief"}}).Want(t, 400)
 			if strings.Contains(res.Body, "<script>alert(1)") || !strings.Contains(res.Body, html.EscapeString("<script>alert(1)</script>")) ||
 				!strings.Contains(res.Body, "<code>name</code>") || !strings.Contains(res.Body, "<code>role</code>") {
 				t.Errorf("a refused key:\n%s", res.Body)
 			}
-			res = b.do("POST", "/console/settings/keys", url.Values{"csrf": {tok}, "name": {"ci-runner"}, "role": {"viewer"}}).want(t, 409)
+			res = b.Do("POST", "/console/settings/keys", url.Values{"csrf": {tok}, "name": {"ci-runner"}, "role": {"viewer"}}).Want(t, 409)
 			if shownKey.MatchString(res.Body) || !strings.Contains(res.Body, "exists already") {
 				t.Errorf("a taken name:\n%s", res.Body)
 			}
-			b.do("POST", "/console/settings/keys", url.Values{"name": {"x"}, "role": {"admin"}}).want(t, 403)
-			b.do("POST", "/console/settings/keys", url.Values{"csrf": {tok}, "name": {"x"}, "role": {"admin"}}, "Origin", "https://evil.example").want(t, 403)
+			b.Do("POST", "/console/settings/keys", url.Values{"name": {"x"}, "role": {"admin"}}).Want(t, 403)
+			b.Do("POST", "/console/settings/keys", url.Values{"csrf": {tok}, "name": {"x"}, "role": {"admin"}}, "Origin", "https://evil.example").Want(t, 403)
 
 			// Deleting a key ends the sessions made with it at their next
 			// request.
-			held := newBrowser(t, s.URL)
-			held.signIn("default", key)
-			b.do("POST", "/console/settings/keys/ci-runner/delete", url.Values{"csrf": {tok}}).want(t, 303)
-			if res := held.get("/console/devices"); res.Status != http.StatusSeeOther || !strings.HasPrefix(res.Header.Get("Location"), "/console/signin") {
+			held := fleetdtest.NewBrowser(t, s.URL)
+			held.SignIn("default", key)
+			b.Do("POST", "/console/settings/keys/ci-runner/delete", url.Values{"csrf": {tok}}).Want(t, 303)
+			if res := held.Get("/console/devices"); res.Status != http.StatusSeeOther || !strings.HasPrefix(res.Header.Get("Location"), "/console/signin") {
 				t.Fatalf("the deleted key's session answered %d", res.Status)
 			}
-			s.Do(t, creds{Tenant: "default", Key: key}, "GET", "/api/v1/devices", nil).Want(t, 401)
-			b.do("POST", "/console/settings/keys/ci-runner/delete", url.Values{"csrf": {tok}}).want(t, 404)
-			b.do("POST", "/console/settings/keys/no%20such/delete", url.Values{"csrf": {tok}}).want(t, 404)
+			s.Do(t, fleetdtest.Creds{Tenant: "default", Key: key}, "GET", "/api/v1/devices", nil).Want(t, 401)
+			b.Do("POST", "/console/settings/keys/ci-runner/delete", url.Values{"csrf": {tok}}).Want(t, 404)
+			b.Do("POST", "/console/settings/keys/no%20such/delete", url.Values{"csrf": {tok}}).Want(t, 404)
 
 			// The tenant's last admin key stays, and says why.
-			if res := b.do("POST", "/console/settings/keys/admin/delete", url.Values{"csrf": {tok}}).want(t, 409); !strings.Contains(res.Body, "last admin key") {
+			if res := b.Do("POST", "/console/settings/keys/admin/delete", url.Values{"csrf": {tok}}).Want(t, 409); !strings.Contains(res.Body, "last admin key") {
 				t.Errorf("deleting the last admin key:\n%s", res.Body)
 			}
 		})
 
 		t.Run("DeleteOwnKey", func(t *testing.T) {
 			second := s.NewKey(t, admin, "admin-2", "admin")
-			b := newBrowser(t, s.URL)
-			tok := b.signIn("default", second.Key).csrf(t)
-			if body := b.get("/console/settings/keys").want(t, 200).Body; !strings.Contains(body, "the key you signed in with") {
+			b := fleetdtest.NewBrowser(t, s.URL)
+			tok := b.SignIn("default", second.Key).CSRF(t)
+			if body := b.Get("/console/settings/keys").Want(t, 200).Body; !strings.Contains(body, "the key you signed in with") {
 				t.Errorf("the page does not warn that admin-2 is this session's key")
 			}
-			res := b.do("POST", "/console/settings/keys/admin-2/delete", url.Values{"csrf": {tok}}).want(t, 303)
-			if res := b.get(res.Header.Get("Location")); res.Status != http.StatusSeeOther || !strings.HasPrefix(res.Header.Get("Location"), "/console/signin") {
+			res := b.Do("POST", "/console/settings/keys/admin-2/delete", url.Values{"csrf": {tok}}).Want(t, 303)
+			if res := b.Get(res.Header.Get("Location")); res.Status != http.StatusSeeOther || !strings.HasPrefix(res.Header.Get("Location"), "/console/signin") {
 				t.Fatalf("after deleting its own key the session answered %d", res.Status)
 			}
 		})
 
 		t.Run("Sessions", func(t *testing.T) {
-			b := newBrowser(t, s.URL)
-			tok := b.signIn("default", admin.Key).csrf(t)
-			first, second, other := newBrowser(t, s.URL), newBrowser(t, s.URL), newBrowser(t, s.URL)
-			first.signIn("default", viewer.Key)
-			second.signIn("default", viewer.Key)
-			other.signIn("default", operator.Key)
-			res := b.get("/console/settings/sessions").want(t, 200)
+			b := fleetdtest.NewBrowser(t, s.URL)
+			tok := b.SignIn("default", admin.Key).CSRF(t)
+			first, second, other := fleetdtest.NewBrowser(t, s.URL), fleetdtest.NewBrowser(t, s.URL), fleetdtest.NewBrowser(t, s.URL)
+			first.SignIn("default", viewer.Key)
+			second.SignIn("default", viewer.Key)
+			other.SignIn("default", operator.Key)
+			res := b.Get("/console/settings/sessions").Want(t, 200)
 			ids := sessionIDs(res.Body, "victor")
 			if len(ids) != 2 || len(sessionIDs(res.Body, "olivia")) != 1 || !strings.Contains(res.Body, "this session") {
 				t.Fatalf("the page lists victor's sessions %v:\n%s", ids, res.Body)
 			}
-			first.get("/console/settings/sessions").want(t, 403)
-			first.do("POST", "/console/settings/sessions/"+ids[0]+"/end", url.Values{"csrf": {first.get("/console/").csrf(t)}}).want(t, 403)
+			first.Get("/console/settings/sessions").Want(t, 403)
+			first.Do("POST", "/console/settings/sessions/"+ids[0]+"/end", url.Values{"csrf": {first.Get("/console/").CSRF(t)}}).Want(t, 403)
 
 			// Ending one session signs out that browser only.
-			b.do("POST", "/console/settings/sessions/"+ids[0]+"/end", url.Values{"csrf": {tok}}).want(t, 303)
-			if a, z := first.get("/console/devices").Status, second.get("/console/devices").Status; a+z != 200+303 {
+			b.Do("POST", "/console/settings/sessions/"+ids[0]+"/end", url.Values{"csrf": {tok}}).Want(t, 303)
+			if a, z := first.Get("/console/devices").Status, second.Get("/console/devices").Status; a+z != 200+303 {
 				t.Fatalf("after ending one of two sessions, they answered %d and %d", a, z)
 			}
-			b.do("POST", "/console/settings/sessions/"+ids[0]+"/end", url.Values{"csrf": {tok}}).want(t, 404)
+			b.Do("POST", "/console/settings/sessions/"+ids[0]+"/end", url.Values{"csrf": {tok}}).Want(t, 404)
 
 			// "End all of theirs" ends every session of the key's holder,
 			// and no one else's; the key itself stays valid.
-			b.do("POST", "/console/settings/sessions/"+ids[1]+"/end", url.Values{"csrf": {tok}, "all": {"1"}}).want(t, 303)
-			first.get("/console/devices").want(t, 303)
-			second.get("/console/devices").want(t, 303)
-			other.get("/console/devices").want(t, 200)
-			b.get("/console/devices").want(t, 200)
+			b.Do("POST", "/console/settings/sessions/"+ids[1]+"/end", url.Values{"csrf": {tok}, "all": {"1"}}).Want(t, 303)
+			first.Get("/console/devices").Want(t, 303)
+			second.Get("/console/devices").Want(t, 303)
+			other.Get("/console/devices").Want(t, 200)
+			b.Get("/console/devices").Want(t, 200)
 			s.Do(t, viewer, "GET", "/api/v1/devices", nil).Want(t, 200)
-			if body := b.get("/console/settings/sessions").Body; len(sessionIDs(body, "victor")) != 0 {
+			if body := b.Get("/console/settings/sessions").Body; len(sessionIDs(body, "victor")) != 0 {
 				t.Errorf("victor's sessions are still listed:\n%s", body)
 			}
-			if body := b.get("/console/settings/audit?action=console.session.end").want(t, 200).Body; !strings.Contains(body, "victor") {
+			if body := b.Get("/console/settings/audit?action=console.session.end").Want(t, 200).Body; !strings.Contains(body, "victor") {
 				t.Errorf("the audit log lacks the ends:\n%s", body)
 			}
 
 			// Another tenant's admin neither sees nor ends them.
 			them := s.NewTenant(t, "sessions-other")
-			ob := newBrowser(t, s.URL)
-			otok := ob.signIn("sessions-other", them.Key).csrf(t)
-			if body := ob.get("/console/settings/sessions").want(t, 200).Body; strings.Contains(body, "olivia") {
+			ob := fleetdtest.NewBrowser(t, s.URL)
+			otok := ob.SignIn("sessions-other", them.Key).CSRF(t)
+			if body := ob.Get("/console/settings/sessions").Want(t, 200).Body; strings.Contains(body, "olivia") {
 				t.Errorf("another tenant's admin sees olivia's session")
 			}
-			olivia := sessionIDs(b.get("/console/settings/sessions").Body, "olivia")
-			ob.do("POST", "/console/settings/sessions/"+olivia[0]+"/end", url.Values{"csrf": {otok}, "all": {"1"}}).want(t, 404)
-			other.get("/console/devices").want(t, 200)
+			olivia := sessionIDs(b.Get("/console/settings/sessions").Body, "olivia")
+			ob.Do("POST", "/console/settings/sessions/"+olivia[0]+"/end", url.Values{"csrf": {otok}, "all": {"1"}}).Want(t, 404)
+			other.Get("/console/devices").Want(t, 200)
 		})
 
 		t.Run("SignInSettings", func(t *testing.T) {
-			op := startOIDCProvider(t, "fleetd-console", "console-secret", s.URL+"/console/oidc/callback")
+			op := fleetdtest.StartOIDCProvider(t, "fleetd-console", "console-secret", s.URL+"/console/oidc/callback")
 			type settings struct {
 				Method      string `json:"method"`
 				Issuer      string `json:"issuer"`
@@ -217,22 +218,22 @@ func TestConsoleSettings(t *testing.T) {
 				s.Do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).Want(t, 200).Decode(t, &a)
 				return a
 			}
-			b := newBrowser(t, s.URL)
-			b.signIn("default", admin.Key)
-			res := b.get("/console/settings/auth").want(t, 200)
+			b := fleetdtest.NewBrowser(t, s.URL)
+			b.SignIn("default", admin.Key)
+			res := b.Get("/console/settings/auth").Want(t, 200)
 			if !strings.Contains(res.Body, "Not configured") {
 				t.Errorf("the page does not say the tenant has no settings")
 			}
-			tok := res.csrf(t)
+			tok := res.CSRF(t)
 			form := url.Values{"csrf": {tok}, "method": {"jwks"}, "jwks_url": {op.JWKSURL}, "issuer": {op.Issuer}, "audience": {"fleetd-api"},
 				"default_role": {"operator"}, "oidc_client_id": {"fleetd-console"}, "oidc_client_secret": {"console-secret"},
 				"webhook_url": {"https://not-this-method.example/"}}
-			res = b.do("POST", "/console/settings/auth", form).want(t, 303)
+			res = b.Do("POST", "/console/settings/auth", form).Want(t, 303)
 			if a := stored(); a.Method != "jwks" || a.Issuer != op.Issuer || a.DefaultRole != "operator" || a.WebhookURL != "" ||
 				a.OIDC == nil || a.OIDC.ClientID != "fleetd-console" || !a.OIDC.SecretSet {
 				t.Fatalf("S9 after the form: %+v", a)
 			}
-			body := b.get(res.Header.Get("Location")).want(t, 200).Body
+			body := b.Get(res.Header.Get("Location")).Want(t, 200).Body
 			if strings.Contains(body, "console-secret") || !strings.Contains(body, "A secret is set") || !strings.Contains(body, "Saved.") ||
 				!strings.Contains(body, html.EscapeString(s.URL+"/console/oidc/callback")) {
 				t.Errorf("the saved settings' page:\n%s", body)
@@ -242,17 +243,17 @@ func TestConsoleSettings(t *testing.T) {
 			// checks it, still lets a person sign in.
 			form.Set("oidc_client_secret", "")
 			form.Set("default_role", "viewer")
-			b.do("POST", "/console/settings/auth", form).want(t, 303)
-			if body := newBrowser(t, s.URL).signInOIDC(t, op).want(t, 200).Body; !strings.Contains(body, "role-viewer") {
+			b.Do("POST", "/console/settings/auth", form).Want(t, 303)
+			if body := fleetdtest.NewBrowser(t, s.URL).SignInOIDC(t, op).Want(t, 200).Body; !strings.Contains(body, "role-viewer") {
 				t.Errorf("after a save with the secret left blank, the person is not a viewer:\n%s", body)
 			}
 			// Removed, the provider refuses the console's exchange.
 			form.Set("oidc_remove_secret", "on")
-			b.do("POST", "/console/settings/auth", form).want(t, 303)
+			b.Do("POST", "/console/settings/auth", form).Want(t, 303)
 			if a := stored(); a.OIDC == nil || a.OIDC.SecretSet {
 				t.Fatalf("S9 after removing the secret: %+v", a.OIDC)
 			}
-			if res := newBrowser(t, s.URL).signInOIDC(t, op); res.Status != 401 {
+			if res := fleetdtest.NewBrowser(t, s.URL).SignInOIDC(t, op); res.Status != 401 {
 				t.Errorf("a sign-in without the secret answered %d", res.Status)
 			}
 			form.Del("oidc_remove_secret")
@@ -261,16 +262,16 @@ func TestConsoleSettings(t *testing.T) {
 			// but never the secret, and changes nothing.
 			bad := url.Values{"csrf": {tok}, "method": {"jwks"}, "jwks_url": {"not a url"}, "issuer": {"<script>alert(1)</script>"},
 				"audience": {"a"}, "default_role": {"viewer"}, "oidc_client_id": {"c"}, "oidc_client_secret": {"typed-secret"}}
-			res = b.do("POST", "/console/settings/auth", bad).want(t, 400)
+			res = b.Do("POST", "/console/settings/auth", bad).Want(t, 400)
 			if !strings.Contains(res.Body, "<code>jwks_url</code>") || strings.Contains(res.Body, "typed-secret") ||
 				strings.Contains(res.Body, "<script>alert(1)") || !strings.Contains(res.Body, html.EscapeString("<script>alert(1)</script>")) {
 				t.Errorf("a refused form:\n%s", res.Body)
 			}
 			bad.Set("method", "ldap")
-			if res := b.do("POST", "/console/settings/auth", bad).want(t, 400); !strings.Contains(res.Body, "<code>method</code>") {
+			if res := b.Do("POST", "/console/settings/auth", bad).Want(t, 400); !strings.Contains(res.Body, "<code>method</code>") {
 				t.Errorf("an unknown method:\n%s", res.Body)
 			}
-			b.do("POST", "/console/settings/auth", form, "Origin", "https://evil.example").want(t, 403)
+			b.Do("POST", "/console/settings/auth", form, "Origin", "https://evil.example").Want(t, 403)
 			if a := stored(); a.Issuer != op.Issuer || a.DefaultRole != "viewer" {
 				t.Errorf("refused forms changed S9: %+v", a)
 			}
@@ -278,18 +279,18 @@ func TestConsoleSettings(t *testing.T) {
 			// Webhook: the jwks fields typed in the form are not sent.
 			form.Set("method", "webhook")
 			form.Set("webhook_url", "https://auth.example.com/fleetd")
-			b.do("POST", "/console/settings/auth", form).want(t, 303)
+			b.Do("POST", "/console/settings/auth", form).Want(t, 303)
 			if a := stored(); a.Method != "webhook" || a.WebhookURL != "https://auth.example.com/fleetd" || a.Issuer != "" || a.OIDC != nil {
 				t.Errorf("S9 after choosing webhook: %+v", a)
 			}
 
-			for _, c := range []creds{operator, viewer} {
-				nb := newBrowser(t, s.URL)
-				tok := nb.signIn("default", c.Key).csrf(t)
-				nb.get("/console/settings/auth").want(t, 403)
+			for _, c := range []fleetdtest.Creds{operator, viewer} {
+				nb := fleetdtest.NewBrowser(t, s.URL)
+				tok := nb.SignIn("default", c.Key).CSRF(t)
+				nb.Get("/console/settings/auth").Want(t, 403)
 				form.Set("csrf", tok)
 				form.Set("webhook_url", "https://evil.example/")
-				nb.do("POST", "/console/settings/auth", form).want(t, 403)
+				nb.Do("POST", "/console/settings/auth", form).Want(t, 403)
 			}
 			if a := stored(); a.WebhookURL != "https://auth.example.com/fleetd" {
 				t.Errorf("a non-admin changed S9: %+v", a)
@@ -297,9 +298,9 @@ func TestConsoleSettings(t *testing.T) {
 		})
 
 		t.Run("AuditLog", func(t *testing.T) {
-			b := newBrowser(t, s.URL)
-			b.signIn("default", admin.Key)
-			body := b.get("/console/settings/audit").want(t, 200).Body
+			b := fleetdtest.NewBrowser(t, s.URL)
+			b.SignIn("default", admin.Key)
+			body := b.Get("/console/settings/audit").Want(t, 200).Body
 			for _, want := range []string{"apikey.create", "apikeys/ci-runner", "apikey.delete", "tenant.auth.update",
 				html.EscapeString("<script>alert(1)</script>@example.com")} {
 				if !strings.Contains(body, want) {
@@ -317,25 +318,25 @@ func TestConsoleSettings(t *testing.T) {
 				s.Do(t, bot, "POST", "/api/v1/devices", map[string]any{"id": fmt.Sprintf("audit-%02d", i)}).Want(t, 201)
 			}
 			rows := func(body string) int { return strings.Count(body, `<td class="mono">`) }
-			body = b.get("/console/settings/audit?actor=pager-bot").want(t, 200).Body
+			body = b.Get("/console/settings/audit?actor=pager-bot").Want(t, 200).Body
 			if !strings.Contains(body, "55 entries") || rows(body) != 50 || !strings.Contains(body, "page 1 of 2") ||
 				!strings.Contains(body, html.EscapeString("/console/settings/audit?actor=pager-bot&page=2")) {
 				t.Fatalf("the first page of pager-bot's changes (%d rows):\n%s", rows(body), body)
 			}
-			if body := b.get("/console/settings/audit?actor=pager-bot&page=2").want(t, 200).Body; rows(body) != 5 || !strings.Contains(body, "device.create") {
+			if body := b.Get("/console/settings/audit?actor=pager-bot&page=2").Want(t, 200).Body; rows(body) != 5 || !strings.Contains(body, "device.create") {
 				t.Errorf("the second page has %d rows", rows(body))
 			}
 			// An action, or every action of its kind, with the actor.
-			body = b.get("/console/settings/audit?action=apikey").want(t, 200).Body
+			body = b.Get("/console/settings/audit?action=apikey").Want(t, 200).Body
 			if !strings.Contains(body, "apikey.create") || !strings.Contains(body, "apikey.delete") || strings.Contains(body, "device.create") ||
 				!strings.Contains(body, `value="apikey"`) {
 				t.Errorf("the apikey actions:\n%s", body)
 			}
-			body = b.get("/console/settings/audit?action=device.create&actor=pager-bot&page=2").want(t, 200).Body
+			body = b.Get("/console/settings/audit?action=device.create&actor=pager-bot&page=2").Want(t, 200).Body
 			if rows(body) != 5 {
 				t.Errorf("pager-bot's device.create, page 2: %d rows", rows(body))
 			}
-			if body := b.get("/console/settings/audit?actor=nobody").want(t, 200).Body; rows(body) != 0 || !strings.Contains(body, "matches these filters") {
+			if body := b.Get("/console/settings/audit?actor=nobody").Want(t, 200).Body; rows(body) != 0 || !strings.Contains(body, "matches these filters") {
 				t.Errorf("an actor with no change:\n%s", body)
 			}
 
@@ -348,35 +349,35 @@ func TestConsoleSettings(t *testing.T) {
 			s.Do(t, admin, "GET", "/api/v1/audit-logs?actor=pager-bot&limit=1", nil).Want(t, 200).Decode(t, &newest)
 			last := newest.AuditLogs[0].CreatedAt.UTC()
 			after := last.Add(time.Millisecond).Format(time.RFC3339Nano)
-			if body := b.get("/console/settings/audit?actor=pager-bot&since="+url.QueryEscape(after)).want(t, 200).Body; rows(body) != 0 {
+			if body := b.Get("/console/settings/audit?actor=pager-bot&since="+url.QueryEscape(after)).Want(t, 200).Body; rows(body) != 0 {
 				t.Errorf("%d changes since after the last one", rows(body))
 			}
 			since := last.Truncate(time.Second).Format("2006-01-02T15:04:05")
-			body = b.get("/console/settings/audit?actor=pager-bot&since="+since+"&until="+url.QueryEscape(after)).want(t, 200).Body
+			body = b.Get("/console/settings/audit?actor=pager-bot&since="+since+"&until="+url.QueryEscape(after)).Want(t, 200).Body
 			if rows(body) == 0 || !strings.Contains(body, `value="`+since+`"`) {
 				t.Errorf("the last change is not in [%s, %s) or the form does not keep the time:\n%s", since, after, body)
 			}
-			res := b.get("/console/settings/audit?since=yesterday&actor="+url.QueryEscape("<b>x</b>")).want(t, 400)
+			res := b.Get("/console/settings/audit?since=yesterday&actor="+url.QueryEscape("<b>x</b>")).Want(t, 400)
 			if !strings.Contains(res.Body, "<code>since</code>") || !strings.Contains(res.Body, `value="yesterday"`) ||
 				!strings.Contains(res.Body, html.EscapeString("<b>x</b>")) || strings.Contains(res.Body, "<b>x</b>") {
 				t.Errorf("a bad time:\n%s", res.Body)
 			}
-			b.get("/console/settings/audit?page=0").want(t, 400)
+			b.Get("/console/settings/audit?page=0").Want(t, 400)
 		})
 
 		t.Run("OnlyAdmins", func(t *testing.T) {
-			for _, c := range []creds{operator, viewer} {
-				b := newBrowser(t, s.URL)
-				overview := b.signIn("default", c.Key)
+			for _, c := range []fleetdtest.Creds{operator, viewer} {
+				b := fleetdtest.NewBrowser(t, s.URL)
+				overview := b.SignIn("default", c.Key)
 				if strings.Contains(overview.Body, `href="/console/settings"`) {
 					t.Errorf("a non-admin is offered the settings")
 				}
-				tok := overview.csrf(t)
+				tok := overview.CSRF(t)
 				for _, p := range []string{"/console/settings", "/console/settings/keys", "/console/settings/auth", "/console/settings/audit"} {
-					b.get(p).want(t, 403)
+					b.Get(p).Want(t, 403)
 				}
-				b.do("POST", "/console/settings/keys", url.Values{"csrf": {tok}, "name": {"sneaky"}, "role": {"admin"}}).want(t, 403)
-				b.do("POST", "/console/settings/keys/admin/delete", url.Values{"csrf": {tok}}).want(t, 403)
+				b.Do("POST", "/console/settings/keys", url.Values{"csrf": {tok}, "name": {"sneaky"}, "role": {"admin"}}).Want(t, 403)
+				b.Do("POST", "/console/settings/keys/admin/delete", url.Values{"csrf": {tok}}).Want(t, 403)
 			}
 			var list struct {
 				APIKeys []struct{ Name string } `json:"apikeys"`
@@ -389,8 +390,8 @@ func TestConsoleSettings(t *testing.T) {
 			if names["sneaky"] || names["x"] || !names["admin"] {
 				t.Errorf("refused and forged forms changed the keys: %v", names)
 			}
-			b := newBrowser(t, s.URL)
-			if body := b.signIn("default", admin.Key).Body; !strings.Contains(body, `href="/console/settings"`) {
+			b := fleetdtest.NewBrowser(t, s.URL)
+			if body := b.SignIn("default", admin.Key).Body; !strings.Contains(body, `href="/console/settings"`) {
 				t.Errorf("an admin is not offered the settings")
 			}
 		})

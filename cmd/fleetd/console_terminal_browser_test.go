@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -15,13 +16,13 @@ import (
 // terminal.
 func TestConsoleTerminalInBrowser(t *testing.T) {
 	dir := consoleHarness(t)
-	bin := buildAgent(t)
+	bin := fleetdtest.BuildAgent(t)
 	s := startServer(t, sqlstoretest.Backends()[0])
 	admin := s.Admin()
 	operator := s.NewKey(t, admin, "olivia", "operator")
 	viewer := s.NewKey(t, admin, "victor", "viewer")
-	dev := s.mustDevice(t, admin, "kiosk-1", nil)
-	s.startAgent(t, bin, "kiosk-1", dev.Token, "--remote", "--remote-shell", "/bin/sh")
+	dev := s.MustDevice(t, admin, "kiosk-1", nil)
+	s.StartAgent(t, bin, "kiosk-1", dev.Token, "--remote", "--remote-shell", "/bin/sh")
 	runConsoleScript(t, dir, "terminal.mjs", 3*time.Minute,
 		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant, "OPERATOR_KEY="+operator.Key, "OPERATOR_NAME=olivia",
 		"VIEWER_KEY="+viewer.Key, "DEVICE=kiosk-1", "SCREENSHOTS="+screenshotDir(t))

@@ -18,6 +18,7 @@ import (
 
 	pahov3 "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
@@ -26,7 +27,7 @@ import (
 type process struct {
 	*testServer
 	cmd    *exec.Cmd
-	stderr *LockedBuffer
+	stderr *fleetdtest.LockedBuffer
 	exited chan struct{}
 }
 
@@ -54,7 +55,7 @@ func runFleetd(t *testing.T, s *testServer, args, env []string) *process {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &process{testServer: s, cmd: cmd, stderr: &LockedBuffer{}, exited: make(chan struct{})}
+	p := &process{testServer: s, cmd: cmd, stderr: &fleetdtest.LockedBuffer{}, exited: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -124,7 +125,7 @@ type acked struct {
 func TestCrash(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := newServer(t, b)
-		flags := append([]string{"--notify-lease", "1s", "--action-sweep-interval", "100ms", "--rate-limit", "-1"}, alertFlags...)
+		flags := append([]string{"--notify-lease", "1s", "--action-sweep-interval", "100ms", "--rate-limit", "-1"}, fleetdtest.AlertFlags...)
 		p := startProcess(t, s, flags...)
 		admin := s.Admin()
 
@@ -138,14 +139,14 @@ func TestCrash(t *testing.T) {
 		defer hook.Close()
 
 		const n = 8
-		var toks []device
+		var toks []fleetdtest.Device
 		var ids []string
 		for i := range n {
-			toks = append(toks, s.mustDevice(t, admin, fmt.Sprintf("dev-%d", i), nil))
+			toks = append(toks, s.MustDevice(t, admin, fmt.Sprintf("dev-%d", i), nil))
 			ids = append(ids, toks[i].ID)
 		}
-		sleeper := s.mustDevice(t, admin, "sleeper", nil)
-		late := s.mustAlertRule(t, admin, map[string]any{"name": "late", "stream": "heat", "activation_threshold_seconds": 2,
+		sleeper := s.MustDevice(t, admin, "sleeper", nil)
+		late := s.MustAlertRule(t, admin, map[string]any{"name": "late", "stream": "heat", "activation_threshold_seconds": 2,
 			"condition": map[string]any{"field": "temp", "operator": ">", "value": 50}})
 		s.Do(t, admin, "POST", "/api/v1/alert-rules/"+late.ID+"/alert-notification-rules", map[string]any{
 			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL + "/late"}}).Want(t, 201)
@@ -153,7 +154,7 @@ func TestCrash(t *testing.T) {
 
 		// The load.
 		ack := &acked{reports: map[string]int{}, points: map[string]int64{}, bundles: map[string]string{}}
-		target := s.dispatch(t, admin, map[string]any{"action": "load", "params": map[string]any{}, "search_type": "default", "device_ids": ids, "timeout": 3600})
+		target := s.Dispatch(t, admin, map[string]any{"action": "load", "params": map[string]any{}, "search_type": "default", "device_ids": ids, "timeout": 3600})
 		taker.next(t)
 		var mqttDevs []pahov3.Client
 		for i := 2; i < n; i++ {
@@ -240,13 +241,13 @@ func TestCrash(t *testing.T) {
 			return code != 0
 		})
 		worker(func(i int) bool { // uploads
-			archive := makeBundle(t, fmt.Sprintf("1.0.%d", i), part{name: "app", version: fmt.Sprintf("1.0.%d", i), body: strings.Repeat("x", 1000+i)})
-			body, ct := multipartBody(t, "b.tar.gz", archive)
+			archive := fleetdtest.MakeBundle(t, fmt.Sprintf("1.0.%d", i), fleetdtest.Part{Name: "app", Version: fmt.Sprintf("1.0.%d", i), Body: strings.Repeat("x", 1000+i)})
+			body, ct := fleetdtest.MultipartBody(t, "b.tar.gz", archive)
 			code, out := post("/api/v1/firmware-bundles", string(body), ct)
 			var bd struct{ ID, Checksum string }
 			if code == 201 && json.Unmarshal(out, &bd) == nil {
 				ack.mu.Lock()
-				ack.bundles[bd.ID] = sha256Hex(archive)
+				ack.bundles[bd.ID] = fleetdtest.SHA256Hex(archive)
 				ack.mu.Unlock()
 			}
 			return code != 0
@@ -280,7 +281,7 @@ func TestCrash(t *testing.T) {
 
 		// Kill it once every kind of write has been acknowledged a few
 		// times, in the middle of the stream of them.
-		eventually(t, "load of every kind", func() bool {
+		fleetdtest.Eventually(t, "load of every kind", func() bool {
 			ack.mu.Lock()
 			defer ack.mu.Unlock()
 			return len(ack.actions) >= 20 && len(ack.devices) >= 40 && len(ack.bundles) >= 5 &&
@@ -290,10 +291,10 @@ func TestCrash(t *testing.T) {
 		// starts now; an action with a 2 s timeout, taken by its device; an
 		// action queued for a device that is offline.
 		s.Do(t, admin, "POST", "/api/v1/devices/dev-0/streams/heat", points(time.Now(), 90)).Want(t, 200)
-		timing := s.dispatch(t, admin, map[string]any{"action": "slow", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"dev-1"}, "timeout": 2})
+		timing := s.Dispatch(t, admin, map[string]any{"action": "slow", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"dev-1"}, "timeout": 2})
 		taker.next(t)
-		s.awaitActionStatus(t, admin, "dev-1", timing, "Initiated")
-		queued := s.dispatch(t, admin, map[string]any{"action": "wake", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"sleeper"}})
+		s.AwaitActionStatus(t, admin, "dev-1", timing, "Initiated")
+		queued := s.Dispatch(t, admin, map[string]any{"action": "wake", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"sleeper"}})
 		p.kill()
 		close(stop)
 		wg.Wait()
@@ -312,14 +313,14 @@ func TestCrash(t *testing.T) {
 			s.Do(t, admin, "GET", "/api/v1/devices/"+id, nil).Want(t, 200)
 		}
 		for _, id := range ack.actions {
-			var a actionBody
+			var a fleetdtest.ActionBody
 			s.Do(t, admin, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).Want(t, 200).Decode(t, &a)
 			if a.Targeted != 2 {
 				t.Errorf("action %d targets %d devices after the crash, want 2 (dispatch is atomic)", id, a.Targeted)
 			}
 		}
 		for dev, seq := range ack.reports {
-			da := s.deviceAction(t, admin, dev, target)
+			da := s.DeviceAction(t, admin, dev, target)
 			var got int
 			if _, err := fmt.Sscanf(da.Status, "step-%d", &got); err != nil || got < seq {
 				t.Errorf("%s's report: status %q after the crash, want step-%d or later", dev, da.Status, seq)
@@ -335,20 +336,20 @@ func TestCrash(t *testing.T) {
 		}
 		for id, sum := range ack.bundles {
 			resp, body := s.get(t, admin, "/api/v1/firmware-bundles/id/"+id+"/artifact")
-			if resp.StatusCode != 200 || sha256Hex(body) != sum {
+			if resp.StatusCode != 200 || fleetdtest.SHA256Hex(body) != sum {
 				t.Errorf("bundle %s after the crash: %d, %d bytes of another checksum", id, resp.StatusCode, len(body))
 			}
 		}
 
 		// Work in flight carries on.
-		s.awaitActionStatus(t, admin, "dev-1", timing, "Failed")
+		s.AwaitActionStatus(t, admin, "dev-1", timing, "Failed")
 		if got := s.connectDevice(t, "default", "sleeper", sleeper.Token).next(t); got.ID != fmt.Sprint(queued) {
 			t.Fatalf("the sleeper got action %s, want %d", got.ID, queued)
 		}
-		eventually(t, "the alert whose threshold ran across the crash", func() bool {
-			return len(s.alerts(t, admin, "?state=active&rule_id="+late.ID)) == 1
+		fleetdtest.Eventually(t, "the alert whose threshold ran across the crash", func() bool {
+			return len(s.Alerts(t, admin, "?state=active&rule_id="+late.ID)) == 1
 		})
-		eventually(t, "its notification", func() bool { return hooks.Load() >= 1 })
+		fleetdtest.Eventually(t, "its notification", func() bool { return hooks.Load() >= 1 })
 		if bytes.Contains([]byte(p.stderr.String()), []byte("panic")) {
 			t.Errorf("the killed process panicked first:\n%s", p.stderr)
 		}
@@ -360,8 +361,8 @@ func plainDevice(t *testing.T, addr, tenant, id, token string) pahov3.Client {
 	t.Helper()
 	c := pahov3.NewClient(pahov3.NewClientOptions().AddBroker("tcp://" + addr).SetClientID(id).
 		SetUsername(tenant + "/" + id).SetPassword(token).SetProtocolVersion(4).SetCleanSession(true).
-		SetAutoReconnect(false).SetConnectTimeout(bound))
-	if tok := c.Connect(); !tok.WaitTimeout(bound) || tok.Error() != nil {
+		SetAutoReconnect(false).SetConnectTimeout(fleetdtest.Bound))
+	if tok := c.Connect(); !tok.WaitTimeout(fleetdtest.Bound) || tok.Error() != nil {
 		t.Fatalf("connect %s: %v", id, tok.Error())
 	}
 	return c

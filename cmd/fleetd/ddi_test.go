@@ -24,6 +24,7 @@ import (
 	"time"
 
 	fwbundle "github.com/fleetd/fleet/firmware/bundle"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -43,39 +44,6 @@ func ddiBundle(t testing.TB, version, name string, body []byte) []byte {
 	return buf.Bytes()
 }
 
-// ddi sends a DDI request with the Authorization header auth.
-func (s *testServer) ddi(t *testing.T, method, path, auth string, body any, header ...string) (*http.Response, []byte) {
-	t.Helper()
-	var rd *bytes.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	} else {
-		rd = bytes.NewReader(nil)
-	}
-	hr, err := http.NewRequest(method, s.URL+path, rd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if auth != "" {
-		hr.Header.Set("Authorization", auth)
-	}
-	if body != nil {
-		hr.Header.Set("Content-Type", "application/json")
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		hr.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(hr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var out bytes.Buffer
-	out.ReadFrom(resp.Body)
-	return resp, out.Bytes()
-}
-
 // keys lists a JSON object's keys, sorted, for comparing shapes.
 func keys(v any) string {
 	m, _ := v.(map[string]any)
@@ -91,12 +59,12 @@ func TestDDI(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, "--ddi-poll-interval", "90s")
 		admin := s.Admin()
-		dev := s.mustDevice(t, admin, "ecu-1", nil)
-		other := s.mustDevice(t, admin, "ecu-2", nil)
+		dev := s.MustDevice(t, admin, "ecu-1", nil)
+		other := s.MustDevice(t, admin, "ecu-2", nil)
 		target := "TargetToken " + dev.Token
 		root := "/default/controller/v1/ecu-1"
 		payload := bytes.Repeat([]byte("rootfs 2.0.0 "), 5000)
-		s.mustUpload(t, admin, ddiBundle(t, "2.0.0", "images/rootfs.swu", payload))
+		s.MustUpload(t, admin, ddiBundle(t, "2.0.0", "images/rootfs.swu", payload))
 
 		gateway := s.NewKey(t, admin, "gateway", "device")
 		t.Run("Authentication", func(t *testing.T) {
@@ -107,33 +75,33 @@ func TestDDI(t *testing.T) {
 				"Empty":            "TargetToken ",
 				"AdminKeyAsTarget": "TargetToken " + admin.Key,
 			} {
-				if resp, body := s.ddi(t, "GET", root, auth, nil); resp.StatusCode != 401 {
+				if resp, body := s.DDI(t, "GET", root, auth, nil); resp.StatusCode != 401 {
 					t.Errorf("%s: %d %s, want 401", name, resp.StatusCode, body)
 				}
 			}
-			if resp, _ := s.ddi(t, "GET", "/beta/controller/v1/ecu-1", target, nil); resp.StatusCode != 401 {
+			if resp, _ := s.DDI(t, "GET", "/beta/controller/v1/ecu-1", target, nil); resp.StatusCode != 401 {
 				t.Errorf("another tenant's path: %d, want 401", resp.StatusCode)
 			}
 			gw := gateway
-			if resp, body := s.ddi(t, "GET", root, "GatewayToken "+gw.Key, nil); resp.StatusCode != 200 {
+			if resp, body := s.DDI(t, "GET", root, "GatewayToken "+gw.Key, nil); resp.StatusCode != 200 {
 				t.Errorf("gateway token with the device role: %d %s", resp.StatusCode, body)
 			}
-			if resp, _ := s.ddi(t, "GET", "/default/controller/v1/nobody", "GatewayToken "+gw.Key, nil); resp.StatusCode != 404 {
+			if resp, _ := s.DDI(t, "GET", "/default/controller/v1/nobody", "GatewayToken "+gw.Key, nil); resp.StatusCode != 404 {
 				t.Errorf("gateway token for an unknown device: %d, want 404", resp.StatusCode)
 			}
 			viewer := s.NewKey(t, admin, "watcher", "viewer")
-			if resp, _ := s.ddi(t, "GET", root, "GatewayToken "+viewer.Key, nil); resp.StatusCode != 403 {
+			if resp, _ := s.DDI(t, "GET", root, "GatewayToken "+viewer.Key, nil); resp.StatusCode != 403 {
 				t.Errorf("gateway token with the viewer role: %d, want 403", resp.StatusCode)
 			}
 			// hawkBit's clients often name the tenant in capitals.
-			if resp, body := s.ddi(t, "GET", "/DEFAULT/controller/v1/ecu-1", target, nil); resp.StatusCode != 200 {
+			if resp, body := s.DDI(t, "GET", "/DEFAULT/controller/v1/ecu-1", target, nil); resp.StatusCode != 200 {
 				t.Errorf("DEFAULT: %d %s", resp.StatusCode, body)
 			}
 		})
 
 		var base map[string]any
 		t.Run("PollWithoutAction", func(t *testing.T) {
-			resp, body := s.ddi(t, "GET", root, target, nil)
+			resp, body := s.DDI(t, "GET", root, target, nil)
 			if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
 				t.Fatalf("%d %s %s", resp.StatusCode, resp.Header.Get("Content-Type"), body)
 			}
@@ -148,17 +116,17 @@ func TestDDI(t *testing.T) {
 			}
 		})
 
-		id := s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.0.0"},
+		id := s.Dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.0.0"},
 			"search_type": "default", "device_ids": []string{"ecu-1"}, "timeout": 600})
 		deployment := fmt.Sprintf("%s/deploymentBase/%d", root, id)
 		var dep map[string]any
 		t.Run("Deployment", func(t *testing.T) {
-			_, body := s.ddi(t, "GET", root, target, nil)
+			_, body := s.DDI(t, "GET", root, target, nil)
 			json.Unmarshal(body, &base)
 			if got := base["_links"].(map[string]any)["deploymentBase"]; fmt.Sprint(got) != "map[href:"+s.URL+deployment+"]" {
 				t.Fatalf("deploymentBase link = %v", got)
 			}
-			resp, body := s.ddi(t, "GET", deployment, target, nil)
+			resp, body := s.DDI(t, "GET", deployment, target, nil)
 			if resp.StatusCode != 200 {
 				t.Fatalf("%d %s", resp.StatusCode, body)
 			}
@@ -188,7 +156,7 @@ func TestDDI(t *testing.T) {
 				t.Errorf("id is %T, want a string as hawkBit sends it", dep["id"])
 			}
 			// Reading the deployment hands the action to the device.
-			eventually(t, "Initiated", func() bool { return s.deviceAction(t, admin, "ecu-1", id).ActionStatus == "Initiated" })
+			fleetdtest.Eventually(t, "Initiated", func() bool { return s.DeviceAction(t, admin, "ecu-1", id).ActionStatus == "Initiated" })
 		})
 
 		t.Run("ArtifactWithRange", func(t *testing.T) {
@@ -196,25 +164,25 @@ func TestDDI(t *testing.T) {
 			href := art["_links"].(map[string]any)["download-http"].(map[string]any)["href"].(string)
 			path := strings.TrimPrefix(href, s.URL)
 			// A download cut after 1000 bytes resumes where it stopped.
-			resp, first := s.ddi(t, "GET", path, target, nil, "Range", "bytes=0-999")
+			resp, first := s.DDI(t, "GET", path, target, nil, "Range", "bytes=0-999")
 			if resp.StatusCode != 206 || len(first) != 1000 {
 				t.Fatalf("first part: %d, %d bytes", resp.StatusCode, len(first))
 			}
-			resp, rest := s.ddi(t, "GET", path, target, nil, "Range", "bytes=1000-", "If-Range", resp.Header.Get("ETag"))
+			resp, rest := s.DDI(t, "GET", path, target, nil, "Range", "bytes=1000-", "If-Range", resp.Header.Get("ETag"))
 			if resp.StatusCode != 206 || !bytes.Equal(append(first, rest...), payload) {
 				t.Fatalf("resumed: %d, %d bytes; not the component's file", resp.StatusCode, len(first)+len(rest))
 			}
-			if resp, _ := s.ddi(t, "GET", path, target, nil, "Range", fmt.Sprintf("bytes=%d-", len(payload))); resp.StatusCode != 416 {
+			if resp, _ := s.DDI(t, "GET", path, target, nil, "Range", fmt.Sprintf("bytes=%d-", len(payload))); resp.StatusCode != 416 {
 				t.Fatalf("a range past the end: %d, want 416", resp.StatusCode)
 			}
-			resp, sum := s.ddi(t, "GET", path+".MD5SUM", target, nil)
+			resp, sum := s.DDI(t, "GET", path+".MD5SUM", target, nil)
 			if resp.StatusCode != 200 || string(sum) != fmt.Sprintf("%x  rootfs.swu\n", md5.Sum(payload)) {
 				t.Fatalf("MD5SUM: %d %q", resp.StatusCode, sum)
 			}
-			if resp, _ := s.ddi(t, "GET", strings.Replace(path, "rootfs.swu", "other.swu", 1), target, nil); resp.StatusCode != 404 {
+			if resp, _ := s.DDI(t, "GET", strings.Replace(path, "rootfs.swu", "other.swu", 1), target, nil); resp.StatusCode != 404 {
 				t.Fatalf("another file name: %d, want 404", resp.StatusCode)
 			}
-			if resp, _ := s.ddi(t, "GET", path, "", nil); resp.StatusCode != 401 {
+			if resp, _ := s.DDI(t, "GET", path, "", nil); resp.StatusCode != 401 {
 				t.Fatalf("without a token: %d, want 401", resp.StatusCode)
 			}
 		})
@@ -229,7 +197,7 @@ func TestDDI(t *testing.T) {
 				{map[string]any{"status": map[string]any{"execution": "closed", "result": map[string]any{"finished": "maybe"}}}, 400},
 				{map[string]any{}, 400},
 			} {
-				if resp, body := s.ddi(t, "POST", feedback, target, c.body); resp.StatusCode != c.want {
+				if resp, body := s.DDI(t, "POST", feedback, target, c.body); resp.StatusCode != c.want {
 					t.Errorf("%v: %d %s, want %d", c.body, resp.StatusCode, body, c.want)
 				}
 			}
@@ -238,36 +206,36 @@ func TestDDI(t *testing.T) {
 			proceeding := map[string]any{"id": id, "time": "20261125T101314", "status": map[string]any{"execution": "proceeding",
 				"result": map[string]any{"finished": "none", "progress": map[string]any{"cnt": 1, "of": 4}}, "details": []string{"Installing"}, "code": 7},
 				"extra": true}
-			if resp, body := s.ddi(t, "POST", feedback, target, proceeding); resp.StatusCode != 200 {
+			if resp, body := s.DDI(t, "POST", feedback, target, proceeding); resp.StatusCode != 200 {
 				t.Fatalf("proceeding: %d %s", resp.StatusCode, body)
 			}
-			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Progress" || da.Status != "proceeding" || da.Progress != 25 {
+			if da := s.DeviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Progress" || da.Status != "proceeding" || da.Progress != 25 {
 				t.Fatalf("after proceeding 1 of 4: %+v", da)
 			}
 			failure := map[string]any{"id": id, "status": map[string]any{"execution": "closed",
 				"result": map[string]any{"finished": "failure"}, "details": []string{"ERROR : no space left on device"}}}
-			if resp, body := s.ddi(t, "POST", feedback, target, failure); resp.StatusCode != 200 {
+			if resp, body := s.DDI(t, "POST", feedback, target, failure); resp.StatusCode != 200 {
 				t.Fatalf("failure: %d %s", resp.StatusCode, body)
 			}
-			da := s.deviceAction(t, admin, "ecu-1", id)
+			da := s.DeviceAction(t, admin, "ecu-1", id)
 			if da.ActionStatus != "Failed" || fmt.Sprint(da.Errors["Failed"]) != "[ERROR : no space left on device]" {
 				t.Fatalf("after closed+failure: %+v", da)
 			}
 			// A final state never changes; as upstream, the device is told
 			// the action is gone.
 			success := map[string]any{"status": map[string]any{"execution": "closed", "result": map[string]any{"finished": "success"}}}
-			if resp, body := s.ddi(t, "POST", feedback, target, success); resp.StatusCode != 410 {
+			if resp, body := s.DDI(t, "POST", feedback, target, success); resp.StatusCode != 410 {
 				t.Fatalf("after the end: %d %s, want 410", resp.StatusCode, body)
 			}
-			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Failed" {
+			if da := s.DeviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Failed" {
 				t.Fatalf("a report after the end changed %+v", da)
 			}
 			// The failed action offers nothing more.
-			_, body := s.ddi(t, "GET", root, target, nil)
+			_, body := s.DDI(t, "GET", root, target, nil)
 			if strings.Contains(string(body), "deploymentBase") {
 				t.Fatalf("poll after the end: %s", body)
 			}
-			if resp, _ := s.ddi(t, "POST", fmt.Sprintf("%s/deploymentBase/%d/feedback", "/default/controller/v1/ecu-2", id), "TargetToken "+other.Token, success); resp.StatusCode != 404 {
+			if resp, _ := s.DDI(t, "POST", fmt.Sprintf("%s/deploymentBase/%d/feedback", "/default/controller/v1/ecu-2", id), "TargetToken "+other.Token, success); resp.StatusCode != 404 {
 				t.Fatalf("feedback of another device's action: %d, want 404", resp.StatusCode)
 			}
 		})
@@ -288,25 +256,25 @@ func TestDDI(t *testing.T) {
 				{map[string]any{"execution": "rejected", "result": map[string]any{"finished": "none"}, "details": []string{"installing already"}},
 					"Failed", "Initiated", "Completed", "2.0.0"},
 			} {
-				id := s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.0.0"},
+				id := s.Dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.0.0"},
 					"search_type": "default", "device_ids": []string{"ecu-1"}, "timeout": 600})
 				dep := fmt.Sprintf("%s/deploymentBase/%d", root, id)
-				if resp, body := s.ddi(t, "GET", dep, target, nil); resp.StatusCode != 200 {
+				if resp, body := s.DDI(t, "GET", dep, target, nil); resp.StatusCode != 200 {
 					t.Fatalf("deploymentBase: %d %s", resp.StatusCode, body)
 				}
-				eventually(t, "Initiated", func() bool { return s.deviceAction(t, admin, "ecu-1", id).ActionStatus == "Initiated" })
+				fleetdtest.Eventually(t, "Initiated", func() bool { return s.DeviceAction(t, admin, "ecu-1", id).ActionStatus == "Initiated" })
 				s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).Want(t, 204)
-				if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Initiated" || da.Status != "Cancelling" {
+				if da := s.DeviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Initiated" || da.Status != "Cancelling" {
 					t.Fatalf("the update before the device answers: %+v", da)
 				}
-				_, body := s.ddi(t, "GET", root, target, nil)
+				_, body := s.DDI(t, "GET", root, target, nil)
 				json.Unmarshal(body, &base)
 				href := fmt.Sprint(base["_links"].(map[string]any)["cancelAction"])
 				want := fmt.Sprintf("map[href:%s%s/cancelAction/%d]", s.URL, root, id)
 				if href != want {
 					t.Fatalf("cancelAction link = %s, want %s", href, want)
 				}
-				resp, body := s.ddi(t, "GET", fmt.Sprintf("%s/cancelAction/%d", root, id), target, nil)
+				resp, body := s.DDI(t, "GET", fmt.Sprintf("%s/cancelAction/%d", root, id), target, nil)
 				var ca struct {
 					ID           string
 					CancelAction struct{ StopID string } `json:"cancelAction"`
@@ -315,27 +283,27 @@ func TestDDI(t *testing.T) {
 				if resp.StatusCode != 200 || ca.ID != fmt.Sprint(id) || ca.CancelAction.StopID != fmt.Sprint(id) {
 					t.Fatalf("cancelAction: %d %s; want id and stopId %d", resp.StatusCode, body, id)
 				}
-				resp, body = s.ddi(t, "POST", fmt.Sprintf("%s/cancelAction/%s/feedback", root, ca.ID), target, map[string]any{"id": ca.ID, "status": c.answer})
+				resp, body = s.DDI(t, "POST", fmt.Sprintf("%s/cancelAction/%s/feedback", root, ca.ID), target, map[string]any{"id": ca.ID, "status": c.answer})
 				if resp.StatusCode != 200 {
 					t.Fatalf("cancelAction feedback: %d %s", resp.StatusCode, body)
 				}
 				var list struct {
-					DeviceActions []deviceActionBody `json:"device_actions"`
+					DeviceActions []fleetdtest.DeviceActionBody `json:"device_actions"`
 				}
 				s.Do(t, admin, "GET", "/api/v1/devices/ecu-1/actions?type=cancel_action&sort_by=action_id&limit=1", nil).Want(t, 200).Decode(t, &list)
 				if len(list.DeviceActions) != 1 || list.DeviceActions[0].ActionStatus != c.cancel {
 					t.Fatalf("the cancel_action after %v: %+v, want %s", c.answer, list.DeviceActions, c.cancel)
 				}
-				if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != c.update {
+				if da := s.DeviceAction(t, admin, "ecu-1", id); da.ActionStatus != c.update {
 					t.Fatalf("the update after %v: %+v, want %s", c.answer, da, c.update)
 				}
 				// The device finishes what it was doing.
 				closed := map[string]any{"status": map[string]any{"execution": "closed", "result": map[string]any{"finished": "success"}}}
-				s.ddi(t, "POST", dep+"/feedback", target, closed)
-				if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != c.thenClosed {
+				s.DDI(t, "POST", dep+"/feedback", target, closed)
+				if da := s.DeviceAction(t, admin, "ecu-1", id); da.ActionStatus != c.thenClosed {
 					t.Fatalf("the update after closed+success: %+v, want %s", da, c.thenClosed)
 				}
-				var d device
+				var d fleetdtest.Device
 				s.Do(t, admin, "GET", "/api/v1/devices/ecu-1", nil).Want(t, 200).Decode(t, &d)
 				if d.Components["rootfs"] != c.recordedVer {
 					t.Fatalf("components = %v, want rootfs %q", d.Components, c.recordedVer)
@@ -351,7 +319,7 @@ func TestDDI(t *testing.T) {
 			if installed == 0 {
 				t.Skip("no completed update")
 			}
-			resp, body := s.ddi(t, "GET", fmt.Sprintf("%s/deploymentBase/%d?c=-2083934651&actionHistory=2", root, id), target, nil)
+			resp, body := s.DDI(t, "GET", fmt.Sprintf("%s/deploymentBase/%d?c=-2083934651&actionHistory=2", root, id), target, nil)
 			var hist struct {
 				ActionHistory struct {
 					Status   string
@@ -363,22 +331,22 @@ func TestDDI(t *testing.T) {
 				hist.ActionHistory.Messages[1] != "Failed: ERROR : no space left on device" {
 				t.Fatalf("deploymentBase with ?c= and ?actionHistory=2: %d %s", resp.StatusCode, body)
 			}
-			if resp, body := s.ddi(t, "GET", fmt.Sprintf("%s/deploymentBase/%d?actionHistory=x", root, id), target, nil); resp.StatusCode != 400 {
+			if resp, body := s.DDI(t, "GET", fmt.Sprintf("%s/deploymentBase/%d?actionHistory=x", root, id), target, nil); resp.StatusCode != 400 {
 				t.Fatalf("?actionHistory=x: %d %s, want 400", resp.StatusCode, body)
 			}
-			resp, body = s.ddi(t, "GET", fmt.Sprintf("%s/installedBase/%d", root, installed), target, nil)
+			resp, body = s.DDI(t, "GET", fmt.Sprintf("%s/installedBase/%d", root, installed), target, nil)
 			var inst map[string]any
 			json.Unmarshal(body, &inst)
 			if resp.StatusCode != 200 || inst["id"] != fmt.Sprint(installed) || keys(inst) != "deployment id" {
 				t.Fatalf("installedBase of the completed update: %d %s", resp.StatusCode, body)
 			}
-			if resp, _ := s.ddi(t, "GET", fmt.Sprintf("%s/installedBase/%d", root, id), target, nil); resp.StatusCode != 404 {
+			if resp, _ := s.DDI(t, "GET", fmt.Sprintf("%s/installedBase/%d", root, id), target, nil); resp.StatusCode != 404 {
 				t.Fatalf("installedBase of the failed update: %d, want 404", resp.StatusCode)
 			}
 			art := inst["deployment"].(map[string]any)["chunks"].([]any)[0].(map[string]any)["artifacts"].([]any)[0].(map[string]any)
 			href := strings.TrimPrefix(art["_links"].(map[string]any)["download"].(map[string]any)["href"].(string), s.URL)
 			module := strings.TrimSuffix(href, "/rootfs.swu")
-			resp, body = s.ddi(t, "GET", module, target, nil)
+			resp, body = s.DDI(t, "GET", module, target, nil)
 			var list []map[string]any
 			json.Unmarshal(body, &list)
 			if resp.StatusCode != 200 || len(list) != 1 || list[0]["filename"] != "rootfs.swu" || fmt.Sprint(list[0]["hashes"]) != fmt.Sprint(art["hashes"]) {
@@ -386,10 +354,10 @@ func TestDDI(t *testing.T) {
 			}
 			// If-Match with the SHA-1 the deployment advertises.
 			sha := art["hashes"].(map[string]any)["sha1"].(string)
-			if resp, body := s.ddi(t, "GET", href, target, nil, "If-Match", `"`+sha+`"`); resp.StatusCode != 200 || !bytes.Equal(body, payload) {
+			if resp, body := s.DDI(t, "GET", href, target, nil, "If-Match", `"`+sha+`"`); resp.StatusCode != 200 || !bytes.Equal(body, payload) {
 				t.Fatalf("If-Match with the SHA-1: %d, %d bytes", resp.StatusCode, len(body))
 			}
-			if resp, _ := s.ddi(t, "GET", href, target, nil, "If-Match", `"0000"`); resp.StatusCode != 412 {
+			if resp, _ := s.DDI(t, "GET", href, target, nil, "If-Match", `"0000"`); resp.StatusCode != 412 {
 				t.Fatalf("If-Match with another hash: %d, want 412", resp.StatusCode)
 			}
 			// Another device, with no action that names it, gets neither the
@@ -397,10 +365,10 @@ func TestDDI(t *testing.T) {
 			ecu2 := "TargetToken " + other.Token
 			for _, p := range []string{module, href} {
 				p2 := strings.Replace(p, "/ecu-1/", "/ecu-2/", 1)
-				if resp, _ := s.ddi(t, "GET", p2, ecu2, nil); resp.StatusCode != 404 {
+				if resp, _ := s.DDI(t, "GET", p2, ecu2, nil); resp.StatusCode != 404 {
 					t.Errorf("%s by ecu-2: %d, want 404", p2, resp.StatusCode)
 				}
-				if resp, _ := s.ddi(t, "GET", p2, "GatewayToken "+gateway.Key, nil); resp.StatusCode != 200 {
+				if resp, _ := s.DDI(t, "GET", p2, "GatewayToken "+gateway.Key, nil); resp.StatusCode != 200 {
 					t.Errorf("%s by a gateway: %d, want 200", p2, resp.StatusCode)
 				}
 			}
@@ -408,7 +376,7 @@ func TestDDI(t *testing.T) {
 
 		t.Run("ConfigData", func(t *testing.T) {
 			put := func(body any) int {
-				resp, _ := s.ddi(t, "PUT", root+"/configData", target, body)
+				resp, _ := s.DDI(t, "PUT", root+"/configData", target, body)
 				return resp.StatusCode
 			}
 			if c := put(map[string]any{"id": "", "time": "20261125T101314", "status": map[string]any{"execution": "closed"}, "data": map[string]any{"hwRevision": "2", "VIN": "JH4"}}); c != 200 {
@@ -420,13 +388,13 @@ func TestDDI(t *testing.T) {
 			if c := put(map[string]any{"mode": "swap", "data": map[string]any{}}); c != 400 {
 				t.Fatalf("unknown mode: %d, want 400", c)
 			}
-			var d device
+			var d fleetdtest.Device
 			s.Do(t, admin, "GET", "/api/v1/devices/ecu-1", nil).Want(t, 200).Decode(t, &d)
 			if fmt.Sprint(d.Metadata) != "map[hwRevision:2]" {
 				t.Fatalf("metadata = %v", d.Metadata)
 			}
 			// Once it has told, the device is not asked again.
-			if _, body := s.ddi(t, "GET", root, target, nil); strings.Contains(string(body), "configData") {
+			if _, body := s.DDI(t, "GET", root, target, nil); strings.Contains(string(body), "configData") {
 				t.Fatalf("poll after configData: %s", body)
 			}
 		})
@@ -531,7 +499,7 @@ func cpioNewc(files [][2]string) []byte {
 // swupdateRun is SWUpdate running as a suricatta daemon, polling fleetd.
 type swupdateRun struct {
 	cmd  *exec.Cmd
-	out  *LockedBuffer
+	out  *fleetdtest.LockedBuffer
 	done chan struct{}
 }
 
@@ -543,7 +511,7 @@ func runSWUpdate(t *testing.T, bin string, server string, signer *swuSigner, dev
 	opts := append([]string{"-t", "default", "-u", server, "-i", device, "-k", token, "-p", "1", "-r", "5", "-w", "1"}, suricatta...)
 	cmd := exec.Command(bin, "-v", "-k", signer.cert(), "-H", "fleetdev:1.0", "-u", strings.Join(opts, " "))
 	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir())
-	r := &swupdateRun{cmd: cmd, out: &LockedBuffer{}, done: make(chan struct{})}
+	r := &swupdateRun{cmd: cmd, out: &fleetdtest.LockedBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = r.out, r.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -571,11 +539,11 @@ func (r *swupdateRun) stop() {
 
 // awaitStatus waits for the device action to reach status, showing what
 // SWUpdate said if it does not.
-func (r *swupdateRun) awaitStatus(t *testing.T, s *testServer, device string, id int64, status string) deviceActionBody {
+func (r *swupdateRun) awaitStatus(t *testing.T, s *testServer, device string, id int64, status string) fleetdtest.DeviceActionBody {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		da := s.deviceAction(t, s.Admin(), device, id)
+		da := s.DeviceAction(t, s.Admin(), device, id)
 		if da.ActionStatus == status {
 			return da
 		}
@@ -594,12 +562,12 @@ func TestSWUpdate(t *testing.T) {
 	signer := newSWUSigner(t, openssl)
 	s := startServer(t, sqlstoretest.Backends()[0], "--ddi-poll-interval", "1s")
 	admin := s.Admin()
-	dev := s.mustDevice(t, admin, "gw-1", map[string]string{"site": "lab"})
+	dev := s.MustDevice(t, admin, "gw-1", map[string]string{"site": "lab"})
 	installed := filepath.Join(t.TempDir(), "installed.txt")
 	update := func(version string, swu []byte) int64 {
 		t.Helper()
-		s.mustUpload(t, admin, ddiBundle(t, version, "rootfs.swu", swu))
-		return s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": version},
+		s.MustUpload(t, admin, ddiBundle(t, version, "rootfs.swu", swu))
+		return s.Dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": version},
 			"search_type": "default", "device_ids": []string{"gw-1"}, "timeout": 600})
 	}
 
@@ -607,13 +575,13 @@ func TestSWUpdate(t *testing.T) {
 		id := update("2.0.0", signer.swu(t, "2.0.0", installed, []byte("rootfs 2.0.0\n"), ""))
 		sw := runSWUpdate(t, bin, s.URL, signer, "gw-1", dev.Token)
 		// Installed, awaiting the device's test after its reboot.
-		eventually(t, "the installed file", func() bool {
+		fleetdtest.Eventually(t, "the installed file", func() bool {
 			b, _ := os.ReadFile(installed)
 			return string(b) == "rootfs 2.0.0\n"
 		})
 		da := sw.awaitStatus(t, s, "gw-1", id, "Progress")
-		eventually(t, "the installation reported", func() bool {
-			da = s.deviceAction(t, admin, "gw-1", id)
+		fleetdtest.Eventually(t, "the installation reported", func() bool {
+			da = s.DeviceAction(t, admin, "gw-1", id)
 			return da.Progress == 100
 		})
 		sw.stop()
@@ -621,7 +589,7 @@ func TestSWUpdate(t *testing.T) {
 		sw = runSWUpdate(t, bin, s.URL, signer, "gw-1", dev.Token, "-c", "2")
 		da = sw.awaitStatus(t, s, "gw-1", id, "Completed")
 		sw.stop()
-		var d device
+		var d fleetdtest.Device
 		s.Do(t, admin, "GET", "/api/v1/devices/gw-1", nil).Want(t, 200).Decode(t, &d)
 		if d.Components["rootfs"] != "2.0.0" {
 			t.Fatalf("the device's components after the update: %v (action %+v)", d.Components, da)
@@ -651,13 +619,13 @@ func TestSWUpdate(t *testing.T) {
 		id := update("4.0.0", signer.swu(t, "4.0.0", installed, []byte("rootfs 4.0.0\n"), ""))
 		// The device has read the deployment (it is downloading, say)
 		// when the operator cancels: it must be told.
-		if resp, body := s.ddi(t, "GET", fmt.Sprintf("/default/controller/v1/gw-1/deploymentBase/%d", id), "TargetToken "+dev.Token, nil); resp.StatusCode != 200 {
+		if resp, body := s.DDI(t, "GET", fmt.Sprintf("/default/controller/v1/gw-1/deploymentBase/%d", id), "TargetToken "+dev.Token, nil); resp.StatusCode != 200 {
 			t.Fatalf("deploymentBase: %d %s", resp.StatusCode, body)
 		}
-		eventually(t, "Initiated", func() bool { return s.deviceAction(t, admin, "gw-1", id).ActionStatus == "Initiated" })
+		fleetdtest.Eventually(t, "Initiated", func() bool { return s.DeviceAction(t, admin, "gw-1", id).ActionStatus == "Initiated" })
 		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).Want(t, 204)
 		var list struct {
-			DeviceActions []deviceActionBody `json:"device_actions"`
+			DeviceActions []fleetdtest.DeviceActionBody `json:"device_actions"`
 		}
 		s.Do(t, admin, "GET", "/api/v1/devices/gw-1/actions?type=cancel_action", nil).Want(t, 200).Decode(t, &list)
 		if len(list.DeviceActions) != 1 {
@@ -666,7 +634,7 @@ func TestSWUpdate(t *testing.T) {
 		sw := runSWUpdate(t, bin, s.URL, signer, "gw-1", dev.Token)
 		sw.awaitStatus(t, s, "gw-1", list.DeviceActions[0].ActionID, "Completed")
 		sw.stop()
-		if da := s.deviceAction(t, admin, "gw-1", id); da.ActionStatus != "Cancelled" {
+		if da := s.DeviceAction(t, admin, "gw-1", id); da.ActionStatus != "Cancelled" {
 			t.Fatalf("the cancelled update: %+v", da)
 		}
 		if b, _ := os.ReadFile(installed); string(b) != "rootfs 2.0.0\n" {
@@ -687,7 +655,7 @@ func TestSWUpdate(t *testing.T) {
 		id := update("5.0.0", signer.swu(t, "5.0.0", installed, payload, ""))
 		p := newCuttingProxy(t, s.URL, "/artifacts/rootfs.swu", 300<<10)
 		sw := runSWUpdate(t, bin, p.URL, signer, "gw-1", dev.Token)
-		eventually(t, "the image installed whole", func() bool {
+		fleetdtest.Eventually(t, "the image installed whole", func() bool {
 			b, _ := os.ReadFile(installed)
 			return bytes.Equal(b, payload)
 		})
@@ -711,7 +679,7 @@ func TestSWUpdate(t *testing.T) {
 		t.Cleanup(func() { ddiSettings(t, s, admin, false, false) })
 		id := update("7.0.0", signer.swu(t, "7.0.0", installed, []byte("rootfs 7.0.0\n"), ""))
 		polls := func() int {
-			r := s.Do(t, creds{}, "GET", "/metrics", nil).Want(t, 200)
+			r := s.Do(t, fleetdtest.Creds{}, "GET", "/metrics", nil).Want(t, 200)
 			for _, line := range strings.Split(string(r.Body), "\n") {
 				if strings.HasPrefix(line, `fleetd_http_requests_total{code="200",route="GET /{tenant}/controller/v1/{controllerId}"} `) {
 					var n int
@@ -723,8 +691,8 @@ func TestSWUpdate(t *testing.T) {
 		}
 		before := polls()
 		sw := runSWUpdate(t, bin, s.URL, signer, "gw-1", dev.Token)
-		eventually(t, "three polls by SWUpdate", func() bool { return polls() >= before+3 })
-		if da := s.deviceAction(t, admin, "gw-1", id); da.ActionStatus != "Queued" {
+		fleetdtest.Eventually(t, "three polls by SWUpdate", func() bool { return polls() >= before+3 })
+		if da := s.DeviceAction(t, admin, "gw-1", id); da.ActionStatus != "Queued" {
 			t.Fatalf("an update waiting for a confirmation was handed over: %+v", da)
 		}
 		if b, _ := os.ReadFile(installed); string(b) == "rootfs 7.0.0\n" {
@@ -733,7 +701,7 @@ func TestSWUpdate(t *testing.T) {
 		gateway := s.NewKey(t, admin, "swupdate-gateway", "device")
 		s.ddiAs(t, "GatewayToken "+gateway.Key, "POST", "/default/controller/v1/gw-1/confirmationBase/activateAutoConfirm",
 			map[string]any{"initiator": "gateway", "remark": "SWUpdate cannot confirm"}).Want(t, 200)
-		eventually(t, "the confirmed image installed", func() bool {
+		fleetdtest.Eventually(t, "the confirmed image installed", func() bool {
 			b, _ := os.ReadFile(installed)
 			return string(b) == "rootfs 7.0.0\n"
 		})
@@ -803,9 +771,9 @@ func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
 // ddiAs sends a DDI request with the Authorization header auth, its answer
 // checked against the OpenAPI document.
-func (s *testServer) ddiAs(t *testing.T, auth, method, path string, body any) *response {
+func (s *testServer) ddiAs(t *testing.T, auth, method, path string, body any) *fleetdtest.Response {
 	t.Helper()
-	return s.Send(t, req{Method: method, Path: path, Body: body, Header: http.Header{"Authorization": {auth}}})
+	return s.Send(t, fleetdtest.Req{Method: method, Path: path, Body: body, Header: http.Header{"Authorization": {auth}}})
 }
 
 // ddiLinks polls a device's root and returns its links by name.
@@ -857,7 +825,7 @@ func TestDDISettings(t *testing.T) {
 		if set.RequireConfirmation || set.GatewayRegistration {
 			t.Fatalf("a refused change changed the settings: %+v", set)
 		}
-		s.Send(t, req{Method: "PUT", Path: path, Creds: admin, Body: map[string]any{"require_confirmation": true, "gateway_registration": false},
+		s.Send(t, fleetdtest.Req{Method: "PUT", Path: path, Creds: admin, Body: map[string]any{"require_confirmation": true, "gateway_registration": false},
 			Header: http.Header{"Prefer": {"return=representation"}}}).Want(t, 200).Decode(t, &set)
 		if !set.RequireConfirmation || set.GatewayRegistration {
 			t.Fatalf("after the change: %+v", set)
@@ -895,12 +863,12 @@ func TestDDIConfirmation(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
-		dev := s.mustDevice(t, admin, "ecu-1", nil)
-		other := s.mustDevice(t, admin, "ecu-2", nil)
+		dev := s.MustDevice(t, admin, "ecu-1", nil)
+		other := s.MustDevice(t, admin, "ecu-2", nil)
 		target, root := "TargetToken "+dev.Token, "/default/controller/v1/ecu-1"
-		s.mustUpload(t, admin, ddiBundle(t, "2.0.0", "images/rootfs.swu", []byte("rootfs 2.0.0")))
+		s.MustUpload(t, admin, ddiBundle(t, "2.0.0", "images/rootfs.swu", []byte("rootfs 2.0.0")))
 		update := func() int64 {
-			return s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.0.0"},
+			return s.Dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.0.0"},
 				"search_type": "default", "device_ids": []string{"ecu-1"}, "timeout": 600})
 		}
 		ddiSettings(t, s, admin, true, false)
@@ -938,7 +906,7 @@ func TestDDIConfirmation(t *testing.T) {
 			if action.ID != fmt.Sprint(id) || len(chunks) != 1 || action.ActionHistory.Status != "WAIT_FOR_CONFIRMATION" {
 				t.Fatalf("confirmationBase/%d: %+v", id, action)
 			}
-			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" {
+			if da := s.DeviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" {
 				t.Fatalf("reading the confirmation handed the update over: %+v", da)
 			}
 		})
@@ -962,7 +930,7 @@ func TestDDIConfirmation(t *testing.T) {
 			s.ddiAs(t, "TargetToken "+other.Token, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).Want(t, 401)
 			s.ddiAs(t, "TargetToken "+other.Token, "POST", fmt.Sprintf("/default/controller/v1/ecu-2/confirmationBase/%d/feedback", id),
 				map[string]any{"confirmation": "confirmed"}).Want(t, 404)
-			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" || da.Status != "Queued" {
+			if da := s.DeviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" || da.Status != "Queued" {
 				t.Fatalf("refused feedback changed the update: %+v", da)
 			}
 		})
@@ -971,14 +939,14 @@ func TestDDIConfirmation(t *testing.T) {
 			// Unknown fields are ignored, as upstream does.
 			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "denied", "code": 12,
 				"details": []string{"the user said later"}, "timestamp": 1}).Want(t, 200)
-			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" || da.Status != "ConfirmationDenied" {
+			if da := s.DeviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" || da.Status != "ConfirmationDenied" {
 				t.Fatalf("after denied: %+v", da)
 			}
 			if links := s.ddiLinks(t, target, root); links["confirmationBase"] != confirmation {
 				t.Fatalf("a denied update no longer waits: %v", links)
 			}
 			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).Want(t, 200)
-			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" || da.Status != "Confirmed" {
+			if da := s.DeviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" || da.Status != "Confirmed" {
 				t.Fatalf("after confirmed: %+v", da)
 			}
 			if links := s.ddiLinks(t, target, root); links["deploymentBase"] != deployment || links["confirmationBase"] != "" {
@@ -987,7 +955,7 @@ func TestDDIConfirmation(t *testing.T) {
 			s.ddiAs(t, target, "GET", confirmation, nil).Want(t, 404)
 			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).Want(t, 404)
 			s.ddiAs(t, target, "GET", deployment, nil).Want(t, 200)
-			s.awaitActionStatus(t, admin, "ecu-1", id, "Initiated")
+			s.AwaitActionStatus(t, admin, "ecu-1", id, "Initiated")
 			s.ddiAs(t, target, "POST", deployment+"/feedback", map[string]any{"status": map[string]any{
 				"execution": "closed", "result": map[string]any{"finished": "success"}}}).Want(t, 200)
 			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "denied"}).Want(t, 410)
@@ -996,7 +964,7 @@ func TestDDIConfirmation(t *testing.T) {
 		t.Run("CancelWhileWaiting", func(t *testing.T) {
 			id := update()
 			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).Want(t, 204)
-			if da := s.deviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Cancelled" {
+			if da := s.DeviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Cancelled" {
 				t.Fatalf("a cancelled waiting update: %+v", da)
 			}
 			if links := s.ddiLinks(t, target, root); links["confirmationBase"] != "" || links["cancelAction"] != "" {
@@ -1044,7 +1012,7 @@ func TestDDIConfirmation(t *testing.T) {
 			// predecessor's automatic confirmation.
 			s.ddiAs(t, "TargetToken "+other.Token, "POST", "/default/controller/v1/ecu-2/confirmationBase/activateAutoConfirm", nil).Want(t, 200)
 			s.Do(t, admin, "DELETE", "/api/v1/devices/ecu-2", nil).Want(t, 204)
-			again := s.mustDevice(t, admin, "ecu-2", nil)
+			again := s.MustDevice(t, admin, "ecu-2", nil)
 			var base struct {
 				AutoConfirm struct{ Active bool } `json:"autoConfirm"`
 			}
@@ -1090,11 +1058,11 @@ func TestDDIGatewayRegistration(t *testing.T) {
 		beta := s.NewTenant(t, "beta")
 		gateway := "GatewayToken " + s.NewKey(t, admin, "gateway", "device").Key
 		betaGateway := "GatewayToken " + s.NewKey(t, beta, "gateway", "device").Key
-		exists := func(c creds, id string) bool {
+		exists := func(c fleetdtest.Creds, id string) bool {
 			return s.Do(t, c, "GET", "/api/v1/devices/"+id, nil).Status == 200
 		}
 		registered := func(outcome string) string {
-			r := s.Do(t, creds{}, "GET", "/metrics", nil).Want(t, 200)
+			r := s.Do(t, fleetdtest.Creds{}, "GET", "/metrics", nil).Want(t, 200)
 			for _, line := range strings.Split(string(r.Body), "\n") {
 				if v, ok := strings.CutPrefix(line, `fleetd_ddi_gateway_registrations_total{outcome="`+outcome+`"} `); ok {
 					return v

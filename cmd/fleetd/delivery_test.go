@@ -15,6 +15,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/fleetd/fleet/action"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
@@ -30,19 +31,19 @@ func TestDeviceChannelDelivery(t *testing.T) {
 		admin := s.Admin()
 
 		t.Run("window of one", func(t *testing.T) {
-			dev := s.mustDevice(t, admin, "narrow", nil)
+			dev := s.MustDevice(t, admin, "narrow", nil)
 			rm := uint16(1)
 			c := s.connect5(t, "narrow", dev.Token, &paho.ConnectProperties{ReceiveMaximum: &rm})
 			var ids []int64
 			for i := range 3 {
-				ids = append(ids, s.dispatch(t, admin, map[string]any{"action": fmt.Sprint("step-", i), "params": map[string]any{},
+				ids = append(ids, s.Dispatch(t, admin, map[string]any{"action": fmt.Sprint("step-", i), "params": map[string]any{},
 					"search_type": "default", "device_ids": []string{"narrow"}}))
 			}
 			for _, id := range ids {
 				var p *paho.Publish
 				select {
 				case p = <-c.received:
-				case <-time.After(bound):
+				case <-time.After(fleetdtest.Bound):
 					t.Fatalf("action %d never arrived", id)
 				}
 				var m action.Message
@@ -53,20 +54,20 @@ func TestDeviceChannelDelivery(t *testing.T) {
 				c.Ack(p)
 			}
 			for _, id := range ids {
-				s.awaitActionStatus(t, admin, "narrow", id, "Initiated")
+				s.AwaitActionStatus(t, admin, "narrow", id, "Initiated")
 			}
 		})
 
 		t.Run("refused in the PUBACK", func(t *testing.T) {
-			dev := s.mustDevice(t, admin, "refuser", nil)
+			dev := s.MustDevice(t, admin, "refuser", nil)
 			c := rawDevice5(t, s.MQTTAddr, "refuser", dev.Token)
-			id := s.dispatch(t, admin, map[string]any{"action": "flash", "params": map[string]any{},
+			id := s.Dispatch(t, admin, map[string]any{"action": "flash", "params": map[string]any{},
 				"search_type": "default", "device_ids": []string{"refuser"}})
 			pid := c.nextPublish(t)
 			const why = "no room for that firmware."
 			reason := append(binary.BigEndian.AppendUint16([]byte{0x1F}, uint16(len(why))), why...) // Reason String
 			c.write(t, 0x40, binary.BigEndian.AppendUint16(nil, pid), []byte{0x97, byte(len(reason))}, reason)
-			da := s.awaitActionStatus(t, admin, "refuser", id, "Failed")
+			da := s.AwaitActionStatus(t, admin, "refuser", id, "Failed")
 			errs := strings.Join(da.Errors["Failed"], " ")
 			if !strings.Contains(errs, "0x97 (Quota exceeded)") || !strings.Contains(errs, why) {
 				t.Fatalf("errors %v, want the reason code and string", da.Errors)
@@ -74,17 +75,17 @@ func TestDeviceChannelDelivery(t *testing.T) {
 		})
 
 		t.Run("larger than the device accepts", func(t *testing.T) {
-			dev := s.mustDevice(t, admin, "small", nil)
+			dev := s.MustDevice(t, admin, "small", nil)
 			limit := uint32(300)
 			c := s.connect5(t, "small", dev.Token, &paho.ConnectProperties{MaximumPacketSize: &limit})
-			id := s.dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{"blob": strings.Repeat("x", 1000)},
+			id := s.Dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{"blob": strings.Repeat("x", 1000)},
 				"search_type": "default", "device_ids": []string{"small"}})
-			da := s.awaitActionStatus(t, admin, "small", id, "Failed")
+			da := s.AwaitActionStatus(t, admin, "small", id, "Failed")
 			if errs := strings.Join(da.Errors["Failed"], " "); !strings.Contains(errs, "more than the device's Maximum Packet Size of 300") {
 				t.Fatalf("errors %v, want the sizes", da.Errors)
 			}
 			// The next one fits, and arrives.
-			next := s.dispatch(t, admin, map[string]any{"action": "ping", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"small"}})
+			next := s.Dispatch(t, admin, map[string]any{"action": "ping", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"small"}})
 			select {
 			case p := <-c.received:
 				var m action.Message
@@ -92,7 +93,7 @@ func TestDeviceChannelDelivery(t *testing.T) {
 				if m.ID != fmt.Sprint(next) {
 					t.Fatalf("received action %s, want %d", m.ID, next)
 				}
-			case <-time.After(bound):
+			case <-time.After(fleetdtest.Bound):
 				t.Fatal("the next action never arrived")
 			}
 		})
@@ -123,7 +124,7 @@ func (s *testServer) connect5(t *testing.T, id, token string, props *paho.Connec
 		EnableManualAcknowledgment: true,
 		SendAcksInterval:           time.Millisecond,
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	ctx, cancel := context.WithTimeout(context.Background(), fleetdtest.Bound)
 	defer cancel()
 	if _, err := d.Connect(ctx, &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 30, Username: "default/" + id, UsernameFlag: true,
 		Password: []byte(token), PasswordFlag: true, Properties: props}); err != nil {
@@ -215,7 +216,7 @@ func (c *raw5) read(t *testing.T) (byte, []byte) {
 
 // tryRead reads the next packet: its type and body.
 func (c *raw5) tryRead() (byte, []byte, error) {
-	c.conn.SetReadDeadline(time.Now().Add(bound))
+	c.conn.SetReadDeadline(time.Now().Add(fleetdtest.Bound))
 	first, err := c.r.ReadByte()
 	if err != nil {
 		return 0, nil, err

@@ -7,26 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
-
-type device struct {
-	ID         string            `json:"id"`
-	Token      string            `json:"token"`
-	Metadata   map[string]string `json:"metadata"`
-	Components map[string]string `json:"components"`
-	CreatedAt  string            `json:"created_at"`
-	LastSeenAt *string           `json:"last_seen_at"`
-}
-
-// mustDevice provisions a device as c and returns it with its token.
-func (s *testServer) mustDevice(t *testing.T, c creds, id string, meta map[string]string) device {
-	t.Helper()
-	var d device
-	s.Do(t, c, "POST", "/api/v1/devices", map[string]any{"id": id, "metadata": meta}).Want(t, 201).Decode(t, &d)
-	return d
-}
 
 func TestDevicesEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
@@ -38,13 +22,13 @@ func TestDevicesEndToEnd(t *testing.T) {
 			if loc := r.Header.Get("Location"); !strings.HasSuffix(loc, "/api/v1/devices/pump-1") {
 				t.Fatalf("Location = %q", loc)
 			}
-			var d device
+			var d fleetdtest.Device
 			r.Decode(t, &d)
 			if d.ID != "pump-1" || !strings.HasPrefix(d.Token, "fdt_") || d.Metadata["site"] != "Berlin" || len(d.CreatedAt) != len("2026-11-21T10:00:00.123Z") {
 				t.Fatalf("created = %+v", d)
 			}
 			var list struct {
-				Devices []device
+				Devices []fleetdtest.Device
 				Count   int
 			}
 			s.Do(t, admin, "GET", "/api/v1/devices", nil).Want(t, 200).Decode(t, &list)
@@ -56,7 +40,7 @@ func TestDevicesEndToEnd(t *testing.T) {
 			}
 		})
 		t.Run("GeneratedID", func(t *testing.T) {
-			var d device
+			var d fleetdtest.Device
 			s.Do(t, admin, "POST", "/api/v1/devices", map[string]any{}).Want(t, 201).Decode(t, &d)
 			if d.ID == "" || d.Token == "" {
 				t.Fatalf("created = %+v", d)
@@ -95,14 +79,14 @@ func TestDevicesEndToEnd(t *testing.T) {
 			}
 		})
 		t.Run("PatchMerges", func(t *testing.T) {
-			s.mustDevice(t, admin, "patch-1", map[string]string{"a": "1", "b": "2"})
+			s.MustDevice(t, admin, "patch-1", map[string]string{"a": "1", "b": "2"})
 			s.Do(t, admin, "PATCH", "/api/v1/devices/patch-1", map[string]any{"metadata": map[string]any{"a": "9", "b": nil, "c": "3"}}).Want(t, 204)
-			var d device
+			var d fleetdtest.Device
 			s.Do(t, admin, "GET", "/api/v1/devices/patch-1", nil).Want(t, 200).Decode(t, &d)
 			if fmt.Sprint(d.Metadata) != "map[a:9 c:3]" {
 				t.Fatalf("metadata = %v", d.Metadata)
 			}
-			r := s.Send(t, req{Method: "PATCH", Path: "/api/v1/devices/patch-1", Creds: admin, Body: map[string]any{"metadata": map[string]any{"d": "4"}},
+			r := s.Send(t, fleetdtest.Req{Method: "PATCH", Path: "/api/v1/devices/patch-1", Creds: admin, Body: map[string]any{"metadata": map[string]any{"d": "4"}},
 				Header: http.Header{"Prefer": {"return=representation"}}}).Want(t, 200)
 			r.Decode(t, &d)
 			if d.Metadata["d"] != "4" || r.Header.Get("Preference-Applied") != "return=representation" {
@@ -110,7 +94,7 @@ func TestDevicesEndToEnd(t *testing.T) {
 			}
 		})
 		t.Run("RotateToken", func(t *testing.T) {
-			d := s.mustDevice(t, admin, "rot-1", nil)
+			d := s.MustDevice(t, admin, "rot-1", nil)
 			var tok struct{ Token string }
 			s.Do(t, admin, "POST", "/api/v1/devices/rot-1/token", nil).Want(t, 201).Decode(t, &tok)
 			if tok.Token == "" || tok.Token == d.Token {
@@ -121,40 +105,40 @@ func TestDevicesEndToEnd(t *testing.T) {
 			long := strings.Repeat("x", 129)
 			for _, tc := range []struct {
 				name   string
-				rq     req
+				rq     fleetdtest.Req
 				status int
 				field  string
 			}{
-				{"UnknownField", req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"id": "x", "color": "red"}}, 400, "color"},
-				{"IDNotString", req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"id": 7}}, 400, "id"},
-				{"IDTooLong", req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"id": long}}, 400, "id"},
-				{"IDBadChars", req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"id": "a/b"}}, 400, "id"},
-				{"MetadataNotString", req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"metadata": map[string]any{"n": 1}}}, 400, "metadata.n"},
-				{"MetadataValueTooLong", req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"metadata": map[string]any{"n": strings.Repeat("v", 1025)}}}, 400, "metadata"},
-				{"BodyNotObject", req{Method: "POST", Path: "/api/v1/devices", Body: []int{1}}, 400, "body"},
-				{"DuplicateKey", req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{"id":"a","id":"b"}`), ContentType: "application/json"}, 400, ""},
-				{"Malformed", req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{"id":`), ContentType: "application/json"}, 400, ""},
-				{"Empty", req{Method: "POST", Path: "/api/v1/devices", Raw: []byte{}, ContentType: "application/json"}, 400, ""},
-				{"NoContentType", req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{}`)}, 415, ""},
-				{"WrongContentType", req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{}`), ContentType: "text/plain"}, 415, ""},
-				{"CharsetIgnored", req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{"id":"cs-1"}`), ContentType: "application/json; charset=utf-8"}, 201, ""},
-				{"TooLarge", req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{"id":"` + strings.Repeat("x", 1<<20) + `"}`), ContentType: "application/json"}, 413, ""},
-				{"UnknownQuery", req{Method: "GET", Path: "/api/v1/devices?colour=red"}, 400, "colour"},
-				{"QueryWhereNoneIsRead", req{Method: "POST", Path: "/api/v1/devices?dry_run=1", Body: map[string]any{"id": "dry"}}, 400, "dry_run"},
-				{"LimitTooLarge", req{Method: "GET", Path: "/api/v1/devices?limit=1001"}, 400, "limit"},
-				{"SearchNUL", req{Method: "GET", Path: "/api/v1/devices?search=ab%00cd"}, 400, "search"},
-				{"SearchNotUTF8", req{Method: "GET", Path: "/api/v1/devices?search=caf%E9"}, 400, "search"},
-				{"MetadataFilterNUL", req{Method: "GET", Path: "/api/v1/devices?metadata.site=%00"}, 400, "metadata"},
-				{"SearchSpecial", req{Method: "GET", Path: "/api/v1/devices?search=%22%27%25_%5C%2A%20OR%20x"}, 200, ""},
-				{"PageZero", req{Method: "GET", Path: "/api/v1/devices?page=0"}, 400, "page"},
-				{"PageRepeated", req{Method: "GET", Path: "/api/v1/devices?page=1&page=2"}, 400, "page"},
-				{"BadPathID", req{Method: "GET", Path: "/api/v1/devices/a%20b"}, 400, "id"},
-				{"PatchNoMetadata", req{Method: "PATCH", Path: "/api/v1/devices/pump-1", Body: map[string]any{}}, 400, "metadata"},
-				{"PatchNumber", req{Method: "PATCH", Path: "/api/v1/devices/pump-1", Body: map[string]any{"metadata": map[string]any{"x": 1}}}, 400, "metadata.x"},
-				{"BulkEmpty", req{Method: "POST", Path: "/api/v1/devices/bulk", Body: map[string]any{"devices": []any{}}}, 400, "devices"},
-				{"UnknownDevice", req{Method: "GET", Path: "/api/v1/devices/nope"}, 404, ""},
-				{"NoRoute", req{Method: "GET", Path: "/api/v1/nothing"}, 404, ""},
-				{"WrongMethod", req{Method: "PUT", Path: "/api/v1/devices"}, 405, ""},
+				{"UnknownField", fleetdtest.Req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"id": "x", "color": "red"}}, 400, "color"},
+				{"IDNotString", fleetdtest.Req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"id": 7}}, 400, "id"},
+				{"IDTooLong", fleetdtest.Req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"id": long}}, 400, "id"},
+				{"IDBadChars", fleetdtest.Req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"id": "a/b"}}, 400, "id"},
+				{"MetadataNotString", fleetdtest.Req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"metadata": map[string]any{"n": 1}}}, 400, "metadata.n"},
+				{"MetadataValueTooLong", fleetdtest.Req{Method: "POST", Path: "/api/v1/devices", Body: map[string]any{"metadata": map[string]any{"n": strings.Repeat("v", 1025)}}}, 400, "metadata"},
+				{"BodyNotObject", fleetdtest.Req{Method: "POST", Path: "/api/v1/devices", Body: []int{1}}, 400, "body"},
+				{"DuplicateKey", fleetdtest.Req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{"id":"a","id":"b"}`), ContentType: "application/json"}, 400, ""},
+				{"Malformed", fleetdtest.Req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{"id":`), ContentType: "application/json"}, 400, ""},
+				{"Empty", fleetdtest.Req{Method: "POST", Path: "/api/v1/devices", Raw: []byte{}, ContentType: "application/json"}, 400, ""},
+				{"NoContentType", fleetdtest.Req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{}`)}, 415, ""},
+				{"WrongContentType", fleetdtest.Req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{}`), ContentType: "text/plain"}, 415, ""},
+				{"CharsetIgnored", fleetdtest.Req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{"id":"cs-1"}`), ContentType: "application/json; charset=utf-8"}, 201, ""},
+				{"TooLarge", fleetdtest.Req{Method: "POST", Path: "/api/v1/devices", Raw: []byte(`{"id":"` + strings.Repeat("x", 1<<20) + `"}`), ContentType: "application/json"}, 413, ""},
+				{"UnknownQuery", fleetdtest.Req{Method: "GET", Path: "/api/v1/devices?colour=red"}, 400, "colour"},
+				{"QueryWhereNoneIsRead", fleetdtest.Req{Method: "POST", Path: "/api/v1/devices?dry_run=1", Body: map[string]any{"id": "dry"}}, 400, "dry_run"},
+				{"LimitTooLarge", fleetdtest.Req{Method: "GET", Path: "/api/v1/devices?limit=1001"}, 400, "limit"},
+				{"SearchNUL", fleetdtest.Req{Method: "GET", Path: "/api/v1/devices?search=ab%00cd"}, 400, "search"},
+				{"SearchNotUTF8", fleetdtest.Req{Method: "GET", Path: "/api/v1/devices?search=caf%E9"}, 400, "search"},
+				{"MetadataFilterNUL", fleetdtest.Req{Method: "GET", Path: "/api/v1/devices?metadata.site=%00"}, 400, "metadata"},
+				{"SearchSpecial", fleetdtest.Req{Method: "GET", Path: "/api/v1/devices?search=%22%27%25_%5C%2A%20OR%20x"}, 200, ""},
+				{"PageZero", fleetdtest.Req{Method: "GET", Path: "/api/v1/devices?page=0"}, 400, "page"},
+				{"PageRepeated", fleetdtest.Req{Method: "GET", Path: "/api/v1/devices?page=1&page=2"}, 400, "page"},
+				{"BadPathID", fleetdtest.Req{Method: "GET", Path: "/api/v1/devices/a%20b"}, 400, "id"},
+				{"PatchNoMetadata", fleetdtest.Req{Method: "PATCH", Path: "/api/v1/devices/pump-1", Body: map[string]any{}}, 400, "metadata"},
+				{"PatchNumber", fleetdtest.Req{Method: "PATCH", Path: "/api/v1/devices/pump-1", Body: map[string]any{"metadata": map[string]any{"x": 1}}}, 400, "metadata.x"},
+				{"BulkEmpty", fleetdtest.Req{Method: "POST", Path: "/api/v1/devices/bulk", Body: map[string]any{"devices": []any{}}}, 400, "devices"},
+				{"UnknownDevice", fleetdtest.Req{Method: "GET", Path: "/api/v1/devices/nope"}, 404, ""},
+				{"NoRoute", fleetdtest.Req{Method: "GET", Path: "/api/v1/nothing"}, 404, ""},
+				{"WrongMethod", fleetdtest.Req{Method: "PUT", Path: "/api/v1/devices"}, 405, ""},
 			} {
 				t.Run(tc.name, func(t *testing.T) {
 					tc.rq.Creds = admin
@@ -186,7 +170,7 @@ func TestTenantIsolationDevices(t *testing.T) {
 		s := startServer(t, b)
 		a := s.Admin()
 		bt := s.NewTenant(t, "beta")
-		s.mustDevice(t, a, "a-dev", map[string]string{"owner": "a"})
+		s.MustDevice(t, a, "a-dev", map[string]string{"owner": "a"})
 
 		for _, tc := range []struct {
 			method, path string
@@ -209,8 +193,8 @@ func TestTenantIsolationDevices(t *testing.T) {
 			t.Fatalf("beta lists %d of default's devices", list.Count)
 		}
 		// beta may use the same id for its own device.
-		s.mustDevice(t, bt, "a-dev", nil)
-		var d device
+		s.MustDevice(t, bt, "a-dev", nil)
+		var d fleetdtest.Device
 		s.Do(t, a, "GET", "/api/v1/devices/a-dev", nil).Want(t, 200).Decode(t, &d)
 		if d.Metadata["owner"] != "a" {
 			t.Fatalf("default's device changed: %+v", d)
@@ -227,14 +211,14 @@ func TestAuthentication(t *testing.T) {
 		beta := s.NewTenant(t, "beta")
 		for _, c := range []struct {
 			name  string
-			creds creds
+			creds fleetdtest.Creds
 		}{
-			{"NoHeaders", creds{}},
-			{"NoKey", creds{Tenant: "default"}},
-			{"NoTenant", creds{Key: a.Key}},
-			{"UnknownKey", creds{Tenant: "default", Key: "fk_unknown"}},
-			{"UnknownTenant", creds{Tenant: "nobody", Key: a.Key}},
-			{"OtherTenantsKey", creds{Tenant: "default", Key: beta.Key}},
+			{"NoHeaders", fleetdtest.Creds{}},
+			{"NoKey", fleetdtest.Creds{Tenant: "default"}},
+			{"NoTenant", fleetdtest.Creds{Key: a.Key}},
+			{"UnknownKey", fleetdtest.Creds{Tenant: "default", Key: "fk_unknown"}},
+			{"UnknownTenant", fleetdtest.Creds{Tenant: "nobody", Key: a.Key}},
+			{"OtherTenantsKey", fleetdtest.Creds{Tenant: "default", Key: beta.Key}},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				r := s.Do(t, c.creds, "GET", "/api/v1/devices", nil).Want(t, 401)
@@ -244,11 +228,11 @@ func TestAuthentication(t *testing.T) {
 			})
 		}
 
-		keys := map[string]creds{"admin": a}
+		keys := map[string]fleetdtest.Creds{"admin": a}
 		for _, role := range []string{"viewer", "device", "operator"} {
 			keys[role] = s.NewKey(t, a, role+"-key", role)
 		}
-		s.mustDevice(t, a, "d1", nil)
+		s.MustDevice(t, a, "d1", nil)
 		for _, tc := range []struct {
 			method, path string
 			body         any
@@ -296,7 +280,7 @@ func TestLastSeenFollowsEveryMessage(t *testing.T) {
 		admin := s.Admin()
 		lastSeen := func(id string) time.Time {
 			t.Helper()
-			var d device
+			var d fleetdtest.Device
 			s.Do(t, admin, "GET", "/api/v1/devices/"+id, nil).Want(t, 200).Decode(t, &d)
 			if d.LastSeenAt == nil {
 				return time.Time{}
@@ -316,23 +300,23 @@ func TestLastSeenFollowsEveryMessage(t *testing.T) {
 				time.Sleep(time.Millisecond) // last_seen_at has milliseconds
 			}
 			send()
-			eventually(t, "last_seen_at of "+id+" after "+what, func() bool { return lastSeen(id).After(before) })
+			fleetdtest.Eventually(t, "last_seen_at of "+id+" after "+what, func() bool { return lastSeen(id).After(before) })
 		}
 
-		sensor := s.mustDevice(t, admin, "sensor-1", nil)
+		sensor := s.MustDevice(t, admin, "sensor-1", nil)
 		d := s.connectDevice(t, "default", "sensor-1", sensor.Token)
-		eventually(t, "last_seen_at at the connection", func() bool { return !lastSeen("sensor-1").IsZero() })
+		fleetdtest.Eventually(t, "last_seen_at at the connection", func() bool { return !lastSeen("sensor-1").IsZero() })
 		movesWith("sensor-1", "a data point", func() {
 			tok := d.client.Publish(mqtt.StreamTopic("default", "sensor-1", "temperature"), 1, false,
 				[]byte(fmt.Sprintf(`[{"timestamp":%d,"sequence":1,"celsius":21.5}]`, time.Now().UnixMilli())))
-			if !tok.WaitTimeout(bound) || tok.Error() != nil {
+			if !tok.WaitTimeout(fleetdtest.Bound) || tok.Error() != nil {
 				t.Fatalf("publish: %v", tok.Error())
 			}
 		})
 
-		ecu := s.mustDevice(t, admin, "ecu-1", nil)
+		ecu := s.MustDevice(t, admin, "ecu-1", nil)
 		poll := func() {
-			if resp, body := s.ddi(t, "GET", "/default/controller/v1/ecu-1", "TargetToken "+ecu.Token, nil); resp.StatusCode != 200 {
+			if resp, body := s.DDI(t, "GET", "/default/controller/v1/ecu-1", "TargetToken "+ecu.Token, nil); resp.StatusCode != 200 {
 				t.Fatalf("poll: %d %s", resp.StatusCode, body)
 			}
 		}

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/fleetd/fleet/codec"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -143,13 +144,13 @@ func forget(x any) any {
 func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
 	device := func(id string) func(t *testing.T, s *testServer, v vars) {
 		return func(t *testing.T, s *testServer, v vars) {
-			s.mustDevice(t, s.Admin(), v.fill(id), map[string]string{"a": "1", "b": "2"})
+			s.MustDevice(t, s.Admin(), v.fill(id), map[string]string{"a": "1", "b": "2"})
 			v["dev"] = v.fill(id)
 		}
 	}
 	dispatched := func(t *testing.T, s *testServer, v vars) {
 		device("st-{m}")(t, s, v)
-		v["action"] = fmt.Sprint(s.dispatch(t, s.Admin(), map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{v["dev"]}}))
+		v["action"] = fmt.Sprint(s.Dispatch(t, s.Admin(), map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{v["dev"]}}))
 	}
 	pending := func(t *testing.T, s *testServer, v vars) {
 		var b struct{ ID string }
@@ -159,10 +160,10 @@ func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
 	}
 	component := func(t *testing.T, s *testServer, v vars) {
 		v["comp"] = "comp-" + v["m"]
-		s.mustUpload(t, s.Admin(), makeBundle(t, "3.0."+v["n"], part{name: v["comp"], version: "1.0.0", body: "firmware"}))
+		s.MustUpload(t, s.Admin(), fleetdtest.MakeBundle(t, "3.0."+v["n"], fleetdtest.Part{Name: v["comp"], Version: "1.0.0", Body: "firmware"}))
 	}
 	rule := func(t *testing.T, s *testServer, v vars) {
-		v["rule"] = s.mustAlertRule(t, s.Admin(), map[string]any{"name": "r-" + v["c"] + "-" + v["m"], "stream": "temp",
+		v["rule"] = s.MustAlertRule(t, s.Admin(), map[string]any{"name": "r-" + v["c"] + "-" + v["m"], "stream": "temp",
 			"condition": map[string]any{"field": "t", "operator": ">", "value": 1}}).ID
 	}
 	notification := func(t *testing.T, s *testServer, v vars) {
@@ -179,9 +180,9 @@ func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
 	}
 	rollout := func(t *testing.T, s *testServer, v vars) {
 		device("ap-{m}")(t, s, v)
-		s.mustDevice(t, s.Admin(), v.fill("ap2-{m}"), nil)
+		s.MustDevice(t, s.Admin(), v.fill("ap2-{m}"), nil)
 		v["dev2"] = v.fill("ap2-{m}")
-		v["action"] = fmt.Sprint(s.dispatch(t, s.Admin(), map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{v["dev"]},
+		v["action"] = fmt.Sprint(s.Dispatch(t, s.Admin(), map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{v["dev"]},
 			"schedule": map[string]any{"phases": []any{map[string]any{"name": "one", "trigger_on": map[string]any{"type": "manual"},
 				"info": map[string]any{"type": "fixed_list", "device_ids": []string{v["dev"]}}}}}}))
 	}
@@ -292,7 +293,7 @@ func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
 					if c.setup != nil {
 						c.setup(t, s, v)
 					}
-					r := s.Send(t, req{Method: strings.Fields(c.route)[0], Path: v.fill(c.path), Creds: s.Admin(),
+					r := s.Send(t, fleetdtest.Req{Method: strings.Fields(c.route)[0], Path: v.fill(c.path), Creds: s.Admin(),
 						Raw: enc.encode(t, c.body(v)), ContentType: enc.contentType})
 					if r.Status != c.status {
 						t.Fatalf("%s: status %d, want %d: %s", enc.name, r.Status, c.status, r.Body)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/getkin/kin-openapi/openapi3"
 )
 
@@ -27,7 +28,7 @@ import (
 // leak to another tenant shows in any answer.
 type world struct {
 	name   string // the tenant
-	admin  creds
+	admin  fleetdtest.Creds
 	mark   string // in metadata, names, params, data, file names: never in a path
 	device string // ids: may be echoed in another tenant's 404s for its own requests
 	stream string
@@ -55,38 +56,38 @@ func fresh(prefix string) string { return fmt.Sprintf("%s-%d", prefix, uniq.Add(
 // tenant seeded with skip earlier actions and version major has ids the
 // other tenant's seed does not, so that a 404 is what isolation answers
 // rather than the other tenant's own resource of the same id.
-func seed(t *testing.T, s *testServer, admin creds, mark, hookURL string, idp *identityProvider, skip, major int) *world {
+func seed(t *testing.T, s *testServer, admin fleetdtest.Creds, mark, hookURL string, idp *fleetdtest.IdentityProvider, skip, major int) *world {
 	t.Helper()
 	w := &world{name: admin.Tenant, admin: admin, mark: mark, stream: "env"}
 	w.device = admin.Tenant + "-dev-1"
-	s.mustDevice(t, admin, w.device, map[string]string{"owner": mark})
-	s.mustDevice(t, admin, admin.Tenant+"-dev-2", map[string]string{"owner": mark})
+	s.MustDevice(t, admin, w.device, map[string]string{"owner": mark})
+	s.MustDevice(t, admin, admin.Tenant+"-dev-2", map[string]string{"owner": mark})
 	for range skip {
-		s.dispatch(t, admin, map[string]any{"action": "skip", "params": map[string]any{}, "search_type": "default", "device_ids": []string{w.device}})
+		s.Dispatch(t, admin, map[string]any{"action": "skip", "params": map[string]any{}, "search_type": "default", "device_ids": []string{w.device}})
 	}
-	w.action = s.dispatch(t, admin, map[string]any{"action": "reboot-" + mark, "params": map[string]any{"note": mark},
+	w.action = s.Dispatch(t, admin, map[string]any{"action": "reboot-" + mark, "params": map[string]any{"note": mark},
 		"metadata": map[string]any{"why": mark}, "search_type": "default", "device_ids": []string{w.device}})
 	s.Do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": w.device, "action_id": w.action,
 		"state": "Running", "progress": 5, "errors": []string{"err-" + mark}}).Want(t, 204)
 
 	w.bundleVersion = fmt.Sprintf("%d.2.3", major)
 	w.component, w.componentVersion = "app-"+strings.ToLower(admin.Tenant), w.bundleVersion
-	b := s.mustUpload(t, admin, makeBundle(t, w.bundleVersion, part{name: w.component, version: w.componentVersion, body: "firmware of " + mark}))
+	b := s.MustUpload(t, admin, fleetdtest.MakeBundle(t, w.bundleVersion, fleetdtest.Part{Name: w.component, Version: w.componentVersion, Body: "firmware of " + mark}))
 	w.bundleID = b.ID
 
-	rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot-" + mark, "group": mark, "stream": w.stream,
+	rule := s.MustAlertRule(t, admin, map[string]any{"name": "hot-" + mark, "group": mark, "stream": w.stream,
 		"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}, "metadata_filters": map[string]any{"owner": mark}})
 	w.ruleID = rule.ID
 	var nr struct{ ID string }
-	s.Send(t, req{Method: "POST", Path: "/api/v1/alert-rules/" + rule.ID + "/alert-notification-rules", Creds: admin,
+	s.Send(t, fleetdtest.Req{Method: "POST", Path: "/api/v1/alert-rules/" + rule.ID + "/alert-notification-rules", Creds: admin,
 		Header: http.Header{"Prefer": {"return=representation"}},
 		Body: map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": hookURL + "/" + mark, "secret": "s-" + mark},
 			"notification_template": map[string]any{"subject": "subject " + mark}}}).Want(t, 201).Decode(t, &nr)
 	w.notificationID = nr.ID
 	s.Do(t, admin, "POST", "/api/v1/devices/"+w.device+"/streams/"+w.stream,
 		[]map[string]any{{"timestamp": time.Now().UnixMilli(), "temp": 90, "label": mark}}).Want(t, 200)
-	eventually(t, admin.Tenant+"'s alert", func() bool {
-		if as := s.alerts(t, admin, "?rule_id="+rule.ID); len(as) > 0 {
+	fleetdtest.Eventually(t, admin.Tenant+"'s alert", func() bool {
+		if as := s.Alerts(t, admin, "?rule_id="+rule.ID); len(as) > 0 {
 			w.alertID = as[0].ID
 		}
 		return w.alertID != ""
@@ -97,7 +98,7 @@ func seed(t *testing.T, s *testServer, admin creds, mark, hookURL string, idp *i
 		"notification_template": map[string]any{"subject": "rollout " + mark}}).Want(t, 201).Decode(t, &rr)
 	w.rolloutRuleID = rr.ID
 	s.Do(t, admin, "POST", "/api/v1/apikeys", map[string]any{"name": "k-" + mark, "role": "viewer", "user_email": "ops@" + strings.ToLower(mark) + ".example.com"}).Want(t, 201)
-	w.s9 = map[string]any{"method": "jwks", "jwks_url": idp.srv.URL, "issuer": "https://id.example.com", "audience": "fleetd", "default_role": "viewer"}
+	w.s9 = map[string]any{"method": "jwks", "jwks_url": idp.Server.URL, "issuer": "https://id.example.com", "audience": "fleetd", "default_role": "viewer"}
 	s.Do(t, admin, "PUT", "/api/v1/tenants/"+admin.Tenant+"/auth", w.s9).Want(t, 204)
 	return w
 }
@@ -155,7 +156,7 @@ var endpoints = map[string]endpoint{
 	}},
 	"DELETE /api/v1/devices/{id}": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		id := fresh(w.name + "-gone")
-		s.mustDevice(t, w.admin, id, nil)
+		s.MustDevice(t, w.admin, id, nil)
 		return "/api/v1/devices/" + id, nil
 	}},
 	"POST /api/v1/devices/{id}/token": {perm: "operate", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
@@ -202,10 +203,10 @@ var endpoints = map[string]endpoint{
 		return fmt.Sprintf("/api/v1/actions/%d/devices", w.action), nil
 	}},
 	"POST /api/v1/actions/{id}/cancel": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
-		return fmt.Sprintf("/api/v1/actions/%d/cancel", s.dispatch(t, w.admin, map[string]any{"action": "c", "params": map[string]any{}, "search_type": "default", "device_ids": []string{w.device}})), nil
+		return fmt.Sprintf("/api/v1/actions/%d/cancel", s.Dispatch(t, w.admin, map[string]any{"action": "c", "params": map[string]any{}, "search_type": "default", "device_ids": []string{w.device}})), nil
 	}},
 	"POST /api/v1/actions/{id}/retry": {perm: "operate", other: 404, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
-		id := s.dispatch(t, w.admin, map[string]any{"action": "r", "params": map[string]any{}, "search_type": "default", "device_ids": []string{w.device}})
+		id := s.Dispatch(t, w.admin, map[string]any{"action": "r", "params": map[string]any{}, "search_type": "default", "device_ids": []string{w.device}})
 		s.Do(t, w.admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": w.device, "action_id": id, "state": "Failed"}).Want(t, 204)
 		return fmt.Sprintf("/api/v1/actions/%d/retry", id), map[string]any{"statuses": []string{"Failed"}}
 	}},
@@ -260,7 +261,7 @@ var endpoints = map[string]endpoint{
 	}},
 	"PUT /api/v1/firmware-bundles/id/{id}": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		id, archive := pendingBundle(t, s, w, true)
-		return "/api/v1/firmware-bundles/id/" + id, map[string]any{"checksum": sha256Hex(archive), "content_length": len(archive), "uncompressed_size": tarSize(t, archive)}
+		return "/api/v1/firmware-bundles/id/" + id, map[string]any{"checksum": fleetdtest.SHA256Hex(archive), "content_length": len(archive), "uncompressed_size": tarSize(t, archive)}
 	}},
 	"DELETE /api/v1/firmware-bundles/id/{id}": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		id, _ := pendingBundle(t, s, w, false)
@@ -288,7 +289,7 @@ var endpoints = map[string]endpoint{
 	}},
 	"POST /api/v1/devices/{id}/remote-sessions": {perm: "remote", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		// A device of its own each time: a device has two sessions at most.
-		d := s.mustDevice(t, w.admin, fresh("remote"), nil)
+		d := s.MustDevice(t, w.admin, fresh("remote"), nil)
 		return "/api/v1/devices/" + d.ID + "/remote-sessions", map[string]any{"kind": "get", "target": "/var/log/" + w.mark}
 	}},
 	"GET /api/v1/devices/{id}/remote-sessions": {perm: "read", prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
@@ -322,12 +323,12 @@ var endpoints = map[string]endpoint{
 		return "/api/v1/alert-rules/" + w.ruleID, nil
 	}},
 	"PUT /api/v1/alert-rules/{id}": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
-		r := s.mustAlertRule(t, w.admin, map[string]any{"name": fresh("edited"), "stream": "x", "condition": map[string]any{"no_data_seconds": 60}})
+		r := s.MustAlertRule(t, w.admin, map[string]any{"name": fresh("edited"), "stream": "x", "condition": map[string]any{"no_data_seconds": 60}})
 		return "/api/v1/alert-rules/" + r.ID, map[string]any{"name": fresh("edited"), "stream": "x", "group": "g",
 			"condition": map[string]any{"no_data_seconds": 120}, "activation_threshold_seconds": 1}
 	}},
 	"DELETE /api/v1/alert-rules/{id}": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
-		r := s.mustAlertRule(t, w.admin, map[string]any{"name": fresh("doomed"), "stream": "x", "condition": map[string]any{"no_data_seconds": 60}})
+		r := s.MustAlertRule(t, w.admin, map[string]any{"name": fresh("doomed"), "stream": "x", "condition": map[string]any{"no_data_seconds": 60}})
 		return "/api/v1/alert-rules/" + r.ID, nil
 	}},
 	"POST /api/v1/alert-rules/{id}/alert-notification-rules": {perm: "operate", quiet: true, prepare: func(_ *testing.T, _ *testServer, w *world) (string, any) {
@@ -343,7 +344,7 @@ var endpoints = map[string]endpoint{
 	}},
 	"DELETE /api/v1/alert-rules/{alert_id}/alert-notification-rules/{notification_id}": {perm: "operate", prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
 		var nr struct{ ID string }
-		s.Send(t, req{Method: "POST", Path: "/api/v1/alert-rules/" + w.ruleID + "/alert-notification-rules", Creds: w.admin,
+		s.Send(t, fleetdtest.Req{Method: "POST", Path: "/api/v1/alert-rules/" + w.ruleID + "/alert-notification-rules", Creds: w.admin,
 			Header: http.Header{"Prefer": {"return=representation"}},
 			Body:   map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/y"}}}).Want(t, 201).Decode(t, &nr)
 		return "/api/v1/alert-rules/" + w.ruleID + "/alert-notification-rules/" + nr.ID, nil
@@ -435,12 +436,12 @@ var endpoints = map[string]endpoint{
 		return fmt.Sprintf("%s/installedBase/%d", ddiRoot(w), ddiInstalled(t, s, w)), nil
 	}},
 	"GET /{tenant}/controller/v1/{controllerId}/softwaremodules/{moduleId}/artifacts": {perm: "ddi", other: 401, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
-		var b bundle
+		var b fleetdtest.Bundle
 		s.Do(t, w.admin, "GET", "/api/v1/firmware-bundles/id/"+w.bundleID, nil).Want(t, 200).Decode(t, &b)
 		return ddiRoot(w) + "/softwaremodules/" + b.Firmwares[0].ID + "/artifacts", nil
 	}},
 	"GET /{tenant}/controller/v1/{controllerId}/softwaremodules/{moduleId}/artifacts/{fileName}": {perm: "ddi", other: 401, prepare: func(t *testing.T, s *testServer, w *world) (string, any) {
-		var b bundle
+		var b fleetdtest.Bundle
 		s.Do(t, w.admin, "GET", "/api/v1/firmware-bundles/id/"+w.bundleID, nil).Want(t, 200).Decode(t, &b)
 		return ddiRoot(w) + "/softwaremodules/" + b.Firmwares[0].ID + "/artifacts/" + b.Firmwares[0].FileName, nil
 	}},
@@ -454,7 +455,7 @@ func ddiRoot(w *world) string { return "/" + w.name + "/controller/v1/" + w.devi
 func ddiInstalled(t *testing.T, s *testServer, w *world) int64 {
 	t.Helper()
 	id := ddiUpdate(t, s, w)
-	s.Send(t, req{Method: "POST", Path: fmt.Sprintf("%s/deploymentBase/%d/feedback", ddiRoot(w), id), Creds: w.admin,
+	s.Send(t, fleetdtest.Req{Method: "POST", Path: fmt.Sprintf("%s/deploymentBase/%d/feedback", ddiRoot(w), id), Creds: w.admin,
 		Header: ddiHeader(endpoint{perm: "ddi"}, w.admin), Body: map[string]any{"status": map[string]any{
 			"execution": "closed", "result": map[string]any{"finished": "success"}}}}).Want(t, 200)
 	return id
@@ -466,7 +467,7 @@ func ddiInstalled(t *testing.T, s *testServer, w *world) int64 {
 func ddiUpdate(t *testing.T, s *testServer, w *world) int64 {
 	t.Helper()
 	ddiSettings(t, s, w.admin, false, false)
-	return s.dispatch(t, w.admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": w.bundleVersion},
+	return s.Dispatch(t, w.admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": w.bundleVersion},
 		"search_type": "default", "device_ids": []string{w.device}})
 }
 
@@ -484,12 +485,12 @@ func ddiAwaiting(t *testing.T, s *testServer, w *world) int64 {
 // ddiAutoConfirmOff deactivates w's device's automatic confirmation.
 func ddiAutoConfirmOff(t *testing.T, s *testServer, w *world) {
 	t.Helper()
-	s.Send(t, req{Method: "POST", Path: ddiRoot(w) + "/confirmationBase/deactivateAutoConfirm", Creds: w.admin,
+	s.Send(t, fleetdtest.Req{Method: "POST", Path: ddiRoot(w) + "/confirmationBase/deactivateAutoConfirm", Creds: w.admin,
 		Header: ddiHeader(endpoint{perm: "ddi"}, w.admin)}).Want(t, 200)
 }
 
 // ddiSettings sets the DDI settings of c's tenant.
-func ddiSettings(t *testing.T, s *testServer, c creds, requireConfirmation, gatewayRegistration bool) {
+func ddiSettings(t *testing.T, s *testServer, c fleetdtest.Creds, requireConfirmation, gatewayRegistration bool) {
 	t.Helper()
 	s.Do(t, c, "PUT", "/api/v1/tenants/"+c.Tenant+"/ddi", map[string]any{
 		"require_confirmation": requireConfirmation, "gateway_registration": gatewayRegistration}).Want(t, 204)
@@ -502,9 +503,9 @@ func ddiCancelOf(t *testing.T, s *testServer, w *world) int64 {
 	update := ddiUpdate(t, s, w)
 	// The device has the update (it read its deployment), so the cancel
 	// waits for the device's answer on the cancelAction resource.
-	s.Send(t, req{Method: "GET", Path: fmt.Sprintf("%s/deploymentBase/%d", ddiRoot(w), update), Creds: w.admin,
+	s.Send(t, fleetdtest.Req{Method: "GET", Path: fmt.Sprintf("%s/deploymentBase/%d", ddiRoot(w), update), Creds: w.admin,
 		Header: ddiHeader(endpoint{perm: "ddi"}, w.admin)}).Want(t, 200)
-	eventually(t, "the update's receipt", func() bool { // receipts are written in batches
+	fleetdtest.Eventually(t, "the update's receipt", func() bool { // receipts are written in batches
 		var das struct {
 			DeviceActions []struct {
 				ActionStatus string `json:"action_status"`
@@ -513,14 +514,14 @@ func ddiCancelOf(t *testing.T, s *testServer, w *world) int64 {
 		s.Do(t, w.admin, "GET", fmt.Sprintf("/api/v1/actions/%d/devices", update), nil).Want(t, 200).Decode(t, &das)
 		return len(das.DeviceActions) == 1 && das.DeviceActions[0].ActionStatus == "Initiated"
 	})
-	s.dispatch(t, w.admin, map[string]any{"action": "cancel_action", "params": map[string]any{"action_id": update},
+	s.Dispatch(t, w.admin, map[string]any{"action": "cancel_action", "params": map[string]any{"action_id": update},
 		"search_type": "default", "device_ids": []string{w.device}})
 	return update
 }
 
 // ddiHeader is how the suites authenticate to DDI endpoints: the caller's
 // API key as a gateway token.
-func ddiHeader(e endpoint, c creds) http.Header {
+func ddiHeader(e endpoint, c fleetdtest.Creds) http.Header {
 	if e.perm != "ddi" || c.Key == "" {
 		return nil
 	}
@@ -531,7 +532,7 @@ func ddiHeader(e endpoint, c creds) http.Header {
 // operator triggers, and returns its id.
 func rolloutOf(t *testing.T, s *testServer, w *world) int64 {
 	t.Helper()
-	return s.dispatch(t, w.admin, map[string]any{"action": "roll-" + w.mark, "params": map[string]any{"note": w.mark}, "search_type": "default",
+	return s.Dispatch(t, w.admin, map[string]any{"action": "roll-" + w.mark, "params": map[string]any{"note": w.mark}, "search_type": "default",
 		"device_ids": []string{w.device}, "schedule": map[string]any{"release_notes": "notes " + w.mark, "phases": []any{
 			map[string]any{"name": "only-" + w.mark, "trigger_on": map[string]any{"type": "manual"},
 				"info": map[string]any{"type": "fixed_list", "device_ids": []string{w.device}}}}}})
@@ -542,11 +543,11 @@ func rolloutOf(t *testing.T, s *testServer, w *world) int64 {
 func pendingBundle(t *testing.T, s *testServer, w *world, upload bool) (string, []byte) {
 	t.Helper()
 	version := fmt.Sprintf("5.%d.0", uniq.Add(1))
-	archive := makeBundle(t, version, part{name: "p-" + w.name, version: version, body: "x"})
+	archive := fleetdtest.MakeBundle(t, version, fleetdtest.Part{Name: "p-" + w.name, Version: version, Body: "x"})
 	var b struct{ ID string }
 	s.Do(t, w.admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": version, "file_name": "p.tar.gz"}).Want(t, 201).Decode(t, &b)
 	if upload {
-		s.putFile(t, w.admin, b.ID, archive).Want(t, 200)
+		s.PutFile(t, w.admin, b.ID, archive).Want(t, 200)
 	}
 	return b.ID, archive
 }

@@ -25,105 +25,17 @@ import (
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/action"
 	"github.com/fleetd/fleet/blob/s3test"
+	"github.com/fleetd/fleet/ctl"
 	fwbundle "github.com/fleetd/fleet/firmware/bundle"
 	"github.com/fleetd/fleet/firmware/bundle/bundletest"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 	"github.com/minio/minio-go/v7"
 )
 
-// bundle is a firmware bundle as the API shows it.
-type bundle struct {
-	ID               string `json:"id"`
-	Version          string `json:"version"`
-	FileName         string `json:"file_name"`
-	UploadStatus     string `json:"upload_status"`
-	UploadError      string `json:"upload_error"`
-	ContentLength    *int64 `json:"content_length"`
-	UncompressedSize *int64 `json:"uncompressed_size"`
-	Checksum         *string
-	Declared         *struct {
-		Checksum string
-	}
-	Firmwares []firmwareJSON
-}
-
-type firmwareJSON struct {
-	ID               string `json:"id"`
-	ComponentName    string `json:"component_name"`
-	VersionNumber    string `json:"version_number"`
-	FileName         string `json:"file_name"`
-	Checksum         string `json:"checksum"`
-	ContentLength    int64  `json:"content_length"`
-	UncompressedSize int64  `json:"uncompressed_size"`
-	IsDeactivated    bool   `json:"is_deactivated"`
-	Dependencies     []fleet.Dependency
-}
-
-// part is one component of a test bundle.
-type part struct {
-	name, version, body string
-	deps                []fleet.Dependency
-}
-
-// makeBundle builds a bundle archive (tar.gz) as `fleetd bundle create`
-// would.
-func makeBundle(t testing.TB, version string, parts ...part) []byte {
-	t.Helper()
-	var srcs []fwbundle.Source
-	for _, p := range parts {
-		srcs = append(srcs, fwbundle.Source{ComponentName: p.name, VersionNumber: p.version, FileName: p.name + ".bin",
-			Dependencies: p.deps, Size: int64(len(p.body)), Body: strings.NewReader(p.body)})
-	}
-	var buf bytes.Buffer
-	if err := fwbundle.Build(&buf, version, srcs, true); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
-
-func sha256Hex(b []byte) string {
-	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
-}
-
-// multipartBody wraps an archive as the part "file" of a form.
-func multipartBody(t testing.TB, fileName string, data []byte) ([]byte, string) {
-	t.Helper()
-	var buf bytes.Buffer
-	mw := multipart.NewWriter(&buf)
-	w, err := mw.CreateFormFile("file", fileName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Write(data)
-	mw.Close()
-	return buf.Bytes(), mw.FormDataContentType()
-}
-
-// upload sends an archive as a multipart upload.
-func (s *testServer) upload(t *testing.T, c creds, data []byte) *response {
-	t.Helper()
-	body, ct := multipartBody(t, "bundle.tar.gz", data)
-	return s.Send(t, req{Method: "POST", Path: "/api/v1/firmware-bundles", Creds: c, Raw: body, ContentType: ct})
-}
-
-// mustUpload uploads an archive and returns the completed bundle.
-func (s *testServer) mustUpload(t *testing.T, c creds, data []byte) bundle {
-	t.Helper()
-	var b bundle
-	s.upload(t, c, data).Want(t, 201).Decode(t, &b)
-	return b
-}
-
-// putFile sends the archive of a pending record.
-func (s *testServer) putFile(t *testing.T, c creds, id string, data []byte) *response {
-	t.Helper()
-	return s.Send(t, req{Method: "PUT", Path: "/api/v1/firmware-bundles/id/" + id + "/file", Creds: c, Raw: data, ContentType: "application/octet-stream"})
-}
-
 // get makes a raw request, not validated against the OpenAPI document:
 // for archives, ranges and conditional answers.
-func (s *testServer) get(t *testing.T, c creds, path string, header ...string) (*http.Response, []byte) {
+func (s *testServer) get(t *testing.T, c fleetdtest.Creds, path string, header ...string) (*http.Response, []byte) {
 	t.Helper()
 	hr, err := http.NewRequest("GET", s.URL+path, nil)
 	if err != nil {
@@ -189,14 +101,14 @@ func (s *testServer) dataFiles(t *testing.T) []string {
 }
 
 // bundleCount is how many bundles the tenant has.
-func (s *testServer) bundleCount(t *testing.T, c creds) int {
+func (s *testServer) bundleCount(t *testing.T, c fleetdtest.Creds) int {
 	t.Helper()
 	var list struct{ Count int }
 	s.Do(t, c, "GET", "/api/v1/firmware-bundles", nil).Want(t, 200).Decode(t, &list)
 	return list.Count
 }
 
-func wantError(t *testing.T, r *response, status int, field string, words ...string) {
+func wantError(t *testing.T, r *fleetdtest.Response, status int, field string, words ...string) {
 	t.Helper()
 	r.Want(t, status)
 	var e struct {
@@ -214,36 +126,30 @@ func wantError(t *testing.T, r *response, status int, field string, words ...str
 	}
 }
 
-var (
-	bootloader = part{name: "bootloader", version: "1.2.0", body: "bootloader 1.2.0"}
-	app230     = part{name: "app", version: "2.3.0", body: strings.Repeat("app 2.3.0 ", 5000),
-		deps: []fleet.Dependency{{ComponentName: "bootloader", MinVersion: "1.1.0"}}}
-)
-
 func TestFirmwareUploads(t *testing.T) {
 	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
 		s := startServerOn(t, b, store)
 		admin := s.Admin()
-		data := makeBundle(t, "2.3.0", bootloader, app230)
-		var first bundle
+		data := fleetdtest.MakeBundle(t, "2.3.0", fleetdtest.Bootloader, fleetdtest.App230)
+		var first fleetdtest.Bundle
 
 		t.Run("Multipart", func(t *testing.T) {
-			r := s.upload(t, admin, data).Want(t, 201)
+			r := s.Upload(t, admin, data).Want(t, 201)
 			r.Decode(t, &first)
 			if loc := r.Header.Get("Location"); !strings.HasSuffix(loc, "/api/v1/firmware-bundles/id/"+first.ID) {
 				t.Fatalf("Location = %q", loc)
 			}
 			if first.UploadStatus != "completed" || first.Version != "2.3.0" || first.FileName != "bundle.tar.gz" ||
-				*first.Checksum != sha256Hex(data) || *first.ContentLength != int64(len(data)) || *first.UncompressedSize <= int64(len(data)) {
+				*first.Checksum != fleetdtest.SHA256Hex(data) || *first.ContentLength != int64(len(data)) || *first.UncompressedSize <= int64(len(data)) {
 				t.Fatalf("bundle = %+v", first)
 			}
-			if len(first.Firmwares) != 2 || first.Firmwares[1].ComponentName != "app" || first.Firmwares[1].Checksum != sha256Hex([]byte(app230.body)) ||
-				first.Firmwares[1].ContentLength != int64(len(app230.body)) || first.Firmwares[1].Dependencies[0].MinVersion != "1.1.0" {
+			if len(first.Firmwares) != 2 || first.Firmwares[1].ComponentName != "app" || first.Firmwares[1].Checksum != fleetdtest.SHA256Hex([]byte(fleetdtest.App230.Body)) ||
+				first.Firmwares[1].ContentLength != int64(len(fleetdtest.App230.Body)) || first.Firmwares[1].Dependencies[0].MinVersion != "1.1.0" {
 				t.Fatalf("firmwares = %+v", first.Firmwares)
 			}
 		})
 		t.Run("ReadS6", func(t *testing.T) {
-			var byVersion, byID bundle
+			var byVersion, byID fleetdtest.Bundle
 			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/version/2.3.0", nil).Want(t, 200).Decode(t, &byVersion)
 			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+first.ID, nil).Want(t, 200).Decode(t, &byID)
 			if byVersion.ID != first.ID || byID.ID != first.ID || len(byVersion.Firmwares) != 2 {
@@ -254,11 +160,11 @@ func TestFirmwareUploads(t *testing.T) {
 			wantError(t, s.Do(t, admin, "GET", "/api/v1/firmware-bundles/id/not-a-uuid", nil), 400, "id")
 		})
 		t.Run("TransitUUIDs", func(t *testing.T) {
-			r := s.Send(t, req{Method: "GET", Path: "/api/v1/firmware-bundles/id/" + first.ID, Creds: admin, Header: http.Header{"Accept": {"application/transit+json"}}}).Want(t, 200)
+			r := s.Send(t, fleetdtest.Req{Method: "GET", Path: "/api/v1/firmware-bundles/id/" + first.ID, Creds: admin, Header: http.Header{"Accept": {"application/transit+json"}}}).Want(t, 200)
 			if !bytes.Contains(r.Body, []byte(`"~u`+first.ID+`"`)) {
 				t.Fatalf("the Transit answer does not carry the id as a UUID: %s", r.Body[:min(200, len(r.Body))])
 			}
-			r = s.Send(t, req{Method: "GET", Path: "/api/v1/firmware-bundles/id/" + first.ID, Creds: admin, Header: http.Header{"Accept": {"application/edn"}}}).Want(t, 200)
+			r = s.Send(t, fleetdtest.Req{Method: "GET", Path: "/api/v1/firmware-bundles/id/" + first.ID, Creds: admin, Header: http.Header{"Accept": {"application/edn"}}}).Want(t, 200)
 			if !bytes.Contains(r.Body, []byte(`#uuid "`+first.ID+`"`)) {
 				t.Fatalf("the EDN answer does not carry the id as a UUID")
 			}
@@ -267,8 +173,8 @@ func TestFirmwareUploads(t *testing.T) {
 			// A re-run CI job uploads its build again: the bundle there
 			// is, 200, and nothing more stored.
 			files, n := s.dataFiles(t), s.bundleCount(t, admin)
-			var again bundle
-			r := s.upload(t, admin, data).Want(t, 200)
+			var again fleetdtest.Bundle
+			r := s.Upload(t, admin, data).Want(t, 200)
 			r.Decode(t, &again)
 			if again.ID != first.ID || again.UploadStatus != "completed" || len(again.Firmwares) != 2 {
 				t.Fatalf("the same archive again: %+v, want bundle %s", again, first.ID)
@@ -281,16 +187,16 @@ func TestFirmwareUploads(t *testing.T) {
 			}
 		})
 		t.Run("VersionConflict", func(t *testing.T) {
-			wantError(t, s.upload(t, admin, makeBundle(t, "2.3.0", part{name: "other", version: "1.0.0", body: "x"})), 409, "", "2.3.0", "another archive")
+			wantError(t, s.Upload(t, admin, fleetdtest.MakeBundle(t, "2.3.0", fleetdtest.Part{Name: "other", Version: "1.0.0", Body: "x"})), 409, "", "2.3.0", "another archive")
 			wantError(t, s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "2.3.0", "file_name": "x.tar.gz"}), 409, "", "2.3.0")
 		})
 		t.Run("ComponentConflict", func(t *testing.T) {
-			changed := app230
-			changed.body = "another app 2.3.0"
-			wantError(t, s.upload(t, admin, makeBundle(t, "2.3.1", bootloader, changed)), 409, "", "app", "2.3.0", "checksum")
+			changed := fleetdtest.App230
+			changed.Body = "another app 2.3.0"
+			wantError(t, s.Upload(t, admin, fleetdtest.MakeBundle(t, "2.3.1", fleetdtest.Bootloader, changed)), 409, "", "app", "2.3.0", "checksum")
 		})
 		t.Run("SharedFirmware", func(t *testing.T) {
-			b := s.mustUpload(t, admin, makeBundle(t, "2.4.0", bootloader, part{name: "app", version: "2.4.0", body: "app 2.4.0"}))
+			b := s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "2.4.0", fleetdtest.Bootloader, fleetdtest.Part{Name: "app", Version: "2.4.0", Body: "app 2.4.0"}))
 			if b.Firmwares[0].ID != first.Firmwares[0].ID {
 				t.Fatalf("bootloader 1.2.0 is not shared: %s vs %s", b.Firmwares[0].ID, first.Firmwares[0].ID)
 			}
@@ -298,25 +204,25 @@ func TestFirmwareUploads(t *testing.T) {
 		t.Run("Rejections", func(t *testing.T) {
 			before := s.dataFiles(t)
 			noManifest := makeTar(t, false, "app.bin", "x")
-			wantError(t, s.upload(t, admin, noManifest), 400, "", "manifest.json")
-			wantError(t, s.upload(t, admin, []byte("\x1f\x8b\x08\x00garbage")), 400, "", "gzip")
+			wantError(t, s.Upload(t, admin, noManifest), 400, "", "manifest.json")
+			wantError(t, s.Upload(t, admin, []byte("\x1f\x8b\x08\x00garbage")), 400, "", "gzip")
 			escape := makeTar(t, false, "../evil", "x", "manifest.json", `{}`)
-			wantError(t, s.upload(t, admin, escape), 400, "", "../evil")
+			wantError(t, s.Upload(t, admin, escape), 400, "", "../evil")
 			contradiction := makeTar(t, true, "boot.bin", "b", "app.bin", "a", "manifest.json", `{"version": "5.0.0", "components": [
 				{"component_name": "bootloader", "version_number": "1.0.0", "file_name": "boot.bin"},
 				{"component_name": "app", "version_number": "5.0.0", "file_name": "app.bin", "dependencies": [{"component_name": "bootloader", "min_version": "1.1.0"}]}]}`)
-			wantError(t, s.upload(t, admin, contradiction), 400, "manifest.components", "bootloader >= 1.1.0")
+			wantError(t, s.Upload(t, admin, contradiction), 400, "manifest.components", "bootloader >= 1.1.0")
 			missing := makeTar(t, false, "manifest.json", `{"version": "5.0.0", "components": [{"component_name": "app", "version_number": "5.0.0", "file_name": "app.bin"}]}`)
-			wantError(t, s.upload(t, admin, missing), 400, "manifest.components[0].file_name", "app.bin")
+			wantError(t, s.Upload(t, admin, missing), 400, "manifest.components[0].file_name", "app.bin")
 			if after := s.dataFiles(t); len(after) != len(before) {
 				t.Fatalf("refused uploads left files: %v, before %v", after, before)
 			}
 		})
 		t.Run("BadRequests", func(t *testing.T) {
-			body, ct := multipartBody(t, "x", data)
+			body, ct := fleetdtest.MultipartBody(t, "x", data)
 			wrongPart := bytes.Replace(body, []byte(`name="file"`), []byte(`name="archive"`), 1)
-			wantError(t, s.Send(t, req{Method: "POST", Path: "/api/v1/firmware-bundles", Creds: admin, Raw: wrongPart, ContentType: ct}), 400, "archive")
-			r := s.Send(t, req{Method: "POST", Path: "/api/v1/firmware-bundles", Creds: admin, Raw: data, ContentType: "application/zip"}).Want(t, 415)
+			wantError(t, s.Send(t, fleetdtest.Req{Method: "POST", Path: "/api/v1/firmware-bundles", Creds: admin, Raw: wrongPart, ContentType: ct}), 400, "archive")
+			r := s.Send(t, fleetdtest.Req{Method: "POST", Path: "/api/v1/firmware-bundles", Creds: admin, Raw: data, ContentType: "application/zip"}).Want(t, 415)
 			if !strings.Contains(string(r.Body), "multipart/form-data") {
 				t.Fatalf("415 does not say what to send: %s", r.Body)
 			}
@@ -327,7 +233,7 @@ func TestFirmwareUploads(t *testing.T) {
 		})
 		t.Run("List", func(t *testing.T) {
 			var list struct {
-				FirmwareBundles []bundle `json:"firmware_bundles"`
+				FirmwareBundles []fleetdtest.Bundle `json:"firmware_bundles"`
 				Count           int
 			}
 			s.Do(t, admin, "GET", "/api/v1/firmware-bundles?limit=1", nil).Want(t, 200).Decode(t, &list)
@@ -358,9 +264,9 @@ func TestFirmwarePendingUploads(t *testing.T) {
 	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
 		s := startServerOn(t, b, store)
 		admin := s.Admin()
-		pending := func(version string) bundle {
+		pending := func(version string) fleetdtest.Bundle {
 			t.Helper()
-			var p bundle
+			var p fleetdtest.Bundle
 			r := s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": version, "file_name": "fw-" + version + ".tar.gz"}).Want(t, 201)
 			r.Decode(t, &p)
 			if p.UploadStatus != "pending" || p.Checksum != nil || !strings.HasSuffix(r.Header.Get("Location"), "/id/"+p.ID) {
@@ -370,17 +276,17 @@ func TestFirmwarePendingUploads(t *testing.T) {
 		}
 		declare := func(id string, data []byte) map[string]any {
 			zr := gunzipLen(t, data)
-			return map[string]any{"uncompressed_size": zr, "checksum": sha256Hex(data), "content_length": len(data)}
+			return map[string]any{"uncompressed_size": zr, "checksum": fleetdtest.SHA256Hex(data), "content_length": len(data)}
 		}
-		bundleOf := func(id string) bundle {
-			var got bundle
+		bundleOf := func(id string) fleetdtest.Bundle {
+			var got fleetdtest.Bundle
 			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+id, nil).Want(t, 200).Decode(t, &got)
 			return got
 		}
 
 		t.Run("DeclareThenFile", func(t *testing.T) {
 			p := pending("1.0.0")
-			data := makeBundle(t, "1.0.0", part{name: "app", version: "1.0.0", body: "app 1.0.0"})
+			data := fleetdtest.MakeBundle(t, "1.0.0", fleetdtest.Part{Name: "app", Version: "1.0.0", Body: "app 1.0.0"})
 			r := s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)).Want(t, 204)
 			if len(r.Body) != 0 {
 				t.Fatalf("S5 answered a body: %s", r.Body)
@@ -388,23 +294,23 @@ func TestFirmwarePendingUploads(t *testing.T) {
 			if got := bundleOf(p.ID); got.UploadStatus != "pending" || got.Declared == nil {
 				t.Fatalf("after S5 alone: %+v", got)
 			}
-			var done bundle
-			s.putFile(t, admin, p.ID, data).Want(t, 200).Decode(t, &done)
-			if done.UploadStatus != "completed" || *done.Checksum != sha256Hex(data) || len(done.Firmwares) != 1 || done.FileName != "fw-1.0.0.tar.gz" {
+			var done fleetdtest.Bundle
+			s.PutFile(t, admin, p.ID, data).Want(t, 200).Decode(t, &done)
+			if done.UploadStatus != "completed" || *done.Checksum != fleetdtest.SHA256Hex(data) || len(done.Firmwares) != 1 || done.FileName != "fw-1.0.0.tar.gz" {
 				t.Fatalf("after the file: %+v", done)
 			}
 		})
 		t.Run("FileThenDeclare", func(t *testing.T) {
 			p := pending("1.0.1")
-			data := makeBundle(t, "1.0.1", part{name: "app", version: "1.0.1", body: "app 1.0.1"})
-			var got bundle
-			s.putFile(t, admin, p.ID, data).Want(t, 200).Decode(t, &got)
-			if got.UploadStatus != "pending" || *got.Checksum != sha256Hex(data) {
+			data := fleetdtest.MakeBundle(t, "1.0.1", fleetdtest.Part{Name: "app", Version: "1.0.1", Body: "app 1.0.1"})
+			var got fleetdtest.Bundle
+			s.PutFile(t, admin, p.ID, data).Want(t, 200).Decode(t, &got)
+			if got.UploadStatus != "pending" || *got.Checksum != fleetdtest.SHA256Hex(data) {
 				t.Fatalf("after the file alone: %+v", got)
 			}
 			// In any of the four encodings; with Prefer, the bundle.
-			r := s.Send(t, req{Method: "PUT", Path: "/api/v1/firmware-bundles/id/" + p.ID, Creds: admin,
-				Raw:         []byte(fmt.Sprintf(`{:checksum %q :content_length %d :uncompressed_size %d}`, sha256Hex(data), len(data), gunzipLen(t, data))),
+			r := s.Send(t, fleetdtest.Req{Method: "PUT", Path: "/api/v1/firmware-bundles/id/" + p.ID, Creds: admin,
+				Raw:         []byte(fmt.Sprintf(`{:checksum %q :content_length %d :uncompressed_size %d}`, fleetdtest.SHA256Hex(data), len(data), gunzipLen(t, data))),
 				ContentType: "application/edn", Header: http.Header{"Prefer": {"return=representation"}}}).Want(t, 200)
 			r.Decode(t, &got)
 			if got.UploadStatus != "completed" || len(got.Firmwares) != 1 {
@@ -422,8 +328,8 @@ func TestFirmwarePendingUploads(t *testing.T) {
 		})
 		t.Run("MismatchAfterFile", func(t *testing.T) {
 			p := pending("1.0.2")
-			data := makeBundle(t, "1.0.2", part{name: "app", version: "1.0.2", body: "app 1.0.2"})
-			s.putFile(t, admin, p.ID, data).Want(t, 200)
+			data := fleetdtest.MakeBundle(t, "1.0.2", fleetdtest.Part{Name: "app", Version: "1.0.2", Body: "app 1.0.2"})
+			s.PutFile(t, admin, p.ID, data).Want(t, 200)
 			filesWithArchive := len(s.dataFiles(t))
 			wrong := declare(p.ID, data)
 			wrong["checksum"] = strings.Repeat("0", 64)
@@ -432,7 +338,7 @@ func TestFirmwarePendingUploads(t *testing.T) {
 			if got.UploadStatus != "failed" || !strings.Contains(got.UploadError, "checksum") || strings.Contains(got.UploadError, "content_length") {
 				t.Fatalf("after a wrong checksum: %+v", got)
 			}
-			var s6 bundle
+			var s6 fleetdtest.Bundle
 			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/version/1.0.2", nil).Want(t, 200).Decode(t, &s6)
 			if s6.UploadError == "" || s6.UploadStatus != "failed" {
 				t.Fatalf("S6 of a failed bundle = %+v", s6)
@@ -442,7 +348,7 @@ func TestFirmwarePendingUploads(t *testing.T) {
 			}
 			// Failed is final.
 			wantError(t, s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)), 409, "", "failed")
-			wantError(t, s.putFile(t, admin, p.ID, data), 409, "", "failed")
+			wantError(t, s.PutFile(t, admin, p.ID, data), 409, "", "failed")
 			resp, _ := s.get(t, admin, "/api/v1/firmware-bundles/id/"+p.ID+"/artifact")
 			if resp.StatusCode != 409 {
 				t.Fatalf("artifact of a failed bundle: %d", resp.StatusCode)
@@ -450,7 +356,7 @@ func TestFirmwarePendingUploads(t *testing.T) {
 			// The version is free again.
 			retry := pending("1.0.2")
 			s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+retry.ID, declare(retry.ID, data)).Want(t, 204)
-			s.putFile(t, admin, retry.ID, data).Want(t, 200)
+			s.PutFile(t, admin, retry.ID, data).Want(t, 200)
 			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/version/1.0.2", nil).Want(t, 200).Decode(t, &s6)
 			if s6.ID != retry.ID || s6.UploadStatus != "completed" {
 				t.Fatalf("S6 after a retry = %+v", s6)
@@ -458,46 +364,46 @@ func TestFirmwarePendingUploads(t *testing.T) {
 		})
 		t.Run("MismatchAtFile", func(t *testing.T) {
 			p := pending("1.0.3")
-			data := makeBundle(t, "1.0.3", part{name: "app", version: "1.0.3", body: "app 1.0.3"})
+			data := fleetdtest.MakeBundle(t, "1.0.3", fleetdtest.Part{Name: "app", Version: "1.0.3", Body: "app 1.0.3"})
 			wrong := declare(p.ID, data)
 			wrong["uncompressed_size"] = 1
 			s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, wrong).Want(t, 204)
-			wantError(t, s.putFile(t, admin, p.ID, data), 409, "uncompressed_size", "uncompressed_size")
+			wantError(t, s.PutFile(t, admin, p.ID, data), 409, "uncompressed_size", "uncompressed_size")
 			if got := bundleOf(p.ID); got.UploadStatus != "failed" || !strings.Contains(got.UploadError, "uncompressed_size") {
 				t.Fatalf("after the file: %+v", got)
 			}
 		})
 		t.Run("ReUploads", func(t *testing.T) {
 			p := pending("1.0.4")
-			data := makeBundle(t, "1.0.4", part{name: "app", version: "1.0.4", body: "app 1.0.4"})
-			s.putFile(t, admin, p.ID, data).Want(t, 200)
-			wantError(t, s.putFile(t, admin, p.ID, data), 409, "", "already")
+			data := fleetdtest.MakeBundle(t, "1.0.4", fleetdtest.Part{Name: "app", Version: "1.0.4", Body: "app 1.0.4"})
+			s.PutFile(t, admin, p.ID, data).Want(t, 200)
+			wantError(t, s.PutFile(t, admin, p.ID, data), 409, "", "already")
 			s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)).Want(t, 204)
 			// The same bytes again to the completed bundle are a re-run:
 			// 200 with it. Others are a change, refused.
 			files := s.dataFiles(t)
-			var again bundle
-			s.putFile(t, admin, p.ID, data).Want(t, 200).Decode(t, &again)
-			if again.ID != p.ID || again.UploadStatus != "completed" || *again.Checksum != sha256Hex(data) {
+			var again fleetdtest.Bundle
+			s.PutFile(t, admin, p.ID, data).Want(t, 200).Decode(t, &again)
+			if again.ID != p.ID || again.UploadStatus != "completed" || *again.Checksum != fleetdtest.SHA256Hex(data) {
 				t.Fatalf("the same file again: %+v", again)
 			}
-			wantError(t, s.putFile(t, admin, p.ID, makeBundle(t, "1.0.4", part{name: "app", version: "1.0.4", body: "rebuilt"})), 409, "", "completed")
+			wantError(t, s.PutFile(t, admin, p.ID, fleetdtest.MakeBundle(t, "1.0.4", fleetdtest.Part{Name: "app", Version: "1.0.4", Body: "rebuilt"})), 409, "", "completed")
 			if got := s.dataFiles(t); strings.Join(got, " ") != strings.Join(files, " ") {
 				t.Fatalf("files %v, want %v", got, files)
 			}
 		})
 		t.Run("ManifestVersionDiffers", func(t *testing.T) {
 			p := pending("1.0.5")
-			wantError(t, s.putFile(t, admin, p.ID, makeBundle(t, "1.0.6", part{name: "app", version: "1.0.6", body: "x"})), 400, "manifest.version", "1.0.5")
+			wantError(t, s.PutFile(t, admin, p.ID, fleetdtest.MakeBundle(t, "1.0.6", fleetdtest.Part{Name: "app", Version: "1.0.6", Body: "x"})), 400, "manifest.version", "1.0.5")
 			if got := bundleOf(p.ID); got.UploadStatus != "pending" || got.Checksum != nil {
 				t.Fatalf("a refused archive changed the record: %+v", got)
 			}
 		})
 		t.Run("MultipartFile", func(t *testing.T) {
 			p := pending("1.0.7")
-			data := makeBundle(t, "1.0.7", part{name: "app", version: "1.0.7", body: "x7"})
-			body, ct := multipartBody(t, "ignored.tar.gz", data)
-			s.Send(t, req{Method: "PUT", Path: "/api/v1/firmware-bundles/id/" + p.ID + "/file", Creds: admin, Raw: body, ContentType: ct}).Want(t, 200)
+			data := fleetdtest.MakeBundle(t, "1.0.7", fleetdtest.Part{Name: "app", Version: "1.0.7", Body: "x7"})
+			body, ct := fleetdtest.MultipartBody(t, "ignored.tar.gz", data)
+			s.Send(t, fleetdtest.Req{Method: "PUT", Path: "/api/v1/firmware-bundles/id/" + p.ID + "/file", Creds: admin, Raw: body, ContentType: ct}).Want(t, 200)
 		})
 		t.Run("StrictS5", func(t *testing.T) {
 			p := pending("1.0.8")
@@ -518,14 +424,14 @@ func TestFirmwarePendingUploads(t *testing.T) {
 			}
 			wantError(t, s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, extra), 400, "upload_status")
 			// 30.0 is an integer.
-			s.Send(t, req{Method: "PUT", Path: "/api/v1/firmware-bundles/id/" + p.ID, Creds: admin,
+			s.Send(t, fleetdtest.Req{Method: "PUT", Path: "/api/v1/firmware-bundles/id/" + p.ID, Creds: admin,
 				Raw: []byte(`{"uncompressed_size": 10.0, "checksum": "` + strings.Repeat("A", 64) + `", "content_length": 5}`), ContentType: "application/json"}).Want(t, 204)
 			wantError(t, s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/00000000-0000-0000-0000-000000000000", good), 404, "")
 		})
 		t.Run("Delete", func(t *testing.T) {
 			p := pending("1.0.9")
-			data := makeBundle(t, "1.0.9", part{name: "app", version: "1.0.9", body: "x9"})
-			s.putFile(t, admin, p.ID, data).Want(t, 200)
+			data := fleetdtest.MakeBundle(t, "1.0.9", fleetdtest.Part{Name: "app", Version: "1.0.9", Body: "x9"})
+			s.PutFile(t, admin, p.ID, data).Want(t, 200)
 			before := len(s.dataFiles(t))
 			s.Do(t, admin, "DELETE", "/api/v1/firmware-bundles/id/"+p.ID, nil).Want(t, 204)
 			wantError(t, s.Do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+p.ID, nil), 404, "")
@@ -554,10 +460,10 @@ func TestFirmwareUploadFailuresLeaveNothing(t *testing.T) {
 			`{"version": "1.0.0", "components": [{"component_name": "app", "version_number": "1.0.0", "file_name": "app.bin"}]}`)
 
 		t.Run("TooLarge", func(t *testing.T) {
-			wantError(t, s.upload(t, admin, big), 413, "")
-			p := bundle{}
+			wantError(t, s.Upload(t, admin, big), 413, "")
+			p := fleetdtest.Bundle{}
 			s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "1.0.0", "file_name": "a.tar"}).Want(t, 201).Decode(t, &p)
-			wantError(t, s.putFile(t, admin, p.ID, big), 413, "")
+			wantError(t, s.PutFile(t, admin, p.ID, big), 413, "")
 			// Without a Content-Length the limit is found while streaming.
 			hr, _ := http.NewRequest("PUT", s.URL+"/api/v1/firmware-bundles/id/"+p.ID+"/file", io.MultiReader(bytes.NewReader(big)))
 			hr.Header.Set("Content-Type", "application/octet-stream")
@@ -571,7 +477,7 @@ func TestFirmwareUploadFailuresLeaveNothing(t *testing.T) {
 			if resp.StatusCode != 413 || hr.ContentLength > 0 {
 				t.Fatalf("chunked upload over the limit: %d", resp.StatusCode)
 			}
-			var got bundle
+			var got fleetdtest.Bundle
 			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+p.ID, nil).Want(t, 200).Decode(t, &got)
 			if got.UploadStatus != "pending" || got.Checksum != nil {
 				t.Fatalf("after refused uploads: %+v", got)
@@ -579,7 +485,7 @@ func TestFirmwareUploadFailuresLeaveNothing(t *testing.T) {
 			s.Do(t, admin, "DELETE", "/api/v1/firmware-bundles/id/"+p.ID, nil).Want(t, 204)
 		})
 		t.Run("ClientCut", func(t *testing.T) {
-			body, ct := multipartBody(t, "b.tar", big[:60_000])
+			body, ct := fleetdtest.MultipartBody(t, "b.tar", big[:60_000])
 			conn, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
 			if err != nil {
 				t.Fatal(err)
@@ -589,9 +495,9 @@ func TestFirmwareUploadFailuresLeaveNothing(t *testing.T) {
 			conn.Write(body[:len(body)-100])
 			// Once the server streams the upload to a temporary file, cut
 			// the connection; the server must remove the file.
-			eventually(t, "a temporary file", func() bool { return len(s.dataFiles(t)) > 0 })
+			fleetdtest.Eventually(t, "a temporary file", func() bool { return len(s.dataFiles(t)) > 0 })
 			conn.Close()
-			eventually(t, "no files", func() bool { return len(s.dataFiles(t)) == 0 })
+			fleetdtest.Eventually(t, "no files", func() bool { return len(s.dataFiles(t)) == 0 })
 		})
 		t.Run("NothingRemains", func(t *testing.T) {
 			if files := s.dataFiles(t); len(files) != 0 {
@@ -618,10 +524,10 @@ func TestFirmwareArtifact(t *testing.T) {
 		s := startServerOn(t, b, store)
 		admin := s.Admin()
 		viewer := s.NewKey(t, admin, "viewer", "viewer")
-		data := makeBundle(t, "2.3.0", bootloader, app230)
-		bd := s.mustUpload(t, admin, data)
+		data := fleetdtest.MakeBundle(t, "2.3.0", fleetdtest.Bootloader, fleetdtest.App230)
+		bd := s.MustUpload(t, admin, data)
 		path := "/api/v1/firmware-bundles/id/" + bd.ID + "/artifact"
-		etag := `"` + sha256Hex(data) + `"`
+		etag := `"` + fleetdtest.SHA256Hex(data) + `"`
 
 		t.Run("Whole", func(t *testing.T) {
 			resp, body := s.get(t, viewer, path)
@@ -697,7 +603,7 @@ func TestFirmwareArtifact(t *testing.T) {
 			}
 		})
 		t.Run("Refused", func(t *testing.T) {
-			for name, c := range map[string]creds{"NoKey": {}, "WrongKey": {Tenant: admin.Tenant, Key: "fk_wrong"}} {
+			for name, c := range map[string]fleetdtest.Creds{"NoKey": {}, "WrongKey": {Tenant: admin.Tenant, Key: "fk_wrong"}} {
 				if resp, _ := s.get(t, c, path); resp.StatusCode != 401 {
 					t.Errorf("%s: %d, want 401", name, resp.StatusCode)
 				}
@@ -716,7 +622,7 @@ func TestFirmwareArtifact(t *testing.T) {
 			if resp, _ := s.get(t, viewer, path+"?tenant=default&expires=99999999999&signature=AAAA"); resp.StatusCode != 401 {
 				t.Errorf("forged signature: %d, want 401", resp.StatusCode)
 			}
-			var p bundle
+			var p fleetdtest.Bundle
 			s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "9.0.0", "file_name": "x.tar"}).Want(t, 201).Decode(t, &p)
 			if resp, _ := s.get(t, viewer, "/api/v1/firmware-bundles/id/"+p.ID+"/artifact"); resp.StatusCode != 409 {
 				t.Errorf("pending bundle: %d, want 409", resp.StatusCode)
@@ -730,10 +636,10 @@ func TestFirmwareComponents(t *testing.T) {
 		s := startServer(t, b)
 		admin := s.Admin()
 		for _, v := range []string{"1.9.9", "1.10.0", "1.2.0"} {
-			s.mustUpload(t, admin, makeBundle(t, v, part{name: "app", version: v, body: "app " + v}))
+			s.MustUpload(t, admin, fleetdtest.MakeBundle(t, v, fleetdtest.Part{Name: "app", Version: v, Body: "app " + v}))
 		}
 		type list struct {
-			Firmwares []firmwareJSON
+			Firmwares []fleetdtest.FirmwareJSON
 			Count     int
 		}
 
@@ -752,14 +658,14 @@ func TestFirmwareComponents(t *testing.T) {
 			if len(r.Body) != 0 {
 				t.Fatalf("S8 answered a body: %s", r.Body)
 			}
-			var fw firmwareJSON
-			s.Send(t, req{Method: "PUT", Path: path, Creds: admin, Body: map[string]any{
+			var fw fleetdtest.FirmwareJSON
+			s.Send(t, fleetdtest.Req{Method: "PUT", Path: path, Creds: admin, Body: map[string]any{
 				"uncompressed_size": 4096, "dependencies": []any{map[string]any{"component_name": "bootloader", "min_version": "1.1.0"}},
 			}, Header: http.Header{"Prefer": {"return=representation"}}}).Want(t, 200).Decode(t, &fw)
 			if !fw.IsDeactivated || fw.UncompressedSize != 4096 || len(fw.Dependencies) != 1 || fw.Dependencies[0].ComponentName != "bootloader" {
 				t.Fatalf("after S8: %+v", fw)
 			}
-			var bd bundle
+			var bd fleetdtest.Bundle
 			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/version/1.9.9", nil).Want(t, 200).Decode(t, &bd)
 			if !bd.Firmwares[0].IsDeactivated {
 				t.Fatal("S6 does not show the deactivation")
@@ -792,11 +698,11 @@ func TestFirmwareAccess(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
-		bd := s.mustUpload(t, admin, makeBundle(t, "2.3.0", bootloader, app230))
-		var p bundle
+		bd := s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "2.3.0", fleetdtest.Bootloader, fleetdtest.App230))
+		var p fleetdtest.Bundle
 		s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "3.0.0", "file_name": "x.tar.gz"}).Want(t, 201).Decode(t, &p)
-		archive := makeBundle(t, "3.0.0", part{name: "app", version: "3.0.0", body: "x"})
-		decl := map[string]any{"uncompressed_size": gunzipLen(t, archive), "checksum": sha256Hex(archive), "content_length": len(archive)}
+		archive := fleetdtest.MakeBundle(t, "3.0.0", fleetdtest.Part{Name: "app", Version: "3.0.0", Body: "x"})
+		decl := map[string]any{"uncompressed_size": gunzipLen(t, archive), "checksum": fleetdtest.SHA256Hex(archive), "content_length": len(archive)}
 		s8 := map[string]any{"is_deactivated": false}
 
 		type call struct {
@@ -815,8 +721,8 @@ func TestFirmwareAccess(t *testing.T) {
 			{"S8", "PUT", "/api/v1/firmwares/component/app/2.3.0", s8, true},
 			{"Delete", "DELETE", "/api/v1/firmware-bundles/id/" + p.ID, nil, true},
 		}
-		send := func(c creds, cl call) *response {
-			rq := req{Method: cl.method, Path: cl.path, Creds: c, Body: cl.body}
+		send := func(c fleetdtest.Creds, cl call) *fleetdtest.Response {
+			rq := fleetdtest.Req{Method: cl.method, Path: cl.path, Creds: c, Body: cl.body}
 			if raw, ok := cl.body.([]byte); ok {
 				rq.Body, rq.Raw, rq.ContentType = nil, raw, "application/octet-stream"
 			}
@@ -836,7 +742,7 @@ func TestFirmwareAccess(t *testing.T) {
 				} else if got := send(viewer, cl).Status; got != 200 {
 					t.Errorf("viewer %s: %d, want 200", cl.name, got)
 				}
-				if got := send(creds{Tenant: admin.Tenant, Key: "fk_nope"}, cl).Status; got != 401 {
+				if got := send(fleetdtest.Creds{Tenant: admin.Tenant, Key: "fk_nope"}, cl).Status; got != 401 {
 					t.Errorf("wrong key %s: %d, want 401", cl.name, got)
 				}
 			}
@@ -861,7 +767,7 @@ func TestFirmwareAccess(t *testing.T) {
 				}
 			}
 			// Nothing the other tenant did touched ours.
-			var got bundle
+			var got fleetdtest.Bundle
 			s.Do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+p.ID, nil).Want(t, 200).Decode(t, &got)
 			if got.UploadStatus != "pending" || got.Declared != nil || got.Checksum != nil {
 				t.Fatalf("our pending bundle changed: %+v", got)
@@ -975,7 +881,7 @@ func uploadFlat(t *testing.T, store string, size int64) {
 	if resp.StatusCode != 201 {
 		t.Fatalf("upload: %d %s", resp.StatusCode, body)
 	}
-	var b bundle
+	var b fleetdtest.Bundle
 	if err := json.Unmarshal(body, &b); err != nil {
 		t.Fatal(err)
 	}
@@ -1002,7 +908,7 @@ func uploadFlat(t *testing.T, store string, size int64) {
 func runCLI(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	err := run(t.Context(), args, noEnv, strings.NewReader(""), &out, &errOut)
+	err := run(t.Context(), args, fleetdtest.NoEnv, strings.NewReader(""), &out, &errOut)
 	return out.String(), err
 }
 
@@ -1037,17 +943,31 @@ func TestBundleCreate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if decl.Checksum != sha256Hex(data) || decl.ContentLength != int64(len(data)) {
+	if decl.Checksum != fleetdtest.SHA256Hex(data) || decl.ContentLength != int64(len(data)) {
 		t.Fatalf("declaration %+v does not describe the archive", decl)
 	}
 
+	t.Run("SameAsFleetctl", func(t *testing.T) {
+		// The same inputs make the same archive as fleetctl firmware bundle create.
+		twin := filepath.Join(dir, "twin.tar.gz")
+		var ctlOut, ctlErr bytes.Buffer
+		code := ctl.Run(t.Context(), []string{"firmware", "bundle", "create", "--version", "2.3.0", "--out", twin,
+			"bootloader=1.2.0:" + boot, "app=2.3.0:" + app, "--depends", "app:bootloader>=1.1.0"},
+			ctl.Env{Getenv: fleetdtest.NoEnv, Stdin: strings.NewReader(""), Stdout: &ctlOut, Stderr: &ctlErr})
+		if code != 0 {
+			t.Fatalf("fleetctl firmware bundle create: exit %d\n%s", code, ctlErr.String())
+		}
+		if b, _ := os.ReadFile(twin); !bytes.Equal(data, b) {
+			t.Fatal("fleetctl and fleetd built different archives of the same inputs")
+		}
+	})
 	t.Run("TwoStepUpload", func(t *testing.T) {
 		s := startServer(t, sqlstoretest.Backends()[0])
 		admin := s.Admin()
-		var p, got bundle
+		var p, got fleetdtest.Bundle
 		s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "2.3.0", "file_name": "fw-2.3.0.tar.gz"}).Want(t, 201).Decode(t, &p)
-		s.Send(t, req{Method: "PUT", Path: "/api/v1/firmware-bundles/id/" + p.ID, Creds: admin, Raw: []byte(lines[len(lines)-1]), ContentType: "application/json"}).Want(t, 204)
-		s.putFile(t, admin, p.ID, data).Want(t, 200).Decode(t, &got)
+		s.Send(t, fleetdtest.Req{Method: "PUT", Path: "/api/v1/firmware-bundles/id/" + p.ID, Creds: admin, Raw: []byte(lines[len(lines)-1]), ContentType: "application/json"}).Want(t, 204)
+		s.PutFile(t, admin, p.ID, data).Want(t, 200).Decode(t, &got)
 		if got.UploadStatus != "completed" || len(got.Firmwares) != 2 || got.Firmwares[1].UncompressedSize != 4000 ||
 			len(got.Firmwares[1].Dependencies) != 1 || got.Firmwares[1].Dependencies[0].MinVersion != "1.1.0" {
 			t.Fatalf("bundle = %+v", got)
@@ -1127,7 +1047,7 @@ func installFirmware(t *testing.T, d *mqttDevice, m action.Message) (params map[
 	d.report(t, map[string]any{"id": m.ID, "state": "Downloading", "progress": 90, "sequence": 2})
 	data := append(half, rest...)
 	switch {
-	case sha256Hex(data) != params["checksum"]:
+	case fleetdtest.SHA256Hex(data) != params["checksum"]:
 		d.report(t, map[string]any{"id": m.ID, "state": "Failed", "errors": []string{"checksum mismatch"}, "sequence": 3})
 	case float64(len(data)) != params["content-length"]:
 		d.report(t, map[string]any{"id": m.ID, "state": "Failed", "errors": []string{"content length mismatch"}, "sequence": 3})
@@ -1141,17 +1061,17 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
 		s := startServerOn(t, b, store, "--log-level", "info") // to see that no signature is logged
 		admin := s.Admin()
-		boot100 := part{name: "bootloader", version: "1.0.0", body: "bootloader 1.0.0"}
-		old := s.mustUpload(t, admin, makeBundle(t, "1.0.0", boot100))
-		data := makeBundle(t, "2.3.0", bootloader, app230)
-		bd := s.mustUpload(t, admin, data)
+		boot100 := fleetdtest.Part{Name: "bootloader", Version: "1.0.0", Body: "bootloader 1.0.0"}
+		old := s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "1.0.0", boot100))
+		data := fleetdtest.MakeBundle(t, "2.3.0", fleetdtest.Bootloader, fleetdtest.App230)
+		bd := s.MustUpload(t, admin, data)
 		tok := map[string]string{}
 		for _, id := range []string{"dev-new", "dev-old", "dev-off"} {
-			tok[id] = s.mustDevice(t, admin, id, nil).Token
+			tok[id] = s.MustDevice(t, admin, id, nil).Token
 		}
 		devNew := s.connectDevice(t, "default", "dev-new", tok["dev-new"])
 		devOld := s.connectDevice(t, "default", "dev-old", tok["dev-old"])
-		update := func(version string, timeout int, devices ...string) *response {
+		update := func(version string, timeout int, devices ...string) *fleetdtest.Response {
 			return s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "update_firmware",
 				"params": map[string]any{"version": version}, "search_type": "default", "device_ids": devices, "timeout": timeout})
 		}
@@ -1167,8 +1087,8 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 			if p["version"] != "1.0.0" || p["bundle_file_name"] != old.FileName || p["file_name"] != nil {
 				t.Fatalf("params = %v", p)
 			}
-			s.awaitActionStatus(t, admin, "dev-old", a.ID, "Completed")
-			var dev device
+			s.AwaitActionStatus(t, admin, "dev-old", a.ID, "Completed")
+			var dev fleetdtest.Device
 			s.Do(t, admin, "GET", "/api/v1/devices/dev-old", nil).Want(t, 200).Decode(t, &dev)
 			if dev.Components["bootloader"] != "1.0.0" || len(dev.Components) != 1 {
 				t.Fatalf("dev-old's components = %v", dev.Components)
@@ -1177,18 +1097,18 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 		t.Run("DependencyFailsOneDevice", func(t *testing.T) {
 			// An app alone, which needs a bootloader the bundle does not
 			// bring: dev-old's recorded 1.0.0 is too old.
-			s.mustUpload(t, admin, makeBundle(t, "3.1.0", part{name: "app", version: "3.1.0", body: "app 3.1.0",
-				deps: []fleet.Dependency{{ComponentName: "bootloader", MinVersion: "1.1.0"}}}))
+			s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "3.1.0", fleetdtest.Part{Name: "app", Version: "3.1.0", Body: "app 3.1.0",
+				Deps: []fleet.Dependency{{ComponentName: "bootloader", MinVersion: "1.1.0"}}}))
 			r := update("3.1.0", 600, "dev-old", "dev-off").Want(t, 201)
 			var a struct{ ID int64 }
 			r.Decode(t, &a)
-			da := s.deviceAction(t, admin, "dev-old", a.ID)
+			da := s.DeviceAction(t, admin, "dev-old", a.ID)
 			if da.ActionStatus != "Failed" || !strings.Contains(fmt.Sprint(da.Errors), "app 3.1.0 requires bootloader >= 1.1.0, but the device has bootloader 1.0.0") {
 				t.Fatalf("dev-old = %+v", da)
 			}
 			devOld.nothing(t)
 			// dev-off has no recorded versions: not checked, it waits.
-			if da := s.deviceAction(t, admin, "dev-off", a.ID); da.ActionStatus != "Queued" {
+			if da := s.DeviceAction(t, admin, "dev-off", a.ID); da.ActionStatus != "Queued" {
 				t.Fatalf("dev-off = %+v", da)
 			}
 		})
@@ -1199,7 +1119,7 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 			var a struct{ ID int64 }
 			r.Decode(t, &a)
 			actionID = a.ID
-			if da := s.deviceAction(t, admin, "dev-old", actionID); da.ActionStatus == "Failed" {
+			if da := s.DeviceAction(t, admin, "dev-old", actionID); da.ActionStatus == "Failed" {
 				t.Fatalf("dev-old = %+v", da)
 			}
 			m := devNew.next(t)
@@ -1207,15 +1127,15 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 				t.Fatalf("message = %+v", m)
 			}
 			params = installFirmware(t, devNew, m)
-			if params["version"] != "2.3.0" || params["checksum"] != sha256Hex(data) || params["content-length"] != float64(len(data)) ||
+			if params["version"] != "2.3.0" || params["checksum"] != fleetdtest.SHA256Hex(data) || params["content-length"] != float64(len(data)) ||
 				params["uncompressed-size"] != float64(*bd.UncompressedSize) || params["bundle_file_name"] != "bundle.tar.gz" || len(params["components"].([]any)) != 2 {
 				t.Fatalf("params = %v", params)
 			}
-			da := s.awaitActionStatus(t, admin, "dev-new", actionID, "Completed")
+			da := s.AwaitActionStatus(t, admin, "dev-new", actionID, "Completed")
 			if da.Params != m.Payload {
 				t.Fatalf("S7 params %s differ from what was sent %s", da.Params, m.Payload)
 			}
-			var dev device
+			var dev fleetdtest.Device
 			s.Do(t, admin, "GET", "/api/v1/devices/dev-new", nil).Want(t, 200).Decode(t, &dev)
 			if dev.Components["bootloader"] != "1.2.0" || dev.Components["app"] != "2.3.0" {
 				t.Fatalf("dev-new's components = %v", dev.Components)
@@ -1228,11 +1148,11 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 			}
 			u, _ := neturl.Parse(raw)
 			q := u.Query()
-			fetch := func(path string, c creds) int {
+			fetch := func(path string, c fleetdtest.Creds) int {
 				resp, _ := s.get(t, c, path)
 				return resp.StatusCode
 			}
-			if got := fetch(u.RequestURI(), creds{}); got != 200 {
+			if got := fetch(u.RequestURI(), fleetdtest.Creds{}); got != 200 {
 				t.Fatalf("the signed URL: %d", got)
 			}
 			tamper := func(key, value string) string {
@@ -1246,7 +1166,7 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 			sig := []byte(q.Get("signature"))
 			sig[5] ^= 1
 			other := s.NewTenant(t, "other")
-			theirs := s.mustUpload(t, other, makeBundle(t, "7.0.0", part{name: "x", version: "1", body: "x"}))
+			theirs := s.MustUpload(t, other, fleetdtest.MakeBundle(t, "7.0.0", fleetdtest.Part{Name: "x", Version: "1", Body: "x"}))
 			for name, path := range map[string]string{
 				"Signature":   tamper("signature", string(sig)),
 				"Expiry":      tamper("expires", fmt.Sprint(time.Now().Add(365*24*time.Hour).Unix())),
@@ -1255,7 +1175,7 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 				"NoSignature": u.Path + "?tenant=default&expires=" + q.Get("expires"),
 				"Expired":     tamper("expires", "1000000000"),
 			} {
-				if got := fetch(path, creds{}); got != 401 {
+				if got := fetch(path, fleetdtest.Creds{}); got != 401 {
 					t.Errorf("%s changed: %d, want 401", name, got)
 				}
 			}
@@ -1273,7 +1193,7 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 		})
 		t.Run("Refusals", func(t *testing.T) {
 			wantError(t, update("9.9.9", 60, "dev-new"), 400, "params.version", "9.9.9")
-			var p bundle
+			var p fleetdtest.Bundle
 			s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "3.0.0", "file_name": "x.tar"}).Want(t, 201).Decode(t, &p)
 			wantError(t, update("3.0.0", 60, "dev-new"), 400, "params.version", "pending")
 			wantError(t, s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "update_firmware",
@@ -1281,7 +1201,7 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 		})
 		t.Run("DeactivationBlocksDispatch", func(t *testing.T) {
 			// 2.4.0 shares bootloader 1.2.0 with 2.3.0.
-			s.mustUpload(t, admin, makeBundle(t, "2.4.0", bootloader, part{name: "app", version: "2.4.0", body: "app 2.4.0"}))
+			s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "2.4.0", fleetdtest.Bootloader, fleetdtest.Part{Name: "app", Version: "2.4.0", Body: "app 2.4.0"}))
 			s.Do(t, admin, "PUT", "/api/v1/firmwares/component/bootloader/1.2.0", map[string]any{"is_deactivated": true}).Want(t, 204)
 			for _, v := range []string{"2.3.0", "2.4.0"} {
 				wantError(t, update(v, 60, "dev-new"), 400, "params.version", "bootloader 1.2.0")
@@ -1301,25 +1221,25 @@ func TestFirmwareUpdateWithSimulator(t *testing.T) {
 		admin := s.Admin()
 		noise := make([]byte, 1<<20) // incompressible, so the download takes many reads
 		rand.NewChaCha8([32]byte{1}).Read(noise)
-		s.mustUpload(t, admin, makeBundle(t, "2.3.0", bootloader, part{name: "app", version: "2.3.0", body: string(noise)}))
+		s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "2.3.0", fleetdtest.Bootloader, fleetdtest.Part{Name: "app", Version: "2.3.0", Body: string(noise)}))
 		tokens := filepath.Join(t.TempDir(), "tokens.csv")
-		sim := s.startSim(t, "--devices", "3", "--provision", "--url", s.URL, "--api-key", admin.Key,
+		sim := s.StartSim(t, "--devices", "3", "--provision", "--url", s.URL, "--api-key", admin.Key,
 			"--tokens", tokens, "--prefix", "fw-", "--telemetry-interval", "0")
-		sim.connected(t, 3)
+		sim.Connected(t, 3)
 
-		id := s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.3.0"},
+		id := s.Dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.3.0"},
 			"search_type": "search", "search_query": "fw-"})
-		eventually(t, "the simulated devices to install the bundle", func() bool {
-			return s.action(t, admin, id).Statuses["Completed"] == 3
+		fleetdtest.Eventually(t, "the simulated devices to install the bundle", func() bool {
+			return s.Action(t, admin, id).Statuses["Completed"] == 3
 		})
-		var dev device
+		var dev fleetdtest.Device
 		s.Do(t, admin, "GET", "/api/v1/devices/fw-00002", nil).Want(t, 200).Decode(t, &dev)
 		if dev.Components["bootloader"] != "1.2.0" || dev.Components["app"] != "2.3.0" {
 			t.Fatalf("fw-00002's components = %v", dev.Components)
 		}
 
 		t.Run("CorruptArchive", func(t *testing.T) {
-			bd := s.mustUpload(t, admin, makeBundle(t, "2.4.0", bootloader, part{name: "app", version: "2.4.0", body: string(noise[:500_000])}))
+			bd := s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "2.4.0", fleetdtest.Bootloader, fleetdtest.Part{Name: "app", Version: "2.4.0", Body: string(noise[:500_000])}))
 			// Damage the stored archive behind the server's back: same
 			// length, another checksum.
 			paths, _ := filepath.Glob(filepath.Join(s.DataDir, "blobs", "bundles", "default", bd.ID, "*"))
@@ -1331,9 +1251,9 @@ func TestFirmwareUpdateWithSimulator(t *testing.T) {
 			if err := os.WriteFile(paths[0], data, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			id := s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.4.0"},
+			id := s.Dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.4.0"},
 				"search_type": "default", "device_ids": []string{"fw-00001"}})
-			da := s.awaitActionStatus(t, admin, "fw-00001", id, "Failed")
+			da := s.AwaitActionStatus(t, admin, "fw-00001", id, "Failed")
 			// It failed after downloading it all, reporting its progress.
 			if !strings.Contains(fmt.Sprint(da.Errors["Failed"]), "checksum mismatch") || da.Progress < 90 {
 				t.Fatalf("fw-00001's record = %+v", da)
@@ -1390,8 +1310,8 @@ func TestBlobStoreRefused(t *testing.T) {
 func TestFirmwareArtifactPresigned(t *testing.T) {
 	s := startServerOn(t, sqlstoretest.Backends()[0], "s3+presign")
 	admin := s.Admin()
-	data := makeBundle(t, "5.0.0", bootloader, app230)
-	b := s.mustUpload(t, admin, data)
+	data := fleetdtest.MakeBundle(t, "5.0.0", fleetdtest.Bootloader, fleetdtest.App230)
+	b := s.MustUpload(t, admin, data)
 	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	get := func(t *testing.T, path string, header ...string) string {
 		t.Helper()
@@ -1429,8 +1349,8 @@ func TestFirmwareArtifactPresigned(t *testing.T) {
 		fetch(t, get(t, "/api/v1/firmware-bundles/id/"+b.ID+"/artifact", "x-service-tenant", admin.Tenant, "x-service-api-key", admin.Key), data)
 	})
 	t.Run("HawkBitComponent", func(t *testing.T) {
-		dev := s.mustDevice(t, admin, "ecu-9", nil)
-		id := s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "5.0.0"},
+		dev := s.MustDevice(t, admin, "ecu-9", nil)
+		id := s.Dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "5.0.0"},
 			"search_type": "default", "device_ids": []string{"ecu-9"}})
 		var dep struct {
 			Deployment struct {
@@ -1442,11 +1362,11 @@ func TestFirmwareArtifactPresigned(t *testing.T) {
 				}
 			}
 		}
-		_, body := s.ddi(t, "GET", fmt.Sprintf("/default/controller/v1/ecu-9/deploymentBase/%d", id), "TargetToken "+dev.Token, nil)
+		_, body := s.DDI(t, "GET", fmt.Sprintf("/default/controller/v1/ecu-9/deploymentBase/%d", id), "TargetToken "+dev.Token, nil)
 		if err := json.Unmarshal(body, &dep); err != nil || len(dep.Deployment.Chunks) != 2 || dep.Deployment.Chunks[1].Part != "app" {
 			t.Fatalf("deploymentBase: %v %s", err, body)
 		}
 		href := dep.Deployment.Chunks[1].Artifacts[0].Links["download"].Href
-		fetch(t, get(t, strings.TrimPrefix(href, s.URL), "Authorization", "TargetToken "+dev.Token), []byte(app230.body))
+		fetch(t, get(t, strings.TrimPrefix(href, s.URL), "Authorization", "TargetToken "+dev.Token), []byte(fleetdtest.App230.Body))
 	})
 }

@@ -21,11 +21,11 @@ func TestRolloutGroupPhase(t *testing.T) {
 			if d == "g2" {
 				ring = "lab"
 			}
-			s.mustDevice(t, admin, d, map[string]string{"ring": ring})
+			s.MustDevice(t, admin, d, map[string]string{"ring": ring})
 		}
 		s.Do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "lab", "selector": "ring=lab"}).Want(t, 201)
 		canary := map[string]any{"type": "group", "group": "lab"}
-		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all",
+		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all",
 			"schedule": map[string]any{"phases": []any{phase("lab", triggerManual, canary), phase("rest", triggerManual, percent(100))}}})
 		s.Do(t, admin, "PATCH", "/api/v1/devices/g4", map[string]any{"metadata": map[string]any{"ring": "lab"}}).Want(t, 204)
 		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
@@ -33,7 +33,7 @@ func TestRolloutGroupPhase(t *testing.T) {
 			t.Fatalf("after the lab phase: %+v", a)
 		}
 		for d, want := range map[string]int{"g1": 1, "g2": 0, "g3": 1, "g4": 0} {
-			if da := s.deviceAction(t, admin, d, id); da.Phase != want {
+			if da := s.DeviceAction(t, admin, d, id); da.Phase != want {
 				t.Fatalf("%s in phase %d, want %d", d, da.Phase, want)
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -25,7 +26,7 @@ func TestGroupsAPI(t *testing.T) {
 			if i%2 == 1 {
 				site = "paris"
 			}
-			s.mustDevice(t, admin, fmt.Sprint("gd-", i), map[string]string{"site": site})
+			s.MustDevice(t, admin, fmt.Sprint("gd-", i), map[string]string{"site": site})
 		}
 		r := s.Do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "berlin-new", "selector": "site = berlin, reported.fw!=2", "description": "to update"}).Want(t, 201)
 		if loc := r.Header.Get("Location"); !strings.HasSuffix(loc, "/api/v1/groups/berlin-new") {
@@ -38,7 +39,7 @@ func TestGroupsAPI(t *testing.T) {
 		}
 		members := func() string {
 			var list struct {
-				Devices []device
+				Devices []fleetdtest.Device
 				Count   int
 			}
 			s.Do(t, admin, "GET", "/api/v1/groups/berlin-new/devices?limit=2", nil).Want(t, 200).Decode(t, &list)
@@ -55,7 +56,7 @@ func TestGroupsAPI(t *testing.T) {
 		s.Do(t, admin, "PATCH", "/api/v1/devices/gd-1", map[string]any{"metadata": map[string]any{"site": "berlin"}}).Want(t, 204)
 		var dev struct{ Token string }
 		s.Do(t, admin, "POST", "/api/v1/devices/gd-0/token", nil).Want(t, 201).Decode(t, &dev)
-		s.Send(t, req{Method: "POST", Path: "/api/v1/devices/gd-0/streams/device_shadow", Creds: admin,
+		s.Send(t, fleetdtest.Req{Method: "POST", Path: "/api/v1/devices/gd-0/streams/device_shadow", Creds: admin,
 			Body: []any{map[string]any{"timestamp": 1763719200000, "sequence": 1, "fw": 2}}}).Want(t, 200)
 		if got := members(); got != "3 gd-1 gd-2" {
 			t.Fatalf("members after the changes = %s", got)
@@ -139,7 +140,7 @@ func TestGroupsAPI(t *testing.T) {
 		// The fleet view: devices out of sync with their shadow.
 		s.Do(t, admin, "PATCH", "/api/v1/devices/gd-3/shadow", map[string]any{"desired": map[string]any{"fw": 3}}).Want(t, 200)
 		var sync struct {
-			Devices []device
+			Devices []fleetdtest.Device
 			Count   int
 		}
 		s.Do(t, admin, "GET", "/api/v1/devices?shadow=out_of_sync", nil).Want(t, 200).Decode(t, &sync)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -21,11 +22,11 @@ func TestMultiRangeCap(t *testing.T) {
 	admin := s.Admin()
 	noise := make([]byte, 8192) // incompressible: ranges must fit the archive
 	rand.Read(noise)
-	data := makeBundle(t, "1.0.0", part{"app", "1.0.0", string(noise), nil})
+	data := fleetdtest.MakeBundle(t, "1.0.0", fleetdtest.Part{Name: "app", Version: "1.0.0", Body: string(noise)})
 	if len(data) < 3600 {
 		t.Fatalf("archive of %d bytes", len(data))
 	}
-	b := s.mustUpload(t, admin, data)
+	b := s.MustUpload(t, admin, data)
 	path := "/api/v1/firmware-bundles/id/" + b.ID + "/artifact"
 	ranges := func(n int) string {
 		var rs []string
@@ -106,7 +107,7 @@ func TestHTTPConnectionCap(t *testing.T) {
 		t.Fatalf("the eleventh connection was answered %q", line)
 	}
 	held[0].Close()
-	eventually(t, "a place after one closed", func() bool {
+	fleetdtest.Eventually(t, "a place after one closed", func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			return false
@@ -126,7 +127,7 @@ func TestChannelShownByRole(t *testing.T) {
 	admin := s.Admin()
 	viewer := s.NewKey(t, admin, "watcher", "viewer")
 	operator := s.NewKey(t, admin, "ops", "operator")
-	rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
+	rule := s.MustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
 		"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
 	base := "/api/v1/alert-rules/" + rule.ID + "/alert-notification-rules"
 	s.Do(t, operator, "POST", base, map[string]any{"channel_parameters": map[string]any{"type": "webhook",

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -43,11 +44,11 @@ func TestHTTPBodyFlood(t *testing.T) {
 	admin := s.Admin()
 	// Five gateways: one client may hold a quarter of the decoding budget,
 	// so it takes several to fill it.
-	var gateways []creds
+	var gateways []fleetdtest.Creds
 	for i := range 5 {
 		gateways = append(gateways, s.NewKey(t, admin, fmt.Sprintf("gateway-%d", i), "device"))
 	}
-	s.mustDevice(t, admin, "pump-1", nil)
+	s.MustDevice(t, admin, "pump-1", nil)
 
 	const requests, size = 150, 1 << 20
 	// empties returns n empty objects, "{},{},…", without brackets.
@@ -67,7 +68,7 @@ func TestHTTPBodyFlood(t *testing.T) {
 	client := &http.Client{Timeout: time.Minute}
 	// flood sends n copies of body to path, all at once, as each of cs in
 	// turn.
-	flood := func(n int, cs []creds, path string, body []byte, want int) {
+	flood := func(n int, cs []fleetdtest.Creds, path string, body []byte, want int) {
 		t.Helper()
 		statuses := make(map[int]int)
 		var mu sync.Mutex
@@ -107,7 +108,7 @@ func TestHTTPBodyFlood(t *testing.T) {
 	// its own: three bulk provisioning bodies of 64 MiB, {"devices":
 	// [{},{},…]}, stopped at the 100,001st device.
 	bulk := append(append([]byte(`{"devices":[`), empties((64<<20-100)/3)...), ']', '}')
-	flood(3, []creds{admin}, "/api/v1/devices/bulk", bulk, 413)
+	flood(3, []fleetdtest.Creds{admin}, "/api/v1/devices/bulk", bulk, 413)
 	afterBulk := vmHWM(t, p.cmd.Process.Pid)
 	flood(requests, gateways, ingest, flat, 413)
 	afterFlat := vmHWM(t, p.cmd.Process.Pid)
@@ -163,7 +164,7 @@ func TestHeldBodies(t *testing.T) {
 	}
 	// Each body that holds its megabyte holds at least 1 MiB of the
 	// budget: at most 8 of the 24 fit, the others are refused.
-	eventually(t, "the bodies past the budget refused", func() bool { held(); return refused.Load() >= conns-budget/sent })
+	fleetdtest.Eventually(t, "the bodies past the budget refused", func() bool { held(); return refused.Load() >= conns-budget/sent })
 	if got := metric(t, s.URL, "fleetd_http_body_refused_total"); got < conns-budget/sent {
 		t.Errorf("fleetd_http_body_refused_total %.0f, want at least %d", got, conns-budget/sent)
 	}
@@ -175,7 +176,7 @@ func TestHeldBodies(t *testing.T) {
 	for _, c := range senders {
 		c.Close()
 	}
-	eventually(t, "the budget free again", func() bool { return held() == 0 })
+	fleetdtest.Eventually(t, "the budget free again", func() bool { return held() == 0 })
 	s.Do(t, admin, "POST", "/api/v1/devices", map[string]any{"id": "after-the-flood"}).Want(t, 201)
 }
 
@@ -221,7 +222,7 @@ func TestHeldBodiesRSS(t *testing.T) {
 					}
 				}()
 			}
-			eventuallyWithin(t, 5*time.Minute, "every sender done", func() bool { return sent.Load() == int64(n) })
+			fleetdtest.EventuallyWithin(t, 5*time.Minute, "every sender done", func() bool { return sent.Load() == int64(n) })
 			rss, peak := vmRSS(t, p.cmd.Process.Pid), float64(vmHWM(t, p.cmd.Process.Pid))/(1<<20)
 			t.Logf("%d connections holding a 64 MiB body but its last byte: RSS %.0f MiB over idle (%.0f MiB), peak %.0f MiB over idle; %d refused with 503",
 				n, rss-idle, idle, peak-idle, refused.Load())
@@ -263,7 +264,7 @@ func TestHeldBodiesPerTenant(t *testing.T) {
 	// Each body holds 2 MiB or was refused; together they hold at most
 	// the tenant's share, 6 MiB (which of them depends on how their
 	// growths interleave: while a body grows it holds both buffers).
-	eventually(t, "each of the default tenant's bodies holding or refused", func() bool {
+	fleetdtest.Eventually(t, "each of the default tenant's bodies holding or refused", func() bool {
 		held := metric(t, s.URL, "fleetd_http_body_bytes_held")
 		if held > 6<<20 {
 			t.Fatalf("%.0f bytes held by one tenant, over its share of %d", held, 6<<20)

@@ -10,13 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
 // commits reads fleetd_db_commits_total from /metrics.
 func (s *testServer) commits(t *testing.T) float64 {
 	t.Helper()
-	r := s.Do(t, creds{}, "GET", "/metrics", nil).Want(t, 200)
+	r := s.Do(t, fleetdtest.Creds{}, "GET", "/metrics", nil).Want(t, 200)
 	sc := bufio.NewScanner(bytes.NewReader(r.Body))
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), "fleetd_db_commits_total "); ok {
@@ -51,8 +52,8 @@ func TestIdleAfterCrashMidDelivery(t *testing.T) {
 	}))
 	defer hook.Close()
 	defer close(release)
-	s.mustDevice(t, admin, "pump-1", nil)
-	rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
+	s.MustDevice(t, admin, "pump-1", nil)
+	rule := s.MustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
 		"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
 	s.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules",
 		map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).Want(t, 201)

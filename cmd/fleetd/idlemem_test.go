@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/mqtt/mosquittotest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
@@ -37,7 +38,7 @@ func TestIdleConnectionMemory(t *testing.T) {
 	s := newServer(t, b)
 	p := startProcess(t, s, "--rate-limit", "-1", "--pprof-addr", "127.0.0.1:0")
 	var pprofAddr string // the port it bound, as it logs it
-	eventually(t, "fleetd to log its pprof address", func() bool {
+	fleetdtest.Eventually(t, "fleetd to log its pprof address", func() bool {
 		m := regexp.MustCompile(`pprof_addr=(\S+)`).FindStringSubmatch(p.stderr.String())
 		if m != nil {
 			pprofAddr = m[1]
@@ -59,7 +60,7 @@ func TestIdleConnectionMemory(t *testing.T) {
 	fleetd := measureIdle(t, "fleetd", p.cmd.Process.Pid, s.MQTTAddr, func(id string) (string, string) {
 		return "default/" + id, tokens[id]
 	}, collect, func() {
-		eventually(t, "every connection parked", func() bool { return metric(t, s.URL, "fleetd_mqtt_parked_connections") == idleDevices })
+		fleetdtest.Eventually(t, "every connection parked", func() bool { return metric(t, s.URL, "fleetd_mqtt_parked_connections") == idleDevices })
 		collect()
 	})
 
@@ -151,7 +152,7 @@ func connectIdle(addr, id, user, pass string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.SetDeadline(time.Now().Add(bound))
+	c.SetDeadline(time.Now().Add(fleetdtest.Bound))
 	flags := byte(0x02 | 0x80) // clean session, username
 	if pass != "" {
 		flags |= 0x40
@@ -233,7 +234,7 @@ func TestIdleMemoryAsOperator(t *testing.T) {
 	cost := measureIdle(t, "fleetd", p.cmd.Process.Pid, s.MQTTAddr, func(id string) (string, string) {
 		return "default/" + id, tokens[id]
 	}, func() {}, func() {
-		eventually(t, "every connection parked", func() bool { return metric(t, s.URL, "fleetd_mqtt_parked_connections") == idleDevices })
+		fleetdtest.Eventually(t, "every connection parked", func() bool { return metric(t, s.URL, "fleetd_mqtt_parked_connections") == idleDevices })
 		runtimeFigures("parked")
 		<-time.After(idle) // the measure is what an idle minute leaves, not a condition to wait on
 		runtimeFigures(fmt.Sprint("idle ", idle))

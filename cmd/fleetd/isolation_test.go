@@ -10,13 +10,14 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
 // caller is one column of the isolation matrix.
 type caller struct {
 	name   string
-	creds  creds
+	creds  fleetdtest.Creds
 	bearer string // an end user's token instead of a key
 	role   string // the role it acts with in tenant alpha, "" for none
 }
@@ -31,9 +32,9 @@ type caller struct {
 // itself sent).
 func TestIsolationMatrix(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		certFile, keyFile := writeServerCert(t, t.TempDir(), "fleetd test")
+		certFile, keyFile := fleetdtest.WriteServerCert(t, t.TempDir(), "fleetd test")
 		s := startServer(t, b, append([]string{"--rate-limit", "-1", "--device-data-rate-limit", "-1",
-			"--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0"}, alertFlags...)...)
+			"--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0"}, fleetdtest.AlertFlags...)...)
 		ops, okCodes, doc := operations(t, s)
 		covered(t, ops)
 		// Which creates answer 201 without a body is the contract of
@@ -49,7 +50,7 @@ func TestIsolationMatrix(t *testing.T) {
 			}
 		}
 
-		idp := newIdentityProvider(t)
+		idp := fleetdtest.NewIdentityProvider(t)
 		hook := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 		defer hook.Close()
 		alpha, bravo := s.NewTenant(t, "alpha"), s.NewTenant(t, "bravo")
@@ -57,14 +58,14 @@ func TestIsolationMatrix(t *testing.T) {
 		wb := seed(t, s, bravo, "SECRETMARK-BRAVO-9e4", hook.URL, idp, 0, 2)
 
 		callers := []caller{
-			{name: "no key", creds: creds{Tenant: "alpha"}},
-			{name: "unknown key", creds: creds{Tenant: "alpha", Key: "fk_" + strings.Repeat("x", 43)}},
+			{name: "no key", creds: fleetdtest.Creds{Tenant: "alpha"}},
+			{name: "unknown key", creds: fleetdtest.Creds{Tenant: "alpha", Key: "fk_" + strings.Repeat("x", 43)}},
 			{name: "bravo's admin", creds: bravo},
 			{name: "viewer", creds: s.NewKey(t, alpha, "m-viewer", "viewer"), role: "viewer"},
 			{name: "device", creds: s.NewKey(t, alpha, "m-device", "device"), role: "device"},
 			{name: "operator", creds: s.NewKey(t, alpha, "m-operator", "operator"), role: "operator"},
 			{name: "admin", creds: alpha, role: "admin"},
-			{name: "end user (operator)", creds: creds{Tenant: "alpha"}, bearer: idp.token(t, jwt.MapClaims{"role": "operator"}), role: "operator"},
+			{name: "end user (operator)", creds: fleetdtest.Creds{Tenant: "alpha"}, bearer: idp.Token(t, jwt.MapClaims{"role": "operator"}), role: "operator"},
 		}
 
 		// What each tenant must never see of the other: its markers always,
@@ -75,7 +76,7 @@ func TestIsolationMatrix(t *testing.T) {
 			"bravo": {wa.device, "alpha-dev-2", wa.ruleID, wa.bundleID, wa.notificationID, wa.alertID, wa.component, wa.rolloutRuleID},
 		}
 		leaks := 0
-		check := func(tenant, sent string, r *response) {
+		check := func(tenant, sent string, r *fleetdtest.Response) {
 			t.Helper()
 			body := string(r.Body)
 			for _, m := range secrets[tenant] {
@@ -105,7 +106,7 @@ func TestIsolationMatrix(t *testing.T) {
 			fmt.Fprintf(&table, "%-84s", op)
 			for _, c := range callers {
 				target, body := e.prepare(t, s, wa)
-				rq := req{Method: method, Path: target, Creds: c.creds, Body: body}
+				rq := fleetdtest.Req{Method: method, Path: target, Creds: c.creds, Body: body}
 				if raw, ok := body.([]byte); ok {
 					rq.Body, rq.Raw, rq.ContentType = nil, raw, "application/octet-stream"
 				}
@@ -147,7 +148,7 @@ func TestIsolationMatrix(t *testing.T) {
 				continue
 			}
 			target, _ := e.prepare(t, s, wb)
-			check("bravo", target, s.Send(t, req{Method: "GET", Path: target, Creds: bravo, Header: ddiHeader(e, bravo)}))
+			check("bravo", target, s.Send(t, fleetdtest.Req{Method: "GET", Path: target, Creds: bravo, Header: ddiHeader(e, bravo)}))
 			answers++
 		}
 		t.Logf("%d endpoints × %d callers, %d answers checked, %d leaks\n%s", len(ops), len(callers), answers, leaks, table.String())

@@ -28,7 +28,7 @@ func TestMQTTPayloadFlood(t *testing.T) {
 	const devices = 100
 	var toks []string
 	for i := range devices {
-		toks = append(toks, s.mustDevice(t, admin, fmt.Sprintf("flood-%d", i), nil).Token)
+		toks = append(toks, s.MustDevice(t, admin, fmt.Sprintf("flood-%d", i), nil).Token)
 	}
 	array := func(size int) []byte {
 		b := append([]byte("["), bytes.Repeat([]byte("{},"), size/3)...)

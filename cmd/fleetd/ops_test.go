@@ -25,18 +25,18 @@ func TestOperations(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		t.Run("Health", func(t *testing.T) {
-			s.Do(t, creds{}, "GET", "/healthz", nil).Want(t, 200)
+			s.Do(t, fleetdtest.Creds{}, "GET", "/healthz", nil).Want(t, 200)
 			var body struct{ Status string }
-			s.Do(t, creds{}, "GET", "/readyz", nil).Want(t, 200).Decode(t, &body)
+			s.Do(t, fleetdtest.Creds{}, "GET", "/readyz", nil).Want(t, 200).Decode(t, &body)
 			if body.Status != "ready" {
 				t.Fatalf("readyz = %+v", body)
 			}
 		})
 		t.Run("Metrics", func(t *testing.T) {
 			s.Do(t, s.Admin(), "GET", "/api/v1/devices", nil).Want(t, 200)
-			s.mustDevice(t, s.Admin(), "metered", nil)
+			s.MustDevice(t, s.Admin(), "metered", nil)
 			s.Do(t, s.Admin(), "POST", "/api/v1/actions", map[string]any{"action": "ping", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"metered"}}).Want(t, 201)
-			r := s.Do(t, creds{}, "GET", "/metrics", nil).Want(t, 200)
+			r := s.Do(t, fleetdtest.Creds{}, "GET", "/metrics", nil).Want(t, 200)
 			for _, want := range []string{"fleetd_actions_dispatched_total 1", "fleetd_device_actions_created_total 1"} {
 				if !bytes.Contains(r.Body, []byte(want+"\n")) {
 					t.Errorf("metrics lack %q after one dispatch to one device", want)
@@ -59,7 +59,7 @@ func TestOperations(t *testing.T) {
 				OpenAPI string                                `json:"openapi"`
 				Paths   map[string]map[string]json.RawMessage `json:"paths"`
 			}
-			s.Do(t, creds{}, "GET", "/api/v1/openapi.json", nil).Want(t, 200).Decode(t, &doc)
+			s.Do(t, fleetdtest.Creds{}, "GET", "/api/v1/openapi.json", nil).Want(t, 200).Decode(t, &doc)
 			for _, want := range []string{"GET /api/v1/devices", "POST /api/v1/devices/bulk", "DELETE /api/v1/apikeys/{name}", "GET /api/v1/audit-logs", "GET /metrics"} {
 				method, path, _ := strings.Cut(want, " ")
 				if _, ok := doc.Paths[path][strings.ToLower(method)]; !ok {
@@ -68,17 +68,17 @@ func TestOperations(t *testing.T) {
 			}
 		})
 		t.Run("RequestID", func(t *testing.T) {
-			r := s.Send(t, req{Method: "GET", Path: "/healthz", Header: http.Header{"X-Request-Id": {"trace-42"}}}).Want(t, 200)
+			r := s.Send(t, fleetdtest.Req{Method: "GET", Path: "/healthz", Header: http.Header{"X-Request-Id": {"trace-42"}}}).Want(t, 200)
 			if got := r.Header.Get("X-Request-Id"); got != "trace-42" {
 				t.Fatalf("X-Request-Id = %q, want the client's", got)
 			}
-			r = s.Send(t, req{Method: "GET", Path: "/healthz", Header: http.Header{"X-Request-Id": {"bad id with spaces"}}}).Want(t, 200)
+			r = s.Send(t, fleetdtest.Req{Method: "GET", Path: "/healthz", Header: http.Header{"X-Request-Id": {"bad id with spaces"}}}).Want(t, 200)
 			if got := r.Header.Get("X-Request-Id"); got == "" || strings.Contains(got, " ") {
 				t.Fatalf("X-Request-Id = %q, want a fresh one", got)
 			}
 		})
 		t.Run("ErrorsFollowAccept", func(t *testing.T) {
-			r := s.Send(t, req{Method: "GET", Path: "/api/v1/devices/nope", Creds: s.Admin(), Header: http.Header{"Accept": {"application/edn"}}}).Want(t, 404)
+			r := s.Send(t, fleetdtest.Req{Method: "GET", Path: "/api/v1/devices/nope", Creds: s.Admin(), Header: http.Header{"Accept": {"application/edn"}}}).Want(t, 404)
 			if ct := r.Header.Get("Content-Type"); ct != "application/edn" || !bytes.Contains(r.Body, []byte(":error")) {
 				t.Fatalf("EDN error: %s %s", ct, r.Body)
 			}
@@ -109,7 +109,7 @@ func TestGracefulShutdown(t *testing.T) {
 	stopped := make(chan struct{})
 	go func() { s.Stop(t); close(stopped) }()
 	// Shutting down begins with closing the listener.
-	eventually(t, "the server to stop accepting connections", func() bool {
+	fleetdtest.Eventually(t, "the server to stop accepting connections", func() bool {
 		c, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
 		if err == nil {
 			c.Close()

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 )
 
 // TestReplicasRemoteSession runs remote sessions across two replicas on
@@ -14,14 +15,14 @@ import (
 // proxied to A in one hop, and revoking on B what a session on A stands
 // on ends it.
 func TestReplicasRemoteSession(t *testing.T) {
-	bin := buildAgent(t)
+	bin := fleetdtest.BuildAgent(t)
 	c := newCluster(t, "--remote-connect-timeout", "30s")
 	a := c.start("replica-a")
 	b := c.start("replica-b")
 	admin := a.Admin()
-	dev := a.mustDevice(t, admin, "edge-1", nil)
-	agent := b.startAgent(t, bin, "edge-1", dev.Token, "--remote")
-	eventually(t, "the agent to connect", func() bool { return agentSays(agent, "level=INFO msg=connected") })
+	dev := a.MustDevice(t, admin, "edge-1", nil)
+	agent := b.StartAgent(t, bin, "edge-1", dev.Token, "--remote")
+	fleetdtest.Eventually(t, "the agent to connect", func() bool { return agentSays(agent, "level=INFO msg=connected") })
 	db := c.db()
 	relayOf := func(id string) string {
 		var u string
@@ -58,19 +59,19 @@ func TestReplicasRemoteSession(t *testing.T) {
 				break
 			}
 		}
-		wantContains(t, "end", a.endReason(t, admin, "edge-1", sess.ID), "closed by the device")
+		fleetdtest.WantContains(t, "end", a.endReason(t, admin, "edge-1", sess.ID), "closed by the device")
 	})
 	t.Run("RevokedOnTheOtherReplica", func(t *testing.T) {
 		k := a.NewKey(t, admin, "edge-op", "operator")
 		sess, conn := a.openTerminal(t, k, "edge-1")
 		b.Do(t, admin, "DELETE", "/api/v1/apikeys/edge-op", nil).Want(t, 204)
 		want := `API key "edge-op", which opened it, was deleted`
-		wantContains(t, "operator's end", sessionEnd(t, conn), want)
-		wantContains(t, "recorded", b.endReason(t, admin, "edge-1", sess.ID), want)
+		fleetdtest.WantContains(t, "operator's end", sessionEnd(t, conn), want)
+		fleetdtest.WantContains(t, "recorded", b.endReason(t, admin, "edge-1", sess.ID), want)
 	})
 }
 
 // agentSays reports whether the agent's output has s.
-func agentSays(p *agentProcess, s string) bool {
-	return strings.Contains(p.output.String(), s)
+func agentSays(p *fleetdtest.AgentProcess, s string) bool {
+	return strings.Contains(p.Output.String(), s)
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/remote"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
@@ -15,7 +16,7 @@ import (
 // openTerminal opens a terminal session with device as c and joins it,
 // on s; it returns the session and the operator's leg, with the shell
 // answering.
-func (s *testServer) openTerminal(t *testing.T, c creds, device string) (fleet.RemoteSession, *remote.Conn) {
+func (s *testServer) openTerminal(t *testing.T, c fleetdtest.Creds, device string) (fleet.RemoteSession, *remote.Conn) {
 	t.Helper()
 	var sess fleet.RemoteSession
 	s.Do(t, c, "POST", "/api/v1/devices/"+device+"/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 201).Decode(t, &sess)
@@ -25,7 +26,7 @@ func (s *testServer) openTerminal(t *testing.T, c creds, device string) (fleet.R
 
 // joinTerminal joins session id's operator leg on s and waits for the
 // shell to answer.
-func (s *testServer) joinTerminal(t *testing.T, c creds, id string) *remote.Conn {
+func (s *testServer) joinTerminal(t *testing.T, c fleetdtest.Creds, id string) *remote.Conn {
 	t.Helper()
 	conn, err := remote.Dial(context.Background(), s.URL+"/api/v1/remote-sessions/"+id+"/operator",
 		http.Header{"X-Service-Tenant": {c.Tenant}, "X-Service-Api-Key": {c.Key}}, nil)
@@ -61,10 +62,10 @@ func sessionEnd(t *testing.T, conn *remote.Conn) string {
 }
 
 // endReason waits until session id of device has ended and returns why.
-func (s *testServer) endReason(t *testing.T, c creds, device, id string) string {
+func (s *testServer) endReason(t *testing.T, c fleetdtest.Creds, device, id string) string {
 	t.Helper()
 	var reason string
-	eventually(t, "session "+id+" to have ended", func() bool {
+	fleetdtest.Eventually(t, "session "+id+" to have ended", func() bool {
 		var list struct {
 			RemoteSessions []fleet.RemoteSession `json:"remote_sessions"`
 		}
@@ -84,15 +85,15 @@ func (s *testServer) endReason(t *testing.T, c creds, device, id string) string 
 // it at once, with the reason recorded: the API key that opened it
 // (joined or still waiting), the device's token, the device itself.
 func TestRemoteRevoked(t *testing.T) {
-	bin := buildAgent(t)
+	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, "--remote-connect-timeout", "1m")
 		admin := s.Admin()
-		dev := s.mustDevice(t, admin, "revoke-1", nil)
-		s.startAgent(t, bin, "revoke-1", dev.Token, "--remote")
-		dev2 := s.mustDevice(t, admin, "revoke-2", nil)
-		s.startAgent(t, bin, "revoke-2", dev2.Token, "--remote")
-		s.mustDevice(t, admin, "revoke-none", nil) // no agent: its sessions wait
+		dev := s.MustDevice(t, admin, "revoke-1", nil)
+		s.StartAgent(t, bin, "revoke-1", dev.Token, "--remote")
+		dev2 := s.MustDevice(t, admin, "revoke-2", nil)
+		s.StartAgent(t, bin, "revoke-2", dev2.Token, "--remote")
+		s.MustDevice(t, admin, "revoke-none", nil) // no agent: its sessions wait
 
 		t.Run("APIKeyDeleted", func(t *testing.T) {
 			k := s.NewKey(t, admin, "revoked-op", "operator")
@@ -103,9 +104,9 @@ func TestRemoteRevoked(t *testing.T) {
 			s.Do(t, k, "POST", "/api/v1/devices/revoke-none/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 201).Decode(t, &waiting)
 			s.Do(t, admin, "DELETE", "/api/v1/apikeys/revoked-op", nil).Want(t, 204)
 			want := `API key "revoked-op", which opened it, was deleted`
-			wantContains(t, "operator's end", sessionEnd(t, conn), want)
-			wantContains(t, "recorded", s.endReason(t, admin, "revoke-1", sess.ID), want)
-			wantContains(t, "waiting session", s.endReason(t, admin, "revoke-none", waiting.ID), want)
+			fleetdtest.WantContains(t, "operator's end", sessionEnd(t, conn), want)
+			fleetdtest.WantContains(t, "recorded", s.endReason(t, admin, "revoke-1", sess.ID), want)
+			fleetdtest.WantContains(t, "waiting session", s.endReason(t, admin, "revoke-none", waiting.ID), want)
 			// Another key's session goes on.
 			keptConn.Write([]byte("echo st''ill\n"))
 			var out strings.Builder
@@ -122,7 +123,7 @@ func TestRemoteRevoked(t *testing.T) {
 		t.Run("DeviceDeleted", func(t *testing.T) {
 			_, conn := s.openTerminal(t, admin, "revoke-2")
 			s.Do(t, admin, "DELETE", "/api/v1/devices/revoke-2", nil).Want(t, 204)
-			wantContains(t, "operator's end", sessionEnd(t, conn), "the device was deleted")
+			fleetdtest.WantContains(t, "operator's end", sessionEnd(t, conn), "the device was deleted")
 			// The device's sessions are listed no more with it; the audit
 			// log keeps the end.
 			var audit struct {
@@ -131,7 +132,7 @@ func TestRemoteRevoked(t *testing.T) {
 					Details map[string]any `json:"details"`
 				} `json:"audit_logs"`
 			}
-			eventually(t, "the session's end to be audited", func() bool {
+			fleetdtest.Eventually(t, "the session's end to be audited", func() bool {
 				s.Do(t, admin, "GET", "/api/v1/audit-logs?action=remote.session.end&limit=100", nil).Want(t, 200).Decode(t, &audit)
 				for _, e := range audit.AuditLogs {
 					if e.Action == "remote.session.end" && e.Details["end_reason"] == "the device was deleted" {
@@ -146,20 +147,20 @@ func TestRemoteRevoked(t *testing.T) {
 			// console: neither sees, joins nor ends the session.
 			sess, conn := s.openTerminal(t, admin, "revoke-1")
 			other := s.NewTenant(t, "revoke-elsewhere")
-			ob := newBrowser(t, s.URL)
-			tok := ob.signIn(other.Tenant, other.Key).csrf(t)
-			if body := string(ob.get("/console/remote-sessions").want(t, 200).Body); strings.Contains(body, sess.ID) || strings.Contains(body, "revoke-1") {
+			ob := fleetdtest.NewBrowser(t, s.URL)
+			tok := ob.SignIn(other.Tenant, other.Key).CSRF(t)
+			if body := string(ob.Get("/console/remote-sessions").Want(t, 200).Body); strings.Contains(body, sess.ID) || strings.Contains(body, "revoke-1") {
 				t.Fatal("another tenant's console lists the session")
 			}
-			ob.get("/console/remote-sessions/"+sess.ID+"/terminal").want(t, 404)
-			ob.get("/console/devices/revoke-1/remote-sessions").want(t, 404)
-			ob.do("POST", "/console/remote-sessions/"+sess.ID+"/end", url.Values{"csrf": {tok}}).want(t, 404)
+			ob.Get("/console/remote-sessions/"+sess.ID+"/terminal").Want(t, 404)
+			ob.Get("/console/devices/revoke-1/remote-sessions").Want(t, 404)
+			ob.Do("POST", "/console/remote-sessions/"+sess.ID+"/end", url.Values{"csrf": {tok}}).Want(t, 404)
 			viewer := s.NewKey(t, admin, "revoke-viewer", "viewer")
-			vb := newBrowser(t, s.URL)
-			vtok := vb.signIn(viewer.Tenant, viewer.Key).csrf(t)
-			vb.get("/console/devices/revoke-1/remote-sessions").want(t, 200)
-			vb.do("POST", "/console/remote-sessions/"+sess.ID+"/end", url.Values{"csrf": {vtok}}).want(t, 403)
-			vb.do("POST", "/console/devices/revoke-1/terminal", url.Values{"csrf": {vtok}}).want(t, 403)
+			vb := fleetdtest.NewBrowser(t, s.URL)
+			vtok := vb.SignIn(viewer.Tenant, viewer.Key).CSRF(t)
+			vb.Get("/console/devices/revoke-1/remote-sessions").Want(t, 200)
+			vb.Do("POST", "/console/remote-sessions/"+sess.ID+"/end", url.Values{"csrf": {vtok}}).Want(t, 403)
+			vb.Do("POST", "/console/devices/revoke-1/terminal", url.Values{"csrf": {vtok}}).Want(t, 403)
 			// The session went on through all of it.
 			conn.Write([]byte("echo st''ill\n"))
 			var out strings.Builder
@@ -177,8 +178,8 @@ func TestRemoteRevoked(t *testing.T) {
 			sess, conn := s.openTerminal(t, admin, "revoke-1")
 			s.Do(t, admin, "POST", "/api/v1/devices/revoke-1/token", nil).Want(t, 201)
 			want := "the device's credentials were replaced"
-			wantContains(t, "operator's end", sessionEnd(t, conn), want)
-			wantContains(t, "recorded", s.endReason(t, admin, "revoke-1", sess.ID), want)
+			fleetdtest.WantContains(t, "operator's end", sessionEnd(t, conn), want)
+			fleetdtest.WantContains(t, "recorded", s.endReason(t, admin, "revoke-1", sess.ID), want)
 		})
 	})
 }

@@ -110,7 +110,7 @@ func (c *cluster) start(name string) *replica {
 	r.MQTTAddr = c.broker.Addr // a cluster's devices connect to the broker itself
 	// Connected to the broker and subscribed: its share of the devices'
 	// traffic comes to it, and its dispatches go out.
-	eventually(t, name+" to connect to the broker", func() bool {
+	fleetdtest.Eventually(t, name+" to connect to the broker", func() bool {
 		resp, err := http.Get(r.URL + "/metrics")
 		if err != nil {
 			return false
@@ -149,15 +149,6 @@ func (c *cluster) db() *sql.DB {
 	return db
 }
 
-func count(t *testing.T, db *sql.DB, query string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := db.QueryRow(query, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", query, err)
-	}
-	return n
-}
-
 // timedOut sums the device actions the replicas say their sweepers failed.
 // sweeps is the number of timeout sweeps r finished.
 func sweeps(t *testing.T, r *replica) float64 {
@@ -177,14 +168,14 @@ func timedOut(t *testing.T, rs ...*replica) int {
 // TestReplicas runs two replicas: what one is asked is done once, and what
 // one records the other sees.
 func TestReplicas(t *testing.T) {
-	c := newCluster(t, append([]string{"--action-sweep-interval", "50ms"}, alertFlags...)...)
+	c := newCluster(t, append([]string{"--action-sweep-interval", "50ms"}, fleetdtest.AlertFlags...)...)
 	a := c.start("replica-a")
 	b := c.start("replica-b")
 	admin := a.Admin()
 	db := c.db()
 	tok := map[string]string{}
 	for _, id := range []string{"pump-1", "pump-2", "pump-3"} {
-		tok[id] = a.mustDevice(t, admin, id, nil).Token
+		tok[id] = a.MustDevice(t, admin, id, nil).Token
 	}
 
 	t.Run("DeletedKeyRefusedByTheOtherReplica", func(t *testing.T) {
@@ -192,35 +183,35 @@ func TestReplicas(t *testing.T) {
 		b.Do(t, ops, "GET", "/api/v1/devices", nil).Want(t, 200) // cached on B now
 		a.Do(t, admin, "DELETE", "/api/v1/apikeys/ops", nil).Want(t, 204)
 		// B hears of it at once (NOTIFY), well within its 10s cache.
-		eventuallyWithin(t, 3*time.Second, "B to refuse the key A deleted", func() bool {
+		fleetdtest.EventuallyWithin(t, 3*time.Second, "B to refuse the key A deleted", func() bool {
 			return b.Do(t, ops, "GET", "/api/v1/devices", nil).Status == http.StatusUnauthorized
 		})
 	})
 
 	t.Run("SignOutRefusedByTheOtherReplica", func(t *testing.T) {
 		// The session's row is read on every request: no cache to wait for.
-		onA := newBrowser(t, a.URL)
-		tok := onA.signIn("default", admin.Key).csrf(t)
-		onB := onA.copyTo(b.URL)
-		onB.get("/console/devices").want(t, 200)
-		onA.do("POST", "/console/signout", url.Values{"csrf": {tok}}).want(t, 303)
-		onB.get("/console/devices").want(t, 303)
+		onA := fleetdtest.NewBrowser(t, a.URL)
+		tok := onA.SignIn("default", admin.Key).CSRF(t)
+		onB := onA.CopyTo(b.URL)
+		onB.Get("/console/devices").Want(t, 200)
+		onA.Do("POST", "/console/signout", url.Values{"csrf": {tok}}).Want(t, 303)
+		onB.Get("/console/devices").Want(t, 303)
 	})
 
 	t.Run("ActionThroughAReachesTheDeviceOnce", func(t *testing.T) {
 		// The device arrives through B's broker-auth endpoints; once B has
 		// served its arrival (nothing was queued), A dispatches.
 		d := b.arriveExternal(t, c.broker.Addr, "default", "pump-1", tok["pump-1"])
-		eventually(t, "the arrival to be served", func() bool { return count(t, db, "SELECT count(*) FROM device_redeliveries") == 0 })
-		id := a.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"pump-1"}})
+		fleetdtest.Eventually(t, "the arrival to be served", func() bool { return fleetdtest.Count(t, db, "SELECT count(*) FROM device_redeliveries") == 0 })
+		id := a.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"pump-1"}})
 		if m := d.next(t); m.ID != fmt.Sprint(id) {
 			t.Fatalf("pump-1 received %+v", m)
 		}
 		// Once neither replica is handing a dispatch to the broker and no
 		// arrival waits to be served, every copy either sent is counted.
-		eventually(t, "the replicas to finish sending", func() bool {
+		fleetdtest.Eventually(t, "the replicas to finish sending", func() bool {
 			return metric(t, a.URL, "fleetd_action_deliveries_in_flight")+metric(t, b.URL, "fleetd_action_deliveries_in_flight") == 0 &&
-				count(t, db, "SELECT count(*) FROM device_redeliveries") == 0
+				fleetdtest.Count(t, db, "SELECT count(*) FROM device_redeliveries") == 0
 		})
 		if n := metric(t, a.URL, "fleetd_mqtt_messages_out_total") + metric(t, b.URL, "fleetd_mqtt_messages_out_total"); n != 1 {
 			t.Fatalf("the replicas sent %v action messages, want 1", n)
@@ -234,10 +225,10 @@ func TestReplicas(t *testing.T) {
 		t.Run("StatusThroughBVisibleFromA", func(t *testing.T) {
 			// Over MQTT, through whichever replica the broker picks...
 			d.publish(t, mqtt.ActionStatusTopic("default", "pump-1"), map[string]any{"id": fmt.Sprint(id), "state": "Rebooting", "progress": 50})
-			a.awaitActionStatus(t, admin, "pump-1", id, "Progress")
+			a.AwaitActionStatus(t, admin, "pump-1", id, "Progress")
 			// ...and over HTTP through B: committed when B answers.
 			b.Do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "pump-1", "action_id": id, "state": "Completed", "progress": 100}).Want(t, 204)
-			if da := a.deviceAction(t, admin, "pump-1", id); da.ActionStatus != "Completed" {
+			if da := a.DeviceAction(t, admin, "pump-1", id); da.ActionStatus != "Completed" {
 				t.Fatalf("A sees %+v", da)
 			}
 		})
@@ -245,13 +236,13 @@ func TestReplicas(t *testing.T) {
 
 	t.Run("TimeoutOnce", func(t *testing.T) {
 		before := timedOut(t, a, b)
-		id := a.dispatch(t, admin, map[string]any{"action": "slow", "params": map[string]any{}, "search_type": "default",
+		id := a.Dispatch(t, admin, map[string]any{"action": "slow", "params": map[string]any{}, "search_type": "default",
 			"device_ids": []string{"pump-2", "pump-3"}, "timeout": 1})
 		for _, dev := range []string{"pump-2", "pump-3"} {
 			b.Do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": dev, "action_id": id, "state": "Running"}).Want(t, 204)
 		}
 		for _, dev := range []string{"pump-2", "pump-3"} {
-			da := a.awaitActionStatus(t, admin, dev, id, "Failed")
+			da := a.AwaitActionStatus(t, admin, dev, id, "Failed")
 			if da.Status != "TimedOut" || len(da.Errors["TimedOut"]) != 1 {
 				t.Fatalf("%s: %+v", dev, da)
 			}
@@ -260,15 +251,15 @@ func TestReplicas(t *testing.T) {
 		// failed once in all. A sweep that could still count one has ended
 		// once each replica finished two more.
 		sa, sb := sweeps(t, a), sweeps(t, b)
-		eventually(t, "a sweep of each replica to begin and end", func() bool { return sweeps(t, a) >= sa+2 && sweeps(t, b) >= sb+2 })
+		fleetdtest.Eventually(t, "a sweep of each replica to begin and end", func() bool { return sweeps(t, a) >= sa+2 && sweeps(t, b) >= sb+2 })
 		if n := timedOut(t, a, b) - before; n != 2 {
 			t.Fatalf("the replicas timed out %d device actions, want 2:\nA:\n%s\nB:\n%s", n, a.stderr, b.stderr)
 		}
 	})
 
 	t.Run("NotificationOnce", func(t *testing.T) {
-		hook := newReceiver(t, 0)
-		rule := a.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
+		hook := fleetdtest.NewReceiver(t, 0)
+		rule := a.MustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
 			"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
 		a.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
 			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).Want(t, 201)
@@ -278,26 +269,26 @@ func TestReplicas(t *testing.T) {
 		start := time.Now().Add(-time.Hour)
 		path := "/api/v1/devices/pump-2/streams/env"
 		i := 0
-		eventually(t, "B to open the alert", func() bool {
+		fleetdtest.Eventually(t, "B to open the alert", func() bool {
 			i++
 			b.Do(t, admin, "POST", path, points(start.Add(time.Duration(i)*time.Second), 90)).Want(t, 200)
-			return len(a.alerts(t, admin, "?rule_id="+rule.ID)) == 1
+			return len(a.Alerts(t, admin, "?rule_id="+rule.ID)) == 1
 		})
 		// A hot reading through A, which never saw the stream, finds the
 		// alert open: still one alert, one notification.
 		a.Do(t, admin, "POST", path, points(start.Add(time.Minute), 95)).Want(t, 200)
 		// A delivered notification is claimed by no one again: once it
 		// is recorded, the receiver has every copy it will get.
-		eventually(t, "the notification to be delivered", func() bool {
-			return count(t, db, "SELECT count(*) FROM alert_outbox WHERE status = 'delivered'") == 1
+		fleetdtest.Eventually(t, "the notification to be delivered", func() bool {
+			return fleetdtest.Count(t, db, "SELECT count(*) FROM alert_outbox WHERE status = 'delivered'") == 1
 		})
-		if n := count(t, db, "SELECT count(*) FROM alert_outbox"); n != 1 {
+		if n := fleetdtest.Count(t, db, "SELECT count(*) FROM alert_outbox"); n != 1 {
 			t.Fatalf("%d notifications in the outbox, want 1", n)
 		}
-		if n := len(hook.got()); n != 1 {
+		if n := len(hook.Got()); n != 1 {
 			t.Fatalf("%d notifications, want 1", n)
 		}
-		if n := len(a.alerts(t, admin, "?rule_id="+rule.ID)); n != 1 {
+		if n := len(a.Alerts(t, admin, "?rule_id="+rule.ID)); n != 1 {
 			t.Fatalf("%d alerts, want 1", n)
 		}
 	})
@@ -307,18 +298,18 @@ func TestReplicas(t *testing.T) {
 // through two replicas, as a shared subscription or a load balancer does:
 // the alert follows the data, whichever replica saw the previous reading.
 func TestReplicasEvaluateOneStream(t *testing.T) {
-	c := newCluster(t, alertFlags...)
+	c := newCluster(t, fleetdtest.AlertFlags...)
 	a := c.start("replica-a")
 	admin := a.Admin()
-	a.mustDevice(t, admin, "pump-1", nil)
-	rule := a.mustAlertRule(t, admin, map[string]any{"name": "warm", "stream": "env",
+	a.MustDevice(t, admin, "pump-1", nil)
+	rule := a.MustAlertRule(t, admin, map[string]any{"name": "warm", "stream": "env",
 		"condition": map[string]any{"field": "temp", "operator": ">", "value": 50}})
 	b := c.start("replica-b") // loads the rule at start
 	start := time.Now().Add(-time.Hour)
 	path := "/api/v1/devices/pump-1/streams/env"
 	state := func() []string {
 		var out []string
-		for _, al := range a.alerts(t, admin, "?rule_id="+rule.ID) {
+		for _, al := range a.Alerts(t, admin, "?rule_id="+rule.ID) {
 			out = append(out, al.State)
 		}
 		return out
@@ -347,7 +338,7 @@ func TestReplicasEvaluateOneStream(t *testing.T) {
 // a replica acknowledged is kept, and the notification the dead one had
 // claimed is delivered by the other once the lease ran out.
 func TestReplicaKilled(t *testing.T) {
-	c := newCluster(t, append([]string{"--notify-lease", "2s", "--mqtt-redelivery-lease", "2s"}, alertFlags...)...)
+	c := newCluster(t, append([]string{"--notify-lease", "2s", "--mqtt-redelivery-lease", "2s"}, fleetdtest.AlertFlags...)...)
 	a := c.start("replica-a")
 	admin := a.Admin()
 	db := c.db()
@@ -368,13 +359,13 @@ func TestReplicaKilled(t *testing.T) {
 	}))
 	defer hook.Close()
 	defer close(release)
-	a.mustDevice(t, admin, "pump-1", nil)
-	rule := a.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
+	a.MustDevice(t, admin, "pump-1", nil)
+	rule := a.MustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env",
 		"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
 	a.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
 		"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).Want(t, 201)
 	a.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 90)).Want(t, 200)
-	eventually(t, "A to claim the notification", func() bool { return hits.Load() == 1 })
+	fleetdtest.Eventually(t, "A to claim the notification", func() bool { return hits.Load() == 1 })
 	b := c.start("replica-b")
 
 	// Load: writers create devices through both replicas; a 201 is a
@@ -417,10 +408,10 @@ func TestReplicaKilled(t *testing.T) {
 		defer mu.Unlock()
 		return len(acked)
 	}
-	eventually(t, "50 writes acknowledged before the kill", func() bool { return ackedNow() >= 50 })
+	fleetdtest.Eventually(t, "50 writes acknowledged before the kill", func() bool { return ackedNow() >= 50 })
 	a.kill()
 	before := ackedNow()
-	eventually(t, "50 more through B after it", func() bool { return ackedNow() >= before+50 })
+	fleetdtest.Eventually(t, "50 more through B after it", func() bool { return ackedNow() >= before+50 })
 	stopLoad()
 	wg.Wait()
 
@@ -428,7 +419,7 @@ func TestReplicaKilled(t *testing.T) {
 	n := len(acked)
 	missing := 0
 	for id := range acked {
-		if count(t, db, "SELECT count(*) FROM devices WHERE tenant = 'default' AND id = $1", id) != 1 {
+		if fleetdtest.Count(t, db, "SELECT count(*) FROM devices WHERE tenant = 'default' AND id = $1", id) != 1 {
 			missing++
 		}
 	}
@@ -439,8 +430,8 @@ func TestReplicaKilled(t *testing.T) {
 	t.Logf("%d device creations acknowledged under load, none lost", n)
 
 	// B takes the dead replica's notification over after the lease.
-	eventually(t, "B to deliver the notification", func() bool {
-		return count(t, db, "SELECT count(*) FROM alert_outbox WHERE status = 'delivered'") == 1
+	fleetdtest.Eventually(t, "B to deliver the notification", func() bool {
+		return fleetdtest.Count(t, db, "SELECT count(*) FROM alert_outbox WHERE status = 'delivered'") == 1
 	})
 	if h := hits.Load(); h != 2 {
 		t.Fatalf("webhook hit %d times, want 2 (A's, cut by the crash, and B's)", h)
@@ -458,8 +449,8 @@ func TestReplicasShareBundlesThroughS3(t *testing.T) {
 	a := c.start("replica-a")
 	b := c.start("replica-b")
 	admin := a.Admin()
-	data := makeBundle(t, "3.1.0", bootloader, app230)
-	up := a.mustUpload(t, admin, data)
+	data := fleetdtest.MakeBundle(t, "3.1.0", fleetdtest.Bootloader, fleetdtest.App230)
+	up := a.MustUpload(t, admin, data)
 	path := "/api/v1/firmware-bundles/id/" + up.ID + "/artifact"
 
 	resp, body := b.get(t, admin, path)

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/fleetd/fleet/codec"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -22,13 +23,13 @@ func TestRetryAction(t *testing.T) {
 		s := startServer(t, b)
 		admin := s.Admin()
 		for _, d := range []string{"r1", "r2", "r3", "r4"} {
-			s.mustDevice(t, admin, d, nil)
+			s.MustDevice(t, admin, d, nil)
 		}
-		id := s.dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{"level": 3}, "timeout": 90,
+		id := s.Dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{"level": 3}, "timeout": 90,
 			"search_type": "default", "device_ids": []string{"r1", "r2", "r3", "r4"}})
-		s.report(t, "r1", id, "Completed")
-		s.report(t, "r2", id, "Failed")
-		s.report(t, "r3", id, "Failed")
+		s.Report(t, "r1", id, "Completed")
+		s.Report(t, "r2", id, "Failed")
+		s.Report(t, "r3", id, "Failed")
 		retry := fmt.Sprintf("/api/v1/actions/%d/retry", id)
 
 		// r4 has not finished: the action is not finished.
@@ -61,7 +62,7 @@ func TestRetryAction(t *testing.T) {
 			t.Fatalf("the retry: %+v", got)
 		}
 		for _, d := range []string{"r2", "r3"} {
-			if da := s.deviceAction(t, admin, d, out.ID); da.ActionStatus != "Queued" {
+			if da := s.DeviceAction(t, admin, d, out.ID); da.ActionStatus != "Queued" {
 				t.Fatalf("%s: %+v", d, da)
 			}
 		}
@@ -74,7 +75,7 @@ func TestRetryAction(t *testing.T) {
 		// retry_of in every encoding.
 		var want any
 		for _, f := range codec.Formats {
-			r := s.Send(t, req{Method: "GET", Path: fmt.Sprintf("/api/v1/actions/%d", out.ID), Creds: admin, Header: http.Header{"Accept": {f.ContentType()}}}).Want(t, 200)
+			r := s.Send(t, fleetdtest.Req{Method: "GET", Path: fmt.Sprintf("/api/v1/actions/%d", out.ID), Creds: admin, Header: http.Header{"Accept": {f.ContentType()}}}).Want(t, 200)
 			v, err := codec.Decode(f, r.Body)
 			if err != nil {
 				t.Fatalf("%s: %v", f, err)
@@ -118,8 +119,8 @@ func TestRetryAction(t *testing.T) {
 			}
 		}
 		// An action whose devices all completed has nothing Failed.
-		done := s.dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"r1"}})
-		s.report(t, "r1", done, "Completed")
+		done := s.Dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"r1"}})
+		s.Report(t, "r1", done, "Completed")
 		r = s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/retry", done), nil)
 		wantCode(t, r, 409, "conflict")
 		if !strings.Contains(string(r.Body), "is Failed; nothing was dispatched") {
@@ -127,10 +128,10 @@ func TestRetryAction(t *testing.T) {
 		}
 		wantCode(t, s.Do(t, admin, "POST", "/api/v1/actions/999999/retry", nil), 404, "not_found")
 		// A cancel_action is not retried.
-		busy := s.dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"r2"}})
-		s.report(t, "r2", busy, "Running")
+		busy := s.Dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"r2"}})
+		s.Report(t, "r2", busy, "Running")
 		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", busy), nil).Want(t, 204)
-		s.report(t, "r2", busy, "Failed")
+		s.Report(t, "r2", busy, "Failed")
 		var cancels struct {
 			Actions []struct{ ID int64 } `json:"actions"`
 		}
@@ -154,30 +155,30 @@ func TestRetryAction(t *testing.T) {
 
 		// The console's action page offers the retry of a finished action
 		// with failed devices, and shows the new action as a retry.
-		console := newBrowser(t, s.URL)
-		page := console.signIn(admin.Tenant, admin.Key)
-		failed := s.dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"r1", "r2", "r3"}})
-		s.report(t, "r1", failed, "Completed")
-		s.report(t, "r2", failed, "Failed")
-		s.report(t, "r3", failed, "Failed")
-		page = console.get(fmt.Sprintf("/console/actions/%d", failed)).want(t, 200)
+		console := fleetdtest.NewBrowser(t, s.URL)
+		page := console.SignIn(admin.Tenant, admin.Key)
+		failed := s.Dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"r1", "r2", "r3"}})
+		s.Report(t, "r1", failed, "Completed")
+		s.Report(t, "r2", failed, "Failed")
+		s.Report(t, "r3", failed, "Failed")
+		page = console.Get(fmt.Sprintf("/console/actions/%d", failed)).Want(t, 200)
 		if !strings.Contains(page.Body, "Retry the 2 failed devices") {
 			t.Fatalf("no retry button:\n%s", page.Body)
 		}
-		if strings.Contains(console.get(fmt.Sprintf("/console/actions/%d", done)).want(t, 200).Body, "failed devices</button>") {
+		if strings.Contains(console.Get(fmt.Sprintf("/console/actions/%d", done)).Want(t, 200).Body, "failed devices</button>") {
 			t.Fatal("a retry button on an action without failed devices")
 		}
-		res := console.do("POST", fmt.Sprintf("/console/actions/%d/retry", failed), url.Values{"csrf": {page.csrf(t)}})
+		res := console.Do("POST", fmt.Sprintf("/console/actions/%d/retry", failed), url.Values{"csrf": {page.CSRF(t)}})
 		if res.Status != http.StatusSeeOther {
 			t.Fatalf("the console's retry answered %d:\n%s", res.Status, res.Body)
 		}
-		page = console.get(res.Header.Get("Location")).want(t, 200)
+		page = console.Get(res.Header.Get("Location")).Want(t, 200)
 		if want := fmt.Sprintf(`<dt>Retry of</dt><dd><a href="/console/actions/%d">#%d</a></dd>`, failed, failed); !strings.Contains(page.Body, want) {
 			t.Fatalf("the retry's page lacks %s:\n%s", want, page.Body)
 		}
 		// Its failed devices were retried once: the action's page offers
 		// no second retry of them (the API would refuse it).
-		if body := console.get(fmt.Sprintf("/console/actions/%d", failed)).want(t, 200).Body; strings.Contains(body, "failed devices</button>") {
+		if body := console.Get(fmt.Sprintf("/console/actions/%d", failed)).Want(t, 200).Body; strings.Contains(body, "failed devices</button>") {
 			t.Fatalf("a retry button for device actions already retried:\n%s", body)
 		}
 

@@ -18,13 +18,14 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet/codec"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	simulator "github.com/fleetd/fleet/internal/sim"
 	"github.com/fleetd/fleet/notify"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
 // wantCode checks an error answer's status and code.
-func wantCode(t *testing.T, r *response, status int, code string) {
+func wantCode(t *testing.T, r *fleetdtest.Response, status int, code string) {
 	t.Helper()
 	r.Want(t, status)
 	if got := r.ErrorCode(t); got != code {
@@ -34,7 +35,7 @@ func wantCode(t *testing.T, r *response, status int, code string) {
 
 // rolloutBody is an action as GET /api/v1/actions/{id} shows a rollout.
 type rolloutBody struct {
-	actionBody
+	fleetdtest.ActionBody
 	StatusesPhased  map[string]map[string]int          `json:"statuses_phased"`
 	Schedule        *struct{ Phases []map[string]any } `json:"schedule"`
 	PhasesTriggered []bool                             `json:"phases_triggered"`
@@ -44,7 +45,7 @@ type rolloutBody struct {
 	WaitingReason   string                             `json:"waiting_reason"`
 }
 
-func (s *testServer) rollout(t *testing.T, c creds, id int64) rolloutBody {
+func (s *testServer) rollout(t *testing.T, c fleetdtest.Creds, id int64) rolloutBody {
 	t.Helper()
 	var a rolloutBody
 	s.Do(t, c, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).Want(t, 200).Decode(t, &a)
@@ -52,10 +53,10 @@ func (s *testServer) rollout(t *testing.T, c creds, id int64) rolloutBody {
 }
 
 // awaitRollout waits for the rollout's status.
-func (s *testServer) awaitRollout(t *testing.T, c creds, id int64, status string) rolloutBody {
+func (s *testServer) awaitRollout(t *testing.T, c fleetdtest.Creds, id int64, status string) rolloutBody {
 	t.Helper()
 	var a rolloutBody
-	eventually(t, fmt.Sprintf("rollout %d to be %s", id, status), func() bool {
+	fleetdtest.Eventually(t, fmt.Sprintf("rollout %d to be %s", id, status), func() bool {
 		a = s.rollout(t, c, id)
 		return a.Status == status
 	})
@@ -94,17 +95,17 @@ func rankOrder(ids []string) []string {
 // rolloutEvents lists the rollout notifications a receiver got for action
 // id, as "event" or "event:phase", in the order the changes were made
 // (their outbox ids; the notifier sends several at once).
-func rolloutEvents(t *testing.T, r *receiver, id int64) []string {
+func rolloutEvents(t *testing.T, r *fleetdtest.Receiver, id int64) []string {
 	t.Helper()
 	type event struct {
 		delivery int64
 		name     string
 	}
 	var got []event
-	for _, req := range r.got() {
+	for _, req := range r.Got() {
 		var p notify.RolloutWebhookPayload
-		if err := json.Unmarshal(req.body, &p); err != nil || p.Rollout == nil {
-			t.Fatalf("a rollout notification %s: %v", req.body, err)
+		if err := json.Unmarshal(req.Body, &p); err != nil || p.Rollout == nil {
+			t.Fatalf("a rollout notification %s: %v", req.Body, err)
 		}
 		if p.Rollout.ActionID != id {
 			continue
@@ -113,8 +114,8 @@ func rolloutEvents(t *testing.T, r *receiver, id int64) []string {
 		if p.Rollout.Phase != nil && e == "phase_triggered" {
 			e += fmt.Sprintf(":%d", *p.Rollout.Phase)
 		}
-		if p.Event != "rollout."+p.Rollout.Event || req.header.Get("X-Fleet-Event") != p.Event {
-			t.Fatalf("notification event %q, header %q, for %q", p.Event, req.header.Get("X-Fleet-Event"), p.Rollout.Event)
+		if p.Event != "rollout."+p.Rollout.Event || req.Header.Get("X-Fleet-Event") != p.Event {
+			t.Fatalf("notification event %q, header %q, for %q", p.Event, req.Header.Get("X-Fleet-Event"), p.Rollout.Event)
 		}
 		got = append(got, event{p.DeliveryID, e})
 	}
@@ -127,17 +128,17 @@ func rolloutEvents(t *testing.T, r *receiver, id int64) []string {
 }
 
 // awaitEvents waits until the receiver got want for action id, exactly.
-func awaitEvents(t *testing.T, r *receiver, id int64, want ...string) {
+func awaitEvents(t *testing.T, r *fleetdtest.Receiver, id int64, want ...string) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("the rollout notifications of action %d to be %v", id, want), func() bool {
+	fleetdtest.Eventually(t, fmt.Sprintf("the rollout notifications of action %d to be %v", id, want), func() bool {
 		return slices.Equal(rolloutEvents(t, r, id), want)
 	})
 }
 
 // simActions is the number of actions the simulator received, from its
 // last progress line.
-func simActions(r *simRun) int {
-	lines := regexp.MustCompile(`actions=(\d+)`).FindAllStringSubmatch(r.out.String(), -1)
+func simActions(r *fleetdtest.SimRun) int {
+	lines := regexp.MustCompile(`actions=(\d+)`).FindAllStringSubmatch(r.Out.String(), -1)
 	if len(lines) == 0 {
 		return 0
 	}
@@ -156,9 +157,9 @@ func TestRolloutEndToEnd(t *testing.T) {
 		// The test polls actions every 5 ms with the key fleetd sim uses
 		// too: no rate limit (TestRateLimits tests those), or a quiet
 		// machine polls past 100 requests a second and is answered 429.
-		s := startServer(t, b, append([]string{"--rollout-interval", "20ms", "--rate-limit", "-1"}, alertFlags...)...)
+		s := startServer(t, b, append([]string{"--rollout-interval", "20ms", "--rate-limit", "-1"}, fleetdtest.AlertFlags...)...)
 		admin := s.Admin()
-		hook := newReceiver(t, 0)
+		hook := fleetdtest.NewReceiver(t, 0)
 		s.Do(t, admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
 			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL, "secret": "s3cret"}}).Want(t, 201)
 		tokens := filepath.Join(t.TempDir(), "tokens.csv")
@@ -166,18 +167,18 @@ func TestRolloutEndToEnd(t *testing.T) {
 		for i := 1; i <= 10; i++ {
 			ids = append(ids, fmt.Sprintf("ro-%05d", i))
 		}
-		sim := s.startSim(t, "--devices", "10", "--provision", "--url", s.URL, "--api-key", admin.Key,
+		sim := s.StartSim(t, "--devices", "10", "--provision", "--url", s.URL, "--api-key", admin.Key,
 			"--tokens", tokens, "--prefix", "ro-", "--telemetry-interval", "0")
-		sim.connected(t, 10)
+		sim.Connected(t, 10)
 
 		t.Run("PhasesReleaseTheirDevices", func(t *testing.T) {
-			id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "ro-",
+			id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "ro-",
 				"schedule": map[string]any{"release_notes": "a reboot, in three", "phases": []any{
 					phase("canary", triggerNow, fixedList("ro-00003", "ro-00007")),
 					phase("half", triggerManual, percent(50)),
 					phase("rest", triggerAfter, percent(100)),
 				}}})
-			eventually(t, "the canary to complete", func() bool { return s.rollout(t, admin, id).StatusesPhased["0"]["Completed"] == 2 })
+			fleetdtest.Eventually(t, "the canary to complete", func() bool { return s.rollout(t, admin, id).StatusesPhased["0"]["Completed"] == 2 })
 			a := s.rollout(t, admin, id)
 			if a.Status != "running" || fmt.Sprint(a.PhasesTriggered) != "[true false false]" || *a.NextPhaseIndex != 1 ||
 				fmt.Sprint(a.StatusesPhased) != "map[0:map[Completed:2] 1:map[Scheduled:3] 2:map[Scheduled:5]]" || len(a.Schedule.Phases) != 3 {
@@ -197,11 +198,11 @@ func TestRolloutEndToEnd(t *testing.T) {
 				if i < 3 {
 					want = 1
 				}
-				if da := s.deviceAction(t, admin, d, id); da.Phase != want || da.ActionStatus != "Scheduled" || da.Status != "Scheduled" {
+				if da := s.DeviceAction(t, admin, d, id); da.Phase != want || da.ActionStatus != "Scheduled" || da.Status != "Scheduled" {
 					t.Fatalf("%s: %+v, want Scheduled in phase %d", d, da, want)
 				}
 			}
-			if da := s.deviceAction(t, admin, "ro-00003", id); da.Phase != 0 {
+			if da := s.DeviceAction(t, admin, "ro-00003", id); da.Phase != 0 {
 				t.Fatalf("ro-00003: phase %d", da.Phase)
 			}
 			if n := simActions(sim); n != 2 {
@@ -220,7 +221,7 @@ func TestRolloutEndToEnd(t *testing.T) {
 			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
 			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil), 409, "conflict")
 			// An action without a schedule has none of these operations.
-			plain := s.dispatch(t, admin, map[string]any{"action": "x", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"ro-00001"}})
+			plain := s.Dispatch(t, admin, map[string]any{"action": "x", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"ro-00001"}})
 			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", plain), nil), 409, "conflict")
 			if pa := s.rollout(t, admin, plain); pa.Status != "" || pa.Schedule != nil || pa.StatusesPhased["-1"] == nil {
 				t.Fatalf("an action without a schedule shows %+v", pa)
@@ -228,9 +229,9 @@ func TestRolloutEndToEnd(t *testing.T) {
 		})
 
 		t.Run("FailureRateGate", func(t *testing.T) {
-			sim.stop(t)
-			failing := s.startSim(t, "--devices", "10", "--tokens", tokens, "--fail-rate", "0.5", "--telemetry-interval", "0")
-			failing.connected(t, 10)
+			sim.Stop(t)
+			failing := s.StartSim(t, "--devices", "10", "--tokens", tokens, "--fail-rate", "0.5", "--telemetry-interval", "0")
+			failing.Connected(t, 10)
 			var bad, good string
 			for _, d := range ids {
 				if simulator.Fails(d, 0.5) && bad == "" {
@@ -239,7 +240,7 @@ func TestRolloutEndToEnd(t *testing.T) {
 					good = d
 				}
 			}
-			id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "ro-",
+			id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "ro-",
 				"schedule": map[string]any{"phases": []any{
 					phase("canary", triggerNow, fixedList(bad, good)),
 					map[string]any{"name": "rest", "trigger_on": triggerNow, "info": percent(100), "gate": map[string]any{"max_failure_rate": 0.3, "min_finished": 2}},
@@ -258,17 +259,17 @@ func TestRolloutEndToEnd(t *testing.T) {
 				t.Fatalf("after the resume: %+v", a)
 			}
 			awaitEvents(t, hook, id, "phase_triggered:0", "paused", "resumed", "phase_triggered:1", "completed")
-			failing.stop(t)
+			failing.Stop(t)
 		})
 
 		t.Run("AlertGate", func(t *testing.T) {
-			s.mustUpload(t, admin, makeBundle(t, "2.3.0", bootloader, part{name: "app", version: "2.3.0", body: "app 2.3.0"}))
+			s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "2.3.0", fleetdtest.Bootloader, fleetdtest.Part{Name: "app", Version: "2.3.0", Body: "app 2.3.0"}))
 			// A windowed rule: the hottest reading of the last minute.
-			rule := s.mustAlertRule(t, admin, map[string]any{"name": "overheating", "stream": "telemetry",
+			rule := s.MustAlertRule(t, admin, map[string]any{"name": "overheating", "stream": "telemetry",
 				"condition": map[string]any{"field": "temperature", "aggregate": "max", "window_seconds": 60, "operator": ">", "value": 80}})
-			sick := s.startSim(t, "--devices", "10", "--tokens", tokens, "--unhealthy-after-update", "--telemetry-interval", "50ms")
-			sick.connected(t, 10)
-			id := s.dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.3.0"}, "search_type": "search", "search_query": "ro-",
+			sick := s.StartSim(t, "--devices", "10", "--tokens", tokens, "--unhealthy-after-update", "--telemetry-interval", "50ms")
+			sick.Connected(t, 10)
+			id := s.Dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.3.0"}, "search_type": "search", "search_query": "ro-",
 				"schedule": map[string]any{"phases": []any{
 					phase("canary", triggerNow, fixedList("ro-00004")),
 					map[string]any{"name": "everyone", "trigger_on": triggerNow, "info": percent(100),
@@ -291,13 +292,13 @@ func TestRolloutEndToEnd(t *testing.T) {
 			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/abort", id), nil), 409, "conflict")
 			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/resume", id), nil), 409, "conflict")
 			awaitEvents(t, hook, id, "phase_triggered:0", "paused", "aborted")
-			sick.stop(t)
+			sick.Stop(t)
 		})
 
 		t.Run("ManualAppendAbort", func(t *testing.T) {
-			slow := s.startSim(t, "--devices", "10", "--tokens", tokens, "--step", "300ms", "--telemetry-interval", "0")
-			slow.connected(t, 10)
-			id := s.dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{}, "search_type": "default",
+			slow := s.StartSim(t, "--devices", "10", "--tokens", tokens, "--step", "300ms", "--telemetry-interval", "0")
+			slow.Connected(t, 10)
+			id := s.Dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{}, "search_type": "default",
 				"device_ids": []string{"ro-00001", "ro-00002", "ro-00003", "ro-00004", "ro-00005"},
 				"schedule": map[string]any{"phases": []any{
 					phase("first", triggerManual, fixedList("ro-00001")),
@@ -307,7 +308,7 @@ func TestRolloutEndToEnd(t *testing.T) {
 				t.Fatalf("before any trigger: %+v", a)
 			}
 			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
-			s.awaitActionStatus(t, admin, "ro-00001", id, "Completed")
+			s.AwaitActionStatus(t, admin, "ro-00001", id, "Completed")
 
 			// append_phase takes devices the action does not target yet.
 			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ro-00002"))), 400, "invalid")
@@ -318,7 +319,7 @@ func TestRolloutEndToEnd(t *testing.T) {
 			if a.Targeted != 6 || len(a.Schedule.Phases) != 3 || fmt.Sprint(a.PhasesTriggered) != "[true false false]" || a.StatusesPhased["2"]["Scheduled"] != 1 {
 				t.Fatalf("after append_phase: %+v", a)
 			}
-			if da := s.deviceAction(t, admin, "ro-00009", id); da.Phase != 2 || da.ActionStatus != "Scheduled" {
+			if da := s.DeviceAction(t, admin, "ro-00009", id); da.Phase != 2 || da.ActionStatus != "Scheduled" {
 				t.Fatalf("ro-00009: %+v", da)
 			}
 
@@ -326,7 +327,7 @@ func TestRolloutEndToEnd(t *testing.T) {
 			// they are sent a cancel_action, ro-00009 nothing.
 			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
 			for _, d := range []string{"ro-00002", "ro-00003", "ro-00004", "ro-00005"} {
-				s.awaitActionStatus(t, admin, d, id, "Progress")
+				s.AwaitActionStatus(t, admin, d, id, "Progress")
 			}
 			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/abort", id), nil).Want(t, 204)
 			a = s.rollout(t, admin, id)
@@ -335,9 +336,9 @@ func TestRolloutEndToEnd(t *testing.T) {
 				t.Fatalf("aborted: %+v", a)
 			}
 			var list struct {
-				Actions []actionBody `json:"actions"`
+				Actions []fleetdtest.ActionBody `json:"actions"`
 			}
-			eventually(t, "the busy devices to complete the cancel_action", func() bool {
+			fleetdtest.Eventually(t, "the busy devices to complete the cancel_action", func() bool {
 				s.Do(t, admin, "GET", "/api/v1/actions?action=cancel_action", nil).Want(t, 200).Decode(t, &list)
 				return len(list.Actions) == 1 && list.Actions[0].Targeted == 4 && list.Actions[0].Statuses["Completed"] == 4
 			})
@@ -345,14 +346,14 @@ func TestRolloutEndToEnd(t *testing.T) {
 				t.Fatalf("after the devices stopped: %+v", a)
 			}
 			awaitEvents(t, hook, id, "phase_triggered:0", "phase_triggered:1", "aborted")
-			slow.stop(t)
+			slow.Stop(t)
 		})
 
 		t.Run("EndTimestamp", func(t *testing.T) {
-			plain := s.startSim(t, "--devices", "10", "--tokens", tokens, "--telemetry-interval", "0")
-			plain.connected(t, 10)
+			plain := s.StartSim(t, "--devices", "10", "--tokens", tokens, "--telemetry-interval", "0")
+			plain.Connected(t, 10)
 			end := time.Now().Add(1500 * time.Millisecond).UnixMilli()
-			id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "ro-",
+			id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "ro-",
 				"schedule": map[string]any{"end_timestamp": end, "phases": []any{
 					phase("canary", triggerNow, fixedList("ro-00001")),
 					phase("rest", triggerManual, percent(100)),
@@ -361,7 +362,7 @@ func TestRolloutEndToEnd(t *testing.T) {
 			if a.StatusesPhased["0"]["Completed"] != 1 || a.StatusesPhased["1"]["Cancelled"] != 9 || fmt.Sprint(a.PhasesTriggered) != "[true false]" {
 				t.Fatalf("ended: %+v", a)
 			}
-			if da := s.deviceAction(t, admin, "ro-00005", id); da.Status != "ScheduleEnded" || da.ActionStatus != "Cancelled" {
+			if da := s.DeviceAction(t, admin, "ro-00005", id); da.Status != "ScheduleEnded" || da.ActionStatus != "Cancelled" {
 				t.Fatalf("a device never released: %+v", da)
 			}
 			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
@@ -387,9 +388,9 @@ func TestRolloutEndToEnd(t *testing.T) {
 		})
 
 		// Every rollout notification was signed with the rule's secret.
-		for _, req := range hook.got() {
-			if sig := req.header.Get("X-Fleet-Signature"); sig != notify.Sign("s3cret", req.body) {
-				t.Fatalf("signature %q of %s", sig, req.body)
+		for _, req := range hook.Got() {
+			if sig := req.Header.Get("X-Fleet-Signature"); sig != notify.Sign("s3cret", req.Body) {
+				t.Fatalf("signature %q of %s", sig, req.Body)
 			}
 		}
 	})
@@ -405,23 +406,23 @@ func TestRolloutOfflineDevice(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, "--rollout-interval", "20ms", "--rate-limit", "-1")
 		admin := s.Admin()
-		online := s.startSim(t, "--devices", "4", "--provision", "--url", s.URL, "--api-key", admin.Key, "--prefix", "st-", "--telemetry-interval", "0")
-		online.connected(t, 4)
+		online := s.StartSim(t, "--devices", "4", "--provision", "--url", s.URL, "--api-key", admin.Key, "--prefix", "st-", "--telemetry-interval", "0")
+		online.Connected(t, 4)
 		tokens := filepath.Join(t.TempDir(), "off.csv")
-		off := s.startSim(t, "--devices", "1", "--provision", "--url", s.URL, "--api-key", admin.Key, "--tokens", tokens, "--prefix", "off-", "--telemetry-interval", "0")
-		off.connected(t, 1)
-		eventually(t, "off-00001 to be seen", func() bool {
+		off := s.StartSim(t, "--devices", "1", "--provision", "--url", s.URL, "--api-key", admin.Key, "--tokens", tokens, "--prefix", "off-", "--telemetry-interval", "0")
+		off.Connected(t, 1)
+		fleetdtest.Eventually(t, "off-00001 to be seen", func() bool {
 			var seen struct {
 				LastSeenAt *time.Time `json:"last_seen_at"`
 			}
 			s.Do(t, admin, "GET", "/api/v1/devices/off-00001", nil).Want(t, 200).Decode(t, &seen)
 			return seen.LastSeenAt != nil
 		})
-		off.stop(t)
+		off.Stop(t)
 
 		targets := []string{"st-00001", "st-00002", "st-00003", "st-00004", "off-00001"}
 		rollout := func(rest map[string]any) int64 {
-			return s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": targets,
+			return s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": targets,
 				"schedule": map[string]any{"phases": []any{
 					phase("canary", triggerNow, fixedList("st-00001", "off-00001")),
 					phase("rest", rest, percent(100)),
@@ -430,9 +431,9 @@ func TestRolloutOfflineDevice(t *testing.T) {
 		offline := `off-00001 \(Queued, offline, last seen \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\)`
 
 		stalled := rollout(triggerAfter)
-		s.awaitActionStatus(t, admin, "st-00001", stalled, "Completed")
+		s.AwaitActionStatus(t, admin, "st-00001", stalled, "Completed")
 		var a rolloutBody
-		eventually(t, "the stalled rollout to say why it waits", func() bool {
+		fleetdtest.Eventually(t, "the stalled rollout to say why it waits", func() bool {
 			a = s.rollout(t, admin, stalled)
 			return regexp.MustCompile(`^phase 1 \(rest\) waits for 1 more device of earlier phases to finish; not finished: ` + offline + `$`).MatchString(a.WaitingReason)
 		})
@@ -441,13 +442,13 @@ func TestRolloutOfflineDevice(t *testing.T) {
 		}
 
 		half := rollout(map[string]any{"type": "after_previous", "finished_ratio": 0.5})
-		eventually(t, "finished_ratio 0.5 to release the rest without the offline device", func() bool {
+		fleetdtest.Eventually(t, "finished_ratio 0.5 to release the rest without the offline device", func() bool {
 			a = s.rollout(t, admin, half)
 			return a.StatusesPhased["1"]["Completed"] == 3
 		})
 		// Every phase triggered, but a device never received the action:
 		// the rollout is not completed, and says what it waits for.
-		eventually(t, "the rollout to say it waits for the offline device", func() bool {
+		fleetdtest.Eventually(t, "the rollout to say it waits for the offline device", func() bool {
 			a = s.rollout(t, admin, half)
 			return regexp.MustCompile(`^every phase triggered; waiting for 1 device to finish: ` + offline + `$`).MatchString(a.WaitingReason)
 		})
@@ -456,9 +457,9 @@ func TestRolloutOfflineDevice(t *testing.T) {
 		}
 		// The console's action page says it too, and shows which devices
 		// are online.
-		console := newBrowser(t, s.URL)
-		console.signIn(admin.Tenant, admin.Key)
-		page := console.get(fmt.Sprintf("/console/actions/%d", half)).want(t, 200).Body
+		console := fleetdtest.NewBrowser(t, s.URL)
+		console.SignIn(admin.Tenant, admin.Key)
+		page := console.Get(fmt.Sprintf("/console/actions/%d", half)).Want(t, 200).Body
 		for _, want := range []string{`data-waiting-reason>every phase triggered; waiting for 1 device to finish: off-00001 (Queued, offline`,
 			`<a href="/console/devices/off-00001">off-00001</a></td>` + "\n" + `<td><span class="offline">offline</span></td>`,
 			`<a href="/console/devices/st-00001">st-00001</a></td>` + "\n" + `<td><span class="online">online</span></td>`} {
@@ -469,8 +470,8 @@ func TestRolloutOfflineDevice(t *testing.T) {
 
 		// The device comes back: it receives both actions, and both
 		// rollouts complete.
-		back := s.startSim(t, "--tokens", tokens, "--telemetry-interval", "0")
-		back.connected(t, 1)
+		back := s.StartSim(t, "--tokens", tokens, "--telemetry-interval", "0")
+		back.Connected(t, 1)
 		for _, id := range []int64{stalled, half} {
 			a = s.awaitRollout(t, admin, id, "completed")
 			if a.Statuses["Completed"] != 5 || a.WaitingReason != "" {
@@ -489,10 +490,10 @@ func TestRolloutEncodings(t *testing.T) {
 		s := startServer(t, b)
 		admin := s.Admin()
 		for _, d := range []string{"enc-1", "enc-2", "enc-3"} {
-			s.mustDevice(t, admin, d, nil)
+			s.MustDevice(t, admin, d, nil)
 		}
 		rate := 0.25
-		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "enc-",
+		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "enc-",
 			"schedule": map[string]any{"release_notes": "notes", "end_timestamp": time.Now().Add(time.Hour).UnixMilli(),
 				"maintenance_window": map[string]any{"start": "22:00", "end": "04:30", "timezone": "Europe/Berlin"},
 				"phases": []any{
@@ -502,7 +503,7 @@ func TestRolloutEncodings(t *testing.T) {
 				}}})
 		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil).Want(t, 204)
 		phased := "map[0:map[Scheduled:1] 1:map[Scheduled:2]]"
-		waiting := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"enc-1"},
+		waiting := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"enc-1"},
 			"schedule": map[string]any{"phases": []any{phase("by hand", triggerManual, percent(100))}}})
 		rollout := func(t *testing.T, a any) {
 			t.Helper()
@@ -560,7 +561,7 @@ func TestRolloutEncodings(t *testing.T) {
 			t.Run(c.path, func(t *testing.T) {
 				var want any
 				for _, f := range codec.Formats {
-					r := s.Send(t, req{Method: "GET", Path: c.path, Creds: admin, Header: http.Header{"Accept": {f.ContentType()}}}).Want(t, 200)
+					r := s.Send(t, fleetdtest.Req{Method: "GET", Path: c.path, Creds: admin, Header: http.Header{"Accept": {f.ContentType()}}}).Want(t, 200)
 					got, err := codec.Decode(f, r.Body)
 					if err != nil {
 						t.Fatalf("%s: %v", f, err)
@@ -588,9 +589,9 @@ func TestRolloutOperations(t *testing.T) {
 		s := startServer(t, b)
 		admin := s.Admin()
 		for _, d := range []string{"op-1", "op-2", "op-3", "op-4"} {
-			s.mustDevice(t, admin, d, nil)
+			s.MustDevice(t, admin, d, nil)
 		}
-		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default",
+		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default",
 			"device_ids": []string{"op-1", "op-2", "op-3"},
 			"schedule": map[string]any{"phases": []any{
 				phase("first", triggerManual, fixedList("op-1")),
@@ -598,12 +599,12 @@ func TestRolloutOperations(t *testing.T) {
 			}}})
 		// The console's action page shows the buttons of the operations
 		// the API allows, and no other.
-		console := newBrowser(t, s.URL)
-		console.signIn(admin.Tenant, admin.Key)
+		console := fleetdtest.NewBrowser(t, s.URL)
+		console.SignIn(admin.Tenant, admin.Key)
 		buttons := func(id int64) string {
 			t.Helper()
 			var shown []string
-			for _, m := range regexp.MustCompile(`data-op="([a-z_]+)"( hidden)?>`).FindAllStringSubmatch(console.get(fmt.Sprintf("/console/actions/%d", id)).want(t, 200).Body, -1) {
+			for _, m := range regexp.MustCompile(`data-op="([a-z_]+)"( hidden)?>`).FindAllStringSubmatch(console.Get(fmt.Sprintf("/console/actions/%d", id)).Want(t, 200).Body, -1) {
 				if m[2] == "" {
 					shown = append(shown, m[1])
 				}
@@ -653,12 +654,12 @@ func TestRolloutOperations(t *testing.T) {
 		}
 		// A running rollout whose every phase triggered has no next phase
 		// to trigger: the console does not offer it.
-		s.mustDevice(t, admin, "op-5", nil)
-		last := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default",
+		s.MustDevice(t, admin, "op-5", nil)
+		last := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default",
 			"device_ids": []string{"op-5"}, "schedule": map[string]any{"phases": []any{phase("all", triggerNow, percent(100))}}})
 		// The scheduler releases a phase that triggers now just after the
 		// dispatch commits, not in it.
-		eventually(t, "the rollout's one phase to be released", func() bool { return s.rollout(t, admin, last).Status == "running" })
+		fleetdtest.Eventually(t, "the rollout's one phase to be released", func() bool { return s.rollout(t, admin, last).Status == "running" })
 		wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", last), nil), 409, "conflict")
 		if got := buttons(last); got != "pause abort" {
 			t.Fatalf("a running rollout with no phase left shows %q", got)
@@ -773,7 +774,7 @@ func (c *testClock) set(t *testing.T, at string) {
 // the rollout driver has made several passes at the time.
 func (c *testClock) looked(t *testing.T, n int) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("the server to read the clock %d times", n), func() bool {
+	fleetdtest.Eventually(t, fmt.Sprintf("the server to read the clock %d times", n), func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		return c.reads >= n
@@ -796,11 +797,11 @@ func TestRolloutMaintenanceWindowDST(t *testing.T) {
 		t.Cleanup(func() { s.Stop(t) })
 		admin := s.Admin()
 		tokens := filepath.Join(t.TempDir(), "tokens.csv")
-		sim := s.startSim(t, "--devices", "3", "--provision", "--url", s.URL, "--api-key", admin.Key,
+		sim := s.StartSim(t, "--devices", "3", "--provision", "--url", s.URL, "--api-key", admin.Key,
 			"--tokens", tokens, "--prefix", "win-", "--telemetry-interval", "0")
-		sim.connected(t, 3)
+		sim.Connected(t, 3)
 
-		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "win-",
+		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "win-",
 			"schedule": map[string]any{"maintenance_window": map[string]any{"start": "02:00", "end": "05:00", "timezone": "Europe/Berlin"},
 				"phases": []any{
 					phase("first", triggerNow, fixedList("win-00001")),
@@ -810,43 +811,43 @@ func TestRolloutMaintenanceWindowDST(t *testing.T) {
 		// Released, but 01:50 is outside the window: it waits, Queued, even
 		// for a device that subscribes anew.
 		clock.looked(t, 10)
-		if da := s.deviceAction(t, admin, "win-00001", id); da.ActionStatus != "Queued" {
+		if da := s.DeviceAction(t, admin, "win-00001", id); da.ActionStatus != "Queued" {
 			t.Fatalf("win-00001 at 01:50 CET: %+v", da)
 		}
-		sim.stop(t)
-		sim = s.startSim(t, "--devices", "3", "--tokens", tokens, "--telemetry-interval", "0")
-		sim.connected(t, 3)
+		sim.Stop(t)
+		sim = s.StartSim(t, "--devices", "3", "--tokens", tokens, "--telemetry-interval", "0")
+		sim.Connected(t, 3)
 		clock.set(t, "2026-03-29T00:59:59Z") // 01:59:59 CET
 		clock.looked(t, 10)
-		if da := s.deviceAction(t, admin, "win-00001", id); da.ActionStatus != "Queued" || simActions(sim) != 0 {
+		if da := s.DeviceAction(t, admin, "win-00001", id); da.ActionStatus != "Queued" || simActions(sim) != 0 {
 			t.Fatalf("win-00001 at 01:59:59 CET: %+v; %d actions received", da, simActions(sim))
 		}
 
 		// 01:00 UTC is 03:00 CEST: the clocks skipped 02:00-03:00, and the
 		// window is open. The device is sent what waited.
 		clock.set(t, "2026-03-29T01:00:00Z")
-		s.awaitActionStatus(t, admin, "win-00001", id, "Completed")
+		s.AwaitActionStatus(t, admin, "win-00001", id, "Completed")
 
 		// At 04:59 CEST a phase released is sent at once.
 		clock.set(t, "2026-03-29T02:59:00Z")
 		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
-		s.awaitActionStatus(t, admin, "win-00002", id, "Completed")
+		s.AwaitActionStatus(t, admin, "win-00002", id, "Completed")
 
 		// 03:00 UTC is 05:00 CEST: two hours after it opened, the window of
 		// this night is shut. The third phase waits for the next night.
 		clock.set(t, "2026-03-29T03:00:00Z")
 		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
 		clock.looked(t, 10)
-		if da := s.deviceAction(t, admin, "win-00003", id); da.ActionStatus != "Queued" || simActions(sim) != 2 {
+		if da := s.DeviceAction(t, admin, "win-00003", id); da.ActionStatus != "Queued" || simActions(sim) != 2 {
 			t.Fatalf("win-00003 at 05:00 CEST: %+v; %d actions received", da, simActions(sim))
 		}
 		clock.set(t, "2026-03-29T23:59:00Z") // 01:59 CEST on the 30th
 		clock.looked(t, 10)
-		if da := s.deviceAction(t, admin, "win-00003", id); da.ActionStatus != "Queued" {
+		if da := s.DeviceAction(t, admin, "win-00003", id); da.ActionStatus != "Queued" {
 			t.Fatalf("win-00003 at 01:59 CEST: %+v", da)
 		}
 		clock.set(t, "2026-03-30T00:00:00Z") // 02:00 CEST
-		s.awaitActionStatus(t, admin, "win-00003", id, "Completed")
+		s.AwaitActionStatus(t, admin, "win-00003", id, "Completed")
 		s.awaitRollout(t, admin, id, "completed")
 	})
 }
@@ -859,23 +860,23 @@ func TestRolloutRestart(t *testing.T) {
 		s := startServer(t, b, "--rollout-interval", "20ms")
 		admin := s.Admin()
 		tokens := filepath.Join(t.TempDir(), "tokens.csv")
-		sim := s.startSim(t, "--devices", "6", "--provision", "--url", s.URL, "--api-key", admin.Key,
+		sim := s.StartSim(t, "--devices", "6", "--provision", "--url", s.URL, "--api-key", admin.Key,
 			"--tokens", tokens, "--prefix", "rs-", "--telemetry-interval", "0")
-		sim.connected(t, 6)
-		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "rs-",
+		sim.Connected(t, 6)
+		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "rs-",
 			"schedule": map[string]any{"phases": []any{
 				phase("canary", triggerNow, fixedList("rs-00001")),
 				phase("pair", triggerManual, fixedList("rs-00002", "rs-00003")),
 				map[string]any{"name": "rest", "trigger_on": triggerAfter, "info": percent(100), "gate": map[string]any{"max_failure_rate": 0.5}},
 			}}})
-		s.awaitActionStatus(t, admin, "rs-00001", id, "Completed")
+		s.AwaitActionStatus(t, admin, "rs-00001", id, "Completed")
 		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil).Want(t, 204)
 		before := s.rollout(t, admin, id)
 
-		sim.stop(t)
+		sim.Stop(t)
 		s.Restart(t, "--rollout-interval", "20ms")
-		sim = s.startSim(t, "--devices", "6", "--tokens", tokens, "--telemetry-interval", "0")
-		sim.connected(t, 6)
+		sim = s.StartSim(t, "--devices", "6", "--tokens", tokens, "--telemetry-interval", "0")
+		sim.Connected(t, 6)
 		after := s.rollout(t, admin, id)
 		if after.Status != "paused" || fmt.Sprint(after.PhasesTriggered) != "[true false false]" || after.PauseReason != before.PauseReason ||
 			fmt.Sprint(after.StatusesPhased) != fmt.Sprint(before.StatusesPhased) {
@@ -897,21 +898,21 @@ func TestRolloutRestart(t *testing.T) {
 // phase of 49,999 device actions leaves none of them released (its
 // transaction rolls back), and the other replica releases them.
 func TestRolloutReplicas(t *testing.T) {
-	c := newCluster(t, append([]string{"--rollout-interval", "10ms"}, alertFlags...)...)
+	c := newCluster(t, append([]string{"--rollout-interval", "10ms"}, fleetdtest.AlertFlags...)...)
 	a := c.start("replica-a")
 	b := c.start("replica-b")
 	admin := a.Admin()
-	hook := newReceiver(t, 0)
+	hook := fleetdtest.NewReceiver(t, 0)
 	a.Do(t, admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
 		"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).Want(t, 201)
 	tokens := filepath.Join(t.TempDir(), "tokens.csv")
-	sim := a.startSim(t, "--devices", "20", "--provision", "--url", a.URL, "--api-key", admin.Key,
+	sim := a.StartSim(t, "--devices", "20", "--provision", "--url", a.URL, "--api-key", admin.Key,
 		"--tokens", tokens, "--prefix", "rep-", "--telemetry-interval", "0")
-	sim.connected(t, 20)
+	sim.Connected(t, 20)
 
 	t.Run("EachPhaseOnce", func(t *testing.T) {
 		before := metric(t, a.URL, "fleetd_rollout_events_total") + metric(t, b.URL, "fleetd_rollout_events_total")
-		id := b.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "rep-",
+		id := b.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "rep-",
 			"schedule": map[string]any{"phases": []any{
 				phase("canary", triggerNow, fixedList("rep-00001")),
 				phase("quarter", triggerAfter, percent(25)),
@@ -932,7 +933,7 @@ func TestRolloutReplicas(t *testing.T) {
 
 	t.Run("KilledMidTrigger", func(t *testing.T) {
 		a.ProvisionDevices(t, admin, "bulk-", 50_000, nil)
-		id := a.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "bulk-",
+		id := a.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "bulk-",
 			"schedule": map[string]any{"phases": []any{
 				phase("first", triggerManual, fixedList("bulk-00000")),
 				phase("rest", triggerManual, percent(100)),
@@ -941,9 +942,9 @@ func TestRolloutReplicas(t *testing.T) {
 		db := c.db()
 		const rest = 50_000 - 1 // but the first phase's device
 		phase1 := func() (released, waiting, next int) {
-			return count(t, db, "SELECT count(*) FROM device_actions WHERE action_id = $1 AND phase = 1 AND action_status = 'Queued'", id),
-				count(t, db, "SELECT count(*) FROM device_actions WHERE action_id = $1 AND phase = 1 AND action_status = 'Scheduled'", id),
-				count(t, db, "SELECT next_phase FROM rollouts WHERE action_id = $1", id)
+			return fleetdtest.Count(t, db, "SELECT count(*) FROM device_actions WHERE action_id = $1 AND phase = 1 AND action_status = 'Queued'", id),
+				fleetdtest.Count(t, db, "SELECT count(*) FROM device_actions WHERE action_id = $1 AND phase = 1 AND action_status = 'Scheduled'", id),
+				fleetdtest.Count(t, db, "SELECT next_phase FROM rollouts WHERE action_id = $1", id)
 		}
 		// The test holds one of phase 1's device actions locked, so that A's
 		// release of the phase, once begun, waits on it inside A's
@@ -970,7 +971,7 @@ func TestRolloutReplicas(t *testing.T) {
 		}
 		go http.DefaultClient.Do(a.request(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id)))
 		var releaser int
-		eventually(t, "A's release of phase 1 to begin and wait on "+held, func() bool {
+		fleetdtest.Eventually(t, "A's release of phase 1 to begin and wait on "+held, func() bool {
 			err := db.QueryRow(`SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)) AND query LIKE 'UPDATE device_actions SET%'`, holder).Scan(&releaser)
 			return err == nil
 		})
@@ -981,8 +982,8 @@ func TestRolloutReplicas(t *testing.T) {
 		// A's session ends, its transaction rolled back, once PostgreSQL
 		// finds A gone; until then its rows are not committed, nor
 		// visible, and B would wait on the rollout A locked.
-		eventually(t, "A's session to end", func() bool {
-			return count(t, db, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", releaser) == 0
+		fleetdtest.Eventually(t, "A's session to end", func() bool {
+			return fleetdtest.Count(t, db, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", releaser) == 0
 		})
 		if released, waiting, next := phase1(); released != 0 || waiting != rest || next != 1 {
 			t.Fatalf("after the kill mid-release: %d released, %d waiting, next phase %d; want none released, %d waiting, next phase 1", released, waiting, next, rest)
@@ -996,12 +997,12 @@ func TestRolloutReplicas(t *testing.T) {
 			t.Fatalf("after B's trigger: %+v, phases triggered %v", r.StatusesPhased, r.PhasesTriggered)
 		}
 	})
-	sim.stop(t)
+	sim.Stop(t)
 }
 
 // request is an authenticated request without a body, for a test that
 // sends it itself (and may not see its answer).
-func (s *testServer) request(t *testing.T, c creds, method, path string) *http.Request {
+func (s *testServer) request(t *testing.T, c fleetdtest.Creds, method, path string) *http.Request {
 	t.Helper()
 	r, err := http.NewRequest(method, s.URL+path, nil)
 	if err != nil {
@@ -1024,23 +1025,23 @@ func TestRolloutMetadataPhase(t *testing.T) {
 			if d == "m2" || d == "m4" {
 				meta["ring"] = "lab"
 			}
-			s.mustDevice(t, admin, d, meta)
+			s.MustDevice(t, admin, d, meta)
 		}
 		ring := map[string]any{"type": "metadata", "metadata": map[string]any{"ring": "lab"}}
-		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "m",
+		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "m",
 			"schedule": map[string]any{"phases": []any{phase("lab", triggerNow, ring), phase("rest", triggerAfter, percent(100))}}})
 		a := s.rollout(t, admin, id)
 		if fmt.Sprint(a.StatusesPhased) != "map[0:map[Queued:2] 1:map[Scheduled:2]]" {
 			t.Fatalf("after the lab phase: %+v", a)
 		}
 		for d, want := range map[string]int{"m1": 1, "m2": 0, "m3": 1, "m4": 0} {
-			if da := s.deviceAction(t, admin, d, id); da.Phase != want {
+			if da := s.DeviceAction(t, admin, d, id); da.Phase != want {
 				t.Fatalf("%s in phase %d, want %d", d, da.Phase, want)
 			}
 		}
 		var want any
 		for _, f := range codec.Formats {
-			r := s.Send(t, req{Method: "GET", Path: fmt.Sprintf("/api/v1/actions/%d", id), Creds: admin, Header: http.Header{"Accept": {f.ContentType()}}}).Want(t, 200)
+			r := s.Send(t, fleetdtest.Req{Method: "GET", Path: fmt.Sprintf("/api/v1/actions/%d", id), Creds: admin, Header: http.Header{"Accept": {f.ContentType()}}}).Want(t, 200)
 			v, err := codec.Decode(f, r.Body)
 			if err != nil {
 				t.Fatalf("%s: %v", f, err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 	_ "modernc.org/sqlite"
 )
@@ -61,7 +62,7 @@ type capturedAnswer struct {
 	hdr  http.Header
 }
 
-func (c *capture) add(req string, r *response) *response {
+func (c *capture) add(req string, r *fleetdtest.Response) *fleetdtest.Response {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.answers = append(c.answers, capturedAnswer{req, r.Body, r.Header})
@@ -78,7 +79,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 	ss := newSecretSet()
 	cp := &capture{}
 	dir := t.TempDir()
-	certFile, keyFile := writeServerCert(t, dir, "fleetd test")
+	certFile, keyFile := fleetdtest.WriteServerCert(t, dir, "fleetd test")
 	tlsKey, _ := os.ReadFile(keyFile)
 	ss.add(t, "TLS private key", pemBody(string(tlsKey)))
 
@@ -106,33 +107,33 @@ func TestSecretsNeverLeak(t *testing.T) {
 		"--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0",
 		"--smtp-addr", "127.0.0.1:1", "--smtp-from", "fleetd@example.com", "--smtp-username", "fleetd", "--smtp-password", smtpPassword,
 		"--smtp-tls", "none",
-	}, alertFlags...)...)
+	}, fleetdtest.AlertFlags...)...)
 	ss.add(t, "bootstrap admin key", s.Key)
 	admin := s.Admin()
-	s.Observe = func(method, path string, r *response) { cp.add(method+" "+path, r) }
-	do := func(c creds, method, path string, body any) *response {
+	s.Observe = func(method, path string, r *fleetdtest.Response) { cp.add(method+" "+path, r) }
+	do := func(c fleetdtest.Creds, method, path string, body any) *fleetdtest.Response {
 		t.Helper()
 		return s.Do(t, c, method, path, body)
 	}
-	send := func(r req) *response {
+	send := func(r fleetdtest.Req) *fleetdtest.Response {
 		t.Helper()
 		return s.Send(t, r)
 	}
 
 	// Keys of every role, in two tenants.
-	keys := map[string]creds{}
+	keys := map[string]fleetdtest.Creds{}
 	for _, role := range []string{"viewer", "device", "operator", "admin"} {
 		var k struct{ Key string }
 		do(admin, "POST", "/api/v1/apikeys", map[string]any{"name": "k-" + role, "role": role, "user_email": role + "@example.com"}).Want(t, 201).Decode(t, &k)
 		ss.add(t, role+" key", k.Key, "POST /api/v1/apikeys")
-		keys[role] = creds{Tenant: "default", Key: k.Key}
+		keys[role] = fleetdtest.Creds{Tenant: "default", Key: k.Key}
 	}
 	beta := s.NewTenant(t, "beta")
 	ss.add(t, "beta admin key", beta.Key)
 
 	// Devices: one by one, in bulk, rotated; over MQTT with right and wrong
 	// tokens; with a certificate over mutual TLS.
-	var d device
+	var d fleetdtest.Device
 	do(admin, "POST", "/api/v1/devices", map[string]any{"id": "pump-1", "metadata": map[string]string{"site": "berlin"}}).Want(t, 201).Decode(t, &d)
 	ss.add(t, "device token", d.Token, "POST /api/v1/devices")
 	var bulk struct{ Devices []struct{ ID, Token string } }
@@ -155,11 +156,11 @@ func TestSecretsNeverLeak(t *testing.T) {
 	}
 
 	// Actions, a firmware update with its signed URL, status reports.
-	id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{"delay": 1}, "search_type": "default", "device_ids": []string{"pump-1"}})
+	id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{"delay": 1}, "search_type": "default", "device_ids": []string{"pump-1"}})
 	dev.next(t)
 	dev.report(t, map[string]any{"id": fmt.Sprint(id), "state": "Completed", "progress": 100})
-	bundle := s.mustUpload(t, admin, makeBundle(t, "2.0.0", part{name: "app", version: "2.0.0", body: "app"}))
-	fw := s.dispatch(t, keys["operator"], map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.0.0"}, "search_type": "default", "device_ids": []string{"pump-1"}})
+	bundle := s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "2.0.0", fleetdtest.Part{Name: "app", Version: "2.0.0", Body: "app"}))
+	fw := s.Dispatch(t, keys["operator"], map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.0.0"}, "search_type": "default", "device_ids": []string{"pump-1"}})
 	msg := dev.next(t)
 	var payload struct{ URL string }
 	json.Unmarshal([]byte(msg.Payload), &payload)
@@ -182,7 +183,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 	} else {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		cp.add("GET artifact (tampered)", &response{Status: 401, Body: b, Header: resp.Header})
+		cp.add("GET artifact (tampered)", &fleetdtest.Response{Status: 401, Body: b, Header: resp.Header})
 	}
 	do(keys["device"], "POST", "/api/v1/devices/action/status", map[string]any{"device_id": "pump-1", "action_id": fw, "state": "Downloading", "progress": 10}).Want(t, 204)
 	do(keys["viewer"], "GET", "/api/v1/devices/pump-1/actions?limit=1000", nil).Want(t, 200)
@@ -198,7 +199,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 	ss.add(t, "webhook secret", hookSecret)
 	ss.add(t, "webhook credential header", hookHeader)
 	ss.add(t, "Slack URL path", "slackSecretPart8f2")
-	rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
+	rule := s.MustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
 	for _, ch := range []map[string]any{
 		{"type": "webhook", "url": hook.URL + "/hook?token=querySecret77a", "secret": hookSecret, "headers": map[string]string{"Authorization": hookHeader}},
 		{"type": "slack", "url": slackURL},
@@ -210,14 +211,14 @@ func TestSecretsNeverLeak(t *testing.T) {
 	ss.add(t, "webhook URL query secret", "querySecret77a")
 	do(keys["device"], "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 85)).Want(t, 200)
 	var alertID string
-	eventually(t, "the alert", func() bool {
-		if as := s.alerts(t, admin, "?state=active"); len(as) == 1 {
+	fleetdtest.Eventually(t, "the alert", func() bool {
+		if as := s.Alerts(t, admin, "?state=active"); len(as) == 1 {
 			alertID = as[0].ID
 		}
 		return alertID != ""
 	})
-	eventually(t, "the webhooks", func() bool { hookMu.Lock(); defer hookMu.Unlock(); return len(hookSigs) >= 2 })
-	eventually(t, "failed attempts to be recorded", func() bool {
+	fleetdtest.Eventually(t, "the webhooks", func() bool { hookMu.Lock(); defer hookMu.Unlock(); return len(hookSigs) >= 2 })
+	fleetdtest.Eventually(t, "failed attempts to be recorded", func() bool {
 		r := do(admin, "GET", "/api/v1/alerts/"+alertID+"/notifications", nil).Want(t, 200)
 		return strings.Count(string(r.Body), `"error"`) >= 2
 	})
@@ -227,15 +228,15 @@ func TestSecretsNeverLeak(t *testing.T) {
 	}
 	do(keys["viewer"], "GET", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", nil).Want(t, 200).Decode(t, &nrs)
 	for _, nr := range nrs.NotificationRules {
-		send(req{Method: "PUT", Path: "/api/v1/alert-rules/" + rule.ID + "/alert-notification-rules/" + nr.ID, Creds: admin,
+		send(fleetdtest.Req{Method: "PUT", Path: "/api/v1/alert-rules/" + rule.ID + "/alert-notification-rules/" + nr.ID, Creds: admin,
 			Body: map[string]any{"interval_seconds": 60}, Header: http.Header{"Prefer": {"return=representation"}}})
 	}
 
 	// End users: JWTs verified against a JWKS, and an S9 webhook's tokens.
-	idp := newIdentityProvider(t)
-	do(admin, "PUT", "/api/v1/tenants/default/auth", map[string]any{"method": "jwks", "jwks_url": idp.srv.URL, "issuer": "https://id.example.com", "audience": "fleetd"}).Want(t, 204)
-	good := idp.token(t, jwt.MapClaims{"role": "operator"})
-	expired := idp.token(t, jwt.MapClaims{"exp": time.Now().Add(-time.Hour).Unix()})
+	idp := fleetdtest.NewIdentityProvider(t)
+	do(admin, "PUT", "/api/v1/tenants/default/auth", map[string]any{"method": "jwks", "jwks_url": idp.Server.URL, "issuer": "https://id.example.com", "audience": "fleetd"}).Want(t, 204)
+	good := idp.Token(t, jwt.MapClaims{"role": "operator"})
+	expired := idp.Token(t, jwt.MapClaims{"exp": time.Now().Add(-time.Hour).Unix()})
 	ss.add(t, "JWT", good)
 	ss.add(t, "expired JWT", expired)
 	(s.bearer(t, "default", good, "POST", "/api/v1/devices", map[string]any{"id": "by-jwt"}).Want(t, 201))
@@ -257,12 +258,12 @@ func TestSecretsNeverLeak(t *testing.T) {
 	(s.bearer(t, "beta", betaToken+"x", "GET", "/api/v1/devices", nil).Want(t, 401))
 
 	// Secrets sent where they do not belong come back in no error.
-	do(creds{Tenant: "default", Key: keys["viewer"].Key + "x"}, "GET", "/api/v1/devices", nil).Want(t, 401)
-	do(creds{Tenant: "beta", Key: keys["viewer"].Key}, "GET", "/api/v1/devices", nil).Want(t, 401)
+	do(fleetdtest.Creds{Tenant: "default", Key: keys["viewer"].Key + "x"}, "GET", "/api/v1/devices", nil).Want(t, 401)
+	do(fleetdtest.Creds{Tenant: "beta", Key: keys["viewer"].Key}, "GET", "/api/v1/devices", nil).Want(t, 401)
 	do(admin, "POST", "/api/v1/devices", map[string]any{"id": "x", "token": d.Token}).Want(t, 400)
 	do(admin, "POST", "/api/v1/devices?key="+url.QueryEscape(keys["admin"].Key), map[string]any{"id": "y"}).Want(t, 400)
-	send(req{Method: "POST", Path: "/api/v1/devices", Creds: admin, Raw: []byte(`{"id": "` + d.Token + `"`), ContentType: "application/json"})
-	send(req{Method: "PATCH", Path: "/api/v1/devices/pump-1", Creds: admin, Body: map[string]any{"metadata": map[string]any{"k": 1, "secret": keys["admin"].Key}}})
+	send(fleetdtest.Req{Method: "POST", Path: "/api/v1/devices", Creds: admin, Raw: []byte(`{"id": "` + d.Token + `"`), ContentType: "application/json"})
+	send(fleetdtest.Req{Method: "PATCH", Path: "/api/v1/devices/pump-1", Creds: admin, Body: map[string]any{"metadata": map[string]any{"k": 1, "secret": keys["admin"].Key}}})
 	do(admin, "DELETE", "/api/v1/apikeys/k-viewer", nil).Want(t, 204)
 	do(keys["viewer"], "GET", "/api/v1/devices", nil).Want(t, 401)
 
@@ -280,7 +281,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 
 	// Now look everywhere.
 	var audit []string
-	for _, c := range []creds{admin, beta} {
+	for _, c := range []fleetdtest.Creds{admin, beta} {
 		r := s.Do(t, c, "GET", "/api/v1/audit-logs?limit=1000", nil).Want(t, 200)
 		audit = append(audit, string(r.Body))
 	}

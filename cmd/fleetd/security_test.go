@@ -3,17 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -26,54 +20,11 @@ import (
 	pahov3 "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/fleetd/fleet/action"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/pki"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
-
-// writeServerCert writes a self-signed certificate for 127.0.0.1 with the
-// common name cn, and its key, into dir; it returns the two paths.
-func writeServerCert(t *testing.T, dir, cn string) (certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: cn},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-		DNSNames:     []string{"localhost"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	// Written aside and renamed, as certificate managers do, so a reader
-	// never sees half a file.
-	for _, f := range []struct {
-		path string
-		b    *pem.Block
-	}{{certFile, &pem.Block{Type: "CERTIFICATE", Bytes: der}}, {keyFile, &pem.Block{Type: "PRIVATE KEY", Bytes: kder}}} {
-		tmp := f.path + ".tmp"
-		if err := os.WriteFile(tmp, pem.EncodeToMemory(f.b), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, f.path); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return certFile, keyFile
-}
 
 // credentials is the answer of the certificate endpoint: uplink's
 // authentication block.
@@ -104,10 +55,10 @@ func uplinkDevice(t *testing.T, addr, tenant, id string, c credentials) (*mqttDe
 		SetProtocolVersion(4).
 		SetCleanSession(true).
 		SetAutoReconnect(false).
-		SetConnectTimeout(bound)
+		SetConnectTimeout(fleetdtest.Bound)
 	d.client = pahov3.NewClient(opts)
 	tok := d.client.Connect()
-	if !tok.WaitTimeout(bound) {
+	if !tok.WaitTimeout(fleetdtest.Bound) {
 		t.Fatalf("connect %s over TLS: timed out", id)
 	}
 	if err := tok.Error(); err != nil {
@@ -122,7 +73,7 @@ func uplinkDevice(t *testing.T, addr, tenant, id string, c credentials) (*mqttDe
 			}
 		}
 	})
-	if !sub.WaitTimeout(bound) || sub.Error() != nil {
+	if !sub.WaitTimeout(fleetdtest.Bound) || sub.Error() != nil {
 		t.Fatalf("subscribe %s: %v", id, sub.Error())
 	}
 	return d, nil
@@ -130,7 +81,7 @@ func uplinkDevice(t *testing.T, addr, tenant, id string, c credentials) (*mqttDe
 
 func TestDeviceCertificatesEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		certFile, keyFile := writeServerCert(t, t.TempDir(), "fleetd test")
+		certFile, keyFile := fleetdtest.WriteServerCert(t, t.TempDir(), "fleetd test")
 		// The API stays plain (--http-tls=false: behind a balancer that
 		// terminates TLS) so the harness validates every answer; devices
 		// use MQTT over TLS.
@@ -138,7 +89,7 @@ func TestDeviceCertificatesEndToEnd(t *testing.T) {
 			"--mqtts-addr", "127.0.0.1:0", "--public-url", "https://fleet.example.com")
 		mqtts := s.mqttsAddr(t)
 		admin := s.Admin()
-		s.mustDevice(t, admin, "pump-1", nil)
+		s.MustDevice(t, admin, "pump-1", nil)
 
 		var c credentials
 		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/certificate", nil).Want(t, 201).Decode(t, &c)
@@ -148,12 +99,12 @@ func TestDeviceCertificatesEndToEnd(t *testing.T) {
 		}
 
 		// It is a device like any other: actions reach it, reports land.
-		id := s.dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"pump-1"}})
+		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"pump-1"}})
 		if got := dev.next(t); got.ID != fmt.Sprint(id) {
 			t.Fatalf("received action %s, want %d", got.ID, id)
 		}
 		dev.report(t, map[string]any{"id": fmt.Sprint(id), "state": "Completed", "progress": 100})
-		s.awaitActionStatus(t, admin, "pump-1", id, "Completed")
+		s.AwaitActionStatus(t, admin, "pump-1", id, "Completed")
 
 		t.Run("mosquitto_pub with the certificate", func(t *testing.T) {
 			// Another TLS stack (OpenSSL), a client written in C: what the
@@ -169,9 +120,9 @@ func TestDeviceCertificatesEndToEnd(t *testing.T) {
 				}
 			}
 			host, port, _ := net.SplitHostPort(mqtts)
-			id2 := s.dispatch(t, admin, map[string]any{"action": "ping", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"pump-1"}})
+			id2 := s.Dispatch(t, admin, map[string]any{"action": "ping", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"pump-1"}})
 			dev.next(t)
-			ctx, cancel := context.WithTimeout(context.Background(), bound)
+			ctx, cancel := context.WithTimeout(context.Background(), fleetdtest.Bound)
 			defer cancel()
 			// Exits 0 once the report was acknowledged, that is committed.
 			out, err := exec.CommandContext(ctx, "/usr/bin/mosquitto_pub", "-h", host, "-p", port, "-V", "mqttv311", "-q", "1", "-i", "pump-1",
@@ -180,7 +131,7 @@ func TestDeviceCertificatesEndToEnd(t *testing.T) {
 			if err != nil {
 				t.Fatalf("mosquitto_pub over mutual TLS: %v\n%s", err, out)
 			}
-			s.awaitActionStatus(t, admin, "pump-1", id2, "Completed")
+			s.AwaitActionStatus(t, admin, "pump-1", id2, "Completed")
 			// Without the certificate it has neither a password nor an
 			// identity.
 			out, err = exec.CommandContext(ctx, "/usr/bin/mosquitto_pub", "-h", host, "-p", port, "-V", "mqttv311", "-q", "1", "-i", "pump-1",
@@ -221,11 +172,11 @@ func TestDeviceCertificatesEndToEnd(t *testing.T) {
 		})
 
 		t.Run("revoked by deleting the device", func(t *testing.T) {
-			s.mustDevice(t, admin, "pump-2", nil)
+			s.MustDevice(t, admin, "pump-2", nil)
 			var c2 credentials
 			s.Do(t, admin, "POST", "/api/v1/devices/pump-2/certificate", nil).Want(t, 201).Decode(t, &c2)
 			s.Do(t, admin, "DELETE", "/api/v1/devices/pump-2", nil).Want(t, 204)
-			s.mustDevice(t, admin, "pump-2", nil) // the same id again is another device
+			s.MustDevice(t, admin, "pump-2", nil) // the same id again is another device
 			if _, err := uplinkDevice(t, mqtts, "default", "pump-2", c2); err == nil {
 				t.Fatal("the certificate of a deleted device was accepted")
 			}
@@ -300,7 +251,7 @@ func (s *testServer) mqttsAddr(t *testing.T) string {
 
 func TestCertificatesNeedTLSListener(t *testing.T) {
 	s := startServer(t, sqlstoretest.Backends()[0])
-	s.mustDevice(t, s.Admin(), "pump-1", nil)
+	s.MustDevice(t, s.Admin(), "pump-1", nil)
 	if code := s.Do(t, s.Admin(), "POST", "/api/v1/devices/pump-1/certificate", nil).Want(t, 409).ErrorCode(t); code != "conflict" {
 		t.Fatalf("error %q, want conflict", code)
 	}
@@ -308,7 +259,7 @@ func TestCertificatesNeedTLSListener(t *testing.T) {
 
 func TestHTTPSAndCertificateReload(t *testing.T) {
 	dir := t.TempDir()
-	certFile, keyFile := writeServerCert(t, dir, "first")
+	certFile, keyFile := fleetdtest.WriteServerCert(t, dir, "first")
 	s := startServer(t, sqlstoretest.Backends()[0], "--tls-cert", certFile, "--tls-key", keyFile,
 		"--mqtts-addr", "127.0.0.1:0")
 	host := strings.TrimPrefix(s.URL, "http://")
@@ -357,9 +308,9 @@ func TestHTTPSAndCertificateReload(t *testing.T) {
 	if got := served(host); got != "first" {
 		t.Fatalf("after a broken renewal HTTPS serves %q, want first still", got)
 	}
-	writeServerCert(t, dir, "second")
-	eventually(t, "the renewed certificate on HTTPS", func() bool { return served(host) == "second" })
-	eventually(t, "the renewed certificate on MQTT over TLS", func() bool { return served(s.mqttsAddr(t)) == "second" })
+	fleetdtest.WriteServerCert(t, dir, "second")
+	fleetdtest.Eventually(t, "the renewed certificate on HTTPS", func() bool { return served(host) == "second" })
+	fleetdtest.Eventually(t, "the renewed certificate on MQTT over TLS", func() bool { return served(s.mqttsAddr(t)) == "second" })
 	if !strings.Contains(s.Output.String(), "do not load") {
 		t.Errorf("the broken renewal was not logged:\n%s", s.Output)
 	}
@@ -367,7 +318,7 @@ func TestHTTPSAndCertificateReload(t *testing.T) {
 
 func TestSecurityFlagsChecked(t *testing.T) {
 	dir := t.TempDir()
-	certFile, keyFile := writeServerCert(t, dir, "x")
+	certFile, keyFile := fleetdtest.WriteServerCert(t, dir, "x")
 	for _, tt := range []struct {
 		args []string
 		want string
@@ -382,7 +333,7 @@ func TestSecurityFlagsChecked(t *testing.T) {
 		args := append([]string{"serve", "--database", filepath.Join(t.TempDir(), "db"), "--data-dir", t.TempDir(),
 			"--http-addr", "127.0.0.1:0", "--log-level", "error"}, tt.args...)
 		var out, errOut bytes.Buffer
-		err := run(t.Context(), args, noEnv, strings.NewReader(""), &out, &errOut)
+		err := run(t.Context(), args, fleetdtest.NoEnv, strings.NewReader(""), &out, &errOut)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%v: got %v, want an error with %q", tt.args, err, tt.want)
 		}

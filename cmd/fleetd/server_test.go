@@ -11,15 +11,6 @@ import (
 // of this package's end-to-end tests.
 type testServer struct{ *fleetdtest.Server }
 
-type (
-	creds        = fleetdtest.Creds
-	req          = fleetdtest.Req
-	response     = fleetdtest.Response
-	LockedBuffer = fleetdtest.LockedBuffer
-)
-
-var noEnv = fleetdtest.NoEnv
-
 // startServer is fleetdtest.Start.
 func startServer(t *testing.T, b sqlstoretest.Backend, extra ...string) *testServer {
 	t.Helper()

@@ -22,9 +22,9 @@ func TestFleetDesired(t *testing.T) {
 			if d == "f3" {
 				site = "paris"
 			}
-			s.mustDevice(t, admin, d, map[string]string{"site": site})
+			s.MustDevice(t, admin, d, map[string]string{"site": site})
 		}
-		s.mustDevice(t, other, "f1", map[string]string{"site": "berlin"})
+		s.MustDevice(t, other, "f1", map[string]string{"site": "berlin"})
 		s.Do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "berlin", "selector": "site=berlin"}).Want(t, 201)
 		s.Do(t, admin, "PATCH", "/api/v1/devices/f1/shadow", map[string]any{"desired": map[string]any{"interval": 10}}).Want(t, 200)
 

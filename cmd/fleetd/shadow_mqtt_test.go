@@ -10,6 +10,7 @@ import (
 
 	"github.com/eclipse/paho.golang/paho"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/mqtt/bridge"
 	"github.com/fleetd/fleet/mqtt/mosquittotest"
@@ -40,7 +41,7 @@ func dialTwinDevice(t *testing.T, addr, tenant, id, token string) *twinDevice {
 			}
 			return true, nil
 		}}})
-	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	ctx, cancel := context.WithTimeout(context.Background(), fleetdtest.Bound)
 	defer cancel()
 	if _, err := d.Connect(ctx, &paho.Connect{ClientID: fmt.Sprintf("%s-%d", id, twinDeviceIDs.Add(1)), CleanStart: true, KeepAlive: 30,
 		Username: tenant + "/" + id, UsernameFlag: true, Password: []byte(token), PasswordFlag: true}); err != nil {
@@ -64,7 +65,7 @@ func (d *twinDevice) nextDelta(t *testing.T) string {
 	select {
 	case b := <-d.deltas:
 		return string(b)
-	case <-time.After(bound):
+	case <-time.After(fleetdtest.Bound):
 		t.Fatalf("%s received no delta", d.id)
 	}
 	panic("unreachable")
@@ -99,7 +100,7 @@ func TestShadowOverMQTT(t *testing.T) {
 					addr = s.MQTTAddr
 				}
 				admin := s.Admin()
-				tok := s.mustDevice(t, admin, "tw-1", nil).Token
+				tok := s.MustDevice(t, admin, "tw-1", nil).Token
 				path := "/api/v1/devices/tw-1/shadow"
 				if external {
 					// The broker asks fleetd: the device may subscribe to its
@@ -114,7 +115,7 @@ func TestShadowOverMQTT(t *testing.T) {
 					}
 					// fleetd's own connection to the broker is up before the
 					// desired state is set, so that its delta is retained.
-					eventually(t, "fleetd connected to the broker", func() bool {
+					fleetdtest.Eventually(t, "fleetd connected to the broker", func() bool {
 						return s.Do(t, admin, "GET", "/readyz", nil).Status == 200
 					})
 				}
@@ -136,8 +137,8 @@ func TestShadowOverMQTT(t *testing.T) {
 						t.Fatalf("delta when in sync = %q, want the empty clearing message", got)
 					}
 				}
-				eventually(t, "the shadow in sync", func() bool {
-					var sh shadow
+				fleetdtest.Eventually(t, "the shadow in sync", func() bool {
+					var sh fleetdtest.Shadow
 					s.Do(t, admin, "GET", path, nil).Want(t, 200).Decode(t, &sh)
 					return sh.InSync && sh.Reported["uptime"] == float64(5)
 				})
@@ -167,8 +168,8 @@ func TestShadowOverMQTT(t *testing.T) {
 						t.Fatalf("delta after the stream's point = %q, want the empty clearing message", got)
 					}
 				}
-				eventually(t, "the stream's point in the reported state", func() bool {
-					var sh shadow
+				fleetdtest.Eventually(t, "the stream's point in the reported state", func() bool {
+					var sh fleetdtest.Shadow
 					s.Do(t, admin, "GET", path, nil).Want(t, 200).Decode(t, &sh)
 					_, seq := sh.Reported["sequence"]
 					_, ts := sh.Reported["timestamp"]

@@ -6,18 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
-
-type shadow struct {
-	Desired           map[string]any `json:"desired"`
-	Reported          map[string]any `json:"reported"`
-	Delta             map[string]any `json:"delta"`
-	Version           int64          `json:"version"`
-	InSync            bool           `json:"in_sync"`
-	DesiredUpdatedAt  *string        `json:"desired_updated_at"`
-	ReportedUpdatedAt *string        `json:"reported_updated_at"`
-}
 
 // TestShadowAPI: the shadow's HTTP endpoints, their answers, errors and
 // roles. The merge itself is tested in the root package and the store.
@@ -25,10 +16,10 @@ func TestShadowAPI(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
-		s.mustDevice(t, admin, "sh-1", nil)
+		s.MustDevice(t, admin, "sh-1", nil)
 		path := "/api/v1/devices/sh-1/shadow"
 
-		var sh shadow
+		var sh fleetdtest.Shadow
 		s.Do(t, admin, "GET", path, nil).Want(t, 200).Decode(t, &sh)
 		if sh.Version != 0 || !sh.InSync || sh.Desired == nil || sh.Delta == nil || sh.DesiredUpdatedAt != nil {
 			t.Fatalf("a new device's shadow = %+v", sh)
@@ -37,7 +28,7 @@ func TestShadowAPI(t *testing.T) {
 		if sh.Version != 1 || sh.InSync || sh.Delta["interval"] != float64(10) || sh.DesiredUpdatedAt == nil || len(*sh.DesiredUpdatedAt) != len("2026-11-21T10:00:00.123Z") {
 			t.Fatalf("after a patch: %+v", sh)
 		}
-		sh = shadow{}
+		sh = fleetdtest.Shadow{}
 		s.Do(t, admin, "PATCH", path, map[string]any{"desired": map[string]any{"log": nil}}).Want(t, 200).Decode(t, &sh)
 		if sh.Version != 2 || len(sh.Desired) != 1 {
 			t.Fatalf("after deleting log: %+v", sh)
@@ -106,15 +97,15 @@ func TestShadowStreamBeyondTheShadowsLimits(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
-		s.mustDevice(t, admin, "sh-big", nil)
+		s.MustDevice(t, admin, "sh-big", nil)
 		ingest := "/api/v1/devices/sh-big/streams/device_shadow"
 		now := time.Now().UnixMilli()
-		s.Send(t, req{Method: "POST", Path: ingest, Creds: admin,
+		s.Send(t, fleetdtest.Req{Method: "POST", Path: ingest, Creds: admin,
 			Body: []any{map[string]any{"timestamp": now - 1000, "sequence": 1, "fw": 1}}}).Want(t, 200)
-		s.Send(t, req{Method: "POST", Path: ingest, Creds: admin,
+		s.Send(t, fleetdtest.Req{Method: "POST", Path: ingest, Creds: admin,
 			Body: []any{map[string]any{"timestamp": now, "sequence": 2, "fw": 2, "blob": strings.Repeat("x", 33<<10)}}}).Want(t, 200)
 
-		var sh shadow
+		var sh fleetdtest.Shadow
 		s.Do(t, admin, "GET", "/api/v1/devices/sh-big/shadow", nil).Want(t, 200).Decode(t, &sh)
 		if len(sh.Reported) != 1 || sh.Reported["fw"] != float64(1) {
 			t.Fatalf("reported = %v, want the state before the point too large for it", sh.Reported)
@@ -135,17 +126,17 @@ func TestShadowStreamOutOfOrder(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
-		s.mustDevice(t, admin, "sh-late", nil)
+		s.MustDevice(t, admin, "sh-late", nil)
 		ingest := "/api/v1/devices/sh-late/streams/device_shadow"
 		now := time.Now().UnixMilli()
 		post := func(ts, seq int64, state map[string]any) {
 			t.Helper()
 			state["timestamp"], state["sequence"] = ts, seq
-			s.Send(t, req{Method: "POST", Path: ingest, Creds: admin, Body: []any{state}}).Want(t, 200)
+			s.Send(t, fleetdtest.Req{Method: "POST", Path: ingest, Creds: admin, Body: []any{state}}).Want(t, 200)
 		}
 		reported := func() map[string]any {
 			t.Helper()
-			var sh shadow
+			var sh fleetdtest.Shadow
 			s.Do(t, admin, "GET", "/api/v1/devices/sh-late/shadow", nil).Want(t, 200).Decode(t, &sh)
 			return sh.Reported
 		}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -23,7 +24,7 @@ func TestShadowUpdateConfig(t *testing.T) {
 		viewer := s.NewKey(t, admin, "view", "viewer")
 		other := s.NewTenant(t, "other")
 		const path = "/api/v1/tenants/default/shadow-settings"
-		setting := func(c creds, tenant string) bool {
+		setting := func(c fleetdtest.Creds, tenant string) bool {
 			t.Helper()
 			var got fleet.ShadowSettings
 			s.Do(t, c, "GET", "/api/v1/tenants/"+tenant+"/shadow-settings", nil).Want(t, 200).Decode(t, &got)
@@ -51,7 +52,7 @@ func TestShadowUpdateConfig(t *testing.T) {
 			t.Fatalf("audit: %+v", logs)
 		}
 
-		tok := s.mustDevice(t, admin, "up-1", nil).Token
+		tok := s.MustDevice(t, admin, "up-1", nil).Token
 		d := s.connectDevice(t, "default", "up-1", tok)
 		s.Do(t, operator, "PATCH", "/api/v1/devices/up-1/shadow", map[string]any{"desired": map[string]any{"interval": 30, "log": map[string]any{"level": "debug"}}}).Want(t, 200)
 		m := d.next(t)

@@ -18,6 +18,7 @@ import (
 
 	pahov3 "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
@@ -50,15 +51,15 @@ func soak(t *testing.T, b sqlstoretest.Backend, d time.Duration) {
 	// A steady fleet: 100 devices over MQTT, each reporting and sending data;
 	// alert rules that open and close; the rest through the API.
 	const fleetSize = 100
-	var toks []device
+	var toks []fleetdtest.Device
 	for i := range fleetSize {
-		toks = append(toks, s.mustDevice(t, admin, fmt.Sprintf("soak-%d", i), map[string]string{"site": fmt.Sprint(i % 5)}))
+		toks = append(toks, s.MustDevice(t, admin, fmt.Sprintf("soak-%d", i), map[string]string{"site": fmt.Sprint(i % 5)}))
 	}
-	rule := s.mustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "deactivation_threshold_seconds": 1,
+	rule := s.MustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "deactivation_threshold_seconds": 1,
 		"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
 	s.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
 		"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).Want(t, 201)
-	s.mustAlertRule(t, admin, map[string]any{"name": "quiet", "stream": "env", "condition": map[string]any{"no_data_seconds": 5}})
+	s.MustAlertRule(t, admin, map[string]any{"name": "quiet", "stream": "env", "condition": map[string]any{"no_data_seconds": 5}})
 
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
@@ -154,8 +155,8 @@ func soak(t *testing.T, b sqlstoretest.Backend, d time.Duration) {
 		call("DELETE", "/api/v1/devices/"+id, "")
 	})
 	every(2*time.Second, func(i int) { // firmware: upload, read, download, delete
-		archive := makeBundle(t, fmt.Sprintf("3.0.%d", i), part{name: "app", version: fmt.Sprintf("3.0.%d", i), body: strings.Repeat("f", 4096)})
-		body, ct := multipartBody(t, "b.tar.gz", archive)
+		archive := fleetdtest.MakeBundle(t, fmt.Sprintf("3.0.%d", i), fleetdtest.Part{Name: "app", Version: fmt.Sprintf("3.0.%d", i), Body: strings.Repeat("f", 4096)})
+		body, ct := fleetdtest.MultipartBody(t, "b.tar.gz", archive)
 		hr, _ := http.NewRequestWithContext(ctx, "POST", s.URL+"/api/v1/firmware-bundles", strings.NewReader(string(body)))
 		hr.Header.Set("Content-Type", ct)
 		hr.Header.Set("X-Service-Tenant", "default")
@@ -251,7 +252,7 @@ func soak(t *testing.T, b sqlstoretest.Backend, d time.Duration) {
 // soakDevice is one connection of a soak device: it takes its actions and
 // completes them, sends a point every 500 ms, and after a while (for one
 // device in ten) disconnects, so that connections churn.
-func soakDevice(ctx context.Context, addr string, tok device, i, round int, ops, errs *atomic.Int64) {
+func soakDevice(ctx context.Context, addr string, tok fleetdtest.Device, i, round int, ops, errs *atomic.Int64) {
 	opts := pahov3.NewClientOptions().AddBroker("tcp://" + addr).SetClientID(tok.ID).
 		SetUsername("default/" + tok.ID).SetPassword(tok.Token).SetProtocolVersion(4).SetCleanSession(true).
 		SetAutoReconnect(false).SetConnectTimeout(10 * time.Second).SetKeepAlive(30 * time.Second)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -16,12 +17,12 @@ import (
 // (issue 15, item 1).
 func TestNotificationTemplateBudget(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, alertFlags...)
+		s := startServer(t, b, fleetdtest.AlertFlags...)
 		acme, beta := s.NewTenant(t, "acme"), s.NewTenant(t, "beta")
-		hook := newReceiver(t, 0)
-		ruleOf := func(c creds) string {
-			s.mustDevice(t, c, "pump-1", nil)
-			return s.mustAlertRule(t, c, map[string]any{"name": "hot", "stream": "env",
+		hook := fleetdtest.NewReceiver(t, 0)
+		ruleOf := func(c fleetdtest.Creds) string {
+			s.MustDevice(t, c, "pump-1", nil)
+			return s.MustAlertRule(t, c, map[string]any{"name": "hot", "stream": "env",
 				"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}}).ID
 		}
 		acmeRule, betaRule := ruleOf(acme), ruleOf(beta)
@@ -39,7 +40,7 @@ func TestNotificationTemplateBudget(t *testing.T) {
 		}
 
 		var rule struct{ ID string }
-		s.Send(t, req{Method: "POST", Path: acmeBase, Creds: acme, Header: http.Header{"Prefer": {"return=representation"}}, Body: map[string]any{
+		s.Send(t, fleetdtest.Req{Method: "POST", Path: acmeBase, Creds: acme, Header: http.Header{"Prefer": {"return=representation"}}, Body: map[string]any{
 			"channel_parameters": channel, "notification_template": map[string]any{"body": `{{range .Value.n}}{{end}}`}}}).Want(t, 201).Decode(t, &rule)
 		s.Do(t, acme, "PUT", acmeBase+"/"+rule.ID, map[string]any{"notification_template": map[string]any{"subject": `{{range 100000000000000}}{{end}}`}}).Want(t, 400)
 		s.Do(t, beta, "POST", "/api/v1/alert-rules/"+betaRule+"/alert-notification-rules", map[string]any{"channel_parameters": channel}).Want(t, 201)
@@ -47,9 +48,9 @@ func TestNotificationTemplateBudget(t *testing.T) {
 		at := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC).UnixMilli()
 		s.Do(t, acme, "POST", "/api/v1/devices/pump-1/streams/env", []map[string]any{{"timestamp": at, "temp": 90, "n": int64(1e14)}}).Want(t, 200)
 		s.Do(t, beta, "POST", "/api/v1/devices/pump-1/streams/env", []map[string]any{{"timestamp": at, "temp": 90}}).Want(t, 200)
-		eventually(t, "beta's notification", func() bool { return len(hook.got()) == 1 })
+		fleetdtest.Eventually(t, "beta's notification", func() bool { return len(hook.Got()) == 1 })
 
-		alerts := s.alerts(t, acme, "?state=active")
+		alerts := s.Alerts(t, acme, "?state=active")
 		if len(alerts) != 1 {
 			t.Fatalf("acme alerts %+v", alerts)
 		}
@@ -59,7 +60,7 @@ func TestNotificationTemplateBudget(t *testing.T) {
 				Attempts []struct{ Error string }
 			}
 		}
-		eventually(t, "acme's notification to die", func() bool {
+		fleetdtest.Eventually(t, "acme's notification to die", func() bool {
 			s.Do(t, acme, "GET", "/api/v1/alerts/"+alerts[0].ID+"/notifications", nil).Want(t, 200).Decode(t, &ds)
 			return len(ds.Notifications) == 1 && ds.Notifications[0].Status == "dead"
 		})
@@ -67,7 +68,7 @@ func TestNotificationTemplateBudget(t *testing.T) {
 			t.Fatalf("attempts %+v, want one over the budget", a)
 		}
 		s.Stop(t) // fails unless fleetd stops
-		if n := len(hook.got()); n != 1 {
+		if n := len(hook.Got()); n != 1 {
 			t.Fatalf("%d webhook requests, want beta's only", n)
 		}
 	})

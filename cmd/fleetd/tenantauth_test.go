@@ -1,12 +1,8 @@
 package main
 
 import (
-	"crypto/rand"
-	"crypto/rsa"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -14,53 +10,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 	"github.com/golang-jwt/jwt/v5"
 )
 
-// identityProvider serves a JWKS with one RSA key and signs tokens with it.
-type identityProvider struct {
-	key *rsa.PrivateKey
-	srv *httptest.Server
-}
-
-func newIdentityProvider(t *testing.T) *identityProvider {
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &identityProvider{key: key}
-	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		enc := base64.RawURLEncoding
-		json.NewEncoder(w).Encode(map[string]any{"keys": []any{map[string]string{
-			"kty": "RSA", "kid": "k1", "alg": "RS256",
-			"n": enc.EncodeToString(key.N.Bytes()), "e": enc.EncodeToString(big.NewInt(int64(key.E)).Bytes()),
-		}}})
-	}))
-	t.Cleanup(p.srv.Close)
-	return p
-}
-
-func (p *identityProvider) token(t *testing.T, claims jwt.MapClaims) string {
-	t.Helper()
-	c := jwt.MapClaims{"iss": "https://id.example.com", "aud": "fleetd", "exp": time.Now().Add(time.Hour).Unix(),
-		"name": "Ada Lovelace", "email": "ada@example.com"}
-	for k, v := range claims {
-		c[k] = v
-	}
-	tok := jwt.NewWithClaims(jwt.SigningMethodRS256, c)
-	tok.Header["kid"] = "k1"
-	s, err := tok.SignedString(p.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
 // bearer sends a request as an end user of tenant.
-func (s *testServer) bearer(t *testing.T, tenant, token, method, path string, body any) *response {
+func (s *testServer) bearer(t *testing.T, tenant, token, method, path string, body any) *fleetdtest.Response {
 	t.Helper()
-	return s.Send(t, req{Method: method, Path: path, Creds: creds{Tenant: tenant}, Body: body,
+	return s.Send(t, fleetdtest.Req{Method: method, Path: path, Creds: fleetdtest.Creds{Tenant: tenant}, Body: body,
 		Header: http.Header{"Authorization": {"Bearer " + token}}})
 }
 
@@ -69,8 +27,8 @@ func TestTenantAuthEndToEnd(t *testing.T) {
 		s := startServer(t, b)
 		admin := s.Admin()
 		beta := s.NewTenant(t, "beta")
-		idp := newIdentityProvider(t)
-		jwks := map[string]any{"method": "jwks", "jwks_url": idp.srv.URL, "issuer": "https://id.example.com", "audience": "fleetd", "default_role": "viewer"}
+		idp := fleetdtest.NewIdentityProvider(t)
+		jwks := map[string]any{"method": "jwks", "jwks_url": idp.Server.URL, "issuer": "https://id.example.com", "audience": "fleetd", "default_role": "viewer"}
 
 		t.Run("Validation", func(t *testing.T) {
 			s.Do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).Want(t, 404)
@@ -104,16 +62,16 @@ func TestTenantAuthEndToEnd(t *testing.T) {
 		s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", jwks).Want(t, 204)
 		var got map[string]any
 		s.Do(t, admin, "GET", "/api/v1/tenants/default/auth", nil).Want(t, 200).Decode(t, &got)
-		if got["method"] != "jwks" || got["jwks_url"] != idp.srv.URL || got["default_role"] != "viewer" {
+		if got["method"] != "jwks" || got["jwks_url"] != idp.Server.URL || got["default_role"] != "viewer" {
 			t.Fatalf("configuration = %v", got)
 		}
 
 		t.Run("JWKSUsers", func(t *testing.T) {
-			viewer := idp.token(t, nil)
+			viewer := idp.Token(t, nil)
 			s.bearer(t, "default", viewer, "GET", "/api/v1/devices", nil).Want(t, 200)
 			s.bearer(t, "default", viewer, "POST", "/api/v1/devices", map[string]any{"id": "by-viewer"}).Want(t, 403)
 
-			operator := idp.token(t, jwt.MapClaims{"role": "operator"})
+			operator := idp.Token(t, jwt.MapClaims{"role": "operator"})
 			s.bearer(t, "default", operator, "POST", "/api/v1/devices", map[string]any{"id": "by-ada"}).Want(t, 201)
 			var logs struct {
 				AuditLogs []struct {
@@ -127,11 +85,11 @@ func TestTenantAuthEndToEnd(t *testing.T) {
 				t.Fatalf("audit logs of Ada = %+v", logs.AuditLogs)
 			}
 			// An end user with the admin role may administer, like a key.
-			s.bearer(t, "default", idp.token(t, jwt.MapClaims{"role": "admin"}), "GET", "/api/v1/apikeys", nil).Want(t, 200)
+			s.bearer(t, "default", idp.Token(t, jwt.MapClaims{"role": "admin"}), "GET", "/api/v1/apikeys", nil).Want(t, 200)
 
 			for name, tok := range map[string]string{
-				"Expired":       idp.token(t, jwt.MapClaims{"exp": time.Now().Add(-time.Hour).Unix()}),
-				"WrongAudience": idp.token(t, jwt.MapClaims{"aud": "someone-else"}),
+				"Expired":       idp.Token(t, jwt.MapClaims{"exp": time.Now().Add(-time.Hour).Unix()}),
+				"WrongAudience": idp.Token(t, jwt.MapClaims{"aud": "someone-else"}),
 				"Garbage":       "not-a-token",
 			} {
 				r := s.bearer(t, "default", tok, "GET", "/api/v1/devices", nil).Want(t, 401)
@@ -142,7 +100,7 @@ func TestTenantAuthEndToEnd(t *testing.T) {
 			// A token of default's users means nothing in beta.
 			s.bearer(t, "beta", viewer, "GET", "/api/v1/devices", nil).Want(t, 401)
 			// An API key still wins when both are sent.
-			s.Send(t, req{Method: "GET", Path: "/api/v1/apikeys", Creds: admin, Header: http.Header{"Authorization": {"Bearer " + viewer}}}).Want(t, 200)
+			s.Send(t, fleetdtest.Req{Method: "GET", Path: "/api/v1/apikeys", Creds: admin, Header: http.Header{"Authorization": {"Bearer " + viewer}}}).Want(t, 200)
 		})
 
 		t.Run("WebhookUsers", func(t *testing.T) {

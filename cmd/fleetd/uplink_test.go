@@ -13,6 +13,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 	"github.com/pierrec/lz4/v4"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/mqtt/mqtttest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
@@ -56,7 +57,7 @@ func TestUplinkStreams(t *testing.T) {
 		}
 		awaitPoint := func(device, stream, want string) {
 			t.Helper()
-			eventually(t, stream+" of "+device, func() bool { return strings.Contains(latest(device, stream), want) })
+			fleetdtest.Eventually(t, stream+" of "+device, func() bool { return strings.Contains(latest(device, stream), want) })
 		}
 		// What inflates past the limit: 100 KB of spaces, a few hundred
 		// bytes as a frame.
@@ -66,12 +67,12 @@ func TestUplinkStreams(t *testing.T) {
 		}
 
 		t.Run("MQTT311", func(t *testing.T) {
-			dev := s.mustDevice(t, admin, "uplink-3", nil)
+			dev := s.MustDevice(t, admin, "uplink-3", nil)
 			d := s.connectDevice(t, "default", "uplink-3", dev.Token)
 			publish := func(topic string, payload []byte) {
 				t.Helper()
 				tok := d.client.Publish(topic, 1, false, payload)
-				if !tok.WaitTimeout(bound) || tok.Error() != nil {
+				if !tok.WaitTimeout(fleetdtest.Bound) || tok.Error() != nil {
 					t.Fatalf("publish on %s: %v", topic, tok.Error())
 				}
 			}
@@ -92,13 +93,13 @@ func TestUplinkStreams(t *testing.T) {
 		})
 
 		t.Run("MQTT5", func(t *testing.T) {
-			dev := s.mustDevice(t, admin, "uplink-5", nil)
+			dev := s.MustDevice(t, admin, "uplink-5", nil)
 			conn, err := net.Dial("tcp", s.MQTTAddr)
 			if err != nil {
 				t.Fatal(err)
 			}
 			d := mqtttest.NewDevice(conn, false)
-			ctx, cancel := context.WithTimeout(context.Background(), bound)
+			ctx, cancel := context.WithTimeout(context.Background(), fleetdtest.Bound)
 			defer cancel()
 			if _, err := d.Connect(ctx, &paho.Connect{KeepAlive: 30, ClientID: "uplink-5", CleanStart: true,
 				Username: "default/uplink-5", UsernameFlag: true, Password: []byte(dev.Token), PasswordFlag: true}); err != nil {

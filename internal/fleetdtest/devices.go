@@ -1,6 +1,7 @@
 package fleetdtest
 
 import (
+	"database/sql"
 	"fmt"
 	"testing"
 )
@@ -34,4 +35,43 @@ func (s *Server) ProvisionDevices(t *testing.T, c Creds, prefix string, n int, m
 		t.Fatalf("provisioned %d devices, want %d", len(tokens), n)
 	}
 	return tokens
+}
+
+// Device is a device as the API shows it.
+type Device struct {
+	ID         string            `json:"id"`
+	Token      string            `json:"token"`
+	Metadata   map[string]string `json:"metadata"`
+	Components map[string]string `json:"components"`
+	CreatedAt  string            `json:"created_at"`
+	LastSeenAt *string           `json:"last_seen_at"`
+}
+
+// MustDevice provisions a device as c and returns it with its token.
+func (s *Server) MustDevice(t *testing.T, c Creds, id string, meta map[string]string) Device {
+	t.Helper()
+	var d Device
+	s.Do(t, c, "POST", "/api/v1/devices", map[string]any{"id": id, "metadata": meta}).Want(t, 201).Decode(t, &d)
+	return d
+}
+
+// Count runs a query that counts rows.
+func Count(t *testing.T, db *sql.DB, query string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(query, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
+// Shadow is a device shadow as the API shows it.
+type Shadow struct {
+	Desired           map[string]any `json:"desired"`
+	Reported          map[string]any `json:"reported"`
+	Delta             map[string]any `json:"delta"`
+	Version           int64          `json:"version"`
+	InSync            bool           `json:"in_sync"`
+	DesiredUpdatedAt  *string        `json:"desired_updated_at"`
+	ReportedUpdatedAt *string        `json:"reported_updated_at"`
 }
