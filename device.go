@@ -32,11 +32,14 @@ type NewDevice struct {
 
 // DeviceFilter selects devices. Search matches the id or any metadata value,
 // case-insensitively; Metadata requires each key to equal its value;
-// Shadow, ShadowInSync or ShadowOutOfSync, the state of the shadow.
+// Shadow, ShadowInSync or ShadowOutOfSync, the state of the shadow;
+// Group, the devices of that group now (a group that is not there is
+// ENOTFOUND).
 type DeviceFilter struct {
 	Search   string
 	Metadata map[string]string
 	Shadow   string
+	Group    string
 	Page
 }
 

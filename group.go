@@ -29,6 +29,25 @@ const GroupNameRule = "must be 1 to 64 characters from A-Z a-z 0-9 . _ -"
 // MaxGroupDescription bounds a group's description, in characters.
 const MaxGroupDescription = 1024
 
+// ReadGroup is the typed decode of a group: its name when withName (a
+// new group; an existing one is named by its path), selector and
+// description. The selector's grammar is checked where it is saved.
+func ReadGroup(f *Fields, withName bool) *Group {
+	g := &Group{Selector: f.String("selector", true), Description: f.String("description", false)}
+	if withName {
+		g.Name = f.String("name", true)
+		if f.Has("name") && !ValidGroupName(g.Name) {
+			f.Fail("name", GroupNameRule)
+		}
+	}
+	if len([]rune(g.Description)) > MaxGroupDescription {
+		f.Fail("description", "must be at most 1024 characters")
+	} else if !PlainText(g.Description) {
+		f.Fail("description", PlainTextRule)
+	}
+	return g
+}
+
 // GroupService keeps a tenant's groups.
 type GroupService interface {
 	// CreateGroup saves g; a name taken already is ECONFLICT. The selector

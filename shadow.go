@@ -102,6 +102,35 @@ func MergePatch(target, patch map[string]any) map[string]any {
 	return out
 }
 
+// MergePatchFor returns the merge patch that turns from into to, holding
+// only what differs: a key from has and to lacks (or holds null) is null,
+// an object both hold is compared key by key, any other value of to that
+// from does not have is to's. A person who edits a whole desired state
+// (the console) changes it by this patch, so the audit log names what the
+// edit changed.
+func MergePatchFor(from, to map[string]any) map[string]any {
+	patch := map[string]any{}
+	for k := range from {
+		if v, ok := to[k]; !ok || v == nil {
+			patch[k] = nil
+		}
+	}
+	for k, v := range to {
+		if v == nil {
+			continue
+		}
+		was, wasMap := from[k].(map[string]any)
+		if now, isMap := v.(map[string]any); isMap && wasMap {
+			if sub := MergePatchFor(was, now); len(sub) > 0 {
+				patch[k] = sub
+			}
+		} else if ShadowDelta(map[string]any{k: v}, from) != nil {
+			patch[k] = v
+		}
+	}
+	return patch
+}
+
 // ShadowDelta returns the keys of desired whose values reported does not
 // have: an object is compared key by key, so the delta of a nested object
 // holds only its keys that differ; any other value differs unless equal

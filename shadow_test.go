@@ -56,6 +56,36 @@ func TestMergePatch(t *testing.T) {
 	}
 }
 
+// TestMergePatchFor: the patch holds only what differs, and merged into
+// its source it gives the target (nulls of the target removed).
+func TestMergePatchFor(t *testing.T) {
+	for _, tc := range []struct{ from, to, want string }{
+		{`{}`, `{}`, `{}`},
+		{`{"a":1}`, `{"a":1.0}`, `{}`},
+		{`{"a":1}`, `{"a":2}`, `{"a":2}`},
+		{`{"a":1,"b":2}`, `{"b":2}`, `{"a":null}`},
+		{`{"a":1}`, `{"a":null}`, `{"a":null}`},
+		{`{}`, `{"a":null}`, `{}`},
+		{`{"a":{"x":1,"y":2}}`, `{"a":{"x":1,"z":3}}`, `{"a":{"y":null,"z":3}}`},
+		{`{"a":{"x":1}}`, `{"a":{}}`, `{"a":{"x":null}}`},
+		{`{}`, `{"a":{}}`, `{"a":{}}`},
+		{`{"a":5}`, `{"a":{"b":{"c":null,"d":1}}}`, `{"a":{"b":{"c":null,"d":1}}}`},
+		{`{"a":{"b":1}}`, `{"a":[1]}`, `{"a":[1]}`},
+		{`{"a":[1,{"b":2}]}`, `{"a":[1,{"b":2}]}`, `{}`},
+		{`{"a":"1"}`, `{"a":1}`, `{"a":1}`},
+	} {
+		from, to := parse(t, tc.from), parse(t, tc.to)
+		patch := fleet.MergePatchFor(from, to)
+		if got := text(t, patch); got != tc.want {
+			t.Errorf("patch from %s to %s = %s, want %s", tc.from, tc.to, got, tc.want)
+		}
+		want := fleet.MergePatch(map[string]any{}, to) // to without its nulls
+		if got := fleet.MergePatch(from, patch); fleet.ShadowDelta(got, want) != nil || fleet.ShadowDelta(want, got) != nil || len(got) != len(want) {
+			t.Errorf("merging %s into %s gives %s, want %s", text(t, patch), tc.from, text(t, got), text(t, want))
+		}
+	}
+}
+
 func TestShadowDelta(t *testing.T) {
 	for _, tc := range []struct{ desired, reported, want string }{
 		{`{}`, `{"a":1}`, `{}`},

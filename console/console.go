@@ -61,6 +61,8 @@ type Console struct {
 	Tenants    fleet.TenantService
 	TenantAuth fleet.TenantAuthService
 	Devices    fleet.DeviceService
+	Shadows    fleet.ShadowService
+	Groups     fleet.GroupService
 	Actions    fleet.ActionService
 	Firmware   fleet.FirmwareService
 	Alerts     fleet.AlertService
@@ -150,6 +152,7 @@ func (c *Console) Open() {
 		{"GET /console/devices/{id}/charts/events", c.page(fleet.PermRead, c.handleDeviceChartEvents)},
 		{"GET /console/devices/{id}/logs", c.page(fleet.PermRead, c.handleDeviceLogs)},
 		{"GET /console/devices/{id}/logs/events", c.page(fleet.PermRead, c.handleDeviceLogEvents)},
+		{"POST /console/devices/{id}/shadow", c.page(fleet.PermOperate, c.handleSetDesired)},
 		{"POST /console/devices/{id}/token", c.page(fleet.PermOperate, c.handleRotateToken)},
 		{"POST /console/devices/{id}/certificate", c.page(fleet.PermOperate, c.handleIssueCertificate)},
 		{"POST /console/devices/{id}/terminal", c.page(fleet.PermRemote, c.handleOpenTerminal)},
@@ -158,6 +161,11 @@ func (c *Console) Open() {
 		{"GET /console/remote-sessions/{id}/terminal", c.page(fleet.PermRemote, c.handleTerminal)},
 		{"GET /console/remote-sessions/{id}/socket", c.page(fleet.PermRemote, c.handleTerminalSocket)},
 		{"POST /console/remote-sessions/{id}/end", c.page(fleet.PermRemote, c.handleStopRemoteSession)},
+		{"GET /console/groups", c.page(fleet.PermRead, c.handleGroups)},
+		{"POST /console/groups", c.page(fleet.PermOperate, c.handleCreateGroup)},
+		{"GET /console/groups/{name}", c.page(fleet.PermRead, c.handleGroup)},
+		{"POST /console/groups/{name}", c.page(fleet.PermOperate, c.handleUpdateGroup)},
+		{"POST /console/groups/{name}/delete", c.page(fleet.PermOperate, c.handleDeleteGroup)},
 		{"GET /console/actions", c.page(fleet.PermRead, c.handleActions)},
 		{"GET /console/actions/new", c.page(fleet.PermOperate, c.handleDispatchForm)},
 		{"POST /console/actions/new", c.page(fleet.PermOperate, c.handleDispatch)},

@@ -29,9 +29,9 @@ const formRules = 200
 
 // dispatchForm is the dispatch form's fields, as typed.
 type dispatchForm struct {
-	Action, Params, SearchType, DeviceIDs, SearchKey, SearchQuery, Timeout string
-	Rollout                                                                bool
-	ReleaseNotes, WindowStart, WindowEnd, WindowTZ                         string
+	Action, Params, SearchType, DeviceIDs, SearchKey, SearchQuery, Group, Timeout string
+	Rollout                                                                       bool
+	ReleaseNotes, WindowStart, WindowEnd, WindowTZ                                string
 	// End is the schedule's end_timestamp as typed, a UTC date and time.
 	End    string
 	Phases []phaseForm
@@ -100,6 +100,9 @@ func (c *Console) handleDispatchForm(w http.ResponseWriter, r *http.Request, v *
 	if a := q.Get("action"); a != "" {
 		f.Action = a
 	}
+	if g := q.Get("group"); g != "" {
+		f.SearchType, f.Group = fleet.SearchGroup, g
+	}
 	if v := q.Get("version"); v != "" && fleet.ValidVersion(v) {
 		f.Params = `{"version": "` + v + `"}`
 	}
@@ -155,7 +158,7 @@ func (c *Console) handleDispatch(w http.ResponseWriter, r *http.Request, v *view
 		data.Matches = &n
 		if d.Schedule != nil {
 			for i, k := range phaseCounts(d.Schedule, n) {
-				if d.Schedule.Phases[i].Info.Type != fleet.PhaseMetadata { // known when it triggers
+				if t := d.Schedule.Phases[i].Info.Type; t != fleet.PhaseMetadata && t != fleet.PhaseGroup { // known when it triggers
 					data.Form.Phases[f.phaseRow(i)].Count = &k
 				}
 			}
@@ -184,7 +187,7 @@ func readDispatchForm(r *http.Request) dispatchForm {
 	get := func(k string) string { return strings.TrimSpace(p.Get(k)) }
 	f := dispatchForm{
 		Action: get("action"), Params: get("params"), SearchType: get("search_type"), DeviceIDs: get("device_ids"),
-		SearchKey: get("search_key"), SearchQuery: get("search_query"), Timeout: get("timeout"),
+		SearchKey: get("search_key"), SearchQuery: get("search_query"), Group: get("group"), Timeout: get("timeout"),
 		Rollout: p.Get("rollout") == "on", ReleaseNotes: p.Get("release_notes"),
 		WindowStart: get("window_start"), WindowEnd: get("window_end"), WindowTZ: get("window_tz"), End: get("end"),
 	}
@@ -288,6 +291,9 @@ func (f dispatchForm) dispatch() (*fleet.Dispatch, error) {
 	if f.SearchQuery != "" {
 		body["search_query"] = f.SearchQuery
 	}
+	if f.Group != "" {
+		body["group"] = f.Group
+	}
 	if f.Timeout != "" {
 		body["timeout"] = number(f.Timeout)
 	}
@@ -349,6 +355,8 @@ func (f dispatchForm) schedule() (map[string]any, error) {
 				md[k] = v
 			}
 			info["metadata"] = md
+		case fleet.PhaseGroup:
+			info["group"] = p.Value
 		default:
 			info["percentage"] = number(p.Value)
 		}

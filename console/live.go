@@ -69,13 +69,17 @@ func (c *Console) handleActionEvents(w http.ResponseWriter, r *http.Request, v *
 // overviewLive is what the overview's stream sends: the whole of what the
 // page shows, so that a new action, alert or failure appears on it.
 type overviewLive struct {
-	Devices  int               `json:"devices"`
-	Online   *int              `json:"online,omitempty"` // nil: unknown
-	InFlight int               `json:"in_flight"`
-	AlertsN  int               `json:"alerts"`
-	Actions  []overviewAction  `json:"actions"`
-	Alerts   []overviewAlert   `json:"active_alerts"`
-	Failures []overviewFailure `json:"failures"`
+	Devices int  `json:"devices"`
+	Online  *int `json:"online,omitempty"` // nil: unknown
+	// InSync and OutOfSync count the devices whose shadow has no delta
+	// (or who have no shadow) and the others (docs/twin.md).
+	InSync    int               `json:"in_sync"`
+	OutOfSync int               `json:"out_of_sync"`
+	InFlight  int               `json:"in_flight"`
+	AlertsN   int               `json:"alerts"`
+	Actions   []overviewAction  `json:"actions"`
+	Alerts    []overviewAlert   `json:"active_alerts"`
+	Failures  []overviewFailure `json:"failures"`
 }
 
 type overviewAction struct {
@@ -112,6 +116,12 @@ func (c *Console) readOverview(ctx context.Context, tenant string) (*overviewLiv
 	if _, o.Devices, err = c.Devices.FindDevices(ctx, tenant, fleet.DeviceFilter{Page: fleet.Page{Page: 1, Limit: 1}}); err != nil {
 		return nil, err
 	}
+	// The devices out of sync are read from the shadows' in_sync index;
+	// the others are in sync.
+	if _, o.OutOfSync, err = c.Devices.FindDevices(ctx, tenant, fleet.DeviceFilter{Shadow: fleet.ShadowOutOfSync, Page: fleet.Page{Page: 1, Limit: 1}}); err != nil {
+		return nil, err
+	}
+	o.InSync = max(0, o.Devices-o.OutOfSync)
 	if c.Online != nil {
 		n := c.Online.OnlineCount(tenant)
 		o.Online = &n

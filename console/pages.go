@@ -114,10 +114,25 @@ type deviceRow struct {
 	OnlineKnown bool
 }
 
+// deviceRows are devs with their online state, as far as this replica's
+// broker can tell.
+func (c *Console) deviceRows(tenant string, devs []*fleet.Device) []deviceRow {
+	rows := make([]deviceRow, len(devs))
+	for i, dev := range devs {
+		rows[i].Device = dev
+		if c.Presence != nil {
+			rows[i].Online, rows[i].OnlineKnown = c.Presence.Online(tenant, dev.ID), true
+		}
+	}
+	return rows
+}
+
 // devicesData is the devices list's.
 type devicesData struct {
 	Search   string
 	Metadata string // key=value, one a line
+	Group    string
+	Shadow   string // fleet.ShadowInSync, fleet.ShadowOutOfSync or "" (any)
 	Devices  []deviceRow
 	Pager    pager
 }
@@ -148,23 +163,22 @@ func (c *Console) handleDevices(w http.ResponseWriter, r *http.Request, v *view)
 		return err
 	}
 	q := r.URL.Query()
-	d := devicesData{Search: q.Get("search"), Metadata: q.Get("metadata")}
+	d := devicesData{Search: q.Get("search"), Metadata: q.Get("metadata"), Group: q.Get("group"), Shadow: q.Get("shadow")}
 	meta, err := readMetadataFilter(d.Metadata)
 	if err != nil {
 		return err
 	}
-	devs, n, err := c.Devices.FindDevices(r.Context(), v.Actor.Tenant, fleet.DeviceFilter{Search: d.Search, Metadata: meta, Page: p})
+	if d.Shadow != "" && d.Shadow != fleet.ShadowInSync && d.Shadow != fleet.ShadowOutOfSync {
+		return fleet.Errorf(fleet.EINVALID, "shadow must be in_sync or out_of_sync")
+	}
+	if d.Group != "" && !fleet.ValidGroupName(d.Group) {
+		return fleet.Errorf(fleet.EINVALID, "group: a group name %s", fleet.GroupNameRule)
+	}
+	devs, n, err := c.Devices.FindDevices(r.Context(), v.Actor.Tenant, fleet.DeviceFilter{Search: d.Search, Metadata: meta, Group: d.Group, Shadow: d.Shadow, Page: p})
 	if err != nil {
 		return err
 	}
-	for _, dev := range devs {
-		row := deviceRow{Device: dev}
-		if c.Presence != nil {
-			row.Online, row.OnlineKnown = c.Presence.Online(v.Actor.Tenant, dev.ID), true
-		}
-		d.Devices = append(d.Devices, row)
-	}
-	d.Pager = newPager(r, p, n)
+	d.Devices, d.Pager = c.deviceRows(v.Actor.Tenant, devs), newPager(r, p, n)
 	v.Title, v.Nav, v.Data = "Devices", "devices", d
 	c.render(w, r, http.StatusOK, "devices", v)
 	return nil
@@ -186,8 +200,11 @@ type deviceData struct {
 	Certificate *fleet.IssuedCertificate
 	CanIssue    bool
 	Charts      *chartsData
+	Twin        twinData
 	Token       string                   // a new token, shown once after rotation
 	Credentials *fleet.DeviceCredentials // a new certificate and key, shown once
+	// Status is the page's HTTP status: 200 unless a form was refused.
+	Status int
 }
 
 func (c *Console) handleDevice(w http.ResponseWriter, r *http.Request, v *view) error {
@@ -223,14 +240,20 @@ func (c *Console) renderDevice(w http.ResponseWriter, r *http.Request, v *view, 
 	if d.Charts, err = c.deviceChartsSection(r, tenant, id, d.Streams); err != nil {
 		return err
 	}
+	if err := c.readTwin(r, tenant, id, &d); err != nil {
+		return err
+	}
 	if c.Certificates != nil {
 		d.CanIssue = true
 		if d.Certificate, err = c.Certificates.FindDeviceCertificate(ctx, tenant, id); err != nil {
 			return err
 		}
 	}
+	if d.Status == 0 {
+		d.Status = http.StatusOK
+	}
 	v.Title, v.Nav, v.Data = "Device "+id, "devices", d
-	c.render(w, r, http.StatusOK, "device", v)
+	c.render(w, r, d.Status, "device", v)
 	return nil
 }
 

@@ -12,7 +12,7 @@ import (
 
 // pageNames are the templates under templates/, each rendered inside
 // layout.html.
-var pageNames = []string{"error", "signin", "overview", "devices", "device", "actions", "action", "dispatch", "firmware", "bundle", "alerts", "keys", "auth", "ddi", "audit", "sessions", "alertrules", "alertrule", "ruleform", "notification", "notificationform", "devicelogs", "alert", "terminal", "remotesessions"}
+var pageNames = []string{"error", "signin", "overview", "devices", "device", "actions", "action", "dispatch", "firmware", "bundle", "alerts", "keys", "auth", "ddi", "audit", "sessions", "alertrules", "alertrule", "ruleform", "notification", "notificationform", "devicelogs", "alert", "terminal", "remotesessions", "groups", "group"}
 
 var funcs = template.FuncMap{
 	"when":       when,
@@ -131,6 +131,7 @@ func clip(s string, n int) string {
 
 var searchLabels = map[string]string{
 	"default": "these devices", "all": "all devices", "metadata": "metadata equals", "search": "id or metadata contains",
+	"group": "the devices of a group",
 }
 
 // byteSize formats a size for a person: bytes, KiB, MiB or GiB.

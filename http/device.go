@@ -116,7 +116,7 @@ func (s *Server) handleCreateDevices(w http.ResponseWriter, r *http.Request) err
 func (s *Server) handleListDevices(w http.ResponseWriter, r *http.Request) error {
 	q := newQuery(r)
 	filter := fleet.DeviceFilter{Search: q.String("search"), Metadata: q.Prefixed("metadata."),
-		Shadow: q.Enum("shadow", "", fleet.ShadowInSync, fleet.ShadowOutOfSync), Page: q.Page()}
+		Shadow: q.Enum("shadow", "", fleet.ShadowInSync, fleet.ShadowOutOfSync), Group: q.String("group"), Page: q.Page()}
 	if err := q.Err(); err != nil {
 		return err
 	}

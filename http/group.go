@@ -25,17 +25,6 @@ type groupList struct {
 	Count  int            `json:"count"`
 }
 
-// readGroup is the typed decode of a group's selector and description.
-func readGroup(f *fleet.Fields) *fleet.Group {
-	g := &fleet.Group{Selector: f.String("selector", true), Description: f.String("description", false)}
-	if len([]rune(g.Description)) > fleet.MaxGroupDescription {
-		f.Fail("description", "must be at most 1024 characters")
-	} else if !fleet.PlainText(g.Description) {
-		f.Fail("description", fleet.PlainTextRule)
-	}
-	return g
-}
-
 // groupName returns the {name} of the path, which must be a valid group
 // name.
 func groupName(r *http.Request) (string, error) {
@@ -48,12 +37,7 @@ func (s *Server) handleCreateGroup(w http.ResponseWriter, r *http.Request) error
 		return err
 	}
 	f := fleet.NewFields(body)
-	name := f.String("name", true)
-	if f.Has("name") && !fleet.ValidGroupName(name) {
-		f.Fail("name", fleet.GroupNameRule)
-	}
-	g := readGroup(f)
-	g.Name = name
+	g := fleet.ReadGroup(f, true)
 	if err := f.Err(); err != nil {
 		return err
 	}
@@ -103,7 +87,7 @@ func (s *Server) handleUpdateGroup(w http.ResponseWriter, r *http.Request) error
 		return err
 	}
 	f := fleet.NewFields(body)
-	g := readGroup(f)
+	g := fleet.ReadGroup(f, false)
 	if err := f.Err(); err != nil {
 		return err
 	}

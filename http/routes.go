@@ -32,6 +32,7 @@ func (s *Server) addRoutes() []route {
 			{Name: "search", Desc: "case-insensitive substring of the id or of any metadata value"},
 			{Name: "metadata.{key}", Desc: "metadata value under key must equal this; repeatable with other keys"},
 			{Name: "shadow", Desc: "in_sync: devices whose shadow's delta is empty (or that have none); out_of_sync: the others", Enum: []string{fleet.ShadowInSync, fleet.ShadowOutOfSync}},
+			{Name: "group", Desc: "only the devices of this group now (404 when there is no such group)"},
 		}, pageParams...), Resp: deviceList{}}},
 		{"GET /api/v1/devices/{id}", fleet.PermRead, s.handleGetDevice, op{Tag: "devices", Summary: "Read a device", Resp: fleet.Device{}}},
 		{"PATCH /api/v1/devices/{id}", fleet.PermOperate, s.handlePatchDevice, op{Tag: "devices", Summary: "Merge into a device's metadata (null deletes a key)", Body: devicePatch{}, OK: http.StatusNoContent, Resp: fleet.Device{}}},

@@ -224,10 +224,10 @@ func (db *DB) FindDevice(ctx context.Context, tenant, id string) (*fleet.Device,
 }
 
 // FindDevices lists devices by id. The count of a tenant's devices is
-// kept in device_counts; a search, metadata or shadow filter reads its
-// devices, to count and list them, as devicesWhere chooses.
+// kept in device_counts; a search, metadata, shadow or group filter reads
+// its devices, to count and list them, as devicesWhere chooses.
 func (db *DB) FindDevices(ctx context.Context, tenant string, f fleet.DeviceFilter) ([]*fleet.Device, int, error) {
-	if f.Search == "" && len(f.Metadata) == 0 && f.Shadow == "" {
+	if f.Search == "" && len(f.Metadata) == 0 && f.Shadow == "" && f.Group == "" {
 		return findPage(ctx, db, "SELECT coalesce((SELECT devices FROM device_counts WHERE tenant = ?), 0)",
 			"SELECT "+deviceColumns+" FROM devices WHERE tenant = ? ORDER BY id", []any{tenant}, f.Page, scanDevice)
 	}
@@ -237,6 +237,13 @@ func (db *DB) FindDevices(ctx context.Context, tenant string, f fleet.DeviceFilt
 	}
 	if f.Shadow != "" {
 		cs = append(cs, shadowSync(f.Shadow == fleet.ShadowInSync))
+	}
+	if f.Group != "" {
+		sel, err := groupSelector(ctx, db, tenant, f.Group)
+		if err != nil {
+			return nil, 0, db.classify(err)
+		}
+		cs = append(cs, db.dialect.selectorConds(tenant, sel)...)
 	}
 	return db.findDevicesWhere(ctx, tenant, cs, f.Page)
 }

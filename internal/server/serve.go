@@ -234,7 +234,7 @@ func Run(ctx context.Context, c Config, e Env) error {
 		RemoteSessions: db,
 	}
 	// The web console, at /console/, uses the same services as the API.
-	con := &console.Console{Tenants: db, TenantAuth: users, Devices: api.Devices, Actions: actions, Firmware: fw,
+	con := &console.Console{Tenants: db, TenantAuth: users, Devices: api.Devices, Shadows: shadows, Groups: db, Actions: actions, Firmware: fw,
 		Alerts: alerts, Streams: alerts, History: db, Audit: db, DDI: db, Sessions: db, Secrets: db, Targets: db, Logger: log, UploadLimit: c.maxUpload,
 		OIDC: users, PublicURL: c.publicURL, Templates: c.templates, Bodies: api,
 		Remote: api.Remote, RemoteSessions: db, Follows: sec.follows}
