@@ -1,4 +1,4 @@
-package main
+package console_test
 
 import (
 	"testing"
@@ -17,7 +17,7 @@ import (
 func TestConsoleTerminalInBrowser(t *testing.T) {
 	dir := consoleHarness(t)
 	bin := fleetdtest.BuildAgent(t)
-	s := startServer(t, sqlstoretest.Backends()[0])
+	s := fleetdtest.Start(t, sqlstoretest.Backends()[0])
 	admin := s.Admin()
 	operator := s.NewKey(t, admin, "olivia", "operator")
 	viewer := s.NewKey(t, admin, "victor", "viewer")

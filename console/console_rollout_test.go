@@ -1,4 +1,4 @@
-package main
+package console_test
 
 import (
 	"fmt"
@@ -20,7 +20,7 @@ import (
 // cancel_actions aborts send on their action's page.
 func TestConsoleRollouts(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
-		s := startServer(t, be)
+		s := fleetdtest.Start(t, be)
 		admin := s.Admin()
 		operator := s.NewKey(t, admin, "olivia", "operator")
 		for i := 1; i <= 4; i++ {

@@ -1,4 +1,4 @@
-package main
+package console_test
 
 import (
 	"encoding/json"
@@ -33,7 +33,7 @@ func chartsOf(body string) map[string]string {
 // and every one of them 404 for another tenant's device or alert.
 func TestConsoleCharts(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
-		s := startServer(t, be, fleetdtest.AlertFlags...)
+		s := fleetdtest.Start(t, be, fleetdtest.AlertFlags...)
 		admin := s.Admin()
 		viewer := s.NewKey(t, admin, "victor", "viewer")
 		s.MustDevice(t, admin, "pump-1", map[string]string{"site": "harbour"})

@@ -1,4 +1,4 @@
-package main
+package console_test
 
 import (
 	"fmt"
@@ -25,7 +25,7 @@ func TestConsoleSettings(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
 		// The OpenID provider is on this machine: the egress policy must
 		// allow it.
-		s := startServer(t, be, "--outbound-allow", "127.0.0.1")
+		s := fleetdtest.Start(t, be, "--outbound-allow", "127.0.0.1")
 		admin := s.Admin()
 		operator := s.NewKey(t, admin, "olivia", "operator")
 		viewer := s.NewKey(t, admin, "victor", "viewer")

@@ -1,4 +1,4 @@
-package main
+package console_test
 
 import (
 	"testing"
@@ -8,7 +8,7 @@ import (
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
-// TestConsoleSettingsInBrowser runs testdata/console/settings.mjs in a real
+// TestConsoleSettingsInBrowser runs testdata/browser/settings.mjs in a real
 // Chromium: an admin creates an API key and sees it once (a reload shows
 // it no more), its holder signs in, the admin deletes it and the holder's
 // session is signed out, the audit log shows and filters those changes,
@@ -18,7 +18,7 @@ import (
 // settings screenshots.
 func TestConsoleSettingsInBrowser(t *testing.T) {
 	dir := consoleHarness(t)
-	s := startServer(t, sqlstoretest.Backends()[0])
+	s := fleetdtest.Start(t, sqlstoretest.Backends()[0])
 	admin := s.Admin()
 	viewer := s.NewKey(t, admin, "victor", "viewer")
 	const secret = "console-secret-never-shown"

@@ -1,4 +1,4 @@
-package main
+package console_test
 
 import (
 	"context"
@@ -23,14 +23,14 @@ const chromiumPath = "/usr/bin/chromium"
 // or the harness's packages are missing.
 func consoleHarness(t *testing.T) string {
 	t.Helper()
-	dir, _ := filepath.Abs("testdata/console")
+	dir, _ := filepath.Abs("testdata/browser")
 	missing := ""
 	if _, err := os.Stat(chromiumPath); err != nil {
 		missing = "chromium (apt-get install chromium)"
 	} else if _, err := exec.LookPath("node"); err != nil {
 		missing = "node"
 	} else if _, err := os.Stat(filepath.Join(dir, "node_modules", "playwright-core")); err != nil {
-		missing = "playwright-core (npm ci --prefix cmd/fleetd/testdata/console)"
+		missing = "playwright-core (npm ci --prefix console/testdata/browser)"
 	}
 	if missing != "" {
 		if os.Getenv("CI") == "true" {
@@ -54,7 +54,7 @@ func consoleHarness(t *testing.T) string {
 // the repository root) refreshes the screenshots of docs/console.md.
 func TestConsoleInBrowser(t *testing.T) {
 	dir := consoleHarness(t)
-	s := startServer(t, sqlstoretest.Backends()[0], "--rollout-interval", "50ms", "--outbound-allow", "127.0.0.1")
+	s := fleetdtest.Start(t, sqlstoretest.Backends()[0], "--rollout-interval", "50ms", "--outbound-allow", "127.0.0.1")
 	admin := s.Admin()
 	operator := s.NewKey(t, admin, "olivia", "operator")
 	viewer := s.NewKey(t, admin, "victor", "viewer")
@@ -100,7 +100,7 @@ func TestConsoleInBrowser(t *testing.T) {
 // look finished, and find it in the actions list by its version.
 func TestConsoleRolloutsInBrowser(t *testing.T) {
 	dir := consoleHarness(t)
-	s := startServer(t, sqlstoretest.Backends()[0], "--rollout-interval", "50ms")
+	s := fleetdtest.Start(t, sqlstoretest.Backends()[0], "--rollout-interval", "50ms")
 	admin := s.Admin()
 	operator := s.NewKey(t, admin, "olivia", "operator")
 	var ids []string
@@ -141,7 +141,7 @@ func screenshotDir(t *testing.T) string {
 		return t.TempDir()
 	}
 	if !filepath.IsAbs(d) {
-		d = filepath.Join("../..", d)
+		d = filepath.Join("..", d)
 	}
 	d, _ = filepath.Abs(d)
 	return d
@@ -157,7 +157,7 @@ func TestConsoleAlertsInBrowser(t *testing.T) {
 	dir := consoleHarness(t)
 	// The webhook receiver is on this machine: the egress policy must
 	// allow it.
-	s := startServer(t, sqlstoretest.Backends()[0], append(fleetdtest.AlertFlags, "--outbound-allow", "127.0.0.1")...)
+	s := fleetdtest.Start(t, sqlstoretest.Backends()[0], append(fleetdtest.AlertFlags, "--outbound-allow", "127.0.0.1")...)
 	admin := s.Admin()
 	operator := s.NewKey(t, admin, "olivia", "operator")
 	viewer := s.NewKey(t, admin, "victor", "viewer")
@@ -185,7 +185,7 @@ func TestConsoleAlertsInBrowser(t *testing.T) {
 // and checks both pages' layout.
 func TestConsoleChartsInBrowser(t *testing.T) {
 	dir := consoleHarness(t)
-	s := startServer(t, sqlstoretest.Backends()[0])
+	s := fleetdtest.Start(t, sqlstoretest.Backends()[0])
 	admin := s.Admin()
 	viewer := s.NewKey(t, admin, "victor", "viewer")
 	s.MustDevice(t, admin, "pump-03", nil)

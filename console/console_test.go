@@ -1,4 +1,4 @@
-package main
+package console_test
 
 import (
 	"bytes"
@@ -29,7 +29,7 @@ func TestConsole(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
 		// MQTT over TLS, so that devices can be issued certificates.
 		certFile, keyFile := fleetdtest.WriteServerCert(t, t.TempDir(), "fleetd test")
-		s := startServer(t, be, "--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0")
+		s := fleetdtest.Start(t, be, "--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0")
 		admin := s.Admin()
 		operator := s.NewKey(t, admin, "olivia", "operator")
 		viewer := s.NewKey(t, admin, "victor", "viewer")
@@ -699,7 +699,7 @@ func TestConsole(t *testing.T) {
 func TestConsoleOIDC(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
 		// The provider is on this machine: the egress policy must allow it.
-		s := startServer(t, be, "--outbound-allow", "127.0.0.1")
+		s := fleetdtest.Start(t, be, "--outbound-allow", "127.0.0.1")
 		admin := s.Admin()
 		op := fleetdtest.StartOIDCProvider(t, "fleetd-console", "console-secret", s.URL+"/console/oidc/callback")
 		s.Do(t, admin, "PUT", "/api/v1/tenants/default/auth", op.TenantOIDC("fleetd-console", "console-secret", "operator")).Want(t, 204)
@@ -798,7 +798,7 @@ func TestConsoleOIDC(t *testing.T) {
 // over plain HTTP. At f94a7fc they were Secure only when fleetd served TLS
 // itself.
 func TestConsoleCookiesSecureBehindTLSProxy(t *testing.T) {
-	s := startServer(t, sqlstoretest.Backends()[0], "--public-url", "https://fleet.example.com")
+	s := fleetdtest.Start(t, sqlstoretest.Backends()[0], "--public-url", "https://fleet.example.com")
 	admin := s.Admin()
 	// No cookie jar: one would keep Secure cookies from plain HTTP.
 	client := &http.Client{Timeout: 30 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
