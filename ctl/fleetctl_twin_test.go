@@ -1,4 +1,4 @@
-package main
+package ctl_test
 
 import (
 	"testing"
@@ -10,7 +10,7 @@ import (
 // TestFleetctlTwin: fleetctl shadow and groups against a real server.
 func TestFleetctlTwin(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		s.MustDevice(t, s.Admin(), "ct-1", map[string]string{"site": "berlin"})
 		s.MustDevice(t, s.Admin(), "ct-2", map[string]string{"site": "paris"})
 		f := s.NewFleetctl(t, s.Admin())

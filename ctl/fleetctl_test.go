@@ -1,4 +1,4 @@
-package main
+package ctl_test
 
 import (
 	"bytes"
@@ -21,7 +21,7 @@ import (
 
 func TestFleetctlContexts(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		acme := s.NewTenant(t, "acme")
 		s.MustDevice(t, s.Admin(), "default-dev", nil)
 		s.MustDevice(t, acme, "acme-dev", nil)
@@ -121,7 +121,7 @@ func TestFleetctlDevices(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		// MQTT over TLS, so that devices can be issued certificates.
 		certFile, keyFile := fleetdtest.WriteServerCert(t, t.TempDir(), "fleetd test")
-		s := startServer(t, b, "--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0")
+		s := fleetdtest.Start(t, b, "--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0")
 		f := s.NewFleetctl(t, s.Admin())
 		dir := t.TempDir()
 
@@ -220,7 +220,7 @@ func TestFleetctlDevices(t *testing.T) {
 // through --ca-file and the context.
 func TestFleetctlTLS(t *testing.T) {
 	certFile, keyFile := fleetdtest.WriteServerCert(t, t.TempDir(), "fleetd test")
-	s := startServer(t, sqlstoretest.Backends()[0], "--tls-cert", certFile, "--tls-key", keyFile)
+	s := fleetdtest.Start(t, sqlstoretest.Backends()[0], "--tls-cert", certFile, "--tls-key", keyFile)
 	url := strings.Replace(s.URL, "http://", "https://", 1)
 	f := s.NewFleetctl(t, fleetdtest.Creds{})
 	stderr := f.Fails(t, ctl.ExitRefused, "login", "--url", url, "--tenant", "default", "--api-key", s.Key)
@@ -232,7 +232,7 @@ func TestFleetctlTLS(t *testing.T) {
 
 func TestFleetctlActions(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		f := s.NewFleetctl(t, s.Admin())
 		for _, id := range []string{"d1", "d2", "d3", "d4"} {
 			f.OK(t, "devices", "create", id, "--metadata", "ring="+map[bool]string{true: "canary", false: "main"}[id == "d1"])
@@ -414,7 +414,7 @@ func TestFleetctlActions(t *testing.T) {
 // action ends (docs/cli.md's table).
 func TestFleetctlWatchExitCodes(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, "--rollout-interval", "20ms")
+		s := fleetdtest.Start(t, b, "--rollout-interval", "20ms")
 		f := s.NewFleetctl(t, s.Admin())
 		for _, id := range []string{"w1", "w2", "w3", "w4"} {
 			f.OK(t, "devices", "create", id)
@@ -583,7 +583,7 @@ func TestFleetctlWatchExitCodes(t *testing.T) {
 // TestFleetctlCompletion: the shells' completion asks the server for
 // device and action ids (the scripts call fleetctl __complete).
 func TestFleetctlCompletion(t *testing.T) {
-	s := startServer(t, sqlstoretest.Backends()[0])
+	s := fleetdtest.Start(t, sqlstoretest.Backends()[0])
 	f := s.NewFleetctl(t, s.Admin())
 	f.OK(t, "devices", "create", "pump-1")
 	f.OK(t, "devices", "create", "pump-2")
@@ -604,7 +604,7 @@ func TestFleetctlCompletion(t *testing.T) {
 
 func TestFleetctlFirmware(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		f := s.NewFleetctl(t, s.Admin())
 		dir := t.TempDir()
 		write := func(name, content string) string {
@@ -725,7 +725,7 @@ func TestFleetctlFirmware(t *testing.T) {
 
 func TestFleetctlAlerts(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, fleetdtest.AlertFlags...)
+		s := fleetdtest.Start(t, b, fleetdtest.AlertFlags...)
 		f := s.NewFleetctl(t, s.Admin())
 		dir := t.TempDir()
 		hook := fleetdtest.NewReceiver(t, 0)
@@ -839,7 +839,7 @@ func TestFleetctlAlerts(t *testing.T) {
 
 func TestFleetctlAdmin(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		f := s.NewFleetctl(t, s.Admin())
 
 		t.Run("APIKeys", func(t *testing.T) {
@@ -921,7 +921,7 @@ func TestFleetctlAdmin(t *testing.T) {
 
 // TestFleetctlRateLimited: a 429 says when to try again.
 func TestFleetctlRateLimited(t *testing.T) {
-	s := startServer(t, sqlstoretest.Backends()[0], "--rate-limit", "0.001", "--rate-burst", "1")
+	s := fleetdtest.Start(t, sqlstoretest.Backends()[0], "--rate-limit", "0.001", "--rate-burst", "1")
 	f := s.NewFleetctl(t, s.Admin())
 	f.OK(t, "devices", "list")
 	stderr := f.Fails(t, ctl.ExitRefused, "devices", "list")
@@ -932,7 +932,7 @@ func TestFleetctlRateLimited(t *testing.T) {
 // to the bucket (VersityGW here); fleetctl follows, without its key, and
 // resumes there too.
 func TestFleetctlPresignedDownload(t *testing.T) {
-	s := startServerOn(t, sqlstoretest.Backends()[0], "s3+presign")
+	s := fleetdtest.StartOn(t, sqlstoretest.Backends()[0], "s3+presign")
 	f := s.NewFleetctl(t, s.Admin())
 	data := fleetdtest.MakeBundle(t, "5.0.0", fleetdtest.Bootloader, fleetdtest.App230)
 	dir := t.TempDir()
