@@ -148,8 +148,8 @@ func (s *Server) handleRemoteDevice(w http.ResponseWriter, r *http.Request) erro
 		c.Close()
 		return nil
 	}
-	// The relay owns the connection now; this request ends with it.
-	<-sess.Done()
+	// The relay owns the connection now: the request ends, and with it
+	// what the HTTP server kept for it.
 	return nil
 }
 

@@ -54,21 +54,29 @@ const (
 // terminal, a socket or a file goes in pieces of at most this.
 const MaxMessage = 32 << 10
 
+// maxRead is the read limit of either side: MaxMessage, and room for a
+// control message's JSON.
+const maxRead = MaxMessage + 1024
+
 // Conn is one WebSocket. Reads are for one goroutine; writes may come
 // from several.
 type Conn struct {
-	ws *websocket.Conn
-	mu sync.Mutex
+	ws   *websocket.Conn
+	mu   sync.Mutex
+	rbuf *[]byte // the last message read, until the next read
 }
 
-// Read returns the next message: its bytes, or a control message.
+// readBuffers are lent to a connection from the start of a message until
+// the next read: a message is read in one piece without an allocation,
+// and an idle connection, waiting for its next message, holds none.
+var readBuffers = sync.Pool{New: func() any { b := make([]byte, maxRead); return &b }}
+
+// Read returns the next message: its bytes, or a control message. The
+// bytes are valid until the next Read or ReadRaw.
 func (c *Conn) Read() (data []byte, ctl *Control, err error) {
-	t, b, err := c.ws.ReadMessage()
-	if err != nil {
-		return nil, nil, err
-	}
-	if t == websocket.BinaryMessage {
-		return b, nil, nil
+	binary, b, err := c.ReadRaw()
+	if err != nil || binary {
+		return b, nil, err
 	}
 	var m Control
 	if err := json.Unmarshal(b, &m); err != nil {
@@ -77,10 +85,24 @@ func (c *Conn) Read() (data []byte, ctl *Control, err error) {
 	return nil, &m, nil
 }
 
-// ReadRaw returns the next message as it came, for a relay.
+// ReadRaw returns the next message as it came, for a relay. Its bytes are
+// valid until the next Read or ReadRaw.
 func (c *Conn) ReadRaw() (binary bool, data []byte, err error) {
-	t, b, err := c.ws.ReadMessage()
-	return t == websocket.BinaryMessage, b, err
+	if c.rbuf != nil {
+		readBuffers.Put(c.rbuf)
+		c.rbuf = nil
+	}
+	t, r, err := c.ws.NextReader()
+	if err != nil {
+		return false, nil, err
+	}
+	c.rbuf = readBuffers.Get().(*[]byte)
+	// The read limit keeps a message within the buffer.
+	n, err := io.ReadFull(r, *c.rbuf)
+	if err == io.ErrUnexpectedEOF || err == io.EOF {
+		err = nil
+	}
+	return t == websocket.BinaryMessage, (*c.rbuf)[:n], err
 }
 
 // WriteRaw sends a message as it came, for a relay.
@@ -150,8 +172,10 @@ func Closed(err error) bool {
 // (MaxMessage and its header) at no cost to idle sessions' memory.
 var writeBuffers = &sync.Pool{}
 
+// fleetd's side reads through the HTTP server's own buffer (a read
+// buffer size of 0 reuses it): an idle session's legs hold no other.
 var upgrader = websocket.Upgrader{
-	ReadBufferSize: 4 << 10, WriteBufferSize: MaxMessage + 1024, WriteBufferPool: writeBuffers,
+	WriteBufferSize: maxRead, WriteBufferPool: writeBuffers,
 	// Programs (fleetctl, fleetd-agent) send no Origin; a browser's must be
 	// this host's, so that another site's page cannot open a session with
 	// its visitor's console cookie.
@@ -172,7 +196,7 @@ func Upgrade(w http.ResponseWriter, r *http.Request) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	ws.SetReadLimit(MaxMessage + 1024)
+	ws.SetReadLimit(maxRead)
 	return &Conn{ws: ws}, nil
 }
 
@@ -201,8 +225,10 @@ func (e *RefusedError) Error() string { return e.Message }
 // *RefusedError with the server's message.
 func Dial(ctx context.Context, url string, header http.Header, tc *tls.Config) (*Conn, error) {
 	url = strings.Replace(strings.Replace(url, "https://", "wss://", 1), "http://", "ws://", 1)
-	d := websocket.Dialer{HandshakeTimeout: 30 * time.Second, ReadBufferSize: 4 << 10,
-		WriteBufferSize: MaxMessage + 1024, WriteBufferPool: writeBuffers, TLSClientConfig: tc}
+	// fleetctl and the agent hold a session or two each: a read buffer of
+	// two messages takes what the socket has in one system call.
+	d := websocket.Dialer{HandshakeTimeout: 30 * time.Second, ReadBufferSize: 2 * maxRead,
+		WriteBufferSize: maxRead, WriteBufferPool: writeBuffers, TLSClientConfig: tc}
 	ws, resp, err := d.DialContext(ctx, url, header)
 	if err != nil {
 		if resp != nil {
@@ -221,6 +247,6 @@ func Dial(ctx context.Context, url string, header http.Header, tc *tls.Config) (
 		}
 		return nil, err
 	}
-	ws.SetReadLimit(MaxMessage + 1024)
+	ws.SetReadLimit(maxRead)
 	return &Conn{ws: ws}, nil
 }

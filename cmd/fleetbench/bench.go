@@ -25,6 +25,12 @@ type sizes struct {
 	s7Requests      int   // measured S7 requests per sort field
 	memConns        int   // MQTT connections while memory is read
 	consoleRequests int   // measured requests per console page
+	remoteDevices   int   // fleetd-agents the idle remote sessions are spread over
+	remoteSessions  int   // idle remote sessions open at once
+	remoteSetups    int   // of them, set up one at a time and timed
+	forwardBytes    int   // bytes of one round of the forward's throughput
+	forwardRounds   int   // rounds of it, each direct and forwarded
+	keystrokes      int   // measured keystrokes, each way
 	warmup          time.Duration
 }
 
@@ -32,10 +38,12 @@ func sizesFor(quick bool) sizes {
 	if quick {
 		return sizes{s10Devices: 2_000, randomDevices: 10_000, mqttDevices: 200, streamDevices: 50, pointsPerBatch: 100,
 			dispatch: []int{1_000, 10_000}, delivery: 1_000, s7Actions: 1_000, s7Requests: 100, memConns: 1_000, consoleRequests: 30,
+			remoteDevices: 4, remoteSessions: 100, remoteSetups: 20, forwardBytes: 8 << 20, forwardRounds: 3, keystrokes: 200,
 			warmup: 500 * time.Millisecond}
 	}
 	return sizes{s10Devices: 10_000, randomDevices: 100_000, mqttDevices: 2_000, streamDevices: 200, pointsPerBatch: 100,
 		dispatch: []int{100_000, 1_000_000}, delivery: 10_000, s7Actions: 10_000, s7Requests: 400, memConns: 10_000, consoleRequests: 200,
+		remoteDevices: 50, remoteSessions: 1_000, remoteSetups: 100, forwardBytes: 64 << 20, forwardRounds: 9, keystrokes: 2_000,
 		warmup: 2 * time.Second}
 }
 
@@ -143,7 +151,7 @@ func bench(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 
 	steps := map[string]func(context.Context) error{
 		"s10": r.s10, "s10-random": r.s10Random, "mqtt-status": r.mqttStatus, "streams": r.streams, "history": r.history, "dispatch": r.dispatch,
-		"delivery": r.delivery, "s7": r.s7, "console": r.console, "memory": r.memory,
+		"remote": r.remote, "delivery": r.delivery, "s7": r.s7, "console": r.console, "memory": r.memory,
 	}
 	var failed error
 	for _, name := range allScenarios {

@@ -84,6 +84,23 @@ Scenarios (--scenarios takes a comma-separated subset):
                50 ms) beside a device read's (a primary-key lookup); the
                day's partition's bytes on disk a point beside the point's
                JSON; and the time to drop that partition (information).
+  remote       remote sessions (docs/agent.md) through fleetd-agents run
+               in fleetbench's process (package agent, what fleetd-agent
+               runs), 50 connected devices: 1,000 idle sessions open at
+               once (port forwards, each proven by a byte echoed, again
+               once all are open); fleetd's memory per idle session, the
+               larger of its VmRSS growth and its Go heap plus stacks
+               growth, both read after forced garbage collections (at most
+               64 KiB); set-up of a session for a connected device, 100 one
+               at a time, from the POST to a byte echoed (p99 at most 1 s);
+               a port forward through fleetctl forward (package ctl, in this
+               process), fleetd and an agent ÷ a direct loopback TCP copy to
+               the same service, 9 alternating rounds of 64 MiB, the median
+               round's ratio (at least 50%); and a keystroke's round trip
+               through a terminal session (the agent's pty running cat)
+               beside the same keystroke on a pty of this process, 2,000 each
+               in turn: the session's p99 less the local pty's p50 (at most
+               2 ms).
   dispatch     dispatch to 100,000 and to 1,000,000 devices (search_type
                all, a tenant each): time to the 201, ÷ the raw insert.
   s7           S7 on a device with 10,000 actions: p99 ÷ p50 for every sort_by
@@ -131,10 +148,16 @@ Baselines, measured in the same run:
                PostgreSQL: 4 connections, as fleetd's 4 writers).
   insert       INSERT … SELECT of as many rows as a dispatch makes, into a
                table shaped like device_actions with its primary key only.
+  loopback copy  the remote scenario's bytes sent to the same TCP service
+               straight over loopback, in turns with the forward's rounds.
+  local pty    the remote scenario's keystrokes typed into a pty of
+               fleetbench running cat, in turns with the session's.
 
 The fleetd fleetbench starts runs with --rate-limit -1: the setup makes
-thousands of API requests with a few keys. Device-data limits stay at their
-defaults. Against --url, lift the limits of the fleetd measured likewise.
+thousands of API requests with a few keys, and with --remote-max-per-user,
+--remote-max-per-device and --http-max-connections-per-ip raised: the remote
+scenario opens a thousand sessions with one key, from 127.0.0.1 on both legs.
+Device-data limits stay at their defaults. Against --url, lift the limits of the fleetd measured likewise.
 It also runs with --log-level warn: at info fleetd writes an access log
 line for every request. On PostgreSQL, S7 is measured after VACUUM
 (ANALYZE) of the tables the setup filled, as autovacuum would run.
@@ -178,7 +201,7 @@ type options struct {
 // allScenarios in the order they run. S7 runs before delivery, whose
 // 10,000 connections stay open for the memory scenario: with them fleetd's
 // heap is larger and its collections longer, which S7's p99 would show.
-var allScenarios = []string{"s10", "s10-random", "mqtt-status", "streams", "history", "dispatch", "s7", "console", "delivery", "memory"}
+var allScenarios = []string{"s10", "s10-random", "mqtt-status", "streams", "history", "remote", "dispatch", "s7", "console", "delivery", "memory"}
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "hello" {

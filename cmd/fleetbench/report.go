@@ -26,6 +26,10 @@ const (
 	seconds   unit = "s"
 	megabytes unit = "MB"
 	bytesUnit unit = "B"
+	kibibytes unit = "KiB"
+	// mibPerSecond is a throughput of bytes.
+	mibPerSecond unit = "MiB/s"
+	sessionsUnit unit = "sessions"
 )
 
 // figure is one row of the table.
@@ -140,6 +144,12 @@ func (f *figure) value() string {
 		return fmt.Sprintf("%.0f MB", f.Value)
 	case bytesUnit:
 		return fmt.Sprintf("%.1f B", f.Value)
+	case kibibytes:
+		return fmt.Sprintf("%.1f KiB", f.Value)
+	case mibPerSecond:
+		return fmt.Sprintf("%.0f MiB/s", f.Value)
+	case sessionsUnit:
+		return thousands(f.Value) + " sessions"
 	}
 	return fmt.Sprint(f.Value)
 }
@@ -182,7 +192,7 @@ func (f *figure) ratio() string {
 	if f.Ratio == 0 {
 		return ""
 	}
-	if f.Unit == perSecond && f.Ratio < 1 {
+	if (f.Unit == perSecond || f.Unit == mibPerSecond) && f.Ratio < 1 {
 		return fmt.Sprintf("%.0f%%", 100*f.Ratio)
 	}
 	return fmt.Sprintf("%.2f×", f.Ratio)

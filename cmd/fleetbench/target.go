@@ -134,8 +134,15 @@ func startFleetd(ctx context.Context, o *options, dir string, p *progress) (*tar
 		"--data-dir", filepath.Join(dir, "data"), "--log-level", "warn", "--log-format", "text", "--pprof-addr", "127.0.0.1:0"}
 	// The setup dispatches thousands of actions and S7 is measured with
 	// few keys: lift the per-key limit of the API (not of device data).
-	if help, _ := exec.CommandContext(ctx, bin, "serve", "--help").CombinedOutput(); bytes.Contains(help, []byte("--rate-limit ")) {
+	help, _ := exec.CommandContext(ctx, bin, "serve", "--help").CombinedOutput()
+	if bytes.Contains(help, []byte("--rate-limit ")) {
 		args = append(args, "--rate-limit", "-1")
+	}
+	// The remote scenario opens a thousand sessions with one key, many
+	// with each device, and both legs of each come from 127.0.0.1, where
+	// operators and devices would have addresses of their own.
+	if bytes.Contains(help, []byte("--remote-max-per-user")) {
+		args = append(args, "--remote-max-per-user", "100000", "--remote-max-per-device", "100000", "--http-max-connections-per-ip", "10000")
 	}
 	cmd := exec.Command(bin, args...)
 	addrs := newAddrWatcher()

@@ -189,8 +189,8 @@ func (h *Hub) Waiting(id string) (*Session, bool) {
 
 // JoinOperator joins a, the person who opened session id, as its
 // operator's leg, once: r must ask for a WebSocket. Refusals are errors
-// for the caller to answer; after the upgrade it relays until the session
-// ends and returns nil. The API and the console both serve it.
+// for the caller to answer; after the upgrade it returns nil, and the
+// session is relayed until it ends. The API and the console both serve it.
 func (h *Hub) JoinOperator(w http.ResponseWriter, r *http.Request, a *fleet.Actor, id string) error {
 	s, ok := h.Waiting(id)
 	if !ok || s.Tenant != a.Tenant {
@@ -210,7 +210,10 @@ func (h *Hub) JoinOperator(w http.ResponseWriter, r *http.Request, a *fleet.Acto
 		h.end(s, "the operator's WebSocket failed: "+err.Error())
 		return nil // Upgrade answered
 	}
-	h.Relay(r.Context(), s, c)
+	// The relay outlives the request: once its handler returns, the HTTP
+	// server lets go of what it kept for the request and of this
+	// goroutine, which an idle session would hold for nothing.
+	go h.Relay(context.WithoutCancel(r.Context()), s, c)
 	return nil
 }
 
@@ -299,6 +302,7 @@ func (h *Hub) pipe(ctx context.Context, s *Session, op, dev *remote.Conn) string
 	var last atomic.Int64 // unix nanoseconds of the last message either way
 	last.Store(time.Now().UnixNano())
 	copyOne := func(from, to *remote.Conn, count *atomic.Int64, dir, closedBy string) {
+		bytes := h.bytes.WithLabelValues(dir)
 		for {
 			binary, b, err := from.ReadRaw()
 			if err != nil {
@@ -312,7 +316,7 @@ func (h *Hub) pipe(ctx context.Context, s *Session, op, dev *remote.Conn) string
 			last.Store(time.Now().UnixNano())
 			if binary {
 				count.Add(int64(len(b)))
-				h.bytes.WithLabelValues(dir).Add(float64(len(b)))
+				bytes.Add(float64(len(b)))
 			}
 			if err := to.WriteRaw(binary, b); err != nil {
 				ended <- writeFailed
