@@ -1,4 +1,4 @@
-package main
+package fleethttp_test
 
 import (
 	"bytes"
@@ -57,7 +57,7 @@ func keys(v any) string {
 
 func TestDDI(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, "--ddi-poll-interval", "90s")
+		s := fleetdtest.Start(t, b, "--ddi-poll-interval", "90s")
 		admin := s.Admin()
 		dev := s.MustDevice(t, admin, "ecu-1", nil)
 		other := s.MustDevice(t, admin, "ecu-2", nil)
@@ -539,7 +539,7 @@ func (r *swupdateRun) stop() {
 
 // awaitStatus waits for the device action to reach status, showing what
 // SWUpdate said if it does not.
-func (r *swupdateRun) awaitStatus(t *testing.T, s *testServer, device string, id int64, status string) fleetdtest.DeviceActionBody {
+func (r *swupdateRun) awaitStatus(t *testing.T, s *fleetdtest.Server, device string, id int64, status string) fleetdtest.DeviceActionBody {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -560,7 +560,7 @@ func (r *swupdateRun) awaitStatus(t *testing.T, s *testServer, device string, id
 func TestSWUpdate(t *testing.T) {
 	bin, openssl := swupdateTools(t)
 	signer := newSWUSigner(t, openssl)
-	s := startServer(t, sqlstoretest.Backends()[0], "--ddi-poll-interval", "1s")
+	s := fleetdtest.Start(t, sqlstoretest.Backends()[0], "--ddi-poll-interval", "1s")
 	admin := s.Admin()
 	dev := s.MustDevice(t, admin, "gw-1", map[string]string{"site": "lab"})
 	installed := filepath.Join(t.TempDir(), "installed.txt")
@@ -699,7 +699,7 @@ func TestSWUpdate(t *testing.T) {
 			t.Fatal("the waiting image was installed")
 		}
 		gateway := s.NewKey(t, admin, "swupdate-gateway", "device")
-		s.ddiAs(t, "GatewayToken "+gateway.Key, "POST", "/default/controller/v1/gw-1/confirmationBase/activateAutoConfirm",
+		ddiAs(t, s, "GatewayToken "+gateway.Key, "POST", "/default/controller/v1/gw-1/confirmationBase/activateAutoConfirm",
 			map[string]any{"initiator": "gateway", "remark": "SWUpdate cannot confirm"}).Want(t, 200)
 		fleetdtest.Eventually(t, "the confirmed image installed", func() bool {
 			b, _ := os.ReadFile(installed)
@@ -771,18 +771,18 @@ func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
 // ddiAs sends a DDI request with the Authorization header auth, its answer
 // checked against the OpenAPI document.
-func (s *testServer) ddiAs(t *testing.T, auth, method, path string, body any) *fleetdtest.Response {
+func ddiAs(t *testing.T, s *fleetdtest.Server, auth, method, path string, body any) *fleetdtest.Response {
 	t.Helper()
 	return s.Send(t, fleetdtest.Req{Method: method, Path: path, Body: body, Header: http.Header{"Authorization": {auth}}})
 }
 
 // ddiLinks polls a device's root and returns its links by name.
-func (s *testServer) ddiLinks(t *testing.T, auth, root string) map[string]string {
+func ddiLinks(t *testing.T, s *fleetdtest.Server, auth, root string) map[string]string {
 	t.Helper()
 	var base struct {
 		Links map[string]struct{ Href string } `json:"_links"`
 	}
-	s.ddiAs(t, auth, "GET", root, nil).Want(t, 200).Decode(t, &base)
+	ddiAs(t, s, auth, "GET", root, nil).Want(t, 200).Decode(t, &base)
 	out := map[string]string{}
 	for k, l := range base.Links {
 		out[k] = strings.TrimPrefix(l.Href, s.URL)
@@ -794,7 +794,7 @@ func (s *testServer) ddiLinks(t *testing.T, auth, root string) map[string]string
 // role to change them, the audit log, bad input and another tenant.
 func TestDDISettings(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		beta := s.NewTenant(t, "beta")
 		var set struct {
@@ -861,7 +861,7 @@ func TestDDISettings(t *testing.T) {
 // updates through until the device switches it off.
 func TestDDIConfirmation(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		dev := s.MustDevice(t, admin, "ecu-1", nil)
 		other := s.MustDevice(t, admin, "ecu-2", nil)
@@ -877,21 +877,21 @@ func TestDDIConfirmation(t *testing.T) {
 		confirmation := fmt.Sprintf("%s/confirmationBase/%d", root, id)
 		deployment := fmt.Sprintf("%s/deploymentBase/%d", root, id)
 		t.Run("Waiting", func(t *testing.T) {
-			links := s.ddiLinks(t, target, root)
+			links := ddiLinks(t, s, target, root)
 			if links["confirmationBase"] != confirmation || links["deploymentBase"] != "" {
 				t.Fatalf("root's links: %v; want confirmationBase/%d only", links, id)
 			}
-			r := s.ddiAs(t, target, "GET", deployment, nil).Want(t, 404)
+			r := ddiAs(t, s, target, "GET", deployment, nil).Want(t, 404)
 			if !strings.Contains(string(r.Body), "confirm") {
 				t.Errorf("deploymentBase of a waiting update: %s; it should say it waits for a confirmation", r.Body)
 			}
-			s.ddiAs(t, target, "POST", deployment+"/feedback", map[string]any{"status": map[string]any{
+			ddiAs(t, s, target, "POST", deployment+"/feedback", map[string]any{"status": map[string]any{
 				"execution": "closed", "result": map[string]any{"finished": "success"}}}).Want(t, 404)
 			var base struct {
 				AutoConfirm map[string]any                   `json:"autoConfirm"`
 				Links       map[string]struct{ Href string } `json:"_links"`
 			}
-			s.ddiAs(t, target, "GET", root+"/confirmationBase", nil).Want(t, 200).Decode(t, &base)
+			ddiAs(t, s, target, "GET", root+"/confirmationBase", nil).Want(t, 200).Decode(t, &base)
 			if fmt.Sprint(base.AutoConfirm) != "map[active:false]" || keys(toAny(base.Links)) != "activateAutoConfirm confirmationBase" ||
 				base.Links["confirmationBase"].Href != s.URL+confirmation {
 				t.Fatalf("confirmationBase: %+v", base)
@@ -901,7 +901,7 @@ func TestDDIConfirmation(t *testing.T) {
 				Confirmation  map[string]any
 				ActionHistory struct{ Status string } `json:"actionHistory"`
 			}
-			s.ddiAs(t, target, "GET", confirmation+"?actionHistory=1", nil).Want(t, 200).Decode(t, &action)
+			ddiAs(t, s, target, "GET", confirmation+"?actionHistory=1", nil).Want(t, 200).Decode(t, &action)
 			chunks, _ := action.Confirmation["chunks"].([]any)
 			if action.ID != fmt.Sprint(id) || len(chunks) != 1 || action.ActionHistory.Status != "WAIT_FOR_CONFIRMATION" {
 				t.Fatalf("confirmationBase/%d: %+v", id, action)
@@ -921,14 +921,14 @@ func TestDDIConfirmation(t *testing.T) {
 				{map[string]any{"confirmation": "confirmed", "code": "x"}, "code"},
 				{map[string]any{"confirmation": "confirmed", "details": "x"}, "details"},
 			} {
-				r := s.ddiAs(t, target, "POST", confirmation+"/feedback", c.body).Want(t, 400)
+				r := ddiAs(t, s, target, "POST", confirmation+"/feedback", c.body).Want(t, 400)
 				if !strings.Contains(string(r.Body), c.field) {
 					t.Errorf("%v: %s does not name %s", c.body, r.Body, c.field)
 				}
 			}
 			// Another device confirms nothing of ecu-1's.
-			s.ddiAs(t, "TargetToken "+other.Token, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).Want(t, 401)
-			s.ddiAs(t, "TargetToken "+other.Token, "POST", fmt.Sprintf("/default/controller/v1/ecu-2/confirmationBase/%d/feedback", id),
+			ddiAs(t, s, "TargetToken "+other.Token, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).Want(t, 401)
+			ddiAs(t, s, "TargetToken "+other.Token, "POST", fmt.Sprintf("/default/controller/v1/ecu-2/confirmationBase/%d/feedback", id),
 				map[string]any{"confirmation": "confirmed"}).Want(t, 404)
 			if da := s.DeviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" || da.Status != "Queued" {
 				t.Fatalf("refused feedback changed the update: %+v", da)
@@ -937,28 +937,28 @@ func TestDDIConfirmation(t *testing.T) {
 
 		t.Run("DeniedThenConfirmed", func(t *testing.T) {
 			// Unknown fields are ignored, as upstream does.
-			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "denied", "code": 12,
+			ddiAs(t, s, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "denied", "code": 12,
 				"details": []string{"the user said later"}, "timestamp": 1}).Want(t, 200)
 			if da := s.DeviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" || da.Status != "ConfirmationDenied" {
 				t.Fatalf("after denied: %+v", da)
 			}
-			if links := s.ddiLinks(t, target, root); links["confirmationBase"] != confirmation {
+			if links := ddiLinks(t, s, target, root); links["confirmationBase"] != confirmation {
 				t.Fatalf("a denied update no longer waits: %v", links)
 			}
-			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).Want(t, 200)
+			ddiAs(t, s, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).Want(t, 200)
 			if da := s.DeviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Queued" || da.Status != "Confirmed" {
 				t.Fatalf("after confirmed: %+v", da)
 			}
-			if links := s.ddiLinks(t, target, root); links["deploymentBase"] != deployment || links["confirmationBase"] != "" {
+			if links := ddiLinks(t, s, target, root); links["deploymentBase"] != deployment || links["confirmationBase"] != "" {
 				t.Fatalf("root after the confirmation: %v", links)
 			}
-			s.ddiAs(t, target, "GET", confirmation, nil).Want(t, 404)
-			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).Want(t, 404)
-			s.ddiAs(t, target, "GET", deployment, nil).Want(t, 200)
+			ddiAs(t, s, target, "GET", confirmation, nil).Want(t, 404)
+			ddiAs(t, s, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "confirmed"}).Want(t, 404)
+			ddiAs(t, s, target, "GET", deployment, nil).Want(t, 200)
 			s.AwaitActionStatus(t, admin, "ecu-1", id, "Initiated")
-			s.ddiAs(t, target, "POST", deployment+"/feedback", map[string]any{"status": map[string]any{
+			ddiAs(t, s, target, "POST", deployment+"/feedback", map[string]any{"status": map[string]any{
 				"execution": "closed", "result": map[string]any{"finished": "success"}}}).Want(t, 200)
-			s.ddiAs(t, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "denied"}).Want(t, 410)
+			ddiAs(t, s, target, "POST", confirmation+"/feedback", map[string]any{"confirmation": "denied"}).Want(t, 410)
 		})
 
 		t.Run("CancelWhileWaiting", func(t *testing.T) {
@@ -967,17 +967,17 @@ func TestDDIConfirmation(t *testing.T) {
 			if da := s.DeviceAction(t, admin, "ecu-1", id); da.ActionStatus != "Cancelled" {
 				t.Fatalf("a cancelled waiting update: %+v", da)
 			}
-			if links := s.ddiLinks(t, target, root); links["confirmationBase"] != "" || links["cancelAction"] != "" {
+			if links := ddiLinks(t, s, target, root); links["confirmationBase"] != "" || links["cancelAction"] != "" {
 				t.Fatalf("root after the cancel of an update the device never had: %v", links)
 			}
-			s.ddiAs(t, target, "GET", fmt.Sprintf("%s/confirmationBase/%d", root, id), nil).Want(t, 410)
+			ddiAs(t, s, target, "GET", fmt.Sprintf("%s/confirmationBase/%d", root, id), nil).Want(t, 410)
 		})
 
 		t.Run("AutoConfirm", func(t *testing.T) {
-			s.ddiAs(t, target, "POST", root+"/confirmationBase/activateAutoConfirm", map[string]any{"initiator": "ops", "remark": "night\x00"}).Want(t, 400)
-			s.ddiAs(t, target, "POST", root+"/confirmationBase/activateAutoConfirm", map[string]any{"initiator": strings.Repeat("x", 1025)}).Want(t, 400)
-			s.ddiAs(t, target, "POST", root+"/confirmationBase/activateAutoConfirm", map[string]any{"initiator": "ops", "remark": "night shift"}).Want(t, 200)
-			s.ddiAs(t, target, "POST", root+"/confirmationBase/activateAutoConfirm", nil).Want(t, 409)
+			ddiAs(t, s, target, "POST", root+"/confirmationBase/activateAutoConfirm", map[string]any{"initiator": "ops", "remark": "night\x00"}).Want(t, 400)
+			ddiAs(t, s, target, "POST", root+"/confirmationBase/activateAutoConfirm", map[string]any{"initiator": strings.Repeat("x", 1025)}).Want(t, 400)
+			ddiAs(t, s, target, "POST", root+"/confirmationBase/activateAutoConfirm", map[string]any{"initiator": "ops", "remark": "night shift"}).Want(t, 200)
+			ddiAs(t, s, target, "POST", root+"/confirmationBase/activateAutoConfirm", nil).Want(t, 409)
 			var base struct {
 				AutoConfirm struct {
 					Active      bool
@@ -987,22 +987,22 @@ func TestDDIConfirmation(t *testing.T) {
 				} `json:"autoConfirm"`
 				Links map[string]any `json:"_links"`
 			}
-			s.ddiAs(t, target, "GET", root+"/confirmationBase", nil).Want(t, 200).Decode(t, &base)
+			ddiAs(t, s, target, "GET", root+"/confirmationBase", nil).Want(t, 200).Decode(t, &base)
 			if a := base.AutoConfirm; !a.Active || a.Initiator != "ops" || a.Remark != "night shift" || a.ActivatedAt == 0 || keys(base.Links) != "deactivateAutoConfirm" {
 				t.Fatalf("confirmationBase with autoConfirm: %+v", base)
 			}
 			// ecu-2 has its own: its updates still wait.
-			s.ddiAs(t, "TargetToken "+other.Token, "GET", "/default/controller/v1/ecu-2/confirmationBase", nil).Want(t, 200).Decode(t, &base)
+			ddiAs(t, s, "TargetToken "+other.Token, "GET", "/default/controller/v1/ecu-2/confirmationBase", nil).Want(t, 200).Decode(t, &base)
 			if base.AutoConfirm.Active {
 				t.Fatal("ecu-1's automatic confirmation is ecu-2's")
 			}
 			id := update()
-			if links := s.ddiLinks(t, target, root); links["deploymentBase"] != fmt.Sprintf("%s/deploymentBase/%d", root, id) {
+			if links := ddiLinks(t, s, target, root); links["deploymentBase"] != fmt.Sprintf("%s/deploymentBase/%d", root, id) {
 				t.Fatalf("an update with autoConfirm active: %v", links)
 			}
-			s.ddiAs(t, target, "POST", root+"/confirmationBase/deactivateAutoConfirm", nil).Want(t, 200)
-			s.ddiAs(t, target, "POST", root+"/confirmationBase/deactivateAutoConfirm", nil).Want(t, 200)
-			if links := s.ddiLinks(t, target, root); links["confirmationBase"] != fmt.Sprintf("%s/confirmationBase/%d", root, id) {
+			ddiAs(t, s, target, "POST", root+"/confirmationBase/deactivateAutoConfirm", nil).Want(t, 200)
+			ddiAs(t, s, target, "POST", root+"/confirmationBase/deactivateAutoConfirm", nil).Want(t, 200)
+			if links := ddiLinks(t, s, target, root); links["confirmationBase"] != fmt.Sprintf("%s/confirmationBase/%d", root, id) {
 				t.Fatalf("after deactivateAutoConfirm: %v", links)
 			}
 		})
@@ -1010,13 +1010,13 @@ func TestDDIConfirmation(t *testing.T) {
 		t.Run("DeviceMadeAgain", func(t *testing.T) {
 			// A device deleted and made again does not inherit its
 			// predecessor's automatic confirmation.
-			s.ddiAs(t, "TargetToken "+other.Token, "POST", "/default/controller/v1/ecu-2/confirmationBase/activateAutoConfirm", nil).Want(t, 200)
+			ddiAs(t, s, "TargetToken "+other.Token, "POST", "/default/controller/v1/ecu-2/confirmationBase/activateAutoConfirm", nil).Want(t, 200)
 			s.Do(t, admin, "DELETE", "/api/v1/devices/ecu-2", nil).Want(t, 204)
 			again := s.MustDevice(t, admin, "ecu-2", nil)
 			var base struct {
 				AutoConfirm struct{ Active bool } `json:"autoConfirm"`
 			}
-			s.ddiAs(t, "TargetToken "+again.Token, "GET", "/default/controller/v1/ecu-2/confirmationBase", nil).Want(t, 200).Decode(t, &base)
+			ddiAs(t, s, "TargetToken "+again.Token, "GET", "/default/controller/v1/ecu-2/confirmationBase", nil).Want(t, 200).Decode(t, &base)
 			if base.AutoConfirm.Active {
 				t.Fatal("the device made again confirms by itself")
 			}
@@ -1026,12 +1026,12 @@ func TestDDIConfirmation(t *testing.T) {
 			// Without the setting, waiting updates are handed over, and
 			// confirmationBase names nothing to confirm.
 			ddiSettings(t, s, admin, false, false)
-			links := s.ddiLinks(t, target, root)
+			links := ddiLinks(t, s, target, root)
 			if !strings.Contains(links["deploymentBase"], "/deploymentBase/") {
 				t.Fatalf("root with the setting off: %v", links)
 			}
 			id := strings.TrimPrefix(links["deploymentBase"], root+"/deploymentBase/")
-			r := s.ddiAs(t, target, "POST", root+"/confirmationBase/"+id+"/feedback", map[string]any{"confirmation": "confirmed"}).Want(t, 404)
+			r := ddiAs(t, s, target, "POST", root+"/confirmationBase/"+id+"/feedback", map[string]any{"confirmation": "confirmed"}).Want(t, 404)
 			if !strings.Contains(string(r.Body), "does not require") {
 				t.Errorf("confirmation in a tenant without the setting: %s", r.Body)
 			}
@@ -1053,7 +1053,7 @@ func toAny[V any](m map[string]V) any {
 // counted and within the tenant's registration rate; off, 404 as before.
 func TestDDIGatewayRegistration(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, "--ddi-registration-rate-burst", "3", "--ddi-registration-rate-limit", "0.001")
+		s := fleetdtest.Start(t, b, "--ddi-registration-rate-burst", "3", "--ddi-registration-rate-limit", "0.001")
 		admin := s.Admin()
 		beta := s.NewTenant(t, "beta")
 		gateway := "GatewayToken " + s.NewKey(t, admin, "gateway", "device").Key
@@ -1071,35 +1071,35 @@ func TestDDIGatewayRegistration(t *testing.T) {
 			return "0"
 		}
 
-		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-1", nil).Want(t, 404)
+		ddiAs(t, s, gateway, "GET", "/default/controller/v1/gw-1", nil).Want(t, 404)
 		if exists(admin, "gw-1") {
 			t.Fatal("a poll registered a device with the setting off")
 		}
 		ddiSettings(t, s, admin, false, true)
 
 		// Only a gateway registers, only on the root, only in its tenant.
-		s.ddiAs(t, "TargetToken fdt_nothing", "GET", "/default/controller/v1/gw-1", nil).Want(t, 401)
-		s.ddiAs(t, "GatewayToken "+s.NewKey(t, admin, "watcher", "viewer").Key, "GET", "/default/controller/v1/gw-1", nil).Want(t, 403)
-		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-1/confirmationBase", nil).Want(t, 404)
-		s.ddiAs(t, gateway, "PUT", "/default/controller/v1/gw-1/configData", map[string]any{"data": map[string]any{"a": "b"}}).Want(t, 404)
-		s.ddiAs(t, gateway, "GET", "/beta/controller/v1/gw-1", nil).Want(t, 401)
-		s.ddiAs(t, betaGateway, "GET", "/beta/controller/v1/gw-1", nil).Want(t, 404)
+		ddiAs(t, s, "TargetToken fdt_nothing", "GET", "/default/controller/v1/gw-1", nil).Want(t, 401)
+		ddiAs(t, s, "GatewayToken "+s.NewKey(t, admin, "watcher", "viewer").Key, "GET", "/default/controller/v1/gw-1", nil).Want(t, 403)
+		ddiAs(t, s, gateway, "GET", "/default/controller/v1/gw-1/confirmationBase", nil).Want(t, 404)
+		ddiAs(t, s, gateway, "PUT", "/default/controller/v1/gw-1/configData", map[string]any{"data": map[string]any{"a": "b"}}).Want(t, 404)
+		ddiAs(t, s, gateway, "GET", "/beta/controller/v1/gw-1", nil).Want(t, 401)
+		ddiAs(t, s, betaGateway, "GET", "/beta/controller/v1/gw-1", nil).Want(t, 404)
 		if exists(admin, "gw-1") || exists(beta, "gw-1") {
 			t.Fatal("a refused poll registered a device")
 		}
-		r := s.ddiAs(t, gateway, "GET", "/default/controller/v1/a*b", nil).Want(t, 400)
+		r := ddiAs(t, s, gateway, "GET", "/default/controller/v1/a*b", nil).Want(t, 400)
 		if !strings.Contains(string(r.Body), "controllerId") {
 			t.Errorf("an invalid controllerId: %s", r.Body)
 		}
 
-		links := s.ddiLinks(t, gateway, "/default/controller/v1/gw-1")
+		links := ddiLinks(t, s, gateway, "/default/controller/v1/gw-1")
 		if !exists(admin, "gw-1") || links["configData"] == "" {
 			t.Fatalf("after the gateway's poll: exists %v, links %v; want the device, asked for its attributes", exists(admin, "gw-1"), links)
 		}
 		if exists(beta, "gw-1") {
 			t.Fatal("default's gateway registered a device in beta")
 		}
-		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-1", nil).Want(t, 200)
+		ddiAs(t, s, gateway, "GET", "/default/controller/v1/gw-1", nil).Want(t, 200)
 		var logs struct {
 			AuditLogs []struct{ Actor, Target string } `json:"audit_logs"`
 		}
@@ -1109,18 +1109,18 @@ func TestDDIGatewayRegistration(t *testing.T) {
 		}
 
 		// The bound: bursts of 3 here, then one a second per tenant.
-		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-2", nil).Want(t, 200)
-		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-3", nil).Want(t, 200)
-		r = s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-4", nil).Want(t, 429)
+		ddiAs(t, s, gateway, "GET", "/default/controller/v1/gw-2", nil).Want(t, 200)
+		ddiAs(t, s, gateway, "GET", "/default/controller/v1/gw-3", nil).Want(t, 200)
+		r = ddiAs(t, s, gateway, "GET", "/default/controller/v1/gw-4", nil).Want(t, 429)
 		if r.Header.Get("Retry-After") == "" || exists(admin, "gw-4") {
 			t.Fatalf("beyond the burst: Retry-After %q, device made %v", r.Header.Get("Retry-After"), exists(admin, "gw-4"))
 		}
-		s.ddiAs(t, gateway, "GET", "/default/controller/v1/gw-1", nil).Want(t, 200) // known devices poll on
+		ddiAs(t, s, gateway, "GET", "/default/controller/v1/gw-1", nil).Want(t, 200) // known devices poll on
 		if c, l := registered("created"), registered("rate_limited"); c != "3" || l != "1" {
 			t.Fatalf("metrics: created %s, rate_limited %s; want 3 and 1", c, l)
 		}
 		// beta's bucket is its own.
 		ddiSettings(t, s, beta, false, true)
-		s.ddiAs(t, betaGateway, "GET", "/beta/controller/v1/gw-1", nil).Want(t, 200)
+		ddiAs(t, s, betaGateway, "GET", "/beta/controller/v1/gw-1", nil).Want(t, 200)
 	})
 }

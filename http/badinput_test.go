@@ -1,4 +1,4 @@
-package main
+package fleethttp_test
 
 import (
 	"bufio"
@@ -48,7 +48,7 @@ type badCase struct {
 func TestBadInputCorpus(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		certFile, keyFile := fleetdtest.WriteServerCert(t, t.TempDir(), "fleetd test")
-		s := startServer(t, b, append([]string{"--rate-limit", "-1", "--device-data-rate-limit", "-1", "--max-bulk-bytes", "2097152",
+		s := fleetdtest.Start(t, b, append([]string{"--rate-limit", "-1", "--device-data-rate-limit", "-1", "--max-bulk-bytes", "2097152",
 			"--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0"}, fleetdtest.AlertFlags...)...)
 		ops, _, doc := operations(t, s)
 		covered(t, ops)
@@ -222,7 +222,7 @@ const placeholder = "PLACEHOLDERXYZ" // replaced by invalid UTF-8 of the same le
 // bodyCases mutates the endpoint's valid body by its schema and encodes
 // each mutation in the four encodings; then byte-level damage per
 // encoding, wrong content types and an oversized body.
-func bodyCases(t *testing.T, s *testServer, doc *openapi3.T, op string, e endpoint, w *world) []badCase {
+func bodyCases(t *testing.T, s *fleetdtest.Server, doc *openapi3.T, op string, e endpoint, w *world) []badCase {
 	t.Helper()
 	method, _, _ := strings.Cut(op, " ")
 	target, body := e.prepare(t, s, w)
@@ -414,7 +414,7 @@ func encodeBody(e endpoint, body any) ([]byte, string) {
 }
 
 // queryCases sends bad query strings.
-func queryCases(op string, e endpoint, w *world, t *testing.T, s *testServer, doc *openapi3.T) []badCase {
+func queryCases(op string, e endpoint, w *world, t *testing.T, s *fleetdtest.Server, doc *openapi3.T) []badCase {
 	t.Helper()
 	method, path, _ := strings.Cut(op, " ")
 	target, body := e.prepare(t, s, w)
@@ -471,7 +471,7 @@ func queryCases(op string, e endpoint, w *world, t *testing.T, s *testServer, do
 }
 
 // pathCases sends ids that could not exist.
-func pathCases(t *testing.T, s *testServer, doc *openapi3.T, op string, e endpoint, w *world) []badCase {
+func pathCases(t *testing.T, s *fleetdtest.Server, doc *openapi3.T, op string, e endpoint, w *world) []badCase {
 	t.Helper()
 	method, path, _ := strings.Cut(op, " ")
 	target, body := e.prepare(t, s, w)

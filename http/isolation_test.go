@@ -1,4 +1,4 @@
-package main
+package fleethttp_test
 
 import (
 	"encoding/json"
@@ -33,7 +33,7 @@ type caller struct {
 func TestIsolationMatrix(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		certFile, keyFile := fleetdtest.WriteServerCert(t, t.TempDir(), "fleetd test")
-		s := startServer(t, b, append([]string{"--rate-limit", "-1", "--device-data-rate-limit", "-1",
+		s := fleetdtest.Start(t, b, append([]string{"--rate-limit", "-1", "--device-data-rate-limit", "-1",
 			"--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0"}, fleetdtest.AlertFlags...)...)
 		ops, okCodes, doc := operations(t, s)
 		covered(t, ops)

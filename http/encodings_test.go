@@ -1,4 +1,4 @@
-package main
+package fleethttp_test
 
 import (
 	"encoding/json"
@@ -38,7 +38,7 @@ func encoders(t *testing.T) []encoder {
 			return b
 		}})
 	}
-	dir, _ := filepath.Abs("../../codec/testdata/independent")
+	dir, _ := filepath.Abs("../codec/testdata/independent")
 	if _, err := os.Stat(filepath.Join(dir, "node_modules")); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("CI must install the independent encoders: npm ci --prefix codec/testdata/independent")
@@ -73,7 +73,7 @@ func encoders(t *testing.T) []encoder {
 // "Location" to follow the Location header).
 type bodyCase struct {
 	route  string
-	setup  func(t *testing.T, s *testServer, v vars)
+	setup  func(t *testing.T, s *fleetdtest.Server, v vars)
 	path   string
 	body   func(v vars) any
 	status int
@@ -142,31 +142,31 @@ func forget(x any) any {
 // the same body in every encoding and checks that each stored exactly what
 // its JSON twin stored. A new endpoint with a body is one more line here.
 func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
-	device := func(id string) func(t *testing.T, s *testServer, v vars) {
-		return func(t *testing.T, s *testServer, v vars) {
+	device := func(id string) func(t *testing.T, s *fleetdtest.Server, v vars) {
+		return func(t *testing.T, s *fleetdtest.Server, v vars) {
 			s.MustDevice(t, s.Admin(), v.fill(id), map[string]string{"a": "1", "b": "2"})
 			v["dev"] = v.fill(id)
 		}
 	}
-	dispatched := func(t *testing.T, s *testServer, v vars) {
+	dispatched := func(t *testing.T, s *fleetdtest.Server, v vars) {
 		device("st-{m}")(t, s, v)
 		v["action"] = fmt.Sprint(s.Dispatch(t, s.Admin(), map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{v["dev"]}}))
 	}
-	pending := func(t *testing.T, s *testServer, v vars) {
+	pending := func(t *testing.T, s *fleetdtest.Server, v vars) {
 		var b struct{ ID string }
 		v["ver"] = "2.0." + v["n"]
 		s.Do(t, s.Admin(), "POST", "/api/v1/firmware-bundles", map[string]any{"version": v["ver"], "file_name": "fw.tar.gz"}).Want(t, 201).Decode(t, &b)
 		v["bundle"] = b.ID
 	}
-	component := func(t *testing.T, s *testServer, v vars) {
+	component := func(t *testing.T, s *fleetdtest.Server, v vars) {
 		v["comp"] = "comp-" + v["m"]
 		s.MustUpload(t, s.Admin(), fleetdtest.MakeBundle(t, "3.0."+v["n"], fleetdtest.Part{Name: v["comp"], Version: "1.0.0", Body: "firmware"}))
 	}
-	rule := func(t *testing.T, s *testServer, v vars) {
+	rule := func(t *testing.T, s *fleetdtest.Server, v vars) {
 		v["rule"] = s.MustAlertRule(t, s.Admin(), map[string]any{"name": "r-" + v["c"] + "-" + v["m"], "stream": "temp",
 			"condition": map[string]any{"field": "t", "operator": ">", "value": 1}}).ID
 	}
-	notification := func(t *testing.T, s *testServer, v vars) {
+	notification := func(t *testing.T, s *fleetdtest.Server, v vars) {
 		rule(t, s, v)
 		// S3 answers with its Location alone, as a seed endpoint.
 		loc := s.Do(t, s.Admin(), "POST", "/api/v1/alert-rules/"+v["rule"]+"/alert-notification-rules", map[string]any{
@@ -178,7 +178,7 @@ func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
 			"params":   map[string]any{"delay": 5, "ratio": 2.5, "why": "test", "nested": map[string]any{"list": []any{1, "x", true, nil}}},
 			"metadata": map[string]any{"ticket": "T-1"}, "search_key": "string", "search_query": "string"}
 	}
-	rollout := func(t *testing.T, s *testServer, v vars) {
+	rollout := func(t *testing.T, s *fleetdtest.Server, v vars) {
 		device("ap-{m}")(t, s, v)
 		s.MustDevice(t, s.Admin(), v.fill("ap2-{m}"), nil)
 		v["dev2"] = v.fill("ap2-{m}")
@@ -186,7 +186,7 @@ func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
 			"schedule": map[string]any{"phases": []any{map[string]any{"name": "one", "trigger_on": map[string]any{"type": "manual"},
 				"info": map[string]any{"type": "fixed_list", "device_ids": []string{v["dev"]}}}}}}))
 	}
-	rolloutRule := func(t *testing.T, s *testServer, v vars) {
+	rolloutRule := func(t *testing.T, s *fleetdtest.Server, v vars) {
 		var r struct{ ID string }
 		s.Do(t, s.Admin(), "POST", "/api/v1/rollout-notification-rules", map[string]any{
 			"channel_parameters": map[string]any{"type": "webhook", "url": "https://hooks.example.com/" + v["m"]}}).Want(t, 201).Decode(t, &r)
@@ -209,7 +209,7 @@ func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
 		{"POST /api/v1/groups", nil, "/api/v1/groups", func(v vars) any {
 			return map[string]any{"name": "grp-" + v["m"], "selector": "site in (berlin, paris),!retired,reported.fw.version!=2.0", "description": "ü"}
 		}, 201, "/api/v1/groups/grp-{m}"},
-		{"PUT /api/v1/groups/{name}", func(t *testing.T, s *testServer, v vars) {
+		{"PUT /api/v1/groups/{name}", func(t *testing.T, s *fleetdtest.Server, v vars) {
 			v["grp"] = "put-" + v["m"]
 			s.Do(t, s.Admin(), "POST", "/api/v1/groups", map[string]any{"name": v["grp"], "selector": "a"}).Want(t, 201)
 		}, "/api/v1/groups/{grp}", func(v vars) any {
@@ -283,7 +283,7 @@ func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
 	}
 
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, "--smtp-addr", "127.0.0.1:1", "--smtp-from", "fleetd@example.com")
+		s := fleetdtest.Start(t, b, "--smtp-addr", "127.0.0.1:1", "--smtp-from", "fleetd@example.com")
 		encs := encoders(t)
 		for i, c := range cases {
 			t.Run(c.route, func(t *testing.T) {
