@@ -97,7 +97,11 @@ func TestConsoleInBrowser(t *testing.T) {
 // page with the rollout builder (a phase added, a fixed list, an alert
 // gate and a failure-rate gate, each phase counted before it is sent),
 // abort it after confirming what the abort cancels, see that it does not
-// look finished, and find it in the actions list by its version.
+// look finished, and find it in the actions list by its version; then
+// build a metadata canary with a finished share, see the page say which
+// devices the next phase waits for and which are online, retry the device
+// that failed with the page's button, and cancel the retry after
+// confirming what the cancel does.
 func TestConsoleRolloutsInBrowser(t *testing.T) {
 	dir := consoleHarness(t)
 	s := fleetdtest.Start(t, sqlstoretest.Backends()[0], "--rollout-interval", "50ms")
@@ -107,13 +111,20 @@ func TestConsoleRolloutsInBrowser(t *testing.T) {
 	for i := 1; i <= 6; i++ {
 		id := fmt.Sprintf("valve-%02d", i)
 		ids = append(ids, id)
-		s.MustDevice(t, admin, id, nil)
+		var meta map[string]string
+		if i >= 5 {
+			meta = map[string]string{"ring": "lab"}
+		}
+		d := s.MustDevice(t, admin, id, meta)
+		if i == 5 {
+			s.connectDevice(t, admin.Tenant, id, d.Token) // online; valve-06 never is
+		}
 	}
 	s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "3.1.0", fleetdtest.Part{Name: "valve-fw", Version: "3.1.0", Body: "valve firmware"}))
 	s.MustAlertRule(t, admin, map[string]any{"name": "valve stuck", "stream": "env", "condition": map[string]any{"field": "flow", "operator": "==", "value": 0}})
 	runConsoleScript(t, dir, "rollouts.mjs", 3*time.Minute,
 		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant, "OPERATOR_KEY="+operator.Key, "SCREENSHOTS="+screenshotDir(t),
-		"DEVICES="+strings.Join(ids, ","), "VERSION=3.1.0", "RULE=valve stuck")
+		"DEVICES="+strings.Join(ids, ","), "VERSION=3.1.0", "RULE=valve stuck", "LAB=valve-05,valve-06")
 }
 
 // runConsoleScript runs one of the harness's scripts with env added to

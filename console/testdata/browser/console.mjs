@@ -104,6 +104,9 @@ try {
   step("the gate stops the rollout and the page says why");
   await page.locator("[data-rollout-status]").getByText("paused").waitFor();
   await page.locator("[data-pause-reason]").waitFor({ state: "visible" });
+  // The pause reason numbers the phases as the phase table does, from 0.
+  assert.match(await page.locator("[data-pause-reason]").textContent(), /^phase 1 \(everyone\) not released: /);
+  await page.getByRole("cell", { name: "1 everyone" }).waitFor();
   assert.equal(await page.evaluate(() => window.__sameDocument), true, "the page was not reloaded");
   await page.getByRole("button", { name: "Resume" }).waitFor();
   await shot(page, "action-paused");
