@@ -85,11 +85,11 @@ var opLabels = map[string]string{
 // operations can be undone, and ask nothing ("").
 func confirmOp(a *fleet.Action, op string) string {
 	p := newProgress(a.Statuses)
-	have := "devices that have it"
+	have := "devices that have it (mid-download, for an update) are"
 	if p.Running == 1 {
-		have = "device that has it"
+		have = "device that has it (mid-download, for an update) is"
 	}
-	what := fmt.Sprintf("%d device actions not finished: %d not yet on their device are cancelled at once, and the %d %s (mid-download, for an update) are sent a cancel_action and asked to stop",
+	what := fmt.Sprintf("%d device actions not finished: %d not yet on their device are cancelled at once, and the %d %s sent a cancel_action and asked to stop",
 		p.Total-p.Final, p.Scheduled+p.Waiting, p.Running, have)
 	switch op {
 	case "abort":
