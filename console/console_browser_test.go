@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	pahov3 "github.com/eclipse/paho.mqtt.golang"
 	"github.com/fleetd/fleet/internal/fleetdtest"
+	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -117,7 +119,7 @@ func TestConsoleRolloutsInBrowser(t *testing.T) {
 		}
 		d := s.MustDevice(t, admin, id, meta)
 		if i == 5 {
-			s.connectDevice(t, admin.Tenant, id, d.Token) // online; valve-06 never is
+			connectQuietDevice(t, s, admin.Tenant, id, d.Token) // online; valve-06 never is
 		}
 	}
 	s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "3.1.0", fleetdtest.Part{Name: "valve-fw", Version: "3.1.0", Body: "valve firmware"}))
@@ -125,6 +127,21 @@ func TestConsoleRolloutsInBrowser(t *testing.T) {
 	runConsoleScript(t, dir, "rollouts.mjs", 3*time.Minute,
 		"FLEETD_URL="+s.URL, "FLEETD_TENANT="+admin.Tenant, "OPERATOR_KEY="+operator.Key, "SCREENSHOTS="+screenshotDir(t),
 		"DEVICES="+strings.Join(ids, ","), "VERSION=3.1.0", "RULE=valve stuck", "LAB=valve-05,valve-06")
+}
+
+// connectQuietDevice connects a device over MQTT and subscribes to its
+// actions, which it never answers; it stays connected until the test ends.
+func connectQuietDevice(t *testing.T, s *fleetdtest.Server, tenant, id, token string) {
+	t.Helper()
+	c := pahov3.NewClient(pahov3.NewClientOptions().AddBroker("tcp://" + s.MQTTAddr).SetClientID(id).
+		SetUsername(tenant + "/" + id).SetPassword(token).SetProtocolVersion(4).SetAutoReconnect(false).SetConnectTimeout(fleetdtest.Bound))
+	if tok := c.Connect(); !tok.WaitTimeout(fleetdtest.Bound) || tok.Error() != nil {
+		t.Fatalf("connect %s: %v", id, tok.Error())
+	}
+	t.Cleanup(func() { c.Disconnect(100) })
+	if tok := c.Subscribe(mqtt.ActionsTopic(tenant, id), 1, nil); !tok.WaitTimeout(fleetdtest.Bound) || tok.Error() != nil {
+		t.Fatalf("subscribe %s: %v", id, tok.Error())
+	}
 }
 
 // runConsoleScript runs one of the harness's scripts with env added to

@@ -78,9 +78,9 @@ try {
   await page.getByLabel(/^Device ids/).fill(devices.join(" "));
   await page.getByLabel("Release in phases").check();
   await page.getByLabel("phase 0 name").fill("canary");
-  await page.getByLabel("phase 0 percentage, device ids or metadata").fill("50");
+  await page.getByLabel("phase 0 percentage, device ids, metadata or group").fill("50");
   await page.getByLabel("phase 1 name").fill("everyone");
-  await page.getByLabel("phase 1 percentage, device ids or metadata").fill("100");
+  await page.getByLabel("phase 1 percentage, device ids, metadata or group").fill("100");
   await page.getByLabel("phase 1 trigger").selectOption("after_previous");
   await page.getByLabel("phase 1 gate max failed percent").fill("0");
   await page.getByRole("button", { name: "Count matching devices" }).click();

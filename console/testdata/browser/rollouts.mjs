@@ -36,14 +36,14 @@ await run(async (browser, watch) => {
   await page.getByLabel("phase 2 name").waitFor();
   await page.getByLabel("phase 0 name").fill("lab");
   await page.getByLabel("phase 0 kind").selectOption("fixed_list");
-  await page.getByLabel("phase 0 percentage, device ids or metadata").fill(devices[0]);
+  await page.getByLabel("phase 0 percentage, device ids, metadata or group").fill(devices[0]);
   await page.getByLabel("phase 1 name").fill("canary");
-  await page.getByLabel("phase 1 percentage, device ids or metadata").fill("50");
+  await page.getByLabel("phase 1 percentage, device ids, metadata or group").fill("50");
   await page.getByLabel("phase 1 trigger").selectOption("manual");
   await page.getByLabel("phase 1 gate alert rules").selectOption({ label: rule });
   await page.getByLabel("phase 1 gate watch seconds").fill("60");
   await page.getByLabel("phase 2 name").fill("everyone");
-  await page.getByLabel("phase 2 percentage, device ids or metadata").fill("100");
+  await page.getByLabel("phase 2 percentage, device ids, metadata or group").fill("100");
   await page.getByLabel("phase 2 gate max failed percent").fill("25");
   await page.getByLabel("phase 2 gate min finished").fill("2");
 
@@ -99,9 +99,9 @@ await run(async (browser, watch) => {
   await page.getByLabel("Release in phases").check();
   await page.getByLabel("phase 0 name").fill("lab");
   await page.getByLabel("phase 0 kind").selectOption("metadata");
-  await page.getByLabel("phase 0 percentage, device ids or metadata").fill("ring=lab");
+  await page.getByLabel("phase 0 percentage, device ids, metadata or group").fill("ring=lab");
   await page.getByLabel("phase 1 name").fill("rest");
-  await page.getByLabel("phase 1 percentage, device ids or metadata").fill("100");
+  await page.getByLabel("phase 1 percentage, device ids, metadata or group").fill("100");
   await page.getByLabel("phase 1 trigger").selectOption("after_previous");
   await page.getByLabel("phase 1 finished percent").fill("50");
   await page.getByRole("button", { name: "Count matching devices" }).click();
