@@ -2,6 +2,8 @@ package fleet
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"time"
 )
@@ -38,12 +40,27 @@ type StreamInfo struct {
 	LastTimestamp  time.Time `json:"last_timestamp"`
 }
 
-// HistoryPoint is a point as history keeps it.
+// HistoryPoint is a point as history keeps it. Data is the canonical JSON
+// text of the point's data as it was kept: a page of points is answered
+// without decoding each point's data into values and encoding it again.
 type HistoryPoint struct {
-	Timestamp  time.Time      `json:"timestamp"`
-	Sequence   int64          `json:"sequence"`
-	Data       map[string]any `json:"data"`
-	ReceivedAt time.Time      `json:"received_at"`
+	Timestamp  time.Time       `json:"timestamp"`
+	Sequence   int64           `json:"sequence"`
+	Data       json.RawMessage `json:"data" doc:"the point's data, a JSON object"`
+	ReceivedAt time.Time       `json:"received_at"`
+}
+
+// Values returns the point's data as canonical values.
+func (p HistoryPoint) Values() (map[string]any, error) {
+	v, err := ParseCanonical(p.Data)
+	if err != nil {
+		return nil, err
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("fleet: a point's data is %T, not an object", v)
+	}
+	return m, nil
 }
 
 // PointQuery selects a range of a stream's points, a page at a time.
@@ -311,8 +328,9 @@ func matchesLog(l LogLine, lower string) bool {
 // logLine reads a point of the logs stream: its text fields as they are,
 // any other value as its JSON.
 func logLine(p HistoryPoint) LogLine {
+	data, _ := p.Values() // kept as an object: the ingest took only objects
 	text := func(k string) string {
-		switch v := p.Data[k].(type) {
+		switch v := data[k].(type) {
 		case nil:
 			return ""
 		case string:

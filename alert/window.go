@@ -154,7 +154,11 @@ func (e *Engine) warm(ctx context.Context, ss *streamState, st *ruleState) error
 			for _, p := range page.Points {
 				ts := p.Timestamp.UnixMilli()
 				if ts < ss.lastTS || ts == ss.lastTS && p.Sequence <= ss.lastSeq {
-					tmp.addPoint(ts, p.Data)
+					data, err := p.Values()
+					if err != nil {
+						return err
+					}
+					tmp.addPoint(ts, data)
 				}
 			}
 			if page.Next == "" {

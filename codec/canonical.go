@@ -47,7 +47,7 @@ func Canonical(v any) (any, error) {
 	case URI:
 		return string(v), nil
 	case time.Time:
-		return v.UTC().Format(TimeLayout), nil
+		return string(AppendTime(nil, v)), nil
 	case uuid.UUID:
 		return v.String(), nil
 	case []byte:

@@ -136,7 +136,7 @@ func appendEDNString(b []byte, s string) []byte {
 func (e *ednEmitter) binary(p []byte) { e.str(base64.StdEncoding.EncodeToString(p)) }
 
 func (e *ednEmitter) instant(t time.Time) {
-	e.word(`#inst "` + t.UTC().Format(TimeLayout) + `"`)
+	e.word(`#inst "` + string(AppendTime(nil, t)) + `"`)
 }
 
 func (e *ednEmitter) uuid(u uuid.UUID) { e.word(`#uuid "` + u.String() + `"`) }

@@ -148,10 +148,42 @@ func (e *jsonEmitter) binary(p []byte) {
 // with exactly three fractional digits (DESIGN §2).
 const TimeLayout = "2006-01-02T15:04:05.000Z07:00"
 
+// AppendTime appends t as TimeLayout writes it, in UTC, without reading
+// the layout each time: a page of 1000 stream points holds 2000 times,
+// and formatting them through the layout took a sixth of its CPU.
+func AppendTime(b []byte, t time.Time) []byte {
+	t = t.UTC()
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		return t.AppendFormat(b, TimeLayout)
+	}
+	hour, minute, sec := t.Clock()
+	b = appendDigits(b, year, 4)
+	b = appendDigits(append(b, '-'), int(month), 2)
+	b = appendDigits(append(b, '-'), day, 2)
+	b = appendDigits(append(b, 'T'), hour, 2)
+	b = appendDigits(append(b, ':'), minute, 2)
+	b = appendDigits(append(b, ':'), sec, 2)
+	b = appendDigits(append(b, '.'), t.Nanosecond()/int(time.Millisecond), 3)
+	return append(b, 'Z')
+}
+
+// appendDigits appends n, at least 0, as width digits with leading zeros.
+func appendDigits(b []byte, n, width int) []byte {
+	for i := width - 1; i >= 0; i-- {
+		b = append(b, 0)
+	}
+	for i := len(b) - 1; i >= len(b)-width; i-- {
+		b[i] = byte('0' + n%10)
+		n /= 10
+	}
+	return b
+}
+
 func (e *jsonEmitter) instant(t time.Time) {
 	e.sep()
 	b := append(e.buf.AvailableBuffer(), '"')
-	b = t.UTC().AppendFormat(b, TimeLayout)
+	b = AppendTime(b, t)
 	e.buf.Write(append(b, '"'))
 }
 

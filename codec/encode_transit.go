@@ -380,7 +380,7 @@ func (e *transitEmitter) instant(t time.Time) {
 	asKey, q := e.scalar()
 	switch {
 	case e.mode == 'v':
-		e.emitString("~t"+t.UTC().Format(TimeLayout), asKey)
+		e.emitString("~t"+string(AppendTime(nil, t)), asKey)
 	case e.mode == 'j' || asKey:
 		e.emitString("~m"+strconv.FormatInt(t.UnixMilli(), 10), asKey)
 	default:

@@ -133,8 +133,10 @@ type historyState struct {
 	// tenants caches each tenant's retention for ingest, which must not
 	// read it for every batch; a change made on another replica is seen
 	// within retentionTTL.
-	tenants map[string]tenantRetention
-	stats   struct{ kept, expired, future atomic.Uint64 }
+	tenants  map[string]tenantRetention
+	stats    struct{ kept, expired, future atomic.Uint64 }
+	// inflated keeps the text of the chunks read last (history_read.go).
+	inflated inflatedChunks
 	// maxSeries is fleet.MaxSeriesBuckets; tests lower it.
 	maxSeries int
 }
@@ -358,13 +360,9 @@ func (db *DB) prepareHistory(ctx context.Context, tenant string, pts []fleet.Dat
 		} else {
 			b = append(b, ',')
 		}
-		b = append(b, '[')
-		b = append(strconv.AppendInt(b, ts, 10), ',')
-		b = append(strconv.AppendInt(b, p.Sequence, 10), ',')
-		if b, err = fleet.AppendCanonical(b, p.Data); err != nil {
+		if b, err = appendPoint(b, ts, p.Sequence, p.Data); err != nil {
 			return nil, fleet.Errorf(fleet.EINVALID, "data point cannot be stored: %v", err)
 		}
-		b = append(b, ']')
 		c.tsMax, c.n = ts, c.n+1
 		for name, v := range p.Data {
 			if x, ok := numeric(v); ok {
@@ -379,6 +377,16 @@ func (db *DB) prepareHistory(ctx context.Context, tenant string, pts []fleet.Dat
 	}
 	flush()
 	return chunks, db.ensurePartitions(ctx, chunks)
+}
+
+// appendPoint appends a point of a chunk's text: [timestamp, sequence,
+// data], data in canonical JSON, without spaces (chunkPoints reads it).
+func appendPoint(b []byte, ts, seq int64, data map[string]any) ([]byte, error) {
+	b = append(b, '[')
+	b = append(strconv.AppendInt(b, ts, 10), ',')
+	b = append(strconv.AppendInt(b, seq, 10), ',')
+	b, err := fleet.AppendCanonical(b, data)
+	return append(b, ']'), err
 }
 
 // chunkID is the id of the chunk whose points are the canonical text
@@ -663,9 +671,22 @@ func packPoints(b []byte) []byte {
 	return out.Bytes()
 }
 
+// inflaters are DEFLATE readers to reuse: a reader's state is 40 KB
+// (and a read of a day's points inflates 87 chunks or more).
+var inflaters sync.Pool
+
 // unpackPoints reads a chunk's JSON back.
 func unpackPoints(b []byte) ([]byte, error) {
-	r := flate.NewReader(bytes.NewReader(b))
-	defer r.Close()
-	return io.ReadAll(r)
+	src := bytes.NewReader(b)
+	r, _ := inflaters.Get().(io.ReadCloser)
+	if r == nil {
+		r = flate.NewReader(src)
+	} else if err := r.(flate.Resetter).Reset(src, nil); err != nil {
+		return nil, err
+	}
+	defer inflaters.Put(r)
+	// Points take about 5 times their compressed size.
+	out := bytes.NewBuffer(make([]byte, 0, 6*len(b)+512))
+	_, err := out.ReadFrom(r)
+	return out.Bytes(), err
 }

@@ -109,7 +109,8 @@ func TestStreamHistory(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := page.Points[0]
-			if !got.Timestamp.Equal(pts[5].Timestamp) || got.Sequence != 5 || !reflect.DeepEqual(got.Data, pts[5].Data) || !got.ReceivedAt.Equal(now) {
+			data, err := got.Values()
+			if err != nil || !got.Timestamp.Equal(pts[5].Timestamp) || got.Sequence != 5 || !reflect.DeepEqual(data, pts[5].Data) || !got.ReceivedAt.Equal(now) {
 				t.Fatalf("point = %+v, want %+v", got, pts[5])
 			}
 		})
