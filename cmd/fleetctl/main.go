@@ -16,24 +16,30 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	env := ctl.Env{
-		Getenv: os.Getenv, Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
-		IsTerminal: isTerminal,
-	}
-	if term.IsTerminal(int(os.Stdin.Fd())) {
-		env.ReadSecret = readSecret
-	}
-	code := ctl.Run(ctx, os.Args[1:], env)
+	code := ctl.Run(ctx, os.Args[1:], environment(os.Stdin, os.Stdout, os.Stderr))
 	stop()
 	os.Exit(code)
 }
 
-// readSecret prompts on standard error and reads a line from the terminal
+// environment is the process's environment as ctl sees it: a secret is
+// asked for only when standard input is a terminal.
+func environment(stdin, stdout, stderr *os.File) ctl.Env {
+	env := ctl.Env{
+		Getenv: os.Getenv, Stdin: stdin, Stdout: stdout, Stderr: stderr,
+		IsTerminal: isTerminal,
+	}
+	if term.IsTerminal(int(stdin.Fd())) {
+		env.ReadSecret = func(prompt string) (string, error) { return readSecret(stdin, stderr, prompt) }
+	}
+	return env
+}
+
+// readSecret prompts on stderr and reads a line from the terminal stdin
 // without echoing it, as passwd does.
-func readSecret(prompt string) (string, error) {
-	fmt.Fprint(os.Stderr, prompt)
-	b, err := term.ReadPassword(int(os.Stdin.Fd()))
-	fmt.Fprintln(os.Stderr)
+func readSecret(stdin, stderr *os.File, prompt string) (string, error) {
+	fmt.Fprint(stderr, prompt)
+	b, err := term.ReadPassword(int(stdin.Fd()))
+	fmt.Fprintln(stderr)
 	return string(b), err
 }
 
