@@ -184,5 +184,14 @@ await run(async (browser, track) => {
   step("a form posted without the session's token is refused");
   const forged = await ctx.request.post(base + `/console/alerts/rules/${ruleID}/delete`, { form: { csrf: "forged" }, maxRedirects: 0 });
   assert.equal(forged.status(), 403);
+
+  step("the operator's Delete asks first, naming what goes with the rule; dismissed, nothing is deleted");
+  await page.goto(base + `/console/alerts/rules/${ruleID}`);
+  const before = dialogs.length;
+  await page.getByRole("button", { name: `Delete rule ${ruleName}` }).click();
+  assert.equal(dialogs.length, before + 1, "Delete asked for confirmation");
+  assert.ok(dialogs.at(-1).startsWith(`Delete rule ${ruleName}? Its 1 notification rules, its `), dialogs.at(-1));
+  assert.ok(dialogs.at(-1).endsWith(" alerts and their pending notifications are deleted with it. It cannot be undone."), dialogs.at(-1));
+  assert.equal((await api(operatorKey, "GET", `/api/v1/alert-rules/${ruleID}`)).id, ruleID, "the rule is still there");
   console.log("alerts browser test: all steps passed");
 });
