@@ -26,6 +26,11 @@ const (
 	// ActionUpdateConfig carries a device's whole desired state, for
 	// devices that take their configuration as an action (docs/twin.md).
 	ActionUpdateConfig = "update_config"
+	// ActionDesired is a fleet-wide desired change rolled out in phases
+	// (docs/twin.md): a phase's release merges params.desired into its
+	// devices' desired state, and a device action is Completed when the
+	// device reports what it asks (DesiredMet). Devices never receive it.
+	ActionDesired = "desired_state"
 	// ActionRemoteSession asks a device to dial back for a remote session
 	// (docs/agent.md). Only fleetd sends it, when a session is opened: one
 	// dispatched otherwise could name another person's waiting session and

@@ -912,6 +912,9 @@ type RolloutChange struct {
 	Action *Action
 	// Sent is the cancel_action an abort dispatched, to be sent.
 	Sent *Action
+	// Shadows are the shadows a desired rollout's release changed, by
+	// device, whose devices are to be told (ActionDesired).
+	Shadows map[string]*Shadow
 }
 
 // Cancellation is what cancelling an action did.

@@ -40,7 +40,9 @@ const MaxFleetDesired = 10_000
 // FleetDesired is what a fleet-wide desired change did.
 type FleetDesired struct {
 	Matched int `json:"matched" doc:"the devices the selection chose"`
-	Changed int `json:"changed" doc:"those whose desired state the patch changed (each audited with its previous state)"`
+	Changed int `json:"changed" doc:"those whose desired state the patch changed (each audited with its previous state); 0 for a rollout, which changes them as its phases release them"`
+	// ActionID is the rollout's action when the change has a schedule.
+	ActionID int64 `json:"action_id,omitempty" doc:"with a schedule: the desired_state action that rolls the change out (GET /api/v1/actions/{id})"`
 	// Shadows are the changed devices' shadows, by device id.
 	Shadows map[string]*Shadow `json:"-"`
 }
@@ -100,6 +102,34 @@ func MergePatch(target, patch map[string]any) map[string]any {
 		}
 	}
 	return out
+}
+
+// DesiredMet reports whether reported holds every value patch sets (its
+// nulls, which delete, ask nothing): a device released by a desired
+// rollout has done what it asks (ActionDesired).
+func DesiredMet(patch, reported map[string]any) bool {
+	return ShadowDelta(MergePatch(nil, patch), reported) == nil
+}
+
+// DesiredWait is a desired rollout's device action waiting for its
+// device's reported state to meet the patch.
+type DesiredWait struct {
+	ActionID int64
+	Patch    map[string]any
+}
+
+// DesiredPatch returns the patch of a desired_state action's params.
+func DesiredPatch(params []byte) (map[string]any, error) {
+	v, err := ParseCanonical(params)
+	if err != nil {
+		return nil, err
+	}
+	m, _ := v.(map[string]any)
+	patch, ok := m[ShadowDesired].(map[string]any)
+	if !ok {
+		return nil, Errorf(EINVALID, "params.desired must be an object")
+	}
+	return patch, nil
 }
 
 // MergePatchFor returns the merge patch that turns from into to, holding

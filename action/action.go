@@ -92,6 +92,11 @@ func NewMessage(id int64, name, params string) []byte {
 type Service struct {
 	Store  Store
 	Sender Sender // nil: nothing is sent, actions wait in the database
+	// Shadows tells the devices whose desired state a desired rollout's
+	// phase changed (fleet.ActionDesired); nil tells none.
+	Shadows interface {
+		DesiredReleased(tenant string, shadows map[string]*fleet.Shadow)
+	}
 	Logger *slog.Logger
 	// Preparers of special actions by name; cancel_action's is built in.
 	Preparers map[string]fleet.ActionPreparer

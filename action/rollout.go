@@ -124,6 +124,9 @@ func (s *Service) changed(tenant string, c *fleet.RolloutChange) {
 		s.Logger.Info("rollout "+strings.ReplaceAll(c.Event.Event, "_", " "), "tenant", tenant, "action_id", c.Event.ActionID,
 			"status", c.Event.Status, "phase", c.Event.Phase, "released", c.Event.Released, "reason", c.Event.Reason)
 	}
+	if len(c.Shadows) > 0 && s.Shadows != nil {
+		s.Shadows.DesiredReleased(tenant, c.Shadows)
+	}
 	if c.Deliver && c.Action != nil {
 		a := *c.Action
 		a.Targeted = c.Targeted

@@ -40,7 +40,7 @@ func (s *Server) addRoutes() []route {
 		{"POST /api/v1/devices/{id}/token", fleet.PermOperate, s.handleRotateToken, op{Tag: "devices", Summary: "Give a device a new token; the old one stops working", OK: http.StatusCreated, Resp: tokenBody{}}},
 
 		{"PATCH /api/v1/shadows", fleet.PermOperate, s.handleFleetDesired, op{Tag: "devices",
-			Summary: "Merge one patch into the desired state of every device a selection chooses (as a dispatch chooses its targets), at most 10,000, in one transaction; each change audited with the previous state",
+			Summary: "Merge one patch into the desired state of every device a selection chooses (as a dispatch chooses its targets), at most 10,000, in one transaction; each change audited with the previous state. With a schedule, roll it out in phases as a desired_state action instead",
 			Body:    fleetDesiredBody{}, Resp: fleet.FleetDesired{}}},
 		{"GET /api/v1/devices/{id}/shadow", fleet.PermRead, s.handleGetShadow, op{Tag: "devices",
 			Summary: "A device's shadow: the desired state, the reported state, and the delta (the desired keys whose values the reported state does not have, computed at each read)",

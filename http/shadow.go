@@ -56,12 +56,14 @@ func (s *Server) handlePatchShadow(w http.ResponseWriter, r *http.Request) error
 
 // fleetDesiredBody is the body of a fleet-wide desired change.
 type fleetDesiredBody struct {
-	SearchType  string         `json:"search_type" openapi:"required" doc:"default (exactly device_ids), all, metadata (metadata[search_key] equals search_query), search (id or metadata value contains search_query, ignoring case) or group (the devices of the group named by group), as a dispatch chooses its targets"`
-	DeviceIDs   []string       `json:"device_ids,omitempty"`
-	SearchKey   string         `json:"search_key,omitempty"`
-	SearchQuery string         `json:"search_query,omitempty"`
-	Group       string         `json:"group,omitempty"`
-	Desired     map[string]any `json:"desired" openapi:"required" doc:"a JSON merge patch (RFC 7386) of each device's desired state, as PATCH /api/v1/devices/{id}/shadow takes"`
+	SearchType  string          `json:"search_type" openapi:"required" doc:"default (exactly device_ids), all, metadata (metadata[search_key] equals search_query), search (id or metadata value contains search_query, ignoring case) or group (the devices of the group named by group), as a dispatch chooses its targets"`
+	DeviceIDs   []string        `json:"device_ids,omitempty"`
+	SearchKey   string          `json:"search_key,omitempty"`
+	SearchQuery string          `json:"search_query,omitempty"`
+	Group       string          `json:"group,omitempty"`
+	Desired     map[string]any  `json:"desired" openapi:"required" doc:"a JSON merge patch (RFC 7386) of each device's desired state, as PATCH /api/v1/devices/{id}/shadow takes"`
+	Schedule    *fleet.Schedule `json:"schedule,omitempty" doc:"roll the change out in phases, as a dispatch's schedule: each phase merges the patch into its devices' desired state when it triggers, and a device counts Completed once it reports what the patch asks; the answer names the desired_state action"`
+	Timeout     int64           `json:"timeout,omitempty" doc:"with a schedule: seconds a released device has to report the patch's values before it counts Failed (default 86400)"`
 }
 
 func (s *Server) handleFleetDesired(w http.ResponseWriter, r *http.Request) error {
@@ -72,6 +74,12 @@ func (s *Server) handleFleetDesired(w http.ResponseWriter, r *http.Request) erro
 	f := fleet.NewFields(body)
 	sel := fleet.ReadSelection(f)
 	patch := f.Object(fleet.ShadowDesired, true)
+	sel.Schedule = fleet.ReadSchedule(f.Nested("schedule", false))
+	if f.Has("timeout") {
+		if sel.Timeout = f.Int("timeout", false, 1, fleet.MaxActionTimeout); sel.Schedule == nil {
+			f.Fail("timeout", "is only for a change with a schedule")
+		}
+	}
 	f.Unknown()
 	if err := f.Err(); err != nil {
 		return err

@@ -511,6 +511,11 @@ func (tx *Tx) applyStep(ctx context.Context, tenant string, r *fleet.Rollout, st
 		if err != nil {
 			return nil, err
 		}
+		if r.Action == fleet.ActionDesired {
+			if c.Shadows, err = tx.releaseDesired(ctx, tenant, r.ActionID, step.Phase); err != nil {
+				return nil, err
+			}
+		}
 		r.TriggeredAt = append(r.TriggeredAt, now)
 		r.NextPhase, r.Status, r.PauseReason, r.GatePaused = step.Phase+1, fleet.RolloutRunning, "", false
 		window := r.Schedule.MaintenanceWindow == nil || step.Window != 0

@@ -147,6 +147,78 @@ func (db *DB) UpdateDesiredMany(ctx context.Context, tenant string, sel *fleet.D
 	return out, err
 }
 
+// releaseDesired applies a desired rollout's phase k, just released: its
+// patch merges into each released device's desired state, and each device
+// action, which no device is sent, is Initiated (as if delivered, with its
+// deadline), or Completed when the device reports what the patch asks
+// already (docs/twin.md). It returns
+// the shadows it changed, whose devices are to be told. Device actions are
+// locked (released) before devices here, as status reports lock them.
+func (tx *Tx) releaseDesired(ctx context.Context, tenant string, id int64, k int) (map[string]*fleet.Shadow, error) {
+	var params string
+	if err := tx.queryRow(ctx, "SELECT params FROM actions WHERE tenant = ? AND id = ?", tenant, id).Scan(&params); err != nil {
+		return nil, err
+	}
+	patch, err := fleet.DesiredPatch([]byte(params))
+	if err != nil {
+		return nil, err
+	}
+	rows, err := tx.query(ctx, "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND phase = ? AND action_status = ? ORDER BY device_id",
+		tenant, id, k, string(fleet.StatusQueued))
+	if err != nil {
+		return nil, err
+	}
+	ids, err := scanAll(rows, scanID)
+	if err != nil {
+		return nil, err
+	}
+	// Released, they are as delivered: Initiated, with the deadline of
+	// the action's timeout (docs/twin.md).
+	now := millis(tx.now)
+	if _, err := tx.applyMove(ctx, moveDelivered, `UPDATE device_actions SET `+moveDelivered.set+`, initiated_at = ?, updated_at = ?,
+		deadline = ? + 1000 * (SELECT timeout FROM actions a WHERE a.tenant = device_actions.tenant AND a.id = device_actions.action_id)
+		WHERE tenant = ? AND action_id = ? AND phase = ? AND {from}`, now, now, now, tenant, id, k); err != nil {
+		return nil, err
+	}
+	changed := map[string]*fleet.Shadow{}
+	var reports []fleet.StatusReport
+	for _, dev := range ids {
+		sh, err := tx.updateDesired(ctx, tenant, dev, patch, nil)
+		if err != nil {
+			return nil, err
+		}
+		if sh.DesiredChanged {
+			changed[dev] = sh
+		}
+		if fleet.DesiredMet(patch, sh.Reported) {
+			reports = append(reports, fleet.StatusReport{DeviceID: dev, ActionID: id, State: string(fleet.StatusCompleted)})
+		}
+	}
+	_, err = tx.applyReports(ctx, tenant, reports)
+	return changed, err
+}
+
+// DesiredWaiting lists the device's desired rollouts' device actions that
+// wait for its reported state (Initiated or Progress), with their patches.
+func (db *DB) DesiredWaiting(ctx context.Context, tenant, device string) ([]fleet.DesiredWait, error) {
+	rows, err := db.query(ctx, `SELECT da.action_id, a.params FROM device_actions da JOIN actions a ON a.tenant = da.tenant AND a.id = da.action_id
+		WHERE da.tenant = ? AND da.device_id = ? AND da.action_status IN (?, ?) AND da.type = ? ORDER BY da.action_id`,
+		tenant, device, string(fleet.StatusInitiated), string(fleet.StatusProgress), fleet.ActionDesired)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	ws, err := scanAll(rows, func(s scanner) (fleet.DesiredWait, error) {
+		var w fleet.DesiredWait
+		var params string
+		if err := s.Scan(&w.ActionID, &params); err != nil {
+			return w, err
+		}
+		w.Patch, err = fleet.DesiredPatch([]byte(params))
+		return w, err
+	})
+	return ws, db.classify(err)
+}
+
 func scanID(s scanner) (string, error) {
 	var id string
 	return id, s.Scan(&id)

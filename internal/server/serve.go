@@ -177,7 +177,10 @@ func Run(ctx context.Context, c Config, e Env) error {
 		return err
 	}
 	actions.Sender = broker
-	shadows.Sender, shadows.Actions = broker, actions
+	shadows.Sender, shadows.Actions, shadows.Rollouts, shadows.Waiting = broker, actions, actions, db
+	// A fleet-wide desired change rolled out in phases is a desired_state
+	// action, which the twin checks and its phases' releases apply.
+	actions.Preparers[fleet.ActionDesired], actions.Shadows = shadows, shadows
 	if c.scale.broker != "" {
 		actions.SendWorkers = 64 // each send waits for the external broker's PUBACK
 	}
