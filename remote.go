@@ -32,17 +32,39 @@ type RemoteSession struct {
 	BytesToDevice   int64  `json:"bytes_to_device"`
 	BytesFromDevice int64  `json:"bytes_from_device"`
 	EndReason       string `json:"end_reason"`
+	// Recording is the path of the session's output recording (asciicast
+	// v2), once it is stored; absent for a session not recorded.
+	Recording     string `json:"recording,omitempty"`
+	RecordingSize int64  `json:"recording_size,omitempty"`
+	// Recorded says the session's output is recorded: the tenant's
+	// RemoteSettings.Recording when it opened, for a shell.
+	Recorded bool `json:"-"`
 	// RelayURL is the replica that relays the session, as other replicas
 	// reach it: a leg that lands elsewhere is proxied there.
 	RelayURL string `json:"-"`
 }
 
+// RemoteOpen counts the open sessions, over every replica, that a new
+// session would join: its person's in the tenant and its device's.
+type RemoteOpen struct{ Person, Device int }
+
+// RemoteSettings are a tenant's choices about remote sessions
+// (docs/agent.md, Recording).
+type RemoteSettings struct {
+	// Recording records the output of shell sessions (asciicast v2) into
+	// the blob store.
+	Recording bool `json:"recording"`
+}
+
 // RemoteSessionService stores remote sessions.
 type RemoteSessionService interface {
-	// CreateRemoteSession stores s (audited) and fills in s.ID and
-	// s.StartedAt.
-	CreateRemoteSession(ctx context.Context, s *RemoteSession) error
-	// EndRemoteSession records s's end, bytes and reason (audited).
+	// CreateRemoteSession stores s (audited) and fills in s.ID,
+	// s.StartedAt and s.Recorded, unless admit refuses what is open
+	// already: sessions started since since and not ended, counted in
+	// the same transaction as the insert, so that replicas enforce one cap.
+	CreateRemoteSession(ctx context.Context, s *RemoteSession, since time.Time, admit func(RemoteOpen) error) error
+	// EndRemoteSession records s's end, bytes, reason and recording size
+	// (audited).
 	EndRemoteSession(ctx context.Context, s *RemoteSession) error
 	// FindRemoteSessions lists a device's sessions, or the tenant's when
 	// deviceID is "", newest first.
@@ -51,6 +73,12 @@ type RemoteSessionService interface {
 	// to end it (audited): ENOTFOUND for no such session, ECONFLICT for
 	// one that has ended. by names who asked, for the end's reason.
 	StopRemoteSession(ctx context.Context, tenant, id, by string) error
+	// FindRemoteSession returns one session of a device.
+	FindRemoteSession(ctx context.Context, tenant, deviceID, id string) (*RemoteSession, error)
+	// RemoteSettings reads the tenant's choices about remote sessions.
+	RemoteSettings(ctx context.Context, tenant string) (RemoteSettings, error)
+	// SetRemoteSettings replaces them, audited with the previous ones.
+	SetRemoteSettings(ctx context.Context, tenant string, s RemoteSettings) error
 	// FindOpenRemoteSession returns the open session id (ENOTFOUND when
 	// there is none), with its RelayURL.
 	FindOpenRemoteSession(ctx context.Context, tenant, id string) (*RemoteSession, error)

@@ -80,7 +80,8 @@ type Console struct {
 	DDI      fleet.DDIService
 	Sessions fleet.ConsoleSessionService
 	// Remote opens and relays remote sessions (nil: none are served);
-	// RemoteSessions lists and stops them.
+	// RemoteSessions lists and stops them, and keeps the tenant's choice
+	// to record them.
 	Remote         *relay.Hub
 	RemoteSessions fleet.RemoteSessionService
 	Secrets        SecretStore
@@ -166,6 +167,7 @@ func (c *Console) Open() {
 		{"GET /console/groups/{name}", c.page(fleet.PermRead, c.handleGroup)},
 		{"POST /console/groups/{name}", c.page(fleet.PermOperate, c.handleUpdateGroup)},
 		{"POST /console/groups/{name}/delete", c.page(fleet.PermOperate, c.handleDeleteGroup)},
+		{"GET /console/devices/{id}/remote-sessions/{sid}/recording", c.page(fleet.PermRemote, c.handleRemoteRecording)},
 		{"GET /console/actions", c.page(fleet.PermRead, c.handleActions)},
 		{"GET /console/actions/new", c.page(fleet.PermOperate, c.handleDispatchForm)},
 		{"POST /console/actions/new", c.page(fleet.PermOperate, c.handleDispatch)},
@@ -195,6 +197,8 @@ func (c *Console) Open() {
 		{"POST /console/settings/auth", c.page(fleet.PermAdmin, c.handleSetAuth)},
 		{"GET /console/settings/ddi", c.page(fleet.PermAdmin, c.handleDDI)},
 		{"POST /console/settings/ddi", c.page(fleet.PermAdmin, c.handleSetDDI)},
+		{"GET /console/settings/remote", c.page(fleet.PermAdmin, c.handleRemoteSettings)},
+		{"POST /console/settings/remote", c.page(fleet.PermAdmin, c.handleSetRemoteSettings)},
 		{"GET /console/settings/audit", c.page(fleet.PermAdmin, c.handleAudit)},
 		{"GET /console/settings/sessions", c.page(fleet.PermAdmin, c.handleSessions)},
 		{"POST /console/settings/sessions/{id}/end", c.page(fleet.PermAdmin, c.handleEndSession)},

@@ -131,3 +131,36 @@ func (c *Console) handleStopRemoteSession(w http.ResponseWriter, r *http.Request
 	http.Redirect(w, r, back, http.StatusSeeOther)
 	return nil
 }
+
+// handleRemoteRecording sends a recorded session's output, an asciicast
+// v2 file, as the API does: to those who may open sessions.
+func (c *Console) handleRemoteRecording(w http.ResponseWriter, r *http.Request, v *view) error {
+	if err := c.remoteHub(); err != nil {
+		return err
+	}
+	return c.Remote.ServeRecording(w, r, v.Actor.Tenant, r.PathValue("id"), r.PathValue("sid"))
+}
+
+// handleRemoteSettings shows the tenant's choice to record shell sessions.
+func (c *Console) handleRemoteSettings(w http.ResponseWriter, r *http.Request, v *view) error {
+	set, err := c.RemoteSessions.RemoteSettings(r.Context(), v.Actor.Tenant)
+	if err != nil {
+		return err
+	}
+	if r.URL.Query().Has("saved") {
+		v.Flash = "Saved. Shell sessions opened from now on follow it."
+	}
+	v.Title, v.Nav, v.Data = "Remote sessions", "settings", set
+	c.render(w, r, http.StatusOK, "remotesettings", v)
+	return nil
+}
+
+// handleSetRemoteSettings replaces the settings with the form's checkbox.
+func (c *Console) handleSetRemoteSettings(w http.ResponseWriter, r *http.Request, v *view) error {
+	set := fleet.RemoteSettings{Recording: r.PostForm.Get("recording") == "on"}
+	if err := c.RemoteSessions.SetRemoteSettings(r.Context(), v.Actor.Tenant, set); err != nil {
+		return err
+	}
+	http.Redirect(w, r, "/console/settings/remote?saved", http.StatusSeeOther)
+	return nil
+}

@@ -10,7 +10,7 @@ import (
 )
 
 // The settings pages are the admin role's, as their API is: API keys, the
-// tenant's sign-in (S9), its hawkBit DDI settings and the audit log. Other roles get no link to
+// tenant's sign-in (S9), its hawkBit DDI and remote-session settings and the audit log. Other roles get no link to
 // them and a 403 from them.
 
 // roles are the roles a key may have, in the order the form offers them.

@@ -12,7 +12,7 @@ import (
 
 // pageNames are the templates under templates/, each rendered inside
 // layout.html.
-var pageNames = []string{"error", "signin", "overview", "devices", "device", "actions", "action", "dispatch", "firmware", "bundle", "alerts", "keys", "auth", "ddi", "audit", "sessions", "alertrules", "alertrule", "ruleform", "notification", "notificationform", "devicelogs", "alert", "terminal", "remotesessions", "groups", "group"}
+var pageNames = []string{"error", "signin", "overview", "devices", "device", "actions", "action", "dispatch", "firmware", "bundle", "alerts", "keys", "auth", "ddi", "audit", "sessions", "alertrules", "alertrule", "ruleform", "notification", "notificationform", "devicelogs", "alert", "terminal", "remotesessions", "groups", "group", "remotesettings"}
 
 var funcs = template.FuncMap{
 	"when":       when,

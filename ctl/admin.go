@@ -98,7 +98,7 @@ setting is replaced. The tenant is the context's.`,
 	set.Flags().StringVar(&webhookURL, "webhook-url", "", "webhook: the `URL` fleetd posts {tenant, token} to")
 	set.Flags().StringVar(&defaultRole, "default-role", "", "role of users whose token names none (default viewer)")
 	set.RegisterFlagCompletionFunc("method", cobra.FixedCompletions([]string{"jwks", "webhook"}, cobra.ShellCompDirectiveNoFileComp))
-	return group("tenant", "The tenant's settings (admin)", group("auth", "How the tenant's end users authenticate (S9)", get, set), a.tenantDDICmd())
+	return group("tenant", "The tenant's settings (admin)", group("auth", "How the tenant's end users authenticate (S9)", get, set), a.tenantDDICmd(), a.tenantRemoteCmd())
 }
 
 // tenantPath is the path of the context's tenant's setting.

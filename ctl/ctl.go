@@ -184,7 +184,7 @@ func (a *app) root() *cobra.Command {
 	root.PersistentPreRunE = func(*cobra.Command, []string) error { return a.checkOutput() }
 	root.AddCommand(a.loginCmd(), a.configCmd(), a.devicesCmd(), a.actionsCmd(), a.firmwareCmd(),
 		a.alertRulesCmd(), a.alertsCmd(), a.rolloutRulesCmd(), a.streamsCmd(), a.logsCmd(), a.shadowCmd(), a.groupsCmd(), a.apikeysCmd(), a.tenantCmd(), a.auditCmd(),
-		a.sshCmd(), a.forwardCmd(), a.cpCmd())
+		a.sshCmd(), a.forwardCmd(), a.cpCmd(), a.sessionsCmd())
 	markRunErrors(root)
 	return root
 }

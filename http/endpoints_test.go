@@ -3,18 +3,23 @@ package fleethttp_test
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/getkin/kin-openapi/openapi3"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/internal/fleetdtest"
+	"github.com/fleetd/fleet/remote"
 )
 
 // The isolation matrix and the bad-input corpus share this description of
@@ -124,6 +129,45 @@ type endpoint struct {
 	// unless the client sends Prefer: return=representation. Every other
 	// create answers with the resource (DESIGN §2, docs/api.md).
 	quiet bool
+}
+
+// recordings are the recorded sessions' paths, by server and tenant.
+var recordings sync.Map
+
+// recordingOf returns the path of a recording of w's tenant, made once: a
+// real fleetd-agent runs a command in a session the tenant records.
+func recordingOf(t *testing.T, s *fleetdtest.Server, w *world) (string, any) {
+	key := s.URL + " " + w.name
+	if p, ok := recordings.Load(key); ok {
+		return p.(string), nil
+	}
+	s.Do(t, w.admin, "PUT", "/api/v1/tenants/"+w.name+"/remote-settings", map[string]any{"recording": true}).Want(t, 204)
+	d := s.MustDevice(t, w.admin, fresh(w.name+"-rec"), nil)
+	a := s.StartAgent(t, fleetdtest.BuildAgent(t), d.ID, d.Token, "--remote", "--tenant", w.name)
+	fleetdtest.Eventually(t, "the agent to connect", func() bool { return strings.Contains(a.Output.String(), "level=INFO msg=connected") })
+	var sess fleet.RemoteSession
+	s.Do(t, w.admin, "POST", "/api/v1/devices/"+d.ID+"/remote-sessions", map[string]any{"kind": "shell", "target": "echo " + w.mark}).Want(t, 201).Decode(t, &sess)
+	conn, err := remote.Dial(context.Background(), s.URL+"/api/v1/remote-sessions/"+sess.ID+"/operator",
+		http.Header{"X-Service-Tenant": {w.admin.Tenant}, "X-Service-Api-Key": {w.admin.Key}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for {
+		_, ctl, err := conn.Read()
+		if err != nil {
+			t.Fatalf("the recorded command's session ended without its exit: %v", err)
+		}
+		if ctl != nil && ctl.Type == remote.TypeExit {
+			break
+		}
+	}
+	p := "/api/v1/devices/" + d.ID + "/remote-sessions/" + sess.ID + "/recording"
+	fleetdtest.Eventually(t, "the recording to be stored", func() bool {
+		return s.Do(t, w.admin, "GET", p, nil).Status == http.StatusOK
+	})
+	recordings.Store(key, p)
+	return p, nil
 }
 
 // groupOf makes a fresh group of w's tenant and returns its path.
@@ -296,6 +340,22 @@ var endpoints = map[string]endpoint{
 	}},
 	"GET /api/v1/devices/{id}/remote-sessions": {perm: "read", prepare: func(_ *testing.T, _ *fleetdtest.Server, w *world) (string, any) {
 		return "/api/v1/devices/" + w.device + "/remote-sessions", nil
+	}},
+	"POST /api/v1/devices/{id}/remote-sessions/{sid}/end": {perm: "remote", prepare: func(t *testing.T, s *fleetdtest.Server, w *world) (string, any) {
+		// A session of its own each time, opened by a key of its own: the
+		// caps count a person's open sessions and a device's.
+		d := s.MustDevice(t, w.admin, fresh("remote"), nil)
+		k := s.NewKey(t, w.admin, fresh("remote-op"), "operator")
+		var sess fleet.RemoteSession
+		s.Do(t, k, "POST", "/api/v1/devices/"+d.ID+"/remote-sessions", map[string]any{"kind": "shell", "target": "echo " + w.mark}).Want(t, 201).Decode(t, &sess)
+		return "/api/v1/devices/" + d.ID + "/remote-sessions/" + sess.ID + "/end", nil
+	}},
+	"GET /api/v1/devices/{id}/remote-sessions/{sid}/recording": {perm: "remote", prepare: recordingOf},
+	"PUT /api/v1/tenants/{tenant_id}/remote-settings": {perm: "admin", prepare: func(_ *testing.T, _ *fleetdtest.Server, w *world) (string, any) {
+		return "/api/v1/tenants/" + w.name + "/remote-settings", map[string]any{"recording": true}
+	}},
+	"GET /api/v1/tenants/{tenant_id}/remote-settings": {perm: "read", prepare: func(_ *testing.T, _ *fleetdtest.Server, w *world) (string, any) {
+		return "/api/v1/tenants/" + w.name + "/remote-settings", nil
 	}},
 	"GET /api/v1/devices/{id}/streams/{stream}/latest": {perm: "read", prepare: func(_ *testing.T, _ *fleetdtest.Server, w *world) (string, any) {
 		return "/api/v1/devices/" + w.device + "/streams/" + w.stream + "/latest", nil
@@ -567,7 +627,7 @@ func operations(t *testing.T, s *fleetdtest.Server) ([]string, map[string]int, *
 		for method, op := range item.Operations() {
 			key := method + " " + path
 			ops = append(ops, key)
-			for _, code := range []int{201, 204, 200} {
+			for _, code := range []int{201, 202, 204, 200} {
 				if op.Responses.Status(code) != nil {
 					ok[key] = code
 					break

@@ -1,6 +1,7 @@
 package fleethttp
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -103,6 +104,62 @@ func (s *Server) handleListRemoteSessions(w http.ResponseWriter, r *http.Request
 	}
 	s.respond(w, r, http.StatusOK, remoteSessionList{RemoteSessions: list, Count: n})
 	return nil
+}
+
+// deviceRemoteSession is the device's session that the path names, and
+// the device's id: ENOTFOUND for a session of another device or tenant.
+func (s *Server) deviceRemoteSession(r *http.Request) (*fleet.RemoteSession, error) {
+	id, err := deviceID(r)
+	if err != nil {
+		return nil, err
+	}
+	return s.RemoteSessions.FindRemoteSession(r.Context(), tenantOf(r), id, r.PathValue("sid"))
+}
+
+// handleEndRemoteSession ends an open session on whichever replica relays
+// it, as the console's End button does: the relaying replica hears of it
+// (fleet.ChangeRemoteSessionStop), tells the operator why and records the
+// end. The answer is the session as it was asked to end.
+func (s *Server) handleEndRemoteSession(w http.ResponseWriter, r *http.Request) error {
+	rs, err := s.deviceRemoteSession(r)
+	if err != nil {
+		return err
+	}
+	if rs.EndedAt != nil {
+		return fleet.Errorf(fleet.ECONFLICT, "remote session %s has ended already (%s)", rs.ID, rs.EndReason)
+	}
+	if err := s.RemoteSessions.StopRemoteSession(r.Context(), tenantOf(r), rs.ID, fleet.ActorFromContext(r.Context()).UserName); err != nil {
+		return err
+	}
+	s.respond(w, r, http.StatusAccepted, rs)
+	return nil
+}
+
+// handleRemoteRecording sends a session's recording, an asciicast v2 file.
+func (s *Server) handleRemoteRecording(w http.ResponseWriter, r *http.Request) error {
+	id, err := deviceID(r)
+	if err != nil {
+		return err
+	}
+	if s.Remote == nil {
+		return fleet.Errorf(fleet.EUNAVAILABLE, "remote sessions are not served here")
+	}
+	return s.Remote.ServeRecording(w, r, tenantOf(r), id, r.PathValue("sid"))
+}
+
+// remoteSettingsHandlers serve a tenant's remote-session settings.
+func (s *Server) remoteSettingsHandlers() (read, write func(http.ResponseWriter, *http.Request) error) {
+	get := func(ctx context.Context, tenant string) (fleet.RemoteSettings, error) {
+		return s.RemoteSessions.RemoteSettings(ctx, tenant)
+	}
+	set := func(ctx context.Context, tenant string, v fleet.RemoteSettings) error {
+		return s.RemoteSessions.SetRemoteSettings(ctx, tenant, v)
+	}
+	return settingsHandlers(s, get, func(f *fleet.Fields) fleet.RemoteSettings {
+		v := fleet.RemoteSettings{Recording: f.Bool("recording", true)}
+		f.Unknown()
+		return v
+	}, set)
 }
 
 // handleRemoteOperator is the operator's leg: the person who made the

@@ -20,6 +20,7 @@ type route struct {
 func (s *Server) addRoutes() []route {
 	getDDI, setDDI := s.ddiSettingsHandlers()
 	getShadow, setShadow := s.shadowSettingsHandlers()
+	getRemote, setRemote := s.remoteSettingsHandlers()
 	return []route{
 		{"GET /healthz", public, s.handleHealth, op{Tag: "operations", Summary: "Liveness: the process answers", Resp: statusBody{}}},
 		{"GET /readyz", public, s.handleReady, op{Tag: "operations", Summary: "Readiness: the database (and broker) answer", Resp: statusBody{}}},
@@ -61,6 +62,12 @@ func (s *Server) addRoutes() []route {
 		{"GET /api/v1/devices/{id}/remote-sessions", fleet.PermRead, s.handleListRemoteSessions, op{Tag: "remote",
 			Summary: "A device's remote sessions, newest first: who, what, when, bytes each way and why each ended",
 			Query:   pageParams, Resp: remoteSessionList{}}},
+		{"POST /api/v1/devices/{id}/remote-sessions/{sid}/end", fleet.PermRemote, s.handleEndRemoteSession, op{Tag: "remote",
+			Summary: "End an open remote session, whichever replica relays it (audited, remote.session.stop): that replica tells the operator who ended it and records the end. 202 with the session as it was; 409 once it has ended",
+			Query:   []param{{Name: "sid", In: "path", Desc: "the session's id"}}, OK: http.StatusAccepted, Resp: fleet.RemoteSession{}}},
+		{"GET /api/v1/devices/{id}/remote-sessions/{sid}/recording", fleet.PermRemote, s.handleRemoteRecording, op{Tag: "remote",
+			Summary: "The output of a recorded shell session, an asciicast v2 file, once the session has ended (a tenant records its shell sessions with PUT /api/v1/tenants/{tenant_id}/remote-settings). What a terminal showed may hold secrets: the remote permission, as to open a session",
+			Query:   []param{{Name: "sid", In: "path", Desc: "the session's id"}}, Raw: "application/x-asciicast"}},
 
 		{"POST /api/v1/groups", fleet.PermOperate, s.handleCreateGroup, op{Tag: "groups",
 			Summary: "Save a group: a selector over metadata and reported state whose devices are chosen at each read (a malformed selector is 400 naming the position)",
@@ -209,6 +216,10 @@ func (s *Server) addRoutes() []route {
 		{"PUT /api/v1/tenants/{tenant_id}/shadow-settings", fleet.PermAdmin, setShadow, op{Tag: "tenants",
 			Summary: "The tenant's choices about shadows: update_config true dispatches each desired change that leaves a device out of sync to it as an update_config action too (docs/twin.md)",
 			Body:    fleet.ShadowSettings{}, OK: http.StatusNoContent, Resp: fleet.ShadowSettings{}}},
+		{"PUT /api/v1/tenants/{tenant_id}/remote-settings", fleet.PermAdmin, setRemote, op{Tag: "tenants",
+			Summary: "The tenant's choices about remote sessions: recording (required) records the output of shell sessions opened from now on, as asciicast v2 in the blob store (audited)",
+			Body:    fleet.RemoteSettings{}, OK: http.StatusNoContent, Resp: fleet.RemoteSettings{}}},
+		{"GET /api/v1/tenants/{tenant_id}/remote-settings", fleet.PermRead, getRemote, op{Tag: "tenants", Summary: "The tenant's choices about remote sessions", Resp: fleet.RemoteSettings{}}},
 		{"GET /api/v1/tenants/{tenant_id}/shadow-settings", fleet.PermRead, getShadow, op{Tag: "tenants", Summary: "The tenant's choices about shadows", Resp: fleet.ShadowSettings{}}},
 		{"GET /api/v1/tenants/{tenant_id}/stream-retention", fleet.PermRead, s.handleGetStreamRetention, op{Tag: "tenants", Summary: "How long the tenant's raw stream points are kept", Resp: streamRetention{}}},
 

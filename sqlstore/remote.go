@@ -14,18 +14,50 @@ import (
 
 var _ fleet.RemoteSessionService = (*DB)(nil)
 
-// CreateRemoteSession stores s as open.
-func (db *DB) CreateRemoteSession(ctx context.Context, s *fleet.RemoteSession) error {
+// CreateRemoteSession stores s as open, unless admit refuses the open
+// sessions of its person and its device. On PostgreSQL the count and the
+// insert hold the tenant's remote-sessions lock, so that two replicas
+// opening sessions at once take turns and enforce one cap; SQLite's one
+// writer serialises them already.
+func (db *DB) CreateRemoteSession(ctx context.Context, s *fleet.RemoteSession, since time.Time, admit func(fleet.RemoteOpen) error) error {
 	s.ID = uuid.NewString()
-	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+	return db.updateAlone(ctx, func(ctx context.Context, tx *Tx) error {
+		if tx.db.dialect == postgres {
+			// 1919250802 is "remo" in the lock's first key; lockTargets
+			// has "fleet".
+			if _, err := tx.exec(ctx, "SELECT pg_advisory_xact_lock(1919250802, hashtext(?))", s.Tenant); err != nil {
+				return err
+			}
+		}
+		var open fleet.RemoteOpen
+		if err := tx.queryRow(ctx, `SELECT count(*) FROM remote_sessions
+			WHERE tenant = ? AND user_name = ? AND key_name = ? AND user_email = ? AND ended_at IS NULL AND started_at >= ?`,
+			s.Tenant, s.UserName, s.KeyName, s.UserEmail, millis(since)).Scan(&open.Person); err != nil {
+			return err
+		}
+		if err := tx.queryRow(ctx, `SELECT count(*) FROM remote_sessions WHERE tenant = ? AND device_id = ? AND ended_at IS NULL AND started_at >= ?`,
+			s.Tenant, s.DeviceID, millis(since)).Scan(&open.Device); err != nil {
+			return err
+		}
+		if err := admit(open); err != nil {
+			return err
+		}
+		var record bool
+		err := tx.queryRow(ctx, "SELECT remote_recording FROM tenants WHERE name = ?", s.Tenant).Scan(&record)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fleet.Errorf(fleet.ENOTFOUND, "tenant %q not found", s.Tenant)
+		} else if err != nil {
+			return err
+		}
+		s.Recorded = record && s.Kind == fleet.RemoteShell
 		s.StartedAt = tx.now.Truncate(time.Millisecond)
-		if _, err := tx.exec(ctx, `INSERT INTO remote_sessions (id, tenant, device_id, kind, target, key_name, user_name, user_email, started_at, relay_url)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			s.ID, s.Tenant, s.DeviceID, s.Kind, s.Target, s.KeyName, s.UserName, s.UserEmail, millis(s.StartedAt), s.RelayURL); err != nil {
+		if _, err := tx.exec(ctx, `INSERT INTO remote_sessions (id, tenant, device_id, kind, target, key_name, user_name, user_email, started_at, relay_url, recorded)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			s.ID, s.Tenant, s.DeviceID, s.Kind, s.Target, s.KeyName, s.UserName, s.UserEmail, millis(s.StartedAt), s.RelayURL, s.Recorded); err != nil {
 			return err
 		}
 		return tx.audit(ctx, s.Tenant, "remote.session.start", "devices/"+s.DeviceID+"/remote-sessions/"+s.ID,
-			map[string]any{"device_id": s.DeviceID, "kind": s.Kind, "target": s.Target, "user_name": s.UserName})
+			map[string]any{"device_id": s.DeviceID, "kind": s.Kind, "target": s.Target, "user_name": s.UserName, "recorded": s.Recorded})
 	})
 }
 
@@ -34,17 +66,45 @@ func (db *DB) CreateRemoteSession(ctx context.Context, s *fleet.RemoteSession) e
 func (db *DB) EndRemoteSession(ctx context.Context, s *fleet.RemoteSession) error {
 	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		end := tx.now.Truncate(time.Millisecond)
-		n, err := tx.execCount(ctx, `UPDATE remote_sessions SET ended_at = ?, bytes_to_device = ?, bytes_from_device = ?, end_reason = ?
+		var size sql.NullInt64
+		if s.RecordingSize > 0 {
+			size = sql.NullInt64{Int64: s.RecordingSize, Valid: true}
+		}
+		n, err := tx.execCount(ctx, `UPDATE remote_sessions SET ended_at = ?, bytes_to_device = ?, bytes_from_device = ?, end_reason = ?, recording_size = ?
 			WHERE id = ? AND tenant = ? AND ended_at IS NULL`,
-			millis(end), s.BytesToDevice, s.BytesFromDevice, s.EndReason, s.ID, s.Tenant)
+			millis(end), s.BytesToDevice, s.BytesFromDevice, s.EndReason, size, s.ID, s.Tenant)
 		if err != nil || n == 0 {
 			return err
 		}
 		s.EndedAt = &end
 		return tx.audit(ctx, s.Tenant, "remote.session.end", "devices/"+s.DeviceID+"/remote-sessions/"+s.ID,
 			map[string]any{"device_id": s.DeviceID, "kind": s.Kind, "user_name": s.UserName, "end_reason": s.EndReason,
-				"bytes_to_device": s.BytesToDevice, "bytes_from_device": s.BytesFromDevice})
+				"bytes_to_device": s.BytesToDevice, "bytes_from_device": s.BytesFromDevice, "recording_size": s.RecordingSize})
 	})
+}
+
+// remoteSessionColumns are what scanRemoteSession reads.
+const remoteSessionColumns = `id, device_id, kind, target, key_name, user_name, user_email, started_at, ended_at,
+	bytes_to_device, bytes_from_device, end_reason, recorded, recording_size`
+
+func scanRemoteSession(sc scanner, tenant string) (*fleet.RemoteSession, error) {
+	s := fleet.RemoteSession{Tenant: tenant}
+	var started int64
+	var ended, size sql.NullInt64
+	if err := sc.Scan(&s.ID, &s.DeviceID, &s.Kind, &s.Target, &s.KeyName, &s.UserName, &s.UserEmail, &started, &ended,
+		&s.BytesToDevice, &s.BytesFromDevice, &s.EndReason, &s.Recorded, &size); err != nil {
+		return nil, err
+	}
+	s.StartedAt = fromMillis(started)
+	if ended.Valid {
+		t := fromMillis(ended.Int64)
+		s.EndedAt = &t
+	}
+	if size.Valid {
+		s.RecordingSize = size.Int64
+		s.Recording = "/api/v1/devices/" + s.DeviceID + "/remote-sessions/" + s.ID + "/recording"
+	}
+	return &s, nil
 }
 
 // FindRemoteSessions lists a device's sessions, or the tenant's when
@@ -55,23 +115,47 @@ func (db *DB) FindRemoteSessions(ctx context.Context, tenant, deviceID string, p
 		where, args = "tenant = ?", []any{tenant}
 	}
 	return findPage(ctx, db, "SELECT count(*) FROM remote_sessions WHERE "+where,
-		`SELECT id, device_id, kind, target, key_name, user_name, user_email, started_at, ended_at, bytes_to_device, bytes_from_device, end_reason
-		FROM remote_sessions WHERE `+where+` ORDER BY started_at DESC, id`, args, p,
-		func(sc scanner) (*fleet.RemoteSession, error) {
-			s := fleet.RemoteSession{Tenant: tenant}
-			var started int64
-			var ended sql.NullInt64
-			if err := sc.Scan(&s.ID, &s.DeviceID, &s.Kind, &s.Target, &s.KeyName, &s.UserName, &s.UserEmail, &started, &ended,
-				&s.BytesToDevice, &s.BytesFromDevice, &s.EndReason); err != nil {
-				return nil, err
-			}
-			s.StartedAt = fromMillis(started)
-			if ended.Valid {
-				t := fromMillis(ended.Int64)
-				s.EndedAt = &t
-			}
-			return &s, nil
-		})
+		`SELECT `+remoteSessionColumns+` FROM remote_sessions WHERE `+where+` ORDER BY started_at DESC, id`, args, p,
+		func(sc scanner) (*fleet.RemoteSession, error) { return scanRemoteSession(sc, tenant) })
+}
+
+// FindRemoteSession returns one session of a device.
+func (db *DB) FindRemoteSession(ctx context.Context, tenant, deviceID, id string) (*fleet.RemoteSession, error) {
+	s, err := scanRemoteSession(db.queryRow(ctx, `SELECT `+remoteSessionColumns+` FROM remote_sessions
+		WHERE tenant = ? AND device_id = ? AND id = ?`, tenant, deviceID, id), tenant)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "device %s has no remote session %q", deviceID, id)
+	}
+	return s, db.classify(err)
+}
+
+// RemoteSettings reads a tenant's choices about remote sessions.
+func (db *DB) RemoteSettings(ctx context.Context, tenant string) (fleet.RemoteSettings, error) {
+	var s fleet.RemoteSettings
+	err := db.queryRow(ctx, "SELECT remote_recording FROM tenants WHERE name = ?", tenant).Scan(&s.Recording)
+	if errors.Is(err, sql.ErrNoRows) {
+		return s, fleet.Errorf(fleet.ENOTFOUND, "tenant %q not found", tenant)
+	}
+	return s, db.classify(err)
+}
+
+// SetRemoteSettings replaces a tenant's choices about remote sessions,
+// audited with the previous ones. Sessions open already keep what they
+// opened with.
+func (db *DB) SetRemoteSettings(ctx context.Context, tenant string, s fleet.RemoteSettings) error {
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		var previous fleet.RemoteSettings
+		err := tx.queryRow(ctx, "SELECT remote_recording FROM tenants WHERE name = ?"+tx.db.dialect.forUpdate(), tenant).Scan(&previous.Recording)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fleet.Errorf(fleet.ENOTFOUND, "tenant %q not found", tenant)
+		} else if err != nil {
+			return err
+		}
+		if _, err := tx.exec(ctx, "UPDATE tenants SET remote_recording = ? WHERE name = ?", s.Recording, tenant); err != nil {
+			return err
+		}
+		return tx.audit(ctx, tenant, "tenant.remote_settings", "tenants/"+tenant, map[string]any{"settings": s, "previous": previous})
+	})
 }
 
 // FindOpenRemoteSession returns an open session with its relay URL.

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/blob"
 	"github.com/fleetd/fleet/remote"
 )
 
@@ -29,10 +30,12 @@ type Limits struct {
 	Idle           time.Duration // a session with no bytes either way this long ends; 10 minutes
 	Lifetime       time.Duration // a session ends this long after it started; 8 hours
 	ConnectTimeout time.Duration // how long the device has to dial back; 15 seconds
+	RecordingMax   int64         // bytes of one session's recording, after which it stops; 64 MiB
 }
 
 // DefaultLimits are the documented defaults.
-var DefaultLimits = Limits{PerUser: 4, PerDevice: 2, Idle: 10 * time.Minute, Lifetime: 8 * time.Hour, ConnectTimeout: 15 * time.Second}
+var DefaultLimits = Limits{PerUser: 4, PerDevice: 2, Idle: 10 * time.Minute, Lifetime: 8 * time.Hour, ConnectTimeout: 15 * time.Second,
+	RecordingMax: 64 << 20}
 
 // Dispatcher sends an action to a device.
 type Dispatcher interface {
@@ -45,15 +48,14 @@ type Hub struct {
 	Actions  Dispatcher
 	Limits   Limits
 	Logger   *slog.Logger
+	Blobs    blob.Store // keeps recordings (recording.go)
 
-	relayURL  atomic.Pointer[string] // SetRelayURL
-	mu        sync.Mutex
-	sessions  map[string]*Session // open ones, by id
-	perUser   map[string]int
-	perDevice map[string]int
-	stopped   bool           // Close was called (under mu)
-	stopping  chan struct{}  // closed by Close
-	relays    sync.WaitGroup // Relay calls running
+	relayURL atomic.Pointer[string] // SetRelayURL
+	mu       sync.Mutex
+	sessions map[string]*Session // open ones, by id
+	stopped  bool                // Close was called (under mu)
+	stopping chan struct{}       // closed by Close
+	relays   sync.WaitGroup      // Relay calls running
 
 	open    prometheus.Gauge
 	refused *prometheus.CounterVec
@@ -61,8 +63,8 @@ type Hub struct {
 }
 
 // NewHub returns a hub whose metrics are registered on reg (nil keeps
-// them private).
-func NewHub(sessions fleet.RemoteSessionService, actions Dispatcher, l Limits, log *slog.Logger, reg prometheus.Registerer) *Hub {
+// them private), keeping recordings in blobs.
+func NewHub(sessions fleet.RemoteSessionService, actions Dispatcher, blobs blob.Store, l Limits, log *slog.Logger, reg prometheus.Registerer) *Hub {
 	d := DefaultLimits
 	if l.PerUser <= 0 {
 		l.PerUser = d.PerUser
@@ -79,8 +81,11 @@ func NewHub(sessions fleet.RemoteSessionService, actions Dispatcher, l Limits, l
 	if l.ConnectTimeout <= 0 {
 		l.ConnectTimeout = d.ConnectTimeout
 	}
-	h := &Hub{Sessions: sessions, Actions: actions, Limits: l, Logger: log,
-		sessions: map[string]*Session{}, perUser: map[string]int{}, perDevice: map[string]int{}, stopping: make(chan struct{}),
+	if l.RecordingMax <= 0 {
+		l.RecordingMax = d.RecordingMax
+	}
+	h := &Hub{Sessions: sessions, Actions: actions, Blobs: blobs, Limits: l, Logger: log,
+		sessions: map[string]*Session{}, stopping: make(chan struct{}),
 		open: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fleetd_remote_sessions_open", Help: "Remote sessions open on this replica."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetd_remote_sessions_refused_total",
 			Help: "Remote sessions refused by a cap, by which (user, device)."}, []string{"cap"}),
@@ -113,8 +118,8 @@ type Session struct {
 	deadline time.Time         // for both legs to join
 	toDevice atomic.Int64
 	fromDev  atomic.Int64
-	userKey  string
 	opener   fleet.Actor // who opened it, for Revoke
+	rec      *recorder   // its output's recording, when it is recorded
 
 	claimed, joined bool // the operator's leg, the device's leg (under Hub.mu)
 	done            chan struct{}
@@ -132,36 +137,33 @@ func OpenedBy(s *fleet.RemoteSession, a *fleet.Actor) bool {
 	return s.Tenant == a.Tenant && s.KeyName == a.KeyName && s.UserName == a.UserName && s.UserEmail == a.UserEmail
 }
 
-func personKey(a *fleet.Actor) string {
-	return a.Tenant + "\x00" + a.KeyName + "\x00" + a.UserName + "\x00" + a.UserEmail
-}
-
 // Open records a session for actor with device and asks the device for
-// it. It refuses (ERATELIMITED) a person or a device at its cap.
+// it. It refuses (ERATELIMITED) a person or a device at its cap, counted
+// over every replica in the sessions' store: an open session is a row not
+// ended. A row left open by a replica that died counts until the lifetime
+// has passed since it started, which no session outlives.
 func (h *Hub) Open(ctx context.Context, actor *fleet.Actor, device, kind, target string) (*Session, error) {
 	s := &Session{RemoteSession: fleet.RemoteSession{Tenant: actor.Tenant, DeviceID: device, Kind: kind, Target: target,
 		KeyName: actor.KeyName, UserName: actor.UserName, UserEmail: actor.UserEmail, RelayURL: h.RelayURL()},
-		device: make(chan *remote.Conn, 1), done: make(chan struct{}), userKey: personKey(actor), opener: *actor,
+		device: make(chan *remote.Conn, 1), done: make(chan struct{}), opener: *actor,
 		revoked: make(chan struct{})}
-	deviceKey := actor.Tenant + "\x00" + device
-	h.mu.Lock()
-	switch {
-	case h.perUser[s.userKey] >= h.Limits.PerUser:
-		h.mu.Unlock()
-		h.refused.WithLabelValues("user").Inc()
-		return nil, fleet.Errorf(fleet.ERATELIMITED, "you have %d remote sessions open, the most allowed (--remote-max-per-user): end one first", h.Limits.PerUser)
-	case h.perDevice[deviceKey] >= h.Limits.PerDevice:
-		h.mu.Unlock()
-		h.refused.WithLabelValues("device").Inc()
-		return nil, fleet.Errorf(fleet.ERATELIMITED, "device %s has %d remote sessions open, the most allowed (--remote-max-per-device): try again when one ends", device, h.Limits.PerDevice)
+	admit := func(open fleet.RemoteOpen) error {
+		switch {
+		case open.Person >= h.Limits.PerUser:
+			h.refused.WithLabelValues("user").Inc()
+			return fleet.Errorf(fleet.ERATELIMITED, "you have %d remote sessions open, the most allowed (--remote-max-per-user): end one first", open.Person)
+		case open.Device >= h.Limits.PerDevice:
+			h.refused.WithLabelValues("device").Inc()
+			return fleet.Errorf(fleet.ERATELIMITED, "device %s has %d remote sessions open, the most allowed (--remote-max-per-device): try again when one ends", device, open.Device)
+		}
+		return nil
 	}
-	h.perUser[s.userKey]++
-	h.perDevice[deviceKey]++
-	h.mu.Unlock()
-	h.open.Inc()
-	if err := h.Sessions.CreateRemoteSession(ctx, &s.RemoteSession); err != nil {
-		h.release(s)
+	if err := h.Sessions.CreateRemoteSession(ctx, &s.RemoteSession, time.Now().Add(-h.Limits.Lifetime), admit); err != nil {
 		return nil, err
+	}
+	h.open.Inc()
+	if s.Recorded && h.Blobs != nil {
+		s.rec = h.record(s)
 	}
 	s.deadline = time.Now().Add(h.Limits.ConnectTimeout)
 	h.mu.Lock()
@@ -318,6 +320,9 @@ func (h *Hub) pipe(ctx context.Context, s *Session, op, dev *remote.Conn) string
 				count.Add(int64(len(b)))
 				bytes.Add(float64(len(b)))
 			}
+			if s.rec != nil {
+				s.rec.message(from == dev, binary, b)
+			}
 			if err := to.WriteRaw(binary, b); err != nil {
 				ended <- writeFailed
 				return
@@ -446,7 +451,7 @@ func (h *Hub) Close() {
 	h.relays.Wait()
 }
 
-// end records the session's end, once, and frees its places under the
+// end records the session's end, once, which frees its places under the
 // caps. A device's leg that joined a session nobody relays is closed.
 func (h *Hub) end(s *Session, reason string) {
 	s.endOnce.Do(func() { h.ended(s, reason) })
@@ -464,25 +469,13 @@ func (h *Hub) ended(s *Session, reason string) {
 	}
 	close(s.done)
 	s.BytesToDevice, s.BytesFromDevice, s.EndReason = s.toDevice.Load(), s.fromDev.Load(), reason
+	if s.rec != nil {
+		s.RecordingSize = s.rec.finish(h, s)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := h.Sessions.EndRemoteSession(ctx, &s.RemoteSession); err != nil && h.Logger != nil {
 		h.Logger.Error("a remote session's end could not be recorded", "session", s.ID, "err", err)
 	}
-	h.release(s)
-}
-
-func (h *Hub) release(s *Session) {
-	h.mu.Lock()
-	h.perUser[s.userKey]--
-	if h.perUser[s.userKey] <= 0 {
-		delete(h.perUser, s.userKey)
-	}
-	k := s.Tenant + "\x00" + s.DeviceID
-	h.perDevice[k]--
-	if h.perDevice[k] <= 0 {
-		delete(h.perDevice, k)
-	}
-	h.mu.Unlock()
 	h.open.Dec()
 }

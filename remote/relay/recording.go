@@ -1,0 +1,234 @@
+package relay
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/blob"
+	"github.com/fleetd/fleet/remote"
+)
+
+// Recording (docs/agent.md, Recording): a shell session of a tenant that
+// records them has its output written as an asciicast v2 recording
+// (https://docs.asciinema.org/manual/asciicast/v2/) into the blob store
+// while it is relayed, through a pipe that blob.Store.Put reads: only a
+// small buffer of it is ever in memory. The terminal's size changes are
+// "r" events. What the operator types is not recorded: a terminal echoes
+// what should be seen, and what it does not echo (a password asked for by
+// sudo) must not be kept. At Limits.RecordingMax bytes a marker ("m")
+// event says the recording stops there; the session goes on. The
+// recording is committed when the session ends, by the replica that relays
+// it; until then it cannot be read.
+
+// recordingBuffer is what a recorded session holds of its recording
+// between writes to the store.
+const recordingBuffer = 8 << 10
+
+// recordingKey is where session id of tenant keeps its recording.
+func recordingKey(tenant, id string) string { return "remote-recordings/" + tenant + "/" + id }
+
+type recorder struct {
+	mu         sync.Mutex
+	pw         *io.PipeWriter
+	w          *bufio.Writer
+	started    time.Time
+	title      string
+	header     bool // written
+	cols, rows int
+	size, max  int64
+	stopped    bool   // at the cap, or the store failed: nothing more is written
+	closed     bool   // finish was called
+	partial    []byte // an incomplete UTF-8 sequence that ended the last output
+	stored     chan storeResult
+}
+
+type storeResult struct {
+	pending blob.Pending
+	err     error
+}
+
+// record starts s's recording.
+func (h *Hub) record(s *Session) *recorder {
+	pr, pw := io.Pipe()
+	r := &recorder{pw: pw, w: bufio.NewWriterSize(pw, recordingBuffer), started: time.Now(), cols: 80, rows: 24,
+		max: h.Limits.RecordingMax, stored: make(chan storeResult, 1),
+		title: fmt.Sprintf("shell on %s by %s", s.DeviceID, s.UserName)}
+	go func() {
+		p, err := h.Blobs.Put(context.Background(), recordingKey(s.Tenant, s.ID), pr)
+		// A store that stopped reading fails the writes still to come.
+		pr.CloseWithError(errors.New("the recording's store stopped"))
+		r.stored <- storeResult{p, err}
+	}()
+	return r
+}
+
+// message records what the relay passes: the device's bytes as output,
+// the operator's resize controls as "r" events; nothing else.
+func (r *recorder) message(fromDevice, binary bool, b []byte) {
+	switch {
+	case fromDevice && binary:
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		whole := b
+		if len(r.partial) > 0 {
+			whole = append(r.partial, b...)
+		}
+		whole, rest := splitUTF8(whole)
+		r.partial = append(r.partial[:0:0], rest...)
+		if len(whole) > 0 {
+			r.event("o", string(whole))
+		}
+	case !fromDevice && !binary:
+		var c remote.Control
+		if json.Unmarshal(b, &c) != nil || c.Type != remote.TypeResize || c.Cols <= 0 || c.Rows <= 0 {
+			return
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if !r.header {
+			r.cols, r.rows = c.Cols, c.Rows // the header says it
+			return
+		}
+		r.event("r", strconv.Itoa(c.Cols)+"x"+strconv.Itoa(c.Rows))
+	}
+}
+
+// splitUTF8 holds back an incomplete UTF-8 sequence at b's end: the
+// device's reads cut characters in two, and the event's JSON string must
+// not replace each half.
+func splitUTF8(b []byte) (whole, rest []byte) {
+	for i := 1; i <= utf8.UTFMax-1 && i <= len(b); i++ {
+		c := b[len(b)-i]
+		if c < utf8.RuneSelf {
+			break
+		}
+		if utf8.RuneStart(c) {
+			if !utf8.FullRune(b[len(b)-i:]) {
+				return b[:len(b)-i], b[len(b)-i:]
+			}
+			break
+		}
+	}
+	return b, nil
+}
+
+// event writes one event line, the header before the first (under mu).
+func (r *recorder) event(kind, data string) {
+	if r.stopped || r.closed {
+		return
+	}
+	if !r.header {
+		h, _ := json.Marshal(map[string]any{"version": 2, "width": r.cols, "height": r.rows,
+			"timestamp": r.started.Unix(), "title": r.title})
+		r.write(append(h, '\n'))
+		r.header = true
+	}
+	at := time.Since(r.started).Seconds()
+	line := eventLine(at, kind, data)
+	if r.size+int64(len(line)) > r.max {
+		r.write(eventLine(at, "m", fmt.Sprintf("fleetd stopped recording here: the recording reached its cap of %d bytes (--remote-recording-max)", r.max)))
+		r.stopped = true
+		return
+	}
+	r.write(line)
+}
+
+func eventLine(at float64, kind, data string) []byte {
+	d, _ := json.Marshal(data)
+	return fmt.Appendf(nil, "[%s, %q, %s]\n", strconv.FormatFloat(at, 'f', 6, 64), kind, d)
+}
+
+func (r *recorder) write(b []byte) {
+	n, err := r.w.Write(b)
+	r.size += int64(n)
+	if err != nil {
+		r.stopped = true
+	}
+}
+
+// finish ends the recording and stores it, and returns its size: 0 when
+// there is none (nothing was output, or the store failed).
+func (r *recorder) finish(h *Hub, s *Session) int64 {
+	r.mu.Lock()
+	if len(r.partial) > 0 && r.header {
+		r.event("o", string(r.partial))
+	}
+	r.closed = true
+	empty := !r.header
+	err := r.w.Flush()
+	r.pw.Close()
+	size := r.size
+	r.mu.Unlock()
+	res := <-r.stored
+	if err == nil {
+		err = res.err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err == nil && !empty {
+		err = res.pending.Commit(ctx)
+		if err == nil {
+			return size
+		}
+	}
+	if res.pending != nil {
+		res.pending.Abort(ctx)
+	}
+	if err != nil && h.Logger != nil {
+		h.Logger.Error("a remote session's recording could not be stored", "session", s.ID, "err", err)
+	}
+	return 0
+}
+
+// ServeRecording answers r with session id's recording, an asciicast v2
+// file, as a person of tenant may read it: ENOTFOUND (for the caller to
+// answer) for a session of another device or tenant, or one with none.
+// The API and the console both serve it.
+func (h *Hub) ServeRecording(w http.ResponseWriter, r *http.Request, tenant, device, id string) error {
+	o, err := h.recording(r.Context(), tenant, device, id)
+	if err != nil {
+		return err
+	}
+	defer o.Close()
+	hd := w.Header()
+	hd.Set("Content-Type", "application/x-asciicast")
+	hd.Set("Content-Length", strconv.FormatInt(o.Size(), 10))
+	hd.Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": id + ".cast"}))
+	hd.Set("Cache-Control", "private, no-cache")
+	w.WriteHeader(http.StatusOK)
+	io.Copy(w, o)
+	return nil
+}
+
+func (h *Hub) recording(ctx context.Context, tenant, device, id string) (blob.Object, error) {
+	s, err := h.Sessions.FindRemoteSession(ctx, tenant, device, id)
+	if err != nil {
+		return nil, err
+	}
+	if s.RecordingSize == 0 || h.Blobs == nil {
+		why := "its tenant did not record shell sessions when it opened"
+		switch {
+		case s.Recorded && s.EndedAt == nil:
+			why = "it is stored when the session ends"
+		case s.Recorded:
+			why = "it had no output, or could not be stored"
+		}
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "remote session %s has no recording: %s", id, why)
+	}
+	o, err := h.Blobs.Open(ctx, recordingKey(tenant, id))
+	if errors.Is(err, blob.ErrNotFound) {
+		return nil, fleet.Errorf(fleet.ENOTFOUND, "remote session %s's recording is gone from the blob store", id)
+	}
+	return o, err
+}

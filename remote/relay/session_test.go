@@ -1,0 +1,442 @@
+package relay_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/internal/fleetdtest"
+	"github.com/fleetd/fleet/remote"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// startAgent runs fleetd-agent --remote for a new device id of c's tenant
+// on s, and waits until it is connected.
+func startAgent(t *testing.T, s *fleetdtest.Server, c fleetdtest.Creds, id string) {
+	t.Helper()
+	a := s.StartAgent(t, fleetdtest.BuildAgent(t), id, s.MustDevice(t, c, id, nil).Token, "--remote", "--tenant", c.Tenant)
+	fleetdtest.Eventually(t, "the agent to connect", func() bool { return strings.Contains(a.Output.String(), "level=INFO msg=connected") })
+}
+
+// open opens a shell session on device as c, on s.
+func open(t *testing.T, s *fleetdtest.Server, c fleetdtest.Creds, device string) fleet.RemoteSession {
+	t.Helper()
+	var sess fleet.RemoteSession
+	s.Do(t, c, "POST", "/api/v1/devices/"+device+"/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 201).Decode(t, &sess)
+	return sess
+}
+
+// join joins session id's operator leg on s as c, sending the terminal's
+// size first as the console and fleetctl do, and waits for the shell.
+func join(t *testing.T, s *fleetdtest.Server, c fleetdtest.Creds, id string) *remote.Conn {
+	t.Helper()
+	conn, err := remote.Dial(context.Background(), s.URL+"/api/v1/remote-sessions/"+id+"/operator",
+		http.Header{"X-Service-Tenant": {c.Tenant}, "X-Service-Api-Key": {c.Key}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.Send(remote.Control{Type: remote.TypeResize, Cols: 100, Rows: 30})
+	conn.Write([]byte("echo rea''dy\n"))
+	readUntil(t, conn, "ready")
+	return conn
+}
+
+// readUntil reads the session's bytes until they hold text.
+func readUntil(t *testing.T, conn *remote.Conn, text string) string {
+	t.Helper()
+	var out strings.Builder
+	for !strings.Contains(out.String(), text) {
+		b, ctl, err := conn.Read()
+		if err != nil || (ctl != nil && ctl.Type != remote.TypeResize) {
+			t.Fatalf("before %q came: %v, %+v; output %q", text, err, ctl, out.String())
+		}
+		out.Write(b)
+	}
+	return out.String()
+}
+
+// sessionEnd reads the operator's leg until fleetd ends it, and returns
+// the message of its error, or "exit" for the shell's exit.
+func sessionEnd(t *testing.T, conn *remote.Conn) string {
+	t.Helper()
+	for {
+		_, ctl, err := conn.Read()
+		if err != nil {
+			t.Fatalf("the session ended without saying why: %v", err)
+		}
+		switch {
+		case ctl == nil:
+		case ctl.Type == remote.TypeError:
+			return ctl.Message
+		case ctl.Type == remote.TypeExit:
+			return "exit"
+		}
+	}
+}
+
+// ended waits until session id of device has ended and returns it.
+func ended(t *testing.T, s *fleetdtest.Server, c fleetdtest.Creds, device, id string) fleet.RemoteSession {
+	t.Helper()
+	var found fleet.RemoteSession
+	fleetdtest.Eventually(t, "session "+id+" to have ended", func() bool {
+		var list struct {
+			RemoteSessions []fleet.RemoteSession `json:"remote_sessions"`
+		}
+		s.Do(t, c, "GET", "/api/v1/devices/"+device+"/remote-sessions?limit=100", nil).Want(t, 200).Decode(t, &list)
+		for _, rs := range list.RemoteSessions {
+			if rs.ID == id && rs.EndedAt != nil {
+				found = rs
+				return true
+			}
+		}
+		return false
+	})
+	return found
+}
+
+// cast is an asciicast v2 file read back.
+type cast struct {
+	header struct {
+		Version       int
+		Width, Height int
+	}
+	events [][3]any
+}
+
+func readCast(t *testing.T, b []byte) cast {
+	t.Helper()
+	var c cast
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(nil, 1<<20)
+	if !sc.Scan() || json.Unmarshal(sc.Bytes(), &c.header) != nil {
+		t.Fatalf("no asciicast header: %.200q", b)
+	}
+	for sc.Scan() {
+		var e [3]any
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			t.Fatalf("event %q: %v", sc.Bytes(), err)
+		}
+		c.events = append(c.events, e)
+	}
+	return c
+}
+
+// of returns the data of the events of kind, one after the other.
+func (c cast) of(kind string) string {
+	var b strings.Builder
+	for _, e := range c.events {
+		if e[1] == kind {
+			b.WriteString(e[2].(string))
+		}
+	}
+	return b.String()
+}
+
+// TestRemoteRecording records shell sessions of a tenant that turned it
+// on, with a real fleetd-agent: off by default (no recording), turned on
+// by an admin (audited), the output and resizes recorded and what is
+// typed not, UTF-8 cut between reads kept whole, the cap's marker, the
+// recording read by the API (the remote permission, the tenant's own) and
+// by fleetctl.
+func TestRemoteRecording(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := fleetdtest.Start(t, b, "--remote-connect-timeout", "1m", "--remote-recording-max", "8192")
+		admin := s.Admin()
+		op := s.NewKey(t, admin, "ops", "operator")
+		viewer := s.NewKey(t, admin, "eyes", "viewer")
+		other := s.NewTenant(t, "other")
+		startAgent(t, s, admin, "edge-1")
+		recording := func(c fleetdtest.Creds, id string) *fleetdtest.Response {
+			return s.Do(t, c, "GET", "/api/v1/devices/edge-1/remote-sessions/"+id+"/recording", nil)
+		}
+
+		t.Run("Off", func(t *testing.T) {
+			sess := open(t, s, op, "edge-1")
+			conn := join(t, s, op, sess.ID)
+			conn.Write([]byte("exit\n"))
+			sessionEnd(t, conn)
+			if rs := ended(t, s, admin, "edge-1", sess.ID); rs.Recording != "" {
+				t.Fatalf("recording %q of a tenant that does not record", rs.Recording)
+			}
+			if code := recording(op, sess.ID).Want(t, 404).ErrorCode(t); code != fleet.ENOTFOUND {
+				t.Fatalf("error %q", code)
+			}
+		})
+		t.Run("TurnedOn", func(t *testing.T) {
+			s.Do(t, op, "PUT", "/api/v1/tenants/default/remote-settings", map[string]any{"recording": true}).Want(t, 403)
+			s.Do(t, admin, "PUT", "/api/v1/tenants/default/remote-settings", map[string]any{"recording": "yes"}).Want(t, 400)
+			s.Do(t, admin, "PUT", "/api/v1/tenants/default/remote-settings", map[string]any{}).Want(t, 400)
+			s.Do(t, admin, "PUT", "/api/v1/tenants/default/remote-settings", map[string]any{"recording": true}).Want(t, 204)
+			var set fleet.RemoteSettings
+			s.Do(t, viewer, "GET", "/api/v1/tenants/default/remote-settings", nil).Want(t, 200).Decode(t, &set)
+			if !set.Recording {
+				t.Fatal("recording is not on")
+			}
+			var audit struct {
+				AuditLogs []map[string]any `json:"audit_logs"`
+			}
+			s.Do(t, admin, "GET", "/api/v1/audit-logs?action=tenant.remote_settings", nil).Want(t, 200).Decode(t, &audit)
+			if len(audit.AuditLogs) != 1 {
+				t.Fatalf("audit %+v", audit.AuditLogs)
+			}
+			s.Do(t, other, "GET", "/api/v1/tenants/other/remote-settings", nil).Want(t, 200).Decode(t, &set)
+			if set.Recording {
+				t.Fatal("the other tenant records too")
+			}
+		})
+		t.Run("Recorded", func(t *testing.T) {
+			sess := open(t, s, op, "edge-1")
+			conn := join(t, s, op, sess.ID)
+			conn.Send(remote.Control{Type: remote.TypeResize, Cols: 120, Rows: 40})
+			// A password read without echo is typed but never shown: it
+			// must not be in the recording. The é is split between two
+			// writes of the device's terminal.
+			conn.Write([]byte("stty -echo; printf 'pass''word:'; read pw; stty echo; printf 'caf\\303'; sleep 0.2; printf '\\251 %s-%s\\n' got ${#pw}\n"))
+			readUntil(t, conn, "password:")
+			conn.Write([]byte("hunter2\n"))
+			readUntil(t, conn, "got-7")
+			conn.Write([]byte("exit 3\n"))
+			if end := sessionEnd(t, conn); end != "exit" {
+				t.Fatalf("end %q", end)
+			}
+			rs := ended(t, s, admin, "edge-1", sess.ID)
+			if rs.Recording != "/api/v1/devices/edge-1/remote-sessions/"+sess.ID+"/recording" || rs.RecordingSize == 0 {
+				t.Fatalf("session %+v", rs)
+			}
+			recording(viewer, sess.ID).Want(t, 403)
+			other := s.NewKey(t, other, "other-ops", "operator")
+			s.Do(t, other, "GET", rs.Recording, nil).Want(t, 404)
+			r := recording(op, sess.ID).Want(t, 200)
+			if ct := r.Header.Get("Content-Type"); ct != "application/x-asciicast" {
+				t.Fatalf("Content-Type %q", ct)
+			}
+			if int64(len(r.Body)) != rs.RecordingSize {
+				t.Fatalf("%d bytes, the session says %d", len(r.Body), rs.RecordingSize)
+			}
+			c := readCast(t, r.Body)
+			if c.header.Version != 2 || c.header.Width != 100 || c.header.Height != 30 {
+				t.Fatalf("header %+v", c.header)
+			}
+			out := c.of("o")
+			if !strings.Contains(out, "café got-7") || strings.Contains(out, "hunter2") || strings.ContainsRune(out, '\uFFFD') {
+				t.Fatalf("output recorded %q", out)
+			}
+			if got := c.of("r"); got != "120x40" {
+				t.Fatalf("resizes %q", got)
+			}
+			// fleetctl downloads the same file.
+			file := filepath.Join(t.TempDir(), "s.cast")
+			s.NewFleetctl(t, op).OK(t, "sessions", "recording", "edge-1", sess.ID, "--out", file)
+			if got, _ := os.ReadFile(file); !bytes.Equal(got, r.Body) {
+				t.Fatalf("fleetctl wrote %d bytes, the API sent %d", len(got), len(r.Body))
+			}
+			// The console's list links it for an operator, who downloads
+			// the same file; a viewer sees its size only, and may not.
+			link := "/console/devices/edge-1/remote-sessions/" + sess.ID + "/recording"
+			b := fleetdtest.NewBrowser(t, s.URL)
+			b.SignIn(op.Tenant, op.Key)
+			if page := b.Get("/console/devices/edge-1/remote-sessions").Want(t, 200); !strings.Contains(page.Body, `href="`+link+`"`) {
+				t.Fatalf("the operator's list has no link to the recording:\n%s", page.Body)
+			}
+			if file := b.Get(link).Want(t, 200); file.Body != string(r.Body) || file.Header.Get("Content-Type") != "application/x-asciicast" {
+				t.Fatalf("the console's recording: %d bytes of %s", len(file.Body), file.Header.Get("Content-Type"))
+			}
+			v := fleetdtest.NewBrowser(t, s.URL)
+			v.SignIn(viewer.Tenant, viewer.Key)
+			if page := v.Get("/console/devices/edge-1/remote-sessions").Want(t, 200); strings.Contains(page.Body, link) {
+				t.Fatal("the viewer's list links the recording")
+			}
+			v.Get(link).Want(t, 403)
+		})
+		t.Run("Cap", func(t *testing.T) {
+			sess := open(t, s, op, "edge-1")
+			conn := join(t, s, op, sess.ID)
+			conn.Write([]byte("head -c 20000 /dev/zero | tr '\\0' x; echo; echo do''ne\n"))
+			readUntil(t, conn, "done")
+			conn.Write([]byte("exit\n"))
+			sessionEnd(t, conn)
+			rs := ended(t, s, admin, "edge-1", sess.ID)
+			c := readCast(t, recording(op, sess.ID).Want(t, 200).Body)
+			if rs.RecordingSize > 8192+512 || !strings.Contains(c.of("m"), "reached its cap of 8192 bytes") || strings.Contains(c.of("o"), "done") {
+				t.Fatalf("%d bytes, markers %q", rs.RecordingSize, c.of("m"))
+			}
+		})
+		t.Run("ConsoleSettings", func(t *testing.T) {
+			b := fleetdtest.NewBrowser(t, s.URL)
+			b.SignIn(admin.Tenant, admin.Key)
+			page := b.Get("/console/settings/remote").Want(t, 200)
+			if !strings.Contains(page.Body, `name="recording" checked`) {
+				t.Fatalf("settings page:\n%s", page.Body)
+			}
+			b.Do("POST", "/console/settings/remote", url.Values{"csrf": {page.CSRF(t)}}).Want(t, http.StatusSeeOther)
+			var set fleet.RemoteSettings
+			s.Do(t, admin, "GET", "/api/v1/tenants/default/remote-settings", nil).Want(t, 200).Decode(t, &set)
+			if set.Recording {
+				t.Fatal("recording is still on")
+			}
+			o := fleetdtest.NewBrowser(t, s.URL)
+			o.SignIn(op.Tenant, op.Key)
+			o.Get("/console/settings/remote").Want(t, 403)
+			sess := open(t, s, op, "edge-1")
+			conn := join(t, s, op, sess.ID)
+			conn.Write([]byte("exit\n"))
+			sessionEnd(t, conn)
+			if rs := ended(t, s, admin, "edge-1", sess.ID); rs.Recording != "" {
+				t.Fatalf("recorded after the tenant turned recording off: %+v", rs)
+			}
+		})
+	})
+}
+
+// TestRemoteEnd ends sessions through the API and fleetctl: the operator
+// is told who ended it, the end is recorded and audited, an ended one is
+// a conflict, and only operators of the session's tenant may.
+func TestRemoteEnd(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := fleetdtest.Start(t, b, "--remote-connect-timeout", "1m")
+		admin := s.Admin()
+		op := s.NewKey(t, admin, "ops", "operator")
+		viewer := s.NewKey(t, admin, "eyes", "viewer")
+		other := s.NewTenant(t, "other")
+		startAgent(t, s, admin, "edge-1")
+		s.MustDevice(t, other, "edge-1", nil)
+
+		sess := open(t, s, op, "edge-1")
+		conn := join(t, s, op, sess.ID)
+		end := "/api/v1/devices/edge-1/remote-sessions/" + sess.ID + "/end"
+		s.Do(t, viewer, "POST", end, nil).Want(t, 403)
+		s.Do(t, other, "POST", end, nil).Want(t, 404)
+		s.Do(t, admin, "POST", "/api/v1/devices/edge-2/remote-sessions/"+sess.ID+"/end", nil).Want(t, 404)
+		var asked fleet.RemoteSession
+		s.Do(t, admin, "POST", end, nil).Want(t, 202).Decode(t, &asked)
+		if asked.ID != sess.ID {
+			t.Fatalf("answer %+v", asked)
+		}
+		if got := sessionEnd(t, conn); got != "session ended: ended by admin" {
+			t.Fatalf("the operator was told %q", got)
+		}
+		if rs := ended(t, s, admin, "edge-1", sess.ID); rs.EndReason != "ended by admin" {
+			t.Fatalf("reason %q", rs.EndReason)
+		}
+		if code := s.Do(t, admin, "POST", end, nil).Want(t, 409).ErrorCode(t); code != fleet.ECONFLICT {
+			t.Fatalf("error %q", code)
+		}
+
+		// fleetctl lists and ends; a session still waiting for its
+		// operator ends too.
+		waiting := open(t, s, op, "edge-1")
+		fleetctl := s.NewFleetctl(t, op)
+		if out := fleetctl.OK(t, "sessions", "list", "edge-1"); !strings.Contains(out, waiting.ID) {
+			t.Fatalf("fleetctl sessions list does not show %s:\n%s", waiting.ID, out)
+		}
+		fleetctl.OK(t, "sessions", "end", "edge-1", waiting.ID)
+		if rs := ended(t, s, admin, "edge-1", waiting.ID); rs.EndReason != "ended by ops" {
+			t.Fatalf("reason %q", rs.EndReason)
+		}
+		if errOut := fleetctl.Fails(t, 1, "sessions", "end", "edge-1", waiting.ID); !strings.Contains(errOut, "ended already") {
+			t.Fatalf("ending it again: %s", errOut)
+		}
+		var audit struct {
+			AuditLogs []map[string]any `json:"audit_logs"`
+		}
+		s.Do(t, admin, "GET", "/api/v1/audit-logs?action=remote.session.stop", nil).Want(t, 200).Decode(t, &audit)
+		if len(audit.AuditLogs) != 2 {
+			t.Fatalf("audit %+v", audit.AuditLogs)
+		}
+	})
+}
+
+// TestRemoteCapsAcrossReplicas runs two replicas on one PostgreSQL
+// database: the per-device and per-person caps count the sessions open on
+// both, also when both replicas open sessions at the same moment, and a
+// session ended on the other replica frees its place.
+func TestRemoteCapsAcrossReplicas(t *testing.T) {
+	var pg sqlstoretest.Backend
+	for _, b := range sqlstoretest.Backends() {
+		if b.Name == "postgres" {
+			pg = b
+		}
+	}
+	if pg.Name == "" {
+		t.Skip("replicas share a PostgreSQL database: set FLEETD_TEST_POSTGRES")
+	}
+	flags := []string{"--remote-connect-timeout", "1m", "--remote-max-per-device", "2", "--remote-max-per-user", "3"}
+	a := fleetdtest.Start(t, pg, flags...)
+	bs := fleetdtest.New(a.DSN, t.TempDir())
+	bs.Start(t, flags...)
+	t.Cleanup(func() { bs.Stop(t) })
+	bs.Key = a.Key
+	admin := a.Admin()
+	startAgent(t, a, admin, "edge-1")
+	for _, d := range []string{"edge-2", "edge-3", "edge-4", "edge-5"} {
+		a.MustDevice(t, admin, d, nil)
+	}
+
+	t.Run("Device", func(t *testing.T) {
+		k := a.NewKey(t, admin, "dev-cap", "operator")
+		first := open(t, a, k, "edge-1")
+		conn := join(t, a, k, first.ID)
+		open(t, bs, k, "edge-1")
+		r := a.Do(t, k, "POST", "/api/v1/devices/edge-1/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 429)
+		if !strings.Contains(string(r.Body), "device edge-1 has 2 remote sessions open") {
+			t.Fatalf("refusal %s", r.Body)
+		}
+		// Ended through B, relayed by A: the place is free again.
+		bs.Do(t, admin, "POST", "/api/v1/devices/edge-1/remote-sessions/"+first.ID+"/end", nil).Want(t, 202)
+		sessionEnd(t, conn)
+		ended(t, bs, admin, "edge-1", first.ID)
+		open(t, bs, k, "edge-1")
+	})
+	t.Run("Person", func(t *testing.T) {
+		k := a.NewKey(t, admin, "person-cap", "operator")
+		open(t, a, k, "edge-2")
+		open(t, bs, k, "edge-3")
+		open(t, a, k, "edge-3")
+		r := bs.Do(t, k, "POST", "/api/v1/devices/edge-4/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 429)
+		if !strings.Contains(string(r.Body), "you have 3 remote sessions open") {
+			t.Fatalf("refusal %s", r.Body)
+		}
+	})
+	t.Run("AtOnce", func(t *testing.T) {
+		// Sixteen people ask for edge-5 at once, half on each replica: two
+		// get it.
+		const n = 16
+		keys := make([]fleetdtest.Creds, n)
+		for i := range keys {
+			keys[i] = a.NewKey(t, admin, fmt.Sprintf("at-once-%d", i), "operator")
+		}
+		var wg sync.WaitGroup
+		statuses := make(chan int, n)
+		start := make(chan struct{})
+		for i, k := range keys {
+			s := []*fleetdtest.Server{a, bs}[i%2]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				statuses <- s.Do(t, k, "POST", "/api/v1/devices/edge-5/remote-sessions", map[string]any{"kind": "shell"}).Status
+			}()
+		}
+		close(start)
+		wg.Wait()
+		close(statuses)
+		got := map[int]int{}
+		for st := range statuses {
+			got[st]++
+		}
+		if got[201] != 2 || got[429] != n-2 {
+			t.Fatalf("statuses %v, want two 201 and the others 429", got)
+		}
+	})
+}
