@@ -326,21 +326,7 @@ func vmRSS(t *testing.T, pid int) float64 {
 // metric reads one unlabelled series from /metrics.
 func metric(t *testing.T, base, name string) float64 {
 	t.Helper()
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			return f
-		}
-	}
-	t.Fatalf("no %s in /metrics", name)
-	return 0
+	return fleetdtest.Metric(t, base, name)
 }
 
 // slope is the least-squares slope of ys over xs.

@@ -8,12 +8,14 @@
 package fleetdtest
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -373,4 +375,25 @@ func (s *Server) openAPIRouter(t *testing.T) routers.Router {
 	}
 	s.router, s.routerURL = router, s.URL
 	return router
+}
+
+// Metric reads a gauge or counter without labels from fleetd's /metrics
+// at base.
+func Metric(t *testing.T, base, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	t.Fatalf("no %s in /metrics", name)
+	return 0
 }
