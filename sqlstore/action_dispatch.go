@@ -561,6 +561,23 @@ func (tx *Tx) cancel(ctx context.Context, tenant string, id int64, tell *fleet.D
 		return nil, err
 	}
 	c := &fleet.Cancellation{}
+	var name string
+	if err := tx.queryRow(ctx, "SELECT action FROM actions WHERE tenant = ? AND id = ?", tenant, id).Scan(&name); err != nil {
+		return nil, err
+	}
+	if name == fleet.ActionDesired {
+		// No device was sent a desired rollout (docs/twin.md): those in
+		// flight wait for no answer, and are cancelled as if they gave it.
+		untold, err := tx.applyMove(ctx, moveCancel, `UPDATE device_actions SET `+moveCancel.set+`, updated_at = ?
+			WHERE tenant = ? AND action_id = ? AND {from}`, millis(tx.now), tenant, id)
+		if err != nil {
+			return nil, err
+		}
+		released, err := tx.applyMove(ctx, moveCancelAccepted, `UPDATE device_actions SET `+moveCancelAccepted.set+`, updated_at = ?
+			WHERE tenant = ? AND action_id = ? AND {from}`, millis(tx.now), tenant, id)
+		c.Cancelled = untold + released
+		return c, err
+	}
 	var told int
 	if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+untold,
 		tenant, id).Scan(&told); err != nil {

@@ -94,6 +94,32 @@ func TestDesiredRollout(t *testing.T) {
 			return a.Status == "completed" && a.Statuses["Completed"] == simDevices+2
 		})
 
+		// Aborted: the released device's device action is cancelled at
+		// once, as no device was sent anything to be told to stop; the
+		// others are cancelled unreleased; the change made stays.
+		s.Do(t, admin, "PATCH", "/api/v1/shadows", map[string]any{"search_type": "search", "search_query": "sim-", "desired": map[string]any{"interval": 45},
+			"schedule": map[string]any{"phases": []any{
+				map[string]any{"name": "canary", "trigger_on": map[string]any{"type": "now"}, "info": map[string]any{"type": "fixed_list", "device_ids": []string{"sim-mute"}}},
+				map[string]any{"name": "rest", "trigger_on": map[string]any{"type": "manual"}, "info": map[string]any{"type": "percentage", "percentage": 100}},
+			}}}).Want(t, 200).Decode(t, &fd)
+		s.AwaitActionStatus(t, admin, "sim-mute", fd.ActionID, "Initiated")
+		dispatched := len(actions(t, s, admin))
+		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/abort", fd.ActionID), nil).Want(t, 204)
+		for _, d := range []string{"sim-mute", "sim-00001", "sim-ready"} {
+			if da := s.DeviceAction(t, admin, d, fd.ActionID); da.ActionStatus != "Cancelled" {
+				t.Fatalf("after the abort, %s's device action is %s", d, da.ActionStatus)
+			}
+		}
+		if n := len(actions(t, s, admin)); n != dispatched {
+			t.Fatalf("the abort dispatched %d actions (a cancel_action to devices never sent the rollout)", n-dispatched)
+		}
+		if got := desired("sim-mute")["interval"]; got != 45.0 {
+			t.Fatalf("sim-mute's desired interval is %v after the abort, want the change kept", got)
+		}
+		if got := desired("sim-00001")["interval"]; got != 30.0 {
+			t.Fatalf("sim-00001, never released, has desired interval %v", got)
+		}
+
 		// Refused, and nothing dispatched: a timeout without a schedule, a
 		// desired_state action without one, a patch too deep, a bad phase.
 		before := len(actions(t, s, admin))
