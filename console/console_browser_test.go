@@ -55,6 +55,7 @@ func consoleHarness(t *testing.T) string {
 // FLEETD_CONSOLE_SCREENSHOTS=docs/console (a relative path is taken from
 // the repository root) refreshes the screenshots of docs/console.md.
 func TestConsoleInBrowser(t *testing.T) {
+	t.Parallel()
 	dir := consoleHarness(t)
 	s := fleetdtest.Start(t, sqlstoretest.Backends()[0], "--rollout-interval", "50ms", "--outbound-allow", "127.0.0.1")
 	admin := s.Admin()
@@ -105,6 +106,7 @@ func TestConsoleInBrowser(t *testing.T) {
 // that failed with the page's button, and cancel the retry after
 // confirming what the cancel does.
 func TestConsoleRolloutsInBrowser(t *testing.T) {
+	t.Parallel()
 	dir := consoleHarness(t)
 	s := fleetdtest.Start(t, sqlstoretest.Backends()[0], "--rollout-interval", "50ms")
 	admin := s.Admin()
@@ -182,6 +184,7 @@ func screenshotDir(t *testing.T) string {
 // so that the next reading ends it, checks the alerts pages' layout, and
 // sees a viewer get no write controls.
 func TestConsoleAlertsInBrowser(t *testing.T) {
+	t.Parallel()
 	dir := consoleHarness(t)
 	// The webhook receiver is on this machine: the egress policy must
 	// allow it.
@@ -212,6 +215,7 @@ func TestConsoleAlertsInBrowser(t *testing.T) {
 // and follow lines (markup in a line stays text, a level filter holds),
 // and checks both pages' layout.
 func TestConsoleChartsInBrowser(t *testing.T) {
+	t.Parallel()
 	dir := consoleHarness(t)
 	s := fleetdtest.Start(t, sqlstoretest.Backends()[0])
 	admin := s.Admin()

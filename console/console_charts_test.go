@@ -32,6 +32,7 @@ func chartsOf(body string) map[string]string {
 // points arrive, an empty state, log lines filtered, escaped and followed,
 // and every one of them 404 for another tenant's device or alert.
 func TestConsoleCharts(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, be, fleetdtest.AlertFlags...)
 		admin := s.Admin()

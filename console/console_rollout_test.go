@@ -19,6 +19,7 @@ import (
 // finished; the actions list tells versions apart and keeps the
 // cancel_actions aborts send on their action's page.
 func TestConsoleRollouts(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, be)
 		admin := s.Admin()

@@ -17,6 +17,7 @@ import (
 // FLEETD_CONSOLE_SCREENSHOTS=docs/console refreshes docs/console.md's
 // settings screenshots.
 func TestConsoleSettingsInBrowser(t *testing.T) {
+	t.Parallel()
 	dir := consoleHarness(t)
 	s := fleetdtest.Start(t, sqlstoretest.Backends()[0])
 	admin := s.Admin()

@@ -22,6 +22,7 @@ var shownKey = regexp.MustCompile(`fk_[A-Za-z0-9_-]+`)
 // tenant's sign-in settings and the audit log, each refused to other
 // roles, with CSRF and escaping.
 func TestConsoleSettings(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
 		// The OpenID provider is on this machine: the egress policy must
 		// allow it.

@@ -15,6 +15,7 @@ import (
 // which ends the terminal that console session opened; a viewer gets no
 // terminal.
 func TestConsoleTerminalInBrowser(t *testing.T) {
+	t.Parallel()
 	dir := consoleHarness(t)
 	bin := fleetdtest.BuildAgent(t)
 	s := fleetdtest.Start(t, sqlstoretest.Backends()[0])

@@ -26,6 +26,7 @@ import (
 // TestConsole covers what needs no script: sessions, CSRF, roles, tenant
 // isolation, escaping, the security headers and the event stream.
 func TestConsole(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
 		// MQTT over TLS, so that devices can be issued certificates.
 		certFile, keyFile := fleetdtest.WriteServerCert(t, t.TempDir(), "fleetd test")
@@ -697,6 +698,7 @@ func TestConsole(t *testing.T) {
 // tenant's JWKS, issuer, client id and nonce; the person gets the tenant's
 // default role.
 func TestConsoleOIDC(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, be sqlstoretest.Backend) {
 		// The provider is on this machine: the egress policy must allow it.
 		s := fleetdtest.Start(t, be, "--outbound-allow", "127.0.0.1")
@@ -798,6 +800,7 @@ func TestConsoleOIDC(t *testing.T) {
 // over plain HTTP. At f94a7fc they were Secure only when fleetd served TLS
 // itself.
 func TestConsoleCookiesSecureBehindTLSProxy(t *testing.T) {
+	t.Parallel()
 	s := fleetdtest.Start(t, sqlstoretest.Backends()[0], "--public-url", "https://fleet.example.com")
 	admin := s.Admin()
 	// No cookie jar: one would keep Secure cookies from plain HTTP.

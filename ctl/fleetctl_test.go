@@ -20,6 +20,7 @@ import (
 // through run: every command group, its output forms and its exit codes.
 
 func TestFleetctlContexts(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		acme := s.NewTenant(t, "acme")
@@ -118,6 +119,7 @@ func TestFleetctlContexts(t *testing.T) {
 }
 
 func TestFleetctlDevices(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		// MQTT over TLS, so that devices can be issued certificates.
 		certFile, keyFile := fleetdtest.WriteServerCert(t, t.TempDir(), "fleetd test")
@@ -219,6 +221,7 @@ func TestFleetctlDevices(t *testing.T) {
 // TestFleetctlTLS talks to fleetd over https, trusting its certificate
 // through --ca-file and the context.
 func TestFleetctlTLS(t *testing.T) {
+	t.Parallel()
 	certFile, keyFile := fleetdtest.WriteServerCert(t, t.TempDir(), "fleetd test")
 	s := fleetdtest.Start(t, sqlstoretest.Backends()[0], "--tls-cert", certFile, "--tls-key", keyFile)
 	url := strings.Replace(s.URL, "http://", "https://", 1)
@@ -231,6 +234,7 @@ func TestFleetctlTLS(t *testing.T) {
 }
 
 func TestFleetctlActions(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		f := s.NewFleetctl(t, s.Admin())
@@ -413,6 +417,7 @@ func TestFleetctlActions(t *testing.T) {
 // 'actions dispatch --watch' by their exit code, one for each way an
 // action ends (docs/cli.md's table).
 func TestFleetctlWatchExitCodes(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b, "--rollout-interval", "20ms")
 		f := s.NewFleetctl(t, s.Admin())
@@ -583,6 +588,7 @@ func TestFleetctlWatchExitCodes(t *testing.T) {
 // TestFleetctlCompletion: the shells' completion asks the server for
 // device and action ids (the scripts call fleetctl __complete).
 func TestFleetctlCompletion(t *testing.T) {
+	t.Parallel()
 	s := fleetdtest.Start(t, sqlstoretest.Backends()[0])
 	f := s.NewFleetctl(t, s.Admin())
 	f.OK(t, "devices", "create", "pump-1")
@@ -603,6 +609,7 @@ func TestFleetctlCompletion(t *testing.T) {
 }
 
 func TestFleetctlFirmware(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		f := s.NewFleetctl(t, s.Admin())
@@ -724,6 +731,7 @@ func TestFleetctlFirmware(t *testing.T) {
 }
 
 func TestFleetctlAlerts(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b, fleetdtest.AlertFlags...)
 		f := s.NewFleetctl(t, s.Admin())
@@ -838,6 +846,7 @@ func TestFleetctlAlerts(t *testing.T) {
 }
 
 func TestFleetctlAdmin(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		f := s.NewFleetctl(t, s.Admin())
@@ -921,6 +930,7 @@ func TestFleetctlAdmin(t *testing.T) {
 
 // TestFleetctlRateLimited: a 429 says when to try again.
 func TestFleetctlRateLimited(t *testing.T) {
+	t.Parallel()
 	s := fleetdtest.Start(t, sqlstoretest.Backends()[0], "--rate-limit", "0.001", "--rate-burst", "1")
 	f := s.NewFleetctl(t, s.Admin())
 	f.OK(t, "devices", "list")
@@ -932,6 +942,7 @@ func TestFleetctlRateLimited(t *testing.T) {
 // to the bucket (VersityGW here); fleetctl follows, without its key, and
 // resumes there too.
 func TestFleetctlPresignedDownload(t *testing.T) {
+	t.Parallel()
 	s := fleetdtest.StartOn(t, sqlstoretest.Backends()[0], "s3+presign")
 	f := s.NewFleetctl(t, s.Admin())
 	data := fleetdtest.MakeBundle(t, "5.0.0", fleetdtest.Bootloader, fleetdtest.App230)

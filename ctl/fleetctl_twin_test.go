@@ -9,6 +9,7 @@ import (
 
 // TestFleetctlTwin: fleetctl shadow and groups against a real server.
 func TestFleetctlTwin(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		s.MustDevice(t, s.Admin(), "ct-1", map[string]string{"site": "berlin"})

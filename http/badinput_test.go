@@ -46,6 +46,7 @@ type badCase struct {
 // body, the server must stay up, and a count of the rows of every table,
 // taken directly in the database before and after, must not change.
 func TestBadInputCorpus(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		certFile, keyFile := fleetdtest.WriteServerCert(t, t.TempDir(), "fleetd test")
 		s := fleetdtest.Start(t, b, append([]string{"--rate-limit", "-1", "--device-data-rate-limit", "-1", "--max-bulk-bytes", "2097152",

@@ -56,6 +56,7 @@ func keys(v any) string {
 }
 
 func TestDDI(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b, "--ddi-poll-interval", "90s")
 		admin := s.Admin()
@@ -558,6 +559,7 @@ func (r *swupdateRun) awaitStatus(t *testing.T, s *fleetdtest.Server, device str
 // an installation that succeeds (confirmed after the device's "reboot"),
 // one that fails with SWUpdate's message, and a cancellation.
 func TestSWUpdate(t *testing.T) {
+	t.Parallel()
 	bin, openssl := swupdateTools(t)
 	signer := newSWUSigner(t, openssl)
 	s := fleetdtest.Start(t, sqlstoretest.Backends()[0], "--ddi-poll-interval", "1s")
@@ -793,6 +795,7 @@ func ddiLinks(t *testing.T, s *fleetdtest.Server, auth, root string) map[string]
 // TestDDISettings covers the tenant's DDI settings: defaults, the admin
 // role to change them, the audit log, bad input and another tenant.
 func TestDDISettings(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
@@ -860,6 +863,7 @@ func TestDDISettings(t *testing.T) {
 // update waiting, confirmed hands it over; automatic confirmation lets
 // updates through until the device switches it off.
 func TestDDIConfirmation(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
@@ -1052,6 +1056,7 @@ func toAny[V any](m map[string]V) any {
 // a gateway's poll for an unknown controller creates the device, audited,
 // counted and within the tenant's registration rate; off, 404 as before.
 func TestDDIGatewayRegistration(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b, "--ddi-registration-rate-burst", "3", "--ddi-registration-rate-limit", "0.001")
 		admin := s.Admin()

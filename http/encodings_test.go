@@ -142,6 +142,7 @@ func forget(x any) any {
 // the same body in every encoding and checks that each stored exactly what
 // its JSON twin stored. A new endpoint with a body is one more line here.
 func TestEveryEndpointTakesEveryEncoding(t *testing.T) {
+	t.Parallel()
 	device := func(id string) func(t *testing.T, s *fleetdtest.Server, v vars) {
 		return func(t *testing.T, s *fleetdtest.Server, v vars) {
 			s.MustDevice(t, s.Admin(), v.fill(id), map[string]string{"a": "1", "b": "2"})

@@ -31,6 +31,7 @@ type caller struct {
 // one tenant may hold the other's markers or ids (but an id the caller
 // itself sent).
 func TestIsolationMatrix(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		certFile, keyFile := fleetdtest.WriteServerCert(t, t.TempDir(), "fleetd test")
 		s := fleetdtest.Start(t, b, append([]string{"--rate-limit", "-1", "--device-data-rate-limit", "-1",
