@@ -21,14 +21,54 @@ func (db *DB) ExplainAuditLogs(ctx context.Context, tenant string, f fleet.Audit
 	return count, page, err
 }
 
+// ExplainFleetRollups returns the database's plan of a fleet-wide
+// aggregate's read of the rollups of kind ("1m" or "1h") of the partition
+// holding at.
+func (db *DB) ExplainFleetRollups(ctx context.Context, kind string, at time.Time) (string, error) {
+	k := map[string]partKind{"1m": minutePart, "1h": hourPart}[kind]
+	table := k.table
+	if db.dialect == sqlite {
+		table = k.name(k.start(millis(at)))
+	}
+	tx, err := db.read.BeginTx(ctx, nil)
+	if err != nil {
+		return "", err
+	}
+	defer tx.Rollback()
+	if db.dialect == sqlite {
+		// EXPLAIN does not look at the schema's version: a connection
+		// that read nothing since an index was made plans without it.
+		// A read does look, as every query fleetd runs does.
+		if _, err := tx.ExecContext(ctx, "SELECT count(*) FROM sqlite_master"); err != nil {
+			return "", err
+		}
+	} else {
+		// A test's few rows fit in a page or two, which PostgreSQL reads
+		// whole rather than through an index; at scale it would not.
+		// What the test asks is which index serves the query.
+		if _, err := tx.ExecContext(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
+			return "", err
+		}
+	}
+	lo := millis(at)
+	return db.explainOn(ctx, tx, rollupsQuery(table, "tenant = ? AND stream = ?"), "acme", "env", "temp", lo, lo+hourMs)
+}
+
 // explain returns the database's plan of q ("?" placeholders), one line
 // per step: SQLite's EXPLAIN QUERY PLAN details, PostgreSQL's EXPLAIN.
 func (db *DB) explain(ctx context.Context, q string, args ...any) (string, error) {
+	return db.explainOn(ctx, db.read, q, args...)
+}
+
+// explainOn is explain on a connection pool or a transaction of db.
+func (db *DB) explainOn(ctx context.Context, on interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, q string, args ...any) (string, error) {
 	explain := "EXPLAIN "
 	if db.dialect == sqlite {
 		explain = "EXPLAIN QUERY PLAN "
 	}
-	rows, err := db.read.QueryContext(ctx, db.dialect.rebind(explain+q), args...)
+	rows, err := on.QueryContext(ctx, db.dialect.rebind(explain+q), args...)
 	if err != nil {
 		return "", err
 	}

@@ -2,6 +2,7 @@ package sqlstore_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -35,15 +36,7 @@ func BenchmarkStreamHistoryDay(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			for {
-				n, err := db.RollUp(ctx)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if n == 0 {
-					break
-				}
-			}
+			drainRollups(b, db)
 			size := "SELECT sum(pgsize) FROM dbstat WHERE name = ?"
 			if be.Name == "postgres" {
 				size = "SELECT pg_total_relation_size(CAST($1 AS regclass))"
@@ -80,5 +73,71 @@ func BenchmarkStreamHistoryDay(b *testing.B) {
 			b.ReportMetric(float64(time.Since(t0).Microseconds())/1000, "ms/30d-aggregate")
 			b.ReportMetric(float64(bytes)/86400, "disk-B/point")
 		})
+	}
+}
+
+// BenchmarkIngestRollups keeps batches of 100 points (1 Hz, one numeric
+// field) of 1000 devices and adds up their rollups as the background job
+// does, every 100 batches: with the rollups' index by stream (migration
+// 0043, which fleet-wide aggregates read through) and, on another
+// database, without it. The ratio of the two is what the index costs
+// ingest with history.
+func BenchmarkIngestRollups(b *testing.B) {
+	for _, be := range sqlstoretest.Backends() {
+		for _, index := range []bool{true, false} {
+			name := be.Name + "/by_stream_index"
+			if !index {
+				name = be.Name + "/without_index"
+			}
+			b.Run(name, func(b *testing.B) {
+				ctx := context.Background()
+				now := time.Date(2026, 11, 21, 23, 0, 0, 0, time.UTC)
+				db := sqlstoretest.MustOpen(b, be, sqlstoretest.Options{Now: func() time.Time { return now }})
+				mustTenant(b, db, "acme")
+				const devices = 1000
+				var devs []fleet.NewDevice
+				for i := range devices {
+					devs = append(devs, fleet.NewDevice{ID: fmt.Sprintf("d%d", i)})
+				}
+				if _, err := db.CreateDevices(ctx, "acme", devs); err != nil {
+					b.Fatal(err)
+				}
+				start := now.Add(-20 * time.Hour)
+				keep := func(n int) {
+					d, k := n%devices, n/devices
+					pts := make([]fleet.DataPoint, 100)
+					for j := range pts {
+						pts[j] = fleet.DataPoint{Timestamp: start.Add(time.Duration(k*100+j) * time.Second), Sequence: int64(k*100 + j),
+							Data: map[string]any{"temp": 20 + float64(j)/8}, ReceivedAt: now}
+					}
+					if err := db.CommitStream(ctx, "acme", fmt.Sprintf("d%d", d), "env", pts, nil); err != nil {
+						b.Fatal(err)
+					}
+				}
+				keep(0) // makes the partitions
+				drainRollups(b, db)
+				if !index {
+					drop := []string{"stream_rollup_1m_by_stream", "stream_rollup_1h_by_stream"}
+					if be.Name == "sqlite" {
+						drop = []string{"stream_rollup_1m_" + start.Format("20060102") + "_by_stream", "stream_rollup_1h_" + start.Format("200601") + "_by_stream"}
+					}
+					for _, ix := range drop {
+						if err := db.Exec(ctx, "DROP INDEX "+ix); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				b.ResetTimer()
+				t0 := time.Now()
+				for i := range b.N {
+					keep(devices + i)
+					if i%100 == 99 {
+						drainRollups(b, db)
+					}
+				}
+				drainRollups(b, db)
+				b.ReportMetric(float64(b.N*100)/time.Since(t0).Seconds(), "points/s")
+			})
+		}
 	}
 }

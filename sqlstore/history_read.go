@@ -796,8 +796,7 @@ func (db *DB) aggregateRollups(ctx context.Context, tx readTx, kind partKind, wh
 		return err
 	}
 	for _, s := range segs {
-		rows, err := tx.query(ctx, `SELECT device_id, bucket, n, vmin, vmax, vsum, vlast, last_ts, last_seq FROM `+s.table+`
-			WHERE `+where+` AND field = ? AND bucket >= ? AND bucket < ?`, append(slices.Clip(args), field, s.lo, s.hi)...)
+		rows, err := tx.query(ctx, rollupsQuery(s.table, where), append(slices.Clip(args), field, s.lo, s.hi)...)
 		if err != nil {
 			return err
 		}
@@ -818,6 +817,14 @@ func (db *DB) aggregateRollups(ctx context.Context, tx readTx, kind partKind, wh
 		}
 	}
 	return nil
+}
+
+// rollupsQuery reads the rollups of table that where chooses, of a field
+// (the next argument) in a range of buckets (the two after). A fleet-wide
+// where (tenant and stream) is served by the index of migration 0043.
+func rollupsQuery(table, where string) string {
+	return `SELECT device_id, bucket, n, vmin, vmax, vsum, vlast, last_ts, last_seq FROM ` + table + `
+		WHERE ` + where + ` AND field = ? AND bucket >= ? AND bucket < ?`
 }
 
 // devicesMatching returns the ids of a tenant's devices whose metadata has

@@ -7,6 +7,7 @@ import (
 	"math"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -584,4 +585,84 @@ func TestStreamHistoryPartitionDropped(t *testing.T) {
 			t.Fatalf("streams %+v %v, want the 10 points written after the drop", streams, err)
 		}
 	})
+}
+
+// TestFleetAggregateReadsTheStream checks that a fleet-wide aggregate's
+// read of the rollups is served by migration 0043's index on (tenant,
+// stream, field, bucket), not by the primary key on its tenant prefix
+// (every rollup of the tenant in the range, of every stream and field),
+// and that it still sums the stream's rollups of every device, and no
+// other stream's or tenant's.
+func TestFleetAggregateReadsTheStream(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, clk := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustTenant(t, db, "globex")
+		devices := []string{"d1", "d2", "d3"}
+		mustAlertDevices(t, db, "acme", devices...)
+		mustAlertDevices(t, db, "globex", "d1")
+		now := clk.Now().Truncate(time.Millisecond)
+		start := now.Add(-2 * time.Hour).Truncate(time.Hour)
+		keep := func(tenant, device, stream string, temp float64) {
+			pts := make([]fleet.DataPoint, 60)
+			for i := range pts {
+				pts[i] = fleet.DataPoint{Stream: stream, Timestamp: start.Add(time.Duration(i) * time.Minute), Sequence: int64(i),
+					Data: map[string]any{"temp": temp, "other": 1000.0}, ReceivedAt: now}
+			}
+			if err := db.CommitStream(ctx, tenant, device, stream, pts, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, d := range devices {
+			keep("acme", d, "env", float64(i+1))
+			keep("acme", d, "power", 500)
+		}
+		keep("globex", "d1", "env", 700)
+		drainRollups(t, db)
+		for _, iv := range []time.Duration{time.Minute, time.Hour} {
+			bs, _, err := db.AggregateFleet(ctx, "acme", "env", fleet.AggregateQuery{Field: "temp", Fn: fleet.AggSum, Interval: iv, From: start, To: now})
+			var sum float64
+			var n int64
+			for _, b := range bs {
+				sum, n = sum+b.Value, n+b.Count
+			}
+			if err != nil || len(bs) != int(time.Hour/iv) || sum != 60*(1+2+3) || n != 180 {
+				t.Fatalf("the fleet's sums by %s = %+v %v, want 360 of 180", iv, bs, err)
+			}
+		}
+		if b.Name == "sqlite" {
+			// A partition made before migration 0043 gains the index
+			// from the maintenance.
+			if err := db.Exec(ctx, "DROP INDEX stream_rollup_1m_"+start.Format("20060102")+"_by_stream"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.MaintainHistory(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, kind := range []string{"1m", "1h"} {
+			plan, err := db.ExplainFleetRollups(ctx, kind, start)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(plan, "_by_stream") && !strings.Contains(plan, "tenant_stream_field_bucket_idx") {
+				t.Errorf("a fleet-wide read of the %s rollups does not use their index by stream:\n%s", kind, plan)
+			}
+		}
+	})
+}
+
+// drainRollups adds up every rollup queued, as the background job does.
+func drainRollups(t testing.TB, db *sqlstore.DB) {
+	t.Helper()
+	for {
+		n, err := db.RollUp(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+	}
 }
