@@ -253,7 +253,7 @@ func TestMQTTAbuse(t *testing.T) {
 	healthy := func(when string) {
 		t.Helper()
 		t.Logf("the well-behaved device works %s", when)
-		dev.publish(t, "env", []map[string]any{{"timestamp": time.Now().UnixMilli(), "t": 20}})
+		dev.PublishStream(t, "env", []map[string]any{{"timestamp": time.Now().UnixMilli(), "t": 20}})
 		id := s.Dispatch(t, admin, map[string]any{"action": "ping", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"good"}})
 		s.AwaitActionStatus(t, admin, "good", id, "Initiated")
 	}
@@ -339,7 +339,7 @@ func isTimeout(err error) bool {
 }
 
 // dialFrom connects an MQTT 5 device from a local address of its own.
-func dialFrom(t *testing.T, addr, local, tenant, id, token string) *streamDevice {
+func dialFrom(t *testing.T, addr, local, tenant, id, token string) *fleetdtest.StreamDevice {
 	t.Helper()
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
 	conn, err := d.Dial("tcp", addr)
@@ -361,7 +361,7 @@ func dialFrom(t *testing.T, addr, local, tenant, id, token string) *streamDevice
 	if _, err := c.Subscribe(sctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: mqtt.ActionsTopic(tenant, id), QoS: 1}}}); err != nil {
 		t.Fatalf("subscribe %s: %v", id, err)
 	}
-	return &streamDevice{Client: c, tenant: tenant, id: id}
+	return &fleetdtest.StreamDevice{Client: c, Tenant: tenant, ID: id}
 }
 
 // connectCode returns the CONNACK reason code fleetd answers a CONNECT

@@ -9,96 +9,14 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	pahov3 "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/fleetd/fleet/action"
 	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/mqtt"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
-
-// mqttDevice is a device connected over MQTT 3.1.1 with the paho client,
-// subscribed to its actions, acknowledging each (QoS 1) as it arrives. Like
-// any device it ignores an action id it has seen: delivery is at least once
-// (a device that subscribes while a dispatch commits may get it twice).
-type mqttDevice struct {
-	tenant, id string
-	client     pahov3.Client
-	actions    chan action.Message
-	seen       sync.Map // action id -> true
-}
-
-func (s *testServer) connectDevice(t *testing.T, tenant, id, token string) *mqttDevice {
-	t.Helper()
-	d := &mqttDevice{tenant: tenant, id: id, actions: make(chan action.Message, 100)}
-	opts := pahov3.NewClientOptions().
-		AddBroker("tcp://" + s.MQTTAddr).
-		SetClientID(id).
-		SetUsername(tenant + "/" + id).
-		SetPassword(token).
-		SetProtocolVersion(4).
-		SetCleanSession(true).
-		SetAutoReconnect(false).
-		SetConnectTimeout(fleetdtest.Bound)
-	d.client = pahov3.NewClient(opts)
-	if tok := d.client.Connect(); !tok.WaitTimeout(fleetdtest.Bound) || tok.Error() != nil {
-		t.Fatalf("connect %s: %v", id, tok.Error())
-	}
-	t.Cleanup(func() { d.client.Disconnect(100) })
-	tok := d.client.Subscribe(mqtt.ActionsTopic(tenant, id), 1, func(_ pahov3.Client, m pahov3.Message) {
-		var a action.Message
-		if err := json.Unmarshal(m.Payload(), &a); err != nil {
-			panic(fmt.Sprintf("action message %s: %v", m.Payload(), err))
-		}
-		if _, dup := d.seen.LoadOrStore(a.ID, true); !dup {
-			d.actions <- a
-		}
-	})
-	if !tok.WaitTimeout(fleetdtest.Bound) || tok.Error() != nil {
-		t.Fatalf("subscribe %s: %v", id, tok.Error())
-	}
-	return d
-}
-
-// next returns the next action message the device received.
-func (d *mqttDevice) next(t *testing.T) action.Message {
-	t.Helper()
-	select {
-	case a := <-d.actions:
-		return a
-	case <-time.After(fleetdtest.Bound):
-		t.Fatalf("%s received no action", d.id)
-	}
-	panic("unreachable")
-}
-
-// nothing asserts that no action arrives for a moment.
-func (d *mqttDevice) nothing(t *testing.T) {
-	t.Helper()
-	select {
-	case a := <-d.actions:
-		t.Fatalf("%s received %+v", d.id, a)
-	case <-time.After(200 * time.Millisecond):
-	}
-}
-
-// report publishes a payload on the device's status topic at QoS 1 and
-// returns when it is acknowledged, that is committed.
-func (d *mqttDevice) report(t *testing.T, payload any) {
-	t.Helper()
-	b, err := json.Marshal(payload)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok := d.client.Publish(mqtt.ActionStatusTopic(d.tenant, d.id), 1, false, b)
-	if !tok.WaitTimeout(fleetdtest.Bound) || tok.Error() != nil {
-		t.Fatalf("publish status of %s: %v", d.id, tok.Error())
-	}
-}
 
 func TestActionsEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
@@ -109,8 +27,8 @@ func TestActionsEndToEnd(t *testing.T) {
 			id := fmt.Sprint("pump-", i+1)
 			tok[id] = s.MustDevice(t, admin, id, map[string]string{"site": site}).Token
 		}
-		d1 := s.connectDevice(t, "default", "pump-1", tok["pump-1"])
-		d2 := s.connectDevice(t, "default", "pump-2", tok["pump-2"])
+		d1 := s.ConnectDevice(t, "default", "pump-1", tok["pump-1"])
+		d2 := s.ConnectDevice(t, "default", "pump-2", tok["pump-2"])
 
 		// S1, as the seed interface's clients call it.
 		r := s.Do(t, admin, "POST", "/mock/api/v1/actions", map[string]any{
@@ -128,11 +46,11 @@ func TestActionsEndToEnd(t *testing.T) {
 		}
 
 		t.Run("ConnectedDevicesReceiveIt", func(t *testing.T) {
-			for _, d := range []*mqttDevice{d1, d2} {
-				m := d.next(t)
+			for _, d := range []*fleetdtest.MQTTDevice{d1, d2} {
+				m := d.Next(t)
 				want := action.Message{ID: fmt.Sprint(id), Kind: "process", Name: "reboot", Payload: `{"delay":5}`}
 				if m != want {
-					t.Fatalf("%s received %+v, want %+v", d.id, m, want)
+					t.Fatalf("%s received %+v, want %+v", d.ID, m, want)
 				}
 			}
 			// paho acknowledged them: Initiated.
@@ -148,7 +66,7 @@ func TestActionsEndToEnd(t *testing.T) {
 
 		t.Run("StatusOverMQTT", func(t *testing.T) {
 			now := time.Now().UnixMilli()
-			d1.report(t, []map[string]any{
+			d1.Report(t, []map[string]any{
 				{"id": fmt.Sprint(id), "state": "Received", "progress": 0, "errors": []string{}, "timestamp": now, "sequence": 1},
 				{"id": fmt.Sprint(id), "state": "Downloading", "progress": 40, "errors": []string{}, "timestamp": now + 1, "sequence": 2},
 			})
@@ -158,9 +76,9 @@ func TestActionsEndToEnd(t *testing.T) {
 				t.Fatalf("after two reports: %+v", da)
 			}
 			// One report alone, not in an array, with uplink's field names.
-			d1.report(t, map[string]any{"id": fmt.Sprint(id), "state": "Completed", "progress": 100, "errors": []string{}, "timestamp": now + 2, "sequence": 3})
+			d1.Report(t, map[string]any{"id": fmt.Sprint(id), "state": "Completed", "progress": 100, "errors": []string{}, "timestamp": now + 2, "sequence": 3})
 			// A late, older report changes nothing.
-			d1.report(t, []map[string]any{{"id": fmt.Sprint(id), "state": "Downloading", "progress": 50, "timestamp": now + 1, "sequence": 9}})
+			d1.Report(t, []map[string]any{{"id": fmt.Sprint(id), "state": "Downloading", "progress": 50, "timestamp": now + 1, "sequence": 9}})
 			if da := s.DeviceAction(t, admin, "pump-1", id); da.ActionStatus != "Completed" || da.Progress != 100 {
 				t.Fatalf("after Completed and a late report: %+v", da)
 			}
@@ -194,16 +112,16 @@ func TestActionsEndToEnd(t *testing.T) {
 		})
 
 		t.Run("OfflineDeviceGetsItOnSubscribe", func(t *testing.T) {
-			d3 := s.connectDevice(t, "default", "pump-3", tok["pump-3"])
-			if m := d3.next(t); m.ID != fmt.Sprint(id) || m.Name != "reboot" {
+			d3 := s.ConnectDevice(t, "default", "pump-3", tok["pump-3"])
+			if m := d3.Next(t); m.ID != fmt.Sprint(id) || m.Name != "reboot" {
 				t.Fatalf("pump-3 received %+v", m)
 			}
 			s.AwaitActionStatus(t, admin, "pump-3", id, "Initiated")
-			d3.report(t, map[string]any{"action_id": id, "state": "Completed"})
+			d3.Report(t, map[string]any{"action_id": id, "state": "Completed"})
 			// Connected again, it is not sent the action a second time.
-			d3.client.Disconnect(100)
-			d3 = s.connectDevice(t, "default", "pump-3", tok["pump-3"])
-			d3.nothing(t)
+			d3.Client.Disconnect(100)
+			d3 = s.ConnectDevice(t, "default", "pump-3", tok["pump-3"])
+			d3.Nothing(t)
 		})
 
 		t.Run("Counts", func(t *testing.T) {
@@ -240,20 +158,20 @@ func TestActionsEndToEnd(t *testing.T) {
 				t.Fatalf("answer = %v, want id, created_at and targeted 2", out)
 			}
 			nid := int64(out["id"].(float64))
-			if m := d1.next(t); m.ID != fmt.Sprint(nid) || m.Name != "shell" {
+			if m := d1.Next(t); m.ID != fmt.Sprint(nid) || m.Name != "shell" {
 				t.Fatalf("pump-1 received %+v", m)
 			}
-			d2.nothing(t)
+			d2.Nothing(t)
 			s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{
 				"action": "x", "params": map[string]any{}, "search_type": "metadata", "search_key": "site", "search_query": "Paris",
 			}).Want(t, 201)
-			if m := d2.next(t); m.Name != "x" || m.Payload != "{}" {
+			if m := d2.Next(t); m.Name != "x" || m.Payload != "{}" {
 				t.Fatalf("pump-2 received %+v", m)
 			}
 			s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "all", "params": map[string]any{}, "search_type": "all"}).Want(t, 201)
-			for _, d := range []*mqttDevice{d1, d2} {
-				if m := d.next(t); m.Name != "all" {
-					t.Fatalf("%s received %+v", d.id, m)
+			for _, d := range []*fleetdtest.MQTTDevice{d1, d2} {
+				if m := d.Next(t); m.Name != "all" {
+					t.Fatalf("%s received %+v", d.ID, m)
 				}
 			}
 		})
@@ -264,7 +182,7 @@ func TestActionsEndToEnd(t *testing.T) {
 			if r.Header.Get("Location") == "" {
 				t.Fatal("no Location")
 			}
-			if m := d2.next(t); m.Name != "edn" || m.Payload != `{"a":[1,2]}` {
+			if m := d2.Next(t); m.Name != "edn" || m.Payload != `{"a":[1,2]}` {
 				t.Fatalf("pump-2 received %+v", m)
 			}
 		})
@@ -490,14 +408,14 @@ func TestActionCancelEndToEnd(t *testing.T) {
 		busy := s.MustDevice(t, admin, "busy", nil)
 		away := s.MustDevice(t, admin, "away", nil)
 		s.MustDevice(t, admin, "queued", nil)
-		db := s.connectDevice(t, "default", "busy", busy.Token)
-		da := s.connectDevice(t, "default", "away", away.Token)
+		db := s.ConnectDevice(t, "default", "busy", busy.Token)
+		da := s.ConnectDevice(t, "default", "away", away.Token)
 		id := s.Dispatch(t, admin, map[string]any{"action": "update", "params": map[string]any{"v": 2}, "search_type": "all"})
-		db.next(t)
-		da.next(t)
-		db.report(t, map[string]any{"id": fmt.Sprint(id), "state": "Downloading", "progress": 10})
+		db.Next(t)
+		da.Next(t)
+		db.Report(t, map[string]any{"id": fmt.Sprint(id), "state": "Downloading", "progress": 10})
 		s.AwaitActionStatus(t, admin, "away", id, "Initiated")
-		da.client.Disconnect(100) // it has the action, and goes away
+		da.Client.Disconnect(100) // it has the action, and goes away
 
 		var a fleetdtest.ActionBody
 		s.Send(t, fleetdtest.Req{Method: "POST", Path: fmt.Sprintf("/api/v1/actions/%d/cancel", id), Creds: admin,
@@ -506,7 +424,7 @@ func TestActionCancelEndToEnd(t *testing.T) {
 		if a.Statuses["Cancelled"] != 1 || a.Statuses["Initiated"] != 1 || a.Statuses["Progress"] != 1 || len(a.Statuses) != 3 {
 			t.Fatalf("after cancel: %+v", a)
 		}
-		m := db.next(t)
+		m := db.Next(t)
 		if m.Name != "cancel_action" || m.ID == fmt.Sprint(id) || m.Payload != fmt.Sprintf(`{"action_id":"%d","name":"update"}`, id) {
 			t.Fatalf("busy received %+v", m)
 		}
@@ -517,7 +435,7 @@ func TestActionCancelEndToEnd(t *testing.T) {
 		}
 		// The device's reports as uplink sends them: the cancelled action
 		// Failed, the cancellation Completed: it stopped.
-		db.report(t, []map[string]any{
+		db.Report(t, []map[string]any{
 			{"id": m.ID, "state": "Completed", "progress": 100},
 			{"id": fmt.Sprint(id), "state": "Failed", "errors": []string{"cancelled"}},
 		})
@@ -529,18 +447,18 @@ func TestActionCancelEndToEnd(t *testing.T) {
 		}
 		// away is told when it returns, and refuses: its update goes on,
 		// and its result counts.
-		da = s.connectDevice(t, "default", "away", away.Token)
-		if m := da.next(t); m.ID != fmt.Sprint(cid) {
+		da = s.ConnectDevice(t, "default", "away", away.Token)
+		if m := da.Next(t); m.ID != fmt.Sprint(cid) {
 			t.Fatalf("away received %+v", m)
 		}
-		da.report(t, map[string]any{"id": fmt.Sprint(cid), "state": "Failed", "errors": []string{"Cancellation request failed as action completed execution!"}})
+		da.Report(t, map[string]any{"id": fmt.Sprint(cid), "state": "Failed", "errors": []string{"Cancellation request failed as action completed execution!"}})
 		if r := s.AwaitActionStatus(t, admin, "away", cid, "Failed"); r.ActionStatus != "Failed" {
 			t.Fatalf("away's cancel_action = %+v", r)
 		}
 		if r := s.DeviceAction(t, admin, "away", id); r.ActionStatus != "Initiated" || r.Status != "CancelRejected" {
 			t.Fatalf("away's update after it refused = %+v", r)
 		}
-		da.report(t, map[string]any{"id": fmt.Sprint(id), "state": "Completed"})
+		da.Report(t, map[string]any{"id": fmt.Sprint(id), "state": "Completed"})
 		s.AwaitActionStatus(t, admin, "away", id, "Completed")
 		// queued never had it: cancelled without a word.
 		if r := s.DeviceAction(t, admin, "queued", id); r.ActionStatus != "Cancelled" {
@@ -548,7 +466,7 @@ func TestActionCancelEndToEnd(t *testing.T) {
 		}
 		// Cancelling again: 204, nothing changes, nothing is sent.
 		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).Want(t, 204)
-		db.nothing(t)
+		db.Nothing(t)
 		var list struct{ Count int }
 		s.Do(t, admin, "GET", "/api/v1/actions?action=cancel_action", nil).Want(t, 200).Decode(t, &list)
 		if list.Count != 1 {
@@ -557,17 +475,17 @@ func TestActionCancelEndToEnd(t *testing.T) {
 
 		t.Run("CancelActionDispatch", func(t *testing.T) {
 			id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"busy"}})
-			db.next(t)
-			db.report(t, map[string]any{"id": fmt.Sprint(id), "state": "Rebooting"})
+			db.Next(t)
+			db.Report(t, map[string]any{"id": fmt.Sprint(id), "state": "Rebooting"})
 			cid := s.Dispatch(t, admin, map[string]any{"action": "cancel_action", "params": map[string]any{"action_id": fmt.Sprint(id)}, "search_type": "default", "device_ids": []string{"busy"}})
-			m := db.next(t)
+			m := db.Next(t)
 			if m.ID != fmt.Sprint(cid) || m.Name != "cancel_action" || m.Payload != fmt.Sprintf(`{"action_id":"%d","name":"reboot"}`, id) {
 				t.Fatalf("busy received %+v", m)
 			}
 			if r := s.DeviceAction(t, admin, "busy", id); r.ActionStatus != "Progress" || r.Status != "Cancelling" {
 				t.Fatalf("busy's reboot = %+v", r)
 			}
-			db.report(t, map[string]any{"id": m.ID, "state": "Completed"})
+			db.Report(t, map[string]any{"id": m.ID, "state": "Completed"})
 			s.AwaitActionStatus(t, admin, "busy", id, "Cancelled")
 		})
 	})
@@ -580,9 +498,9 @@ func TestActionTimeoutWired(t *testing.T) {
 		s := startServer(t, b, "--action-sweep-interval", "20ms")
 		admin := s.Admin()
 		dev := s.MustDevice(t, admin, "slow", nil)
-		d := s.connectDevice(t, "default", "slow", dev.Token)
+		d := s.ConnectDevice(t, "default", "slow", dev.Token)
 		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all", "timeout": 1})
-		d.next(t)
+		d.Next(t)
 		da := s.AwaitActionStatus(t, admin, "slow", id, "Failed")
 		if da.Status != "TimedOut" || len(da.Errors["TimedOut"]) != 1 {
 			t.Fatalf("timed out record = %+v", da)

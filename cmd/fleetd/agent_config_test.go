@@ -29,7 +29,7 @@ func TestAgentUpdateConfig(t *testing.T) {
 		bare := s.MustDevice(t, admin, "cfg-bare", nil)
 		bareAgent := s.StartAgent(t, bin, "cfg-bare", bare.Token)
 		fleetdtest.Eventually(t, "the agents to connect", func() bool {
-			return agentSays(agent, "msg=connected") && agentSays(bareAgent, "msg=connected")
+			return fleetdtest.AgentSays(agent, "msg=connected") && fleetdtest.AgentSays(bareAgent, "msg=connected")
 		})
 
 		s.Do(t, admin, "PATCH", "/api/v1/devices/cfg-1/shadow", map[string]any{"desired": map[string]any{"interval": 30}}).Want(t, 200)

@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,55 +18,6 @@ import (
 	"github.com/fleetd/fleet/mqtt/broker"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
-
-// streamDevice is a device connected to fleetd's broker with paho.golang.
-type streamDevice struct {
-	*paho.Client
-	tenant, id string
-}
-
-var streamClientIDs atomic.Int64
-
-func dialStreamDevice(tb testing.TB, addr, tenant, id, token string) *streamDevice {
-	tb.Helper()
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		tb.Fatalf("dial broker: %v", err)
-	}
-	c := paho.NewClient(paho.ClientConfig{Conn: conn})
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	ca, err := c.Connect(ctx, &paho.Connect{KeepAlive: 30, ClientID: fmt.Sprintf("alerts-%d", streamClientIDs.Add(1)), CleanStart: true,
-		Username: tenant + "/" + id, UsernameFlag: true, Password: []byte(token), PasswordFlag: true})
-	if err != nil {
-		conn.Close()
-		tb.Fatalf("connect %s: %v (%+v)", id, err, ca)
-	}
-	tb.Cleanup(func() {
-		_ = c.Disconnect(&paho.Disconnect{})
-		<-c.Done()
-	})
-	return &streamDevice{Client: c, tenant: tenant, id: id}
-}
-
-// publish sends a batch at QoS 1 and returns once fleetd acknowledged it,
-// which it does after the batch is committed.
-func (d *streamDevice) publish(tb testing.TB, stream string, body any) {
-	tb.Helper()
-	b, err := json.Marshal(body)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	pr, err := d.Publish(ctx, &paho.Publish{Topic: mqtt.StreamTopic(d.tenant, d.id, stream), QoS: 1, Payload: b})
-	if err != nil {
-		tb.Fatalf("publish: %v", err)
-	}
-	if pr.ReasonCode >= 0x80 {
-		tb.Fatalf("publish refused: reason code %#x", pr.ReasonCode)
-	}
-}
 
 // TestAlertsOverMQTT publishes data over MQTT and receives the webhook.
 func TestAlertsOverMQTT(t *testing.T) {
@@ -88,11 +37,11 @@ func TestAlertsOverMQTT(t *testing.T) {
 		s.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
 			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL, "secret": "k"}}).Want(t, 201)
 
-		d := dialStreamDevice(t, s.MQTTAddr, "default", "pump-1", dev.Token)
+		d := fleetdtest.DialStreamDevice(t, s.MQTTAddr, "default", "pump-1", dev.Token)
 		start := time.Now().UTC()
 		// One bad point among good ones: it is dropped, the others count.
-		batch := []any{points(start, 70)[0], "garbage", points(start.Add(time.Second), 91)[0]}
-		d.publish(t, "env", batch)
+		batch := []any{fleetdtest.Points(start, 70)[0], "garbage", fleetdtest.Points(start.Add(time.Second), 91)[0]}
+		d.PublishStream(t, "env", batch)
 
 		active := s.Alerts(t, admin, "?state=active")
 		if len(active) != 1 || active[0].DeviceID != "pump-1" || active[0].Value.Data["temp"] != 91.0 {
@@ -111,7 +60,7 @@ func TestAlertsOverMQTT(t *testing.T) {
 		if !strings.Contains(string(got.Body), `"event":"opened"`) || got.Header.Get("X-Fleet-Signature") == "" {
 			t.Fatalf("webhook %s", got.Body)
 		}
-		d.publish(t, "env", points(start.Add(time.Minute), 40))
+		d.PublishStream(t, "env", fleetdtest.Points(start.Add(time.Minute), 40))
 		if ended := s.Alerts(t, admin, "?state=ended"); len(ended) != 1 {
 			t.Fatalf("ended alerts %+v", ended)
 		}
@@ -163,9 +112,9 @@ func benchStreamsOverMQTT(b *testing.B, be sqlstoretest.Backend, perBatch int) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { broker.Close() })
-	clients := make([]*streamDevice, devices)
+	clients := make([]*fleetdtest.StreamDevice, devices)
 	for i, tok := range toks {
-		clients[i] = dialStreamDevice(b, broker.Addr().String(), "acme", tok.ID, tok.Token)
+		clients[i] = fleetdtest.DialStreamDevice(b, broker.Addr().String(), "acme", tok.ID, tok.Token)
 	}
 	base := time.Now().UnixMilli()
 	var next atomic.Int64
@@ -174,14 +123,14 @@ func benchStreamsOverMQTT(b *testing.B, be sqlstoretest.Backend, perBatch int) {
 	t0 := time.Now()
 	for _, c := range clients {
 		wg.Add(1)
-		go func(c *streamDevice) {
+		go func(c *fleetdtest.StreamDevice) {
 			defer wg.Done()
 			for seq := 0; ; seq++ {
 				if next.Add(1) > int64(b.N) {
 					return
 				}
 				p := payload(base, seq*perBatch, perBatch)
-				pr, err := c.Publish(ctx, &paho.Publish{Topic: mqtt.StreamTopic("acme", c.id, "env"), QoS: 1, Payload: p})
+				pr, err := c.Publish(ctx, &paho.Publish{Topic: mqtt.StreamTopic("acme", c.ID, "env"), QoS: 1, Payload: p})
 				if err != nil || pr.ReasonCode >= 0x80 {
 					b.Errorf("publish: %v %v", err, pr)
 					return

@@ -13,15 +13,6 @@ import (
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
-// points is an ingest body of one point per temperature, a second apart.
-func points(start time.Time, temps ...float64) []map[string]any {
-	var out []map[string]any
-	for i, temp := range temps {
-		out = append(out, map[string]any{"timestamp": start.Add(time.Duration(i) * time.Second).UnixMilli(), "sequence": i, "temp": temp})
-	}
-	return out
-}
-
 func TestAlertRulesEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b, fleetdtest.AlertFlags...)
@@ -101,7 +92,7 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 			r := s.MustAlertRule(t, admin, map[string]any{"name": "edit-me", "stream": "edits", "condition": hot})
 			path := "/api/v1/alert-rules/" + r.ID
 			start := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
-			s.Do(t, gw, "POST", "/api/v1/devices/edit-dev/streams/edits", points(start, 90)).Want(t, 200)
+			s.Do(t, gw, "POST", "/api/v1/devices/edit-dev/streams/edits", fleetdtest.Points(start, 90)).Want(t, 200)
 			if a := s.Alerts(t, admin, "?rule_id="+r.ID+"&state=active"); len(a) != 1 {
 				t.Fatalf("active alerts %+v, want one", a)
 			}
@@ -117,7 +108,7 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 				t.Fatalf("read after the edit %+v", got)
 			}
 			// Hot by the old condition, not by the new: the open alert ends.
-			s.Do(t, gw, "POST", "/api/v1/devices/edit-dev/streams/edits", points(start.Add(time.Minute), 92)).Want(t, 200)
+			s.Do(t, gw, "POST", "/api/v1/devices/edit-dev/streams/edits", fleetdtest.Points(start.Add(time.Minute), 92)).Want(t, 200)
 			if a := s.Alerts(t, admin, "?rule_id="+r.ID); len(a) != 1 || a[0].State != "ended" {
 				t.Fatalf("alerts after the edit %+v, want the one ended", a)
 			}
@@ -229,7 +220,7 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 
 		t.Run("Batch", func(t *testing.T) {
 			var res struct{ Accepted, Rejected int }
-			s.Do(t, gw, "POST", path, points(start, 20, 21, 22)).Want(t, 200).Decode(t, &res)
+			s.Do(t, gw, "POST", path, fleetdtest.Points(start, 20, 21, 22)).Want(t, 200).Decode(t, &res)
 			if res.Accepted != 3 || res.Rejected != 0 {
 				t.Fatalf("result %+v", res)
 			}
@@ -280,19 +271,19 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 			s.Do(t, gw, "POST", path, []any{map[string]any{"timestamp": start.UnixMilli(), "blob": big}}).Want(t, 400)
 		})
 		t.Run("UnknownDeviceAndBadNames", func(t *testing.T) {
-			s.Do(t, gw, "POST", "/api/v1/devices/ghost/streams/env", points(start, 1)).Want(t, 404)
-			s.Do(t, gw, "POST", "/api/v1/devices/pump-1/streams/a%20b", points(start, 1)).Want(t, 400)
+			s.Do(t, gw, "POST", "/api/v1/devices/ghost/streams/env", fleetdtest.Points(start, 1)).Want(t, 404)
+			s.Do(t, gw, "POST", "/api/v1/devices/pump-1/streams/a%20b", fleetdtest.Points(start, 1)).Want(t, 400)
 			s.Do(t, admin, "GET", "/api/v1/devices/pump-1/streams/nothing/latest", nil).Want(t, 404)
 		})
 		t.Run("MetadataFilterSeesPatch", func(t *testing.T) {
 			r := s.MustAlertRule(t, admin, map[string]any{"name": "berlin-hot", "stream": "env",
 				"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}, "metadata_filters": map[string]any{"site": "berlin"}})
-			s.Do(t, gw, "POST", path, points(start.Add(10*time.Minute), 95)).Want(t, 200)
+			s.Do(t, gw, "POST", path, fleetdtest.Points(start.Add(10*time.Minute), 95)).Want(t, 200)
 			if n := len(s.Alerts(t, admin, "?rule_id="+r.ID)); n != 0 {
 				t.Fatalf("%d alerts for a device outside the filter", n)
 			}
 			s.Do(t, admin, "PATCH", "/api/v1/devices/pump-1", map[string]any{"metadata": map[string]any{"site": "berlin"}}).Want(t, 204)
-			s.Do(t, gw, "POST", path, points(start.Add(11*time.Minute), 96)).Want(t, 200)
+			s.Do(t, gw, "POST", path, fleetdtest.Points(start.Add(11*time.Minute), 96)).Want(t, 200)
 			if n := len(s.Alerts(t, admin, "?state=active&rule_id="+r.ID)); n != 1 {
 				t.Fatalf("%d alerts once the device moved to berlin, want 1", n)
 			}
@@ -301,13 +292,13 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 		t.Run("DeviceGroupFollowsReportedState", func(t *testing.T) {
 			hot := map[string]any{"field": "temp", "operator": ">", "value": 80}
 			r := s.Do(t, admin, "POST", "/api/v1/alert-rules", map[string]any{"name": "test-hot", "stream": "env", "condition": hot, "device_group": "testing"})
-			wantCode(t, r, 400, "invalid")
+			fleetdtest.WantCode(t, r, 400, "invalid")
 			if !strings.Contains(string(r.Body), `"device_group":"no group is named \"testing\""`) {
 				t.Fatalf("the refusal does not name the field: %s", r.Body)
 			}
 			s.Do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "testing", "selector": "reported.mode=test"}).Want(t, 201)
 			rule := s.MustAlertRule(t, admin, map[string]any{"name": "test-hot", "stream": "env", "condition": hot, "device_group": "testing"})
-			s.Do(t, gw, "POST", path, points(start.Add(20*time.Minute), 95)).Want(t, 200)
+			s.Do(t, gw, "POST", path, fleetdtest.Points(start.Add(20*time.Minute), 95)).Want(t, 200)
 			if n := len(s.Alerts(t, admin, "?rule_id="+rule.ID)); n != 0 {
 				t.Fatalf("%d alerts for a device outside the group", n)
 			}
@@ -315,7 +306,7 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 			// which puts the device in the group.
 			s.Do(t, gw, "POST", "/api/v1/devices/pump-1/streams/device_shadow",
 				[]any{map[string]any{"timestamp": start.Add(21 * time.Minute).UnixMilli(), "mode": "test"}}).Want(t, 200)
-			s.Do(t, gw, "POST", path, points(start.Add(22*time.Minute), 96)).Want(t, 200)
+			s.Do(t, gw, "POST", path, fleetdtest.Points(start.Add(22*time.Minute), 96)).Want(t, 200)
 			if n := len(s.Alerts(t, admin, "?state=active&rule_id="+rule.ID)); n != 1 {
 				t.Fatalf("%d alerts once the device is in the group, want 1", n)
 			}
@@ -329,7 +320,7 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 		t.Run("Roles", func(t *testing.T) {
 			viewer := s.NewKey(t, admin, "viewer", "viewer")
 			operator := s.NewKey(t, admin, "operator", "operator")
-			s.Do(t, viewer, "POST", path, points(start, 1)).Want(t, 403)
+			s.Do(t, viewer, "POST", path, fleetdtest.Points(start, 1)).Want(t, 403)
 			s.Do(t, gw, "GET", path+"/latest", nil).Want(t, 403)
 			s.Do(t, gw, "GET", "/api/v1/alerts", nil).Want(t, 403)
 			s.Do(t, gw, "POST", "/api/v1/alert-rules", map[string]any{"name": "x", "stream": "env", "condition": map[string]any{"no_data_seconds": 5}}).Want(t, 403)
@@ -337,7 +328,7 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 			s.Do(t, viewer, "GET", path+"/latest", nil).Want(t, 200)
 			s.Do(t, viewer, "GET", "/api/v1/alert-rules", nil).Want(t, 200)
 			s.Do(t, viewer, "GET", "/api/v1/alerts", nil).Want(t, 200)
-			s.Do(t, operator, "POST", path, points(start.Add(time.Hour), 1)).Want(t, 200)
+			s.Do(t, operator, "POST", path, fleetdtest.Points(start.Add(time.Hour), 1)).Want(t, 200)
 			r := s.MustAlertRule(t, operator, map[string]any{"name": "by-operator", "stream": "env", "condition": map[string]any{"no_data_seconds": 3600}})
 			s.Do(t, viewer, "DELETE", "/api/v1/alert-rules/"+r.ID, nil).Want(t, 403)
 			s.Do(t, viewer, "POST", "/api/v1/alert-rules/"+r.ID+"/alert-notification-rules", map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}}).Want(t, 403)
@@ -375,8 +366,8 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 			"notification_template": map[string]any{"subject": "[{{.Event}}] {{.Rule.Name}} on {{.Alert.DeviceID}}"}}).Want(t, 201)
 
 		start := time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC)
-		s.Do(t, admin, "POST", "/api/v1/devices/pump-2/streams/env", points(start, 99)).Want(t, 200) // paris: filtered out
-		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start, 70, 85, 90)).Want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-2/streams/env", fleetdtest.Points(start, 99)).Want(t, 200) // paris: filtered out
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", fleetdtest.Points(start, 70, 85, 90)).Want(t, 200)
 
 		active := s.Alerts(t, admin, "?state=active")
 		if len(active) != 1 || active[0].DeviceID != "pump-1" || active[0].RuleID != rule.ID || active[0].StartedAt != "2026-11-21T10:00:01.000Z" ||
@@ -449,7 +440,7 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 		}
 
 		// Cooling down closes the alert, and that is notified too.
-		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start.Add(time.Minute), 60)).Want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", fleetdtest.Points(start.Add(time.Minute), 60)).Want(t, 200)
 		ended := s.Alerts(t, admin, "?state=ended&device_id=pump-1&rule_id="+rule.ID)
 		if len(ended) != 1 || ended[0].EndedAt == nil || *ended[0].EndedAt != "2026-11-21T10:01:00.000Z" {
 			t.Fatalf("ended alerts %+v", ended)
@@ -493,7 +484,7 @@ func TestAlertTenantIsolation(t *testing.T) {
 		s.Send(t, fleetdtest.Req{Method: "POST", Path: "/api/v1/alert-rules/" + ra.ID + "/alert-notification-rules", Creds: a, Header: http.Header{"Prefer": {"return=representation"}},
 			Body: map[string]any{"channel_parameters": map[string]any{"type": "slack", "url": "https://x.example.com"}}}).Want(t, 201).Decode(t, &na)
 
-		s.Do(t, a, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 90)).Want(t, 200)
+		s.Do(t, a, "POST", "/api/v1/devices/pump-1/streams/env", fleetdtest.Points(time.Now(), 90)).Want(t, 200)
 		if n := len(s.Alerts(t, a, "")); n != 1 {
 			t.Fatalf("tenant default has %d alerts, want 1", n)
 		}
@@ -526,7 +517,7 @@ func TestAlertTenantIsolation(t *testing.T) {
 		}
 		s.Do(t, other, "GET", "/api/v1/devices/pump-1/streams/env/latest", nil).Want(t, 404)
 		s.MustDevice(t, a, "solo", nil)
-		s.Do(t, other, "POST", "/api/v1/devices/solo/streams/env", points(time.Now(), 90)).Want(t, 404)
+		s.Do(t, other, "POST", "/api/v1/devices/solo/streams/env", fleetdtest.Points(time.Now(), 90)).Want(t, 404)
 		s.Do(t, other, "GET", "/api/v1/devices/solo/streams/env/latest", nil).Want(t, 404)
 	})
 }
@@ -544,8 +535,8 @@ func TestAlertsSurviveRestart(t *testing.T) {
 		s.MustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "condition": hot})
 		slow := s.MustAlertRule(t, admin, map[string]any{"name": "slow", "stream": "slow", "condition": hot, "activation_threshold_seconds": 0.5})
 		start := time.Now().UTC()
-		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start, 90)).Want(t, 200)
-		s.Do(t, admin, "POST", "/api/v1/devices/pump-2/streams/slow", points(start, 90)).Want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", fleetdtest.Points(start, 90)).Want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-2/streams/slow", fleetdtest.Points(start, 90)).Want(t, 200)
 		if n := len(s.Alerts(t, admin, "")); n != 1 {
 			t.Fatalf("%d alerts before the restart, want 1", n)
 		}
@@ -553,14 +544,14 @@ func TestAlertsSurviveRestart(t *testing.T) {
 		s.Restart(t, fleetdtest.AlertFlags...)
 		// The same point again, as a device whose acknowledgement was lost
 		// would send it, and another hot one: still one alert.
-		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start, 90, 95)).Want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", fleetdtest.Points(start, 90, 95)).Want(t, 200)
 		if active := s.Alerts(t, admin, "?state=active&device_id=pump-1"); len(active) != 1 {
 			t.Fatalf("%d active alerts of pump-1 after the restart, want 1", len(active))
 		}
 		fleetdtest.Eventually(t, "the pending alert to open by the clock after the restart", func() bool {
 			return len(s.Alerts(t, admin, "?state=active&rule_id="+slow.ID)) == 1
 		})
-		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(start.Add(time.Minute), 20)).Want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", fleetdtest.Points(start.Add(time.Minute), 20)).Want(t, 200)
 		all := s.Alerts(t, admin, "?device_id=pump-1")
 		if len(all) != 1 || all[0].State != "ended" {
 			t.Fatalf("pump-1 alerts after cooling %+v, want the one from before the restart, ended", all)
@@ -580,7 +571,7 @@ func TestAlertReminders(t *testing.T) {
 		s.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
 			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}, "interval_seconds": 1,
 			"notification_template": map[string]any{"subject": "{{.Event}}"}}).Want(t, 201)
-		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 90)).Want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", fleetdtest.Points(time.Now(), 90)).Want(t, 200)
 		events := func() []string {
 			var ev []string
 			for _, r := range hook.Got() {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -23,15 +22,6 @@ import (
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
-const testBrokerSecret = "broker-secret"
-
-// externalBrokerFlags run fleetd as a client of broker, with the
-// broker-auth endpoints on.
-func externalBrokerFlags(broker *mosquittotest.Broker, extra ...string) []string {
-	return append([]string{"--mqtt-broker", broker.URL, "--broker-auth-secret", testBrokerSecret,
-		"--mqtt-username", "fleetd", "--mqtt-password", "fleetd-pw"}, extra...)
-}
-
 // extDevice is a device of an external broker: it connects to the broker
 // (which lets anyone in here) while the test plays the broker's calls to
 // fleetd's broker-auth endpoints, in the order mosquitto-go-auth makes
@@ -46,7 +36,7 @@ var extDeviceIDs atomic.Int64
 
 func (s *testServer) arriveExternal(t *testing.T, brokerAddr, tenant, id, token string) *extDevice {
 	t.Helper()
-	if code := s.goAuth(t, bridge.GoAuthUserPath, map[string]any{"username": tenant + "/" + id, "password": token, "clientid": id}); code != 200 {
+	if code := s.GoAuth(t, bridge.GoAuthUserPath, map[string]any{"username": tenant + "/" + id, "password": token, "clientid": id}); code != 200 {
 		t.Fatalf("/user for %s: %d", id, code)
 	}
 	conn, err := net.Dial("tcp", brokerAddr)
@@ -73,7 +63,7 @@ func (s *testServer) arriveExternal(t *testing.T, brokerAddr, tenant, id, token 
 	}
 	t.Cleanup(func() { d.leave() })
 	topic := mqtt.ActionsTopic(tenant, id)
-	if code := s.goAuth(t, bridge.GoAuthACLPath, map[string]any{"username": tenant + "/" + id, "clientid": id, "topic": topic, "acc": 4}); code != 200 {
+	if code := s.GoAuth(t, bridge.GoAuthACLPath, map[string]any{"username": tenant + "/" + id, "clientid": id, "topic": topic, "acc": 4}); code != 200 {
 		t.Fatalf("/acl subscribe for %s: %d", id, code)
 	}
 	if _, err := d.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: topic, QoS: 1}}}); err != nil {
@@ -100,34 +90,7 @@ func (d *extDevice) next(t *testing.T) action.Message {
 
 func (d *extDevice) publish(t *testing.T, topic string, payload any) {
 	t.Helper()
-	publishJSON(t, d.Client, topic, payload)
-}
-
-// publishJSON publishes payload as JSON at QoS 1 and returns once it is
-// acknowledged.
-func publishJSON(t *testing.T, c *paho.Client, topic string, payload any) {
-	t.Helper()
-	b, _ := json.Marshal(payload)
-	ctx, cancel := context.WithTimeout(context.Background(), fleetdtest.Bound)
-	defer cancel()
-	if _, err := c.Publish(ctx, &paho.Publish{Topic: topic, QoS: 1, Payload: b}); err != nil {
-		t.Fatalf("publish %s: %v", topic, err)
-	}
-}
-
-// goAuth calls a mosquitto-go-auth endpoint as its HTTP backend does, the
-// secret in the query, and returns the status.
-func (s *testServer) goAuth(t *testing.T, path string, params map[string]any) int {
-	t.Helper()
-	b, _ := json.Marshal(params)
-	rq, _ := http.NewRequest("POST", s.URL+path+"?secret="+url.QueryEscape(testBrokerSecret), bytes.NewReader(b))
-	rq.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(rq)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	return resp.StatusCode
+	fleetdtest.PublishJSON(t, d.Client, topic, payload)
 }
 
 // emqx calls an EMQX endpoint as EMQX does with docs/operations.md's
@@ -157,7 +120,7 @@ func (s *testServer) emqx(t *testing.T, path, secret string, body map[string]any
 func TestExternalBroker(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		broker := mosquittotest.Start(t)
-		s := startServer(t, b, externalBrokerFlags(broker)...)
+		s := startServer(t, b, fleetdtest.ExternalBrokerFlags(broker)...)
 		admin := s.Admin()
 		if s.MQTTAddr != broker.URL {
 			t.Fatalf("startup line names mqtt=%s, want the broker %s", s.MQTTAddr, broker.URL)
@@ -176,10 +139,10 @@ func TestExternalBroker(t *testing.T) {
 				code             int
 				result           string
 			}{
-				{testBrokerSecret, "default/pump-1", tok["pump-1"], 200, "allow"},
-				{testBrokerSecret, "default/pump-1", tok["pump-2"], 200, "deny"},
-				{testBrokerSecret, "default/ghost", tok["pump-1"], 200, "deny"},
-				{testBrokerSecret, "fleetd", "fleetd-pw", 200, "allow"},
+				{fleetdtest.BrokerSecret, "default/pump-1", tok["pump-1"], 200, "allow"},
+				{fleetdtest.BrokerSecret, "default/pump-1", tok["pump-2"], 200, "deny"},
+				{fleetdtest.BrokerSecret, "default/ghost", tok["pump-1"], 200, "deny"},
+				{fleetdtest.BrokerSecret, "fleetd", "fleetd-pw", 200, "allow"},
 				{"", "default/pump-1", tok["pump-1"], 401, ""},
 				{"nope", "default/pump-1", tok["pump-1"], 401, ""},
 			} {
@@ -187,7 +150,7 @@ func TestExternalBroker(t *testing.T) {
 					t.Errorf("authn %s (secret %q): %d %q, want %d %q", tc.user, tc.secret, code, res, tc.code, tc.result)
 				}
 			}
-			if code := s.goAuth(t, bridge.GoAuthUserPath, map[string]any{"username": "default/pump-2", "password": "wrong", "clientid": "c"}); code != 403 {
+			if code := s.GoAuth(t, bridge.GoAuthUserPath, map[string]any{"username": "default/pump-2", "password": "wrong", "clientid": "c"}); code != 403 {
 				t.Errorf("go-auth /user with a wrong token: %d", code)
 			}
 			// Not part of the API: absent from its document.

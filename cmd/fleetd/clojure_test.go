@@ -26,7 +26,7 @@ func TestClojureClient(t *testing.T) {
 		s := startServer(t, b)
 		admin := s.Admin()
 		dev := s.MustDevice(t, admin, "pump-1", nil)
-		d := s.connectDevice(t, "default", "pump-1", dev.Token)
+		d := s.ConnectDevice(t, "default", "pump-1", dev.Token)
 		edn := func(method, path, body string, status int) *fleetdtest.Response {
 			t.Helper()
 			return s.Send(t, fleetdtest.Req{Method: method, Path: path, Creds: admin, Raw: []byte(body), ContentType: "application/edn"}).Want(t, status)
@@ -55,7 +55,7 @@ func TestClojureClient(t *testing.T) {
 		}
 		action := strings.TrimPrefix(r.Header.Get("Location"), s.URL)
 		const sent = `{"big":3.551759552515556e+17,"e":10000000000.0,"fw":{"firmware/version":"2.3.0"},"html":"a<b&c","n":80,"neg":-0.5,"ratio":80.0}`
-		if m := d.next(t); m.Payload != sent {
+		if m := d.Next(t); m.Payload != sent {
 			t.Errorf("the device received params %s, want %s", m.Payload, sent)
 		}
 		wantParams := map[string]any{"big": 3.551759552515556e17, "e": 1e10, "fw": map[string]any{"firmware/version": "2.3.0"},

@@ -150,12 +150,12 @@ func TestCrash(t *testing.T) {
 			"condition": map[string]any{"field": "temp", "operator": ">", "value": 50}})
 		s.Do(t, admin, "POST", "/api/v1/alert-rules/"+late.ID+"/alert-notification-rules", map[string]any{
 			"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL + "/late"}}).Want(t, 201)
-		taker := s.connectDevice(t, "default", "dev-1", toks[1].Token)
+		taker := s.ConnectDevice(t, "default", "dev-1", toks[1].Token)
 
 		// The load.
 		ack := &acked{reports: map[string]int{}, points: map[string]int64{}, bundles: map[string]string{}}
 		target := s.Dispatch(t, admin, map[string]any{"action": "load", "params": map[string]any{}, "search_type": "default", "device_ids": ids, "timeout": 3600})
-		taker.next(t)
+		taker.Next(t)
 		var mqttDevs []pahov3.Client
 		for i := 2; i < n; i++ {
 			mqttDevs = append(mqttDevs, plainDevice(t, s.MQTTAddr, "default", toks[i].ID, toks[i].Token))
@@ -290,9 +290,9 @@ func TestCrash(t *testing.T) {
 		// Work in flight at the crash: an alert needing 2 s of heat, which
 		// starts now; an action with a 2 s timeout, taken by its device; an
 		// action queued for a device that is offline.
-		s.Do(t, admin, "POST", "/api/v1/devices/dev-0/streams/heat", points(time.Now(), 90)).Want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/dev-0/streams/heat", fleetdtest.Points(time.Now(), 90)).Want(t, 200)
 		timing := s.Dispatch(t, admin, map[string]any{"action": "slow", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"dev-1"}, "timeout": 2})
-		taker.next(t)
+		taker.Next(t)
 		s.AwaitActionStatus(t, admin, "dev-1", timing, "Initiated")
 		queued := s.Dispatch(t, admin, map[string]any{"action": "wake", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"sleeper"}})
 		p.kill()
@@ -343,7 +343,7 @@ func TestCrash(t *testing.T) {
 
 		// Work in flight carries on.
 		s.AwaitActionStatus(t, admin, "dev-1", timing, "Failed")
-		if got := s.connectDevice(t, "default", "sleeper", sleeper.Token).next(t); got.ID != fmt.Sprint(queued) {
+		if got := s.ConnectDevice(t, "default", "sleeper", sleeper.Token).Next(t); got.ID != fmt.Sprint(queued) {
 			t.Fatalf("the sleeper got action %s, want %d", got.ID, queued)
 		}
 		fleetdtest.Eventually(t, "the alert whose threshold ran across the crash", func() bool {

@@ -304,10 +304,10 @@ func TestLastSeenFollowsEveryMessage(t *testing.T) {
 		}
 
 		sensor := s.MustDevice(t, admin, "sensor-1", nil)
-		d := s.connectDevice(t, "default", "sensor-1", sensor.Token)
+		d := s.ConnectDevice(t, "default", "sensor-1", sensor.Token)
 		fleetdtest.Eventually(t, "last_seen_at at the connection", func() bool { return !lastSeen("sensor-1").IsZero() })
 		movesWith("sensor-1", "a data point", func() {
-			tok := d.client.Publish(mqtt.StreamTopic("default", "sensor-1", "temperature"), 1, false,
+			tok := d.Client.Publish(mqtt.StreamTopic("default", "sensor-1", "temperature"), 1, false,
 				[]byte(fmt.Sprintf(`[{"timestamp":%d,"sequence":1,"celsius":21.5}]`, time.Now().UnixMilli())))
 			if !tok.WaitTimeout(fleetdtest.Bound) || tok.Error() != nil {
 				t.Fatalf("publish: %v", tok.Error())

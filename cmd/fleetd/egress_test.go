@@ -24,7 +24,7 @@ func TestOutboundAllow(t *testing.T) {
 			"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
 		s.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules",
 			map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL + "/alerts"}}).Want(t, 201)
-		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC), 90)).Want(t, 200)
+		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", fleetdtest.Points(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC), 90)).Want(t, 200)
 		alerts := s.Alerts(t, admin, "?state=active")
 		if len(alerts) != 1 {
 			t.Fatalf("alerts %+v", alerts)

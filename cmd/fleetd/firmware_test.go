@@ -1011,7 +1011,7 @@ func gzipString(s string) string {
 // the payload, downloads the artifact from the signed URL with no other
 // credential, resuming once after a cut, checks the checksum and length,
 // reports progress and then Completed (or Failed naming the mismatch).
-func installFirmware(t *testing.T, d *mqttDevice, m action.Message) (params map[string]any) {
+func installFirmware(t *testing.T, d *fleetdtest.MQTTDevice, m action.Message) (params map[string]any) {
 	t.Helper()
 	if err := json.Unmarshal([]byte(m.Payload), &params); err != nil {
 		t.Fatalf("payload %s: %v", m.Payload, err)
@@ -1031,7 +1031,7 @@ func installFirmware(t *testing.T, d *mqttDevice, m action.Message) (params map[
 		}
 		return b
 	}()
-	d.report(t, map[string]any{"id": m.ID, "state": "Downloading", "progress": 10, "sequence": 1})
+	d.Report(t, map[string]any{"id": m.ID, "state": "Downloading", "progress": 10, "sequence": 1})
 	req, _ := http.NewRequest("GET", url, nil)
 	req.Header.Set("Range", fmt.Sprintf("bytes=%d-", len(half)))
 	req.Header.Set("If-Range", fmt.Sprintf("%q", params["checksum"]))
@@ -1044,15 +1044,15 @@ func installFirmware(t *testing.T, d *mqttDevice, m action.Message) (params map[
 	if resp.StatusCode != 206 {
 		t.Fatalf("resume: %d %s", resp.StatusCode, rest)
 	}
-	d.report(t, map[string]any{"id": m.ID, "state": "Downloading", "progress": 90, "sequence": 2})
+	d.Report(t, map[string]any{"id": m.ID, "state": "Downloading", "progress": 90, "sequence": 2})
 	data := append(half, rest...)
 	switch {
 	case fleetdtest.SHA256Hex(data) != params["checksum"]:
-		d.report(t, map[string]any{"id": m.ID, "state": "Failed", "errors": []string{"checksum mismatch"}, "sequence": 3})
+		d.Report(t, map[string]any{"id": m.ID, "state": "Failed", "errors": []string{"checksum mismatch"}, "sequence": 3})
 	case float64(len(data)) != params["content-length"]:
-		d.report(t, map[string]any{"id": m.ID, "state": "Failed", "errors": []string{"content length mismatch"}, "sequence": 3})
+		d.Report(t, map[string]any{"id": m.ID, "state": "Failed", "errors": []string{"content length mismatch"}, "sequence": 3})
 	default:
-		d.report(t, map[string]any{"id": m.ID, "state": "Completed", "progress": 100, "sequence": 3})
+		d.Report(t, map[string]any{"id": m.ID, "state": "Completed", "progress": 100, "sequence": 3})
 	}
 	return params
 }
@@ -1069,8 +1069,8 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 		for _, id := range []string{"dev-new", "dev-old", "dev-off"} {
 			tok[id] = s.MustDevice(t, admin, id, nil).Token
 		}
-		devNew := s.connectDevice(t, "default", "dev-new", tok["dev-new"])
-		devOld := s.connectDevice(t, "default", "dev-old", tok["dev-old"])
+		devNew := s.ConnectDevice(t, "default", "dev-new", tok["dev-new"])
+		devOld := s.ConnectDevice(t, "default", "dev-old", tok["dev-old"])
 		update := func(version string, timeout int, devices ...string) *fleetdtest.Response {
 			return s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "update_firmware",
 				"params": map[string]any{"version": version}, "search_type": "default", "device_ids": devices, "timeout": timeout})
@@ -1083,7 +1083,7 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 			r := update("1.0.0", 600, "dev-old").Want(t, 201)
 			var a struct{ ID int64 }
 			r.Decode(t, &a)
-			p := installFirmware(t, devOld, devOld.next(t))
+			p := installFirmware(t, devOld, devOld.Next(t))
 			if p["version"] != "1.0.0" || p["bundle_file_name"] != old.FileName || p["file_name"] != nil {
 				t.Fatalf("params = %v", p)
 			}
@@ -1106,7 +1106,7 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 			if da.ActionStatus != "Failed" || !strings.Contains(fmt.Sprint(da.Errors), "app 3.1.0 requires bootloader >= 1.1.0, but the device has bootloader 1.0.0") {
 				t.Fatalf("dev-old = %+v", da)
 			}
-			devOld.nothing(t)
+			devOld.Nothing(t)
 			// dev-off has no recorded versions: not checked, it waits.
 			if da := s.DeviceAction(t, admin, "dev-off", a.ID); da.ActionStatus != "Queued" {
 				t.Fatalf("dev-off = %+v", da)
@@ -1122,7 +1122,7 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 			if da := s.DeviceAction(t, admin, "dev-old", actionID); da.ActionStatus == "Failed" {
 				t.Fatalf("dev-old = %+v", da)
 			}
-			m := devNew.next(t)
+			m := devNew.Next(t)
 			if m.Name != "update_firmware" || m.ID != fmt.Sprint(actionID) {
 				t.Fatalf("message = %+v", m)
 			}

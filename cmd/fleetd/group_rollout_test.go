@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -44,7 +45,7 @@ func TestRolloutGroupPhase(t *testing.T) {
 		before := s.Do(t, admin, "GET", "/api/v1/actions", nil).Want(t, 200)
 		r = s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all",
 			"schedule": map[string]any{"phases": []any{phase("lab", triggerNow, map[string]any{"type": "group", "group": "nowhere"}), phase("rest", triggerAfter, percent(100))}}})
-		wantCode(t, r, 400, "invalid")
+		fleetdtest.WantCode(t, r, 400, "invalid")
 		if !strings.Contains(string(r.Body), `"schedule.phases[0].info.group":"no group is named \"nowhere\""`) {
 			t.Fatalf("the refusal does not name the field: %s", r.Body)
 		}

@@ -28,8 +28,8 @@ func TestStreamHistoryEndToEnd(t *testing.T) {
 		}
 		batch[59]["gps"] = map[string]any{"lat": 52.5}
 		batch[59]["note"] = `"hot", then "cold"`
-		d := dialStreamDevice(t, s.MQTTAddr, "default", "pump-1", dev.Token)
-		d.publish(t, "env", batch[:30])
+		d := fleetdtest.DialStreamDevice(t, s.MQTTAddr, "default", "pump-1", dev.Token)
+		d.PublishStream(t, "env", batch[:30])
 		s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", batch[30:]).Want(t, 200)
 
 		var streams struct {
@@ -92,7 +92,7 @@ func TestStreamHistoryEndToEnd(t *testing.T) {
 		fleetdtest.WantContains(t, "bad interval", f.Fails(t, ctl.ExitRefused, "streams", "aggregate", "pump-1", "env", "--field", "temp", "--interval", "90s"), "400 invalid", "interval")
 
 		now := time.Now()
-		d.publish(t, "logs", []map[string]any{
+		d.PublishStream(t, "logs", []map[string]any{
 			{"timestamp": now.UnixMilli(), "level": "info", "tag": "app", "message": "booted"},
 			{"timestamp": now.UnixMilli() + 1, "level": "error", "tag": "app", "message": "sensor lost", "line": "sensor.c:7"},
 		})
@@ -105,7 +105,7 @@ func TestStreamHistoryEndToEnd(t *testing.T) {
 		defer cancel()
 		live, done := f.Start(ctx, "logs", "pump-1", "-f", "--grep", "sensor", "-o", "json")
 		fleetdtest.Eventually(t, "the line there was", func() bool { return strings.Contains(live.String(), "sensor lost") })
-		d.publish(t, "logs", []map[string]any{{"timestamp": time.Now().UnixMilli() + 2, "level": "error", "tag": "app", "message": "sensor back"}})
+		d.PublishStream(t, "logs", []map[string]any{{"timestamp": time.Now().UnixMilli() + 2, "level": "error", "tag": "app", "message": "sensor back"}})
 		fleetdtest.Eventually(t, "the line that arrived", func() bool { return strings.Contains(live.String(), "sensor back") })
 		cancel()
 		if r := <-done; r.Code != 0 {

@@ -57,7 +57,7 @@ func TestIdleAfterCrashMidDelivery(t *testing.T) {
 		"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
 	s.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules",
 		map[string]any{"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).Want(t, 201)
-	s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC), 90)).Want(t, 200)
+	s.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", fleetdtest.Points(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC), 90)).Want(t, 200)
 	select {
 	case <-arrived:
 	case <-time.After(15 * time.Second):

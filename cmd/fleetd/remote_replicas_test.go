@@ -1,7 +1,6 @@
 package main
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/fleetd/fleet"
@@ -22,7 +21,7 @@ func TestReplicasRemoteSession(t *testing.T) {
 	admin := a.Admin()
 	dev := a.MustDevice(t, admin, "edge-1", nil)
 	agent := b.StartAgent(t, bin, "edge-1", dev.Token, "--remote")
-	fleetdtest.Eventually(t, "the agent to connect", func() bool { return agentSays(agent, "level=INFO msg=connected") })
+	fleetdtest.Eventually(t, "the agent to connect", func() bool { return fleetdtest.AgentSays(agent, "level=INFO msg=connected") })
 	db := c.db()
 	relayOf := func(id string) string {
 		var u string
@@ -34,18 +33,18 @@ func TestReplicasRemoteSession(t *testing.T) {
 
 	t.Run("DeviceLegProxied", func(t *testing.T) {
 		// Opened and joined on A; the device dials B.
-		sess, conn := a.openTerminal(t, admin, "edge-1")
+		sess, conn := a.OpenTerminal(t, admin, "edge-1")
 		if u := relayOf(sess.ID); u != a.URL {
 			t.Fatalf("the session's relay is %q, want A's %q", u, a.URL)
 		}
 		conn.Close()
-		a.endReason(t, admin, "edge-1", sess.ID)
+		a.EndReason(t, admin, "edge-1", sess.ID)
 	})
 	t.Run("OperatorLegProxied", func(t *testing.T) {
 		// Opened on A, joined on B: both legs come through B to A.
 		var sess fleet.RemoteSession
 		a.Do(t, admin, "POST", "/api/v1/devices/edge-1/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 201).Decode(t, &sess)
-		conn := b.joinTerminal(t, admin, sess.ID)
+		conn := b.JoinTerminal(t, admin, sess.ID)
 		conn.Write([]byte("exit 4\n"))
 		for {
 			_, ctl, err := conn.Read()
@@ -59,19 +58,14 @@ func TestReplicasRemoteSession(t *testing.T) {
 				break
 			}
 		}
-		fleetdtest.WantContains(t, "end", a.endReason(t, admin, "edge-1", sess.ID), "closed by the device")
+		fleetdtest.WantContains(t, "end", a.EndReason(t, admin, "edge-1", sess.ID), "closed by the device")
 	})
 	t.Run("RevokedOnTheOtherReplica", func(t *testing.T) {
 		k := a.NewKey(t, admin, "edge-op", "operator")
-		sess, conn := a.openTerminal(t, k, "edge-1")
+		sess, conn := a.OpenTerminal(t, k, "edge-1")
 		b.Do(t, admin, "DELETE", "/api/v1/apikeys/edge-op", nil).Want(t, 204)
 		want := `API key "edge-op", which opened it, was deleted`
-		fleetdtest.WantContains(t, "operator's end", sessionEnd(t, conn), want)
-		fleetdtest.WantContains(t, "recorded", b.endReason(t, admin, "edge-1", sess.ID), want)
+		fleetdtest.WantContains(t, "operator's end", fleetdtest.SessionEnd(t, conn), want)
+		fleetdtest.WantContains(t, "recorded", b.EndReason(t, admin, "edge-1", sess.ID), want)
 	})
-}
-
-// agentSays reports whether the agent's output has s.
-func agentSays(p *fleetdtest.AgentProcess, s string) bool {
-	return strings.Contains(p.Output.String(), s)
 }

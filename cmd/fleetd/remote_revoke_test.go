@@ -1,85 +1,14 @@
 package main
 
 import (
-	"context"
-	"net/http"
 	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/internal/fleetdtest"
-	"github.com/fleetd/fleet/remote"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
-
-// openTerminal opens a terminal session with device as c and joins it,
-// on s; it returns the session and the operator's leg, with the shell
-// answering.
-func (s *testServer) openTerminal(t *testing.T, c fleetdtest.Creds, device string) (fleet.RemoteSession, *remote.Conn) {
-	t.Helper()
-	var sess fleet.RemoteSession
-	s.Do(t, c, "POST", "/api/v1/devices/"+device+"/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 201).Decode(t, &sess)
-	conn := s.joinTerminal(t, c, sess.ID)
-	return sess, conn
-}
-
-// joinTerminal joins session id's operator leg on s and waits for the
-// shell to answer.
-func (s *testServer) joinTerminal(t *testing.T, c fleetdtest.Creds, id string) *remote.Conn {
-	t.Helper()
-	conn, err := remote.Dial(context.Background(), s.URL+"/api/v1/remote-sessions/"+id+"/operator",
-		http.Header{"X-Service-Tenant": {c.Tenant}, "X-Service-Api-Key": {c.Key}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	conn.Write([]byte("echo rea''dy\n"))
-	var out strings.Builder
-	for !strings.Contains(out.String(), "ready") {
-		b, ctl, err := conn.Read()
-		if err != nil || ctl != nil {
-			t.Fatalf("before the shell answered: %v, %+v; output %q", err, ctl, out.String())
-		}
-		out.Write(b)
-	}
-	return conn
-}
-
-// sessionEnd reads the operator's leg until fleetd ends it, and returns
-// the message of its error.
-func sessionEnd(t *testing.T, conn *remote.Conn) string {
-	t.Helper()
-	for {
-		_, ctl, err := conn.Read()
-		if err != nil {
-			t.Fatalf("the session ended without saying why: %v", err)
-		}
-		if ctl != nil && ctl.Type == remote.TypeError {
-			return ctl.Message
-		}
-	}
-}
-
-// endReason waits until session id of device has ended and returns why.
-func (s *testServer) endReason(t *testing.T, c fleetdtest.Creds, device, id string) string {
-	t.Helper()
-	var reason string
-	fleetdtest.Eventually(t, "session "+id+" to have ended", func() bool {
-		var list struct {
-			RemoteSessions []fleet.RemoteSession `json:"remote_sessions"`
-		}
-		s.Do(t, c, "GET", "/api/v1/devices/"+device+"/remote-sessions?limit=100", nil).Want(t, 200).Decode(t, &list)
-		for _, rs := range list.RemoteSessions {
-			if rs.ID == id && rs.EndedAt != nil {
-				reason = rs.EndReason
-				return true
-			}
-		}
-		return false
-	})
-	return reason
-}
 
 // TestRemoteRevoked checks that revoking what a session stands on ends
 // it at once, with the reason recorded: the API key that opened it
@@ -98,15 +27,15 @@ func TestRemoteRevoked(t *testing.T) {
 		t.Run("APIKeyDeleted", func(t *testing.T) {
 			k := s.NewKey(t, admin, "revoked-op", "operator")
 			other := s.NewKey(t, admin, "other-op", "operator")
-			sess, conn := s.openTerminal(t, k, "revoke-1")
-			kept, keptConn := s.openTerminal(t, other, "revoke-2")
+			sess, conn := s.OpenTerminal(t, k, "revoke-1")
+			kept, keptConn := s.OpenTerminal(t, other, "revoke-2")
 			var waiting fleet.RemoteSession
 			s.Do(t, k, "POST", "/api/v1/devices/revoke-none/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 201).Decode(t, &waiting)
 			s.Do(t, admin, "DELETE", "/api/v1/apikeys/revoked-op", nil).Want(t, 204)
 			want := `API key "revoked-op", which opened it, was deleted`
-			fleetdtest.WantContains(t, "operator's end", sessionEnd(t, conn), want)
-			fleetdtest.WantContains(t, "recorded", s.endReason(t, admin, "revoke-1", sess.ID), want)
-			fleetdtest.WantContains(t, "waiting session", s.endReason(t, admin, "revoke-none", waiting.ID), want)
+			fleetdtest.WantContains(t, "operator's end", fleetdtest.SessionEnd(t, conn), want)
+			fleetdtest.WantContains(t, "recorded", s.EndReason(t, admin, "revoke-1", sess.ID), want)
+			fleetdtest.WantContains(t, "waiting session", s.EndReason(t, admin, "revoke-none", waiting.ID), want)
 			// Another key's session goes on.
 			keptConn.Write([]byte("echo st''ill\n"))
 			var out strings.Builder
@@ -118,12 +47,12 @@ func TestRemoteRevoked(t *testing.T) {
 				out.Write(b)
 			}
 			keptConn.Close()
-			s.endReason(t, admin, "revoke-2", kept.ID)
+			s.EndReason(t, admin, "revoke-2", kept.ID)
 		})
 		t.Run("DeviceDeleted", func(t *testing.T) {
-			_, conn := s.openTerminal(t, admin, "revoke-2")
+			_, conn := s.OpenTerminal(t, admin, "revoke-2")
 			s.Do(t, admin, "DELETE", "/api/v1/devices/revoke-2", nil).Want(t, 204)
-			fleetdtest.WantContains(t, "operator's end", sessionEnd(t, conn), "the device was deleted")
+			fleetdtest.WantContains(t, "operator's end", fleetdtest.SessionEnd(t, conn), "the device was deleted")
 			// The device's sessions are listed no more with it; the audit
 			// log keeps the end.
 			var audit struct {
@@ -145,7 +74,7 @@ func TestRemoteRevoked(t *testing.T) {
 		t.Run("ConsoleIsolation", func(t *testing.T) {
 			// Another tenant's operator, and a viewer of this one, in the
 			// console: neither sees, joins nor ends the session.
-			sess, conn := s.openTerminal(t, admin, "revoke-1")
+			sess, conn := s.OpenTerminal(t, admin, "revoke-1")
 			other := s.NewTenant(t, "revoke-elsewhere")
 			ob := fleetdtest.NewBrowser(t, s.URL)
 			tok := ob.SignIn(other.Tenant, other.Key).CSRF(t)
@@ -172,14 +101,14 @@ func TestRemoteRevoked(t *testing.T) {
 				out.Write(b)
 			}
 			conn.Close()
-			s.endReason(t, admin, "revoke-1", sess.ID)
+			s.EndReason(t, admin, "revoke-1", sess.ID)
 		})
 		t.Run("DeviceTokenRotated", func(t *testing.T) {
-			sess, conn := s.openTerminal(t, admin, "revoke-1")
+			sess, conn := s.OpenTerminal(t, admin, "revoke-1")
 			s.Do(t, admin, "POST", "/api/v1/devices/revoke-1/token", nil).Want(t, 201)
 			want := "the device's credentials were replaced"
-			fleetdtest.WantContains(t, "operator's end", sessionEnd(t, conn), want)
-			fleetdtest.WantContains(t, "recorded", s.endReason(t, admin, "revoke-1", sess.ID), want)
+			fleetdtest.WantContains(t, "operator's end", fleetdtest.SessionEnd(t, conn), want)
+			fleetdtest.WantContains(t, "recorded", s.EndReason(t, admin, "revoke-1", sess.ID), want)
 		})
 	})
 }

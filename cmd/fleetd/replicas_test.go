@@ -100,7 +100,7 @@ func (c *cluster) start(name string) *replica {
 	t := c.t
 	t.Helper()
 	args := append([]string{"serve", "--database", c.dsn, "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0",
-		"--log-level", "info", "--mqtt-client-id", name, "--outbound-allow", "127.0.0.0/8"}, externalBrokerFlags(c.broker, c.flags...)...)
+		"--log-level", "info", "--mqtt-client-id", name, "--outbound-allow", "127.0.0.0/8"}, fleetdtest.ExternalBrokerFlags(c.broker, c.flags...)...)
 	r := &replica{name: name, process: runFleetd(t, &testServer{&fleetdtest.Server{DSN: c.dsn}}, args, c.env)}
 	t.Cleanup(r.stop)
 	if r.Key != "" { // the first replica made the tenant and its key
@@ -271,12 +271,12 @@ func TestReplicas(t *testing.T) {
 		i := 0
 		fleetdtest.Eventually(t, "B to open the alert", func() bool {
 			i++
-			b.Do(t, admin, "POST", path, points(start.Add(time.Duration(i)*time.Second), 90)).Want(t, 200)
+			b.Do(t, admin, "POST", path, fleetdtest.Points(start.Add(time.Duration(i)*time.Second), 90)).Want(t, 200)
 			return len(a.Alerts(t, admin, "?rule_id="+rule.ID)) == 1
 		})
 		// A hot reading through A, which never saw the stream, finds the
 		// alert open: still one alert, one notification.
-		a.Do(t, admin, "POST", path, points(start.Add(time.Minute), 95)).Want(t, 200)
+		a.Do(t, admin, "POST", path, fleetdtest.Points(start.Add(time.Minute), 95)).Want(t, 200)
 		// A delivered notification is claimed by no one again: once it
 		// is recorded, the receiver has every copy it will get.
 		fleetdtest.Eventually(t, "the notification to be delivered", func() bool {
@@ -327,7 +327,7 @@ func TestReplicasEvaluateOneStream(t *testing.T) {
 		{a, 93, "[active ended ended]"},
 		{b, 22, "[ended ended ended]"},
 	} {
-		step.via.Do(t, admin, "POST", path, points(start.Add(time.Duration(i)*time.Second), step.temp)).Want(t, 200)
+		step.via.Do(t, admin, "POST", path, fleetdtest.Points(start.Add(time.Duration(i)*time.Second), step.temp)).Want(t, 200)
 		if got := fmt.Sprint(state()); got != step.want {
 			t.Fatalf("step %d (%v through %s): alerts %s, want %s", i, step.temp, step.via.name, got, step.want)
 		}
@@ -364,7 +364,7 @@ func TestReplicaKilled(t *testing.T) {
 		"condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})
 	a.Do(t, admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{
 		"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).Want(t, 201)
-	a.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 90)).Want(t, 200)
+	a.Do(t, admin, "POST", "/api/v1/devices/pump-1/streams/env", fleetdtest.Points(time.Now(), 90)).Want(t, 200)
 	fleetdtest.Eventually(t, "A to claim the notification", func() bool { return hits.Load() == 1 })
 	b := c.start("replica-b")
 

@@ -34,7 +34,7 @@ func TestRetryAction(t *testing.T) {
 
 		// r4 has not finished: the action is not finished.
 		r := s.Do(t, admin, "POST", retry, nil)
-		wantCode(t, r, 409, "conflict")
+		fleetdtest.WantCode(t, r, 409, "conflict")
 		if !strings.Contains(string(r.Body), "1 device actions are not final") || !strings.Contains(string(r.Body), "cancel them first") {
 			t.Fatalf("not finished: %s", r.Body)
 		}
@@ -92,7 +92,7 @@ func TestRetryAction(t *testing.T) {
 
 		// A device action is retried once: the Failed ones were.
 		r = s.Do(t, admin, "POST", retry, nil)
-		wantCode(t, r, 409, "conflict")
+		fleetdtest.WantCode(t, r, 409, "conflict")
 		if !strings.Contains(string(r.Body), fmt.Sprintf("retried already, by action %d", out.ID)) {
 			t.Fatalf("retried twice: %s", r.Body)
 		}
@@ -113,7 +113,7 @@ func TestRetryAction(t *testing.T) {
 			{map[string]any{"status": []string{"Failed"}}, "status"},
 		} {
 			r := s.Do(t, admin, "POST", retry, c.body)
-			wantCode(t, r, 400, "invalid")
+			fleetdtest.WantCode(t, r, 400, "invalid")
 			if !strings.Contains(string(r.Body), `"`+c.field+`"`) {
 				t.Fatalf("%v: the error does not name %s: %s", c.body, c.field, r.Body)
 			}
@@ -122,11 +122,11 @@ func TestRetryAction(t *testing.T) {
 		done := s.Dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"r1"}})
 		s.Report(t, "r1", done, "Completed")
 		r = s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/retry", done), nil)
-		wantCode(t, r, 409, "conflict")
+		fleetdtest.WantCode(t, r, 409, "conflict")
 		if !strings.Contains(string(r.Body), "is Failed; nothing was dispatched") {
 			t.Fatalf("nothing Failed: %s", r.Body)
 		}
-		wantCode(t, s.Do(t, admin, "POST", "/api/v1/actions/999999/retry", nil), 404, "not_found")
+		fleetdtest.WantCode(t, s.Do(t, admin, "POST", "/api/v1/actions/999999/retry", nil), 404, "not_found")
 		// A cancel_action is not retried.
 		busy := s.Dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"r2"}})
 		s.Report(t, "r2", busy, "Running")
@@ -142,14 +142,14 @@ func TestRetryAction(t *testing.T) {
 		cancelID := cancels.Actions[0].ID
 		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", cancelID), nil).Want(t, 204)
 		r = s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/retry", cancelID), map[string]any{"statuses": []string{"Cancelled", "Completed", "Failed"}})
-		wantCode(t, r, 409, "conflict")
+		fleetdtest.WantCode(t, r, 409, "conflict")
 		if !strings.Contains(string(r.Body), "is a cancel_action") {
 			t.Fatalf("retry of a cancel_action: %s", r.Body)
 		}
 
 		// Another tenant's action is not found; a viewer may not retry.
 		other := s.NewTenant(t, "other")
-		wantCode(t, s.Do(t, other, "POST", retry, nil), 404, "not_found")
+		fleetdtest.WantCode(t, s.Do(t, other, "POST", retry, nil), 404, "not_found")
 		viewer := s.NewKey(t, admin, "victor", "viewer")
 		s.Do(t, viewer, "POST", retry, nil).Want(t, 403)
 

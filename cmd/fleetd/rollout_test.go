@@ -24,15 +24,6 @@ import (
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
-// wantCode checks an error answer's status and code.
-func wantCode(t *testing.T, r *fleetdtest.Response, status int, code string) {
-	t.Helper()
-	r.Want(t, status)
-	if got := r.ErrorCode(t); got != code {
-		t.Fatalf("%s: error %q, want %q: %s", r.Req, got, code, r.Body)
-	}
-}
-
 // rolloutBody is an action as GET /api/v1/actions/{id} shows a rollout.
 type rolloutBody struct {
 	fleetdtest.ActionBody
@@ -210,7 +201,7 @@ func TestRolloutEndToEnd(t *testing.T) {
 			}
 			// A device reporting on an action its phase has not released
 			// is told it has no such action.
-			wantCode(t, s.Do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": order[0], "action_id": id, "state": "Running"}), 404, "not_found")
+			fleetdtest.WantCode(t, s.Do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": order[0], "action_id": id, "state": "Running"}), 404, "not_found")
 
 			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
 			a = s.awaitRollout(t, admin, id, "completed")
@@ -218,11 +209,11 @@ func TestRolloutEndToEnd(t *testing.T) {
 				t.Fatalf("completed: %+v", a)
 			}
 			awaitEvents(t, hook, id, "phase_triggered:0", "phase_triggered:1", "phase_triggered:2", "completed")
-			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
-			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil), 409, "conflict")
+			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
+			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil), 409, "conflict")
 			// An action without a schedule has none of these operations.
 			plain := s.Dispatch(t, admin, map[string]any{"action": "x", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"ro-00001"}})
-			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", plain), nil), 409, "conflict")
+			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", plain), nil), 409, "conflict")
 			if pa := s.rollout(t, admin, plain); pa.Status != "" || pa.Schedule != nil || pa.StatusesPhased["-1"] == nil {
 				t.Fatalf("an action without a schedule shows %+v", pa)
 			}
@@ -250,8 +241,8 @@ func TestRolloutEndToEnd(t *testing.T) {
 				t.Fatalf("paused: %q, want %q; %+v", a.PauseReason, want, a)
 			}
 			awaitEvents(t, hook, id, "phase_triggered:0", "paused")
-			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
-			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil), 409, "conflict")
+			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
+			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil), 409, "conflict")
 			// Resuming waives the gate: the rest is released at once.
 			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/resume", id), nil).Want(t, 204)
 			a = s.awaitRollout(t, admin, id, "completed")
@@ -289,8 +280,8 @@ func TestRolloutEndToEnd(t *testing.T) {
 			if a.Status != "aborted" || a.StatusesPhased["1"]["Cancelled"] != 9 {
 				t.Fatalf("aborted: %+v", a)
 			}
-			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/abort", id), nil), 409, "conflict")
-			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/resume", id), nil), 409, "conflict")
+			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/abort", id), nil), 409, "conflict")
+			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/resume", id), nil), 409, "conflict")
 			awaitEvents(t, hook, id, "phase_triggered:0", "paused", "aborted")
 			sick.Stop(t)
 		})
@@ -311,9 +302,9 @@ func TestRolloutEndToEnd(t *testing.T) {
 			s.AwaitActionStatus(t, admin, "ro-00001", id, "Completed")
 
 			// append_phase takes devices the action does not target yet.
-			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ro-00002"))), 400, "invalid")
-			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ghost"))), 400, "invalid")
-			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, percent(100))), 400, "invalid")
+			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ro-00002"))), 400, "invalid")
+			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ghost"))), 400, "invalid")
+			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, percent(100))), 400, "invalid")
 			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ro-00009"))).Want(t, 204)
 			a := s.rollout(t, admin, id)
 			if a.Targeted != 6 || len(a.Schedule.Phases) != 3 || fmt.Sprint(a.PhasesTriggered) != "[true false false]" || a.StatusesPhased["2"]["Scheduled"] != 1 {
@@ -365,10 +356,10 @@ func TestRolloutEndToEnd(t *testing.T) {
 			if da := s.DeviceAction(t, admin, "ro-00005", id); da.Status != "ScheduleEnded" || da.ActionStatus != "Cancelled" {
 				t.Fatalf("a device never released: %+v", da)
 			}
-			wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
+			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
 			awaitEvents(t, hook, id, "phase_triggered:0", "completed")
 			// An end already past is refused at dispatch.
-			wantCode(t, s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "x", "params": map[string]any{}, "search_type": "all",
+			fleetdtest.WantCode(t, s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "x", "params": map[string]any{}, "search_type": "all",
 				"schedule": map[string]any{"end_timestamp": end, "phases": []any{phase("all", triggerNow, percent(100))}}}), 400, "invalid")
 		})
 
@@ -615,7 +606,7 @@ func TestRolloutOperations(t *testing.T) {
 			t.Helper()
 			r := s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/%s", id, name), body)
 			if status == 409 {
-				wantCode(t, r, 409, "conflict")
+				fleetdtest.WantCode(t, r, 409, "conflict")
 				if !strings.Contains(string(r.Body), "the rollout is ") {
 					t.Fatalf("%s: %s does not say the rollout's state", name, r.Body)
 				}
@@ -660,7 +651,7 @@ func TestRolloutOperations(t *testing.T) {
 		// The scheduler releases a phase that triggers now just after the
 		// dispatch commits, not in it.
 		fleetdtest.Eventually(t, "the rollout's one phase to be released", func() bool { return s.rollout(t, admin, last).Status == "running" })
-		wantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", last), nil), 409, "conflict")
+		fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", last), nil), 409, "conflict")
 		if got := buttons(last); got != "pause abort" {
 			t.Fatalf("a running rollout with no phase left shows %q", got)
 		}
@@ -1057,7 +1048,7 @@ func TestRolloutMetadataPhase(t *testing.T) {
 		}
 		r := s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all",
 			"schedule": map[string]any{"phases": []any{phase("lab", triggerNow, map[string]any{"type": "metadata"}), phase("rest", triggerAfter, percent(100))}}})
-		wantCode(t, r, 400, "invalid")
+		fleetdtest.WantCode(t, r, 400, "invalid")
 		if !strings.Contains(string(r.Body), `"schedule.phases[0].info.metadata"`) {
 			t.Fatalf("the refusal does not name the field: %s", r.Body)
 		}

@@ -144,7 +144,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 	var rotated struct{ Token string }
 	do(admin, "POST", "/api/v1/devices/pump-2/token", nil).Want(t, 201).Decode(t, &rotated)
 	ss.add(t, "rotated device token", rotated.Token, "POST /api/v1/devices/pump-2/token")
-	dev := s.connectDevice(t, "default", "pump-1", d.Token)
+	dev := s.ConnectDevice(t, "default", "pump-1", d.Token)
 	if code := connectCode(t, s.MQTTAddr, "127.0.0.1", "default/pump-3", d.Token); code != 0x86 {
 		t.Fatalf("another device's token: %#x", code)
 	}
@@ -157,11 +157,11 @@ func TestSecretsNeverLeak(t *testing.T) {
 
 	// Actions, a firmware update with its signed URL, status reports.
 	id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{"delay": 1}, "search_type": "default", "device_ids": []string{"pump-1"}})
-	dev.next(t)
-	dev.report(t, map[string]any{"id": fmt.Sprint(id), "state": "Completed", "progress": 100})
+	dev.Next(t)
+	dev.Report(t, map[string]any{"id": fmt.Sprint(id), "state": "Completed", "progress": 100})
 	bundle := s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "2.0.0", fleetdtest.Part{Name: "app", Version: "2.0.0", Body: "app"}))
 	fw := s.Dispatch(t, keys["operator"], map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.0.0"}, "search_type": "default", "device_ids": []string{"pump-1"}})
-	msg := dev.next(t)
+	msg := dev.Next(t)
 	var payload struct{ URL string }
 	json.Unmarshal([]byte(msg.Payload), &payload)
 	u, err := url.Parse(payload.URL)
@@ -209,7 +209,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 		do(admin, "POST", "/api/v1/alert-rules/"+rule.ID+"/alert-notification-rules", map[string]any{"channel_parameters": ch}).Want(t, 201)
 	}
 	ss.add(t, "webhook URL query secret", "querySecret77a")
-	do(keys["device"], "POST", "/api/v1/devices/pump-1/streams/env", points(time.Now(), 85)).Want(t, 200)
+	do(keys["device"], "POST", "/api/v1/devices/pump-1/streams/env", fleetdtest.Points(time.Now(), 85)).Want(t, 200)
 	var alertID string
 	fleetdtest.Eventually(t, "the alert", func() bool {
 		if as := s.Alerts(t, admin, "?state=active"); len(as) == 1 {

@@ -37,7 +37,7 @@ type credentials struct {
 // uplinkDevice connects as the uplink agent does: MQTT 3.1.1 over TLS, the
 // device id as client id, no username or password, the ca_certificate as
 // the only trusted root and the device certificate as client certificate.
-func uplinkDevice(t *testing.T, addr, tenant, id string, c credentials) (*mqttDevice, error) {
+func uplinkDevice(t *testing.T, addr, tenant, id string, c credentials) (*fleetdtest.MQTTDevice, error) {
 	t.Helper()
 	roots := x509.NewCertPool()
 	if !roots.AppendCertsFromPEM([]byte(c.CACertificate)) {
@@ -47,7 +47,7 @@ func uplinkDevice(t *testing.T, addr, tenant, id string, c credentials) (*mqttDe
 	if err != nil {
 		t.Fatalf("device_certificate and device_private_key: %v", err)
 	}
-	d := &mqttDevice{tenant: tenant, id: id, actions: make(chan action.Message, 100)}
+	d := &fleetdtest.MQTTDevice{Tenant: tenant, ID: id, Actions: make(chan action.Message, 100)}
 	opts := pahov3.NewClientOptions().
 		AddBroker("ssl://" + addr).
 		SetClientID(id).
@@ -56,20 +56,20 @@ func uplinkDevice(t *testing.T, addr, tenant, id string, c credentials) (*mqttDe
 		SetCleanSession(true).
 		SetAutoReconnect(false).
 		SetConnectTimeout(fleetdtest.Bound)
-	d.client = pahov3.NewClient(opts)
-	tok := d.client.Connect()
+	d.Client = pahov3.NewClient(opts)
+	tok := d.Client.Connect()
 	if !tok.WaitTimeout(fleetdtest.Bound) {
 		t.Fatalf("connect %s over TLS: timed out", id)
 	}
 	if err := tok.Error(); err != nil {
 		return nil, err
 	}
-	t.Cleanup(func() { d.client.Disconnect(100) })
-	sub := d.client.Subscribe(mqtt.ActionsTopic(tenant, id), 1, func(_ pahov3.Client, m pahov3.Message) {
+	t.Cleanup(func() { d.Client.Disconnect(100) })
+	sub := d.Client.Subscribe(mqtt.ActionsTopic(tenant, id), 1, func(_ pahov3.Client, m pahov3.Message) {
 		var a action.Message
 		if json.Unmarshal(m.Payload(), &a) == nil {
-			if _, dup := d.seen.LoadOrStore(a.ID, true); !dup {
-				d.actions <- a
+			if _, dup := d.Seen.LoadOrStore(a.ID, true); !dup {
+				d.Actions <- a
 			}
 		}
 	})
@@ -100,10 +100,10 @@ func TestDeviceCertificatesEndToEnd(t *testing.T) {
 
 		// It is a device like any other: actions reach it, reports land.
 		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"pump-1"}})
-		if got := dev.next(t); got.ID != fmt.Sprint(id) {
+		if got := dev.Next(t); got.ID != fmt.Sprint(id) {
 			t.Fatalf("received action %s, want %d", got.ID, id)
 		}
-		dev.report(t, map[string]any{"id": fmt.Sprint(id), "state": "Completed", "progress": 100})
+		dev.Report(t, map[string]any{"id": fmt.Sprint(id), "state": "Completed", "progress": 100})
 		s.AwaitActionStatus(t, admin, "pump-1", id, "Completed")
 
 		t.Run("mosquitto_pub with the certificate", func(t *testing.T) {
@@ -121,7 +121,7 @@ func TestDeviceCertificatesEndToEnd(t *testing.T) {
 			}
 			host, port, _ := net.SplitHostPort(mqtts)
 			id2 := s.Dispatch(t, admin, map[string]any{"action": "ping", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"pump-1"}})
-			dev.next(t)
+			dev.Next(t)
 			ctx, cancel := context.WithTimeout(context.Background(), fleetdtest.Bound)
 			defer cancel()
 			// Exits 0 once the report was acknowledged, that is committed.

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -68,14 +69,14 @@ func TestFleetDesired(t *testing.T) {
 		if fd.Matched != 2 || fd.Changed != 0 {
 			t.Fatalf("again: %+v", fd)
 		}
-		wantCode(t, s.Do(t, other, "PATCH", "/api/v1/shadows", map[string]any{"search_type": "group", "group": "berlin", "desired": map[string]any{"x": 1}}), 400, "invalid")
+		fleetdtest.WantCode(t, s.Do(t, other, "PATCH", "/api/v1/shadows", map[string]any{"search_type": "group", "group": "berlin", "desired": map[string]any{"x": 1}}), 400, "invalid")
 		r := s.Do(t, admin, "PATCH", "/api/v1/shadows", map[string]any{"search_type": "default", "device_ids": []string{"f3", "ghost"}, "desired": map[string]any{"x": 1}})
-		wantCode(t, r, 400, "invalid")
+		fleetdtest.WantCode(t, r, 400, "invalid")
 		s.Do(t, admin, "GET", "/api/v1/devices/f3/shadow", nil).Want(t, 200).Decode(t, &sh)
 		if len(sh.Desired) != 0 {
 			t.Fatalf("a refused change changed f3: %+v", sh)
 		}
-		wantCode(t, s.Do(t, admin, "PATCH", "/api/v1/shadows", map[string]any{"search_type": "all", "desired": map[string]any{"x": 1}, "version": 3}), 400, "invalid")
+		fleetdtest.WantCode(t, s.Do(t, admin, "PATCH", "/api/v1/shadows", map[string]any{"search_type": "all", "desired": map[string]any{"x": 1}, "version": 3}), 400, "invalid")
 		viewer := s.NewKey(t, admin, "v", "viewer")
 		s.Do(t, viewer, "PATCH", "/api/v1/shadows", map[string]any{"search_type": "all", "desired": map[string]any{"x": 1}}).Want(t, 403)
 	})

@@ -73,7 +73,7 @@ func (d *twinDevice) nextDelta(t *testing.T) string {
 
 func (d *twinDevice) publish(t *testing.T, topic string, payload any) {
 	t.Helper()
-	publishJSON(t, d.Client, topic, payload)
+	fleetdtest.PublishJSON(t, d.Client, topic, payload)
 }
 
 // TestShadowOverMQTT: a device gets its delta when it subscribes and at
@@ -93,7 +93,7 @@ func TestShadowOverMQTT(t *testing.T) {
 				addr := ""
 				if external {
 					broker := mosquittotest.Start(t)
-					s = startServer(t, b, externalBrokerFlags(broker)...)
+					s = startServer(t, b, fleetdtest.ExternalBrokerFlags(broker)...)
 					addr = broker.Addr
 				} else {
 					s = startServer(t, b)
@@ -109,7 +109,7 @@ func TestShadowOverMQTT(t *testing.T) {
 						topic string
 						acc   int
 					}{{mqtt.ShadowDeltaTopic("default", "tw-1"), 4}, {mqtt.ShadowDeltaTopic("default", "tw-1"), 1}, {mqtt.ShadowReportedTopic("default", "tw-1"), 2}} {
-						if code := s.goAuth(t, bridge.GoAuthACLPath, map[string]any{"username": "default/tw-1", "clientid": "tw-1", "topic": acl.topic, "acc": acl.acc}); code != 200 {
+						if code := s.GoAuth(t, bridge.GoAuthACLPath, map[string]any{"username": "default/tw-1", "clientid": "tw-1", "topic": acl.topic, "acc": acl.acc}); code != 200 {
 							t.Fatalf("/acl %s acc %d: %d", acl.topic, acl.acc, code)
 						}
 					}

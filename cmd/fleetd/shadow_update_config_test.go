@@ -34,8 +34,8 @@ func TestShadowUpdateConfig(t *testing.T) {
 			t.Fatal("update_config is on before anyone set it")
 		}
 		s.Do(t, operator, "PUT", path, map[string]any{"update_config": true}).Want(t, 403)
-		wantCode(t, s.Do(t, admin, "PUT", path, map[string]any{"update_config": "yes"}), 400, "invalid")
-		wantCode(t, s.Do(t, admin, "PUT", path, map[string]any{}), 400, "invalid")
+		fleetdtest.WantCode(t, s.Do(t, admin, "PUT", path, map[string]any{"update_config": "yes"}), 400, "invalid")
+		fleetdtest.WantCode(t, s.Do(t, admin, "PUT", path, map[string]any{}), 400, "invalid")
 		s.Do(t, other, "PUT", path, map[string]any{"update_config": true}).Want(t, 404)
 		s.Do(t, admin, "PUT", path, map[string]any{"update_config": true}).Want(t, 204)
 		if !setting(viewer, "default") || setting(other, "other") {
@@ -53,27 +53,27 @@ func TestShadowUpdateConfig(t *testing.T) {
 		}
 
 		tok := s.MustDevice(t, admin, "up-1", nil).Token
-		d := s.connectDevice(t, "default", "up-1", tok)
+		d := s.ConnectDevice(t, "default", "up-1", tok)
 		s.Do(t, operator, "PATCH", "/api/v1/devices/up-1/shadow", map[string]any{"desired": map[string]any{"interval": 30, "log": map[string]any{"level": "debug"}}}).Want(t, 200)
-		m := d.next(t)
+		m := d.Next(t)
 		if m.Name != fleet.ActionUpdateConfig || m.Payload != `{"interval":30,"log":{"level":"debug"}}` {
 			t.Fatalf("the device received %+v", m)
 		}
 		s.Do(t, operator, "PATCH", "/api/v1/devices/up-1/shadow", map[string]any{"desired": map[string]any{"log": nil}}).Want(t, 200)
-		if m := d.next(t); m.Name != fleet.ActionUpdateConfig || m.Payload != `{"interval":30}` {
+		if m := d.Next(t); m.Name != fleet.ActionUpdateConfig || m.Payload != `{"interval":30}` {
 			t.Fatalf("after the second change the device received %+v", m)
 		}
 		// The device took it: its state as reported matches, so a change
 		// to what it has already leaves it in sync and sends nothing.
-		d.report(t, map[string]any{"action_id": m.ID, "state": "Completed", "progress": 100})
+		d.Report(t, map[string]any{"action_id": m.ID, "state": "Completed", "progress": 100})
 		s.Do(t, admin, "POST", "/api/v1/devices/up-1/streams/device_shadow",
 			[]any{map[string]any{"timestamp": 1_700_000_000_000, "interval": 30, "mode": "eco"}}).Want(t, 200)
 		s.Do(t, operator, "PATCH", "/api/v1/devices/up-1/shadow", map[string]any{"desired": map[string]any{"mode": "eco"}}).Want(t, 200)
-		d.nothing(t)
+		d.Nothing(t)
 
 		s.Do(t, admin, "PUT", path, map[string]any{"update_config": false}).Want(t, 204)
 		s.Do(t, operator, "PATCH", "/api/v1/devices/up-1/shadow", map[string]any{"desired": map[string]any{"interval": 60}}).Want(t, 200)
-		d.nothing(t)
+		d.Nothing(t)
 	})
 }
 

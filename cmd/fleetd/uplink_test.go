@@ -68,10 +68,10 @@ func TestUplinkStreams(t *testing.T) {
 
 		t.Run("MQTT311", func(t *testing.T) {
 			dev := s.MustDevice(t, admin, "uplink-3", nil)
-			d := s.connectDevice(t, "default", "uplink-3", dev.Token)
+			d := s.ConnectDevice(t, "default", "uplink-3", dev.Token)
 			publish := func(topic string, payload []byte) {
 				t.Helper()
-				tok := d.client.Publish(topic, 1, false, payload)
+				tok := d.Client.Publish(topic, 1, false, payload)
 				if !tok.WaitTimeout(fleetdtest.Bound) || tok.Error() != nil {
 					t.Fatalf("publish on %s: %v", topic, tok.Error())
 				}
@@ -87,7 +87,7 @@ func TestUplinkStreams(t *testing.T) {
 			publish("/tenants/default/devices/uplink-3/events/gps/jsonarray/zstd", points(3, "lat"))
 			publish(mqtt.StreamTopic("default", "uplink-3", "gps")+"/lz4", lz4Frame(t, points(4, "lat")))
 			awaitPoint("uplink-3", "gps", `"lat":4`)
-			if !d.client.IsConnectionOpen() {
+			if !d.Client.IsConnectionOpen() {
 				t.Fatal("the device was disconnected")
 			}
 		})

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -59,4 +60,9 @@ func (s *Server) StartAgent(t *testing.T, bin, device, token string, extra ...st
 		}
 	})
 	return p
+}
+
+// AgentSays reports whether the agent's output has s.
+func AgentSays(p *AgentProcess, s string) bool {
+	return strings.Contains(p.Output.String(), s)
 }

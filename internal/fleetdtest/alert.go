@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"sync"
 	"testing"
+	"time"
 )
 
 // AlertFlags make notification retries quick, so tests wait for
@@ -96,4 +97,13 @@ func (r *Receiver) Got() []Received {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]Received(nil), r.requests...)
+}
+
+// Points is an ingest body of one point per temperature, a second apart.
+func Points(start time.Time, temps ...float64) []map[string]any {
+	var out []map[string]any
+	for i, temp := range temps {
+		out = append(out, map[string]any{"timestamp": start.Add(time.Duration(i) * time.Second).UnixMilli(), "sequence": i, "temp": temp})
+	}
+	return out
 }

@@ -397,3 +397,12 @@ func Metric(t *testing.T, base, name string) float64 {
 	t.Fatalf("no %s in /metrics", name)
 	return 0
 }
+
+// WantCode checks an error answer's status and code.
+func WantCode(t *testing.T, r *Response, status int, code string) {
+	t.Helper()
+	r.Want(t, status)
+	if got := r.ErrorCode(t); got != code {
+		t.Fatalf("%s: error %q, want %q: %s", r.Req, got, code, r.Body)
+	}
+}
