@@ -236,7 +236,7 @@ func (db *DB) FindDevices(ctx context.Context, tenant string, f fleet.DeviceFilt
 		return nil, 0, err
 	}
 	if f.Shadow != "" {
-		cs = append(cs, shadowSync(f.Shadow == fleet.ShadowInSync))
+		cs = append(cs, shadowSync(tenant, f.Shadow == fleet.ShadowInSync))
 	}
 	if f.Group != "" {
 		sel, err := groupSelector(ctx, db, tenant, f.Group)

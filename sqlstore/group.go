@@ -113,12 +113,17 @@ func (d dialect) reportedHolds(path []string, values []string) (string, []any) {
 
 // shadowSync is the condition of FindDevices' shadow filter: devices whose
 // shadow's delta is empty (in_sync; a device without a shadow is), or not.
-func shadowSync(inSync bool) deviceCond {
+func shadowSync(tenant string, inSync bool) deviceCond {
 	c := "EXISTS (SELECT 1 FROM device_shadows s WHERE s.tenant = devices.tenant AND s.device_id = devices.id AND NOT s.in_sync)"
 	if inSync {
-		c = "NOT " + c
+		return deviceCond{scan: "NOT " + c}
 	}
-	return deviceCond{scan: c}
+	// The devices out of sync are found, and up to indexedMost counted,
+	// through the partial index of migration 0031: the overview counts
+	// them at every refresh.
+	from := " FROM device_shadows WHERE tenant = ? AND NOT in_sync"
+	return deviceCond{scan: c, indexed: "id IN (SELECT device_id" + from + ")", indexedArgs: []any{tenant},
+		probe: "SELECT 1" + from, probeArgs: []any{tenant}, exact: true}
 }
 
 // findDevicesWhere lists a page of the devices of tenant that all of cs
