@@ -13,7 +13,8 @@ import (
 // it no more), its holder signs in, the admin deletes it and the holder's
 // session is signed out, the audit log shows and filters those changes,
 // the tenant's sign-in settings are saved without their secret ever
-// showing, and a viewer finds no settings and is refused their forms.
+// showing, a viewer finds no settings and is refused their forms, and the
+// admin ends the viewer's session from Settings → Sessions.
 // FLEETD_CONSOLE_SCREENSHOTS=docs/console refreshes docs/console.md's
 // settings screenshots.
 func TestConsoleSettingsInBrowser(t *testing.T) {

@@ -124,7 +124,7 @@ await run(async (browser, watch) => {
   await page.getByText("A secret is set").waitFor(); // kept, as it was left blank
 
   step("at 1280x800 and at phone width (390x844) every settings page fits its width");
-  await fitsLayout(page, ["/console/settings/keys", "/console/settings/auth", "/console/settings/audit",
+  await fitsLayout(page, ["/console/settings/keys", "/console/settings/auth", "/console/settings/sessions", "/console/settings/audit",
     "/console/settings/audit?action=apikey&actor=admin"]);
   await page.goto(base + "/console/settings/audit");
   await shot(page, "settings-audit-phone");
@@ -154,4 +154,18 @@ await run(async (browser, watch) => {
   }
   const keys = await (await api(adminKey, "GET", "/api/v1/apikeys")).json();
   assert.ok(!keys.apikeys.some((k) => k.name === "sneaky"), "no key was made");
+
+  step("Settings → Sessions lists the open sessions; ending the viewer's, after confirming, signs that browser out");
+  await page.goto(base + "/console/settings/sessions");
+  await page.getByText("this session").waitFor();
+  const endViewer = page.getByRole("button", { name: "End this session of victor", exact: true });
+  const asked = dialogs.length;
+  await endViewer.click();
+  await endViewer.waitFor({ state: "detached" });
+  assert.equal(dialogs.length, asked + 1, "End asked for confirmation");
+  assert.equal(dialogs.at(-1), "End this session of victor?");
+  await vpage.goto(base + "/console/devices");
+  assert.match(vpage.url(), /\/console\/signin/, "the viewer's browser is signed out");
+  await page.goto(base + "/console/devices");
+  assert.equal(page.url(), base + "/console/devices", "the admin is still signed in");
 });
