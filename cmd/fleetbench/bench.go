@@ -31,6 +31,7 @@ type sizes struct {
 	forwardBytes    int   // bytes of one round of the forward's throughput
 	forwardRounds   int   // rounds of it, each direct and forwarded
 	keystrokes      int   // measured keystrokes, each way
+	dropPoints      int   // points in the day's partition the history scenario drops
 	warmup          time.Duration
 }
 
@@ -38,12 +39,12 @@ func sizesFor(quick bool) sizes {
 	if quick {
 		return sizes{s10Devices: 2_000, randomDevices: 10_000, mqttDevices: 200, streamDevices: 50, pointsPerBatch: 100,
 			dispatch: []int{1_000, 10_000}, delivery: 1_000, s7Actions: 1_000, s7Requests: 100, memConns: 1_000, consoleRequests: 30,
-			remoteDevices: 4, remoteSessions: 100, remoteSetups: 20, forwardBytes: 8 << 20, forwardRounds: 3, keystrokes: 200,
+			remoteDevices: 4, remoteSessions: 100, remoteSetups: 20, forwardBytes: 8 << 20, forwardRounds: 3, keystrokes: 200, dropPoints: 1_000_000,
 			warmup: 500 * time.Millisecond}
 	}
 	return sizes{s10Devices: 10_000, randomDevices: 100_000, mqttDevices: 2_000, streamDevices: 200, pointsPerBatch: 100,
 		dispatch: []int{100_000, 1_000_000}, delivery: 10_000, s7Actions: 10_000, s7Requests: 400, memConns: 10_000, consoleRequests: 200,
-		remoteDevices: 50, remoteSessions: 1_000, remoteSetups: 100, forwardBytes: 64 << 20, forwardRounds: 9, keystrokes: 2_000,
+		remoteDevices: 50, remoteSessions: 1_000, remoteSetups: 100, forwardBytes: 64 << 20, forwardRounds: 9, keystrokes: 2_000, dropPoints: 10_000_000,
 		warmup: 2 * time.Second}
 }
 
@@ -72,6 +73,10 @@ var (
 	goalHistoryIngest = goal{sqlite: 0.5, postgres: 0.5, atLeast: true, ofRatio: true}
 	goalHistoryRead   = goal{sqlite: 2, postgres: 2, ofRatio: true}
 	goalAggregateP99  = goal{sqlite: 50, postgres: 50}
+	// Dropping a day of 10 million points: ms; ingest's p99 while it
+	// runs ÷ its p99 before.
+	goalHistoryDrop  = goal{sqlite: 1000, postgres: 1000}
+	goalHistoryStall = goal{sqlite: 2, postgres: 2, ofRatio: true}
 )
 
 // runner runs the scenarios against one fleetd and keeps what they share.
