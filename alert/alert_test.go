@@ -1,4 +1,4 @@
-package main
+package alert_test
 
 import (
 	"encoding/json"
@@ -15,7 +15,7 @@ import (
 
 func TestAlertRulesEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, fleetdtest.AlertFlags...)
+		s := fleetdtest.Start(t, b, fleetdtest.AlertFlags...)
 		admin := s.Admin()
 		hot := map[string]any{"field": "temp", "operator": ">", "value": 80}
 
@@ -211,7 +211,7 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 
 func TestStreamIngestEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, fleetdtest.AlertFlags...)
+		s := fleetdtest.Start(t, b, fleetdtest.AlertFlags...)
 		admin := s.Admin()
 		gw := s.NewKey(t, admin, "gateway", "device")
 		s.MustDevice(t, admin, "pump-1", nil)
@@ -345,7 +345,7 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 func TestAlertNotificationsEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		smtpd := notifytest.NewSMTPServer(t)
-		s := startServer(t, b, append(fleetdtest.AlertFlags, "--smtp-addr", smtpd.Addr, "--smtp-from", "fleetd@example.com", "--smtp-tls", "none")...)
+		s := fleetdtest.Start(t, b, append(fleetdtest.AlertFlags, "--smtp-addr", smtpd.Addr, "--smtp-from", "fleetd@example.com", "--smtp-tls", "none")...)
 		admin := s.Admin()
 		s.MustDevice(t, admin, "pump-1", map[string]string{"site": "berlin"})
 		s.MustDevice(t, admin, "pump-2", map[string]string{"site": "paris"})
@@ -472,7 +472,7 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 // another's rules.
 func TestAlertTenantIsolation(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, fleetdtest.AlertFlags...)
+		s := fleetdtest.Start(t, b, fleetdtest.AlertFlags...)
 		a := s.Admin()
 		other := s.NewTenant(t, "beta")
 		hot := map[string]any{"field": "temp", "operator": ">", "value": 80}
@@ -527,7 +527,7 @@ func TestAlertTenantIsolation(t *testing.T) {
 // pending one opens when its threshold elapses by the clock.
 func TestAlertsSurviveRestart(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, fleetdtest.AlertFlags...)
+		s := fleetdtest.Start(t, b, fleetdtest.AlertFlags...)
 		admin := s.Admin()
 		s.MustDevice(t, admin, "pump-1", nil)
 		s.MustDevice(t, admin, "pump-2", nil)
@@ -563,7 +563,7 @@ func TestAlertsSurviveRestart(t *testing.T) {
 // while the alert is open.
 func TestAlertReminders(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, fleetdtest.AlertFlags...)
+		s := fleetdtest.Start(t, b, fleetdtest.AlertFlags...)
 		admin := s.Admin()
 		s.MustDevice(t, admin, "pump-1", nil)
 		rule := s.MustAlertRule(t, admin, map[string]any{"name": "hot", "stream": "env", "condition": map[string]any{"field": "temp", "operator": ">", "value": 80}})

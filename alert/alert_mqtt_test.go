@@ -1,4 +1,4 @@
-package main
+package alert_test
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 // TestAlertsOverMQTT publishes data over MQTT and receives the webhook.
 func TestAlertsOverMQTT(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, fleetdtest.AlertFlags...)
+		s := fleetdtest.Start(t, b, fleetdtest.AlertFlags...)
 		if s.MQTTAddr == "" {
 			t.Fatal("fleetd did not report its MQTT address")
 		}
