@@ -1,4 +1,4 @@
-package main
+package agent_test
 
 import (
 	"os"
@@ -17,7 +17,7 @@ import (
 func TestAgentUpdateConfig(t *testing.T) {
 	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		s.Do(t, admin, "PUT", "/api/v1/tenants/default/shadow-settings", map[string]any{"update_config": true}).Want(t, 204)
 		dir := t.TempDir()

@@ -1,4 +1,4 @@
-package main
+package agent_test
 
 import (
 	"bufio"
@@ -66,7 +66,7 @@ func hasError(da fleetdtest.DeviceActionBody, state, words string) bool {
 func TestAgentActions(t *testing.T) {
 	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		work := t.TempDir()
 		actions := filepath.Join(work, "actions")
@@ -167,7 +167,7 @@ wait
 func TestAgentFirmware(t *testing.T) {
 	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		work := t.TempDir()
 		installed := filepath.Join(work, "installed")
@@ -213,7 +213,7 @@ cp "$2" %s/"$1-$3"
 func TestAgentStreams(t *testing.T) {
 	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		logFile := filepath.Join(t.TempDir(), "app.log")
 		dev := s.MustDevice(t, admin, "streamer", nil)
@@ -273,7 +273,7 @@ func TestAgentStreams(t *testing.T) {
 func TestAgentRemote(t *testing.T) {
 	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, "--remote-idle-timeout", "1500ms", "--remote-connect-timeout", "3s",
+		s := fleetdtest.Start(t, b, "--remote-idle-timeout", "1500ms", "--remote-connect-timeout", "3s",
 			"--remote-max-per-user", "3", "--remote-max-per-device", "2")
 		admin := s.Admin()
 		root := t.TempDir()
@@ -502,7 +502,7 @@ func TestAgentForwardThroughput(t *testing.T) {
 		mb = v
 	}
 	bin := fleetdtest.BuildAgent(t)
-	s := startServer(t, sqlstoretest.Backends()[0])
+	s := fleetdtest.Start(t, sqlstoretest.Backends()[0])
 	admin := s.Admin()
 	dev := s.MustDevice(t, admin, "fwd", nil)
 	s.StartAgent(t, bin, "fwd", dev.Token, "--remote", "--log-level", "info")
@@ -582,7 +582,7 @@ func TestAgentForwardThroughput(t *testing.T) {
 func TestAgentRemoteShutdown(t *testing.T) {
 	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		dev := s.MustDevice(t, admin, "stopping", nil)
 		s.StartAgent(t, bin, "stopping", dev.Token, "--remote")
