@@ -1,4 +1,4 @@
-package main
+package remote_test
 
 import (
 	"net/url"
@@ -16,7 +16,7 @@ import (
 func TestRemoteRevoked(t *testing.T) {
 	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, "--remote-connect-timeout", "1m")
+		s := fleetdtest.Start(t, b, "--remote-connect-timeout", "1m")
 		admin := s.Admin()
 		dev := s.MustDevice(t, admin, "revoke-1", nil)
 		s.StartAgent(t, bin, "revoke-1", dev.Token, "--remote")
