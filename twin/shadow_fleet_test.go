@@ -1,4 +1,4 @@
-package main
+package twin_test
 
 import (
 	"strings"
@@ -15,7 +15,7 @@ import (
 // selection that fails changes nothing.
 func TestFleetDesired(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		other := s.NewTenant(t, "other")
 		for _, d := range []string{"f1", "f2", "f3"} {

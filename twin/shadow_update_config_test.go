@@ -1,4 +1,4 @@
-package main
+package twin_test
 
 import (
 	"encoding/json"
@@ -18,7 +18,7 @@ import (
 // previous value, and one tenant's setting is not another's.
 func TestShadowUpdateConfig(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		operator := s.NewKey(t, admin, "op", "operator")
 		viewer := s.NewKey(t, admin, "view", "viewer")

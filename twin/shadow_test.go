@@ -1,4 +1,4 @@
-package main
+package twin_test
 
 import (
 	"fmt"
@@ -14,7 +14,7 @@ import (
 // roles. The merge itself is tested in the root package and the store.
 func TestShadowAPI(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		s.MustDevice(t, admin, "sh-1", nil)
 		path := "/api/v1/devices/sh-1/shadow"
@@ -95,7 +95,7 @@ func TestShadowAPI(t *testing.T) {
 // an error for data kept, and a device that retries would store it again.
 func TestShadowStreamBeyondTheShadowsLimits(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		s.MustDevice(t, admin, "sh-big", nil)
 		ingest := "/api/v1/devices/sh-big/streams/device_shadow"
@@ -124,7 +124,7 @@ func TestShadowStreamBeyondTheShadowsLimits(t *testing.T) {
 // newer batch changes it again.
 func TestShadowStreamOutOfOrder(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		s.MustDevice(t, admin, "sh-late", nil)
 		ingest := "/api/v1/devices/sh-late/streams/device_shadow"

@@ -1,4 +1,4 @@
-package main
+package twin_test
 
 import (
 	"context"
@@ -89,14 +89,14 @@ func TestShadowOverMQTT(t *testing.T) {
 				name = "Mosquitto"
 			}
 			t.Run(name, func(t *testing.T) {
-				var s *testServer
+				var s *fleetdtest.Server
 				addr := ""
 				if external {
 					broker := mosquittotest.Start(t)
-					s = startServer(t, b, fleetdtest.ExternalBrokerFlags(broker)...)
+					s = fleetdtest.Start(t, b, fleetdtest.ExternalBrokerFlags(broker)...)
 					addr = broker.Addr
 				} else {
-					s = startServer(t, b)
+					s = fleetdtest.Start(t, b)
 					addr = s.MQTTAddr
 				}
 				admin := s.Admin()
