@@ -14,6 +14,8 @@ var (
 	groupListView = view{items: "groups", cols: groupView.cols}
 	shadowView    = view{cols: cols("VERSION", "version", "IN SYNC", "in_sync", "DESIRED", "desired", "REPORTED", "reported", "DELTA", "delta")}
 	fleetSetView  = view{cols: cols("MATCHED", "matched", "CHANGED", "changed")}
+	// rolloutSetView is a desired change rolled out: the action to watch.
+	rolloutSetView = view{cols: cols("MATCHED", "matched", "ACTION", "action_id")}
 )
 
 // shadowCmd reads and changes devices' shadows (docs/twin.md).
@@ -55,15 +57,16 @@ func (a *app) shadowCmd() *cobra.Command {
 		},
 	}
 	var version int64
-	var groupName string
+	var groupName, scheduleFile, timeout string
+	var phases []string
 	set := &cobra.Command{
 		Use:   "set {ID | --group NAME} KEY=VALUE...",
 		Short: "Merge values into a device's desired state; KEY=null removes a key",
 		Long: "Merges KEY=VALUE pairs into the desired state as a JSON merge patch. A VALUE\n" +
 			"that reads as JSON (10, true, \"text\", {\"a\":1}) is that value, any other is a\n" +
 			"string; null removes the key. A dotted KEY (log.level=debug) sets a key of a\n" +
-			"nested object. With --version the change is refused (409) unless the shadow\nis at that version. With --group, every device of the group is changed, in\none transaction, and the numbers matched and changed are shown.",
-		Example:           "  fleetctl shadow set pump-1 interval=10 log.level=debug\n  fleetctl shadow set pump-1 log=null --version 4\n  fleetctl shadow set --group berlin interval=30",
+			"nested object. With --version the change is refused (409) unless the shadow\nis at that version. With --group, every device of the group is changed, in\none transaction, and the numbers matched and changed are shown. With --group\nand --phase or --schedule (as 'actions dispatch' takes them), the change rolls\nout in phases instead: a desired_state action, shown to watch with\n'fleetctl actions watch', changes each phase's devices when it triggers and\ncounts a device Completed once it reports the values (docs/twin.md).",
+		Example:           "  fleetctl shadow set pump-1 interval=10 log.level=debug\n  fleetctl shadow set pump-1 log=null --version 4\n  fleetctl shadow set --group berlin interval=30\n  fleetctl shadow set --group berlin interval=30 --phase 'canary 10%' --phase 'rest 100% trigger=manual'",
 		Args:              rangeArgs(1, 1000),
 		ValidArgsFunction: a.completeDevices,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -75,8 +78,29 @@ func (a *app) shadowCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return a.show(cmd, request{method: "PATCH", path: "/api/v1/shadows",
-					body: map[string]any{"search_type": "group", "group": groupName, "desired": patch}}, fleetSetView)
+				body := map[string]any{"search_type": "group", "group": groupName, "desired": patch}
+				sched, err := a.schedule(nil, scheduleFile, phases, "", "", "")
+				if err != nil {
+					return err
+				}
+				if timeout != "" {
+					if sched == nil {
+						return usagef("--timeout goes with --phase or --schedule")
+					}
+					secs, err := seconds(timeout)
+					if err != nil {
+						return usagef("--timeout: %v", err)
+					}
+					body["timeout"] = secs
+				}
+				if sched == nil {
+					return a.show(cmd, request{method: "PATCH", path: "/api/v1/shadows", body: body}, fleetSetView)
+				}
+				body["schedule"] = sched
+				return a.show(cmd, request{method: "PATCH", path: "/api/v1/shadows", body: body}, rolloutSetView)
+			}
+			if len(phases) > 0 || scheduleFile != "" || timeout != "" {
+				return usagef("--phase, --schedule and --timeout roll a change of a --group out")
 			}
 			if len(args) < 2 {
 				return usagef("set needs a device ID and KEY=VALUE pairs, or --group NAME and the pairs")
@@ -94,6 +118,9 @@ func (a *app) shadowCmd() *cobra.Command {
 	}
 	set.Flags().Int64Var(&version, "version", 0, "the `VERSION` the change is made from")
 	set.Flags().StringVar(&groupName, "group", "", "change every device of the group `NAME` instead of one")
+	set.Flags().StringArrayVar(&phases, "phase", nil, "with --group: a rollout phase, 'NAME SELECTION [KEY=VALUE]...' as 'actions dispatch' takes it; repeatable, in order")
+	set.Flags().StringVar(&scheduleFile, "schedule", "", "with --group: JSON or YAML `FILE` with the rollout's schedule")
+	set.Flags().StringVar(&timeout, "timeout", "", "with a rollout: how long a released device has to report the values before it fails: seconds, or a `DURATION` such as 10m")
 	return group("shadow", "Read and change devices' shadows: desired and reported state, and the delta", get, set, diff)
 }
 
