@@ -75,6 +75,9 @@ type RemoteSessionService interface {
 	StopRemoteSession(ctx context.Context, tenant, id, by string) error
 	// FindRemoteSession returns one session of a device.
 	FindRemoteSession(ctx context.Context, tenant, deviceID, id string) (*RemoteSession, error)
+	// ForgetRemoteRecording records that session id no longer has a
+	// recording (its retention passed); a session gone is no error.
+	ForgetRemoteRecording(ctx context.Context, tenant, id string) error
 	// RemoteSettings reads the tenant's choices about remote sessions.
 	RemoteSettings(ctx context.Context, tenant string) (RemoteSettings, error)
 	// SetRemoteSettings replaces them, audited with the previous ones.

@@ -129,6 +129,15 @@ func (db *DB) FindRemoteSession(ctx context.Context, tenant, deviceID, id string
 	return s, db.classify(err)
 }
 
+// ForgetRemoteRecording clears session id's recording, whose retention
+// passed: fleetd's own housekeeping, not audited.
+func (db *DB) ForgetRemoteRecording(ctx context.Context, tenant, id string) error {
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		_, err := tx.exec(ctx, "UPDATE remote_sessions SET recording_size = NULL WHERE tenant = ? AND id = ?", tenant, id)
+		return err
+	})
+}
+
 // RemoteSettings reads a tenant's choices about remote sessions.
 func (db *DB) RemoteSettings(ctx context.Context, tenant string) (fleet.RemoteSettings, error) {
 	var s fleet.RemoteSettings

@@ -256,9 +256,10 @@ func Run(ctx context.Context, c Config, e Env) error {
 		}
 	}
 
+	loops.Add(2)
+	go func() { defer loops.Done(); api.Remote.RunRecordingRemoval(loopCtx) }()
 	// What another replica changes drops what this one caches (PostgreSQL
 	// LISTEN/NOTIFY; nothing to hear on SQLite).
-	loops.Add(1)
 	go func() {
 		defer loops.Done()
 		db.Listen(loopCtx, func(ch fleet.Change) {

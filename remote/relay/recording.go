@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -35,8 +36,11 @@ import (
 // between writes to the store.
 const recordingBuffer = 8 << 10
 
+// recordingsPrefix holds every recording, a folder a tenant.
+const recordingsPrefix = "remote-recordings"
+
 // recordingKey is where session id of tenant keeps its recording.
-func recordingKey(tenant, id string) string { return "remote-recordings/" + tenant + "/" + id }
+func recordingKey(tenant, id string) string { return recordingsPrefix + "/" + tenant + "/" + id }
 
 type recorder struct {
 	mu         sync.Mutex
@@ -222,7 +226,7 @@ func (h *Hub) recording(ctx context.Context, tenant, device, id string) (blob.Ob
 		case s.Recorded && s.EndedAt == nil:
 			why = "it is stored when the session ends"
 		case s.Recorded:
-			why = "it had no output, or could not be stored"
+			why = "it had no output, could not be stored, or was removed when its retention passed (--remote-recording-retention)"
 		}
 		return nil, fleet.Errorf(fleet.ENOTFOUND, "remote session %s has no recording: %s", id, why)
 	}
@@ -231,4 +235,59 @@ func (h *Hub) recording(ctx context.Context, tenant, device, id string) (blob.Ob
 		return nil, fleet.Errorf(fleet.ENOTFOUND, "remote session %s's recording is gone from the blob store", id)
 	}
 	return o, err
+}
+
+// RemoveOldRecordings deletes the recordings stored longer ago than the
+// retention (a deleted tenant's too) and returns how many. A session's row forgets its recording before the file goes: a
+// failure in between leaves a file the next pass removes, never a row
+// that points to nothing.
+func (h *Hub) RemoveOldRecordings(ctx context.Context) (int, error) {
+	if h.Blobs == nil {
+		return 0, nil
+	}
+	cutoff := time.Now().Add(-h.Limits.RecordingRetention)
+	var old []string
+	err := h.Blobs.Walk(ctx, recordingsPrefix, func(key string, mod time.Time) error {
+		if mod.Before(cutoff) {
+			old = append(old, key)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, key := range old {
+		tenant, id, ok := strings.Cut(strings.TrimPrefix(key, recordingsPrefix+"/"), "/")
+		if !ok {
+			continue
+		}
+		if err := h.Sessions.ForgetRemoteRecording(ctx, tenant, id); err != nil {
+			return n, err
+		}
+		if err := h.Blobs.Delete(ctx, key); err != nil && !errors.Is(err, blob.ErrNotFound) {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}
+
+// RunRecordingRemoval runs RemoveOldRecordings at once and then at least
+// twice within the retention, at most hourly, until ctx ends. Replicas
+// sharing the blob store may all run it: removing a recording twice is
+// harmless.
+func (h *Hub) RunRecordingRemoval(ctx context.Context) {
+	t := time.NewTicker(min(time.Hour, h.Limits.RecordingRetention/2))
+	defer t.Stop()
+	for {
+		if _, err := h.RemoveOldRecordings(ctx); err != nil && ctx.Err() == nil && h.Logger != nil {
+			h.Logger.Error("remove old remote-session recordings", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

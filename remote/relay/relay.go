@@ -31,11 +31,13 @@ type Limits struct {
 	Lifetime       time.Duration // a session ends this long after it started; 8 hours
 	ConnectTimeout time.Duration // how long the device has to dial back; 15 seconds
 	RecordingMax   int64         // bytes of one session's recording, after which it stops; 64 MiB
+	// RecordingRetention is how long a recording is kept; 90 days.
+	RecordingRetention time.Duration
 }
 
 // DefaultLimits are the documented defaults.
 var DefaultLimits = Limits{PerUser: 4, PerDevice: 2, Idle: 10 * time.Minute, Lifetime: 8 * time.Hour, ConnectTimeout: 15 * time.Second,
-	RecordingMax: 64 << 20}
+	RecordingMax: 64 << 20, RecordingRetention: 90 * 24 * time.Hour}
 
 // Dispatcher sends an action to a device.
 type Dispatcher interface {
@@ -83,6 +85,9 @@ func NewHub(sessions fleet.RemoteSessionService, actions Dispatcher, blobs blob.
 	}
 	if l.RecordingMax <= 0 {
 		l.RecordingMax = d.RecordingMax
+	}
+	if l.RecordingRetention <= 0 {
+		l.RecordingRetention = d.RecordingRetention
 	}
 	h := &Hub{Sessions: sessions, Actions: actions, Blobs: blobs, Limits: l, Logger: log,
 		sessions: map[string]*Session{}, stopping: make(chan struct{}),

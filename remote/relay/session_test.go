@@ -52,6 +52,22 @@ func join(t *testing.T, s *fleetdtest.Server, c fleetdtest.Creds, id string) *re
 	return conn
 }
 
+// shell runs a terminal session on device as c, opened on opener and
+// joined on joiner: it types command, reads until the output has until,
+// exits and returns the session once its end is recorded.
+func shell(t *testing.T, opener, joiner *fleetdtest.Server, c fleetdtest.Creds, device, command, until string) fleet.RemoteSession {
+	t.Helper()
+	sess := open(t, opener, c, device)
+	conn := join(t, joiner, c, sess.ID)
+	if command != "" {
+		conn.Write([]byte(command + "\n"))
+		readUntil(t, conn, until)
+	}
+	conn.Write([]byte("exit\n"))
+	sessionEnd(t, conn)
+	return ended(t, opener, c, device, sess.ID)
+}
+
 // readUntil reads the session's bytes until they hold text.
 func readUntil(t *testing.T, conn *remote.Conn, text string) string {
 	t.Helper()
@@ -162,14 +178,11 @@ func TestRemoteRecording(t *testing.T) {
 		}
 
 		t.Run("Off", func(t *testing.T) {
-			sess := open(t, s, op, "edge-1")
-			conn := join(t, s, op, sess.ID)
-			conn.Write([]byte("exit\n"))
-			sessionEnd(t, conn)
-			if rs := ended(t, s, admin, "edge-1", sess.ID); rs.Recording != "" {
+			rs := shell(t, s, s, op, "edge-1", "", "")
+			if rs.Recording != "" {
 				t.Fatalf("recording %q of a tenant that does not record", rs.Recording)
 			}
-			if code := recording(op, sess.ID).Want(t, 404).ErrorCode(t); code != fleet.ENOTFOUND {
+			if code := recording(op, rs.ID).Want(t, 404).ErrorCode(t); code != fleet.ENOTFOUND {
 				t.Fatalf("error %q", code)
 			}
 		})
@@ -260,14 +273,8 @@ func TestRemoteRecording(t *testing.T) {
 			v.Get(link).Want(t, 403)
 		})
 		t.Run("Cap", func(t *testing.T) {
-			sess := open(t, s, op, "edge-1")
-			conn := join(t, s, op, sess.ID)
-			conn.Write([]byte("head -c 20000 /dev/zero | tr '\\0' x; echo; echo do''ne\n"))
-			readUntil(t, conn, "done")
-			conn.Write([]byte("exit\n"))
-			sessionEnd(t, conn)
-			rs := ended(t, s, admin, "edge-1", sess.ID)
-			c := readCast(t, recording(op, sess.ID).Want(t, 200).Body)
+			rs := shell(t, s, s, op, "edge-1", "head -c 20000 /dev/zero | tr '\\0' x; echo; echo do''ne", "done")
+			c := readCast(t, recording(op, rs.ID).Want(t, 200).Body)
 			if rs.RecordingSize > 8192+512 || !strings.Contains(c.of("m"), "reached its cap of 8192 bytes") || strings.Contains(c.of("o"), "done") {
 				t.Fatalf("%d bytes, markers %q", rs.RecordingSize, c.of("m"))
 			}
@@ -288,11 +295,7 @@ func TestRemoteRecording(t *testing.T) {
 			o := fleetdtest.NewBrowser(t, s.URL)
 			o.SignIn(op.Tenant, op.Key)
 			o.Get("/console/settings/remote").Want(t, 403)
-			sess := open(t, s, op, "edge-1")
-			conn := join(t, s, op, sess.ID)
-			conn.Write([]byte("exit\n"))
-			sessionEnd(t, conn)
-			if rs := ended(t, s, admin, "edge-1", sess.ID); rs.Recording != "" {
+			if rs := shell(t, s, s, op, "edge-1", "", ""); rs.Recording != "" {
 				t.Fatalf("recorded after the tenant turned recording off: %+v", rs)
 			}
 		})
@@ -357,11 +360,14 @@ func TestRemoteEnd(t *testing.T) {
 	})
 }
 
-// TestRemoteCapsAcrossReplicas runs two replicas on one PostgreSQL
-// database: the per-device and per-person caps count the sessions open on
-// both, also when both replicas open sessions at the same moment, and a
-// session ended on the other replica frees its place.
-func TestRemoteCapsAcrossReplicas(t *testing.T) {
+// TestRemoteAcrossReplicas runs two replicas on one PostgreSQL database
+// and one blob store, with a real fleetd-agent that connects to A: the
+// replica that relays a session records it, whichever replica each leg
+// came to, and either replica serves the recording; the per-device and
+// per-person caps count the sessions open on both, also when both replicas
+// open sessions at the same moment, and a session ended on the other
+// replica frees its place.
+func TestRemoteAcrossReplicas(t *testing.T) {
 	var pg sqlstoretest.Backend
 	for _, b := range sqlstoretest.Backends() {
 		if b.Name == "postgres" {
@@ -371,7 +377,8 @@ func TestRemoteCapsAcrossReplicas(t *testing.T) {
 	if pg.Name == "" {
 		t.Skip("replicas share a PostgreSQL database: set FLEETD_TEST_POSTGRES")
 	}
-	flags := []string{"--remote-connect-timeout", "1m", "--remote-max-per-device", "2", "--remote-max-per-user", "3"}
+	flags := []string{"--remote-connect-timeout", "1m", "--remote-max-per-device", "2", "--remote-max-per-user", "3",
+		"--blob-store", "file://" + t.TempDir()}
 	a := fleetdtest.Start(t, pg, flags...)
 	bs := fleetdtest.New(a.DSN, t.TempDir())
 	bs.Start(t, flags...)
@@ -382,6 +389,28 @@ func TestRemoteCapsAcrossReplicas(t *testing.T) {
 	for _, d := range []string{"edge-2", "edge-3", "edge-4", "edge-5"} {
 		a.MustDevice(t, admin, d, nil)
 	}
+
+	t.Run("Recording", func(t *testing.T) {
+		// Opened on B, which relays and records it; the operator joins
+		// through A and the device dials A (its --server; its MQTT
+		// connection is B's, whose broker asks it): both legs are proxied
+		// to B.
+		ag := bs.StartAgent(t, fleetdtest.BuildAgent(t), "edge-r", a.MustDevice(t, admin, "edge-r", nil).Token, "--remote", "--server", a.URL)
+		fleetdtest.Eventually(t, "the agent to connect", func() bool { return strings.Contains(ag.Output.String(), "level=INFO msg=connected") })
+		a.Do(t, admin, "PUT", "/api/v1/tenants/default/remote-settings", map[string]any{"recording": true}).Want(t, 204)
+		t.Cleanup(func() {
+			a.Do(t, admin, "PUT", "/api/v1/tenants/default/remote-settings", map[string]any{"recording": false}).Want(t, 204)
+		})
+		rs := shell(t, bs, a, admin, "edge-r", "echo across-''replicas", "across-replicas")
+		if rs.Recording == "" {
+			t.Fatalf("no recording: %+v", rs)
+		}
+		for _, s := range []*fleetdtest.Server{a, bs} {
+			if out := readCast(t, s.Do(t, admin, "GET", rs.Recording, nil).Want(t, 200).Body).of("o"); !strings.Contains(out, "across-replicas") {
+				t.Fatalf("recording output %q", out)
+			}
+		}
+	})
 
 	t.Run("Device", func(t *testing.T) {
 		k := a.NewKey(t, admin, "dev-cap", "operator")
@@ -437,6 +466,29 @@ func TestRemoteCapsAcrossReplicas(t *testing.T) {
 		}
 		if got[201] != 2 || got[429] != n-2 {
 			t.Fatalf("statuses %v, want two 201 and the others 429", got)
+		}
+	})
+}
+
+// TestRemoteRecordingRetention removes a recording once its retention has
+// passed: the file goes, and the session, which stays listed, no longer
+// names it.
+func TestRemoteRecordingRetention(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := fleetdtest.Start(t, b, "--remote-recording-retention", "5s")
+		admin := s.Admin()
+		startAgent(t, s, admin, "edge-1")
+		s.Do(t, admin, "PUT", "/api/v1/tenants/default/remote-settings", map[string]any{"recording": true}).Want(t, 204)
+		rs := shell(t, s, s, admin, "edge-1", "", "")
+		if rs.Recording == "" {
+			t.Fatalf("no recording: %+v", rs)
+		}
+		s.Do(t, admin, "GET", rs.Recording, nil).Want(t, 200)
+		fleetdtest.Eventually(t, "the recording to be removed", func() bool {
+			return s.Do(t, admin, "GET", rs.Recording, nil).Status == 404
+		})
+		if rs := ended(t, s, admin, "edge-1", rs.ID); rs.Recording != "" || rs.RecordingSize != 0 {
+			t.Fatalf("the session still names its recording: %+v", rs)
 		}
 	})
 }
