@@ -1,4 +1,4 @@
-package main
+package action_test
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 
 func TestActionsEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		tok := map[string]string{}
 		for i, site := range []string{"Berlin", "Paris", "Berlin-South"} {
@@ -202,7 +202,7 @@ func TestActionsEndToEnd(t *testing.T) {
 // rejected dispatch writes nothing.
 func TestActionBadInputs(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		s.MustDevice(t, admin, "d1", map[string]string{"site": "Berlin"})
 		s.MustDevice(t, admin, "d2", nil)
@@ -357,7 +357,7 @@ func TestActionBadInputs(t *testing.T) {
 // HTTP; the store's tests cover every combination.
 func TestDeviceActionsQuery(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		s.MustDevice(t, admin, "d1", nil)
 		gw := s.NewKey(t, admin, "gw", "device")
@@ -403,7 +403,7 @@ func TestDeviceActionsQuery(t *testing.T) {
 
 func TestActionCancelEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		busy := s.MustDevice(t, admin, "busy", nil)
 		away := s.MustDevice(t, admin, "away", nil)
@@ -495,7 +495,7 @@ func TestActionCancelEndToEnd(t *testing.T) {
 // own tests drive it with a fake clock.
 func TestActionTimeoutWired(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, "--action-sweep-interval", "20ms")
+		s := fleetdtest.Start(t, b, "--action-sweep-interval", "20ms")
 		admin := s.Admin()
 		dev := s.MustDevice(t, admin, "slow", nil)
 		d := s.ConnectDevice(t, "default", "slow", dev.Token)
@@ -510,7 +510,7 @@ func TestActionTimeoutWired(t *testing.T) {
 
 func TestActionsTenantIsolation(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		s.MustDevice(t, admin, "d1", nil)
 		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all"})
@@ -553,7 +553,7 @@ func TestActionsTenantIsolation(t *testing.T) {
 
 func TestActionsRoles(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		s.MustDevice(t, admin, "d1", nil)
 		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all"})
@@ -601,7 +601,7 @@ func TestActionsWithMosquittoClients(t *testing.T) {
 		}
 	}
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		dev := s.MustDevice(t, admin, "mq-1", nil)
 		host, port, _ := strings.Cut(s.MQTTAddr, ":")
