@@ -1,4 +1,4 @@
-package main
+package egress_test
 
 import (
 	"strings"
@@ -15,7 +15,7 @@ import (
 // allow 127.0.0.0/8 for their receivers; this one takes that back.
 func TestOutboundAllow(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, append(fleetdtest.AlertFlags, "--outbound-allow", "", "--notify-max-attempts", "1")...)
+		s := fleetdtest.Start(t, b, append(fleetdtest.AlertFlags, "--outbound-allow", "", "--notify-max-attempts", "1")...)
 		admin := s.Admin()
 		viewer := s.NewKey(t, admin, "watcher", "viewer")
 		hook := fleetdtest.NewReceiver(t, 0)
