@@ -1,4 +1,4 @@
-package main
+package codec_test
 
 import (
 	"fmt"
@@ -23,7 +23,7 @@ import (
 // clj-http's :as :auto to trip on.
 func TestClojureClient(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		dev := s.MustDevice(t, admin, "pump-1", nil)
 		d := s.ConnectDevice(t, "default", "pump-1", dev.Token)
