@@ -1,4 +1,4 @@
-package main
+package notify_test
 
 import (
 	"net/http"
@@ -17,7 +17,7 @@ import (
 // (issue 15, item 1).
 func TestNotificationTemplateBudget(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, fleetdtest.AlertFlags...)
+		s := fleetdtest.Start(t, b, fleetdtest.AlertFlags...)
 		acme, beta := s.NewTenant(t, "acme"), s.NewTenant(t, "beta")
 		hook := fleetdtest.NewReceiver(t, 0)
 		ruleOf := func(c fleetdtest.Creds) string {
