@@ -1,4 +1,4 @@
-package main
+package mqtt_test
 
 import (
 	"bytes"
@@ -43,7 +43,7 @@ func lz4Frame(t *testing.T, b []byte) []byte {
 func TestUplinkStreams(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		const limit = 4096
-		s := startServer(t, b, "--mqtt-max-packet-size", fmt.Sprint(limit))
+		s := fleetdtest.Start(t, b, "--mqtt-max-packet-size", fmt.Sprint(limit))
 		admin := s.Admin()
 		points := func(seq int, field string) []byte {
 			return []byte(fmt.Sprintf(`[{"timestamp":%d,"sequence":%d,%q:%d}]`, time.Now().UnixMilli(), seq, field, seq))
