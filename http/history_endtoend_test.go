@@ -1,4 +1,4 @@
-package main
+package fleethttp_test
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 // own job; logs are read and followed.
 func TestStreamHistoryEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		dev := s.MustDevice(t, admin, "pump-1", map[string]string{"site": "berlin"})
 		f := s.NewFleetctl(t, admin)

@@ -1,4 +1,4 @@
-package main
+package fleethttp_test
 
 import (
 	"fmt"
@@ -19,7 +19,7 @@ type groupBody struct {
 // a dispatch; errors, roles and tenants.
 func TestGroupsAPI(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		for i := range 5 {
 			site := "berlin"

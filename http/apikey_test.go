@@ -1,4 +1,4 @@
-package main
+package fleethttp_test
 
 import (
 	"strings"
@@ -10,7 +10,7 @@ import (
 
 func TestAPIKeysEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		beta := s.NewTenant(t, "beta")
 
@@ -80,7 +80,7 @@ func TestAPIKeysEndToEnd(t *testing.T) {
 
 func TestAuditLogsEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		beta := s.NewTenant(t, "beta")
 		ops := s.NewKey(t, admin, "ops", "operator")

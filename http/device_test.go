@@ -1,4 +1,4 @@
-package main
+package fleethttp_test
 
 import (
 	"fmt"
@@ -14,7 +14,7 @@ import (
 
 func TestDevicesEndToEnd(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 
 		t.Run("ProvisionAndList", func(t *testing.T) {
@@ -167,7 +167,7 @@ func TestDevicesEndToEnd(t *testing.T) {
 // devices: every device endpoint answers 404, and lists are empty.
 func TestTenantIsolationDevices(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		a := s.Admin()
 		bt := s.NewTenant(t, "beta")
 		s.MustDevice(t, a, "a-dev", map[string]string{"owner": "a"})
@@ -206,7 +206,7 @@ func TestTenantIsolationDevices(t *testing.T) {
 // credential, 403 for a role without the right.
 func TestAuthentication(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		a := s.Admin()
 		beta := s.NewTenant(t, "beta")
 		for _, c := range []struct {
@@ -276,7 +276,7 @@ func TestAuthentication(t *testing.T) {
 // connection and reports.
 func TestLastSeenFollowsEveryMessage(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, "--ddi-poll-interval", "1s")
+		s := fleetdtest.Start(t, b, "--ddi-poll-interval", "1s")
 		admin := s.Admin()
 		lastSeen := func(id string) time.Time {
 			t.Helper()
