@@ -21,6 +21,10 @@ func (s *Server) OpenTerminal(t *testing.T, c Creds, device string) (fleet.Remot
 	return sess, conn
 }
 
+// TerminalCols and TerminalRows are the size JoinTerminal's terminal
+// says it has, as the console's and fleetctl's do before anything else.
+const TerminalCols, TerminalRows = 100, 30
+
 // JoinTerminal joins session id's operator leg on s and waits for the
 // shell to answer.
 func (s *Server) JoinTerminal(t *testing.T, c Creds, id string) *remote.Conn {
@@ -31,20 +35,29 @@ func (s *Server) JoinTerminal(t *testing.T, c Creds, id string) *remote.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
+	conn.Send(remote.Control{Type: remote.TypeResize, Cols: TerminalCols, Rows: TerminalRows})
 	conn.Write([]byte("echo rea''dy\n"))
-	var out strings.Builder
-	for !strings.Contains(out.String(), "ready") {
-		b, ctl, err := conn.Read()
-		if err != nil || ctl != nil {
-			t.Fatalf("before the shell answered: %v, %+v; output %q", err, ctl, out.String())
-		}
-		out.Write(b)
-	}
+	ReadUntil(t, conn, "ready")
 	return conn
 }
 
+// ReadUntil reads the session's bytes until they hold text, and returns
+// them.
+func ReadUntil(t *testing.T, conn *remote.Conn, text string) string {
+	t.Helper()
+	var out strings.Builder
+	for !strings.Contains(out.String(), text) {
+		b, ctl, err := conn.Read()
+		if err != nil || ctl != nil {
+			t.Fatalf("before %q came: %v, %+v; output %q", text, err, ctl, out.String())
+		}
+		out.Write(b)
+	}
+	return out.String()
+}
+
 // SessionEnd reads the operator's leg until fleetd ends it, and returns
-// the message of its error.
+// the message of its error, or "exit" when the shell exited.
 func SessionEnd(t *testing.T, conn *remote.Conn) string {
 	t.Helper()
 	for {
@@ -52,8 +65,12 @@ func SessionEnd(t *testing.T, conn *remote.Conn) string {
 		if err != nil {
 			t.Fatalf("the session ended without saying why: %v", err)
 		}
-		if ctl != nil && ctl.Type == remote.TypeError {
+		switch {
+		case ctl == nil:
+		case ctl.Type == remote.TypeError:
 			return ctl.Message
+		case ctl.Type == remote.TypeExit:
+			return "exit"
 		}
 	}
 }
@@ -61,7 +78,13 @@ func SessionEnd(t *testing.T, conn *remote.Conn) string {
 // EndReason waits until session id of device has ended and returns why.
 func (s *Server) EndReason(t *testing.T, c Creds, device, id string) string {
 	t.Helper()
-	var reason string
+	return s.EndedSession(t, c, device, id).EndReason
+}
+
+// EndedSession waits until session id of device has ended and returns it.
+func (s *Server) EndedSession(t *testing.T, c Creds, device, id string) fleet.RemoteSession {
+	t.Helper()
+	var found fleet.RemoteSession
 	Eventually(t, "session "+id+" to have ended", func() bool {
 		var list struct {
 			RemoteSessions []fleet.RemoteSession `json:"remote_sessions"`
@@ -69,11 +92,11 @@ func (s *Server) EndReason(t *testing.T, c Creds, device, id string) string {
 		s.Do(t, c, "GET", "/api/v1/devices/"+device+"/remote-sessions?limit=100", nil).Want(t, 200).Decode(t, &list)
 		for _, rs := range list.RemoteSessions {
 			if rs.ID == id && rs.EndedAt != nil {
-				reason = rs.EndReason
+				found = rs
 				return true
 			}
 		}
 		return false
 	})
-	return reason
+	return found
 }

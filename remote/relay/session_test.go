@@ -3,7 +3,6 @@ package relay_test
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -36,89 +35,20 @@ func open(t *testing.T, s *fleetdtest.Server, c fleetdtest.Creds, device string)
 	return sess
 }
 
-// join joins session id's operator leg on s as c, sending the terminal's
-// size first as the console and fleetctl do, and waits for the shell.
-func join(t *testing.T, s *fleetdtest.Server, c fleetdtest.Creds, id string) *remote.Conn {
-	t.Helper()
-	conn, err := remote.Dial(context.Background(), s.URL+"/api/v1/remote-sessions/"+id+"/operator",
-		http.Header{"X-Service-Tenant": {c.Tenant}, "X-Service-Api-Key": {c.Key}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	conn.Send(remote.Control{Type: remote.TypeResize, Cols: 100, Rows: 30})
-	conn.Write([]byte("echo rea''dy\n"))
-	readUntil(t, conn, "ready")
-	return conn
-}
-
 // shell runs a terminal session on device as c, opened on opener and
 // joined on joiner: it types command, reads until the output has until,
 // exits and returns the session once its end is recorded.
 func shell(t *testing.T, opener, joiner *fleetdtest.Server, c fleetdtest.Creds, device, command, until string) fleet.RemoteSession {
 	t.Helper()
 	sess := open(t, opener, c, device)
-	conn := join(t, joiner, c, sess.ID)
+	conn := joiner.JoinTerminal(t, c, sess.ID)
 	if command != "" {
 		conn.Write([]byte(command + "\n"))
-		readUntil(t, conn, until)
+		fleetdtest.ReadUntil(t, conn, until)
 	}
 	conn.Write([]byte("exit\n"))
-	sessionEnd(t, conn)
-	return ended(t, opener, c, device, sess.ID)
-}
-
-// readUntil reads the session's bytes until they hold text.
-func readUntil(t *testing.T, conn *remote.Conn, text string) string {
-	t.Helper()
-	var out strings.Builder
-	for !strings.Contains(out.String(), text) {
-		b, ctl, err := conn.Read()
-		if err != nil || (ctl != nil && ctl.Type != remote.TypeResize) {
-			t.Fatalf("before %q came: %v, %+v; output %q", text, err, ctl, out.String())
-		}
-		out.Write(b)
-	}
-	return out.String()
-}
-
-// sessionEnd reads the operator's leg until fleetd ends it, and returns
-// the message of its error, or "exit" for the shell's exit.
-func sessionEnd(t *testing.T, conn *remote.Conn) string {
-	t.Helper()
-	for {
-		_, ctl, err := conn.Read()
-		if err != nil {
-			t.Fatalf("the session ended without saying why: %v", err)
-		}
-		switch {
-		case ctl == nil:
-		case ctl.Type == remote.TypeError:
-			return ctl.Message
-		case ctl.Type == remote.TypeExit:
-			return "exit"
-		}
-	}
-}
-
-// ended waits until session id of device has ended and returns it.
-func ended(t *testing.T, s *fleetdtest.Server, c fleetdtest.Creds, device, id string) fleet.RemoteSession {
-	t.Helper()
-	var found fleet.RemoteSession
-	fleetdtest.Eventually(t, "session "+id+" to have ended", func() bool {
-		var list struct {
-			RemoteSessions []fleet.RemoteSession `json:"remote_sessions"`
-		}
-		s.Do(t, c, "GET", "/api/v1/devices/"+device+"/remote-sessions?limit=100", nil).Want(t, 200).Decode(t, &list)
-		for _, rs := range list.RemoteSessions {
-			if rs.ID == id && rs.EndedAt != nil {
-				found = rs
-				return true
-			}
-		}
-		return false
-	})
-	return found
+	fleetdtest.SessionEnd(t, conn)
+	return opener.EndedSession(t, c, device, sess.ID)
 }
 
 // cast is an asciicast v2 file read back.
@@ -210,20 +140,20 @@ func TestRemoteRecording(t *testing.T) {
 		})
 		t.Run("Recorded", func(t *testing.T) {
 			sess := open(t, s, op, "edge-1")
-			conn := join(t, s, op, sess.ID)
+			conn := s.JoinTerminal(t, op, sess.ID)
 			conn.Send(remote.Control{Type: remote.TypeResize, Cols: 120, Rows: 40})
 			// A password read without echo is typed but never shown: it
 			// must not be in the recording. The é is split between two
 			// writes of the device's terminal.
 			conn.Write([]byte("stty -echo; printf 'pass''word:'; read pw; stty echo; printf 'caf\\303'; sleep 0.2; printf '\\251 %s-%s\\n' got ${#pw}\n"))
-			readUntil(t, conn, "password:")
+			fleetdtest.ReadUntil(t, conn, "password:")
 			conn.Write([]byte("hunter2\n"))
-			readUntil(t, conn, "got-7")
+			fleetdtest.ReadUntil(t, conn, "got-7")
 			conn.Write([]byte("exit 3\n"))
-			if end := sessionEnd(t, conn); end != "exit" {
+			if end := fleetdtest.SessionEnd(t, conn); end != "exit" {
 				t.Fatalf("end %q", end)
 			}
-			rs := ended(t, s, admin, "edge-1", sess.ID)
+			rs := s.EndedSession(t, admin, "edge-1", sess.ID)
 			if rs.Recording != "/api/v1/devices/edge-1/remote-sessions/"+sess.ID+"/recording" || rs.RecordingSize == 0 {
 				t.Fatalf("session %+v", rs)
 			}
@@ -238,7 +168,7 @@ func TestRemoteRecording(t *testing.T) {
 				t.Fatalf("%d bytes, the session says %d", len(r.Body), rs.RecordingSize)
 			}
 			c := readCast(t, r.Body)
-			if c.header.Version != 2 || c.header.Width != 100 || c.header.Height != 30 {
+			if c.header.Version != 2 || c.header.Width != fleetdtest.TerminalCols || c.header.Height != fleetdtest.TerminalRows {
 				t.Fatalf("header %+v", c.header)
 			}
 			out := c.of("o")
@@ -316,7 +246,7 @@ func TestRemoteEnd(t *testing.T) {
 		s.MustDevice(t, other, "edge-1", nil)
 
 		sess := open(t, s, op, "edge-1")
-		conn := join(t, s, op, sess.ID)
+		conn := s.JoinTerminal(t, op, sess.ID)
 		end := "/api/v1/devices/edge-1/remote-sessions/" + sess.ID + "/end"
 		s.Do(t, viewer, "POST", end, nil).Want(t, 403)
 		s.Do(t, other, "POST", end, nil).Want(t, 404)
@@ -326,10 +256,10 @@ func TestRemoteEnd(t *testing.T) {
 		if asked.ID != sess.ID {
 			t.Fatalf("answer %+v", asked)
 		}
-		if got := sessionEnd(t, conn); got != "session ended: ended by admin" {
+		if got := fleetdtest.SessionEnd(t, conn); got != "session ended: ended by admin" {
 			t.Fatalf("the operator was told %q", got)
 		}
-		if rs := ended(t, s, admin, "edge-1", sess.ID); rs.EndReason != "ended by admin" {
+		if rs := s.EndedSession(t, admin, "edge-1", sess.ID); rs.EndReason != "ended by admin" {
 			t.Fatalf("reason %q", rs.EndReason)
 		}
 		if code := s.Do(t, admin, "POST", end, nil).Want(t, 409).ErrorCode(t); code != fleet.ECONFLICT {
@@ -344,7 +274,7 @@ func TestRemoteEnd(t *testing.T) {
 			t.Fatalf("fleetctl sessions list does not show %s:\n%s", waiting.ID, out)
 		}
 		fleetctl.OK(t, "sessions", "end", "edge-1", waiting.ID)
-		if rs := ended(t, s, admin, "edge-1", waiting.ID); rs.EndReason != "ended by ops" {
+		if rs := s.EndedSession(t, admin, "edge-1", waiting.ID); rs.EndReason != "ended by ops" {
 			t.Fatalf("reason %q", rs.EndReason)
 		}
 		if errOut := fleetctl.Fails(t, 1, "sessions", "end", "edge-1", waiting.ID); !strings.Contains(errOut, "ended already") {
@@ -415,7 +345,7 @@ func TestRemoteAcrossReplicas(t *testing.T) {
 	t.Run("Device", func(t *testing.T) {
 		k := a.NewKey(t, admin, "dev-cap", "operator")
 		first := open(t, a, k, "edge-1")
-		conn := join(t, a, k, first.ID)
+		conn := a.JoinTerminal(t, k, first.ID)
 		open(t, bs, k, "edge-1")
 		r := a.Do(t, k, "POST", "/api/v1/devices/edge-1/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 429)
 		if !strings.Contains(string(r.Body), "device edge-1 has 2 remote sessions open") {
@@ -423,8 +353,8 @@ func TestRemoteAcrossReplicas(t *testing.T) {
 		}
 		// Ended through B, relayed by A: the place is free again.
 		bs.Do(t, admin, "POST", "/api/v1/devices/edge-1/remote-sessions/"+first.ID+"/end", nil).Want(t, 202)
-		sessionEnd(t, conn)
-		ended(t, bs, admin, "edge-1", first.ID)
+		fleetdtest.SessionEnd(t, conn)
+		bs.EndedSession(t, admin, "edge-1", first.ID)
 		open(t, bs, k, "edge-1")
 	})
 	t.Run("Person", func(t *testing.T) {
@@ -487,7 +417,7 @@ func TestRemoteRecordingRetention(t *testing.T) {
 		fleetdtest.Eventually(t, "the recording to be removed", func() bool {
 			return s.Do(t, admin, "GET", rs.Recording, nil).Status == 404
 		})
-		if rs := ended(t, s, admin, "edge-1", rs.ID); rs.Recording != "" || rs.RecordingSize != 0 {
+		if rs := s.EndedSession(t, admin, "edge-1", rs.ID); rs.Recording != "" || rs.RecordingSize != 0 {
 			t.Fatalf("the session still names its recording: %+v", rs)
 		}
 	})
