@@ -14,24 +14,26 @@ import (
 
 // sizes are a run's scenario sizes.
 type sizes struct {
-	s10Devices      int   // device actions S10 reports on
-	randomDevices   int   // device actions s10-random draws from
-	mqttDevices     int   // devices publishing status reports
-	streamDevices   int   // devices publishing stream points
-	pointsPerBatch  int   // points in one stream publish
-	dispatch        []int // dispatch sizes, the targets' 100,000 and 1,000,000
-	delivery        int   // connected devices that must receive an action
-	s7Actions       int   // actions on the S7 device
-	s7Requests      int   // measured S7 requests per sort field
-	memConns        int   // MQTT connections while memory is read
-	consoleRequests int   // measured requests per console page
-	remoteDevices   int   // fleetd-agents the idle remote sessions are spread over
-	remoteSessions  int   // idle remote sessions open at once
-	remoteSetups    int   // of them, set up one at a time and timed
-	forwardBytes    int   // bytes of one round of the forward's throughput
-	forwardRounds   int   // rounds of it, each direct and forwarded
-	keystrokes      int   // measured keystrokes, each way
-	dropPoints      int   // points in the day's partition the history scenario drops
+	s10Devices      int           // device actions S10 reports on
+	randomDevices   int           // device actions s10-random draws from
+	mqttDevices     int           // devices publishing status reports
+	streamDevices   int           // devices publishing stream points
+	pointsPerBatch  int           // points in one stream publish
+	dispatch        []int         // dispatch sizes, the targets' 100,000 and 1,000,000
+	delivery        int           // connected devices that must receive an action
+	s7Actions       int           // actions on the S7 device
+	s7Requests      int           // measured S7 requests per sort field
+	memConns        int           // MQTT connections while memory is read
+	consoleRequests int           // measured requests per console page
+	remoteDevices   int           // fleetd-agents the idle remote sessions are spread over
+	remoteSessions  int           // idle remote sessions open at once
+	remoteSetups    int           // of them, set up one at a time and timed
+	forwardBytes    int           // bytes of one round of the forward's throughput
+	forwardRounds   int           // rounds of it, each direct and forwarded
+	keystrokes      int           // measured keystrokes, each way
+	dropPoints      int           // points in the day's partition the history scenario drops
+	idleConns       int           // idle MQTT connections in each of the idle scenario's two batches
+	idleFor         time.Duration // how long each batch stays idle before VmRSS is read
 	warmup          time.Duration
 }
 
@@ -40,11 +42,13 @@ func sizesFor(quick bool) sizes {
 		return sizes{s10Devices: 2_000, randomDevices: 10_000, mqttDevices: 200, streamDevices: 50, pointsPerBatch: 100,
 			dispatch: []int{1_000, 10_000}, delivery: 1_000, s7Actions: 1_000, s7Requests: 100, memConns: 1_000, consoleRequests: 30,
 			remoteDevices: 4, remoteSessions: 100, remoteSetups: 20, forwardBytes: 8 << 20, forwardRounds: 3, keystrokes: 200, dropPoints: 1_000_000,
+			idleConns: 500, idleFor: 10 * time.Second,
 			warmup: 500 * time.Millisecond}
 	}
 	return sizes{s10Devices: 10_000, randomDevices: 100_000, mqttDevices: 2_000, streamDevices: 200, pointsPerBatch: 100,
 		dispatch: []int{100_000, 1_000_000}, delivery: 10_000, s7Actions: 10_000, s7Requests: 400, memConns: 10_000, consoleRequests: 200,
 		remoteDevices: 50, remoteSessions: 1_000, remoteSetups: 100, forwardBytes: 64 << 20, forwardRounds: 9, keystrokes: 2_000, dropPoints: 10_000_000,
+		idleConns: 5_000, idleFor: time.Minute,
 		warmup: 2 * time.Second}
 }
 
@@ -63,6 +67,7 @@ var (
 	goalS7       = goal{sqlite: 2.5, postgres: 2.5, ofRatio: true} // p99 ÷ p50
 	goalDelivery = goal{sqlite: 2, postgres: 2}                    // seconds
 	goalMemory   = goal{sqlite: 300, postgres: 300}                // MB
+	goalIdleConn = goal{sqlite: 3, postgres: 3}                    // KB per idle MQTT connection
 	// goalConsolePage is issue 19's: every console page's server time at
 	// p99, in ms.
 	goalConsolePage = goal{sqlite: 100, postgres: 100}
@@ -157,6 +162,7 @@ func bench(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	steps := map[string]func(context.Context) error{
 		"s10": r.s10, "s10-random": r.s10Random, "mqtt-status": r.mqttStatus, "streams": r.streams, "history": r.history, "dispatch": r.dispatch,
 		"remote": r.remote, "delivery": r.delivery, "s7": r.s7, "console": r.console, "memory": r.memory,
+		"idle": r.idle,
 	}
 	var failed error
 	for _, name := range allScenarios {

@@ -38,10 +38,21 @@ var sourceAddrs = func() []*net.TCPAddr {
 	return out
 }()
 
-// connectDevices connects every device, workers at a time; subscribe
-// makes each subscribe to its actions topic, as a real device does, and
-// record what it receives (paho acknowledges each at QoS 1).
+// connectDevices connects every device, workers at a time, with a
+// keepalive of defaultKeepalive; subscribe makes each subscribe to its
+// actions topic, as a real device does, and record what it receives (paho
+// acknowledges each at QoS 1).
 func connectDevices(ctx context.Context, addr, tenant string, toks []deviceToken, subscribe bool, p *progress, what string) (*fleetConn, error) {
+	return connectDevicesPinging(ctx, addr, tenant, toks, subscribe, defaultKeepalive, p, what)
+}
+
+// defaultKeepalive is the devices' MQTT keepalive, in seconds: they ping
+// (PINGREQ) when they have sent nothing for that long.
+const defaultKeepalive = 120
+
+// connectDevicesPinging is connectDevices with a keepalive of keepalive
+// seconds.
+func connectDevicesPinging(ctx context.Context, addr, tenant string, toks []deviceToken, subscribe bool, keepalive uint16, p *progress, what string) (*fleetConn, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("MQTT address %q: %w", addr, err)
@@ -55,7 +66,7 @@ func connectDevices(ctx context.Context, addr, tenant string, toks []deviceToken
 		if loopback {
 			d.LocalAddr = sourceAddrs[i%len(sourceAddrs)]
 		}
-		dev, err := dialDevice(ctx, &d, addr, tenant, toks[i], subscribe)
+		dev, err := dialDevice(ctx, &d, addr, tenant, toks[i], subscribe, keepalive)
 		if err != nil {
 			return err
 		}
@@ -70,7 +81,7 @@ func connectDevices(ctx context.Context, addr, tenant string, toks []deviceToken
 	return fc, nil
 }
 
-func dialDevice(ctx context.Context, d *net.Dialer, addr, tenant string, tok deviceToken, subscribe bool) (*simDevice, error) {
+func dialDevice(ctx context.Context, d *net.Dialer, addr, tenant string, tok deviceToken, subscribe bool, keepalive uint16) (*simDevice, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	conn, err := d.DialContext(ctx, "tcp", addr)
@@ -90,7 +101,7 @@ func dialDevice(ctx context.Context, d *net.Dialer, addr, tenant string, tok dev
 	// 65,535 that is half a megabyte per device.
 	recvMax := uint16(16)
 	ca, err := dev.c.Connect(ctx, &paho.Connect{
-		KeepAlive: 120, ClientID: tok.ID, CleanStart: true,
+		KeepAlive: keepalive, ClientID: tok.ID, CleanStart: true,
 		Username: tenant + "/" + tok.ID, UsernameFlag: true, Password: []byte(tok.Token), PasswordFlag: true,
 		Properties: &paho.ConnectProperties{ReceiveMaximum: &recvMax},
 	})

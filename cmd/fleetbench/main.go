@@ -136,6 +136,13 @@ Scenarios (--scenarios takes a comma-separated subset):
                and 1,000,000 device actions stored: 3 s after connecting
                and, in a full run, again after 150 s idle (stacks of idle
                connections shrink at the runtime's periodic collection).
+  idle         resident memory per idle MQTT connection as ps shows it
+               (nothing forced): 5,000 devices connect, subscribed, and
+               stay idle a minute once all are parked, then 5,000 more;
+               the figure is VmRSS grown ÷ 5,000 over the second batch (the
+               first's, which also pays what is paid once, such as
+               SQLite's page caches, is in the note), ÷ Mosquitto's,
+               measured the same way with the same clients. Target 3 KB.
 
 Baselines, measured in the same run:
   hello        a hello-world Go handler, in a process of its own (this
@@ -144,7 +151,9 @@ Baselines, measured in the same run:
   mosquitto    Debian's Mosquitto 2 (/usr/sbin/mosquitto) on a free loopback
                port, with a configuration generated in the temporary
                directory (anonymous, no persistence, TCP_NODELAY): the same
-               paho clients, topics, payloads and load as mqtt-status.
+               paho clients, topics, payloads and load as mqtt-status;
+               for idle, the same idle clients, VmRSS read 2 s after each
+               batch.
                Mosquitto acknowledges a PUBLISH on receipt, fleetd once the
                report is committed. Without mosquitto installed the row
                says so (under CI=true the run fails).
@@ -206,7 +215,7 @@ type options struct {
 // allScenarios in the order they run. S7 runs before delivery, whose
 // 10,000 connections stay open for the memory scenario: with them fleetd's
 // heap is larger and its collections longer, which S7's p99 would show.
-var allScenarios = []string{"s10", "s10-random", "mqtt-status", "streams", "history", "remote", "dispatch", "s7", "console", "delivery", "memory"}
+var allScenarios = []string{"s10", "s10-random", "mqtt-status", "streams", "history", "remote", "dispatch", "s7", "console", "delivery", "memory", "idle"}
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "hello" {

@@ -25,6 +25,7 @@ const (
 	millis    unit = "ms"
 	seconds   unit = "s"
 	megabytes unit = "MB"
+	kilobytes unit = "KB"
 	bytesUnit unit = "B"
 	kibibytes unit = "KiB"
 	// mibPerSecond is a throughput of bytes.
@@ -142,6 +143,8 @@ func (f *figure) value() string {
 		return fmt.Sprintf("%.2f s", f.Value)
 	case megabytes:
 		return fmt.Sprintf("%.0f MB", f.Value)
+	case kilobytes:
+		return fmt.Sprintf("%.2f KB", f.Value)
 	case bytesUnit:
 		return fmt.Sprintf("%.1f B", f.Value)
 	case kibibytes:

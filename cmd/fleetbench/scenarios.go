@@ -372,6 +372,29 @@ func (r *runner) mosquittoBaseline(ctx context.Context, toks []deviceToken, acti
 	if r.rep.baselines["mosquitto"] != nil {
 		return "", nil
 	}
+	return r.withMosquitto(ctx, func(m *mosquitto) error {
+		fc, err := connectDevices(ctx, m.addr, r.t.tenant, toks, false, r.p, "baseline: devices connected to Mosquitto")
+		if err != nil {
+			return err
+		}
+		defer fc.close() // before mosquitto stops
+		r.p.say("baseline: %d devices publishing to Mosquitto %s, %s", len(toks), m.version, r.o.duration)
+		cpu := startCPU(m.pid)
+		res := r.publishLoad(ctx, fc, statusTopic, statusReports(actionID, newReportSeq(len(toks))))
+		note := strings.Replace(cpu.String(), "fleetd", "mosquitto", 1)
+		if res.errors > 0 {
+			return fmt.Errorf("the Mosquitto baseline: %s; its log:\n%s", errorNote(res), tail(m.log, 10))
+		}
+		r.rep.addBaseline("mosquitto", "Mosquitto", &figure{Name: fmt.Sprintf("Mosquitto %s, the same %d clients, QoS 1, no persistence", m.version, len(toks)),
+			Value: res.rate, Unit: perSecond, Note: joinNotes(fmt.Sprintf("PUBACK p50 %.2f ms, p99 %.2f ms", ms(res.p50), ms(res.p99)), note)})
+		return nil
+	})
+}
+
+// withMosquitto runs a Mosquitto for f and stops it after. Without
+// mosquitto installed it says why f did not run (outside CI, which
+// installs it).
+func (r *runner) withMosquitto(ctx context.Context, f func(m *mosquitto) error) (unmeasured string, err error) {
 	m, err := startMosquitto(ctx, r.dir)
 	if errors.Is(err, errNoMosquitto) && os.Getenv("CI") != "true" {
 		r.p.say("baseline: %v", err)
@@ -381,21 +404,7 @@ func (r *runner) mosquittoBaseline(ctx context.Context, toks []deviceToken, acti
 		return "", err
 	}
 	defer m.stop()
-	fc, err := connectDevices(ctx, m.addr, r.t.tenant, toks, false, r.p, "baseline: devices connected to Mosquitto")
-	if err != nil {
-		return "", err
-	}
-	defer fc.close() // before mosquitto stops
-	r.p.say("baseline: %d devices publishing to Mosquitto %s, %s", len(toks), m.version, r.o.duration)
-	cpu := startCPU(m.pid)
-	res := r.publishLoad(ctx, fc, statusTopic, statusReports(actionID, newReportSeq(len(toks))))
-	note := strings.Replace(cpu.String(), "fleetd", "mosquitto", 1)
-	if res.errors > 0 {
-		return "", fmt.Errorf("the Mosquitto baseline: %s; its log:\n%s", errorNote(res), tail(m.log, 10))
-	}
-	r.rep.addBaseline("mosquitto", "Mosquitto", &figure{Name: fmt.Sprintf("Mosquitto %s, the same %d clients, QoS 1, no persistence", m.version, len(toks)),
-		Value: res.rate, Unit: perSecond, Note: joinNotes(fmt.Sprintf("PUBACK p50 %.2f ms, p99 %.2f ms", ms(res.p50), ms(res.p99)), note)})
-	return "", nil
+	return "", f(m)
 }
 
 // streamRules are the alert rules the stream scenario evaluates: a
@@ -890,26 +899,8 @@ func (r *runner) readMemory(ctx context.Context, name, when string) error {
 // process_resident_memory_bytes.
 func (r *runner) residentMemory(ctx context.Context) (rss, peak float64, how string, err error) {
 	if r.t.pid != 0 {
-		f, err := os.Open(fmt.Sprintf("/proc/%d/status", r.t.pid))
-		if err != nil {
-			return 0, 0, "", err
-		}
-		defer f.Close()
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			name, v, ok := strings.Cut(sc.Text(), ":")
-			if !ok {
-				continue
-			}
-			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-			switch name {
-			case "VmRSS":
-				rss = kb / 1024
-			case "VmHWM":
-				peak = kb / 1024
-			}
-		}
-		return rss, peak, fmt.Sprintf("VmRSS of pid %d", r.t.pid), sc.Err()
+		rss, peak, err := vmRSS(r.t.pid)
+		return rss, peak, fmt.Sprintf("VmRSS of pid %d", r.t.pid), err
 	}
 	const name = "process_resident_memory_bytes"
 	m, err := scrape(ctx, r.t.url, []string{name})
@@ -917,4 +908,29 @@ func (r *runner) residentMemory(ctx context.Context) (rss, peak float64, how str
 		return 0, 0, "", fmt.Errorf("%w; or pass --pid", err)
 	}
 	return m[name] / (1 << 20), 0, name + " of /metrics", nil
+}
+
+// vmRSS reads process pid's resident memory (VmRSS) and its peak (VmHWM)
+// from /proc, in MB: what ps shows.
+func vmRSS(pid int) (rss, peak float64, err error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		name, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+		switch name {
+		case "VmRSS":
+			rss = kb / 1024
+		case "VmHWM":
+			peak = kb / 1024
+		}
+	}
+	return rss, peak, sc.Err()
 }
