@@ -156,6 +156,7 @@ type CertificateAuthenticator interface {
 type Stats struct {
 	Connections      int    // devices connected now
 	Parked           int    // of them, connections idle with no goroutine or read buffer
+	ParkedPings      uint64 // PINGREQs answered to parked connections, which stayed parked
 	Connects         uint64 // connections accepted after authentication
 	AuthFailures     uint64 // connections refused at CONNECT
 	Disconnects      uint64 // connections of authenticated devices that ended

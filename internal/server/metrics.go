@@ -90,6 +90,7 @@ func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweep
 	} else {
 		gauge("fleetd_mqtt_connections", "devices connected to the embedded broker", func() float64 { return float64(ch.Stats().Connections) })
 		gauge("fleetd_mqtt_parked_connections", "of them, idle connections holding no goroutine or read buffer", func() float64 { return float64(ch.Stats().Parked) })
+		counter("fleetd_mqtt_parked_pings_total", "keepalive pings answered to parked connections, which stayed parked", func() float64 { return float64(ch.Stats().ParkedPings) })
 	}
 	counter("fleetd_mqtt_messages_in_total", "device publishes handed to fleetd", func() float64 { return float64(ch.Stats().MessagesIn) })
 	counter("fleetd_mqtt_messages_out_total", "action messages sent to a subscribed device: written to its connection, or handed to the external broker",

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/fleetd/fleet/internal/poll"
 	"github.com/fleetd/fleet/mqtt"
@@ -42,6 +43,30 @@ func TestIdleConnectionsPark(t *testing.T) {
 		t.Errorf("%d idle connections hold %d goroutines, want none", n, grown)
 	}
 
+	t.Run("pinged", func(t *testing.T) {
+		// A lone PINGREQ, what an idle device sends once a keepalive, is
+		// answered by the poller: the connection stays parked.
+		pings := s.Stats().ParkedPings
+		for _, c := range devices {
+			c.send(packet(typePingreq<<4, nil))
+		}
+		for _, c := range devices {
+			c.next(typePingresp)
+		}
+		if got := s.Stats().ParkedPings - pings; got != n {
+			t.Errorf("%d of %d pings answered to parked connections", got, n)
+		}
+		if got := s.Stats().Parked; got != n {
+			t.Errorf("%d of %d connections parked after their pings", got, n)
+		}
+		// A PINGREQ with more behind it wakes the connection, which answers
+		// each packet in turn.
+		devices[0].send(append(packet(typePingreq<<4, nil), packet(typePingreq<<4, nil)...))
+		devices[0].next(typePingresp)
+		devices[0].next(typePingresp)
+		poll.Until(t, wait, "the connection parked again", func() bool { return s.Stats().Parked == n })
+	})
+
 	t.Run("written to and woken", func(t *testing.T) {
 		for i := range devices {
 			if !s.SendAction("acme", fmt.Sprintf("idle-%d", i), int64(i+1), []byte(`{}`)) {
@@ -70,6 +95,26 @@ func TestIdleConnectionsPark(t *testing.T) {
 		c.next(typeConnack)
 		poll.Until(t, wait, "the connection parked", func() bool { return s.Stats().Parked == n })
 		c.closed() // after one and a half keepalives
+	})
+
+	t.Run("keepalive kept by pings", func(t *testing.T) {
+		// Pings answered in place push the keepalive's deadline back, as
+		// any packet does: a device that pings every 0.6 s with a keepalive
+		// of 1 s stays connected past one and a half keepalives.
+		c := dialRaw(t, s)
+		c.send(packet(typeConnect<<4, mstr("MQTT"), []byte{4, 0xC2}, u16(1), mstr("brief"), mstr("acme/brief"), mstr("tok")))
+		c.next(typeConnack)
+		pings := s.Stats().ParkedPings
+		for range 4 {
+			poll.Until(t, wait, "the connection parked", func() bool { return s.Stats().Parked == n })
+			<-time.After(600 * time.Millisecond) // the device's own pace, not a condition
+			c.send(packet(typePingreq<<4, nil))
+			c.next(typePingresp)
+		}
+		if s.Stats().ParkedPings == pings {
+			t.Error("no ping was answered to the parked connection")
+		}
+		c.closed() // once it stops pinging
 	})
 
 	t.Run("server closes", func(t *testing.T) {

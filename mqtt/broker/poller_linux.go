@@ -17,6 +17,11 @@ import (
 // has passed (a timer each would cost more than a tenth of what a parked
 // connection costs in all).
 //
+// A parked connection whose socket holds a lone PINGREQ, which is what an
+// idle device sends once a keepalive, is answered here and stays parked
+// (pingInPlace): waking it would give it a goroutine, a stack and a read
+// buffer for ParkAfter, and an idle fleet pings all the time.
+//
 // Each registration is one-shot and level-triggered: bytes that arrived
 // before the socket was registered wake it at once, and a woken socket is
 // watched again only when its connection parks again. A registration is
@@ -127,7 +132,7 @@ func (p *poller) loop() {
 			pk, ok := p.parked[key]
 			delete(p.parked, key)
 			p.mu.Unlock()
-			if ok {
+			if ok && !pk.d.pingInPlace(p) {
 				pk.d.wake()
 			}
 		}
@@ -167,4 +172,59 @@ func (p *poller) closeFiles() {
 	syscall.Close(p.epfd)
 	p.wake.Close()
 	p.wakeR.Close()
+}
+
+// pingInPlace answers d's PINGREQ on the poller's goroutine if that is all
+// its socket holds, and watches the socket again until the new keepalive
+// deadline: the connection stays parked. It reports false, having done
+// nothing, when the socket holds anything else (or nothing: the device
+// closed it), when a write to the device is under way, or when the answer
+// cannot be written without waiting; the caller then wakes d.
+//
+// wmu is held throughout: nothing else writes to the device meanwhile, and
+// the connection cannot be closed (closing takes wmu) while the poller acts
+// as its reader.
+func (d *device) pingInPlace(p *poller) bool {
+	if !d.wmu.TryLock() {
+		return false
+	}
+	defer d.wmu.Unlock()
+	if d.closed.Load() || !d.parked.Load() {
+		return false
+	}
+	pingresp := [2]byte{typePingresp << 4, 0}
+	answered, short := false, false
+	deadline := time.Now().Add(time.Duration(d.keepalive) * time.Second * 3 / 2).UnixNano()
+	var werr error
+	err := d.raw.Control(func(fd uintptr) {
+		var b [3]byte // a third byte says the PINGREQ is not alone
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		if err != nil || n != 2 || b[0] != typePingreq<<4 || b[1] != 0 {
+			return
+		}
+		// The answer first: the PINGREQ is taken off the socket only once
+		// it is answered, and otherwise left to the connection's reader.
+		w, err := syscall.Write(int(fd), pingresp[:])
+		if err != nil || w != len(pingresp) {
+			short = w > 0
+			return
+		}
+		d.s.stats.parkedPings.Add(1)
+		if n, _, err := syscall.Recvfrom(int(fd), b[:2], syscall.MSG_DONTWAIT); err != nil || n != 2 {
+			return // the reader will find the socket's error, or answer again: a device ignores a second PINGRESP
+		}
+		answered = true
+		d.deadline = deadline // the poller reads for the connection now
+		werr = p.watch(d, int(fd), deadline)
+	})
+	switch {
+	case short: // half a packet written: the stream is broken
+		d.closeLocked(0, errors.New("a PINGRESP written in part"))
+		return true // closing woke the connection, to end
+	case err != nil || !answered:
+		return false
+	case werr != nil:
+		return false // not watched: the connection needs its goroutine back
+	}
+	return true
 }

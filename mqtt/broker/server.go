@@ -65,7 +65,7 @@ type Server struct {
 		connects, authFailures, disconnects, aclViolations, oversized,
 		messagesIn, messagesOut, delivered, handlerErrors, unacked,
 		limitRefusals, publishFloods, credentialChecks, revoked,
-		actionsFailed, unacknowledgedActions atomic.Uint64
+		actionsFailed, unacknowledgedActions, parkedPings atomic.Uint64
 	}
 }
 
@@ -344,6 +344,7 @@ func (s *Server) Stats() mqtt.Stats {
 	return mqtt.Stats{
 		Connections:      s.Connections(),
 		Parked:           s.parked(),
+		ParkedPings:      s.stats.parkedPings.Load(),
 		Connects:         s.stats.connects.Load(),
 		AuthFailures:     s.stats.authFailures.Load(),
 		Disconnects:      s.stats.disconnects.Load(),
