@@ -511,14 +511,14 @@ func (tx *Tx) applyStep(ctx context.Context, tenant string, r *fleet.Rollout, st
 		if err != nil {
 			return nil, err
 		}
-		if r.Action == fleet.ActionDesired {
-			if c.Shadows, err = tx.releaseDesired(ctx, tenant, r.ActionID, step.Phase); err != nil {
-				return nil, err
-			}
-		}
 		r.TriggeredAt = append(r.TriggeredAt, now)
 		r.NextPhase, r.Status, r.PauseReason, r.GatePaused = step.Phase+1, fleet.RolloutRunning, "", false
 		window := r.Schedule.MaintenanceWindow == nil || step.Window != 0
+		if r.Action == fleet.ActionDesired && window {
+			if c.Shadows, err = tx.releaseDesired(ctx, tenant, r.ActionID); err != nil {
+				return nil, err
+			}
+		}
 		if step.Window > r.WindowOpened {
 			r.WindowOpened = step.Window
 		}
@@ -542,6 +542,12 @@ func (tx *Tx) applyStep(ctx context.Context, tenant string, r *fleet.Rollout, st
 	case fleet.StepOpenWindow:
 		r.WindowOpened = step.Window
 		c.Deliver, ev = true, nil
+		if r.Action == fleet.ActionDesired {
+			var err error
+			if c.Shadows, err = tx.releaseDesired(ctx, tenant, r.ActionID); err != nil {
+				return nil, err
+			}
+		}
 		if err := tx.queryRow(ctx, "SELECT targeted FROM actions WHERE tenant = ? AND id = ?", tenant, r.ActionID).Scan(&c.Targeted); err != nil {
 			return nil, err
 		}

@@ -147,14 +147,16 @@ func (db *DB) UpdateDesiredMany(ctx context.Context, tenant string, sel *fleet.D
 	return out, err
 }
 
-// releaseDesired applies a desired rollout's phase k, just released: its
-// patch merges into each released device's desired state, and each device
+// releaseDesired applies a desired rollout to its device actions released
+// and not yet handed on (Queued: a phase that just triggered, or every
+// phase released while its maintenance window was shut, when it opens):
+// its patch merges into each of their devices' desired state, and each device
 // action, which no device is sent, is Initiated (as if delivered, with its
 // deadline), or Completed when the device reports what the patch asks
 // already (docs/twin.md). It returns
 // the shadows it changed, whose devices are to be told. Device actions are
 // locked (released) before devices here, as status reports lock them.
-func (tx *Tx) releaseDesired(ctx context.Context, tenant string, id int64, k int) (map[string]*fleet.Shadow, error) {
+func (tx *Tx) releaseDesired(ctx context.Context, tenant string, id int64) (map[string]*fleet.Shadow, error) {
 	var params string
 	if err := tx.queryRow(ctx, "SELECT params FROM actions WHERE tenant = ? AND id = ?", tenant, id).Scan(&params); err != nil {
 		return nil, err
@@ -163,8 +165,8 @@ func (tx *Tx) releaseDesired(ctx context.Context, tenant string, id int64, k int
 	if err != nil {
 		return nil, err
 	}
-	rows, err := tx.query(ctx, "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND phase = ? AND action_status = ? ORDER BY device_id",
-		tenant, id, k, string(fleet.StatusQueued))
+	rows, err := tx.query(ctx, "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status = ? ORDER BY device_id",
+		tenant, id, string(fleet.StatusQueued))
 	if err != nil {
 		return nil, err
 	}
@@ -177,7 +179,7 @@ func (tx *Tx) releaseDesired(ctx context.Context, tenant string, id int64, k int
 	now := millis(tx.now)
 	if _, err := tx.applyMove(ctx, moveDelivered, `UPDATE device_actions SET `+moveDelivered.set+`, initiated_at = ?, updated_at = ?,
 		deadline = ? + 1000 * (SELECT timeout FROM actions a WHERE a.tenant = device_actions.tenant AND a.id = device_actions.action_id)
-		WHERE tenant = ? AND action_id = ? AND phase = ? AND {from}`, now, now, now, tenant, id, k); err != nil {
+		WHERE tenant = ? AND action_id = ? AND {from}`, now, now, now, tenant, id); err != nil {
 		return nil, err
 	}
 	changed := map[string]*fleet.Shadow{}
