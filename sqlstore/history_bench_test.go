@@ -141,3 +141,49 @@ func BenchmarkIngestRollups(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkChartDay reads what a console chart of the last day reads (a
+// field in 10-minute buckets, from minute rollups) of a device that sent a
+// point a minute with three numeric fields for a week: AggregateStats,
+// which the database adds up by bucket, beside Aggregate of the average,
+// which merges the 1440 minute rollups itself.
+func BenchmarkChartDay(b *testing.B) {
+	for _, be := range sqlstoretest.Backends() {
+		b.Run(be.Name, func(b *testing.B) {
+			ctx := context.Background()
+			now := time.Date(2026, 11, 21, 23, 0, 0, 0, time.UTC)
+			db := sqlstoretest.MustOpen(b, be, sqlstoretest.Options{Now: func() time.Time { return now }})
+			mustTenant(b, db, "acme")
+			if _, err := db.CreateDevices(ctx, "acme", []fleet.NewDevice{{ID: "d1"}}); err != nil {
+				b.Fatal(err)
+			}
+			start := now.Add(-7 * 24 * time.Hour)
+			for i := 0; i < 7*24*60; i += 1000 {
+				var pts []fleet.DataPoint
+				for j := i; j < min(i+1000, 7*24*60); j++ {
+					pts = append(pts, fleet.DataPoint{Timestamp: start.Add(time.Duration(j) * time.Minute), Sequence: int64(j),
+						Data: map[string]any{"f0": float64(j%60) / 6, "f1": 10.5, "f2": 20.25}, ReceivedAt: now})
+				}
+				if err := db.CommitStream(ctx, "acme", "d1", "env", pts, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			drainRollups(b, db)
+			q := fleet.AggregateQuery{Field: "f0", Fn: fleet.AggAvg, Interval: 10 * time.Minute, From: now.Add(-24 * time.Hour), To: now}
+			b.Run("stats", func(b *testing.B) {
+				for b.Loop() {
+					if s, err := db.AggregateStats(ctx, "acme", "d1", "env", q); err != nil || len(s) != 144 {
+						b.Fatalf("%d buckets, %v", len(s), err)
+					}
+				}
+			})
+			b.Run("merged_in_go", func(b *testing.B) {
+				for b.Loop() {
+					if s, err := db.Aggregate(ctx, "acme", "d1", "env", q); err != nil || len(s) != 144 {
+						b.Fatalf("%d buckets, %v", len(s), err)
+					}
+				}
+			})
+		})
+	}
+}

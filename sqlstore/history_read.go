@@ -592,7 +592,7 @@ func aggregateSource(q fleet.AggregateQuery) (partKind, bool, error) {
 // raw points are those it received since it was made, as FindPoints reads
 // them: not those of a device of the same id deleted before.
 func (db *DB) aggregate(ctx context.Context, tenant, device, stream string, q fleet.AggregateQuery, raw bool) (map[string][]fleet.Bucket, error) {
-	acc, err := db.accumulate(ctx, tenant, device, stream, q, raw)
+	acc, err := db.accumulate(ctx, tenant, device, stream, q, raw, false)
 	if err != nil {
 		return nil, err
 	}
@@ -617,7 +617,7 @@ func (db *DB) aggregate(ctx context.Context, tenant, device, stream string, q fl
 // q.ByDevice are not used): a chart's line and band from one read.
 func (db *DB) AggregateStats(ctx context.Context, tenant, device, stream string, q fleet.AggregateQuery) ([]fleet.BucketStats, error) {
 	q.Fn, q.ByDevice = fleet.AggAvg, false
-	acc, err := db.accumulate(ctx, tenant, device, stream, q, false)
+	acc, err := db.accumulate(ctx, tenant, device, stream, q, false, true)
 	if err != nil {
 		return nil, err
 	}
@@ -631,8 +631,9 @@ func (db *DB) AggregateStats(ctx context.Context, tenant, device, stream string,
 }
 
 // accumulate merges the rollups (or raw points) q reads into one rollup a
-// bucket, by device or under "" as aggregate's.
-func (db *DB) accumulate(ctx context.Context, tenant, device, stream string, q fleet.AggregateQuery, raw bool) (map[string]map[int64]*rollup, error) {
+// bucket, by device or under "" as aggregate's. With stats, the merged
+// rollups need only their count, minimum, maximum and sum (not last).
+func (db *DB) accumulate(ctx context.Context, tenant, device, stream string, q fleet.AggregateQuery, raw, stats bool) (map[string]map[int64]*rollup, error) {
 	where, args := "tenant = ? AND stream = ?", []any{tenant, stream}
 	rawWhere, rawArgs := where, args
 	if device != "" {
@@ -697,9 +698,12 @@ func (db *DB) accumulate(ctx context.Context, tenant, device, stream string, q f
 		m[b].merge(r)
 		return nil
 	}
-	if fromRaw || raw {
+	switch {
+	case fromRaw || raw:
 		err = db.aggregateRaw(ctx, tx, tenant, rawWhere, rawArgs, q.Field, lo, hi, add)
-	} else {
+	case stats && devices == nil && !q.ByDevice:
+		err = db.aggregateRollupStats(ctx, tx, kind, where, args, q.Field, iv, lo, hi, add)
+	default:
 		err = db.aggregateRollups(ctx, tx, kind, where, args, q.Field, lo, hi, add)
 	}
 	if fleet.ErrorCode(err) == fleet.EINVALID {
@@ -808,6 +812,41 @@ func (db *DB) aggregateRollups(ctx context.Context, tx readTx, kind partKind, wh
 				return err
 			}
 			if err := add(dev, &r); err != nil {
+				rows.Close()
+				return err
+			}
+		}
+		if err := rows.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// aggregateRollupStats folds the count, minimum, maximum and sum of the
+// rollups of kind for field in [lo, hi) into add, a bucket of iv at a
+// time: the database adds up the rollups of each bucket, so a chart of a
+// day in 10-minute buckets reads 144 rows of a field, not the 1440 minute
+// rollups, which took most of a chart page's time.
+func (db *DB) aggregateRollupStats(ctx context.Context, tx readTx, kind partKind, where string, args []any, field string, iv, lo, hi int64, add func(string, *rollup) error) error {
+	segs, err := db.segments(ctx, tx, kind, lo, hi, false)
+	if err != nil {
+		return err
+	}
+	for _, s := range segs {
+		rows, err := tx.query(ctx, `SELECT bucket - bucket % ?, sum(n), min(vmin), max(vmax), sum(vsum) FROM `+s.table+`
+			WHERE `+where+` AND field = ? AND bucket >= ? AND bucket < ? GROUP BY 1`,
+			append(append([]any{iv}, args...), field, s.lo, s.hi)...)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var r rollup
+			if err := rows.Scan(&r.bucket, &r.n, &r.min, &r.max, &r.sum); err != nil {
+				rows.Close()
+				return err
+			}
+			if err := add("", &r); err != nil {
 				rows.Close()
 				return err
 			}
