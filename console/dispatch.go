@@ -103,6 +103,13 @@ func (c *Console) handleDispatchForm(w http.ResponseWriter, r *http.Request, v *
 	if g := q.Get("group"); g != "" {
 		f.SearchType, f.Group = fleet.SearchGroup, g
 	}
+	if f.Action == fleet.ActionDesired {
+		// A group page's "Roll out a desired change": the patch to fill
+		// in, in phases (docs/twin.md).
+		f.Params, f.Rollout = `{"desired": {}}`, true
+		f.Phases[0].Name, f.Phases[0].Value = "canary", "10"
+		f.Phases[1].Name, f.Phases[1].Value = "everyone", "100"
+	}
 	if v := q.Get("version"); v != "" && fleet.ValidVersion(v) {
 		f.Params = `{"version": "` + v + `"}`
 	}

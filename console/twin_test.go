@@ -221,11 +221,37 @@ func TestConsoleTwin(t *testing.T) {
 			}
 		})
 
+		t.Run("DesiredRollout", func(t *testing.T) {
+			// The group page's link opens the dispatch form as a desired
+			// rollout to the group, with the patch to fill in.
+			op.get("/console/groups/berlin").want(t, 200, `href="/console/actions/new?group=berlin&amp;action=desired_state"`)
+			op.get("/console/actions/new?group=berlin&action=desired_state").want(t, 200, `value="desired_state"`,
+				html.EscapeString(`{"desired": {}}`), `id="rollout" name="rollout" checked`)
+			form := url.Values{"action": {"desired_state"}, "params": {`{"desired": {"mode": "eco"}}`}, "search_type": {"group"}, "group": {"berlin"},
+				"rollout": {"on"}, "phases": {"2"},
+				"phase0_name": {"first"}, "phase0_kind": {"fixed_list"}, "phase0_value": {"pump-1"}, "phase0_trigger": {"now"},
+				"phase1_name": {"rest"}, "phase1_kind": {"percentage"}, "phase1_value": {"100"}, "phase1_trigger": {"manual"}}
+			res := op.post("/console/actions/new", form).want(t, http.StatusSeeOther)
+			var a struct{ Action string }
+			s.Do(t, admin, "GET", "/api/v1/actions/"+strings.TrimPrefix(res.Location, "/console/actions/"), nil).Want(t, 200).Decode(t, &a)
+			if a.Action != "desired_state" {
+				t.Fatalf("the form dispatched %q", a.Action)
+			}
+			fleetdtest.Eventually(t, "pump-1's phase to change its desired state", func() bool {
+				d, _ := shadowOf(t, s, admin, "pump-1")
+				return d["mode"] == "eco"
+			})
+			if d, _ := shadowOf(t, s, admin, "bulk-00000"); d["mode"] != nil {
+				t.Fatalf("bulk-00000, in the manual phase, has desired %v", d)
+			}
+		})
+
 		t.Run("Delete", func(t *testing.T) {
+			_, before := shadowOf(t, s, admin, "pump-1")
 			op.post("/console/groups/berlin/delete", url.Values{}).want(t, http.StatusSeeOther)
 			op.get("/console/groups/berlin").want(t, http.StatusNotFound)
-			if _, v := shadowOf(t, s, admin, "pump-1"); v != 2 {
-				t.Fatalf("deleting a group changed a device")
+			if _, v := shadowOf(t, s, admin, "pump-1"); v != before {
+				t.Fatalf("deleting a group moved a device's shadow from version %d to %d", before, v)
 			}
 		})
 	})
