@@ -38,7 +38,7 @@ type RemoteSession struct {
 	RecordingSize int64  `json:"recording_size,omitempty"`
 	// Recorded says the session's output is recorded: the tenant's
 	// RemoteSettings.Recording when it opened, for a shell.
-	Recorded bool `json:"-"`
+	Recorded bool `json:"recorded"`
 	// RelayURL is the replica that relays the session, as other replicas
 	// reach it: a leg that lands elsewhere is proxied there.
 	RelayURL string `json:"-"`

@@ -42,6 +42,9 @@ func (a *app) openRemote(ctx context.Context, device, kind, target string) (*rem
 	if err := json.Unmarshal(b, &s); err != nil || s.ID == "" {
 		return nil, fmt.Errorf("the server's answer is not a remote session: %s", b)
 	}
+	if s.Recorded {
+		fmt.Fprintln(a.env.Stderr, "fleetctl: this session's output is recorded (docs/agent.md#recording)")
+	}
 	h := http.Header{"X-Service-Tenant": {c.tenant}, "X-Service-Api-Key": {c.key}}
 	tc := c.http.Transport.(*http.Transport).TLSClientConfig
 	conn, err := remote.Dial(ctx, c.base+"/api/v1/remote-sessions/"+esc(s.ID)+"/operator", h, tc)

@@ -171,9 +171,9 @@ func (db *DB) SetRemoteSettings(ctx context.Context, tenant string, s fleet.Remo
 func (db *DB) FindOpenRemoteSession(ctx context.Context, tenant, id string) (*fleet.RemoteSession, error) {
 	s := fleet.RemoteSession{ID: id, Tenant: tenant}
 	var started int64
-	err := db.queryRow(ctx, `SELECT device_id, kind, target, key_name, user_name, user_email, started_at, relay_url
+	err := db.queryRow(ctx, `SELECT device_id, kind, target, key_name, user_name, user_email, started_at, relay_url, recorded
 		FROM remote_sessions WHERE id = ? AND tenant = ? AND ended_at IS NULL`, id, tenant).
-		Scan(&s.DeviceID, &s.Kind, &s.Target, &s.KeyName, &s.UserName, &s.UserEmail, &started, &s.RelayURL)
+		Scan(&s.DeviceID, &s.Kind, &s.Target, &s.KeyName, &s.UserName, &s.UserEmail, &started, &s.RelayURL, &s.Recorded)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fleet.Errorf(fleet.ENOTFOUND, "no open remote session %q", id)
 	} else if err != nil {

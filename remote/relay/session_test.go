@@ -109,8 +109,11 @@ func TestRemoteRecording(t *testing.T) {
 
 		t.Run("Off", func(t *testing.T) {
 			rs := shell(t, s, s, op, "edge-1", "", "")
-			if rs.Recording != "" {
-				t.Fatalf("recording %q of a tenant that does not record", rs.Recording)
+			if rs.Recording != "" || rs.Recorded {
+				t.Fatalf("session %+v of a tenant that does not record", rs)
+			}
+			if r := s.NewFleetctl(t, op).Run("", "ssh", "edge-1", "--", "true"); r.Code != 0 || strings.Contains(r.Stderr, "recorded") {
+				t.Fatalf("%v", r)
 			}
 			if code := recording(op, rs.ID).Want(t, 404).ErrorCode(t); code != fleet.ENOTFOUND {
 				t.Fatalf("error %q", code)
@@ -140,6 +143,9 @@ func TestRemoteRecording(t *testing.T) {
 		})
 		t.Run("Recorded", func(t *testing.T) {
 			sess := open(t, s, op, "edge-1")
+			if !sess.Recorded {
+				t.Fatalf("session %+v, want recorded", sess)
+			}
 			conn := s.JoinTerminal(t, op, sess.ID)
 			conn.Send(remote.Control{Type: remote.TypeResize, Cols: 120, Rows: 40})
 			// A password read without echo is typed but never shown: it
@@ -201,6 +207,18 @@ func TestRemoteRecording(t *testing.T) {
 				t.Fatal("the viewer's list links the recording")
 			}
 			v.Get(link).Want(t, 403)
+			// The operator is told: fleetctl ssh says so, and so does the
+			// console's terminal page.
+			if r := s.NewFleetctl(t, op).Run("", "ssh", "edge-1", "--", "echo", "hi"); r.Code != 0 || r.Stdout != "hi\n" ||
+				!strings.Contains(r.Stderr, "this session's output is recorded") {
+				t.Fatalf("%v", r)
+			}
+			waiting := open(t, s, op, "edge-1")
+			if page := b.Get("/console/remote-sessions/"+waiting.ID+"/terminal").Want(t, 200); !strings.Contains(page.Body, "Its output is recorded") {
+				t.Fatalf("the terminal page does not say it is recorded:\n%s", page.Body)
+			}
+			s.Do(t, op, "POST", "/api/v1/devices/edge-1/remote-sessions/"+waiting.ID+"/end", nil).Want(t, 202)
+			s.EndedSession(t, op, "edge-1", waiting.ID)
 		})
 		t.Run("Cap", func(t *testing.T) {
 			rs := shell(t, s, s, op, "edge-1", "head -c 20000 /dev/zero | tr '\\0' x; echo; echo do''ne", "done")
