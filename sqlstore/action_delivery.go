@@ -48,7 +48,10 @@ func (d dialect) pendingOfAction() string {
 // PendingActions returns up to limit actions pending (Queued) for a
 // device whose ids are above after, oldest first, with their rollout's
 // maintenance window: the device channel reads a device's backlog a window
-// at a time.
+// at a time. A desired rollout's device actions are never sent (its
+// release changes the shadow, docs/twin.md): while its window is shut they
+// are Queued, and are left out here, or a device that subscribed between
+// the window's opening and the rollout's next pass would be sent one.
 func (db *DB) PendingActions(ctx context.Context, tenant, device string, after int64, limit int) ([]fleet.PendingAction, error) {
 	// The limit is written into the query, rounded up to a power of two:
 	// SQLite plans with a bound LIMIT's value, which expires the prepared
@@ -60,8 +63,8 @@ func (db *DB) PendingActions(ctx context.Context, tenant, device string, after i
 	rows, err := db.query(ctx, `SELECT da.action_id, da.type, COALESCE(a.device_params, a.params), r.maintenance_window
 		FROM device_actions da JOIN actions a ON a.tenant = da.tenant AND a.id = da.action_id
 		LEFT JOIN rollouts r ON r.tenant = da.tenant AND r.action_id = da.action_id
-		WHERE da.tenant = ? AND da.device_id = ? AND da.`+pending+` AND da.action_id > ?
-		ORDER BY da.action_id LIMIT `+strconv.Itoa(n), tenant, device, after)
+		WHERE da.tenant = ? AND da.device_id = ? AND da.`+pending+` AND da.action_id > ? AND da.type <> ?
+		ORDER BY da.action_id LIMIT `+strconv.Itoa(n), tenant, device, after, fleet.ActionDesired)
 	if err != nil {
 		return nil, db.classify(err)
 	}

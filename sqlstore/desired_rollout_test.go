@@ -14,6 +14,7 @@ import (
 // its maintenance window is shut changes no desired state; when the window
 // opens, its devices' desired state changes and their device actions are
 // Initiated, or Completed for a device that reports the values already.
+// Its device actions are never pending for the device channel.
 func TestDesiredRolloutWindow(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		db, clk := mustOpen(t, b) // 10:00 UTC
@@ -60,6 +61,13 @@ func TestDesiredRolloutWindow(t *testing.T) {
 			t.Fatalf("outside the window a is %s with desired %v", status("a"), desired("a"))
 		}
 		clk.Add(16*time.Hour + 30*time.Minute) // 02:30 the next day
+		// The window is open by the clock, and the rollout has not opened
+		// it yet: the device channel, which sends a device its pending
+		// actions in their window, must not find the desired_state action,
+		// which no device is sent.
+		if p, err := db.PendingActions(ctx, "acme", "a", 0, 10); err != nil || len(p) != 0 {
+			t.Fatalf("the device channel finds %+v pending for a, %v", p, err)
+		}
 		var opened *fleet.RolloutChange
 		for range 3 {
 			if c := advance(); c.Step.Kind == fleet.StepOpenWindow {
