@@ -3,7 +3,9 @@ package sqlstore
 import (
 	"encoding/json"
 	"math"
+	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/fleetd/fleet"
@@ -81,5 +83,48 @@ func checkChunk(t *testing.T, data string) {
 	}
 	if err := chunkPoints([]byte("[]"), func(int, int64, int64, []byte) bool { t.Fatal("a point of []"); return false }); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBestPoints keeps the first n of points offered in order, in reverse,
+// in order but for a few, and shuffled, in both orders of a read.
+func TestBestPoints(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, desc := range []bool{false, true} {
+		for _, shape := range []string{"sorted", "reversed", "nearly", "shuffled"} {
+			for _, n := range []int{1, 2, 7, 100} {
+				keys := make([]pointKey, 300)
+				for i := range keys {
+					keys[i] = pointKey{ts: int64(i / 3), seq: int64(i % 3), chunk: 1, idx: i}
+				}
+				want := slices.Clone(keys)
+				if desc {
+					slices.Reverse(want)
+				}
+				offered := slices.Clone(want)
+				switch shape {
+				case "reversed":
+					slices.Reverse(offered)
+				case "nearly":
+					for range 5 {
+						i, j := r.IntN(len(offered)), r.IntN(len(offered))
+						offered[i], offered[j] = offered[j], offered[i]
+					}
+				case "shuffled":
+					r.Shuffle(len(offered), func(i, j int) { offered[i], offered[j] = offered[j], offered[i] })
+				}
+				best := &bestPoints{n: n, desc: desc}
+				for _, k := range offered {
+					best.offer(pagePoint{key: k})
+				}
+				var got []pointKey
+				for _, p := range best.sorted() {
+					got = append(got, p.key)
+				}
+				if !slices.Equal(got, want[:n]) {
+					t.Fatalf("desc %v, %s, n %d: %v, want %v", desc, shape, n, got, want[:n])
+				}
+			}
+		}
 	}
 }

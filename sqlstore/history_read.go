@@ -195,14 +195,17 @@ type pagePoint struct {
 	p   fleet.HistoryPoint
 }
 
-// bestPoints keeps the first n points of a read in its order: a heap whose
-// top is the last of them, so that a point after it is dropped at once.
-// Points that come in the read's order, as most do, are added in constant
-// time.
+// bestPoints keeps the first n points of a read in its order. Points
+// come mostly in that order (a chunk's points are sorted, and chunks come
+// by their first timestamp): while they do, pts is a sorted list, which a
+// point joins at its end and a point after a full list is dropped from at
+// once. A point out of order makes it a heap whose top is the last of the
+// points kept.
 type bestPoints struct {
-	n    int
-	desc bool
-	pts  []pagePoint
+	n      int
+	desc   bool
+	pts    []pagePoint
+	isHeap bool
 }
 
 // before reports whether a comes before b in the read's order.
@@ -213,14 +216,34 @@ func (h *bestPoints) before(a, b pointKey) bool {
 	return comparePointKeys(a, b) < 0
 }
 
-// above reports whether the point at i belongs above the one at j: it
-// comes after it.
+// above reports whether the point at i belongs above the one at j in the
+// heap: it comes after it.
 func (h *bestPoints) above(i, j int) bool { return h.before(h.pts[j].key, h.pts[i].key) }
 
 func (h *bestPoints) full() bool { return len(h.pts) == h.n }
 
+// last returns the key of the last point kept; there is one.
+func (h *bestPoints) last() pointKey {
+	if h.isHeap {
+		return h.pts[0].key
+	}
+	return h.pts[len(h.pts)-1].key
+}
+
 // offer keeps p if it is among the first n so far.
 func (h *bestPoints) offer(p pagePoint) {
+	if !h.isHeap {
+		if len(h.pts) == 0 || h.before(h.last(), p.key) {
+			if !h.full() {
+				h.pts = append(h.pts, p)
+			}
+			return
+		}
+		h.isHeap = true
+		for i := len(h.pts)/2 - 1; i >= 0; i-- {
+			h.down(i)
+		}
+	}
 	if !h.full() {
 		h.pts = append(h.pts, p)
 		for i := len(h.pts) - 1; i > 0; {
@@ -233,21 +256,39 @@ func (h *bestPoints) offer(p pagePoint) {
 		}
 	} else if h.before(p.key, h.pts[0].key) {
 		h.pts[0] = p
-		for i := 0; ; {
-			top, l, r := i, 2*i+1, 2*i+2
-			if l < len(h.pts) && h.above(l, top) {
-				top = l
-			}
-			if r < len(h.pts) && h.above(r, top) {
-				top = r
-			}
-			if top == i {
-				break
-			}
-			h.pts[i], h.pts[top] = h.pts[top], h.pts[i]
-			i = top
-		}
+		h.down(0)
 	}
+}
+
+// down moves the point at i down the heap to its place.
+func (h *bestPoints) down(i int) {
+	for {
+		top, l, r := i, 2*i+1, 2*i+2
+		if l < len(h.pts) && h.above(l, top) {
+			top = l
+		}
+		if r < len(h.pts) && h.above(r, top) {
+			top = r
+		}
+		if top == i {
+			return
+		}
+		h.pts[i], h.pts[top] = h.pts[top], h.pts[i]
+		i = top
+	}
+}
+
+// sorted returns the points kept in the read's order.
+func (h *bestPoints) sorted() []pagePoint {
+	if h.isHeap {
+		slices.SortFunc(h.pts, func(a, b pagePoint) int {
+			if h.before(a.key, b.key) {
+				return -1
+			}
+			return 1
+		})
+	}
+	return h.pts
 }
 
 // chunkPoints calls f on each point of a chunk's inflated text, the
@@ -418,7 +459,7 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 		slices.Reverse(segs)
 		order = "ts_max DESC, id DESC"
 	}
-	best := &bestPoints{n: limit + 1, desc: q.Desc}
+	best := &bestPoints{n: limit + 1, desc: q.Desc, pts: make([]pagePoint, 0, limit+1)}
 	for _, s := range segs {
 		if best.full() {
 			break // every later partition's points come after
@@ -427,7 +468,7 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 			WHERE tenant = ? AND device_id = ? AND stream = ? AND ts_min >= ? AND ts_min < ? AND ts_max >= ? AND received_at >= ? ORDER BY `+order,
 			[]any{tenant, device, stream, s.lo, s.hi, lo, millis(d.CreatedAt)}, func(tsMin, tsMax, id, received int64, points []byte) (bool, error) {
 				if best.full() {
-					top := best.pts[0].key.ts
+					top := best.last().ts
 					if !q.Desc && top < tsMin || q.Desc && top > tsMax {
 						return true, nil // no point of this chunk or a later one can be in the page
 					}
@@ -459,13 +500,7 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 			break
 		}
 	}
-	got := best.pts
-	slices.SortFunc(got, func(a, b pagePoint) int {
-		if best.before(a.key, b.key) {
-			return -1
-		}
-		return 1
-	})
+	got := best.sorted()
 	page := &fleet.PointPage{Points: make([]fleet.HistoryPoint, 0, min(len(got), limit))}
 	for _, p := range got[:min(len(got), limit)] {
 		page.Points = append(page.Points, p.p)
