@@ -335,7 +335,7 @@ func TestCrash(t *testing.T) {
 			}
 		}
 		for id, sum := range ack.bundles {
-			resp, body := s.get(t, admin, "/api/v1/firmware-bundles/id/"+id+"/artifact")
+			resp, body := s.Get(t, admin, "/api/v1/firmware-bundles/id/"+id+"/artifact")
 			if resp.StatusCode != 200 || fleetdtest.SHA256Hex(body) != sum {
 				t.Errorf("bundle %s after the crash: %d, %d bytes of another checksum", id, resp.StatusCode, len(body))
 			}

@@ -18,6 +18,7 @@ import (
 // fleethttp.MaxRanges gets the whole archive once (issue 15, item 12: 1,800
 // one-byte ranges were each answered with a part of their own).
 func TestMultiRangeCap(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, sqlstoretest.Backends()[0])
 	admin := s.Admin()
 	noise := make([]byte, 8192) // incompressible: ranges must fit the archive
@@ -35,11 +36,11 @@ func TestMultiRangeCap(t *testing.T) {
 		}
 		return "bytes=" + strings.Join(rs, ",")
 	}
-	resp, _ := s.get(t, admin, path, "Range", ranges(3))
+	resp, _ := s.Get(t, admin, path, "Range", ranges(3))
 	if resp.StatusCode != http.StatusPartialContent || !strings.HasPrefix(resp.Header.Get("Content-Type"), "multipart/byteranges") {
 		t.Fatalf("3 ranges: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
-	resp, body := s.get(t, admin, path, "Range", ranges(1800))
+	resp, body := s.Get(t, admin, path, "Range", ranges(1800))
 	if resp.StatusCode != http.StatusOK || len(body) != len(data) {
 		t.Fatalf("1,800 ranges: %d with %d bytes; want 200 with the whole archive (%d bytes)", resp.StatusCode, len(body), len(data))
 	}
@@ -49,6 +50,7 @@ func TestMultiRangeCap(t *testing.T) {
 // bearer token (issue 15, item 14: it was public, with every tenant's
 // counts).
 func TestMetricsToken(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, sqlstoretest.Backends()[0], "--metrics-token", "scrape-me")
 	for _, tc := range []struct {
 		auth string
@@ -74,6 +76,7 @@ func TestMetricsToken(t *testing.T) {
 // closes (issue 15, item 13: ~20,000 keep-alive connections from one client
 // reached the descriptor limit).
 func TestHTTPConnectionCap(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, sqlstoretest.Backends()[0], "--http-max-connections-per-ip", "10")
 	addr := strings.TrimPrefix(s.URL, "http://")
 	var held []net.Conn
@@ -123,6 +126,7 @@ func TestHTTPConnectionCap(t *testing.T) {
 // (issue 15, item 11: a viewer read /api/webhooks/123/SECRET and the
 // value of a header named X-Team).
 func TestChannelShownByRole(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, sqlstoretest.Backends()[0])
 	admin := s.Admin()
 	viewer := s.NewKey(t, admin, "watcher", "viewer")

@@ -453,11 +453,11 @@ func TestReplicasShareBundlesThroughS3(t *testing.T) {
 	up := a.MustUpload(t, admin, data)
 	path := "/api/v1/firmware-bundles/id/" + up.ID + "/artifact"
 
-	resp, body := b.get(t, admin, path)
+	resp, body := b.Get(t, admin, path)
 	if resp.StatusCode != 200 || !bytes.Equal(body, data) {
 		t.Fatalf("B serves %d, %d bytes; want 200 and the %d bytes A took", resp.StatusCode, len(body), len(data))
 	}
-	resp, body = b.get(t, admin, path, "Range", "bytes=100-199")
+	resp, body = b.Get(t, admin, path, "Range", "bytes=100-199")
 	if resp.StatusCode != 206 || !bytes.Equal(body, data[100:200]) {
 		t.Fatalf("B serves bytes=100-199 as %d, %d bytes", resp.StatusCode, len(body))
 	}
@@ -480,7 +480,7 @@ func TestReplicasShareBundlesThroughS3(t *testing.T) {
 			t.Errorf("after the delete through B, the bucket still holds %s", o.Key)
 		}
 	}
-	if resp, _ := a.get(t, admin, path); resp.StatusCode != 404 {
+	if resp, _ := a.Get(t, admin, path); resp.StatusCode != 404 {
 		t.Fatalf("A serves the deleted bundle: %d", resp.StatusCode)
 	}
 }

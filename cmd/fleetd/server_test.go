@@ -17,12 +17,6 @@ func startServer(t *testing.T, b sqlstoretest.Backend, extra ...string) *testSer
 	return &testServer{fleetdtest.Start(t, b, extra...)}
 }
 
-// startServerOn is fleetdtest.StartOn.
-func startServerOn(t *testing.T, b sqlstoretest.Backend, store string, extra ...string) *testServer {
-	t.Helper()
-	return &testServer{fleetdtest.StartOn(t, b, store, extra...)}
-}
-
 // newServer is fleetdtest.New, not started, on b's database.
 func newServer(t *testing.T, b sqlstoretest.Backend) *testServer {
 	return &testServer{fleetdtest.New(b.DSN(t), t.TempDir())}

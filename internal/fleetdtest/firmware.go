@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"io"
 	"mime/multipart"
+	"net/http"
 	"strings"
 	"testing"
 
@@ -110,3 +112,30 @@ var (
 	App230     = Part{Name: "app", Version: "2.3.0", Body: strings.Repeat("app 2.3.0 ", 5000),
 		Deps: []fleet.Dependency{{ComponentName: "bootloader", MinVersion: "1.1.0"}}}
 )
+
+// Get makes a raw request, not validated against the OpenAPI document:
+// for archives, ranges and conditional answers.
+func (s *Server) Get(t *testing.T, c Creds, path string, header ...string) (*http.Response, []byte) {
+	t.Helper()
+	hr, err := http.NewRequest("GET", s.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Tenant != "" {
+		hr.Header.Set("x-service-tenant", c.Tenant)
+		hr.Header.Set("x-service-api-key", c.Key)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		hr.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, b
+}

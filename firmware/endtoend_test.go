@@ -1,4 +1,4 @@
-package main
+package firmware_test
 
 import (
 	"bytes"
@@ -24,41 +24,12 @@ import (
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/action"
-	"github.com/fleetd/fleet/blob/s3test"
-	"github.com/fleetd/fleet/ctl"
 	fwbundle "github.com/fleetd/fleet/firmware/bundle"
 	"github.com/fleetd/fleet/firmware/bundle/bundletest"
 	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 	"github.com/minio/minio-go/v7"
 )
-
-// get makes a raw request, not validated against the OpenAPI document:
-// for archives, ranges and conditional answers.
-func (s *testServer) get(t *testing.T, c fleetdtest.Creds, path string, header ...string) (*http.Response, []byte) {
-	t.Helper()
-	hr, err := http.NewRequest("GET", s.URL+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.Tenant != "" {
-		hr.Header.Set("x-service-tenant", c.Tenant)
-		hr.Header.Set("x-service-api-key", c.Key)
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		hr.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(hr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp, b
-}
 
 // runStores runs f on each database backend with each blob store, so that
 // every promise of docs/firmware.md is checked on both.
@@ -72,7 +43,7 @@ func runStores(t *testing.T, f func(t *testing.T, b sqlstoretest.Backend, store 
 
 // dataFiles lists the regular files under the server's data directory, or
 // the objects and multipart uploads in progress in its S3 bucket.
-func (s *testServer) dataFiles(t *testing.T) []string {
+func dataFiles(t *testing.T, s *fleetdtest.Server) []string {
 	t.Helper()
 	var files []string
 	if s.S3 != nil {
@@ -101,7 +72,7 @@ func (s *testServer) dataFiles(t *testing.T) []string {
 }
 
 // bundleCount is how many bundles the tenant has.
-func (s *testServer) bundleCount(t *testing.T, c fleetdtest.Creds) int {
+func bundleCount(t *testing.T, s *fleetdtest.Server, c fleetdtest.Creds) int {
 	t.Helper()
 	var list struct{ Count int }
 	s.Do(t, c, "GET", "/api/v1/firmware-bundles", nil).Want(t, 200).Decode(t, &list)
@@ -127,8 +98,9 @@ func wantError(t *testing.T, r *fleetdtest.Response, status int, field string, w
 }
 
 func TestFirmwareUploads(t *testing.T) {
+	t.Parallel()
 	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
-		s := startServerOn(t, b, store)
+		s := fleetdtest.StartOn(t, b, store)
 		admin := s.Admin()
 		data := fleetdtest.MakeBundle(t, "2.3.0", fleetdtest.Bootloader, fleetdtest.App230)
 		var first fleetdtest.Bundle
@@ -172,7 +144,7 @@ func TestFirmwareUploads(t *testing.T) {
 		t.Run("SameArchiveAgain", func(t *testing.T) {
 			// A re-run CI job uploads its build again: the bundle there
 			// is, 200, and nothing more stored.
-			files, n := s.dataFiles(t), s.bundleCount(t, admin)
+			files, n := dataFiles(t, s), bundleCount(t, s, admin)
 			var again fleetdtest.Bundle
 			r := s.Upload(t, admin, data).Want(t, 200)
 			r.Decode(t, &again)
@@ -182,7 +154,7 @@ func TestFirmwareUploads(t *testing.T) {
 			if loc := r.Header.Get("Location"); !strings.HasSuffix(loc, "/api/v1/firmware-bundles/id/"+first.ID) {
 				t.Fatalf("Location = %q", loc)
 			}
-			if got := s.dataFiles(t); strings.Join(got, " ") != strings.Join(files, " ") || s.bundleCount(t, admin) != n {
+			if got := dataFiles(t, s); strings.Join(got, " ") != strings.Join(files, " ") || bundleCount(t, s, admin) != n {
 				t.Fatalf("files %v, want %v", got, files)
 			}
 		})
@@ -202,7 +174,7 @@ func TestFirmwareUploads(t *testing.T) {
 			}
 		})
 		t.Run("Rejections", func(t *testing.T) {
-			before := s.dataFiles(t)
+			before := dataFiles(t, s)
 			noManifest := makeTar(t, false, "app.bin", "x")
 			wantError(t, s.Upload(t, admin, noManifest), 400, "", "manifest.json")
 			wantError(t, s.Upload(t, admin, []byte("\x1f\x8b\x08\x00garbage")), 400, "", "gzip")
@@ -214,7 +186,7 @@ func TestFirmwareUploads(t *testing.T) {
 			wantError(t, s.Upload(t, admin, contradiction), 400, "manifest.components", "bootloader >= 1.1.0")
 			missing := makeTar(t, false, "manifest.json", `{"version": "5.0.0", "components": [{"component_name": "app", "version_number": "5.0.0", "file_name": "app.bin"}]}`)
 			wantError(t, s.Upload(t, admin, missing), 400, "manifest.components[0].file_name", "app.bin")
-			if after := s.dataFiles(t); len(after) != len(before) {
+			if after := dataFiles(t, s); len(after) != len(before) {
 				t.Fatalf("refused uploads left files: %v, before %v", after, before)
 			}
 		})
@@ -261,8 +233,9 @@ func makeTar(t *testing.T, gz bool, pairs ...string) []byte {
 }
 
 func TestFirmwarePendingUploads(t *testing.T) {
+	t.Parallel()
 	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
-		s := startServerOn(t, b, store)
+		s := fleetdtest.StartOn(t, b, store)
 		admin := s.Admin()
 		pending := func(version string) fleetdtest.Bundle {
 			t.Helper()
@@ -330,7 +303,7 @@ func TestFirmwarePendingUploads(t *testing.T) {
 			p := pending("1.0.2")
 			data := fleetdtest.MakeBundle(t, "1.0.2", fleetdtest.Part{Name: "app", Version: "1.0.2", Body: "app 1.0.2"})
 			s.PutFile(t, admin, p.ID, data).Want(t, 200)
-			filesWithArchive := len(s.dataFiles(t))
+			filesWithArchive := len(dataFiles(t, s))
 			wrong := declare(p.ID, data)
 			wrong["checksum"] = strings.Repeat("0", 64)
 			wantError(t, s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, wrong), 409, "checksum", "checksum")
@@ -343,13 +316,13 @@ func TestFirmwarePendingUploads(t *testing.T) {
 			if s6.UploadError == "" || s6.UploadStatus != "failed" {
 				t.Fatalf("S6 of a failed bundle = %+v", s6)
 			}
-			if n := len(s.dataFiles(t)); n != filesWithArchive-1 {
+			if n := len(dataFiles(t, s)); n != filesWithArchive-1 {
 				t.Fatalf("the failed bundle's archive was kept: %d files, had %d", n, filesWithArchive)
 			}
 			// Failed is final.
 			wantError(t, s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)), 409, "", "failed")
 			wantError(t, s.PutFile(t, admin, p.ID, data), 409, "", "failed")
-			resp, _ := s.get(t, admin, "/api/v1/firmware-bundles/id/"+p.ID+"/artifact")
+			resp, _ := s.Get(t, admin, "/api/v1/firmware-bundles/id/"+p.ID+"/artifact")
 			if resp.StatusCode != 409 {
 				t.Fatalf("artifact of a failed bundle: %d", resp.StatusCode)
 			}
@@ -381,14 +354,14 @@ func TestFirmwarePendingUploads(t *testing.T) {
 			s.Do(t, admin, "PUT", "/api/v1/firmware-bundles/id/"+p.ID, declare(p.ID, data)).Want(t, 204)
 			// The same bytes again to the completed bundle are a re-run:
 			// 200 with it. Others are a change, refused.
-			files := s.dataFiles(t)
+			files := dataFiles(t, s)
 			var again fleetdtest.Bundle
 			s.PutFile(t, admin, p.ID, data).Want(t, 200).Decode(t, &again)
 			if again.ID != p.ID || again.UploadStatus != "completed" || *again.Checksum != fleetdtest.SHA256Hex(data) {
 				t.Fatalf("the same file again: %+v", again)
 			}
 			wantError(t, s.PutFile(t, admin, p.ID, fleetdtest.MakeBundle(t, "1.0.4", fleetdtest.Part{Name: "app", Version: "1.0.4", Body: "rebuilt"})), 409, "", "completed")
-			if got := s.dataFiles(t); strings.Join(got, " ") != strings.Join(files, " ") {
+			if got := dataFiles(t, s); strings.Join(got, " ") != strings.Join(files, " ") {
 				t.Fatalf("files %v, want %v", got, files)
 			}
 		})
@@ -432,10 +405,10 @@ func TestFirmwarePendingUploads(t *testing.T) {
 			p := pending("1.0.9")
 			data := fleetdtest.MakeBundle(t, "1.0.9", fleetdtest.Part{Name: "app", Version: "1.0.9", Body: "x9"})
 			s.PutFile(t, admin, p.ID, data).Want(t, 200)
-			before := len(s.dataFiles(t))
+			before := len(dataFiles(t, s))
 			s.Do(t, admin, "DELETE", "/api/v1/firmware-bundles/id/"+p.ID, nil).Want(t, 204)
 			wantError(t, s.Do(t, admin, "GET", "/api/v1/firmware-bundles/id/"+p.ID, nil), 404, "")
-			if n := len(s.dataFiles(t)); n != before-1 {
+			if n := len(dataFiles(t, s)); n != before-1 {
 				t.Fatalf("the deleted bundle's archive remains: %d files, had %d", n, before)
 			}
 		})
@@ -453,8 +426,9 @@ func gunzipLen(t *testing.T, data []byte) int64 {
 }
 
 func TestFirmwareUploadFailuresLeaveNothing(t *testing.T) {
+	t.Parallel()
 	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
-		s := startServerOn(t, b, store, "--max-upload-bytes", "65536")
+		s := fleetdtest.StartOn(t, b, store, "--max-upload-bytes", "65536")
 		admin := s.Admin()
 		big := makeTar(t, false, "app.bin", strings.Repeat("x", 100_000), "manifest.json",
 			`{"version": "1.0.0", "components": [{"component_name": "app", "version_number": "1.0.0", "file_name": "app.bin"}]}`)
@@ -495,15 +469,15 @@ func TestFirmwareUploadFailuresLeaveNothing(t *testing.T) {
 			conn.Write(body[:len(body)-100])
 			// Once the server streams the upload to a temporary file, cut
 			// the connection; the server must remove the file.
-			fleetdtest.Eventually(t, "a temporary file", func() bool { return len(s.dataFiles(t)) > 0 })
+			fleetdtest.Eventually(t, "a temporary file", func() bool { return len(dataFiles(t, s)) > 0 })
 			conn.Close()
-			fleetdtest.Eventually(t, "no files", func() bool { return len(s.dataFiles(t)) == 0 })
+			fleetdtest.Eventually(t, "no files", func() bool { return len(dataFiles(t, s)) == 0 })
 		})
 		t.Run("NothingRemains", func(t *testing.T) {
-			if files := s.dataFiles(t); len(files) != 0 {
+			if files := dataFiles(t, s); len(files) != 0 {
 				t.Fatalf("failed uploads left files: %v", files)
 			}
-			if n := s.bundleCount(t, admin); n != 0 {
+			if n := bundleCount(t, s, admin); n != 0 {
 				t.Fatalf("failed uploads left %d records", n)
 			}
 		})
@@ -520,8 +494,9 @@ func mustGunzip(t *testing.T, data []byte) io.Reader {
 }
 
 func TestFirmwareArtifact(t *testing.T) {
+	t.Parallel()
 	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
-		s := startServerOn(t, b, store)
+		s := fleetdtest.StartOn(t, b, store)
 		admin := s.Admin()
 		viewer := s.NewKey(t, admin, "viewer", "viewer")
 		data := fleetdtest.MakeBundle(t, "2.3.0", fleetdtest.Bootloader, fleetdtest.App230)
@@ -530,7 +505,7 @@ func TestFirmwareArtifact(t *testing.T) {
 		etag := `"` + fleetdtest.SHA256Hex(data) + `"`
 
 		t.Run("Whole", func(t *testing.T) {
-			resp, body := s.get(t, viewer, path)
+			resp, body := s.Get(t, viewer, path)
 			if resp.StatusCode != 200 || !bytes.Equal(body, data) {
 				t.Fatalf("status %d, %d bytes; want 200 and the archive (%d bytes)", resp.StatusCode, len(body), len(data))
 			}
@@ -554,20 +529,20 @@ func TestFirmwareArtifact(t *testing.T) {
 			}
 		})
 		t.Run("Range", func(t *testing.T) {
-			resp, body := s.get(t, viewer, path, "Range", "bytes=10-19")
+			resp, body := s.Get(t, viewer, path, "Range", "bytes=10-19")
 			if resp.StatusCode != 206 || !bytes.Equal(body, data[10:20]) || resp.Header.Get("Content-Range") != fmt.Sprintf("bytes 10-19/%d", len(data)) {
 				t.Fatalf("single range: %d %q %q", resp.StatusCode, resp.Header.Get("Content-Range"), body)
 			}
-			resp, body = s.get(t, viewer, path, "Range", "bytes=-16")
+			resp, body = s.Get(t, viewer, path, "Range", "bytes=-16")
 			if resp.StatusCode != 206 || !bytes.Equal(body, data[len(data)-16:]) {
 				t.Fatalf("suffix range: %d, %d bytes", resp.StatusCode, len(body))
 			}
-			resp, body = s.get(t, viewer, path, "Range", "bytes=0-3,20-23")
+			resp, body = s.Get(t, viewer, path, "Range", "bytes=0-3,20-23")
 			if resp.StatusCode != 206 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "multipart/byteranges") ||
 				!bytes.Contains(body, data[0:4]) || !bytes.Contains(body, data[20:24]) {
 				t.Fatalf("multiple ranges: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
 			}
-			resp, body = s.get(t, viewer, path, "Range", fmt.Sprintf("bytes=%d-", len(data)+10))
+			resp, body = s.Get(t, viewer, path, "Range", fmt.Sprintf("bytes=%d-", len(data)+10))
 			if resp.StatusCode != 416 || resp.Header.Get("Content-Range") != fmt.Sprintf("bytes */%d", len(data)) {
 				t.Fatalf("unsatisfiable range: %d %q", resp.StatusCode, resp.Header.Get("Content-Range"))
 			}
@@ -583,48 +558,48 @@ func TestFirmwareArtifact(t *testing.T) {
 			// A device reads part of the archive, loses the link, and
 			// asks for the rest if it is still the same archive.
 			cut := len(data) / 3
-			resp, rest := s.get(t, viewer, path, "Range", fmt.Sprintf("bytes=%d-", cut), "If-Range", etag)
+			resp, rest := s.Get(t, viewer, path, "Range", fmt.Sprintf("bytes=%d-", cut), "If-Range", etag)
 			if resp.StatusCode != 206 || !bytes.Equal(append(bytes.Clone(data[:cut]), rest...), data) {
 				t.Fatalf("resume: %d, %d bytes", resp.StatusCode, len(rest))
 			}
-			resp, whole := s.get(t, viewer, path, "Range", fmt.Sprintf("bytes=%d-", cut), "If-Range", `"another"`)
+			resp, whole := s.Get(t, viewer, path, "Range", fmt.Sprintf("bytes=%d-", cut), "If-Range", `"another"`)
 			if resp.StatusCode != 200 || !bytes.Equal(whole, data) {
 				t.Fatalf("If-Range with another ETag: %d, want the whole archive", resp.StatusCode)
 			}
 		})
 		t.Run("Conditional", func(t *testing.T) {
-			resp, body := s.get(t, viewer, path, "If-None-Match", etag)
+			resp, body := s.Get(t, viewer, path, "If-None-Match", etag)
 			if resp.StatusCode != 304 || len(body) != 0 {
 				t.Fatalf("If-None-Match: %d, %d bytes", resp.StatusCode, len(body))
 			}
-			resp, _ = s.get(t, viewer, path, "If-None-Match", `"other"`)
+			resp, _ = s.Get(t, viewer, path, "If-None-Match", `"other"`)
 			if resp.StatusCode != 200 {
 				t.Fatalf("If-None-Match of another ETag: %d", resp.StatusCode)
 			}
 		})
 		t.Run("Refused", func(t *testing.T) {
 			for name, c := range map[string]fleetdtest.Creds{"NoKey": {}, "WrongKey": {Tenant: admin.Tenant, Key: "fk_wrong"}} {
-				if resp, _ := s.get(t, c, path); resp.StatusCode != 401 {
+				if resp, _ := s.Get(t, c, path); resp.StatusCode != 401 {
 					t.Errorf("%s: %d, want 401", name, resp.StatusCode)
 				}
 			}
 			device := s.NewKey(t, admin, "gateway", "device")
-			if resp, _ := s.get(t, device, path); resp.StatusCode != 403 {
+			if resp, _ := s.Get(t, device, path); resp.StatusCode != 403 {
 				t.Errorf("device role: %d, want 403", resp.StatusCode)
 			}
 			other := s.NewTenant(t, "other")
-			if resp, _ := s.get(t, other, path); resp.StatusCode != 404 {
+			if resp, _ := s.Get(t, other, path); resp.StatusCode != 404 {
 				t.Errorf("another tenant: %d, want 404", resp.StatusCode)
 			}
-			if resp, _ := s.get(t, viewer, path+"?download=1"); resp.StatusCode != 400 {
+			if resp, _ := s.Get(t, viewer, path+"?download=1"); resp.StatusCode != 400 {
 				t.Errorf("unknown query parameter: %d, want 400", resp.StatusCode)
 			}
-			if resp, _ := s.get(t, viewer, path+"?tenant=default&expires=99999999999&signature=AAAA"); resp.StatusCode != 401 {
+			if resp, _ := s.Get(t, viewer, path+"?tenant=default&expires=99999999999&signature=AAAA"); resp.StatusCode != 401 {
 				t.Errorf("forged signature: %d, want 401", resp.StatusCode)
 			}
 			var p fleetdtest.Bundle
 			s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "9.0.0", "file_name": "x.tar"}).Want(t, 201).Decode(t, &p)
-			if resp, _ := s.get(t, viewer, "/api/v1/firmware-bundles/id/"+p.ID+"/artifact"); resp.StatusCode != 409 {
+			if resp, _ := s.Get(t, viewer, "/api/v1/firmware-bundles/id/"+p.ID+"/artifact"); resp.StatusCode != 409 {
 				t.Errorf("pending bundle: %d, want 409", resp.StatusCode)
 			}
 		})
@@ -632,8 +607,9 @@ func TestFirmwareArtifact(t *testing.T) {
 }
 
 func TestFirmwareComponents(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		for _, v := range []string{"1.9.9", "1.10.0", "1.2.0"} {
 			s.MustUpload(t, admin, fleetdtest.MakeBundle(t, v, fleetdtest.Part{Name: "app", Version: v, Body: "app " + v}))
@@ -695,8 +671,9 @@ func TestFirmwareComponents(t *testing.T) {
 // TestFirmwareAccess is the role matrix and tenant isolation of every
 // firmware endpoint.
 func TestFirmwareAccess(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		bd := s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "2.3.0", fleetdtest.Bootloader, fleetdtest.App230))
 		var p fleetdtest.Bundle
@@ -840,7 +817,7 @@ func TestFirmwareUploadFlatMemory(t *testing.T) {
 }
 
 func uploadFlat(t *testing.T, store string, size int64) {
-	s := startServerOn(t, sqlstoretest.Backends()[0], store)
+	s := fleetdtest.StartOn(t, sqlstoretest.Backends()[0], store)
 	admin := s.Admin()
 
 	pr, pw := io.Pipe()
@@ -904,109 +881,6 @@ func uploadFlat(t *testing.T, store string, size int64) {
 	}
 }
 
-// runCLI runs a fleetd command and returns its standard output.
-func runCLI(t *testing.T, args ...string) (string, error) {
-	t.Helper()
-	var out, errOut bytes.Buffer
-	err := run(t.Context(), args, fleetdtest.NoEnv, strings.NewReader(""), &out, &errOut)
-	return out.String(), err
-}
-
-func TestBundleCreate(t *testing.T) {
-	dir := t.TempDir()
-	write := func(name, body string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	boot := write("boot.bin", "bootloader 1.2.0")
-	app := write("app.bin.gz", gzipString(strings.Repeat("app ", 1000)))
-	out := filepath.Join(dir, "fw-2.3.0.tar.gz")
-
-	stdout, err := runCLI(t, "bundle", "create", "--version", "2.3.0", "--out", out,
-		"bootloader=1.2.0:"+boot, "app=2.3.0:"+app, "--depends", "app:bootloader>=1.1.0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimSpace(stdout), "\n")
-	var decl struct {
-		UncompressedSize int64  `json:"uncompressed_size"`
-		Checksum         string `json:"checksum"`
-		ContentLength    int64  `json:"content_length"`
-	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &decl); err != nil {
-		t.Fatalf("last line %q is not the declaration: %v", lines[len(lines)-1], err)
-	}
-	data, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if decl.Checksum != fleetdtest.SHA256Hex(data) || decl.ContentLength != int64(len(data)) {
-		t.Fatalf("declaration %+v does not describe the archive", decl)
-	}
-
-	t.Run("SameAsFleetctl", func(t *testing.T) {
-		// The same inputs make the same archive as fleetctl firmware bundle create.
-		twin := filepath.Join(dir, "twin.tar.gz")
-		var ctlOut, ctlErr bytes.Buffer
-		code := ctl.Run(t.Context(), []string{"firmware", "bundle", "create", "--version", "2.3.0", "--out", twin,
-			"bootloader=1.2.0:" + boot, "app=2.3.0:" + app, "--depends", "app:bootloader>=1.1.0"},
-			ctl.Env{Getenv: fleetdtest.NoEnv, Stdin: strings.NewReader(""), Stdout: &ctlOut, Stderr: &ctlErr})
-		if code != 0 {
-			t.Fatalf("fleetctl firmware bundle create: exit %d\n%s", code, ctlErr.String())
-		}
-		if b, _ := os.ReadFile(twin); !bytes.Equal(data, b) {
-			t.Fatal("fleetctl and fleetd built different archives of the same inputs")
-		}
-	})
-	t.Run("TwoStepUpload", func(t *testing.T) {
-		s := startServer(t, sqlstoretest.Backends()[0])
-		admin := s.Admin()
-		var p, got fleetdtest.Bundle
-		s.Do(t, admin, "POST", "/api/v1/firmware-bundles", map[string]any{"version": "2.3.0", "file_name": "fw-2.3.0.tar.gz"}).Want(t, 201).Decode(t, &p)
-		s.Send(t, fleetdtest.Req{Method: "PUT", Path: "/api/v1/firmware-bundles/id/" + p.ID, Creds: admin, Raw: []byte(lines[len(lines)-1]), ContentType: "application/json"}).Want(t, 204)
-		s.PutFile(t, admin, p.ID, data).Want(t, 200).Decode(t, &got)
-		if got.UploadStatus != "completed" || len(got.Firmwares) != 2 || got.Firmwares[1].UncompressedSize != 4000 ||
-			len(got.Firmwares[1].Dependencies) != 1 || got.Firmwares[1].Dependencies[0].MinVersion != "1.1.0" {
-			t.Fatalf("bundle = %+v", got)
-		}
-	})
-	t.Run("Refused", func(t *testing.T) {
-		for name, args := range map[string][]string{
-			"BadComponent":  {"--version", "1.0.0", "--out", filepath.Join(dir, "x.tar.gz"), "app:" + boot},
-			"BadDepends":    {"--version", "1.0.0", "--out", filepath.Join(dir, "x.tar.gz"), "app=1.0.0:" + boot, "--depends", "app>bootloader"},
-			"UnknownDepend": {"--version", "1.0.0", "--out", filepath.Join(dir, "x.tar.gz"), "app=1.0.0:" + boot, "--depends", "ui:app>=1"},
-			"BadVersion":    {"--version", "1.0-rc1", "--out", filepath.Join(dir, "x.tar.gz"), "app=1.0.0:" + boot},
-			"MissingFile":   {"--version", "1.0.0", "--out", filepath.Join(dir, "x.tar.gz"), "app=1.0.0:" + filepath.Join(dir, "nope")},
-			"Contradiction": {"--version", "1.0.0", "--out", filepath.Join(dir, "x.tar.gz"), "bootloader=1.0.0:" + boot, "app=1.0.0:" + app, "--depends", "app:bootloader>=1.1.0"},
-			"NoComponents":  {"--version", "1.0.0", "--out", filepath.Join(dir, "x.tar.gz")},
-		} {
-			if _, err := runCLI(t, append([]string{"bundle", "create"}, args...)...); err == nil {
-				t.Errorf("%s: no error", name)
-			}
-		}
-		if _, err := os.Stat(filepath.Join(dir, "x.tar.gz")); err == nil {
-			t.Fatal("a refused build left an archive")
-		}
-		entries, _ := os.ReadDir(dir)
-		for _, e := range entries {
-			if strings.HasPrefix(e.Name(), ".bundle-") {
-				t.Fatalf("a refused build left %s", e.Name())
-			}
-		}
-	})
-}
-
-func gzipString(s string) string {
-	var buf bytes.Buffer
-	zw := gzip.NewWriter(&buf)
-	zw.Write([]byte(s))
-	zw.Close()
-	return buf.String()
-}
-
 // installFirmware plays a device that takes an update_firmware: it reads
 // the payload, downloads the artifact from the signed URL with no other
 // credential, resuming once after a cut, checks the checksum and length,
@@ -1058,8 +932,9 @@ func installFirmware(t *testing.T, d *fleetdtest.MQTTDevice, m action.Message) (
 }
 
 func TestFirmwareUpdateEndToEnd(t *testing.T) {
+	t.Parallel()
 	runStores(t, func(t *testing.T, b sqlstoretest.Backend, store string) {
-		s := startServerOn(t, b, store, "--log-level", "info") // to see that no signature is logged
+		s := fleetdtest.StartOn(t, b, store, "--log-level", "info") // to see that no signature is logged
 		admin := s.Admin()
 		boot100 := fleetdtest.Part{Name: "bootloader", Version: "1.0.0", Body: "bootloader 1.0.0"}
 		old := s.MustUpload(t, admin, fleetdtest.MakeBundle(t, "1.0.0", boot100))
@@ -1149,7 +1024,7 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 			u, _ := neturl.Parse(raw)
 			q := u.Query()
 			fetch := func(path string, c fleetdtest.Creds) int {
-				resp, _ := s.get(t, c, path)
+				resp, _ := s.Get(t, c, path)
 				return resp.StatusCode
 			}
 			if got := fetch(u.RequestURI(), fleetdtest.Creds{}); got != 200 {
@@ -1216,8 +1091,9 @@ func TestFirmwareUpdateEndToEnd(t *testing.T) {
 // `fleetd sim`, which download the bundle from its signed URL, check it and
 // report; a corrupted archive is caught by the devices, not installed.
 func TestFirmwareUpdateWithSimulator(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		noise := make([]byte, 1<<20) // incompressible, so the download takes many reads
 		rand.NewChaCha8([32]byte{1}).Read(noise)
@@ -1266,49 +1142,13 @@ func TestFirmwareUpdateWithSimulator(t *testing.T) {
 	})
 }
 
-// TestBlobStoreRefused checks that a blob store fleetd cannot use stops it
-// at its start, with a message that names the setting, whether it came by
-// flag or by FLEETD_BLOB_STORE.
-func TestBlobStoreRefused(t *testing.T) {
-	srv := s3test.Start(t)
-	for name, tc := range map[string]struct {
-		flag, env string
-		want      string
-	}{
-		"Scheme":        {flag: "ftp://host/x", want: "file://DIR or s3://"},
-		"UnknownParam":  {flag: "s3://b/p?colour=blue", want: `unknown parameter "colour"`},
-		"NoBucketByEnv": {env: "s3://missing/p?endpoint=" + srv.Endpoint + "&path_style=true", want: `bucket "missing" does not exist`},
-		"WrongSecret":   {flag: srv.URL("p"), env: "wrong", want: "bucket"},
-	} {
-		t.Run(name, func(t *testing.T) {
-			getenv := func(k string) string {
-				switch {
-				case k == "FLEETD_BLOB_STORE" && tc.flag == "":
-					return tc.env
-				case k == "AWS_SECRET_ACCESS_KEY" && tc.env == "wrong":
-					return "not-the-secret"
-				}
-				return srv.Getenv(k)
-			}
-			args := []string{"serve", "--database", filepath.Join(t.TempDir(), "db"), "--http-addr", "127.0.0.1:0", "--mqtt-addr", "127.0.0.1:0", "--log-level", "warn"}
-			if tc.flag != "" {
-				args = append(args, "--blob-store", tc.flag)
-			}
-			var out bytes.Buffer
-			err := run(context.Background(), args, getenv, strings.NewReader(""), &out, &out)
-			if err == nil || !strings.Contains(err.Error(), "--blob-store") || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("serve = %v; want an error naming --blob-store and saying %q", err, tc.want)
-			}
-		})
-	}
-}
-
 // TestFirmwareArtifactPresigned checks that with presign set, downloads are
 // redirected to the bucket, which serves the archive and its ranges with
 // no credentials: an API key's download, a device's signed URL and a
 // hawkBit component alike.
 func TestFirmwareArtifactPresigned(t *testing.T) {
-	s := startServerOn(t, sqlstoretest.Backends()[0], "s3+presign")
+	t.Parallel()
+	s := fleetdtest.StartOn(t, sqlstoretest.Backends()[0], "s3+presign")
 	admin := s.Admin()
 	data := fleetdtest.MakeBundle(t, "5.0.0", fleetdtest.Bootloader, fleetdtest.App230)
 	b := s.MustUpload(t, admin, data)

@@ -1,4 +1,4 @@
-package main
+package action_test
 
 import (
 	"fmt"
@@ -19,8 +19,9 @@ import (
 // one with no device in the statuses, a bad body, another tenant's action
 // and a viewer are refused with what to do.
 func TestRetryAction(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		for _, d := range []string{"r1", "r2", "r3", "r4"} {
 			s.MustDevice(t, admin, d, nil)
@@ -80,12 +81,12 @@ func TestRetryAction(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", f, err)
 			}
-			if fmt.Sprint(at(v, "retry_of")) != fmt.Sprint(id) {
-				t.Fatalf("%s: retry_of %v", f, at(v, "retry_of"))
+			if fmt.Sprint(fleetdtest.At(v, "retry_of")) != fmt.Sprint(id) {
+				t.Fatalf("%s: retry_of %v", f, fleetdtest.At(v, "retry_of"))
 			}
 			if want == nil {
 				want = v
-			} else if !reflect.DeepEqual(times(v), times(want)) {
+			} else if !reflect.DeepEqual(fleetdtest.Times(v), fleetdtest.Times(want)) {
 				t.Fatalf("%s says\n%v\nwhere JSON says\n%v", f, v, want)
 			}
 		}

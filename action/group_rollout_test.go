@@ -1,4 +1,4 @@
-package main
+package action_test
 
 import (
 	"fmt"
@@ -14,8 +14,9 @@ import (
 // devices as they are when it triggers. A group phase naming a group the
 // tenant does not have is 400 naming the field, and nothing is dispatched.
 func TestRolloutGroupPhase(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		for _, d := range []string{"g1", "g2", "g3", "g4"} {
 			ring := "main"
@@ -27,10 +28,10 @@ func TestRolloutGroupPhase(t *testing.T) {
 		s.Do(t, admin, "POST", "/api/v1/groups", map[string]any{"name": "lab", "selector": "ring=lab"}).Want(t, 201)
 		canary := map[string]any{"type": "group", "group": "lab"}
 		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all",
-			"schedule": map[string]any{"phases": []any{phase("lab", triggerManual, canary), phase("rest", triggerManual, percent(100))}}})
+			"schedule": map[string]any{"phases": []any{fleetdtest.Phase("lab", fleetdtest.TriggerManual, canary), fleetdtest.Phase("rest", fleetdtest.TriggerManual, fleetdtest.Percent(100))}}})
 		s.Do(t, admin, "PATCH", "/api/v1/devices/g4", map[string]any{"metadata": map[string]any{"ring": "lab"}}).Want(t, 204)
 		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
-		if a := s.rollout(t, admin, id); fmt.Sprint(a.StatusesPhased) != "map[0:map[Queued:2] 1:map[Scheduled:2]]" {
+		if a := s.Rollout(t, admin, id); fmt.Sprint(a.StatusesPhased) != "map[0:map[Queued:2] 1:map[Scheduled:2]]" {
 			t.Fatalf("after the lab phase: %+v", a)
 		}
 		for d, want := range map[string]int{"g1": 1, "g2": 0, "g3": 1, "g4": 0} {
@@ -44,7 +45,7 @@ func TestRolloutGroupPhase(t *testing.T) {
 		}
 		before := s.Do(t, admin, "GET", "/api/v1/actions", nil).Want(t, 200)
 		r = s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all",
-			"schedule": map[string]any{"phases": []any{phase("lab", triggerNow, map[string]any{"type": "group", "group": "nowhere"}), phase("rest", triggerAfter, percent(100))}}})
+			"schedule": map[string]any{"phases": []any{fleetdtest.Phase("lab", fleetdtest.TriggerNow, map[string]any{"type": "group", "group": "nowhere"}), fleetdtest.Phase("rest", fleetdtest.TriggerAfter, fleetdtest.Percent(100))}}})
 		fleetdtest.WantCode(t, r, 400, "invalid")
 		if !strings.Contains(string(r.Body), `"schedule.phases[0].info.group":"no group is named \"nowhere\""`) {
 			t.Fatalf("the refusal does not name the field: %s", r.Body)

@@ -1,10 +1,8 @@
-package main
+package action_test
 
 import (
-	"context"
 	"crypto/md5"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"path/filepath"
@@ -24,53 +22,6 @@ import (
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
-// rolloutBody is an action as GET /api/v1/actions/{id} shows a rollout.
-type rolloutBody struct {
-	fleetdtest.ActionBody
-	StatusesPhased  map[string]map[string]int          `json:"statuses_phased"`
-	Schedule        *struct{ Phases []map[string]any } `json:"schedule"`
-	PhasesTriggered []bool                             `json:"phases_triggered"`
-	NextPhaseIndex  *int                               `json:"next_phase_index"`
-	Status          string                             `json:"status"`
-	PauseReason     string                             `json:"pause_reason"`
-	WaitingReason   string                             `json:"waiting_reason"`
-}
-
-func (s *testServer) rollout(t *testing.T, c fleetdtest.Creds, id int64) rolloutBody {
-	t.Helper()
-	var a rolloutBody
-	s.Do(t, c, "GET", fmt.Sprintf("/api/v1/actions/%d", id), nil).Want(t, 200).Decode(t, &a)
-	return a
-}
-
-// awaitRollout waits for the rollout's status.
-func (s *testServer) awaitRollout(t *testing.T, c fleetdtest.Creds, id int64, status string) rolloutBody {
-	t.Helper()
-	var a rolloutBody
-	fleetdtest.Eventually(t, fmt.Sprintf("rollout %d to be %s", id, status), func() bool {
-		a = s.rollout(t, c, id)
-		return a.Status == status
-	})
-	return a
-}
-
-// phase is a phase of a schedule.
-func phase(name string, trigger map[string]any, info map[string]any) map[string]any {
-	return map[string]any{"name": name, "trigger_on": trigger, "info": info}
-}
-
-func fixedList(ids ...string) map[string]any {
-	return map[string]any{"type": "fixed_list", "device_ids": ids}
-}
-
-func percent(p int) map[string]any { return map[string]any{"type": "percentage", "percentage": p} }
-
-var (
-	triggerNow    = map[string]any{"type": "now"}
-	triggerManual = map[string]any{"type": "manual"}
-	triggerAfter  = map[string]any{"type": "after_previous", "wait_seconds": 0}
-)
-
 // rankOrder sorts device ids as percentage phases take them: by the first
 // 64 bits of their MD5, as a signed integer.
 func rankOrder(ids []string) []string {
@@ -81,49 +32,6 @@ func rankOrder(ids []string) []string {
 	out := slices.Clone(ids)
 	sort.Slice(out, func(i, j int) bool { return rank(out[i]) < rank(out[j]) })
 	return out
-}
-
-// rolloutEvents lists the rollout notifications a receiver got for action
-// id, as "event" or "event:phase", in the order the changes were made
-// (their outbox ids; the notifier sends several at once).
-func rolloutEvents(t *testing.T, r *fleetdtest.Receiver, id int64) []string {
-	t.Helper()
-	type event struct {
-		delivery int64
-		name     string
-	}
-	var got []event
-	for _, req := range r.Got() {
-		var p notify.RolloutWebhookPayload
-		if err := json.Unmarshal(req.Body, &p); err != nil || p.Rollout == nil {
-			t.Fatalf("a rollout notification %s: %v", req.Body, err)
-		}
-		if p.Rollout.ActionID != id {
-			continue
-		}
-		e := p.Rollout.Event
-		if p.Rollout.Phase != nil && e == "phase_triggered" {
-			e += fmt.Sprintf(":%d", *p.Rollout.Phase)
-		}
-		if p.Event != "rollout."+p.Rollout.Event || req.Header.Get("X-Fleet-Event") != p.Event {
-			t.Fatalf("notification event %q, header %q, for %q", p.Event, req.Header.Get("X-Fleet-Event"), p.Rollout.Event)
-		}
-		got = append(got, event{p.DeliveryID, e})
-	}
-	sort.Slice(got, func(i, j int) bool { return got[i].delivery < got[j].delivery })
-	out := []string{}
-	for _, e := range got {
-		out = append(out, e.name)
-	}
-	return out
-}
-
-// awaitEvents waits until the receiver got want for action id, exactly.
-func awaitEvents(t *testing.T, r *fleetdtest.Receiver, id int64, want ...string) {
-	t.Helper()
-	fleetdtest.Eventually(t, fmt.Sprintf("the rollout notifications of action %d to be %v", id, want), func() bool {
-		return slices.Equal(rolloutEvents(t, r, id), want)
-	})
 }
 
 // simActions is the number of actions the simulator received, from its
@@ -144,11 +52,12 @@ func simActions(r *fleetdtest.SimRun) int {
 // abort do what they say, end_timestamp cancels what was never released,
 // and every change of state reaches the tenant's webhook.
 func TestRolloutEndToEnd(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		// The test polls actions every 5 ms with the key fleetd sim uses
 		// too: no rate limit (TestRateLimits tests those), or a quiet
 		// machine polls past 100 requests a second and is answered 429.
-		s := startServer(t, b, append([]string{"--rollout-interval", "20ms", "--rate-limit", "-1"}, fleetdtest.AlertFlags...)...)
+		s := fleetdtest.Start(t, b, append([]string{"--rollout-interval", "20ms", "--rate-limit", "-1"}, fleetdtest.AlertFlags...)...)
 		admin := s.Admin()
 		hook := fleetdtest.NewReceiver(t, 0)
 		s.Do(t, admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
@@ -165,12 +74,12 @@ func TestRolloutEndToEnd(t *testing.T) {
 		t.Run("PhasesReleaseTheirDevices", func(t *testing.T) {
 			id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "ro-",
 				"schedule": map[string]any{"release_notes": "a reboot, in three", "phases": []any{
-					phase("canary", triggerNow, fixedList("ro-00003", "ro-00007")),
-					phase("half", triggerManual, percent(50)),
-					phase("rest", triggerAfter, percent(100)),
+					fleetdtest.Phase("canary", fleetdtest.TriggerNow, fleetdtest.FixedList("ro-00003", "ro-00007")),
+					fleetdtest.Phase("half", fleetdtest.TriggerManual, fleetdtest.Percent(50)),
+					fleetdtest.Phase("rest", fleetdtest.TriggerAfter, fleetdtest.Percent(100)),
 				}}})
-			fleetdtest.Eventually(t, "the canary to complete", func() bool { return s.rollout(t, admin, id).StatusesPhased["0"]["Completed"] == 2 })
-			a := s.rollout(t, admin, id)
+			fleetdtest.Eventually(t, "the canary to complete", func() bool { return s.Rollout(t, admin, id).StatusesPhased["0"]["Completed"] == 2 })
+			a := s.Rollout(t, admin, id)
 			if a.Status != "running" || fmt.Sprint(a.PhasesTriggered) != "[true false false]" || *a.NextPhaseIndex != 1 ||
 				fmt.Sprint(a.StatusesPhased) != "map[0:map[Completed:2] 1:map[Scheduled:3] 2:map[Scheduled:5]]" || len(a.Schedule.Phases) != 3 {
 				t.Fatalf("after the canary: %+v", a)
@@ -204,17 +113,17 @@ func TestRolloutEndToEnd(t *testing.T) {
 			fleetdtest.WantCode(t, s.Do(t, admin, "POST", "/api/v1/devices/action/status", map[string]any{"device_id": order[0], "action_id": id, "state": "Running"}), 404, "not_found")
 
 			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
-			a = s.awaitRollout(t, admin, id, "completed")
+			a = s.AwaitRollout(t, admin, id, "completed")
 			if a.Statuses["Completed"] != 10 || fmt.Sprint(a.PhasesTriggered) != "[true true true]" || *a.NextPhaseIndex != 3 {
 				t.Fatalf("completed: %+v", a)
 			}
-			awaitEvents(t, hook, id, "phase_triggered:0", "phase_triggered:1", "phase_triggered:2", "completed")
+			fleetdtest.AwaitEvents(t, hook, id, "phase_triggered:0", "phase_triggered:1", "phase_triggered:2", "completed")
 			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
 			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil), 409, "conflict")
 			// An action without a schedule has none of these operations.
 			plain := s.Dispatch(t, admin, map[string]any{"action": "x", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"ro-00001"}})
 			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", plain), nil), 409, "conflict")
-			if pa := s.rollout(t, admin, plain); pa.Status != "" || pa.Schedule != nil || pa.StatusesPhased["-1"] == nil {
+			if pa := s.Rollout(t, admin, plain); pa.Status != "" || pa.Schedule != nil || pa.StatusesPhased["-1"] == nil {
 				t.Fatalf("an action without a schedule shows %+v", pa)
 			}
 		})
@@ -233,23 +142,23 @@ func TestRolloutEndToEnd(t *testing.T) {
 			}
 			id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "ro-",
 				"schedule": map[string]any{"phases": []any{
-					phase("canary", triggerNow, fixedList(bad, good)),
-					map[string]any{"name": "rest", "trigger_on": triggerNow, "info": percent(100), "gate": map[string]any{"max_failure_rate": 0.3, "min_finished": 2}},
+					fleetdtest.Phase("canary", fleetdtest.TriggerNow, fleetdtest.FixedList(bad, good)),
+					map[string]any{"name": "rest", "trigger_on": fleetdtest.TriggerNow, "info": fleetdtest.Percent(100), "gate": map[string]any{"max_failure_rate": 0.3, "min_finished": 2}},
 				}}})
-			a := s.awaitRollout(t, admin, id, "paused")
+			a := s.AwaitRollout(t, admin, id, "paused")
 			if want := "phase 1 (rest) not released: 1 of 2 finished devices failed (50% > 30%)"; a.PauseReason != want || a.StatusesPhased["1"]["Scheduled"] != 8 {
 				t.Fatalf("paused: %q, want %q; %+v", a.PauseReason, want, a)
 			}
-			awaitEvents(t, hook, id, "phase_triggered:0", "paused")
+			fleetdtest.AwaitEvents(t, hook, id, "phase_triggered:0", "paused")
 			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
 			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil), 409, "conflict")
 			// Resuming waives the gate: the rest is released at once.
 			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/resume", id), nil).Want(t, 204)
-			a = s.awaitRollout(t, admin, id, "completed")
+			a = s.AwaitRollout(t, admin, id, "completed")
 			if a.Statuses["Completed"]+a.Statuses["Failed"] != 10 || a.PauseReason != "" {
 				t.Fatalf("after the resume: %+v", a)
 			}
-			awaitEvents(t, hook, id, "phase_triggered:0", "paused", "resumed", "phase_triggered:1", "completed")
+			fleetdtest.AwaitEvents(t, hook, id, "phase_triggered:0", "paused", "resumed", "phase_triggered:1", "completed")
 			failing.Stop(t)
 		})
 
@@ -262,11 +171,11 @@ func TestRolloutEndToEnd(t *testing.T) {
 			sick.Connected(t, 10)
 			id := s.Dispatch(t, admin, map[string]any{"action": "update_firmware", "params": map[string]any{"version": "2.3.0"}, "search_type": "search", "search_query": "ro-",
 				"schedule": map[string]any{"phases": []any{
-					phase("canary", triggerNow, fixedList("ro-00004")),
-					map[string]any{"name": "everyone", "trigger_on": triggerNow, "info": percent(100),
+					fleetdtest.Phase("canary", fleetdtest.TriggerNow, fleetdtest.FixedList("ro-00004")),
+					map[string]any{"name": "everyone", "trigger_on": fleetdtest.TriggerNow, "info": fleetdtest.Percent(100),
 						"gate": map[string]any{"alert_rules": []string{rule.ID}, "watch_seconds": 600}},
 				}}})
-			a := s.awaitRollout(t, admin, id, "paused")
+			a := s.AwaitRollout(t, admin, id, "paused")
 			if !regexp.MustCompile(`^phase 1 \(everyone\) not released: alert 'overheating' opened on ro-00004 \d+ seconds? after its update completed$`).MatchString(a.PauseReason) {
 				t.Fatalf("paused: %q", a.PauseReason)
 			}
@@ -276,13 +185,13 @@ func TestRolloutEndToEnd(t *testing.T) {
 			// Abort: nothing more is released; what was never released
 			// is cancelled without a word to its devices.
 			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/abort", id), nil).Want(t, 204)
-			a = s.rollout(t, admin, id)
+			a = s.Rollout(t, admin, id)
 			if a.Status != "aborted" || a.StatusesPhased["1"]["Cancelled"] != 9 {
 				t.Fatalf("aborted: %+v", a)
 			}
 			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/abort", id), nil), 409, "conflict")
 			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/resume", id), nil), 409, "conflict")
-			awaitEvents(t, hook, id, "phase_triggered:0", "paused", "aborted")
+			fleetdtest.AwaitEvents(t, hook, id, "phase_triggered:0", "paused", "aborted")
 			sick.Stop(t)
 		})
 
@@ -292,21 +201,21 @@ func TestRolloutEndToEnd(t *testing.T) {
 			id := s.Dispatch(t, admin, map[string]any{"action": "configure", "params": map[string]any{}, "search_type": "default",
 				"device_ids": []string{"ro-00001", "ro-00002", "ro-00003", "ro-00004", "ro-00005"},
 				"schedule": map[string]any{"phases": []any{
-					phase("first", triggerManual, fixedList("ro-00001")),
-					phase("rest", triggerManual, percent(100)),
+					fleetdtest.Phase("first", fleetdtest.TriggerManual, fleetdtest.FixedList("ro-00001")),
+					fleetdtest.Phase("rest", fleetdtest.TriggerManual, fleetdtest.Percent(100)),
 				}}})
-			if a := s.rollout(t, admin, id); a.Status != "scheduled" || a.Statuses["Scheduled"] != 5 {
+			if a := s.Rollout(t, admin, id); a.Status != "scheduled" || a.Statuses["Scheduled"] != 5 {
 				t.Fatalf("before any trigger: %+v", a)
 			}
 			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
 			s.AwaitActionStatus(t, admin, "ro-00001", id, "Completed")
 
 			// append_phase takes devices the action does not target yet.
-			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ro-00002"))), 400, "invalid")
-			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ghost"))), 400, "invalid")
-			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, percent(100))), 400, "invalid")
-			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), phase("late", triggerManual, fixedList("ro-00009"))).Want(t, 204)
-			a := s.rollout(t, admin, id)
+			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), fleetdtest.Phase("late", fleetdtest.TriggerManual, fleetdtest.FixedList("ro-00002"))), 400, "invalid")
+			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), fleetdtest.Phase("late", fleetdtest.TriggerManual, fleetdtest.FixedList("ghost"))), 400, "invalid")
+			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), fleetdtest.Phase("late", fleetdtest.TriggerManual, fleetdtest.Percent(100))), 400, "invalid")
+			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/append_phase", id), fleetdtest.Phase("late", fleetdtest.TriggerManual, fleetdtest.FixedList("ro-00009"))).Want(t, 204)
+			a := s.Rollout(t, admin, id)
 			if a.Targeted != 6 || len(a.Schedule.Phases) != 3 || fmt.Sprint(a.PhasesTriggered) != "[true false false]" || a.StatusesPhased["2"]["Scheduled"] != 1 {
 				t.Fatalf("after append_phase: %+v", a)
 			}
@@ -321,7 +230,7 @@ func TestRolloutEndToEnd(t *testing.T) {
 				s.AwaitActionStatus(t, admin, d, id, "Progress")
 			}
 			s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/abort", id), nil).Want(t, 204)
-			a = s.rollout(t, admin, id)
+			a = s.Rollout(t, admin, id)
 			// The busy devices keep it until they answer.
 			if a.Status != "aborted" || a.Statuses["Cancelled"] != 1 || a.Statuses["Completed"] != 1 || a.Statuses["Progress"] != 4 {
 				t.Fatalf("aborted: %+v", a)
@@ -333,10 +242,10 @@ func TestRolloutEndToEnd(t *testing.T) {
 				s.Do(t, admin, "GET", "/api/v1/actions?action=cancel_action", nil).Want(t, 200).Decode(t, &list)
 				return len(list.Actions) == 1 && list.Actions[0].Targeted == 4 && list.Actions[0].Statuses["Completed"] == 4
 			})
-			if a = s.rollout(t, admin, id); a.Statuses["Cancelled"] != 5 || a.Statuses["Completed"] != 1 {
+			if a = s.Rollout(t, admin, id); a.Statuses["Cancelled"] != 5 || a.Statuses["Completed"] != 1 {
 				t.Fatalf("after the devices stopped: %+v", a)
 			}
-			awaitEvents(t, hook, id, "phase_triggered:0", "phase_triggered:1", "aborted")
+			fleetdtest.AwaitEvents(t, hook, id, "phase_triggered:0", "phase_triggered:1", "aborted")
 			slow.Stop(t)
 		})
 
@@ -346,10 +255,10 @@ func TestRolloutEndToEnd(t *testing.T) {
 			end := time.Now().Add(1500 * time.Millisecond).UnixMilli()
 			id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "ro-",
 				"schedule": map[string]any{"end_timestamp": end, "phases": []any{
-					phase("canary", triggerNow, fixedList("ro-00001")),
-					phase("rest", triggerManual, percent(100)),
+					fleetdtest.Phase("canary", fleetdtest.TriggerNow, fleetdtest.FixedList("ro-00001")),
+					fleetdtest.Phase("rest", fleetdtest.TriggerManual, fleetdtest.Percent(100)),
 				}}})
-			a := s.awaitRollout(t, admin, id, "completed")
+			a := s.AwaitRollout(t, admin, id, "completed")
 			if a.StatusesPhased["0"]["Completed"] != 1 || a.StatusesPhased["1"]["Cancelled"] != 9 || fmt.Sprint(a.PhasesTriggered) != "[true false]" {
 				t.Fatalf("ended: %+v", a)
 			}
@@ -357,16 +266,16 @@ func TestRolloutEndToEnd(t *testing.T) {
 				t.Fatalf("a device never released: %+v", da)
 			}
 			fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil), 409, "conflict")
-			awaitEvents(t, hook, id, "phase_triggered:0", "completed")
+			fleetdtest.AwaitEvents(t, hook, id, "phase_triggered:0", "completed")
 			// An end already past is refused at dispatch.
 			fleetdtest.WantCode(t, s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "x", "params": map[string]any{}, "search_type": "all",
-				"schedule": map[string]any{"end_timestamp": end, "phases": []any{phase("all", triggerNow, percent(100))}}}), 400, "invalid")
+				"schedule": map[string]any{"end_timestamp": end, "phases": []any{fleetdtest.Phase("all", fleetdtest.TriggerNow, fleetdtest.Percent(100))}}}), 400, "invalid")
 		})
 
 		t.Run("Incomplete", func(t *testing.T) {
 			var list struct {
-				Actions []rolloutBody `json:"actions"`
-				Count   int           `json:"count"`
+				Actions []fleetdtest.RolloutBody `json:"actions"`
+				Count   int                      `json:"count"`
 			}
 			s.Do(t, admin, "GET", "/api/v1/actions?incomplete=true&limit=100", nil).Want(t, 200).Decode(t, &list)
 			for _, a := range list.Actions {
@@ -394,8 +303,9 @@ func TestRolloutEndToEnd(t *testing.T) {
 // stays running (not completed) while the device has not received its
 // action, saying so; once the device comes back both complete.
 func TestRolloutOfflineDevice(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, "--rollout-interval", "20ms", "--rate-limit", "-1")
+		s := fleetdtest.Start(t, b, "--rollout-interval", "20ms", "--rate-limit", "-1")
 		admin := s.Admin()
 		online := s.StartSim(t, "--devices", "4", "--provision", "--url", s.URL, "--api-key", admin.Key, "--prefix", "st-", "--telemetry-interval", "0")
 		online.Connected(t, 4)
@@ -415,17 +325,17 @@ func TestRolloutOfflineDevice(t *testing.T) {
 		rollout := func(rest map[string]any) int64 {
 			return s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": targets,
 				"schedule": map[string]any{"phases": []any{
-					phase("canary", triggerNow, fixedList("st-00001", "off-00001")),
-					phase("rest", rest, percent(100)),
+					fleetdtest.Phase("canary", fleetdtest.TriggerNow, fleetdtest.FixedList("st-00001", "off-00001")),
+					fleetdtest.Phase("rest", rest, fleetdtest.Percent(100)),
 				}}})
 		}
 		offline := `off-00001 \(Queued, offline, last seen \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\)`
 
-		stalled := rollout(triggerAfter)
+		stalled := rollout(fleetdtest.TriggerAfter)
 		s.AwaitActionStatus(t, admin, "st-00001", stalled, "Completed")
-		var a rolloutBody
+		var a fleetdtest.RolloutBody
 		fleetdtest.Eventually(t, "the stalled rollout to say why it waits", func() bool {
-			a = s.rollout(t, admin, stalled)
+			a = s.Rollout(t, admin, stalled)
 			return regexp.MustCompile(`^phase 1 \(rest\) waits for 1 more device of earlier phases to finish; not finished: ` + offline + `$`).MatchString(a.WaitingReason)
 		})
 		if a.Status != "running" || fmt.Sprint(a.PhasesTriggered) != "[true false]" {
@@ -434,13 +344,13 @@ func TestRolloutOfflineDevice(t *testing.T) {
 
 		half := rollout(map[string]any{"type": "after_previous", "finished_ratio": 0.5})
 		fleetdtest.Eventually(t, "finished_ratio 0.5 to release the rest without the offline device", func() bool {
-			a = s.rollout(t, admin, half)
+			a = s.Rollout(t, admin, half)
 			return a.StatusesPhased["1"]["Completed"] == 3
 		})
 		// Every phase triggered, but a device never received the action:
 		// the rollout is not completed, and says what it waits for.
 		fleetdtest.Eventually(t, "the rollout to say it waits for the offline device", func() bool {
-			a = s.rollout(t, admin, half)
+			a = s.Rollout(t, admin, half)
 			return regexp.MustCompile(`^every phase triggered; waiting for 1 device to finish: ` + offline + `$`).MatchString(a.WaitingReason)
 		})
 		if a.Status != "running" || a.Statuses["Queued"] != 1 || a.Statuses["Completed"] != 4 {
@@ -464,7 +374,7 @@ func TestRolloutOfflineDevice(t *testing.T) {
 		back := s.StartSim(t, "--tokens", tokens, "--telemetry-interval", "0")
 		back.Connected(t, 1)
 		for _, id := range []int64{stalled, half} {
-			a = s.awaitRollout(t, admin, id, "completed")
+			a = s.AwaitRollout(t, admin, id, "completed")
 			if a.Statuses["Completed"] != 5 || a.WaitingReason != "" {
 				t.Fatalf("completed: %+v", a)
 			}
@@ -477,8 +387,9 @@ func TestRolloutOfflineDevice(t *testing.T) {
 // of the four encodings: each shows the phases as they are, and says what
 // the JSON says.
 func TestRolloutEncodings(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		for _, d := range []string{"enc-1", "enc-2", "enc-3"} {
 			s.MustDevice(t, admin, d, nil)
@@ -488,14 +399,14 @@ func TestRolloutEncodings(t *testing.T) {
 			"schedule": map[string]any{"release_notes": "notes", "end_timestamp": time.Now().Add(time.Hour).UnixMilli(),
 				"maintenance_window": map[string]any{"start": "22:00", "end": "04:30", "timezone": "Europe/Berlin"},
 				"phases": []any{
-					phase("canary", triggerManual, fixedList("enc-2")),
-					map[string]any{"name": "rest", "trigger_on": map[string]any{"type": "after_previous", "wait_seconds": 60, "finished_ratio": 0.75}, "info": percent(100),
+					fleetdtest.Phase("canary", fleetdtest.TriggerManual, fleetdtest.FixedList("enc-2")),
+					map[string]any{"name": "rest", "trigger_on": map[string]any{"type": "after_previous", "wait_seconds": 60, "finished_ratio": 0.75}, "info": fleetdtest.Percent(100),
 						"gate": map[string]any{"max_failure_rate": rate, "min_finished": 1}},
 				}}})
 		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil).Want(t, 204)
 		phased := "map[0:map[Scheduled:1] 1:map[Scheduled:2]]"
 		waiting := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default", "device_ids": []string{"enc-1"},
-			"schedule": map[string]any{"phases": []any{phase("by hand", triggerManual, percent(100))}}})
+			"schedule": map[string]any{"phases": []any{fleetdtest.Phase("by hand", fleetdtest.TriggerManual, fleetdtest.Percent(100))}}})
 		rollout := func(t *testing.T, a any) {
 			t.Helper()
 			for _, c := range []struct {
@@ -516,7 +427,7 @@ func TestRolloutEncodings(t *testing.T) {
 				{[]any{"schedule", "phases", 1, "trigger_on", "finished_ratio"}, "0.75"},
 				{[]any{"schedule", "phases", 1, "gate", "max_failure_rate"}, "0.25"},
 			} {
-				if got := fmt.Sprint(at(a, c.path...)); got != c.want {
+				if got := fmt.Sprint(fleetdtest.At(a, c.path...)); got != c.want {
 					t.Fatalf("%v: %s, want %s", c.path, got, c.want)
 				}
 			}
@@ -525,8 +436,8 @@ func TestRolloutEncodings(t *testing.T) {
 			return func(t *testing.T, v any) {
 				t.Helper()
 				got := map[string]string{}
-				for _, da := range at(v, "device_actions").([]any) {
-					got[fmt.Sprint(at(da, "device_id"))] = fmt.Sprintf("%v %v %v", at(da, "phase"), at(da, "action_status"), at(da, "status"))
+				for _, da := range fleetdtest.At(v, "device_actions").([]any) {
+					got[fmt.Sprint(fleetdtest.At(da, "device_id"))] = fmt.Sprintf("%v %v %v", fleetdtest.At(da, "phase"), fleetdtest.At(da, "action_status"), fleetdtest.At(da, "status"))
 				}
 				if fmt.Sprint(got) != want {
 					t.Fatalf("device actions %v, want %s", got, want)
@@ -538,13 +449,13 @@ func TestRolloutEncodings(t *testing.T) {
 			check func(*testing.T, any)
 		}{
 			{fmt.Sprintf("/api/v1/actions/%d", id), rollout},
-			{"/api/v1/actions?limit=5", func(t *testing.T, v any) { rollout(t, at(v, "actions", 1)) }},
+			{"/api/v1/actions?limit=5", func(t *testing.T, v any) { rollout(t, fleetdtest.At(v, "actions", 1)) }},
 			{fmt.Sprintf("/api/v1/actions/%d", waiting), func(t *testing.T, v any) {
-				if got := fmt.Sprint(at(v, "waiting_reason")); got != "phase 0 (by hand) waits for an operator to trigger it" {
+				if got := fmt.Sprint(fleetdtest.At(v, "waiting_reason")); got != "phase 0 (by hand) waits for an operator to trigger it" {
 					t.Fatalf("waiting_reason %s", got)
 				}
 			}},
-			{"/api/v1/actions?incomplete=true", func(t *testing.T, v any) { rollout(t, at(v, "actions", 1)) }},
+			{"/api/v1/actions?incomplete=true", func(t *testing.T, v any) { rollout(t, fleetdtest.At(v, "actions", 1)) }},
 			{"/api/v1/devices/enc-2/actions", deviceActions("map[enc-2:0 Scheduled Scheduled]")},
 			{"/api/v1/devices/enc-3/actions", deviceActions("map[enc-3:1 Scheduled Scheduled]")},
 			{fmt.Sprintf("/api/v1/actions/%d/devices", id), deviceActions("map[enc-1:1 Scheduled Scheduled enc-2:0 Scheduled Scheduled enc-3:1 Scheduled Scheduled]")},
@@ -562,7 +473,7 @@ func TestRolloutEncodings(t *testing.T) {
 						want = got
 						continue
 					}
-					if !reflect.DeepEqual(times(got), times(want)) {
+					if !reflect.DeepEqual(fleetdtest.Times(got), fleetdtest.Times(want)) {
 						t.Fatalf("%s says\n%v\nwhere JSON says\n%v", f, got, want)
 					}
 				}
@@ -576,8 +487,9 @@ func TestRolloutEncodings(t *testing.T) {
 // that went through is in the audit log, with its actor and what it did,
 // and none that was refused is.
 func TestRolloutOperations(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		for _, d := range []string{"op-1", "op-2", "op-3", "op-4"} {
 			s.MustDevice(t, admin, d, nil)
@@ -585,8 +497,8 @@ func TestRolloutOperations(t *testing.T) {
 		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default",
 			"device_ids": []string{"op-1", "op-2", "op-3"},
 			"schedule": map[string]any{"phases": []any{
-				phase("first", triggerManual, fixedList("op-1")),
-				phase("rest", triggerManual, percent(100)),
+				fleetdtest.Phase("first", fleetdtest.TriggerManual, fleetdtest.FixedList("op-1")),
+				fleetdtest.Phase("rest", fleetdtest.TriggerManual, fleetdtest.Percent(100)),
 			}}})
 		// The console's action page shows the buttons of the operations
 		// the API allows, and no other.
@@ -614,7 +526,7 @@ func TestRolloutOperations(t *testing.T) {
 			}
 			r.Want(t, status)
 		}
-		late := phase("late", triggerManual, fixedList("op-4"))
+		late := fleetdtest.Phase("late", fleetdtest.TriggerManual, fleetdtest.FixedList("op-4"))
 		for _, step := range []struct {
 			op      string
 			body    any
@@ -634,7 +546,7 @@ func TestRolloutOperations(t *testing.T) {
 			{"resume", nil, 409, ""},
 			{"trigger_next_phase", nil, 409, ""},
 			{"abort", nil, 409, ""},
-			{"append_phase", phase("later", triggerManual, fixedList("op-4")), 409, ""},
+			{"append_phase", fleetdtest.Phase("later", fleetdtest.TriggerManual, fleetdtest.FixedList("op-4")), 409, ""},
 		} {
 			if step.op != "" {
 				op(step.op, step.body, step.status)
@@ -647,15 +559,15 @@ func TestRolloutOperations(t *testing.T) {
 		// to trigger: the console does not offer it.
 		s.MustDevice(t, admin, "op-5", nil)
 		last := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "default",
-			"device_ids": []string{"op-5"}, "schedule": map[string]any{"phases": []any{phase("all", triggerNow, percent(100))}}})
+			"device_ids": []string{"op-5"}, "schedule": map[string]any{"phases": []any{fleetdtest.Phase("all", fleetdtest.TriggerNow, fleetdtest.Percent(100))}}})
 		// The scheduler releases a phase that triggers now just after the
 		// dispatch commits, not in it.
-		fleetdtest.Eventually(t, "the rollout's one phase to be released", func() bool { return s.rollout(t, admin, last).Status == "running" })
+		fleetdtest.Eventually(t, "the rollout's one phase to be released", func() bool { return s.Rollout(t, admin, last).Status == "running" })
 		fleetdtest.WantCode(t, s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", last), nil), 409, "conflict")
 		if got := buttons(last); got != "pause abort" {
 			t.Fatalf("a running rollout with no phase left shows %q", got)
 		}
-		if a := s.rollout(t, admin, id); a.Status != "aborted" || a.Targeted != 4 || a.Statuses["Cancelled"] != 4 {
+		if a := s.Rollout(t, admin, id); a.Status != "aborted" || a.Targeted != 4 || a.Statuses["Cancelled"] != 4 {
 			t.Fatalf("after the operations: %+v", a)
 		}
 
@@ -689,49 +601,6 @@ func TestRolloutOperations(t *testing.T) {
 			t.Fatalf("audited\n%v\nwant\n%v", strings.Join(got, "\n"), strings.Join(want, "\n"))
 		}
 	})
-}
-
-// at is the value under path in a decoded body: map keys and list indexes.
-func at(v any, path ...any) any {
-	for _, p := range path {
-		switch k := p.(type) {
-		case string:
-			m, _ := v.(map[string]any)
-			v = m[k]
-		case int:
-			l, _ := v.([]any)
-			if k >= len(l) {
-				return nil
-			}
-			v = l[k]
-		}
-	}
-	return v
-}
-
-// times makes instants comparable: JSON shows them as RFC 3339 strings,
-// the other encodings as instants, which decode to RFC 3339 again, in
-// their own precision.
-func times(v any) any {
-	switch x := v.(type) {
-	case map[string]any:
-		out := map[string]any{}
-		for k, e := range x {
-			out[k] = times(e)
-		}
-		return out
-	case []any:
-		out := make([]any, len(x))
-		for i, e := range x {
-			out[i] = times(e)
-		}
-		return out
-	case string:
-		if tm, err := time.Parse(time.RFC3339Nano, x); err == nil {
-			return tm.UTC().Format(time.RFC3339Nano)
-		}
-	}
-	return v
 }
 
 // testClock is a clock a test sets, which counts how often the server read
@@ -779,10 +648,11 @@ func (c *testClock) looked(t *testing.T, n int) {
 // the window, are sent when it opens, and the window of that night lasts
 // two hours.
 func TestRolloutMaintenanceWindowDST(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		clock := &testClock{}
 		clock.set(t, "2026-03-29T00:50:00Z") // 01:50 CET: before the window
-		s := newServer(t, b)
+		s := fleetdtest.New(b.DSN(t), t.TempDir())
 		s.Now = clock.Now
 		s.Start(t, "--rollout-interval", "10ms")
 		t.Cleanup(func() { s.Stop(t) })
@@ -795,9 +665,9 @@ func TestRolloutMaintenanceWindowDST(t *testing.T) {
 		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "win-",
 			"schedule": map[string]any{"maintenance_window": map[string]any{"start": "02:00", "end": "05:00", "timezone": "Europe/Berlin"},
 				"phases": []any{
-					phase("first", triggerNow, fixedList("win-00001")),
-					phase("second", triggerManual, fixedList("win-00002")),
-					phase("third", triggerManual, fixedList("win-00003")),
+					fleetdtest.Phase("first", fleetdtest.TriggerNow, fleetdtest.FixedList("win-00001")),
+					fleetdtest.Phase("second", fleetdtest.TriggerManual, fleetdtest.FixedList("win-00002")),
+					fleetdtest.Phase("third", fleetdtest.TriggerManual, fleetdtest.FixedList("win-00003")),
 				}}})
 		// Released, but 01:50 is outside the window: it waits, Queued, even
 		// for a device that subscribes anew.
@@ -839,177 +709,17 @@ func TestRolloutMaintenanceWindowDST(t *testing.T) {
 		}
 		clock.set(t, "2026-03-30T00:00:00Z") // 02:00 CEST
 		s.AwaitActionStatus(t, admin, "win-00003", id, "Completed")
-		s.awaitRollout(t, admin, id, "completed")
+		s.AwaitRollout(t, admin, id, "completed")
 	})
-}
-
-// TestRolloutRestart restarts the server in the middle of a schedule: the
-// rollout is where it was (paused, its canary done), resumes, and the
-// restarted server triggers what follows.
-func TestRolloutRestart(t *testing.T) {
-	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b, "--rollout-interval", "20ms")
-		admin := s.Admin()
-		tokens := filepath.Join(t.TempDir(), "tokens.csv")
-		sim := s.StartSim(t, "--devices", "6", "--provision", "--url", s.URL, "--api-key", admin.Key,
-			"--tokens", tokens, "--prefix", "rs-", "--telemetry-interval", "0")
-		sim.Connected(t, 6)
-		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "rs-",
-			"schedule": map[string]any{"phases": []any{
-				phase("canary", triggerNow, fixedList("rs-00001")),
-				phase("pair", triggerManual, fixedList("rs-00002", "rs-00003")),
-				map[string]any{"name": "rest", "trigger_on": triggerAfter, "info": percent(100), "gate": map[string]any{"max_failure_rate": 0.5}},
-			}}})
-		s.AwaitActionStatus(t, admin, "rs-00001", id, "Completed")
-		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/pause", id), nil).Want(t, 204)
-		before := s.rollout(t, admin, id)
-
-		sim.Stop(t)
-		s.Restart(t, "--rollout-interval", "20ms")
-		sim = s.StartSim(t, "--devices", "6", "--tokens", tokens, "--telemetry-interval", "0")
-		sim.Connected(t, 6)
-		after := s.rollout(t, admin, id)
-		if after.Status != "paused" || fmt.Sprint(after.PhasesTriggered) != "[true false false]" || after.PauseReason != before.PauseReason ||
-			fmt.Sprint(after.StatusesPhased) != fmt.Sprint(before.StatusesPhased) {
-			t.Fatalf("after the restart: %+v\nbefore: %+v", after, before)
-		}
-		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/resume", id), nil).Want(t, 204)
-		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
-		a := s.awaitRollout(t, admin, id, "completed")
-		if a.Statuses["Completed"] != 6 || fmt.Sprint(a.PhasesTriggered) != "[true true true]" {
-			t.Fatalf("completed: %+v", a)
-		}
-	})
-}
-
-// TestRolloutReplicas runs a rollout on two replicas sharing PostgreSQL and
-// an external broker, with simulated devices on that broker: every phase is
-// triggered once, by whichever replica gets to it, and each change of
-// state is notified once. A replica killed in the middle of releasing a
-// phase of 49,999 device actions leaves none of them released (its
-// transaction rolls back), and the other replica releases them.
-func TestRolloutReplicas(t *testing.T) {
-	c := newCluster(t, append([]string{"--rollout-interval", "10ms"}, fleetdtest.AlertFlags...)...)
-	a := c.start("replica-a")
-	b := c.start("replica-b")
-	admin := a.Admin()
-	hook := fleetdtest.NewReceiver(t, 0)
-	a.Do(t, admin, "POST", "/api/v1/rollout-notification-rules", map[string]any{
-		"channel_parameters": map[string]any{"type": "webhook", "url": hook.URL}}).Want(t, 201)
-	tokens := filepath.Join(t.TempDir(), "tokens.csv")
-	sim := a.StartSim(t, "--devices", "20", "--provision", "--url", a.URL, "--api-key", admin.Key,
-		"--tokens", tokens, "--prefix", "rep-", "--telemetry-interval", "0")
-	sim.Connected(t, 20)
-
-	t.Run("EachPhaseOnce", func(t *testing.T) {
-		before := metric(t, a.URL, "fleetd_rollout_events_total") + metric(t, b.URL, "fleetd_rollout_events_total")
-		id := b.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "rep-",
-			"schedule": map[string]any{"phases": []any{
-				phase("canary", triggerNow, fixedList("rep-00001")),
-				phase("quarter", triggerAfter, percent(25)),
-				phase("half", triggerAfter, percent(50)),
-				phase("most", triggerAfter, percent(75)),
-				phase("all", triggerAfter, percent(100)),
-			}}})
-		r := a.awaitRollout(t, admin, id, "completed")
-		if r.Statuses["Completed"] != 20 {
-			t.Fatalf("completed: %+v", r)
-		}
-		awaitEvents(t, hook, id, "phase_triggered:0", "phase_triggered:1", "phase_triggered:2", "phase_triggered:3", "phase_triggered:4", "completed")
-		after := metric(t, a.URL, "fleetd_rollout_events_total") + metric(t, b.URL, "fleetd_rollout_events_total")
-		if after-before != 6 {
-			t.Fatalf("the replicas made %v changes of state, want 6", after-before)
-		}
-	})
-
-	t.Run("KilledMidTrigger", func(t *testing.T) {
-		a.ProvisionDevices(t, admin, "bulk-", 50_000, nil)
-		id := a.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "bulk-",
-			"schedule": map[string]any{"phases": []any{
-				phase("first", triggerManual, fixedList("bulk-00000")),
-				phase("rest", triggerManual, percent(100)),
-			}}})
-		a.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
-		db := c.db()
-		const rest = 50_000 - 1 // but the first phase's device
-		phase1 := func() (released, waiting, next int) {
-			return fleetdtest.Count(t, db, "SELECT count(*) FROM device_actions WHERE action_id = $1 AND phase = 1 AND action_status = 'Queued'", id),
-				fleetdtest.Count(t, db, "SELECT count(*) FROM device_actions WHERE action_id = $1 AND phase = 1 AND action_status = 'Scheduled'", id),
-				fleetdtest.Count(t, db, "SELECT next_phase FROM rollouts WHERE action_id = $1", id)
-		}
-		// The test holds one of phase 1's device actions locked, so that A's
-		// release of the phase, once begun, waits on it inside A's
-		// transaction: the kill lands in the middle of the release, every
-		// time, not when it happens to.
-		ctx := context.Background()
-		conn, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		var holder int
-		if err := conn.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&holder); err != nil {
-			t.Fatal(err)
-		}
-		hold, err := conn.BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer hold.Rollback()
-		var held string
-		if err := hold.QueryRow("SELECT device_id FROM device_actions WHERE action_id = $1 AND device_id = 'bulk-49999' AND phase = 1 FOR UPDATE", id).Scan(&held); err != nil {
-			t.Fatal(err)
-		}
-		go http.DefaultClient.Do(a.request(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id)))
-		var releaser int
-		fleetdtest.Eventually(t, "A's release of phase 1 to begin and wait on "+held, func() bool {
-			err := db.QueryRow(`SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)) AND query LIKE 'UPDATE device_actions SET%'`, holder).Scan(&releaser)
-			return err == nil
-		})
-		a.kill()
-		if err := hold.Rollback(); err != nil {
-			t.Fatal(err)
-		}
-		// A's session ends, its transaction rolled back, once PostgreSQL
-		// finds A gone; until then its rows are not committed, nor
-		// visible, and B would wait on the rollout A locked.
-		fleetdtest.Eventually(t, "A's session to end", func() bool {
-			return fleetdtest.Count(t, db, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", releaser) == 0
-		})
-		if released, waiting, next := phase1(); released != 0 || waiting != rest || next != 1 {
-			t.Fatalf("after the kill mid-release: %d released, %d waiting, next phase %d; want none released, %d waiting, next phase 1", released, waiting, next, rest)
-		}
-		// B does what A did not.
-		b.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/trigger_next_phase", id), nil).Want(t, 204)
-		if released, waiting, next := phase1(); released != rest || waiting != 0 || next != 2 {
-			t.Fatalf("after B's trigger: %d released, %d waiting, next phase %d; want %d released", released, waiting, next, rest)
-		}
-		if r := b.rollout(t, admin, id); r.StatusesPhased["1"]["Queued"] != rest || fmt.Sprint(r.PhasesTriggered) != "[true true]" {
-			t.Fatalf("after B's trigger: %+v, phases triggered %v", r.StatusesPhased, r.PhasesTriggered)
-		}
-	})
-	sim.Stop(t)
-}
-
-// request is an authenticated request without a body, for a test that
-// sends it itself (and may not see its answer).
-func (s *testServer) request(t *testing.T, c fleetdtest.Creds, method, path string) *http.Request {
-	t.Helper()
-	r, err := http.NewRequest(method, s.URL+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Header.Set("x-service-tenant", c.Tenant)
-	r.Header.Set("x-service-api-key", c.Key)
-	return r
 }
 
 // TestRolloutMetadataPhase dispatches a rollout whose canary is a ring:
 // the devices whose metadata say ring=lab when it triggers, shown in every
 // encoding; a metadata phase without its pairs is refused naming the field.
 func TestRolloutMetadataPhase(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := startServer(t, b)
+		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
 		for _, d := range []string{"m1", "m2", "m3", "m4"} {
 			meta := map[string]string{"ring": "main"}
@@ -1020,8 +730,8 @@ func TestRolloutMetadataPhase(t *testing.T) {
 		}
 		ring := map[string]any{"type": "metadata", "metadata": map[string]any{"ring": "lab"}}
 		id := s.Dispatch(t, admin, map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "search", "search_query": "m",
-			"schedule": map[string]any{"phases": []any{phase("lab", triggerNow, ring), phase("rest", triggerAfter, percent(100))}}})
-		a := s.rollout(t, admin, id)
+			"schedule": map[string]any{"phases": []any{fleetdtest.Phase("lab", fleetdtest.TriggerNow, ring), fleetdtest.Phase("rest", fleetdtest.TriggerAfter, fleetdtest.Percent(100))}}})
+		a := s.Rollout(t, admin, id)
 		if fmt.Sprint(a.StatusesPhased) != "map[0:map[Queued:2] 1:map[Scheduled:2]]" {
 			t.Fatalf("after the lab phase: %+v", a)
 		}
@@ -1037,17 +747,17 @@ func TestRolloutMetadataPhase(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", f, err)
 			}
-			if got := fmt.Sprint(at(v, "schedule", "phases", 0, "info")); got != "map[metadata:map[ring:lab] type:metadata]" {
+			if got := fmt.Sprint(fleetdtest.At(v, "schedule", "phases", 0, "info")); got != "map[metadata:map[ring:lab] type:metadata]" {
 				t.Fatalf("%s: the lab phase is %s", f, got)
 			}
 			if want == nil {
 				want = v
-			} else if !reflect.DeepEqual(times(v), times(want)) {
+			} else if !reflect.DeepEqual(fleetdtest.Times(v), fleetdtest.Times(want)) {
 				t.Fatalf("%s says\n%v\nwhere JSON says\n%v", f, v, want)
 			}
 		}
 		r := s.Do(t, admin, "POST", "/api/v1/actions", map[string]any{"action": "reboot", "params": map[string]any{}, "search_type": "all",
-			"schedule": map[string]any{"phases": []any{phase("lab", triggerNow, map[string]any{"type": "metadata"}), phase("rest", triggerAfter, percent(100))}}})
+			"schedule": map[string]any{"phases": []any{fleetdtest.Phase("lab", fleetdtest.TriggerNow, map[string]any{"type": "metadata"}), fleetdtest.Phase("rest", fleetdtest.TriggerAfter, fleetdtest.Percent(100))}}})
 		fleetdtest.WantCode(t, r, 400, "invalid")
 		if !strings.Contains(string(r.Body), `"schedule.phases[0].info.metadata"`) {
 			t.Fatalf("the refusal does not name the field: %s", r.Body)
