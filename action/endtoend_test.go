@@ -19,6 +19,7 @@ import (
 )
 
 func TestActionsEndToEnd(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
@@ -201,6 +202,7 @@ func TestActionsEndToEnd(t *testing.T) {
 // TestActionBadInputs covers each bad input of DESIGN §4 and shows that a
 // rejected dispatch writes nothing.
 func TestActionBadInputs(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
@@ -356,6 +358,7 @@ func TestActionBadInputs(t *testing.T) {
 // TestDeviceActionsQuery checks S7's sorts, orders, filters and paging over
 // HTTP; the store's tests cover every combination.
 func TestDeviceActionsQuery(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
@@ -402,6 +405,7 @@ func TestDeviceActionsQuery(t *testing.T) {
 }
 
 func TestActionCancelEndToEnd(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
@@ -494,6 +498,7 @@ func TestActionCancelEndToEnd(t *testing.T) {
 // TestActionTimeoutWired checks that serve runs the sweeper; the sweeper's
 // own tests drive it with a fake clock.
 func TestActionTimeoutWired(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b, "--action-sweep-interval", "20ms")
 		admin := s.Admin()
@@ -509,6 +514,7 @@ func TestActionTimeoutWired(t *testing.T) {
 }
 
 func TestActionsTenantIsolation(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
@@ -552,6 +558,7 @@ func TestActionsTenantIsolation(t *testing.T) {
 }
 
 func TestActionsRoles(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
@@ -595,6 +602,7 @@ func TestActionsRoles(t *testing.T) {
 // TestActionsWithMosquittoClients plays the device with Debian's
 // mosquitto_sub and mosquitto_pub.
 func TestActionsWithMosquittoClients(t *testing.T) {
+	t.Parallel()
 	for _, bin := range []string{"/usr/bin/mosquitto_sub", "/usr/bin/mosquitto_pub"} {
 		if _, err := os.Stat(bin); err != nil {
 			t.Skipf("%s is not installed (Debian package mosquitto-clients; .ci/run installs it)", bin)

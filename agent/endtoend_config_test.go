@@ -15,6 +15,7 @@ import (
 // state to its file and runs its hook on it, and the action completes;
 // one configured for neither fails it saying so.
 func TestAgentUpdateConfig(t *testing.T) {
+	t.Parallel()
 	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)

@@ -64,6 +64,7 @@ func hasError(da fleetdtest.DeviceActionBody, state, words string) bool {
 // action, a timeout and a cancellation that kill the program's process
 // group.
 func TestAgentActions(t *testing.T) {
+	t.Parallel()
 	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
@@ -165,6 +166,7 @@ wait
 // handed to the install hook, the device's components updated; a hook
 // that fails fails the update with its stderr.
 func TestAgentFirmware(t *testing.T) {
+	t.Parallel()
 	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
@@ -211,6 +213,7 @@ cp "$2" %s/"$1-$3"
 // a rotation) to the logs stream in uplink's LogEntry shape, and system
 // statistics to uplink_system_stats.
 func TestAgentStreams(t *testing.T) {
+	t.Parallel()
 	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
@@ -271,6 +274,7 @@ func TestAgentStreams(t *testing.T) {
 // files both ways within the device's limits, the roles, the caps, the
 // idle timeout, and a device without --remote.
 func TestAgentRemote(t *testing.T) {
+	t.Parallel()
 	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b, "--remote-idle-timeout", "1500ms", "--remote-connect-timeout", "3s",
@@ -580,6 +584,7 @@ func TestAgentForwardThroughput(t *testing.T) {
 // tells the operator why and records it, though the server's shutdown
 // does not wait for connections it no longer owns.
 func TestAgentRemoteShutdown(t *testing.T) {
+	t.Parallel()
 	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)

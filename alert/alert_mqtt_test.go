@@ -21,6 +21,7 @@ import (
 
 // TestAlertsOverMQTT publishes data over MQTT and receives the webhook.
 func TestAlertsOverMQTT(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b, fleetdtest.AlertFlags...)
 		if s.MQTTAddr == "" {

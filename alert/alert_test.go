@@ -14,6 +14,7 @@ import (
 )
 
 func TestAlertRulesEndToEnd(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b, fleetdtest.AlertFlags...)
 		admin := s.Admin()
@@ -210,6 +211,7 @@ func TestAlertRulesEndToEnd(t *testing.T) {
 }
 
 func TestStreamIngestEndToEnd(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b, fleetdtest.AlertFlags...)
 		admin := s.Admin()
@@ -343,6 +345,7 @@ func TestStreamIngestEndToEnd(t *testing.T) {
 // notifications: a webhook that fails twice first, Slack and email, for the
 // opening and the closing of an alert.
 func TestAlertNotificationsEndToEnd(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		smtpd := notifytest.NewSMTPServer(t)
 		s := fleetdtest.Start(t, b, append(fleetdtest.AlertFlags, "--smtp-addr", smtpd.Addr, "--smtp-from", "fleetd@example.com", "--smtp-tls", "none")...)
@@ -471,6 +474,7 @@ func TestAlertNotificationsEndToEnd(t *testing.T) {
 // endpoints' resources and that ingest into one tenant never evaluates
 // another's rules.
 func TestAlertTenantIsolation(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b, fleetdtest.AlertFlags...)
 		a := s.Admin()
@@ -526,6 +530,7 @@ func TestAlertTenantIsolation(t *testing.T) {
 // pending: the open one is neither opened again nor forgotten, and the
 // pending one opens when its threshold elapses by the clock.
 func TestAlertsSurviveRestart(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b, fleetdtest.AlertFlags...)
 		admin := s.Admin()
@@ -562,6 +567,7 @@ func TestAlertsSurviveRestart(t *testing.T) {
 // TestAlertReminders: a notification rule with interval_seconds reminds
 // while the alert is open.
 func TestAlertReminders(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b, fleetdtest.AlertFlags...)
 		admin := s.Admin()

@@ -22,6 +22,7 @@ import (
 // is a UUID in EDN and Transit; S1's empty 201 has no Content-Type for
 // clj-http's :as :auto to trip on.
 func TestClojureClient(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()

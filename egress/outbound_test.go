@@ -14,6 +14,7 @@ import (
 // attempt is fleetd's own sentence (issue 15, item 4). The other tests
 // allow 127.0.0.0/8 for their receivers; this one takes that back.
 func TestOutboundAllow(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b, append(fleetdtest.AlertFlags, "--outbound-allow", "", "--notify-max-attempts", "1")...)
 		admin := s.Admin()

@@ -9,6 +9,7 @@ import (
 )
 
 func TestAPIKeysEndToEnd(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
@@ -79,6 +80,7 @@ func TestAPIKeysEndToEnd(t *testing.T) {
 }
 
 func TestAuditLogsEndToEnd(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()

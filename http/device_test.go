@@ -13,6 +13,7 @@ import (
 )
 
 func TestDevicesEndToEnd(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
@@ -166,6 +167,7 @@ func TestDevicesEndToEnd(t *testing.T) {
 // TestTenantIsolationDevices: a key of one tenant never reaches another's
 // devices: every device endpoint answers 404, and lists are empty.
 func TestTenantIsolationDevices(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		a := s.Admin()
@@ -205,6 +207,7 @@ func TestTenantIsolationDevices(t *testing.T) {
 // TestAuthentication covers DESIGN §2: one 401 for every kind of bad
 // credential, 403 for a role without the right.
 func TestAuthentication(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		a := s.Admin()
@@ -275,6 +278,7 @@ func TestAuthentication(t *testing.T) {
 // with its data points over MQTT and its DDI polls, not only with its
 // connection and reports.
 func TestLastSeenFollowsEveryMessage(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b, "--ddi-poll-interval", "1s")
 		admin := s.Admin()

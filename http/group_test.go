@@ -18,6 +18,7 @@ type groupBody struct {
 // devices listed live as metadata and reported state change, targeted by
 // a dispatch; errors, roles and tenants.
 func TestGroupsAPI(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()

@@ -16,6 +16,7 @@ import (
 // history, read back and aggregated by fleetctl, rolled up by the server's
 // own job; logs are read and followed.
 func TestStreamHistoryEndToEnd(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()

@@ -41,6 +41,7 @@ func lz4Frame(t *testing.T, b []byte) []byte {
 // reason code) without ending the connection, which would have the device
 // publish them again on every reconnection.
 func TestUplinkStreams(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		const limit = 4096
 		s := fleetdtest.Start(t, b, "--mqtt-max-packet-size", fmt.Sprint(limit))

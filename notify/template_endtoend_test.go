@@ -16,6 +16,7 @@ import (
 // another tenant's notifications go out; fleetd then stops when told to
 // (issue 15, item 1).
 func TestNotificationTemplateBudget(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b, fleetdtest.AlertFlags...)
 		acme, beta := s.NewTenant(t, "acme"), s.NewTenant(t, "beta")

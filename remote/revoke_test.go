@@ -14,6 +14,7 @@ import (
 // it at once, with the reason recorded: the API key that opened it
 // (joined or still waiting), the device's token, the device itself.
 func TestRemoteRevoked(t *testing.T) {
+	t.Parallel()
 	bin := fleetdtest.BuildAgent(t)
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b, "--remote-connect-timeout", "1m")

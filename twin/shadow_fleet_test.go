@@ -14,6 +14,7 @@ import (
 // state; another tenant's devices and groups are out of reach, and a
 // selection that fails changes nothing.
 func TestFleetDesired(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()

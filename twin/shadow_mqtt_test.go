@@ -82,6 +82,7 @@ func (d *twinDevice) publish(t *testing.T, topic string, payload any) {
 // Mosquitto, where the delta is the topic's retained message and an empty
 // delta clears it.
 func TestShadowOverMQTT(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		for _, external := range []bool{false, true} {
 			name := "Embedded"

@@ -13,6 +13,7 @@ import (
 // TestShadowAPI: the shadow's HTTP endpoints, their answers, errors and
 // roles. The merge itself is tested in the root package and the store.
 func TestShadowAPI(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
@@ -94,6 +95,7 @@ func TestShadowAPI(t *testing.T) {
 // from the points; refusing the ingest after they were stored would answer
 // an error for data kept, and a device that retries would store it again.
 func TestShadowStreamBeyondTheShadowsLimits(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
@@ -123,6 +125,7 @@ func TestShadowStreamBeyondTheShadowsLimits(t *testing.T) {
 // change the reported state, which stays that of the newest point; a
 // newer batch changes it again.
 func TestShadowStreamOutOfOrder(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()

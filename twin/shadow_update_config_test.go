@@ -17,6 +17,7 @@ import (
 // sent. Only an admin changes the setting, which is audited with the
 // previous value, and one tenant's setting is not another's.
 func TestShadowUpdateConfig(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b)
 		admin := s.Admin()

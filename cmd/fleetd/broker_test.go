@@ -118,6 +118,7 @@ func (s *testServer) emqx(t *testing.T, path, secret string, body map[string]any
 // visible; stream data is ingested; the broker-auth endpoints check real
 // device tokens.
 func TestExternalBroker(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		broker := mosquittotest.Start(t)
 		s := startServer(t, b, fleetdtest.ExternalBrokerFlags(broker)...)

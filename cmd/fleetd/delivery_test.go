@@ -26,6 +26,7 @@ import (
 // it as the window frees, in dispatch order; an action the device refuses in
 // its PUBACK, or that is larger than it accepts, is Failed with the reason.
 func TestDeviceChannelDelivery(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()

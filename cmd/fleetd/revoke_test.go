@@ -11,6 +11,7 @@ import (
 // are then revoked (token rotated, device deleted) is disconnected at once,
 // not at its next reconnect; other devices stay connected.
 func TestRevocationEndsConnections(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()

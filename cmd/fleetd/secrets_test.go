@@ -76,6 +76,7 @@ func (c *capture) add(req string, r *fleetdtest.Response) *fleetdtest.Response {
 // SMTP password, JWTs and S9 webhook tokens, signed URL signatures, TLS
 // and device private keys, and the server's own signing keys.
 func TestSecretsNeverLeak(t *testing.T) {
+	t.Parallel()
 	ss := newSecretSet()
 	cp := &capture{}
 	dir := t.TempDir()

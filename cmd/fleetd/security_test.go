@@ -80,6 +80,7 @@ func uplinkDevice(t *testing.T, addr, tenant, id string, c credentials) (*fleetd
 }
 
 func TestDeviceCertificatesEndToEnd(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		certFile, keyFile := fleetdtest.WriteServerCert(t, t.TempDir(), "fleetd test")
 		// The API stays plain (--http-tls=false: behind a balancer that
@@ -250,6 +251,7 @@ func (s *testServer) mqttsAddr(t *testing.T) string {
 }
 
 func TestCertificatesNeedTLSListener(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, sqlstoretest.Backends()[0])
 	s.MustDevice(t, s.Admin(), "pump-1", nil)
 	if code := s.Do(t, s.Admin(), "POST", "/api/v1/devices/pump-1/certificate", nil).Want(t, 409).ErrorCode(t); code != "conflict" {
@@ -258,6 +260,7 @@ func TestCertificatesNeedTLSListener(t *testing.T) {
 }
 
 func TestHTTPSAndCertificateReload(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	certFile, keyFile := fleetdtest.WriteServerCert(t, dir, "first")
 	s := startServer(t, sqlstoretest.Backends()[0], "--tls-cert", certFile, "--tls-key", keyFile,
@@ -317,6 +320,7 @@ func TestHTTPSAndCertificateReload(t *testing.T) {
 }
 
 func TestSecurityFlagsChecked(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	certFile, keyFile := fleetdtest.WriteServerCert(t, dir, "x")
 	for _, tt := range []struct {

@@ -15,6 +15,7 @@ import (
 )
 
 func TestSimulator(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
@@ -79,6 +80,7 @@ func TestSimulator(t *testing.T) {
 // to, and warns when it is not fleetd's, as when a Mosquitto holds port
 // 1883: by asking fleetd with an API key, by the SUBACK without one.
 func TestSimulatorNamesItsBroker(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, sqlstoretest.Backends()[0])
 	other := mosquittotest.Start(t)
 	tokens := filepath.Join(t.TempDir(), "tokens.csv")
@@ -123,6 +125,7 @@ func TestSimulatorNamesItsBroker(t *testing.T) {
 // metadata canary has a ring to choose; --step paces firmware downloads
 // as it does other actions, however small the archive.
 func TestSimulatorForRollouts(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
@@ -168,6 +171,7 @@ func TestSimulatorForRollouts(t *testing.T) {
 }
 
 func TestSimulatorFlags(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	noHeader, stranger := filepath.Join(dir, "no-header.csv"), filepath.Join(dir, "stranger.csv")
 	os.WriteFile(noHeader, []byte("sim-00001,lab\n"), 0o644)

@@ -11,6 +11,7 @@ import (
 // TestSimulatorTakesDesiredState: a simulated device reports the desired
 // state it is sent, so its shadow comes in sync.
 func TestSimulatorTakesDesiredState(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()

@@ -23,6 +23,7 @@ func (s *testServer) bearer(t *testing.T, tenant, token, method, path string, bo
 }
 
 func TestTenantAuthEndToEnd(t *testing.T) {
+	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := startServer(t, b)
 		admin := s.Admin()
