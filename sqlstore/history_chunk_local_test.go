@@ -70,6 +70,12 @@ func checkChunk(t *testing.T, data string) {
 		if err != nil || i != n || ts != chunkTimes[i] || seq != int64(i) || !reflect.DeepEqual(got, want) {
 			t.Fatalf("point %d of %s: %d %d %s (%v)", i, b, ts, seq, text, err)
 		}
+		// The text is a slice of the chunk, which FindPoints keeps for the
+		// next page and hands to other reads: appending to it must not
+		// write into the chunk.
+		if cap(text) != len(text) {
+			t.Fatalf("point %d of %s: its data %s has room for %d more bytes of the chunk", i, b, text, cap(text)-len(text))
+		}
 		n++
 		return true
 	})

@@ -325,7 +325,9 @@ func chunkPoints(b []byte, f func(i int, ts, seq int64, data []byte) bool) error
 		if !ok || end+1 >= len(b) || b[end] != ']' {
 			return bad(next)
 		}
-		if !f(i, ts, seq, b[next:end]) {
+		// Capped at its end: the data is read-only, shared by the reads
+		// that find the chunk in inflatedChunks.
+		if !f(i, ts, seq, b[next:end:end]) {
 			return nil
 		}
 		switch pos = end + 2; b[end+1] {
