@@ -34,6 +34,10 @@ type sizes struct {
 	dropPoints      int           // points in the day's partition the history scenario drops
 	idleConns       int           // idle MQTT connections in each of the idle scenario's two batches
 	idleFor         time.Duration // how long each batch stays idle before VmRSS is read
+	deltaRounds     int           // rounds of an action and a desired change to the delivery's devices
+	twinRounds      int           // rounds of the twin's throughputs and their baselines, in turns
+	groupDevices    int           // devices of the group counted
+	groupCounts     int           // measured counts, each way
 	warmup          time.Duration
 }
 
@@ -43,12 +47,14 @@ func sizesFor(quick bool) sizes {
 			dispatch: []int{1_000, 10_000}, delivery: 1_000, s7Actions: 1_000, s7Requests: 100, memConns: 1_000, consoleRequests: 30,
 			remoteDevices: 4, remoteSessions: 100, remoteSetups: 20, forwardBytes: 8 << 20, forwardRounds: 3, keystrokes: 200, dropPoints: 1_000_000,
 			idleConns: 500, idleFor: 10 * time.Second,
+			deltaRounds: 3, twinRounds: 3, groupDevices: 10_000, groupCounts: 20,
 			warmup: 500 * time.Millisecond}
 	}
 	return sizes{s10Devices: 10_000, randomDevices: 100_000, mqttDevices: 2_000, streamDevices: 200, pointsPerBatch: 100,
 		dispatch: []int{100_000, 1_000_000}, delivery: 10_000, s7Actions: 10_000, s7Requests: 400, memConns: 10_000, consoleRequests: 200,
 		remoteDevices: 50, remoteSessions: 1_000, remoteSetups: 100, forwardBytes: 64 << 20, forwardRounds: 9, keystrokes: 2_000, dropPoints: 10_000_000,
 		idleConns: 5_000, idleFor: time.Minute,
+		deltaRounds: 3, twinRounds: 3, groupDevices: 100_000, groupCounts: 50,
 		warmup: 2 * time.Second}
 }
 
@@ -161,7 +167,7 @@ func bench(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 
 	steps := map[string]func(context.Context) error{
 		"s10": r.s10, "s10-random": r.s10Random, "mqtt-status": r.mqttStatus, "streams": r.streams, "history": r.history, "dispatch": r.dispatch,
-		"remote": r.remote, "delivery": r.delivery, "s7": r.s7, "console": r.console, "memory": r.memory,
+		"remote": r.remote, "twin": r.twin, "groups": r.groups, "delivery": r.delivery, "s7": r.s7, "console": r.console, "memory": r.memory,
 		"idle": r.idle,
 	}
 	var failed error

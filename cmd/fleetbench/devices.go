@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,7 +22,18 @@ type simDevice struct {
 	// UnixNano; 0 before the first.
 	received atomic.Int64
 	actions  atomic.Int64 // action messages received
+	// deltaAt and deltas are received's and actions' twins for the
+	// shadow's delta topic.
+	deltaAt atomic.Int64
+	deltas  atomic.Int64
 }
+
+// topicFunc is a device's topic of package mqtt.
+type topicFunc func(tenant, device string) string
+
+// subscribeActions subscribes a device to its actions, as a real device
+// does.
+var subscribeActions = []topicFunc{mqtt.ActionsTopic}
 
 // fleetConn connects many devices and disconnects them together.
 type fleetConn struct {
@@ -39,11 +51,10 @@ var sourceAddrs = func() []*net.TCPAddr {
 }()
 
 // connectDevices connects every device, workers at a time, with a
-// keepalive of defaultKeepalive; subscribe makes each subscribe to its
-// actions topic, as a real device does, and record what it receives (paho
-// acknowledges each at QoS 1).
-func connectDevices(ctx context.Context, addr, tenant string, toks []deviceToken, subscribe bool, p *progress, what string) (*fleetConn, error) {
-	return connectDevicesPinging(ctx, addr, tenant, toks, subscribe, defaultKeepalive, p, what)
+// keepalive of defaultKeepalive; each subscribes to the topics of subs
+// and records what it receives (paho acknowledges each at QoS 1).
+func connectDevices(ctx context.Context, addr, tenant string, toks []deviceToken, subs []topicFunc, p *progress, what string) (*fleetConn, error) {
+	return connectDevicesPinging(ctx, addr, tenant, toks, subs, defaultKeepalive, p, what)
 }
 
 // defaultKeepalive is the devices' MQTT keepalive, in seconds: they ping
@@ -52,7 +63,7 @@ const defaultKeepalive = 120
 
 // connectDevicesPinging is connectDevices with a keepalive of keepalive
 // seconds.
-func connectDevicesPinging(ctx context.Context, addr, tenant string, toks []deviceToken, subscribe bool, keepalive uint16, p *progress, what string) (*fleetConn, error) {
+func connectDevicesPinging(ctx context.Context, addr, tenant string, toks []deviceToken, subs []topicFunc, keepalive uint16, p *progress, what string) (*fleetConn, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("MQTT address %q: %w", addr, err)
@@ -66,7 +77,7 @@ func connectDevicesPinging(ctx context.Context, addr, tenant string, toks []devi
 		if loopback {
 			d.LocalAddr = sourceAddrs[i%len(sourceAddrs)]
 		}
-		dev, err := dialDevice(ctx, &d, addr, tenant, toks[i], subscribe, keepalive)
+		dev, err := dialDevice(ctx, &d, addr, tenant, toks[i], subs, keepalive)
 		if err != nil {
 			return err
 		}
@@ -81,7 +92,7 @@ func connectDevicesPinging(ctx context.Context, addr, tenant string, toks []devi
 	return fc, nil
 }
 
-func dialDevice(ctx context.Context, d *net.Dialer, addr, tenant string, tok deviceToken, subscribe bool, keepalive uint16) (*simDevice, error) {
+func dialDevice(ctx context.Context, d *net.Dialer, addr, tenant string, tok deviceToken, subs []topicFunc, keepalive uint16) (*simDevice, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	conn, err := d.DialContext(ctx, "tcp", addr)
@@ -91,7 +102,12 @@ func dialDevice(ctx context.Context, d *net.Dialer, addr, tenant string, tok dev
 	dev := &simDevice{tenant: tenant, id: tok.ID}
 	dev.c = paho.NewClient(paho.ClientConfig{
 		Conn: conn,
-		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(paho.PublishReceived) (bool, error) {
+		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(pr paho.PublishReceived) (bool, error) {
+			if strings.HasSuffix(pr.Packet.Topic, "/shadow/delta") {
+				dev.deltaAt.Store(time.Now().UnixNano())
+				dev.deltas.Add(1)
+				return true, nil
+			}
 			dev.received.Store(time.Now().UnixNano())
 			dev.actions.Add(1)
 			return true, nil
@@ -109,10 +125,12 @@ func dialDevice(ctx context.Context, d *net.Dialer, addr, tenant string, tok dev
 		conn.Close()
 		return nil, fmt.Errorf("device %s: connect: %v (%+v)", tok.ID, err, ca)
 	}
-	if subscribe {
-		if _, err := dev.c.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{
-			{Topic: mqtt.ActionsTopic(tenant, tok.ID), QoS: 1},
-		}}); err != nil {
+	if len(subs) > 0 {
+		var so []paho.SubscribeOptions
+		for _, topic := range subs {
+			so = append(so, paho.SubscribeOptions{Topic: topic(tenant, tok.ID), QoS: 1})
+		}
+		if _, err := dev.c.Subscribe(ctx, &paho.Subscribe{Subscriptions: so}); err != nil {
 			dev.c.Disconnect(&paho.Disconnect{})
 			return nil, fmt.Errorf("device %s: subscribe: %w", tok.ID, err)
 		}

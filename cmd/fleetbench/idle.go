@@ -127,7 +127,7 @@ func idleBatchesOf(ctx context.Context, p *progress, name, addr, tenant string, 
 		return grown, nil, err
 	}
 	for b := range 2 {
-		fc, err := connectDevicesPinging(ctx, addr, tenant, toks[b*n:(b+1)*n], true, idleKeepalive, p, fmt.Sprintf("idle: devices connected to %s, batch %d", name, b+1))
+		fc, err := connectDevicesPinging(ctx, addr, tenant, toks[b*n:(b+1)*n], subscribeActions, idleKeepalive, p, fmt.Sprintf("idle: devices connected to %s, batch %d", name, b+1))
 		if err != nil {
 			return grown, nil, err
 		}

@@ -101,7 +101,10 @@ func (w *window) result() result {
 // httpLoad is a closed-loop HTTP load: conns workers, each on a connection
 // of its own, each sending its next request when the last one answered.
 type httpLoad struct {
-	url string
+	method string // POST when empty
+	url    string
+	// urlOf, when not nil, is worker's i-th request's URL instead.
+	urlOf func(worker, i int) string
 	// headers are the requests' headers: worker w sends
 	// headers[w%len(headers)].
 	headers []http.Header
@@ -129,6 +132,10 @@ func (l *httpLoad) run(ctx context.Context) result {
 	client := newClient(l.conns)
 	defer client.CloseIdleConnections()
 	w := newWindow(l.warmup, l.duration)
+	method := l.method
+	if method == "" {
+		method = http.MethodPost
+	}
 	var wg sync.WaitGroup
 	for worker := range l.conns {
 		wg.Add(1)
@@ -138,7 +145,11 @@ func (l *httpLoad) run(ctx context.Context) result {
 			defer rec.flush()
 			header := l.headers[worker%len(l.headers)].Clone()
 			for i := 0; !w.over() && ctx.Err() == nil; i++ {
-				req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.url, bytes.NewReader(l.body(worker, i)))
+				u := l.url
+				if l.urlOf != nil {
+					u = l.urlOf(worker, i)
+				}
+				req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(l.body(worker, i)))
 				if err != nil {
 					rec.fail(err)
 					return

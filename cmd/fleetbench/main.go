@@ -106,6 +106,26 @@ Scenarios (--scenarios takes a comma-separated subset):
                beside the same keystroke on a pty of this process, 2,000 each
                in turn: the session's p99 less the local pty's p50 (at most
                2 ms).
+  twin         the device twin (docs/twin.md) beside what fleetd did
+               before it, each in turns with its baseline in 3 rounds of
+               half the duration each, the verdict on the median round's
+               ratio: desired writes (PATCH /api/v1/devices/{id}/shadow,
+               every write a change) under S10's load, 64 connections, ÷
+               S10 on 10,000 devices of its own (at least 50%); reported
+               state published over MQTT by 2,000 devices, a merge patch a
+               publish, QoS 1, ÷ the same devices' status reports (at least
+               50%); and, with 10,000 devices connected and subscribed to
+               their actions and their delta, an action dispatched to all
+               of them and a desired change for all of them (one PATCH
+               /api/v1/shadows), each from its request to the last device
+               that received it: the median delta ÷ the median action (at
+               most 2x). Shadows read back (100 of them) must hold the last
+               write, and every device action the last report.
+  groups       a group of 100,000 devices (selector site=…, 10,000 other
+               devices elsewhere) counted with GET /api/v1/groups/{name} ÷
+               the same devices counted by the devices API's metadata search
+               (GET /api/v1/devices?metadata.site=…&limit=1), 50 of each in
+               turns, one at a time: the medians' ratio (at most 2x).
   dispatch     dispatch to 100,000 and to 1,000,000 devices (search_type
                all, a tenant each): time to the 201, ÷ the raw insert.
   s7           S7 on a device with 10,000 actions: p99 ÷ p50 for every sort_by
@@ -166,6 +186,13 @@ Baselines, measured in the same run:
                straight over loopback, in turns with the forward's rounds.
   local pty    the remote scenario's keystrokes typed into a pty of
                fleetbench running cat, in turns with the session's.
+  S10, in turns / MQTT status, in turns / action
+               the twin scenario's baselines: S10 on devices of its own,
+               status reports from its reporting devices, an action to its
+               connected devices, each in turns with what it is compared
+               with.
+  metadata search  the groups scenario's count by metadata, in turns with
+               the group's.
 
 The fleetd fleetbench starts runs with --rate-limit -1: the setup makes
 thousands of API requests with a few keys, and with --remote-max-per-user,
@@ -215,7 +242,7 @@ type options struct {
 // allScenarios in the order they run. S7 runs before delivery, whose
 // 10,000 connections stay open for the memory scenario: with them fleetd's
 // heap is larger and its collections longer, which S7's p99 would show.
-var allScenarios = []string{"s10", "s10-random", "mqtt-status", "streams", "history", "remote", "dispatch", "s7", "console", "delivery", "memory", "idle"}
+var allScenarios = []string{"s10", "s10-random", "mqtt-status", "streams", "history", "remote", "twin", "groups", "dispatch", "s7", "console", "delivery", "memory", "idle"}
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "hello" {

@@ -156,37 +156,67 @@ func (r *runner) hello(ctx context.Context, headers []http.Header, body func(w, 
 	return nil
 }
 
-// s10 measures S10 over HTTP and, in the same way, the hello-world handler.
-func (r *runner) s10(ctx context.Context) error {
-	n, conns := r.sz.s10Devices, r.o.conns
-	devIDs := ids("s10-"+r.runID, n)
-	if _, err := r.admin.provision(ctx, devIDs, nil, r.p, "s10: provisioned devices"); err != nil {
-		return err
+// s10Fleet is S10's load on devices of its own: an action dispatched to
+// them, each device action owned by one connection (worker w owns device
+// actions w, w+conns, w+2·conns, …), its reports' sequences rising.
+type s10Fleet struct {
+	devIDs  []string
+	act     dispatched
+	headers []http.Header
+	conns   int
+}
+
+// newS10Fleet provisions n devices named from prefix and dispatches an
+// action to them.
+func (r *runner) newS10Fleet(ctx context.Context, prefix, what string, n int) (*s10Fleet, error) {
+	conns := r.o.conns
+	if conns > n {
+		return nil, fmt.Errorf("--connections %d is more than the %d device actions", conns, n)
+	}
+	devIDs := ids(prefix+r.runID, n)
+	if _, err := r.admin.provision(ctx, devIDs, nil, r.p, what); err != nil {
+		return nil, err
 	}
 	headers, err := r.gatewayHeaders(ctx, conns)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	act, err := r.admin.dispatch(ctx, map[string]any{"action": "s10-bench", "params": map[string]any{}, "search_type": "default",
 		"device_ids": devIDs, "timeout": longTimeout})
 	if err != nil {
+		return nil, err
+	}
+	return &s10Fleet{devIDs: devIDs, act: act, headers: headers, conns: conns}, nil
+}
+
+// body returns worker w's i-th report, its sequence from seq.
+func (f *s10Fleet) body(seq *reportSeq) func(w, i int) []byte {
+	n := len(f.devIDs)
+	owned := func(w int) int { return (n - w + f.conns - 1) / f.conns }
+	return func(w, i int) []byte {
+		item := w + (i%owned(w))*f.conns
+		s := seq.next(item)
+		return fmt.Appendf(nil, `{"device_id":%q,"action_id":%d,"state":"Downloading","progress":%d,"timestamp":%d,"sequence":%d}`,
+			f.devIDs[item], f.act.ID, progressOf(s), seq.base+s, s)
+	}
+}
+
+// load is S10's load on the fleet for a window.
+func (r *runner) s10Load(ctx context.Context, f *s10Fleet, seq *reportSeq, warmup, duration time.Duration) result {
+	return (&httpLoad{url: r.t.url + "/api/v1/devices/action/status", headers: f.headers, conns: f.conns, want: http.StatusNoContent,
+		body: f.body(seq), warmup: warmup, duration: duration}).run(ctx)
+}
+
+// s10 measures S10 over HTTP and, in the same way, the hello-world handler.
+func (r *runner) s10(ctx context.Context) error {
+	n, conns := r.sz.s10Devices, r.o.conns
+	f, err := r.newS10Fleet(ctx, "s10-", "s10: provisioned devices", n)
+	if err != nil {
 		return err
 	}
-	// Worker w owns device actions w, w+conns, w+2·conns, …
-	owned := func(w int) int { return (n - w + conns - 1) / conns }
+	devIDs, act := f.devIDs, f.act
 	seq := newReportSeq(n)
-	body := func(seq *reportSeq) func(w, i int) []byte {
-		return func(w, i int) []byte {
-			item := w + (i%owned(w))*conns
-			s := seq.next(item)
-			return fmt.Appendf(nil, `{"device_id":%q,"action_id":%d,"state":"Downloading","progress":%d,"timestamp":%d,"sequence":%d}`,
-				devIDs[item], act.ID, progressOf(s), seq.base+s, s)
-		}
-	}
-	if conns > n {
-		return fmt.Errorf("--connections %d is more than the %d device actions", conns, n)
-	}
-	if err := r.hello(ctx, headers, body(newReportSeq(n))); err != nil {
+	if err := r.hello(ctx, f.headers, f.body(newReportSeq(n))); err != nil {
 		return err
 	}
 	if err := r.updateBaseline(ctx); err != nil {
@@ -196,8 +226,7 @@ func (r *runner) s10(ctx context.Context) error {
 	r.p.say("s10: %d connections, %s, on %d device actions", conns, r.o.duration, n)
 	wait := r.profile("s10", r.sz.warmup+r.o.duration)
 	cpu, commits := startCPU(r.t.pid), startCommits(ctx, r.t.url)
-	res := (&httpLoad{url: r.t.url + "/api/v1/devices/action/status", headers: headers, conns: conns, want: http.StatusNoContent,
-		body: body(seq), warmup: r.sz.warmup, duration: r.o.duration}).run(ctx)
+	res := r.s10Load(ctx, f, seq, r.sz.warmup, r.o.duration)
 	wait()
 	ok, sent, err := r.verifyLast(ctx, act.ID, devIDs, seq)
 	if err != nil {
@@ -284,7 +313,12 @@ func (r *runner) updateBaseline(ctx context.Context) error {
 // publishLoad has every device publish, one message at a time, each
 // waiting for its PUBACK, until the window ends.
 func (r *runner) publishLoad(ctx context.Context, fc *fleetConn, topic func(d *simDevice) string, payload func(i int) []byte) result {
-	w := newWindow(r.sz.warmup, r.o.duration)
+	return r.publishFor(ctx, fc, topic, payload, r.sz.warmup, r.o.duration)
+}
+
+// publishFor is publishLoad over a window of its own.
+func (r *runner) publishFor(ctx context.Context, fc *fleetConn, topic func(d *simDevice) string, payload func(i int) []byte, warmup, duration time.Duration) result {
+	w := newWindow(warmup, duration)
 	var wg sync.WaitGroup
 	for i, d := range fc.devices {
 		wg.Add(1)
@@ -323,13 +357,7 @@ func statusTopic(d *simDevice) string { return mqtt.ActionStatusTopic(d.tenant, 
 // same clients under the same load publishing to Mosquitto.
 func (r *runner) mqttStatus(ctx context.Context) error {
 	n := r.sz.mqttDevices
-	devIDs := ids("ms-"+r.runID, n)
-	toks, err := r.admin.provision(ctx, devIDs, nil, r.p, "mqtt-status: provisioned devices")
-	if err != nil {
-		return err
-	}
-	act, err := r.admin.dispatch(ctx, map[string]any{"action": "mqtt-bench", "params": map[string]any{}, "search_type": "default",
-		"device_ids": devIDs, "timeout": longTimeout})
+	devIDs, toks, act, err := r.mqttFleet(ctx, "ms-", "mqtt-status: provisioned devices")
 	if err != nil {
 		return err
 	}
@@ -337,7 +365,7 @@ func (r *runner) mqttStatus(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	fc, err := connectDevices(ctx, r.t.mqttAddr, r.t.tenant, toks, false, r.p, "mqtt-status: connected devices")
+	fc, err := connectDevices(ctx, r.t.mqttAddr, r.t.tenant, toks, nil, r.p, "mqtt-status: connected devices")
 	if err != nil {
 		return err
 	}
@@ -364,6 +392,19 @@ func (r *runner) mqttStatus(ctx context.Context) error {
 	return nil
 }
 
+// mqttFleet provisions the MQTT scenarios' devices, named from prefix,
+// and dispatches an action to them for their status reports.
+func (r *runner) mqttFleet(ctx context.Context, prefix, what string) ([]string, []deviceToken, dispatched, error) {
+	devIDs := ids(prefix+r.runID, r.sz.mqttDevices)
+	toks, err := r.admin.provision(ctx, devIDs, nil, r.p, what)
+	if err != nil {
+		return nil, nil, dispatched{}, err
+	}
+	act, err := r.admin.dispatch(ctx, map[string]any{"action": "mqtt-bench", "params": map[string]any{}, "search_type": "default",
+		"device_ids": devIDs, "timeout": longTimeout})
+	return devIDs, toks, act, err
+}
+
 // mosquittoBaseline measures, once, the devices of toks publishing status
 // reports to Mosquitto as mqttStatus has them publish to fleetd: the same
 // paho clients, topics, payloads and window. Without mosquitto installed
@@ -373,7 +414,7 @@ func (r *runner) mosquittoBaseline(ctx context.Context, toks []deviceToken, acti
 		return "", nil
 	}
 	return r.withMosquitto(ctx, func(m *mosquitto) error {
-		fc, err := connectDevices(ctx, m.addr, r.t.tenant, toks, false, r.p, "baseline: devices connected to Mosquitto")
+		fc, err := connectDevices(ctx, m.addr, r.t.tenant, toks, nil, r.p, "baseline: devices connected to Mosquitto")
 		if err != nil {
 			return err
 		}
@@ -459,7 +500,7 @@ func (r *runner) streams(ctx context.Context) error {
 			}
 		}
 	}
-	fc, err := connectDevices(ctx, r.t.mqttAddr, r.t.tenant, toks, false, r.p, "streams: connected devices")
+	fc, err := connectDevices(ctx, r.t.mqttAddr, r.t.tenant, toks, nil, r.p, "streams: connected devices")
 	if err != nil {
 		return err
 	}
@@ -592,7 +633,7 @@ func (r *runner) delivery(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	fc, err := connectDevices(ctx, r.t.mqttAddr, r.t.tenant, toks, true, r.p, "delivery: connected and subscribed devices")
+	fc, err := connectDevices(ctx, r.t.mqttAddr, r.t.tenant, toks, subscribeActions, r.p, "delivery: connected and subscribed devices")
 	if err != nil {
 		return err
 	}
@@ -849,7 +890,7 @@ func (r *runner) memory(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if fc, err = connectDevices(ctx, r.t.mqttAddr, r.t.tenant, toks, true, r.p, "memory: connected and subscribed devices"); err != nil {
+		if fc, err = connectDevices(ctx, r.t.mqttAddr, r.t.tenant, toks, subscribeActions, r.p, "memory: connected and subscribed devices"); err != nil {
 			return err
 		}
 		defer fc.close()
