@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fleetd/fleet"
@@ -29,25 +31,39 @@ const shadowRead = `SELECT s.desired, s.reported, s.version, s.desired_updated_a
 	WHERE d.tenant = ? AND d.id = ?`
 
 func scanShadow(row *sql.Row, device string) (*storedShadow, error) {
-	var desired, reported sql.NullString
-	var version sql.NullInt64
-	var desiredAt, reportedAt sql.NullInt64
-	err := row.Scan(&desired, &reported, &version, &desiredAt, &reportedAt)
+	var c shadowColumns
+	err := row.Scan(c.dest()...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fleet.Errorf(fleet.ENOTFOUND, "device %q not found", device)
 	} else if err != nil {
 		return nil, err
 	}
-	s := &storedShadow{exists: desired.Valid}
+	return c.shadow(device)
+}
+
+// shadowColumns are shadowRead's columns.
+type shadowColumns struct {
+	desired, reported     sql.NullString
+	version               sql.NullInt64
+	desiredAt, reportedAt sql.NullInt64
+}
+
+func (c *shadowColumns) dest() []any {
+	return []any{&c.desired, &c.reported, &c.version, &c.desiredAt, &c.reportedAt}
+}
+
+func (c *shadowColumns) shadow(device string) (*storedShadow, error) {
+	s := &storedShadow{exists: c.desired.Valid}
 	if s.exists {
-		if s.Desired, s.desired, err = parseSection(desired.String); err != nil {
+		var err error
+		if s.Desired, s.desired, err = parseSection(c.desired.String); err != nil {
 			return nil, fmt.Errorf("device %s desired: %w", device, err)
 		}
-		if s.Reported, s.reported, err = parseSection(reported.String); err != nil {
+		if s.Reported, s.reported, err = parseSection(c.reported.String); err != nil {
 			return nil, fmt.Errorf("device %s reported: %w", device, err)
 		}
-		s.Version = version.Int64
-		s.DesiredUpdatedAt, s.ReportedUpdatedAt = optionalMillis(desiredAt), optionalMillis(reportedAt)
+		s.Version = c.version.Int64
+		s.DesiredUpdatedAt, s.ReportedUpdatedAt = optionalMillis(c.desiredAt), optionalMillis(c.reportedAt)
 	} else {
 		s.desired, s.reported = []byte("{}"), []byte("{}")
 	}
@@ -126,12 +142,27 @@ func (db *DB) UpdateDesiredMany(ctx context.Context, tenant string, sel *fleet.D
 		if len(ids) > fleet.MaxFleetDesired {
 			return fleet.Errorf(fleet.EINVALID, "the selection chooses more than %d devices; change them in parts (by group, metadata or ids)", fleet.MaxFleetDesired)
 		}
+		// The shadows are read, and written, a chunk a statement: one
+		// device's statements at a time made ten thousand devices take
+		// 50,000 round trips on PostgreSQL (docs/benchmarks-notebook.md,
+		// Twin and groups). The audit records stay one a device.
+		shadows, err := tx.lockShadows(ctx, tenant, ids)
+		if err != nil {
+			return err
+		}
+		setting := tx.updateConfigSetting(tenant)
+		var writes []shadowWrite
 		for _, id := range ids {
-			sh, err := tx.updateDesired(ctx, tenant, id, patch, nil)
-			if fleet.ErrorCode(err) == fleet.ENOTFOUND {
+			s, ok := shadows[id]
+			if !ok {
 				return fleet.FieldErrors(map[string]string{"device_ids": fmt.Sprintf("device %q not found; nothing was changed", id)})
-			} else if err != nil {
+			}
+			sh, w, err := tx.applyDesired(ctx, tenant, id, s, patch, setting)
+			if err != nil {
 				return err
+			}
+			if w != nil {
+				writes = append(writes, *w)
 			}
 			out.Matched++
 			if sh.DesiredChanged {
@@ -142,7 +173,7 @@ func (db *DB) UpdateDesiredMany(ctx context.Context, tenant string, sel *fleet.D
 		if out.Matched == 0 {
 			return fleet.Errorf(fleet.EINVALID, "no device matches the selection; nothing was changed")
 		}
-		return nil
+		return tx.upsertShadows(ctx, tenant, writes)
 	})
 	return out, err
 }
@@ -221,6 +252,55 @@ func (db *DB) DesiredWaiting(ctx context.Context, tenant, device string) ([]flee
 	return ws, db.classify(err)
 }
 
+// shadowChunk is how many devices' shadows one statement reads or
+// writes: 8 parameters a row, within both databases' limits.
+const shadowChunk = 500
+
+// lockShadows reads the shadows of devices to change them, as lockShadow
+// does one's, a chunk a statement; a device not found is not in the
+// result.
+func (tx *Tx) lockShadows(ctx context.Context, tenant string, devices []string) (map[string]*storedShadow, error) {
+	sorted := slices.Clone(devices)
+	slices.Sort(sorted) // rows locked in one order, as every writer does
+	out := make(map[string]*storedShadow, len(devices))
+	for start := 0; start < len(sorted); start += shadowChunk {
+		chunk := sorted[start:min(start+shadowChunk, len(sorted))]
+		cond, args := tx.db.dialect.anyOf("d.id", chunk)
+		args = append([]any{tenant}, args...)
+		// Locked first, then read: a read that waits for a lock reads
+		// the joined shadow as it was before (a lost update).
+		if f := tx.db.dialect.forUpdate(); f != "" {
+			if _, err := queryStrings(ctx, tx, "SELECT d.id FROM devices d WHERE d.tenant = ? AND "+cond+" ORDER BY d.id"+f, args...); err != nil {
+				return nil, err
+			}
+		}
+		rows, err := tx.query(ctx, `SELECT d.id, s.desired, s.reported, s.version, s.desired_updated_at, s.reported_updated_at
+			FROM devices d LEFT JOIN device_shadows s ON s.tenant = d.tenant AND s.device_id = d.id
+			WHERE d.tenant = ? AND `+cond, args...)
+		if err != nil {
+			return nil, err
+		}
+		err = func() error {
+			defer rows.Close()
+			for rows.Next() {
+				var id string
+				var c shadowColumns
+				if err := rows.Scan(append([]any{&id}, c.dest()...)...); err != nil {
+					return err
+				}
+				if out[id], err = c.shadow(id); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
+		}()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
 func scanID(s scanner) (string, error) {
 	var id string
 	return id, s.Scan(&id)
@@ -228,49 +308,72 @@ func scanID(s scanner) (string, error) {
 
 // updateDesired is UpdateDesired inside a transaction.
 func (tx *Tx) updateDesired(ctx context.Context, tenant, device string, patch map[string]any, version *int64) (*fleet.Shadow, error) {
-	var out *fleet.Shadow
-	err := func() error {
-		s, err := tx.lockShadow(ctx, tenant, device)
-		if err != nil {
-			return err
+	s, err := tx.lockShadow(ctx, tenant, device)
+	if err != nil {
+		return nil, err
+	}
+	if version != nil && *version != s.Version {
+		return nil, fleet.Errorf(fleet.ECONFLICT, "the shadow of device %q is at version %d, not %d: read it again and reapply the change", device, s.Version, *version)
+	}
+	sh, w, err := tx.applyDesired(ctx, tenant, device, s, patch, tx.updateConfigSetting(tenant))
+	if err != nil || w == nil {
+		return sh, err
+	}
+	return sh, tx.upsertShadows(ctx, tenant, []shadowWrite{*w})
+}
+
+// applyDesired merges patch into s, the device's shadow read to change
+// it, dispatches update_config if the tenant's setting asks for it, and
+// audits the change; it returns the shadow and the row to write, nil if
+// the patch changed nothing.
+func (tx *Tx) applyDesired(ctx context.Context, tenant, device string, s *storedShadow, patch map[string]any,
+	setting func(context.Context) (bool, error)) (*fleet.Shadow, *shadowWrite, error) {
+	previous := s.Desired
+	text, changed, err := mergeSection(fleet.ShadowDesired, &s.Desired, s.desired, patch)
+	if err != nil || !changed {
+		return &s.Shadow, nil, err
+	}
+	s.desired = text
+	s.Version++
+	now := fromMillis(millis(tx.now))
+	s.DesiredUpdatedAt = &now
+	w, err := tx.prepareWrite(device, s)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := &s.Shadow
+	out.DesiredChanged = true
+	if out.Dispatched, err = tx.updateConfig(ctx, tenant, device, out, setting); err != nil {
+		return nil, nil, err
+	}
+	return out, w, tx.audit(ctx, tenant, "device.shadow.update", "devices/"+device,
+		map[string]any{"desired": patch, "previous": previous, "version": s.Version})
+}
+
+// updateConfigSetting returns a reader of the tenant's update_config
+// setting that reads it once, when first asked.
+func (tx *Tx) updateConfigSetting(tenant string) func(context.Context) (bool, error) {
+	var on, read bool
+	return func(ctx context.Context) (bool, error) {
+		if !read {
+			if err := tx.queryRow(ctx, "SELECT shadow_update_config FROM tenants WHERE name = ?", tenant).Scan(&on); err != nil {
+				return false, err
+			}
+			read = true
 		}
-		if version != nil && *version != s.Version {
-			return fleet.Errorf(fleet.ECONFLICT, "the shadow of device %q is at version %d, not %d: read it again and reapply the change", device, s.Version, *version)
-		}
-		previous := s.Desired
-		text, changed, err := mergeSection(fleet.ShadowDesired, &s.Desired, s.desired, patch)
-		if err != nil || !changed {
-			out = &s.Shadow
-			return err
-		}
-		s.desired = text
-		s.Version++
-		now := fromMillis(millis(tx.now))
-		s.DesiredUpdatedAt = &now
-		if err := tx.writeShadow(ctx, tenant, device, s); err != nil {
-			return err
-		}
-		out = &s.Shadow
-		out.DesiredChanged = true
-		if out.Dispatched, err = tx.updateConfig(ctx, tenant, device, out); err != nil {
-			return err
-		}
-		return tx.audit(ctx, tenant, "device.shadow.update", "devices/"+device,
-			map[string]any{"desired": patch, "previous": previous, "version": s.Version})
-	}()
-	return out, err
+		return on, nil
+	}
 }
 
 // updateConfig dispatches to the device, in the transaction of a change
 // of its desired state, an update_config action whose params are the whole
 // desired state, if the tenant asked for it and the change leaves the
 // device out of sync; it returns the action, nil for none.
-func (tx *Tx) updateConfig(ctx context.Context, tenant, device string, sh *fleet.Shadow) (*fleet.Action, error) {
+func (tx *Tx) updateConfig(ctx context.Context, tenant, device string, sh *fleet.Shadow, setting func(context.Context) (bool, error)) (*fleet.Action, error) {
 	if sh.InSync {
 		return nil, nil
 	}
-	var on bool
-	if err := tx.queryRow(ctx, "SELECT shadow_update_config FROM tenants WHERE name = ?", tenant).Scan(&on); err != nil || !on {
+	if on, err := setting(ctx); err != nil || !on {
 		return nil, err
 	}
 	params, err := fleet.MarshalCanonical(sh.Desired)
@@ -408,23 +511,54 @@ func mergeSection(name string, section *map[string]any, old []byte, patch map[st
 
 // writeShadow stores s, with its delta computed again.
 func (tx *Tx) writeShadow(ctx context.Context, tenant, device string, s *storedShadow) error {
-	before, err := fleet.MarshalCanonical(s.Delta)
+	w, err := tx.prepareWrite(device, s)
 	if err != nil {
 		return err
+	}
+	return tx.upsertShadows(ctx, tenant, []shadowWrite{*w})
+}
+
+// shadowWrite is a device_shadows row to store.
+type shadowWrite struct {
+	device, desired, reported string
+	version                   int64
+	inSync                    bool
+	desiredAt, reportedAt     any
+}
+
+// prepareWrite computes s's delta again and returns its row.
+func (tx *Tx) prepareWrite(device string, s *storedShadow) (*shadowWrite, error) {
+	before, err := fleet.MarshalCanonical(s.Delta)
+	if err != nil {
+		return nil, err
 	}
 	s.Compute()
 	after, err := fleet.MarshalCanonical(s.Delta)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	s.DeltaChanged = !bytes.Equal(before, after)
-	_, err = tx.exec(ctx, `INSERT INTO device_shadows (tenant, device_id, desired, reported, version, in_sync, desired_updated_at, reported_updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+	return &shadowWrite{device: device, desired: tx.db.dialect.sectionText(s.desired, s.Desired), reported: tx.db.dialect.sectionText(s.reported, s.Reported),
+		version: s.Version, inSync: s.InSync, desiredAt: nullMillis(s.DesiredUpdatedAt), reportedAt: nullMillis(s.ReportedUpdatedAt)}, nil
+}
+
+// upsertShadows stores rows, a chunk a statement.
+func (tx *Tx) upsertShadows(ctx context.Context, tenant string, rows []shadowWrite) error {
+	for start := 0; start < len(rows); start += shadowChunk {
+		chunk := rows[start:min(start+shadowChunk, len(rows))]
+		values := strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?, ?), ", len(chunk)), ", ")
+		args := make([]any, 0, 8*len(chunk))
+		for _, w := range chunk {
+			args = append(args, tenant, w.device, w.desired, w.reported, w.version, w.inSync, w.desiredAt, w.reportedAt)
+		}
+		if _, err := tx.exec(ctx, `INSERT INTO device_shadows (tenant, device_id, desired, reported, version, in_sync, desired_updated_at, reported_updated_at)
+		VALUES `+values+`
 		ON CONFLICT (tenant, device_id) DO UPDATE SET desired = excluded.desired, reported = excluded.reported, version = excluded.version,
-			in_sync = excluded.in_sync, desired_updated_at = excluded.desired_updated_at, reported_updated_at = excluded.reported_updated_at`,
-		tenant, device, tx.db.dialect.sectionText(s.desired, s.Desired), tx.db.dialect.sectionText(s.reported, s.Reported),
-		s.Version, s.InSync, nullMillis(s.DesiredUpdatedAt), nullMillis(s.ReportedUpdatedAt))
-	return err
+			in_sync = excluded.in_sync, desired_updated_at = excluded.desired_updated_at, reported_updated_at = excluded.reported_updated_at`, args...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // sectionText is the text a section, of canonical text and value v, is
