@@ -281,6 +281,8 @@ func (r *runner) twinDelta(ctx context.Context) error {
 	}
 	load0 := loadAverage()
 	var actions, deltas []time.Duration
+	wait := r.profile("twin-delta", 15*time.Second)
+	defer func() { wait() }()
 	for round := range r.sz.deltaRounds {
 		a, err := reach("the action", func(d *simDevice) int64 { return d.actions.Load() }, func(d *simDevice) int64 { return d.received.Load() }, func() error {
 			_, err := r.admin.dispatch(ctx, map[string]any{"action": "configure", "params": map[string]any{"interval": 60 + round},
