@@ -75,6 +75,11 @@ type RemoteSessionService interface {
 	StopRemoteSession(ctx context.Context, tenant, id, by string) error
 	// FindRemoteSession returns one session of a device.
 	FindRemoteSession(ctx context.Context, tenant, deviceID, id string) (*RemoteSession, error)
+	// EndStaleRemoteSessions ends, with reason, the sessions left open by
+	// a replica that stopped without ending them: those started before
+	// before and relayed at relayURL (every one on SQLite, which one
+	// process serves). It returns how many.
+	EndStaleRemoteSessions(ctx context.Context, relayURL string, before time.Time, reason string) (int, error)
 	// ForgetRemoteRecording records that session id no longer has a
 	// recording (its retention passed); a session gone is no error.
 	ForgetRemoteRecording(ctx context.Context, tenant, id string) error

@@ -129,6 +129,52 @@ func (db *DB) FindRemoteSession(ctx context.Context, tenant, deviceID, id string
 	return s, db.classify(err)
 }
 
+// EndStaleRemoteSessions ends the open sessions a replica left when it
+// stopped without ending them (it crashed, or lost its database): each is
+// recorded and audited as any end. On SQLite one process serves the
+// database, so every open session started before before is stale.
+func (db *DB) EndStaleRemoteSessions(ctx context.Context, relayURL string, before time.Time, reason string) (int, error) {
+	where, args := "ended_at IS NULL AND started_at < ? AND relay_url = ?", []any{millis(before), relayURL}
+	if db.dialect != postgres {
+		where, args = "ended_at IS NULL AND started_at < ?", []any{millis(before)}
+	}
+	n := 0
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		n = 0
+		rows, err := tx.query(ctx, "SELECT id, tenant, device_id, kind, user_name FROM remote_sessions WHERE "+where, args...)
+		if err != nil {
+			return err
+		}
+		var stale []fleet.RemoteSession
+		for rows.Next() {
+			var s fleet.RemoteSession
+			if err := rows.Scan(&s.ID, &s.Tenant, &s.DeviceID, &s.Kind, &s.UserName); err != nil {
+				rows.Close()
+				return err
+			}
+			stale = append(stale, s)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		end := millis(tx.now.Truncate(time.Millisecond))
+		for _, s := range stale {
+			if _, err := tx.exec(ctx, "UPDATE remote_sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND tenant = ? AND ended_at IS NULL",
+				end, reason, s.ID, s.Tenant); err != nil {
+				return err
+			}
+			if err := tx.audit(ctx, s.Tenant, "remote.session.end", "devices/"+s.DeviceID+"/remote-sessions/"+s.ID,
+				map[string]any{"device_id": s.DeviceID, "kind": s.Kind, "user_name": s.UserName, "end_reason": reason}); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	return n, err
+}
+
 // ForgetRemoteRecording clears session id's recording, whose retention
 // passed: fleetd's own housekeeping, not audited.
 func (db *DB) ForgetRemoteRecording(ctx context.Context, tenant, id string) error {

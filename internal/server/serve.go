@@ -279,6 +279,11 @@ func Run(ctx context.Context, c Config, e Env) error {
 		return err
 	}
 	api.Remote.SetRelayURL(replicaURL(c.replicaURL, api.ListenAddr()))
+	if n, err := api.Remote.EndStale(ctx); err != nil {
+		log.Warn("remote sessions left open by this replica's last run could not be ended", "err", err)
+	} else if n > 0 {
+		log.Info("ended remote sessions left open by this replica's last run", "sessions", n)
+	}
 	// Every listener is bound: only now may the one-time key be spent, so
 	// that a start that fails on a taken port leaves it for the retry.
 	key, err := bootstrap(ctx, db, c.database, e.Stdout)

@@ -53,6 +53,7 @@ type Hub struct {
 	Blobs    blob.Store // keeps recordings (recording.go)
 
 	relayURL atomic.Pointer[string] // SetRelayURL
+	started  time.Time              // when NewHub made it: EndStale ends older sessions
 	mu       sync.Mutex
 	sessions map[string]*Session // open ones, by id
 	stopped  bool                // Close was called (under mu)
@@ -90,7 +91,7 @@ func NewHub(sessions fleet.RemoteSessionService, actions Dispatcher, blobs blob.
 		l.RecordingRetention = d.RecordingRetention
 	}
 	h := &Hub{Sessions: sessions, Actions: actions, Blobs: blobs, Limits: l, Logger: log,
-		sessions: map[string]*Session{}, stopping: make(chan struct{}),
+		sessions: map[string]*Session{}, stopping: make(chan struct{}), started: time.Now(),
 		open: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fleetd_remote_sessions_open", Help: "Remote sessions open on this replica."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetd_remote_sessions_refused_total",
 			Help: "Remote sessions refused by a cap, by which (user, device)."}, []string{"cap"}),
@@ -107,6 +108,14 @@ func NewHub(sessions fleet.RemoteSessionService, actions Dispatcher, blobs blob.
 // it (--replica-url), recorded on the sessions it opens: a leg of one of
 // them that lands on another replica is proxied here (proxy.go).
 func (h *Hub) SetRelayURL(u string) { h.relayURL.Store(&u) }
+
+// EndStale ends, recording why, the sessions this replica left open when
+// it last stopped without ending them (a crash): those relayed at its
+// RelayURL, every one on SQLite, started before this hub. Until then they
+// count under the caps. It returns how many.
+func (h *Hub) EndStale(ctx context.Context) (int, error) {
+	return h.Sessions.EndStaleRemoteSessions(ctx, h.RelayURL(), h.started, "the replica relaying it stopped without ending it")
+}
 
 // RelayURL returns what SetRelayURL set, or "".
 func (h *Hub) RelayURL() string {
