@@ -96,7 +96,7 @@ func (c *Config) serveFlags(fs *cli.FlagSet) {
 	fs.DurationVar(&c.remote.Idle, "remote-idle-timeout", relay.DefaultLimits.Idle, "`DURATION` without a byte either way after which a remote session ends")
 	fs.DurationVar(&c.remote.Lifetime, "remote-max-lifetime", relay.DefaultLimits.Lifetime, "`DURATION` after which a remote session ends, however busy")
 	fs.Int64Var(&c.remote.RecordingMax, "remote-recording-max", relay.DefaultLimits.RecordingMax, "`BYTES` of one remote session's output recording, after which it stops with a marker (the session goes on)")
-	fs.DurationVar(&c.remote.RecordingRetention, "remote-recording-retention", relay.DefaultLimits.RecordingRetention, "`DURATION` a remote session's recording is kept (the session's row stays, without it)")
+	fs.DurationVar(&c.remote.RecordingRetention, "remote-recording-retention", relay.DefaultLimits.RecordingRetention, "`DURATION` a remote session's recording is kept, at least 1s (the session's row stays, without it)")
 	fs.StringVar(&c.replicaURL, "replica-url", "", "`URL` the other replicas reach this one's HTTP API at, where they proxy a remote session's leg that landed on them (default: http:// and --http-addr as bound, its host name if it is a wildcard)")
 	fs.DurationVar(&c.remote.ConnectTimeout, "remote-connect-timeout", relay.DefaultLimits.ConnectTimeout, "`DURATION` the device (and the operator) have to connect a new remote session's WebSockets")
 	fs.StringVar(&c.publicURL, "public-url", "", "`URL` (scheme and host) devices reach the API at, for signed firmware download URLs; default: the URL the dispatching request used")
@@ -154,6 +154,9 @@ func (c *Config) checkAlerts() error {
 		return fmt.Errorf("--stream-retention must be from 24h to 87600h (ten years)")
 	case c.ddiPollInterval < time.Second || c.ddiPollInterval >= 24*time.Hour:
 		return fmt.Errorf("--ddi-poll-interval must be from 1s to under 24h (DDI writes it as HH:MM:SS)")
+	case c.remote.RecordingRetention < time.Second:
+		// The sweep runs at least twice within it (relay.RunRecordingRemoval).
+		return fmt.Errorf("--remote-recording-retention must be at least 1s")
 	}
 	return nil
 }
