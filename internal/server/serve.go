@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -233,7 +234,7 @@ func Run(ctx context.Context, c Config, e Env) error {
 		Security:             sec.http,
 		Follows:              sec.follows,
 
-		Remote:         relay.NewHub(db, actions, blobs, c.remote, log, reg),
+		Remote:         relay.NewHub(db, actions, blobs, filepath.Join(c.dataDir, "remote-spool"), c.remote, log, reg),
 		RemoteSessions: db,
 	}
 	// The web console, at /console/, uses the same services as the API.

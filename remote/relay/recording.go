@@ -9,6 +9,8 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,18 +24,21 @@ import (
 
 // Recording (docs/agent.md, Recording): a shell session of a tenant that
 // records them has its output written as an asciicast v2 recording
-// (https://docs.asciinema.org/manual/asciicast/v2/) into the blob store
-// while it is relayed, through a pipe that blob.Store.Put reads: only a
-// small buffer of it is ever in memory. The terminal's size changes are
-// "r" events. What the operator types is not recorded: a terminal echoes
-// what should be seen, and what it does not echo (a password asked for by
-// sudo) must not be kept. At Limits.RecordingMax bytes a marker ("m")
-// event says the recording stops there; the session goes on. The
-// recording is committed when the session ends, by the replica that relays
-// it; until then it cannot be read.
+// (https://docs.asciinema.org/manual/asciicast/v2/) while it is relayed,
+// into a file of the replica's spool directory through a small buffer, and
+// streamed from that file into the blob store when the session ends: a
+// recorded session holds recordingBuffer bytes in memory, whatever the
+// store (an S3 upload holds a part of megabytes while it runs, which a
+// session open for hours would otherwise hold as long). The terminal's size
+// changes are "r" events. What the operator types is not recorded: a
+// terminal echoes what should be seen, and what it does not echo (a
+// password asked for by sudo) must not be kept. At Limits.RecordingMax
+// bytes a marker ("m") event says the recording stops there; the session
+// goes on. Until the session ends the recording cannot be read; a replica
+// that dies loses it (its spool file is removed at its next start).
 
 // recordingBuffer is what a recorded session holds of its recording
-// between writes to the store.
+// between writes to its spool file.
 const recordingBuffer = 8 << 10
 
 // recordingsPrefix holds every recording, a folder a tenant.
@@ -42,39 +47,52 @@ const recordingsPrefix = "remote-recordings"
 // recordingKey is where session id of tenant keeps its recording.
 func recordingKey(tenant, id string) string { return recordingsPrefix + "/" + tenant + "/" + id }
 
+// spoolPattern names the spool files (os.CreateTemp).
+const spoolPattern = "recording-*.cast"
+
 type recorder struct {
 	mu         sync.Mutex
-	pw         *io.PipeWriter
+	f          *os.File
 	w          *bufio.Writer
 	started    time.Time
 	title      string
 	header     bool // written
 	cols, rows int
 	size, max  int64
-	stopped    bool   // at the cap, or the store failed: nothing more is written
+	stopped    bool   // at the cap, or the file failed: nothing more is written
 	closed     bool   // finish was called
 	partial    []byte // an incomplete UTF-8 sequence that ended the last output
-	stored     chan storeResult
+	err        error  // the write that failed
 }
 
-type storeResult struct {
-	pending blob.Pending
-	err     error
-}
-
-// record starts s's recording.
+// record starts s's recording, or returns nil (and logs why) when its
+// spool file cannot be made.
 func (h *Hub) record(s *Session) *recorder {
-	pr, pw := io.Pipe()
-	r := &recorder{pw: pw, w: bufio.NewWriterSize(pw, recordingBuffer), started: time.Now(), cols: 80, rows: 24,
-		max: h.Limits.RecordingMax, stored: make(chan storeResult, 1),
-		title: fmt.Sprintf("shell on %s by %s", s.DeviceID, s.UserName)}
-	go func() {
-		p, err := h.Blobs.Put(context.Background(), recordingKey(s.Tenant, s.ID), pr)
-		// A store that stopped reading fails the writes still to come.
-		pr.CloseWithError(errors.New("the recording's store stopped"))
-		r.stored <- storeResult{p, err}
-	}()
-	return r
+	if err := os.MkdirAll(h.Spool, 0o700); err != nil {
+		h.logRecording(s, err)
+		return nil
+	}
+	f, err := os.CreateTemp(h.Spool, spoolPattern)
+	if err != nil {
+		h.logRecording(s, err)
+		return nil
+	}
+	return &recorder{f: f, w: bufio.NewWriterSize(f, recordingBuffer), started: time.Now(), cols: 80, rows: 24,
+		max: h.Limits.RecordingMax, title: fmt.Sprintf("shell on %s by %s", s.DeviceID, s.UserName)}
+}
+
+func (h *Hub) logRecording(s *Session, err error) {
+	if h.Logger != nil {
+		h.Logger.Error("a remote session's recording could not be stored", "session", s.ID, "err", err)
+	}
+}
+
+// removeSpool removes the spool files a run that died left behind.
+func (h *Hub) removeSpool() {
+	old, _ := filepath.Glob(filepath.Join(h.Spool, spoolPattern))
+	for _, f := range old {
+		os.Remove(f)
+	}
 }
 
 // message records what the relay passes: the device's bytes as output,
@@ -157,42 +175,49 @@ func (r *recorder) write(b []byte) {
 	n, err := r.w.Write(b)
 	r.size += int64(n)
 	if err != nil {
-		r.stopped = true
+		r.stopped, r.err = true, err
 	}
 }
 
-// finish ends the recording and stores it, and returns its size: 0 when
-// there is none (nothing was output, or the store failed).
+// finish ends the recording and streams it from its spool file into the
+// blob store, and returns its size: 0 when there is none (nothing was
+// output, or it could not be stored).
 func (r *recorder) finish(h *Hub, s *Session) int64 {
 	r.mu.Lock()
 	if len(r.partial) > 0 && r.header {
 		r.event("o", string(r.partial))
 	}
 	r.closed = true
-	empty := !r.header
-	err := r.w.Flush()
-	r.pw.Close()
-	size := r.size
-	r.mu.Unlock()
-	res := <-r.stored
+	empty, size, err := !r.header, r.size, r.err
 	if err == nil {
-		err = res.err
+		err = r.w.Flush()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	r.mu.Unlock()
+	defer func() {
+		r.f.Close()
+		os.Remove(r.f.Name())
+	}()
+	if empty || err != nil {
+		if err != nil {
+			h.logRecording(s, err)
+		}
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if err == nil && !empty {
-		err = res.pending.Commit(ctx)
-		if err == nil {
-			return size
+	if _, err = r.f.Seek(0, io.SeekStart); err == nil {
+		var p blob.Pending
+		if p, err = h.Blobs.Put(ctx, recordingKey(s.Tenant, s.ID), r.f); err == nil {
+			if err = p.Commit(ctx); err != nil {
+				p.Abort(ctx)
+			}
 		}
 	}
-	if res.pending != nil {
-		res.pending.Abort(ctx)
+	if err != nil {
+		h.logRecording(s, err)
+		return 0
 	}
-	if err != nil && h.Logger != nil {
-		h.Logger.Error("a remote session's recording could not be stored", "session", s.ID, "err", err)
-	}
-	return 0
+	return size
 }
 
 // ServeRecording answers r with session id's recording, an asciicast v2

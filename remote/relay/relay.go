@@ -51,6 +51,7 @@ type Hub struct {
 	Limits   Limits
 	Logger   *slog.Logger
 	Blobs    blob.Store // keeps recordings (recording.go)
+	Spool    string     // a directory of this replica's for recordings being made
 
 	relayURL atomic.Pointer[string] // SetRelayURL
 	started  time.Time              // when NewHub made it: EndStale ends older sessions
@@ -66,8 +67,8 @@ type Hub struct {
 }
 
 // NewHub returns a hub whose metrics are registered on reg (nil keeps
-// them private), keeping recordings in blobs.
-func NewHub(sessions fleet.RemoteSessionService, actions Dispatcher, blobs blob.Store, l Limits, log *slog.Logger, reg prometheus.Registerer) *Hub {
+// them private), keeping recordings in blobs once made in spool.
+func NewHub(sessions fleet.RemoteSessionService, actions Dispatcher, blobs blob.Store, spool string, l Limits, log *slog.Logger, reg prometheus.Registerer) *Hub {
 	d := DefaultLimits
 	if l.PerUser <= 0 {
 		l.PerUser = d.PerUser
@@ -90,7 +91,7 @@ func NewHub(sessions fleet.RemoteSessionService, actions Dispatcher, blobs blob.
 	if l.RecordingRetention <= 0 {
 		l.RecordingRetention = d.RecordingRetention
 	}
-	h := &Hub{Sessions: sessions, Actions: actions, Blobs: blobs, Limits: l, Logger: log,
+	h := &Hub{Sessions: sessions, Actions: actions, Blobs: blobs, Spool: spool, Limits: l, Logger: log,
 		sessions: map[string]*Session{}, stopping: make(chan struct{}), started: time.Now(),
 		open: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fleetd_remote_sessions_open", Help: "Remote sessions open on this replica."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetd_remote_sessions_refused_total",
@@ -112,8 +113,10 @@ func (h *Hub) SetRelayURL(u string) { h.relayURL.Store(&u) }
 // EndStale ends, recording why, the sessions this replica left open when
 // it last stopped without ending them (a crash): those relayed at its
 // RelayURL, every one on SQLite, started before this hub. Until then they
-// count under the caps. It returns how many.
+// count under the caps. It returns how many, and removes the spool files
+// of their recordings.
 func (h *Hub) EndStale(ctx context.Context) (int, error) {
+	h.removeSpool()
 	return h.Sessions.EndStaleRemoteSessions(ctx, h.RelayURL(), h.started, "the replica relaying it stopped without ending it")
 }
 

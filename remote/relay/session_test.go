@@ -173,6 +173,9 @@ func TestRemoteRecording(t *testing.T) {
 			if int64(len(r.Body)) != rs.RecordingSize {
 				t.Fatalf("%d bytes, the session says %d", len(r.Body), rs.RecordingSize)
 			}
+			if spooled, _ := filepath.Glob(filepath.Join(s.DataDir, "remote-spool", "*")); len(spooled) != 0 {
+				t.Fatalf("spool files left: %v", spooled)
+			}
 			c := readCast(t, r.Body)
 			if c.header.Version != 2 || c.header.Width != fleetdtest.TerminalCols || c.header.Height != fleetdtest.TerminalRows {
 				t.Fatalf("header %+v", c.header)
@@ -437,6 +440,22 @@ func TestRemoteRecordingRetention(t *testing.T) {
 		})
 		if rs := s.EndedSession(t, admin, "edge-1", rs.ID); rs.Recording != "" || rs.RecordingSize != 0 {
 			t.Fatalf("the session still names its recording: %+v", rs)
+		}
+	})
+}
+
+// TestRemoteRecordingS3 records a session into an S3 bucket (a private
+// VersityGW), where the upload is streamed from the spool file when the
+// session ends.
+func TestRemoteRecordingS3(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := fleetdtest.StartOn(t, b, "s3")
+		admin := s.Admin()
+		startAgent(t, s, admin, "edge-1")
+		s.Do(t, admin, "PUT", "/api/v1/tenants/default/remote-settings", map[string]any{"recording": true}).Want(t, 204)
+		rs := shell(t, s, s, admin, "edge-1", "echo in-''the-bucket", "in-the-bucket")
+		if out := readCast(t, s.Do(t, admin, "GET", rs.Recording, nil).Want(t, 200).Body).of("o"); !strings.Contains(out, "in-the-bucket") {
+			t.Fatalf("recording output %q", out)
 		}
 	})
 }
