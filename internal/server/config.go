@@ -95,7 +95,7 @@ func (c *Config) serveFlags(fs *cli.FlagSet) {
 	fs.IntVar(&c.remote.PerDevice, "remote-max-per-device", relay.DefaultLimits.PerDevice, "remote sessions one device may have open at once, over every replica")
 	fs.DurationVar(&c.remote.Idle, "remote-idle-timeout", relay.DefaultLimits.Idle, "`DURATION` without a byte either way after which a remote session ends")
 	fs.DurationVar(&c.remote.Lifetime, "remote-max-lifetime", relay.DefaultLimits.Lifetime, "`DURATION` after which a remote session ends, however busy")
-	fs.Int64Var(&c.remote.RecordingMax, "remote-recording-max", relay.DefaultLimits.RecordingMax, "`BYTES` of one remote session's output recording, after which it stops with a marker (the session goes on)")
+	fs.Int64Var(&c.remote.RecordingMax, "remote-recording-max", relay.DefaultLimits.RecordingMax, "`BYTES` of one remote session's output recording, at least 4096, after which it stops with a marker (the session goes on)")
 	fs.DurationVar(&c.remote.RecordingRetention, "remote-recording-retention", relay.DefaultLimits.RecordingRetention, "`DURATION` a remote session's recording is kept, at least 1s (the session's row stays, without it)")
 	fs.StringVar(&c.replicaURL, "replica-url", "", "`URL` the other replicas reach this one's HTTP API at, where they proxy a remote session's leg that landed on them (default: http:// and --http-addr as bound, its host name if it is a wildcard)")
 	fs.DurationVar(&c.remote.ConnectTimeout, "remote-connect-timeout", relay.DefaultLimits.ConnectTimeout, "`DURATION` the device (and the operator) have to connect a new remote session's WebSockets")
@@ -157,6 +157,10 @@ func (c *Config) checkAlerts() error {
 	case c.remote.RecordingRetention < time.Second:
 		// The sweep runs at least twice within it (relay.RunRecordingRemoval).
 		return fmt.Errorf("--remote-recording-retention must be at least 1s")
+	case c.remote.RecordingMax < 4096:
+		// Below a terminal's screenful a recording is little more than its
+		// marker; 0 and negatives would mean the default without a word.
+		return fmt.Errorf("--remote-recording-max must be at least 4096 bytes")
 	}
 	return nil
 }

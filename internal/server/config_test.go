@@ -8,24 +8,32 @@ import (
 	"github.com/fleetd/fleet/internal/cli"
 )
 
-// TestRemoteRecordingRetention refuses a retention under a second: the
-// sweep looks at half of it, and a ticker of no time panics when fleetd
-// starts.
-func TestRemoteRecordingRetention(t *testing.T) {
+// TestRemoteRecordingFlags refuses a retention under a second (the sweep
+// looks at half of it, and a ticker of no time panics when fleetd starts)
+// and a cap under 4096 bytes; 0 and negatives would otherwise mean the
+// defaults without a word.
+func TestRemoteRecordingFlags(t *testing.T) {
 	for _, tc := range []struct {
-		value string
-		ok    bool
-	}{{"1ns", false}, {"0s", false}, {"-1h", false}, {"999ms", false}, {"1s", true}, {"2160h", true}} {
+		flag, value string
+		ok          bool
+	}{
+		{"--remote-recording-retention", "1ns", false}, {"--remote-recording-retention", "0s", false},
+		{"--remote-recording-retention", "-1h", false}, {"--remote-recording-retention", "999ms", false},
+		{"--remote-recording-retention", "1s", true}, {"--remote-recording-retention", "2160h", true},
+		{"--remote-recording-max", "0", false}, {"--remote-recording-max", "-1", false},
+		{"--remote-recording-max", "4095", false}, {"--remote-recording-max", "4096", true},
+		{"--remote-recording-max", "67108864", true},
+	} {
 		getenv := func(string) string { return "" }
 		var c Config
 		fs := cli.NewFlagSet("serve", "", "", cli.Env{Getenv: getenv, Stdout: io.Discard, Stderr: io.Discard})
 		c.serveFlags(fs)
-		if err := fs.Parse([]string{"--remote-recording-retention", tc.value}, getenv); err != nil {
+		if err := fs.Parse([]string{tc.flag, tc.value}, getenv); err != nil {
 			t.Fatal(err)
 		}
 		err := c.checkAlerts()
-		if tc.ok && err != nil || !tc.ok && (err == nil || !strings.Contains(err.Error(), "--remote-recording-retention")) {
-			t.Errorf("--remote-recording-retention %s: %v", tc.value, err)
+		if tc.ok && err != nil || !tc.ok && (err == nil || !strings.Contains(err.Error(), tc.flag)) {
+			t.Errorf("%s %s: %v", tc.flag, tc.value, err)
 		}
 	}
 }
