@@ -13,21 +13,49 @@ var _ fleet.AuditService = (*DB)(nil)
 // request id come from ctx; changes made from the command line have the
 // actor "cli".
 func (tx *Tx) audit(ctx context.Context, tenant, action, target string, details map[string]any) error {
+	return tx.auditMany(ctx, tenant, []auditEntry{{action: action, target: target, details: details}})
+}
+
+// auditEntry is one change to record.
+type auditEntry struct {
+	action, target string
+	details        map[string]any
+}
+
+// auditChunk is how many records one statement inserts: 9 parameters a
+// row, within both databases' limits.
+const auditChunk = 500
+
+// auditMany records changes made in one transaction, as audit does each,
+// a chunk a statement: a change to ten thousand devices is not ten
+// thousand round trips.
+func (tx *Tx) auditMany(ctx context.Context, tenant string, entries []auditEntry) error {
 	actor, role, email := "cli", string(fleet.RoleAdmin), ""
 	if a := fleet.ActorFromContext(ctx); a != nil {
 		actor, role, email = a.UserName, string(a.Role), a.UserEmail
 	}
-	if details == nil {
-		details = map[string]any{}
+	request, now := fleet.RequestIDFromContext(ctx), millis(tx.now)
+	for start := 0; start < len(entries); start += auditChunk {
+		chunk := entries[start:min(start+auditChunk, len(entries))]
+		args := make([]any, 0, 9*len(chunk))
+		for _, e := range chunk {
+			details := e.details
+			if details == nil {
+				details = map[string]any{}
+			}
+			b, err := fleet.MarshalCanonical(details)
+			if err != nil {
+				return err
+			}
+			args = append(args, tenant, actor, role, email, e.action, e.target, string(b), request, now)
+		}
+		values := strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?, ?, ?), ", len(chunk)), ", ")
+		if _, err := tx.exec(ctx, `INSERT INTO audit_logs (tenant, actor, role, user_email, action, target, details, request_id, created_at)
+		VALUES `+values, args...); err != nil {
+			return err
+		}
 	}
-	b, err := fleet.MarshalCanonical(details)
-	if err != nil {
-		return err
-	}
-	_, err = tx.exec(ctx, `INSERT INTO audit_logs (tenant, actor, role, user_email, action, target, details, request_id, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		tenant, actor, role, email, action, target, string(b), fleet.RequestIDFromContext(ctx), millis(tx.now))
-	return err
+	return nil
 }
 
 // FindAuditLogs lists a tenant's audit logs, newest first.

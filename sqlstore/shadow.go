@@ -142,27 +142,28 @@ func (db *DB) UpdateDesiredMany(ctx context.Context, tenant string, sel *fleet.D
 		if len(ids) > fleet.MaxFleetDesired {
 			return fleet.Errorf(fleet.EINVALID, "the selection chooses more than %d devices; change them in parts (by group, metadata or ids)", fleet.MaxFleetDesired)
 		}
-		// The shadows are read, and written, a chunk a statement: one
-		// device's statements at a time made ten thousand devices take
-		// 50,000 round trips on PostgreSQL (docs/benchmarks-notebook.md,
-		// Twin and groups). The audit records stay one a device.
+		// The shadows are read and written, and the changes audited, a
+		// chunk a statement: one device's statements at a time made ten
+		// thousand devices take 50,000 round trips on PostgreSQL
+		// (docs/benchmarks-notebook.md, Twin and groups).
 		shadows, err := tx.lockShadows(ctx, tenant, ids)
 		if err != nil {
 			return err
 		}
 		setting := tx.updateConfigSetting(tenant)
 		var writes []shadowWrite
+		var audits []auditEntry
 		for _, id := range ids {
 			s, ok := shadows[id]
 			if !ok {
 				return fleet.FieldErrors(map[string]string{"device_ids": fmt.Sprintf("device %q not found; nothing was changed", id)})
 			}
-			sh, w, err := tx.applyDesired(ctx, tenant, id, s, patch, setting)
+			sh, w, a, err := tx.applyDesired(ctx, tenant, id, s, patch, setting)
 			if err != nil {
 				return err
 			}
 			if w != nil {
-				writes = append(writes, *w)
+				writes, audits = append(writes, *w), append(audits, *a)
 			}
 			out.Matched++
 			if sh.DesiredChanged {
@@ -173,7 +174,10 @@ func (db *DB) UpdateDesiredMany(ctx context.Context, tenant string, sel *fleet.D
 		if out.Matched == 0 {
 			return fleet.Errorf(fleet.EINVALID, "no device matches the selection; nothing was changed")
 		}
-		return tx.upsertShadows(ctx, tenant, writes)
+		if err := tx.upsertShadows(ctx, tenant, writes); err != nil {
+			return err
+		}
+		return tx.auditMany(ctx, tenant, audits)
 	})
 	return out, err
 }
@@ -315,23 +319,26 @@ func (tx *Tx) updateDesired(ctx context.Context, tenant, device string, patch ma
 	if version != nil && *version != s.Version {
 		return nil, fleet.Errorf(fleet.ECONFLICT, "the shadow of device %q is at version %d, not %d: read it again and reapply the change", device, s.Version, *version)
 	}
-	sh, w, err := tx.applyDesired(ctx, tenant, device, s, patch, tx.updateConfigSetting(tenant))
+	sh, w, a, err := tx.applyDesired(ctx, tenant, device, s, patch, tx.updateConfigSetting(tenant))
 	if err != nil || w == nil {
 		return sh, err
 	}
-	return sh, tx.upsertShadows(ctx, tenant, []shadowWrite{*w})
+	if err := tx.upsertShadows(ctx, tenant, []shadowWrite{*w}); err != nil {
+		return nil, err
+	}
+	return sh, tx.auditMany(ctx, tenant, []auditEntry{*a})
 }
 
 // applyDesired merges patch into s, the device's shadow read to change
-// it, dispatches update_config if the tenant's setting asks for it, and
-// audits the change; it returns the shadow and the row to write, nil if
-// the patch changed nothing.
+// it, and dispatches update_config if the tenant's setting asks for it;
+// it returns the shadow, the row to write and the change to audit, nil
+// if the patch changed nothing.
 func (tx *Tx) applyDesired(ctx context.Context, tenant, device string, s *storedShadow, patch map[string]any,
-	setting func(context.Context) (bool, error)) (*fleet.Shadow, *shadowWrite, error) {
+	setting func(context.Context) (bool, error)) (*fleet.Shadow, *shadowWrite, *auditEntry, error) {
 	previous := s.Desired
 	text, changed, err := mergeSection(fleet.ShadowDesired, &s.Desired, s.desired, patch)
 	if err != nil || !changed {
-		return &s.Shadow, nil, err
+		return &s.Shadow, nil, nil, err
 	}
 	s.desired = text
 	s.Version++
@@ -339,15 +346,15 @@ func (tx *Tx) applyDesired(ctx context.Context, tenant, device string, s *stored
 	s.DesiredUpdatedAt = &now
 	w, err := tx.prepareWrite(device, s)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	out := &s.Shadow
 	out.DesiredChanged = true
 	if out.Dispatched, err = tx.updateConfig(ctx, tenant, device, out, setting); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return out, w, tx.audit(ctx, tenant, "device.shadow.update", "devices/"+device,
-		map[string]any{"desired": patch, "previous": previous, "version": s.Version})
+	return out, w, &auditEntry{action: "device.shadow.update", target: "devices/" + device,
+		details: map[string]any{"desired": patch, "previous": previous, "version": s.Version}}, nil
 }
 
 // updateConfigSetting returns a reader of the tenant's update_config
