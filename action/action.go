@@ -344,8 +344,9 @@ func (s *Service) DispatchAction(ctx context.Context, tenant string, d *fleet.Di
 // devices whose device actions are in statuses, as DispatchAction does (a
 // special action is prepared again, for the devices it goes to now). A
 // rollout is retried without its schedule: the devices retried are those
-// it released and that ended so. A cancel_action is not retried: cancel
-// the action again.
+// it released and that ended so; a desired rollout's retry has a schedule of
+// one phase that releases them at once. A cancel_action is not retried:
+// cancel the action again.
 func (s *Service) RetryAction(ctx context.Context, tenant string, id int64, statuses []fleet.ActionStatus) (*fleet.Action, error) {
 	a, err := s.Store.FindAction(ctx, tenant, id)
 	if err != nil {
@@ -354,8 +355,15 @@ func (s *Service) RetryAction(ctx context.Context, tenant string, id int64, stat
 	if a.Action == fleet.ActionCancel {
 		return nil, fleet.Errorf(fleet.ECONFLICT, "action %d is a cancel_action, which is not retried: cancel the action it cancelled again instead", id)
 	}
-	return s.DispatchAction(ctx, tenant, &fleet.Dispatch{Action: a.Action, Params: a.Params, SearchType: fleet.SearchDefault,
-		Timeout: a.Timeout, RetryOf: id, RetryStatuses: statuses})
+	d := &fleet.Dispatch{Action: a.Action, Params: a.Params, SearchType: fleet.SearchDefault,
+		Timeout: a.Timeout, RetryOf: id, RetryStatuses: statuses}
+	if a.Action == fleet.ActionDesired {
+		// A desired change is never sent, only rolled out (docs/twin.md):
+		// its retry is a rollout of one phase, released at once.
+		d.Schedule = &fleet.Schedule{Phases: []fleet.Phase{{Name: "retry", TriggerOn: fleet.Trigger{Type: fleet.TriggerNow},
+			Info: fleet.PhaseInfo{Type: fleet.PhasePercentage, Percentage: 100}}}}
+	}
+	return s.DispatchAction(ctx, tenant, d)
 }
 
 // CancelAction cancels what is not final. The cancel_action the store

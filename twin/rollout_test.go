@@ -148,3 +148,34 @@ func actions(t *testing.T, s *fleetdtest.Server, c fleetdtest.Creds) []fleetdtes
 	s.Do(t, c, "GET", "/api/v1/actions?limit=1000", nil).Want(t, 200).Decode(t, &list)
 	return list.Actions
 }
+
+// TestDesiredRolloutRetry retries a desired rollout's device that did not
+// report the patch by its deadline, as the console's "Retry the N failed
+// devices" does: the retry is a desired rollout too, of one phase released
+// at once (a desired change is never sent to a device, so it cannot be
+// retried as an action without a schedule), and completes when the device
+// reports the values.
+func TestDesiredRolloutRetry(t *testing.T) {
+	t.Parallel()
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := fleetdtest.Start(t, b, "--rollout-interval", "50ms", "--action-sweep-interval", "100ms")
+		admin := s.Admin()
+		s.MustDevice(t, admin, "mute", nil)
+		var fd fleet.FleetDesired
+		s.Do(t, admin, "PATCH", "/api/v1/shadows", map[string]any{"search_type": "default", "device_ids": []string{"mute"},
+			"desired": map[string]any{"interval": 30}, "timeout": 1,
+			"schedule": map[string]any{"phases": []any{map[string]any{"name": "all", "trigger_on": map[string]any{"type": "now"},
+				"info": map[string]any{"type": "percentage", "percentage": 100}}}}}).Want(t, 200).Decode(t, &fd)
+		s.AwaitActionStatus(t, admin, "mute", fd.ActionID, "Failed")
+
+		var retry fleetdtest.ActionBody
+		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/retry", fd.ActionID), nil).Want(t, 201).Decode(t, &retry)
+		if a := s.Action(t, admin, retry.ID); a.Action != fleet.ActionDesired || a.Targeted != 1 {
+			t.Fatalf("the retry is %+v", a)
+		}
+		s.AwaitActionStatus(t, admin, "mute", retry.ID, "Initiated")
+		s.Do(t, admin, "POST", "/api/v1/devices/mute/streams/device_shadow",
+			[]any{map[string]any{"timestamp": 1_700_000_000_000, "sequence": 1, "interval": 30}}).Want(t, 200)
+		s.AwaitActionStatus(t, admin, "mute", retry.ID, "Completed")
+	})
+}
