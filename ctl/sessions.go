@@ -14,19 +14,23 @@ var (
 	remoteSettingsCols = cols("RECORDING", "recording")
 )
 
-// sessionsCmd is a device's remote sessions (docs/api.md, Remote
-// sessions): what ssh, forward and cp opened, ending one, and a shell's
+// sessionsCmd is the remote sessions of a device or the tenant
+// (docs/api.md, Remote sessions): what ssh, forward and cp opened, ending one, and a shell's
 // recording.
 func (a *app) sessionsCmd() *cobra.Command {
 	var p page
 	var w listWatch
 	list := &cobra.Command{
-		Use:               "list DEVICE",
+		Use:               "list [DEVICE]",
 		Aliases:           []string{"ls"},
-		Short:             "A device's remote sessions, newest first: who, what, when, bytes each way, why each ended",
-		Args:              exactArgs(1),
+		Short:             "A device's remote sessions, or the tenant's, newest first: who, what, when, bytes each way, why each ended",
+		Args:              rangeArgs(0, 1),
 		ValidArgsFunction: a.completeDevices,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return a.list(cmd, "/api/v1/remote-sessions", p.query(nil),
+					view{items: "remote_sessions", cols: append(cols("DEVICE", "device_id"), remoteSessionCols...)}, w)
+			}
 			return a.list(cmd, "/api/v1/devices/"+esc(args[0])+"/remote-sessions", p.query(nil),
 				view{items: "remote_sessions", cols: remoteSessionCols}, w)
 		},

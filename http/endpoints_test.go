@@ -341,6 +341,7 @@ var endpoints = map[string]endpoint{
 	"GET /api/v1/devices/{id}/remote-sessions": {perm: "read", prepare: func(_ *testing.T, _ *fleetdtest.Server, w *world) (string, any) {
 		return "/api/v1/devices/" + w.device + "/remote-sessions", nil
 	}},
+	"GET /api/v1/remote-sessions": {perm: "read", other: 200, prepare: static("/api/v1/remote-sessions?limit=100")},
 	"POST /api/v1/devices/{id}/remote-sessions/{sid}/end": {perm: "remote", prepare: func(t *testing.T, s *fleetdtest.Server, w *world) (string, any) {
 		// A session of its own each time, opened by a key of its own: the
 		// caps count a person's open sessions and a device's.

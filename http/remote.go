@@ -85,18 +85,28 @@ func (s *Server) handleCreateRemoteSession(w http.ResponseWriter, r *http.Reques
 	return nil
 }
 
+// handleListRemoteSessions lists the sessions of the device the path
+// names, or the tenant's (GET /api/v1/remote-sessions, the console's
+// sessions page), those of one device with ?device_id=.
 func (s *Server) handleListRemoteSessions(w http.ResponseWriter, r *http.Request) error {
-	id, err := deviceID(r)
-	if err != nil {
-		return err
-	}
 	q := newQuery(r)
+	id := ""
+	if r.PathValue("id") != "" {
+		var err error
+		if id, err = deviceID(r); err != nil {
+			return err
+		}
+	} else if id = q.String("device_id"); id != "" && !fleet.ValidDeviceID(id) {
+		q.fail("device_id", fleet.DeviceIDRule)
+	}
 	p := q.Page()
 	if err := q.Err(); err != nil {
 		return err
 	}
-	if _, err := s.Devices.FindDevice(r.Context(), tenantOf(r), id); err != nil {
-		return err
+	if r.PathValue("id") != "" {
+		if _, err := s.Devices.FindDevice(r.Context(), tenantOf(r), id); err != nil {
+			return err
+		}
 	}
 	list, n, err := s.RemoteSessions.FindRemoteSessions(r.Context(), tenantOf(r), id, p)
 	if err != nil {
