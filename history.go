@@ -155,11 +155,11 @@ type HistoryService interface {
 	// AggregateFleet aggregates a stream over the tenant's devices
 	// matching q.Metadata: one series, or one per device with q.ByDevice.
 	AggregateFleet(ctx context.Context, tenant, stream string, q AggregateQuery) ([]Bucket, []DeviceSeries, error)
-	// AggregateStats returns each bucket's count, average, minimum and
-	// maximum of q's field over a device's stream, or with device "" over
-	// the tenant's devices q.Metadata and q.Group select (q.Fn and
-	// q.ByDevice are not used).
-	AggregateStats(ctx context.Context, tenant, device, stream string, q AggregateQuery) ([]BucketStats, error)
+	// AggregateStats returns, by field, each bucket's count, average,
+	// minimum and maximum of each of fields over a device's stream, or with
+	// device "" over the tenant's devices q.Metadata and q.Group select
+	// (q.Field, q.Fn and q.ByDevice are not used), in one read.
+	AggregateStats(ctx context.Context, tenant, device, stream string, fields []string, q AggregateQuery) (map[string][]BucketStats, error)
 	// StreamRetention returns the tenant's retention and whether it is the
 	// tenant's own; SetStreamRetention sets it (0: the server's default).
 	StreamRetention(ctx context.Context, tenant string) (time.Duration, bool, error)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -268,18 +269,38 @@ func formatValue(v float64) string {
 	return s
 }
 
-// readSeries reads the average, minimum and maximum of spec's field in
-// each bucket, in one read, over a device's stream or with device "" over
-// the tenant's devices.
-func readSeries(ctx context.Context, h fleet.HistoryService, tenant, device string, spec chartSpec) (series, error) {
-	var s series
-	stats, err := h.AggregateStats(ctx, tenant, device, spec.Stream,
-		fleet.AggregateQuery{Field: spec.Field, Interval: spec.Interval, From: spec.From, To: spec.To, Group: spec.Group})
-	for _, b := range stats {
-		s.Start = append(s.Start, b.Start)
-		s.Avg, s.Min, s.Max = append(s.Avg, b.Avg), append(s.Min, b.Min), append(s.Max, b.Max)
+// drawCharts reads and draws the charts of specs over a device's streams,
+// or with device "" over the tenant's devices: one read of each stream's
+// fields (specs of a stream share their span, interval and group).
+func drawCharts(ctx context.Context, h fleet.HistoryService, tenant, device string, specs []chartSpec) ([]chart, error) {
+	fields := map[string][]string{}
+	var streams []string
+	for _, spec := range specs {
+		if fields[spec.Stream] == nil {
+			streams = append(streams, spec.Stream)
+		}
+		fields[spec.Stream] = append(fields[spec.Stream], spec.Field)
 	}
-	return s, err
+	read := map[string]map[string][]fleet.BucketStats{}
+	for _, stream := range streams {
+		spec := specs[slices.IndexFunc(specs, func(s chartSpec) bool { return s.Stream == stream })]
+		stats, err := h.AggregateStats(ctx, tenant, device, stream, fields[stream],
+			fleet.AggregateQuery{Interval: spec.Interval, From: spec.From, To: spec.To, Group: spec.Group})
+		if err != nil {
+			return nil, err
+		}
+		read[stream] = stats
+	}
+	charts := make([]chart, 0, len(specs))
+	for _, spec := range specs {
+		var s series
+		for _, b := range read[spec.Stream][spec.Field] {
+			s.Start = append(s.Start, b.Start)
+			s.Avg, s.Min, s.Max = append(s.Avg, b.Avg), append(s.Min, b.Min), append(s.Max, b.Max)
+		}
+		charts = append(charts, drawChart(spec, s))
+	}
+	return charts, nil
 }
 
 // numericFields are the names of a point's numeric fields, sorted.

@@ -72,15 +72,8 @@ func deviceChartSpecs(latest []*fleet.DataPoint, w chartWindow, now time.Time) (
 // deviceCharts reads the charts of a device over w.
 func (c *Console) deviceCharts(ctx context.Context, tenant, device string, latest []*fleet.DataPoint, w chartWindow) ([]chart, int, error) {
 	specs, more := deviceChartSpecs(latest, w, c.Now())
-	charts := make([]chart, 0, len(specs))
-	for _, spec := range specs {
-		s, err := readSeries(ctx, c.History, tenant, device, spec)
-		if err != nil {
-			return nil, 0, err
-		}
-		charts = append(charts, drawChart(spec, s))
-	}
-	return charts, more, nil
+	charts, err := drawCharts(ctx, c.History, tenant, device, specs)
+	return charts, more, err
 }
 
 // deviceChartsSection is the charts section of a device's page.
@@ -226,20 +219,19 @@ func (c *Console) handleAlert(w http.ResponseWriter, r *http.Request, v *view) e
 		if a.EndedAt != nil {
 			markers = append(markers, chartMarker{At: *a.EndedAt, Label: "ended"})
 		}
+		var specs []chartSpec
 		for _, f := range numericFields(a.Value.Data) {
-			if len(d.Charts.Charts) == maxCharts {
+			if len(specs) == maxCharts {
 				d.Charts.More++
 				continue
 			}
-			spec := chartSpec{Stream: a.Stream, Field: f, From: from, To: to, Interval: time.Minute, Ticks: "15:04", Markers: markers}
-			s, err := readSeries(ctx, c.History, tenant, a.DeviceID, spec)
-			if fleet.ErrorCode(err) == fleet.ENOTFOUND {
-				break // the device is gone; its alert stays
-			} else if err != nil {
-				return err
-			}
-			d.Charts.Charts = append(d.Charts.Charts, drawChart(spec, s))
+			specs = append(specs, chartSpec{Stream: a.Stream, Field: f, From: from, To: to, Interval: time.Minute, Ticks: "15:04", Markers: markers})
 		}
+		charts, err := drawCharts(ctx, c.History, tenant, a.DeviceID, specs)
+		if err != nil && fleet.ErrorCode(err) != fleet.ENOTFOUND { // a device gone leaves its alert, without charts
+			return err
+		}
+		d.Charts.Charts = charts
 	}
 	v.Title, v.Nav, v.Data = "Alert of "+a.RuleName+" on "+a.DeviceID, "alerts", d
 	c.render(w, r, http.StatusOK, "alert", v)
@@ -277,11 +269,11 @@ func (c *Console) fleetChart(r *http.Request, tenant string) (*fleetChartData, e
 	}
 	now := c.Now()
 	spec := chartSpec{Stream: d.Stream, Field: d.Field, Group: d.Group, From: now.Add(-win.Span), To: now, Interval: win.Interval, Ticks: win.Ticks}
-	s, err := readSeries(r.Context(), c.History, tenant, "", spec)
+	charts, err := drawCharts(r.Context(), c.History, tenant, "", []chartSpec{spec})
 	if err != nil {
 		return nil, err
 	}
-	d.Charts.Charts = []chart{drawChart(spec, s)}
+	d.Charts.Charts = charts
 	links := url.Values{"stream": {d.Stream}, "field": {d.Field}}
 	if d.Group != "" {
 		links.Set("group", d.Group)

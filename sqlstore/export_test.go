@@ -51,7 +51,7 @@ func (db *DB) ExplainFleetRollups(ctx context.Context, kind string, at time.Time
 		}
 	}
 	lo := millis(at)
-	return db.explainOn(ctx, tx, rollupsQuery(table, "tenant = ? AND stream = ?"), "acme", "env", "temp", lo, lo+hourMs)
+	return db.explainOn(ctx, tx, rollupsQuery(table, "tenant = ? AND stream = ?", 1), "acme", "env", "temp", lo, lo+hourMs)
 }
 
 // explain returns the database's plan of q ("?" placeholders), one line

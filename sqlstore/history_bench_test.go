@@ -145,8 +145,9 @@ func BenchmarkIngestRollups(b *testing.B) {
 // BenchmarkChartDay reads what a console chart of the last day reads (a
 // field in 10-minute buckets, from minute rollups) of a device that sent a
 // point a minute with three numeric fields for a week: AggregateStats,
-// which the database adds up by bucket, beside Aggregate of the average,
-// which merges the 1440 minute rollups itself.
+// which the database adds up by bucket, of one field and of the three (a
+// device page's charts of the stream, one statement), beside Aggregate of
+// the average, which merges the 1440 minute rollups itself.
 func BenchmarkChartDay(b *testing.B) {
 	for _, be := range sqlstoretest.Backends() {
 		b.Run(be.Name, func(b *testing.B) {
@@ -172,8 +173,15 @@ func BenchmarkChartDay(b *testing.B) {
 			q := fleet.AggregateQuery{Field: "f0", Fn: fleet.AggAvg, Interval: 10 * time.Minute, From: now.Add(-24 * time.Hour), To: now}
 			b.Run("stats", func(b *testing.B) {
 				for b.Loop() {
-					if s, err := db.AggregateStats(ctx, "acme", "d1", "env", q); err != nil || len(s) != 144 {
-						b.Fatalf("%d buckets, %v", len(s), err)
+					if s, err := db.AggregateStats(ctx, "acme", "d1", "env", []string{"f0"}, q); err != nil || len(s["f0"]) != 144 {
+						b.Fatalf("%d buckets, %v", len(s["f0"]), err)
+					}
+				}
+			})
+			b.Run("page", func(b *testing.B) { // the three fields' charts of a device page
+				for b.Loop() {
+					if s, err := db.AggregateStats(ctx, "acme", "d1", "env", []string{"f0", "f1", "f2"}, q); err != nil || len(s["f2"]) != 144 {
+						b.Fatalf("%d buckets, %v", len(s["f2"]), err)
 					}
 				}
 			})

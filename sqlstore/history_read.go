@@ -629,18 +629,18 @@ func aggregateSource(q fleet.AggregateQuery) (partKind, bool, error) {
 // raw points are those it received since it was made, as FindPoints reads
 // them: not those of a device of the same id deleted before.
 func (db *DB) aggregate(ctx context.Context, tenant, device, stream string, q fleet.AggregateQuery, raw bool) (map[string][]fleet.Bucket, error) {
-	acc, err := db.accumulate(ctx, tenant, device, stream, q, raw, false)
+	acc, err := db.accumulate(ctx, tenant, device, stream, []string{q.Field}, q, raw, false)
 	if err != nil {
 		return nil, err
 	}
 	out := map[string][]fleet.Bucket{}
-	for dev, m := range acc {
+	for key, m := range acc {
 		bs := make([]fleet.Bucket, 0, len(m))
 		for _, start := range slices.Sorted(maps.Keys(m)) {
 			r := m[start]
 			bs = append(bs, fleet.Bucket{Start: fromMillis(start), Value: r.value(q.Fn), Count: r.n})
 		}
-		out[dev] = bs
+		out[key.device] = bs
 	}
 	if _, ok := out[""]; !ok && (device != "" || !q.ByDevice) {
 		out[""] = []fleet.Bucket{}
@@ -648,29 +648,43 @@ func (db *DB) aggregate(ctx context.Context, tenant, device, stream string, q fl
 	return out, nil
 }
 
-// AggregateStats returns the count, average, minimum and maximum of each
-// bucket of q over a device's stream, or with device "" over the tenant's
-// devices that q.Metadata and q.Group select (one series; q.Fn and
-// q.ByDevice are not used): a chart's line and band from one read.
-func (db *DB) AggregateStats(ctx context.Context, tenant, device, stream string, q fleet.AggregateQuery) ([]fleet.BucketStats, error) {
+// AggregateStats returns, for each of fields, the count, average, minimum
+// and maximum of each bucket of q over a device's stream, or with device ""
+// over the tenant's devices that q.Metadata and q.Group select (one series
+// a field; q.Field, q.Fn and q.ByDevice are not used): the line and band
+// of a page's charts of a stream from one device lookup and one statement
+// (a device page's charts took four round trips each on PostgreSQL).
+func (db *DB) AggregateStats(ctx context.Context, tenant, device, stream string, fields []string, q fleet.AggregateQuery) (map[string][]fleet.BucketStats, error) {
+	if len(fields) == 0 {
+		return nil, fleet.FieldErrors(map[string]string{"field": "must name a field"})
+	}
 	q.Fn, q.ByDevice = fleet.AggAvg, false
-	acc, err := db.accumulate(ctx, tenant, device, stream, q, false, true)
+	acc, err := db.accumulate(ctx, tenant, device, stream, fields, q, false, true)
 	if err != nil {
 		return nil, err
 	}
-	m := acc[""]
-	out := make([]fleet.BucketStats, 0, len(m))
-	for _, start := range slices.Sorted(maps.Keys(m)) {
-		r := m[start]
-		out = append(out, fleet.BucketStats{Start: fromMillis(start), Count: r.n, Avg: r.value(fleet.AggAvg), Min: r.min, Max: r.max})
+	out := make(map[string][]fleet.BucketStats, len(fields))
+	for _, f := range fields {
+		m := acc[seriesKey{field: f}]
+		bs := make([]fleet.BucketStats, 0, len(m))
+		for _, start := range slices.Sorted(maps.Keys(m)) {
+			r := m[start]
+			bs = append(bs, fleet.BucketStats{Start: fromMillis(start), Count: r.n, Avg: r.value(fleet.AggAvg), Min: r.min, Max: r.max})
+		}
+		out[f] = bs
 	}
 	return out, nil
 }
 
-// accumulate merges the rollups (or raw points) q reads into one rollup a
-// bucket, by device or under "" as aggregate's. With stats, the merged
-// rollups need only their count, minimum, maximum and sum (not last).
-func (db *DB) accumulate(ctx context.Context, tenant, device, stream string, q fleet.AggregateQuery, raw, stats bool) (map[string]map[int64]*rollup, error) {
+// seriesKey names a series accumulate merges: a field's, of a device or
+// ("") of all that the read chose.
+type seriesKey struct{ field, device string }
+
+// accumulate merges the rollups (or raw points) of fields that q reads
+// into one rollup a bucket, by field and by device or under "" as
+// aggregate's. With stats, the merged rollups need only their count,
+// minimum, maximum and sum (not last).
+func (db *DB) accumulate(ctx context.Context, tenant, device, stream string, fields []string, q fleet.AggregateQuery, raw, stats bool) (map[seriesKey]map[int64]*rollup, error) {
 	where, args := "tenant = ? AND stream = ?", []any{tenant, stream}
 	rawWhere, rawArgs := where, args
 	if device != "" {
@@ -705,22 +719,23 @@ func (db *DB) accumulate(ctx context.Context, tenant, device, stream string, q f
 			return nil, err
 		}
 	}
-	tx, err := db.readTx(ctx)
+	rd, done, err := db.historyReader(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer tx.Rollback()
-	acc := map[string]map[int64]*rollup{}
+	defer done()
+	acc := map[seriesKey]map[int64]*rollup{}
 	held := 0 // buckets in acc: by device, MaxBuckets is each series'
-	add := func(dev string, r *rollup) error {
+	add := func(field, dev string, r *rollup) error {
 		if devices != nil && !devices[dev] {
 			return nil
 		}
 		if device != "" || !q.ByDevice {
 			dev = ""
 		}
+		key := seriesKey{field, dev}
 		b := floorTo(r.bucket, iv)
-		m := acc[dev]
+		m := acc[key]
 		if m[b] == nil {
 			if held == db.history.maxSeries {
 				return fleet.FieldErrors(map[string]string{"by": fmt.Sprintf("makes more than %d buckets over all the devices' series; narrow the devices with metadata.{key}, or choose a longer interval or a shorter range", db.history.maxSeries)})
@@ -728,7 +743,7 @@ func (db *DB) accumulate(ctx context.Context, tenant, device, stream string, q f
 			held++
 			if m == nil {
 				m = map[int64]*rollup{}
-				acc[dev] = m
+				acc[key] = m
 			}
 			m[b] = &rollup{bucket: b}
 		}
@@ -737,11 +752,11 @@ func (db *DB) accumulate(ctx context.Context, tenant, device, stream string, q f
 	}
 	switch {
 	case fromRaw || raw:
-		err = db.aggregateRaw(ctx, tx, tenant, rawWhere, rawArgs, q.Field, lo, hi, add)
+		err = db.aggregateRaw(ctx, rd, tenant, rawWhere, rawArgs, fields, lo, hi, add)
 	case stats && devices == nil && !q.ByDevice:
-		err = db.aggregateRollupStats(ctx, tx, kind, where, args, q.Field, iv, lo, hi, add)
+		err = db.aggregateRollupStats(ctx, rd, kind, where, args, fields, iv, lo, hi, add)
 	default:
-		err = db.aggregateRollups(ctx, tx, kind, where, args, q.Field, lo, hi, add)
+		err = db.aggregateRollups(ctx, rd, kind, where, args, fields, lo, hi, add)
 	}
 	if fleet.ErrorCode(err) == fleet.EINVALID {
 		return nil, err
@@ -768,9 +783,25 @@ func (r *rollup) value(fn string) float64 {
 	return r.last
 }
 
-// aggregateRaw folds the numeric values of field in [lo, hi) of the
+// historyReader is what a history read queries and its end: on SQLite a
+// read transaction, so that the partition tables segments lists are still
+// those it reads; on PostgreSQL the pool, as a read there is one statement
+// over the parent table (segments), which sees one snapshot on its own,
+// and a transaction's begin and end would be two more round trips.
+func (db *DB) historyReader(ctx context.Context) (querier, func(), error) {
+	if db.dialect == postgres {
+		return db, func() {}, nil
+	}
+	tx, err := db.readTx(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return tx, func() { tx.Rollback() }, nil
+}
+
+// aggregateRaw folds the numeric values of fields in [lo, hi) of the
 // chunks where chooses, a point at a time, into add.
-func (db *DB) aggregateRaw(ctx context.Context, tx readTx, tenant, where string, args []any, field string, lo, hi int64, add func(string, *rollup) error) error {
+func (db *DB) aggregateRaw(ctx context.Context, tx querier, tenant, where string, args []any, fields []string, lo, hi int64, add func(field, dev string, r *rollup) error) error {
 	floor, err := db.floor(ctx, tenant)
 	if err != nil {
 		return err
@@ -806,10 +837,12 @@ func (db *DB) aggregateRaw(ctx context.Context, tx readTx, tenant, where string,
 						return false
 					}
 					obj, _ := data.(map[string]any)
-					if x, ok := numeric(obj[field]); ok {
-						r := rollup{bucket: ts}
-						r.add(x, ts, seq)
-						added = add(dev, &r)
+					for _, field := range fields {
+						if x, ok := numeric(obj[field]); ok && added == nil {
+							r := rollup{bucket: ts}
+							r.add(x, ts, seq)
+							added = add(field, dev, &r)
+						}
 					}
 					return added == nil
 				})
@@ -829,26 +862,26 @@ func (db *DB) aggregateRaw(ctx context.Context, tx readTx, tenant, where string,
 	return nil
 }
 
-// aggregateRollups folds the rollups of kind for field in [lo, hi) into
+// aggregateRollups folds the rollups of kind for fields in [lo, hi) into
 // add.
-func (db *DB) aggregateRollups(ctx context.Context, tx readTx, kind partKind, where string, args []any, field string, lo, hi int64, add func(string, *rollup) error) error {
+func (db *DB) aggregateRollups(ctx context.Context, tx querier, kind partKind, where string, args []any, fields []string, lo, hi int64, add func(field, dev string, r *rollup) error) error {
 	segs, err := db.segments(ctx, tx, kind, lo, hi, false)
 	if err != nil {
 		return err
 	}
 	for _, s := range segs {
-		rows, err := tx.query(ctx, rollupsQuery(s.table, where), append(slices.Clip(args), field, s.lo, s.hi)...)
+		rows, err := tx.query(ctx, rollupsQuery(s.table, where, len(fields)), fieldArgs(args, fields, s.lo, s.hi)...)
 		if err != nil {
 			return err
 		}
 		for rows.Next() {
-			var dev string
+			var dev, field string
 			var r rollup
-			if err := rows.Scan(&dev, &r.bucket, &r.n, &r.min, &r.max, &r.sum, &r.last, &r.lastTS, &r.lastSeq); err != nil {
+			if err := rows.Scan(&dev, &field, &r.bucket, &r.n, &r.min, &r.max, &r.sum, &r.last, &r.lastTS, &r.lastSeq); err != nil {
 				rows.Close()
 				return err
 			}
-			if err := add(dev, &r); err != nil {
+			if err := add(field, dev, &r); err != nil {
 				rows.Close()
 				return err
 			}
@@ -861,29 +894,30 @@ func (db *DB) aggregateRollups(ctx context.Context, tx readTx, kind partKind, wh
 }
 
 // aggregateRollupStats folds the count, minimum, maximum and sum of the
-// rollups of kind for field in [lo, hi) into add, a bucket of iv at a
-// time: the database adds up the rollups of each bucket, so a chart of a
-// day in 10-minute buckets reads 144 rows of a field, not the 1440 minute
-// rollups, which took most of a chart page's time.
-func (db *DB) aggregateRollupStats(ctx context.Context, tx readTx, kind partKind, where string, args []any, field string, iv, lo, hi int64, add func(string, *rollup) error) error {
+// rollups of kind for fields in [lo, hi) into add, a field's bucket of iv
+// at a time: the database adds up the rollups of each bucket, so a chart
+// of a day in 10-minute buckets reads 144 rows of a field, not the 1440
+// minute rollups, which took most of a chart page's time.
+func (db *DB) aggregateRollupStats(ctx context.Context, tx querier, kind partKind, where string, args []any, fields []string, iv, lo, hi int64, add func(field, dev string, r *rollup) error) error {
 	segs, err := db.segments(ctx, tx, kind, lo, hi, false)
 	if err != nil {
 		return err
 	}
 	for _, s := range segs {
-		rows, err := tx.query(ctx, `SELECT bucket - bucket % ?, sum(n), min(vmin), max(vmax), sum(vsum) FROM `+s.table+`
-			WHERE `+where+` AND field = ? AND bucket >= ? AND bucket < ? GROUP BY 1`,
-			append(append([]any{iv}, args...), field, s.lo, s.hi)...)
+		rows, err := tx.query(ctx, `SELECT field, bucket - bucket % ?, sum(n), min(vmin), max(vmax), sum(vsum) FROM `+s.table+`
+			WHERE `+where+` AND field IN (`+placeholders(len(fields))+`) AND bucket >= ? AND bucket < ? GROUP BY 1, 2`,
+			fieldArgs(append([]any{iv}, args...), fields, s.lo, s.hi)...)
 		if err != nil {
 			return err
 		}
 		for rows.Next() {
+			var field string
 			var r rollup
-			if err := rows.Scan(&r.bucket, &r.n, &r.min, &r.max, &r.sum); err != nil {
+			if err := rows.Scan(&field, &r.bucket, &r.n, &r.min, &r.max, &r.sum); err != nil {
 				rows.Close()
 				return err
 			}
-			if err := add("", &r); err != nil {
+			if err := add(field, "", &r); err != nil {
 				rows.Close()
 				return err
 			}
@@ -895,12 +929,21 @@ func (db *DB) aggregateRollupStats(ctx context.Context, tx readTx, kind partKind
 	return nil
 }
 
-// rollupsQuery reads the rollups of table that where chooses, of a field
-// (the next argument) in a range of buckets (the two after). A fleet-wide
+// rollupsQuery reads the rollups of table that where chooses, of n fields
+// (the next arguments) in a range of buckets (the two after). A fleet-wide
 // where (tenant and stream) is served by the index of migration 0043.
-func rollupsQuery(table, where string) string {
-	return `SELECT device_id, bucket, n, vmin, vmax, vsum, vlast, last_ts, last_seq FROM ` + table + `
-		WHERE ` + where + ` AND field = ? AND bucket >= ? AND bucket < ?`
+func rollupsQuery(table, where string, n int) string {
+	return `SELECT device_id, field, bucket, n, vmin, vmax, vsum, vlast, last_ts, last_seq FROM ` + table + `
+		WHERE ` + where + ` AND field IN (` + placeholders(n) + `) AND bucket >= ? AND bucket < ?`
+}
+
+// fieldArgs are args, then the fields, then the range of buckets [lo, hi).
+func fieldArgs(args []any, fields []string, lo, hi int64) []any {
+	out := append(slices.Clip(args), make([]any, 0, len(fields)+2)...)
+	for _, f := range fields {
+		out = append(out, f)
+	}
+	return append(out, lo, hi)
 }
 
 // devicesMatching returns the ids of a tenant's devices whose metadata has
