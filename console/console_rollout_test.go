@@ -154,7 +154,7 @@ func TestConsoleRollouts(t *testing.T) {
 			res := b.Get(fmt.Sprintf("/console/actions/%d", id)).Want(t, 200)
 			fleetdtest.WantContains(t, "the action page", res.Body,
 				`data-confirm="Abort rollout #`+fmt.Sprint(id)+` (update_firmware)? No further phase is released, and this cancels the 4 device actions not finished: 3 not yet on their device are cancelled at once, and the 1 device that has it (mid-download, for an update) is sent a cancel_action and asked to stop. It cannot be undone."`,
-				`<td>0 lab</td>`, `<td>1 canary</td>`, `<td>2 everyone</td>`, "no alert of 1 rules within 60 s of completing",
+				`<td>0 lab</td>`, `<td>1 canary</td>`, `<td>2 everyone</td>`, "no alert of 1 rule within 60 s of completing",
 				"at most 25% of finished failed, judged from 2 finished")
 			b.Do("POST", fmt.Sprintf("/console/actions/%d/abort", id), url.Values{"csrf": {res.CSRF(t)}}).Want(t, 303)
 			res = b.Get(fmt.Sprintf("/console/actions/%d", id)).Want(t, 200)

@@ -44,8 +44,10 @@ var funcs = template.FuncMap{
 	"join":  strings.Join,
 	"final": func(s fleet.ActionStatus) bool { return s.Final() },
 	"inc":   func(i int) int { return i + 1 },
-	"count": func(m map[string]int, k fleet.ActionStatus) int { return m[string(k)] },
-	"list":  func(s ...string) []string { return s },
+	// plural is the noun a count of n takes: {{n}} {{plural n "device" "devices"}}.
+	"plural": plural,
+	"count":  func(m map[string]int, k fleet.ActionStatus) int { return m[string(k)] },
+	"list":   func(s ...string) []string { return s },
 	// allows: the rollout of the action allows the operation now
 	// (fleet.RolloutOperations); the page shows only those.
 	"allows":        func(a *fleet.Action, op string) bool { return a.RolloutAllows(fleet.RolloutOp(op)) == nil },
@@ -85,12 +87,11 @@ var opLabels = map[string]string{
 // operations can be undone, and ask nothing ("").
 func confirmOp(a *fleet.Action, op string) string {
 	p := newProgress(a.Statuses)
-	have := "devices that have it (mid-download, for an update) are"
-	if p.Running == 1 {
-		have = "device that has it (mid-download, for an update) is"
-	}
-	what := fmt.Sprintf("%d device actions not finished: %d not yet on their device are cancelled at once, and the %d %s sent a cancel_action and asked to stop",
-		p.Total-p.Final, p.Scheduled+p.Waiting, p.Running, have)
+	open, queued := p.Total-p.Final, p.Scheduled+p.Waiting
+	what := fmt.Sprintf("%d %s not finished: %d not yet on %s cancelled at once, and the %d %s sent a cancel_action and asked to stop",
+		open, plural(open, "device action", "device actions"),
+		queued, plural(queued, "its device is", "their device are"),
+		p.Running, plural(p.Running, "device that has it (mid-download, for an update) is", "devices that have it (mid-download, for an update) are"))
 	switch op {
 	case "abort":
 		return fmt.Sprintf("Abort rollout #%d (%s)? No further phase is released, and this cancels the %s. It cannot be undone.", a.ID, a.Action, what)
@@ -98,6 +99,15 @@ func confirmOp(a *fleet.Action, op string) string {
 		return fmt.Sprintf("Cancel action #%d (%s)? This cancels the %s. It cannot be undone.", a.ID, a.Action, what)
 	}
 	return ""
+}
+
+// plural is the noun, or the words, that go with a count of n: one for
+// 1, many for any other count.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // paramsSummary is an action's params on one line, key=value, for a list

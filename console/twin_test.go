@@ -184,7 +184,7 @@ func TestConsoleTwin(t *testing.T) {
 			if strings.Contains(page, "/console/groups/berlin") {
 				t.Errorf("another tenant's groups page lists berlin")
 			}
-			stranger.get("/console/devices?group=theirs").want(t, 200, "1 devices", "theirs")
+			stranger.get("/console/devices?group=theirs").want(t, 200, `<p class="count">1 device</p>`, "theirs")
 			op.get("/console/groups/theirs").want(t, http.StatusNotFound)
 			op.get("/console/devices?group=theirs").want(t, http.StatusNotFound)
 			if _, v := shadowOf(t, s, admin, "pump-1"); v != 2 {
@@ -195,7 +195,7 @@ func TestConsoleTwin(t *testing.T) {
 		t.Run("Filters", func(t *testing.T) {
 			// pump-1 is in berlin (site) and out of sync (it reports
 			// nothing); the bulk devices are in sync, having no shadow.
-			page := op.get("/console/devices?group=berlin&shadow=out_of_sync").want(t, 200, "1 devices", "/console/devices/pump-1").Body
+			page := op.get("/console/devices?group=berlin&shadow=out_of_sync").want(t, 200, `<p class="count">1 device</p>`, "/console/devices/pump-1").Body
 			if strings.Contains(page, "bulk-") {
 				t.Errorf("in-sync devices are listed out of sync")
 			}

@@ -190,8 +190,8 @@ await run(async (browser, track) => {
   const before = dialogs.length;
   await page.getByRole("button", { name: `Delete rule ${ruleName}` }).click();
   assert.equal(dialogs.length, before + 1, "Delete asked for confirmation");
-  assert.ok(dialogs.at(-1).startsWith(`Delete rule ${ruleName}? Its 1 notification rules, its `), dialogs.at(-1));
-  assert.ok(dialogs.at(-1).endsWith(" alerts and their pending notifications are deleted with it. It cannot be undone."), dialogs.at(-1));
+  assert.ok(dialogs.at(-1).startsWith(`Delete rule ${ruleName}? Its 1 notification rule, its `), dialogs.at(-1));
+  assert.match(dialogs.at(-1), /, its (1 alert|(0|[2-9]|\d\d+) alerts) and their pending notifications are deleted with it\. It cannot be undone\.$/);
   assert.equal((await api(operatorKey, "GET", `/api/v1/alert-rules/${ruleID}`)).id, ruleID, "the rule is still there");
   console.log("alerts browser test: all steps passed");
 });

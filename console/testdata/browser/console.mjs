@@ -66,7 +66,7 @@ try {
   await shot(page, "devices");
   await page.getByLabel("Search id or metadata").fill(xssDevice);
   await page.getByRole("button", { name: "Filter" }).click();
-  await page.getByText("1 devices").waitFor();
+  await page.getByText("1 device", { exact: true }).waitFor();
   await page.getByRole("link", { name: xssDevice }).click();
   await page.getByRole("heading", { name: `Device ${xssDevice}` }).waitFor();
 

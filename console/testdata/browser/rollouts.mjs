@@ -64,7 +64,7 @@ await run(async (browser, watch) => {
   const actionID = Number(page.url().split("/").pop());
   await page.getByRole("cell", { name: "0 lab" }).waitFor();
   await page.getByRole("cell", { name: "2 everyone" }).waitFor();
-  await page.getByText(/no alert of 1 rules within 60 s/).waitFor();
+  await page.getByText(/no alert of 1 rule within 60 s/).waitFor();
   await page.waitForFunction(() => document.querySelector('[data-triggered="0"]')?.textContent === "released");
   await api(operatorKey, "POST", "/api/v1/devices/action/status", { device_id: devices[0], action_id: actionID, state: "Downloading", progress: 40 });
   await page.waitForFunction(() => document.querySelector('td[data-count="Progress"]:not([data-phase])')?.textContent === "1");
@@ -141,7 +141,7 @@ await run(async (browser, watch) => {
   }
   await page.locator("[data-rollout-status]").getByText("completed").waitFor();
   await page.reload();
-  await page.getByRole("button", { name: "Retry the 1 failed devices" }).click();
+  await page.getByRole("button", { name: "Retry the 1 failed device", exact: true }).click();
   await page.waitForURL((u) => /^\/console\/actions\/\d+$/.test(u.pathname) && u.pathname !== `/console/actions/${canaryID}`);
   const retryID = Number(page.url().split("/").pop());
   assert.notEqual(retryID, canaryID, "the retry is an action of its own");
@@ -155,7 +155,7 @@ await run(async (browser, watch) => {
   // The failed device is offline: its retry is cancelled at once.
   await page.waitForFunction(() => document.querySelector('td[data-count="Cancelled"]')?.textContent === "1");
   assert.equal(dialogs.length, 2, "Cancel asked for confirmation");
-  assert.match(dialogs[1], new RegExp(`^Cancel action #${retryID} \\(reboot\\)\\? This cancels the 1 device actions not finished: `));
+  assert.match(dialogs[1], new RegExp(`^Cancel action #${retryID} \\(reboot\\)\\? This cancels the 1 device action not finished: 1 not yet on its device is cancelled at once, `));
 
   step("the builder, the aborted rollout and the list fit 1280x800 and 390x844");
   await fitsLayout(page, [`/console/actions/new?action=update_firmware&version=${version}&rollout=1`, `/console/actions/${actionID}`, "/console/actions"]);

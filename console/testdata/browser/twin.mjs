@@ -97,7 +97,7 @@ await run(async (browser, watch) => {
   await page.getByLabel("Twin").selectOption("out_of_sync");
   await page.getByRole("button", { name: "Filter" }).click();
   await page.waitForURL(/group=berlin/);
-  await page.getByText("1 devices").waitFor(); // interval 60 is not reported yet
+  await page.getByText("1 device", { exact: true }).waitFor(); // interval 60 is not reported yet
   await page.getByLabel("Twin").selectOption("in_sync");
   await page.getByRole("button", { name: "Filter" }).click();
   await page.getByText("0 devices").waitFor();
