@@ -185,6 +185,9 @@ try {
   assert.equal(rotated.headers()["cache-control"], "no-store", "the token's page is not cached");
   const token = await page.getByLabel("New device token (shown once)").inputValue();
   assert.match(token, /^fdt_/);
+  // console.js replaces the history entry once the page has loaded, which
+  // on a busy machine comes after the token's field is there to read.
+  await page.waitForURL(base + `/console/devices/${devices[1]}`).catch(() => {});
   assert.equal(page.url(), base + `/console/devices/${devices[1]}`, "the history entry is the device page's");
   // The device authenticates with it (hawkBit DDI, TargetToken).
   const ddi = () => fetch(`${base}/${tenant}/controller/v1/${devices[1]}`, { headers: { authorization: `TargetToken ${token}` } });
