@@ -5,6 +5,7 @@
 // OPERATOR_NAME), VIEWER_KEY, DEVICE, SCREENSHOTS (optional).
 // Every wait is on a condition in the page, bounded by Playwright's timeouts.
 import assert from "node:assert/strict";
+import { readFile } from "node:fs/promises";
 import { base, env, run, shot, signIn, step, watchedPage } from "./harness.mjs";
 
 const device = env("DEVICE");
@@ -61,6 +62,21 @@ await run(async (browser, watch) => {
   await exited.waitFor();
   assert.match(await exited.innerText(), /shell/, "the kind is listed");
   assert.match(await exited.innerText(), /[1-9]\d* bytes\s+[1-9]\d* bytes/, "bytes each way are listed");
+
+  step("the tenant records shells: the ended session's recording link downloads its asciicast");
+  const link = exited.getByRole("link", { name: /asciicast$/ });
+  for (let i = 0; ; i++) { // stored a moment after the session ends
+    if (await link.count() > 0) break;
+    assert.ok(i < 100, "the ended session's recording is listed");
+    await list.waitForTimeout(100);
+    await list.reload();
+  }
+  const [download] = await Promise.all([list.waitForEvent("download"), link.click()]);
+  const session = (await link.getAttribute("href")).match(/\/remote-sessions\/([^/]+)\/recording$/)[1];
+  assert.equal(download.suggestedFilename(), session + ".cast", "the download is named after its session");
+  const cast = (await readFile(await download.path(), "utf8")).split("\n");
+  assert.equal(JSON.parse(cast[0]).version, 2, "an asciicast v2 header");
+  assert.ok(cast.slice(1).some((l) => l.includes('"o"') && l.includes("42sum")), "the shell's output is recorded");
   await list.goto(base + "/console/remote-sessions");
   await list.getByRole("cell", { name: device }).first().waitFor(); // the tenant's list names devices
   await shot(list, "remote-sessions");
