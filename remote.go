@@ -57,6 +57,13 @@ type RemoteSettings struct {
 }
 
 // RemoteSessionService stores remote sessions.
+// RemoteSessionFilter chooses the sessions a list shows.
+type RemoteSessionFilter struct {
+	DeviceID string // one device's; "" for every device of the tenant
+	Open     bool   // only those not ended
+	Page
+}
+
 type RemoteSessionService interface {
 	// CreateRemoteSession stores s (audited) and fills in s.ID,
 	// s.StartedAt and s.Recorded, unless admit refuses what is open
@@ -66,9 +73,9 @@ type RemoteSessionService interface {
 	// EndRemoteSession records s's end, bytes, reason and recording size
 	// (audited).
 	EndRemoteSession(ctx context.Context, s *RemoteSession) error
-	// FindRemoteSessions lists a device's sessions, or the tenant's when
-	// deviceID is "", newest first.
-	FindRemoteSessions(ctx context.Context, tenant, deviceID string, p Page) ([]*RemoteSession, int, error)
+	// FindRemoteSessions lists the tenant's sessions that f chooses,
+	// newest first.
+	FindRemoteSessions(ctx context.Context, tenant string, f RemoteSessionFilter) ([]*RemoteSession, int, error)
 	// StopRemoteSession asks whichever replica relays the open session id
 	// to end it (audited): ENOTFOUND for no such session, ECONFLICT for
 	// one that has ended. by names who asked, for the end's reason.

@@ -106,7 +106,7 @@ func (c *Console) handleRemoteSessions(w http.ResponseWriter, r *http.Request, v
 		}
 	}
 	var n int
-	if d.Sessions, n, err = c.RemoteSessions.FindRemoteSessions(r.Context(), v.Actor.Tenant, d.Device, p); err != nil {
+	if d.Sessions, n, err = c.RemoteSessions.FindRemoteSessions(r.Context(), v.Actor.Tenant, fleet.RemoteSessionFilter{DeviceID: d.Device, Page: p}); err != nil {
 		return err
 	}
 	d.Pager = newPager(r, p, n)

@@ -20,6 +20,7 @@ var (
 func (a *app) sessionsCmd() *cobra.Command {
 	var p page
 	var w listWatch
+	var open bool
 	list := &cobra.Command{
 		Use:               "list [DEVICE]",
 		Aliases:           []string{"ls"},
@@ -27,14 +28,19 @@ func (a *app) sessionsCmd() *cobra.Command {
 		Args:              rangeArgs(0, 1),
 		ValidArgsFunction: a.completeDevices,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			q := p.query(nil)
+			if open {
+				q.Set("open", "true")
+			}
 			if len(args) == 0 {
-				return a.list(cmd, "/api/v1/remote-sessions", p.query(nil),
+				return a.list(cmd, "/api/v1/remote-sessions", q,
 					view{items: "remote_sessions", cols: append(cols("DEVICE", "device_id"), remoteSessionCols...)}, w)
 			}
-			return a.list(cmd, "/api/v1/devices/"+esc(args[0])+"/remote-sessions", p.query(nil),
+			return a.list(cmd, "/api/v1/devices/"+esc(args[0])+"/remote-sessions", q,
 				view{items: "remote_sessions", cols: remoteSessionCols}, w)
 		},
 	}
+	list.Flags().BoolVar(&open, "open", false, "only the sessions not ended")
 	p.flags(list)
 	w.flags(list)
 	end := &cobra.Command{

@@ -87,28 +87,30 @@ func (s *Server) handleCreateRemoteSession(w http.ResponseWriter, r *http.Reques
 
 // handleListRemoteSessions lists the sessions of the device the path
 // names, or the tenant's (GET /api/v1/remote-sessions, the console's
-// sessions page), those of one device with ?device_id=.
+// sessions page), those of one device with ?device_id=; ?open=true keeps
+// those not ended.
 func (s *Server) handleListRemoteSessions(w http.ResponseWriter, r *http.Request) error {
 	q := newQuery(r)
-	id := ""
+	var f fleet.RemoteSessionFilter
 	if r.PathValue("id") != "" {
 		var err error
-		if id, err = deviceID(r); err != nil {
+		if f.DeviceID, err = deviceID(r); err != nil {
 			return err
 		}
-	} else if id = q.String("device_id"); id != "" && !fleet.ValidDeviceID(id) {
+	} else if f.DeviceID = q.String("device_id"); f.DeviceID != "" && !fleet.ValidDeviceID(f.DeviceID) {
 		q.fail("device_id", fleet.DeviceIDRule)
 	}
-	p := q.Page()
+	f.Open = q.Enum("open", "false", "true", "false") == "true"
+	f.Page = q.Page()
 	if err := q.Err(); err != nil {
 		return err
 	}
 	if r.PathValue("id") != "" {
-		if _, err := s.Devices.FindDevice(r.Context(), tenantOf(r), id); err != nil {
+		if _, err := s.Devices.FindDevice(r.Context(), tenantOf(r), f.DeviceID); err != nil {
 			return err
 		}
 	}
-	list, n, err := s.RemoteSessions.FindRemoteSessions(r.Context(), tenantOf(r), id, p)
+	list, n, err := s.RemoteSessions.FindRemoteSessions(r.Context(), tenantOf(r), f)
 	if err != nil {
 		return err
 	}

@@ -12,7 +12,8 @@ import (
 
 // TestTenantRemoteSessions: GET /api/v1/remote-sessions lists the
 // tenant's sessions of every device, newest first, narrowed to a device
-// with device_id, paged, and by fleetctl sessions list; another
+// with device_id, to the open ones with open=true, paged, and by
+// fleetctl sessions list; another
 // tenant's sessions never show.
 func TestTenantRemoteSessions(t *testing.T) {
 	t.Parallel()
@@ -56,18 +57,33 @@ func TestTenantRemoteSessions(t *testing.T) {
 		if got := list(other, ""); strings.Contains(got, "rs-a") || !strings.HasPrefix(got, "1 rs-c:") {
 			t.Fatalf("the other tenant's sessions = %s", got)
 		}
+		// Ended, rs-a's session leaves the open ones.
+		s.Do(t, admin, "POST", "/api/v1/devices/rs-a/remote-sessions/"+a1+"/end", nil).Want(t, 202)
+		fleetdtest.Eventually(t, "rs-a's session to end", func() bool { return list(admin, "?open=true") == "1 rs-b:"+a2 })
+		if got, want := list(admin, "?open=true&device_id=rs-a"), "0 "; got != want {
+			t.Fatalf("rs-a's open sessions = %s, want %s", got, want)
+		}
+		if got, want := list(admin, ""), "2 rs-b:"+a2+" rs-a:"+a1; got != want {
+			t.Fatalf("tenant's sessions after an end = %s, want %s", got, want)
+		}
 		viewer := s.NewKey(t, admin, "rs-viewer", "viewer")
 		if got := list(viewer, ""); !strings.HasPrefix(got, "2 ") {
 			t.Fatalf("a viewer's list = %s", got)
 		}
 		// fleetctl sessions list without a device lists the tenant's,
 		// naming each one's device.
-		out := s.NewFleetctl(t, admin).OK(t, "sessions", "list")
+		fleetctl := s.NewFleetctl(t, admin)
+		out := fleetctl.OK(t, "sessions", "list")
 		if !strings.HasPrefix(out, "DEVICE") || !strings.Contains(out, a1) || !strings.Contains(out, a2) || strings.Contains(out, "rs-c") {
 			t.Fatalf("fleetctl sessions list:\n%s", out)
 		}
-		if r := s.Do(t, admin, "GET", "/api/v1/remote-sessions?device_id=no%20such", nil).Want(t, 400); !strings.Contains(string(r.Body), "device_id") {
-			t.Fatalf("a malformed device_id: %s", r.Body)
+		if out := fleetctl.OK(t, "sessions", "list", "--open"); strings.Contains(out, a1) || !strings.Contains(out, a2) {
+			t.Fatalf("fleetctl sessions list --open:\n%s", out)
+		}
+		for q, name := range map[string]string{"device_id=no%20such": "device_id", "open=yes": "open"} {
+			if r := s.Do(t, admin, "GET", "/api/v1/remote-sessions?"+q, nil).Want(t, 400); !strings.Contains(string(r.Body), name) {
+				t.Fatalf("%s: %s", q, r.Body)
+			}
 		}
 	})
 }

@@ -61,10 +61,10 @@ func (s *Server) addRoutes() []route {
 			Body:    remoteCreate{}, OK: http.StatusCreated, Resp: fleet.RemoteSession{}}},
 		{"GET /api/v1/devices/{id}/remote-sessions", fleet.PermRead, s.handleListRemoteSessions, op{Tag: "remote",
 			Summary: "A device's remote sessions, newest first: who, what, when, bytes each way and why each ended",
-			Query:   pageParams, Resp: remoteSessionList{}}},
+			Query:   append([]param{openParam}, pageParams...), Resp: remoteSessionList{}}},
 		{"GET /api/v1/remote-sessions", fleet.PermRead, s.handleListRemoteSessions, op{Tag: "remote",
 			Summary: "The tenant's remote sessions, newest first, as a device's list answers them; device_id narrows it to one device",
-			Query:   append([]param{{Name: "device_id", Desc: "only the sessions of this device"}}, pageParams...), Resp: remoteSessionList{}}},
+			Query:   append([]param{{Name: "device_id", Desc: "only the sessions of this device"}, openParam}, pageParams...), Resp: remoteSessionList{}}},
 		{"POST /api/v1/devices/{id}/remote-sessions/{sid}/end", fleet.PermRemote, s.handleEndRemoteSession, op{Tag: "remote",
 			Summary: "End an open remote session, whichever replica relays it (audited, remote.session.stop): that replica tells the operator who ended it and records the end. 202 with the session as it was; 409 once it has ended",
 			Query:   []param{{Name: "sid", In: "path", Desc: "the session's id"}}, OK: http.StatusAccepted, Resp: fleet.RemoteSession{}}},
@@ -274,6 +274,9 @@ var (
 )
 
 // pageParams are the paging parameters of every list.
+// openParam keeps the remote sessions not ended.
+var openParam = param{Name: "open", Desc: "true: only the sessions not ended", Enum: []string{"true", "false"}}
+
 var pageParams = []param{
 	{Name: "page", Type: "integer", Desc: "page number, from 1 (default 1)"},
 	{Name: "limit", Type: "integer", Desc: "items per page, 1 to 1000 (default 50)"},

@@ -107,15 +107,18 @@ func scanRemoteSession(sc scanner, tenant string) (*fleet.RemoteSession, error) 
 	return &s, nil
 }
 
-// FindRemoteSessions lists a device's sessions, or the tenant's when
-// deviceID is "", newest first.
-func (db *DB) FindRemoteSessions(ctx context.Context, tenant, deviceID string, p fleet.Page) ([]*fleet.RemoteSession, int, error) {
-	where, args := "tenant = ? AND device_id = ?", []any{tenant, deviceID}
-	if deviceID == "" {
-		where, args = "tenant = ?", []any{tenant}
+// FindRemoteSessions lists the tenant's sessions that f chooses, newest
+// first.
+func (db *DB) FindRemoteSessions(ctx context.Context, tenant string, f fleet.RemoteSessionFilter) ([]*fleet.RemoteSession, int, error) {
+	where, args := "tenant = ?", []any{tenant}
+	if f.DeviceID != "" {
+		where, args = where+" AND device_id = ?", append(args, f.DeviceID)
+	}
+	if f.Open {
+		where += " AND ended_at IS NULL"
 	}
 	return findPage(ctx, db, "SELECT count(*) FROM remote_sessions WHERE "+where,
-		`SELECT `+remoteSessionColumns+` FROM remote_sessions WHERE `+where+` ORDER BY started_at DESC, id`, args, p,
+		`SELECT `+remoteSessionColumns+` FROM remote_sessions WHERE `+where+` ORDER BY started_at DESC, id`, args, f.Page,
 		func(sc scanner) (*fleet.RemoteSession, error) { return scanRemoteSession(sc, tenant) })
 }
 

@@ -45,7 +45,7 @@ func TestEndStaleRemoteSessions(t *testing.T) {
 		if n != want {
 			t.Fatalf("ended %d, want %d", n, want)
 		}
-		list, _, err := db.FindRemoteSessions(ctx, "acme", "d1", fleet.Page{Page: 1, Limit: 10})
+		list, _, err := db.FindRemoteSessions(ctx, "acme", fleet.RemoteSessionFilter{DeviceID: "d1", Page: fleet.Page{Page: 1, Limit: 10}})
 		if err != nil {
 			t.Fatal(err)
 		}
