@@ -913,8 +913,12 @@ type RolloutChange struct {
 	// Sent is the cancel_action an abort dispatched, to be sent.
 	Sent *Action
 	// Shadows are the shadows a desired rollout's release changed, by
-	// device, whose devices are to be told (ActionDesired).
+	// device, whose devices are to be told (ActionDesired): those of its
+	// first chunk of devices.
 	Shadows map[string]*Shadow
+	// MoreDesired: released devices of a desired rollout wait for their
+	// change, to be released a chunk a transaction (ReleaseDesired).
+	MoreDesired bool
 }
 
 // Cancellation is what cancelling an action did.

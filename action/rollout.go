@@ -20,6 +20,10 @@ type RolloutStore interface {
 	ResumeRollout(ctx context.Context, tenant string, id int64, now time.Time) (*fleet.RolloutChange, error)
 	AbortRollout(ctx context.Context, tenant string, id int64, tell *fleet.Dispatch, now time.Time) (*fleet.RolloutChange, error)
 	TriggerNextPhase(ctx context.Context, tenant string, id int64, now time.Time) (*fleet.RolloutChange, error)
+	// ReleaseDesired releases the next chunk of a desired rollout's
+	// released devices, returning the shadows it changed and whether more
+	// wait (fleet.RolloutChange.MoreDesired).
+	ReleaseDesired(ctx context.Context, tenant string, id int64, now time.Time) (map[string]*fleet.Shadow, bool, error)
 	AppendPhase(ctx context.Context, tenant string, id int64, p fleet.Phase, check func(map[string]string) string, now time.Time) (*fleet.RolloutChange, error)
 	// RolloutWait reads what the rollout waits for at now; nil for an
 	// action without a schedule, or one paused or done.
@@ -108,9 +112,33 @@ func (s *Service) advance(ctx context.Context, tenant string, id int64) {
 			s.rolloutMu.Lock()
 			s.rolloutUntil[fleet.RolloutRef{Tenant: tenant, ActionID: id}] = c.Step.Until
 			s.rolloutMu.Unlock()
+			s.releaseDesired(ctx, tenant, id, c)
 			return
 		}
 		s.changed(tenant, c)
+		s.releaseDesired(ctx, tenant, id, c)
+	}
+}
+
+// releaseDesired releases, a chunk a transaction, the devices of a
+// desired rollout whose change c left waiting, telling each chunk's
+// devices as it commits: no transaction, and no list of changed shadows,
+// grows with the phase (docs/twin.md). One that fails is taken up again
+// at the driver's next pass.
+func (s *Service) releaseDesired(ctx context.Context, tenant string, id int64, c *fleet.RolloutChange) {
+	for more := c.MoreDesired; more && ctx.Err() == nil; {
+		var shadows map[string]*fleet.Shadow
+		var err error
+		if shadows, more, err = s.Store.ReleaseDesired(ctx, tenant, id, s.Now()); err != nil {
+			if ctx.Err() == nil {
+				s.Logger.Error("rollouts: release a desired rollout's devices; the next pass goes on", "tenant", tenant, "action_id", id, "err", err)
+			}
+			s.forgetRollout(tenant, id)
+			return
+		}
+		if len(shadows) > 0 && s.Shadows != nil {
+			s.Shadows.DesiredReleased(tenant, shadows)
+		}
 	}
 }
 
@@ -206,6 +234,7 @@ func (s *Service) operated(ctx context.Context, tenant string, id int64, c *flee
 	}
 	s.forgetRollout(tenant, id)
 	s.changed(tenant, c)
+	s.releaseDesired(ctx, tenant, id, c)
 	if c.Step.Kind == fleet.StepPause {
 		return fleet.Errorf(fleet.ECONFLICT, "%s; the rollout is paused: resume it to waive the gate", c.Step.Reason)
 	}

@@ -467,13 +467,28 @@ func (db *DB) AdvanceRollout(ctx context.Context, tenant string, id int64, now t
 		return nil, db.classify(err)
 	}
 	f, err := db.rolloutFacts(ctx, rtx, tenant, r, now, false)
-	rtx.Rollback()
 	if err != nil {
+		rtx.Rollback()
 		return nil, db.classify(err)
 	}
 	if step := r.Next(now, f); step.Kind == fleet.StepWait {
-		return &fleet.RolloutChange{Step: step}, nil
+		// A desired rollout's release left unfinished (a replica stopped
+		// between its chunks) is taken up again (ReleaseDesired).
+		more := false
+		if r.Action == fleet.ActionDesired && desiredOpen(r, now) {
+			var one int
+			err := rtx.queryRow(ctx, "SELECT 1 FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status = ? LIMIT 1",
+				tenant, id, string(fleet.StatusQueued)).Scan(&one)
+			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+				rtx.Rollback()
+				return nil, db.classify(err)
+			}
+			more = err == nil
+		}
+		rtx.Rollback()
+		return &fleet.RolloutChange{Step: step, MoreDesired: more}, nil
 	}
+	rtx.Rollback()
 	var c *fleet.RolloutChange
 	err = db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		c = &fleet.RolloutChange{}
@@ -515,7 +530,7 @@ func (tx *Tx) applyStep(ctx context.Context, tenant string, r *fleet.Rollout, st
 		r.NextPhase, r.Status, r.PauseReason, r.GatePaused = step.Phase+1, fleet.RolloutRunning, "", false
 		window := r.Schedule.MaintenanceWindow == nil || step.Window != 0
 		if r.Action == fleet.ActionDesired && window {
-			if c.Shadows, err = tx.releaseDesired(ctx, tenant, r.ActionID); err != nil {
+			if c.Shadows, c.MoreDesired, err = tx.releaseDesired(ctx, tenant, r.ActionID); err != nil {
 				return nil, err
 			}
 		}
@@ -544,7 +559,7 @@ func (tx *Tx) applyStep(ctx context.Context, tenant string, r *fleet.Rollout, st
 		c.Deliver, ev = true, nil
 		if r.Action == fleet.ActionDesired {
 			var err error
-			if c.Shadows, err = tx.releaseDesired(ctx, tenant, r.ActionID); err != nil {
+			if c.Shadows, c.MoreDesired, err = tx.releaseDesired(ctx, tenant, r.ActionID); err != nil {
 				return nil, err
 			}
 		}

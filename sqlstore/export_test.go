@@ -230,3 +230,11 @@ func (db *DB) AggregateRaw(ctx context.Context, tenant, device, stream string, q
 // may hold (fleet.MaxSeriesBuckets), so that a test reaches it with a few
 // points.
 func (db *DB) SetMaxSeriesBuckets(n int) { db.history.maxSeries = n }
+
+// SetDesiredChunk sets how many devices one transaction of a desired
+// rollout's release changes, until restore.
+func SetDesiredChunk(n int) (restore func()) {
+	old := desiredChunk
+	desiredChunk = n
+	return func() { desiredChunk = old }
+}

@@ -182,47 +182,109 @@ func (db *DB) UpdateDesiredMany(ctx context.Context, tenant string, sel *fleet.D
 	return out, err
 }
 
-// releaseDesired applies a desired rollout to its device actions released
-// and not yet handed on (Queued: a phase that just triggered, or every
-// phase released while its maintenance window was shut, when it opens):
-// its patch merges into each of their devices' desired state, and each device
-// action, which no device is sent, is Initiated (as if delivered, with its
-// deadline), or Completed when the device reports what the patch asks
-// already (docs/twin.md). It returns
-// the shadows it changed, whose devices are to be told. Device actions are
-// locked (released) before devices here, as status reports lock them.
-func (tx *Tx) releaseDesired(ctx context.Context, tenant string, id int64) (map[string]*fleet.Shadow, error) {
+// desiredChunk is how many devices one transaction of a desired
+// rollout's release changes: a phase of any size is released in chunks
+// (docs/twin.md), each with the batched statements of a fleet-wide
+// change. A variable for the tests.
+var desiredChunk = shadowChunk
+
+// ReleaseDesired releases the next chunk of a desired rollout's device
+// actions released and not yet handed on, as releaseDesired does, if the
+// rollout may hand them on at now (no maintenance window, or the one it
+// opened is open). It returns the shadows the chunk changed, whose
+// devices are to be told, and whether more wait. The rollout is locked,
+// so that two replicas never release one device twice; a chunk that fails
+// leaves its device actions Queued for the next pass.
+func (db *DB) ReleaseDesired(ctx context.Context, tenant string, id int64, now time.Time) (map[string]*fleet.Shadow, bool, error) {
+	var out map[string]*fleet.Shadow
+	var more bool
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		out, more = nil, false
+		r, err := tx.rollout(ctx, tenant, id, lockWait)
+		if err != nil || r.Action != fleet.ActionDesired || !desiredOpen(r, now) {
+			return err
+		}
+		out, more, err = tx.releaseDesired(ctx, tenant, id)
+		return err
+	})
+	if fleet.ErrorCode(err) == fleet.ENOTFOUND {
+		return nil, false, nil // gone with its tenant
+	}
+	return out, more, err
+}
+
+// desiredOpen reports whether r's released device actions may be handed on
+// at now: it has no maintenance window, or the occurrence open now is one
+// the rollout opened already (StepOpenWindow hands on at a new one).
+func desiredOpen(r *fleet.Rollout, now time.Time) bool {
+	w := r.Schedule.MaintenanceWindow
+	if w == nil {
+		return true
+	}
+	open, occ := w.Open(now)
+	return open && occ <= r.WindowOpened
+}
+
+// releaseDesired applies a desired rollout to a chunk (desiredChunk) of
+// its device actions released and not yet handed on (Queued: a phase that
+// just triggered, or every phase released while its maintenance window
+// was shut, when it opens), in device order: its patch merges into each
+// of their devices' desired state, and each device action, which no
+// device is sent, is Initiated (as if delivered, with its deadline), or
+// Completed when the device reports what the patch asks already
+// (docs/twin.md). It returns the shadows it changed, whose devices are to
+// be told, and whether more device actions wait (ReleaseDesired releases
+// them, a chunk a transaction). Device actions are locked (released)
+// before devices here, as status reports lock them.
+func (tx *Tx) releaseDesired(ctx context.Context, tenant string, id int64) (map[string]*fleet.Shadow, bool, error) {
 	var params string
 	if err := tx.queryRow(ctx, "SELECT params FROM actions WHERE tenant = ? AND id = ?", tenant, id).Scan(&params); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	patch, err := fleet.DesiredPatch([]byte(params))
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	rows, err := tx.query(ctx, "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status = ? ORDER BY device_id",
-		tenant, id, string(fleet.StatusQueued))
+	rows, err := tx.query(ctx, "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status = ? ORDER BY device_id LIMIT ?",
+		tenant, id, string(fleet.StatusQueued), desiredChunk+1)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	ids, err := scanAll(rows, scanID)
-	if err != nil {
-		return nil, err
+	if err != nil || len(ids) == 0 {
+		return nil, false, err
 	}
+	more := len(ids) > desiredChunk
+	ids = ids[:min(len(ids), desiredChunk)]
 	// Released, they are as delivered: Initiated, with the deadline of
 	// the action's timeout (docs/twin.md).
 	now := millis(tx.now)
 	if _, err := tx.applyMove(ctx, moveDelivered, `UPDATE device_actions SET `+moveDelivered.set+`, initiated_at = ?, updated_at = ?,
 		deadline = ? + 1000 * (SELECT timeout FROM actions a WHERE a.tenant = device_actions.tenant AND a.id = device_actions.action_id)
-		WHERE tenant = ? AND action_id = ? AND {from}`, now, now, now, tenant, id); err != nil {
-		return nil, err
+		WHERE tenant = ? AND action_id = ? AND {from} AND device_id IN (`+placeholders(len(ids))+`)`,
+		append([]any{now, now, now, tenant, id}, anys(ids)...)...); err != nil {
+		return nil, false, err
 	}
+	shadows, err := tx.lockShadows(ctx, tenant, ids)
+	if err != nil {
+		return nil, false, err
+	}
+	setting := tx.updateConfigSetting(tenant)
 	changed := map[string]*fleet.Shadow{}
+	var writes []shadowWrite
+	var audits []auditEntry
 	var reports []fleet.StatusReport
 	for _, dev := range ids {
-		sh, err := tx.updateDesired(ctx, tenant, dev, patch, nil)
+		s, ok := shadows[dev]
+		if !ok {
+			continue // deleted since: its device action went with it
+		}
+		sh, w, a, err := tx.applyDesired(ctx, tenant, dev, s, patch, setting)
 		if err != nil {
-			return nil, err
+			return nil, false, err
+		}
+		if w != nil {
+			writes, audits = append(writes, *w), append(audits, *a)
 		}
 		if sh.DesiredChanged {
 			changed[dev] = sh
@@ -231,8 +293,14 @@ func (tx *Tx) releaseDesired(ctx context.Context, tenant string, id int64) (map[
 			reports = append(reports, fleet.StatusReport{DeviceID: dev, ActionID: id, State: string(fleet.StatusCompleted)})
 		}
 	}
+	if err := tx.upsertShadows(ctx, tenant, writes); err != nil {
+		return nil, false, err
+	}
+	if err := tx.auditMany(ctx, tenant, audits); err != nil {
+		return nil, false, err
+	}
 	_, err = tx.applyReports(ctx, tenant, reports)
-	return changed, err
+	return changed, more, err
 }
 
 // DesiredWaiting lists the device's desired rollouts' device actions that
