@@ -228,7 +228,7 @@ func desiredOpen(r *fleet.Rollout, now time.Time) bool {
 // releaseDesired applies a desired rollout to a chunk (desiredChunk) of
 // its device actions released and not yet handed on (Queued: a phase that
 // just triggered, or every phase released while its maintenance window
-// was shut, when it opens), in device order: its patch merges into each
+// was shut, when it opens): its patch merges into each
 // of their devices' desired state, and each device action, which no
 // device is sent, is Initiated (as if delivered, with its deadline), or
 // Completed when the device reports what the patch asks already
@@ -245,7 +245,10 @@ func (tx *Tx) releaseDesired(ctx context.Context, tenant string, id int64) (map[
 	if err != nil {
 		return nil, false, err
 	}
-	rows, err := tx.query(ctx, "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status = ? ORDER BY device_id LIMIT ?",
+	// In no order: the index by status finds a chunk at once, where an
+	// order by device would sort every device still waiting at each chunk
+	// (lockShadows locks the chunk's devices in order).
+	rows, err := tx.query(ctx, "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status = ? LIMIT ?",
 		tenant, id, string(fleet.StatusQueued), desiredChunk+1)
 	if err != nil {
 		return nil, false, err

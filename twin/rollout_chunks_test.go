@@ -11,9 +11,8 @@ import (
 
 // TestDesiredRolloutChunks: a desired rollout's phase of more devices than
 // one transaction of its release changes (500) is released in full, a
-// chunk at a time: a connected device of each chunk is sent its delta,
-// every device action is Initiated, and each device's change is made and
-// audited once.
+// chunk at a time: every device action is Initiated, each device's change
+// is made and audited once, and connected devices are sent their delta.
 func TestDesiredRolloutChunks(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		s := fleetdtest.Start(t, b, "--rollout-interval", "50ms")
