@@ -615,3 +615,40 @@ func TestAgentRemoteShutdown(t *testing.T) {
 		}
 	})
 }
+
+// TestAgentTerminalIgnoringHangUp ends a terminal session whose shell
+// ignores SIGHUP, as every shell does when the agent was started with
+// SIGHUP ignored (under nohup, say): the agent must end the session all
+// the same, not wait on the shell for ever.
+func TestAgentTerminalIgnoringHangUp(t *testing.T) {
+	t.Parallel()
+	bin := fleetdtest.BuildAgent(t)
+	shell := filepath.Join(t.TempDir(), "deaf-shell")
+	writeScript(t, shell, "trap '' HUP\nexec /bin/sh -i\n")
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := fleetdtest.Start(t, b)
+		admin := s.Admin()
+		dev := s.MustDevice(t, admin, "deaf", nil)
+		p := s.StartAgent(t, bin, "deaf", dev.Token, "--remote", "--remote-shell", shell)
+		var sess fleet.RemoteSession
+		s.Do(t, admin, "POST", "/api/v1/devices/deaf/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 201).Decode(t, &sess)
+		conn, err := remote.Dial(context.Background(), s.URL+"/api/v1/remote-sessions/"+sess.ID+"/operator",
+			http.Header{"X-Service-Tenant": {"default"}, "X-Service-Api-Key": {admin.Key}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.Write([]byte("echo re''ady\n"))
+		var out strings.Builder
+		for !strings.Contains(out.String(), "ready") {
+			b, _, err := conn.Read()
+			if err != nil {
+				t.Fatalf("the session ended: %v; output: %q", err, out.String())
+			}
+			out.Write(b)
+		}
+		conn.Close()
+		fleetdtest.Eventually(t, "the agent to end the session", func() bool {
+			return fleetdtest.AgentSays(p, "remote session ended")
+		})
+	})
+}

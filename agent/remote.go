@@ -97,11 +97,12 @@ func (a *Agent) remoteTerminal(ctx context.Context, c *remote.Conn) error {
 		return fmt.Errorf("cannot start %s on a pty: %v", a.cfg.RemoteShell, err)
 	}
 	defer f.Close()
+	exited := make(chan struct{})
 	go func() {
 		for {
 			b, ctl, err := c.Read()
 			if err != nil {
-				syscall.Kill(-cmd.Process.Pid, syscall.SIGHUP)
+				hangUp(cmd.Process.Pid, exited)
 				return
 			}
 			switch {
@@ -123,7 +124,26 @@ func (a *Agent) remoteTerminal(ctx context.Context, c *remote.Conn) error {
 		}
 	}
 	err = cmd.Wait()
+	close(exited)
 	return c.Send(remote.Control{Type: remote.TypeExit, Code: exitCode(err)})
+}
+
+// hangUpGrace is how long a terminal's processes have to end after
+// SIGHUP before they are killed.
+var hangUpGrace = 2 * time.Second
+
+// hangUp ends the process group of a terminal whose session ended, as
+// closing a terminal does (SIGHUP), and kills what is left after
+// hangUpGrace: a shell that ignores SIGHUP (one started by an agent that
+// was itself started with SIGHUP ignored, under nohup say, inherits that)
+// would outlive its session, and the agent would wait on it for ever.
+func hangUp(pid int, exited <-chan struct{}) {
+	syscall.Kill(-pid, syscall.SIGHUP)
+	select {
+	case <-exited:
+	case <-time.After(hangUpGrace):
+		syscall.Kill(-pid, syscall.SIGKILL)
+	}
 }
 
 // remoteCommand runs one command with --remote-shell -c, without a pty:
