@@ -841,7 +841,8 @@ func TestDDISettings(t *testing.T) {
 			} `json:"audit_logs"`
 		}
 		s.Do(t, admin, "GET", "/api/v1/audit-logs?action=tenant.ddi", nil).Want(t, 200).Decode(t, &logs)
-		if len(logs.AuditLogs) != 1 || logs.AuditLogs[0].Target != "tenants/default/ddi" || logs.AuditLogs[0].Details["require_confirmation"] != true {
+		if len(logs.AuditLogs) != 1 || logs.AuditLogs[0].Target != "tenants/default/ddi" ||
+			!strings.Contains(fmt.Sprint(logs.AuditLogs[0].Details), "previous:map[gateway_registration:false require_confirmation:false] settings:map[gateway_registration:false require_confirmation:true]") {
 			t.Fatalf("audit: %+v", logs.AuditLogs)
 		}
 		// Another tenant's settings are its own, and not reachable.

@@ -12,32 +12,23 @@ import (
 
 var _ fleet.DDIService = (*DB)(nil)
 
-// DDISettings returns a tenant's DDI settings.
-func (db *DB) DDISettings(ctx context.Context, tenant string) (fleet.DDISettings, error) {
-	var s fleet.DDISettings
-	err := db.queryRow(ctx, "SELECT ddi_require_confirmation, ddi_gateway_registration FROM tenants WHERE name = ?", tenant).
-		Scan(&s.RequireConfirmation, &s.GatewayRegistration)
-	if errors.Is(err, sql.ErrNoRows) {
-		return s, fleet.Errorf(fleet.ENOTFOUND, "tenant %q not found", tenant)
-	}
-	return s, db.classify(err)
+// ddiSettings are a tenant's DDI settings.
+var ddiSettings = tenantSettings[fleet.DDISettings]{
+	columns:  []string{"ddi_require_confirmation", "ddi_gateway_registration"},
+	fields:   func(s *fleet.DDISettings) []any { return []any{&s.RequireConfirmation, &s.GatewayRegistration} },
+	audit:    "tenant.ddi.update",
+	resource: "ddi",
 }
 
-// SetDDISettings replaces a tenant's DDI settings, audited with both
-// values.
+// DDISettings reads a tenant's DDI settings.
+func (db *DB) DDISettings(ctx context.Context, tenant string) (fleet.DDISettings, error) {
+	return ddiSettings.read(ctx, db, tenant)
+}
+
+// SetDDISettings replaces a tenant's DDI settings, audited with the
+// previous ones.
 func (db *DB) SetDDISettings(ctx context.Context, tenant string, s fleet.DDISettings) error {
-	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		n, err := tx.execCount(ctx, "UPDATE tenants SET ddi_require_confirmation = ?, ddi_gateway_registration = ? WHERE name = ?",
-			s.RequireConfirmation, s.GatewayRegistration, tenant)
-		if err == nil && n == 0 {
-			err = fleet.Errorf(fleet.ENOTFOUND, "tenant %q not found", tenant)
-		}
-		if err != nil {
-			return err
-		}
-		return tx.audit(ctx, tenant, "tenant.ddi.update", "tenants/"+tenant+"/ddi", map[string]any{
-			"require_confirmation": s.RequireConfirmation, "gateway_registration": s.GatewayRegistration})
-	})
+	return ddiSettings.write(ctx, db, tenant, s)
 }
 
 // AutoConfirm returns a device's automatic confirmation.

@@ -187,33 +187,24 @@ func (db *DB) ForgetRemoteRecording(ctx context.Context, tenant, id string) erro
 	})
 }
 
+// remoteSettings are a tenant's choices about remote sessions.
+var remoteSettings = tenantSettings[fleet.RemoteSettings]{
+	columns:  []string{"remote_recording"},
+	fields:   func(s *fleet.RemoteSettings) []any { return []any{&s.Recording} },
+	audit:    "tenant.remote_settings",
+	resource: "remote-settings",
+}
+
 // RemoteSettings reads a tenant's choices about remote sessions.
 func (db *DB) RemoteSettings(ctx context.Context, tenant string) (fleet.RemoteSettings, error) {
-	var s fleet.RemoteSettings
-	err := db.queryRow(ctx, "SELECT remote_recording FROM tenants WHERE name = ?", tenant).Scan(&s.Recording)
-	if errors.Is(err, sql.ErrNoRows) {
-		return s, fleet.Errorf(fleet.ENOTFOUND, "tenant %q not found", tenant)
-	}
-	return s, db.classify(err)
+	return remoteSettings.read(ctx, db, tenant)
 }
 
 // SetRemoteSettings replaces a tenant's choices about remote sessions,
 // audited with the previous ones. Sessions open already keep what they
 // opened with.
 func (db *DB) SetRemoteSettings(ctx context.Context, tenant string, s fleet.RemoteSettings) error {
-	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		var previous fleet.RemoteSettings
-		err := tx.queryRow(ctx, "SELECT remote_recording FROM tenants WHERE name = ?"+tx.db.dialect.forUpdate(), tenant).Scan(&previous.Recording)
-		if errors.Is(err, sql.ErrNoRows) {
-			return fleet.Errorf(fleet.ENOTFOUND, "tenant %q not found", tenant)
-		} else if err != nil {
-			return err
-		}
-		if _, err := tx.exec(ctx, "UPDATE tenants SET remote_recording = ? WHERE name = ?", s.Recording, tenant); err != nil {
-			return err
-		}
-		return tx.audit(ctx, tenant, "tenant.remote_settings", "tenants/"+tenant, map[string]any{"settings": s, "previous": previous})
-	})
+	return remoteSettings.write(ctx, db, tenant, s)
 }
 
 // FindOpenRemoteSession returns an open session with its relay URL.

@@ -465,32 +465,23 @@ func (tx *Tx) updateConfig(ctx context.Context, tenant, device string, sh *fleet
 	return tx.dispatch(ctx, tenant, d, selection{ids: d.DeviceIDs}, false)
 }
 
+// shadowSettings are a tenant's choices about shadows.
+var shadowSettings = tenantSettings[fleet.ShadowSettings]{
+	columns:  []string{"shadow_update_config"},
+	fields:   func(s *fleet.ShadowSettings) []any { return []any{&s.UpdateConfig} },
+	audit:    "tenant.shadow_settings",
+	resource: "shadow-settings",
+}
+
 // ShadowSettings reads a tenant's choices about shadows.
 func (db *DB) ShadowSettings(ctx context.Context, tenant string) (fleet.ShadowSettings, error) {
-	var s fleet.ShadowSettings
-	err := db.queryRow(ctx, "SELECT shadow_update_config FROM tenants WHERE name = ?", tenant).Scan(&s.UpdateConfig)
-	if errors.Is(err, sql.ErrNoRows) {
-		return s, fleet.Errorf(fleet.ENOTFOUND, "tenant %q not found", tenant)
-	}
-	return s, db.classify(err)
+	return shadowSettings.read(ctx, db, tenant)
 }
 
 // SetShadowSettings replaces a tenant's choices about shadows, audited
 // with the previous ones.
 func (db *DB) SetShadowSettings(ctx context.Context, tenant string, s fleet.ShadowSettings) error {
-	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		var previous fleet.ShadowSettings
-		err := tx.queryRow(ctx, "SELECT shadow_update_config FROM tenants WHERE name = ?"+tx.db.dialect.forUpdate(), tenant).Scan(&previous.UpdateConfig)
-		if errors.Is(err, sql.ErrNoRows) {
-			return fleet.Errorf(fleet.ENOTFOUND, "tenant %q not found", tenant)
-		} else if err != nil {
-			return err
-		}
-		if _, err := tx.exec(ctx, "UPDATE tenants SET shadow_update_config = ? WHERE name = ?", s.UpdateConfig, tenant); err != nil {
-			return err
-		}
-		return tx.audit(ctx, tenant, "tenant.shadow_settings", "tenants/"+tenant, map[string]any{"settings": s, "previous": previous})
-	})
+	return shadowSettings.write(ctx, db, tenant, s)
 }
 
 // UpdateReported merges patch into a device's reported state. What the
