@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"net/url"
 	"os"
@@ -444,12 +445,27 @@ func TestRemoteRecordingRetention(t *testing.T) {
 			t.Fatalf("no recording: %+v", rs)
 		}
 		s.Do(t, admin, "GET", rs.Recording, nil).Want(t, 200)
+		// The blob store is files under the data directory, named by the
+		// session's id: the removal must delete the file, not only forget it.
+		files := func() (found []string) {
+			filepath.WalkDir(s.DataDir, func(p string, d fs.DirEntry, err error) error {
+				if err == nil && !d.IsDir() && strings.Contains(p, rs.ID) {
+					found = append(found, p)
+				}
+				return nil
+			})
+			return found
+		}
+		if len(files()) == 0 {
+			t.Fatalf("no file of recording %s under %s", rs.ID, s.DataDir)
+		}
 		fleetdtest.Eventually(t, "the recording to be removed", func() bool {
 			return s.Do(t, admin, "GET", rs.Recording, nil).Status == 404
 		})
 		if rs := s.EndedSession(t, admin, "edge-1", rs.ID); rs.Recording != "" || rs.RecordingSize != 0 {
 			t.Fatalf("the session still names its recording: %+v", rs)
 		}
+		fleetdtest.Eventually(t, "the recording's file to be deleted", func() bool { return len(files()) == 0 })
 	})
 }
 
