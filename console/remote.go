@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"net/http"
@@ -141,26 +142,18 @@ func (c *Console) handleRemoteRecording(w http.ResponseWriter, r *http.Request, 
 	return c.Remote.ServeRecording(w, r, v.Actor.Tenant, r.PathValue("id"), r.PathValue("sid"))
 }
 
-// handleRemoteSettings shows the tenant's choice to record shell sessions.
-func (c *Console) handleRemoteSettings(w http.ResponseWriter, r *http.Request, v *view) error {
-	set, err := c.RemoteSessions.RemoteSettings(r.Context(), v.Actor.Tenant)
-	if err != nil {
-		return err
-	}
-	if r.URL.Query().Has("saved") {
-		v.Flash = "Saved. Shell sessions opened from now on follow it."
-	}
-	v.Title, v.Nav, v.Data = "Remote sessions", "settings", set
-	c.render(w, r, http.StatusOK, "remotesettings", v)
-	return nil
-}
-
-// handleSetRemoteSettings replaces the settings with the form's checkbox.
-func (c *Console) handleSetRemoteSettings(w http.ResponseWriter, r *http.Request, v *view) error {
-	set := fleet.RemoteSettings{Recording: r.PostForm.Get("recording") == "on"}
-	if err := c.RemoteSessions.SetRemoteSettings(r.Context(), v.Actor.Tenant, set); err != nil {
-		return err
-	}
-	http.Redirect(w, r, "/console/settings/remote?saved", http.StatusSeeOther)
-	return nil
+// remoteSettings is the page of the tenant's choice to record shell
+// sessions.
+func (c *Console) remoteSettings() checkboxSettings[fleet.RemoteSettings] {
+	return checkboxSettings[fleet.RemoteSettings]{path: "/console/settings/remote", title: "Remote sessions", template: "remotesettings",
+		flash: "Saved. Shell sessions opened from now on follow it.",
+		read: func(ctx context.Context, tenant string) (fleet.RemoteSettings, error) {
+			return c.RemoteSessions.RemoteSettings(ctx, tenant)
+		},
+		write: func(ctx context.Context, tenant string, set fleet.RemoteSettings) error {
+			return c.RemoteSessions.SetRemoteSettings(ctx, tenant, set)
+		},
+		form: func(ticked func(string) bool) fleet.RemoteSettings {
+			return fleet.RemoteSettings{Recording: ticked("recording")}
+		}}
 }

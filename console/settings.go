@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"time"
@@ -216,28 +217,55 @@ func (c *Console) handleSetAuth(w http.ResponseWriter, r *http.Request, v *view)
 	return nil
 }
 
-// handleDDI shows the tenant's hawkBit DDI settings (docs/hawkbit.md).
-func (c *Console) handleDDI(w http.ResponseWriter, r *http.Request, v *view) error {
-	set, err := c.DDI.DDISettings(r.Context(), v.Actor.Tenant)
-	if err != nil {
+// checkboxSettings is a page of one kind of a tenant's settings whose
+// every field is a checkbox (hawkBit DDI, remote sessions): show renders
+// them, save replaces them with the boxes the form ticked and comes back
+// to the page with the flash.
+type checkboxSettings[T any] struct {
+	path, title, template, flash string
+	read                         func(ctx context.Context, tenant string) (T, error)
+	write                        func(ctx context.Context, tenant string, set T) error
+	form                         func(ticked func(name string) bool) T
+}
+
+func (p checkboxSettings[T]) show(c *Console) func(http.ResponseWriter, *http.Request, *view) error {
+	return func(w http.ResponseWriter, r *http.Request, v *view) error {
+		set, err := p.read(r.Context(), v.Actor.Tenant)
+		if err != nil {
+			return err
+		}
+		if r.URL.Query().Has("saved") {
+			v.Flash = p.flash
+		}
+		v.Title, v.Nav, v.Data = p.title, "settings", set
+		c.render(w, r, http.StatusOK, p.template, v)
+		return nil
+	}
+}
+
+func (p checkboxSettings[T]) save(w http.ResponseWriter, r *http.Request, v *view) error {
+	set := p.form(func(name string) bool { return r.PostForm.Get(name) == "on" })
+	if err := p.write(r.Context(), v.Actor.Tenant, set); err != nil {
 		return err
 	}
-	if r.URL.Query().Has("saved") {
-		v.Flash = "Saved. Devices see the change at their next poll."
-	}
-	v.Title, v.Nav, v.Data = "hawkBit", "settings", set
-	c.render(w, r, http.StatusOK, "ddi", v)
+	http.Redirect(w, r, p.path+"?saved", http.StatusSeeOther)
 	return nil
 }
 
-// handleSetDDI replaces the settings with the form's two checkboxes.
-func (c *Console) handleSetDDI(w http.ResponseWriter, r *http.Request, v *view) error {
-	set := fleet.DDISettings{RequireConfirmation: r.PostForm.Get("require_confirmation") == "on", GatewayRegistration: r.PostForm.Get("gateway_registration") == "on"}
-	if err := c.DDI.SetDDISettings(r.Context(), v.Actor.Tenant, set); err != nil {
-		return err
-	}
-	http.Redirect(w, r, "/console/settings/ddi?saved", http.StatusSeeOther)
-	return nil
+// ddiSettings is the page of the tenant's hawkBit DDI settings
+// (docs/hawkbit.md).
+func (c *Console) ddiSettings() checkboxSettings[fleet.DDISettings] {
+	return checkboxSettings[fleet.DDISettings]{path: "/console/settings/ddi", title: "hawkBit", template: "ddi",
+		flash: "Saved. Devices see the change at their next poll.",
+		read: func(ctx context.Context, tenant string) (fleet.DDISettings, error) {
+			return c.DDI.DDISettings(ctx, tenant)
+		},
+		write: func(ctx context.Context, tenant string, set fleet.DDISettings) error {
+			return c.DDI.SetDDISettings(ctx, tenant, set)
+		},
+		form: func(ticked func(string) bool) fleet.DDISettings {
+			return fleet.DDISettings{RequireConfirmation: ticked("require_confirmation"), GatewayRegistration: ticked("gateway_registration")}
+		}}
 }
 
 // auditData is the audit log page's.
