@@ -505,23 +505,29 @@ func (tx *Tx) lockHistory(ctx context.Context) error {
 // writeHistory writes chunks of a device's stream and queues their
 // rollups (rollup.go). A chunk written before (the same id) is skipped with
 // its rollups, so the write is idempotent.
+//
+// A device deleted and made again with the same id does not read its
+// predecessor's chunks (their received_at is before its created_at); when
+// it sends a batch byte for byte one its predecessor sent, the chunk's id
+// is taken by the predecessor's row, and the chunk is written under
+// another id made of the device's creation time (successorChunkID). Only
+// a write that finds its id taken pays the query that tells the two apart.
 func (tx *Tx) writeHistory(ctx context.Context, tenant, device, stream string, chunks []chunk) error {
 	for i := range chunks {
 		c := &chunks[i]
 		table := pointsPart.name(pointsPart.start(c.tsMin))
-		insert := "INSERT INTO " + table + ` (tenant, device_id, stream, ts_min, ts_max, id, n, received_at, points)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`
-		args := []any{tenant, device, stream, c.tsMin, c.tsMax, c.id, c.n, c.received, c.points}
-		var n int64
-		var err error
-		if tx.db.dialect == postgres {
-			// One round trip for the chunk and its queued rollups.
-			err = tx.queryRow(ctx, `WITH c AS (`+insert+` RETURNING id),
-				q AS (INSERT INTO stream_rollup_queue (tenant, device_id, stream, rollups) SELECT ?, ?, ?, ? FROM c WHERE ? <> '')
-				SELECT count(*) FROM c`, append(args, tenant, device, stream, c.rollups, c.rollups)...).Scan(&n)
-		} else if n, err = tx.execCount(ctx, insert, args...); err == nil && n > 0 && c.rollups != "" {
-			_, err = tx.exec(ctx, "INSERT INTO stream_rollup_queue (tenant, device_id, stream, rollups) VALUES (?, ?, ?, ?)",
-				tenant, device, stream, c.rollups)
+		n, err := tx.writeChunk(ctx, table, tenant, device, stream, c, c.id)
+		if err == nil && n == 0 {
+			var created int64
+			err = tx.queryRow(ctx, `SELECT d.created_at FROM `+table+` p JOIN devices d ON d.tenant = p.tenant AND d.id = p.device_id
+				WHERE p.tenant = ? AND p.device_id = ? AND p.stream = ? AND p.ts_min = ? AND p.id = ? AND p.received_at < d.created_at`,
+				tenant, device, stream, c.tsMin, c.id).Scan(&created)
+			switch {
+			case errors.Is(err, sql.ErrNoRows):
+				err = nil // this device's own chunk, sent again
+			case err == nil:
+				n, err = tx.writeChunk(ctx, table, tenant, device, stream, c, successorChunkID(c.id, created))
+			}
 		}
 		if err != nil {
 			return err
@@ -531,6 +537,34 @@ func (tx *Tx) writeHistory(ctx context.Context, tenant, device, stream string, c
 		}
 	}
 	return nil
+}
+
+// writeChunk writes c under id with its queued rollups, unless a chunk of
+// that id exists; n is the chunks written, 0 or 1.
+func (tx *Tx) writeChunk(ctx context.Context, table, tenant, device, stream string, c *chunk, id int64) (n int64, err error) {
+	insert := "INSERT INTO " + table + ` (tenant, device_id, stream, ts_min, ts_max, id, n, received_at, points)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING`
+	args := []any{tenant, device, stream, c.tsMin, c.tsMax, id, c.n, c.received, c.points}
+	if tx.db.dialect == postgres {
+		// One round trip for the chunk and its queued rollups.
+		err = tx.queryRow(ctx, `WITH c AS (`+insert+` RETURNING id),
+			q AS (INSERT INTO stream_rollup_queue (tenant, device_id, stream, rollups) SELECT ?, ?, ?, ? FROM c WHERE ? <> '')
+			SELECT count(*) FROM c`, append(args, tenant, device, stream, c.rollups, c.rollups)...).Scan(&n)
+	} else if n, err = tx.execCount(ctx, insert, args...); err == nil && n > 0 && c.rollups != "" {
+		_, err = tx.exec(ctx, "INSERT INTO stream_rollup_queue (tenant, device_id, stream, rollups) VALUES (?, ?, ?, ?)",
+			tenant, device, stream, c.rollups)
+	}
+	return n, err
+}
+
+// successorChunkID is the id of a chunk whose own id (chunkID) a
+// predecessor of its device, made at another time, holds: a hash of that
+// id and the device's creation time, the same for every sending.
+func successorChunkID(id, deviceCreated int64) int64 {
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(id))
+	binary.BigEndian.PutUint64(b[8:], uint64(deviceCreated))
+	return chunkID(b[:])
 }
 
 // retentions returns how long each kind of partition is kept: raw points

@@ -377,6 +377,22 @@ func TestStreamHistory(t *testing.T) {
 			if got, err := db.Aggregate(ctx, "acme", "d2", "env", raw); err != nil || len(got) != 0 {
 				t.Fatalf("a new d2 aggregates the old one's points: %+v %v", got, err)
 			}
+			// The new d2 sends a batch byte for byte the old one sent
+			// (the same timestamps, sequences and data): its points are
+			// its own, not taken for the old chunk sent again; and sent
+			// again, they are kept once.
+			again := historyPoints(start, 10, now)[:6]
+			for i := range again {
+				again[i].Sequence, again[i].ReceivedAt = 0, clk.Now()
+			}
+			for range 2 {
+				if err := db.CommitStream(ctx, "acme", "d2", "env", again, nil); err != nil {
+					t.Fatal(err)
+				}
+				if got := timestamps(readAll(t, db, "acme", "d2", fleet.PointQuery{Limit: 10})); len(got) != 6 {
+					t.Fatalf("the new d2 reads %d of the 6 points it sent", len(got))
+				}
+			}
 		})
 		t.Run("PartitionsDroppedWhole", func(t *testing.T) {
 			if _, err := db.MaintainHistory(ctx); err != nil {
