@@ -36,7 +36,7 @@ func TestRetryAction(t *testing.T) {
 		// r4 has not finished: the action is not finished.
 		r := s.Do(t, admin, "POST", retry, nil)
 		fleetdtest.WantCode(t, r, 409, "conflict")
-		if !strings.Contains(string(r.Body), "1 device actions are not final") || !strings.Contains(string(r.Body), "cancel them first") {
+		if !strings.Contains(string(r.Body), "1 device action is not final") || !strings.Contains(string(r.Body), "cancel them first") {
 			t.Fatalf("not finished: %s", r.Body)
 		}
 		s.Do(t, admin, "POST", fmt.Sprintf("/api/v1/actions/%d/cancel", id), nil).Want(t, 204)

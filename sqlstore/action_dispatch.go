@@ -269,8 +269,12 @@ func (tx *Tx) retryable(ctx context.Context, tenant string, d *fleet.Dispatch) e
 		return err
 	}
 	if live > 0 {
-		return fleet.Errorf(fleet.ECONFLICT, "action %d is not finished: %d device actions are not final (Scheduled, Queued, Initiated or Progress); "+
-			"retry once they are, or cancel them first", d.RetryOf, live)
+		what := fmt.Sprintf("%d device actions are", live)
+		if live == 1 {
+			what = "1 device action is"
+		}
+		return fleet.Errorf(fleet.ECONFLICT, "action %d is not finished: %s not final (Scheduled, Queued, Initiated or Progress); "+
+			"retry once they are, or cancel them first", d.RetryOf, what)
 	}
 	if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+statusIn(d.RetryStatuses),
 		tenant, d.RetryOf).Scan(&matching); err != nil {
