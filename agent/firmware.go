@@ -3,7 +3,6 @@ package agent
 import (
 	"archive/tar"
 	"bufio"
-	"bytes"
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
@@ -12,12 +11,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/fleetd/fleet/firmware/bundle"
 )
 
 // firmwarePayload is what update_firmware brings (docs/firmware.md,
@@ -41,10 +41,6 @@ type firmwarePayload struct {
 // downloadAttempts is how often a download is tried, each resuming where
 // the last was cut, before update_firmware fails.
 const downloadAttempts = 5
-
-// errNoRetry marks a download failure that another attempt cannot mend
-// (a 4xx, a checksum mismatch after a whole download).
-var errNoRetry = errors.New("final")
 
 // updateFirmware downloads the bundle (resuming with Range and If-Range),
 // checks its length and SHA-256, unpacks each component checking its own
@@ -120,7 +116,7 @@ func (a *Agent) download(ctx context.Context, id string, p firmwarePayload, file
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		if errors.Is(err, errNoRetry) {
+		if errors.Is(err, bundle.ErrFinal) {
 			break
 		}
 		a.log.Info("download cut; resuming", "action", id, "err", err)
@@ -132,7 +128,7 @@ func (a *Agent) download(ctx context.Context, id string, p firmwarePayload, file
 func (a *Agent) fetch(ctx context.Context, id string, p firmwarePayload, file string) error {
 	f, err := os.OpenFile(file, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return fmt.Errorf("%w: %v", errNoRetry, err)
+		return fmt.Errorf("%w: %v", bundle.ErrFinal, err)
 	}
 	defer f.Close()
 	have, err := f.Seek(0, io.SeekEnd)
@@ -145,31 +141,11 @@ func (a *Agent) fetch(ctx context.Context, id string, p firmwarePayload, file st
 	if have > p.ContentLength {
 		have = 0
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.URL, nil)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errNoRetry, err)
-	}
-	if have > 0 {
-		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", have))
-		req.Header.Set("If-Range", `"`+strings.ToLower(p.Checksum)+`"`)
-	}
-	resp, err := http.DefaultClient.Do(req)
+	body, have, err := bundle.OpenDownload(ctx, p.URL, p.Checksum, have)
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	switch resp.StatusCode {
-	case http.StatusPartialContent:
-	case http.StatusOK:
-		have = 0 // the server sends it whole
-	default:
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		err := fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg))
-		if resp.StatusCode < 500 {
-			err = fmt.Errorf("%w: %w", errNoRetry, err)
-		}
-		return err
-	}
+	defer body.Close()
 	if err := f.Truncate(have); err != nil {
 		return err
 	}
@@ -177,7 +153,7 @@ func (a *Agent) fetch(ctx context.Context, id string, p firmwarePayload, file st
 		return err
 	}
 	w := &progressWriter{w: f, got: have, total: p.ContentLength, report: func(pct int) { a.report(id, "Downloading", pct) }}
-	if _, err := io.Copy(w, io.LimitReader(resp.Body, p.ContentLength-have)); err != nil {
+	if _, err := io.Copy(w, io.LimitReader(body, p.ContentLength-have)); err != nil {
 		return err
 	}
 	return f.Sync()

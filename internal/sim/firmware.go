@@ -8,11 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"strings"
 	"time"
 
 	"github.com/fleetd/fleet/action"
+	"github.com/fleetd/fleet/firmware/bundle"
 )
 
 // simFirmwareTimeout bounds one simulated firmware download.
@@ -74,7 +73,7 @@ func (d *simDevice) updateFirmware(ctx context.Context, m action.Message) {
 	chunk := int(min(32<<10, max(1, p.ContentLength/10)))
 	var err error
 	for attempt := 0; attempt < simDownloadAttempts; attempt++ {
-		if err = d.download(ctx, p.URL, p.Checksum, got, chunk, sum, progress); err == nil || ctx.Err() != nil || errors.Is(err, errNoRetry) {
+		if err = d.download(ctx, p.URL, p.Checksum, got, chunk, sum, progress); err == nil || ctx.Err() != nil || errors.Is(err, bundle.ErrFinal) {
 			break
 		}
 	}
@@ -97,43 +96,22 @@ func (d *simDevice) updateFirmware(ctx context.Context, m action.Message) {
 	}
 }
 
-// errNoRetry marks a download answer that another attempt would not change.
-var errNoRetry = errors.New("not retried")
-
 // download fetches url from offset on, into sum, telling progress of each
-// read of at most chunk bytes. From a non-zero offset it asks for the rest
-// only if the archive is still the one whose checksum it expects
-// (If-Range).
+// read of at most chunk bytes. A bundle changed since the first attempt
+// comes whole, and is not the one whose start was read: that ends the
+// download.
 func (d *simDevice) download(ctx context.Context, url, checksum string, offset int64, chunk int, sum io.Writer, progress func(int)) error {
-	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errNoRetry, err)
-	}
-	if offset > 0 {
-		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", offset))
-		req.Header.Set("If-Range", `"`+checksum+`"`)
-	}
-	resp, err := http.DefaultClient.Do(req)
+	body, from, err := bundle.OpenDownload(ctx, url, checksum, offset)
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	switch {
-	case offset > 0 && resp.StatusCode == http.StatusOK:
-		// The archive changed: what was read is of another file.
-		return fmt.Errorf("%w: the archive changed during the download", errNoRetry)
-	case resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent:
-		var e struct{ Message string }
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		json.Unmarshal(b, &e)
-		if e.Message == "" {
-			e.Message = strings.TrimSpace(string(b))
-		}
-		return fmt.Errorf("%w: %s: %s", errNoRetry, resp.Status, e.Message)
+	defer body.Close()
+	if from != offset {
+		return fmt.Errorf("%w: the archive changed during the download", bundle.ErrFinal)
 	}
 	buf := make([]byte, chunk)
 	for {
-		n, err := resp.Body.Read(buf)
+		n, err := body.Read(buf)
 		if n > 0 {
 			sum.Write(buf[:n])
 			progress(n)
