@@ -652,3 +652,70 @@ func TestAgentTerminalIgnoringHangUp(t *testing.T) {
 		})
 	})
 }
+
+// TestAgentTerminalJobs ends a terminal session whose shell put a job in
+// a process group of its own (set -m): the job holds the pty open and
+// takes no SIGHUP sent to the shell's group, yet it is of the shell's
+// session, and the session's end ends it, whether the operator leaves or
+// the shell exits.
+func TestAgentTerminalJobs(t *testing.T) {
+	t.Parallel()
+	bin := fleetdtest.BuildAgent(t)
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := fleetdtest.Start(t, b)
+		admin := s.Admin()
+		dev := s.MustDevice(t, admin, "jobs", nil)
+		p := s.StartAgent(t, bin, "jobs", dev.Token, "--remote")
+		// start opens a terminal and starts a job in a group of its own,
+		// whose pid it writes to the file it returns.
+		start := func(t *testing.T) (*remote.Conn, string) {
+			pidFile := filepath.Join(t.TempDir(), "job.pid")
+			var sess fleet.RemoteSession
+			s.Do(t, admin, "POST", "/api/v1/devices/jobs/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 201).Decode(t, &sess)
+			conn, err := remote.Dial(context.Background(), s.URL+"/api/v1/remote-sessions/"+sess.ID+"/operator",
+				http.Header{"X-Service-Tenant": {"default"}, "X-Service-Api-Key": {admin.Key}}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conn.Write([]byte("set -m; sleep 1000 & echo $! > " + pidFile + "; echo re''ady\n"))
+			var out strings.Builder
+			for !strings.Contains(out.String(), "ready") {
+				b, _, err := conn.Read()
+				if err != nil {
+					t.Fatalf("the session ended: %v; output: %q", err, out.String())
+				}
+				out.Write(b)
+			}
+			if processGone(t, pidFile) {
+				t.Fatal("the job is not running")
+			}
+			return conn, pidFile
+		}
+		t.Run("OperatorLeaves", func(t *testing.T) {
+			conn, pidFile := start(t)
+			conn.Close()
+			fleetdtest.Eventually(t, "the job to end", func() bool { return processGone(t, pidFile) })
+			fleetdtest.Eventually(t, "the agent to end the session", func() bool {
+				return fleetdtest.AgentSays(p, "remote session ended")
+			})
+		})
+		t.Run("ShellExits", func(t *testing.T) {
+			conn, pidFile := start(t)
+			defer conn.Close()
+			conn.Write([]byte("exit 5\n"))
+			for {
+				_, ctl, err := conn.Read()
+				if err != nil {
+					t.Fatalf("the session ended without the shell's exit: %v", err)
+				}
+				if ctl != nil {
+					if ctl.Type != remote.TypeExit || ctl.Code != 5 {
+						t.Fatalf("control %+v", ctl)
+					}
+					break
+				}
+			}
+			fleetdtest.Eventually(t, "the job to end", func() bool { return processGone(t, pidFile) })
+		})
+	})
+}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -92,17 +94,31 @@ func (a *Agent) remoteTerminal(ctx context.Context, c *remote.Conn) error {
 	cmd := exec.Command(a.cfg.RemoteShell)
 	cmd.Env = append(os.Environ(), "TERM=xterm-256color")
 	cmd.Dir = a.cfg.RemoteRoot
-	f, err := pty.Start(cmd) // a session of its own: killing -pid ends all of it
+	f, err := pty.Start(cmd) // a session of its own, whose leader is the shell
 	if err != nil {
 		return fmt.Errorf("cannot start %s on a pty: %v", a.cfg.RemoteShell, err)
 	}
 	defer f.Close()
+	// The shell is a session leader (pty.Start makes it one): its jobs
+	// stay in its session whatever process group they are put in, and
+	// any of them holds the pty open, so the session ends only once all of
+	// them have. Whichever ends first, the operator's leg or the shell,
+	// hangs up the rest of the session.
+	pid := cmd.Process.Pid
 	exited := make(chan struct{})
+	var hang sync.Once
+	hangUpAll := func() { hang.Do(func() { go hangUp(pid, exited) }) }
+	waited := make(chan error, 1)
+	go func() {
+		err := cmd.Wait()
+		waited <- err
+		hangUpAll() // its background jobs, if any
+	}()
 	go func() {
 		for {
 			b, ctl, err := c.Read()
 			if err != nil {
-				hangUp(cmd.Process.Pid, exited)
+				hangUpAll()
 				return
 			}
 			switch {
@@ -119,11 +135,12 @@ func (a *Agent) remoteTerminal(ctx context.Context, c *remote.Conn) error {
 		if n > 0 && c.Write(buf[:n]) != nil {
 			break
 		}
-		if err != nil { // EIO once the shell and its children are gone
+		if err != nil { // EIO once every process of the session let go of the pty
 			break
 		}
 	}
-	err = cmd.Wait()
+	hangUpAll() // the operator is gone: what holds the pty goes too
+	err = <-waited
 	close(exited)
 	return c.Send(remote.Control{Type: remote.TypeExit, Code: exitCode(err)})
 }
@@ -132,18 +149,62 @@ func (a *Agent) remoteTerminal(ctx context.Context, c *remote.Conn) error {
 // SIGHUP before they are killed.
 var hangUpGrace = 2 * time.Second
 
-// hangUp ends the process group of a terminal whose session ended, as
-// closing a terminal does (SIGHUP), and kills what is left after
-// hangUpGrace: a shell that ignores SIGHUP (one started by an agent that
-// was itself started with SIGHUP ignored, under nohup say, inherits that)
-// would outlive its session, and the agent would wait on it for ever.
-func hangUp(pid int, exited <-chan struct{}) {
-	syscall.Kill(-pid, syscall.SIGHUP)
+// hangUp ends every process of a terminal's session, sid (the shell's
+// pid), as closing a terminal does (SIGHUP), and kills what is left after
+// hangUpGrace or once the pty is let go (exited): a shell that ignores
+// SIGHUP (one started by an agent that was itself started with SIGHUP
+// ignored, under nohup say, inherits that) would outlive its session, and
+// a job it put in a process group of its own (set -m; cmd &) would hold
+// the pty open and the agent would wait on it for ever. Processes that
+// left the session (setsid, a daemon) are no longer the terminal's.
+func hangUp(sid int, exited <-chan struct{}) {
+	signalSession(sid, syscall.SIGHUP)
 	select {
 	case <-exited:
 	case <-time.After(hangUpGrace):
-		syscall.Kill(-pid, syscall.SIGKILL)
 	}
+	signalSession(sid, syscall.SIGKILL)
+}
+
+// signalSession sends sig to session sid's process group and to every
+// other process of the session: on Linux, those whose /proc/PID/stat
+// names sid as their session (elsewhere, the group only). A session's
+// id is not given to another while a process of it is left.
+func signalSession(sid int, sig syscall.Signal) {
+	syscall.Kill(-sid, sig)
+	for _, p := range sessionProcesses(sid) {
+		syscall.Kill(p, sig)
+	}
+}
+
+// sessionProcesses lists the processes of session sid that /proc shows.
+func sessionProcesses(sid int) []int {
+	dir, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, e := range dir {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// pid (comm) state ppid pgrp session ...: comm may hold spaces
+		// and parentheses, so the fields are counted after its last ')'.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(stat[i+1:]))
+		if len(f) > 3 && f[3] == strconv.Itoa(sid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // remoteCommand runs one command with --remote-shell -c, without a pty:
