@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -208,7 +210,12 @@ func readPacket(r *bufio.Reader) (byte, []byte, error) {
 // back to the system on fleetd's behalf; the resident size is read before
 // they connect and once the fleet has been idle FLEETD_IDLE_FOR (60s in
 // BENCHMARKS.md). It runs only when that is set: it takes over a minute.
-// The runtime's own figures, logged beside it, say where the rest is.
+// Logged beside it, at each step and as growth since before: RssAnon and
+// RssFile, Go's own classes, SQLite's page caches and the read pool's
+// open connections, each step from one scrape of /metrics (a scrape's
+// garbage sits in the figures read after it). The notebook
+// (docs/benchmarks-notebook.md, "Idle connections from a restart") says
+// how to read them.
 func TestIdleMemoryAsOperator(t *testing.T) {
 	idle, err := time.ParseDuration(os.Getenv("FLEETD_IDLE_FOR"))
 	if err != nil {
@@ -224,14 +231,26 @@ func TestIdleMemoryAsOperator(t *testing.T) {
 	// that has not just provisioned them (whose garbage would otherwise
 	// count in the figure before).
 	p := startProcess(t, s, "--rate-limit", "-1", "--pprof-addr", "127.0.0.1:0")
+	pid := p.cmd.Process.Pid
+	var first map[string]float64
 	runtimeFigures := func(when string) {
-		t.Logf("%s: heap in use %.1f MB, idle %.1f MB (released %.1f MB), stacks %.1f MB, goroutines %.0f, GCs %.0f",
-			when, metric(t, s.URL, "go_memstats_heap_inuse_bytes")/(1<<20), metric(t, s.URL, "go_memstats_heap_idle_bytes")/(1<<20),
-			metric(t, s.URL, "go_memstats_heap_released_bytes")/(1<<20), metric(t, s.URL, "go_memstats_stack_inuse_bytes")/(1<<20),
-			metric(t, s.URL, "go_goroutines"), metric(t, s.URL, "go_gc_duration_seconds_count"))
+		m := fleetdtest.Metrics(t, s.URL)
+		for k, v := range procStatus(t, pid) {
+			m[k] = v
+		}
+		if first == nil {
+			first = m
+		}
+		mb := func(name string) string {
+			return fmt.Sprintf("%.2f (%+.2f)", m[name]/(1<<20), (m[name]-first[name])/(1<<20))
+		}
+		t.Logf("%s, MB (since before): RssAnon %s, RssFile %s; Go: heap in use %s, free %s, released %s, stacks %s, mspan %s, gc_sys %s, other_sys %s, next GC %s; %.0f GCs, %.0f goroutines; SQLite: page caches %s, %.0f read connections",
+			when, mb("RssAnon"), mb("RssFile"), mb("go_memstats_heap_inuse_bytes"), mb("go_memstats_heap_idle_bytes"), mb("go_memstats_heap_released_bytes"),
+			mb("go_memstats_stack_inuse_bytes"), mb("go_memstats_mspan_inuse_bytes"), mb("go_memstats_gc_sys_bytes"), mb("go_memstats_other_sys_bytes"), mb("go_memstats_next_gc_bytes"),
+			m["go_gc_duration_seconds_count"], m["go_goroutines"], mb("fleetd_sqlite_page_cache_bytes"), m["fleetd_db_read_connections"])
 	}
 	runtimeFigures("before")
-	cost := measureIdle(t, "fleetd", p.cmd.Process.Pid, s.MQTTAddr, func(id string) (string, string) {
+	cost := measureIdle(t, "fleetd", pid, s.MQTTAddr, func(id string) (string, string) {
 		return "default/" + id, tokens[id]
 	}, func() {}, func() {
 		fleetdtest.Eventually(t, "every connection parked", func() bool { return metric(t, s.URL, "fleetd_mqtt_parked_connections") == idleDevices })
@@ -251,4 +270,22 @@ func provisionIdle(t *testing.T, s *testServer, p *process) map[string]string {
 		p.kill()
 	}
 	return tokens
+}
+
+// procStatus reads the resident sizes of /proc/PID/status (VmRSS,
+// RssAnon, RssFile, RssShmem), in bytes.
+func procStatus(t *testing.T, pid int) map[string]float64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]float64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[2] == "kB" && (f[0] == "VmRSS:" || strings.HasPrefix(f[0], "Rss")) {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			m[strings.TrimSuffix(f[0], ":")] = kb * 1024
+		}
+	}
+	return m
 }

@@ -48,10 +48,15 @@ func TestOperations(t *testing.T) {
 				"go_goroutines", "process_resident_memory_bytes",
 				"fleetd_db_commits_total", "fleetd_db_write_queue", "fleetd_status_reports_total", "fleetd_actions_dispatched_total",
 				"fleetd_stream_points_total", "fleetd_alerts_opened_total", "fleetd_notifications_delivered_total", "fleetd_mqtt_connections",
+				"fleetd_sqlite_page_cache_bytes",
 			} {
 				if !bytes.Contains(r.Body, []byte(want)) {
 					t.Errorf("metrics lack %s", want)
 				}
+			}
+			// The devices were read: the read pool has a connection open.
+			if n := fleetdtest.Metric(t, s.URL, "fleetd_db_read_connections"); n < 1 {
+				t.Errorf("fleetd_db_read_connections = %v after a read, want at least 1", n)
 			}
 		})
 		t.Run("OpenAPIDescribesEveryRoute", func(t *testing.T) {

@@ -381,21 +381,34 @@ func (s *Server) openAPIRouter(t *testing.T) routers.Router {
 // at base.
 func Metric(t *testing.T, base, name string) float64 {
 	t.Helper()
+	v, ok := Metrics(t, base)[name]
+	if !ok {
+		t.Fatalf("no %s in /metrics", name)
+	}
+	return v
+}
+
+// Metrics reads every unlabelled series from one scrape of /metrics.
+func Metrics(t *testing.T, base string) map[string]float64 {
+	t.Helper()
 	resp, err := http.Get(base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	m := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+		if name, v, ok := strings.Cut(sc.Text(), " "); ok && !strings.HasPrefix(name, "#") && !strings.Contains(name, "{") {
 			f, _ := strconv.ParseFloat(v, 64)
-			return f
+			m[name] = f
 		}
 	}
-	t.Fatalf("no %s in /metrics", name)
-	return 0
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
 
 // WantCode checks an error answer's status and code.

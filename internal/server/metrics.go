@@ -49,6 +49,11 @@ func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweep
 	counter("fleetd_sqlite_wal_restart_frames_total", "WAL frames those checkpoints copied or synced while the commit loop waited",
 		func() float64 { return float64(db.Stats().WALRestartFrames) })
 
+	gauge("fleetd_sqlite_page_cache_bytes", "SQLite's page caches, all its connections together, but for each one's first 20 pages (0 on PostgreSQL)",
+		func() float64 { return float64(db.Memory().SQLitePageCache) })
+	gauge("fleetd_db_read_connections", "database connections of the read pool open now",
+		func() float64 { return float64(db.Memory().ReadConns) })
+
 	counter("fleetd_actions_dispatched_total", "actions dispatched", func() float64 { return float64(actions.Stats().Dispatches) })
 	counter("fleetd_device_actions_created_total", "device actions the dispatches made", func() float64 { return float64(actions.Stats().Targeted) })
 	counter("fleetd_status_reports_total", "status reports received over HTTP and MQTT", func() float64 { return float64(actions.Stats().Reports) })
