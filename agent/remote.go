@@ -129,7 +129,7 @@ func (a *Agent) remoteTerminal(ctx context.Context, c *remote.Conn) error {
 			}
 		}
 	}()
-	buf := make([]byte, remote.MaxMessage)
+	buf := make([]byte, c.MaxSend())
 	for {
 		n, err := f.Read(buf)
 		if n > 0 && c.Write(buf[:n]) != nil {
@@ -267,12 +267,8 @@ type connWriter struct {
 func (w *connWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for rest := p; len(rest) > 0; {
-		n := min(len(rest), remote.MaxMessage)
-		if err := w.c.Write(rest[:n]); err != nil {
-			return 0, err
-		}
-		rest = rest[n:]
+	if err := w.c.Write(p); err != nil { // in pieces the operator's side reads
+		return 0, err
 	}
 	return len(p), nil
 }
@@ -365,7 +361,7 @@ func (a *Agent) remoteGet(c *remote.Conn, path string) error {
 		return err
 	}
 	pace := newPacer(a.cfg.RemoteRate)
-	buf := make([]byte, remote.MaxMessage)
+	buf := make([]byte, c.MaxSend())
 	for {
 		n, err := f.Read(buf)
 		if n > 0 {

@@ -317,7 +317,7 @@ func (a *app) cpPut(ctx context.Context, local, device, path string) error {
 	if err := conn.Send(remote.Control{Type: remote.TypeFile, Size: fi.Size()}); err != nil {
 		return err
 	}
-	buf := make([]byte, remote.MaxMessage)
+	buf := make([]byte, conn.MaxSend())
 	for {
 		n, err := f.Read(buf)
 		if n > 0 {

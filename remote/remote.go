@@ -19,6 +19,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -50,13 +51,34 @@ const (
 	TypeFile   = "file"
 )
 
-// MaxMessage is the largest message either side may send: a read of a
-// terminal, a socket or a file goes in pieces of at most this.
+// MaxMessage is the largest message a side sends to one that did not say
+// it reads more: agents and fleetctl from before the size was negotiated
+// (and a browser's console) read messages of at most this, and so does a
+// fleetd of then.
 const MaxMessage = 32 << 10
 
-// maxRead is the read limit of either side: MaxMessage, and room for a
-// control message's JSON.
-const maxRead = MaxMessage + 1024
+// LargeMessage is the largest message this package's ends read, which
+// each announces when its WebSocket is set up (MessageSizeHeader): a port
+// forward or a file moves in a quarter of the messages (and system calls)
+// of MaxMessage's. Larger would save little more and lend larger buffers
+// to each message a busy relay holds.
+const LargeMessage = 256 << 10
+
+// MessageSizeHeader carries, on the WebSocket's upgrade request (from
+// fleetctl and the agent) and on fleetd's answer, the largest message the
+// side that sends it reads, in bytes. Each side sends messages of at most
+// what the other announced, and of MaxMessage to one that announced
+// nothing; fleetd splits the session's bytes to what the leg it writes to
+// reads, so either leg may be old.
+const MessageSizeHeader = "Fleetd-Remote-Max-Message"
+
+// controlRoom is a read's room over a message's bytes for a control
+// message's JSON.
+const controlRoom = 1024
+
+// maxRead is the read limit of either side: LargeMessage, and room for a
+// control message.
+const maxRead = LargeMessage + controlRoom
 
 // Conn is one WebSocket. Reads are for one goroutine; writes may come
 // from several.
@@ -64,12 +86,29 @@ type Conn struct {
 	ws   *websocket.Conn
 	mu   sync.Mutex
 	rbuf *[]byte // the last message read, until the next read
+	// large: the last message read did not fit a small buffer, so the
+	// next is read into a large one at once (a stream's messages are).
+	large bool
+	// peerMax is the largest message the other side reads: binary
+	// messages are sent in pieces of at most this.
+	peerMax int
 }
 
-// readBuffers are lent to a connection from the start of a message until
+// Read buffers are lent to a connection from the start of a message until
 // the next read: a message is read in one piece without an allocation,
-// and an idle connection, waiting for its next message, holds none.
-var readBuffers = sync.Pool{New: func() any { b := make([]byte, maxRead); return &b }}
+// and an idle connection, waiting for its next message, holds none. A
+// message starts in a small buffer (a keystroke, a control, an old side's
+// piece) and moves to a large one if it does not fit; a connection whose
+// last message was large starts the next in a large one.
+var (
+	smallReads = sync.Pool{New: func() any { b := make([]byte, MaxMessage+controlRoom); return &b }}
+	largeReads = sync.Pool{New: func() any { b := make([]byte, maxRead); return &b }}
+)
+
+// MaxSend returns the largest message c sends: what the other side said
+// it reads, or MaxMessage. A reader of the session's bytes reads pieces
+// of this size.
+func (c *Conn) MaxSend() int { return c.peerMax }
 
 // Read returns the next message: its bytes, or a control message. The
 // bytes are valid until the next Read or ReadRaw.
@@ -88,24 +127,51 @@ func (c *Conn) Read() (data []byte, ctl *Control, err error) {
 // ReadRaw returns the next message as it came, for a relay. Its bytes are
 // valid until the next Read or ReadRaw.
 func (c *Conn) ReadRaw() (binary bool, data []byte, err error) {
-	if c.rbuf != nil {
-		readBuffers.Put(c.rbuf)
-		c.rbuf = nil
-	}
+	c.release()
 	t, r, err := c.ws.NextReader()
 	if err != nil {
 		return false, nil, err
 	}
-	c.rbuf = readBuffers.Get().(*[]byte)
-	// The read limit keeps a message within the buffer.
+	if c.large {
+		c.rbuf = largeReads.Get().(*[]byte)
+	} else {
+		c.rbuf = smallReads.Get().(*[]byte)
+	}
+	// The read limit keeps a message within the large buffer.
 	n, err := io.ReadFull(r, *c.rbuf)
+	if err == nil && len(*c.rbuf) < maxRead {
+		// A small buffer full: the message may go on.
+		large := largeReads.Get().(*[]byte)
+		copy(*large, (*c.rbuf)[:n])
+		c.release()
+		c.rbuf = large
+		var m int
+		m, err = io.ReadFull(r, (*large)[n:])
+		n += m
+	}
 	if err == io.ErrUnexpectedEOF || err == io.EOF {
 		err = nil
 	}
+	c.large = n > MaxMessage+controlRoom
 	return t == websocket.BinaryMessage, (*c.rbuf)[:n], err
 }
 
-// WriteRaw sends a message as it came, for a relay.
+// release returns the last message's buffer to its pool.
+func (c *Conn) release() {
+	if c.rbuf == nil {
+		return
+	}
+	if len(*c.rbuf) == maxRead {
+		largeReads.Put(c.rbuf)
+	} else {
+		smallReads.Put(c.rbuf)
+	}
+	c.rbuf = nil
+}
+
+// WriteRaw sends a message as it came, for a relay: binary messages
+// larger than the other side reads go in pieces it does (the session's
+// bytes are a stream; their cut into messages means nothing).
 func (c *Conn) WriteRaw(binary bool, data []byte) error {
 	t := websocket.TextMessage
 	if binary {
@@ -114,6 +180,12 @@ func (c *Conn) WriteRaw(binary bool, data []byte) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.ws.SetWriteDeadline(time.Now().Add(writeTimeout))
+	for binary && len(data) > c.peerMax {
+		if err := c.ws.WriteMessage(t, data[:c.peerMax]); err != nil {
+			return err
+		}
+		data = data[c.peerMax:]
+	}
 	return c.ws.WriteMessage(t, data)
 }
 
@@ -131,10 +203,10 @@ func (c *Conn) Send(m Control) error {
 }
 
 // Pump sends what r reads as the session's bytes, in messages of at most
-// MaxMessage, and an eof message when r ends. It returns when r ends or a
+// MaxSend, and an eof message when r ends. It returns when r ends or a
 // write fails.
 func (c *Conn) Pump(r io.Reader) error {
-	buf := make([]byte, MaxMessage)
+	buf := make([]byte, c.peerMax)
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
@@ -167,15 +239,26 @@ func Closed(err error) bool {
 	return errors.Is(err, io.EOF) || websocket.IsCloseError(err, websocket.CloseNormalClosure, websocket.CloseGoingAway)
 }
 
-// writeBuffers are lent to a connection while it writes a message, so an
-// idle session holds none: a message goes out in one frame and one write
-// (MaxMessage and its header) at no cost to idle sessions' memory.
-var writeBuffers = &sync.Pool{}
+// Write buffers are lent to a connection while it writes a message, so
+// an idle session holds none. fleetd's side (not masked) sends a message's
+// bytes from where they are, in one system call with the frame's header
+// (gorilla copies into the buffer only what fits, and writes the rest
+// beside it): its buffer is small, for headers and control messages.
+// fleetctl's and the agent's side mask what they send (RFC 6455, 5.3),
+// which gorilla does in the buffer: it holds a whole message, so a
+// message is one frame and one write.
+var (
+	serverWrites = &sync.Pool{}
+	clientWrites = &sync.Pool{}
+)
+
+// serverWriteBuffer is the size of fleetd's side's write buffer.
+const serverWriteBuffer = 2 << 10
 
 // fleetd's side reads through the HTTP server's own buffer (a read
 // buffer size of 0 reuses it): an idle session's legs hold no other.
 var upgrader = websocket.Upgrader{
-	WriteBufferSize: maxRead, WriteBufferPool: writeBuffers,
+	WriteBufferSize: serverWriteBuffer, WriteBufferPool: serverWrites,
 	// Programs (fleetctl, fleetd-agent) send no Origin; a browser's must be
 	// this host's, so that another site's page cannot open a session with
 	// its visitor's console cookie.
@@ -189,15 +272,24 @@ var upgrader = websocket.Upgrader{
 	},
 }
 
+// peerMax reads the size the other side announced in h, or MaxMessage.
+func peerMax(h http.Header) int {
+	n, err := strconv.Atoi(h.Get(MessageSizeHeader))
+	if err != nil || n < MaxMessage {
+		return MaxMessage
+	}
+	return min(n, LargeMessage)
+}
+
 // Upgrade answers an HTTP request with a WebSocket. w may be a wrapper
 // that reaches the connection through Unwrap, as fleetd's are.
 func Upgrade(w http.ResponseWriter, r *http.Request) (*Conn, error) {
-	ws, err := upgrader.Upgrade(hijacker{w}, r, nil)
+	ws, err := upgrader.Upgrade(hijacker{w}, r, http.Header{MessageSizeHeader: {strconv.Itoa(LargeMessage)}})
 	if err != nil {
 		return nil, err
 	}
 	ws.SetReadLimit(maxRead)
-	return &Conn{ws: ws}, nil
+	return &Conn{ws: ws, peerMax: peerMax(r.Header)}, nil
 }
 
 // hijacker lends the library, which asks for an http.Hijacker, the
@@ -226,9 +318,14 @@ func (e *RefusedError) Error() string { return e.Message }
 func Dial(ctx context.Context, url string, header http.Header, tc *tls.Config) (*Conn, error) {
 	url = strings.Replace(strings.Replace(url, "https://", "wss://", 1), "http://", "ws://", 1)
 	// fleetctl and the agent hold a session or two each: a read buffer of
-	// two messages takes what the socket has in one system call.
-	d := websocket.Dialer{HandshakeTimeout: 30 * time.Second, ReadBufferSize: 2 * maxRead,
-		WriteBufferSize: maxRead, WriteBufferPool: writeBuffers, TLSClientConfig: tc}
+	// two small messages takes what the socket has in one system call (a
+	// large message's bytes past it are read straight into its buffer).
+	d := websocket.Dialer{HandshakeTimeout: 30 * time.Second, ReadBufferSize: 2 * (MaxMessage + controlRoom),
+		WriteBufferSize: maxRead, WriteBufferPool: clientWrites, TLSClientConfig: tc}
+	if header = header.Clone(); header == nil {
+		header = http.Header{}
+	}
+	header.Set(MessageSizeHeader, strconv.Itoa(LargeMessage))
 	ws, resp, err := d.DialContext(ctx, url, header)
 	if err != nil {
 		if resp != nil {
@@ -248,5 +345,5 @@ func Dial(ctx context.Context, url string, header http.Header, tc *tls.Config) (
 		return nil, err
 	}
 	ws.SetReadLimit(maxRead)
-	return &Conn{ws: ws}, nil
+	return &Conn{ws: ws, peerMax: peerMax(resp.Header)}, nil
 }
