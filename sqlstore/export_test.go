@@ -238,3 +238,16 @@ func SetDesiredChunk(n int) (restore func()) {
 	desiredChunk = n
 	return func() { desiredChunk = old }
 }
+
+// ReportColumns is every column a status report writes of a device
+// action, as text, NULL as "NULL".
+func (db *DB) ReportColumns(ctx context.Context, tenant string, action int64, device string) (string, error) {
+	cols := []string{"status", "action_status", "progress", "errors", "error_count", "last_ts", "last_seq", "initiated_at", "deadline", "updated_at"}
+	for i, c := range cols {
+		cols[i] = "COALESCE(CAST(" + c + " AS TEXT), 'NULL')"
+	}
+	var s string
+	err := db.queryRow(ctx, "SELECT "+strings.Join(cols, " || '|' || ")+
+		" FROM device_actions WHERE tenant = ? AND action_id = ? AND device_id = ?", tenant, action, device).Scan(&s)
+	return s, err
+}
