@@ -150,20 +150,23 @@ func (a *Agent) remoteTerminal(ctx context.Context, c *remote.Conn) error {
 var hangUpGrace = 2 * time.Second
 
 // hangUp ends every process of a terminal's session, sid (the shell's
-// pid), as closing a terminal does (SIGHUP), and kills what is left after
-// hangUpGrace or once the pty is let go (exited): a shell that ignores
-// SIGHUP (one started by an agent that was itself started with SIGHUP
-// ignored, under nohup say, inherits that) would outlive its session, and
-// a job it put in a process group of its own (set -m; cmd &) would hold
-// the pty open and the agent would wait on it for ever. Processes that
-// left the session (setsid, a daemon) are no longer the terminal's.
+// pid), as closing a terminal does (SIGHUP), and kills what is left of
+// the session if the pty is still held hangUpGrace later: a shell that
+// ignores SIGHUP (one started by an agent that was itself started with
+// SIGHUP ignored, under nohup say, inherits that) would outlive its
+// session, and a job it put in a process group of its own (set -m; cmd &)
+// would hold the pty open and the agent would wait on it for ever. Once
+// the pty is let go (exited), what is left ignored the hang-up and holds
+// no end of the terminal (nohup cmd >log &): it keeps running, as after
+// an SSH session. Processes that left the session (setsid, a daemon) are
+// no longer the terminal's.
 func hangUp(sid int, exited <-chan struct{}) {
 	signalSession(sid, syscall.SIGHUP)
 	select {
 	case <-exited:
 	case <-time.After(hangUpGrace):
+		signalSession(sid, syscall.SIGKILL)
 	}
-	signalSession(sid, syscall.SIGKILL)
 }
 
 // signalSession sends sig to session sid's process group and to every
