@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"regexp"
 	"strings"
 	"time"
 )
@@ -17,13 +16,11 @@ type APIKey struct {
 	Key       string    `json:"key,omitempty"`
 }
 
-var apiKeyName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-
 // APIKeyNameRule is what ValidAPIKeyName checks, said for a person.
 const APIKeyNameRule = "must be 1 to 64 characters from A-Z a-z 0-9 . _ -"
 
 // ValidAPIKeyName reports whether s may name an API key.
-func ValidAPIKeyName(s string) bool { return apiKeyName.MatchString(s) }
+func ValidAPIKeyName(s string) bool { return validName(s, 64, "._-") }
 
 // ReadAPIKey is the typed decode of a new key: name, role and the
 // optional user_email of the person who holds it. The API and the console

@@ -3,7 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
-	"regexp"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -60,10 +60,25 @@ const (
 	APIKeyPrefix      = "fk_"
 )
 
-var deviceID = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
-
 // ValidDeviceID reports whether s may name a device.
-func ValidDeviceID(s string) bool { return deviceID.MatchString(s) }
+func ValidDeviceID(s string) bool { return validName(s, 128, "._:-") }
+
+// validName reports whether s is 1 to max bytes, each an ASCII letter or
+// digit or one of extra: the rule of device ids and the other names of
+// resources. Device ids are checked on every status report and data point,
+// where a regular expression cost a few percent of fleetd's CPU.
+func validName(s string, max int, extra string) bool {
+	if len(s) == 0 || len(s) > max {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte(extra, c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
 
 // DeviceIDRule says what a device id may be, for error messages.
 const DeviceIDRule = "must be 1 to 128 characters from A-Z a-z 0-9 . _ : -"

@@ -228,9 +228,8 @@ const (
 )
 
 var (
-	versionPattern   = regexp.MustCompile(`^[0-9]+(\.[0-9]+)*$`)
-	componentPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
-	checksumPattern  = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
+	versionPattern  = regexp.MustCompile(`^[0-9]+(\.[0-9]+)*$`)
+	checksumPattern = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
 )
 
 // ValidVersion reports whether s is a version: numbers separated by dots.
@@ -239,7 +238,7 @@ func ValidVersion(s string) bool {
 }
 
 // ValidComponentName reports whether s may name a component.
-func ValidComponentName(s string) bool { return componentPattern.MatchString(s) }
+func ValidComponentName(s string) bool { return validName(s, 128, "._-") }
 
 // ValidChecksum reports whether s is a SHA-256 in hex, either case.
 func ValidChecksum(s string) bool { return checksumPattern.MatchString(s) }

@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"regexp"
 	"time"
 )
 
@@ -18,10 +17,8 @@ type Group struct {
 	UpdatedAt   time.Time `json:"updated_at"`
 }
 
-var groupName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-
 // ValidGroupName reports whether s may name a group.
-func ValidGroupName(s string) bool { return groupName.MatchString(s) }
+func ValidGroupName(s string) bool { return validName(s, 64, "._-") }
 
 // GroupNameRule says what a group name may be, for error messages.
 const GroupNameRule = "must be 1 to 64 characters from A-Z a-z 0-9 . _ -"

@@ -3,7 +3,6 @@ package fleet
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"sort"
 	"time"
 	"unicode/utf8"
@@ -48,12 +47,10 @@ const (
 	MaxPointTime int64 = 253_402_300_799_999
 )
 
-var streamName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
-
 // ValidStreamName reports whether s may name a data stream: 1 to 128
 // characters from A-Z a-z 0-9 . _ -, so that a stream is one MQTT topic level
 // without wildcards.
-func ValidStreamName(s string) bool { return streamName.MatchString(s) }
+func ValidStreamName(s string) bool { return validName(s, 128, "._-") }
 
 // StreamNameRule says what a stream name may be, for error messages.
 const StreamNameRule = "must be 1 to 128 characters from A-Z a-z 0-9 . _ -"
