@@ -3,7 +3,9 @@ package sqlstore
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -419,11 +421,7 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 		}
 		after = &c
 	}
-	d, err := db.FindDevice(ctx, tenant, device)
-	if err != nil {
-		return nil, err
-	}
-	lo, err := db.floor(ctx, tenant)
+	created, lo, err := db.pointScope(ctx, tenant, device)
 	if err != nil {
 		return nil, err
 	}
@@ -445,16 +443,29 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 	if limit <= 0 {
 		limit = fleet.DefaultLimit
 	}
-	tx, err := db.readTx(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer tx.Rollback()
 	// Chunks hold the points of one hour: one that holds a point in
-	// [lo, hi) starts in [lo's hour, hi).
-	segs, err := db.segments(ctx, tx, pointsPart, floorTo(lo, hourMs), hi, true)
-	if err != nil {
-		return nil, db.classify(err)
+	// [lo, hi) starts in [lo's hour, hi). On PostgreSQL a page within one
+	// day's partition is one statement, which sees one snapshot on its
+	// own: it reads from the pool, without a transaction's two more round
+	// trips (as historyReader); a page over several partitions, and every
+	// page on SQLite (whose partition tables segments lists), reads in a
+	// transaction, so that no point that arrives between two statements
+	// falls behind the cursor.
+	var rd querier = db
+	var segs []segment
+	if db.dialect == postgres {
+		segs, _ = db.segments(ctx, nil, pointsPart, floorTo(lo, hourMs), hi, true) // queries nothing
+	}
+	if db.dialect == sqlite || len(segs) > 1 {
+		tx, err := db.readTx(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer tx.Rollback()
+		rd = tx
+		if segs, err = db.segments(ctx, tx, pointsPart, floorTo(lo, hourMs), hi, true); err != nil {
+			return nil, db.classify(err)
+		}
 	}
 	order := "ts_min, id"
 	if q.Desc {
@@ -466,9 +477,9 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 		if best.full() {
 			break // every later partition's points come after
 		}
-		done, err := db.readChunks(ctx, tx, s, `SELECT ts_min, ts_max, id, received_at, points FROM `+s.table+`
+		done, err := db.readChunks(ctx, rd, s, `SELECT ts_min, ts_max, id, received_at, points FROM `+s.table+`
 			WHERE tenant = ? AND device_id = ? AND stream = ? AND ts_min >= ? AND ts_min < ? AND ts_max >= ? AND received_at >= ? ORDER BY `+order,
-			[]any{tenant, device, stream, s.lo, s.hi, lo, millis(d.CreatedAt)}, func(tsMin, tsMax, id, received int64, points []byte) (bool, error) {
+			[]any{tenant, device, stream, s.lo, s.hi, lo, created}, func(tsMin, tsMax, id, received int64, points []byte) (bool, error) {
 				if best.full() {
 					top := best.last().ts
 					if !q.Desc && top < tsMin || q.Desc && top > tsMax {
@@ -486,6 +497,11 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 					k := pointKey{ts, seq, id, i}
 					if after != nil && !best.before(after.key, k) {
 						return true
+					}
+					if !q.Desc && best.full() && !best.before(k, best.last()) {
+						// The chunk's points come in the read's order:
+						// none after this one is in the page either.
+						return false
 					}
 					best.offer(pagePoint{k, fleet.HistoryPoint{Timestamp: fromMillis(ts), Sequence: seq, Data: data, ReceivedAt: fromMillis(received)}})
 					return true
@@ -514,6 +530,28 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 		page.Next = page.End
 	}
 	return page, nil
+}
+
+// pointScope returns what a read of a device's points needs besides the
+// points, in one statement: when the device was made (its points are
+// those received since, not those of a device of the same id deleted
+// before) and the oldest timestamp the tenant's retention shows (floor).
+// A read of a day is 87 pages, and a device lookup and a retention lookup
+// were two more round trips of each.
+func (db *DB) pointScope(ctx context.Context, tenant, device string) (created, floor int64, err error) {
+	var ms sql.NullInt64
+	err = db.queryRow(ctx, `SELECT d.created_at, t.stream_retention_ms FROM devices d JOIN tenants t ON t.name = d.tenant
+		WHERE d.tenant = ? AND d.id = ?`, tenant, device).Scan(&created, &ms)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, 0, fleet.Errorf(fleet.ENOTFOUND, "device %q not found", device)
+	} else if err != nil {
+		return 0, 0, db.classify(err)
+	}
+	d := db.history.retention
+	if ms.Valid {
+		d = time.Duration(ms.Int64) * time.Millisecond
+	}
+	return created, floorTo(millis(db.now().Add(-d)), hourMs), nil
 }
 
 // chunkKey names a chunk of a device's stream.
