@@ -10,7 +10,8 @@ import (
 
 // Stream history (docs/telemetry.md): every point a device sends is kept
 // for a retention, in partitions of a day that expire whole, with
-// 1-minute and 1-hour rollups of its numeric fields kept longer.
+// 1-minute, 10-minute and 1-hour rollups of its numeric fields kept
+// longer.
 
 // Retention defaults and bounds (docs/telemetry.md).
 const (
@@ -20,10 +21,12 @@ const (
 	// FutureHorizon is how far past the clock a point's timestamp may be
 	// and still be kept in history.
 	FutureHorizon = 24 * time.Hour
-	// MinuteRollupRetention and HourRollupRetention are how long rollups
-	// are kept at least; never less than the raw retention.
-	MinuteRollupRetention = 90 * 24 * time.Hour
-	HourRollupRetention   = 400 * 24 * time.Hour
+	// MinuteRollupRetention, TenMinuteRollupRetention and
+	// HourRollupRetention are how long rollups are kept at least; never
+	// less than the raw retention.
+	MinuteRollupRetention    = 90 * 24 * time.Hour
+	TenMinuteRollupRetention = 180 * 24 * time.Hour
+	HourRollupRetention      = 400 * 24 * time.Hour
 )
 
 // Reasons a point is not kept in history, as metrics label them.

@@ -58,7 +58,7 @@ var pointParams = append([]param{
 var aggregateParams = append([]param{
 	{Name: "field", Desc: "the numeric data field to aggregate (required); points without it, or with another type, are left out"},
 	{Name: "fn", Desc: "avg (default), min, max, sum, count or last", Enum: fleet.AggregateFuncs},
-	{Name: "interval", Desc: "the buckets' length, aligned to the Unix epoch (so to UTC midnight when it divides a day): 1s to 59s reads raw points over at most 6h; whole minutes read 1-minute rollups, whole hours 1-hour rollups. Go duration syntax, or Nd for days; default 1h"},
+	{Name: "interval", Desc: "the buckets' length, aligned to the Unix epoch (so to UTC midnight when it divides a day): 1s to 59s reads raw points over at most 6h; whole minutes read 1-minute rollups, whole multiples of 10 minutes 10-minute rollups, whole hours 1-hour rollups. Go duration syntax, or Nd for days; default 1h"},
 }, historyRangeParams...)
 
 var fleetAggregateParams = append([]param{

@@ -25,7 +25,7 @@ func (db *DB) ExplainAuditLogs(ctx context.Context, tenant string, f fleet.Audit
 // aggregate's read of the rollups of kind ("1m" or "1h") of the partition
 // holding at.
 func (db *DB) ExplainFleetRollups(ctx context.Context, kind string, at time.Time) (string, error) {
-	k := map[string]partKind{"1m": minutePart, "1h": hourPart}[kind]
+	k := map[string]partKind{"1m": minutePart, "1h": hourPart, "10m": tenMinutePart}[kind]
 	table := k.table
 	if db.dialect == sqlite {
 		table = k.name(k.start(millis(at)))
@@ -250,4 +250,42 @@ func (db *DB) ReportColumns(ctx context.Context, tenant string, action int64, de
 	err := db.queryRow(ctx, "SELECT "+strings.Join(cols, " || '|' || ")+
 		" FROM device_actions WHERE tenant = ? AND action_id = ? AND device_id = ?", tenant, action, device).Scan(&s)
 	return s, err
+}
+
+// MigratedAt makes the database one that migration 0048 found with
+// rollups: 10-minute rollups whole only from the bucket of from, those
+// before it deleted (those of points rolled up before the migration
+// would not be whole) and the partitions wholly before it dropped, and
+// the 10-minute partitions forgotten, as by a fleetd started after the
+// migration.
+func (db *DB) MigratedAt(ctx context.Context, from time.Time) error {
+	ms := floorTo(millis(from), tenMinutesMs)
+	starts, err := db.partitions(ctx, db, tenMinutePart)
+	if err != nil {
+		return err
+	}
+	for _, s := range starts {
+		if tenMinutePart.next(s) <= ms {
+			err = db.Exec(ctx, "DROP TABLE "+tenMinutePart.name(s)) // as if never made
+		} else {
+			err = db.Exec(ctx, "DELETE FROM "+tenMinutePart.name(s)+" WHERE bucket < ?", ms)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	db.history.known.Range(func(name, _ any) bool {
+		if _, ok := tenMinutePart.parse(name.(string)); ok {
+			db.history.known.Delete(name)
+		}
+		return true
+	})
+	db.history.tenMinutesFrom.Store(ms)
+	return db.Exec(ctx, "UPDATE stream_rollups_10m_from SET bucket = ?", ms)
+}
+
+// TenMinuteRollupsFrom returns the epoch milliseconds of the bucket
+// 10-minute rollups are whole from.
+func (db *DB) TenMinuteRollupsFrom(ctx context.Context) (int64, error) {
+	return db.tenMinuteRollupsFrom(ctx)
 }

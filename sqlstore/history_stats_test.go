@@ -46,7 +46,7 @@ func TestAggregateStats(t *testing.T) {
 			}
 		}
 		fields := []string{"temp", "count", "state", "absent"}
-		for _, iv := range []time.Duration{10 * time.Second, time.Minute, time.Hour} {
+		for _, iv := range []time.Duration{10 * time.Second, time.Minute, 10 * time.Minute, time.Hour} {
 			for _, device := range []string{"d1", ""} {
 				q := fleet.AggregateQuery{Interval: iv, From: start, To: start.Add(time.Hour)}
 				stats, err := db.AggregateStats(ctx, "acme", device, "env", fields, q)

@@ -204,7 +204,7 @@ func TestStreamHistory(t *testing.T) {
 			if n, err := db.RollUp(ctx); err != nil || n != 5 {
 				t.Fatalf("rolled up %d chunks (%v), want 5: 3 of d1, 2 of d2", n, err)
 			}
-			for _, iv := range []time.Duration{time.Minute, 3 * time.Minute, time.Hour, 2 * time.Hour} {
+			for _, iv := range []time.Duration{time.Minute, 3 * time.Minute, 10 * time.Minute, 30 * time.Minute, time.Hour, 2 * time.Hour} {
 				for _, fn := range fleet.AggregateFuncs {
 					for _, field := range []string{"temp", "count", "state"} {
 						q := fleet.AggregateQuery{Field: field, Fn: fn, Interval: iv, From: start.Add(-time.Hour), To: now}
@@ -636,7 +636,7 @@ func TestFleetAggregateReadsTheStream(t *testing.T) {
 		}
 		keep("globex", "d1", "env", 700)
 		drainRollups(t, db)
-		for _, iv := range []time.Duration{time.Minute, time.Hour} {
+		for _, iv := range []time.Duration{time.Minute, 10 * time.Minute, time.Hour} {
 			bs, _, err := db.AggregateFleet(ctx, "acme", "env", fleet.AggregateQuery{Field: "temp", Fn: fleet.AggSum, Interval: iv, From: start, To: now})
 			var sum float64
 			var n int64
@@ -657,7 +657,7 @@ func TestFleetAggregateReadsTheStream(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		for _, kind := range []string{"1m", "1h"} {
+		for _, kind := range []string{"1m", "10m", "1h"} {
 			plan, err := db.ExplainFleetRollups(ctx, kind, start)
 			if err != nil {
 				t.Fatal(err)

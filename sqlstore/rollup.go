@@ -98,6 +98,9 @@ func (db *DB) RollUp(ctx context.Context) (int, error) {
 	}
 	now := millis(db.now())
 	claimed := 0
+	// The 10-minute partitions to make first: those of chunks queued
+	// before migration 0048, which ingest did not make (ensurePartitions).
+	var made []part
 	err = db.updateAlone(ctx, func(ctx context.Context, tx *Tx) error {
 		rows, err := tx.query(ctx, `DELETE FROM stream_rollup_queue WHERE id IN
 			(SELECT id FROM stream_rollup_queue ORDER BY id LIMIT ?`+db.dialect.skipLocked()+`)
@@ -128,16 +131,25 @@ func (db *DB) RollUp(ctx context.Context) (int, error) {
 				db.log.Error("queued rollups unreadable: dropped", "tenant", tenant, "device", device, "stream", stream, "err", err)
 				continue
 			}
-			for i := range rs {
-				r := &rs[i]
+			add := func(r *rollup) {
 				if r.kind.next(r.kind.start(r.bucket)) <= now-keep[r.kind].Milliseconds() {
-					continue // its partition expired, or is about to
+					return // its partition expired, or is about to
 				}
 				k := key{tenant, device, stream, r.kind, r.field, r.bucket}
 				if m := merged[k]; m != nil {
 					m.merge(r)
 				} else {
 					merged[k] = r
+				}
+			}
+			for i := range rs {
+				add(&rs[i])
+				if rs[i].kind == minutePart {
+					// A 10-minute rollup is its minutes', added as they
+					// are: the queue is as it was before migration 0048.
+					ten := rs[i]
+					ten.kind, ten.bucket = tenMinutePart, floorTo(ten.bucket, tenMinutesMs)
+					add(&ten)
 				}
 			}
 		}
@@ -156,6 +168,17 @@ func (db *DB) RollUp(ctx context.Context) (int, error) {
 			}
 			return cmpInt(a.bucket, b.bucket)
 		})
+		made = made[:0]
+		for _, k := range keys {
+			if p := (part{k.kind, k.kind.start(k.bucket)}); k.kind == tenMinutePart && !slices.Contains(made, p) {
+				if _, ok := db.history.known.Load(k.kind.name(p.start)); !ok {
+					made = append(made, p)
+				}
+			}
+		}
+		if err := tx.makePartitions(ctx, made); err != nil {
+			return err
+		}
 		for _, k := range keys {
 			if err := tx.upsertRollup(ctx, k.tenant, k.device, k.stream, merged[k]); err != nil {
 				return err
@@ -163,6 +186,11 @@ func (db *DB) RollUp(ctx context.Context) (int, error) {
 		}
 		return nil
 	})
+	if err == nil {
+		for _, p := range made {
+			db.history.known.Store(p.k.name(p.start), struct{}{})
+		}
+	}
 	return claimed, err
 }
 
