@@ -170,15 +170,41 @@ var pointPageJSON = sync.Pool{New: func() any { return new([]byte) }}
 // takes about 110 KB.
 const maxPooledPage = 1 << 20
 
+// hourTimes appends times as codec.AppendTime does, the date and hour of
+// the last one's hour kept as text: a page's points mostly fall in an
+// hour, and formatting each of their 2000 times whole was a third of the
+// page's CPU.
+type hourTimes struct {
+	hour   int64  // the Unix milliseconds prefix is of
+	prefix []byte // "2006-01-02T15:"
+}
+
+func (h *hourTimes) append(b []byte, t time.Time) []byte {
+	const hourMs = int64(time.Hour / time.Millisecond)
+	ms := t.UnixMilli()
+	if ms < 0 {
+		return codec.AppendTime(b, t)
+	}
+	if hour := ms - ms%hourMs; h.prefix == nil || hour != h.hour {
+		h.prefix = codec.AppendTime(h.prefix[:0], time.UnixMilli(hour))
+		h.prefix, h.hour = h.prefix[:len(h.prefix)-len("04:05.000Z")], hour
+	}
+	off := int(ms % hourMs)
+	minute, sec, milli := off/60_000, off/1000%60, off%1000
+	return append(append(b, h.prefix...), byte('0'+minute/10), byte('0'+minute%10), ':', byte('0'+sec/10), byte('0'+sec%10), '.',
+		byte('0'+milli/100), byte('0'+milli/10%10), byte('0'+milli%10), 'Z')
+}
+
 // appendPointPageJSON appends page as pointPage's JSON.
 func appendPointPageJSON(b []byte, page *fleet.PointPage) []byte {
+	var ts, received hourTimes
 	b = append(b, `{"points":[`...)
 	for i, p := range page.Points {
 		if i > 0 {
 			b = append(b, ',')
 		}
 		b = append(b, `{"timestamp":"`...)
-		b = codec.AppendTime(b, p.Timestamp)
+		b = ts.append(b, p.Timestamp)
 		b = append(b, `","sequence":`...)
 		b = strconv.AppendInt(b, p.Sequence, 10)
 		b = append(b, `,"data":`...)
@@ -188,7 +214,7 @@ func appendPointPageJSON(b []byte, page *fleet.PointPage) []byte {
 			b = append(b, p.Data...)
 		}
 		b = append(b, `,"received_at":"`...)
-		b = codec.AppendTime(b, p.ReceivedAt)
+		b = received.append(b, p.ReceivedAt)
 		b = append(b, `"}`...)
 	}
 	b = append(b, `],"next":`...)

@@ -2,6 +2,7 @@ package fleethttp
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -45,6 +46,29 @@ func TestPointPageJSON(t *testing.T) {
 		}
 		if got := appendPointPageJSON(nil, page); !bytes.Equal(got, want) {
 			t.Errorf("appendPointPageJSON:\n%s\nthe codec:\n%s", got, want)
+		}
+	}
+}
+
+// TestHourTimes holds hourTimes' text of times in and across hours equal
+// to codec.AppendTime's.
+func TestHourTimes(t *testing.T) {
+	var h hourTimes
+	at := time.Date(2026, 11, 28, 22, 59, 58, 0, time.UTC)
+	for i := range 20_000 {
+		var tm time.Time
+		switch i % 4 {
+		case 0, 1:
+			at = at.Add(time.Duration(rand.IntN(2000)) * time.Millisecond)
+			tm = at
+		case 2:
+			tm = time.UnixMilli(rand.Int64N(300_000_000_000_000) - 1000).In(time.FixedZone("x", 5400))
+		default:
+			tm = at.Add(time.Duration(rand.IntN(1e6))) // a fraction of a millisecond
+		}
+		got, want := h.append(nil, tm), codec.AppendTime(nil, tm)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%v: %s, want %s", tm, got, want)
 		}
 	}
 }
