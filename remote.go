@@ -48,6 +48,22 @@ type RemoteSession struct {
 // session would join: its person's in the tenant and its device's.
 type RemoteOpen struct{ Person, Device int }
 
+// RemoteLost chooses open sessions whose relaying replica is gone
+// (docs/agent.md, Several replicas).
+type RemoteLost struct {
+	// RelayURL and Before: the sessions that replica opened before it
+	// started again (on SQLite, which one process serves, every session
+	// opened before Before).
+	RelayURL string
+	Before   time.Time
+	// Silent, without RelayURL: the sessions whose replica's heartbeat is
+	// older than this (on PostgreSQL; none on SQLite). A replica that
+	// never beat (one older than heartbeats) is never lost this way.
+	Silent time.Duration
+	// Tenant and ID narrow it to a tenant's, or to one session.
+	Tenant, ID string
+}
+
 // RemoteSettings are a tenant's choices about remote sessions
 // (docs/agent.md, Recording).
 type RemoteSettings struct {
@@ -67,9 +83,10 @@ type RemoteSessionFilter struct {
 type RemoteSessionService interface {
 	// CreateRemoteSession stores s (audited) and fills in s.ID,
 	// s.StartedAt and s.Recorded, unless admit refuses what is open
-	// already: sessions started since since and not ended, counted in
-	// the same transaction as the insert, so that replicas enforce one cap.
-	CreateRemoteSession(ctx context.Context, s *RemoteSession, since time.Time, admit func(RemoteOpen) error) error
+	// already: sessions started since since and not ended, whose replica
+	// has been heard from within silent (BeatRemoteRelay), counted in the
+	// same transaction as the insert, so that replicas enforce one cap.
+	CreateRemoteSession(ctx context.Context, s *RemoteSession, since time.Time, silent time.Duration, admit func(RemoteOpen) error) error
 	// EndRemoteSession records s's end, bytes, reason and recording size
 	// (audited).
 	EndRemoteSession(ctx context.Context, s *RemoteSession) error
@@ -82,11 +99,13 @@ type RemoteSessionService interface {
 	StopRemoteSession(ctx context.Context, tenant, id, by string) error
 	// FindRemoteSession returns one session of a device.
 	FindRemoteSession(ctx context.Context, tenant, deviceID, id string) (*RemoteSession, error)
-	// EndStaleRemoteSessions ends, with reason, the sessions left open by
-	// a replica that stopped without ending them: those started before
-	// before and relayed at relayURL (every one on SQLite, which one
-	// process serves). It returns how many.
-	EndStaleRemoteSessions(ctx context.Context, relayURL string, before time.Time, reason string) (int, error)
+	// FindLostRemoteSessions lists the open sessions whose replica is
+	// gone, as q chooses, with their Tenant and RelayURL.
+	FindLostRemoteSessions(ctx context.Context, q RemoteLost) ([]*RemoteSession, error)
+	// BeatRemoteRelay records that the replica at relayURL is alive, on
+	// the database's clock, and forgets replicas silent for longer than
+	// silent that relay no open session.
+	BeatRemoteRelay(ctx context.Context, relayURL string, silent time.Duration) error
 	// ForgetRemoteRecording records that session id no longer has a
 	// recording (its retention passed); a session gone is no error.
 	ForgetRemoteRecording(ctx context.Context, tenant, id string) error

@@ -122,7 +122,11 @@ func (c *Console) handleRemoteSessions(w http.ResponseWriter, r *http.Request, v
 // handleStopRemoteSession ends an open session on whichever replica
 // relays it, and comes back to the list it was ended from.
 func (c *Console) handleStopRemoteSession(w http.ResponseWriter, r *http.Request, v *view) error {
-	if err := c.RemoteSessions.StopRemoteSession(r.Context(), v.Actor.Tenant, r.PathValue("id"), v.Actor.UserName); err != nil {
+	stop := c.RemoteSessions.StopRemoteSession
+	if c.Remote != nil {
+		stop = c.Remote.Stop // a session of a lost replica ends here
+	}
+	if err := stop(r.Context(), v.Actor.Tenant, r.PathValue("id"), v.Actor.UserName); err != nil {
 		return err
 	}
 	back := "/console/remote-sessions"

@@ -131,7 +131,8 @@ func (s *Server) deviceRemoteSession(r *http.Request) (*fleet.RemoteSession, err
 // handleEndRemoteSession ends an open session on whichever replica relays
 // it, as the console's End button does: the relaying replica hears of it
 // (fleet.ChangeRemoteSessionStop), tells the operator why and records the
-// end. The answer is the session as it was asked to end.
+// end; one whose replica was lost is ended at once (relay.Hub.Stop). The
+// answer is the session as it was asked to end.
 func (s *Server) handleEndRemoteSession(w http.ResponseWriter, r *http.Request) error {
 	rs, err := s.deviceRemoteSession(r)
 	if err != nil {
@@ -140,7 +141,11 @@ func (s *Server) handleEndRemoteSession(w http.ResponseWriter, r *http.Request) 
 	if rs.EndedAt != nil {
 		return fleet.Errorf(fleet.ECONFLICT, "remote session %s has ended already (%s)", rs.ID, rs.EndReason)
 	}
-	if err := s.RemoteSessions.StopRemoteSession(r.Context(), tenantOf(r), rs.ID, fleet.ActorFromContext(r.Context()).UserName); err != nil {
+	stop := s.RemoteSessions.StopRemoteSession
+	if s.Remote != nil {
+		stop = s.Remote.Stop // a session of a lost replica ends here
+	}
+	if err := stop(r.Context(), tenantOf(r), rs.ID, fleet.ActorFromContext(r.Context()).UserName); err != nil {
 		return err
 	}
 	s.respond(w, r, http.StatusAccepted, rs)

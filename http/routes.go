@@ -66,7 +66,7 @@ func (s *Server) addRoutes() []route {
 			Summary: "The tenant's remote sessions, newest first, as a device's list answers them; device_id narrows it to one device",
 			Query:   append([]param{{Name: "device_id", Desc: "only the sessions of this device"}, openParam}, pageParams...), Resp: remoteSessionList{}}},
 		{"POST /api/v1/devices/{id}/remote-sessions/{sid}/end", fleet.PermRemote, s.handleEndRemoteSession, op{Tag: "remote",
-			Summary: "End an open remote session, whichever replica relays it (audited, remote.session.stop): that replica tells the operator who ended it and records the end. 202 with the session as it was; 409 once it has ended",
+			Summary: "End an open remote session, whichever replica relays it (audited, remote.session.stop): that replica tells the operator who ended it and records the end; one whose replica was lost (no heartbeat for --remote-replica-timeout) is ended at once, audited as remote.session.end. 202 with the session as it was; 409 once it has ended",
 			Query:   []param{{Name: "sid", In: "path", Desc: "the session's id"}}, OK: http.StatusAccepted, Resp: fleet.RemoteSession{}}},
 		{"GET /api/v1/devices/{id}/remote-sessions/{sid}/recording", fleet.PermRemote, s.handleRemoteRecording, op{Tag: "remote",
 			Summary: "The output of a recorded shell session, an asciicast v2 file, once the session has ended (a tenant records its shell sessions with PUT /api/v1/tenants/{tenant_id}/remote-settings). What a terminal showed may hold secrets: the remote permission, as to open a session",

@@ -19,8 +19,15 @@ var _ fleet.RemoteSessionService = (*DB)(nil)
 // insert hold the tenant's remote-sessions lock, so that two replicas
 // opening sessions at once take turns and enforce one cap; SQLite's one
 // writer serialises them already.
-func (db *DB) CreateRemoteSession(ctx context.Context, s *fleet.RemoteSession, since time.Time, admit func(fleet.RemoteOpen) error) error {
+func (db *DB) CreateRemoteSession(ctx context.Context, s *fleet.RemoteSession, since time.Time, silent time.Duration, admit func(fleet.RemoteOpen) error) error {
 	s.ID = uuid.NewString()
+	// A session whose replica is lost counts under no cap: ended as soon
+	// as a replica's sweep (or an end request) gets to it.
+	live, liveArgs := "", []any{}
+	if db.dialect == postgres {
+		live = ` AND NOT EXISTS (SELECT 1 FROM remote_relays r WHERE r.relay_url = remote_sessions.relay_url AND r.seen_at < ` + pgNowMillis + ` - ?)`
+		liveArgs = []any{silent.Milliseconds()}
+	}
 	return db.updateAlone(ctx, func(ctx context.Context, tx *Tx) error {
 		if tx.db.dialect == postgres {
 			// 1919250802 is "remo" in the lock's first key; lockTargets
@@ -31,12 +38,12 @@ func (db *DB) CreateRemoteSession(ctx context.Context, s *fleet.RemoteSession, s
 		}
 		var open fleet.RemoteOpen
 		if err := tx.queryRow(ctx, `SELECT count(*) FROM remote_sessions
-			WHERE tenant = ? AND user_name = ? AND key_name = ? AND user_email = ? AND ended_at IS NULL AND started_at >= ?`,
-			s.Tenant, s.UserName, s.KeyName, s.UserEmail, millis(since)).Scan(&open.Person); err != nil {
+			WHERE tenant = ? AND user_name = ? AND key_name = ? AND user_email = ? AND ended_at IS NULL AND started_at >= ?`+live,
+			append([]any{s.Tenant, s.UserName, s.KeyName, s.UserEmail, millis(since)}, liveArgs...)...).Scan(&open.Person); err != nil {
 			return err
 		}
-		if err := tx.queryRow(ctx, `SELECT count(*) FROM remote_sessions WHERE tenant = ? AND device_id = ? AND ended_at IS NULL AND started_at >= ?`,
-			s.Tenant, s.DeviceID, millis(since)).Scan(&open.Device); err != nil {
+		if err := tx.queryRow(ctx, `SELECT count(*) FROM remote_sessions WHERE tenant = ? AND device_id = ? AND ended_at IS NULL AND started_at >= ?`+live,
+			append([]any{s.Tenant, s.DeviceID, millis(since)}, liveArgs...)...).Scan(&open.Device); err != nil {
 			return err
 		}
 		if err := admit(open); err != nil {
@@ -132,51 +139,76 @@ func (db *DB) FindRemoteSession(ctx context.Context, tenant, deviceID, id string
 	return s, db.classify(err)
 }
 
-// EndStaleRemoteSessions ends the open sessions a replica left when it
-// stopped without ending them (it crashed, or lost its database): each is
-// recorded and audited as any end. On SQLite one process serves the
-// database, so every open session started before before is stale.
-func (db *DB) EndStaleRemoteSessions(ctx context.Context, relayURL string, before time.Time, reason string) (int, error) {
-	where, args := "ended_at IS NULL AND started_at < ? AND relay_url = ?", []any{millis(before), relayURL}
+// pgNowMillis is PostgreSQL's clock in Unix milliseconds: replicas' heartbeats
+// are written and judged on it, so that their own clocks need not agree.
+const pgNowMillis = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
+
+// BeatRemoteRelay records that the replica at relayURL is alive. On
+// SQLite, which one process serves, there is nobody to tell.
+func (db *DB) BeatRemoteRelay(ctx context.Context, relayURL string, silent time.Duration) error {
 	if db.dialect != postgres {
-		where, args = "ended_at IS NULL AND started_at < ?", []any{millis(before)}
-	}
-	n := 0
-	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		n = 0
-		rows, err := tx.query(ctx, "SELECT id, tenant, device_id, kind, user_name FROM remote_sessions WHERE "+where, args...)
-		if err != nil {
-			return err
-		}
-		var stale []fleet.RemoteSession
-		for rows.Next() {
-			var s fleet.RemoteSession
-			if err := rows.Scan(&s.ID, &s.Tenant, &s.DeviceID, &s.Kind, &s.UserName); err != nil {
-				rows.Close()
-				return err
-			}
-			stale = append(stale, s)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		end := millis(tx.now.Truncate(time.Millisecond))
-		for _, s := range stale {
-			if _, err := tx.exec(ctx, "UPDATE remote_sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND tenant = ? AND ended_at IS NULL",
-				end, reason, s.ID, s.Tenant); err != nil {
-				return err
-			}
-			if err := tx.audit(ctx, s.Tenant, "remote.session.end", "devices/"+s.DeviceID+"/remote-sessions/"+s.ID,
-				map[string]any{"device_id": s.DeviceID, "kind": s.Kind, "user_name": s.UserName, "end_reason": reason}); err != nil {
-				return err
-			}
-			n++
-		}
 		return nil
+	}
+	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		if _, err := tx.exec(ctx, `INSERT INTO remote_relays (relay_url, seen_at) VALUES (?, `+pgNowMillis+`)
+			ON CONFLICT (relay_url) DO UPDATE SET seen_at = excluded.seen_at`, relayURL); err != nil {
+			return err
+		}
+		// A replica gone for good (a pod replaced) leaves a row; once its
+		// sessions are ended nothing needs it.
+		_, err := tx.exec(ctx, `DELETE FROM remote_relays r WHERE r.seen_at < `+pgNowMillis+` - ?
+			AND NOT EXISTS (SELECT 1 FROM remote_sessions s WHERE s.relay_url = r.relay_url AND s.ended_at IS NULL)`, silent.Milliseconds())
+		return err
 	})
-	return n, err
 }
+
+// FindLostRemoteSessions lists the open sessions whose replica is gone:
+// one that started again (q.RelayURL) or one silent for q.Silent.
+func (db *DB) FindLostRemoteSessions(ctx context.Context, q fleet.RemoteLost) ([]*fleet.RemoteSession, error) {
+	var where string
+	var args []any
+	switch {
+	case q.RelayURL != "" && db.dialect == postgres:
+		where, args = "s.relay_url = ? AND s.started_at < ?", []any{q.RelayURL, millis(q.Before)}
+	case q.RelayURL != "":
+		where, args = "s.started_at < ?", []any{millis(q.Before)}
+	case db.dialect == postgres:
+		where, args = `s.relay_url IN (SELECT relay_url FROM remote_relays WHERE seen_at < `+pgNowMillis+` - ?)`, []any{q.Silent.Milliseconds()}
+	default:
+		return nil, nil
+	}
+	if q.Tenant != "" {
+		where, args = where+" AND s.tenant = ?", append(args, q.Tenant)
+	}
+	if q.ID != "" {
+		where, args = where+" AND s.id = ?", append(args, q.ID)
+	}
+	rows, err := db.query(ctx, `SELECT s.tenant, s.relay_url, `+remoteSessionColumns+` FROM remote_sessions s
+		WHERE s.ended_at IS NULL AND `+where+` ORDER BY s.started_at`, args...)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	defer rows.Close()
+	var lost []*fleet.RemoteSession
+	for rows.Next() {
+		var tenant, relay string
+		s, err := scanRemoteSession(leading{rows, []any{&tenant, &relay}}, "")
+		if err != nil {
+			return nil, err
+		}
+		s.Tenant, s.RelayURL = tenant, relay
+		lost = append(lost, s)
+	}
+	return lost, db.classify(rows.Err())
+}
+
+// leading scans columns before those of another scanner's.
+type leading struct {
+	sc    scanner
+	first []any
+}
+
+func (p leading) Scan(dest ...any) error { return p.sc.Scan(append(p.first, dest...)...) }
 
 // ForgetRemoteRecording clears session id's recording, whose retention
 // passed: fleetd's own housekeeping, not audited.

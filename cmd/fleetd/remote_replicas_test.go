@@ -1,6 +1,10 @@
 package main
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/fleetd/fleet"
@@ -68,4 +72,82 @@ func TestReplicasRemoteSession(t *testing.T) {
 		fleetdtest.WantContains(t, "operator's end", fleetdtest.SessionEnd(t, conn), want)
 		fleetdtest.WantContains(t, "recorded", b.EndReason(t, admin, "edge-1", sess.ID), want)
 	})
+}
+
+// TestReplicaLostRemoteSession kills the replica that relays a recorded
+// session: the other ends it once the dead one has been silent for
+// --remote-replica-timeout, whether asked to (an end request) or by its
+// own sweep, recording why and auditing it; the device's place under the
+// cap is free again; and the recording keeps what was output before the
+// kill, from the parts stored while the session was open.
+func TestReplicaLostRemoteSession(t *testing.T) {
+	bin := fleetdtest.BuildAgent(t)
+	blobs := t.TempDir()
+	c := newCluster(t, "--remote-connect-timeout", "30s", "--remote-replica-timeout", "3s",
+		"--remote-recording-flush", "200ms", "--remote-max-per-device", "1", "--blob-store", "file://"+blobs)
+	a := c.start("replica-a")
+	b := c.start("replica-b")
+	admin := a.Admin()
+	a.Do(t, admin, "PUT", "/api/v1/tenants/default/remote-settings", map[string]any{"recording": true}).Want(t, 204)
+	dev := a.MustDevice(t, admin, "edge-1", nil)
+	agent := b.StartAgent(t, bin, "edge-1", dev.Token, "--remote")
+	fleetdtest.Eventually(t, "the agent to connect", func() bool { return fleetdtest.AgentSays(agent, "level=INFO msg=connected") })
+
+	sess, conn := a.OpenTerminal(t, admin, "edge-1")
+	defer conn.Close()
+	conn.Write([]byte("echo before-''the-kill\n"))
+	var out strings.Builder
+	for !strings.Contains(out.String(), "before-the-kill") {
+		b, _, err := conn.Read()
+		if err != nil {
+			t.Fatalf("the session ended: %v; output %q", err, out.String())
+		}
+		out.Write(b)
+	}
+	parts := filepath.Join(blobs, "remote-recording-parts", "default", sess.ID)
+	fleetdtest.Eventually(t, "the output to reach the blob store", func() bool {
+		files, _ := os.ReadDir(parts)
+		var all []byte
+		for _, f := range files {
+			b, _ := os.ReadFile(filepath.Join(parts, f.Name()))
+			all = append(all, b...)
+		}
+		return strings.Contains(string(all), "before-the-kill")
+	})
+	a.kill()
+
+	// Asked to end it on B: 202 until it has ended (the stop told to A,
+	// which nobody hears, while A may still be alive), then 409.
+	fleetdtest.Eventually(t, "the session to end", func() bool {
+		st := b.Do(t, admin, "POST", "/api/v1/devices/edge-1/remote-sessions/"+sess.ID+"/end", nil).Status
+		if st != 202 && st != 409 {
+			t.Fatalf("end: %d", st)
+		}
+		return st == 409
+	})
+	rs := b.EndedSession(t, admin, "edge-1", sess.ID)
+	fleetdtest.WantContains(t, "end", rs.EndReason, "replica lost: "+a.URL)
+	var logs struct {
+		AuditLogs []struct {
+			Target  string         `json:"target"`
+			Details map[string]any `json:"details"`
+		} `json:"audit_logs"`
+	}
+	b.Do(t, admin, "GET", "/api/v1/audit-logs?action=remote.session.end", nil).Want(t, 200).Decode(t, &logs)
+	if len(logs.AuditLogs) != 1 || !strings.Contains(fmt.Sprint(logs.AuditLogs[0].Details["end_reason"]), "replica lost") {
+		t.Fatalf("audit: %+v", logs)
+	}
+
+	// What reached the blob store is the recording, on any replica.
+	if rs.Recording == "" || rs.RecordingSize == 0 {
+		t.Fatalf("no recording: %+v", rs)
+	}
+	cast := b.Do(t, admin, "GET", rs.Recording, nil).Want(t, 200).Body
+	if int64(len(cast)) != rs.RecordingSize || !strings.HasPrefix(string(cast), `{"height":`) || !strings.Contains(string(cast), "before-the-kill") {
+		t.Fatalf("recording of %d bytes (%d said): %q", len(cast), rs.RecordingSize, cast)
+	}
+
+	// The device's one place is free: a session through B works.
+	_, conn2 := b.OpenTerminal(t, admin, "edge-1")
+	conn2.Close()
 }

@@ -98,6 +98,8 @@ func (c *Config) serveFlags(fs *cli.FlagSet) {
 	fs.Int64Var(&c.remote.RecordingMax, "remote-recording-max", relay.DefaultLimits.RecordingMax, "`BYTES` of one remote session's output recording, at least 4096, after which it stops with a marker (the session goes on)")
 	fs.DurationVar(&c.remote.RecordingRetention, "remote-recording-retention", relay.DefaultLimits.RecordingRetention, "`DURATION` a remote session's recording is kept, at least 1s (the session's row stays, without it)")
 	fs.StringVar(&c.replicaURL, "replica-url", "", "`URL` the other replicas reach this one's HTTP API at, where they proxy a remote session's leg that landed on them (default: http:// and --http-addr as bound, its host name if it is a wildcard)")
+	fs.DurationVar(&c.remote.RecordingFlush, "remote-recording-flush", relay.DefaultLimits.RecordingFlush, "`DURATION` between the parts of an open remote session's recording stored in the blob store: at most this much of it is lost with a replica that dies")
+	fs.DurationVar(&c.remote.ReplicaTimeout, "remote-replica-timeout", relay.DefaultLimits.ReplicaTimeout, "`DURATION` without a heartbeat after which a replica is lost and another ends the remote sessions it relayed (PostgreSQL; each replica beats every third of it)")
 	fs.DurationVar(&c.remote.ConnectTimeout, "remote-connect-timeout", relay.DefaultLimits.ConnectTimeout, "`DURATION` the device (and the operator) have to connect a new remote session's WebSockets")
 	fs.StringVar(&c.publicURL, "public-url", "", "`URL` (scheme and host) devices reach the API at, for signed firmware download URLs; default: the URL the dispatching request used")
 	fs.DurationVar(&c.sweepInterval, "action-sweep-interval", time.Second, "`DURATION` between sweeps that fail device actions whose timeout elapsed")
@@ -157,6 +159,11 @@ func (c *Config) checkAlerts() error {
 	case c.remote.RecordingRetention < time.Second:
 		// The sweep runs at least twice within it (relay.RunRecordingRemoval).
 		return fmt.Errorf("--remote-recording-retention must be at least 1s")
+	case c.remote.RecordingFlush < 100*time.Millisecond:
+		return fmt.Errorf("--remote-recording-flush must be at least 100ms")
+	case c.remote.ReplicaTimeout < 3*time.Second:
+		// A heartbeat every third of it, each a write to the database.
+		return fmt.Errorf("--remote-replica-timeout must be at least 3s")
 	case c.remote.RecordingMax < 4096:
 		// Below a terminal's screenful a recording is little more than its
 		// marker; 0 and negatives would mean the default without a word.

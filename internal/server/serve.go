@@ -285,6 +285,8 @@ func Run(ctx context.Context, c Config, e Env) error {
 	} else if n > 0 {
 		log.Info("ended remote sessions left open by this replica's last run", "sessions", n)
 	}
+	loops.Add(1)
+	go func() { defer loops.Done(); api.Remote.RunHeartbeat(loopCtx) }()
 	// Every listener is bound: only now may the one-time key be spent, so
 	// that a start that fails on a taken port leaves it for the retry.
 	key, err := bootstrap(ctx, db, c.database, e.Stdout)

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,8 +35,17 @@ import (
 // terminal echoes what should be seen, and what it does not echo (a
 // password asked for by sudo) must not be kept. At Limits.RecordingMax
 // bytes a marker ("m") event says the recording stops there; the session
-// goes on. Until the session ends the recording cannot be read; a replica
-// that dies loses it (its spool file is removed at its next start).
+// goes on. Until the session ends the recording cannot be read.
+//
+// So that a replica that dies loses little of it, every
+// Limits.RecordingFlush what the spool file gained since goes to the blob
+// store as a part of its own (partKey, named by its offset; whole events,
+// nothing when nothing was output). A session that ends on its replica
+// stores the whole file as the recording and removes the parts; one
+// whose replica was lost (heartbeat.go) keeps its parts, and they are
+// served one after the other as its recording. What is lost is what was
+// output since the last part stored: at most Limits.RecordingFlush, and
+// the time one part's upload takes.
 
 // recordingBuffer is what a recorded session holds of its recording
 // between writes to its spool file.
@@ -46,6 +56,19 @@ const recordingsPrefix = "remote-recordings"
 
 // recordingKey is where session id of tenant keeps its recording.
 func recordingKey(tenant, id string) string { return recordingsPrefix + "/" + tenant + "/" + id }
+
+// partsPrefix holds the parts of open sessions' recordings, a folder a
+// session.
+const partsPrefix = "remote-recording-parts"
+
+// partsOf is the folder of session id's parts.
+func partsOf(tenant, id string) string { return partsPrefix + "/" + tenant + "/" + id }
+
+// partKey is the part of session id's recording that begins at offset:
+// the names sort as the offsets do.
+func partKey(tenant, id string, offset int64) string {
+	return fmt.Sprintf("%s/%012d", partsOf(tenant, id), offset)
+}
 
 // spoolPattern names the spool files (os.CreateTemp).
 const spoolPattern = "recording-*.cast"
@@ -63,6 +86,12 @@ type recorder struct {
 	closed     bool   // finish was called
 	partial    []byte // an incomplete UTF-8 sequence that ended the last output
 	err        error  // the write that failed
+
+	// Parts (flush): one upload at a time, under upload.
+	upload  sync.Mutex
+	timer   *time.Timer
+	flushed int64    // the bytes of the file stored as parts
+	parts   []string // their keys
 }
 
 // record starts s's recording, or returns nil (and logs why) when its
@@ -77,8 +106,62 @@ func (h *Hub) record(s *Session) *recorder {
 		h.logRecording(s, err)
 		return nil
 	}
-	return &recorder{f: f, w: bufio.NewWriterSize(f, recordingBuffer), started: time.Now(), cols: 80, rows: 24,
+	r := &recorder{f: f, w: bufio.NewWriterSize(f, recordingBuffer), started: time.Now(), cols: 80, rows: 24,
 		max: h.Limits.RecordingMax, title: fmt.Sprintf("shell on %s by %s", s.DeviceID, s.UserName)}
+	r.timer = time.AfterFunc(h.Limits.RecordingFlush, func() {
+		r.flush(h, s)
+		r.mu.Lock()
+		if !r.closed {
+			r.timer.Reset(h.Limits.RecordingFlush)
+		}
+		r.mu.Unlock()
+	})
+	return r
+}
+
+// flush stores what the spool file gained since the last part as a new
+// part, read back from the file: whole events, as the buffer is flushed
+// under mu. A part that cannot be stored is tried again, with what came
+// after it, at the next flush.
+func (r *recorder) flush(h *Hub, s *Session) {
+	r.upload.Lock()
+	defer r.upload.Unlock()
+	r.mu.Lock()
+	if r.closed || r.err != nil {
+		r.mu.Unlock()
+		return
+	}
+	if err := r.w.Flush(); err != nil {
+		r.stopped, r.err = true, err
+		r.mu.Unlock()
+		return
+	}
+	end := r.size
+	r.mu.Unlock()
+	if end == r.flushed {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	key := partKey(s.Tenant, s.ID, r.flushed)
+	if err := h.put(ctx, key, io.NewSectionReader(r.f, r.flushed, end-r.flushed)); err != nil {
+		h.logRecording(s, err)
+		return
+	}
+	r.flushed = end
+	r.parts = append(r.parts, key)
+}
+
+// put stores what src reads under key.
+func (h *Hub) put(ctx context.Context, key string, src io.Reader) error {
+	p, err := h.Blobs.Put(ctx, key, src)
+	if err != nil {
+		return err
+	}
+	if err = p.Commit(ctx); err != nil {
+		p.Abort(ctx)
+	}
+	return err
 }
 
 func (h *Hub) logRecording(s *Session, err error) {
@@ -180,9 +263,12 @@ func (r *recorder) write(b []byte) {
 }
 
 // finish ends the recording and streams it from its spool file into the
-// blob store, and returns its size: 0 when there is none (nothing was
-// output, or it could not be stored).
+// blob store, removes its parts, and returns its size: 0 when there is
+// none (nothing was output, or it could not be stored).
 func (r *recorder) finish(h *Hub, s *Session) int64 {
+	r.timer.Stop()
+	r.upload.Lock() // a part being stored is, before the parts go
+	defer r.upload.Unlock()
 	r.mu.Lock()
 	if len(r.partial) > 0 && r.header {
 		r.event("o", string(r.partial))
@@ -197,27 +283,100 @@ func (r *recorder) finish(h *Hub, s *Session) int64 {
 		r.f.Close()
 		os.Remove(r.f.Name())
 	}()
-	if empty || err != nil {
-		if err != nil {
-			h.logRecording(s, err)
-		}
-		return 0
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if _, err = r.f.Seek(0, io.SeekStart); err == nil {
-		var p blob.Pending
-		if p, err = h.Blobs.Put(ctx, recordingKey(s.Tenant, s.ID), r.f); err == nil {
-			if err = p.Commit(ctx); err != nil {
-				p.Abort(ctx)
-			}
+	if !empty && err == nil {
+		if _, err = r.f.Seek(0, io.SeekStart); err == nil {
+			err = h.put(ctx, recordingKey(s.Tenant, s.ID), r.f)
 		}
 	}
 	if err != nil {
 		h.logRecording(s, err)
 		return 0
 	}
+	for _, key := range r.parts {
+		if err := h.Blobs.Delete(ctx, key); err != nil && !errors.Is(err, blob.ErrNotFound) {
+			h.logRecording(s, err) // the retention removes it
+		}
+	}
+	if empty {
+		return 0
+	}
 	return size
+}
+
+// partsSize is the size of what session id's parts hold: the last one's
+// offset and size (they are stored in order, each where the one before
+// ended); 0 when there are none.
+func (h *Hub) partsSize(ctx context.Context, tenant, id string) int64 {
+	parts, err := h.partKeys(ctx, tenant, id)
+	if err != nil || len(parts) == 0 {
+		return 0
+	}
+	last := parts[len(parts)-1]
+	o, err := h.Blobs.Open(ctx, last)
+	if err != nil {
+		return 0
+	}
+	defer o.Close()
+	off, _ := strconv.ParseInt(last[strings.LastIndexByte(last, '/')+1:], 10, 64)
+	return off + o.Size()
+}
+
+// partKeys lists the keys of session id's parts in order.
+func (h *Hub) partKeys(ctx context.Context, tenant, id string) ([]string, error) {
+	if h.Blobs == nil {
+		return nil, nil
+	}
+	var keys []string
+	err := h.Blobs.Walk(ctx, partsOf(tenant, id), func(key string, _ time.Time) error {
+		keys = append(keys, key)
+		return nil
+	})
+	sort.Strings(keys)
+	return keys, err
+}
+
+// partsReader reads parts one after the other.
+type partsReader struct {
+	ctx  context.Context
+	h    *Hub
+	keys []string
+	size int64
+	cur  blob.Object
+}
+
+func (p *partsReader) Size() int64 { return p.size }
+
+func (p *partsReader) Read(b []byte) (int, error) {
+	for {
+		if p.cur == nil {
+			if len(p.keys) == 0 {
+				return 0, io.EOF
+			}
+			o, err := p.h.Blobs.Open(p.ctx, p.keys[0])
+			if err != nil {
+				return 0, err
+			}
+			p.cur, p.keys = o, p.keys[1:]
+		}
+		n, err := p.cur.Read(b)
+		if err == io.EOF {
+			p.cur.Close()
+			p.cur, err = nil, nil
+			if n == 0 {
+				continue
+			}
+		}
+		return n, err
+	}
+}
+
+func (p *partsReader) Close() error {
+	if p.cur != nil {
+		return p.cur.Close()
+	}
+	return nil
 }
 
 // ServeRecording answers r with session id's recording, an asciicast v2
@@ -240,7 +399,13 @@ func (h *Hub) ServeRecording(w http.ResponseWriter, r *http.Request, tenant, dev
 	return nil
 }
 
-func (h *Hub) recording(ctx context.Context, tenant, device, id string) (blob.Object, error) {
+// recordingFile is a recording being read: Size is its length.
+type recordingFile interface {
+	io.ReadCloser
+	Size() int64
+}
+
+func (h *Hub) recording(ctx context.Context, tenant, device, id string) (recordingFile, error) {
 	s, err := h.Sessions.FindRemoteSession(ctx, tenant, device, id)
 	if err != nil {
 		return nil, err
@@ -257,7 +422,15 @@ func (h *Hub) recording(ctx context.Context, tenant, device, id string) (blob.Ob
 	}
 	o, err := h.Blobs.Open(ctx, recordingKey(tenant, id))
 	if errors.Is(err, blob.ErrNotFound) {
-		return nil, fleet.Errorf(fleet.ENOTFOUND, "remote session %s's recording is gone from the blob store", id)
+		// Its replica was lost: what reached the store is its parts.
+		keys, err := h.partKeys(ctx, tenant, id)
+		if err != nil {
+			return nil, err
+		}
+		if len(keys) == 0 {
+			return nil, fleet.Errorf(fleet.ENOTFOUND, "remote session %s's recording is gone from the blob store", id)
+		}
+		return &partsReader{ctx: ctx, h: h, keys: keys, size: s.RecordingSize}, nil
 	}
 	return o, err
 }
@@ -294,6 +467,49 @@ func (h *Hub) RemoveOldRecordings(ctx context.Context) (int, error) {
 			return n, err
 		}
 		n++
+	}
+	m, err := h.removeOldParts(ctx, cutoff)
+	return n + m, err
+}
+
+// removeOldParts deletes the parts stored before cutoff: those of a
+// session whose replica was lost, which are its recording (the session
+// forgets it first), and any a replica left behind when it stored the
+// whole recording. It returns how many sessions' recordings went.
+func (h *Hub) removeOldParts(ctx context.Context, cutoff time.Time) (int, error) {
+	old := map[string][]string{} // by tenant/id
+	err := h.Blobs.Walk(ctx, partsPrefix, func(key string, mod time.Time) error {
+		if mod.Before(cutoff) {
+			session := key[:strings.LastIndexByte(key, '/')]
+			old[session] = append(old[session], key)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for session, keys := range old {
+		tenant, id, ok := strings.Cut(strings.TrimPrefix(session, partsPrefix+"/"), "/")
+		if !ok {
+			continue
+		}
+		o, err := h.Blobs.Open(ctx, recordingKey(tenant, id))
+		if err == nil {
+			o.Close()
+		} else if errors.Is(err, blob.ErrNotFound) {
+			if err := h.Sessions.ForgetRemoteRecording(ctx, tenant, id); err != nil {
+				return n, err
+			}
+			n++
+		} else {
+			return n, err
+		}
+		for _, key := range keys {
+			if err := h.Blobs.Delete(ctx, key); err != nil && !errors.Is(err, blob.ErrNotFound) {
+				return n, err
+			}
+		}
 	}
 	return n, nil
 }

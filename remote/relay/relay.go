@@ -33,11 +33,18 @@ type Limits struct {
 	RecordingMax   int64         // bytes of one session's recording, after which it stops; 64 MiB
 	// RecordingRetention is how long a recording is kept; 90 days.
 	RecordingRetention time.Duration
+	// RecordingFlush is how often what a recording gained goes to the
+	// blob store while its session is open (recording.go); 10 seconds.
+	RecordingFlush time.Duration
+	// ReplicaTimeout is how long a replica may go without a heartbeat
+	// before the others end the sessions it relays (heartbeat.go); 30
+	// seconds.
+	ReplicaTimeout time.Duration
 }
 
 // DefaultLimits are the documented defaults.
 var DefaultLimits = Limits{PerUser: 4, PerDevice: 2, Idle: 10 * time.Minute, Lifetime: 8 * time.Hour, ConnectTimeout: 15 * time.Second,
-	RecordingMax: 64 << 20, RecordingRetention: 90 * 24 * time.Hour}
+	RecordingMax: 64 << 20, RecordingRetention: 90 * 24 * time.Hour, RecordingFlush: 10 * time.Second, ReplicaTimeout: 30 * time.Second}
 
 // Dispatcher sends an action to a device.
 type Dispatcher interface {
@@ -91,6 +98,12 @@ func NewHub(sessions fleet.RemoteSessionService, actions Dispatcher, blobs blob.
 	if l.RecordingRetention <= 0 {
 		l.RecordingRetention = d.RecordingRetention
 	}
+	if l.RecordingFlush <= 0 {
+		l.RecordingFlush = d.RecordingFlush
+	}
+	if l.ReplicaTimeout <= 0 {
+		l.ReplicaTimeout = d.ReplicaTimeout
+	}
 	h := &Hub{Sessions: sessions, Actions: actions, Blobs: blobs, Spool: spool, Limits: l, Logger: log,
 		sessions: map[string]*Session{}, stopping: make(chan struct{}), started: time.Now(),
 		open: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fleetd_remote_sessions_open", Help: "Remote sessions open on this replica."}),
@@ -113,11 +126,21 @@ func (h *Hub) SetRelayURL(u string) { h.relayURL.Store(&u) }
 // EndStale ends, recording why, the sessions this replica left open when
 // it last stopped without ending them (a crash): those relayed at its
 // RelayURL, every one on SQLite, started before this hub. Until then they
-// count under the caps. It returns how many, and removes the spool files
-// of their recordings.
+// count under the caps, unless another replica found this one silent
+// (heartbeat.go). It returns how many, and removes the spool files of
+// their recordings: what of them reached the blob store is kept.
 func (h *Hub) EndStale(ctx context.Context) (int, error) {
 	h.removeSpool()
-	return h.Sessions.EndStaleRemoteSessions(ctx, h.RelayURL(), h.started, "the replica relaying it stopped without ending it")
+	// A heartbeat first: a replica that finds this one's last run silent
+	// must not take the sessions this run opens for lost.
+	if err := h.Sessions.BeatRemoteRelay(ctx, h.RelayURL(), h.Limits.ReplicaTimeout); err != nil {
+		return 0, err
+	}
+	lost, err := h.Sessions.FindLostRemoteSessions(ctx, fleet.RemoteLost{RelayURL: h.RelayURL(), Before: h.started})
+	if err != nil {
+		return 0, err
+	}
+	return h.endLost(ctx, lost, "the replica relaying it stopped without ending it")
 }
 
 // RelayURL returns what SetRelayURL set, or "".
@@ -157,8 +180,10 @@ func OpenedBy(s *fleet.RemoteSession, a *fleet.Actor) bool {
 // Open records a session for actor with device and asks the device for
 // it. It refuses (ERATELIMITED) a person or a device at its cap, counted
 // over every replica in the sessions' store: an open session is a row not
-// ended. A row left open by a replica that died counts until the lifetime
-// has passed since it started, which no session outlives.
+// ended. A row left open by a replica that died counts until the replica
+// has been silent for Limits.ReplicaTimeout (heartbeat.go), or, for a
+// replica that never beat, until the lifetime has passed since it started,
+// which no session outlives.
 func (h *Hub) Open(ctx context.Context, actor *fleet.Actor, device, kind, target string) (*Session, error) {
 	s := &Session{RemoteSession: fleet.RemoteSession{Tenant: actor.Tenant, DeviceID: device, Kind: kind, Target: target,
 		KeyName: actor.KeyName, UserName: actor.UserName, UserEmail: actor.UserEmail, RelayURL: h.RelayURL()},
@@ -175,7 +200,7 @@ func (h *Hub) Open(ctx context.Context, actor *fleet.Actor, device, kind, target
 		}
 		return nil
 	}
-	if err := h.Sessions.CreateRemoteSession(ctx, &s.RemoteSession, time.Now().Add(-h.Limits.Lifetime), admit); err != nil {
+	if err := h.Sessions.CreateRemoteSession(ctx, &s.RemoteSession, time.Now().Add(-h.Limits.Lifetime), h.Limits.ReplicaTimeout, admit); err != nil {
 		return nil, err
 	}
 	h.open.Inc()

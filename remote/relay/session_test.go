@@ -3,6 +3,7 @@ package relay_test
 import (
 	"bufio"
 	"bytes"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io/fs"
@@ -483,4 +484,67 @@ func TestRemoteRecordingS3(t *testing.T) {
 			t.Fatalf("recording output %q", out)
 		}
 	})
+}
+
+// TestRemoteReplicaLost takes replica A, which relays a session, for dead
+// (its heartbeat made older than --remote-replica-timeout, here an hour
+// so that neither replica beats or sweeps again during the test): on B
+// the session no longer counts under the device's cap, and an end
+// request ends it at once, saying who and why, audited. On SQLite, which
+// one process serves, no replica is ever lost.
+func TestRemoteReplicaLost(t *testing.T) {
+	var pg sqlstoretest.Backend
+	for _, b := range sqlstoretest.Backends() {
+		if b.Name == "postgres" {
+			pg = b
+		}
+	}
+	if pg.Name == "" {
+		t.Skip("replicas share a PostgreSQL database: set FLEETD_TEST_POSTGRES")
+	}
+	flags := []string{"--remote-connect-timeout", "1h", "--remote-replica-timeout", "1h", "--remote-max-per-device", "1"}
+	a := fleetdtest.Start(t, pg, flags...)
+	bs := fleetdtest.New(a.DSN, t.TempDir())
+	bs.Start(t, flags...)
+	t.Cleanup(func() { bs.Stop(t) })
+	bs.Key = a.Key
+	admin := a.Admin()
+	a.MustDevice(t, admin, "edge-1", nil)
+	sess := open(t, a, admin, "edge-1") // waits for its device, for an hour
+	bs.Do(t, admin, "POST", "/api/v1/devices/edge-1/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 429)
+
+	raw, err := sql.Open("pgx", a.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if n, err := raw.Exec("UPDATE remote_relays SET seen_at = seen_at - 7200000 WHERE relay_url = $1", a.URL); err != nil {
+		t.Fatal(err)
+	} else if rows, _ := n.RowsAffected(); rows != 1 {
+		t.Fatalf("%d heartbeats of A", rows)
+	}
+	// The cap counts it no more: B opens one, which B relays.
+	other := open(t, bs, admin, "edge-1")
+
+	bs.Do(t, admin, "POST", "/api/v1/devices/edge-1/remote-sessions/"+sess.ID+"/end", nil).Want(t, 202)
+	rs := bs.EndedSession(t, admin, "edge-1", sess.ID)
+	if want := "ended by admin; replica lost: " + a.URL + ", which relayed it, sent no heartbeat for 1h0m0s"; !strings.HasPrefix(rs.EndReason, want) {
+		t.Fatalf("reason %q, want %q…", rs.EndReason, want)
+	}
+	bs.Do(t, admin, "POST", "/api/v1/devices/edge-1/remote-sessions/"+sess.ID+"/end", nil).Want(t, 409)
+	var audit struct {
+		AuditLogs []struct {
+			Target  string         `json:"target"`
+			Details map[string]any `json:"details"`
+		} `json:"audit_logs"`
+	}
+	bs.Do(t, admin, "GET", "/api/v1/audit-logs?action=remote.session.end", nil).Want(t, 200).Decode(t, &audit)
+	if len(audit.AuditLogs) != 1 || audit.AuditLogs[0].Details["end_reason"] != rs.EndReason {
+		t.Fatalf("audit %+v", audit.AuditLogs)
+	}
+	// B's own session is B's to end, as any.
+	bs.Do(t, admin, "POST", "/api/v1/devices/edge-1/remote-sessions/"+other.ID+"/end", nil).Want(t, 202)
+	if r := bs.EndReason(t, admin, "edge-1", other.ID); r != "ended by admin" {
+		t.Fatalf("reason %q", r)
+	}
 }

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/fleetd/fleet/internal/fleetdtest"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// TestRemoteRecordingCrash kills fleetd while it relays a recorded shell
+// session: started again, it ends the session ("stopped without ending
+// it"), and the recording holds what was output before the kill, from
+// the parts stored while the session was open (docs/agent.md, Recording).
+func TestRemoteRecordingCrash(t *testing.T) {
+	bin := fleetdtest.BuildAgent(t)
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := newServer(t, b)
+		// A --replica-url of its own, the same at each start (the port is
+		// not): on PostgreSQL it names the sessions the next start ends.
+		flags := []string{"--remote-recording-flush", "200ms", "--replica-url", "http://crashing-replica.test"}
+		p := startProcess(t, s, flags...)
+		admin := s.Admin()
+		s.Do(t, admin, "PUT", "/api/v1/tenants/default/remote-settings", map[string]any{"recording": true}).Want(t, 204)
+		dev := s.MustDevice(t, admin, "edge-1", nil)
+		agent := s.StartAgent(t, bin, "edge-1", dev.Token, "--remote")
+		fleetdtest.Eventually(t, "the agent to connect", func() bool { return fleetdtest.AgentSays(agent, "level=INFO msg=connected") })
+
+		sess, conn := s.OpenTerminal(t, admin, "edge-1")
+		defer conn.Close()
+		conn.Write([]byte("echo before-''the-kill\n"))
+		var out strings.Builder
+		for !strings.Contains(out.String(), "before-the-kill") {
+			b, _, err := conn.Read()
+			if err != nil {
+				t.Fatalf("the session ended: %v; output %q", err, out.String())
+			}
+			out.Write(b)
+		}
+		parts := filepath.Join(s.DataDir, "blobs", "remote-recording-parts", "default", sess.ID)
+		fleetdtest.Eventually(t, "the output to reach the blob store", func() bool {
+			files, _ := os.ReadDir(parts)
+			var all []byte
+			for _, f := range files {
+				b, _ := os.ReadFile(filepath.Join(parts, f.Name()))
+				all = append(all, b...)
+			}
+			return strings.Contains(string(all), "before-the-kill")
+		})
+		p.kill()
+
+		startProcess(t, s, flags...)
+		rs := s.EndedSession(t, admin, "edge-1", sess.ID)
+		if rs.EndReason != "the replica relaying it stopped without ending it" || rs.Recording == "" {
+			t.Fatalf("session %+v", rs)
+		}
+		cast := s.Do(t, admin, "GET", rs.Recording, nil).Want(t, 200).Body
+		if int64(len(cast)) != rs.RecordingSize || !strings.HasPrefix(string(cast), `{"height":`) || !strings.Contains(string(cast), "before-the-kill") {
+			t.Fatalf("recording of %d bytes (%d said): %q", len(cast), rs.RecordingSize, cast)
+		}
+	})
+}
