@@ -678,14 +678,7 @@ func TestAgentTerminalJobs(t *testing.T) {
 				t.Fatal(err)
 			}
 			conn.Write([]byte("set -m; sleep 1000 & echo $! > " + pidFile + "; echo re''ady\n"))
-			var out strings.Builder
-			for !strings.Contains(out.String(), "ready") {
-				b, _, err := conn.Read()
-				if err != nil {
-					t.Fatalf("the session ended: %v; output: %q", err, out.String())
-				}
-				out.Write(b)
-			}
+			fleetdtest.ReadUntil(t, conn, "ready")
 			if processGone(t, pidFile) {
 				t.Fatal("the job is not running")
 			}

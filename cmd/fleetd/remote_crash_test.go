@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
@@ -28,37 +29,50 @@ func TestRemoteRecordingCrash(t *testing.T) {
 		agent := s.StartAgent(t, bin, "edge-1", dev.Token, "--remote")
 		fleetdtest.Eventually(t, "the agent to connect", func() bool { return fleetdtest.AgentSays(agent, "level=INFO msg=connected") })
 
-		sess, conn := s.OpenTerminal(t, admin, "edge-1")
-		defer conn.Close()
-		conn.Write([]byte("echo before-''the-kill\n"))
-		var out strings.Builder
-		for !strings.Contains(out.String(), "before-the-kill") {
-			b, _, err := conn.Read()
-			if err != nil {
-				t.Fatalf("the session ended: %v; output %q", err, out.String())
-			}
-			out.Write(b)
-		}
-		parts := filepath.Join(s.DataDir, "blobs", "remote-recording-parts", "default", sess.ID)
-		fleetdtest.Eventually(t, "the output to reach the blob store", func() bool {
-			files, _ := os.ReadDir(parts)
-			var all []byte
-			for _, f := range files {
-				b, _ := os.ReadFile(filepath.Join(parts, f.Name()))
-				all = append(all, b...)
-			}
-			return strings.Contains(string(all), "before-the-kill")
-		})
+		sess := outputRecorded(t, s.Server, admin, "edge-1", filepath.Join(s.DataDir, "blobs"))
 		p.kill()
 
 		startProcess(t, s, flags...)
 		rs := s.EndedSession(t, admin, "edge-1", sess.ID)
-		if rs.EndReason != "the replica relaying it stopped without ending it" || rs.Recording == "" {
+		if rs.EndReason != "the replica relaying it stopped without ending it" {
 			t.Fatalf("session %+v", rs)
 		}
-		cast := s.Do(t, admin, "GET", rs.Recording, nil).Want(t, 200).Body
-		if int64(len(cast)) != rs.RecordingSize || !strings.HasPrefix(string(cast), `{"height":`) || !strings.Contains(string(cast), "before-the-kill") {
-			t.Fatalf("recording of %d bytes (%d said): %q", len(cast), rs.RecordingSize, cast)
-		}
+		wantRecorded(t, s.Server, admin, rs)
 	})
+}
+
+// outputRecorded opens a terminal on device through s, as c, in a tenant
+// that records them, has it output "before-the-kill", and waits until
+// that reached the parts of its recording in the blob store at blobs (a
+// file:// store).
+func outputRecorded(t *testing.T, s *fleetdtest.Server, c fleetdtest.Creds, device, blobs string) fleet.RemoteSession {
+	t.Helper()
+	sess, conn := s.OpenTerminal(t, c, device)
+	t.Cleanup(func() { conn.Close() })
+	conn.Write([]byte("echo before-''the-kill\n"))
+	fleetdtest.ReadUntil(t, conn, "before-the-kill")
+	parts := filepath.Join(blobs, "remote-recording-parts", c.Tenant, sess.ID)
+	fleetdtest.Eventually(t, "the output to reach the blob store", func() bool {
+		files, _ := os.ReadDir(parts)
+		var all []byte
+		for _, f := range files {
+			b, _ := os.ReadFile(filepath.Join(parts, f.Name()))
+			all = append(all, b...)
+		}
+		return strings.Contains(string(all), "before-the-kill")
+	})
+	return sess
+}
+
+// wantRecorded checks that the ended session rs has a recording, read
+// through s, that holds what outputRecorded had its terminal output.
+func wantRecorded(t *testing.T, s *fleetdtest.Server, c fleetdtest.Creds, rs fleet.RemoteSession) {
+	t.Helper()
+	if rs.Recording == "" || rs.RecordingSize == 0 {
+		t.Fatalf("no recording: %+v", rs)
+	}
+	cast := s.Do(t, c, "GET", rs.Recording, nil).Want(t, 200).Body
+	if int64(len(cast)) != rs.RecordingSize || !strings.HasPrefix(string(cast), `{"height":`) || !strings.Contains(string(cast), "before-the-kill") {
+		t.Fatalf("recording of %d bytes (%d said): %q", len(cast), rs.RecordingSize, cast)
+	}
 }

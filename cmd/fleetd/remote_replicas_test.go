@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -93,27 +91,7 @@ func TestReplicaLostRemoteSession(t *testing.T) {
 	agent := b.StartAgent(t, bin, "edge-1", dev.Token, "--remote")
 	fleetdtest.Eventually(t, "the agent to connect", func() bool { return fleetdtest.AgentSays(agent, "level=INFO msg=connected") })
 
-	sess, conn := a.OpenTerminal(t, admin, "edge-1")
-	defer conn.Close()
-	conn.Write([]byte("echo before-''the-kill\n"))
-	var out strings.Builder
-	for !strings.Contains(out.String(), "before-the-kill") {
-		b, _, err := conn.Read()
-		if err != nil {
-			t.Fatalf("the session ended: %v; output %q", err, out.String())
-		}
-		out.Write(b)
-	}
-	parts := filepath.Join(blobs, "remote-recording-parts", "default", sess.ID)
-	fleetdtest.Eventually(t, "the output to reach the blob store", func() bool {
-		files, _ := os.ReadDir(parts)
-		var all []byte
-		for _, f := range files {
-			b, _ := os.ReadFile(filepath.Join(parts, f.Name()))
-			all = append(all, b...)
-		}
-		return strings.Contains(string(all), "before-the-kill")
-	})
+	sess := outputRecorded(t, a.Server, admin, "edge-1", blobs)
 	a.kill()
 
 	// Asked to end it on B: 202 until it has ended (the stop told to A,
@@ -139,13 +117,7 @@ func TestReplicaLostRemoteSession(t *testing.T) {
 	}
 
 	// What reached the blob store is the recording, on any replica.
-	if rs.Recording == "" || rs.RecordingSize == 0 {
-		t.Fatalf("no recording: %+v", rs)
-	}
-	cast := b.Do(t, admin, "GET", rs.Recording, nil).Want(t, 200).Body
-	if int64(len(cast)) != rs.RecordingSize || !strings.HasPrefix(string(cast), `{"height":`) || !strings.Contains(string(cast), "before-the-kill") {
-		t.Fatalf("recording of %d bytes (%d said): %q", len(cast), rs.RecordingSize, cast)
-	}
+	wantRecorded(t, b.Server, admin, rs)
 
 	// The device's one place is free: a session through B works.
 	_, conn2 := b.OpenTerminal(t, admin, "edge-1")
