@@ -25,7 +25,7 @@ func mustAlertRule(t *testing.T, db *sqlstore.DB, tenant, name string) *fleet.Al
 	return r
 }
 
-func mustAlertDevices(t *testing.T, db *sqlstore.DB, tenant string, ids ...string) {
+func mustAlertDevices(t testing.TB, db *sqlstore.DB, tenant string, ids ...string) {
 	t.Helper()
 	var devs []fleet.NewDevice
 	for _, id := range ids {

@@ -110,6 +110,7 @@ func Open(ctx context.Context, dsn string, opt Options) (*DB, error) {
 	db.history.retention, db.history.tenants = opt.StreamRetention, map[string]tenantRetention{}
 	db.history.maxSeries = fleet.MaxSeriesBuckets
 	db.history.tenMinutesFrom.Store(-1)
+	db.history.wake = make(chan struct{}, 1)
 	if db.history.retention <= 0 {
 		db.history.retention = fleet.DefaultStreamRetention
 	}

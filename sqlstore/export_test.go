@@ -289,3 +289,13 @@ func (db *DB) MigratedAt(ctx context.Context, from time.Time) error {
 func (db *DB) TenMinuteRollupsFrom(ctx context.Context) (int64, error) {
 	return db.tenMinuteRollupsFrom(ctx)
 }
+
+// DropPartitionWhole drops the partition name with one DROP TABLE in a
+// write job, as MaintainHistory did before it dropped SQLite's in slices:
+// the benchmark's baseline.
+func (db *DB) DropPartitionWhole(ctx context.Context, name string) error {
+	return db.updateAlone(ctx, func(ctx context.Context, tx *Tx) error {
+		_, err := tx.tx.ExecContext(ctx, "DROP TABLE "+name)
+		return err
+	})
+}

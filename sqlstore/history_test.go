@@ -682,3 +682,65 @@ func drainRollups(t testing.TB, db *sqlstore.DB) {
 		}
 	}
 }
+
+// TestStreamHistoryExpiredDayDropped checks the maintenance's drop of an
+// expired day of many chunks (on SQLite emptied in slices of rows before
+// it is dropped, docs/telemetry.md): the day's points are gone, the next
+// day's, written after, and the expired day's rollups are kept, and a
+// maintenance after it drops nothing.
+func TestStreamHistoryExpiredDayDropped(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, clk := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		devices := []string{"d1", "d2", "d3"}
+		mustAlertDevices(t, db, "acme", devices...)
+		keep := func(day time.Time) {
+			t.Helper()
+			// 200 ingest calls of a point each a device: 600 chunks,
+			// more than one slice.
+			for i := range 200 {
+				for _, d := range devices {
+					pts := historyPoints(day.Add(time.Duration(i)*time.Minute), 1, clk.Now())
+					if err := db.CommitStream(ctx, "acme", d, "env", pts, nil); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		}
+		day := clk.Now().Truncate(24 * time.Hour)
+		keep(day)
+		clk.Add(2 * 24 * time.Hour)
+		next := day.AddDate(0, 0, 2)
+		keep(next)
+		drainRollups(t, db)
+		clk.Set(day.Add(31*24*time.Hour + 12*time.Hour)) // day expired, next not
+		dropped, err := db.MaintainHistory(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "stream_points_" + day.Format("20060102"); !slices.Contains(dropped, want) || len(dropped) != 1 {
+			t.Fatalf("dropped %v, want %s alone", dropped, want)
+		}
+		for _, d := range devices {
+			if got := readAll(t, db, "acme", d, fleet.PointQuery{Limit: 1000, From: day}); len(got) != 200 || !got[0].Timestamp.Equal(next) {
+				t.Fatalf("%s: %d points from %v after the drop, want the 200 of %v", d, len(got), got[0].Timestamp, next)
+			}
+		}
+		q := fleet.AggregateQuery{Field: "temp", Fn: fleet.AggCount, Interval: 24 * time.Hour, From: day, To: next}
+		if bs, err := db.Aggregate(ctx, "acme", "d1", "env", q); err != nil || len(bs) != 1 || bs[0].Count != 200 {
+			t.Fatalf("the expired day's rollups: %+v %v, want a bucket of 200", bs, err)
+		}
+		if dropped, err := db.MaintainHistory(ctx); err != nil || len(dropped) != 0 {
+			t.Fatalf("dropped again: %v %v", dropped, err)
+		}
+		// The expired day's partition is made again by a write to it
+		// (none is accepted: older than the retention) and by nothing else.
+		if err := db.CommitStream(ctx, "acme", "d1", "env", historyPoints(day.Add(time.Hour), 1, clk.Now()), nil); err != nil {
+			t.Fatal(err)
+		}
+		if got := readAll(t, db, "acme", "d1", fleet.PointQuery{Limit: 1000, From: day}); len(got) != 200 {
+			t.Fatalf("%d points after a write to the expired day, want 200", len(got))
+		}
+	})
+}
