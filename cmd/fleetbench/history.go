@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -183,25 +184,40 @@ func (r *runner) historyDisk(ctx context.Context, dev string, day time.Time, raw
 	r.rep.addBaseline("point-json", "JSON", &figure{Name: "a point as its JSON ({\"timestamp\",\"sequence\",\"temp\"}), bytes", Value: float64(rawBytes) / dayPoints, Unit: bytesUnit})
 	r.rep.compare(r.rep.add(&figure{Scenario: "history", Name: "bytes on disk a point, one numeric field, batches of 1000 (the day's partition, indexes included)",
 		Value: float64(bytes) / dayPoints, Unit: bytesUnit, Note: fmt.Sprintf("%s: %d bytes", part, bytes)}), "point-json")
-	return r.historyDrop(ctx, db, dev, part)
+	return r.historyDrop(ctx, db, dev, part, day)
 }
 
-// historyDrop fills the day's partition up to sz.dropPoints points, with
-// copies of the day's chunks (as ingest wrote them) under other device
-// ids, and drops it as the maintenance does while the device keeps
-// points of today through the API, four requests at a time: the drop's
-// time, and the p99 of the requests in flight while it ran beside the p99
-// of those before it.
-func (r *runner) historyDrop(ctx context.Context, db *sql.DB, dev, part string) error {
-	copies := (r.sz.dropPoints+dayPoints-1)/dayPoints - 1
-	fill := fmt.Sprintf(`INSERT INTO %[1]s SELECT tenant, device_id || '-' || c.k, stream, ts_min, ts_max, id, n, received_at, points
-		FROM %[1]s, generate_series(1, %[2]d) AS c(k)`, part, copies)
-	if r.t.dialect != "postgres" {
-		fill = fmt.Sprintf(`WITH RECURSIVE c(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM c WHERE k < %[2]d)
-			INSERT INTO %[1]s SELECT tenant, device_id || '-' || c.k, stream, ts_min, ts_max, id, n, received_at, points FROM %[1]s, c`, part, copies)
+// historyDrop fills the partition of a day past the retention up to
+// sz.dropPoints points, with copies of the day's chunks (as ingest wrote
+// them) under other device ids, and has fleetd's maintenance drop it (as
+// it does hourly: setting the tenant's retention runs it at once) while
+// the device keeps points of today through the API, four requests at a
+// time: the time from the setting to the partition gone, and the p99 of
+// the requests in flight meanwhile beside the p99 of those before it.
+func (r *runner) historyDrop(ctx context.Context, db *sql.DB, dev, src string, day time.Time) error {
+	old := day.AddDate(0, 0, -40)
+	part := "stream_points_" + old.Format("20060102")
+	shift := day.Sub(old).Milliseconds()
+	copies := (r.sz.dropPoints + dayPoints - 1) / dayPoints
+	ddl := fmt.Sprintf("CREATE TABLE %s PARTITION OF stream_points FOR VALUES FROM (%d) TO (%d)", part, old.UnixMilli(), old.AddDate(0, 0, 1).UnixMilli())
+	fill := fmt.Sprintf(`INSERT INTO %[1]s SELECT tenant, device_id || '-' || c.k, stream, ts_min - %[3]d, ts_max - %[3]d, id, n, received_at, points
+		FROM %[2]s, generate_series(1, %[4]d) AS c(k)`, part, src, shift, copies)
+	exists := "SELECT count(*) FROM sqlite_master WHERE name = ?"
+	if r.t.dialect == "postgres" {
+		exists = "SELECT count(*) FROM pg_class WHERE relname = $1 AND relnamespace = CAST(current_schema() AS regnamespace)"
+	} else {
+		// The partition as fleetd makes its own.
+		if err := db.QueryRowContext(ctx, "SELECT sql FROM sqlite_master WHERE name = ?", src).Scan(&ddl); err != nil {
+			return fmt.Errorf("history: the definition of %s: %w", src, err)
+		}
+		ddl = strings.Replace(ddl, src, part, 1)
+		fill = fmt.Sprintf(`WITH RECURSIVE c(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM c WHERE k < %[4]d)
+			INSERT INTO %[1]s SELECT tenant, device_id || '-' || c.k, stream, ts_min - %[3]d, ts_max - %[3]d, id, n, received_at, points FROM %[2]s, c`, part, src, shift, copies)
 	}
-	if _, err := db.ExecContext(ctx, fill); err != nil {
-		return fmt.Errorf("history: fill %s: %w", part, err)
+	for _, q := range []string{ddl, fill} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("history: fill %s: %w", part, err)
+		}
 	}
 	var points int64
 	if err := db.QueryRowContext(ctx, "SELECT sum(n) FROM "+part).Scan(&points); err != nil {
@@ -245,7 +261,16 @@ func (r *runner) historyDrop(ctx context.Context, db *sql.DB, dev, part string) 
 	}
 	time.Sleep(2 * time.Second) // ingest before the drop
 	t0 := time.Now()
-	_, dropErr := db.ExecContext(ctx, "DROP TABLE "+part)
+	dropErr := r.admin.call(ctx, "PUT", "/api/v1/tenants/"+r.t.tenant+"/stream-retention", map[string]any{"retention_seconds": 0}, http.StatusNoContent, nil)
+	for deadline := t0.Add(time.Minute); dropErr == nil; time.Sleep(2 * time.Millisecond) {
+		var n int
+		if dropErr = db.QueryRowContext(ctx, exists, part).Scan(&n); dropErr == nil && n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			dropErr = fmt.Errorf("fleetd's maintenance did not drop %s within a minute of the retention's setting", part)
+		}
+	}
 	t1 := time.Now()
 	time.Sleep(500 * time.Millisecond)
 	close(stop)
@@ -265,7 +290,7 @@ func (r *runner) historyDrop(ctx context.Context, db *sql.DB, dev, part string) 
 	}
 	slices.Sort(before)
 	slices.Sort(during)
-	f := r.rep.add(&figure{Scenario: "history", Name: fmt.Sprintf("dropping a day's partition of %s points (DROP TABLE, as the maintenance does)", thousands(float64(points))),
+	f := r.rep.add(&figure{Scenario: "history", Name: fmt.Sprintf("dropping an expired day's partition of %s points (fleetd's maintenance; on SQLite in slices of rows)", thousands(float64(points))),
 		Value: ms(t1.Sub(t0)), Unit: millis, Note: fmt.Sprintf("%s: copies of the day's chunks under other device ids, while a device keeps points", part)})
 	judge(f, r.t.dialect, goalHistoryDrop, "")
 	r.rep.addBaseline("ingest-p99", "ingest before", &figure{Name: "a device's points kept through the API (batches of 10, 4 at a time), p99 before the drop",

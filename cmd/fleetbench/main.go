@@ -83,10 +83,12 @@ Scenarios (--scenarios takes a comma-separated subset):
                a 30-day hourly aggregate's p99 over 200 requests (at most
                50 ms) beside a device read's (a primary-key lookup); the
                day's partition's bytes on disk a point beside the point's
-               JSON; then that partition filled to 10,000,000 points
-               (--quick 1,000,000: copies of the day's chunks under other
-               device ids) and dropped as the maintenance does (at most
-               1 s) while the device keeps points through the API, 4
+               JSON; then a day's partition past the retention filled
+               with 10,000,000 points (--quick 1,000,000: copies of the
+               day's chunks under other device ids) and dropped by
+               fleetd's maintenance, which setting the tenant's retention
+               runs at once (at most 1 s from the setting to the partition
+               gone) while the device keeps points through the API, 4
                requests at a time: their p99 while the drop runs ÷ their
                p99 before it (at most 2x).
   remote       remote sessions (docs/agent.md) through fleetd-agents run
