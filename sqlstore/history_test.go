@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"log/slog"
 	"math"
 	"reflect"
 	"slices"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/internal/poll"
+	"github.com/fleetd/fleet/internal/testclock"
 	"github.com/fleetd/fleet/sqlstore"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
@@ -742,5 +745,66 @@ func TestStreamHistoryExpiredDayDropped(t *testing.T) {
 		if got := readAll(t, db, "acme", "d1", fleet.PointQuery{Limit: 1000, From: day}); len(got) != 200 {
 			t.Fatalf("%d points after a write to the expired day, want 200", len(got))
 		}
+	})
+}
+
+// droppedLog keeps the partitions the maintenance's log says it dropped.
+type droppedLog struct {
+	mu      sync.Mutex
+	dropped []string
+}
+
+func (l *droppedLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *droppedLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *droppedLog) WithGroup(string) slog.Handler            { return l }
+func (l *droppedLog) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "partitions" {
+			if names, ok := a.Value.Any().([]string); ok {
+				l.mu.Lock()
+				l.dropped = append(l.dropped, names...)
+				l.mu.Unlock()
+			}
+		}
+		return true
+	})
+	return nil
+}
+
+func (l *droppedLog) has(name string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Contains(l.dropped, name)
+}
+
+// TestSetStreamRetentionRunsTheMaintenance checks that the hourly
+// maintenance runs at once when a tenant's retention is set: a day that
+// expired after its first run is dropped then, not an hour later.
+func TestSetStreamRetentionRunsTheMaintenance(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		clk := testclock.New(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))
+		logs := &droppedLog{}
+		db := sqlstoretest.MustOpen(t, b, sqlstoretest.Options{Now: clk.Now, Logger: slog.New(logs)})
+		ctx, stop := context.WithCancel(context.Background())
+		mustTenant(t, db, "acme")
+		mustAlertDevices(t, db, "acme", "d1")
+		day := clk.Now().Truncate(24 * time.Hour)
+		for _, d := range []time.Time{day, day.AddDate(0, 0, 2)} {
+			clk.Set(d.Add(time.Hour))
+			if err := db.CommitStream(ctx, "acme", "d1", "env", historyPoints(d, 10, clk.Now()), nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		clk.Set(day.Add(31*24*time.Hour + 12*time.Hour)) // day expired
+		done := make(chan struct{})
+		go func() { defer close(done); db.RunHistoryMaintenance(ctx, time.Hour) }()
+		t.Cleanup(func() { stop(); <-done }) // before the store closes
+		first, second := "stream_points_"+day.Format("20060102"), "stream_points_"+day.AddDate(0, 0, 2).Format("20060102")
+		poll.Until(t, 15*time.Second, "the first run's drop of "+first, func() bool { return logs.has(first) })
+		clk.Set(day.Add(33*24*time.Hour + 12*time.Hour)) // the second expired
+		if err := db.SetStreamRetention(ctx, "acme", 0); err != nil {
+			t.Fatal(err)
+		}
+		poll.Until(t, 15*time.Second, "the drop of "+second+" after the retention's setting", func() bool { return logs.has(second) })
 	})
 }
