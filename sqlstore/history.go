@@ -30,7 +30,8 @@ import (
 //
 // Tables are partitioned by time (a partition is a table on SQLite and a
 // declarative range partition on PostgreSQL, named alike) and expire by
-// dropping whole partitions: O(1) in the points they hold.
+// dropping whole partitions: O(1) in the points they hold on PostgreSQL;
+// SQLite's are emptied in slices first (dropSliced).
 
 const (
 	hourMs   = int64(time.Hour / time.Millisecond)
