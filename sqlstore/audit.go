@@ -20,6 +20,10 @@ func (tx *Tx) audit(ctx context.Context, tenant, action, target string, details 
 type auditEntry struct {
 	action, target string
 	details        map[string]any
+	// by is the context of the request that made the change, whose actor
+	// and request id are recorded; nil is auditMany's. A batch of shadow
+	// writes records the changes of several requests in one statement.
+	by context.Context
 }
 
 // auditChunk is how many records one statement inserts: 9 parameters a
@@ -28,17 +32,23 @@ const auditChunk = 500
 
 // auditMany records changes made in one transaction, as audit does each,
 // a chunk a statement: a change to ten thousand devices is not ten
-// thousand round trips.
+// thousand round trips. On PostgreSQL the statement takes a column's
+// values as an array (unnest), so that it has one text whatever the
+// number of records, prepared once per connection.
 func (tx *Tx) auditMany(ctx context.Context, tenant string, entries []auditEntry) error {
-	actor, role, email := "cli", string(fleet.RoleAdmin), ""
-	if a := fleet.ActorFromContext(ctx); a != nil {
-		actor, role, email = a.UserName, string(a.Role), a.UserEmail
-	}
-	request, now := fleet.RequestIDFromContext(ctx), millis(tx.now)
+	now := millis(tx.now)
 	for start := 0; start < len(entries); start += auditChunk {
 		chunk := entries[start:min(start+auditChunk, len(entries))]
-		args := make([]any, 0, 9*len(chunk))
+		cols := make([][]string, 7) // actor, role, user_email, action, target, details, request_id
 		for _, e := range chunk {
+			by := e.by
+			if by == nil {
+				by = ctx
+			}
+			actor, role, email := "cli", string(fleet.RoleAdmin), ""
+			if a := fleet.ActorFromContext(by); a != nil {
+				actor, role, email = a.UserName, string(a.Role), a.UserEmail
+			}
 			details := e.details
 			if details == nil {
 				details = map[string]any{}
@@ -47,11 +57,32 @@ func (tx *Tx) auditMany(ctx context.Context, tenant string, entries []auditEntry
 			if err != nil {
 				return err
 			}
-			args = append(args, tenant, actor, role, email, e.action, e.target, string(b), request, now)
+			for i, v := range []string{actor, role, email, e.action, e.target, string(b), fleet.RequestIDFromContext(by)} {
+				cols[i] = append(cols[i], v)
+			}
+		}
+		const insert = "INSERT INTO audit_logs (tenant, actor, role, user_email, action, target, details, request_id, created_at) "
+		if tx.db.dialect == postgres {
+			args := []any{tenant, now}
+			for _, c := range cols {
+				args = append(args, c)
+			}
+			if _, err := tx.exec(ctx, insert+`SELECT CAST(? AS TEXT), u.*, CAST(? AS BIGINT) FROM unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::text[], ?::text[], ?::text[])
+			AS u (actor, role, user_email, action, target, details, request_id)`, args...); err != nil {
+				return err
+			}
+			continue
+		}
+		args := make([]any, 0, 9*len(chunk))
+		for r := range chunk {
+			args = append(args, tenant)
+			for _, c := range cols {
+				args = append(args, c[r])
+			}
+			args = append(args, now)
 		}
 		values := strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?, ?, ?), ", len(chunk)), ", ")
-		if _, err := tx.exec(ctx, `INSERT INTO audit_logs (tenant, actor, role, user_email, action, target, details, request_id, created_at)
-		VALUES `+values, args...); err != nil {
+		if _, err := tx.exec(ctx, insert+"VALUES "+values, args...); err != nil {
 			return err
 		}
 	}
