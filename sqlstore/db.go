@@ -66,9 +66,14 @@ type DB struct {
 
 	jobs     chan *job
 	maxBatch int
-	stop     chan struct{}
-	stopped  chan struct{} // closed once the loops have returned: no queued job runs after it
-	wg       sync.WaitGroup
+	// shadowCalls are single shadow writes for the shadow workers, which
+	// batch them (shadow_batch.go); unbuffered: a sent call always has a
+	// worker.
+	shadowCalls chan *shadowCall
+	shadowWG    sync.WaitGroup // the shadow workers: they end after the commit loops (Close)
+	stop        chan struct{}
+	stopped     chan struct{} // closed once the loops have returned: no queued job runs after it
+	wg          sync.WaitGroup
 
 	// SQLite only: statements kept prepared (stmtcache.go), and the
 	// connection that checkpoints the WAL off the writer's path, and the
@@ -202,6 +207,11 @@ func Open(ctx context.Context, dsn string, opt Options) (*DB, error) {
 		db.wg.Add(1)
 		go db.commitLoop()
 	}
+	db.shadowCalls = make(chan *shadowCall)
+	for range shadowWorkers {
+		db.shadowWG.Add(1)
+		go db.shadowWorker()
+	}
 	if db.checkpoint != nil {
 		db.wg.Add(1)
 		go db.checkpointLoop()
@@ -221,6 +231,9 @@ func (db *DB) Close() error {
 	close(db.stop)
 	db.wg.Wait()
 	close(db.stopped)
+	// A shadow worker may wait for a job queued as the loops drained;
+	// stopped has answered it.
+	db.shadowWG.Wait()
 	db.writeStmts.close()
 	db.readStmts.close()
 	return db.closeConns()

@@ -101,15 +101,10 @@ func (db *DB) FindShadow(ctx context.Context, tenant, device string) (*fleet.Sha
 	return &s.Shadow, nil
 }
 
-// UpdateDesired merges patch into a device's desired state.
+// UpdateDesired merges patch into a device's desired state, in a batch
+// with the concurrent writes of other shadows (writeShadows).
 func (db *DB) UpdateDesired(ctx context.Context, tenant, device string, patch map[string]any, version *int64) (*fleet.Shadow, error) {
-	var out *fleet.Shadow
-	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		var err error
-		out, err = tx.updateDesired(ctx, tenant, device, patch, version)
-		return err
-	})
-	return out, err
+	return db.queueShadow(ctx, &shadowCall{tenant: tenant, device: device, section: fleet.ShadowDesired, patch: patch, version: version})
 }
 
 // UpdateDesiredMany merges patch into the desired state of each device
@@ -331,15 +326,19 @@ func (db *DB) DesiredWaiting(ctx context.Context, tenant, device string) ([]flee
 // writes: 8 parameters a row, within both databases' limits.
 const shadowChunk = 500
 
-// lockShadows reads the shadows of devices to change them, as lockShadow
-// does one's, a chunk a statement; a device not found is not in the
-// result.
+// lockShadows reads the shadows of devices to change them, a chunk a
+// statement; a device not found is not in the result. On PostgreSQL it
+// locks the devices' rows first, so that writers of one shadow take turns
+// (the shadow's own row may not exist yet).
 func (tx *Tx) lockShadows(ctx context.Context, tenant string, devices []string) (map[string]*storedShadow, error) {
 	sorted := slices.Clone(devices)
 	slices.Sort(sorted) // rows locked in one order, as every writer does
 	out := make(map[string]*storedShadow, len(devices))
 	for start := 0; start < len(sorted); start += shadowChunk {
 		chunk := sorted[start:min(start+shadowChunk, len(sorted))]
+		if tx.db.dialect == sqlite {
+			chunk = padRows(chunk, 1) // a repeated id matches its row once
+		}
 		cond, args := tx.db.dialect.anyOf("d.id", chunk)
 		args = append([]any{tenant}, args...)
 		// Locked first, then read: a read that waits for a lock reads
@@ -381,25 +380,6 @@ func scanID(s scanner) (string, error) {
 	return id, s.Scan(&id)
 }
 
-// updateDesired is UpdateDesired inside a transaction.
-func (tx *Tx) updateDesired(ctx context.Context, tenant, device string, patch map[string]any, version *int64) (*fleet.Shadow, error) {
-	s, err := tx.lockShadow(ctx, tenant, device)
-	if err != nil {
-		return nil, err
-	}
-	if version != nil && *version != s.Version {
-		return nil, fleet.Errorf(fleet.ECONFLICT, "the shadow of device %q is at version %d, not %d: read it again and reapply the change", device, s.Version, *version)
-	}
-	sh, w, a, err := tx.applyDesired(ctx, tenant, device, s, patch, tx.updateConfigSetting(tenant))
-	if err != nil || w == nil {
-		return sh, err
-	}
-	if err := tx.upsertShadows(ctx, tenant, []shadowWrite{*w}); err != nil {
-		return nil, err
-	}
-	return sh, tx.auditMany(ctx, tenant, []auditEntry{*a})
-}
-
 // applyDesired merges patch into s, the device's shadow read to change
 // it, and dispatches update_config if the tenant's setting asks for it;
 // it returns the shadow, the row to write and the change to audit, nil
@@ -411,20 +391,34 @@ func (tx *Tx) applyDesired(ctx context.Context, tenant, device string, s *stored
 	if err != nil || !changed {
 		return &s.Shadow, nil, nil, err
 	}
+	a, err := tx.desiredMerged(ctx, tenant, device, s, text, previous, patch, setting)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	w := tx.rowOf(device, s)
+	return &s.Shadow, &w, a, nil
+}
+
+// desiredMerged completes a change of s's desired state, whose merge
+// gave text from previous: the version moves, the delta is computed
+// again, update_config is dispatched if the tenant's setting asks for it;
+// it returns the change to audit.
+func (tx *Tx) desiredMerged(ctx context.Context, tenant, device string, s *storedShadow, text []byte, previous, patch map[string]any,
+	setting func(context.Context) (bool, error)) (*auditEntry, error) {
 	s.desired = text
 	s.Version++
 	now := fromMillis(millis(tx.now))
 	s.DesiredUpdatedAt = &now
-	w, err := tx.prepareWrite(device, s)
-	if err != nil {
-		return nil, nil, nil, err
+	if err := s.recompute(); err != nil {
+		return nil, err
 	}
 	out := &s.Shadow
 	out.DesiredChanged = true
+	var err error
 	if out.Dispatched, err = tx.updateConfig(ctx, tenant, device, out, setting); err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
-	return out, w, &auditEntry{action: "device.shadow.update", target: "devices/" + device,
+	return &auditEntry{action: "device.shadow.update", target: "devices/" + device,
 		details: map[string]any{"desired": patch, "previous": previous, "version": s.Version}}, nil
 }
 
@@ -488,7 +482,7 @@ func (db *DB) SetShadowSettings(ctx context.Context, tenant string, s fleet.Shad
 // device reports is its data, not a change made through the API: it is
 // not audited.
 func (db *DB) UpdateReported(ctx context.Context, tenant, device string, patch map[string]any) (*fleet.Shadow, error) {
-	return db.updateReported(ctx, tenant, device, patch, nil)
+	return db.queueShadow(ctx, &shadowCall{tenant: tenant, device: device, section: fleet.ShadowReported, patch: patch})
 }
 
 // ReportPoint merges the data of p, a point of the device's stream kept
@@ -497,70 +491,19 @@ func (db *DB) UpdateReported(ctx context.Context, tenant, device string, patch m
 // the older merges only if it does so before the newer is kept, and the
 // newer then merges after it.
 func (db *DB) ReportPoint(ctx context.Context, tenant, device, stream string, p *fleet.DataPoint) (*fleet.Shadow, error) {
-	return db.updateReported(ctx, tenant, device, p.Data, func(ctx context.Context, tx *Tx) (bool, error) {
-		var ts, seq int64
-		err := tx.queryRow(ctx, "SELECT ts, seq FROM stream_latest WHERE tenant = ? AND device_id = ? AND stream = ?",
-			tenant, device, stream).Scan(&ts, &seq)
-		if errors.Is(err, sql.ErrNoRows) {
-			return true, nil
-		} else if err != nil {
-			return false, err
-		}
-		at := millis(p.Timestamp)
-		return ts < at || ts == at && seq <= p.Sequence, nil
-	})
-}
-
-// updateReported merges patch into a device's reported state if current,
-// when given, says the patch is still current.
-func (db *DB) updateReported(ctx context.Context, tenant, device string, patch map[string]any,
-	current func(ctx context.Context, tx *Tx) (bool, error)) (*fleet.Shadow, error) {
-	var out *fleet.Shadow
-	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		s, err := tx.lockShadow(ctx, tenant, device)
-		if err != nil {
-			return err
-		}
-		if current != nil {
-			if ok, err := current(ctx, tx); err != nil || !ok {
-				out = &s.Shadow
-				return err
+	return db.queueShadow(ctx, &shadowCall{tenant: tenant, device: device, section: fleet.ShadowReported, patch: p.Data,
+		current: func(ctx context.Context, tx *Tx) (bool, error) {
+			var ts, seq int64
+			err := tx.queryRow(ctx, "SELECT ts, seq FROM stream_latest WHERE tenant = ? AND device_id = ? AND stream = ?",
+				tenant, device, stream).Scan(&ts, &seq)
+			if errors.Is(err, sql.ErrNoRows) {
+				return true, nil
+			} else if err != nil {
+				return false, err
 			}
-		}
-		text, changed, err := mergeSection(fleet.ShadowReported, &s.Reported, s.reported, patch)
-		if err != nil {
-			return err
-		}
-		s.reported = text
-		now := fromMillis(millis(tx.now))
-		s.ReportedUpdatedAt = &now
-		if !changed && s.exists {
-			// The time still moves: a device that reports the same state
-			// says it is still in it.
-			_, err := tx.exec(ctx, "UPDATE device_shadows SET reported_updated_at = ? WHERE tenant = ? AND device_id = ?", millis(now), tenant, device)
-			out = &s.Shadow
-			return err
-		}
-		out = &s.Shadow
-		return tx.writeShadow(ctx, tenant, device, s)
-	})
-	return out, err
-}
-
-// lockShadow reads a device's shadow to change it; on PostgreSQL it locks
-// the device's row first, so that writers of one shadow take turns (the
-// shadow's own row may not exist yet).
-func (tx *Tx) lockShadow(ctx context.Context, tenant, device string) (*storedShadow, error) {
-	if f := tx.db.dialect.forUpdate(); f != "" {
-		var one int
-		err := tx.queryRow(ctx, "SELECT 1 FROM devices WHERE tenant = ? AND id = ?"+f, tenant, device).Scan(&one)
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, fleet.Errorf(fleet.ENOTFOUND, "device %q not found", device)
-		} else if err != nil {
-			return nil, err
-		}
-	}
-	return scanShadow(tx.queryRow(ctx, shadowRead, tenant, device), device)
+			at := millis(p.Timestamp)
+			return ts < at || ts == at && seq <= p.Sequence, nil
+		}})
 }
 
 // mergeSection applies patch to *section, checks the result and returns
@@ -578,56 +521,101 @@ func mergeSection(name string, section *map[string]any, old []byte, patch map[st
 	return text, !bytes.Equal(text, old), nil
 }
 
-// writeShadow stores s, with its delta computed again.
-func (tx *Tx) writeShadow(ctx context.Context, tenant, device string, s *storedShadow) error {
-	w, err := tx.prepareWrite(device, s)
-	if err != nil {
-		return err
-	}
-	return tx.upsertShadows(ctx, tenant, []shadowWrite{*w})
-}
-
 // shadowWrite is a device_shadows row to store.
 type shadowWrite struct {
 	device, desired, reported string
 	version                   int64
 	inSync                    bool
-	desiredAt, reportedAt     any
+	desiredAt, reportedAt     *int64
 }
 
-// prepareWrite computes s's delta again and returns its row.
-func (tx *Tx) prepareWrite(device string, s *storedShadow) (*shadowWrite, error) {
+// recompute computes s's delta again, and whether it changed.
+func (s *storedShadow) recompute() error {
 	before, err := fleet.MarshalCanonical(s.Delta)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	s.Compute()
 	after, err := fleet.MarshalCanonical(s.Delta)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	s.DeltaChanged = !bytes.Equal(before, after)
-	return &shadowWrite{device: device, desired: tx.db.dialect.sectionText(s.desired, s.Desired), reported: tx.db.dialect.sectionText(s.reported, s.Reported),
-		version: s.Version, inSync: s.InSync, desiredAt: nullMillis(s.DesiredUpdatedAt), reportedAt: nullMillis(s.ReportedUpdatedAt)}, nil
+	return nil
 }
 
-// upsertShadows stores rows, a chunk a statement.
+// rowOf returns s's row, its delta computed already.
+func (tx *Tx) rowOf(device string, s *storedShadow) shadowWrite {
+	return shadowWrite{device: device, desired: tx.db.dialect.sectionText(s.desired, s.Desired), reported: tx.db.dialect.sectionText(s.reported, s.Reported),
+		version: s.Version, inSync: s.InSync, desiredAt: nullMillis(s.DesiredUpdatedAt), reportedAt: nullMillis(s.ReportedUpdatedAt)}
+}
+
+// upsertShadows stores rows, a chunk a statement, each device at most
+// once. On PostgreSQL the statement takes a column's values as an array
+// (unnest), so that it has one text whatever the number of rows; on
+// SQLite, whose statements are no round trips, rows of VALUES, as many as
+// a size class (padRows).
 func (tx *Tx) upsertShadows(ctx context.Context, tenant string, rows []shadowWrite) error {
+	const upsert = `INSERT INTO device_shadows (tenant, device_id, desired, reported, version, in_sync, desired_updated_at, reported_updated_at) `
+	const conflict = `
+		ON CONFLICT (tenant, device_id) DO UPDATE SET desired = excluded.desired, reported = excluded.reported, version = excluded.version,
+			in_sync = excluded.in_sync, desired_updated_at = excluded.desired_updated_at, reported_updated_at = excluded.reported_updated_at`
 	for start := 0; start < len(rows); start += shadowChunk {
 		chunk := rows[start:min(start+shadowChunk, len(rows))]
+		if tx.db.dialect == postgres {
+			var (
+				devices, desired, reported []string
+				versions                   []int64
+				inSync                     []bool
+				desiredAt, reportedAt      []*int64
+			)
+			for _, w := range chunk {
+				devices, desired, reported = append(devices, w.device), append(desired, w.desired), append(reported, w.reported)
+				versions, inSync = append(versions, w.version), append(inSync, w.inSync)
+				desiredAt, reportedAt = append(desiredAt, w.desiredAt), append(reportedAt, w.reportedAt)
+			}
+			if _, err := tx.exec(ctx, upsert+`SELECT CAST(? AS TEXT), u.device_id, u.desired::jsonb, u.reported::jsonb, u.version, u.in_sync, u.desired_at, u.reported_at
+			FROM unnest(?::text[], ?::text[], ?::text[], ?::bigint[], ?::boolean[], ?::bigint[], ?::bigint[])
+			AS u (device_id, desired, reported, version, in_sync, desired_at, reported_at)`+conflict,
+				tenant, devices, desired, reported, versions, inSync, desiredAt, reportedAt); err != nil {
+				return err
+			}
+			continue
+		}
+		chunk = padRows(chunk, 8) // the same row twice is written twice
 		values := strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?, ?), ", len(chunk)), ", ")
 		args := make([]any, 0, 8*len(chunk))
 		for _, w := range chunk {
-			args = append(args, tenant, w.device, w.desired, w.reported, w.version, w.inSync, w.desiredAt, w.reportedAt)
+			args = append(args, tenant, w.device, w.desired, w.reported, w.version, w.inSync, orNull(w.desiredAt), orNull(w.reportedAt))
 		}
-		if _, err := tx.exec(ctx, `INSERT INTO device_shadows (tenant, device_id, desired, reported, version, in_sync, desired_updated_at, reported_updated_at)
-		VALUES `+values+`
-		ON CONFLICT (tenant, device_id) DO UPDATE SET desired = excluded.desired, reported = excluded.reported, version = excluded.version,
-			in_sync = excluded.in_sync, desired_updated_at = excluded.desired_updated_at, reported_updated_at = excluded.reported_updated_at`, args...); err != nil {
+		if _, err := tx.exec(ctx, upsert+"VALUES "+values+conflict, args...); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// padRows returns rows, of width parameters each, with its last repeated
+// up to a size class (sizeClass, or a multiple of 64 beyond its sizes,
+// within SQLite's 32,766 parameters), so that a batched statement has few
+// texts, which stay prepared.
+func padRows[T any](rows []T, width int) []T {
+	n := len(rows)
+	if n == 0 {
+		return rows
+	}
+	c := sizeClass(n)
+	if n > reportChunk {
+		c = (n + 63) / 64 * 64
+	}
+	if c*width > 32766 {
+		return rows
+	}
+	out := slices.Grow(rows[:n:n], c-n)
+	for range c - n {
+		out = append(out, rows[n-1])
+	}
+	return out
 }
 
 // sectionText is the text a section, of canonical text and value v, is
@@ -672,9 +660,18 @@ func pointedFloats(v any) any {
 	return v
 }
 
-func nullMillis(t *time.Time) any {
+// orNull is *p, or nil (NULL) for nil.
+func orNull(p *int64) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+func nullMillis(t *time.Time) *int64 {
 	if t == nil {
 		return nil
 	}
-	return millis(*t)
+	ms := millis(*t)
+	return &ms
 }

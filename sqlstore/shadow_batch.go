@@ -1,0 +1,275 @@
+package sqlstore
+
+// Single shadow writes (a desired change through the API, a device's
+// reported state), applied in batches across requests as status reports
+// are: one transaction job, and a handful of statements, for the writes
+// of many concurrent callers (docs/twin.md).
+
+import (
+	"bytes"
+	"context"
+	"runtime"
+	"time"
+
+	"github.com/fleetd/fleet"
+)
+
+// shadowCall is one caller's write of a shadow's section, and its answer.
+type shadowCall struct {
+	ctx            context.Context
+	tenant, device string
+	section        string // fleet.ShadowDesired or fleet.ShadowReported
+	patch          map[string]any
+	// version is, for a desired change, the version the writer read; nil
+	// for any.
+	version *int64
+	// current, for a reported change, says whether the patch is still
+	// current once the shadow is locked; nil: it is.
+	current func(ctx context.Context, tx *Tx) (bool, error)
+
+	out  *fleet.Shadow
+	err  error
+	done chan struct{}
+}
+
+// maxShadowBatch bounds the writes of one batch.
+const maxShadowBatch = 256
+
+// shadowWorkers is how many batches of shadow writes are in the commit
+// loops' queue at once: while one commits, the next gathers the writes
+// that arrive meanwhile.
+const shadowWorkers = 4
+
+// queueShadow hands c to a shadow worker and returns its answer once the
+// batch it joined committed (or failed, or c failed alone).
+func (db *DB) queueShadow(ctx context.Context, c *shadowCall) (*fleet.Shadow, error) {
+	c.ctx, c.done = ctx, make(chan struct{})
+	select {
+	case db.shadowCalls <- c:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-db.stop:
+		return nil, fleet.Errorf(fleet.EUNAVAILABLE, "the server is shutting down")
+	}
+	<-c.done // a worker that took it answers it, even at Close
+	return c.out, db.classify(c.err)
+}
+
+// shadowWorker applies batches of shadow writes until Close.
+func (db *DB) shadowWorker() {
+	defer db.shadowWG.Done()
+	for {
+		select {
+		case c := <-db.shadowCalls:
+			db.applyShadowCalls(db.collectShadowCalls(c))
+		case <-db.stop:
+			return
+		}
+	}
+}
+
+// collectShadowCalls adds to first the calls already waiting, up to
+// maxShadowBatch; when none is waiting it yields once before it stops,
+// as the action service gathers status reports.
+func (db *DB) collectShadowCalls(first *shadowCall) []*shadowCall {
+	batch := []*shadowCall{first}
+	for yielded := false; len(batch) < maxShadowBatch; {
+		select {
+		case c := <-db.shadowCalls:
+			batch = append(batch, c)
+			yielded = false
+		default:
+			if yielded {
+				return batch
+			}
+			runtime.Gosched()
+			yielded = true
+		}
+	}
+	return batch
+}
+
+// applyShadowCalls applies the calls, a transaction job per tenant, and
+// answers each. A job that fails as a whole (a statement failed) is run
+// again a call at a time, so that one bad write cannot fail the others.
+func (db *DB) applyShadowCalls(batch []*shadowCall) {
+	byTenant := map[string][]*shadowCall{}
+	var tenants []string
+	for _, c := range batch {
+		if err := c.ctx.Err(); err != nil {
+			c.err = err // the caller went away before its turn
+			close(c.done)
+			continue
+		}
+		if byTenant[c.tenant] == nil {
+			tenants = append(tenants, c.tenant)
+		}
+		byTenant[c.tenant] = append(byTenant[c.tenant], c)
+	}
+	for _, tenant := range tenants {
+		calls := byTenant[tenant]
+		if err := db.applyTenantShadows(tenant, calls); err != nil && len(calls) > 1 {
+			for _, c := range calls {
+				db.applyTenantShadows(tenant, []*shadowCall{c})
+			}
+		}
+		for _, c := range calls {
+			close(c.done)
+		}
+	}
+}
+
+// applyTenantShadows applies one tenant's calls in one transaction job
+// and sets each call's answer; the job's own error says it failed as a
+// whole.
+func (db *DB) applyTenantShadows(tenant string, calls []*shadowCall) error {
+	// Once queued, a transaction job runs to its end whoever is waiting;
+	// no single caller's cancellation may fail the others.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		return tx.writeShadows(ctx, tenant, calls)
+	})
+	if err != nil {
+		for _, c := range calls {
+			c.out, c.err = nil, err
+		}
+	}
+	return err
+}
+
+// writeShadows applies calls, writes of the tenant's shadows, in their
+// order, with the statements of one: the shadows are locked and read
+// together, the tenant's update_config setting read once, the rows
+// written and the desired changes audited a statement each. A call's own
+// failure that comes before any statement of its own (its device not
+// found, a stale version, a patch beyond the limits) is its answer and
+// leaves the others be; any other failure is the whole job's.
+//
+// Two calls on one device apply one after the other, the second to what
+// the first left; the device's row is written once, as the last left it.
+// Each call's shadow is as it left it, but only the device's last call
+// says whether the delta changed, from what it was before the batch to
+// what it is after: the device is told once, the delta that committed.
+func (tx *Tx) writeShadows(ctx context.Context, tenant string, calls []*shadowCall) error {
+	devices := make([]string, 0, len(calls))
+	for _, c := range calls {
+		c.out, c.err = nil, nil
+		devices = append(devices, c.device)
+	}
+	shadows, err := tx.lockShadows(ctx, tenant, devices)
+	if err != nil {
+		return err
+	}
+	setting := tx.updateConfigSetting(tenant)
+	type touched struct {
+		before []byte // the delta before the batch
+		last   int    // the device's last call that changed its row
+		calls  int
+	}
+	var order []string
+	seen := map[string]*touched{}
+	var audits []auditEntry
+	for i, c := range calls {
+		s, ok := shadows[c.device]
+		if !ok {
+			c.err = fleet.Errorf(fleet.ENOTFOUND, "device %q not found", c.device)
+			continue
+		}
+		s.DeltaChanged, s.DesiredChanged, s.Dispatched = false, false, nil
+		t := seen[c.device]
+		if t == nil {
+			before, err := fleet.MarshalCanonical(s.Delta)
+			if err != nil {
+				return err
+			}
+			t = &touched{before: before, last: -1}
+			seen[c.device] = t
+		}
+		t.calls++
+		wrote, err := tx.applyShadowCall(ctx, tenant, c, s, setting, &audits)
+		if err != nil {
+			return err
+		}
+		if wrote {
+			if t.last < 0 {
+				order = append(order, c.device)
+			}
+			t.last = i
+		}
+		if c.err == nil {
+			out := s.Shadow // a copy: a later call on the device changes s
+			c.out = &out
+		}
+	}
+	writes := make([]shadowWrite, 0, len(order))
+	for _, dev := range order {
+		t, s := seen[dev], shadows[dev]
+		writes = append(writes, tx.rowOf(dev, s))
+		if t.calls == 1 {
+			continue
+		}
+		after, err := fleet.MarshalCanonical(s.Delta)
+		if err != nil {
+			return err
+		}
+		for _, c := range calls[:t.last] {
+			if c.device == dev && c.out != nil {
+				c.out.DeltaChanged = false
+			}
+		}
+		calls[t.last].out.DeltaChanged = !bytes.Equal(t.before, after)
+	}
+	if err := tx.upsertShadows(ctx, tenant, writes); err != nil {
+		return err
+	}
+	return tx.auditMany(ctx, tenant, audits)
+}
+
+// applyShadowCall applies c to s, its device's shadow, in memory (but for
+// a dispatch of update_config), and reports whether s's row is to be
+// written. c.err is c's own failure; the error returned is the job's.
+func (tx *Tx) applyShadowCall(ctx context.Context, tenant string, c *shadowCall, s *storedShadow,
+	setting func(context.Context) (bool, error), audits *[]auditEntry) (bool, error) {
+	by := context.WithoutCancel(c.ctx)
+	if c.section == fleet.ShadowDesired {
+		if c.version != nil && *c.version != s.Version {
+			c.err = fleet.Errorf(fleet.ECONFLICT, "the shadow of device %q is at version %d, not %d: read it again and reapply the change", c.device, s.Version, *c.version)
+			return false, nil
+		}
+		previous := s.Desired
+		text, changed, err := mergeSection(fleet.ShadowDesired, &s.Desired, s.desired, c.patch)
+		if err != nil || !changed {
+			c.err = err
+			return false, nil
+		}
+		a, err := tx.desiredMerged(by, tenant, c.device, s, text, previous, c.patch, setting)
+		if err != nil {
+			return false, err
+		}
+		a.by = by
+		*audits = append(*audits, *a)
+		return true, nil
+	}
+	if c.current != nil {
+		if ok, err := c.current(ctx, tx); err != nil || !ok {
+			return false, err
+		}
+	}
+	text, changed, err := mergeSection(fleet.ShadowReported, &s.Reported, s.reported, c.patch)
+	if err != nil {
+		c.err = err
+		return false, nil
+	}
+	s.reported = text
+	now := fromMillis(millis(tx.now))
+	s.ReportedUpdatedAt = &now
+	if changed {
+		if err := s.recompute(); err != nil {
+			return false, err
+		}
+	}
+	// Unchanged, the time still moves: a device that reports the same
+	// state says it is still in it.
+	return true, nil
+}
