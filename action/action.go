@@ -17,7 +17,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -25,6 +24,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/internal/gather"
 )
 
 // Sender is the device channel as the action service sees it; *broker.Server
@@ -691,59 +691,22 @@ func (s *Service) applyReports() {
 }
 
 // collectReports adds to first the calls already waiting, up to
-// MaxReportBatch reports. When none is waiting it yields once before it
-// stops: handlers that are a few instructions away from sending their
-// report (the HTTP requests and MQTT publishes being read while the last
-// batch committed) get to join, and a batch's commit is shared by more.
-// With nothing else to run, yielding returns at once.
+// MaxReportBatch reports (gather.Waiting).
 func (s *Service) collectReports(first *reportCall) []*reportCall {
-	batch := []*reportCall{first}
-	n := len(first.reports)
-	for yielded := false; n < s.MaxReportBatch; {
-		select {
-		case c := <-s.reports:
-			batch = append(batch, c)
-			n += len(c.reports)
-			yielded = false
-		default:
-			if yielded {
-				return batch
-			}
-			runtime.Gosched()
-			yielded = true
-		}
-	}
-	return batch
+	return gather.Waiting(s.reports, first, s.MaxReportBatch, func(c *reportCall) int { return len(c.reports) })
 }
 
 // applyBatch applies the calls' reports, one store call per tenant. If a
 // shared store call fails, each call is tried alone, so that one bad
 // report cannot fail its neighbours.
 func (s *Service) applyBatch(batch []*reportCall) {
-	byTenant := map[string][]*reportCall{}
-	var tenants []string
-	for _, c := range batch {
-		if err := c.ctx.Err(); err != nil {
-			c.err = err // the caller went away before its turn
-			close(c.done)
-			continue
-		}
-		if byTenant[c.tenant] == nil {
-			tenants = append(tenants, c.tenant)
-		}
-		byTenant[c.tenant] = append(byTenant[c.tenant], c)
-	}
-	for _, tenant := range tenants {
-		calls := byTenant[tenant]
-		if err := s.applyCalls(tenant, calls); err != nil && len(calls) > 1 {
-			for _, c := range calls {
-				s.applyCalls(tenant, []*reportCall{c})
+	gather.Apply(batch, func(c *reportCall) context.Context { return c.ctx }, func(c *reportCall) string { return c.tenant },
+		s.applyCalls, func(c *reportCall, gone error) {
+			if gone != nil {
+				c.err = gone // the caller went away before its turn
 			}
-		}
-		for _, c := range calls {
 			close(c.done)
-		}
-	}
+		})
 }
 
 // applyCalls applies the calls' reports in one store call and sets each

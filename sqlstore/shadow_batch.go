@@ -8,10 +8,10 @@ package sqlstore
 import (
 	"bytes"
 	"context"
-	"runtime"
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/internal/gather"
 )
 
 // shadowCall is one caller's write of a shadow's section, and its answer.
@@ -61,62 +61,24 @@ func (db *DB) shadowWorker() {
 	for {
 		select {
 		case c := <-db.shadowCalls:
-			db.applyShadowCalls(db.collectShadowCalls(c))
+			db.applyShadowCalls(gather.Waiting(db.shadowCalls, c, maxShadowBatch, nil))
 		case <-db.stop:
 			return
 		}
 	}
 }
 
-// collectShadowCalls adds to first the calls already waiting, up to
-// maxShadowBatch; when none is waiting it yields once before it stops,
-// as the action service gathers status reports.
-func (db *DB) collectShadowCalls(first *shadowCall) []*shadowCall {
-	batch := []*shadowCall{first}
-	for yielded := false; len(batch) < maxShadowBatch; {
-		select {
-		case c := <-db.shadowCalls:
-			batch = append(batch, c)
-			yielded = false
-		default:
-			if yielded {
-				return batch
-			}
-			runtime.Gosched()
-			yielded = true
-		}
-	}
-	return batch
-}
-
 // applyShadowCalls applies the calls, a transaction job per tenant, and
 // answers each. A job that fails as a whole (a statement failed) is run
 // again a call at a time, so that one bad write cannot fail the others.
 func (db *DB) applyShadowCalls(batch []*shadowCall) {
-	byTenant := map[string][]*shadowCall{}
-	var tenants []string
-	for _, c := range batch {
-		if err := c.ctx.Err(); err != nil {
-			c.err = err // the caller went away before its turn
-			close(c.done)
-			continue
-		}
-		if byTenant[c.tenant] == nil {
-			tenants = append(tenants, c.tenant)
-		}
-		byTenant[c.tenant] = append(byTenant[c.tenant], c)
-	}
-	for _, tenant := range tenants {
-		calls := byTenant[tenant]
-		if err := db.applyTenantShadows(tenant, calls); err != nil && len(calls) > 1 {
-			for _, c := range calls {
-				db.applyTenantShadows(tenant, []*shadowCall{c})
+	gather.Apply(batch, func(c *shadowCall) context.Context { return c.ctx }, func(c *shadowCall) string { return c.tenant },
+		db.applyTenantShadows, func(c *shadowCall, gone error) {
+			if gone != nil {
+				c.err = gone // the caller went away before its turn
 			}
-		}
-		for _, c := range calls {
 			close(c.done)
-		}
-	}
+		})
 }
 
 // applyTenantShadows applies one tenant's calls in one transaction job
