@@ -22,7 +22,8 @@ import (
 // or a reported one (as a device's publish) of a device of its own at a
 // time, every write a change. It reports the wall time and this process's
 // CPU a write and, on PostgreSQL, the CPU of the server's backends that
-// served this process's connections (Linux's /proc).
+// served this process's connections (Linux's /proc), and the group
+// commit's batching: writes a transaction job, jobs a commit.
 //
 //	go test ./sqlstore -run '^$' -bench ShadowWrites -benchtime 3000x
 func BenchmarkShadowWrites(b *testing.B) {
@@ -89,12 +90,14 @@ func benchShadowWrites(b *testing.B, be sqlstoretest.Backend, section string) {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
-	cpu0, server0 := cpuTime(), backendCPU(raw)
+	cpu0, server0, st0 := cpuTime(), backendCPU(raw), db.Stats()
 	if err := run(b.N); err != nil {
 		b.Fatal(err)
 	}
-	cpu, server := cpuTime()-cpu0, backendCPU(raw)-server0
+	cpu, server, st := cpuTime()-cpu0, backendCPU(raw)-server0, db.Stats()
 	b.StopTimer()
+	b.ReportMetric(float64(b.N)/float64(st.Jobs-st0.Jobs), "writes/job")
+	b.ReportMetric(float64(st.Jobs-st0.Jobs)/float64(st.Commits-st0.Commits), "jobs/commit")
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/write")
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/write")
 	if raw != nil {
