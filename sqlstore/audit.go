@@ -33,13 +33,14 @@ const auditChunk = 500
 // auditMany records changes made in one transaction, as audit does each,
 // a chunk a statement: a change to ten thousand devices is not ten
 // thousand round trips. On PostgreSQL the statement takes a column's
-// values as an array (unnest), so that it has one text whatever the
+// values as an array (unnestTable), so that it has one text whatever the
 // number of records, prepared once per connection.
 func (tx *Tx) auditMany(ctx context.Context, tenant string, entries []auditEntry) error {
 	now := millis(tx.now)
+	cols := []string{"actor", "role", "user_email", "action", "target", "details", "request_id"}
 	for start := 0; start < len(entries); start += auditChunk {
 		chunk := entries[start:min(start+auditChunk, len(entries))]
-		cols := make([][]string, 7) // actor, role, user_email, action, target, details, request_id
+		args := make([]any, 0, len(cols)*len(chunk))
 		for _, e := range chunk {
 			by := e.by
 			if by == nil {
@@ -57,32 +58,21 @@ func (tx *Tx) auditMany(ctx context.Context, tenant string, entries []auditEntry
 			if err != nil {
 				return err
 			}
-			for i, v := range []string{actor, role, email, e.action, e.target, string(b), fleet.RequestIDFromContext(by)} {
-				cols[i] = append(cols[i], v)
-			}
+			args = append(args, actor, role, email, e.action, e.target, string(b), fleet.RequestIDFromContext(by))
 		}
 		const insert = "INSERT INTO audit_logs (tenant, actor, role, user_email, action, target, details, request_id, created_at) "
+		var err error
 		if tx.db.dialect == postgres {
-			args := []any{tenant, now}
-			for _, c := range cols {
-				args = append(args, c)
+			table, arrays := unnestTable("u", cols, []string{"TEXT", "TEXT", "TEXT", "TEXT", "TEXT", "TEXT", "TEXT"}, args)
+			_, err = tx.exec(ctx, insert+"SELECT CAST(? AS TEXT), u.*, CAST(? AS BIGINT) FROM "+table, append([]any{tenant, now}, arrays...)...)
+		} else {
+			values := make([]any, 0, len(args)+2*len(chunk))
+			for r := range chunk {
+				values = append(append(append(values, tenant), args[r*len(cols):(r+1)*len(cols)]...), now)
 			}
-			if _, err := tx.exec(ctx, insert+`SELECT CAST(? AS TEXT), u.*, CAST(? AS BIGINT) FROM unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::text[], ?::text[], ?::text[])
-			AS u (actor, role, user_email, action, target, details, request_id)`, args...); err != nil {
-				return err
-			}
-			continue
+			_, err = tx.exec(ctx, insert+"VALUES "+strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?, ?, ?), ", len(chunk)), ", "), values...)
 		}
-		args := make([]any, 0, 9*len(chunk))
-		for r := range chunk {
-			args = append(args, tenant)
-			for _, c := range cols {
-				args = append(args, c[r])
-			}
-			args = append(args, now)
-		}
-		values := strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?, ?, ?), ", len(chunk)), ", ")
-		if _, err := tx.exec(ctx, insert+"VALUES "+values, args...); err != nil {
+		if err != nil {
 			return err
 		}
 	}

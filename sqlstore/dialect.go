@@ -326,8 +326,8 @@ func (d dialect) jsonSetList(col, key string) string {
 // same for any number of rows, with no rows to pad it to a size class,
 // and PostgreSQL binds and starts a handful of parameters instead of one a
 // value (docs/benchmarks-notebook.md, "Arrays for large report batches on
-// PostgreSQL"). Integer columns take int, int64, sql.NullInt64 or nil; the
-// others strings. A JSON column (type "") arrives as TEXT: cast it where
+// PostgreSQL"). Integer columns take int, int64, sql.NullInt64 or nil;
+// BOOLEAN ones bools; the others strings. A JSON column (type "") arrives as TEXT: cast it where
 // it is used.
 func unnestTable(alias string, cols, types []string, args []any) (string, []any) {
 	rows := len(args) / len(cols)
@@ -346,6 +346,13 @@ func unnestTable(alias string, cols, types []string, args []any) (string, []any)
 			}
 			arrays[i] = a
 			b.WriteString("CAST(? AS BIGINT[])")
+		case "BOOLEAN":
+			a := make([]bool, rows)
+			for r := range rows {
+				a[r] = args[r*len(cols)+i].(bool)
+			}
+			arrays[i] = a
+			b.WriteString("CAST(? AS BOOLEAN[])")
 		default:
 			a := make([]string, rows)
 			for r := range rows {

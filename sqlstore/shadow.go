@@ -552,7 +552,7 @@ func (tx *Tx) rowOf(device string, s *storedShadow) shadowWrite {
 
 // upsertShadows stores rows, a chunk a statement, each device at most
 // once. On PostgreSQL the statement takes a column's values as an array
-// (unnest), so that it has one text whatever the number of rows; on
+// (unnestTable), so that it has one text whatever the number of rows; on
 // SQLite, whose statements are no round trips, rows of VALUES, as many as
 // a size class (padRows).
 func (tx *Tx) upsertShadows(ctx context.Context, tenant string, rows []shadowWrite) error {
@@ -560,35 +560,29 @@ func (tx *Tx) upsertShadows(ctx context.Context, tenant string, rows []shadowWri
 	const conflict = `
 		ON CONFLICT (tenant, device_id) DO UPDATE SET desired = excluded.desired, reported = excluded.reported, version = excluded.version,
 			in_sync = excluded.in_sync, desired_updated_at = excluded.desired_updated_at, reported_updated_at = excluded.reported_updated_at`
+	cols := []string{"device_id", "desired", "reported", "version", "in_sync", "desired_at", "reported_at"}
 	for start := 0; start < len(rows); start += shadowChunk {
 		chunk := rows[start:min(start+shadowChunk, len(rows))]
-		if tx.db.dialect == postgres {
-			var (
-				devices, desired, reported []string
-				versions                   []int64
-				inSync                     []bool
-				desiredAt, reportedAt      []*int64
-			)
-			for _, w := range chunk {
-				devices, desired, reported = append(devices, w.device), append(desired, w.desired), append(reported, w.reported)
-				versions, inSync = append(versions, w.version), append(inSync, w.inSync)
-				desiredAt, reportedAt = append(desiredAt, w.desiredAt), append(reportedAt, w.reportedAt)
-			}
-			if _, err := tx.exec(ctx, upsert+`SELECT CAST(? AS TEXT), u.device_id, u.desired::jsonb, u.reported::jsonb, u.version, u.in_sync, u.desired_at, u.reported_at
-			FROM unnest(?::text[], ?::text[], ?::text[], ?::bigint[], ?::boolean[], ?::bigint[], ?::bigint[])
-			AS u (device_id, desired, reported, version, in_sync, desired_at, reported_at)`+conflict,
-				tenant, devices, desired, reported, versions, inSync, desiredAt, reportedAt); err != nil {
-				return err
-			}
-			continue
+		if tx.db.dialect == sqlite {
+			chunk = padRows(chunk, 8) // the same row twice is written twice
 		}
-		chunk = padRows(chunk, 8) // the same row twice is written twice
-		values := strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?, ?), ", len(chunk)), ", ")
-		args := make([]any, 0, 8*len(chunk))
+		args := make([]any, 0, len(cols)*len(chunk))
 		for _, w := range chunk {
-			args = append(args, tenant, w.device, w.desired, w.reported, w.version, w.inSync, orNull(w.desiredAt), orNull(w.reportedAt))
+			args = append(args, w.device, w.desired, w.reported, w.version, w.inSync, orNull(w.desiredAt), orNull(w.reportedAt))
 		}
-		if _, err := tx.exec(ctx, upsert+"VALUES "+values+conflict, args...); err != nil {
+		var err error
+		if tx.db.dialect == postgres {
+			table, arrays := unnestTable("u", cols, []string{"TEXT", "", "", "BIGINT", "BOOLEAN", "BIGINT", "BIGINT"}, args)
+			_, err = tx.exec(ctx, upsert+`SELECT CAST(? AS TEXT), u.device_id, CAST(u.desired AS JSONB), CAST(u.reported AS JSONB),
+				u.version, u.in_sync, u.desired_at, u.reported_at FROM `+table+conflict, append([]any{tenant}, arrays...)...)
+		} else {
+			values := make([]any, 0, len(args)+len(chunk))
+			for r := range chunk {
+				values = append(append(values, tenant), args[r*len(cols):(r+1)*len(cols)]...)
+			}
+			_, err = tx.exec(ctx, upsert+"VALUES "+strings.TrimSuffix(strings.Repeat("(?, ?, ?, ?, ?, ?, ?, ?), ", len(chunk)), ", ")+conflict, values...)
+		}
+		if err != nil {
 			return err
 		}
 	}
