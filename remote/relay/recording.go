@@ -472,16 +472,23 @@ func (h *Hub) RemoveOldRecordings(ctx context.Context) (int, error) {
 	return n + m, err
 }
 
-// removeOldParts deletes the parts stored before cutoff: those of a
-// session whose replica was lost, which are its recording (the session
-// forgets it first), and any a replica left behind when it stored the
-// whole recording. It returns how many sessions' recordings went.
+// removeOldParts deletes the parts of sessions whose last part was
+// stored before cutoff: those of a session whose replica was lost, which
+// are its recording (the session forgets it first), and any a replica left
+// behind when it stored the whole recording. A session's parts go
+// together, once its newest is old: the first parts of a session still
+// open (one longer than the retention) are the start of what its parts
+// would be served as, were its replica lost. It returns how many
+// sessions' recordings went.
 func (h *Hub) removeOldParts(ctx context.Context, cutoff time.Time) (int, error) {
 	old := map[string][]string{} // by tenant/id
+	recent := map[string]bool{}
 	err := h.Blobs.Walk(ctx, partsPrefix, func(key string, mod time.Time) error {
+		session := key[:strings.LastIndexByte(key, '/')]
 		if mod.Before(cutoff) {
-			session := key[:strings.LastIndexByte(key, '/')]
 			old[session] = append(old[session], key)
+		} else {
+			recent[session] = true
 		}
 		return nil
 	})
@@ -490,6 +497,9 @@ func (h *Hub) removeOldParts(ctx context.Context, cutoff time.Time) (int, error)
 	}
 	n := 0
 	for session, keys := range old {
+		if recent[session] {
+			continue
+		}
 		tenant, id, ok := strings.Cut(strings.TrimPrefix(session, partsPrefix+"/"), "/")
 		if !ok {
 			continue
