@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -131,8 +132,10 @@ func (d8 dialect) selectionOf(ctx context.Context, q querier, tenant string, d *
 }
 
 // untoldOf selects the devices that have action id in flight and have not
-// been asked to stop it: those a cancellation of it must tell. SQLite is
-// told the index, as in pendingOfAction.
+// been asked to stop it: those a cancellation of it must tell, a range of
+// device_actions_by_status each (untold names its predicate). SQLite is
+// told the index: its planner would read every device action of the
+// tenant through device_actions_by_device.
 func (d8 dialect) untoldOf(tenant string, id int64) selection {
 	return selection{cond: "id IN (SELECT device_id FROM device_actions" + d8.indexedBy("device_actions_by_status") +
 		" WHERE tenant = ? AND action_id = ? AND " + untold + ")", args: []any{tenant, id}}
@@ -263,9 +266,9 @@ func (tx *Tx) retryable(ctx context.Context, tenant string, d *fleet.Dispatch) e
 	} else if err != nil {
 		return err
 	}
-	var live, matching int
-	if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+statusIn(liveStatuses),
-		tenant, d.RetryOf).Scan(&live); err != nil {
+	var matching int
+	live, err := countOf(ctx, tx, tenant, d.RetryOf, math.MaxInt32, liveStatuses)
+	if err != nil {
 		return err
 	}
 	if live > 0 {
@@ -276,7 +279,7 @@ func (tx *Tx) retryable(ctx context.Context, tenant string, d *fleet.Dispatch) e
 		return fleet.Errorf(fleet.ECONFLICT, "action %d is not finished: %s not final (Scheduled, Queued, Initiated or Progress); "+
 			"retry once they are, or cancel them first", d.RetryOf, what)
 	}
-	if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+statusIn(d.RetryStatuses),
+	if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+statusIndexed(d.RetryStatuses),
 		tenant, d.RetryOf).Scan(&matching); err != nil {
 		return err
 	}
@@ -294,7 +297,7 @@ func (tx *Tx) retryable(ctx context.Context, tenant string, d *fleet.Dispatch) e
 // its two arguments) of the device actions in statuses that no retry has
 // retried yet.
 func unretried(statuses []fleet.ActionStatus) string {
-	return "da.tenant = ? AND da.action_id = ? AND da." + statusIn(statuses) +
+	return "da.tenant = ? AND da.action_id = ? AND da." + statusIndexed(statuses) +
 		" AND NOT EXISTS (SELECT 1 FROM device_action_retries r WHERE r.tenant = da.tenant AND r.action_id = da.action_id AND r.device_id = da.device_id)"
 }
 
@@ -481,7 +484,7 @@ func (tx *Tx) cancelOnTargets(ctx context.Context, tenant string, actionID, canc
 		return 0, err
 	}
 	for _, m := range []move{moveCancel, moveCancelTold} {
-		if _, err := tx.applyMove(ctx, m, `UPDATE device_actions SET `+m.set+`, updated_at = ?
+		if _, err := tx.applyMove(ctx, m, `UPDATE device_actions{by} SET `+m.set+`, updated_at = ?
 			WHERE tenant = ? AND action_id = ? AND {from}
 			AND device_id IN (SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ?)`,
 			now, tenant, cancelled, tenant, actionID); err != nil {
@@ -493,11 +496,12 @@ func (tx *Tx) cancelOnTargets(ctx context.Context, tenant string, actionID, canc
 
 // nothingToCancel moves a cancel_action's device actions (tenant,
 // action_id, {from}) to done where the device does not have the cancelled
-// action (the last argument) in flight. SQLite is told the index: its
-// planner would read every device action of the tenant through
-// device_actions_by_device.
+// action (the last argument) in flight. They were dispatched Queued in the
+// same transaction, so they are read through the primary key, as
+// pendingOfAction reads them: SQLite's planner would read every device
+// action of the tenant through device_actions_by_device.
 func (d dialect) nothingToCancel() string {
-	return `UPDATE device_actions` + d.indexedBy("device_actions_by_status") + ` SET ` + moveNothingToCancel.set + `, updated_at = ?
+	return `UPDATE device_actions` + d.indexedBy(primaryKey) + ` SET ` + moveNothingToCancel.set + `, updated_at = ?
 		WHERE tenant = ? AND action_id = ? AND {from} AND NOT EXISTS (SELECT 1 FROM device_actions t
 			WHERE t.tenant = device_actions.tenant AND t.action_id = ? AND t.device_id = device_actions.device_id
 			AND t.` + inFlight + `)`
@@ -572,12 +576,12 @@ func (tx *Tx) cancel(ctx context.Context, tenant string, id int64, tell *fleet.D
 	if name == fleet.ActionDesired {
 		// No device was sent a desired rollout (docs/twin.md): those in
 		// flight wait for no answer, and are cancelled as if they gave it.
-		untold, err := tx.applyMove(ctx, moveCancel, `UPDATE device_actions SET `+moveCancel.set+`, updated_at = ?
+		untold, err := tx.applyMove(ctx, moveCancel, `UPDATE device_actions{by} SET `+moveCancel.set+`, updated_at = ?
 			WHERE tenant = ? AND action_id = ? AND {from}`, millis(tx.now), tenant, id)
 		if err != nil {
 			return nil, err
 		}
-		released, err := tx.applyMove(ctx, moveCancelAccepted, `UPDATE device_actions SET `+moveCancelAccepted.set+`, updated_at = ?
+		released, err := tx.applyMove(ctx, moveCancelAccepted, `UPDATE device_actions{by} SET `+moveCancelAccepted.set+`, updated_at = ?
 			WHERE tenant = ? AND action_id = ? AND {from}`, millis(tx.now), tenant, id)
 		c.Cancelled = untold + released
 		return c, err
@@ -597,13 +601,13 @@ func (tx *Tx) cancel(ctx context.Context, tenant string, id int64, tell *fleet.D
 	}
 	// What the cancellation did not reach was not sent: it needs no word.
 	// What it reached waits for the device's answer (answerCancels).
-	untold, err := tx.applyMove(ctx, moveCancel, `UPDATE device_actions SET `+moveCancel.set+`, updated_at = ?
+	untold, err := tx.applyMove(ctx, moveCancel, `UPDATE device_actions{by} SET `+moveCancel.set+`, updated_at = ?
 		WHERE tenant = ? AND action_id = ? AND {from}`, millis(tx.now), tenant, id)
 	if err != nil {
 		return nil, err
 	}
 	if c.Sent != nil {
-		if _, err := tx.applyMove(ctx, moveCancelTold, `UPDATE device_actions SET `+moveCancelTold.set+`, updated_at = ?
+		if _, err := tx.applyMove(ctx, moveCancelTold, `UPDATE device_actions{by} SET `+moveCancelTold.set+`, updated_at = ?
 			WHERE tenant = ? AND action_id = ? AND {from}`, millis(tx.now), tenant, id); err != nil {
 			return nil, err
 		}

@@ -111,8 +111,31 @@ var (
 	inFlight = statusIn(fleet.InFlight)
 	// untold: in flight, and not asked to stop with no word since: a
 	// second cancel does not ask again a device that has not answered.
-	untold = inFlight + " AND status <> " + quote(fleet.StateCancelling)
+	untold = inFlight + " AND " + notQueued + " AND status <> " + quote(fleet.StateCancelling)
+	// notQueued is device_actions_by_status's predicate (migration 0045).
+	// A statement reads that index only where its WHERE clause has this
+	// term word for word: SQLite proves a partial index usable from the
+	// clause's terms as written, not from what they imply
+	// (action_status = 'Progress' does not count), and PostgreSQL does not
+	// from a bound parameter. statusIndexed adds it.
+	notQueued = "action_status <> " + quote(string(fleet.StatusQueued))
 )
+
+// statusIndexed is statusIn(ss) with notQueued when none of ss is Queued,
+// so that device_actions_by_status can find them: Queued device actions
+// are not in it, and are read through the primary key (primaryKey).
+func statusIndexed(ss []fleet.ActionStatus) string {
+	if slices.Contains(ss, fleet.StatusQueued) {
+		return statusIn(ss)
+	}
+	return statusIn(ss) + " AND " + notQueued
+}
+
+// primaryKey is SQLite's name of device_actions' primary key, for
+// INDEXED BY: the index SQLite makes for a PRIMARY KEY of a rowid table
+// (migration 0017 renamed the table, and SQLite the index with it). An
+// action's Queued device actions are read through it.
+const primaryKey = "sqlite_autoindex_device_actions_1"
 
 // statusIn is the SQL condition that action_status is one of ss.
 func statusIn(ss []fleet.ActionStatus) string {

@@ -63,9 +63,12 @@ func (db *DB) FindActions(ctx context.Context, tenant string, f fleet.ActionFilt
 		args = append(args, f.ExceptAction)
 	}
 	if f.Incomplete {
-		// An index range of the action's live statuses each.
-		cond += " AND EXISTS (SELECT 1 FROM device_actions da WHERE da.tenant = actions.tenant AND da.action_id = actions.id AND da." +
-			statusIn(liveStatuses) + ")"
+		// The action's counts of its live statuses (device_action_counts'
+		// rows of the action, a few per phase): Queued device actions have
+		// no range of device_actions_by_status to probe (migration 0045).
+		// On PostgreSQL a count is the sum of its slots.
+		cond += " AND (SELECT COALESCE(sum(c.n), 0) FROM device_action_counts c WHERE c.tenant = actions.tenant AND c.action_id = actions.id AND c." +
+			statusIn(liveStatuses) + ") > 0"
 	}
 	acts, count, err := findPage(ctx, db, "SELECT count(*) FROM actions WHERE "+cond,
 		"SELECT "+actionColumns+" FROM actions WHERE "+cond+" ORDER BY id DESC", args, f.Page, scanAction)
@@ -213,7 +216,8 @@ func (db *DB) FindDeviceActions(ctx context.Context, tenant string, f fleet.Devi
 // status that most of the action's device actions have are found soonest
 // in device order (the primary key), those of a rare status from
 // device_actions_by_status, sorted (on SQLite, which plans without
-// statistics, told so). Every device action of an action has its type,
+// statistics, told so), except Queued ones, which it leaves out
+// (migration 0045): they are always read in device order. Every device action of an action has its type,
 // the action's name.
 func (db *DB) findDeviceActionsOfAction(ctx context.Context, tenant string, f fleet.DeviceActionFilter) ([]*fleet.DeviceAction, int, error) {
 	var name sql.NullString
@@ -232,16 +236,22 @@ func (db *DB) findDeviceActionsOfAction(ctx context.Context, tenant string, f fl
 	cond, args, from := "tenant = ? AND action_id = ?", []any{tenant, f.ActionID}, "device_actions"
 	if f.ActionStatus == "" {
 		count = total
-	} else {
-		cond, args = cond+" AND action_status = ?", append(args, string(f.ActionStatus))
-		// Device order reads about (offset+limit)·total/count rows, the
-		// status's range count of them and a sort.
-		if count*count < (f.Offset()+f.Limit)*total {
-			from += db.dialect.indexedBy("device_actions_by_status")
-		}
 	}
 	if f.Offset() >= count {
 		return []*fleet.DeviceAction{}, count, nil
+	}
+	if f.ActionStatus != "" {
+		// A status with device actions counted is one of the lifecycle's
+		// words, written into the query: a partial index's predicate is
+		// proved from literals (notQueued).
+		ss := []fleet.ActionStatus{f.ActionStatus}
+		cond += " AND " + statusIndexed(ss)
+		// Device order reads about (offset+limit)·total/count rows, the
+		// status's range count of them and a sort. Queued device actions
+		// have no range (migration 0045): they are read in device order.
+		if f.ActionStatus != fleet.StatusQueued && count*count < (f.Offset()+f.Limit)*total {
+			from += db.dialect.indexedBy("device_actions_by_status")
+		}
 	}
 	// The page is chosen first and joined to its actions (for params)
 	// after, so sorting never touches the actions table.

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -109,7 +110,7 @@ func (tx *Tx) assignPhases(ctx context.Context, tenant string, id int64, s *flee
 			continue
 		}
 		var taken int
-		if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND phase >= 0 AND phase < ?",
+		if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+notQueued+" AND phase >= 0 AND phase < ?",
 			tenant, id, k).Scan(&taken); err != nil {
 			return err
 		}
@@ -129,7 +130,7 @@ func (tx *Tx) assignPhases(ctx context.Context, tenant string, id int64, s *flee
 		}
 	}
 	var left int
-	if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND phase = ?",
+	if err := tx.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+notQueued+" AND phase = ?",
 		tenant, id, unassigned).Scan(&left); err != nil {
 		return err
 	}
@@ -275,8 +276,8 @@ func (tx *Tx) noRollout(ctx context.Context, tenant string, id int64) error {
 func (db *DB) rolloutFacts(ctx context.Context, q querier, tenant string, r *fleet.Rollout, now time.Time, manual bool) (fleet.RolloutFacts, error) {
 	var f fleet.RolloutFacts
 	if r.Settling() {
-		if err := q.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+statusIn(liveStatuses),
-			tenant, r.ActionID).Scan(&f.Live); err != nil {
+		var err error
+		if f.Live, err = countOf(ctx, q, tenant, r.ActionID, math.MaxInt32, liveStatuses); err != nil {
 			return f, err
 		}
 	}
@@ -292,22 +293,23 @@ func (db *DB) rolloutFacts(ctx context.Context, q querier, tenant string, r *fle
 	k := r.NextPhase
 	if g.MaxFailureRate != nil {
 		if err := q.queryRow(ctx, `SELECT count(*), COALESCE(sum(CASE WHEN action_status = ? THEN 1 ELSE 0 END), 0) FROM device_actions
-			WHERE tenant = ? AND action_id = ? AND `+statusIn([]fleet.ActionStatus{fleet.StatusCompleted, fleet.StatusFailed})+` AND phase < ?`,
+			WHERE tenant = ? AND action_id = ? AND `+statusIndexed([]fleet.ActionStatus{fleet.StatusCompleted, fleet.StatusFailed})+` AND phase < ?`,
 			string(fleet.StatusFailed), tenant, r.ActionID, k).Scan(&f.Finished, &f.Failed); err != nil {
 			return f, err
 		}
 	}
 	if len(g.AlertRules) > 0 {
-		if err := q.queryRow(ctx, "SELECT count(*) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+statusIn(liveStatuses)+" AND phase < ?",
-			tenant, r.ActionID, k).Scan(&f.EarlierLive); err != nil {
+		live, err := countOf(ctx, q, tenant, r.ActionID, k, liveStatuses)
+		if err != nil {
 			return f, err
 		}
+		f.EarlierLive = live
 		watch := g.WatchSeconds * 1000
 		// Alerts of the gate's rules since the rollout began, each checked
 		// against its device's record: few rows, from alerts_by_rule.
 		var a fleet.GateAlert
 		var after int64
-		err := q.queryRow(ctx, `SELECT ar.name, al.device_id, al.started_at - da.updated_at
+		err = q.queryRow(ctx, `SELECT ar.name, al.device_id, al.started_at - da.updated_at
 			FROM alerts al
 			JOIN alert_rules ar ON ar.id = al.rule_id
 			JOIN device_actions da ON da.tenant = al.tenant AND da.action_id = ? AND da.device_id = al.device_id
@@ -327,8 +329,8 @@ func (db *DB) rolloutFacts(ctx context.Context, q querier, tenant string, r *fle
 			return f, nil // the watch cannot end yet, or need not
 		}
 		var last sql.NullInt64
-		if err := q.queryRow(ctx, "SELECT max(updated_at) FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status = ? AND phase < ?",
-			tenant, r.ActionID, string(fleet.StatusCompleted), k).Scan(&last); err != nil {
+		if err := q.queryRow(ctx, "SELECT max(updated_at) FROM device_actions WHERE tenant = ? AND action_id = ? AND "+
+			statusIndexed([]fleet.ActionStatus{fleet.StatusCompleted})+" AND phase < ?", tenant, r.ActionID, k).Scan(&last); err != nil {
 			return f, err
 		}
 		if last.Valid {
@@ -369,7 +371,7 @@ func (db *DB) earlierFinal(ctx context.Context, q querier, tenant string, r *fle
 		return nil
 	}
 	var at int64
-	err = q.queryRow(ctx, "SELECT updated_at FROM device_actions WHERE tenant = ? AND action_id = ? AND "+finalStatuses+
+	err = q.queryRow(ctx, "SELECT updated_at FROM device_actions WHERE tenant = ? AND action_id = ? AND "+finalStatuses+" AND "+notQueued+
 		" AND phase >= 0 AND phase < ? ORDER BY updated_at DESC LIMIT 1 OFFSET ?", tenant, r.ActionID, r.NextPhase, f.EarlierFinal-need).Scan(&at)
 	if err != nil {
 		return err
@@ -410,7 +412,8 @@ func (db *DB) RolloutWait(ctx context.Context, tenant string, id int64, now time
 	}
 	released := []fleet.ActionStatus{fleet.StatusQueued, fleet.StatusInitiated, fleet.StatusProgress}
 	const from = " FROM device_actions da WHERE da.tenant = ? AND da.action_id = ? AND da.phase >= 0 AND da.phase < ? AND da."
-	if err := rtx.queryRow(ctx, "SELECT count(*)"+from+statusIn(released), tenant, id, phases).Scan(&w.Unfinished); err != nil {
+	// Released device actions have their phases (0 or more).
+	if w.Unfinished, err = countOf(ctx, rtx, tenant, id, phases, released); err != nil {
 		return nil, db.classify(err)
 	}
 	if w.Unfinished == 0 {
@@ -476,14 +479,12 @@ func (db *DB) AdvanceRollout(ctx context.Context, tenant string, id int64, now t
 		// between its chunks) is taken up again (ReleaseDesired).
 		more := false
 		if r.Action == fleet.ActionDesired && desiredOpen(r, now) {
-			var one int
-			err := rtx.queryRow(ctx, "SELECT 1 FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status = ? LIMIT 1",
-				tenant, id, string(fleet.StatusQueued)).Scan(&one)
-			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			queued, err := countOf(ctx, rtx, tenant, id, math.MaxInt32, []fleet.ActionStatus{fleet.StatusQueued})
+			if err != nil {
 				rtx.Rollback()
 				return nil, db.classify(err)
 			}
-			more = err == nil
+			more = queued > 0
 		}
 		rtx.Rollback()
 		return &fleet.RolloutChange{Step: step, MoreDesired: more}, nil
@@ -521,7 +522,7 @@ func (tx *Tx) applyStep(ctx context.Context, tenant string, r *fleet.Rollout, st
 		if err := tx.takeByInfo(ctx, tenant, r.ActionID, step.Phase, r.Schedule.Phases[step.Phase].Info); err != nil {
 			return nil, err
 		}
-		n, err := tx.applyMove(ctx, moveRelease, "UPDATE device_actions SET "+moveRelease.set+
+		n, err := tx.applyMove(ctx, moveRelease, "UPDATE device_actions{by} SET "+moveRelease.set+
 			", updated_at = ? WHERE tenant = ? AND action_id = ? AND {from} AND phase = ?", millis(tx.now), tenant, r.ActionID, step.Phase)
 		if err != nil {
 			return nil, err
@@ -543,7 +544,7 @@ func (tx *Tx) applyStep(ctx context.Context, tenant string, r *fleet.Rollout, st
 		r.Status, r.PauseReason, r.GatePaused = fleet.RolloutPaused, step.Reason, true
 		ev.Event, ev.Phase, ev.PhaseName, ev.Reason = fleet.RolloutEventPaused, &step.Phase, r.Schedule.Phases[step.Phase].Name, step.Reason
 	case fleet.StepEnd:
-		n, err := tx.applyMove(ctx, moveScheduleEnded, "UPDATE device_actions SET "+moveScheduleEnded.set+
+		n, err := tx.applyMove(ctx, moveScheduleEnded, "UPDATE device_actions{by} SET "+moveScheduleEnded.set+
 			", updated_at = ? WHERE tenant = ? AND action_id = ? AND {from}", millis(tx.now), tenant, r.ActionID)
 		if err != nil {
 			return nil, err
@@ -612,9 +613,10 @@ func (tx *Tx) takeByInfo(ctx context.Context, tenant string, id int64, k int, in
 	if err != nil {
 		return err
 	}
-	rows, err := tx.query(ctx, `SELECT device_id, phase FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status = ? AND phase > ?
+	rows, err := tx.query(ctx, `SELECT device_id, phase FROM device_actions WHERE tenant = ? AND action_id = ? AND `+
+		statusIndexed([]fleet.ActionStatus{fleet.StatusScheduled})+` AND phase > ?
 		AND device_id IN (SELECT id FROM devices WHERE tenant = ? AND `+cond+`) ORDER BY device_id`,
-		append([]any{tenant, id, string(fleet.StatusScheduled), k, tenant}, condArgs...)...)
+		append([]any{tenant, id, k, tenant}, condArgs...)...)
 	if err != nil {
 		return err
 	}

@@ -105,13 +105,23 @@ func (tx *Tx) flushCounts(ctx context.Context) error {
 
 // applyMove runs stmt, an UPDATE of device_actions that makes move m, once
 // for each of m's source statuses with "{from}" in it replaced by the
-// condition on that status, counts what each moved, and returns how many
-// device actions moved in all.
+// condition on that status (statusIndexed), and "{by}", where an UPDATE of
+// an action's device actions names one after the table, by the primary
+// key for Queued (SQLite's planner would read the tenant's device actions
+// through device_actions_by_device, and Queued ones are not in
+// device_actions_by_status: migration 0045) and by nothing for the others,
+// which the planner finds in device_actions_by_status; counts what each
+// moved, and returns how many device actions moved in all.
 func (tx *Tx) applyMove(ctx context.Context, m move, stmt string, args ...any) (int, error) {
 	total := 0
 	for _, from := range m.from {
 		t, _ := fleet.Next(from, m.t.Event)
-		n, err := tx.moveFrom(ctx, from, t.To, strings.Replace(stmt, "{from}", statusIn([]fleet.ActionStatus{from}), 1), args...)
+		q := strings.Replace(stmt, "{from}", statusIndexed([]fleet.ActionStatus{from}), 1)
+		by := ""
+		if from == fleet.StatusQueued {
+			by = tx.db.dialect.indexedBy(primaryKey)
+		}
+		n, err := tx.moveFrom(ctx, from, t.To, strings.Replace(q, "{by}", by, 1), args...)
 		if err != nil {
 			return 0, err
 		}
@@ -164,4 +174,27 @@ func (tx *Tx) returned(ctx context.Context, stmt, returning string, args ...any)
 		total++
 	}
 	return keys, total, cmp.Or(rows.Err(), rows.Close())
+}
+
+// countOf is how many of action id's device actions of phases below
+// phases have one of statuses, from device_action_counts and, when q is a
+// transaction, what it has moved and not yet written there (flushCounts
+// writes them just before the commit). Counts of statuses that include
+// Queued are read here rather than from device_actions: Queued device
+// actions have no range of device_actions_by_status (migration 0045), so
+// counting them would read every device action of the action.
+func countOf(ctx context.Context, q querier, tenant string, id int64, phases int, statuses []fleet.ActionStatus) (int, error) {
+	var n int64
+	if err := q.queryRow(ctx, "SELECT CAST(COALESCE(sum(n), 0) AS BIGINT) FROM device_action_counts WHERE tenant = ? AND action_id = ? AND phase < ? AND "+
+		statusIn(statuses), tenant, id, phases).Scan(&n); err != nil {
+		return 0, err
+	}
+	if tx, ok := q.(*Tx); ok {
+		for _, d := range tx.counts {
+			if d.key.tenant == tenant && d.key.action == id && d.key.phase < phases && slices.Contains(statuses, d.key.status) {
+				n += int64(d.n)
+			}
+		}
+	}
+	return int(n), nil
 }
