@@ -20,7 +20,8 @@ var ErrFinal = errors.New("final")
 // (docs/firmware.md, "Downloads"): from a non-zero offset it sends Range, with If-Range
 // naming the archive's checksum, so that a bundle changed meanwhile comes
 // whole. from is where the body starts: offset, or 0 when the server sent
-// the archive whole. An answer that is not the archive is an error, with
+// the archive whole. An answer that is not the archive, or not from offset,
+// is an error, with
 // the server's message, wrapping ErrFinal unless it is a 5xx. The caller
 // closes the body.
 func OpenDownload(ctx context.Context, url, checksum string, offset int64) (body io.ReadCloser, from int64, err error) {
@@ -38,6 +39,14 @@ func OpenDownload(ctx context.Context, url, checksum string, offset int64) (body
 	}
 	switch resp.StatusCode {
 	case http.StatusPartialContent:
+		// Bytes from anywhere but offset, appended, would make a file
+		// that is not the archive.
+		var start int64
+		if _, err := fmt.Sscanf(resp.Header.Get("Content-Range"), "bytes %d-", &start); err != nil || start != offset {
+			resp.Body.Close()
+			return nil, 0, fmt.Errorf("%w: asked for the archive from byte %d, the server sent Content-Range %q",
+				ErrFinal, offset, resp.Header.Get("Content-Range"))
+		}
 		return resp.Body, offset, nil
 	case http.StatusOK:
 		return resp.Body, 0, nil

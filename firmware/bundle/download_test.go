@@ -33,6 +33,11 @@ func TestOpenDownload(t *testing.T) {
 	mux.HandleFunc("/down", func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "  storage unavailable ", http.StatusServiceUnavailable)
 	})
+	mux.HandleFunc("/elsewhere", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Range", "bytes 0-19/20")
+		w.WriteHeader(http.StatusPartialContent)
+		w.Write(archive)
+	})
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	ctx := context.Background()
@@ -59,6 +64,10 @@ func TestOpenDownload(t *testing.T) {
 	_, _, err := bundle.OpenDownload(ctx, srv.URL+"/gone", checksum, 0)
 	if !errors.Is(err, bundle.ErrFinal) || !strings.Contains(err.Error(), "404 Not Found: the URL's signature has expired") {
 		t.Fatalf("404: %v", err)
+	}
+	_, _, err = bundle.OpenDownload(ctx, srv.URL+"/elsewhere", checksum, 12)
+	if !errors.Is(err, bundle.ErrFinal) || !strings.Contains(err.Error(), `from byte 12, the server sent Content-Range "bytes 0-19/20"`) {
+		t.Fatalf("a 206 from another byte: %v", err)
 	}
 	_, _, err = bundle.OpenDownload(ctx, srv.URL+"/down", checksum, 5)
 	if err == nil || errors.Is(err, bundle.ErrFinal) || !strings.HasSuffix(err.Error(), ": storage unavailable") {
