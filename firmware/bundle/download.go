@@ -17,13 +17,12 @@ var ErrFinal = errors.New("final")
 
 // OpenDownload asks url, a bundle's signed download URL, for its bytes
 // from offset on, as a device resuming a cut download does
-// (docs/firmware.md, "Downloads"): from a non-zero offset it sends Range, with If-Range
-// naming the archive's checksum, so that a bundle changed meanwhile comes
-// whole. from is where the body starts: offset, or 0 when the server sent
-// the archive whole. An answer that is not the archive, or not from offset,
-// is an error, with
-// the server's message, wrapping ErrFinal unless it is a 5xx. The caller
-// closes the body.
+// (docs/firmware.md, "Downloads"): from a non-zero offset it sends Range,
+// with If-Range naming the archive's checksum, so that a bundle changed
+// meanwhile comes whole. from is where the body starts: offset, or 0 when
+// the server sent the archive whole. An answer that is not the archive, or
+// not from offset, is an error, with the server's message, wrapping
+// ErrFinal unless it is a 5xx. The caller closes the body.
 func OpenDownload(ctx context.Context, url, checksum string, offset int64) (body io.ReadCloser, from int64, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
