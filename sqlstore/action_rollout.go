@@ -411,7 +411,6 @@ func (db *DB) RolloutWait(ctx context.Context, tenant string, id int64, now time
 		phases = len(r.Schedule.Phases)
 	}
 	released := []fleet.ActionStatus{fleet.StatusQueued, fleet.StatusInitiated, fleet.StatusProgress}
-	const from = " FROM device_actions da WHERE da.tenant = ? AND da.action_id = ? AND da.phase >= 0 AND da.phase < ? AND da."
 	// Released device actions have their phases (0 or more).
 	if w.Unfinished, err = countOf(ctx, rtx, tenant, id, phases, released); err != nil {
 		return nil, db.classify(err)
