@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fleetd/fleet"
@@ -47,6 +48,37 @@ func (db *DB) DispatchAction(ctx context.Context, tenant string, d *fleet.Dispat
 // provisioning's devices) after which PostgreSQL's statistics of its table
 // are refreshed at once, whatever they were.
 const analyzeAfter = 10_000
+
+// growth counts the rows a table gained through this process since its
+// statistics were last refreshed, and says when they are stale: a gain of
+// a tenth of what it gained in all, and of analyzeGrowth rows at least, as
+// autovacuum's analyze threshold judges, for where autovacuum is off or
+// has not come round yet (writes of a few rows each, which
+// analyzeAfterWrite's rule for large writes does not see).
+type growth struct {
+	mu           sync.Mutex
+	since, total int
+}
+
+// analyzeGrowth is the fewest rows gained that make a table's statistics
+// stale for growth.
+const analyzeGrowth = 1_000
+
+// add counts n rows gained and reports whether the statistics are stale;
+// if so it counts them fresh from now.
+func (g *growth) add(n int) bool {
+	if n == 0 {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.since, g.total = g.since+n, g.total+n
+	if g.since < max(analyzeGrowth, g.total/10) {
+		return false
+	}
+	g.since = 0
+	return true
+}
 
 // analyzeAfterWrite refreshes PostgreSQL's statistics of table after a
 // committed write of n of its rows, if n is analyzeAfter or more or the

@@ -71,9 +71,12 @@ type DB struct {
 	// worker.
 	shadowCalls chan *shadowCall
 	shadowWG    sync.WaitGroup // the shadow workers: they end after the commit loops (Close)
-	stop        chan struct{}
-	stopped     chan struct{} // closed once the loops have returned: no queued job runs after it
-	wg          sync.WaitGroup
+	// shadowsGrown counts the shadows this process made since it last
+	// refreshed PostgreSQL's statistics of device_shadows.
+	shadowsGrown growth
+	stop         chan struct{}
+	stopped      chan struct{} // closed once the loops have returned: no queued job runs after it
+	wg           sync.WaitGroup
 
 	// SQLite only: statements kept prepared (stmtcache.go), and the
 	// connection that checkpoints the WAL off the writer's path, and the

@@ -89,15 +89,27 @@ func (db *DB) applyTenantShadows(tenant string, calls []*shadowCall) error {
 	// no single caller's cancellation may fail the others.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	var made int
 	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		return tx.writeShadows(ctx, tenant, calls)
+		var err error
+		made, err = tx.writeShadows(ctx, tenant, calls)
+		return err
 	})
 	if err != nil {
 		for _, c := range calls {
 			c.out, c.err = nil, err
 		}
+		return err
 	}
-	return err
+	// A batch's statements name many shadows at once (= ANY, unnest):
+	// planned from the statistics of an empty device_shadows, they read
+	// all of it for each batch (a quiet PostgreSQL served a third of the
+	// writes it served with fresh statistics: docs/benchmarks-notebook.md,
+	// "Shadow batches and stale statistics").
+	if db.shadowsGrown.add(made) {
+		db.analyzeAfterWrite(ctx, "device_shadows", analyzeAfter)
+	}
+	return nil
 }
 
 // writeShadows applies calls, writes of the tenant's shadows, in their
@@ -113,7 +125,7 @@ func (db *DB) applyTenantShadows(tenant string, calls []*shadowCall) error {
 // Each call's shadow is as it left it, but only the device's last call
 // says whether the delta changed, from what it was before the batch to
 // what it is after: the device is told once, the delta that committed.
-func (tx *Tx) writeShadows(ctx context.Context, tenant string, calls []*shadowCall) error {
+func (tx *Tx) writeShadows(ctx context.Context, tenant string, calls []*shadowCall) (made int, err error) {
 	devices := make([]string, 0, len(calls))
 	for _, c := range calls {
 		c.out, c.err = nil, nil
@@ -121,7 +133,7 @@ func (tx *Tx) writeShadows(ctx context.Context, tenant string, calls []*shadowCa
 	}
 	shadows, err := tx.lockShadows(ctx, tenant, devices)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	setting := tx.updateConfigSetting(tenant)
 	type touched struct {
@@ -143,7 +155,7 @@ func (tx *Tx) writeShadows(ctx context.Context, tenant string, calls []*shadowCa
 		if t == nil {
 			before, err := fleet.MarshalCanonical(s.Delta)
 			if err != nil {
-				return err
+				return 0, err
 			}
 			t = &touched{before: before, last: -1}
 			seen[c.device] = t
@@ -151,7 +163,7 @@ func (tx *Tx) writeShadows(ctx context.Context, tenant string, calls []*shadowCa
 		t.calls++
 		wrote, err := tx.applyShadowCall(ctx, tenant, c, s, setting, &audits)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if wrote {
 			if t.last < 0 {
@@ -168,12 +180,15 @@ func (tx *Tx) writeShadows(ctx context.Context, tenant string, calls []*shadowCa
 	for _, dev := range order {
 		t, s := seen[dev], shadows[dev]
 		writes = append(writes, tx.rowOf(dev, s))
+		if !s.exists {
+			made++
+		}
 		if t.calls == 1 {
 			continue
 		}
 		after, err := fleet.MarshalCanonical(s.Delta)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		for _, c := range calls[:t.last] {
 			if c.device == dev && c.out != nil {
@@ -183,9 +198,9 @@ func (tx *Tx) writeShadows(ctx context.Context, tenant string, calls []*shadowCa
 		calls[t.last].out.DeltaChanged = !bytes.Equal(t.before, after)
 	}
 	if err := tx.upsertShadows(ctx, tenant, writes); err != nil {
-		return err
+		return 0, err
 	}
-	return tx.auditMany(ctx, tenant, audits)
+	return made, tx.auditMany(ctx, tenant, audits)
 }
 
 // applyShadowCall applies c to s, its device's shadow, in memory (but for
