@@ -25,7 +25,7 @@ import (
 // one alone and then several together, must commit, on a connection of
 // their own, each exactly once.
 func TestPostgresWriterLosesItsConnection(t *testing.T) {
-	pg := postgresBackend(t)
+	pg := sqlstoretest.Postgres(t, "a test of the PostgreSQL writer")
 	admin, err := sql.Open("pgx", os.Getenv("FLEETD_TEST_POSTGRES"))
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +150,7 @@ func TestPostgresWriterLosesItsConnection(t *testing.T) {
 // transaction, and a commit loop whose every COMMIT began the next
 // transaction never did while there was work.
 func TestPostgresWritersReportTheirStatistics(t *testing.T) {
-	pg := postgresBackend(t)
+	pg := sqlstoretest.Postgres(t, "a test of the PostgreSQL writer")
 	ctx := context.Background()
 	dsn := pg.DSN(t)
 	db, err := sqlstore.Open(ctx, dsn, sqlstore.Options{Writers: 1})
@@ -185,20 +185,4 @@ func TestPostgresWritersReportTheirStatistics(t *testing.T) {
 		err := stats.QueryRow("SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = 'tenants'::regclass").Scan(&n)
 		return err == nil && n > 0
 	})
-}
-
-// postgresBackend is the PostgreSQL backend of the tests; without
-// FLEETD_TEST_POSTGRES the test is skipped.
-func postgresBackend(t *testing.T) sqlstoretest.Backend {
-	t.Helper()
-	if os.Getenv("FLEETD_TEST_POSTGRES") == "" {
-		t.Skip("FLEETD_TEST_POSTGRES is not set")
-	}
-	for _, b := range sqlstoretest.Backends() {
-		if b.Name == "postgres" {
-			return b
-		}
-	}
-	t.Fatal("FLEETD_TEST_POSTGRES is set but sqlstoretest has no postgres backend")
-	return sqlstoretest.Backend{}
 }

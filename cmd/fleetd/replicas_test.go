@@ -60,18 +60,6 @@ func fleetdBinary(t *testing.T) string {
 	return binPath
 }
 
-// postgresBackend is the PostgreSQL backend, or a skip.
-func postgresBackend(t *testing.T) sqlstoretest.Backend {
-	t.Helper()
-	for _, b := range sqlstoretest.Backends() {
-		if b.Name == "postgres" {
-			return b
-		}
-	}
-	t.Skip("replicas share a PostgreSQL database: set FLEETD_TEST_POSTGRES")
-	panic("unreachable")
-}
-
 // replica is one fleetd process of a cluster.
 type replica struct {
 	*process
@@ -90,7 +78,7 @@ type cluster struct {
 
 func newCluster(t *testing.T, flags ...string) *cluster {
 	t.Helper()
-	b := postgresBackend(t)
+	b := sqlstoretest.Postgres(t, "replicas share a PostgreSQL database")
 	return &cluster{t: t, dsn: b.DSN(t), broker: mosquittotest.Start(t), flags: flags}
 }
 

@@ -29,18 +29,6 @@ func startAgent(t *testing.T, s *fleetdtest.Server, c fleetdtest.Creds, id strin
 	fleetdtest.Eventually(t, "the agent to connect", func() bool { return strings.Contains(a.Output.String(), "level=INFO msg=connected") })
 }
 
-// postgres is the PostgreSQL backend, or a skip: replicas share one.
-func postgres(t *testing.T) sqlstoretest.Backend {
-	t.Helper()
-	for _, b := range sqlstoretest.Backends() {
-		if b.Name == "postgres" {
-			return b
-		}
-	}
-	t.Skip("replicas share a PostgreSQL database: set FLEETD_TEST_POSTGRES")
-	panic("unreachable")
-}
-
 // open opens a shell session on device as c, on s.
 func open(t *testing.T, s *fleetdtest.Server, c fleetdtest.Creds, device string) fleet.RemoteSession {
 	t.Helper()
@@ -342,7 +330,7 @@ func TestRemoteEnd(t *testing.T) {
 // open sessions at the same moment, and a session ended on the other
 // replica frees its place.
 func TestRemoteAcrossReplicas(t *testing.T) {
-	pg := postgres(t)
+	pg := sqlstoretest.Postgres(t, "replicas share a PostgreSQL database")
 	flags := []string{"--remote-connect-timeout", "1m", "--remote-max-per-device", "2", "--remote-max-per-user", "3",
 		"--blob-store", "file://" + t.TempDir()}
 	a := fleetdtest.Start(t, pg, flags...)
@@ -497,7 +485,7 @@ func TestRemoteRecordingS3(t *testing.T) {
 // request ends it at once, saying who and why, audited. On SQLite, which
 // one process serves, no replica is ever lost.
 func TestRemoteReplicaLost(t *testing.T) {
-	pg := postgres(t)
+	pg := sqlstoretest.Postgres(t, "replicas share a PostgreSQL database")
 	flags := []string{"--remote-connect-timeout", "1h", "--remote-replica-timeout", "1h", "--remote-max-per-device", "1"}
 	a := fleetdtest.Start(t, pg, flags...)
 	bs := fleetdtest.New(a.DSN, t.TempDir())

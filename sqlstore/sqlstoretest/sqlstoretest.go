@@ -35,6 +35,17 @@ func Backends() []Backend {
 	return bs
 }
 
+// Postgres is the PostgreSQL backend, for tests that need it alone (several
+// replicas share one database); without one configured the test is
+// skipped, saying why.
+func Postgres(t testing.TB, why string) Backend {
+	t.Helper()
+	if os.Getenv("FLEETD_TEST_POSTGRES") == "" {
+		t.Skip(why + ": set FLEETD_TEST_POSTGRES")
+	}
+	return Backend{Name: "postgres", DSN: postgresDSN}
+}
+
 // Run runs f as a subtest for each backend.
 func Run(t *testing.T, f func(t *testing.T, b Backend)) {
 	t.Helper()
