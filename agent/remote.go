@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -94,6 +95,7 @@ func (a *Agent) remoteTerminal(ctx context.Context, c *remote.Conn) error {
 	cmd := exec.Command(a.cfg.RemoteShell)
 	cmd.Env = append(os.Environ(), "TERM=xterm-256color")
 	cmd.Dir = a.cfg.RemoteRoot
+	defaultHangUps()
 	f, err := pty.Start(cmd) // a session of its own, whose leader is the shell
 	if err != nil {
 		return fmt.Errorf("cannot start %s on a pty: %v", a.cfg.RemoteShell, err)
@@ -144,6 +146,24 @@ func (a *Agent) remoteTerminal(ctx context.Context, c *remote.Conn) error {
 	close(exited)
 	return c.Send(remote.Control{Type: remote.TypeExit, Code: exitCode(err)})
 }
+
+// defaultHangUps makes a terminal's shell start with SIGHUP at its
+// default action, as a login's does. An agent started with SIGHUP ignored
+// (under nohup, or a supervisor that ignores it) would hand that down:
+// such a shell outlives the hang-up, holds its pty, and is killed with
+// whatever else of its session still holds it, a nohup job among them.
+// A signal the agent handles is reset to its default in the programs it
+// starts; one it ignores is not: so the agent handles SIGHUP, and goes on
+// taking no notice of it.
+func defaultHangUps() {
+	hangUpsOnce.Do(func() {
+		if signal.Ignored(syscall.SIGHUP) {
+			signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
+		}
+	})
+}
+
+var hangUpsOnce sync.Once
 
 // hangUpGrace is how long a terminal's processes have to end after
 // SIGHUP before they are killed.
