@@ -61,12 +61,13 @@ func sizesFor(quick bool) sizes {
 // The targets: issue 20's, each a ratio to a baseline measured in the same
 // run (this machine's absolute speed moves 2x within a day), and DESIGN
 // §10's delivery and memory bounds. Absolute throughputs and latencies are
-// information.
+// information. MQTT status reports ÷ Mosquitto is issue 36's: 60% on
+// SQLite (issue 20's was 50%).
 var (
 	goalS10Rate   = goal{sqlite: 0.60, postgres: 0.40, atLeast: true, ofRatio: true} // ÷ hello-world
 	goalS10P99    = goal{sqlite: 2, postgres: 3, ofRatio: true}                      // ÷ hello-world p99
 	goalRandomP99 = goal{sqlite: 3, postgres: 4, ofRatio: true}                      // ÷ hello-world p99
-	goalMQTT      = goal{sqlite: 0.50, postgres: 0.30, atLeast: true, ofRatio: true} // ÷ Mosquitto
+	goalMQTT      = goal{sqlite: 0.60, postgres: 0.30, atLeast: true, ofRatio: true} // ÷ Mosquitto
 	// goalDispatch is per dispatch size (100,000 and 1,000,000), ÷ the raw
 	// INSERT … SELECT of as many rows.
 	goalDispatch = []goal{{sqlite: 2, postgres: 3, ofRatio: true}, {sqlite: 3, postgres: 3, ofRatio: true}}
