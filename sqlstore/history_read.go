@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -445,80 +446,38 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 	}
 	// Chunks hold the points of one hour: one that holds a point in
 	// [lo, hi) starts in [lo's hour, hi). On PostgreSQL a page within one
-	// day's partition is one statement, which sees one snapshot on its
-	// own: it reads from the pool, without a transaction's two more round
-	// trips (as historyReader); a page over several partitions, and every
-	// page on SQLite (whose partition tables segments lists), reads in a
-	// transaction, so that no point that arrives between two statements
-	// falls behind the cursor.
-	var rd querier = db
-	var segs []segment
+	// day's partition is first read with one statement, which sees one
+	// snapshot on its own: from the pool, without a transaction's two more
+	// round trips (as historyReader); a page over several partitions, one
+	// whose chunks that statement did not all bring (see chunkBatch), and
+	// every page on SQLite (whose partition tables segments lists), reads
+	// in a transaction, so that no point that arrives between two
+	// statements falls behind the cursor.
+	r := pageRead{db: db, tenant: tenant, device: device, stream: stream, q: q, after: after, lo: lo, hi: hi, created: created,
+		best: &bestPoints{n: limit + 1, desc: q.Desc, pts: make([]pagePoint, 0, limit+1)}}
+	read := false
 	if db.dialect == postgres {
-		segs, _ = db.segments(ctx, nil, pointsPart, floorTo(lo, hourMs), hi, true) // queries nothing
+		if segs, _ := db.segments(ctx, nil, pointsPart, floorTo(lo, hourMs), hi, true); len(segs) == 1 { // queries nothing
+			if read, err = r.read(ctx, db, segs, false); err != nil {
+				return nil, err
+			}
+		}
 	}
-	if db.dialect == sqlite || len(segs) > 1 {
+	if !read {
 		tx, err := db.readTx(ctx)
 		if err != nil {
 			return nil, err
 		}
 		defer tx.Rollback()
-		rd = tx
-		if segs, err = db.segments(ctx, tx, pointsPart, floorTo(lo, hourMs), hi, true); err != nil {
-			return nil, db.classify(err)
-		}
-	}
-	order := "ts_min, id"
-	if q.Desc {
-		slices.Reverse(segs)
-		order = "ts_max DESC, id DESC"
-	}
-	best := &bestPoints{n: limit + 1, desc: q.Desc, pts: make([]pagePoint, 0, limit+1)}
-	for _, s := range segs {
-		if best.full() {
-			break // every later partition's points come after
-		}
-		done, err := db.readChunks(ctx, rd, s, `SELECT ts_min, ts_max, id, received_at, points FROM `+s.table+`
-			WHERE tenant = ? AND device_id = ? AND stream = ? AND ts_min >= ? AND ts_min < ? AND ts_max >= ? AND received_at >= ? ORDER BY `+order,
-			[]any{tenant, device, stream, s.lo, s.hi, lo, created}, func(tsMin, tsMax, id, received int64, points []byte) (bool, error) {
-				if best.full() {
-					top := best.last().ts
-					if !q.Desc && top < tsMin || q.Desc && top > tsMax {
-						return true, nil // no point of this chunk or a later one can be in the page
-					}
-				}
-				text, err := db.history.inflated.text(chunkKey{tenant, device, stream, id}, points)
-				if err != nil {
-					return false, fmt.Errorf("stream %s of %s: %w", stream, device, err)
-				}
-				err = chunkPoints(text, func(i int, ts, seq int64, data []byte) bool {
-					if ts < lo || ts >= hi {
-						return true
-					}
-					k := pointKey{ts, seq, id, i}
-					if after != nil && !best.before(after.key, k) {
-						return true
-					}
-					if !q.Desc && best.full() && !best.before(k, best.last()) {
-						// The chunk's points come in the read's order:
-						// none after this one is in the page either.
-						return false
-					}
-					best.offer(pagePoint{k, fleet.HistoryPoint{Timestamp: fromMillis(ts), Sequence: seq, Data: data, ReceivedAt: fromMillis(received)}})
-					return true
-				})
-				if err != nil {
-					return false, fmt.Errorf("stream %s of %s: %w", stream, device, err)
-				}
-				return false, nil
-			})
+		segs, err := db.segments(ctx, tx, pointsPart, floorTo(lo, hourMs), hi, true)
 		if err != nil {
 			return nil, db.classify(err)
 		}
-		if done {
-			break
+		if _, err := r.read(ctx, tx, segs, true); err != nil {
+			return nil, err
 		}
 	}
-	got := best.sorted()
+	got := r.best.sorted()
 	page := &fleet.PointPage{Points: make([]fleet.HistoryPoint, 0, min(len(got), limit))}
 	for _, p := range got[:min(len(got), limit)] {
 		page.Points = append(page.Points, p.p)
@@ -530,6 +489,137 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 		page.Next = page.End
 	}
 	return page, nil
+}
+
+// chunkBatch is how many chunks a statement of a page's read asks for at
+// first, and the factor it asks for more by. A page of 1000 points of
+// ingest calls of 1000 usually needs three or four chunks (the page's, its
+// split at the hour, and the next, whose first point ends the page). The
+// statement once had no limit: PostgreSQL sent every chunk of the range
+// to the end of the day (each de-TOASTed, about 7 KB for 1000 points)
+// however few the page read, so reading a day's 87 pages sent and
+// received about 35 MB; newest first, SQLite sorted every chunk of the
+// range, blobs and all, for each page.
+const chunkBatch = 4
+
+// pageRead reads a page of points: the chunks of its segments in the
+// read's order, a few at a time, each point the page keeps offered to best.
+type pageRead struct {
+	db                     *DB
+	tenant, device, stream string
+	q                      fleet.PointQuery
+	after                  *cursor
+	lo, hi, created        int64 // the points of [lo, hi) of chunks received since created
+	best                   *bestPoints
+}
+
+// read reads the page's points from segs with rd, the page's one
+// statement or its transaction (inTx). Without a transaction a statement
+// that brings as many chunks as it asked for while the page may need more
+// is not followed by another, which would see another snapshot: read
+// reports false, and the page is to be read again in a transaction.
+func (r *pageRead) read(ctx context.Context, rd querier, segs []segment, inTx bool) (bool, error) {
+	r.best.pts, r.best.isHeap = r.best.pts[:0], false
+	// The chunks after the last one a statement brought, in the read's
+	// order: (ts_min, id) after (from, id) ascending, (ts_max, id) before
+	// (from, id) descending.
+	order, after := "ts_min, id", "ts_min >= ? AND (ts_min > ? OR id > ?)"
+	if r.q.Desc {
+		slices.Reverse(segs)
+		order, after = "ts_max DESC, id DESC", "ts_max <= ? AND (ts_max < ? OR id < ?)"
+	}
+	for _, s := range segs {
+		if r.best.full() {
+			return true, nil // every later partition's points come after
+		}
+		query := `SELECT ts_min, ts_max, id, received_at, points FROM ` + s.table + `
+			WHERE tenant = ? AND device_id = ? AND stream = ? AND ts_min >= ? AND ts_min < ? AND ts_max >= ? AND received_at >= ?
+			AND ` + after + ` ORDER BY ` + order + ` LIMIT ?`
+		// At first no chunk is left out: ts_min > s.lo-1, ts_max < MaxInt64.
+		from, fromNot, id := s.lo, s.lo-1, int64(0)
+		if r.q.Desc {
+			from, fromNot = math.MaxInt64, math.MaxInt64
+		}
+		for n := chunkBatch; ; n *= chunkBatch {
+			got, done, err := r.chunks(ctx, rd, query, []any{r.tenant, r.device, r.stream, s.lo, s.hi, r.lo, r.created, from, fromNot, id, n})
+			if err != nil {
+				return false, err
+			}
+			if done {
+				return true, nil
+			}
+			if got.n < n {
+				break // the segment's chunks are read
+			}
+			if !inTx {
+				return false, nil
+			}
+			from, fromNot, id = got.tsMin, got.tsMin, got.id
+			if r.q.Desc {
+				from, fromNot = got.tsMax, got.tsMax
+			}
+		}
+	}
+	return true, nil
+}
+
+// chunksRead is what a statement of a page's read brought: how many
+// chunks, and the last one's ts_min, ts_max and id.
+type chunksRead struct {
+	n                int
+	tsMin, tsMax, id int64
+}
+
+// chunks runs a statement of the page's read and offers the points of the
+// chunks it brings, until no later chunk can hold a point of the page
+// (done).
+func (r *pageRead) chunks(ctx context.Context, rd querier, query string, args []any) (chunksRead, bool, error) {
+	var got chunksRead
+	rows, err := rd.query(ctx, query, args...)
+	if err != nil {
+		return got, false, r.db.classify(err)
+	}
+	defer rows.Close()
+	best, q, after := r.best, r.q, r.after
+	for rows.Next() {
+		var received int64
+		var points []byte
+		if err := rows.Scan(&got.tsMin, &got.tsMax, &got.id, &received, &points); err != nil {
+			return got, false, r.db.classify(err)
+		}
+		got.n++
+		if best.full() {
+			top := best.last().ts
+			if !q.Desc && top < got.tsMin || q.Desc && top > got.tsMax {
+				return got, true, nil // no point of this chunk or a later one can be in the page
+			}
+		}
+		id := got.id
+		text, err := r.db.history.inflated.text(chunkKey{r.tenant, r.device, r.stream, id}, points)
+		if err != nil {
+			return got, false, fmt.Errorf("stream %s of %s: %w", r.stream, r.device, err)
+		}
+		err = chunkPoints(text, func(i int, ts, seq int64, data []byte) bool {
+			if ts < r.lo || ts >= r.hi {
+				return true
+			}
+			k := pointKey{ts, seq, id, i}
+			if after != nil && !best.before(after.key, k) {
+				return true
+			}
+			if !q.Desc && best.full() && !best.before(k, best.last()) {
+				// The chunk's points come in the read's order: none
+				// after this one is in the page either.
+				return false
+			}
+			best.offer(pagePoint{k, fleet.HistoryPoint{Timestamp: fromMillis(ts), Sequence: seq, Data: data, ReceivedAt: fromMillis(received)}})
+			return true
+		})
+		if err != nil {
+			return got, false, fmt.Errorf("stream %s of %s: %w", r.stream, r.device, err)
+		}
+	}
+	return got, false, r.db.classify(rows.Err())
 }
 
 // pointScope returns what a read of a device's points needs besides the
@@ -593,29 +683,6 @@ func (c *inflatedChunks) text(key chunkKey, packed []byte) ([]byte, error) {
 	c.next = (c.next + 1) % len(c.ring)
 	c.mu.Unlock()
 	return text, nil
-}
-
-// readChunks runs query on s and calls f on each chunk it returns until f
-// says it is done; it reports whether f did.
-func (db *DB) readChunks(ctx context.Context, q querier, s segment, query string, args []any,
-	f func(tsMin, tsMax, id, received int64, points []byte) (bool, error)) (bool, error) {
-	rows, err := q.query(ctx, query, args...)
-	if err != nil {
-		return false, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var tsMin, tsMax, id, received int64
-		var points []byte
-		if err := rows.Scan(&tsMin, &tsMax, &id, &received, &points); err != nil {
-			return false, err
-		}
-		done, err := f(tsMin, tsMax, id, received, points)
-		if err != nil || done {
-			return done, err
-		}
-	}
-	return false, rows.Err()
 }
 
 // Aggregate aggregates a device's stream.

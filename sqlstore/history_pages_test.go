@@ -1,0 +1,233 @@
+package sqlstore_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
+)
+
+// TestPointPagesAcrossChunks pages through a stream kept in chunks of
+// every size, from one point to a thousand, across hours and a day's
+// partition, some of them overlapping others in time, some with equal
+// timestamps: every page of every
+// size, in both orders and from and to inside chunks, holds the points of
+// one read of them all, in order. A page reads a few chunks a statement
+// and asks for more when it needs them: pages of 100 and 1000 points of
+// one-point chunks need many statements.
+func TestPointPagesAcrossChunks(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, clk := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustAlertDevices(t, db, "acme", "d1")
+		now := clk.Now()
+		midnight := now.Truncate(24 * time.Hour)
+		start := midnight.Add(-40 * time.Minute)
+		var all []int64
+		point := func(ms int64, seq int) fleet.DataPoint {
+			all = append(all, ms)
+			return fleet.DataPoint{Stream: "env", Timestamp: time.UnixMilli(ms), Sequence: int64(seq), Data: map[string]any{"v": seq}, ReceivedAt: now}
+		}
+		// Batches of these sizes in turn, a point every 4 s, from 40
+		// minutes before midnight to 40 after (1,200 points).
+		sizes := []int{1, 1, 3, 1, 17, 1, 2, 1000, 1, 5, 1, 1, 120, 1, 40}
+		ms, seq := start.UnixMilli(), 0
+		end := midnight.Add(40 * time.Minute).UnixMilli()
+		for i := 0; ms < end; i++ {
+			var batch []fleet.DataPoint
+			for range sizes[i%len(sizes)] {
+				if ms >= end {
+					break
+				}
+				batch = append(batch, point(ms, seq))
+				ms, seq = ms+4000, seq+1
+			}
+			if err := db.CommitStream(ctx, "acme", "d1", "env", batch, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Batches whose points fall between the others' (2 s after them):
+		// their chunks overlap many others in time.
+		for _, from := range []time.Time{start.Add(time.Minute), midnight.Add(-3 * time.Minute), midnight.Add(20 * time.Minute)} {
+			var batch []fleet.DataPoint
+			for i := range 90 {
+				batch = append(batch, point(from.UnixMilli()+2000+int64(i)*8000, 10_000+i))
+			}
+			if err := db.CommitStream(ctx, "acme", "d1", "env", batch, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// One-point batches of one timestamp: chunks of equal ts_min,
+		// which a statement's next chunks are after by their id.
+		for i := range 30 {
+			tie := midnight.Add(5 * time.Minute).UnixMilli()
+			if err := db.CommitStream(ctx, "acme", "d1", "env", []fleet.DataPoint{point(tie, 20_000+i)}, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		slices.Sort(all)
+		between := func(lo, hi int64) []int64 {
+			var out []int64
+			for _, ts := range all {
+				if ts >= lo && ts < hi {
+					out = append(out, ts)
+				}
+			}
+			return out
+		}
+		// Inside chunks of many points.
+		mid, late := all[40], all[len(all)-200]
+		for _, r := range []struct {
+			name     string
+			from, to int64
+		}{
+			{"All", 0, 0},
+			{"FromMidChunk", mid + 1, 0},
+			{"ToMidChunk", 0, late + 1},
+			{"Both", mid, late},
+			{"OneDay", midnight.UnixMilli(), midnight.Add(24 * time.Hour).UnixMilli()},
+			{"Narrow", all[100] + 1, all[105]},
+		} {
+			want := between(r.from, r.to)
+			if r.to == 0 {
+				want = between(r.from, end)
+			}
+			for _, limit := range []int{7, 100, 1000} {
+				for _, desc := range []bool{false, true} {
+					t.Run(fmt.Sprintf("%s/limit%d/desc=%v", r.name, limit, desc), func(t *testing.T) {
+						q := fleet.PointQuery{Limit: limit, Desc: desc}
+						if r.from != 0 {
+							q.From = time.UnixMilli(r.from)
+						}
+						if r.to != 0 {
+							q.To = time.UnixMilli(r.to)
+						}
+						got := timestamps(readAll(t, db, "acme", "d1", q))
+						w := slices.Clone(want)
+						if desc {
+							slices.Reverse(w)
+						}
+						if !slices.Equal(got, w) {
+							t.Fatalf("%d points, want %d; first %v, want %v", len(got), len(w), got[:min(5, len(got))], w[:min(5, len(w))])
+						}
+					})
+				}
+			}
+		}
+	})
+}
+
+// TestPointPagesUnderIngest reads a stream a page at a time while points
+// arrive after it in small batches (many chunks a page): the pages, then
+// the rest read on from the last page's end once ingest stops, hold every
+// point once, in order. Within one day (one statement a page on
+// PostgreSQL) and over every partition (a transaction), both orders for
+// the points kept before the read.
+func TestPointPagesUnderIngest(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, clk := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		now := clk.Now()
+		midnight := now.Truncate(24 * time.Hour)
+		for _, r := range []struct {
+			name     string
+			from, to time.Time
+		}{
+			{"OneDay", midnight, midnight.Add(24 * time.Hour)},
+			{"Unbounded", time.Time{}, time.Time{}},
+		} {
+			t.Run(r.name, func(t *testing.T) {
+				dev := "d-" + r.name
+				mustAlertDevices(t, db, "acme", dev)
+				ts := midnight.Add(time.Hour).UnixMilli() // today, before the clock
+				seq := 0
+				var kept []int64
+				keep := func(n int) error {
+					batch := make([]fleet.DataPoint, n)
+					for i := range batch {
+						batch[i] = fleet.DataPoint{Stream: "env", Timestamp: time.UnixMilli(ts), Sequence: int64(seq), Data: map[string]any{"v": seq}, ReceivedAt: now}
+						kept = append(kept, ts)
+						ts, seq = ts+1000, seq+1
+					}
+					return db.CommitStream(ctx, "acme", dev, "env", batch, nil)
+				}
+				for i := range 60 {
+					if err := keep(1 + i%4); err != nil {
+						t.Fatal(err)
+					}
+				}
+				before := slices.Clone(kept)
+				desc := timestamps(readAll(t, db, "acme", dev, fleet.PointQuery{Limit: 9, Desc: true, From: r.from, To: r.to}))
+				slices.Reverse(desc)
+				if !slices.Equal(desc, before) {
+					t.Fatalf("newest first: %d points, want %d", len(desc), len(before))
+				}
+
+				stop, first := make(chan struct{}), make(chan struct{})
+				var once sync.Once
+				var wg sync.WaitGroup
+				var ingestErr error
+				wg.Add(1)
+				go func() { // kept, ts and seq are the goroutine's until wg.Wait
+					defer wg.Done()
+					defer once.Do(func() { close(first) })
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						if ingestErr = keep(1 + i%3); ingestErr != nil {
+							return
+						}
+						once.Do(func() { close(first) })
+					}
+				}()
+				<-first // the read starts while points arrive
+				var got []int64
+				q := fleet.PointQuery{Limit: 7, From: r.from, To: r.to}
+				var end string
+				for pages := 0; pages < 40; pages++ {
+					page, err := db.FindPoints(ctx, "acme", dev, "env", q)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got = append(got, timestamps(page.Points)...)
+					if page.End != "" {
+						end = page.End
+					}
+					if page.Next == "" {
+						break
+					}
+					q.Cursor = page.Next
+				}
+				close(stop)
+				wg.Wait()
+				if ingestErr != nil {
+					t.Fatal(ingestErr)
+				}
+				q.Cursor = end
+				got = append(got, timestamps(readAll(t, db, "acme", dev, q))...)
+				if !slices.Equal(got, kept) {
+					t.Fatalf("%d points read, %d kept; first difference at %d", len(got), len(kept), firstDiff(got, kept))
+				}
+			})
+		}
+	})
+}
+
+func firstDiff(a, b []int64) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
