@@ -71,8 +71,8 @@ type DB struct {
 	// worker.
 	shadowCalls chan *shadowCall
 	shadowWG    sync.WaitGroup // the shadow workers: they end after the commit loops (Close)
-	// shadowsGrown counts the shadows this process made since it last
-	// refreshed PostgreSQL's statistics of device_shadows.
+	// shadowsGrown counts, on PostgreSQL, the shadows this process made
+	// since it last refreshed the statistics of device_shadows.
 	shadowsGrown growth
 	stop         chan struct{}
 	stopped      chan struct{} // closed once the loops have returned: no queued job runs after it

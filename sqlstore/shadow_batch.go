@@ -105,8 +105,9 @@ func (db *DB) applyTenantShadows(tenant string, calls []*shadowCall) error {
 	// planned from the statistics of an empty device_shadows, they read
 	// all of it for each batch (a quiet PostgreSQL served a third of the
 	// writes it served with fresh statistics: docs/benchmarks-notebook.md,
-	// "Shadow batches and stale statistics").
-	if db.shadowsGrown.add(made) {
+	// "Shadow batches and stale statistics"). SQLite plans without
+	// statistics: it keeps no count.
+	if db.dialect == postgres && db.shadowsGrown.add(made) {
 		db.analyzeAfterWrite(ctx, "device_shadows", analyzeAfter)
 	}
 	return nil

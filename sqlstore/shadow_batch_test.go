@@ -2,6 +2,7 @@ package sqlstore_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -150,4 +151,53 @@ func TestShadowBatches(t *testing.T) {
 			}
 		})
 	})
+}
+
+// TestShadowStatistics: on PostgreSQL, shadows made through the batches
+// refresh the statistics of device_shadows once they grew by a thousand
+// (docs/benchmarks-notebook.md, "Shadow batches and stale statistics").
+// SQLite plans without statistics and keeps no count.
+func TestShadowStatistics(t *testing.T) {
+	b := sqlstoretest.Postgres(t, "PostgreSQL's statistics")
+	db, raw := openWithRaw(t, b)
+	ctx := context.Background()
+	mustTenant(t, db, "acme")
+	devs := make([]fleet.NewDevice, 1100)
+	for i := range devs {
+		devs[i] = fleet.NewDevice{ID: fmt.Sprintf("d%04d", i)}
+	}
+	if _, err := db.CreateDevices(ctx, "acme", devs); err != nil {
+		t.Fatal(err)
+	}
+	analyzed := func() bool {
+		t.Helper()
+		var n int
+		if err := raw.QueryRow(`SELECT count(*) FROM pg_stats WHERE schemaname = current_schema() AND tablename = 'device_shadows'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	}
+	write := func(from, to int) {
+		t.Helper()
+		var ws []sqlstore.ShadowWrite
+		for i := from; i < to; i++ {
+			ws = append(ws, sqlstore.ShadowWrite{Device: devs[i].ID, Patch: map[string]any{"rate": int64(i)}})
+		}
+		_, errs := db.ApplyShadowBatch(ctx, "acme", ws)
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("write %d: %v", from+i, err)
+			}
+		}
+	}
+	for from := 0; from < 900; from += 100 {
+		write(from, from+100)
+	}
+	if analyzed() {
+		t.Fatal("device_shadows analyzed after 900 shadows")
+	}
+	write(900, 1000)
+	if !analyzed() {
+		t.Fatal("device_shadows not analyzed after 1,000 shadows")
+	}
 }
