@@ -117,7 +117,8 @@ type Console struct {
 	pages  map[string]*template.Template
 }
 
-// Open builds the console's routes.
+// Open builds the console's routes. The settings pages bind the methods
+// of DDI and RemoteSessions as it does: set those before.
 func (c *Console) Open() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -1,7 +1,6 @@
 package console
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"net/http"
@@ -151,12 +150,8 @@ func (c *Console) handleRemoteRecording(w http.ResponseWriter, r *http.Request, 
 func (c *Console) remoteSettings() checkboxSettings[fleet.RemoteSettings] {
 	return checkboxSettings[fleet.RemoteSettings]{path: "/console/settings/remote", title: "Remote sessions", template: "remotesettings",
 		flash: "Saved. Shell sessions opened from now on follow it.",
-		read: func(ctx context.Context, tenant string) (fleet.RemoteSettings, error) {
-			return c.RemoteSessions.RemoteSettings(ctx, tenant)
-		},
-		write: func(ctx context.Context, tenant string, set fleet.RemoteSettings) error {
-			return c.RemoteSessions.SetRemoteSettings(ctx, tenant, set)
-		},
+		read:  c.RemoteSessions.RemoteSettings,
+		write: c.RemoteSessions.SetRemoteSettings,
 		form: func(ticked func(string) bool) fleet.RemoteSettings {
 			return fleet.RemoteSettings{Recording: ticked("recording")}
 		}}

@@ -220,7 +220,8 @@ func (c *Console) handleSetAuth(w http.ResponseWriter, r *http.Request, v *view)
 // checkboxSettings is a page of one kind of a tenant's settings whose
 // every field is a checkbox (hawkBit DDI, remote sessions): show renders
 // them, save replaces them with the boxes the form ticked and comes back
-// to the page with the flash.
+// to the page with the flash. read and write are a service's methods,
+// bound when Open builds the routes.
 type checkboxSettings[T any] struct {
 	path, title, template, flash string
 	read                         func(ctx context.Context, tenant string) (T, error)
@@ -257,12 +258,8 @@ func (p checkboxSettings[T]) save(w http.ResponseWriter, r *http.Request, v *vie
 func (c *Console) ddiSettings() checkboxSettings[fleet.DDISettings] {
 	return checkboxSettings[fleet.DDISettings]{path: "/console/settings/ddi", title: "hawkBit", template: "ddi",
 		flash: "Saved. Devices see the change at their next poll.",
-		read: func(ctx context.Context, tenant string) (fleet.DDISettings, error) {
-			return c.DDI.DDISettings(ctx, tenant)
-		},
-		write: func(ctx context.Context, tenant string, set fleet.DDISettings) error {
-			return c.DDI.SetDDISettings(ctx, tenant, set)
-		},
+		read:  c.DDI.DDISettings,
+		write: c.DDI.SetDDISettings,
 		form: func(ticked func(string) bool) fleet.DDISettings {
 			return fleet.DDISettings{RequireConfirmation: ticked("require_confirmation"), GatewayRegistration: ticked("gateway_registration")}
 		}}
