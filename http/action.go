@@ -185,16 +185,7 @@ func (s *Server) handleListActions(w http.ResponseWriter, r *http.Request) error
 }
 
 func (s *Server) handleGetAction(w http.ResponseWriter, r *http.Request) error {
-	id, err := pathActionID(r)
-	if err != nil {
-		return err
-	}
-	a, err := s.Actions.FindAction(r.Context(), tenantOf(r), id)
-	if err != nil {
-		return err
-	}
-	s.respond(w, r, http.StatusOK, a)
-	return nil
+	return getOne(s, w, r, pathActionID, s.Actions.FindAction)
 }
 
 // actionStatusParam reads the action_status filter.

@@ -74,6 +74,11 @@ func uuidParam(r *http.Request, name string) (string, error) {
 	return u.String(), nil
 }
 
+// pathUUID is uuidParam of {id}.
+func pathUUID(r *http.Request) (string, error) {
+	return uuidParam(r, "id")
+}
+
 func uuidPathParams(names ...string) []param {
 	var ps []param
 	for _, n := range names {
@@ -114,16 +119,7 @@ func (s *Server) handleListAlertRules(w http.ResponseWriter, r *http.Request) er
 }
 
 func (s *Server) handleGetAlertRule(w http.ResponseWriter, r *http.Request) error {
-	id, err := uuidParam(r, "id")
-	if err != nil {
-		return err
-	}
-	rule, err := s.Alerts.FindAlertRule(r.Context(), tenantOf(r), id)
-	if err != nil {
-		return err
-	}
-	s.respond(w, r, http.StatusOK, rule)
-	return nil
+	return getOne(s, w, r, pathUUID, s.Alerts.FindAlertRule)
 }
 
 func (s *Server) handleUpdateAlertRule(w http.ResponseWriter, r *http.Request) error {
@@ -268,16 +264,7 @@ func (s *Server) handleListAlerts(w http.ResponseWriter, r *http.Request) error 
 }
 
 func (s *Server) handleGetAlert(w http.ResponseWriter, r *http.Request) error {
-	id, err := uuidParam(r, "id")
-	if err != nil {
-		return err
-	}
-	a, err := s.Alerts.FindAlert(r.Context(), tenantOf(r), id)
-	if err != nil {
-		return err
-	}
-	s.respond(w, r, http.StatusOK, a)
-	return nil
+	return getOne(s, w, r, pathUUID, s.Alerts.FindAlert)
 }
 
 func (s *Server) handleListDeliveries(w http.ResponseWriter, r *http.Request) error {

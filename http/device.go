@@ -134,16 +134,7 @@ func deviceID(r *http.Request) (string, error) {
 }
 
 func (s *Server) handleGetDevice(w http.ResponseWriter, r *http.Request) error {
-	id, err := deviceID(r)
-	if err != nil {
-		return err
-	}
-	d, err := s.Devices.FindDevice(r.Context(), tenantOf(r), id)
-	if err != nil {
-		return err
-	}
-	s.respond(w, r, http.StatusOK, d)
-	return nil
+	return getOne(s, w, r, deviceID, s.Devices.FindDevice)
 }
 
 func (s *Server) handlePatchDevice(w http.ResponseWriter, r *http.Request) error {

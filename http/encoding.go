@@ -2,6 +2,7 @@ package fleethttp
 
 import (
 	"bytes"
+	"context"
 	"net/http"
 	"strconv"
 	"strings"
@@ -93,6 +94,23 @@ func supportedTypes() string {
 		names = append(names, f.ContentType())
 	}
 	return strings.Join(names, ", ")
+}
+
+// getOne answers a GET of one thing of the caller's tenant: id reads its
+// identifier from the path (a 400 naming the rule it breaks), find reads
+// it (the store's 404 when there is none), and it is written with 200.
+func getOne[K, T any](s *Server, w http.ResponseWriter, r *http.Request, id func(*http.Request) (K, error),
+	find func(ctx context.Context, tenant string, id K) (T, error)) error {
+	k, err := id(r)
+	if err != nil {
+		return err
+	}
+	v, err := find(r.Context(), tenantOf(r), k)
+	if err != nil {
+		return err
+	}
+	s.respond(w, r, http.StatusOK, v)
+	return nil
 }
 
 // respond writes v with status in the encoding the client's Accept

@@ -208,16 +208,7 @@ func (s *Server) handleDeclareBundle(w http.ResponseWriter, r *http.Request) err
 }
 
 func (s *Server) handleGetBundle(w http.ResponseWriter, r *http.Request) error {
-	id, err := bundleID(r)
-	if err != nil {
-		return err
-	}
-	b, err := s.Firmware.FindBundle(r.Context(), tenantOf(r), id)
-	if err != nil {
-		return err
-	}
-	s.respond(w, r, http.StatusOK, b)
-	return nil
+	return getOne(s, w, r, bundleID, s.Firmware.FindBundle)
 }
 
 func (s *Server) handleDeleteBundle(w http.ResponseWriter, r *http.Request) error {
@@ -232,18 +223,15 @@ func (s *Server) handleDeleteBundle(w http.ResponseWriter, r *http.Request) erro
 	return nil
 }
 
+// bundleVersion returns the {version} of the path, which must be a valid
+// version.
+func bundleVersion(r *http.Request) (string, error) {
+	return pathValue(r, "version", "version", fleet.ValidVersion, fleet.VersionRule)
+}
+
 // handleGetBundleByVersion is S6.
 func (s *Server) handleGetBundleByVersion(w http.ResponseWriter, r *http.Request) error {
-	version, err := pathValue(r, "version", "version", fleet.ValidVersion, fleet.VersionRule)
-	if err != nil {
-		return err
-	}
-	b, err := s.Firmware.FindBundleByVersion(r.Context(), tenantOf(r), version)
-	if err != nil {
-		return err
-	}
-	s.respond(w, r, http.StatusOK, b)
-	return nil
+	return getOne(s, w, r, bundleVersion, s.Firmware.FindBundleByVersion)
 }
 
 func (s *Server) handleListBundles(w http.ResponseWriter, r *http.Request) error {

@@ -65,16 +65,7 @@ func (s *Server) handleListGroups(w http.ResponseWriter, r *http.Request) error 
 }
 
 func (s *Server) handleGetGroup(w http.ResponseWriter, r *http.Request) error {
-	name, err := groupName(r)
-	if err != nil {
-		return err
-	}
-	g, err := s.Groups.FindGroup(r.Context(), tenantOf(r), name)
-	if err != nil {
-		return err
-	}
-	s.respond(w, r, http.StatusOK, g)
-	return nil
+	return getOne(s, w, r, groupName, s.Groups.FindGroup)
 }
 
 func (s *Server) handleUpdateGroup(w http.ResponseWriter, r *http.Request) error {

@@ -15,16 +15,7 @@ type shadowPatch struct {
 }
 
 func (s *Server) handleGetShadow(w http.ResponseWriter, r *http.Request) error {
-	id, err := deviceID(r)
-	if err != nil {
-		return err
-	}
-	sh, err := s.Shadows.FindShadow(r.Context(), tenantOf(r), id)
-	if err != nil {
-		return err
-	}
-	s.respond(w, r, http.StatusOK, sh)
-	return nil
+	return getOne(s, w, r, deviceID, s.Shadows.FindShadow)
 }
 
 func (s *Server) handlePatchShadow(w http.ResponseWriter, r *http.Request) error {
