@@ -64,6 +64,13 @@ type RemoteLost struct {
 	Tenant, ID string
 }
 
+// RemoteBytes are the bytes an open session has relayed so far, each
+// way, as its replica stores them with its heartbeat.
+type RemoteBytes struct {
+	ID                   string
+	ToDevice, FromDevice int64
+}
+
 // RemoteSettings are a tenant's choices about remote sessions
 // (docs/agent.md, Recording).
 type RemoteSettings struct {
@@ -104,8 +111,12 @@ type RemoteSessionService interface {
 	FindLostRemoteSessions(ctx context.Context, q RemoteLost) ([]*RemoteSession, error)
 	// BeatRemoteRelay records that the replica at relayURL is alive, on
 	// the database's clock, and forgets replicas silent for longer than
-	// silent that relay no open session.
-	BeatRemoteRelay(ctx context.Context, relayURL string, silent time.Duration) error
+	// silent that relay no open session. In the same write it stores the
+	// byte counts of its open sessions that counts names (those that
+	// changed since its last beat), so that a session ended for it once it
+	// is lost records what was counted up to then; an ended session keeps
+	// what its end recorded.
+	BeatRemoteRelay(ctx context.Context, relayURL string, silent time.Duration, counts []RemoteBytes) error
 	// ForgetRemoteRecording records that session id no longer has a
 	// recording (its retention passed); a session gone is no error.
 	ForgetRemoteRecording(ctx context.Context, tenant, id string) error

@@ -143,13 +143,21 @@ func (db *DB) FindRemoteSession(ctx context.Context, tenant, deviceID, id string
 // are written and judged on it, so that their own clocks need not agree.
 const pgNowMillis = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
 
-// BeatRemoteRelay records that the replica at relayURL is alive. On
-// SQLite, which one process serves, there is nobody to tell.
-func (db *DB) BeatRemoteRelay(ctx context.Context, relayURL string, silent time.Duration) error {
-	if db.dialect != postgres {
+// BeatRemoteRelay records that the replica at relayURL is alive and the
+// byte counts of its open sessions, in one transaction. On SQLite, which
+// one process serves, there is nobody to tell of the beat, but the counts
+// are kept for a session its replica's next start ends (a crash).
+func (db *DB) BeatRemoteRelay(ctx context.Context, relayURL string, silent time.Duration, counts []fleet.RemoteBytes) error {
+	if db.dialect != postgres && len(counts) == 0 {
 		return nil
 	}
 	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		if err := tx.storeRemoteBytes(ctx, relayURL, counts); err != nil {
+			return err
+		}
+		if db.dialect != postgres {
+			return nil
+		}
 		if _, err := tx.exec(ctx, `INSERT INTO remote_relays (relay_url, seen_at) VALUES (?, `+pgNowMillis+`)
 			ON CONFLICT (relay_url) DO UPDATE SET seen_at = excluded.seen_at`, relayURL); err != nil {
 			return err
@@ -160,6 +168,41 @@ func (db *DB) BeatRemoteRelay(ctx context.Context, relayURL string, silent time.
 			AND NOT EXISTS (SELECT 1 FROM remote_sessions s WHERE s.relay_url = r.relay_url AND s.ended_at IS NULL)`, silent.Milliseconds())
 		return err
 	})
+}
+
+// remoteBytesBatch is how many sessions' counts one statement stores on
+// SQLite (three parameters each; its limit is 32,766).
+const remoteBytesBatch = 500
+
+// storeRemoteBytes writes the counts of relayURL's open sessions, with
+// one statement (a batch of them on SQLite): an ended session, or one
+// another replica relays, is left as it is.
+func (tx *Tx) storeRemoteBytes(ctx context.Context, relayURL string, counts []fleet.RemoteBytes) error {
+	cols, types := []string{"id", "to_device", "from_device"}, []string{"TEXT", "BIGINT", "BIGINT"}
+	const set = `UPDATE remote_sessions SET bytes_to_device = v.to_device, bytes_from_device = v.from_device FROM `
+	const where = ` WHERE remote_sessions.id = v.id AND remote_sessions.relay_url = ? AND remote_sessions.ended_at IS NULL`
+	for len(counts) > 0 {
+		batch := counts
+		if tx.db.dialect != postgres {
+			batch = counts[:min(len(counts), remoteBytesBatch)]
+		}
+		counts = counts[len(batch):]
+		args := make([]any, 0, 3*len(batch)+1)
+		for _, c := range batch {
+			args = append(args, c.ID, c.ToDevice, c.FromDevice)
+		}
+		var err error
+		if tx.db.dialect == postgres {
+			from, arrays := unnestTable("v", cols, types, args)
+			_, err = tx.exec(ctx, set+from+where, append(arrays, relayURL)...)
+		} else {
+			_, err = tx.exec(ctx, set+tx.db.dialect.valuesTable("v", cols, types, len(batch))+where, append(args, relayURL)...)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // FindLostRemoteSessions lists the open sessions whose replica is gone:

@@ -93,10 +93,10 @@ func TestLostRemoteSessions(t *testing.T) {
 		}
 
 		// Silent: C beat once, then nothing for longer than the timeout.
-		if err := db.BeatRemoteRelay(ctx, "http://a:8080", silent); err != nil {
+		if err := db.BeatRemoteRelay(ctx, "http://a:8080", silent, nil); err != nil {
 			t.Fatal(err)
 		}
-		if err := db.BeatRemoteRelay(ctx, "http://c:8080", silent); err != nil {
+		if err := db.BeatRemoteRelay(ctx, "http://c:8080", silent, nil); err != nil {
 			t.Fatal(err)
 		}
 		gone := start("http://c:8080")
@@ -132,18 +132,99 @@ func TestLostRemoteSessions(t *testing.T) {
 			}
 			return n
 		}
-		if err := db.BeatRemoteRelay(ctx, "http://a:8080", silent); err != nil {
+		if err := db.BeatRemoteRelay(ctx, "http://a:8080", silent, nil); err != nil {
 			t.Fatal(err)
 		}
 		if n := relays(); n != 2 {
 			t.Fatalf("%d relays, want A and C (whose session is open)", n)
 		}
 		end(lost, "replica lost")
-		if err := db.BeatRemoteRelay(ctx, "http://a:8080", silent); err != nil {
+		if err := db.BeatRemoteRelay(ctx, "http://a:8080", silent, nil); err != nil {
 			t.Fatal(err)
 		}
 		if n := relays(); n != 1 {
 			t.Fatalf("%d relays, want A alone", n)
 		}
+	})
+}
+
+// TestRemoteBytesWithHeartbeat stores open sessions' byte counts with a
+// replica's heartbeat, as many as it names in one write (more than one
+// SQLite statement's batch), on both databases: a session is found lost
+// with them, so that its end records them; a session another replica
+// relays, or one that ended, keeps its own.
+func TestRemoteBytesWithHeartbeat(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		ctx := context.Background()
+		db, _ := openWithRaw(t, b)
+		mustTenant(t, db, "acme")
+		const silent = 30 * time.Second
+		start := func(relay string) *fleet.RemoteSession {
+			t.Helper()
+			s := &fleet.RemoteSession{Tenant: "acme", DeviceID: "d1", Kind: fleet.RemoteForward, UserName: "ops", RelayURL: relay}
+			if err := db.CreateRemoteSession(ctx, s, time.Time{}, silent, func(fleet.RemoteOpen) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}
+		const n = 600 // two of SQLite's batches
+		var counts []fleet.RemoteBytes
+		for i := range n {
+			s := start("http://a:8080")
+			counts = append(counts, fleet.RemoteBytes{ID: s.ID, ToDevice: int64(i), FromDevice: int64(3*i + 1)})
+		}
+		theirs, ended := start("http://b:8080"), start("http://a:8080")
+		ended.BytesToDevice, ended.BytesFromDevice, ended.EndReason = 7, 8, "closed by the operator"
+		if err := db.EndRemoteSession(ctx, ended); err != nil {
+			t.Fatal(err)
+		}
+		counts = append(counts, fleet.RemoteBytes{ID: theirs.ID, ToDevice: 99, FromDevice: 99},
+			fleet.RemoteBytes{ID: ended.ID, ToDevice: 99, FromDevice: 99})
+		if err := db.BeatRemoteRelay(ctx, "http://a:8080", silent, counts); err != nil {
+			t.Fatal(err)
+		}
+		// Found lost (A started again), with what A stored.
+		lost, err := db.FindLostRemoteSessions(ctx, fleet.RemoteLost{RelayURL: "http://a:8080", Before: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]fleet.RemoteBytes{}
+		for _, c := range counts[:n] {
+			want[c.ID] = c
+		}
+		got := 0
+		for _, s := range lost {
+			if s.ID == theirs.ID && b.Name == "sqlite" {
+				continue // one process: every replica's is lost
+			}
+			c, ok := want[s.ID]
+			if !ok || s.BytesToDevice != c.ToDevice || s.BytesFromDevice != c.FromDevice {
+				t.Fatalf("lost session %s with %d and %d bytes, want %+v", s.ID, s.BytesToDevice, s.BytesFromDevice, c)
+			}
+			got++
+		}
+		if got != n {
+			t.Fatalf("%d lost sessions, want %d", got, n)
+		}
+		check := func(s *fleet.RemoteSession, to, from int64) {
+			t.Helper()
+			r, err := db.FindRemoteSession(ctx, "acme", "d1", s.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.BytesToDevice != to || r.BytesFromDevice != from {
+				t.Fatalf("session %s: %d and %d bytes, want %d and %d", s.ID, r.BytesToDevice, r.BytesFromDevice, to, from)
+			}
+		}
+		check(theirs, 0, 0)
+		check(ended, 7, 8)
+		// A later beat stores newer counts; one without counts keeps them.
+		if err := db.BeatRemoteRelay(ctx, "http://a:8080", silent, []fleet.RemoteBytes{{ID: counts[0].ID, ToDevice: 1000, FromDevice: 2000}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.BeatRemoteRelay(ctx, "http://a:8080", silent, nil); err != nil {
+			t.Fatal(err)
+		}
+		check(&fleet.RemoteSession{ID: counts[0].ID}, 1000, 2000)
 	})
 }

@@ -76,8 +76,9 @@ func TestReplicasRemoteSession(t *testing.T) {
 // session: the other ends it once the dead one has been silent for
 // --remote-replica-timeout, whether asked to (an end request) or by its
 // own sweep, recording why and auditing it; the device's place under the
-// cap is free again; and the recording keeps what was output before the
-// kill, from the parts stored while the session was open.
+// cap is free again; the bytes relayed before the kill are recorded, as
+// A's last heartbeat stored them; and the recording keeps what was output
+// before the kill, from the parts stored while the session was open.
 func TestReplicaLostRemoteSession(t *testing.T) {
 	bin := fleetdtest.BuildAgent(t)
 	blobs := t.TempDir()
@@ -92,6 +93,7 @@ func TestReplicaLostRemoteSession(t *testing.T) {
 	fleetdtest.Eventually(t, "the agent to connect", func() bool { return fleetdtest.AgentSays(agent, "level=INFO msg=connected") })
 
 	sess := outputRecorded(t, a.Server, admin, "edge-1", blobs)
+	counted := bytesStored(t, a.Server, admin, "edge-1", sess.ID)
 	a.kill()
 
 	// Asked to end it on B: 202 until it has ended (the stop told to A,
@@ -105,6 +107,7 @@ func TestReplicaLostRemoteSession(t *testing.T) {
 	})
 	rs := b.EndedSession(t, admin, "edge-1", sess.ID)
 	fleetdtest.WantContains(t, "end", rs.EndReason, "replica lost: "+a.URL)
+	wantBytes(t, rs, counted)
 	var logs struct {
 		AuditLogs []struct {
 			Target  string         `json:"target"`

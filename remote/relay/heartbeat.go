@@ -20,6 +20,13 @@ import (
 // caps do not count them. A replica whose own heartbeat has not been
 // stored for the timeout (it lost the database) ends the sessions it
 // relays itself, since the others may have ended them already.
+//
+// The bytes a session relayed live in its replica's memory until it ends;
+// each heartbeat stores, in the same write, the counts of the sessions
+// whose counts changed since the last one stored. A lost session is ended
+// with what was stored: it misses what was relayed since its replica's
+// last stored heartbeat, a third of the timeout at most while the beats
+// get through.
 
 // RunHeartbeat beats and sweeps until ctx ends.
 func (h *Hub) RunHeartbeat(ctx context.Context) {
@@ -27,8 +34,10 @@ func (h *Hub) RunHeartbeat(ctx context.Context) {
 	defer t.Stop()
 	stored := time.Now()
 	for {
-		if err := h.Sessions.BeatRemoteRelay(ctx, h.RelayURL(), h.Limits.ReplicaTimeout); err == nil {
+		counts, storedCounts := h.byteCounts()
+		if err := h.Sessions.BeatRemoteRelay(ctx, h.RelayURL(), h.Limits.ReplicaTimeout, counts); err == nil {
 			stored = time.Now()
+			storedCounts()
 		} else if ctx.Err() == nil {
 			if h.Logger != nil {
 				h.Logger.Warn("this replica's remote-session heartbeat could not be stored", "err", err)
@@ -44,6 +53,28 @@ func (h *Hub) RunHeartbeat(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// byteCounts returns the counts of this replica's open sessions that
+// changed since they were last stored, and a function that marks them
+// stored, for RunHeartbeat alone (Session.storedTo and storedFrom are its).
+func (h *Hub) byteCounts() ([]fleet.RemoteBytes, func()) {
+	var counts []fleet.RemoteBytes
+	var of []*Session
+	h.mu.Lock()
+	for _, s := range h.sessions {
+		to, from := s.toDevice.Load(), s.fromDev.Load()
+		if to != s.storedTo || from != s.storedFrom {
+			counts = append(counts, fleet.RemoteBytes{ID: s.ID, ToDevice: to, FromDevice: from})
+			of = append(of, s)
+		}
+	}
+	h.mu.Unlock()
+	return counts, func() {
+		for i, s := range of {
+			s.storedTo, s.storedFrom = counts[i].ToDevice, counts[i].FromDevice
 		}
 	}
 }
@@ -87,13 +118,14 @@ func (h *Hub) Stop(ctx context.Context, tenant, id, by string) error {
 	return err
 }
 
-// endLost records the end of sessions whose replica is gone, with what
-// of their recordings reached the blob store, and returns how many it
-// ended (another replica may have been first).
+// endLost records the end of sessions whose replica is gone, with the
+// bytes its heartbeats stored and what of their recordings reached the
+// blob store, and returns how many it ended (another replica may have
+// been first).
 func (h *Hub) endLost(ctx context.Context, lost []*fleet.RemoteSession, reason string) (int, error) {
 	n := 0
 	for _, s := range lost {
-		s.EndReason, s.BytesToDevice, s.BytesFromDevice = reason, 0, 0
+		s.EndReason = reason
 		s.RecordingSize = 0
 		if s.Recorded {
 			s.RecordingSize = h.partsSize(ctx, s.Tenant, s.ID)

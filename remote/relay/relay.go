@@ -133,7 +133,7 @@ func (h *Hub) EndStale(ctx context.Context) (int, error) {
 	h.removeSpool()
 	// A heartbeat first: a replica that finds this one's last run silent
 	// must not take the sessions this run opens for lost.
-	if err := h.Sessions.BeatRemoteRelay(ctx, h.RelayURL(), h.Limits.ReplicaTimeout); err != nil {
+	if err := h.Sessions.BeatRemoteRelay(ctx, h.RelayURL(), h.Limits.ReplicaTimeout, nil); err != nil {
 		return 0, err
 	}
 	lost, err := h.Sessions.FindLostRemoteSessions(ctx, fleet.RemoteLost{RelayURL: h.RelayURL(), Before: h.started})
@@ -158,8 +158,11 @@ type Session struct {
 	deadline time.Time         // for both legs to join
 	toDevice atomic.Int64
 	fromDev  atomic.Int64
-	opener   fleet.Actor // who opened it, for Revoke
-	rec      *recorder   // its output's recording, when it is recorded
+	// storedTo and storedFrom are the counts the last heartbeat stored
+	// (heartbeat.go; RunHeartbeat's alone).
+	storedTo, storedFrom int64
+	opener               fleet.Actor // who opened it, for Revoke
+	rec                  *recorder   // its output's recording, when it is recorded
 
 	claimed, joined bool // the operator's leg, the device's leg (under Hub.mu)
 	done            chan struct{}
