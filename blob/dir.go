@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -164,7 +165,7 @@ func (d *Dir) Open(ctx context.Context, key string) (Object, error) {
 		return nil, err
 	}
 	f, err := os.Open(path)
-	if errors.Is(err, fs.ErrNotExist) {
+	if notExist(err) {
 		return nil, ErrNotFound
 	} else if err != nil {
 		return nil, fmt.Errorf("blob: %w", err)
@@ -175,6 +176,13 @@ func (d *Dir) Open(ctx context.Context, key string) (Object, error) {
 		return nil, fmt.Errorf("blob: %w", err)
 	}
 	return &dirObject{File: f, size: info.Size(), mod: info.ModTime()}, nil
+}
+
+// notExist reports whether err says a key's file is not there: no such
+// file, or a file where one of its folders would be (ENOTDIR), as a bucket
+// answers NoSuchKey for a key below another.
+func notExist(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
 }
 
 type dirObject struct {
@@ -192,7 +200,7 @@ func (d *Dir) Delete(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.Remove(path); errors.Is(err, fs.ErrNotExist) {
+	if err := os.Remove(path); notExist(err) {
 		return ErrNotFound
 	} else if err != nil {
 		return fmt.Errorf("blob: %w", err)

@@ -117,6 +117,15 @@ func testStore(t *testing.T, s blob.Store) {
 			t.Fatalf("second Delete = %v", err)
 		}
 	})
+	t.Run("BelowAnObject", func(t *testing.T) {
+		// a/b/c is an object: nothing is below it.
+		if _, err := s.Open(ctx, "a/b/c/d"); !errors.Is(err, blob.ErrNotFound) {
+			t.Fatalf("Open below an object = %v", err)
+		}
+		if err := s.Delete(ctx, "a/b/c/d"); !errors.Is(err, blob.ErrNotFound) {
+			t.Fatalf("Delete below an object = %v", err)
+		}
+	})
 	t.Run("InvalidKeys", func(t *testing.T) {
 		for _, k := range []string{"", "../x", "a/../../x", "/abs", "a//b", ".hidden"} {
 			if _, err := s.Put(ctx, k, strings.NewReader("x")); err == nil {

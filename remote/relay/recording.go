@@ -43,7 +43,8 @@ import (
 // nothing when nothing was output). A session that ends on its replica
 // stores the whole file as the recording and removes the parts; one
 // whose replica was lost (heartbeat.go) keeps its parts, and they are
-// served one after the other as its recording. What is lost is what was
+// served one after the other as its recording, as they are for a session
+// whose whole file the store refused when it ended (finish). What is lost is what was
 // output since the last part stored: at most Limits.RecordingFlush, and
 // the time one part's upload takes.
 
@@ -127,29 +128,42 @@ func (r *recorder) flush(h *Hub, s *Session) {
 	r.upload.Lock()
 	defer r.upload.Unlock()
 	r.mu.Lock()
-	if r.closed || r.err != nil {
+	closed := r.closed
+	r.mu.Unlock()
+	if !closed {
+		r.storePart(h, s)
+	}
+}
+
+// storePart stores what the spool file gained since the last part as a
+// new part (under upload), and reports whether the parts now hold all of
+// it.
+func (r *recorder) storePart(h *Hub, s *Session) bool {
+	r.mu.Lock()
+	if r.err != nil {
 		r.mu.Unlock()
-		return
+		return false
 	}
 	if err := r.w.Flush(); err != nil {
 		r.stopped, r.err = true, err
 		r.mu.Unlock()
-		return
+		return false
 	}
 	end := r.size
 	r.mu.Unlock()
 	if end == r.flushed {
-		return
+		return true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	key := partKey(s.Tenant, s.ID, r.flushed)
 	if err := h.put(ctx, key, io.NewSectionReader(r.f, r.flushed, end-r.flushed)); err != nil {
 		h.logRecording(s, err)
-		return
+		return false
 	}
 	r.flushed = end
 	r.parts = append(r.parts, key)
+	return true
 }
 
 // put stores what src reads under key.
@@ -264,7 +278,11 @@ func (r *recorder) write(b []byte) {
 
 // finish ends the recording and streams it from its spool file into the
 // blob store, removes its parts, and returns its size: 0 when there is
-// none (nothing was output, or it could not be stored).
+// none (nothing was output, or nothing of it could be stored). When the
+// whole file cannot be stored, what the parts lack is stored as a last
+// part, and the parts are the recording, as a lost session's are: served
+// one after the other, removed with the retention. Its size is then what
+// they hold: all of it, or what was stored before the store failed.
 func (r *recorder) finish(h *Hub, s *Session) int64 {
 	r.timer.Stop()
 	r.upload.Lock() // a part being stored is, before the parts go
@@ -292,7 +310,11 @@ func (r *recorder) finish(h *Hub, s *Session) int64 {
 	}
 	if err != nil {
 		h.logRecording(s, err)
-		return 0
+		if empty {
+			return 0
+		}
+		r.storePart(h, s)
+		return r.flushed
 	}
 	for _, key := range r.parts {
 		if err := h.Blobs.Delete(ctx, key); err != nil && !errors.Is(err, blob.ErrNotFound) {

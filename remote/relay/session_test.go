@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/http"
@@ -459,6 +460,72 @@ func TestRemoteRecordingRetention(t *testing.T) {
 			t.Fatalf("the session still names its recording: %+v", rs)
 		}
 		fleetdtest.Eventually(t, "the recording's file to be deleted", func() bool { return len(files()) == 0 })
+	})
+}
+
+// TestRemoteRecordingStoreRefuses: when the blob store refuses a
+// session's whole recording as the session ends (a file of the file
+// store stands where the tenant's folder of recordings goes), the parts
+// stored while it was open, with a last one for what they lacked, are its
+// recording, served as one file, and the retention removes them.
+func TestRemoteRecordingStoreRefuses(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		s := fleetdtest.Start(t, b, "--remote-recording-flush", "200ms")
+		admin := s.Admin()
+		startAgent(t, s, admin, "edge-1")
+		s.Do(t, admin, "PUT", "/api/v1/tenants/default/remote-settings", map[string]any{"recording": true}).Want(t, 204)
+		blobs := filepath.Join(s.DataDir, "blobs")
+		if err := os.MkdirAll(filepath.Join(blobs, "remote-recordings"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(blobs, "remote-recordings", "default"), []byte("in the way"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		sess, conn := s.OpenTerminal(t, admin, "edge-1")
+		conn.Write([]byte("echo first-''words\n"))
+		fleetdtest.ReadUntil(t, conn, "first-words")
+		parts := filepath.Join(blobs, "remote-recording-parts", "default", sess.ID)
+		stored := func() (n int, all string) {
+			files, _ := os.ReadDir(parts)
+			for _, f := range files {
+				b, _ := os.ReadFile(filepath.Join(parts, f.Name()))
+				all += string(b)
+			}
+			return len(files), all
+		}
+		fleetdtest.Eventually(t, "the first words to reach a part", func() bool {
+			_, all := stored()
+			return strings.Contains(all, "first-words")
+		})
+		// The last words come as the session ends: a part may not have them.
+		conn.Write([]byte("echo last-''words; exit\n"))
+		fleetdtest.SessionEnd(t, conn)
+		rs := s.EndedSession(t, admin, "edge-1", sess.ID)
+		if rs.Recording == "" || rs.RecordingSize == 0 {
+			t.Fatalf("no recording: %+v", rs)
+		}
+		if n, all := stored(); n < 2 || !strings.Contains(all, "last-words") {
+			t.Fatalf("%d parts, the last words not among them: %q", n, all)
+		}
+		body := s.Do(t, admin, "GET", rs.Recording, nil).Want(t, 200).Body
+		if int64(len(body)) != rs.RecordingSize {
+			t.Fatalf("a recording of %d bytes, %d said", len(body), rs.RecordingSize)
+		}
+		if out := readCast(t, body).of("o"); !strings.Contains(out, "first-words") || !strings.Contains(out, "last-words") {
+			t.Fatalf("recording output %q", out)
+		}
+
+		s.Restart(t, "--remote-recording-retention", "1s")
+		fleetdtest.Eventually(t, "the recording to be removed", func() bool {
+			return s.Do(t, admin, "GET", rs.Recording, nil).Status == 404
+		})
+		if rs := s.EndedSession(t, admin, "edge-1", rs.ID); rs.Recording != "" || rs.RecordingSize != 0 {
+			t.Fatalf("the session still names its recording: %+v", rs)
+		}
+		fleetdtest.Eventually(t, "the parts to be deleted", func() bool {
+			files, err := os.ReadDir(parts)
+			return len(files) == 0 && (err == nil || errors.Is(err, fs.ErrNotExist))
+		})
 	})
 }
 
