@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -95,6 +96,77 @@ func TestAgentTerminalNohup(t *testing.T) {
 		for _, f := range pidFiles {
 			if processGone(t, f) {
 				t.Fatalf("the job of %s was killed once its session ended", f)
+			}
+		}
+	})
+}
+
+// TestAgentTerminalHungUpJob: a job that ignores SIGHUP and keeps writing
+// to the terminal (a trap that ignores HUP, output not sent elsewhere)
+// does not keep the session open: two seconds after the hang-up the
+// agent closes its end of the pty, the job's writes to it fail from then
+// on, and the job keeps running, whether the shell exits or the operator
+// leaves; the agent holds no pty once the sessions have ended.
+func TestAgentTerminalHungUpJob(t *testing.T) {
+	t.Parallel()
+	bin := fleetdtest.BuildAgent(t)
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		outer := t
+		s := fleetdtest.Start(t, b)
+		admin := s.Admin()
+		dev := s.MustDevice(t, admin, "hungup", nil)
+		p := s.StartAgent(t, bin, "hungup", dev.Token, "--remote")
+		dir := t.TempDir()
+		// start opens a terminal and starts the job, which ticks until a
+		// write fails, then says so in its file and sleeps on.
+		start := func(t *testing.T, name string) (string, *remote.Conn, string, string) {
+			sess, conn := s.OpenTerminal(t, admin, "hungup")
+			pidFile, failed := filepath.Join(dir, name+".pid"), filepath.Join(dir, name+".failed")
+			conn.Write([]byte("sh -c \"trap '' HUP; while echo tick; do sleep 0.1; done 2>/dev/null; echo \\$? > " + failed +
+				"; exec sleep 1000\" & echo $! > " + pidFile + "; echo star''ted\n"))
+			fleetdtest.ReadUntil(t, conn, "started")
+			fleetdtest.ReadUntil(t, conn, "tick")
+			outer.Cleanup(func() {
+				if b, err := os.ReadFile(pidFile); err == nil {
+					if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+						syscall.Kill(pid, syscall.SIGKILL)
+					}
+				}
+			})
+			return sess.ID, conn, pidFile, failed
+		}
+		ended := func(t *testing.T, id, pidFile, failed string) {
+			fleetdtest.Eventually(t, "the agent to end the session", func() bool {
+				return fleetdtest.AgentSays(p, `"remote session ended" session=`+id)
+			})
+			fleetdtest.Eventually(t, "the job's write to fail", func() bool {
+				_, err := os.Stat(failed)
+				return err == nil
+			})
+			if processGone(t, pidFile) {
+				t.Fatal("the job that ignored the hang-up was killed")
+			}
+		}
+		t.Run("ShellExits", func(t *testing.T) {
+			id, conn, pidFile, failed := start(t, "exits")
+			conn.Write([]byte("exit\n"))
+			if got := fleetdtest.SessionEnd(t, conn); got != "exit" {
+				t.Fatalf("the session ended with %q", got)
+			}
+			ended(t, id, pidFile, failed)
+		})
+		t.Run("OperatorLeaves", func(t *testing.T) {
+			id, conn, pidFile, failed := start(t, "leaves")
+			conn.Close()
+			ended(t, id, pidFile, failed)
+		})
+		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p.Cmd.Process.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, fd := range fds {
+			if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", p.Cmd.Process.Pid, fd.Name())); l == "/dev/ptmx" {
+				t.Fatalf("the agent holds a pty (descriptor %s) once its sessions have ended", fd.Name())
 			}
 		}
 	})

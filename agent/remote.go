@@ -19,6 +19,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/creack/pty"
 
@@ -96,7 +97,7 @@ func (a *Agent) remoteTerminal(ctx context.Context, c *remote.Conn) error {
 	cmd.Env = append(os.Environ(), "TERM=xterm-256color")
 	cmd.Dir = a.cfg.RemoteRoot
 	defaultHangUps()
-	f, err := pty.Start(cmd) // a session of its own, whose leader is the shell
+	f, err := startPty(cmd) // a session of its own, whose leader is the shell
 	if err != nil {
 		return fmt.Errorf("cannot start %s on a pty: %v", a.cfg.RemoteShell, err)
 	}
@@ -104,12 +105,12 @@ func (a *Agent) remoteTerminal(ctx context.Context, c *remote.Conn) error {
 	// The shell is a session leader (pty.Start makes it one): its jobs
 	// stay in its session whatever process group they are put in, and
 	// any of them holds the pty open, so the session ends only once all of
-	// them have. Whichever ends first, the operator's leg or the shell,
-	// hangs up the rest of the session.
-	pid := cmd.Process.Pid
-	exited := make(chan struct{})
+	// them have let go of it, or the agent closes its end (hangUp).
+	// Whichever ends first, the operator's leg or the shell, hangs up the
+	// rest of the session.
+	done := make(chan struct{}) // the pty is let go of and the shell reaped
 	var hang sync.Once
-	hangUpAll := func() { hang.Do(func() { go hangUp(pid, exited) }) }
+	hangUpAll := func() { hang.Do(func() { go hangUp(cmd.Process, f, done) }) }
 	waited := make(chan error, 1)
 	go func() {
 		err := cmd.Wait()
@@ -125,9 +126,9 @@ func (a *Agent) remoteTerminal(ctx context.Context, c *remote.Conn) error {
 			}
 			switch {
 			case b != nil:
-				f.Write(b)
+				f.Write(b) // a pty closed by hangUp refuses it
 			case ctl.Type == remote.TypeResize && ctl.Cols > 0 && ctl.Rows > 0:
-				pty.Setsize(f, &pty.Winsize{Cols: uint16(ctl.Cols), Rows: uint16(ctl.Rows)})
+				setSize(f, ctl.Cols, ctl.Rows)
 			}
 		}
 	}()
@@ -137,14 +138,61 @@ func (a *Agent) remoteTerminal(ctx context.Context, c *remote.Conn) error {
 		if n > 0 && c.Write(buf[:n]) != nil {
 			break
 		}
-		if err != nil { // EIO once every process of the session let go of the pty
+		// EIO once every process of the session let go of the pty;
+		// os.ErrClosed once hangUp closed it.
+		if err != nil {
 			break
 		}
 	}
 	hangUpAll() // the operator is gone: what holds the pty goes too
 	err = <-waited
-	close(exited)
+	close(done)
 	return c.Send(remote.Control{Type: remote.TypeExit, Code: exitCode(err)})
+}
+
+// startPty starts cmd on a new pty and returns the pty's master, which
+// the runtime polls: a read or write of it blocked on a job that holds
+// the terminal and says nothing, or reads nothing, returns once it is
+// closed, and so does the close. pty.Start's own file is in blocking mode
+// (its set-up ioctls take the descriptor), where a close waits for the
+// read in the system call and neither ends while the job lives: the
+// goroutine and the descriptor would leak. The copy is made under
+// syscall.ForkLock, so no program another session starts meanwhile
+// inherits it.
+func startPty(cmd *exec.Cmd) (*os.File, error) {
+	f, err := pty.Start(cmd)
+	if err != nil {
+		return nil, err
+	}
+	syscall.ForkLock.RLock()
+	fd, err := syscall.Dup(int(f.Fd()))
+	if err == nil {
+		syscall.CloseOnExec(fd)
+	}
+	syscall.ForkLock.RUnlock()
+	f.Close()
+	if err == nil {
+		if err = syscall.SetNonblock(fd, true); err != nil {
+			syscall.Close(fd)
+		}
+	}
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), "/dev/ptmx"), nil
+}
+
+// setSize sets the terminal's size on its master, through the runtime's
+// descriptor (pty.Setsize would put it back in blocking mode).
+func setSize(f *os.File, cols, rows int) {
+	ws := pty.Winsize{Cols: uint16(cols), Rows: uint16(rows)}
+	if rc, err := f.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) {
+			syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCSWINSZ, uintptr(unsafe.Pointer(&ws)))
+		})
+	}
 }
 
 // defaultHangUps makes a terminal's shell start with SIGHUP at its
@@ -165,28 +213,33 @@ func defaultHangUps() {
 
 var hangUpsOnce sync.Once
 
-// hangUpGrace is how long a terminal's processes have to end after
-// SIGHUP before they are killed.
+// hangUpGrace is how long a terminal's processes have to let go of it
+// after SIGHUP before the agent closes its end.
 var hangUpGrace = 2 * time.Second
 
-// hangUp ends every process of a terminal's session, sid (the shell's
-// pid), as closing a terminal does (SIGHUP), and kills what is left of
-// the session if the pty is still held hangUpGrace later: a shell that
-// ignores SIGHUP (one started by an agent that was itself started with
-// SIGHUP ignored, under nohup say, inherits that) would outlive its
-// session, and a job it put in a process group of its own (set -m; cmd &)
-// would hold the pty open and the agent would wait on it for ever. Once
-// the pty is let go (exited), what is left ignored the hang-up and holds
-// no end of the terminal (nohup cmd >log &): it keeps running, as after
-// an SSH session. Processes that left the session (setsid, a daemon) are
-// no longer the terminal's.
-func hangUp(sid int, exited <-chan struct{}) {
-	signalSession(sid, syscall.SIGHUP)
+// hangUp ends a terminal's session, as closing a terminal does: SIGHUP to
+// every process of the session whose leader is shell, then, if the pty
+// is still held hangUpGrace later, the agent closes its end of it (the
+// master, pty) and kills the shell if it is still there. A job that
+// ignored the hang-up (nohup, or a trap that ignores HUP) keeps running, its terminal
+// hung up (its writes to it fail with EIO, its reads get end of file), as
+// after an SSH session; a shell that ignores SIGHUP (one started by an
+// agent that was itself started with SIGHUP ignored inherits that, unless
+// defaultHangUps) is the terminal's and goes with it, so the session's end
+// waits on nothing of the session's. done is closed once the pty is let
+// go of and the shell reaped. Processes that left the session (setsid, a
+// daemon) are no longer the terminal's.
+func hangUp(shell *os.Process, pty *os.File, done <-chan struct{}) {
+	signalSession(shell.Pid, syscall.SIGHUP)
+	grace := time.NewTimer(hangUpGrace)
+	defer grace.Stop()
 	select {
-	case <-exited:
-	case <-time.After(hangUpGrace):
-		signalSession(sid, syscall.SIGKILL)
+	case <-done:
+		return
+	case <-grace.C:
 	}
+	pty.Close()
+	shell.Signal(syscall.SIGKILL) // nothing once it is reaped
 }
 
 // signalSession sends sig to session sid's process group and to every
