@@ -359,7 +359,12 @@ func (d *device) readLoop(r *bufio.Reader) error {
 				return err
 			}
 		}
-		_ = d.nc.SetReadDeadline(time.Unix(0, d.deadline))
+		if !packetBuffered(r) {
+			// A packet already buffered is read without the socket, so no
+			// deadline matters to it (idleWait's shorter one may be set):
+			// the keepalive's is set for a read that can wait.
+			_ = d.nc.SetReadDeadline(time.Unix(0, d.deadline))
+		}
 		header, body, err := readPacket(r, d.s.cfg.MaxPacketSize)
 		var large *packetTooLarge
 		if errors.As(err, &large) && d.version != version5 && header>>4 == typePublish && header&0x06 == 0x02 {

@@ -121,6 +121,20 @@ type packetTooLarge struct{ remaining int }
 func (e *packetTooLarge) Error() string { return errPacketTooLarge.Error() }
 func (e *packetTooLarge) Unwrap() error { return errPacketTooLarge }
 
+// packetBuffered reports whether r's buffer holds a whole packet, which
+// readPacket then reads without a read from the socket.
+func packetBuffered(r *bufio.Reader) bool {
+	b, _ := r.Peek(r.Buffered()) // what is buffered: no read
+	n := 0
+	for i := 1; i < len(b) && i <= 4; i++ {
+		n |= int(b[i]&0x7f) << (7 * (i - 1))
+		if b[i]&0x80 == 0 {
+			return 1+i+n <= len(b)
+		}
+	}
+	return false
+}
+
 // readPacket reads one packet: its first byte and its body. A packet over
 // limit bytes in all is a *packetTooLarge (errPacketTooLarge), known from
 // its length before its body is read; header is its first byte then.

@@ -67,15 +67,21 @@ func (d *device) idleWait(r *bufio.Reader) error {
 		return nil // the keepalive's deadline comes first
 	}
 	_ = d.nc.SetReadDeadline(grace)
-	_, err := r.Peek(1)
-	var ne net.Error
-	if err == nil || !errors.As(err, &ne) || !ne.Timeout() {
+	if _, err := r.Peek(1); err == nil || !isTimeout(err) {
 		return err
 	}
 	if d.park(r) {
 		return errParked
 	}
 	return nil
+}
+
+// isTimeout reports whether err is a read's deadline passing. Its own
+// function, so that the error it looks into is allocated only when there is
+// one: idleWait runs before every packet of a busy device.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // park hands the connection to the poller and reports true; from then on
