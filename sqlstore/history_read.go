@@ -524,9 +524,25 @@ func (r *pageRead) read(ctx context.Context, rd querier, segs []segment, inTx bo
 	// order: (ts_min, id) after (from, id) ascending, (ts_max, id) before
 	// (from, id) descending.
 	order, after := "ts_min, id", "ts_min >= ? AND (ts_min > ? OR id > ?)"
+	// The chunk the cursor is in is left out once the cursor is at its
+	// last point in the read's order: the page before ended there (as a
+	// page of ingest calls of 1000 does), and it would be read and walked
+	// for none of its points.
+	spent, spentArg := "n = ?", int64(-1) // no chunk has -1 points
+	if r.after != nil {
+		spentArg = int64(r.after.key.idx) + 1
+	}
 	if r.q.Desc {
 		slices.Reverse(segs)
 		order, after = "ts_max DESC, id DESC", "ts_max <= ? AND (ts_max < ? OR id < ?)"
+		spent, spentArg = "0 = ?", 1
+		if r.after != nil {
+			spentArg = int64(r.after.key.idx)
+		}
+	}
+	spentID := int64(0)
+	if r.after != nil {
+		spentID = r.after.key.chunk
 	}
 	for _, s := range segs {
 		if r.best.full() {
@@ -534,14 +550,14 @@ func (r *pageRead) read(ctx context.Context, rd querier, segs []segment, inTx bo
 		}
 		query := `SELECT ts_min, ts_max, id, received_at, points FROM ` + s.table + `
 			WHERE tenant = ? AND device_id = ? AND stream = ? AND ts_min >= ? AND ts_min < ? AND ts_max >= ? AND received_at >= ?
-			AND ` + after + ` ORDER BY ` + order + ` LIMIT ?`
+			AND ` + after + ` AND NOT (id = ? AND ` + spent + `) ORDER BY ` + order + ` LIMIT ?`
 		// At first no chunk is left out: ts_min > s.lo-1, ts_max < MaxInt64.
 		from, fromNot, id := s.lo, s.lo-1, int64(0)
 		if r.q.Desc {
 			from, fromNot = math.MaxInt64, math.MaxInt64
 		}
 		for n := chunkBatch; ; n *= chunkBatch {
-			got, done, err := r.chunks(ctx, rd, query, []any{r.tenant, r.device, r.stream, s.lo, s.hi, r.lo, r.created, from, fromNot, id, n})
+			got, done, err := r.chunks(ctx, rd, query, []any{r.tenant, r.device, r.stream, s.lo, s.hi, r.lo, r.created, from, fromNot, id, spentID, spentArg, n})
 			if err != nil {
 				return false, err
 			}
