@@ -147,6 +147,8 @@ type historyState struct {
 	stats   struct{ kept, expired, future atomic.Uint64 }
 	// inflated keeps the text of the chunks read last (history_read.go).
 	inflated inflatedChunks
+	// parts keeps the partitions listed last on SQLite (partitions).
+	parts partitionLists
 	// maxSeries is fleet.MaxSeriesBuckets; tests lower it.
 	maxSeries int
 	// tenMinutesFrom is the bucket 10-minute rollups are whole from
@@ -614,8 +616,22 @@ func (db *DB) retentions(ctx context.Context) (map[partKind]time.Duration, error
 }
 
 // partitions returns the partitions of k that exist, by start, oldest
-// first.
+// first. The slice is shared: callers do not change it.
 func (db *DB) partitions(ctx context.Context, q querier, k partKind) ([]int64, error) {
+	// In a read transaction on SQLite, the list read last for the same
+	// schema: SQLite counts the changes of a schema that commit (its
+	// schema_version), and a read transaction sees one committed schema.
+	// Listing the tables scans every row of sqlite_master, about 80 µs of
+	// each page of points read, 7 ms a day's read.
+	var version int64 = -1
+	if rt, ok := q.(readTx); ok && db.dialect == sqlite {
+		if err := rt.queryRow(ctx, "PRAGMA schema_version").Scan(&version); err != nil {
+			return nil, err
+		}
+		if starts, ok := db.history.parts.get(version, k); ok {
+			return starts, nil
+		}
+	}
 	query := "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE ?"
 	args := []any{k.table + "\\_%"}
 	if db.dialect == postgres {
@@ -644,7 +660,37 @@ func (db *DB) partitions(ctx context.Context, q querier, k partKind) ([]int64, e
 		return nil, err
 	}
 	slices.Sort(starts)
-	return starts, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if version >= 0 {
+		db.history.parts.put(version, k, starts)
+	}
+	return starts, nil
+}
+
+// partitionLists keeps the partitions of each kind listed last on SQLite,
+// with the schema_version they were listed at (partitions).
+type partitionLists struct {
+	mu      sync.Mutex
+	version int64
+	starts  map[partKind][]int64
+}
+
+func (l *partitionLists) get(version int64, k partKind) ([]int64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	starts, ok := l.starts[k]
+	return starts, ok && l.version == version
+}
+
+func (l *partitionLists) put(version int64, k partKind, starts []int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.starts == nil || l.version != version {
+		l.version, l.starts = version, map[partKind][]int64{}
+	}
+	l.starts[k] = starts
 }
 
 // MaintainHistory makes the partitions of today and the next two days (or

@@ -231,3 +231,39 @@ func firstDiff(a, b []int64) int {
 	}
 	return min(len(a), len(b))
 }
+
+// TestPointPagesSeePartitionsChange reads a stream, then again once a
+// day's partition is made and once one is dropped: each read sees the
+// partitions there are (SQLite's reads keep the list of partitions while
+// the schema stays the same).
+func TestPointPagesSeePartitionsChange(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, clk := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustAlertDevices(t, db, "acme", "d1")
+		now := clk.Now()
+		today := now.Truncate(24 * time.Hour)
+		count := func(want int) {
+			t.Helper()
+			for _, desc := range []bool{false, true} {
+				if got := readAll(t, db, "acme", "d1", fleet.PointQuery{Limit: 4, Desc: desc}); len(got) != want {
+					t.Fatalf("desc=%v: %d points, want %d", desc, len(got), want)
+				}
+			}
+		}
+		if err := db.CommitStream(ctx, "acme", "d1", "env", historyPoints(today, 10, now), nil); err != nil {
+			t.Fatal(err)
+		}
+		count(10)
+		older := today.AddDate(0, 0, -5)
+		if err := db.CommitStream(ctx, "acme", "d1", "env", historyPoints(older, 7, now), nil); err != nil {
+			t.Fatal(err)
+		}
+		count(17)
+		if err := db.Exec(ctx, "DROP TABLE stream_points_"+older.Format("20060102")); err != nil {
+			t.Fatal(err)
+		}
+		count(10)
+	})
+}
