@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	kflate "github.com/klauspost/compress/flate"
 )
 
 // Stream history (docs/telemetry.md, migration 0027). The points of one
@@ -886,13 +887,17 @@ func packPoints(b []byte) []byte {
 // (and a read of a day's points inflates 87 chunks or more).
 var inflaters sync.Pool
 
-// unpackPoints reads a chunk's JSON back.
+// unpackPoints reads a chunk's JSON back. It inflates with
+// github.com/klauspost/compress/flate, which reads DEFLATE as the
+// standard library writes it (packPoints) and, from a *bytes.Reader,
+// about three times as fast: inflating was a fifth of the CPU of reading
+// a day of points (notebook, "A day's read: a few chunks a statement").
 func unpackPoints(b []byte) ([]byte, error) {
 	src := bytes.NewReader(b)
 	r, _ := inflaters.Get().(io.ReadCloser)
 	if r == nil {
-		r = flate.NewReader(src)
-	} else if err := r.(flate.Resetter).Reset(src, nil); err != nil {
+		r = kflate.NewReader(src)
+	} else if err := r.(kflate.Resetter).Reset(src, nil); err != nil {
 		return nil, err
 	}
 	defer inflaters.Put(r)
