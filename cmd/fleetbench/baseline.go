@@ -119,8 +119,9 @@ func (s *storage) updateRate(ctx context.Context, d time.Duration) (float64, err
 // insertTime measures one INSERT … SELECT of n rows shaped like
 // device_actions, from a table shaped like devices, into a table with the
 // primary key only, committed: what a dispatch to n devices costs the
-// database at the least.
-func (s *storage) insertTime(ctx context.Context, n int) (time.Duration, error) {
+// database at the least. The meter measures the insert and its commit
+// alone (on SQLite, fleetbench's CPU is the database's).
+func (s *storage) insertTime(ctx context.Context, n int) (time.Duration, *cpuMeter, error) {
 	json := "TEXT"
 	if s.dialect == "postgres" {
 		json = "JSONB"
@@ -136,25 +137,27 @@ func (s *storage) insertTime(ctx context.Context, n int) (time.Duration, error) 
 			created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, PRIMARY KEY (tenant, action_id, device_id))`,
 	} {
 		if _, err := s.db.ExecContext(ctx, q); err != nil {
-			return 0, fmt.Errorf("insert baseline: %w", err)
+			return 0, nil, fmt.Errorf("insert baseline: %w", err)
 		}
 	}
+	cpu := startCPU(0)
 	start := time.Now()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO ins_dst SELECT tenant, 1, id, 'reboot', 'Queued', 'Queued', 0, '{}', 0,
 		'', 'admin', metadata, 0, 0 FROM ins_src WHERE tenant = 'b'`); err != nil {
 		tx.Rollback()
-		return 0, fmt.Errorf("insert baseline: %w", err)
+		return 0, nil, fmt.Errorf("insert baseline: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
-		return 0, fmt.Errorf("insert baseline: %w", err)
+		return 0, nil, fmt.Errorf("insert baseline: %w", err)
 	}
 	elapsed := time.Since(start)
+	cpu.stop()
 	_, err = s.db.ExecContext(ctx, "DROP TABLE ins_dst")
-	return elapsed, err
+	return elapsed, cpu, err
 }
 
 // series fills q's two %s with a device id expression and a row source of

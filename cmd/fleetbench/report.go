@@ -269,6 +269,8 @@ type cpuMeter struct {
 	start        time.Time
 	fleetd, self float64 // CPU seconds at the start
 	busy, total  float64 // machine-wide jiffies at the start
+	// end holds what seconds reports once stop was called.
+	end string
 }
 
 func startCPU(pid int) *cpuMeter {
@@ -287,6 +289,26 @@ func (m *cpuMeter) String() string {
 		s += fmt.Sprintf(", fleetd %.2f cores", (procCPU(m.pid)-m.fleetd)/el)
 	}
 	if total > m.total {
+		s += fmt.Sprintf(", machine %.0f%% busy", 100*(busy-m.busy)/(total-m.total))
+	}
+	return s
+}
+
+// stop ends the meter's measurement for seconds.
+func (m *cpuMeter) stop() { m.end = m.seconds() }
+
+// seconds says how many CPU seconds fleetbench and fleetd each used since
+// the start, or until stop (on PostgreSQL the server's own are in
+// neither): beside a time on a loaded machine, the work done.
+func (m *cpuMeter) seconds() string {
+	if m.end != "" {
+		return m.end
+	}
+	s := fmt.Sprintf("CPU: fleetbench %.2f s", procCPU(os.Getpid())-m.self)
+	if m.pid != 0 {
+		s += fmt.Sprintf(", fleetd %.2f s", procCPU(m.pid)-m.fleetd)
+	}
+	if busy, total := machineCPU(); total > m.total {
 		s += fmt.Sprintf(", machine %.0f%% busy", 100*(busy-m.busy)/(total-m.total))
 	}
 	return s

@@ -583,19 +583,21 @@ func (r *runner) dispatchOne(ctx context.Context, i int) error {
 	baseline := ""
 	if r.store != nil {
 		r.p.say("baseline: %s INSERT … SELECT of %s rows", dialectName(r.store.dialect), thousands(float64(n)))
-		d, err := r.store.insertTime(ctx, n)
+		d, cpu, err := r.store.insertTime(ctx, n)
 		if err != nil {
 			return err
 		}
 		baseline = fmt.Sprintf("insert-%d", n)
 		r.rep.addBaseline(baseline, "INSERT "+short(n), &figure{Name: fmt.Sprintf("%s INSERT … SELECT of %s rows, primary key only", dialectName(r.store.dialect), thousands(float64(n))),
-			Value: d.Seconds(), Unit: seconds})
+			Value: d.Seconds(), Unit: seconds, Note: cpu.seconds()})
 	}
 	r.p.say("dispatch: to %s devices", thousands(float64(n)))
 	wait := r.profile(fmt.Sprintf("dispatch-%d", n), 2*time.Second+time.Duration(n/50_000)*time.Second)
+	cpu := startCPU(r.t.pid)
 	t0 := time.Now()
 	d, err := a.dispatch(ctx, body)
 	elapsed := time.Since(t0)
+	cpu.stop()
 	wait()
 	if err != nil {
 		return err
@@ -605,7 +607,7 @@ func (r *runner) dispatchOne(ctx context.Context, i int) error {
 	}
 	r.dispatched[i] = true
 	f := r.rep.add(&figure{Scenario: "dispatch", Name: fmt.Sprintf("dispatch to %s devices ÷ raw INSERT … SELECT, time to 201", thousands(float64(n))),
-		Value: elapsed.Seconds(), Unit: seconds, Note: fmt.Sprintf("%s device actions/s", thousands(float64(n)/elapsed.Seconds()))})
+		Value: elapsed.Seconds(), Unit: seconds, Note: joinNotes(fmt.Sprintf("%s device actions/s", thousands(float64(n)/elapsed.Seconds())), cpu.seconds())})
 	judge(r.rep.compare(f, baseline), r.t.dialect, goalDispatch[i], "no database to insert into (--url without --database)")
 	return nil
 }
