@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/fleetd/fleet"
@@ -48,8 +47,12 @@ type device struct {
 	closed atomic.Bool
 	parked atomic.Bool // park.go
 
-	wmu   sync.Mutex // writes to nc, and the fields below
-	cause error      // why the connection ended, as first said
+	wmu sync.Mutex // writes to nc, and the fields below
+	// fd is the socket while parked (park.go), held apart from Go's
+	// network poller: dup'd from the connection, which is closed; 0: the
+	// connection has it.
+	fd    int32
+	cause error // why the connection ended, as first said
 
 	// What the connection sends the device (delivery.go).
 	inflight map[uint16]inflight   // by packet id, awaiting PUBACK; nil until the first
@@ -73,10 +76,28 @@ type device struct {
 
 	// Reading and parking (park.go); only the reading goroutine, but for
 	// parked and parkKey (the poller's lock).
-	done     func(error)     // ends the connection's handling (the listener's part)
-	raw      syscall.RawConn // the socket, to be watched while parked; nil: never parks
-	deadline int64           // of the keepalive, in Unix nanoseconds, for the packet awaited; 0: none yet
+	done     func(error) // ends the connection's handling (the listener's part)
+	deadline int64       // of the keepalive, in Unix nanoseconds, for the packet awaited; 0: none yet
 	parkKey  uint64
+	// live is the connection rebuilt around the socket when it last woke
+	// from parking; nil: nc. Changed under wmu.
+	live atomic.Pointer[net.TCPConn]
+}
+
+// conn is the connection to read and write: nc, or the one the socket got
+// when it last woke from parking. While parked it is closed.
+func (d *device) conn() net.Conn {
+	if c := d.live.Load(); c != nil {
+		return c
+	}
+	return d.nc
+}
+
+// mayPark says whether the connection parks when idle: only plain TCP
+// connections do (park.go).
+func (d *device) mayPark() bool {
+	_, tcp := d.nc.(*net.TCPConn)
+	return tcp && d.s.poller != nil && d.s.cfg.ParkAfter > 0
 }
 
 // remote is the device's address, for the log.
@@ -212,9 +233,6 @@ func (s *Server) admit(nc net.Conn, ip string, c *connectPacket) *device {
 	}
 	if c.props.receiveMaximum > 0 {
 		d.inflightMax = min(d.inflightMax, int(c.props.receiveMaximum))
-	}
-	if tc, ok := nc.(*net.TCPConn); ok && s.poller != nil && s.cfg.ParkAfter > 0 {
-		d.raw, _ = tc.SyscallConn()
 	}
 	props := &connackProperties{
 		maxPacketSize:  uint32(s.cfg.MaxPacketSize),
@@ -354,7 +372,7 @@ func (d *device) readLoop(r *bufio.Reader) error {
 		if d.deadline == 0 {
 			d.deadline = time.Now().Add(time.Duration(d.keepalive) * time.Second * 3 / 2).UnixNano()
 		}
-		if d.raw != nil && r.Buffered() == 0 {
+		if d.mayPark() && r.Buffered() == 0 {
 			if err := d.idleWait(r); err != nil {
 				return err
 			}
@@ -363,7 +381,7 @@ func (d *device) readLoop(r *bufio.Reader) error {
 			// A packet already buffered is read without the socket, so no
 			// deadline matters to it (idleWait's shorter one may be set):
 			// the keepalive's is set for a read that can wait.
-			_ = d.nc.SetReadDeadline(time.Unix(0, d.deadline))
+			_ = d.conn().SetReadDeadline(time.Unix(0, d.deadline))
 		}
 		header, body, err := readPacket(r, d.s.cfg.MaxPacketSize)
 		var large *packetTooLarge
@@ -728,8 +746,18 @@ func (d *device) writeLocked(b []byte) error {
 	if d.closed.Load() {
 		return net.ErrClosed
 	}
-	_ = d.nc.SetWriteDeadline(time.Now().Add(d.s.cfg.WriteTimeout))
-	if _, err := d.nc.Write(b); err != nil {
+	if d.fd != 0 {
+		// Parked: the socket gets its connection back, and a goroutine
+		// to read what the device answers; it parks again once idle.
+		d.attachLocked()
+		if d.closed.Load() {
+			return net.ErrClosed
+		}
+		d.wake()
+	}
+	c := d.conn()
+	_ = c.SetWriteDeadline(time.Now().Add(d.s.cfg.WriteTimeout))
+	if _, err := c.Write(b); err != nil {
 		d.closeLocked(0, err)
 		return err
 	}
@@ -744,7 +772,7 @@ func (d *device) close(code reasonCode, cause error) {
 		// A write is under way. To a device that does not read it would
 		// hold wmu until its deadline (WriteTimeout): give it a moment,
 		// then cut it short.
-		cut := time.AfterFunc(100*time.Millisecond, func() { _ = d.nc.SetWriteDeadline(time.Now()) })
+		cut := time.AfterFunc(100*time.Millisecond, func() { _ = d.conn().SetWriteDeadline(time.Now()) })
 		d.wmu.Lock()
 		cut.Stop()
 	}
@@ -766,12 +794,21 @@ func (d *device) closeLocked(code reasonCode, cause error) {
 	if cause == nil {
 		d.cause = &protocolError{code: code, msg: "closed by the server"}
 	}
+	var disconnect []byte
 	if code != 0 && d.version == version5 {
-		// A device that does not read must not hold this up.
-		_ = d.nc.SetWriteDeadline(time.Now().Add(time.Second))
-		_, _ = d.nc.Write(appendDisconnect(nil, code))
+		disconnect = appendDisconnect(nil, code)
 	}
-	_ = d.nc.Close()
+	if d.fd != 0 {
+		d.closeApartLocked(disconnect)
+		return
+	}
+	c := d.conn()
+	if disconnect != nil {
+		// A device that does not read must not hold this up.
+		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = c.Write(disconnect)
+	}
+	_ = c.Close()
 }
 
 func (d *device) isClosed() bool { return d.closed.Load() }

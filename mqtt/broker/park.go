@@ -66,7 +66,7 @@ func (d *device) idleWait(r *bufio.Reader) error {
 	if grace.UnixNano() >= d.deadline {
 		return nil // the keepalive's deadline comes first
 	}
-	_ = d.nc.SetReadDeadline(grace)
+	_ = d.conn().SetReadDeadline(grace)
 	if _, err := r.Peek(1); err == nil || !isTimeout(err) {
 		return err
 	}
@@ -84,25 +84,38 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// park hands the connection to the poller and reports true; from then on
-// the calling goroutine must not touch the device: a wake may already have
+// park hands the socket to the poller and reports true; from then on the
+// calling goroutine must not touch the device: a wake may already have
 // started another. It reports false if the socket cannot be watched: the
-// goroutine reads on.
+// goroutine reads on, from r.
+//
+// The socket is held apart from its net.Conn while parked (detachLocked):
+// the connection is closed, which gives Go's network poller back its poll
+// descriptor (about 300 bytes off the heap, with its deadline timers) and
+// the connection's finalizer, half a kilobyte a parked connection that the
+// runtime would otherwise keep (docs/benchmarks-notebook.md, "Idle
+// connections: what a start pays once"). Waking rebuilds a net.Conn around
+// the socket: a few more system calls a wake.
 func (d *device) park(r *bufio.Reader) bool {
 	p := d.s.poller
-	d.parked.Store(true)
-	var werr error
-	err := d.raw.Control(func(fd uintptr) { werr = p.watch(d, int(fd), d.deadline) })
-	if err == nil {
-		err = werr
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	if d.closed.Load() {
+		return false // the reader finds it closed
 	}
-	if err != nil && d.parked.CompareAndSwap(true, false) {
-		if !d.isClosed() {
-			d.s.log.Debug("mqtt: cannot park an idle connection; it keeps its goroutine", "tenant", d.tenant, "device", d.id, "err", err)
-		}
+	if err := d.detachLocked(); err != nil {
+		d.s.log.Debug("mqtt: cannot park an idle connection; it keeps its goroutine", "tenant", d.tenant, "device", d.id, "err", err)
 		return false
 	}
-	// Parked, or woken already (and read on by the waker's goroutine).
+	d.parked.Store(true)
+	if err := p.watch(d, int(d.fd), d.deadline); err != nil && d.parked.CompareAndSwap(true, false) {
+		d.s.log.Debug("mqtt: cannot park an idle connection; it keeps its goroutine", "tenant", d.tenant, "device", d.id, "err", err)
+		d.attachLocked()
+		r.Reset(d.conn())
+		return false
+	}
+	// Parked, or woken already (and read on by the waker's goroutine,
+	// once wmu is free).
 	putReader(r)
 	return true
 }
@@ -114,5 +127,13 @@ func (d *device) wake() {
 		return
 	}
 	d.s.poller.forget(d)
-	go d.serve(getReader(d.nc))
+	go d.resume()
+}
+
+// resume gives a woken connection's socket its net.Conn back, and reads on.
+func (d *device) resume() {
+	d.wmu.Lock()
+	d.attachLocked()
+	d.wmu.Unlock()
+	d.serve(getReader(d.conn()))
 }

@@ -3,6 +3,7 @@ package broker
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"sync"
 	"syscall"
@@ -93,6 +94,13 @@ func (p *poller) watch(d *device, fd int, deadline int64) error {
 		return fmt.Errorf("epoll_ctl: %w", err)
 	}
 	return nil
+}
+
+// unwatch takes fd out of the epoll instance; fd is about to be closed
+// while another descriptor of its socket stays open, which would leave it
+// registered.
+func (p *poller) unwatch(fd int) {
+	_ = p.ctl(syscall.EPOLL_CTL_DEL, fd, 0, 0)
 }
 
 // forget drops d's registration: an event for it is ignored.
@@ -192,39 +200,104 @@ func (d *device) pingInPlace(p *poller) bool {
 	if d.closed.Load() || !d.parked.Load() {
 		return false
 	}
+	if d.fd == 0 {
+		return false
+	}
 	pingresp := [2]byte{typePingresp << 4, 0}
 	answered, short := false, false
 	deadline := time.Now().Add(time.Duration(d.keepalive) * time.Second * 3 / 2).UnixNano()
 	var werr error
-	err := d.raw.Control(func(fd uintptr) {
+	func(fd int) {
 		var b [3]byte // a third byte says the PINGREQ is not alone
-		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		n, _, err := syscall.Recvfrom(fd, b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		if err != nil || n != 2 || b[0] != typePingreq<<4 || b[1] != 0 {
 			return
 		}
 		// The answer first: the PINGREQ is taken off the socket only once
 		// it is answered, and otherwise left to the connection's reader.
-		w, err := syscall.Write(int(fd), pingresp[:])
+		w, err := syscall.Write(fd, pingresp[:])
 		if err != nil || w != len(pingresp) {
 			short = w > 0
 			return
 		}
 		d.s.stats.parkedPings.Add(1)
-		if n, _, err := syscall.Recvfrom(int(fd), b[:2], syscall.MSG_DONTWAIT); err != nil || n != 2 {
+		if n, _, err := syscall.Recvfrom(fd, b[:2], syscall.MSG_DONTWAIT); err != nil || n != 2 {
 			return // the reader will find the socket's error, or answer again: a device ignores a second PINGRESP
 		}
 		answered = true
 		d.deadline = deadline // the poller reads for the connection now
-		werr = p.watch(d, int(fd), deadline)
-	})
+		werr = p.watch(d, fd, deadline)
+	}(int(d.fd))
 	switch {
 	case short: // half a packet written: the stream is broken
 		d.closeLocked(0, errors.New("a PINGRESP written in part"))
 		return true // closing woke the connection, to end
-	case err != nil || !answered:
+	case !answered:
 		return false
 	case werr != nil:
 		return false // not watched: the connection needs its goroutine back
 	}
 	return true
+}
+
+// detachLocked holds the socket apart from its connection for parking: a
+// descriptor of its own in d.fd, and the connection closed, which frees
+// what Go's network poller kept for it; wmu is held.
+func (d *device) detachLocked() error {
+	raw, err := d.conn().(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return err
+	}
+	var fd uintptr
+	var errno syscall.Errno
+	err = raw.Control(func(s uintptr) {
+		fd, _, errno = syscall.Syscall(syscall.SYS_FCNTL, s, syscall.F_DUPFD_CLOEXEC, 3)
+	})
+	if err != nil {
+		return err
+	}
+	if errno != 0 {
+		return fmt.Errorf("dup: %w", errno)
+	}
+	_ = d.conn().Close() // the socket stays open: fd is another descriptor of it
+	d.live.Store(nil)
+	d.fd = int32(fd)
+	return nil
+}
+
+// attachLocked gives the socket held apart a connection again, as d.live;
+// wmu is held. If it cannot, the socket is closed and so is the
+// connection.
+func (d *device) attachLocked() {
+	if d.fd == 0 {
+		return
+	}
+	fd := int(d.fd)
+	d.fd = 0
+	d.s.poller.unwatch(fd)
+	f := os.NewFile(uintptr(fd), "mqtt")
+	c, err := net.FileConn(f) // a descriptor of its own
+	_ = f.Close()
+	tc, ok := c.(*net.TCPConn)
+	if err == nil && !ok {
+		c.Close()
+		err = fmt.Errorf("a %T, not TCP", c)
+	}
+	if err != nil {
+		d.closeLocked(0, fmt.Errorf("waking a parked connection: %w", err))
+		return
+	}
+	d.live.Store(tc)
+}
+
+// closeApartLocked closes the socket held apart while parked, sending
+// disconnect first if there is one and it can go without waiting; wmu is
+// held. Closing its last descriptor takes it out of the poller's epoll
+// instance.
+func (d *device) closeApartLocked(disconnect []byte) {
+	if disconnect != nil {
+		_, _ = syscall.Write(int(d.fd), disconnect)
+	}
+	_ = syscall.Close(int(d.fd))
+	d.fd = 0
 }

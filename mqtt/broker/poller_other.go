@@ -16,3 +16,8 @@ func (p *poller) watch(d *device, fd int, deadline int64) error { return errors.
 func (p *poller) forget(d *device)                              {}
 func (p *poller) count() int                                    { return 0 }
 func (p *poller) close()                                        {}
+
+// Connections never park here, so no socket is ever held apart.
+func (d *device) detachLocked() error                { return errors.ErrUnsupported }
+func (d *device) attachLocked()                      {}
+func (d *device) closeApartLocked(disconnect []byte) {}
