@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/fleetd/fleet/internal/fleetdtest"
-	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
 // TestAgentUpdateConfig changes devices' desired state with the tenant's
@@ -16,22 +15,15 @@ import (
 // one configured for neither fails it saying so.
 func TestAgentUpdateConfig(t *testing.T) {
 	t.Parallel()
-	bin := fleetdtest.BuildAgent(t)
-	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := fleetdtest.Start(t, b)
+	withFleetd(t, nil, func(t *testing.T, s *agents) {
 		admin := s.Admin()
 		s.Do(t, admin, "PUT", "/api/v1/tenants/default/shadow-settings", map[string]any{"update_config": true}).Want(t, 204)
 		dir := t.TempDir()
 		file, copied := filepath.Join(dir, "desired.json"), filepath.Join(dir, "applied.json")
 		hook := filepath.Join(dir, "apply")
 		writeScript(t, hook, `cat "$1" > `+copied+`; read -r stdin; [ "$stdin" = "$(cat "$1")" ] || { echo "stdin differs" >&2; exit 1; }`)
-		dev := s.MustDevice(t, admin, "cfg-1", nil)
-		agent := s.StartAgent(t, bin, "cfg-1", dev.Token, "--update-config-file", file, "--update-config-hook", hook+" {file}")
-		bare := s.MustDevice(t, admin, "cfg-bare", nil)
-		bareAgent := s.StartAgent(t, bin, "cfg-bare", bare.Token)
-		fleetdtest.Eventually(t, "the agents to connect", func() bool {
-			return fleetdtest.AgentSays(agent, "msg=connected") && fleetdtest.AgentSays(bareAgent, "msg=connected")
-		})
+		s.StartDevice(t, "cfg-1", "--update-config-file", file, "--update-config-hook", hook+" {file}")
+		s.StartDevice(t, "cfg-bare")
 
 		s.Do(t, admin, "PATCH", "/api/v1/devices/cfg-1/shadow", map[string]any{"desired": map[string]any{"interval": 30}}).Want(t, 200)
 		s.Do(t, admin, "PATCH", "/api/v1/devices/cfg-1/shadow", map[string]any{"desired": map[string]any{"log": map[string]any{"level": "debug"}}}).Want(t, 200)

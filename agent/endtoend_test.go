@@ -22,6 +22,34 @@ import (
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
+// agents is what each end-to-end test here starts from: a fleetd on one
+// database, and fleetd-agent built to run as a process for each of its
+// devices (of tenant "default") that the test starts.
+type agents struct {
+	*fleetdtest.Server
+	bin string // fleetd-agent, built
+}
+
+// withFleetd builds fleetd-agent and, on each database
+// (sqlstoretest.Run), starts fleetd with flags and runs test with it.
+func withFleetd(t *testing.T, flags []string, test func(t *testing.T, s *agents)) {
+	t.Helper()
+	bin := fleetdtest.BuildAgent(t)
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		test(t, &agents{Server: fleetdtest.Start(t, b, flags...), bin: bin})
+	})
+}
+
+// StartDevice makes device id, runs fleetd-agent for it with flags (stopped
+// when the test ends) and waits until it is connected.
+func (s *agents) StartDevice(t *testing.T, id string, flags ...string) *fleetdtest.AgentProcess {
+	t.Helper()
+	dev := s.MustDevice(t, s.Admin(), id, nil)
+	p := s.StartAgent(t, s.bin, id, dev.Token, flags...)
+	fleetdtest.Eventually(t, "fleetd-agent of "+id+" to connect", func() bool { return fleetdtest.AgentSays(p, "msg=connected") })
+	return p
+}
+
 // writeScript writes an executable shell script.
 func writeScript(t *testing.T, path, body string) {
 	t.Helper()
@@ -65,9 +93,7 @@ func hasError(da fleetdtest.DeviceActionBody, state, words string) bool {
 // group.
 func TestAgentActions(t *testing.T) {
 	t.Parallel()
-	bin := fleetdtest.BuildAgent(t)
-	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := fleetdtest.Start(t, b)
+	withFleetd(t, nil, func(t *testing.T, s *agents) {
 		admin := s.Admin()
 		work := t.TempDir()
 		actions := filepath.Join(work, "actions")
@@ -85,10 +111,8 @@ echo "progress 5"
 wait
 `, work))
 		os.WriteFile(filepath.Join(actions, "notexec"), []byte("#!/bin/sh\nexit 0\n"), 0o644)
-		dev := s.MustDevice(t, admin, "agent-1", nil)
-		slow := s.MustDevice(t, admin, "agent-slow", nil)
-		s.StartAgent(t, bin, "agent-1", dev.Token, "--actions-dir", actions)
-		s.StartAgent(t, bin, "agent-slow", slow.Token, "--actions-dir", actions, "--action-timeout", "1s")
+		s.StartDevice(t, "agent-1", "--actions-dir", actions)
+		s.StartDevice(t, "agent-slow", "--actions-dir", actions, "--action-timeout", "1s")
 		dispatch := func(device, name string, params map[string]any) int64 {
 			return s.Dispatch(t, admin, map[string]any{"action": name, "params": params, "search_type": "default", "device_ids": []string{device}})
 		}
@@ -167,9 +191,7 @@ wait
 // that fails fails the update with its stderr.
 func TestAgentFirmware(t *testing.T) {
 	t.Parallel()
-	bin := fleetdtest.BuildAgent(t)
-	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := fleetdtest.Start(t, b)
+	withFleetd(t, nil, func(t *testing.T, s *agents) {
 		admin := s.Admin()
 		work := t.TempDir()
 		installed := filepath.Join(work, "installed")
@@ -178,8 +200,7 @@ func TestAgentFirmware(t *testing.T) {
 		writeScript(t, hook, fmt.Sprintf(`if [ "$1" = broken ]; then echo "image rejected by bootloader" >&2; exit 1; fi
 cp "$2" %s/"$1-$3"
 `, installed))
-		dev := s.MustDevice(t, admin, "fw-1", nil)
-		s.StartAgent(t, bin, "fw-1", dev.Token, "--download-dir", filepath.Join(work, "downloads"),
+		s.StartDevice(t, "fw-1", "--download-dir", filepath.Join(work, "downloads"),
 			"--install-hook", hook+" {component} {file} {version}")
 
 		boot, app := strings.Repeat("boot", 1000), strings.Repeat("application ", 50000)
@@ -214,13 +235,10 @@ cp "$2" %s/"$1-$3"
 // statistics to uplink_system_stats.
 func TestAgentStreams(t *testing.T) {
 	t.Parallel()
-	bin := fleetdtest.BuildAgent(t)
-	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := fleetdtest.Start(t, b)
+	withFleetd(t, nil, func(t *testing.T, s *agents) {
 		admin := s.Admin()
 		logFile := filepath.Join(t.TempDir(), "app.log")
-		dev := s.MustDevice(t, admin, "streamer", nil)
-		s.StartAgent(t, bin, "streamer", dev.Token, "--log-file", logFile, "--stats-interval", "100ms", "--flush-interval", "50ms")
+		s.StartDevice(t, "streamer", "--log-file", logFile, "--stats-interval", "100ms", "--flush-interval", "50ms")
 		latest := func(stream string) (map[string]any, bool) {
 			r := s.Do(t, admin, "GET", "/api/v1/devices/streamer/streams/"+stream+"/latest", nil)
 			if r.Status == 404 {
@@ -275,18 +293,15 @@ func TestAgentStreams(t *testing.T) {
 // idle timeout, and a device without --remote.
 func TestAgentRemote(t *testing.T) {
 	t.Parallel()
-	bin := fleetdtest.BuildAgent(t)
-	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := fleetdtest.Start(t, b, "--remote-idle-timeout", "1500ms", "--remote-connect-timeout", "3s",
-			"--remote-max-per-user", "3", "--remote-max-per-device", "2")
+	flags := []string{"--remote-idle-timeout", "1500ms", "--remote-connect-timeout", "3s",
+		"--remote-max-per-user", "3", "--remote-max-per-device", "2"}
+	withFleetd(t, flags, func(t *testing.T, s *agents) {
 		admin := s.Admin()
 		root := t.TempDir()
 		os.Mkdir(filepath.Join(root, "sub"), 0o755)
 		os.Symlink("/etc", filepath.Join(root, "escape"))
-		dev := s.MustDevice(t, admin, "agent-r", nil)
-		s.StartAgent(t, bin, "agent-r", dev.Token, "--remote", "--remote-root", root, "--remote-max-file-bytes", "100000")
-		off := s.MustDevice(t, admin, "agent-off", nil)
-		s.StartAgent(t, bin, "agent-off", off.Token)
+		s.StartDevice(t, "agent-r", "--remote", "--remote-root", root, "--remote-max-file-bytes", "100000")
+		s.StartDevice(t, "agent-off")
 		fc := s.NewFleetctl(t, admin)
 		// ended waits until every session of agent-r has ended on the
 		// server (a client may be done a moment before the relay), so that
@@ -505,11 +520,9 @@ func TestAgentForwardThroughput(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("FLEETD_FORWARD_MB")); err == nil && v > 0 {
 		mb = v
 	}
-	bin := fleetdtest.BuildAgent(t)
-	s := fleetdtest.Start(t, sqlstoretest.Backends()[0])
+	s := &agents{Server: fleetdtest.Start(t, sqlstoretest.Backends()[0]), bin: fleetdtest.BuildAgent(t)}
 	admin := s.Admin()
-	dev := s.MustDevice(t, admin, "fwd", nil)
-	s.StartAgent(t, bin, "fwd", dev.Token, "--remote", "--log-level", "info")
+	s.StartDevice(t, "fwd", "--remote", "--log-level", "info")
 	// The device's service swallows what it is sent and answers, at the
 	// end, how many bytes it got.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -585,12 +598,9 @@ func TestAgentForwardThroughput(t *testing.T) {
 // does not wait for connections it no longer owns.
 func TestAgentRemoteShutdown(t *testing.T) {
 	t.Parallel()
-	bin := fleetdtest.BuildAgent(t)
-	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := fleetdtest.Start(t, b)
+	withFleetd(t, nil, func(t *testing.T, s *agents) {
 		admin := s.Admin()
-		dev := s.MustDevice(t, admin, "stopping", nil)
-		s.StartAgent(t, bin, "stopping", dev.Token, "--remote")
+		s.StartDevice(t, "stopping", "--remote")
 		fc := s.NewFleetctl(t, admin)
 		done := make(chan fleetdtest.CtlResult, 1)
 		go func() { done <- fc.Run("", "ssh", "stopping", "--", "sleep 60") }()
@@ -622,30 +632,12 @@ func TestAgentRemoteShutdown(t *testing.T) {
 // the same, not wait on the shell for ever.
 func TestAgentTerminalIgnoringHangUp(t *testing.T) {
 	t.Parallel()
-	bin := fleetdtest.BuildAgent(t)
 	shell := filepath.Join(t.TempDir(), "deaf-shell")
 	writeScript(t, shell, "trap '' HUP\nexec /bin/sh -i\n")
-	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := fleetdtest.Start(t, b)
+	withFleetd(t, nil, func(t *testing.T, s *agents) {
 		admin := s.Admin()
-		dev := s.MustDevice(t, admin, "deaf", nil)
-		p := s.StartAgent(t, bin, "deaf", dev.Token, "--remote", "--remote-shell", shell)
-		var sess fleet.RemoteSession
-		s.Do(t, admin, "POST", "/api/v1/devices/deaf/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 201).Decode(t, &sess)
-		conn, err := remote.Dial(context.Background(), s.URL+"/api/v1/remote-sessions/"+sess.ID+"/operator",
-			http.Header{"X-Service-Tenant": {"default"}, "X-Service-Api-Key": {admin.Key}}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn.Write([]byte("echo re''ady\n"))
-		var out strings.Builder
-		for !strings.Contains(out.String(), "ready") {
-			b, _, err := conn.Read()
-			if err != nil {
-				t.Fatalf("the session ended: %v; output: %q", err, out.String())
-			}
-			out.Write(b)
-		}
+		p := s.StartDevice(t, "deaf", "--remote", "--remote-shell", shell)
+		_, conn := s.OpenTerminal(t, admin, "deaf") // the shell answers
 		conn.Close()
 		fleetdtest.Eventually(t, "the agent to end the session", func() bool {
 			return fleetdtest.AgentSays(p, "remote session ended")
@@ -660,23 +652,14 @@ func TestAgentTerminalIgnoringHangUp(t *testing.T) {
 // the shell exits.
 func TestAgentTerminalJobs(t *testing.T) {
 	t.Parallel()
-	bin := fleetdtest.BuildAgent(t)
-	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		s := fleetdtest.Start(t, b)
+	withFleetd(t, nil, func(t *testing.T, s *agents) {
 		admin := s.Admin()
-		dev := s.MustDevice(t, admin, "jobs", nil)
-		p := s.StartAgent(t, bin, "jobs", dev.Token, "--remote")
+		p := s.StartDevice(t, "jobs", "--remote")
 		// start opens a terminal and starts a job in a group of its own,
 		// whose pid it writes to the file it returns.
 		start := func(t *testing.T) (*remote.Conn, string) {
 			pidFile := filepath.Join(t.TempDir(), "job.pid")
-			var sess fleet.RemoteSession
-			s.Do(t, admin, "POST", "/api/v1/devices/jobs/remote-sessions", map[string]any{"kind": "shell"}).Want(t, 201).Decode(t, &sess)
-			conn, err := remote.Dial(context.Background(), s.URL+"/api/v1/remote-sessions/"+sess.ID+"/operator",
-				http.Header{"X-Service-Tenant": {"default"}, "X-Service-Api-Key": {admin.Key}}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, conn := s.OpenTerminal(t, admin, "jobs")
 			conn.Write([]byte("set -m; sleep 1000 & echo $! > " + pidFile + "; echo re''ady\n"))
 			fleetdtest.ReadUntil(t, conn, "ready")
 			if processGone(t, pidFile) {

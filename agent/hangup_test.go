@@ -11,7 +11,6 @@ import (
 
 	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/remote"
-	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
 // TestAgentTerminalNohup: a job started with nohup and its output sent
@@ -21,13 +20,10 @@ import (
 // long job that way and logs out.
 func TestAgentTerminalNohup(t *testing.T) {
 	t.Parallel()
-	bin := fleetdtest.BuildAgent(t)
-	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+	withFleetd(t, nil, func(t *testing.T, s *agents) {
 		outer := t
-		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
-		dev := s.MustDevice(t, admin, "nohup", nil)
-		p := s.StartAgent(t, bin, "nohup", dev.Token, "--remote")
+		p := s.StartDevice(t, "nohup", "--remote")
 		// start opens a terminal and starts a nohup job, whose pid it
 		// writes to the file it returns, and waits until the job ignores
 		// SIGHUP (nohup has run sleep); the jobs are killed when the test
@@ -109,13 +105,10 @@ func TestAgentTerminalNohup(t *testing.T) {
 // leaves; the agent holds no pty once the sessions have ended.
 func TestAgentTerminalHungUpJob(t *testing.T) {
 	t.Parallel()
-	bin := fleetdtest.BuildAgent(t)
-	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+	withFleetd(t, nil, func(t *testing.T, s *agents) {
 		outer := t
-		s := fleetdtest.Start(t, b)
 		admin := s.Admin()
-		dev := s.MustDevice(t, admin, "hungup", nil)
-		p := s.StartAgent(t, bin, "hungup", dev.Token, "--remote")
+		p := s.StartDevice(t, "hungup", "--remote")
 		dir := t.TempDir()
 		// start opens a terminal and starts the job, which ticks until a
 		// write fails, then says so in its file and sleeps on.
