@@ -299,3 +299,19 @@ func (db *DB) DropPartitionWhole(ctx context.Context, name string) error {
 		return err
 	})
 }
+
+// DropIfExpired drops the partition of table starting at start as the
+// maintenance does once it found it expired (on SQLite in slices, on
+// PostgreSQL detached first), checking again that it is, and reports
+// whether it dropped it.
+func (db *DB) DropIfExpired(ctx context.Context, table string, start time.Time) (bool, error) {
+	for _, k := range partKinds {
+		if k.table == table {
+			if db.dialect == sqlite {
+				return db.dropSliced(ctx, k, millis(start))
+			}
+			return db.dropDetached(ctx, k, millis(start))
+		}
+	}
+	return false, fmt.Errorf("no partitioned table %s", table)
+}

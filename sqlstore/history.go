@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -214,7 +215,13 @@ func (db *DB) SetStreamRetention(ctx context.Context, tenant string, d time.Dura
 	if d != 0 {
 		ms = d.Milliseconds()
 	}
-	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+	// Under the maintenance's lock on PostgreSQL: a drop that found a
+	// partition expired drops it before a longer retention commits, and
+	// one after sees it (dropDetached).
+	err := db.updateAlone(ctx, func(ctx context.Context, tx *Tx) error {
+		if err := tx.lockHistory(ctx); err != nil {
+			return err
+		}
 		n, err := tx.execCount(ctx, "UPDATE tenants SET stream_retention_ms = ? WHERE name = ?", ms, tenant)
 		if err == nil && n == 0 {
 			err = fleet.Errorf(fleet.ENOTFOUND, "tenant %q not found", tenant)
@@ -474,18 +481,75 @@ func (db *DB) ensurePartitions(ctx context.Context, chunks []chunk) error {
 // makePartitions makes parts, those that do not exist, taking turns with
 // other replicas (lockHistory).
 func (tx *Tx) makePartitions(ctx context.Context, parts []part) error {
-	if len(parts) == 0 {
+	var missing []part
+	for _, p := range parts {
+		// One that exists needs no lock, which a replica's drop holds while
+		// its detach waits for the parent's readers (dropDetached).
+		if ok, err := tx.partitionExists(ctx, p); err != nil {
+			return err
+		} else if !ok {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) == 0 {
 		return nil
 	}
 	if err := tx.lockHistory(ctx); err != nil {
 		return err
 	}
-	for _, p := range parts {
-		if _, err := tx.tx.ExecContext(ctx, tx.db.dialect.createPartition(p.k, p.start)); err != nil {
+	for _, p := range missing {
+		if err := tx.makePartition(ctx, p); err != nil {
 			return fmt.Errorf("create partition %s: %w", p.k.name(p.start), err)
 		}
 	}
 	return nil
+}
+
+// makePartition makes p unless it exists. On PostgreSQL the partition is
+// made a table of its own, then attached to its parent, which takes the
+// parent's SHARE UPDATE EXCLUSIVE lock (CREATE TABLE … PARTITION OF takes
+// its ACCESS EXCLUSIVE lock, which reads and writes of the parent wait
+// for, as they wait for any statement queued for it behind a long read);
+// a table of the name that is not attached (detached, not yet dropped) is
+// attached, if its range is not expired, or dropped by the maintenance.
+func (tx *Tx) makePartition(ctx context.Context, p part) error {
+	if tx.db.dialect != postgres {
+		_, err := tx.tx.ExecContext(ctx, tx.db.dialect.createPartition(p.k, p.start))
+		return err
+	}
+	name := p.k.name(p.start)
+	_, err := tx.tx.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+name+" (LIKE "+p.k.table+" INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
+	if err != nil {
+		return err
+	}
+	var exists, attached, pending bool
+	if err := tx.queryRow(ctx, partitionState, name).Scan(&exists, &attached, &pending); err != nil || attached {
+		return err
+	}
+	_, err = tx.tx.ExecContext(ctx, fmt.Sprintf("ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%d) TO (%d)", p.k.table, name, p.start, p.k.next(p.start)))
+	return err
+}
+
+// partitionState tells whether PostgreSQL's table named ? exists, is a
+// partition, and is being detached (DETACH … CONCURRENTLY cut short). It
+// reads the catalog in the statement's snapshot: to_regclass reads the
+// backend's cache of it, which an advisory lock does not bring up to date
+// with what another replica committed before letting go of it.
+const partitionState = `SELECT c.oid IS NOT NULL, i.inhrelid IS NOT NULL, coalesce(i.inhdetachpending, false)
+	FROM (SELECT 1) AS one
+	LEFT JOIN pg_class c ON c.relname = ? AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
+	LEFT JOIN pg_inherits i ON i.inhrelid = c.oid`
+
+// partitionExists reports whether p is a partition of its parent on
+// PostgreSQL, not being detached; on SQLite it reports false, and
+// makePartition's CREATE TABLE IF NOT EXISTS tells.
+func (tx *Tx) partitionExists(ctx context.Context, p part) (bool, error) {
+	if tx.db.dialect != postgres {
+		return false, nil
+	}
+	var exists, attached, pending bool
+	err := tx.queryRow(ctx, partitionState, p.k.name(p.start)).Scan(&exists, &attached, &pending)
+	return attached && !pending, err
 }
 
 // part is one partition: its kind and the start of its range.
@@ -526,8 +590,7 @@ func (tx *Tx) lockHistory(ctx context.Context) error {
 	if tx.db.dialect != postgres {
 		return nil
 	}
-	// "fleet" + 1: the partitions of stream history.
-	_, err := tx.exec(ctx, "SELECT pg_advisory_xact_lock(439788553589)")
+	_, err := tx.exec(ctx, "SELECT pg_advisory_xact_lock(?, hashtext(current_schema()))", historyLock)
 	return err
 }
 
@@ -600,8 +663,14 @@ func successorChunkID(id, deviceCreated int64) int64 {
 // as long as the longest retention of any tenant, rollups at least as
 // long as their own.
 func (db *DB) retentions(ctx context.Context) (map[partKind]time.Duration, error) {
+	return db.retentionsFrom(func(q string) *sql.Row { return db.queryRow(ctx, q) })
+}
+
+// retentionsFrom is retentions read by row: in a write job, or on the
+// connection that holds the maintenance's lock.
+func (db *DB) retentionsFrom(row func(query string) *sql.Row) (map[partKind]time.Duration, error) {
 	var longest sql.NullInt64
-	if err := db.queryRow(ctx, "SELECT max(stream_retention_ms) FROM tenants").Scan(&longest); err != nil {
+	if err := row("SELECT max(stream_retention_ms) FROM tenants").Scan(&longest); err != nil {
 		return nil, db.classify(err)
 	}
 	raw := db.history.retention
@@ -616,8 +685,17 @@ func (db *DB) retentions(ctx context.Context) (map[partKind]time.Duration, error
 	}, nil
 }
 
+// expired reports whether the partition of k starting at start is wholly
+// older than keep's retention of k at now.
+func expired(keep map[partKind]time.Duration, k partKind, start, now int64) bool {
+	return k.next(start) <= now-keep[k].Milliseconds()
+}
+
 // partitions returns the partitions of k that exist, by start, oldest
-// first. The slice is shared: callers do not change it.
+// first. The slice is shared: callers do not change it. On PostgreSQL
+// they are the tables named as partitions of k, attached or not: a
+// partition detached and not yet dropped (a stop between the two) is one
+// to drop.
 func (db *DB) partitions(ctx context.Context, q querier, k partKind) ([]int64, error) {
 	// In a read transaction on SQLite, the list read last for the same
 	// schema: SQLite counts the changes of a schema that commit (its
@@ -633,16 +711,11 @@ func (db *DB) partitions(ctx context.Context, q querier, k partKind) ([]int64, e
 			return starts, nil
 		}
 	}
-	query := "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE ?"
-	args := []any{k.table + "\\_%"}
+	query := "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE ? ESCAPE '\\'"
 	if db.dialect == postgres {
-		query = `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-			WHERE i.inhparent = CAST(? AS regclass)`
-		args = []any{k.table}
-	} else {
-		query += " ESCAPE '\\'"
+		query = `SELECT c.relname FROM pg_class c WHERE c.relkind = 'r' AND c.relname LIKE ? ESCAPE '\' AND pg_table_is_visible(c.oid)`
 	}
-	rows, err := q.query(ctx, query, args...)
+	rows, err := q.query(ctx, query, k.table+"\\_%")
 	if err != nil {
 		return nil, err
 	}
@@ -695,74 +768,143 @@ func (l *partitionLists) put(version int64, k partKind, starts []int64) {
 }
 
 // MaintainHistory makes the partitions of today and the next two days (or
-// months) and drops those wholly older than their retention. Replicas on
-// PostgreSQL take turns through an advisory lock. It returns the
-// partitions it dropped.
+// months) and drops those wholly older than their retention, each in
+// transactions of its own: on PostgreSQL a partition is made and attached
+// to its parent, or detached from it and dropped, under the parent's
+// SHARE UPDATE EXCLUSIVE lock, which ingest and reads do not wait for, and
+// no transaction holds it across partitions (docs/telemetry.md). Replicas
+// on PostgreSQL take turns through an advisory lock, and a drop checks
+// under it that the partition is still expired: a tenant's retention made
+// longer meanwhile keeps it. It returns the partitions it dropped.
 func (db *DB) MaintainHistory(ctx context.Context) ([]string, error) {
 	keep, err := db.retentions(ctx)
 	if err != nil {
 		return nil, err
 	}
 	now := millis(db.now())
-	var dropped []string
-	var expired []part // SQLite's, dropped in slices after
-	err = db.updateAlone(ctx, func(ctx context.Context, tx *Tx) error {
-		dropped, expired = dropped[:0], expired[:0]
-		if err := tx.lockHistory(ctx); err != nil {
-			return err
-		}
-		for _, k := range partKinds {
-			for s, i := k.start(now), 0; i < 3; s, i = k.next(s), i+1 {
-				if _, err := tx.tx.ExecContext(ctx, db.dialect.createPartition(k, s)); err != nil {
-					return fmt.Errorf("create partition %s: %w", k.name(s), err)
-				}
-			}
-			starts, err := db.partitions(ctx, tx, k)
-			if err != nil {
-				return err
-			}
-			for _, s := range starts {
-				if k.next(s) > now-keep[k].Milliseconds() {
-					if db.dialect == sqlite && k != pointsPart {
-						// A partition made before migration 0043 gains
-						// its index; for the others this does nothing.
-						if _, err := tx.tx.ExecContext(ctx, db.dialect.createPartition(k, s)); err != nil {
-							return fmt.Errorf("index partition %s: %w", k.name(s), err)
-						}
-					}
-					continue
-				}
-				if db.dialect == sqlite {
-					expired = append(expired, part{k, s})
-					continue
-				}
-				if _, err := tx.tx.ExecContext(ctx, "DROP TABLE "+k.name(s)); err != nil {
-					return fmt.Errorf("drop partition %s: %w", k.name(s), err)
-				}
-				dropped = append(dropped, k.name(s))
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	for _, p := range expired {
-		if err := db.dropSliced(ctx, p.k, p.start); err != nil {
-			return dropped, err
-		}
-		dropped = append(dropped, p.k.name(p.start))
-		db.history.known.Delete(p.k.name(p.start))
-	}
 	for _, k := range partKinds {
 		for s, i := k.start(now), 0; i < 3; s, i = k.next(s), i+1 {
+			if _, ok := db.history.known.Load(k.name(s)); ok {
+				// Made or found by an earlier run, or by ingest; one
+				// dropped since by another (an operator) is made again by
+				// the first write to it (rewriteHistory).
+				continue
+			}
+			err := db.updateAlone(ctx, func(ctx context.Context, tx *Tx) error { return tx.makePartitions(ctx, []part{{k, s}}) })
+			if err != nil {
+				return nil, err
+			}
 			db.history.known.Store(k.name(s), struct{}{})
 		}
 	}
-	for _, name := range dropped {
-		db.history.known.Delete(name)
+	var dropped []string
+	for _, k := range partKinds {
+		starts, err := db.partitions(ctx, db, k)
+		if err != nil {
+			return dropped, err
+		}
+		var kept []part
+		for _, s := range starts {
+			if !expired(keep, k, s, now) {
+				if db.dialect == sqlite && k != pointsPart {
+					kept = append(kept, part{k, s})
+				}
+				continue
+			}
+			var ok bool
+			if db.dialect == sqlite {
+				ok, err = db.dropSliced(ctx, k, s)
+			} else {
+				ok, err = db.dropDetached(ctx, k, s)
+			}
+			if err != nil {
+				return dropped, err
+			}
+			if ok {
+				dropped = append(dropped, k.name(s))
+				db.history.known.Delete(k.name(s))
+			}
+		}
+		if len(kept) > 0 {
+			// A partition made before migration 0043 gains its index; for
+			// the others this does nothing.
+			err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+				for _, p := range kept {
+					if _, err := tx.tx.ExecContext(ctx, db.dialect.createPartition(p.k, p.start)); err != nil {
+						return fmt.Errorf("index partition %s: %w", p.k.name(p.start), err)
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				return dropped, err
+			}
+		}
 	}
 	return dropped, nil
+}
+
+// historyLock is the first key of the advisory lock under which replicas on
+// PostgreSQL make and drop partitions ("fleet"); the second is a hash of
+// the schema, so that installations in schemas of one database (and
+// tests) do not wait for each other's drops, which hold it while their
+// detach waits for their readers.
+const historyLock = 439788553
+
+// dropDetached drops PostgreSQL's partition of k starting at start if it
+// is still expired once this replica holds the maintenance's lock, and
+// reports whether it did. It is detached first (DETACH PARTITION
+// CONCURRENTLY, which takes the parent's SHARE UPDATE EXCLUSIVE lock, not
+// the ACCESS EXCLUSIVE lock a DROP TABLE of an attached partition takes
+// and holds, which every read and write of the parent would wait for) and
+// dropped once it is a table of its own. DETACH CONCURRENTLY commits twice
+// and may not run in a transaction block, so the lock is the session's,
+// on a connection held for it; a detach cut short (a stop, a lost
+// connection) is finished with FINALIZE at the next maintenance.
+func (db *DB) dropDetached(ctx context.Context, k partKind, start int64) (bool, error) {
+	name := k.name(start)
+	conn, err := db.write.Conn(ctx)
+	if err != nil {
+		return false, db.classify(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock($1, hashtext(current_schema()))", historyLock); err != nil {
+		return false, db.classify(err)
+	}
+	defer func() {
+		if _, err := conn.ExecContext(context.Background(), "SELECT pg_advisory_unlock($1, hashtext(current_schema()))", historyLock); err != nil {
+			// The connection is not given back to the pool holding the lock.
+			conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+	}()
+	keep, err := db.retentionsFrom(func(q string) *sql.Row { return conn.QueryRowContext(ctx, q) })
+	if err != nil {
+		return false, err
+	}
+	if !expired(keep, k, start, millis(db.now())) {
+		return false, nil // a retention was made longer
+	}
+	var exists, attached, pending bool
+	err = conn.QueryRowContext(ctx, db.dialect.rebind(partitionState), name).Scan(&exists, &attached, &pending)
+	if err != nil {
+		return false, db.classify(err)
+	}
+	if !exists {
+		return false, nil // another replica dropped it
+	}
+	switch {
+	case pending:
+		_, err = conn.ExecContext(ctx, "ALTER TABLE "+k.table+" DETACH PARTITION "+name+" FINALIZE")
+	case attached:
+		_, err = conn.ExecContext(ctx, "ALTER TABLE "+k.table+" DETACH PARTITION "+name+" CONCURRENTLY")
+	}
+	if err == nil {
+		_, err = conn.ExecContext(ctx, "DROP TABLE IF EXISTS "+name)
+	}
+	if err != nil {
+		return false, fmt.Errorf("drop partition %s: %w", name, db.classify(err))
+	}
+	return true, nil
 }
 
 // Dropping a partition on SQLite frees its pages: DROP TABLE walks the
@@ -775,9 +917,9 @@ func (db *DB) MaintainHistory(ctx context.Context) ([]string, error) {
 // database file, so SQLite's expired partitions are emptied a slice of
 // rows a write job, each job a few milliseconds among the others of its
 // group commit, with a pause as long as the slice between two, and
-// dropped once empty. The partition is past every tenant's retention, so
-// nothing reads or writes it meanwhile; a drop cut short (a stop, a
-// crash) goes on at the next maintenance.
+// dropped once empty. Each job checks first that the partition is still
+// expired: a tenant's retention made longer since keeps what is left of
+// it. A drop cut short (a stop, a crash) goes on at the next maintenance.
 const (
 	dropSliceTarget = 2 * time.Millisecond // a slice's time in its job
 	dropSliceMin    = 16                   // rows
@@ -785,10 +927,11 @@ const (
 )
 
 // dropSliced empties SQLite's partition of k starting at start a slice at
-// a time, then drops it. A slice is the rows up to the key of the nth,
-// n doubled while a slice takes under half dropSliceTarget and halved
-// while it takes over it.
-func (db *DB) dropSliced(ctx context.Context, k partKind, start int64) error {
+// a time, then drops it, and reports whether it did: not if, at a slice,
+// the partition is no longer expired. A slice is the rows up to the key of
+// the nth, n doubled while a slice takes under half dropSliceTarget and
+// halved while it takes over it.
+func (db *DB) dropSliced(ctx context.Context, k partKind, start int64) (bool, error) {
 	name := k.name(start)
 	key := "tenant, device_id, stream, ts_min, id"
 	if k != pointsPart {
@@ -799,16 +942,26 @@ func (db *DB) dropSliced(ctx context.Context, k partKind, start int64) error {
 	n := dropSliceMin * 4
 	for {
 		var took time.Duration
-		done := false
+		done, stopped := false, false
 		err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
 			t0 := time.Now()
 			defer func() { took = time.Since(t0) }()
+			// Jobs of other writers ran since the last: a tenant's
+			// retention made longer keeps the partition.
+			keep, err := db.retentionsFrom(func(q string) *sql.Row { return tx.tx.QueryRowContext(ctx, q) })
+			if err != nil {
+				return err
+			}
+			if !expired(keep, k, start, millis(db.now())) {
+				stopped = true
+				return nil
+			}
 			last := make([]any, 5)
 			ptrs := make([]any, len(last))
 			for i := range last {
 				ptrs[i] = &last[i]
 			}
-			err := tx.tx.QueryRowContext(ctx, nth, n-1).Scan(ptrs...)
+			err = tx.tx.QueryRowContext(ctx, nth, n-1).Scan(ptrs...)
 			if errors.Is(err, sql.ErrNoRows) {
 				// Fewer than n rows left: the drop frees no more
 				// than a slice does.
@@ -822,10 +975,13 @@ func (db *DB) dropSliced(ctx context.Context, k partKind, start int64) error {
 			return err
 		})
 		if err != nil {
-			return fmt.Errorf("drop partition %s: %w", name, err)
+			return false, fmt.Errorf("drop partition %s: %w", name, err)
+		}
+		if stopped {
+			return false, nil
 		}
 		if done {
-			return nil
+			return true, nil
 		}
 		switch {
 		case took < dropSliceTarget/2:
@@ -839,9 +995,9 @@ func (db *DB) dropSliced(ctx context.Context, k partKind, start int64) error {
 		select {
 		case <-time.After(took):
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, ctx.Err()
 		case <-db.stop:
-			return fleet.Errorf(fleet.EUNAVAILABLE, "the server is shutting down")
+			return false, fleet.Errorf(fleet.EUNAVAILABLE, "the server is shutting down")
 		}
 	}
 }
