@@ -453,8 +453,16 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 	// every page on SQLite (whose partition tables segments lists), reads
 	// in a transaction, so that no point that arrives between two
 	// statements falls behind the cursor.
+	buf := pagePoints.Get().(*[]pagePoint)
+	if cap(*buf) < limit+1 {
+		*buf = make([]pagePoint, 0, limit+1)
+	}
+	defer func() {
+		clear((*buf)[:cap(*buf)]) // the pool holds no chunk's text
+		pagePoints.Put(buf)
+	}()
 	r := pageRead{db: db, tenant: tenant, device: device, stream: stream, q: q, after: after, lo: lo, hi: hi, created: created,
-		best: &bestPoints{n: limit + 1, desc: q.Desc, pts: make([]pagePoint, 0, limit+1)}}
+		best: &bestPoints{n: limit + 1, desc: q.Desc, pts: (*buf)[:0]}}
 	read := false
 	if db.dialect == postgres {
 		if segs, _ := db.segments(ctx, nil, pointsPart, floorTo(lo, hourMs), hi, true); len(segs) == 1 { // queries nothing
@@ -490,6 +498,10 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 	}
 	return page, nil
 }
+
+// pagePoints are the slices of a page's points to reuse: a page of 1000
+// is 112 KB, allocated and cleared 87 times a day's read.
+var pagePoints = sync.Pool{New: func() any { return new([]pagePoint) }}
 
 // chunkBatch is how many chunks a statement of a page's read asks for at
 // first, and the factor it asks for more by. A page of 1000 points of
