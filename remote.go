@@ -14,7 +14,7 @@ const (
 )
 
 // RemoteSession is an operator's session with a device through
-// fleetd-agent: the device dials a WebSocket back to fleetd, which joins it
+// fleetd-agent: the device dials a leg back to fleetd (a stream or a WebSocket), which joins it
 // to the operator's. The row records who, what and how much; the bytes
 // themselves never touch the database.
 type RemoteSession struct {

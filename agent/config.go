@@ -48,6 +48,8 @@ type Config struct {
 	RemoteRoot    string
 	RemoteMaxFile int64
 	RemoteRate    int64 // bytes a second; 0 is no limit
+	// RemoteWebSocket dials sessions as WebSockets, never as streams.
+	RemoteWebSocket bool
 
 	LogLevel string
 }
@@ -90,6 +92,7 @@ func newFlagSet(c *Config) *pflag.FlagSet {
 	fs.StringVar(&c.RemoteRoot, "remote-root", "/", "the directory remote sessions start in, and outside of which files cannot be got or put")
 	fs.Int64Var(&c.RemoteMaxFile, "remote-max-file-bytes", 100<<20, "the largest file a remote session may get or put")
 	fs.Int64Var(&c.RemoteRate, "remote-rate", 0, "bytes a second at most for a file got or put (0: no limit)")
+	fs.BoolVar(&c.RemoteWebSocket, "remote-websocket", false, "dial remote sessions back as WebSockets, not streams (for a proxy before fleetd that passes no other upgrade)")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	return fs
 }

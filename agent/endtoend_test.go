@@ -302,6 +302,7 @@ func TestAgentRemote(t *testing.T) {
 		os.Symlink("/etc", filepath.Join(root, "escape"))
 		s.StartDevice(t, "agent-r", "--remote", "--remote-root", root, "--remote-max-file-bytes", "100000")
 		s.StartDevice(t, "agent-off")
+		s.StartDevice(t, "agent-ws", "--remote", "--remote-websocket")
 		fc := s.NewFleetctl(t, admin)
 		// ended waits until every session of agent-r has ended on the
 		// server (a client may be done a moment before the relay), so that
@@ -416,6 +417,97 @@ func TestAgentRemote(t *testing.T) {
 			cancel()
 			if code := <-done; code != 0 {
 				t.Fatalf("fleetctl forward exited %d: %s", code, out)
+			}
+		})
+		t.Run("ForwardLegs", func(t *testing.T) {
+			// A forward over each pair of legs (docs/agent.md, The
+			// session's messages): both streams (spliced by fleetd), a
+			// stream device leg with a WebSocket operator's, and the
+			// reverse. The device's service echoes what it reads and
+			// closes once the client half-closes: the bytes come back
+			// whole, each half-close reaches the other end, the session
+			// ends on its own, and it counts the bytes each way.
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					go func() { defer c.Close(); io.Copy(c, c) }()
+				}
+			}()
+			_, port, _ := net.SplitHostPort(ln.Addr().String())
+			data := make([]byte, 2<<20+777)
+			for i := range data {
+				data[i] = byte(i * 7 / 3)
+			}
+			for _, c := range []struct {
+				name, device string
+				opWebSocket  bool
+				legs         map[string]string // side: protocol, as fleetd counted
+			}{
+				{"Streams", "agent-r", false, map[string]string{"operator": "stream", "device": "stream"}},
+				{"WebSocketOperator", "agent-r", true, map[string]string{"operator": "websocket", "device": "stream"}},
+				{"WebSocketDevice", "agent-ws", false, map[string]string{"operator": "stream", "device": "websocket"}},
+			} {
+				t.Run(c.name, func(t *testing.T) {
+					before := remoteLegs(t, s.URL)
+					env := map[string]string{}
+					for k, v := range fc.Env {
+						env[k] = v
+					}
+					if c.opWebSocket {
+						env["FLEETCTL_REMOTE_WEBSOCKET"] = "1"
+					}
+					ctx, cancel := context.WithCancel(context.Background())
+					out := &fleetdtest.LockedBuffer{}
+					done := make(chan int, 1)
+					go func() {
+						done <- ctl.Run(ctx, []string{"forward", c.device, "0:" + port}, ctl.Env{
+							Getenv: func(k string) string { return env[k] }, Stdin: strings.NewReader(""), Stdout: out, Stderr: out})
+					}()
+					defer func() { cancel(); <-done }()
+					var addr string
+					fleetdtest.Eventually(t, "fleetctl forward to listen", func() bool {
+						addr, _, _ = strings.Cut(out.String(), "\n")
+						return strings.HasPrefix(addr, "127.0.0.1:")
+					})
+					conn, err := net.Dial("tcp", addr)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer conn.Close()
+					go func() {
+						conn.Write(data)
+						conn.(*net.TCPConn).CloseWrite()
+					}()
+					got, err := io.ReadAll(conn) // until the device's service closed
+					if err != nil || !bytes.Equal(got, data) {
+						t.Fatalf("%d of %d bytes came back whole (%v): %v; fleetctl: %s", len(got), len(data), bytes.Equal(got, data[:len(got)]), err, out)
+					}
+					var list struct {
+						RemoteSessions []fleet.RemoteSession `json:"remote_sessions"`
+					}
+					fleetdtest.Eventually(t, "the session to end", func() bool {
+						s.Do(t, admin, "GET", "/api/v1/devices/"+c.device+"/remote-sessions?limit=1", nil).Want(t, 200).Decode(t, &list)
+						return len(list.RemoteSessions) == 1 && list.RemoteSessions[0].EndedAt != nil
+					})
+					rs := list.RemoteSessions[0]
+					if rs.Kind != "forward" || rs.BytesToDevice != int64(len(data)) || rs.BytesFromDevice != int64(len(data)) || !strings.HasPrefix(rs.EndReason, "closed by the ") {
+						t.Errorf("the session: %+v", rs)
+					}
+					after := remoteLegs(t, s.URL)
+					for side, p := range c.legs {
+						if after[side+" "+p] != before[side+" "+p]+1 {
+							t.Errorf("the %s leg was not a %s: legs before %v, after %v", side, p, before, after)
+						}
+					}
+				})
 			}
 		})
 		t.Run("Copy", func(t *testing.T) {
@@ -694,4 +786,36 @@ func TestAgentTerminalJobs(t *testing.T) {
 			fleetdtest.Eventually(t, "the job to end", func() bool { return processGone(t, pidFile) })
 		})
 	})
+}
+
+// remoteLegs reads fleetd_remote_legs_total from fleetd's /metrics, by
+// "side protocol".
+func remoteLegs(t *testing.T, base string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	legs := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "fleetd_remote_legs_total{")
+		if !ok {
+			continue
+		}
+		labels, value, _ := strings.Cut(line, "} ")
+		var side, protocol string
+		for _, l := range strings.Split(labels, ",") {
+			k, v, _ := strings.Cut(l, "=")
+			switch k {
+			case "side":
+				side = strings.Trim(v, `"`)
+			case "protocol":
+				protocol = strings.Trim(v, `"`)
+			}
+		}
+		legs[side+" "+protocol], _ = strconv.ParseFloat(value, 64)
+	}
+	return legs
 }

@@ -28,7 +28,8 @@ import (
 )
 
 // remoteSession answers fleetd's remote_session action (on with --remote
-// only): it dials a WebSocket back to fleetd and serves the session on it,
+// only): it dials back to fleetd, a stream leg unless --remote-websocket
+// (docs/agent.md, The session's messages), and serves the session on it,
 // apart from the action, which completes once the device is connected.
 func (a *Agent) remoteSession(ctx context.Context, id, payload string) error {
 	var p struct {
@@ -47,7 +48,11 @@ func (a *Agent) remoteSession(ctx context.Context, id, payload string) error {
 	}
 	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	c, err := remote.Dial(dctx, u, h, tc)
+	dial := remote.DialStream
+	if a.cfg.RemoteWebSocket {
+		dial = remote.Dial
+	}
+	c, err := dial(dctx, u, h, tc)
 	if err != nil {
 		return fmt.Errorf("cannot connect back to fleetd for remote session %s: %v", p.SessionID, err)
 	}
@@ -359,27 +364,8 @@ func (a *Agent) remoteForward(ctx context.Context, c *remote.Conn, port string) 
 		return fmt.Errorf("cannot connect to port %s on the device: %v", port, err)
 	}
 	defer conn.Close()
-	tcp := conn.(*net.TCPConn)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			b, ctl, err := c.Read()
-			if err != nil {
-				tcp.Close()
-				return
-			}
-			if b != nil {
-				if _, err := tcp.Write(b); err != nil {
-					return
-				}
-			} else if ctl.Type == remote.TypeEOF {
-				tcp.CloseWrite()
-			}
-		}
-	}()
-	if c.Pump(tcp) == nil {
-		<-done
+	if err := c.Join(conn.(*net.TCPConn)); err != nil {
+		a.log.Info("remote forward", "err", err)
 	}
 	return nil
 }

@@ -47,7 +47,14 @@ func (a *app) openRemote(ctx context.Context, device, kind, target string) (*rem
 	}
 	h := http.Header{"X-Service-Tenant": {c.tenant}, "X-Service-Api-Key": {c.key}}
 	tc := c.http.Transport.(*http.Transport).TLSClientConfig
-	conn, err := remote.Dial(ctx, c.base+"/api/v1/remote-sessions/"+esc(s.ID)+"/operator", h, tc)
+	// A stream leg (docs/agent.md, The session's messages), unless
+	// FLEETCTL_REMOTE_WEBSOCKET asks for a WebSocket, for a proxy before
+	// fleetd that passes no other upgrade.
+	dial := remote.DialStream
+	if v := a.env.Getenv("FLEETCTL_REMOTE_WEBSOCKET"); v != "" && v != "0" && v != "false" {
+		dial = remote.Dial
+	}
+	conn, err := dial(ctx, c.base+"/api/v1/remote-sessions/"+esc(s.ID)+"/operator", h, tc)
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +140,10 @@ func (a *app) forwardCmd() *cobra.Command {
 		Long: `Listens on 127.0.0.1:LOCAL (0 chooses a free port; the address is printed
 on standard output) and joins each connection to port REMOTE of the
 device's loopback interface, through a remote session of its own, until
-interrupted.`,
+interrupted. A session ends once both ways have half-closed. Sessions go
+as streams (docs/agent.md, The session's messages), or as WebSockets with
+FLEETCTL_REMOTE_WEBSOCKET=1, for a proxy before fleetd that passes no other
+upgrade.`,
 		Example:           "  fleetctl forward pump-1 8080:80",
 		Args:              exactArgs(2),
 		ValidArgsFunction: a.completeDevices,
@@ -179,25 +189,7 @@ func (a *app) forwardOne(ctx context.Context, device, port string, c *net.TCPCon
 		return err
 	}
 	defer conn.Close()
-	go conn.Pump(c)
-	for {
-		b, ctl, err := conn.Read()
-		if err != nil {
-			return nil
-		}
-		if b != nil {
-			if _, err := c.Write(b); err != nil {
-				return nil
-			}
-			continue
-		}
-		switch ctl.Type {
-		case remote.TypeEOF:
-			c.CloseWrite()
-		case remote.TypeError:
-			return errors.New(ctl.Message)
-		}
-	}
+	return conn.Join(c)
 }
 
 func (a *app) cpCmd() *cobra.Command {

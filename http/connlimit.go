@@ -69,6 +69,11 @@ func (c *limitedConn) Close() error {
 	return c.Conn.Close()
 }
 
+// NetConn is the connection under the cap's count, which changes no byte:
+// a remote session's stream leg splices its TCP connection
+// (remote.Relay).
+func (c *limitedConn) NetConn() net.Conn { return c.Conn }
+
 // CloseWrite is the TCP connection's: the server half-closes a connection
 // it gives up on and lets the client read the answer before it resets
 // (net/http's rstAvoidanceDelay); without it the client sees a reset.

@@ -12,7 +12,7 @@ import (
 )
 
 // Remote sessions (docs/api.md, Remote sessions): POST makes one and asks
-// the device for it; then two WebSockets meet in the relay, the
+// the device for it; then two legs (WebSockets or streams) meet in the relay, the
 // operator's and the device's. The WebSockets are outside the route table
 // (an upgrade is not a JSON answer the document could describe); their
 // paths are remoteOperatorPattern and remoteDevicePattern.
@@ -211,7 +211,7 @@ func (s *Server) handleRemoteDevice(w http.ResponseWriter, r *http.Request) erro
 		return err
 	}
 	if !remote.IsUpgrade(r) {
-		return fleet.Errorf(fleet.EINVALID, "this is a WebSocket: connect with an Upgrade request")
+		return fleet.Errorf(fleet.EINVALID, "this is a WebSocket or a stream: connect with an Upgrade request")
 	}
 	c, err := remote.Upgrade(w, r)
 	if err != nil {

@@ -1,9 +1,10 @@
 // Package remote is the wire of remote sessions (docs/agent.md, Remote
 // access), shared by the three programs on it: fleetctl and the console on
 // the operator's side, fleetd in the middle, fleetd-agent on the device.
-// A session is a WebSocket on each side of fleetd: binary messages carry
-// the session's bytes (a terminal's, a TCP connection's, a file's), text
-// messages carry Control messages as JSON. fleetd relays both as they are.
+// A session is a leg on each side of fleetd, a WebSocket or a stream
+// (stream.go): binary messages carry the session's bytes (a terminal's, a
+// TCP connection's, a file's), text messages carry Control messages as
+// JSON. fleetd relays both as they are (Relay).
 //
 // The WebSocket library (gorilla/websocket, already in the module graph
 // through the MQTT client) stays behind Conn, Dial and Upgrade.
@@ -80,10 +81,11 @@ const controlRoom = 1024
 // control message.
 const maxRead = LargeMessage + controlRoom
 
-// Conn is one WebSocket. Reads are for one goroutine; writes may come
-// from several.
+// Conn is one leg: a WebSocket or a stream. Reads are for one goroutine;
+// writes may come from several.
 type Conn struct {
-	ws   *websocket.Conn
+	ws   *websocket.Conn // a WebSocket leg, or
+	st   *stream         // a stream leg
 	mu   sync.Mutex
 	rbuf *[]byte // the last message read, until the next read
 	// large: the last message read did not fit a small buffer, so the
@@ -104,6 +106,9 @@ var (
 	smallReads = sync.Pool{New: func() any { b := make([]byte, MaxMessage+controlRoom); return &b }}
 	largeReads = sync.Pool{New: func() any { b := make([]byte, maxRead); return &b }}
 )
+
+// Stream reports whether c is a stream leg rather than a WebSocket.
+func (c *Conn) Stream() bool { return c.st != nil }
 
 // MaxSend returns the largest message c sends: what the other side said
 // it reads, or MaxMessage. A reader of the session's bytes reads pieces
@@ -128,6 +133,14 @@ func (c *Conn) Read() (data []byte, ctl *Control, err error) {
 // valid until the next Read or ReadRaw.
 func (c *Conn) ReadRaw() (binary bool, data []byte, err error) {
 	c.release()
+	if c.st != nil {
+		typ, n, err := c.st.next()
+		if err != nil {
+			return false, nil, err
+		}
+		b, err := c.readBody(n, c.st)
+		return typ == StreamBytes, b, err
+	}
 	t, r, err := c.ws.NextReader()
 	if err != nil {
 		return false, nil, err
@@ -156,6 +169,22 @@ func (c *Conn) ReadRaw() (binary bool, data []byte, err error) {
 	return t == websocket.BinaryMessage, (*c.rbuf)[:n], err
 }
 
+// readBody reads a stream message's n bytes into a pooled buffer, lent
+// until the next read.
+func (c *Conn) readBody(n int, r io.Reader) ([]byte, error) {
+	c.release()
+	if n > MaxMessage+controlRoom {
+		c.rbuf = largeReads.Get().(*[]byte)
+	} else {
+		c.rbuf = smallReads.Get().(*[]byte)
+	}
+	_, err := io.ReadFull(r, (*c.rbuf)[:n])
+	if err == io.ErrUnexpectedEOF || err == io.EOF && n > 0 {
+		err = errors.New("the connection ended within a message")
+	}
+	return (*c.rbuf)[:n], err
+}
+
 // release returns the last message's buffer to its pool.
 func (c *Conn) release() {
 	if c.rbuf == nil {
@@ -179,6 +208,20 @@ func (c *Conn) WriteRaw(binary bool, data []byte) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.st != nil {
+		c.st.nc.SetWriteDeadline(time.Now().Add(writeTimeout))
+		typ := byte(StreamControl)
+		if binary {
+			typ = StreamBytes
+		}
+		for binary && len(data) > c.peerMax {
+			if err := c.st.write(typ, data[:c.peerMax]); err != nil {
+				return err
+			}
+			data = data[c.peerMax:]
+		}
+		return c.st.write(typ, data)
+	}
 	c.ws.SetWriteDeadline(time.Now().Add(writeTimeout))
 	for binary && len(data) > c.peerMax {
 		if err := c.ws.WriteMessage(t, data[:c.peerMax]); err != nil {
@@ -224,8 +267,13 @@ func (c *Conn) Pump(r io.Reader) error {
 	}
 }
 
-// Close sends a normal closure and closes the connection.
+// Close sends a normal closure and closes the connection. A stream's
+// closure is its connection's end after a whole message; its lock is not
+// waited for, so that closing ends a message being spliced to it.
 func (c *Conn) Close() error {
+	if c.st != nil {
+		return c.st.nc.Close()
+	}
 	c.mu.Lock()
 	c.ws.SetWriteDeadline(time.Now().Add(time.Second))
 	c.ws.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
@@ -281,9 +329,13 @@ func peerMax(h http.Header) int {
 	return min(n, LargeMessage)
 }
 
-// Upgrade answers an HTTP request with a WebSocket. w may be a wrapper
-// that reaches the connection through Unwrap, as fleetd's are.
+// Upgrade answers an HTTP request with a leg: a stream if it asks for
+// one (StreamProtocol), else a WebSocket. w may be a wrapper that
+// reaches the connection through Unwrap, as fleetd's are.
 func Upgrade(w http.ResponseWriter, r *http.Request) (*Conn, error) {
+	if asksStream(r.Header) {
+		return upgradeStream(w, r)
+	}
 	ws, err := upgrader.Upgrade(hijacker{w}, r, http.Header{MessageSizeHeader: {strconv.Itoa(LargeMessage)}})
 	if err != nil {
 		return nil, err
@@ -300,8 +352,10 @@ func (h hijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return http.NewResponseController(h.ResponseWriter).Hijack()
 }
 
-// IsUpgrade reports whether r asks for a WebSocket.
-func IsUpgrade(r *http.Request) bool { return websocket.IsWebSocketUpgrade(r) }
+// IsUpgrade reports whether r asks for a leg: a WebSocket or a stream.
+func IsUpgrade(r *http.Request) bool {
+	return websocket.IsWebSocketUpgrade(r) || IsStream(r)
+}
 
 // RefusedError is fleetd's answer to a session it refused: the HTTP status
 // and the message of its error body.
@@ -330,17 +384,7 @@ func Dial(ctx context.Context, url string, header http.Header, tc *tls.Config) (
 	if err != nil {
 		if resp != nil {
 			defer resp.Body.Close()
-			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-			var e struct {
-				Message string `json:"message"`
-			}
-			if json.Unmarshal(b, &e) != nil || e.Message == "" {
-				e.Message = strings.TrimSpace(string(b))
-			}
-			if e.Message == "" {
-				e.Message = resp.Status
-			}
-			return nil, &RefusedError{Status: resp.StatusCode, Message: e.Message}
+			return nil, refusal(resp)
 		}
 		return nil, err
 	}

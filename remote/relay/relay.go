@@ -1,13 +1,14 @@
 // Package relay is fleetd's side of remote sessions: it opens a session
 // (recorded, capped), asks the device for it with a remote_session action
 // (fleet.ActionRemoteSession: the session's id, kind and target), waits
-// for the device's WebSocket, and relays messages between the two legs
+// for the device's leg (a WebSocket or a stream), and relays messages between the two legs
 // until one ends, the session idles or outlives its lifetime.
 package relay
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -71,6 +72,7 @@ type Hub struct {
 	open    prometheus.Gauge
 	refused *prometheus.CounterVec
 	bytes   *prometheus.CounterVec
+	legs    *prometheus.CounterVec
 }
 
 // NewHub returns a hub whose metrics are registered on reg (nil keeps
@@ -111,9 +113,11 @@ func NewHub(sessions fleet.RemoteSessionService, actions Dispatcher, blobs blob.
 			Help: "Remote sessions refused by a cap, by which (user, device)."}, []string{"cap"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetd_remote_bytes_total",
 			Help: "Bytes relayed by remote sessions, by direction (to_device, from_device)."}, []string{"direction"}),
+		legs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fleetd_remote_legs_total",
+			Help: "Legs of remote sessions joined, by side (operator, device) and protocol (stream, websocket)."}, []string{"side", "protocol"}),
 	}
 	if reg != nil {
-		reg.MustRegister(h.open, h.refused, h.bytes)
+		reg.MustRegister(h.open, h.refused, h.bytes, h.legs)
 	}
 	return h
 }
@@ -247,16 +251,17 @@ func (h *Hub) JoinOperator(w http.ResponseWriter, r *http.Request, a *fleet.Acto
 		return fleet.Errorf(fleet.EFORBIDDEN, "remote session %s is another person's", s.ID)
 	}
 	if !remote.IsUpgrade(r) {
-		return fleet.Errorf(fleet.EINVALID, "this is a WebSocket: connect with an Upgrade request")
+		return fleet.Errorf(fleet.EINVALID, "this is a WebSocket or a stream: connect with an Upgrade request")
 	}
 	if !h.claim(s) {
 		return fleet.Errorf(fleet.ECONFLICT, "remote session %s was joined already", s.ID)
 	}
 	c, err := remote.Upgrade(w, r)
 	if err != nil {
-		h.end(s, "the operator's WebSocket failed: "+err.Error())
+		h.end(s, "the operator's leg failed: "+err.Error())
 		return nil // Upgrade answered
 	}
+	h.joined("operator", c)
 	// The relay outlives the request: once its handler returns, the HTTP
 	// server lets go of what it kept for the request and of this
 	// goroutine, which an idle session would hold for nothing.
@@ -285,7 +290,17 @@ func (h *Hub) Join(s *Session, c *remote.Conn) bool {
 	}
 	s.joined = true
 	s.device <- c
+	h.joined("device", c)
 	return true
+}
+
+// joined counts a leg by its side and protocol.
+func (h *Hub) joined(side string, c *remote.Conn) {
+	p := "websocket"
+	if c.Stream() {
+		p = "stream"
+	}
+	h.legs.WithLabelValues(side, p).Inc()
 }
 
 // expire ends a session whose operator did not join in time (Relay ends
@@ -348,30 +363,30 @@ func (h *Hub) pipe(ctx context.Context, s *Session, op, dev *remote.Conn) string
 	ended := make(chan string, 3)
 	var last atomic.Int64 // unix nanoseconds of the last message either way
 	last.Store(time.Now().UnixNano())
+	// A recorded session's messages are read into memory, to be
+	// recorded; others' bytes may be spliced (remote.Relay).
+	recorded := func() bool { return s.rec != nil }
 	copyOne := func(from, to *remote.Conn, count *atomic.Int64, dir, closedBy string) {
 		bytes := h.bytes.WithLabelValues(dir)
-		for {
-			binary, b, err := from.ReadRaw()
-			if err != nil {
-				if remote.Closed(err) {
-					ended <- closedBy
-				} else {
-					ended <- closedBy + ": " + err.Error()
-				}
-				return
-			}
+		deviceSide := from == dev
+		err := remote.Relay(to, from, recorded, func(binary bool, n int, b []byte) {
 			last.Store(time.Now().UnixNano())
 			if binary {
-				count.Add(int64(len(b)))
-				bytes.Add(float64(len(b)))
+				count.Add(int64(n))
+				bytes.Add(float64(n))
 			}
 			if s.rec != nil {
-				s.rec.message(from == dev, binary, b)
+				s.rec.message(deviceSide, binary, b)
 			}
-			if err := to.WriteRaw(binary, b); err != nil {
-				ended <- writeFailed
-				return
-			}
+		})
+		var wf *remote.WriteError
+		switch {
+		case errors.As(err, &wf):
+			ended <- writeFailed
+		case remote.Closed(err):
+			ended <- closedBy
+		default:
+			ended <- closedBy + ": " + err.Error()
 		}
 	}
 	go copyOne(op, dev, &s.toDevice, "to_device", "closed by the operator")

@@ -3,11 +3,14 @@ package relay_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -367,6 +370,84 @@ func TestRemoteAcrossReplicas(t *testing.T) {
 		}
 	})
 
+	t.Run("Forward", func(t *testing.T) {
+		// Opened on B, which relays it; the device dials A and the
+		// operator joins through A, both as streams: A passes each leg's
+		// bytes on as they are, B splices one leg's to the other.
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() { defer c.Close(); io.Copy(c, c) }()
+			}
+		}()
+		_, port, _ := net.SplitHostPort(ln.Addr().String())
+		ag := bs.StartAgent(t, fleetdtest.BuildAgent(t), "edge-f", a.MustDevice(t, admin, "edge-f", nil).Token, "--remote", "--server", a.URL)
+		fleetdtest.Eventually(t, "the agent to connect", func() bool { return strings.Contains(ag.Output.String(), "level=INFO msg=connected") })
+		var sess fleet.RemoteSession
+		bs.Do(t, admin, "POST", "/api/v1/devices/edge-f/remote-sessions", map[string]any{"kind": "forward", "target": port}).Want(t, 201).Decode(t, &sess)
+		conn, err := remote.DialStream(context.Background(), a.URL+"/api/v1/remote-sessions/"+sess.ID+"/operator",
+			http.Header{"X-Service-Tenant": {admin.Tenant}, "X-Service-Api-Key": {admin.Key}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if !conn.Stream() {
+			t.Fatal("the operator's leg through A is no stream")
+		}
+		// B's refusal of a second operator's leg comes back through A as
+		// B answered it.
+		_, err = remote.DialStream(context.Background(), a.URL+"/api/v1/remote-sessions/"+sess.ID+"/operator",
+			http.Header{"X-Service-Tenant": {admin.Tenant}, "X-Service-Api-Key": {admin.Key}}, nil)
+		var refused *remote.RefusedError
+		if !errors.As(err, &refused) || refused.Status != http.StatusConflict || !strings.Contains(refused.Message, "joined already") {
+			t.Fatalf("a second operator's leg: %v", err)
+		}
+		data := bytes.Repeat([]byte("across replicas, spliced\n"), 40000)
+		go func() {
+			conn.Write(data)
+			conn.Send(remote.Control{Type: remote.TypeEOF})
+		}()
+		var got []byte
+		for {
+			b, ctl, err := conn.Read()
+			if err != nil {
+				t.Fatalf("after %d bytes: %v", len(got), err)
+			}
+			if ctl != nil {
+				if ctl.Type != remote.TypeEOF {
+					t.Fatalf("control %+v", ctl)
+				}
+				break
+			}
+			got = append(got, b...)
+		}
+		if !bytes.Equal(got, data) {
+			t.Fatalf("%d bytes came back of %d", len(got), len(data))
+		}
+		// Both ways ended at the device (the service closed after the
+		// eof), whose agent ends the session.
+		rs := a.EndedSession(t, admin, "edge-f", sess.ID)
+		if rs.BytesToDevice != int64(len(data)) || rs.BytesFromDevice != int64(len(data)) || rs.EndReason != "closed by the device" {
+			t.Fatalf("the session: %+v", rs)
+		}
+		db, err := sql.Open("pgx", a.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		var u string
+		if err := db.QueryRow("SELECT relay_url FROM remote_sessions WHERE id = $1", sess.ID).Scan(&u); err != nil || u != bs.URL {
+			t.Fatalf("relayed by %q (%v), want B's %q", u, err, bs.URL)
+		}
+	})
 	t.Run("Device", func(t *testing.T) {
 		k := a.NewKey(t, admin, "dev-cap", "operator")
 		first := open(t, a, k, "edge-1")

@@ -1,0 +1,253 @@
+package remote_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/fleetd/fleet/remote"
+)
+
+// relayServer is fleetd's part in little: the legs that dial /operator
+// and /device are joined by remote.Relay both ways, and what each way
+// passed is counted.
+type relayServer struct {
+	*httptest.Server
+	mu        sync.Mutex
+	legs      [2]*remote.Conn
+	streams   [2]bool
+	bytes     [2]int64 // first leg to second, second to first
+	ended     chan error
+	recording bool // the relay looks at the bytes
+}
+
+func newRelayServer(t *testing.T, tls bool) *relayServer {
+	rs := &relayServer{ended: make(chan error, 2)}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := remote.Upgrade(w, r)
+		if err != nil {
+			t.Errorf("upgrade: %v", err)
+			return
+		}
+		i := 0
+		if r.URL.Path == "/device" {
+			i = 1
+		}
+		rs.mu.Lock()
+		rs.legs[i], rs.streams[i] = c, c.Stream()
+		if rs.legs[0] != nil && rs.legs[1] != nil {
+			a, b := rs.legs[0], rs.legs[1]
+			look := func() bool { return rs.recording }
+			count := func(i int) func(bool, int, []byte) {
+				return func(binary bool, n int, _ []byte) {
+					if binary {
+						rs.mu.Lock()
+						rs.bytes[i] += int64(n)
+						rs.mu.Unlock()
+					}
+				}
+			}
+			go func() { rs.ended <- remote.Relay(b, a, look, count(0)); b.Close() }()
+			go func() { rs.ended <- remote.Relay(a, b, look, count(1)); a.Close() }()
+		}
+		rs.mu.Unlock()
+	})
+	if tls {
+		rs.Server = httptest.NewTLSServer(h)
+	} else {
+		rs.Server = httptest.NewServer(h)
+	}
+	t.Cleanup(rs.Close)
+	return rs
+}
+
+// service is a device's TCP service: it answers each connection with the
+// SHA-256 of all it read, once the connection half-closes, and closes.
+func service(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				h := sha256.New()
+				io.Copy(h, c)
+				c.Write(h.Sum(nil))
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// forwardThrough runs a port forward over two legs of rs as fleetctl and
+// the agent do (Join), each leg a stream or a WebSocket, and checks what
+// comes through both ways, with half-closes both ways.
+func forwardThrough(t *testing.T, rs *relayServer, opStream, devStream bool, tc *tls.Config) {
+	t.Helper()
+	dial := func(stream bool, path string) *remote.Conn {
+		d := remote.Dial
+		if stream {
+			d = remote.DialStream
+		}
+		c, err := d(context.Background(), rs.URL+path, nil, tc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Stream() != stream {
+			t.Fatalf("a leg dialled as a stream (%v) is one: %v", stream, c.Stream())
+		}
+		return c
+	}
+	op := dial(opStream, "/operator")
+	dev := dial(devStream, "/device")
+	// The device's side: Join to the service.
+	svc, err := net.Dial("tcp", service(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	devDone := make(chan error, 1)
+	go func() { devDone <- dev.Join(svc.(*net.TCPConn)); dev.Close(); svc.Close() }()
+	// The operator's side: Join to one end of a local connection, the
+	// test's client on the other.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	opDone := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			opDone <- err
+			return
+		}
+		opDone <- op.Join(c.(*net.TCPConn))
+		op.Close()
+		c.Close()
+	}()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	data := payload(3<<20 + 12345)
+	go func() {
+		client.Write(data)
+		client.(*net.TCPConn).CloseWrite()
+	}()
+	got, err := io.ReadAll(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sha256.Sum256(data)
+	if !bytes.Equal(got, want[:]) {
+		t.Fatalf("the service's answer %x, want %x", got, want)
+	}
+	if err := <-opDone; err != nil {
+		t.Errorf("the operator's Join: %v", err)
+	}
+	if err := <-devDone; err != nil {
+		t.Errorf("the device's Join: %v", err)
+	}
+	for range 2 {
+		<-rs.ended
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.bytes != [2]int64{int64(len(data)), sha256.Size} {
+		t.Errorf("relayed %v bytes each way, want %d and %d", rs.bytes, len(data), sha256.Size)
+	}
+	if rs.streams[0] != opStream || rs.streams[1] != devStream {
+		t.Errorf("the server's legs are streams: %v", rs.streams)
+	}
+}
+
+// TestStreamLegs runs a port forward over each kind of leg: two streams
+// (spliced in the relay), a stream and a WebSocket each way round (the
+// relay converts), two streams that a recording relay reads, and two
+// streams over TLS; the bytes, the half-closes and the counts come
+// through all of them.
+func TestStreamLegs(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		op, dev, tls bool
+		recording    bool
+	}{
+		{name: "Streams", op: true, dev: true},
+		{name: "StreamToWebSocket", op: true, dev: false},
+		{name: "WebSocketToStream", op: false, dev: true},
+		{name: "WebSockets", op: false, dev: false},
+		{name: "StreamsRead", op: true, dev: true, recording: true},
+		{name: "StreamsTLS", op: true, dev: true, tls: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rs := newRelayServer(t, c.tls)
+			rs.recording = c.recording
+			var tc *tls.Config
+			if c.tls {
+				tc = rs.Client().Transport.(*http.Transport).TLSClientConfig
+			}
+			forwardThrough(t, rs, c.op, c.dev, tc)
+		})
+	}
+}
+
+// TestStreamFallsBack: DialStream to a server that knows only WebSockets
+// (a fleetd of before) opens a WebSocket.
+func TestStreamFallsBack(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !websocket.IsWebSocketUpgrade(r) {
+			http.Error(w, `{"error":"invalid","message":"this is a WebSocket: connect with an Upgrade request"}`, http.StatusBadRequest)
+			return
+		}
+		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer ws.Close()
+		ws.WriteMessage(websocket.BinaryMessage, []byte("old"))
+	}))
+	defer srv.Close()
+	c, err := remote.DialStream(context.Background(), srv.URL, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Stream() {
+		t.Fatal("a stream to a server that knows none")
+	}
+	if b, _, err := c.Read(); err != nil || string(b) != "old" {
+		t.Fatalf("read %q, %v", b, err)
+	}
+	// fleetd's refusals of the session itself are not tried again.
+	refuse := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if websocket.IsWebSocketUpgrade(r) {
+			t.Errorf("a refused stream was tried again as a WebSocket")
+		}
+		w.WriteHeader(http.StatusNotFound)
+		w.Write([]byte(`{"error":"not_found","message":"no remote session \"x\" waits to be joined"}`))
+	}))
+	defer refuse.Close()
+	_, err = remote.DialStream(context.Background(), refuse.URL, nil, nil)
+	var re *remote.RefusedError
+	if !errors.As(err, &re) || re.Status != 404 || re.Message != `no remote session "x" waits to be joined` {
+		t.Fatalf("refused with %v", err)
+	}
+}
