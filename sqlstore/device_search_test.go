@@ -471,7 +471,11 @@ func TestDeviceSearchCommon(t *testing.T) {
 		mustTenant(t, db, "beta")
 		devs := make([]fleet.NewDevice, 2100)
 		for i := range devs {
-			devs[i] = fleet.NewDevice{ID: fmt.Sprintf("dev-%04d", i), Metadata: map[string]string{"m": fmt.Sprint("v", i/1000), "all": "yes"}}
+			half := "left"
+			if i >= 2000 {
+				half = "right"
+			}
+			devs[i] = fleet.NewDevice{ID: fmt.Sprintf("dev-%04d", i), Metadata: map[string]string{"m": fmt.Sprint("v", i/1000), "all": "yes", "h": half}}
 		}
 		for _, tenant := range []string{"acme", "beta"} {
 			if _, err := db.CreateDevices(ctx, tenant, devs); err != nil {
@@ -490,11 +494,41 @@ func TestDeviceSearchCommon(t *testing.T) {
 			{fleet.DeviceFilter{Metadata: map[string]string{"all": "yes"}}, 2100, "dev-0200", "dev-0299"},
 			{fleet.DeviceFilter{Search: "YES", Metadata: map[string]string{"all": "yes"}}, 2100, "dev-0200", "dev-0299"},
 			{fleet.DeviceFilter{Search: "v"}, 2100, "dev-0200", "dev-0299"}, // no index
+			// indexedMost exactly, through the index, and one more.
+			{fleet.DeviceFilter{Metadata: map[string]string{"h": "left"}}, 2000, "dev-0200", "dev-0299"},
+			{fleet.DeviceFilter{Search: "lef"}, 2000, "dev-0200", "dev-0299"},
+			{fleet.DeviceFilter{Search: "-1", Metadata: map[string]string{"h": "left"}}, 1000, "dev-1200", "dev-1299"},
 		} {
 			tc.filter.Page = fleet.Page{Page: 3, Limit: 100}
 			page, n, err := db.FindDevices(ctx, "acme", tc.filter)
 			if err != nil || n != tc.count || len(page) != 100 || page[0].ID != tc.first || page[99].ID != tc.end {
 				t.Errorf("%+v: %d devices, page of %d, %v", tc.filter, n, len(page), err)
+			}
+			// The last page holds what is left; the page after it
+			// none, with the same count.
+			last := (tc.count + 99) / 100
+			for pg, want := range map[int]int{last: tc.count - (last-1)*100, last + 1: 0} {
+				tc.filter.Page = fleet.Page{Page: pg, Limit: 100}
+				page, n, err := db.FindDevices(ctx, "acme", tc.filter)
+				if err != nil || n != tc.count || len(page) != want {
+					t.Errorf("%+v: %d devices, page of %d, %v; want %d of %d", tc.filter, n, len(page), err, want, tc.count)
+				}
+			}
+		}
+		// Another tenant's devices are not counted or listed: beta has
+		// 50 more of the value, and acme's count stays.
+		more := make([]fleet.NewDevice, 50)
+		for i := range more {
+			more[i] = fleet.NewDevice{ID: fmt.Sprintf("more-%02d", i), Metadata: map[string]string{"h": "left"}}
+		}
+		if _, err := db.CreateDevices(ctx, "beta", more); err != nil {
+			t.Fatal(err)
+		}
+		for _, tenant := range []string{"acme", "beta"} {
+			page, n, err := db.FindDevices(ctx, tenant, fleet.DeviceFilter{Search: "left", Page: fleet.Page{Page: 1, Limit: 50}})
+			want := map[string]int{"acme": 2000, "beta": 2050}[tenant]
+			if err != nil || n != want || len(page) != 50 || page[0].ID != "dev-0000" {
+				t.Errorf("%s: search left: %d devices, page of %d, %v; want %d", tenant, n, len(page), err, want)
 			}
 		}
 		for _, tc := range []struct {

@@ -92,8 +92,8 @@ var likeEscaper = strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
 // deviceCond is a condition on the devices of a tenant, with its
 // arguments: scan is checked on each device; indexed, when not "", chooses
 // the same devices through an index of migration 0019, where probe
-// selects a row for each device it reads (see devicesWhere): one for each
-// device it chooses when exact.
+// selects the id of each device it reads (see devicesWhere): each device
+// it chooses once when exact.
 type deviceCond struct {
 	scan, indexed, probe             string
 	scanArgs, indexedArgs, probeArgs []any
@@ -131,14 +131,14 @@ func (d dialect) deviceSearch(tenant, key, term string) deviceCond {
 		}
 		c.indexed = "search_text LIKE '%' || lower(?) || '%' AND " + c.scan
 		c.indexedArgs = append([]any{likeEscaper.Replace(term)}, c.scanArgs...)
-		c.probe, c.probeArgs = "SELECT 1 FROM devices WHERE tenant = ? AND "+c.indexed, append([]any{tenant}, c.indexedArgs...)
+		c.probe, c.probeArgs = "SELECT id FROM devices WHERE tenant = ? AND "+c.indexed, append([]any{tenant}, c.indexedArgs...)
 		return c
 	}
 	// An FTS5 phrase in double quotes is the term's characters, in order;
 	// the match is then checked with SQLite's own lower().
 	from := " FROM device_search JOIN device_texts t ON t.row = device_search.rowid " +
 		"WHERE device_search MATCH ? AND t.tenant = ? AND instr(lower(t.text), lower(?)) > 0"
-	c.probe, c.probeArgs = "SELECT 1"+from, []any{`"` + strings.ReplaceAll(term, `"`, `""`) + `"`, tenant, term}
+	c.probe, c.probeArgs = "SELECT t.id"+from, []any{`"` + strings.ReplaceAll(term, `"`, `""`) + `"`, tenant, term}
 	c.indexed, c.indexedArgs = "id IN (SELECT t.id"+from+")", c.probeArgs
 	if key != "" || strings.Contains(term, "\n") {
 		c.indexed, c.indexedArgs = c.indexed+" AND "+c.scan, append(slices.Clip(c.indexedArgs), c.scanArgs...)
@@ -155,14 +155,14 @@ func (d dialect) metadataIs(tenant, key, value string) deviceCond {
 			scan: "(metadata ->> ?) = ?", scanArgs: []any{key, value},
 			indexed: "metadata @> jsonb_build_object(CAST(? AS TEXT), CAST(? AS TEXT))", indexedArgs: []any{key, value},
 		}
-		c.probe, c.probeArgs, c.exact = "SELECT 1 FROM devices WHERE tenant = ? AND "+c.indexed, []any{tenant, key, value}, true
+		c.probe, c.probeArgs, c.exact = "SELECT id FROM devices WHERE tenant = ? AND "+c.indexed, []any{tenant, key, value}, true
 		return c
 	}
 	from := " FROM device_metadata WHERE tenant = ? AND key = ? AND value = ?"
 	return deviceCond{
 		scan: "EXISTS (SELECT 1 FROM json_each(metadata) e WHERE e.key = ? AND e.value = ?)", scanArgs: []any{key, value},
 		indexed: "id IN (SELECT id" + from + ")", indexedArgs: []any{tenant, key, value},
-		probe: "SELECT 1" + from, probeArgs: []any{tenant, key, value}, exact: true,
+		probe: "SELECT id" + from, probeArgs: []any{tenant, key, value}, exact: true,
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -123,17 +124,37 @@ func shadowSync(tenant string, inSync bool) deviceCond {
 	// them at every refresh.
 	from := " FROM device_shadows WHERE tenant = ? AND NOT in_sync"
 	return deviceCond{scan: c, indexed: "id IN (SELECT device_id" + from + ")", indexedArgs: []any{tenant},
-		probe: "SELECT 1" + from, probeArgs: []any{tenant}, exact: true}
+		probe: "SELECT device_id" + from, probeArgs: []any{tenant}, exact: true}
 }
 
 // findDevicesWhere lists a page of the devices of tenant that all of cs
 // choose, by id, and counts them.
+//
+// One condition that its index chooses exactly (a search, a metadata
+// value, the devices out of sync) and that chooses indexedMost devices at
+// most is read through its index once: the probe's ids are the count, and
+// the page is read from them by primary key. Read as a condition, the
+// index would be read twice, by the probe and again by the page; where a
+// term is common in other tenants, each read is theirs too
+// (docs/benchmarks-notebook.md, "Device search across tenants").
 func (db *DB) findDevicesWhere(ctx context.Context, tenant string, cs []deviceCond, p fleet.Page) ([]*fleet.Device, int, error) {
 	tx, err := db.readTx(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer tx.Rollback()
+	if len(cs) == 1 && cs[0].indexed != "" && cs[0].exact {
+		ids, err := probeIDs(ctx, tx, cs[0])
+		if err != nil {
+			return nil, 0, db.classify(err)
+		}
+		if len(ids) <= indexedMost {
+			devs, err := devicesByID(ctx, tx, db.dialect, tenant, ids, p)
+			return devs, len(ids), db.classify(err)
+		}
+		// More than the index serves: every device is checked.
+		cs = []deviceCond{{scan: cs[0].scan, scanArgs: cs[0].scanArgs}}
+	}
 	cond, args, n, err := devicesWhere(ctx, tx, cs)
 	if err != nil {
 		return nil, 0, db.classify(err)
@@ -151,6 +172,46 @@ func (db *DB) findDevicesWhere(ctx context.Context, tenant string, cs []deviceCo
 	}
 	devs, err := scanAll(rows, scanDevice)
 	return devs, n, db.classify(err)
+}
+
+// probeIDs reads the ids of the devices c's probe reads, indexedMost + 1
+// at most.
+func probeIDs(ctx context.Context, q querier, c deviceCond) ([]string, error) {
+	rows, err := q.query(ctx, c.probe+" LIMIT ?", append(slices.Clip(c.probeArgs), indexedMost+1)...)
+	if err != nil {
+		return nil, err
+	}
+	return scanAll(rows, func(s scanner) (string, error) {
+		var id string
+		return id, s.Scan(&id)
+	})
+}
+
+// devicesByID reads page p, by id, of the devices of tenant among ids,
+// sorting the ids and reading only the page's devices. SQLite compares
+// text as Go does (BINARY: bytes); PostgreSQL compares the array's
+// elements with the database's collation, the ids' own (devices.id has no
+// other), so it sorts them there. Read with ORDER BY id LIMIT, PostgreSQL
+// read all of them by the primary key and then sorted them: half the
+// cost of the probe at 1,009 ids (docs/benchmarks-notebook.md, "Device
+// search across tenants").
+func devicesByID(ctx context.Context, q querier, d dialect, tenant string, ids []string, p fleet.Page) ([]*fleet.Device, error) {
+	if p.Limit == 0 || p.Offset() >= len(ids) {
+		return []*fleet.Device{}, nil
+	}
+	var in string
+	var args []any
+	if d == postgres {
+		in, args = "id = ANY(ARRAY(SELECT u FROM unnest(CAST(? AS TEXT[])) AS u ORDER BY u LIMIT ? OFFSET ?))", []any{ids, p.Limit, p.Offset()}
+	} else {
+		ids = slices.Sorted(slices.Values(ids))
+		in, args = d.anyOf("id", ids[p.Offset():min(p.Offset()+p.Limit, len(ids))])
+	}
+	rows, err := q.query(ctx, "SELECT "+deviceColumns+" FROM devices WHERE tenant = ? AND "+in+" ORDER BY id", append([]any{tenant}, args...)...)
+	if err != nil {
+		return nil, err
+	}
+	return scanAll(rows, scanDevice)
 }
 
 const groupColumns = "name, selector, description, created_at, updated_at"
