@@ -50,8 +50,8 @@ type device struct {
 	wmu sync.Mutex // writes to nc, and the fields below
 	// fd is the socket while parked (park.go), held apart from Go's
 	// network poller: dup'd from the connection, which is closed; 0: the
-	// connection has it.
-	fd    int32
+	// connection has it. Changed under wmu.
+	fd    atomic.Int32
 	cause error // why the connection ended, as first said
 
 	// What the connection sends the device (delivery.go).
@@ -746,7 +746,7 @@ func (d *device) writeLocked(b []byte) error {
 	if d.closed.Load() {
 		return net.ErrClosed
 	}
-	if d.fd != 0 {
+	if d.fd.Load() != 0 {
 		// Parked: the socket gets its connection back, and a goroutine
 		// to read what the device answers; it parks again once idle.
 		d.attachLocked()
@@ -798,7 +798,7 @@ func (d *device) closeLocked(code reasonCode, cause error) {
 	if code != 0 && d.version == version5 {
 		disconnect = appendDisconnect(nil, code)
 	}
-	if d.fd != 0 {
+	if d.fd.Load() != 0 {
 		d.closeApartLocked(disconnect)
 		return
 	}

@@ -108,7 +108,7 @@ func (d *device) park(r *bufio.Reader) bool {
 		return false
 	}
 	d.parked.Store(true)
-	if err := p.watch(d, int(d.fd), d.deadline); err != nil && d.parked.CompareAndSwap(true, false) {
+	if err := p.watch(d, int(d.fd.Load()), d.deadline); err != nil && d.parked.CompareAndSwap(true, false) {
 		d.s.log.Debug("mqtt: cannot park an idle connection; it keeps its goroutine", "tenant", d.tenant, "device", d.id, "err", err)
 		d.attachLocked()
 		r.Reset(d.conn())
@@ -131,9 +131,14 @@ func (d *device) wake() {
 }
 
 // resume gives a woken connection's socket its net.Conn back, and reads on.
+// A connection woken by a write to it has it back already: its reading does
+// not wait behind the write (to a device that does not read, up to
+// WriteTimeout).
 func (d *device) resume() {
-	d.wmu.Lock()
-	d.attachLocked()
-	d.wmu.Unlock()
+	if d.fd.Load() != 0 {
+		d.wmu.Lock()
+		d.attachLocked()
+		d.wmu.Unlock()
+	}
 	d.serve(getReader(d.conn()))
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -193,14 +194,21 @@ func (p *poller) closeFiles() {
 // the connection cannot be closed (closing takes wmu) while the poller acts
 // as its reader.
 func (d *device) pingInPlace(p *poller) bool {
-	if !d.wmu.TryLock() {
-		return false
+	for !d.wmu.TryLock() {
+		// While the socket is held apart, wmu is held only for moments
+		// (the parking goroutine finishing, a writer or closer taking the
+		// socket back): wait for it. Once the connection has the socket
+		// back, a write may hold wmu until its deadline: wake instead.
+		if d.fd.Load() == 0 {
+			return false
+		}
+		runtime.Gosched()
 	}
 	defer d.wmu.Unlock()
 	if d.closed.Load() || !d.parked.Load() {
 		return false
 	}
-	if d.fd == 0 {
+	if d.fd.Load() == 0 {
 		return false
 	}
 	pingresp := [2]byte{typePingresp << 4, 0}
@@ -227,7 +235,7 @@ func (d *device) pingInPlace(p *poller) bool {
 		answered = true
 		d.deadline = deadline // the poller reads for the connection now
 		werr = p.watch(d, fd, deadline)
-	}(int(d.fd))
+	}(int(d.fd.Load()))
 	switch {
 	case short: // half a packet written: the stream is broken
 		d.closeLocked(0, errors.New("a PINGRESP written in part"))
@@ -261,7 +269,7 @@ func (d *device) detachLocked() error {
 	}
 	_ = d.conn().Close() // the socket stays open: fd is another descriptor of it
 	d.live.Store(nil)
-	d.fd = int32(fd)
+	d.fd.Store(int32(fd))
 	return nil
 }
 
@@ -269,11 +277,10 @@ func (d *device) detachLocked() error {
 // wmu is held. If it cannot, the socket is closed and so is the
 // connection.
 func (d *device) attachLocked() {
-	if d.fd == 0 {
+	fd := int(d.fd.Load())
+	if fd == 0 {
 		return
 	}
-	fd := int(d.fd)
-	d.fd = 0
 	d.s.poller.unwatch(fd)
 	f := os.NewFile(uintptr(fd), "mqtt")
 	c, err := net.FileConn(f) // a descriptor of its own
@@ -284,10 +291,12 @@ func (d *device) attachLocked() {
 		err = fmt.Errorf("a %T, not TCP", c)
 	}
 	if err != nil {
+		d.fd.Store(0) // closed with f
 		d.closeLocked(0, fmt.Errorf("waking a parked connection: %w", err))
 		return
 	}
 	d.live.Store(tc)
+	d.fd.Store(0) // after live: resume reads fd without wmu
 }
 
 // closeApartLocked closes the socket held apart while parked, sending
@@ -296,8 +305,8 @@ func (d *device) attachLocked() {
 // instance.
 func (d *device) closeApartLocked(disconnect []byte) {
 	if disconnect != nil {
-		_, _ = syscall.Write(int(d.fd), disconnect)
+		_, _ = syscall.Write(int(d.fd.Load()), disconnect)
 	}
-	_ = syscall.Close(int(d.fd))
-	d.fd = 0
+	_ = syscall.Close(int(d.fd.Load()))
+	d.fd.Store(0)
 }
