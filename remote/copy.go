@@ -71,10 +71,26 @@ func (e *WriteError) Unwrap() error { return e.Err }
 // error) or writing to does (a *WriteError). seen is told of each message
 // (binary, its length) once passed, with its bytes when it was read into
 // memory; look, when it reports true, asks that the bytes be (a recording
-// wants them), else two stream legs on TCP splice them.
+// wants them), else two stream legs on TCP splice them, but for a message
+// larger than to reads (MessageSizeHeader), which is read and cut to its
+// size.
 func Relay(to, from *Conn, look func() bool, seen func(binary bool, n int, b []byte)) error {
 	splice := func() bool { return to.st != nil && to.st.tcp != nil && !look() }
 	return from.pass(splice, func(binary bool, b []byte, n int, body io.Reader) error {
+		if body != nil && n > to.peerMax {
+			// The leg written to reads smaller messages than this one
+			// (it said so, MessageSizeHeader): the bytes are read and
+			// cut to its size, as a WebSocket's are.
+			b, err := from.readBody(n, body)
+			if err != nil {
+				return err
+			}
+			if err := to.WriteRaw(true, b); err != nil {
+				return &WriteError{err}
+			}
+			seen(true, n, b)
+			return nil
+		}
 		if body != nil {
 			// A sender that stops within a message must not hold the
 			// leg written to (its lock) for ever: the message comes

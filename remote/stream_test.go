@@ -1,11 +1,14 @@
 package remote_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -249,5 +252,61 @@ func TestStreamFallsBack(t *testing.T) {
 	var re *remote.RefusedError
 	if !errors.As(err, &re) || re.Status != 404 || re.Message != `no remote session "x" waits to be joined` {
 		t.Fatalf("refused with %v", err)
+	}
+}
+
+// TestStreamSpliceCutsToPeerMax: between two stream legs on TCP, a
+// message larger than the leg written to said it reads
+// (MessageSizeHeader) reaches it cut to that size, as over a WebSocket,
+// not spliced whole.
+func TestStreamSpliceCutsToPeerMax(t *testing.T) {
+	rs := newRelayServer(t, false)
+	op, err := remote.DialStream(context.Background(), rs.URL+"/operator", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	// The device's leg, by hand: a stream that reads messages of 32 KiB.
+	const small = remote.MaxMessage
+	nc, err := net.Dial("tcp", rs.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	fmt.Fprintf(nc, "GET /device HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: %s\r\n%s: %d\r\n\r\n",
+		remote.StreamProtocol, remote.MessageSizeHeader, small)
+	br := bufio.NewReader(nc)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("the device's leg answered %s", resp.Status)
+	}
+	data := payload(remote.LargeMessage)
+	if op.MaxSend() != len(data) {
+		t.Fatalf("the operator's leg sends messages of %d bytes, want %d", op.MaxSend(), len(data))
+	}
+	if err := op.Write(data); err != nil { // one message
+		t.Fatal(err)
+	}
+	var got []byte
+	for len(got) < len(data) {
+		var h [5]byte
+		if _, err := io.ReadFull(br, h[:]); err != nil {
+			t.Fatalf("after %d bytes: %v", len(got), err)
+		}
+		n := int(binary.BigEndian.Uint32(h[1:]))
+		if h[0] != remote.StreamBytes || n > small {
+			t.Fatalf("a message of type %d and %d bytes to a leg that reads %d", h[0], n, small)
+		}
+		b := make([]byte, n)
+		if _, err := io.ReadFull(br, b); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, b...)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("the bytes differ")
 	}
 }
