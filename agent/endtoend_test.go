@@ -369,27 +369,13 @@ func TestAgentRemote(t *testing.T) {
 		})
 		t.Run("Forward", func(t *testing.T) {
 			ended(t)
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			go func() { // the device's service: it answers each line in capitals
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					go func() {
-						defer c.Close()
-						sc := bufio.NewScanner(c)
-						for sc.Scan() {
-							fmt.Fprintln(c, strings.ToUpper(sc.Text()))
-						}
-					}()
+			// The device's service: it answers each line in capitals.
+			_, port, _ := net.SplitHostPort(fleetdtest.DeviceService(t, func(c net.Conn) {
+				sc := bufio.NewScanner(c)
+				for sc.Scan() {
+					fmt.Fprintln(c, strings.ToUpper(sc.Text()))
 				}
-			}()
-			_, port, _ := net.SplitHostPort(ln.Addr().String())
+			}))
 			ctx, cancel := context.WithCancel(context.Background())
 			out := &fleetdtest.LockedBuffer{}
 			done := make(chan int, 1)
@@ -427,21 +413,7 @@ func TestAgentRemote(t *testing.T) {
 			// closes once the client half-closes: the bytes come back
 			// whole, each half-close reaches the other end, the session
 			// ends on its own, and it counts the bytes each way.
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			go func() {
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					go func() { defer c.Close(); io.Copy(c, c) }()
-				}
-			}()
-			_, port, _ := net.SplitHostPort(ln.Addr().String())
+			_, port, _ := net.SplitHostPort(fleetdtest.DeviceService(t, fleetdtest.Echo))
 			data := make([]byte, 2<<20+777)
 			for i := range data {
 				data[i] = byte(i * 7 / 3)
@@ -617,24 +589,10 @@ func TestAgentForwardThroughput(t *testing.T) {
 	s.StartDevice(t, "fwd", "--remote", "--log-level", "info")
 	// The device's service swallows what it is sent and answers, at the
 	// end, how many bytes it got.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				n, _ := io.Copy(io.Discard, c)
-				fmt.Fprintf(c, "%d\n", n)
-			}()
-		}
-	}()
+	service := fleetdtest.DeviceService(t, func(c net.Conn) {
+		n, _ := io.Copy(io.Discard, c)
+		fmt.Fprintf(c, "%d\n", n)
+	})
 	send := func(addr string) time.Duration {
 		t.Helper()
 		c, err := net.Dial("tcp", addr)
@@ -656,9 +614,9 @@ func TestAgentForwardThroughput(t *testing.T) {
 		}
 		return time.Since(start)
 	}
-	direct := send(ln.Addr().String())
+	direct := send(service)
 
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	_, port, _ := net.SplitHostPort(service)
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &fleetdtest.LockedBuffer{}
 	fc := s.NewFleetctl(t, admin)

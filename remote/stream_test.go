@@ -18,6 +18,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/remote"
 )
 
@@ -77,26 +78,11 @@ func newRelayServer(t *testing.T, tls bool) *relayServer {
 // service is a device's TCP service: it answers each connection with the
 // SHA-256 of all it read, once the connection half-closes, and closes.
 func service(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				h := sha256.New()
-				io.Copy(h, c)
-				c.Write(h.Sum(nil))
-			}()
-		}
-	}()
-	return ln.Addr().String()
+	return fleetdtest.DeviceService(t, func(c net.Conn) {
+		h := sha256.New()
+		io.Copy(h, c)
+		c.Write(h.Sum(nil))
+	})
 }
 
 // forwardThrough runs a port forward over two legs of rs as fleetctl and

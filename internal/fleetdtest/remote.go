@@ -2,6 +2,8 @@ package fleetdtest
 
 import (
 	"context"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -100,3 +102,33 @@ func (s *Server) EndedSession(t *testing.T, c Creds, device, id string) fleet.Re
 	})
 	return found
 }
+
+// DeviceService is a service on the device's side of a forward: it
+// listens on a loopback port until the test ends and serves each
+// connection it accepts with serve, on a goroutine of its own, closing
+// the connection after. It returns the address it listens on.
+func DeviceService(t testing.TB, serve func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// Echo serves a connection by writing back what it reads, until the
+// other end half-closes.
+func Echo(c net.Conn) { io.Copy(c, c) }

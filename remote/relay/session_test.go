@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -374,21 +373,7 @@ func TestRemoteAcrossReplicas(t *testing.T) {
 		// Opened on B, which relays it; the device dials A and the
 		// operator joins through A, both as streams: A passes each leg's
 		// bytes on as they are, B splices one leg's to the other.
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				go func() { defer c.Close(); io.Copy(c, c) }()
-			}
-		}()
-		_, port, _ := net.SplitHostPort(ln.Addr().String())
+		_, port, _ := net.SplitHostPort(fleetdtest.DeviceService(t, fleetdtest.Echo))
 		ag := bs.StartAgent(t, fleetdtest.BuildAgent(t), "edge-f", a.MustDevice(t, admin, "edge-f", nil).Token, "--remote", "--server", a.URL)
 		fleetdtest.Eventually(t, "the agent to connect", func() bool { return strings.Contains(ag.Output.String(), "level=INFO msg=connected") })
 		var sess fleet.RemoteSession
