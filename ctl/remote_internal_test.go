@@ -46,7 +46,7 @@ func TestCpGetTakesWhatWasAnnounced(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	a := &app{client: cl}
+	a := &app{client: cl, env: Env{Getenv: func(string) string { return "" }}}
 	err = a.cpGet(context.Background(), "pump-1", "/etc/motd", filepath.Join(dir, "motd"))
 	if err == nil || !strings.Contains(err.Error(), "more than the 4 bytes") {
 		t.Fatalf("cp got %v, want refused for the bytes past the 4 announced", err)
