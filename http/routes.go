@@ -57,7 +57,7 @@ func (s *Server) addRoutes() []route {
 			OK:      http.StatusCreated, Resp: fleet.UplinkConfig{}}},
 
 		{"POST /api/v1/devices/{id}/remote-sessions", fleet.PermRemote, s.handleCreateRemoteSession, op{Tag: "remote",
-			Summary: "Open a remote session with the device through fleetd-agent: shell (target: a command, or none for a terminal), forward (target: a TCP port on the device), get or put (target: a path on the device). The device is asked with a remote_session action; then the operator and the device each connect a WebSocket, GET /api/v1/remote-sessions/{id}/operator and /device (docs/api.md)",
+			Summary: "Open a remote session with the device through fleetd-agent: shell (target: a command, or none for a terminal), forward (target: a TCP port on the device), get or put (target: a path on the device). The device is asked with a remote_session action; then the operator and the device each connect a leg, GET /api/v1/remote-sessions/{id}/operator and /device with an Upgrade to fleetd-stream/1 (fleetctl, fleetd-agent) or to a WebSocket (the console, older clients) (docs/agent.md, The session's messages)",
 			Body:    remoteCreate{}, OK: http.StatusCreated, Resp: fleet.RemoteSession{}}},
 		{"GET /api/v1/devices/{id}/remote-sessions", fleet.PermRead, s.handleListRemoteSessions, op{Tag: "remote",
 			Summary: "A device's remote sessions, newest first: who, what, when, bytes each way and why each ended",
