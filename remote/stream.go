@@ -357,7 +357,11 @@ func pass(to, from net.Conn, buffered *bufio.Reader) {
 func roundTrip(ctx context.Context, req *http.Request, tc *tls.Config) (net.Conn, *bufio.Reader, *http.Response, error) {
 	host := req.URL.Host
 	if req.URL.Port() == "" {
-		host = net.JoinHostPort(req.URL.Hostname(), map[bool]string{true: "443", false: "80"}[req.URL.Scheme == "https"])
+		port := "80"
+		if req.URL.Scheme == "https" {
+			port = "443"
+		}
+		host = net.JoinHostPort(req.URL.Hostname(), port)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
