@@ -69,7 +69,8 @@ await run(async (browser, track) => {
   assert.equal(notNumber.status, 400);
   await page.getByRole("button", { name: "Create rule" }).click();
   await page.locator("#condition-error").getByText(notNumber.body.fields["condition.value"]).waitFor();
-  // The page that answered shows the typed condition in the builder.
+  // The page that answered shows the typed condition in the builder, once its script has run.
+  await builder.getByLabel("Value", { exact: true }).waitFor();
   assert.equal(await builder.getByLabel("Value", { exact: true }).inputValue(), "hot");
   assert.equal(await builder.getByLabel("Field of the reading").inputValue(), "temp");
   await builder.scrollIntoViewIfNeeded();
@@ -131,6 +132,8 @@ await run(async (browser, track) => {
   await page.goto(base + `/console/alerts/rules/${ruleID}`);
   await page.getByRole("link", { name: "Edit rule" }).click();
   assert.equal(await page.getByLabel("Stream").getAttribute("readonly"), "", "a rule keeps its stream");
+  // The builder is shown once the page's script has filled it from the JSON.
+  await page.getByLabel("Value", { exact: true }).waitFor();
   assert.equal(await page.getByLabel("Value", { exact: true }).inputValue(), "80", "the builder shows the saved threshold");
   // The JSON stays editable, and the builder follows it.
   await page.getByLabel("Condition (JSON)").fill('{"field": "temp", "operator": ">", "value": 99}');
