@@ -19,7 +19,8 @@ const (
 	SearchGroup    = "group"    // the devices of the group (docs/twin.md) at dispatch
 )
 
-// Special actions (DESIGN §4): the server does more than deliver them.
+// Special actions (docs/actions.md#special-actions): the server does more
+// than deliver them.
 const (
 	ActionUpdateFirmware = "update_firmware"
 	ActionCancel         = "cancel_action"
@@ -196,8 +197,8 @@ func (f ActionPreparerFunc) PrepareDispatch(ctx context.Context, tenant string, 
 }
 
 // ReadDispatch is the typed decode of a dispatch body (S1 and the modern
-// endpoint): exactly the fields of DESIGN §4, and, when withSchedule (the
-// modern endpoint), a schedule.
+// endpoint): exactly the fields of docs/actions.md#dispatch, and, when
+// withSchedule (the modern endpoint), a schedule.
 func ReadDispatch(f *Fields, withSchedule bool) Dispatch {
 	d := Dispatch{Action: f.NonEmptyString("action", true, MaxActionNameLen), Timeout: DefaultActionTimeout}
 	if params := f.Object("params", true); params != nil {

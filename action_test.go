@@ -183,7 +183,8 @@ func TestReadStatusReport(t *testing.T) {
 func i64(n int64) *int64 { return &n }
 func ip(n int) *int      { return &n }
 
-// TestApplyReport is the ordering and idempotency table of DESIGN §4.
+// TestApplyReport is the ordering and idempotency of status reports
+// (docs/actions.md#status-reports), as a table.
 func TestApplyReport(t *testing.T) {
 	now := time.UnixMilli(10_000)
 	key := func(ts, seq int64) *fleet.ReportKey { return &fleet.ReportKey{Timestamp: ts, Sequence: seq} }

@@ -119,7 +119,7 @@ const MaxThresholdSeconds = 31_536_000
 // CondKind is the kind of a condition node.
 type CondKind int
 
-// The condition kinds of DESIGN §6.
+// The condition kinds (docs/alerts.md#conditions).
 const (
 	CondCompare CondKind = iota // {"field", "operator", "value"}
 	CondAll                     // {"all": [...]}
@@ -241,9 +241,10 @@ const (
 	AlertEnded  = "ended"
 )
 
-// Phases of a rule's evaluation for one device (DESIGN §6): PhaseNormal has
-// no alert and the condition false; PhaseActivating has the condition true
-// but not yet for the activation threshold; PhaseActive has an open alert;
+// Phases of a rule's evaluation for one device
+// (docs/alerts.md#evaluation-and-thresholds): PhaseNormal has no alert and
+// the condition false; PhaseActivating has the condition true but not yet
+// for the activation threshold; PhaseActive has an open alert;
 // PhaseDeactivating has an open alert whose condition has been false, but
 // not yet for the deactivation threshold.
 const (

@@ -9,13 +9,14 @@ import (
 	"strconv"
 )
 
-// The canonical values of DESIGN §2 (nil, bool, int64, float64, string,
-// []any, map[string]any) are kept as JSON text wherever they are stored:
-// action params and metadata, alert conditions and metadata filters, data
-// points. MarshalCanonical and ParseCanonical are the one path there and
-// back, and AppendFloat the one way a double is written as JSON (package
-// codec's JSON responses use it too), so that a number keeps its type and
-// its value: an integer stays an integer, a double a double, exactly.
+// The canonical values of docs/encodings.md#requests-one-canonical-value
+// (nil, bool, int64, float64, string, []any, map[string]any) are kept as
+// JSON text wherever they are stored: action params and metadata, alert
+// conditions and metadata filters, data points. MarshalCanonical and
+// ParseCanonical are the one path there and back, and AppendFloat the one
+// way a double is written as JSON (package codec's JSON responses use it
+// too), so that a number keeps its type and its value: an integer stays an
+// integer, a double a double, exactly.
 
 // MarshalCanonical returns the JSON text of a canonical value: map keys
 // sorted, strings without HTML escapes, doubles as AppendFloat writes

@@ -2,9 +2,10 @@ package fleet
 
 // Change says that something a replica may cache changed in the database,
 // so that every replica drops its copy at once rather than when a TTL runs
-// out (DESIGN §1, scaled). The store announces changes in the transaction
-// that makes them (PostgreSQL NOTIFY, delivered on commit); on SQLite there
-// is one process, which drops its own caches as it changes them.
+// out (docs/operations.md#many-replicas, "Caches"). The store announces
+// changes in the transaction that makes them (PostgreSQL NOTIFY, delivered
+// on commit); on SQLite there is one process, which drops its own caches as
+// it changes them.
 type Change struct {
 	Kind   string // one of the Change* kinds
 	Tenant string

@@ -49,7 +49,7 @@ const (
 	ShadowOutOfSync = "out_of_sync"
 )
 
-// Limits on device ids and metadata (DESIGN §2, issue 2).
+// Limits on device ids and metadata (docs/api.md#devices).
 const (
 	MaxDeviceIDLen    = 128
 	MaxMetadataKeys   = 64

@@ -69,7 +69,8 @@ type DeviceCertificateStore interface {
 
 // deviceURIScheme names devices in the URI SAN of their certificates:
 // fleetd://{tenant}/{device_id}. Tenant names and device ids need no
-// escaping in it (DESIGN §2).
+// escaping in it: a tenant name is 1 to 63 of a-z 0-9 - (ValidTenantName),
+// a device id 1 to 128 of A-Z a-z 0-9 . _ : - (ValidDeviceID).
 const deviceURIScheme = "fleetd"
 
 // DeviceURI is the identity a device certificate carries.

@@ -12,10 +12,11 @@ import (
 	"github.com/google/uuid"
 )
 
-// Upload states of a bundle (DESIGN §5). A bundle made from a multipart
-// upload is completed at once; one made from a JSON record is pending until
-// both its archive and its declaration (S5) are in, then completed when they
-// agree and failed when they do not. Completed and failed never change.
+// Upload states of a bundle (docs/firmware.md#uploading). A bundle made from
+// a multipart upload is completed at once; one made from a JSON record is
+// pending until both its archive and its declaration (S5) are in, then
+// completed when they agree and failed when they do not. Completed and
+// failed never change.
 const (
 	UploadPending   = "pending"
 	UploadCompleted = "completed"

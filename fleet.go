@@ -18,7 +18,7 @@ import (
 // Role is what a caller may do inside its tenant.
 type Role string
 
-// The four roles of DESIGN §2.
+// The four roles (docs/api.md#roles).
 const (
 	RoleViewer   Role = "viewer"
 	RoleDevice   Role = "device"
@@ -134,7 +134,7 @@ type Page struct {
 // Offset is the number of items before the page.
 func (p Page) Offset() int { return (p.Page - 1) * p.Limit }
 
-// Default and largest page sizes of every list (DESIGN §2).
+// Default and largest page sizes of every list (docs/api.md#lists).
 const (
 	DefaultLimit = 50
 	MaxLimit     = 1000

@@ -10,9 +10,9 @@ package fleet
 
 import "slices"
 
-// ActionStatus is where a device action is in its lifecycle (DESIGN §4):
-// (Scheduled →) Queued → Initiated → Progress → Completed, Failed or
-// Cancelled.
+// ActionStatus is where a device action is in its lifecycle
+// (docs/actions.md#lifecycle): (Scheduled →) Queued → Initiated → Progress →
+// Completed, Failed or Cancelled.
 type ActionStatus string
 
 // The action statuses.

@@ -1,8 +1,9 @@
 package fleet
 
-// Redelivery is a device that arrived at an external MQTT broker and is
-// owed the actions queued for it (DESIGN §1, §8). fleetd cannot see who
-// connects to a broker it does not run; it learns of an arrival when the
+// Redelivery is a device that arrived at an external MQTT broker and is owed
+// the actions queued for it
+// (docs/operations.md#actions-through-an-external-broker). fleetd cannot see
+// who connects to a broker it does not run; it learns of an arrival when the
 // broker asks it to authenticate the device or to authorise its
 // subscription, records the arrival in the database, and any replica claims
 // it, under a lease, and sends the device what is queued. A replica that

@@ -6,7 +6,8 @@ package fleet
 // normal phase, and the stream's version, which every commit of the stream
 // advances. Replicas evaluate a device's stream in turn, whichever receives
 // its data: one that commits from an older version gets ErrStale, reads a
-// snapshot and evaluates again (DESIGN §1, scaled).
+// snapshot and evaluates again (docs/operations.md#many-replicas, alert
+// evaluation).
 type StreamSnapshot struct {
 	Latest  *DataPoint
 	States  []*AlertState

@@ -12,8 +12,8 @@ const (
 	AuthWebhook = "webhook" // bearer tokens vouched for by the tenant's webhook
 )
 
-// TenantAuth is how a tenant's end users authenticate with
-// "Authorization: Bearer <token>" (DESIGN §7).
+// TenantAuth is how a tenant's end users authenticate with "Authorization:
+// Bearer <token>" (docs/api.md#end-users-of-a-tenant-s9).
 type TenantAuth struct {
 	Method      string `json:"method"`
 	JWKSURL     string `json:"jwks_url,omitempty"`

@@ -11,13 +11,14 @@ import (
 )
 
 // Canonical narrows a full-fidelity value to the canonical values Decode
-// returns (DESIGN §2): keywords and symbols become strings ("ns/name"),
-// vectors, lists and sets arrays, instants RFC 3339 strings in UTC with
-// milliseconds, UUIDs and URIs strings, characters one-character strings,
-// binary base64 strings, big integers int64 (an error beyond it), big
-// decimals float64. Map keys must be strings, keywords or symbols and stay
-// distinct once they are strings. NaN, the infinities and unknown tags are
-// errors: no request field could take them.
+// returns (docs/encodings.md#requests-one-canonical-value): keywords and
+// symbols become strings ("ns/name"), vectors, lists and sets arrays,
+// instants RFC 3339 strings in UTC with milliseconds, UUIDs and URIs
+// strings, characters one-character strings, binary base64 strings, big
+// integers int64 (an error beyond it), big decimals float64. Map keys must
+// be strings, keywords or symbols and stay distinct once they are strings.
+// NaN, the infinities and unknown tags are errors: no request field could
+// take them.
 func Canonical(v any) (any, error) {
 	switch v := v.(type) {
 	case nil, bool, string, int64:

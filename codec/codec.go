@@ -1,5 +1,5 @@
 // Package codec reads and writes fleetd's four body encodings: JSON, Transit
-// (JSON and MessagePack) and EDN (DESIGN §2).
+// (JSON and MessagePack) and EDN (docs/encodings.md).
 //
 // Every request body becomes one canonical value (nil, bool, int64, float64,
 // string, []any, map[string]any) so that validation has one path whatever

@@ -16,9 +16,10 @@ import (
 )
 
 // jsonEmitter writes JSON as encoding/json does (without HTML escaping),
-// except for times, which are RFC 3339 UTC with milliseconds as DESIGN §2
-// asks, floats, which always show that they are (fleet.AppendFloat), and
-// full-fidelity values, which are written as their canonical form.
+// except for times, which are RFC 3339 UTC with milliseconds as
+// docs/api.md#responses says, floats, which always show that they are
+// (fleet.AppendFloat), and full-fidelity values, which are written as their
+// canonical form.
 type jsonEmitter struct {
 	buf       *bytes.Buffer
 	needComma bool
@@ -145,7 +146,7 @@ func (e *jsonEmitter) binary(p []byte) {
 }
 
 // TimeLayout is how every format writes a time as text: RFC 3339 in UTC
-// with exactly three fractional digits (DESIGN §2).
+// with exactly three fractional digits (docs/api.md#responses).
 const TimeLayout = "2006-01-02T15:04:05.000Z07:00"
 
 // AppendTime appends t as TimeLayout writes it, in UTC, without reading
