@@ -27,7 +27,8 @@ func init() {
 	enums[reflect.TypeFor[fleet.RolloutStatus]()] = rollout
 }
 
-// dispatchBody is the body of S1 and of POST /api/v1/actions (DESIGN §4).
+// dispatchBody is the body of S1 and of POST /api/v1/actions
+// (docs/actions.md#dispatch).
 type dispatchBody struct {
 	Action      string         `json:"action" openapi:"required" doc:"the action's name, 1-128 characters; update_firmware and cancel_action are special"`
 	Params      map[string]any `json:"params" openapi:"required" doc:"what the devices receive, as a JSON text, in the message's payload"`

@@ -20,15 +20,15 @@ import (
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
-// benchConns is how many client connections the S10 benchmark keeps busy,
-// as in DESIGN §10.
+// benchConns is how many client connections the S10 benchmark keeps busy, as
+// fleetbench does (BENCHMARKS.md, "HTTP load").
 const benchConns = 64
 
 // BenchmarkActionStatusHTTP measures S10 end to end over HTTP: 64
-// connections, each posting one status report after another, every answer
-// a commit. The hello sub-benchmark is a hello-world Go handler driven by
-// the same load generator in the same run, the baseline DESIGN §10 compares
-// with. It reports reports/s and the p99 latency.
+// connections, each posting one status report after another, every answer a
+// commit. The hello sub-benchmark is a hello-world Go handler driven by the
+// same load generator in the same run, the baseline BENCHMARKS.md compares
+// S10 with. It reports reports/s and the p99 latency.
 func BenchmarkActionStatusHTTP(b *testing.B) {
 	b.Run("hello", func(b *testing.B) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -123,7 +123,8 @@ func TestBadInputCorpus(t *testing.T) {
 	})
 }
 
-// codeStatus is DESIGN §2's table of error codes.
+// codeStatus is the status of each error code of docs/api.md#errors that
+// bad input can get.
 var codeStatus = map[string]int{"invalid": 400, "unauthenticated": 401, "forbidden": 403, "not_found": 404,
 	"method_not_allowed": 405, "conflict": 409, "too_large": 413, "unsupported_media_type": 415, "rate_limited": 429}
 

@@ -204,8 +204,8 @@ func TestTenantIsolationDevices(t *testing.T) {
 	})
 }
 
-// TestAuthentication covers DESIGN §2: one 401 for every kind of bad
-// credential, 403 for a role without the right.
+// TestAuthentication covers docs/api.md#authentication and #roles: one 401
+// for every kind of bad credential, 403 for a role without the right.
 func TestAuthentication(t *testing.T) {
 	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {

@@ -127,7 +127,7 @@ type endpoint struct {
 	rawBody bool
 	// quiet marks the seed's creates (S1-S3): their 201 has an empty body
 	// unless the client sends Prefer: return=representation. Every other
-	// create answers with the resource (DESIGN §2, docs/api.md).
+	// create answers with the resource (docs/api.md#responses).
 	quiet bool
 }
 

@@ -36,7 +36,7 @@ func StatusOf(code string) int {
 	return http.StatusInternalServerError
 }
 
-// errorBody is every error response (DESIGN §2).
+// errorBody is every error response (docs/api.md#errors).
 type errorBody struct {
 	Error   string            `json:"error"`
 	Message string            `json:"message"`

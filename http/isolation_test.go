@@ -25,11 +25,11 @@ type caller struct {
 // TestIsolationMatrix sends every endpoint of the served OpenAPI document,
 // aimed at tenant alpha's resources, as: no key, an unknown key, tenant
 // bravo's admin, each role of alpha and an end user of alpha (S9 with a
-// local JWKS). Each answer must be what DESIGN §2 says: 401, 403, 404 for
-// another tenant's resource, or the endpoint's success. Both tenants are
-// seeded with a resource of every kind carrying a marker, and no answer to
-// one tenant may hold the other's markers or ids (but an id the caller
-// itself sent).
+// local JWKS). Each answer must be what docs/api.md#authentication and
+// #roles say: 401, 403, 404 for another tenant's resource, or the endpoint's
+// success. Both tenants are seeded with a resource of every kind carrying a
+// marker, and no answer to one tenant may hold the other's markers or ids
+// (but an id the caller itself sent).
 func TestIsolationMatrix(t *testing.T) {
 	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
@@ -39,7 +39,7 @@ func TestIsolationMatrix(t *testing.T) {
 		ops, okCodes, doc := operations(t, s)
 		covered(t, ops)
 		// Which creates answer 201 without a body is the contract of
-		// DESIGN §2: the seed's (S1-S3), and no other.
+		// docs/api.md#responses: the seed's (S1-S3), and no other.
 		for _, op := range ops {
 			if okCodes[op] != http.StatusCreated {
 				continue
@@ -156,8 +156,8 @@ func TestIsolationMatrix(t *testing.T) {
 	})
 }
 
-// expect is the answer DESIGN §2 prescribes to caller c for endpoint e,
-// whose success is ok.
+// expect is the answer docs/api.md#authentication and #roles prescribe to
+// caller c for endpoint e, whose success is ok.
 func expect(e endpoint, c caller, ok int) int {
 	if e.perm == "public" {
 		return http.StatusOK

@@ -175,7 +175,7 @@ func (q *query) Prefixed(prefix string) map[string]string {
 	return m
 }
 
-// Page returns the page and limit parameters (DESIGN §2).
+// Page returns the page and limit parameters (docs/api.md#lists).
 func (q *query) Page() fleet.Page {
 	return fleet.Page{
 		Page:  int(q.Int("page", 1, 1, 1<<31-1)),

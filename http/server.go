@@ -24,7 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Limits bound request bodies (DESIGN §2).
+// Limits bound request bodies (docs/api.md#request-bodies).
 type Limits struct {
 	Body   int64 // any JSON-like body; 1 MiB
 	Bulk   int64 // bulk provisioning; 64 MiB
