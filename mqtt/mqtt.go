@@ -1,9 +1,9 @@
-// Package mqtt is fleetd's device channel: the MQTT topics of DESIGN §8, the
-// Handler every way of running the channel serves, and Devices, the Handler
-// that connects it to fleetd's services. Devices connect with username
-// "{tenant}/{device_id}" and their token, receive actions on their actions
-// topic and publish status reports and stream data on theirs; a Handler
-// decides what fleetd does with each.
+// Package mqtt is fleetd's device channel: the MQTT topics of
+// docs/device-protocol.md#topics, the Handler every way of running the
+// channel serves, and Devices, the Handler that connects it to fleetd's
+// services. Devices connect with username "{tenant}/{device_id}" and their
+// token, receive actions on their actions topic and publish status reports
+// and stream data on theirs; a Handler decides what fleetd does with each.
 //
 // The channel runs in one of two modes, each a package of its own: the
 // broker embedded in fleetd (mqtt/broker), or fleetd as one client of an

@@ -7,8 +7,9 @@ import (
 	"github.com/fleetd/fleet"
 )
 
-// The device topics of DESIGN §8. The leading slash is part of each name,
-// exactly as the uplink agent builds them from its defaults.
+// The device topics of docs/device-protocol.md#topics. The leading slash is
+// part of each name, exactly as the uplink agent builds them from its
+// defaults.
 const (
 	topicPrefix     = "/tenants/"
 	topicDevices    = "/devices/"

@@ -21,9 +21,10 @@ import (
 // authorise MQTT clients, in the two shapes common brokers speak: EMQX's
 // HTTP authentication and authorisation, and the HTTP backend of
 // mosquitto-go-auth (which also fits brokers with a similar plugin). The
-// rules are the embedded broker's (DESIGN §8): username "{tenant}/{device}",
-// the device token as password, a device touches only its own topics.
-// fleetd's own credentials (Username, Password) make a superuser.
+// rules are the embedded broker's (docs/device-protocol.md#connecting and
+// #topics): username "{tenant}/{device}", the device token as password, a
+// device touches only its own topics. fleetd's own credentials (Username,
+// Password) make a superuser.
 //
 // Every request must carry Secret: "Authorization: Bearer <secret>", or
 // the header X-Fleetd-Broker-Secret, or, for brokers that cannot send
@@ -203,7 +204,8 @@ func (b *BrokerAuth) authorizeAction(ctx context.Context, username, topic, actio
 	return ignore
 }
 
-// authorizeAccess applies DESIGN §8's topic rules to one access.
+// authorizeAccess applies the topic rules of docs/device-protocol.md#topics
+// to one access.
 func (b *BrokerAuth) authorizeAccess(ctx context.Context, username, topic string, acc int) verdict {
 	if b.isFleetd(username) {
 		return allow

@@ -32,12 +32,13 @@ import (
 	"github.com/fleetd/fleet/mqtt"
 )
 
-// Client is fleetd as an MQTT 5 client of an external broker (DESIGN §1,
-// "scaled"): devices connect to the broker, which asks fleetd's BrokerAuth
-// endpoints who they are, and fleetd publishes actions to them and consumes
-// their status and stream topics through shared subscriptions, so that any
-// number of replicas split the devices' traffic. It serves the same Handler
-// as the embedded broker (broker.Server).
+// Client is fleetd as an MQTT 5 client of an external broker
+// (docs/operations.md#the-external-broker): devices connect to the broker,
+// which asks fleetd's BrokerAuth endpoints who they are, and fleetd
+// publishes actions to them and consumes their status and stream topics
+// through shared subscriptions, so that any number of replicas split the
+// devices' traffic. It serves the same Handler as the embedded broker
+// (broker.Server).
 //
 // What differs from the embedded broker, and why:
 //

@@ -19,9 +19,9 @@ import (
 	"github.com/fleetd/fleet/mqtt/mqtttest"
 )
 
-// These tests are of what the broker sends devices: every action queued
-// for a connected device reaches it, oldest first, as fast as its in-flight
-// window allows (issue 17).
+// These tests are of what the broker sends devices: every action queued for
+// a connected device reaches it, oldest first, as fast as its in-flight
+// window allows (docs/device-protocol.md#acknowledgements-and-delivery).
 
 // dispatch does what the action service does for a dispatch: the store
 // keeps the action Queued, then the broker is handed it. It returns what
@@ -57,9 +57,10 @@ func parsePublish(t *testing.T, p rawPacket, v5 bool) publish5 {
 	return out
 }
 
-// TestQueuedActionsSentAsWindowFrees is the first finding of issue 17: an
-// action dispatched while the device's window was full stayed Queued for as
-// long as the connection lasted, and a later one overtook it.
+// TestQueuedActionsSentAsWindowFrees: an action dispatched while the
+// device's window is full is sent as soon as the window frees, before any
+// later one. (It used to stay Queued for as long as the connection lasted,
+// and a later one overtook it.)
 func TestQueuedActionsSentAsWindowFrees(t *testing.T) {
 	// As reproduced with mosquitto_sub -V mqttv5 -D connect
 	// receive-maximum 1 and three dispatches.

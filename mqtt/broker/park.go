@@ -10,14 +10,14 @@ import (
 
 // Parking: an idle connection holds no goroutine and no read buffer.
 //
-// A connection's goroutine blocked in a read keeps its stack (4 KiB once
-// it has handled a publish) and its 1 KiB read buffer: with the device's
-// state and the socket, about 12 KB of fleetd's memory for a device that
-// says nothing (issue 17 measured 10 KB; Mosquitto 0.7 to 1.8 KB). So a
+// A connection's goroutine blocked in a read keeps its stack (4 KiB once it
+// has handled a publish) and its 1 KiB read buffer: with the device's state
+// and the socket, about 12 KB of fleetd's memory for a device that says
+// nothing (10 KB measured before parking; Mosquitto 0.7 to 1.8 KB). So a
 // connection with nothing buffered that stays silent for ParkAfter parks:
-// its read buffer goes back to a pool, its socket is watched by the
-// server's poller (epoll, one goroutine for all), and its goroutine ends.
-// What is left is the device's state and the socket (BENCHMARKS.md).
+// its read buffer goes back to a pool, its socket is watched by the server's
+// poller (epoll, one goroutine for all), and its goroutine ends. What is
+// left is the device's state and the socket (BENCHMARKS.md).
 //
 // A parked connection is woken, on a new goroutine with a buffer from the
 // pool, by whichever comes first: its socket readable (a packet, or the

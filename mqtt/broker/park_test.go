@@ -12,11 +12,11 @@ import (
 	"github.com/fleetd/fleet/mqtt/mqtttest"
 )
 
-// TestIdleConnectionsPark: an idle connection holds no goroutine (issue 17,
-// item 7: a goroutine's stack and a read buffer were most of the 10 KB an
-// idle device cost), and a parked connection still does all a connection
-// does: it is written to, its device's packets wake it, and it ends when
-// the device goes, when its keepalive runs out and when the server closes.
+// TestIdleConnectionsPark: an idle connection holds no goroutine (a
+// goroutine's stack and a read buffer were most of the 10 KB an idle device
+// cost before parking), and a parked connection still does all a connection
+// does: it is written to, its device's packets wake it, and it ends when the
+// device goes, when its keepalive runs out and when the server closes.
 func TestIdleConnectionsPark(t *testing.T) {
 	const n = 100
 	h := mqtttest.NewHandler()
