@@ -199,8 +199,9 @@ func TestActionsEndToEnd(t *testing.T) {
 	})
 }
 
-// TestActionBadInputs covers each bad input of DESIGN §4 and shows that a
-// rejected dispatch writes nothing.
+// TestActionBadInputs covers each bad input of a dispatch
+// (docs/actions.md#dispatch) and shows that a rejected dispatch writes
+// nothing.
 func TestActionBadInputs(t *testing.T) {
 	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {

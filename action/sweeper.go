@@ -14,9 +14,9 @@ type TimeoutStore interface {
 	TimeOutDeviceActions(ctx context.Context, now time.Time, limit int) (int, error)
 }
 
-// Sweeper fails device actions whose timeout elapsed (DESIGN §4). Any
-// number of replicas may run one: the store claims rows so that each is
-// failed once.
+// Sweeper fails device actions whose timeout elapsed
+// (docs/actions.md#timeouts). Any number of replicas may run one: the store
+// claims rows so that each is failed once.
 type Sweeper struct {
 	Store    TimeoutStore
 	Interval time.Duration    // between sweeps; default 1s

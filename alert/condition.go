@@ -1,7 +1,8 @@
 // Package alert evaluates alert rules on device data: it compiles
-// conditions, keeps the per-rule, per-device state machine of DESIGN §6 in
-// memory (written behind to the store on every transition), and runs the
-// timers that let thresholds and no_data_seconds elapse without new data.
+// conditions, keeps the per-rule, per-device state machine of
+// docs/alerts.md#evaluation-and-thresholds in memory (written behind to the
+// store on every transition), and runs the timers that let thresholds and
+// no_data_seconds elapse without new data.
 package alert
 
 import (

@@ -168,7 +168,8 @@ type streamState struct {
 	version         int64 // of the stream in a VersionedStore (replicas.go)
 }
 
-// ruleState is the state machine of DESIGN §6 for one rule and device.
+// ruleState is the state machine of docs/alerts.md#evaluation-and-thresholds
+// for one rule and device.
 type ruleState struct {
 	rule       *rule
 	phase      string

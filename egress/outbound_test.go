@@ -11,8 +11,9 @@ import (
 
 // TestOutboundAllow: without --outbound-allow naming it, fleetd sends no
 // notification to an internal address, and what a viewer reads of the
-// attempt is fleetd's own sentence (issue 15, item 4). The other tests
-// allow 127.0.0.0/8 for their receivers; this one takes that back.
+// attempt is fleetd's own sentence (docs/reliability.md#outbound-requests).
+// The other tests allow 127.0.0.0/8 for their receivers; this one takes that
+// back.
 func TestOutboundAllow(t *testing.T) {
 	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {

@@ -27,7 +27,7 @@ const (
 	ConfigTTL       = 10 * time.Second // another replica's S9 change is seen within this
 	RefreshInterval = 10 * time.Second // least time between JWKS fetches for unknown key ids
 	KeysTTL         = time.Hour        // JWKS keys are refetched after this
-	WebhookTTL      = time.Minute      // a webhook's yes is trusted this long (DESIGN §7)
+	WebhookTTL      = time.Minute      // a webhook's yes is trusted this long (docs/api.md#end-users-of-a-tenant-s9)
 	// A webhook's no is remembered this long. For tokens not remembered,
 	// each source address may have the webhooks called WebhookAddrRate
 	// times a second (bursts of WebhookAddrBurst), and each tenant's

@@ -583,8 +583,8 @@ func TestOutboundPolicy(t *testing.T) {
 // TestWebhookLimits: an anonymous client sending a new token with each
 // request calls the tenant's webhook at most WebhookBurst times at once,
 // then WebhookRate a second, and a refused token is not asked about again
-// for WebhookRefusalTTL (issue 15, item 10: at 10129e9, one call per
-// request).
+// for WebhookRefusalTTL (docs/reliability.md#smaller-bounds; at 10129e9, one
+// call per request).
 func TestWebhookLimits(t *testing.T) {
 	var calls atomic.Int32
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

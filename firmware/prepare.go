@@ -43,13 +43,14 @@ type deviceComponent struct {
 	UncompressedSize int64  `json:"uncompressed_size"`
 }
 
-// PrepareDispatch prepares an update_firmware (DESIGN §5): params.version
-// must name a completed bundle none of whose component versions is
-// deactivated and whose dependencies hold among themselves, else the
-// dispatch is refused (EINVALID). Devices receive the bundle's signed
-// download URL with its checksum and sizes instead of the params sent, and
-// a device whose recorded component versions break a dependency of the
-// bundle is failed at once, with the dependency as the reason.
+// PrepareDispatch prepares an update_firmware
+// (docs/firmware.md#update_firmware): params.version must name a completed
+// bundle none of whose component versions is deactivated and whose
+// dependencies hold among themselves, else the dispatch is refused
+// (EINVALID). Devices receive the bundle's signed download URL with its
+// checksum and sizes instead of the params sent, and a device whose recorded
+// component versions break a dependency of the bundle is failed at once,
+// with the dependency as the reason.
 func (s *Service) PrepareDispatch(ctx context.Context, tenant string, d *fleet.Dispatch) error {
 	var p map[string]any
 	if err := json.Unmarshal(d.Params, &p); err != nil {

@@ -628,8 +628,8 @@ type errReader struct{ err error }
 func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
 // TestParsingBounded: beyond MaxParsing, an upload waits for a turn before
-// anything of it is parsed (issue 15, item 7: uploads were parsed all at
-// once, each inflating as it pleased).
+// anything of it is parsed (docs/reliability.md#smaller-bounds; at 10129e9
+// uploads were parsed all at once, each inflating as it pleased).
 func TestParsingBounded(t *testing.T) {
 	svc, _, _ := newService(t, "file")
 	svc.MaxParsing = 1

@@ -355,9 +355,10 @@ func TestSlowReceiverHoldsUpNoOne(t *testing.T) {
 	}
 }
 
-// TestOutboundPolicy: by default a notification reaches no internal
-// address, follows no redirect, and an attempt records the status code and
-// fleetd's own words, never what the receiver sent (issue 15, item 4).
+// TestOutboundPolicy: by default a notification reaches no internal address,
+// follows no redirect, and an attempt records the status code and fleetd's
+// own words, never what the receiver sent
+// (docs/reliability.md#outbound-requests).
 func TestOutboundPolicy(t *testing.T) {
 	var hits atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -14,7 +14,7 @@ import (
 // end is refused when saved (400, not a dead fleetd), and one that loops
 // over a value of the data fails its notification once, for good, while
 // another tenant's notifications go out; fleetd then stops when told to
-// (issue 15, item 1).
+// (docs/reliability.md#notification-templates).
 func TestNotificationTemplateBudget(t *testing.T) {
 	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {

@@ -129,8 +129,9 @@ func (sel selection) where(ctx context.Context, q querier) (string, []any, int, 
 	return sel.cond, sel.args, -1, nil
 }
 
-// selectionOf is the selection of a dispatch's search type (DESIGN §4)
-// among tenant's devices; q reads a group's selector.
+// selectionOf is the selection of a dispatch's search type
+// (docs/actions.md#dispatch) among tenant's devices; q reads a group's
+// selector.
 func (d8 dialect) selectionOf(ctx context.Context, q querier, tenant string, d *fleet.Dispatch) (selection, error) {
 	if d.RetryOf != 0 {
 		return selection{cond: "id IN (SELECT device_id FROM device_actions da WHERE " + unretried(d.RetryStatuses) + ")",

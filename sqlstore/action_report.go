@@ -1,7 +1,7 @@
 package sqlstore
 
 // Status reports, the hottest write path: devices' reports applied in
-// batches (DESIGN §4).
+// batches (docs/actions.md#status-reports).
 
 import (
 	"context"
@@ -408,7 +408,7 @@ func (tx *Tx) updateReportRows(ctx context.Context, tenant string, cols, types [
 }
 
 // recordComponents merges the component versions a completed action
-// installed into the device's record (DESIGN §5).
+// installed into the device's record (docs/firmware.md#update_firmware).
 func (tx *Tx) recordComponents(ctx context.Context, tenant, device string, actionID int64, typ string) error {
 	var params string
 	if err := tx.queryRow(ctx, "SELECT COALESCE(device_params, params) FROM actions WHERE tenant = ? AND id = ?", tenant, actionID).Scan(&params); err != nil {

@@ -337,7 +337,7 @@ func TestOutbox(t *testing.T) {
 				t.Fatalf("second claim: %d, %v", len(ds), err)
 			}
 			// A due notification that cannot be claimed is not due now, or
-			// an idle replica spins on it (issue 15, item 6): next is the
+			// an idle replica spins on it, claiming nothing: next is the
 			// reminder, a minute on.
 			due, ok, err := db.NextDeliveryDue(ctx)
 			if want := clk.Now().Add(time.Minute).Truncate(time.Millisecond); err != nil || !ok || !due.Equal(want) {

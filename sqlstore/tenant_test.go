@@ -262,8 +262,8 @@ func contains(s, sub string) bool {
 }
 
 // TestLastAdminKeyConcurrently: two admin keys deleted at the same moment,
-// each by the other's holder, leave one (issue 15, item 8: on PostgreSQL
-// both deletions succeeded).
+// each by the other's holder, leave one (docs/api.md#roles; at 10129e9, on
+// PostgreSQL both deletions succeeded).
 func TestLastAdminKeyConcurrently(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		db, _ := mustOpen(t, b)

@@ -189,7 +189,8 @@ func TestParseInflateLimit(t *testing.T) {
 
 // TestParseInflateRatio: a gzip bomb is refused once it has inflated more
 // than MaxRatio times the bytes read, long before the absolute limit
-// (issue 15, item 7: a 17.7 MB upload inflated 16 GiB first).
+// (docs/reliability.md#smaller-bounds; at 10129e9 a 17.7 MB upload
+// inflated 16 GiB first).
 func TestParseInflateRatio(t *testing.T) {
 	bomb := gzipped(strings.Repeat("\x00", 64<<20)) // 64 MiB in about 64 KiB
 	a := bundletest.Archive(t, false, bundletest.File{Name: "app.bin.gz", Body: bomb},

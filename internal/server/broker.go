@@ -16,9 +16,10 @@ import (
 	"github.com/fleetd/fleet/sqlstore"
 )
 
-// scaleConfig is what running as one of many replicas takes (DESIGN §1,
-// scaled): an external MQTT broker instead of the embedded one, the secret
-// its broker-auth calls carry, and the leases of background work.
+// scaleConfig is what running as one of many replicas takes
+// (docs/operations.md#scaling-out): an external MQTT broker instead of the
+// embedded one, the secret its broker-auth calls carry, and the leases of
+// background work.
 type scaleConfig struct {
 	broker         string // mqtt:// or mqtts:// URL; empty: the embedded broker
 	caFile         string
