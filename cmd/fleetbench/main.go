@@ -1,9 +1,9 @@
 // Command fleetbench measures fleetd against the figures users will measure
-// (DESIGN §10) and prints them in one table, each beside a baseline taken in
-// the same run: a hello-world Go handler under the same HTTP load, Mosquitto
-// under the same MQTT clients, and the raw update and insert rates of the
-// same database. The verdict on each target is the ratio to its baseline
-// (issue 20); absolute figures are information.
+// (the targets of BENCHMARKS.md) and prints them in one table, each beside a
+// baseline taken in the same run: a hello-world Go handler under the same
+// HTTP load, Mosquitto under the same MQTT clients, and the raw update and
+// insert rates of the same database. The verdict on each target is the
+// ratio to its baseline; absolute figures are information.
 //
 // By default it builds fleetd, runs it as a subprocess on the embedded
 // defaults (SQLite in a temporary directory, the embedded MQTT broker, free
@@ -46,12 +46,12 @@ func main() {
 const usageText = `Usage: fleetbench [flags]
        fleetbench hello --addr ADDR
 
-Measures fleetd against DESIGN §10 and prints one table: each figure, its
-value, the baseline measured in the same run that it is compared with, the
-ratio to it, the target and whether it is met. The targets are issue 20's,
-for the database under test, and are of the ratio: this machine's absolute
-speed moves 2x within a day. Only delivery (seconds) and memory (MB) have
-targets of their value.
+Measures fleetd against the figures its users will measure (BENCHMARKS.md
+lists them with their targets) and prints one table: each figure, its value,
+the baseline measured in the same run that it is compared with, the ratio to
+it, the target and whether it is met. The targets are for the database under
+test, and are of the ratio: this machine's absolute speed moves 2x within a
+day. Only delivery (seconds) and memory (MB) have targets of their value.
 
 By default fleetbench builds fleetd (go build, once, into a temporary
 directory), runs it on SQLite with the embedded MQTT broker on free ports,

@@ -58,7 +58,7 @@ type figure struct {
 	Label string `json:"label,omitempty"`
 }
 
-// goal is a target of issue 20 (DESIGN §10) for each database.
+// goal is a target (BENCHMARKS.md's table) for each database.
 type goal struct {
 	sqlite, postgres float64
 	atLeast          bool

@@ -714,7 +714,7 @@ func short(n int) string {
 // s7Types are the action names of the S7 device's actions.
 var s7Types = []string{"reboot", "configure", "restart_app", "collect_logs", "set_time", "ping", "rotate_keys", "factory_reset"}
 
-// s7Sorts are S7's sort_by values (DESIGN §4).
+// s7Sorts are S7's sort_by values (docs/actions.md#s7-a-devices-actions).
 var s7Sorts = []string{"action_id", "type", "status", "user_email", "user_name", "updated_at", "errors"}
 
 // s7 measures S7 latency for every sort on a device with many actions of

@@ -20,7 +20,8 @@ import (
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
-// TestDeviceChannelDelivery drives the findings of issue 17 through the
+// TestDeviceChannelDelivery drives what
+// docs/device-protocol.md#acknowledgements-and-delivery promises through the
 // whole of fleetd (HTTP, the action service, the store, the broker) with
 // MQTT 5 devices: actions dispatched while the device's window is full reach
 // it as the window frees, in dispatch order; an action the device refuses in

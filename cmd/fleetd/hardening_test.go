@@ -15,8 +15,9 @@ import (
 )
 
 // TestMultiRangeCap: an artifact request with more ranges than
-// fleethttp.MaxRanges gets the whole archive once (issue 15, item 12: 1,800
-// one-byte ranges were each answered with a part of their own).
+// fleethttp.MaxRanges gets the whole archive once (at 10129e9, 1,800
+// one-byte ranges were each answered with a part of their own;
+// docs/reliability.md#smaller-bounds).
 func TestMultiRangeCap(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, sqlstoretest.Backends()[0])
@@ -47,8 +48,8 @@ func TestMultiRangeCap(t *testing.T) {
 }
 
 // TestMetricsToken: with --metrics-token, /metrics answers only to that
-// bearer token (issue 15, item 14: it was public, with every tenant's
-// counts).
+// bearer token (it was public, with every tenant's counts;
+// docs/reliability.md#smaller-bounds).
 func TestMetricsToken(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, sqlstoretest.Backends()[0], "--metrics-token", "scrape-me")
@@ -72,9 +73,9 @@ func TestMetricsToken(t *testing.T) {
 }
 
 // TestHTTPConnectionCap: beyond --http-max-connections-per-ip, a new
-// connection is closed at once, and its place is free again when one
-// closes (issue 15, item 13: ~20,000 keep-alive connections from one client
-// reached the descriptor limit).
+// connection is closed at once, and its place is free again when one closes
+// (~20,000 keep-alive connections from one client reached the descriptor
+// limit before; docs/reliability.md#smaller-bounds).
 func TestHTTPConnectionCap(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, sqlstoretest.Backends()[0], "--http-max-connections-per-ip", "10")
@@ -122,9 +123,9 @@ func TestHTTPConnectionCap(t *testing.T) {
 }
 
 // TestChannelShownByRole: viewers and the audit log see a webhook URL's
-// scheme and host and no header value; operators see what they may change
-// (issue 15, item 11: a viewer read /api/webhooks/123/SECRET and the
-// value of a header named X-Team).
+// scheme and host and no header value; operators see what they may change (a
+// viewer read /api/webhooks/123/SECRET and the value of a header named
+// X-Team before; docs/reliability.md#smaller-bounds).
 func TestChannelShownByRole(t *testing.T) {
 	t.Parallel()
 	s := startServer(t, sqlstoretest.Backends()[0])

@@ -19,7 +19,7 @@ import (
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
-// TestHTTPBodyFlood is issue 15's HTTP flood: with a device-role key, 150
+// TestHTTPBodyFlood is an HTTP flood: with a device-role key, 150
 // concurrent 1 MiB ingest bodies of empty objects, [{},{},…], took fleetd
 // past 2 GB of RSS at 10129e9 and killed it (decoding costs ~35 times a
 // body). Two bounds hold it now, and each flood here needs its own:

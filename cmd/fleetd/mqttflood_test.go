@@ -15,7 +15,7 @@ import (
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
-// TestMQTTPayloadFlood is issue 15's MQTT flood: 100 devices each
+// TestMQTTPayloadFlood is an MQTT flood: 100 devices each
 // publishing one 1 MiB array of empty objects took fleetd from 25 MB to
 // 3.36 GB at 10129e9 (decoding costs ~35 times a payload). Now packets
 // over --mqtt-max-packet-size (256 KiB) are refused from their length, and

@@ -27,10 +27,10 @@ import (
 	"github.com/minio/minio-go/v7"
 )
 
-// These tests run fleetd as production runs it scaled out (DESIGN §1): the
-// real binary, several processes on one PostgreSQL database and one
-// external broker. They need PostgreSQL (FLEETD_TEST_POSTGRES) and
-// Mosquitto, as CI has.
+// These tests run fleetd as production runs it scaled out
+// (docs/operations.md#scaling-out): the real binary, several processes on
+// one PostgreSQL database and one external broker. They need PostgreSQL
+// (FLEETD_TEST_POSTGRES) and Mosquitto, as CI has.
 
 var (
 	buildOnce sync.Once
