@@ -14,13 +14,14 @@ import (
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
-// TestClojureClient drives fleetd as a Clojure client does (issue 16):
-// bodies exactly as Clojure's printer writes them (pr-str; namespaced maps,
-// doubles such as 1.0E10 and 3.5517595525155558E17), answers read back in
-// all four encodings. Numbers keep their type and value from the request
-// to the store to every answer and to the device; every UUID-valued field
-// is a UUID in EDN and Transit; S1's empty 201 has no Content-Type for
-// clj-http's :as :auto to trip on.
+// TestClojureClient drives fleetd as a Clojure client does
+// (docs/encodings.md#what-a-clojure-client-should-expect): bodies exactly as
+// Clojure's printer writes them (pr-str; namespaced maps, doubles such as
+// 1.0E10 and 3.5517595525155558E17), answers read back in all four
+// encodings. Numbers keep their type and value from the request to the store
+// to every answer and to the device; every UUID-valued field is a UUID in
+// EDN and Transit; S1's empty 201 has no Content-Type for clj-http's
+// :as :auto to trip on.
 func TestClojureClient(t *testing.T) {
 	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {

@@ -12,10 +12,11 @@ import (
 // refusals are those of clojure.edn/read-string for the same text. A JVM is
 // not needed to run them: docs/encodings.md quotes the forms.
 
-// TestDecodeEDNNamespacedMaps: #:ns{…} reads as Clojure's readers read
-// it (issue 16): a key without a namespace takes ns, :_/k loses it, a key
-// with another namespace keeps it, keys that are not keywords or symbols
-// stay as they are; then keys become strings as usual.
+// TestDecodeEDNNamespacedMaps: #:ns{…} reads as Clojure's readers read it
+// (docs/encodings.md#what-a-clojure-client-should-expect): a key without a
+// namespace takes ns, :_/k loses it, a key with another namespace keeps it,
+// keys that are not keywords or symbols stay as they are; then keys become
+// strings as usual.
 func TestDecodeEDNNamespacedMaps(t *testing.T) {
 	testDecode(t, codec.EDN, []decodeCase{
 		{"printed", `#:firmware{:version "2.3.0", :file "a.bin"}`,

@@ -83,9 +83,10 @@ func TestEncodeJSONMatchesEncodingJSON(t *testing.T) {
 	}
 }
 
-// TestEncodeJSONFloats: a float is written so that it reads back as a
-// float, and the same one: with a decimal point or an exponent, unlike
-// encoding/json, and with an exponent from 2^53 on (issue 16).
+// TestEncodeJSONFloats: a float is written so that it reads back as a float,
+// and the same one: with a decimal point or an exponent, unlike
+// encoding/json, and with an exponent from 2^53 on
+// (docs/encodings.md#responses).
 func TestEncodeJSONFloats(t *testing.T) {
 	for _, tt := range []struct {
 		v    any
