@@ -45,6 +45,12 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, limit int64, ele
 	if err != nil {
 		return nil, err
 	}
+	return s.decodeRead(w, r, f, body, elems)
+}
+
+// decodeRead is decode's second half: the canonical value of a body read
+// already, in format f, within elems and the decoding budget.
+func (s *Server) decodeRead(w http.ResponseWriter, r *http.Request, f codec.Format, body []byte, elems codec.Limits) (any, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, fleet.Errorf(fleet.EINVALID, "the request body is empty; send a %s value", f)
 	}

@@ -199,7 +199,14 @@ var statusFields = map[string]bool{"action_id": true, "id": true, "state": true,
 // the error returned names them (for the log) after the others were
 // applied.
 func (h *Devices) HandleStatus(ctx context.Context, tenant, device string, payload []byte) error {
-	problems := map[string]string{}
+	// One report of the plain shape, what devices send, is read without
+	// making canonical values, so without the decoding budget; any other
+	// payload the full way, which words every problem.
+	if r, ok := fleet.QuickStatusReport(payload, false); ok {
+		r.DeviceID = device
+		return h.applyStatus(ctx, tenant, []fleet.StatusReport{r}, []int{0}, nil, 1)
+	}
+	var problems map[string]string
 	var reports []fleet.StatusReport
 	var index []int // of each report in the payload
 	var count int
@@ -214,6 +221,13 @@ func (h *Devices) HandleStatus(ctx context.Context, tenant, device string, paylo
 	if err != nil {
 		return err
 	}
+	return h.applyStatus(ctx, tenant, reports, index, problems, count)
+}
+
+// applyStatus applies the reports read from a payload of count items, and
+// returns an error naming the items skipped: problems (by index, nil if
+// none) and those the action service refused.
+func (h *Devices) applyStatus(ctx context.Context, tenant string, reports []fleet.StatusReport, index []int, problems map[string]string, count int) error {
 	if len(reports) > 0 {
 		errs, err := h.Actions.ReportStatus(ctx, tenant, reports)
 		if err != nil {
@@ -221,6 +235,9 @@ func (h *Devices) HandleStatus(ctx context.Context, tenant, device string, paylo
 		}
 		for j, err := range errs {
 			if err != nil {
+				if problems == nil {
+					problems = map[string]string{}
+				}
 				problems[fmt.Sprintf("[%d]", index[j])] = fleet.ErrorMessage(err)
 			}
 		}
