@@ -37,7 +37,9 @@ type Config struct {
 	MaxInflight int
 
 	// HandlerTimeout bounds each Handler call; default 30s. A publish whose
-	// handler timed out is treated like fleet.EUNAVAILABLE.
+	// handler timed out is treated like fleet.EUNAVAILABLE. Publishes share
+	// their context for a 32nd of it, so a publish's may end up to that
+	// much later.
 	HandlerTimeout time.Duration
 
 	// ConnectTimeout is how long a new connection may take to send CONNECT;

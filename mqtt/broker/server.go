@@ -42,6 +42,9 @@ type Server struct {
 	gate   *gate           // caps connections across both
 	ctx    context.Context // of Handler calls; cancelled when Close gives up waiting
 	cancel context.CancelFunc
+	// publishCtx is the context publishes are handled in, shared by those
+	// of a few milliseconds (publishContext).
+	publishCtx atomic.Pointer[sharedDeadline]
 
 	authFailures *ratelimit.Limiter // failed CONNECTs by source address
 	poller       *poller            // watches parked connections; nil: none park
