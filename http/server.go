@@ -247,7 +247,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !validRequestID(id) {
 		// Unique, not secret: a request id need not cost a system call
 		// for randomness on every request.
-		id = fmt.Sprintf("%016x", rand.Uint64())
+		id = requestID(rand.Uint64())
 	}
 	w.Header().Set("X-Request-Id", id)
 	ctx := fleet.NewContextWithRequestID(r.Context(), id)
@@ -288,6 +288,18 @@ type statusProbe struct {
 func (p *statusProbe) Header() http.Header         { return p.header }
 func (p *statusProbe) Write(b []byte) (int, error) { return len(b), nil }
 func (p *statusProbe) WriteHeader(code int)        { p.status = code }
+
+// requestID formats n as 16 hexadecimal digits, as %016x does, in one
+// allocation where fmt.Sprintf made two.
+func requestID(n uint64) string {
+	const hex = "0123456789abcdef"
+	var b [16]byte
+	for i := len(b) - 1; i >= 0; i-- {
+		b[i] = hex[n&0xf]
+		n >>= 4
+	}
+	return string(b[:])
+}
 
 func validRequestID(id string) bool {
 	if id == "" || len(id) > 64 {
@@ -366,7 +378,7 @@ func (s *Server) wrap(rt route) http.Handler {
 				return
 			}
 		}
-		if !rt.op.takesQuery() {
+		if !rt.op.takesQuery() && r.URL.RawQuery != "" {
 			// Routes that read no query refuse any; the others check
 			// theirs as they read them (query.go).
 			if err := newQuery(r).Err(); err != nil {
