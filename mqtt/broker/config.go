@@ -49,7 +49,8 @@ type Config struct {
 	// WriteTimeout bounds each write to a device; default 10s. A device
 	// that has not read what its socket buffers hold by then is cut off
 	// (what was written of the packet cannot be taken back); it gets its
-	// actions again when it reconnects.
+	// actions again when it reconnects. A write's deadline may be up to
+	// a 32nd of it later: it is set again only when less is left.
 	WriteTimeout time.Duration
 
 	// ParkAfter is how long a connection may be silent before it parks:

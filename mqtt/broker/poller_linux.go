@@ -296,6 +296,7 @@ func (d *device) attachLocked() {
 		return
 	}
 	d.live.Store(tc)
+	d.writeBy = 0 // the new connection has no write deadline yet
 	d.fd.Store(0) // after live: resume reads fd without wmu
 }
 
