@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
+	"os"
 	"sync"
 	"time"
 )
@@ -14,10 +14,10 @@ import (
 // (Relay), fleetctl and the agent between a leg and a local TCP
 // connection (Join). A stream leg's bytes go from socket to socket by
 // splice(2) where both ends are TCP without TLS and nobody needs to see
-// them (a recording does): Go's (*net.TCPConn).ReadFrom splices from a
-// *net.TCPConn under an *io.LimitedReader, one message at a time, so the
-// counts and the idle clock move with each message (at most LargeMessage
-// bytes).
+// them (a recording does): spliceN, through a pipe, one message at a
+// time, so the counts and the idle clock move with each message (at most
+// LargeMessage bytes), and a failure is known for the sender's (its read)
+// or the receiver's (its write).
 
 // spliceMin is the smallest message whose bytes are spliced: a smaller
 // one (a keystroke, a terminal's line) is read and written with its
@@ -27,9 +27,9 @@ const spliceMin = 16 << 10
 // pass reads c's messages until a read fails, handing each to give. A
 // message is in memory (b, lent until give returns), except a stream's
 // bytes when splice says they may be copied from its connection and
-// they are at least spliceMin: then body reads its n bytes, which give
-// must consume.
-func (c *Conn) pass(splice func() bool, give func(binary bool, b []byte, n int, body io.Reader) error) error {
+// they are at least spliceMin: then body holds its n bytes, which give
+// must consume (read or splice).
+func (c *Conn) pass(splice func() bool, give func(binary bool, b []byte, n int, body *msgBody) error) error {
 	for {
 		if c.st != nil && c.st.tcp != nil && splice() {
 			typ, n, err := c.st.next()
@@ -76,7 +76,7 @@ func (e *WriteError) Unwrap() error { return e.Err }
 // size.
 func Relay(to, from *Conn, look func() bool, seen func(binary bool, n int, b []byte)) error {
 	splice := func() bool { return to.st != nil && to.st.tcp != nil && !look() }
-	return from.pass(splice, func(binary bool, b []byte, n int, body io.Reader) error {
+	return from.pass(splice, func(binary bool, b []byte, n int, body *msgBody) error {
 		if body != nil && n > to.peerMax {
 			// The leg written to reads smaller messages than this one
 			// (it said so, MessageSizeHeader): the bytes are read and
@@ -95,16 +95,20 @@ func Relay(to, from *Conn, look func() bool, seen func(binary bool, n int, b []b
 			// A sender that stops within a message must not hold the
 			// leg written to (its lock) for ever: the message comes
 			// within the time its write has.
-			from.st.nc.SetReadDeadline(time.Now().Add(writeTimeout))
-			written, wrote, err := to.spliceMessage(StreamBytes, n, body)
+			timeout := writeTimeout()
+			from.st.nc.SetReadDeadline(time.Now().Add(timeout))
+			written, rerr, werr := to.spliceMessage(StreamBytes, body)
 			from.st.nc.SetReadDeadline(time.Time{})
 			if written > 0 {
 				seen(true, int(written), nil)
 			}
-			if err != nil && wrote {
-				return &WriteError{err}
+			if werr != nil {
+				return &WriteError{werr}
 			}
-			return err
+			if errors.Is(rerr, os.ErrDeadlineExceeded) {
+				return fmt.Errorf("the sender stopped within a message for %s: %w", timeout, rerr)
+			}
+			return rerr
 		}
 		if err := to.WriteRaw(binary, b); err != nil {
 			return &WriteError{err}
@@ -137,15 +141,16 @@ func (c *Conn) Join(tcp *net.TCPConn) error {
 		}
 	}()
 	always := func() bool { return true }
-	err := c.pass(always, func(binary bool, b []byte, n int, body io.Reader) error {
-		if binary {
-			var err error
-			if body != nil {
-				_, err = io.Copy(tcp, body)
-			} else {
-				_, err = tcp.Write(b)
+	err := c.pass(always, func(binary bool, b []byte, n int, body *msgBody) error {
+		if binary && body != nil {
+			_, rerr, werr := body.spliceTo(tcp)
+			if werr != nil {
+				return errTCPWrite
 			}
-			if err != nil {
+			return rerr
+		}
+		if binary {
+			if _, err := tcp.Write(b); err != nil {
 				return errTCPWrite
 			}
 			return nil

@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -180,10 +181,14 @@ func (c *Conn) readBody(n int, r io.Reader) ([]byte, error) {
 	}
 	_, err := io.ReadFull(r, (*c.rbuf)[:n])
 	if err == io.ErrUnexpectedEOF || err == io.EOF && n > 0 {
-		err = errors.New("the connection ended within a message")
+		err = errMidMessage
 	}
 	return (*c.rbuf)[:n], err
 }
+
+// errMidMessage is a read's end when the connection ended within a
+// message.
+var errMidMessage = errors.New("the connection ended within a message")
 
 // release returns the last message's buffer to its pool.
 func (c *Conn) release() {
@@ -209,7 +214,7 @@ func (c *Conn) WriteRaw(binary bool, data []byte) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.st != nil {
-		c.st.nc.SetWriteDeadline(time.Now().Add(writeTimeout))
+		c.st.nc.SetWriteDeadline(time.Now().Add(writeTimeout()))
 		typ := byte(StreamControl)
 		if binary {
 			typ = StreamBytes
@@ -222,7 +227,7 @@ func (c *Conn) WriteRaw(binary bool, data []byte) error {
 		}
 		return c.st.write(typ, data)
 	}
-	c.ws.SetWriteDeadline(time.Now().Add(writeTimeout))
+	c.ws.SetWriteDeadline(time.Now().Add(writeTimeout()))
 	for binary && len(data) > c.peerMax {
 		if err := c.ws.WriteMessage(t, data[:c.peerMax]); err != nil {
 			return err
@@ -233,8 +238,12 @@ func (c *Conn) WriteRaw(binary bool, data []byte) error {
 }
 
 // writeTimeout bounds one write: a peer that reads nothing for this long
-// is gone.
-const writeTimeout = 30 * time.Second
+// is gone. 30 seconds; tests shorten it.
+func writeTimeout() time.Duration { return time.Duration(writeTimeoutNanos.Load()) }
+
+var writeTimeoutNanos atomic.Int64
+
+func init() { writeTimeoutNanos.Store(int64(30 * time.Second)) }
 
 // Write sends bytes.
 func (c *Conn) Write(data []byte) error { return c.WriteRaw(true, data) }

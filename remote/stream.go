@@ -84,14 +84,79 @@ func (s *stream) next() (typ byte, n int, err error) {
 	return typ, n, nil
 }
 
-// body is the next n bytes, a message's, to copy elsewhere: spliced
-// from the TCP connection when nothing was read ahead of them.
-func (s *stream) body(n int) io.Reader {
-	if len(s.pending) > 0 || s.tcp == nil {
-		return io.LimitReader(s, int64(n))
-	}
-	return &io.LimitedReader{R: s.tcp, N: int64(n)}
+// msgBody is a stream message's bytes still in its connection, to be
+// passed on whole: read (Read), or moved to a TCP connection (spliceTo),
+// which says which side failed.
+type msgBody struct {
+	s    *stream
+	left int64
 }
+
+// body is the next n bytes, a message's.
+func (s *stream) body(n int) *msgBody { return &msgBody{s: s, left: int64(n)} }
+
+// Read reads the message's bytes, then io.EOF.
+func (b *msgBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.s.Read(p)
+	b.left -= int64(n)
+	return n, err
+}
+
+// spliceTo writes the message's bytes to dst, spliced from socket to
+// socket but for what was read ahead of them. rerr is the failure to
+// read them (errMidMessage when the connection ended first), werr the
+// failure to write them, never both.
+func (b *msgBody) spliceTo(dst *net.TCPConn) (written int64, rerr, werr error) {
+	if k := min(int64(len(b.s.pending)), b.left); k > 0 {
+		n, err := dst.Write(b.s.pending[:k])
+		b.s.pending, b.left, written = b.s.pending[n:], b.left-int64(n), int64(n)
+		if err != nil {
+			return written, nil, err
+		}
+	}
+	if b.left == 0 {
+		return written, nil, nil
+	}
+	n, rerr, werr := spliceN(dst, b.s.tcp, b.left)
+	b.left -= n
+	if rerr == io.ErrUnexpectedEOF {
+		rerr = errMidMessage
+	}
+	return written + n, rerr, werr
+}
+
+// copyN copies n bytes from src to dst through a pooled buffer: rerr is
+// the failure to read src (io.ErrUnexpectedEOF when it ended first), werr
+// the failure to write dst.
+func copyN(dst io.Writer, src io.Reader, n int64) (written int64, rerr, werr error) {
+	buf := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(buf)
+	for written < n {
+		m, err := src.Read((*buf)[:min(int64(len(*buf)), n-written)])
+		if m > 0 {
+			w, err := dst.Write((*buf)[:m])
+			written += int64(w)
+			if err != nil {
+				return written, nil, err
+			}
+		}
+		if err == io.EOF && written < n {
+			return written, io.ErrUnexpectedEOF, nil
+		}
+		if err != nil {
+			return written, err, nil
+		}
+	}
+	return written, nil, nil
+}
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
 
 // write sends one message, its header and its bytes in one system call
 // (writev(2) on TCP; one TLS record for a small message), so that the
@@ -124,28 +189,23 @@ const smallWrite = 4 << 10
 
 var smallWrites = sync.Pool{New: func() any { b := make([]byte, 0, streamHeader+smallWrite); return &b }}
 
-// spliceMessage writes a message of n bytes whose bytes are body's (a
-// stream's, on TCP both), under c's lock: the header, then the bytes
-// from socket to socket. wrote reports whether the failure, if any, was
-// the write's.
-func (c *Conn) spliceMessage(typ byte, n int, body io.Reader) (written int64, wrote bool, err error) {
+// spliceMessage writes a stream message whose bytes are body's (a
+// stream's, on TCP both), under c's lock: the header, then the bytes from
+// socket to socket. rerr is the failure to read them, the sender's (it
+// ended, was reset or stalled within the message: what was sent cannot be
+// taken back, and c has half a message; it ends with the session), werr
+// the failure to write to c, never both.
+func (c *Conn) spliceMessage(typ byte, body *msgBody) (written int64, rerr, werr error) {
 	var h [streamHeader]byte
 	h[0] = typ
-	binary.BigEndian.PutUint32(h[1:], uint32(n))
+	binary.BigEndian.PutUint32(h[1:], uint32(body.left))
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.st.nc.SetWriteDeadline(time.Now().Add(writeTimeout))
+	c.st.nc.SetWriteDeadline(time.Now().Add(writeTimeout()))
 	if _, err := c.st.nc.Write(h[:]); err != nil {
-		return 0, true, err
+		return 0, nil, err
 	}
-	written, err = io.Copy(c.st.tcp, body)
-	if err == nil && written < int64(n) {
-		// The sender's end came within the message: what was sent
-		// cannot be taken back, and the leg written to has half a
-		// message; it ends with the session.
-		return written, false, io.ErrUnexpectedEOF
-	}
-	return written, err != nil, err
+	return body.spliceTo(c.st.tcp)
 }
 
 // upgradeStream answers r, which asked for StreamProtocol, with 101 and
@@ -160,7 +220,7 @@ func upgradeStream(w http.ResponseWriter, r *http.Request) (*Conn, error) {
 		nc.Close()
 		return nil, errors.New("the client sent bytes before the upgrade was answered")
 	}
-	nc.SetDeadline(time.Now().Add(writeTimeout))
+	nc.SetDeadline(time.Now().Add(writeTimeout()))
 	_, err = io.WriteString(nc, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: "+StreamProtocol+
 		"\r\n"+MessageSizeHeader+": "+strconv.Itoa(LargeMessage)+"\r\n\r\n")
 	if err != nil {

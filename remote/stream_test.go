@@ -13,8 +13,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/gorilla/websocket"
 
@@ -32,11 +36,12 @@ type relayServer struct {
 	streams   [2]bool
 	bytes     [2]int64 // first leg to second, second to first
 	ended     chan error
-	recording bool // the relay looks at the bytes
+	from      [2]chan error // each way's end: from the first leg, from the second
+	recording bool          // the relay looks at the bytes
 }
 
 func newRelayServer(t *testing.T, tls bool) *relayServer {
-	rs := &relayServer{ended: make(chan error, 2)}
+	rs := &relayServer{ended: make(chan error, 2), from: [2]chan error{make(chan error, 1), make(chan error, 1)}}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, err := remote.Upgrade(w, r)
 		if err != nil {
@@ -61,8 +66,8 @@ func newRelayServer(t *testing.T, tls bool) *relayServer {
 					}
 				}
 			}
-			go func() { rs.ended <- remote.Relay(b, a, look, count(0)); b.Close() }()
-			go func() { rs.ended <- remote.Relay(a, b, look, count(1)); a.Close() }()
+			go func() { err := remote.Relay(b, a, look, count(0)); rs.from[0] <- err; rs.ended <- err; b.Close() }()
+			go func() { err := remote.Relay(a, b, look, count(1)); rs.from[1] <- err; rs.ended <- err; a.Close() }()
 		}
 		rs.mu.Unlock()
 	})
@@ -295,4 +300,126 @@ func TestStreamSpliceCutsToPeerMax(t *testing.T) {
 	if !bytes.Equal(got, data) {
 		t.Fatal("the bytes differ")
 	}
+}
+
+// rawLeg opens a stream leg to rs at path by hand, as a side that reads
+// messages of LargeMessage.
+func rawLeg(t *testing.T, rs *relayServer, path string) (*net.TCPConn, *bufio.Reader) {
+	t.Helper()
+	nc, err := net.Dial("tcp", rs.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	fmt.Fprintf(nc, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: %s\r\n%s: %d\r\n\r\n",
+		path, remote.StreamProtocol, remote.MessageSizeHeader, remote.LargeMessage)
+	br := bufio.NewReader(nc)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("%s answered %s", path, resp.Status)
+	}
+	return nc.(*net.TCPConn), br
+}
+
+// streamHeader is a stream message's header: its type and length.
+func streamHeader(typ byte, n int) []byte {
+	h := []byte{typ, 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(h[1:], uint32(n))
+	return h
+}
+
+// TestStreamSpliceBlamesTheSideThatFailed: between two stream legs on
+// TCP, where a message's bytes are spliced, a failure is the side's that
+// failed. A sender that resets its connection, or stalls, within a
+// message ends the relay with the error of its read, not a *WriteError
+// (which a relay tells as the receiver's: fleetd's "a side stopped
+// reading"); a receiver that stops reading ends it with a *WriteError.
+// The bytes that passed are counted either way.
+func TestStreamSpliceBlamesTheSideThatFailed(t *testing.T) {
+	const part = 100 << 10 // of a message of LargeMessage
+	// sendPart sends a message's header and its first part from op, and
+	// waits until dev has them all: the relay waits for the rest.
+	sendPart := func(t *testing.T, op *net.TCPConn, dev *bufio.Reader) {
+		t.Helper()
+		data := payload(part)
+		if _, err := op.Write(append(streamHeader(remote.StreamBytes, remote.LargeMessage), data...)); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, 5+part)
+		if _, err := io.ReadFull(dev, got); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got[:5], streamHeader(remote.StreamBytes, remote.LargeMessage)) || !bytes.Equal(got[5:], data) {
+			t.Fatal("the device's leg got other bytes than were sent")
+		}
+	}
+	counted := func(t *testing.T, rs *relayServer, want int64) {
+		t.Helper()
+		rs.mu.Lock()
+		defer rs.mu.Unlock()
+		if rs.bytes[0] != want {
+			t.Errorf("counted %d bytes to the device, want %d", rs.bytes[0], want)
+		}
+	}
+	t.Run("SenderResets", func(t *testing.T) {
+		rs := newRelayServer(t, false)
+		op, _ := rawLeg(t, rs, "/operator")
+		_, dev := rawLeg(t, rs, "/device")
+		sendPart(t, op, dev)
+		op.SetLinger(0) // its close resets the connection
+		op.Close()
+		err := <-rs.from[0]
+		var wf *remote.WriteError
+		if errors.As(err, &wf) || !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("the relay ended with %v (%T), want the read's connection reset", err, err)
+		}
+		counted(t, rs, part)
+	})
+	t.Run("SenderStalls", func(t *testing.T) {
+		remote.SetWriteTimeout(t, 200*time.Millisecond)
+		rs := newRelayServer(t, false)
+		op, _ := rawLeg(t, rs, "/operator")
+		_, dev := rawLeg(t, rs, "/device")
+		sendPart(t, op, dev)
+		err := <-rs.from[0]
+		var wf *remote.WriteError
+		if errors.As(err, &wf) || !errors.Is(err, os.ErrDeadlineExceeded) || !strings.Contains(err.Error(), "the sender stopped within a message for 200ms") {
+			t.Fatalf("the relay ended with %v (%T), want the sender's stall", err, err)
+		}
+		counted(t, rs, part)
+	})
+	t.Run("ReceiverStopsReading", func(t *testing.T) {
+		remote.SetWriteTimeout(t, 200*time.Millisecond)
+		rs := newRelayServer(t, false)
+		op, _ := rawLeg(t, rs, "/operator")
+		rawLeg(t, rs, "/device") // reads nothing
+		msg := append(streamHeader(remote.StreamBytes, remote.LargeMessage), payload(remote.LargeMessage)...)
+		sent := make(chan int64, 1)
+		go func() {
+			var n int64
+			for {
+				if _, err := op.Write(msg); err != nil {
+					sent <- n
+					return
+				}
+				n += remote.LargeMessage
+			}
+		}()
+		err := <-rs.from[0]
+		var wf *remote.WriteError
+		if !errors.As(err, &wf) || !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("the relay ended with %v (%T), want a *WriteError of the write's deadline", err, err)
+		}
+		op.Close()
+		n := <-sent
+		rs.mu.Lock()
+		got := rs.bytes[0]
+		rs.mu.Unlock()
+		if got <= 0 || got > n {
+			t.Errorf("counted %d bytes to the device, of %d sent", got, n)
+		}
+	})
 }
