@@ -387,17 +387,17 @@ func ProxyStream(w http.ResponseWriter, r *http.Request, target *url.URL, out ht
 		// A leg's messages say where its bytes end (eof): either
 		// connection's end is the leg's, and ends both.
 		ended := make(chan struct{}, 2)
-		go func() { pass(nc, client, brw.Reader); ended <- struct{}{} }()
-		go func() { pass(client, nc, nil); ended <- struct{}{} }()
+		go func() { copyOneWay(nc, client, brw.Reader); ended <- struct{}{} }()
+		go func() { copyOneWay(client, nc, nil); ended <- struct{}{} }()
 		<-ended
 	}()
 	return nil
 }
 
-// pass copies from to to until from ends, spliced between two TCP
-// connections. buffered is what an HTTP server read of from already, if
-// any.
-func pass(to, from net.Conn, buffered *bufio.Reader) {
+// copyOneWay copies from to to until from ends, spliced between two
+// TCP connections: one way of a leg proxied to another replica.
+// buffered is what an HTTP server read of from already, if any.
+func copyOneWay(to, from net.Conn, buffered *bufio.Reader) {
 	var src io.Reader = from
 	if t := tcpOf(from); t != nil {
 		src = t
