@@ -100,6 +100,9 @@ type DB struct {
 	local     localChanges // changes committed here, for Listen on SQLite
 	stats     writeStats
 	countSlot atomic.Uint32 // the last slot of device_action_counts written (Tx.flushCounts)
+	// reportsReadFirst, set by tests, applies every status report
+	// through the locking SELECT and Go's state machine (advanceReports).
+	reportsReadFirst bool
 }
 
 // Open connects to the database named by dsn: a postgres:// (or

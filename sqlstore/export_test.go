@@ -315,3 +315,54 @@ func (db *DB) DropIfExpired(ctx context.Context, table string, start time.Time) 
 	}
 	return false, fmt.Errorf("no partitioned table %s", table)
 }
+
+// SetReportsReadFirst makes db apply every status report by reading its
+// device action first, as before advanceReports: the reference its
+// statement is checked against.
+func (db *DB) SetReportsReadFirst(on bool) { db.reportsReadFirst = on }
+
+// AdvanceReportsPlan applies reports (each a candidate of
+// advanceReports, on a device action in Progress) with advanceReports
+// alone and returns how many it wrote and, on PostgreSQL, how many rows of
+// device_actions its statement read with the generic plan (readsOf); on
+// SQLite, the plan of its statement (EXPLAIN QUERY PLAN, read back from
+// the statement text it ran).
+func (db *DB) AdvanceReportsPlan(ctx context.Context, tenant string, reports []fleet.StatusReport) (advanced int, read int64, plan string, err error) {
+	run := func(ctx context.Context, tx *Tx) error {
+		found := make([]bool, len(reports))
+		n, err := tx.advanceReports(ctx, tenant, reports, found)
+		advanced = n
+		return err
+	}
+	if db.dialect == postgres {
+		read, err = db.readsOf(ctx, "device_actions", run)
+		return advanced, read, "", err
+	}
+	err = db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		if err := run(ctx, tx); err != nil {
+			return err
+		}
+		var vals []any
+		for _, r := range reports {
+			vals = append(vals, r.ActionID, r.DeviceID, r.State, *r.Progress, *r.Timestamp, *r.Sequence)
+		}
+		q, args := tx.advanceStatement(tenant, vals)
+		rows, err := tx.query(ctx, "EXPLAIN QUERY PLAN "+q, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		var lines []string
+		for rows.Next() {
+			var id, parent, notused int
+			var detail string
+			if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+				return err
+			}
+			lines = append(lines, detail)
+		}
+		plan = strings.Join(lines, "\n")
+		return rows.Err()
+	})
+	return advanced, 0, plan, err
+}
