@@ -267,3 +267,89 @@ func TestPointPagesSeePartitionsChange(t *testing.T) {
 		count(10)
 	})
 }
+
+// TestPointPagesScope reads a device's points of a day within the day
+// (From and To: on PostgreSQL a page's one statement, which reads the
+// device's scope beside the chunks) and unbounded (the device's scope
+// read first), in pages of every size and both orders: each read shows
+// the points from the floor of the tenant's retention on (its own, and the
+// server's), none of a device of the same id deleted before, and a device
+// that is not there is not found.
+func TestPointPagesScope(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, clk := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		mustTenant(t, db, "beta")
+		mustAlertDevices(t, db, "acme", "d1")
+		day := clk.Now().Truncate(24*time.Hour).AddDate(0, 0, -1)
+		var pts []fleet.DataPoint
+		for i := range 480 { // a point a minute, 08:00 to 16:00
+			pts = append(pts, fleet.DataPoint{Stream: "env", Timestamp: day.Add(8*time.Hour + time.Duration(i)*time.Minute), Sequence: int64(i),
+				Data: map[string]any{"v": i}, ReceivedAt: clk.Now()})
+		}
+		for i := 0; i < len(pts); i += 100 { // batches across hours
+			if err := db.CommitStream(ctx, "acme", "d1", "env", pts[i:min(i+100, len(pts))], nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		check := func(t *testing.T, tenant, device string, from int) {
+			t.Helper()
+			var want []int64
+			for _, p := range pts[from:] {
+				want = append(want, p.Timestamp.UnixMilli())
+			}
+			for _, bounded := range []bool{true, false} {
+				for _, limit := range []int{7, 100, 1000} {
+					for _, desc := range []bool{false, true} {
+						q := fleet.PointQuery{Limit: limit, Desc: desc}
+						if bounded {
+							q.From, q.To = day, day.Add(24*time.Hour)
+						}
+						got := timestamps(readAll(t, db, tenant, device, q))
+						if desc {
+							slices.Reverse(got)
+						}
+						if !slices.Equal(got, want) {
+							t.Fatalf("bounded %v, limit %d, desc %v: %d points from %v, want %d from %v", bounded, limit, desc,
+								len(got), got[:min(1, len(got))], len(want), want[:min(1, len(want))])
+						}
+					}
+				}
+			}
+		}
+		t.Run("All", func(t *testing.T) { check(t, "acme", "d1", 0) })
+		t.Run("OwnRetention", func(t *testing.T) {
+			if err := db.SetStreamRetention(ctx, "acme", 24*time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			// A day ago is 12:30: the floor is 12:00, and the points
+			// before it are not shown (their partition is still there).
+			clk.Set(day.Add(24*time.Hour + 12*time.Hour + 30*time.Minute))
+			check(t, "acme", "d1", 4*60)
+		})
+		t.Run("ServerRetention", func(t *testing.T) {
+			if err := db.SetStreamRetention(ctx, "acme", 0); err != nil {
+				t.Fatal(err)
+			}
+			clk.Set(day.Add(fleet.DefaultStreamRetention + 14*time.Hour + 59*time.Minute))
+			check(t, "acme", "d1", 6*60)
+		})
+		t.Run("NotFound", func(t *testing.T) {
+			for _, q := range []fleet.PointQuery{{Limit: 10, From: day, To: day.Add(24 * time.Hour)}, {Limit: 10}} {
+				_, err := db.FindPoints(ctx, "acme", "ghost", "env", q)
+				wantCode(t, err, fleet.ENOTFOUND)
+				_, err = db.FindPoints(ctx, "beta", "d1", "env", q)
+				wantCode(t, err, fleet.ENOTFOUND)
+			}
+		})
+		t.Run("DeviceMadeAgain", func(t *testing.T) {
+			if err := db.DeleteDevice(ctx, "acme", "d1"); err != nil {
+				t.Fatal(err)
+			}
+			clk.Add(time.Millisecond)
+			mustAlertDevices(t, db, "acme", "d1")
+			check(t, "acme", "d1", len(pts))
+		})
+	})
+}

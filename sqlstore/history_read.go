@@ -422,13 +422,11 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 		}
 		after = &c
 	}
-	created, lo, err := db.pointScope(ctx, tenant, device)
-	if err != nil {
-		return nil, err
-	}
-	hi := db.ceiling()
+	// lo and hi bound the page's timestamps as the query and the cursor
+	// do; the retention's floor (pointScope) is not yet among them.
+	lo, bounded, hi := int64(math.MinInt64), false, db.ceiling()
 	if !q.From.IsZero() {
-		lo = max(lo, millis(q.From))
+		lo, bounded = millis(q.From), true
 	}
 	if !q.To.IsZero() {
 		hi = min(hi, millis(q.To))
@@ -437,7 +435,7 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 		if q.Desc {
 			hi = min(hi, after.key.ts+1)
 		} else {
-			lo = max(lo, after.key.ts)
+			lo, bounded = max(lo, after.key.ts), true
 		}
 	}
 	limit := q.Limit
@@ -448,11 +446,13 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 	// [lo, hi) starts in [lo's hour, hi). On PostgreSQL a page within one
 	// day's partition is first read with one statement, which sees one
 	// snapshot on its own: from the pool, without a transaction's two more
-	// round trips (as historyReader); a page over several partitions, one
-	// whose chunks that statement did not all bring (see chunkBatch), and
-	// every page on SQLite (whose partition tables segments lists), reads
-	// in a transaction, so that no point that arrives between two
-	// statements falls behind the cursor.
+	// round trips (as historyReader), and with the device's scope
+	// (pointScope) in it, which was a round trip of its own before each
+	// page's chunks. A page over several partitions, one whose chunks that
+	// statement did not all bring (see chunkBatch), and every page on
+	// SQLite (whose partition tables segments lists), reads in a
+	// transaction, so that no point that arrives between two statements
+	// falls behind the cursor.
 	buf := pagePoints.Get().(*[]pagePoint)
 	if cap(*buf) < limit+1 {
 		*buf = make([]pagePoint, 0, limit+1)
@@ -461,42 +461,61 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 		clear((*buf)[:cap(*buf)]) // the pool holds no chunk's text
 		pagePoints.Put(buf)
 	}()
-	r := pageRead{db: db, tenant: tenant, device: device, stream: stream, q: q, after: after, lo: lo, hi: hi, created: created,
+	r := pageRead{db: db, tenant: tenant, device: device, stream: stream, q: q, after: after, lo: lo, hi: hi,
 		best: &bestPoints{n: limit + 1, desc: q.Desc, pts: (*buf)[:0]}}
-	read := false
-	if db.dialect == postgres {
+	scoped := false
+	if db.dialect == postgres && bounded {
 		if segs, _ := db.segments(ctx, nil, pointsPart, floorTo(lo, hourMs), hi, true); len(segs) == 1 { // queries nothing
-			if read, err = r.read(ctx, db, segs, false); err != nil {
+			r.scope = &pointScopeRead{}
+			read, err := r.read(ctx, db, segs, false)
+			if err != nil {
 				return nil, err
+			}
+			if !r.scope.found {
+				return nil, deviceNotFound(device)
+			}
+			scoped, r.created, r.floor, r.scope = true, r.scope.created, r.scope.floor, nil
+			if read {
+				return r.page(limit), nil
 			}
 		}
 	}
-	if !read {
-		tx, err := db.readTx(ctx)
-		if err != nil {
-			return nil, err
-		}
-		defer tx.Rollback()
-		segs, err := db.segments(ctx, tx, pointsPart, floorTo(lo, hourMs), hi, true)
-		if err != nil {
-			return nil, db.classify(err)
-		}
-		if _, err := r.read(ctx, tx, segs, true); err != nil {
+	if !scoped {
+		var err error
+		if r.created, r.floor, err = db.pointScope(ctx, tenant, device); err != nil {
 			return nil, err
 		}
 	}
+	r.lo = max(r.lo, r.floor)
+	tx, err := db.readTx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback()
+	segs, err := db.segments(ctx, tx, pointsPart, floorTo(r.lo, hourMs), hi, true)
+	if err != nil {
+		return nil, db.classify(err)
+	}
+	if _, err := r.read(ctx, tx, segs, true); err != nil {
+		return nil, err
+	}
+	return r.page(limit), nil
+}
+
+// page returns the page of points r read, at most limit of them.
+func (r *pageRead) page(limit int) *fleet.PointPage {
 	got := r.best.sorted()
 	page := &fleet.PointPage{Points: make([]fleet.HistoryPoint, 0, min(len(got), limit))}
 	for _, p := range got[:min(len(got), limit)] {
 		page.Points = append(page.Points, p.p)
 	}
 	if n := len(page.Points); n > 0 {
-		page.End = cursor{q.Desc, got[n-1].key}.String()
+		page.End = cursor{r.q.Desc, got[n-1].key}.String()
 	}
 	if len(got) > limit {
 		page.Next = page.End
 	}
-	return page, nil
+	return page
 }
 
 // pagePoints are the slices of a page's points to reuse: a page of 1000
@@ -522,7 +541,18 @@ type pageRead struct {
 	q                      fleet.PointQuery
 	after                  *cursor
 	lo, hi, created        int64 // the points of [lo, hi) of chunks received since created
+	floor                  int64 // the retention's (pointScope), which lo is not below once known
 	best                   *bestPoints
+	// scope, when set, has the statement read the device's scope too
+	// (pointScope's, into scope) and the chunks received since its
+	// created_at from its floor on; created and floor are not yet known.
+	scope *pointScopeRead
+}
+
+// pointScopeRead is what a page's statement read of pointScope's.
+type pointScopeRead struct {
+	found          bool // the device is there: the statement brought a row
+	created, floor int64
 }
 
 // read reads the page's points from segs with rd, the page's one
@@ -535,7 +565,7 @@ func (r *pageRead) read(ctx context.Context, rd querier, segs []segment, inTx bo
 	// The chunks after the last one a statement brought, in the read's
 	// order: (ts_min, id) after (from, id) ascending, (ts_max, id) before
 	// (from, id) descending.
-	order, after := "ts_min, id", "ts_min >= ? AND (ts_min > ? OR id > ?)"
+	order, scopedOrder, after := "ts_min, id", "c.ts_min, c.id", "ts_min >= ? AND (ts_min > ? OR id > ?)"
 	// The chunk the cursor is in is left out once the cursor is at its
 	// last point in the read's order: the page before ended there (as a
 	// page of ingest calls of 1000 does), and it would be read and walked
@@ -546,7 +576,7 @@ func (r *pageRead) read(ctx context.Context, rd querier, segs []segment, inTx bo
 	}
 	if r.q.Desc {
 		slices.Reverse(segs)
-		order, after = "ts_max DESC, id DESC", "ts_max <= ? AND (ts_max < ? OR id < ?)"
+		order, scopedOrder, after = "ts_max DESC, id DESC", "c.ts_max DESC, c.id DESC", "ts_max <= ? AND (ts_max < ? OR id < ?)"
 		spent, spentArg = "0 = ?", 1
 		if r.after != nil {
 			spentArg = int64(r.after.key.idx)
@@ -563,13 +593,32 @@ func (r *pageRead) read(ctx context.Context, rd querier, segs []segment, inTx bo
 		query := `SELECT ts_min, ts_max, id, received_at, points FROM ` + s.table + `
 			WHERE tenant = ? AND device_id = ? AND stream = ? AND ts_min >= ? AND ts_min < ? AND ts_max >= ? AND received_at >= ?
 			AND ` + after + ` AND NOT (id = ? AND ` + spent + `) ORDER BY ` + order + ` LIMIT ?`
+		var scopeArgs []any
+		if r.scope != nil {
+			// The device's row (none: not found) joined to its chunks
+			// (none: one row of NULLs), which start at the floor or
+			// after: a chunk holds the points of one hour, and the floor
+			// is an hour's start, so the points are those pointScope's
+			// floor lets through.
+			query = `SELECT s.created_at, s.floor_ms, c.id IS NOT NULL, coalesce(c.ts_min, 0), coalesce(c.ts_max, 0), coalesce(c.id, 0),
+				coalesce(c.received_at, 0), c.points
+				FROM (` + pointScopeQuery + `) s LEFT JOIN LATERAL (SELECT ts_min, ts_max, id, received_at, points FROM ` + s.table + `
+					WHERE tenant = ? AND device_id = ? AND stream = ? AND ts_min >= ? AND ts_min < ? AND ts_max >= ? AND received_at >= s.created_at
+					AND ts_min >= s.floor_ms AND ` + after + ` AND NOT (id = ? AND ` + spent + `) ORDER BY ` + order + ` LIMIT ?) c ON true
+				ORDER BY ` + scopedOrder
+			scopeArgs = r.db.pointScopeArgs(r.tenant, r.device)
+		}
 		// At first no chunk is left out: ts_min > s.lo-1, ts_max < MaxInt64.
 		from, fromNot, id := s.lo, s.lo-1, int64(0)
 		if r.q.Desc {
 			from, fromNot = math.MaxInt64, math.MaxInt64
 		}
 		for n := chunkBatch; ; n *= chunkBatch {
-			got, done, err := r.chunks(ctx, rd, query, []any{r.tenant, r.device, r.stream, s.lo, s.hi, r.lo, r.created, from, fromNot, id, spentID, spentArg, n})
+			args := []any{r.tenant, r.device, r.stream, s.lo, s.hi, r.lo, r.created, from, fromNot, id, spentID, spentArg, n}
+			if r.scope != nil {
+				args = slices.Concat(scopeArgs, args[:6], args[7:]) // received_at against the device's
+			}
+			got, done, err := r.chunks(ctx, rd, query, args)
 			if err != nil {
 				return false, err
 			}
@@ -612,7 +661,16 @@ func (r *pageRead) chunks(ctx context.Context, rd querier, query string, args []
 	for rows.Next() {
 		var received int64
 		var points []byte
-		if err := rows.Scan(&got.tsMin, &got.tsMax, &got.id, &received, &points); err != nil {
+		if sc := r.scope; sc != nil {
+			var chunk bool
+			if err := rows.Scan(&sc.created, &sc.floor, &chunk, &got.tsMin, &got.tsMax, &got.id, &received, &points); err != nil {
+				return got, false, r.db.classify(err)
+			}
+			sc.found = true
+			if !chunk {
+				continue
+			}
+		} else if err := rows.Scan(&got.tsMin, &got.tsMax, &got.id, &received, &points); err != nil {
 			return got, false, r.db.classify(err)
 		}
 		got.n++
@@ -657,19 +715,30 @@ func (r *pageRead) chunks(ctx context.Context, rd querier, query string, args []
 // A read of a day is 87 pages, and a device lookup and a retention lookup
 // were two more round trips of each.
 func (db *DB) pointScope(ctx context.Context, tenant, device string) (created, floor int64, err error) {
-	var ms sql.NullInt64
-	err = db.queryRow(ctx, `SELECT d.created_at, t.stream_retention_ms FROM devices d JOIN tenants t ON t.name = d.tenant
-		WHERE d.tenant = ? AND d.id = ?`, tenant, device).Scan(&created, &ms)
+	err = db.queryRow(ctx, pointScopeQuery, db.pointScopeArgs(tenant, device)...).Scan(&created, &floor)
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, 0, fleet.Errorf(fleet.ENOTFOUND, "device %q not found", device)
+		return 0, 0, deviceNotFound(device)
 	} else if err != nil {
 		return 0, 0, db.classify(err)
 	}
-	d := db.history.retention
-	if ms.Valid {
-		d = time.Duration(ms.Int64) * time.Millisecond
-	}
-	return created, floorTo(millis(db.now().Add(-d)), hourMs), nil
+	return created, floor, nil
+}
+
+// pointScopeQuery selects a device's created_at and the floor of its
+// tenant's retention, from pointScopeArgs: the floor of the server's
+// retention, now in milliseconds, and the tenant and device. The floor of
+// a tenant's own retention is now less it, down to its hour.
+const pointScopeQuery = `SELECT d.created_at, CASE WHEN t.stream_retention_ms IS NULL THEN CAST(? AS BIGINT)
+		ELSE (CAST(? AS BIGINT) - t.stream_retention_ms) - ((CAST(? AS BIGINT) - t.stream_retention_ms) % 3600000 + 3600000) % 3600000 END AS floor_ms
+	FROM devices d JOIN tenants t ON t.name = d.tenant WHERE d.tenant = ? AND d.id = ?`
+
+func (db *DB) pointScopeArgs(tenant, device string) []any {
+	now := db.now()
+	return []any{floorTo(millis(now.Add(-db.history.retention)), hourMs), millis(now), millis(now), tenant, device}
+}
+
+func deviceNotFound(device string) error {
+	return fleet.Errorf(fleet.ENOTFOUND, "device %q not found", device)
 }
 
 // chunkKey names a chunk of a device's stream.
