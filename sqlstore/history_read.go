@@ -614,11 +614,15 @@ func (r *pageRead) read(ctx context.Context, rd querier, segs []segment, inTx bo
 			from, fromNot = math.MaxInt64, math.MaxInt64
 		}
 		for n := chunkBatch; ; n *= chunkBatch {
-			args := []any{r.tenant, r.device, r.stream, s.lo, s.hi, r.lo, r.created, from, fromNot, id, spentID, spentArg, n}
+			args := []any{r.tenant, r.device, r.stream, s.lo, s.hi, r.lo, r.created, from, fromNot, id, spentID, spentArg}
 			if r.scope != nil {
 				args = slices.Concat(scopeArgs, args[:6], args[7:]) // received_at against the device's
 			}
-			got, done, err := r.chunks(ctx, rd, query, args)
+			// The limit is in the statement's text, not a parameter: SQLite
+			// takes a bound LIMIT for a constant in its plan and prepares
+			// the statement again whenever the parameter is bound, which
+			// was a sixth of a page's CPU in FindPoints.
+			got, done, err := r.chunks(ctx, rd, strings.Replace(query, "LIMIT ?", "LIMIT "+strconv.Itoa(n), 1), args)
 			if err != nil {
 				return false, err
 			}
