@@ -319,11 +319,13 @@ func (r *runner) historyDrop(ctx context.Context, db *sql.DB, dev, src string, d
 // primary-key order, every column scanned: the best of three, and
 // fleetbench's CPU seconds a read.
 func (s *storage) pointReadTime(ctx context.Context, n int) (time.Duration, float64, error) {
-	json := "TEXT"
-	if s.dialect == "postgres" {
-		json = "JSONB"
+	// The data of the history scenario's points, {"temp":20.125}: a
+	// double's shortest text (PostgreSQL's numeric would have written 20
+	// decimals, {"temp": 20.00000000000000000000}, three times the bytes).
+	typ, data := "JSONB", `CAST('{"temp":' || CAST(20 + (i % 1000) / 8.0 AS DOUBLE PRECISION) || '}' AS JSONB)`
+	if s.dialect != "postgres" {
+		typ, data = "TEXT", `'{"temp":' || printf('%.15g', 20 + (i % 1000) / 8.0) || '}'`
 	}
-	data := "CAST('{\"temp\": ' || (20 + (i % 1000) / 8.0) || '}' AS " + json + ")"
 	fill := fmt.Sprintf("INSERT INTO pts SELECT 'b', 'dev', 'env', i * 1000, i, %s, 0 FROM generate_series(0, %d) AS g(i)", data, n-1)
 	if s.dialect != "postgres" {
 		fill = fmt.Sprintf("WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i + 1 < %d) "+
@@ -332,7 +334,7 @@ func (s *storage) pointReadTime(ctx context.Context, n int) (time.Duration, floa
 	for _, q := range []string{
 		"DROP TABLE IF EXISTS pts",
 		`CREATE TABLE pts (tenant TEXT NOT NULL, device_id TEXT NOT NULL, stream TEXT NOT NULL, ts BIGINT NOT NULL, seq BIGINT NOT NULL,
-			data ` + json + ` NOT NULL, received_at BIGINT NOT NULL, PRIMARY KEY (tenant, device_id, stream, ts, seq))`,
+			data ` + typ + ` NOT NULL, received_at BIGINT NOT NULL, PRIMARY KEY (tenant, device_id, stream, ts, seq))`,
 		fill,
 	} {
 		if _, err := s.db.ExecContext(ctx, q); err != nil {
