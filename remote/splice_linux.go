@@ -86,7 +86,12 @@ func spliceN(dst, src *net.TCPConn, n int64) (written int64, rerr, werr error) {
 	}
 	if p.held == 0 {
 		pipes.Put(p)
-	} // else it holds bytes that went nowhere: dropped, and closed by its cleanup
+	} else {
+		// It holds bytes that went nowhere: closed now, not when the
+		// garbage collector finds it, so that receivers that stop
+		// within messages do not pile up descriptors and pipe buffers.
+		p.close()
+	}
 	return written, rerr, werr
 }
 
@@ -99,13 +104,21 @@ const (
 
 // A pipe is splice's way between two sockets: held is what it holds.
 type pipe struct {
-	r, w int
-	size int // what it holds at most
-	held int
+	r, w    int
+	size    int // what it holds at most
+	held    int
+	cleanup runtime.Cleanup // closes it once unreachable, if not closed before
+}
+
+// close closes the pipe, which must not be used again.
+func (p *pipe) close() {
+	p.cleanup.Stop()
+	syscall.Close(p.r)
+	syscall.Close(p.w)
 }
 
 // Pipes are pooled, lent while a message passes: an idle session holds
-// none. One that is dropped is closed by its cleanup.
+// none. One that the pool drops is closed by its cleanup.
 var pipes sync.Pool
 
 // getPipe returns an empty pipe, nil when none can be made.
@@ -124,6 +137,6 @@ func getPipe() *pipe {
 	if n, _, e := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fds[1]), syscall.F_SETPIPE_SZ, LargeMessage); e == 0 {
 		p.size = int(n)
 	}
-	runtime.AddCleanup(p, func(fds [2]int) { syscall.Close(fds[0]); syscall.Close(fds[1]) }, fds)
+	p.cleanup = runtime.AddCleanup(p, func(fds [2]int) { syscall.Close(fds[0]); syscall.Close(fds[1]) }, fds)
 	return p
 }

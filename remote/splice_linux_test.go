@@ -1,0 +1,77 @@
+package remote
+
+import (
+	"errors"
+	"net"
+	"os"
+	"strings"
+	"testing"
+)
+
+// TestSpliceClosesADroppedPipe: a splice whose write fails leaves bytes
+// in its pipe, which is then not pooled again; its descriptors are closed
+// at once, not when the garbage collector next finds the pipe (a
+// receiver that stops within every message would otherwise hold two
+// descriptors and up to a pipe's size of kernel memory each time).
+func TestSpliceClosesADroppedPipe(t *testing.T) {
+	for pipes.Get() != nil { // a pipe of its own, not a pooled one
+	}
+	src, srcPeer := tcpPair(t)
+	dst, dstPeer := tcpPair(t)
+	// The receiver resets its connection, and dst has heard it.
+	dstPeer.SetLinger(0)
+	dstPeer.Close()
+	if _, err := dst.Read(make([]byte, 1)); err == nil {
+		t.Fatal("read a byte of a connection reset")
+	}
+	msg := make([]byte, 1000)
+	if _, err := srcPeer.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	before := openPipes(t)
+	written, rerr, werr := spliceN(dst, src, int64(len(msg)))
+	if written != 0 || rerr != nil || werr == nil {
+		t.Fatalf("spliceN = %d, %v, %v; want the write's failure", written, rerr, werr)
+	}
+	if after := openPipes(t); after > before {
+		t.Errorf("%d pipe descriptors open after the failed splice, %d before", after, before)
+	}
+}
+
+// tcpPair returns the two ends of a TCP connection.
+func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return s.(*net.TCPConn), c.(*net.TCPConn)
+}
+
+// openPipes counts the process's descriptors of pipes.
+func openPipes(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		if to, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(to, "pipe:") {
+			n++
+		} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+	}
+	return n
+}
