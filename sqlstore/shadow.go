@@ -440,7 +440,9 @@ func (tx *Tx) updateConfigSetting(tenant string) func(context.Context) (bool, er
 // updateConfig dispatches to the device, in the transaction of a change
 // of its desired state, an update_config action whose params are the whole
 // desired state, if the tenant asked for it and the change leaves the
-// device out of sync; it returns the action, nil for none.
+// device out of sync; it returns the action, nil for none. It is an
+// ordinary action (docs/twin.md), with the timeout of a dispatch that names
+// none: a device's timeout starts when it receives the action.
 func (tx *Tx) updateConfig(ctx context.Context, tenant, device string, sh *fleet.Shadow, setting func(context.Context) (bool, error)) (*fleet.Action, error) {
 	if sh.InSync {
 		return nil, nil
@@ -452,7 +454,8 @@ func (tx *Tx) updateConfig(ctx context.Context, tenant, device string, sh *fleet
 	if err != nil {
 		return nil, err
 	}
-	d := &fleet.Dispatch{Action: fleet.ActionUpdateConfig, Params: params, SearchType: fleet.SearchDefault, DeviceIDs: []string{device}}
+	d := &fleet.Dispatch{Action: fleet.ActionUpdateConfig, Params: params, SearchType: fleet.SearchDefault, DeviceIDs: []string{device},
+		Timeout: fleet.DefaultActionTimeout}
 	if a := fleet.ActorFromContext(ctx); a != nil {
 		d.UserEmail, d.UserName = a.UserEmail, a.UserName
 	}

@@ -60,6 +60,13 @@ func TestShadowUpdateConfig(t *testing.T) {
 		if m.Name != fleet.ActionUpdateConfig || m.Payload != `{"interval":30,"log":{"level":"debug"}}` {
 			t.Fatalf("the device received %+v", m)
 		}
+		// An ordinary action's timeout, a day: with none (0), the sweeper
+		// timed the device out as soon as it had received the action.
+		var a fleetdtest.ActionBody
+		s.Do(t, operator, "GET", "/api/v1/actions/"+m.ID, nil).Want(t, 200).Decode(t, &a)
+		if a.Timeout != fleet.DefaultActionTimeout {
+			t.Fatalf("update_config's timeout is %d s, want %d", a.Timeout, fleet.DefaultActionTimeout)
+		}
 		s.Do(t, operator, "PATCH", "/api/v1/devices/up-1/shadow", map[string]any{"desired": map[string]any{"log": nil}}).Want(t, 200)
 		if m := d.Next(t); m.Name != fleet.ActionUpdateConfig || m.Payload != `{"interval":30}` {
 			t.Fatalf("after the second change the device received %+v", m)
