@@ -818,6 +818,8 @@ func rawConnect311(t *testing.T, s *broker.Server) net.Conn {
 	if want := []byte{0x20, 2, 0, 0, 0x90, 3, 0, 1, 1}; !bytes.Equal(got, want) {
 		t.Fatalf("got % x, want CONNACK and SUBACK % x", got, want)
 	}
+	// The deadline bounded these two reads; the test's own reads set theirs.
+	conn.SetReadDeadline(time.Time{})
 	return conn
 }
 
@@ -826,15 +828,18 @@ func rawConnect311(t *testing.T, s *broker.Server) net.Conn {
 // nor CredentialsChanged: the dispatch path asks Online of every device,
 // and a revoked device must go at once.
 func TestStuckWriteHoldsNothing(t *testing.T) {
+	// More than loopback's socket buffers hold (a few MiB at most): the
+	// write is under way until the device reads it all, which it never does.
+	// Made by concatenation: fmt's %q took 14 to 20 s over 32 MiB under
+	// -race on a loaded machine.
+	payload := []byte(`{"id": "1", "name": "x", "payload": "` + strings.Repeat("x", 32<<20) + `"}`)
 	h := mqtttest.NewHandler()
 	s := MustOpenServer(t, h, func(c *broker.Config) { c.WriteTimeout = time.Minute })
 	conn := rawConnect311(t, s)
 	mqtttest.Receive(t, h.Subscribed, "DeviceSubscribed")
-	// More than loopback's socket buffers hold (a few MiB at most): the
-	// write is under way until the device reads it all, which it never does.
-	payload := fmt.Appendf(nil, `{"id": "1", "name": "x", "payload": %q}`, strings.Repeat("x", 32<<20))
 	sent := make(chan bool)
 	go func() { sent <- s.SendAction("acme", "dev-1", 1, payload) }()
+	conn.SetReadDeadline(time.Now().Add(wait))
 	if _, err := io.ReadFull(conn, make([]byte, 1024)); err != nil {
 		t.Fatalf("read the start of the action: %v", err)
 	}
