@@ -49,6 +49,10 @@ await run(async (browser, watch) => {
   assert.equal((await api(key, "GET", "/api/v1/devices")).status, 200, "the new key works");
 
   step("a reload shows the list, without the key");
+  // console.js makes the history entry the list's on DOMContentLoaded; the
+  // URL is the same either way, and a reload before it would send the form
+  // again. The document is complete only after that handler ran.
+  await page.waitForFunction(() => document.readyState === "complete");
   await page.reload();
   await page.getByRole("heading", { name: "API keys", exact: true }).waitFor();
   await page.getByRole("button", { name: "Delete API key ci-runner" }).waitFor();
