@@ -333,7 +333,7 @@ func (s *Service) DispatchAction(ctx context.Context, tenant string, d *fleet.Di
 	if d.Schedule != nil {
 		// What is due at once (a first phase triggered now) is released
 		// before the answer; the driver does the rest.
-		s.advance(ctx, tenant, a.ID)
+		s.advance(ctx, tenant, a.ID, true)
 		return a, nil
 	}
 	s.send(tenant, a)

@@ -15,7 +15,10 @@ type RolloutStore interface {
 	// ActiveRollouts lists the rollouts that may still change.
 	ActiveRollouts(ctx context.Context) ([]fleet.RolloutRef, error)
 	// AdvanceRollout takes the step the rollout decides at now, if any.
-	AdvanceRollout(ctx context.Context, tenant string, id int64, now time.Time) (*fleet.RolloutChange, error)
+	// A rollout another transaction holds (another replica's driver) is
+	// skipped, as a wait, unless wait: then the step is decided once that
+	// transaction has committed.
+	AdvanceRollout(ctx context.Context, tenant string, id int64, now time.Time, wait bool) (*fleet.RolloutChange, error)
 	PauseRollout(ctx context.Context, tenant string, id int64, now time.Time) (*fleet.RolloutChange, error)
 	ResumeRollout(ctx context.Context, tenant string, id int64, now time.Time) (*fleet.RolloutChange, error)
 	AbortRollout(ctx context.Context, tenant string, id int64, tell *fleet.Dispatch, now time.Time) (*fleet.RolloutChange, error)
@@ -94,14 +97,18 @@ func (s *Service) AdvanceRollouts(ctx context.Context) {
 		if now.Before(until) {
 			continue
 		}
-		s.advance(ctx, r.Tenant, r.ActionID)
+		s.advance(ctx, r.Tenant, r.ActionID, false)
 	}
 }
 
-// advance takes the steps a rollout has now, one after another.
-func (s *Service) advance(ctx context.Context, tenant string, id int64) {
+// advance takes the steps a rollout has now, one after another. With
+// wait, what another transaction is doing to the rollout (the driver's
+// step, on any replica) is waited for rather than skipped: an answer that
+// says what is due has been released (a dispatch's first phase, an
+// operator's operation) must not come before it.
+func (s *Service) advance(ctx context.Context, tenant string, id int64, wait bool) {
 	for range 2 * fleet.MaxPhases { // a bound: each step changes the rollout
-		c, err := s.Store.AdvanceRollout(ctx, tenant, id, s.Now())
+		c, err := s.Store.AdvanceRollout(ctx, tenant, id, s.Now(), wait)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.Logger.Error("rollouts: advance", "tenant", tenant, "action_id", id, "err", err)
@@ -238,7 +245,7 @@ func (s *Service) operated(ctx context.Context, tenant string, id int64, c *flee
 	if c.Step.Kind == fleet.StepPause {
 		return fleet.Errorf(fleet.ECONFLICT, "%s; the rollout is paused: resume it to waive the gate", c.Step.Reason)
 	}
-	s.advance(ctx, tenant, id)
+	s.advance(ctx, tenant, id, true)
 	return nil
 }
 

@@ -453,8 +453,11 @@ func (db *DB) ActiveRollouts(ctx context.Context) ([]fleet.RolloutRef, error) {
 // AdvanceRollout takes the step rollout id decides at now, if any. The
 // decision is first made on a read: most looks find nothing to do, and
 // cost no write. When there is a step, it is decided again with the
-// rollout locked and applied in that transaction.
-func (db *DB) AdvanceRollout(ctx context.Context, tenant string, id int64, now time.Time) (*fleet.RolloutChange, error) {
+// rollout locked and applied in that transaction. A rollout another
+// transaction holds is skipped (a change with no step, StepWait) unless
+// wait: then it is locked once that transaction ends, and decided on what
+// it committed.
+func (db *DB) AdvanceRollout(ctx context.Context, tenant string, id int64, now time.Time, wait bool) (*fleet.RolloutChange, error) {
 	rtx, err := db.readTx(ctx)
 	if err != nil {
 		return nil, err
@@ -492,7 +495,11 @@ func (db *DB) AdvanceRollout(ctx context.Context, tenant string, id int64, now t
 	var c *fleet.RolloutChange
 	err = db.update(ctx, func(ctx context.Context, tx *Tx) error {
 		c = &fleet.RolloutChange{}
-		r, err := tx.rollout(ctx, tenant, id, lockSkip)
+		lock := lockSkip
+		if wait {
+			lock = lockWait
+		}
+		r, err := tx.rollout(ctx, tenant, id, lock)
 		if err != nil || r == nil {
 			return err
 		}

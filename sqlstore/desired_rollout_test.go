@@ -33,7 +33,7 @@ func TestDesiredRolloutWindow(t *testing.T) {
 		a := mustDispatch(t, db, "acme", d)
 		advance := func() *fleet.RolloutChange {
 			t.Helper()
-			c, err := db.AdvanceRollout(ctx, "acme", a.ID, clk.Now())
+			c, err := db.AdvanceRollout(ctx, "acme", a.ID, clk.Now(), false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -133,13 +133,13 @@ func TestDesiredRolloutChunks(t *testing.T) {
 				seen[id]++
 			}
 		}
-		c, err := db.AdvanceRollout(ctx, "acme", a.ID, clk.Now())
+		c, err := db.AdvanceRollout(ctx, "acme", a.ID, clk.Now(), false)
 		if err != nil || c.Step.Kind != fleet.StepTrigger || !c.MoreDesired {
 			t.Fatalf("the trigger: %+v, %v", c, err)
 		}
 		take(c.Shadows)
 		// A pass after a stop between chunks finds the release unfinished.
-		if c, err := db.AdvanceRollout(ctx, "acme", a.ID, clk.Now()); err != nil || c.Step.Kind != fleet.StepWait || !c.MoreDesired {
+		if c, err := db.AdvanceRollout(ctx, "acme", a.ID, clk.Now(), false); err != nil || c.Step.Kind != fleet.StepWait || !c.MoreDesired {
 			t.Fatalf("the next pass: %+v, %v", c, err)
 		}
 		chunks := 1
@@ -173,7 +173,7 @@ func TestDesiredRolloutChunks(t *testing.T) {
 		if shadows, more, err := db.ReleaseDesired(ctx, "acme", a.ID, clk.Now()); err != nil || more || len(shadows) != 0 {
 			t.Fatalf("a release with nothing left: %v, %v, %v", shadows, more, err)
 		}
-		if c, err := db.AdvanceRollout(ctx, "acme", a.ID, clk.Now()); err != nil || c.MoreDesired {
+		if c, err := db.AdvanceRollout(ctx, "acme", a.ID, clk.Now(), false); err != nil || c.MoreDesired {
 			t.Fatalf("the pass after: %+v, %v", c, err)
 		}
 	})

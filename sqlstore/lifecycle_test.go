@@ -130,7 +130,7 @@ func (lc *lifecycle) drive(tr fleet.Transition, later func()) int64 {
 			t.Fatal(err)
 		}
 	case fleet.EventScheduleEnded:
-		if c, err := lc.db.AdvanceRollout(lc.ctx, "acme", a.ID, lc.start.Add(5*time.Second)); err != nil || c.Step.Kind != fleet.StepEnd {
+		if c, err := lc.db.AdvanceRollout(lc.ctx, "acme", a.ID, lc.start.Add(5*time.Second), false); err != nil || c.Step.Kind != fleet.StepEnd {
 			t.Fatalf("advance at the end: %+v, %v", c, err)
 		}
 	default:

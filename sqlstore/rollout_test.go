@@ -153,7 +153,7 @@ func TestRolloutSteps(t *testing.T) {
 		a := mustDispatch(t, db, "acme", d)
 		step := func(want fleet.StepKind) *fleet.RolloutChange {
 			t.Helper()
-			c, err := db.AdvanceRollout(ctx, "acme", a.ID, clk.Now())
+			c, err := db.AdvanceRollout(ctx, "acme", a.ID, clk.Now(), false)
 			if err != nil || c.Step.Kind != want {
 				t.Fatalf("step %+v, %v; want kind %d", c, err, want)
 			}
@@ -275,7 +275,7 @@ func TestRolloutFinishedRatio(t *testing.T) {
 		a := mustDispatch(t, db, "acme", d)
 		step := func(want fleet.StepKind) {
 			t.Helper()
-			if c, err := db.AdvanceRollout(ctx, "acme", a.ID, clk.Now()); err != nil || c.Step.Kind != want {
+			if c, err := db.AdvanceRollout(ctx, "acme", a.ID, clk.Now(), false); err != nil || c.Step.Kind != want {
 				t.Fatalf("step %+v, %v; want kind %d", c, err, want)
 			}
 		}
