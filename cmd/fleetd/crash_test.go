@@ -280,8 +280,10 @@ func TestCrash(t *testing.T) {
 		}
 
 		// Kill it once every kind of write has been acknowledged a few
-		// times, in the middle of the stream of them.
-		fleetdtest.Eventually(t, "load of every kind", func() bool {
+		// times, in the middle of the stream of them. The writers run until
+		// then, so the counts are certain to come; the bound only ends a
+		// hang, and a loaded machine took over 15 s to reach them.
+		fleetdtest.EventuallyWithin(t, time.Minute, "load of every kind", func() bool {
 			ack.mu.Lock()
 			defer ack.mu.Unlock()
 			return len(ack.actions) >= 20 && len(ack.devices) >= 40 && len(ack.bundles) >= 5 &&
