@@ -53,8 +53,10 @@ type device struct {
 	// connection has it. Changed under wmu.
 	fd    atomic.Int32
 	cause error // why the connection ended, as first said
-	// writeBy is the write deadline set on the connection, in Unix
-	// nanoseconds; 0: none known (writeLocked).
+	// writeBy is when the write deadline set on the connection passes, on
+	// the monotonic clock (nanoseconds since monoBase): a wall clock set
+	// back would otherwise keep a deadline that has passed (writeLocked);
+	// 0: none known.
 	writeBy int64
 
 	// What the connection sends the device (delivery.go).
@@ -788,10 +790,10 @@ func (d *device) writeLocked(b []byte) error {
 	// the deadline is set again only when less than WriteTimeout is left,
 	// not for every PUBACK (1.5% of fleetd's CPU on MQTT status reports,
 	// docs/benchmarks-notebook.md).
-	if now, wt := time.Now(), d.s.cfg.WriteTimeout; d.writeBy-now.UnixNano() < int64(wt) {
+	if now, wt := time.Now(), d.s.cfg.WriteTimeout; d.writeBy-int64(now.Sub(monoBase)) < int64(wt) {
 		by := now.Add(wt + wt/32)
 		_ = c.SetWriteDeadline(by)
-		d.writeBy = by.UnixNano()
+		d.writeBy = int64(by.Sub(monoBase))
 	}
 	if _, err := c.Write(b); err != nil {
 		d.closeLocked(0, err)
@@ -799,6 +801,10 @@ func (d *device) writeLocked(b []byte) error {
 	}
 	return nil
 }
+
+// monoBase is the origin of device.writeBy: differences of times read
+// from time.Now are on the monotonic clock, their Unix times are not.
+var monoBase = time.Now()
 
 // close ends the connection, first telling an MQTT 5 device the reason
 // (code 0: none); MQTT 3.1.1 has no DISCONNECT from the server, so there
