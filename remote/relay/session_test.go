@@ -467,7 +467,7 @@ func TestRemoteAcrossReplicas(t *testing.T) {
 			keys[i] = a.NewKey(t, admin, fmt.Sprintf("at-once-%d", i), "operator")
 		}
 		var wg sync.WaitGroup
-		statuses := make(chan int, n)
+		responses := make(chan *fleetdtest.Response, n)
 		start := make(chan struct{})
 		for i, k := range keys {
 			s := []*fleetdtest.Server{a, bs}[i%2]
@@ -475,20 +475,37 @@ func TestRemoteAcrossReplicas(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				statuses <- s.Do(t, k, "POST", "/api/v1/devices/edge-5/remote-sessions", map[string]any{"kind": "shell"}).Status
+				responses <- s.Do(t, k, "POST", "/api/v1/devices/edge-5/remote-sessions", map[string]any{"kind": "shell"})
 			}()
 		}
 		close(start)
 		wg.Wait()
-		close(statuses)
+		close(responses)
 		got := map[int]int{}
-		for st := range statuses {
-			got[st]++
+		var others []string // why an open got neither the session nor the cap
+		for r := range responses {
+			got[r.Status]++
+			if r.Status != 201 && r.Status != 429 {
+				others = append(others, fmt.Sprintf("%d %s", r.Status, bytes.TrimSpace(r.Body)))
+			}
 		}
 		if got[201] != 2 || got[429] != n-2 {
-			t.Fatalf("statuses %v, want two 201 and the others 429", got)
+			t.Fatalf("statuses %v, want two 201 and the others 429; the others: %s\nA's warnings:\n%s\nB's warnings:\n%s",
+				got, strings.Join(others, "; "), warnings(a), warnings(bs))
 		}
 	})
+}
+
+// warnings are the lines of what s logged at WARN or ERROR, for a failure
+// message: why a request got what it should not have.
+func warnings(s *fleetdtest.Server) string {
+	var b strings.Builder
+	for line := range strings.Lines(s.Output.String()) {
+		if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+			b.WriteString(line)
+		}
+	}
+	return b.String()
 }
 
 // TestRemoteRecordingRetention removes a recording once its retention has
