@@ -143,10 +143,11 @@ func Open(ctx context.Context, dsn string, opt Options) (*DB, error) {
 		if writers <= 0 {
 			writers = 4
 		}
-		db.write, err = sql.Open("pgx", dsn)
+		connector, err := newPGConnector(dsn)
 		if err != nil {
 			return nil, fmt.Errorf("open postgres: %w", err)
 		}
+		db.write = sql.OpenDB(connector)
 		db.write.SetMaxOpenConns(writers + 16)
 		db.write.SetMaxIdleConns(writers + 16)
 		db.read = db.write

@@ -470,6 +470,10 @@ func (db *DB) classify(err error) error {
 	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
+		if pe.Code == "53300" { // after connectWait (pgConnector)
+			db.log.Error("database unavailable: PostgreSQL refuses more connections (max_connections; docs/operations.md)", "err", err)
+			return fleet.Errorf(fleet.EUNAVAILABLE, "the database refuses more connections (PostgreSQL's max_connections is reached); try again, and if this persists ask the operator to raise max_connections")
+		}
 		// Class 08 connection exceptions, 53 insufficient resources, 57P
 		// operator intervention (shutdown), 40001 serialization failure,
 		// 25P03 a connection ended by idle_in_transaction_session_timeout.
