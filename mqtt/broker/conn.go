@@ -54,9 +54,7 @@ type device struct {
 	fd    atomic.Int32
 	cause error // why the connection ended, as first said
 	// writeBy is when the write deadline set on the connection passes, on
-	// the monotonic clock (nanoseconds since monoBase): a wall clock set
-	// back would otherwise keep a deadline that has passed (writeLocked);
-	// 0: none known.
+	// the monotonic clock (monoNow; writeLocked); 0: none known.
 	writeBy int64
 
 	// What the connection sends the device (delivery.go).
@@ -82,7 +80,7 @@ type device struct {
 	// Reading and parking (park.go); only the reading goroutine, but for
 	// parked and parkKey (the poller's lock).
 	done     func(error) // ends the connection's handling (the listener's part)
-	deadline int64       // of the keepalive, in Unix nanoseconds, for the packet awaited; 0: none yet
+	deadline int64       // of the keepalive, on the monotonic clock (monoNow), for the packet awaited; 0: none yet
 	parkKey  uint64
 	// live is the connection rebuilt around the socket when it last woke
 	// from parking; nil: nc. Changed under wmu.
@@ -375,7 +373,7 @@ var errDisconnected = errors.New("the device disconnected")
 func (d *device) readLoop(r *bufio.Reader) error {
 	for {
 		if d.deadline == 0 {
-			d.deadline = time.Now().Add(time.Duration(d.keepalive) * time.Second * 3 / 2).UnixNano()
+			d.deadline = monoNow() + int64(time.Duration(d.keepalive)*time.Second*3/2)
 		}
 		if d.mayPark() && r.Buffered() == 0 {
 			if err := d.idleWait(r); err != nil {
@@ -386,7 +384,7 @@ func (d *device) readLoop(r *bufio.Reader) error {
 			// A packet already buffered is read without the socket, so no
 			// deadline matters to it (idleWait's shorter one may be set):
 			// the keepalive's is set for a read that can wait.
-			_ = d.conn().SetReadDeadline(time.Unix(0, d.deadline))
+			_ = d.conn().SetReadDeadline(monoTime(d.deadline))
 		}
 		header, body, err := readPacket(r, d.s.cfg.MaxPacketSize)
 		var large *packetTooLarge
@@ -790,10 +788,9 @@ func (d *device) writeLocked(b []byte) error {
 	// the deadline is set again only when less than WriteTimeout is left,
 	// not for every PUBACK (1.5% of fleetd's CPU on MQTT status reports,
 	// docs/benchmarks-notebook.md).
-	if now, wt := time.Now(), d.s.cfg.WriteTimeout; d.writeBy-int64(now.Sub(monoBase)) < int64(wt) {
-		by := now.Add(wt + wt/32)
-		_ = c.SetWriteDeadline(by)
-		d.writeBy = int64(by.Sub(monoBase))
+	if now, wt := monoNow(), d.s.cfg.WriteTimeout; d.writeBy-now < int64(wt) {
+		d.writeBy = now + int64(wt+wt/32)
+		_ = c.SetWriteDeadline(monoTime(d.writeBy))
 	}
 	if _, err := c.Write(b); err != nil {
 		d.closeLocked(0, err)
@@ -802,9 +799,19 @@ func (d *device) writeLocked(b []byte) error {
 	return nil
 }
 
-// monoBase is the origin of device.writeBy: differences of times read
-// from time.Now are on the monotonic clock, their Unix times are not.
+// The broker's deadlines (a keepalive's, a write's) are kept as
+// nanoseconds since monoBase: differences of times read from time.Now are
+// on the monotonic clock, their Unix times are not, and a wall clock set
+// forward would cut every parked device off at once, set back would keep
+// deadlines that have passed.
 var monoBase = time.Now()
+
+// monoNow is now on the broker's clock.
+func monoNow() int64 { return int64(time.Since(monoBase)) }
+
+// monoTime is the time of t on the broker's clock, for a connection's
+// deadline (it keeps the monotonic reading).
+func monoTime(t int64) time.Time { return monoBase.Add(time.Duration(t)) }
 
 // close ends the connection, first telling an MQTT 5 device the reason
 // (code 0: none); MQTT 3.1.1 has no DISCONNECT from the server, so there

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net"
 	"sync"
-	"time"
 )
 
 // Parking: an idle connection holds no goroutine and no read buffer.
@@ -62,11 +61,11 @@ func (d *device) serve(r *bufio.Reader) {
 // once parked, nil when there is a packet to read (or the connection could
 // not park), and the read's error if the connection failed.
 func (d *device) idleWait(r *bufio.Reader) error {
-	grace := time.Now().Add(d.s.cfg.ParkAfter)
-	if grace.UnixNano() >= d.deadline {
+	grace := monoNow() + int64(d.s.cfg.ParkAfter)
+	if grace >= d.deadline {
 		return nil // the keepalive's deadline comes first
 	}
-	_ = d.conn().SetReadDeadline(grace)
+	_ = d.conn().SetReadDeadline(monoTime(grace))
 	if _, err := r.Peek(1); err == nil || !isTimeout(err) {
 		return err
 	}

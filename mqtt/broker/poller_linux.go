@@ -39,8 +39,7 @@ type poller struct {
 	parked map[uint64]parking
 }
 
-// parking is a parked connection and its keepalive deadline (Unix
-// nanoseconds).
+// parking is a parked connection and its keepalive deadline (monoNow).
 type parking struct {
 	d        *device
 	deadline int64
@@ -147,7 +146,7 @@ func (p *poller) loop() {
 		}
 		if now := time.Now(); now.Sub(swept) >= sweepEvery {
 			swept = now
-			p.sweep(now.UnixNano())
+			p.sweep(int64(now.Sub(monoBase)))
 		}
 	}
 }
@@ -213,7 +212,7 @@ func (d *device) pingInPlace(p *poller) bool {
 	}
 	pingresp := [2]byte{typePingresp << 4, 0}
 	answered, short := false, false
-	deadline := time.Now().Add(time.Duration(d.keepalive) * time.Second * 3 / 2).UnixNano()
+	deadline := monoNow() + int64(time.Duration(d.keepalive)*time.Second*3/2)
 	var werr error
 	func(fd int) {
 		var b [3]byte // a third byte says the PINGREQ is not alone
