@@ -32,7 +32,7 @@ func spliceN(dst, src *net.TCPConn, n int64) (written int64, rerr, werr error) {
 	}
 	var moved int64
 	var serr error
-	drain := func(fd uintptr) bool {
+	fill := func(fd uintptr) bool { // src into the pipe
 		for {
 			moved, serr = syscall.Splice(int(fd), nil, p.w, nil, int(min(n-written, int64(p.size))), spliceMove|spliceNonblock)
 			if serr != syscall.EINTR {
@@ -40,7 +40,7 @@ func spliceN(dst, src *net.TCPConn, n int64) (written int64, rerr, werr error) {
 			}
 		}
 	}
-	pump := func(fd uintptr) bool {
+	pump := func(fd uintptr) bool { // the pipe out to dst
 		for {
 			moved, serr = syscall.Splice(p.r, nil, int(fd), nil, p.held, spliceMove|spliceNonblock)
 			if serr != syscall.EINTR {
@@ -51,12 +51,12 @@ func spliceN(dst, src *net.TCPConn, n int64) (written int64, rerr, werr error) {
 	for written < n {
 		// The pipe is empty: what src holds, up to the pipe's size,
 		// goes into it without waiting for dst.
-		if err := rc.Read(drain); err != nil {
+		if err := rc.Read(fill); err != nil {
 			rerr = err
 			break
 		}
 		if serr != nil {
-			rerr = &net.OpError{Op: "read", Net: "tcp", Source: src.LocalAddr(), Addr: src.RemoteAddr(), Err: os.NewSyscallError("splice", serr)}
+			rerr = spliceError("read", src, serr)
 			break
 		}
 		if moved == 0 {
@@ -70,7 +70,7 @@ func spliceN(dst, src *net.TCPConn, n int64) (written int64, rerr, werr error) {
 				break
 			}
 			if serr != nil {
-				werr = &net.OpError{Op: "write", Net: "tcp", Source: dst.LocalAddr(), Addr: dst.RemoteAddr(), Err: os.NewSyscallError("splice", serr)}
+				werr = spliceError("write", dst, serr)
 				break
 			}
 			if moved == 0 {
@@ -93,6 +93,11 @@ func spliceN(dst, src *net.TCPConn, n int64) (written int64, rerr, werr error) {
 		p.close()
 	}
 	return written, rerr, werr
+}
+
+// spliceError is a failed splice(2) on c, as net's own errors read.
+func spliceError(op string, c *net.TCPConn, err error) error {
+	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError("splice", err)}
 }
 
 // splice(2)'s flags: move pages rather than copy them where the kernel
