@@ -140,6 +140,7 @@ func (s *Server) handlePoints(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	nextLink(w, r, page.Next)
 	if f := codec.Negotiate(r.Header.Get("Accept")); f == codec.JSON {
 		b := pointPageJSON.Get().(*[]byte)
 		*b = appendPointPageJSON((*b)[:0], page)
@@ -361,6 +362,7 @@ func (s *Server) handleLogs(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if !follow {
+		nextLink(w, r, page.Next)
 		res := logList{Logs: page.Lines}
 		if page.Next != "" {
 			res.Next = &page.Next

@@ -48,6 +48,20 @@ func getJSON(t *testing.T, a *api, target string, who byte, want int, v any) {
 	}
 }
 
+// nextLinkURL returns the URL of a response's Link header, which must be
+// one link, rel="next" (RFC 8288).
+func nextLinkURL(t *testing.T, link []string) *url.URL {
+	t.Helper()
+	if len(link) != 1 || !strings.HasPrefix(link[0], "<") || !strings.HasSuffix(link[0], `>; rel="next"`) {
+		t.Fatalf("Link = %q, want one <URL>; rel=\"next\"", link)
+	}
+	u, err := url.Parse(strings.TrimSuffix(strings.TrimPrefix(link[0], "<"), `>; rel="next"`))
+	if err != nil {
+		t.Fatalf("Link = %q: %v", link, err)
+	}
+	return u
+}
+
 func TestHistoryEndpoints(t *testing.T) {
 	a, start := historyAPI(t)
 	t.Run("Streams", func(t *testing.T) {
@@ -90,6 +104,44 @@ func TestHistoryEndpoints(t *testing.T) {
 		}
 		if n != 110 || last != 119 {
 			t.Fatalf("read %d points, the last %v; want 110, the last 119", n, last)
+		}
+	})
+	t.Run("PagesByLinkHeader", func(t *testing.T) {
+		// Each page's Link is the request's URL with cursor set to the
+		// body's next; the last page has none. Other encodings have it too.
+		from := url.QueryEscape(start.Add(10 * time.Second).Format(time.RFC3339))
+		for _, accept := range []string{"", "Accept: application/transit+json"} {
+			target := "/api/v1/devices/d1/streams/env/points?limit=50&order=desc&from=" + from
+			var pages []int
+			for len(pages) < 10 {
+				w, _ := a.serve("GET", target, accept, nil, 1)
+				if w.Code != 200 {
+					t.Fatalf("GET %s (%s): %d %s", target, accept, w.Code, w.Body)
+				}
+				pages = append(pages, strings.Count(w.Body.String(), `"sequence"`)) // transit's keys are cached: once a page
+				link := w.Header().Values("Link")
+				if len(link) == 0 {
+					break
+				}
+				u := nextLinkURL(t, link)
+				if u.Scheme != "http" || u.Host != "fleet.example.com" || u.Path != "/api/v1/devices/d1/streams/env/points" {
+					t.Fatalf("Link = %q: not this endpoint's URL", link)
+				}
+				q := u.Query()
+				if q.Get("limit") != "50" || q.Get("order") != "desc" || q.Get("from") != start.Add(10*time.Second).Format(time.RFC3339) || len(q) != 4 {
+					t.Fatalf("Link = %q: the parameters are not the request's", link)
+				}
+				if accept == "" {
+					var page struct{ Next *string }
+					if err := json.Unmarshal(w.Body.Bytes(), &page); err != nil || page.Next == nil || *page.Next != q.Get("cursor") {
+						t.Fatalf("Link = %q, the body's next %v (%v)", link, page.Next, err)
+					}
+				}
+				target = u.RequestURI()
+			}
+			if want := map[string]string{"": "[50 50 10]"}[accept]; len(pages) != 3 || want != "" && fmt.Sprint(pages) != want {
+				t.Fatalf("Accept %q: pages by Link of %v points, want 3 pages (of 50, 50, 10)", accept, pages)
+			}
 		}
 	})
 	t.Run("Aggregates", func(t *testing.T) {
@@ -304,6 +356,20 @@ func TestLogs(t *testing.T) {
 	getJSON(t, a, "/api/v1/devices/d1/logs?limit=1&q=app&cursor="+*got.Next, 1, 200, &got)
 	if len(got.Logs) != 1 || got.Logs[0].Message != "Crashed: out of memory" {
 		t.Fatalf("the page after = %+v", got)
+	}
+	// The same pages by their Link headers: the first has the second's,
+	// the last (next null) none.
+	w, _ := a.serve("GET", "/api/v1/devices/d1/logs?limit=1&q=app", "", nil, 1)
+	u := nextLinkURL(t, w.Header().Values("Link"))
+	if q := u.Query(); q.Get("q") != "app" || q.Get("limit") != "1" || q.Get("cursor") == "" {
+		t.Fatalf("Link = %q", w.Header().Values("Link"))
+	}
+	getJSON(t, a, u.RequestURI(), 1, 200, &got)
+	if len(got.Logs) != 1 || got.Logs[0].Message != "Crashed: out of memory" {
+		t.Fatalf("the page after by its Link = %+v", got)
+	}
+	if w, _ := a.serve("GET", "/api/v1/devices/d1/logs", "", nil, 1); w.Header().Get("Link") != "" {
+		t.Fatalf("the only page has Link %q", w.Header().Get("Link"))
 	}
 	getJSON(t, a, "/api/v1/devices/d1/logs?level=loud", 1, 400, nil)
 	getJSON(t, a, "/api/v1/devices/d1/logs", 5, 404, nil)

@@ -39,6 +39,15 @@ type op struct {
 	// client sends Prefer: return=representation; Resp is that
 	// representation.
 	Quiet bool
+	// Headers are the success's response headers worth a client's notice,
+	// by name, with what each says (string values).
+	Headers map[string]string
+}
+
+// nextLinkHeader is the header of a cursor-paged read's pages (nextLink).
+var nextLinkHeader = map[string]string{
+	"Link": `the next page's URL, as RFC 8288 writes it: <URL>; rel="next" (this request's URL with cursor set to next); absent after the last page. ` +
+		"A client may ask for the next page as soon as it has this header, and read this page's body meanwhile",
 }
 
 // takesQuery reports whether the endpoint reads query parameters.
@@ -175,6 +184,13 @@ func (g *schemaGen) operation(rt route, path string) map[string]any {
 		ok["x-representation"] = g.ref(reflect.TypeOf(rt.op.Resp), false)
 	case rt.op.Resp != nil && status != http.StatusNoContent:
 		ok["content"] = g.content(g.ref(reflect.TypeOf(rt.op.Resp), false))
+	}
+	if len(rt.op.Headers) > 0 {
+		headers := map[string]any{}
+		for name, desc := range rt.op.Headers {
+			headers[name] = map[string]any{"description": desc, "schema": map[string]any{"type": "string"}}
+		}
+		ok["headers"] = headers
 	}
 	errRef := map[string]any{"$ref": "#/components/responses/Error"}
 	responses := map[string]any{strconv.Itoa(status): ok, "4XX": errRef, "default": errRef}

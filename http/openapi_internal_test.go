@@ -10,3 +10,18 @@ func TestErrorCodesDescription(t *testing.T) {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
 }
+
+// TestNextLinkDeclared: the cursor-paged reads declare their Link header
+// in the document, and only they.
+func TestNextLinkDeclared(t *testing.T) {
+	paged := map[string]bool{"/api/v1/devices/{id}/streams/{stream}/points": true, "/api/v1/devices/{id}/logs": true}
+	for path, ops := range (&Server{}).openAPI()["paths"].(map[string]any) {
+		for method, o := range ops.(map[string]any) {
+			ok, _ := o.(map[string]any)["responses"].(map[string]any)["200"].(map[string]any)
+			headers, _ := ok["headers"].(map[string]any)
+			if _, has := headers["Link"]; has != (paged[path] && method == "get") {
+				t.Errorf("%s %s: the 200 declares Link: %v", method, path, has)
+			}
+		}
+	}
+}

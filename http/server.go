@@ -429,3 +429,17 @@ func baseURL(r *http.Request) string {
 func location(w http.ResponseWriter, r *http.Request, path ...string) {
 	w.Header().Set("Location", baseURL(r)+strings.Join(path, ""))
 }
+
+// nextLink sets the Link header of a page of a cursor-paged read (RFC
+// 8288, as GitHub's API pages): the request's URL with cursor set to next,
+// its other parameters as they were. A client can ask for the next page as
+// soon as it has this page's headers, and read this page's body meanwhile
+// (docs/api.md#lists). After the last page (next is "") there is none.
+func nextLink(w http.ResponseWriter, r *http.Request, next string) {
+	if next == "" {
+		return
+	}
+	q := r.URL.Query()
+	q.Set("cursor", next)
+	w.Header().Set("Link", "<"+baseURL(r)+r.URL.EscapedPath()+"?"+q.Encode()+`>; rel="next"`)
+}
