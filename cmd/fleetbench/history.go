@@ -131,8 +131,9 @@ func (a *api) followPages(ctx context.Context, path string, decode func([]byte) 
 		next bool
 		err  error
 	}
-	// Two pages ahead at most: the one being made and the one whose body
-	// waits to be read.
+	// Up to three pages ahead of the one being decoded (two in answers, one
+	// waiting to go in): decoding is the slower side, and fleetd need
+	// never wait for it.
 	answers := make(chan answer, 2)
 	go func() {
 		defer close(answers)
@@ -156,20 +157,20 @@ func (a *api) followPages(ctx context.Context, path string, decode func([]byte) 
 	}()
 	defer func() { // the pages asked for past an error
 		cancel()
-		for a := range answers {
-			if a.resp != nil {
-				a.resp.Body.Close()
+		for ans := range answers {
+			if ans.resp != nil {
+				ans.resp.Body.Close()
 			}
 		}
 	}()
-	for a := range answers {
-		if a.err != nil {
-			if a.resp != nil {
-				a.resp.Body.Close()
+	for ans := range answers {
+		if ans.err != nil {
+			if ans.resp != nil {
+				ans.resp.Body.Close()
 			}
-			return a.err
+			return ans.err
 		}
-		b, err := readAnswer(a.resp, http.StatusOK)
+		b, err := readAnswer(ans.resp, http.StatusOK)
 		if err != nil {
 			return err
 		}
@@ -177,8 +178,8 @@ func (a *api) followPages(ctx context.Context, path string, decode func([]byte) 
 		if err != nil {
 			return err
 		}
-		if next != a.next {
-			return fmt.Errorf("GET %s: the body's next (%v) and the Link header (%v) disagree", a.resp.Request.URL.RequestURI(), next, a.next)
+		if next != ans.next {
+			return fmt.Errorf("GET %s: the body's next (%v) and the Link header (%v) disagree", ans.resp.Request.URL.RequestURI(), next, ans.next)
 		}
 	}
 	return nil
