@@ -122,3 +122,30 @@ func FuzzQuickStatusReport(f *testing.F) {
 		checkQuickStatusReport(t, b, needDevice)
 	})
 }
+
+// BenchmarkQuickStatusReport reads the plain status report of S10 (with
+// its device id, as HTTP has it) and of MQTT (without, the topic names the
+// device).
+//
+//	go test -run '^$' -bench QuickStatusReport .
+func BenchmarkQuickStatusReport(b *testing.B) {
+	for _, c := range []struct {
+		name       string
+		needDevice bool
+		body       string
+	}{
+		{"http", true, statusReportSeeds[0]},
+		{"mqtt", false, `{"action_id":12,"state":"Downloading","progress":40,"timestamp":1732870000000,"sequence":7}`},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			body := []byte(c.body)
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, ok := fleet.QuickStatusReport(body, c.needDevice); !ok {
+					b.Fatal("not read")
+				}
+			}
+		})
+	}
+}

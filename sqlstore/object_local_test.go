@@ -55,3 +55,30 @@ func unmarshal(text string, v any) error {
 	}
 	return json.Unmarshal([]byte(text), v)
 }
+
+// BenchmarkDecodeObject decodes the stored objects S7 reads two of a row:
+// a device's metadata and a device action's errors.
+//
+//	go test ./sqlstore -run '^$' -bench DecodeObject
+func BenchmarkDecodeObject(b *testing.B) {
+	b.Run("metadata", func(b *testing.B) {
+		text := `{"site": "bench", "zone": "eu-west-1", "owner": "Zoë"}`
+		b.ReportAllocs()
+		for b.Loop() {
+			var m map[string]string
+			if err := decodeObject(text, &m, (*objectLexer).str); err != nil || len(m) != 3 {
+				b.Fatal(m, err)
+			}
+		}
+	})
+	b.Run("errors", func(b *testing.B) {
+		text := `{"Failed": ["checksum mismatch", "retry limit"], "Installing": ["low battery"]}`
+		b.ReportAllocs()
+		for b.Loop() {
+			var m map[string][]string
+			if err := decodeObject(text, &m, (*objectLexer).strs); err != nil || len(m) != 2 {
+				b.Fatal(m, err)
+			}
+		}
+	})
+}
