@@ -45,7 +45,7 @@ func sizesFor(quick bool) sizes {
 	if quick {
 		return sizes{s10Devices: 2_000, randomDevices: 10_000, mqttDevices: 200, streamDevices: 50, pointsPerBatch: 100,
 			dispatch: []int{1_000, 10_000}, delivery: 1_000, s7Actions: 1_000, s7Requests: 100, memConns: 1_000, consoleRequests: 30,
-			remoteDevices: 4, remoteSessions: 100, remoteSetups: 20, forwardBytes: 8 << 20, forwardRounds: 3, keystrokes: 200, dropPoints: 1_000_000,
+			remoteDevices: 4, remoteSessions: 100, remoteSetups: 20, forwardBytes: 16 << 20, forwardRounds: 9, keystrokes: 200, dropPoints: 1_000_000,
 			idleConns: 500, idleFor: 10 * time.Second,
 			deltaRounds: 3, twinRounds: 3, groupDevices: 10_000, groupCounts: 20,
 			warmup: 500 * time.Millisecond}
