@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/creack/pty"
@@ -179,13 +180,23 @@ func startDeviceServices() (*deviceServices, error) {
 	}
 	go serve(echo, func(c net.Conn) { io.Copy(c, c) })
 	go serve(sink, func(c net.Conn) {
-		n, _ := io.Copy(io.Discard, c)
-		fmt.Fprintf(c, "%d\n", n)
+		// The round's label (profiles: -tagfocus round=direct or
+		// forwarded), set before the round's connection is made.
+		pprof.Do(context.Background(), pprof.Labels("round", sinkRound.Load().(string)), func(context.Context) {
+			n, _ := io.Copy(io.Discard, c)
+			fmt.Fprintf(c, "%d\n", n)
+		})
 	})
 	return &deviceServices{echo: echo, sink: sink}, nil
 }
 
 func (s *deviceServices) close() { s.echo.Close(); s.sink.Close() }
+
+// sinkRound is the forward's round being sent, direct or forwarded: the
+// sink service's and the sender's CPU profile label.
+var sinkRound atomic.Value
+
+func init() { sinkRound.Store("") }
 
 func port(ln net.Listener) string {
 	_, p, _ := net.SplitHostPort(ln.Addr().String())
@@ -410,12 +421,12 @@ func (r *runner) remoteForward(ctx context.Context, device string, svc *deviceSe
 	var cpuDirect, cpuForward, cpuFleetd float64
 	for range r.sz.forwardRounds {
 		c0 := cpu()
-		d, err := sendTo(svc.sink.Addr().String(), size)
+		d, err := sendRound("direct", svc.sink.Addr().String(), size)
 		if err != nil {
 			return err
 		}
 		c1, d1 := cpu(), procCPU(r.t.pid)
-		f, err := sendTo(local, size)
+		f, err := sendRound("forwarded", local, size)
 		if err != nil {
 			return fmt.Errorf("%w (fleetctl: %s)", err, errOut.last())
 		}
@@ -465,6 +476,14 @@ func (r *runner) selfProfile(name string) func() {
 		f.Close()
 		wait()
 	}
+}
+
+// sendRound is sendTo under the round's label, the sender's and the sink
+// service's (fleetbench --profile: go tool pprof -tagfocus round=direct).
+func sendRound(round, addr string, n int) (d time.Duration, err error) {
+	sinkRound.Store(round)
+	pprof.Do(context.Background(), pprof.Labels("round", round), func(context.Context) { d, err = sendTo(addr, n) })
+	return d, err
 }
 
 // sendTo sends n bytes to the sink service at addr and returns how long
