@@ -287,19 +287,8 @@ func (r *runner) remoteIdle(ctx context.Context, toks []deviceToken, svc *device
 		return fmt.Errorf("the first remote session: %w", err)
 	}
 	warm.Close()
-	for {
-		m, err := r.readFleetdMemory(ctx)
-		if err != nil {
-			return err
-		}
-		if m.sessions == 0 {
-			break
-		}
-		select {
-		case <-time.After(20 * time.Millisecond):
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	if err := r.awaitNoSessions(ctx); err != nil {
+		return err
 	}
 	load0 := loadAverage()
 	before, err := r.readFleetdMemory(ctx)
@@ -380,6 +369,25 @@ func (r *runner) remoteIdle(ctx context.Context, toks []deviceToken, svc *device
 	return nil
 }
 
+// awaitNoSessions returns once fleetd counts no remote session open: the
+// ones closed before have ended, their store's work done.
+func (r *runner) awaitNoSessions(ctx context.Context) error {
+	for {
+		m, err := scrape(ctx, r.t.url, []string{"fleetd_remote_sessions_open"})
+		if err != nil {
+			return err
+		}
+		if m["fleetd_remote_sessions_open"] == 0 {
+			return nil
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // remoteForward sends the same bytes to the sink service directly and
 // through fleetctl forward (run in this process), fleetd and the agent,
 // in alternating rounds, and compares the rates.
@@ -407,6 +415,11 @@ func (r *runner) remoteForward(ctx context.Context, device string, svc *deviceSe
 		return errors.New("fleetctl forward did not listen within 30 s")
 	}
 	local := out.last()
+	// The idle sessions, closed as the forward starts, end first: their
+	// ends (fleetd's store) were in the first rounds' time and CPU.
+	if err := r.awaitNoSessions(ctx); err != nil {
+		return err
+	}
 	size := r.sz.forwardBytes
 	load0 := loadAverage()
 	// Rounds alternate, and the verdict is on the median of each pair's
