@@ -17,6 +17,7 @@ import (
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/action"
 	fleethttp "github.com/fleetd/fleet/http"
+	"github.com/fleetd/fleet/sqlstore"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -85,6 +86,113 @@ func BenchmarkActionStatusHTTP(b *testing.B) {
 			})
 		})
 	}
+}
+
+// BenchmarkActionStatusBudget takes S10's CPU a request apart, item by
+// item, under BenchmarkActionStatusHTTP's load generator, every stage sent
+// S10's headers and bodies on SQLite's store: hello is the hello-world
+// handler; bare the same handler served with fleetd's server settings and
+// connection limit (the deadlines net/http sets); servehttp a route behind
+// fleetd's ServeHTTP alone (the request id, the contexts, the mux);
+// middleware one behind the whole middleware of S10's route as well
+// (deadlines, metrics, the device key's authentication, the rate limit);
+// decode one that reads S10's body as handleActionStatus does; handoff S10
+// itself with a store whose ReportStatus sleeps a commit's time and writes
+// nothing (the report workers' hand-off, the sightings); commit S10 on
+// SQLite. Each answers 204; the difference of two neighbours' cpu-µs/op
+// is what the second adds a request (docs/benchmarks-notebook.md, "S10's
+// CPU a request, item by item").
+//
+//	go test ./http -run '^$' -bench ActionStatusBudget -benchtime 20000x
+func BenchmarkActionStatusBudget(b *testing.B) {
+	db := sqlstoretest.MustOpen(b, sqlstoretest.Backends()[0], sqlstoretest.Options{})
+	ctx := context.Background()
+	if _, _, err := db.CreateTenant(ctx, "bench"); err != nil {
+		b.Fatal(err)
+	}
+	key := &fleet.APIKey{Name: "gw", Role: fleet.RoleDevice}
+	if err := db.CreateAPIKey(ctx, "bench", key); err != nil {
+		b.Fatal(err)
+	}
+	const devices = 10_000
+	devs := make([]fleet.NewDevice, devices)
+	for i := range devs {
+		devs[i] = fleet.NewDevice{ID: fmt.Sprintf("dev-%05d", i)}
+	}
+	if _, err := db.CreateDevices(ctx, "bench", devs); err != nil {
+		b.Fatal(err)
+	}
+	a, err := db.DispatchAction(ctx, "bench", &fleet.Dispatch{Action: "reboot", Params: []byte(`{}`), SearchType: fleet.SearchAll, Timeout: 3600})
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Each device action's first report (from Queued) is not S10's usual
+	// one: apply them first.
+	var seq atomic.Int64 // each report newer than the last, across sub-benchmarks
+	for start := 0; start < devices; start += 500 {
+		var first []fleet.StatusReport
+		for i := start; i < start+500; i++ {
+			n := seq.Add(1)
+			first = append(first, fleet.StatusReport{DeviceID: fmt.Sprintf("dev-%05d", i), ActionID: a.ID, State: "Downloading", Timestamp: &n, Sequence: &n})
+		}
+		if _, err := db.ReportStatus(ctx, "bench", first); err != nil {
+			b.Fatal(err)
+		}
+	}
+	header := http.Header{"X-Service-Tenant": {"bench"}, "X-Service-Api-Key": {key.Key}, "Content-Type": {"application/json"}} // each report newer than the last, across sub-benchmarks
+	body := func(int64) []byte {
+		i := seq.Add(1)
+		return fmt.Appendf(nil, `{"device_id":"dev-%05d","action_id":%d,"state":"Downloading","progress":%d,"timestamp":%d,"sequence":%d}`,
+			i%devices, a.ID, i%100, i, i)
+	}
+	b.Run("hello", func(b *testing.B) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			w.WriteHeader(http.StatusNoContent)
+		})}
+		go srv.Serve(ln)
+		defer srv.Close()
+		load(b, "http://"+ln.Addr().String()+"/", header, body)
+	})
+	serve := func(b *testing.B, store action.Store, path string) {
+		svc := &action.Service{Store: store, ReportWorkers: 1}
+		svc.Open()
+		defer svc.Close()
+		api := &fleethttp.Server{Addr: "127.0.0.1:0", Tenants: db, Devices: db, Audit: db, Actions: svc}
+		api.AddBudgetRoutes()
+		if err := api.Open(); err != nil {
+			b.Fatal(err)
+		}
+		defer api.Shutdown(ctx)
+		load(b, "http://"+api.ListenAddr().String()+path, header, body)
+	}
+	b.Run("bare", func(b *testing.B) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		srv := (&fleethttp.Server{}).ServeBare(ln)
+		defer srv.Close()
+		load(b, "http://"+ln.Addr().String()+"/", header, body)
+	})
+	for _, path := range []string{"servehttp", "middleware", "decode"} {
+		b.Run(path, func(b *testing.B) { serve(b, db, "/bench/"+path) })
+	}
+	b.Run("handoff", func(b *testing.B) { serve(b, sleepingStore{db}, "/api/v1/devices/action/status") })
+	b.Run("commit", func(b *testing.B) { serve(b, db, "/api/v1/devices/action/status") })
+}
+
+// sleepingStore applies no status report: ReportStatus takes about a
+// SQLite commit's time under S10 (BenchmarkActionStatusBudget's handoff).
+type sleepingStore struct{ *sqlstore.DB }
+
+func (sleepingStore) ReportStatus(ctx context.Context, tenant string, reports []fleet.StatusReport) ([]error, error) {
+	time.Sleep(3 * time.Millisecond)
+	return make([]error, len(reports)), nil
 }
 
 // load posts b.N bodies to url over benchConns connections and reports
