@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -56,24 +55,17 @@ func (d dialect) pendingOfAction() string {
 // are Queued, and are left out here, or a device that subscribed between
 // the window's opening and the rollout's next pass would be sent one.
 func (db *DB) PendingActions(ctx context.Context, tenant, device string, after int64, limit int) ([]fleet.PendingAction, error) {
-	// The limit is written into the query, rounded up to a power of two:
-	// SQLite plans with a bound LIMIT's value, which expires the prepared
-	// statement, and a few texts stay prepared.
-	n := 1
-	for n < limit {
-		n *= 2
-	}
 	rows, err := db.query(ctx, `SELECT da.action_id, da.type, COALESCE(a.device_params, a.params), r.maintenance_window
 		FROM device_actions da JOIN actions a ON a.tenant = da.tenant AND a.id = da.action_id
 		LEFT JOIN rollouts r ON r.tenant = da.tenant AND r.action_id = da.action_id
 		WHERE da.tenant = ? AND da.device_id = ? AND da.`+pending+` AND da.action_id > ? AND da.type <> ?
-		ORDER BY da.action_id LIMIT `+strconv.Itoa(n), tenant, device, after, fleet.ActionDesired)
+		ORDER BY da.action_id`+limitClause(pageLimit(limit)), tenant, device, after, fleet.ActionDesired)
 	if err != nil {
 		return nil, db.classify(err)
 	}
 	defer rows.Close()
 	var out []fleet.PendingAction
-	for rows.Next() && len(out) < limit {
+	for len(out) < limit && rows.Next() {
 		var p fleet.PendingAction
 		var window sql.NullString
 		if err := rows.Scan(&p.ActionID, &p.Name, &p.Params, &window); err != nil {
@@ -149,17 +141,22 @@ func (db *DB) TimeOutDeviceActions(ctx context.Context, now time.Time, limit int
 		at := millis(now)
 		n = 0
 		for _, from := range moveTimeout.from {
-			moved, err := tx.moveFrom(ctx, from, moveTimeout.t.To, `WITH due AS MATERIALIZED (SELECT tenant, action_id, device_id FROM device_actions
-					WHERE deadline IS NOT NULL AND deadline <= ? AND `+statusIn([]fleet.ActionStatus{from})+` ORDER BY deadline LIMIT ?`+db.dialect.skipLocked()+`)
+			// What is left of the limit is any number: it is taken in
+			// statements of batchLimit's steps, whose texts are few.
+			for n < limit {
+				step := batchLimit(limit - n)
+				moved, err := tx.moveFrom(ctx, from, moveTimeout.t.To, `WITH due AS MATERIALIZED (SELECT tenant, action_id, device_id FROM device_actions
+					WHERE deadline IS NOT NULL AND deadline <= ? AND `+statusIn([]fleet.ActionStatus{from})+` ORDER BY deadline`+limitClause(step)+db.dialect.skipLocked()+`)
 				UPDATE device_actions SET `+moveTimeout.set+`,
 				errors = `+db.dialect.jsonSetList("errors", moveTimeout.t.Status)+`, error_count = error_count + 1, updated_at = ?
 				WHERE deadline IS NOT NULL AND deadline <= ? AND (tenant, action_id, device_id) IN (SELECT tenant, action_id, device_id FROM due)`,
-				at, limit-n, "the action's timeout elapsed before the device reported Completed or Failed", at, at)
-			if err != nil {
-				return err
-			}
-			if n += moved; n == limit {
-				break
+					at, "the action's timeout elapsed before the device reported Completed or Failed", at, at)
+				if err != nil {
+					return err
+				}
+				if n += moved; moved < step {
+					break // none left of this status, or the rest locked
+				}
 			}
 		}
 		return nil

@@ -732,7 +732,7 @@ func (db *DB) RemoveOrphanDeviceActions(ctx context.Context, limit int) (int, er
 		var err error
 		n, err = tx.deleteCounted(ctx, `DELETE FROM device_actions WHERE (tenant, action_id, device_id) IN (
 			SELECT da.tenant, da.action_id, da.device_id FROM device_actions da
-			WHERE NOT EXISTS (SELECT 1 FROM devices d WHERE d.tenant = da.tenant AND d.id = da.device_id) LIMIT ?)`, limit)
+			WHERE NOT EXISTS (SELECT 1 FROM devices d WHERE d.tenant = da.tenant AND d.id = da.device_id)`+limitClause(limit)+`)`)
 		return err
 	})
 	return n, err

@@ -255,11 +255,11 @@ func (db *DB) findDeviceActionsOfAction(ctx context.Context, tenant string, f fl
 	}
 	// The page is chosen first and joined to its actions (for params)
 	// after, so sorting never touches the actions table.
-	page, err := db.scanDeviceActions(ctx, `WITH page AS (SELECT `+deviceActionColumns+`, tenant FROM `+from+` WHERE `+cond+
-		` ORDER BY device_id LIMIT ? OFFSET ?)
+	page, err := db.scanDeviceActions(ctx, f.Limit, `WITH page AS (SELECT `+deviceActionColumns+`, tenant FROM `+from+` WHERE `+cond+
+		` ORDER BY device_id`+limitClause(pageLimit(f.Limit))+` OFFSET ?)
 		SELECT `+pageDeviceActionColumns+`, COALESCE(a.device_params, a.params)
 		FROM page JOIN actions a ON a.tenant = page.tenant AND a.id = page.action_id ORDER BY page.device_id`,
-		append(args, f.Limit, f.Offset())...)
+		append(args, f.Offset())...)
 	if err != nil {
 		return nil, 0, db.classify(err)
 	}
@@ -323,10 +323,9 @@ func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fl
 		finalOrder, liveKey = "action_id"+dir, "action_id + 0"
 	}
 	// The live parts are not limited: they are small, and sorted by the
-	// merge. The limits are written into the query: SQLite plans with a
-	// bound LIMIT's value, so binding one re-prepares the statement.
-	top := strconv.Itoa(f.Offset() + f.Limit)
-	limit, offset := strconv.Itoa(f.Limit), strconv.Itoa(f.Offset())
+	// merge. The final part's rows past the page's end in its order are
+	// never on the page, so its LIMIT may be pageLimit's step above it.
+	top := limitClause(pageLimit(f.Offset() + f.Limit))
 	// Written piece by piece into one buffer: concatenated, the parts
 	// made several times the query's size in garbage on every page.
 	var q strings.Builder
@@ -339,8 +338,8 @@ func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fl
 	write(`WITH page AS (
 		SELECT * FROM (SELECT `, deviceActionColumns, `, `, finalKey, ` AS k FROM device_actions`, db.dialect.indexedBy(finalSortIndexes[col]),
 		` WHERE `, cond, ` AND `, finalStatuses, `
-			ORDER BY `, finalOrder, ` LIMIT `, top, `) final`)
-	qargs := make([]any, 0, (1+len(liveStatuses))*len(args)+1)
+			ORDER BY `, finalOrder, top, `) final`)
+	qargs := make([]any, 0, (1+len(liveStatuses))*len(args)+2)
 	qargs = append(qargs, args...)
 	for _, st := range liveStatuses {
 		write(`
@@ -348,11 +347,11 @@ func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fl
 		qargs = append(qargs, args...)
 	}
 	write(`
-		ORDER BY k`, dir, `, action_id`, dir, ` LIMIT `, limit, ` OFFSET `, offset, `)
+		ORDER BY k`, dir, `, action_id`, dir, limitClause(pageLimit(f.Limit)), ` OFFSET ?)
 		SELECT `, pageDeviceActionColumns, `, COALESCE(a.device_params, a.params)
 		FROM page JOIN actions a ON a.tenant = ? AND a.id = page.action_id
 		ORDER BY page.k`, dir, `, page.action_id`, dir)
-	page, err := db.scanDeviceActions(ctx, q.String(), append(qargs, tenant)...)
+	page, err := db.scanDeviceActions(ctx, f.Limit, q.String(), append(qargs, f.Offset(), tenant)...)
 	if err := cmp.Or(wait(), err); err != nil {
 		return nil, 0, db.classify(err)
 	}
@@ -366,21 +365,22 @@ func (db *DB) findDeviceActionsOfDevice(ctx context.Context, tenant string, f fl
 // from the partial index of migrations 0016 and 0022, which holds
 // final_updated_at: a Failed device action's updated_at.
 func (db *DB) FindRecentFailures(ctx context.Context, tenant string, limit int) ([]*fleet.DeviceAction, error) {
-	das, err := db.scanDeviceActions(ctx, `WITH page AS (SELECT `+deviceActionColumns+`, tenant FROM device_actions
-		WHERE tenant = ? AND action_status = 'Failed' ORDER BY final_updated_at DESC LIMIT ?)
+	das, err := db.scanDeviceActions(ctx, limit, `WITH page AS (SELECT `+deviceActionColumns+`, tenant FROM device_actions
+		WHERE tenant = ? AND action_status = 'Failed' ORDER BY final_updated_at DESC`+limitClause(pageLimit(limit))+`)
 		SELECT `+pageDeviceActionColumns+`, COALESCE(a.device_params, a.params)
 		FROM page JOIN actions a ON a.tenant = page.tenant AND a.id = page.action_id ORDER BY page.updated_at DESC, page.action_id DESC`,
-		tenant, limit)
+		tenant)
 	return das, db.classify(err)
 }
 
-// scanDeviceActions reads the device actions a query selects; never nil.
-func (db *DB) scanDeviceActions(ctx context.Context, query string, args ...any) ([]*fleet.DeviceAction, error) {
+// scanDeviceActions reads the first n device actions a query selects (its
+// LIMIT is pageLimit's); never nil.
+func (db *DB) scanDeviceActions(ctx context.Context, n int, query string, args ...any) ([]*fleet.DeviceAction, error) {
 	rows, err := db.query(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
-	return scanAll(rows, newDeviceActionRow().scan)
+	return scanPage(rows, n, newDeviceActionRow().scan)
 }
 
 // prefixed qualifies each comma-separated column (with its ordering

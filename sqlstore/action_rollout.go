@@ -117,12 +117,14 @@ func (tx *Tx) assignPhases(ctx context.Context, tenant string, id int64, s *flee
 		if more := fleet.PhaseQuota(p.Info.Percentage, total) - taken; more > 0 {
 			// The choice is made once (a materialised CTE) and joined by
 			// key: as a subquery of the UPDATE, PostgreSQL planned a sort
-			// per row of the action.
+			// per row of the action. more is any number, but this runs
+			// once for each percentage phase of a rollout made: taken in
+			// steps (batchLimit), the sort would be made for each.
 			n, err := tx.execCount(ctx, `WITH picked AS MATERIALIZED (SELECT device_id FROM device_actions
-					WHERE tenant = ? AND action_id = ? AND phase = ? ORDER BY `+tx.db.dialect.rank("device_id")+`, device_id LIMIT ?)
+					WHERE tenant = ? AND action_id = ? AND phase = ? ORDER BY `+tx.db.dialect.rank("device_id")+`, device_id`+limitClause(more)+`)
 				UPDATE device_actions SET phase = ? FROM picked
 				WHERE device_actions.tenant = ? AND device_actions.action_id = ? AND device_actions.device_id = picked.device_id`,
-				tenant, id, unassigned, more, k, tenant, id)
+				tenant, id, unassigned, k, tenant, id)
 			if err != nil {
 				return err
 			}
@@ -421,7 +423,7 @@ func (db *DB) RolloutWait(ctx context.Context, tenant string, id int64, now time
 	rows, err := rtx.query(ctx, `SELECT da.device_id, da.action_status, d.last_seen_at FROM device_actions da
 		LEFT JOIN devices d ON d.tenant = da.tenant AND d.id = da.device_id
 		WHERE da.tenant = ? AND da.action_id = ? AND da.phase >= 0 AND da.phase < ? AND da.`+statusIn(released)+`
-		ORDER BY da.device_id LIMIT ?`, tenant, id, phases, fleet.WaitingShown)
+		ORDER BY da.device_id`+limitClause(fleet.WaitingShown), tenant, id, phases)
 	if err != nil {
 		return nil, db.classify(err)
 	}

@@ -170,8 +170,8 @@ func (o *RolloutOutbox) ClaimDeliveries(ctx context.Context, owner string, lease
 		rows, err := tx.query(ctx, `SELECT o.id, o.tenant, o.rule_id, o.event, o.payload, o.due_at, o.attempts, o.created_at,
 			r.channel, r.subject, r.body, r.timezone
 			FROM rollout_outbox o JOIN rollout_notification_rules r ON r.id = o.rule_id
-			WHERE o.status = ? AND o.due_at <= ? AND o.lease_until < ? ORDER BY o.due_at, o.id LIMIT ?`+tx.db.dialect.claimOutbox(),
-			fleet.DeliveryPending, now, now, limit)
+			WHERE o.status = ? AND o.due_at <= ? AND o.lease_until < ? ORDER BY o.due_at, o.id`+limitClause(limit)+tx.db.dialect.claimOutbox(),
+			fleet.DeliveryPending, now, now)
 		if err != nil {
 			return err
 		}

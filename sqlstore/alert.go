@@ -507,7 +507,7 @@ func (db *DB) ClaimDeliveries(ctx context.Context, owner string, lease time.Dura
 		out = out[:0]
 		now := millis(tx.now)
 		rows, err := tx.query(ctx, `SELECT id FROM alert_outbox WHERE status = ? AND due_at <= ? AND lease_until < ?
-			ORDER BY due_at, id LIMIT ?`+claimLock(db.dialect), fleet.DeliveryPending, now, now, limit)
+			ORDER BY due_at, id`+limitClause(limit)+claimLock(db.dialect), fleet.DeliveryPending, now, now)
 		if err != nil {
 			return err
 		}

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -503,9 +504,15 @@ type scanner = interface{ Scan(...any) error }
 // scanAll reads every row of rows with scan and closes rows; an empty
 // result is an empty slice, never nil.
 func scanAll[T any](rows *sql.Rows, scan func(scanner) (T, error)) ([]T, error) {
+	return scanPage(rows, math.MaxInt, scan)
+}
+
+// scanPage reads the first n rows of rows with scan, as scanAll does: a
+// page read with pageLimit's LIMIT may have more.
+func scanPage[T any](rows *sql.Rows, n int, scan func(scanner) (T, error)) ([]T, error) {
 	defer rows.Close()
 	items := []T{}
-	for rows.Next() {
+	for len(items) < n && rows.Next() {
 		it, err := scan(rows)
 		if err != nil {
 			return nil, err
@@ -517,7 +524,8 @@ func scanAll[T any](rows *sql.Rows, scan func(scanner) (T, error)) ([]T, error) 
 
 // findPage reads one page of a list and the number of all its items:
 // count is a query of count(*), list one of the items in their order, to
-// which findPage adds the page's LIMIT and OFFSET; both take args. The two
+// which findPage adds the page's LIMIT (pageLimit's) and OFFSET; both take
+// args. The two
 // are read in one transaction, so that the count is of the list the page
 // is from. An empty page is an empty slice, never nil.
 func findPage[T any](ctx context.Context, db *DB, count, list string, args []any, p fleet.Page,
@@ -531,11 +539,11 @@ func findPage[T any](ctx context.Context, db *DB, count, list string, args []any
 	if err := tx.queryRow(ctx, count, args...).Scan(&n); err != nil {
 		return nil, 0, db.classify(err)
 	}
-	rows, err := tx.query(ctx, list+" LIMIT ? OFFSET ?", append(args[:len(args):len(args)], p.Limit, p.Offset())...)
+	rows, err := tx.query(ctx, list+limitClause(pageLimit(p.Limit))+" OFFSET ?", append(args[:len(args):len(args)], p.Offset())...)
 	if err != nil {
 		return nil, 0, db.classify(err)
 	}
-	items, err := scanAll(rows, scan)
+	items, err := scanPage(rows, p.Limit, scan)
 	return items, n, err
 }
 

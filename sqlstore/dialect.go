@@ -185,7 +185,10 @@ func devicesWhere(ctx context.Context, q querier, cs []deviceCond) (string, []an
 			continue
 		}
 		var n int
-		if err := q.queryRow(ctx, "SELECT count(*) FROM ("+c.probe+" LIMIT ?) AS m", append(slices.Clip(c.probeArgs), fewest)...).Scan(&n); err != nil {
+		// Counting past fewest is harmless (more is not fewer):
+		// pageLimit's step keeps the probe's texts few.
+		probe := c.probe + limitClause(min(pageLimit(fewest), indexedMost+1))
+		if err := q.queryRow(ctx, "SELECT count(*) FROM ("+probe+") AS m", c.probeArgs...).Scan(&n); err != nil {
 			return "", nil, 0, err
 		}
 		if n < fewest {

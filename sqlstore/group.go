@@ -165,19 +165,19 @@ func (db *DB) findDevicesWhere(ctx context.Context, tenant string, cs []deviceCo
 			return nil, 0, db.classify(err)
 		}
 	}
-	rows, err := tx.query(ctx, "SELECT "+deviceColumns+" FROM devices WHERE tenant = ? AND "+cond+" ORDER BY id LIMIT ? OFFSET ?",
-		append(args, p.Limit, p.Offset())...)
+	rows, err := tx.query(ctx, "SELECT "+deviceColumns+" FROM devices WHERE tenant = ? AND "+cond+" ORDER BY id"+limitClause(pageLimit(p.Limit))+" OFFSET ?",
+		append(args, p.Offset())...)
 	if err != nil {
 		return nil, 0, db.classify(err)
 	}
-	devs, err := scanAll(rows, scanDevice)
+	devs, err := scanPage(rows, p.Limit, scanDevice)
 	return devs, n, db.classify(err)
 }
 
 // probeIDs reads the ids of the devices c's probe reads, indexedMost + 1
 // at most.
 func probeIDs(ctx context.Context, q querier, c deviceCond) ([]string, error) {
-	rows, err := q.query(ctx, c.probe+" LIMIT ?", append(slices.Clip(c.probeArgs), indexedMost+1)...)
+	rows, err := q.query(ctx, c.probe+limitClause(indexedMost+1), c.probeArgs...)
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +202,7 @@ func devicesByID(ctx context.Context, q querier, d dialect, tenant string, ids [
 	var in string
 	var args []any
 	if d == postgres {
-		in, args = "id = ANY(ARRAY(SELECT u FROM unnest(CAST(? AS TEXT[])) AS u ORDER BY u LIMIT ? OFFSET ?))", []any{ids, p.Limit, p.Offset()}
+		in, args = "id = ANY(ARRAY(SELECT u FROM unnest(CAST(? AS TEXT[])) AS u ORDER BY u"+limitClause(pageLimit(p.Limit))+" OFFSET ?))", []any{ids, p.Offset()}
 	} else {
 		ids = slices.Sorted(slices.Values(ids))
 		in, args = d.anyOf("id", ids[p.Offset():min(p.Offset()+p.Limit, len(ids))])
@@ -211,7 +211,7 @@ func devicesByID(ctx context.Context, q querier, d dialect, tenant string, ids [
 	if err != nil {
 		return nil, err
 	}
-	return scanAll(rows, scanDevice)
+	return scanPage(rows, p.Limit, scanDevice)
 }
 
 const groupColumns = "name, selector, description, created_at, updated_at"

@@ -590,9 +590,11 @@ func (r *pageRead) read(ctx context.Context, rd querier, segs []segment, inTx bo
 		if r.best.full() {
 			return true, nil // every later partition's points come after
 		}
+		// The statement is query, its LIMIT, and end.
 		query := `SELECT ts_min, ts_max, id, received_at, points FROM ` + s.table + `
 			WHERE tenant = ? AND device_id = ? AND stream = ? AND ts_min >= ? AND ts_min < ? AND ts_max >= ? AND received_at >= ?
-			AND ` + after + ` AND NOT (id = ? AND ` + spent + `) ORDER BY ` + order + ` LIMIT ?`
+			AND ` + after + ` AND NOT (id = ? AND ` + spent + `) ORDER BY ` + order
+		end := ""
 		var scopeArgs []any
 		if r.scope != nil {
 			// The device's row (none: not found) joined to its chunks
@@ -604,7 +606,8 @@ func (r *pageRead) read(ctx context.Context, rd querier, segs []segment, inTx bo
 				coalesce(c.received_at, 0), c.points
 				FROM (` + pointScopeQuery + `) s LEFT JOIN LATERAL (SELECT ts_min, ts_max, id, received_at, points FROM ` + s.table + `
 					WHERE tenant = ? AND device_id = ? AND stream = ? AND ts_min >= ? AND ts_min < ? AND ts_max >= ? AND received_at >= s.created_at
-					AND ts_min >= s.floor_ms AND ` + after + ` AND NOT (id = ? AND ` + spent + `) ORDER BY ` + order + ` LIMIT ?) c ON true
+					AND ts_min >= s.floor_ms AND ` + after + ` AND NOT (id = ? AND ` + spent + `) ORDER BY ` + order
+			end = `) c ON true
 				ORDER BY ` + scopedOrder
 			scopeArgs = r.db.pointScopeArgs(r.tenant, r.device)
 		}
@@ -618,11 +621,7 @@ func (r *pageRead) read(ctx context.Context, rd querier, segs []segment, inTx bo
 			if r.scope != nil {
 				args = slices.Concat(scopeArgs, args[:6], args[7:]) // received_at against the device's
 			}
-			// The limit is in the statement's text, not a parameter: SQLite
-			// takes a bound LIMIT for a constant in its plan and prepares
-			// the statement again whenever the parameter is bound, which
-			// was a sixth of a page's CPU in FindPoints.
-			got, done, err := r.chunks(ctx, rd, strings.Replace(query, "LIMIT ?", "LIMIT "+strconv.Itoa(n), 1), args)
+			got, done, err := r.chunks(ctx, rd, query+limitClause(n)+end, args)
 			if err != nil {
 				return false, err
 			}

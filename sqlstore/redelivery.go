@@ -38,9 +38,9 @@ func (db *DB) ClaimRedeliveries(ctx context.Context, owner string, lease time.Du
 		rows, err := tx.query(ctx, `UPDATE device_redeliveries SET lease_owner = ?, lease_until = ?
 			WHERE (tenant, device_id) IN (
 				SELECT tenant, device_id FROM device_redeliveries WHERE due_at <= ? AND lease_until < ?
-				ORDER BY due_at LIMIT ?`+db.dialect.skipLocked()+`)
+				ORDER BY due_at`+limitClause(limit)+db.dialect.skipLocked()+`)
 			RETURNING tenant, device_id, version`,
-			owner, now+lease.Milliseconds(), now, now, limit)
+			owner, now+lease.Milliseconds(), now, now)
 		if err != nil {
 			return err
 		}

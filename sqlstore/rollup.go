@@ -103,8 +103,8 @@ func (db *DB) RollUp(ctx context.Context) (int, error) {
 	var made []part
 	err = db.updateAlone(ctx, func(ctx context.Context, tx *Tx) error {
 		rows, err := tx.query(ctx, `DELETE FROM stream_rollup_queue WHERE id IN
-			(SELECT id FROM stream_rollup_queue ORDER BY id LIMIT ?`+db.dialect.skipLocked()+`)
-			RETURNING tenant, device_id, stream, rollups`, rollupClaim)
+			(SELECT id FROM stream_rollup_queue ORDER BY id`+limitClause(rollupClaim)+db.dialect.skipLocked()+`)
+			RETURNING tenant, device_id, stream, rollups`)
 		if err != nil {
 			return err
 		}

@@ -125,8 +125,8 @@ func (db *DB) UpdateDesiredMany(ctx context.Context, tenant string, sel *fleet.D
 			if cond != "" {
 				cond = " AND " + cond
 			}
-			rows, err := tx.query(ctx, "SELECT id FROM devices WHERE tenant = ?"+cond+" ORDER BY id LIMIT ?",
-				append(append([]any{tenant}, args...), fleet.MaxFleetDesired+1)...)
+			rows, err := tx.query(ctx, "SELECT id FROM devices WHERE tenant = ?"+cond+" ORDER BY id"+limitClause(fleet.MaxFleetDesired+1),
+				append([]any{tenant}, args...)...)
 			if err != nil {
 				return err
 			}
@@ -243,8 +243,8 @@ func (tx *Tx) releaseDesired(ctx context.Context, tenant string, id int64) (map[
 	// In no order: the index by status finds a chunk at once, where an
 	// order by device would sort every device still waiting at each chunk
 	// (lockShadows locks the chunk's devices in order).
-	rows, err := tx.query(ctx, "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status = ? LIMIT ?",
-		tenant, id, string(fleet.StatusQueued), desiredChunk+1)
+	rows, err := tx.query(ctx, "SELECT device_id FROM device_actions WHERE tenant = ? AND action_id = ? AND action_status = ?"+limitClause(desiredChunk+1),
+		tenant, id, string(fleet.StatusQueued))
 	if err != nil {
 		return nil, false, err
 	}
