@@ -50,26 +50,9 @@ func (a *api) call(ctx context.Context, method, path string, body any, want int,
 		}
 		rd = bytes.NewReader(b)
 	}
-	resp, err := a.do(ctx, method, a.base+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, a.base+path, rd)
 	if err != nil {
 		return err
-	}
-	b, err := readAnswer(resp, want)
-	if err != nil {
-		return err
-	}
-	if out != nil {
-		return json.Unmarshal(b, out)
-	}
-	return nil
-}
-
-// do sends a request to url (absolute) with body (JSON, unless nil) and
-// returns the response once its headers are in, its body unread.
-func (a *api) do(ctx context.Context, method, url string, body io.Reader) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, method, url, body)
-	if err != nil {
-		return nil, err
 	}
 	req.Header.Set("X-Service-Tenant", a.tenant)
 	req.Header.Set("X-Service-Api-Key", a.key)
@@ -79,24 +62,25 @@ func (a *api) do(ctx context.Context, method, url string, body io.Reader) (*http
 	if a.represent {
 		req.Header.Set("Prefer", "return=representation")
 	}
-	return a.client.Do(req)
-}
-
-// readAnswer reads and closes resp's body; a status other than want is an
-// error that quotes it.
-func readAnswer(resp *http.Response, want int) ([]byte, error) {
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return err
+	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if resp.StatusCode != want {
 		if len(b) > 300 {
 			b = append(b[:300], "…"...)
 		}
-		return nil, fmt.Errorf("%s %s: status %d, want %d: %s", resp.Request.Method, resp.Request.URL.RequestURI(), resp.StatusCode, want, b)
+		return fmt.Errorf("%s %s: status %d, want %d: %s", method, path, resp.StatusCode, want, b)
 	}
-	return b, nil
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
 }
 
 // deviceToken is a provisioned device and its token.

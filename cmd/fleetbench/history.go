@@ -53,8 +53,7 @@ func (r *runner) history(ctx context.Context) error {
 
 // historyRead reads the day back through the API, 87 pages of 1000, beside
 // the same points read with SQL from a table of a row per point; the best
-// of three each. Each next page is asked for on the previous page's Link
-// header (followPages), so fleetd makes it while fleetbench decodes.
+// of three each.
 func (r *runner) historyRead(ctx context.Context, dev, stream string, day time.Time) error {
 	var best time.Duration
 	wait := r.profile("history-read", 8*time.Second)
@@ -65,7 +64,7 @@ func (r *runner) historyRead(ctx context.Context, dev, stream string, day time.T
 		t0 := time.Now()
 		n := 0
 		q := url.Values{"limit": {"1000"}, "from": {day.Format(time.RFC3339)}, "to": {day.Add(24 * time.Hour).Format(time.RFC3339)}}
-		err := r.admin.followPages(ctx, "/api/v1/devices/"+dev+"/streams/"+stream+"/points?"+q.Encode(), func(b []byte) (bool, error) {
+		for {
 			// Each point decoded to the values the SQL read scans of its
 			// row (pointReadTime): timestamp, sequence, the data's JSON
 			// text, received.
@@ -78,14 +77,14 @@ func (r *runner) historyRead(ctx context.Context, dev, stream string, day time.T
 				} `json:"points"`
 				Next *string `json:"next"`
 			}
-			if err := json.Unmarshal(b, &page); err != nil {
-				return false, err
+			if err := r.admin.call(ctx, "GET", "/api/v1/devices/"+dev+"/streams/"+stream+"/points?"+q.Encode(), nil, http.StatusOK, &page); err != nil {
+				return err
 			}
 			n += len(page.Points)
-			return page.Next != nil, nil
-		})
-		if err != nil {
-			return fmt.Errorf("history: %w", err)
+			if page.Next == nil {
+				break
+			}
+			q.Set("cursor", *page.Next)
 		}
 		if n != dayPoints {
 			return fmt.Errorf("history: read %d points of %d", n, dayPoints)
@@ -95,7 +94,7 @@ func (r *runner) historyRead(ctx context.Context, dev, stream string, day time.T
 		}
 	}
 	// CPU a read survives a busy machine better than the time does.
-	note := fmt.Sprintf("JSON over HTTP on loopback, decoded by fleetbench with encoding/json while fleetd makes the next page; CPU a read: fleetbench %.0f ms", 1000*(procCPU(os.Getpid())-self0)/reads)
+	note := fmt.Sprintf("JSON over HTTP on loopback, decoded by fleetbench; CPU a read: fleetbench %.0f ms", 1000*(procCPU(os.Getpid())-self0)/reads)
 	if r.t.pid != 0 {
 		note += fmt.Sprintf(", fleetd %.0f ms", 1000*(procCPU(r.t.pid)-cpu0)/reads)
 	}
@@ -111,104 +110,10 @@ func (r *runner) historyRead(ctx context.Context, dev, stream string, day time.T
 		r.rep.addBaseline("point-read", "SQL read", &figure{Name: "86,400 rows of a point each (timestamp, sequence, JSON data, received) read with one SELECT by primary key, best of 3",
 			Value: ms(raw), Unit: millis, Note: fmt.Sprintf("CPU a read: fleetbench %.0f ms (%s)", 1000*cpu, where)})
 	}
-	f := r.rep.compare(r.rep.add(&figure{Scenario: "history", Name: "a day of a device's points at 1 Hz (86,400) read through the API, 87 pages of 1000 each asked for on the previous one's Link header, best of 3",
+	f := r.rep.compare(r.rep.add(&figure{Scenario: "history", Name: "a day of a device's points at 1 Hz (86,400) read through the API, 87 pages of 1000, best of 3",
 		Value: ms(best), Unit: millis, Note: note}), "point-read")
 	judge(f, r.t.dialect, goalHistoryRead, "no storage baseline (--url without --database)")
 	return nil
-}
-
-// followPages reads a cursor-paged list from path on: it asks for each next
-// page on the previous page's Link header (docs/api.md#lists) as soon as
-// it has the headers, and hands the bodies to decode in order meanwhile,
-// so the server makes page k+1 while decode reads page k: a technique any
-// client can use. decode says whether its page has a next; it must agree
-// with the header.
-func (a *api) followPages(ctx context.Context, path string, decode func([]byte) (bool, error)) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	type answer struct {
-		resp *http.Response
-		next bool
-		err  error
-	}
-	// Up to three pages ahead of the one being decoded (two in answers, one
-	// waiting to go in): decoding is the slower side, and fleetd need
-	// never wait for it.
-	answers := make(chan answer, 2)
-	go func() {
-		defer close(answers)
-		for u := a.base + path; u != ""; {
-			resp, err := a.do(ctx, "GET", u, nil)
-			if err == nil {
-				u, err = nextLinkOf(resp)
-			}
-			select {
-			case answers <- answer{resp, u != "", err}:
-			case <-ctx.Done():
-				if resp != nil {
-					resp.Body.Close()
-				}
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	defer func() { // the pages asked for past an error
-		cancel()
-		for ans := range answers {
-			if ans.resp != nil {
-				ans.resp.Body.Close()
-			}
-		}
-	}()
-	for ans := range answers {
-		if ans.err != nil {
-			if ans.resp != nil {
-				ans.resp.Body.Close()
-			}
-			return ans.err
-		}
-		b, err := readAnswer(ans.resp, http.StatusOK)
-		if err != nil {
-			return err
-		}
-		next, err := decode(b)
-		if err != nil {
-			return err
-		}
-		if next != ans.next {
-			return fmt.Errorf("GET %s: the body's next (%v) and the Link header (%v) disagree", ans.resp.Request.URL.RequestURI(), next, ans.next)
-		}
-	}
-	return nil
-}
-
-// nextLinkOf returns the URL of resp's Link rel="next" (RFC 8288), ""
-// when it has none.
-func nextLinkOf(resp *http.Response) (string, error) {
-	for _, v := range resp.Header.Values("Link") {
-		for len(v) > 0 {
-			target, rest, ok := strings.Cut(strings.TrimLeft(v, " ,"), ">")
-			target, found := strings.CutPrefix(target, "<")
-			if !ok || !found {
-				return "", fmt.Errorf("GET %s: a malformed Link header: %q", resp.Request.URL.RequestURI(), v)
-			}
-			params, more, _ := strings.Cut(rest, ",")
-			for _, p := range strings.Split(params, ";") {
-				if k, val, _ := strings.Cut(strings.TrimSpace(p), "="); k == "rel" && slices.Contains(strings.Fields(strings.Trim(val, `"`)), "next") {
-					u, err := resp.Request.URL.Parse(target)
-					if err != nil {
-						return "", fmt.Errorf("GET %s: Link: %w", resp.Request.URL.RequestURI(), err)
-					}
-					return u.String(), nil
-				}
-			}
-			v = more
-		}
-	}
-	return "", nil
 }
 
 // historyAggregate measures a 30-day hourly aggregate of the device (from

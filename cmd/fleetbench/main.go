@@ -78,11 +78,8 @@ Scenarios (--scenarios takes a comma-separated subset):
                ingest with history ÷ latest-only, at least 50%.
   history      a day of one device's points at 1 Hz (86,400), kept through
                the API in batches of 1000: read back through the API (87
-               pages, each asked for on the previous page's Link header, so
-               fleetd makes a page while fleetbench decodes the last, as any
-               client can; best of 3) ÷ the same points read with one SELECT
-               from a table of a row per point on the same database (at most
-               2x);
+               pages, best of 3) ÷ the same points read with one SELECT from
+               a table of a row per point on the same database (at most 2x);
                a 30-day hourly aggregate's p99 over 200 requests (at most
                50 ms) beside a device read's (a primary-key lookup); the
                day's partition's bytes on disk a point beside the point's
