@@ -75,9 +75,14 @@ type DB struct {
 	// shadowsGrown counts, on PostgreSQL, the shadows this process made
 	// since it last refreshed the statistics of device_shadows.
 	shadowsGrown growth
-	stop         chan struct{}
-	stopped      chan struct{} // closed once the loops have returned: no queued job runs after it
-	wg           sync.WaitGroup
+	// analyzed is what this process knows of PostgreSQL's statistics
+	// (analyzeAfterWrite); analyzeWG its ANALYZEs in the background, which
+	// Close cancels and waits for.
+	analyzed  tableStats
+	analyzeWG sync.WaitGroup
+	stop      chan struct{}
+	stopped   chan struct{} // closed once the loops have returned: no queued job runs after it
+	wg        sync.WaitGroup
 
 	// SQLite only: statements kept prepared (stmtcache.go), and the
 	// connection that checkpoints the WAL off the writer's path, and the
@@ -242,6 +247,8 @@ func (db *DB) Close() error {
 	// A shadow worker may wait for a job queued as the loops drained;
 	// stopped has answered it.
 	db.shadowWG.Wait()
+	db.analyzed.close()
+	db.analyzeWG.Wait()
 	db.writeStmts.close()
 	db.readStmts.close()
 	return db.closeConns()
