@@ -49,25 +49,7 @@ func BenchmarkActionStatusHTTP(b *testing.B) {
 		b.Run(be.Name, func(b *testing.B) {
 			db := sqlstoretest.MustOpen(b, be, sqlstoretest.Options{})
 			ctx := context.Background()
-			if _, _, err := db.CreateTenant(ctx, "bench"); err != nil {
-				b.Fatal(err)
-			}
-			key := &fleet.APIKey{Name: "gw", Role: fleet.RoleDevice}
-			if err := db.CreateAPIKey(ctx, "bench", key); err != nil {
-				b.Fatal(err)
-			}
-			const devices = 10_000
-			devs := make([]fleet.NewDevice, devices)
-			for i := range devs {
-				devs[i] = fleet.NewDevice{ID: fmt.Sprintf("dev-%05d", i)}
-			}
-			if _, err := db.CreateDevices(ctx, "bench", devs); err != nil {
-				b.Fatal(err)
-			}
-			a, err := db.DispatchAction(ctx, "bench", &fleet.Dispatch{Action: "reboot", Params: []byte(`{}`), SearchType: fleet.SearchAll, Timeout: 3600})
-			if err != nil {
-				b.Fatal(err)
-			}
+			key, a := s10Fleet(b, db)
 			svc := &action.Service{Store: db}
 			if db.Dialect() == "sqlite" {
 				svc.ReportWorkers = 1 // as fleetd serve sets it
@@ -82,10 +64,39 @@ func BenchmarkActionStatusHTTP(b *testing.B) {
 			header := http.Header{"X-Service-Tenant": {"bench"}, "X-Service-Api-Key": {key.Key}, "Content-Type": {"application/json"}}
 			load(b, "http://"+api.ListenAddr().String()+"/api/v1/devices/action/status", header, func(i int64) []byte {
 				return fmt.Appendf(nil, `{"device_id":"dev-%05d","action_id":%d,"state":"Downloading","progress":%d,"timestamp":%d,"sequence":%d}`,
-					i%devices, a.ID, i%100, i, i)
+					i%s10Devices, a.ID, i%100, i, i)
 			})
 		})
 	}
+}
+
+// s10Devices is how many devices the S10 benchmarks' tenant "bench" has.
+const s10Devices = 10_000
+
+// s10Fleet makes the S10 benchmarks' tenant "bench" in db: a device key,
+// s10Devices devices dev-00000… and an action dispatched to all of them.
+func s10Fleet(b *testing.B, db *sqlstore.DB) (*fleet.APIKey, *fleet.Action) {
+	b.Helper()
+	ctx := context.Background()
+	if _, _, err := db.CreateTenant(ctx, "bench"); err != nil {
+		b.Fatal(err)
+	}
+	key := &fleet.APIKey{Name: "gw", Role: fleet.RoleDevice}
+	if err := db.CreateAPIKey(ctx, "bench", key); err != nil {
+		b.Fatal(err)
+	}
+	devs := make([]fleet.NewDevice, s10Devices)
+	for i := range devs {
+		devs[i] = fleet.NewDevice{ID: fmt.Sprintf("dev-%05d", i)}
+	}
+	if _, err := db.CreateDevices(ctx, "bench", devs); err != nil {
+		b.Fatal(err)
+	}
+	a, err := db.DispatchAction(ctx, "bench", &fleet.Dispatch{Action: "reboot", Params: []byte(`{}`), SearchType: fleet.SearchAll, Timeout: 3600})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return key, a
 }
 
 // BenchmarkActionStatusBudget takes S10's CPU a request apart, item by
@@ -107,29 +118,11 @@ func BenchmarkActionStatusHTTP(b *testing.B) {
 func BenchmarkActionStatusBudget(b *testing.B) {
 	db := sqlstoretest.MustOpen(b, sqlstoretest.Backends()[0], sqlstoretest.Options{})
 	ctx := context.Background()
-	if _, _, err := db.CreateTenant(ctx, "bench"); err != nil {
-		b.Fatal(err)
-	}
-	key := &fleet.APIKey{Name: "gw", Role: fleet.RoleDevice}
-	if err := db.CreateAPIKey(ctx, "bench", key); err != nil {
-		b.Fatal(err)
-	}
-	const devices = 10_000
-	devs := make([]fleet.NewDevice, devices)
-	for i := range devs {
-		devs[i] = fleet.NewDevice{ID: fmt.Sprintf("dev-%05d", i)}
-	}
-	if _, err := db.CreateDevices(ctx, "bench", devs); err != nil {
-		b.Fatal(err)
-	}
-	a, err := db.DispatchAction(ctx, "bench", &fleet.Dispatch{Action: "reboot", Params: []byte(`{}`), SearchType: fleet.SearchAll, Timeout: 3600})
-	if err != nil {
-		b.Fatal(err)
-	}
+	key, a := s10Fleet(b, db)
 	// Each device action's first report (from Queued) is not S10's usual
 	// one: apply them first.
 	var seq atomic.Int64 // each report newer than the last, across sub-benchmarks
-	for start := 0; start < devices; start += 500 {
+	for start := 0; start < s10Devices; start += 500 {
 		var first []fleet.StatusReport
 		for i := start; i < start+500; i++ {
 			n := seq.Add(1)
@@ -143,7 +136,7 @@ func BenchmarkActionStatusBudget(b *testing.B) {
 	body := func(int64) []byte {
 		i := seq.Add(1)
 		return fmt.Appendf(nil, `{"device_id":"dev-%05d","action_id":%d,"state":"Downloading","progress":%d,"timestamp":%d,"sequence":%d}`,
-			i%devices, a.ID, i%100, i, i)
+			i%s10Devices, a.ID, i%100, i, i)
 	}
 	b.Run("hello", func(b *testing.B) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
