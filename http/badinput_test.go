@@ -49,8 +49,14 @@ func TestBadInputCorpus(t *testing.T) {
 	t.Parallel()
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		certFile, keyFile := fleetdtest.WriteServerCert(t, t.TempDir(), "fleetd test")
+		// The remote sessions the end endpoint's cases are prepared with
+		// are never joined: at the default --remote-connect-timeout (15 s)
+		// each would end, and audit its end (remote.session.end), 15 s
+		// after it opened, which a loaded machine's corpus outlasts. An
+		// hour keeps them open until the server stops.
 		s := fleetdtest.Start(t, b, append([]string{"--rate-limit", "-1", "--device-data-rate-limit", "-1", "--max-bulk-bytes", "2097152",
-			"--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0"}, fleetdtest.AlertFlags...)...)
+			"--tls-cert", certFile, "--tls-key", keyFile, "--http-tls=false", "--mqtts-addr", "127.0.0.1:0",
+			"--remote-connect-timeout", "1h"}, fleetdtest.AlertFlags...)...)
 		ops, _, doc := operations(t, s)
 		covered(t, ops)
 		idp := fleetdtest.NewIdentityProvider(t)
@@ -86,6 +92,7 @@ func TestBadInputCorpus(t *testing.T) {
 			return db.QueryRow("SELECT count(*) FROM stream_rollup_queue").Scan(&n) == nil && n == 0
 		})
 		before := rowCounts(t, db)
+		lastAudit := fleetdtest.Count(t, db, "SELECT coalesce(max(id), 0) FROM audit_logs")
 		byStatus := map[int]int{}
 		for _, c := range cases {
 			rq := fleetdtest.Req{Method: c.method, Path: c.target, Creds: alpha, Raw: c.body, ContentType: c.ct}
@@ -115,6 +122,9 @@ func TestBadInputCorpus(t *testing.T) {
 			if after[table] != n {
 				t.Errorf("table %s had %d rows before the corpus and %d after: a malformed request wrote", table, n, after[table])
 			}
+		}
+		if after["audit_logs"] != before["audit_logs"] {
+			t.Errorf("audited during the corpus: %v", auditsAfter(t, db, lastAudit))
 		}
 		if len(cases) < 300 {
 			t.Errorf("only %d cases", len(cases))
@@ -580,6 +590,30 @@ func openDirect(t *testing.T, dsn string) *sql.DB {
 	}
 	t.Cleanup(func() { db.Close() })
 	return db
+}
+
+// auditsAfter lists the audit records after the one of id last, each as
+// its action, target and request id: a request's, or (none) a background
+// job's.
+func auditsAfter(t *testing.T, db *sql.DB, last int) []string {
+	t.Helper()
+	rows, err := db.Query(fmt.Sprintf("SELECT action, target, request_id FROM audit_logs WHERE id > %d ORDER BY id", last))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var action, target, request string
+		if err := rows.Scan(&action, &target, &request); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, fmt.Sprintf("%s %s (request %q)", action, target, request))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // rowCounts counts the rows of every table.
