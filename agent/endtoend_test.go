@@ -289,11 +289,13 @@ func TestAgentStreams(t *testing.T) {
 
 // TestAgentRemote opens remote sessions with a real fleetd-agent through
 // fleetctl: a command's output and exit status, stdin, a port forward,
-// files both ways within the device's limits, the roles, the caps, the
-// idle timeout, and a device without --remote.
+// files both ways within the device's limits, the roles, the caps and the
+// idle timeout. The connect timeout is not tested here
+// (TestAgentRemoteConnectTimeout): a minute, so that no leg of a session,
+// nor a session the caps count, races it on a loaded machine.
 func TestAgentRemote(t *testing.T) {
 	t.Parallel()
-	flags := []string{"--remote-idle-timeout", "1500ms", "--remote-connect-timeout", "3s",
+	flags := []string{"--remote-idle-timeout", "1500ms", "--remote-connect-timeout", "1m",
 		"--remote-max-per-user", "3", "--remote-max-per-device", "2"}
 	withFleetd(t, flags, func(t *testing.T, s *agents) {
 		admin := s.Admin()
@@ -301,7 +303,6 @@ func TestAgentRemote(t *testing.T) {
 		os.Mkdir(filepath.Join(root, "sub"), 0o755)
 		os.Symlink("/etc", filepath.Join(root, "escape"))
 		s.StartDevice(t, "agent-r", "--remote", "--remote-root", root, "--remote-max-file-bytes", "100000")
-		s.StartDevice(t, "agent-off")
 		s.StartDevice(t, "agent-ws", "--remote", "--remote-websocket")
 		fc := s.NewFleetctl(t, admin)
 		// ended waits until every session of agent-r has ended on the
@@ -512,9 +513,6 @@ func TestAgentRemote(t *testing.T) {
 				t.Fatalf("%v", r)
 			}
 		})
-		t.Run("RemoteOff", func(t *testing.T) {
-			fleetdtest.WantContains(t, "off", fc.Fails(t, 1, "ssh", "agent-off", "--", "true"), "did not connect back within 3s")
-		})
 		t.Run("Roles", func(t *testing.T) {
 			ended(t)
 			for _, role := range []string{"viewer", "device"} {
@@ -538,11 +536,13 @@ func TestAgentRemote(t *testing.T) {
 			open("capped").Want(t, 201)
 			open("capped").Want(t, 201)
 			fleetdtest.WantContains(t, "device cap", string(open("capped").Want(t, 429).Body), "device capped has 2 remote sessions open")
-			open("capped-2").Want(t, 201)
+			var last fleet.RemoteSession
+			open("capped-2").Want(t, 201).Decode(t, &last)
 			fleetdtest.WantContains(t, "user cap", string(open("capped-2").Want(t, 429).Body), "you have 3 remote sessions open")
-			// Nobody joins them: they end after the connect timeout, and
-			// free their places.
-			fleetdtest.Eventually(t, "the unjoined sessions to end", func() bool {
+			// Nobody joins them; one ended frees its place (an unjoined
+			// one's end at the connect timeout: TestAgentRemoteConnectTimeout).
+			s.Do(t, k, "POST", "/api/v1/devices/capped-2/remote-sessions/"+last.ID+"/end", nil).Want(t, 202)
+			fleetdtest.Eventually(t, "the ended session's place to be free", func() bool {
 				return open("capped-2").Status == 201
 			})
 		})
@@ -562,12 +562,56 @@ func TestAgentRemote(t *testing.T) {
 			if list.Count != len(list.RemoteSessions) || idle == nil || idle.EndReason != "idle for 1.5s" || put == nil || put.BytesToDevice < 70000 || put.UserName != "admin" {
 				t.Fatalf("sessions: %+v", list)
 			}
-			s.Do(t, admin, "GET", "/api/v1/devices/agent-off/remote-sessions", nil).Want(t, 200).Decode(t, &list)
-			if list.Count != 1 || !strings.Contains(list.RemoteSessions[0].EndReason, "did not connect back") {
-				t.Fatalf("agent-off's sessions: %+v", list)
-			}
 			other := s.NewTenant(t, "elsewhere-2")
 			s.Do(t, other, "GET", "/api/v1/devices/agent-r/remote-sessions", nil).Want(t, 404)
+		})
+	})
+}
+
+// TestAgentRemoteConnectTimeout ends the sessions whose two legs do not
+// both come within --remote-connect-timeout, the one thing it tests: a
+// device without --remote never dials back, and fleetctl says so; a
+// session nobody joins ends, saying why, and frees its place under the
+// caps. Five seconds: short, since each case waits it out, with room for
+// fleetctl's own leg on a loaded machine.
+func TestAgentRemoteConnectTimeout(t *testing.T) {
+	t.Parallel()
+	withFleetd(t, []string{"--remote-connect-timeout", "5s", "--remote-max-per-device", "1"}, func(t *testing.T, s *agents) {
+		admin := s.Admin()
+		s.StartDevice(t, "agent-off")
+		var list struct {
+			RemoteSessions []fleet.RemoteSession `json:"remote_sessions"`
+			Count          int                   `json:"count"`
+		}
+		t.Run("RemoteOff", func(t *testing.T) {
+			fleetdtest.WantContains(t, "off", s.NewFleetctl(t, admin).Fails(t, 1, "ssh", "agent-off", "--", "true"), "did not connect back within 5s")
+			// fleetctl is told before the end is recorded.
+			fleetdtest.Eventually(t, "agent-off's session's end to be recorded", func() bool {
+				s.Do(t, admin, "GET", "/api/v1/devices/agent-off/remote-sessions", nil).Want(t, 200).Decode(t, &list)
+				return list.Count == 1 && list.RemoteSessions[0].EndedAt != nil
+			})
+			if !strings.Contains(list.RemoteSessions[0].EndReason, "did not connect back within 5s") {
+				t.Fatalf("agent-off's session: %+v", list)
+			}
+		})
+		t.Run("Unjoined", func(t *testing.T) {
+			s.MustDevice(t, admin, "unjoined", nil)
+			open := func() *fleetdtest.Response {
+				return s.Do(t, admin, "POST", "/api/v1/devices/unjoined/remote-sessions", map[string]any{"kind": "shell"})
+			}
+			var first fleet.RemoteSession
+			open().Want(t, 201).Decode(t, &first)
+			fleetdtest.Eventually(t, "the unjoined session's place to be free", func() bool { return open().Status == 201 })
+			s.Do(t, admin, "GET", "/api/v1/devices/unjoined/remote-sessions?limit=100", nil).Want(t, 200).Decode(t, &list)
+			var ended *fleet.RemoteSession
+			for i, rs := range list.RemoteSessions {
+				if rs.ID == first.ID {
+					ended = &list.RemoteSessions[i]
+				}
+			}
+			if ended == nil || ended.EndedAt == nil || ended.EndReason != "the operator did not connect within 5s" {
+				t.Fatalf("the unjoined session %s: %+v", first.ID, list)
+			}
 		})
 	})
 }
