@@ -493,13 +493,20 @@ func TestAgentRemote(t *testing.T) {
 			if got, _ := os.ReadFile(filepath.Join(root, "sub", "app.conf")); string(got) != body {
 				t.Fatalf("put wrote %d bytes, want %d", len(got), len(body))
 			}
+			// Each copy's session counts under the device's cap of 2 until
+			// the relay has recorded its end, a moment after fleetctl is
+			// done: wait for it, so that four copies in a row never meet it.
+			ended(t)
 			os.WriteFile(filepath.Join(root, "sub", "device.log"), []byte("from the device\n"), 0o644)
 			fc.OK(t, "cp", "agent-r:sub/device.log", local)
 			if got, _ := os.ReadFile(filepath.Join(local, "device.log")); string(got) != "from the device\n" {
 				t.Fatalf("get wrote %q", got)
 			}
+			ended(t)
 			fleetdtest.WantContains(t, "escape", fc.Fails(t, 1, "cp", "agent-r:/escape/hostname", local), "outside the directory this device shares")
+			ended(t)
 			fleetdtest.WantContains(t, "missing", fc.Fails(t, 1, "cp", "agent-r:/../../etc/hostname", local), "etc/hostname", "no such file")
+			ended(t)
 			os.WriteFile(filepath.Join(local, "big"), make([]byte, 200000), 0o644)
 			fleetdtest.WantContains(t, "too big", fc.Fails(t, 1, "cp", filepath.Join(local, "big"), "agent-r:/big"), "more than the 100000")
 			if _, err := os.Stat(filepath.Join(root, "big")); err == nil {
