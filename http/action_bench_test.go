@@ -33,17 +33,7 @@ const benchConns = 64
 // request (cpu-µs/op, the load generator's included).
 func BenchmarkActionStatusHTTP(b *testing.B) {
 	b.Run("hello", func(b *testing.B) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			io.Copy(io.Discard, r.Body)
-			w.WriteHeader(http.StatusNoContent)
-		})}
-		go srv.Serve(ln)
-		defer srv.Close()
-		load(b, "http://"+ln.Addr().String()+"/", nil, func(int64) []byte { return []byte(`{}`) })
+		load(b, helloServer(b), nil, func(int64) []byte { return []byte(`{}`) })
 	})
 	for _, be := range sqlstoretest.Backends() {
 		b.Run(be.Name, func(b *testing.B) {
@@ -68,6 +58,23 @@ func BenchmarkActionStatusHTTP(b *testing.B) {
 			})
 		})
 	}
+}
+
+// helloServer serves the hello-world handler the S10 benchmarks compare
+// with: it reads the body and answers 204. It returns the server's URL and
+// closes it when b ends.
+func helloServer(b *testing.B) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusNoContent)
+	})}
+	go srv.Serve(ln)
+	b.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String() + "/"
 }
 
 // s10Devices is how many devices the S10 benchmarks' tenant "bench" has.
@@ -139,17 +146,7 @@ func BenchmarkActionStatusBudget(b *testing.B) {
 			i%s10Devices, a.ID, i%100, i, i)
 	}
 	b.Run("hello", func(b *testing.B) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
-		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			io.Copy(io.Discard, r.Body)
-			w.WriteHeader(http.StatusNoContent)
-		})}
-		go srv.Serve(ln)
-		defer srv.Close()
-		load(b, "http://"+ln.Addr().String()+"/", header, body)
+		load(b, helloServer(b), header, body)
 	})
 	serve := func(b *testing.B, store action.Store, path string) {
 		svc := &action.Service{Store: store, ReportWorkers: 1}
