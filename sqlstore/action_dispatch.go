@@ -165,11 +165,12 @@ func (db *DB) analyzeInBackground(table string, n int) {
 // tables: those it saw with statistics, and the ANALYZEs it runs in the
 // background.
 type tableStats struct {
-	mu      sync.Mutex
-	closed  bool // Close began: nothing more starts
-	known   map[string]bool
-	running map[string]bool // an ANALYZE of the table runs in the background
-	stale   map[string]bool // and a write came while it ran
+	mu     sync.Mutex
+	closed bool // Close began: nothing more starts
+	known  map[string]bool
+	// running holds the tables an ANALYZE runs on in the background, true
+	// for one a write came to while it ran (it runs once more).
+	running map[string]bool
 }
 
 func (s *tableStats) seen(table string) bool {
@@ -196,17 +197,14 @@ func (s *tableStats) start(table string, wg *sync.WaitGroup) bool {
 	if s.closed {
 		return false
 	}
-	if s.running[table] {
-		if s.stale == nil {
-			s.stale = map[string]bool{}
-		}
-		s.stale[table] = true
-		return false
-	}
 	if s.running == nil {
 		s.running = map[string]bool{}
 	}
-	s.running[table] = true
+	if _, ok := s.running[table]; ok {
+		s.running[table] = true
+		return false
+	}
+	s.running[table] = false
 	wg.Add(1)
 	return true
 }
@@ -223,8 +221,8 @@ func (s *tableStats) close() {
 func (s *tableStats) again(table string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.stale[table] {
-		delete(s.stale, table)
+	if s.running[table] {
+		s.running[table] = false
 		return true
 	}
 	delete(s.running, table)
