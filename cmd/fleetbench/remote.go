@@ -372,20 +372,10 @@ func (r *runner) remoteIdle(ctx context.Context, toks []deviceToken, svc *device
 // awaitNoSessions returns once fleetd counts no remote session open: the
 // ones closed before have ended, their store's work done.
 func (r *runner) awaitNoSessions(ctx context.Context) error {
-	for {
+	return waitFor(ctx, time.Minute, func() (bool, error) {
 		m, err := scrape(ctx, r.t.url, []string{"fleetd_remote_sessions_open"})
-		if err != nil {
-			return err
-		}
-		if m["fleetd_remote_sessions_open"] == 0 {
-			return nil
-		}
-		select {
-		case <-time.After(20 * time.Millisecond):
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+		return err == nil && m["fleetd_remote_sessions_open"] == 0, err
+	})
 }
 
 // remoteForward sends the same bytes to the sink service directly and
