@@ -14,8 +14,10 @@ func TestTableStatsRunsOnceMore(t *testing.T) {
 	if !s.start("t", &wg) {
 		t.Fatal("the first write started no ANALYZE")
 	}
-	if s.start("t", &wg) || s.start("t", &wg) {
-		t.Fatal("a second ANALYZE of t started while one ran")
+	for range 2 { // however many writes come meanwhile
+		if s.start("t", &wg) {
+			t.Fatal("a second ANALYZE of t started while one ran")
+		}
 	}
 	if !s.start("u", &wg) {
 		t.Fatal("another table's ANALYZE waited for t's")
