@@ -40,19 +40,29 @@ func (a *api) representing() *api {
 }
 
 // call sends body (JSON-encoded unless nil) and decodes the answer into out
-// (unless nil); an answer other than want is an error that quotes it.
+// (unless nil) with encoding/json; an answer other than want is an error
+// that quotes it.
 func (a *api) call(ctx context.Context, method, path string, body any, want int, out any) error {
+	b, err := a.send(ctx, method, path, body, want)
+	if err != nil || out == nil {
+		return err
+	}
+	return json.Unmarshal(b, out)
+}
+
+// send is call without the decoding: the answer's body as it came.
+func (a *api) send(ctx context.Context, method, path string, body any, want int) ([]byte, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		rd = bytes.NewReader(b)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, a.base+path, rd)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	req.Header.Set("X-Service-Tenant", a.tenant)
 	req.Header.Set("X-Service-Api-Key", a.key)
@@ -64,23 +74,20 @@ func (a *api) call(ctx context.Context, method, path string, body any, want int,
 	}
 	resp, err := a.client.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if resp.StatusCode != want {
 		if len(b) > 300 {
 			b = append(b[:300], "…"...)
 		}
-		return fmt.Errorf("%s %s: status %d, want %d: %s", method, path, resp.StatusCode, want, b)
+		return nil, fmt.Errorf("%s %s: status %d, want %d: %s", method, path, resp.StatusCode, want, b)
 	}
-	if out != nil {
-		return json.Unmarshal(b, out)
-	}
-	return nil
+	return b, nil
 }
 
 // deviceToken is a provisioned device and its token.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"database/sql"
@@ -13,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	segjson "github.com/segmentio/encoding/json"
 )
 
 // The history scenario (docs/telemetry.md): a day of one device's points
@@ -53,31 +56,28 @@ func (r *runner) history(ctx context.Context) error {
 
 // historyRead reads the day back through the API, 87 pages of 1000, beside
 // the same points read with SQL from a table of a row per point; the best
-// of three each.
+// of three each. The pages are decoded with segmentio/encoding's json, as
+// a client that reads many points would (decodePointPage); the note gives
+// what encoding/json would have spent on the same pages.
 func (r *runner) historyRead(ctx context.Context, dev, stream string, day time.Time) error {
 	var best time.Duration
 	wait := r.profile("history-read", 8*time.Second)
 	defer wait()
 	const reads = 3
+	path := "/api/v1/devices/" + dev + "/streams/" + stream + "/points?"
+	q := url.Values{"limit": {"1000"}, "from": {day.Format(time.RFC3339)}, "to": {day.Add(24 * time.Hour).Format(time.RFC3339)}}
 	cpu0, self0 := procCPU(r.t.pid), procCPU(os.Getpid())
 	for range reads {
 		t0 := time.Now()
 		n := 0
-		q := url.Values{"limit": {"1000"}, "from": {day.Format(time.RFC3339)}, "to": {day.Add(24 * time.Hour).Format(time.RFC3339)}}
+		q.Del("cursor")
 		for {
-			// Each point decoded to the values the SQL read scans of its
-			// row (pointReadTime): timestamp, sequence, the data's JSON
-			// text, received.
-			var page struct {
-				Points []struct {
-					Timestamp  time.Time       `json:"timestamp"`
-					Sequence   int64           `json:"sequence"`
-					Data       json.RawMessage `json:"data"`
-					ReceivedAt time.Time       `json:"received_at"`
-				} `json:"points"`
-				Next *string `json:"next"`
+			b, err := r.admin.send(ctx, "GET", path+q.Encode(), nil, http.StatusOK)
+			if err != nil {
+				return err
 			}
-			if err := r.admin.call(ctx, "GET", "/api/v1/devices/"+dev+"/streams/"+stream+"/points?"+q.Encode(), nil, http.StatusOK, &page); err != nil {
+			var page pointPage
+			if err := decodePointPage(b, &page); err != nil {
 				return err
 			}
 			n += len(page.Points)
@@ -94,10 +94,15 @@ func (r *runner) historyRead(ctx context.Context, dev, stream string, day time.T
 		}
 	}
 	// CPU a read survives a busy machine better than the time does.
-	note := fmt.Sprintf("JSON over HTTP on loopback, decoded by fleetbench; CPU a read: fleetbench %.0f ms", 1000*(procCPU(os.Getpid())-self0)/reads)
+	note := fmt.Sprintf("JSON over HTTP on loopback, decoded by fleetbench with segmentio/encoding; CPU a read: fleetbench %.0f ms", 1000*(procCPU(os.Getpid())-self0)/reads)
 	if r.t.pid != 0 {
 		note += fmt.Sprintf(", fleetd %.0f ms", 1000*(procCPU(r.t.pid)-cpu0)/reads)
 	}
+	fast, std, size, err := r.historyDecodeCPU(ctx, path, q)
+	if err != nil {
+		return err
+	}
+	note += fmt.Sprintf("; decoding the day's %.1f MB: %.0f ms of CPU, encoding/json's %.0f ms", float64(size)/1e6, 1000*fast, 1000*std)
 	if r.store != nil {
 		raw, cpu, err := r.store.pointReadTime(ctx, dayPoints)
 		if err != nil {
@@ -114,6 +119,91 @@ func (r *runner) historyRead(ctx context.Context, dev, stream string, day time.T
 		Value: ms(best), Unit: millis, Note: note}), "point-read")
 	judge(f, r.t.dialect, goalHistoryRead, "no storage baseline (--url without --database)")
 	return nil
+}
+
+// pointPage is a page of GET …/points, each point decoded to the values
+// the SQL read scans of its row (pointReadTime): timestamp, sequence, the
+// data's JSON text, received.
+type pointPage struct {
+	Points []struct {
+		Timestamp  time.Time       `json:"timestamp"`
+		Sequence   int64           `json:"sequence"`
+		Data       json.RawMessage `json:"data"`
+		ReceivedAt time.Time       `json:"received_at"`
+	} `json:"points"`
+	Next *string `json:"next"`
+}
+
+// decodePointPage decodes a page of points as a client reading many of them
+// would: with a JSON decoder faster than encoding/json, to the same values
+// (TestPointPageDecoders; BenchmarkPointPage weighs the decoders).
+// segmentio/encoding's json is encoding/json's API, about a quarter of its
+// CPU on these pages (docs/benchmarks-notebook.md, "A day's read: the
+// client's decoder").
+func decodePointPage(b []byte, p *pointPage) error {
+	return segjson.Unmarshal(b, p)
+}
+
+// historyDecodeCPU reads the day's pages once more (untimed) and returns
+// the CPU seconds fleetbench spends decoding them with decodePointPage and
+// with encoding/json, the mean of 3 rounds in turns, and their bytes. It
+// fails if the two decode a page to different values.
+func (r *runner) historyDecodeCPU(ctx context.Context, path string, q url.Values) (fast, std float64, size int, err error) {
+	q.Del("cursor")
+	var bodies [][]byte
+	for {
+		b, err := r.admin.send(ctx, "GET", path+q.Encode(), nil, http.StatusOK)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		bodies, size = append(bodies, b), size+len(b)
+		var a, s pointPage
+		if err := decodePointPage(b, &a); err != nil {
+			return 0, 0, 0, err
+		}
+		if err := json.Unmarshal(b, &s); err != nil {
+			return 0, 0, 0, err
+		}
+		if !samePointPage(a, s) {
+			return 0, 0, 0, fmt.Errorf("history: page %d decoded to other values than encoding/json's", len(bodies))
+		}
+		if a.Next == nil {
+			break
+		}
+		q.Set("cursor", *a.Next)
+	}
+	const rounds = 3
+	for range rounds {
+		for _, d := range []struct {
+			decode func([]byte, *pointPage) error
+			cpu    *float64
+		}{{decodePointPage, &fast}, {func(b []byte, p *pointPage) error { return json.Unmarshal(b, p) }, &std}} {
+			c0 := selfCPU()
+			for _, b := range bodies {
+				var p pointPage
+				if err := d.decode(b, &p); err != nil {
+					return 0, 0, 0, err
+				}
+			}
+			*d.cpu += (selfCPU() - c0) / rounds
+		}
+	}
+	return fast, std, size, nil
+}
+
+// samePointPage reports whether a and b hold the same points and next.
+func samePointPage(a, b pointPage) bool {
+	if len(a.Points) != len(b.Points) || (a.Next == nil) != (b.Next == nil) || (a.Next != nil && *a.Next != *b.Next) {
+		return false
+	}
+	for i, p := range a.Points {
+		o := b.Points[i]
+		if !p.Timestamp.Equal(o.Timestamp) || p.Timestamp.Location() != o.Timestamp.Location() || p.Sequence != o.Sequence ||
+			!bytes.Equal(p.Data, o.Data) || !p.ReceivedAt.Equal(o.ReceivedAt) || p.ReceivedAt.Location() != o.ReceivedAt.Location() {
+			return false
+		}
+	}
+	return true
 }
 
 // historyAggregate measures a 30-day hourly aggregate of the device (from

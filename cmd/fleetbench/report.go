@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 )
@@ -334,6 +335,16 @@ func procCPU(pid int) float64 {
 	fmt.Sscan(f[11], &utime)
 	fmt.Sscan(f[12], &stime)
 	return (utime + stime) / 100
+}
+
+// selfCPU returns fleetbench's own CPU seconds (user and system, every
+// thread), to the microsecond where procCPU counts in clock ticks.
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
 
 // machineCPU returns the machine's busy and total jiffies from /proc/stat.
