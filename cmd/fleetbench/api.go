@@ -90,6 +90,38 @@ func (a *api) send(ctx context.Context, method, path string, body any, want int)
 	return b, nil
 }
 
+// getInto is send for a GET whose answer's body is read into buf (reset
+// first, grown once to the Content-Length): a client reading many pages
+// reuses one buffer rather than a new one grown a page at a time.
+func (a *api) getInto(ctx context.Context, path string, want int, buf *bytes.Buffer) error {
+	req, err := http.NewRequestWithContext(ctx, "GET", a.base+path, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("X-Service-Tenant", a.tenant)
+	req.Header.Set("X-Service-Api-Key", a.key)
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	buf.Reset()
+	if resp.ContentLength > 0 {
+		buf.Grow(int(resp.ContentLength))
+	}
+	if _, err := buf.ReadFrom(resp.Body); err != nil {
+		return err
+	}
+	if resp.StatusCode != want {
+		b := buf.Bytes()
+		if len(b) > 300 {
+			b = append(b[:300:300], "…"...)
+		}
+		return fmt.Errorf("GET %s: status %d, want %d: %s", path, resp.StatusCode, want, b)
+	}
+	return nil
+}
+
 // deviceToken is a provisioned device and its token.
 type deviceToken struct {
 	ID    string `json:"id"`

@@ -67,17 +67,17 @@ func (r *runner) historyRead(ctx context.Context, dev, stream string, day time.T
 	path := "/api/v1/devices/" + dev + "/streams/" + stream + "/points?"
 	q := url.Values{"limit": {"1000"}, "from": {day.Format(time.RFC3339)}, "to": {day.Add(24 * time.Hour).Format(time.RFC3339)}}
 	cpu0, self0 := procCPU(r.t.pid), procCPU(os.Getpid())
+	var body bytes.Buffer
 	for range reads {
 		t0 := time.Now()
 		n := 0
 		q.Del("cursor")
 		for {
-			b, err := r.admin.send(ctx, "GET", path+q.Encode(), nil, http.StatusOK)
-			if err != nil {
+			if err := r.admin.getInto(ctx, path+q.Encode(), http.StatusOK, &body); err != nil {
 				return err
 			}
 			var page pointPage
-			if err := decodePointPage(b, &page); err != nil {
+			if err := decodePointPage(body.Bytes(), &page); err != nil {
 				return err
 			}
 			n += len(page.Points)
