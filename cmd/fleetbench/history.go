@@ -56,9 +56,10 @@ func (r *runner) history(ctx context.Context) error {
 
 // historyRead reads the day back through the API, 87 pages of 1000, beside
 // the same points read with SQL from a table of a row per point; the best
-// of three each. The pages are decoded with segmentio/encoding's json, as
-// a client that reads many points would (decodePointPage); the note gives
-// what encoding/json would have spent on the same pages.
+// of three each. The pages are read as a client that reads many points
+// would: each into one buffer (getInto), decoded with segmentio/encoding's
+// json (decodePointPage); the note gives what encoding/json would have
+// spent on the same pages.
 func (r *runner) historyRead(ctx context.Context, dev, stream string, day time.Time) error {
 	var best time.Duration
 	wait := r.profile("history-read", 8*time.Second)

@@ -80,11 +80,11 @@ Scenarios (--scenarios takes a comma-separated subset):
                the API in batches of 1000: read back through the API (87
                pages, best of 3) ÷ the same points read with one SELECT from
                a table of a row per point on the same database (at most 2x),
-               each side decoded to the same values; fleetbench decodes the
-               pages as a client reading many points would, with a fast
-               decoder (segmentio/encoding's json: a quarter of
-               encoding/json's CPU, whose cost for the same pages the note
-               gives beside it);
+               each side decoded to the same values; fleetbench reads the
+               pages as a client reading many points would, into one
+               buffer, with a fast decoder (segmentio/encoding's json: a
+               quarter of encoding/json's CPU, whose cost for the same
+               pages the note gives beside it);
                a 30-day hourly aggregate's p99 over 200 requests (at most
                50 ms) beside a device read's (a primary-key lookup); the
                day's partition's bytes on disk a point beside the point's
