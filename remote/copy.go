@@ -121,10 +121,13 @@ func Relay(to, from *Conn, look func() bool, seen func(binary bool, n int, b []b
 // Join joins a session to a local TCP connection both ways, as the two
 // ends of a port forward do: what tcp reads is sent (an eof message when
 // it ends), the session's bytes are written to it (spliced from a stream
-// leg on TCP), the other side's eof half-closes it. It returns when the
-// session's messages end, tcp takes no more, or both ways have ended
-// (then it closes c, which ends the session): nil, or an error message
-// that came (fleetd's, or the other side's, such as a port that refused).
+// leg on TCP), the other side's eof half-closes it. Once both ways have
+// ended it says it sends no more (CloseWrite), which ends the session,
+// and reads on until fleetd closes the leg, which fleetd does to the
+// operator's once it has recorded the end. It returns when the session's
+// messages end (so, or otherwise) or tcp takes no more: nil, or an error
+// message that came (fleetd's, or the other side's, such as a port that
+// refused).
 func (c *Conn) Join(tcp *net.TCPConn) error {
 	var mu sync.Mutex
 	var sent, got bool // our eof, the other side's
@@ -137,7 +140,7 @@ func (c *Conn) Join(tcp *net.TCPConn) error {
 		both := got
 		mu.Unlock()
 		if both {
-			c.Close()
+			c.CloseWrite(joinPatience)
 		}
 	}()
 	always := func() bool { return true }
@@ -167,7 +170,7 @@ func (c *Conn) Join(tcp *net.TCPConn) error {
 			both := sent
 			mu.Unlock()
 			if both {
-				return errBothEnded
+				c.CloseWrite(joinPatience)
 			}
 		case TypeError:
 			return &sessionError{m.Message}
@@ -178,14 +181,12 @@ func (c *Conn) Join(tcp *net.TCPConn) error {
 	if errors.As(err, &se) {
 		return errors.New(se.msg)
 	}
-	if err == errBothEnded {
-		c.Close()
-	}
 	return nil
 }
 
-// errBothEnded ends Join when both ways have.
-var errBothEnded = errors.New("both ways ended")
+// joinPatience is how long Join waits, once both ways have ended, for
+// the leg's close.
+const joinPatience = time.Minute
 
 // errTCPWrite ends Join when the local connection takes no more.
 var errTCPWrite = errors.New("the local connection took no more")

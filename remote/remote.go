@@ -20,6 +20,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -290,6 +291,47 @@ func (c *Conn) Close() error {
 	return c.ws.Close()
 }
 
+// CloseWrite says that this side sends no more and leaves the leg to be
+// read until the other side closes it: a stream's connection is
+// half-closed (shutdown(SHUT_WR), or TLS's close_notify), a WebSocket's
+// close message is sent. fleetd ends a session when either leg ends, and
+// closes the operator's leg only once the end is recorded (docs/agent.md,
+// Caps): an operator that reads its leg to its close (Finish) then knows
+// the session no longer counts. Reads after it end at patience's end
+// (os.ErrDeadlineExceeded) if the other side has not closed by then.
+func (c *Conn) CloseWrite(patience time.Duration) error {
+	if c.st != nil {
+		c.st.nc.SetReadDeadline(time.Now().Add(patience))
+		if cw, ok := c.st.nc.(interface{ CloseWrite() error }); ok {
+			return cw.CloseWrite()
+		}
+		return c.st.nc.Close()
+	}
+	c.ws.SetReadDeadline(time.Now().Add(patience))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ws.SetWriteDeadline(time.Now().Add(time.Second))
+	return c.ws.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+}
+
+// Finish ends the session from this side once it has what it wanted
+// (CloseWrite), reads and drops what still comes until the other side
+// closes the leg, and closes it. It returns nil once the other side
+// closed it (or the connection failed: it is gone either way), or
+// os.ErrDeadlineExceeded when patience passed first.
+func (c *Conn) Finish(patience time.Duration) error {
+	defer c.Close()
+	c.CloseWrite(patience)
+	for {
+		if _, _, err := c.ReadRaw(); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return err
+			}
+			return nil
+		}
+	}
+}
+
 // Closed reports whether err is the end of the connection rather than a
 // failure of it.
 func Closed(err error) bool {
@@ -350,6 +392,11 @@ func Upgrade(w http.ResponseWriter, r *http.Request) (*Conn, error) {
 		return nil, err
 	}
 	ws.SetReadLimit(maxRead)
+	// The other side's close is answered when this side closes (Close),
+	// not at once as the library would: fleetd closes an operator's leg
+	// once it has recorded the session's end, which the operator waits
+	// for (CloseWrite).
+	ws.SetCloseHandler(func(int, string) error { return nil })
 	return &Conn{ws: ws, peerMax: peerMax(r.Header)}, nil
 }
 

@@ -384,12 +384,21 @@ func ProxyStream(w http.ResponseWriter, r *http.Request, target *url.URL, out ht
 				return
 			}
 		}
-		// A leg's messages say where its bytes end (eof): either
-		// connection's end is the leg's, and ends both.
-		ended := make(chan struct{}, 2)
-		go func() { copyOneWay(nc, client, brw.Reader); ended <- struct{}{} }()
-		go func() { copyOneWay(client, nc, nil); ended <- struct{}{} }()
-		<-ended
+		// A leg's messages say where its bytes end (eof): the relaying
+		// replica's end of the connection is the leg's, and ends both.
+		// The client's end is passed on as it came, a half-close, and
+		// the relaying replica's close awaited: an operator that
+		// half-closes its leg reads it until fleetd has recorded the
+		// session's end (Conn.CloseWrite).
+		fromServer := make(chan struct{})
+		go func() { copyOneWay(client, nc, nil); close(fromServer) }()
+		go func() {
+			copyOneWay(nc, client, brw.Reader)
+			if cw, ok := nc.(interface{ CloseWrite() error }); !ok || cw.CloseWrite() != nil {
+				nc.Close()
+			}
+		}()
+		<-fromServer
 	}()
 	return nil
 }

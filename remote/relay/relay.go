@@ -316,13 +316,16 @@ func (h *Hub) expire(s *Session) {
 }
 
 // Relay joins the operator's leg to the device's once it dials back, and
-// relays until the session ends; then it records the end. It owns op.
+// relays until the session ends; then it records the end, and only then
+// closes the operator's leg: an operator that reads its leg to its close
+// (remote.Conn.Finish, as fleetctl does) knows that the session no longer
+// counts under the caps (docs/agent.md, Caps). It owns op.
 func (h *Hub) Relay(ctx context.Context, s *Session, op *remote.Conn) {
 	h.mu.Lock()
 	if h.stopped {
 		h.mu.Unlock()
-		op.Close()
 		h.end(s, "fleetd is stopping")
+		op.Close()
 		return
 	}
 	h.relays.Add(1)
@@ -338,21 +341,21 @@ func (h *Hub) Relay(ctx context.Context, s *Session, op *remote.Conn) {
 	case <-h.stopping:
 	case <-s.revoked:
 		op.Send(remote.Control{Type: remote.TypeError, Message: "session ended: " + s.revokedFor})
-		op.Close()
 		h.end(s, s.revokedFor)
+		op.Close()
 		return
 	}
 	if dev == nil {
 		reason := fmt.Sprintf("the device did not connect back within %s: is fleetd-agent running there, with --remote?", h.Limits.ConnectTimeout)
 		op.Send(remote.Control{Type: remote.TypeError, Message: reason})
-		op.Close()
 		h.end(s, reason)
+		op.Close()
 		return
 	}
 	reason := h.pipe(ctx, s, op, dev)
-	op.Close()
 	dev.Close()
 	h.end(s, reason)
+	op.Close()
 }
 
 // writeFailed is a copier's end when the other side took no more.
@@ -511,6 +514,11 @@ func (h *Hub) Close() {
 	h.relays.Wait()
 }
 
+// endPause is waited before a session's end is recorded: none, but in
+// tests that widen the moment between the legs' end and the end's record
+// (SetEndPause, export_test.go).
+var endPause atomic.Int64
+
 // end records the session's end, once, which frees its places under the
 // caps. A device's leg that joined a session nobody relays is closed.
 func (h *Hub) end(s *Session, reason string) {
@@ -531,6 +539,9 @@ func (h *Hub) ended(s *Session, reason string) {
 	s.BytesToDevice, s.BytesFromDevice, s.EndReason = s.toDevice.Load(), s.fromDev.Load(), reason
 	if s.rec != nil {
 		s.RecordingSize = s.rec.finish(h, s)
+	}
+	if d := endPause.Load(); d > 0 {
+		time.Sleep(time.Duration(d))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

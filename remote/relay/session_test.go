@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"database/sql"
 	"encoding/json"
 	"errors"
@@ -17,10 +18,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/internal/fleetdtest"
 	"github.com/fleetd/fleet/remote"
+	"github.com/fleetd/fleet/remote/relay"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -431,6 +434,48 @@ func TestRemoteAcrossReplicas(t *testing.T) {
 		var u string
 		if err := db.QueryRow("SELECT relay_url FROM remote_sessions WHERE id = $1", sess.ID).Scan(&u); err != nil || u != bs.URL {
 			t.Fatalf("relayed by %q (%v), want B's %q", u, err, bs.URL)
+		}
+	})
+	t.Run("FinishProxied", func(t *testing.T) {
+		// Opened on B, joined through A: the operator's half-close
+		// passes through A, and A closes the leg only once B has closed
+		// it, after recording the end (docs/agent.md, Caps), which is
+		// held back a moment here. Over each kind of leg.
+		relay.SetEndPause(t, 300*time.Millisecond)
+		root := t.TempDir()
+		ag := bs.StartAgent(t, fleetdtest.BuildAgent(t), "edge-p", a.MustDevice(t, admin, "edge-p", nil).Token, "--remote", "--server", a.URL, "--remote-root", root)
+		fleetdtest.Eventually(t, "the agent to connect", func() bool { return strings.Contains(ag.Output.String(), "level=INFO msg=connected") })
+		if err := os.WriteFile(filepath.Join(root, "f"), []byte("proxied\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, dial := range []func(context.Context, string, http.Header, *tls.Config) (*remote.Conn, error){remote.DialStream, remote.Dial} {
+			var sess fleet.RemoteSession
+			bs.Do(t, admin, "POST", "/api/v1/devices/edge-p/remote-sessions", map[string]any{"kind": "get", "target": "f"}).Want(t, 201).Decode(t, &sess)
+			conn, err := dial(context.Background(), a.URL+"/api/v1/remote-sessions/"+sess.ID+"/operator",
+				http.Header{"X-Service-Tenant": {admin.Tenant}, "X-Service-Api-Key": {admin.Key}}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for {
+				_, ctl, err := conn.Read()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ctl != nil && ctl.Type == remote.TypeError {
+					t.Fatal(ctl.Message)
+				}
+				if ctl != nil && ctl.Type == remote.TypeEOF {
+					break
+				}
+			}
+			if err := conn.Finish(time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			var list struct{ Count int }
+			a.Do(t, admin, "GET", "/api/v1/devices/edge-p/remote-sessions?open=true", nil).Want(t, 200).Decode(t, &list)
+			if list.Count != 0 {
+				t.Fatalf("the leg (a stream: %v) closed with %d sessions open", conn.Stream(), list.Count)
+			}
 		}
 	})
 	t.Run("Device", func(t *testing.T) {
