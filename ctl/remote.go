@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -58,8 +59,25 @@ func (a *app) openRemote(ctx context.Context, device, kind, target string) (*rem
 	if err != nil {
 		return nil, err
 	}
-	context.AfterFunc(ctx, func() { conn.Close() })
+	// Interrupted, fleetctl ends the session as when it is done with it
+	// (finish): it returns once fleetd has.
+	context.AfterFunc(ctx, func() { conn.CloseWrite(remotePatience) })
 	return conn, nil
+}
+
+// remotePatience is how long fleetctl waits for fleetd to close a
+// session's leg once it is done with it.
+const remotePatience = time.Minute
+
+// finish ends a session fleetctl is done with, and returns once fleetd
+// has closed its leg, which fleetd does once it has recorded the
+// session's end: when fleetctl returns, the session no longer counts
+// under the caps (docs/agent.md, Caps), and a script's next session is
+// not refused for it.
+func (a *app) finish(conn *remote.Conn) {
+	if conn.Finish(remotePatience) != nil {
+		fmt.Fprintf(a.env.Stderr, "fleetctl: fleetd did not close the session within %s; it counts under the caps until fleetd records its end\n", remotePatience)
+	}
 }
 
 func (a *app) sshCmd() *cobra.Command {
@@ -72,7 +90,8 @@ a terminal). With one, the command runs with the device's shell -c; its
 output comes back on standard output, standard input goes to it, and
 fleetctl exits with its exit status. A session the server refuses (no
 remote permission, too many open, an unknown device) exits 1 with its
-message.`,
+message. When fleetctl returns, the session has ended and no longer counts
+under the server's caps (docs/agent.md, Caps).`,
 		Example: "  fleetctl ssh pump-1\n  fleetctl ssh pump-1 -- systemctl status app",
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
@@ -97,7 +116,7 @@ func (a *app) remoteCommand(ctx context.Context, device, command string) error {
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer a.finish(conn)
 	if a.env.Stdin != nil {
 		go conn.Pump(a.env.Stdin)
 	}
@@ -140,7 +159,10 @@ func (a *app) forwardCmd() *cobra.Command {
 		Long: `Listens on 127.0.0.1:LOCAL (0 chooses a free port; the address is printed
 on standard output) and joins each connection to port REMOTE of the
 device's loopback interface, through a remote session of its own, until
-interrupted. A session ends once both ways have half-closed. Sessions go
+interrupted. A session ends once both ways have half-closed; its local
+connection is closed once the server has recorded its end, and when
+fleetctl returns every session it opened has ended (docs/agent.md, Caps).
+Sessions go
 as streams (docs/agent.md, The session's messages), or as WebSockets with
 FLEETCTL_REMOTE_WEBSOCKET=1, for a proxy before fleetd that passes no other
 upgrade.`,
@@ -188,7 +210,7 @@ func (a *app) forwardOne(ctx context.Context, device, port string, c *net.TCPCon
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer a.finish(conn)
 	return conn.Join(c)
 }
 
@@ -200,7 +222,9 @@ func (a *app) cpCmd() *cobra.Command {
 DEVICE:PATH (a colon before any slash, as scp does); PATH is within the
 directory the device shares (its --remote-root), and the device's size and
 rate limits apply. A file received is written beside its destination and
-renamed into place once complete, on either side.`,
+renamed into place once complete, on either side. When fleetctl returns,
+the session has ended and no longer counts under the server's caps
+(docs/agent.md, Caps).`,
 		Example: "  fleetctl cp pump-1:/var/log/app.log app.log\n  fleetctl cp app.conf pump-1:/etc/app/app.conf",
 		Args:    exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -236,7 +260,7 @@ func (a *app) cpGet(ctx context.Context, device, path, local string) error {
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer a.finish(conn)
 	_, ctl, err := conn.Read()
 	if err != nil {
 		return fmt.Errorf("the session ended: %v", err)
@@ -303,7 +327,7 @@ func (a *app) cpPut(ctx context.Context, local, device, path string) error {
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer a.finish(conn)
 	done := make(chan error, 1)
 	go func() { done <- a.receive(conn, io.Discard) }()
 	if err := conn.Send(remote.Control{Type: remote.TypeFile, Size: fi.Size()}); err != nil {

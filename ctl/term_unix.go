@@ -26,7 +26,7 @@ func (a *app) terminal(ctx context.Context, device string) error {
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer a.finish(conn)
 	old, err := term.MakeRaw(fd)
 	if err != nil {
 		return err
