@@ -84,7 +84,8 @@ Scenarios (--scenarios takes a comma-separated subset):
                pages as a client reading many points would, into one
                buffer, with a fast decoder (segmentio/encoding's json: a
                quarter of encoding/json's CPU, whose cost for the same
-               pages the note gives beside it);
+               pages the note gives beside it), once the hour rollups
+               hold the whole day and the machine is quiet, as for S7;
                a 30-day hourly aggregate's p99 over 200 requests (at most
                50 ms) beside a device read's (a primary-key lookup); the
                day's partition's bytes on disk a point beside the point's
