@@ -1,5 +1,7 @@
 package fleet
 
+import "sync/atomic"
+
 // QuickStatusReport reads a status report that is one JSON object of the
 // plain shape devices send, `{"device_id":"d1","action_id":7,"state":
 // "Downloading","progress":40,"timestamp":…,"sequence":…}`, straight into a
@@ -34,13 +36,14 @@ func QuickStatusReport(b []byte, needDevice bool) (r StatusReport, ok bool) {
 	)
 	var seen int
 	var id, aid int64
+	var nums *quickNums
 	q.space()
 	if q.peek() == '}' {
 		return StatusReport{}, false // nothing in it: the full decode names what is missing
 	}
 	for {
 		q.space()
-		key, ok := q.str()
+		key, ok := q.raw()
 		if !ok {
 			return StatusReport{}, false
 		}
@@ -50,7 +53,7 @@ func QuickStatusReport(b []byte, needDevice bool) (r StatusReport, ok bool) {
 		}
 		q.space()
 		var bit int
-		switch key {
+		switch string(key) { // compared without a copy
 		case "device_id":
 			bit = hasDevice
 			if !needDevice {
@@ -66,38 +69,46 @@ func QuickStatusReport(b []byte, needDevice bool) (r StatusReport, ok bool) {
 			if !ok || n < 1 {
 				return StatusReport{}, false
 			}
-			if key == "id" {
+			if string(key) == "id" {
 				bit, id = hasID, n
 			} else {
 				bit, aid = hasActionID, n
 			}
 		case "state":
 			bit = hasState
-			s, ok := q.str()
-			// Printable ASCII only (str), so bytes are characters.
-			if !ok || s == "" || len(s) > MaxStateLen {
+			s, ok := q.raw()
+			// Printable ASCII only (raw), so bytes are characters.
+			if !ok || len(s) == 0 || len(s) > MaxStateLen {
 				return StatusReport{}, false
 			}
-			r.State = s
+			r.State = states.intern(s)
 		case "progress":
 			bit = hasProgress
 			n, ok := q.intOrDigits()
 			if !ok || n < 0 || n > 100 {
 				return StatusReport{}, false
 			}
-			p := int(n)
-			r.Progress = &p
+			if nums == nil {
+				nums = new(quickNums)
+			}
+			nums.progress = int(n)
+			r.Progress = &nums.progress
 		case "timestamp", "sequence":
 			n, ok := q.int()
 			if !ok || n > 1<<62 {
 				return StatusReport{}, false
 			}
-			if key == "timestamp" {
+			if nums == nil {
+				nums = new(quickNums)
+			}
+			if string(key) == "timestamp" {
 				bit = hasTimestamp
-				r.Timestamp = &n
+				nums.timestamp = n
+				r.Timestamp = &nums.timestamp
 			} else {
 				bit = hasSequence
-				r.Sequence = &n
+				nums.sequence = n
+				r.Sequence = &nums.sequence
 			}
 		default:
 			return StatusReport{}, false
@@ -131,6 +142,13 @@ func QuickStatusReport(b []byte, needDevice bool) (r StatusReport, ok bool) {
 		r.ActionID = id
 	}
 	return r, true
+}
+
+// quickNums are the numbers a report QuickStatusReport reads points to,
+// in one allocation rather than one each.
+type quickNums struct {
+	progress            int
+	timestamp, sequence int64
 }
 
 // quickJSON scans the plain JSON QuickStatusReport takes.
@@ -168,21 +186,28 @@ func (q *quickJSON) byte(c byte) bool {
 
 // str reads a string of printable ASCII without escapes.
 func (q *quickJSON) str() (string, bool) {
+	b, ok := q.raw()
+	return string(b), ok
+}
+
+// raw reads a string of printable ASCII without escapes, and returns its
+// bytes in q.b: keys are compared and numbers read without a copy.
+func (q *quickJSON) raw() ([]byte, bool) {
 	if !q.byte('"') {
-		return "", false
+		return nil, false
 	}
 	start := q.i
 	for ; q.i < len(q.b); q.i++ {
 		switch c := q.b[q.i]; {
 		case c == '"':
-			s := string(q.b[start:q.i])
+			b := q.b[start:q.i]
 			q.i++
-			return s, true
+			return b, true
 		case c < 0x20 || c > 0x7e || c == '\\':
-			return "", false
+			return nil, false
 		}
 	}
-	return "", false
+	return nil, false
 }
 
 // int reads a non-negative integer of at most 18 digits, without a
@@ -211,9 +236,46 @@ func (q *quickJSON) intOrDigits() (int64, bool) {
 	if q.peek() != '"' {
 		return q.int()
 	}
-	s, ok := q.str()
+	b, ok := q.raw()
 	if !ok {
 		return 0, false
 	}
-	return digits(s)
+	if len(b) == 0 || len(b) > 18 {
+		return digits(string(b)) // rare: 19 digits may not fit an int64
+	}
+	var n int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
+}
+
+// states interns the state words of reports read by QuickStatusReport:
+// devices report a few words ("Downloading", "Installing") again and
+// again, and each report would otherwise copy its word into a string of
+// its own.
+var states stateWords
+
+// stateWords is a small cache of strings, a slot a hash of their bytes;
+// a word whose slot holds another takes it over. Safe for concurrent use.
+type stateWords struct {
+	slots [64]atomic.Pointer[string]
+}
+
+// intern returns b as a string, one made earlier if its slot holds it.
+func (w *stateWords) intern(b []byte) string {
+	h := uint32(2166136261) // FNV-1a
+	for _, c := range b {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	slot := &w.slots[h%uint32(len(w.slots))]
+	if p := slot.Load(); p != nil && *p == string(b) {
+		return *p
+	}
+	s := string(b)
+	slot.Store(&s)
+	return s
 }
