@@ -125,8 +125,11 @@ func (p *partly) Unwrap() error { return p.err }
 // Taken reports whether a publish whose Handler returned err counts as
 // taken: no error, or one Partly made.
 func Taken(err error) bool {
-	var p *partly
-	return err == nil || errors.As(err, &p)
+	if err == nil {
+		return true
+	}
+	var p *partly // on the heap (errors.As): only for an error
+	return errors.As(err, &p)
 }
 
 // Unavailable reports whether a Handler error means "try again later".

@@ -387,22 +387,30 @@ func (d *device) readLoop(r *bufio.Reader) error {
 			_ = d.conn().SetReadDeadline(monoTime(d.deadline))
 		}
 		header, body, err := readPacket(r, d.s.cfg.MaxPacketSize)
-		var large *packetTooLarge
-		if errors.As(err, &large) && d.version != version5 && header>>4 == typePublish && header&0x06 == 0x02 {
-			err = d.oversizedPublish(r, header, large.remaining)
-			if err == nil {
-				d.deadline = 0
-				continue
-			}
-		}
 		if err != nil {
-			return err
+			// Its own function: what errors.As looks into escapes, and is
+			// allocated only when there is an error, not for every packet.
+			if err = d.readFailed(r, header, err); err != nil {
+				return err
+			}
+			d.deadline = 0
+			continue
 		}
 		d.deadline = 0
 		if err := d.handle(header, body); err != nil {
 			return err
 		}
 	}
+}
+
+// readFailed deals with readPacket's error: nil if it was an oversized
+// publish read past (oversizedPublish), the error otherwise.
+func (d *device) readFailed(r *bufio.Reader, header byte, err error) error {
+	var large *packetTooLarge
+	if errors.As(err, &large) && d.version != version5 && header>>4 == typePublish && header&0x06 == 0x02 {
+		return d.oversizedPublish(r, header, large.remaining)
+	}
+	return err
 }
 
 // oversizedPublish deals with a QoS 1 publish of an MQTT 3.1.1 device
