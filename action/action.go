@@ -176,8 +176,13 @@ type reportCall struct {
 	reports []fleet.StatusReport
 	errs    []error
 	err     error
-	done    chan struct{}
+	done    chan struct{} // the answer, sent once (buffered: the worker never waits)
 }
+
+// reportCalls are the calls not in use: a call and its channel are made
+// once for many reports rather than for each (two allocations of every
+// S10 request and MQTT status report, docs/benchmarks-notebook.md).
+var reportCalls = sync.Pool{New: func() any { return &reportCall{done: make(chan struct{}, 1)} }}
 
 var (
 	_ fleet.ActionService  = (*Service)(nil)
@@ -657,22 +662,34 @@ func (s *Service) ReportStatus(ctx context.Context, tenant string, reports []fle
 	if len(reports) == 0 {
 		return nil, nil
 	}
-	c := &reportCall{ctx: ctx, tenant: tenant, reports: reports, done: make(chan struct{})}
+	c := reportCalls.Get().(*reportCall)
+	c.ctx, c.tenant, c.reports = ctx, tenant, reports
 	select {
 	case s.reports <- c:
 	case <-ctx.Done():
+		c.release()
 		return nil, ctx.Err()
 	case <-s.ctx.Done():
+		c.release()
 		return nil, fleet.Errorf(fleet.EUNAVAILABLE, "the server is shutting down")
 	}
+	// Answered once (gather.Apply); the worker no longer looks at c.
 	<-c.done
+	errs, err := c.errs, c.err
+	c.release()
 	s.stats.reports.Add(uint64(len(reports)))
-	for _, err := range c.errs {
+	for _, err := range errs {
 		if err != nil {
 			s.stats.rejected.Add(1)
 		}
 	}
-	return c.errs, c.err
+	return errs, err
+}
+
+// release gives an answered (or never sent) call back to reportCalls.
+func (c *reportCall) release() {
+	c.ctx, c.tenant, c.reports, c.errs, c.err = nil, "", nil, nil, nil
+	reportCalls.Put(c)
 }
 
 // applyReports is a report worker: it takes a call and whatever others are
@@ -705,7 +722,7 @@ func (s *Service) applyBatch(batch []*reportCall) {
 			if gone != nil {
 				c.err = gone // the caller went away before its turn
 			}
-			close(c.done)
+			c.done <- struct{}{}
 		})
 }
 
