@@ -233,15 +233,18 @@ func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.S
 // advanceReports applies, without reading them first, the reports that
 // only move a device action in flight along: a report of a state that is
 // not final, without errors, with its own timestamp, the only one of the
-// batch on its device action. One UPDATE … RETURNING a size class of them
-// (sizeClass; on PostgreSQL above it, arrays, pgArrays) writes those whose
-// device action is in Progress, initiated, and last reported before them:
-// what fleet.ApplyReport makes of such a report there, in SQL (the status
-// word Cancelling kept, a missing progress kept). It marks them found and
-// returns how many; the others (an older or repeated report, another
-// status, no such device action) are left to the locking SELECT and Go's
-// state machine, which sees them as they were. A batch is otherwise a
-// locking SELECT and an UPDATE, and on PostgreSQL one round trip more.
+// batch on its device action. One UPDATE a size class of them (sizeClass;
+// on PostgreSQL above it, arrays, pgArrays) writes those whose device
+// action is in Progress, initiated, and last reported before them: what
+// fleet.ApplyReport makes of such a report there, in SQL (the status word
+// Cancelling kept, a missing progress kept). When it wrote every report of
+// its chunk, as it does in the steady flow of reports, it marks them found;
+// it returns how many it marked. The others (an older or repeated report,
+// another status, no such device action, and their chunk's neighbours) are
+// left to the locking SELECT and Go's state machine, which sees them as
+// they were, or, those written, as repeats that change nothing. A batch is
+// otherwise a locking SELECT and an UPDATE, and on PostgreSQL one round
+// trip more.
 func (tx *Tx) advanceReports(ctx context.Context, tenant string, reports []fleet.StatusReport, found []bool) (int, error) {
 	var cands []int
 	once := make(map[reportKey]int, len(reports)) // a key's reports in the batch
@@ -307,9 +310,13 @@ var (
 )
 
 // advanceReportRows is advanceReports' statement for the reports of
-// idx (at most reportChunk, in order), marking those it wrote in found.
+// idx (at most reportChunk, in order): it marks them found if it wrote
+// every one.
 func (tx *Tx) advanceReportRows(ctx context.Context, tenant string, reports []fleet.StatusReport, idx []int, found []bool) (int, error) {
 	vals := make([]any, 0, len(advanceColumns)*sizeClass(len(idx)))
+	// A batch's reports are mostly of one action and of a few states: each
+	// is boxed once for its run of reports, not once a report.
+	var action, state any
 	for _, i := range idx {
 		r := reports[i]
 		var progress any
@@ -320,36 +327,35 @@ func (tx *Tx) advanceReportRows(ctx context.Context, tenant string, reports []fl
 		if r.Sequence != nil {
 			seq = *r.Sequence
 		}
-		vals = append(vals, r.ActionID, r.DeviceID, r.State, progress, *r.Timestamp, seq)
+		if a, ok := action.(int64); !ok || a != r.ActionID {
+			action = r.ActionID
+		}
+		if st, ok := state.(string); !ok || st != r.State {
+			state = r.State
+		}
+		vals = append(vals, action, r.DeviceID, state, progress, *r.Timestamp, seq)
 	}
 	query, args := tx.advanceStatement(tenant, vals)
-	q, err := tx.query(ctx, query, args...)
+	res, err := tx.exec(ctx, query, args...)
 	if err != nil {
 		return 0, err
 	}
-	defer q.Close()
-	var done map[reportKey]bool
-	if len(idx) > 1 {
-		done = make(map[reportKey]bool, len(idx))
-	}
-	n := 0
-	for q.Next() {
-		var k reportKey
-		if err := q.Scan(&k.actionID, &k.deviceID); err != nil {
-			return 0, err
-		}
-		n++
-		if done != nil {
-			done[k] = true
-		}
-	}
-	if err := q.Err(); err != nil {
+	n, err := res.RowsAffected()
+	if err != nil {
 		return 0, err
 	}
-	for _, i := range idx {
-		found[i] = done == nil && n == 1 || done[reportKey{reports[i].ActionID, reports[i].DeviceID}]
+	if int(n) < len(idx) {
+		// Not every one was written, and the count does not say which:
+		// all are left to the locking SELECT, which reads those written
+		// here as repeats of their last report, which change nothing. The
+		// statement returns no rows (RETURNING each key was a string and a
+		// scan a report, for the few chunks a batch that are not whole).
+		return 0, nil
 	}
-	return n, nil
+	for _, i := range idx {
+		found[i] = true
+	}
+	return len(idx), nil
 }
 
 // advanceStatement is advanceReportRows' statement and its arguments for
@@ -370,8 +376,7 @@ func (tx *Tx) advanceStatement(tenant string, vals []any) (string, []any) {
 		}
 		from = tx.db.dialect.valuesTable("v", advanceColumns, advanceTypes, n)
 	}
-	return advanceSet + " FROM " + from + advanceWhere +
-		" RETURNING device_actions.action_id, device_actions.device_id", append(args, tenant)
+	return advanceSet + " FROM " + from + advanceWhere, append(args, tenant)
 }
 
 // answerCancel applies a device's final word on a cancel_action to the
