@@ -137,12 +137,14 @@ type logWatch struct {
 }
 
 func (w *logWatch) Write(p []byte) (int, error) {
-	if len(w.want) > 0 && bytes.Contains(p, w.want) {
-		w.once.Do(func() { close(w.seen) })
-	}
+	// The line is kept before it is said to have come: fleetctl
+	// forward's address is read with last() once seen is closed.
 	w.mu.Lock()
 	w.tail = append(w.tail[:0], p...)
 	w.mu.Unlock()
+	if len(w.want) > 0 && bytes.Contains(p, w.want) {
+		w.once.Do(func() { close(w.seen) })
+	}
 	return len(p), nil
 }
 
