@@ -128,7 +128,10 @@ func Relay(to, from *Conn, look func() bool, seen func(binary bool, n int, b []b
 // messages end (so, or otherwise) or tcp takes no more: nil, or an error
 // message that came (fleetd's, or the other side's, such as a port that
 // refused).
+// tcp's socket buffers are set to localBuffer.
 func (c *Conn) Join(tcp *net.TCPConn) error {
+	tcp.SetReadBuffer(localBuffer)
+	tcp.SetWriteBuffer(localBuffer)
 	var mu sync.Mutex
 	var sent, got bool // our eof, the other side's
 	go func() {
@@ -187,6 +190,18 @@ func (c *Conn) Join(tcp *net.TCPConn) error {
 // joinPatience is how long Join waits, once both ways have ended, for
 // the leg's close.
 const joinPatience = time.Minute
+
+// localBuffer is the size Join sets a local connection's socket buffers
+// to (the kernel doubles it), both ways, rather than leave them to the
+// kernel's autotuning: on loopback, where fleetctl's and the agent's
+// local connections are, a bulk forward grew them to megabytes (send
+// queues of 4 MB, receive buffers of up to 16 MB), and each byte was read
+// from memory long out of cache. Half a MiB keeps what is in flight
+// within the caches at no cost in throughput (a loopback round trip is
+// microseconds): a forwarded MiB took 7-10% less CPU. The legs to fleetd
+// keep the kernel's sizes: over a network they need them
+// (docs/benchmarks-notebook.md, "A forward's local connections").
+const localBuffer = 256 << 10
 
 // errTCPWrite ends Join when the local connection takes no more.
 var errTCPWrite = errors.New("the local connection took no more")

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -38,6 +39,43 @@ func TestSpliceClosesADroppedPipe(t *testing.T) {
 	for p := range openPipes(t) {
 		if !before[p] {
 			t.Errorf("%s open after the failed splice", p)
+		}
+	}
+}
+
+// TestJoinSetsLocalBuffers: Join fixes its local connection's socket
+// buffers at localBuffer (the kernel doubles it) rather than leave them
+// to the kernel's autotuning, which grows a bulk forward's to megabytes.
+func TestJoinSetsLocalBuffers(t *testing.T) {
+	leg, legPeer := tcpPair(t)
+	local, localPeer := tcpPair(t)
+	c := &Conn{st: newStream(leg, nil), peerMax: LargeMessage}
+	done := make(chan error, 1)
+	go func() { done <- c.Join(local) }()
+	// Both peers gone, the session's messages end and Join returns.
+	legPeer.Close()
+	localPeer.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("Join: %v", err)
+	}
+	rc, err := local.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, opt := range []struct {
+		name string
+		opt  int
+	}{{"SO_RCVBUF", syscall.SO_RCVBUF}, {"SO_SNDBUF", syscall.SO_SNDBUF}} {
+		var n int
+		var gerr error
+		if err := rc.Control(func(fd uintptr) { n, gerr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, opt.opt) }); err != nil {
+			t.Fatal(err)
+		}
+		if gerr != nil {
+			t.Fatal(gerr)
+		}
+		if n != 2*localBuffer {
+			t.Errorf("%s = %d after Join, want %d", opt.name, n, 2*localBuffer)
 		}
 	}
 }
