@@ -96,6 +96,9 @@ type Conn struct {
 	// peerMax is the largest message the other side reads: binary
 	// messages are sent in pieces of at most this.
 	peerMax int
+	// closeBy is when reads end (unix nanoseconds), once this side has
+	// said it sends no more (CloseWrite), and writes at the latest.
+	closeBy atomic.Int64
 }
 
 // Read buffers are lent to a connection from the start of a message until
@@ -215,7 +218,7 @@ func (c *Conn) WriteRaw(binary bool, data []byte) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.st != nil {
-		c.st.nc.SetWriteDeadline(time.Now().Add(writeTimeout()))
+		c.st.nc.SetWriteDeadline(c.writeDeadline())
 		typ := byte(StreamControl)
 		if binary {
 			typ = StreamBytes
@@ -228,7 +231,7 @@ func (c *Conn) WriteRaw(binary bool, data []byte) error {
 		}
 		return c.st.write(typ, data)
 	}
-	c.ws.SetWriteDeadline(time.Now().Add(writeTimeout()))
+	c.ws.SetWriteDeadline(c.writeDeadline())
 	for binary && len(data) > c.peerMax {
 		if err := c.ws.WriteMessage(t, data[:c.peerMax]); err != nil {
 			return err
@@ -236,6 +239,16 @@ func (c *Conn) WriteRaw(binary bool, data []byte) error {
 		data = data[c.peerMax:]
 	}
 	return c.ws.WriteMessage(t, data)
+}
+
+// writeDeadline is a write's: writeTimeout from now, or the patience's
+// end once this side has said it sends no more (CloseWrite).
+func (c *Conn) writeDeadline() time.Time {
+	d := time.Now().Add(writeTimeout())
+	if by := c.closeBy.Load(); by != 0 && by < d.UnixNano() {
+		return time.Unix(0, by)
+	}
+	return d
 }
 
 // writeTimeout bounds one write: a peer that reads nothing for this long
@@ -294,22 +307,48 @@ func (c *Conn) Close() error {
 // CloseWrite says that this side sends no more and leaves the leg to be
 // read until the other side closes it: a stream's connection is
 // half-closed (shutdown(SHUT_WR), or TLS's close_notify), a WebSocket's
-// close message is sent. fleetd ends a session when either leg ends, and
-// closes the operator's leg only once the end is recorded (docs/agent.md,
-// Caps): an operator that reads its leg to its close (Finish) then knows
-// the session no longer counts. Reads after it end at patience's end
-// (os.ErrDeadlineExceeded) if the other side has not closed by then.
+// close message is sent, after the message being written, if one is
+// (under the writers' lock: never within it). fleetd ends a session when
+// either leg ends, and closes the operator's leg only once the end is
+// recorded (docs/agent.md, Caps): an operator that reads its leg to its
+// close (Finish) then knows the session no longer counts. Reads after it
+// end at patience's end (os.ErrDeadlineExceeded) if the other side has
+// not closed by then; a later CloseWrite or Finish may shorten that time,
+// never lengthen it: one patience in all. A message being written gets
+// until then too.
 func (c *Conn) CloseWrite(patience time.Duration) error {
+	by := time.Now().Add(patience).UnixNano()
+	for {
+		old := c.closeBy.Load()
+		if old != 0 && old <= by {
+			by = old
+			break
+		}
+		if c.closeBy.CompareAndSwap(old, by) {
+			break
+		}
+	}
+	deadline := time.Unix(0, by)
+	var nc interface {
+		SetReadDeadline(time.Time) error
+		SetWriteDeadline(time.Time) error
+	} = c.ws
 	if c.st != nil {
-		c.st.nc.SetReadDeadline(time.Now().Add(patience))
+		nc = c.st.nc
+	}
+	nc.SetReadDeadline(deadline)
+	if !c.mu.TryLock() {
+		// A message is being written: it has until then.
+		nc.SetWriteDeadline(deadline)
+		c.mu.Lock()
+	}
+	defer c.mu.Unlock()
+	if c.st != nil {
 		if cw, ok := c.st.nc.(interface{ CloseWrite() error }); ok {
 			return cw.CloseWrite()
 		}
 		return c.st.nc.Close()
 	}
-	c.ws.SetReadDeadline(time.Now().Add(patience))
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.ws.SetWriteDeadline(time.Now().Add(time.Second))
 	return c.ws.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
 }
