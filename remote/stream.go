@@ -473,3 +473,35 @@ func roundTrip(ctx context.Context, req *http.Request, tc *tls.Config) (net.Conn
 	nc.SetDeadline(time.Time{})
 	return nc, br, resp, nil
 }
+
+// ReadAhead reads what a stream leg's other side has sent into the leg's
+// buffer, to be read (or spliced) after as if it came then, while it holds
+// less than max: one read, which blocks until something comes, the leg
+// ends (its error) or StopReadAhead. It returns what the buffer holds. A
+// relay reads an operator's leg so while it awaits the device's, to see
+// the operator leave. A WebSocket's leg cannot (an error).
+func (c *Conn) ReadAhead(max int) (int, error) {
+	s := c.st
+	if s == nil {
+		return 0, errors.New("a WebSocket leg reads no bytes ahead")
+	}
+	if len(s.pending) >= max {
+		return len(s.pending), nil
+	}
+	buf := make([]byte, min(max-len(s.pending), 64<<10))
+	n, err := s.nc.Read(buf)
+	// A copy: pending may be the handshake's buffer.
+	s.pending = append(s.pending[:len(s.pending):len(s.pending)], buf[:n]...)
+	return len(s.pending), err
+}
+
+// StopReadAhead ends a ReadAhead under way (it returns
+// os.ErrDeadlineExceeded, having read nothing), and any later, until
+// StopReadAhead(false).
+func (c *Conn) StopReadAhead(stop bool) {
+	if stop {
+		c.st.nc.SetReadDeadline(time.Unix(1, 0))
+		return
+	}
+	c.st.nc.SetReadDeadline(time.Time{})
+}

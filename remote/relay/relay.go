@@ -334,25 +334,35 @@ func (h *Hub) Relay(ctx context.Context, s *Session, op *remote.Conn) {
 	var dev *remote.Conn
 	wait := time.NewTimer(time.Until(s.deadline))
 	defer wait.Stop()
+	// The operator's leg is read meanwhile: an operator that leaves
+	// (fleetctl interrupted) ends the session at once.
+	w := watchOperator(op)
 	select {
 	case dev = <-s.device:
 	case <-wait.C:
 	case <-ctx.Done():
 	case <-h.stopping:
+	case <-w.gone:
+		w.handOver(nil, nil)
+		h.end(s, closedByOperator+" before the device connected")
+		op.Close()
+		return
 	case <-s.revoked:
+		w.handOver(nil, nil)
 		op.Send(remote.Control{Type: remote.TypeError, Message: "session ended: " + s.revokedFor})
 		h.end(s, s.revokedFor)
 		op.Close()
 		return
 	}
 	if dev == nil {
+		w.handOver(nil, nil)
 		reason := fmt.Sprintf("the device did not connect back within %s: is fleetd-agent running there, with --remote?", h.Limits.ConnectTimeout)
 		op.Send(remote.Control{Type: remote.TypeError, Message: reason})
 		h.end(s, reason)
 		op.Close()
 		return
 	}
-	reason := h.pipe(ctx, s, op, dev)
+	reason := h.pipe(ctx, s, op, dev, w)
 	dev.Close()
 	h.end(s, reason)
 	op.Close()
@@ -361,18 +371,23 @@ func (h *Hub) Relay(ctx context.Context, s *Session, op *remote.Conn) {
 // writeFailed is a copier's end when the other side took no more.
 const writeFailed = "write failed"
 
-// pipe copies messages both ways and returns why it stopped.
-func (h *Hub) pipe(ctx context.Context, s *Session, op, dev *remote.Conn) string {
+// closedByOperator is a session's end when the operator's leg ended.
+const closedByOperator = "closed by the operator"
+
+// pipe copies messages both ways and returns why it stopped. The
+// operator's leg is read by w's reader, which passes on first what it
+// read while the device was awaited.
+func (h *Hub) pipe(ctx context.Context, s *Session, op, dev *remote.Conn, w *opWatch) string {
 	ended := make(chan string, 3)
 	var last atomic.Int64 // unix nanoseconds of the last message either way
 	last.Store(time.Now().UnixNano())
 	// A recorded session's messages are read into memory, to be
 	// recorded; others' bytes may be spliced (remote.Relay).
 	recorded := func() bool { return s.rec != nil }
-	copyOne := func(from, to *remote.Conn, count *atomic.Int64, dir, closedBy string) {
+	seen := func(from *remote.Conn, count *atomic.Int64, dir string) func(binary bool, n int, b []byte) {
 		bytes := h.bytes.WithLabelValues(dir)
 		deviceSide := from == dev
-		err := remote.Relay(to, from, recorded, func(binary bool, n int, b []byte) {
+		return func(binary bool, n int, b []byte) {
 			last.Store(time.Now().UnixNano())
 			if binary {
 				count.Add(int64(n))
@@ -381,19 +396,46 @@ func (h *Hub) pipe(ctx context.Context, s *Session, op, dev *remote.Conn) string
 			if s.rec != nil {
 				s.rec.message(deviceSide, binary, b)
 			}
-		})
+		}
+	}
+	endOf := func(err error, closedBy string) string {
 		var wf *remote.WriteError
 		switch {
 		case errors.As(err, &wf):
-			ended <- writeFailed
+			return writeFailed
 		case remote.Closed(err):
-			ended <- closedBy
+			return closedBy
 		default:
-			ended <- closedBy + ": " + err.Error()
+			return closedBy + ": " + err.Error()
 		}
 	}
-	go copyOne(op, dev, &s.toDevice, "to_device", "closed by the operator")
-	go copyOne(dev, op, &s.fromDev, "from_device", "closed by the device")
+	toDevice := seen(op, &s.toDevice, "to_device")
+	pass := func(binary bool, b []byte) error {
+		if err := dev.WriteRaw(binary, b); err != nil {
+			return err
+		}
+		toDevice(binary, len(b), b)
+		return nil
+	}
+	// What the operator sent while the device was awaited, then the
+	// rest, read by the watch's reader.
+	err := w.handOver(pass, func(held, binary bool, b []byte, err error) {
+		if err == nil && !held {
+			if werr := pass(binary, b); werr != nil {
+				err = &remote.WriteError{Err: werr}
+			}
+		}
+		if err == nil {
+			err = remote.Relay(dev, op, recorded, toDevice)
+		}
+		ended <- endOf(err, closedByOperator)
+	})
+	if err != nil {
+		ended <- writeFailed
+	}
+	go func() {
+		ended <- endOf(remote.Relay(op, dev, recorded, seen(dev, &s.fromDev, "from_device")), "closed by the device")
+	}()
 	lifetime := time.NewTimer(h.Limits.Lifetime)
 	defer lifetime.Stop()
 	idle := time.NewTimer(h.Limits.Idle)
