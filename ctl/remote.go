@@ -29,7 +29,7 @@ func (e *remoteExit) Error() string {
 
 // openRemote makes a remote session with device and joins it: a refusal
 // (no permission, a cap, no such device) is the server's message.
-func (a *app) openRemote(ctx context.Context, device, kind, target string) (*remote.Conn, error) {
+func (a *app) openRemote(ctx context.Context, device, kind, target string) (*session, error) {
 	c, err := a.connect(ctx)
 	if err != nil {
 		return nil, err
@@ -60,23 +60,40 @@ func (a *app) openRemote(ctx context.Context, device, kind, target string) (*rem
 		return nil, err
 	}
 	// Interrupted, fleetctl ends the session as when it is done with it
-	// (finish): it returns once fleetd has.
-	context.AfterFunc(ctx, func() { conn.CloseWrite(remotePatience) })
-	return conn, nil
+	// (finish), with less patience: it returns once fleetd has, or after
+	// interruptPatience.
+	stop := context.AfterFunc(ctx, func() { conn.CloseWrite(interruptPatience) })
+	return &session{Conn: conn, stop: stop}, nil
+}
+
+// session is a remote session's leg as fleetctl holds it: stop stops
+// the watch on the command's context (openRemote), once it is done with.
+type session struct {
+	*remote.Conn
+	stop func() bool
 }
 
 // remotePatience is how long fleetctl waits for fleetd to close a
-// session's leg once it is done with it.
-const remotePatience = time.Minute
+// session's leg once it is done with it; interruptPatience, once
+// interrupted (a second interrupt ends fleetctl at once: cmd/fleetctl).
+const (
+	remotePatience    = time.Minute
+	interruptPatience = 3 * time.Second
+)
 
 // finish ends a session fleetctl is done with, and returns once fleetd
 // has closed its leg, which fleetd does once it has recorded the
 // session's end: when fleetctl returns, the session no longer counts
 // under the caps (docs/agent.md, Caps), and a script's next session is
-// not refused for it.
-func (a *app) finish(conn *remote.Conn) {
-	if conn.Finish(remotePatience) != nil {
-		fmt.Fprintf(a.env.Stderr, "fleetctl: fleetd did not close the session within %s; it counts under the caps until fleetd records its end\n", remotePatience)
+// not refused for it. It waits remotePatience at most (interruptPatience
+// once interrupted), then says so.
+func (a *app) finish(conn *session) {
+	patience := remotePatience
+	if !conn.stop() {
+		patience = interruptPatience
+	}
+	if conn.Finish(patience) != nil {
+		fmt.Fprintf(a.env.Stderr, "fleetctl: fleetd did not close the session within %s; it counts under the caps until fleetd records its end\n", patience)
 	}
 }
 
@@ -91,7 +108,9 @@ output comes back on standard output, standard input goes to it, and
 fleetctl exits with its exit status. A session the server refuses (no
 remote permission, too many open, an unknown device) exits 1 with its
 message. When fleetctl returns, the session has ended and no longer counts
-under the server's caps (docs/agent.md, Caps).`,
+under the server's caps (docs/agent.md, Caps). Interrupted, fleetctl ends the session and waits 3 seconds at most for the
+server to record its end (a minute when done); a second interrupt exits at
+once.`,
 		Example: "  fleetctl ssh pump-1\n  fleetctl ssh pump-1 -- systemctl status app",
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
@@ -120,7 +139,7 @@ func (a *app) remoteCommand(ctx context.Context, device, command string) error {
 	if a.env.Stdin != nil {
 		go conn.Pump(a.env.Stdin)
 	}
-	return a.receive(conn, a.env.Stdout)
+	return a.receive(conn.Conn, a.env.Stdout)
 }
 
 // receive writes the session's bytes to w until it ends: an exit status
@@ -162,7 +181,9 @@ device's loopback interface, through a remote session of its own, until
 interrupted. A session ends once both ways have half-closed; its local
 connection is closed once the server has recorded its end, and when
 fleetctl returns every session it opened has ended (docs/agent.md, Caps).
-Sessions go
+Interrupted, fleetctl waits 3 seconds at most for the server to record
+their ends (a minute for a session once done); a second interrupt exits at
+once. Sessions go
 as streams (docs/agent.md, The session's messages), or as WebSockets with
 FLEETCTL_REMOTE_WEBSOCKET=1, for a proxy before fleetd that passes no other
 upgrade.`,
@@ -224,7 +245,9 @@ directory the device shares (its --remote-root), and the device's size and
 rate limits apply. A file received is written beside its destination and
 renamed into place once complete, on either side. When fleetctl returns,
 the session has ended and no longer counts under the server's caps
-(docs/agent.md, Caps).`,
+(docs/agent.md, Caps). Interrupted, fleetctl ends the session and waits 3 seconds at most for the
+server to record its end (a minute when done); a second interrupt exits at
+once.`,
 		Example: "  fleetctl cp pump-1:/var/log/app.log app.log\n  fleetctl cp app.conf pump-1:/etc/app/app.conf",
 		Args:    exactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -329,7 +352,7 @@ func (a *app) cpPut(ctx context.Context, local, device, path string) error {
 	}
 	defer a.finish(conn)
 	done := make(chan error, 1)
-	go func() { done <- a.receive(conn, io.Discard) }()
+	go func() { done <- a.receive(conn.Conn, io.Discard) }()
 	if err := conn.Send(remote.Control{Type: remote.TypeFile, Size: fi.Size()}); err != nil {
 		return err
 	}

@@ -47,5 +47,5 @@ func (a *app) terminal(ctx context.Context, device string) error {
 		}
 	}()
 	go conn.Pump(in)
-	return a.receive(conn, a.env.Stdout)
+	return a.receive(conn.Conn, a.env.Stdout)
 }

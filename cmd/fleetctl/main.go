@@ -16,6 +16,11 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first interrupt ends the command's context, and fleetctl ends
+	// what it is doing (a remote session is given a few seconds to end,
+	// docs/cli.md); the signals are caught no more, so that a second one
+	// ends fleetctl at once.
+	context.AfterFunc(ctx, stop)
 	code := ctl.Run(ctx, os.Args[1:], environment(os.Stdin, os.Stdout, os.Stderr))
 	stop()
 	os.Exit(code)
