@@ -440,33 +440,35 @@ func TestRemoteAcrossReplicas(t *testing.T) {
 		// Opened on B, joined through A: the operator's half-close
 		// passes through A, and A closes the leg only once B has closed
 		// it, after recording the end (docs/agent.md, Caps), which is
-		// held back a moment here. Over each kind of leg.
+		// held back a moment here. Over each kind of leg. A forward whose
+		// service waits for more: only the operator's half-close ends
+		// it (a get's device would end it itself).
 		relay.SetEndPause(t, 300*time.Millisecond)
-		root := t.TempDir()
-		ag := bs.StartAgent(t, fleetdtest.BuildAgent(t), "edge-p", a.MustDevice(t, admin, "edge-p", nil).Token, "--remote", "--server", a.URL, "--remote-root", root)
+		_, port, _ := net.SplitHostPort(fleetdtest.DeviceService(t, fleetdtest.Echo))
+		ag := bs.StartAgent(t, fleetdtest.BuildAgent(t), "edge-p", a.MustDevice(t, admin, "edge-p", nil).Token, "--remote", "--server", a.URL)
 		fleetdtest.Eventually(t, "the agent to connect", func() bool { return strings.Contains(ag.Output.String(), "level=INFO msg=connected") })
-		if err := os.WriteFile(filepath.Join(root, "f"), []byte("proxied\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
 		for _, dial := range []func(context.Context, string, http.Header, *tls.Config) (*remote.Conn, error){remote.DialStream, remote.Dial} {
 			var sess fleet.RemoteSession
-			bs.Do(t, admin, "POST", "/api/v1/devices/edge-p/remote-sessions", map[string]any{"kind": "get", "target": "f"}).Want(t, 201).Decode(t, &sess)
+			bs.Do(t, admin, "POST", "/api/v1/devices/edge-p/remote-sessions", map[string]any{"kind": "forward", "target": port}).Want(t, 201).Decode(t, &sess)
 			conn, err := dial(context.Background(), a.URL+"/api/v1/remote-sessions/"+sess.ID+"/operator",
 				http.Header{"X-Service-Tenant": {admin.Tenant}, "X-Service-Api-Key": {admin.Key}}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			for {
-				_, ctl, err := conn.Read()
+			// The service's echo: the device has joined.
+			if err := conn.Write([]byte("proxied\n")); err != nil {
+				t.Fatal(err)
+			}
+			var got []byte
+			for len(got) < len("proxied\n") {
+				b, ctl, err := conn.Read()
 				if err != nil {
 					t.Fatal(err)
 				}
-				if ctl != nil && ctl.Type == remote.TypeError {
-					t.Fatal(ctl.Message)
+				if ctl != nil {
+					t.Fatalf("control %+v", ctl)
 				}
-				if ctl != nil && ctl.Type == remote.TypeEOF {
-					break
-				}
+				got = append(got, b...)
 			}
 			if err := conn.Finish(time.Minute); err != nil {
 				t.Fatal(err)
@@ -475,6 +477,9 @@ func TestRemoteAcrossReplicas(t *testing.T) {
 			a.Do(t, admin, "GET", "/api/v1/devices/edge-p/remote-sessions?open=true", nil).Want(t, 200).Decode(t, &list)
 			if list.Count != 0 {
 				t.Fatalf("the leg (a stream: %v) closed with %d sessions open", conn.Stream(), list.Count)
+			}
+			if rs := a.EndedSession(t, admin, "edge-p", sess.ID); rs.EndReason != "closed by the operator" {
+				t.Fatalf("the session (a stream: %v): %+v", conn.Stream(), rs)
 			}
 		}
 	})
