@@ -94,15 +94,22 @@ func (a *api) send(ctx context.Context, method, path string, body any, want int)
 // first, grown once to the Content-Length): a client reading many pages
 // reuses one buffer rather than a new one grown a page at a time.
 func (a *api) getInto(ctx context.Context, path string, want int, buf *bytes.Buffer) error {
-	req, err := http.NewRequestWithContext(ctx, "GET", a.base+path, nil)
+	_, err := a.getURLInto(ctx, a.base+path, want, buf)
+	return err
+}
+
+// getURLInto is getInto for an absolute URL; it returns the URL of the
+// answer's Link header with rel="next", "" without one.
+func (a *api) getURLInto(ctx context.Context, u string, want int, buf *bytes.Buffer) (next string, err error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", u, nil)
 	if err != nil {
-		return err
+		return "", err
 	}
 	req.Header.Set("X-Service-Tenant", a.tenant)
 	req.Header.Set("X-Service-Api-Key", a.key)
 	resp, err := a.client.Do(req)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer resp.Body.Close()
 	buf.Reset()
@@ -110,16 +117,19 @@ func (a *api) getInto(ctx context.Context, path string, want int, buf *bytes.Buf
 		buf.Grow(int(resp.ContentLength))
 	}
 	if _, err := buf.ReadFrom(resp.Body); err != nil {
-		return err
+		return "", err
 	}
 	if resp.StatusCode != want {
 		b := buf.Bytes()
 		if len(b) > 300 {
 			b = append(b[:300:300], "…"...)
 		}
-		return fmt.Errorf("GET %s: status %d, want %d: %s", path, resp.StatusCode, want, b)
+		return "", fmt.Errorf("GET %s: status %d, want %d: %s", u, resp.StatusCode, want, b)
 	}
-	return nil
+	if l := resp.Header.Get("Link"); strings.HasPrefix(l, "<") && strings.HasSuffix(l, `>; rel="next"`) {
+		next = l[1 : len(l)-len(`>; rel="next"`)]
+	}
+	return next, nil
 }
 
 // deviceToken is a provisioned device and its token.

@@ -81,8 +81,10 @@ Scenarios (--scenarios takes a comma-separated subset):
                pages, best of 3) ÷ the same points read with one SELECT from
                a table of a row per point on the same database (at most 2x),
                each side decoded to the same values; fleetbench reads the
-               pages as a client reading many points would, into one
-               buffer, with a fast decoder (segmentio/encoding's json: a
+               pages as a client reading many points would, each next
+               one asked for on its predecessor's Link header while the
+               predecessor is decoded, into two buffers in turn, with a
+               fast decoder (segmentio/encoding's json: a
                quarter of encoding/json's CPU, whose cost for the same
                pages the note gives beside it), once the hour rollups
                hold the whole day and the machine is quiet, as for S7;
