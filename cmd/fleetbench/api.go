@@ -90,16 +90,11 @@ func (a *api) send(ctx context.Context, method, path string, body any, want int)
 	return b, nil
 }
 
-// getInto is send for a GET whose answer's body is read into buf (reset
-// first, grown once to the Content-Length): a client reading many pages
-// reuses one buffer rather than a new one grown a page at a time.
-func (a *api) getInto(ctx context.Context, path string, want int, buf *bytes.Buffer) error {
-	_, err := a.getURLInto(ctx, a.base+path, want, buf)
-	return err
-}
-
-// getURLInto is getInto for an absolute URL; it returns the URL of the
-// answer's Link header with rel="next", "" without one.
+// getURLInto is send for a GET of an absolute URL whose answer's body is
+// read into buf (reset first, grown once to the Content-Length): a client
+// reading many pages reuses its buffers rather than a new one grown a page
+// at a time. It returns the URL of the answer's Link header with
+// rel="next", "" without one.
 func (a *api) getURLInto(ctx context.Context, u string, want int, buf *bytes.Buffer) (next string, err error) {
 	req, err := http.NewRequestWithContext(ctx, "GET", u, nil)
 	if err != nil {
