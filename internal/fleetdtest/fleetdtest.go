@@ -411,6 +411,31 @@ func Metrics(t *testing.T, base string) map[string]float64 {
 	return m
 }
 
+// MetricSum reads from fleetd's /metrics at base the sum of the series of
+// name whose labels include label (`side="operator"`, say).
+func MetricSum(t *testing.T, base, name, label string) float64 {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		series, v, ok := strings.Cut(sc.Text(), " ")
+		if labels, found := strings.CutPrefix(series, name+"{"); ok && found && strings.Contains(labels, label) {
+			f, _ := strconv.ParseFloat(v, 64)
+			sum += f
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return sum
+}
+
 // WantCode checks an error answer's status and code.
 func WantCode(t *testing.T, r *Response, status int, code string) {
 	t.Helper()
