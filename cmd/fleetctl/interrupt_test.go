@@ -34,31 +34,17 @@ func TestSecondInterruptExits(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The proxy passes each way's bytes, but not the client's end.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				up, err := net.Dial("tcp", u.Host)
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				go io.Copy(up, c)
-				io.Copy(c, up)
-			}()
+	proxy := fleetdtest.DeviceService(t, func(c net.Conn) {
+		up, err := net.Dial("tcp", u.Host)
+		if err != nil {
+			return
 		}
-	}()
+		defer up.Close()
+		go io.Copy(up, c)
+		io.Copy(c, up)
+	})
 	cmd := exec.Command(bin, "ssh", "edge-off", "--", "cat")
-	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+t.TempDir(), "FLEETCTL_URL=http://"+ln.Addr().String(),
+	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+t.TempDir(), "FLEETCTL_URL=http://"+proxy,
 		"FLEETCTL_TENANT="+admin.Tenant, "FLEETCTL_API_KEY="+admin.Key)
 	stdin, err := cmd.StdinPipe() // held open: the session's stdin never ends
 	if err != nil {
