@@ -140,6 +140,7 @@ func (s *Server) handlePoints(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	defer page.Release() // written before it returns
 	nextLink(w, r, page.Next)
 	if f := codec.Negotiate(r.Header.Get("Accept")); f == codec.JSON {
 		b := pointPageJSON.Get().(*[]byte)

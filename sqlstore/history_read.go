@@ -505,7 +505,7 @@ func (db *DB) FindPoints(ctx context.Context, tenant, device, stream string, q f
 // page returns the page of points r read, at most limit of them.
 func (r *pageRead) page(limit int) *fleet.PointPage {
 	got := r.best.sorted()
-	page := &fleet.PointPage{Points: make([]fleet.HistoryPoint, 0, min(len(got), limit))}
+	page := fleet.NewPointPage(min(len(got), limit))
 	for _, p := range got[:min(len(got), limit)] {
 		page.Points = append(page.Points, p.p)
 	}
