@@ -663,7 +663,9 @@ func (r *pageRead) chunks(ctx context.Context, rd querier, query string, args []
 	best, q, after := r.best, r.q, r.after
 	for rows.Next() {
 		var received int64
-		var points []byte
+		// The packed points are inflated (or found inflated) before the
+		// next row: the driver's bytes, not a copy of them.
+		var points sql.RawBytes
 		if sc := r.scope; sc != nil {
 			var chunk bool
 			if err := rows.Scan(&sc.created, &sc.floor, &chunk, &got.tsMin, &got.tsMax, &got.id, &received, &points); err != nil {
@@ -688,6 +690,7 @@ func (r *pageRead) chunks(ctx context.Context, rd querier, query string, args []
 		if err != nil {
 			return got, false, fmt.Errorf("stream %s of %s: %w", r.stream, r.device, err)
 		}
+		receivedAt := fromMillis(received) // the chunk's points were received together
 		err = chunkPoints(text, func(i int, ts, seq int64, data []byte) bool {
 			if ts < r.lo || ts >= r.hi {
 				return true
@@ -701,7 +704,7 @@ func (r *pageRead) chunks(ctx context.Context, rd querier, query string, args []
 				// after this one is in the page either.
 				return false
 			}
-			best.offer(pagePoint{k, fleet.HistoryPoint{Timestamp: fromMillis(ts), Sequence: seq, Data: data, ReceivedAt: fromMillis(received)}})
+			best.offer(pagePoint{k, fleet.HistoryPoint{Timestamp: fromMillis(ts), Sequence: seq, Data: data, ReceivedAt: receivedAt}})
 			return true
 		})
 		if err != nil {
