@@ -547,6 +547,9 @@ type pageRead struct {
 	// (pointScope's, into scope) and the chunks received since its
 	// created_at from its floor on; created and floor are not yet known.
 	scope *pointScopeRead
+	// held is the chunk of the stream inflated last, whose points that
+	// statement does not send (text nil: none).
+	held chunkText
 }
 
 // pointScopeRead is what a page's statement read of pointScope's.
@@ -601,15 +604,35 @@ func (r *pageRead) read(ctx context.Context, rd querier, segs []segment, inTx bo
 			// (none: one row of NULLs), which start at the floor or
 			// after: a chunk holds the points of one hour, and the floor
 			// is an hour's start, so the points are those pointScope's
-			// floor lets through.
+			// floor lets through. A chunk's points are not sent (NULL)
+			// when they are inflated at hand (r.held: the chunk the page
+			// before read last, whose first point ended it), nor when
+			// the chunks before it in the statement hold the whole page
+			// (pts_before: their points wholly in the page's range, the
+			// cursor's chunk not counted): the page then needs only its
+			// place in the order, which shows the page done (chunks).
+			// Of a page's four chunks, usually one was at hand and one
+			// or two were only that end.
 			query = `SELECT s.created_at, s.floor_ms, c.id IS NOT NULL, coalesce(c.ts_min, 0), coalesce(c.ts_max, 0), coalesce(c.id, 0),
-				coalesce(c.received_at, 0), c.points
-				FROM (` + pointScopeQuery + `) s LEFT JOIN LATERAL (SELECT ts_min, ts_max, id, received_at, points FROM ` + s.table + `
+				coalesce(c.received_at, 0), CASE WHEN c.id = ? AND CAST(? AS BOOLEAN) OR c.pts_before >= CAST(? AS BIGINT) THEN NULL ELSE c.points END
+				FROM (` + pointScopeQuery + `) s LEFT JOIN LATERAL (SELECT *, coalesce(sum(CASE WHEN ts_min >= ? AND ts_max < ? AND id <> ? THEN n ELSE 0 END)
+					OVER (ORDER BY ` + order + ` ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS pts_before
+				FROM (SELECT ts_min, ts_max, id, n, received_at, points FROM ` + s.table + `
 					WHERE tenant = ? AND device_id = ? AND stream = ? AND ts_min >= ? AND ts_min < ? AND ts_max >= ? AND received_at >= s.created_at
 					AND ts_min >= s.floor_ms AND ` + after + ` AND NOT (id = ? AND ` + spent + `) ORDER BY ` + order
-			end = `) c ON true
+			end = `) c0) c ON true
 				ORDER BY ` + scopedOrder
-			scopeArgs = r.db.pointScopeArgs(r.tenant, r.device)
+			// Counted: chunks whose points are all in the page's range
+			// and after the cursor.
+			countLo, countHi := r.lo, r.hi
+			if r.after != nil && !r.q.Desc {
+				countLo = max(countLo, r.after.key.ts+1)
+			} else if r.after != nil {
+				countHi = min(countHi, r.after.key.ts)
+			}
+			r.held = r.db.history.inflated.latest(r.tenant, r.device, r.stream)
+			scopeArgs = slices.Concat([]any{r.held.key.id, r.held.text != nil, int64(r.best.n)},
+				r.db.pointScopeArgs(r.tenant, r.device), []any{countLo, countHi, spentID})
 		}
 		// At first no chunk is left out: ts_min > s.lo-1, ts_max < MaxInt64.
 		from, fromNot, id := s.lo, s.lo-1, int64(0)
@@ -627,6 +650,9 @@ func (r *pageRead) read(ctx context.Context, rd querier, segs []segment, inTx bo
 			}
 			if done {
 				return true, nil
+			}
+			if got.cut {
+				return false, nil // a chunk's points were needed after all
 			}
 			if got.n < n {
 				break // the segment's chunks are read
@@ -648,6 +674,7 @@ func (r *pageRead) read(ctx context.Context, rd querier, segs []segment, inTx bo
 type chunksRead struct {
 	n                int
 	tsMin, tsMax, id int64
+	cut              bool // a chunk whose points were not sent was needed
 }
 
 // chunks runs a statement of the page's read and offers the points of the
@@ -686,8 +713,14 @@ func (r *pageRead) chunks(ctx context.Context, rd querier, query string, args []
 			}
 		}
 		id := got.id
-		text, err := r.db.history.inflated.text(chunkKey{r.tenant, r.device, r.stream, id}, points)
-		if err != nil {
+		var text []byte
+		if r.scope != nil && points == nil {
+			if r.held.text == nil || id != r.held.key.id {
+				got.cut = true // overlapping chunks: the page reads again with every chunk's points
+				return got, false, nil
+			}
+			text = r.held.text
+		} else if text, err = r.db.history.inflated.text(chunkKey{r.tenant, r.device, r.stream, id}, points); err != nil {
 			return got, false, fmt.Errorf("stream %s of %s: %w", r.stream, r.device, err)
 		}
 		receivedAt := fromMillis(received) // the chunk's points were received together
@@ -760,11 +793,28 @@ type chunkKey struct {
 // written again is the same row or none.
 type inflatedChunks struct {
 	mu   sync.Mutex
-	ring [32]struct {
-		key  chunkKey
-		text []byte
-	}
+	ring [32]chunkText
 	next int
+}
+
+// chunkText is a chunk's inflated text.
+type chunkText struct {
+	key  chunkKey
+	text []byte
+}
+
+// latest returns the chunk of a device's stream inflated last, if one is
+// kept.
+func (c *inflatedChunks) latest(tenant, device, stream string) chunkText {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range len(c.ring) {
+		e := c.ring[(c.next-1-i+2*len(c.ring))%len(c.ring)]
+		if e.text != nil && e.key.tenant == tenant && e.key.device == device && e.key.stream == stream {
+			return e
+		}
+	}
+	return chunkText{}
 }
 
 // text returns the inflated text of the chunk key names, packed.
