@@ -391,22 +391,11 @@ func Metric(t *testing.T, base, name string) float64 {
 // Metrics reads every unlabelled series from one scrape of /metrics.
 func Metrics(t *testing.T, base string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
 	m := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		if name, v, ok := strings.Cut(sc.Text(), " "); ok && !strings.HasPrefix(name, "#") && !strings.Contains(name, "{") {
-			f, _ := strconv.ParseFloat(v, 64)
-			m[name] = f
+	for _, s := range scrape(t, base) {
+		if s.labels == "" {
+			m[s.name] = s.value
 		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
 	}
 	return m
 }
@@ -415,25 +404,59 @@ func Metrics(t *testing.T, base string) map[string]float64 {
 // name whose labels include label (`side="operator"`, say).
 func MetricSum(t *testing.T, base, name, label string) float64 {
 	t.Helper()
+	sum := 0.0
+	for _, s := range scrape(t, base) {
+		if s.name == name && s.labels != "" && strings.Contains(s.labels, label) {
+			sum += s.value
+		}
+	}
+	return sum
+}
+
+// series is one sample of a /metrics scrape: the metric's name, its labels
+// as written between the braces (empty when it has none) and its value.
+type series struct {
+	name, labels string
+	value        float64
+}
+
+// scrape reads every series from one scrape of fleetd's /metrics at base,
+// in the Prometheus text format the server writes (comments skipped).
+func scrape(t *testing.T, base string) []series {
+	t.Helper()
 	resp, err := http.Get(base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	sum := 0.0
+	var all []series
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		series, v, ok := strings.Cut(sc.Text(), " ")
-		if labels, found := strings.CutPrefix(series, name+"{"); ok && found && strings.Contains(labels, label) {
-			f, _ := strconv.ParseFloat(v, 64)
-			sum += f
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
 		}
+		var s series
+		var v string
+		if i := strings.IndexByte(line, '{'); i >= 0 {
+			// A label's value may hold spaces: the labels end at the
+			// line's last brace.
+			j := strings.LastIndexByte(line, '}')
+			if j < i {
+				t.Fatalf("/metrics: unclosed labels in %q", line)
+			}
+			s.name, s.labels, v = line[:i], line[i+1:j], strings.TrimSpace(line[j+1:])
+		} else {
+			s.name, v, _ = strings.Cut(line, " ")
+		}
+		s.value, _ = strconv.ParseFloat(v, 64)
+		all = append(all, s)
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
-	return sum
+	return all
 }
 
 // WantCode checks an error answer's status and code.
