@@ -103,10 +103,12 @@ func (s *Server) EndedSession(t *testing.T, c Creds, device, id string) fleet.Re
 	return found
 }
 
-// DeviceService is a service on the device's side of a forward: it
-// listens on a loopback port until the test ends and serves each
-// connection it accepts with serve, on a goroutine of its own, closing
-// the connection after. It returns the address it listens on.
+// DeviceService is a TCP service for a test: it listens on a loopback
+// port until the test ends and serves each connection it accepts with
+// serve, on a goroutine of its own, closing the connection after. It
+// returns the address it listens on. Most tests make it the service on the
+// device's side of a forward, whence its name; serve may be anything a
+// test needs listening, a proxy in front of fleetd say.
 func DeviceService(t testing.TB, serve func(net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
