@@ -335,27 +335,35 @@ func (h *Hub) Relay(ctx context.Context, s *Session, op *remote.Conn) {
 	wait := time.NewTimer(time.Until(s.deadline))
 	defer wait.Stop()
 	// The operator's leg is read meanwhile: an operator that leaves
-	// (fleetctl interrupted) ends the session at once.
+	// (fleetctl interrupted) ends the session at once; what it sends is
+	// held for the device.
 	w := watchOperator(op)
-	select {
-	case dev = <-s.device:
-	case <-wait.C:
-	case <-ctx.Done():
-	case <-h.stopping:
-	case <-w.gone:
-		w.handOver(nil, nil)
-		h.end(s, closedByOperator+" before the device connected")
-		op.Close()
-		return
-	case <-s.revoked:
-		w.handOver(nil, nil)
-		op.Send(remote.Control{Type: remote.TypeError, Message: "session ended: " + s.revokedFor})
-		h.end(s, s.revokedFor)
-		op.Close()
-		return
+	for {
+		select {
+		case dev = <-s.device:
+		case r := <-w.reads:
+			if r.err == nil {
+				w.held = append(w.held, r)
+				continue
+			}
+			w.drop()
+			h.end(s, closedByOperator+" before the device connected")
+			op.Close()
+			return
+		case <-wait.C:
+		case <-ctx.Done():
+		case <-h.stopping:
+		case <-s.revoked:
+			w.drop()
+			op.Send(remote.Control{Type: remote.TypeError, Message: "session ended: " + s.revokedFor})
+			h.end(s, s.revokedFor)
+			op.Close()
+			return
+		}
+		break
 	}
 	if dev == nil {
-		w.handOver(nil, nil)
+		w.drop()
 		reason := fmt.Sprintf("the device did not connect back within %s: is fleetd-agent running there, with --remote?", h.Limits.ConnectTimeout)
 		op.Send(remote.Control{Type: remote.TypeError, Message: reason})
 		h.end(s, reason)
@@ -374,9 +382,9 @@ const writeFailed = "write failed"
 // closedByOperator is a session's end when the operator's leg ended.
 const closedByOperator = "closed by the operator"
 
-// pipe copies messages both ways and returns why it stopped. The
-// operator's leg is read by w's reader, which passes on first what it
-// read while the device was awaited.
+// pipe copies messages both ways and returns why it stopped. What w
+// read of the operator's leg while the device was awaited is passed on
+// first.
 func (h *Hub) pipe(ctx context.Context, s *Session, op, dev *remote.Conn, w *opWatch) string {
 	ended := make(chan string, 3)
 	var last atomic.Int64 // unix nanoseconds of the last message either way
@@ -417,21 +425,19 @@ func (h *Hub) pipe(ctx context.Context, s *Session, op, dev *remote.Conn, w *opW
 		toDevice(binary, len(b), b)
 		return nil
 	}
-	// What the operator sent while the device was awaited, then the
-	// rest, read by the watch's reader.
-	err := w.handOver(pass, func(held, binary bool, b []byte, err error) {
-		if err == nil && !held {
-			if werr := pass(binary, b); werr != nil {
-				err = &remote.WriteError{Err: werr}
-			}
-		}
-		if err == nil {
-			err = remote.Relay(dev, op, recorded, toDevice)
-		}
-		ended <- endOf(err, closedByOperator)
-	})
-	if err != nil {
+	// What the operator sent while the device was awaited is passed on
+	// first, then what the watch's reader read before it stopped; the
+	// leg is relayed from there.
+	if err := w.handOver(pass); err != nil {
 		ended <- writeFailed
+	} else {
+		go func() {
+			err := w.rest(pass)
+			if err == nil {
+				err = remote.Relay(dev, op, recorded, toDevice)
+			}
+			ended <- endOf(err, closedByOperator)
+		}()
 	}
 	go func() {
 		ended <- endOf(remote.Relay(op, dev, recorded, seen(dev, &s.fromDev, "from_device")), "closed by the device")
