@@ -57,13 +57,19 @@ func (db *DB) TouchDevices(ctx context.Context, tenant string, ids []string, t t
 	})
 }
 
-// touchDevices is TouchDevices in tx. Each statement reads only the devices
-// it names, by primary key (dialect.anyOf).
+// touchDevices is TouchDevices in tx: each device's row of
+// device_sightings (migration 0046), a narrow row whose update changes no
+// indexed column, inserted or moved forward. Each statement reads only
+// the devices it names, by primary key (dialect.anyOf), and writes only
+// those that exist: a device deleted since it was heard from has none.
 func (tx *Tx) touchDevices(ctx context.Context, tenant string, ids []string, t time.Time) error {
 	for start := 0; start < len(ids); start += idChunk {
 		in, args := tx.db.dialect.anyOf("id", ids[start:min(start+idChunk, len(ids))])
-		if _, err := tx.exec(ctx, "UPDATE devices SET last_seen_at = ? WHERE tenant = ? AND (last_seen_at IS NULL OR last_seen_at < ?) AND "+in,
-			append([]any{millis(t), tenant, millis(t)}, args...)...); err != nil {
+		if _, err := tx.exec(ctx, `INSERT INTO device_sightings (tenant, device_id, last_seen_at)
+			SELECT tenant, id, `+tx.db.dialect.param("BIGINT")+` FROM devices WHERE tenant = ? AND `+in+`
+			ON CONFLICT (tenant, device_id) DO UPDATE SET last_seen_at = excluded.last_seen_at
+			WHERE device_sightings.last_seen_at < excluded.last_seen_at`,
+			append([]any{millis(t), tenant}, args...)...); err != nil {
 			return err
 		}
 	}

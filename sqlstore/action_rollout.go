@@ -420,8 +420,9 @@ func (db *DB) RolloutWait(ctx context.Context, tenant string, id int64, now time
 	if w.Unfinished == 0 {
 		return w, nil
 	}
-	rows, err := rtx.query(ctx, `SELECT da.device_id, da.action_status, d.last_seen_at FROM device_actions da
-		LEFT JOIN devices d ON d.tenant = da.tenant AND d.id = da.device_id
+	rows, err := rtx.query(ctx, `SELECT da.device_id, da.action_status,
+		(SELECT s.last_seen_at FROM device_sightings s WHERE s.tenant = da.tenant AND s.device_id = da.device_id)
+		FROM device_actions da
 		WHERE da.tenant = ? AND da.action_id = ? AND da.phase >= 0 AND da.phase < ? AND da.`+statusIn(released)+`
 		ORDER BY da.device_id`+limitClause(fleet.WaitingShown), tenant, id, phases)
 	if err != nil {

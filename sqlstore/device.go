@@ -190,7 +190,11 @@ func encodeMetadata(m map[string]string) string {
 	return string(b)
 }
 
-const deviceColumns = "id, metadata, components, created_at, last_seen_at"
+// deviceColumns are a device's columns as scanDevice reads them, in a
+// SELECT from devices (so named, without an alias). last_seen_at is in
+// device_sightings (migration 0046), read for each device selected.
+const deviceColumns = "id, metadata, components, created_at, " +
+	"(SELECT last_seen_at FROM device_sightings s WHERE s.tenant = devices.tenant AND s.device_id = devices.id)"
 
 func scanDevice(s scanner) (*fleet.Device, error) {
 	var d fleet.Device
@@ -398,10 +402,8 @@ func (db *DB) AuthenticateDevice(ctx context.Context, tenant, id, token string) 
 	return db.classify(err)
 }
 
-// TouchDevice records that a device was seen at t.
+// TouchDevice records that a device was seen at t, as TouchDevices does:
+// a device seen later already keeps its time.
 func (db *DB) TouchDevice(ctx context.Context, tenant, id string, t time.Time) error {
-	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		_, err := tx.exec(ctx, "UPDATE devices SET last_seen_at = ? WHERE tenant = ? AND id = ?", millis(t), tenant, id)
-		return err
-	})
+	return db.TouchDevices(ctx, tenant, []string{id}, t)
 }
