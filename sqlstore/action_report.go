@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ReportStatus applies status reports in one transaction; see
@@ -51,10 +52,20 @@ func (db *DB) ReportStatus(ctx context.Context, tenant string, reports []fleet.S
 
 // TouchDevices records that devices were seen at t. A device seen later
 // already keeps its time.
+//
+// On PostgreSQL a device deleted while the statement ran (after its
+// snapshot, before the foreign key's check of a first sighting) fails it;
+// it is run again, and its next snapshot no longer holds the device.
 func (db *DB) TouchDevices(ctx context.Context, tenant string, ids []string, t time.Time) error {
-	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
-		return tx.touchDevices(ctx, tenant, ids, t)
-	})
+	for n := 1; ; n++ {
+		err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+			return tx.touchDevices(ctx, tenant, ids, t)
+		})
+		var pe *pgconn.PgError
+		if n == writeAttempts || !errors.As(err, &pe) || pe.Code != "23503" {
+			return err
+		}
+	}
 }
 
 // touchDevices is TouchDevices in tx: each device's row of
