@@ -38,9 +38,10 @@ INSERT INTO device_sightings (tenant, device_id, last_seen_at)
     SELECT tenant, id, last_seen_at FROM devices WHERE last_seen_at IS NOT NULL;
 {{postgres}}ALTER TABLE device_sightings ADD FOREIGN KEY (tenant, device_id) REFERENCES devices (tenant, id) ON DELETE CASCADE;
 
--- The column is dropped rather than left unused, so that nothing reads a
--- time that no longer moves. PostgreSQL only marks it dropped (no rewrite);
--- SQLite (3.35 and later) rewrites each row of devices once, here. A
--- replica older than this migration reads and writes the column: see
--- docs/operations.md, "Upgrades".
-ALTER TABLE devices DROP COLUMN last_seen_at;
+-- SQLite drops the column (3.35 and later rewrite each row of devices once,
+-- here): one process serves a SQLite database, so nothing older reads it.
+-- PostgreSQL keeps it, no longer written or read by this version, so that
+-- replicas older than this migration keep working while they are replaced
+-- one at a time (they read and write the old column meanwhile; see
+-- docs/operations.md, "Upgrades"). A later migration drops it.
+{{sqlite}}ALTER TABLE devices DROP COLUMN last_seen_at;
