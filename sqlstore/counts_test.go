@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
-	"github.com/fleetd/fleet/sqlstore"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -153,16 +152,7 @@ func TestCountsUnderConcurrentWrites(t *testing.T) {
 func TestCountsMigration(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		ctx := context.Background()
-		dsn := b.DSN(t)
-		db, err := sqlstore.Open(ctx, dsn, sqlstore.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer db.Close()
-		if err := db.MigrateTo(ctx, 17); err != nil {
-			t.Fatal(err)
-		}
-		raw := openRaw(t, b, dsn)
+		db, raw, dsn := openAtMigration(t, b, 17)
 		statuses := []string{"Queued", "Initiated", "Progress", "Completed", "Failed", "Scheduled"}
 		// 120 rows in 60 counts of 2: the residues' combinations repeat
 		// every 60 rows.

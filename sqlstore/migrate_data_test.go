@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/fleetd/fleet"
-	"github.com/fleetd/fleet/sqlstore"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -18,16 +17,7 @@ import (
 func TestMigrationsOnExistingData(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		ctx := context.Background()
-		dsn := b.DSN(t)
-		db, err := sqlstore.Open(ctx, dsn, sqlstore.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer db.Close()
-		if err := db.MigrateTo(ctx, 23); err != nil {
-			t.Fatal(err)
-		}
-		raw := openRaw(t, b, dsn)
+		db, raw, _ := openAtMigration(t, b, 23)
 		// Tenants and devices as the store writes them (devices with their
 		// rows of device_metadata, migration 0021); device actions as
 		// TestCountsMigration writes them.

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetd/fleet/sqlstore"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -18,16 +17,7 @@ import (
 func TestSightingsMigration(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
 		ctx := context.Background()
-		dsn := b.DSN(t)
-		db, err := sqlstore.Open(ctx, dsn, sqlstore.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer db.Close()
-		if err := db.MigrateTo(ctx, 45); err != nil {
-			t.Fatal(err)
-		}
-		raw := openRaw(t, b, dsn)
+		db, raw, _ := openAtMigration(t, b, 45)
 		t0 := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
 		for _, tenant := range []string{"acme", "beta"} {
 			mustTenant(t, db, tenant)
@@ -89,7 +79,7 @@ func TestSightingsMigration(t *testing.T) {
 		}
 		// SQLite drops the column; PostgreSQL keeps it for replicas older
 		// than the migration, still running while they are replaced.
-		_, err = raw.Exec("SELECT last_seen_at FROM devices")
+		_, err := raw.Exec("SELECT last_seen_at FROM devices")
 		if b.Name == "sqlite" && err == nil {
 			t.Error("devices on SQLite still has last_seen_at")
 		}

@@ -37,6 +37,24 @@ func openRaw(t testing.TB, b sqlstoretest.Backend, dsn string) *sql.DB {
 	return raw
 }
 
+// openAtMigration opens a new database of backend b migrated up to
+// migration n alone, as a release of then left it, with a raw connection
+// beside the store for what a test writes as that release's store did; it
+// returns both and the database's DSN, and closes them when the test ends.
+func openAtMigration(t *testing.T, b sqlstoretest.Backend, n int) (*sqlstore.DB, *sql.DB, string) {
+	t.Helper()
+	dsn := b.DSN(t)
+	db, err := sqlstore.Open(context.Background(), dsn, sqlstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := db.MigrateTo(context.Background(), n); err != nil {
+		t.Fatal(err)
+	}
+	return db, openRaw(t, b, dsn), dsn
+}
+
 // mustTenant creates a tenant and returns its admin key.
 func mustTenant(t testing.TB, db *sqlstore.DB, name string) string {
 	t.Helper()
