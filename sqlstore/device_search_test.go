@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -387,16 +388,8 @@ func TestDeviceSearchBadInput(t *testing.T) {
 // to its database.
 func openWithRaw(t testing.TB, b sqlstoretest.Backend) (*sqlstore.DB, *sql.DB) {
 	t.Helper()
-	dsn := b.DSN(t)
-	db, err := sqlstore.Open(context.Background(), dsn, sqlstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	if _, err := db.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return db, openRaw(t, b, dsn)
+	db, raw, _ := openAtMigration(t, b, math.MaxInt)
+	return db, raw
 }
 
 // referenceSearch is what search meant before migration 0019: every

@@ -38,10 +38,10 @@ func openRaw(t testing.TB, b sqlstoretest.Backend, dsn string) *sql.DB {
 }
 
 // openAtMigration opens a new database of backend b migrated up to
-// migration n alone, as a release of then left it, with a raw connection
+// migration n alone (math.MaxInt: all), as a release of then left it, with a raw connection
 // beside the store for what a test writes as that release's store did; it
 // returns both and the database's DSN, and closes them when the test ends.
-func openAtMigration(t *testing.T, b sqlstoretest.Backend, n int) (*sqlstore.DB, *sql.DB, string) {
+func openAtMigration(t testing.TB, b sqlstoretest.Backend, n int) (*sqlstore.DB, *sql.DB, string) {
 	t.Helper()
 	dsn := b.DSN(t)
 	db, err := sqlstore.Open(context.Background(), dsn, sqlstore.Options{})
