@@ -1,6 +1,8 @@
 package sqlstore
 
 import (
+	"bytes"
+	"compress/flate"
 	"context"
 	"database/sql"
 	"fmt"
@@ -366,3 +368,16 @@ func (db *DB) AdvanceReportsPlan(ctx context.Context, tenant string, reports []f
 	})
 	return advanced, 0, plan, err
 }
+
+// PackDeflate compresses a chunk's points as fleetd wrote chunks before
+// Zstandard (DEFLATE at its fastest), for tests that old chunks still read.
+func PackDeflate(text []byte) []byte {
+	var out bytes.Buffer
+	w, _ := flate.NewWriter(&out, flate.BestSpeed)
+	w.Write(text)
+	w.Close()
+	return out.Bytes()
+}
+
+// UnpackPoints is unpackPoints, a chunk's points read back.
+func UnpackPoints(b []byte) ([]byte, error) { return unpackPoints(b) }

@@ -2,7 +2,6 @@ package sqlstore
 
 import (
 	"bytes"
-	"compress/flate"
 	"context"
 	"crypto/sha256"
 	"database/sql"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/fleetd/fleet"
 	kflate "github.com/klauspost/compress/flate"
+	"github.com/klauspost/compress/zstd"
 )
 
 // Stream history (docs/telemetry.md, migration 0027). The points of one
@@ -1022,33 +1022,46 @@ func (db *DB) RunHistoryMaintenance(ctx context.Context, every time.Duration) {
 	}
 }
 
-var flaters = sync.Pool{New: func() any {
-	w, _ := flate.NewWriter(nil, flate.BestSpeed)
-	return w
-}}
+// A chunk's points are compressed with Zstandard (docs/telemetry.md, "How
+// points are kept"): a chunk of 1000 points of one field (35 KB of JSON)
+// is 4.3 KB, against 8.0 KB in DEFLATE at its fastest, which chunks were
+// written in before, and it is read back in 35 µs against 83 and written
+// in 110 against 138 (notebook, "Chunks in Zstandard"). The window is a
+// chunk's largest text: an encoder's memory stays that of one chunk.
+var (
+	chunkEncoder, _ = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest),
+		zstd.WithWindowSize(maxChunkWindow), zstd.WithLowerEncoderMem(true))
+	chunkDecoder, _ = zstd.NewReader(nil, zstd.WithDecoderLowmem(true), zstd.WithDecoderMaxMemory(maxChunkText),
+		zstd.WithDecoderMaxWindow(maxChunkText))
+)
+
+const (
+	// maxChunkWindow is the Zstandard window chunks are written with.
+	maxChunkWindow = 1 << 20
+	// maxChunkText bounds what a chunk inflates to: a chunk is the points
+	// of one ingest call (a request body or an MQTT payload, at most a
+	// few MB), so a larger one is a damaged row, not points.
+	maxChunkText = 64 << 20
+)
 
 // packPoints compresses a chunk's JSON.
 func packPoints(b []byte) []byte {
-	var out bytes.Buffer
-	out.Grow(len(b) / 4)
-	w := flaters.Get().(*flate.Writer)
-	w.Reset(&out)
-	w.Write(b) // a bytes.Buffer does not fail
-	w.Close()
-	flaters.Put(w)
-	return out.Bytes()
+	return chunkEncoder.EncodeAll(b, make([]byte, 0, len(b)/6+64))
 }
 
-// inflaters are DEFLATE readers to reuse: a reader's state is 40 KB
-// (and a read of a day's points inflates 87 chunks or more).
+// inflaters are DEFLATE readers to reuse: a reader's state is 40 KB.
 var inflaters sync.Pool
 
-// unpackPoints reads a chunk's JSON back. It inflates with
-// github.com/klauspost/compress/flate, which reads DEFLATE as the
-// standard library writes it (packPoints) and, from a *bytes.Reader,
-// about three times as fast: inflating was a fifth of the CPU of reading
-// a day of points (notebook, "A day's read: a few chunks a statement").
+// unpackPoints reads a chunk's JSON back: a Zstandard frame, or DEFLATE
+// from chunks written before (no DEFLATE stream starts with Zstandard's
+// magic number: those bytes would be a stored block whose length and its
+// complement disagree). DEFLATE is read with
+// github.com/klauspost/compress/flate, about three times as fast as the
+// standard library from a *bytes.Reader.
 func unpackPoints(b []byte) ([]byte, error) {
+	if bytes.HasPrefix(b, zstdMagic) {
+		return chunkDecoder.DecodeAll(b, nil)
+	}
 	src := bytes.NewReader(b)
 	r, _ := inflaters.Get().(io.ReadCloser)
 	if r == nil {
@@ -1057,8 +1070,14 @@ func unpackPoints(b []byte) ([]byte, error) {
 		return nil, err
 	}
 	defer inflaters.Put(r)
-	// Points take about 5 times their compressed size.
+	// Points took about 5 times their compressed size.
 	out := bytes.NewBuffer(make([]byte, 0, 6*len(b)+512))
-	_, err := out.ReadFrom(r)
+	_, err := out.ReadFrom(io.LimitReader(r, maxChunkText+1))
+	if err == nil && out.Len() > maxChunkText {
+		err = fmt.Errorf("a chunk's points exceed %d bytes", maxChunkText)
+	}
 	return out.Bytes(), err
 }
+
+// zstdMagic starts every Zstandard frame.
+var zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
