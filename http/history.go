@@ -136,7 +136,7 @@ func (s *Server) handlePoints(w http.ResponseWriter, r *http.Request) error {
 	if err := q.Err(); err != nil {
 		return err
 	}
-	page, err := s.History.FindPoints(r.Context(), tenantOf(r), id, stream, pq)
+	page, err := s.pointsAhead.find(r.Context(), s.History, tenantOf(r), id, stream, pq)
 	if err != nil {
 		return err
 	}

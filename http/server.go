@@ -4,6 +4,7 @@
 package fleethttp
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -136,7 +137,9 @@ type Server struct {
 	openAPIDoc []byte
 	limiters   limiters
 	decoding   *codec.Budget // of Limits.Decoding
-	bodies     *bodies       // of Limits.Held
+	// pointsAhead reads the next page of a client paging through points.
+	pointsAhead *readAhead
+	bodies      *bodies // of Limits.Held
 	// decodingShares: what one client may hold of decoding at once.
 	decodingShares *codec.Shares
 }
@@ -192,6 +195,7 @@ func (s *Server) build() {
 	s.limiters = newLimiters(s.Security, s.Now)
 	s.metrics = newMetrics(s.Registry)
 	s.bodies = newBodies(s.Limits.Held, s.Limits.Body, s.metrics.registry)
+	s.pointsAhead = newReadAhead(s.Now, s.metrics.registry)
 	s.mux, s.ddiMux = http.NewServeMux(), http.NewServeMux()
 	s.routes = s.addRoutes()
 	for _, rt := range s.routes {
@@ -232,6 +236,13 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	err := s.srv.Shutdown(ctx)
+	ahead := make(chan struct{})
+	go func() { s.pointsAhead.wait(); close(ahead) }()
+	select {
+	case <-ahead:
+	case <-ctx.Done():
+		err = cmp.Or(err, ctx.Err())
+	}
 	if s.Remote != nil {
 		// Remote sessions' connections were taken from the server
 		// (hijacked): its Shutdown does not wait for them.
