@@ -101,8 +101,13 @@ func (a *readAhead) find(ctx context.Context, h fleet.HistoryService, tenant, de
 }
 
 // claim takes the page read ahead under k, waiting for its read if it is
-// under way; nil if none is held, or it failed or waited too long.
+// under way; nil if none is held, or it failed, or the client asked for it
+// past aheadTTL. Whether the client is late is judged when it asks, not
+// once the read ends (docs/api.md, Lists): a client that asked in time
+// and waited for a read slower than aheadTTL would otherwise read the
+// page again, twice the reads when the database is slow.
 func (a *readAhead) claim(ctx context.Context, k aheadKey) *fleet.PointPage {
+	now := a.now()
 	a.mu.Lock()
 	e := a.pending[k]
 	if e != nil {
@@ -112,13 +117,17 @@ func (a *readAhead) claim(ctx context.Context, k aheadKey) *fleet.PointPage {
 	if e == nil {
 		return nil
 	}
+	if now.Sub(e.started) > aheadTTL {
+		go a.discard(e)
+		return nil
+	}
 	select {
 	case <-e.done:
 	case <-ctx.Done():
 		go a.discard(e)
 		return nil
 	}
-	if e.err != nil || a.now().Sub(e.started) > aheadTTL {
+	if e.err != nil {
 		a.outcome.WithLabelValues("unused").Inc()
 		e.page.Release()
 		return nil

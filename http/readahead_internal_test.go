@@ -1,0 +1,101 @@
+package fleethttp
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fleetd/fleet"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// slowPages is a HistoryService whose reads of the page under cursor
+// "slow" wait for release; every read is counted by cursor.
+type slowPages struct {
+	fleet.HistoryService
+	release chan struct{}
+	mu      sync.Mutex
+	reads   map[string]int
+}
+
+func (h *slowPages) FindPoints(ctx context.Context, tenant, device, stream string, q fleet.PointQuery) (*fleet.PointPage, error) {
+	h.mu.Lock()
+	h.reads[q.Cursor]++
+	h.mu.Unlock()
+	if q.Cursor == "slow" {
+		<-h.release
+	}
+	page := &fleet.PointPage{Next: q.Cursor + "+"}
+	for range q.Limit {
+		page.Points = append(page.Points, fleet.HistoryPoint{})
+	}
+	return page, nil
+}
+
+// TestReadAheadSlowRead: a client that asks for the page read ahead
+// within aheadTTL is answered from that read even when the read itself
+// takes longer than aheadTTL (docs/api.md, Lists), not made to wait for
+// it and then read the page again.
+func TestReadAheadSlowRead(t *testing.T) {
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixNano())
+	a := newReadAhead(func() time.Time { return time.Unix(0, clock.Load()) }, prometheus.NewRegistry())
+	h := &slowPages{release: make(chan struct{}), reads: map[string]int{}}
+	ctx := context.Background()
+	q := fleet.PointQuery{Limit: 2, Cursor: "slow"}
+	q2 := q
+	q2.Cursor = "pre"
+	// A page whose next is "slow" starts the slow read ahead.
+	h2 := &nextIs{h, "slow"}
+	page, err := a.find(ctx, h2, "acme", "d1", "env", q2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page.Release()
+	clock.Add(int64(time.Second)) // the client asks in time
+	got := make(chan *fleet.PointPage)
+	go func() {
+		p, err := a.find(ctx, h, "acme", "d1", "env", q)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- p
+	}()
+	// Wait until the client waits on the read ahead, then let the read
+	// take past aheadTTL.
+	for {
+		a.mu.Lock()
+		_, held := a.pending[newAheadKey("acme", "d1", "env", q)]
+		a.mu.Unlock()
+		if !held {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	clock.Add(int64(2 * time.Second))
+	close(h.release)
+	(<-got).Release()
+	a.wait()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if n := h.reads["slow"]; n != 1 {
+		t.Errorf("the page read ahead was read %d times, want once (answered from the read ahead)", n)
+	}
+}
+
+// nextIs answers the page under cursor "pre" with next as its next
+// cursor.
+type nextIs struct {
+	*slowPages
+	next string
+}
+
+func (h *nextIs) FindPoints(ctx context.Context, tenant, device, stream string, q fleet.PointQuery) (*fleet.PointPage, error) {
+	page, err := h.slowPages.FindPoints(ctx, tenant, device, stream, q)
+	if page != nil && q.Cursor == "pre" {
+		page.Next = h.next
+	}
+	return page, err
+}
