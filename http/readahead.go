@@ -161,9 +161,18 @@ func (a *readAhead) start(h fleet.HistoryService, k aheadKey, q fleet.PointQuery
 	}()
 }
 
-// expire drops the pages held past aheadTTL; a.mu is held.
+// expire drops the pages held past aheadTTL whose reads ended; a.mu is
+// held. A page still being read stays, and counts against the bounds:
+// dropping it would start another read while it goes on (up to
+// aheadTimeout), more reads at once than the bounds say when the database
+// is slowest. claim refuses it once past aheadTTL.
 func (a *readAhead) expire(now time.Time) {
 	for k, e := range a.pending {
+		select {
+		case <-e.done:
+		default:
+			continue
+		}
 		if now.Sub(e.started) > aheadTTL {
 			a.drop(k)
 			go a.discard(e)

@@ -99,3 +99,28 @@ func (h *nextIs) FindPoints(ctx context.Context, tenant, device, stream string, 
 	}
 	return page, err
 }
+
+// TestReadAheadBoundsReads: pages whose reads are under way count
+// against the bounds past aheadTTL, until their reads end: the reads
+// under way at once stay within maxAheadTenantPages of a tenant however
+// slow the database (docs/api.md, Lists).
+func TestReadAheadBoundsReads(t *testing.T) {
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixNano())
+	a := newReadAhead(func() time.Time { return time.Unix(0, clock.Load()) }, prometheus.NewRegistry())
+	h := &slowPages{release: make(chan struct{}), reads: map[string]int{}}
+	q := fleet.PointQuery{Limit: 2, Cursor: "slow"}
+	for i := range maxAheadTenantPages {
+		a.start(h, newAheadKey("acme", string(rune('a'+i)), "env", q), q)
+	}
+	clock.Add(int64(3 * time.Second)) // every read is past aheadTTL, and still under way
+	a.start(h, newAheadKey("acme", "late", "env", q), q)
+	a.mu.Lock()
+	_, started := a.pending[newAheadKey("acme", "late", "env", q)]
+	a.mu.Unlock()
+	close(h.release)
+	a.wait()
+	if started {
+		t.Errorf("a page was read ahead while %d reads of the tenant were under way", maxAheadTenantPages)
+	}
+}
