@@ -28,6 +28,7 @@ type readAhead struct {
 	mu      sync.Mutex
 	pending map[aheadKey]*aheadPage
 	tenants map[string]int // pending pages by tenant
+	closed  bool           // wait was called: no read starts
 	running sync.WaitGroup
 	outcome *prometheus.CounterVec
 }
@@ -143,6 +144,10 @@ func (a *readAhead) start(h fleet.HistoryService, k aheadKey, q fleet.PointQuery
 	e := &aheadPage{done: make(chan struct{}), started: now}
 	a.mu.Lock()
 	a.expire(now)
+	if a.closed {
+		a.mu.Unlock()
+		return
+	}
 	if _, ok := a.pending[k]; ok || len(a.pending) >= maxAheadPages || a.tenants[k.tenant] >= maxAheadTenantPages {
 		a.mu.Unlock()
 		a.outcome.WithLabelValues("skipped").Inc()
@@ -195,5 +200,14 @@ func (a *readAhead) discard(e *aheadPage) {
 	e.page.Release()
 }
 
-// wait returns once no page is being read ahead.
-func (a *readAhead) wait() { a.running.Wait() }
+// wait returns once no page is being read ahead, and starts no other
+// read: Server.Shutdown calls it once the server's requests are done, or
+// its context ended with some still in flight, whose reads ahead would
+// run against a store being closed (and Add to running while it is
+// waited on, which sync.WaitGroup forbids).
+func (a *readAhead) wait() {
+	a.mu.Lock()
+	a.closed = true
+	a.mu.Unlock()
+	a.running.Wait()
+}

@@ -124,3 +124,26 @@ func TestReadAheadBoundsReads(t *testing.T) {
 		t.Errorf("a page was read ahead while %d reads of the tenant were under way", maxAheadTenantPages)
 	}
 }
+
+// TestReadAheadAfterWait: once Shutdown waits for the reads ahead, no
+// other starts: a request still in flight when Shutdown's context ended
+// would otherwise start a read against a store being closed, and Add to
+// the WaitGroup being waited on.
+func TestReadAheadAfterWait(t *testing.T) {
+	a := newReadAhead(time.Now, prometheus.NewRegistry())
+	h := &slowPages{release: make(chan struct{}), reads: map[string]int{}}
+	close(h.release)
+	a.wait()
+	q := fleet.PointQuery{Limit: 2, Cursor: "c"}
+	page, err := a.find(context.Background(), h, "acme", "d1", "env", q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page.Release()
+	a.running.Wait()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if n := h.reads["c+"]; n != 0 {
+		t.Errorf("a page was read ahead after wait: %d reads", n)
+	}
+}
