@@ -355,11 +355,17 @@ func (db *DB) prepareHistory(ctx context.Context, tenant string, pts []fleet.Dat
 	var b []byte
 	var c *chunk
 	var fields map[string]*fieldRollups
-	flush := func() {
+	flush := func() error {
 		if c == nil {
-			return
+			return nil
 		}
 		b = append(b, ']')
+		if len(b) > maxChunkText {
+			// unpackPoints would refuse it: kept, it would be a chunk no
+			// read gets past (raised --max-body-bytes or
+			// --mqtt-max-packet-size let a batch be this large).
+			return fleet.Errorf(fleet.EINVALID, "the data points of one hour of the batch take %d bytes; at most %d are kept at once", len(b), maxChunkText)
+		}
 		c.id = chunkID(b)
 		c.points = packPoints(b)
 		var rs []rollup
@@ -369,6 +375,7 @@ func (db *DB) prepareHistory(ctx context.Context, tenant string, pts []fleet.Dat
 		c.rollups = encodeRollups(rs)
 		chunks = append(chunks, *c)
 		c = nil
+		return nil
 	}
 	for i := range pts {
 		p := &pts[i]
@@ -382,7 +389,9 @@ func (db *DB) prepareHistory(ctx context.Context, tenant string, pts []fleet.Dat
 			continue
 		}
 		if c != nil && floorTo(ts, hourMs) != floorTo(c.tsMin, hourMs) {
-			flush()
+			if err := flush(); err != nil {
+				return nil, err
+			}
 		}
 		if c == nil {
 			c = &chunk{tsMin: ts, received: millis(p.ReceivedAt)}
@@ -406,7 +415,9 @@ func (db *DB) prepareHistory(ctx context.Context, tenant string, pts []fleet.Dat
 			}
 		}
 	}
-	flush()
+	if err := flush(); err != nil {
+		return nil, err
+	}
 	return chunks, db.ensurePartitions(ctx, chunks)
 }
 
@@ -1043,7 +1054,8 @@ const (
 	maxChunkWindow = 1 << 20
 	// maxChunkText bounds what a chunk inflates to: a chunk is the points
 	// of one ingest call (a request body or an MQTT payload, at most a
-	// few MB), so a larger one is a damaged row, not points.
+	// few MB at the default limits), so a larger one is a damaged row,
+	// not points. prepareHistory refuses to write one.
 	maxChunkText = 64 << 20
 )
 
