@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fleetd/fleet"
@@ -353,7 +354,7 @@ func (tx *Tx) advanceReportRows(ctx context.Context, tenant string, reports []fl
 		vals = append(vals, action, r.DeviceID, state, progress, *r.Timestamp, seq)
 	}
 	query, args := tx.advanceStatement(tenant, vals)
-	res, err := tx.exec(ctx, query, args...)
+	res, err := tx.execBound(ctx, query, args...)
 	if err != nil {
 		return 0, err
 	}
@@ -376,24 +377,44 @@ func (tx *Tx) advanceReportRows(ctx context.Context, tenant string, reports []fl
 }
 
 // advanceStatement is advanceReportRows' statement and its arguments for
-// the reports whose advanceColumns vals holds, a row after another.
+// the reports whose advanceColumns vals holds, a row after another. A size
+// class's text is made once (advanceTexts), already in the dialect's
+// placeholders: built and looked up for every batch, it was a third of the
+// bytes fleetd allocated in S10 on PostgreSQL (docs/benchmarks-notebook.md,
+// "The advancing UPDATE's text made once").
 func (tx *Tx) advanceStatement(tenant string, vals []any) (string, []any) {
 	rows := len(vals) / len(advanceColumns)
-	args := []any{millis(tx.now)}
-	var from string
 	if tx.db.pgArrays(rows) {
-		var arrays []any
-		from, arrays = unnestTable("v", advanceColumns, advanceTypes, vals)
-		args = append(args, arrays...)
-	} else {
-		n := sizeClass(rows)
-		args = append(args, vals...)
-		for range n - rows {
-			args = append(args, 0, "", "", nil, 0, 0) // action id 0 names no action
-		}
-		from = tx.db.dialect.valuesTable("v", advanceColumns, advanceTypes, n)
+		from, arrays := unnestTable("v", advanceColumns, advanceTypes, vals)
+		args := make([]any, 0, 2+len(arrays))
+		args = append(append(append(args, millis(tx.now)), arrays...), tenant)
+		return tx.db.dialect.rebind(advanceSet + " FROM " + from + advanceWhere), args
 	}
-	return advanceSet + " FROM " + from + advanceWhere, append(args, tenant)
+	n := sizeClass(rows)
+	args := make([]any, 0, 2+n*len(advanceColumns))
+	args = append(append(args, millis(tx.now)), vals...)
+	for range n - rows {
+		args = append(args, 0, "", "", nil, 0, 0) // action id 0 names no action
+	}
+	return advanceTexts[tx.db.dialect].of(n), append(args, tenant)
+}
+
+// advanceText holds advanceStatement's texts of one dialect, a size class
+// each, made on first use.
+type advanceText struct {
+	d     dialect
+	texts sync.Map // size class → string
+}
+
+var advanceTexts = [...]*advanceText{sqlite: {d: sqlite}, postgres: {d: postgres}}
+
+func (a *advanceText) of(n int) string {
+	if q, ok := a.texts.Load(n); ok {
+		return q.(string)
+	}
+	q := a.d.rebind(advanceSet + " FROM " + a.d.valuesTable("v", advanceColumns, advanceTypes, n) + advanceWhere)
+	a.texts.Store(n, q)
+	return q
 }
 
 // answerCancel applies a device's final word on a cancel_action to the

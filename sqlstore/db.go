@@ -420,7 +420,12 @@ func (tx *Tx) stmt(ctx context.Context, query string) (context.Context, *sql.Stm
 }
 
 func (tx *Tx) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	query = tx.db.dialect.rebind(query)
+	return tx.execBound(ctx, tx.db.dialect.rebind(query), args...)
+}
+
+// execBound is exec of a query already in the dialect's placeholders
+// (dialect.rebind), which it does not look up again.
+func (tx *Tx) execBound(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	if ctx, st := tx.stmt(ctx, query); st != nil {
 		return st.ExecContext(ctx, args...)
 	}
