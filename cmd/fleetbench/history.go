@@ -492,7 +492,17 @@ func (r *runner) historyDrop(ctx context.Context, db *sql.DB, dev, src string, d
 			}
 		}()
 	}
-	time.Sleep(2 * time.Second) // ingest before the drops
+	// Ingest before the drops, the partitions polled as during them (a
+	// query every 2 ms): both windows carry the polling's load.
+	var pollErr error
+	for until := time.Now().Add(2 * time.Second); pollErr == nil && time.Now().Before(until); time.Sleep(2 * time.Millisecond) {
+		_, pollErr = left()
+	}
+	if pollErr != nil {
+		close(stop)
+		wg.Wait()
+		return fmt.Errorf("history: poll the partitions before their drop: %w", pollErr)
+	}
 	t0 := time.Now()
 	dropErr := r.admin.call(ctx, "PUT", "/api/v1/tenants/"+r.t.tenant+"/stream-retention", map[string]any{"retention_seconds": 0}, http.StatusNoContent, nil)
 	var gone []time.Time // each partition's, in the order they went
