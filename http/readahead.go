@@ -27,8 +27,7 @@ type readAhead struct {
 	now     func() time.Time
 	mu      sync.Mutex
 	pending map[aheadKey]*aheadPage
-	tenants map[string]int // pending pages by tenant
-	closed  bool           // wait was called: no read starts
+	closed  bool // wait was called: no read starts
 	running sync.WaitGroup
 	outcome *prometheus.CounterVec
 }
@@ -70,7 +69,7 @@ type aheadPage struct {
 }
 
 func newReadAhead(now func() time.Time, reg *prometheus.Registry) *readAhead {
-	a := &readAhead{now: now, pending: map[aheadKey]*aheadPage{}, tenants: map[string]int{},
+	a := &readAhead{now: now, pending: map[aheadKey]*aheadPage{},
 		outcome: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fleetd_history_pages_read_ahead_total",
 			Help: "Pages of stream points read ahead of a client paging through them, by outcome: used (the client asked for it), unused (not asked for in time, or read in error), or skipped (too many pages held).",
@@ -111,9 +110,7 @@ func (a *readAhead) claim(ctx context.Context, k aheadKey) *fleet.PointPage {
 	now := a.now()
 	a.mu.Lock()
 	e := a.pending[k]
-	if e != nil {
-		a.drop(k)
-	}
+	delete(a.pending, k)
 	a.mu.Unlock()
 	if e == nil {
 		return nil
@@ -129,8 +126,7 @@ func (a *readAhead) claim(ctx context.Context, k aheadKey) *fleet.PointPage {
 		return nil
 	}
 	if e.err != nil {
-		a.outcome.WithLabelValues("unused").Inc()
-		e.page.Release()
+		a.discard(e)
 		return nil
 	}
 	a.outcome.WithLabelValues("used").Inc()
@@ -148,13 +144,12 @@ func (a *readAhead) start(h fleet.HistoryService, k aheadKey, q fleet.PointQuery
 		a.mu.Unlock()
 		return
 	}
-	if _, ok := a.pending[k]; ok || len(a.pending) >= maxAheadPages || a.tenants[k.tenant] >= maxAheadTenantPages {
+	if _, ok := a.pending[k]; ok || len(a.pending) >= maxAheadPages || a.held(k.tenant) >= maxAheadTenantPages {
 		a.mu.Unlock()
 		a.outcome.WithLabelValues("skipped").Inc()
 		return
 	}
 	a.pending[k] = e
-	a.tenants[k.tenant]++
 	a.running.Add(1)
 	a.mu.Unlock()
 	go func() {
@@ -179,21 +174,26 @@ func (a *readAhead) expire(now time.Time) {
 			continue
 		}
 		if now.Sub(e.started) > aheadTTL {
-			a.drop(k)
+			delete(a.pending, k)
 			go a.discard(e)
 		}
 	}
 }
 
-// drop forgets the page under k; a.mu is held.
-func (a *readAhead) drop(k aheadKey) {
-	delete(a.pending, k)
-	if a.tenants[k.tenant]--; a.tenants[k.tenant] <= 0 {
-		delete(a.tenants, k.tenant)
+// held counts the pages held for tenant, at most maxAheadPages to look
+// at; a.mu is held.
+func (a *readAhead) held(tenant string) int {
+	n := 0
+	for k := range a.pending {
+		if k.tenant == tenant {
+			n++
+		}
 	}
+	return n
 }
 
-// discard releases a page nobody claimed, once it is read.
+// discard releases a page nobody claimed (or read in error), once it is
+// read.
 func (a *readAhead) discard(e *aheadPage) {
 	<-e.done
 	a.outcome.WithLabelValues("unused").Inc()

@@ -2,6 +2,7 @@ package fleethttp
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,7 +13,8 @@ import (
 )
 
 // slowPages is a HistoryService whose reads of the page under cursor
-// "slow" wait for release; every read is counted by cursor.
+// "slow" wait for release, and whose first read under "flaky" fails;
+// every read is counted by cursor.
 type slowPages struct {
 	fleet.HistoryService
 	release chan struct{}
@@ -23,7 +25,11 @@ type slowPages struct {
 func (h *slowPages) FindPoints(ctx context.Context, tenant, device, stream string, q fleet.PointQuery) (*fleet.PointPage, error) {
 	h.mu.Lock()
 	h.reads[q.Cursor]++
+	n := h.reads[q.Cursor]
 	h.mu.Unlock()
+	if q.Cursor == "flaky" && n == 1 {
+		return nil, errors.New("the database is unavailable")
+	}
 	if q.Cursor == "slow" {
 		<-h.release
 	}
@@ -34,15 +40,21 @@ func (h *slowPages) FindPoints(ctx context.Context, tenant, device, stream strin
 	return page, nil
 }
 
+// newTestReadAhead returns a readAhead counting in reg on a clock the
+// test moves, and slowPages to read from.
+func newTestReadAhead(reg *prometheus.Registry) (*readAhead, *atomic.Int64, *slowPages) {
+	clock := new(atomic.Int64)
+	clock.Store(time.Now().UnixNano())
+	a := newReadAhead(func() time.Time { return time.Unix(0, clock.Load()) }, reg)
+	return a, clock, &slowPages{release: make(chan struct{}), reads: map[string]int{}}
+}
+
 // TestReadAheadSlowRead: a client that asks for the page read ahead
 // within aheadTTL is answered from that read even when the read itself
 // takes longer than aheadTTL (docs/api.md, Lists), not made to wait for
 // it and then read the page again.
 func TestReadAheadSlowRead(t *testing.T) {
-	var clock atomic.Int64
-	clock.Store(time.Now().UnixNano())
-	a := newReadAhead(func() time.Time { return time.Unix(0, clock.Load()) }, prometheus.NewRegistry())
-	h := &slowPages{release: make(chan struct{}), reads: map[string]int{}}
+	a, clock, h := newTestReadAhead(prometheus.NewRegistry())
 	ctx := context.Background()
 	q := fleet.PointQuery{Limit: 2, Cursor: "slow"}
 	q2 := q
@@ -105,10 +117,7 @@ func (h *nextIs) FindPoints(ctx context.Context, tenant, device, stream string, 
 // under way at once stay within maxAheadTenantPages of a tenant however
 // slow the database (docs/api.md, Lists).
 func TestReadAheadBoundsReads(t *testing.T) {
-	var clock atomic.Int64
-	clock.Store(time.Now().UnixNano())
-	a := newReadAhead(func() time.Time { return time.Unix(0, clock.Load()) }, prometheus.NewRegistry())
-	h := &slowPages{release: make(chan struct{}), reads: map[string]int{}}
+	a, clock, h := newTestReadAhead(prometheus.NewRegistry())
 	q := fleet.PointQuery{Limit: 2, Cursor: "slow"}
 	for i := range maxAheadTenantPages {
 		a.start(h, newAheadKey("acme", string(rune('a'+i)), "env", q), q)
@@ -130,8 +139,7 @@ func TestReadAheadBoundsReads(t *testing.T) {
 // would otherwise start a read against a store being closed, and Add to
 // the WaitGroup being waited on.
 func TestReadAheadAfterWait(t *testing.T) {
-	a := newReadAhead(time.Now, prometheus.NewRegistry())
-	h := &slowPages{release: make(chan struct{}), reads: map[string]int{}}
+	a, _, h := newTestReadAhead(prometheus.NewRegistry())
 	close(h.release)
 	a.wait()
 	q := fleet.PointQuery{Limit: 2, Cursor: "c"}
@@ -145,5 +153,43 @@ func TestReadAheadAfterWait(t *testing.T) {
 	defer h.mu.Unlock()
 	if n := h.reads["c+"]; n != 0 {
 		t.Errorf("a page was read ahead after wait: %d reads", n)
+	}
+}
+
+// TestReadAheadFailedRead: a read ahead that failed is not the client's
+// answer: the client's request reads the page itself.
+func TestReadAheadFailedRead(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	a, _, h := newTestReadAhead(reg)
+	close(h.release)
+	ctx := context.Background()
+	page, err := a.find(ctx, &nextIs{h, "flaky"}, "acme", "d1", "env", fleet.PointQuery{Limit: 2, Cursor: "pre"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	page.Release()
+	page, err = a.find(ctx, h, "acme", "d1", "env", fleet.PointQuery{Limit: 2, Cursor: "flaky"})
+	if err != nil {
+		t.Fatalf("the page whose read ahead failed: %v", err)
+	}
+	page.Release()
+	a.wait()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if n := h.reads["flaky"]; n != 2 {
+		t.Errorf("the page was read %d times, want twice (ahead, failing, then for the client)", n)
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := map[string]float64{}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			n[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+		}
+	}
+	if n["used"] != 0 || n["unused"] != 1 {
+		t.Errorf("pages read ahead: %v; want the failed one unused, none used", n)
 	}
 }
