@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -116,12 +117,18 @@ func (s *storage) updateRate(ctx context.Context, d time.Duration) (float64, err
 	return float64(total.Load()) / time.Since(start).Seconds(), nil
 }
 
-// insertTime measures one INSERT … SELECT of n rows shaped like
-// device_actions, from a table shaped like devices, into a table with the
-// primary key only, committed: what a dispatch to n devices costs the
-// database at the least. The meter measures the insert and its commit
-// alone (on SQLite, fleetbench's CPU is the database's).
-func (s *storage) insertTime(ctx context.Context, n int) (time.Duration, *cpuMeter, error) {
+// insertTime measures one INSERT … SELECT of the n rows a dispatch to the
+// fleet writes: device actions of the fleet's tenant and device ids (ids
+// made as fleetbench's ids(prefix, n) makes them) and metadata, read from a
+// table with the columns of fleetd's devices, into a table with the columns
+// of a device action and its primary key only, committed. That is what the
+// dispatch costs the database at the least: the same keys in the same
+// B-trees, without fleetd's other indexes, counts and audit. On SQLite the
+// commit copies nothing into the database file (wal_autocheckpoint off, as
+// fleetd's writer, whose checkpoints run apart from its commits); the WAL is
+// checkpointed after the measurement. The meter measures the insert and its
+// commit alone (on SQLite, fleetbench's CPU is the database's).
+func (s *storage) insertTime(ctx context.Context, n int, tenant, prefix, metadata string) (time.Duration, *cpuMeter, error) {
 	json := "TEXT"
 	if s.dialect == "postgres" {
 		json = "JSONB"
@@ -129,8 +136,9 @@ func (s *storage) insertTime(ctx context.Context, n int) (time.Duration, *cpuMet
 	for _, q := range []string{
 		"DROP TABLE IF EXISTS ins_src",
 		"DROP TABLE IF EXISTS ins_dst",
-		"CREATE TABLE ins_src (tenant TEXT NOT NULL, id TEXT NOT NULL, metadata " + json + " NOT NULL, PRIMARY KEY (tenant, id))",
-		s.series("INSERT INTO ins_src SELECT 'b', %s, '{}' FROM %s", n),
+		`CREATE TABLE ins_src (tenant TEXT NOT NULL, id TEXT NOT NULL, token_hash TEXT NOT NULL, metadata ` + json + ` NOT NULL,
+			components ` + json + ` NOT NULL, created_at BIGINT NOT NULL, last_seen_at BIGINT, PRIMARY KEY (tenant, id))`,
+		s.fleet("INSERT INTO ins_src SELECT "+quoteSQL(tenant)+", %s, %s, "+quoteSQL(metadata)+", '{}', 0, NULL FROM %s", prefix, n),
 		`CREATE TABLE ins_dst (tenant TEXT NOT NULL, action_id BIGINT NOT NULL, device_id TEXT NOT NULL, type TEXT NOT NULL,
 			status TEXT NOT NULL, action_status TEXT NOT NULL, progress INTEGER NOT NULL, errors ` + json + ` NOT NULL,
 			error_count INTEGER NOT NULL, user_email TEXT NOT NULL, user_name TEXT NOT NULL, serial_metadata ` + json + ` NOT NULL,
@@ -140,25 +148,66 @@ func (s *storage) insertTime(ctx context.Context, n int) (time.Duration, *cpuMet
 			return 0, nil, fmt.Errorf("insert baseline: %w", err)
 		}
 	}
+	if s.dialect != "postgres" {
+		// The source's rows out of the WAL, so that the insert reads the
+		// database file as fleetd's reads its devices, and no checkpoint in
+		// the timed commit.
+		for _, q := range []string{"PRAGMA wal_checkpoint(TRUNCATE)", "PRAGMA wal_autocheckpoint = 0"} {
+			if _, err := s.db.ExecContext(ctx, q); err != nil {
+				return 0, nil, fmt.Errorf("insert baseline: %w", err)
+			}
+		}
+	}
 	cpu := startCPU(0)
 	start := time.Now()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, nil, err
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO ins_dst SELECT tenant, 1, id, 'reboot', 'Queued', 'Queued', 0, '{}', 0,
-		'', 'admin', metadata, 0, 0 FROM ins_src WHERE tenant = 'b'`); err != nil {
+	res, err := tx.ExecContext(ctx, s.rebind(`INSERT INTO ins_dst SELECT tenant, 1, id, 'reboot', 'Queued', 'Queued', 0, '{}', 0,
+		'', 'admin', metadata, 0, 0 FROM ins_src WHERE tenant = ?`), tenant)
+	if err != nil {
 		tx.Rollback()
 		return 0, nil, fmt.Errorf("insert baseline: %w", err)
+	}
+	if got, err := res.RowsAffected(); err != nil || got != int64(n) {
+		tx.Rollback()
+		return 0, nil, fmt.Errorf("insert baseline: inserted %d rows, want %d (%v)", got, n, err)
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, nil, fmt.Errorf("insert baseline: %w", err)
 	}
 	elapsed := time.Since(start)
 	cpu.stop()
-	_, err = s.db.ExecContext(ctx, "DROP TABLE ins_dst")
-	return elapsed, cpu, err
+	for _, q := range []string{"DROP TABLE ins_dst", "DROP TABLE ins_src"} {
+		if _, err := s.db.ExecContext(ctx, q); err != nil {
+			return 0, nil, fmt.Errorf("insert baseline: %w", err)
+		}
+	}
+	if s.dialect != "postgres" {
+		for _, q := range []string{"PRAGMA wal_autocheckpoint = 1000", "PRAGMA wal_checkpoint(TRUNCATE)"} {
+			if _, err := s.db.ExecContext(ctx, q); err != nil {
+				return 0, nil, fmt.Errorf("insert baseline: %w", err)
+			}
+		}
+	}
+	return elapsed, cpu, nil
 }
+
+// fleet fills q's three %s with the id expression of ids(prefix, n), a
+// token hash's (64 hexadecimal digits, as fleetd keeps a device's) and a
+// row source of n numbered rows, in the dialect's way.
+func (s *storage) fleet(q, prefix string, n int) string {
+	if s.dialect == "postgres" {
+		return fmt.Sprintf(q, quoteSQL(prefix+"-")+" || lpad(i::text, 7, '0')", "md5(i::text) || md5((-i)::text)",
+			fmt.Sprintf("generate_series(0, %d) AS g(i)", n-1))
+	}
+	return fmt.Sprintf("WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i + 1 < %d) "+q,
+		n, "printf('%s-%07d', "+quoteSQL(prefix)+", i)", "lower(hex(randomblob(32)))", "c")
+}
+
+// quoteSQL is s as an SQL string literal.
+func quoteSQL(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // series fills q's two %s with a device id expression and a row source of
 // n numbered rows, in the dialect's way.

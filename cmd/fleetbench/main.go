@@ -139,7 +139,10 @@ Scenarios (--scenarios takes a comma-separated subset):
                (GET /api/v1/devices?metadata.site=…&limit=1), 50 of each in
                turns, one at a time: the medians' ratio (at most 2x).
   dispatch     dispatch to 100,000 and to 1,000,000 devices (search_type
-               all, a tenant each): time to the 201, ÷ the raw insert.
+               all, a tenant each): time to the 201, ÷ the raw insert of
+               the same rows (the fleet's tenant and device ids, from a
+               table with the columns of fleetd's devices, into one with a
+               device action's columns and primary key only).
   s7           S7 on a device with 10,000 actions: p99 ÷ p50 for every sort_by
                (limit=50, page 1, alternating desc and asc), measured once
                the machine has been quiet for a second (waiting at most a

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -577,13 +578,18 @@ func (r *runner) dispatchOne(ctx context.Context, i int) error {
 	}
 	n := r.sz.dispatch[i]
 	a, body, meta := r.dispatchFleet(i)
-	if _, err := a.provision(ctx, ids(fmt.Sprintf("dp%d-%s", i, r.runID), n), meta, r.p, fmt.Sprintf("dispatch: provisioned devices of the %s fleet", thousands(float64(n)))); err != nil {
+	prefix := fmt.Sprintf("dp%d-%s", i, r.runID)
+	if _, err := a.provision(ctx, ids(prefix, n), meta, r.p, fmt.Sprintf("dispatch: provisioned devices of the %s fleet", thousands(float64(n)))); err != nil {
 		return err
 	}
 	baseline := ""
 	if r.store != nil {
 		r.p.say("baseline: %s INSERT … SELECT of %s rows", dialectName(r.store.dialect), thousands(float64(n)))
-		d, cpu, err := r.store.insertTime(ctx, n)
+		metadata := []byte("{}")
+		if meta != nil {
+			metadata, _ = json.Marshal(meta)
+		}
+		d, cpu, err := r.store.insertTime(ctx, n, a.tenant, prefix, string(metadata))
 		if err != nil {
 			return err
 		}
@@ -592,7 +598,7 @@ func (r *runner) dispatchOne(ctx context.Context, i int) error {
 		if r.store.dialect != "postgres" {
 			note = cpu.seconds() // PostgreSQL's work is the server's
 		}
-		r.rep.addBaseline(baseline, "INSERT "+short(n), &figure{Name: fmt.Sprintf("%s INSERT … SELECT of %s rows, primary key only", dialectName(r.store.dialect), thousands(float64(n))),
+		r.rep.addBaseline(baseline, "INSERT "+short(n), &figure{Name: fmt.Sprintf("%s INSERT … SELECT of the fleet's %s device actions, primary key only", dialectName(r.store.dialect), thousands(float64(n))),
 			Value: d.Seconds(), Unit: seconds, Note: note})
 	}
 	r.p.say("dispatch: to %s devices", thousands(float64(n)))
