@@ -96,7 +96,11 @@ func (db *DB) MarkDelivered(ctx context.Context, receipts []fleet.ActionReceipt)
 		return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.ActionID, b.ActionID), cmp.Compare(a.DeviceID, b.DeviceID))
 	})
 	receipts = slices.Compact(receipts)
-	return db.update(ctx, func(ctx context.Context, tx *Tx) error {
+	locks := make([]lockKey, len(receipts))
+	for i, r := range receipts {
+		locks[i] = lockKey{r.Tenant, r.ActionID, r.DeviceID}
+	}
+	return db.updateLocking(ctx, locks, false, func(ctx context.Context, tx *Tx) error {
 		now := millis(tx.now)
 		for start := 0; start < len(receipts); start += reportChunk {
 			chunk := receipts[start:min(start+reportChunk, len(receipts))]

@@ -668,7 +668,10 @@ func (d dialect) nothingToCancel() string {
 // action.
 func (db *DB) CancelAction(ctx context.Context, tenant string, id int64, tell *fleet.Dispatch) (*fleet.Cancellation, error) {
 	var c *fleet.Cancellation
-	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+	// A transaction of its own on PostgreSQL: in a group commit's, the
+	// rows other jobs locked before it would come before its own in no
+	// common order (see lockAhead).
+	err := db.updateAlone(ctx, func(ctx context.Context, tx *Tx) error {
 		var one int
 		err := tx.queryRow(ctx, "SELECT 1 FROM actions WHERE tenant = ? AND id = ?", tenant, id).Scan(&one)
 		if errors.Is(err, sql.ErrNoRows) {

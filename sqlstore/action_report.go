@@ -31,8 +31,31 @@ import (
 // the action service records sightings in batches (TouchDevices), off the
 // hottest path.
 func (db *DB) ReportStatus(ctx context.Context, tenant string, reports []fleet.StatusReport) ([]error, error) {
+	j, errs := db.reportJob(tenant, reports)
+	if err := db.updateLocking(ctx, j.locks, j.ahead, j.fn); err != nil {
+		return nil, err
+	}
+	return errs, nil
+}
+
+// reportJob is ReportStatus's piece of a batch, without its context, and
+// the reports' errors it fills in.
+func (db *DB) reportJob(tenant string, reports []fleet.StatusReport) (*job, []error) {
 	errs := make([]error, len(reports))
-	err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+	locks := make([]lockKey, len(reports))
+	for i, r := range reports {
+		locks[i] = lockKey{tenant, r.ActionID, r.DeviceID}
+	}
+	// A batch of reports advanceReports writes and others the locking
+	// SELECT reads would lock its device actions in two passes, each in
+	// order but not the two together: it locks them first (lockAhead).
+	// The steady flow, all of one kind, needs no statement more.
+	mixed := false
+	if db.dialect == postgres && !db.reportsReadFirst {
+		n := len(advanceCandidates(reports))
+		mixed = n > 0 && n < len(reports)
+	}
+	return &job{locks: locks, ahead: mixed, fn: func(ctx context.Context, tx *Tx) error {
 		found, err := tx.applyReports(ctx, tenant, reports)
 		if err != nil {
 			return err
@@ -44,11 +67,7 @@ func (db *DB) ReportStatus(ctx context.Context, tenant string, reports []fleet.S
 			}
 		}
 		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return errs, nil
+	}}, errs
 }
 
 // TouchDevices records that devices were seen at t. A device seen later
@@ -248,6 +267,23 @@ func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.S
 	return found, nil
 }
 
+// advanceCandidates are the reports advanceReports may write without
+// reading their device actions first: those of a state that is not final,
+// without errors, with a timestamp, the only one of the batch on their
+// device action.
+func advanceCandidates(reports []fleet.StatusReport) []int {
+	var cands []int
+	once := make(map[reportKey]int, len(reports)) // a key's reports in the batch
+	for i, r := range reports {
+		k := reportKey{r.ActionID, r.DeviceID}
+		once[k]++
+		if r.Timestamp != nil && len(r.Errors) == 0 && fleet.ReportEvent(r.State) == fleet.EventProgress {
+			cands = append(cands, i)
+		}
+	}
+	return slices.DeleteFunc(cands, func(i int) bool { return once[reportKey{reports[i].ActionID, reports[i].DeviceID}] > 1 })
+}
+
 // advanceReports applies, without reading them first, the reports that
 // only move a device action in flight along: a report of a state that is
 // not final, without errors, with its own timestamp, the only one of the
@@ -264,24 +300,18 @@ func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.S
 // otherwise a locking SELECT and an UPDATE, and on PostgreSQL one round
 // trip more.
 func (tx *Tx) advanceReports(ctx context.Context, tenant string, reports []fleet.StatusReport, found []bool) (int, error) {
-	var cands []int
-	once := make(map[reportKey]int, len(reports)) // a key's reports in the batch
-	for i, r := range reports {
-		k := reportKey{r.ActionID, r.DeviceID}
-		once[k]++
-		if r.Timestamp != nil && len(r.Errors) == 0 && fleet.ReportEvent(r.State) == fleet.EventProgress {
-			cands = append(cands, i)
-		}
-	}
-	cands = slices.DeleteFunc(cands, func(i int) bool { return once[reportKey{reports[i].ActionID, reports[i].DeviceID}] > 1 })
+	cands := advanceCandidates(reports)
 	if len(cands) == 0 {
 		return 0, nil
 	}
 	// In the writers' order of locks (applyReports). The locking SELECT
 	// of the reports left after it may then lock a device action before
-	// one this statement locked, out of that order; two batches meet so
-	// only on the same device action, which a device reports on one
-	// report at a time, and a deadlock is retried (db.update).
+	// one this statement locked, out of that order: ReportStatus has a
+	// batch with reports of both kinds locked first, all in order
+	// (lockAhead), and those that are left (a chunk of which this
+	// statement wrote some) meet another batch only on the same device
+	// action, which a device reports on one report at a time, or a cancel
+	// of the action, and a deadlock is retried (db.update).
 	slices.SortFunc(cands, func(a, b int) int {
 		if c := cmp.Compare(reports[a].ActionID, reports[b].ActionID); c != 0 {
 			return c

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -52,9 +53,10 @@ func TestWritersContend(t *testing.T) {
 		}
 
 		var (
-			wg    sync.WaitGroup
-			done  atomic.Bool
-			calls atomic.Int64
+			wg      sync.WaitGroup
+			done    atomic.Bool
+			calls   atomic.Int64
+			slowest time.Duration // of the cancels, each a second a deadlock it lost
 		)
 		const reporters = 8
 		for w := range reporters {
@@ -107,10 +109,12 @@ func TestWritersContend(t *testing.T) {
 				poll.Until(t, time.Minute, fmt.Sprintf("reports in round %d", round), func() bool { return calls.Load() >= from+2*reporters })
 				p := current.Load()
 				for _, id := range []int64{p.b, p.a} {
+					start := time.Now()
 					if _, err := db.CancelAction(ctx, "acme", id, tell(id, "reboot")); err != nil {
-						t.Errorf("cancel %d: %v", id, err)
+						t.Errorf("cancel %d after %s: %v", id, time.Since(start).Round(time.Millisecond), err)
 						return
 					}
+					slowest = max(slowest, time.Since(start))
 				}
 				if err := dispatchPair(); err != nil {
 					t.Errorf("dispatch round %d: %v", round+1, err)
@@ -136,7 +140,7 @@ func TestWritersContend(t *testing.T) {
 		})
 		wg.Wait()
 		st := db.Stats()
-		t.Logf("%d report calls; %d commits of %d jobs, %d retried", calls.Load(), st.Commits, st.Jobs, st.Retries)
+		t.Logf("%d report calls; %d commits of %d jobs, %d retried; the slowest cancel %s", calls.Load(), st.Commits, st.Jobs, st.Retries, slowest.Round(time.Millisecond))
 	})
 }
 
@@ -177,6 +181,80 @@ func TestReceiptsAndReportsLockInOneOrder(t *testing.T) {
 		}
 		if st := db.Stats(); st.Retries != 0 {
 			t.Errorf("%d writes were run again after PostgreSQL aborted them; want none", st.Retries)
+		}
+	})
+}
+
+// TestBatchLocksAhead: a batch whose device actions would be locked out of
+// order, because it is several callers' reports or one caller's of both
+// kinds (some written by the advancing UPDATE, the rest read first), locks
+// them all first, in the order a cancel locks them. A transaction holding
+// the first device action makes the batch wait there holding none: the
+// holder can then lock the second without waiting (NOWAIT), where before
+// the batch held it and the two deadlocked.
+func TestBatchLocksAhead(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		if b.Name != "postgres" {
+			t.Skip("SQLite's one writer locks no rows")
+		}
+		db, _ := mustOpen(t, b)
+		ctx := context.Background()
+		mustTenant(t, db, "acme")
+		numberedDevices(t, db, "acme", "d%02d", 10)
+		a, err := db.DispatchAction(ctx, "acme", dispatch("reboot", "all"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// d05 in Progress, so that a report of progress on it is written
+		// without being read first.
+		if _, err := db.ReportStatus(ctx, "acme", []fleet.StatusReport{{ActionID: a.ID, DeviceID: "d05", State: "Downloading", Timestamp: i64(1), Sequence: i64(1)}}); err != nil {
+			t.Fatal(err)
+		}
+		first := fleet.StatusReport{ActionID: a.ID, DeviceID: "d00", State: "Completed", Timestamp: i64(2), Sequence: i64(2)}
+		later := fleet.StatusReport{ActionID: a.ID, DeviceID: "d05", State: "Downloading", Timestamp: i64(3), Sequence: i64(3)}
+		for _, tc := range []struct {
+			name    string
+			reports [][]fleet.StatusReport
+		}{
+			{"two callers", [][]fleet.StatusReport{{later}, {first}}},
+			{"one caller, both kinds", [][]fleet.StatusReport{{later, first}}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				holder, err := db.BeginWrite(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer holder.Rollback()
+				lock := "SELECT 1 FROM device_actions WHERE tenant = $1 AND action_id = $2 AND device_id = $3 FOR UPDATE"
+				if _, err := holder.ExecContext(ctx, lock, "acme", a.ID, first.DeviceID); err != nil {
+					t.Fatal(err)
+				}
+				done := make(chan error, 1)
+				go func() { done <- db.ReportInOneBatch(ctx, "acme", tc.reports...) }()
+				poll.Until(t, time.Minute, "the batch waiting for the holder", func() bool {
+					var n int
+					err := holder.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks
+						WHERE NOT granted AND locktype = 'transactionid' AND transactionid = pg_current_xact_id()::xid`).Scan(&n)
+					return err == nil && n > 0
+				})
+				if _, err := holder.ExecContext(ctx, lock+" NOWAIT", "acme", a.ID, later.DeviceID); err != nil {
+					t.Fatalf("%s, which the batch waiting for %s should not hold yet: %v", later.DeviceID, first.DeviceID, err)
+				}
+				if err := holder.Commit(); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-done; err != nil {
+					t.Fatal(err)
+				}
+				for _, r := range []fleet.StatusReport{first, later} {
+					got, err := db.ReportColumns(ctx, "acme", a.ID, r.DeviceID)
+					if err != nil || !strings.HasPrefix(got, r.State+"|") {
+						t.Errorf("%s: %s (%v), want the report of %s applied", r.DeviceID, got, err, r.State)
+					}
+				}
+			})
+			first.Sequence, first.Timestamp = i64(*first.Sequence+10), i64(*first.Timestamp+10)
+			later.Sequence, later.Timestamp = i64(*later.Sequence+10), i64(*later.Timestamp+10)
 		}
 	})
 }

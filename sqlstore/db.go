@@ -564,6 +564,11 @@ type job struct {
 	ctx  context.Context
 	fn   func(ctx context.Context, tx *Tx) error
 	done chan error
+	// locks are device actions fn locks, known before it runs: a batch of
+	// several such jobs on PostgreSQL locks them all first (lockAhead), and
+	// a batch of this one alone if ahead.
+	locks []lockKey
+	ahead bool
 }
 
 // updateAlone runs fn in a write transaction of its own on PostgreSQL, for
@@ -597,8 +602,15 @@ func (db *DB) updateAlone(ctx context.Context, fn func(ctx context.Context, tx *
 // commit fails, the batch is retried piece by piece, and a piece the
 // database chose to abort (retryable) is queued again.
 func (db *DB) update(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
+	return db.updateLocking(ctx, nil, false, fn)
+}
+
+// updateLocking is update for an fn that locks the device actions locks
+// and no others (see lockAhead), which it should lock first even alone if
+// ahead.
+func (db *DB) updateLocking(ctx context.Context, locks []lockKey, ahead bool, fn func(ctx context.Context, tx *Tx) error) error {
 	return db.retry(ctx, func() error {
-		j := &job{ctx: ctx, fn: fn, done: make(chan error, 1)}
+		j := &job{ctx: ctx, fn: fn, done: make(chan error, 1), locks: locks, ahead: ahead}
 		select {
 		case db.jobs <- j:
 		case <-ctx.Done():
@@ -624,23 +636,34 @@ func (db *DB) update(ctx context.Context, fn func(ctx context.Context, tx *Tx) e
 	})
 }
 
-// writeAttempts bounds how often a write the database aborted to break a
-// deadlock, or as not serialisable, is tried.
-const writeAttempts = 8
+// A write the database aborted to break a deadlock, or as not
+// serialisable, is tried again until it has been tried writeAttempts times
+// and writeRetryFor has passed since its first try. A deadlock costs its
+// victim PostgreSQL's deadlock_timeout (a second by default) before the
+// abort, so a count alone gave up after some eight seconds: a cancel,
+// which locks every device action of its action in turn, is the usual
+// victim beside heavy reporting, and failed with 503 now and then
+// (docs/benchmarks-notebook.md, "A cancel beside heavy reporting").
+const (
+	writeAttempts = 8
+	writeRetryFor = 30 * time.Second
+)
 
 // retry runs attempt, a write transaction or a job of one, until it
 // succeeds, fails for a reason other than the database's choice of a
-// victim (retryable), or has been tried writeAttempts times, and returns
-// its error classified. PostgreSQL's writers commit in parallel, and a
-// group commit's transaction locks rows for several callers one after
-// another, in no order common to all transactions: two of them may wait
-// for each other, and PostgreSQL then aborts one. Nothing of an aborted
-// attempt remains, so it is run again, after a pause drawn at random, so
-// that the two do not meet again at once.
+// victim (retryable), or has been tried as often and as long as
+// writeAttempts and writeRetryFor allow, and returns its error classified.
+// PostgreSQL's writers commit in parallel, and a group commit's
+// transaction locks rows for several callers one after another, in no
+// order common to all transactions: two of them may wait for each other,
+// and PostgreSQL then aborts one. Nothing of an aborted attempt remains,
+// so it is run again, after a pause drawn at random, so that the two do
+// not meet again at once.
 func (db *DB) retry(ctx context.Context, attempt func() error) error {
+	first := time.Now()
 	for n := 1; ; n++ {
 		err := attempt()
-		if n == writeAttempts || !retryable(err) {
+		if !retryable(err) || n >= writeAttempts && time.Since(first) >= writeRetryFor {
 			return db.classify(err)
 		}
 		db.stats.retries.Add(1)
@@ -752,6 +775,9 @@ func (db *DB) tryBatch(w *pgWriter, batch []*job) ([]error, error) {
 		}
 		sqlTx.Rollback()
 		return nil, err
+	}
+	if err := tx.lockAhead(ctx, batch); err != nil {
+		return fail(err)
 	}
 	errs := make([]error, len(batch))
 	single := len(batch) == 1

@@ -2,9 +2,11 @@ package sqlstore
 
 import (
 	"bytes"
+	"cmp"
 	"compress/flate"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -381,3 +383,20 @@ func PackDeflate(text []byte) []byte {
 
 // UnpackPoints is unpackPoints, a chunk's points read back.
 func UnpackPoints(b []byte) ([]byte, error) { return unpackPoints(b) }
+
+// ReportInOneBatch runs one ReportStatus job for each of reports in one
+// group commit's transaction, as a commit loop batches concurrent callers,
+// and returns the batch's error.
+func (db *DB) ReportInOneBatch(ctx context.Context, tenant string, reports ...[]fleet.StatusReport) error {
+	batch := make([]*job, len(reports))
+	for i, r := range reports {
+		batch[i], _ = db.reportJob(tenant, r)
+		batch[i].ctx = ctx
+	}
+	errs, err := db.tryBatch(nil, batch)
+	return cmp.Or(err, errors.Join(errs...))
+}
+
+// BeginWrite begins a write transaction outside the commit loops, to hold
+// locks beside them.
+func (db *DB) BeginWrite(ctx context.Context) (*sql.Tx, error) { return db.write.BeginTx(ctx, nil) }
