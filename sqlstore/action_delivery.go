@@ -93,7 +93,7 @@ func (db *DB) MarkDelivered(ctx context.Context, receipts []fleet.ActionReceipt)
 	// each other.
 	receipts = slices.Clone(receipts)
 	slices.SortFunc(receipts, func(a, b fleet.ActionReceipt) int {
-		return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.ActionID, b.ActionID), cmp.Compare(a.DeviceID, b.DeviceID))
+		return cmp.Or(cmp.Compare(a.ActionID, b.ActionID), cmp.Compare(a.DeviceID, b.DeviceID), cmp.Compare(a.Tenant, b.Tenant))
 	})
 	receipts = slices.Compact(receipts)
 	locks := make([]lockKey, len(receipts))

@@ -89,7 +89,8 @@ var (
 
 // lockInOrder locks, on PostgreSQL, the device actions that cond (a
 // condition on device_actions, with args) selects, in the order in which
-// status reports lock theirs: (action_id, device_id). A move of a status at
+// status reports lock theirs: (action_id, device_id), then tenant, as action
+// ids are each tenant's own. A move of a status at
 // a time (applyMove) locks its rows status by status, in the order its
 // plan reads them; a batch of reports that holds one of them and wants
 // another would wait for it as it waits for the batch, until PostgreSQL
@@ -100,7 +101,7 @@ func (tx *Tx) lockInOrder(ctx context.Context, cond string, args ...any) error {
 	if tx.db.dialect != postgres {
 		return nil
 	}
-	_, err := tx.exec(ctx, "SELECT 1 FROM device_actions WHERE "+cond+" ORDER BY action_id, device_id FOR UPDATE", args...)
+	_, err := tx.exec(ctx, "SELECT 1 FROM device_actions WHERE "+cond+" ORDER BY action_id, device_id, tenant FOR UPDATE", args...)
 	return err
 }
 
@@ -112,15 +113,18 @@ type lockKey struct {
 }
 
 // lockAhead locks, on PostgreSQL, the device actions of the batch's jobs
-// that name theirs (job.locks), all of them, in the order of lockInOrder,
-// before any job runs, when two or more jobs name some or one asks to
-// (job.ahead). Each job locks its own in that order, but a batch's jobs
-// run one after the other: the second's rows may come before the
-// first's, and a cancel, which locks every device action of its action in
-// order, would wait for the batch while the batch waited for it, until
-// PostgreSQL aborted one, a second later, most often the cancel. Locked
-// first as one set, the rows of a batch are waited for in the one order
-// too.
+// (job.locks), all of them, in the order of lockInOrder, before any job
+// runs, when every job names the device actions it locks, and two or more
+// name some or one asks to (job.ahead). Each job locks its own in that
+// order, but a batch's jobs run one after the other: the second's rows may
+// come before the first's, and a cancel, which locks every device action
+// of its action in order, would wait for the batch while the batch waited
+// for it, until PostgreSQL aborted one, a second later, most often the
+// cancel. Locked first as one set, the rows of a batch are waited for in
+// the one order too. A batch with a job that does not name its locks (a
+// rollout's, which locks the rollout before its device actions as a cancel
+// does) is left to lock as its jobs do: ahead of them, its device actions
+// would come before the rollout.
 func (tx *Tx) lockAhead(ctx context.Context, batch []*job) error {
 	if tx.db.dialect != postgres {
 		return nil
@@ -128,7 +132,13 @@ func (tx *Tx) lockAhead(ctx context.Context, batch []*job) error {
 	var keys []lockKey
 	jobs, ahead := 0, false
 	for _, j := range batch {
-		if len(j.locks) > 0 && j.ctx.Err() == nil {
+		if j.ctx.Err() != nil {
+			continue // it will not run
+		}
+		if j.locks == nil {
+			return nil
+		}
+		if len(j.locks) > 0 {
 			keys = append(keys, j.locks...)
 			jobs++
 			ahead = ahead || j.ahead

@@ -78,7 +78,7 @@ func (db *DB) reportJob(tenant string, reports []fleet.StatusReport) (*job, []er
 // it is run again, and its next snapshot no longer holds the device.
 func (db *DB) TouchDevices(ctx context.Context, tenant string, ids []string, t time.Time) error {
 	for n := 1; ; n++ {
-		err := db.update(ctx, func(ctx context.Context, tx *Tx) error {
+		err := db.updateLocking(ctx, []lockKey{}, false, func(ctx context.Context, tx *Tx) error {
 			return tx.touchDevices(ctx, tenant, ids, t)
 		})
 		var pe *pgconn.PgError

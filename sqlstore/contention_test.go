@@ -229,8 +229,12 @@ func TestBatchLocksAhead(t *testing.T) {
 				if _, err := holder.ExecContext(ctx, lock, "acme", a.ID, first.DeviceID); err != nil {
 					t.Fatal(err)
 				}
-				done := make(chan error, 1)
-				go func() { done <- db.ReportInOneBatch(ctx, "acme", tc.reports...) }()
+				var batchErr error
+				done := make(chan struct{})
+				go func() { defer close(done); batchErr = db.ReportInOneBatch(ctx, "acme", tc.reports...) }()
+				// A failure below must not leave the batch waiting into
+				// the next case.
+				t.Cleanup(func() { holder.Rollback(); <-done })
 				poll.Until(t, time.Minute, "the batch waiting for the holder", func() bool {
 					var n int
 					err := holder.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks
@@ -243,8 +247,9 @@ func TestBatchLocksAhead(t *testing.T) {
 				if err := holder.Commit(); err != nil {
 					t.Fatal(err)
 				}
-				if err := <-done; err != nil {
-					t.Fatal(err)
+				<-done
+				if batchErr != nil {
+					t.Fatal(batchErr)
 				}
 				for _, r := range []fleet.StatusReport{first, later} {
 					got, err := db.ReportColumns(ctx, "acme", a.ID, r.DeviceID)

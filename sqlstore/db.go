@@ -564,9 +564,10 @@ type job struct {
 	ctx  context.Context
 	fn   func(ctx context.Context, tx *Tx) error
 	done chan error
-	// locks are device actions fn locks, known before it runs: a batch of
-	// several such jobs on PostgreSQL locks them all first (lockAhead), and
-	// a batch of this one alone if ahead.
+	// locks are the device actions fn locks, known before it runs (nil:
+	// not known; empty: none): a batch of such jobs alone, two or more
+	// with some, on PostgreSQL locks them all first (lockAhead), and a
+	// batch of this one alone if ahead.
 	locks []lockKey
 	ahead bool
 }
@@ -606,7 +607,8 @@ func (db *DB) update(ctx context.Context, fn func(ctx context.Context, tx *Tx) e
 }
 
 // updateLocking is update for an fn that locks the device actions locks
-// and no others (see lockAhead), which it should lock first even alone if
+// (none if empty) and, but for rare rows (a cancel's answer, answerCancel),
+// no others (see lockAhead), which it should lock first even alone if
 // ahead.
 func (db *DB) updateLocking(ctx context.Context, locks []lockKey, ahead bool, fn func(ctx context.Context, tx *Tx) error) error {
 	return db.retry(ctx, func() error {
@@ -667,7 +669,7 @@ func (db *DB) retry(ctx context.Context, attempt func() error) error {
 			return db.classify(err)
 		}
 		db.stats.retries.Add(1)
-		pause := time.NewTimer(rand.N(min(2*time.Millisecond<<n, 100*time.Millisecond)))
+		pause := time.NewTimer(retryPause(n))
 		select {
 		case <-pause.C:
 		case <-ctx.Done():
@@ -675,6 +677,13 @@ func (db *DB) retry(ctx context.Context, attempt func() error) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// retryPause is the pause before the try after the n-th: drawn at random
+// below a bound that doubles from 4 ms to 100 ms, and stays there however
+// many tries writeRetryFor allows.
+func retryPause(n int) time.Duration {
+	return rand.N(min(2*time.Millisecond<<min(n, 6), 100*time.Millisecond))
 }
 
 func (db *DB) commitLoop() {
