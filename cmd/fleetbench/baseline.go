@@ -138,7 +138,7 @@ func (s *storage) insertTime(ctx context.Context, n int, tenant, prefix, metadat
 		"DROP TABLE IF EXISTS ins_dst",
 		`CREATE TABLE ins_src (tenant TEXT NOT NULL, id TEXT NOT NULL, token_hash TEXT NOT NULL, metadata ` + json + ` NOT NULL,
 			components ` + json + ` NOT NULL, created_at BIGINT NOT NULL, last_seen_at BIGINT, PRIMARY KEY (tenant, id))`,
-		s.fleet("INSERT INTO ins_src SELECT "+quoteSQL(tenant)+", %s, %s, "+quoteSQL(metadata)+", '{}', 0, NULL FROM %s", prefix, n),
+		s.fleet("INSERT INTO ins_src SELECT "+inFormat(literal(tenant))+", %s, %s, "+inFormat(literal(metadata))+", '{}', 0, NULL FROM %s", prefix, n),
 		`CREATE TABLE ins_dst (tenant TEXT NOT NULL, action_id BIGINT NOT NULL, device_id TEXT NOT NULL, type TEXT NOT NULL,
 			status TEXT NOT NULL, action_status TEXT NOT NULL, progress INTEGER NOT NULL, errors ` + json + ` NOT NULL,
 			error_count INTEGER NOT NULL, user_email TEXT NOT NULL, user_name TEXT NOT NULL, serial_metadata ` + json + ` NOT NULL,
@@ -151,7 +151,9 @@ func (s *storage) insertTime(ctx context.Context, n int, tenant, prefix, metadat
 	if s.dialect != "postgres" {
 		// The source's rows out of the WAL, so that the insert reads the
 		// database file as fleetd's reads its devices, and no checkpoint in
-		// the timed commit.
+		// the timed commit (the baseline's one connection keeps the
+		// setting until it is restored).
+		defer s.db.ExecContext(ctx, "PRAGMA wal_autocheckpoint = 1000")
 		for _, q := range []string{"PRAGMA wal_checkpoint(TRUNCATE)", "PRAGMA wal_autocheckpoint = 0"} {
 			if _, err := s.db.ExecContext(ctx, q); err != nil {
 				return 0, nil, fmt.Errorf("insert baseline: %w", err)
@@ -185,10 +187,8 @@ func (s *storage) insertTime(ctx context.Context, n int, tenant, prefix, metadat
 		}
 	}
 	if s.dialect != "postgres" {
-		for _, q := range []string{"PRAGMA wal_autocheckpoint = 1000", "PRAGMA wal_checkpoint(TRUNCATE)"} {
-			if _, err := s.db.ExecContext(ctx, q); err != nil {
-				return 0, nil, fmt.Errorf("insert baseline: %w", err)
-			}
+		if _, err := s.db.ExecContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)"); err != nil {
+			return 0, nil, fmt.Errorf("insert baseline: %w", err)
 		}
 	}
 	return elapsed, cpu, nil
@@ -199,15 +199,18 @@ func (s *storage) insertTime(ctx context.Context, n int, tenant, prefix, metadat
 // row source of n numbered rows, in the dialect's way.
 func (s *storage) fleet(q, prefix string, n int) string {
 	if s.dialect == "postgres" {
-		return fmt.Sprintf(q, quoteSQL(prefix+"-")+" || lpad(i::text, 7, '0')", "md5(i::text) || md5((-i)::text)",
+		return fmt.Sprintf(q, literal(prefix+"-")+" || lpad(i::text, 7, '0')", "md5(i::text) || md5((-i)::text)",
 			fmt.Sprintf("generate_series(0, %d) AS g(i)", n-1))
 	}
 	return fmt.Sprintf("WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i + 1 < %d) "+q,
-		n, "printf('%s-%07d', "+quoteSQL(prefix)+", i)", "lower(hex(randomblob(32)))", "c")
+		n, "printf('%s-%07d', "+literal(prefix)+", i)", "lower(hex(randomblob(32)))", "c")
 }
 
-// quoteSQL is s as an SQL string literal.
-func quoteSQL(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+// literal is s as an SQL string literal.
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// inFormat is s written into a format of fmt's: its per cents doubled.
+func inFormat(s string) string { return strings.ReplaceAll(s, "%", "%%") }
 
 // series fills q's two %s with a device id expression and a row source of
 // n numbered rows, in the dialect's way.

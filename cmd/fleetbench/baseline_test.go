@@ -9,7 +9,8 @@ import (
 
 // TestInsertBaselineRows checks that the dispatch's baseline inserts the
 // rows the dispatch does: the fleet's device ids as fleetbench provisions
-// them (ids), a tenant and metadata with quotes in them, every row once.
+// them (ids), a tenant and metadata with quotes and per cents in them,
+// every row once.
 func TestInsertBaselineRows(t *testing.T) {
 	dbs := map[string]string{"sqlite": ""}
 	if dsn := os.Getenv("FLEETD_TEST_POSTGRES"); dsn != "" {
@@ -23,7 +24,7 @@ func TestInsertBaselineRows(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.close()
-			const prefix, n = "dp0-1f'2e", 1500
+			const prefix, n = "dp0-1f'2e%d", 1500
 			if _, err := s.db.ExecContext(ctx, "CREATE TABLE fleet_ids (id TEXT NOT NULL, token_hash TEXT NOT NULL)"); err != nil {
 				t.Fatal(err)
 			}
@@ -52,10 +53,10 @@ func TestInsertBaselineRows(t *testing.T) {
 				t.Fatalf("ids %v … (%d), want %v … (%d)", got[:2], len(got), want[:2], len(want))
 			}
 			// insertTime fails unless it inserted exactly n rows.
-			if _, _, err := s.insertTime(ctx, n, "o'tenant", prefix, `{"fleetbench": "it's"}`); err != nil {
+			if _, _, err := s.insertTime(ctx, n, "o'ten%sant", prefix, `{"fleetbench": "it's 100%"}`); err != nil {
 				t.Fatal(err)
 			}
-			if _, _, err := s.insertTime(ctx, n, "o'tenant", prefix, `{}`); err != nil {
+			if _, _, err := s.insertTime(ctx, n, "o'ten%sant", prefix, `{}`); err != nil {
 				t.Fatalf("a second baseline in the same database: %v", err)
 			}
 		})
