@@ -4,13 +4,11 @@ package sqlstore
 // and the timeouts that start with them.
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/fleetd/fleet"
@@ -91,35 +89,24 @@ func (db *DB) MarkDelivered(ctx context.Context, receipts []fleet.ActionReceipt)
 	// locked in the order every writer locks them (see lockInOrder), so
 	// that a batch of receipts and one of status reports never wait for
 	// each other.
-	receipts = slices.Clone(receipts)
-	slices.SortFunc(receipts, func(a, b fleet.ActionReceipt) int {
-		return cmp.Or(cmp.Compare(a.ActionID, b.ActionID), cmp.Compare(a.DeviceID, b.DeviceID), cmp.Compare(a.Tenant, b.Tenant))
-	})
-	receipts = slices.Compact(receipts)
 	locks := make([]lockKey, len(receipts))
 	for i, r := range receipts {
 		locks[i] = lockKey{r.Tenant, r.ActionID, r.DeviceID}
 	}
+	slices.SortFunc(locks, compareLockKeys)
+	locks = slices.Compact(locks)
 	return db.updateLocking(ctx, locks, false, func(ctx context.Context, tx *Tx) error {
 		now := millis(tx.now)
-		for start := 0; start < len(receipts); start += reportChunk {
-			chunk := receipts[start:min(start+reportChunk, len(receipts))]
-			keys := make([]any, 0, 3*sizeClass(len(chunk)))
-			for _, r := range chunk {
-				keys = append(keys, r.Tenant, r.ActionID, r.DeviceID)
-			}
-			for range sizeClass(len(chunk)) - len(chunk) {
-				keys = append(keys, "", 0, "") // matches nothing
-			}
-			if err := tx.lockInOrder(ctx, "(tenant, action_id, device_id) IN ("+
-				strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", sizeClass(len(chunk))), ", ")+") AND "+pending, keys...); err != nil {
+		for start := 0; start < len(locks); start += reportChunk {
+			cond, keys, n := keysIn(locks[start:min(start+reportChunk, len(locks))])
+			if err := tx.lockInOrder(ctx, cond+" AND "+pending, keys...); err != nil {
 				return err
 			}
 			args := append([]any{now, now, now}, keys...)
 			if _, err := tx.applyMove(ctx, moveDelivered, `UPDATE device_actions SET `+moveDelivered.set+`,
 				initiated_at = ?, updated_at = ?,
 				deadline = ? + 1000 * (SELECT timeout FROM actions a WHERE a.tenant = device_actions.tenant AND a.id = device_actions.action_id)
-				FROM `+tx.db.dialect.valuesTable("r", []string{"tenant", "action_id", "device_id"}, []string{"TEXT", "BIGINT", "TEXT"}, sizeClass(len(chunk)))+`
+				FROM `+tx.db.dialect.valuesTable("r", []string{"tenant", "action_id", "device_id"}, []string{"TEXT", "BIGINT", "TEXT"}, n)+`
 				WHERE device_actions.tenant = r.tenant AND device_actions.action_id = r.action_id AND device_actions.device_id = r.device_id
 				AND device_actions.{from}`, args...); err != nil {
 				return err

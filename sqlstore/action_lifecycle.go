@@ -147,26 +147,36 @@ func (tx *Tx) lockAhead(ctx context.Context, batch []*job) error {
 	if jobs < 2 && !ahead {
 		return nil
 	}
-	slices.SortFunc(keys, func(a, b lockKey) int {
-		return cmp.Or(cmp.Compare(a.actionID, b.actionID), strings.Compare(a.deviceID, b.deviceID), strings.Compare(a.tenant, b.tenant))
-	})
+	slices.SortFunc(keys, compareLockKeys)
 	keys = slices.Compact(keys)
 	for start := 0; start < len(keys); start += reportChunk {
-		chunk := keys[start:min(start+reportChunk, len(keys))]
-		n := sizeClass(len(chunk))
-		args := make([]any, 0, 3*n)
-		for _, k := range chunk {
-			args = append(args, k.tenant, k.actionID, k.deviceID)
-		}
-		for range n - len(chunk) {
-			args = append(args, "", 0, "") // matches nothing
-		}
-		if _, err := tx.exec(ctx, "SELECT 1 FROM device_actions WHERE (tenant, action_id, device_id) IN ("+
-			strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", n), ", ")+") ORDER BY action_id, device_id, tenant FOR UPDATE", args...); err != nil {
+		cond, args, _ := keysIn(keys[start:min(start+reportChunk, len(keys))])
+		if err := tx.lockInOrder(ctx, cond, args...); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// compareLockKeys orders device actions as lockInOrder locks them.
+func compareLockKeys(a, b lockKey) int {
+	return cmp.Or(cmp.Compare(a.actionID, b.actionID), strings.Compare(a.deviceID, b.deviceID), strings.Compare(a.tenant, b.tenant))
+}
+
+// keysIn is the condition that a device action is one of keys (at most
+// reportChunk), with its arguments: the keys, then keys that match nothing
+// up to n, their size class (sizeClass), so that a statement has a text a
+// size class.
+func keysIn(keys []lockKey) (cond string, args []any, n int) {
+	n = sizeClass(len(keys))
+	args = make([]any, 0, 3*n)
+	for _, k := range keys {
+		args = append(args, k.tenant, k.actionID, k.deviceID)
+	}
+	for range n - len(keys) {
+		args = append(args, "", 0, "") // matches nothing
+	}
+	return "(tenant, action_id, device_id) IN (" + strings.TrimSuffix(strings.Repeat("(?, ?, ?), ", n), ", ") + ")", args, n
 }
 
 // Conditions on action_status the statements share.

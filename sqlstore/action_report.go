@@ -50,13 +50,10 @@ func (db *DB) reportJob(tenant string, reports []fleet.StatusReport) (*job, []er
 	// SELECT reads would lock its device actions in two passes, each in
 	// order but not the two together: it locks them first (lockAhead).
 	// The steady flow, all of one kind, needs no statement more.
-	mixed := false
-	if db.dialect == postgres && !db.reportsReadFirst {
-		n := len(advanceCandidates(reports))
-		mixed = n > 0 && n < len(reports)
-	}
+	cands := db.advanceable(reports)
+	mixed := db.dialect == postgres && len(cands) > 0 && len(cands) < len(reports)
 	return &job{locks: locks, ahead: mixed, fn: func(ctx context.Context, tx *Tx) error {
-		found, err := tx.applyReports(ctx, tenant, reports)
+		found, err := tx.applyReports(ctx, tenant, reports, cands)
 		if err != nil {
 			return err
 		}
@@ -166,11 +163,12 @@ func sizeClass(n int) int {
 
 // applyReports applies reports in order and reports which found their
 // device action. Reports after a final state, older than the last one
-// applied or repeating it change nothing.
-func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.StatusReport) ([]bool, error) {
+// applied or repeating it change nothing. cands are those advanceReports
+// may write (db.advanceable).
+func (tx *Tx) applyReports(ctx context.Context, tenant string, reports []fleet.StatusReport, cands []int) ([]bool, error) {
 	found := make([]bool, len(reports))
-	if !tx.db.reportsReadFirst {
-		advanced, err := tx.advanceReports(ctx, tenant, reports, found)
+	if len(cands) > 0 {
+		advanced, err := tx.advanceReports(ctx, tenant, reports, cands, found)
 		if err != nil {
 			return nil, err
 		}
@@ -284,8 +282,18 @@ func advanceCandidates(reports []fleet.StatusReport) []int {
 	return slices.DeleteFunc(cands, func(i int) bool { return once[reportKey{reports[i].ActionID, reports[i].DeviceID}] > 1 })
 }
 
-// advanceReports applies, without reading them first, the reports that
-// only move a device action in flight along: a report of a state that is
+// advanceable is advanceCandidates, or none where every report is to be
+// read first (reportsReadFirst).
+func (db *DB) advanceable(reports []fleet.StatusReport) []int {
+	if db.reportsReadFirst {
+		return nil
+	}
+	return advanceCandidates(reports)
+}
+
+// advanceReports applies, without reading them first, the reports of
+// cands (advanceCandidates), those that only move a device action in
+// flight along: a report of a state that is
 // not final, without errors, with its own timestamp, the only one of the
 // batch on its device action. One UPDATE a size class of them (sizeClass;
 // on PostgreSQL above it, arrays, pgArrays) writes those whose device
@@ -299,8 +307,7 @@ func advanceCandidates(reports []fleet.StatusReport) []int {
 // they were, or, those written, as repeats that change nothing. A batch is
 // otherwise a locking SELECT and an UPDATE, and on PostgreSQL one round
 // trip more.
-func (tx *Tx) advanceReports(ctx context.Context, tenant string, reports []fleet.StatusReport, found []bool) (int, error) {
-	cands := advanceCandidates(reports)
+func (tx *Tx) advanceReports(ctx context.Context, tenant string, reports []fleet.StatusReport, cands []int, found []bool) (int, error) {
 	if len(cands) == 0 {
 		return 0, nil
 	}

@@ -201,25 +201,31 @@ func TestBatchLocksAhead(t *testing.T) {
 		ctx := context.Background()
 		mustTenant(t, db, "acme")
 		numberedDevices(t, db, "acme", "d%02d", 10)
-		a, err := db.DispatchAction(ctx, "acme", dispatch("reboot", "all"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		// d05 in Progress, so that a report of progress on it is written
-		// without being read first.
-		if _, err := db.ReportStatus(ctx, "acme", []fleet.StatusReport{{ActionID: a.ID, DeviceID: "d05", State: "Downloading", Timestamp: i64(1), Sequence: i64(1)}}); err != nil {
-			t.Fatal(err)
-		}
-		first := fleet.StatusReport{ActionID: a.ID, DeviceID: "d00", State: "Completed", Timestamp: i64(2), Sequence: i64(2)}
-		later := fleet.StatusReport{ActionID: a.ID, DeviceID: "d05", State: "Downloading", Timestamp: i64(3), Sequence: i64(3)}
 		for _, tc := range []struct {
-			name    string
-			reports [][]fleet.StatusReport
+			name string
+			// reports is the batch's jobs' reports, of first and later.
+			reports func(first, later fleet.StatusReport) [][]fleet.StatusReport
 		}{
-			{"two callers", [][]fleet.StatusReport{{later}, {first}}},
-			{"one caller, both kinds", [][]fleet.StatusReport{{later, first}}},
+			{"two callers", func(first, later fleet.StatusReport) [][]fleet.StatusReport {
+				return [][]fleet.StatusReport{{later}, {first}}
+			}},
+			{"one caller, both kinds", func(first, later fleet.StatusReport) [][]fleet.StatusReport {
+				return [][]fleet.StatusReport{{later, first}}
+			}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
+				// An action of the case's own, d05 in Progress so that a
+				// report of progress on it is written without being read
+				// first.
+				a, err := db.DispatchAction(ctx, "acme", dispatch("reboot", "all"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := db.ReportStatus(ctx, "acme", []fleet.StatusReport{{ActionID: a.ID, DeviceID: "d05", State: "Downloading", Timestamp: i64(1), Sequence: i64(1)}}); err != nil {
+					t.Fatal(err)
+				}
+				first := fleet.StatusReport{ActionID: a.ID, DeviceID: "d00", State: "Completed", Timestamp: i64(2), Sequence: i64(2)}
+				later := fleet.StatusReport{ActionID: a.ID, DeviceID: "d05", State: "Downloading", Timestamp: i64(3), Sequence: i64(3)}
 				holder, err := db.BeginWrite(ctx)
 				if err != nil {
 					t.Fatal(err)
@@ -231,7 +237,7 @@ func TestBatchLocksAhead(t *testing.T) {
 				}
 				var batchErr error
 				done := make(chan struct{})
-				go func() { defer close(done); batchErr = db.ReportInOneBatch(ctx, "acme", tc.reports...) }()
+				go func() { defer close(done); batchErr = db.ReportInOneBatch(ctx, "acme", tc.reports(first, later)...) }()
 				// A failure below must not leave the batch waiting into
 				// the next case.
 				t.Cleanup(func() { holder.Rollback(); <-done })
@@ -258,8 +264,6 @@ func TestBatchLocksAhead(t *testing.T) {
 					}
 				}
 			})
-			first.Sequence, first.Timestamp = i64(*first.Sequence+10), i64(*first.Timestamp+10)
-			later.Sequence, later.Timestamp = i64(*later.Sequence+10), i64(*later.Timestamp+10)
 		}
 	})
 }

@@ -573,7 +573,8 @@ type job struct {
 }
 
 // updateAlone runs fn in a write transaction of its own on PostgreSQL, for
-// the rare writes that must not share one (see lockTargets); on SQLite,
+// the rare writes that must not share one (a deletion, lockTargets; a
+// cancel, lockAhead); on SQLite,
 // whose one writer serialises everything, it is update.
 func (db *DB) updateAlone(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
 	if db.dialect != postgres {

@@ -134,7 +134,7 @@ func (db *DB) ReportStatusCountingHOT(ctx context.Context, tenant string, report
 		if err := tx.queryRow(ctx, counters).Scan(&u0, &h0); err != nil {
 			return err
 		}
-		found, err := tx.applyReports(ctx, tenant, reports)
+		found, err := tx.applyReports(ctx, tenant, reports, db.advanceable(reports))
 		if err != nil {
 			return err
 		}
@@ -334,7 +334,7 @@ func (db *DB) SetReportsReadFirst(on bool) { db.reportsReadFirst = on }
 func (db *DB) AdvanceReportsPlan(ctx context.Context, tenant string, reports []fleet.StatusReport) (advanced int, read int64, plan string, err error) {
 	run := func(ctx context.Context, tx *Tx) error {
 		found := make([]bool, len(reports))
-		n, err := tx.advanceReports(ctx, tenant, reports, found)
+		n, err := tx.advanceReports(ctx, tenant, reports, advanceCandidates(reports), found)
 		advanced = n
 		return err
 	}

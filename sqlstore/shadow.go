@@ -297,7 +297,7 @@ func (tx *Tx) releaseDesired(ctx context.Context, tenant string, id int64) (map[
 	if err := tx.auditMany(ctx, tenant, audits); err != nil {
 		return nil, false, err
 	}
-	_, err = tx.applyReports(ctx, tenant, reports)
+	_, err = tx.applyReports(ctx, tenant, reports, tx.db.advanceable(reports))
 	return changed, more, err
 }
 

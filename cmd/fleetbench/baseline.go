@@ -61,7 +61,7 @@ func (s *storage) updateRate(ctx context.Context, d time.Duration) (float64, err
 		`CREATE TABLE upd (tenant TEXT NOT NULL, action_id BIGINT NOT NULL, device_id TEXT NOT NULL,
 			status TEXT NOT NULL, progress INTEGER NOT NULL, last_seq BIGINT, updated_at BIGINT NOT NULL,
 			PRIMARY KEY (tenant, action_id, device_id))`,
-		s.series("INSERT INTO upd SELECT 'b', 1, %s, 'Queued', 0, 0, 0 FROM %s", rows),
+		s.fleet("INSERT INTO upd SELECT 'b', 1, %[1]s, 'Queued', 0, 0, 0 FROM %[3]s", "dev", rows),
 	} {
 		if _, err := s.db.ExecContext(ctx, q); err != nil {
 			return 0, fmt.Errorf("update baseline: %w", err)
@@ -138,7 +138,7 @@ func (s *storage) insertTime(ctx context.Context, n int, tenant, prefix, metadat
 		"DROP TABLE IF EXISTS ins_dst",
 		`CREATE TABLE ins_src (tenant TEXT NOT NULL, id TEXT NOT NULL, token_hash TEXT NOT NULL, metadata ` + json + ` NOT NULL,
 			components ` + json + ` NOT NULL, created_at BIGINT NOT NULL, last_seen_at BIGINT, PRIMARY KEY (tenant, id))`,
-		s.fleet("INSERT INTO ins_src SELECT "+inFormat(literal(tenant))+", %s, %s, "+inFormat(literal(metadata))+", '{}', 0, NULL FROM %s", prefix, n),
+		s.fleet("INSERT INTO ins_src SELECT "+inFormat(literal(tenant))+", %[1]s, %[2]s, "+inFormat(literal(metadata))+", '{}', 0, NULL FROM %[3]s", prefix, n),
 		`CREATE TABLE ins_dst (tenant TEXT NOT NULL, action_id BIGINT NOT NULL, device_id TEXT NOT NULL, type TEXT NOT NULL,
 			status TEXT NOT NULL, action_status TEXT NOT NULL, progress INTEGER NOT NULL, errors ` + json + ` NOT NULL,
 			error_count INTEGER NOT NULL, user_email TEXT NOT NULL, user_name TEXT NOT NULL, serial_metadata ` + json + ` NOT NULL,
@@ -194,16 +194,17 @@ func (s *storage) insertTime(ctx context.Context, n int, tenant, prefix, metadat
 	return elapsed, cpu, nil
 }
 
-// fleet fills q's three %s with the id expression of ids(prefix, n), a
-// token hash's (64 hexadecimal digits, as fleetd keeps a device's) and a
-// row source of n numbered rows, in the dialect's way.
+// fleet fills q's %[1]s with the id expression of ids(prefix, n), its
+// %[2]s with a token hash's (64 hexadecimal digits, as fleetd keeps a
+// device's) and its %[3]s with a row source of n numbered rows, in the
+// dialect's way.
 func (s *storage) fleet(q, prefix string, n int) string {
 	if s.dialect == "postgres" {
 		return fmt.Sprintf(q, literal(prefix+"-")+" || lpad(i::text, 7, '0')", "md5(i::text) || md5((-i)::text)",
 			fmt.Sprintf("generate_series(0, %d) AS g(i)", n-1))
 	}
-	return fmt.Sprintf("WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i + 1 < %d) "+q,
-		n, "printf('%s-%07d', "+literal(prefix)+", i)", "lower(hex(randomblob(32)))", "c")
+	return fmt.Sprintf("WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i + 1 < %d) ", n) +
+		fmt.Sprintf(q, "printf('%s-%07d', "+literal(prefix)+", i)", "lower(hex(randomblob(32)))", "c")
 }
 
 // literal is s as an SQL string literal.
@@ -211,16 +212,6 @@ func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + 
 
 // inFormat is s written into a format of fmt's: its per cents doubled.
 func inFormat(s string) string { return strings.ReplaceAll(s, "%", "%%") }
-
-// series fills q's two %s with a device id expression and a row source of
-// n numbered rows, in the dialect's way.
-func (s *storage) series(q string, n int) string {
-	if s.dialect == "postgres" {
-		return fmt.Sprintf(q, "'dev-' || lpad(i::text, 7, '0')", fmt.Sprintf("generate_series(0, %d) AS g(i)", n-1))
-	}
-	return fmt.Sprintf("WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c WHERE i + 1 < %d) "+q,
-		n, "printf('dev-%07d', i)", "c")
-}
 
 func (s *storage) rebind(q string) string {
 	if s.dialect != "postgres" {

@@ -28,7 +28,7 @@ func TestInsertBaselineRows(t *testing.T) {
 			if _, err := s.db.ExecContext(ctx, "CREATE TABLE fleet_ids (id TEXT NOT NULL, token_hash TEXT NOT NULL)"); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.db.ExecContext(ctx, s.fleet("INSERT INTO fleet_ids SELECT %s, %s FROM %s", prefix, n)); err != nil {
+			if _, err := s.db.ExecContext(ctx, s.fleet("INSERT INTO fleet_ids SELECT %[1]s, %[2]s FROM %[3]s", prefix, n)); err != nil {
 				t.Fatal(err)
 			}
 			rows, err := s.db.QueryContext(ctx, "SELECT id, token_hash FROM fleet_ids ORDER BY id")
