@@ -1132,3 +1132,38 @@ func TestRecentFailures(t *testing.T) {
 		}
 	})
 }
+
+// TestWritesCounted checks that the write path's metrics (Stats) count
+// every committed write, those of the commit loop and those that run in a
+// transaction of their own on PostgreSQL (a cancel, a device's deletion)
+// alike: fleetd_db_commits_total says "write transactions committed".
+func TestWritesCounted(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db, _ := mustOpen(t, b)
+		ctx := fleet.NewContextWithActor(context.Background(), &fleet.Actor{Tenant: "acme", Role: fleet.RoleOperator, UserName: "boss", UserEmail: "boss@example.com"})
+		mustTenant(t, db, "acme")
+		mustDevices(t, db, "acme", map[string]map[string]string{"one": nil, "two": nil})
+		a := mustDispatch(t, db, "acme", dispatch("reboot", "all"))
+		for _, w := range []struct {
+			name  string
+			write func() error
+		}{
+			{"report", func() error {
+				_, err := db.ReportStatus(ctx, "acme", []fleet.StatusReport{{DeviceID: "one", ActionID: a.ID, State: "Running"}})
+				return err
+			}},
+			{"cancel", func() error { _, err := db.CancelAction(ctx, "acme", a.ID, tell(a.ID, "reboot")); return err }},
+			{"deletion", func() error { return db.DeleteDevice(ctx, "acme", "two") }},
+		} {
+			before := db.Stats()
+			if err := w.write(); err != nil {
+				t.Fatalf("%s: %v", w.name, err)
+			}
+			after := db.Stats()
+			if after.Commits <= before.Commits || after.Jobs <= before.Jobs || after.CommitSeconds <= before.CommitSeconds {
+				t.Errorf("%s: commits %d → %d, jobs %d → %d, seconds %g → %g; want each to grow",
+					w.name, before.Commits, after.Commits, before.Jobs, after.Jobs, before.CommitSeconds, after.CommitSeconds)
+			}
+		}
+	})
+}

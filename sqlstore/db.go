@@ -594,8 +594,23 @@ func (db *DB) updateAlone(ctx context.Context, fn func(ctx context.Context, tx *
 			sqlTx.Rollback()
 			return err
 		}
-		return sqlTx.Commit()
+		return db.commit(sqlTx, tx.start, 1)
 	})
+}
+
+// commit commits a write transaction of jobs writes begun at start, and
+// counts it in the write path's metrics (Stats) whichever way it ran: the
+// commit loop's batch or a transaction of its own (updateAlone).
+func (db *DB) commit(sqlTx writeTx, start time.Time, jobs int) error {
+	if err := sqlTx.Commit(); err != nil {
+		db.stats.failures.Add(1)
+		db.log.Error("commit failed", "jobs", jobs, "err", err)
+		return err
+	}
+	db.stats.commits.Add(1)
+	db.stats.jobs.Add(uint64(jobs))
+	db.stats.nanos.Add(uint64(time.Since(start)))
+	return nil
 }
 
 // update runs fn inside a write transaction shared with other concurrent
@@ -826,14 +841,9 @@ func (db *DB) tryBatch(w *pgWriter, batch []*job) ([]error, error) {
 		return fail(err)
 	}
 	tc := time.Now()
-	if err := sqlTx.Commit(); err != nil {
-		db.stats.failures.Add(1)
-		db.log.Error("commit failed", "jobs", len(batch), "err", err)
+	if err := db.commit(sqlTx, tx.start, len(batch)); err != nil {
 		return nil, err
 	}
-	db.stats.commits.Add(1)
-	db.stats.jobs.Add(uint64(len(batch)))
-	db.stats.nanos.Add(uint64(time.Since(tx.start)))
 	if took := time.Since(tx.start); took > 20*time.Millisecond {
 		db.log.Debug("slow batch", "start", tx.start, "took", took, "commit", time.Since(tc), "jobs", len(batch))
 	}
