@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -143,5 +144,44 @@ func TestCheckpointLetsGoOfALatePause(t *testing.T) {
 	}
 	if len(next) < 2 || next[0] != "PASSIVE" || !slices.Contains(next, "RESTART") {
 		t.Errorf("the next tick checkpointed %q, want PASSIVE first, then a RESTART", next)
+	}
+}
+
+// TestWALCutBackAtRestart restarts a WAL far longer than its limit and
+// checks that the next commit cuts the file back to half again the limit,
+// not to the limit: under a steady load the WAL passes its limit by what is
+// written until the checkpoint loop restarts it, and a file cut back below
+// that is grown again after every restart, the file system freeing and
+// allocating its blocks under the commits that wait (journal_size_limit).
+func TestWALCutBackAtRestart(t *testing.T) {
+	ctx := context.Background()
+	ticks := make(chan time.Time)
+	path := filepath.Join(t.TempDir(), "fleetd.db")
+	const limit = 16 * sqlitePage
+	db, err := Open(ctx, path, Options{CheckpointInterval: time.Hour, WALLimit: limit, checkpointTicks: ticks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Migrate(ctx); err != nil { // far more than 16 pages
+		t.Fatal(err)
+	}
+	walSize := func() int64 {
+		fi, err := os.Stat(path + "-wal")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	if s := walSize(); s <= limit*3/2 {
+		t.Fatalf("the migrations left a WAL of %d bytes, want more than %d for this test", s, limit*3/2)
+	}
+	ticks <- time.Now()
+	poll.Until(t, 10*time.Second, "the WAL's restart", func() bool { return db.stats.restarts.Load() > 0 })
+	if _, _, err := db.CreateTenant(ctx, "acme"); err != nil { // the first commit after it
+		t.Fatal(err)
+	}
+	if s := walSize(); s != limit*3/2 {
+		t.Errorf("the WAL is %d bytes after the restart and a commit, want %d (half again the limit of %d)", s, limit*3/2, limit)
 	}
 }
