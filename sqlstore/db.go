@@ -46,7 +46,8 @@ type Options struct {
 	CheckpointInterval time.Duration
 	// WALLimit is the size in bytes past which the WAL is restarted from
 	// its beginning (a RESTART checkpoint while the writer waits between
-	// two batches); 0 is 128 MiB, negative never.
+	// two batches); 0 is 128 MiB, negative never. The file is kept up to
+	// half again this size (journal_size_limit).
 	WALLimit int64
 	// StreamRetention is how long stream points are kept, for tenants
 	// without a retention of their own; 0 is fleet.DefaultStreamRetention.
@@ -180,12 +181,12 @@ func Open(ctx context.Context, dsn string, opt Options) (*DB, error) {
 		// 64 KiB SQLite would spill it to a temporary file, a write
 		// system call per page.
 		// journal_size_limit: a WAL restarted from its beginning is cut
-		// back to half again the limit, so that a dispatch to a million
-		// devices does not leave a WAL of hundreds of megabytes behind,
-		// while the WAL of a steady load, which passes the limit by what
-		// is written until the checkpoint loop restarts it, is reused
-		// as it is: cut and grown again, each restart's first commits
-		// waited for the file system to free and allocate its blocks.
+		// back to half again the limit, so that what a large write left
+		// (a dispatch to a million devices: 240 MB) is bounded, while the
+		// WAL of a steady load, which passes the limit by what is written
+		// until the checkpoint loop restarts it, is reused as it is: cut
+		// and grown again, each restart's first commits waited for the
+		// file system to free and allocate its blocks.
 		db.write, err = sql.Open("sqlite", "file:"+dsn+"?"+pragmas+"&_pragma=wal_autocheckpoint(0)&_pragma=temp_store(MEMORY)&_txlock=immediate"+
 			fmt.Sprintf("&_pragma=journal_size_limit(%d)", max(db.walLimit*sqlitePage*3/2, -1)))
 		if err != nil {

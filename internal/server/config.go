@@ -55,6 +55,7 @@ type Config struct {
 	rolloutTick   time.Duration // between looks at the rollouts
 
 	streamRetention time.Duration // of raw stream points (docs/telemetry.md)
+	sqliteWALLimit  int64         // bytes past which SQLite's WAL is restarted (sqlstore.Options.WALLimit)
 
 	ddiPollInterval time.Duration // the sleep hawkBit DDI devices are told
 
@@ -90,6 +91,7 @@ func (c *Config) serveFlags(fs *cli.FlagSet) {
 	fs.Int64Var(&c.maxBulk, "max-bulk-bytes", 64<<20, "largest bulk provisioning body in `BYTES`")
 	fs.Int64Var(&c.maxUpload, "max-upload-bytes", 2<<30, "largest firmware upload in `BYTES`")
 	fs.Int64Var(&c.maxDecode, "max-decoding-bytes", fleethttp.DefaultLimits.Decoding, "`BYTES` of request bodies decoded at once, over all requests; more wait their turn, then 503 (decoding costs up to ~35 times a body's size)")
+	fs.Int64Var(&c.sqliteWALLimit, "sqlite-wal-limit", 128<<20, "`BYTES` of SQLite's WAL past which it is copied back and restarted, 1 MiB to 64 GiB; the file is kept up to half again this size (docs/operations.md, Databases)")
 	fs.Int64Var(&c.maxHeld, "max-held-body-bytes", fleethttp.DefaultLimits.Held, "`BYTES` of request bodies held in memory at once while they arrive, over all requests; a request finding no room waits 2s, then 503 (at least twice the largest body: --max-bulk-bytes)")
 	fs.IntVar(&c.remote.PerUser, "remote-max-per-user", relay.DefaultLimits.PerUser, "remote sessions one person (API key or end user) may have open at once in a tenant, over every replica")
 	fs.IntVar(&c.remote.PerDevice, "remote-max-per-device", relay.DefaultLimits.PerDevice, "remote sessions one device may have open at once, over every replica")
@@ -202,9 +204,21 @@ func (c *Config) logger(w io.Writer) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log-format %q: want text or json", c.logFormat)
 }
 
+// checkDatabase reports database settings that cannot work, before the
+// database is opened and migrated.
+func (c *Config) checkDatabase() error {
+	if c.sqliteWALLimit < 1<<20 || c.sqliteWALLimit > 64<<30 {
+		// Under a megabyte the WAL would be restarted after every few
+		// commits; the bound above keeps the size and its half again
+		// (journal_size_limit) far from overflowing.
+		return fmt.Errorf("--sqlite-wal-limit %d: want from 1 MiB (1048576) to 64 GiB", c.sqliteWALLimit)
+	}
+	return nil
+}
+
 // openDB opens the database and applies migrations, logging what it did.
 func (c *Config) openDB(ctx context.Context, log *slog.Logger) (*sqlstore.DB, error) {
-	db, err := sqlstore.Open(ctx, c.database, sqlstore.Options{Logger: log, StreamRetention: c.streamRetention})
+	db, err := sqlstore.Open(ctx, c.database, sqlstore.Options{Logger: log, StreamRetention: c.streamRetention, WALLimit: c.sqliteWALLimit})
 	if err != nil {
 		return nil, err
 	}

@@ -37,3 +37,28 @@ func TestRemoteRecordingFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestSQLiteWALLimitFlag refuses a WAL limit under a megabyte (0 and
+// negatives included, which the store would read as its default or as
+// never) and over 64 GiB.
+func TestSQLiteWALLimitFlag(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		ok    bool
+	}{
+		{"0", false}, {"-1", false}, {"1048575", false}, {"1048576", true},
+		{"134217728", true}, {"68719476736", true}, {"68719476737", false},
+	} {
+		getenv := func(string) string { return "" }
+		var c Config
+		fs := cli.NewFlagSet("serve", "", "", cli.Env{Getenv: getenv, Stdout: io.Discard, Stderr: io.Discard})
+		c.serveFlags(fs)
+		if err := fs.Parse([]string{"--sqlite-wal-limit", tc.value}, getenv); err != nil {
+			t.Fatal(err)
+		}
+		err := c.checkDatabase()
+		if tc.ok && err != nil || !tc.ok && (err == nil || !strings.Contains(err.Error(), "--sqlite-wal-limit")) {
+			t.Errorf("--sqlite-wal-limit %s: %v", tc.value, err)
+		}
+	}
+}

@@ -28,7 +28,7 @@ func newRegistry(db *sqlstore.DB, actions *action.Service, sweeper *action.Sweep
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
 	}
 
-	counter("fleetd_db_commits_total", "write transactions committed; fleetd_db_write_jobs_total divided by this is the group-commit batch size",
+	counter("fleetd_db_commits_total", "write transactions committed; fleetd_db_write_jobs_total divided by this is the group-commit batch size (a cancel or a deletion on PostgreSQL commits alone)",
 		func() float64 { return float64(db.Stats().Commits) })
 	counter("fleetd_db_write_jobs_total", "writes committed, each a request's or a device message's change",
 		func() float64 { return float64(db.Stats().Jobs) })

@@ -92,6 +92,9 @@ func Run(ctx context.Context, c Config, e Env) error {
 		return err
 	}
 	defer stopPprof()
+	if err := c.checkDatabase(); err != nil {
+		return err
+	}
 	db, err := c.openDB(ctx, log)
 	if err != nil {
 		return err
