@@ -2,6 +2,7 @@ package sqlstore_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/fleetd/fleet"
 	"github.com/fleetd/fleet/internal/poll"
+	"github.com/fleetd/fleet/sqlstore"
 	"github.com/fleetd/fleet/sqlstore/sqlstoretest"
 )
 
@@ -185,6 +187,46 @@ func TestReceiptsAndReportsLockInOneOrder(t *testing.T) {
 	})
 }
 
+// rowLockStore opens a store with tenant acme and devices d00 to d09 for a
+// test of row locks, which only PostgreSQL takes: on SQLite, whose one
+// writer locks no rows, the test is skipped.
+func rowLockStore(t *testing.T, b sqlstoretest.Backend) *sqlstore.DB {
+	t.Helper()
+	if b.Name != "postgres" {
+		t.Skip("SQLite's one writer locks no rows")
+	}
+	db, _ := mustOpen(t, b)
+	mustTenant(t, db, "acme")
+	numberedDevices(t, db, "acme", "d%02d", 10)
+	return db
+}
+
+// lockDeviceAction locks a device action ($1 tenant, $2 action, $3 device)
+// for a transaction that holds it beside the commit loops.
+const lockDeviceAction = "SELECT 1 FROM device_actions WHERE tenant = $1 AND action_id = $2 AND device_id = $3 FOR UPDATE"
+
+// awaitWaiter polls until a transaction waits for tx.
+func awaitWaiter(t *testing.T, tx *sql.Tx, what string) {
+	t.Helper()
+	poll.Until(t, time.Minute, what, func() bool {
+		var n int
+		err := tx.QueryRowContext(context.Background(), `SELECT count(*) FROM pg_locks
+			WHERE NOT granted AND locktype = 'transactionid' AND transactionid = pg_current_xact_id()::xid`).Scan(&n)
+		return err == nil && n > 0
+	})
+}
+
+// mustApplied checks that each report's state is its device action's.
+func mustApplied(t *testing.T, db *sqlstore.DB, actionID int64, reports ...fleet.StatusReport) {
+	t.Helper()
+	for _, r := range reports {
+		got, err := db.ReportColumns(context.Background(), "acme", actionID, r.DeviceID)
+		if err != nil || !strings.HasPrefix(got, r.State+"|") {
+			t.Errorf("%s: %s (%v), want the report of %s applied", r.DeviceID, got, err, r.State)
+		}
+	}
+}
+
 // TestBatchLocksAhead: a batch whose device actions would be locked out of
 // order, because it is several callers' reports or one caller's of both
 // kinds (some written by the advancing UPDATE, the rest read first), locks
@@ -194,13 +236,8 @@ func TestReceiptsAndReportsLockInOneOrder(t *testing.T) {
 // the batch held it and the two deadlocked.
 func TestBatchLocksAhead(t *testing.T) {
 	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
-		if b.Name != "postgres" {
-			t.Skip("SQLite's one writer locks no rows")
-		}
-		db, _ := mustOpen(t, b)
+		db := rowLockStore(t, b)
 		ctx := context.Background()
-		mustTenant(t, db, "acme")
-		numberedDevices(t, db, "acme", "d%02d", 10)
 		for _, tc := range []struct {
 			name string
 			// reports is the batch's jobs' reports, of first and later.
@@ -231,8 +268,7 @@ func TestBatchLocksAhead(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer holder.Rollback()
-				lock := "SELECT 1 FROM device_actions WHERE tenant = $1 AND action_id = $2 AND device_id = $3 FOR UPDATE"
-				if _, err := holder.ExecContext(ctx, lock, "acme", a.ID, first.DeviceID); err != nil {
+				if _, err := holder.ExecContext(ctx, lockDeviceAction, "acme", a.ID, first.DeviceID); err != nil {
 					t.Fatal(err)
 				}
 				var batchErr error
@@ -241,13 +277,8 @@ func TestBatchLocksAhead(t *testing.T) {
 				// A failure below must not leave the batch waiting into
 				// the next case.
 				t.Cleanup(func() { holder.Rollback(); <-done })
-				poll.Until(t, time.Minute, "the batch waiting for the holder", func() bool {
-					var n int
-					err := holder.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks
-						WHERE NOT granted AND locktype = 'transactionid' AND transactionid = pg_current_xact_id()::xid`).Scan(&n)
-					return err == nil && n > 0
-				})
-				if _, err := holder.ExecContext(ctx, lock+" NOWAIT", "acme", a.ID, later.DeviceID); err != nil {
+				awaitWaiter(t, holder, "the batch waiting for the holder")
+				if _, err := holder.ExecContext(ctx, lockDeviceAction+" NOWAIT", "acme", a.ID, later.DeviceID); err != nil {
 					t.Fatalf("%s, which the batch waiting for %s should not hold yet: %v", later.DeviceID, first.DeviceID, err)
 				}
 				if err := holder.Commit(); err != nil {
@@ -257,13 +288,62 @@ func TestBatchLocksAhead(t *testing.T) {
 				if batchErr != nil {
 					t.Fatal(batchErr)
 				}
-				for _, r := range []fleet.StatusReport{first, later} {
-					got, err := db.ReportColumns(ctx, "acme", a.ID, r.DeviceID)
-					if err != nil || !strings.HasPrefix(got, r.State+"|") {
-						t.Errorf("%s: %s (%v), want the report of %s applied", r.DeviceID, got, err, r.State)
-					}
-				}
+				mustApplied(t, db, a.ID, first, later)
 			})
 		}
+	})
+}
+
+// TestLockAheadDeadlockVictim makes a batch's lockAhead the victim of a
+// deadlock: another transaction holds the second of the batch's two device
+// actions, lockAhead takes the first and waits for the second, and the
+// other then asks for the first. PostgreSQL aborts the batch's transaction
+// (the other waits longer before it looks for a deadlock), and the commit
+// loop must run the batch again a job at a time, each locking its own: both
+// reports apply, and nobody is told of the deadlock.
+func TestLockAheadDeadlockVictim(t *testing.T) {
+	sqlstoretest.Run(t, func(t *testing.T, b sqlstoretest.Backend) {
+		db := rowLockStore(t, b)
+		ctx := context.Background()
+		a, err := db.DispatchAction(ctx, "acme", dispatch("reboot", "all"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := fleet.StatusReport{ActionID: a.ID, DeviceID: "d00", State: "Completed", Timestamp: i64(2), Sequence: i64(2)}
+		later := fleet.StatusReport{ActionID: a.ID, DeviceID: "d05", State: "Failed", Timestamp: i64(3), Sequence: i64(3)}
+		other, err := db.BeginWrite(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Rollback()
+		// The batch's backend looks for a deadlock after the server's
+		// deadlock_timeout (1 s by default); this one only after a minute.
+		if _, err := other.ExecContext(ctx, "SET LOCAL deadlock_timeout = '60s'"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.ExecContext(ctx, lockDeviceAction, "acme", a.ID, later.DeviceID); err != nil {
+			t.Fatal(err)
+		}
+		var batchErr error
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			batchErr = db.ReportThroughRunBatch(ctx, "acme", []fleet.StatusReport{later}, []fleet.StatusReport{first})
+		}()
+		t.Cleanup(func() { other.Rollback(); <-done })
+		awaitWaiter(t, other, "the batch waiting for the other transaction")
+		// lockAhead holds d00 and waits for d05: asking for d00 closes the
+		// circle, and the batch's backend breaks it.
+		if _, err := other.ExecContext(ctx, lockDeviceAction, "acme", a.ID, first.DeviceID); err != nil {
+			t.Fatalf("the other transaction was the deadlock's victim, not the batch: %v", err)
+		}
+		if err := other.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		<-done
+		if batchErr != nil {
+			t.Fatalf("the batch's callers were told %v; want the batch run again a job at a time", batchErr)
+		}
+		mustApplied(t, db, a.ID, first, later)
 	})
 }

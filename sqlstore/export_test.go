@@ -397,6 +397,23 @@ func (db *DB) ReportInOneBatch(ctx context.Context, tenant string, reports ...[]
 	return cmp.Or(err, errors.Join(errs...))
 }
 
+// ReportThroughRunBatch is ReportInOneBatch through the commit loop's
+// runBatch, which runs a batch that failed as a whole again a job at a time;
+// it returns the jobs' answers joined.
+func (db *DB) ReportThroughRunBatch(ctx context.Context, tenant string, reports ...[]fleet.StatusReport) error {
+	batch := make([]*job, len(reports))
+	for i, r := range reports {
+		batch[i], _ = db.reportJob(tenant, r)
+		batch[i].ctx, batch[i].done = ctx, make(chan error, 1)
+	}
+	db.runBatch(nil, batch)
+	errs := make([]error, len(batch))
+	for i, j := range batch {
+		errs[i] = <-j.done
+	}
+	return errors.Join(errs...)
+}
+
 // BeginWrite begins a write transaction outside the commit loops, to hold
 // locks beside them.
 func (db *DB) BeginWrite(ctx context.Context) (*sql.Tx, error) { return db.write.BeginTx(ctx, nil) }
