@@ -112,6 +112,10 @@ type lockKey struct {
 	deviceID string
 }
 
+// noLocks are the locks of a job known to lock no device action; nil ones
+// are not known (job.locks).
+var noLocks = []lockKey{}
+
 // lockAhead locks, on PostgreSQL, the device actions of the batch's jobs
 // (job.locks), all of them, in the order of lockInOrder, before any job
 // runs, when every job names the device actions it locks, and two or more

@@ -216,6 +216,36 @@ func awaitWaiter(t *testing.T, tx *sql.Tx, what string) {
 	})
 }
 
+// holdWhileBatch has a transaction beside the commit loops run setup, lock
+// the device action of actionID and device, and then waits until batch,
+// run meanwhile, waits for it. It returns the transaction (rolled back at
+// the test's end, after which the batch is waited for) and a function that
+// waits for the batch's answer.
+func holdWhileBatch(t *testing.T, db *sqlstore.DB, actionID int64, device string, batch func() error, setup ...string) (*sql.Tx, func() error) {
+	t.Helper()
+	ctx := context.Background()
+	holder, err := db.BeginWrite(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Rollback() })
+	for _, q := range setup {
+		if _, err := holder.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := holder.ExecContext(ctx, lockDeviceAction, "acme", actionID, device); err != nil {
+		t.Fatal(err)
+	}
+	var batchErr error
+	done := make(chan struct{})
+	go func() { defer close(done); batchErr = batch() }()
+	// A failure in the test must not leave the batch waiting after it.
+	t.Cleanup(func() { holder.Rollback(); <-done })
+	awaitWaiter(t, holder, "the batch waiting for the holder")
+	return holder, func() error { <-done; return batchErr }
+}
+
 // mustApplied checks that each report's state is its device action's.
 func mustApplied(t *testing.T, db *sqlstore.DB, actionID int64, reports ...fleet.StatusReport) {
 	t.Helper()
@@ -263,30 +293,17 @@ func TestBatchLocksAhead(t *testing.T) {
 				}
 				first := fleet.StatusReport{ActionID: a.ID, DeviceID: "d00", State: "Completed", Timestamp: i64(2), Sequence: i64(2)}
 				later := fleet.StatusReport{ActionID: a.ID, DeviceID: "d05", State: "Downloading", Timestamp: i64(3), Sequence: i64(3)}
-				holder, err := db.BeginWrite(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer holder.Rollback()
-				if _, err := holder.ExecContext(ctx, lockDeviceAction, "acme", a.ID, first.DeviceID); err != nil {
-					t.Fatal(err)
-				}
-				var batchErr error
-				done := make(chan struct{})
-				go func() { defer close(done); batchErr = db.ReportInOneBatch(ctx, "acme", tc.reports(first, later)...) }()
-				// A failure below must not leave the batch waiting into
-				// the next case.
-				t.Cleanup(func() { holder.Rollback(); <-done })
-				awaitWaiter(t, holder, "the batch waiting for the holder")
+				holder, wait := holdWhileBatch(t, db, a.ID, first.DeviceID, func() error {
+					return db.ReportInOneBatch(ctx, "acme", tc.reports(first, later)...)
+				})
 				if _, err := holder.ExecContext(ctx, lockDeviceAction+" NOWAIT", "acme", a.ID, later.DeviceID); err != nil {
 					t.Fatalf("%s, which the batch waiting for %s should not hold yet: %v", later.DeviceID, first.DeviceID, err)
 				}
 				if err := holder.Commit(); err != nil {
 					t.Fatal(err)
 				}
-				<-done
-				if batchErr != nil {
-					t.Fatal(batchErr)
+				if err := wait(); err != nil {
+					t.Fatal(err)
 				}
 				mustApplied(t, db, a.ID, first, later)
 			})
@@ -311,27 +328,12 @@ func TestLockAheadDeadlockVictim(t *testing.T) {
 		}
 		first := fleet.StatusReport{ActionID: a.ID, DeviceID: "d00", State: "Completed", Timestamp: i64(2), Sequence: i64(2)}
 		later := fleet.StatusReport{ActionID: a.ID, DeviceID: "d05", State: "Failed", Timestamp: i64(3), Sequence: i64(3)}
-		other, err := db.BeginWrite(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer other.Rollback()
 		// The batch's backend looks for a deadlock after the server's
-		// deadlock_timeout (1 s by default); this one only after a minute.
-		if _, err := other.ExecContext(ctx, "SET LOCAL deadlock_timeout = '60s'"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := other.ExecContext(ctx, lockDeviceAction, "acme", a.ID, later.DeviceID); err != nil {
-			t.Fatal(err)
-		}
-		var batchErr error
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			batchErr = db.ReportThroughRunBatch(ctx, "acme", []fleet.StatusReport{later}, []fleet.StatusReport{first})
-		}()
-		t.Cleanup(func() { other.Rollback(); <-done })
-		awaitWaiter(t, other, "the batch waiting for the other transaction")
+		// deadlock_timeout (1 s by default); the other one only after a
+		// minute.
+		other, wait := holdWhileBatch(t, db, a.ID, later.DeviceID, func() error {
+			return db.ReportThroughRunBatch(ctx, "acme", []fleet.StatusReport{later}, []fleet.StatusReport{first})
+		}, "SET LOCAL deadlock_timeout = '60s'")
 		// lockAhead holds d00 and waits for d05: asking for d00 closes the
 		// circle, and the batch's backend breaks it.
 		if _, err := other.ExecContext(ctx, lockDeviceAction, "acme", a.ID, first.DeviceID); err != nil {
@@ -340,9 +342,8 @@ func TestLockAheadDeadlockVictim(t *testing.T) {
 		if err := other.Commit(); err != nil {
 			t.Fatal(err)
 		}
-		<-done
-		if batchErr != nil {
-			t.Fatalf("the batch's callers were told %v; want the batch run again a job at a time", batchErr)
+		if err := wait(); err != nil {
+			t.Fatalf("the batch's callers were told %v; want the batch run again a job at a time", err)
 		}
 		mustApplied(t, db, a.ID, first, later)
 	})

@@ -574,7 +574,7 @@ type job struct {
 	fn   func(ctx context.Context, tx *Tx) error
 	done chan error
 	// locks are the device actions fn locks, known before it runs (nil:
-	// not known; empty: none): a batch of such jobs alone, two or more
+	// not known; noLocks: none): a batch of such jobs alone, two or more
 	// with some, on PostgreSQL locks them all first (lockAhead), and a
 	// batch of this one alone if ahead.
 	locks []lockKey

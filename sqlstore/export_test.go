@@ -388,24 +388,26 @@ func UnpackPoints(b []byte) ([]byte, error) { return unpackPoints(b) }
 // group commit's transaction, as a commit loop batches concurrent callers,
 // and returns the batch's error.
 func (db *DB) ReportInOneBatch(ctx context.Context, tenant string, reports ...[]fleet.StatusReport) error {
+	errs, err := db.tryBatch(nil, db.reportJobs(ctx, tenant, reports))
+	return cmp.Or(err, errors.Join(errs...))
+}
+
+// reportJobs are the ReportStatus jobs of reports' callers, each with ctx
+// and a channel for its answer.
+func (db *DB) reportJobs(ctx context.Context, tenant string, reports [][]fleet.StatusReport) []*job {
 	batch := make([]*job, len(reports))
 	for i, r := range reports {
 		batch[i], _ = db.reportJob(tenant, r)
-		batch[i].ctx = ctx
+		batch[i].ctx, batch[i].done = ctx, make(chan error, 1)
 	}
-	errs, err := db.tryBatch(nil, batch)
-	return cmp.Or(err, errors.Join(errs...))
+	return batch
 }
 
 // ReportThroughRunBatch is ReportInOneBatch through the commit loop's
 // runBatch, which runs a batch that failed as a whole again a job at a time;
 // it returns the jobs' answers joined.
 func (db *DB) ReportThroughRunBatch(ctx context.Context, tenant string, reports ...[]fleet.StatusReport) error {
-	batch := make([]*job, len(reports))
-	for i, r := range reports {
-		batch[i], _ = db.reportJob(tenant, r)
-		batch[i].ctx, batch[i].done = ctx, make(chan error, 1)
-	}
+	batch := db.reportJobs(ctx, tenant, reports)
 	db.runBatch(nil, batch)
 	errs := make([]error, len(batch))
 	for i, j := range batch {
